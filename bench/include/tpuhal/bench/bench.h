@@ -1,0 +1,52 @@
+// Benchmarks: DMA bandwidth, command round trip, submission rate. Each result
+// carries the machine's own floor for the same work, measured in the same
+// run, and the ratio to it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tpuhal/tpuhal.hpp"
+
+namespace tpuhal::bench {
+
+struct Result {
+  std::string bench;       // "dma", "round_trip", "submit_rate"
+  std::map<std::string, std::string> params;  // "direction": "h2d", "bytes": "4096"
+  double value = 0;
+  std::string unit;        // "GB/s", "us", "Mcmd/s"
+  double baseline = 0;     // the floor, in the same unit
+  std::string baseline_name;
+  double ratio = 0;        // value / baseline
+  std::map<std::string, double> extra;  // further figures (p99, second baseline)
+};
+
+struct Options {
+  bool quick = false;  // fewer repetitions (CI smoke runs)
+  // Called after each result, for progress output.
+  std::function<void(const Result&)> on_result;
+};
+
+std::vector<Result> run_dma(Device& device, const Options& options);
+std::vector<Result> run_submit(Device& device, const Options& options);
+
+// ---- The machine's floors ----
+// Single-thread memcpy bandwidth between two pre-faulted host buffers of
+// `bytes`, GB/s, best of `rounds`.
+double memcpy_gbps(std::uint64_t bytes, int reps);
+// Median round trip of a message between two threads spinning on atomics, ns.
+double atomic_pingpong_ns(int iterations);
+// Median round trip between two threads blocking on eventfds, ns.
+double eventfd_pingpong_ns(int iterations);
+// Messages per second through a single-producer single-consumer ring of
+// 64-byte slots between two threads (the floor for handing commands to
+// another thread), millions per second.
+double spsc_rate_mps(std::uint64_t messages);
+
+// One JSON object (no newline) for a result.
+std::string to_json(const Result& r);
+
+}  // namespace tpuhal::bench

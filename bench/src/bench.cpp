@@ -1,0 +1,148 @@
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "tpuhal/base/units.h"
+#include "tpuhal/base/wait.h"
+#include "tpuhal/bench/bench.h"
+
+namespace tpuhal::bench {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
+}
+
+void emit(std::vector<Result>& out, Result r, const Options& o) {
+  r.ratio = r.baseline > 0 ? r.value / r.baseline : 0;
+  if (o.on_result) o.on_result(r);
+  out.push_back(std::move(r));
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string to_json(const Result& r) {
+  std::string s = "{\"bench\":\"" + json_escape(r.bench) + "\"";
+  for (auto& [k, v] : r.params) {
+    const bool numeric = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+    s += ",\"" + json_escape(k) + "\":" + (numeric ? v : "\"" + json_escape(v) + "\"");
+  }
+  s += ",\"value\":" + number(r.value) + ",\"unit\":\"" + json_escape(r.unit) + "\"";
+  s += ",\"baseline\":" + number(r.baseline) + ",\"baseline_name\":\"" + json_escape(r.baseline_name) + "\"";
+  s += ",\"ratio\":" + number(r.ratio);
+  for (auto& [k, v] : r.extra) s += ",\"" + json_escape(k) + "\":" + number(v);
+  return s + "}";
+}
+
+std::vector<Result> run_dma(Device& device, const Options& o) {
+  std::vector<Result> out;
+  constexpr std::uint64_t kMax = 64ull << 20;
+  Buffer host = device.allocate(kMax, Memory::HostPinned);
+  Buffer dram = device.allocate(kMax);
+  std::memset(host.map().data(), 0x5a, kMax);
+  Queue q = device.queue(Engine::Copy);
+  q.copy(host, dram).submit().wait();  // first touch of every page on both sides
+  q.copy(dram, host).submit().wait();
+
+  const int rounds = o.quick ? 3 : 7;
+  for (std::uint64_t size = 4096; size <= kMax; size *= 4) {
+    const std::uint64_t budget = o.quick ? (32ull << 20) : (256ull << 20);
+    const int reps = static_cast<int>(std::clamp<std::uint64_t>(budget / size, 4, 4096));
+    for (int dir = 0; dir < 2; ++dir) {
+      const Buffer& src = dir == 0 ? host : dram;
+      const Buffer& dst = dir == 0 ? dram : host;
+      std::vector<double> dma, cpu;
+      // Rounds alternate the device and the floor so that noise from other
+      // tenants of this machine lands on both.
+      for (int r = 0; r < rounds; ++r) {
+        cpu.push_back(memcpy_gbps(size, reps));
+        const auto t0 = base::monotonic_ns();
+        Fence last;
+        for (int i = 0; i < reps; ++i) last = q.copy(src, 0, dst, 0, size).submit();
+        last.wait();
+        const double sec = static_cast<double>(base::monotonic_ns() - t0) * 1e-9;
+        dma.push_back(static_cast<double>(size) * reps / sec / 1e9);
+      }
+      Result res;
+      res.bench = "dma";
+      res.params = {{"direction", dir == 0 ? "h2d" : "d2h"}, {"bytes", std::to_string(size)}};
+      res.value = median(dma);
+      res.unit = "GB/s";
+      res.baseline = median(cpu);
+      res.baseline_name = "memcpy";
+      emit(out, std::move(res), o);
+    }
+  }
+  return out;
+}
+
+std::vector<Result> run_submit(Device& device, const Options& o) {
+  std::vector<Result> out;
+  Queue q = device.queue(Engine::Compute);
+  const int iterations = o.quick ? 2000 : 20000;
+
+  // Round trip: submit one empty command, wait for its fence.
+  for (int i = 0; i < 200; ++i) q.submit().wait();
+  std::vector<double> rt;
+  rt.reserve(iterations);
+  for (int i = 0; i < iterations; ++i) {
+    const auto t0 = base::monotonic_ns();
+    q.submit().wait();
+    rt.push_back(static_cast<double>(base::monotonic_ns() - t0) / 1000.0);
+  }
+  Result r;
+  r.bench = "round_trip";
+  r.params = {{"policy", to_string(device.wait_policy().mode)}};
+  r.value = median(rt);
+  r.unit = "us";
+  r.baseline = atomic_pingpong_ns(iterations) / 1000.0;
+  r.baseline_name = "atomic ping-pong";
+  r.extra = {{"p99", percentile(rt, 0.99)}, {"eventfd_pingpong", eventfd_pingpong_ns(iterations) / 1000.0}};
+  emit(out, std::move(r), o);
+
+  // Sustained rate: empty commands back to back on one queue, all completed.
+  const std::uint64_t n = o.quick ? 200'000 : 2'000'000;
+  std::vector<double> rates, floors;
+  for (int round = 0; round < 3; ++round) {
+    floors.push_back(spsc_rate_mps(n));
+    const auto t0 = base::monotonic_ns();
+    Fence last;
+    for (std::uint64_t i = 0; i < n; ++i) last = q.submit();
+    last.wait();
+    const double sec = static_cast<double>(base::monotonic_ns() - t0) * 1e-9;
+    rates.push_back(static_cast<double>(n) / sec / 1e6);
+  }
+  Result s;
+  s.bench = "submit_rate";
+  s.params = {{"commands", std::to_string(n)}};
+  s.value = median(rates);
+  s.unit = "Mcmd/s";
+  s.baseline = median(floors);
+  s.baseline_name = "spsc ring";
+  emit(out, std::move(s), o);
+  return out;
+}
+
+}  // namespace tpuhal::bench

@@ -1,0 +1,16 @@
+# Warnings for every target the project builds. Shipped code builds for the
+# baseline x86-64 ISA: code that wants wider vectors dispatches at run time.
+add_library(tpuhal_warnings INTERFACE)
+target_compile_options(tpuhal_warnings INTERFACE
+  -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align
+  -Wunused -Woverloaded-virtual -Wimplicit-fallthrough
+  -Wformat=2)
+if(TPUHAL_WERROR)
+  target_compile_options(tpuhal_warnings INTERFACE -Werror)
+endif()
+
+# tpuhal_add_library(NAME ...) : a static, position-independent layer library.
+function(tpuhal_layer name)
+  add_library(${name} STATIC ${ARGN})
+  target_link_libraries(${name} PRIVATE tpuhal_warnings)
+endfunction()

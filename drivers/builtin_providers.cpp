@@ -1,0 +1,11 @@
+// The composition root of the library: the providers built into libtpuhal.
+// A new built-in driver adds one line here.
+#include "tpuhal/tpu/sim_provider.h"
+
+namespace tpuhal::detail {
+
+std::vector<std::shared_ptr<driver::Provider>> builtin_providers() {
+  return {tpu::make_sim_provider()};
+}
+
+}  // namespace tpuhal::detail

@@ -1,0 +1,48 @@
+// Transport: the few primitives through which the TPU driver reaches a board.
+//
+// Everything else (rings, descriptors, doorbells, fences, interrupts, memory
+// management) is the same driver code whether the board is a PCIe card, a
+// SoC, or the simulator. A new bus implements this interface and nothing
+// else. See docs/porting.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace tpuhal::tpu {
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // "simulated pcie (bm1684x)", "pcie 0000:03:00.0", ...
+  virtual std::string bus() const = 0;
+
+  // BAR0 register access (offsets 4-aligned, < fw::kBar0Size). write32 orders
+  // every earlier store to the aperture before the register write (on real
+  // hardware: a store fence before the posted MMIO write), so a doorbell
+  // written after descriptors publishes them.
+  virtual std::uint32_t read32(std::uint32_t offset) = 0;
+  virtual void write32(std::uint32_t offset, std::uint32_t value) = 0;
+
+  // Host view of device DRAM [0, aperture size) (BAR2), or empty if the bus
+  // has none.
+  virtual std::span<std::byte> aperture() = 0;
+
+  // Lets the board reach `size` bytes of host memory at `host` through the
+  // IOVA `iova` (the driver chooses IOVAs in fw::kHostWindowBase..End).
+  // All three are page-aligned. Throws tpuhal::Error on failure.
+  virtual void map_dma(std::uint64_t iova, void* host, std::uint64_t size, bool device_writes) = 0;
+  // Removes a mapping made by map_dma; returns once the board can no longer
+  // reach it. Never throws.
+  virtual void unmap_dma(std::uint64_t iova, std::uint64_t size) noexcept = 0;
+
+  // Interrupt vectors as file descriptors that become readable when the
+  // vector fires (eventfds). The driver drains them.
+  virtual std::uint32_t interrupt_vectors() const = 0;
+  virtual int interrupt_fd(std::uint32_t vector) const = 0;
+};
+
+}  // namespace tpuhal::tpu

@@ -1,0 +1,173 @@
+// Internals of the TPU driver.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tpuhal/base/fd.h"
+#include "tpuhal/base/mapping.h"
+#include "tpuhal/base/wait.h"
+#include "tpuhal/fw/command.h"
+#include "tpuhal/fw/regs.h"
+#include "tpuhal/tpu/device.h"
+#include "tpuhal/tpu/range_allocator.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace tpuhal::tpu {
+
+class TpuQueue;
+
+struct Heap {
+  std::string name;
+  Memory memory;
+  bool is_default;
+  RangeAllocator allocator;
+};
+
+// Per hardware queue: what the board says it is, and its host-side state.
+struct HwQueue {
+  fw::EngineType engine = fw::EngineType::kNone;
+  bool in_use = false;               // guarded by TpuDevice::queues_mu_
+  fw::QueueStatusPage* page = nullptr;  // in the device's status-page mapping
+  std::uint64_t page_iova = 0;
+  base::EventCount irq;              // notified by the interrupt thread
+  std::atomic<std::uint32_t> armed{0};  // waiters that need the interrupt
+  TpuQueue* owner = nullptr;         // guarded by queues_mu_
+};
+
+class TpuDevice final : public driver::DeviceBackend,
+                        public std::enable_shared_from_this<TpuDevice> {
+ public:
+  TpuDevice(std::unique_ptr<Transport> transport, std::string uri, std::string driver_name);
+  ~TpuDevice() override;
+  void bring_up();
+
+  const Properties& properties() const override { return props_; }
+  MemoryStats memory_stats() const override;
+  DeviceStatus status() const override;
+  std::shared_ptr<driver::BufferBackend> allocate(std::uint64_t size, Memory memory,
+                                                  const AllocOptions& options) override;
+  std::shared_ptr<driver::BufferBackend> import_host(void* ptr, std::uint64_t size) override;
+  std::shared_ptr<driver::QueueBackend> create_queue(Engine engine,
+                                                     const QueueOptions& options) override;
+
+  // ---- used by buffers and queues ----
+  Transport& transport() const noexcept { return *transport_; }
+  const std::string& uri() const noexcept { return props_.uri; }
+  std::uint64_t read64(std::uint32_t lo_offset) const;
+  std::span<std::byte> aperture() const noexcept { return aperture_; }
+
+  // Device memory: returns {heap index, address}.
+  std::pair<std::size_t, std::uint64_t> allocate_device(std::uint64_t size, Memory memory,
+                                                        const AllocOptions& options);
+  void free_device(std::size_t heap, std::uint64_t address) noexcept;
+  // Host memory mapped for DMA: returns the IOVA.
+  std::uint64_t map_host(void* ptr, std::uint64_t size, bool imported);
+  void unmap_host(std::uint64_t iova, std::uint64_t size, bool imported) noexcept;
+
+  HwQueue& hw_queue(std::uint32_t q) noexcept { return *hw_queues_[q]; }
+  void release_queue(std::uint32_t q) noexcept;
+  void arm_interrupt(std::uint32_t q);
+  void disarm_interrupt(std::uint32_t q) noexcept;
+
+  std::shared_ptr<spdlog::logger> log;
+
+ private:
+  void read_properties();
+  void setup_status_pages();
+  void start_interrupt_thread();
+  void interrupt_loop();
+  std::uint32_t ring_entries_for(const QueueOptions& options) const;
+
+  std::unique_ptr<Transport> transport_;
+  Properties props_;
+  std::span<std::byte> aperture_;
+  std::uint32_t caps_ = 0;
+  std::uint32_t max_ring_entries_ = 0;
+
+  mutable std::mutex reg64_mu_;
+
+  mutable std::mutex mem_mu_;
+  std::vector<Heap> heaps_;
+  RangeAllocator iova_;
+  std::uint64_t host_pinned_bytes_ = 0, host_pinned_count_ = 0, imported_bytes_ = 0;
+
+  mutable std::mutex queues_mu_;
+  std::vector<std::unique_ptr<HwQueue>> hw_queues_;
+  base::Mapping status_pages_;
+  std::uint64_t status_pages_iova_ = 0;
+
+  std::mutex irq_mu_;  // serialises INT_MASK read-modify-write
+  std::uint32_t irq_mask_ = 0;
+  base::UniqueFd irq_stop_;
+  std::thread irq_thread_;
+};
+
+class TpuQueue final : public driver::QueueBackend {
+ public:
+  TpuQueue(std::shared_ptr<TpuDevice> device, std::uint32_t index, Engine engine,
+           std::uint32_t entries, std::size_t ring_heap, std::uint64_t ring_address);
+  ~TpuQueue() override;
+
+  Engine engine() const override { return engine_; }
+  std::uint32_t index() const override { return index_; }
+  std::uint64_t submit(std::span<const driver::Command> commands,
+                       std::chrono::nanoseconds max_wait) override;
+  driver::Timeline timeline() const override;
+  std::uint64_t submitted() const override { return submitted_.load(std::memory_order_acquire); }
+  std::uint64_t progress() const override;
+  Error failure() const override;
+  void block(std::uint64_t value, std::chrono::nanoseconds max) override;
+  void abort() override;
+  std::optional<std::uint64_t> timestamp_ns(std::uint64_t value) const override;
+  QueueStatus status() const override;
+  std::string diagnose() const override;
+
+  std::uint64_t submit_raw(std::span<const fw::CommandDescriptor> descriptors);
+  std::uint64_t timeline_address() const noexcept;
+  std::string name() const;
+
+ private:
+  struct Shadow {  // what the host knows about each ring slot, for errors
+    std::uint64_t value;
+    std::uint32_t index;  // position of the command in its submission
+    std::uint32_t count;  // commands in the submission
+  };
+  // Reserves `n` ring slots, waiting up to max_wait for the board to free
+  // them. Caller holds submit_mu_.
+  void reserve(std::uint32_t n, std::chrono::nanoseconds max_wait);
+  fw::CommandDescriptor encode(const driver::Command& command) const;
+  std::uint64_t publish(std::span<fw::CommandDescriptor> descriptors);
+  std::string describe_state(bool with_shadow) const;
+  bool known_failed();  // caller holds submit_mu_
+  std::uint32_t reg(std::uint32_t r) const noexcept { return fw::reg::queue_reg(index_, r); }
+
+  std::shared_ptr<TpuDevice> device_;
+  const std::uint32_t index_;
+  const Engine engine_;
+  const std::uint32_t entries_;
+  const std::size_t ring_heap_;
+  const std::uint64_t ring_address_;
+  fw::CommandDescriptor* ring_;  // in the aperture
+  fw::QueueStatusPage* page_;
+  std::vector<Shadow> shadow_;
+
+  mutable std::mutex submit_mu_;
+  std::uint32_t tail_ = 0;         // guarded by submit_mu_
+  std::uint32_t cached_head_ = 0;  // guarded by submit_mu_
+  std::uint64_t next_value_ = 1;   // guarded by submit_mu_
+  std::atomic<std::uint64_t> submitted_{0};
+  std::atomic<bool> aborted_{false};
+  mutable std::atomic<bool> failed_seen_{false};
+  std::uint32_t submits_since_check_ = 0;  // guarded by submit_mu_
+};
+
+}  // namespace tpuhal::tpu

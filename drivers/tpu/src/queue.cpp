@@ -1,0 +1,356 @@
+// TPU driver queues: the ring protocol from the host side.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstring>
+
+#include "device_impl.h"
+#include "tpuhal/base/units.h"
+#include "tpuhal/fw/decode.h"
+
+namespace tpuhal::tpu {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string hex(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+  return buf;
+}
+
+std::uint64_t load_acquire(const std::uint64_t& word) {
+  return std::atomic_ref<const std::uint64_t>(word).load(std::memory_order_acquire);
+}
+
+}  // namespace
+
+TpuQueue::TpuQueue(std::shared_ptr<TpuDevice> device, std::uint32_t index, Engine engine,
+                   std::uint32_t entries, std::size_t ring_heap, std::uint64_t ring_address)
+    : device_(std::move(device)),
+      index_(index),
+      engine_(engine),
+      entries_(entries),
+      ring_heap_(ring_heap),
+      ring_address_(ring_address),
+      ring_(reinterpret_cast<fw::CommandDescriptor*>(device_->aperture().data() + ring_address)),
+      page_(device_->hw_queue(index).page),
+      shadow_(entries) {
+  Transport& t = device_->transport();
+  // A clean slate: stop whatever ran on this queue before, clear the status
+  // page, program the ring and enable it.
+  t.write32(reg(fw::reg::queue::kControl), fw::kQueueControlReset);
+  std::memset(static_cast<void*>(page_), 0, sizeof *page_);
+  std::memset(static_cast<void*>(ring_), 0, std::size_t{entries} * sizeof(fw::CommandDescriptor));
+  const std::uint64_t page_iova = device_->hw_queue(index).page_iova;
+  t.write32(reg(fw::reg::queue::kRingBaseLo), static_cast<std::uint32_t>(ring_address));
+  t.write32(reg(fw::reg::queue::kRingBaseHi), static_cast<std::uint32_t>(ring_address >> 32));
+  t.write32(reg(fw::reg::queue::kRingSize), entries);
+  t.write32(reg(fw::reg::queue::kFenceLo), static_cast<std::uint32_t>(page_iova));
+  t.write32(reg(fw::reg::queue::kFenceHi), static_cast<std::uint32_t>(page_iova >> 32));
+  t.write32(reg(fw::reg::queue::kControl), fw::kQueueControlEnable);
+  const std::uint32_t status = t.read32(reg(fw::reg::queue::kStatus));
+  if (!(status & fw::kQueueStatusEnabled)) {
+    const auto error = static_cast<fw::CmdStatus>(t.read32(reg(fw::reg::queue::kError)));
+    device_->release_queue(index_);
+    throw Error(Status::DeviceFault, name() + ": the board refused to enable the queue (" +
+                                         fw::to_string(error) + ", status " + hex(status) + ")");
+  }
+}
+
+TpuQueue::~TpuQueue() {
+  // Reset stops the board's command processor before it returns, so the ring
+  // and everything the HAL retained can go.
+  device_->transport().write32(reg(fw::reg::queue::kControl), fw::kQueueControlReset);
+  device_->free_device(ring_heap_, ring_address_);
+  device_->release_queue(index_);
+}
+
+std::string TpuQueue::name() const {
+  return device_->uri() + " " + to_string(engine_) + " queue " + std::to_string(index_);
+}
+
+driver::Timeline TpuQueue::timeline() const {
+  const std::uint64_t v = load_acquire(page_->fence.value);
+  const bool failed = (v & fw::kTimelineFailed) != 0 || aborted_.load(std::memory_order_relaxed);
+  if (failed && !failed_seen_.load(std::memory_order_relaxed))
+    failed_seen_.store(true, std::memory_order_relaxed);
+  return {v & fw::kTimelineValueMask, failed};
+}
+
+bool TpuQueue::known_failed() {
+  // The status page line is the board's and changes with every completion;
+  // reading it on every submission would cost a cache miss each. A failure
+  // is noticed by any wait or poll, by a full ring, or here every 64th time.
+  if (failed_seen_.load(std::memory_order_relaxed)) return true;
+  if (++submits_since_check_ % 64 == 0) return timeline().failed;
+  return false;
+}
+
+std::uint64_t TpuQueue::progress() const {
+  return device_->transport().read32(reg(fw::reg::queue::kProgress));
+}
+
+std::uint64_t TpuQueue::timeline_address() const noexcept {
+  return device_->hw_queue(index_).page_iova + offsetof(fw::QueueStatusPage, fence.value);
+}
+
+Error TpuQueue::failure() const {
+  if (aborted_.load(std::memory_order_relaxed) &&
+      !(load_acquire(page_->fence.value) & fw::kTimelineFailed))
+    return Error(Status::FailedPrecondition,
+                 name() + ": the queue was aborted with work pending (it was released while its "
+                          "work did not finish within the wait timeout)");
+  const fw::FenceRecord& rec = page_->fence;  // written before the failed bit was published
+  auto failure = fw::decode_failure(rec);
+  if (!failure)
+    return Error(Status::DeviceLost,
+                 name() + ": the board reported a failure with an invalid record (status " +
+                     hex(failure.problem().value) + "); reset the device");
+  const fw::Failure& f = *failure;
+  std::string where = "command";
+  // The shadow ring says which of the submission's commands it was; the slot
+  // is intact because the board halted there.
+  const Shadow& sh = shadow_[f.sequence & (entries_ - 1)];
+  if (sh.value == f.fence && sh.count > 0)
+    where = "command " + std::to_string(sh.index + 1) + " of " + std::to_string(sh.count);
+  const Status status = f.status == fw::CmdStatus::kFirmwareFault ? Status::DeviceLost : Status::DeviceFault;
+  return Error(status, name() + ": submission " + std::to_string(f.fence) + " failed at " + where +
+                           " (ring position " + std::to_string(f.sequence) + "): " +
+                           fw::to_string(f.status) + ": " + fw::describe(f));
+}
+
+void TpuQueue::block(std::uint64_t value, std::chrono::nanoseconds max) {
+  HwQueue& hq = device_->hw_queue(index_);
+  device_->arm_interrupt(index_);
+  auto ticket = hq.irq.prepare();
+  const auto t = timeline();
+  if (t.completed >= value || t.failed) {
+    hq.irq.cancel();
+  } else {
+    hq.irq.wait(ticket, max);
+  }
+  device_->disarm_interrupt(index_);
+}
+
+void TpuQueue::reserve(std::uint32_t n, std::chrono::nanoseconds max_wait) {
+  if (entries_ - (tail_ - cached_head_) >= n) return;
+  Transport& t = device_->transport();
+  cached_head_ = t.read32(reg(fw::reg::queue::kHead));
+  if (entries_ - (tail_ - cached_head_) >= n) return;
+  // Full: wait for the board to retire commands, as long as it keeps moving.
+  const auto limit = static_cast<std::uint64_t>(max_wait.count());
+  std::uint64_t moved_at = base::monotonic_ns();
+  std::uint32_t last_head = cached_head_;
+  for (unsigned spins = 0;; ++spins) {
+    if (timeline().failed) throw failure();
+    cached_head_ = t.read32(reg(fw::reg::queue::kHead));
+    if (entries_ - (tail_ - cached_head_) >= n) return;
+    const std::uint64_t now = base::monotonic_ns();
+    if (cached_head_ != last_head) {
+      last_head = cached_head_;
+      moved_at = now;
+    }
+    if (now - moved_at >= limit) {
+      std::string why = describe_state(/*with_shadow=*/true);
+      throw Error(Status::QueueFull,
+                  name() + ": ring full (" + std::to_string(entries_) + " entries, " +
+                      std::to_string(tail_ - cached_head_) + " in flight, " + std::to_string(n) +
+                      " needed) and no command retired for " + std::to_string(limit / 1'000'000) +
+                      " ms" + (why.empty() ? "" : "; " + why));
+    }
+    if (spins < 1000) {
+      base::cpu_relax();
+    } else {
+      const std::uint64_t left = limit - (now - moved_at);
+      block(timeline().completed + 1, std::chrono::nanoseconds(std::min<std::uint64_t>(left, 10'000'000)));
+    }
+  }
+}
+
+fw::CommandDescriptor TpuQueue::encode(const driver::Command& command) const {
+  fw::CommandDescriptor d{};
+  struct Visitor {
+    const TpuQueue& q;
+    fw::CommandDescriptor& d;
+    static std::uint64_t addr(const driver::BufferRange& r) {
+      return r.buffer->device_address() + r.offset;
+    }
+    void operator()(const driver::cmd::Copy& c) const {
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kCopy);
+      d.args[0] = addr(c.src);
+      d.args[1] = addr(c.dst);
+      d.args[2] = c.size;
+    }
+    void operator()(const driver::cmd::Fill& c) const {
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kFill);
+      d.args[0] = addr(c.dst);
+      d.args[1] = c.size;
+      d.args[2] = std::uint64_t{c.pattern} | std::uint64_t{c.pattern_bytes} << 32;
+    }
+    void operator()(const driver::cmd::WaitFence& c) const {
+      auto* other = dynamic_cast<TpuQueue*>(c.queue);
+      if (!other || other->device_ != q.device_)
+        throw Error(Status::InvalidArgument, q.name() + ": cannot wait on a fence of another device");
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kWaitValue);
+      d.args[0] = other->timeline_address();
+      d.args[1] = c.value;
+      d.args[2] = static_cast<std::uint64_t>(fw::WaitMode::kTimeline);
+    }
+    void operator()(const driver::cmd::WaitValue& c) const {
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kWaitValue);
+      d.args[0] = addr(c.location);
+      d.args[1] = c.value;
+      d.args[2] = static_cast<std::uint64_t>(fw::WaitMode::kGreaterEqual);
+    }
+    void operator()(const driver::cmd::WriteValue& c) const {
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kWriteValue);
+      d.args[0] = addr(c.location);
+      d.args[1] = c.value;
+    }
+    void operator()(const driver::cmd::Timestamp& c) const {
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kTimestamp);
+      d.args[0] = addr(c.location);
+    }
+  };
+  std::visit(Visitor{*this, d}, command);
+  return d;
+}
+
+std::uint64_t TpuQueue::publish(std::span<fw::CommandDescriptor> descriptors) {
+  // Caller holds submit_mu_ and reserved the slots. Descriptors go into the
+  // ring first; the doorbell (TAIL) goes last and publishes them.
+  const std::uint64_t value = next_value_++;
+  const std::uint32_t mask = entries_ - 1;
+  const auto count = static_cast<std::uint32_t>(descriptors.size());
+  for (std::uint32_t i = 0; i < count; ++i) {
+    fw::CommandDescriptor& d = descriptors[i];
+    d.sequence = tail_ + i;
+    d.fence_value = value;
+    if (i + 1 == count) d.flags |= fw::kFlagFence | fw::kFlagInterrupt;
+    std::memcpy(static_cast<void*>(&ring_[(tail_ + i) & mask]), &d, sizeof d);
+    shadow_[(tail_ + i) & mask] = {value, i, count};
+  }
+  tail_ += count;
+  device_->transport().write32(reg(fw::reg::queue::kTail), tail_);
+  submitted_.store(value, std::memory_order_release);
+  return value;
+}
+
+std::uint64_t TpuQueue::submit(std::span<const driver::Command> commands,
+                               std::chrono::nanoseconds max_wait) {
+  const std::size_t n = commands.empty() ? 1 : commands.size();
+  if (n >= entries_)
+    throw Error(Status::InvalidArgument,
+                name() + ": a batch of " + std::to_string(n) + " commands does not fit the ring (" +
+                    std::to_string(entries_) + " entries); split it or create the queue with more "
+                    "ring_entries");
+  // Encode outside the lock: it only reads the commands.
+  fw::CommandDescriptor inline_buf[8];
+  std::vector<fw::CommandDescriptor> heap_buf;
+  std::span<fw::CommandDescriptor> descs;
+  if (n <= 8) {
+    descs = {inline_buf, n};
+  } else {
+    heap_buf.resize(n);
+    descs = heap_buf;
+  }
+  if (commands.empty()) {
+    descs[0] = {};
+    descs[0].opcode = static_cast<std::uint16_t>(fw::Opcode::kNop);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) descs[i] = encode(commands[i]);
+  }
+  std::lock_guard lock(submit_mu_);
+  if (known_failed()) throw failure();
+  reserve(static_cast<std::uint32_t>(n), max_wait);
+  return publish(descs);
+}
+
+std::uint64_t TpuQueue::submit_raw(std::span<const fw::CommandDescriptor> descriptors) {
+  if (descriptors.empty() || descriptors.size() >= entries_)
+    throw Error(Status::InvalidArgument, name() + ": submit_raw takes 1 to " +
+                                             std::to_string(entries_ - 1) + " descriptors");
+  std::vector<fw::CommandDescriptor> copy(descriptors.begin(), descriptors.end());
+  std::lock_guard lock(submit_mu_);
+  if (timeline().failed) throw failure();
+  reserve(static_cast<std::uint32_t>(copy.size()), 1s);
+  return publish(copy);
+}
+
+void TpuQueue::abort() {
+  aborted_.store(true, std::memory_order_seq_cst);
+  device_->transport().write32(reg(fw::reg::queue::kControl), fw::kQueueControlReset);
+  device_->hw_queue(index_).irq.notify();
+}
+
+std::optional<std::uint64_t> TpuQueue::timestamp_ns(std::uint64_t value) const {
+  const fw::TimestampSlot& slot = page_->stamps[value % fw::kTimestampSlots];
+  const std::uint64_t v1 = load_acquire(slot.value);
+  if (v1 != value) return std::nullopt;
+  const std::uint64_t ns = load_acquire(slot.ns);  // acquire: the re-read stays after it
+  const std::uint64_t v2 = load_acquire(slot.value);
+  if (v2 != value) return std::nullopt;
+  return ns;
+}
+
+QueueStatus TpuQueue::status() const {
+  QueueStatus s;
+  s.engine = engine_;
+  s.index = index_;
+  s.in_use = true;
+  const auto t = timeline();
+  s.failed = t.failed;
+  s.completed = t.completed;
+  s.submitted = submitted();
+  s.busy = !t.failed && s.submitted > s.completed;
+  s.busy_ns = device_->read64(reg(fw::reg::queue::kBusyNsLo));
+  s.retired = device_->read64(reg(fw::reg::queue::kRetiredLo));
+  return s;
+}
+
+std::string TpuQueue::diagnose() const {
+  // The shadow ring is the submitters'; look only if none holds it.
+  std::unique_lock lock(submit_mu_, std::try_to_lock);
+  return describe_state(lock.owns_lock());
+}
+
+std::string TpuQueue::describe_state(bool with_shadow) const {
+  Transport& t = device_->transport();
+  const std::uint32_t status = t.read32(reg(fw::reg::queue::kStatus));
+  const std::uint32_t head = t.read32(reg(fw::reg::queue::kHead));
+  const std::uint32_t tail = t.read32(reg(fw::reg::queue::kTail));
+  std::string s = "the board reports the queue ";
+  if (status & fw::kQueueStatusFaulted) s += "faulted";
+  else if (status & fw::kQueueStatusWaiting) s += "waiting in a wait command";
+  else if (status & fw::kQueueStatusBusy) s += "busy";
+  else if (!(status & fw::kQueueStatusEnabled)) s += "disabled";
+  else if (head != tail) s += "about to start work";
+  else s += "idle";
+  s += " at ring position " + std::to_string(head) + " (tail " + std::to_string(tail) + ")";
+  const Shadow& sh = shadow_[head & (entries_ - 1)];
+  if (with_shadow && head != tail && sh.count)
+    s += ", command " + std::to_string(sh.index + 1) + " of submission " + std::to_string(sh.value);
+  return s;
+}
+
+// ---- Raw access ------------------------------------------------------------------
+
+namespace {
+TpuQueue& as_tpu(driver::QueueBackend& q) {
+  auto* t = dynamic_cast<TpuQueue*>(&q);
+  if (!t) throw Error(Status::InvalidArgument, "not a TPU driver queue");
+  return *t;
+}
+}  // namespace
+
+std::uint64_t submit_raw(driver::QueueBackend& queue, std::span<const fw::CommandDescriptor> d) {
+  return as_tpu(queue).submit_raw(d);
+}
+
+std::uint64_t timeline_address(driver::QueueBackend& queue) {
+  return as_tpu(queue).timeline_address();
+}
+
+}  // namespace tpuhal::tpu

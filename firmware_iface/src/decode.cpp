@@ -1,0 +1,173 @@
+#include "tpuhal/fw/decode.h"
+
+#include <cstring>
+
+namespace tpuhal::fw {
+namespace {
+
+Problem problem(CmdStatus status, std::uint16_t field, std::uint64_t value,
+                std::uint64_t detail = 0) {
+  return Problem{status, field, value, detail};
+}
+
+// Every argument from `first` on must be zero.
+bool reserved_args_zero(const CommandDescriptor& d, int first, Problem& out) {
+  for (int i = first; i < 6; ++i) {
+    if (d.args[i] != 0) {
+      out = problem(CmdStatus::kReservedNotZero, static_cast<std::uint16_t>(i), d.args[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool range_ok(std::uint64_t address, std::uint64_t size) {
+  return address <= UINT64_MAX - size;
+}
+
+}  // namespace
+
+Result<Command> decode_command(const CommandDescriptor& d) {
+  if (d.opcode == 0 || d.opcode > kMaxOpcodeV1_0)
+    return problem(CmdStatus::kInvalidOpcode, Problem::kFieldOpcode, d.opcode);
+  if (d.flags & ~kKnownFlags)
+    return problem(CmdStatus::kInvalidFlags, Problem::kFieldFlags, d.flags, kKnownFlags);
+  if ((d.flags & kFlagFence) && (d.fence_value == 0 || d.fence_value > kTimelineValueMask))
+    return problem(CmdStatus::kBadArgument, Problem::kFieldFence, d.fence_value,
+                   kTimelineValueMask);
+
+  Command c;
+  c.opcode = static_cast<Opcode>(d.opcode);
+  c.flags = d.flags;
+  c.sequence = d.sequence;
+  c.fence_value = d.fence_value;
+  Problem p;
+
+  switch (c.opcode) {
+    case Opcode::kNop:
+      if (!reserved_args_zero(d, 0, p)) return p;
+      c.args = NopArgs{};
+      return c;
+
+    case Opcode::kCopy: {
+      if (!reserved_args_zero(d, 3, p)) return p;
+      const CopyArgs a{d.args[0], d.args[1], d.args[2]};
+      if (a.size == 0 || a.size > kMaxTransferBytes)
+        return problem(CmdStatus::kBadArgument, 2, a.size, kMaxTransferBytes);
+      if (!range_ok(a.src, a.size)) return problem(CmdStatus::kBadArgument, 0, a.src);
+      if (!range_ok(a.dst, a.size)) return problem(CmdStatus::kBadArgument, 1, a.dst);
+      c.args = a;
+      return c;
+    }
+
+    case Opcode::kCopySg: {
+      if (!reserved_args_zero(d, 3, p)) return p;
+      const CopySgArgs a{d.args[0], d.args[1], d.args[2]};
+      if (a.list % sizeof(DmaSegment) != 0)
+        return problem(CmdStatus::kBadAlignment, 0, a.list, sizeof(DmaSegment));
+      if (a.count == 0 || a.count > kMaxSgSegments)
+        return problem(CmdStatus::kBadArgument, 1, a.count, kMaxSgSegments);
+      if (!range_ok(a.list, a.count * sizeof(DmaSegment)))
+        return problem(CmdStatus::kBadArgument, 0, a.list);
+      if (a.total == 0 || a.total > kMaxTransferBytes)
+        return problem(CmdStatus::kBadArgument, 2, a.total, kMaxTransferBytes);
+      c.args = a;
+      return c;
+    }
+
+    case Opcode::kFill: {
+      if (!reserved_args_zero(d, 3, p)) return p;
+      const std::uint64_t packed = d.args[2];
+      const std::uint64_t width = packed >> 32;
+      if (width != 1 && width != 2 && width != 4)
+        return problem(CmdStatus::kBadArgument, 2, packed, 4);
+      const auto pattern = static_cast<std::uint32_t>(packed);
+      if (width < 4 && (pattern >> (8 * width)) != 0)
+        return problem(CmdStatus::kBadArgument, 2, packed, width);
+      FillArgs a{d.args[0], d.args[1], pattern, static_cast<std::uint32_t>(width)};
+      if (a.size == 0 || a.size > kMaxTransferBytes)
+        return problem(CmdStatus::kBadArgument, 1, a.size, kMaxTransferBytes);
+      if (a.size % width != 0) return problem(CmdStatus::kBadAlignment, 1, a.size, width);
+      if (a.dst % width != 0) return problem(CmdStatus::kBadAlignment, 0, a.dst, width);
+      if (!range_ok(a.dst, a.size)) return problem(CmdStatus::kBadArgument, 0, a.dst);
+      c.args = a;
+      return c;
+    }
+
+    case Opcode::kWaitValue: {
+      if (!reserved_args_zero(d, 3, p)) return p;
+      if (d.args[0] % 8 != 0) return problem(CmdStatus::kBadAlignment, 0, d.args[0], 8);
+      if (d.args[2] > static_cast<std::uint64_t>(WaitMode::kTimeline))
+        return problem(CmdStatus::kBadArgument, 2, d.args[2], 1);
+      const auto mode = static_cast<WaitMode>(d.args[2]);
+      if (mode == WaitMode::kTimeline && d.args[1] > kTimelineValueMask)
+        return problem(CmdStatus::kBadArgument, 1, d.args[1], kTimelineValueMask);
+      c.args = WaitValueArgs{d.args[0], d.args[1], mode};
+      return c;
+    }
+
+    case Opcode::kWriteValue:
+      if (!reserved_args_zero(d, 2, p)) return p;
+      if (d.args[0] % 8 != 0) return problem(CmdStatus::kBadAlignment, 0, d.args[0], 8);
+      c.args = WriteValueArgs{d.args[0], d.args[1]};
+      return c;
+
+    case Opcode::kTimestamp:
+      if (!reserved_args_zero(d, 1, p)) return p;
+      if (d.args[0] % 8 != 0) return problem(CmdStatus::kBadAlignment, 0, d.args[0], 8);
+      c.args = TimestampArgs{d.args[0]};
+      return c;
+
+    case Opcode::kInvalid:
+      break;
+  }
+  return problem(CmdStatus::kInvalidOpcode, Problem::kFieldOpcode, d.opcode);
+}
+
+Result<Command> decode_command(std::span<const std::byte> bytes) {
+  if (bytes.size() != sizeof(CommandDescriptor))
+    return problem(CmdStatus::kBadArgument, Problem::kFieldLength, bytes.size(),
+                   sizeof(CommandDescriptor));
+  CommandDescriptor d;
+  std::memcpy(&d, bytes.data(), sizeof d);
+  return decode_command(d);
+}
+
+Result<DmaSegment> decode_segment(const DmaSegment& s) {
+  if (s.reserved != 0) return problem(CmdStatus::kReservedNotZero, 3, s.reserved);
+  if (s.size == 0 || s.size > kMaxTransferBytes)
+    return problem(CmdStatus::kBadArgument, 2, s.size, kMaxTransferBytes);
+  if (!range_ok(s.src, s.size)) return problem(CmdStatus::kBadArgument, 0, s.src);
+  if (!range_ok(s.dst, s.size)) return problem(CmdStatus::kBadArgument, 1, s.dst);
+  return s;
+}
+
+bool engine_accepts(EngineType engine, Opcode op) noexcept {
+  switch (engine) {
+    case EngineType::kCompute:
+    case EngineType::kCopy:
+    case EngineType::kVideo:
+      // Interface 1.0 defines only DMA and synchronisation opcodes, which
+      // every engine runs. Engine-specific opcodes arrive with later minors.
+      return op != Opcode::kInvalid;
+    case EngineType::kNone:
+      break;
+  }
+  return false;
+}
+
+Result<Failure> decode_failure(const FenceRecord& r) {
+  if (r.error_status == 0 || !is_known(r.error_status))
+    return problem(CmdStatus::kFirmwareFault, Problem::kNoField, r.error_status);
+  Failure f;
+  f.status = static_cast<CmdStatus>(r.error_status);
+  f.opcode = r.error_opcode;
+  f.field = r.error_field;
+  f.sequence = r.error_sequence;
+  f.fence = r.error_fence;
+  f.value = r.error_value;
+  f.detail = r.error_detail;
+  return f;
+}
+
+}  // namespace tpuhal::fw

@@ -1,0 +1,159 @@
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+
+#include "tpuhal/fw/decode.h"
+
+namespace tpuhal::fw {
+
+const char* to_string(CmdStatus status) noexcept {
+  switch (status) {
+    case CmdStatus::kOk: return "ok";
+    case CmdStatus::kInvalidOpcode: return "invalid opcode";
+    case CmdStatus::kInvalidFlags: return "invalid flags";
+    case CmdStatus::kReservedNotZero: return "reserved field not zero";
+    case CmdStatus::kBadSequence: return "bad sequence";
+    case CmdStatus::kBadArgument: return "bad argument";
+    case CmdStatus::kBadAlignment: return "bad alignment";
+    case CmdStatus::kDmaFault: return "DMA fault";
+    case CmdStatus::kFenceNotMonotonic: return "fence not monotonic";
+    case CmdStatus::kDependencyFailed: return "dependency failed";
+    case CmdStatus::kUnsupportedOnEngine: return "unsupported on engine";
+    case CmdStatus::kRingConfig: return "ring configuration";
+    case CmdStatus::kFirmwareFault: return "firmware fault";
+    case CmdStatus::kEccError: return "ECC error";
+    case CmdStatus::kHang: return "hang";
+    case CmdStatus::kQueueReset: return "queue reset";
+  }
+  return "unknown status";
+}
+
+bool is_known(std::uint32_t status) noexcept {
+  return status <= static_cast<std::uint32_t>(CmdStatus::kQueueReset);
+}
+
+const char* to_string(Opcode op) noexcept {
+  switch (op) {
+    case Opcode::kInvalid: return "invalid";
+    case Opcode::kNop: return "nop";
+    case Opcode::kCopy: return "copy";
+    case Opcode::kCopySg: return "copy_sg";
+    case Opcode::kFill: return "fill";
+    case Opcode::kWaitValue: return "wait_value";
+    case Opcode::kWriteValue: return "write_value";
+    case Opcode::kTimestamp: return "timestamp";
+  }
+  return "unknown";
+}
+
+const char* to_string(EngineType engine) noexcept {
+  switch (engine) {
+    case EngineType::kNone: return "none";
+    case EngineType::kCompute: return "compute";
+    case EngineType::kCopy: return "copy";
+    case EngineType::kVideo: return "video";
+  }
+  return "unknown";
+}
+
+namespace {
+
+std::string opcode_name(std::uint16_t opcode) {
+  if (opcode >= 1 && opcode <= kMaxOpcodeV1_0) return to_string(static_cast<Opcode>(opcode));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "opcode 0x%x", opcode);
+  return buf;
+}
+
+std::string hex(std::uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+  return buf;
+}
+
+std::string dec(std::uint64_t v) { return std::to_string(v); }
+
+std::string field_name(std::uint16_t opcode, std::uint16_t field) {
+  switch (field) {
+    case Problem::kNoField: return "descriptor";
+    case Problem::kFieldOpcode: return "opcode";
+    case Problem::kFieldFlags: return "flags";
+    case Problem::kFieldSequence: return "sequence";
+    case Problem::kFieldFence: return "fence value";
+    case Problem::kFieldVersion: return "interface version";
+    case Problem::kFieldLength: return "length";
+    case Problem::kFieldStatusPage: return "status page";
+    default: return arg_name(opcode, field);
+  }
+}
+
+}  // namespace
+
+std::string arg_name(std::uint16_t opcode, std::uint16_t index) {
+  static const char* const kNames[][3] = {
+      /* invalid */ {nullptr, nullptr, nullptr},
+      /* nop */ {nullptr, nullptr, nullptr},
+      /* copy */ {"src", "dst", "size"},
+      /* copy_sg */ {"segment list", "segment count", "total size"},
+      /* fill */ {"dst", "size", "pattern"},
+      /* wait_value */ {"address", "value", "mode"},
+      /* write_value */ {"address", "value", nullptr},
+      /* timestamp */ {"address", nullptr, nullptr},
+  };
+  if (opcode <= kMaxOpcodeV1_0 && index < 3 && kNames[opcode][index]) return kNames[opcode][index];
+  return "arg" + std::to_string(index);
+}
+
+std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field,
+                     std::uint64_t value, std::uint64_t detail) {
+  const std::string op = opcode_name(opcode);
+  const std::string what = field_name(opcode, field);
+  switch (status) {
+    case CmdStatus::kOk:
+      return op + ": ok";
+    case CmdStatus::kInvalidOpcode:
+      return "unknown opcode " + hex(value) + " (interface 1.0 defines 1.." +
+             dec(kMaxOpcodeV1_0) + ")";
+    case CmdStatus::kInvalidFlags:
+      return op + ": undefined flag bits " + hex(value & ~detail) + " in flags " + hex(value);
+    case CmdStatus::kReservedNotZero:
+      return op + ": unused " + what + " is " + hex(value) + ", must be zero";
+    case CmdStatus::kBadSequence:
+      return op + ": descriptor sequence " + dec(value) + " where the ring position is " +
+             dec(detail) + " (stale or corrupt ring slot)";
+    case CmdStatus::kBadArgument:
+      if (field == Problem::kFieldVersion)
+        return "interface version " + dec(value >> 16) + "." + dec(value & 0xFFFF) +
+               " is not compatible with " + dec(detail >> 16) + "." + dec(detail & 0xFFFF);
+      if (field == Problem::kFieldLength)
+        return "descriptor of " + dec(value) + " bytes, expected " + dec(detail);
+      return op + ": " + what + " = " + dec(value) + " is out of range" +
+             (detail ? " (limit " + dec(detail) + ")" : std::string{});
+    case CmdStatus::kBadAlignment:
+      return op + ": " + what + " = " + hex(value) + " is not a multiple of " + dec(detail);
+    case CmdStatus::kDmaFault:
+      return op + ": " + what + " address " + hex(value) + " is not mapped for DMA (" +
+             (detail == kAccessWrite ? "write" : "read") + ")";
+    case CmdStatus::kFenceNotMonotonic:
+      return op + ": fence value " + dec(value) + " is not greater than the last one written, " +
+             dec(detail);
+    case CmdStatus::kDependencyFailed:
+      return op + ": the timeline at " + hex(value) + " that this queue waits on has failed";
+    case CmdStatus::kUnsupportedOnEngine:
+      return op + " is not supported on a " +
+             to_string(static_cast<EngineType>(detail)) + " queue";
+    case CmdStatus::kRingConfig:
+      return "ring configuration rejected: " + what + " = " + hex(value);
+    case CmdStatus::kFirmwareFault:
+      return "firmware fault (code " + hex(value) + ")";
+    case CmdStatus::kEccError:
+      return op + ": uncorrectable ECC error at device address " + hex(value);
+    case CmdStatus::kHang:
+      return op + ": stopped by the board's watchdog after " + dec(value / 1'000'000) + " ms";
+    case CmdStatus::kQueueReset:
+      return op + ": discarded by a queue reset";
+  }
+  return "unknown status " + dec(static_cast<std::uint32_t>(status)) + " for " + op;
+}
+
+}  // namespace tpuhal::fw

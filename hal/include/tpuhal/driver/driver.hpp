@@ -1,0 +1,146 @@
+// The driver interface: the only thing a backend implements.
+//
+// A Provider owns a URI scheme ("sim", "pcie", "cuda") and turns URIs into
+// DeviceBackends. The HAL above does argument checking, buffer lifetimes
+// across queued work, and the wait policy (spin, block, progress-aware
+// timeouts), so a backend implements only the device's own mechanics.
+// Optional features default to Status::Unsupported (see Capabilities).
+// drivers/skeleton/ is a complete, compiling starting point for a new one.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "tpuhal/error.hpp"
+#include "tpuhal/export.hpp"
+#include "tpuhal/types.hpp"
+
+namespace tpuhal::driver {
+
+class QueueBackend;
+
+class TPUHAL_API BufferBackend {
+ public:
+  virtual ~BufferBackend();
+  virtual std::uint64_t size() const = 0;
+  virtual Memory memory() const = 0;
+  virtual const std::string& heap() const = 0;
+  virtual std::uint64_t device_address() const = 0;
+  // Host view; throw Error(Unsupported, ...) where the memory is not mappable.
+  virtual std::span<std::byte> map() = 0;
+};
+
+// Commands, already checked by the HAL: buffers are live and belong to the
+// queue's device, ranges lie inside their buffers, alignment rules hold.
+struct BufferRange {
+  BufferBackend* buffer = nullptr;
+  std::uint64_t offset = 0;
+};
+namespace cmd {
+struct Copy {
+  BufferRange src, dst;
+  std::uint64_t size = 0;
+};
+struct Fill {
+  BufferRange dst;
+  std::uint64_t size = 0;
+  std::uint32_t pattern = 0;
+  std::uint32_t pattern_bytes = 1;
+};
+struct WaitFence {
+  QueueBackend* queue = nullptr;  // same device
+  std::uint64_t value = 0;
+};
+struct WaitValue {
+  BufferRange location;
+  std::uint64_t value = 0;
+};
+struct WriteValue {
+  BufferRange location;
+  std::uint64_t value = 0;
+};
+struct Timestamp {
+  BufferRange location;
+};
+}  // namespace cmd
+using Command =
+    std::variant<cmd::Copy, cmd::Fill, cmd::WaitFence, cmd::WaitValue, cmd::WriteValue, cmd::Timestamp>;
+
+// A queue's timeline as last seen: the value reached and whether it failed.
+struct Timeline {
+  std::uint64_t completed = 0;
+  bool failed = false;
+};
+
+class TPUHAL_API QueueBackend {
+ public:
+  virtual ~QueueBackend();
+  virtual Engine engine() const = 0;
+  virtual std::uint32_t index() const = 0;
+
+  // Submits `commands` (possibly none: a fence-only submission) as one unit
+  // and returns its timeline value, one more than the previous submission's.
+  // Waits up to `max_wait` for ring space while the queue makes progress,
+  // then throws QueueFull. Thread-safe.
+  virtual std::uint64_t submit(std::span<const Command> commands,
+                               std::chrono::nanoseconds max_wait) = 0;
+  // Cheap (no system call): the HAL spins on it.
+  virtual Timeline timeline() const = 0;
+  virtual std::uint64_t submitted() const = 0;
+  // Moves whenever the queue makes forward progress.
+  virtual std::uint64_t progress() const = 0;
+  // The error describing the failure; only called once timeline().failed.
+  virtual Error failure() const = 0;
+  // Sleeps until timeline().completed >= value, the queue fails, or `max`
+  // passes; may return early. Thread-safe.
+  virtual void block(std::uint64_t value, std::chrono::nanoseconds max) = 0;
+  // Stops the hardware queue, discarding work not yet complete, and returns
+  // once the board no longer touches memory that work referred to. The
+  // timeline then reads failed. Called when a queue is released with work
+  // that did not finish within the wait timeout.
+  virtual void abort() = 0;
+  virtual std::optional<std::uint64_t> timestamp_ns(std::uint64_t value) const;
+  virtual QueueStatus status() const = 0;
+  // Why the queue seems stuck, for a timeout message ("blocked in wait_value
+  // at ring position 17"); empty if nothing to add.
+  virtual std::string diagnose() const;
+};
+
+class TPUHAL_API DeviceBackend {
+ public:
+  virtual ~DeviceBackend();
+  virtual const Properties& properties() const = 0;
+  virtual MemoryStats memory_stats() const = 0;
+  virtual DeviceStatus status() const = 0;
+  virtual std::shared_ptr<BufferBackend> allocate(std::uint64_t size, Memory memory,
+                                                  const AllocOptions& options) = 0;
+  virtual std::shared_ptr<BufferBackend> import_host(void* ptr, std::uint64_t size);
+  virtual std::shared_ptr<QueueBackend> create_queue(Engine engine,
+                                                     const QueueOptions& options) = 0;
+};
+
+class TPUHAL_API Provider {
+ public:
+  virtual ~Provider();
+  // The URI scheme this provider serves ("sim").
+  virtual std::string_view scheme() const = 0;
+  virtual std::vector<DeviceInfo> enumerate() = 0;
+  // `uri` is the whole URI, scheme included.
+  virtual std::shared_ptr<DeviceBackend> open(std::string_view uri) = 0;
+  // Non-empty when the provider cannot work on this machine, saying why.
+  virtual std::string unavailable_reason() const;
+};
+
+// Adds a provider to the process-wide registry (the built-in ones are
+// registered on first use). A later provider for the same scheme replaces
+// the earlier one.
+TPUHAL_API void register_provider(std::shared_ptr<Provider> provider);
+
+}  // namespace tpuhal::driver

@@ -1,0 +1,153 @@
+// Plain data shared by the public API and the driver interface: memory
+// kinds, engines, device properties, statistics and wait policies.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tpuhal/export.hpp"
+
+namespace tpuhal {
+
+// Where a Buffer lives.
+enum class Memory : std::uint8_t {
+  Device,             // device DRAM. map() only where caps.map_device_memory
+  DeviceHostVisible,  // device DRAM inside the host-visible window; map() works
+  HostPinned,         // host memory the device reaches by DMA; map() works
+};
+TPUHAL_API const char* to_string(Memory memory) noexcept;
+
+// What a hardware queue runs. Every engine runs copies, fills and
+// synchronisation; compute adds tensor work, video adds decoding.
+enum class Engine : std::uint8_t { Compute, Copy, Video };
+TPUHAL_API const char* to_string(Engine engine) noexcept;
+
+// Element types the tensor engine computes in.
+enum class DType : std::uint8_t { F32, F16, BF16, I8, U8, I32 };
+TPUHAL_API const char* to_string(DType dtype) noexcept;
+
+struct HeapInfo {
+  std::string name;       // "npu", "host-visible", ...
+  Memory memory = Memory::Device;
+  std::uint64_t base = 0; // device address of the heap's first byte
+  std::uint64_t size = 0;
+  bool is_default = false;  // used by allocate(n, Memory::Device) without a heap name
+};
+
+struct EngineInfo {
+  Engine engine = Engine::Compute;
+  std::uint32_t queues = 0;  // hardware queues of this engine
+};
+
+// What a device can do. Everything not listed true is refused with
+// Status::Unsupported, up front, the same way on every bus.
+struct Capabilities {
+  bool map_device_memory = false;           // Buffer::map() on Memory::Device
+  bool host_visible_device_memory = false;  // Memory::DeviceHostVisible exists
+  bool import_host_memory = false;          // Device::import_host()
+  bool wait_value = false;                  // Batch::wait_value() / write_value()
+  bool timestamps = false;                  // Fence::timestamp_ns(), Batch::timestamp()
+  bool tensor = false;                      // tensor engine ops
+  bool video_decode = false;                // VideoDecoder
+};
+
+struct Properties {
+  std::string uri;               // "sim:0"
+  std::string driver;            // "tpu-sim", "cuda", ...
+  std::string board;             // the board's model name
+  std::string bus;               // "simulated pcie", "pcie 0000:03:00.0", ...
+  std::string serial;
+  std::string firmware_version;  // "1.0.0"
+  std::string interface_version; // host<->board interface agreed, "1.0"
+  std::uint16_t pci_vendor = 0;
+  std::uint16_t pci_device = 0;
+
+  std::uint64_t memory_bytes = 0;        // device memory in total
+  std::uint64_t host_visible_bytes = 0;  // of it, inside the host-visible window
+  std::uint64_t min_alignment = 0;       // of every device allocation
+  std::vector<HeapInfo> heaps;
+  std::vector<EngineInfo> engines;
+
+  std::uint32_t tensor_cores = 0;
+  double peak_int8_tops = 0;
+  double peak_fp16_tflops = 0;
+  double peak_fp32_tflops = 0;
+  std::vector<DType> dtypes;  // what the tensor engine computes in; empty if none
+  std::uint32_t decode_channels = 0;
+
+  Capabilities caps;
+};
+
+struct HeapStats {
+  std::string name;
+  Memory memory = Memory::Device;
+  std::uint64_t total = 0;
+  std::uint64_t used = 0;  // including alignment padding
+  std::uint64_t free = 0;
+  std::uint64_t largest_free = 0;  // the largest allocation that can succeed now
+  std::uint64_t allocations = 0;   // live allocations
+  std::uint64_t peak_used = 0;
+};
+
+struct MemoryStats {
+  std::vector<HeapStats> heaps;
+  std::uint64_t device_total = 0;
+  std::uint64_t device_used = 0;
+  std::uint64_t host_pinned_bytes = 0;   // host memory mapped for the device
+  std::uint64_t host_pinned_allocations = 0;
+  std::uint64_t imported_bytes = 0;      // caller memory mapped with import_host()
+};
+
+struct QueueStatus {
+  Engine engine = Engine::Compute;
+  std::uint32_t index = 0;      // hardware queue number
+  bool in_use = false;          // claimed by a Queue in this process
+  bool busy = false;            // work submitted and not yet complete
+  bool failed = false;
+  std::uint64_t submitted = 0;  // timeline value of the last submission
+  std::uint64_t completed = 0;  // timeline value reached
+  std::uint64_t busy_ns = 0;    // time the engine spent executing
+  std::uint64_t retired = 0;    // commands the board retired
+};
+
+struct DeviceStatus {
+  std::uint64_t uptime_ns = 0;  // board time since its last reset
+  std::vector<QueueStatus> queues;
+};
+
+// How waits wait. Hybrid (the default) spins for `spin`, then sleeps until
+// the device interrupts; Spin never sleeps (lowest latency, burns a core);
+// Block sleeps at once. `timeout` bounds waits that are not given one: a
+// wait fails with Status::Timeout once the queue has made no progress for
+// that long (progress: a command retired or a transfer chunk moved), so slow
+// work that keeps moving is never cut off, and a hang always ends.
+// TPUHAL_WAIT sets the process default: "hybrid", "spin", "block",
+// optionally with the spin time: "hybrid:100us".
+struct WaitPolicy {
+  enum class Mode : std::uint8_t { Hybrid, Spin, Block };
+  Mode mode = Mode::Hybrid;
+  std::chrono::nanoseconds spin = std::chrono::microseconds(20);
+  std::chrono::nanoseconds timeout = std::chrono::seconds(10);
+};
+TPUHAL_API const char* to_string(WaitPolicy::Mode mode) noexcept;
+
+struct AllocOptions {
+  std::uint64_t alignment = 0;  // 0: the device's min_alignment; else a power of two
+  std::string heap;             // empty: the default heap for the memory kind
+};
+
+struct QueueOptions {
+  std::uint32_t ring_entries = 0;  // 0: the driver's default; else a power of two
+};
+
+// One line of enumerate().
+struct DeviceInfo {
+  std::string uri;
+  std::string driver;
+  std::string board;
+  std::uint64_t memory_bytes = 0;
+};
+
+}  // namespace tpuhal

@@ -1,0 +1,26 @@
+// Defaults of the driver interface's optional calls.
+#include "tpuhal/driver/driver.hpp"
+
+namespace tpuhal::driver {
+
+BufferBackend::~BufferBackend() = default;
+QueueBackend::~QueueBackend() = default;
+DeviceBackend::~DeviceBackend() = default;
+Provider::~Provider() = default;
+
+std::optional<std::uint64_t> QueueBackend::timestamp_ns(std::uint64_t) const {
+  return std::nullopt;
+}
+
+std::string QueueBackend::diagnose() const { return {}; }
+
+std::shared_ptr<BufferBackend> DeviceBackend::import_host(void*, std::uint64_t) {
+  throw Error(Status::Unsupported,
+              properties().uri + ": this device cannot import host memory "
+                                 "(caps.import_host_memory is false); allocate "
+                                 "Memory::HostPinned and copy into it");
+}
+
+std::string Provider::unavailable_reason() const { return {}; }
+
+}  // namespace tpuhal::driver

@@ -1,0 +1,71 @@
+#include "tpuhal/error.hpp"
+
+#include "tpuhal/types.hpp"
+
+namespace tpuhal {
+
+const char* to_string(Status status) noexcept {
+  switch (status) {
+    case Status::Ok: return "ok";
+    case Status::InvalidArgument: return "invalid argument";
+    case Status::OutOfRange: return "out of range";
+    case Status::NotFound: return "not found";
+    case Status::Unsupported: return "unsupported";
+    case Status::OutOfMemory: return "out of memory";
+    case Status::ResourceExhausted: return "resource exhausted";
+    case Status::QueueFull: return "queue full";
+    case Status::Timeout: return "timeout";
+    case Status::DeviceFault: return "device fault";
+    case Status::DeviceLost: return "device lost";
+    case Status::Unavailable: return "unavailable";
+    case Status::FailedPrecondition: return "failed precondition";
+    case Status::VersionMismatch: return "version mismatch";
+    case Status::PermissionDenied: return "permission denied";
+    case Status::Internal: return "internal error";
+  }
+  return "unknown status";
+}
+
+Error::Error(Status status, const std::string& message)
+    : std::runtime_error(message), status_(status) {}
+
+const char* to_string(Memory memory) noexcept {
+  switch (memory) {
+    case Memory::Device: return "device";
+    case Memory::DeviceHostVisible: return "device-host-visible";
+    case Memory::HostPinned: return "host-pinned";
+  }
+  return "unknown";
+}
+
+const char* to_string(Engine engine) noexcept {
+  switch (engine) {
+    case Engine::Compute: return "compute";
+    case Engine::Copy: return "copy";
+    case Engine::Video: return "video";
+  }
+  return "unknown";
+}
+
+const char* to_string(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::F32: return "f32";
+    case DType::F16: return "f16";
+    case DType::BF16: return "bf16";
+    case DType::I8: return "i8";
+    case DType::U8: return "u8";
+    case DType::I32: return "i32";
+  }
+  return "unknown";
+}
+
+const char* to_string(WaitPolicy::Mode mode) noexcept {
+  switch (mode) {
+    case WaitPolicy::Mode::Hybrid: return "hybrid";
+    case WaitPolicy::Mode::Spin: return "spin";
+    case WaitPolicy::Mode::Block: return "block";
+  }
+  return "unknown";
+}
+
+}  // namespace tpuhal

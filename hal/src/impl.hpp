@@ -1,0 +1,106 @@
+// Internal objects behind the public handles.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tpuhal/driver/driver.hpp"
+#include "tpuhal/tpuhal.hpp"
+
+namespace tpuhal::detail {
+
+class DeviceImpl {
+ public:
+  DeviceImpl(std::string uri, std::shared_ptr<driver::DeviceBackend> backend);
+
+  const std::string& uri() const noexcept { return uri_; }
+  driver::DeviceBackend& backend() const noexcept { return *backend_; }
+  WaitPolicy wait_policy() const;
+  void set_wait_policy(const WaitPolicy& policy);
+  // The policy's timeout without taking the lock (submission's fast path).
+  std::chrono::nanoseconds default_timeout() const noexcept {
+    return std::chrono::nanoseconds(timeout_ns_.load(std::memory_order_relaxed));
+  }
+
+ private:
+  std::string uri_;
+  std::shared_ptr<driver::DeviceBackend> backend_;
+  mutable std::mutex mu_;
+  WaitPolicy policy_;
+  std::atomic<std::int64_t> timeout_ns_{0};
+};
+
+class BufferImpl {
+ public:
+  BufferImpl(std::shared_ptr<DeviceImpl> device, std::shared_ptr<driver::BufferBackend> backend);
+
+  // The live backend, or FailedPrecondition if the buffer was freed.
+  std::shared_ptr<driver::BufferBackend> acquire(const char* use) const;
+  void free();
+  bool freed() const;
+
+  const std::shared_ptr<DeviceImpl>& device() const noexcept { return device_; }
+  std::uint64_t size() const noexcept { return size_; }
+  Memory memory() const noexcept { return memory_; }
+  const std::string& heap() const noexcept { return heap_; }
+  std::uint64_t device_address() const noexcept { return device_address_; }
+  std::string describe() const;  // "4096-byte device buffer at 0x10000000"
+
+ private:
+  std::shared_ptr<DeviceImpl> device_;
+  mutable std::mutex mu_;
+  std::shared_ptr<driver::BufferBackend> backend_;
+  const std::uint64_t size_;
+  const Memory memory_;
+  const std::string heap_;
+  const std::uint64_t device_address_;
+};
+
+class QueueImpl {
+ public:
+  QueueImpl(std::shared_ptr<DeviceImpl> device, std::shared_ptr<driver::QueueBackend> backend);
+  ~QueueImpl();
+
+  const std::shared_ptr<DeviceImpl>& device() const noexcept { return device_; }
+  driver::QueueBackend& backend() const noexcept { return *backend_; }
+  const std::shared_ptr<driver::QueueBackend>& backend_ptr() const noexcept { return backend_; }
+  std::string name() const;  // "sim:0 compute queue 2"
+
+  // Submits and keeps `retained` alive until the submission completes.
+  std::uint64_t submit(std::span<const driver::Command> commands,
+                       std::vector<std::shared_ptr<const void>>&& retained,
+                       std::chrono::nanoseconds max_wait);
+  std::uint64_t last_submitted() const { return backend_->submitted(); }
+  // True once `value` is reached; throws the failure if the queue failed first.
+  bool reached(std::uint64_t value);
+  void wait(std::uint64_t value, const WaitPolicy& policy);
+
+ private:
+  void reclaim(std::uint64_t completed);
+  [[noreturn]] void throw_timeout(std::uint64_t value, std::chrono::nanoseconds timeout) const;
+
+  std::shared_ptr<DeviceImpl> device_;
+  std::shared_ptr<driver::QueueBackend> backend_;
+  std::mutex retained_mu_;
+  std::atomic<bool> has_retained_{false};
+  std::deque<std::pair<std::uint64_t, std::vector<std::shared_ptr<const void>>>> retained_;
+};
+
+struct BatchState {
+  std::shared_ptr<QueueImpl> queue;
+  std::vector<driver::Command> commands;
+  std::vector<std::shared_ptr<const void>> retained;
+};
+
+// Process-wide registry of providers and open devices (registry.cpp).
+std::shared_ptr<DeviceImpl> open_device(std::string_view uri);
+
+// The providers compiled into this library (drivers/builtin_providers.cpp).
+std::vector<std::shared_ptr<driver::Provider>> builtin_providers();
+
+}  // namespace tpuhal::detail

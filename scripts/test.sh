@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds tpuhal with AddressSanitizer and UndefinedBehaviorSanitizer (into
+# build/sanitize/) and runs every test. Extra arguments go to ctest
+# (e.g. -R Conformance).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/scripts/setup.sh"
+build="$root/build/sanitize"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON >/dev/null
+cmake --build "$build"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+(cd "$build" && ctest --output-on-failure -j "$(nproc)" "$@")
+
+# ThreadSanitizer over the tests where threads meet: the conformance suite,
+# the driver and the thread tests (build/tsan/). Skipped when ctest was given
+# a filter, so that `scripts/test.sh -R Foo` stays quick.
+if (($# == 0)); then
+  tsan="$root/build/tsan"
+  cmake -S "$root" -B "$tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DTPUHAL_SANITIZE=thread -DTPUHAL_WERROR=ON >/dev/null
+  cmake --build "$tsan" --target hal_threads tpu_driver hal_conformance sim_board_test
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+  (cd "$tsan" && ctest --output-on-failure -j "$(nproc)" -R '^(Threads|TpuDriver|Devices/Conformance|SimBoard)')
+fi

@@ -1,0 +1,388 @@
+// The board's register file: one switch for reads, one for writes, in the
+// manner of a datasheet (docs/simulator.md describes each register's effect).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "board_impl.h"
+#include "tpuhal/base/log.h"
+#include "tpuhal/fw/version.h"
+
+namespace tpuhal::sim {
+namespace {
+
+std::uint32_t lo(std::uint64_t v) { return static_cast<std::uint32_t>(v); }
+std::uint32_t hi(std::uint64_t v) { return static_cast<std::uint32_t>(v >> 32); }
+std::uint64_t join(std::uint32_t l, std::uint32_t h) { return std::uint64_t{h} << 32 | l; }
+
+std::uint32_t gops(double tera) {
+  const double g = tera * 1000.0;
+  return g >= 4294967295.0 ? UINT32_MAX : static_cast<std::uint32_t>(g + 0.5);
+}
+
+constexpr std::uint32_t kFirmwareBuildId = 0x20261101;
+
+}  // namespace
+
+Board::Impl::Impl(BoardProfile p)
+    : profile(std::move(p)),
+      // Sparse: pages appear when first touched, in huge pages where the
+      // kernel allows (a 12 GiB board costs nothing until used).
+      dram(base::Mapping::anonymous(profile.dram_bytes, {.noreserve = true, .huge_pages = true})),
+      dma(dram.data(), profile.dram_bytes, iommu) {
+  const std::uint32_t nq = profile.total_queues();
+  for (std::uint32_t v = 0; v <= nq; ++v) vectors.push_back(base::make_eventfd());
+  for (std::uint32_t q = 0; q < nq; ++q) {
+    auto state = std::make_unique<QueueState>();
+    state->engine = profile.engine_of_queue(q);
+    queues.push_back(std::move(state));
+  }
+  std::memcpy(board_name.data(), profile.model.data(),
+              std::min(profile.model.size(), board_name.size() - 1));
+  reset_time_ns.store(base::monotonic_ns());
+  status.store(fw::kStatusReady);
+}
+
+Board::Impl::~Impl() {
+  std::lock_guard lock(control_mu);
+  for (auto& q : queues) q->cp.reset();
+}
+
+void Board::Impl::raise(std::uint32_t bits) noexcept {
+  int_status.fetch_or(bits, std::memory_order_seq_cst);
+  signal_vectors(bits & int_mask.load(std::memory_order_seq_cst));
+}
+
+void Board::Impl::raise_if_unmasked(std::uint32_t bits) noexcept {
+  // The fence store before this (seq_cst) and this mask load pair with the
+  // driver's mask store and fence re-check: one of the two sees the other.
+  if (int_mask.load(std::memory_order_seq_cst) & bits) raise(bits);
+}
+
+void Board::Impl::signal_vectors(std::uint32_t bits) noexcept {
+  const auto nq = static_cast<std::uint32_t>(queues.size());
+  for (std::uint32_t q = 0; q < nq && bits; ++q)
+    if (bits & (1u << q)) base::eventfd_signal(vectors[q].get());
+  if (bits & fw::kDeviceVectorBit) base::eventfd_signal(vectors[nq].get());
+}
+
+std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
+  using namespace fw::reg;
+  if (off >= kQueueBase) {
+    const std::uint32_t q = (off - kQueueBase) / kQueueStride;
+    if (q < queues.size()) return read_queue_reg(q, (off - kQueueBase) % kQueueStride);
+    bad_mmio.fetch_add(1);
+    return 0xFFFFFFFF;
+  }
+  if (off >= kBoardName && off < kBoardName + kBoardNameBytes) {
+    std::uint32_t v;
+    std::memcpy(&v, board_name.data() + (off - kBoardName), 4);
+    return v;
+  }
+  if (off >= kMemRegionBase && off < kMemRegionBase + fw::kMaxMemRegions * kMemRegionStride) {
+    const std::uint32_t i = (off - kMemRegionBase) / kMemRegionStride;
+    const std::uint32_t r = (off - kMemRegionBase) % kMemRegionStride;
+    if (i >= profile.regions.size()) return 0;
+    const auto& region = profile.regions[i];
+    if (r < region::kBaseLo) {
+      char name[16] = {};
+      std::memcpy(name, region.name.data(), std::min<std::size_t>(region.name.size(), 15));
+      std::uint32_t v;
+      std::memcpy(&v, name + r, 4);
+      return v;
+    }
+    switch (r) {
+      case region::kBaseLo: return lo(region.base);
+      case region::kBaseHi: return hi(region.base);
+      case region::kSizeLo: return lo(region.size);
+      case region::kSizeHi: return hi(region.size);
+      case region::kFlags:
+        return (region.host_visible ? fw::kRegionHostVisible : 0) |
+               (region.is_default ? fw::kRegionDefault : 0) |
+               (region.reserved ? fw::kRegionReserved : 0);
+      default: return 0;
+    }
+  }
+  switch (off) {
+    case kIdMagic: return fw::kIdMagic;
+    case kIfaceVersion: return fw::kInterfaceVersion.packed();
+    case kDriverVersion: return driver_version.load();
+    case kVendorDevice: return std::uint32_t{profile.pci_vendor} << 16 | profile.pci_device;
+    case kBoardId: return profile.board_id;
+    case kBoardRevision: return profile.revision;
+    case kSerialLo: return lo(profile.serial);
+    case kSerialHi: return hi(profile.serial);
+    case kCaps:
+      return fw::kCapCopySg | fw::kCapFill | fw::kCapWaitValue | fw::kCapTimestamp |
+             (profile.aperture_bytes ? fw::kCapHostAperture : 0) |
+             (profile.bus == "soc" ? fw::kCapUnifiedMemory : 0);
+    case kFirmwareVersion: return profile.firmware_version;
+    case kDramSizeLo: return lo(profile.dram_bytes);
+    case kDramSizeHi: return hi(profile.dram_bytes);
+    case kApertureLo: return lo(profile.aperture_bytes);
+    case kApertureHi: return hi(profile.aperture_bytes);
+    case kNumQueues: return static_cast<std::uint32_t>(queues.size());
+    case kNumVectors: return static_cast<std::uint32_t>(vectors.size());
+    case kControl: return control.load();
+    case kStatus: return status.load();
+    case kFatalCode: return fatal_code.load();
+    case kScratch: return scratch.load();
+    case kTimeLo: {
+      const auto t = board_time_ns();
+      time_hi_latch.store(hi(t));
+      return lo(t);
+    }
+    case kTimeHi: return time_hi_latch.load();
+    case kMaxRingEntries: return profile.max_ring_entries;
+    case kNumMemRegions: return static_cast<std::uint32_t>(profile.regions.size());
+    case kIntStatus: return int_status.load(std::memory_order_seq_cst);
+    case kIntMask: return int_mask.load(std::memory_order_seq_cst);
+    case kFp32Gflops: return gops(profile.fp32_tflops);
+    case kTensorCores: return profile.tensor_cores;
+    case kInt8Gops: return gops(profile.int8_tops);
+    case kFp16Gflops: return gops(profile.fp16_tflops);
+    case kDecodeChannels: return profile.decode_channels;
+    case kMboxStatus: {
+      std::lock_guard lock(mbox_mu);
+      return mbox_status;
+    }
+    case kMboxSeq: {
+      std::lock_guard lock(mbox_mu);
+      return mbox_seq;
+    }
+    case kMboxArg0Lo: case kMboxArg0Hi: case kMboxArg1Lo: case kMboxArg1Hi: {
+      std::lock_guard lock(mbox_mu);
+      return mbox_args[(off - kMboxArg0Lo) / 4];
+    }
+    case kMboxRes0Lo: case kMboxRes0Hi: case kMboxRes1Lo: case kMboxRes1Hi: {
+      std::lock_guard lock(mbox_mu);
+      return mbox_results[(off - kMboxRes0Lo) / 4];
+    }
+    default: return 0;
+  }
+}
+
+void Board::Impl::write(std::uint32_t off, std::uint32_t value) noexcept {
+  using namespace fw::reg;
+  if (off >= kQueueBase) {
+    const std::uint32_t q = (off - kQueueBase) / kQueueStride;
+    if (q < queues.size()) write_queue_reg(q, (off - kQueueBase) % kQueueStride, value);
+    else bad_mmio.fetch_add(1);
+    return;
+  }
+  switch (off) {
+    case kDriverVersion: {
+      driver_version.store(value);
+      auto accepted = fw::accept_driver_version(fw::kInterfaceVersion, value);
+      std::uint32_t s = status.load() & ~(fw::kStatusVersionOk | fw::kStatusVersionRejected);
+      status.store(s | (accepted ? fw::kStatusVersionOk : fw::kStatusVersionRejected));
+      return;
+    }
+    case kControl:
+      if (value & fw::kControlReset) {
+        reset_board();
+        value &= ~fw::kControlReset;
+      }
+      control.store(value & fw::kControlEnable);
+      return;
+    case kScratch: scratch.store(value); return;
+    case kIntMask: {
+      const std::uint32_t old = int_mask.exchange(value, std::memory_order_seq_cst);
+      // Level semantics: unmasking a pending vector fires it now.
+      signal_vectors(int_status.load(std::memory_order_seq_cst) & value & ~old);
+      return;
+    }
+    case kIntAck: int_status.fetch_and(~value, std::memory_order_seq_cst); return;
+    case kMboxArg0Lo: case kMboxArg0Hi: case kMboxArg1Lo: case kMboxArg1Hi: {
+      std::lock_guard lock(mbox_mu);
+      mbox_args[(off - kMboxArg0Lo) / 4] = value;
+      return;
+    }
+    case kMboxCmd: run_mailbox(value); return;
+    default: bad_mmio.fetch_add(1); return;
+  }
+}
+
+std::uint32_t Board::Impl::read_queue_reg(std::uint32_t qi, std::uint32_t r) const noexcept {
+  using namespace fw::reg::queue;
+  const QueueState& q = *queues[qi];
+  switch (r) {
+    case kEngine: return static_cast<std::uint32_t>(q.engine);
+    case kControl: return q.control.load();
+    case kStatus: return q.status.load(std::memory_order_seq_cst);
+    case kRingSize: return q.ring_size.load();
+    case kRingBaseLo: return q.ring_base_lo.load();
+    case kRingBaseHi: return q.ring_base_hi.load();
+    case kFenceLo: return q.fence_lo.load();
+    case kFenceHi: return q.fence_hi.load();
+    case kHead: return q.head.load(std::memory_order_acquire);
+    case kTail: return q.tail.load(std::memory_order_relaxed);
+    case kError: return q.error.load();
+    case kProgress: return q.progress.load(std::memory_order_relaxed);
+    case kBusyNsLo: return lo(q.busy_ns.load(std::memory_order_relaxed));
+    case kBusyNsHi: return hi(q.busy_ns.load(std::memory_order_relaxed));
+    case kRetiredLo: return lo(q.retired.load(std::memory_order_relaxed));
+    case kRetiredHi: return hi(q.retired.load(std::memory_order_relaxed));
+    default: return 0;
+  }
+}
+
+void Board::Impl::write_queue_reg(std::uint32_t qi, std::uint32_t r, std::uint32_t value) {
+  using namespace fw::reg::queue;
+  QueueState& q = *queues[qi];
+  switch (r) {
+    case kTail:
+      // The doorbell: publish, then wake the command processor if it sleeps.
+      q.tail.store(value, std::memory_order_release);
+      q.doorbell.notify();
+      return;
+    case kControl:
+      if (value & fw::kQueueControlReset) {
+        reset_queue(qi);
+        return;
+      }
+      if ((value & fw::kQueueControlEnable) && !(q.control.load() & fw::kQueueControlEnable))
+        enable_queue(qi);
+      return;
+    case kRingSize: q.ring_size.store(value); return;
+    case kRingBaseLo: q.ring_base_lo.store(value); return;
+    case kRingBaseHi: q.ring_base_hi.store(value); return;
+    case kFenceLo: q.fence_lo.store(value); return;
+    case kFenceHi: q.fence_hi.store(value); return;
+    default: bad_mmio.fetch_add(1); return;
+  }
+}
+
+void Board::Impl::enable_queue(std::uint32_t qi) {
+  std::lock_guard lock(control_mu);
+  QueueState& q = *queues[qi];
+  if (q.cp) return;
+  const std::uint64_t ring_base = join(q.ring_base_lo.load(), q.ring_base_hi.load());
+  const std::uint32_t entries = q.ring_size.load();
+  const std::uint64_t status_page = join(q.fence_lo.load(), q.fence_hi.load());
+  auto reject = [&](const char* why, std::uint64_t v) {
+    base::logger("sim")->debug("queue {}: enable rejected: {} ({:#x})", qi, why, v);
+    q.error.store(static_cast<std::uint32_t>(fw::CmdStatus::kRingConfig));
+    q.status.store(fw::kQueueStatusFaulted);
+  };
+  if (!(status.load() & fw::kStatusVersionOk)) return reject("no interface version agreed", 0);
+  if (entries < fw::kMinRingEntries || entries > profile.max_ring_entries ||
+      (entries & (entries - 1)))
+    return reject("ring size", entries);
+  const std::uint64_t ring_bytes = std::uint64_t{entries} * sizeof(fw::CommandDescriptor);
+  if (ring_base % 64 || ring_base > profile.dram_bytes || ring_bytes > profile.dram_bytes - ring_base)
+    return reject("ring base", ring_base);
+  if (status_page % 64 || !fw::is_host_address(status_page)) return reject("status page", status_page);
+  q.error.store(0);
+  q.head.store(0);
+  q.tail.store(0);
+  q.status.store(fw::kQueueStatusEnabled);
+  q.control.store(fw::kQueueControlEnable);
+  q.cp = std::make_unique<CommandProcessor>(
+      *this, qi, q, CommandProcessor::Config{ring_base, entries, status_page});
+}
+
+void Board::Impl::reset_queue(std::uint32_t qi) {
+  std::lock_guard lock(control_mu);
+  QueueState& q = *queues[qi];
+  q.cp.reset();  // stops at the next command boundary and joins
+  q.control.store(0);
+  q.status.store(0);
+  q.error.store(0);
+  q.head.store(0);
+  q.tail.store(0);
+  int_status.fetch_and(~(1u << qi));
+}
+
+void Board::Impl::reset_board() {
+  for (std::uint32_t q = 0; q < queues.size(); ++q) {
+    reset_queue(q);
+    std::lock_guard lock(control_mu);
+    queues[q]->ring_size.store(0);
+    queues[q]->ring_base_lo.store(0);
+    queues[q]->ring_base_hi.store(0);
+    queues[q]->fence_lo.store(0);
+    queues[q]->fence_hi.store(0);
+  }
+  int_mask.store(0);
+  int_status.store(0);
+  fatal_code.store(0);
+  driver_version.store(0);
+  {
+    std::lock_guard lock(mbox_mu);
+    mbox_status = static_cast<std::uint32_t>(fw::MboxStatus::kIdle);
+  }
+  reset_time_ns.store(base::monotonic_ns());
+  status.store(fw::kStatusReady);
+}
+
+void Board::Impl::run_mailbox(std::uint32_t cmd) {
+  std::lock_guard lock(mbox_mu);
+  const std::uint64_t arg0 = join(mbox_args[0], mbox_args[1]);
+  std::uint64_t res0 = 0, res1 = 0;
+  bool ok = true;
+  switch (static_cast<fw::MboxCmd>(cmd)) {
+    case fw::MboxCmd::kPing: res0 = ~arg0; break;
+    case fw::MboxCmd::kGetUptime: res0 = board_time_ns(); break;
+    case fw::MboxCmd::kGetBuildId: res0 = kFirmwareBuildId; break;
+    case fw::MboxCmd::kQueueStats:
+      if (arg0 < queues.size()) {
+        res0 = queues[arg0]->busy_ns.load(std::memory_order_relaxed);
+        res1 = queues[arg0]->retired.load(std::memory_order_relaxed);
+      } else {
+        ok = false;
+        res0 = static_cast<std::uint64_t>(fw::CmdStatus::kBadArgument);
+      }
+      break;
+    default:
+      ok = false;
+      res0 = static_cast<std::uint64_t>(fw::CmdStatus::kInvalidOpcode);
+      break;
+  }
+  mbox_results = {lo(res0), hi(res0), lo(res1), hi(res1)};
+  mbox_status = static_cast<std::uint32_t>(ok ? fw::MboxStatus::kDone : fw::MboxStatus::kError);
+  ++mbox_seq;
+  raise(fw::kDeviceVectorBit);
+}
+
+// ---- Board -----------------------------------------------------------------
+
+Board::Board(BoardProfile profile) : impl_(std::make_unique<Impl>(std::move(profile))) {}
+Board::~Board() = default;
+
+const BoardProfile& Board::profile() const noexcept { return impl_->profile; }
+
+std::uint32_t Board::mmio_read32(std::uint32_t offset) noexcept {
+  if (offset % 4 || offset >= fw::kBar0Size) {
+    impl_->bad_mmio.fetch_add(1);
+    return 0xFFFFFFFF;
+  }
+  return impl_->read(offset);
+}
+
+void Board::mmio_write32(std::uint32_t offset, std::uint32_t value) noexcept {
+  if (offset % 4 || offset >= fw::kBar0Size) {
+    impl_->bad_mmio.fetch_add(1);
+    return;
+  }
+  impl_->write(offset, value);
+}
+
+std::span<std::byte> Board::aperture() noexcept {
+  return {impl_->dram.data(), impl_->profile.aperture_bytes};
+}
+
+IommuDomain& Board::iommu() noexcept { return impl_->iommu; }
+
+std::uint32_t Board::interrupt_vectors() const noexcept {
+  return static_cast<std::uint32_t>(impl_->vectors.size());
+}
+
+int Board::interrupt_fd(std::uint32_t vector) const noexcept {
+  return vector < impl_->vectors.size() ? impl_->vectors[vector].get() : -1;
+}
+
+std::uint64_t Board::bad_mmio_accesses() const noexcept { return impl_->bad_mmio.load(); }
+
+}  // namespace tpuhal::sim

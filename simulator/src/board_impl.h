@@ -1,0 +1,142 @@
+// Internals of the simulated board: register state, command processors.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dma_engine.h"
+#include "tpuhal/base/fd.h"
+#include "tpuhal/base/mapping.h"
+#include "tpuhal/base/wait.h"
+#include "tpuhal/fw/command.h"
+#include "tpuhal/fw/regs.h"
+#include "tpuhal/sim/board.h"
+
+namespace tpuhal::sim {
+
+class CommandProcessor;
+
+// One hardware queue's registers. Written by mmio from any host thread and
+// by its command processor.
+struct QueueState {
+  fw::EngineType engine = fw::EngineType::kNone;
+
+  // Written by the host: the doorbell. Kept on its own cache line so the
+  // command processor's writes below do not bounce it.
+  alignas(64) std::atomic<std::uint32_t> tail{0};
+  base::EventCount doorbell;  // notified on every TAIL write
+
+  // Written by the command processor.
+  alignas(64) std::atomic<std::uint32_t> head{0};
+  std::atomic<std::uint32_t> status{0};
+  std::atomic<std::uint32_t> error{0};
+  std::atomic<std::uint32_t> progress{0};
+  std::atomic<std::uint64_t> busy_ns{0};
+  std::atomic<std::uint64_t> retired{0};
+
+  // Configuration, written by the host while the queue is disabled.
+  alignas(64) std::atomic<std::uint32_t> control{0};
+  std::atomic<std::uint32_t> ring_size{0};
+  std::atomic<std::uint32_t> ring_base_lo{0}, ring_base_hi{0};
+  std::atomic<std::uint32_t> fence_lo{0}, fence_hi{0};
+  std::unique_ptr<CommandProcessor> cp;  // guarded by Board::Impl::control_mu
+};
+
+struct Board::Impl {
+  explicit Impl(BoardProfile p);
+  ~Impl();
+
+  std::uint32_t read(std::uint32_t offset) noexcept;
+  void write(std::uint32_t offset, std::uint32_t value) noexcept;
+
+  // Interrupts: latch `bits` in INT_STATUS and signal the vectors unmasked.
+  void raise(std::uint32_t bits) noexcept;
+  // Signals `bits` whose vectors are unmasked, without latching the rest:
+  // for completions, where the driver re-checks its fence after unmasking.
+  void raise_if_unmasked(std::uint32_t bits) noexcept;
+  void signal_vectors(std::uint32_t bits) noexcept;
+
+  std::uint64_t board_time_ns() const noexcept {
+    return base::monotonic_ns() - reset_time_ns.load(std::memory_order_relaxed);
+  }
+
+  void write_queue_reg(std::uint32_t q, std::uint32_t r, std::uint32_t value);
+  std::uint32_t read_queue_reg(std::uint32_t q, std::uint32_t r) const noexcept;
+  void enable_queue(std::uint32_t q);
+  void reset_queue(std::uint32_t q);
+  void reset_board();
+  void run_mailbox(std::uint32_t cmd);
+
+  BoardProfile profile;
+  base::Mapping dram;
+  IommuDomain iommu;
+  DmaEngine dma;
+  std::vector<base::UniqueFd> vectors;
+  std::vector<std::unique_ptr<QueueState>> queues;
+
+  std::mutex control_mu;  // serialises enable/reset of queues and the board
+  std::atomic<std::uint32_t> control{0};
+  std::atomic<std::uint32_t> status{0};
+  std::atomic<std::uint32_t> driver_version{0};
+  std::atomic<std::uint32_t> fatal_code{0};
+  std::atomic<std::uint32_t> scratch{0};
+  std::atomic<std::uint32_t> time_hi_latch{0};
+  std::atomic<std::uint64_t> reset_time_ns{0};
+  std::atomic<std::uint32_t> int_status{0};
+  std::atomic<std::uint32_t> int_mask{0};
+  std::atomic<std::uint64_t> bad_mmio{0};
+
+  std::mutex mbox_mu;
+  std::uint32_t mbox_status = 0;
+  std::uint32_t mbox_seq = 0;
+  std::array<std::uint32_t, 4> mbox_args{};
+  std::array<std::uint32_t, 4> mbox_results{};
+
+  std::array<char, fw::reg::kBoardNameBytes> board_name{};
+
+  // Notified whenever a command processor writes memory that another one may
+  // be waiting on (fences, kWriteValue).
+  base::EventCount memory_written;
+};
+
+// Consumes one queue's ring on its own thread (docs/simulator.md).
+class CommandProcessor {
+ public:
+  struct Config {
+    std::uint64_t ring_base;
+    std::uint32_t ring_size;
+    std::uint64_t status_page;
+  };
+  CommandProcessor(Board::Impl& board, std::uint32_t index, QueueState& queue, Config config);
+  ~CommandProcessor();  // stops and joins
+
+  // Asks the thread to stop at the next command boundary (or transfer chunk)
+  // and waits for it.
+  void stop();
+
+ private:
+  void run();
+  void idle_wait(std::uint32_t head);
+  // Executes one validated descriptor; kOk or the failure.
+  fw::Problem execute(const fw::Command& cmd);
+  fw::Problem wait_value(const fw::WaitValueArgs& args);
+  fw::Problem complete(const fw::Command& cmd);
+  void fail(const fw::CommandDescriptor& d, const fw::Problem& p);
+
+  Board::Impl& board_;
+  const std::uint32_t index_;
+  QueueState& q_;
+  const Config config_;
+  DmaContext ctx_;
+  DmaEngine::Hooks hooks_;
+  std::atomic<bool> stop_{false};
+  std::uint64_t last_fence_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace tpuhal::sim

@@ -1,0 +1,272 @@
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "board_impl.h"
+#include "tpuhal/base/log.h"
+
+namespace tpuhal::sim {
+namespace {
+using namespace std::chrono_literals;
+constexpr std::uint16_t kFieldFenceAddress = fw::Problem::kFieldStatusPage;
+}  // namespace
+
+CommandProcessor::CommandProcessor(Board::Impl& board, std::uint32_t index, QueueState& queue,
+                                   Config config)
+    : board_(board), index_(index), q_(queue), config_(config), ctx_(board.iommu) {
+  hooks_.progress = &q_.progress;
+  hooks_.stop = &stop_;
+  thread_ = std::thread([this] { run(); });
+}
+
+CommandProcessor::~CommandProcessor() { stop(); }
+
+void CommandProcessor::stop() {
+  stop_.store(true, std::memory_order_seq_cst);
+  q_.doorbell.notify();
+  board_.memory_written.notify();
+  if (thread_.joinable()) thread_.join();
+}
+
+void CommandProcessor::idle_wait(std::uint32_t head) {
+  // Spin for the profile's idle window (a busy queue's next doorbell usually
+  // arrives within it), then sleep until the doorbell rings.
+  auto ready = [&] {
+    return q_.tail.load(std::memory_order_acquire) != head ||
+           stop_.load(std::memory_order_relaxed);
+  };
+  const auto spin = std::chrono::microseconds(board_.profile.idle_spin_us);
+  base::spin_then_block(ready, q_.doorbell, spin, 100ms,
+                        base::monotonic_ns() + 100'000'000ull);
+}
+
+void CommandProcessor::run() {
+  auto log = base::logger("sim");
+  const std::uint32_t mask = config_.ring_size - 1;
+  auto* ring = reinterpret_cast<const fw::CommandDescriptor*>(board_.dram.data() + config_.ring_base);
+  std::uint32_t head = q_.head.load(std::memory_order_relaxed);
+  std::uint64_t retired = q_.retired.load(std::memory_order_relaxed);
+
+  // HEAD and the counters are published every kPublishEvery descriptors and
+  // at the end of each batch: the host reads HEAD only when its ring looks
+  // full, and per-descriptor stores would bounce its cache line.
+  constexpr std::uint32_t kPublishEvery = 64;
+  auto publish = [&] {
+    q_.head.store(head, std::memory_order_release);
+    q_.retired.store(retired, std::memory_order_relaxed);
+  };
+
+  while (!stop_.load(std::memory_order_relaxed)) {
+    const std::uint32_t tail = q_.tail.load(std::memory_order_acquire);
+    if (tail == head) {
+      idle_wait(head);
+      continue;
+    }
+    if (tail - head > config_.ring_size) {
+      // The driver published more than the ring holds: the ring is corrupt.
+      fw::CommandDescriptor none{};
+      none.sequence = head;
+      fail(none, {fw::CmdStatus::kRingConfig, fw::Problem::kFieldSequence, tail, head});
+      return;
+    }
+    q_.status.fetch_or(fw::kQueueStatusBusy, std::memory_order_relaxed);
+    const std::uint64_t start = base::monotonic_ns();
+    while (head != tail && !stop_.load(std::memory_order_relaxed)) {
+      fw::CommandDescriptor d;
+      std::memcpy(&d, &ring[head & mask], sizeof d);
+      auto decoded = fw::decode_command(d);
+      fw::Problem problem;
+      if (!decoded) {
+        problem = decoded.problem();
+      } else if (d.sequence != head) {
+        problem = {fw::CmdStatus::kBadSequence, fw::Problem::kFieldSequence, d.sequence, head};
+      } else if (!fw::engine_accepts(q_.engine, decoded->opcode)) {
+        problem = {fw::CmdStatus::kUnsupportedOnEngine, fw::Problem::kFieldOpcode, d.opcode,
+                   static_cast<std::uint64_t>(q_.engine)};
+      } else if ((d.flags & fw::kFlagFence) && d.fence_value <= last_fence_) {
+        problem = {fw::CmdStatus::kFenceNotMonotonic, fw::Problem::kFieldFence, d.fence_value,
+                   last_fence_};
+      } else {
+        problem = execute(*decoded);
+        if (problem.status == fw::CmdStatus::kOk) problem = complete(*decoded);
+      }
+      if (problem.status != fw::CmdStatus::kOk) {
+        publish();
+        if (problem.status == fw::CmdStatus::kQueueReset) break;  // stopping
+        log->debug("queue {}: {} at ring position {}", index_, fw::describe(problem, d.opcode), head);
+        fail(d, problem);
+        q_.busy_ns.fetch_add(base::monotonic_ns() - start, std::memory_order_relaxed);
+        return;
+      }
+      ++head;
+      ++retired;
+      q_.progress.store(q_.progress.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      if (head % kPublishEvery == 0) publish();
+    }
+    publish();
+    // Wake command processors waiting on fences this batch wrote.
+    board_.memory_written.notify();
+    q_.busy_ns.fetch_add(base::monotonic_ns() - start, std::memory_order_relaxed);
+    q_.status.fetch_and(~fw::kQueueStatusBusy, std::memory_order_relaxed);
+  }
+}
+
+fw::Problem CommandProcessor::execute(const fw::Command& cmd) {
+  struct Visitor {
+    CommandProcessor& cp;
+    fw::Problem operator()(const fw::NopArgs&) const { return {}; }
+    fw::Problem operator()(const fw::CopyArgs& a) const {
+      return cp.board_.dma.copy(cp.ctx_, a.src, a.dst, a.size, 0, 1, cp.hooks_);
+    }
+    fw::Problem operator()(const fw::CopySgArgs& a) const {
+      // Segments are read in small batches; each is validated before use and
+      // the sum must match the descriptor's total.
+      std::uint64_t total = 0;
+      fw::DmaSegment batch[64];
+      for (std::uint64_t i = 0; i < a.count;) {
+        const std::uint64_t n = a.count - i < 64 ? a.count - i : 64;
+        auto p = cp.board_.dma.read(cp.ctx_, a.list + i * sizeof(fw::DmaSegment), batch,
+                                    n * sizeof(fw::DmaSegment), 0);
+        if (p.status != fw::CmdStatus::kOk) return p;
+        for (std::uint64_t k = 0; k < n; ++k, ++i) {
+          auto seg = fw::decode_segment(batch[k]);
+          if (!seg) {
+            auto bad = seg.problem();
+            bad.detail = i;  // which segment
+            return bad;
+          }
+          total += seg->size;
+          if (total > a.total)
+            return {fw::CmdStatus::kBadArgument, 2, a.total, total};
+          p = cp.board_.dma.copy(cp.ctx_, seg->src, seg->dst, seg->size, 0, 1, cp.hooks_);
+          if (p.status != fw::CmdStatus::kOk) return p;
+        }
+      }
+      if (total != a.total) return {fw::CmdStatus::kBadArgument, 2, a.total, total};
+      return {};
+    }
+    fw::Problem operator()(const fw::FillArgs& a) const {
+      return cp.board_.dma.fill(cp.ctx_, a.dst, a.size, a.pattern, a.pattern_bytes, 0, cp.hooks_);
+    }
+    fw::Problem operator()(const fw::WaitValueArgs& a) const { return cp.wait_value(a); }
+    fw::Problem operator()(const fw::WriteValueArgs& a) const {
+      auto p = cp.board_.dma.store64(cp.ctx_, a.address, a.value, 0);
+      if (p.status == fw::CmdStatus::kOk) cp.board_.memory_written.notify();
+      return p;
+    }
+    fw::Problem operator()(const fw::TimestampArgs& a) const {
+      return cp.board_.dma.store64(cp.ctx_, a.address, cp.board_.board_time_ns(), 0);
+    }
+  };
+  return std::visit(Visitor{*this}, cmd.args);
+}
+
+fw::Problem CommandProcessor::wait_value(const fw::WaitValueArgs& a) {
+  // Polls the word: spinning first, then sleeping until another command
+  // processor writes memory or a back-off timer (for host writes) expires.
+  board_.memory_written.notify();  // fences this batch wrote before waiting
+  std::uint64_t backoff_ns = 2'000;
+  const std::uint64_t spin_until = base::monotonic_ns() + 20'000;
+  bool waiting = false;
+  fw::Problem result;
+  for (;;) {
+    std::uint64_t v = 0;
+    auto p = board_.dma.load64(ctx_, a.address, v, 0);
+    if (p.status != fw::CmdStatus::kOk) {
+      result = p;
+      break;
+    }
+    if (a.mode == fw::WaitMode::kTimeline) {
+      if ((v & fw::kTimelineValueMask) >= a.value) break;
+      if (v & fw::kTimelineFailed) {
+        result = {fw::CmdStatus::kDependencyFailed, 0, a.address, v & fw::kTimelineValueMask};
+        break;
+      }
+    } else if (v >= a.value) {
+      break;
+    }
+    if (stop_.load(std::memory_order_relaxed)) {
+      result = {fw::CmdStatus::kQueueReset, fw::Problem::kNoField, 0, 0};
+      break;
+    }
+    if (!waiting) {
+      waiting = true;
+      q_.status.fetch_or(fw::kQueueStatusWaiting, std::memory_order_relaxed);
+    }
+    if (base::monotonic_ns() < spin_until) {
+      base::cpu_relax();
+      continue;
+    }
+    auto ticket = board_.memory_written.prepare();
+    // Re-read after announcing ourselves, so a write in between is not missed.
+    std::uint64_t again = 0;
+    if (board_.dma.load64(ctx_, a.address, again, 0).status == fw::CmdStatus::kOk && again != v) {
+      board_.memory_written.cancel();
+      continue;
+    }
+    board_.memory_written.wait(ticket, std::chrono::nanoseconds(backoff_ns));
+    backoff_ns = backoff_ns * 2 > 1'000'000 ? 1'000'000 : backoff_ns * 2;
+  }
+  if (waiting) q_.status.fetch_and(~fw::kQueueStatusWaiting, std::memory_order_relaxed);
+  return result;
+}
+
+fw::Problem CommandProcessor::complete(const fw::Command& cmd) {
+  if (!(cmd.flags & fw::kFlagFence)) return {};
+  const std::uint64_t now = board_.board_time_ns();
+  {
+    DmaAccess access(ctx_);
+    std::byte* page = board_.dma.resolve(access, config_.status_page,
+                                         sizeof(fw::QueueStatusPage), kIommuWrite);
+    if (!page)
+      return {fw::CmdStatus::kDmaFault, kFieldFenceAddress, config_.status_page, fw::kAccessWrite};
+    auto* sp = reinterpret_cast<fw::QueueStatusPage*>(page);
+    auto& slot = sp->stamps[cmd.fence_value % fw::kTimestampSlots];
+    std::atomic_ref<std::uint64_t>(slot.value).store(0, std::memory_order_relaxed);
+    std::atomic_ref<std::uint64_t>(slot.ns).store(now, std::memory_order_release);
+    std::atomic_ref<std::uint64_t>(slot.value).store(cmd.fence_value, std::memory_order_release);
+    std::atomic_ref<std::uint64_t>(sp->fence.timestamp_ns).store(now, std::memory_order_relaxed);
+    std::atomic_ref<std::uint64_t>(sp->fence.value).store(cmd.fence_value, std::memory_order_seq_cst);
+  }
+  last_fence_ = cmd.fence_value;
+  // A waiter already asleep is woken now; one about to sleep re-reads the
+  // word after announcing itself, and the batch-end notify() covers the rest.
+  if (board_.memory_written.has_waiters()) board_.memory_written.notify();
+  if (cmd.flags & fw::kFlagInterrupt) board_.raise_if_unmasked(1u << index_);
+  return {};
+}
+
+void CommandProcessor::fail(const fw::CommandDescriptor& d, const fw::Problem& p) {
+  // Record the failure in the status page, then publish it by setting the
+  // failed bit in the timeline, then interrupt. If the status page itself is
+  // unreachable, the queue's ERROR register is all the driver gets.
+  q_.error.store(static_cast<std::uint32_t>(p.status), std::memory_order_relaxed);
+  bool recorded = false;
+  {
+    DmaAccess access(ctx_);
+    std::byte* page = board_.dma.resolve(access, config_.status_page,
+                                         sizeof(fw::QueueStatusPage), kIommuWrite);
+    if (page) {
+      auto* rec = &reinterpret_cast<fw::QueueStatusPage*>(page)->fence;
+      rec->error_fence = d.fence_value;
+      rec->error_status = static_cast<std::uint32_t>(p.status);
+      rec->error_opcode = d.opcode;
+      rec->error_field = p.field;
+      rec->error_sequence = d.sequence;
+      rec->error_value = p.value;
+      rec->error_detail = p.detail;
+      std::atomic_ref<std::uint64_t>(rec->timestamp_ns)
+          .store(board_.board_time_ns(), std::memory_order_relaxed);
+      std::atomic_ref<std::uint64_t>(rec->value)
+          .store(last_fence_ | fw::kTimelineFailed, std::memory_order_seq_cst);
+      recorded = true;
+    }
+  }
+  q_.status.fetch_or(fw::kQueueStatusFaulted, std::memory_order_seq_cst);
+  q_.status.fetch_and(~fw::kQueueStatusBusy, std::memory_order_relaxed);
+  if (recorded) board_.memory_written.notify();
+  board_.raise(1u << index_);
+}
+
+}  // namespace tpuhal::sim

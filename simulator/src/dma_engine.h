@@ -1,0 +1,55 @@
+// The board's DMA engine: moves bytes between DRAM and host memory reached
+// through the IOMMU. Internal to the simulator.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "tpuhal/fw/decode.h"
+#include "tpuhal/sim/iommu.h"
+
+namespace tpuhal::sim {
+
+class DmaEngine {
+ public:
+  DmaEngine(std::byte* dram, std::uint64_t dram_size, IommuDomain& iommu)
+      : dram_(dram), dram_size_(dram_size), iommu_(iommu) {}
+
+  IommuDomain& iommu() const noexcept { return iommu_; }
+
+  // Host pointer for [addr, addr + size) inside one of DRAM or one IOMMU
+  // mapping, valid while `access` lives; nullptr if not decoded or not mapped.
+  std::byte* resolve(DmaAccess& access, std::uint64_t addr, std::uint64_t size,
+                     std::uint32_t kind) const noexcept;
+
+  // Transfers are split into chunks; after each, `progress` is incremented
+  // and `stop` checked (a queue reset aborts between chunks).
+  struct Hooks {
+    std::atomic<std::uint32_t>* progress = nullptr;
+    const std::atomic<bool>* stop = nullptr;
+  };
+  // Large enough that a big transfer uses the same (non-temporal) copy path a
+  // single memcpy of it would; small enough to bound reset latency.
+  static constexpr std::uint64_t kChunk = 64ull << 20;
+
+  // Each returns a Problem whose status is kOk on success. `src_field` and
+  // `dst_field` name the descriptor fields in a fault report.
+  fw::Problem copy(DmaContext& ctx, std::uint64_t src, std::uint64_t dst, std::uint64_t size,
+                   std::uint16_t src_field, std::uint16_t dst_field, const Hooks& hooks) const;
+  fw::Problem fill(DmaContext& ctx, std::uint64_t dst, std::uint64_t size, std::uint32_t pattern,
+                   std::uint32_t width, std::uint16_t dst_field, const Hooks& hooks) const;
+  fw::Problem read(DmaContext& ctx, std::uint64_t src, void* out, std::uint64_t size,
+                   std::uint16_t field) const;
+  fw::Problem load64(DmaContext& ctx, std::uint64_t addr, std::uint64_t& out,
+                     std::uint16_t field) const;
+  fw::Problem store64(DmaContext& ctx, std::uint64_t addr, std::uint64_t value,
+                      std::uint16_t field) const;
+
+ private:
+  std::byte* dram_;
+  std::uint64_t dram_size_;
+  IommuDomain& iommu_;
+};
+
+}  // namespace tpuhal::sim

@@ -1,0 +1,170 @@
+// `tpuhal` as a user runs it: exit codes, text, and JSON others parse.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <set>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+struct Output {
+  int code = -1;
+  std::string out;  // stdout and stderr
+};
+
+Output run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " TPUHAL_LOG=error " + TPUHAL_CLI + " " + args + " 2>&1";
+  Output r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  std::size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+json parse_json(const std::string& s) {
+  auto j = json::parse(s, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << s;
+  return j;
+}
+
+TEST(Cli, ListPrintsOneLinePerDeviceAndJsonWithTheDocumentedFields) {
+  Output text = run("list");
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_THAT(text.out, HasSubstr("sim:0"));
+  EXPECT_THAT(text.out, HasSubstr("BM1684X"));
+
+  Output j = run("list --json", "TPUHAL_SIM_BOARDS=bm1684x,tiny");
+  ASSERT_EQ(j.code, 0) << j.out;
+  json arr = parse_json(j.out);
+  ASSERT_TRUE(arr.is_array());
+  ASSERT_EQ(arr.size(), 2u);
+  EXPECT_EQ(arr[0]["uri"], "sim:0");
+  EXPECT_EQ(arr[1]["uri"], "sim:1");
+  EXPECT_EQ(arr[0]["driver"], "tpu-sim");
+  EXPECT_EQ(arr[0]["memory_bytes"], 12ull << 30);
+  EXPECT_EQ(arr[1]["memory_bytes"], 64ull << 20);
+  EXPECT_TRUE(arr[1]["board"].is_string());
+}
+
+TEST(Cli, ListWithNoBoardsSaysSo) {
+  Output r = run("list", "TPUHAL_SIM_BOARDS=");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("No devices found."));
+  EXPECT_EQ(parse_json(run("list --json", "TPUHAL_SIM_BOARDS=").out), json::array());
+}
+
+TEST(Cli, InfoDescribesADevice) {
+  Output r = run("info sim:tiny");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("Device sim:tiny"));
+  EXPECT_THAT(r.out, HasSubstr("64 MiB (16 MiB host-visible)"));
+  EXPECT_THAT(r.out, HasSubstr("compute x2, copy x1, video x1"));
+  EXPECT_THAT(r.out, HasSubstr("Capabilities"));
+
+  json j = parse_json(run("info --json --device sim:tiny").out);
+  EXPECT_EQ(j["uri"], "sim:tiny");
+  EXPECT_EQ(j["memory_bytes"], 64ull << 20);
+  EXPECT_EQ(j["heaps"].size(), 2u);
+  EXPECT_EQ(j["engines"]["compute"], 2);
+  EXPECT_EQ(j["caps"]["wait_value"], true);
+  EXPECT_EQ(j["interface_version"], "1.0");
+}
+
+TEST(Cli, SmiShowsMemoryAndQueues) {
+  Output r = run("smi --queues");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("Memory used / total"));
+  EXPECT_THAT(r.out, HasSubstr("/ 12 GiB"));
+  EXPECT_THAT(r.out, HasSubstr("compute"));
+
+  json j = parse_json(run("smi --json --device sim:tiny").out);
+  ASSERT_EQ(j.size(), 1u);
+  EXPECT_EQ(j[0]["uri"], "sim:tiny");
+  EXPECT_EQ(j[0]["memory_total"], 64ull << 20);
+  EXPECT_EQ(j[0]["queues"].size(), 4u);
+  EXPECT_EQ(j[0]["queues"][0]["engine"], "compute");
+}
+
+TEST(Cli, BenchPrintsJsonLinesWithFiguresAndBaselines) {
+  Output r = run("bench submit --quick --json --device sim:tiny");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::istringstream lines(r.out);
+  std::string line;
+  std::set<std::string> seen;
+  while (std::getline(lines, line)) {
+    json j = parse_json(line);
+    for (const char* key : {"bench", "value", "unit", "baseline", "ratio"})
+      EXPECT_TRUE(j.contains(key)) << key << " missing in " << line;
+    EXPECT_GT(j["value"].get<double>(), 0) << line;
+    EXPECT_GT(j["baseline"].get<double>(), 0) << line;
+    seen.insert(j["bench"].get<std::string>());
+  }
+  EXPECT_TRUE(seen.count("round_trip"));
+  EXPECT_TRUE(seen.count("submit_rate"));
+}
+
+TEST(Cli, BenchDmaCoversSizesFrom4KiBTo64MiBBothWays) {
+  Output r = run("bench dma --quick --json --device sim:0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::istringstream lines(r.out);
+  std::string line;
+  std::set<std::pair<std::string, std::uint64_t>> seen;
+  while (std::getline(lines, line)) {
+    json j = parse_json(line);
+    EXPECT_EQ(j["bench"], "dma");
+    EXPECT_EQ(j["unit"], "GB/s");
+    EXPECT_EQ(j["baseline_name"], "memcpy");
+    seen.insert({j["direction"].get<std::string>(), j["bytes"].get<std::uint64_t>()});
+  }
+  EXPECT_EQ(seen.size(), 16u);
+  EXPECT_TRUE(seen.count({"h2d", 4096}));
+  EXPECT_TRUE(seen.count({"d2h", 64ull << 20}));
+}
+
+TEST(Cli, DemoMovesDataAndVerifiesIt) {
+  Output r = run("demo --size 1MiB");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("OK: 1048576 bytes verified"));
+  EXPECT_THAT(r.out, HasSubstr("out of range: copy of 32 bytes"));
+}
+
+TEST(Cli, EveryCommandHasHelp) {
+  for (const char* cmd : {"list", "info", "smi", "bench", "demo"}) {
+    Output r = run(std::string(cmd) + " --help");
+    EXPECT_EQ(r.code, 0) << cmd;
+    EXPECT_THAT(r.out, HasSubstr(std::string("Usage: tpuhal ") + cmd)) << cmd;
+  }
+  Output top = run("--help");
+  EXPECT_EQ(top.code, 0);
+  EXPECT_THAT(top.out, HasSubstr("Commands:"));
+}
+
+TEST(Cli, MistakesGiveAClearMessageAndExitCode) {
+  Output unknown = run("frobnicate");
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_THAT(unknown.out, HasSubstr("unknown command 'frobnicate'"));
+  Output bad_opt = run("list --bogus");
+  EXPECT_EQ(bad_opt.code, 2);
+  Output missing = run("info sim:99");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_THAT(missing.out, HasSubstr("error (not found)"));
+  Output bad_bench = run("bench frob");
+  EXPECT_EQ(bad_bench.code, 2);
+  Output bad_size = run("demo --size 12345");
+  EXPECT_EQ(bad_size.code, 2);
+  EXPECT_THAT(bad_size.out, HasSubstr("multiple of 4 KiB"));
+}
+
+}  // namespace

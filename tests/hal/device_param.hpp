@@ -1,0 +1,27 @@
+// The devices the conformance suite runs on: every device enumerate() finds
+// (the simulated boards always, real boards and GPUs where present) plus a
+// simulated board of the small "tiny" profile.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tpuhal/tpuhal.hpp"
+
+namespace tpuhal::testing {
+
+inline std::vector<std::string> conformance_devices() {
+  std::vector<std::string> uris;
+  for (auto& d : tpuhal::enumerate()) uris.push_back(d.uri);
+  uris.push_back("sim:tiny");
+  return uris;
+}
+
+// gtest parameter names: "sim:0" -> "sim_0".
+inline std::string param_name(const std::string& uri) {
+  std::string s;
+  for (char c : uri) s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return s;
+}
+
+}  // namespace tpuhal::testing

@@ -1,0 +1,63 @@
+#include <cstdio>
+#include <iostream>
+
+#include "cli.h"
+#include "tpuhal/bench/bench.h"
+
+namespace tpuhal::cli {
+
+int cmd_bench(const std::vector<std::string>& args) {
+  po::options_description opts("Options");
+  opts.add_options()("which", po::value<std::string>()->default_value("all"), "dma, submit or all")(
+      "device,d", po::value<std::string>(), "device URI (default: the first device)")(
+      "json", "one JSON object per line: bench, value, unit, baseline, ratio, ...")(
+      "quick", "fewer repetitions (a smoke run, not a measurement)");
+  po::positional_options_description pos;
+  pos.add("which", 1);
+  po::variables_map vm;
+  int rc = 0;
+  if (!parse(args, opts, pos, vm,
+             "Usage: tpuhal bench [dma|submit|all] [--device URI] [--json] [--quick]\n\n"
+             "dma     host->device and device->host bandwidth from 4 KiB to 64 MiB, beside\n"
+             "        single-thread memcpy of the same size (ratio = dma / memcpy)\n"
+             "submit  round trip of one empty command (submit, wait its fence), beside a\n"
+             "        two-thread atomic ping-pong and an eventfd ping-pong (ratio = times the\n"
+             "        atomic ping-pong); and sustained empty-command rate on one queue, beside\n"
+             "        a two-thread ring of 64-byte messages (ratio = rate / ring rate)\n"
+             "Figures are medians over rounds that alternate the device and its baseline.",
+             &rc))
+    return rc;
+  const std::string which = vm["which"].as<std::string>();
+  if (which != "dma" && which != "submit" && which != "all") {
+    std::fprintf(stderr, "tpuhal bench: unknown benchmark '%s' (dma, submit, all)\n", which.c_str());
+    return 2;
+  }
+  Device dev = open(pick_device(vm));
+  const bool json = vm.count("json") != 0;
+  bench::Options o;
+  o.quick = vm.count("quick") != 0;
+  bool header_done = false;
+  o.on_result = [&](const bench::Result& r) {
+    if (json) {
+      std::printf("%s\n", bench::to_json(r).c_str());
+      std::fflush(stdout);
+      return;
+    }
+    if (!header_done) {
+      std::printf("%s: %s\n", dev.uri().c_str(), dev.properties().board.c_str());
+      header_done = true;
+    }
+    std::string what = r.bench;
+    for (auto& [k, v] : r.params) what += " " + k + "=" + v;
+    std::printf("  %-38s %10.3f %-7s | %-16s %10.3f %-7s | ratio %6.3f", what.c_str(), r.value,
+                r.unit.c_str(), r.baseline_name.c_str(), r.baseline, r.unit.c_str(), r.ratio);
+    for (auto& [k, v] : r.extra) std::printf("  %s %.3f", k.c_str(), v);
+    std::printf("\n");
+    std::fflush(stdout);
+  };
+  if (which == "dma" || which == "all") bench::run_dma(dev, o);
+  if (which == "submit" || which == "all") bench::run_submit(dev, o);
+  return 0;
+}
+
+}  // namespace tpuhal::cli

@@ -1,0 +1,110 @@
+// tpuhal: list, inspect, benchmark and demonstrate accelerator devices.
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include "cli.h"
+#include "tpuhal/base/units.h"
+
+namespace tpuhal::cli {
+namespace {
+
+struct Entry {
+  const char* name;
+  Command run;
+  const char* summary;
+};
+
+const Entry kCommands[] = {
+    {"list", cmd_list, "one line per device (--json for a JSON array)"},
+    {"info", cmd_info, "everything about one device: board, memory, engines, capabilities"},
+    {"smi", cmd_smi, "memory and queue use of each device, like nvidia-smi"},
+    {"bench", cmd_bench, "DMA bandwidth and command latency beside this machine's limits"},
+    {"demo", cmd_demo, "move data through a device's DMA engine and queues and verify it"},
+};
+
+void usage(std::FILE* out) {
+  std::fprintf(out,
+               "Usage: tpuhal COMMAND [OPTIONS]\n\n"
+               "tpuhal %s: a hardware abstraction layer for AI accelerator boards.\n\n"
+               "Commands:\n",
+               tpuhal::version());
+  for (auto& c : kCommands) std::fprintf(out, "  %-8s %s\n", c.name, c.summary);
+  std::fprintf(out,
+               "\n'tpuhal COMMAND --help' describes a command's options.\n\n"
+               "Devices are named by URI: sim:0 is the first simulated board (TPUHAL_SIM_BOARDS\n"
+               "lists their profiles), sim:PROFILE a simulated board of a profile (sim:tiny).\n"
+               "Environment: TPUHAL_LOG=debug|info|warn (or e.g. warn,sim=trace), TPUHAL_WAIT,\n"
+               "TPUHAL_TIMEOUT, TPUHAL_SIM_BOARDS, TPUHAL_PROFILE_PATH (see docs/).\n");
+}
+
+}  // namespace
+
+bool parse(const std::vector<std::string>& args, const po::options_description& opts,
+           const po::positional_options_description& pos, po::variables_map& vm,
+           const std::string& usage_line, int* exit_code) {
+  po::options_description all(opts);
+  all.add_options()("help,h", "show this help");
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    if (vm.count("help")) {
+      std::cout << usage_line << "\n\n" << all << "\n";
+      *exit_code = 0;
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "tpuhal: " << e.what() << "\n" << usage_line << "\n";
+    *exit_code = 2;
+    return false;
+  }
+  return true;
+}
+
+std::string pick_device(const po::variables_map& vm) {
+  if (vm.count("device")) return vm["device"].as<std::string>();
+  auto all = enumerate();
+  if (all.empty()) {
+    std::string why = "no devices found";
+    for (auto& [driver, reason] : unavailable_drivers()) why += "; " + driver + ": " + reason;
+    throw Error(Status::NotFound, why + " (name one with --device, e.g. --device sim:tiny)");
+  }
+  return all.front().uri;
+}
+
+std::string bytes(std::uint64_t n) { return base::format_bytes(n); }
+
+}  // namespace tpuhal::cli
+
+int main(int argc, char** argv) {
+  using namespace tpuhal::cli;
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string name = argv[1];
+  if (name == "--help" || name == "-h" || name == "help") {
+    usage(stdout);
+    return 0;
+  }
+  if (name == "--version" || name == "version") {
+    std::printf("tpuhal %s\n", tpuhal::version());
+    return 0;
+  }
+  std::vector<std::string> args(argv + 2, argv + argc);
+  for (auto& c : kCommands) {
+    if (name != c.name) continue;
+    try {
+      return c.run(args);
+    } catch (const tpuhal::Error& e) {
+      std::fprintf(stderr, "tpuhal %s: error (%s): %s\n", c.name, tpuhal::to_string(e.status()), e.what());
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tpuhal %s: error: %s\n", c.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "tpuhal: unknown command '%s'\n\n", name.c_str());
+  usage(stderr);
+  return 2;
+}
