@@ -20,8 +20,9 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
 }
 
-void emit(std::vector<Result>& out, Result r, const Options& o) {
-  r.ratio = r.baseline > 0 ? r.value / r.baseline : 0;
+// `ratio` < 0: value / baseline.
+void emit(std::vector<Result>& out, Result r, const Options& o, double ratio = -1) {
+  r.ratio = ratio >= 0 ? ratio : r.baseline > 0 ? r.value / r.baseline : 0;
   if (o.on_result) o.on_result(r);
   out.push_back(std::move(r));
 }
@@ -66,24 +67,27 @@ std::vector<Result> run_dma(Device& device, const Options& o) {
   q.copy(host, dram).submit().wait();  // first touch of every page on both sides
   q.copy(dram, host).submit().wait();
 
-  const int rounds = o.quick ? 3 : 7;
+  MemcpyFloor floor(kMax);
+  const int rounds = o.quick ? 3 : 21;
   for (std::uint64_t size = 4096; size <= kMax; size *= 4) {
-    const std::uint64_t budget = o.quick ? (32ull << 20) : (256ull << 20);
-    const int reps = static_cast<int>(std::clamp<std::uint64_t>(budget / size, 4, 4096));
+    const std::uint64_t budget = o.quick ? (32ull << 20) : (128ull << 20);
+    const int reps = static_cast<int>(std::clamp<std::uint64_t>(budget / size, 2, 4096));
     for (int dir = 0; dir < 2; ++dir) {
       const Buffer& src = dir == 0 ? host : dram;
       const Buffer& dst = dir == 0 ? dram : host;
-      std::vector<double> dma, cpu;
+      std::vector<double> dma, cpu, paired;
       // Rounds alternate the device and the floor so that noise from other
-      // tenants of this machine lands on both.
+      // tenants of this machine lands on both; the ratio is the median of
+      // each round's pair, which cancels drift between rounds.
       for (int r = 0; r < rounds; ++r) {
-        cpu.push_back(memcpy_gbps(size, reps));
+        cpu.push_back(floor.gbps(size, reps));
         const auto t0 = base::monotonic_ns();
         Fence last;
         for (int i = 0; i < reps; ++i) last = q.copy(src, 0, dst, 0, size).submit();
         last.wait();
         const double sec = static_cast<double>(base::monotonic_ns() - t0) * 1e-9;
         dma.push_back(static_cast<double>(size) * reps / sec / 1e9);
+        paired.push_back(dma.back() / cpu.back());
       }
       Result res;
       res.bench = "dma";
@@ -92,7 +96,7 @@ std::vector<Result> run_dma(Device& device, const Options& o) {
       res.unit = "GB/s";
       res.baseline = median(cpu);
       res.baseline_name = "memcpy";
-      emit(out, std::move(res), o);
+      emit(out, std::move(res), o, median(paired));
     }
   }
   return out;

@@ -61,10 +61,12 @@ TpuQueue::TpuQueue(std::shared_ptr<TpuDevice> device, std::uint32_t index, Engin
 
 TpuQueue::~TpuQueue() {
   // Reset stops the board's command processor before it returns, so the ring
-  // and everything the HAL retained can go.
+  // and everything the HAL retained can go. Releasing the hardware queue
+  // before anything else goes keeps Device::status() from seeing this queue
+  // half destroyed.
   device_->transport().write32(reg(fw::reg::queue::kControl), fw::kQueueControlReset);
-  device_->free_device(ring_heap_, ring_address_);
   device_->release_queue(index_);
+  device_->free_device(ring_heap_, ring_address_);
 }
 
 std::string TpuQueue::name() const {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,9 +35,22 @@ std::vector<Result> run_dma(Device& device, const Options& options);
 std::vector<Result> run_submit(Device& device, const Options& options);
 
 // ---- The machine's floors ----
-// Single-thread memcpy bandwidth between two pre-faulted host buffers of
-// `bytes`, GB/s, best of `rounds`.
-double memcpy_gbps(std::uint64_t bytes, int reps);
+// Single-thread memcpy between two pre-faulted host buffers of up to
+// `max_bytes` (huge pages where the kernel gives them, as the device's
+// pinned buffers get), allocated once so that rounds measure copying only.
+class MemcpyFloor {
+ public:
+  explicit MemcpyFloor(std::uint64_t max_bytes);
+  ~MemcpyFloor();
+  MemcpyFloor(const MemcpyFloor&) = delete;
+  MemcpyFloor& operator=(const MemcpyFloor&) = delete;
+  // GB/s of `reps` copies of `bytes` (<= max_bytes).
+  double gbps(std::uint64_t bytes, int reps);
+
+ private:
+  struct Buffers;
+  std::unique_ptr<Buffers> buffers_;
+};
 // Median round trip of a message between two threads spinning on atomics, ns.
 double atomic_pingpong_ns(int iterations);
 // Median round trip between two threads blocking on eventfds, ns.
