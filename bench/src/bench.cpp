@@ -76,18 +76,22 @@ std::vector<Result> run_dma(Device& device, const Options& o) {
       const Buffer& src = dir == 0 ? host : dram;
       const Buffer& dst = dir == 0 ? dram : host;
       std::vector<double> dma, cpu, paired;
-      // Rounds alternate the device and the floor so that noise from other
-      // tenants of this machine lands on both; the ratio is the median of
-      // each round's pair, which cancels drift between rounds.
+      // Each round measures the floor just before and just after the device,
+      // so that the memory bandwidth other tenants of this machine leave us
+      // (it drifts from one millisecond to the next) is the same for both;
+      // the ratio is the median of the rounds' ratios.
+      double before = floor.gbps(size, reps);
       for (int r = 0; r < rounds; ++r) {
-        cpu.push_back(floor.gbps(size, reps));
         const auto t0 = base::monotonic_ns();
         Fence last;
         for (int i = 0; i < reps; ++i) last = q.copy(src, 0, dst, 0, size).submit();
         last.wait();
         const double sec = static_cast<double>(base::monotonic_ns() - t0) * 1e-9;
         dma.push_back(static_cast<double>(size) * reps / sec / 1e9);
+        const double after = floor.gbps(size, reps);
+        cpu.push_back((before + after) / 2);
         paired.push_back(dma.back() / cpu.back());
+        before = after;
       }
       Result res;
       res.bench = "dma";
