@@ -9,6 +9,8 @@ packages=(
   libspdlog-dev libfmt-dev nlohmann-json3-dev
   libusb-1.0-0-dev libpci-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libdnnl-dev ocl-icd-opencl-dev                # the simulated tensor engine's kernels (its CMake package requires OpenCL)
+  libonnx-dev libprotobuf-dev libonnx-testdata  # ONNX's node tests
 )
 
 missing=()

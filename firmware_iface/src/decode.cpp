@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "tpuhal/fw/tensor.h"
+
 namespace tpuhal::fw {
 namespace {
 
@@ -28,7 +30,7 @@ bool range_ok(std::uint64_t address, std::uint64_t size) {
 }  // namespace
 
 Result<Command> decode_command(const CommandDescriptor& d) {
-  if (d.opcode == 0 || d.opcode > kMaxOpcodeV1_0)
+  if (d.opcode == 0 || d.opcode > kMaxOpcode)
     return problem(CmdStatus::kInvalidOpcode, Problem::kFieldOpcode, d.opcode);
   if (d.flags & ~kKnownFlags)
     return problem(CmdStatus::kInvalidFlags, Problem::kFieldFlags, d.flags, kKnownFlags);
@@ -118,10 +120,40 @@ Result<Command> decode_command(const CommandDescriptor& d) {
       c.args = TimestampArgs{d.args[0]};
       return c;
 
+    case Opcode::kTensorOp: {
+      if (!reserved_args_zero(d, 2, p)) return p;
+      const TensorOpArgs a{d.args[0], d.args[1]};
+      if (a.address % 8 != 0) return problem(CmdStatus::kBadAlignment, 0, a.address, 8);
+      if (a.bytes < sizeof(OpHeader) || a.bytes > kMaxParamBytes)
+        return problem(CmdStatus::kBadArgument, 1, a.bytes, kMaxParamBytes);
+      if (!range_ok(a.address, a.bytes)) return problem(CmdStatus::kBadArgument, 0, a.address);
+      c.args = a;
+      return c;
+    }
+
+    case Opcode::kCall: {
+      if (!reserved_args_zero(d, 2, p)) return p;
+      const CallArgs a{d.args[0], d.args[1]};
+      if (a.address == 0 || a.address % 64 != 0)
+        return problem(CmdStatus::kBadAlignment, 0, a.address, 64);
+      if (a.slots == 0 || a.slots > kMaxCallSlots)
+        return problem(CmdStatus::kBadArgument, 1, a.slots, kMaxCallSlots);
+      if (!range_ok(a.address, a.slots * sizeof(CommandDescriptor)))
+        return problem(CmdStatus::kBadArgument, 0, a.address);
+      c.args = a;
+      return c;
+    }
+
     case Opcode::kInvalid:
       break;
   }
   return problem(CmdStatus::kInvalidOpcode, Problem::kFieldOpcode, d.opcode);
+}
+
+std::uint64_t command_slots(const Command& c) noexcept {
+  if (const auto* t = std::get_if<TensorOpArgs>(&c.args); t && t->address == 0)
+    return 1 + inline_slots(t->bytes);
+  return 1;
 }
 
 Result<Command> decode_command(std::span<const std::byte> bytes) {
@@ -143,13 +175,15 @@ Result<DmaSegment> decode_segment(const DmaSegment& s) {
 }
 
 bool engine_accepts(EngineType engine, Opcode op) noexcept {
+  if (op == Opcode::kInvalid || static_cast<std::uint16_t>(op) > kMaxOpcode) return false;
   switch (engine) {
     case EngineType::kCompute:
+      return true;
     case EngineType::kCopy:
     case EngineType::kVideo:
-      // Interface 1.0 defines only DMA and synchronisation opcodes, which
-      // every engine runs. Engine-specific opcodes arrive with later minors.
-      return op != Opcode::kInvalid;
+      // DMA and synchronisation run everywhere; tensor work and programs
+      // (which may hold tensor work) need the tensor engine.
+      return op != Opcode::kTensorOp && op != Opcode::kCall;
     case EngineType::kNone:
       break;
   }

@@ -42,6 +42,8 @@ const char* to_string(Opcode op) noexcept {
     case Opcode::kWaitValue: return "wait_value";
     case Opcode::kWriteValue: return "write_value";
     case Opcode::kTimestamp: return "timestamp";
+    case Opcode::kTensorOp: return "tensor_op";
+    case Opcode::kCall: return "call";
   }
   return "unknown";
 }
@@ -59,7 +61,7 @@ const char* to_string(EngineType engine) noexcept {
 namespace {
 
 std::string opcode_name(std::uint16_t opcode) {
-  if (opcode >= 1 && opcode <= kMaxOpcodeV1_0) return to_string(static_cast<Opcode>(opcode));
+  if (opcode >= 1 && opcode <= kMaxOpcode) return to_string(static_cast<Opcode>(opcode));
   char buf[32];
   std::snprintf(buf, sizeof buf, "opcode 0x%x", opcode);
   return buf;
@@ -83,6 +85,23 @@ std::string field_name(std::uint16_t opcode, std::uint16_t field) {
     case Problem::kFieldVersion: return "interface version";
     case Problem::kFieldLength: return "length";
     case Problem::kFieldStatusPage: return "status page";
+    case kFieldOpKind: return "op kind";
+    case kFieldOpHeader: return "op header";
+    default: break;
+  }
+  if (field >= kFieldTensorBase && field < kFieldAttrBase) {
+    const unsigned tensor = (field - kFieldTensorBase) / 16, aspect = (field - kFieldTensorBase) % 16;
+    std::string t = "tensor " + std::to_string(tensor) + " ";
+    if (aspect == 0) return t + "dtype";
+    if (aspect == 1) return t + "rank";
+    if (aspect < 8) return t + "shape[" + std::to_string(aspect - 2) + "]";
+    if (aspect < 14) return t + "strides[" + std::to_string(aspect - 8) + "]";
+    if (aspect == 14) return t + "address";
+    return t + "placement";
+  }
+  if (field >= kFieldAttrBase && field < kFieldAttrBase + kMaxParamBytes / 4)
+    return "attribute word " + std::to_string(field - kFieldAttrBase);
+  switch (field) {
     default: return arg_name(opcode, field);
   }
 }
@@ -99,8 +118,10 @@ std::string arg_name(std::uint16_t opcode, std::uint16_t index) {
       /* wait_value */ {"address", "value", "mode"},
       /* write_value */ {"address", "value", nullptr},
       /* timestamp */ {"address", nullptr, nullptr},
+      /* tensor_op */ {"parameter block", "parameter bytes", nullptr},
+      /* call */ {"command list", "slots", nullptr},
   };
-  if (opcode <= kMaxOpcodeV1_0 && index < 3 && kNames[opcode][index]) return kNames[opcode][index];
+  if (opcode <= kMaxOpcode && index < 3 && kNames[opcode][index]) return kNames[opcode][index];
   return "arg" + std::to_string(index);
 }
 
@@ -112,8 +133,7 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
     case CmdStatus::kOk:
       return op + ": ok";
     case CmdStatus::kInvalidOpcode:
-      return "unknown opcode " + hex(value) + " (interface 1.0 defines 1.." +
-             dec(kMaxOpcodeV1_0) + ")";
+      return "unknown opcode " + hex(value) + " (interface 1.1 defines 1.." + dec(kMaxOpcode) + ")";
     case CmdStatus::kInvalidFlags:
       return op + ": undefined flag bits " + hex(value & ~detail) + " in flags " + hex(value);
     case CmdStatus::kReservedNotZero:
@@ -127,6 +147,11 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
                " is not compatible with " + dec(detail >> 16) + "." + dec(detail & 0xFFFF);
       if (field == Problem::kFieldLength)
         return "descriptor of " + dec(value) + " bytes, expected " + dec(detail);
+      if (field >= kFieldTensorBase && field < kFieldAttrBase && (field - kFieldTensorBase) % 16 == 15)
+        return op + ": output " + what.substr(0, what.find(' ', 7)) + " overlaps input tensor " + dec(value);
+      if (field >= kFieldTensorBase && field < kFieldAttrBase)
+        return op + ": " + what + " = " + dec(value) + " is not valid" +
+               (detail ? " (expected " + dec(detail) + ")" : std::string{});
       return op + ": " + what + " = " + dec(value) + " is out of range" +
              (detail ? " (limit " + dec(detail) + ")" : std::string{});
     case CmdStatus::kBadAlignment:

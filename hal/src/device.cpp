@@ -156,6 +156,21 @@ Buffer Device::import_host(void* ptr, std::uint64_t size) {
   return Buffer(std::make_shared<detail::BufferImpl>(impl_, std::move(backend)));
 }
 
+Program Device::record(const std::function<void(Batch&)>& body) {
+  auto& dev = checked(impl_);
+  if (!body) throw Error(Status::InvalidArgument, dev.uri() + ": record needs a function that records commands");
+  Batch batch(impl_);
+  body(batch);
+  auto& s = *batch.state_;
+  if (s.commands.empty())
+    throw Error(Status::InvalidArgument, dev.uri() + ": record: the program recorded no commands");
+  auto program = std::make_shared<detail::ProgramImpl>();
+  program->device = impl_;
+  program->backend = dev.backend().create_program(s.commands);
+  program->retained = std::move(s.retained);
+  return Program(std::move(program));
+}
+
 Queue Device::queue(Engine engine, const QueueOptions& options) {
   auto& dev = checked(impl_);
   auto backend = dev.backend().create_queue(engine, options);

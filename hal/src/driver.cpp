@@ -7,6 +7,11 @@ BufferBackend::~BufferBackend() = default;
 QueueBackend::~QueueBackend() = default;
 DeviceBackend::~DeviceBackend() = default;
 Provider::~Provider() = default;
+ProgramBackend::~ProgramBackend() = default;
+
+std::shared_ptr<ProgramBackend> DeviceBackend::create_program(std::span<const Command>) {
+  throw Error(Status::Unsupported, properties().uri + ": this device cannot record programs");
+}
 
 std::optional<std::uint64_t> QueueBackend::timestamp_ns(std::uint64_t) const {
   return std::nullopt;

@@ -91,11 +91,45 @@ class QueueImpl {
   std::deque<std::pair<std::uint64_t, std::vector<std::shared_ptr<const void>>>> retained_;
 };
 
+// A batch records for a queue, or (queue == nullptr) for a program of
+// `device` (Device::record).
 struct BatchState {
+  std::shared_ptr<DeviceImpl> device;
   std::shared_ptr<QueueImpl> queue;
   std::vector<driver::Command> commands;
   std::vector<std::shared_ptr<const void>> retained;
 };
+
+struct ProgramImpl {
+  std::shared_ptr<DeviceImpl> device;
+  std::shared_ptr<driver::ProgramBackend> backend;
+  std::vector<std::shared_ptr<const void>> retained;  // what the program refers to
+};
+
+}  // namespace tpuhal::detail
+
+namespace tpuhal {
+// Reaches into Op for the HAL's own code.
+struct OpAccess {
+  static Op make(std::shared_ptr<driver::OpDesc> desc, std::shared_ptr<const void> keep,
+                 std::shared_ptr<detail::DeviceImpl> device) {
+    Op op;
+    op.desc_ = std::move(desc);
+    op.keep_ = std::move(keep);
+    op.device_ = std::move(device);
+    return op;
+  }
+  static const Op& check(const Op& op) {
+    if (!op.desc_) throw Error(Status::InvalidArgument, "run: empty Op (build one with tpuhal::ops)");
+    return op;
+  }
+  static const std::shared_ptr<const driver::OpDesc>& desc(const Op& op) { return op.desc_; }
+  static const std::shared_ptr<const void>& keep(const Op& op) { return op.keep_; }
+  static const std::shared_ptr<detail::DeviceImpl>& device(const Op& op) { return op.device_; }
+};
+}  // namespace tpuhal
+
+namespace tpuhal::detail {
 
 // Process-wide registry of providers and open devices (registry.cpp).
 std::shared_ptr<DeviceImpl> open_device(std::string_view uri);

@@ -8,6 +8,7 @@
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/units.h"
 #include "tpuhal/base/wait.h"
+#include "tpuhal/driver/op_desc.hpp"
 
 namespace tpuhal {
 namespace detail {
@@ -190,10 +191,10 @@ std::shared_ptr<driver::BufferBackend> use(detail::BatchState& s,
   if (!impl)
     throw Error(Status::InvalidArgument, std::string(op) + ": the " + role + " is an empty Buffer handle");
   auto backend = impl->acquire(op);
-  if (impl->device() != s.queue->device())
+  if (impl->device() != s.device)
     throw Error(Status::InvalidArgument,
                 std::string(op) + ": the " + role + " belongs to " + impl->device()->uri() +
-                    " but the queue is on " + s.queue->device()->uri());
+                    " but the queue is on " + s.device->uri());
   const std::uint64_t cap = impl->size();
   if (offset > cap || size > cap - offset)
     throw Error(Status::OutOfRange, std::string(op) + " of " + std::to_string(size) +
@@ -210,14 +211,24 @@ std::shared_ptr<driver::BufferBackend> use(detail::BatchState& s,
 
 Batch::Batch(std::shared_ptr<detail::QueueImpl> queue)
     : state_(std::make_unique<detail::BatchState>()) {
+  state_->device = queue->device();
   state_->queue = std::move(queue);
+}
+
+Batch::Batch(std::shared_ptr<detail::DeviceImpl> recording_for)
+    : state_(std::make_unique<detail::BatchState>()) {
+  state_->device = std::move(recording_for);
 }
 Batch::~Batch() = default;
 Batch::Batch(Batch&&) noexcept = default;
 Batch& Batch::operator=(Batch&&) noexcept = default;
 
 std::size_t Batch::size() const noexcept { return state_ ? state_->commands.size() : 0; }
-Queue Batch::queue() const { return Queue(live(state_).queue); }
+Queue Batch::queue() const {
+  auto& s = live(state_);
+  if (!s.queue) throw Error(Status::FailedPrecondition, "this batch records a program; it has no queue");
+  return Queue(s.queue);
+}
 
 Batch& Batch::copy(const Buffer& src, const Buffer& dst) {
   live(state_);
@@ -265,11 +276,15 @@ Batch& Batch::fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size,
 
 Batch& Batch::wait(const Fence& fence) {
   auto& s = live(state_);
+  if (!s.queue)
+    throw Error(Status::InvalidArgument,
+                "wait: a program cannot wait on a fence (a fence belongs to one submission); "
+                "wait before running the program instead");
   if (fence.empty() || fence.queue_ == s.queue) return *this;  // in order already
-  if (fence.queue_->device() != s.queue->device())
+  if (fence.queue_->device() != s.device)
     throw Error(Status::InvalidArgument,
                 "wait: the fence is on " + fence.queue_->device()->uri() + " but the queue is on " +
-                    s.queue->device()->uri() + "; wait on the host (Fence::wait) instead");
+                    s.device->uri() + "; wait on the host (Fence::wait) instead");
   if (fence.queue_->reached(fence.value_)) return *this;  // nothing to wait for
   s.commands.push_back(driver::cmd::WaitFence{&fence.queue_->backend(), fence.value_});
   s.retained.push_back(fence.queue_->backend_ptr());
@@ -278,8 +293,8 @@ Batch& Batch::wait(const Fence& fence) {
 
 namespace {
 void check_word(detail::BatchState& s, const char* op, std::uint64_t offset) {
-  if (!s.queue->device()->backend().properties().caps.wait_value)
-    throw Error(Status::Unsupported, std::string(op) + ": " + s.queue->device()->uri() +
+  if (!s.device->backend().properties().caps.wait_value)
+    throw Error(Status::Unsupported, std::string(op) + ": " + s.device->uri() +
                                          " cannot wait on or write memory words "
                                          "(caps.wait_value is false)");
   if (offset % 8)
@@ -308,9 +323,9 @@ Batch& Batch::write_value(const Buffer& buf, std::uint64_t offset, std::uint64_t
 
 Batch& Batch::timestamp(const Buffer& buf, std::uint64_t offset) {
   auto& s = live(state_);
-  if (!s.queue->device()->backend().properties().caps.timestamps)
+  if (!s.device->backend().properties().caps.timestamps)
     throw Error(Status::Unsupported,
-                "timestamp: " + s.queue->device()->uri() + " has no timestamps (caps.timestamps)");
+                "timestamp: " + s.device->uri() + " has no timestamps (caps.timestamps)");
   if (offset % 8)
     throw Error(Status::InvalidArgument,
                 "timestamp: offset " + std::to_string(offset) + " is not a multiple of 8");
@@ -320,13 +335,48 @@ Batch& Batch::timestamp(const Buffer& buf, std::uint64_t offset) {
   return *this;
 }
 
+Batch& Batch::run(const Op& op) {
+  auto& s = live(state_);
+  OpAccess::check(op);
+  if (OpAccess::device(op) != s.device)
+    throw Error(Status::InvalidArgument, "run: " + op.name() + "'s operands are on " + OpAccess::device(op)->uri() +
+                                             " but the batch is for " + s.device->uri());
+  if (!s.device->backend().properties().caps.tensor)
+    throw Error(Status::Unsupported, "run: " + s.device->uri() + " has no tensor engine (caps.tensor is false)");
+  if (s.queue && s.queue->backend().engine() != Engine::Compute)
+    throw Error(Status::Unsupported, "run: " + op.name() + " needs a compute queue; " + s.queue->name() +
+                                         " is a " + to_string(s.queue->backend().engine()) + " queue");
+  s.commands.push_back(driver::cmd::Run{OpAccess::desc(op).get()});
+  s.retained.push_back(OpAccess::desc(op));
+  s.retained.push_back(OpAccess::keep(op));
+  return *this;
+}
+
+Batch& Batch::run(const Program& program) {
+  auto& s = live(state_);
+  if (!program.impl_) throw Error(Status::InvalidArgument, "run: empty Program (make one with Device::record)");
+  if (program.impl_->device != s.device)
+    throw Error(Status::InvalidArgument, "run: the program was recorded for " + program.impl_->device->uri() +
+                                             " but the batch is for " + s.device->uri());
+  if (!s.queue)
+    throw Error(Status::InvalidArgument, "run: a program cannot run another program; record its commands instead");
+  if (s.queue->backend().engine() != Engine::Compute)
+    throw Error(Status::Unsupported, "run: programs need a compute queue; " + s.queue->name() + " is a " +
+                                         to_string(s.queue->backend().engine()) + " queue");
+  s.commands.push_back(driver::cmd::Call{program.impl_->backend.get()});
+  s.retained.push_back(program.impl_);
+  return *this;
+}
+
 Fence Batch::submit() {
   auto& s = live(state_);
-  return submit(s.queue->device()->default_timeout());
+  return submit(s.device->default_timeout());
 }
 
 Fence Batch::submit(std::chrono::nanoseconds max_wait) {
   auto& s = live(state_);
+  if (!s.queue)
+    throw Error(Status::FailedPrecondition, "submit: this batch records a program; Device::record uploads it");
   if (max_wait.count() < 0) max_wait = std::chrono::nanoseconds(0);
   const std::uint64_t value = s.queue->submit(s.commands, std::move(s.retained), max_wait);
   s.commands.clear();
@@ -373,6 +423,28 @@ Batch Queue::wait(const Fence& fence) const {
   auto b = batch();
   b.wait(fence);
   return b;
+}
+Batch Queue::run(const Op& op) const {
+  auto b = batch();
+  b.run(op);
+  return b;
+}
+Batch Queue::run(const Program& program) const {
+  auto b = batch();
+  b.run(program);
+  return b;
+}
+
+// ---- Program ---------------------------------------------------------------------
+
+std::size_t Program::size() const {
+  if (!impl_) throw Error(Status::FailedPrecondition, "empty Program handle (use Device::record)");
+  return impl_->backend->size();
+}
+
+Device Program::device() const {
+  if (!impl_) throw Error(Status::FailedPrecondition, "empty Program handle (use Device::record)");
+  return Device(impl_->device);
 }
 Fence Queue::submit() const {
   auto& q = checked(impl_);

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <thread>
 #include <cstring>
 
 #include "board_impl.h"
@@ -52,6 +54,21 @@ Board::Impl::~Impl() {
 void Board::Impl::raise(std::uint32_t bits) noexcept {
   int_status.fetch_or(bits, std::memory_order_seq_cst);
   signal_vectors(bits & int_mask.load(std::memory_order_seq_cst));
+}
+
+tensor::TensorEngine* Board::Impl::tensor_engine() {
+  if (profile.tensor_cores == 0) return nullptr;
+  std::call_once(tensor_once, [this] {
+    // The profile's cores bound the threads, and so does this machine;
+    // TPUHAL_SIM_THREADS lowers it further (results never depend on it).
+    unsigned threads = std::min(profile.tensor_cores, std::max(1u, std::thread::hardware_concurrency()));
+    if (const char* env = std::getenv("TPUHAL_SIM_THREADS")) {
+      const long n = std::strtol(env, nullptr, 10);
+      if (n >= 1) threads = std::min(threads, static_cast<unsigned>(n));
+    }
+    tensor = std::make_unique<tensor::TensorEngine>(threads);
+  });
+  return tensor.get();
 }
 
 void Board::Impl::raise_if_unmasked(std::uint32_t bits) noexcept {
@@ -115,6 +132,7 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
     case kSerialHi: return hi(profile.serial);
     case kCaps:
       return fw::kCapCopySg | fw::kCapFill | fw::kCapWaitValue | fw::kCapTimestamp |
+             (profile.tensor_cores ? fw::kCapTensor : 0) |
              (profile.aperture_bytes ? fw::kCapHostAperture : 0) |
              (profile.bus == "soc" ? fw::kCapUnifiedMemory : 0);
     case kFirmwareVersion: return profile.firmware_version;

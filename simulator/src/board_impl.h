@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dma_engine.h"
+#include "tensor/engine.h"
 #include "tpuhal/base/fd.h"
 #include "tpuhal/base/mapping.h"
 #include "tpuhal/base/wait.h"
@@ -102,6 +103,12 @@ struct Board::Impl {
   // Notified whenever a command processor writes memory that another one may
   // be waiting on (fences, kWriteValue).
   base::EventCount memory_written;
+
+  // The tensor engine, made on first use (oneDNN and its threads cost
+  // nothing for boards that never compute). Null if the board has none.
+  tensor::TensorEngine* tensor_engine();
+  std::once_flag tensor_once;
+  std::unique_ptr<tensor::TensorEngine> tensor;
 };
 
 // Consumes one queue's ring on its own thread (docs/simulator.md).
@@ -121,9 +128,21 @@ class CommandProcessor {
 
  private:
   void run();
+  void run_loop();
   void idle_wait(std::uint32_t head);
-  // Executes one validated descriptor; kOk or the failure.
-  fw::Problem execute(const fw::Command& cmd);
+  // Where descriptors come from: the ring, or a program's command list.
+  // slot(i, out) reads the 64 bytes at position i; false if unreadable.
+  struct Source {
+    virtual ~Source() = default;
+    virtual fw::Problem slot(std::uint64_t position, fw::CommandDescriptor& out) = 0;
+  };
+  // Executes one validated descriptor at `position` of `source` (whose
+  // following slots hold an inline parameter block); kOk or the failure.
+  fw::Problem execute(const fw::Command& cmd, Source& source, std::uint64_t position);
+  fw::Problem tensor_op(std::span<const std::byte> block);
+  fw::Problem call(const fw::CallArgs& args);
+  fw::Problem read_block(const fw::TensorOpArgs& args, Source& source, std::uint64_t position,
+                         std::vector<std::byte>& block);
   fw::Problem wait_value(const fw::WaitValueArgs& args);
   fw::Problem complete(const fw::Command& cmd);
   void fail(const fw::CommandDescriptor& d, const fw::Problem& p);
@@ -136,6 +155,7 @@ class CommandProcessor {
   DmaEngine::Hooks hooks_;
   std::atomic<bool> stop_{false};
   std::uint64_t last_fence_ = 0;
+  tensor::TensorEngine* engine_ = nullptr;  // set once this thread has used it
   std::thread thread_;
 };
 

@@ -42,6 +42,12 @@ void CommandProcessor::idle_wait(std::uint32_t head) {
 }
 
 void CommandProcessor::run() {
+  run_loop();
+  // What the tensor engine made on this thread must go before it exits.
+  if (engine_) engine_->release_thread();
+}
+
+void CommandProcessor::run_loop() {
   auto log = base::logger("sim");
   const std::uint32_t mask = config_.ring_size - 1;
   auto* ring = reinterpret_cast<const fw::CommandDescriptor*>(board_.dram.data() + config_.ring_base);
@@ -56,6 +62,18 @@ void CommandProcessor::run() {
     q_.head.store(head, std::memory_order_release);
     q_.retired.store(retired, std::memory_order_relaxed);
   };
+
+  // The ring as a Source: slot i of the ring, wrapping.
+  struct RingSource final : Source {
+    const fw::CommandDescriptor* ring;
+    std::uint32_t mask;
+    fw::Problem slot(std::uint64_t position, fw::CommandDescriptor& out) override {
+      std::memcpy(&out, &ring[position & mask], sizeof out);
+      return {};
+    }
+  } ring_source;
+  ring_source.ring = ring;
+  ring_source.mask = mask;
 
   while (!stop_.load(std::memory_order_relaxed)) {
     const std::uint32_t tail = q_.tail.load(std::memory_order_acquire);
@@ -77,6 +95,7 @@ void CommandProcessor::run() {
       std::memcpy(&d, &ring[head & mask], sizeof d);
       auto decoded = fw::decode_command(d);
       fw::Problem problem;
+      std::uint64_t slots = 1;
       if (!decoded) {
         problem = decoded.problem();
       } else if (d.sequence != head) {
@@ -87,8 +106,11 @@ void CommandProcessor::run() {
       } else if ((d.flags & fw::kFlagFence) && d.fence_value <= last_fence_) {
         problem = {fw::CmdStatus::kFenceNotMonotonic, fw::Problem::kFieldFence, d.fence_value,
                    last_fence_};
+      } else if ((slots = fw::command_slots(*decoded)) > static_cast<std::uint32_t>(tail - head)) {
+        // An inline parameter block that the doorbell did not publish.
+        problem = {fw::CmdStatus::kBadArgument, 1, slots, tail - head};
       } else {
-        problem = execute(*decoded);
+        problem = execute(*decoded, ring_source, head);
         if (problem.status == fw::CmdStatus::kOk) problem = complete(*decoded);
       }
       if (problem.status != fw::CmdStatus::kOk) {
@@ -99,10 +121,11 @@ void CommandProcessor::run() {
         q_.busy_ns.fetch_add(base::monotonic_ns() - start, std::memory_order_relaxed);
         return;
       }
-      ++head;
+      const std::uint32_t before = head;
+      head += static_cast<std::uint32_t>(slots);
       ++retired;
       q_.progress.store(q_.progress.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-      if (head % kPublishEvery == 0) publish();
+      if (head / kPublishEvery != before / kPublishEvery) publish();
     }
     publish();
     // Wake command processors waiting on fences this batch wrote.
@@ -112,9 +135,11 @@ void CommandProcessor::run() {
   }
 }
 
-fw::Problem CommandProcessor::execute(const fw::Command& cmd) {
+fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, std::uint64_t position) {
   struct Visitor {
     CommandProcessor& cp;
+    Source& source;
+    std::uint64_t position;
     fw::Problem operator()(const fw::NopArgs&) const { return {}; }
     fw::Problem operator()(const fw::CopyArgs& a) const {
       return cp.board_.dma.copy(cp.ctx_, a.src, a.dst, a.size, 0, 1, cp.hooks_);
@@ -158,8 +183,97 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd) {
     fw::Problem operator()(const fw::TimestampArgs& a) const {
       return cp.board_.dma.store64(cp.ctx_, a.address, cp.board_.board_time_ns(), 0);
     }
+    fw::Problem operator()(const fw::TensorOpArgs& a) const {
+      std::vector<std::byte> block;
+      auto p = cp.read_block(a, source, position, block);
+      return p.status == fw::CmdStatus::kOk ? cp.tensor_op(block) : p;
+    }
+    fw::Problem operator()(const fw::CallArgs& a) const { return cp.call(a); }
   };
-  return std::visit(Visitor{*this}, cmd.args);
+  return std::visit(Visitor{*this, source, position}, cmd.args);
+}
+
+fw::Problem CommandProcessor::read_block(const fw::TensorOpArgs& a, Source& source, std::uint64_t position,
+                                         std::vector<std::byte>& block) {
+  block.resize(a.bytes);
+  if (a.address != 0) return board_.dma.read(ctx_, a.address, block.data(), a.bytes, 0);
+  // Inline: the slots right after the descriptor.
+  for (std::uint64_t i = 0; i < fw::inline_slots(a.bytes); ++i) {
+    fw::CommandDescriptor raw;
+    auto p = source.slot(position + 1 + i, raw);
+    if (p.status != fw::CmdStatus::kOk) return p;
+    const std::uint64_t n = std::min<std::uint64_t>(sizeof raw, a.bytes - i * sizeof raw);
+    std::memcpy(block.data() + i * sizeof raw, &raw, n);
+  }
+  return {};
+}
+
+fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
+  tensor::TensorEngine* engine = board_.tensor_engine();
+  engine_ = engine;
+  if (!engine)
+    return {fw::CmdStatus::kUnsupportedOnEngine, fw::Problem::kFieldOpcode,
+            static_cast<std::uint64_t>(fw::Opcode::kTensorOp), static_cast<std::uint64_t>(q_.engine)};
+  auto op = fw::decode_op(block);
+  if (!op) return op.problem();
+  // Resolve every tensor to host memory for the whole op: DRAM, or host
+  // memory the IOMMU maps with the access the op needs. Nothing outside
+  // the tensors' own bytes is ever touched.
+  DmaAccess access(ctx_);
+  tensor::View views[fw::kMaxOpTensors];
+  const std::uint32_t out = op->num_tensors - 1;
+  for (std::uint32_t i = 0; i < op->num_tensors; ++i) {
+    const fw::TensorRef& t = op->tensors[i];
+    tensor::View& v = views[i];
+    v.dtype = static_cast<fw::DType>(t.dtype);
+    if (v.dtype == fw::DType::kNone) continue;
+    v.rank = t.rank;
+    v.esize = fw::dtype_size(v.dtype);
+    std::copy(std::begin(t.shape), std::end(t.shape), v.shape);
+    std::copy(std::begin(t.strides), std::end(t.strides), v.strides);
+    if (op->extent[i] == 0) continue;  // empty: no memory is touched
+    const std::uint32_t kind = i == out ? kIommuWrite : kIommuRead;
+    v.data = board_.dma.resolve(access, t.address, op->extent[i], kind);
+    if (!v.data)
+      return {fw::CmdStatus::kDmaFault, fw::tensor_field(i, fw::TensorAspect::kAddress), t.address,
+              kind == kIommuWrite ? fw::kAccessWrite : fw::kAccessRead};
+  }
+  if (views[out].data == nullptr) return {};  // an empty output: nothing to compute
+  return engine->run(*op, views);
+}
+
+fw::Problem CommandProcessor::call(const fw::CallArgs& a) {
+  // A program's command list: descriptors with sequence = position in the
+  // list, no fences or interrupts of their own, no nested calls.
+  struct ListSource final : Source {
+    CommandProcessor& cp;
+    std::uint64_t address, slots;
+    ListSource(CommandProcessor& c, std::uint64_t addr, std::uint64_t n) : cp(c), address(addr), slots(n) {}
+    fw::Problem slot(std::uint64_t position, fw::CommandDescriptor& out) override {
+      if (position >= slots) return {fw::CmdStatus::kBadArgument, 1, position, slots};
+      return cp.board_.dma.read(cp.ctx_, address + position * sizeof out, &out, sizeof out, 0);
+    }
+  } list(*this, a.address, a.slots);
+  for (std::uint64_t pos = 0; pos < a.slots;) {
+    if (stop_.load(std::memory_order_relaxed)) return {fw::CmdStatus::kQueueReset, fw::Problem::kNoField, pos, a.slots};
+    fw::CommandDescriptor d;
+    auto p = list.slot(pos, d);
+    if (p.status != fw::CmdStatus::kOk) return p;
+    auto decoded = fw::decode_command(d);
+    if (!decoded) return decoded.problem();
+    if (d.sequence != pos) return {fw::CmdStatus::kBadSequence, fw::Problem::kFieldSequence, d.sequence, pos};
+    if (d.flags != 0) return {fw::CmdStatus::kInvalidFlags, fw::Problem::kFieldFlags, d.flags, 0};
+    if (decoded->opcode == fw::Opcode::kCall)
+      return {fw::CmdStatus::kUnsupportedOnEngine, fw::Problem::kFieldOpcode, d.opcode,
+              static_cast<std::uint64_t>(q_.engine)};
+    const std::uint64_t slots = fw::command_slots(*decoded);
+    if (slots > a.slots - pos) return {fw::CmdStatus::kBadArgument, 1, pos + slots, a.slots};
+    p = execute(*decoded, list, pos);
+    if (p.status != fw::CmdStatus::kOk) return p;
+    q_.progress.store(q_.progress.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    pos += slots;
+  }
+  return {};
 }
 
 fw::Problem CommandProcessor::wait_value(const fw::WaitValueArgs& a) {

@@ -54,7 +54,7 @@ TEST(FwDecode, ZeroedDescriptorIsAnInvalidOpcode) {
 }
 
 TEST(FwDecode, OpcodePastTheLastOneIsInvalid) {
-  for (std::uint16_t op : {std::uint16_t{8}, std::uint16_t{99}, std::uint16_t{0xFFFF}}) {
+  for (std::uint16_t op : {std::uint16_t{kMaxOpcode + 1}, std::uint16_t{99}, std::uint16_t{0xFFFF}}) {
     SCOPED_TRACE(op);
     CommandDescriptor d{};
     d.opcode = op;

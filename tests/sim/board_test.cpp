@@ -214,7 +214,7 @@ TEST_F(SimBoard, IdentityRegistersDescribeTheTinyProfile) {
   EXPECT_EQ(r64(reg::kSerialLo), 1u);
   EXPECT_EQ(r(reg::kFirmwareVersion), 0x010000u);
   EXPECT_EQ(r(reg::kCaps), fw::kCapCopySg | fw::kCapFill | fw::kCapWaitValue |
-                               fw::kCapTimestamp | fw::kCapHostAperture);
+                               fw::kCapTimestamp | fw::kCapHostAperture | fw::kCapTensor);
   EXPECT_EQ(r64(reg::kDramSizeLo), 64ull << 20);
   EXPECT_EQ(r64(reg::kApertureLo), 16ull << 20);
   EXPECT_EQ(board_.aperture().size(), 16u << 20);
@@ -287,7 +287,7 @@ TEST_F(SimBoard, SupportedDriverVersionIsAccepted) {
 }
 
 TEST_F(SimBoard, UnsupportedDriverVersionIsRejected) {
-  for (std::uint32_t bad : {fw::Version{2, 0}.packed(), fw::Version{1, 1}.packed(),
+  for (std::uint32_t bad : {fw::Version{2, 0}.packed(), fw::Version{1, 2}.packed(),
                             fw::Version{0, 0}.packed()}) {
     SCOPED_TRACE(bad);
     w(reg::kDriverVersion, bad);
@@ -649,7 +649,7 @@ TEST_F(SimBoard, UnknownOpcodeIsAnInvalidOpcode) {
   EXPECT_EQ(rec.error_opcode, 99u);
   auto failure = fw::decode_failure(rec);
   ASSERT_TRUE(failure.ok());
-  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface 1.0 defines 1..7)");
+  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface 1.1 defines 1..9)");
 }
 
 TEST_F(SimBoard, FenceValuesMustIncrease) {

@@ -8,7 +8,7 @@ namespace tpuhal::cli {
 
 int cmd_bench(const std::vector<std::string>& args) {
   po::options_description opts("Options");
-  opts.add_options()("which", po::value<std::string>()->default_value("all"), "dma, submit or all")(
+  opts.add_options()("which", po::value<std::string>()->default_value("all"), "dma, submit, gemm, conv or all")(
       "device,d", po::value<std::string>(), "device URI (default: the first device)")(
       "json", "one JSON object per line: bench, value, unit, baseline, ratio, ...")(
       "quick", "fewer repetitions (a smoke run, not a measurement)");
@@ -17,19 +17,23 @@ int cmd_bench(const std::vector<std::string>& args) {
   po::variables_map vm;
   int rc = 0;
   if (!parse(args, opts, pos, vm,
-             "Usage: tpuhal bench [dma|submit|all] [--device URI] [--json] [--quick]\n\n"
+             "Usage: tpuhal bench [dma|submit|gemm|conv|all] [--device URI] [--json] [--quick]\n\n"
              "dma     host->device and device->host bandwidth from 4 KiB to 64 MiB, beside\n"
              "        single-thread memcpy of the same size (ratio = dma / memcpy)\n"
              "submit  round trip of one empty command (submit, wait its fence), beside a\n"
              "        two-thread atomic ping-pong and an eventfd ping-pong (ratio = times the\n"
              "        atomic ping-pong); and sustained empty-command rate on one queue, beside\n"
              "        a two-thread ring of 64-byte messages (ratio = rate / ring rate)\n"
+             "gemm    matrix products 1024^3 and 2048^3 in f32, bf16 and int8 on the tensor\n"
+             "        engine, beside oneDNN on the same thread count (ratio = device / oneDNN)\n"
+             "conv    a 3x3 convolution, 1x56x56x64 -> 64 channels, NHWC, f32 and int8\n"
+             "        (QLinearConv), beside oneDNN (ratio = device / oneDNN)\n"
              "Figures are medians over rounds that alternate the device and its baseline.",
              &rc))
     return rc;
   const std::string which = vm["which"].as<std::string>();
-  if (which != "dma" && which != "submit" && which != "all") {
-    std::fprintf(stderr, "tpuhal bench: unknown benchmark '%s' (dma, submit, all)\n", which.c_str());
+  if (which != "dma" && which != "submit" && which != "gemm" && which != "conv" && which != "all") {
+    std::fprintf(stderr, "tpuhal bench: unknown benchmark '%s' (dma, submit, gemm, conv, all)\n", which.c_str());
     return 2;
   }
   Device dev = open(pick_device(vm));
@@ -57,6 +61,12 @@ int cmd_bench(const std::vector<std::string>& args) {
   };
   if (which == "dma" || which == "all") bench::run_dma(dev, o);
   if (which == "submit" || which == "all") bench::run_submit(dev, o);
+  if ((which == "gemm" || which == "conv") && !dev.properties().caps.tensor) {
+    std::fprintf(stderr, "tpuhal bench: %s has no tensor engine\n", dev.uri().c_str());
+    return 1;
+  }
+  if (which == "gemm" || which == "all") bench::run_gemm(dev, o);
+  if (which == "conv" || which == "all") bench::run_conv(dev, o);
   return 0;
 }
 

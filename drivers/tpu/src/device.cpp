@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "device_impl.h"
+#include "encode.h"
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/units.h"
 #include "tpuhal/fw/version.h"
@@ -21,7 +22,7 @@ using base::format_bytes;
 
 constexpr std::uint64_t kDeviceAlignment = 256;
 constexpr std::uint32_t kDefaultRingEntries = 4096;
-constexpr fw::Version kDriverMin{1, 0};
+constexpr fw::Version kDriverMin{1, 0};  // 1.0 boards work without tensor ops
 constexpr fw::Version kDriverMax = fw::kInterfaceVersion;
 
 std::string hex(std::uint64_t v) {
@@ -173,6 +174,7 @@ void TpuDevice::bring_up() {
     std::this_thread::sleep_for(100us);
   }
   props_.interface_version = std::to_string(agreed->major) + "." + std::to_string(agreed->minor);
+  agreed_minor_ = agreed->minor;
   t.write32(fw::reg::kControl, fw::kControlEnable);
 
   read_properties();
@@ -212,7 +214,10 @@ void TpuDevice::read_properties() {
   props_.caps.import_host_memory = true;
   props_.caps.wait_value = caps_ & fw::kCapWaitValue;
   props_.caps.timestamps = caps_ & fw::kCapTimestamp;
-  props_.caps.tensor = caps_ & fw::kCapTensor;
+  // Tensor ops arrived with interface 1.1.
+  props_.caps.tensor = (caps_ & fw::kCapTensor) && agreed_minor_ >= 1;
+  if (props_.caps.tensor)
+    props_.dtypes = {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32};
   props_.caps.video_decode = caps_ & fw::kCapVideoDecode;
   max_ring_entries_ = t.read32(fw::reg::kMaxRingEntries);
 
@@ -500,6 +505,29 @@ std::shared_ptr<driver::QueueBackend> TpuDevice::create_queue(Engine engine,
     hw_queues_[index]->in_use = false;
     throw;
   }
+}
+
+std::shared_ptr<driver::ProgramBackend> TpuDevice::create_program(std::span<const driver::Command> commands) {
+  if (!props_.caps.tensor)
+    throw Error(Status::Unsupported, uri() + ": programs need the tensor engine (interface 1.1), which this board lacks");
+  std::vector<Slot> slots;
+  for (std::size_t i = 0; i < commands.size(); ++i)
+    encode(commands[i], static_cast<std::uint32_t>(i), uri(), nullptr, /*allow_fence_wait=*/false, slots);
+  if (slots.size() > fw::kMaxCallSlots)
+    throw Error(Status::InvalidArgument, uri() + ": a program of " + std::to_string(slots.size()) +
+                                             " slots exceeds the limit of " + std::to_string(fw::kMaxCallSlots));
+  // The command list lives in host-visible device memory, written once
+  // through the aperture; within it a descriptor's sequence is its slot.
+  AllocOptions options;
+  options.alignment = 4096;
+  const std::uint64_t bytes = slots.size() * sizeof(fw::CommandDescriptor);
+  auto [heap, address] = allocate_device(bytes, Memory::DeviceHostVisible, options);
+  auto* list = reinterpret_cast<fw::CommandDescriptor*>(aperture_.data() + address);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].descriptor) slots[i].d.sequence = static_cast<std::uint32_t>(i);
+    std::memcpy(static_cast<void*>(&list[i]), &slots[i].d, sizeof slots[i].d);
+  }
+  return std::make_shared<TpuProgram>(shared_from_this(), heap, address, slots.size(), commands.size());
 }
 
 void TpuDevice::release_queue(std::uint32_t q) noexcept {

@@ -24,6 +24,7 @@ class logger;
 namespace tpuhal::tpu {
 
 class TpuQueue;
+struct Slot;
 
 struct Heap {
   std::string name;
@@ -58,6 +59,7 @@ class TpuDevice final : public driver::DeviceBackend,
   std::shared_ptr<driver::BufferBackend> import_host(void* ptr, std::uint64_t size) override;
   std::shared_ptr<driver::QueueBackend> create_queue(Engine engine,
                                                      const QueueOptions& options) override;
+  std::shared_ptr<driver::ProgramBackend> create_program(std::span<const driver::Command> commands) override;
 
   // ---- used by buffers and queues ----
   Transport& transport() const noexcept { return *transport_; }
@@ -91,6 +93,7 @@ class TpuDevice final : public driver::DeviceBackend,
   Properties props_;
   std::span<std::byte> aperture_;
   std::uint32_t caps_ = 0;
+  std::uint16_t agreed_minor_ = 0;
   std::uint32_t max_ring_entries_ = 0;
 
   mutable std::mutex reg64_mu_;
@@ -134,6 +137,7 @@ class TpuQueue final : public driver::QueueBackend {
   std::uint64_t submit_raw(std::span<const fw::CommandDescriptor> descriptors);
   std::uint64_t timeline_address() const noexcept;
   std::string name() const;
+  bool same_device(const TpuQueue& other) const noexcept { return other.device_ == device_; }
 
  private:
   struct Shadow {  // what the host knows about each ring slot, for errors
@@ -144,8 +148,7 @@ class TpuQueue final : public driver::QueueBackend {
   // Reserves `n` ring slots, waiting up to max_wait for the board to free
   // them. Caller holds submit_mu_.
   void reserve(std::uint32_t n, std::chrono::nanoseconds max_wait);
-  fw::CommandDescriptor encode(const driver::Command& command) const;
-  std::uint64_t publish(std::span<fw::CommandDescriptor> descriptors);
+  std::uint64_t publish(std::span<Slot> slots);
   std::string describe_state(bool with_shadow) const;
   bool known_failed();  // caller holds submit_mu_
   std::uint32_t reg(std::uint32_t r) const noexcept { return fw::reg::queue_reg(index_, r); }
@@ -168,6 +171,24 @@ class TpuQueue final : public driver::QueueBackend {
   std::atomic<bool> aborted_{false};
   mutable std::atomic<bool> failed_seen_{false};
   std::uint32_t submits_since_check_ = 0;  // guarded by submit_mu_
+};
+
+// A program: its command list in host-visible device memory.
+class TpuProgram final : public driver::ProgramBackend {
+ public:
+  TpuProgram(std::shared_ptr<TpuDevice> device, std::size_t heap, std::uint64_t address, std::uint64_t slots,
+             std::size_t commands)
+      : device_(std::move(device)), heap_(heap), address_(address), slots_(slots), commands_(commands) {}
+  ~TpuProgram() override { device_->free_device(heap_, address_); }
+  std::size_t size() const override { return commands_; }
+  std::uint64_t address() const noexcept { return address_; }
+  std::uint64_t slots() const noexcept { return slots_; }
+
+ private:
+  std::shared_ptr<TpuDevice> device_;
+  std::size_t heap_;
+  std::uint64_t address_, slots_;
+  std::size_t commands_;
 };
 
 }  // namespace tpuhal::tpu

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "device_impl.h"
+#include "encode.h"
 #include "tpuhal/base/units.h"
 #include "tpuhal/fw/decode.h"
 
@@ -171,68 +172,30 @@ void TpuQueue::reserve(std::uint32_t n, std::chrono::nanoseconds max_wait) {
   }
 }
 
-fw::CommandDescriptor TpuQueue::encode(const driver::Command& command) const {
-  fw::CommandDescriptor d{};
-  struct Visitor {
-    const TpuQueue& q;
-    fw::CommandDescriptor& d;
-    static std::uint64_t addr(const driver::BufferRange& r) {
-      return r.buffer->device_address() + r.offset;
-    }
-    void operator()(const driver::cmd::Copy& c) const {
-      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kCopy);
-      d.args[0] = addr(c.src);
-      d.args[1] = addr(c.dst);
-      d.args[2] = c.size;
-    }
-    void operator()(const driver::cmd::Fill& c) const {
-      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kFill);
-      d.args[0] = addr(c.dst);
-      d.args[1] = c.size;
-      d.args[2] = std::uint64_t{c.pattern} | std::uint64_t{c.pattern_bytes} << 32;
-    }
-    void operator()(const driver::cmd::WaitFence& c) const {
-      auto* other = dynamic_cast<TpuQueue*>(c.queue);
-      if (!other || other->device_ != q.device_)
-        throw Error(Status::InvalidArgument, q.name() + ": cannot wait on a fence of another device");
-      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kWaitValue);
-      d.args[0] = other->timeline_address();
-      d.args[1] = c.value;
-      d.args[2] = static_cast<std::uint64_t>(fw::WaitMode::kTimeline);
-    }
-    void operator()(const driver::cmd::WaitValue& c) const {
-      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kWaitValue);
-      d.args[0] = addr(c.location);
-      d.args[1] = c.value;
-      d.args[2] = static_cast<std::uint64_t>(fw::WaitMode::kGreaterEqual);
-    }
-    void operator()(const driver::cmd::WriteValue& c) const {
-      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kWriteValue);
-      d.args[0] = addr(c.location);
-      d.args[1] = c.value;
-    }
-    void operator()(const driver::cmd::Timestamp& c) const {
-      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kTimestamp);
-      d.args[0] = addr(c.location);
-    }
-  };
-  std::visit(Visitor{*this, d}, command);
-  return d;
-}
-
-std::uint64_t TpuQueue::publish(std::span<fw::CommandDescriptor> descriptors) {
-  // Caller holds submit_mu_ and reserved the slots. Descriptors go into the
-  // ring first; the doorbell (TAIL) goes last and publishes them.
+std::uint64_t TpuQueue::publish(std::span<Slot> slots) {
+  // Caller holds submit_mu_ and reserved the slots. Descriptors and their
+  // parameter blocks go into the ring first; the doorbell (TAIL) goes last
+  // and publishes them.
   const std::uint64_t value = next_value_++;
   const std::uint32_t mask = entries_ - 1;
-  const auto count = static_cast<std::uint32_t>(descriptors.size());
+  const auto count = static_cast<std::uint32_t>(slots.size());
+  std::uint32_t last_descriptor = 0;
+  std::uint32_t commands = 0;
   for (std::uint32_t i = 0; i < count; ++i) {
-    fw::CommandDescriptor& d = descriptors[i];
-    d.sequence = tail_ + i;
-    d.fence_value = value;
-    if (i + 1 == count) d.flags |= fw::kFlagFence | fw::kFlagInterrupt;
+    if (slots[i].descriptor) {
+      last_descriptor = i;
+      commands = slots[i].command + 1;
+    }
+  }
+  for (std::uint32_t i = 0; i < count; ++i) {
+    fw::CommandDescriptor& d = slots[i].d;
+    if (slots[i].descriptor) {
+      d.sequence = tail_ + i;
+      d.fence_value = value;
+      if (i == last_descriptor) d.flags |= fw::kFlagFence | fw::kFlagInterrupt;
+    }
     std::memcpy(static_cast<void*>(&ring_[(tail_ + i) & mask]), &d, sizeof d);
-    shadow_[(tail_ + i) & mask] = {value, i, count};
+    shadow_[(tail_ + i) & mask] = {value, slots[i].command, commands};
   }
   tail_ += count;
   device_->transport().write32(reg(fw::reg::queue::kTail), tail_);
@@ -242,39 +205,37 @@ std::uint64_t TpuQueue::publish(std::span<fw::CommandDescriptor> descriptors) {
 
 std::uint64_t TpuQueue::submit(std::span<const driver::Command> commands,
                                std::chrono::nanoseconds max_wait) {
-  const std::size_t n = commands.empty() ? 1 : commands.size();
+  // Encode outside the lock: it only reads the commands. The buffer is kept
+  // per thread so that submissions do not allocate.
+  thread_local std::vector<Slot> slots;
+  slots.clear();
+  if (commands.empty()) {
+    Slot nop{};
+    nop.d.opcode = static_cast<std::uint16_t>(fw::Opcode::kNop);
+    nop.descriptor = true;
+    slots.push_back(nop);
+  } else {
+    for (std::size_t i = 0; i < commands.size(); ++i)
+      encode(commands[i], static_cast<std::uint32_t>(i), device_->uri(), this, true, slots);
+  }
+  const std::size_t n = slots.size();
   if (n >= entries_)
     throw Error(Status::InvalidArgument,
-                name() + ": a batch of " + std::to_string(n) + " commands does not fit the ring (" +
-                    std::to_string(entries_) + " entries); split it or create the queue with more "
-                    "ring_entries");
-  // Encode outside the lock: it only reads the commands.
-  fw::CommandDescriptor inline_buf[8];
-  std::vector<fw::CommandDescriptor> heap_buf;
-  std::span<fw::CommandDescriptor> descs;
-  if (n <= 8) {
-    descs = {inline_buf, n};
-  } else {
-    heap_buf.resize(n);
-    descs = heap_buf;
-  }
-  if (commands.empty()) {
-    descs[0] = {};
-    descs[0].opcode = static_cast<std::uint16_t>(fw::Opcode::kNop);
-  } else {
-    for (std::size_t i = 0; i < n; ++i) descs[i] = encode(commands[i]);
-  }
+                name() + ": a batch of " + std::to_string(commands.size()) + " commands (" + std::to_string(n) +
+                    " ring slots with their parameters) does not fit the ring (" + std::to_string(entries_) +
+                    " entries); split it, record a program, or create the queue with more ring_entries");
   std::lock_guard lock(submit_mu_);
   if (known_failed()) throw failure();
   reserve(static_cast<std::uint32_t>(n), max_wait);
-  return publish(descs);
+  return publish(slots);
 }
 
 std::uint64_t TpuQueue::submit_raw(std::span<const fw::CommandDescriptor> descriptors) {
   if (descriptors.empty() || descriptors.size() >= entries_)
     throw Error(Status::InvalidArgument, name() + ": submit_raw takes 1 to " +
                                              std::to_string(entries_ - 1) + " descriptors");
-  std::vector<fw::CommandDescriptor> copy(descriptors.begin(), descriptors.end());
+  std::vector<Slot> copy;
+  for (std::size_t i = 0; i < descriptors.size(); ++i) copy.push_back({descriptors[i], true, static_cast<std::uint32_t>(i)});
   std::lock_guard lock(submit_mu_);
   if (timeline().failed) throw failure();
   reserve(static_cast<std::uint32_t>(copy.size()), 1s);

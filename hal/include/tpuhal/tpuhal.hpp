@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -26,6 +27,7 @@
 
 #include "tpuhal/error.hpp"
 #include "tpuhal/export.hpp"
+#include "tpuhal/ops.hpp"
 #include "tpuhal/types.hpp"
 
 namespace tpuhal {
@@ -33,11 +35,13 @@ namespace tpuhal {
 class Device;
 class Queue;
 class Batch;
+class Program;
 namespace detail {
 class DeviceImpl;
 class BufferImpl;
 class QueueImpl;
 struct BatchState;
+struct ProgramImpl;
 }  // namespace detail
 
 // Every device every installed driver can see, in driver order. Drivers that
@@ -119,6 +123,7 @@ class TPUHAL_API Buffer {
  private:
   friend class Device;
   friend class Batch;
+  friend struct detail::TensorState;
   explicit Buffer(std::shared_ptr<detail::BufferImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<detail::BufferImpl> impl_;
 };
@@ -154,6 +159,10 @@ class TPUHAL_API Batch {
   Batch& write_value(const Buffer& buf, std::uint64_t offset, std::uint64_t value);
   // Writes the board time (ns) at `offset` (offset % 8 == 0).
   Batch& timestamp(const Buffer& buf, std::uint64_t offset);
+  // Runs a tensor op (ops.hpp) on this queue's device (caps.tensor).
+  Batch& run(const Op& op);
+  // Replays a recorded program (Device::record).
+  Batch& run(const Program& program);
 
   std::size_t size() const noexcept;  // commands recorded
   Queue queue() const;
@@ -168,8 +177,26 @@ class TPUHAL_API Batch {
 
  private:
   friend class Queue;
+  friend class Device;
   explicit Batch(std::shared_ptr<detail::QueueImpl> queue);
+  explicit Batch(std::shared_ptr<detail::DeviceImpl> recording_for);
   std::unique_ptr<detail::BatchState> state_;
+};
+
+// Commands recorded once with fixed buffers and shapes, uploaded to the
+// device, and replayed (Batch::run) as often as needed: a compiled model.
+// New inputs are copied into its input buffers before a replay.
+class TPUHAL_API Program {
+ public:
+  Program() = default;
+  std::size_t size() const;  // commands recorded
+  Device device() const;
+
+ private:
+  friend class Device;
+  friend class Batch;
+  explicit Program(std::shared_ptr<detail::ProgramImpl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<detail::ProgramImpl> impl_;
 };
 
 // An in-order stream of work on one hardware queue. The hardware queue is
@@ -191,6 +218,8 @@ class TPUHAL_API Queue {
   Batch fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size, std::uint32_t pattern,
              std::uint32_t pattern_bytes = 1) const;
   Batch wait(const Fence& fence) const;
+  Batch run(const Op& op) const;
+  Batch run(const Program& program) const;
 
   // An empty submission: its fence is reached when everything before it is.
   Fence submit() const;
@@ -225,6 +254,11 @@ class TPUHAL_API Device {
   // the memory must outlive the Buffer and all work using it.
   Buffer import_host(void* ptr, std::uint64_t size);
 
+  // Records a program: `body` records commands into the batch it is given
+  // (anything a batch takes except waits on fences); the result is uploaded
+  // to the device once. Throws Unsupported where the device cannot.
+  Program record(const std::function<void(Batch&)>& body);
+
   // Claims a hardware queue of `engine`. Throws ResourceExhausted if all of
   // them are in use, Unsupported if the board has no such engine.
   Queue queue(Engine engine = Engine::Compute, const QueueOptions& options = {});
@@ -238,6 +272,9 @@ class TPUHAL_API Device {
   friend TPUHAL_API Device open(std::string_view uri);
   friend class Buffer;
   friend class Queue;
+  friend class Op;
+  friend class Program;
+  friend struct OpAccess;
   explicit Device(std::shared_ptr<detail::DeviceImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<detail::DeviceImpl> impl_;
 };

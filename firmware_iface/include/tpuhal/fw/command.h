@@ -41,8 +41,15 @@ enum class Opcode : std::uint16_t {
   kWaitValue = 5,   // args: address (8-aligned), value, WaitMode
   kWriteValue = 6,  // args: address (8-aligned), value
   kTimestamp = 7,   // args: address (8-aligned): writes board time in ns
+  // Interface 1.1:
+  kTensorOp = 8,    // args: parameter block address (0: inline), block bytes
+                    // (tensor.h); inline, the block fills the next
+                    // ceil(bytes / 64) ring slots. Compute queues only.
+  kCall = 9,        // args: command list address (64-aligned), slots: runs a
+                    // recorded list of descriptors (a program) in place
 };
 inline constexpr std::uint16_t kMaxOpcodeV1_0 = 7;
+inline constexpr std::uint16_t kMaxOpcode = 9;
 const char* to_string(Opcode op) noexcept;
 
 // Descriptor flags.
@@ -79,6 +86,14 @@ struct DmaSegment {
 };
 static_assert(sizeof(DmaSegment) == 32);
 inline constexpr std::uint64_t kMaxSgSegments = 1u << 16;
+
+// Slots an inline parameter block of `bytes` occupies after its descriptor.
+constexpr std::uint64_t inline_slots(std::uint64_t bytes) { return (bytes + 63) / 64; }
+
+// A command list run by kCall holds descriptors like a ring, with sequence =
+// slot index within the list. It may not nest kCall, and its descriptors
+// carry no kFlagFence or kFlagInterrupt: the kCall's own flags complete it.
+inline constexpr std::uint64_t kMaxCallSlots = 1u << 24;
 
 // Limits every board of interface 1.x honours.
 inline constexpr std::uint64_t kMaxTransferBytes = 1ull << 40;

@@ -15,6 +15,7 @@
 #include "tpuhal/fw/command.h"
 #include "tpuhal/fw/regs.h"
 #include "tpuhal/fw/result.h"
+#include "tpuhal/fw/tensor.h"
 
 namespace tpuhal::fw {
 
@@ -43,9 +44,18 @@ struct WriteValueArgs {
 struct TimestampArgs {
   std::uint64_t address;
 };
+struct TensorOpArgs {
+  std::uint64_t address;  // 0: the block is inline, in the following slots
+  std::uint64_t bytes;
+};
+struct CallArgs {
+  std::uint64_t address;
+  std::uint64_t slots;
+};
 
+// Alternative i holds the arguments of opcode i + 1.
 using CommandArgs = std::variant<NopArgs, CopyArgs, CopySgArgs, FillArgs, WaitValueArgs,
-                                 WriteValueArgs, TimestampArgs>;
+                                 WriteValueArgs, TimestampArgs, TensorOpArgs, CallArgs>;
 
 struct Command {
   Opcode opcode = Opcode::kInvalid;
@@ -61,10 +71,13 @@ struct Command {
 Result<Command> decode_command(const CommandDescriptor& d);
 Result<Command> decode_command(std::span<const std::byte> bytes);  // exactly 64 bytes
 
+// Ring slots a decoded command occupies: 1, plus its inline parameter block.
+std::uint64_t command_slots(const Command& c) noexcept;
+
 // Validates one scatter-gather segment.
 Result<DmaSegment> decode_segment(const DmaSegment& s);
 
-// Whether `op` may run on a queue of `engine`.
+// Whether `op` may run on a queue of `engine` (tensor ops: compute only).
 bool engine_accepts(EngineType engine, Opcode op) noexcept;
 
 // A failure as the board reported it in a FenceRecord.
@@ -95,6 +108,60 @@ inline std::string describe(const Failure& f) {
 
 // Name of argument `index` of `op` ("src", "size", ...), or "arg<index>".
 std::string arg_name(std::uint16_t opcode, std::uint16_t index);
+
+// ---- Tensor ops ---------------------------------------------------------------
+
+using OpAttrs = std::variant<MatMulAttrs, ConvAttrs, PoolAttrs, ElementwiseAttrs, SoftmaxAttrs,
+                             QuantAttrs, ResizeAttrs, ColorConvertAttrs>;
+
+// A validated parameter block: dtypes, ranks, shapes and strides agree with
+// the op's rules (docs/ops.md), extents do not overflow, outputs do not
+// overlap themselves or any input. Whether the addresses are backed by
+// memory is the executor's question.
+struct OpBlock {
+  OpKind kind = OpKind::kInvalid;
+  std::uint32_t num_tensors = 0;
+  TensorRef tensors[kMaxOpTensors] = {};
+  std::uint64_t extent[kMaxOpTensors] = {};  // bytes each tensor spans from its address
+  OpAttrs attrs;
+};
+Result<OpBlock> decode_op(std::span<const std::byte> block);
+
+// Bytes from a tensor's address to the end of its last element (0 if empty);
+// UINT64_MAX if that overflows.
+std::uint64_t tensor_extent(const TensorRef& t) noexcept;
+std::uint64_t tensor_elements(const TensorRef& t) noexcept;
+
+// Problem::field for a tensor op problem: which tensor and which aspect of
+// it, or which attribute word.
+enum class TensorAspect : std::uint16_t {
+  kDType = 0, kRank = 1, kShape = 2 /* + dim, 0..5 */, kStride = 8 /* + dim */,
+  kAddress = 14, kOverlap = 15,
+};
+inline constexpr std::uint16_t kFieldTensorBase = 0x200;
+inline constexpr std::uint16_t kFieldAttrBase = 0x300;
+constexpr std::uint16_t tensor_field(std::uint32_t tensor, TensorAspect aspect, std::uint32_t dim = 0) {
+  return static_cast<std::uint16_t>(kFieldTensorBase + tensor * 16 +
+                                    static_cast<std::uint16_t>(aspect) + dim);
+}
+constexpr std::uint16_t attr_field(std::size_t byte_offset) {
+  return static_cast<std::uint16_t>(kFieldAttrBase + byte_offset / 4);
+}
+inline constexpr std::uint16_t kFieldOpKind = 0x107;
+inline constexpr std::uint16_t kFieldOpHeader = 0x108;
+
+// Output size of a convolution or pooling window along one axis:
+// floor or ceil((in + pads - dilation * (kernel - 1) - 1) / stride) + 1, or 0
+// if the window never fits. With ceil, a last window that would start in
+// the end padding is dropped (as ONNX and PyTorch do).
+std::uint64_t window_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,
+                            std::uint64_t dilation, std::uint64_t pad_begin, std::uint64_t pad_end,
+                            bool ceil_mode) noexcept;
+
+// The first of `out` windows along one axis none of whose taps lands in the
+// input (all in the padding, or straddling it), or UINT64_MAX if none.
+std::uint64_t first_empty_window(std::uint64_t in, std::uint64_t out, std::uint64_t kernel, std::uint64_t stride,
+                                 std::uint64_t dilation, std::uint64_t pad_begin) noexcept;
 
 // DMA access kinds carried in Problem::detail for kDmaFault.
 inline constexpr std::uint64_t kAccessRead = 1;

@@ -28,8 +28,9 @@ struct Version {
   friend constexpr bool operator==(Version, Version) = default;
 };
 
-// The interface this header set describes.
-inline constexpr Version kInterfaceVersion{1, 0};
+// The interface this header set describes. 1.1 added tensor ops and calls
+// (kTensorOp, kCall, kCapTensor).
+inline constexpr Version kInterfaceVersion{1, 1};
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a
 // board advertising `board` agree on, or kBadArgument with field

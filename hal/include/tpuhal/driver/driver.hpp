@@ -18,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "tpuhal/driver/op_desc.hpp"
 #include "tpuhal/error.hpp"
 #include "tpuhal/export.hpp"
 #include "tpuhal/types.hpp"
@@ -25,6 +26,7 @@
 namespace tpuhal::driver {
 
 class QueueBackend;
+class ProgramBackend;
 
 class TPUHAL_API BufferBackend {
  public:
@@ -69,9 +71,25 @@ struct WriteValue {
 struct Timestamp {
   BufferRange location;
 };
+// A tensor op (op_desc.hpp); the OpDesc lives until the submission returns.
+struct Run {
+  const OpDesc* op = nullptr;
+};
+// Replays a program made by DeviceBackend::create_program.
+struct Call {
+  ProgramBackend* program = nullptr;
+};
 }  // namespace cmd
-using Command =
-    std::variant<cmd::Copy, cmd::Fill, cmd::WaitFence, cmd::WaitValue, cmd::WriteValue, cmd::Timestamp>;
+using Command = std::variant<cmd::Copy, cmd::Fill, cmd::WaitFence, cmd::WaitValue, cmd::WriteValue,
+                             cmd::Timestamp, cmd::Run, cmd::Call>;
+
+// A recorded command list, uploaded once, replayed by cmd::Call. The HAL
+// keeps the buffers it refers to alive as long as the program lives.
+class TPUHAL_API ProgramBackend {
+ public:
+  virtual ~ProgramBackend();
+  virtual std::size_t size() const = 0;  // commands recorded
+};
 
 // A queue's timeline as last seen: the value reached and whether it failed.
 struct Timeline {
@@ -122,6 +140,8 @@ class TPUHAL_API DeviceBackend {
   virtual std::shared_ptr<BufferBackend> allocate(std::uint64_t size, Memory memory,
                                                   const AllocOptions& options) = 0;
   virtual std::shared_ptr<BufferBackend> import_host(void* ptr, std::uint64_t size);
+  // Records `commands` (no WaitFence) for replay. Default: Unsupported.
+  virtual std::shared_ptr<ProgramBackend> create_program(std::span<const Command> commands);
   virtual std::shared_ptr<QueueBackend> create_queue(Engine engine,
                                                      const QueueOptions& options) = 0;
 };

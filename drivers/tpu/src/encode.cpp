@@ -1,0 +1,239 @@
+#include "encode.h"
+
+#include <cstring>
+
+#include "device_impl.h"
+#include "tpuhal/fw/tensor.h"
+
+namespace tpuhal::tpu {
+namespace {
+
+fw::DType to_fw(DType t) {
+  switch (t) {
+    case DType::F32: return fw::DType::kF32;
+    case DType::F16: return fw::DType::kF16;
+    case DType::BF16: return fw::DType::kBF16;
+    case DType::I8: return fw::DType::kI8;
+    case DType::U8: return fw::DType::kU8;
+    case DType::I32: return fw::DType::kI32;
+  }
+  return fw::DType::kNone;
+}
+
+fw::OpKind to_fw(driver::OpKind k) {
+  switch (k) {
+    case driver::OpKind::MatMul: return fw::OpKind::kMatMul;
+    case driver::OpKind::Conv2d: return fw::OpKind::kConv2d;
+    case driver::OpKind::Pool2d: return fw::OpKind::kPool2d;
+    case driver::OpKind::Elementwise: return fw::OpKind::kElementwise;
+    case driver::OpKind::Softmax: return fw::OpKind::kSoftmax;
+    case driver::OpKind::Quantize: return fw::OpKind::kQuantize;
+    case driver::OpKind::Dequantize: return fw::OpKind::kDequantize;
+    case driver::OpKind::MatMulInteger: return fw::OpKind::kMatMulInteger;
+    case driver::OpKind::ConvInteger: return fw::OpKind::kConvInteger;
+    case driver::OpKind::QLinearMatMul: return fw::OpKind::kQLinearMatMul;
+    case driver::OpKind::QLinearConv: return fw::OpKind::kQLinearConv;
+    case driver::OpKind::Resize: return fw::OpKind::kResize;
+    case driver::OpKind::ColorConvert: return fw::OpKind::kColorConvert;
+  }
+  return fw::OpKind::kInvalid;
+}
+
+std::uint32_t to_fw(const ActivationParams& a, float& alpha, float& beta) {
+  alpha = a.alpha;
+  beta = a.beta;
+  switch (a.kind) {
+    case Activation::None: return static_cast<std::uint32_t>(fw::Activation::kNone);
+    case Activation::Relu: return static_cast<std::uint32_t>(fw::Activation::kRelu);
+    case Activation::Clip: return static_cast<std::uint32_t>(fw::Activation::kClip);
+    case Activation::Sigmoid: return static_cast<std::uint32_t>(fw::Activation::kSigmoid);
+    case Activation::Silu: return static_cast<std::uint32_t>(fw::Activation::kSilu);
+    case Activation::LeakyRelu: return static_cast<std::uint32_t>(fw::Activation::kLeakyRelu);
+    case Activation::Tanh: return static_cast<std::uint32_t>(fw::Activation::kTanh);
+    case Activation::HardSigmoid: return static_cast<std::uint32_t>(fw::Activation::kHardSigmoid);
+  }
+  return 0;
+}
+
+fw::ConvAttrs conv_attrs(const driver::ConvAttrs& c) {
+  fw::ConvAttrs a{};
+  a.layout = c.layout == Layout::NHWC ? 1 : 0;
+  a.groups = c.groups;
+  for (int i = 0; i < 2; ++i) {
+    a.stride[i] = c.strides[i];
+    a.dilation[i] = c.dilations[i];
+  }
+  for (int i = 0; i < 4; ++i) a.pad[i] = c.pads[i];
+  a.activation = to_fw(c.activation, a.act_alpha, a.act_beta);
+  return a;
+}
+
+template <class T>
+void append_bytes(std::vector<std::byte>& out, const T& value) {
+  const auto* p = reinterpret_cast<const std::byte*>(&value);
+  out.insert(out.end(), p, p + sizeof value);
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_op(const driver::OpDesc& op) {
+  std::vector<std::byte> block;
+  fw::OpHeader h{};
+  h.magic = fw::kOpMagic;
+  h.kind = static_cast<std::uint32_t>(to_fw(op.kind));
+  h.num_tensors = static_cast<std::uint32_t>(op.tensors.size());
+  std::vector<std::byte> attrs;
+  struct AttrVisitor {
+    std::vector<std::byte>& out;
+    void operator()(const driver::NoAttrs&) const { append_bytes(out, fw::QuantAttrs{}); }
+    void operator()(const driver::MatMulAttrs& m) const {
+      fw::MatMulAttrs a{};
+      a.trans_a = m.transpose_a;
+      a.trans_b = m.transpose_b;
+      a.alpha = m.alpha;
+      a.beta = m.beta;
+      a.activation = to_fw(m.activation, a.act_alpha, a.act_beta);
+      append_bytes(out, a);
+    }
+    void operator()(const driver::ConvAttrs& c) const { append_bytes(out, conv_attrs(c)); }
+    void operator()(const driver::PoolAttrs& p) const {
+      fw::PoolAttrs a{};
+      a.kind = static_cast<std::uint32_t>(p.max ? fw::PoolKind::kMax : fw::PoolKind::kAverage);
+      a.layout = p.layout == Layout::NHWC ? 1 : 0;
+      for (int i = 0; i < 2; ++i) {
+        a.kernel[i] = p.kernel[i];
+        a.stride[i] = p.strides[i];
+        a.dilation[i] = p.dilations[i];
+      }
+      for (int i = 0; i < 4; ++i) a.pad[i] = p.pads[i];
+      a.ceil_mode = p.ceil_mode;
+      a.count_include_pad = p.count_include_pad;
+      append_bytes(out, a);
+    }
+    void operator()(const driver::ElementwiseAttrs& e) const {
+      fw::ElementwiseAttrs a{};
+      a.op = static_cast<std::uint32_t>(e.op);  // same numbering
+      if (e.op == driver::ElementwiseOp::Activation) a.activation = to_fw(e.activation, a.alpha, a.beta);
+      append_bytes(out, a);
+    }
+    void operator()(const driver::SoftmaxAttrs& s) const {
+      fw::SoftmaxAttrs a{};
+      a.axis = s.axis;
+      a.log = s.log;
+      append_bytes(out, a);
+    }
+    void operator()(const driver::ResizeAttrs& r) const {
+      fw::ResizeAttrs a{};
+      a.mode = static_cast<std::uint32_t>(r.mode);
+      a.coordinate = static_cast<std::uint32_t>(r.coordinate);
+      a.nearest = static_cast<std::uint32_t>(r.nearest);
+      a.layout = r.layout == Layout::NHWC ? 1 : 0;
+      a.scale[0] = r.scales[0];
+      a.scale[1] = r.scales[1];
+      append_bytes(out, a);
+    }
+    void operator()(const driver::ColorConvertAttrs& c) const {
+      fw::ColorConvertAttrs a{};
+      a.format = static_cast<std::uint32_t>(c.format);
+      for (int i = 0; i < 3; ++i) {
+        a.mean[i] = c.mean[i];
+        a.scale[i] = c.scale[i];
+      }
+      append_bytes(out, a);
+    }
+  };
+  std::visit(AttrVisitor{attrs}, op.attrs);
+  h.attr_bytes = static_cast<std::uint32_t>(attrs.size());
+  append_bytes(block, h);
+  for (const auto& t : op.tensors) {
+    fw::TensorRef r{};
+    if (t.present()) {
+      r.address = t.buffer->device_address() + t.offset;
+      r.dtype = static_cast<std::uint32_t>(to_fw(t.dtype));
+      r.rank = t.rank;
+      for (std::uint32_t d = 0; d < t.rank; ++d) {
+        r.shape[d] = t.shape[d];
+        r.strides[d] = t.strides[d];
+      }
+    }
+    append_bytes(block, r);
+  }
+  block.insert(block.end(), attrs.begin(), attrs.end());
+  return block;
+}
+
+void encode(const driver::Command& command, std::uint32_t index, const std::string& uri, const TpuQueue* self,
+            bool allow_fence_wait, std::vector<Slot>& out) {
+  fw::CommandDescriptor d{};
+  auto addr = [](const driver::BufferRange& r) { return r.buffer->device_address() + r.offset; };
+  struct Visitor {
+    fw::CommandDescriptor& d;
+    const std::string& uri;
+    const TpuQueue* self;
+    bool allow_fence_wait;
+    std::vector<std::byte>* inline_block;
+    decltype(addr)& address;
+    void operator()(const driver::cmd::Copy& c) const {
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kCopy);
+      d.args[0] = address(c.src);
+      d.args[1] = address(c.dst);
+      d.args[2] = c.size;
+    }
+    void operator()(const driver::cmd::Fill& c) const {
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kFill);
+      d.args[0] = address(c.dst);
+      d.args[1] = c.size;
+      d.args[2] = std::uint64_t{c.pattern} | std::uint64_t{c.pattern_bytes} << 32;
+    }
+    void operator()(const driver::cmd::WaitFence& c) const {
+      auto* other = dynamic_cast<TpuQueue*>(c.queue);
+      if (!allow_fence_wait)
+        throw Error(Status::InvalidArgument, uri + ": a program cannot wait on a fence");
+      if (!other || !self || !other->same_device(*self))
+        throw Error(Status::InvalidArgument, uri + ": cannot wait on a fence of another device");
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kWaitValue);
+      d.args[0] = other->timeline_address();
+      d.args[1] = c.value;
+      d.args[2] = static_cast<std::uint64_t>(fw::WaitMode::kTimeline);
+    }
+    void operator()(const driver::cmd::WaitValue& c) const {
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kWaitValue);
+      d.args[0] = address(c.location);
+      d.args[1] = c.value;
+      d.args[2] = static_cast<std::uint64_t>(fw::WaitMode::kGreaterEqual);
+    }
+    void operator()(const driver::cmd::WriteValue& c) const {
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kWriteValue);
+      d.args[0] = address(c.location);
+      d.args[1] = c.value;
+    }
+    void operator()(const driver::cmd::Timestamp& c) const {
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kTimestamp);
+      d.args[0] = address(c.location);
+    }
+    void operator()(const driver::cmd::Run& r) const {
+      *inline_block = encode_op(*r.op);
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kTensorOp);
+      d.args[0] = 0;  // inline
+      d.args[1] = inline_block->size();
+    }
+    void operator()(const driver::cmd::Call& c) const {
+      auto* p = dynamic_cast<const TpuProgram*>(c.program);
+      if (!p) throw Error(Status::InvalidArgument, uri + ": not a program of this driver");
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kCall);
+      d.args[0] = p->address();
+      d.args[1] = p->slots();
+    }
+  };
+  std::vector<std::byte> block;
+  std::visit(Visitor{d, uri, self, allow_fence_wait, &block, addr}, command);
+  out.push_back({d, true, index});
+  for (std::size_t off = 0; off < block.size(); off += sizeof(fw::CommandDescriptor)) {
+    Slot s{};
+    s.command = index;
+    std::memcpy(&s.d, block.data() + off, std::min(sizeof s.d, block.size() - off));
+    out.push_back(s);
+  }
+}
+
+}  // namespace tpuhal::tpu

@@ -1,0 +1,617 @@
+// Validation of tensor op parameter blocks (docs/ops.md has the rules).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tpuhal/fw/decode.h"
+
+namespace tpuhal::fw {
+
+const char* to_string(DType t) noexcept {
+  switch (t) {
+    case DType::kNone: return "none";
+    case DType::kF32: return "f32";
+    case DType::kF16: return "f16";
+    case DType::kBF16: return "bf16";
+    case DType::kI8: return "i8";
+    case DType::kU8: return "u8";
+    case DType::kI32: return "i32";
+  }
+  return "unknown";
+}
+
+const char* to_string(OpKind k) noexcept {
+  switch (k) {
+    case OpKind::kInvalid: return "invalid";
+    case OpKind::kMatMul: return "matmul";
+    case OpKind::kConv2d: return "conv2d";
+    case OpKind::kPool2d: return "pool2d";
+    case OpKind::kElementwise: return "elementwise";
+    case OpKind::kSoftmax: return "softmax";
+    case OpKind::kQuantize: return "quantize";
+    case OpKind::kDequantize: return "dequantize";
+    case OpKind::kMatMulInteger: return "matmul_integer";
+    case OpKind::kConvInteger: return "conv_integer";
+    case OpKind::kQLinearMatMul: return "qlinear_matmul";
+    case OpKind::kQLinearConv: return "qlinear_conv";
+    case OpKind::kResize: return "resize";
+    case OpKind::kColorConvert: return "color_convert";
+  }
+  return "unknown";
+}
+
+std::uint32_t op_tensor_count(OpKind k) noexcept {
+  switch (k) {
+    case OpKind::kMatMul: return 4;
+    case OpKind::kConv2d: return 4;
+    case OpKind::kPool2d: return 2;
+    case OpKind::kElementwise: return 3;
+    case OpKind::kSoftmax: return 2;
+    case OpKind::kQuantize: return 4;
+    case OpKind::kDequantize: return 4;
+    case OpKind::kMatMulInteger: return 5;
+    case OpKind::kConvInteger: return 5;
+    case OpKind::kQLinearMatMul: return 9;
+    case OpKind::kQLinearConv: return 10;
+    case OpKind::kResize: return 2;
+    case OpKind::kColorConvert: return 4;
+    case OpKind::kInvalid: break;
+  }
+  return 0;
+}
+
+std::uint64_t tensor_elements(const TensorRef& t) noexcept {
+  std::uint64_t n = 1;
+  for (std::uint32_t i = 0; i < t.rank && i < kMaxRank; ++i) {
+    if (t.shape[i] == 0) return 0;
+    if (n > (1ull << 48) / t.shape[i]) return UINT64_MAX;
+    n *= t.shape[i];
+  }
+  return n;
+}
+
+std::uint64_t tensor_extent(const TensorRef& t) noexcept {
+  const std::uint64_t size = dtype_size(static_cast<DType>(t.dtype));
+  std::uint64_t last = 0;  // index of the last element, in elements
+  for (std::uint32_t i = 0; i < t.rank && i < kMaxRank; ++i) {
+    if (t.shape[i] == 0) return 0;
+    const std::uint64_t span = t.shape[i] - 1;
+    if (span && t.strides[i] > (UINT64_MAX >> 1) / span) return UINT64_MAX;
+    const std::uint64_t step = span * t.strides[i];
+    if (last > (UINT64_MAX >> 1) - step) return UINT64_MAX;
+    last += step;
+  }
+  if (last + 1 > UINT64_MAX / 8) return UINT64_MAX;
+  return (last + 1) * size;
+}
+
+std::uint64_t first_empty_window(std::uint64_t in, std::uint64_t out, std::uint64_t kernel, std::uint64_t stride,
+                                 std::uint64_t dilation, std::uint64_t pad_begin) noexcept {
+  for (std::uint64_t o = 0; o < out; ++o) {
+    // Taps k with 0 <= o * stride + k * dilation - pad_begin < in.
+    const std::int64_t start = static_cast<std::int64_t>(o * stride) - static_cast<std::int64_t>(pad_begin);
+    const std::int64_t d = static_cast<std::int64_t>(dilation);
+    const std::int64_t kmin = start < 0 ? (-start + d - 1) / d : 0;
+    const std::int64_t last = static_cast<std::int64_t>(in) - 1 - start;
+    if (last < 0 || kmin > last / d || kmin >= static_cast<std::int64_t>(kernel)) return o;
+  }
+  return UINT64_MAX;
+}
+
+std::uint64_t window_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,
+                            std::uint64_t dilation, std::uint64_t pad_begin, std::uint64_t pad_end,
+                            bool ceil_mode) noexcept {
+  if (kernel == 0 || stride == 0 || dilation == 0) return 0;
+  const std::uint64_t padded = in + pad_begin + pad_end;
+  const std::uint64_t window = dilation * (kernel - 1) + 1;
+  if (padded < window) return 0;
+  std::uint64_t out = (padded - window) / stride + 1;
+  if (ceil_mode && (padded - window) % stride != 0) {
+    ++out;
+    // The last window must start inside the input or the begin padding.
+    if ((out - 1) * stride >= in + pad_begin) --out;
+  }
+  return out;
+}
+
+namespace {
+
+struct Check {
+  Problem problem;
+  bool failed = false;
+
+  bool fail(CmdStatus s, std::uint16_t field, std::uint64_t value, std::uint64_t detail = 0) {
+    if (!failed) {
+      problem = {s, field, value, detail};
+      failed = true;
+    }
+    return false;
+  }
+};
+
+using A = TensorAspect;
+
+bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+bool is_int8(DType t) { return t == DType::kI8 || t == DType::kU8; }
+DType dt(const TensorRef& t) { return static_cast<DType>(t.dtype); }
+bool present(const TensorRef& t) { return t.dtype != 0; }
+
+// Structure of one tensor: dtype, rank, zeroed tails, sizes.
+bool check_tensor(Check& c, const OpBlock& b, std::uint32_t i, bool optional) {
+  const TensorRef& t = b.tensors[i];
+  if (t.dtype == 0) {
+    if (!optional) return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kDType), 0);
+    const TensorRef zero{};
+    if (std::memcmp(&t, &zero, sizeof t) != 0)
+      return c.fail(CmdStatus::kReservedNotZero, tensor_field(i, A::kAddress), t.address);
+    return true;
+  }
+  if (t.dtype > kMaxDType) return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kDType), t.dtype);
+  if (t.rank > kMaxRank) return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kRank), t.rank, kMaxRank);
+  for (std::uint32_t d = 0; d < kMaxRank; ++d) {
+    if (d >= t.rank && t.shape[d] != 0)
+      return c.fail(CmdStatus::kReservedNotZero, tensor_field(i, A::kShape, d), t.shape[d]);
+    if (d >= t.rank && t.strides[d] != 0)
+      return c.fail(CmdStatus::kReservedNotZero, tensor_field(i, A::kStride, d), t.strides[d]);
+    if (d < t.rank && t.shape[d] >= kMaxDim)
+      return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kShape, d), t.shape[d], kMaxDim - 1);
+  }
+  if (t.reserved[0] || t.reserved[1])
+    return c.fail(CmdStatus::kReservedNotZero, tensor_field(i, A::kAddress), t.reserved[0] | t.reserved[1]);
+  if (tensor_elements(t) == UINT64_MAX)
+    return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kShape), tensor_elements(t), 1ull << 48);
+  const std::uint64_t extent = tensor_extent(t);
+  if (extent == UINT64_MAX || t.address > UINT64_MAX - extent)
+    return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kAddress), t.address);
+  return true;
+}
+
+// An output must not write one element twice: with its dimensions sorted by
+// stride, each stride must clear the previous dimension's span.
+bool check_no_self_overlap(Check& c, const TensorRef& t, std::uint32_t i) {
+  std::uint32_t dims[kMaxRank];
+  std::uint32_t n = 0;
+  for (std::uint32_t d = 0; d < t.rank; ++d)
+    if (t.shape[d] > 1) dims[n++] = d;
+  for (std::uint32_t k = 1; k < n; ++k)  // insertion sort by stride: n <= 6
+    for (std::uint32_t j = k; j > 0 && t.strides[dims[j]] < t.strides[dims[j - 1]]; --j)
+      std::swap(dims[j], dims[j - 1]);
+  std::uint64_t span = 1;  // elements covered by the dimensions so far
+  for (std::uint32_t k = 0; k < n; ++k) {
+    const std::uint32_t d = dims[k];
+    if (t.strides[d] < span)
+      return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kStride, d), t.strides[d], span);
+    span = t.strides[d] * t.shape[d];
+  }
+  return true;
+}
+
+bool expect_dtype(Check& c, const OpBlock& b, std::uint32_t i, bool ok) {
+  return ok || c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kDType), b.tensors[i].dtype);
+}
+
+bool expect_rank(Check& c, const OpBlock& b, std::uint32_t i, std::uint32_t rank) {
+  return b.tensors[i].rank == rank ||
+         c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kRank), b.tensors[i].rank, rank);
+}
+
+bool expect_dim(Check& c, const OpBlock& b, std::uint32_t i, std::uint32_t d, std::uint64_t want) {
+  return b.tensors[i].shape[d] == want ||
+         c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kShape, d), b.tensors[i].shape[d], want);
+}
+
+bool expect_same_shape(Check& c, const OpBlock& b, std::uint32_t i, std::uint32_t like) {
+  if (!expect_rank(c, b, i, b.tensors[like].rank)) return false;
+  for (std::uint32_t d = 0; d < b.tensors[like].rank; ++d)
+    if (!expect_dim(c, b, i, d, b.tensors[like].shape[d])) return false;
+  return true;
+}
+
+// A parameter broadcast over the shape of tensor `like` (scale, zero point):
+// same shape, and stride 0 along every dimension in `constant_dims` (a bit
+// mask), over which it must not vary.
+bool expect_param(Check& c, const OpBlock& b, std::uint32_t i, std::uint32_t like,
+                  std::uint32_t constant_dims) {
+  if (!expect_same_shape(c, b, i, like)) return false;
+  for (std::uint32_t d = 0; d < b.tensors[i].rank; ++d)
+    if ((constant_dims >> d & 1) && b.tensors[i].shape[d] > 1 && b.tensors[i].strides[d] != 0)
+      return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kStride, d), b.tensors[i].strides[d], 0);
+  return true;
+}
+
+bool expect_attr(Check& c, std::size_t offset, bool ok, std::uint64_t value, std::uint64_t limit = 0) {
+  return ok || c.fail(CmdStatus::kBadArgument, attr_field(offset), value, limit);
+}
+
+bool check_activation(Check& c, std::size_t offset, std::uint32_t act, float alpha, float beta) {
+  if (!expect_attr(c, offset, act <= kMaxActivation, act, kMaxActivation)) return false;
+  if (!std::isfinite(alpha) || !std::isfinite(beta))
+    return c.fail(CmdStatus::kBadArgument, attr_field(offset + 4), 0);
+  if (static_cast<Activation>(act) == Activation::kClip && alpha > beta)
+    return c.fail(CmdStatus::kBadArgument, attr_field(offset + 4), 0);
+  return true;
+}
+
+// ---- Per op kind -----------------------------------------------------------------
+
+// A, B, Y: [..., M, K] x [..., K, N] -> [..., M, N], batch dims equal.
+bool check_matmul_shapes(Check& c, const OpBlock& b, std::uint32_t ia, std::uint32_t ib,
+                         std::uint32_t iy, bool trans_a, bool trans_b) {
+  const TensorRef &a = b.tensors[ia], &bb = b.tensors[ib], &y = b.tensors[iy];
+  if (y.rank < 2) return c.fail(CmdStatus::kBadArgument, tensor_field(iy, A::kRank), y.rank, 2);
+  if (!expect_rank(c, b, ia, y.rank) || !expect_rank(c, b, ib, y.rank)) return false;
+  const std::uint32_t r = y.rank;
+  for (std::uint32_t d = 0; d + 2 < r; ++d)
+    if (!expect_dim(c, b, ia, d, y.shape[d]) || !expect_dim(c, b, ib, d, y.shape[d])) return false;
+  const std::uint64_t m = y.shape[r - 2], n = y.shape[r - 1];
+  const std::uint64_t k = trans_a ? a.shape[r - 2] : a.shape[r - 1];
+  if (!expect_dim(c, b, ia, trans_a ? r - 1 : r - 2, m)) return false;
+  if (!expect_dim(c, b, ib, trans_b ? r - 1 : r - 2, k)) return false;
+  if (!expect_dim(c, b, ib, trans_b ? r - 2 : r - 1, n)) return false;
+  (void)bb;
+  return true;
+}
+
+bool check_matmul(Check& c, const OpBlock& b, const MatMulAttrs& at) {
+  if (!expect_attr(c, offsetof(MatMulAttrs, trans_a), at.trans_a <= 1, at.trans_a, 1) ||
+      !expect_attr(c, offsetof(MatMulAttrs, trans_b), at.trans_b <= 1, at.trans_b, 1) ||
+      !expect_attr(c, offsetof(MatMulAttrs, alpha), std::isfinite(at.alpha) && std::isfinite(at.beta), 0) ||
+      !check_activation(c, offsetof(MatMulAttrs, activation), at.activation, at.act_alpha, at.act_beta))
+    return false;
+  const DType ta = dt(b.tensors[0]);
+  if (!expect_dtype(c, b, 0, is_float(ta)) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == ta) ||
+      !expect_dtype(c, b, 3, dt(b.tensors[3]) == ta || dt(b.tensors[3]) == DType::kF32))
+    return false;
+  if (present(b.tensors[2])) {
+    if (!expect_dtype(c, b, 2, is_float(dt(b.tensors[2]))) || !expect_same_shape(c, b, 2, 3)) return false;
+  }
+  return check_matmul_shapes(c, b, 0, 1, 3, at.trans_a, at.trans_b);
+}
+
+// X [N,C,H,W] (or NHWC), W [Cout, Cin/groups, kh, kw], Y [N,Cout,OH,OW].
+bool check_conv_shapes(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix,
+                       std::uint32_t iw, std::uint32_t iy) {
+  if (!expect_attr(c, offsetof(ConvAttrs, layout), at.layout <= 1, at.layout, 1)) return false;
+  for (int k = 0; k < 2; ++k) {
+    if (!expect_attr(c, offsetof(ConvAttrs, stride) + 4 * k, at.stride[k] >= 1 && at.stride[k] <= 65536, at.stride[k], 65536) ||
+        !expect_attr(c, offsetof(ConvAttrs, dilation) + 4 * k, at.dilation[k] >= 1 && at.dilation[k] <= 65536, at.dilation[k], 65536))
+      return false;
+  }
+  for (int k = 0; k < 4; ++k)
+    if (!expect_attr(c, offsetof(ConvAttrs, pad) + 4 * k, at.pad[k] <= 65536, at.pad[k], 65536)) return false;
+  if (!expect_rank(c, b, ix, 4) || !expect_rank(c, b, iw, 4) || !expect_rank(c, b, iy, 4)) return false;
+  const bool nhwc = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
+  const TensorRef &x = b.tensors[ix], &w = b.tensors[iw];
+  const std::uint64_t n = x.shape[0], cin = nhwc ? x.shape[3] : x.shape[1];
+  const std::uint64_t h = nhwc ? x.shape[1] : x.shape[2], wd = nhwc ? x.shape[2] : x.shape[3];
+  const std::uint64_t cout = w.shape[0];
+  if (!expect_attr(c, offsetof(ConvAttrs, groups), at.groups >= 1 && cin % at.groups == 0 && cout % at.groups == 0, at.groups))
+    return false;
+  if (!expect_dim(c, b, iw, 1, cin / at.groups)) return false;
+  const std::uint64_t oh = window_output(h, w.shape[2], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], false);
+  const std::uint64_t ow = window_output(wd, w.shape[3], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], false);
+  if (!expect_dim(c, b, iy, 0, n) || !expect_dim(c, b, iy, nhwc ? 3 : 1, cout) ||
+      !expect_dim(c, b, iy, nhwc ? 1 : 2, oh) || !expect_dim(c, b, iy, nhwc ? 2 : 3, ow))
+    return false;
+  return true;
+}
+
+bool check_conv(Check& c, const OpBlock& b, const ConvAttrs& at) {
+  if (!check_activation(c, offsetof(ConvAttrs, activation), at.activation, at.act_alpha, at.act_beta)) return false;
+  const DType tx = dt(b.tensors[0]);
+  if (!expect_dtype(c, b, 0, is_float(tx)) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == tx) ||
+      !expect_dtype(c, b, 3, dt(b.tensors[3]) == tx))
+    return false;
+  if (!check_conv_shapes(c, b, at, 0, 1, 3)) return false;
+  if (present(b.tensors[2])) {
+    if (!expect_dtype(c, b, 2, is_float(dt(b.tensors[2]))) || !expect_rank(c, b, 2, 1) ||
+        !expect_dim(c, b, 2, 0, b.tensors[1].shape[0]))
+      return false;
+  }
+  return true;
+}
+
+bool check_pool(Check& c, const OpBlock& b, const PoolAttrs& at) {
+  if (!expect_attr(c, offsetof(PoolAttrs, kind), at.kind <= 1, at.kind, 1) ||
+      !expect_attr(c, offsetof(PoolAttrs, layout), at.layout <= 1, at.layout, 1) ||
+      !expect_attr(c, offsetof(PoolAttrs, ceil_mode), at.ceil_mode <= 1, at.ceil_mode, 1) ||
+      !expect_attr(c, offsetof(PoolAttrs, count_include_pad), at.count_include_pad <= 1, at.count_include_pad, 1))
+    return false;
+  for (int k = 0; k < 2; ++k) {
+    if (!expect_attr(c, offsetof(PoolAttrs, kernel) + 4 * k, at.kernel[k] >= 1 && at.kernel[k] <= 65536, at.kernel[k], 65536) ||
+        !expect_attr(c, offsetof(PoolAttrs, stride) + 4 * k, at.stride[k] >= 1 && at.stride[k] <= 65536, at.stride[k], 65536) ||
+        !expect_attr(c, offsetof(PoolAttrs, dilation) + 4 * k, at.dilation[k] >= 1 && at.dilation[k] <= 65536, at.dilation[k], 65536))
+      return false;
+  }
+  for (int k = 0; k < 4; ++k)
+    if (!expect_attr(c, offsetof(PoolAttrs, pad) + 4 * k, at.pad[k] <= 65536, at.pad[k], 65536)) return false;
+  // A window made only of padding has nothing to pool.
+  for (int k = 0; k < 2; ++k) {
+    const std::uint64_t window = std::uint64_t{at.dilation[k]} * (at.kernel[k] - 1) + 1;
+    if (!expect_attr(c, offsetof(PoolAttrs, pad) + 4 * k, at.pad[k] < window && at.pad[k + 2] < window, at.pad[k], window))
+      return false;
+  }
+  const DType tx = dt(b.tensors[0]);
+  const bool avg = at.kind == static_cast<std::uint32_t>(PoolKind::kAverage);
+  if (!expect_rank(c, b, 0, 4)) return false;
+  {
+    // Nor has a window whose taps all miss the input (dilated taps can
+    // straddle a narrow input).
+    const bool nhwc_x = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
+    for (int k = 0; k < 2; ++k) {
+      const std::uint64_t in = b.tensors[0].shape[(nhwc_x ? 1 : 2) + k];
+      const std::uint64_t out = window_output(in, at.kernel[k], at.stride[k], at.dilation[k], at.pad[k], at.pad[k + 2], at.ceil_mode);
+      const std::uint64_t empty = first_empty_window(in, out, at.kernel[k], at.stride[k], at.dilation[k], at.pad[k]);
+      if (!expect_attr(c, offsetof(PoolAttrs, dilation) + 4 * k, empty == UINT64_MAX, at.dilation[k], empty)) return false;
+    }
+  }
+  if (!expect_dtype(c, b, 0, avg ? is_float(tx) : tx != DType::kI32) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == tx))
+    return false;
+  if (!expect_rank(c, b, 0, 4) || !expect_rank(c, b, 1, 4)) return false;
+  const bool nhwc = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
+  const TensorRef& x = b.tensors[0];
+  const std::uint32_t dh = nhwc ? 1 : 2, dw = nhwc ? 2 : 3, dc = nhwc ? 3 : 1;
+  const std::uint64_t oh = window_output(x.shape[dh], at.kernel[0], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], at.ceil_mode);
+  const std::uint64_t ow = window_output(x.shape[dw], at.kernel[1], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], at.ceil_mode);
+  return expect_dim(c, b, 1, 0, x.shape[0]) && expect_dim(c, b, 1, dc, x.shape[dc]) &&
+         expect_dim(c, b, 1, dh, oh) && expect_dim(c, b, 1, dw, ow);
+}
+
+bool check_elementwise(Check& c, const OpBlock& b, const ElementwiseAttrs& at) {
+  if (!expect_attr(c, offsetof(ElementwiseAttrs, op), at.op <= kMaxElementwiseOp, at.op, kMaxElementwiseOp)) return false;
+  const auto op = static_cast<ElementwiseOp>(at.op);
+  const DType ta = dt(b.tensors[0]), ty = dt(b.tensors[2]);
+  if (!expect_same_shape(c, b, 0, 2)) return false;
+  if (is_binary(op)) {
+    if (!present(b.tensors[1])) return c.fail(CmdStatus::kBadArgument, tensor_field(1, A::kDType), 0);
+    if (!expect_same_shape(c, b, 1, 2) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == ta)) return false;
+  } else if (present(b.tensors[1])) {
+    return c.fail(CmdStatus::kBadArgument, tensor_field(1, A::kDType), b.tensors[1].dtype, 0);
+  }
+  if (op == ElementwiseOp::kActivation) {
+    if (!check_activation(c, offsetof(ElementwiseAttrs, activation), at.activation, at.alpha, at.beta)) return false;
+  } else if (!expect_attr(c, offsetof(ElementwiseAttrs, activation), at.activation == 0, at.activation, 0)) {
+    return false;
+  }
+  const bool float_only = op == ElementwiseOp::kActivation || op == ElementwiseOp::kExp ||
+                          op == ElementwiseOp::kLog || op == ElementwiseOp::kSqrt;
+  if (op == ElementwiseOp::kIdentity) return true;  // any dtype to any dtype
+  return expect_dtype(c, b, 0, !float_only || is_float(ta)) && expect_dtype(c, b, 2, ty == ta);
+}
+
+bool check_softmax(Check& c, const OpBlock& b, const SoftmaxAttrs& at) {
+  if (!expect_dtype(c, b, 0, is_float(dt(b.tensors[0]))) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == dt(b.tensors[0])) ||
+      !expect_same_shape(c, b, 1, 0))
+    return false;
+  return expect_attr(c, offsetof(SoftmaxAttrs, axis), b.tensors[0].rank > 0 && at.axis < b.tensors[0].rank, at.axis, b.tensors[0].rank) &&
+         expect_attr(c, offsetof(SoftmaxAttrs, log), at.log <= 1, at.log, 1);
+}
+
+bool check_quant(Check& c, const OpBlock& b, bool quantize) {
+  // X, Scale, ZeroPoint (opt), Y; Scale and ZeroPoint broadcast to X.
+  const DType tx = dt(b.tensors[0]), tz = dt(b.tensors[2]), ty = dt(b.tensors[3]);
+  if (!expect_same_shape(c, b, 3, 0) || !expect_param(c, b, 1, 0, 0) ||
+      !expect_dtype(c, b, 1, dt(b.tensors[1]) == DType::kF32))
+    return false;
+  if (present(b.tensors[2]) && !expect_param(c, b, 2, 0, 0)) return false;
+  if (quantize) {
+    return expect_dtype(c, b, 0, is_float(tx) || tx == DType::kI32) && expect_dtype(c, b, 3, is_int8(ty)) &&
+           expect_dtype(c, b, 2, !present(b.tensors[2]) || tz == ty);
+  }
+  return expect_dtype(c, b, 0, is_int8(tx) || tx == DType::kI32) && expect_dtype(c, b, 3, is_float(ty)) &&
+         expect_dtype(c, b, 2, !present(b.tensors[2]) || tz == tx);
+}
+
+// Zero points and scales of the integer matmuls must not vary along K.
+bool check_integer_matmul(Check& c, const OpBlock& b, std::uint32_t ia, std::uint32_t ib,
+                          std::uint32_t iy, std::uint32_t iaz, std::uint32_t ibz) {
+  if (!expect_dtype(c, b, ia, is_int8(dt(b.tensors[ia]))) || !expect_dtype(c, b, ib, is_int8(dt(b.tensors[ib]))))
+    return false;
+  if (!check_matmul_shapes(c, b, ia, ib, iy, false, false)) return false;
+  const std::uint32_t r = b.tensors[iy].rank;
+  if (present(b.tensors[iaz]) && (!expect_dtype(c, b, iaz, dt(b.tensors[iaz]) == dt(b.tensors[ia])) ||
+                                  !expect_param(c, b, iaz, ia, 1u << (r - 1))))
+    return false;
+  if (present(b.tensors[ibz]) && (!expect_dtype(c, b, ibz, dt(b.tensors[ibz]) == dt(b.tensors[ib])) ||
+                                  !expect_param(c, b, ibz, ib, 1u << (r - 2))))
+    return false;
+  return true;
+}
+
+bool check_integer_conv(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix,
+                        std::uint32_t iw, std::uint32_t iy, std::uint32_t ixz, std::uint32_t iwz) {
+  if (!expect_attr(c, offsetof(ConvAttrs, activation), at.activation == 0, at.activation, 0)) return false;
+  if (!expect_dtype(c, b, ix, is_int8(dt(b.tensors[ix]))) || !expect_dtype(c, b, iw, is_int8(dt(b.tensors[iw]))))
+    return false;
+  if (!check_conv_shapes(c, b, at, ix, iw, iy)) return false;
+  // The input's zero point is one value; the weights' one per output channel.
+  if (present(b.tensors[ixz]) && (!expect_dtype(c, b, ixz, dt(b.tensors[ixz]) == dt(b.tensors[ix])) ||
+                                  !expect_param(c, b, ixz, ix, 0xF)))
+    return false;
+  if (present(b.tensors[iwz]) && (!expect_dtype(c, b, iwz, dt(b.tensors[iwz]) == dt(b.tensors[iw])) ||
+                                  !expect_param(c, b, iwz, iw, 0xE)))
+    return false;
+  return true;
+}
+
+bool check_resize(Check& c, const OpBlock& b, const ResizeAttrs& at) {
+  if (!expect_attr(c, offsetof(ResizeAttrs, mode), at.mode <= 1, at.mode, 1) ||
+      !expect_attr(c, offsetof(ResizeAttrs, coordinate), at.coordinate <= 4, at.coordinate, 4) ||
+      !expect_attr(c, offsetof(ResizeAttrs, nearest), at.nearest <= 3, at.nearest, 3) ||
+      !expect_attr(c, offsetof(ResizeAttrs, layout), at.layout <= 1, at.layout, 1))
+    return false;
+  for (int k = 0; k < 2; ++k)
+    if (!expect_attr(c, offsetof(ResizeAttrs, scale) + 4 * k,
+                     std::isfinite(at.scale[k]) && at.scale[k] > 0 && at.scale[k] <= 65536.0f, 0))
+      return false;
+  const DType tx = dt(b.tensors[0]);
+  if (!expect_dtype(c, b, 0, tx != DType::kI32) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == tx) ||
+      !expect_rank(c, b, 0, 4) || !expect_rank(c, b, 1, 4))
+    return false;
+  const bool nhwc = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
+  const std::uint32_t dc = nhwc ? 3 : 1;
+  return expect_dim(c, b, 1, 0, b.tensors[0].shape[0]) && expect_dim(c, b, 1, dc, b.tensors[0].shape[dc]);
+}
+
+bool check_color(Check& c, const OpBlock& b, const ColorConvertAttrs& at) {
+  if (!expect_attr(c, offsetof(ColorConvertAttrs, format), at.format <= 1, at.format, 1) ||
+      !expect_attr(c, offsetof(ColorConvertAttrs, reserved0), at.reserved0 == 0, at.reserved0, 0))
+    return false;
+  for (int k = 0; k < 3; ++k)
+    if (!expect_attr(c, offsetof(ColorConvertAttrs, mean) + 4 * k, std::isfinite(at.mean[k]) && std::isfinite(at.scale[k]), 0))
+      return false;
+  for (auto r : at.reserved)
+    if (r) return c.fail(CmdStatus::kReservedNotZero, attr_field(offsetof(ColorConvertAttrs, reserved)), r);
+  const bool nv12 = at.format == static_cast<std::uint32_t>(ColorFormat::kNV12);
+  const TensorRef& luma = b.tensors[0];
+  if (!expect_dtype(c, b, 0, dt(luma) == DType::kU8) || !expect_rank(c, b, 0, 2)) return false;
+  const std::uint64_t h = luma.shape[0], w = luma.shape[1];
+  if (h % 2 || w % 2)  // 4:2:0 chroma needs even sizes
+    return c.fail(CmdStatus::kBadAlignment, tensor_field(0, A::kShape, h % 2 ? 0 : 1), h % 2 ? h : w, 2);
+  if (!expect_dtype(c, b, 1, dt(b.tensors[1]) == DType::kU8)) return false;
+  if (nv12) {
+    if (!expect_rank(c, b, 1, 3) || !expect_dim(c, b, 1, 0, h / 2) || !expect_dim(c, b, 1, 1, w / 2) ||
+        !expect_dim(c, b, 1, 2, 2))
+      return false;
+    if (present(b.tensors[2])) return c.fail(CmdStatus::kBadArgument, tensor_field(2, A::kDType), b.tensors[2].dtype, 0);
+  } else {
+    if (!expect_rank(c, b, 1, 2) || !expect_dim(c, b, 1, 0, h / 2) || !expect_dim(c, b, 1, 1, w / 2) ||
+        !expect_dtype(c, b, 2, dt(b.tensors[2]) == DType::kU8) || !expect_same_shape(c, b, 2, 1))
+      return false;
+  }
+  const TensorRef& y = b.tensors[3];
+  return expect_dtype(c, b, 3, is_float(dt(y)) || dt(y) == DType::kU8) && expect_rank(c, b, 3, 3) &&
+         expect_dim(c, b, 3, 0, 3) && expect_dim(c, b, 3, 1, h) && expect_dim(c, b, 3, 2, w);
+}
+
+template <class T>
+bool read_attrs(Check& c, std::span<const std::byte> bytes, OpAttrs& out) {
+  if (bytes.size() != sizeof(T))
+    return c.fail(CmdStatus::kBadArgument, kFieldOpHeader, bytes.size(), sizeof(T));
+  T t;
+  std::memcpy(&t, bytes.data(), sizeof t);
+  out = t;
+  return true;
+}
+
+}  // namespace
+
+Result<OpBlock> decode_op(std::span<const std::byte> block) {
+  Check c;
+  OpBlock b;
+  if (block.size() < sizeof(OpHeader) || block.size() > kMaxParamBytes)
+    return Problem{CmdStatus::kBadArgument, kFieldOpHeader, block.size(), kMaxParamBytes};
+  OpHeader h;
+  std::memcpy(&h, block.data(), sizeof h);
+  if (h.magic != kOpMagic) return Problem{CmdStatus::kBadArgument, kFieldOpHeader, h.magic, kOpMagic};
+  if (h.kind == 0 || h.kind > kMaxOpKind) return Problem{CmdStatus::kBadArgument, kFieldOpKind, h.kind, kMaxOpKind};
+  if (h.reserved[0] || h.reserved[1])
+    return Problem{CmdStatus::kReservedNotZero, kFieldOpHeader, h.reserved[0] | h.reserved[1]};
+  b.kind = static_cast<OpKind>(h.kind);
+  const std::uint32_t want = op_tensor_count(b.kind);
+  if (h.num_tensors != want) return Problem{CmdStatus::kBadArgument, kFieldOpHeader, h.num_tensors, want};
+  b.num_tensors = want;
+  const std::uint64_t tensor_bytes = std::uint64_t{want} * sizeof(TensorRef);
+  if (h.attr_bytes > kMaxParamBytes || block.size() != sizeof(OpHeader) + tensor_bytes + h.attr_bytes)
+    return Problem{CmdStatus::kBadArgument, kFieldOpHeader, block.size(),
+                   sizeof(OpHeader) + tensor_bytes + std::min<std::uint64_t>(h.attr_bytes, kMaxParamBytes)};
+  std::memcpy(b.tensors, block.data() + sizeof(OpHeader), tensor_bytes);
+  const auto attrs = block.subspan(sizeof(OpHeader) + tensor_bytes);
+
+  // Which tensors may be absent.
+  std::uint32_t optional = 0;
+  switch (b.kind) {
+    case OpKind::kMatMul: case OpKind::kConv2d: optional = 1u << 2; break;
+    case OpKind::kElementwise: optional = 1u << 1; break;
+    case OpKind::kQuantize: case OpKind::kDequantize: optional = 1u << 2; break;
+    case OpKind::kMatMulInteger: case OpKind::kConvInteger: optional = (1u << 2) | (1u << 3); break;
+    case OpKind::kQLinearConv: optional = 1u << 8; break;
+    case OpKind::kColorConvert: optional = 1u << 2; break;
+    default: break;
+  }
+  for (std::uint32_t i = 0; i < want; ++i)
+    if (!check_tensor(c, b, i, optional >> i & 1)) return c.problem;
+  const std::uint32_t out = want - 1;
+  if (!check_no_self_overlap(c, b.tensors[out], out)) return c.problem;
+  for (std::uint32_t i = 0; i < want; ++i) b.extent[i] = tensor_extent(b.tensors[i]);
+  for (std::uint32_t i = 0; i < out; ++i) {
+    if (!b.extent[i] || !b.extent[out]) continue;
+    const auto& x = b.tensors[i];
+    const auto& y = b.tensors[out];
+    if (x.address < y.address + b.extent[out] && y.address < x.address + b.extent[i])
+      return Problem{CmdStatus::kBadArgument, tensor_field(out, A::kOverlap), i, y.address};
+  }
+
+  bool ok = false;
+  switch (b.kind) {
+    case OpKind::kMatMul:
+      ok = read_attrs<MatMulAttrs>(c, attrs, b.attrs) && check_matmul(c, b, std::get<MatMulAttrs>(b.attrs));
+      break;
+    case OpKind::kConv2d:
+      ok = read_attrs<ConvAttrs>(c, attrs, b.attrs) && check_conv(c, b, std::get<ConvAttrs>(b.attrs));
+      break;
+    case OpKind::kPool2d:
+      ok = read_attrs<PoolAttrs>(c, attrs, b.attrs) && check_pool(c, b, std::get<PoolAttrs>(b.attrs));
+      break;
+    case OpKind::kElementwise:
+      ok = read_attrs<ElementwiseAttrs>(c, attrs, b.attrs) &&
+           check_elementwise(c, b, std::get<ElementwiseAttrs>(b.attrs));
+      break;
+    case OpKind::kSoftmax:
+      ok = read_attrs<SoftmaxAttrs>(c, attrs, b.attrs) && check_softmax(c, b, std::get<SoftmaxAttrs>(b.attrs));
+      break;
+    case OpKind::kQuantize:
+    case OpKind::kDequantize:
+      ok = read_attrs<QuantAttrs>(c, attrs, b.attrs) && check_quant(c, b, b.kind == OpKind::kQuantize);
+      break;
+    case OpKind::kMatMulInteger:
+      ok = read_attrs<QuantAttrs>(c, attrs, b.attrs) &&
+           expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kI32) && check_integer_matmul(c, b, 0, 1, 4, 2, 3);
+      break;
+    case OpKind::kConvInteger:
+      ok = read_attrs<ConvAttrs>(c, attrs, b.attrs) && expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kI32) &&
+           check_integer_conv(c, b, std::get<ConvAttrs>(b.attrs), 0, 1, 4, 2, 3);
+      break;
+    case OpKind::kQLinearMatMul: {
+      // A, AScale, AZp, B, BScale, BZp, YScale, YZp, Y
+      ok = read_attrs<QuantAttrs>(c, attrs, b.attrs) && expect_dtype(c, b, 8, is_int8(dt(b.tensors[8]))) &&
+           check_integer_matmul(c, b, 0, 3, 8, 2, 5);
+      if (!ok) break;
+      const std::uint32_t r = b.tensors[8].rank;
+      ok = expect_dtype(c, b, 1, dt(b.tensors[1]) == DType::kF32) && expect_param(c, b, 1, 0, 1u << (r - 1)) &&
+           expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kF32) && expect_param(c, b, 4, 3, 1u << (r - 2)) &&
+           expect_dtype(c, b, 6, dt(b.tensors[6]) == DType::kF32) && expect_param(c, b, 6, 8, (1u << r) - 1) &&
+           expect_dtype(c, b, 7, dt(b.tensors[7]) == dt(b.tensors[8])) && expect_param(c, b, 7, 8, (1u << r) - 1) &&
+           expect_dtype(c, b, 2, present(b.tensors[2])) && expect_dtype(c, b, 5, present(b.tensors[5]));
+      break;
+    }
+    case OpKind::kQLinearConv: {
+      // X, XScale, XZp, W, WScale, WZp, YScale, YZp, Bias (opt), Y
+      ok = read_attrs<ConvAttrs>(c, attrs, b.attrs) && expect_dtype(c, b, 9, is_int8(dt(b.tensors[9]))) &&
+           check_integer_conv(c, b, std::get<ConvAttrs>(b.attrs), 0, 3, 9, 2, 5);
+      if (!ok) break;
+      ok = expect_dtype(c, b, 1, dt(b.tensors[1]) == DType::kF32) && expect_param(c, b, 1, 0, 0xF) &&
+           expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kF32) && expect_param(c, b, 4, 3, 0xE) &&
+           expect_dtype(c, b, 6, dt(b.tensors[6]) == DType::kF32) && expect_param(c, b, 6, 9, 0xF) &&
+           expect_dtype(c, b, 7, dt(b.tensors[7]) == dt(b.tensors[9])) && expect_param(c, b, 7, 9, 0xF) &&
+           expect_dtype(c, b, 2, present(b.tensors[2])) && expect_dtype(c, b, 5, present(b.tensors[5]));
+      if (ok && present(b.tensors[8]))
+        ok = expect_dtype(c, b, 8, dt(b.tensors[8]) == DType::kI32) && expect_rank(c, b, 8, 1) &&
+             expect_dim(c, b, 8, 0, b.tensors[3].shape[0]);
+      break;
+    }
+    case OpKind::kResize:
+      ok = read_attrs<ResizeAttrs>(c, attrs, b.attrs) && check_resize(c, b, std::get<ResizeAttrs>(b.attrs));
+      break;
+    case OpKind::kColorConvert:
+      ok = read_attrs<ColorConvertAttrs>(c, attrs, b.attrs) &&
+           check_color(c, b, std::get<ColorConvertAttrs>(b.attrs));
+      break;
+    case OpKind::kInvalid:
+      break;
+  }
+  if (!ok) return c.failed ? c.problem : Problem{CmdStatus::kBadArgument, kFieldOpKind, h.kind};
+  return b;
+}
+
+}  // namespace tpuhal::fw

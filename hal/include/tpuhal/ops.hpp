@@ -1,0 +1,236 @@
+// Tensors and tensor operations (docs/ops.md gives each op's exact
+// semantics).
+//
+//   tpuhal::Tensor a(buf_a, DType::F32, {64, 128});
+//   tpuhal::Tensor b(buf_b, DType::F32, {128, 32});
+//   tpuhal::Tensor y(buf_y, DType::F32, {64, 32});
+//   q.batch().run(tpuhal::ops::matmul(a, b, y)).submit().wait();
+//
+// Every op checks its operands when it is built (shapes, dtypes, buffer
+// sizes, outputs overlapping inputs) and throws tpuhal::Error naming the
+// operand and the value; nothing invalid reaches the device. Inputs follow
+// NumPy broadcasting where the op says so.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tpuhal/export.hpp"
+#include "tpuhal/types.hpp"
+
+namespace tpuhal {
+
+class Buffer;
+class Device;
+namespace detail {
+struct TensorState;
+class DeviceImpl;
+}
+namespace driver {
+struct OpDesc;
+}
+
+TPUHAL_API std::uint32_t size_of(DType dtype) noexcept;
+inline constexpr std::size_t kMaxRank = 6;
+
+// A view of a Buffer as an n-dimensional array (rank 0 to 6): dtype, shape,
+// strides in elements (row-major when not given) and a byte offset.
+class TPUHAL_API Tensor {
+ public:
+  Tensor();
+  ~Tensor();
+  Tensor(const Tensor&);
+  Tensor& operator=(const Tensor&);
+  Tensor(Tensor&&) noexcept;
+  Tensor& operator=(Tensor&&) noexcept;
+
+  // Throws OutOfRange if the view does not fit in the buffer, InvalidArgument
+  // for a negative dimension or stride, or a rank above 6.
+  Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shape,
+         std::uint64_t offset = 0);
+  Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shape,
+         std::vector<std::int64_t> strides, std::uint64_t offset);
+
+  const Buffer& buffer() const;
+  DType dtype() const;
+  const std::vector<std::int64_t>& shape() const;
+  const std::vector<std::int64_t>& strides() const;
+  std::uint64_t offset() const;
+  std::size_t rank() const;
+  std::uint64_t elements() const;
+  bool contiguous() const;
+
+  // The same elements in another shape (contiguous tensors only).
+  Tensor reshape(std::vector<std::int64_t> shape) const;
+  // Dimensions reordered: result dim i is this tensor's dim perm[i].
+  Tensor permute(const std::vector<std::size_t>& perm) const;
+  // "f32[2, 3] at offset 0 of a 24-byte device buffer"
+  std::string describe() const;
+
+ private:
+  friend struct detail::TensorState;
+  std::shared_ptr<const detail::TensorState> state_;
+};
+
+enum class Activation : std::uint8_t { None, Relu, Clip, Sigmoid, Silu, LeakyRelu, Tanh, HardSigmoid };
+
+// An activation and its parameters: Clip clamps to [alpha, beta] (relu6 is
+// clip(0, 6)); LeakyRelu uses alpha; HardSigmoid is clamp(alpha*x + beta, 0, 1).
+struct ActivationParams {
+  Activation kind = Activation::None;
+  float alpha = 0;
+  float beta = 0;
+  static ActivationParams relu() { return {Activation::Relu, 0, 0}; }
+  static ActivationParams relu6() { return {Activation::Clip, 0, 6}; }
+  static ActivationParams clip(float lo, float hi) { return {Activation::Clip, lo, hi}; }
+  static ActivationParams sigmoid() { return {Activation::Sigmoid, 0, 0}; }
+  static ActivationParams silu() { return {Activation::Silu, 0, 0}; }
+  static ActivationParams leaky_relu(float a = 0.01f) { return {Activation::LeakyRelu, a, 0}; }
+  static ActivationParams tanh() { return {Activation::Tanh, 0, 0}; }
+  static ActivationParams hard_sigmoid(float a = 0.2f, float b = 0.5f) { return {Activation::HardSigmoid, a, b}; }
+};
+
+enum class Layout : std::uint8_t { NCHW, NHWC };
+enum class ResizeMode : std::uint8_t { Nearest, Linear };
+enum class CoordinateMode : std::uint8_t { HalfPixel, Asymmetric, AlignCorners, PytorchHalfPixel, TfHalfPixelForNn };
+enum class NearestMode : std::uint8_t { RoundPreferFloor, RoundPreferCeil, Floor, Ceil };
+enum class ColorFormat : std::uint8_t { NV12, I420 };
+
+// An operation with its operands, checked and ready to run on a queue of
+// the operands' device (Batch::run). Holds its buffers alive.
+class TPUHAL_API Op {
+ public:
+  Op();
+  ~Op();
+  Op(const Op&);
+  Op& operator=(const Op&);
+  const std::string& name() const;  // "matmul", "conv2d", ...
+  Device device() const;
+
+ private:
+  friend class Batch;
+  friend struct OpAccess;
+  std::shared_ptr<const driver::OpDesc> desc_;
+  std::shared_ptr<const void> keep_;  // the operands' buffers
+  std::shared_ptr<detail::DeviceImpl> device_;
+};
+
+namespace ops {
+
+struct MatMulOptions {
+  bool transpose_a = false;  // use a's last two dimensions swapped
+  bool transpose_b = false;
+  float alpha = 1.0f;
+  float beta = 1.0f;         // scales c
+  std::optional<Tensor> c;   // added: broadcast to y
+  ActivationParams activation;
+};
+// y = activation(alpha * a @ b + beta * c). a [..., M, K], b [..., K, N],
+// y [..., M, N]; batch dimensions broadcast. f32, f16, bf16 in (same for a and
+// b), the same or f32 out; f16/bf16 accumulate in f32.
+TPUHAL_API Op matmul(const Tensor& a, const Tensor& b, const Tensor& y, const MatMulOptions& options = {});
+
+struct Conv2dOptions {
+  Layout layout = Layout::NCHW;            // of x and y; w is [Cout, Cin/groups, kh, kw]
+  std::array<std::uint32_t, 2> strides{1, 1};
+  std::array<std::uint32_t, 2> dilations{1, 1};
+  std::array<std::uint32_t, 4> pads{0, 0, 0, 0};  // top, left, bottom, right
+  std::uint32_t groups = 1;
+  std::optional<Tensor> bias;              // [Cout]; i32 for qlinear_conv
+  ActivationParams activation;             // float conv only
+};
+// Pads that give an output of ceil(input / stride) ("SAME_UPPER"; lower: the
+// extra pad goes first) for a kernel of `kernel` with `dilation`.
+TPUHAL_API std::array<std::uint32_t, 2> same_pads(std::uint32_t input, std::uint32_t kernel,
+                                                  std::uint32_t stride, std::uint32_t dilation,
+                                                  bool lower = false);
+TPUHAL_API Op conv2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& options = {});
+
+struct Pool2dOptions {
+  Layout layout = Layout::NCHW;
+  std::array<std::uint32_t, 2> kernel{1, 1};
+  std::array<std::uint32_t, 2> strides{1, 1};
+  std::array<std::uint32_t, 2> dilations{1, 1};
+  std::array<std::uint32_t, 4> pads{0, 0, 0, 0};
+  bool ceil_mode = false;
+  bool count_include_pad = false;  // average: divide by the whole window
+};
+TPUHAL_API Op max_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& options);
+TPUHAL_API Op avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& options);
+
+// Elementwise, NumPy broadcasting of a and b to y's shape; all one dtype.
+TPUHAL_API Op add(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op sub(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op mul(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op div(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op max(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op min(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op activation(const Tensor& x, const Tensor& y, const ActivationParams& act);
+TPUHAL_API Op relu(const Tensor& x, const Tensor& y);
+TPUHAL_API Op abs(const Tensor& x, const Tensor& y);
+TPUHAL_API Op neg(const Tensor& x, const Tensor& y);
+TPUHAL_API Op exp(const Tensor& x, const Tensor& y);
+TPUHAL_API Op log(const Tensor& x, const Tensor& y);
+TPUHAL_API Op sqrt(const Tensor& x, const Tensor& y);
+// y = x converted to y's dtype (x broadcast to y's shape): floats round to
+// nearest even, float to integer rounds toward zero and saturates.
+TPUHAL_API Op cast(const Tensor& x, const Tensor& y);
+// y = x with dimensions permuted: y dim i is x dim perm[i].
+TPUHAL_API Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm);
+TPUHAL_API Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis = -1, bool log = false);
+
+// y = saturate(round_half_even(x / scale) + zero_point). scale (f32) and
+// zero_point (u8/i8, or none: u8 zero) are scalars, or 1-D along `axis`.
+TPUHAL_API Op quantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point,
+                       const Tensor& y, std::int64_t axis = 1);
+// y = (x - zero_point) * scale.
+TPUHAL_API Op dequantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point,
+                         const Tensor& y, std::int64_t axis = 1);
+// y (i32) = (a - a_zero_point) @ (b - b_zero_point). a's zero point is a
+// scalar or one per row of a [M]; b's a scalar or one per column [N].
+TPUHAL_API Op matmul_integer(const Tensor& a, const Tensor& b, const Tensor& y,
+                             const std::optional<Tensor>& a_zero_point = std::nullopt,
+                             const std::optional<Tensor>& b_zero_point = std::nullopt);
+// y (i32) = conv(x - x_zero_point, w - w_zero_point); w's zero point a
+// scalar or one per output channel.
+TPUHAL_API Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y,
+                           const std::optional<Tensor>& x_zero_point, const std::optional<Tensor>& w_zero_point,
+                           const Conv2dOptions& options = {});
+// y = saturate(round_half_even(((a - az) @ (b - bz)) * a_scale * b_scale / y_scale) + y_zero_point).
+TPUHAL_API Op qlinear_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point,
+                             const Tensor& b, const Tensor& b_scale, const Tensor& b_zero_point,
+                             const Tensor& y_scale, const Tensor& y_zero_point, const Tensor& y);
+TPUHAL_API Op qlinear_conv(const Tensor& x, const Tensor& x_scale, const Tensor& x_zero_point,
+                           const Tensor& w, const Tensor& w_scale, const Tensor& w_zero_point,
+                           const Tensor& y_scale, const Tensor& y_zero_point, const Tensor& y,
+                           const Conv2dOptions& options = {});
+
+struct ResizeOptions {
+  ResizeMode mode = ResizeMode::Nearest;
+  CoordinateMode coordinate = CoordinateMode::HalfPixel;
+  NearestMode nearest = NearestMode::RoundPreferFloor;
+  Layout layout = Layout::NCHW;
+  // Output/input along H and W; by default y's size over x's.
+  std::optional<std::array<float, 2>> scales;
+};
+// Resizes H and W of a 4-D tensor, as ONNX Resize does.
+TPUHAL_API Op resize(const Tensor& x, const Tensor& y, const ResizeOptions& options = {});
+
+struct ColorConvertOptions {
+  std::array<float, 3> mean{0, 0, 0};   // per R, G, B
+  std::array<float, 3> scale{1, 1, 1};  // y = (rgb - mean) * scale
+};
+// NV12 (luma [H, W] u8, chroma [H/2, W/2, 2] u8) to planar RGB y [3, H, W]
+// (f32, f16, bf16 or u8), BT.601 limited range.
+TPUHAL_API Op nv12_to_rgb(const Tensor& luma, const Tensor& chroma, const Tensor& y,
+                          const ColorConvertOptions& options = {});
+// I420: chroma planes u and v [H/2, W/2] u8.
+TPUHAL_API Op i420_to_rgb(const Tensor& luma, const Tensor& u, const Tensor& v, const Tensor& y,
+                          const ColorConvertOptions& options = {});
+
+}  // namespace ops
+}  // namespace tpuhal

@@ -1,0 +1,853 @@
+// Tensors and ops: every operand checked on the host, with an error that
+// names the op, the operand and the value, before anything reaches a device.
+#include "tpuhal/ops.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "impl.hpp"
+#include "tpuhal/driver/op_desc.hpp"
+#include "tpuhal/tpuhal.hpp"
+
+namespace tpuhal {
+namespace detail {
+
+struct TensorState {
+  Buffer buffer;
+  DType dtype = DType::F32;
+  std::vector<std::int64_t> shape, strides;
+  std::uint64_t offset = 0;
+
+  static const std::shared_ptr<BufferImpl>& impl(const Buffer& b) { return b.impl_; }
+  static const TensorState& of(const Tensor& t) {
+    if (!t.state_) throw Error(Status::InvalidArgument, "empty Tensor");
+    return *t.state_;
+  }
+  static Tensor make(std::shared_ptr<const TensorState> s) {
+    Tensor t;
+    t.state_ = std::move(s);
+    return t;
+  }
+};
+
+}  // namespace detail
+
+using detail::TensorState;
+
+namespace {
+
+std::string dims_text(const std::vector<std::int64_t>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::uint64_t extent_bytes(DType dtype, const std::vector<std::int64_t>& shape,
+                           const std::vector<std::int64_t>& strides) {
+  std::uint64_t last = 0;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) return 0;
+    const auto span = static_cast<std::uint64_t>(shape[i] - 1);
+    const auto stride = static_cast<std::uint64_t>(strides[i]);
+    if (span && stride > (UINT64_MAX >> 2) / span)
+      throw Error(Status::InvalidArgument, "tensor of shape " + dims_text(shape) + " spans more than 2^62 elements");
+    last += span * stride;
+  }
+  return (last + 1) * size_of(dtype);
+}
+
+std::vector<std::int64_t> row_major(const std::vector<std::int64_t>& shape) {
+  std::vector<std::int64_t> s(shape.size());
+  std::int64_t step = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    s[i] = step;
+    step *= std::max<std::int64_t>(shape[i], 1);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::uint32_t size_of(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: return 2;
+    case DType::I8: case DType::U8: return 1;
+  }
+  return 0;
+}
+
+// ---- Tensor --------------------------------------------------------------------
+
+Tensor::Tensor() = default;
+Tensor::~Tensor() = default;
+Tensor::Tensor(const Tensor&) = default;
+Tensor& Tensor::operator=(const Tensor&) = default;
+Tensor::Tensor(Tensor&&) noexcept = default;
+Tensor& Tensor::operator=(Tensor&&) noexcept = default;
+
+Tensor::Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shape, std::uint64_t offset)
+    : Tensor(buffer, dtype, shape, row_major(shape), offset) {}
+
+Tensor::Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shape,
+               std::vector<std::int64_t> strides, std::uint64_t offset) {
+  auto s = std::make_shared<TensorState>();
+  const auto& impl = TensorState::impl(buffer);
+  if (!impl) throw Error(Status::InvalidArgument, "Tensor: empty Buffer handle");
+  impl->acquire("Tensor");  // throws if freed
+  if (size_of(dtype) == 0) throw Error(Status::InvalidArgument, "Tensor: unknown dtype");
+  if (shape.size() > kMaxRank)
+    throw Error(Status::InvalidArgument, "Tensor: rank " + std::to_string(shape.size()) + " is above the limit of 6");
+  if (strides.size() != shape.size())
+    throw Error(Status::InvalidArgument, "Tensor: " + std::to_string(strides.size()) + " strides for " +
+                                             std::to_string(shape.size()) + " dimensions");
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0 || shape[i] >= (std::int64_t{1} << 32))
+      throw Error(Status::InvalidArgument, "Tensor: shape[" + std::to_string(i) + "] = " + std::to_string(shape[i]) +
+                                               " is outside [0, 2^32)");
+    if (strides[i] < 0)
+      throw Error(Status::InvalidArgument, "Tensor: strides[" + std::to_string(i) + "] = " +
+                                               std::to_string(strides[i]) + " is negative");
+  }
+  if (offset % size_of(dtype))
+    throw Error(Status::InvalidArgument, "Tensor: offset " + std::to_string(offset) + " is not a multiple of the " +
+                                             to_string(dtype) + " element size " + std::to_string(size_of(dtype)));
+  const std::uint64_t need = extent_bytes(dtype, shape, strides);
+  if (offset > impl->size() || need > impl->size() - offset)
+    throw Error(Status::OutOfRange, std::string("Tensor: ") + to_string(dtype) + dims_text(shape) + " at offset " +
+                                        std::to_string(offset) + " needs " + std::to_string(need) +
+                                        " bytes but the buffer has " + std::to_string(impl->size()));
+  s->buffer = buffer;
+  s->dtype = dtype;
+  s->shape = std::move(shape);
+  s->strides = std::move(strides);
+  s->offset = offset;
+  state_ = std::move(s);
+}
+
+const Buffer& Tensor::buffer() const { return TensorState::of(*this).buffer; }
+DType Tensor::dtype() const { return TensorState::of(*this).dtype; }
+const std::vector<std::int64_t>& Tensor::shape() const { return TensorState::of(*this).shape; }
+const std::vector<std::int64_t>& Tensor::strides() const { return TensorState::of(*this).strides; }
+std::uint64_t Tensor::offset() const { return TensorState::of(*this).offset; }
+std::size_t Tensor::rank() const { return TensorState::of(*this).shape.size(); }
+std::uint64_t Tensor::elements() const {
+  std::uint64_t n = 1;
+  for (auto d : shape()) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+bool Tensor::contiguous() const {
+  const auto& s = TensorState::of(*this);
+  const auto rm = row_major(s.shape);
+  for (std::size_t i = 0; i < s.shape.size(); ++i)
+    if (s.shape[i] > 1 && s.strides[i] != rm[i]) return false;
+  return true;
+}
+
+Tensor Tensor::reshape(std::vector<std::int64_t> new_shape) const {
+  const auto& s = TensorState::of(*this);
+  if (!contiguous())
+    throw Error(Status::InvalidArgument, "reshape: " + describe() + " is not contiguous");
+  std::uint64_t n = 1;
+  for (auto d : new_shape) {
+    if (d < 0) throw Error(Status::InvalidArgument, "reshape: dimension " + std::to_string(d) + " is negative");
+    n *= static_cast<std::uint64_t>(d);
+  }
+  if (n != elements())
+    throw Error(Status::InvalidArgument, "reshape: " + dims_text(new_shape) + " holds " + std::to_string(n) +
+                                             " elements, " + describe() + " holds " + std::to_string(elements()));
+  return Tensor(s.buffer, s.dtype, std::move(new_shape), s.offset);
+}
+
+Tensor Tensor::permute(const std::vector<std::size_t>& perm) const {
+  const auto& s = TensorState::of(*this);
+  if (perm.size() != s.shape.size())
+    throw Error(Status::InvalidArgument, "permute: " + std::to_string(perm.size()) + " axes for a rank-" +
+                                             std::to_string(s.shape.size()) + " tensor");
+  std::vector<bool> seen(perm.size());
+  std::vector<std::int64_t> shape(perm.size()), strides(perm.size());
+  for (std::size_t i = 0; i < perm.size(); ++i) {
+    if (perm[i] >= perm.size() || seen[perm[i]])
+      throw Error(Status::InvalidArgument, "permute: axis " + std::to_string(perm[i]) + " at position " +
+                                               std::to_string(i) + " is out of range or repeated");
+    seen[perm[i]] = true;
+    shape[i] = s.shape[perm[i]];
+    strides[i] = s.strides[perm[i]];
+  }
+  return Tensor(s.buffer, s.dtype, std::move(shape), std::move(strides), s.offset);
+}
+
+std::string Tensor::describe() const {
+  if (!state_) return "empty tensor";
+  const auto& s = *state_;
+  const auto& impl = TensorState::impl(s.buffer);
+  return std::string(to_string(s.dtype)) + dims_text(s.shape) + " at offset " + std::to_string(s.offset) +
+         " of a " + (impl ? impl->describe() : "missing buffer");
+}
+
+// ---- Op --------------------------------------------------------------------------
+
+Op::Op() = default;
+Op::~Op() = default;
+Op::Op(const Op&) = default;
+Op& Op::operator=(const Op&) = default;
+
+const std::string& Op::name() const {
+  static const std::string kEmpty = "empty op";
+  return desc_ ? desc_->name : kEmpty;
+}
+
+Device Op::device() const {
+  if (!device_) throw Error(Status::FailedPrecondition, "empty Op (build one with tpuhal::ops)");
+  return Device(device_);
+}
+
+
+
+namespace ops {
+namespace {
+
+using driver::TensorArg;
+
+// Collects an op's operands: checks each belongs to one device, keeps their
+// buffers alive, and builds the driver's description.
+class Builder {
+ public:
+  Builder(driver::OpKind kind, const char* name) {
+    desc_ = std::make_shared<driver::OpDesc>();
+    desc_->kind = kind;
+    desc_->name = name;
+    keep_ = std::make_shared<std::vector<std::shared_ptr<const void>>>();
+  }
+
+  [[noreturn]] void fail(Status s, const std::string& what) const {
+    throw Error(s, desc_->name + ": " + what);
+  }
+
+  // The operand as itself, or as a view with `shape`/`strides`.
+  TensorArg arg(const Tensor& t, const char* role) { return arg(t, role, t.shape(), t.strides()); }
+  TensorArg arg(const Tensor& t, const char* role, const std::vector<std::int64_t>& shape,
+                const std::vector<std::int64_t>& strides) {
+    const auto& s = TensorState::of(t);
+    const auto& impl = TensorState::impl(s.buffer);
+    auto backend = impl->acquire(desc_->name.c_str());
+    if (!device_) {
+      device_ = impl->device();
+    } else if (impl->device() != device_) {
+      fail(Status::InvalidArgument, std::string(role) + " is on " + impl->device()->uri() + ", the other operands on " +
+                                        device_->uri());
+    }
+    TensorArg a;
+    a.buffer = backend.get();
+    a.offset = s.offset;
+    a.dtype = s.dtype;
+    a.rank = static_cast<std::uint32_t>(shape.size());
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      a.shape[i] = static_cast<std::uint64_t>(shape[i]);
+      a.strides[i] = static_cast<std::uint64_t>(strides[i]);
+    }
+    keep_->push_back(std::move(backend));
+    spans_.push_back({impl.get(), s.offset, extent_bytes(s.dtype, shape, strides), role});
+    return a;
+  }
+
+  // `t` broadcast (NumPy rules) to `shape`.
+  TensorArg broadcast(const Tensor& t, const char* role, const std::vector<std::int64_t>& shape) {
+    const auto& ts = t.shape();
+    if (ts.size() > shape.size())
+      fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(ts) + ", which does not broadcast to " +
+                                        dims_text(shape));
+    std::vector<std::int64_t> strides(shape.size(), 0);
+    const std::size_t skip = shape.size() - ts.size();
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      if (ts[i] == shape[skip + i]) strides[skip + i] = t.strides()[i];
+      else if (ts[i] != 1)
+        fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(ts) + ", which does not broadcast to " +
+                                          dims_text(shape));
+    }
+    return arg(t, role, shape, strides);
+  }
+
+  // A scale or zero point: a scalar (any shape of one element) or 1-D along
+  // `axis` of `like_shape`, viewed in that shape.
+  TensorArg per_axis(const Tensor& t, const char* role, const std::vector<std::int64_t>& like_shape,
+                     std::int64_t axis) {
+    std::vector<std::int64_t> strides(like_shape.size(), 0);
+    if (t.elements() == 1) return arg(t, role, like_shape, strides);
+    if (t.rank() != 1)
+      fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t.shape()) +
+                                        "; expected a scalar or a 1-D tensor");
+    if (axis < 0 || static_cast<std::size_t>(axis) >= like_shape.size() || like_shape[axis] != t.shape()[0])
+      fail(Status::InvalidArgument, std::string(role) + " has " + std::to_string(t.shape()[0]) +
+                                        " elements; expected 1, or one per index of axis " + std::to_string(axis) +
+                                        " of " + dims_text(like_shape));
+    strides[axis] = t.strides()[0];
+    return arg(t, role, like_shape, strides);
+  }
+
+  TensorArg absent() { return TensorArg{}; }
+
+  void dtype_in(const Tensor& t, const char* role, std::initializer_list<DType> ok) {
+    for (auto d : ok)
+      if (t.dtype() == d) return;
+    std::string list;
+    for (auto d : ok) list += (list.empty() ? "" : ", ") + std::string(to_string(d));
+    fail(Status::InvalidArgument, std::string(role) + " is " + to_string(t.dtype()) + "; supported: " + list);
+  }
+  void same_dtype(const Tensor& t, const char* role, const Tensor& like, const char* like_role) {
+    if (t.dtype() != like.dtype())
+      fail(Status::InvalidArgument, std::string(role) + " is " + to_string(t.dtype()) + " but " + like_role + " is " +
+                                        to_string(like.dtype()));
+  }
+  void shape_is(const Tensor& t, const char* role, const std::vector<std::int64_t>& want, const std::string& why) {
+    if (t.shape() != want)
+      fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t.shape()) + "; expected " +
+                                        dims_text(want) + " (" + why + ")");
+  }
+  void activation(const ActivationParams& a) {
+    if (!std::isfinite(a.alpha) || !std::isfinite(a.beta))
+      fail(Status::InvalidArgument, "activation parameters must be finite");
+    if (a.kind == Activation::Clip && a.alpha > a.beta)
+      fail(Status::InvalidArgument, "clip minimum " + std::to_string(a.alpha) + " is above its maximum " +
+                                        std::to_string(a.beta));
+  }
+
+  Op finish(std::vector<TensorArg> tensors) {
+    // The output is the last operand; it may not overlap any input.
+    const Span& out = spans_.back();
+    for (std::size_t i = 0; i + 1 < spans_.size(); ++i) {
+      const Span& in = spans_[i];
+      if (in.buffer == out.buffer && in.bytes && out.bytes && in.offset < out.offset + out.bytes &&
+          out.offset < in.offset + in.bytes)
+        fail(Status::InvalidArgument, std::string("the output ") + out.role + " overlaps input " + in.role +
+                                          " (bytes [" + std::to_string(out.offset) + ", " +
+                                          std::to_string(out.offset + out.bytes) + ") and [" +
+                                          std::to_string(in.offset) + ", " + std::to_string(in.offset + in.bytes) +
+                                          ") of the same buffer)");
+    }
+    // The output must not write an element twice.
+    const TensorArg& y = tensors.back();
+    for (std::uint32_t d = 0; d < y.rank; ++d)
+      if (y.shape[d] > 1 && y.strides[d] == 0)
+        fail(Status::InvalidArgument, std::string("the output ") + out.role + " has stride 0 in dimension " +
+                                          std::to_string(d));
+    desc_->tensors = std::move(tensors);
+    return OpAccess::make(std::move(desc_), std::move(keep_), device_);
+  }
+
+  driver::OpDesc& desc() { return *desc_; }
+  const std::shared_ptr<detail::DeviceImpl>& device() const { return device_; }
+
+ private:
+  struct Span {
+    const detail::BufferImpl* buffer;
+    std::uint64_t offset, bytes;
+    const char* role;
+  };
+  std::shared_ptr<driver::OpDesc> desc_;
+  std::shared_ptr<std::vector<std::shared_ptr<const void>>> keep_;
+  std::shared_ptr<detail::DeviceImpl> device_;
+  std::vector<Span> spans_;
+};
+
+const std::initializer_list<DType> kFloats = {DType::F32, DType::F16, DType::BF16};
+const std::initializer_list<DType> kInt8 = {DType::U8, DType::I8};
+
+// Output shape of a 2-D window over x (conv or pool).
+std::array<std::int64_t, 2> window_out(Builder& b, std::int64_t h, std::int64_t w, std::int64_t kh, std::int64_t kw,
+                                       const std::array<std::uint32_t, 2>& s, const std::array<std::uint32_t, 2>& d,
+                                       const std::array<std::uint32_t, 4>& p, bool ceil) {
+  auto one = [&](std::int64_t in, std::int64_t k, std::uint32_t stride, std::uint32_t dil, std::uint32_t p0,
+                 std::uint32_t p1) -> std::int64_t {
+    if (stride == 0 || dil == 0) b.fail(Status::InvalidArgument, "strides and dilations must be at least 1");
+    const std::int64_t padded = in + p0 + p1, window = std::int64_t{dil} * (k - 1) + 1;
+    if (k < 1 || padded < window) return 0;
+    std::int64_t out = (padded - window) / stride + 1;
+    if (ceil && (padded - window) % stride) {
+      ++out;
+      if ((out - 1) * stride >= in + p0) --out;
+    }
+    return out;
+  };
+  return {one(h, kh, s[0], d[0], p[0], p[2]), one(w, kw, s[1], d[1], p[1], p[3])};
+}
+
+// x [N,C,H,W] or [N,H,W,C]; returns {N, C, H, W}.
+std::array<std::int64_t, 4> nchw(Builder& b, const Tensor& x, Layout layout, const char* role) {
+  if (x.rank() != 4) b.fail(Status::InvalidArgument, std::string(role) + " has rank " + std::to_string(x.rank()) + "; expected 4");
+  const auto& s = x.shape();
+  return layout == Layout::NCHW ? std::array<std::int64_t, 4>{s[0], s[1], s[2], s[3]}
+                                : std::array<std::int64_t, 4>{s[0], s[3], s[1], s[2]};
+}
+
+std::vector<std::int64_t> make_shape(Layout layout, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+  return layout == Layout::NCHW ? std::vector<std::int64_t>{n, c, h, w} : std::vector<std::int64_t>{n, h, w, c};
+}
+
+// Checks x, w, y of a convolution; returns the expected y shape's text.
+void check_conv(Builder& b, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o) {
+  const auto [n, c, h, wd] = nchw(b, x, o.layout, "x");
+  if (w.rank() != 4) b.fail(Status::InvalidArgument, "w has rank " + std::to_string(w.rank()) + "; expected 4 [Cout, Cin/groups, kh, kw]");
+  const auto& ws = w.shape();
+  if (o.groups == 0 || c % o.groups || ws[0] % o.groups)
+    b.fail(Status::InvalidArgument, "groups " + std::to_string(o.groups) + " must divide the input channels (" +
+                                        std::to_string(c) + ") and output channels (" + std::to_string(ws[0]) + ")");
+  if (ws[1] != c / o.groups)
+    b.fail(Status::InvalidArgument, "w has shape " + dims_text(ws) + "; its dimension 1 must be input channels / groups = " +
+                                        std::to_string(c / o.groups));
+  for (auto p : o.pads)
+    if (p > 65536) b.fail(Status::InvalidArgument, "pad " + std::to_string(p) + " is above 65536");
+  const auto out = window_out(b, h, wd, ws[2], ws[3], o.strides, o.dilations, o.pads, false);
+  if (out[0] == 0 || out[1] == 0)
+    b.fail(Status::InvalidArgument, "a " + std::to_string(ws[2]) + "x" + std::to_string(ws[3]) +
+                                        " kernel does not fit the padded " + std::to_string(h) + "x" + std::to_string(wd) + " input");
+  b.shape_is(y, "y", make_shape(o.layout, n, ws[0], out[0], out[1]),
+             "from x " + dims_text(x.shape()) + ", w " + dims_text(ws) + ", strides, pads and dilations");
+}
+
+driver::ConvAttrs conv_attrs(const Conv2dOptions& o) {
+  driver::ConvAttrs a;
+  a.layout = o.layout;
+  a.groups = o.groups;
+  a.strides = o.strides;
+  a.dilations = o.dilations;
+  a.pads = o.pads;
+  a.activation = o.activation;
+  return a;
+}
+
+// Checks a [..., M, K] @ b [..., K, N] -> y [..., M, N] and returns the
+// views of a and b broadcast to y's batch dimensions.
+std::pair<TensorArg, TensorArg> matmul_views(Builder& bd, const Tensor& a, const Tensor& b, const Tensor& y,
+                                             bool ta, bool tb, const char* an = "a", const char* bn = "b") {
+  if (a.rank() < 2 || b.rank() < 2 || y.rank() < 2)
+    bd.fail(Status::InvalidArgument, "operands need rank 2 or more (a " + dims_text(a.shape()) + ", b " +
+                                         dims_text(b.shape()) + ", y " + dims_text(y.shape()) + "); reshape 1-D ones");
+  const auto& as = a.shape();
+  const auto& bs = b.shape();
+  const std::int64_t m = ta ? as[as.size() - 1] : as[as.size() - 2];
+  const std::int64_t k = ta ? as[as.size() - 2] : as[as.size() - 1];
+  const std::int64_t kb = tb ? bs[bs.size() - 1] : bs[bs.size() - 2];
+  const std::int64_t n = tb ? bs[bs.size() - 2] : bs[bs.size() - 1];
+  if (k != kb)
+    bd.fail(Status::InvalidArgument, std::string(an) + " " + dims_text(as) + " and " + bn + " " + dims_text(bs) +
+                                         " disagree on the inner dimension (" + std::to_string(k) + " vs " +
+                                         std::to_string(kb) + ")");
+  // Batch dimensions broadcast like NumPy.
+  const std::size_t batch = std::max(as.size(), bs.size()) - 2;
+  std::vector<std::int64_t> want(batch + 2);
+  for (std::size_t i = 0; i < batch; ++i) {
+    const std::int64_t da = i + as.size() >= batch + 2 ? as[i + as.size() - batch - 2] : 1;
+    const std::int64_t db = i + bs.size() >= batch + 2 ? bs[i + bs.size() - batch - 2] : 1;
+    if (da != db && da != 1 && db != 1)
+      bd.fail(Status::InvalidArgument, std::string(an) + " " + dims_text(as) + " and " + bn + " " + dims_text(bs) +
+                                           " have batch dimensions that do not broadcast");
+    want[i] = da == 1 ? db : da;  // 1 stretches to the other, 0 included
+  }
+  want[batch] = m;
+  want[batch + 1] = n;
+  bd.shape_is(y, "y", want, std::string("from ") + an + " and " + bn);
+  auto view = [&](const Tensor& t, const char* role, std::int64_t r0, std::int64_t r1) {
+    std::vector<std::int64_t> shape = want;
+    shape[batch] = r0;
+    shape[batch + 1] = r1;
+    std::vector<std::int64_t> strides(shape.size(), 0);
+    const auto& ts = t.shape();
+    const std::size_t skip = shape.size() - ts.size();
+    for (std::size_t i = 0; i < ts.size(); ++i)
+      strides[skip + i] = (ts[i] == 1 && shape[skip + i] != 1) ? 0 : t.strides()[i];
+    return bd.arg(t, role, shape, strides);
+  };
+  return {view(a, an, as[as.size() - 2], as[as.size() - 1]), view(b, bn, bs[bs.size() - 2], bs[bs.size() - 1])};
+}
+
+Op elementwise(driver::ElementwiseOp op, const char* name, const Tensor& a, const Tensor* b, const Tensor& y,
+               ActivationParams act = {}) {
+  Builder bd(driver::OpKind::Elementwise, name);
+  const bool floats_only = op == driver::ElementwiseOp::Activation || op == driver::ElementwiseOp::Exp ||
+                           op == driver::ElementwiseOp::Log || op == driver::ElementwiseOp::Sqrt;
+  if (op != driver::ElementwiseOp::Identity) {
+    if (floats_only) bd.dtype_in(a, "x", kFloats);
+    bd.same_dtype(y, "y", a, b ? "a" : "x");
+    if (b) bd.same_dtype(*b, "b", a, "a");
+  }
+  if (op == driver::ElementwiseOp::Activation) bd.activation(act);
+  std::vector<TensorArg> t;
+  t.push_back(bd.broadcast(a, b ? "a" : "x", y.shape()));
+  t.push_back(b ? bd.broadcast(*b, "b", y.shape()) : bd.absent());
+  t.push_back(bd.arg(y, "y"));
+  bd.desc().attrs = driver::ElementwiseAttrs{op, act};
+  return bd.finish(std::move(t));
+}
+
+Op pool(bool max, const Tensor& x, const Tensor& y, const Pool2dOptions& o) {
+  Builder b(driver::OpKind::Pool2d, max ? "max_pool2d" : "avg_pool2d");
+  if (max) b.dtype_in(x, "x", {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8});
+  else b.dtype_in(x, "x", kFloats);
+  b.same_dtype(y, "y", x, "x");
+  const auto [n, c, h, w] = nchw(b, x, o.layout, "x");
+  for (int k = 0; k < 2; ++k) {
+    if (o.kernel[k] < 1 || o.strides[k] < 1 || o.dilations[k] < 1)
+      b.fail(Status::InvalidArgument, "kernel, strides and dilations must be at least 1");
+    const std::uint64_t window = std::uint64_t{o.dilations[k]} * (o.kernel[k] - 1) + 1;
+    if (o.pads[k] >= window || o.pads[k + 2] >= window)
+      b.fail(Status::InvalidArgument, "pads (" + std::to_string(o.pads[k]) + ", " + std::to_string(o.pads[k + 2]) +
+                                          ") must be smaller than the window (" + std::to_string(window) + ")");
+  }
+  const auto out = window_out(b, h, w, o.kernel[0], o.kernel[1], o.strides, o.dilations, o.pads, o.ceil_mode);
+  if (out[0] == 0 || out[1] == 0) b.fail(Status::InvalidArgument, "the window does not fit the padded input");
+  for (int k = 0; k < 2; ++k) {
+    // Every window needs a tap inside x (dilated taps can straddle it).
+    const std::int64_t in = k == 0 ? h : w, d = o.dilations[k];
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(out[k]); ++i) {
+      const std::int64_t start = i * o.strides[k] - static_cast<std::int64_t>(o.pads[k]);
+      const std::int64_t kmin = start < 0 ? (-start + d - 1) / d : 0, last = in - 1 - start;
+      if (last < 0 || kmin > last / d || kmin >= o.kernel[k])
+        b.fail(Status::InvalidArgument, std::string("window ") + std::to_string(i) + (k == 0 ? " down" : " across") +
+                                            " x has no tap inside x (kernel " + std::to_string(o.kernel[k]) +
+                                            ", dilation " + std::to_string(d) + ", pad " + std::to_string(o.pads[k]) +
+                                            ", x extent " + std::to_string(in) + ")");
+    }
+  }
+  b.shape_is(y, "y", make_shape(o.layout, n, c, out[0], out[1]), "from x, kernel, strides, pads and ceil_mode");
+  driver::PoolAttrs a;
+  a.max = max;
+  a.layout = o.layout;
+  a.kernel = o.kernel;
+  a.strides = o.strides;
+  a.dilations = o.dilations;
+  a.pads = o.pads;
+  a.ceil_mode = o.ceil_mode;
+  a.count_include_pad = o.count_include_pad;
+  b.desc().attrs = a;
+  return b.finish({b.arg(x, "x"), b.arg(y, "y")});
+}
+
+}  // namespace
+
+std::array<std::uint32_t, 2> same_pads(std::uint32_t input, std::uint32_t kernel, std::uint32_t stride,
+                                       std::uint32_t dilation, bool lower) {
+  if (stride == 0 || dilation == 0 || kernel == 0)
+    throw Error(Status::InvalidArgument, "same_pads: kernel, stride and dilation must be at least 1");
+  const std::uint64_t out = (input + stride - 1) / stride;
+  const std::uint64_t window = std::uint64_t{dilation} * (kernel - 1) + 1;
+  const std::int64_t need = static_cast<std::int64_t>((out - 1) * stride + window) - static_cast<std::int64_t>(input);
+  const auto total = static_cast<std::uint32_t>(std::max<std::int64_t>(need, 0));
+  const std::uint32_t small = total / 2, big = total - small;
+  return lower ? std::array<std::uint32_t, 2>{big, small} : std::array<std::uint32_t, 2>{small, big};
+}
+
+Op matmul(const Tensor& a, const Tensor& b, const Tensor& y, const MatMulOptions& o) {
+  Builder bd(driver::OpKind::MatMul, "matmul");
+  bd.dtype_in(a, "a", kFloats);
+  bd.same_dtype(b, "b", a, "a");
+  if (y.dtype() != a.dtype() && y.dtype() != DType::F32)
+    bd.fail(Status::InvalidArgument, std::string("y is ") + to_string(y.dtype()) + "; it must be " +
+                                         to_string(a.dtype()) + " like a, or f32");
+  if (!std::isfinite(o.alpha) || !std::isfinite(o.beta)) bd.fail(Status::InvalidArgument, "alpha and beta must be finite");
+  bd.activation(o.activation);
+  auto [va, vb] = matmul_views(bd, a, b, y, o.transpose_a, o.transpose_b);
+  TensorArg c = bd.absent();
+  if (o.c) {
+    bd.dtype_in(*o.c, "c", kFloats);
+    c = bd.broadcast(*o.c, "c", y.shape());
+  }
+  driver::MatMulAttrs at;
+  at.transpose_a = o.transpose_a;
+  at.transpose_b = o.transpose_b;
+  at.alpha = o.alpha;
+  at.beta = o.beta;
+  at.activation = o.activation;
+  bd.desc().attrs = at;
+  return bd.finish({va, vb, c, bd.arg(y, "y")});
+}
+
+Op conv2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o) {
+  Builder b(driver::OpKind::Conv2d, "conv2d");
+  b.dtype_in(x, "x", kFloats);
+  b.same_dtype(w, "w", x, "x");
+  b.same_dtype(y, "y", x, "x");
+  b.activation(o.activation);
+  check_conv(b, x, w, y, o);
+  TensorArg bias = b.absent();
+  if (o.bias) {
+    b.dtype_in(*o.bias, "bias", kFloats);
+    b.shape_is(*o.bias, "bias", {w.shape()[0]}, "one per output channel");
+    bias = b.arg(*o.bias, "bias");
+  }
+  b.desc().attrs = conv_attrs(o);
+  return b.finish({b.arg(x, "x"), b.arg(w, "w"), bias, b.arg(y, "y")});
+}
+
+Op max_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& o) { return pool(true, x, y, o); }
+Op avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& o) { return pool(false, x, y, o); }
+
+Op add(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Add, "add", a, &b, y); }
+Op sub(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Sub, "sub", a, &b, y); }
+Op mul(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Mul, "mul", a, &b, y); }
+Op div(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Div, "div", a, &b, y); }
+Op max(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Max, "max", a, &b, y); }
+Op min(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Min, "min", a, &b, y); }
+Op activation(const Tensor& x, const Tensor& y, const ActivationParams& act) {
+  return elementwise(driver::ElementwiseOp::Activation, "activation", x, nullptr, y, act);
+}
+Op relu(const Tensor& x, const Tensor& y) { return activation(x, y, ActivationParams::relu()); }
+Op abs(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Abs, "abs", x, nullptr, y); }
+Op neg(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Neg, "neg", x, nullptr, y); }
+Op exp(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Exp, "exp", x, nullptr, y); }
+Op log(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Log, "log", x, nullptr, y); }
+Op sqrt(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Sqrt, "sqrt", x, nullptr, y); }
+Op cast(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Identity, "cast", x, nullptr, y); }
+
+Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm) {
+  Builder b(driver::OpKind::Elementwise, "transpose");
+  b.same_dtype(y, "y", x, "x");
+  Tensor view = [&] {
+    try {
+      return x.permute(perm);
+    } catch (const Error& e) {
+      b.fail(e.status(), e.what());
+    }
+  }();
+  b.shape_is(y, "y", view.shape(), "x's shape permuted");
+  b.desc().attrs = driver::ElementwiseAttrs{driver::ElementwiseOp::Identity, {}};
+  return b.finish({b.arg(view, "x"), b.absent(), b.arg(y, "y")});
+}
+
+Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis, bool log_softmax) {
+  Builder b(driver::OpKind::Softmax, log_softmax ? "log_softmax" : "softmax");
+  b.dtype_in(x, "x", kFloats);
+  b.same_dtype(y, "y", x, "x");
+  b.shape_is(y, "y", x.shape(), "the shape of x");
+  const auto rank = static_cast<std::int64_t>(x.rank());
+  if (axis < -rank || axis >= rank || rank == 0)
+    b.fail(Status::InvalidArgument, "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
+  b.desc().attrs = driver::SoftmaxAttrs{static_cast<std::uint32_t>(axis < 0 ? axis + rank : axis), log_softmax};
+  return b.finish({b.arg(x, "x"), b.arg(y, "y")});
+}
+
+Op quantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point, const Tensor& y,
+            std::int64_t axis) {
+  Builder b(driver::OpKind::Quantize, "quantize");
+  b.dtype_in(x, "x", {DType::F32, DType::F16, DType::BF16, DType::I32});
+  b.dtype_in(scale, "scale", {DType::F32});
+  b.dtype_in(y, "y", kInt8);
+  if (zero_point) b.same_dtype(*zero_point, "zero_point", y, "y");
+  b.shape_is(y, "y", x.shape(), "the shape of x");
+  const auto r = static_cast<std::int64_t>(x.rank());
+  const std::int64_t ax = axis < 0 ? axis + r : axis;
+  std::vector<TensorArg> t{b.arg(x, "x"), b.per_axis(scale, "scale", x.shape(), ax),
+                           zero_point ? b.per_axis(*zero_point, "zero_point", x.shape(), ax) : b.absent(),
+                           b.arg(y, "y")};
+  b.desc().attrs = driver::NoAttrs{};
+  return b.finish(std::move(t));
+}
+
+Op dequantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point, const Tensor& y,
+              std::int64_t axis) {
+  Builder b(driver::OpKind::Dequantize, "dequantize");
+  b.dtype_in(x, "x", {DType::U8, DType::I8, DType::I32});
+  b.dtype_in(scale, "scale", {DType::F32});
+  b.dtype_in(y, "y", kFloats);
+  if (zero_point) b.same_dtype(*zero_point, "zero_point", x, "x");
+  b.shape_is(y, "y", x.shape(), "the shape of x");
+  const auto r = static_cast<std::int64_t>(x.rank());
+  const std::int64_t ax = axis < 0 ? axis + r : axis;
+  std::vector<TensorArg> t{b.arg(x, "x"), b.per_axis(scale, "scale", x.shape(), ax),
+                           zero_point ? b.per_axis(*zero_point, "zero_point", x.shape(), ax) : b.absent(),
+                           b.arg(y, "y")};
+  b.desc().attrs = driver::NoAttrs{};
+  return b.finish(std::move(t));
+}
+
+namespace {
+
+// A zero point or scale of an integer matmul operand [.., R, C]: a scalar,
+// or one per row (along dim R, `per_row`) or per column (along C).
+TensorArg matmul_param(Builder& b, const std::optional<Tensor>& t, const char* role, const TensorArg& of,
+                       bool per_row) {
+  if (!t) return b.absent();
+  std::vector<std::int64_t> shape(of.rank);
+  for (std::uint32_t i = 0; i < of.rank; ++i) shape[i] = static_cast<std::int64_t>(of.shape[i]);
+  std::vector<std::int64_t> strides(of.rank, 0);
+  if (t->elements() == 1) return b.arg(*t, role, shape, strides);
+  const std::uint32_t dim = per_row ? of.rank - 2 : of.rank - 1;
+  if (t->rank() != 1 || t->shape()[0] != shape[dim])
+    b.fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t->shape()) + "; expected a scalar or [" +
+                                        std::to_string(shape[dim]) + "] (one per " + (per_row ? "row" : "column") + ")");
+  strides[dim] = t->strides()[0];
+  return b.arg(*t, role, shape, strides);
+}
+
+// A conv zero point or scale: for x a scalar; for w a scalar or one per
+// output channel; for y a scalar.
+TensorArg conv_param(Builder& b, const std::optional<Tensor>& t, const char* role, const Tensor& of, bool per_channel) {
+  if (!t) return b.absent();
+  std::vector<std::int64_t> strides(of.rank(), 0);
+  if (t->elements() == 1) return b.arg(*t, role, of.shape(), strides);
+  if (!per_channel || t->rank() != 1 || t->shape()[0] != of.shape()[0])
+    b.fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t->shape()) + "; expected a scalar" +
+                                        (per_channel ? " or one per output channel [" + std::to_string(of.shape()[0]) + "]"
+                                                     : std::string{}));
+  strides[0] = t->strides()[0];
+  return b.arg(*t, role, of.shape(), strides);
+}
+
+}  // namespace
+
+Op matmul_integer(const Tensor& a, const Tensor& b, const Tensor& y, const std::optional<Tensor>& a_zero_point,
+                  const std::optional<Tensor>& b_zero_point) {
+  Builder bd(driver::OpKind::MatMulInteger, "matmul_integer");
+  bd.dtype_in(a, "a", kInt8);
+  bd.dtype_in(b, "b", kInt8);
+  bd.dtype_in(y, "y", {DType::I32});
+  if (a_zero_point) bd.same_dtype(*a_zero_point, "a_zero_point", a, "a");
+  if (b_zero_point) bd.same_dtype(*b_zero_point, "b_zero_point", b, "b");
+  auto [va, vb] = matmul_views(bd, a, b, y, false, false);
+  TensorArg az = matmul_param(bd, a_zero_point, "a_zero_point", va, true);
+  TensorArg bz = matmul_param(bd, b_zero_point, "b_zero_point", vb, false);
+  bd.desc().attrs = driver::NoAttrs{};
+  return bd.finish({va, vb, az, bz, bd.arg(y, "y")});
+}
+
+Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y, const std::optional<Tensor>& x_zero_point,
+                const std::optional<Tensor>& w_zero_point, const Conv2dOptions& o) {
+  Builder b(driver::OpKind::ConvInteger, "conv_integer");
+  b.dtype_in(x, "x", kInt8);
+  b.dtype_in(w, "w", kInt8);
+  b.dtype_in(y, "y", {DType::I32});
+  if (o.activation.kind != Activation::None || o.bias)
+    b.fail(Status::InvalidArgument, "takes no activation and no bias");
+  if (x_zero_point) b.same_dtype(*x_zero_point, "x_zero_point", x, "x");
+  if (w_zero_point) b.same_dtype(*w_zero_point, "w_zero_point", w, "w");
+  check_conv(b, x, w, y, o);
+  b.desc().attrs = conv_attrs(o);
+  return b.finish({b.arg(x, "x"), b.arg(w, "w"), conv_param(b, x_zero_point, "x_zero_point", x, false),
+                   conv_param(b, w_zero_point, "w_zero_point", w, true), b.arg(y, "y")});
+}
+
+Op qlinear_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point, const Tensor& b,
+                  const Tensor& b_scale, const Tensor& b_zero_point, const Tensor& y_scale,
+                  const Tensor& y_zero_point, const Tensor& y) {
+  Builder bd(driver::OpKind::QLinearMatMul, "qlinear_matmul");
+  bd.dtype_in(a, "a", kInt8);
+  bd.dtype_in(b, "b", kInt8);
+  bd.dtype_in(y, "y", kInt8);
+  for (auto [t, role] : {std::pair{&a_scale, "a_scale"}, {&b_scale, "b_scale"}, {&y_scale, "y_scale"}})
+    bd.dtype_in(*t, role, {DType::F32});
+  bd.same_dtype(a_zero_point, "a_zero_point", a, "a");
+  bd.same_dtype(b_zero_point, "b_zero_point", b, "b");
+  bd.same_dtype(y_zero_point, "y_zero_point", y, "y");
+  auto [va, vb] = matmul_views(bd, a, b, y, false, false);
+  TensorArg as = matmul_param(bd, a_scale, "a_scale", va, true);
+  TensorArg az = matmul_param(bd, a_zero_point, "a_zero_point", va, true);
+  TensorArg bs = matmul_param(bd, b_scale, "b_scale", vb, false);
+  TensorArg bz = matmul_param(bd, b_zero_point, "b_zero_point", vb, false);
+  if (y_scale.elements() != 1 || y_zero_point.elements() != 1)
+    bd.fail(Status::InvalidArgument, "y_scale and y_zero_point must be scalars");
+  const std::vector<std::int64_t> zeros(y.rank(), 0);
+  TensorArg ys = bd.arg(y_scale, "y_scale", y.shape(), zeros);
+  TensorArg yz = bd.arg(y_zero_point, "y_zero_point", y.shape(), zeros);
+  bd.desc().attrs = driver::NoAttrs{};
+  return bd.finish({va, as, az, vb, bs, bz, ys, yz, bd.arg(y, "y")});
+}
+
+Op qlinear_conv(const Tensor& x, const Tensor& x_scale, const Tensor& x_zero_point, const Tensor& w,
+                const Tensor& w_scale, const Tensor& w_zero_point, const Tensor& y_scale, const Tensor& y_zero_point,
+                const Tensor& y, const Conv2dOptions& o) {
+  Builder b(driver::OpKind::QLinearConv, "qlinear_conv");
+  b.dtype_in(x, "x", kInt8);
+  b.dtype_in(w, "w", kInt8);
+  b.dtype_in(y, "y", kInt8);
+  for (auto [t, role] : {std::pair{&x_scale, "x_scale"}, {&w_scale, "w_scale"}, {&y_scale, "y_scale"}})
+    b.dtype_in(*t, role, {DType::F32});
+  b.same_dtype(x_zero_point, "x_zero_point", x, "x");
+  b.same_dtype(w_zero_point, "w_zero_point", w, "w");
+  b.same_dtype(y_zero_point, "y_zero_point", y, "y");
+  if (o.activation.kind != Activation::None) b.fail(Status::InvalidArgument, "takes no activation");
+  check_conv(b, x, w, y, o);
+  TensorArg bias = b.absent();
+  if (o.bias) {
+    b.dtype_in(*o.bias, "bias", {DType::I32});
+    b.shape_is(*o.bias, "bias", {w.shape()[0]}, "one per output channel");
+    bias = b.arg(*o.bias, "bias");
+  }
+  std::vector<TensorArg> t{b.arg(x, "x"),
+                           conv_param(b, x_scale, "x_scale", x, false),
+                           conv_param(b, x_zero_point, "x_zero_point", x, false),
+                           b.arg(w, "w"),
+                           conv_param(b, w_scale, "w_scale", w, true),
+                           conv_param(b, w_zero_point, "w_zero_point", w, true),
+                           conv_param(b, y_scale, "y_scale", y, false),
+                           conv_param(b, y_zero_point, "y_zero_point", y, false),
+                           bias,
+                           b.arg(y, "y")};
+  b.desc().attrs = conv_attrs(o);
+  return b.finish(std::move(t));
+}
+
+Op resize(const Tensor& x, const Tensor& y, const ResizeOptions& o) {
+  Builder b(driver::OpKind::Resize, "resize");
+  b.dtype_in(x, "x", {DType::F32, DType::F16, DType::BF16, DType::U8, DType::I8});
+  b.same_dtype(y, "y", x, "x");
+  const auto [n, c, h, w] = nchw(b, x, o.layout, "x");
+  const auto [yn, yc, yh, yw] = nchw(b, y, o.layout, "y");
+  if (yn != n || yc != c)
+    b.fail(Status::InvalidArgument, "y " + dims_text(y.shape()) + " must keep x's batch and channels " + dims_text(x.shape()));
+  if (h == 0 || w == 0 || yh == 0 || yw == 0) b.fail(Status::InvalidArgument, "empty images cannot be resized");
+  std::array<float, 2> scales = o.scales.value_or(std::array<float, 2>{
+      static_cast<float>(yh) / static_cast<float>(h), static_cast<float>(yw) / static_cast<float>(w)});
+  for (float s : scales)
+    if (!std::isfinite(s) || s <= 0 || s > 65536.0f)
+      b.fail(Status::InvalidArgument, "scale " + std::to_string(s) + " must be positive and finite");
+  driver::ResizeAttrs a;
+  a.mode = o.mode;
+  a.coordinate = o.coordinate;
+  a.nearest = o.nearest;
+  a.layout = o.layout;
+  a.scales = scales;
+  b.desc().attrs = a;
+  return b.finish({b.arg(x, "x"), b.arg(y, "y")});
+}
+
+namespace {
+Op color(ColorFormat format, const Tensor& luma, const Tensor& c1, const Tensor* c2, const Tensor& y,
+         const ColorConvertOptions& o) {
+  Builder b(driver::OpKind::ColorConvert, format == ColorFormat::NV12 ? "nv12_to_rgb" : "i420_to_rgb");
+  b.dtype_in(luma, "luma", {DType::U8});
+  b.dtype_in(c1, format == ColorFormat::NV12 ? "chroma" : "u", {DType::U8});
+  if (c2) b.dtype_in(*c2, "v", {DType::U8});
+  b.dtype_in(y, "y", {DType::F32, DType::F16, DType::BF16, DType::U8});
+  if (luma.rank() != 2) b.fail(Status::InvalidArgument, "luma has shape " + dims_text(luma.shape()) + "; expected [H, W]");
+  const std::int64_t h = luma.shape()[0], w = luma.shape()[1];
+  if (h % 2 || w % 2) b.fail(Status::InvalidArgument, "luma " + dims_text(luma.shape()) + " must have even height and width");
+  if (format == ColorFormat::NV12) b.shape_is(c1, "chroma", {h / 2, w / 2, 2}, "interleaved U and V at half resolution");
+  else {
+    b.shape_is(c1, "u", {h / 2, w / 2}, "half resolution");
+    b.shape_is(*c2, "v", {h / 2, w / 2}, "half resolution");
+  }
+  b.shape_is(y, "y", {3, h, w}, "planar RGB");
+  for (int k = 0; k < 3; ++k)
+    if (!std::isfinite(o.mean[k]) || !std::isfinite(o.scale[k]))
+      b.fail(Status::InvalidArgument, "mean and scale must be finite");
+  driver::ColorConvertAttrs a;
+  a.format = format;
+  a.mean = o.mean;
+  a.scale = o.scale;
+  b.desc().attrs = a;
+  return b.finish({b.arg(luma, "luma"), b.arg(c1, c2 ? "u" : "chroma"), c2 ? b.arg(*c2, "v") : b.absent(), b.arg(y, "y")});
+}
+}  // namespace
+
+Op nv12_to_rgb(const Tensor& luma, const Tensor& chroma, const Tensor& y, const ColorConvertOptions& o) {
+  return color(ColorFormat::NV12, luma, chroma, nullptr, y, o);
+}
+Op i420_to_rgb(const Tensor& luma, const Tensor& u, const Tensor& v, const Tensor& y, const ColorConvertOptions& o) {
+  return color(ColorFormat::I420, luma, u, &v, y, o);
+}
+
+}  // namespace ops
+}  // namespace tpuhal

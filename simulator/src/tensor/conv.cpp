@@ -1,0 +1,486 @@
+// 2-D convolution: float on oneDNN (f16 through f32), integer with exact
+// int32 zero-point corrections, and a reference loop for anything oneDNN
+// cannot describe.
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "dnnl_state.h"
+#include "engine.h"
+#include "numerics.h"
+#include "simd.h"
+
+namespace tpuhal::sim::tensor {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using dims = dnnl::memory::dims;
+
+struct Geometry {
+  bool nhwc;
+  std::uint64_t n, c, h, w;      // input
+  std::uint64_t o, oh, ow;       // output
+  std::uint64_t kh, kw, groups;  // kernel
+  std::uint64_t sh, sw, dh, dw, pt, pl, pb, pr;
+
+  Geometry(const fw::ConvAttrs& a, const View& x, const View& wt, const View& y) {
+    nhwc = a.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
+    n = x.shape[0];
+    c = nhwc ? x.shape[3] : x.shape[1];
+    h = nhwc ? x.shape[1] : x.shape[2];
+    w = nhwc ? x.shape[2] : x.shape[3];
+    o = wt.shape[0];
+    kh = wt.shape[2];
+    kw = wt.shape[3];
+    oh = nhwc ? y.shape[1] : y.shape[2];
+    ow = nhwc ? y.shape[2] : y.shape[3];
+    groups = a.groups;
+    sh = a.stride[0];
+    sw = a.stride[1];
+    dh = a.dilation[0];
+    dw = a.dilation[1];
+    pt = a.pad[0];
+    pl = a.pad[1];
+    pb = a.pad[2];
+    pr = a.pad[3];
+  }
+  // Element offsets in NCHW logical order for an NCHW or NHWC view.
+  std::uint64_t act(const View& v, std::uint64_t ni, std::uint64_t ci, std::uint64_t hi, std::uint64_t wi) const {
+    return nhwc ? ni * v.strides[0] + hi * v.strides[1] + wi * v.strides[2] + ci * v.strides[3]
+                : ni * v.strides[0] + ci * v.strides[1] + hi * v.strides[2] + wi * v.strides[3];
+  }
+  static std::uint64_t wgt(const View& v, std::uint64_t oi, std::uint64_t ci, std::uint64_t a, std::uint64_t b) {
+    return oi * v.strides[0] + ci * v.strides[1] + a * v.strides[2] + b * v.strides[3];
+  }
+  // Input row for output row `r` and kernel row `k`, or -1 in the padding.
+  std::int64_t in_row(std::uint64_t r, std::uint64_t k) const {
+    return static_cast<std::int64_t>(r * sh + k * dh) - static_cast<std::int64_t>(pt);
+  }
+  std::int64_t in_col(std::uint64_t col, std::uint64_t k) const {
+    return static_cast<std::int64_t>(col * sw + k * dw) - static_cast<std::int64_t>(pl);
+  }
+};
+
+dt dnnl_type(fw::DType t) {
+  switch (t) {
+    case fw::DType::kF32: return dt::f32;
+    case fw::DType::kBF16: return dt::bf16;
+    case fw::DType::kI8: return dt::s8;
+    case fw::DType::kU8: return dt::u8;
+    case fw::DType::kI32: return dt::s32;
+    default: return dt::undef;
+  }
+}
+
+// A view in oneDNN's logical NCHW order, with its own strides.
+dnnl::memory::desc act_desc(const View& v, bool nhwc, dt type) {
+  const auto s = [&](int d) { return static_cast<dnnl::memory::dim>(v.strides[d]); };
+  const auto e = [&](int d) { return static_cast<dnnl::memory::dim>(v.shape[d]); };
+  if (nhwc) return dnnl::memory::desc({e(0), e(3), e(1), e(2)}, type, {s(0), s(3), s(1), s(2)});
+  return dnnl::memory::desc({e(0), e(1), e(2), e(3)}, type, {s(0), s(1), s(2), s(3)});
+}
+
+// Runs a oneDNN forward convolution; weights are reordered into the layout
+// the primitive prefers. Returns false if oneDNN has no implementation.
+// `src_zero`, when given, is subtracted from x with oneDNN's zero-point
+// attribute (its padding then contributes 0, as ONNX defines).
+bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
+               dt wtype, const View* bias, const View& y, dt yt, void* ydata,
+               const std::int32_t* src_zero = nullptr) {
+  try {
+    const auto D = [](std::uint64_t v) { return static_cast<dnnl::memory::dim>(v); };
+    const dnnl::memory::desc xd = act_desc(x, g.nhwc, xt);
+    dnnl::memory::desc yd = act_desc(y, g.nhwc, yt);
+    if (ydata != y.data) {  // a dense scratch output in the same layout
+      yd = g.nhwc ? dnnl::memory::desc({D(g.n), D(g.o), D(g.oh), D(g.ow)}, yt, dnnl::memory::format_tag::nhwc)
+                  : dnnl::memory::desc({D(g.n), D(g.o), D(g.oh), D(g.ow)}, yt, dnnl::memory::format_tag::nchw);
+    }
+    const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
+    dnnl::memory::desc wd_user, wd_any;
+    const auto ws = [&](int d) { return static_cast<dnnl::memory::dim>(wt.strides[d]); };
+    if (g.groups == 1) {
+      wd_user = dnnl::memory::desc({D(g.o), D(cg), D(g.kh), D(g.kw)}, wtype, {ws(0), ws(1), ws(2), ws(3)});
+      wd_any = dnnl::memory::desc({D(g.o), D(cg), D(g.kh), D(g.kw)}, wtype, dnnl::memory::format_tag::any);
+    } else {
+      wd_user = dnnl::memory::desc({D(g.groups), D(og), D(cg), D(g.kh), D(g.kw)}, wtype,
+                                   {ws(0) * D(og), ws(0), ws(1), ws(2), ws(3)});
+      wd_any = dnnl::memory::desc({D(g.groups), D(og), D(cg), D(g.kh), D(g.kw)}, wtype, dnnl::memory::format_tag::any);
+    }
+    const dims strides{D(g.sh), D(g.sw)}, dil{D(g.dh - 1), D(g.dw - 1)};
+    const dims pad_l{D(g.pt), D(g.pl)}, pad_r{D(g.pb), D(g.pr)};
+    dnnl::memory::desc bd;
+    if (bias) bd = dnnl::memory::desc({D(g.o)}, dnnl_type(bias->dtype), {static_cast<dnnl::memory::dim>(bias->strides[0])});
+    // The primitive for this exact geometry, layouts and types, made once.
+    char sig[512];
+    std::snprintf(sig, sizeof sig, "%d|%d|%d|%d|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%d",
+                  static_cast<int>(xt), static_cast<int>(wtype), static_cast<int>(yt), bias ? static_cast<int>(bias->dtype) : -1,
+                  static_cast<unsigned long long>(g.n), static_cast<unsigned long long>(g.c),
+                  static_cast<unsigned long long>(g.h), static_cast<unsigned long long>(g.w),
+                  static_cast<unsigned long long>(g.o), static_cast<unsigned long long>(g.kh),
+                  static_cast<unsigned long long>(g.kw), static_cast<unsigned long long>(g.groups),
+                  static_cast<unsigned long long>(g.sh), static_cast<unsigned long long>(g.sw),
+                  static_cast<unsigned long long>(g.dh), static_cast<unsigned long long>(g.dw),
+                  static_cast<unsigned long long>(g.pt), static_cast<unsigned long long>(g.pl),
+                  static_cast<unsigned long long>(g.pb), static_cast<unsigned long long>(g.pr), src_zero ? 1 : 0);
+    std::string conv_key = sig;
+    for (const dnnl::memory::desc* dsc : std::array<const dnnl::memory::desc*, 3>{&xd, &yd, &wd_user})
+      for (int i = 0; i < dsc->data.ndims; ++i) conv_key += "," + std::to_string(dsc->data.format_desc.blocking.strides[i]);
+    if (bias) conv_key += "," + std::to_string(bias->strides[0]);
+    auto cached = e.dnnl().convs.find(conv_key);
+    if (cached == e.dnnl().convs.end()) {
+      auto desc = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                         dnnl::algorithm::convolution_direct, xd, wd_any, bd, yd,
+                                                         strides, dil, pad_l, pad_r)
+                       : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                                         dnnl::algorithm::convolution_direct, xd, wd_any, yd, strides,
+                                                         dil, pad_l, pad_r);
+      dnnl::primitive_attr attr;
+      if (src_zero) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+      e.dnnl().bind_threads();
+      dnnl::convolution_forward::primitive_desc made(desc, attr, e.dnnl().engine);
+      if (e.dnnl().convs.size() > 256) e.dnnl().release_thread();
+      cached = e.dnnl().convs.emplace(conv_key, DnnlState::Conv{made, dnnl::convolution_forward(made),
+                                                                 std::this_thread::get_id()}).first;
+    }
+    const auto& pd = cached->second.pd;
+    e.dnnl().bind_threads();
+    auto& eng = e.dnnl().engine;
+    auto& stream = e.dnnl().stream;
+    dnnl::memory wuser(wd_user, eng, const_cast<void*>(wdata));
+    dnnl::memory wmem = wuser;
+    if (pd.weights_desc() != wd_user) {
+      // Reordering weights costs tens of microseconds; a network runs the
+      // same weights again and again, so keep them reordered while their
+      // bytes stay the same. Weights with gaps (strided) are not cached.
+      const std::size_t wbytes = wd_user.get_size();
+      const bool dense_w = wbytes == g.o * (g.c / g.groups) * g.kh * g.kw * dnnl::memory::data_type_size(wtype);
+      char key[160];
+      std::snprintf(key, sizeof key, "%p/%llu/%llu/%llu/%llu/%d/%d", wdata, static_cast<unsigned long long>(g.o),
+                    static_cast<unsigned long long>(g.c), static_cast<unsigned long long>(g.kh),
+                    static_cast<unsigned long long>(g.kw), static_cast<int>(wtype), static_cast<int>(g.groups));
+      const dnnl::memory::desc preferred = pd.weights_desc();
+      const std::string k = std::string(key) + "/" + std::to_string(std::hash<std::string>{}(
+          std::string(reinterpret_cast<const char*>(&preferred.data), sizeof(dnnl_memory_desc_t))));
+      const auto* src = static_cast<const std::byte*>(wdata);
+      const dnnl::memory* hit = dense_w ? e.dnnl().cached_weights(k, src, wbytes) : nullptr;
+      if (hit) {
+        wmem = *hit;
+      } else {
+        wmem = dnnl::memory(pd.weights_desc(), eng);
+        dnnl::reorder(wuser, wmem).execute(stream, wuser, wmem);
+        if (dense_w) e.dnnl().remember_weights(k, src, wbytes, wmem);
+      }
+    }
+    dnnl::memory xm(xd, eng, x.data), ym(yd, eng, ydata);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, ym}};
+    if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bd, eng, bias->data));
+    if (src_zero)
+      args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
+                   dnnl::memory({{1}, dt::s32, {1}}, eng, const_cast<std::int32_t*>(src_zero)));
+    cached->second.primitive.execute(stream, args);
+    stream.wait();
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+// An integer convolution on oneDNN into the dense int32 `acc`, exact: oneDNN
+// passes its s32 sums through f32 on the way out, exact only below 2^24, so
+// a reduction that could reach that runs over slices of the input channels
+// (groups == 1), each short enough, and the slices add here in int32.
+// `amax` bounds |x| (|x - zero point| with src_zero); weights are s8.
+bool dnnl_conv_exact(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
+                     const View& y, std::int32_t* acc, std::uint64_t amax, const std::int32_t* src_zero = nullptr) {
+  constexpr std::uint64_t kExact = std::uint64_t{1} << 24;
+  const std::uint64_t taps = g.kh * g.kw, per_tap = amax * 128;
+  const std::uint64_t cg = g.c / g.groups;
+  if (cg * taps * per_tap <= kExact)
+    return dnnl_conv(e, g, x, xt, wt, wdata, dt::s8, nullptr, y, dt::s32, acc, src_zero);
+  if (g.groups != 1 || taps * per_tap > kExact) return false;
+  const std::uint64_t chunk = kExact / (taps * per_tap);
+  const int cdim = g.nhwc ? 3 : 1;
+  std::vector<std::int32_t> part;
+  const std::uint64_t total = g.n * g.o * g.oh * g.ow;
+  for (std::uint64_t c0 = 0; c0 < g.c; c0 += chunk) {
+    const std::uint64_t cc = std::min(chunk, g.c - c0);
+    View xs = x, ws = wt;
+    xs.shape[cdim] = cc;
+    xs.data = x.data + c0 * x.strides[cdim] * x.esize;
+    ws.shape[1] = cc;
+    Geometry gs = g;
+    gs.c = cc;
+    if (c0 != 0) part.resize(total);
+    std::int32_t* out = c0 == 0 ? acc : part.data();
+    if (!dnnl_conv(e, gs, xs, xt, ws, static_cast<const std::int8_t*>(wdata) + c0 * wt.strides[1], dt::s8, nullptr,
+                   y, dt::s32, out, src_zero))
+      return false;
+    if (c0 != 0)
+      for (std::uint64_t i = 0; i < total; ++i)
+        acc[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(acc[i]) + static_cast<std::uint32_t>(part[i]));
+  }
+  return true;
+}
+
+}  // namespace
+
+void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
+  const View &x0 = v[0], &w0 = v[1], &bias = v[2], &y = v[3];
+  const Geometry g(at, x0, w0, y);
+  const auto act = static_cast<fw::Activation>(at.activation);
+  std::vector<float> xs, wsv, bsv;
+  const bool f16 = x0.dtype == fw::DType::kF16;
+  const View x = f16 ? widened(x0, xs) : x0;
+  const View w = f16 ? widened(w0, wsv) : w0;
+  View b = bias;
+  if (bias.present() && (bias.dtype == fw::DType::kF16 || (bias.dtype != x.dtype && bias.dtype != fw::DType::kF32)))
+    b = widened(bias, bsv);
+
+  // oneDNN writes straight into y when y is f32/bf16 and no activation
+  // follows; otherwise into an f32 scratch that the loop below finishes.
+  const bool direct = !f16 && act == fw::Activation::kNone;
+  std::vector<float> scratch;
+  void* out = y.data;
+  dt yt = dnnl_type(y.dtype);
+  if (!direct) {
+    scratch.assign(g.n * g.o * g.oh * g.ow, 0.0f);
+    out = scratch.data();
+    yt = dt::f32;
+  }
+  const dt xt = dnnl_type(x.dtype);
+  bool done = dnnl_conv(e, g, x, xt, w, w.data, xt, b.present() ? &b : nullptr, y, yt, out);
+  if (!done) {
+    // Reference: direct loops, f32 accumulation in (c, kh, kw) order.
+    if (direct) {
+      scratch.assign(g.n * g.o * g.oh * g.ow, 0.0f);
+      out = scratch.data();
+    }
+    const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
+    e.pool().parallel_for(g.n * g.o, [&](std::uint64_t begin, std::uint64_t end) {
+      for (std::uint64_t no = begin; no < end; ++no) {
+        const std::uint64_t ni = no / g.o, oi = no % g.o, gi = oi / og;
+        for (std::uint64_t r = 0; r < g.oh; ++r)
+          for (std::uint64_t col = 0; col < g.ow; ++col) {
+            float s = b.present() ? load_float(b.at(oi * b.strides[0]), b.dtype) : 0.0f;
+            for (std::uint64_t ci = 0; ci < cg; ++ci)
+              for (std::uint64_t a = 0; a < g.kh; ++a) {
+                const std::int64_t ih = g.in_row(r, a);
+                if (ih < 0 || ih >= static_cast<std::int64_t>(g.h)) continue;
+                for (std::uint64_t bb = 0; bb < g.kw; ++bb) {
+                  const std::int64_t iw = g.in_col(col, bb);
+                  if (iw < 0 || iw >= static_cast<std::int64_t>(g.w)) continue;
+                  s += load_float(x.at(g.act(x, ni, gi * cg + ci, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))), x.dtype) *
+                       load_float(w.at(Geometry::wgt(w, oi, ci, a, bb)), w.dtype);
+                }
+              }
+            const std::uint64_t dense = g.nhwc ? ((ni * g.oh + r) * g.ow + col) * g.o + oi
+                                               : ((ni * g.o + oi) * g.oh + r) * g.ow + col;
+            scratch[dense] = s;
+          }
+      }
+    });
+    done = true;
+  }
+  if (out == y.data) return;
+  // Finish from the f32 scratch (dense, y's layout): activation, conversion.
+  const View* views[1] = {&y};
+  e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
+    std::uint64_t i = begin;
+    for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
+      store_float(y.at(off[0]), y.dtype, activate(act, at.act_alpha, at.act_beta, scratch[i++]));
+    });
+  });
+}
+
+// acc (y's shape, dense) = sum over valid taps of (x - xz)(w - wz), exact in
+// int32. With oneDNN: S = conv(x, w') on raw values (zero padding), w' = w
+// shifted to s8 for u8 weights, then
+//   acc = S + 128*X - wz*X - xz*Wv + xz*wz*N
+// where, per output position, X sums x over the valid taps, Wv sums w[o]
+// over the valid taps and N counts them.
+void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const View& w, const View* xz,
+                  const View* wz, std::int32_t* acc) {
+  View y{};
+  y.rank = 4;
+  const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
+  {
+    // y's geometry from the op's rules (the decoder checked y has it).
+    const std::uint64_t h = nhwc ? x.shape[1] : x.shape[2], wd = nhwc ? x.shape[2] : x.shape[3];
+    const std::uint64_t oh = fw::window_output(h, w.shape[2], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], false);
+    const std::uint64_t ow = fw::window_output(wd, w.shape[3], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], false);
+    const std::uint64_t n = x.shape[0], o = w.shape[0];
+    const std::uint64_t shape[4] = {n, nhwc ? oh : o, nhwc ? ow : oh, nhwc ? o : ow};
+    std::uint64_t step = 1;
+    for (int d = 3; d >= 0; --d) {
+      y.shape[d] = shape[d];
+      y.strides[d] = step;
+      step *= shape[d];
+    }
+  }
+  const Geometry g(at, x, w, y);
+  const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
+  if (g.n * g.o * g.oh * g.ow == 0) return;
+  const std::int64_t x_zero = xz ? load_int(xz->data, xz->dtype) : 0;
+  auto w_zero = [&](std::uint64_t oi) -> std::int64_t { return wz ? load_int(wz->at(oi * wz->strides[0]), wz->dtype) : 0; };
+  auto dense = [&](std::uint64_t ni, std::uint64_t oi, std::uint64_t r, std::uint64_t col) {
+    return nhwc ? ((ni * g.oh + r) * g.ow + col) * g.o + oi : ((ni * g.o + oi) * g.oh + r) * g.ow + col;
+  };
+
+  // S on oneDNN: weights as s8 (u8 shifted by -128, dense copy).
+  std::vector<std::int8_t> shifted;
+  const void* wdata = w.data;
+  View ws = w;
+  if (w.dtype == fw::DType::kU8) {
+    shifted.resize(w.elements());
+    std::uint64_t i = 0;
+    for (std::uint64_t oi = 0; oi < g.o; ++oi)
+      for (std::uint64_t ci = 0; ci < cg; ++ci)
+        for (std::uint64_t a = 0; a < g.kh; ++a)
+          for (std::uint64_t b = 0; b < g.kw; ++b)
+            shifted[i++] = static_cast<std::int8_t>(static_cast<std::uint8_t>(*w.at(Geometry::wgt(w, oi, ci, a, b))) ^ 0x80);
+    wdata = shifted.data();
+    ws.dtype = fw::DType::kI8;
+    ws.strides[3] = 1;
+    ws.strides[2] = g.kw;
+    ws.strides[1] = g.kh * g.kw;
+    ws.strides[0] = cg * g.kh * g.kw;
+  }
+  // Weights with no zero points: oneDNN subtracts the input's zero point
+  // itself and nothing is left to correct.
+  bool any_wz = false;
+  for (std::uint64_t oi = 0; oi < g.o && wz; ++oi) any_wz = any_wz || w_zero(oi) != 0;
+  if (w.dtype == fw::DType::kI8 && !any_wz && x_zero != 0) {
+    const auto zero = static_cast<std::int32_t>(x_zero);
+    if (dnnl_conv_exact(e, g, x, dnnl_type(x.dtype), w, w.data, y, acc, 255, &zero)) return;
+  }
+  const bool onednn =
+      dnnl_conv_exact(e, g, x, dnnl_type(x.dtype), ws, wdata, y, acc, x.dtype == fw::DType::kU8 ? 255 : 128);
+  if (!onednn) {
+    // Reference: the definition, directly.
+    e.pool().parallel_for(g.n * g.o, [&](std::uint64_t begin, std::uint64_t end) {
+      for (std::uint64_t no = begin; no < end; ++no) {
+        const std::uint64_t ni = no / g.o, oi = no % g.o, gi = oi / og;
+        const std::int64_t wzo = w_zero(oi);
+        for (std::uint64_t r = 0; r < g.oh; ++r)
+          for (std::uint64_t col = 0; col < g.ow; ++col) {
+            std::uint32_t s = 0;
+            for (std::uint64_t ci = 0; ci < cg; ++ci)
+              for (std::uint64_t a = 0; a < g.kh; ++a) {
+                const std::int64_t ih = g.in_row(r, a);
+                if (ih < 0 || ih >= static_cast<std::int64_t>(g.h)) continue;
+                for (std::uint64_t b = 0; b < g.kw; ++b) {
+                  const std::int64_t iw = g.in_col(col, b);
+                  if (iw < 0 || iw >= static_cast<std::int64_t>(g.w)) continue;
+                  const std::int64_t xv = load_int(x.at(g.act(x, ni, gi * cg + ci, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))), x.dtype) - x_zero;
+                  const std::int64_t wv = load_int(w.at(Geometry::wgt(w, oi, ci, a, b)), w.dtype) - wzo;
+                  s += static_cast<std::uint32_t>(xv * wv);
+                }
+              }
+            acc[dense(ni, oi, r, col)] = static_cast<std::int32_t>(s);
+          }
+      }
+    });
+    return;
+  }
+
+  // Corrections over the valid taps of each output position.
+  const bool shifted_w = w.dtype == fw::DType::kU8;
+  const bool need_x = shifted_w || any_wz;
+  // Per output channel and tap: sum of w over the group's input channels;
+  // and over all taps, for positions whose window lies wholly inside.
+  std::vector<std::int64_t> wtap, wfull;
+  if (x_zero != 0) {
+    wtap.assign(g.o * g.kh * g.kw, 0);
+    wfull.assign(g.o, 0);
+    for (std::uint64_t oi = 0; oi < g.o; ++oi)
+      for (std::uint64_t a = 0; a < g.kh; ++a)
+        for (std::uint64_t b = 0; b < g.kw; ++b) {
+          std::int64_t s = 0;
+          for (std::uint64_t ci = 0; ci < cg; ++ci) s += load_int(w.at(Geometry::wgt(w, oi, ci, a, b)), w.dtype);
+          wtap[(oi * g.kh + a) * g.kw + b] = s;
+          wfull[oi] += s;
+        }
+  }
+  if (x_zero == 0 && !need_x) return;
+  std::vector<std::int64_t> wz_all(g.o);
+  for (std::uint64_t oi = 0; oi < g.o; ++oi) wz_all[oi] = w_zero(oi);
+  // With no per-position input sums, a window wholly inside the image gets
+  // the same correction for every position: -xz * sum(w[o]).
+  std::vector<std::int32_t> interior(g.o, 0);
+  for (std::uint64_t oi = 0; oi < g.o && x_zero != 0; ++oi)
+    interior[oi] = static_cast<std::int32_t>(static_cast<std::uint32_t>(
+        -x_zero * wfull[oi] + x_zero * wz_all[oi] * static_cast<std::int64_t>(g.kh * g.kw * cg)));
+  e.pool().parallel_for(g.n * g.oh, [&](std::uint64_t begin, std::uint64_t end) {
+    std::vector<std::int64_t> xsum(g.groups);
+    std::vector<std::int32_t> fix(g.o);
+    for (std::uint64_t nr = begin; nr < end; ++nr) {
+      const std::uint64_t ni = nr / g.oh, r = nr % g.oh;
+      for (std::uint64_t col = 0; col < g.ow; ++col) {
+        if (!need_x && g.nhwc && g.in_row(r, 0) >= 0 && g.in_row(r, g.kh - 1) < static_cast<std::int64_t>(g.h) &&
+            g.in_col(col, 0) >= 0 && g.in_col(col, g.kw - 1) < static_cast<std::int64_t>(g.w)) {
+          simd::add_i32(&acc[dense(ni, 0, r, col)], interior.data(), g.o);
+          continue;
+        }
+        std::int64_t taps = 0;
+        bool inside = true;
+        std::fill(xsum.begin(), xsum.end(), 0);
+        for (std::uint64_t a = 0; a < g.kh; ++a) {
+          const std::int64_t ih = g.in_row(r, a);
+          if (ih < 0 || ih >= static_cast<std::int64_t>(g.h)) {
+            inside = false;
+            continue;
+          }
+          for (std::uint64_t b = 0; b < g.kw; ++b) {
+            const std::int64_t iw = g.in_col(col, b);
+            if (iw < 0 || iw >= static_cast<std::int64_t>(g.w)) {
+              inside = false;
+              continue;
+            }
+            ++taps;
+            if (need_x)
+              for (std::uint64_t c = 0; c < g.c; ++c)
+                xsum[c / cg] += load_int(x.at(g.act(x, ni, c, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))), x.dtype);
+          }
+        }
+        // fix[o] = 128*X (u8 weights) - wz*X - xz*Wv + xz*wz*N, mod 2^32.
+        for (std::uint64_t oi = 0; oi < g.o; ++oi) {
+          const std::int64_t wzo = wz_all[oi], xs = need_x ? xsum[oi / og] : 0;
+          std::int64_t f = (shifted_w ? 128 * xs : 0) - wzo * xs + x_zero * wzo * taps * static_cast<std::int64_t>(cg);
+          if (x_zero != 0) {
+            std::int64_t wv = 0;
+            if (inside) {
+              wv = wfull[oi];
+            } else {
+              for (std::uint64_t a = 0; a < g.kh; ++a) {
+                const std::int64_t ih = g.in_row(r, a);
+                if (ih < 0 || ih >= static_cast<std::int64_t>(g.h)) continue;
+                for (std::uint64_t b = 0; b < g.kw; ++b) {
+                  const std::int64_t iw = g.in_col(col, b);
+                  if (iw >= 0 && iw < static_cast<std::int64_t>(g.w)) wv += wtap[(oi * g.kh + a) * g.kw + b];
+                }
+              }
+            }
+            f -= x_zero * wv;
+          }
+          fix[oi] = static_cast<std::int32_t>(static_cast<std::uint32_t>(f));
+        }
+        if (g.nhwc) {  // the channels of one position are contiguous
+          std::int32_t* out = &acc[dense(ni, 0, r, col)];
+          for (std::uint64_t oi = 0; oi < g.o; ++oi)
+            out[oi] = static_cast<std::int32_t>(static_cast<std::uint32_t>(out[oi]) + static_cast<std::uint32_t>(fix[oi]));
+        } else {
+          for (std::uint64_t oi = 0; oi < g.o; ++oi) {
+            std::int32_t& out = acc[dense(ni, oi, r, col)];
+            out = static_cast<std::int32_t>(static_cast<std::uint32_t>(out) + static_cast<std::uint32_t>(fix[oi]));
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace tpuhal::sim::tensor

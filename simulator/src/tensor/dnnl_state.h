@@ -1,0 +1,72 @@
+// oneDNN objects the tensor engine keeps: one CPU engine and stream, and
+// the thread count its OpenMP regions use. Internal to the simulator.
+#pragma once
+
+#include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace tpuhal::sim::tensor {
+
+struct DnnlState {
+  explicit DnnlState(unsigned n) : threads(static_cast<int>(n)) {}
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  int threads;
+  // oneDNN runs its loops on OpenMP threads of the calling thread; each
+  // command processor sets its own team size before calling.
+  void bind_threads() const;
+
+  // Weights reordered into a primitive's preferred layout, reused while the
+  // bytes they came from are unchanged (checked byte for byte, so a model
+  // whose weights are rewritten in place is never served stale ones).
+  struct Reordered {
+    std::vector<std::byte> source;  // the weights as they were
+    dnnl::memory memory;
+  };
+  // `key` names the weights' address and layouts; `bytes` is the weights'
+  // dense span. Returns the cached memory or null.
+  const dnnl::memory* cached_weights(const std::string& key, const std::byte* bytes, std::size_t size) const {
+    auto it = weights.find(key);
+    if (it == weights.end() || it->second.source.size() != size ||
+        std::memcmp(it->second.source.data(), bytes, size) != 0)
+      return nullptr;
+    return &it->second.memory;
+  }
+  void remember_weights(const std::string& key, const std::byte* bytes, std::size_t size, dnnl::memory m) {
+    if (size > kWeightCacheBytes / 4) return;  // too big to keep
+    if (cached_bytes + size > kWeightCacheBytes) {
+      weights.clear();
+      cached_bytes = 0;
+    }
+    auto& e = weights[key];
+    cached_bytes += size - e.source.size();
+    e.source.assign(bytes, bytes + size);
+    e.memory = std::move(m);
+  }
+  // Convolution primitives by their full description: creating the
+  // descriptor and looking up the primitive costs tens of microseconds,
+  // a noticeable share of a small int8 convolution.
+  // A oneDNN primitive must be destroyed on the thread that made it while
+  // that thread lives (else oneDNN 2.6 loses a small per-thread block), so
+  // each remembers its maker and release_thread() drops a thread's own.
+  struct Conv {
+    dnnl::convolution_forward::primitive_desc pd;
+    dnnl::convolution_forward primitive;
+    std::thread::id maker;
+  };
+  std::unordered_map<std::string, Conv> convs;
+  void release_thread() {
+    const auto me = std::this_thread::get_id();
+    for (auto it = convs.begin(); it != convs.end();) it = it->second.maker == me ? convs.erase(it) : std::next(it);
+  }
+
+  static constexpr std::size_t kWeightCacheBytes = 64u << 20;
+  std::unordered_map<std::string, Reordered> weights;
+  std::size_t cached_bytes = 0;
+};
+
+}  // namespace tpuhal::sim::tensor

@@ -1,0 +1,280 @@
+#include "engine.h"
+
+#include <omp.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <span>
+
+#include "dnnl_state.h"
+#include "numerics.h"
+#include "simd.h"
+
+namespace tpuhal::sim::tensor {
+
+// ---- WorkerPool ----------------------------------------------------------------
+
+void WorkerPool::parallel_for(std::uint64_t n, const std::function<void(std::uint64_t, std::uint64_t)>& fn) const {
+  const unsigned parts = static_cast<unsigned>(std::min<std::uint64_t>(threads_, n));
+  if (parts <= 1) {
+    if (n) fn(0, n);
+    return;
+  }
+#pragma omp parallel num_threads(parts)
+  {
+    const auto i = static_cast<std::uint64_t>(omp_get_thread_num());
+    const auto t = static_cast<std::uint64_t>(omp_get_num_threads());
+    const std::uint64_t begin = n * i / t, end = n * (i + 1) / t;
+    if (begin < end) fn(begin, end);
+  }
+}
+
+// ---- TensorEngine --------------------------------------------------------------
+
+TensorEngine::TensorEngine(unsigned threads)
+    : pool_(threads), dnnl_(std::make_unique<DnnlState>(threads)) {}
+
+TensorEngine::~TensorEngine() = default;
+
+void TensorEngine::release_thread() {
+  std::lock_guard lock(mu_);
+  dnnl_->release_thread();
+}
+
+float activate(fw::Activation act, float alpha, float beta, float x) {
+  switch (act) {
+    case fw::Activation::kNone: return x;
+    case fw::Activation::kRelu: return x > 0 ? x : 0.0f;
+    case fw::Activation::kClip: return std::min(std::max(x, alpha), beta);
+    case fw::Activation::kSigmoid: return 1.0f / (1.0f + std::exp(-x));
+    case fw::Activation::kSilu: return x / (1.0f + std::exp(-x));
+    case fw::Activation::kLeakyRelu: return x < 0 ? alpha * x : x;
+    case fw::Activation::kTanh: return std::tanh(x);
+    case fw::Activation::kHardSigmoid: return std::min(std::max(alpha * x + beta, 0.0f), 1.0f);
+  }
+  return x;
+}
+
+namespace {
+
+// Round half to even for |v| < 2^22 in the default rounding mode, in a form
+// compilers vectorise: adding and removing 1.5 * 2^23 leaves v rounded
+// (the build never enables -ffast-math, which could fold it away).
+inline float rne(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  v = std::min(std::max(v, -4194304.0f), 4194304.0f);
+  return (v + kMagic) - kMagic;  // not folded: floating point does not reassociate
+}
+
+// Writes requantised int32 accumulators (dense, in y's row-major order):
+//   y = saturate(round_half_even(acc * multiplier) + zero_y)
+// with multiplier = (scale_a * scale_b) / scale_y formed in f32. The
+// multiplier varies along at most one axis: element i uses
+// multipliers[(i / div) % multipliers.size()].
+void requantize(TensorEngine& e, std::span<const std::int32_t> acc, const View& y,
+                const std::vector<float>& multipliers, std::uint64_t div, std::int32_t zero_y) {
+  const std::int32_t lo = int_min(y.dtype), hi = int_max(y.dtype);
+  const std::uint64_t period = multipliers.size();
+  const bool dense = y.contiguous();
+  e.pool().parallel_for(acc.size(), [&](std::uint64_t begin, std::uint64_t end) {
+    // Walk the multiplier index along without dividing per element.
+    std::uint64_t rem = begin % div, idx = (begin / div) % period;
+    auto next = [&] {
+      if (++rem == div) {
+        rem = 0;
+        if (++idx == period) idx = 0;
+      }
+    };
+    auto q = [&](std::uint64_t i) {
+      const float v = static_cast<float>(acc[i]) * multipliers[idx];
+      const std::int32_t r = static_cast<std::int32_t>(rne(v)) + zero_y;
+      return std::min(std::max(r, lo), hi);
+    };
+    if (dense && div == 1) {
+      // Whole periods as a plain loop the compiler vectorises.
+      auto* out = reinterpret_cast<std::uint8_t*>(y.data);
+      std::uint64_t i = begin;
+      for (; i < end && idx != 0; ++i) {
+        out[i] = static_cast<std::uint8_t>(q(i));
+        next();
+      }
+      for (; i + period <= end; i += period)
+        simd::requantize_u8(&acc[i], multipliers.data(), &out[i], period, zero_y, lo, hi);
+      for (; i < end; ++i) {
+        out[i] = static_cast<std::uint8_t>(q(i));
+        next();
+      }
+      return;
+    }
+    if (dense) {
+      auto* out = reinterpret_cast<std::uint8_t*>(y.data);
+      for (std::uint64_t i = begin; i < end; ++i) {
+        out[i] = static_cast<std::uint8_t>(q(i));
+        next();
+      }
+      return;
+    }
+    const View* views[1] = {&y};
+    std::uint64_t i = begin;
+    for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
+      store_int_wrap(y.at(off[0]), y.dtype, q(i++));
+      next();
+    });
+  });
+}
+
+// Dense int32 accumulators for y: y's own memory when it is dense i32,
+// else a scratch vector that store_acc copies into y.
+struct Accumulators {
+  std::int32_t* data;
+  std::size_t size;
+  Accumulators(TensorEngine& e, const View& y, bool direct) : size(y.elements()) {
+    if (direct && y.dtype == fw::DType::kI32 && y.contiguous()) data = reinterpret_cast<std::int32_t*>(y.data);
+    else data = e.scratch_i32(size);  // every element gets written
+  }
+  std::span<const std::int32_t> span() const { return {data, size}; }
+};
+
+// Copies dense int32 accumulators into y (i32, any strides).
+void store_acc(const Accumulators& acc, const View& y) {
+  if (acc.data == reinterpret_cast<std::int32_t*>(y.data)) return;  // already there
+  if (y.contiguous()) {
+    std::memcpy(y.data, acc.data, acc.size * 4);
+    return;
+  }
+  const View* views[1] = {&y};
+  std::uint64_t i = 0;
+  for_each_index(y.shape, y.rank, views, 0, y.elements(),
+                 [&](const std::uint64_t* off) { store_int_wrap(y.at(off[0]), y.dtype, acc.data[i++]); });
+}
+
+}  // namespace
+
+fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
+  std::lock_guard lock(mu_);
+  switch (op.kind) {
+    case fw::OpKind::kMatMul: matmul(*this, std::get<fw::MatMulAttrs>(op.attrs), v); break;
+    case fw::OpKind::kConv2d: conv2d(*this, std::get<fw::ConvAttrs>(op.attrs), v); break;
+    case fw::OpKind::kPool2d: pool2d(*this, std::get<fw::PoolAttrs>(op.attrs), v); break;
+    case fw::OpKind::kElementwise: elementwise(*this, std::get<fw::ElementwiseAttrs>(op.attrs), v); break;
+    case fw::OpKind::kSoftmax: softmax(*this, std::get<fw::SoftmaxAttrs>(op.attrs), v); break;
+    case fw::OpKind::kQuantize: quantize(*this, v); break;
+    case fw::OpKind::kDequantize: dequantize(*this, v); break;
+    case fw::OpKind::kMatMulInteger: {
+      Accumulators acc(*this, v[4], true);
+      matmul_integer(*this, v[0], v[1], v[2].present() ? &v[2] : nullptr, v[3].present() ? &v[3] : nullptr, acc.data);
+      store_acc(acc, v[4]);
+      break;
+    }
+    case fw::OpKind::kConvInteger: {
+      // conv_integer writes y's logical order densely: direct only for NCHW
+      // y already dense, which the layout-independent scratch also covers.
+      Accumulators acc(*this, v[4], true);
+      conv_integer(*this, std::get<fw::ConvAttrs>(op.attrs), v[0], v[1], v[2].present() ? &v[2] : nullptr,
+                   v[3].present() ? &v[3] : nullptr, acc.data);
+      store_acc(acc, v[4]);
+      break;
+    }
+    case fw::OpKind::kQLinearMatMul: {
+      // A, AScale, AZp, B, BScale, BZp, YScale, YZp, Y
+      Accumulators acc(*this, v[8], false);
+      matmul_integer(*this, v[0], v[3], &v[2], &v[5], acc.data);
+      const View &as = v[1], &bs = v[4], &y = v[8];
+      const std::uint32_t r = y.rank;
+      const std::uint64_t m = y.shape[r - 2], n = y.shape[r - 1];
+      const float ys = load_float(v[6].data, fw::DType::kF32);
+      if (v[0].shape[r - 1] == 0) {  // K = 0: every sum is 0 and y is its zero point
+        requantize(*this, acc.span(), y, std::vector<float>{0.0f}, 1, static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype)));
+        break;
+      }
+      // The scales are views over A [.., M, K] and B [.., K, N], constant
+      // along K; the decoder allows them to vary along M and N only when
+      // batch dims do not broadcast them differently, so one of three
+      // patterns holds: scalar, per column, per row.
+      bool batch_varies = false;
+      for (std::uint32_t d = 0; d + 2 < r; ++d) batch_varies = batch_varies || as.strides[d] || bs.strides[d];
+      std::vector<float> mult;
+      std::uint64_t div = 1;
+      if (batch_varies || (as.strides[r - 2] && bs.strides[r - 1])) {
+        mult.resize(acc.size);  // general: one multiplier per element
+        for (std::uint64_t i = 0; i < acc.size; ++i) {
+          std::uint64_t rem = i / (m * n), ia = 0, ib = 0;
+          for (std::uint32_t d = r - 2; d-- > 0;) {
+            const std::uint64_t idx = rem % y.shape[d];
+            rem /= y.shape[d];
+            ia += idx * as.strides[d];
+            ib += idx * bs.strides[d];
+          }
+          ia += (i / n % m) * as.strides[r - 2];
+          ib += (i % n) * bs.strides[r - 1];
+          mult[i] = load_float(as.at(ia), fw::DType::kF32) * load_float(bs.at(ib), fw::DType::kF32) / ys;
+        }
+      } else if (as.strides[r - 2]) {  // per row
+        for (std::uint64_t i = 0; i < m; ++i)
+          mult.push_back(load_float(as.at(i * as.strides[r - 2]), fw::DType::kF32) * load_float(bs.data, fw::DType::kF32) / ys);
+        div = n;
+      } else {  // per column (or scalar)
+        for (std::uint64_t j = 0; j < n; ++j)
+          mult.push_back(load_float(as.data, fw::DType::kF32) * load_float(bs.at(j * bs.strides[r - 1]), fw::DType::kF32) / ys);
+      }
+      requantize(*this, acc.span(), y, mult, div, static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype)));
+      break;
+    }
+    case fw::OpKind::kQLinearConv: {
+      // X, XScale, XZp, W, WScale, WZp, YScale, YZp, Bias, Y
+      const auto& at = std::get<fw::ConvAttrs>(op.attrs);
+      Accumulators acc(*this, v[9], false);
+      conv_integer(*this, at, v[0], v[3], &v[2], &v[5], acc.data);
+      const View& y = v[9];
+      const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
+      const std::uint64_t c = nhwc ? y.shape[3] : y.shape[1];
+      const std::uint64_t hw = nhwc ? 1 : y.shape[2] * y.shape[3];
+      if (v[8].present()) {
+        std::vector<std::uint32_t> bias(c);
+        for (std::uint64_t o = 0; o < c; ++o)
+          bias[o] = static_cast<std::uint32_t>(load_int(v[8].at(o * v[8].strides[0]), fw::DType::kI32));
+        for (std::uint64_t i = 0, o = 0, k = 0; i < acc.size; ++i) {
+          acc.data[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(acc.data[i]) + bias[o]);
+          if (++k == hw) {
+            k = 0;
+            if (++o == c) o = 0;
+          }
+        }
+      }
+      const float xs = load_float(v[1].data, fw::DType::kF32), ys = load_float(v[6].data, fw::DType::kF32);
+      std::vector<float> mult(c);
+      for (std::uint64_t o = 0; o < c; ++o) mult[o] = xs * load_float(v[4].at(o * v[4].strides[0]), fw::DType::kF32) / ys;
+      requantize(*this, acc.span(), y, mult, hw, static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype)));
+      break;
+    }
+    case fw::OpKind::kResize: resize(*this, std::get<fw::ResizeAttrs>(op.attrs), v); break;
+    case fw::OpKind::kColorConvert: color_convert(*this, std::get<fw::ColorConvertAttrs>(op.attrs), v); break;
+    case fw::OpKind::kInvalid:
+      return {fw::CmdStatus::kBadArgument, fw::kFieldOpKind, 0};
+  }
+  return {};
+}
+
+// Dense f32 copy of a float view (for f16, which oneDNN lacks here).
+View widened(const View& v, std::vector<float>& store) {
+  store.resize(v.elements());
+  const View* views[1] = {&v};
+  std::uint64_t i = 0;
+  for_each_index(v.shape, v.rank, views, 0, v.elements(),
+                 [&](const std::uint64_t* off) { store[i++] = load_float(v.at(off[0]), v.dtype); });
+  View out = v;
+  out.data = reinterpret_cast<std::byte*>(store.data());
+  out.dtype = fw::DType::kF32;
+  out.esize = 4;
+  std::uint64_t step = 1;
+  for (std::uint32_t d = v.rank; d-- > 0;) {
+    out.strides[d] = step;
+    step *= v.shape[d];
+  }
+  return out;
+}
+
+}  // namespace tpuhal::sim::tensor

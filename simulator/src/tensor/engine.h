@@ -1,0 +1,141 @@
+// The board's tensor engine: executes validated op parameter blocks on
+// tensors already resolved to host pointers. Internal to the simulator.
+//
+// Results are deterministic and independent of the number of threads: every
+// output element is computed by one thread with the same arithmetic in the
+// same order, whatever the partition of the work.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "tpuhal/fw/decode.h"
+
+namespace tpuhal::sim::tensor {
+
+// A tensor in host memory: element (i0..ik) at data + sum(i*strides)*esize.
+struct View {
+  std::byte* data = nullptr;
+  fw::DType dtype = fw::DType::kNone;
+  std::uint32_t rank = 0;
+  std::uint64_t shape[fw::kMaxRank] = {};
+  std::uint64_t strides[fw::kMaxRank] = {};
+  std::uint32_t esize = 0;
+
+  bool present() const { return dtype != fw::DType::kNone; }
+  std::uint64_t elements() const {
+    std::uint64_t n = 1;
+    for (std::uint32_t i = 0; i < rank; ++i) n *= shape[i];
+    return n;
+  }
+  bool contiguous() const {
+    std::uint64_t step = 1;
+    for (std::uint32_t i = rank; i-- > 0;) {
+      if (shape[i] > 1 && strides[i] != step) return false;
+      step *= shape[i];
+    }
+    return true;
+  }
+  std::byte* at(std::uint64_t linear_offset_elements) const { return data + linear_offset_elements * esize; }
+};
+
+// Parallel loops on the engine's threads. They run as OpenMP regions, the
+// same threads oneDNN's kernels use, so that the two never compete for the
+// board's cores.
+class WorkerPool {
+ public:
+  explicit WorkerPool(unsigned threads) : threads_(threads < 1 ? 1 : threads) {}
+  unsigned threads() const { return threads_; }
+  // Calls fn(begin, end) over [0, n) split into contiguous parts, one per
+  // thread. Returns when all are done.
+  void parallel_for(std::uint64_t n, const std::function<void(std::uint64_t, std::uint64_t)>& fn) const;
+
+ private:
+  unsigned threads_;
+};
+
+struct DnnlState;  // oneDNN engine and stream
+
+class TensorEngine {
+ public:
+  explicit TensorEngine(unsigned threads);
+  ~TensorEngine();
+  unsigned threads() const { return pool_.threads(); }
+
+  // Runs one op. `views` has op.num_tensors entries in the op's order.
+  // Returns a problem (kBadArgument) only for conditions the decoder cannot
+  // see; memory safety was settled when the views were resolved.
+  fw::Problem run(const fw::OpBlock& op, const View* views);
+
+  // Drops what the calling thread made (oneDNN primitives must die on
+  // their maker's thread). Command processors call it before they exit.
+  void release_thread();
+
+  WorkerPool& pool() { return pool_; }
+  DnnlState& dnnl() { return *dnnl_; }
+  // Scratch memory kept across ops (the engine runs one op at a time), so
+  // that ops do not fault fresh pages in every time. Contents undefined.
+  std::int32_t* scratch_i32(std::size_t n) {
+    if (scratch_.size() < n) scratch_.resize(n);
+    return scratch_.data();
+  }
+
+ private:
+  std::mutex mu_;  // one op at a time: the engine is shared by all queues
+  WorkerPool pool_;
+  std::unique_ptr<DnnlState> dnnl_;
+  std::vector<std::int32_t> scratch_;
+};
+
+// Kernels (one file each); all take the engine for its pool and oneDNN.
+void matmul(TensorEngine& e, const fw::MatMulAttrs& a, const View* v);
+// Integer products write int32 accumulators, dense in the output's
+// row-major order, into `acc` (sized by the caller: the output's elements).
+void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* az, const View* bz,
+                    std::int32_t* acc);
+void conv2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v);
+void conv_integer(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz,
+                  const View* wz, std::int32_t* acc);
+void pool2d(TensorEngine& e, const fw::PoolAttrs& a, const View* v);
+void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& a, const View* v);
+void softmax(TensorEngine& e, const fw::SoftmaxAttrs& a, const View* v);
+void quantize(TensorEngine& e, const View* v);
+void dequantize(TensorEngine& e, const View* v);
+void resize(TensorEngine& e, const fw::ResizeAttrs& a, const View* v);
+void color_convert(TensorEngine& e, const fw::ColorConvertAttrs& a, const View* v);
+float activate(fw::Activation act, float alpha, float beta, float x);
+
+// Visits every index of `shape` (row-major), calling fn(offsets) where
+// offsets[t] is the element offset of index in each of `views`.
+template <std::size_t N, class F>
+void for_each_index(const std::uint64_t* shape, std::uint32_t rank, const View* const (&views)[N],
+                    std::uint64_t begin, std::uint64_t end, F&& fn) {
+  std::uint64_t idx[fw::kMaxRank] = {};
+  std::uint64_t rem = begin;
+  for (std::uint32_t d = rank; d-- > 0;) {
+    idx[d] = rem % shape[d];
+    rem /= shape[d];
+  }
+  std::uint64_t off[N] = {};
+  for (std::size_t t = 0; t < N; ++t)
+    for (std::uint32_t d = 0; d < rank; ++d) off[t] += idx[d] * views[t]->strides[d];
+  for (std::uint64_t i = begin; i < end; ++i) {
+    fn(off);
+    for (std::uint32_t d = rank; d-- > 0;) {  // odometer step
+      ++idx[d];
+      for (std::size_t t = 0; t < N; ++t) off[t] += views[t]->strides[d];
+      if (idx[d] < shape[d] || d == 0) break;
+      for (std::size_t t = 0; t < N; ++t) off[t] -= shape[d] * views[t]->strides[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+// A dense f32 copy of a float view in `store` (f16 has no oneDNN kernel on
+// this ISA; widening is exact).
+View widened(const View& v, std::vector<float>& store);
+
+}  // namespace tpuhal::sim::tensor

@@ -1,0 +1,325 @@
+// Matrix products: float (f32, bf16 on oneDNN; f16 through f32) and integer
+// (int32 accumulation with exact zero-point corrections).
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "dnnl_state.h"
+#include "engine.h"
+#include "numerics.h"
+
+namespace tpuhal::sim::tensor {
+
+void DnnlState::bind_threads() const { omp_set_num_threads(threads); }
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+dnnl::memory::dims plain_strides(const dnnl::memory::dims& d) {
+  dnnl::memory::dims s(d.size());
+  dnnl::memory::dim step = 1;
+  for (std::size_t i = d.size(); i-- > 0;) {
+    s[i] = step;
+    step *= d[i];
+  }
+  return s;
+}
+
+dt dnnl_type(fw::DType t) {
+  switch (t) {
+    case fw::DType::kF32: return dt::f32;
+    case fw::DType::kF16: return dt::f16;
+    case fw::DType::kBF16: return dt::bf16;
+    case fw::DType::kI8: return dt::s8;
+    case fw::DType::kU8: return dt::u8;
+    case fw::DType::kI32: return dt::s32;
+    case fw::DType::kNone: break;
+  }
+  return dt::undef;
+}
+
+// A 2-D (or batched) matrix view as oneDNN sees it: dims collapse broadcast
+// batch dimensions (stride 0) to 1. Returns false if oneDNN cannot describe
+// it (it then takes the reference path).
+bool dnnl_desc(const View& v, bool transpose, dnnl::memory::desc& out) {
+  const std::uint32_t r = v.rank;
+  dnnl::memory::dims dims(r), strides(r);
+  for (std::uint32_t d = 0; d < r; ++d) {
+    const bool broadcast = v.strides[d] == 0 && v.shape[d] > 1;
+    if (broadcast && d + 2 >= r) return false;  // a broadcast row or column
+    dims[d] = broadcast ? 1 : static_cast<dnnl::memory::dim>(v.shape[d]);
+    strides[d] = static_cast<dnnl::memory::dim>(v.strides[d]);
+  }
+  if (transpose) {
+    std::swap(dims[r - 2], dims[r - 1]);
+    std::swap(strides[r - 2], strides[r - 1]);
+  }
+  try {
+    out = dnnl::memory::desc(dims, dnnl_type(v.dtype), strides);
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  return true;
+}
+
+// Element offset of (batch index b, row i, column j) of a [batch..., R, C]
+// view, optionally transposed.
+struct Indexer {
+  const View& v;
+  bool transpose;
+  std::uint64_t batch_offset(std::uint64_t b, const View& y) const {
+    std::uint64_t off = 0;
+    for (std::uint32_t d = y.rank - 2; d-- > 0;) {
+      off += (b % y.shape[d]) * v.strides[d];
+      b /= y.shape[d];
+    }
+    return off;
+  }
+  std::uint64_t rc(std::uint64_t i, std::uint64_t j) const {
+    const std::uint32_t r = v.rank;
+    return transpose ? j * v.strides[r - 2] + i * v.strides[r - 1] : i * v.strides[r - 2] + j * v.strides[r - 1];
+  }
+};
+
+std::uint64_t batches(const View& y) {
+  std::uint64_t n = 1;
+  for (std::uint32_t d = 0; d + 2 < y.rank; ++d) n *= y.shape[d];
+  return n;
+}
+
+// acc (f32, [batch, M, N] dense) = A @ B, on oneDNN where it can describe
+// the operands, else by a reference loop (f32 accumulation in k order).
+void float_product(TensorEngine& e, const View& a, const View& b, bool ta, bool tb, const View& y,
+                   std::vector<float>& acc) {
+  const std::uint32_t r = y.rank;
+  const std::uint64_t m = y.shape[r - 2], n = y.shape[r - 1];
+  const std::uint64_t k = ta ? a.shape[r - 2] : a.shape[r - 1];
+  const std::uint64_t nb = batches(y);
+  acc.assign(nb * m * n, 0.0f);
+  if (m == 0 || n == 0 || nb == 0) return;
+  if (k == 0) return;
+
+  // f16 has no oneDNN kernel on this ISA: widen to f32 first (exact).
+  std::vector<float> wa, wb;
+  const View va = a.dtype == fw::DType::kF16 ? widened(a, wa) : a;
+  const View vb = b.dtype == fw::DType::kF16 ? widened(b, wb) : b;
+
+  dnnl::memory::desc ad, bd;
+  if (dnnl_desc(va, ta, ad) && dnnl_desc(vb, tb, bd)) {
+    dnnl::memory::dims ydims(r);
+    for (std::uint32_t d = 0; d < r; ++d) ydims[d] = static_cast<dnnl::memory::dim>(y.shape[d]);
+    const dnnl::memory::desc yd(ydims, dt::f32, plain_strides(ydims));
+    try {
+      e.dnnl().bind_threads();
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, yd), e.dnnl().engine);
+      dnnl::matmul prim(pd);
+      dnnl::memory am(ad, e.dnnl().engine, va.data), bm(bd, e.dnnl().engine, vb.data),
+          ym(yd, e.dnnl().engine, acc.data());
+      prim.execute(e.dnnl().stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, ym}});
+      e.dnnl().stream.wait();
+      return;
+    } catch (const dnnl::error&) {
+      // fall through to the reference loop
+    }
+  }
+  const Indexer ia{va, ta}, ib{vb, tb};
+  e.pool().parallel_for(nb * m, [&](std::uint64_t begin, std::uint64_t end) {
+    for (std::uint64_t row = begin; row < end; ++row) {
+      const std::uint64_t bi = row / m, i = row % m;
+      const std::byte* pa = va.at(ia.batch_offset(bi, y));
+      const std::byte* pb = vb.at(ib.batch_offset(bi, y));
+      float* out = &acc[row * n];
+      for (std::uint64_t kk = 0; kk < k; ++kk) {
+        const float av = load_float(pa + ia.rc(i, kk) * va.esize, va.dtype);
+        for (std::uint64_t j = 0; j < n; ++j) out[j] += av * load_float(pb + ib.rc(kk, j) * vb.esize, vb.dtype);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void matmul(TensorEngine& e, const fw::MatMulAttrs& at, const View* v) {
+  const View &a = v[0], &b = v[1], &c = v[2], &y = v[3];
+  const bool plain = at.alpha == 1.0f && !c.present() && at.activation == 0;
+  const std::uint64_t k = at.trans_a ? a.shape[a.rank - 2] : a.shape[a.rank - 1];
+  // The common case straight into y: f32 or bf16 in, y f32 or same, dense
+  // (oneDNN divides by K: a product over nothing takes the general path).
+  if (plain && k != 0 && y.contiguous() && (a.dtype == fw::DType::kF32 || a.dtype == fw::DType::kBF16)) {
+    dnnl::memory::desc ad, bd;
+    if (dnnl_desc(a, at.trans_a, ad) && dnnl_desc(b, at.trans_b, bd)) {
+      dnnl::memory::dims ydims(y.rank);
+      for (std::uint32_t d = 0; d < y.rank; ++d) ydims[d] = static_cast<dnnl::memory::dim>(y.shape[d]);
+      const dnnl::memory::desc yd(ydims, dnnl_type(y.dtype), plain_strides(ydims));
+      try {
+        e.dnnl().bind_threads();
+        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, yd), e.dnnl().engine);
+        dnnl::matmul prim(pd);
+        dnnl::memory am(ad, e.dnnl().engine, a.data), bm(bd, e.dnnl().engine, b.data),
+            ym(yd, e.dnnl().engine, y.data);
+        prim.execute(e.dnnl().stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, ym}});
+        e.dnnl().stream.wait();
+        return;
+      } catch (const dnnl::error&) {
+        // the general path below handles it
+      }
+    }
+  }
+  std::vector<float> acc;
+  float_product(e, a, b, at.trans_a, at.trans_b, y, acc);
+  const auto act = static_cast<fw::Activation>(at.activation);
+  const View* views[2] = {&y, &c};
+  const View* y_only[1] = {&y};
+  e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
+    std::uint64_t i = begin;
+    auto finish = [&](std::uint64_t yoff, float cval) {
+      float vv = at.alpha * acc[i++] + at.beta * cval;
+      store_float(y.at(yoff), y.dtype, activate(act, at.act_alpha, at.act_beta, vv));
+    };
+    if (c.present())
+      for_each_index(y.shape, y.rank, views, begin, end,
+                     [&](const std::uint64_t* off) { finish(off[0], load_float(c.at(off[1]), c.dtype)); });
+    else
+      for_each_index(y.shape, y.rank, y_only, begin, end, [&](const std::uint64_t* off) { finish(off[0], 0.0f); });
+  });
+}
+
+// Integer product with zero points, exact in int32 (two's complement
+// wrap-around, as every int32 accumulator behaves):
+//   sum_k (a - az)(b - bz) = sum ab - bz sum_k a - az sum_k b + K az bz
+// with sum ab on oneDNN (u8/s8 x s8; u8 weights shifted by 128) where it
+// can describe the operands.
+void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* az, const View* bz,
+                    std::int32_t* acc) {
+  const std::uint32_t r = a.rank;
+  const std::uint64_t m = a.shape[r - 2], k = a.shape[r - 1], n = b.shape[r - 1];
+  View y{};  // the output's geometry: batch dims from a (already broadcast)
+  y.rank = r;
+  for (std::uint32_t d = 0; d + 2 < r; ++d) y.shape[d] = a.shape[d];
+  y.shape[r - 2] = m;
+  y.shape[r - 1] = n;
+  const std::uint64_t nb = batches(y);
+  if (!nb || !m || !n) return;
+  if (!k) {
+    std::fill(acc, acc + nb * m * n, 0);
+    return;
+  }
+  const Indexer ia{a, false}, ib{b, false};
+
+  // Raw sums of a over k (per row) and of b over k (per column), where the
+  // zero points or the u8 weight shift need them.
+  const bool need_rows = bz || b.dtype == fw::DType::kU8, need_cols = az != nullptr;
+  std::vector<std::int64_t> row_sum(nb * m, 0), col_sum(nb * n, 0);
+  for (std::uint64_t bi = 0; bi < nb && (need_rows || need_cols); ++bi) {
+    const std::byte* pa = a.at(ia.batch_offset(bi, y));
+    const std::byte* pb = b.at(ib.batch_offset(bi, y));
+    for (std::uint64_t i = 0; i < m && need_rows; ++i)
+      for (std::uint64_t kk = 0; kk < k; ++kk) row_sum[bi * m + i] += load_int(pa + ia.rc(i, kk) * a.esize, a.dtype);
+    for (std::uint64_t kk = 0; kk < k && need_cols; ++kk)
+      for (std::uint64_t j = 0; j < n; ++j) col_sum[bi * n + j] += load_int(pb + ib.rc(kk, j) * b.esize, b.dtype);
+  }
+
+  // sum ab.
+  bool done = false;
+  dnnl::memory::desc ad, bd;
+  if (dnnl_desc(a, false, ad)) {
+    // Weights must be s8: shift u8 weights by -128 into a dense s8 copy.
+    std::vector<std::int8_t> shifted;
+    View bs = b;
+    if (b.dtype == fw::DType::kU8) {
+      shifted.resize(b.elements());
+      const View* views[1] = {&b};
+      std::uint64_t i = 0;
+      for_each_index(b.shape, b.rank, views, 0, b.elements(), [&](const std::uint64_t* off) {
+        shifted[i++] = static_cast<std::int8_t>(static_cast<std::uint8_t>(*b.at(off[0])) ^ 0x80);
+      });
+      bs.data = reinterpret_cast<std::byte*>(shifted.data());
+      bs.dtype = fw::DType::kI8;
+      std::uint64_t step = 1;
+      for (std::uint32_t d = b.rank; d-- > 0;) {
+        bs.strides[d] = step;
+        step *= b.shape[d];
+      }
+    }
+    // oneDNN converts its s32 sums through f32 on the way out, which is
+    // exact only below 2^24: run it over slices of K short enough that no
+    // partial sum can reach that, and add the slices in int32 here.
+    const std::uint64_t amax = a.dtype == fw::DType::kU8 ? 255 : 128;
+    const std::uint64_t chunk = std::min<std::uint64_t>(k, (std::uint64_t{1} << 24) / (amax * 128));
+    if (dnnl_desc(bs, false, bd)) {
+      dnnl::memory::dims ydims(r);
+      for (std::uint32_t d = 0; d < r; ++d) ydims[d] = static_cast<dnnl::memory::dim>(y.shape[d]);
+      const dnnl::memory::desc yd(ydims, dt::s32, plain_strides(ydims));
+      try {
+        e.dnnl().bind_threads();
+        std::vector<std::int32_t> part;
+        for (std::uint64_t k0 = 0; k0 < k; k0 += chunk) {
+          const std::uint64_t kc = std::min(chunk, k - k0);
+          View as = a, bsl = bs;
+          as.shape[r - 1] = kc;
+          as.data = a.data + k0 * a.strides[r - 1] * a.esize;
+          bsl.shape[r - 2] = kc;
+          bsl.data = bs.data + k0 * bs.strides[r - 2] * bs.esize;
+          dnnl::memory::desc adc, bdc;
+          if (!dnnl_desc(as, false, adc) || !dnnl_desc(bsl, false, bdc)) throw dnnl::error(dnnl_unimplemented, "slice");
+          dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(adc, bdc, yd), e.dnnl().engine);
+          dnnl::matmul prim(pd);
+          if (k0 != 0) part.resize(nb * m * n);
+          std::int32_t* out = k0 == 0 ? acc : part.data();
+          dnnl::memory am(adc, e.dnnl().engine, as.data), bm(bdc, e.dnnl().engine, bsl.data),
+              ym(yd, e.dnnl().engine, out);
+          prim.execute(e.dnnl().stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, ym}});
+          e.dnnl().stream.wait();
+          if (k0 != 0)
+            for (std::uint64_t i = 0; i < nb * m * n; ++i)
+              acc[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(acc[i]) + static_cast<std::uint32_t>(part[i]));
+        }
+        if (b.dtype == fw::DType::kU8)  // undo the shift: + 128 * sum_k a
+          for (std::uint64_t row = 0; row < nb * m; ++row)
+            for (std::uint64_t j = 0; j < n; ++j)
+              acc[row * n + j] = static_cast<std::int32_t>(static_cast<std::uint32_t>(acc[row * n + j]) +
+                                                           static_cast<std::uint32_t>(128 * row_sum[row]));
+        done = true;
+      } catch (const dnnl::error&) {
+      }
+    }
+  }
+  if (!done) {
+    e.pool().parallel_for(nb * m, [&](std::uint64_t begin, std::uint64_t end) {
+      for (std::uint64_t row = begin; row < end; ++row) {
+        const std::uint64_t bi = row / m, i = row % m;
+        const std::byte* pa = a.at(ia.batch_offset(bi, y));
+        const std::byte* pb = b.at(ib.batch_offset(bi, y));
+        for (std::uint64_t j = 0; j < n; ++j) {
+          std::uint32_t s = 0;
+          for (std::uint64_t kk = 0; kk < k; ++kk)
+            s += static_cast<std::uint32_t>(load_int(pa + ia.rc(i, kk) * a.esize, a.dtype) *
+                                            load_int(pb + ib.rc(kk, j) * b.esize, b.dtype));
+          acc[row * n + j] = static_cast<std::int32_t>(s);
+        }
+      }
+    });
+  }
+
+  // Zero-point corrections.
+  if (!az && !bz) return;
+  for (std::uint64_t bi = 0; bi < nb; ++bi) {
+    for (std::uint64_t i = 0; i < m; ++i) {
+      std::int64_t za = 0;
+      if (az) za = load_int(az->at(Indexer{*az, false}.batch_offset(bi, y) + i * az->strides[r - 2]), az->dtype);
+      for (std::uint64_t j = 0; j < n; ++j) {
+        std::int64_t zb = 0;
+        if (bz) zb = load_int(bz->at(Indexer{*bz, false}.batch_offset(bi, y) + j * bz->strides[r - 1]), bz->dtype);
+        const std::int64_t fix = -zb * row_sum[bi * m + i] - za * col_sum[bi * n + j] +
+                                 static_cast<std::int64_t>(k) * za * zb;
+        std::int32_t& out = acc[(bi * m + i) * n + j];
+        out = static_cast<std::int32_t>(static_cast<std::uint32_t>(out) + static_cast<std::uint32_t>(fix));
+      }
+    }
+  }
+}
+
+}  // namespace tpuhal::sim::tensor

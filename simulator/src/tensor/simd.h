@@ -1,0 +1,20 @@
+// The tensor engine's innermost loops, compiled for several instruction
+// sets and chosen at run time (GCC function multi-versioning): the build
+// targets baseline x86-64, the machine may have AVX2 or AVX-512.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tpuhal::sim::tensor::simd {
+
+// out[i] += add[i] (two's complement wrap).
+void add_i32(std::int32_t* out, const std::int32_t* add, std::size_t n);
+
+// out[i] = clamp(round_half_even(acc[i] * mul[i]) + zero, lo, hi) as a byte
+// (u8, or i8 two's complement), for |acc[i] * mul[i]| up to 2^22 (beyond,
+// the result saturates).
+void requantize_u8(const std::int32_t* acc, const float* mul, std::uint8_t* out, std::size_t n,
+                   std::int32_t zero, std::int32_t lo, std::int32_t hi);
+
+}  // namespace tpuhal::sim::tensor::simd

@@ -1,0 +1,186 @@
+// Pooling, resizing and colour conversion: the image-shaped ops.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "engine.h"
+#include "numerics.h"
+
+namespace tpuhal::sim::tensor {
+namespace {
+
+// Element offset of (n, c, h, w) in a 4-D view of either layout.
+std::uint64_t at4(const View& v, bool nhwc, std::uint64_t n, std::uint64_t c, std::uint64_t h, std::uint64_t w) {
+  return nhwc ? n * v.strides[0] + h * v.strides[1] + w * v.strides[2] + c * v.strides[3]
+              : n * v.strides[0] + c * v.strides[1] + h * v.strides[2] + w * v.strides[3];
+}
+
+}  // namespace
+
+void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
+  const View &x = v[0], &y = v[1];
+  const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
+  const bool max = at.kind == static_cast<std::uint32_t>(fw::PoolKind::kMax);
+  const std::uint64_t n = x.shape[0], c = nhwc ? x.shape[3] : x.shape[1];
+  const std::int64_t h = static_cast<std::int64_t>(nhwc ? x.shape[1] : x.shape[2]);
+  const std::int64_t w = static_cast<std::int64_t>(nhwc ? x.shape[2] : x.shape[3]);
+  const std::uint64_t oh = nhwc ? y.shape[1] : y.shape[2], ow = nhwc ? y.shape[2] : y.shape[3];
+  const std::int64_t kh = at.kernel[0], kw = at.kernel[1], sh = at.stride[0], sw = at.stride[1];
+  const std::int64_t dh = at.dilation[0], dw = at.dilation[1], pt = at.pad[0], pl = at.pad[1];
+  const std::int64_t pb = at.pad[2], pr = at.pad[3];
+  e.pool().parallel_for(n * c, [&](std::uint64_t begin, std::uint64_t end) {
+    for (std::uint64_t nc = begin; nc < end; ++nc) {
+      const std::uint64_t ni = nc / c, ci = nc % c;
+      for (std::uint64_t r = 0; r < oh; ++r) {
+        for (std::uint64_t col = 0; col < ow; ++col) {
+          const std::int64_t h0 = static_cast<std::int64_t>(r) * sh - pt;
+          const std::int64_t w0 = static_cast<std::int64_t>(col) * sw - pl;
+          float best = -std::numeric_limits<float>::infinity();
+          std::int64_t best_i = std::numeric_limits<std::int64_t>::min();
+          float sum = 0;
+          std::int64_t count = 0;
+          for (std::int64_t a = 0; a < kh; ++a) {
+            const std::int64_t ih = h0 + a * dh;
+            if (ih < 0 || ih >= h) continue;
+            for (std::int64_t b = 0; b < kw; ++b) {
+              const std::int64_t iw = w0 + b * dw;
+              if (iw < 0 || iw >= w) continue;
+              const std::byte* p = x.at(at4(x, nhwc, ni, ci, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw)));
+              if (max && !is_float(x.dtype)) {
+                best_i = std::max(best_i, load_int(p, x.dtype));
+              } else {
+                const float val = load_float(p, x.dtype);
+                if (max) best = std::isnan(val) || std::isnan(best) ? std::numeric_limits<float>::quiet_NaN() : std::max(best, val);
+                else sum += val;
+              }
+              ++count;
+            }
+          }
+          std::byte* out = y.at(at4(y, nhwc, ni, ci, r, col));
+          if (max && !is_float(x.dtype)) {
+            store_int_wrap(out, y.dtype, best_i);
+          } else if (max) {
+            store_float(out, y.dtype, best);
+          } else {
+            // count_include_pad divides by the window clipped to the padded
+            // input (PyTorch and ONNX); otherwise by the valid elements.
+            std::int64_t divisor = count;
+            if (at.count_include_pad) {
+              const std::int64_t hend = std::min(h0 + (kh - 1) * dh + 1, h + pb);
+              const std::int64_t wend = std::min(w0 + (kw - 1) * dw + 1, w + pr);
+              divisor = ((hend - h0 + dh - 1) / dh) * ((wend - w0 + dw - 1) / dw);
+            }
+            store_float(out, y.dtype, divisor ? sum / static_cast<float>(divisor) : 0.0f);
+          }
+        }
+      }
+    }
+  });
+}
+
+namespace {
+
+// Position in the input that output coordinate `o` maps to (ONNX Resize).
+// As ONNX does, the resized length these use is in_len * scale, unrounded.
+float source_coordinate(fw::CoordinateMode mode, float o, float scale, std::uint64_t in_len) {
+  const float resized = static_cast<float>(in_len) * scale;
+  switch (mode) {
+    case fw::CoordinateMode::kHalfPixel: return (o + 0.5f) / scale - 0.5f;
+    case fw::CoordinateMode::kAsymmetric: return o / scale;
+    case fw::CoordinateMode::kAlignCorners:
+      return resized == 1.0f ? 0.0f : o * static_cast<float>(in_len - 1) / (resized - 1.0f);
+    case fw::CoordinateMode::kPytorchHalfPixel: return resized > 1.0f ? (o + 0.5f) / scale - 0.5f : 0.0f;
+    case fw::CoordinateMode::kTfHalfPixelForNn: return (o + 0.5f) / scale;
+  }
+  return o / scale;
+}
+
+std::int64_t nearest_index(fw::NearestMode mode, float x) {
+  switch (mode) {
+    case fw::NearestMode::kRoundPreferFloor:
+      return x == std::floor(x) + 0.5f ? static_cast<std::int64_t>(std::floor(x)) : static_cast<std::int64_t>(std::round(x));
+    case fw::NearestMode::kRoundPreferCeil:
+      return x == std::floor(x) + 0.5f ? static_cast<std::int64_t>(std::ceil(x)) : static_cast<std::int64_t>(std::round(x));
+    case fw::NearestMode::kFloor: return static_cast<std::int64_t>(std::floor(x));
+    case fw::NearestMode::kCeil: return static_cast<std::int64_t>(std::ceil(x));
+  }
+  return static_cast<std::int64_t>(std::floor(x));
+}
+
+}  // namespace
+
+void resize(TensorEngine& e, const fw::ResizeAttrs& at, const View* v) {
+  const View &x = v[0], &y = v[1];
+  const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
+  const auto mode = static_cast<fw::CoordinateMode>(at.coordinate);
+  const auto nearest = static_cast<fw::NearestMode>(at.nearest);
+  const bool linear = at.mode == static_cast<std::uint32_t>(fw::ResizeMode::kLinear);
+  const std::uint64_t n = x.shape[0], c = nhwc ? x.shape[3] : x.shape[1];
+  const std::uint64_t ih = nhwc ? x.shape[1] : x.shape[2], iw = nhwc ? x.shape[2] : x.shape[3];
+  const std::uint64_t oh = nhwc ? y.shape[1] : y.shape[2], ow = nhwc ? y.shape[2] : y.shape[3];
+  auto clampi = [](std::int64_t i, std::uint64_t len) {
+    return static_cast<std::uint64_t>(std::clamp<std::int64_t>(i, 0, static_cast<std::int64_t>(len) - 1));
+  };
+  e.pool().parallel_for(n * c, [&](std::uint64_t begin, std::uint64_t end) {
+    for (std::uint64_t nc = begin; nc < end; ++nc) {
+      const std::uint64_t ni = nc / c, ci = nc % c;
+      for (std::uint64_t r = 0; r < oh; ++r) {
+        const float sy = source_coordinate(mode, static_cast<float>(r), at.scale[0], ih);
+        for (std::uint64_t col = 0; col < ow; ++col) {
+          const float sx = source_coordinate(mode, static_cast<float>(col), at.scale[1], iw);
+          std::byte* out = y.at(at4(y, nhwc, ni, ci, r, col));
+          if (!linear) {
+            const std::byte* p = x.at(at4(x, nhwc, ni, ci, clampi(nearest_index(nearest, sy), ih),
+                                          clampi(nearest_index(nearest, sx), iw)));
+            std::memcpy(out, p, x.esize);
+            continue;
+          }
+          // Bilinear: the two nearest rows and columns, edges replicated.
+          const float fy = std::floor(sy), fx = std::floor(sx);
+          const float wy = sy - fy, wx = sx - fx;
+          const std::uint64_t y0 = clampi(static_cast<std::int64_t>(fy), ih), y1 = clampi(static_cast<std::int64_t>(fy) + 1, ih);
+          const std::uint64_t x0 = clampi(static_cast<std::int64_t>(fx), iw), x1 = clampi(static_cast<std::int64_t>(fx) + 1, iw);
+          auto px = [&](std::uint64_t yy, std::uint64_t xx) { return load_float(x.at(at4(x, nhwc, ni, ci, yy, xx)), x.dtype); };
+          const float top = px(y0, x0) * (1 - wx) + px(y0, x1) * wx;
+          const float bottom = px(y1, x0) * (1 - wx) + px(y1, x1) * wx;
+          store_float(out, y.dtype, top * (1 - wy) + bottom * wy);
+        }
+      }
+    }
+  });
+}
+
+// BT.601 limited range:
+//   R = 1.164 (Y - 16) + 1.596 (V - 128)
+//   G = 1.164 (Y - 16) - 0.813 (V - 128) - 0.391 (U - 128)
+//   B = 1.164 (Y - 16) + 2.018 (U - 128)
+// clamped to [0, 255], then (value - mean) * scale per channel.
+void color_convert(TensorEngine& e, const fw::ColorConvertAttrs& at, const View* v) {
+  const View &luma = v[0], &c1 = v[1], &c2 = v[2], &y = v[3];
+  const bool nv12 = at.format == static_cast<std::uint32_t>(fw::ColorFormat::kNV12);
+  const std::uint64_t h = luma.shape[0], w = luma.shape[1];
+  e.pool().parallel_for(h, [&](std::uint64_t begin, std::uint64_t end) {
+    for (std::uint64_t r = begin; r < end; ++r) {
+      for (std::uint64_t col = 0; col < w; ++col) {
+        const float Y = static_cast<float>(static_cast<std::uint8_t>(*luma.at(r * luma.strides[0] + col * luma.strides[1])));
+        float U, V;
+        const std::uint64_t cr = r / 2, cc = col / 2;
+        if (nv12) {
+          U = static_cast<float>(static_cast<std::uint8_t>(*c1.at(cr * c1.strides[0] + cc * c1.strides[1])));
+          V = static_cast<float>(static_cast<std::uint8_t>(*c1.at(cr * c1.strides[0] + cc * c1.strides[1] + c1.strides[2])));
+        } else {
+          U = static_cast<float>(static_cast<std::uint8_t>(*c1.at(cr * c1.strides[0] + cc * c1.strides[1])));
+          V = static_cast<float>(static_cast<std::uint8_t>(*c2.at(cr * c2.strides[0] + cc * c2.strides[1])));
+        }
+        const float yy = 1.164f * (Y - 16.0f), u = U - 128.0f, vv = V - 128.0f;
+        const float rgb[3] = {yy + 1.596f * vv, yy - 0.813f * vv - 0.391f * u, yy + 2.018f * u};
+        for (std::uint64_t k = 0; k < 3; ++k) {
+          const float val = (std::clamp(rgb[k], 0.0f, 255.0f) - at.mean[k]) * at.scale[k];
+          store_float(y.at(k * y.strides[0] + r * y.strides[1] + col * y.strides[2]), y.dtype, val);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace tpuhal::sim::tensor

@@ -1,0 +1,250 @@
+// Tensor op parameter blocks (fw/tensor.h): valid blocks of every kind
+// decode; each rule, broken, gives its documented problem.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "tpuhal/fw/decode.h"
+
+namespace tpuhal::fw {
+namespace {
+
+using ::testing::HasSubstr;
+
+TensorRef tensor(std::uint64_t address, DType t, std::vector<std::uint64_t> shape) {
+  TensorRef r{};
+  r.address = address;
+  r.dtype = static_cast<std::uint32_t>(t);
+  r.rank = static_cast<std::uint32_t>(shape.size());
+  std::uint64_t step = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    r.shape[i] = shape[i];
+    r.strides[i] = step;
+    step *= shape[i];
+  }
+  return r;
+}
+
+template <class Attrs>
+std::vector<std::byte> block(OpKind kind, std::vector<TensorRef> tensors, const Attrs& attrs) {
+  OpHeader h{};
+  h.magic = kOpMagic;
+  h.kind = static_cast<std::uint32_t>(kind);
+  h.num_tensors = static_cast<std::uint32_t>(tensors.size());
+  h.attr_bytes = sizeof(Attrs);
+  std::vector<std::byte> out(sizeof h + tensors.size() * sizeof(TensorRef) + sizeof(Attrs));
+  std::memcpy(out.data(), &h, sizeof h);
+  std::memcpy(out.data() + sizeof h, tensors.data(), tensors.size() * sizeof(TensorRef));
+  std::memcpy(out.data() + sizeof h + tensors.size() * sizeof(TensorRef), &attrs, sizeof attrs);
+  return out;
+}
+
+// A valid f32 matmul: A [4, 8] @ B [8, 16] -> Y [4, 16], no C.
+std::vector<std::byte> good_matmul(MatMulAttrs* out_attrs = nullptr) {
+  MatMulAttrs a{};
+  a.alpha = 1;
+  a.beta = 1;
+  if (out_attrs) *out_attrs = a;
+  return block(OpKind::kMatMul,
+               {tensor(0x1000, DType::kF32, {4, 8}), tensor(0x2000, DType::kF32, {8, 16}), TensorRef{},
+                tensor(0x3000, DType::kF32, {4, 16})},
+               a);
+}
+
+TensorRef& tensor_at(std::vector<std::byte>& b, std::size_t i) {
+  return *reinterpret_cast<TensorRef*>(b.data() + sizeof(OpHeader) + i * sizeof(TensorRef));
+}
+
+template <class Attrs>
+Attrs& attrs_of(std::vector<std::byte>& b, std::size_t tensors) {
+  return *reinterpret_cast<Attrs*>(b.data() + sizeof(OpHeader) + tensors * sizeof(TensorRef));
+}
+
+Problem problem_of(const std::vector<std::byte>& b) {
+  auto r = decode_op(b);
+  EXPECT_FALSE(r.ok());
+  return r.ok() ? Problem{} : r.problem();
+}
+
+TEST(FwTensorOp, AValidMatmulDecodesWithItsExtents) {
+  auto b = good_matmul();
+  auto r = decode_op(b);
+  ASSERT_TRUE(r.ok()) << describe(r.problem(), static_cast<std::uint16_t>(Opcode::kTensorOp));
+  EXPECT_EQ(r->kind, OpKind::kMatMul);
+  EXPECT_EQ(r->num_tensors, 4u);
+  EXPECT_EQ(r->extent[0], 4u * 8 * 4);
+  EXPECT_EQ(r->extent[1], 8u * 16 * 4);
+  EXPECT_EQ(r->extent[2], 0u);  // absent C
+  EXPECT_EQ(r->extent[3], 4u * 16 * 4);
+}
+
+TEST(FwTensorOp, HeaderRulesAreEnforced) {
+  auto b = good_matmul();
+  reinterpret_cast<OpHeader*>(b.data())->magic = 0x12345678;
+  EXPECT_EQ(problem_of(b).field, kFieldOpHeader);
+
+  b = good_matmul();
+  reinterpret_cast<OpHeader*>(b.data())->kind = 99;
+  auto p = problem_of(b);
+  EXPECT_EQ(p.field, kFieldOpKind);
+  EXPECT_EQ(p.value, 99u);
+
+  b = good_matmul();
+  reinterpret_cast<OpHeader*>(b.data())->num_tensors = 3;
+  EXPECT_EQ(problem_of(b).field, kFieldOpHeader);
+
+  b = good_matmul();
+  b.push_back(std::byte{0});  // a stray byte: the sizes no longer add up
+  EXPECT_EQ(problem_of(b).field, kFieldOpHeader);
+
+  std::vector<std::byte> tiny(8);
+  EXPECT_EQ(problem_of(tiny).status, CmdStatus::kBadArgument);
+}
+
+TEST(FwTensorOp, ShapesMustAgreeWithTheOp) {
+  auto b = good_matmul();
+  tensor_at(b, 1).shape[0] = 7;  // K mismatch
+  tensor_at(b, 1).strides[0] = 16;
+  auto p = problem_of(b);
+  EXPECT_EQ(p.status, CmdStatus::kBadArgument);
+  EXPECT_EQ(p.field, tensor_field(1, TensorAspect::kShape, 0));
+  EXPECT_EQ(p.value, 7u);
+  EXPECT_EQ(p.detail, 8u);
+  EXPECT_THAT(describe(p, static_cast<std::uint16_t>(Opcode::kTensorOp)), HasSubstr("tensor 1 shape[0] = 7"));
+
+  b = good_matmul();
+  tensor_at(b, 0).dtype = static_cast<std::uint32_t>(DType::kI32);  // not a float matmul
+  EXPECT_EQ(problem_of(b).field, tensor_field(0, TensorAspect::kDType));
+}
+
+TEST(FwTensorOp, OutputsMayNotOverlapInputsOrThemselves) {
+  auto b = good_matmul();
+  tensor_at(b, 3).address = 0x1000 + 16;  // lands inside A
+  auto p = problem_of(b);
+  EXPECT_EQ(p.field, tensor_field(3, TensorAspect::kOverlap));
+  EXPECT_EQ(p.value, 0u);  // the input it overlaps
+  EXPECT_THAT(describe(p, static_cast<std::uint16_t>(Opcode::kTensorOp)), HasSubstr("overlaps input tensor 0"));
+
+  b = good_matmul();
+  tensor_at(b, 3).strides[0] = 8;  // rows of 16 elements 8 apart: elements written twice
+  p = problem_of(b);
+  EXPECT_EQ(p.field, tensor_field(3, TensorAspect::kStride, 0));
+}
+
+TEST(FwTensorOp, TensorStructureIsValidated) {
+  auto b = good_matmul();
+  tensor_at(b, 0).rank = 7;
+  EXPECT_EQ(problem_of(b).field, tensor_field(0, TensorAspect::kRank));
+
+  b = good_matmul();
+  tensor_at(b, 0).shape[4] = 3;  // past the rank
+  EXPECT_EQ(problem_of(b).status, CmdStatus::kReservedNotZero);
+
+  b = good_matmul();
+  tensor_at(b, 0).address = UINT64_MAX - 8;  // the extent wraps
+  EXPECT_EQ(problem_of(b).field, tensor_field(0, TensorAspect::kAddress));
+
+  b = good_matmul();
+  tensor_at(b, 2).address = 0x9000;  // an absent tensor with a field set
+  EXPECT_EQ(problem_of(b).status, CmdStatus::kReservedNotZero);
+
+  b = good_matmul();
+  tensor_at(b, 0).dtype = 0;  // A is required
+  EXPECT_EQ(problem_of(b).field, tensor_field(0, TensorAspect::kDType));
+}
+
+TEST(FwTensorOp, AttributesAreValidated) {
+  auto b = good_matmul();
+  attrs_of<MatMulAttrs>(b, 4).activation = 99;
+  EXPECT_EQ(problem_of(b).field, attr_field(offsetof(MatMulAttrs, activation)));
+
+  b = good_matmul();
+  attrs_of<MatMulAttrs>(b, 4).trans_a = 2;
+  EXPECT_EQ(problem_of(b).field, attr_field(offsetof(MatMulAttrs, trans_a)));
+
+  b = good_matmul();
+  attrs_of<MatMulAttrs>(b, 4).activation = static_cast<std::uint32_t>(Activation::kClip);
+  attrs_of<MatMulAttrs>(b, 4).act_alpha = 6;  // min above max
+  attrs_of<MatMulAttrs>(b, 4).act_beta = 0;
+  EXPECT_EQ(problem_of(b).status, CmdStatus::kBadArgument);
+}
+
+TEST(FwTensorOp, ConvolutionOutputSizeIsChecked) {
+  ConvAttrs a{};
+  a.groups = 1;
+  a.stride[0] = a.stride[1] = 1;
+  a.dilation[0] = a.dilation[1] = 1;
+  a.pad[0] = a.pad[1] = a.pad[2] = a.pad[3] = 1;
+  auto make = [&](std::uint64_t oh) {
+    return block(OpKind::kConv2d,
+                 {tensor(0x1000, DType::kF32, {1, 3, 8, 8}), tensor(0x10000, DType::kF32, {4, 3, 3, 3}), TensorRef{},
+                  tensor(0x20000, DType::kF32, {1, 4, oh, 8})},
+                 a);
+  };
+  EXPECT_TRUE(decode_op(make(8)).ok());
+  auto p = problem_of(make(9));
+  EXPECT_EQ(p.field, tensor_field(3, TensorAspect::kShape, 2));
+  EXPECT_EQ(p.value, 9u);
+  EXPECT_EQ(p.detail, 8u);
+}
+
+TEST(FwTensorOp, WindowOutputFollowsOnnxCeilRules) {
+  EXPECT_EQ(window_output(4, 3, 2, 1, 0, 0, false), 1u);
+  EXPECT_EQ(window_output(4, 3, 2, 1, 0, 0, true), 2u);
+  // A last window starting in the end padding is dropped.
+  EXPECT_EQ(window_output(5, 2, 2, 1, 0, 1, true), 3u);
+  EXPECT_EQ(window_output(2, 3, 1, 1, 0, 0, false), 0u);  // never fits
+  EXPECT_EQ(window_output(7, 3, 1, 2, 2, 2, false), 7u);  // dilation 2
+}
+
+TEST(FwTensorOp, TensorOpAndCallDescriptorsDecode) {
+  CommandDescriptor d{};
+  d.opcode = static_cast<std::uint16_t>(Opcode::kTensorOp);
+  d.args[1] = 1000;
+  auto r = decode_command(d);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(command_slots(*r), 1 + 16u);  // inline: ceil(1000 / 64) more slots
+  d.args[0] = 0x1000;
+  EXPECT_EQ(command_slots(*decode_command(d)), 1u);  // in memory
+  d.args[1] = kMaxParamBytes + 1;
+  EXPECT_EQ(decode_command(d).problem().field, 1);
+
+  CommandDescriptor c{};
+  c.opcode = static_cast<std::uint16_t>(Opcode::kCall);
+  c.args[0] = 0x1010;  // not 64-aligned
+  c.args[1] = 4;
+  EXPECT_EQ(decode_command(c).problem().status, CmdStatus::kBadAlignment);
+  c.args[0] = 0x1000;
+  EXPECT_TRUE(decode_command(c).ok());
+  EXPECT_FALSE(engine_accepts(EngineType::kCopy, Opcode::kTensorOp));
+  EXPECT_FALSE(engine_accepts(EngineType::kCopy, Opcode::kCall));
+  EXPECT_TRUE(engine_accepts(EngineType::kCompute, Opcode::kTensorOp));
+}
+
+// Random bytes in a well-formed envelope: never a crash, and every problem
+// is one the decoder documents.
+TEST(FwTensorOp, RandomBlocksDecodeOrGiveAKnownProblem) {
+  std::mt19937_64 rng(42);
+  const auto base = good_matmul();
+  for (int i = 0; i < 20000; ++i) {
+    auto b = base;
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < flips; ++f) b[rng() % b.size()] ^= static_cast<std::byte>(1u << (rng() % 8));
+    auto r = decode_op(b);
+    if (!r.ok()) {
+      const auto s = r.problem().status;
+      ASSERT_TRUE(s == CmdStatus::kBadArgument || s == CmdStatus::kReservedNotZero || s == CmdStatus::kBadAlignment)
+          << static_cast<int>(s);
+      ASSERT_FALSE(describe(r.problem(), static_cast<std::uint16_t>(Opcode::kTensorOp)).empty());
+    } else {
+      // Whatever decoded obeys the invariants the engine relies on.
+      for (std::uint32_t t = 0; t < r->num_tensors; ++t) ASSERT_NE(r->extent[t], UINT64_MAX);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tpuhal::fw

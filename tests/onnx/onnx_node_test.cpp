@@ -1,0 +1,665 @@
+// ONNX's own node tests (Debian's libonnx-testdata), run through the HAL on
+// every device with a tensor engine. Each test is a one-node model with
+// input and expected output tensors; the node is lowered onto tpuhal ops,
+// the inputs uploaded, the op run on the device, and the output compared
+// within ONNX's tolerance (relative 1e-3, absolute 1e-7; integers exact).
+//
+// Tests whose op or attributes the engine does not support are not
+// registered; `onnx_node_test --list-skipped` prints them with the reason,
+// and OnnxNodeCoverage checks that every op family the engine claims keeps
+// passing tests.
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <variant>
+
+#include "tpuhal/tpuhal.hpp"
+
+namespace fs = std::filesystem;
+
+namespace tpuhal {
+namespace {
+
+fs::path data_root() {
+  if (const char* env = std::getenv("TPUHAL_ONNX_TESTDATA")) return env;
+  return "/usr/share/libonnx-testdata/data/node";
+}
+
+// ---- ONNX tensors on the host ---------------------------------------------------
+
+struct HostTensor {
+  int onnx_type = 0;
+  std::optional<DType> dtype;  // nullopt: a type the engine has no use for
+  std::vector<std::int64_t> shape;
+  std::vector<std::byte> bytes;  // in dtype's layout (or int64 / double raw)
+
+  std::uint64_t elements() const {
+    std::uint64_t n = 1;
+    for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+    return n;
+  }
+  // Values as double, for small constant inputs (scales, sizes, clip bounds).
+  std::vector<double> values() const {
+    std::vector<double> out(elements());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      switch (onnx_type) {
+        case onnx::TensorProto::FLOAT: { float f; std::memcpy(&f, &bytes[i * 4], 4); out[i] = f; break; }
+        case onnx::TensorProto::INT64: { std::int64_t v; std::memcpy(&v, &bytes[i * 8], 8); out[i] = static_cast<double>(v); break; }
+        case onnx::TensorProto::INT32: { std::int32_t v; std::memcpy(&v, &bytes[i * 4], 4); out[i] = v; break; }
+        case onnx::TensorProto::INT8: out[i] = static_cast<std::int8_t>(bytes[i]); break;
+        case onnx::TensorProto::UINT8: out[i] = static_cast<std::uint8_t>(bytes[i]); break;
+        case onnx::TensorProto::DOUBLE: { double v; std::memcpy(&v, &bytes[i * 8], 8); out[i] = v; break; }
+        default: out[i] = 0; break;
+      }
+    }
+    return out;
+  }
+};
+
+std::optional<DType> to_dtype(int t) {
+  switch (t) {
+    case onnx::TensorProto::FLOAT: return DType::F32;
+    case onnx::TensorProto::FLOAT16: return DType::F16;
+    case onnx::TensorProto::BFLOAT16: return DType::BF16;
+    case onnx::TensorProto::INT8: return DType::I8;
+    case onnx::TensorProto::UINT8: return DType::U8;
+    case onnx::TensorProto::INT32: return DType::I32;
+    default: return std::nullopt;
+  }
+}
+
+std::size_t onnx_size(int t) {
+  switch (t) {
+    case onnx::TensorProto::FLOAT: case onnx::TensorProto::INT32: return 4;
+    case onnx::TensorProto::FLOAT16: case onnx::TensorProto::BFLOAT16: return 2;
+    case onnx::TensorProto::INT8: case onnx::TensorProto::UINT8: case onnx::TensorProto::BOOL: return 1;
+    case onnx::TensorProto::INT64: case onnx::TensorProto::DOUBLE: return 8;
+    default: return 0;
+  }
+}
+
+// `declared` is the element type the model declares for the value: ONNX
+// 1.12 stores bfloat16 test data as UINT16 bit patterns.
+HostTensor read_tensor(const fs::path& path, int declared = 0) {
+  onnx::TensorProto p;
+  std::ifstream in(path, std::ios::binary);
+  if (!p.ParseFromIstream(&in)) throw std::runtime_error("cannot parse " + path.string());
+  HostTensor t;
+  t.onnx_type = p.data_type();
+  if (t.onnx_type == onnx::TensorProto::UINT16 && declared == onnx::TensorProto::BFLOAT16)
+    t.onnx_type = onnx::TensorProto::BFLOAT16;
+  t.dtype = to_dtype(t.onnx_type);
+  t.shape.assign(p.dims().begin(), p.dims().end());
+  const std::size_t esize = onnx_size(t.onnx_type);
+  if (esize == 0) return t;  // strings and the like: nothing the engine reads
+  const std::uint64_t n = t.elements();
+  t.bytes.resize(n * esize);
+  if (!p.raw_data().empty()) {
+    if (p.raw_data().size() != t.bytes.size()) throw std::runtime_error("raw data size mismatch in " + path.string());
+    std::memcpy(t.bytes.data(), p.raw_data().data(), t.bytes.size());
+    return t;
+  }
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::byte* dst = &t.bytes[i * esize];
+    switch (t.onnx_type) {
+      case onnx::TensorProto::FLOAT: { const float f = p.float_data(static_cast<int>(i)); std::memcpy(dst, &f, 4); break; }
+      case onnx::TensorProto::DOUBLE: { const double d = p.double_data(static_cast<int>(i)); std::memcpy(dst, &d, 8); break; }
+      case onnx::TensorProto::INT64: { const std::int64_t v = p.int64_data(static_cast<int>(i)); std::memcpy(dst, &v, 8); break; }
+      default: {  // int32_data carries int32, int8, uint8, bool, float16, bfloat16
+        const std::int32_t v = p.int32_data(static_cast<int>(i));
+        std::memcpy(dst, &v, esize);
+        break;
+      }
+    }
+  }
+  return t;
+}
+
+// ---- Node attributes ---------------------------------------------------------------
+
+struct Attrs {
+  const onnx::NodeProto& node;
+  const onnx::AttributeProto* find(const char* name) const {
+    for (const auto& a : node.attribute())
+      if (a.name() == name) return &a;
+    return nullptr;
+  }
+  std::int64_t i(const char* name, std::int64_t def) const {
+    auto* a = find(name);
+    return a ? a->i() : def;
+  }
+  float f(const char* name, float def) const {
+    auto* a = find(name);
+    return a ? a->f() : def;
+  }
+  std::string s(const char* name, const std::string& def) const {
+    auto* a = find(name);
+    return a ? a->s() : def;
+  }
+  std::vector<std::int64_t> ints(const char* name, std::vector<std::int64_t> def = {}) const {
+    auto* a = find(name);
+    return a ? std::vector<std::int64_t>(a->ints().begin(), a->ints().end()) : def;
+  }
+  // Attributes present other than `known`.
+  std::string unknown(std::initializer_list<const char*> known) const {
+    for (const auto& a : node.attribute()) {
+      bool ok = false;
+      for (auto k : known) ok = ok || a.name() == k;
+      if (!ok) return a.name();
+    }
+    return {};
+  }
+};
+
+// ---- Lowering a node onto tpuhal ops ---------------------------------------------------
+
+// Thrown while lowering with the test data at hand: the case is skipped.
+struct Skip : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+// The node's inputs as device tensors (absent ones nullopt) and its output.
+using Inputs = std::vector<std::optional<Tensor>>;
+using Build = std::function<Op(const Inputs& in, const Tensor& out, const std::vector<HostTensor>& host)>;
+
+struct Lowering {
+  Build build;
+  std::set<int> host_only;  // inputs read on the host (scales, sizes, bounds), not uploaded
+};
+using LowerResult = std::variant<Lowering, std::string>;  // or the reason it is skipped
+
+std::array<std::uint32_t, 4> conv_pads(const Attrs& a, std::int64_t h, std::int64_t w, std::int64_t kh, std::int64_t kw,
+                                       const std::vector<std::int64_t>& strides, const std::vector<std::int64_t>& dil) {
+  const std::string autopad = a.s("auto_pad", "NOTSET");
+  if (autopad == "SAME_UPPER" || autopad == "SAME_LOWER") {
+    const bool lower = autopad == "SAME_LOWER";
+    auto ph = ops::same_pads(static_cast<std::uint32_t>(h), static_cast<std::uint32_t>(kh),
+                             static_cast<std::uint32_t>(strides[0]), static_cast<std::uint32_t>(dil[0]), lower);
+    auto pw = ops::same_pads(static_cast<std::uint32_t>(w), static_cast<std::uint32_t>(kw),
+                             static_cast<std::uint32_t>(strides[1]), static_cast<std::uint32_t>(dil[1]), lower);
+    return {ph[0], pw[0], ph[1], pw[1]};
+  }
+  if (autopad == "VALID") return {0, 0, 0, 0};
+  auto p = a.ints("pads", {0, 0, 0, 0});
+  return {static_cast<std::uint32_t>(p[0]), static_cast<std::uint32_t>(p[1]), static_cast<std::uint32_t>(p[2]),
+          static_cast<std::uint32_t>(p[3])};
+}
+
+LowerResult lower(const onnx::NodeProto& node, int opset) {
+  const std::string& op = node.op_type();
+  const Attrs a{node};
+  const int outputs = node.output_size();
+  if (outputs != 1) return "the node has " + std::to_string(outputs) + " outputs";
+
+  // Elementwise binary ops with broadcasting.
+  static const std::map<std::string, Op (*)(const Tensor&, const Tensor&, const Tensor&)> kBinary = {
+      {"Add", ops::add}, {"Sub", ops::sub}, {"Mul", ops::mul}, {"Div", ops::div}};
+  if (auto it = kBinary.find(op); it != kBinary.end()) {
+    if (node.input_size() != 2) return "needs two inputs";
+    auto fn = it->second;
+    return Lowering{[fn](const Inputs& in, const Tensor& out, const auto&) { return fn(*in[0], *in[1], out); }, {}};
+  }
+  if (op == "Max" || op == "Min") {
+    if (node.input_size() != 2) return "variadic " + op + " with " + std::to_string(node.input_size()) + " inputs";
+    auto fn = op == "Max" ? ops::max : ops::min;
+    return Lowering{[fn](const Inputs& in, const Tensor& out, const auto&) { return fn(*in[0], *in[1], out); }, {}};
+  }
+  static const std::map<std::string, Op (*)(const Tensor&, const Tensor&)> kUnary = {
+      {"Relu", ops::relu}, {"Abs", ops::abs}, {"Neg", ops::neg}, {"Exp", ops::exp}, {"Log", ops::log}, {"Sqrt", ops::sqrt}};
+  if (auto it = kUnary.find(op); it != kUnary.end()) {
+    auto fn = it->second;
+    return Lowering{[fn](const Inputs& in, const Tensor& out, const auto&) { return fn(*in[0], out); }, {}};
+  }
+  if (op == "Sigmoid" || op == "Tanh" || op == "LeakyRelu" || op == "HardSigmoid") {
+    ActivationParams act = op == "Sigmoid"     ? ActivationParams::sigmoid()
+                           : op == "Tanh"      ? ActivationParams::tanh()
+                           : op == "LeakyRelu" ? ActivationParams::leaky_relu(a.f("alpha", 0.01f))
+                                               : ActivationParams::hard_sigmoid(a.f("alpha", 0.2f), a.f("beta", 0.5f));
+    return Lowering{[act](const Inputs& in, const Tensor& out, const auto&) { return ops::activation(*in[0], out, act); }, {}};
+  }
+  if (op == "Clip") {
+    if (opset < 11) return "Clip before opset 11 (bounds as attributes)";
+    return Lowering{[](const Inputs& in, const Tensor& out, const std::vector<HostTensor>& host) {
+                      float lo = -FLT_MAX, hi = FLT_MAX;
+                      if (host.size() > 1 && !host[1].bytes.empty()) lo = static_cast<float>(host[1].values()[0]);
+                      if (host.size() > 2 && !host[2].bytes.empty()) hi = static_cast<float>(host[2].values()[0]);
+                      if (!is_float_dtype(in[0]->dtype())) throw Skip("integer Clip (the engine clips floats)");
+                      return ops::activation(*in[0], out, ActivationParams::clip(lo, hi));
+                    },
+                    {1, 2}};
+  }
+  if (op == "Softmax" || op == "LogSoftmax") {
+    if (opset < 13) return op + " before opset 13 (flattening semantics)";
+    const std::int64_t axis = a.i("axis", -1);
+    const bool log = op == "LogSoftmax";
+    return Lowering{[axis, log](const Inputs& in, const Tensor& out, const auto&) { return ops::softmax(*in[0], out, axis, log); }, {}};
+  }
+  if (op == "Transpose") {
+    auto perm = a.ints("perm");
+    return Lowering{[perm](const Inputs& in, const Tensor& out, const auto&) {
+                      std::vector<std::size_t> p;
+                      if (perm.empty())
+                        for (std::size_t i = in[0]->rank(); i-- > 0;) p.push_back(i);
+                      else
+                        for (auto x : perm) p.push_back(static_cast<std::size_t>(x));
+                      return ops::transpose(*in[0], out, p);
+                    },
+                    {}};
+  }
+  if (op == "Cast") {
+    if (!to_dtype(static_cast<int>(a.i("to", 0)))) return "Cast to a type the engine does not have";
+    if (a.i("to", 0) == onnx::TensorProto::BFLOAT16)
+      return "ONNX 1.12's expected bfloat16 output truncates; the engine rounds to nearest even (as ONNX 1.13 "
+             "and bfloat16 hardware do)";
+    return Lowering{[](const Inputs& in, const Tensor& out, const auto&) { return ops::cast(*in[0], out); }, {}};
+  }
+  if (op == "Gemm") {
+    if (!a.unknown({"alpha", "beta", "transA", "transB"}).empty()) return "attribute " + a.unknown({"alpha", "beta", "transA", "transB"});
+    ops::MatMulOptions o;
+    o.alpha = a.f("alpha", 1.0f);
+    o.beta = a.f("beta", 1.0f);
+    o.transpose_a = a.i("transA", 0) != 0;
+    o.transpose_b = a.i("transB", 0) != 0;
+    return Lowering{[o](const Inputs& in, const Tensor& out, const auto&) {
+                      ops::MatMulOptions oo = o;
+                      if (in.size() > 2 && in[2]) oo.c = *in[2];
+                      return ops::matmul(*in[0], *in[1], out, oo);
+                    },
+                    {}};
+  }
+  if (op == "MatMul") {
+    return Lowering{[](const Inputs& in, const Tensor& out, const auto&) {
+                      if (in[0]->rank() < 2 || in[1]->rank() < 2) throw Skip("1-D MatMul operands");
+                      return ops::matmul(*in[0], *in[1], out);
+                    },
+                    {}};
+  }
+  if (op == "MatMulInteger") {
+    return Lowering{[](const Inputs& in, const Tensor& out, const auto&) {
+                      return ops::matmul_integer(*in[0], *in[1], out, in.size() > 2 ? in[2] : std::nullopt,
+                                                 in.size() > 3 ? in[3] : std::nullopt);
+                    },
+                    {}};
+  }
+  if (op == "QLinearMatMul") {
+    return Lowering{[](const Inputs& in, const Tensor& out, const auto&) {
+                      return ops::qlinear_matmul(*in[0], *in[1], *in[2], *in[3], *in[4], *in[5], *in[6], *in[7], out);
+                    },
+                    {}};
+  }
+  if (op == "QuantizeLinear" || op == "DequantizeLinear") {
+    const std::int64_t axis = a.i("axis", 1);
+    const bool q = op == "QuantizeLinear";
+    return Lowering{[axis, q](const Inputs& in, const Tensor& out, const auto&) {
+                      std::optional<Tensor> zp = in.size() > 2 ? in[2] : std::nullopt;
+                      return q ? ops::quantize(*in[0], *in[1], zp, out, axis) : ops::dequantize(*in[0], *in[1], zp, out, axis);
+                    },
+                    {}};
+  }
+  if (op == "Conv" || op == "ConvInteger" || op == "QLinearConv") {
+    if (!a.unknown({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}).empty())
+      return "attribute " + a.unknown({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"});
+    const std::string kind = op;
+    return Lowering{[a_copy = node, kind](const Inputs& in, const Tensor& out, const auto&) {
+                      const Attrs at{a_copy};
+                      const Tensor& x = *in[0];
+                      const Tensor& w = kind == "QLinearConv" ? *in[3] : *in[1];
+                      if (x.rank() != 4) throw Skip(std::to_string(x.rank() - 2) + "-D convolution");
+                      ops::Conv2dOptions o;
+                      const auto strides = at.ints("strides", {1, 1});
+                      const auto dil = at.ints("dilations", {1, 1});
+                      o.strides = {static_cast<std::uint32_t>(strides[0]), static_cast<std::uint32_t>(strides[1])};
+                      o.dilations = {static_cast<std::uint32_t>(dil[0]), static_cast<std::uint32_t>(dil[1])};
+                      o.groups = static_cast<std::uint32_t>(at.i("group", 1));
+                      o.pads = conv_pads(at, x.shape()[2], x.shape()[3], w.shape()[2], w.shape()[3], strides, dil);
+                      if (kind == "Conv") {
+                        if (in.size() > 2 && in[2]) o.bias = *in[2];
+                        return ops::conv2d(x, w, out, o);
+                      }
+                      if (kind == "ConvInteger")
+                        return ops::conv_integer(x, w, out, in.size() > 2 ? in[2] : std::nullopt,
+                                                 in.size() > 3 ? in[3] : std::nullopt, o);
+                      if (in.size() > 8 && in[8]) o.bias = *in[8];
+                      return ops::qlinear_conv(x, *in[1], *in[2], w, *in[4], *in[5], *in[6], *in[7], out, o);
+                    },
+                    {}};
+  }
+  if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") {
+    if (a.i("storage_order", 0) != 0) return "MaxPool with storage_order 1";
+    const bool max = op == "MaxPool" || op == "GlobalMaxPool";
+    const bool global = op.rfind("Global", 0) == 0;
+    return Lowering{[node_copy = node, max, global](const Inputs& in, const Tensor& out, const auto&) {
+                      const Attrs at{node_copy};
+                      Tensor x = *in[0];
+                      Tensor y = out;
+                      if (x.rank() == 3) {  // 1-D pooling as 2-D with H = 1
+                        x = x.reshape({x.shape()[0], x.shape()[1], 1, x.shape()[2]});
+                        y = y.reshape({y.shape()[0], y.shape()[1], 1, y.shape()[2]});
+                      }
+                      if (x.rank() != 4) throw Skip(std::to_string(x.rank() - 2) + "-D pooling");
+                      const bool one_d = in[0]->rank() == 3;
+                      ops::Pool2dOptions o;
+                      if (global) {
+                        o.kernel = {static_cast<std::uint32_t>(x.shape()[2]), static_cast<std::uint32_t>(x.shape()[3])};
+                      } else {
+                        auto k = at.ints("kernel_shape");
+                        auto s = at.ints("strides", std::vector<std::int64_t>(k.size(), 1));
+                        auto d = at.ints("dilations", std::vector<std::int64_t>(k.size(), 1));
+                        if (one_d) {
+                          k.insert(k.begin(), 1);
+                          s.insert(s.begin(), 1);
+                          d.insert(d.begin(), 1);
+                        }
+                        o.kernel = {static_cast<std::uint32_t>(k[0]), static_cast<std::uint32_t>(k[1])};
+                        o.strides = {static_cast<std::uint32_t>(s[0]), static_cast<std::uint32_t>(s[1])};
+                        o.dilations = {static_cast<std::uint32_t>(d[0]), static_cast<std::uint32_t>(d[1])};
+                        o.ceil_mode = at.i("ceil_mode", 0) != 0;
+                        o.count_include_pad = at.i("count_include_pad", 0) != 0;
+                        const std::string autopad = at.s("auto_pad", "NOTSET");
+                        if (autopad == "SAME_UPPER" || autopad == "SAME_LOWER") {
+                          const bool lower = autopad == "SAME_LOWER";
+                          auto ph = ops::same_pads(static_cast<std::uint32_t>(x.shape()[2]), o.kernel[0], o.strides[0], o.dilations[0], lower);
+                          auto pw = ops::same_pads(static_cast<std::uint32_t>(x.shape()[3]), o.kernel[1], o.strides[1], o.dilations[1], lower);
+                          o.pads = {ph[0], pw[0], ph[1], pw[1]};
+                        } else if (autopad == "NOTSET") {
+                          auto p = at.ints("pads", std::vector<std::int64_t>(2 * (one_d ? 1 : 2), 0));
+                          if (one_d) o.pads = {0, static_cast<std::uint32_t>(p[0]), 0, static_cast<std::uint32_t>(p[1])};
+                          else o.pads = {static_cast<std::uint32_t>(p[0]), static_cast<std::uint32_t>(p[1]),
+                                         static_cast<std::uint32_t>(p[2]), static_cast<std::uint32_t>(p[3])};
+                        }
+                      }
+                      return max ? ops::max_pool2d(x, y, o) : ops::avg_pool2d(x, y, o);
+                    },
+                    {}};
+  }
+  if (op == "Resize") {
+    if (opset < 11) return "Resize before opset 11";
+    const std::string mode = a.s("mode", "nearest");
+    const std::string coord = a.s("coordinate_transformation_mode", "half_pixel");
+    if (mode == "cubic") return "cubic interpolation";
+    if (coord == "tf_crop_and_resize") return "tf_crop_and_resize coordinates";
+    if (a.i("exclude_outside", 0) != 0) return "exclude_outside";
+    ops::ResizeOptions o;
+    o.mode = mode == "linear" ? ResizeMode::Linear : ResizeMode::Nearest;
+    static const std::map<std::string, CoordinateMode> kCoord = {
+        {"half_pixel", CoordinateMode::HalfPixel}, {"asymmetric", CoordinateMode::Asymmetric},
+        {"align_corners", CoordinateMode::AlignCorners}, {"pytorch_half_pixel", CoordinateMode::PytorchHalfPixel},
+        {"tf_half_pixel_for_nn", CoordinateMode::TfHalfPixelForNn}};
+    static const std::map<std::string, NearestMode> kNearest = {
+        {"round_prefer_floor", NearestMode::RoundPreferFloor}, {"round_prefer_ceil", NearestMode::RoundPreferCeil},
+        {"floor", NearestMode::Floor}, {"ceil", NearestMode::Ceil}};
+    if (!kCoord.count(coord)) return "coordinate mode " + coord;
+    o.coordinate = kCoord.at(coord);
+    o.nearest = kNearest.count(a.s("nearest_mode", "round_prefer_floor")) ? kNearest.at(a.s("nearest_mode", "round_prefer_floor"))
+                                                                           : NearestMode::RoundPreferFloor;
+    return Lowering{[o](const Inputs& in, const Tensor& out, const std::vector<HostTensor>& host) {
+                      ops::ResizeOptions oo = o;
+                      // Inputs: X, roi, scales, sizes. With scales, ONNX maps
+                      // coordinates by the given scale; with sizes, by out/in.
+                      if (host.size() > 2 && !host[2].bytes.empty()) {
+                        auto s = host[2].values();
+                        if (s.size() != 4 || s[0] != 1 || s[1] != 1) throw Skip("scales other than on H and W");
+                        oo.scales = std::array<float, 2>{static_cast<float>(s[2]), static_cast<float>(s[3])};
+                      } else if (host.size() > 3 && !host[3].bytes.empty()) {
+                        auto s = host[3].values();
+                        if (s.size() != 4 || s[0] != in[0]->shape()[0] || s[1] != in[0]->shape()[1])
+                          throw Skip("sizes other than on H and W");
+                      }
+                      if (in[0]->rank() != 4) throw Skip("Resize of a non-4-D tensor");
+                      return ops::resize(*in[0], out, oo);
+                    },
+                    {1, 2, 3}};
+  }
+  return "op " + op + " is not in the engine's op set";
+}
+
+// ---- Test cases --------------------------------------------------------------------
+
+struct Case {
+  std::string name;
+  fs::path dir;
+  onnx::NodeProto node;
+  std::vector<std::string> graph_inputs;  // names, in the order of input_N.pb
+  std::vector<int> input_types;           // declared element types
+  int output_type = 0;
+  int opset = 0;
+};
+
+struct Catalogue {
+  std::vector<Case> supported;
+  std::vector<std::pair<std::string, std::string>> skipped;  // name, why
+};
+
+const Catalogue& catalogue() {
+  static const Catalogue c = [] {
+    Catalogue cat;
+    std::error_code ec;
+    std::vector<fs::path> dirs;
+    for (const auto& e : fs::directory_iterator(data_root(), ec))
+      if (e.is_directory()) dirs.push_back(e.path());
+    std::sort(dirs.begin(), dirs.end());
+    for (const auto& dir : dirs) {
+      const std::string name = dir.filename().string();
+      onnx::ModelProto model;
+      std::ifstream in(dir / "model.onnx", std::ios::binary);
+      if (!model.ParseFromIstream(&in)) {
+        cat.skipped.emplace_back(name, "model does not parse");
+        continue;
+      }
+      const auto& g = model.graph();
+      if (g.node_size() != 1) {
+        cat.skipped.emplace_back(name, std::to_string(g.node_size()) + " nodes (an expanded function)");
+        continue;
+      }
+      if (!fs::exists(dir / "test_data_set_0")) {
+        cat.skipped.emplace_back(name, "no test data");
+        continue;
+      }
+      Case k;
+      k.name = name;
+      k.dir = dir;
+      k.node = g.node(0);
+      for (const auto& i : g.input()) {
+        k.graph_inputs.push_back(i.name());
+        k.input_types.push_back(i.type().tensor_type().elem_type());
+      }
+      if (g.output_size() > 0) k.output_type = g.output(0).type().tensor_type().elem_type();
+      for (const auto& o : model.opset_import())
+        if (o.domain().empty() || o.domain() == "ai.onnx") k.opset = static_cast<int>(o.version());
+      auto lowered = lower(k.node, k.opset);
+      if (auto* why = std::get_if<std::string>(&lowered)) {
+        cat.skipped.emplace_back(name, *why);
+        continue;
+      }
+      cat.supported.push_back(std::move(k));
+    }
+    return cat;
+  }();
+  return c;
+}
+
+std::vector<std::string> devices_with_tensor_engine() {
+  std::vector<std::string> out;
+  for (auto& d : enumerate()) out.push_back(d.uri);
+  out.push_back("sim:tiny");
+  std::vector<std::string> keep;
+  for (auto& uri : out) {
+    try {
+      if (open(uri).properties().caps.tensor) keep.push_back(uri);
+    } catch (const Error&) {
+    }
+  }
+  return keep;
+}
+
+struct Param {
+  std::string device;
+  const Case* test;
+};
+// How ctest and failure messages show a parameter.
+void PrintTo(const Param& p, std::ostream* os) { *os << p.test->name << " on " << p.device; }
+
+std::string param_name(const ::testing::TestParamInfo<Param>& p) {
+  std::string s = p.param.test->name + "_on_" + p.param.device;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+std::vector<Param> params() {
+  std::vector<Param> out;
+  for (const auto& dev : devices_with_tensor_engine())
+    for (const auto& c : catalogue().supported) out.push_back({dev, &c});
+  return out;
+}
+
+class OnnxNode : public ::testing::TestWithParam<Param> {};
+
+// Uploads a host tensor into device memory (through pinned staging).
+Tensor upload(Device& dev, Queue& q, const HostTensor& t) {
+  const std::uint64_t bytes = std::max<std::uint64_t>(t.bytes.size(), 1);
+  Buffer staging = dev.allocate(bytes, Memory::HostPinned);
+  Buffer dst = dev.allocate(bytes);
+  std::memcpy(staging.map().data(), t.bytes.data(), t.bytes.size());
+  q.copy(staging, dst).submit().wait();
+  return Tensor(dst, *t.dtype, t.shape);
+}
+
+double element(const std::byte* p, DType t) {
+  switch (t) {
+    case DType::F32: { float f; std::memcpy(&f, p, 4); return f; }
+    case DType::F16: case DType::BF16: {
+      std::uint16_t h;
+      std::memcpy(&h, p, 2);
+      if (t == DType::BF16) {
+        const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+      }
+      const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+      const double sign = (h & 0x8000) ? -1.0 : 1.0;
+      if (e == 0) return sign * std::ldexp(m, -24);
+      if (e == 31) return m ? NAN : sign * INFINITY;
+      return sign * std::ldexp(m + 1024, e - 25);
+    }
+    case DType::I8: return static_cast<std::int8_t>(*p);
+    case DType::U8: return static_cast<std::uint8_t>(*p);
+    case DType::I32: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
+  }
+  return 0;
+}
+
+// Runs one case on `device`. Returns the reason it was skipped, or nothing;
+// a mismatch is reported in `mismatch`.
+std::optional<std::string> run_case(const Case& c, const std::string& device, std::string& mismatch) {
+  Device dev = open(device);
+  Queue q = dev.queue(Engine::Compute);
+  const fs::path data = c.dir / "test_data_set_0";
+
+  // Node inputs by position; an empty name is an omitted optional input.
+  std::vector<HostTensor> host(static_cast<std::size_t>(c.node.input_size()));
+  std::vector<bool> given(host.size());
+  for (int i = 0; i < c.node.input_size(); ++i) {
+    const std::string& name = c.node.input(i);
+    if (name.empty()) continue;
+    auto it = std::find(c.graph_inputs.begin(), c.graph_inputs.end(), name);
+    if (it == c.graph_inputs.end()) return "input " + name + " is not a graph input";
+    const auto index = static_cast<std::size_t>(it - c.graph_inputs.begin());
+    host[i] = read_tensor(data / ("input_" + std::to_string(index) + ".pb"), c.input_types[index]);
+    given[i] = true;
+  }
+  const HostTensor expected = read_tensor(data / "output_0.pb", c.output_type);
+  if (!expected.dtype) return "output type " + std::to_string(expected.onnx_type) + " is not an engine dtype";
+
+  auto lowered = std::get<Lowering>(lower(c.node, c.opset));
+  Inputs in(host.size());
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    if (!given[i] || lowered.host_only.count(static_cast<int>(i))) continue;
+    if (!host[i].dtype) return "input " + std::to_string(i) + " has type " + std::to_string(host[i].onnx_type) + ", not an engine dtype";
+    in[i] = upload(dev, q, host[i]);
+  }
+  const std::uint64_t out_bytes = std::max<std::uint64_t>(expected.bytes.size(), 1);
+  Buffer out_dev = dev.allocate(out_bytes);
+  Buffer out_host = dev.allocate(out_bytes, Memory::HostPinned);
+  const Tensor out(out_dev, *expected.dtype, expected.shape);
+  Op op;
+  try {
+    op = lowered.build(in, out, host);
+  } catch (const Skip& s) {
+    return std::string(s.what());
+  }
+  q.batch().run(op).copy(out_dev, out_host).submit().wait();
+
+  const DType t = *expected.dtype;
+  const std::size_t es = size_of(t);
+  const auto got = out_host.map();
+  std::size_t bad = 0;
+  for (std::uint64_t i = 0; i < expected.elements(); ++i) {
+    const double g = element(&got[i * es], t), e = element(&expected.bytes[i * es], t);
+    const bool ok = is_float_dtype(t) ? ((std::isnan(g) && std::isnan(e)) || g == e || std::fabs(g - e) <= 1e-7 + 1e-3 * std::fabs(e))
+                                      : g == e;
+    if (!ok && bad++ == 0)
+      mismatch = "element " + std::to_string(i) + ": got " + std::to_string(g) + ", expected " + std::to_string(e);
+  }
+  if (bad) mismatch = std::to_string(bad) + " of " + std::to_string(expected.elements()) + " elements differ; first: " + mismatch;
+  return std::nullopt;
+}
+
+TEST_P(OnnxNode, MatchesTheExpectedOutput) {
+  std::string mismatch;
+  if (auto skip = run_case(*GetParam().test, GetParam().device, mismatch)) GTEST_SKIP() << *skip;
+  EXPECT_TRUE(mismatch.empty()) << mismatch;
+}
+
+INSTANTIATE_TEST_SUITE_P(Node, OnnxNode, ::testing::ValuesIn(params()), param_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(OnnxNode);
+
+// Every op family the engine takes on must keep tests in the catalogue: a
+// lowering that silently starts skipping a whole family fails here.
+TEST(OnnxNodeCoverage, EveryOpFamilyTheEngineClaimsHasTests) {
+  std::map<std::string, int> per_op;
+  for (const auto& c : catalogue().supported) ++per_op[c.node.op_type()];
+  for (const char* op : {"Gemm", "MatMul", "Conv", "MaxPool", "AveragePool", "Relu", "Softmax", "Add", "Mul", "Sub",
+                         "Sigmoid", "LeakyRelu", "Clip", "Transpose", "Cast", "QuantizeLinear", "DequantizeLinear",
+                         "MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "Resize"})
+    EXPECT_GT(per_op[op], 0) << op << " has no ONNX node test left in the catalogue";
+  EXPECT_GE(catalogue().supported.size(), 150u);
+}
+
+}  // namespace
+}  // namespace tpuhal
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--list-skipped") {
+      // Skipped by op or attributes, then by what the test data holds.
+      auto skipped = tpuhal::catalogue().skipped;
+      for (const auto& c : tpuhal::catalogue().supported) {
+        std::string mismatch;
+        if (auto why = tpuhal::run_case(c, "sim:tiny", mismatch)) skipped.emplace_back(c.name, *why);
+      }
+      std::sort(skipped.begin(), skipped.end());
+      for (const auto& [name, why] : skipped) std::printf("%s: %s\n", name.c_str(), why.c_str());
+      return 0;
+    }
+    if (std::string(argv[i]) == "--list-supported") {
+      for (const auto& c : tpuhal::catalogue().supported) std::printf("%s\n", c.name.c_str());
+      return 0;
+    }
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
