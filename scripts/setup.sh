@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev ocl-icd-opencl-dev                # the simulated tensor engine's kernels (its CMake package requires OpenCL)
   libonnx-dev libprotobuf-dev libonnx-testdata  # ONNX's node tests
+  libavcodec-dev libavformat-dev libavutil-dev ffmpeg  # the simulated codec unit, demuxing, clips for the tests
 )
 
 missing=()

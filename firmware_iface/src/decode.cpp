@@ -1,5 +1,6 @@
 #include "tpuhal/fw/decode.h"
 
+#include <cstddef>
 #include <cstring>
 
 #include "tpuhal/fw/tensor.h"
@@ -144,6 +145,67 @@ Result<Command> decode_command(const CommandDescriptor& d) {
       return c;
     }
 
+    case Opcode::kVideoOpen: {
+      VideoOpenArgs a{};
+      a.channel = static_cast<std::uint32_t>(d.args[0]);
+      if (d.args[0] >= kMaxVideoChannels) return problem(CmdStatus::kBadArgument, 0, d.args[0], kMaxVideoChannels);
+      const std::uint64_t cfg = d.args[1];
+      const auto codec = cfg & 0xFF, layout = cfg >> 8 & 0xFF;
+      a.max_width = static_cast<std::uint32_t>(cfg >> 16 & 0xFFFF);
+      a.max_height = static_cast<std::uint32_t>(cfg >> 32 & 0xFFFF);
+      if (codec < 1 || codec > 3) return problem(CmdStatus::kBadArgument, 1, cfg, 3);
+      if (layout < 1 || layout > 2) return problem(CmdStatus::kBadArgument, 1, cfg, 2);
+      if (cfg >> 48 != 0) return problem(CmdStatus::kReservedNotZero, 1, cfg);
+      if (a.max_width == 0 || a.max_height == 0 || a.max_width > kMaxVideoDimension ||
+          a.max_height > kMaxVideoDimension)
+        return problem(CmdStatus::kBadArgument, 1, cfg, kMaxVideoDimension);
+      a.codec = static_cast<VideoCodec>(codec);
+      a.layout = static_cast<PixelLayout>(layout);
+      a.page = d.args[2];
+      a.pool = d.args[3];
+      a.slot_bytes = d.args[4];
+      a.slot_count = static_cast<std::uint32_t>(d.args[5]);
+      a.record_count = static_cast<std::uint32_t>(d.args[5] >> 32);
+      if (a.page == 0 || a.page % 4096 != 0) return problem(CmdStatus::kBadAlignment, 2, a.page, 4096);
+      if (a.pool % 4096 != 0) return problem(CmdStatus::kBadAlignment, 3, a.pool, 4096);
+      if (a.slot_bytes < plane_layout(a.max_width, a.max_height, a.layout).bytes || a.slot_bytes % kVideoPlaneAlign != 0 ||
+          a.slot_bytes > (1ull << 32))
+        return problem(CmdStatus::kBadArgument, 4, a.slot_bytes, plane_layout(a.max_width, a.max_height, a.layout).bytes);
+      if (a.slot_count == 0 || a.slot_count > kMaxVideoSlots || a.record_count < a.slot_count ||
+          a.record_count > kMaxVideoRecords)
+        return problem(CmdStatus::kBadArgument, 5, d.args[5], kMaxVideoRecords);
+      if (!range_ok(a.pool, a.slot_bytes * a.slot_count)) return problem(CmdStatus::kBadArgument, 3, a.pool);
+      if (!range_ok(a.page, video_page_bytes(a.slot_count, a.record_count)))
+        return problem(CmdStatus::kBadArgument, 2, a.page);
+      c.args = a;
+      return c;
+    }
+
+    case Opcode::kVideoDecode: {
+      VideoDecodeArgs a{};
+      if (d.args[0] >= kMaxVideoChannels) return problem(CmdStatus::kBadArgument, 0, d.args[0], kMaxVideoChannels);
+      a.channel = static_cast<std::uint32_t>(d.args[0]);
+      a.packet = d.args[1];
+      a.bytes = d.args[2];
+      a.pts = static_cast<std::int64_t>(d.args[3]);
+      a.index = d.args[4];
+      if (d.args[5] & ~kVideoPacketEos) return problem(CmdStatus::kReservedNotZero, 5, d.args[5]);
+      a.eos = (d.args[5] & kVideoPacketEos) != 0;
+      if (a.eos ? (a.bytes != 0 || a.packet != 0) : a.bytes == 0)
+        return problem(CmdStatus::kBadArgument, 2, a.bytes, kMaxVideoPacketBytes);
+      if (a.bytes > kMaxVideoPacketBytes) return problem(CmdStatus::kBadArgument, 2, a.bytes, kMaxVideoPacketBytes);
+      if (!range_ok(a.packet, a.bytes)) return problem(CmdStatus::kBadArgument, 1, a.packet);
+      c.args = a;
+      return c;
+    }
+
+    case Opcode::kVideoClose: {
+      if (!reserved_args_zero(d, 1, p)) return p;
+      if (d.args[0] >= kMaxVideoChannels) return problem(CmdStatus::kBadArgument, 0, d.args[0], kMaxVideoChannels);
+      c.args = VideoCloseArgs{static_cast<std::uint32_t>(d.args[0])};
+      return c;
+    }
+
     case Opcode::kInvalid:
       break;
   }
@@ -176,18 +238,52 @@ Result<DmaSegment> decode_segment(const DmaSegment& s) {
 
 bool engine_accepts(EngineType engine, Opcode op) noexcept {
   if (op == Opcode::kInvalid || static_cast<std::uint16_t>(op) > kMaxOpcode) return false;
+  const bool video = op == Opcode::kVideoOpen || op == Opcode::kVideoDecode || op == Opcode::kVideoClose;
   switch (engine) {
     case EngineType::kCompute:
-      return true;
+      return !video;
     case EngineType::kCopy:
-    case EngineType::kVideo:
       // DMA and synchronisation run everywhere; tensor work and programs
       // (which may hold tensor work) need the tensor engine.
+      return op != Opcode::kTensorOp && op != Opcode::kCall && !video;
+    case EngineType::kVideo:
       return op != Opcode::kTensorOp && op != Opcode::kCall;
     case EngineType::kNone:
       break;
   }
   return false;
+}
+
+Result<FrameRecord> decode_frame_record(const FrameRecord& r, const VideoOpenArgs& open) {
+  auto bad = [](std::size_t field, std::uint64_t value, std::uint64_t detail = 0) {
+    return problem(CmdStatus::kFirmwareFault, static_cast<std::uint16_t>(field), value, detail);
+  };
+  switch (static_cast<RecordKind>(r.kind)) {
+    case RecordKind::kFrame: {
+      if (r.slot >= open.slot_count) return bad(offsetof(FrameRecord, slot), r.slot, open.slot_count);
+      if (r.width == 0 || r.width > open.max_width) return bad(offsetof(FrameRecord, width), r.width, open.max_width);
+      if (r.height == 0 || r.height > open.max_height)
+        return bad(offsetof(FrameRecord, height), r.height, open.max_height);
+      const PlaneLayout L = plane_layout(r.width, r.height, open.layout);
+      if (L.bytes > open.slot_bytes) return bad(offsetof(FrameRecord, width), L.bytes, open.slot_bytes);
+      for (std::uint32_t p = 0; p < 3; ++p) {
+        const bool used = p < L.planes;
+        if (r.pitch[p] != (used ? L.pitch[p] : 0)) return bad(offsetof(FrameRecord, pitch) + 4 * p, r.pitch[p], L.pitch[p]);
+        if (r.offset[p] != (used ? L.offset[p] : 0))
+          return bad(offsetof(FrameRecord, offset) + 4 * p, r.offset[p], L.offset[p]);
+      }
+      return r;
+    }
+    case RecordKind::kError:
+      if (r.status != static_cast<std::uint32_t>(CmdStatus::kCorruptStream) &&
+          r.status != static_cast<std::uint32_t>(CmdStatus::kUnsupportedStream) &&
+          r.status != static_cast<std::uint32_t>(CmdStatus::kDmaFault))
+        return bad(offsetof(FrameRecord, status), r.status);
+      return r;
+    case RecordKind::kEos:
+      return r;
+  }
+  return bad(offsetof(FrameRecord, kind), r.kind);
 }
 
 Result<Failure> decode_failure(const FenceRecord& r) {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "tpuhal/fw/decode.h"
+#include "tpuhal/fw/video.h"
 
 namespace tpuhal::fw {
 
@@ -24,12 +25,14 @@ const char* to_string(CmdStatus status) noexcept {
     case CmdStatus::kEccError: return "ECC error";
     case CmdStatus::kHang: return "hang";
     case CmdStatus::kQueueReset: return "queue reset";
+    case CmdStatus::kCorruptStream: return "corrupt stream";
+    case CmdStatus::kUnsupportedStream: return "unsupported stream";
   }
   return "unknown status";
 }
 
 bool is_known(std::uint32_t status) noexcept {
-  return status <= static_cast<std::uint32_t>(CmdStatus::kQueueReset);
+  return status <= static_cast<std::uint32_t>(CmdStatus::kUnsupportedStream);
 }
 
 const char* to_string(Opcode op) noexcept {
@@ -44,6 +47,26 @@ const char* to_string(Opcode op) noexcept {
     case Opcode::kTimestamp: return "timestamp";
     case Opcode::kTensorOp: return "tensor_op";
     case Opcode::kCall: return "call";
+    case Opcode::kVideoOpen: return "video_open";
+    case Opcode::kVideoDecode: return "video_decode";
+    case Opcode::kVideoClose: return "video_close";
+  }
+  return "unknown";
+}
+
+const char* to_string(VideoCodec codec) noexcept {
+  switch (codec) {
+    case VideoCodec::kH264: return "h264";
+    case VideoCodec::kH265: return "h265";
+    case VideoCodec::kJpeg: return "jpeg";
+  }
+  return "unknown";
+}
+
+const char* to_string(PixelLayout layout) noexcept {
+  switch (layout) {
+    case PixelLayout::kNv12: return "nv12";
+    case PixelLayout::kI420: return "i420";
   }
   return "unknown";
 }
@@ -121,7 +144,15 @@ std::string arg_name(std::uint16_t opcode, std::uint16_t index) {
       /* tensor_op */ {"parameter block", "parameter bytes", nullptr},
       /* call */ {"command list", "slots", nullptr},
   };
-  if (opcode <= kMaxOpcode && index < 3 && kNames[opcode][index]) return kNames[opcode][index];
+  static const char* const kVideo[][6] = {
+      /* video_open */ {"channel", "codec/layout/max size", "channel page", "frame pool", "slot bytes", "slot/record counts"},
+      /* video_decode */ {"channel", "packet", "packet bytes", "pts", "packet index", "packet flags"},
+      /* video_close */ {"channel", nullptr, nullptr, nullptr, nullptr, nullptr},
+  };
+  if (opcode >= static_cast<std::uint16_t>(Opcode::kVideoOpen) && opcode <= kMaxOpcode && index < 6 &&
+      kVideo[opcode - static_cast<std::uint16_t>(Opcode::kVideoOpen)][index])
+    return kVideo[opcode - static_cast<std::uint16_t>(Opcode::kVideoOpen)][index];
+  if (opcode <= static_cast<std::uint16_t>(Opcode::kCall) && index < 3 && kNames[opcode][index]) return kNames[opcode][index];
   return "arg" + std::to_string(index);
 }
 
@@ -133,7 +164,7 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
     case CmdStatus::kOk:
       return op + ": ok";
     case CmdStatus::kInvalidOpcode:
-      return "unknown opcode " + hex(value) + " (interface 1.1 defines 1.." + dec(kMaxOpcode) + ")";
+      return "unknown opcode " + hex(value) + " (interface 1.2 defines 1.." + dec(kMaxOpcode) + ")";
     case CmdStatus::kInvalidFlags:
       return op + ": undefined flag bits " + hex(value & ~detail) + " in flags " + hex(value);
     case CmdStatus::kReservedNotZero:
@@ -177,6 +208,26 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
       return op + ": stopped by the board's watchdog after " + dec(value / 1'000'000) + " ms";
     case CmdStatus::kQueueReset:
       return op + ": discarded by a queue reset";
+    case CmdStatus::kCorruptStream: {
+      // The simulator's decoder reports FFmpeg's four-letter error tags.
+      std::string code = dec(detail);
+      if (detail == 0x41444E49) code = "invalid data";
+      else if (detail > 0xFFFFFF && detail <= 0xFFFFFFFF) {
+        std::string tag;
+        for (int i = 0; i < 4; ++i) {
+          const char ch = static_cast<char>(detail >> (8 * i) & 0xFF);
+          tag += (ch >= 0x20 && ch < 0x7F) ? ch : '?';
+        }
+        code = "'" + tag + "'";
+      }
+      return "packet " + dec(value) + " does not decode: corrupt or truncated data (decoder: " + code + ")";
+    }
+    case CmdStatus::kUnsupportedStream:
+      if (detail == kVideoDetailPixelFormat)
+        return "packet " + dec(value) + " decodes to a picture that is not 8-bit 4:2:0, which the unit does not output";
+      if (detail == kVideoDetailTooLarge)
+        return "packet " + dec(value) + " decodes to a picture larger than the channel's frame buffers (max_width x max_height)";
+      return "packet " + dec(value) + ": stream not supported (" + dec(detail) + ")";
   }
   return "unknown status " + dec(static_cast<std::uint32_t>(status)) + " for " + op;
 }

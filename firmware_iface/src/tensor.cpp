@@ -90,6 +90,13 @@ std::uint64_t first_empty_window(std::uint64_t in, std::uint64_t out, std::uint6
   for (std::uint64_t o = 0; o < out; ++o) {
     // Taps k with 0 <= o * stride + k * dilation - pad_begin < in.
     const std::int64_t start = static_cast<std::int64_t>(o * stride) - static_cast<std::int64_t>(pad_begin);
+    if (stride != 0 && start >= 0 && start < static_cast<std::int64_t>(in)) {
+      // Its first tap is in the input, as is that of every window up to the
+      // first one starting past the input: go on from there (an input 2^32
+      // long must not cost 2^32 steps).
+      o = (in + pad_begin + stride - 1) / stride - 1;
+      continue;
+    }
     const std::int64_t d = static_cast<std::int64_t>(dilation);
     const std::int64_t kmin = start < 0 ? (-start + d - 1) / d : 0;
     const std::int64_t last = static_cast<std::int64_t>(in) - 1 - start;

@@ -8,6 +8,11 @@ QueueBackend::~QueueBackend() = default;
 DeviceBackend::~DeviceBackend() = default;
 Provider::~Provider() = default;
 ProgramBackend::~ProgramBackend() = default;
+DecoderBackend::~DecoderBackend() = default;
+
+std::shared_ptr<DecoderBackend> DeviceBackend::open_decoder(const DecoderConfig&) {
+  throw Error(Status::Unsupported, properties().uri + ": this device has no video decoder (caps.video_decode is false)");
+}
 
 std::shared_ptr<ProgramBackend> DeviceBackend::create_program(std::span<const Command>) {
   throw Error(Status::Unsupported, properties().uri + ": this device cannot record programs");

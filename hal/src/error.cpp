@@ -47,6 +47,23 @@ const char* to_string(Engine engine) noexcept {
   return "unknown";
 }
 
+const char* to_string(Codec codec) noexcept {
+  switch (codec) {
+    case Codec::H264: return "h264";
+    case Codec::H265: return "h265";
+    case Codec::Jpeg: return "jpeg";
+  }
+  return "unknown";
+}
+
+const char* to_string(PixelFormat format) noexcept {
+  switch (format) {
+    case PixelFormat::NV12: return "nv12";
+    case PixelFormat::I420: return "i420";
+  }
+  return "unknown";
+}
+
 const char* to_string(DType dtype) noexcept {
   switch (dtype) {
     case DType::F32: return "f32";

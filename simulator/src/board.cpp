@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "board_impl.h"
+#include "tpuhal/fw/video.h"
 #include "tpuhal/base/log.h"
 #include "tpuhal/fw/version.h"
 
@@ -49,6 +50,8 @@ Board::Impl::Impl(BoardProfile p)
 Board::Impl::~Impl() {
   std::lock_guard lock(control_mu);
   for (auto& q : queues) q->cp.reset();
+  codec_ptr.store(nullptr);
+  codec.reset();
 }
 
 void Board::Impl::raise(std::uint32_t bits) noexcept {
@@ -69,6 +72,25 @@ tensor::TensorEngine* Board::Impl::tensor_engine() {
     tensor = std::make_unique<tensor::TensorEngine>(threads);
   });
   return tensor.get();
+}
+
+CodecUnit* Board::Impl::codec_unit() {
+  if (profile.decode_channels == 0) return nullptr;
+  std::call_once(codec_once, [this] {
+    // Decode threads shared by every channel: the profile's count (default:
+    // this machine's cores); TPUHAL_SIM_VIDEO_THREADS lowers it.
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    unsigned threads = profile.decode_threads ? std::min(profile.decode_threads, hw) : hw;
+    if (const char* env = std::getenv("TPUHAL_SIM_VIDEO_THREADS")) {
+      const long n = std::strtol(env, nullptr, 10);
+      if (n >= 1) threads = std::min(threads, static_cast<unsigned>(n));
+    }
+    codec = std::make_unique<CodecUnit>(
+        dma, iommu, profile.decode_channels, threads,
+        [](void* board, std::uint32_t q) { static_cast<Board::Impl*>(board)->raise_if_unmasked(1u << q); }, this);
+    codec_ptr.store(codec.get());
+  });
+  return codec.get();
 }
 
 void Board::Impl::raise_if_unmasked(std::uint32_t bits) noexcept {
@@ -133,6 +155,7 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
     case kCaps:
       return fw::kCapCopySg | fw::kCapFill | fw::kCapWaitValue | fw::kCapTimestamp |
              (profile.tensor_cores ? fw::kCapTensor : 0) |
+             (profile.decode_channels ? fw::kCapVideoDecode : 0) |
              (profile.aperture_bytes ? fw::kCapHostAperture : 0) |
              (profile.bus == "soc" ? fw::kCapUnifiedMemory : 0);
     case kFirmwareVersion: return profile.firmware_version;
@@ -161,6 +184,14 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
     case kInt8Gops: return gops(profile.int8_tops);
     case kFp16Gflops: return gops(profile.fp16_tflops);
     case kDecodeChannels: return profile.decode_channels;
+    case kVideoCodecs: {
+      std::uint32_t bits = 0;
+      for (const auto& c : profile.codecs)
+        bits |= c == "h264" ? 1u << static_cast<int>(fw::VideoCodec::kH264)
+              : c == "h265" ? 1u << static_cast<int>(fw::VideoCodec::kH265)
+              : c == "jpeg" ? 1u << static_cast<int>(fw::VideoCodec::kJpeg) : 0u;
+      return profile.decode_channels ? bits : 0;
+    }
     case kMboxStatus: {
       std::lock_guard lock(mbox_mu);
       return mbox_status;
@@ -205,6 +236,9 @@ void Board::Impl::write(std::uint32_t off, std::uint32_t value) noexcept {
       control.store(value & fw::kControlEnable);
       return;
     case kScratch: scratch.store(value); return;
+    case kVideoDoorbell:
+      if (CodecUnit* unit = codec_ptr.load()) unit->doorbell(value);
+      return;
     case kIntMask: {
       const std::uint32_t old = int_mask.exchange(value, std::memory_order_seq_cst);
       // Level semantics: unmasking a pending vector fires it now.
@@ -305,6 +339,7 @@ void Board::Impl::reset_queue(std::uint32_t qi) {
   std::lock_guard lock(control_mu);
   QueueState& q = *queues[qi];
   q.cp.reset();  // stops at the next command boundary and joins
+  if (CodecUnit* unit = codec_ptr.load(); unit && q.engine == fw::EngineType::kVideo) unit->close_queue(qi);
   q.control.store(0);
   q.status.store(0);
   q.error.store(0);

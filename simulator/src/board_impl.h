@@ -11,6 +11,7 @@
 
 #include "dma_engine.h"
 #include "tensor/engine.h"
+#include "video/codec_unit.h"
 #include "tpuhal/base/fd.h"
 #include "tpuhal/base/mapping.h"
 #include "tpuhal/base/wait.h"
@@ -109,6 +110,12 @@ struct Board::Impl {
   tensor::TensorEngine* tensor_engine();
   std::once_flag tensor_once;
   std::unique_ptr<tensor::TensorEngine> tensor;
+
+  // The video codec unit, made on first use; null if the board has none.
+  CodecUnit* codec_unit();
+  std::once_flag codec_once;
+  std::unique_ptr<CodecUnit> codec;
+  std::atomic<CodecUnit*> codec_ptr{nullptr};  // for the doorbell register
 };
 
 // Consumes one queue's ring on its own thread (docs/simulator.md).
@@ -140,6 +147,7 @@ class CommandProcessor {
   // following slots hold an inline parameter block); kOk or the failure.
   fw::Problem execute(const fw::Command& cmd, Source& source, std::uint64_t position);
   fw::Problem tensor_op(std::span<const std::byte> block);
+  fw::Problem no_video(fw::Opcode op) const;
   fw::Problem call(const fw::CallArgs& args);
   fw::Problem read_block(const fw::TensorOpArgs& args, Source& source, std::uint64_t position,
                          std::vector<std::byte>& block);

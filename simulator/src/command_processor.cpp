@@ -189,8 +189,25 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
       return p.status == fw::CmdStatus::kOk ? cp.tensor_op(block) : p;
     }
     fw::Problem operator()(const fw::CallArgs& a) const { return cp.call(a); }
+    fw::Problem operator()(const fw::VideoOpenArgs& a) const {
+      CodecUnit* unit = cp.board_.codec_unit();
+      return unit ? unit->open(a, cp.index_, cp.ctx_) : cp.no_video(fw::Opcode::kVideoOpen);
+    }
+    fw::Problem operator()(const fw::VideoDecodeArgs& a) const {
+      CodecUnit* unit = cp.board_.codec_unit();
+      return unit ? unit->decode(a, cp.ctx_) : cp.no_video(fw::Opcode::kVideoDecode);
+    }
+    fw::Problem operator()(const fw::VideoCloseArgs& a) const {
+      CodecUnit* unit = cp.board_.codec_unit();
+      return unit ? unit->close(a.channel) : cp.no_video(fw::Opcode::kVideoClose);
+    }
   };
   return std::visit(Visitor{*this, source, position}, cmd.args);
+}
+
+fw::Problem CommandProcessor::no_video(fw::Opcode op) const {
+  return {fw::CmdStatus::kUnsupportedOnEngine, fw::Problem::kFieldOpcode, static_cast<std::uint64_t>(op),
+          static_cast<std::uint64_t>(q_.engine)};
 }
 
 fw::Problem CommandProcessor::read_block(const fw::TensorOpArgs& a, Source& source, std::uint64_t position,

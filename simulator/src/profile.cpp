@@ -1,5 +1,7 @@
 #include "tpuhal/sim/profile.h"
 
+#include "tpuhal/fw/video.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -110,6 +112,9 @@ void validate(const BoardProfile& p, const Parser& ps) {
   for (char c : p.name)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'))
       ps.fail("name", "may hold only letters, digits, '-' and '_': \"" + p.name + "\"");
+  if (p.decode_channels > fw::kMaxVideoChannels)
+    ps.fail("video.decode_channels", std::to_string(p.decode_channels) + " is more than interface 1.2 allows (" +
+                                         std::to_string(fw::kMaxVideoChannels) + ")");
   if (p.bus != "pcie" && p.bus != "soc" && p.bus != "usb")
     ps.fail("bus", "must be \"pcie\", \"soc\" or \"usb\", got \"" + p.bus + "\"");
   const std::uint64_t page = 4096;
@@ -257,6 +262,8 @@ BoardProfile parse_profile(std::string_view text, std::string_view source) {
     if (!it->is_object()) ps.fail("video", "must be an object");
     if (auto c = it->find("decode_channels"); c != it->end())
       p.decode_channels = ps.u32(*c, "video.decode_channels");
+    if (auto c = it->find("decode_threads"); c != it->end())
+      p.decode_threads = ps.u32(*c, "video.decode_threads");
     if (auto c = it->find("codecs"); c != it->end()) {
       if (!c->is_array()) ps.fail("video.codecs", "must be an array of strings");
       for (auto& codec : *c) p.codecs.push_back(ps.str(codec, "video.codecs", 16));

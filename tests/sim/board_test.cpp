@@ -214,7 +214,10 @@ TEST_F(SimBoard, IdentityRegistersDescribeTheTinyProfile) {
   EXPECT_EQ(r64(reg::kSerialLo), 1u);
   EXPECT_EQ(r(reg::kFirmwareVersion), 0x010000u);
   EXPECT_EQ(r(reg::kCaps), fw::kCapCopySg | fw::kCapFill | fw::kCapWaitValue |
-                               fw::kCapTimestamp | fw::kCapHostAperture | fw::kCapTensor);
+                               fw::kCapTimestamp | fw::kCapHostAperture | fw::kCapTensor |
+                               fw::kCapVideoDecode);
+  EXPECT_EQ(r(reg::kDecodeChannels), 2u);
+  EXPECT_EQ(r(reg::kVideoCodecs), 1u << 1 | 1u << 2 | 1u << 3);  // h264, h265, jpeg
   EXPECT_EQ(r64(reg::kDramSizeLo), 64ull << 20);
   EXPECT_EQ(r64(reg::kApertureLo), 16ull << 20);
   EXPECT_EQ(board_.aperture().size(), 16u << 20);
@@ -287,7 +290,7 @@ TEST_F(SimBoard, SupportedDriverVersionIsAccepted) {
 }
 
 TEST_F(SimBoard, UnsupportedDriverVersionIsRejected) {
-  for (std::uint32_t bad : {fw::Version{2, 0}.packed(), fw::Version{1, 2}.packed(),
+  for (std::uint32_t bad : {fw::Version{2, 0}.packed(), fw::Version{1, 3}.packed(),
                             fw::Version{0, 0}.packed()}) {
     SCOPED_TRACE(bad);
     w(reg::kDriverVersion, bad);
@@ -649,7 +652,7 @@ TEST_F(SimBoard, UnknownOpcodeIsAnInvalidOpcode) {
   EXPECT_EQ(rec.error_opcode, 99u);
   auto failure = fw::decode_failure(rec);
   ASSERT_TRUE(failure.ok());
-  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface 1.1 defines 1..9)");
+  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface 1.2 defines 1..12)");
 }
 
 TEST_F(SimBoard, FenceValuesMustIncrease) {

@@ -127,7 +127,7 @@ TEST(SimProfile, Bm1684xBuiltinLoads) {
   EXPECT_EQ(p.max_ring_entries, 65536u);
   EXPECT_EQ(p.tensor_cores, 8u);
   EXPECT_DOUBLE_EQ(p.int8_tops, 32.0);
-  EXPECT_EQ(p.decode_channels, 32u);
+  EXPECT_EQ(p.decode_channels, 256u);
 }
 
 TEST(SimProfile, ValidDocumentParsesEveryField) {

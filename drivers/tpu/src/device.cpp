@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "device_impl.h"
+#include "tpuhal/fw/video.h"
 #include "encode.h"
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/units.h"
@@ -218,7 +219,13 @@ void TpuDevice::read_properties() {
   props_.caps.tensor = (caps_ & fw::kCapTensor) && agreed_minor_ >= 1;
   if (props_.caps.tensor)
     props_.dtypes = {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32};
-  props_.caps.video_decode = caps_ & fw::kCapVideoDecode;
+  props_.caps.video_decode = (caps_ & fw::kCapVideoDecode) && agreed_minor_ >= 2 && props_.decode_channels > 0;
+  if (props_.caps.video_decode) {
+    const std::uint32_t codecs = t.read32(fw::reg::kVideoCodecs);
+    if (codecs & 1u << static_cast<int>(fw::VideoCodec::kH264)) props_.codecs.push_back(Codec::H264);
+    if (codecs & 1u << static_cast<int>(fw::VideoCodec::kH265)) props_.codecs.push_back(Codec::H265);
+    if (codecs & 1u << static_cast<int>(fw::VideoCodec::kJpeg)) props_.codecs.push_back(Codec::Jpeg);
+  }
   max_ring_entries_ = t.read32(fw::reg::kMaxRingEntries);
 
   // Heaps from the board's memory regions.

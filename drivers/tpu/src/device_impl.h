@@ -60,6 +60,8 @@ class TpuDevice final : public driver::DeviceBackend,
   std::shared_ptr<driver::QueueBackend> create_queue(Engine engine,
                                                      const QueueOptions& options) override;
   std::shared_ptr<driver::ProgramBackend> create_program(std::span<const driver::Command> commands) override;
+  std::shared_ptr<driver::DecoderBackend> open_decoder(const driver::DecoderConfig& config) override;
+  void release_decoder_channel(std::uint32_t number) noexcept;
 
   // ---- used by buffers and queues ----
   Transport& transport() const noexcept { return *transport_; }
@@ -107,6 +109,10 @@ class TpuDevice final : public driver::DeviceBackend,
   std::vector<std::unique_ptr<HwQueue>> hw_queues_;
   base::Mapping status_pages_;
   std::uint64_t status_pages_iova_ = 0;
+
+  std::mutex video_mu_;
+  std::vector<bool> decoder_channels_;  // open channels; guarded by video_mu_
+  std::weak_ptr<TpuQueue> video_queue_; // shared by the decoders; guarded by video_mu_
 
   std::mutex irq_mu_;  // serialises INT_MASK read-modify-write
   std::uint32_t irq_mask_ = 0;

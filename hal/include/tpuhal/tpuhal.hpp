@@ -34,11 +34,13 @@ namespace tpuhal {
 
 class Device;
 class Queue;
+class VideoDecoder;
 class Batch;
 class Program;
 namespace detail {
 class DeviceImpl;
 class BufferImpl;
+class DecoderImpl;
 class QueueImpl;
 struct BatchState;
 struct ProgramImpl;
@@ -124,6 +126,7 @@ class TPUHAL_API Buffer {
   friend class Device;
   friend class Batch;
   friend struct detail::TensorState;
+  friend class detail::DecoderImpl;
   explicit Buffer(std::shared_ptr<detail::BufferImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<detail::BufferImpl> impl_;
 };
@@ -263,6 +266,12 @@ class TPUHAL_API Device {
   // them are in use, Unsupported if the board has no such engine.
   Queue queue(Engine engine = Engine::Compute, const QueueOptions& options = {});
 
+  // Opens one channel of the board's codec unit (video.hpp). Throws
+  // Unsupported without caps.video_decode or for a codec the board lacks,
+  // InvalidArgument for bad options, ResourceExhausted when every channel
+  // is open.
+  VideoDecoder open_decoder(const VideoDecoderOptions& options);
+
   WaitPolicy wait_policy() const;
   void set_wait_policy(const WaitPolicy& policy);
 
@@ -275,6 +284,7 @@ class TPUHAL_API Device {
   friend class Op;
   friend class Program;
   friend struct OpAccess;
+  friend class VideoDecoder;
   explicit Device(std::shared_ptr<detail::DeviceImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<detail::DeviceImpl> impl_;
 };
@@ -283,3 +293,5 @@ class TPUHAL_API Device {
 TPUHAL_API const char* version() noexcept;
 
 }  // namespace tpuhal
+
+#include "tpuhal/video.hpp"

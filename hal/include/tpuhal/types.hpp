@@ -26,6 +26,25 @@ TPUHAL_API const char* to_string(Engine engine) noexcept;
 
 // Element types the tensor engine computes in.
 enum class DType : std::uint8_t { F32, F16, BF16, I8, U8, I32 };
+
+// Video (video.hpp).
+enum class Codec : std::uint8_t { H264, H265, Jpeg };
+// NV12: a Y plane, then one plane of interleaved U/V at half resolution.
+// I420: Y, U and V planes; chroma at half resolution, rounded up.
+enum class PixelFormat : std::uint8_t { NV12, I420 };
+TPUHAL_API const char* to_string(Codec codec) noexcept;        // "h264", "h265", "jpeg"
+TPUHAL_API const char* to_string(PixelFormat format) noexcept;  // "nv12", "i420"
+
+struct VideoDecoderOptions {
+  Codec codec = Codec::H264;
+  PixelFormat format = PixelFormat::NV12;
+  // Frames larger than this are errors (the channel's frame buffers are
+  // sized for it).
+  std::uint32_t max_width = 1920, max_height = 1088;
+  // Frame buffers in device memory: how many frames the caller may hold at
+  // once, plus the ones the board is writing (1..64).
+  std::uint32_t frame_buffers = 4;
+};
 TPUHAL_API const char* to_string(DType dtype) noexcept;
 
 struct HeapInfo {
@@ -75,7 +94,8 @@ struct Properties {
   double peak_fp16_tflops = 0;
   double peak_fp32_tflops = 0;
   std::vector<DType> dtypes;  // what the tensor engine computes in; empty if none
-  std::uint32_t decode_channels = 0;
+  std::uint32_t decode_channels = 0;  // VideoDecoder channels the board has
+  std::vector<Codec> codecs;          // what they decode; empty if none
 
   Capabilities caps;
 };

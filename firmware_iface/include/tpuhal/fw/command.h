@@ -47,9 +47,14 @@ enum class Opcode : std::uint16_t {
                     // ceil(bytes / 64) ring slots. Compute queues only.
   kCall = 9,        // args: command list address (64-aligned), slots: runs a
                     // recorded list of descriptors (a program) in place
+  // Interface 1.2 (video.h; video queues only):
+  kVideoOpen = 10,    // opens a decoder channel
+  kVideoDecode = 11,  // hands the channel one packet (or its end of stream)
+  kVideoClose = 12,   // closes a channel
 };
 inline constexpr std::uint16_t kMaxOpcodeV1_0 = 7;
-inline constexpr std::uint16_t kMaxOpcode = 9;
+inline constexpr std::uint16_t kMaxOpcodeV1_1 = 9;
+inline constexpr std::uint16_t kMaxOpcode = 12;
 const char* to_string(Opcode op) noexcept;
 
 // Descriptor flags.

@@ -16,6 +16,7 @@
 #include "tpuhal/fw/regs.h"
 #include "tpuhal/fw/result.h"
 #include "tpuhal/fw/tensor.h"
+#include "tpuhal/fw/video.h"
 
 namespace tpuhal::fw {
 
@@ -52,10 +53,31 @@ struct CallArgs {
   std::uint64_t address;
   std::uint64_t slots;
 };
+struct VideoOpenArgs {
+  std::uint32_t channel;
+  VideoCodec codec;
+  PixelLayout layout;
+  std::uint32_t max_width, max_height;
+  std::uint64_t page;       // channel page (host memory)
+  std::uint64_t pool;       // frame pool (DRAM)
+  std::uint64_t slot_bytes;
+  std::uint32_t slot_count, record_count;
+};
+struct VideoDecodeArgs {
+  std::uint32_t channel;
+  std::uint64_t packet, bytes;
+  std::int64_t pts;
+  std::uint64_t index;
+  bool eos;
+};
+struct VideoCloseArgs {
+  std::uint32_t channel;
+};
 
 // Alternative i holds the arguments of opcode i + 1.
 using CommandArgs = std::variant<NopArgs, CopyArgs, CopySgArgs, FillArgs, WaitValueArgs,
-                                 WriteValueArgs, TimestampArgs, TensorOpArgs, CallArgs>;
+                                 WriteValueArgs, TimestampArgs, TensorOpArgs, CallArgs,
+                                 VideoOpenArgs, VideoDecodeArgs, VideoCloseArgs>;
 
 struct Command {
   Opcode opcode = Opcode::kInvalid;
@@ -77,7 +99,8 @@ std::uint64_t command_slots(const Command& c) noexcept;
 // Validates one scatter-gather segment.
 Result<DmaSegment> decode_segment(const DmaSegment& s);
 
-// Whether `op` may run on a queue of `engine` (tensor ops: compute only).
+// Whether `op` may run on a queue of `engine` (tensor ops: compute only;
+// video ops: video only).
 bool engine_accepts(EngineType engine, Opcode op) noexcept;
 
 // A failure as the board reported it in a FenceRecord.
@@ -94,6 +117,13 @@ struct Failure {
 // A record with an unknown or zero status is itself reported as a
 // kFirmwareFault problem whose value is the raw status.
 Result<Failure> decode_failure(const FenceRecord& record);
+
+// The driver's view of a FrameRecord the board wrote into a channel opened
+// with `open`: the kind is known; a frame's slot is in the pool, its size
+// within the channel's maximum, and its planes exactly where plane_layout()
+// puts them; an error's status is a stream error. Problem::field is the
+// record's byte offset of the bad field.
+Result<FrameRecord> decode_frame_record(const FrameRecord& record, const VideoOpenArgs& open);
 
 // One line a person can act on, e.g.
 //   "copy: src address 0x1000000000 is not mapped for DMA (read)".

@@ -72,6 +72,11 @@ inline constexpr std::uint32_t kMboxRes1Lo = 0x00A0;
 inline constexpr std::uint32_t kMboxRes1Hi = 0x00A4;
 inline constexpr std::uint32_t kMboxSeq = 0x00A8;     // RO  commands completed
 
+// Video (interface 1.2): the driver writes a channel number after freeing
+// frame slots so that a channel waiting for one resumes (video.h).
+inline constexpr std::uint32_t kVideoDoorbell = 0x00AC;  // WO  channel
+inline constexpr std::uint32_t kVideoCodecs = 0x00B0;    // RO  bit c set: VideoCodec c decodes
+
 // Memory regions: region i at kMemRegionBase + i * kMemRegionStride.
 inline constexpr std::uint32_t kMemRegionBase = 0x0100;
 inline constexpr std::uint32_t kMemRegionStride = 0x40;

@@ -23,6 +23,8 @@ enum class CmdStatus : std::uint32_t {
   kEccError = 13,            // uncorrectable memory error in device DRAM
   kHang = 14,                // the board's watchdog stopped a command
   kQueueReset = 15,          // work discarded by a queue or device reset
+  kCorruptStream = 16,       // video: the packet's data does not decode
+  kUnsupportedStream = 17,   // video: valid, but not something the decoder takes
 };
 
 // "dma fault", "invalid opcode", ...; "unknown status" for values off the list.

@@ -29,8 +29,9 @@ struct Version {
 };
 
 // The interface this header set describes. 1.1 added tensor ops and calls
-// (kTensorOp, kCall, kCapTensor).
-inline constexpr Version kInterfaceVersion{1, 1};
+// (kTensorOp, kCall, kCapTensor); 1.2 the video engine (video.h: kVideoOpen,
+// kVideoDecode, kVideoClose, reg::kVideoDoorbell, kCapVideoDecode).
+inline constexpr Version kInterfaceVersion{1, 2};
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a
 // board advertising `board` agree on, or kBadArgument with field

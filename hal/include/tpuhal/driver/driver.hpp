@@ -131,6 +131,52 @@ class TPUHAL_API QueueBackend {
   virtual std::string diagnose() const;
 };
 
+// One decoder channel of a codec unit (VideoDecoder). The HAL checks
+// arguments and serialises calls on one decoder; channels are independent.
+struct DecoderConfig {
+  Codec codec = Codec::H264;
+  PixelFormat format = PixelFormat::NV12;
+  std::uint32_t max_width = 0, max_height = 0;  // frames larger are errors
+  std::uint32_t frame_buffers = 0;              // output slots
+};
+struct FramePlane {
+  std::uint64_t offset = 0;  // in the frame's buffer
+  std::uint32_t pitch = 0;   // bytes from one row to the next
+  std::uint32_t row_bytes = 0, rows = 0;
+};
+struct DecoderEvent {
+  enum class Kind : std::uint8_t {
+    Frame,      // `buffer` and the fields below hold a frame
+    Error,      // `error` says what went wrong with packet `packet`
+    EndOfStream,// every frame before the end-of-stream marker came out
+    NeedInput,  // nothing more will come until more packets are sent
+    Timeout,    // nothing came within the time given
+  };
+  Kind kind = Kind::Timeout;
+  // Frame: device memory holding the frame; releasing the last reference
+  // returns it to the channel.
+  std::shared_ptr<BufferBackend> buffer;
+  std::uint32_t width = 0, height = 0;
+  std::int64_t pts = 0;
+  std::uint64_t packet = 0;  // the packet it came from (Error: the packet at fault)
+  std::uint32_t planes = 0;
+  FramePlane plane[3];
+  std::optional<Error> error;
+};
+class TPUHAL_API DecoderBackend {
+ public:
+  virtual ~DecoderBackend();
+  virtual std::uint32_t channel() const = 0;
+  // Hands the board one packet (copied before returning), or the end of the
+  // stream (`data` empty, `eos`). Throws ResourceExhausted when the caller
+  // holds every frame buffer and the board has packets it cannot finish.
+  virtual void send(std::span<const std::byte> data, std::int64_t pts, std::uint64_t index, bool eos) = 0;
+  virtual DecoderEvent receive(std::chrono::nanoseconds timeout) = 0;
+  // Drops queued packets and frames not yet received; the channel starts
+  // again at a new stream (frames already received stay valid).
+  virtual void reset() = 0;
+};
+
 class TPUHAL_API DeviceBackend {
  public:
   virtual ~DeviceBackend();
@@ -144,6 +190,9 @@ class TPUHAL_API DeviceBackend {
   virtual std::shared_ptr<ProgramBackend> create_program(std::span<const Command> commands);
   virtual std::shared_ptr<QueueBackend> create_queue(Engine engine,
                                                      const QueueOptions& options) = 0;
+  // Opens a free decoder channel (caps.video_decode); ResourceExhausted
+  // naming the channel count when all are open. Default: Unsupported.
+  virtual std::shared_ptr<DecoderBackend> open_decoder(const DecoderConfig& config);
 };
 
 class TPUHAL_API Provider {

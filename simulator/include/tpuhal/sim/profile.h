@@ -59,6 +59,7 @@ struct BoardProfile {
   double fp16_tflops = 0;
   double fp32_tflops = 0;
   std::uint32_t decode_channels = 0;
+  std::uint32_t decode_threads = 0;  // decode threads shared by the channels (0: host cores)
   std::vector<std::string> codecs;
 
   // Model timing: how long an idle command processor spins before sleeping.

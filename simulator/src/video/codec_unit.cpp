@@ -1,0 +1,414 @@
+#include "codec_unit.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+extern "C" {
+#include <libavcodec/avcodec.h>
+#include <libavutil/log.h>
+}
+
+#include "../dma_engine.h"
+#include <spdlog/spdlog.h>
+
+#include "tpuhal/base/log.h"
+
+namespace tpuhal::sim {
+namespace {
+
+template <typename T>
+T load_acquire(T& v) {
+  return std::atomic_ref<T>(v).load(std::memory_order_acquire);
+}
+template <typename T>
+void store_release(T& v, T value) {
+  std::atomic_ref<T>(v).store(value, std::memory_order_release);
+}
+
+AVCodecID codec_id(fw::VideoCodec c) {
+  switch (c) {
+    case fw::VideoCodec::kH264: return AV_CODEC_ID_H264;
+    case fw::VideoCodec::kH265: return AV_CODEC_ID_HEVC;
+    case fw::VideoCodec::kJpeg: return AV_CODEC_ID_MJPEG;
+  }
+  return AV_CODEC_ID_NONE;
+}
+
+}  // namespace
+
+struct CodecUnit::Channel {
+  std::uint32_t number = 0;
+
+  std::mutex mu;  // guards the fields up to work_mu
+  bool open = false;
+  bool scheduled = false;  // in the run queue or being processed
+  bool kicked = false;     // a doorbell since its turn began
+  std::deque<Packet> pending;
+  fw::VideoOpenArgs args{};
+  std::uint32_t queue = 0;
+
+  // Held by the decode thread whose turn it is, and by close(); guards the
+  // decoder state below.
+  std::mutex work_mu;
+  AVCodecContext* ctx = nullptr;
+  AVPacket* pkt = nullptr;
+  AVFrame* frame = nullptr;
+  bool frame_ready = false;        // `frame` holds a frame not yet published
+  std::deque<fw::FrameRecord> outbox;  // error and end-of-stream records to publish
+  std::uint64_t published = 0;     // records written
+  std::uint64_t taken = 0;         // packets taken from `pending`
+  std::uint64_t last_packet = 0;   // index of the last packet sent to the decoder
+  std::uint64_t frames = 0;
+
+  void free_decoder() {
+    avcodec_free_context(&ctx);
+    av_packet_free(&pkt);
+    av_frame_free(&frame);
+    frame_ready = false;
+    outbox.clear();
+  }
+};
+
+CodecUnit::CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads,
+                     Raise raise, void* board)
+    : dma_(dma), iommu_(iommu), raise_(raise), board_(board) {
+  // libavcodec reports every damaged macroblock on stderr; the board reports
+  // errors through its records instead.
+  if (!base::logger("video")->should_log(spdlog::level::debug)) av_log_set_level(AV_LOG_FATAL);
+  channels_.reserve(channels);
+  for (std::uint32_t i = 0; i < channels; ++i) {
+    channels_.push_back(std::make_unique<Channel>());
+    channels_.back()->number = i;
+  }
+  threads = std::max<std::uint32_t>(threads, 1);
+  for (std::uint32_t i = 0; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
+}
+
+CodecUnit::~CodecUnit() {
+  close_all();
+  {
+    std::lock_guard lock(run_mu_);
+    stopping_ = true;
+  }
+  run_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+fw::Problem CodecUnit::open(const fw::VideoOpenArgs& a, std::uint32_t queue, DmaContext& ctx) {
+  if (a.channel >= channels_.size()) return {fw::CmdStatus::kBadArgument, 0, a.channel, channels_.size()};
+  Channel& c = *channels_[a.channel];
+  {
+    std::lock_guard lock(c.mu);
+    if (c.open) return {fw::CmdStatus::kBadArgument, 0, a.channel, channels_.size()};
+  }
+  // The page must be host memory mapped both ways, the pool device DRAM.
+  {
+    DmaAccess access(ctx);
+    const std::uint64_t page_bytes = fw::video_page_bytes(a.slot_count, a.record_count);
+    std::byte* page = fw::is_host_address(a.page)
+                          ? access.translate(a.page, page_bytes, kIommuRead | kIommuWrite)
+                          : nullptr;
+    if (!page) return {fw::CmdStatus::kDmaFault, 2, a.page, fw::kAccessWrite};
+    if (fw::is_host_address(a.pool) ||
+        !dma_.resolve(access, a.pool, a.slot_bytes * a.slot_count, kIommuWrite))
+      return {fw::CmdStatus::kDmaFault, 3, a.pool, fw::kAccessWrite};
+    auto* hdr = reinterpret_cast<fw::VideoChannelHeader*>(page);
+    store_release(hdr->published, std::uint64_t{0});
+    store_release(hdr->packets_done, std::uint64_t{0});
+    store_release(hdr->frames, std::uint64_t{0});
+    store_release(hdr->waiting, std::uint32_t{0});
+  }
+  std::lock_guard work(c.work_mu);
+  const AVCodec* codec = avcodec_find_decoder(codec_id(a.codec));
+  c.ctx = codec ? avcodec_alloc_context3(codec) : nullptr;
+  c.pkt = av_packet_alloc();
+  c.frame = av_frame_alloc();
+  if (!c.ctx || !c.pkt || !c.frame) {
+    c.free_decoder();
+    return {fw::CmdStatus::kBadArgument, 1, static_cast<std::uint64_t>(a.codec), 0};
+  }
+  c.ctx->thread_count = 1;  // the unit's decode threads are the parallelism
+  c.ctx->err_recognition |= AV_EF_EXPLODE;  // damaged data is an error, not a concealed frame
+  if (avcodec_open2(c.ctx, codec, nullptr) < 0) {
+    c.free_decoder();
+    return {fw::CmdStatus::kBadArgument, 1, static_cast<std::uint64_t>(a.codec), 0};
+  }
+  c.published = c.taken = c.last_packet = c.frames = 0;
+  std::lock_guard lock(c.mu);
+  c.args = a;
+  c.queue = queue;
+  c.pending.clear();
+  c.kicked = false;
+  c.open = true;
+  return {};
+}
+
+fw::Problem CodecUnit::decode(const fw::VideoDecodeArgs& a, DmaContext& ctx) {
+  if (a.channel >= channels_.size()) return {fw::CmdStatus::kBadArgument, 0, a.channel, channels_.size()};
+  Channel& c = *channels_[a.channel];
+  Packet p;
+  p.pts = a.pts;
+  p.index = a.index;
+  p.eos = a.eos;
+  if (a.bytes) {
+    p.data.resize(a.bytes + AV_INPUT_BUFFER_PADDING_SIZE);
+    auto problem = dma_.read(ctx, a.packet, p.data.data(), a.bytes, 1);
+    if (problem.status != fw::CmdStatus::kOk) return problem;
+    std::memset(p.data.data() + a.bytes, 0, AV_INPUT_BUFFER_PADDING_SIZE);
+    p.data.resize(a.bytes);  // capacity keeps the zeroed padding
+  }
+  std::lock_guard lock(c.mu);
+  if (!c.open) return {fw::CmdStatus::kBadArgument, 0, a.channel, channels_.size()};
+  c.pending.push_back(std::move(p));
+  if (!c.scheduled) schedule(c);
+  return {};
+}
+
+fw::Problem CodecUnit::close(std::uint32_t channel) {
+  if (channel >= channels_.size()) return {fw::CmdStatus::kBadArgument, 0, channel, channels_.size()};
+  Channel& c = *channels_[channel];
+  {
+    std::lock_guard lock(c.mu);
+    c.open = false;
+    c.pending.clear();
+  }
+  // Waits out a turn in progress; after this no thread touches the page or
+  // the pool until the channel is opened again.
+  std::lock_guard work(c.work_mu);
+  c.free_decoder();
+  return {};
+}
+
+void CodecUnit::close_all() noexcept {
+  for (std::uint32_t i = 0; i < channels_.size(); ++i) close(i);
+}
+
+void CodecUnit::close_queue(std::uint32_t queue) noexcept {
+  for (std::uint32_t i = 0; i < channels_.size(); ++i) {
+    bool mine;
+    {
+      std::lock_guard lock(channels_[i]->mu);
+      mine = channels_[i]->open && channels_[i]->queue == queue;
+    }
+    if (mine) close(i);
+  }
+}
+
+void CodecUnit::doorbell(std::uint32_t channel) noexcept {
+  if (channel >= channels_.size()) return;
+  Channel& c = *channels_[channel];
+  std::lock_guard lock(c.mu);
+  c.kicked = true;
+  if (c.open && !c.scheduled) schedule(c);
+}
+
+void CodecUnit::schedule(Channel& c) {
+  c.scheduled = true;
+  {
+    std::lock_guard lock(run_mu_);
+    run_queue_.push_back(&c);
+  }
+  run_cv_.notify_one();
+}
+
+void CodecUnit::worker(std::uint32_t) {
+  DmaContext ctx(iommu_);
+  for (;;) {
+    Channel* c = nullptr;
+    {
+      std::unique_lock lock(run_mu_);
+      run_cv_.wait(lock, [&] { return stopping_ || !run_queue_.empty(); });
+      if (run_queue_.empty()) return;
+      c = run_queue_.front();
+      run_queue_.pop_front();
+    }
+    bool blocked = false;
+    {
+      std::lock_guard work(c->work_mu);
+      bool open;
+      {
+        std::lock_guard lock(c->mu);
+        open = c->open;
+        c->kicked = false;
+      }
+      if (open && c->ctx) blocked = !process(*c, ctx);
+    }
+    // Another turn if packets are left (its budget ran out, or more came),
+    // or if it waited for a slot and the host has freed one since.
+    std::lock_guard lock(c->mu);
+    c->scheduled = false;
+    const bool again = c->open && (blocked ? c->kicked : !c->pending.empty());
+    if (again) schedule(*c);
+  }
+}
+
+bool CodecUnit::process(Channel& c, DmaContext& ctx) {
+  const fw::VideoOpenArgs& a = c.args;
+  DmaAccess access(ctx);
+  std::byte* page = access.translate(a.page, fw::video_page_bytes(a.slot_count, a.record_count),
+                                     kIommuRead | kIommuWrite);
+  if (!page) {
+    // The host unmapped an open channel's page: nothing can be reported.
+    base::logger("video")->error("channel {}: page at {:#x} is no longer mapped; dropping its packets", c.number, a.page);
+    std::lock_guard lock(c.mu);
+    c.pending.clear();
+    return true;
+  }
+  auto* hdr = reinterpret_cast<fw::VideoChannelHeader*>(page);
+  auto* slots = reinterpret_cast<std::uint32_t*>(page + fw::video_slots_offset());
+  auto* records = reinterpret_cast<fw::FrameRecord*>(page + fw::video_records_offset(a.slot_count));
+  bool raised = false;
+
+  auto record_space = [&] { return c.published - load_acquire(hdr->consumed) < a.record_count; };
+  auto publish = [&](const fw::FrameRecord& r) {
+    std::memcpy(&records[c.published % a.record_count], &r, sizeof r);
+    // seq_cst: pairs with the driver's interrupt unmask and re-check.
+    std::atomic_ref<std::uint64_t>(hdr->published).store(++c.published, std::memory_order_seq_cst);
+    raised = true;
+  };
+  auto error = [&](fw::CmdStatus status, std::uint64_t packet, std::uint32_t detail) {
+    fw::FrameRecord r{};
+    r.kind = static_cast<std::uint32_t>(fw::RecordKind::kError);
+    r.packet = packet;
+    r.status = static_cast<std::uint32_t>(status);
+    r.detail = detail;
+    c.outbox.push_back(r);
+  };
+  // Publishes c.frame; false if it must wait for a slot or a record.
+  auto publish_frame = [&]() -> bool {
+    const AVFrame& f = *c.frame;
+    const std::uint64_t packet = static_cast<std::uint64_t>(f.pkt_pos >= 0 ? f.pkt_pos : 0);
+    if (f.format != AV_PIX_FMT_YUV420P && f.format != AV_PIX_FMT_YUVJ420P) {
+      error(fw::CmdStatus::kUnsupportedStream, packet, fw::kVideoDetailPixelFormat);
+      return true;
+    }
+    if (f.width <= 0 || f.height <= 0 || static_cast<std::uint32_t>(f.width) > a.max_width ||
+        static_cast<std::uint32_t>(f.height) > a.max_height) {
+      error(fw::CmdStatus::kUnsupportedStream, packet, fw::kVideoDetailTooLarge);
+      return true;
+    }
+    if (!record_space()) return false;
+    std::uint32_t slot = a.slot_count;
+    for (std::uint32_t s = 0; s < a.slot_count && slot == a.slot_count; ++s)
+      if (load_acquire(slots[s]) == fw::kSlotFree) slot = s;
+    if (slot == a.slot_count) return false;
+    const auto w = static_cast<std::uint32_t>(f.width), h = static_cast<std::uint32_t>(f.height);
+    const fw::PlaneLayout L = fw::plane_layout(w, h, a.layout);
+    std::byte* dst = dma_.resolve(access, a.pool + std::uint64_t{slot} * a.slot_bytes, L.bytes, kIommuWrite);
+    if (!dst) {
+      error(fw::CmdStatus::kDmaFault, packet, 0);
+      return true;
+    }
+    auto rows = [](std::byte* out, std::uint32_t pitch, const std::uint8_t* in, int in_pitch, std::uint32_t bytes,
+                   std::uint32_t n) {
+      for (std::uint32_t r = 0; r < n; ++r) std::memcpy(out + std::uint64_t{r} * pitch, in + std::int64_t{r} * in_pitch, bytes);
+    };
+    rows(dst + L.offset[0], L.pitch[0], f.data[0], f.linesize[0], L.row_bytes[0], L.rows[0]);
+    const std::uint32_t cw = (w + 1) / 2;
+    if (a.layout == fw::PixelLayout::kI420) {
+      rows(dst + L.offset[1], L.pitch[1], f.data[1], f.linesize[1], cw, L.rows[1]);
+      rows(dst + L.offset[2], L.pitch[2], f.data[2], f.linesize[2], cw, L.rows[2]);
+    } else {
+      for (std::uint32_t r = 0; r < L.rows[1]; ++r) {
+        auto* out = reinterpret_cast<std::uint8_t*>(dst + L.offset[1] + std::uint64_t{r} * L.pitch[1]);
+        const std::uint8_t* u = f.data[1] + std::int64_t{r} * f.linesize[1];
+        const std::uint8_t* v = f.data[2] + std::int64_t{r} * f.linesize[2];
+        for (std::uint32_t x = 0; x < cw; ++x) {
+          out[2 * x] = u[x];
+          out[2 * x + 1] = v[x];
+        }
+      }
+    }
+    fw::FrameRecord r{};
+    r.kind = static_cast<std::uint32_t>(fw::RecordKind::kFrame);
+    r.slot = slot;
+    r.packet = packet;
+    r.pts = f.pts != AV_NOPTS_VALUE ? f.pts : f.best_effort_timestamp;
+    r.width = w;
+    r.height = h;
+    for (std::uint32_t p = 0; p < L.planes; ++p) {
+      r.pitch[p] = L.pitch[p];
+      r.offset[p] = static_cast<std::uint32_t>(L.offset[p]);
+    }
+    store_release(slots[slot], fw::kSlotHeld);
+    publish(r);
+    std::atomic_ref<std::uint64_t>(hdr->frames).store(++c.frames, std::memory_order_release);
+    return true;
+  };
+
+  int budget = 16;  // packets per turn, so that busy channels share the threads
+  bool blocked = false;
+  for (;;) {
+    // Records owed first, in order, then the frame in hand.
+    while (!c.outbox.empty() && record_space()) {
+      publish(c.outbox.front());
+      c.outbox.pop_front();
+    }
+    if (!c.outbox.empty()) {
+      blocked = true;
+      break;
+    }
+    if (c.frame_ready) {
+      if (!publish_frame()) {
+        blocked = true;
+        break;
+      }
+      c.frame_ready = false;
+      av_frame_unref(c.frame);
+      continue;
+    }
+    const int r = avcodec_receive_frame(c.ctx, c.frame);
+    if (r == 0) {
+      if (c.frame->decode_error_flags || (c.frame->flags & AV_FRAME_FLAG_CORRUPT)) {
+        error(fw::CmdStatus::kCorruptStream, static_cast<std::uint64_t>(std::max<std::int64_t>(c.frame->pkt_pos, 0)),
+              static_cast<std::uint32_t>(c.frame->decode_error_flags));
+        av_frame_unref(c.frame);
+      } else {
+        c.frame_ready = true;
+      }
+      continue;
+    }
+    if (r == AVERROR_EOF) {  // drained after an end-of-stream marker
+      fw::FrameRecord eos{};
+      eos.kind = static_cast<std::uint32_t>(fw::RecordKind::kEos);
+      eos.packet = c.last_packet;
+      c.outbox.push_back(eos);
+      avcodec_flush_buffers(c.ctx);
+      continue;
+    }
+    if (r != AVERROR(EAGAIN)) {
+      error(fw::CmdStatus::kCorruptStream, c.last_packet, static_cast<std::uint32_t>(-r));
+      continue;
+    }
+    // Everything the packets taken so far will give has been published.
+    store_release(hdr->packets_done, c.taken);
+    if (budget-- == 0) break;
+    Packet p;
+    {
+      std::lock_guard lock(c.mu);
+      if (c.pending.empty()) break;
+      p = std::move(c.pending.front());
+      c.pending.pop_front();
+    }
+    c.last_packet = p.index;
+    if (p.eos) {
+      ++c.taken;
+      avcodec_send_packet(c.ctx, nullptr);
+      continue;
+    }
+    c.pkt->data = p.data.data();
+    c.pkt->size = static_cast<int>(p.data.size());
+    c.pkt->pts = p.pts;
+    c.pkt->dts = AV_NOPTS_VALUE;
+    c.pkt->pos = static_cast<std::int64_t>(p.index);
+    const int s = avcodec_send_packet(c.ctx, c.pkt);
+    ++c.taken;
+    if (s < 0) error(fw::CmdStatus::kCorruptStream, p.index, static_cast<std::uint32_t>(-s));
+  }
+  store_release(hdr->waiting, blocked ? 1u : 0u);
+  if (raised) raise_(board_, c.queue);
+  return !blocked;
+}
+
+}  // namespace tpuhal::sim

@@ -1,0 +1,72 @@
+// The simulated board's video codec unit: decoder channels on libavcodec,
+// run by a fixed pool of decode threads shared by every channel
+// (docs/simulator.md, fw/video.h for the protocol).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "tpuhal/fw/decode.h"
+#include "tpuhal/sim/iommu.h"
+
+namespace tpuhal::sim {
+
+class DmaEngine;
+
+class CodecUnit {
+ public:
+  // `raise(queue)` signals the interrupt vector of a video queue.
+  using Raise = void (*)(void* board, std::uint32_t queue);
+  CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads,
+            Raise raise, void* board);
+  ~CodecUnit();  // closes every channel and joins the decode threads
+
+  std::uint32_t channels() const noexcept { return static_cast<std::uint32_t>(channels_.size()); }
+  std::uint32_t threads() const noexcept { return static_cast<std::uint32_t>(workers_.size()); }
+
+  // Command processor side, in each video queue's order. `ctx` is the
+  // calling command processor's DMA context.
+  fw::Problem open(const fw::VideoOpenArgs& a, std::uint32_t queue, DmaContext& ctx);
+  fw::Problem decode(const fw::VideoDecodeArgs& a, DmaContext& ctx);
+  fw::Problem close(std::uint32_t channel);
+
+  // reg::kVideoDoorbell: the host freed slots of `channel`.
+  void doorbell(std::uint32_t channel) noexcept;
+  // Closes every channel (board reset), or those a queue opened (its reset).
+  void close_all() noexcept;
+  void close_queue(std::uint32_t queue) noexcept;
+
+ private:
+  struct Channel;
+  struct Packet {
+    std::vector<std::uint8_t> data;  // with libavcodec's zeroed input padding
+    std::int64_t pts;
+    std::uint64_t index;
+    bool eos;
+  };
+  void worker(std::uint32_t id);
+  void schedule(Channel& c);  // caller holds c.mu
+  // Decodes queued packets of `c` and publishes frames until it runs out of
+  // input or its turn; false if it stopped for want of a free slot or
+  // record. Runs with c.work_mu held.
+  bool process(Channel& c, DmaContext& ctx);
+
+  DmaEngine& dma_;
+  IommuDomain& iommu_;
+  Raise raise_;
+  void* board_;
+  std::vector<std::unique_ptr<Channel>> channels_;
+
+  std::mutex run_mu_;
+  std::condition_variable run_cv_;
+  std::deque<Channel*> run_queue_;  // guarded by run_mu_
+  bool stopping_ = false;           // guarded by run_mu_
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace tpuhal::sim

@@ -1,0 +1,555 @@
+// The video decoder against ffmpeg itself: clips made at test time with
+// Debian's ffmpeg (testsrc2), every frame checked against its framemd5;
+// damaged streams, channel limits, held buffers and threads.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+extern "C" {
+#include <libavutil/md5.h>
+#include <libavutil/mem.h>
+}
+
+#include "tpuhal/tpuhal.hpp"
+
+namespace tpuhal {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string sh(const std::string& cmd, int* rc = nullptr) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  std::size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  if (rc) *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+bool have_ffmpeg() {
+  static const bool have = [] {
+    int rc = 0;
+    sh("ffmpeg -version >/dev/null 2>&1", &rc);
+    return rc == 0;
+  }();
+  return have;
+}
+
+// The clips, made once per test program in a private directory.
+struct Clip {
+  std::string name, args;  // ffmpeg output options after the testsrc2 input
+  std::string size;
+  int frames;
+};
+const std::vector<Clip>& clips() {
+  static const std::vector<Clip> all{
+      {"h264_bframes.mp4", "-c:v libx264 -bf 3 -g 12 -pix_fmt yuv420p", "320x240", 30},
+      {"h264_720p.mkv", "-c:v libx264 -bf 2 -pix_fmt yuv420p", "1280x720", 8},
+      {"h264_odd.h264", "-c:v libx264 -bf 2 -pix_fmt yuv420p", "322x182", 25},
+      {"h265.mkv", "-c:v libx265 -x265-params log-level=none -pix_fmt yuv420p", "352x288", 25},
+      {"h265_odd.h265", "-c:v libx265 -x265-params log-level=none -pix_fmt yuv420p", "242x138", 20},
+      {"jpeg.jpg", "-pix_fmt yuvj420p -frames:v 1", "640x480", 1},
+      {"jpeg_odd.jpg", "-vf scale=321:241 -pix_fmt yuvj420p -frames:v 1", "320x240", 1},
+  };
+  return all;
+}
+
+const fs::path& clip_dir() {
+  static const fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("tpuhal-video-" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+struct CleanUp : ::testing::Environment {
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(fs::temp_directory_path() / ("tpuhal-video-" + std::to_string(::getpid())), ec);
+  }
+};
+[[maybe_unused]] auto* const kCleanUp = ::testing::AddGlobalTestEnvironment(new CleanUp);
+
+// The clip's path, made on first use in this process.
+std::string path_of(const std::string& clip) {
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  const fs::path path = clip_dir() / clip;
+  if (fs::exists(path)) return path.string();
+  for (const Clip& c : clips()) {
+    if (c.name != clip) continue;
+    const std::string cmd = "ffmpeg -nostdin -loglevel error -y -f lavfi -i testsrc2=size=" + c.size +
+                            ":rate=25 -frames:v " + std::to_string(c.frames) + " " + c.args + " " + path.string() +
+                            " 2>&1";
+    int rc = 0;
+    const std::string out = sh(cmd, &rc);
+    if (rc != 0) ADD_FAILURE() << cmd << " failed: " << out;
+  }
+  return path.string();
+}
+
+// ffmpeg's own hashes, in its output order.
+std::vector<std::string> ffmpeg_md5(const std::string& path) {
+  const std::string out =
+      sh("ffmpeg -nostdin -loglevel error -i " + path + " -fps_mode passthrough -f framemd5 - 2>/dev/null");
+  std::vector<std::string> md5;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto comma = line.rfind(',');
+    std::string h = line.substr(comma + 1);
+    h.erase(0, h.find_first_not_of(' '));
+    md5.push_back(h);
+  }
+  return md5;
+}
+
+std::string md5_i420(const Frame& f, std::span<const std::byte> host) {
+  AVMD5* ctx = av_md5_alloc();
+  av_md5_init(ctx);
+  const auto* base = reinterpret_cast<const std::uint8_t*>(host.data());
+  auto planes = f.planes();
+  auto add = [&](const Frame::Plane& p, int step, int phase) {
+    std::vector<std::uint8_t> row(step == 1 ? p.row_bytes : p.row_bytes / 2);
+    for (std::uint32_t r = 0; r < p.rows; ++r) {
+      const std::uint8_t* in = base + p.offset + std::uint64_t{r} * p.pitch;
+      for (std::size_t x = 0; x < row.size(); ++x) row[x] = in[step * x + phase];
+      av_md5_update(ctx, row.data(), static_cast<int>(row.size()));
+    }
+  };
+  add(planes[0], 1, 0);
+  if (f.format() == PixelFormat::I420) {
+    add(planes[1], 1, 0);
+    add(planes[2], 1, 0);
+  } else {
+    add(planes[1], 2, 0);
+    add(planes[1], 2, 1);
+  }
+  std::uint8_t d[16];
+  av_md5_final(ctx, d);
+  av_free(ctx);
+  char hex[33];
+  for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", d[i]);
+  return hex;
+}
+
+// Pulls a frame to the host and hashes it.
+struct Hasher {
+  Device dev;
+  Queue q;
+  Buffer host;
+  explicit Hasher(Device d) : dev(d), q(d.queue(Engine::Copy)) {}
+  Hasher(Device d, Queue shared) : dev(d), q(shared) {}  // queues are thread-safe
+  std::string operator()(const Frame& f) {
+    const auto& last = f.planes().back();
+    const std::uint64_t need = last.offset + std::uint64_t{last.pitch} * last.rows;
+    if (!host.valid() || host.size() < need) host = dev.allocate(need, Memory::HostPinned);
+    q.copy(f.buffer(), 0, host, 0, need).submit().wait();
+    return md5_i420(f, host.map());
+  }
+};
+
+struct Decoded {
+  std::vector<std::string> md5;
+  std::vector<std::int64_t> pts;
+  std::vector<std::string> errors;
+};
+
+// Decodes a whole file on `dev`, hashing every frame.
+Decoded decode_file(Device dev, const std::string& path, PixelFormat fmt,
+                    const std::function<void(std::uint64_t, std::vector<std::byte>&)>& damage = {},
+                    std::optional<Queue> copy = std::nullopt) {
+  Demuxer in(path);
+  VideoDecoderOptions o;
+  o.codec = in.codec();
+  o.format = fmt;
+  o.max_width = std::max(16u, in.width());
+  o.max_height = std::max(16u, in.height());
+  VideoDecoder dec = dev.open_decoder(o);
+  Hasher hash = copy ? Hasher(dev, *copy) : Hasher(dev);
+  Decoded out;
+  auto drain = [&] {
+    for (;;) {
+      try {
+        auto f = dec.receive(std::chrono::seconds(30));
+        if (!f) return;
+        EXPECT_EQ(f->buffer().memory(), Memory::Device);
+        EXPECT_EQ(f->width(), in.width());
+        out.md5.push_back(hash(*f));
+        out.pts.push_back(f->pts());
+      } catch (const Error& e) {
+        if (e.status() == Status::Timeout || e.status() == Status::DeviceFault) throw;
+        out.errors.push_back(e.what());
+      }
+    }
+  };
+  std::uint64_t index = 0;
+  while (auto p = in.next()) {
+    if (damage) damage(index, p->data);
+    ++index;
+    if (p->data.empty()) continue;
+    dec.send(p->data, p->pts);
+    drain();
+  }
+  dec.flush();
+  drain();
+  EXPECT_TRUE(dec.end_of_stream());
+  return out;
+}
+
+class VideoClip : public ::testing::TestWithParam<std::tuple<std::string, PixelFormat>> {
+ protected:
+  void SetUp() override {
+    if (!have_ffmpeg()) GTEST_SKIP() << "ffmpeg is not installed (scripts/setup.sh installs it)";
+  }
+};
+
+TEST_P(VideoClip, EveryFrameMatchesFfmpegFramemd5InDisplayOrder) {
+  const auto& [clip, fmt] = GetParam();
+  const std::string path = path_of(clip);
+  const auto want = ffmpeg_md5(path);
+  ASSERT_FALSE(want.empty()) << "ffmpeg gave no hashes for " << path;
+  const Decoded got = decode_file(open("sim:0"), path, fmt);
+  EXPECT_THAT(got.errors, ::testing::IsEmpty());
+  EXPECT_EQ(got.md5, want) << clip << " as " << to_string(fmt);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Clips, VideoClip,
+    ::testing::Combine(::testing::Values("h264_bframes.mp4", "h264_720p.mkv", "h264_odd.h264", "h265.mkv",
+                                         "h265_odd.h265", "jpeg.jpg", "jpeg_odd.jpg"),
+                       ::testing::Values(PixelFormat::NV12, PixelFormat::I420)),
+    [](const auto& p) {
+      std::string n = std::get<0>(p.param) + "_" + to_string(std::get<1>(p.param));
+      for (char& c : n)
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      return n;
+    });
+
+class Video : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_ffmpeg()) GTEST_SKIP() << "ffmpeg is not installed (scripts/setup.sh installs it)";
+  }
+};
+
+TEST_F(Video, CliMd5MatchesFfmpegOnEveryClip) {
+  for (const Clip& c : clips()) {
+    const std::string path = path_of(c.name);
+    int rc = 0;
+    const std::string out = sh(std::string("TPUHAL_LOG=error ") + TPUHAL_CLI + " decode --device sim:0 --md5 " + path +
+                                   " 2>/dev/null",
+                               &rc);
+    EXPECT_EQ(rc, 0) << c.name;
+    std::vector<std::string> got;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) got.push_back(line.substr(line.rfind(' ') + 1));
+    EXPECT_EQ(got, ffmpeg_md5(path)) << c.name;
+  }
+}
+
+TEST_F(Video, PtsComesBackWithTheFramesInDisplayOrder) {
+  const std::string path = path_of("h264_bframes.mp4");
+  const Decoded got = decode_file(open("sim:0"), path, PixelFormat::NV12);
+  ASSERT_EQ(got.pts.size(), 30u);
+  // B-frames: decode order differs from display order, pts must ascend.
+  EXPECT_TRUE(std::is_sorted(got.pts.begin(), got.pts.end()));
+  EXPECT_LT(got.pts.front(), got.pts.back());
+}
+
+TEST_F(Video, CorruptPacketIsAnErrorNamingChannelAndPacketAndTheStreamGoesOn) {
+  const std::string path = path_of("h264_bframes.mp4");
+  const auto want = ffmpeg_md5(path);
+  // Packet 5 (a P or B frame inside the first GOP of 12) gets garbage in its
+  // slice data; the frames of the next GOP (from packet 12) must be exact.
+  const Decoded got = decode_file(open("sim:0"), path, PixelFormat::I420, [](std::uint64_t i, std::vector<std::byte>& d) {
+    if (i == 5)
+      for (std::size_t k = d.size() / 3; k < d.size(); ++k) d[k] = std::byte{0xFF};
+  });
+  ASSERT_FALSE(got.errors.empty()) << "a damaged packet decoded without an error";
+  EXPECT_THAT(got.errors.front(), HasSubstr("sim:0 video channel"));
+  EXPECT_THAT(got.errors.front(), HasSubstr("packet 5"));
+  EXPECT_THAT(got.errors.front(), HasSubstr("corrupt or truncated"));
+  // Whatever came out: every frame from the second GOP on matches ffmpeg.
+  ASSERT_GE(got.md5.size(), 18u);
+  const std::vector<std::string> tail_got(got.md5.end() - 18, got.md5.end());
+  const std::vector<std::string> tail_want(want.end() - 18, want.end());
+  EXPECT_EQ(tail_got, tail_want);
+}
+
+TEST_F(Video, TruncatedPacketIsAnError) {
+  const std::string path = path_of("h265.mkv");
+  const Decoded got = decode_file(open("sim:0"), path, PixelFormat::NV12, [](std::uint64_t i, std::vector<std::byte>& d) {
+    if (i == 3) d.resize(d.size() / 2);
+  });
+  ASSERT_FALSE(got.errors.empty());
+  EXPECT_THAT(got.errors.front(), HasSubstr("packet 3"));
+  EXPECT_GE(got.md5.size(), 10u);  // the rest of the stream still decodes
+}
+
+TEST_F(Video, TruncatedJpegIsAnErrorAndTheNextJpegDecodes) {
+  Device dev = open("sim:0");
+  std::ifstream f(path_of("jpeg.jpg"), std::ios::binary);
+  std::vector<char> raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto bytes = std::as_bytes(std::span(raw));
+  VideoDecoder dec = dev.open_decoder({.codec = Codec::Jpeg, .max_width = 640, .max_height = 480});
+  dec.send(bytes.first(bytes.size() / 3), 1);
+  dec.send(bytes, 2);
+  std::vector<std::int64_t> pts;
+  std::vector<std::string> errors;
+  for (;;) {
+    try {
+      auto fr = dec.receive(std::chrono::seconds(30));
+      if (!fr) break;
+      pts.push_back(fr->pts());
+    } catch (const Error& e) {
+      errors.push_back(e.what());
+    }
+  }
+  ASSERT_EQ(errors.size(), 1u) << "frames with pts: " << ::testing::PrintToString(pts);
+  EXPECT_THAT(errors[0], HasSubstr("packet 0"));
+  EXPECT_EQ(pts, std::vector<std::int64_t>{2});
+  // And the hash of the good one is ffmpeg's.
+  Hasher hash(dev);
+  dec.send(bytes, 3);
+  auto fr = dec.receive(std::chrono::seconds(30));
+  ASSERT_TRUE(fr);
+  EXPECT_EQ(hash(*fr), ffmpeg_md5(path_of("jpeg.jpg")).at(0));
+}
+
+TEST_F(Video, OneChannelTooManyIsAClearErrorAndClosingFreesOne) {
+  Device dev = open("sim:tiny");  // two channels
+  ASSERT_EQ(dev.properties().decode_channels, 2u);
+  std::optional<VideoDecoder> a = dev.open_decoder({.max_width = 320, .max_height = 240});
+  VideoDecoder b = dev.open_decoder({.max_width = 320, .max_height = 240});
+  EXPECT_NE(a->channel(), b.channel());
+  try {
+    dev.open_decoder({.max_width = 320, .max_height = 240});
+    FAIL() << "a third channel opened on a board with two";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::ResourceExhausted);
+    EXPECT_THAT(e.what(), HasSubstr("all 2 decoder channels are open"));
+  }
+  a.reset();
+  VideoDecoder c = dev.open_decoder({.max_width = 320, .max_height = 240});
+  // The reopened channel decodes correctly.
+  const std::string path = path_of("h264_bframes.mp4");
+  Demuxer in(path);
+  Hasher hash(dev);
+  std::vector<std::string> got;
+  auto drain = [&] {
+    while (auto f = c.receive(std::chrono::seconds(30))) got.push_back(hash(*f));
+  };
+  while (auto p = in.next()) {
+    c.send(p->data, p->pts);
+    drain();
+  }
+  c.flush();
+  drain();
+  EXPECT_EQ(got, ffmpeg_md5(path));
+}
+
+TEST_F(Video, BadOptionsAreRefused) {
+  Device dev = open("sim:0");
+  auto status_of = [&](VideoDecoderOptions o) {
+    try {
+      dev.open_decoder(o);
+    } catch (const Error& e) {
+      return e.status();
+    }
+    return Status::Ok;
+  };
+  EXPECT_EQ(status_of({.max_width = 8}), Status::InvalidArgument);
+  EXPECT_EQ(status_of({.max_height = 10000}), Status::InvalidArgument);
+  EXPECT_EQ(status_of({.frame_buffers = 0}), Status::InvalidArgument);
+  EXPECT_EQ(status_of({.frame_buffers = 65}), Status::InvalidArgument);
+  EXPECT_EQ(status_of({.codec = static_cast<Codec>(9)}), Status::Unsupported);
+  VideoDecoder d = dev.open_decoder({});
+  EXPECT_THROW(d.send(std::span<const std::byte>{}), Error);
+}
+
+TEST_F(Video, FrameLargerThanTheChannelIsOutOfRangeAndNamesThePacket) {
+  Device dev = open("sim:0");
+  Demuxer in(path_of("h264_720p.mkv"));
+  VideoDecoder dec = dev.open_decoder({.codec = Codec::H264, .max_width = 640, .max_height = 480});
+  std::vector<std::string> errors;
+  int frames = 0;
+  while (auto p = in.next()) dec.send(p->data, p->pts);
+  dec.flush();
+  for (;;) {
+    try {
+      auto f = dec.receive(std::chrono::seconds(30));
+      if (!f) break;
+      ++frames;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::OutOfRange) << e.what();
+      errors.push_back(e.what());
+    }
+  }
+  EXPECT_EQ(frames, 0);
+  EXPECT_EQ(errors.size(), 8u);
+  ASSERT_FALSE(errors.empty());
+  EXPECT_THAT(errors[0], HasSubstr("larger than the channel's frame buffers"));
+}
+
+TEST_F(Video, HoldingEveryFrameBufferIsAClearErrorAndDroppingOneResumes) {
+  Device dev = open("sim:0");
+  Demuxer in(path_of("h264_bframes.mp4"));
+  VideoDecoder dec = dev.open_decoder({.codec = Codec::H264, .max_width = 320, .max_height = 240, .frame_buffers = 2});
+  std::vector<Demuxer::Packet> packets;
+  while (auto p = in.next()) packets.push_back(std::move(*p));
+  for (auto& p : packets) dec.send(p.data, p.pts);
+  std::vector<Frame> held;
+  held.push_back(*dec.receive(std::chrono::seconds(30)));
+  held.push_back(*dec.receive(std::chrono::seconds(30)));
+  try {
+    dec.receive(std::chrono::seconds(30));
+    FAIL() << "a third frame came out of two frame buffers";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::ResourceExhausted);
+    EXPECT_THAT(e.what(), HasSubstr("holds all 2 frame buffers"));
+  }
+  held.erase(held.begin());
+  auto next = dec.receive(std::chrono::seconds(30));
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->index(), 2u);
+  held.clear();
+  next.reset();
+  dec.flush();
+  int rest = 0;
+  while (auto f = dec.receive(std::chrono::seconds(30))) ++rest;
+  EXPECT_EQ(rest, 27);
+}
+
+TEST_F(Video, FlushEndsTheStreamAndResetStartsANewOne) {
+  Device dev = open("sim:0");
+  const std::string path = path_of("h265_odd.h265");
+  const auto want = ffmpeg_md5(path);
+  Demuxer in(path);
+  std::vector<Demuxer::Packet> packets;
+  while (auto p = in.next()) packets.push_back(std::move(*p));
+  VideoDecoder dec = dev.open_decoder({.codec = Codec::H265, .max_width = 256, .max_height = 144});
+  Hasher hash(dev);
+  // Half the stream, then reset: what was inside is dropped.
+  for (std::size_t i = 0; i < packets.size() / 2; ++i) dec.send(packets[i].data, packets[i].pts);
+  std::optional<Frame> kept = dec.receive(std::chrono::seconds(30));
+  ASSERT_TRUE(kept);
+  const std::string kept_md5 = hash(*kept);
+  dec.reset();
+  EXPECT_EQ(dec.packets_sent(), 0u);
+  // A whole stream after the reset decodes exactly; the frame kept from
+  // before is untouched.
+  std::vector<std::string> got;
+  for (auto& p : packets) {
+    dec.send(p.data, p.pts);
+    while (auto f = dec.receive(std::chrono::seconds(30))) got.push_back(hash(*f));
+  }
+  dec.flush();
+  while (auto f = dec.receive(std::chrono::seconds(30))) got.push_back(hash(*f));
+  EXPECT_TRUE(dec.end_of_stream());
+  EXPECT_FALSE(dec.receive(std::chrono::seconds(1)));
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(hash(*kept), kept_md5);
+  EXPECT_EQ(kept_md5, want.at(0));
+  try {
+    dec.send(packets[0].data, 0);
+    FAIL() << "send() after flush() was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::FailedPrecondition);
+  }
+}
+
+TEST_F(Video, ChannelsDrivenFromSeveralThreadsAllDecodeExactly) {
+  Device dev = open("sim:0");
+  const std::vector<std::string> files{"h264_bframes.mp4", "h265.mkv", "h264_odd.h264", "h265_odd.h265"};
+  std::map<std::string, std::vector<std::string>> want;
+  for (auto& f : files) want[f] = ffmpeg_md5(path_of(f));
+  constexpr int kThreads = 8;
+  std::vector<Decoded> got(kThreads);
+  std::vector<std::thread> threads;
+  Queue copy = dev.queue(Engine::Copy);
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      got[t] = decode_file(dev, path_of(files[t % files.size()]), t % 2 ? PixelFormat::I420 : PixelFormat::NV12, {},
+                           copy);
+    });
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_THAT(got[t].errors, ::testing::IsEmpty());
+    EXPECT_EQ(got[t].md5, want[files[t % files.size()]]) << "thread " << t;
+  }
+}
+
+TEST_F(Video, FramesFeedTensorOpsWithoutLeavingTheDevice) {
+  Device dev = open("sim:0");
+  Demuxer in(path_of("jpeg.jpg"));
+  VideoDecoder dec = dev.open_decoder({.codec = Codec::Jpeg, .max_width = 640, .max_height = 480});
+  dec.send(in.next()->data, 0);
+  auto f = dec.receive(std::chrono::seconds(30));
+  ASSERT_TRUE(f);
+  Buffer rgb = dev.allocate(3ull * 480 * 640 * 4);
+  Tensor y(rgb, DType::F32, {3, 480, 640});
+  Queue q = dev.queue(Engine::Compute);
+  q.run(ops::nv12_to_rgb(f->luma(), f->chroma(), y)).submit().wait();
+  // The same conversion on the host from the downloaded planes.
+  Hasher h(dev);
+  h(*f);
+  Buffer out = dev.allocate(rgb.size(), Memory::HostPinned);
+  q.copy(rgb, out).submit().wait();
+  const auto* px = reinterpret_cast<const float*>(out.map().data());
+  const auto* host = reinterpret_cast<const std::uint8_t*>(h.host.map().data());
+  const auto planes = f->planes();
+  for (int yy : {0, 100, 479})
+    for (int xx : {0, 333, 639}) {
+      const float Y = host[planes[0].offset + yy * planes[0].pitch + xx];
+      const float U = host[planes[1].offset + (yy / 2) * planes[1].pitch + (xx / 2) * 2];
+      const float V = host[planes[1].offset + (yy / 2) * planes[1].pitch + (xx / 2) * 2 + 1];
+      const float c = 1.164f * (Y - 16);
+      const float r = std::clamp(c + 1.596f * (V - 128), 0.0f, 255.0f);
+      const float b = std::clamp(c + 2.018f * (U - 128), 0.0f, 255.0f);
+      EXPECT_NEAR(px[(0 * 480 + yy) * 640 + xx], r, 1.0f) << yy << "," << xx;
+      EXPECT_NEAR(px[(2 * 480 + yy) * 640 + xx], b, 1.0f) << yy << "," << xx;
+    }
+}
+
+TEST(Demuxer, SaysWhatIsWrongWithAFile) {
+  try {
+    Demuxer d("/nonexistent/clip.mp4");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::NotFound);
+    EXPECT_THAT(e.what(), HasSubstr("/nonexistent/clip.mp4"));
+  }
+  const fs::path junk = fs::temp_directory_path() / ("tpuhal-junk-" + std::to_string(::getpid()) + ".mp4");
+  std::ofstream(junk) << "this is not a video";
+  try {
+    Demuxer d(junk.string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr(junk.string()));
+  }
+  fs::remove(junk);
+}
+
+TEST(VideoCaps, BoardsReportTheirCodecUnit) {
+  Device dev = open("sim:0");
+  EXPECT_TRUE(dev.properties().caps.video_decode);
+  EXPECT_GE(dev.properties().decode_channels, 192u);
+  EXPECT_EQ(dev.properties().codecs, (std::vector<Codec>{Codec::H264, Codec::H265, Codec::Jpeg}));
+}
+
+}  // namespace
+}  // namespace tpuhal
