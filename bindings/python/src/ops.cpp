@@ -1,0 +1,641 @@
+// Tensor work (tpuhal/ops.hpp): tpuhal.Tensor, tpuhal.Activation, tpuhal.Op,
+// the tpuhal.ops builders, Device.record() and tpuhal.Program, and
+// Batch.run() / Queue.run().
+//
+// Ops are checked as they are built (the C++ builders throw tpuhal::Error
+// naming the operand and the value), so building one holds the GIL; running
+// one is a batch command like any other.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cctype>
+#include <initializer_list>
+#include <time.h>
+
+#include "common.hpp"
+
+namespace tpuhal::python {
+namespace {
+
+// A view of a Buffer; keeps the Python buffer object's state (and the owner
+// of memory it imported) as well as the C++ buffer.
+struct PyTensor {
+  Tensor tensor;
+  BufferRef buffer;
+};
+
+// A checked op and the owners of imported memory its operands use.
+struct PyOp {
+  Op op;
+  std::vector<Keep> keep;
+};
+
+// A recorded program and the owners of imported memory it uses.
+struct PyProgram {
+  Program program;
+  std::vector<Keep> keep;
+};
+
+std::string type_name(const py::handle& h) { return py::str(h.get_type().attr("__name__")); }
+
+std::vector<std::int64_t> int_list(const py::handle& h, const char* what) {
+  if (py::isinstance<py::int_>(h)) return {h.cast<std::int64_t>()};
+  try {
+    return h.cast<std::vector<std::int64_t>>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string(what) + " must be an int or a sequence of ints, not " + type_name(h));
+  }
+}
+
+py::tuple to_tuple(const std::vector<std::int64_t>& v) {
+  py::tuple t(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) t[i] = v[i];
+  return t;
+}
+
+// Names for the small enums of ops.hpp, as Python takes them: lower case,
+// '-' or '_' between words ("half_pixel", "NHWC" and "nhwc" alike).
+template <class E, std::size_t N>
+E parse(const py::handle& h, const char* what, const std::array<std::pair<const char*, E>, N>& names) {
+  if (!py::isinstance<py::str>(h))
+    throw py::type_error(std::string(what) + " must be a string such as '" + names[0].first + "', not " +
+                         type_name(h));
+  std::string given = h.cast<std::string>();
+  std::string key;
+  for (char c : given) key += c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string known;
+  for (auto& [name, value] : names) {
+    if (key == name) return value;
+    known += std::string(known.empty() ? "" : ", ") + "'" + name + "'";
+  }
+  fail(Status::InvalidArgument, "unknown " + std::string(what) + " '" + given + "' (one of: " + known + ")");
+}
+
+tpuhal::Layout to_layout(const py::handle& h) {
+  return parse<tpuhal::Layout, 2>(h, "layout", {{{"nchw", tpuhal::Layout::NCHW}, {"nhwc", tpuhal::Layout::NHWC}}});
+}
+
+constexpr std::array<std::pair<const char*, Activation>, 8> kActivations{{
+    {"none", Activation::None},
+    {"relu", Activation::Relu},
+    {"clip", Activation::Clip},
+    {"sigmoid", Activation::Sigmoid},
+    {"silu", Activation::Silu},
+    {"leaky_relu", Activation::LeakyRelu},
+    {"tanh", Activation::Tanh},
+    {"hard_sigmoid", Activation::HardSigmoid},
+}};
+
+const char* activation_name(Activation a) {
+  for (auto& [name, value] : kActivations)
+    if (value == a) return name;
+  return "?";
+}
+
+// None, an Activation, or a name with its default parameters ('relu6' too).
+ActivationParams to_activation(const py::handle& h) {
+  if (h.is_none()) return {};
+  if (py::isinstance<ActivationParams>(h)) return h.cast<ActivationParams>();
+  if (py::isinstance<py::str>(h)) {
+    const std::string name = h.cast<std::string>();
+    if (name == "relu6") return ActivationParams::relu6();
+    if (name == "leaky_relu" || name == "leaky-relu") return ActivationParams::leaky_relu();
+    if (name == "hard_sigmoid" || name == "hard-sigmoid") return ActivationParams::hard_sigmoid();
+    if (name == "clip")
+      fail(Status::InvalidArgument, "activation 'clip' needs its bounds: tpuhal.Activation.clip(lo, hi)");
+    return {parse<Activation, 8>(h, "activation", kActivations), 0, 0};
+  }
+  throw py::type_error("activation must be None, a tpuhal.Activation or a name such as 'relu', not " +
+                       type_name(h));
+}
+
+// The operands' owners of imported memory, for the batches that run the op.
+PyOp finish(Op op, std::initializer_list<const PyTensor*> operands) {
+  PyOp out{std::move(op), {}};
+  for (const PyTensor* t : operands)
+    if (t && t->buffer && t->buffer->owner) out.keep.push_back(t->buffer->owner);
+  return out;
+}
+
+std::optional<Tensor> opt(const PyTensor* t) {
+  if (!t) return std::nullopt;
+  return t->tensor;
+}
+
+PyTensor make_tensor(const BufferRef& buffer, const py::object& dtype, const py::object& shape,
+                     const py::object& strides, std::uint64_t offset) {
+  const Buffer& b = buffer->get("Tensor");
+  const auto& l = buffer->layout;
+  DType dt;
+  if (!dtype.is_none()) {
+    dt = to_dtype(dtype);
+  } else if (l) {
+    dt = to_dtype(py::str(l->dtype));
+  } else {
+    fail(Status::InvalidArgument, "Tensor: give a dtype ('f32', 'f16', 'bf16', 'i8', 'u8', 'i32'); the " +
+                                      buffer->describe() + " was made by alloc() and has none");
+  }
+  std::vector<std::int64_t> dims;
+  if (!shape.is_none()) {
+    dims = int_list(shape, "shape");
+  } else if (l && offset == 0 && l->itemsize == size_of(dt)) {
+    dims = l->shape;
+  } else {
+    const std::uint64_t item = size_of(dt);
+    const std::uint64_t rest = offset < b.size() ? b.size() - offset : 0;
+    if (rest % item)
+      fail(Status::InvalidArgument, "Tensor: the " + std::to_string(rest) + " bytes from offset " +
+                                        std::to_string(offset) + " are not a whole number of " + to_string(dt) +
+                                        " elements; give a shape");
+    dims = {static_cast<std::int64_t>(rest / item)};
+  }
+  if (strides.is_none()) return {Tensor(b, dt, std::move(dims), offset), buffer};
+  return {Tensor(b, dt, std::move(dims), int_list(strides, "strides"), offset), buffer};
+}
+
+template <std::size_t N>
+std::array<std::uint32_t, N> uints(const py::handle& h, const char* what) {
+  std::array<std::uint32_t, N> out{};
+  std::vector<std::int64_t> v = int_list(h, what);
+  if (v.size() == 1 && N > 1) v.assign(N, v[0]);  // one value for every dimension
+  if (v.size() != N)
+    fail(Status::InvalidArgument, std::string(what) + " needs " + std::to_string(N) + " values (got " +
+                                      std::to_string(v.size()) + ")");
+  for (std::size_t i = 0; i < N; ++i) {
+    if (v[i] < 0 || v[i] > 0xFFFFFFFFll)
+      fail(Status::InvalidArgument, std::string(what) + "[" + std::to_string(i) + "] = " + std::to_string(v[i]) +
+                                        " is not a non-negative 32-bit value");
+    out[i] = static_cast<std::uint32_t>(v[i]);
+  }
+  return out;
+}
+
+ops::Conv2dOptions conv_options(const py::handle& layout, const py::handle& strides, const py::handle& dilations,
+                                const py::handle& pads, std::uint32_t groups, const PyTensor* bias,
+                                const py::handle& activation) {
+  ops::Conv2dOptions o;
+  o.layout = to_layout(layout);
+  o.strides = uints<2>(strides, "strides");
+  o.dilations = uints<2>(dilations, "dilations");
+  o.pads = uints<4>(pads, "pads");
+  o.groups = groups;
+  o.bias = opt(bias);
+  o.activation = to_activation(activation);
+  return o;
+}
+
+ops::Pool2dOptions pool_options(const py::handle& kernel, const py::handle& strides, const py::handle& dilations,
+                                const py::handle& pads, bool ceil_mode, bool count_include_pad,
+                                const py::handle& layout) {
+  ops::Pool2dOptions o;
+  o.layout = to_layout(layout);
+  o.kernel = uints<2>(kernel, "kernel");
+  o.strides = strides.is_none() ? o.kernel : uints<2>(strides, "strides");
+  o.dilations = uints<2>(dilations, "dilations");
+  o.pads = uints<4>(pads, "pads");
+  o.ceil_mode = ceil_mode;
+  o.count_include_pad = count_include_pad;
+  return o;
+}
+
+ops::ColorConvertOptions color_options(const std::array<float, 3>& mean, const std::array<float, 3>& scale) {
+  ops::ColorConvertOptions o;
+  o.mean = mean;
+  o.scale = scale;
+  return o;
+}
+
+std::uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+constexpr auto self = py::return_value_policy::reference;  // the same Batch object, for chaining
+
+PyBatch& run_op(PyBatch& b, const PyOp& op) {
+  b.recording("run").run(op.op);
+  b.keep.insert(b.keep.end(), op.keep.begin(), op.keep.end());
+  return b;
+}
+
+PyBatch& run_program(PyBatch& b, const PyProgram& p) {
+  b.recording("run").run(p.program);
+  b.keep.insert(b.keep.end(), p.keep.begin(), p.keep.end());
+  return b;
+}
+
+void bind_builders(py::module_& ops) {
+  using T = const PyTensor&;
+  using Opt = const PyTensor*;
+  const auto none = py::none();
+
+  ops.def(
+      "matmul",
+      [](T a, T b, T y, bool transpose_a, bool transpose_b, float alpha, float beta, Opt c,
+         const py::object& activation) {
+        ops::MatMulOptions o;
+        o.transpose_a = transpose_a;
+        o.transpose_b = transpose_b;
+        o.alpha = alpha;
+        o.beta = beta;
+        o.c = opt(c);
+        o.activation = to_activation(activation);
+        return finish(ops::matmul(a.tensor, b.tensor, y.tensor, o), {&a, &b, &y, c});
+      },
+      py::arg("a"), py::arg("b"), py::arg("y"), py::kw_only(), py::arg("transpose_a") = false,
+      py::arg("transpose_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 1.0f, py::arg("c") = none,
+      py::arg("activation") = none,
+      "y = activation(alpha * a @ b + beta * c). a [..., M, K], b [..., K, N], y [..., M, N]; batch "
+      "dimensions broadcast as in NumPy, c broadcasts to y. a and b f32, f16 or bf16 (the same), y the same "
+      "or f32. transpose_a / transpose_b swap the last two dimensions of a / b.");
+  ops.def(
+      "conv2d",
+      [](T x, T w, T y, const py::object& strides, const py::object& pads, const py::object& dilations,
+         std::uint32_t groups, Opt bias, const py::object& activation, const py::object& layout) {
+        return finish(ops::conv2d(x.tensor, w.tensor, y.tensor,
+                                  conv_options(layout, strides, dilations, pads, groups, bias, activation)),
+                      {&x, &w, &y, bias});
+      },
+      py::arg("x"), py::arg("w"), py::arg("y"), py::kw_only(), py::arg("strides") = 1, py::arg("pads") = 0,
+      py::arg("dilations") = 1, py::arg("groups") = 1, py::arg("bias") = none, py::arg("activation") = none,
+      py::arg("layout") = "nchw",
+      "2-D cross-correlation. x [N, C, H, W] ('nchw') or [N, H, W, C] ('nhwc'), w [Cout, Cin/groups, kh, kw], "
+      "bias [Cout]. strides and dilations: (h, w) or one int; pads: (top, left, bottom, right) or one int. "
+      "Output size floor((in + pads - dilation*(k-1) - 1) / stride) + 1. f32, f16, bf16.");
+  ops.def(
+      "max_pool2d",
+      [](T x, T y, const py::object& kernel, const py::object& strides, const py::object& pads,
+         const py::object& dilations, bool ceil_mode, const py::object& layout) {
+        return finish(ops::max_pool2d(x.tensor, y.tensor,
+                                      pool_options(kernel, strides, dilations, pads, ceil_mode, false, layout)),
+                      {&x, &y});
+      },
+      py::arg("x"), py::arg("y"), py::kw_only(), py::arg("kernel"), py::arg("strides") = none, py::arg("pads") = 0,
+      py::arg("dilations") = 1, py::arg("ceil_mode") = false, py::arg("layout") = "nchw",
+      "Window maximum over H and W (strides default to the kernel). Floats, i8, u8.");
+  ops.def(
+      "avg_pool2d",
+      [](T x, T y, const py::object& kernel, const py::object& strides, const py::object& pads,
+         const py::object& dilations, bool ceil_mode, bool count_include_pad, const py::object& layout) {
+        return finish(ops::avg_pool2d(x.tensor, y.tensor,
+                                      pool_options(kernel, strides, dilations, pads, ceil_mode, count_include_pad,
+                                                   layout)),
+                      {&x, &y});
+      },
+      py::arg("x"), py::arg("y"), py::kw_only(), py::arg("kernel"), py::arg("strides") = none, py::arg("pads") = 0,
+      py::arg("dilations") = 1, py::arg("ceil_mode") = false, py::arg("count_include_pad") = false,
+      py::arg("layout") = "nchw", "Window mean over H and W (strides default to the kernel). Floats.");
+
+  using Binary = Op (*)(const Tensor&, const Tensor&, const Tensor&);
+  const std::pair<const char*, Binary> binaries[] = {{"add", &ops::add}, {"sub", &ops::sub}, {"mul", &ops::mul},
+                                                     {"div", &ops::div}, {"max", &ops::max}, {"min", &ops::min}};
+  for (auto [name, f] : binaries)
+    ops.def(
+        name, [f](T a, T b, T y) { return finish(f(a.tensor, b.tensor, y.tensor), {&a, &b, &y}); }, py::arg("a"),
+        py::arg("b"), py::arg("y"),
+        (std::string("y = ") + name +
+         "(a, b) elementwise, a and b broadcast to y's shape as in NumPy; a, b and y of one dtype. Integers "
+         "wrap; integer division rounds toward zero and division by zero gives 0.")
+            .c_str());
+
+  using Unary = Op (*)(const Tensor&, const Tensor&);
+  const std::pair<const char*, Unary> unaries[] = {{"relu", &ops::relu}, {"abs", &ops::abs}, {"neg", &ops::neg},
+                                                   {"exp", &ops::exp},   {"log", &ops::log}, {"sqrt", &ops::sqrt}};
+  for (auto [name, f] : unaries)
+    ops.def(
+        name, [f](T x, T y) { return finish(f(x.tensor, y.tensor), {&x, &y}); }, py::arg("x"), py::arg("y"),
+        (std::string("y = ") + name + "(x) elementwise.").c_str());
+  ops.def(
+      "activation",
+      [](T x, T y, const py::object& act) {
+        return finish(ops::activation(x.tensor, y.tensor, to_activation(act)), {&x, &y});
+      },
+      py::arg("x"), py::arg("y"), py::arg("activation"),
+      "y = activation(x) elementwise (a tpuhal.Activation or a name such as 'sigmoid'). Floats.");
+  ops.def(
+      "cast", [](T x, T y) { return finish(ops::cast(x.tensor, y.tensor), {&x, &y}); }, py::arg("x"), py::arg("y"),
+      "y = x converted to y's dtype (x broadcast to y): floats round to nearest even, float to integer "
+      "rounds toward zero and saturates.");
+  ops.def(
+      "transpose",
+      [](T x, T y, const std::vector<std::size_t>& perm) {
+        return finish(ops::transpose(x.tensor, y.tensor, perm), {&x, &y});
+      },
+      py::arg("x"), py::arg("y"), py::arg("perm"), "y = x with dimensions permuted: y dim i is x dim perm[i].");
+  ops.def(
+      "softmax",
+      [](T x, T y, std::int64_t axis, bool log) {
+        return finish(ops::softmax(x.tensor, y.tensor, axis, log), {&x, &y});
+      },
+      py::arg("x"), py::arg("y"), py::kw_only(), py::arg("axis") = -1, py::arg("log") = false,
+      "exp(x - max) / sum(exp(x - max)) along `axis` (its log with log=True). Floats.");
+  ops.def(
+      "quantize",
+      [](T x, T scale, Opt zero_point, T y, std::int64_t axis) {
+        return finish(ops::quantize(x.tensor, scale.tensor, opt(zero_point), y.tensor, axis),
+                      {&x, &scale, zero_point, &y});
+      },
+      py::arg("x"), py::arg("scale"), py::arg("zero_point"), py::arg("y"), py::kw_only(), py::arg("axis") = 1,
+      "y = saturate(round_half_even(x / scale) + zero_point); scale (f32) and zero_point (i8/u8, or None: u8 "
+      "zero) scalars or 1-D along `axis`.");
+  ops.def(
+      "dequantize",
+      [](T x, T scale, Opt zero_point, T y, std::int64_t axis) {
+        return finish(ops::dequantize(x.tensor, scale.tensor, opt(zero_point), y.tensor, axis),
+                      {&x, &scale, zero_point, &y});
+      },
+      py::arg("x"), py::arg("scale"), py::arg("zero_point"), py::arg("y"), py::kw_only(), py::arg("axis") = 1,
+      "y = (x - zero_point) * scale.");
+  ops.def(
+      "matmul_integer",
+      [](T a, T b, T y, Opt a_zero_point, Opt b_zero_point) {
+        return finish(ops::matmul_integer(a.tensor, b.tensor, y.tensor, opt(a_zero_point), opt(b_zero_point)),
+                      {&a, &b, &y, a_zero_point, b_zero_point});
+      },
+      py::arg("a"), py::arg("b"), py::arg("y"), py::kw_only(), py::arg("a_zero_point") = none,
+      py::arg("b_zero_point") = none,
+      "y (i32) = (a - a_zero_point) @ (b - b_zero_point); a, b i8 or u8; a's zero point a scalar or one per "
+      "row, b's a scalar or one per column.");
+  ops.def(
+      "conv_integer",
+      [](T x, T w, T y, Opt x_zero_point, Opt w_zero_point, const py::object& strides, const py::object& pads,
+         const py::object& dilations, std::uint32_t groups, const py::object& layout) {
+        return finish(ops::conv_integer(x.tensor, w.tensor, y.tensor, opt(x_zero_point), opt(w_zero_point),
+                                        conv_options(layout, strides, dilations, pads, groups, nullptr, py::none())),
+                      {&x, &w, &y, x_zero_point, w_zero_point});
+      },
+      py::arg("x"), py::arg("w"), py::arg("y"), py::kw_only(), py::arg("x_zero_point") = none,
+      py::arg("w_zero_point") = none, py::arg("strides") = 1, py::arg("pads") = 0, py::arg("dilations") = 1,
+      py::arg("groups") = 1, py::arg("layout") = "nchw",
+      "y (i32) = conv2d(x - x_zero_point, w - w_zero_point); x, w i8 or u8.");
+  ops.def(
+      "qlinear_matmul",
+      [](T a, T a_scale, T a_zero_point, T b, T b_scale, T b_zero_point, T y_scale, T y_zero_point, T y) {
+        return finish(ops::qlinear_matmul(a.tensor, a_scale.tensor, a_zero_point.tensor, b.tensor, b_scale.tensor,
+                                          b_zero_point.tensor, y_scale.tensor, y_zero_point.tensor, y.tensor),
+                      {&a, &a_scale, &a_zero_point, &b, &b_scale, &b_zero_point, &y_scale, &y_zero_point, &y});
+      },
+      py::arg("a"), py::arg("a_scale"), py::arg("a_zero_point"), py::arg("b"), py::arg("b_scale"),
+      py::arg("b_zero_point"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("y"),
+      "Requantised matmul_integer (ONNX QLinearMatMul); i8/u8 operands, f32 scales.");
+  ops.def(
+      "qlinear_conv",
+      [](T x, T x_scale, T x_zero_point, T w, T w_scale, T w_zero_point, T y_scale, T y_zero_point, T y,
+         const py::object& strides, const py::object& pads, const py::object& dilations, std::uint32_t groups,
+         Opt bias, const py::object& layout) {
+        return finish(ops::qlinear_conv(x.tensor, x_scale.tensor, x_zero_point.tensor, w.tensor, w_scale.tensor,
+                                        w_zero_point.tensor, y_scale.tensor, y_zero_point.tensor, y.tensor,
+                                        conv_options(layout, strides, dilations, pads, groups, bias, py::none())),
+                      {&x, &x_scale, &x_zero_point, &w, &w_scale, &w_zero_point, &y_scale, &y_zero_point, &y, bias});
+      },
+      py::arg("x"), py::arg("x_scale"), py::arg("x_zero_point"), py::arg("w"), py::arg("w_scale"),
+      py::arg("w_zero_point"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("y"), py::kw_only(),
+      py::arg("strides") = 1, py::arg("pads") = 0, py::arg("dilations") = 1, py::arg("groups") = 1,
+      py::arg("bias") = none, py::arg("layout") = "nchw",
+      "Requantised conv_integer plus an i32 bias (ONNX QLinearConv).");
+  ops.def(
+      "resize",
+      [](T x, T y, const py::object& mode, const py::object& coordinate, const py::object& nearest,
+         const py::object& layout, std::optional<std::array<float, 2>> scales) {
+        ops::ResizeOptions o;
+        o.mode = parse<ResizeMode, 2>(mode, "mode", {{{"nearest", ResizeMode::Nearest}, {"linear", ResizeMode::Linear}}});
+        o.coordinate = parse<CoordinateMode, 5>(coordinate, "coordinate",
+                                                {{{"half_pixel", CoordinateMode::HalfPixel},
+                                                  {"asymmetric", CoordinateMode::Asymmetric},
+                                                  {"align_corners", CoordinateMode::AlignCorners},
+                                                  {"pytorch_half_pixel", CoordinateMode::PytorchHalfPixel},
+                                                  {"tf_half_pixel_for_nn", CoordinateMode::TfHalfPixelForNn}}});
+        o.nearest = parse<NearestMode, 4>(nearest, "nearest",
+                                          {{{"round_prefer_floor", NearestMode::RoundPreferFloor},
+                                            {"round_prefer_ceil", NearestMode::RoundPreferCeil},
+                                            {"floor", NearestMode::Floor},
+                                            {"ceil", NearestMode::Ceil}}});
+        o.layout = to_layout(layout);
+        o.scales = scales;
+        return finish(ops::resize(x.tensor, y.tensor, o), {&x, &y});
+      },
+      py::arg("x"), py::arg("y"), py::kw_only(), py::arg("mode") = "nearest", py::arg("coordinate") = "half_pixel",
+      py::arg("nearest") = "round_prefer_floor", py::arg("layout") = "nchw", py::arg("scales") = none,
+      "Resizes H and W of a 4-D tensor as ONNX Resize does: mode 'nearest' or 'linear'; scales (h, w) default "
+      "to y's size over x's.");
+  ops.def(
+      "nv12_to_rgb",
+      [](T luma, T chroma, T y, const std::array<float, 3>& mean, const std::array<float, 3>& scale) {
+        return finish(ops::nv12_to_rgb(luma.tensor, chroma.tensor, y.tensor, color_options(mean, scale)),
+                      {&luma, &chroma, &y});
+      },
+      py::arg("luma"), py::arg("chroma"), py::arg("y"), py::kw_only(),
+      py::arg("mean") = std::array<float, 3>{0, 0, 0}, py::arg("scale") = std::array<float, 3>{1, 1, 1},
+      "NV12 (luma [H, W] u8, chroma [H/2, W/2, 2] u8) to planar RGB y [3, H, W], BT.601 limited range, then "
+      "(rgb - mean) * scale per channel.");
+  ops.def(
+      "i420_to_rgb",
+      [](T luma, T u, T v, T y, const std::array<float, 3>& mean, const std::array<float, 3>& scale) {
+        return finish(ops::i420_to_rgb(luma.tensor, u.tensor, v.tensor, y.tensor, color_options(mean, scale)),
+                      {&luma, &u, &v, &y});
+      },
+      py::arg("luma"), py::arg("u"), py::arg("v"), py::arg("y"), py::kw_only(),
+      py::arg("mean") = std::array<float, 3>{0, 0, 0}, py::arg("scale") = std::array<float, 3>{1, 1, 1},
+      "I420 (luma [H, W], u and v [H/2, W/2], u8) to planar RGB y [3, H, W], as nv12_to_rgb.");
+  ops.def("same_pads", &ops::same_pads, py::arg("input"), py::arg("kernel"), py::arg("stride"),
+          py::arg("dilation") = 1, py::arg("lower") = false,
+          "The (before, after) pads along one dimension that give an output of ceil(input / stride) "
+          "('SAME_UPPER'; lower=True: 'SAME_LOWER').");
+}
+
+}  // namespace
+
+void bind_ops(py::module_& m) {
+  py::class_<ActivationParams>(
+      m, "Activation",
+      "An activation and its parameters, for the ops that take one (ops.matmul, ops.conv2d, "
+      "ops.activation). Where an activation is taken, a name ('relu', 'relu6', 'sigmoid', 'silu', 'tanh', "
+      "'leaky_relu', 'hard_sigmoid') gives it with default parameters.")
+      .def(py::init([](const py::object& kind, float alpha, float beta) {
+             ActivationParams p = to_activation(kind);
+             if (alpha != 0 || beta != 0) {
+               p.alpha = alpha;
+               p.beta = beta;
+             }
+             return p;
+           }),
+           py::arg("kind") = "none", py::arg("alpha") = 0.0f, py::arg("beta") = 0.0f)
+      .def_property_readonly(
+          "kind", [](const ActivationParams& a) { return std::string(activation_name(a.kind)); },
+          "'none', 'relu', 'clip', 'sigmoid', 'silu', 'leaky_relu', 'tanh' or 'hard_sigmoid'.")
+      .def_readonly("alpha", &ActivationParams::alpha)
+      .def_readonly("beta", &ActivationParams::beta)
+      .def_static("relu", &ActivationParams::relu)
+      .def_static("relu6", &ActivationParams::relu6, "clip(0, 6).")
+      .def_static("clip", &ActivationParams::clip, py::arg("lo"), py::arg("hi"), "Clamps to [lo, hi].")
+      .def_static("sigmoid", &ActivationParams::sigmoid)
+      .def_static("silu", &ActivationParams::silu, "x * sigmoid(x).")
+      .def_static("leaky_relu", &ActivationParams::leaky_relu, py::arg("alpha") = 0.01f)
+      .def_static("tanh", &ActivationParams::tanh)
+      .def_static("hard_sigmoid", &ActivationParams::hard_sigmoid, py::arg("alpha") = 0.2f, py::arg("beta") = 0.5f,
+                  "clamp(alpha * x + beta, 0, 1).")
+      .def("__eq__",
+           [](const ActivationParams& a, const ActivationParams& b) {
+             return a.kind == b.kind && a.alpha == b.alpha && a.beta == b.beta;
+           })
+      .def("__repr__", [](const ActivationParams& a) {
+        return "Activation('" + std::string(activation_name(a.kind)) + "', alpha=" + std::to_string(a.alpha) +
+               ", beta=" + std::to_string(a.beta) + ")";
+      });
+
+  py::class_<PyTensor>(
+      m, "Tensor",
+      "A view of a Buffer as an n-dimensional array (rank 0 to 6): dtype, shape, strides in elements "
+      "(row-major when not given) and a byte offset. The operands of tpuhal.ops. Keeps its buffer alive.")
+      .def(py::init(&make_tensor), py::arg("buffer"), py::arg("dtype") = py::none(), py::arg("shape") = py::none(),
+           py::arg("strides") = py::none(), py::arg("offset") = 0,
+           "A view of `buffer`. dtype: a tpuhal.DType, its name, or a NumPy dtype (default: the dtype the buffer "
+           "was uploaded with). shape: default the upload's shape, else every whole element from `offset`. "
+           "Raises tpuhal.OutOfRange if the view does not fit in the buffer.")
+      .def_property_readonly(
+          "buffer", [](const PyTensor& t) { return t.buffer; }, "The Buffer it views.")
+      .def_property_readonly(
+          "dtype", [](const PyTensor& t) { return from_dtype(t.tensor.dtype()); }, "Its tpuhal.DType.")
+      .def_property_readonly(
+          "shape", [](const PyTensor& t) { return to_tuple(t.tensor.shape()); }, "A tuple of ints.")
+      .def_property_readonly(
+          "strides", [](const PyTensor& t) { return to_tuple(t.tensor.strides()); },
+          "In elements (NumPy's are in bytes).")
+      .def_property_readonly(
+          "offset", [](const PyTensor& t) { return t.tensor.offset(); }, "Byte offset in the buffer.")
+      .def_property_readonly(
+          "ndim", [](const PyTensor& t) { return t.tensor.rank(); }, "Rank.")
+      .def_property_readonly(
+          "size", [](const PyTensor& t) { return t.tensor.elements(); }, "Number of elements.")
+      .def_property_readonly(
+          "itemsize", [](const PyTensor& t) { return size_of(t.tensor.dtype()); }, "Bytes per element.")
+      .def_property_readonly(
+          "contiguous", [](const PyTensor& t) { return t.tensor.contiguous(); }, "Row-major without gaps.")
+      .def(
+          "reshape",
+          [](const PyTensor& t, const py::args& args) {
+            const py::object shape = args.size() == 1 ? py::object(args[0]) : py::object(args);
+            return PyTensor{t.tensor.reshape(int_list(shape, "shape")), t.buffer};
+          },
+          "The same elements in another shape (contiguous tensors only): t.reshape(2, 3) or t.reshape((2, 3)).")
+      .def(
+          "permute",
+          [](const PyTensor& t, const py::args& args) {
+            const py::object perm = args.size() == 1 ? py::object(args[0]) : py::object(args);
+            std::vector<std::size_t> p;
+            for (auto v : int_list(perm, "perm")) p.push_back(static_cast<std::size_t>(v));
+            return PyTensor{t.tensor.permute(p), t.buffer};
+          },
+          "A view with dimensions reordered: result dim i is this tensor's dim perm[i].")
+      .def("__repr__", [](const PyTensor& t) { return "<tpuhal.Tensor " + t.tensor.describe() + ">"; });
+
+  py::class_<PyOp>(m, "Op",
+                   "An op with its operands (built by the tpuhal.ops functions), checked and ready to run on a "
+                   "compute queue of the operands' device: queue.run(op).submit(), or batch.run(op). "
+                   "Keeps its operands' buffers alive; run it as often as needed.")
+      .def_property_readonly(
+          "name", [](const PyOp& o) { return o.op.name(); }, "'matmul', 'conv2d', ...")
+      .def_property_readonly(
+          "device", [](const PyOp& o) { return std::make_shared<PyDevice>(o.op.device()); },
+          "A new Device handle for the device it runs on.")
+      .def("__repr__", [](const PyOp& o) { return "<tpuhal.Op " + o.op.name() + ">"; });
+
+  py::class_<PyProgram>(m, "Program",
+                        "Commands recorded once (Device.record()), uploaded to the device and replayed by "
+                        "queue.run(program).submit() as often as needed: a compiled model. It refers to the "
+                        "buffers it was recorded with and keeps them alive; copy new inputs into them before "
+                        "a replay.")
+      .def("__len__", [](const PyProgram& p) { return p.program.size(); }, "Commands recorded.")
+      .def_property_readonly(
+          "device", [](const PyProgram& p) { return std::make_shared<PyDevice>(p.program.device()); },
+          "A new Device handle for its device.")
+      .def("__repr__", [](const PyProgram& p) {
+        return "<tpuhal.Program of " + std::to_string(p.program.size()) + " commands on " +
+               p.program.device().uri() + ">";
+      });
+
+  auto ops = m.def_submodule(
+      "ops",
+      "Tensor op builders (<tpuhal/ops.hpp>; docs/ops.md gives each op's exact numerics). Each takes "
+      "tpuhal.Tensor operands, checks them at once (raising tpuhal.Error naming the operand and the value) "
+      "and returns a tpuhal.Op to run: queue.run(tpuhal.ops.matmul(a, b, y)).submit().wait().");
+  bind_builders(ops);
+
+  auto batch = py::reinterpret_borrow<py::class_<PyBatch>>(m.attr("Batch"));
+  batch.def("run", &run_op, py::arg("op"), self, "Runs a tensor op (tpuhal.ops) on this queue's device.")
+      .def("run", &run_program, py::arg("program"), self, "Replays a recorded Program (Device.record()).");
+
+  auto queue_cls = py::reinterpret_borrow<py::class_<PyQueue, QueueRef>>(m.attr("Queue"));
+  queue_cls
+      .def(
+          "run",
+          [](const QueueRef& q, const PyOp& op) {
+            auto b = std::make_unique<PyBatch>(q);
+            run_op(*b, op);
+            return b;
+          },
+          py::arg("op"), "A new Batch starting with a tensor op.")
+      .def(
+          "run",
+          [](const QueueRef& q, const PyProgram& p) {
+            auto b = std::make_unique<PyBatch>(q);
+            run_program(*b, p);
+            return b;
+          },
+          py::arg("program"), "A new Batch starting with a program replay.");
+
+  auto dev = py::reinterpret_borrow<py::class_<PyDevice, std::shared_ptr<PyDevice>>>(m.attr("Device"));
+  dev.def(
+      "record",
+      [](const PyDevice& d, const py::function& body) {
+        Device device = d.get();
+        py::object holder;  // the Batch object the body sees
+        PyBatch* recording = nullptr;
+        std::vector<Keep> keep;
+        // The upload (and the driver's work) runs without the GIL; the body
+        // takes it back to run.
+        Program p = without_gil([&] {
+          return device.record([&](Batch& b) {
+            py::gil_scoped_acquire gil;
+            auto owned = std::make_unique<PyBatch>(b);
+            recording = owned.get();
+            holder = py::cast(std::move(owned));
+            struct Close {  // the batch is record()'s: unusable once the body returns
+              PyBatch* r;
+              ~Close() { r->batch = nullptr; }
+            } close{recording};
+            body(holder);
+            keep = std::move(recording->keep);
+          });
+        });
+        return PyProgram{std::move(p), std::move(keep)};
+      },
+      py::arg("body"),
+      "Records a program: calls body(batch) once, where batch records copies, fills, value writes, "
+      "timestamps and ops (batch.run(op); no waits on fences), then uploads the commands to the device and "
+      "returns a Program to replay with queue.run(program). Raises tpuhal.Unsupported where the device "
+      "cannot record programs, tpuhal.InvalidArgument if the body recorded nothing; an exception the body "
+      "raises propagates.");
+
+  m.def(
+      "_bench_run_wait",
+      [](const QueueRef& q, const PyOp& op, int iterations) {
+        Queue queue = q->queue;
+        Op o = op.op;
+        std::vector<double> us;
+        us.reserve(static_cast<std::size_t>(std::max(iterations, 0)));
+        py::gil_scoped_release release;
+        for (int i = 0; i < iterations; ++i) {
+          const auto t0 = now_ns();
+          queue.run(o).submit().wait();
+          us.push_back(static_cast<double>(now_ns() - t0) / 1000.0);
+        }
+        return us;
+      },
+      py::arg("queue"), py::arg("op"), py::arg("iterations"),
+      "Internal: microseconds of each of `iterations` C++ queue.run(op).submit().wait() round trips.");
+}
+
+}  // namespace tpuhal::python

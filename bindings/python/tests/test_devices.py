@@ -1,0 +1,93 @@
+"""Devices, properties and errors as exceptions."""
+import pytest
+
+import tpuhal
+
+from conftest import URI
+
+
+def test_devices_lists_the_simulated_board():
+    infos = tpuhal.devices()
+    uris = [d.uri for d in infos]
+    assert "sim:0" in uris
+    sim0 = infos[uris.index("sim:0")]
+    assert sim0.driver == "tpu-sim"
+    assert sim0.memory_bytes > 0
+    assert "sim:0" in repr(infos)
+
+
+def test_open_is_a_context_manager_that_closes():
+    with tpuhal.open(URI) as dev:
+        assert dev.uri == URI
+        assert not dev.closed
+        props = dev.properties
+    assert dev.closed
+    with pytest.raises(tpuhal.FailedPrecondition) as info:
+        dev.alloc(64)
+    assert URI in str(info.value) and "closed" in str(info.value)
+    assert props.memory_bytes == 64 << 20  # plain data, still readable
+
+
+def test_properties_are_attributes(dev):
+    p = dev.properties
+    assert p.uri == URI
+    assert p.driver == "tpu-sim"
+    assert p.caps.tensor is True
+    assert p.queues("compute") >= 1
+    assert tpuhal.DType.F32 in p.dtypes and "f32" in p.dtypes
+    assert any(h.is_default for h in p.heaps)
+    assert dev.memory_stats().device_total == p.memory_bytes
+    assert len(dev.status().queues) == sum(e.queues for e in p.engines)
+
+
+def test_unknown_uri_raises_not_found_with_status_code():
+    with pytest.raises(tpuhal.NotFound) as info:
+        tpuhal.open("sim:no-such-profile")
+    e = info.value
+    assert isinstance(e, tpuhal.Error) and isinstance(e, LookupError)
+    assert e.status == tpuhal.Status.NotFound
+    assert e.code == 3
+    assert "no-such-profile" in str(e)
+
+
+def test_error_classes_carry_their_status():
+    for status in tpuhal.Status:
+        if status == tpuhal.Status.Ok:
+            continue
+        cls = getattr(tpuhal, status.name)
+        assert issubclass(cls, tpuhal.Error)
+        assert cls.status == status and cls.code == int(status)
+
+
+def test_out_of_memory_names_the_heap(dev):
+    with pytest.raises(tpuhal.OutOfMemory) as info:
+        dev.alloc(1 << 40)
+    assert info.value.code == int(tpuhal.Status.OutOfMemory)
+    assert "free" in str(info.value)
+
+
+def test_bad_arguments_are_clear(dev):
+    with pytest.raises(tpuhal.InvalidArgument, match="unknown memory kind 'vram'"):
+        dev.alloc(64, "vram")
+    with pytest.raises(tpuhal.InvalidArgument, match="unknown engine"):
+        dev.queue("gpu")
+    with pytest.raises(TypeError):
+        dev.alloc(64, 3)
+
+
+def test_wait_policy_round_trips(dev):
+    old = dev.wait_policy
+    try:
+        dev.wait_policy = tpuhal.WaitPolicy(mode="spin", timeout=2.5)
+        p = dev.wait_policy
+        assert p.mode == tpuhal.WaitMode.Spin and p.timeout == pytest.approx(2.5)
+        with pytest.raises(tpuhal.InvalidArgument):
+            tpuhal.WaitPolicy(timeout=-1)
+    finally:
+        dev.wait_policy = old
+    assert dev.wait_policy == old
+
+
+def test_version():
+    assert tpuhal.version() == tpuhal.__version__
+    assert tpuhal.__version__.count(".") == 2

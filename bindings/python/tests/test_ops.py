@@ -1,0 +1,152 @@
+"""Tensor ops and programs, compared with NumPy."""
+import gc
+import mmap
+
+import numpy as np
+import pytest
+
+import tpuhal
+from tpuhal import ops
+
+
+def conv2d_ref(x, w, b, stride, pad):
+    n, c, h, wd = x.shape
+    co, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    ho = (h + 2 * pad - kh) // stride + 1
+    wo = (wd + 2 * pad - kw) // stride + 1
+    y = np.zeros((n, co, ho, wo), np.float64)
+    for i in range(ho):
+        for j in range(wo):
+            patch = xp[:, :, i * stride:i * stride + kh, j * stride:j * stride + kw]
+            y[:, :, i, j] = np.tensordot(patch, w, axes=([1, 2, 3], [1, 2, 3]))
+    return y + b[None, :, None, None]
+
+
+def test_matmul_matches_numpy(dev, queue):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2, 16, 24)).astype(np.float32)
+    b = rng.standard_normal((24, 8)).astype(np.float32)
+    ta, tb = tpuhal.Tensor(dev.upload(a)), tpuhal.Tensor(dev.upload(b))
+    assert ta.shape == (2, 16, 24) and ta.dtype == "f32" and ta.contiguous
+    y = dev.tensor((2, 16, 8), "f32")
+    op = ops.matmul(ta, tb, y)
+    assert op.name == "matmul"
+    queue.run(op).submit().wait(timeout=10)
+    np.testing.assert_allclose(y.download(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_options_and_activation(dev, queue):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((8, 4)).astype(np.float32)
+    b = rng.standard_normal((8, 5)).astype(np.float32)
+    c = rng.standard_normal((5,)).astype(np.float32)
+    y = dev.tensor((4, 5), np.float32)
+    op = ops.matmul(tpuhal.Tensor(dev.upload(a)), tpuhal.Tensor(dev.upload(b)), y, transpose_a=True,
+                    alpha=0.5, beta=2.0, c=tpuhal.Tensor(dev.upload(c)), activation="relu")
+    queue.run(op).submit().wait()
+    want = np.maximum(0.5 * a.T @ b + 2.0 * c, 0)
+    np.testing.assert_allclose(y.download(), want, rtol=1e-5, atol=1e-5)
+    assert (y.download() >= 0).all() and (y.download() > 0).any()
+
+
+def test_conv2d_matches_numpy(dev, queue):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 3, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+    y = dev.tensor((1, 4, 5, 5), "f32")
+    op = ops.conv2d(tpuhal.Tensor(dev.upload(x)), tpuhal.Tensor(dev.upload(w)), y, strides=2, pads=1,
+                    bias=tpuhal.Tensor(dev.upload(bias)))
+    queue.run(op).submit().wait()
+    np.testing.assert_allclose(y.download(), conv2d_ref(x, w, bias, 2, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_elementwise_broadcast_and_cast(dev, queue):
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    b = np.array([10, 20, 30, 40], np.int32)
+    y = dev.tensor((3, 4), "i32")
+    queue.run(ops.add(tpuhal.Tensor(dev.upload(a)), tpuhal.Tensor(dev.upload(b)), y)).submit().wait()
+    np.testing.assert_array_equal(y.download(), a + b)
+    f = dev.tensor((3, 4), "f16")
+    queue.run(ops.cast(y, f)).submit().wait()
+    np.testing.assert_array_equal(f.download(), (a + b).astype(np.float16))
+
+
+def test_softmax_and_views(dev, queue):
+    x = np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32)
+    tx = tpuhal.Tensor(dev.upload(x))
+    y = dev.tensor((4, 6), "f32")
+    queue.run(ops.softmax(tx, y, axis=1)).submit().wait()
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y.download(), e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+    assert tx.reshape(2, 12).shape == (2, 12)
+    t = tx.permute(1, 0)
+    assert t.shape == (6, 4) and t.strides == (1, 6) and not t.contiguous
+    yt = dev.tensor((6, 4), "f32")
+    queue.run(ops.transpose(tx, yt, [1, 0])).submit().wait()
+    np.testing.assert_array_equal(yt.download(), x.T)
+
+
+def test_ops_check_operands_before_running(dev):
+    a = tpuhal.Tensor(dev.upload(np.zeros((4, 5), np.float32)))
+    b = tpuhal.Tensor(dev.upload(np.zeros((6, 3), np.float32)))
+    y = dev.tensor((4, 3), "f32")
+    with pytest.raises(tpuhal.InvalidArgument) as info:
+        ops.matmul(a, b, y)
+    assert info.value.code == int(tpuhal.Status.InvalidArgument)
+    assert "matmul" in str(info.value)
+    with pytest.raises(tpuhal.OutOfRange):
+        tpuhal.Tensor(dev.alloc(16), "f32", (5,))
+    with pytest.raises(tpuhal.InvalidArgument, match="float64"):
+        tpuhal.Tensor(dev.upload(np.zeros(4)))
+    with pytest.raises(tpuhal.InvalidArgument, match="give a dtype"):
+        tpuhal.Tensor(dev.alloc(16))
+    with pytest.raises(tpuhal.InvalidArgument, match="unknown layout"):
+        ops.conv2d(a, a, y, layout="chwn")
+    with pytest.raises(tpuhal.InvalidArgument, match="unknown activation"):
+        ops.activation(a, a, "swish")
+
+
+def test_program_records_and_replays(dev, queue):
+    x = np.arange(8, dtype=np.float32) - 4
+    tx = tpuhal.Tensor(dev.upload(x))
+    h = dev.tensor(8, "f32")
+    y = dev.tensor(8, "f32")
+    seen = []
+
+    def body(b):
+        seen.append(b)
+        b.run(ops.relu(tx, h)).run(ops.mul(h, h, y))
+
+    program = dev.record(body)
+    assert len(program) == 2
+    queue.run(program).submit().wait()
+    np.testing.assert_array_equal(y.download(), np.maximum(x, 0) ** 2)
+    tx.upload(-x)  # new input, same buffer
+    queue.batch().run(program).submit().wait()
+    np.testing.assert_array_equal(y.download(), np.maximum(-x, 0) ** 2)
+    with pytest.raises(tpuhal.FailedPrecondition, match="returned"):
+        seen[0].run(ops.relu(tx, h))  # the body's batch is gone
+
+
+def test_program_body_errors_propagate(dev):
+    with pytest.raises(ZeroDivisionError):
+        dev.record(lambda b: 1 / 0)
+    with pytest.raises(tpuhal.InvalidArgument, match="no commands"):
+        dev.record(lambda b: None)
+    with pytest.raises(tpuhal.FailedPrecondition, match="program"):
+        dev.record(lambda b: b.submit())
+
+
+def test_op_keeps_imported_operands_alive(dev, queue):
+    m = mmap.mmap(-1, 4096)
+    a = np.frombuffer(m, np.float32)
+    a[:] = 3.0
+    t = tpuhal.Tensor(tpuhal.from_dlpack(a, dev, copy=False))
+    y = dev.tensor(1024, "f32")
+    op = ops.neg(t, y)
+    del a, t, m
+    gc.collect()
+    queue.run(op).submit().wait()
+    assert (y.download() == -3.0).all()

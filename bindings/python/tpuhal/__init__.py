@@ -1,0 +1,175 @@
+"""tpuhal: one API for every accelerator board, from Python.
+
+    import numpy as np
+    import tpuhal
+
+    with tpuhal.open("sim:0") as dev:               # the simulated BM1684X-class card
+        x = dev.upload(np.arange(1 << 20, dtype=np.float32))   # device memory
+        y = dev.alloc(x.size)
+        q = dev.queue("compute")
+        q.copy(x, y).fill(x, 0).submit().wait(timeout=10)
+        assert (y.download(np.float32) == np.arange(1 << 20)).all()
+
+Objects mirror the C++ API (<tpuhal/tpuhal.hpp>): Device, Buffer, Queue,
+Batch, Fence; Tensor, Op (built by tpuhal.ops) and Program for tensor work:
+
+        a = tpuhal.Tensor(dev.upload(np.ones((64, 128), np.float32)))
+        b = tpuhal.Tensor(dev.upload(np.ones((128, 32), np.float32)))
+        y = dev.tensor((64, 32), "f32")
+        q.run(tpuhal.ops.matmul(a, b, y)).submit().wait()
+        y.download()                                 # a (64, 32) float32 array
+
+Errors are exceptions: tpuhal.Error and one subclass per
+status (tpuhal.OutOfRange, tpuhal.Timeout, ...). Waits and transfers release
+the GIL. Buffers exchange memory with NumPy and other frameworks through
+DLPack without a copy where the host can see it. See docs/python.md.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence, Union
+import sys as _sys
+from datetime import timedelta as _timedelta
+
+import numpy as _np
+
+from ._tpuhal import (
+    Activation,
+    Batch,
+    Buffer,
+    Capabilities,
+    Device,
+    DeviceFault,
+    DeviceInfo,
+    DeviceLost,
+    DeviceStatus,
+    DType,
+    Engine,
+    EngineInfo,
+    Error,
+    FailedPrecondition,
+    Fence,
+    HeapInfo,
+    HeapStats,
+    Internal,
+    InvalidArgument,
+    Memory,
+    MemoryStats,
+    NotFound,
+    Op,
+    OutOfMemory,
+    OutOfRange,
+    PermissionDenied,
+    Program,
+    Properties,
+    Queue,
+    QueueFull,
+    QueueStatus,
+    ResourceExhausted,
+    Status,
+    Tensor,
+    Timeout,
+    Unavailable,
+    Unsupported,
+    VersionMismatch,
+    WaitMode,
+    WaitPolicy,
+    __version__,
+    devices,
+    from_dlpack,
+    open,
+    ops,
+    unavailable_drivers,
+    version,
+)
+
+__all__ = [
+    "Activation", "Batch", "Buffer", "Capabilities", "Device", "DeviceFault", "DeviceInfo", "DeviceLost",
+    "DeviceStatus", "DType", "Engine", "EngineInfo", "Error", "FailedPrecondition", "Fence", "HeapInfo",
+    "HeapStats", "Internal", "InvalidArgument", "Memory", "MemoryStats", "NotFound", "Op", "OutOfMemory",
+    "OutOfRange", "PermissionDenied", "Program", "Properties", "Queue", "QueueFull", "QueueStatus",
+    "ResourceExhausted", "Status", "Tensor", "Timeout", "Unavailable", "Unsupported", "VersionMismatch",
+    "WaitMode", "WaitPolicy", "__version__", "devices", "from_dlpack", "open", "ops",
+    "unavailable_drivers", "version", "wait_all",
+]
+
+_Seconds = Union[float, int, _timedelta]
+
+
+def wait_all(fences: Iterable[Fence], timeout: Optional[_Seconds] = None) -> None:
+    """Waits for every fence (each without the GIL); `timeout` applies to each
+    wait, as in Fence.wait(). Raises the first error met."""
+    for fence in fences:
+        fence.wait(timeout)
+
+
+def _fence_await(self: Fence):
+    """`await fence`: waits in the event loop's default executor, so the loop
+    runs on while the device works. Errors are raised as Fence.wait() raises them."""
+    import asyncio
+
+    return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
+
+
+Fence.__await__ = _fence_await  # type: ignore[attr-defined]
+
+
+# `import tpuhal.ops` and `from tpuhal.ops import matmul` work as for a module.
+_sys.modules[__name__ + ".ops"] = ops
+
+# The NumPy dtype of each tensor element type; bf16, which NumPy lacks, comes
+# and goes as its raw 16 bits (uint16).
+_NUMPY_DTYPES = {
+    "f32": _np.dtype(_np.float32),
+    "f16": _np.dtype(_np.float16),
+    "bf16": _np.dtype(_np.uint16),
+    "i8": _np.dtype(_np.int8),
+    "u8": _np.dtype(_np.uint8),
+    "i32": _np.dtype(_np.int32),
+}
+
+
+def _numpy_dtype(self: Tensor) -> _np.dtype:
+    """The NumPy dtype download() gives and upload() takes (bf16: uint16, its raw bits)."""
+    return _NUMPY_DTYPES[str(self.dtype)]
+
+
+def _tensor_download(self: Tensor, queue: Optional[Queue] = None) -> _np.ndarray:
+    """Copies the tensor's elements into a new NumPy array of its shape (contiguous
+    tensors only; bf16 as uint16 bits). Releases the GIL while the bytes move."""
+    if not self.contiguous:
+        raise InvalidArgument(f"Tensor.download: {self!r} is not contiguous; copy it with "
+                              "tpuhal.ops.transpose or cast into a contiguous tensor first")
+    return self.buffer.download(_numpy_dtype(self), self.shape, offset=self.offset, queue=queue)
+
+
+def _tensor_upload(self: Tensor, array, queue: Optional[Queue] = None) -> None:
+    """Copies a NumPy array of the tensor's shape and dtype into it (contiguous
+    tensors only; bf16 from uint16 bits). Releases the GIL while the bytes move."""
+    a = _np.asarray(array)
+    want = _numpy_dtype(self)
+    if a.dtype != want or tuple(a.shape) != tuple(self.shape):
+        raise InvalidArgument(f"Tensor.upload: expected a {want} array of shape {tuple(self.shape)}, "
+                              f"got {a.dtype} {tuple(a.shape)}")
+    if not self.contiguous:
+        raise InvalidArgument(f"Tensor.upload: {self!r} is not contiguous")
+    self.buffer.upload(_np.ascontiguousarray(a), self.offset, queue=queue)
+
+
+def _device_tensor(self: Device, shape: Union[int, Sequence[int]], dtype="f32",
+                   memory="device") -> Tensor:
+    """A new buffer of `memory` just large enough for `shape` elements of `dtype`,
+    viewed as a contiguous Tensor (its contents are not initialised)."""
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    key = str(dtype).lower()
+    itemsize = _NUMPY_DTYPES[key].itemsize if key in _NUMPY_DTYPES else _np.dtype(dtype).itemsize
+    n = itemsize
+    for d in dims:
+        n *= d
+    return Tensor(self.alloc(max(n, 1), memory), dtype, dims)
+
+
+Tensor.numpy_dtype = property(_numpy_dtype)  # type: ignore[attr-defined]
+Tensor.download = _tensor_download  # type: ignore[attr-defined]
+Tensor.upload = _tensor_upload  # type: ignore[attr-defined]
+Device.tensor = _device_tensor  # type: ignore[attr-defined]
