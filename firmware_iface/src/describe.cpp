@@ -188,6 +188,8 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
     case CmdStatus::kBadAlignment:
       return op + ": " + what + " = " + hex(value) + " is not a multiple of " + dec(detail);
     case CmdStatus::kDmaFault:
+      if (detail == kAccessBusError)
+        return op + ": the transfer at " + what + " address " + hex(value) + " failed on the bus (DMA error)";
       return op + ": " + what + " address " + hex(value) + " is not mapped for DMA (" +
              (detail == kAccessWrite ? "write" : "read") + ")";
     case CmdStatus::kFenceNotMonotonic:

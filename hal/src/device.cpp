@@ -133,6 +133,7 @@ MemoryStats Device::memory_stats() const { return checked(impl_).backend().memor
 DeviceStatus Device::status() const { return checked(impl_).backend().status(); }
 WaitPolicy Device::wait_policy() const { return checked(impl_).wait_policy(); }
 void Device::set_wait_policy(const WaitPolicy& policy) { checked(impl_).set_wait_policy(policy); }
+void Device::reset() { checked(impl_).backend().reset(); }
 
 Buffer Device::allocate(std::uint64_t size, Memory memory, const AllocOptions& options) {
   auto& dev = checked(impl_);

@@ -14,6 +14,10 @@ std::shared_ptr<DecoderBackend> DeviceBackend::open_decoder(const DecoderConfig&
   throw Error(Status::Unsupported, properties().uri + ": this device has no video decoder (caps.video_decode is false)");
 }
 
+void DeviceBackend::reset() {
+  throw Error(Status::Unsupported, properties().uri + ": this device cannot be reset by tpuhal");
+}
+
 std::shared_ptr<ProgramBackend> DeviceBackend::create_program(std::span<const Command>) {
   throw Error(Status::Unsupported, properties().uri + ": this device cannot record programs");
 }

@@ -45,6 +45,9 @@ Board::Impl::Impl(BoardProfile p)
               std::min(profile.model.size(), board_name.size() - 1));
   reset_time_ns.store(base::monotonic_ns());
   status.store(fw::kStatusReady);
+  // Faults for every board of this process, e.g. "hang:queue=0:after=3".
+  if (const char* env = std::getenv("TPUHAL_SIM_FAULTS"))
+    for (const Fault& f : parse_faults(env)) inject(f);
 }
 
 Board::Impl::~Impl() {
@@ -55,6 +58,7 @@ Board::Impl::~Impl() {
 }
 
 void Board::Impl::raise(std::uint32_t bits) noexcept {
+  if (irq_lost_queues.load(std::memory_order_relaxed) && !(bits = drop_lost_interrupts(bits))) return;
   int_status.fetch_or(bits, std::memory_order_seq_cst);
   signal_vectors(bits & int_mask.load(std::memory_order_seq_cst));
 }
@@ -100,6 +104,7 @@ void Board::Impl::raise_if_unmasked(std::uint32_t bits) noexcept {
 }
 
 void Board::Impl::signal_vectors(std::uint32_t bits) noexcept {
+  if (lost.load(std::memory_order_relaxed)) return;  // a lost board interrupts no one
   const auto nq = static_cast<std::uint32_t>(queues.size());
   for (std::uint32_t q = 0; q < nq && bits; ++q)
     if (bits & (1u << q)) base::eventfd_signal(vectors[q].get());
@@ -319,6 +324,7 @@ void Board::Impl::enable_queue(std::uint32_t qi) {
     q.status.store(fw::kQueueStatusFaulted);
   };
   if (!(status.load() & fw::kStatusVersionOk)) return reject("no interface version agreed", 0);
+  if (halted.load()) return reject("the firmware has stopped", fatal_code.load());
   if (entries < fw::kMinRingEntries || entries > profile.max_ring_entries ||
       (entries & (entries - 1)))
     return reject("ring size", entries);
@@ -358,6 +364,10 @@ void Board::Impl::reset_board() {
     queues[q]->fence_lo.store(0);
     queues[q]->fence_hi.store(0);
   }
+  // Every command processor has stopped: the board comes back clean.
+  clear_faults();
+  lost.store(false);
+  halted.store(false);
   int_mask.store(0);
   int_status.store(0);
   fatal_code.store(0);
@@ -407,6 +417,7 @@ Board::~Board() = default;
 const BoardProfile& Board::profile() const noexcept { return impl_->profile; }
 
 std::uint32_t Board::mmio_read32(std::uint32_t offset) noexcept {
+  if (impl_->lost.load(std::memory_order_relaxed)) return 0xFFFFFFFF;  // nothing answers
   if (offset % 4 || offset >= fw::kBar0Size) {
     impl_->bad_mmio.fetch_add(1);
     return 0xFFFFFFFF;
@@ -415,6 +426,11 @@ std::uint32_t Board::mmio_read32(std::uint32_t offset) noexcept {
 }
 
 void Board::mmio_write32(std::uint32_t offset, std::uint32_t value) noexcept {
+  // A lost board drops every write but a board reset, which stands for the
+  // host's link reset that brings a card back.
+  if (impl_->lost.load(std::memory_order_relaxed) &&
+      !(offset == fw::reg::kControl && (value & fw::kControlReset)))
+    return;
   if (offset % 4 || offset >= fw::kBar0Size) {
     impl_->bad_mmio.fetch_add(1);
     return;
@@ -437,5 +453,9 @@ int Board::interrupt_fd(std::uint32_t vector) const noexcept {
 }
 
 std::uint64_t Board::bad_mmio_accesses() const noexcept { return impl_->bad_mmio.load(); }
+
+void Board::inject(const Fault& fault) { impl_->inject(fault); }
+
+void Board::clear_faults() noexcept { impl_->clear_faults(); }
 
 }  // namespace tpuhal::sim

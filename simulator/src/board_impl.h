@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -41,6 +42,10 @@ struct QueueState {
   std::atomic<std::uint64_t> busy_ns{0};
   std::atomic<std::uint64_t> retired{0};
 
+  // Injected kInterruptLost: interrupts still to drop (kAllLost: every one).
+  std::atomic<std::uint64_t> irq_lost{0};
+  static constexpr std::uint64_t kAllLost = ~0ull;
+
   // Configuration, written by the host while the queue is disabled.
   alignas(64) std::atomic<std::uint32_t> control{0};
   std::atomic<std::uint32_t> ring_size{0};
@@ -74,6 +79,23 @@ struct Board::Impl {
   void reset_board();
   void run_mailbox(std::uint32_t cmd);
 
+  // Injected faults (docs/faults.md).
+  void inject(const Fault& fault);
+  void clear_faults() noexcept;
+  // Called by queue q's command processor before each command: the fault
+  // that strikes it, if one does (kDmaError only strikes copies and fills).
+  std::optional<FaultKind> fault_for(std::uint32_t q, fw::Opcode op);
+  // The firmware stops: every command processor halts at its next command
+  // boundary, STATUS shows kStatusFatal, FATAL_CODE says why, the device
+  // vector fires.
+  void crash(fw::CmdStatus code) noexcept;
+  // The board goes away: registers read all ones, writes are dropped (but a
+  // board reset, which retrains the link), nothing runs, nothing interrupts.
+  void lose() noexcept;
+  void halt_queues() noexcept;
+  // Drops the bits of queues whose interrupts an injected fault loses.
+  std::uint32_t drop_lost_interrupts(std::uint32_t bits) noexcept;
+
   BoardProfile profile;
   base::Mapping dram;
   IommuDomain iommu;
@@ -92,6 +114,13 @@ struct Board::Impl {
   std::atomic<std::uint32_t> int_status{0};
   std::atomic<std::uint32_t> int_mask{0};
   std::atomic<std::uint64_t> bad_mmio{0};
+
+  std::mutex fault_mu;
+  std::vector<Fault> pending_faults;             // guarded by fault_mu
+  std::atomic<std::uint32_t> fault_queues{0};    // bit q: a fault counts on queue q
+  std::atomic<std::uint32_t> irq_lost_queues{0}; // bit q: queue q loses interrupts
+  std::atomic<bool> halted{false};               // crashed or lost: nothing runs
+  std::atomic<bool> lost{false};
 
   std::mutex mbox_mu;
   std::uint32_t mbox_status = 0;
@@ -152,6 +181,11 @@ class CommandProcessor {
   fw::Problem read_block(const fw::TensorOpArgs& args, Source& source, std::uint64_t position,
                          std::vector<std::byte>& block);
   fw::Problem wait_value(const fw::WaitValueArgs& args);
+  // What an injected fault does to `cmd` (kOk: none struck).
+  fw::Problem injected(const fw::Command& cmd);
+  bool halted() const noexcept {
+    return stop_.load(std::memory_order_relaxed) || board_.halted.load(std::memory_order_relaxed);
+  }
   fw::Problem complete(const fw::Command& cmd);
   void fail(const fw::CommandDescriptor& d, const fw::Problem& p);
 

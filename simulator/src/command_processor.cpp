@@ -33,8 +33,7 @@ void CommandProcessor::idle_wait(std::uint32_t head) {
   // Spin for the profile's idle window (a busy queue's next doorbell usually
   // arrives within it), then sleep until the doorbell rings.
   auto ready = [&] {
-    return q_.tail.load(std::memory_order_acquire) != head ||
-           stop_.load(std::memory_order_relaxed);
+    return q_.tail.load(std::memory_order_acquire) != head || halted();
   };
   const auto spin = std::chrono::microseconds(board_.profile.idle_spin_us);
   base::spin_then_block(ready, q_.doorbell, spin, 100ms,
@@ -75,7 +74,7 @@ void CommandProcessor::run_loop() {
   ring_source.ring = ring;
   ring_source.mask = mask;
 
-  while (!stop_.load(std::memory_order_relaxed)) {
+  while (!halted()) {
     const std::uint32_t tail = q_.tail.load(std::memory_order_acquire);
     if (tail == head) {
       idle_wait(head);
@@ -90,7 +89,7 @@ void CommandProcessor::run_loop() {
     }
     q_.status.fetch_or(fw::kQueueStatusBusy, std::memory_order_relaxed);
     const std::uint64_t start = base::monotonic_ns();
-    while (head != tail && !stop_.load(std::memory_order_relaxed)) {
+    while (head != tail && !halted()) {
       fw::CommandDescriptor d;
       std::memcpy(&d, &ring[head & mask], sizeof d);
       auto decoded = fw::decode_command(d);
@@ -109,7 +108,7 @@ void CommandProcessor::run_loop() {
       } else if ((slots = fw::command_slots(*decoded)) > static_cast<std::uint32_t>(tail - head)) {
         // An inline parameter block that the doorbell did not publish.
         problem = {fw::CmdStatus::kBadArgument, 1, slots, tail - head};
-      } else {
+      } else if ((problem = injected(*decoded)).status == fw::CmdStatus::kOk) {
         problem = execute(*decoded, ring_source, head);
         if (problem.status == fw::CmdStatus::kOk) problem = complete(*decoded);
       }
@@ -272,7 +271,7 @@ fw::Problem CommandProcessor::call(const fw::CallArgs& a) {
     }
   } list(*this, a.address, a.slots);
   for (std::uint64_t pos = 0; pos < a.slots;) {
-    if (stop_.load(std::memory_order_relaxed)) return {fw::CmdStatus::kQueueReset, fw::Problem::kNoField, pos, a.slots};
+    if (halted()) return {fw::CmdStatus::kQueueReset, fw::Problem::kNoField, pos, a.slots};
     fw::CommandDescriptor d;
     auto p = list.slot(pos, d);
     if (p.status != fw::CmdStatus::kOk) return p;
@@ -317,7 +316,7 @@ fw::Problem CommandProcessor::wait_value(const fw::WaitValueArgs& a) {
     } else if (v >= a.value) {
       break;
     }
-    if (stop_.load(std::memory_order_relaxed)) {
+    if (halted()) {
       result = {fw::CmdStatus::kQueueReset, fw::Problem::kNoField, 0, 0};
       break;
     }
@@ -341,6 +340,39 @@ fw::Problem CommandProcessor::wait_value(const fw::WaitValueArgs& a) {
   }
   if (waiting) q_.status.fetch_and(~fw::kQueueStatusWaiting, std::memory_order_relaxed);
   return result;
+}
+
+fw::Problem CommandProcessor::injected(const fw::Command& cmd) {
+  const auto kind = board_.fault_for(index_, cmd.opcode);
+  if (!kind) return {};
+  base::logger("sim")->debug("queue {}: injected {} strikes {}", index_, to_string(*kind), fw::to_string(cmd.opcode));
+  // kQueueReset below means "stopping": the loop halts without a failure record.
+  const fw::Problem stopping{fw::CmdStatus::kQueueReset, fw::Problem::kNoField, 0, 0};
+  switch (*kind) {
+    case FaultKind::kDmaError: {
+      // The transfer's first address fails on the bus.
+      std::uint64_t address = 0;
+      if (auto* c = std::get_if<fw::CopyArgs>(&cmd.args)) address = c->src;
+      else if (auto* sg = std::get_if<fw::CopySgArgs>(&cmd.args)) address = sg->list;
+      else if (auto* f = std::get_if<fw::FillArgs>(&cmd.args)) address = f->dst;
+      return {fw::CmdStatus::kDmaFault, 0, address, fw::kAccessBusError};
+    }
+    case FaultKind::kHang:
+      // Never completes and never moves PROGRESS; only a reset (or a crash)
+      // ends it.
+      while (!halted()) {
+        auto ticket = q_.doorbell.prepare();
+        if (halted()) {
+          q_.doorbell.cancel();
+          break;
+        }
+        q_.doorbell.wait(ticket, 100ms);
+      }
+      return stopping;
+    case FaultKind::kFirmwareCrash: board_.crash(fw::CmdStatus::kFirmwareFault); return stopping;
+    case FaultKind::kDeviceLost: board_.lose(); return stopping;
+    default: return {};
+  }
 }
 
 fw::Problem CommandProcessor::complete(const fw::Command& cmd) {

@@ -39,6 +39,36 @@ void fill_pattern(std::byte* dst, std::uint64_t size, std::uint32_t pattern, std
 
 }  // namespace
 
+void DmaEngine::poison(std::uint64_t addr, std::uint64_t size) {
+  std::lock_guard lock(poison_mu_);
+  poison_.emplace_back(addr, addr + size);
+  any_poison_.store(true, std::memory_order_release);
+}
+
+void DmaEngine::clear_poison() noexcept {
+  std::lock_guard lock(poison_mu_);
+  poison_.clear();
+  any_poison_.store(false, std::memory_order_release);
+}
+
+std::optional<std::uint64_t> DmaEngine::poisoned(std::uint64_t addr, std::uint64_t size) const {
+  if (!any_poison_.load(std::memory_order_acquire) || addr >= dram_size_) return std::nullopt;
+  const std::uint64_t end = size > dram_size_ - addr ? dram_size_ : addr + size;
+  std::optional<std::uint64_t> first;
+  std::lock_guard lock(poison_mu_);
+  for (const auto& [b, e] : poison_)
+    if (b < end && e > addr) {
+      const std::uint64_t at = b > addr ? b : addr;
+      if (!first || at < *first) first = at;
+    }
+  return first;
+}
+
+fw::Problem DmaEngine::check_read(std::uint64_t addr, std::uint64_t size, std::uint16_t field) const {
+  if (auto bad = poisoned(addr, size)) return {fw::CmdStatus::kEccError, field, *bad, fw::kAccessRead};
+  return ok();
+}
+
 std::byte* DmaEngine::resolve(DmaAccess& access, std::uint64_t addr, std::uint64_t size,
                               std::uint32_t kind) const noexcept {
   if (size == 0) return nullptr;
@@ -53,6 +83,7 @@ fw::Problem DmaEngine::copy(DmaContext& ctx, std::uint64_t src, std::uint64_t ds
   // Overlapping ranges copy back to front when dst is above src, so that
   // chunking keeps memmove semantics.
   const bool backward = dst > src && dst - src < size;
+  if (auto p = check_read(src, size, src_field); p.status != fw::CmdStatus::kOk) return p;
   std::uint64_t done = 0;
   while (done < size) {
     const std::uint64_t n = size - done < kChunk ? size - done : kChunk;
@@ -91,6 +122,7 @@ fw::Problem DmaEngine::fill(DmaContext& ctx, std::uint64_t dst, std::uint64_t si
 
 fw::Problem DmaEngine::read(DmaContext& ctx, std::uint64_t src, void* out, std::uint64_t size,
                             std::uint16_t field) const {
+  if (auto p = check_read(src, size, field); p.status != fw::CmdStatus::kOk) return p;
   DmaAccess access(ctx);
   std::byte* s = resolve(access, src, size, kIommuRead);
   if (!s) return fault(field, src, kIommuRead);
@@ -100,6 +132,7 @@ fw::Problem DmaEngine::read(DmaContext& ctx, std::uint64_t src, void* out, std::
 
 fw::Problem DmaEngine::load64(DmaContext& ctx, std::uint64_t addr, std::uint64_t& out,
                               std::uint16_t field) const {
+  if (auto bad = check_read(addr, 8, field); bad.status != fw::CmdStatus::kOk) return bad;
   DmaAccess access(ctx);
   std::byte* p = resolve(access, addr, 8, kIommuRead);
   if (!p) return fault(field, addr, kIommuRead);

@@ -5,6 +5,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include "tpuhal/fw/decode.h"
 #include "tpuhal/sim/iommu.h"
@@ -46,10 +50,23 @@ class DmaEngine {
   fw::Problem store64(DmaContext& ctx, std::uint64_t addr, std::uint64_t value,
                       std::uint16_t field) const;
 
+  // Injected ECC errors: a read of DRAM that touches a poisoned range fails
+  // with kEccError naming the first poisoned address (copies, scatter-gather
+  // lists, command lists and parameter blocks, 64-bit loads).
+  void poison(std::uint64_t addr, std::uint64_t size);
+  void clear_poison() noexcept;
+
  private:
+  // The first poisoned byte of DRAM [addr, addr + size), if any.
+  std::optional<std::uint64_t> poisoned(std::uint64_t addr, std::uint64_t size) const;
+  fw::Problem check_read(std::uint64_t addr, std::uint64_t size, std::uint16_t field) const;
+
   std::byte* dram_;
   std::uint64_t dram_size_;
   IommuDomain& iommu_;
+  mutable std::mutex poison_mu_;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> poison_;  // [begin, end); guarded
+  std::atomic<bool> any_poison_{false};
 };
 
 }  // namespace tpuhal::sim

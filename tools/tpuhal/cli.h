@@ -21,6 +21,7 @@ int cmd_smi(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_demo(const std::vector<std::string>& args);
 int cmd_decode(const std::vector<std::string>& args);
+int cmd_reset(const std::vector<std::string>& args);
 
 // Parses `args` against `opts` (and `pos`); on --help prints `usage` and the
 // options and returns false with *exit_code = 0; on a bad argument prints the

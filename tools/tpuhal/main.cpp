@@ -21,6 +21,7 @@ const Entry kCommands[] = {
     {"smi", cmd_smi, "memory and queue use of each device, like nvidia-smi"},
     {"bench", cmd_bench, "DMA bandwidth and command latency beside this machine's limits"},
     {"demo", cmd_demo, "move data through a device's DMA engine and queues and verify it"},
+    {"reset", cmd_reset, "reset a board after a fault and check that it works again"},
     {"decode", cmd_decode, "decode a video or JPEG file on a board's video decoder (--md5 per frame)"},
 };
 

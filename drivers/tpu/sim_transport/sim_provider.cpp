@@ -107,6 +107,8 @@ class SimProvider final : public driver::Provider {
       board = std::make_shared<sim::Board>(std::move(profile));
     } catch (const std::system_error& e) {
       throw Error(Status::OutOfMemory, std::string(uri) + ": cannot create the simulated board: " + e.what());
+    } catch (const sim::ProfileError& e) {
+      throw Error(Status::InvalidArgument, std::string(uri) + ": TPUHAL_SIM_FAULTS: " + e.what());
     }
     {
       auto& ob = open_boards();

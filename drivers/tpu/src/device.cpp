@@ -144,6 +144,15 @@ TpuDevice::TpuDevice(std::unique_ptr<Transport> transport, std::string uri, std:
 }
 
 void TpuDevice::bring_up() {
+  start_board();
+  read_properties();
+  setup_status_pages();
+  start_interrupt_thread();
+  log->info("{}: {} on {}, {} DRAM, {} queues, interface {}", props_.uri, props_.board, props_.bus,
+            format_bytes(props_.memory_bytes), hw_queues_.size(), props_.interface_version);
+}
+
+void TpuDevice::start_board() {
   Transport& t = *transport_;
   const std::string& uri = props_.uri;
   const std::uint32_t magic = t.read32(fw::reg::kIdMagic);
@@ -177,12 +186,63 @@ void TpuDevice::bring_up() {
   props_.interface_version = std::to_string(agreed->major) + "." + std::to_string(agreed->minor);
   agreed_minor_ = agreed->minor;
   t.write32(fw::reg::kControl, fw::kControlEnable);
+}
 
-  read_properties();
-  setup_status_pages();
-  start_interrupt_thread();
-  log->info("{}: {} on {}, {} DRAM, {} queues, interface {}", uri, props_.board, props_.bus,
-            format_bytes(props_.memory_bytes), hw_queues_.size(), props_.interface_version);
+// ---- Faults and reset (docs/faults.md) ---------------------------------------
+
+TpuDevice::Health TpuDevice::check_health() noexcept {
+  Health h = health();
+  if (h != Health::kOk) return h;
+  Transport& t = *transport_;
+  const std::uint32_t status = t.read32(fw::reg::kStatus);
+  if (status == 0xFFFFFFFF && t.read32(fw::reg::kIdMagic) == 0xFFFFFFFF) {
+    h = Health::kLost;
+  } else if (status & fw::kStatusFatal) {
+    fatal_code_.store(t.read32(fw::reg::kFatalCode));
+    h = Health::kFatal;
+  } else {
+    return h;
+  }
+  if (health_.exchange(h) == Health::kOk) {
+    log->error("{}", health_error(uri()).what());
+    for (auto& hq : hw_queues_) hq->irq.notify();
+  }
+  return h;
+}
+
+Error TpuDevice::health_error(const std::string& who) const {
+  const std::string recover = "; reset the device (Device::reset, or `tpuhal reset " + uri() + "`)";
+  if (health() == Health::kLost)
+    return Error(Status::DeviceLost, who + ": the board does not answer (its registers read all ones: "
+                                           "removed, or its link is down)" + recover);
+  const std::uint32_t code = fatal_code_.load();
+  return Error(Status::DeviceLost, who + ": the board stopped: its firmware reports a fatal error (" +
+                                       fw::to_string(static_cast<fw::CmdStatus>(code)) + ", code " +
+                                       std::to_string(code) + ")" + recover);
+}
+
+void TpuDevice::reset() {
+  std::lock_guard reset_lock(reset_mu_);
+  log->warn("{}: resetting the board", uri());
+  {
+    // Queues claimed now lose the work they have not completed.
+    std::lock_guard lock(queues_mu_);
+    for (auto& hq : hw_queues_)
+      if (hq->owner) hq->owner->mark_reset();
+  }
+  Transport& t = *transport_;
+  // The board stops every queue before the write returns, clears its
+  // queues' registers and interrupt state, and starts afresh.
+  t.write32(fw::reg::kControl, fw::kControlReset);
+  start_board();
+  fatal_code_.store(0);
+  health_.store(Health::kOk, std::memory_order_release);
+  {
+    std::lock_guard lock(irq_mu_);
+    t.write32(fw::reg::kIntAck, 0xFFFFFFFF);
+    t.write32(fw::reg::kIntMask, irq_mask_);
+  }
+  for (auto& hq : hw_queues_) hq->irq.notify();
 }
 
 void TpuDevice::read_properties() {
@@ -473,6 +533,7 @@ std::uint32_t TpuDevice::ring_entries_for(const QueueOptions& options) const {
 std::shared_ptr<driver::QueueBackend> TpuDevice::create_queue(Engine engine,
                                                               const QueueOptions& options) {
   const std::uint32_t entries = ring_entries_for(options);
+  if (check_health() != Health::kOk) throw health_error(uri());
   const fw::EngineType want = to_fw(engine);
   std::uint32_t index = 0, total = 0;
   bool found = false;
@@ -567,7 +628,9 @@ DeviceStatus TpuDevice::status() const {
 
 void TpuDevice::start_interrupt_thread() {
   irq_stop_ = base::make_eventfd();
-  transport_->write32(fw::reg::kIntMask, 0);
+  // The device vector stays unmasked: it reports fatal errors.
+  irq_mask_ = fw::kDeviceVectorBit;
+  transport_->write32(fw::reg::kIntMask, irq_mask_);
   irq_thread_ = std::thread([this] { interrupt_loop(); });
 }
 
@@ -628,13 +691,7 @@ void TpuDevice::interrupt_loop() {
     if (pending) t.write32(fw::reg::kIntAck, pending);
     for (std::uint32_t q = 0; q + 1 < nv; ++q)
       if (pending & (1u << q)) hw_queues_[q]->irq.notify();
-    if (pending & fw::kDeviceVectorBit) {
-      const std::uint32_t status = t.read32(fw::reg::kStatus);
-      if (status & fw::kStatusFatal) {
-        log->error("{}: the board reports a fatal error (code {})", uri(), t.read32(fw::reg::kFatalCode));
-        for (auto& hq : hw_queues_) hq->irq.notify();
-      }
-    }
+    if (pending & fw::kDeviceVectorBit) check_health();
   }
 }
 

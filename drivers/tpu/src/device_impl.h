@@ -62,6 +62,16 @@ class TpuDevice final : public driver::DeviceBackend,
   std::shared_ptr<driver::ProgramBackend> create_program(std::span<const driver::Command> commands) override;
   std::shared_ptr<driver::DecoderBackend> open_decoder(const driver::DecoderConfig& config) override;
   void release_decoder_channel(std::uint32_t number) noexcept;
+  void reset() override;
+
+  // Whether the board still works, as last seen (docs/faults.md).
+  enum class Health { kOk, kFatal, kLost };
+  Health health() const noexcept { return health_.load(std::memory_order_acquire); }
+  // Reads STATUS: notes a fatal error, or a board whose registers read all
+  // ones, and wakes every waiter. Returns the health.
+  Health check_health() noexcept;
+  // The error for work on a board that stopped, naming `who`.
+  Error health_error(const std::string& who) const;
 
   // ---- used by buffers and queues ----
   Transport& transport() const noexcept { return *transport_; }
@@ -85,6 +95,7 @@ class TpuDevice final : public driver::DeviceBackend,
   std::shared_ptr<spdlog::logger> log;
 
  private:
+  void start_board();  // identify, negotiate the interface version, enable
   void read_properties();
   void setup_status_pages();
   void start_interrupt_thread();
@@ -113,6 +124,10 @@ class TpuDevice final : public driver::DeviceBackend,
   std::mutex video_mu_;
   std::vector<bool> decoder_channels_;  // open channels; guarded by video_mu_
   std::weak_ptr<TpuQueue> video_queue_; // shared by the decoders; guarded by video_mu_
+
+  std::atomic<Health> health_{Health::kOk};
+  std::atomic<std::uint32_t> fatal_code_{0};
+  std::mutex reset_mu_;
 
   std::mutex irq_mu_;  // serialises INT_MASK read-modify-write
   std::uint32_t irq_mask_ = 0;
@@ -144,6 +159,9 @@ class TpuQueue final : public driver::QueueBackend {
   std::uint64_t timeline_address() const noexcept;
   std::string name() const;
   bool same_device(const TpuQueue& other) const noexcept { return other.device_ == device_; }
+  // The device was reset: work not complete is discarded (kQueueReset) and
+  // the queue stays failed. Caller holds the device's queues_mu_.
+  void mark_reset() noexcept;
 
  private:
   struct Shadow {  // what the host knows about each ring slot, for errors
@@ -157,6 +175,7 @@ class TpuQueue final : public driver::QueueBackend {
   std::uint64_t publish(std::span<Slot> slots);
   std::string describe_state(bool with_shadow) const;
   bool known_failed();  // caller holds submit_mu_
+  Error stopped_error() const;  // after a device reset, or on a board that stopped
   std::uint32_t reg(std::uint32_t r) const noexcept { return fw::reg::queue_reg(index_, r); }
 
   std::shared_ptr<TpuDevice> device_;
@@ -175,6 +194,7 @@ class TpuQueue final : public driver::QueueBackend {
   std::uint64_t next_value_ = 1;   // guarded by submit_mu_
   std::atomic<std::uint64_t> submitted_{0};
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> reset_{false};
   mutable std::atomic<bool> failed_seen_{false};
   std::uint32_t submits_since_check_ = 0;  // guarded by submit_mu_
 };

@@ -76,7 +76,9 @@ std::string TpuQueue::name() const {
 
 driver::Timeline TpuQueue::timeline() const {
   const std::uint64_t v = load_acquire(page_->fence.value);
-  const bool failed = (v & fw::kTimelineFailed) != 0 || aborted_.load(std::memory_order_relaxed);
+  const bool failed = (v & fw::kTimelineFailed) != 0 || aborted_.load(std::memory_order_relaxed) ||
+                      reset_.load(std::memory_order_relaxed) ||
+                      device_->health() != TpuDevice::Health::kOk;
   if (failed && !failed_seen_.load(std::memory_order_relaxed))
     failed_seen_.store(true, std::memory_order_relaxed);
   return {v & fw::kTimelineValueMask, failed};
@@ -92,7 +94,41 @@ bool TpuQueue::known_failed() {
 }
 
 std::uint64_t TpuQueue::progress() const {
-  return device_->transport().read32(reg(fw::reg::queue::kProgress));
+  const std::uint32_t p = device_->transport().read32(reg(fw::reg::queue::kProgress));
+  if (p == 0xFFFFFFFF) device_->check_health();  // a board that went away reads all ones
+  return p;
+}
+
+void TpuQueue::mark_reset() noexcept {
+  reset_.store(true, std::memory_order_seq_cst);
+  device_->hw_queue(index_).irq.notify();
+}
+
+Error TpuQueue::stopped_error() const {
+  const std::uint64_t done = load_acquire(page_->fence.value) & fw::kTimelineValueMask;
+  const std::uint64_t last = submitted();
+  std::string work = last > done ? "submission " + std::to_string(done + 1) +
+                                       (last > done + 1 ? " to " + std::to_string(last) : std::string{}) +
+                                       " did not complete"
+                                 : "no submission was pending";
+  if (reset_.load(std::memory_order_relaxed))
+    return Error(Status::DeviceFault,
+                 name() + ": " + fw::to_string(fw::CmdStatus::kQueueReset) +
+                     ": the device was reset (Device::reset); " + work +
+                     (last > done ? " and was discarded" : "") + "; release this queue and claim a new one");
+  if (device_->health() == TpuDevice::Health::kFatal && last > done) {
+    // The board halted its queues at a command boundary and published HEAD:
+    // the shadow ring says which command of which submission was next.
+    Transport& t = device_->transport();
+    const std::uint32_t head = t.read32(reg(fw::reg::queue::kHead));
+    const std::uint32_t tail = t.read32(reg(fw::reg::queue::kTail));
+    const Shadow& sh = shadow_[head & (entries_ - 1)];
+    if (head != tail && sh.count && sh.value > done)
+      work = "submission " + std::to_string(sh.value) + " stopped before command " + std::to_string(sh.index + 1) +
+             " of " + std::to_string(sh.count) + " (ring position " + std::to_string(head) + ")";
+  }
+  const Error e = device_->health_error(name());
+  return Error(e.status(), std::string(e.what()) + " [" + work + "]");
 }
 
 std::uint64_t TpuQueue::timeline_address() const noexcept {
@@ -100,6 +136,9 @@ std::uint64_t TpuQueue::timeline_address() const noexcept {
 }
 
 Error TpuQueue::failure() const {
+  if (!(load_acquire(page_->fence.value) & fw::kTimelineFailed) &&
+      (reset_.load(std::memory_order_relaxed) || device_->health() != TpuDevice::Health::kOk))
+    return stopped_error();
   if (aborted_.load(std::memory_order_relaxed) &&
       !(load_acquire(page_->fence.value) & fw::kTimelineFailed))
     return Error(Status::FailedPrecondition,
@@ -135,6 +174,9 @@ void TpuQueue::block(std::uint64_t value, std::chrono::nanoseconds max) {
     hq.irq.wait(ticket, max);
   }
   device_->disarm_interrupt(index_);
+  // Interrupts may be lost and a board that went away sends none: each
+  // bounded sleep ends with a look at the board's STATUS.
+  if (timeline().completed < value) device_->check_health();
 }
 
 void TpuQueue::reserve(std::uint32_t n, std::chrono::nanoseconds max_wait) {

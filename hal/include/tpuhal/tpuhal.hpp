@@ -275,6 +275,14 @@ class TPUHAL_API Device {
   WaitPolicy wait_policy() const;
   void set_wait_policy(const WaitPolicy& policy);
 
+  // Resets the board (after a fault: DeviceFault, DeviceLost, Timeout) and
+  // brings it back to a usable state. Every queue claimed when it runs stays
+  // failed: its work not yet complete fails with "queue reset" and later
+  // submissions throw; release such queues and claim new ones. Buffers and
+  // programs survive (device memory contents may not). Throws DeviceLost if
+  // the board does not come back, Unsupported if the driver cannot reset.
+  void reset();
+
   explicit operator bool() const noexcept { return impl_ != nullptr; }
 
  private:

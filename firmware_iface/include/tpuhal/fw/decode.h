@@ -196,5 +196,6 @@ std::uint64_t first_empty_window(std::uint64_t in, std::uint64_t out, std::uint6
 // DMA access kinds carried in Problem::detail for kDmaFault.
 inline constexpr std::uint64_t kAccessRead = 1;
 inline constexpr std::uint64_t kAccessWrite = 2;
+inline constexpr std::uint64_t kAccessBusError = 3;  // kDmaFault: the transfer failed on the bus
 
 }  // namespace tpuhal::fw

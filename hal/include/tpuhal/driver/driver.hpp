@@ -193,6 +193,10 @@ class TPUHAL_API DeviceBackend {
   // Opens a free decoder channel (caps.video_decode); ResourceExhausted
   // naming the channel count when all are open. Default: Unsupported.
   virtual std::shared_ptr<DecoderBackend> open_decoder(const DecoderConfig& config);
+  // Resets the board and brings it back to a usable state (Device::reset):
+  // work not complete on queues claimed now fails with kQueueReset and those
+  // queues stay failed; memory allocations survive. Default: Unsupported.
+  virtual void reset();
 };
 
 class TPUHAL_API Provider {

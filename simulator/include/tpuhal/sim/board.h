@@ -19,11 +19,41 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
+#include <vector>
 
 #include "tpuhal/sim/iommu.h"
 #include "tpuhal/sim/profile.h"
 
 namespace tpuhal::sim {
+
+// Faults the board suffers on demand (docs/faults.md): tests inject them with
+// Board::inject, users with TPUHAL_SIM_FAULTS. A board reset clears them all.
+enum class FaultKind : std::uint8_t {
+  kDmaError,       // the next copy or fill of `queue` fails on the bus (kDmaFault)
+  kHang,           // the next command of `queue` never completes
+  kFirmwareCrash,  // the firmware stops: every queue halts, STATUS shows kStatusFatal
+  kEccError,       // board reads of DRAM [address, address + size) fail with kEccError
+  kInterruptLost,  // `count` interrupts of `queue` are not delivered (0: every one)
+  kDeviceLost,     // the board stops answering: registers read all ones, nothing runs
+};
+const char* to_string(FaultKind kind) noexcept;
+
+struct Fault {
+  FaultKind kind = FaultKind::kDmaError;
+  std::uint32_t queue = 0;           // the hardware queue it applies to (or counts on)
+  std::uint64_t after_commands = 0;  // commands `queue` starts before it strikes; a
+                                     // crash or loss with 0 strikes at once
+  std::uint64_t address = 0;         // kEccError: first poisoned DRAM byte
+  std::uint64_t size = 0;            // kEccError: poisoned bytes
+  std::uint64_t count = 0;           // kInterruptLost: interrupts dropped (0: all)
+};
+
+// Parses a comma-separated list such as
+// "dma-error:queue=1:after=2,ecc:address=0x1000000:size=4096,irq-lost:queue=0"
+// (kinds: dma-error, hang, crash, ecc, irq-lost, lost). Throws ProfileError
+// naming the item at fault.
+std::vector<Fault> parse_faults(std::string_view spec);
 
 class Board {
  public:
@@ -52,6 +82,13 @@ class Board {
   int interrupt_fd(std::uint32_t vector) const noexcept;
 
   std::uint64_t bad_mmio_accesses() const noexcept;
+
+  // Arms a fault (see Fault). Throws std::out_of_range for a queue the board
+  // does not have or an ECC range outside DRAM.
+  void inject(const Fault& fault);
+  // Disarms every fault not yet struck and un-poisons DRAM; a board that
+  // crashed or was lost stays so until a board reset (CONTROL.RESET).
+  void clear_faults() noexcept;
 
   struct Impl;
 
