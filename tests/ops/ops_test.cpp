@@ -2884,5 +2884,39 @@ TEST_F(OpsBoard, OtherQueuesAndLaterWorkStayIntact) {
   EXPECT_FALSE(good->timeline().failed);
 }
 
+// A convolution's oneDNN primitive is made on the thread of the queue that
+// first runs it and kept; other compute queues (other board threads) must be
+// able to run it too, in any order, with the same result.
+TEST(OpsAcrossQueues, ConvolutionRunsAlikeOnEveryComputeQueue) {
+  Device dev = open("sim:0");
+  Queue a = dev.queue(Engine::Compute), b = dev.queue(Engine::Compute);
+  const std::int64_t n = 1, c = 16, h = 32, w = 32, o = 32;
+  Buffer xb = dev.allocate(n * c * h * w * 4, Memory::DeviceHostVisible);
+  Buffer wb = dev.allocate(o * c * 9 * 4, Memory::DeviceHostVisible);
+  auto* xp = reinterpret_cast<float*>(xb.map().data());
+  auto* wp = reinterpret_cast<float*>(wb.map().data());
+  for (std::int64_t i = 0; i < n * c * h * w; ++i) xp[i] = static_cast<float>((i * 37) % 11) - 5.0f;
+  for (std::int64_t i = 0; i < o * c * 9; ++i) wp[i] = static_cast<float>((i * 13) % 7) - 3.0f;
+  Conv2dOptions opt;
+  opt.pads = {1, 1, 1, 1};
+  std::vector<std::vector<float>> results;
+  for (Queue* q : {&a, &b, &a, &b}) {
+    Buffer yb = dev.allocate(n * o * h * w * 4, Memory::DeviceHostVisible);
+    q->run(ops::conv2d(Tensor(xb, DType::F32, {n, c, h, w}), Tensor(wb, DType::F32, {o, c, 3, 3}),
+                       Tensor(yb, DType::F32, {n, o, h, w}), opt))
+        .submit()
+        .wait();
+    const auto* yp = reinterpret_cast<const float*>(yb.map().data());
+    results.emplace_back(yp, yp + n * o * h * w);
+  }
+  // One element against the definition (integers: exact in f32).
+  double want = 0;
+  for (std::int64_t ci = 0; ci < c; ++ci)
+    for (int kh = 0; kh < 3; ++kh)
+      for (int kw = 0; kw < 3; ++kw) want += xp[(ci * h + 4 + kh - 1) * w + 7 + kw - 1] * wp[((5 * c + ci) * 3 + kh) * 3 + kw];
+  EXPECT_EQ(results[0][(5 * h + 4) * w + 7], want);
+  for (std::size_t i = 1; i < results.size(); ++i) EXPECT_EQ(results[i], results[0]) << "run " << i;
+}
+
 }  // namespace
 }  // namespace tpuhal

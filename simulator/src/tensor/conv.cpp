@@ -128,8 +128,8 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
                   static_cast<unsigned long long>(g.pb), static_cast<unsigned long long>(g.pr), src_zero ? 1 : 0);
     std::string conv_key = sig;
     for (const dnnl::memory::desc* dsc : std::array<const dnnl::memory::desc*, 3>{&xd, &yd, &wd_user})
-      for (int i = 0; i < dsc->data.ndims; ++i) conv_key += "," + std::to_string(dsc->data.format_desc.blocking.strides[i]);
-    if (bias) conv_key += "," + std::to_string(bias->strides[0]);
+      for (int i = 0; i < dsc->data.ndims; ++i) conv_key.append(",").append(std::to_string(dsc->data.format_desc.blocking.strides[i]));
+    if (bias) conv_key.append(",").append(std::to_string(bias->strides[0]));
     auto cached = e.dnnl().convs.find(conv_key);
     if (cached == e.dnnl().convs.end()) {
       auto desc = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
@@ -139,11 +139,16 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
                                                          dnnl::algorithm::convolution_direct, xd, wd_any, yd, strides,
                                                          dil, pad_l, pad_r);
       dnnl::primitive_attr attr;
+      // The primitive runs on whichever command processor's thread uses it
+      // next; oneDNN's default scratchpad lives in the creating thread's
+      // storage, so this one gets its own.
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       if (src_zero) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
       e.dnnl().bind_threads();
       dnnl::convolution_forward::primitive_desc made(desc, attr, e.dnnl().engine);
       if (e.dnnl().convs.size() > 256) e.dnnl().release_thread();
       cached = e.dnnl().convs.emplace(conv_key, DnnlState::Conv{made, dnnl::convolution_forward(made),
+                                                                 dnnl::memory(made.scratchpad_desc(), e.dnnl().engine),
                                                                  std::this_thread::get_id()}).first;
     }
     const auto& pd = cached->second.pd;
@@ -176,7 +181,8 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       }
     }
     dnnl::memory xm(xd, eng, x.data), ym(yd, eng, ydata);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, ym}};
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, ym},
+                                               {DNNL_ARG_SCRATCHPAD, cached->second.scratchpad}};
     if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bd, eng, bias->data));
     if (src_zero)
       args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,

@@ -56,6 +56,7 @@ struct DnnlState {
   struct Conv {
     dnnl::convolution_forward::primitive_desc pd;
     dnnl::convolution_forward primitive;
+    dnnl::memory scratchpad;  // scratchpad_mode::user: runs use the engine's lock
     std::thread::id maker;
   };
   std::unordered_map<std::string, Conv> convs;
