@@ -134,10 +134,13 @@ TEST(Cli, BenchDmaCoversSizesFrom4KiBTo64MiBBothWays) {
 }
 
 TEST(Cli, DemoMovesDataAndVerifiesIt) {
-  Output r = run("demo --size 1MiB");
+  Output r = run("demo --size 1MiB --channels 2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("OK: 1048576 bytes verified"));
   EXPECT_THAT(r.out, HasSubstr("out of range: copy of 32 bytes"));
+  // The video pipeline on two streams: every frame of both came through.
+  EXPECT_THAT(r.out, HasSubstr("Video analytics: 2 camera streams"));
+  EXPECT_THAT(r.out, HasSubstr("total: 180 frames"));
 }
 
 TEST(Cli, EveryCommandHasHelp) {

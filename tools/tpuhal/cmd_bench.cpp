@@ -8,7 +8,7 @@ namespace tpuhal::cli {
 
 int cmd_bench(const std::vector<std::string>& args) {
   po::options_description opts("Options");
-  opts.add_options()("which", po::value<std::string>()->default_value("all"), "dma, submit, gemm, conv or all")(
+  opts.add_options()("which", po::value<std::string>()->default_value("all"), "dma, submit, gemm, conv, video or all")(
       "device,d", po::value<std::string>(), "device URI (default: the first device)")(
       "json", "one JSON object per line: bench, value, unit, baseline, ratio, ...")(
       "quick", "fewer repetitions (a smoke run, not a measurement)");
@@ -17,7 +17,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   po::variables_map vm;
   int rc = 0;
   if (!parse(args, opts, pos, vm,
-             "Usage: tpuhal bench [dma|submit|gemm|conv|all] [--device URI] [--json] [--quick]\n\n"
+             "Usage: tpuhal bench [dma|submit|gemm|conv|video|all] [--device URI] [--json] [--quick]\n\n"
              "dma     host->device and device->host bandwidth from 4 KiB to 64 MiB, beside\n"
              "        single-thread memcpy of the same size (ratio = dma / memcpy)\n"
              "submit  round trip of one empty command (submit, wait its fence), beside a\n"
@@ -28,12 +28,16 @@ int cmd_bench(const std::vector<std::string>& args) {
              "        engine, beside oneDNN on the same thread count (ratio = device / oneDNN)\n"
              "conv    a 3x3 convolution, 1x56x56x64 -> 64 channels, NHWC, f32 and int8\n"
              "        (QLinearConv), beside oneDNN (ratio = device / oneDNN)\n"
+             "video   aggregate decode frames per second of 1, 8 and 32 channels of 1080p H.264\n"
+             "        and H.265 and 192 channels of 360p (clips made with ffmpeg), beside\n"
+             "        libavcodec on the same clips and thread count (ratio = device / libavcodec),\n"
+             "        and the real-time 1080p30 H.264 channels that rate sustains\n"
              "Figures are medians over rounds that alternate the device and its baseline.",
              &rc))
     return rc;
   const std::string which = vm["which"].as<std::string>();
-  if (which != "dma" && which != "submit" && which != "gemm" && which != "conv" && which != "all") {
-    std::fprintf(stderr, "tpuhal bench: unknown benchmark '%s' (dma, submit, gemm, conv, all)\n", which.c_str());
+  if (which != "dma" && which != "submit" && which != "gemm" && which != "conv" && which != "video" && which != "all") {
+    std::fprintf(stderr, "tpuhal bench: unknown benchmark '%s' (dma, submit, gemm, conv, video, all)\n", which.c_str());
     return 2;
   }
   Device dev = open(pick_device(vm));
@@ -67,6 +71,11 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   if (which == "gemm" || which == "all") bench::run_gemm(dev, o);
   if (which == "conv" || which == "all") bench::run_conv(dev, o);
+  if (which == "video" && !dev.properties().caps.video_decode) {
+    std::fprintf(stderr, "tpuhal bench: %s has no video decoder\n", dev.uri().c_str());
+    return 1;
+  }
+  if (which == "video" || which == "all") bench::run_video(dev, o);
   return 0;
 }
 

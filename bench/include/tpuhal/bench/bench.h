@@ -39,6 +39,12 @@ std::vector<Result> run_submit(Device& device, const Options& options);
 // tensor engine.
 std::vector<Result> run_gemm(Device& device, const Options& options);
 std::vector<Result> run_conv(Device& device, const Options& options);
+// Aggregate decode frames per second of 1, 8 and 32 channels of 1080p H.264
+// and H.265 and 192 channels of 360p H.264 (clips made with ffmpeg), beside
+// libavcodec decoding the same clips on as many threads as the codec unit
+// has; and the real-time 1080p30 channels that rate sustains. Nothing on
+// devices without a video decoder.
+std::vector<Result> run_video(Device& device, const Options& options);
 
 // ---- The machine's floors ----
 // Single-thread memcpy between two pre-faulted host buffers of up to
