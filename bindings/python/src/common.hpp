@@ -37,6 +37,7 @@ void bind_queue(py::module_& m);    // queue.cpp: Queue, Batch, Fence
 void bind_dlpack(py::module_& m);   // dlpack.cpp: __dlpack__, from_dlpack()
 void bind_ops(py::module_& m);      // ops.cpp: Tensor, Op, the tpuhal.ops builders, Program
 void bind_bench(py::module_& m);    // bench.cpp: C++ loops for bench/python_overhead.py
+void bind_video(py::module_& m);    // video.cpp: Codec, PixelFormat, VideoDecoder, Frame, Demuxer
 
 // ---- Errors ----------------------------------------------------------------------
 
@@ -88,6 +89,10 @@ py::object from_status(Status s);
 // a NumPy dtype (numpy.float32, 'float16', ...; no NumPy type is bf16).
 DType to_dtype(py::handle h);
 py::object from_dtype(DType d);
+Codec to_codec(py::handle h);
+PixelFormat to_pixel_format(py::handle h);
+py::object from_codec(Codec c);
+py::object from_pixel_format(PixelFormat f);
 // Seconds (int or float) or a datetime.timedelta; InvalidArgument if
 // negative. `what` names the argument in messages.
 std::chrono::nanoseconds to_duration(py::handle h, const char* what);
@@ -206,6 +211,14 @@ struct PyFence {
   PyFence(QueueRef q, Fence f) : queue(std::move(q)), fence(std::move(f)) {}
   QueueRef queue;  // null for an empty fence
   Fence fence;
+};
+
+// tpuhal.Tensor: a view of a Buffer; keeps the Python buffer object's state
+// (and the owner of memory it imported, or the frame it belongs to) as well
+// as the C++ buffer. Made by ops.cpp and by Frame.luma() etc. in video.cpp.
+struct PyTensor {
+  Tensor tensor;
+  BufferRef buffer;
 };
 
 // Buffer arguments: the handle and, for imported memory, its owner.

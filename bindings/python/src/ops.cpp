@@ -18,13 +18,6 @@
 namespace tpuhal::python {
 namespace {
 
-// A view of a Buffer; keeps the Python buffer object's state (and the owner
-// of memory it imported) as well as the C++ buffer.
-struct PyTensor {
-  Tensor tensor;
-  BufferRef buffer;
-};
-
 // A checked op and the owners of imported memory its operands use.
 struct PyOp {
   Op op;

@@ -74,6 +74,9 @@ StrEnum<DType, 6> g_dtype{
     "DType", "dtype",
     {{{"F32", "f32"}, {"F16", "f16"}, {"BF16", "bf16"}, {"I8", "i8"}, {"U8", "u8"}, {"I32", "i32"}}}};
 
+StrEnum<Codec, 3> g_codec{"Codec", "codec", {{{"H264", "h264"}, {"H265", "h265"}, {"Jpeg", "jpeg"}}}};
+StrEnum<PixelFormat, 2> g_pixel_format{"PixelFormat", "pixel format", {{{"NV12", "nv12"}, {"I420", "i420"}}}};
+
 std::string quoted(const std::string& s) { return py::repr(py::str(s)); }
 std::string hex(std::uint64_t v) {
   char buf[24];
@@ -93,6 +96,10 @@ py::object from_memory(Memory m) { return g_memory.from(m); }
 py::object from_engine(Engine e) { return g_engine.from(e); }
 py::object from_wait_mode(WaitPolicy::Mode m) { return g_wait_mode.from(m); }
 py::object from_dtype(DType d) { return g_dtype.from(d); }
+Codec to_codec(py::handle h) { return g_codec.to(h); }
+PixelFormat to_pixel_format(py::handle h) { return g_pixel_format.to(h); }
+py::object from_codec(Codec c) { return g_codec.from(c); }
+py::object from_pixel_format(PixelFormat f) { return g_pixel_format.from(f); }
 
 DType to_dtype(py::handle h) {
   if (py::isinstance<py::str>(h)) {
@@ -154,6 +161,14 @@ void bind_types(py::module_& m) {
                "Element types the tensor engine computes in: F32, F16, BF16, I8, U8, I32. Members are "
                "also their string values: DType.F32 == 'f32'. Wherever a dtype is taken, a NumPy dtype "
                "(numpy.float32, ...) is accepted too, except for bf16, which NumPy lacks.");
+
+  g_codec.bind(m,
+               "What a VideoDecoder decodes: H264, H265 (Annex B streams) or Jpeg (baseline JPEG files). "
+               "Members are also their string values: Codec.H264 == 'h264'.");
+  g_pixel_format.bind(m,
+                      "How a decoded Frame lays out its pixels: NV12 (a Y plane, then one plane of "
+                      "interleaved U/V at half resolution) or I420 (Y, U and V planes, chroma at half "
+                      "resolution rounded up). Members are also their string values: PixelFormat.NV12 == 'nv12'.");
 
   py::class_<DeviceInfo>(m, "DeviceInfo", "One device that tpuhal.devices() lists.")
       .def_readonly("uri", &DeviceInfo::uri, "URI to pass to tpuhal.open(), e.g. 'sim:0'.")
@@ -250,7 +265,16 @@ void bind_types(py::module_& m) {
             return out;
           },
           "Element types the tensor engine computes in, e.g. ['f32', 'f16']; empty if none.")
-      .def_readonly("decode_channels", &Properties::decode_channels)
+      .def_readonly("decode_channels", &Properties::decode_channels,
+                    "VideoDecoder channels the board has (Device.open_decoder()); 0 if none.")
+      .def_property_readonly(
+          "codecs",
+          [](const Properties& p) {
+            py::list out;
+            for (Codec c : p.codecs) out.append(from_codec(c));
+            return out;
+          },
+          "What the decode channels decode, e.g. ['h264', 'h265', 'jpeg'] (tpuhal.Codec); empty if none.")
       .def_readonly("caps", &Properties::caps, "tpuhal.Capabilities")
       .def(
           "queues",

@@ -78,5 +78,7 @@ def test_transfers_let_other_threads_run():
             t.join()
         assert seconds > 0.02
         # Holding the GIL through the transfers would leave the counter only
-        # the interpreter's switch points between calls (a few 5 ms slices).
-        assert during > 0.5 * rate * seconds, (during, rate, seconds)
+        # the interpreter's switch points between calls (a few 5 ms slices,
+        # under 2% of the time here); released, it runs for much of it. The
+        # bound is loose because a loaded machine slows the counter too.
+        assert during > 0.1 * rate * seconds, (during, rate, seconds)

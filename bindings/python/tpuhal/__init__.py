@@ -19,6 +19,13 @@ Batch, Fence; Tensor, Op (built by tpuhal.ops) and Program for tensor work:
         q.run(tpuhal.ops.matmul(a, b, y)).submit().wait()
         y.download()                                 # a (64, 32) float32 array
 
+Video decoding gives frames in device memory, ready for ops:
+
+        demux = tpuhal.Demuxer("clip.mp4")
+        with dev.open_decoder(demux.codec) as dec:
+            for frame in dec.decode(demux):          # display order; flushed at the end
+                y, uv = frame.to_numpy()             # or frame.luma(), frame.chroma() for ops
+
 Errors are exceptions: tpuhal.Error and one subclass per
 status (tpuhal.OutOfRange, tpuhal.Timeout, ...). Waits and transfers release
 the GIL. Buffers exchange memory with NumPy and other frameworks through
@@ -38,6 +45,8 @@ from ._tpuhal import (
     Batch,
     Buffer,
     Capabilities,
+    Codec,
+    Demuxer,
     Device,
     DeviceFault,
     DeviceInfo,
@@ -49,6 +58,7 @@ from ._tpuhal import (
     Error,
     FailedPrecondition,
     Fence,
+    Frame,
     HeapInfo,
     HeapStats,
     Internal,
@@ -59,7 +69,9 @@ from ._tpuhal import (
     Op,
     OutOfMemory,
     OutOfRange,
+    Packet,
     PermissionDenied,
+    PixelFormat,
     Program,
     Properties,
     Queue,
@@ -72,6 +84,7 @@ from ._tpuhal import (
     Unavailable,
     Unsupported,
     VersionMismatch,
+    VideoDecoder,
     WaitMode,
     WaitPolicy,
     __version__,
@@ -84,13 +97,13 @@ from ._tpuhal import (
 )
 
 __all__ = [
-    "Activation", "Batch", "Buffer", "Capabilities", "Device", "DeviceFault", "DeviceInfo", "DeviceLost",
-    "DeviceStatus", "DType", "Engine", "EngineInfo", "Error", "FailedPrecondition", "Fence", "HeapInfo",
-    "HeapStats", "Internal", "InvalidArgument", "Memory", "MemoryStats", "NotFound", "Op", "OutOfMemory",
-    "OutOfRange", "PermissionDenied", "Program", "Properties", "Queue", "QueueFull", "QueueStatus",
-    "ResourceExhausted", "Status", "Tensor", "Timeout", "Unavailable", "Unsupported", "VersionMismatch",
-    "WaitMode", "WaitPolicy", "__version__", "devices", "from_dlpack", "open", "ops",
-    "unavailable_drivers", "version", "wait_all",
+    "Activation", "Batch", "Buffer", "Capabilities", "Codec", "Demuxer", "Device", "DeviceFault", "DeviceInfo",
+    "DeviceLost", "DeviceStatus", "DType", "Engine", "EngineInfo", "Error", "FailedPrecondition", "Fence",
+    "Frame", "HeapInfo", "HeapStats", "Internal", "InvalidArgument", "Memory", "MemoryStats", "NotFound", "Op",
+    "OutOfMemory", "OutOfRange", "Packet", "PermissionDenied", "PixelFormat", "Program", "Properties", "Queue",
+    "QueueFull", "QueueStatus", "ResourceExhausted", "Status", "Tensor", "Timeout", "Unavailable",
+    "Unsupported", "VersionMismatch", "VideoDecoder", "WaitMode", "WaitPolicy", "__version__", "devices",
+    "from_dlpack", "open", "ops", "unavailable_drivers", "version", "wait_all",
 ]
 
 _Seconds = Union[float, int, _timedelta]
@@ -173,3 +186,46 @@ Tensor.numpy_dtype = property(_numpy_dtype)  # type: ignore[attr-defined]
 Tensor.download = _tensor_download  # type: ignore[attr-defined]
 Tensor.upload = _tensor_upload  # type: ignore[attr-defined]
 Device.tensor = _device_tensor  # type: ignore[attr-defined]
+
+
+def _decoder_decode(self: VideoDecoder, packets: Iterable, timeout: Optional[_Seconds] = None,
+                    flush: bool = True):
+    """Decodes a stream: a generator that sends each packet (a tpuhal.Packet, as
+    a Demuxer gives them, a (data, pts) pair, or bytes-like data with pts 0) and
+    yields every Frame as it comes out, in display order; at the end of
+    `packets` it flushes the decoder and yields the frames still inside
+    (flush=False leaves the stream open for more). Each wait releases the GIL;
+    `timeout` is receive()'s.
+
+    A packet that does not decode raises its tpuhal.Error (InvalidArgument for
+    corrupt or truncated data, naming the device, the channel and "packet N",
+    N counted from 0 in send order since open or reset()) out of the loop, which
+    ends the generator; the decoder itself keeps going, so a caller that wants to
+    skip bad packets drives send()/receive() and catches the error around
+    receive(). Frames hold the channel's frame buffers: keep at most
+    frame_buffers - 1 of them alive while decoding (tpuhal.ResourceExhausted
+    otherwise)."""
+    frame = None
+    for packet in packets:
+        if isinstance(packet, tuple):
+            self.send(packet[0], packet[1])
+        else:
+            self.send(packet)
+        while True:
+            frame = self.receive(timeout)
+            if frame is None:
+                break
+            yield frame
+            frame = None  # not held while the next one is decoded
+    if not flush:
+        return
+    self.flush()
+    while True:
+        frame = self.receive(timeout)
+        if frame is None:
+            break
+        yield frame
+        frame = None
+
+
+VideoDecoder.decode = _decoder_decode  # type: ignore[attr-defined]
