@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora in fuzz/corpus/<target>/: a handful of valid
+inputs per target (docs/fuzzing.md). The files are committed; run this again
+after changing it (it rewrites only the seeds it names, so inputs merged in
+with scripts/fuzz.sh --update-corpus stay).
+
+    fuzz/make_seeds.py [--out DIR]
+
+Layouts follow firmware_iface/include/tpuhal/fw/command.h and tensor.h, and
+the header comments of the fuzz targets.
+"""
+import argparse
+import os
+import shutil
+import struct
+
+# ---- firmware interface constants (command.h, status.h) -------------------
+NOP, COPY, COPY_SG, FILL, WAIT_VALUE, WRITE_VALUE, TIMESTAMP, TENSOR_OP, CALL = range(1, 10)
+FLAG_FENCE, FLAG_INTERRUPT = 1, 2
+HOST = 1 << 48
+FAILED = 1 << 63
+
+# ---- board_fuzzer layout (see its header comment) --------------------------
+DRAM_DATA = 0x10000           # input data in DRAM
+STATUS_IOVA = HOST            # read/write status window
+HOST_RW = HOST + 0x100000     # read/write host window (input data)
+HOST_RO = HOST + 0x200000     # read-only host window (input data)
+DRAM_BYTES = 1 << 20
+
+
+def desc(opcode, *args, flags=0, seq=0, fence=0):
+    args = list(args) + [0] * (6 - len(args))
+    return struct.pack("<HHIQ6Q", opcode, flags, seq, fence, *args)
+
+
+def ring(*descs):
+    """Descriptors with sequence = ring position (already packed with seq 0)."""
+    out = b""
+    for i, d in enumerate(descs):
+        out += d[:4] + struct.pack("<I", i) + d[8:]
+    return out
+
+
+def board_input(descs, data=b"", queue=0, entries_log=0, placement=0, page_mode=0,
+                page_offset=0, interrupt=False, tail=0):
+    """Header, ring slots (sequences set), then data."""
+    config = queue | entries_log << 2 | placement << 4 | page_mode << 6
+    return bytes([config, page_offset | interrupt << 7, len(descs), tail]) + ring(*descs) + data
+
+
+def fence_record(value, status, opcode, field, seq, err_fence, val, detail, ts=0):
+    return struct.pack("<QQQIHHIIQQQ", value, ts, err_fence, status, opcode, field, seq, 0,
+                       val, detail, 0)
+
+
+# ---- tensor op parameter blocks (tensor.h) ---------------------------------
+F32, F16, BF16, I8, U8, I32 = range(1, 7)
+OP_MAGIC = 0x31504F54  # "TOP1"
+MATMUL, CONV2D, POOL2D, ELEMENTWISE, SOFTMAX, QUANTIZE, DEQUANTIZE, MATMUL_INTEGER, \
+    CONV_INTEGER, QLINEAR_MATMUL, QLINEAR_CONV, RESIZE, COLOR_CONVERT = range(1, 14)
+NONE_TENSOR = bytes(128)
+
+
+def tensor(address, dtype, shape, strides=None):
+    """A TensorRef: row-major strides unless given (in elements)."""
+    if strides is None:
+        strides, step = [], 1
+        for dim in reversed(shape):
+            strides.insert(0, step)
+            step *= dim
+    pad = lambda v: list(v) + [0] * (6 - len(v))
+    return struct.pack("<QII6Q6Q2Q", address, dtype, len(shape), *pad(shape), *pad(strides), 0, 0)
+
+
+def op_block(kind, tensors, attrs):
+    return struct.pack("<IIII2Q", OP_MAGIC, kind, len(tensors), len(attrs), 0, 0) + b"".join(tensors) + attrs
+
+
+def matmul_attrs(trans_a=0, trans_b=0, alpha=1.0, beta=1.0, act=0, act_alpha=0.0, act_beta=0.0):
+    return struct.pack("<IIffIffI", trans_a, trans_b, alpha, beta, act, act_alpha, act_beta, 0)
+
+
+def conv_attrs(layout=0, groups=1, stride=(1, 1), dilation=(1, 1), pad=(0, 0, 0, 0), act=0):
+    return struct.pack("<II2I2I4IIff3I", layout, groups, *stride, *dilation, *pad, act, 0.0, 0.0, 0, 0, 0)
+
+
+def pool_attrs(kind, layout, kernel, stride, dilation=(1, 1), pad=(0, 0, 0, 0), ceil_mode=0, include_pad=0):
+    return struct.pack("<II2I2I2I4III2I", kind, layout, *kernel, *stride, *dilation, *pad, ceil_mode,
+                       include_pad, 0, 0)
+
+
+def op_seeds():
+    """One or more valid parameter blocks of every op kind."""
+    o = {}
+    k = 0x10000  # tensors 64 KiB apart: no output overlaps an input
+    o["matmul"] = op_block(MATMUL, [tensor(k, F32, [4, 8]), tensor(2 * k, F32, [8, 16]), NONE_TENSOR,
+                                    tensor(3 * k, F32, [4, 16])], matmul_attrs())
+    # Batched, B transposed and broadcast over the batch (stride 0), C, relu.
+    o["matmul_batched"] = op_block(MATMUL, [
+        tensor(k, BF16, [2, 3, 5]), tensor(2 * k, BF16, [2, 7, 5], [0, 5, 1]),
+        tensor(3 * k, F32, [2, 3, 7]), tensor(HOST, F32, [2, 3, 7])],
+        matmul_attrs(trans_b=1, beta=0.5, act=1))
+    o["conv2d"] = op_block(CONV2D, [tensor(k, F32, [1, 3, 8, 8]), tensor(2 * k, F32, [4, 3, 3, 3]),
+                                    tensor(3 * k, F32, [4]), tensor(4 * k, F32, [1, 4, 6, 6])], conv_attrs())
+    # NHWC, two groups, stride 2, padding 1: 9 -> 5.
+    o["conv2d_nhwc_grouped"] = op_block(CONV2D, [
+        tensor(k, F16, [1, 9, 9, 4]), tensor(2 * k, F16, [4, 2, 3, 3]), NONE_TENSOR,
+        tensor(3 * k, F16, [1, 5, 5, 4])], conv_attrs(layout=1, groups=2, stride=(2, 2), pad=(1, 1, 1, 1), act=2))
+    # Max pool, ceil mode: 8 -> 4 with a 3x3 window, stride 2.
+    o["max_pool_ceil"] = op_block(POOL2D, [tensor(k, F32, [1, 2, 8, 8]), tensor(2 * k, F32, [1, 2, 4, 4])],
+                                  pool_attrs(0, 0, (3, 3), (2, 2), ceil_mode=1))
+    o["avg_pool_nhwc_padded"] = op_block(POOL2D, [tensor(k, F32, [1, 5, 5, 3]), tensor(2 * k, F32, [1, 5, 5, 3])],
+                                         pool_attrs(1, 1, (3, 3), (1, 1), pad=(1, 1, 1, 1), include_pad=1))
+    o["max_pool_u8_dilated"] = op_block(POOL2D, [tensor(k, U8, [1, 1, 9, 9]), tensor(2 * k, U8, [1, 1, 5, 5])],
+                                        pool_attrs(0, 0, (3, 3), (1, 1), dilation=(2, 2)))
+    # add with B broadcast along the first two dimensions.
+    o["add_broadcast"] = op_block(ELEMENTWISE, [
+        tensor(k, F32, [2, 3, 4]), tensor(2 * k, F32, [2, 3, 4], [0, 0, 1]), tensor(3 * k, F32, [2, 3, 4])],
+        struct.pack("<IIff", 1, 0, 0.0, 0.0))
+    o["clip"] = op_block(ELEMENTWISE, [tensor(k, F16, [16]), NONE_TENSOR, tensor(2 * k, F16, [16])],
+                         struct.pack("<IIff", 7, 2, 0.0, 6.0))
+    # Cast and transpose at once: an f32 [3, 4] read as [4, 3] into u8.
+    o["cast_transpose"] = op_block(ELEMENTWISE, [tensor(k, F32, [4, 3], [1, 4]), NONE_TENSOR,
+                                                 tensor(2 * k, U8, [4, 3])], struct.pack("<IIff", 0, 0, 0.0, 0.0))
+    o["softmax"] = op_block(SOFTMAX, [tensor(k, F32, [2, 10]), tensor(2 * k, F32, [2, 10])],
+                            struct.pack("<4I", 1, 0, 0, 0))
+    o["log_softmax_3d"] = op_block(SOFTMAX, [tensor(k, BF16, [2, 3, 4]), tensor(2 * k, BF16, [2, 3, 4])],
+                                   struct.pack("<4I", 0, 1, 0, 0))
+    quant = bytes(16)
+    o["quantize"] = op_block(QUANTIZE, [
+        tensor(k, F32, [2, 4]), tensor(2 * k, F32, [2, 4], [0, 0]), tensor(3 * k, U8, [2, 4], [0, 0]),
+        tensor(4 * k, U8, [2, 4])], quant)
+    o["dequantize_per_axis"] = op_block(DEQUANTIZE, [
+        tensor(k, I8, [2, 4]), tensor(2 * k, F32, [2, 4], [0, 1]), tensor(3 * k, I8, [2, 4], [0, 1]),
+        tensor(4 * k, F32, [2, 4])], quant)
+    o["matmul_integer"] = op_block(MATMUL_INTEGER, [
+        tensor(k, U8, [3, 5]), tensor(2 * k, I8, [5, 2]), tensor(3 * k, U8, [3, 5], [1, 0]),
+        tensor(4 * k, I8, [5, 2], [0, 1]), tensor(5 * k, I32, [3, 2])], quant)
+    o["conv_integer"] = op_block(CONV_INTEGER, [
+        tensor(k, U8, [1, 2, 5, 5]), tensor(2 * k, I8, [3, 2, 3, 3]), tensor(3 * k, U8, [1, 2, 5, 5], [0, 0, 0, 0]),
+        tensor(4 * k, I8, [3, 2, 3, 3], [1, 0, 0, 0]), tensor(5 * k, I32, [1, 3, 3, 3])], conv_attrs())
+    o["qlinear_matmul"] = op_block(QLINEAR_MATMUL, [
+        tensor(k, U8, [2, 4]), tensor(2 * k, F32, [2, 4], [0, 0]), tensor(3 * k, U8, [2, 4], [0, 0]),
+        tensor(4 * k, I8, [4, 3]), tensor(5 * k, F32, [4, 3], [0, 0]), tensor(6 * k, I8, [4, 3], [0, 0]),
+        tensor(7 * k, F32, [2, 3], [0, 0]), tensor(8 * k, U8, [2, 3], [0, 0]), tensor(9 * k, U8, [2, 3])], quant)
+    o["qlinear_conv"] = op_block(QLINEAR_CONV, [
+        tensor(k, U8, [1, 1, 4, 4]), tensor(2 * k, F32, [1, 1, 4, 4], [0, 0, 0, 0]),
+        tensor(3 * k, U8, [1, 1, 4, 4], [0, 0, 0, 0]), tensor(4 * k, U8, [2, 1, 3, 3]),
+        tensor(5 * k, F32, [2, 1, 3, 3], [1, 0, 0, 0]), tensor(6 * k, U8, [2, 1, 3, 3], [0, 0, 0, 0]),
+        tensor(7 * k, F32, [1, 2, 2, 2], [0, 0, 0, 0]), tensor(8 * k, U8, [1, 2, 2, 2], [0, 0, 0, 0]),
+        tensor(9 * k, I32, [2]), tensor(10 * k, U8, [1, 2, 2, 2])], conv_attrs())
+    o["resize_linear"] = op_block(RESIZE, [tensor(k, F32, [1, 3, 4, 4]), tensor(2 * k, F32, [1, 3, 8, 8])],
+                                  struct.pack("<IIII2f2I", 1, 0, 0, 0, 2.0, 2.0, 0, 0))
+    o["resize_nearest_nhwc"] = op_block(RESIZE, [tensor(k, U8, [1, 4, 4, 3]), tensor(2 * k, U8, [1, 2, 2, 3])],
+                                        struct.pack("<IIII2f2I", 0, 1, 2, 1, 0.5, 0.5, 0, 0))
+    color = lambda fmt: struct.pack("<II3f3f6I", fmt, 0, 0.5, 0.5, 0.5, 1 / 255, 1 / 255, 1 / 255, *[0] * 6)
+    o["nv12_to_rgb"] = op_block(COLOR_CONVERT, [
+        tensor(k, U8, [4, 6]), tensor(2 * k, U8, [2, 3, 2]), NONE_TENSOR, tensor(3 * k, F32, [3, 4, 6])], color(0))
+    o["i420_to_rgb"] = op_block(COLOR_CONVERT, [
+        tensor(k, U8, [4, 6]), tensor(2 * k, U8, [2, 3]), tensor(3 * k, U8, [2, 3]), tensor(4 * k, U8, [3, 4, 6])],
+        color(1))
+    return o
+
+
+def seeds():
+    s = {}
+    fill4 = lambda pattern: pattern | 4 << 32
+
+    # ---- command: one valid descriptor per opcode, fenced and plain -------
+    c = s["command"] = {}
+    c["nop"] = desc(NOP)
+    c["nop_fenced"] = desc(NOP, flags=FLAG_FENCE | FLAG_INTERRUPT, seq=7, fence=1)
+    c["copy"] = desc(COPY, 0x1000, 0x2000, 4096)
+    c["copy_host"] = desc(COPY, HOST, 0x100000, 1 << 20, flags=FLAG_FENCE, fence=42)
+    c["copy_sg"] = desc(COPY_SG, 0x4000, 2, 8192)
+    c["fill1"] = desc(FILL, 0x1000, 100, 0xAB | 1 << 32)
+    c["fill2"] = desc(FILL, 0x1000, 100, 0xBEEF | 2 << 32)
+    c["fill4"] = desc(FILL, 0x1000, 4096, fill4(0xDEADBEEF))
+    c["wait_ge"] = desc(WAIT_VALUE, 0x3000, 5, 0)
+    c["wait_timeline"] = desc(WAIT_VALUE, HOST, 9, 1)
+    c["write_value"] = desc(WRITE_VALUE, 0x3000, 0x1234)
+    c["timestamp"] = desc(TIMESTAMP, 0x3008, flags=FLAG_FENCE, fence=3)
+    c["tensor_inline"] = desc(TENSOR_OP, 0, 200)
+    c["tensor_addr"] = desc(TENSOR_OP, 0x8000, 1024)
+    c["call"] = desc(CALL, 0x8000, 16, flags=FLAG_FENCE, fence=2)
+
+    # ---- op: valid tensor op parameter blocks -------------------------------
+    s["op"] = op_seeds()
+
+    # ---- segment: valid scatter-gather elements ---------------------------
+    g = s["segment"] = {}
+    g["dram"] = struct.pack("<4Q", 0x1000, 0x2000, 4096, 0)
+    g["host_to_dram"] = struct.pack("<4Q", HOST, 0x100000, 1 << 20, 0)
+    g["max"] = struct.pack("<4Q", 0, 1 << 41, 1 << 40, 0)
+
+    # ---- version: board, driver min, driver max, requested ----------------
+    v = s["version"] = {}
+    pk = lambda major, minor: major << 16 | minor
+    v["same"] = struct.pack("<4I", pk(1, 1), pk(1, 0), pk(1, 1), pk(1, 1))
+    v["old_board"] = struct.pack("<4I", pk(1, 0), pk(1, 0), pk(1, 1), pk(1, 0))
+    v["new_board"] = struct.pack("<4I", pk(1, 5), pk(1, 0), pk(1, 1), pk(1, 1))
+    v["major_mismatch"] = struct.pack("<4I", pk(2, 0), pk(1, 0), pk(1, 1), pk(2, 0))
+
+    # ---- fence_record: failures as the board records them -----------------
+    f = s["fence_record"] = {}
+    f["dma_fault"] = fence_record(FAILED | 4, 7, COPY, 0, 5, 5, HOST + 0x1000, 1, ts=123456)
+    f["bad_sequence"] = fence_record(FAILED, 4, NOP, 0x102, 9, 0, 9, 3)
+    f["invalid_opcode"] = fence_record(FAILED | 1, 1, 0x77, 0x100, 2, 2, 0x77, 0)
+    f["reserved"] = fence_record(FAILED, 3, COPY, 4, 0, 0, 0xFF, 0)
+    f["fence_order"] = fence_record(FAILED | 10, 8, NOP, 0x103, 3, 10, 10, 10)
+    f["dependency"] = fence_record(FAILED | 1, 9, WAIT_VALUE, 0, 1, 1, HOST, 7)
+    f["unsupported"] = fence_record(FAILED, 10, TENSOR_OP, 0x100, 0, 0, TENSOR_OP, 2)
+    f["tensor_shape"] = fence_record(FAILED, 5, TENSOR_OP, 0x200 + 16 + 3, 0, 0, 7, 4)
+    f["version"] = fence_record(FAILED, 5, 0, 0x104, 0, 0, 0x20000, 0x10001)
+    f["hang"] = fence_record(FAILED | 2, 14, COPY, 0xFFFF, 4, 2, 5_000_000_000, 0)
+
+    # ---- board: ring contents ----------------------------------------------
+    b = s["board"] = {}
+    data = bytes(range(256)) * 16  # 4 KiB of data, at DRAM_DATA, HOST_RW and HOST_RO
+    b["nop_copy_fill"] = board_input(
+        [desc(NOP), desc(COPY, DRAM_DATA, 0x20000, 4096), desc(FILL, 0x30000, 4096, fill4(0xA5A5A5A5),
+                                                               flags=FLAG_FENCE, fence=1)], data)
+    b["every_dma_opcode"] = board_input(
+        [desc(NOP, flags=FLAG_FENCE, fence=1),
+         desc(COPY, HOST_RO, 0x20000, 1024, flags=FLAG_FENCE, fence=2),
+         desc(COPY, 0x20000, HOST_RW + 0x1000, 1024),
+         desc(FILL, 0x30000, 100, 0x5A | 1 << 32),
+         desc(FILL, 0x30100, 100, 0x1234 | 2 << 32),
+         desc(WRITE_VALUE, 0x40000, 77),
+         desc(WAIT_VALUE, 0x40000, 77, 0),
+         desc(TIMESTAMP, HOST_RW + 8, flags=FLAG_FENCE | FLAG_INTERRUPT, fence=3),
+         desc(WAIT_VALUE, STATUS_IOVA, 3, 1)], data, entries_log=1, interrupt=True)
+    # copy_sg with its two-segment list in the data (DRAM and host).
+    sg = struct.pack("<8Q", DRAM_DATA + 0x800, 0x50000, 256, 0, HOST_RO, 0x50100, 256, 0)
+    b["copy_sg_dram_list"] = board_input([desc(COPY_SG, DRAM_DATA, 2, 512, flags=FLAG_FENCE, fence=1)],
+                                         sg + data[len(sg):])
+    b["copy_sg_host_list"] = board_input([desc(COPY_SG, HOST_RW, 2, 512)], sg + data[len(sg):],
+                                         queue=2)
+    # kCall of a three-descriptor program in the data.
+    program = ring(desc(NOP), desc(FILL, 0x60000, 64, 0xFF | 1 << 32), desc(COPY, 0x60000, 0x61000, 64))
+    b["call"] = board_input([desc(CALL, DRAM_DATA, 3, flags=FLAG_FENCE, fence=9)], program)
+    # Failures: a bad sequence, a DMA fault, a fence out of order, a tensor op
+    # with an inline block, on a copy queue and a compute queue.
+    b["bad_sequence"] = bytes([0, 0, 1, 0]) + desc(NOP, seq=5)
+    b["dma_fault"] = board_input([desc(COPY, DRAM_BYTES, 0, 64)], interrupt=True)
+    b["fence_order"] = board_input([desc(NOP, flags=FLAG_FENCE, fence=5),
+                                    desc(NOP, flags=FLAG_FENCE, fence=5)])
+    b["tensor_inline_compute"] = board_input([desc(TENSOR_OP, 0, 100), b"\0" * 64, b"\0" * 64])
+    b["tensor_on_copy_queue"] = board_input([desc(TENSOR_OP, DRAM_DATA, 100)], data, queue=2)
+    b["wait_forever"] = board_input([desc(WAIT_VALUE, 0x70000, 1, 0)])
+    # Configurations: the ring at the end of DRAM, a read-only and an
+    # unmapped status page, a ring the board must refuse, TAIL past the ring.
+    b["ring_at_dram_end"] = board_input([desc(NOP), desc(FILL, DRAM_BYTES - 64, 64, 0xCC | 1 << 32)],
+                                        placement=1, entries_log=3, queue=3)
+    b["status_read_only"] = board_input([desc(NOP, flags=FLAG_FENCE, fence=1)], page_mode=1)
+    b["status_straddling"] = board_input([desc(NOP, flags=FLAG_FENCE, fence=1)], page_offset=65)
+    b["status_unmapped"] = board_input([desc(COPY, 0, DRAM_BYTES, 64)], page_mode=2)
+    b["ring_refused"] = board_input([desc(NOP)], placement=2)
+    b["tail_past_ring"] = board_input([desc(NOP)], tail=17)
+    return s
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus"))
+    ap.add_argument("--profiles", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                       "..", "simulator", "profiles"))
+    args = ap.parse_args()
+    all_seeds = seeds()
+    # profile: the built-in board profiles.
+    all_seeds["profile"] = {}
+    for name in sorted(os.listdir(args.profiles)):
+        if name.endswith(".json"):
+            with open(os.path.join(args.profiles, name), "rb") as fh:
+                all_seeds["profile"][name[:-5]] = fh.read()
+    for target, files in all_seeds.items():
+        d = os.path.join(args.out, target)
+        os.makedirs(d, exist_ok=True)
+        for name, blob in files.items():
+            with open(os.path.join(d, "seed-" + name), "wb") as fh:
+                fh.write(blob)
+        print(f"{target}: {len(files)} seeds in {os.path.relpath(d)}")
+
+
+if __name__ == "__main__":
+    main()

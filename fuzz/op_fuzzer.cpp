@@ -1,0 +1,395 @@
+// fw::decode_op: a tensor op's parameter block (fw/tensor.h), as the board
+// reads it, inline after a kTensorOp descriptor or from memory, before its
+// tensor engine touches any tensor.
+//
+// Input: the block's bytes (OpHeader, TensorRefs, attributes). Properties,
+// checked here independently of tensor.cpp, from the rules in fw/tensor.h,
+// docs/firmware-interface.md and docs/ops.md:
+//   - a block outside [32, 4096] bytes, with a bad magic, kind, tensor count,
+//     attribute size or a non-zero reserved header word is refused;
+//   - a decoded block carries the kind, tensors and attributes of the input
+//     unchanged, in the kind's attribute struct;
+//   - every tensor of a decoded block is well formed (dtype, rank, dimensions
+//     below 2^32, zero tails and reserved words; absent only where the role
+//     is optional, and then all zero), and its extent is the byte span of its
+//     elements (computed here in 128-bit arithmetic) and does not wrap;
+//   - the output is present, never writes an element twice (brute force for
+//     up to 4096 elements) and does not overlap any input's bytes;
+//   - shapes obey the op's rules (matmul, convolution and pooling output
+//     sizes, elementwise, softmax, quantisation, resize, colour conversion);
+//     no pooling window (of the first 4096 along each axis) lies wholly in
+//     the padding;
+//   - a refusal is a known status naming the header, the op kind, one of the
+//     op's tensors or one of its attribute words, and reads as a sentence.
+// TPUHAL_FUZZ_VERBOSE=1 prints how each input was judged.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdlib>
+#include <span>
+#include <variant>
+#include <vector>
+
+#include "fuzz_util.h"
+#include "tpuhal/fw/command.h"
+#include "tpuhal/fw/decode.h"
+#include "tpuhal/fw/tensor.h"
+
+namespace fw = tpuhal::fw;
+__extension__ typedef unsigned __int128 u128;  // extents and addresses without overflow
+
+namespace {
+
+struct KindRule {
+  std::uint32_t tensors;
+  std::uint32_t optional;  // bit i: tensor i may be absent
+  std::uint32_t attr_bytes;
+  std::size_t attr_index;  // alternative of fw::OpAttrs
+};
+
+// fw/tensor.h's table of tensors per kind, and each kind's attribute struct.
+constexpr KindRule kRules[fw::kMaxOpKind + 1] = {
+    {0, 0, 0, 0},                                // invalid
+    {4, 1u << 2, sizeof(fw::MatMulAttrs), 0},    // matmul: A, B, C (opt), Y
+    {4, 1u << 2, sizeof(fw::ConvAttrs), 1},      // conv2d: X, W, Bias (opt), Y
+    {2, 0, sizeof(fw::PoolAttrs), 2},            // pool2d: X, Y
+    {3, 1u << 1, sizeof(fw::ElementwiseAttrs), 3},  // elementwise: A, B (opt), Y
+    {2, 0, sizeof(fw::SoftmaxAttrs), 4},         // softmax: X, Y
+    {4, 1u << 2, sizeof(fw::QuantAttrs), 5},     // quantize: X, Scale, ZeroPoint (opt), Y
+    {4, 1u << 2, sizeof(fw::QuantAttrs), 5},     // dequantize
+    {5, 3u << 2, sizeof(fw::QuantAttrs), 5},     // matmul_integer: A, B, AZp (opt), BZp (opt), Y
+    {5, 3u << 2, sizeof(fw::ConvAttrs), 1},      // conv_integer: X, W, XZp (opt), WZp (opt), Y
+    {9, 0, sizeof(fw::QuantAttrs), 5},           // qlinear_matmul
+    {10, 1u << 8, sizeof(fw::ConvAttrs), 1},     // qlinear_conv: ..., Bias (opt), Y
+    {2, 0, sizeof(fw::ResizeAttrs), 6},          // resize: X, Y
+    {4, 1u << 2, sizeof(fw::ColorConvertAttrs), 7},  // color_convert: Luma, U (or UV), V (opt), Y
+};
+
+constexpr std::size_t kHeader = sizeof(fw::OpHeader);
+constexpr std::size_t kRef = sizeof(fw::TensorRef);
+constexpr auto kTensorOp = static_cast<std::uint16_t>(fw::Opcode::kTensorOp);
+
+bool is_float(std::uint32_t t) { return t >= 1 && t <= 3; }
+bool is_int8(std::uint32_t t) { return t == 4 || t == 5; }
+std::uint32_t esize(std::uint32_t t) { return t == 0 ? 0 : t <= 1 || t == 6 ? 4 : t <= 3 ? 2 : 1; }
+
+// Bytes from the address to the end of the last element; 0 when empty.
+u128 extent_of(const fw::TensorRef& t) {
+  u128 last = 0;
+  for (std::uint32_t d = 0; d < t.rank; ++d) {
+    if (t.shape[d] == 0) return 0;
+    last += u128{t.shape[d] - 1} * t.strides[d];
+  }
+  return (last + 1) * esize(t.dtype);
+}
+
+u128 elements_of(const fw::TensorRef& t) {
+  u128 n = 1;
+  for (std::uint32_t d = 0; d < t.rank; ++d) n *= t.shape[d];
+  return n;
+}
+
+bool same_shape(const fw::TensorRef& a, const fw::TensorRef& b) {
+  if (a.rank != b.rank) return false;
+  for (std::uint32_t d = 0; d < a.rank; ++d)
+    if (a.shape[d] != b.shape[d]) return false;
+  return true;
+}
+
+// Output length of a window along one axis (docs/ops.md): floor or ceil of
+// (in + pads - dilation * (k - 1) - 1) / stride, plus one; with ceil a last
+// window that would start in the end padding is dropped; 0 if none fits.
+// A kernel of size 0 has no taps: no window (the op is then empty).
+u128 window_out(u128 in, u128 k, u128 stride, u128 dilation, u128 pad_begin, u128 pad_end, bool ceil) {
+  if (k == 0) return 0;
+  const u128 padded = in + pad_begin + pad_end, window = dilation * (k - 1) + 1;
+  if (padded < window) return 0;
+  u128 out = (padded - window) / stride + 1;
+  if (ceil && (padded - window) % stride && out * stride < in + pad_begin) ++out;
+  return out;
+}
+
+// Whether pooling window o along an axis has a tap inside the input.
+bool window_has_tap(std::int64_t in, std::int64_t kernel, std::int64_t stride, std::int64_t dilation,
+                    std::int64_t pad_begin, std::int64_t o) {
+  const std::int64_t start = o * stride - pad_begin;
+  const std::int64_t first = start >= 0 ? 0 : (-start + dilation - 1) / dilation;  // first tap >= 0
+  return first < kernel && start + first * dilation < in;
+}
+
+#define RULE(cond) FUZZ_CHECK(cond, "%s accepted", fw::to_string(kind))
+
+void check_matmul_shapes(fw::OpKind kind, const fw::TensorRef& a, const fw::TensorRef& b,
+                         const fw::TensorRef& y, bool trans_a, bool trans_b) {
+  const std::uint32_t r = y.rank;
+  RULE(r >= 2 && a.rank == r && b.rank == r);
+  for (std::uint32_t d = 0; d + 2 < r; ++d) RULE(a.shape[d] == y.shape[d] && b.shape[d] == y.shape[d]);
+  const std::uint64_t m = trans_a ? a.shape[r - 1] : a.shape[r - 2];
+  const std::uint64_t k = trans_a ? a.shape[r - 2] : a.shape[r - 1];
+  const std::uint64_t kb = trans_b ? b.shape[r - 1] : b.shape[r - 2];
+  const std::uint64_t n = trans_b ? b.shape[r - 2] : b.shape[r - 1];
+  RULE(m == y.shape[r - 2] && n == y.shape[r - 1] && k == kb);
+}
+
+void check_conv_shapes(fw::OpKind kind, const fw::ConvAttrs& at, const fw::TensorRef& x,
+                       const fw::TensorRef& w, const fw::TensorRef& y) {
+  RULE(x.rank == 4 && w.rank == 4 && y.rank == 4 && at.layout <= 1);
+  const bool nhwc = at.layout == 1;
+  const std::uint64_t n = x.shape[0], c = x.shape[nhwc ? 3 : 1];
+  const std::uint64_t h = x.shape[nhwc ? 1 : 2], wd = x.shape[nhwc ? 2 : 3];
+  RULE(at.groups >= 1 && c % at.groups == 0 && w.shape[0] % at.groups == 0 &&
+       w.shape[1] == c / at.groups);
+  for (int k = 0; k < 2; ++k) RULE(at.stride[k] >= 1 && at.dilation[k] >= 1);
+  RULE(y.shape[0] == n && y.shape[nhwc ? 3 : 1] == w.shape[0]);
+  RULE(y.shape[nhwc ? 1 : 2] ==
+       window_out(h, w.shape[2], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], false));
+  RULE(y.shape[nhwc ? 2 : 3] ==
+       window_out(wd, w.shape[3], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], false));
+}
+
+void check_rules(const fw::OpBlock& b) {
+  const fw::OpKind kind = b.kind;
+  const auto& t = b.tensors;
+  const fw::TensorRef& y = t[b.num_tensors - 1];
+  switch (kind) {
+    case fw::OpKind::kMatMul: {
+      const auto& at = std::get<fw::MatMulAttrs>(b.attrs);
+      RULE(at.trans_a <= 1 && at.trans_b <= 1 && at.activation <= fw::kMaxActivation);
+      RULE(is_float(t[0].dtype) && t[1].dtype == t[0].dtype && (y.dtype == t[0].dtype || y.dtype == 1));
+      if (t[2].dtype) RULE(is_float(t[2].dtype) && same_shape(t[2], y));
+      check_matmul_shapes(kind, t[0], t[1], y, at.trans_a, at.trans_b);
+      break;
+    }
+    case fw::OpKind::kMatMulInteger:
+      RULE(is_int8(t[0].dtype) && is_int8(t[1].dtype) && y.dtype == 6);
+      check_matmul_shapes(kind, t[0], t[1], y, false, false);
+      break;
+    case fw::OpKind::kQLinearMatMul:
+      RULE(is_int8(t[0].dtype) && is_int8(t[3].dtype) && is_int8(y.dtype));
+      RULE(t[1].dtype == 1 && t[4].dtype == 1 && t[6].dtype == 1 && t[7].dtype == y.dtype);
+      check_matmul_shapes(kind, t[0], t[3], y, false, false);
+      break;
+    case fw::OpKind::kConv2d: {
+      const auto& at = std::get<fw::ConvAttrs>(b.attrs);
+      RULE(is_float(t[0].dtype) && t[1].dtype == t[0].dtype && y.dtype == t[0].dtype);
+      check_conv_shapes(kind, at, t[0], t[1], y);
+      if (t[2].dtype) RULE(t[2].rank == 1 && t[2].shape[0] == t[1].shape[0]);
+      break;
+    }
+    case fw::OpKind::kConvInteger:
+      RULE(is_int8(t[0].dtype) && is_int8(t[1].dtype) && y.dtype == 6);
+      check_conv_shapes(kind, std::get<fw::ConvAttrs>(b.attrs), t[0], t[1], y);
+      break;
+    case fw::OpKind::kQLinearConv:
+      RULE(is_int8(t[0].dtype) && is_int8(t[3].dtype) && is_int8(y.dtype));
+      RULE(t[1].dtype == 1 && t[4].dtype == 1 && t[6].dtype == 1 && t[7].dtype == y.dtype);
+      check_conv_shapes(kind, std::get<fw::ConvAttrs>(b.attrs), t[0], t[3], y);
+      if (t[8].dtype) RULE(t[8].dtype == 6 && t[8].rank == 1 && t[8].shape[0] == t[3].shape[0]);
+      break;
+    case fw::OpKind::kPool2d: {
+      const auto& at = std::get<fw::PoolAttrs>(b.attrs);
+      const fw::TensorRef& x = t[0];
+      RULE(x.rank == 4 && y.rank == 4 && at.layout <= 1 && at.kind <= 1 && y.dtype == x.dtype);
+      RULE(at.kind == 1 ? is_float(x.dtype) : x.dtype != 6);
+      const bool nhwc = at.layout == 1;
+      const std::uint32_t dc = nhwc ? 3 : 1, dh = nhwc ? 1 : 2;
+      RULE(y.shape[0] == x.shape[0] && y.shape[dc] == x.shape[dc]);
+      for (std::uint32_t k = 0; k < 2; ++k) {
+        RULE(at.kernel[k] >= 1 && at.stride[k] >= 1 && at.dilation[k] >= 1);
+        RULE(y.shape[dh + k] == window_out(x.shape[dh + k], at.kernel[k], at.stride[k], at.dilation[k],
+                                           at.pad[k], at.pad[k + 2], at.ceil_mode));
+        // No window made only of padding (or of taps that straddle the input).
+        for (std::uint64_t o = 0; o < y.shape[dh + k] && o < 4096; ++o)
+          RULE(window_has_tap(static_cast<std::int64_t>(x.shape[dh + k]), at.kernel[k], at.stride[k],
+                              at.dilation[k], at.pad[k], static_cast<std::int64_t>(o)));
+      }
+      break;
+    }
+    case fw::OpKind::kElementwise: {
+      const auto& at = std::get<fw::ElementwiseAttrs>(b.attrs);
+      const auto op = static_cast<fw::ElementwiseOp>(at.op);
+      RULE(at.op <= fw::kMaxElementwiseOp && same_shape(t[0], y));
+      if (fw::is_binary(op))
+        RULE(t[1].dtype == t[0].dtype && same_shape(t[1], y));
+      else
+        RULE(t[1].dtype == 0);
+      if (op != fw::ElementwiseOp::kIdentity) RULE(y.dtype == t[0].dtype);
+      break;
+    }
+    case fw::OpKind::kSoftmax: {
+      const auto& at = std::get<fw::SoftmaxAttrs>(b.attrs);
+      RULE(is_float(t[0].dtype) && y.dtype == t[0].dtype && same_shape(t[0], y));
+      RULE(at.axis < t[0].rank && at.log <= 1);
+      break;
+    }
+    case fw::OpKind::kQuantize:
+    case fw::OpKind::kDequantize: {
+      const bool q = kind == fw::OpKind::kQuantize;
+      RULE(same_shape(t[0], y) && same_shape(t[1], t[0]) && t[1].dtype == 1);
+      if (t[2].dtype) RULE(same_shape(t[2], t[0]) && t[2].dtype == (q ? y.dtype : t[0].dtype));
+      RULE(q ? (is_float(t[0].dtype) || t[0].dtype == 6) && is_int8(y.dtype)
+             : (is_int8(t[0].dtype) || t[0].dtype == 6) && is_float(y.dtype));
+      break;
+    }
+    case fw::OpKind::kResize: {
+      const auto& at = std::get<fw::ResizeAttrs>(b.attrs);
+      const std::uint32_t dc = at.layout == 1 ? 3 : 1;
+      RULE(t[0].rank == 4 && y.rank == 4 && y.dtype == t[0].dtype && t[0].dtype != 6);
+      RULE(y.shape[0] == t[0].shape[0] && y.shape[dc] == t[0].shape[dc]);
+      RULE(at.scale[0] > 0 && at.scale[1] > 0);
+      break;
+    }
+    case fw::OpKind::kColorConvert: {
+      const auto& at = std::get<fw::ColorConvertAttrs>(b.attrs);
+      const fw::TensorRef& luma = t[0];
+      RULE(luma.dtype == 5 && luma.rank == 2 && luma.shape[0] % 2 == 0 && luma.shape[1] % 2 == 0);
+      const std::uint64_t h = luma.shape[0], w = luma.shape[1];
+      RULE(t[1].dtype == 5 && t[1].shape[0] == h / 2 && t[1].shape[1] == w / 2);
+      if (at.format == 0)
+        RULE(t[1].rank == 3 && t[1].shape[2] == 2 && t[2].dtype == 0);
+      else
+        RULE(at.format == 1 && t[1].rank == 2 && t[2].dtype == 5 && same_shape(t[2], t[1]));
+      RULE((is_float(y.dtype) || y.dtype == 5) && y.rank == 3 && y.shape[0] == 3 && y.shape[1] == h &&
+           y.shape[2] == w);
+      break;
+    }
+    case fw::OpKind::kInvalid:
+      RULE(false);
+  }
+}
+
+#undef RULE
+
+// The output writes each of its elements once: with up to 4096 elements,
+// every element's offset is computed and compared.
+void check_output_distinct(const fw::TensorRef& y) {
+  if (elements_of(y) == 0 || elements_of(y) > 4096) return;
+  std::vector<u128> offsets;
+  std::uint64_t idx[fw::kMaxRank] = {};
+  for (;;) {
+    u128 off = 0;
+    for (std::uint32_t d = 0; d < y.rank; ++d) off += u128{idx[d]} * y.strides[d];
+    offsets.push_back(off);
+    std::uint32_t d = y.rank;
+    while (d > 0 && ++idx[d - 1] == y.shape[d - 1]) idx[--d] = 0;
+    if (d == 0) break;
+  }
+  std::sort(offsets.begin(), offsets.end());
+  FUZZ_CHECK(std::adjacent_find(offsets.begin(), offsets.end()) == offsets.end(),
+             "the output (rank %u) writes an element twice", y.rank);
+}
+
+void check_decoded(const fw::OpBlock& b, const std::uint8_t* data, std::size_t size) {
+  FUZZ_CHECK(size >= kHeader && size <= fw::kMaxParamBytes, "a %zu-byte block accepted", size);
+  const auto h = tpuhal::fuzz::load<fw::OpHeader>(data);
+  FUZZ_CHECK(h.magic == fw::kOpMagic && h.kind >= 1 && h.kind <= fw::kMaxOpKind &&
+                 h.reserved[0] == 0 && h.reserved[1] == 0,
+             "header magic %#x kind %u accepted", h.magic, h.kind);
+  const KindRule& rule = kRules[h.kind];
+  FUZZ_CHECK(static_cast<std::uint32_t>(b.kind) == h.kind && b.num_tensors == rule.tensors &&
+                 h.num_tensors == rule.tensors && h.attr_bytes == rule.attr_bytes &&
+                 size == kHeader + rule.tensors * kRef + rule.attr_bytes,
+             "kind %u: %u tensors, %u attribute bytes, %zu bytes accepted", h.kind, h.num_tensors,
+             h.attr_bytes, size);
+  FUZZ_CHECK(fw::op_tensor_count(b.kind) == rule.tensors, "op_tensor_count(%u)", h.kind);
+  FUZZ_CHECK(std::memcmp(b.tensors, data + kHeader, rule.tensors * kRef) == 0,
+             "decoded tensors differ from the block");
+  FUZZ_CHECK(b.attrs.index() == rule.attr_index, "kind %u decoded with attributes %zu", h.kind,
+             b.attrs.index());
+  const std::uint8_t* attr_bytes = data + kHeader + rule.tensors * kRef;
+  std::visit([&](const auto& a) {
+    FUZZ_CHECK(sizeof a == rule.attr_bytes && std::memcmp(&a, attr_bytes, sizeof a) == 0,
+               "decoded attributes differ from the block");
+  }, b.attrs);
+
+  const std::uint32_t out = rule.tensors - 1;
+  for (std::uint32_t i = 0; i < rule.tensors; ++i) {
+    const fw::TensorRef& t = b.tensors[i];
+    if (t.dtype == 0) {
+      static const fw::TensorRef kZero{};
+      FUZZ_CHECK((rule.optional >> i & 1) && std::memcmp(&t, &kZero, sizeof t) == 0,
+                 "tensor %u absent (role optional: %u)", i, rule.optional >> i & 1);
+      FUZZ_CHECK(b.extent[i] == 0, "absent tensor %u spans %" PRIu64 " bytes", i, b.extent[i]);
+      continue;
+    }
+    FUZZ_CHECK(t.dtype <= fw::kMaxDType && t.rank <= fw::kMaxRank && t.reserved[0] == 0 &&
+                   t.reserved[1] == 0,
+               "tensor %u dtype %u rank %u accepted", i, t.dtype, t.rank);
+    for (std::uint32_t d = 0; d < fw::kMaxRank; ++d) {
+      if (d < t.rank)
+        FUZZ_CHECK(t.shape[d] < fw::kMaxDim, "tensor %u shape[%u] = %" PRIu64, i, d, t.shape[d]);
+      else
+        FUZZ_CHECK(t.shape[d] == 0 && t.strides[d] == 0, "tensor %u: dimension %u past rank %u", i, d,
+                   t.rank);
+    }
+    const u128 extent = extent_of(t);
+    FUZZ_CHECK(extent == b.extent[i] && b.extent[i] == fw::tensor_extent(t),
+               "tensor %u extent %" PRIu64 " (tensor_extent %" PRIu64 ")", i, b.extent[i],
+               fw::tensor_extent(t));
+    FUZZ_CHECK(u128{t.address} + extent <= (u128{1} << 64), "tensor %u wraps the address space", i);
+  }
+
+  const fw::TensorRef& y = b.tensors[out];
+  FUZZ_CHECK(y.dtype != 0, "absent output");
+  for (std::uint32_t d = 0; d < y.rank; ++d)
+    FUZZ_CHECK(y.shape[d] <= 1 || y.strides[d] != 0, "output broadcast along dimension %u", d);
+  check_output_distinct(y);
+  if (b.extent[out]) {
+    for (std::uint32_t i = 0; i < out; ++i) {
+      if (!b.extent[i]) continue;
+      const u128 xa = b.tensors[i].address, ya = y.address;
+      FUZZ_CHECK(xa + b.extent[i] <= ya || ya + b.extent[out] <= xa,
+                 "output [%#" PRIx64 ", +%" PRIu64 ") overlaps tensor %u [%#" PRIx64 ", +%" PRIu64 ")",
+                 y.address, b.extent[out], i, b.tensors[i].address, b.extent[i]);
+    }
+  }
+  check_rules(b);
+}
+
+void check_refused(const fw::Problem& p, const std::uint8_t* data, std::size_t size) {
+  FUZZ_CHECK(p.status == fw::CmdStatus::kBadArgument || p.status == fw::CmdStatus::kReservedNotZero ||
+                 p.status == fw::CmdStatus::kBadAlignment,
+             "refused with status %u", static_cast<unsigned>(p.status));
+  if (size < kHeader || size > fw::kMaxParamBytes) {
+    FUZZ_CHECK(p.field == fw::kFieldOpHeader, "a %zu-byte block refused for field %#x", size, p.field);
+  } else {
+    const auto h = tpuhal::fuzz::load<fw::OpHeader>(data);
+    const bool kind_ok = h.magic == fw::kOpMagic && h.kind >= 1 && h.kind <= fw::kMaxOpKind;
+    const KindRule& rule = kRules[kind_ok ? h.kind : 0];
+    const bool tensor_field = p.field >= fw::kFieldTensorBase &&
+                              p.field < fw::kFieldTensorBase + 16 * rule.tensors;
+    const bool attr_field = p.field >= fw::kFieldAttrBase &&
+                            p.field < fw::kFieldAttrBase + (rule.attr_bytes + 3) / 4;
+    FUZZ_CHECK(p.field == fw::kFieldOpHeader || p.field == fw::kFieldOpKind ||
+                   (kind_ok && (tensor_field || attr_field)),
+               "kind %u refused for field %#x", h.kind, p.field);
+  }
+  // As the driver reads it back from the status page.
+  fw::FenceRecord rec{};
+  rec.value = fw::kTimelineFailed;
+  rec.error_status = static_cast<std::uint32_t>(p.status);
+  rec.error_opcode = kTensorOp;
+  rec.error_field = p.field;
+  rec.error_value = p.value;
+  rec.error_detail = p.detail;
+  auto failure = fw::decode_failure(rec);
+  FUZZ_CHECK(failure.ok(), "status %u not decodable by the driver", rec.error_status);
+  const std::string msg = fw::describe(*failure);
+  FUZZ_CHECK(tpuhal::fuzz::printable(msg), "message \"%s\"", msg.c_str());
+}
+
+const bool kVerbose = std::getenv("TPUHAL_FUZZ_VERBOSE") != nullptr;
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  auto decoded = fw::decode_op(std::as_bytes(std::span(data, size)));
+  if (kVerbose)
+    std::fprintf(stderr, "%s\n",
+                 decoded ? (std::string("decoded: ") + fw::to_string(decoded->kind)).c_str()
+                         : ("refused: " + fw::describe(decoded.problem(), kTensorOp)).c_str());
+  if (decoded)
+    check_decoded(*decoded, data, size);
+  else
+    check_refused(decoded.problem(), data, size);
+  return 0;
+}

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Builds the fuzz targets (clang's libFuzzer with AddressSanitizer and
+# UndefinedBehaviorSanitizer, into build/fuzz/) and runs each on its
+# committed corpus (docs/fuzzing.md).
+#
+#   scripts/fuzz.sh [--seconds N | --runs N] [--target NAME]... [--jobs N]
+#                   [--update-corpus] [--no-build] [-- LIBFUZZER_FLAGS...]
+#
+#   --seconds N      fuzz each target for N seconds (default 30)
+#   --runs N         instead, until N inputs have run; the long run is
+#                    --runs 10000000
+#   --target NAME    only this target (repeatable); default: every
+#                    fuzz/*_fuzzer.cpp
+#   --jobs N         N libFuzzer processes per target sharing its corpus
+#                    (default 1); --runs is split between them
+#   --update-corpus  afterwards, merge the new inputs that add coverage into
+#                    fuzz/corpus/NAME/ (to be committed)
+#   --no-build       use build/fuzz/ as it is
+#
+# New inputs go to build/fuzz/work/NAME/corpus/ (emptied first), never into
+# the committed corpus unless --update-corpus. A finding stops that target,
+# leaves its input in build/fuzz/work/NAME/ (crash-*, timeout-*, ...) and
+# makes the script fail; fix it and keep the input as a regression test in
+# fuzz/regressions/NAME/.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+seconds=30
+runs=
+jobs=1
+update=0
+build_it=1
+targets=()
+extra=()
+while (($#)); do
+  case $1 in
+    --seconds) seconds=$2; runs=; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
+    --target) targets+=("$2"); shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --update-corpus) update=1; shift ;;
+    --no-build) build_it=0; shift ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "fuzz.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
+  esac
+done
+
+if ((${#targets[@]} == 0)); then
+  for f in "$root"/fuzz/*_fuzzer.cpp; do
+    f=${f##*/}
+    targets+=("${f%_fuzzer.cpp}")
+  done
+fi
+
+build="$root/build/fuzz"
+if ((build_it)); then
+  "$root/scripts/setup.sh"
+  start=$SECONDS
+  CC=${FUZZ_CC:-clang} CXX=${FUZZ_CXX:-clang++} cmake -S "$root" -B "$build" -G Ninja \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPUHAL_FUZZ=ON -DTPUHAL_BUILD_TESTS=OFF >/dev/null
+  cmake --build "$build" --target fuzz
+  echo "fuzz.sh: built in $((SECONDS - start)) s"
+fi
+
+export TPUHAL_LOG=${TPUHAL_LOG:-error}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+
+final_stat() {  # final_stat NAME FILES...: the sum of libFuzzer's final stat::NAME over the logs
+  awk -v k="stat::$1:" '$1 == k { s += $2 } END { printf "%d", s }' "${@:2}"
+}
+
+failed=()
+summary=()
+for t in "${targets[@]}"; do
+  bin="$build/bin/${t}_fuzzer"
+  corpus="$root/fuzz/corpus/$t"
+  [[ -x $bin ]] || { echo "fuzz.sh: no fuzz target $t ($bin)" >&2; exit 2; }
+  [[ -d $corpus ]] || { echo "fuzz.sh: no seed corpus $corpus" >&2; exit 2; }
+  work="$build/work/$t"
+  rm -rf "$work"
+  mkdir -p "$work/corpus"
+  flags=(-print_final_stats=1 -timeout=30 "-artifact_prefix=$work/")
+  if [[ -n $runs ]]; then
+    flags+=("-runs=$(((runs + jobs - 1) / jobs))")
+  else
+    flags+=("-max_total_time=$seconds")
+  fi
+  [[ -f $root/fuzz/$t.dict ]] && flags+=("-dict=$root/fuzz/$t.dict")
+  echo "== $t: $([[ -n $runs ]] && echo "$runs runs" || echo "$seconds s"), $jobs job(s), log in $work/"
+  rc=0
+  t_start=$SECONDS
+  if ((jobs > 1)); then
+    # Each job logs to fuzz-<i>.log in the current directory.
+    (cd "$work" && "$bin" "${flags[@]}" -jobs="$jobs" -workers="$jobs" "${extra[@]}" \
+      "$work/corpus" "$corpus" >"$work/fuzz.log" 2>&1) || rc=$?
+    logs=("$work"/fuzz-*.log)
+  else
+    "$bin" "${flags[@]}" "${extra[@]}" "$work/corpus" "$corpus" >"$work/fuzz.log" 2>&1 || rc=$?
+    logs=("$work/fuzz.log")
+  fi
+  execs=$(final_stat number_of_executed_units "${logs[@]}")
+  rate=$(final_stat average_exec_per_sec "${logs[@]}")
+  added=$(final_stat new_units_added "${logs[@]}")
+  line=$(printf '%-14s %12s runs in %6s s %9s exec/s %6s new inputs' "$t" "$execs" \
+    "$((SECONDS - t_start))" "$rate" "$added")
+  findings=("$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-* "$work"/slow-unit-*)
+  found=()
+  for f in "${findings[@]}"; do [[ -e $f ]] && found+=("$f"); done
+  if ((rc != 0 || ${#found[@]} > 0)); then
+    line+="  FINDING (exit $rc): ${found[*]:-see the log}"
+    failed+=("$t")
+    tail -n 60 "${logs[@]}" >&2
+  elif ((update)); then
+    "$bin" -merge=1 "$corpus" "$work/corpus" >"$work/merge.log" 2>&1
+    line+="  merged into fuzz/corpus/$t"
+  fi
+  echo "$line"
+  summary+=("$line")
+done
+
+echo "== fuzz.sh summary"
+printf '%s\n' "${summary[@]}"
+if ((${#failed[@]})); then
+  echo "fuzz.sh: findings in ${failed[*]}: copy the input to fuzz/regressions/NAME/ once fixed" >&2
+  exit 1
+fi
