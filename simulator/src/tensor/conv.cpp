@@ -205,7 +205,21 @@ bool dnnl_conv_exact(TensorEngine& e, const Geometry& g, const View& x, dt xt, c
   constexpr std::uint64_t kExact = std::uint64_t{1} << 24;
   const std::uint64_t taps = g.kh * g.kw, per_tap = amax * 128;
   const std::uint64_t cg = g.c / g.groups;
-  if (cg * taps * per_tap <= kExact)
+  // The largest sum any output can reach: amax times the largest sum of
+  // |w| over one output channel's taps (weights are dense s8 here or have
+  // their own strides; read them as the view says).
+  std::uint64_t wsum_max = 0;
+  for (std::uint64_t oi = 0; oi < g.o; ++oi) {
+    std::uint64_t s = 0;
+    for (std::uint64_t ci = 0; ci < cg; ++ci)
+      for (std::uint64_t a = 0; a < g.kh; ++a)
+        for (std::uint64_t b = 0; b < g.kw; ++b) {
+          const auto v = static_cast<const std::int8_t*>(wdata)[Geometry::wgt(wt, oi, ci, a, b)];
+          s += static_cast<std::uint64_t>(v < 0 ? -v : v);
+        }
+    wsum_max = std::max(wsum_max, s);
+  }
+  if (cg * taps * per_tap <= kExact || amax * wsum_max < kExact)
     return dnnl_conv(e, g, x, xt, wt, wdata, dt::s8, nullptr, y, dt::s32, acc, src_zero);
   if (g.groups != 1 || taps * per_tap > kExact) return false;
   const std::uint64_t chunk = kExact / (taps * per_tap);

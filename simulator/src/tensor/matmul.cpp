@@ -248,7 +248,33 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
     // exact only below 2^24: run it over slices of K short enough that no
     // partial sum can reach that, and add the slices in int32 here.
     const std::uint64_t amax = a.dtype == fw::DType::kU8 ? 255 : 128;
-    const std::uint64_t chunk = std::min<std::uint64_t>(k, (std::uint64_t{1} << 24) / (amax * 128));
+    std::uint64_t chunk = std::min<std::uint64_t>(k, (std::uint64_t{1} << 24) / (amax * 128));
+    {
+      // No slicing when the data cannot reach 2^24: amax times the largest
+      // sum of |b| down one column (per batch).
+      std::uint64_t bsum_max = 0;
+      const std::uint64_t nbb = batches(bs);
+      std::vector<std::uint64_t> col(n);
+      for (std::uint64_t bi = 0; bi < nbb; ++bi) {
+        std::uint64_t base = 0, rem = bi;
+        for (std::uint32_t d = r - 2; d-- > 0;) {
+          base += (rem % bs.shape[d]) * bs.strides[d];
+          rem /= bs.shape[d];
+        }
+        std::fill(col.begin(), col.end(), std::uint64_t{0});
+        const std::uint64_t sj = bs.strides[r - 1];
+        for (std::uint64_t kk = 0; kk < k; ++kk) {
+          const auto* row = reinterpret_cast<const std::int8_t*>(bs.at(base + kk * bs.strides[r - 2]));
+          if (sj == 1)
+            for (std::uint64_t j = 0; j < n; ++j) col[j] += static_cast<std::uint64_t>(row[j] < 0 ? -row[j] : row[j]);
+          else
+            for (std::uint64_t j = 0; j < n; ++j)
+              col[j] += static_cast<std::uint64_t>(row[j * sj] < 0 ? -row[j * sj] : row[j * sj]);
+        }
+        for (std::uint64_t v : col) bsum_max = std::max(bsum_max, v);
+      }
+      if (amax * bsum_max < (std::uint64_t{1} << 24)) chunk = k;
+    }
     if (dnnl_desc(bs, false, bd)) {
       dnnl::memory::dims ydims(r);
       for (std::uint32_t d = 0; d < r; ++d) ydims[d] = static_cast<dnnl::memory::dim>(y.shape[d]);
