@@ -4,7 +4,10 @@
 
 namespace tpuhal::sim::tensor::simd {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// ThreadSanitizer instruments the resolvers that target_clones generates,
+// and the dynamic loader runs them before the sanitizer's runtime is up (a
+// crash at start-up), so a TSan build keeps the baseline versions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define TPUHAL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TPUHAL_CLONES
