@@ -181,8 +181,9 @@ class CommandProcessor {
   fw::Problem read_block(const fw::TensorOpArgs& args, Source& source, std::uint64_t position,
                          std::vector<std::byte>& block);
   fw::Problem wait_value(const fw::WaitValueArgs& args);
-  // What an injected fault does to `cmd` (kOk: none struck).
-  fw::Problem injected(const fw::Command& cmd);
+  // What an injected fault does to `cmd` at ring position `head` (kOk: none
+  // struck).
+  fw::Problem injected(const fw::Command& cmd, std::uint32_t head);
   bool halted() const noexcept {
     return stop_.load(std::memory_order_relaxed) || board_.halted.load(std::memory_order_relaxed);
   }

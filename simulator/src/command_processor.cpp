@@ -108,7 +108,7 @@ void CommandProcessor::run_loop() {
       } else if ((slots = fw::command_slots(*decoded)) > static_cast<std::uint32_t>(tail - head)) {
         // An inline parameter block that the doorbell did not publish.
         problem = {fw::CmdStatus::kBadArgument, 1, slots, tail - head};
-      } else if ((problem = injected(*decoded)).status == fw::CmdStatus::kOk) {
+      } else if ((problem = injected(*decoded, head)).status == fw::CmdStatus::kOk) {
         problem = execute(*decoded, ring_source, head);
         if (problem.status == fw::CmdStatus::kOk) problem = complete(*decoded);
       }
@@ -342,7 +342,7 @@ fw::Problem CommandProcessor::wait_value(const fw::WaitValueArgs& a) {
   return result;
 }
 
-fw::Problem CommandProcessor::injected(const fw::Command& cmd) {
+fw::Problem CommandProcessor::injected(const fw::Command& cmd, std::uint32_t head) {
   const auto kind = board_.fault_for(index_, cmd.opcode);
   if (!kind) return {};
   base::logger("sim")->debug("queue {}: injected {} strikes {}", index_, to_string(*kind), fw::to_string(cmd.opcode));
@@ -369,8 +369,16 @@ fw::Problem CommandProcessor::injected(const fw::Command& cmd) {
         q_.doorbell.wait(ticket, 100ms);
       }
       return stopping;
-    case FaultKind::kFirmwareCrash: board_.crash(fw::CmdStatus::kFirmwareFault); return stopping;
-    case FaultKind::kDeviceLost: board_.lose(); return stopping;
+    // The firmware halts at this command's boundary: HEAD says where, and
+    // must be visible before the fatal interrupt sends the driver to read it.
+    case FaultKind::kFirmwareCrash:
+      q_.head.store(head, std::memory_order_release);
+      board_.crash(fw::CmdStatus::kFirmwareFault);
+      return stopping;
+    case FaultKind::kDeviceLost:
+      q_.head.store(head, std::memory_order_release);
+      board_.lose();
+      return stopping;
     default: return {};
   }
 }
