@@ -4,7 +4,8 @@
 # committed corpus (docs/fuzzing.md).
 #
 #   scripts/fuzz.sh [--seconds N | --runs N] [--target NAME]... [--jobs N]
-#                   [--update-corpus] [--no-build] [-- LIBFUZZER_FLAGS...]
+#                   [--parallel N] [--update-corpus] [--no-build] [--build DIR]
+#                   [-- LIBFUZZER_FLAGS...]
 #
 #   --seconds N      fuzz each target for N seconds (default 30)
 #   --runs N         instead, until N inputs have run; the long run is
@@ -13,9 +14,14 @@
 #                    fuzz/*_fuzzer.cpp
 #   --jobs N         N libFuzzer processes per target sharing its corpus
 #                    (default 1); --runs is split between them
+#   --parallel N     fuzz up to N targets at once (default 1; scripts/test.sh
+#                    uses one per core)
 #   --update-corpus  afterwards, merge the new inputs that add coverage into
 #                    fuzz/corpus/NAME/ (to be committed)
 #   --no-build       use build/fuzz/ as it is
+#   --build DIR      build and work in DIR instead of build/fuzz/ (one
+#                    fuzz.sh at a time per directory: a long run in its own
+#                    directory leaves build/fuzz/ to scripts/test.sh)
 #
 # New inputs go to build/fuzz/work/NAME/corpus/ (emptied first), never into
 # the committed corpus unless --update-corpus. A finding stops that target,
@@ -25,9 +31,11 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
+build="$root/build/fuzz"
 seconds=30
 runs=
 jobs=1
+parallel=1
 update=0
 build_it=1
 targets=()
@@ -38,8 +46,10 @@ while (($#)); do
     --runs) runs=$2; shift 2 ;;
     --target) targets+=("$2"); shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
+    --parallel) parallel=$2; shift 2 ;;
     --update-corpus) update=1; shift ;;
     --no-build) build_it=0; shift ;;
+    --build) build=$(realpath -m "$2"); shift 2 ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "fuzz.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
@@ -53,7 +63,14 @@ if ((${#targets[@]} == 0)); then
   done
 fi
 
-build="$root/build/fuzz"
+# Two runs in one directory would empty each other's work directories.
+mkdir -p "$build"
+exec 9>"$build/.fuzz.lock"
+if ! flock -n 9; then
+  echo "fuzz.sh: another fuzz.sh is using $build; wait for it, or use --build DIR" >&2
+  exit 1
+fi
+
 if ((build_it)); then
   "$root/scripts/setup.sh"
   start=$SECONDS
@@ -70,17 +87,14 @@ final_stat() {  # final_stat NAME FILES...: the sum of libFuzzer's final stat::N
   awk -v k="stat::$1:" '$1 == k { s += $2 } END { printf "%d", s }' "${@:2}"
 }
 
-failed=()
-summary=()
-for t in "${targets[@]}"; do
-  bin="$build/bin/${t}_fuzzer"
-  corpus="$root/fuzz/corpus/$t"
-  [[ -x $bin ]] || { echo "fuzz.sh: no fuzz target $t ($bin)" >&2; exit 2; }
-  [[ -d $corpus ]] || { echo "fuzz.sh: no seed corpus $corpus" >&2; exit 2; }
-  work="$build/work/$t"
+# Fuzzes one target; leaves its summary line in $build/work/NAME/summary
+# (and the tail of its logs on stderr after a finding).
+fuzz_one() {
+  local t=$1
+  local bin="$build/bin/${t}_fuzzer" corpus="$root/fuzz/corpus/$t" work="$build/work/$t"
   rm -rf "$work"
   mkdir -p "$work/corpus"
-  flags=(-print_final_stats=1 -timeout=30 "-artifact_prefix=$work/")
+  local flags=(-print_final_stats=1 -timeout=30 "-artifact_prefix=$work/")
   if [[ -n $runs ]]; then
     flags+=("-runs=$(((runs + jobs - 1) / jobs))")
   else
@@ -88,8 +102,7 @@ for t in "${targets[@]}"; do
   fi
   [[ -f $root/fuzz/$t.dict ]] && flags+=("-dict=$root/fuzz/$t.dict")
   echo "== $t: $([[ -n $runs ]] && echo "$runs runs" || echo "$seconds s"), $jobs job(s), log in $work/"
-  rc=0
-  t_start=$SECONDS
+  local rc=0 t_start=$SECONDS logs
   if ((jobs > 1)); then
     # Each job logs to fuzz-<i>.log in the current directory.
     (cd "$work" && "$bin" "${flags[@]}" -jobs="$jobs" -workers="$jobs" "${extra[@]}" \
@@ -99,29 +112,51 @@ for t in "${targets[@]}"; do
     "$bin" "${flags[@]}" "${extra[@]}" "$work/corpus" "$corpus" >"$work/fuzz.log" 2>&1 || rc=$?
     logs=("$work/fuzz.log")
   fi
+  local execs rate added line
   execs=$(final_stat number_of_executed_units "${logs[@]}")
   rate=$(final_stat average_exec_per_sec "${logs[@]}")
   added=$(final_stat new_units_added "${logs[@]}")
   line=$(printf '%-14s %12s runs in %6s s %9s exec/s %6s new inputs' "$t" "$execs" \
     "$((SECONDS - t_start))" "$rate" "$added")
-  findings=("$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-* "$work"/slow-unit-*)
-  found=()
+  local findings=("$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-* "$work"/slow-unit-*)
+  local found=() f
   for f in "${findings[@]}"; do [[ -e $f ]] && found+=("$f"); done
-  if ((rc != 0 || ${#found[@]} > 0)); then
+  if ((rc == 72 && ${#found[@]} == 0)); then
+    # libFuzzer's exit status when a signal (Ctrl-C, kill) stopped it.
+    line+="  INTERRUPTED"
+  elif ((rc != 0 || ${#found[@]} > 0)); then
     line+="  FINDING (exit $rc): ${found[*]:-see the log}"
-    failed+=("$t")
     tail -n 60 "${logs[@]}" >&2
   elif ((update)); then
     "$bin" -merge=1 "$corpus" "$work/corpus" >"$work/merge.log" 2>&1
     line+="  merged into fuzz/corpus/$t"
   fi
   echo "$line"
+  echo "$line" >"$work/summary"
+}
+
+for t in "${targets[@]}"; do
+  [[ -x $build/bin/${t}_fuzzer ]] || { echo "fuzz.sh: no fuzz target $t ($build/bin/${t}_fuzzer)" >&2; exit 2; }
+  [[ -d $root/fuzz/corpus/$t ]] || { echo "fuzz.sh: no seed corpus $root/fuzz/corpus/$t" >&2; exit 2; }
+done
+# Up to --parallel targets at once.
+for t in "${targets[@]}"; do
+  while (($(jobs -rp | wc -l) >= parallel)); do wait -n || true; done
+  fuzz_one "$t" &
+done
+wait
+
+failed=()
+summary=()
+for t in "${targets[@]}"; do
+  line=$(cat "$build/work/$t/summary" 2>/dev/null || echo "$t: no result (the run did not finish)")
   summary+=("$line")
+  [[ $line == *FINDING* || $line == *INTERRUPTED* || $line == *"no result"* ]] && failed+=("$t")
 done
 
 echo "== fuzz.sh summary"
 printf '%s\n' "${summary[@]}"
 if ((${#failed[@]})); then
-  echo "fuzz.sh: findings in ${failed[*]}: copy the input to fuzz/regressions/NAME/ once fixed" >&2
+  echo "fuzz.sh: findings (or interruptions) in ${failed[*]}: copy a finding's input to fuzz/regressions/NAME/ once fixed" >&2
   exit 1
 fi

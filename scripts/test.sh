@@ -29,11 +29,11 @@ if (($# == 0)); then
   (cd "$tsan" && ctest --output-on-failure -j "$(nproc)" -R '^(Threads|TpuDriver|Devices/Conformance|SimBoard)')
 fi
 
-# Fuzzing: each fuzz target for 30 s on its committed corpus, in a clang
-# build (build/fuzz/, docs/fuzzing.md), with a fixed seed so that a CI
-# failure can be replayed. Skipped, like the step above, when ctest was
-# given a filter.
+# Fuzzing: each fuzz target for 30 s on its committed corpus, one per core
+# at a time, in a clang build (build/fuzz/, docs/fuzzing.md), with a fixed
+# seed so that a CI failure can be replayed. Skipped, like the step above,
+# when ctest was given a filter.
 if (($# == 0)); then
-  "$root/scripts/fuzz.sh" --seconds 30 -- -seed=1
+  "$root/scripts/fuzz.sh" --seconds 30 --parallel "$(nproc)" -- -seed=1
 fi
 
