@@ -47,6 +47,9 @@ class DecoderImpl {
       s->planes.push_back({ev.plane[p].offset, ev.plane[p].pitch, ev.plane[p].row_bytes, ev.plane[p].rows});
     return Frame(std::move(s));
   }
+
+  // receive() (wait) and try_receive() (not): the caller holds mu_.
+  std::optional<Frame> next(std::chrono::nanoseconds timeout, bool wait);
 };
 
 }  // namespace detail
@@ -153,9 +156,20 @@ void VideoDecoder::flush() {
 
 std::optional<Frame> VideoDecoder::receive() { return receive(checked(impl_).device_->default_timeout()); }
 
+std::optional<Frame> VideoDecoder::try_receive() {
+  auto& d = checked(impl_);
+  std::lock_guard lock(d.mu_);
+  return d.next(std::chrono::nanoseconds(0), false);
+}
+
 std::optional<Frame> VideoDecoder::receive(std::chrono::nanoseconds timeout) {
   auto& d = checked(impl_);
   std::lock_guard lock(d.mu_);
+  return d.next(timeout, true);
+}
+
+std::optional<Frame> detail::DecoderImpl::next(std::chrono::nanoseconds timeout, bool wait) {
+  auto& d = *this;
   for (;;) {
     if (d.eos_) return std::nullopt;
     driver::DecoderEvent ev = d.backend_->receive(timeout);
@@ -171,6 +185,7 @@ std::optional<Frame> VideoDecoder::receive(std::chrono::nanoseconds timeout) {
         d.eos_ = d.flushed_;
         return std::nullopt;
       case driver::DecoderEvent::Kind::Timeout:
+        if (!wait) return std::nullopt;
         throw Error(Status::Timeout, d.name() + ": no progress for " +
                                          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
                                          " ms with " + std::to_string(d.sent_) + " packets sent and " +

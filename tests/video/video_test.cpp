@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +62,8 @@ const std::vector<Clip>& clips() {
       {"h265_odd.h265", "-c:v libx265 -x265-params log-level=none -pix_fmt yuv420p", "242x138", 20},
       {"jpeg.jpg", "-pix_fmt yuvj420p -frames:v 1", "640x480", 1},
       {"jpeg_odd.jpg", "-vf scale=321:241 -pix_fmt yuvj420p -frames:v 1", "320x240", 1},
+      {"h264_360p.h264", "-c:v libx264 -preset veryfast -bf 2 -g 6 -pix_fmt yuv420p", "640x360", 8},
+      {"h264_1080p.h264", "-c:v libx264 -preset veryfast -bf 2 -pix_fmt yuv420p", "1920x1080", 3},
   };
   return all;
 }
@@ -491,6 +494,131 @@ TEST_F(Video, ChannelsDrivenFromSeveralThreadsAllDecodeExactly) {
     EXPECT_EQ(got[t].md5, want[files[t % files.size()]]) << "thread " << t;
   }
 }
+
+TEST_F(Video, TryReceiveNeverWaitsAndEveryFrameComesOut) {
+  Device dev = open("sim:0");
+  const std::string path = path_of("h264_bframes.mp4");
+  const auto want = ffmpeg_md5(path);
+  Demuxer in(path);
+  VideoDecoderOptions o;
+  o.codec = in.codec();
+  o.max_width = in.width();
+  o.max_height = in.height();
+  o.frame_buffers = 8;
+  VideoDecoder dec = dev.open_decoder(o);
+  Hasher hash(dev);
+  std::vector<std::string> got;
+  // Nothing sent: nothing to wait for, and no Timeout either.
+  EXPECT_FALSE(dec.try_receive());
+  while (auto p = in.next()) {
+    dec.send(p->data, p->pts);
+    if (auto f = dec.try_receive()) got.push_back(hash(*f));
+  }
+  dec.flush();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!dec.end_of_stream() && std::chrono::steady_clock::now() < deadline) {
+    if (auto f = dec.try_receive()) got.push_back(hash(*f));
+    else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(dec.end_of_stream());
+  EXPECT_FALSE(dec.try_receive());
+  EXPECT_EQ(got, want);
+}
+
+// The load: 192 channels of 360p (and 32 of 1080p) decoding at once,
+// driven as a pipelining application does (several packets in flight per
+// channel, frames collected with try_receive), every frame of every channel
+// hashed against ffmpeg's, and the memory the channels hold fixed when they
+// open: nothing grows while they decode, and closing gives it all back.
+class ManyChannels : public ::testing::TestWithParam<std::tuple<std::string, std::uint32_t>> {
+ protected:
+  void SetUp() override {
+    if (!have_ffmpeg()) GTEST_SKIP() << "ffmpeg is not installed (scripts/setup.sh installs it)";
+  }
+};
+
+TEST_P(ManyChannels, DecodeEveryFrameExactlyInBoundedMemory) {
+  const auto& [clip, channels] = GetParam();
+  const std::string path = path_of(clip);
+  const auto want = ffmpeg_md5(path);
+  ASSERT_FALSE(want.empty());
+  std::vector<Demuxer::Packet> packets;
+  Demuxer in(path);
+  while (auto p = in.next()) packets.push_back(std::move(*p));
+  ASSERT_EQ(packets.size(), want.size());
+
+  Device dev = open("sim:0");
+  ASSERT_GE(dev.properties().decode_channels, channels);
+  Queue copy = dev.queue(Engine::Copy);  // for the hashes; its ring is not the channels'
+  const MemoryStats before = dev.memory_stats();
+  VideoDecoderOptions o;
+  o.codec = Codec::H264;
+  o.format = PixelFormat::NV12;
+  o.max_width = in.width();
+  o.max_height = in.height();
+  o.frame_buffers = 4;
+  std::vector<VideoDecoder> dec;
+  for (std::uint32_t c = 0; c < channels; ++c) dec.push_back(dev.open_decoder(o));
+  const MemoryStats opened = dev.memory_stats();
+  // What a channel may hold: its frame buffers in device memory (a few
+  // pages of alignment each), its page and packet staging in host memory.
+  const std::uint64_t frame_bytes = std::uint64_t{in.width()} * in.height() * 3 / 2;
+  EXPECT_LE(opened.device_used - before.device_used, channels * o.frame_buffers * (frame_bytes + 16384));
+  EXPECT_LE(opened.host_pinned_bytes - before.host_pinned_bytes,
+            channels * (std::max<std::uint64_t>(2 * frame_bytes, 256 << 10) + (64 << 10)));
+
+  constexpr std::uint32_t kThreads = 4;
+  constexpr std::uint64_t kDepth = 4;
+  std::vector<std::vector<std::string>> got(channels);
+  std::vector<std::string> errors;
+  std::mutex mu;
+  std::atomic<bool> grew{false};
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      Hasher hash(dev, copy);
+      try {
+        auto take = [&](std::uint32_t c, const Frame& f) { got[c].push_back(hash(f)); };
+        for (const auto& pkt : packets)
+          for (std::uint32_t c = t; c < channels; c += kThreads) {
+            while (dec[c].packets_sent() - dec[c].frames_received() >= kDepth)
+              if (auto f = dec[c].receive(std::chrono::seconds(60))) take(c, *f);
+              else break;
+            dec[c].send(pkt.data, pkt.pts);
+            while (auto f = dec[c].try_receive()) take(c, *f);
+          }
+        const MemoryStats during = dev.memory_stats();
+        // Frames live in the pools allocated at open; the hashers' host
+        // buffers are the only new memory.
+        if (during.device_used != opened.device_used ||
+            during.host_pinned_bytes > opened.host_pinned_bytes + kThreads * (frame_bytes + (64 << 10)) + (1 << 20))
+          grew = true;
+        for (std::uint32_t c = t; c < channels; c += kThreads) dec[c].flush();
+        for (std::uint32_t c = t; c < channels; c += kThreads)
+          while (auto f = dec[c].receive(std::chrono::seconds(60))) take(c, *f);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mu);
+        errors.push_back(e.what());
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_THAT(errors, ::testing::IsEmpty());
+  EXPECT_FALSE(grew) << "memory grew while the channels decoded";
+  for (std::uint32_t c = 0; c < channels; ++c) {
+    EXPECT_TRUE(dec[c].end_of_stream()) << "channel " << c;
+    ASSERT_EQ(got[c], want) << "channel " << dec[c].channel();
+  }
+  dec.clear();
+  const MemoryStats after = dev.memory_stats();
+  EXPECT_EQ(after.device_used, before.device_used);
+  EXPECT_LE(after.host_pinned_bytes, before.host_pinned_bytes + (1 << 20));
+}
+
+INSTANTIATE_TEST_SUITE_P(Load, ManyChannels,
+                         ::testing::Values(std::make_tuple("h264_360p.h264", 192u),
+                                           std::make_tuple("h264_1080p.h264", 32u)),
+                         [](const auto& p) { return std::to_string(std::get<1>(p.param)) + "_channels_" +
+                                                    (std::get<0>(p.param).find("1080") != std::string::npos ? "1080p" : "360p"); });
 
 TEST_F(Video, FramesFeedTensorOpsWithoutLeavingTheDevice) {
   Device dev = open("sim:0");

@@ -126,6 +126,13 @@ py::object receive(const DecoderRef& self, const py::object& timeout) {
   return py::cast(std::make_shared<PyFrame>(std::move(*f)));
 }
 
+py::object try_receive(const DecoderRef& self) {
+  VideoDecoder d = self->get("try_receive");
+  std::optional<Frame> f = without_gil([&] { return d.try_receive(); });
+  if (!f) return py::none();
+  return py::cast(std::make_shared<PyFrame>(std::move(*f)));
+}
+
 void send(const DecoderRef& self, const py::object& packet, const py::object& pts) {
   VideoDecoder d = self->get("send");
   py::object data = packet;
@@ -245,6 +252,10 @@ void bind_video(py::module_& m) {
            "larger than max_width x max_height; the decoder keeps going with the packets after it. Raises "
            "tpuhal.Timeout if the board makes no progress for `timeout` (seconds or a timedelta; default: the "
            "device's wait timeout).")
+      .def("try_receive", &try_receive,
+           "The next frame if the board has published one, else None at once: never waits. For keeping "
+           "several packets in flight (send a few, collect what is ready, block in receive() only at the "
+           "end). Errors and the end of the stream come out as from receive().")
       .def(
           "reset",
           [](const DecoderRef& self) {

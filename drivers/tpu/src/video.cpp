@@ -116,7 +116,7 @@ class TpuDecoder final : public driver::DecoderBackend {
     o.pool = ch_->pool->device_address();
     o.page = ch_->page->device_address();
     ch_->held = std::vector<std::atomic<bool>>(o.slot_count);
-    staging_ = dev_->allocate(kStagingBytes, Memory::HostPinned, {});
+    staging_ = dev_->allocate(staging_bytes(o.max_width, o.max_height), Memory::HostPinned, {});
     send_open();
   }
 
@@ -210,7 +210,13 @@ class TpuDecoder final : public driver::DecoderBackend {
     std::uint64_t end;  // staging position after the packet
     std::uint64_t fence;
   };
-  static constexpr std::uint64_t kStagingBytes = 8ull << 20;
+  // The packet staging ring: room for a few uncompressed-size packets (a
+  // compressed picture is almost always far smaller), so that 192 channels
+  // of 360p do not pin 8 MiB each; a larger packet gets a ring of its own.
+  static std::uint64_t staging_bytes(std::uint32_t width, std::uint32_t height) {
+    const std::uint64_t raw = std::uint64_t{width} * height * 3 / 2;
+    return (std::clamp<std::uint64_t>(2 * raw, 256ull << 10, 8ull << 20) + 4095) / 4096 * 4096;
+  }
   static constexpr std::uint64_t kMaxBacklog = 64;  // packets sent and not yet decoded
 
   std::string name() const { return dev_->uri() + " video channel " + std::to_string(ch_->number); }

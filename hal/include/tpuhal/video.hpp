@@ -107,6 +107,12 @@ class TPUHAL_API VideoDecoder {
   std::optional<Frame> receive();
   std::optional<Frame> receive(std::chrono::nanoseconds timeout);
 
+  // The next frame if the board has published one, else nullopt at once:
+  // never waits. For callers that keep many packets in flight (send several,
+  // collect what is ready, block in receive() only at the end). Errors and
+  // the end of the stream come out as from receive().
+  std::optional<Frame> try_receive();
+
   bool end_of_stream() const;
 
   // Drops packets and frames still inside and starts a new stream; frames
