@@ -1784,6 +1784,42 @@ TEST_P(Ops, MatMulIntegerAccumulatesInInt32WrappingAround) {
   }
 }
 
+TEST_P(Ops, MatMulIntegerIsExactWhereSomeSumsPass2To24OrPartialSumsCancel) {
+  // A few large sums among small ones (odd, so f32 cannot hold them), and
+  // partial sums far past 2^24 that cancel to small totals (oneDNN alone
+  // gets these wrong: the engine must slice K by the data).
+  const std::int64_t m = 33, n = 40, k = 2049;
+  for (int variant = 0; variant < 3; ++variant) {
+    // Variant 2 is variant 0 batched, b broadcast over a's two batches.
+    Host a(DType::U8, variant == 2 ? Shape{2, m, k} : Shape{m, k}), b(DType::I8, variant == 2 ? Shape{1, k, n} : Shape{k, n});
+    for (auto& v : a.v) v = static_cast<double>(rng_.integer(0, 3));
+    for (auto& v : b.v) v = static_cast<double>(rng_.integer(-3, 3));
+    if (variant != 1) {
+      // Row 5 and 17 all 255, column 7 all 127 (k odd: 255 * 127 * 2049 is
+      // odd); in the second batch only row 17.
+      for (std::int64_t kk = 0; kk < k; ++kk) {
+        a.v[static_cast<std::size_t>(5 * k + kk)] = 255;
+        a.v[static_cast<std::size_t>(17 * k + kk)] = 255;
+        if (variant == 2) a.v[static_cast<std::size_t>((m + 17) * k + kk)] = 255;
+        b.v[static_cast<std::size_t>(kk * n + 7)] = 127;
+      }
+    } else {
+      // Every column climbs to 255 * 126 * 1024 (3.3e7) and comes back down.
+      for (auto& v : a.v) v = 255;
+      for (std::int64_t kk = 0; kk < k; ++kk)
+        for (std::int64_t j = 0; j < n; ++j)
+          b.v[static_cast<std::size_t>(kk * n + j)] = (kk < k / 2 ? 126 : -126) + (kk % 7 == 0 ? (j % 3) - 1 : 0);
+    }
+    Shape ys;
+    const auto want = ref_matmul_int(a, b, {}, {}, ys);
+    const Tensor y = lab().output(DType::I32, ys);
+    const Host got = lab().run(ops::matmul_integer(lab().upload(a), lab().upload(b), y), y);
+    expect_exact(variant == 1 ? "matmul_integer, partial sums past 2^24 that cancel"
+                              : "matmul_integer, rows and a column past 2^24 " + dims(a.shape) + " x " + dims(b.shape),
+                 got, as_doubles(want));
+  }
+}
+
 TEST_P(Ops, ConvIntegerWithInputAndPerChannelWeightZeroPoints) {
   for (DType xt : {DType::U8, DType::I8})
     for (DType wt : {DType::U8, DType::I8})

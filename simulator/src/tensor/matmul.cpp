@@ -9,6 +9,7 @@
 #include "dnnl_state.h"
 #include "engine.h"
 #include "numerics.h"
+#include "simd.h"
 
 namespace tpuhal::sim::tensor {
 
@@ -244,46 +245,65 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
         step *= b.shape[d];
       }
     }
-    // oneDNN converts its s32 sums through f32 on the way out, which is
-    // exact only below 2^24: run it over slices of K short enough that no
-    // partial sum can reach that, and add the slices in int32 here.
+    // oneDNN's int8 products are exact only while every partial sum stays
+    // below 2^24 in magnitude (it passes sums through f32; partial sums past
+    // 2^24 that cancel come out wrong too). So K runs in slices over which
+    // amax * sum |b| stays below 2^24 for every column, cut greedily from
+    // the column sums of |b| over blocks of 64 rows, and the slices add here
+    // in int32. Random data needs two or three slices at K = 2048; data
+    // that cannot reach 2^24 runs in one.
+    constexpr std::uint64_t kExact = std::uint64_t{1} << 24, kBlock = 64;
     const std::uint64_t amax = a.dtype == fw::DType::kU8 ? 255 : 128;
-    std::uint64_t chunk = std::min<std::uint64_t>(k, (std::uint64_t{1} << 24) / (amax * 128));
-    {
-      // No slicing when the data cannot reach 2^24: amax times the largest
-      // sum of |b| down one column (per batch).
-      std::uint64_t bsum_max = 0;
-      const std::uint64_t nbb = batches(bs);
-      std::vector<std::uint64_t> col(n);
-      for (std::uint64_t bi = 0; bi < nbb; ++bi) {
-        std::uint64_t base = 0, rem = bi;
-        for (std::uint32_t d = r - 2; d-- > 0;) {
-          base += (rem % bs.shape[d]) * bs.strides[d];
-          rem /= bs.shape[d];
+    std::vector<std::uint64_t> cuts{0};  // slice starts, then k
+    if (k * amax * 128 >= kExact) {
+      const std::uint64_t nbb = batches(bs), cols = nbb * n, blocks = (k + kBlock - 1) / kBlock;
+      std::vector<std::uint32_t> sums(blocks * cols, 0);  // [block][batch, column]
+      const std::uint64_t sj = bs.strides[r - 1];
+      e.pool().parallel_for(blocks * nbb, [&](std::uint64_t begin, std::uint64_t end) {
+        for (std::uint64_t t = begin; t < end; ++t) {
+          const std::uint64_t blk = t / nbb, bi = t % nbb;
+          std::uint64_t base = 0, rem = bi;
+          for (std::uint32_t d = r - 2; d-- > 0;) {
+            base += (rem % bs.shape[d]) * bs.strides[d];
+            rem /= bs.shape[d];
+          }
+          std::uint32_t* col = &sums[blk * cols + bi * n];
+          for (std::uint64_t kk = blk * kBlock; kk < std::min(k, (blk + 1) * kBlock); ++kk) {
+            const auto* row = reinterpret_cast<const std::int8_t*>(bs.at(base + kk * bs.strides[r - 2]));
+            if (sj == 1) {
+              simd::add_abs_i8(col, row, n);
+            } else {
+              for (std::uint64_t j = 0; j < n; ++j)
+                col[j] += static_cast<std::uint32_t>(row[j * sj] < 0 ? -row[j * sj] : row[j * sj]);
+            }
+          }
         }
-        std::fill(col.begin(), col.end(), std::uint64_t{0});
-        const std::uint64_t sj = bs.strides[r - 1];
-        for (std::uint64_t kk = 0; kk < k; ++kk) {
-          const auto* row = reinterpret_cast<const std::int8_t*>(bs.at(base + kk * bs.strides[r - 2]));
-          if (sj == 1)
-            for (std::uint64_t j = 0; j < n; ++j) col[j] += static_cast<std::uint64_t>(row[j] < 0 ? -row[j] : row[j]);
-          else
-            for (std::uint64_t j = 0; j < n; ++j)
-              col[j] += static_cast<std::uint64_t>(row[j * sj] < 0 ? -row[j * sj] : row[j * sj]);
+      });
+      // A block alone stays below the limit: 64 * 255 * 128 < 2^24.
+      const std::uint64_t limit = (kExact - 1) / amax;
+      std::vector<std::uint64_t> run(cols, 0);
+      for (std::uint64_t blk = 0; blk < blocks; ++blk) {
+        const std::uint32_t* s = &sums[blk * cols];
+        bool fits = true;
+        for (std::uint64_t j = 0; j < cols && fits; ++j) fits = run[j] + s[j] <= limit;
+        if (!fits) {
+          cuts.push_back(blk * kBlock);
+          std::fill(run.begin(), run.end(), std::uint64_t{0});
         }
-        for (std::uint64_t v : col) bsum_max = std::max(bsum_max, v);
+        for (std::uint64_t j = 0; j < cols; ++j) run[j] += s[j];
       }
-      if (amax * bsum_max < (std::uint64_t{1} << 24)) chunk = k;
     }
+    cuts.push_back(k);
     if (dnnl_desc(bs, false, bd)) {
       dnnl::memory::dims ydims(r);
       for (std::uint32_t d = 0; d < r; ++d) ydims[d] = static_cast<dnnl::memory::dim>(y.shape[d]);
       const dnnl::memory::desc yd(ydims, dt::s32, plain_strides(ydims));
+      const std::uint64_t total = nb * m * n;
       try {
         e.dnnl().bind_threads();
         std::vector<std::int32_t> part;
-        for (std::uint64_t k0 = 0; k0 < k; k0 += chunk) {
-          const std::uint64_t kc = std::min(chunk, k - k0);
+        for (std::size_t sl = 0; sl + 1 < cuts.size(); ++sl) {
+          const std::uint64_t k0 = cuts[sl], kc = cuts[sl + 1] - k0;
           View as = a, bsl = bs;
           as.shape[r - 1] = kc;
           as.data = a.data + k0 * a.strides[r - 1] * a.esize;
@@ -293,15 +313,16 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
           if (!dnnl_desc(as, false, adc) || !dnnl_desc(bsl, false, bdc)) throw dnnl::error(dnnl_unimplemented, "slice");
           dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(adc, bdc, yd), e.dnnl().engine);
           dnnl::matmul prim(pd);
-          if (k0 != 0) part.resize(nb * m * n);
-          std::int32_t* out = k0 == 0 ? acc : part.data();
+          if (sl == 1) part.resize(total);
+          std::int32_t* out = sl == 0 ? acc : part.data();
           dnnl::memory am(adc, e.dnnl().engine, as.data), bm(bdc, e.dnnl().engine, bsl.data),
               ym(yd, e.dnnl().engine, out);
           prim.execute(e.dnnl().stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, ym}});
           e.dnnl().stream.wait();
-          if (k0 != 0)
-            for (std::uint64_t i = 0; i < nb * m * n; ++i)
-              acc[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(acc[i]) + static_cast<std::uint32_t>(part[i]));
+          if (sl != 0)
+            e.pool().parallel_for(total, [&](std::uint64_t begin, std::uint64_t end) {
+              simd::add_i32(acc + begin, part.data() + begin, end - begin);
+            });
         }
         if (b.dtype == fw::DType::kU8)  // undo the shift: + 128 * sum_k a
           for (std::uint64_t row = 0; row < nb * m; ++row)

@@ -20,6 +20,11 @@ void add_i32(std::int32_t* __restrict out, const std::int32_t* __restrict add, s
 }
 
 TPUHAL_CLONES
+void add_abs_i8(std::uint32_t* __restrict sums, const std::int8_t* __restrict row, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) sums[i] += static_cast<std::uint32_t>(row[i] < 0 ? -row[i] : row[i]);
+}
+
+TPUHAL_CLONES
 void requantize_u8(const std::int32_t* __restrict acc, const float* __restrict mul, std::uint8_t* __restrict out,
                    std::size_t n, std::int32_t zero, std::int32_t lo, std::int32_t hi) {
   // Adding and removing 1.5 * 2^23 rounds half to even in the default
