@@ -208,15 +208,23 @@ bool dnnl_conv_exact(TensorEngine& e, const Geometry& g, const View& x, dt xt, c
   // The largest sum any output can reach: amax times the largest sum of
   // |w| over one output channel's taps (weights are dense s8 here or have
   // their own strides; read them as the view says).
+  const auto* wbytes = static_cast<const std::int8_t*>(wdata);
+  const std::uint64_t per_o = cg * g.kh * g.kw;
+  const bool dense = wt.strides[3] == 1 && wt.strides[2] == g.kw && wt.strides[1] == g.kh * g.kw &&
+                     wt.strides[0] == per_o;
   std::uint64_t wsum_max = 0;
-  for (std::uint64_t oi = 0; oi < g.o; ++oi) {
+  for (std::uint64_t oi = 0; oi < g.o && cg * taps * per_tap > kExact; ++oi) {
     std::uint64_t s = 0;
-    for (std::uint64_t ci = 0; ci < cg; ++ci)
-      for (std::uint64_t a = 0; a < g.kh; ++a)
-        for (std::uint64_t b = 0; b < g.kw; ++b) {
-          const auto v = static_cast<const std::int8_t*>(wdata)[Geometry::wgt(wt, oi, ci, a, b)];
-          s += static_cast<std::uint64_t>(v < 0 ? -v : v);
-        }
+    if (dense) {
+      s = simd::sum_abs_i8(wbytes + oi * per_o, per_o);
+    } else {
+      for (std::uint64_t ci = 0; ci < cg; ++ci)
+        for (std::uint64_t a = 0; a < g.kh; ++a)
+          for (std::uint64_t b = 0; b < g.kw; ++b) {
+            const auto v = wbytes[Geometry::wgt(wt, oi, ci, a, b)];
+            s += static_cast<std::uint64_t>(v < 0 ? -v : v);
+          }
+    }
     wsum_max = std::max(wsum_max, s);
   }
   if (cg * taps * per_tap <= kExact || amax * wsum_max < kExact)

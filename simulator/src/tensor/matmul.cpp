@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -245,17 +246,21 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
         step *= b.shape[d];
       }
     }
-    // oneDNN's int8 products are exact only while every partial sum stays
-    // below 2^24 in magnitude (it passes sums through f32; partial sums past
-    // 2^24 that cancel come out wrong too). So K runs in slices over which
-    // amax * sum |b| stays below 2^24 for every column, cut greedily from
-    // the column sums of |b| over blocks of 64 rows, and the slices add here
-    // in int32. Random data needs two or three slices at K = 2048; data
-    // that cannot reach 2^24 runs in one.
+    // oneDNN accumulates int8 products in s32 but passes the final sums
+    // through f32 on the way out, exact only below 2^24 in magnitude (a sum
+    // at or past 2^24 cannot round to below it). So the product runs once
+    // over all of K, and the sums that came out at or past 2^24 are not
+    // trusted: a few are recomputed here one by one; if many, the product
+    // runs again over slices of K, cut so that amax * sum |b| stays below
+    // 2^24 in every column of every slice, added here in int32. (That oneDNN
+    // keeps partial sums in s32 is checked by the ops test whose partial
+    // sums pass 2^24 and cancel.)
     constexpr std::uint64_t kExact = std::uint64_t{1} << 24, kBlock = 64;
     const std::uint64_t amax = a.dtype == fw::DType::kU8 ? 255 : 128;
-    std::vector<std::uint64_t> cuts{0};  // slice starts, then k
-    if (k * amax * 128 >= kExact) {
+    // Slice starts then k: greedily from the column sums of |b| over blocks
+    // of 64 rows (a block alone stays below the limit: 64 * 255 * 128 < 2^24).
+    auto slices = [&] {
+      std::vector<std::uint64_t> cuts{0};
       const std::uint64_t nbb = batches(bs), cols = nbb * n, blocks = (k + kBlock - 1) / kBlock;
       std::vector<std::uint32_t> sums(blocks * cols, 0);  // [block][batch, column]
       const std::uint64_t sj = bs.strides[r - 1];
@@ -279,7 +284,6 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
           }
         }
       });
-      // A block alone stays below the limit: 64 * 255 * 128 < 2^24.
       const std::uint64_t limit = (kExact - 1) / amax;
       std::vector<std::uint64_t> run(cols, 0);
       for (std::uint64_t blk = 0; blk < blocks; ++blk) {
@@ -292,15 +296,16 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
         }
         for (std::uint64_t j = 0; j < cols; ++j) run[j] += s[j];
       }
-    }
-    cuts.push_back(k);
+      cuts.push_back(k);
+      return cuts;
+    };
     if (dnnl_desc(bs, false, bd)) {
       dnnl::memory::dims ydims(r);
       for (std::uint32_t d = 0; d < r; ++d) ydims[d] = static_cast<dnnl::memory::dim>(y.shape[d]);
       const dnnl::memory::desc yd(ydims, dt::s32, plain_strides(ydims));
       const std::uint64_t total = nb * m * n;
-      try {
-        e.dnnl().bind_threads();
+      // The product over the slices `cuts` into acc.
+      auto product = [&](const std::vector<std::uint64_t>& cuts) {
         std::vector<std::int32_t> part;
         for (std::size_t sl = 0; sl + 1 < cuts.size(); ++sl) {
           const std::uint64_t k0 = cuts[sl], kc = cuts[sl + 1] - k0;
@@ -323,6 +328,46 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
             e.pool().parallel_for(total, [&](std::uint64_t begin, std::uint64_t end) {
               simd::add_i32(acc + begin, part.data() + begin, end - begin);
             });
+        }
+      };
+      // |v| >= 2^24, as one unsigned comparison.
+      auto large = [](std::int32_t v) {
+        return static_cast<std::uint32_t>(v) + static_cast<std::uint32_t>(kExact - 1) > 2 * (kExact - 1);
+      };
+      try {
+        e.dnnl().bind_threads();
+        product({0, k});
+        std::atomic<std::uint64_t> count{0};
+        if (k * amax * 128 >= kExact)
+          e.pool().parallel_for(total, [&](std::uint64_t begin, std::uint64_t end) {
+            std::uint64_t c = 0;
+            for (std::uint64_t i = begin; i < end; ++i) c += large(acc[i]);
+            if (c) count.fetch_add(c, std::memory_order_relaxed);
+          });
+        if (count.load() > total / 16) {
+          product(slices());
+        } else if (count.load() > 0) {
+          std::vector<std::uint64_t> redo;
+          for (std::uint64_t i = 0; i < total; ++i)
+            if (large(acc[i])) redo.push_back(i);
+          e.pool().parallel_for(redo.size(), [&](std::uint64_t begin, std::uint64_t end) {
+            for (std::uint64_t t = begin; t < end; ++t) {
+              const std::uint64_t idx = redo[t], bi = idx / (m * n), i = idx / n % m, j = idx % n;
+              const std::byte* pa = a.at(ia.batch_offset(bi, y));
+              std::uint64_t bbase = 0, rem = bi;
+              for (std::uint32_t d = r - 2; d-- > 0;) {
+                bbase += (rem % y.shape[d]) % bs.shape[d] * bs.strides[d];
+                rem /= y.shape[d];
+              }
+              std::uint32_t sum = 0;
+              for (std::uint64_t kk = 0; kk < k; ++kk)
+                sum += static_cast<std::uint32_t>(
+                    load_int(pa + ia.rc(i, kk) * a.esize, a.dtype) *
+                    static_cast<std::int64_t>(*reinterpret_cast<const std::int8_t*>(
+                        bs.at(bbase + kk * bs.strides[r - 2] + j * bs.strides[r - 1]))));
+              acc[idx] = static_cast<std::int32_t>(sum);
+            }
+          });
         }
         if (b.dtype == fw::DType::kU8)  // undo the shift: + 128 * sum_k a
           for (std::uint64_t row = 0; row < nb * m; ++row)

@@ -25,6 +25,19 @@ void add_abs_i8(std::uint32_t* __restrict sums, const std::int8_t* __restrict ro
 }
 
 TPUHAL_CLONES
+std::uint64_t sum_abs_i8(const std::int8_t* __restrict v, std::size_t n) {
+  // In blocks that cannot overflow a 32-bit lane (128 * 2^16 < 2^32).
+  std::uint64_t total = 0;
+  for (std::size_t at = 0; at < n; at += 65536) {
+    std::uint32_t s = 0;
+    const std::size_t end = n - at < 65536 ? n : at + 65536;
+    for (std::size_t i = at; i < end; ++i) s += static_cast<std::uint32_t>(v[i] < 0 ? -v[i] : v[i]);
+    total += s;
+  }
+  return total;
+}
+
+TPUHAL_CLONES
 void requantize_u8(const std::int32_t* __restrict acc, const float* __restrict mul, std::uint8_t* __restrict out,
                    std::size_t n, std::int32_t zero, std::int32_t lo, std::int32_t hi) {
   // Adding and removing 1.5 * 2^23 rounds half to even in the default

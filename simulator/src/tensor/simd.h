@@ -14,6 +14,9 @@ void add_i32(std::int32_t* out, const std::int32_t* add, std::size_t n);
 // sums[i] += |row[i]| (row s8).
 void add_abs_i8(std::uint32_t* sums, const std::int8_t* row, std::size_t n);
 
+// sum of |v[i]| (v s8).
+std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n);
+
 // out[i] = clamp(round_half_even(acc[i] * mul[i]) + zero, lo, hi) as a byte
 // (u8, or i8 two's complement), for |acc[i] * mul[i]| up to 2^22 (beyond,
 // the result saturates).
