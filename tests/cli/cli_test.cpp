@@ -10,28 +10,15 @@
 #include <sstream>
 #include <string>
 
+#include "run_cli.h"
+
 namespace {
 
 using ::testing::HasSubstr;
 using nlohmann::json;
 
-struct Output {
-  int code = -1;
-  std::string out;  // stdout and stderr
-};
-
-Output run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " TPUHAL_LOG=error " + TPUHAL_CLI + " " + args + " 2>&1";
-  Output r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  std::size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using tpuhal::test::Output;
+using tpuhal::test::run;
 
 json parse_json(const std::string& s) {
   auto j = json::parse(s, nullptr, false);

@@ -22,6 +22,7 @@ int cmd_bench(const std::vector<std::string>& args);
 int cmd_demo(const std::vector<std::string>& args);
 int cmd_decode(const std::vector<std::string>& args);
 int cmd_reset(const std::vector<std::string>& args);
+int cmd_stress(const std::vector<std::string>& args);
 
 // Parses `args` against `opts` (and `pos`); on --help prints `usage` and the
 // options and returns false with *exit_code = 0; on a bad argument prints the
@@ -29,6 +30,11 @@ int cmd_reset(const std::vector<std::string>& args);
 bool parse(const std::vector<std::string>& args, const po::options_description& opts,
            const po::positional_options_description& pos, po::variables_map& vm,
            const std::string& usage, int* exit_code);
+// The same, also accepting `hidden` options, which --help does not list
+// (flags a command passes to copies of itself).
+bool parse(const std::vector<std::string>& args, const po::options_description& opts,
+           const po::options_description& hidden, const po::positional_options_description& pos,
+           po::variables_map& vm, const std::string& usage, int* exit_code);
 
 // The device to use: --device if given, else the first one there is.
 // Throws tpuhal::Error(NotFound) when there is none, saying why.

@@ -22,6 +22,7 @@ const Entry kCommands[] = {
     {"bench", cmd_bench, "DMA bandwidth and command latency beside this machine's limits"},
     {"demo", cmd_demo, "move data through a device's DMA engine and queues and verify it"},
     {"reset", cmd_reset, "reset a board after a fault and check that it works again"},
+    {"stress", cmd_stress, "soak a device: threads and processes of random work, every byte checked"},
     {"decode", cmd_decode, "decode a video or JPEG file on a board's video decoder (--md5 per frame)"},
 };
 
@@ -45,10 +46,18 @@ void usage(std::FILE* out) {
 bool parse(const std::vector<std::string>& args, const po::options_description& opts,
            const po::positional_options_description& pos, po::variables_map& vm,
            const std::string& usage_line, int* exit_code) {
+  return parse(args, opts, po::options_description(), pos, vm, usage_line, exit_code);
+}
+
+bool parse(const std::vector<std::string>& args, const po::options_description& opts,
+           const po::options_description& hidden, const po::positional_options_description& pos,
+           po::variables_map& vm, const std::string& usage_line, int* exit_code) {
   po::options_description all(opts);
   all.add_options()("help,h", "show this help");
+  po::options_description accepted(all);
+  accepted.add(hidden);
   try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::store(po::command_line_parser(args).options(accepted).positional(pos).run(), vm);
     if (vm.count("help")) {
       std::cout << usage_line << "\n\n" << all << "\n";
       *exit_code = 0;
