@@ -27,8 +27,11 @@ QueueImpl::~QueueImpl() {
         base::logger("hal")->warn("{}: released with work still pending ({}); aborting it",
                                   name(), e.what());
         backend_->abort();
+      } else {
+        // A failed queue has stopped; nothing is pending on the board. Its
+        // last fence was dropped unwaited, so nobody else will hear of it.
+        base::logger("hal")->warn("{}: released after its work failed: {}", name(), e.what());
       }
-      // A failed queue has stopped; nothing is pending on the board.
     }
   }
   // The board no longer touches anything retained: release it all.

@@ -163,6 +163,9 @@ TEST(TpuDriver, AQueueWaitingOnAFailedTimelineFailsWithDependencyFailed) {
   ASSERT_TRUE(settle(*a, submit(*a, {desc(static_cast<fw::Opcode>(0x77))})).failed);
   ASSERT_TRUE(settle(*b, wait_b).failed);
   EXPECT_THAT(b->failure().what(), HasSubstr("dependency failed"));
+  // The timeline is named by the queue it belongs to, not only its address.
+  EXPECT_THAT(b->failure().what(), HasSubstr("the timeline of " + rig.dev->properties().uri + " compute queue " +
+                                             std::to_string(a->index())));
 }
 
 TEST(TpuDriver, TheRingWrapsManyTimes) {

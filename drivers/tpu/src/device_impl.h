@@ -88,6 +88,7 @@ class TpuDevice final : public driver::DeviceBackend,
   void unmap_host(std::uint64_t iova, std::uint64_t size, bool imported) noexcept;
 
   HwQueue& hw_queue(std::uint32_t q) noexcept { return *hw_queues_[q]; }
+  std::uint32_t hw_queue_count() const noexcept { return static_cast<std::uint32_t>(hw_queues_.size()); }
   void release_queue(std::uint32_t q) noexcept;
   void arm_interrupt(std::uint32_t q);
   void disarm_interrupt(std::uint32_t q) noexcept;

@@ -158,9 +158,17 @@ Error TpuQueue::failure() const {
   if (sh.value == f.fence && sh.count > 0)
     where = "command " + std::to_string(sh.index + 1) + " of " + std::to_string(sh.count);
   const Status status = f.status == fw::CmdStatus::kFirmwareFault ? Status::DeviceLost : Status::DeviceFault;
+  std::string waited;
+  if (f.status == fw::CmdStatus::kDependencyFailed) {
+    // The board names the timeline by address; say whose it is.
+    for (std::uint32_t q = 0; q < device_->hw_queue_count(); ++q)
+      if (device_->hw_queue(q).page_iova + offsetof(fw::QueueStatusPage, fence.value) == f.value)
+        waited = " (the timeline of " + device_->uri() + " " + fw::to_string(device_->hw_queue(q).engine) +
+                 " queue " + std::to_string(q) + ", a fence this queue was told to wait for)";
+  }
   return Error(status, name() + ": submission " + std::to_string(f.fence) + " failed at " + where +
                            " (ring position " + std::to_string(f.sequence) + "): " +
-                           fw::to_string(f.status) + ": " + fw::describe(f));
+                           fw::to_string(f.status) + ": " + fw::describe(f) + waited);
 }
 
 void TpuQueue::block(std::uint64_t value, std::chrono::nanoseconds max) {
