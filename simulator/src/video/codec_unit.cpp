@@ -4,6 +4,10 @@
 #include <atomic>
 #include <cstring>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 extern "C" {
 #include <libavcodec/avcodec.h>
 #include <libavutil/log.h>
@@ -24,6 +28,23 @@ T load_acquire(T& v) {
 template <typename T>
 void store_release(T& v, T value) {
   std::atomic_ref<T>(v).store(value, std::memory_order_release);
+}
+
+// out[2i] = u[i], out[2i + 1] = v[i]: NV12's chroma row from I420's.
+void interleave_uv(std::uint8_t* out, const std::uint8_t* u, const std::uint8_t* v, std::uint32_t n) {
+  std::uint32_t x = 0;
+#ifdef __SSE2__
+  for (; x + 16 <= n; x += 16) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + x));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + x));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * x), _mm_unpacklo_epi8(a, b));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * x + 16), _mm_unpackhi_epi8(a, b));
+  }
+#endif
+  for (; x < n; ++x) {
+    out[2 * x] = u[x];
+    out[2 * x + 1] = v[x];
+  }
 }
 
 AVCodecID codec_id(fw::VideoCodec c) {
@@ -310,15 +331,9 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
       rows(dst + L.offset[1], L.pitch[1], f.data[1], f.linesize[1], cw, L.rows[1]);
       rows(dst + L.offset[2], L.pitch[2], f.data[2], f.linesize[2], cw, L.rows[2]);
     } else {
-      for (std::uint32_t r = 0; r < L.rows[1]; ++r) {
-        auto* out = reinterpret_cast<std::uint8_t*>(dst + L.offset[1] + std::uint64_t{r} * L.pitch[1]);
-        const std::uint8_t* u = f.data[1] + std::int64_t{r} * f.linesize[1];
-        const std::uint8_t* v = f.data[2] + std::int64_t{r} * f.linesize[2];
-        for (std::uint32_t x = 0; x < cw; ++x) {
-          out[2 * x] = u[x];
-          out[2 * x + 1] = v[x];
-        }
-      }
+      for (std::uint32_t r = 0; r < L.rows[1]; ++r)
+        interleave_uv(reinterpret_cast<std::uint8_t*>(dst + L.offset[1] + std::uint64_t{r} * L.pitch[1]),
+                      f.data[1] + std::int64_t{r} * f.linesize[1], f.data[2] + std::int64_t{r} * f.linesize[2], cw);
     }
     fw::FrameRecord r{};
     r.kind = static_cast<std::uint32_t>(fw::RecordKind::kFrame);
