@@ -1972,6 +1972,60 @@ TEST_P(Ops, QLinearConvRequantisesWithBiasTiesAndSaturation) {
         }
 }
 
+TEST_P(Ops, QLinearConvWithS8WeightsNoWeightZeroPointAndNoBiasRoundsTheSame) {
+  // The case the engine hands to oneDNN with the requantisation fused:
+  // it must give the same bytes as everywhere else, ties and saturation
+  // included (including 64 input channels of 3x3 taps, where the sums can
+  // pass 2^24 only by the worst case).
+  for (DType xt : {DType::U8, DType::I8})
+    for (DType yt : {DType::U8, DType::I8})
+      for (int variant = 0; variant < 4; ++variant) {
+        // 0 per channel scales; 1 power-of-two multipliers (exact ties);
+        // 2 large multipliers (saturation); 3 a wide layer, per channel.
+        ConvCase c = random_conv(rng_, 8);
+        if (variant == 3) {
+          c.g = ConvGeom{};
+          c.g.layout = rng_.coin() ? Layout::NHWC : Layout::NCHW;
+          c.g.pads = {1, 1, 1, 1};
+          c.xs = img_shape(c.g.layout, 1, 64, 9, 7);
+          c.ws = {16, 64, 3, 3};
+        }
+        const Host x = rand_int(rng_, xt, c.xs), w = rand_int(rng_, DType::I8, c.ws);
+        const std::int64_t o = c.ws[0];
+        const bool per_channel = variant == 0 || variant == 3;
+        Host xs = rand(DType::F32, {}, 1e-3, 0.05), ws = rand(DType::F32, per_channel ? Shape{o} : Shape{}, 1e-3, 0.05);
+        Host ysc = rand(DType::F32, {1}, 0.05, 1);
+        if (variant == 1) {
+          xs.v = {0.5};
+          ws.v = {std::ldexp(1.0, static_cast<int>(rng_.integer(-3, 0)))};
+          ysc.v = {std::ldexp(1.0, static_cast<int>(rng_.integer(0, 3)))};
+        } else if (variant == 2) {
+          xs.v = {2};
+          ws.v = {3};
+          ysc.v = {0.5};
+        }
+        const Host xz = rand_int(rng_, xt, {});
+        Host wz(DType::I8, per_channel ? Shape{o} : Shape{});  // zeros
+        const Host yz = rand_int(rng_, yt, {});
+        const Shape ys = conv_out_shape(x, c.ws, c.g);
+        const auto acc = ref_conv_int(x, w, c.g, static_cast<std::int64_t>(xz.v[0]), {}, ys);
+        std::vector<double> want(acc.size());
+        for_each_output(ys, c.g.layout, [&](std::int64_t, std::int64_t oc, std::int64_t, std::int64_t, std::int64_t lin) {
+          want[static_cast<std::size_t>(lin)] =
+              requantize(wrap32(acc[static_cast<std::size_t>(lin)]), xs.v[0], ws.v[per_channel ? static_cast<std::size_t>(oc) : 0],
+                         ysc.v[0], static_cast<std::int64_t>(yz.v[0]), yt);
+        });
+        const Tensor y = lab().output(yt, ys);
+        const Host got = lab().run(ops::qlinear_conv(lab().upload(x), lab().upload(xs), lab().upload(xz), lab().upload(w),
+                                                     lab().upload(ws), lab().upload(wz), lab().upload(ysc),
+                                                     lab().upload(yz), y, c.g.options()),
+                                   y);
+        expect_exact("qlinear_conv " + std::string(to_string(xt)) + " x " + dims(c.xs) + " s8 w " + dims(c.ws) + " -> " +
+                         to_string(yt) + " " + c.g.text() + " variant " + std::to_string(variant),
+                     got, want);
+      }
+}
+
 // ---- resize -----------------------------------------------------------------------------------------------
 
 // ONNX Resize's coordinate transformation; the resized length is in * scale, unrounded.

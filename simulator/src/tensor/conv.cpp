@@ -3,9 +3,11 @@
 // cannot describe.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -84,13 +86,24 @@ dnnl::memory::desc act_desc(const View& v, bool nhwc, dt type) {
   return dnnl::memory::desc({e(0), e(1), e(2), e(3)}, type, {s(0), s(1), s(2), s(3)});
 }
 
+// Requantisation fused into a oneDNN integer convolution: per output
+// channel scales, then rounding half to even (an eltwise_round post-op),
+// then the output zero point, then saturation: exactly the engine's own
+// requantize() whenever every sum is below 2^24 (so that its conversion to
+// f32 is exact in both) and there is no bias (oneDNN adds it in f32).
+struct FusedRequant {
+  const std::vector<float>* scales;
+  std::int32_t zero;
+};
+
 // Runs a oneDNN forward convolution; weights are reordered into the layout
-// the primitive prefers. Returns false if oneDNN has no implementation.
-// `src_zero`, when given, is subtracted from x with oneDNN's zero-point
-// attribute (its padding then contributes 0, as ONNX defines).
+// the primitive prefers. Returns false if oneDNN has no implementation (or,
+// with `requant`, only a reference one). `src_zero`, when given, is
+// subtracted from x with oneDNN's zero-point attribute (its padding then
+// contributes 0, as ONNX defines).
 bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
                dt wtype, const View* bias, const View& y, dt yt, void* ydata,
-               const std::int32_t* src_zero = nullptr) {
+               const std::int32_t* src_zero = nullptr, const FusedRequant* requant = nullptr) {
   try {
     const auto D = [](std::uint64_t v) { return static_cast<dnnl::memory::dim>(v); };
     const dnnl::memory::desc xd = act_desc(x, g.nhwc, xt);
@@ -130,6 +143,12 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
     for (const dnnl::memory::desc* dsc : std::array<const dnnl::memory::desc*, 3>{&xd, &yd, &wd_user})
       for (int i = 0; i < dsc->data.ndims; ++i) conv_key.append(",").append(std::to_string(dsc->data.format_desc.blocking.strides[i]));
     if (bias) conv_key.append(",").append(std::to_string(bias->strides[0]));
+    if (requant) {
+      // The scales and zero point are part of the primitive.
+      conv_key.append("|rq").append(std::to_string(requant->zero)).append(",");
+      conv_key.append(reinterpret_cast<const char*>(requant->scales->data()), requant->scales->size() * sizeof(float));
+    }
+    if (requant && e.dnnl().no_fused.count(conv_key)) return false;
     auto cached = e.dnnl().convs.find(conv_key);
     if (cached == e.dnnl().convs.end()) {
       auto desc = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
@@ -144,8 +163,20 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       // storage, so this one gets its own.
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       if (src_zero) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+      if (requant) {
+        attr.set_output_scales(2, *requant->scales);
+        dnnl::post_ops po;
+        po.append_eltwise(1.0f, dnnl::algorithm::eltwise_round, 0.0f, 0.0f);
+        attr.set_post_ops(po);
+        attr.set_zero_points(DNNL_ARG_DST, 0, {requant->zero});
+      }
       e.dnnl().bind_threads();
       dnnl::convolution_forward::primitive_desc made(desc, attr, e.dnnl().engine);
+      // The fused path is for speed: a reference implementation is not.
+      if (requant && std::string_view(made.impl_info_str()).starts_with("ref")) {
+        e.dnnl().no_fused.insert(conv_key);
+        return false;
+      }
       if (e.dnnl().convs.size() > 256) e.dnnl().release_thread();
       cached = e.dnnl().convs.emplace(conv_key, DnnlState::Conv{made, dnnl::convolution_forward(made),
                                                                  dnnl::memory(made.scratchpad_desc(), e.dnnl().engine),
@@ -200,20 +231,19 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
 // a reduction that could reach that runs over slices of the input channels
 // (groups == 1), each short enough, and the slices add here in int32.
 // `amax` bounds |x| (|x - zero point| with src_zero); weights are s8.
-bool dnnl_conv_exact(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
-                     const View& y, std::int32_t* acc, std::uint64_t amax, const std::int32_t* src_zero = nullptr) {
+// Whether every sum of a convolution with s8 weights `wt` stays within
+// 2^24 in magnitude, |x| being at most `amax`: by the worst case, or by
+// amax times the largest sum of |w| over one output channel's taps
+// (weights dense s8 or with their own strides; read as the view says).
+bool sums_within_2_24(const Geometry& g, const View& wt, const void* wdata, std::uint64_t amax) {
   constexpr std::uint64_t kExact = std::uint64_t{1} << 24;
-  const std::uint64_t taps = g.kh * g.kw, per_tap = amax * 128;
-  const std::uint64_t cg = g.c / g.groups;
-  // The largest sum any output can reach: amax times the largest sum of
-  // |w| over one output channel's taps (weights are dense s8 here or have
-  // their own strides; read them as the view says).
+  const std::uint64_t cg = g.c / g.groups, per_o = cg * g.kh * g.kw;
+  if (per_o * amax * 128 <= kExact) return true;
   const auto* wbytes = static_cast<const std::int8_t*>(wdata);
-  const std::uint64_t per_o = cg * g.kh * g.kw;
   const bool dense = wt.strides[3] == 1 && wt.strides[2] == g.kw && wt.strides[1] == g.kh * g.kw &&
                      wt.strides[0] == per_o;
   std::uint64_t wsum_max = 0;
-  for (std::uint64_t oi = 0; oi < g.o && cg * taps * per_tap > kExact; ++oi) {
+  for (std::uint64_t oi = 0; oi < g.o; ++oi) {
     std::uint64_t s = 0;
     if (dense) {
       s = simd::sum_abs_i8(wbytes + oi * per_o, per_o);
@@ -227,7 +257,14 @@ bool dnnl_conv_exact(TensorEngine& e, const Geometry& g, const View& x, dt xt, c
     }
     wsum_max = std::max(wsum_max, s);
   }
-  if (cg * taps * per_tap <= kExact || amax * wsum_max < kExact)
+  return amax * wsum_max < kExact;
+}
+
+bool dnnl_conv_exact(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
+                     const View& y, std::int32_t* acc, std::uint64_t amax, const std::int32_t* src_zero = nullptr) {
+  constexpr std::uint64_t kExact = std::uint64_t{1} << 24;
+  const std::uint64_t taps = g.kh * g.kw, per_tap = amax * 128;
+  if (sums_within_2_24(g, wt, wdata, amax))
     return dnnl_conv(e, g, x, xt, wt, wdata, dt::s8, nullptr, y, dt::s32, acc, src_zero);
   if (g.groups != 1 || taps * per_tap > kExact) return false;
   const std::uint64_t chunk = kExact / (taps * per_tap);
@@ -509,6 +546,26 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
       }
     }
   });
+}
+
+bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const View& w, const View* xz,
+                        const View* wz, const View& y, const std::vector<float>& multipliers, std::int32_t y_zero) {
+  if (w.dtype != fw::DType::kI8 || (x.dtype != fw::DType::kU8 && x.dtype != fw::DType::kI8) ||
+      (y.dtype != fw::DType::kU8 && y.dtype != fw::DType::kI8))
+    return false;
+  for (float m : multipliers)
+    if (!std::isfinite(m)) return false;
+  const Geometry g(at, x, w, y);
+  if (g.n * g.o * g.oh * g.ow == 0 || multipliers.size() != g.o) return false;
+  for (std::uint64_t oi = 0; wz && oi < g.o; ++oi)
+    if (load_int(wz->at(oi * wz->strides[0]), wz->dtype) != 0) return false;
+  // |x - zero point| <= 255: the sums must stay within 2^24 for the f32
+  // conversion before scaling to be exact, in oneDNN as in requantize().
+  if (!sums_within_2_24(g, w, w.data, 255)) return false;
+  const std::int32_t x_zero = xz ? static_cast<std::int32_t>(load_int(xz->data, xz->dtype)) : 0;
+  const FusedRequant rq{&multipliers, y_zero};
+  return dnnl_conv(e, g, x, dnnl_type(x.dtype), w, w.data, dt::s8, nullptr, y, dnnl_type(y.dtype), y.data,
+                   x_zero != 0 ? &x_zero : nullptr, &rq);
 }
 
 }  // namespace tpuhal::sim::tensor

@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace tpuhal::sim::tensor {
@@ -60,6 +61,9 @@ struct DnnlState {
     std::thread::id maker;
   };
   std::unordered_map<std::string, Conv> convs;
+  // Convolutions with fused requantisation that oneDNN has only a reference
+  // implementation for (not tried again).
+  std::unordered_set<std::string> no_fused;
   void release_thread() {
     const auto me = std::this_thread::get_id();
     for (auto it = convs.begin(); it != convs.end();) it = it->second.maker == me ? convs.erase(it) : std::next(it);

@@ -99,6 +99,12 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
 void conv2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v);
 void conv_integer(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz,
                   const View* wz, std::int32_t* acc);
+// QLinearConv with the requantisation fused into oneDNN's convolution where
+// that is bit-identical to conv_integer + requantize (s8 weights without
+// zero points, no bias, sums within 2^24, finite multipliers, one per
+// output channel); false (nothing written) otherwise.
+bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz,
+                        const View* wz, const View& y, const std::vector<float>& multipliers, std::int32_t y_zero);
 void pool2d(TensorEngine& e, const fw::PoolAttrs& a, const View* v);
 void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& a, const View* v);
 void softmax(TensorEngine& e, const fw::SoftmaxAttrs& a, const View* v);
