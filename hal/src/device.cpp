@@ -63,6 +63,23 @@ DeviceImpl::DeviceImpl(std::string uri, std::shared_ptr<driver::DeviceBackend> b
   timeout_ns_.store(policy_.timeout.count(), std::memory_order_relaxed);
 }
 
+DeviceImpl::~DeviceImpl() {
+  // Every buffer, queue and program of the device is gone: what the driver
+  // still holds, it leaked.
+  if (!validate::on()) return;
+  try {
+    const auto stats = backend_->memory_stats();
+    if (stats.device_used != 0 || stats.host_pinned_allocations != 0)
+      validate::report(validation::Check::Leak,
+                       uri_ + " closed with memory the driver still holds: " +
+                           base::format_bytes(stats.device_used) + " of device memory and " +
+                           std::to_string(stats.host_pinned_allocations) +
+                           " host-pinned allocation(s), though every buffer was released");
+  } catch (const std::exception& e) {
+    base::logger("hal")->warn("{}: could not read memory use at close: {}", uri_, e.what());
+  }
+}
+
 WaitPolicy DeviceImpl::wait_policy() const {
   std::lock_guard lock(mu_);
   return policy_;
@@ -85,7 +102,11 @@ BufferImpl::BufferImpl(std::shared_ptr<DeviceImpl> device,
       size_(backend_->size()),
       memory_(backend_->memory()),
       heap_(backend_->heap()),
-      device_address_(backend_->device_address()) {}
+      device_address_(backend_->device_address()) {
+  if (validate::on()) track_ = validate::track_buffer(*this, backend_.get());
+}
+
+BufferImpl::~BufferImpl() { validate::untrack_buffer(track_); }
 
 std::shared_ptr<driver::BufferBackend> BufferImpl::acquire(const char* use) const {
   std::lock_guard lock(mu_);
@@ -101,6 +122,7 @@ void BufferImpl::free() {
     std::lock_guard lock(mu_);
     last = std::move(backend_);
   }
+  validate::untrack_buffer(track_);  // freed: no longer a leak
   // `last` drops here, outside the lock: if no queued work holds the backend,
   // its memory returns to the device now.
 }
@@ -168,6 +190,7 @@ Program Device::record(const std::function<void(Batch&)>& body) {
   auto program = std::make_shared<detail::ProgramImpl>();
   program->device = impl_;
   program->backend = dev.backend().create_program(s.commands);
+  if (detail::validate::on()) detail::validate::record_program(program->backend.get(), s.commands);
   program->retained = std::move(s.retained);
   return Program(std::move(program));
 }
@@ -192,7 +215,12 @@ Memory Buffer::memory() const { return checked(impl_).memory(); }
 const std::string& Buffer::heap() const { return checked(impl_).heap(); }
 std::uint64_t Buffer::device_address() const { return checked(impl_).device_address(); }
 Device Buffer::device() const { return Device(checked(impl_).device()); }
-std::span<std::byte> Buffer::map() const { return checked(impl_).acquire("map")->map(); }
+std::span<std::byte> Buffer::map() const {
+  auto& b = checked(impl_);
+  auto backend = b.acquire("map");
+  if (detail::validate::on() && b.track()) detail::validate::on_map(*b.track());
+  return backend->map();
+}
 void Buffer::free() {
   if (impl_) impl_->free();
 }

@@ -11,12 +11,14 @@
 
 #include "tpuhal/driver/driver.hpp"
 #include "tpuhal/tpuhal.hpp"
+#include "validate.hpp"
 
 namespace tpuhal::detail {
 
 class DeviceImpl {
  public:
   DeviceImpl(std::string uri, std::shared_ptr<driver::DeviceBackend> backend);
+  ~DeviceImpl();
 
   const std::string& uri() const noexcept { return uri_; }
   driver::DeviceBackend& backend() const noexcept { return *backend_; }
@@ -38,6 +40,7 @@ class DeviceImpl {
 class BufferImpl {
  public:
   BufferImpl(std::shared_ptr<DeviceImpl> device, std::shared_ptr<driver::BufferBackend> backend);
+  ~BufferImpl();
 
   // The live backend, or FailedPrecondition if the buffer was freed.
   std::shared_ptr<driver::BufferBackend> acquire(const char* use) const;
@@ -50,11 +53,14 @@ class BufferImpl {
   const std::string& heap() const noexcept { return heap_; }
   std::uint64_t device_address() const noexcept { return device_address_; }
   std::string describe() const;  // "4096-byte device buffer at 0x10000000"
+  // Validation state, when the buffer was made with validation on.
+  const std::shared_ptr<validate::BufferTrack>& track() const noexcept { return track_; }
 
  private:
   std::shared_ptr<DeviceImpl> device_;
   mutable std::mutex mu_;
   std::shared_ptr<driver::BufferBackend> backend_;
+  std::shared_ptr<validate::BufferTrack> track_;
   const std::uint64_t size_;
   const Memory memory_;
   const std::string heap_;
@@ -86,6 +92,9 @@ class QueueImpl {
 
   std::shared_ptr<DeviceImpl> device_;
   std::shared_ptr<driver::QueueBackend> backend_;
+  // Validation: the highest completed value seen, to catch it going back.
+  std::atomic<std::uint64_t> max_completed_{0};
+  std::atomic<bool> backwards_reported_{false};
   std::mutex retained_mu_;
   std::atomic<bool> has_retained_{false};
   std::deque<std::pair<std::uint64_t, std::vector<std::shared_ptr<const void>>>> retained_;
@@ -98,9 +107,15 @@ struct BatchState {
   std::shared_ptr<QueueImpl> queue;
   std::vector<driver::Command> commands;
   std::vector<std::shared_ptr<const void>> retained;
+  // Validation: the thread inside a call on this batch, and which call.
+  std::atomic<std::uintptr_t> user{0};
+  std::atomic<const char*> doing{nullptr};
 };
 
 struct ProgramImpl {
+  ~ProgramImpl() {
+    if (validate::on() && backend) validate::forget_program(backend.get());
+  }
   std::shared_ptr<DeviceImpl> device;
   std::shared_ptr<driver::ProgramBackend> backend;
   std::vector<std::shared_ptr<const void>> retained;  // what the program refers to

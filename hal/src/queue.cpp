@@ -34,6 +34,7 @@ QueueImpl::~QueueImpl() {
       }
     }
   }
+  if (validate::on()) validate::forget_queue(backend_.get());
   // The board no longer touches anything retained: release it all.
   std::lock_guard lock(retained_mu_);
   retained_.clear();
@@ -77,6 +78,23 @@ void QueueImpl::reclaim(std::uint64_t completed) {
 }
 
 bool QueueImpl::reached(std::uint64_t value) {
+  if (validate::on()) {
+    // A value someone saw before this read began must not be undone by it.
+    const std::uint64_t before = max_completed_.load(std::memory_order_acquire);
+    const auto t = backend_->timeline();
+    if (t.completed < before) {
+      if (!backwards_reported_.exchange(true))
+        validate::report(validation::Check::ValueBackwards,
+                         name() + ": the board's completed value went back from " +
+                             std::to_string(before) + " to " + std::to_string(t.completed) +
+                             " (a driver or firmware fault)");
+    } else {
+      std::uint64_t seen = before;
+      while (seen < t.completed &&
+             !max_completed_.compare_exchange_weak(seen, t.completed, std::memory_order_acq_rel)) {
+      }
+    }
+  }
   const auto t = backend_->timeline();
   if (t.completed >= value) {
     reclaim(t.completed);
@@ -207,6 +225,12 @@ std::shared_ptr<driver::BufferBackend> use(detail::BatchState& s,
   return backend;
 }
 
+// Validation: marks the batch busy for one call (a Batch is one thread's).
+detail::validate::Guard guard_of(const std::unique_ptr<detail::BatchState>& s, const char* what) {
+  return s ? detail::validate::Guard(&s->user, &s->doing, what)
+           : detail::validate::Guard(nullptr, nullptr, what);
+}
+
 }  // namespace
 
 // Buffer's impl is private; Batch is a friend of Buffer, so fetch it here.
@@ -234,6 +258,7 @@ Queue Batch::queue() const {
 }
 
 Batch& Batch::copy(const Buffer& src, const Buffer& dst) {
+  const auto guard = guard_of(state_, "copy");
   live(state_);
   if (!TPUHAL_IMPL_OF(src) || !TPUHAL_IMPL_OF(dst))
     throw Error(Status::InvalidArgument, "copy: empty Buffer handle");
@@ -246,6 +271,7 @@ Batch& Batch::copy(const Buffer& src, const Buffer& dst) {
 
 Batch& Batch::copy(const Buffer& src, std::uint64_t src_offset, const Buffer& dst,
                    std::uint64_t dst_offset, std::uint64_t size) {
+  const auto guard = guard_of(state_, "copy");
   auto& s = live(state_);
   auto sb = use(s, TPUHAL_IMPL_OF(src), "copy", "source", src_offset, size);
   auto db = use(s, TPUHAL_IMPL_OF(dst), "copy", "destination", dst_offset, size);
@@ -258,6 +284,7 @@ Batch& Batch::copy(const Buffer& src, std::uint64_t src_offset, const Buffer& ds
 
 Batch& Batch::fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size,
                    std::uint32_t pattern, std::uint32_t pattern_bytes) {
+  const auto guard = guard_of(state_, "fill");
   auto& s = live(state_);
   if (pattern_bytes != 1 && pattern_bytes != 2 && pattern_bytes != 4)
     throw Error(Status::InvalidArgument,
@@ -278,6 +305,7 @@ Batch& Batch::fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size,
 }
 
 Batch& Batch::wait(const Fence& fence) {
+  const auto guard = guard_of(state_, "wait");
   auto& s = live(state_);
   if (!s.queue)
     throw Error(Status::InvalidArgument,
@@ -307,6 +335,7 @@ void check_word(detail::BatchState& s, const char* op, std::uint64_t offset) {
 }  // namespace
 
 Batch& Batch::wait_value(const Buffer& buf, std::uint64_t offset, std::uint64_t value) {
+  const auto guard = guard_of(state_, "wait_value");
   auto& s = live(state_);
   check_word(s, "wait_value", offset);
   auto b = use(s, TPUHAL_IMPL_OF(buf), "wait_value", "word's", offset, 8);
@@ -316,6 +345,7 @@ Batch& Batch::wait_value(const Buffer& buf, std::uint64_t offset, std::uint64_t 
 }
 
 Batch& Batch::write_value(const Buffer& buf, std::uint64_t offset, std::uint64_t value) {
+  const auto guard = guard_of(state_, "write_value");
   auto& s = live(state_);
   check_word(s, "write_value", offset);
   auto b = use(s, TPUHAL_IMPL_OF(buf), "write_value", "word's", offset, 8);
@@ -325,6 +355,7 @@ Batch& Batch::write_value(const Buffer& buf, std::uint64_t offset, std::uint64_t
 }
 
 Batch& Batch::timestamp(const Buffer& buf, std::uint64_t offset) {
+  const auto guard = guard_of(state_, "timestamp");
   auto& s = live(state_);
   if (!s.device->backend().properties().caps.timestamps)
     throw Error(Status::Unsupported,
@@ -339,6 +370,7 @@ Batch& Batch::timestamp(const Buffer& buf, std::uint64_t offset) {
 }
 
 Batch& Batch::run(const Op& op) {
+  const auto guard = guard_of(state_, "run");
   auto& s = live(state_);
   OpAccess::check(op);
   if (OpAccess::device(op) != s.device)
@@ -356,6 +388,7 @@ Batch& Batch::run(const Op& op) {
 }
 
 Batch& Batch::run(const Program& program) {
+  const auto guard = guard_of(state_, "run");
   auto& s = live(state_);
   if (!program.impl_) throw Error(Status::InvalidArgument, "run: empty Program (make one with Device::record)");
   if (program.impl_->device != s.device)
@@ -377,11 +410,19 @@ Fence Batch::submit() {
 }
 
 Fence Batch::submit(std::chrono::nanoseconds max_wait) {
+  const auto guard = guard_of(state_, "submit");
   auto& s = live(state_);
   if (!s.queue)
     throw Error(Status::FailedPrecondition, "submit: this batch records a program; Device::record uploads it");
   if (max_wait.count() < 0) max_wait = std::chrono::nanoseconds(0);
+  const bool checking = detail::validate::on();
+  if (checking) detail::validate::before_submit(*s.queue, s.commands);
+  // Validation looks at the commands after they went; keep their buffers
+  // alive until it has (the submission may complete and release them first).
+  std::vector<std::shared_ptr<const void>> keep;
+  if (checking) keep = s.retained;
   const std::uint64_t value = s.queue->submit(s.commands, std::move(s.retained), max_wait);
+  if (checking) detail::validate::after_submit(s.queue, s.commands, value);
   s.commands.clear();
   s.retained.clear();
   return Fence(s.queue, value);

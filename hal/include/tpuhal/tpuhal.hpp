@@ -302,4 +302,5 @@ TPUHAL_API const char* version() noexcept;
 
 }  // namespace tpuhal
 
+#include "tpuhal/validation.hpp"
 #include "tpuhal/video.hpp"
