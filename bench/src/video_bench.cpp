@@ -47,11 +47,11 @@ Clip make_clip(const fs::path& dir, const std::string& label, Codec codec, const
 }
 
 // Frames per second of `channels` decoders on the device, each fed the clip
-// once. A few host threads drive the channels as a pipelining application
+// `loops` times back to back (one stream whose key frames restart it). A few host threads drive the channels as a pipelining application
 // would: each keeps up to kDepth packets in flight per channel, collects
 // what is ready with try_receive(), and blocks only when a channel is that
 // far ahead or at the end of the stream.
-double device_fps(Device& dev, const Clip& clip, std::uint32_t channels) {
+double device_fps(Device& dev, const Clip& clip, std::uint32_t channels, std::uint32_t loops) {
   constexpr std::uint64_t kDepth = 6;
   VideoDecoderOptions o;
   o.codec = clip.codec;
@@ -68,6 +68,7 @@ double device_fps(Device& dev, const Clip& clip, std::uint32_t channels) {
   for (std::uint32_t t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {
       std::uint64_t n = 0;
+      for (std::uint32_t loop = 0; loop < loops; ++loop)
       for (const auto& pkt : clip.packets)
         for (std::uint32_t c = t; c < channels; c += threads) {
           VideoDecoder& d = dec[c];
@@ -82,7 +83,7 @@ double device_fps(Device& dev, const Clip& clip, std::uint32_t channels) {
     });
   for (auto& th : pool) th.join();
   const double s = std::chrono::duration<double>(Clock::now() - start).count();
-  const std::uint64_t expected = std::uint64_t{channels} * clip.packets.size();
+  const std::uint64_t expected = std::uint64_t{channels} * loops * clip.packets.size();
   if (frames.load() != expected)
     throw Error(Status::Internal, "tpuhal bench video: " + std::to_string(frames.load()) + " frames decoded of " +
                                       std::to_string(expected));
@@ -91,7 +92,7 @@ double device_fps(Device& dev, const Clip& clip, std::uint32_t channels) {
 
 // The same with libavcodec directly: `channels` decoders (one thread each
 // inside) shared out over `threads` threads.
-double libavcodec_fps(const Clip& clip, std::uint32_t channels, std::uint32_t threads) {
+double libavcodec_fps(const Clip& clip, std::uint32_t channels, std::uint32_t loops, std::uint32_t threads) {
   const AVCodec* codec = avcodec_find_decoder(clip.codec == Codec::H264 ? AV_CODEC_ID_H264 : AV_CODEC_ID_HEVC);
   std::atomic<std::uint64_t> frames{0};
   threads = std::min(threads, channels);
@@ -117,6 +118,7 @@ double libavcodec_fps(const Clip& clip, std::uint32_t channels, std::uint32_t th
             av_frame_unref(frame);
           }
         };
+        for (std::uint32_t loop = 0; loop < loops; ++loop)
         for (const auto& p : clip.packets) {
           pkt->data = reinterpret_cast<std::uint8_t*>(const_cast<std::byte*>(p.data.data()));
           pkt->size = static_cast<int>(p.data.size());
@@ -134,6 +136,10 @@ double libavcodec_fps(const Clip& clip, std::uint32_t channels, std::uint32_t th
   for (auto& th : pool) th.join();
   const double s = std::chrono::duration<double>(Clock::now() - start).count();
   for (auto& ctx : contexts) avcodec_free_context(&ctx);
+  const std::uint64_t expected = std::uint64_t{channels} * loops * clip.packets.size();
+  if (frames.load() != expected)
+    throw Error(Status::Internal, "tpuhal bench video: libavcodec decoded " + std::to_string(frames.load()) +
+                                      " frames of " + std::to_string(expected));
   return static_cast<double>(frames.load()) / s;
 }
 
@@ -175,11 +181,17 @@ std::vector<Result> run_video(Device& device, const Options& options) {
   double h264_32 = 0;
   for (const Case& k : cases) {
     if (k.channels > device.properties().decode_channels) continue;
-    // Alternate device and reference; keep the better of two rounds each.
+    // Each measurement decodes at least kMinFrames frames (a single 1080p
+    // channel would otherwise finish in a fraction of a second, too short
+    // to measure on a shared machine). Device and reference alternate;
+    // the best of three rounds each is kept.
+    const std::uint64_t kMinFrames = options.quick ? 0 : 360;
+    const std::uint64_t per_loop = std::uint64_t{k.channels} * k.clip->packets.size();
+    const auto loops = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, (kMinFrames + per_loop - 1) / per_loop));
     double dev_fps = 0, ref_fps = 0;
-    for (int round = 0; round < (options.quick ? 1 : 2); ++round) {
-      dev_fps = std::max(dev_fps, device_fps(device, *k.clip, k.channels));
-      ref_fps = std::max(ref_fps, libavcodec_fps(*k.clip, k.channels, threads));
+    for (int round = 0; round < (options.quick ? 1 : 3); ++round) {
+      dev_fps = std::max(dev_fps, device_fps(device, *k.clip, k.channels, loops));
+      ref_fps = std::max(ref_fps, libavcodec_fps(*k.clip, k.channels, loops, threads));
     }
     Result r;
     r.bench = "video_decode";
@@ -190,6 +202,7 @@ std::vector<Result> run_video(Device& device, const Options& options) {
     r.baseline_name = "libavcodec x" + std::to_string(threads);
     r.ratio = ref_fps > 0 ? dev_fps / ref_fps : 0;
     r.extra["threads"] = threads;
+    r.extra["frames"] = static_cast<double>(per_loop * loops);
     if (k.clip == &clips[0] && k.channels == (options.quick ? 8u : 32u)) h264_32 = dev_fps;
     out.push_back(r);
     if (options.on_result) options.on_result(r);
