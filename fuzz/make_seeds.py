@@ -162,6 +162,80 @@ def op_seeds():
     return o
 
 
+# ---- frame_record_fuzzer: fw::decode_frame_record --------------------------
+def plane_layout(w, h, i420):
+    align = lambda v: (v + 63) // 64 * 64
+    cw, ch = (w + 1) // 2, (h + 1) // 2
+    pitch, offset = [align(w), 0, 0], [0, 0, 0]
+    at = align(pitch[0] * h)
+    if not i420:
+        pitch[1], offset[1] = align(2 * cw), at
+    else:
+        for p in (1, 2):
+            pitch[p], offset[p] = align(cw), at
+            at += align(pitch[p] * ch)
+    return pitch, offset
+
+
+def frame_record_input(max_w, max_h, i420=False, slots=4, records=16, extra_pages=0, **rec):
+    cfg = struct.pack("<BHHBBB4x", 1 if i420 else 0, (max_w - 1) % 8192, (max_h - 1) % 8192,
+                      (slots - 1) % 64, (records - 1) % 256, extra_pages)
+    kind = rec.get("kind", 1)
+    w, h = rec.get("width", max_w), rec.get("height", max_h)
+    pitch, offset = plane_layout(w, h, i420) if kind == 1 else ([0] * 3, [0] * 3)
+    pitch, offset = rec.get("pitch", pitch), rec.get("offset", offset)
+    return cfg + struct.pack("<IIQqII3I3III", kind, rec.get("slot", 0), rec.get("packet", 7), rec.get("pts", 33),
+                             w if kind == 1 else 0, h if kind == 1 else 0, *pitch, *offset,
+                             rec.get("status", 0), rec.get("detail", 0))
+
+
+def frame_record_seeds():
+    return {
+        "nv12_1080p": frame_record_input(1920, 1088, width=1920, height=1080, slot=3),
+        "i420_odd": frame_record_input(641, 361, i420=True, extra_pages=2, width=639, height=359, slot=1),
+        "too_wide": frame_record_input(640, 360, width=641, height=360),
+        "bad_slot": frame_record_input(640, 360, slot=4),
+        "moved_plane": frame_record_input(640, 360, offset=[0, 64, 0]),
+        "error_corrupt": frame_record_input(640, 360, kind=2, status=16, detail=5),
+        "eos": frame_record_input(640, 360, kind=3),
+        "unknown_kind": frame_record_input(640, 360, kind=9),
+    }
+
+
+# ---- model_file_fuzzer: runtime/include/tpuhal/rt/model_file.hpp ----------
+def model_file(sections, version=1):
+    """A compiled-model container: sections are (kind, optional, bytes)."""
+    import zlib
+    align = lambda v: (v + 63) // 64 * 64
+    at = align(64 + 32 * len(sections))
+    table, body_at = b"", []
+    for kind, optional, data in sections:
+        table += struct.pack("<IIQQII", kind, 1 if optional else 0, at, len(data), zlib.crc32(data), 0)
+        body_at.append(at)
+        at = align(at + len(data))
+    out = bytearray(at)
+    out[64:64 + len(table)] = table
+    for (_, _, data), off in zip(sections, body_at):
+        out[off:off + len(data)] = data
+    out[0:32] = b"TPUHALMF" + struct.pack("<IIQII", version, 64, at, len(sections), zlib.crc32(table))
+    out[60:64] = struct.pack("<I", zlib.crc32(bytes(out[0:60])))
+    return bytes(out)
+
+
+def model_file_seeds():
+    meta = b"producer=tpuhal compile\nprecision=int8\n"
+    weights = bytes(range(256)) * 5
+    return {
+        "empty": model_file([]),
+        "typical": model_file([(1, False, meta), (2, False, b"\x01" * 40), (3, False, b"\x02" * 100),
+                               (4, False, weights), (5, False, b"\x03" * 24), (6, True, b"conv1 0.001\n")]),
+        "empty_sections": model_file([(3, False, b""), (4, False, b"")]),
+        "unknown_optional": model_file([(1, False, meta), (42, True, b"later")]),
+        "unknown_required": model_file([(42, False, b"later")]),
+        "version_2": model_file([(1, False, meta)], version=2),
+    }
+
+
 def seeds():
     s = {}
     fill4 = lambda pattern: pattern | 4 << 32
@@ -257,6 +331,8 @@ def seeds():
     b["status_unmapped"] = board_input([desc(COPY, 0, DRAM_BYTES, 64)], page_mode=2)
     b["ring_refused"] = board_input([desc(NOP)], placement=2)
     b["tail_past_ring"] = board_input([desc(NOP)], tail=17)
+    s["model_file"] = model_file_seeds()
+    s["frame_record"] = frame_record_seeds()
     return s
 
 

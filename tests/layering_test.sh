@@ -19,5 +19,6 @@ check drivers/tpu/src 'tpuhal/sim/' "the driver reaches the board only through a
 check drivers/tpu/include 'tpuhal/sim/' "the driver reaches the board only through a Transport"
 check base 'tpuhal/(fw|sim|tpu|driver|bench)/|tpuhal/[a-z_]+\.hpp' "base is below everything"
 check hal 'tpuhal/(sim|tpu|fw|bench)/' "the HAL knows drivers only through the driver interface"
+check runtime 'tpuhal/(sim|tpu|fw|driver|base|bench)/' "the runtime stands on the public API only"
 [[ $status -eq 0 ]] && echo "layering: ok"
 exit $status

@@ -1,0 +1,218 @@
+// The compiled-model container (tpuhal/rt/model_file.hpp): round trips, and
+// every kind of damage refused with an error that says what is wrong.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <boost/crc.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "tpuhal/error.hpp"
+#include "tpuhal/rt/model_file.hpp"
+
+namespace tpuhal::rt {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::byte> bytes_of(std::string_view s) {
+  std::vector<std::byte> v(s.size());
+  std::memcpy(v.data(), s.data(), s.size());
+  return v;
+}
+
+ModelFile sample() {
+  ModelFile m;
+  m.add(SectionKind::Meta, bytes_of("producer=tpuhal test\nprecision=fp32\n"));
+  std::vector<std::byte> w(1000);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<std::byte>(i * 7);
+  m.add(SectionKind::Weights, std::move(w));
+  m.add(SectionKind::Graph, {});
+  m.add(SectionKind::Report, bytes_of("layer 1: 0.001"), /*optional=*/true);
+  return m;
+}
+
+// The error `decode` throws for `bytes`.
+Error error_of(const std::vector<std::byte>& bytes) {
+  try {
+    decode(bytes, "net.tpm");
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "decode accepted damaged bytes";
+  return Error(Status::Ok, "");
+}
+
+void put32(std::vector<std::byte>& b, std::size_t at, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) b[at + i] = static_cast<std::byte>(v >> (8 * i));
+}
+std::uint32_t crc(const std::byte* p, std::size_t n) {
+  boost::crc_32_type c;
+  c.process_bytes(p, n);
+  return c.checksum();
+}
+// Recomputes the header's checksum after a test edits it (to reach the
+// checks behind it).
+void reseal_header(std::vector<std::byte>& b) { put32(b, 60, crc(b.data(), 60)); }
+void reseal_table(std::vector<std::byte>& b) {
+  std::uint32_t count = 0;
+  std::memcpy(&count, b.data() + 24, 4);
+  put32(b, 28, crc(b.data() + 64, 32 * count));
+  reseal_header(b);
+}
+
+TEST(ModelFile, RoundTripsEverySection) {
+  const ModelFile m = sample();
+  const auto bytes = encode(m);
+  EXPECT_EQ(bytes.size() % 64, 0u);
+  const ModelFile back = decode(bytes);
+  ASSERT_EQ(back.sections().size(), m.sections().size());
+  for (std::size_t i = 0; i < m.sections().size(); ++i) {
+    EXPECT_EQ(back.sections()[i].kind, m.sections()[i].kind);
+    EXPECT_EQ(back.sections()[i].optional, m.sections()[i].optional);
+    EXPECT_EQ(back.sections()[i].bytes, m.sections()[i].bytes);
+  }
+  // Sections start at 64-byte boundaries: weights can be used in place.
+  const auto w = back.get(SectionKind::Weights);
+  EXPECT_EQ(w.size(), 1000u);
+  EXPECT_EQ(encode(back), bytes);
+}
+
+TEST(ModelFile, GetNamesAMissingSectionAndAddRefusesDuplicates) {
+  ModelFile m = sample();
+  EXPECT_TRUE(m.has(SectionKind::Graph));
+  EXPECT_FALSE(m.has(SectionKind::Quant));
+  try {
+    m.get(SectionKind::Quant);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::NotFound);
+    EXPECT_NE(std::string(e.what()).find("no quant section"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(m.add(SectionKind::Meta, {}), Error);
+  EXPECT_THROW(m.add(static_cast<SectionKind>(99), {}), Error);
+}
+
+TEST(ModelFile, AnotherFormatVersionIsAVersionMismatchNamingBoth) {
+  auto b = encode(sample());
+  put32(b, 8, kModelFormatVersion + 1);
+  reseal_header(b);
+  const Error e = error_of(b);
+  EXPECT_EQ(e.status(), Status::VersionMismatch);
+  EXPECT_NE(std::string(e.what()).find("net.tpm: written in model format version 2, and this tpuhal reads version 1"),
+            std::string::npos)
+      << e.what();
+}
+
+TEST(ModelFile, DamageIsRefusedSayingWhat) {
+  const auto good = encode(sample());
+  struct Case {
+    const char* name;
+    std::function<void(std::vector<std::byte>&)> damage;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"not a model", [](auto& b) { b.assign(100, std::byte{'x'}); }, "not a compiled model"},
+      {"too short", [](auto& b) { b.resize(10); }, "not a compiled model"},
+      {"header bit flip", [](auto& b) { b[20] ^= std::byte{1}; }, "the header is damaged (checksum mismatch)"},
+      {"truncated", [](auto& b) { b.resize(b.size() - 64); }, "truncated: the header says"},
+      {"trailing data", [](auto& b) { b.resize(b.size() + 3); }, "3 bytes of unexpected data after the end"},
+      {"table bit flip", [](auto& b) { b[64 + 8] ^= std::byte{1}; }, "the section table is damaged"},
+      {"weights bit flip",
+       [](auto& b) {
+         std::uint64_t off = 0;
+         std::memcpy(&off, b.data() + 64 + 32 + 8, 8);  // the second entry: weights
+         b[off + 500] ^= std::byte{0x40};
+       },
+       "the weights section is damaged (checksum mismatch)"},
+      {"section past the end",
+       [](auto& b) {
+         put32(b, 64 + 32 + 16, 1u << 30);
+         reseal_table(b);
+       },
+       "section 1 (weights) (1073741824 bytes at"},
+      {"misaligned section",
+       [](auto& b) {
+         put32(b, 64 + 32 + 8, 65);
+         reseal_table(b);
+       },
+       "not at a 64-byte boundary"},
+      {"overlap",
+       [](auto& b) {
+         std::uint32_t off = 0;
+         std::memcpy(&off, b.data() + 64 + 8, 4);  // meta's offset
+         put32(b, 64 + 32 + 8, off);               // weights on top of it
+         reseal_table(b);
+       },
+       "overlaps the meta section"},
+      {"unknown required kind",
+       [](auto& b) {
+         put32(b, 64 + 0, 77);
+         reseal_table(b);
+       },
+       "of kind 77, which this tpuhal does not know"},
+      {"too many sections",
+       [](auto& b) {
+         put32(b, 24, 1000);
+         reseal_header(b);
+       },
+       "1000 sections; at most 64"},
+      {"reserved header byte",
+       [](auto& b) {
+         b[40] = std::byte{1};
+         reseal_header(b);
+       },
+       "reserved header byte 40"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto b = good;
+    c.damage(b);
+    const Error e = error_of(b);
+    EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("net.tpm: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelFile, AnUnknownOptionalSectionIsSkipped) {
+  auto b = encode(sample());
+  // The report section (fourth) becomes a kind from a later format.
+  put32(b, 64 + 3 * 32, 42);
+  reseal_table(b);
+  const ModelFile m = decode(b);
+  EXPECT_EQ(m.sections().size(), 3u);
+  EXPECT_FALSE(m.has(SectionKind::Report));
+}
+
+TEST(ModelFile, FilesAreWrittenWholeAndReadBack) {
+  const fs::path dir = fs::temp_directory_path() / ("tpuhal-model-file-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path path = dir / "net.tpm";
+  write_model_file(path, sample());
+  EXPECT_EQ(read_model_file(path).get(SectionKind::Weights).size(), 1000u);
+  // No temporary file is left beside it.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+  try {
+    read_model_file(dir / "missing.tpm");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::NotFound);
+    EXPECT_NE(std::string(e.what()).find("missing.tpm: cannot open it"), std::string::npos) << e.what();
+  }
+  {
+    std::ofstream(dir / "text.tpm") << "hello";
+  }
+  try {
+    read_model_file(dir / "text.tpm");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("text.tpm: not a compiled model"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(write_model_file(dir / "no-such-dir" / "x.tpm", sample()), Error);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tpuhal::rt
