@@ -17,7 +17,9 @@
 //
 // One board per process (a 1 MiB profile, four queues, no tensor engine, no
 // idle spinning); per input: DRAM and host windows cleared, the queue
-// programmed, enabled, rung, waited on and reset.
+// programmed, enabled, rung, waited on and reset. Each queue's command
+// processor thread is started by its first enable and then kept, asleep
+// between a reset and the next enable, as for any user of the board.
 //
 // Input layout (fuzz/make_seeds.py writes seeds in it):
 //   byte 0  bits 0-1  queue: 0, 1 compute; 2 copy; 3 video
@@ -36,7 +38,6 @@
 //           read-only one at kHostRoIova (first 4 KiB)
 // Missing header bytes read as zero.
 #include <poll.h>
-#include <pthread.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -136,21 +137,7 @@ std::unique_ptr<sim::Board> guarded_board(const sim::BoardProfile& profile) {
   return board;
 }
 
-// Every input starts a command processor thread (enable) and joins it
-// (reset). With the default 8 MiB stack, AddressSanitizer's work on the
-// stack's shadow at each start and exit made an input cost four times as
-// much; the board's threads need far less.
-bool small_thread_stacks() {
-  pthread_attr_t attr;
-  if (pthread_attr_init(&attr) != 0) return false;
-  const bool ok = pthread_attr_setstacksize(&attr, 256 * 1024) == 0 &&
-                  pthread_setattr_default_np(&attr) == 0;
-  pthread_attr_destroy(&attr);
-  return ok;
-}
-
 struct Harness {
-  const bool small_stacks = small_thread_stacks();
   const sim::BoardProfile profile = sim::parse_profile(kProfile, "board_fuzzer");
   const std::unique_ptr<sim::Board> owned = guarded_board(profile);
   sim::Board& board = *owned;
@@ -308,8 +295,8 @@ void Harness::run(const std::uint8_t* data, std::size_t size) {
         signalled = ::poll(&p, 1, 1000) == 1 && tpuhal::base::eventfd_drain(vector) > 0;
       }
     }
-    // RETIRED survives the reset, which joins the command processor: read
-    // after it, the count is final.
+    // RETIRED survives the reset, which returns once the command processor
+    // has stopped: read after it, the count is final.
     qw(q, qreg::kControl, fw::kQueueControlReset);
     const std::uint64_t done = retired(q) - retired_before;
     if (verbose) {
@@ -357,7 +344,8 @@ void Harness::run(const std::uint8_t* data, std::size_t size) {
     }
   }
 
-  // Reset: the command processor stops (a waiting one too) and is joined.
+  // Reset: the command processor stops (a waiting one too); the queue's
+  // thread sleeps until the next input enables it again.
   qw(q, qreg::kControl, fw::kQueueControlReset);
   FUZZ_CHECK(qr(q, qreg::kStatus) == 0 && qr(q, qreg::kHead) == 0, "queue %u after reset", q);
   w(reg::kIntMask, 0);

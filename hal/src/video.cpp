@@ -186,10 +186,12 @@ std::optional<Frame> detail::DecoderImpl::next(std::chrono::nanoseconds timeout,
         return std::nullopt;
       case driver::DecoderEvent::Kind::Timeout:
         if (!wait) return std::nullopt;
+        // The backend may say where the board is stuck.
         throw Error(Status::Timeout, d.name() + ": no progress for " +
                                          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
                                          " ms with " + std::to_string(d.sent_) + " packets sent and " +
-                                         std::to_string(d.received_) + " frames received");
+                                         std::to_string(d.received_) + " frames received" +
+                                         (ev.error ? std::string("; ") + ev.error->what() : std::string()));
     }
   }
 }

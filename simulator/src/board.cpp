@@ -53,6 +53,7 @@ Board::Impl::Impl(BoardProfile p)
 Board::Impl::~Impl() {
   std::lock_guard lock(control_mu);
   for (auto& q : queues) q->cp.reset();
+  for (auto& q : queues) q->thread.reset();  // the threads exit
   codec_ptr.store(nullptr);
   codec.reset();
 }
@@ -91,7 +92,8 @@ CodecUnit* Board::Impl::codec_unit() {
     }
     codec = std::make_unique<CodecUnit>(
         dma, iommu, profile.decode_channels, threads,
-        [](void* board, std::uint32_t q) { static_cast<Board::Impl*>(board)->raise_if_unmasked(1u << q); }, this);
+        [](void* board, std::uint32_t q) { static_cast<Board::Impl*>(board)->raise_if_unmasked(1u << q); }, this,
+        halted);
     codec_ptr.store(codec.get());
   });
   return codec.get();
@@ -337,14 +339,15 @@ void Board::Impl::enable_queue(std::uint32_t qi) {
   q.tail.store(0);
   q.status.store(fw::kQueueStatusEnabled);
   q.control.store(fw::kQueueControlEnable);
+  if (!q.thread) q.thread = std::make_unique<QueueThread>();
   q.cp = std::make_unique<CommandProcessor>(
-      *this, qi, q, CommandProcessor::Config{ring_base, entries, status_page});
+      *this, qi, q, *q.thread, CommandProcessor::Config{ring_base, entries, status_page});
 }
 
 void Board::Impl::reset_queue(std::uint32_t qi) {
   std::lock_guard lock(control_mu);
   QueueState& q = *queues[qi];
-  q.cp.reset();  // stops at the next command boundary and joins
+  q.cp.reset();  // stops at the next command boundary; its thread sleeps
   if (CodecUnit* unit = codec_ptr.load(); unit && q.engine == fw::EngineType::kVideo) unit->close_queue(qi);
   q.control.store(0);
   q.status.store(0);

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,7 @@
 namespace tpuhal::sim {
 
 class CommandProcessor;
+class QueueThread;
 
 // One hardware queue's registers. Written by mmio from any host thread and
 // by its command processor.
@@ -52,6 +54,9 @@ struct QueueState {
   std::atomic<std::uint32_t> ring_base_lo{0}, ring_base_hi{0};
   std::atomic<std::uint32_t> fence_lo{0}, fence_hi{0};
   std::unique_ptr<CommandProcessor> cp;  // guarded by Board::Impl::control_mu
+  // The thread cp runs on: started by the queue's first enable, asleep
+  // between a reset and the next enable. Guarded by Board::Impl::control_mu.
+  std::unique_ptr<QueueThread> thread;
 };
 
 struct Board::Impl {
@@ -83,8 +88,9 @@ struct Board::Impl {
   void inject(const Fault& fault);
   void clear_faults() noexcept;
   // Called by queue q's command processor before each command: the fault
-  // that strikes it, if one does (kDmaError only strikes copies and fills).
-  std::optional<FaultKind> fault_for(std::uint32_t q, fw::Opcode op);
+  // that strikes it, if one does (kDmaError only strikes copies, fills and
+  // video decodes' packet reads).
+  std::optional<FaultKind> fault_for(std::uint32_t q, const fw::Command& cmd);
   // The firmware stops: every command processor halts at its next command
   // boundary, STATUS shows kStatusFatal, FATAL_CODE says why, the device
   // vector fires.
@@ -147,7 +153,38 @@ struct Board::Impl {
   std::atomic<CodecUnit*> codec_ptr{nullptr};  // for the doorbell register
 };
 
-// Consumes one queue's ring on its own thread (docs/simulator.md).
+// The thread a queue's command processors run on, one after another: each
+// enable hands it a new CommandProcessor, each reset stops that one and
+// waits until the thread has let go of it. In between it sleeps, so that an
+// enable/reset cycle costs two wake-ups rather than a thread's creation and
+// exit, which map, unmap and fault in memory (several times the cost of a
+// short ring under AddressSanitizer). Destroying it ends the thread.
+class QueueThread {
+ public:
+  QueueThread();
+  ~QueueThread();  // nothing may be running
+  QueueThread(const QueueThread&) = delete;
+  QueueThread& operator=(const QueueThread&) = delete;
+
+  // Calls cp.run() on the thread. Nothing may be running.
+  void start(CommandProcessor& cp);
+  // Returns once the run() last started has returned (at once if it has):
+  // everything it did happens before.
+  void wait_idle();
+
+ private:
+  void loop();
+
+  std::mutex mu_;
+  std::condition_variable wake_;  // the thread: a processor to run, or exit
+  std::condition_variable idle_;  // wait_idle(): the processor returned
+  CommandProcessor* cp_ = nullptr;  // guarded by mu_: running or about to
+  bool exit_ = false;               // guarded by mu_
+  std::thread thread_;              // last: starts once the rest is built
+};
+
+// Consumes one queue's ring, from an enable to the reset that ends it, on
+// the queue's thread (docs/simulator.md).
 class CommandProcessor {
  public:
   struct Config {
@@ -155,14 +192,17 @@ class CommandProcessor {
     std::uint32_t ring_size;
     std::uint64_t status_page;
   };
-  CommandProcessor(Board::Impl& board, std::uint32_t index, QueueState& queue, Config config);
-  ~CommandProcessor();  // stops and joins
+  // Starts consuming the ring on `thread`, which must be idle.
+  CommandProcessor(Board::Impl& board, std::uint32_t index, QueueState& queue, QueueThread& thread,
+                   Config config);
+  ~CommandProcessor();  // stops it
 
-  // Asks the thread to stop at the next command boundary (or transfer chunk)
-  // and waits for it.
+  // Asks it to stop at the next command boundary (or transfer chunk) and
+  // waits until it has: afterwards it touches neither memory nor registers.
   void stop();
 
  private:
+  friend class QueueThread;
   void run();
   void run_loop();
   void idle_wait(std::uint32_t head);
@@ -198,8 +238,8 @@ class CommandProcessor {
   DmaEngine::Hooks hooks_;
   std::atomic<bool> stop_{false};
   std::uint64_t last_fence_ = 0;
-  tensor::TensorEngine* engine_ = nullptr;  // set once this thread has used it
-  std::thread thread_;
+  tensor::TensorEngine* engine_ = nullptr;  // set once this processor has used it
+  QueueThread& thread_;
 };
 
 }  // namespace tpuhal::sim

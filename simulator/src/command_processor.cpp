@@ -12,12 +12,54 @@ using namespace std::chrono_literals;
 constexpr std::uint16_t kFieldFenceAddress = fw::Problem::kFieldStatusPage;
 }  // namespace
 
+// ---- QueueThread -----------------------------------------------------------
+
+QueueThread::QueueThread() : thread_([this] { loop(); }) {}
+
+QueueThread::~QueueThread() {
+  {
+    std::lock_guard lock(mu_);
+    exit_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+void QueueThread::start(CommandProcessor& cp) {
+  {
+    std::lock_guard lock(mu_);
+    cp_ = &cp;
+  }
+  wake_.notify_one();
+}
+
+void QueueThread::wait_idle() {
+  std::unique_lock lock(mu_);
+  idle_.wait(lock, [this] { return cp_ == nullptr; });
+}
+
+void QueueThread::loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [this] { return cp_ != nullptr || exit_; });
+    if (cp_ == nullptr) return;  // exit_, nothing left to run
+    CommandProcessor* cp = cp_;
+    lock.unlock();
+    cp->run();
+    lock.lock();
+    cp_ = nullptr;
+    idle_.notify_all();
+  }
+}
+
+// ---- CommandProcessor ------------------------------------------------------
+
 CommandProcessor::CommandProcessor(Board::Impl& board, std::uint32_t index, QueueState& queue,
-                                   Config config)
-    : board_(board), index_(index), q_(queue), config_(config), ctx_(board.iommu) {
+                                   QueueThread& thread, Config config)
+    : board_(board), index_(index), q_(queue), config_(config), ctx_(board.iommu), thread_(thread) {
   hooks_.progress = &q_.progress;
   hooks_.stop = &stop_;
-  thread_ = std::thread([this] { run(); });
+  thread_.start(*this);
 }
 
 CommandProcessor::~CommandProcessor() { stop(); }
@@ -26,7 +68,7 @@ void CommandProcessor::stop() {
   stop_.store(true, std::memory_order_seq_cst);
   q_.doorbell.notify();
   board_.memory_written.notify();
-  if (thread_.joinable()) thread_.join();
+  thread_.wait_idle();
 }
 
 void CommandProcessor::idle_wait(std::uint32_t head) {
@@ -42,7 +84,8 @@ void CommandProcessor::idle_wait(std::uint32_t head) {
 
 void CommandProcessor::run() {
   run_loop();
-  // What the tensor engine made on this thread must go before it exits.
+  // What the tensor engine made on this thread for this processor goes with
+  // it (the thread itself lives on, asleep until the next enable).
   if (engine_) engine_->release_thread();
 }
 
@@ -343,7 +386,7 @@ fw::Problem CommandProcessor::wait_value(const fw::WaitValueArgs& a) {
 }
 
 fw::Problem CommandProcessor::injected(const fw::Command& cmd, std::uint32_t head) {
-  const auto kind = board_.fault_for(index_, cmd.opcode);
+  const auto kind = board_.fault_for(index_, cmd);
   if (!kind) return {};
   base::logger("sim")->debug("queue {}: injected {} strikes {}", index_, to_string(*kind), fw::to_string(cmd.opcode));
   // kQueueReset below means "stopping": the loop halts without a failure record.
@@ -352,10 +395,15 @@ fw::Problem CommandProcessor::injected(const fw::Command& cmd, std::uint32_t hea
     case FaultKind::kDmaError: {
       // The transfer's first address fails on the bus.
       std::uint64_t address = 0;
+      std::uint16_t field = 0;
       if (auto* c = std::get_if<fw::CopyArgs>(&cmd.args)) address = c->src;
       else if (auto* sg = std::get_if<fw::CopySgArgs>(&cmd.args)) address = sg->list;
       else if (auto* f = std::get_if<fw::FillArgs>(&cmd.args)) address = f->dst;
-      return {fw::CmdStatus::kDmaFault, 0, address, fw::kAccessBusError};
+      else if (auto* v = std::get_if<fw::VideoDecodeArgs>(&cmd.args)) {
+        address = v->packet;
+        field = 1;  // the packet
+      }
+      return {fw::CmdStatus::kDmaFault, field, address, fw::kAccessBusError};
     }
     case FaultKind::kHang:
       // Never completes and never moves PROGRESS; only a reset (or a crash)

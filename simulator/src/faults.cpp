@@ -36,8 +36,11 @@ std::uint64_t parse_number(std::string_view item, std::string_view key, std::str
   return v;
 }
 
-bool moves_data(fw::Opcode op) {
-  return op == fw::Opcode::kCopy || op == fw::Opcode::kCopySg || op == fw::Opcode::kFill;
+// What a DMA error can strike: copies, fills, and the packet read of a
+// video decode (not the end-of-stream marker, which reads nothing).
+bool moves_data(const fw::Command& cmd) {
+  if (auto* v = std::get_if<fw::VideoDecodeArgs>(&cmd.args)) return v->bytes > 0;
+  return cmd.opcode == fw::Opcode::kCopy || cmd.opcode == fw::Opcode::kCopySg || cmd.opcode == fw::Opcode::kFill;
 }
 
 }  // namespace
@@ -138,7 +141,7 @@ void Board::Impl::clear_faults() noexcept {
   dma.clear_poison();
 }
 
-std::optional<FaultKind> Board::Impl::fault_for(std::uint32_t q, fw::Opcode op) {
+std::optional<FaultKind> Board::Impl::fault_for(std::uint32_t q, const fw::Command& cmd) {
   if (!(fault_queues.load(std::memory_order_relaxed) & (1u << q))) return std::nullopt;
   std::lock_guard lock(fault_mu);
   std::optional<FaultKind> strikes;
@@ -147,7 +150,7 @@ std::optional<FaultKind> Board::Impl::fault_for(std::uint32_t q, fw::Opcode op) 
     if (it->queue == q && !strikes) {
       if (it->after_commands > 0) {
         --it->after_commands;  // this command counts towards it
-      } else if (it->kind != FaultKind::kDmaError || moves_data(op)) {
+      } else if (it->kind != FaultKind::kDmaError || moves_data(cmd)) {
         strikes = it->kind;
         it = pending_faults.erase(it);
         continue;
@@ -166,20 +169,23 @@ void Board::Impl::halt_queues() noexcept {
   halted.store(true, std::memory_order_seq_cst);
   for (auto& q : queues) q->doorbell.notify();
   memory_written.notify();
+  // The codec unit's decode threads stop too, before the driver can see the
+  // board stopped: it may then free what they wrote to.
+  if (CodecUnit* unit = codec_ptr.load()) unit->wait_halted();
 }
 
 void Board::Impl::crash(fw::CmdStatus code) noexcept {
   base::logger("sim")->info("firmware crash ({})", fw::to_string(code));
   fatal_code.store(static_cast<std::uint32_t>(code));
-  status.fetch_or(fw::kStatusFatal);
   halt_queues();
+  status.fetch_or(fw::kStatusFatal);
   raise(fw::kDeviceVectorBit);
 }
 
 void Board::Impl::lose() noexcept {
   base::logger("sim")->info("board lost");
-  lost.store(true, std::memory_order_seq_cst);
   halt_queues();
+  lost.store(true, std::memory_order_seq_cst);
 }
 
 std::uint32_t Board::Impl::drop_lost_interrupts(std::uint32_t bits) noexcept {

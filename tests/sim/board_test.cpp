@@ -708,6 +708,45 @@ TEST_F(SimBoard, QueueResetClearsTheFaultAndTheQueueRunsAgain) {
   EXPECT_EQ(std::memcmp(board_.aperture().data() + kDramData, src_.data(), 8), 0);
 }
 
+TEST_F(SimBoard, EveryEnableStartsAFreshCommandProcessor) {
+  // The queue's thread outlives a reset; the processor it runs does not.
+  // Whichever way the last one ended (done, halted, blocked in a wait), the
+  // next enable starts at ring position 0 having seen no fence, and RETIRED
+  // keeps counting.
+  std::uint64_t retired = 0;
+  for (std::uint64_t cycle = 0; cycle < 60; ++cycle) {
+    SCOPED_TRACE("cycle " + std::to_string(cycle));
+    enable_queue(0);
+    switch (cycle % 3) {
+      case 0:  // fence 1 again: a fresh processor has seen none
+        push(0, fenced(desc(fw::Opcode::kWriteValue, kDstIova, cycle), 1, 0));
+        doorbell(0);
+        ASSERT_EQ(wait_timeline_exact(0, 1), 1u);
+        ++retired;
+        break;
+      case 1:  // halts; the record's timeline is this processor's: no fence
+        push(0, desc(fw::Opcode::kCopy, kUnmappedIova, kDramData, 8));
+        doorbell(0);
+        ASSERT_EQ(wait_failed(0), fw::kTimelineFailed);
+        break;
+      default:  // blocks in a wait nothing satisfies
+        push(0, desc(fw::Opcode::kWaitValue, kDstIova + 512, 1,
+                     static_cast<std::uint64_t>(fw::WaitMode::kGreaterEqual)));
+        doorbell(0);
+        ASSERT_TRUE(wait_reg(0, qreg::kStatus,
+                             [](std::uint32_t s) { return (s & fw::kQueueStatusWaiting) != 0; }));
+        break;
+    }
+    qw(0, qreg::kControl, fw::kQueueControlReset);  // returns once the processor stopped
+    ASSERT_EQ(qr(0, qreg::kStatus), 0u);
+    ASSERT_EQ(qr(0, qreg::kHead), 0u);
+    ASSERT_EQ(r64(reg::queue_reg(0, qreg::kRetiredLo)), retired);
+    std::uint64_t v;
+    std::memcpy(&v, dst_.data(), 8);
+    ASSERT_EQ(v, cycle / 3 * 3);  // written by the last cycle that completed
+  }
+}
+
 TEST_F(SimBoard, RingWrapsAroundManyTimes) {
   enable_queue(0);
   std::uint64_t fence = 0;

@@ -13,39 +13,15 @@
 #include <sstream>
 #include <thread>
 
-extern "C" {
-#include <libavutil/md5.h>
-#include <libavutil/mem.h>
-}
-
 #include "tpuhal/tpuhal.hpp"
+#include "video_support.hpp"
 
 namespace tpuhal {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-std::string sh(const std::string& cmd, int* rc = nullptr) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  std::size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  if (rc) *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
-
-bool have_ffmpeg() {
-  static const bool have = [] {
-    int rc = 0;
-    sh("ffmpeg -version >/dev/null 2>&1", &rc);
-    return rc == 0;
-  }();
-  return have;
-}
+using namespace video_test;
 
 // The clips, made once per test program in a private directory.
 struct Clip {
@@ -68,22 +44,6 @@ const std::vector<Clip>& clips() {
   return all;
 }
 
-const fs::path& clip_dir() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("tpuhal-video-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-
-struct CleanUp : ::testing::Environment {
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(fs::temp_directory_path() / ("tpuhal-video-" + std::to_string(::getpid())), ec);
-  }
-};
-[[maybe_unused]] auto* const kCleanUp = ::testing::AddGlobalTestEnvironment(new CleanUp);
 
 // The clip's path, made on first use in this process.
 std::string path_of(const std::string& clip) {
@@ -91,78 +51,10 @@ std::string path_of(const std::string& clip) {
   std::lock_guard lock(mu);
   const fs::path path = clip_dir() / clip;
   if (fs::exists(path)) return path.string();
-  for (const Clip& c : clips()) {
-    if (c.name != clip) continue;
-    const std::string cmd = "ffmpeg -nostdin -loglevel error -y -f lavfi -i testsrc2=size=" + c.size +
-                            ":rate=25 -frames:v " + std::to_string(c.frames) + " " + c.args + " " + path.string() +
-                            " 2>&1";
-    int rc = 0;
-    const std::string out = sh(cmd, &rc);
-    if (rc != 0) ADD_FAILURE() << cmd << " failed: " << out;
-  }
+  for (const Clip& c : clips())
+    if (c.name == clip) make_clip(path.string(), c.size, c.frames, c.args);
   return path.string();
 }
-
-// ffmpeg's own hashes, in its output order.
-std::vector<std::string> ffmpeg_md5(const std::string& path) {
-  const std::string out =
-      sh("ffmpeg -nostdin -loglevel error -i " + path + " -fps_mode passthrough -f framemd5 - 2>/dev/null");
-  std::vector<std::string> md5;
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    const auto comma = line.rfind(',');
-    std::string h = line.substr(comma + 1);
-    h.erase(0, h.find_first_not_of(' '));
-    md5.push_back(h);
-  }
-  return md5;
-}
-
-std::string md5_i420(const Frame& f, std::span<const std::byte> host) {
-  AVMD5* ctx = av_md5_alloc();
-  av_md5_init(ctx);
-  const auto* base = reinterpret_cast<const std::uint8_t*>(host.data());
-  auto planes = f.planes();
-  auto add = [&](const Frame::Plane& p, int step, int phase) {
-    std::vector<std::uint8_t> row(step == 1 ? p.row_bytes : p.row_bytes / 2);
-    for (std::uint32_t r = 0; r < p.rows; ++r) {
-      const std::uint8_t* in = base + p.offset + std::uint64_t{r} * p.pitch;
-      for (std::size_t x = 0; x < row.size(); ++x) row[x] = in[step * x + phase];
-      av_md5_update(ctx, row.data(), static_cast<int>(row.size()));
-    }
-  };
-  add(planes[0], 1, 0);
-  if (f.format() == PixelFormat::I420) {
-    add(planes[1], 1, 0);
-    add(planes[2], 1, 0);
-  } else {
-    add(planes[1], 2, 0);
-    add(planes[1], 2, 1);
-  }
-  std::uint8_t d[16];
-  av_md5_final(ctx, d);
-  av_free(ctx);
-  char hex[33];
-  for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", d[i]);
-  return hex;
-}
-
-// Pulls a frame to the host and hashes it.
-struct Hasher {
-  Device dev;
-  Queue q;
-  Buffer host;
-  explicit Hasher(Device d) : dev(d), q(d.queue(Engine::Copy)) {}
-  Hasher(Device d, Queue shared) : dev(d), q(shared) {}  // queues are thread-safe
-  std::string operator()(const Frame& f) {
-    const auto& last = f.planes().back();
-    const std::uint64_t need = last.offset + std::uint64_t{last.pitch} * last.rows;
-    if (!host.valid() || host.size() < need) host = dev.allocate(need, Memory::HostPinned);
-    q.copy(f.buffer(), 0, host, 0, need).submit().wait();
-    return md5_i420(f, host.map());
-  }
-};
 
 struct Decoded {
   std::vector<std::string> md5;

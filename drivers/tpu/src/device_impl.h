@@ -25,6 +25,7 @@ namespace tpuhal::tpu {
 
 class TpuQueue;
 struct Slot;
+struct VideoQueue;  // video.cpp
 
 struct Heap {
   std::string name;
@@ -124,7 +125,7 @@ class TpuDevice final : public driver::DeviceBackend,
 
   std::mutex video_mu_;
   std::vector<bool> decoder_channels_;  // open channels; guarded by video_mu_
-  std::weak_ptr<TpuQueue> video_queue_; // shared by the decoders; guarded by video_mu_
+  std::weak_ptr<VideoQueue> video_queue_; // shared by the decoders; guarded by video_mu_
 
   std::atomic<Health> health_{Health::kOk};
   std::atomic<std::uint32_t> fatal_code_{0};

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <mutex>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -13,6 +15,26 @@
 #include "tpuhal/fw/video.h"
 
 namespace tpuhal::tpu {
+
+// The video queue that every decoder of a device shares, and what the board
+// may still be using of channels whose close it did not confirm (the queue
+// failed or hangs, the board stopped or went away): their page, frame pool,
+// packet staging and channel number. Resetting the queue closes every
+// channel it opened, so they are let go once it is reset, when the last
+// decoder on it goes. (Device::reset closes them on the board too; the
+// queue, failed from then on, still keeps them until that moment.)
+struct VideoQueue {
+  std::shared_ptr<TpuQueue> queue;
+  std::atomic<bool> hung{false};  // a close timed out: later ones do not wait
+  std::mutex mu;
+  std::vector<std::shared_ptr<void>> parked;  // guarded by mu
+
+  ~VideoQueue() {
+    queue.reset();  // ~TpuQueue resets the hardware queue: the board closes its channels
+    parked.clear();
+  }
+};
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -88,11 +110,21 @@ class SlotBuffer final : public driver::BufferBackend {
   std::uint32_t slot_;
 };
 
+// A channel whose close the board did not confirm, kept by its VideoQueue:
+// its number is given back when the queue has been reset.
+struct ParkedChannel {
+  std::shared_ptr<Channel> ch;
+  std::shared_ptr<driver::BufferBackend> staging;
+  ~ParkedChannel() {
+    if (ch) ch->dev->release_decoder_channel(ch->number);
+  }
+};
+
 class TpuDecoder final : public driver::DecoderBackend {
  public:
-  TpuDecoder(std::shared_ptr<TpuDevice> dev, std::shared_ptr<TpuQueue> queue, std::uint32_t number,
+  TpuDecoder(std::shared_ptr<TpuDevice> dev, std::shared_ptr<VideoQueue> vq, std::uint32_t number,
              const driver::DecoderConfig& config)
-      : dev_(std::move(dev)), queue_(std::move(queue)), config_(config) {
+      : dev_(std::move(dev)), vq_(std::move(vq)), queue_(vq_->queue.get()), config_(config) {
     ch_ = std::make_shared<Channel>();
     ch_->dev = dev_;
     ch_->number = number;
@@ -121,17 +153,30 @@ class TpuDecoder final : public driver::DecoderBackend {
   }
 
   ~TpuDecoder() override {
-    // The board must be done with the page and the pool before they can go:
-    // wait for the close; if the board does not answer, keep them (leaked,
-    // and said so) rather than free memory it may still write.
+    // The board must be done with the page, the pool and the staging ring
+    // before they can go, and with the channel before its number is reused:
+    // wait for the close. If the board does not confirm it, they stay with
+    // the video queue until the queue is reset (VideoQueue). Once a close
+    // has timed out the queue is taken to hang, and closing the other
+    // channels on it does not wait again.
     try {
+      if (vq_->hung.load(std::memory_order_relaxed))
+        throw Error(Status::Timeout, queue_->name() + " did not complete a close before");
       const std::uint64_t fence = submit(close_descriptor());
       wait_fence(fence, 5s);
+      dev_->release_decoder_channel(ch_->number);
+      return;
     } catch (const std::exception& e) {
-      dev_->log->error("video channel {}: close failed ({}); keeping its memory", ch_->number, e.what());
-      new std::shared_ptr<Channel>(ch_);  // deliberately never freed
+      if (const auto* err = dynamic_cast<const Error*>(&e); err && err->status() == Status::Timeout)
+        vq_->hung.store(true, std::memory_order_relaxed);
+      dev_->log->warn("{}: the board did not confirm its close ({}); its memory is kept until {} is reset",
+                      name(), e.what(), queue_->name());
     }
-    dev_->release_decoder_channel(ch_->number);
+    auto parked = std::make_shared<ParkedChannel>();
+    parked->ch = ch_;
+    parked->staging = staging_;
+    std::lock_guard lock(vq_->mu);
+    vq_->parked.push_back(std::move(parked));
   }
 
   std::uint32_t channel() const override { return ch_->number; }
@@ -156,7 +201,7 @@ class TpuDecoder final : public driver::DecoderBackend {
       d.args[2] = data.size();
     }
     const std::uint64_t fence = submit(d);
-    if (!eos) in_flight_.push_back({staging_end_, fence});
+    if (!eos) in_flight_.push_back({staging_end_, fence, index});
     ++sent_;
   }
 
@@ -180,8 +225,16 @@ class TpuDecoder final : public driver::DecoderBackend {
                                                    " frame buffers and the board has frames waiting for one; drop "
                                                    "frames when done with them (VideoDecoderOptions::frame_buffers)");
       const std::uint64_t now = base::monotonic_ns();
-      if (now - last_progress >= static_cast<std::uint64_t>(timeout.count()))
-        return event(driver::DecoderEvent::Kind::Timeout);
+      if (now - last_progress >= static_cast<std::uint64_t>(timeout.count())) {
+        driver::DecoderEvent ev = event(driver::DecoderEvent::Kind::Timeout);
+        // Where the board is stuck, for the caller's Timeout (a poll that
+        // found nothing needs none).
+        if (timeout.count() > 0)
+          ev.error = Error(Status::Timeout, "the board has taken " + std::to_string(done) + " of the " +
+                                                std::to_string(sent_) + " packets sent; " + queue_->name() + ": " +
+                                                queue_->diagnose());
+        return ev;
+      }
       wait_interrupt(std::min<std::uint64_t>(10'000'000, static_cast<std::uint64_t>(timeout.count()) - (now - last_progress)));
     }
   }
@@ -209,6 +262,7 @@ class TpuDecoder final : public driver::DecoderBackend {
   struct InFlight {
     std::uint64_t end;  // staging position after the packet
     std::uint64_t fence;
+    std::uint64_t packet;  // its index
   };
   // The packet staging ring: room for a few uncompressed-size packets (a
   // compressed picture is almost always far smaller), so that 192 channels
@@ -222,10 +276,28 @@ class TpuDecoder final : public driver::DecoderBackend {
   std::string name() const { return dev_->uri() + " video channel " + std::to_string(ch_->number); }
 
   void check_queue() {
-    if (queue_->timeline().failed) throw queue_->failure();
+    if (queue_->timeline().failed) throw queue_error(queue_->failure());
   }
 
-  std::uint64_t submit(const fw::CommandDescriptor& d) { return queue_->submit_raw({&d, 1}); }
+  // An error of the video queue, which every channel shares, said of this
+  // channel, and of its packet if the command that failed was one.
+  Error queue_error(const Error& e) const {
+    std::string packet;
+    const fw::FenceRecord& rec = dev_->hw_queue(queue_->index()).page->fence;
+    if (load_acquire(rec.value) & fw::kTimelineFailed) {  // the record is written before the bit
+      for (const InFlight& f : in_flight_)
+        if (f.fence == rec.error_fence) packet = "packet " + std::to_string(f.packet) + " was not decoded: ";
+    }
+    return Error(e.status(), name() + ": " + packet + e.what());
+  }
+
+  std::uint64_t submit(const fw::CommandDescriptor& d) {
+    try {
+      return queue_->submit_raw({&d, 1});
+    } catch (const Error& e) {
+      throw queue_error(e);
+    }
+  }
 
   fw::CommandDescriptor close_descriptor() const {
     fw::CommandDescriptor d{};
@@ -253,7 +325,7 @@ class TpuDecoder final : public driver::DecoderBackend {
     for (;;) {
       const auto t = queue_->timeline();
       if (t.completed >= fence) return;
-      if (t.failed) throw queue_->failure();
+      if (t.failed) throw queue_error(queue_->failure());
       const std::uint64_t now = base::monotonic_ns();
       if (now >= deadline) throw Error(Status::Timeout, name() + ": the board did not answer");
       queue_->block(fence, std::chrono::nanoseconds(std::min<std::uint64_t>(deadline - now, 10'000'000)));
@@ -320,9 +392,18 @@ class TpuDecoder final : public driver::DecoderBackend {
     dev_->arm_interrupt(queue_->index());
     auto ticket = hq.irq.prepare();
     const fw::VideoChannelHeader& h = ch_->header();
-    if (load_acquire(h.published) != consumed_ || load_acquire(h.packets_done) >= sent_) hq.irq.cancel();
-    else hq.irq.wait(ticket, std::chrono::nanoseconds(ns));
+    bool slept = false;
+    if (load_acquire(h.published) != consumed_ || load_acquire(h.packets_done) >= sent_) {
+      hq.irq.cancel();
+    } else {
+      hq.irq.wait(ticket, std::chrono::nanoseconds(ns));
+      slept = true;
+    }
     dev_->disarm_interrupt(queue_->index());
+    // Interrupts may be lost, and a board that went away sends none: a sleep
+    // that ends with nothing new looks at the board's STATUS (a board that
+    // stopped fails the queue, which the caller's next check_queue reports).
+    if (slept && load_acquire(h.published) == consumed_) dev_->check_health();
   }
 
   // The next record, if the board has published one.
@@ -374,7 +455,8 @@ class TpuDecoder final : public driver::DecoderBackend {
   }
 
   std::shared_ptr<TpuDevice> dev_;
-  std::shared_ptr<TpuQueue> queue_;
+  std::shared_ptr<VideoQueue> vq_;
+  TpuQueue* const queue_;  // vq_'s
   driver::DecoderConfig config_;
   std::shared_ptr<Channel> ch_;
   std::shared_ptr<driver::BufferBackend> staging_;
@@ -400,19 +482,32 @@ std::shared_ptr<driver::DecoderBackend> TpuDevice::open_decoder(const driver::De
     *it = true;
     number = static_cast<std::uint32_t>(it - decoder_channels_.begin());
   }
+  // A shared queue that has failed (a fault, or Device::reset) is left to
+  // the decoders on it, and let go outside video_mu_: its end may give back
+  // parked channels' numbers.
+  std::shared_ptr<VideoQueue> failed;
   try {
-    std::shared_ptr<TpuQueue> queue;
+    std::shared_ptr<VideoQueue> vq;
     {
       std::lock_guard lock(video_mu_);
-      queue = video_queue_.lock();
-      if (!queue) {
-        QueueOptions options;
-        auto q = create_queue(Engine::Video, options);
-        queue = std::static_pointer_cast<TpuQueue>(q);
-        video_queue_ = queue;
+      vq = video_queue_.lock();
+      if (vq && vq->queue->timeline().failed) failed = std::move(vq);
+      if (!vq) {
+        std::shared_ptr<driver::QueueBackend> q;
+        try {
+          q = create_queue(Engine::Video, QueueOptions{});
+        } catch (const Error& e) {
+          if (!failed || e.status() != Status::ResourceExhausted) throw;
+          const Error f = failed->queue->failure();
+          throw Error(f.status(), uri() + ": no video queue for a new decoder: the one the open decoders share failed (" +
+                                      f.what() + "); release those decoders (their frames may stay) to open new ones");
+        }
+        vq = std::make_shared<VideoQueue>();
+        vq->queue = std::static_pointer_cast<TpuQueue>(q);
+        video_queue_ = vq;
       }
     }
-    return std::make_shared<TpuDecoder>(shared_from_this(), std::move(queue), number, config);
+    return std::make_shared<TpuDecoder>(shared_from_this(), std::move(vq), number, config);
   } catch (...) {
     release_decoder_channel(number);
     throw;

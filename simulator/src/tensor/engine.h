@@ -71,7 +71,7 @@ class TensorEngine {
   fw::Problem run(const fw::OpBlock& op, const View* views);
 
   // Drops what the calling thread made (oneDNN primitives must die on
-  // their maker's thread). Command processors call it before they exit.
+  // their maker's thread). A command processor calls it when it stops.
   void release_thread();
 
   WorkerPool& pool() { return pool_; }

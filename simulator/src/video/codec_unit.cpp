@@ -92,8 +92,8 @@ struct CodecUnit::Channel {
 };
 
 CodecUnit::CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads,
-                     Raise raise, void* board)
-    : dma_(dma), iommu_(iommu), raise_(raise), board_(board) {
+                     Raise raise, void* board, const std::atomic<bool>& halted)
+    : dma_(dma), iommu_(iommu), raise_(raise), board_(board), halted_(halted) {
   // libavcodec reports every damaged macroblock on stderr; the board reports
   // errors through its records instead.
   if (!base::logger("video")->should_log(spdlog::level::debug)) av_log_set_level(AV_LOG_FATAL);
@@ -216,6 +216,15 @@ void CodecUnit::close_queue(std::uint32_t queue) noexcept {
   }
 }
 
+void CodecUnit::wait_halted() noexcept {
+  // A turn holds its channel's work_mu throughout and checks `halted_` under
+  // it: one that began before the board halted is waited out here; one that
+  // begins after sees it and does nothing.
+  for (auto& c : channels_) {
+    std::lock_guard work(c->work_mu);
+  }
+}
+
 void CodecUnit::doorbell(std::uint32_t channel) noexcept {
   if (channel >= channels_.size()) return;
   Channel& c = *channels_[channel];
@@ -244,7 +253,7 @@ void CodecUnit::worker(std::uint32_t) {
       c = run_queue_.front();
       run_queue_.pop_front();
     }
-    bool blocked = false;
+    bool blocked = false, halted = false;
     {
       std::lock_guard work(c->work_mu);
       bool open;
@@ -253,13 +262,15 @@ void CodecUnit::worker(std::uint32_t) {
         open = c->open;
         c->kicked = false;
       }
-      if (open && c->ctx) blocked = !process(*c, ctx);
+      // A halted board decodes nothing; its reset closes every channel.
+      halted = halted_.load(std::memory_order_seq_cst);
+      if (open && c->ctx && !halted) blocked = !process(*c, ctx);
     }
     // Another turn if packets are left (its budget ran out, or more came),
     // or if it waited for a slot and the host has freed one since.
     std::lock_guard lock(c->mu);
     c->scheduled = false;
-    const bool again = c->open && (blocked ? c->kicked : !c->pending.empty());
+    const bool again = !halted && c->open && (blocked ? c->kicked : !c->pending.empty());
     if (again) schedule(*c);
   }
 }
@@ -398,7 +409,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     }
     // Everything the packets taken so far will give has been published.
     store_release(hdr->packets_done, c.taken);
-    if (budget-- == 0) break;
+    if (budget-- == 0 || halted_.load(std::memory_order_relaxed)) break;
     Packet p;
     {
       std::lock_guard lock(c.mu);

@@ -3,6 +3,7 @@
 // (docs/simulator.md, fw/video.h for the protocol).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -20,10 +21,12 @@ class DmaEngine;
 
 class CodecUnit {
  public:
-  // `raise(queue)` signals the interrupt vector of a video queue.
+  // `raise(queue)` signals the interrupt vector of a video queue. While
+  // `halted` (the board's: its firmware crashed or the board is lost) no
+  // decode thread starts a turn.
   using Raise = void (*)(void* board, std::uint32_t queue);
   CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads,
-            Raise raise, void* board);
+            Raise raise, void* board, const std::atomic<bool>& halted);
   ~CodecUnit();  // closes every channel and joins the decode threads
 
   std::uint32_t channels() const noexcept { return static_cast<std::uint32_t>(channels_.size()); }
@@ -40,6 +43,9 @@ class CodecUnit {
   // Closes every channel (board reset), or those a queue opened (its reset).
   void close_all() noexcept;
   void close_queue(std::uint32_t queue) noexcept;
+  // Called once the board has set `halted`: returns when no turn is in
+  // progress, so that nothing more is written to pages or frame pools.
+  void wait_halted() noexcept;
 
  private:
   struct Channel;
@@ -60,6 +66,7 @@ class CodecUnit {
   IommuDomain& iommu_;
   Raise raise_;
   void* board_;
+  const std::atomic<bool>& halted_;
   std::vector<std::unique_ptr<Channel>> channels_;
 
   std::mutex run_mu_;

@@ -5,7 +5,8 @@
 // (mmio_read32 / mmio_write32), a BAR2 aperture onto device DRAM, an IOMMU
 // it programs to let the board reach host memory, and one eventfd per
 // interrupt vector. Behind them: DRAM, a DMA engine, one command processor
-// thread per enabled hardware queue and a firmware mailbox.
+// thread per hardware queue (started by its first enable) and a firmware
+// mailbox.
 //
 // The board trusts nothing the host writes: every descriptor is decoded and
 // validated, every address checked against DRAM and the IOMMU. A bad one
