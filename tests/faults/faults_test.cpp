@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "fault_support.hpp"
 #include "tpuhal/sim/board.h"
 #include "tpuhal/sim/profile.h"
 #include "tpuhal/tpu/sim_provider.h"
@@ -22,27 +23,10 @@ namespace {
 
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
-using Clock = std::chrono::steady_clock;
+using namespace fault_test;
 
 constexpr const char* kUri = "sim:tiny";
 constexpr std::uint64_t kBytes = 64 * 1024;
-
-std::chrono::milliseconds since(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t);
-}
-
-// Runs `f`, expects it to throw Error with `status`; returns the message.
-template <class F>
-std::string expect_error(F&& f, Status status) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), status) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return {};
-}
 
 class Faults : public ::testing::Test {
  protected:

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../video/video_support.hpp"
+#include "fault_support.hpp"
 #include "tpuhal/sim/board.h"
 #include "tpuhal/tpu/sim_provider.h"
 #include "tpuhal/tpuhal.hpp"
@@ -30,14 +31,10 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using namespace video_test;
 using ::testing::HasSubstr;
-using Clock = std::chrono::steady_clock;
+using namespace fault_test;
 
 constexpr const char* kUri = "sim:tiny";  // two decoder channels, one video queue
 constexpr std::uint32_t kWidth = 320, kHeight = 240;
-
-std::chrono::milliseconds since(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t);
-}
 
 // The clip, its packets and ffmpeg's hashes of its frames: made once per
 // test program in a private directory.
@@ -60,19 +57,6 @@ const Clip& clip() {
     return out;
   }();
   return c;
-}
-
-// Runs `f`, expects it to throw Error with `status`; returns the message.
-template <class F>
-std::string expect_error(F&& f, Status status) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), status) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return {};
 }
 
 class VideoFaults : public ::testing::Test {
