@@ -21,6 +21,10 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+// Packets a host thread keeps in flight per channel on the device, and
+// feeds each libavcodec decoder per turn.
+constexpr std::uint64_t kDepth = 6;
+
 struct Clip {
   std::string label;  // "1080p h264"
   Codec codec;
@@ -52,7 +56,6 @@ Clip make_clip(const fs::path& dir, const std::string& label, Codec codec, const
 // what is ready with try_receive(), and blocks only when a channel is that
 // far ahead or at the end of the stream.
 double device_fps(Device& dev, const Clip& clip, std::uint32_t channels, std::uint32_t loops) {
-  constexpr std::uint64_t kDepth = 6;
   VideoDecoderOptions o;
   o.codec = clip.codec;
   o.format = PixelFormat::NV12;
@@ -91,7 +94,10 @@ double device_fps(Device& dev, const Clip& clip, std::uint32_t channels, std::ui
 }
 
 // The same with libavcodec directly: `channels` decoders (one thread each
-// inside) shared out over `threads` threads.
+// inside) shared out over `threads` threads. Each thread feeds its channels
+// in turn, kDepth packets each, as the device's host threads keep kDepth in
+// flight per channel: both sides decode the same interleaved schedule of
+// concurrent streams (and so keep as many decoders' reference frames hot).
 double libavcodec_fps(const Clip& clip, std::uint32_t channels, std::uint32_t loops, std::uint32_t threads) {
   const AVCodec* codec = avcodec_find_decoder(clip.codec == Codec::H264 ? AV_CODEC_ID_H264 : AV_CODEC_ID_HEVC);
   std::atomic<std::uint64_t> frames{0};
@@ -110,24 +116,26 @@ double libavcodec_fps(const Clip& clip, std::uint32_t channels, std::uint32_t lo
       AVPacket* pkt = av_packet_alloc();
       AVFrame* frame = av_frame_alloc();
       std::uint64_t n = 0;
-      for (std::uint32_t c = t; c < channels; c += threads) {
-        AVCodecContext* ctx = contexts[c];
-        auto drain = [&] {
-          while (avcodec_receive_frame(ctx, frame) == 0) {
-            ++n;
-            av_frame_unref(frame);
-          }
-        };
-        for (std::uint32_t loop = 0; loop < loops; ++loop)
-        for (const auto& p : clip.packets) {
-          pkt->data = reinterpret_cast<std::uint8_t*>(const_cast<std::byte*>(p.data.data()));
-          pkt->size = static_cast<int>(p.data.size());
-          pkt->pts = p.pts;
-          avcodec_send_packet(ctx, pkt);
-          drain();
+      auto drain = [&](AVCodecContext* ctx) {
+        while (avcodec_receive_frame(ctx, frame) == 0) {
+          ++n;
+          av_frame_unref(frame);
         }
-        avcodec_send_packet(ctx, nullptr);
-        drain();
+      };
+      const std::uint64_t total = std::uint64_t{loops} * clip.packets.size();
+      for (std::uint64_t first = 0; first < total; first += kDepth)
+        for (std::uint32_t c = t; c < channels; c += threads)
+          for (std::uint64_t i = first; i < std::min(first + kDepth, total); ++i) {
+            const auto& p = clip.packets[i % clip.packets.size()];
+            pkt->data = reinterpret_cast<std::uint8_t*>(const_cast<std::byte*>(p.data.data()));
+            pkt->size = static_cast<int>(p.data.size());
+            pkt->pts = p.pts;
+            avcodec_send_packet(contexts[c], pkt);
+            drain(contexts[c]);
+          }
+      for (std::uint32_t c = t; c < channels; c += threads) {
+        avcodec_send_packet(contexts[c], nullptr);
+        drain(contexts[c]);
       }
       av_frame_free(&frame);
       av_packet_free(&pkt);
