@@ -6,7 +6,11 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/setup.sh"
 build="$root/build/sanitize"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# -O1 with line tables only (-g1): what the sanitizers need for exact
+# reports and call sites, and about half the compile time of -O2 -g.
+san_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
+cmake -S "$root" -B "$build" -G Ninja "${san_flags[@]}" \
   -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON >/dev/null
 cmake --build "$build"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
@@ -18,7 +22,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # when ctest was given a filter, so that `scripts/test.sh -R Foo` stays quick.
 if (($# == 0)); then
   tsan="$root/build/tsan"
-  cmake -S "$root" -B "$tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  cmake -S "$root" -B "$tsan" -G Ninja "${san_flags[@]}" \
     -DTPUHAL_SANITIZE=thread -DTPUHAL_WERROR=ON >/dev/null
   cmake --build "$tsan" --target hal_threads tpu_driver hal_conformance sim_board_test tpuhal_cli hal_validation
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}

@@ -54,4 +54,6 @@ std::vector<std::string> CallStack::describe(std::size_t max_frames,
   return out;
 }
 
+std::string CallStack::source_file(const void* pc) { return boost::stacktrace::frame(pc).source_file(); }
+
 }  // namespace tpuhal::base

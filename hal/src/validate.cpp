@@ -62,6 +62,14 @@ bool internal_frame(std::string_view fn, const void* pc) {
   };
   for (auto prefix : kInternal)
     if (fn.substr(0, prefix.size()) == prefix) return true;
+  // Helpers in the library's anonymous namespaces, when not inlined (the
+  // caller's code may use the same namespace: tell them apart by file).
+  constexpr std::string_view kAnonymous = "tpuhal::(anonymous namespace)::";
+  if (fn.substr(0, kAnonymous.size()) == kAnonymous) {
+    const std::string file = base::CallStack::source_file(pc);
+    for (std::string_view dir : {"/hal/src/", "/drivers/", "/base/src/"})
+      if (file.find(dir) != std::string::npos) return true;
+  }
   return !self.empty() && module_path(pc) == self;
 }
 
@@ -72,6 +80,10 @@ std::mutex& handler_mu() {
 validation::Handler& handler() {
   static auto* h = new validation::Handler;
   return *h;
+}
+validation::CallSiteProvider& call_site_provider() {
+  static auto* p = new validation::CallSiteProvider;
+  return *p;
 }
 
 // ---- what commands touch -------------------------------------------------------
@@ -244,11 +256,16 @@ void report(validation::Check check, std::string message) {
   // A leak is reported at exit (or on request): where that happens says
   // nothing; the message names where each buffer was allocated.
   validation::Report r{check, std::move(message), {}};
-  if (check != validation::Check::Leak) r.call_site = base::CallStack::capture().describe(4, internal_frame);
   validation::Handler h;
+  validation::CallSiteProvider provider;
   {
     std::lock_guard lock(handler_mu());
     h = handler();
+    provider = call_site_provider();
+  }
+  if (check != validation::Check::Leak) {
+    r.call_site = provider ? provider() : std::vector<std::string>{};
+    for (auto& frame : base::CallStack::capture().describe(4, internal_frame)) r.call_site.push_back(std::move(frame));
   }
   if (h) {
     h(r);
@@ -475,6 +492,11 @@ void enable(bool on) noexcept { detail::validate::g_on.store(on, std::memory_ord
 Handler set_handler(Handler h) {
   std::lock_guard lock(detail::validate::handler_mu());
   return std::exchange(detail::validate::handler(), std::move(h));
+}
+
+CallSiteProvider set_call_site_provider(CallSiteProvider provider) {
+  std::lock_guard lock(detail::validate::handler_mu());
+  return std::exchange(detail::validate::call_site_provider(), std::move(provider));
 }
 
 std::uint64_t report_count() noexcept {

@@ -31,6 +31,10 @@ class CallStack {
   std::vector<std::string> describe(std::size_t max_frames,
                                     const std::function<bool(std::string_view, const void*)>& skip) const;
 
+  // The source file of the code at `pc` from its debug information; empty
+  // without it.
+  static std::string source_file(const void* pc);
+
  private:
   std::vector<void*> pcs_;
 };
