@@ -242,6 +242,34 @@ TEST_F(Validation, AWordWrittenLowerThanItsLastValueIsReported) {
   EXPECT_NE(site(reports[0]).find("validation_test.cpp"), std::string::npos) << site(reports[0]);
 }
 
+TEST_F(Validation, ALanguageBindingsFramesComeBeforeTheCppCallSite) {
+  Collector c;
+  std::atomic<int> asked{0};
+  auto previous = validation::set_call_site_provider([&] {
+    ++asked;
+    return std::vector<std::string>{"run_pipeline at app.py:12", "<module> at app.py:30"};
+  });
+  Queue q = dev_.queue();
+  Buffer words = dev_.allocate(4096, Memory::HostPinned);
+  q.batch().write_value(words, 0, 2).submit().wait();
+  EXPECT_EQ(asked.load(), 0) << "asked for frames with nothing to report";
+  q.batch().write_value(words, 0, 1).submit().wait();
+  auto reports = c.take();
+  ASSERT_EQ(reports.size(), 1u);
+  ASSERT_GE(reports[0].call_site.size(), 3u) << site(reports[0]);
+  EXPECT_EQ(reports[0].call_site[0], "run_pipeline at app.py:12");
+  EXPECT_EQ(reports[0].call_site[1], "<module> at app.py:30");
+  EXPECT_NE(reports[0].call_site[2].find("validation_test.cpp"), std::string::npos) << site(reports[0]);
+  EXPECT_EQ(asked.load(), 1);
+  EXPECT_TRUE(validation::set_call_site_provider(std::move(previous)));  // gives back ours
+  // Without a provider, the C++ frames alone.
+  q.batch().write_value(words, 0, 0).submit().wait();
+  reports = c.take();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_NE(site(reports[0]).find("validation_test.cpp"), std::string::npos) << site(reports[0]);
+  EXPECT_EQ(site(reports[0]).find("app.py"), std::string::npos) << site(reports[0]);
+}
+
 // A driver whose timeline and memory accounting the test controls: to play
 // the driver and firmware faults validation watches for.
 struct Faulty {

@@ -93,6 +93,7 @@ from ._tpuhal import (
     open,
     ops,
     unavailable_drivers,
+    validation,
     version,
 )
 
@@ -103,7 +104,7 @@ __all__ = [
     "OutOfMemory", "OutOfRange", "Packet", "PermissionDenied", "PixelFormat", "Program", "Properties", "Queue",
     "QueueFull", "QueueStatus", "ResourceExhausted", "Status", "Tensor", "Timeout", "Unavailable",
     "Unsupported", "VersionMismatch", "VideoDecoder", "WaitMode", "WaitPolicy", "__version__", "devices",
-    "from_dlpack", "open", "ops", "unavailable_drivers", "version", "wait_all",
+    "from_dlpack", "open", "ops", "unavailable_drivers", "validation", "version", "wait_all",
 ]
 
 _Seconds = Union[float, int, _timedelta]
@@ -129,6 +130,7 @@ Fence.__await__ = _fence_await  # type: ignore[attr-defined]
 
 # `import tpuhal.ops` and `from tpuhal.ops import matmul` work as for a module.
 _sys.modules[__name__ + ".ops"] = ops
+_sys.modules[__name__ + ".validation"] = validation
 
 # The NumPy dtype of each tensor element type; bf16, which NumPy lacks, comes
 # and goes as its raw 16 bits (uint16).

@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import ops as ops
+from . import validation as validation
 
 _Seconds = Union[float, int, timedelta]
 _MemoryLike = Union[Memory, str]

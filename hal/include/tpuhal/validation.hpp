@@ -59,6 +59,13 @@ TPUHAL_API void enable(bool on) noexcept;
 using Handler = std::function<void(const Report&)>;
 TPUHAL_API Handler set_handler(Handler handler);
 
+// Frames of the caller in a higher-level language, for language bindings:
+// called while a report is made, on the reporting thread with no library
+// lock held; the frames it returns ("fn at file.py:12", innermost first) go
+// before the C++ frames of Report::call_site. Returns the previous provider.
+using CallSiteProvider = std::function<std::vector<std::string>()>;
+TPUHAL_API CallSiteProvider set_call_site_provider(CallSiteProvider provider);
+
 // Reports made since the process started.
 TPUHAL_API std::uint64_t report_count() noexcept;
 
