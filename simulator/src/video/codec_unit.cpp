@@ -47,6 +47,28 @@ void interleave_uv(std::uint8_t* out, const std::uint8_t* u, const std::uint8_t*
   }
 }
 
+// dst[0, n) = src[0, n) with streaming stores where dst is 16-byte aligned:
+// a frame goes to device DRAM that the decoder will not read again, so it
+// should neither be read in first nor push the decoder's reference frames
+// out of the caches. The caller fences (_mm_sfence) before publishing.
+void copy_stream(std::byte* dst, const std::uint8_t* src, std::uint32_t n) {
+  std::uint32_t x = 0;
+#ifdef __SSE2__
+  if ((reinterpret_cast<std::uintptr_t>(dst) & 15) == 0)
+    for (; x + 64 <= n; x += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + x));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + x + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + x + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + x + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + x), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + x + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + x + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + x + 48), d);
+    }
+#endif
+  std::memcpy(dst + x, src + x, n - x);
+}
+
 AVCodecID codec_id(fw::VideoCodec c) {
   switch (c) {
     case fw::VideoCodec::kH264: return AV_CODEC_ID_H264;
@@ -334,7 +356,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     }
     auto rows = [](std::byte* out, std::uint32_t pitch, const std::uint8_t* in, int in_pitch, std::uint32_t bytes,
                    std::uint32_t n) {
-      for (std::uint32_t r = 0; r < n; ++r) std::memcpy(out + std::uint64_t{r} * pitch, in + std::int64_t{r} * in_pitch, bytes);
+      for (std::uint32_t r = 0; r < n; ++r) copy_stream(out + std::uint64_t{r} * pitch, in + std::int64_t{r} * in_pitch, bytes);
     };
     rows(dst + L.offset[0], L.pitch[0], f.data[0], f.linesize[0], L.row_bytes[0], L.rows[0]);
     const std::uint32_t cw = (w + 1) / 2;
@@ -346,6 +368,9 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
         interleave_uv(reinterpret_cast<std::uint8_t*>(dst + L.offset[1] + std::uint64_t{r} * L.pitch[1]),
                       f.data[1] + std::int64_t{r} * f.linesize[1], f.data[2] + std::int64_t{r} * f.linesize[2], cw);
     }
+#ifdef __SSE2__
+    _mm_sfence();  // the streaming stores land before the record says so
+#endif
     fw::FrameRecord r{};
     r.kind = static_cast<std::uint32_t>(fw::RecordKind::kFrame);
     r.slot = slot;
