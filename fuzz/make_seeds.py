@@ -222,6 +222,21 @@ def model_file(sections, version=1):
     return bytes(out)
 
 
+# A compiled model as `tpuhal compile` writes it (docs/model-format.md): one
+# 1x1 convolution with a bias and a fused Relu.
+compiled_io = (b'{"inputs": [{"name": "x", "dtype": "f32", "shape": [1, 4, 2, 2]}],'
+               b' "outputs": [{"name": "y", "dtype": "f32", "shape": [1, 4, 2, 2]}]}')
+compiled_graph = (b'{"arena_bytes": 128, "weight_bytes": 80, "tensors": ['
+                  b'{"dtype": "f32", "shape": [1, 4, 2, 2], "storage": "arena", "offset": 0, "value": "x"},'
+                  b'{"dtype": "f32", "shape": [4, 4, 1, 1], "storage": "weights", "offset": 0},'
+                  b'{"dtype": "f32", "shape": [4], "storage": "weights", "offset": 64},'
+                  b'{"dtype": "f32", "shape": [1, 4, 2, 2], "storage": "arena", "offset": 64, "value": "y"}],'
+                  b' "ops": [{"op": "conv2d", "node": "conv", "operands": {"x": 0, "w": 1, "bias": 2, "y": 3},'
+                  b' "attrs": {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "groups": 1,'
+                  b' "activation": {"kind": "relu", "alpha": 0, "beta": 0}}}],'
+                  b' "inputs": [0], "outputs": [3]}')
+
+
 def model_file_seeds():
     meta = b"producer=tpuhal compile\nprecision=int8\n"
     weights = bytes(range(256)) * 5
@@ -233,6 +248,9 @@ def model_file_seeds():
         "unknown_optional": model_file([(1, False, meta), (42, True, b"later")]),
         "unknown_required": model_file([(42, False, b"later")]),
         "version_2": model_file([(1, False, meta)], version=2),
+        "compiled": model_file([(1, False, b"precision=fp32\n"), (2, False, compiled_io), (3, False, compiled_graph),
+                                (4, False, bytes(64 + 16))]),
+        "graph_json": compiled_graph,  # straight to the section decoders
     }
 
 

@@ -23,6 +23,7 @@
 #include <set>
 #include <variant>
 
+#include "onnx_attrs.hpp"  // runtime/src: shared with the model compiler
 #include "tpuhal/tpuhal.hpp"
 
 namespace fs = std::filesystem;
@@ -127,39 +128,8 @@ HostTensor read_tensor(const fs::path& path, int declared = 0) {
 
 // ---- Node attributes ---------------------------------------------------------------
 
-struct Attrs {
-  const onnx::NodeProto& node;
-  const onnx::AttributeProto* find(const char* name) const {
-    for (const auto& a : node.attribute())
-      if (a.name() == name) return &a;
-    return nullptr;
-  }
-  std::int64_t i(const char* name, std::int64_t def) const {
-    auto* a = find(name);
-    return a ? a->i() : def;
-  }
-  float f(const char* name, float def) const {
-    auto* a = find(name);
-    return a ? a->f() : def;
-  }
-  std::string s(const char* name, const std::string& def) const {
-    auto* a = find(name);
-    return a ? a->s() : def;
-  }
-  std::vector<std::int64_t> ints(const char* name, std::vector<std::int64_t> def = {}) const {
-    auto* a = find(name);
-    return a ? std::vector<std::int64_t>(a->ints().begin(), a->ints().end()) : def;
-  }
-  // Attributes present other than `known`.
-  std::string unknown(std::initializer_list<const char*> known) const {
-    for (const auto& a : node.attribute()) {
-      bool ok = false;
-      for (auto k : known) ok = ok || a.name() == k;
-      if (!ok) return a.name();
-    }
-    return {};
-  }
-};
+// Read as the model compiler reads them (runtime/src/onnx_attrs.hpp).
+using rt::onnx_attrs::Attrs;
 
 // ---- Lowering a node onto tpuhal ops ---------------------------------------------------
 
@@ -179,23 +149,6 @@ struct Lowering {
   std::set<int> host_only;  // inputs read on the host (scales, sizes, bounds), not uploaded
 };
 using LowerResult = std::variant<Lowering, std::string>;  // or the reason it is skipped
-
-std::array<std::uint32_t, 4> conv_pads(const Attrs& a, std::int64_t h, std::int64_t w, std::int64_t kh, std::int64_t kw,
-                                       const std::vector<std::int64_t>& strides, const std::vector<std::int64_t>& dil) {
-  const std::string autopad = a.s("auto_pad", "NOTSET");
-  if (autopad == "SAME_UPPER" || autopad == "SAME_LOWER") {
-    const bool lower = autopad == "SAME_LOWER";
-    auto ph = ops::same_pads(static_cast<std::uint32_t>(h), static_cast<std::uint32_t>(kh),
-                             static_cast<std::uint32_t>(strides[0]), static_cast<std::uint32_t>(dil[0]), lower);
-    auto pw = ops::same_pads(static_cast<std::uint32_t>(w), static_cast<std::uint32_t>(kw),
-                             static_cast<std::uint32_t>(strides[1]), static_cast<std::uint32_t>(dil[1]), lower);
-    return {ph[0], pw[0], ph[1], pw[1]};
-  }
-  if (autopad == "VALID") return {0, 0, 0, 0};
-  auto p = a.ints("pads", {0, 0, 0, 0});
-  return {static_cast<std::uint32_t>(p[0]), static_cast<std::uint32_t>(p[1]), static_cast<std::uint32_t>(p[2]),
-          static_cast<std::uint32_t>(p[3])};
-}
 
 LowerResult lower(const onnx::NodeProto& node, int opset) {
   const std::string& op = node.op_type();
@@ -317,13 +270,7 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
                       const Tensor& x = *in[0];
                       const Tensor& w = kind == "QLinearConv" ? *in[3] : *in[1];
                       if (x.rank() != 4) throw Skip(std::to_string(x.rank() - 2) + "-D convolution");
-                      ops::Conv2dOptions o;
-                      const auto strides = at.ints("strides", {1, 1});
-                      const auto dil = at.ints("dilations", {1, 1});
-                      o.strides = {static_cast<std::uint32_t>(strides[0]), static_cast<std::uint32_t>(strides[1])};
-                      o.dilations = {static_cast<std::uint32_t>(dil[0]), static_cast<std::uint32_t>(dil[1])};
-                      o.groups = static_cast<std::uint32_t>(at.i("group", 1));
-                      o.pads = conv_pads(at, x.shape()[2], x.shape()[3], w.shape()[2], w.shape()[3], strides, dil);
+                      ops::Conv2dOptions o = rt::onnx_attrs::conv_options(at, x.shape(), w.shape());
                       if (kind == "Conv") {
                         if (in.size() > 2 && in[2]) o.bias = *in[2];
                         return ops::conv2d(x, w, out, o);
@@ -339,8 +286,7 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
   if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") {
     if (a.i("storage_order", 0) != 0) return "MaxPool with storage_order 1";
     const bool max = op == "MaxPool" || op == "GlobalMaxPool";
-    const bool global = op.rfind("Global", 0) == 0;
-    return Lowering{[node_copy = node, max, global](const Inputs& in, const Tensor& out, const auto&) {
+    return Lowering{[node_copy = node, max](const Inputs& in, const Tensor& out, const auto&) {
                       const Attrs at{node_copy};
                       Tensor x = *in[0];
                       Tensor y = out;
@@ -349,37 +295,7 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
                         y = y.reshape({y.shape()[0], y.shape()[1], 1, y.shape()[2]});
                       }
                       if (x.rank() != 4) throw Skip(std::to_string(x.rank() - 2) + "-D pooling");
-                      const bool one_d = in[0]->rank() == 3;
-                      ops::Pool2dOptions o;
-                      if (global) {
-                        o.kernel = {static_cast<std::uint32_t>(x.shape()[2]), static_cast<std::uint32_t>(x.shape()[3])};
-                      } else {
-                        auto k = at.ints("kernel_shape");
-                        auto s = at.ints("strides", std::vector<std::int64_t>(k.size(), 1));
-                        auto d = at.ints("dilations", std::vector<std::int64_t>(k.size(), 1));
-                        if (one_d) {
-                          k.insert(k.begin(), 1);
-                          s.insert(s.begin(), 1);
-                          d.insert(d.begin(), 1);
-                        }
-                        o.kernel = {static_cast<std::uint32_t>(k[0]), static_cast<std::uint32_t>(k[1])};
-                        o.strides = {static_cast<std::uint32_t>(s[0]), static_cast<std::uint32_t>(s[1])};
-                        o.dilations = {static_cast<std::uint32_t>(d[0]), static_cast<std::uint32_t>(d[1])};
-                        o.ceil_mode = at.i("ceil_mode", 0) != 0;
-                        o.count_include_pad = at.i("count_include_pad", 0) != 0;
-                        const std::string autopad = at.s("auto_pad", "NOTSET");
-                        if (autopad == "SAME_UPPER" || autopad == "SAME_LOWER") {
-                          const bool lower = autopad == "SAME_LOWER";
-                          auto ph = ops::same_pads(static_cast<std::uint32_t>(x.shape()[2]), o.kernel[0], o.strides[0], o.dilations[0], lower);
-                          auto pw = ops::same_pads(static_cast<std::uint32_t>(x.shape()[3]), o.kernel[1], o.strides[1], o.dilations[1], lower);
-                          o.pads = {ph[0], pw[0], ph[1], pw[1]};
-                        } else if (autopad == "NOTSET") {
-                          auto p = at.ints("pads", std::vector<std::int64_t>(2 * (one_d ? 1 : 2), 0));
-                          if (one_d) o.pads = {0, static_cast<std::uint32_t>(p[0]), 0, static_cast<std::uint32_t>(p[1])};
-                          else o.pads = {static_cast<std::uint32_t>(p[0]), static_cast<std::uint32_t>(p[1]),
-                                         static_cast<std::uint32_t>(p[2]), static_cast<std::uint32_t>(p[3])};
-                        }
-                      }
+                      const ops::Pool2dOptions o = rt::onnx_attrs::pool_options(at, in[0]->shape());
                       return max ? ops::max_pool2d(x, y, o) : ops::avg_pool2d(x, y, o);
                     },
                     {}};

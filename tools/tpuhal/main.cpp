@@ -24,6 +24,8 @@ const Entry kCommands[] = {
     {"reset", cmd_reset, "reset a board after a fault and check that it works again"},
     {"stress", cmd_stress, "soak a device: threads and processes of random work, every byte checked"},
     {"decode", cmd_decode, "decode a video or JPEG file on a board's video decoder (--md5 per frame)"},
+    {"compile", cmd_compile, "compile an ONNX model for the board in fp32, fp16, bf16 or calibrated int8"},
+    {"model-info", cmd_model_info, "check a compiled model and print its inputs, outputs, precision, report"},
 };
 
 void usage(std::FILE* out) {
@@ -32,7 +34,7 @@ void usage(std::FILE* out) {
                "tpuhal %s: a hardware abstraction layer for AI accelerator boards.\n\n"
                "Commands:\n",
                tpuhal::version());
-  for (auto& c : kCommands) std::fprintf(out, "  %-8s %s\n", c.name, c.summary);
+  for (auto& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
   std::fprintf(out,
                "\n'tpuhal COMMAND --help' describes a command's options.\n\n"
                "Devices are named by URI: sim:0 is the first simulated board (TPUHAL_SIM_BOARDS\n"

@@ -1,0 +1,86 @@
+// The compiler: an ONNX model and fixed input shapes in, a compiled model
+// (model_file.hpp) out, in fp32, fp16, bf16 or int8 (docs/runtime.md).
+//
+//   rt::CompileOptions o;
+//   o.precision = rt::Precision::Int8;
+//   o.calibration = {rt::read_npy("calib.npy")};   // one array per input
+//   rt::CompileResult r = rt::compile_onnx("net.onnx", o);
+//   rt::write_model_file("net.tpm", r.model);
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tpuhal/rt/model.hpp"
+#include "tpuhal/rt/model_file.hpp"
+
+namespace tpuhal::rt {
+
+// A host array of float32 values with its shape (a calibration set, a test
+// batch). read_npy takes NumPy's .npy files of little-endian f4 or f8 in C
+// order; errors name the path and what is wrong.
+struct NdArray {
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;
+};
+NdArray read_npy(const std::filesystem::path& path);
+void write_npy(const std::filesystem::path& path, const NdArray& array);
+
+enum class CalibrationMethod : std::uint32_t {
+  MinMax = 0,      // the observed range of each activation
+  Percentile = 1,  // ranges cut at the `percentile`-th and (100 - `percentile`)-th
+                   // percentiles of the values (outliers cut)
+};
+
+struct CompileOptions {
+  Precision precision = Precision::F32;
+  // Fixed shape for each input with a symbolic or missing dimension, by
+  // name; the batch dimension is usually the one given here.
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  // int8 and the report: samples of real inputs, one array per model
+  // input in input order, the first dimension the sample count and the
+  // rest the input's shape without its batch dimension. They run in
+  // batches of the input's batch size; the last batch is filled up by
+  // wrapping round to the first samples.
+  std::vector<NdArray> calibration;
+  CalibrationMethod method = CalibrationMethod::Percentile;
+  double percentile = 99.99;
+  // Also measure, per layer, the error of this precision against fp32 on
+  // the calibration data (required then), into the Report section.
+  bool report = false;
+  // The device that runs calibration and the report.
+  std::string device = "sim:0";
+};
+
+// One line of the precision report: a layer's output in the compiled
+// precision against the same layer of the fp32 model, both fed the same
+// inputs end to end.
+struct LayerError {
+  std::string node;      // ONNX node name
+  std::string op;        // ONNX op type
+  std::string output;    // tensor name
+  double max_abs = 0;    // max |reduced - fp32|
+  double rms = 0;        // root mean square of the difference
+  double rel_rms = 0;    // rms / rms(fp32 values)
+  double snr_db = 0;     // 10 log10(signal power / error power)
+};
+
+struct CompileResult {
+  ModelFile model;
+  std::vector<LayerError> report;  // empty unless options.report
+  std::vector<std::string> notes;  // what the compiler did: folded, fused
+};
+
+// Throws tpuhal::Error: Unsupported listing every unsupported op by node
+// name and op type (never skipping one); InvalidArgument for a malformed
+// model, a missing shape, or calibration data of the wrong shape.
+CompileResult compile_onnx(const std::filesystem::path& onnx, const CompileOptions& options);
+CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileOptions& options,
+                           std::string_view name = "model");
+
+}  // namespace tpuhal::rt

@@ -1,0 +1,124 @@
+// Compiled models on a device: load a `.tpm` file (tpuhal compile writes
+// them; docs/runtime.md), then run batches through instances.
+//
+//   auto dev = tpuhal::open("sim:0");
+//   auto model = tpuhal::rt::Model::load(dev, "net.tpm");   // weights uploaded once
+//   auto inst = model.instance();                           // activations + program
+//   std::vector<float> x(model.inputs()[0].elements()), y(model.outputs()[0].elements());
+//   inst.run({tpuhal::rt::host(x)}, {tpuhal::rt::host(y)});
+//
+// A Model holds the weights in device memory and is shared by any number of
+// instances; each Instance has its own activation buffers and recorded
+// Program, and is used by one thread at a time. Several models and several
+// instances of each may live on one device at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tpuhal/tpuhal.hpp"
+#include "tpuhal/rt/model_file.hpp"
+
+namespace tpuhal::rt {
+
+// The precision a model was compiled for. Inputs and outputs are f32 in
+// every precision; the conversion happens on the device.
+enum class Precision : std::uint32_t { F32 = 0, F16 = 1, BF16 = 2, Int8 = 3 };
+const char* to_string(Precision p) noexcept;  // "fp32", "fp16", "bf16", "int8"
+// Parses "fp32", "fp16", "bf16", "int8"; InvalidArgument naming the text.
+Precision parse_precision(std::string_view text);
+
+// A model input or output: its ONNX name, dtype and fixed shape.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t elements() const noexcept;
+  std::uint64_t bytes() const noexcept;
+  std::string describe() const;  // "input f32[8, 1, 28, 28]"
+};
+
+// Host memory for one input or output, in its spec's dtype and shape.
+struct HostArray {
+  std::byte* data = nullptr;
+  std::uint64_t bytes = 0;
+};
+template <typename T>
+HostArray host(std::vector<T>& v) noexcept {
+  return {reinterpret_cast<std::byte*>(v.data()), v.size() * sizeof(T)};
+}
+
+class Instance;
+namespace detail {
+struct ModelState;
+struct InstanceState;
+struct Access;  // the compiler's view inside (calibration, the report)
+}
+
+class Model {
+ public:
+  Model() = default;
+  // Reads and checks the file (model_file.hpp's errors), then uploads the
+  // weights. InvalidArgument if a section is damaged in a way the
+  // container's checks cannot see (an op or tensor out of range), naming it.
+  static Model load(Device& device, const std::filesystem::path& path);
+  static Model load(Device& device, const ModelFile& file, std::string_view name = "compiled model");
+
+  const std::vector<TensorSpec>& inputs() const;
+  const std::vector<TensorSpec>& outputs() const;
+  Precision precision() const;
+  // The Meta section: producer, source, precision, calibration, ...
+  const std::map<std::string, std::string>& meta() const;
+  std::uint64_t weight_bytes() const;  // device memory the weights take
+  Device device() const;
+
+  // A new instance: allocates its activation buffers and records its
+  // program. Throws OutOfMemory as Device::allocate does.
+  Instance instance() const;
+
+  explicit operator bool() const noexcept { return state_ != nullptr; }
+
+ private:
+  friend struct detail::Access;
+  std::shared_ptr<detail::ModelState> state_;
+};
+
+class Instance {
+ public:
+  Instance() = default;
+
+  // Runs one batch: copies `inputs` (in the order of Model::inputs(), each
+  // exactly its spec's bytes) to the device, runs the program, copies the
+  // outputs back into `outputs`, and waits. InvalidArgument naming the
+  // input or output whose size is wrong; device errors as Fence::wait.
+  void run(std::span<const HostArray> inputs, std::span<const HostArray> outputs);
+  // The same with inputs given as const memory.
+  void run(std::initializer_list<HostArray> inputs, std::initializer_list<HostArray> outputs) {
+    run(std::span<const HostArray>(inputs.begin(), inputs.size()),
+        std::span<const HostArray>(outputs.begin(), outputs.size()));
+  }
+
+  // Device-side use: the tensors the program reads its inputs from and
+  // writes its outputs to. Fill the inputs (copies, or a previous op on the
+  // same device), then submit() on any compute queue of the model's device;
+  // the outputs hold the result once its fence is reached.
+  const std::vector<Tensor>& input_tensors() const;
+  const std::vector<Tensor>& output_tensors() const;
+  Fence submit(Queue& queue);
+
+  Model model() const;
+  explicit operator bool() const noexcept { return state_ != nullptr; }
+
+ private:
+  friend class Model;
+  friend struct detail::Access;
+  std::shared_ptr<detail::InstanceState> state_;
+};
+
+}  // namespace tpuhal::rt

@@ -1,0 +1,352 @@
+// compile_onnx: import, calibrate (int8), lower, measure the precision
+// report, and pack the sections (docs/runtime.md, docs/model-format.md).
+#include "tpuhal/rt/compile.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "tpuhal/error.hpp"
+
+#ifdef TPUHAL_RT_HAVE_ONNX
+#include "ir.hpp"
+#include "model_internal.hpp"
+#endif
+
+namespace tpuhal::rt {
+
+#ifndef TPUHAL_RT_HAVE_ONNX
+
+CompileResult compile_onnx(std::span<const std::byte>, const CompileOptions&, std::string_view name) {
+  throw Error(Status::Unsupported, std::string(name) +
+                                       ": this tpuhal was built without ONNX (libonnx-dev, libprotobuf-dev); it loads and "
+                                       "runs compiled models but cannot compile");
+}
+
+#else
+
+namespace {
+
+using namespace detail;
+using nlohmann::json;
+
+// The calibration set cut into batches of the model's input shapes.
+struct Batches {
+  std::vector<std::vector<float>> per_input;  // each input's samples, flat
+  std::vector<std::uint64_t> sample_elems;
+  std::vector<std::vector<std::int64_t>> shapes;
+  std::uint64_t samples = 0;
+  std::uint64_t count() const {
+    const auto n = static_cast<std::uint64_t>(shapes.at(0).at(0));
+    return (samples + n - 1) / n;
+  }
+  // Batch `b`: rows past the last sample wrap to the first ones.
+  std::vector<std::vector<float>> batch(std::uint64_t b) const {
+    std::vector<std::vector<float>> out;
+    for (std::size_t i = 0; i < per_input.size(); ++i) {
+      const auto n = static_cast<std::uint64_t>(shapes[i][0]);
+      std::vector<float> x(n * sample_elems[i]);
+      for (std::uint64_t r = 0; r < n; ++r) {
+        const std::uint64_t s = (b * n + r) % samples;
+        std::copy_n(per_input[i].begin() + static_cast<std::ptrdiff_t>(s * sample_elems[i]), sample_elems[i],
+                    x.begin() + static_cast<std::ptrdiff_t>(r * sample_elems[i]));
+      }
+      out.push_back(std::move(x));
+    }
+    return out;
+  }
+};
+
+// "minmax", "percentile:99.99"
+std::string method_text(const CompileOptions& o) {
+  if (o.method == CalibrationMethod::MinMax) return "minmax";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "percentile:%g", o.percentile);
+  return buf;
+}
+
+std::string dims(const std::vector<std::int64_t>& s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+Batches calibration_batches(const Graph& g, const CompileOptions& o, std::string_view name, const char* why) {
+  if (o.calibration.empty())
+    throw Error(Status::InvalidArgument, std::string(name) + ": " + why + " needs calibration data (one array per input)");
+  if (o.calibration.size() != g.inputs.size())
+    throw Error(Status::InvalidArgument, std::string(name) + ": " + std::to_string(o.calibration.size()) +
+                                             " calibration arrays for " + std::to_string(g.inputs.size()) + " inputs");
+  Batches b;
+  for (std::size_t i = 0; i < g.inputs.size(); ++i) {
+    const auto& shape = g.value(g.inputs[i]).shape;
+    const NdArray& a = o.calibration[i];
+    std::uint64_t per = 1;
+    for (std::size_t d = 1; d < shape.size(); ++d) per *= static_cast<std::uint64_t>(shape[d]);
+    std::vector<std::int64_t> tail(shape.begin() + (shape.empty() ? 0 : 1), shape.end());
+    std::uint64_t given = 1;
+    for (auto d : a.shape) given *= static_cast<std::uint64_t>(d);
+    const bool shape_ok = a.shape.size() >= tail.size() + 1 &&
+                          std::equal(tail.rbegin(), tail.rend(), a.shape.rbegin()) && given == a.values.size();
+    if (!shape_ok || shape.empty() || a.values.empty() || a.values.size() % per != 0)
+      throw Error(Status::InvalidArgument, std::string(name) + ": calibration array " + std::to_string(i) + " has shape " +
+                                               dims(a.shape) + "; input '" + g.inputs[i] + "' " + dims(shape) +
+                                               " needs [samples, " + dims(tail).substr(1));
+    const std::uint64_t samples = a.values.size() / per;
+    if (i > 0 && samples != b.samples)
+      throw Error(Status::InvalidArgument, std::string(name) + ": calibration arrays hold " + std::to_string(b.samples) +
+                                               " and " + std::to_string(samples) + " samples; every input needs the same number");
+    b.samples = samples;
+    b.per_input.push_back(a.values);
+    b.sample_elems.push_back(per);
+    b.shapes.push_back(shape);
+  }
+  return b;
+}
+
+ModelFile pack(const Graph& g, const Lowered& l, Precision p, const CompileOptions& o, std::string_view name,
+               const json* report) {
+  std::vector<TensorSpec> inputs, outputs;
+  for (std::size_t i = 0; i < g.inputs.size(); ++i) inputs.push_back({g.inputs[i], DType::F32, g.value(g.inputs[i]).shape});
+  for (std::size_t i = 0; i < g.outputs.size(); ++i)
+    outputs.push_back({g.outputs[i].first, DType::F32, l.graph.tensors[static_cast<std::size_t>(l.graph.outputs[i])].shape});
+  std::map<std::string, std::string> meta = {
+      {"producer", std::string("tpuhal ") + tpuhal::version()},
+      {"source", std::string(name)},
+      {"precision", to_string(p)},
+      {"opset", std::to_string(g.opset)},
+      {"ops", std::to_string(l.graph.ops.size())},
+  };
+  if (p == Precision::Int8) {
+    meta["calibration"] = method_text(o);
+    std::uint64_t n = 1;
+    if (!o.calibration.empty() && !g.inputs.empty()) {
+      const auto& s = g.value(g.inputs[0]).shape;
+      for (std::size_t d = 1; d < s.size(); ++d) n *= static_cast<std::uint64_t>(s[d]);
+      meta["calibration_samples"] = std::to_string(o.calibration[0].values.size() / std::max<std::uint64_t>(n, 1));
+    }
+  }
+  ModelFile f;
+  f.add(SectionKind::Meta, encode_meta(meta));
+  f.add(SectionKind::Io, encode_io(inputs, outputs));
+  f.add(SectionKind::Graph, encode_graph(l.graph));
+  f.add(SectionKind::Weights, l.weights);
+  if (p == Precision::Int8) {
+    json q = l.quant;
+    q["method"] = meta["calibration"];
+    const std::string s = q.dump(1);
+    std::vector<std::byte> b(s.size());
+    std::memcpy(b.data(), s.data(), s.size());
+    f.add(SectionKind::Quant, std::move(b));
+  }
+  if (report) {
+    const std::string s = report->dump(1);
+    std::vector<std::byte> b(s.size());
+    std::memcpy(b.data(), s.data(), s.size());
+    f.add(SectionKind::Report, std::move(b), true);
+  }
+  return f;
+}
+
+float element(const std::vector<std::byte>& arena, const DTensor& t, std::uint64_t i, const QParams& q) {
+  const std::byte* p = arena.data() + t.offset + i * size_of(t.dtype);
+  switch (t.dtype) {
+    case DType::F32: { float f; std::memcpy(&f, p, 4); return f; }
+    case DType::F16: { std::uint16_t h; std::memcpy(&h, p, 2); return from_f16(h); }
+    case DType::BF16: { std::uint16_t h; std::memcpy(&h, p, 2); return from_bf16(h); }
+    case DType::U8: return (static_cast<float>(static_cast<std::uint8_t>(*p)) - static_cast<float>(q.zero_point)) * q.scale;
+    case DType::I8: return static_cast<float>(static_cast<std::int8_t>(*p));
+    case DType::I32: { std::int32_t v; std::memcpy(&v, p, 4); return static_cast<float>(v); }
+  }
+  return 0;
+}
+
+// The NHWC index of element `i` of an NCHW tensor of `shape`.
+std::uint64_t nchw_to_nhwc(const std::vector<std::int64_t>& shape, std::uint64_t i) {
+  const auto c = static_cast<std::uint64_t>(shape[1]), h = static_cast<std::uint64_t>(shape[2]),
+             w = static_cast<std::uint64_t>(shape[3]);
+  const std::uint64_t x = i % w, y = i / w % h, ch = i / (w * h) % c, n = i / (w * h * c);
+  return ((n * h + y) * w + x) * c + ch;
+}
+
+// Runs `l` over every calibration batch; `visit(arena)` after each.
+template <typename Visit>
+void run_batches(Device& dev, const Graph& g, const Lowered& l, const Batches& b, Visit visit) {
+  Model m = Model::load(dev, pack(g, l, Precision::F32, CompileOptions{}, "calibration model", nullptr));
+  Instance inst = m.instance();
+  std::vector<std::vector<float>> outs;
+  for (const auto& spec : m.outputs()) outs.emplace_back(spec.elements());
+  for (std::uint64_t i = 0; i < b.count(); ++i) {
+    auto in = b.batch(i);
+    std::vector<HostArray> ins, os;
+    for (auto& x : in) ins.push_back(host(x));
+    for (auto& y : outs) os.push_back(host(y));
+    inst.run(ins, os);
+    visit(read_arena(inst));
+  }
+}
+
+std::map<std::string, Range> calibrate(Device& dev, const Graph& g, const Lowered& f32, const Batches& b,
+                                       const CompileOptions& o) {
+  std::map<std::string, Range> ranges;
+  run_batches(dev, g, f32, b, [&](const std::vector<std::byte>& arena) {
+    for (const auto& [v, info] : f32.values) {
+      const DTensor& t = f32.graph.tensors[static_cast<std::size_t>(info.tensor)];
+      auto [it, fresh] = ranges.try_emplace(v, Range{INFINITY, -INFINITY});
+      Range& r = it->second;
+      for (std::uint64_t i = 0; i < t.elements(); ++i) {
+        const float x = element(arena, t, i, info.q);
+        if (!std::isfinite(x)) continue;
+        r.lo = std::min(r.lo, x);
+        r.hi = std::max(r.hi, x);
+      }
+    }
+  });
+  for (auto& [v, r] : ranges)
+    if (r.lo > r.hi) r = Range{0, 0};
+  if (o.method == CalibrationMethod::MinMax) return ranges;
+
+  // Percentile: a histogram over each observed range, cut at the
+  // `percentile` and (100 - percentile) quantiles.
+  if (!(o.percentile > 50.0 && o.percentile <= 100.0))
+    throw Error(Status::InvalidArgument, "calibration percentile " + std::to_string(o.percentile) + " is not in (50, 100]");
+  constexpr std::size_t kBins = 4096;
+  std::map<std::string, std::vector<std::uint64_t>> hist;
+  run_batches(dev, g, f32, b, [&](const std::vector<std::byte>& arena) {
+    for (const auto& [v, info] : f32.values) {
+      const DTensor& t = f32.graph.tensors[static_cast<std::size_t>(info.tensor)];
+      const Range& r = ranges[v];
+      auto& h = hist[v];
+      h.resize(kBins);
+      const float width = r.hi - r.lo;
+      if (!(width > 0)) continue;
+      for (std::uint64_t i = 0; i < t.elements(); ++i) {
+        const float x = element(arena, t, i, info.q);
+        if (!std::isfinite(x)) continue;
+        const auto bin = static_cast<std::size_t>(std::clamp((x - r.lo) / width * kBins, 0.0f, static_cast<float>(kBins - 1)));
+        ++h[bin];
+      }
+    }
+  });
+  for (auto& [v, r] : ranges) {
+    const auto& h = hist[v];
+    std::uint64_t total = 0;
+    for (auto c : h) total += c;
+    if (total == 0 || !(r.hi > r.lo)) continue;
+    const double tail = (100.0 - o.percentile) / 100.0 * static_cast<double>(total);
+    const float width = (r.hi - r.lo) / kBins;
+    std::uint64_t acc = 0;
+    std::size_t lo_bin = 0, hi_bin = kBins - 1;
+    for (std::size_t i = 0; i < kBins; ++i) {
+      acc += h[i];
+      if (static_cast<double>(acc) > tail) { lo_bin = i; break; }
+    }
+    acc = 0;
+    for (std::size_t i = kBins; i-- > 0;) {
+      acc += h[i];
+      if (static_cast<double>(acc) > tail) { hi_bin = i; break; }
+    }
+    const Range cut{r.lo + width * static_cast<float>(lo_bin), r.lo + width * static_cast<float>(hi_bin + 1)};
+    r = Range{std::max(r.lo, cut.lo), std::min(r.hi, cut.hi)};
+  }
+  return ranges;
+}
+
+std::vector<LayerError> measure(Device& dev, const Graph& g, const Lowered& f32, const Lowered& reduced, const Batches& b) {
+  // Each model's arena after each batch, then compare layer by layer.
+  std::vector<std::vector<std::byte>> ref, red;
+  run_batches(dev, g, f32, b, [&](const std::vector<std::byte>& a) { ref.push_back(a); });
+  run_batches(dev, g, reduced, b, [&](const std::vector<std::byte>& a) { red.push_back(a); });
+  std::vector<LayerError> out;
+  for (const auto& n : g.nodes) {
+    auto fi = f32.values.find(n.output);
+    auto ri = reduced.values.find(n.output);
+    if (fi == f32.values.end() || ri == reduced.values.end()) continue;
+    const DTensor& ft = f32.graph.tensors[static_cast<std::size_t>(fi->second.tensor)];
+    const DTensor& rt = reduced.graph.tensors[static_cast<std::size_t>(ri->second.tensor)];
+    double max_abs = 0, err = 0, sig = 0;
+    std::uint64_t count = 0;
+    for (std::size_t k = 0; k < ref.size(); ++k)
+      for (std::uint64_t i = 0; i < ft.elements(); ++i) {
+        const double x = element(ref[k], ft, i, fi->second.q);
+        const double y = element(red[k], rt, ri->second.nhwc ? nchw_to_nhwc(ft.shape, i) : i, ri->second.q);
+        max_abs = std::max(max_abs, std::fabs(y - x));
+        err += (y - x) * (y - x);
+        sig += x * x;
+        ++count;
+      }
+    LayerError e;
+    e.node = n.name;
+    e.op = n.op;
+    e.output = n.output;
+    e.max_abs = max_abs;
+    e.rms = count ? std::sqrt(err / static_cast<double>(count)) : 0;
+    const double sig_rms = count ? std::sqrt(sig / static_cast<double>(count)) : 0;
+    e.rel_rms = sig_rms > 0 ? e.rms / sig_rms : 0;
+    e.snr_db = err > 0 ? 10.0 * std::log10(sig / err) : INFINITY;
+    out.push_back(e);
+  }
+  return out;
+}
+
+json report_json(const std::vector<LayerError>& r, Precision p, std::uint64_t samples) {
+  json layers = json::array();
+  for (const auto& e : r)
+    layers.push_back({{"node", e.node}, {"op", e.op}, {"output", e.output}, {"max_abs", e.max_abs}, {"rms", e.rms},
+                      {"rel_rms", e.rel_rms}, {"snr_db", std::isfinite(e.snr_db) ? json(e.snr_db) : json(nullptr)}});
+  return {{"precision", to_string(p)}, {"reference", "fp32"}, {"samples", samples}, {"layers", std::move(layers)}};
+}
+
+}  // namespace
+
+CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileOptions& options, std::string_view name) {
+  if (options.precision == Precision::Int8 && options.method == CalibrationMethod::Percentile &&
+      !(options.percentile > 50.0 && options.percentile <= 100.0))
+    throw Error(Status::InvalidArgument, "calibration percentile " + std::to_string(options.percentile) + " is not in (50, 100]");
+  const Graph g = import_onnx(onnx_bytes, options, name);
+  CompileResult result;
+  result.notes = g.notes;
+  const Lowered f32 = lower(g, Precision::F32, nullptr);
+  const bool int8 = options.precision == Precision::Int8;
+  std::map<std::string, Range> ranges;
+  Batches batches;
+  Device dev;
+  if (int8 || options.report) {
+    batches = calibration_batches(g, options, name, int8 ? "int8" : "the precision report");
+    dev = tpuhal::open(options.device);
+  }
+  if (int8) {
+    ranges = calibrate(dev, g, f32, batches, options);
+    result.notes.push_back("calibrated " + std::to_string(ranges.size()) + " activations on " +
+                           std::to_string(batches.samples) + " samples (" + method_text(options) + ") on " +
+                           options.device);
+  }
+  const Lowered reduced = options.precision == Precision::F32 ? f32 : lower(g, options.precision, int8 ? &ranges : nullptr);
+  if (int8) {
+    std::size_t q = 0;
+    for (const auto& op : reduced.graph.ops) q += op.kind == "qlinear_conv";
+    result.notes.push_back(std::to_string(q) + " layers run in int8 (qlinear_conv); the rest in f32 between dequantize and quantize");
+  }
+  json report;
+  if (options.report) {
+    result.report = measure(dev, g, f32, reduced, batches);
+    report = report_json(result.report, options.precision, batches.samples);
+  }
+  result.model = pack(g, reduced, options.precision, options, name, options.report ? &report : nullptr);
+  return result;
+}
+
+#endif
+
+CompileResult compile_onnx(const std::filesystem::path& onnx, const CompileOptions& options) {
+  std::ifstream in(onnx, std::ios::binary);
+  if (!in) throw Error(Status::NotFound, onnx.string() + ": cannot open the ONNX model");
+  const std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return compile_onnx(std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()), data.size()), options,
+                      onnx.filename().string());
+}
+
+}  // namespace tpuhal::rt

@@ -1,0 +1,255 @@
+#include "device_graph.hpp"
+
+#include <limits>
+
+#include "tpuhal/error.hpp"
+
+namespace tpuhal::rt::detail {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::uint64_t kMaxDim = std::uint64_t{1} << 32;
+constexpr std::size_t kMaxTensors = 1u << 20;
+
+[[noreturn]] void damaged(std::string_view name, const std::string& section, const std::string& what) {
+  throw Error(Status::InvalidArgument, std::string(name) + ": the " + section + " section is damaged: " + what);
+}
+
+std::vector<std::byte> to_bytes(const json& j) {
+  const std::string s = j.dump(1);
+  std::vector<std::byte> out(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) out[i] = static_cast<std::byte>(s[i]);
+  return out;
+}
+
+json parse(std::span<const std::byte> bytes, std::string_view name, const std::string& section) {
+  const auto* p = reinterpret_cast<const char*>(bytes.data());
+  json j = json::parse(p, p + bytes.size(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) damaged(name, section, "not a JSON object");
+  return j;
+}
+
+// Checked readers: each names the field it wanted.
+struct Reader {
+  std::string_view name;
+  std::string section;
+  const json& field(const json& o, const std::string& key, const std::string& where) const {
+    if (!o.is_object()) damaged(name, section, where + " is not an object");
+    auto it = o.find(key);
+    if (it == o.end()) damaged(name, section, where + " has no '" + key + "'");
+    return *it;
+  }
+  std::int64_t integer(const json& o, const std::string& key, const std::string& where) const {
+    const json& v = field(o, key, where);
+    if (!v.is_number_integer()) damaged(name, section, where + "." + key + " is not an integer");
+    return v.get<std::int64_t>();
+  }
+  std::uint64_t count(const json& o, const std::string& key, const std::string& where) const {
+    const json& v = field(o, key, where);
+    if (!v.is_number_unsigned()) damaged(name, section, where + "." + key + " is not a non-negative integer");
+    return v.get<std::uint64_t>();
+  }
+  std::string text(const json& o, const std::string& key, const std::string& where) const {
+    const json& v = field(o, key, where);
+    if (!v.is_string()) damaged(name, section, where + "." + key + " is not a string");
+    return v.get<std::string>();
+  }
+  const json& array(const json& o, const std::string& key, const std::string& where) const {
+    const json& v = field(o, key, where);
+    if (!v.is_array()) damaged(name, section, where + "." + key + " is not an array");
+    return v;
+  }
+  DType dtype(const json& o, const std::string& where) const {
+    const std::string t = text(o, "dtype", where);
+    for (DType d : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32})
+      if (t == to_string(d)) return d;
+    damaged(name, section, where + " has dtype '" + printable(t) + "'");
+  }
+  std::vector<std::int64_t> shape(const json& o, const std::string& where) const {
+    const json& a = array(o, "shape", where);
+    if (a.size() > kMaxRank) damaged(name, section, where + " has rank " + std::to_string(a.size()));
+    std::vector<std::int64_t> s;
+    std::uint64_t n = 1;
+    for (const auto& d : a) {
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() >= kMaxDim)
+        damaged(name, section, where + " has a dimension that is not an integer in [0, 2^32)");
+      s.push_back(d.get<std::int64_t>());
+      n *= d.get<std::uint64_t>();
+      if (n >= (std::uint64_t{1} << 40)) damaged(name, section, where + " has more than 2^40 elements");
+    }
+    return s;
+  }
+};
+
+// size_of(DType) without the op library (the fuzz target links less).
+std::uint64_t element_bytes(DType t) {
+  switch (t) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: return 2;
+    case DType::I8: case DType::U8: return 1;
+  }
+  return 1;
+}
+
+std::uint64_t product(const std::vector<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+}  // namespace
+
+std::string printable(std::string_view text) {
+  std::string out;
+  for (char c : text.substr(0, 64)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  if (text.size() > 64) out += "...";
+  return out;
+}
+
+std::uint64_t align64(std::uint64_t v) noexcept { return (v + 63) / 64 * 64; }
+const char* dtype_name(DType t) noexcept { return to_string(t); }
+
+std::uint64_t DTensor::elements() const { return product(shape); }
+std::uint64_t DTensor::bytes() const { return elements() * element_bytes(dtype); }
+
+std::int64_t DeviceGraph::add_arena(std::string value, DType dtype, std::vector<std::int64_t> shape) {
+  DTensor t;
+  t.value = std::move(value);
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.storage = Storage::Arena;
+  t.offset = align64(arena_bytes);
+  arena_bytes = t.offset + t.bytes();
+  tensors.push_back(std::move(t));
+  return static_cast<std::int64_t>(tensors.size() - 1);
+}
+
+std::int64_t DeviceGraph::add_view(std::int64_t of, std::vector<std::int64_t> shape) {
+  DTensor t = tensors.at(static_cast<std::size_t>(of));
+  t.shape = std::move(shape);
+  t.value.clear();
+  tensors.push_back(std::move(t));
+  return static_cast<std::int64_t>(tensors.size() - 1);
+}
+
+std::vector<std::byte> encode_graph(const DeviceGraph& g) {
+  json j;
+  j["arena_bytes"] = g.arena_bytes;
+  j["weight_bytes"] = g.weight_bytes;
+  json ts = json::array();
+  for (const auto& t : g.tensors) {
+    json e;
+    e["dtype"] = to_string(t.dtype);
+    e["shape"] = t.shape;
+    e["storage"] = t.storage == Storage::Weights ? "weights" : "arena";
+    e["offset"] = t.offset;
+    if (!t.value.empty()) e["value"] = t.value;
+    ts.push_back(std::move(e));
+  }
+  j["tensors"] = std::move(ts);
+  json os = json::array();
+  for (const auto& op : g.ops) {
+    json e;
+    e["op"] = op.kind;
+    if (!op.node.empty()) e["node"] = op.node;
+    e["operands"] = op.operands;
+    e["attrs"] = op.attrs;
+    os.push_back(std::move(e));
+  }
+  j["ops"] = std::move(os);
+  j["inputs"] = g.inputs;
+  j["outputs"] = g.outputs;
+  return to_bytes(j);
+}
+
+DeviceGraph decode_graph(std::span<const std::byte> bytes, std::uint64_t weight_bytes, std::string_view name) {
+  const json j = parse(bytes, name, "graph");
+  const Reader r{name, "graph"};
+  DeviceGraph g;
+  g.arena_bytes = r.count(j, "arena_bytes", "the graph");
+  g.weight_bytes = r.count(j, "weight_bytes", "the graph");
+  if (g.arena_bytes > (std::uint64_t{1} << 40)) damaged(name, "graph", "the arena size is over 1 TiB");
+  if (g.weight_bytes != weight_bytes)
+    damaged(name, "graph", "it expects " + std::to_string(g.weight_bytes) + " bytes of weights; the weights section has " +
+                               std::to_string(weight_bytes));
+  const json& ts = r.array(j, "tensors", "the graph");
+  if (ts.size() > kMaxTensors) damaged(name, "graph", "it has " + std::to_string(ts.size()) + " tensors");
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    const std::string where = "tensor " + std::to_string(i);
+    DTensor t;
+    t.dtype = r.dtype(ts[i], where);
+    t.shape = r.shape(ts[i], where);
+    const std::string storage = r.text(ts[i], "storage", where);
+    if (storage != "weights" && storage != "arena") damaged(name, "graph", where + " has storage '" + printable(storage) + "'");
+    t.storage = storage == "weights" ? Storage::Weights : Storage::Arena;
+    t.offset = r.count(ts[i], "offset", where);
+    if (ts[i].contains("value")) t.value = r.text(ts[i], "value", where);
+    const std::uint64_t limit = t.storage == Storage::Weights ? weight_bytes : g.arena_bytes;
+    if (t.offset % element_bytes(t.dtype) != 0) damaged(name, "graph", where + " is misaligned");
+    if (t.offset > limit || t.bytes() > limit - t.offset)
+      damaged(name, "graph", where + " (" + std::to_string(t.bytes()) + " bytes at offset " + std::to_string(t.offset) +
+                                 ") lies outside the " + storage + " (" + std::to_string(limit) + " bytes)");
+    g.tensors.push_back(std::move(t));
+  }
+  auto index = [&](const json& v, const std::string& where) {
+    if (!v.is_number_unsigned() || v.get<std::uint64_t>() >= g.tensors.size())
+      damaged(name, "graph", where + " names no tensor (there are " + std::to_string(g.tensors.size()) + ")");
+    return v.get<std::int64_t>();
+  };
+  const json& os = r.array(j, "ops", "the graph");
+  for (std::size_t i = 0; i < os.size(); ++i) {
+    const std::string where = "op " + std::to_string(i);
+    DOp op;
+    op.kind = printable(r.text(os[i], "op", where));
+    if (os[i].contains("node")) op.node = printable(r.text(os[i], "node", where));
+    const json& operands = r.field(os[i], "operands", where);
+    if (!operands.is_object()) damaged(name, "graph", where + ".operands is not an object");
+    for (const auto& [role, v] : operands.items()) op.operands[role] = index(v, where + " operand " + printable(role));
+    op.attrs = r.field(os[i], "attrs", where);
+    if (!op.attrs.is_object()) damaged(name, "graph", where + ".attrs is not an object");
+    g.ops.push_back(std::move(op));
+  }
+  for (const char* key : {"inputs", "outputs"}) {
+    auto& list = std::string(key) == "inputs" ? g.inputs : g.outputs;
+    for (const auto& v : r.array(j, key, "the graph")) {
+      const auto t = index(v, std::string("an entry of ") + key);
+      if (g.tensors[static_cast<std::size_t>(t)].storage != Storage::Arena ||
+          g.tensors[static_cast<std::size_t>(t)].dtype != DType::F32)
+        damaged(name, "graph", std::string("an entry of ") + key + " is not an f32 tensor in the arena");
+      list.push_back(t);
+    }
+  }
+  return g;
+}
+
+std::vector<std::byte> encode_io(const std::vector<TensorSpec>& inputs, const std::vector<TensorSpec>& outputs) {
+  json j;
+  for (const auto* list : {&inputs, &outputs}) {
+    json a = json::array();
+    for (const auto& s : *list) a.push_back({{"name", s.name}, {"dtype", to_string(s.dtype)}, {"shape", s.shape}});
+    j[list == &inputs ? "inputs" : "outputs"] = std::move(a);
+  }
+  return to_bytes(j);
+}
+
+void decode_io(std::span<const std::byte> bytes, std::string_view name, std::vector<TensorSpec>& inputs,
+               std::vector<TensorSpec>& outputs) {
+  const json j = parse(bytes, name, "io");
+  const Reader r{name, "io"};
+  for (const char* key : {"inputs", "outputs"}) {
+    auto& list = std::string(key) == "inputs" ? inputs : outputs;
+    const json& a = r.array(j, key, "the io section");
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const std::string where = std::string(key) + " " + std::to_string(i);
+      TensorSpec s;
+      s.name = r.text(a[i], "name", where);
+      s.dtype = r.dtype(a[i], where);
+      s.shape = r.shape(a[i], where);
+      if (s.dtype != DType::F32) damaged(name, "io", where + " is " + to_string(s.dtype) + ", not f32");
+      list.push_back(std::move(s));
+    }
+  }
+}
+
+}  // namespace tpuhal::rt::detail

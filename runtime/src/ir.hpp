@@ -1,0 +1,91 @@
+// The compiler's graph: ONNX nodes with every shape known, constants
+// folded, and BatchNormalization and activations fused where they can be
+// (onnx_import.cpp), ready to be lowered onto tpuhal ops in one precision
+// (lower.cpp).
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "device_graph.hpp"
+#include "tpuhal/ops.hpp"
+#include "tpuhal/rt/compile.hpp"
+
+namespace tpuhal::rt::detail {
+
+struct Value {
+  std::vector<std::int64_t> shape;
+  std::optional<std::vector<float>> data;  // a constant (initializer, Constant node, folded)
+  std::vector<std::int64_t> ints;          // an int64 constant's values (Reshape shapes)
+  std::uint64_t elements() const {
+    std::uint64_t n = 1;
+    for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+    return n;
+  }
+};
+
+struct Node {
+  std::string name;  // the ONNX node name (or "op_type #index" if it has none)
+  std::string op;    // ONNX op type
+  std::vector<std::string> inputs;   // value names; "" for an omitted optional input
+  std::string output;                // the one output used
+  onnx::NodeProto proto;             // its attributes
+  ActivationParams act;              // fused Relu / Clip (Conv, Gemm, MatMul)
+  std::string fused;                 // what was fused into it, for the report ("Relu 'r1'")
+};
+
+struct Graph {
+  std::map<std::string, Value> values;
+  std::vector<Node> nodes;
+  std::vector<std::string> inputs;                           // graph inputs (not constants)
+  std::vector<std::pair<std::string, std::string>> outputs;  // ONNX output name, value holding it
+  int opset = 0;
+  std::vector<std::string> notes;
+  const Value& value(const std::string& name) const;
+};
+
+// Parses, checks and simplifies an ONNX model (compile.hpp's errors).
+Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& options, std::string_view name);
+
+// A calibrated range of one value.
+struct Range {
+  float lo = 0, hi = 0;
+};
+// u8 asymmetric parameters for a range widened to hold 0.
+struct QParams {
+  float scale = 1;
+  std::int32_t zero_point = 0;
+};
+QParams qparams(const Range& r);
+
+// How the lowered graph holds an ONNX value (its primary tensor).
+struct ValueInfo {
+  std::int64_t tensor = -1;
+  DType dtype = DType::F32;
+  QParams q;         // for u8
+  bool nhwc = false;  // held as [N, H, W, C]
+};
+
+struct Lowered {
+  DeviceGraph graph;
+  std::vector<std::byte> weights;
+  std::map<std::string, ValueInfo> values;
+  nlohmann::json quant = nlohmann::json::object();  // the Quant section (int8)
+};
+
+// Lowers onto tpuhal ops. Int8 needs `ranges` for every value.
+Lowered lower(const Graph& g, Precision precision, const std::map<std::string, Range>* ranges);
+
+// Host conversions to the reduced float types, rounding to nearest even.
+std::uint16_t to_f16(float f);
+float from_f16(std::uint16_t h);
+std::uint16_t to_bf16(float f);
+float from_bf16(std::uint16_t h);
+
+}  // namespace tpuhal::rt::detail

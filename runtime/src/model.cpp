@@ -1,0 +1,448 @@
+#include "tpuhal/rt/model.hpp"
+
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "model_internal.hpp"
+#include "tpuhal/error.hpp"
+
+namespace tpuhal::rt {
+
+using detail::DeviceGraph;
+using detail::DOp;
+using detail::Storage;
+using nlohmann::json;
+
+const char* to_string(Precision p) noexcept {
+  switch (p) {
+    case Precision::F32: return "fp32";
+    case Precision::F16: return "fp16";
+    case Precision::BF16: return "bf16";
+    case Precision::Int8: return "int8";
+  }
+  return "unknown";
+}
+
+Precision parse_precision(std::string_view text) {
+  for (Precision p : {Precision::F32, Precision::F16, Precision::BF16, Precision::Int8})
+    if (text == to_string(p)) return p;
+  throw Error(Status::InvalidArgument,
+              "unknown precision '" + std::string(text) + "'; expected fp32, fp16, bf16 or int8");
+}
+
+std::uint64_t TensorSpec::elements() const noexcept {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+std::uint64_t TensorSpec::bytes() const noexcept { return elements() * size_of(dtype); }
+std::string TensorSpec::describe() const {
+  std::string s = name + " " + tpuhal::to_string(dtype) + "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+namespace detail {
+
+std::map<std::string, std::string> parse_meta(std::span<const std::byte> bytes) {
+  std::map<std::string, std::string> out;
+  std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto eq = line.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    out[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return out;
+}
+
+std::vector<std::byte> encode_meta(const std::map<std::string, std::string>& meta) {
+  std::string s;
+  for (const auto& [k, v] : meta) {
+    std::string value = v;
+    for (char& c : value)
+      if (c == '\n' || c == '\r') c = ' ';
+    s += k + "=" + value + "\n";
+  }
+  std::vector<std::byte> out(s.size());
+  std::memcpy(out.data(), s.data(), s.size());
+  return out;
+}
+
+namespace {
+
+// Reads an op's attributes; a missing or mistyped one is a damaged graph.
+struct OpReader {
+  const DOp& op;
+  std::string where;
+
+  [[noreturn]] void fail(const std::string& what) const { throw Error(Status::InvalidArgument, where + ": " + what); }
+  const json& get(const char* key) const {
+    auto it = op.attrs.find(key);
+    if (it == op.attrs.end()) fail(std::string("attribute '") + key + "' is missing");
+    return *it;
+  }
+  std::int64_t integer(const char* key) const {
+    const json& v = get(key);
+    if (!v.is_number_integer()) fail(std::string("attribute '") + key + "' is not an integer");
+    return v.get<std::int64_t>();
+  }
+  std::uint32_t u32(const json& v, const char* key) const {
+    if (!v.is_number_unsigned() || v.get<std::uint64_t>() > 0xffffffffu)
+      fail(std::string("attribute '") + key + "' holds a value that is not a 32-bit unsigned integer");
+    return v.get<std::uint32_t>();
+  }
+  std::uint32_t u32(const char* key) const { return u32(get(key), key); }
+  bool flag(const char* key) const {
+    const json& v = get(key);
+    if (!v.is_boolean()) fail(std::string("attribute '") + key + "' is not a boolean");
+    return v.get<bool>();
+  }
+  float real(const char* key) const {
+    const json& v = get(key);
+    if (!v.is_number()) fail(std::string("attribute '") + key + "' is not a number");
+    return v.get<float>();
+  }
+  template <std::size_t N>
+  std::array<std::uint32_t, N> u32s(const char* key) const {
+    const json& v = get(key);
+    if (!v.is_array() || v.size() != N) fail(std::string("attribute '") + key + "' is not " + std::to_string(N) + " integers");
+    std::array<std::uint32_t, N> out{};
+    for (std::size_t i = 0; i < N; ++i) out[i] = u32(v[i], key);
+    return out;
+  }
+  ActivationParams activation() const {
+    auto it = op.attrs.find("activation");
+    if (it == op.attrs.end()) return {};
+    const json& a = *it;
+    if (!a.is_object() || !a.contains("kind") || !a["kind"].is_string()) fail("attribute 'activation' is malformed");
+    static const std::map<std::string, Activation> kinds = {
+        {"none", Activation::None},       {"relu", Activation::Relu},   {"clip", Activation::Clip},
+        {"sigmoid", Activation::Sigmoid}, {"silu", Activation::Silu},   {"leaky_relu", Activation::LeakyRelu},
+        {"tanh", Activation::Tanh},       {"hard_sigmoid", Activation::HardSigmoid}};
+    auto k = kinds.find(a["kind"].get<std::string>());
+    if (k == kinds.end()) fail("unknown activation '" + a["kind"].get<std::string>() + "'");
+    ActivationParams p;
+    p.kind = k->second;
+    if (a.contains("alpha") && a["alpha"].is_number()) p.alpha = a["alpha"].get<float>();
+    if (a.contains("beta") && a["beta"].is_number()) p.beta = a["beta"].get<float>();
+    return p;
+  }
+};
+
+Layout layout(const OpReader& r) {
+  auto it = r.op.attrs.find("layout");
+  if (it == r.op.attrs.end()) return Layout::NCHW;
+  if (*it == "nchw") return Layout::NCHW;
+  if (*it == "nhwc") return Layout::NHWC;
+  r.fail("attribute 'layout' is neither \"nchw\" nor \"nhwc\"");
+}
+
+ops::Conv2dOptions conv_opts(const OpReader& r) {
+  ops::Conv2dOptions o;
+  o.layout = layout(r);
+  o.strides = r.u32s<2>("strides");
+  o.dilations = r.u32s<2>("dilations");
+  o.pads = r.u32s<4>("pads");
+  o.groups = r.u32("groups");
+  return o;
+}
+
+ops::Pool2dOptions pool_opts(const OpReader& r) {
+  ops::Pool2dOptions o;
+  o.layout = layout(r);
+  o.kernel = r.u32s<2>("kernel");
+  o.strides = r.u32s<2>("strides");
+  o.dilations = r.u32s<2>("dilations");
+  o.pads = r.u32s<4>("pads");
+  o.ceil_mode = r.flag("ceil_mode");
+  o.count_include_pad = r.flag("count_include_pad");
+  return o;
+}
+
+Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& where) {
+  const OpReader r{op, where};
+  auto in = [&](const char* role) -> const Tensor& {
+    auto it = op.operands.find(role);
+    if (it == op.operands.end()) r.fail(std::string("operand '") + role + "' is missing");
+    return t[static_cast<std::size_t>(it->second)];
+  };
+  auto opt = [&](const char* role) -> std::optional<Tensor> {
+    auto it = op.operands.find(role);
+    if (it == op.operands.end()) return std::nullopt;
+    return t[static_cast<std::size_t>(it->second)];
+  };
+  const std::string& k = op.kind;
+  if (k == "conv2d") {
+    ops::Conv2dOptions o = conv_opts(r);
+    o.bias = opt("bias");
+    o.activation = r.activation();
+    return ops::conv2d(in("x"), in("w"), in("y"), o);
+  }
+  if (k == "qlinear_conv") {
+    ops::Conv2dOptions o = conv_opts(r);
+    o.bias = opt("bias");
+    return ops::qlinear_conv(in("x"), in("x_scale"), in("x_zero_point"), in("w"), in("w_scale"), in("w_zero_point"),
+                             in("y_scale"), in("y_zero_point"), in("y"), o);
+  }
+  if (k == "matmul") {
+    ops::MatMulOptions o;
+    o.transpose_a = r.flag("transpose_a");
+    o.transpose_b = r.flag("transpose_b");
+    o.alpha = r.real("alpha");
+    o.beta = r.real("beta");
+    o.c = opt("c");
+    o.activation = r.activation();
+    return ops::matmul(in("a"), in("b"), in("y"), o);
+  }
+  if (k == "max_pool2d") return ops::max_pool2d(in("x"), in("y"), pool_opts(r));
+  if (k == "avg_pool2d") return ops::avg_pool2d(in("x"), in("y"), pool_opts(r));
+  static const std::map<std::string, Op (*)(const Tensor&, const Tensor&, const Tensor&)> binary = {
+      {"add", ops::add}, {"sub", ops::sub}, {"mul", ops::mul}, {"div", ops::div}, {"max", ops::max}, {"min", ops::min}};
+  if (auto it = binary.find(k); it != binary.end()) return it->second(in("a"), in("b"), in("y"));
+  if (k == "activation") return ops::activation(in("x"), in("y"), r.activation());
+  if (k == "softmax") return ops::softmax(in("x"), in("y"), r.integer("axis"), false);
+  if (k == "cast") return ops::cast(in("x"), in("y"));
+  if (k == "transpose") {
+    const json& p = r.get("perm");
+    if (!p.is_array() || p.size() > kMaxRank) r.fail("attribute 'perm' is malformed");
+    std::vector<std::size_t> perm;
+    for (const auto& v : p) perm.push_back(r.u32(v, "perm"));
+    return ops::transpose(in("x"), in("y"), perm);
+  }
+  if (k == "quantize") return ops::quantize(in("x"), in("scale"), opt("zero_point"), in("y"), r.integer("axis"));
+  if (k == "dequantize") return ops::dequantize(in("x"), in("scale"), opt("zero_point"), in("y"), r.integer("axis"));
+  r.fail("unknown op '" + k + "'");
+}
+
+std::string op_where(std::string_view name, std::size_t i, const DOp& op) {
+  return std::string(name) + ": the graph section is damaged: op " + std::to_string(i) + " (" + op.kind +
+         (op.node.empty() ? std::string() : ", node '" + op.node + "'") + ")";
+}
+
+// Places every tensor and builds every op over `arena`. A damaged graph that
+// slipped past decode_graph's checks is refused here by the ops' own checks.
+void place(const ModelState& m, const Buffer& arena, std::vector<Tensor>& tensors, std::vector<Op>& ops) {
+  tensors.clear();
+  ops.clear();
+  for (std::size_t i = 0; i < m.graph.tensors.size(); ++i) {
+    const auto& d = m.graph.tensors[i];
+    try {
+      tensors.emplace_back(d.storage == Storage::Weights ? m.weights : arena, d.dtype, d.shape, d.offset);
+    } catch (const Error& e) {
+      throw Error(Status::InvalidArgument,
+                  m.name + ": the graph section is damaged: tensor " + std::to_string(i) + ": " + e.what());
+    }
+  }
+  for (std::size_t i = 0; i < m.graph.ops.size(); ++i) {
+    const DOp& op = m.graph.ops[i];
+    const std::string where = op_where(m.name, i, op);
+    try {
+      ops.push_back(build_op(op, tensors, where));
+    } catch (const Error& e) {
+      if (std::string(e.what()).rfind(where, 0) == 0) throw Error(Status::InvalidArgument, e.what());
+      throw Error(Status::InvalidArgument, where + ": " + e.what());
+    }
+  }
+}
+
+// One compute queue per device for every model on it. A queue that failed
+// (a fault, a reset) is not handed out again: the next model claims a new one.
+std::shared_ptr<Queue> shared_queue(Device& dev) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<Queue>> queues;
+  std::lock_guard lock(mutex);
+  if (auto q = queues[dev.uri()].lock()) {
+    try {
+      q->last_fence().is_complete();
+      return q;
+    } catch (const Error&) {
+    }
+  }
+  auto q = std::make_shared<Queue>(dev.queue(Engine::Compute));
+  queues[dev.uri()] = q;
+  return q;
+}
+
+Buffer staging(Device& dev, std::uint64_t bytes) { return dev.allocate(std::max<std::uint64_t>(bytes, 64), Memory::HostPinned); }
+
+}  // namespace
+
+std::vector<std::byte> read_arena(const Instance& instance) {
+  InstanceState& s = Access::instance(instance);
+  Device dev = s.model->device;
+  Buffer host = staging(dev, s.arena.size());
+  s.model->queue->copy(s.arena, 0, host, 0, s.arena.size()).submit().wait();
+  auto view = host.map();
+  return {view.begin(), view.begin() + static_cast<std::ptrdiff_t>(s.arena.size())};
+}
+
+}  // namespace detail
+
+Model Model::load(Device& device, const std::filesystem::path& path) {
+  return load(device, read_model_file(path), path.string());
+}
+
+Model Model::load(Device& device, const ModelFile& file, std::string_view name) {
+  auto m = std::make_shared<detail::ModelState>();
+  m->device = device;
+  m->name = std::string(name);
+  for (SectionKind kind : {SectionKind::Meta, SectionKind::Io, SectionKind::Graph, SectionKind::Weights})
+    if (!file.has(kind))
+      throw Error(Status::InvalidArgument, m->name + ": the " + rt::to_string(kind) + " section is missing");
+  m->meta = detail::parse_meta(file.get(SectionKind::Meta));
+  if (auto it = m->meta.find("precision"); it != m->meta.end()) {
+    try {
+      m->precision = parse_precision(it->second);
+    } catch (const Error& e) {
+      throw Error(Status::InvalidArgument, m->name + ": the meta section is damaged: " + e.what());
+    }
+  }
+  detail::decode_io(file.get(SectionKind::Io), m->name, m->inputs, m->outputs);
+  const auto weights = file.get(SectionKind::Weights);
+  m->graph = detail::decode_graph(file.get(SectionKind::Graph), weights.size(), m->name);
+  auto check_io = [&](const std::vector<TensorSpec>& specs, const std::vector<std::int64_t>& ids, const char* what) {
+    if (specs.size() != ids.size())
+      throw Error(Status::InvalidArgument, m->name + ": the graph section is damaged: it has " + std::to_string(ids.size()) +
+                                               " " + what + "s; the io section " + std::to_string(specs.size()));
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if (m->graph.tensors[static_cast<std::size_t>(ids[i])].shape != specs[i].shape)
+        throw Error(Status::InvalidArgument, m->name + ": the graph section is damaged: " + what + " " +
+                                                 std::to_string(i) + " does not have the shape of " + specs[i].describe());
+  };
+  check_io(m->inputs, m->graph.inputs, "input");
+  check_io(m->outputs, m->graph.outputs, "output");
+
+  m->queue = detail::shared_queue(device);
+  m->weights = device.allocate(std::max<std::uint64_t>(weights.size(), 64));
+  if (!weights.empty()) {
+    Buffer host = detail::staging(device, weights.size());
+    std::memcpy(host.map().data(), weights.data(), weights.size());
+    m->queue->copy(host, 0, m->weights, 0, weights.size()).submit().wait();
+  }
+  // Build every op once now, so that a damaged graph is refused by load.
+  {
+    Buffer arena = device.allocate(std::max<std::uint64_t>(m->graph.arena_bytes, 64));
+    std::vector<Tensor> tensors;
+    std::vector<Op> ops;
+    detail::place(*m, arena, tensors, ops);
+  }
+  Model model;
+  model.state_ = std::move(m);
+  return model;
+}
+
+namespace {
+const detail::ModelState& need(const std::shared_ptr<detail::ModelState>& s) {
+  if (!s) throw Error(Status::FailedPrecondition, "this Model is empty (default-constructed); load one first");
+  return *s;
+}
+}  // namespace
+
+const std::vector<TensorSpec>& Model::inputs() const { return need(state_).inputs; }
+const std::vector<TensorSpec>& Model::outputs() const { return need(state_).outputs; }
+Precision Model::precision() const { return need(state_).precision; }
+const std::map<std::string, std::string>& Model::meta() const { return need(state_).meta; }
+std::uint64_t Model::weight_bytes() const { return need(state_).graph.weight_bytes; }
+Device Model::device() const { return need(state_).device; }
+
+Instance Model::instance() const {
+  const auto& m = need(state_);
+  auto s = std::make_shared<detail::InstanceState>();
+  s->model = state_;
+  Device dev = m.device;
+  s->arena = dev.allocate(std::max<std::uint64_t>(m.graph.arena_bytes, 64));
+  detail::place(m, s->arena, s->tensors, s->ops);
+  for (auto id : m.graph.inputs) s->inputs.push_back(s->tensors[static_cast<std::size_t>(id)]);
+  for (auto id : m.graph.outputs) s->outputs.push_back(s->tensors[static_cast<std::size_t>(id)]);
+  std::uint64_t in_bytes = 0, out_bytes = 0;
+  for (const auto& spec : m.inputs) {
+    s->in_offsets.push_back(in_bytes);
+    in_bytes += detail::align64(spec.bytes());
+  }
+  for (const auto& spec : m.outputs) {
+    s->out_offsets.push_back(out_bytes);
+    out_bytes += detail::align64(spec.bytes());
+  }
+  s->staging_in = detail::staging(dev, in_bytes);
+  s->staging_out = detail::staging(dev, out_bytes);
+  try {
+    s->program = dev.record([&](Batch& b) {
+      for (const auto& op : s->ops) b.run(op);
+    });
+  } catch (const Error& e) {
+    if (e.status() != Status::Unsupported) throw;
+  }
+  Instance inst;
+  inst.state_ = std::move(s);
+  return inst;
+}
+
+namespace {
+detail::InstanceState& need(const std::shared_ptr<detail::InstanceState>& s) {
+  if (!s) throw Error(Status::FailedPrecondition, "this Instance is empty (default-constructed); use Model::instance()");
+  return *s;
+}
+
+void record_body(detail::InstanceState& s, Batch& b) {
+  if (s.program.size() > 0 || s.ops.empty()) {
+    if (s.program.size() > 0) b.run(s.program);
+    return;
+  }
+  for (const auto& op : s.ops) b.run(op);
+}
+}  // namespace
+
+void Instance::run(std::span<const HostArray> inputs, std::span<const HostArray> outputs) {
+  auto& s = need(state_);
+  const auto& m = *s.model;
+  auto check = [&](std::span<const HostArray> given, const std::vector<TensorSpec>& specs, const char* what) {
+    if (given.size() != specs.size())
+      throw Error(Status::InvalidArgument, m.name + ": " + std::to_string(given.size()) + " " + what + "s given; the model has " +
+                                               std::to_string(specs.size()));
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (given[i].bytes != specs[i].bytes())
+        throw Error(Status::InvalidArgument, m.name + ": " + what + " " + std::to_string(i) + " ('" + specs[i].name + "') is " +
+                                                 std::to_string(given[i].bytes) + " bytes; " + specs[i].describe() +
+                                                 " takes " + std::to_string(specs[i].bytes()));
+      if (given[i].data == nullptr && given[i].bytes > 0)
+        throw Error(Status::InvalidArgument, m.name + ": " + what + " " + std::to_string(i) + " ('" + specs[i].name + "') has no data");
+    }
+  };
+  check(inputs, m.inputs, "input");
+  check(outputs, m.outputs, "output");
+  auto in_map = s.staging_in.map();
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].bytes) std::memcpy(in_map.data() + s.in_offsets[i], inputs[i].data, inputs[i].bytes);
+  Batch b = m.queue->batch();
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].bytes)
+      b.copy(s.staging_in, s.in_offsets[i], s.arena, s.inputs[i].offset(), inputs[i].bytes);
+  record_body(s, b);
+  for (std::size_t i = 0; i < outputs.size(); ++i)
+    if (outputs[i].bytes)
+      b.copy(s.arena, s.outputs[i].offset(), s.staging_out, s.out_offsets[i], outputs[i].bytes);
+  b.submit().wait();
+  auto out_map = s.staging_out.map();
+  for (std::size_t i = 0; i < outputs.size(); ++i)
+    if (outputs[i].bytes) std::memcpy(outputs[i].data, out_map.data() + s.out_offsets[i], outputs[i].bytes);
+}
+
+const std::vector<Tensor>& Instance::input_tensors() const { return need(state_).inputs; }
+const std::vector<Tensor>& Instance::output_tensors() const { return need(state_).outputs; }
+
+Fence Instance::submit(Queue& queue) {
+  auto& s = need(state_);
+  Batch b = queue.batch();
+  record_body(s, b);
+  if (b.size() == 0) return queue.submit();
+  return b.submit();
+}
+
+Model Instance::model() const {
+  return detail::Access::wrap(need(state_).model);
+}
+
+}  // namespace tpuhal::rt

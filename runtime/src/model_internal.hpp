@@ -1,0 +1,55 @@
+// What a loaded Model and an Instance hold, for model.cpp and the compiler
+// (which runs models to calibrate and to measure the precision report).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "device_graph.hpp"
+#include "tpuhal/rt/model.hpp"
+
+namespace tpuhal::rt::detail {
+
+struct ModelState {
+  Device device;
+  std::string name;
+  std::vector<TensorSpec> inputs, outputs;
+  std::map<std::string, std::string> meta;
+  Precision precision = Precision::F32;
+  DeviceGraph graph;
+  Buffer weights;
+  // The compute queue run() submits to: one per device, shared by every
+  // model on it (boards have few hardware queues), released with the last.
+  std::shared_ptr<Queue> queue;
+};
+
+struct InstanceState {
+  std::shared_ptr<ModelState> model;
+  Buffer arena;
+  std::vector<Tensor> tensors;  // graph.tensors, placed
+  std::vector<Tensor> inputs, outputs;
+  std::vector<Op> ops;
+  Program program;  // empty where the device cannot record: ops run one by one
+  Buffer staging_in, staging_out;
+  std::vector<std::uint64_t> in_offsets, out_offsets;  // into the staging buffers
+};
+
+struct Access {
+  static const ModelState& model(const Model& m) { return *m.state_; }
+  static InstanceState& instance(const Instance& i) { return *i.state_; }
+  static Model wrap(std::shared_ptr<ModelState> state) {
+    Model m;
+    m.state_ = std::move(state);
+    return m;
+  }
+};
+
+// Copies the whole arena of `instance` to the host (after a run).
+std::vector<std::byte> read_arena(const Instance& instance);
+
+// Parses "key=value" lines.
+std::map<std::string, std::string> parse_meta(std::span<const std::byte> bytes);
+std::vector<std::byte> encode_meta(const std::map<std::string, std::string>& meta);
+
+}  // namespace tpuhal::rt::detail

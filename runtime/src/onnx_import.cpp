@@ -1,0 +1,509 @@
+// ONNX in: parse, list unsupported ops, infer every shape for the fixed
+// input shapes, fold constants, drop Identity and Dropout, fold
+// BatchNormalization into the Conv before it and fuse Relu / Clip into the
+// Conv, Gemm or MatMul before them.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "ir.hpp"
+#include "onnx_attrs.hpp"
+#include "tpuhal/error.hpp"
+
+namespace tpuhal::rt::detail {
+namespace {
+
+using onnx_attrs::Attrs;
+
+const std::set<std::string> kSupported = {
+    "Conv",    "Gemm",      "MatMul",  "Relu",      "Clip",     "Sigmoid", "Tanh",         "LeakyRelu",
+    "MaxPool", "AveragePool", "GlobalAveragePool", "Softmax", "Add", "Mul", "Sub", "Div", "Reshape", "Flatten",
+    "Transpose", "BatchNormalization", "Identity", "Dropout", "Constant"};
+
+std::string dims_text(const std::vector<std::int64_t>& s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+struct Importer {
+  std::string model_name;
+  const CompileOptions& options;
+  Graph g;
+  std::map<std::string, std::string> alias;  // Identity / Dropout outputs -> their input
+
+  [[noreturn]] void fail(Status s, const std::string& what) const { throw Error(s, model_name + ": " + what); }
+  [[noreturn]] void fail_node(const Node& n, const std::string& what) const {
+    fail(Status::InvalidArgument, "node '" + n.name + "' (" + n.op + "): " + what);
+  }
+
+  std::string resolve(const std::string& v) const {
+    auto it = alias.find(v);
+    return it == alias.end() ? v : it->second;
+  }
+
+  Value tensor_value(const onnx::TensorProto& t, const std::string& what) const {
+    Value v;
+    std::uint64_t n = 1;
+    for (auto d : t.dims()) {
+      if (d < 0 || d > (std::int64_t{1} << 32)) fail(Status::InvalidArgument, what + " has dimension " + std::to_string(d));
+      v.shape.push_back(d);
+      n *= static_cast<std::uint64_t>(d);
+      if (n > (std::uint64_t{1} << 32)) fail(Status::InvalidArgument, what + " is too large");
+    }
+    if (t.data_location() == onnx::TensorProto::EXTERNAL)
+      fail(Status::Unsupported, what + " keeps its data in an external file; save the model with its weights inside");
+    const std::string& raw = t.raw_data();
+    auto need = [&](std::size_t esize, int typed) {
+      if (!raw.empty() ? raw.size() != n * esize : static_cast<std::uint64_t>(typed) != n)
+        fail(Status::InvalidArgument, what + " holds " + std::to_string(raw.empty() ? typed : raw.size() / esize) +
+                                          " values; its shape " + dims_text(v.shape) + " needs " + std::to_string(n));
+    };
+    std::vector<float> f(n);
+    switch (t.data_type()) {
+      case onnx::TensorProto::FLOAT:
+        need(4, t.float_data_size());
+        for (std::uint64_t i = 0; i < n; ++i) {
+          if (!raw.empty()) std::memcpy(&f[i], raw.data() + i * 4, 4);
+          else f[i] = t.float_data(static_cast<int>(i));
+        }
+        break;
+      case onnx::TensorProto::DOUBLE:
+        need(8, t.double_data_size());
+        for (std::uint64_t i = 0; i < n; ++i) {
+          double d;
+          if (!raw.empty()) std::memcpy(&d, raw.data() + i * 8, 8);
+          else d = t.double_data(static_cast<int>(i));
+          f[i] = static_cast<float>(d);
+        }
+        break;
+      case onnx::TensorProto::INT64:
+        need(8, t.int64_data_size());
+        v.ints.resize(n);
+        for (std::uint64_t i = 0; i < n; ++i) {
+          if (!raw.empty()) std::memcpy(&v.ints[i], raw.data() + i * 8, 8);
+          else v.ints[i] = t.int64_data(static_cast<int>(i));
+          f[i] = static_cast<float>(v.ints[i]);
+        }
+        break;
+      case onnx::TensorProto::INT32:
+        need(4, t.int32_data_size());
+        v.ints.resize(n);
+        for (std::uint64_t i = 0; i < n; ++i) {
+          std::int32_t x;
+          if (!raw.empty()) std::memcpy(&x, raw.data() + i * 4, 4);
+          else x = t.int32_data(static_cast<int>(i));
+          v.ints[i] = x;
+          f[i] = static_cast<float>(x);
+        }
+        break;
+      default:
+        fail(Status::Unsupported, what + " has ONNX element type " + std::to_string(t.data_type()) +
+                                      "; the compiler reads float, double, int64 and int32 constants");
+    }
+    v.data = std::move(f);
+    return v;
+  }
+
+  const Value& in(const Node& n, std::size_t i) const {
+    if (i >= n.inputs.size() || n.inputs[i].empty()) fail_node(n, "input " + std::to_string(i) + " is missing");
+    auto it = g.values.find(n.inputs[i]);
+    if (it == g.values.end()) fail_node(n, "input '" + n.inputs[i] + "' is not produced before it (the graph must be sorted)");
+    return it->second;
+  }
+  const Value& constant(const Node& n, std::size_t i, const char* what) const {
+    const Value& v = in(n, i);
+    if (!v.data) fail(Status::Unsupported, "node '" + n.name + "' (" + n.op + "): its " + what + " ('" + n.inputs[i] +
+                                               "') is computed, not a constant; the compiler needs constant " + what);
+    return v;
+  }
+  bool has(const Node& n, std::size_t i) const { return i < n.inputs.size() && !n.inputs[i].empty(); }
+
+  std::vector<std::int64_t> broadcast(const Node& n, std::vector<std::int64_t> a, std::vector<std::int64_t> b) const {
+    if (a.size() < b.size()) std::swap(a, b);
+    b.insert(b.begin(), a.size() - b.size(), 1);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (a[i] == b[i] || b[i] == 1) continue;
+      if (a[i] == 1) { a[i] = b[i]; continue; }
+      fail_node(n, "shapes " + dims_text(a) + " and " + dims_text(b) + " do not broadcast");
+    }
+    return a;
+  }
+
+  static std::int64_t pool_out(std::int64_t in, std::uint32_t k, std::uint32_t s, std::uint32_t d, std::uint32_t pb,
+                               std::uint32_t pe, bool ceil) {
+    const std::int64_t eff = static_cast<std::int64_t>(d) * (k - 1) + 1;
+    const std::int64_t num = in + pb + pe - eff;
+    if (num < 0 || s == 0) return 0;
+    std::int64_t out = (ceil ? (num + s - 1) / s : num / s) + 1;
+    if (ceil && (out - 1) * static_cast<std::int64_t>(s) >= in + pb) --out;
+    return out;
+  }
+
+  // The output shape of `n`, or a folded constant.
+  Value infer(Node& n) {
+    const std::string& op = n.op;
+    const Attrs a{n.proto};
+    Value out;
+    if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "LeakyRelu" || op == "Clip" || op == "Softmax" ||
+        op == "BatchNormalization") {
+      out.shape = in(n, 0).shape;
+      if (op == "Clip" && g.opset >= 11) {
+        if (has(n, 1)) constant(n, 1, "bounds");
+        if (has(n, 2)) constant(n, 2, "bounds");
+      }
+      if (op == "BatchNormalization") {
+        for (std::size_t i = 1; i < 5; ++i) constant(n, i, "scale, bias, mean and variance");
+        if (out.shape.size() < 2) fail_node(n, "input of rank " + std::to_string(out.shape.size()));
+      }
+      return out;
+    }
+    if (op == "Add" || op == "Mul" || op == "Sub" || op == "Div") {
+      out.shape = broadcast(n, in(n, 0).shape, in(n, 1).shape);
+      return out;
+    }
+    if (op == "Conv") {
+      const auto& x = in(n, 0).shape;
+      const auto& w = constant(n, 1, "weights").shape;
+      if (x.size() != 4 || w.size() != 4)
+        fail(Status::Unsupported, "node '" + n.name + "' (Conv): " + std::to_string(x.size() - 2) +
+                                      "-D convolution; the compiler takes 2-D (NCHW) convolutions");
+      if (!a.unknown({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}).empty())
+        fail(Status::Unsupported, "node '" + n.name + "' (Conv): attribute " +
+                                      a.unknown({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}));
+      if (has(n, 2)) constant(n, 2, "bias");
+      const auto o = onnx_attrs::conv_options(a, x, w);
+      if (o.groups == 0 || x[1] != w[1] * o.groups || w[0] % o.groups != 0)
+        fail_node(n, "input " + dims_text(x) + " and weights " + dims_text(w) + " do not match with group " +
+                         std::to_string(o.groups));
+      out.shape = {x[0], w[0], pool_out(x[2], static_cast<std::uint32_t>(w[2]), o.strides[0], o.dilations[0], o.pads[0], o.pads[2], false),
+                   pool_out(x[3], static_cast<std::uint32_t>(w[3]), o.strides[1], o.dilations[1], o.pads[1], o.pads[3], false)};
+      return out;
+    }
+    if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool") {
+      const auto& x = in(n, 0).shape;
+      if (x.size() != 4) fail(Status::Unsupported, "node '" + n.name + "' (" + op + "): input of rank " + std::to_string(x.size()) +
+                                                      "; the compiler pools 4-D (NCHW) tensors");
+      if (a.i("storage_order", 0) != 0) fail(Status::Unsupported, "node '" + n.name + "' (MaxPool): storage_order 1");
+      const auto o = onnx_attrs::pool_options(a, x);
+      out.shape = {x[0], x[1], pool_out(x[2], o.kernel[0], o.strides[0], o.dilations[0], o.pads[0], o.pads[2], o.ceil_mode),
+                   pool_out(x[3], o.kernel[1], o.strides[1], o.dilations[1], o.pads[1], o.pads[3], o.ceil_mode)};
+      return out;
+    }
+    if (op == "Gemm") {
+      const auto& x = in(n, 0).shape;
+      const auto& b = constant(n, 1, "weights (B)").shape;
+      if (x.size() != 2 || b.size() != 2) fail_node(n, "A " + dims_text(x) + " and B " + dims_text(b) + " must be 2-D");
+      const bool ta = a.i("transA", 0) != 0, tb = a.i("transB", 0) != 0;
+      const std::int64_t m = ta ? x[1] : x[0], k = ta ? x[0] : x[1];
+      const std::int64_t kb = tb ? b[1] : b[0], nn = tb ? b[0] : b[1];
+      if (k != kb) fail_node(n, "A " + dims_text(x) + " and B " + dims_text(b) + " do not multiply");
+      if (has(n, 2)) broadcast(n, {m, nn}, constant(n, 2, "bias (C)").shape);
+      out.shape = {m, nn};
+      return out;
+    }
+    if (op == "MatMul") {
+      const auto& x = in(n, 0).shape;
+      const auto& b = in(n, 1).shape;
+      if (x.size() < 2 || b.size() < 2)
+        fail(Status::Unsupported, "node '" + n.name + "' (MatMul): 1-D operands");
+      if (x.back() != b[b.size() - 2]) fail_node(n, "A " + dims_text(x) + " and B " + dims_text(b) + " do not multiply");
+      auto batch = broadcast(n, std::vector<std::int64_t>(x.begin(), x.end() - 2), std::vector<std::int64_t>(b.begin(), b.end() - 2));
+      batch.push_back(x[x.size() - 2]);
+      batch.push_back(b.back());
+      out.shape = batch;
+      return out;
+    }
+    if (op == "Reshape" || op == "Flatten") {
+      const Value& x = in(n, 0);
+      const std::uint64_t total = x.elements();
+      if (op == "Flatten") {
+        std::int64_t axis = a.i("axis", 1);
+        const auto r = static_cast<std::int64_t>(x.shape.size());
+        if (axis < 0) axis += r;
+        if (axis < 0 || axis > r) fail_node(n, "axis " + std::to_string(a.i("axis", 1)) + " for rank " + std::to_string(r));
+        std::int64_t outer = 1;
+        for (std::int64_t i = 0; i < axis; ++i) outer *= x.shape[static_cast<std::size_t>(i)];
+        out.shape = {outer, outer ? static_cast<std::int64_t>(total) / outer : 0};
+      } else {
+        const Value& s = constant(n, 1, "shape");
+        if (s.ints.empty() && s.elements() != 0) fail_node(n, "the shape input is not an integer tensor");
+        const bool allowzero = a.i("allowzero", 0) != 0;
+        std::int64_t known = 1, infer_at = -1;
+        for (std::size_t i = 0; i < s.ints.size(); ++i) {
+          std::int64_t d = s.ints[i];
+          if (d == 0 && !allowzero) {
+            if (i >= x.shape.size()) fail_node(n, "shape entry " + std::to_string(i) + " copies a dimension the input lacks");
+            d = x.shape[i];
+          }
+          if (d == -1) {
+            if (infer_at >= 0) fail_node(n, "two -1 entries in the shape");
+            infer_at = static_cast<std::int64_t>(i);
+            out.shape.push_back(1);
+            continue;
+          }
+          if (d < 0) fail_node(n, "shape entry " + std::to_string(d));
+          out.shape.push_back(d);
+          known *= d;
+        }
+        if (infer_at >= 0) {
+          if (known == 0 || total % static_cast<std::uint64_t>(known) != 0)
+            fail_node(n, "cannot reshape " + dims_text(x.shape) + " to " + dims_text(s.ints));
+          out.shape[static_cast<std::size_t>(infer_at)] = static_cast<std::int64_t>(total) / known;
+        }
+      }
+      if (out.elements() != total) fail_node(n, "cannot reshape " + dims_text(x.shape) + " to " + dims_text(out.shape));
+      if (out.shape.size() > kMaxRank) fail(Status::Unsupported, "node '" + n.name + "': rank above 6");
+      if (x.data) out.data = x.data;  // a reshaped constant stays one
+      return out;
+    }
+    if (op == "Transpose") {
+      const auto& x = in(n, 0).shape;
+      auto perm = a.ints("perm");
+      if (perm.empty())
+        for (std::size_t i = x.size(); i-- > 0;) perm.push_back(static_cast<std::int64_t>(i));
+      if (perm.size() != x.size()) fail_node(n, "perm has " + std::to_string(perm.size()) + " entries for rank " + std::to_string(x.size()));
+      std::vector<bool> seen(x.size());
+      for (auto p : perm) {
+        if (p < 0 || p >= static_cast<std::int64_t>(x.size()) || seen[static_cast<std::size_t>(p)]) fail_node(n, "perm is not a permutation");
+        seen[static_cast<std::size_t>(p)] = true;
+        out.shape.push_back(x[static_cast<std::size_t>(p)]);
+      }
+      return out;
+    }
+    fail_node(n, "no shape rule");  // not reached: kSupported lists what is handled
+  }
+
+  void import(const onnx::ModelProto& model) {
+    for (const auto& o : model.opset_import())
+      if (o.domain().empty() || o.domain() == "ai.onnx") g.opset = static_cast<int>(o.version());
+    const auto& graph = model.graph();
+
+    // Every unsupported node, in one error.
+    std::vector<std::string> unsupported;
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const auto& n = graph.node(i);
+      const std::string name = n.name().empty() ? n.op_type() + " #" + std::to_string(i) : n.name();
+      if (!(n.domain().empty() || n.domain() == "ai.onnx") || !kSupported.count(n.op_type()))
+        unsupported.push_back("'" + name + "' (" + (n.domain().empty() ? "" : n.domain() + ".") + n.op_type() + ")");
+    }
+    if (!unsupported.empty()) {
+      std::string list;
+      for (std::size_t i = 0; i < unsupported.size(); ++i) list += (i ? ", " : "") + unsupported[i];
+      fail(Status::Unsupported, std::to_string(unsupported.size()) + " node" + (unsupported.size() == 1 ? "" : "s") +
+                                    " with ops the compiler does not support: " + list +
+                                    " (supported: docs/runtime.md)");
+    }
+
+    std::set<std::string> initializers;
+    for (const auto& t : graph.initializer()) {
+      g.values[t.name()] = tensor_value(t, "initializer '" + t.name() + "'");
+      initializers.insert(t.name());
+    }
+    for (const auto& input : graph.input()) {
+      if (initializers.count(input.name())) continue;
+      Value v;
+      auto given = options.shapes.find(input.name());
+      const auto& tt = input.type().tensor_type();
+      if (tt.elem_type() != onnx::TensorProto::FLOAT)
+        fail(Status::Unsupported, "input '" + input.name() + "' has ONNX element type " + std::to_string(tt.elem_type()) +
+                                      "; model inputs must be float32");
+      if (given != options.shapes.end()) {
+        v.shape = given->second;
+        if (tt.has_shape() && tt.shape().dim_size() != static_cast<int>(v.shape.size()))
+          fail(Status::InvalidArgument, "input '" + input.name() + "' has rank " + std::to_string(tt.shape().dim_size()) +
+                                            "; the shape given for it, " + dims_text(v.shape) + ", has rank " +
+                                            std::to_string(v.shape.size()));
+        for (int i = 0; tt.has_shape() && i < tt.shape().dim_size(); ++i) {
+          const auto& d = tt.shape().dim(i);
+          if (d.has_dim_value() && d.dim_value() > 0 && d.dim_value() != v.shape[static_cast<std::size_t>(i)])
+            fail(Status::InvalidArgument, "input '" + input.name() + "' has dimension " + std::to_string(i) + " fixed at " +
+                                              std::to_string(d.dim_value()) + "; the shape given is " + dims_text(v.shape));
+        }
+      } else {
+        if (!tt.has_shape())
+          fail(Status::InvalidArgument, "input '" + input.name() + "' has no shape in the model; give one (--shape " +
+                                            input.name() + "=1x3x224x224)");
+        for (int i = 0; i < tt.shape().dim_size(); ++i) {
+          const auto& d = tt.shape().dim(i);
+          if (!d.has_dim_value() || d.dim_value() <= 0)
+            fail(Status::InvalidArgument, "input '" + input.name() + "' has a symbolic dimension " + std::to_string(i) +
+                                              (d.dim_param().empty() ? std::string() : " ('" + d.dim_param() + "')") +
+                                              "; give its fixed shape (--shape " + input.name() + "=...)");
+          v.shape.push_back(d.dim_value());
+        }
+      }
+      for (auto d : v.shape)
+        if (d <= 0 || d > (std::int64_t{1} << 31))
+          fail(Status::InvalidArgument, "input '" + input.name() + "' has shape " + dims_text(v.shape));
+      if (v.shape.size() > kMaxRank) fail(Status::Unsupported, "input '" + input.name() + "' has rank above 6");
+      g.values[input.name()] = v;
+      g.inputs.push_back(input.name());
+    }
+    for (const auto& [name, _] : options.shapes)
+      if (std::find(g.inputs.begin(), g.inputs.end(), name) == g.inputs.end())
+        fail(Status::InvalidArgument, "a shape is given for '" + name + "', which is not an input of the model");
+    if (g.inputs.empty()) fail(Status::InvalidArgument, "the model has no inputs");
+
+    for (int i = 0; i < graph.node_size(); ++i) {
+      const auto& p = graph.node(i);
+      Node n;
+      n.name = p.name().empty() ? p.op_type() + " #" + std::to_string(i) : p.name();
+      n.op = p.op_type();
+      n.proto = p;
+      for (const auto& x : p.input()) n.inputs.push_back(x.empty() ? x : resolve(x));
+      if (p.output_size() < 1) fail_node(n, "no output");
+      n.output = p.output(0);
+      if (g.values.count(n.output)) fail_node(n, "output '" + n.output + "' is defined twice");
+      if (n.op == "Constant") {
+        const Attrs a{p};
+        const auto* t = a.find("value");
+        if (!t || !t->has_t()) fail(Status::Unsupported, "node '" + n.name + "' (Constant): only the 'value' tensor form");
+        g.values[n.output] = tensor_value(t->t(), "constant '" + n.name + "'");
+        continue;
+      }
+      if (n.op == "Identity" || n.op == "Dropout") {
+        in(n, 0);
+        alias[n.output] = n.inputs[0];
+        g.notes.push_back("removed " + n.op + " '" + n.name + "'");
+        continue;
+      }
+      g.values[n.output] = infer(n);
+      if (g.values[n.output].data) {
+        g.notes.push_back("folded " + n.op + " '" + n.name + "' of a constant");
+        continue;
+      }
+      g.nodes.push_back(std::move(n));
+    }
+    // Other outputs of a node (MaxPool's indices, Dropout's mask) must be unused.
+    std::set<std::string> produced;
+    for (int i = 0; i < graph.node_size(); ++i)
+      for (int o = 1; o < graph.node(i).output_size(); ++o)
+        if (!graph.node(i).output(o).empty()) produced.insert(graph.node(i).output(o));
+    auto check_used = [&](const std::string& v, const std::string& by) {
+      if (produced.count(v))
+        fail(Status::Unsupported, "'" + v + "', a second output of its node, is used by " + by +
+                                      "; the compiler supports only first outputs");
+    };
+    for (const auto& n : g.nodes)
+      for (const auto& x : n.inputs) check_used(x, "node '" + n.name + "'");
+    for (const auto& o : graph.output()) {
+      check_used(o.name(), "the graph's outputs");
+      const std::string v = resolve(o.name());
+      if (!g.values.count(v)) fail(Status::InvalidArgument, "output '" + o.name() + "' is not produced by any node");
+      g.outputs.emplace_back(o.name(), v);
+    }
+  }
+
+  std::size_t consumers(const std::string& v) const {
+    std::size_t c = 0;
+    for (const auto& n : g.nodes)
+      for (const auto& x : n.inputs) c += x == v;
+    for (const auto& o : g.outputs) c += o.second == v;
+    return c;
+  }
+  // The node (index) whose only consumer is node `i`'s first input, if it is of `ops`.
+  std::optional<std::size_t> sole_producer(std::size_t i, std::initializer_list<const char*> ops) const {
+    const std::string& x = g.nodes[i].inputs.empty() ? std::string() : g.nodes[i].inputs[0];
+    for (std::size_t j = 0; j < i; ++j) {
+      if (g.nodes[j].output != x) continue;
+      bool ok = false;
+      for (auto op : ops) ok = ok || g.nodes[j].op == op;
+      if (!ok || consumers(x) != 1) return std::nullopt;
+      return j;
+    }
+    return std::nullopt;
+  }
+
+  void fold_batch_norm() {
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+      Node& bn = g.nodes[i];
+      if (bn.op != "BatchNormalization") continue;
+      auto p = sole_producer(i, {"Conv"});
+      if (!p || g.nodes[*p].act.kind != Activation::None) continue;
+      Node& conv = g.nodes[*p];
+      const auto& w = g.value(conv.inputs[1]);
+      const auto cout = static_cast<std::size_t>(w.shape[0]);
+      const auto& gamma = *g.value(bn.inputs[1]).data;
+      const auto& beta = *g.value(bn.inputs[2]).data;
+      const auto& mean = *g.value(bn.inputs[3]).data;
+      const auto& var = *g.value(bn.inputs[4]).data;
+      if (gamma.size() != cout || beta.size() != cout || mean.size() != cout || var.size() != cout)
+        fail_node(bn, "its parameters do not have one value per channel (" + std::to_string(cout) + ")");
+      const float eps = Attrs{bn.proto}.f("epsilon", 1e-5f);
+      Value nw = w, nb;
+      nb.shape = {static_cast<std::int64_t>(cout)};
+      nb.data = std::vector<float>(cout, 0.0f);
+      const std::vector<float>* bias = conv.inputs.size() > 2 && !conv.inputs[2].empty() ? &*g.value(conv.inputs[2]).data : nullptr;
+      const std::size_t per = w.elements() / cout;
+      for (std::size_t c = 0; c < cout; ++c) {
+        const double s = gamma[c] / std::sqrt(static_cast<double>(var[c]) + eps);
+        for (std::size_t k = 0; k < per; ++k) (*nw.data)[c * per + k] = static_cast<float>((*w.data)[c * per + k] * s);
+        (*nb.data)[c] = static_cast<float>(((bias ? (*bias)[c] : 0.0f) - mean[c]) * s + beta[c]);
+      }
+      const std::string wn = conv.name + "/weights+" + bn.name, bname = conv.name + "/bias+" + bn.name;
+      g.values[wn] = std::move(nw);
+      g.values[bname] = std::move(nb);
+      conv.inputs.resize(3);
+      conv.inputs[1] = wn;
+      conv.inputs[2] = bname;
+      conv.output = bn.output;
+      conv.fused = "BatchNormalization '" + bn.name + "'";
+      g.notes.push_back("folded BatchNormalization '" + bn.name + "' into Conv '" + conv.name + "'");
+      g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+      --i;
+    }
+  }
+
+  void fuse_activations() {
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+      Node& r = g.nodes[i];
+      if (r.op != "Relu" && r.op != "Clip") continue;
+      auto p = sole_producer(i, {"Conv", "Gemm", "MatMul"});
+      if (!p || g.nodes[*p].act.kind != Activation::None) continue;
+      Node& c = g.nodes[*p];
+      if (r.op == "Relu") {
+        c.act = ActivationParams::relu();
+      } else {
+        float lo = -FLT_MAX, hi = FLT_MAX;
+        if (g.opset >= 11) {
+          if (r.inputs.size() > 1 && !r.inputs[1].empty()) lo = (*g.value(r.inputs[1]).data).at(0);
+          if (r.inputs.size() > 2 && !r.inputs[2].empty()) hi = (*g.value(r.inputs[2]).data).at(0);
+        } else {
+          lo = Attrs{r.proto}.f("min", -FLT_MAX);
+          hi = Attrs{r.proto}.f("max", FLT_MAX);
+        }
+        c.act = ActivationParams::clip(lo, hi);
+      }
+      c.output = r.output;
+      c.fused += (c.fused.empty() ? "" : ", ") + r.op + " '" + r.name + "'";
+      g.notes.push_back("fused " + r.op + " '" + r.name + "' into " + c.op + " '" + c.name + "'");
+      g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+      --i;
+    }
+  }
+};
+
+}  // namespace
+
+const Value& Graph::value(const std::string& name) const {
+  auto it = values.find(name);
+  if (it == values.end()) throw Error(Status::Internal, "compiler: no value '" + name + "'");
+  return it->second;
+}
+
+Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& options, std::string_view name) {
+  onnx::ModelProto model;
+  if (bytes.size() > static_cast<std::size_t>(INT32_MAX) ||
+      !model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    throw Error(Status::InvalidArgument, std::string(name) + ": not an ONNX model (it does not parse as a ModelProto)");
+  Importer im{std::string(name), options, {}, {}};
+  im.import(model);
+  im.fold_batch_norm();
+  im.fuse_activations();
+  return std::move(im.g);
+}
+
+}  // namespace tpuhal::rt::detail

@@ -1,0 +1,717 @@
+// The compiler and runtime (tpuhal/rt/compile.hpp, model.hpp): small ONNX
+// models built here, compiled in every precision, run on sim:0 and compared
+// with a plain f32 reference computed here.
+//
+// Tolerances, on |got - reference| / max(1, max |reference|):
+//   fp32  1e-5   the engine computes in f32 too; only summation order differs
+//   fp16  5e-3   11-bit significand per stored activation, a few layers deep
+//   bf16  2e-2   8-bit significand per stored activation
+//   int8  1e-2   a few quantisation steps of the output's scale, calibrated
+//                (minmax) on the very inputs that are checked
+// (measured: fp32 3e-8, fp16 3e-4, bf16 1e-3, int8 2e-3).
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include "run_cli.h"
+#include "tpuhal/error.hpp"
+#include "tpuhal/rt/compile.hpp"
+#include "tpuhal/rt/model.hpp"
+#include "tpuhal/tpuhal.hpp"
+
+namespace tpuhal::rt {
+
+// Test names and failures show "fp16", not the enum's bytes.
+void PrintTo(Precision p, std::ostream* os) { *os << to_string(p); }
+
+namespace {
+
+namespace fs = std::filesystem;
+using Shape = std::vector<std::int64_t>;
+using Vec = std::vector<float>;
+
+// ---- Building ONNX models -------------------------------------------------------
+
+struct OnnxBuilder {
+  onnx::ModelProto m;
+  onnx::GraphProto* g;
+  explicit OnnxBuilder(int opset = 13) {
+    m.set_ir_version(8);
+    m.add_opset_import()->set_version(opset);
+    g = m.mutable_graph();
+    g->set_name("test");
+  }
+  // A float input; a negative dimension is symbolic ("N").
+  void input(const std::string& name, const Shape& shape) {
+    auto* v = g->add_input();
+    v->set_name(name);
+    auto* t = v->mutable_type()->mutable_tensor_type();
+    t->set_elem_type(onnx::TensorProto::FLOAT);
+    for (auto d : shape) {
+      auto* dim = t->mutable_shape()->add_dim();
+      if (d < 0) dim->set_dim_param("N");
+      else dim->set_dim_value(d);
+    }
+  }
+  void output(const std::string& name) {
+    auto* v = g->add_output();
+    v->set_name(name);
+    v->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  }
+  void init(const std::string& name, const Shape& shape, const Vec& values) {
+    auto* t = g->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (auto d : shape) t->add_dims(d);
+    t->set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  }
+  void init_i64(const std::string& name, const std::vector<std::int64_t>& values) {
+    auto* t = g->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_dims(static_cast<std::int64_t>(values.size()));
+    for (auto v : values) t->add_int64_data(v);
+  }
+  onnx::NodeProto* node(const std::string& op, const std::vector<std::string>& in, const std::string& out,
+                        const std::string& name) {
+    auto* n = g->add_node();
+    n->set_op_type(op);
+    n->set_name(name);
+    for (const auto& i : in) n->add_input(i);
+    n->add_output(out);
+    return n;
+  }
+  static void ints(onnx::NodeProto* n, const std::string& name, const std::vector<std::int64_t>& v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INTS);
+    for (auto x : v) a->add_ints(x);
+  }
+  static void integer(onnx::NodeProto* n, const std::string& name, std::int64_t v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(v);
+  }
+  static void real(onnx::NodeProto* n, const std::string& name, float v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::FLOAT);
+    a->set_f(v);
+  }
+  std::vector<std::byte> bytes() const {
+    const std::string s = m.SerializeAsString();
+    std::vector<std::byte> out(s.size());
+    std::memcpy(out.data(), s.data(), s.size());
+    return out;
+  }
+};
+
+Vec random(std::size_t n, std::uint32_t seed, float lo = -1, float hi = 1) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// ---- The reference, in plain f32 loops ----------------------------------------------
+
+// NCHW convolution, square kernel, symmetric pads, one group.
+Vec conv(const Vec& x, const Shape& xs, const Vec& w, const Shape& ws, const Vec& b, int stride, int pad, Shape& ys) {
+  const auto n = xs[0], c = xs[1], h = xs[2], wd = xs[3], m = ws[0], k = ws[2];
+  const auto oh = (h + 2 * pad - k) / stride + 1, ow = (wd + 2 * pad - k) / stride + 1;
+  ys = {n, m, oh, ow};
+  Vec y(static_cast<std::size_t>(n * m * oh * ow));
+  for (std::int64_t in = 0; in < n; ++in)
+    for (std::int64_t om = 0; om < m; ++om)
+      for (std::int64_t oy = 0; oy < oh; ++oy)
+        for (std::int64_t ox = 0; ox < ow; ++ox) {
+          float s = b.empty() ? 0.0f : b[static_cast<std::size_t>(om)];
+          for (std::int64_t ic = 0; ic < c; ++ic)
+            for (std::int64_t ky = 0; ky < k; ++ky)
+              for (std::int64_t kx = 0; kx < k; ++kx) {
+                const auto iy = oy * stride + ky - pad, ix = ox * stride + kx - pad;
+                if (iy < 0 || ix < 0 || iy >= h || ix >= wd) continue;
+                s += x[static_cast<std::size_t>(((in * c + ic) * h + iy) * wd + ix)] *
+                     w[static_cast<std::size_t>(((om * c + ic) * k + ky) * k + kx)];
+              }
+          y[static_cast<std::size_t>(((in * m + om) * oh + oy) * ow + ox)] = s;
+        }
+  return y;
+}
+
+Vec relu(Vec x) {
+  for (auto& v : x) v = std::max(v, 0.0f);
+  return x;
+}
+
+// k x k pooling with stride k, no padding.
+Vec pool(const Vec& x, const Shape& xs, int k, bool max, Shape& ys) {
+  const auto n = xs[0], c = xs[1], oh = xs[2] / k, ow = xs[3] / k;
+  ys = {n, c, oh, ow};
+  Vec y(static_cast<std::size_t>(n * c * oh * ow));
+  for (std::int64_t p = 0; p < n * c; ++p)
+    for (std::int64_t oy = 0; oy < oh; ++oy)
+      for (std::int64_t ox = 0; ox < ow; ++ox) {
+        float acc = max ? -INFINITY : 0.0f;
+        for (int ky = 0; ky < k; ++ky)
+          for (int kx = 0; kx < k; ++kx) {
+            const float v = x[static_cast<std::size_t>((p * xs[2] + oy * k + ky) * xs[3] + ox * k + kx)];
+            acc = max ? std::max(acc, v) : acc + v;
+          }
+        y[static_cast<std::size_t>((p * oh + oy) * ow + ox)] = max ? acc : acc / static_cast<float>(k * k);
+      }
+  return y;
+}
+
+Vec batch_norm(Vec x, const Shape& xs, const Vec& gamma, const Vec& beta, const Vec& mean, const Vec& var, float eps) {
+  const auto plane = static_cast<std::size_t>(xs[2] * xs[3]);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const auto c = (i / plane) % static_cast<std::size_t>(xs[1]);
+    x[i] = (x[i] - mean[c]) / std::sqrt(var[c] + eps) * gamma[c] + beta[c];
+  }
+  return x;
+}
+
+// y [m, n] = x [m, k] @ w^T (w [n, k]) + b
+Vec gemm(const Vec& x, std::int64_t m, std::int64_t k, const Vec& w, std::int64_t n, const Vec& b) {
+  Vec y(static_cast<std::size_t>(m * n));
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      float s = b[static_cast<std::size_t>(j)];
+      for (std::int64_t l = 0; l < k; ++l) s += x[static_cast<std::size_t>(i * k + l)] * w[static_cast<std::size_t>(j * k + l)];
+      y[static_cast<std::size_t>(i * n + j)] = s;
+    }
+  return y;
+}
+
+Vec softmax(Vec x, std::int64_t rows) {
+  const auto cols = static_cast<std::size_t>(static_cast<std::int64_t>(x.size()) / rows);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* p = x.data() + static_cast<std::size_t>(r) * cols;
+    const float mx = *std::max_element(p, p + cols);
+    float s = 0;
+    for (std::size_t i = 0; i < cols; ++i) s += (p[i] = std::exp(p[i] - mx));
+    for (std::size_t i = 0; i < cols; ++i) p[i] /= s;
+  }
+  return x;
+}
+
+// ---- The models -----------------------------------------------------------------
+
+// A small CNN: Conv 3x3 + BatchNormalization + Relu, MaxPool, Conv 3x3 +
+// Relu, AveragePool, Flatten, Gemm, Softmax. Input [batch, 1, 8, 8] (the
+// batch symbolic in the model), output [batch, 10] probabilities.
+struct Cnn {
+  Vec w1 = random(4 * 1 * 3 * 3, 1), b1 = random(4, 2, -0.1f, 0.1f);
+  Vec gamma = random(4, 3, 0.5f, 1.5f), beta = random(4, 4, -0.2f, 0.2f), mean = random(4, 5, -0.1f, 0.1f),
+      var = random(4, 6, 0.5f, 1.0f);
+  Vec w2 = random(6 * 4 * 3 * 3, 7, -0.5f, 0.5f), b2 = random(6, 8, -0.1f, 0.1f);
+  Vec wf = random(10 * 24, 9, -0.5f, 0.5f), bf = random(10, 10, -0.1f, 0.1f);
+
+  std::vector<std::byte> onnx() const {
+    OnnxBuilder b;
+    b.input("image", {-1, 1, 8, 8});
+    b.init("w1", {4, 1, 3, 3}, w1);
+    b.init("b1", {4}, b1);
+    b.init("gamma", {4}, gamma);
+    b.init("beta", {4}, beta);
+    b.init("mean", {4}, mean);
+    b.init("var", {4}, var);
+    b.init("w2", {6, 4, 3, 3}, w2);
+    b.init("b2", {6}, b2);
+    b.init("wf", {10, 24}, wf);
+    b.init("bf", {10}, bf);
+    auto* c1 = b.node("Conv", {"image", "w1", "b1"}, "c1", "conv1");
+    OnnxBuilder::ints(c1, "pads", {1, 1, 1, 1});
+    OnnxBuilder::ints(c1, "kernel_shape", {3, 3});
+    b.node("BatchNormalization", {"c1", "gamma", "beta", "mean", "var"}, "bn1", "bn1");
+    b.node("Relu", {"bn1"}, "r1", "relu1");
+    auto* p1 = b.node("MaxPool", {"r1"}, "p1", "pool1");
+    OnnxBuilder::ints(p1, "kernel_shape", {2, 2});
+    OnnxBuilder::ints(p1, "strides", {2, 2});
+    auto* c2 = b.node("Conv", {"p1", "w2", "b2"}, "c2", "conv2");
+    OnnxBuilder::ints(c2, "pads", {1, 1, 1, 1});
+    b.node("Relu", {"c2"}, "r2", "relu2");
+    auto* p2 = b.node("AveragePool", {"r2"}, "p2", "pool2");
+    OnnxBuilder::ints(p2, "kernel_shape", {2, 2});
+    OnnxBuilder::ints(p2, "strides", {2, 2});
+    b.node("Dropout", {"p2"}, "d2", "dropout");
+    b.node("Flatten", {"d2"}, "f", "flatten");
+    auto* fc = b.node("Gemm", {"f", "wf", "bf"}, "logits", "fc");
+    OnnxBuilder::integer(fc, "transB", 1);
+    b.node("Softmax", {"logits"}, "probs", "softmax");
+    b.output("probs");
+    return b.bytes();
+  }
+
+  Vec reference(const Vec& x, std::int64_t batch) const {
+    Shape s1, s2, s3, s4;
+    Vec y = conv(x, {batch, 1, 8, 8}, w1, {4, 1, 3, 3}, b1, 1, 1, s1);
+    y = relu(batch_norm(y, s1, gamma, beta, mean, var, 1e-5f));
+    y = pool(y, s1, 2, true, s2);
+    y = relu(conv(y, s2, w2, {6, 4, 3, 3}, b2, 1, 1, s3));
+    y = pool(y, s3, 2, false, s4);
+    return softmax(gemm(y, batch, 24, wf, 10, bf), batch);
+  }
+};
+
+// Two branches added, a Relu after the Add, GlobalAveragePool, Reshape and
+// a Gemm with a fused Relu (B not transposed). Input [2, 3, 4, 4], output [2, 5].
+struct Residual {
+  Vec wa = random(4 * 3, 11), wb = random(4 * 3 * 3 * 3, 12, -0.4f, 0.4f), bb = random(4, 13, -0.1f, 0.1f);
+  Vec wg = random(4 * 5, 14), bg = random(5, 15, -0.1f, 0.1f);
+
+  std::vector<std::byte> onnx() const {
+    OnnxBuilder b;
+    b.input("x", {2, 3, 4, 4});
+    b.init("wa", {4, 3, 1, 1}, wa);
+    b.init("wb", {4, 3, 3, 3}, wb);
+    b.init("bb", {4}, bb);
+    b.init("wg", {4, 5}, wg);
+    b.init("bg", {5}, bg);
+    b.init_i64("shape", {0, -1});
+    b.node("Conv", {"x", "wa"}, "a", "branch_a");
+    auto* c = b.node("Conv", {"x", "wb", "bb"}, "bcv", "branch_b");
+    OnnxBuilder::ints(c, "pads", {1, 1, 1, 1});
+    b.node("Add", {"a", "bcv"}, "sum", "add");
+    b.node("Relu", {"sum"}, "act", "relu");
+    b.node("GlobalAveragePool", {"act"}, "gap", "gap");
+    b.node("Reshape", {"gap", "shape"}, "flat", "reshape");
+    b.node("Identity", {"flat"}, "flat2", "identity");
+    b.node("Gemm", {"flat2", "wg", "bg"}, "g", "fc");
+    b.node("Relu", {"g"}, "out", "relu_out");
+    b.output("out");
+    return b.bytes();
+  }
+
+  Vec reference(const Vec& x) const {
+    Shape s;
+    const Vec a = conv(x, {2, 3, 4, 4}, wa, {4, 3, 1, 1}, {}, 1, 0, s);
+    const Vec bcv = conv(x, {2, 3, 4, 4}, wb, {4, 3, 3, 3}, bb, 1, 1, s);
+    Vec sum(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) sum[i] = std::max(a[i] + bcv[i], 0.0f);
+    Vec gap(8);
+    for (std::size_t p = 0; p < 8; ++p) {
+      float acc = 0;
+      for (std::size_t i = 0; i < 16; ++i) acc += sum[p * 16 + i];
+      gap[p] = acc / 16;
+    }
+    Vec wt(20);  // wg is [K=4, N=5]; gemm() takes [N, K]
+    for (int k = 0; k < 4; ++k)
+      for (int n = 0; n < 5; ++n) wt[static_cast<std::size_t>(n * 4 + k)] = wg[static_cast<std::size_t>(k * 5 + n)];
+    return relu(gemm(gap, 2, 4, wt, 5, bg));
+  }
+};
+
+// The other ops: a BatchNormalization on the input (not after a Conv),
+// LeakyRelu, Transpose, Reshape, MatMul by a constant, Sigmoid, Mul, Sub
+// and an opset-11 Softmax over a non-last axis (flattened from it on).
+// Input [2, 3, 2, 2], outputs [2, 4] and [2, 1, 4] probabilities.
+struct Misc {
+  Vec gamma = random(3, 21, 0.5f, 1.5f), beta = random(3, 22), mean = random(3, 23), var = random(3, 24, 0.5f, 2);
+  Vec w = random(12 * 4, 25), scale = random(4, 26, 1, 3);
+
+  std::vector<std::byte> onnx() const {
+    OnnxBuilder b(11);
+    b.input("x", {2, 3, 2, 2});
+    b.init("gamma", {3}, gamma);
+    b.init("beta", {3}, beta);
+    b.init("mean", {3}, mean);
+    b.init("var", {3}, var);
+    b.init("w", {12, 4}, w);
+    b.init("scale", {4}, scale);
+    b.init("half", {}, {0.5f});
+    b.init_i64("flat", {2, 12});
+    b.init_i64("three", {2, 1, 4});
+    b.node("BatchNormalization", {"x", "gamma", "beta", "mean", "var"}, "bn", "bn");
+    OnnxBuilder::real(b.node("LeakyRelu", {"bn"}, "lr", "leaky"), "alpha", 0.1f);
+    OnnxBuilder::ints(b.node("Transpose", {"lr"}, "t", "nhwc"), "perm", {0, 2, 3, 1});
+    b.node("Reshape", {"t", "flat"}, "f", "reshape");
+    b.node("MatMul", {"f", "w"}, "m", "matmul");
+    b.node("Sigmoid", {"m"}, "s", "sigmoid");
+    b.node("Mul", {"s", "scale"}, "ms", "mul");
+    b.node("Sub", {"ms", "half"}, "y", "sub");
+    b.node("Reshape", {"y", "three"}, "y3", "reshape3");
+    OnnxBuilder::integer(b.node("Softmax", {"y3"}, "p", "softmax"), "axis", 1);
+    b.output("y");
+    b.output("p");
+    return b.bytes();
+  }
+
+  std::pair<Vec, Vec> reference(const Vec& x) const {
+    Vec t(24);
+    for (int n = 0; n < 2; ++n)
+      for (int c = 0; c < 3; ++c)
+        for (int h = 0; h < 2; ++h)
+          for (int w_ = 0; w_ < 2; ++w_) {
+            const auto ci = static_cast<std::size_t>(c);
+            float v = (x[static_cast<std::size_t>(((n * 3 + c) * 2 + h) * 2 + w_)] - mean[ci]) / std::sqrt(var[ci] + 1e-5f) *
+                          gamma[ci] + beta[ci];
+            v = v < 0 ? 0.1f * v : v;
+            t[static_cast<std::size_t>(((n * 2 + h) * 2 + w_) * 3 + c)] = v;
+          }
+    Vec y(8);
+    for (std::size_t n = 0; n < 2; ++n)
+      for (std::size_t j = 0; j < 4; ++j) {
+        float acc = 0;
+        for (std::size_t k = 0; k < 12; ++k) acc += t[n * 12 + k] * w[k * 4 + j];
+        y[n * 4 + j] = 1 / (1 + std::exp(-acc)) * scale[j] - 0.5f;
+      }
+    return {y, softmax(y, 2)};  // axis 1 of [2, 1, 4] before opset 13: over the last 4
+  }
+};
+
+double max_rel_error(const Vec& got, const Vec& want) {
+  double scale = 1, err = 0;
+  for (float v : want) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+  for (std::size_t i = 0; i < got.size(); ++i) err = std::max(err, std::fabs(static_cast<double>(got[i]) - want[i]));
+  return err / scale;
+}
+
+Vec run(Instance& inst, Vec x) {
+  Vec y(inst.model().outputs().at(0).elements());
+  inst.run({host(x)}, {host(y)});
+  return y;
+}
+
+CompileOptions options(Precision p, NdArray calibration) {
+  CompileOptions o;
+  o.precision = p;
+  o.calibration = {std::move(calibration)};
+  o.method = CalibrationMethod::MinMax;
+  return o;
+}
+
+double tolerance(Precision p) {
+  switch (p) {
+    case Precision::F32: return 1e-5;
+    case Precision::F16: return 5e-3;
+    case Precision::BF16: return 2e-2;
+    case Precision::Int8: return 1e-2;
+  }
+  return 0;
+}
+
+class EveryPrecision : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(EveryPrecision, GivenASmallCnnWhenCompiledAndRunThenItMatchesTheReference) {
+  const Cnn net;
+  const Vec x = random(4 * 64, 100, 0, 1);
+  CompileOptions o = options(GetParam(), NdArray{{4, 1, 8, 8}, x});
+  o.shapes["image"] = {4, 1, 8, 8};
+  const CompileResult r = compile_onnx(net.onnx(), o, "cnn.onnx");
+  const auto notes = ::testing::PrintToString(r.notes);
+  EXPECT_NE(notes.find("folded BatchNormalization 'bn1' into Conv 'conv1'"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("fused Relu 'relu1' into Conv 'conv1'"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("removed Dropout 'dropout'"), std::string::npos) << notes;
+
+  Device dev = open("sim:0");
+  Model m = Model::load(dev, encode(r.model) == encode(r.model) ? r.model : ModelFile{}, "cnn.tpm");
+  ASSERT_EQ(m.inputs().size(), 1u);
+  EXPECT_EQ(m.inputs()[0].describe(), "image f32[4, 1, 8, 8]");
+  EXPECT_EQ(m.outputs()[0].describe(), "probs f32[4, 10]");
+  EXPECT_EQ(m.precision(), GetParam());
+  EXPECT_EQ(m.meta().at("precision"), to_string(GetParam()));
+  Instance inst = m.instance();
+  EXPECT_LE(max_rel_error(run(inst, x), net.reference(x, 4)), tolerance(GetParam()));
+}
+
+TEST_P(EveryPrecision, GivenAResidualModelWhenCompiledAndRunThenItMatchesTheReference) {
+  const Residual net;
+  const Vec x = random(2 * 3 * 16, 200);
+  const CompileResult r = compile_onnx(net.onnx(), options(GetParam(), NdArray{{2, 3, 4, 4}, x}), "residual.onnx");
+  Device dev = open("sim:0");
+  Model m = Model::load(dev, r.model);
+  Instance inst = m.instance();
+  const Vec want = net.reference(x);
+  // In int8, Add and the pooling run in f32 between a dequantize and a quantize.
+  EXPECT_LE(max_rel_error(run(inst, x), want), tolerance(GetParam()));
+}
+
+TEST_P(EveryPrecision, GivenTheOtherOpsWhenCompiledAndRunThenTheyMatchTheReference) {
+  const Misc net;
+  const Vec x = random(24, 700, -2, 2);
+  const CompileResult r = compile_onnx(net.onnx(), options(GetParam(), NdArray{{2, 3, 2, 2}, x}), "misc.onnx");
+  Device dev = open("sim:0");
+  Model m = Model::load(dev, r.model);
+  ASSERT_EQ(m.outputs().size(), 2u);
+  EXPECT_EQ(m.outputs()[1].describe(), "p f32[2, 1, 4]");
+  Instance inst = m.instance();
+  Vec xi = x, y(8), p(8);
+  inst.run({host(xi)}, {host(y), host(p)});
+  const auto [want_y, want_p] = net.reference(x);
+  EXPECT_LE(max_rel_error(y, want_y), tolerance(GetParam()));
+  EXPECT_LE(max_rel_error(p, want_p), tolerance(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Runtime, EveryPrecision,
+                         ::testing::Values(Precision::F32, Precision::F16, Precision::BF16, Precision::Int8),
+                         [](const auto& p) { return std::string(to_string(p.param)); });
+
+TEST(Runtime, GivenAnInt8ModelWhenRunRepeatedlyAndOnTwoInstancesThenResultsAreIdentical) {
+  const Cnn net;
+  const Vec x = random(2 * 64, 300, 0, 1);
+  CompileOptions o = options(Precision::Int8, NdArray{{2, 1, 8, 8}, x});
+  o.shapes["image"] = {2, 1, 8, 8};
+  const CompileResult r1 = compile_onnx(net.onnx(), o, "cnn.onnx");
+  const CompileResult r2 = compile_onnx(net.onnx(), o, "cnn.onnx");
+  EXPECT_EQ(encode(r1.model), encode(r2.model)) << "compiling twice gives the same file";
+  Device dev = open("sim:0");
+  Model m = Model::load(dev, r1.model);
+  Instance a = m.instance(), b = m.instance();
+  const Vec first = run(a, x);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(run(a, x), first);
+  EXPECT_EQ(run(b, x), first);
+  EXPECT_TRUE(m.meta().count("calibration"));
+  EXPECT_TRUE(r1.model.has(SectionKind::Quant));
+}
+
+TEST(Runtime, GivenTwoModelsWhenRunWithTwoInstancesEachOnOneDeviceThenEachGivesItsOwnResult) {
+  const Cnn cnn;
+  const Residual res;
+  CompileOptions o;
+  o.shapes["image"] = {1, 1, 8, 8};
+  Device dev = open("sim:0");
+  Model m1 = Model::load(dev, compile_onnx(cnn.onnx(), o).model);
+  Model m2 = Model::load(dev, compile_onnx(res.onnx(), CompileOptions{}).model);
+  Instance a1 = m1.instance(), a2 = m1.instance(), b1 = m2.instance(), b2 = m2.instance();
+  const Vec x1 = random(64, 400, 0, 1), x2 = random(96, 401);
+  const Vec y1 = cnn.reference(x1, 1), y2 = res.reference(x2);
+  for (Instance* i : {&a1, &a2}) EXPECT_LE(max_rel_error(run(*i, x1), y1), 1e-4);
+  for (Instance* i : {&b1, &b2}) EXPECT_LE(max_rel_error(run(*i, x2), y2), 1e-4);
+  // Device-side use: fill the input tensor, submit, read the output tensor.
+  Queue q = dev.queue(Engine::Compute);
+  Buffer in = dev.allocate(x1.size() * 4, Memory::HostPinned), out = dev.allocate(y1.size() * 4, Memory::HostPinned);
+  std::memcpy(in.map().data(), x1.data(), x1.size() * 4);
+  const Tensor& ti = a2.input_tensors()[0];
+  const Tensor& to = a2.output_tensors()[0];
+  q.copy(in, 0, ti.buffer(), ti.offset(), x1.size() * 4).submit().wait();
+  a2.submit(q).wait();
+  q.copy(to.buffer(), to.offset(), out, 0, y1.size() * 4).submit().wait();
+  Vec y(y1.size());
+  std::memcpy(y.data(), out.map().data(), y.size() * 4);
+  EXPECT_LE(max_rel_error(y, y1), 1e-4);
+}
+
+TEST(Runtime, GivenMoreModelsThanTheBoardHasComputeQueuesWhenLoadedTogetherThenAllRun) {
+  Device dev = open("sim:0");
+  const ModelFile f = compile_onnx(Residual{}.onnx(), CompileOptions{}).model;
+  std::vector<Model> models;
+  for (int i = 0; i < 8; ++i) models.push_back(Model::load(dev, f));  // sim:0 has 4 compute queues
+  const Vec x = random(96, 402), want = Residual{}.reference(x);
+  for (auto& m : models) {
+    Instance inst = m.instance();
+    EXPECT_LE(max_rel_error(run(inst, x), want), 1e-5);
+  }
+}
+
+TEST(Runtime, GivenTheWrongInputSizeWhenRunThenInvalidArgumentNamesTheInput) {
+  Device dev = open("sim:0");
+  Model m = Model::load(dev, compile_onnx(Residual{}.onnx(), CompileOptions{}).model);
+  Instance inst = m.instance();
+  Vec x(10), y(10);
+  try {
+    inst.run({host(x)}, {host(y)});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("input 0 ('x') is 40 bytes; x f32[2, 3, 4, 4] takes 384"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Runtime, GivenUnsupportedOpsWhenCompiledThenOneErrorListsEveryOne) {
+  OnnxBuilder b;
+  b.input("x", {1, 4});
+  b.node("Erf", {"x"}, "e", "erf_1");
+  b.node("Relu", {"e"}, "r", "relu");
+  b.node("Hardmax", {"r"}, "h", "hardmax_2");
+  b.output("h");
+  try {
+    compile_onnx(b.bytes(), CompileOptions{}, "bad.onnx");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Unsupported);
+    const std::string m = e.what();
+    EXPECT_NE(m.find("2 nodes"), std::string::npos) << m;
+    EXPECT_NE(m.find("'erf_1' (Erf)"), std::string::npos) << m;
+    EXPECT_NE(m.find("'hardmax_2' (Hardmax)"), std::string::npos) << m;
+  }
+}
+
+TEST(Runtime, GivenASymbolicBatchWithoutAShapeWhenCompiledThenTheErrorAsksForIt) {
+  try {
+    compile_onnx(Cnn{}.onnx(), CompileOptions{}, "cnn.onnx");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("input 'image' has a symbolic dimension 0 ('N')"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Runtime, GivenADamagedGraphSectionWhenLoadedThenInvalidArgumentNamesWhat) {
+  const ModelFile good = compile_onnx(Residual{}.onnx(), CompileOptions{}).model;
+  Device dev = open("sim:0");
+  auto with_graph = [&](const std::string& graph) {
+    ModelFile f;
+    for (const auto& s : good.sections()) {
+      if (s.kind == SectionKind::Graph) {
+        std::vector<std::byte> b(graph.size());
+        std::memcpy(b.data(), graph.data(), graph.size());
+        f.add(s.kind, b);
+      } else {
+        f.add(s.kind, s.bytes, s.optional);
+      }
+    }
+    return f;
+  };
+  const auto g = good.get(SectionKind::Graph);
+  const std::string text(reinterpret_cast<const char*>(g.data()), g.size());
+  auto error = [&](const std::string& graph) {
+    try {
+      Model::load(dev, with_graph(graph), "net.tpm");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error(text.substr(0, text.size() / 2)).find("net.tpm: the graph section is damaged: not a JSON object"),
+            std::string::npos);
+  const nlohmann::json graph = nlohmann::json::parse(text);
+  auto edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = graph;
+    edit(j);
+    return error(j.dump());
+  };
+  EXPECT_NE(edited([](auto& j) { j["tensors"][0]["offset"] = 1u << 30; }).find("tensor 0 (384 bytes at offset 1073741824) lies outside the arena"),
+            std::string::npos);
+  EXPECT_NE(edited([](auto& j) { j["tensors"][1]["shape"] = "[1]"; }).find("tensor 1.shape is not an array"), std::string::npos);
+  EXPECT_NE(edited([](auto& j) { j["ops"][0]["op"] = "conv9d"; }).find("op 0 (conv9d, node 'branch_a'): unknown op 'conv9d'"),
+            std::string::npos);
+  EXPECT_NE(edited([](auto& j) { j["ops"][0]["operands"]["x"] = 9999; }).find("op 0 operand x names no tensor"), std::string::npos);
+  EXPECT_NE(edited([](auto& j) { j["ops"][0]["attrs"].erase("pads"); }).find("attribute 'pads' is missing"), std::string::npos);
+  // The ops' own checks catch what is well-formed but does not fit.
+  auto weights_shape = [](auto& j) { j["tensors"][j["ops"][0]["operands"]["w"].template get<int>()]["shape"][1] = 2; };
+  EXPECT_NE(edited(weights_shape).find("net.tpm: the graph section is damaged: op 0 (conv2d, node 'branch_a'): conv2d: "),
+            std::string::npos)
+      << edited(weights_shape);
+  EXPECT_NE(edited([](auto& j) { j["tensors"][0]["shape"][0] = 1; }).find("input 0 does not have the shape of x f32[2, 3, 4, 4]"),
+            std::string::npos);
+}
+
+TEST(Runtime, GivenACorruptedOrNewerFileWhenLoadedThenTheErrorSaysWhich) {
+  const fs::path dir = fs::temp_directory_path() / ("tpuhal_rt_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const ModelFile good = compile_onnx(Residual{}.onnx(), CompileOptions{}).model;
+  std::vector<std::byte> bytes = encode(good);
+  Device dev = open("sim:0");
+  auto load_bytes = [&](const std::vector<std::byte>& b) -> Error {
+    const fs::path p = dir / "net.tpm";
+    {
+      std::ofstream out(p, std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+    }
+    try {
+      Model::load(dev, p);
+    } catch (const Error& e) {
+      return e;
+    }
+    return Error(Status::Ok, "no error");
+  };
+  auto corrupted = bytes;
+  corrupted[corrupted.size() - 70] ^= std::byte{0x10};
+  Error e = load_bytes(corrupted);
+  EXPECT_EQ(e.status(), Status::InvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  auto newer = bytes;
+  newer[8] = std::byte{static_cast<unsigned char>(kModelFormatVersion + 1)};
+  e = load_bytes(newer);
+  EXPECT_EQ(e.status(), Status::VersionMismatch) << e.what();
+  EXPECT_EQ(load_bytes(bytes).status(), Status::Ok);
+  fs::remove_all(dir);
+}
+
+TEST(Runtime, GivenReportWhenCompiledInInt8ThenEveryLayerHasAnErrorAgainstFp32) {
+  const Residual net;
+  CompileOptions o = options(Precision::Int8, NdArray{{4, 3, 4, 4}, random(4 * 48, 500)});
+  o.report = true;
+  o.method = CalibrationMethod::Percentile;
+  o.percentile = 99.9;
+  const CompileResult r = compile_onnx(net.onnx(), o, "residual.onnx");
+  // Nodes after fusion: branch_a, branch_b, add, relu, gap, reshape, fc (+relu_out).
+  ASSERT_EQ(r.report.size(), 7u);
+  EXPECT_EQ(r.report.front().node, "branch_a");
+  EXPECT_EQ(r.report.back().node, "fc");
+  EXPECT_EQ(r.report.back().output, "out");
+  for (const auto& e : r.report) {
+    EXPECT_GT(e.rms, 0) << e.node;
+    EXPECT_LT(e.rel_rms, 0.1) << e.node;
+    EXPECT_GT(e.snr_db, 20) << e.node;
+  }
+  ASSERT_TRUE(r.model.has(SectionKind::Report));
+  const auto rep = r.model.get(SectionKind::Report);
+  EXPECT_NE(std::string(reinterpret_cast<const char*>(rep.data()), rep.size()).find("\"node\": \"branch_b\""), std::string::npos);
+  EXPECT_EQ(Model::load(*std::make_unique<Device>(open("sim:0")), r.model).meta().at("calibration"), "percentile:99.9");
+}
+
+TEST(Runtime, GivenAnArrayWhenWrittenAsNpyThenItReadsBack) {
+  const fs::path p = fs::temp_directory_path() / ("tpuhal_rt_" + std::to_string(::getpid()) + ".npy");
+  const NdArray a{{2, 3}, {1, 2, 3, 4, 5, 6.5f}};
+  write_npy(p, a);
+  const NdArray b = read_npy(p);
+  EXPECT_EQ(b.shape, a.shape);
+  EXPECT_EQ(b.values, a.values);
+  fs::remove(p);
+  EXPECT_THROW(read_npy(p), Error);
+}
+
+TEST(Runtime, GivenTheCliWhenItCompilesInInt8ThenModelInfoDescribesTheModelAndItsReport) {
+  const fs::path dir = fs::temp_directory_path() / ("tpuhal_rt_cli_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    const auto onnx = Cnn{}.onnx();
+    std::ofstream out(dir / "cnn.onnx", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(onnx.data()), static_cast<std::streamsize>(onnx.size()));
+  }
+  write_npy(dir / "calib.npy", NdArray{{6, 1, 8, 8}, random(6 * 64, 600, 0, 1)});
+  const std::string d = dir.string();
+  auto r = test::run("compile " + d + "/cnn.onnx -o " + d + "/cnn.tpm --shape image=2x1x8x8 --precision int8 --calibration " +
+                     d + "/calib.npy --calibration-method minmax --report");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("folded BatchNormalization 'bn1' into Conv 'conv1'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cnn.onnx: int8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("conv2"), std::string::npos) << r.out;  // a line of the report
+  r = test::run("model-info " + d + "/cnn.tpm --device sim:0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("int8 model"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("input   image f32[2, 1, 8, 8]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("calibration          minmax"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Precision report"), std::string::npos) << r.out;
+  r = test::run("compile " + d + "/cnn.onnx -o " + d + "/x.tpm --precision int8");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("symbolic dimension 0 ('N')"), std::string::npos) << r.out;
+  r = test::run("compile " + d + "/cnn.onnx -o " + d + "/x.tpm --shape image=2x1x8x8 --precision int8");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("int8 needs calibration data"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+TEST(Runtime, PrecisionNamesParse) {
+  for (Precision p : {Precision::F32, Precision::F16, Precision::BF16, Precision::Int8})
+    EXPECT_EQ(parse_precision(to_string(p)), p);
+  EXPECT_THROW(parse_precision("fp8"), Error);
+}
+
+}  // namespace
+}  // namespace tpuhal::rt
