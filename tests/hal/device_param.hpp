@@ -1,6 +1,8 @@
 // The devices the conformance suite runs on: every device enumerate() finds
-// (the simulated boards always, real boards and GPUs where present) plus a
-// simulated board of the small "tiny" profile.
+// (the simulated boards always, real boards and GPUs where present) plus
+// simulated boards of two profiles unlike the default one: "tiny" (a small
+// PCIe card) and "edge-soc" (a SoC: unified memory, one queue per engine,
+// no video unit).
 #pragma once
 
 #include <string>
@@ -14,6 +16,7 @@ inline std::vector<std::string> conformance_devices() {
   std::vector<std::string> uris;
   for (auto& d : tpuhal::enumerate()) uris.push_back(d.uri);
   uris.push_back("sim:tiny");
+  uris.push_back("sim:edge-soc");
   return uris;
 }
 

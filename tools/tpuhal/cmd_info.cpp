@@ -71,7 +71,7 @@ int cmd_info(const std::vector<std::string>& args) {
   row("Bus", p.bus);
   char pci[16];
   std::snprintf(pci, sizeof pci, "%04x:%04x", p.pci_vendor, p.pci_device);
-  row("PCI ID", pci);
+  if (p.pci_vendor || p.pci_device) row("PCI ID", pci);  // none on a SoC
   row("Serial", p.serial);
   row("Firmware", p.firmware_version);
   row("Interface", p.interface_version);
