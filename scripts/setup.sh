@@ -13,7 +13,7 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev                # the simulated tensor engine's kernels (its CMake package requires OpenCL)
   libonnx-dev libprotobuf-dev libonnx-testdata  # ONNX's node tests
   libavcodec-dev libavformat-dev libavutil-dev ffmpeg  # the simulated codec unit, demuxing, clips for the tests
-  pybind11-dev python3-dev python3-numpy python3-pytest  # the Python package (bindings/python)
+  pybind11-dev python3-dev python3-numpy python3-pytest python3-onnx  # the Python package (bindings/python; ONNX builds its runtime tests' models)
 )
 
 missing=()

@@ -26,6 +26,13 @@ Video decoding gives frames in device memory, ready for ops:
             for frame in dec.decode(demux):          # display order; flushed at the end
                 y, uv = frame.to_numpy()             # or frame.luma(), frame.chroma() for ops
 
+Compiled models (ONNX in; docs/runtime.md) run from NumPy arrays:
+
+        cm = tpuhal.compile("net.onnx", "int8", shapes={"image": (64, 1, 28, 28)},
+                            calibration=samples)         # or `tpuhal compile` on the command line
+        model = dev.load_model(cm)                       # or a .tpm path
+        logits, = model.instance().run(images)           # float32 in, float32 out
+
 Errors are exceptions: tpuhal.Error and one subclass per
 status (tpuhal.OutOfRange, tpuhal.Timeout, ...). Waits and transfers release
 the GIL. Buffers exchange memory with NumPy and other frameworks through
@@ -46,6 +53,7 @@ from ._tpuhal import (
     Buffer,
     Capabilities,
     Codec,
+    CompiledModel,
     Demuxer,
     Device,
     DeviceFault,
@@ -61,10 +69,13 @@ from ._tpuhal import (
     Frame,
     HeapInfo,
     HeapStats,
+    Instance,
     Internal,
     InvalidArgument,
+    LayerError,
     Memory,
     MemoryStats,
+    Model,
     NotFound,
     Op,
     OutOfMemory,
@@ -80,6 +91,7 @@ from ._tpuhal import (
     ResourceExhausted,
     Status,
     Tensor,
+    TensorSpec,
     Timeout,
     Unavailable,
     Unsupported,
@@ -88,8 +100,10 @@ from ._tpuhal import (
     WaitMode,
     WaitPolicy,
     __version__,
+    compile,
     devices,
     from_dlpack,
+    load_model,
     open,
     ops,
     unavailable_drivers,
@@ -98,13 +112,14 @@ from ._tpuhal import (
 )
 
 __all__ = [
-    "Activation", "Batch", "Buffer", "Capabilities", "Codec", "Demuxer", "Device", "DeviceFault", "DeviceInfo",
-    "DeviceLost", "DeviceStatus", "DType", "Engine", "EngineInfo", "Error", "FailedPrecondition", "Fence",
-    "Frame", "HeapInfo", "HeapStats", "Internal", "InvalidArgument", "Memory", "MemoryStats", "NotFound", "Op",
-    "OutOfMemory", "OutOfRange", "Packet", "PermissionDenied", "PixelFormat", "Program", "Properties", "Queue",
-    "QueueFull", "QueueStatus", "ResourceExhausted", "Status", "Tensor", "Timeout", "Unavailable",
-    "Unsupported", "VersionMismatch", "VideoDecoder", "WaitMode", "WaitPolicy", "__version__", "devices",
-    "from_dlpack", "open", "ops", "unavailable_drivers", "validation", "version", "wait_all",
+    "Activation", "Batch", "Buffer", "Capabilities", "Codec", "CompiledModel", "Demuxer", "Device",
+    "DeviceFault", "DeviceInfo", "DeviceLost", "DeviceStatus", "DType", "Engine", "EngineInfo", "Error",
+    "FailedPrecondition", "Fence", "Frame", "HeapInfo", "HeapStats", "Instance", "Internal", "InvalidArgument",
+    "LayerError", "Memory", "MemoryStats", "Model", "NotFound", "Op", "OutOfMemory", "OutOfRange", "Packet",
+    "PermissionDenied", "PixelFormat", "Program", "Properties", "Queue", "QueueFull", "QueueStatus",
+    "ResourceExhausted", "Status", "Tensor", "TensorSpec", "Timeout", "Unavailable", "Unsupported",
+    "VersionMismatch", "VideoDecoder", "WaitMode", "WaitPolicy", "__version__", "compile", "devices",
+    "from_dlpack", "load_model", "open", "ops", "unavailable_drivers", "validation", "version", "wait_all",
 ]
 
 _Seconds = Union[float, int, _timedelta]
@@ -188,6 +203,15 @@ Tensor.numpy_dtype = property(_numpy_dtype)  # type: ignore[attr-defined]
 Tensor.download = _tensor_download  # type: ignore[attr-defined]
 Tensor.upload = _tensor_upload  # type: ignore[attr-defined]
 Device.tensor = _device_tensor  # type: ignore[attr-defined]
+
+
+def _device_load_model(self: Device, model) -> Model:
+    """Loads a compiled model (a .tpm path or a CompiledModel) onto this device:
+    tpuhal.load_model(self, model)."""
+    return load_model(self, model)
+
+
+Device.load_model = _device_load_model  # type: ignore[attr-defined]
 
 
 def _decoder_decode(self: VideoDecoder, packets: Iterable, timeout: Optional[_Seconds] = None,

@@ -1,0 +1,322 @@
+// Compiled models from Python: tpuhal.compile(), tpuhal.load_model(),
+// Model and Instance (runtime/include/tpuhal/rt/{compile,model}.hpp).
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "arrays.hpp"
+#include "common.hpp"
+#include "tpuhal/rt/compile.hpp"
+#include "tpuhal/rt/model.hpp"
+
+namespace tpuhal::python {
+namespace {
+
+// A compiled model in host memory: what compile() returns, ready to save or
+// to load onto devices.
+struct PyCompiled {
+  rt::ModelFile file;
+  std::vector<rt::LayerError> report;
+  std::vector<std::string> notes;
+  std::string name;
+};
+
+// tpuhal.Instance: one thread at a time runs a C++ Instance; Python threads
+// sharing one take turns here rather than corrupting its buffers.
+struct PyInstance {
+  rt::Instance instance;
+  std::mutex mu;
+};
+
+std::vector<std::int64_t> shape_of(const py::handle& h, const std::string& what) {
+  std::vector<std::int64_t> shape;
+  try {
+    for (auto d : py::iter(h)) shape.push_back(d.cast<std::int64_t>());
+  } catch (const py::error_already_set&) {
+    throw;
+  } catch (const py::cast_error&) {
+    fail(Status::InvalidArgument, what + " must be a sequence of integers, not " +
+                                      py::str(py::type::of(h).attr("__name__")).cast<std::string>());
+  }
+  return shape;
+}
+
+// Any array-like of real numbers as float32 values in C order.
+rt::NdArray to_ndarray(const py::handle& obj, const std::string& what) {
+  py::array a = device_array(obj, what.c_str());
+  if (a.dtype().kind() == 'c')
+    fail(Status::InvalidArgument, what + ": complex values; give real numbers");
+  py::array_t<float, py::array::c_style | py::array::forcecast> f(a);
+  rt::NdArray out;
+  out.shape.assign(f.shape(), f.shape() + f.ndim());
+  out.values.assign(f.data(), f.data() + f.size());
+  return out;
+}
+
+PyCompiled compile_model(const py::object& source, const std::string& precision, const py::object& shapes,
+                         const py::object& calibration, const std::string& method, double percentile,
+                         bool report, const std::string& device) {
+  rt::CompileOptions o;
+  o.precision = rt::parse_precision(precision);
+  if (method == "percentile") {
+    o.method = rt::CalibrationMethod::Percentile;
+  } else if (method == "minmax") {
+    o.method = rt::CalibrationMethod::MinMax;
+  } else {
+    fail(Status::InvalidArgument, "unknown calibration method '" + method + "'; expected 'percentile' or 'minmax'");
+  }
+  o.percentile = percentile;
+  o.report = report;
+  o.device = device;
+  if (!shapes.is_none()) {
+    if (!py::isinstance<py::dict>(shapes))
+      throw py::type_error("shapes must be a dict of input name to shape, e.g. {'image': (64, 1, 28, 28)}");
+    for (auto [k, v] : shapes.cast<py::dict>())
+      o.shapes[py::str(k).cast<std::string>()] = shape_of(v, "shapes['" + py::str(k).cast<std::string>() + "']");
+  }
+  if (!calibration.is_none()) {
+    // One array per input; a single array for a single-input model.
+    if (py::isinstance<py::list>(calibration) || py::isinstance<py::tuple>(calibration)) {
+      std::size_t i = 0;
+      for (auto item : calibration) o.calibration.push_back(to_ndarray(item, "calibration[" + std::to_string(i++) + "]"));
+    } else {
+      o.calibration.push_back(to_ndarray(calibration, "calibration"));
+    }
+  }
+
+  PyCompiled out;
+  rt::CompileResult r;
+  if (py::isinstance<py::bytes>(source) || py::isinstance<py::bytearray>(source)) {
+    std::string bytes = py::isinstance<py::bytes>(source) ? source.cast<std::string>()
+                                                          : std::string(py::bytes(source));
+    out.name = "model";
+    r = without_gil([&] {
+      return rt::compile_onnx(std::as_bytes(std::span(bytes.data(), bytes.size())), o, out.name);
+    });
+  } else {
+    const std::filesystem::path path = py::module_::import("os").attr("fspath")(source).cast<std::string>();
+    out.name = path.string();
+    r = without_gil([&] { return rt::compile_onnx(path, o); });
+  }
+  out.file = std::move(r.model);
+  out.report = std::move(r.report);
+  out.notes = std::move(r.notes);
+  return out;
+}
+
+rt::Model load(const std::shared_ptr<PyDevice>& dev, const py::object& model) {
+  Device d = dev->get();
+  if (py::isinstance<PyCompiled>(model)) {
+    const PyCompiled& c = model.cast<const PyCompiled&>();
+    return without_gil([&] { return rt::Model::load(d, c.file, c.name); });
+  }
+  const std::filesystem::path path = py::module_::import("os").attr("fspath")(model).cast<std::string>();
+  return without_gil([&] { return rt::Model::load(d, path); });
+}
+
+py::tuple spec_shape(const rt::TensorSpec& s) {
+  py::tuple t(s.shape.size());
+  for (std::size_t i = 0; i < s.shape.size(); ++i) t[i] = s.shape[i];
+  return t;
+}
+
+// The arrays of one run, checked against the model's specs: inputs by
+// position (a list or tuple) or by name (a dict).
+std::vector<py::array_t<float>> inputs_of(const rt::Model& model, const py::object& given) {
+  const auto& specs = model.inputs();
+  std::vector<py::object> items(specs.size());
+  if (py::isinstance<py::dict>(given)) {
+    auto d = given.cast<py::dict>();
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (!d.contains(specs[i].name))
+        fail(Status::InvalidArgument, "run: no array for input '" + specs[i].name + "' (" + specs[i].describe() + ")");
+      items[i] = d[py::str(specs[i].name)];
+    }
+    for (auto [k, v] : d) {
+      const auto name = py::str(k).cast<std::string>();
+      bool known = false;
+      for (const auto& s : specs) known |= s.name == name;
+      if (!known) fail(Status::InvalidArgument, "run: the model has no input '" + name + "'");
+    }
+  } else {
+    std::vector<py::object> list;
+    if (py::isinstance<py::list>(given) || py::isinstance<py::tuple>(given)) {
+      for (auto item : given) list.push_back(py::reinterpret_borrow<py::object>(item));
+    } else {
+      list.push_back(given);
+    }
+    if (list.size() != specs.size())
+      fail(Status::InvalidArgument, "run: the model takes " + std::to_string(specs.size()) + " input(s), " +
+                                        std::to_string(list.size()) + " given");
+    for (std::size_t i = 0; i < specs.size(); ++i) items[i] = list[i];
+  }
+  std::vector<py::array_t<float>> out;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const std::string what = "run: input '" + specs[i].name + "'";
+    py::array a = device_array(items[i], what.c_str());
+    if (a.dtype().kind() == 'c') fail(Status::InvalidArgument, what + ": complex values; give real numbers");
+    std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
+    if (shape != specs[i].shape)
+      fail(Status::InvalidArgument, what + " has shape " + shape_string(shape) + "; the model was compiled for " +
+                                        shape_string(specs[i].shape));
+    out.push_back(py::array_t<float, py::array::c_style | py::array::forcecast>(a));
+  }
+  return out;
+}
+
+py::list run(PyInstance& self, const py::object& inputs, const py::object& outputs) {
+  const rt::Model model = self.instance.model();
+  auto in = inputs_of(model, inputs);
+  const auto& specs = model.outputs();
+  std::vector<py::array_t<float>> out;
+  if (outputs.is_none()) {
+    for (const auto& s : specs) out.emplace_back(s.shape);
+  } else {
+    std::size_t i = 0;
+    for (auto item : outputs) {
+      if (i >= specs.size()) break;
+      const std::string what = "run: output '" + specs[i].name + "'";
+      if (!py::isinstance<py::array_t<float>>(item) ||
+          !(item.cast<py::array>().flags() & py::array::c_style) || !item.cast<py::array>().writeable())
+        fail(Status::InvalidArgument, what + " must be a writable C-contiguous float32 numpy array");
+      auto a = item.cast<py::array_t<float>>();
+      std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
+      if (shape != specs[i].shape)
+        fail(Status::InvalidArgument, what + " has shape " + shape_string(shape) + "; the model gives " +
+                                          shape_string(specs[i].shape));
+      out.push_back(a);
+      ++i;
+    }
+    if (i != specs.size() || py::len(outputs) != specs.size())
+      fail(Status::InvalidArgument, "run: the model gives " + std::to_string(specs.size()) + " output(s), " +
+                                        std::to_string(py::len(outputs)) + " arrays given");
+  }
+  std::vector<rt::HostArray> hin, hout;
+  for (auto& a : in)
+    hin.push_back({reinterpret_cast<std::byte*>(const_cast<float*>(a.data())), static_cast<std::uint64_t>(a.nbytes())});
+  for (auto& a : out)
+    hout.push_back({reinterpret_cast<std::byte*>(a.mutable_data()), static_cast<std::uint64_t>(a.nbytes())});
+  // The arrays stay referenced here (and NumPy cannot free them) while the
+  // GIL is released.
+  without_gil([&] {
+    std::lock_guard lock(self.mu);
+    self.instance.run(hin, hout);
+  });
+  py::list result;
+  for (auto& a : out) result.append(a);
+  return result;
+}
+
+py::list tensors_of(const std::vector<Tensor>& tensors) {
+  py::list out;
+  for (const auto& t : tensors) out.append(PyTensor{t, std::make_shared<PyBuffer>(t.buffer())});
+  return out;
+}
+
+}  // namespace
+
+void bind_runtime(py::module_& m) {
+  py::class_<rt::TensorSpec>(m, "TensorSpec", "A model input or output: its name, dtype and fixed shape.")
+      .def_readonly("name", &rt::TensorSpec::name)
+      .def_property_readonly("dtype", [](const rt::TensorSpec& s) { return from_dtype(s.dtype); })
+      .def_property_readonly("shape", &spec_shape)
+      .def("__repr__", [](const rt::TensorSpec& s) { return "<tpuhal.TensorSpec " + s.describe() + ">"; });
+
+  py::class_<rt::LayerError>(m, "LayerError",
+                             "One line of the precision report: a layer's output in the compiled precision "
+                             "against the same layer of the fp32 model, both fed the same inputs.")
+      .def_readonly("node", &rt::LayerError::node)
+      .def_readonly("op", &rt::LayerError::op)
+      .def_readonly("output", &rt::LayerError::output)
+      .def_readonly("max_abs", &rt::LayerError::max_abs)
+      .def_readonly("rms", &rt::LayerError::rms)
+      .def_readonly("rel_rms", &rt::LayerError::rel_rms)
+      .def_readonly("snr_db", &rt::LayerError::snr_db)
+      .def("__repr__", [](const rt::LayerError& e) {
+        return "<tpuhal.LayerError " + e.node + " (" + e.op + "): rel_rms " + std::to_string(e.rel_rms) +
+               ", snr " + std::to_string(e.snr_db) + " dB>";
+      });
+
+  py::class_<PyCompiled>(m, "CompiledModel",
+                         "A compiled model in host memory (tpuhal.compile()): save() writes the .tpm file; "
+                         "tpuhal.load_model() puts it on a device.")
+      .def("save", [](const PyCompiled& c, const py::object& path) {
+        const std::filesystem::path p = py::module_::import("os").attr("fspath")(path).cast<std::string>();
+        without_gil([&] { rt::write_model_file(p, c.file); });
+      }, py::arg("path"), "Writes the compiled model file (.tpm).")
+      .def("to_bytes", [](const PyCompiled& c) {
+        auto bytes = rt::encode(c.file);
+        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      }, "The compiled model file's bytes.")
+      .def_readonly("report", &PyCompiled::report,
+                    "The precision report (compile(report=True)): a list of LayerError, one per layer.")
+      .def_readonly("notes", &PyCompiled::notes, "What the compiler did: folded, fused, ...")
+      .def("__repr__", [](const PyCompiled& c) { return "<tpuhal.CompiledModel from " + c.name + ">"; });
+
+  m.def("compile", &compile_model, py::arg("onnx"), py::arg("precision") = "fp32", py::arg("shapes") = py::none(),
+        py::arg("calibration") = py::none(), py::arg("method") = "percentile", py::arg("percentile") = 99.99,
+        py::arg("report") = false, py::arg("device") = "sim:0",
+        "Compiles an ONNX model (a path, or the file's bytes) for fixed input shapes and a precision "
+        "('fp32', 'fp16', 'bf16', 'int8'), as `tpuhal compile` does. shapes: {input name: shape} for "
+        "inputs with symbolic dimensions. calibration (int8 and the report): one array of real samples per "
+        "input (a single array for a one-input model), samples along the first axis. method: 'percentile' "
+        "(ranges cut at `percentile`) or 'minmax'. report=True measures each layer's error against fp32. "
+        "Calibration and the report run on `device`. Returns a CompiledModel; raises tpuhal.Unsupported "
+        "listing every unsupported op by node, tpuhal.InvalidArgument for bad models, shapes or data.");
+
+  py::class_<rt::Model>(m, "Model",
+                        "A compiled model on a device (tpuhal.load_model()): its weights in device memory, "
+                        "shared by every Instance made from it.")
+      .def_property_readonly("inputs", &rt::Model::inputs, "A list of TensorSpec, in the order run() takes them.")
+      .def_property_readonly("outputs", &rt::Model::outputs, "A list of TensorSpec, in the order run() gives them.")
+      .def_property_readonly("precision", [](const rt::Model& mo) { return std::string(rt::to_string(mo.precision())); })
+      .def_property_readonly("meta", &rt::Model::meta, "The model's metadata: producer, source, precision, calibration.")
+      .def_property_readonly("weight_bytes", &rt::Model::weight_bytes, "Device memory the weights take.")
+      .def("instance", [](const rt::Model& mo) {
+        auto p = std::make_unique<PyInstance>();
+        p->instance = without_gil([&] { return mo.instance(); });
+        return p;
+      }, "A new Instance: its own activation buffers and recorded program. Raises tpuhal.OutOfMemory when "
+         "the device has no room.")
+      .def("__repr__", [](const rt::Model& mo) {
+        std::string s = "<tpuhal.Model " + std::string(rt::to_string(mo.precision())) + " on " + mo.device().uri() + ":";
+        for (const auto& i : mo.inputs()) s += " " + i.describe();
+        s += " ->";
+        for (const auto& o : mo.outputs()) s += " " + o.describe();
+        return s + ">";
+      });
+
+  py::class_<PyInstance, std::unique_ptr<PyInstance>>(
+      m, "Instance",
+      "One set of activation buffers and a recorded program for a Model (Model.instance()). Threads "
+      "sharing one take turns; give each thread its own for parallel runs.")
+      .def("run", &run, py::arg("inputs"), py::arg("outputs") = py::none(),
+           "Runs one batch and waits for it (without the GIL). inputs: one array per model input, in order "
+           "(a list, or the array itself for a one-input model) or a dict by input name; each must have the "
+           "shape the model was compiled for and is converted to float32. Returns a list of float32 arrays, "
+           "one per output, or fills `outputs` (float32 arrays of the outputs' shapes) and returns them.")
+      .def_property_readonly("input_tensors", [](const PyInstance& i) { return tensors_of(i.instance.input_tensors()); },
+                             "The device tensors the program reads its inputs from (for device-side pipelines).")
+      .def_property_readonly("output_tensors", [](const PyInstance& i) { return tensors_of(i.instance.output_tensors()); },
+                             "The device tensors the program writes its outputs to.")
+      .def("submit", [](PyInstance& i, const QueueRef& q) {
+        Queue queue = q->queue;
+        Fence f = without_gil([&] {
+          std::lock_guard lock(i.mu);
+          return i.instance.submit(queue);
+        });
+        return PyFence(q, std::move(f));
+      }, py::arg("queue"),
+         "Runs the program on `queue` (a compute queue of the model's device) over whatever input_tensors "
+         "hold; returns its Fence, after which output_tensors hold the result.")
+      .def_property_readonly("model", [](const PyInstance& i) { return i.instance.model(); });
+
+  m.def("load_model", &load, py::arg("device"), py::arg("model"),
+        "Loads a compiled model onto a device: `model` is a .tpm path or a CompiledModel. Checks the file "
+        "(tpuhal.InvalidArgument naming what is damaged, tpuhal.VersionMismatch for another format version) and uploads "
+        "the weights once. Returns a Model.");
+}
+
+}  // namespace tpuhal::python

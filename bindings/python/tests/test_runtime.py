@@ -1,0 +1,265 @@
+"""Compiled models from Python: tpuhal.compile(), load_model(), Model, Instance.
+
+The models are built here with ONNX's helper (Debian's python3-onnx) and
+checked against NumPy computing the same network."""
+import threading
+
+import numpy as np
+import pytest
+
+import tpuhal
+
+onnx = pytest.importorskip("onnx", reason="python3-onnx is not installed (scripts/setup.sh installs it)")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+RNG = np.random.default_rng(7)
+BATCH = 4
+
+
+def mlp_bytes():
+    """x[N, 16] -> Gemm(16->32) -> Relu -> Gemm(32->10) -> Softmax, batch symbolic."""
+    w1 = RNG.standard_normal((32, 16)).astype(np.float32) * 0.3
+    b1 = RNG.standard_normal(32).astype(np.float32) * 0.1
+    w2 = RNG.standard_normal((10, 32)).astype(np.float32) * 0.3
+    b2 = RNG.standard_normal(10).astype(np.float32) * 0.1
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
+        helper.make_node("Relu", ["h"], ["r"], name="relu1"),
+        helper.make_node("Gemm", ["r", "w2", "b2"], ["logits"], name="fc2", transB=1),
+        helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10])],
+        [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+
+    def reference(x):
+        h = np.maximum(x @ w1.T + b1, 0)
+        z = h @ w2.T + b2
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    return model.SerializeToString(), reference
+
+
+def cnn_bytes():
+    """x[N, 1, 8, 8] -> Conv 3x3 pad 1 (4 channels) -> Relu -> MaxPool 2 -> Flatten -> Gemm(64 -> 5)."""
+    wc = RNG.standard_normal((4, 1, 3, 3)).astype(np.float32) * 0.5
+    bc = RNG.standard_normal(4).astype(np.float32) * 0.1
+    wf = RNG.standard_normal((5, 64)).astype(np.float32) * 0.2
+    bf = RNG.standard_normal(5).astype(np.float32) * 0.1
+    nodes = [
+        helper.make_node("Conv", ["x", "wc", "bc"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("MaxPool", ["r"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])],
+        [numpy_helper.from_array(a, n) for a, n in ((wc, "wc"), (bc, "bc"), (wf, "wf"), (bf, "bf"))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+
+    def reference(x):
+        n = x.shape[0]
+        xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        c = np.zeros((n, 4, 8, 8), np.float32)
+        for i in range(3):
+            for j in range(3):
+                c += np.einsum("nhw,o->nohw", xp[:, 0, i:i + 8, j:j + 8], wc[:, 0, i, j])
+        r = np.maximum(c + bc[None, :, None, None], 0)
+        p = r.reshape(n, 4, 4, 2, 4, 2).max(axis=(3, 5))
+        return p.reshape(n, 64) @ wf.T + bf
+
+    return model.SerializeToString(), reference
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return mlp_bytes()
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    return cnn_bytes()
+
+
+def test_fp32_mlp_matches_numpy_and_specs_describe_the_fixed_shapes(dev, mlp):
+    onnx_bytes, reference = mlp
+    compiled = tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 16)}, device=dev.uri)
+    model = tpuhal.load_model(dev, compiled)
+    assert model.precision == "fp32"
+    assert [(s.name, s.shape, str(s.dtype)) for s in model.inputs] == [("x", (BATCH, 16), "f32")]
+    assert [(s.name, s.shape) for s in model.outputs] == [("probs", (BATCH, 10))]
+    assert model.weight_bytes >= (32 * 16 + 32 + 10 * 32 + 10) * 4
+    x = RNG.standard_normal((BATCH, 16)).astype(np.float32)
+    (probs,) = model.instance().run(x)
+    assert probs.dtype == np.float32 and probs.shape == (BATCH, 10)
+    np.testing.assert_allclose(probs, reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_fp32_cnn_matches_numpy_from_a_file_path_and_a_saved_model(dev, cnn, tmp_path):
+    onnx_bytes, reference = cnn
+    src = tmp_path / "cnn.onnx"
+    src.write_bytes(onnx_bytes)
+    compiled = tpuhal.compile(src, "fp32", shapes={"x": [BATCH, 1, 8, 8]}, device=dev.uri)
+    compiled.save(tmp_path / "cnn.tpm")
+    assert (tmp_path / "cnn.tpm").read_bytes() == compiled.to_bytes()
+    from_file = dev.load_model(str(tmp_path / "cnn.tpm"))
+    x = RNG.standard_normal((BATCH, 1, 8, 8)).astype(np.float32)
+    (y,) = from_file.instance().run([x])
+    np.testing.assert_allclose(y, reference(x), rtol=1e-4, atol=1e-4)
+    # Inputs by name and float64 data (converted) give the same result.
+    (y2,) = from_file.instance().run({"x": x.astype(np.float64)})
+    np.testing.assert_array_equal(y, y2)
+
+
+@pytest.mark.parametrize("precision,tolerance", [("fp16", 2e-2), ("bf16", 6e-2)])
+def test_reduced_float_precisions_stay_close_to_numpy(dev, cnn, precision, tolerance):
+    onnx_bytes, reference = cnn
+    model = dev.load_model(tpuhal.compile(onnx_bytes, precision, shapes={"x": (BATCH, 1, 8, 8)}, device=dev.uri))
+    assert model.precision == precision
+    x = RNG.standard_normal((BATCH, 1, 8, 8)).astype(np.float32)
+    (y,) = model.instance().run(x)
+    ref = reference(x)
+    assert np.abs(y - ref).max() <= tolerance * max(1.0, np.abs(ref).max())
+
+
+def test_int8_is_calibrated_close_to_fp32_identical_run_to_run_and_reports_each_layer(dev, cnn):
+    onnx_bytes, reference = cnn
+    calib = RNG.standard_normal((32, 1, 8, 8)).astype(np.float32)
+    compiled = tpuhal.compile(onnx_bytes, "int8", shapes={"x": (BATCH, 1, 8, 8)}, calibration=calib,
+                              method="minmax", report=True, device=dev.uri)
+    layers = {e.node: e for e in compiled.report}
+    assert {"conv", "fc"} <= set(layers), compiled.report
+    for e in compiled.report:
+        assert np.isfinite([e.max_abs, e.rms, e.rel_rms, e.snr_db]).all()
+        assert 0 <= e.rel_rms < 0.2, e
+    model = dev.load_model(compiled)
+    assert model.meta.get("precision") == "int8"
+    x = calib[:BATCH]
+    inst = model.instance()
+    (a,) = inst.run(x)
+    (b,) = inst.run(x)
+    (c,) = model.instance().run(x)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+    ref = reference(x)
+    assert np.abs(a - ref).max() <= 0.1 * np.abs(ref).max()
+
+
+def test_outputs_can_be_given_and_are_filled_in_place(dev, mlp):
+    onnx_bytes, reference = mlp
+    model = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 16)}, device=dev.uri))
+    x = RNG.standard_normal((BATCH, 16)).astype(np.float32)
+    out = np.full((BATCH, 10), np.nan, np.float32)
+    result = model.instance().run(x, outputs=[out])
+    assert result[0] is out
+    np.testing.assert_allclose(out, reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_device_side_submit_reads_input_tensors_and_writes_output_tensors(dev, queue, mlp):
+    onnx_bytes, reference = mlp
+    model = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 16)}, device=dev.uri))
+    inst = model.instance()
+    (xin,) = inst.input_tensors
+    (yout,) = inst.output_tensors
+    assert tuple(xin.shape) == (BATCH, 16) and tuple(yout.shape) == (BATCH, 10)
+    x = RNG.standard_normal((BATCH, 16)).astype(np.float32)
+    xin.upload(x)
+    inst.submit(queue).wait(timeout=30)
+    np.testing.assert_allclose(yout.download(), reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_instances_of_one_model_run_in_parallel_threads(dev, cnn):
+    onnx_bytes, reference = cnn
+    model = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 1, 8, 8)}, device=dev.uri))
+    xs = [RNG.standard_normal((BATCH, 1, 8, 8)).astype(np.float32) for _ in range(4)]
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            inst = model.instance()
+            for _ in range(5):
+                results[i] = inst.run(xs[i])[0]
+        except Exception as e:  # reported below, not swallowed
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(4):
+        np.testing.assert_allclose(results[i], reference(xs[i]), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_inputs_raise_clear_errors_and_the_instance_still_works(dev, mlp):
+    onnx_bytes, reference = mlp
+    model = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 16)}, device=dev.uri))
+    inst = model.instance()
+    with pytest.raises(tpuhal.InvalidArgument, match=r"input 'x' has shape \(4, 15\).*compiled for \(4, 16\)"):
+        inst.run(np.zeros((BATCH, 15), np.float32))
+    with pytest.raises(tpuhal.InvalidArgument, match="takes 1 input"):
+        inst.run([np.zeros((BATCH, 16), np.float32)] * 2)
+    with pytest.raises(tpuhal.InvalidArgument, match="no input 'y'"):
+        inst.run({"x": np.zeros((BATCH, 16), np.float32), "y": 1})
+    with pytest.raises(tpuhal.InvalidArgument, match="dtype object"):
+        inst.run(np.array([[object()] * 16] * BATCH))
+    with pytest.raises(tpuhal.InvalidArgument, match="output 'probs' has shape"):
+        inst.run(np.zeros((BATCH, 16), np.float32), outputs=[np.zeros((BATCH, 9), np.float32)])
+    with pytest.raises(tpuhal.InvalidArgument, match="float32"):
+        inst.run(np.zeros((BATCH, 16), np.float32), outputs=[np.zeros((BATCH, 10), np.float64)])
+    x = RNG.standard_normal((BATCH, 16)).astype(np.float32)
+    np.testing.assert_allclose(inst.run(x)[0], reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_compile_errors_name_the_problem(dev, mlp):
+    onnx_bytes, _ = mlp
+    with pytest.raises(tpuhal.InvalidArgument, match="unknown precision 'fp8'"):
+        tpuhal.compile(onnx_bytes, "fp8", shapes={"x": (BATCH, 16)})
+    with pytest.raises(tpuhal.InvalidArgument, match="unknown calibration method 'entropy'"):
+        tpuhal.compile(onnx_bytes, "int8", shapes={"x": (BATCH, 16)}, method="entropy")
+    with pytest.raises(tpuhal.InvalidArgument, match="calibration"):
+        tpuhal.compile(onnx_bytes, "int8", shapes={"x": (BATCH, 16)}, device=dev.uri)
+    with pytest.raises(tpuhal.InvalidArgument):
+        tpuhal.compile(b"this is not an ONNX model", "fp32")
+    with pytest.raises(TypeError):
+        tpuhal.compile(onnx_bytes, "fp32", shapes=[("x", (BATCH, 16))])
+    # Every unsupported op is named, with its node.
+    graph = helper.make_graph(
+        [helper.make_node("Sin", ["x"], ["s"], name="sine"), helper.make_node("Cos", ["s"], ["y"], name="cosine")],
+        "trig", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    trig = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    trig.ir_version = 8
+    with pytest.raises(tpuhal.Unsupported) as e:
+        tpuhal.compile(trig.SerializeToString(), "fp32")
+    assert "sine" in str(e.value) and "Sin" in str(e.value)
+    assert "cosine" in str(e.value) and "Cos" in str(e.value)
+
+
+def test_damaged_model_files_are_refused_and_the_device_stays_usable(dev, mlp, tmp_path):
+    onnx_bytes, reference = mlp
+    good = tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 16)}, device=dev.uri).to_bytes()
+    damaged = bytearray(good)
+    damaged[len(damaged) // 2] ^= 0xFF
+    (tmp_path / "damaged.tpm").write_bytes(bytes(damaged))
+    with pytest.raises(tpuhal.InvalidArgument, match="damaged.tpm"):
+        tpuhal.load_model(dev, tmp_path / "damaged.tpm")
+    (tmp_path / "short.tpm").write_bytes(good[:40])
+    with pytest.raises(tpuhal.InvalidArgument):
+        tpuhal.load_model(dev, tmp_path / "short.tpm")
+    with pytest.raises(tpuhal.NotFound):
+        tpuhal.load_model(dev, tmp_path / "missing.tpm")
+    (tmp_path / "good.tpm").write_bytes(good)
+    x = RNG.standard_normal((BATCH, 16)).astype(np.float32)
+    np.testing.assert_allclose(tpuhal.load_model(dev, tmp_path / "good.tpm").instance().run(x)[0],
+                               reference(x), rtol=1e-4, atol=1e-5)
