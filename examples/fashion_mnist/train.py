@@ -8,6 +8,8 @@ Reads Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist) and
 writes into --out:
     model.onnx          opset 13, input "image" [N, 1, 28, 28] (N symbolic),
                         output "logits" [N, 10]
+    model.pt            the trained weights (PyTorch state_dict), for run.py's
+                        PyTorch comparison
     calibration.npy     float32 [S, 1, 28, 28]: training images for int8
                         calibration, normalised as the model expects
     test_images.npy     float32 [10000, 1, 28, 28], the same normalisation
@@ -90,12 +92,13 @@ def main():
     torch.onnx.export(net, torch.zeros(1, 1, 28, 28), os.path.join(args.out, "model.onnx"), opset_version=13,
                       input_names=["image"], output_names=["logits"],
                       dynamic_axes={"image": {0: "N"}, "logits": {0: "N"}}, do_constant_folding=True)
+    torch.save(net.state_dict(), os.path.join(args.out, "model.pt"))
     rng = np.random.default_rng(0)
     calib = x_train[rng.choice(len(x_train), args.calibration, replace=False)]
     np.save(os.path.join(args.out, "calibration.npy"), calib)
     np.save(os.path.join(args.out, "test_images.npy"), x_test)
     np.save(os.path.join(args.out, "test_labels.npy"), y_test)
-    print(f"wrote {args.out}/model.onnx (test accuracy {100 * acc:.2f}%), calibration.npy "
+    print(f"wrote {args.out}/model.onnx and model.pt (test accuracy {100 * acc:.2f}%), calibration.npy "
           f"({args.calibration} images), test_images.npy, test_labels.npy")
 
 
