@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Fashion-MNIST end to end: compile the trained CNN in fp32, fp16, bf16 and
-calibrated int8, run the 10,000 test images on a device, and print accuracy,
+calibrated int8, run the 10,000 test images on the simulated board (and on
+every cuda:N device present), and print accuracy,
 agreement with fp32 and images per second beside PyTorch running the same
 network on the same CPU with the same thread count, in this run.
 
-    /usr/bin/python3 examples/fashion_mnist/run.py [--data build/fashion_mnist] [--device sim:0]
+    /usr/bin/python3 examples/fashion_mnist/run.py [--data build/fashion_mnist] [--device URI]...
 
 Trains the network first (train.py, a few minutes) when --data holds no
 trained model yet. Needs the tpuhal package on PYTHONPATH (build/<dir>/python)
@@ -63,7 +64,8 @@ def pytorch_reference(data, images, batch, threads):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="build/fashion_mnist", help="train.py's output directory")
-    ap.add_argument("--device", default="sim:0")
+    ap.add_argument("--device", action="append",
+                    help="a device to run on (repeatable); default sim:0 and every cuda:N present")
     ap.add_argument("--batch", type=int, default=64, help="the compiled batch size")
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="threads for the simulated tensor engine and for PyTorch alike")
@@ -88,39 +90,48 @@ def main():
     calibration = np.load(os.path.join(args.data, "calibration.npy"))
     shapes = {"image": (args.batch, 1, 28, 28)}
 
+    devices = args.device or ["sim:0"] + [d.uri for d in tpuhal.devices() if d.uri.startswith("cuda:")]
+    compiled = {}
+    for precision in ("fp32", "fp16", "bf16", "int8"):
+        start = time.perf_counter()
+        if precision == "int8":
+            cm = tpuhal.compile(onnx_path, precision, shapes=shapes, calibration=calibration,
+                                percentile=args.percentile, device=devices[0])
+            label = f"int8 (percentile {args.percentile:g}, {len(calibration)} images)"
+        else:
+            cm = tpuhal.compile(onnx_path, precision, shapes=shapes, device=devices[0])
+            label = precision
+        cm.save(os.path.join(args.data, f"model_{precision}.tpm"))
+        compiled[precision] = (label, cm)
+        print(f"compiled {label} in {time.perf_counter() - start:.1f} s", flush=True)
+
     rows = []
-    reference = None
-    with tpuhal.open(args.device) as dev:
-        board = dev.properties.board
-        for precision in ("fp32", "fp16", "bf16", "int8"):
-            start = time.perf_counter()
-            if precision == "int8":
-                compiled = tpuhal.compile(onnx_path, precision, shapes=shapes, calibration=calibration,
-                                          percentile=args.percentile, device=args.device)
-                label = f"int8 (percentile {args.percentile:g}, {len(calibration)} images)"
-            else:
-                compiled = tpuhal.compile(onnx_path, precision, shapes=shapes, device=args.device)
-                label = precision
-            compiled.save(os.path.join(args.data, f"model_{precision}.tpm"))
-            seconds = time.perf_counter() - start
-            predictions, rate = evaluate(dev.load_model(compiled).instance(), images, args.batch)
-            if reference is None:
-                reference = predictions
-            rows.append((label, (predictions == labels).mean(), (predictions == reference).mean(), rate, seconds))
-            print(f"{label}: compiled in {seconds:.1f} s, {rate:.0f} images/s", flush=True)
+    boards = []
+    for uri in devices:
+        reference = None
+        with tpuhal.open(uri) as dev:
+            boards.append(f"{uri}: {dev.properties.board}")
+            for label, cm in compiled.values():
+                predictions, rate = evaluate(dev.load_model(cm).instance(), images, args.batch)
+                if reference is None:
+                    reference = predictions
+                rows.append((f"{uri} {label}", (predictions == labels).mean(), (predictions == reference).mean(), rate))
+                print(f"{uri} {label}: {rate:.0f} images/s", flush=True)
+        if uri == devices[0]:
+            fp32_predictions = reference
 
     torch_predictions, torch_rate = pytorch_reference(args.data, images, args.batch, args.threads)
 
     print()
     print(f"Fashion-MNIST test set ({len(images)} images), batch {args.batch}, {args.threads} thread(s)")
-    print(f"{'model':<40} {'accuracy':>9} {'agrees with fp32':>17} {'images/s':>9}")
-    for label, accuracy, agreement, rate, _ in rows:
-        print(f"{args.device + ' ' + label:<40} {100 * accuracy:>8.2f}% {100 * agreement:>16.2f}% {rate:>9.0f}")
+    print(f"{'model':<50} {'accuracy':>9} {'agrees with fp32':>17} {'images/s':>9}")
+    for label, accuracy, agreement, rate in rows:
+        print(f"{label:<50} {100 * accuracy:>8.2f}% {100 * agreement:>16.2f}% {rate:>9.0f}")
     torch_label = f"PyTorch fp32 (CPU, {args.threads} threads)"
-    print(f"{torch_label:<40} {100 * (torch_predictions == labels).mean():>8.2f}% "
-          f"{100 * (torch_predictions == reference).mean():>16.2f}% {torch_rate:>9.0f}")
-    print(f"({args.device}: {board}; the simulator computes on this CPU, so images/s compares the "
-          f"two implementations on the same cores, not the board's silicon)")
+    print(f"{torch_label:<50} {100 * (torch_predictions == labels).mean():>8.2f}% "
+          f"{100 * (torch_predictions == fp32_predictions).mean():>16.2f}% {torch_rate:>9.0f}")
+    print("(" + "; ".join(boards) + ". A simulated board computes on this CPU, so its images/s compares "
+          "the two implementations on the same cores, not the board's silicon.)")
 
 
 if __name__ == "__main__":
