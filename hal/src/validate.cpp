@@ -121,6 +121,7 @@ struct BufferTrack {
   std::string description;  // "4096-byte device buffer at 0x10000"
   std::string device;       // its device's URI
   base::CallStack allocated_at;
+  std::string allocated_in_binding;  // the call-site provider's innermost frame (a Python line)
   std::mutex mu;
   std::vector<Use> uses;                               // not yet seen to complete
   std::unordered_map<std::uint64_t, std::uint64_t> words;  // offset -> last write_value()
@@ -286,6 +287,13 @@ std::shared_ptr<BufferTrack> track_buffer(const BufferImpl& buffer, const driver
   t->description = buffer.describe();
   t->device = buffer.device()->uri();
   t->allocated_at = base::CallStack::capture();
+  validation::CallSiteProvider provider;
+  {
+    std::lock_guard lock(handler_mu());
+    provider = call_site_provider();
+  }
+  if (provider)
+    if (auto frames = provider(); !frames.empty()) t->allocated_in_binding = std::move(frames.front());
   {
     auto& tr = tracker();
     std::lock_guard lock(tr.mu);
@@ -303,6 +311,7 @@ void untrack_buffer(const std::shared_ptr<BufferTrack>& track) {
 }
 
 std::string allocation_site(const BufferTrack& track) {
+  if (!track.allocated_in_binding.empty()) return "allocated by " + track.allocated_in_binding;
   const auto frames = track.allocated_at.describe(1, internal_frame);
   return frames.empty() ? std::string() : "allocated by " + frames.front();
 }

@@ -251,8 +251,9 @@ TEST_F(Validation, ALanguageBindingsFramesComeBeforeTheCppCallSite) {
   });
   Queue q = dev_.queue();
   Buffer words = dev_.allocate(4096, Memory::HostPinned);
+  EXPECT_EQ(asked.load(), 1) << "a new buffer's allocation site";
   q.batch().write_value(words, 0, 2).submit().wait();
-  EXPECT_EQ(asked.load(), 0) << "asked for frames with nothing to report";
+  EXPECT_EQ(asked.load(), 1) << "asked for frames with nothing to report";
   q.batch().write_value(words, 0, 1).submit().wait();
   auto reports = c.take();
   ASSERT_EQ(reports.size(), 1u);
@@ -260,7 +261,18 @@ TEST_F(Validation, ALanguageBindingsFramesComeBeforeTheCppCallSite) {
   EXPECT_EQ(reports[0].call_site[0], "run_pipeline at app.py:12");
   EXPECT_EQ(reports[0].call_site[1], "<module> at app.py:30");
   EXPECT_NE(reports[0].call_site[2].find("validation_test.cpp"), std::string::npos) << site(reports[0]);
-  EXPECT_EQ(asked.load(), 1);
+  EXPECT_EQ(asked.load(), 2);
+  // A leak report names the binding's line that allocated the buffer.
+  Buffer leaked = dev_.allocate(20480);
+  EXPECT_GE(validation::report_leaks(), 1u);
+  reports = c.take();
+  bool named = false;
+  for (const auto& r : reports)
+    if (r.check == Check::Leak && r.message.find("20480-byte") != std::string::npos)
+      named = r.message.find("20480-byte device buffer at") != std::string::npos &&
+              r.message.find("allocated by run_pipeline at app.py:12") != std::string::npos;
+  EXPECT_TRUE(named) << (reports.empty() ? std::string("no reports") : reports.back().message);
+  leaked = Buffer();
   EXPECT_TRUE(validation::set_call_site_provider(std::move(previous)));  // gives back ours
   // Without a provider, the C++ frames alone.
   q.batch().write_value(words, 0, 0).submit().wait();

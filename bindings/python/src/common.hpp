@@ -53,10 +53,26 @@ void bind_runtime(py::module_& m);  // runtime.cpp: compile(), load_model(), Mod
 // be touched then, and references still held are leaked, as CPython allows.
 bool python_alive() noexcept;
 
+// While the validation layer is on: this thread's Python frames (innermost
+// first), kept while it runs without the GIL, so that a report or an
+// allocation there names the Python line without taking the GIL back
+// (validation.cpp). Free when validation is off.
+class PythonFramesKept {
+ public:
+  PythonFramesKept();
+  ~PythonFramesKept();
+  PythonFramesKept(const PythonFramesKept&) = delete;
+  PythonFramesKept& operator=(const PythonFramesKept&) = delete;
+
+ private:
+  bool kept_ = false;
+};
+
 // Runs `f` with the GIL released if this thread holds it; as is otherwise.
 template <class F>
 decltype(auto) without_gil(F&& f) {
   if (python_alive() && PyGILState_Check()) {
+    PythonFramesKept frames;
     py::gil_scoped_release release;
     return std::forward<F>(f)();
   }

@@ -619,6 +619,7 @@ void bind_ops(py::module_& m) {
         Op o = op.op;
         std::vector<double> us;
         us.reserve(static_cast<std::size_t>(std::max(iterations, 0)));
+        PythonFramesKept frames;  // reports made meanwhile name the Python line
         py::gil_scoped_release release;
         for (int i = 0; i < iterations; ++i) {
           const auto t0 = now_ns();

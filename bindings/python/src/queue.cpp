@@ -144,6 +144,7 @@ PyFence submit(PyBatch& b, const py::object& max_wait) {
       bool& flag;
       ~Done() { flag = false; }
     } done{b.submitting};
+    PythonFramesKept frames;  // reports made meanwhile name the Python line
     py::gil_scoped_release release;
     f = limit ? batch.submit(*limit) : batch.submit();
   }
@@ -160,6 +161,7 @@ void wait(const PyFence& f, const py::object& timeout) {
   std::optional<std::chrono::nanoseconds> limit;
   if (!timeout.is_none()) limit = to_duration(timeout, "timeout");
   {
+    PythonFramesKept frames;  // reports made meanwhile name the Python line
     py::gil_scoped_release release;
     if (limit) f.fence.wait(*limit);
     else f.fence.wait();
@@ -325,6 +327,7 @@ void bind_queue(py::module_& m) {
             }
             Fence f;
             {
+              PythonFramesKept frames;  // reports made meanwhile name the Python line
               py::gil_scoped_release release;
               f = q->queue.submit();
             }

@@ -19,13 +19,14 @@ std::string& package_dir() {
   return *dir;
 }
 
+// What PythonFramesKept keeps: the frames of the thread's call that
+// released the GIL (the outermost such call on the thread).
+thread_local std::vector<std::string>* t_kept = nullptr;
+
 // Up to four frames of this thread's Python stack, innermost first, outside
-// the tpuhal package. Empty on a thread that never ran Python (the driver's)
-// or while the interpreter is finalizing.
-std::vector<std::string> python_frames() {
+// the tpuhal package; the thread must hold the GIL.
+std::vector<std::string> frames_with_gil() {
   std::vector<std::string> out;
-  if (!python_alive() || PyGILState_GetThisThreadState() == nullptr) return out;
-  const PyGILState_STATE state = PyGILState_Ensure();
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
   while (frame && out.size() < 4) {
@@ -41,9 +42,35 @@ std::vector<std::string> python_frames() {
   }
   Py_XDECREF(frame);
   PyErr_Clear();
-  PyGILState_Release(state);
   return out;
 }
+
+// The call-site provider: this thread's Python frames if it holds the GIL,
+// else those kept when its call released the GIL. Never takes the GIL: the
+// caller may hold locks a thread with the GIL is waiting for. Empty on a
+// thread that never ran Python (the driver's) or while the interpreter is
+// finalizing.
+std::vector<std::string> python_frames() {
+  if (!python_alive()) return {};
+  if (PyGILState_Check()) return frames_with_gil();
+  return t_kept ? *t_kept : std::vector<std::string>{};
+}
+
+}  // namespace
+
+PythonFramesKept::PythonFramesKept() {
+  if (!validation::enabled() || t_kept) return;  // the outermost call's frames are the user's
+  t_kept = new std::vector<std::string>(frames_with_gil());
+  kept_ = true;
+}
+
+PythonFramesKept::~PythonFramesKept() {
+  if (!kept_) return;
+  delete t_kept;
+  t_kept = nullptr;
+}
+
+namespace {
 
 struct PyReport {
   std::string check;

@@ -45,6 +45,7 @@ struct PyDecoder {
       decoder = VideoDecoder();
     }
     if (python_alive() && PyGILState_Check()) {
+      PythonFramesKept frames;  // reports made meanwhile name the Python line
       py::gil_scoped_release release;
       d = VideoDecoder();
     }

@@ -91,3 +91,18 @@ def test_the_default_handler_logs_the_python_line(tmp_path):
     assert "value backwards" in out.stderr, out.stderr
     assert f"at main at {script}:9" in out.stderr, out.stderr
     assert f"<module> at {script}:11" in out.stderr, out.stderr
+
+
+def test_a_leak_report_names_the_python_line_that_allocated_the_buffer(dev, reports):
+    validation.enable(True)
+    leaked = dev.alloc(12288)  # allocated with the GIL released: the kept frames name this line
+    line = sys._getframe().f_lineno - 1
+    assert validation.report_leaks() >= 1
+    leaks = [r for r in reports if r.check == "leak" and "12288-byte" in r.message]
+    assert len(leaks) == 1, [r.message for r in reports]
+    assert f"allocated by test_a_leak_report_names_the_python_line_that_allocated_the_buffer at {__file__}:{line}" \
+        in leaks[0].message, leaks[0].message
+    leaked.free()
+    reports.clear()
+    validation.report_leaks()
+    assert not [r for r in reports if "12288-byte" in r.message]

@@ -60,9 +60,12 @@ using Handler = std::function<void(const Report&)>;
 TPUHAL_API Handler set_handler(Handler handler);
 
 // Frames of the caller in a higher-level language, for language bindings:
-// called while a report is made, on the reporting thread with no library
-// lock held; the frames it returns ("fn at file.py:12", innermost first) go
-// before the C++ frames of Report::call_site. Returns the previous provider.
+// called on the calling thread while a report is made, and when validation
+// starts tracking a new buffer. The frames it returns ("fn at file.py:12",
+// innermost first) go before the C++ frames of Report::call_site, and the
+// innermost names where a leaked buffer was allocated. It may be called with
+// library locks held, so it must not block (a Python binding must not wait
+// for the GIL there). Returns the previous provider.
 using CallSiteProvider = std::function<std::vector<std::string>()>;
 TPUHAL_API CallSiteProvider set_call_site_provider(CallSiteProvider provider);
 
