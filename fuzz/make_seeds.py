@@ -254,6 +254,74 @@ def model_file_seeds():
     }
 
 
+# ---- firmware images (image.h) and the USB wire format (usb.h) -------------
+def crc32c(data, crc=0):
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    return crc ^ 0xFFFFFFFF
+
+
+def image(sections, board=1684, fw_version=0x01020003, iface=(0x10000, 0x10002)):
+    """sections: (kind, load_address, payload); laid out as build_image does."""
+    table_end = 64 + 32 * len(sections)
+    at = (table_end + 15) // 16 * 16
+    entries, body = b"", bytearray(at)
+    for kind, load, payload in sections:
+        entries += struct.pack("<IIQQQ", kind, 0, load, at, len(payload))
+        body[at:at + len(payload)] = payload
+        at = (at + len(payload) + 15) // 16 * 16
+        body.extend(bytes(at - len(body)))
+    body = body[:at]
+    header = struct.pack("<IHHIIIIIIQI5I", 0x57465054, 1, 64, board, fw_version, iface[0], iface[1],
+                         len(sections), 0, len(body), 0, 0, 0, 0, 0, 0)
+    body[0:64] = header
+    body[64:table_end] = entries
+    crc = crc32c(bytes(body))
+    body[40:44] = struct.pack("<I", crc)
+    return bytes(body)
+
+
+def image_seeds():
+    return {
+        "one_code": image([(1, 0, b"\x13" * 64)]),
+        "three_kinds": image([(1, 0, b"code" * 8), (2, 0x10000, b"data" * 3), (3, 0x20000, b'{"ddr": 3200}')]),
+        "max_sections": image([(1 + i % 3, i * 0x1000, bytes([i]) * (i + 1)) for i in range(16)]),
+    }
+
+
+USB_MAGIC = 0x42535554
+
+
+def usb(type_, tag, a0, a1=0, data=b"", seq=0, flags=0):
+    return struct.pack("<IHHIIQ2Q", USB_MAGIC, type_, flags, seq, len(data), tag, a0, a1) + data
+
+
+def usb_seeds():
+    to_board = 0x00  # byte 0: direction bit 0, max_data choice in bits 1-2
+    to_host = 0x01
+    host_stream = (usb(0x01, 1, 0x40, 0xDEADBEEF) + usb(0x02, 2, 0x44) + usb(0x03, 3, 0x1000, 0, b"\xAA" * 100) +
+                   usb(0x04, 4, 0x1000, 100) + usb(0x05, 5, 1 << 48, 0, b"\x55" * 32) +
+                   usb(0x05, 6, 1 << 48, 0, b"", 0, 1))
+    board_stream = (usb(0x81, 2, 0x44, 7, b"", 1) + usb(0x83, 4, 0x1000, 0, b"\xAA" * 100, 2) +
+                    usb(0x84, 9, 1 << 48, 64, b"", 3) + usb(0x85, 10, (1 << 48) + 8, 0, b"\x01" * 8, 4) +
+                    usb(0x86, 11, 5, 0x03, b"", 5) + usb(0x90, 12, 0, 0x207, b"", 6))
+    upload = usb(0x10, 1, 4096) + usb(0x11, 2, 0, 0, b"\x00" * 2048) + usb(0x11, 3, 2048, 0, b"\x00" * 2048) + \
+        usb(0x12, 4, 0x12345678)
+    identity = struct.pack("<6I10I", USB_MAGIC, 2, 1684, 0x10002, 0x01020003, 65536, *([0] * 10))
+    irq = struct.pack("<IIQ", USB_MAGIC, 0b11, 6)
+    return {
+        "host_to_board": bytes([to_board]) + host_stream,
+        "board_to_host": bytes([to_host]) + board_stream,
+        "upload": bytes([to_board]) + upload,
+        "small_limit": bytes([to_board | 1 << 1]) + usb(0x03, 1, 0, 0, b"\x01" * 2000),
+        "identity": bytes([to_host]) + identity,
+        "interrupt": bytes([to_host]) + irq,
+    }
+
+
 def seeds():
     s = {}
     fill4 = lambda pattern: pattern | 4 << 32
@@ -351,6 +419,8 @@ def seeds():
     b["tail_past_ring"] = board_input([desc(NOP)], tail=17)
     s["model_file"] = model_file_seeds()
     s["frame_record"] = frame_record_seeds()
+    s["image"] = image_seeds()
+    s["usb"] = usb_seeds()
     return s
 
 
