@@ -20,7 +20,14 @@ using onnx_attrs::Attrs;
 const std::set<std::string> kSupported = {
     "Conv",    "Gemm",      "MatMul",  "Relu",      "Clip",     "Sigmoid", "Tanh",         "LeakyRelu",
     "MaxPool", "AveragePool", "GlobalAveragePool", "Softmax", "Add", "Mul", "Sub", "Div", "Reshape", "Flatten",
-    "Transpose", "BatchNormalization", "Identity", "Dropout", "Constant"};
+    "Transpose", "BatchNormalization", "Identity", "Dropout", "Constant",
+    // Shape computations, folded to constants for the fixed input shapes
+    // (what exporters write for x.view(x.size(0), -1)).
+    "Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast"};
+
+// Ops that exist here only to compute shapes: every input must be known at
+// compile time.
+const std::set<std::string> kFoldOnly = {"Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast"};
 
 std::string dims_text(const std::vector<std::int64_t>& s) {
   std::string t = "[";
@@ -142,10 +149,229 @@ struct Importer {
     return out;
   }
 
+  // A constant from values (held as floats, and as integers when `integer`).
+  static Value make_constant(std::vector<std::int64_t> shape, const std::vector<double>& values, bool integer) {
+    Value v;
+    v.shape = std::move(shape);
+    v.data = std::vector<float>(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) (*v.data)[i] = static_cast<float>(values[i]);
+    if (integer) {
+      v.ints.resize(values.size());
+      for (std::size_t i = 0; i < values.size(); ++i) v.ints[i] = static_cast<std::int64_t>(values[i]);
+    }
+    return v;
+  }
+  static bool is_integer(const Value& v) { return !v.ints.empty() || (v.data && v.data->empty() && v.elements() == 0); }
+  static std::vector<double> values_of(const Value& v) {
+    std::vector<double> out;
+    if (!v.ints.empty()) {
+      for (auto x : v.ints) out.push_back(static_cast<double>(x));
+    } else {
+      for (auto x : *v.data) out.push_back(x);
+    }
+    return out;
+  }
+  // An axis attribute or entry, made non-negative for `rank`.
+  std::int64_t axis_of(const Node& n, std::int64_t axis, std::int64_t rank) const {
+    if (axis < -rank || axis >= rank) fail_node(n, "axis " + std::to_string(axis) + " for rank " + std::to_string(rank));
+    return axis < 0 ? axis + rank : axis;
+  }
+  std::vector<std::int64_t> int_list(const Node& n, std::size_t input, const char* attr, const Attrs& a) const {
+    if (has(n, input)) {
+      const Value& v = constant(n, input, attr);
+      if (!is_integer(v)) fail_node(n, std::string("its ") + attr + " are not integers");
+      return v.ints;
+    }
+    return a.ints(attr);
+  }
+  static std::vector<std::int64_t> strides_of(const std::vector<std::int64_t>& shape) {
+    std::vector<std::int64_t> st(shape.size(), 1);
+    for (std::size_t i = shape.size(); i-- > 1;) st[i - 1] = st[i] * shape[i];
+    return st;
+  }
+
+  // Shape computations, evaluated here (kFoldOnly, Shape, and arithmetic
+  // on constants).
+  Value fold(Node& n) {
+    const std::string& op = n.op;
+    const Attrs a{n.proto};
+    if (op == "Shape") {
+      const auto& x = in(n, 0).shape;
+      const auto rank = static_cast<std::int64_t>(x.size());
+      std::int64_t start = a.i("start", 0), end = a.i("end", rank);
+      start = std::clamp(start < 0 ? start + rank : start, std::int64_t{0}, rank);
+      end = std::clamp(end < 0 ? end + rank : end, std::int64_t{0}, rank);
+      std::vector<double> dims;
+      for (std::int64_t i = start; i < end; ++i) dims.push_back(static_cast<double>(x[static_cast<std::size_t>(i)]));
+      return make_constant({static_cast<std::int64_t>(dims.size())}, dims, true);
+    }
+    for (std::size_t i = 0; i < n.inputs.size(); ++i)
+      if (has(n, i) && !in(n, i).data)
+        fail(Status::Unsupported, "node '" + n.name + "' (" + op + "): input '" + n.inputs[i] +
+                                      "' is computed on the device; the compiler evaluates " + op +
+                                      " only on constants and shapes (shape computations)");
+    const Value& x = in(n, 0);
+    const auto vals = values_of(x);
+    const auto rank = static_cast<std::int64_t>(x.shape.size());
+    if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+      const Value& y = in(n, 1);
+      const auto yv = values_of(y);
+      const auto shape = broadcast(n, x.shape, y.shape);
+      const bool integer = is_integer(x) && is_integer(y);
+      Value out;
+      out.shape = shape;
+      std::vector<double> r(out.elements());
+      const auto st = strides_of(shape);
+      auto index = [&](const std::vector<std::int64_t>& s, std::uint64_t flat) {
+        // The element of a tensor of shape `s`, broadcast to `shape`, at flat position `flat`.
+        const auto ss = strides_of(s);
+        std::int64_t at = 0;
+        const std::size_t off = shape.size() - s.size();
+        for (std::size_t d = 0; d < shape.size(); ++d) {
+          const std::int64_t coord = static_cast<std::int64_t>(flat) / st[d] % shape[d];
+          if (d >= off && s[d - off] != 1) at += coord * ss[d - off];
+        }
+        return static_cast<std::size_t>(at);
+      };
+      for (std::uint64_t i = 0; i < r.size(); ++i) {
+        const double p = vals[index(x.shape, i)], q = yv[index(y.shape, i)];
+        if (op == "Add") r[i] = p + q;
+        else if (op == "Sub") r[i] = p - q;
+        else if (op == "Mul") r[i] = p * q;
+        else if (integer) {
+          if (q == 0) fail_node(n, "integer division by zero");
+          r[i] = static_cast<double>(static_cast<std::int64_t>(p) / static_cast<std::int64_t>(q));
+        } else {
+          r[i] = p / q;
+        }
+      }
+      return make_constant(shape, r, integer);
+    }
+    if (op == "Cast") {
+      const auto to = a.i("to", 0);
+      const bool integer = to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32;
+      if (!integer && to != onnx::TensorProto::FLOAT && to != onnx::TensorProto::DOUBLE)
+        fail(Status::Unsupported, "node '" + n.name + "' (Cast): to ONNX type " + std::to_string(to) +
+                                      "; the compiler casts constants to float, double, int64 and int32");
+      std::vector<double> r = vals;
+      if (integer) for (auto& v : r) v = std::trunc(v);
+      return make_constant(x.shape, r, integer);
+    }
+    if (op == "Unsqueeze" || op == "Squeeze") {
+      auto axes = g.opset >= 13 ? int_list(n, 1, "axes", a) : a.ints("axes");
+      std::vector<std::int64_t> shape = x.shape;
+      if (op == "Unsqueeze") {
+        const auto out_rank = rank + static_cast<std::int64_t>(axes.size());
+        for (auto& ax : axes) ax = axis_of(n, ax, out_rank);
+        std::sort(axes.begin(), axes.end());
+        if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) fail_node(n, "an axis is repeated");
+        for (auto ax : axes) shape.insert(shape.begin() + ax, 1);
+      } else {
+        for (auto& ax : axes) ax = axis_of(n, ax, rank);
+        std::vector<std::int64_t> kept;
+        for (std::int64_t d = 0; d < rank; ++d) {
+          const bool listed = std::find(axes.begin(), axes.end(), d) != axes.end();
+          const auto dim = x.shape[static_cast<std::size_t>(d)];
+          if (listed && dim != 1) fail_node(n, "axis " + std::to_string(d) + " has size " + std::to_string(dim) + ", not 1");
+          if (!(listed || (axes.empty() && dim == 1))) kept.push_back(dim);
+        }
+        shape = kept;
+      }
+      return make_constant(shape, vals, is_integer(x));
+    }
+    if (op == "Gather") {
+      const Value& idx = in(n, 1);
+      if (!is_integer(idx)) fail_node(n, "its indices are not integers");
+      if (rank == 0) fail_node(n, "gathers from a scalar");
+      const auto axis = axis_of(n, a.i("axis", 0), rank);
+      const auto dim = x.shape[static_cast<std::size_t>(axis)];
+      std::vector<std::int64_t> shape(x.shape.begin(), x.shape.begin() + axis);
+      shape.insert(shape.end(), idx.shape.begin(), idx.shape.end());
+      shape.insert(shape.end(), x.shape.begin() + axis + 1, x.shape.end());
+      std::int64_t outer = 1, inner = 1;
+      for (std::int64_t d = 0; d < axis; ++d) outer *= x.shape[static_cast<std::size_t>(d)];
+      for (std::int64_t d = axis + 1; d < rank; ++d) inner *= x.shape[static_cast<std::size_t>(d)];
+      std::vector<double> r;
+      for (std::int64_t o = 0; o < outer; ++o)
+        for (auto i : idx.ints) {
+          if (i < -dim || i >= dim) fail_node(n, "index " + std::to_string(i) + " outside [" + std::to_string(-dim) + ", " +
+                                                     std::to_string(dim) + ")");
+          if (i < 0) i += dim;
+          for (std::int64_t k = 0; k < inner; ++k)
+            r.push_back(vals[static_cast<std::size_t>((o * dim + i) * inner + k)]);
+        }
+      return make_constant(shape, r, is_integer(x));
+    }
+    if (op == "Concat") {
+      if (!a.find("axis")) fail_node(n, "no axis");
+      const auto axis = axis_of(n, a.i("axis", 0), rank);
+      std::vector<std::int64_t> shape = x.shape;
+      shape[static_cast<std::size_t>(axis)] = 0;
+      bool integer = true;
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+        const Value& v = in(n, i);
+        if (v.shape.size() != x.shape.size()) fail_node(n, "inputs of ranks " + std::to_string(rank) + " and " + std::to_string(v.shape.size()));
+        for (std::int64_t d = 0; d < rank; ++d)
+          if (d != axis && v.shape[static_cast<std::size_t>(d)] != x.shape[static_cast<std::size_t>(d)])
+            fail_node(n, "inputs " + dims_text(x.shape) + " and " + dims_text(v.shape) + " differ off the axis");
+        shape[static_cast<std::size_t>(axis)] += v.shape[static_cast<std::size_t>(axis)];
+        integer = integer && is_integer(v);
+      }
+      std::int64_t outer = 1;
+      for (std::int64_t d = 0; d < axis; ++d) outer *= x.shape[static_cast<std::size_t>(d)];
+      std::vector<double> r;
+      for (std::int64_t o = 0; o < outer; ++o)
+        for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+          const Value& v = in(n, i);
+          const auto vv = values_of(v);
+          const std::uint64_t chunk = outer ? v.elements() / static_cast<std::uint64_t>(outer) : 0;
+          r.insert(r.end(), vv.begin() + static_cast<std::ptrdiff_t>(o * chunk), vv.begin() + static_cast<std::ptrdiff_t>((o + 1) * chunk));
+        }
+      return make_constant(shape, r, integer);
+    }
+    if (op == "Slice") {
+      if (g.opset < 10) fail(Status::Unsupported, "node '" + n.name + "' (Slice): opset " + std::to_string(g.opset) + " (attribute form)");
+      auto starts = int_list(n, 1, "starts", a), ends = int_list(n, 2, "ends", a);
+      std::vector<std::int64_t> axes = has(n, 3) ? int_list(n, 3, "axes", a) : std::vector<std::int64_t>{};
+      std::vector<std::int64_t> steps = has(n, 4) ? int_list(n, 4, "steps", a) : std::vector<std::int64_t>{};
+      if (axes.empty()) for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<std::int64_t>(i));
+      if (steps.empty()) steps.assign(starts.size(), 1);
+      if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+        fail_node(n, "starts, ends, axes and steps differ in length");
+      std::vector<std::int64_t> lo(x.shape.size(), 0), step(x.shape.size(), 1), shape = x.shape;
+      for (std::size_t i = 0; i < starts.size(); ++i) {
+        const auto ax = static_cast<std::size_t>(axis_of(n, axes[i], rank));
+        const auto dim = x.shape[ax];
+        if (steps[i] <= 0) fail(Status::Unsupported, "node '" + n.name + "' (Slice): step " + std::to_string(steps[i]));
+        auto clampi = [&](std::int64_t v) { return std::clamp(v < 0 ? v + dim : v, std::int64_t{0}, dim); };
+        const auto b = clampi(starts[i]), e = clampi(ends[i]);
+        lo[ax] = b;
+        step[ax] = steps[i];
+        shape[ax] = e > b ? (e - b + steps[i] - 1) / steps[i] : 0;
+      }
+      Value out;
+      out.shape = shape;
+      const auto in_st = strides_of(x.shape), out_st = strides_of(shape);
+      std::vector<double> r(out.elements());
+      for (std::uint64_t i = 0; i < r.size(); ++i) {
+        std::int64_t at = 0;
+        for (std::size_t d = 0; d < shape.size(); ++d) {
+          const std::int64_t coord = static_cast<std::int64_t>(i) / out_st[d] % shape[d];
+          at += (lo[d] + coord * step[d]) * in_st[d];
+        }
+        r[i] = vals[static_cast<std::size_t>(at)];
+      }
+      return make_constant(shape, r, is_integer(x));
+    }
+    fail_node(n, "no folding rule");
+  }
+
   // The output shape of `n`, or a folded constant.
   Value infer(Node& n) {
     const std::string& op = n.op;
     const Attrs a{n.proto};
+    if (op == "Shape" || kFoldOnly.count(op)) return fold(n);
+    if ((op == "Add" || op == "Sub" || op == "Mul" || op == "Div") && in(n, 0).data && in(n, 1).data) return fold(n);
     Value out;
     if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "LeakyRelu" || op == "Clip" || op == "Softmax" ||
         op == "BatchNormalization") {

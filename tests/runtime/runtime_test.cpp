@@ -74,11 +74,11 @@ struct OnnxBuilder {
     for (auto d : shape) t->add_dims(d);
     t->set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
   }
-  void init_i64(const std::string& name, const std::vector<std::int64_t>& values) {
+  void init_i64(const std::string& name, const std::vector<std::int64_t>& values, bool scalar = false) {
     auto* t = g->add_initializer();
     t->set_name(name);
     t->set_data_type(onnx::TensorProto::INT64);
-    t->add_dims(static_cast<std::int64_t>(values.size()));
+    if (!scalar) t->add_dims(static_cast<std::int64_t>(values.size()));
     for (auto v : values) t->add_int64_data(v);
   }
   onnx::NodeProto* node(const std::string& op, const std::vector<std::string>& in, const std::string& out,
@@ -705,6 +705,123 @@ TEST(Runtime, GivenTheCliWhenItCompilesInInt8ThenModelInfoDescribesTheModelAndIt
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("int8 needs calibration data"), std::string::npos) << r.out;
   fs::remove_all(dir);
+}
+
+// ---- Shape computations (what exporters write for x.view(x.size(0), -1)) --------------
+
+// x [N, 4, 3, 3] -> Reshape(x, shape) -> Gemm(36 -> 5), where `shape` comes
+// from `chain` (a function adding nodes that produce the value "shape"), or
+// from a Flatten when `chain` is null.
+std::vector<std::byte> shape_chain_model(void (*chain)(OnnxBuilder&)) {
+  OnnxBuilder b;
+  b.input("x", {-1, 4, 3, 3});
+  b.init("w", {5, 36}, random(180, 41));
+  b.init("bias", {5}, random(5, 42));
+  if (chain) {
+    chain(b);
+    b.node("Reshape", {"x", "shape"}, "flat", "reshape");
+  } else {
+    b.node("Flatten", {"x"}, "flat", "flatten");
+  }
+  OnnxBuilder::integer(b.node("Gemm", {"flat", "w", "bias"}, "y", "fc"), "transB", 1);
+  b.output("y");
+  return b.bytes();
+}
+
+Vec run_once(std::span<const std::byte> onnx, const Vec& x, std::vector<std::string>* notes = nullptr) {
+  CompileOptions o;
+  o.shapes["x"] = {2, 4, 3, 3};
+  auto r = compile_onnx(onnx, o);
+  if (notes) *notes = r.notes;
+  Device dev = open("sim:0");
+  Model m = Model::load(dev, r.model);
+  Instance inst = m.instance();
+  Vec y(10);
+  inst.run({host(const_cast<Vec&>(x))}, {host(y)});
+  return y;
+}
+
+TEST(Runtime, GivenTheExportersFlattenChainWhenCompiledThenShapeOpsFoldAndMatchFlatten) {
+  // Shape -> Gather(0) -> Unsqueeze -> Concat with [-1]: torch's x.view(x.size(0), -1).
+  const auto chain = shape_chain_model([](OnnxBuilder& b) {
+    b.node("Shape", {"x"}, "s", "shape_of_x");
+    b.init_i64("zero", {0}, /*scalar=*/true);
+    b.node("Gather", {"s", "zero"}, "n", "batch");
+    b.init_i64("axes0", {0});
+    b.node("Unsqueeze", {"n", "axes0"}, "n1", "unsqueeze");
+    b.init_i64("minus1", {-1});
+    OnnxBuilder::integer(b.node("Concat", {"n1", "minus1"}, "shape", "concat"), "axis", 0);
+  });
+  const Vec x = random(72, 43);
+  std::vector<std::string> notes;
+  const Vec got = run_once(chain, x, &notes);
+  const Vec want = run_once(shape_chain_model(nullptr), x);
+  EXPECT_EQ(got, want);
+  std::string all;
+  for (const auto& n : notes) all += n + "\n";
+  for (const char* folded : {"folded Shape 'shape_of_x'", "folded Gather 'batch'", "folded Unsqueeze 'unsqueeze'",
+                             "folded Concat 'concat'"})
+    EXPECT_NE(all.find(folded), std::string::npos) << all;
+}
+
+TEST(Runtime, GivenSliceCastSqueezeAndIntegerArithmeticOnShapesWhenCompiledThenTheyFold) {
+  // shape = Cast(Concat(Unsqueeze(s[0]), s[1:2] * Unsqueeze(Squeeze(Unsqueeze(s[2] * s[3])))), int64)
+  const auto chain = shape_chain_model([](OnnxBuilder& b) {
+    b.node("Shape", {"x"}, "s", "shape_of_x");
+    b.init_i64("one", {1});
+    b.init_i64("two", {2});
+    b.init_i64("four", {4});
+    b.init_i64("zero", {0});
+    b.node("Slice", {"s", "one", "two"}, "c", "channels");        // [4]
+    b.node("Slice", {"s", "two", "four"}, "hw", "spatial");       // [3, 3]
+    b.init_i64("i0", {0}, true);
+    b.init_i64("i1", {1}, true);
+    b.node("Gather", {"hw", "i0"}, "height", "height");
+    b.node("Gather", {"hw", "i1"}, "width", "width");
+    b.node("Mul", {"height", "width"}, "area", "area");                    // 9, a scalar
+    b.node("Unsqueeze", {"area", "zero"}, "area1", "area1");
+    b.node("Squeeze", {"area1", "zero"}, "area0", "area0");
+    b.node("Unsqueeze", {"area0", "zero"}, "area2", "area2");
+    b.node("Mul", {"c", "area2"}, "features", "features");       // [36]
+    b.node("Gather", {"s", "i0"}, "n", "batch");
+    b.node("Unsqueeze", {"n", "zero"}, "n1", "n1");
+    OnnxBuilder::integer(b.node("Concat", {"n1", "features"}, "shape_f", "concat"), "axis", 0);
+    OnnxBuilder::integer(b.node("Cast", {"shape_f"}, "shape", "cast"), "to", onnx::TensorProto::INT64);
+  });
+  const Vec x = random(72, 44);
+  EXPECT_EQ(run_once(chain, x), run_once(shape_chain_model(nullptr), x));
+}
+
+TEST(Runtime, GivenShapeOpsOnDeviceDataOrOutOfRangeWhenCompiledThenTheErrorNamesTheNode) {
+  OnnxBuilder b;
+  b.input("x", {2, 4});
+  b.node("Relu", {"x"}, "r", "relu");
+  b.init_i64("i", {1}, true);
+  b.node("Gather", {"r", "i"}, "g", "gather_rows");
+  b.output("g");
+  try {
+    compile_onnx(b.bytes(), CompileOptions{}, "g.onnx");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Unsupported);
+    EXPECT_NE(std::string(e.what()).find("node 'gather_rows' (Gather): input 'r' is computed on the device"),
+              std::string::npos) << e.what();
+  }
+  const auto bad = shape_chain_model([](OnnxBuilder& c) {
+    c.node("Shape", {"x"}, "s", "shape_of_x");
+    c.init_i64("seven", {7}, true);
+    c.node("Gather", {"s", "seven"}, "shape", "seventh");
+  });
+  try {
+    CompileOptions o;
+    o.shapes["x"] = {2, 4, 3, 3};
+    compile_onnx(bad, o, "bad.onnx");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("node 'seventh' (Gather): index 7 outside [-4, 4)"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Runtime, PrecisionNamesParse) {
