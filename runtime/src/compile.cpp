@@ -335,7 +335,14 @@ CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileO
     result.report = measure(dev, g, f32, reduced, batches);
     report = report_json(result.report, options.precision, batches.samples);
   }
-  result.model = pack(g, reduced, options.precision, options, name, options.report ? &report : nullptr);
+  // Calibration and the report read every layer from an arena without
+  // sharing; the model runs with tensors sharing memory where their
+  // lifetimes allow.
+  Lowered shared = reduced;
+  const std::uint64_t unshared = shared.graph.share_arena();
+  result.notes.push_back("activation memory per instance: " + std::to_string(shared.graph.arena_bytes) +
+                         " bytes, shared by lifetime (" + std::to_string(unshared) + " without sharing)");
+  result.model = pack(g, shared, options.precision, options, name, options.report ? &report : nullptr);
   return result;
 }
 

@@ -1,5 +1,6 @@
 #include "device_graph.hpp"
 
+#include <algorithm>
 #include <limits>
 
 #include "tpuhal/error.hpp"
@@ -123,6 +124,62 @@ std::int64_t DeviceGraph::add_arena(std::string value, DType dtype, std::vector<
   arena_bytes = t.offset + t.bytes();
   tensors.push_back(std::move(t));
   return static_cast<std::int64_t>(tensors.size() - 1);
+}
+
+std::uint64_t DeviceGraph::share_arena() {
+  // A group: the arena tensors at one offset (a tensor and its views; every
+  // add_arena tensor with bytes has an offset of its own).
+  struct Group {
+    std::uint64_t bytes = 0;
+    std::int64_t first = std::numeric_limits<std::int64_t>::max(), last = -1;
+    std::uint64_t offset = 0;
+  };
+  std::map<std::uint64_t, Group> groups;
+  for (const auto& t : tensors)
+    if (t.storage == Storage::Arena && t.bytes() > 0) groups[t.offset].bytes = std::max(groups[t.offset].bytes, t.bytes());
+  auto use = [&](std::int64_t tensor, std::int64_t at) {
+    const auto& t = tensors.at(static_cast<std::size_t>(tensor));
+    if (t.storage != Storage::Arena || t.bytes() == 0) return;
+    Group& gr = groups[t.offset];
+    gr.first = std::min(gr.first, at);
+    gr.last = std::max(gr.last, at);
+  };
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    for (const auto& [role, tensor] : ops[i].operands) use(tensor, static_cast<std::int64_t>(i));
+  const auto end = static_cast<std::int64_t>(ops.size());
+  // Inputs stay intact for the whole run (a program submitted again reads
+  // them again); outputs hold until the end.
+  for (auto t : inputs) use(t, -1), use(t, end);
+  for (auto t : outputs) use(t, end);
+  for (auto& [_, gr] : groups)
+    if (gr.last < 0 && gr.first > end) gr.first = -1, gr.last = end;  // unused: kept whole
+
+  // Largest first, each at the lowest offset clear of the placed groups it
+  // lives alongside.
+  std::vector<Group*> order;
+  for (auto& [_, gr] : groups) order.push_back(&gr);
+  std::stable_sort(order.begin(), order.end(), [](const Group* a, const Group* b) { return a->bytes > b->bytes; });
+  std::vector<const Group*> placed;
+  std::uint64_t size = 0;
+  for (Group* gr : order) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> busy;  // [begin, end) of overlapping lifetimes
+    for (const Group* o : placed)
+      if (o->first <= gr->last && gr->first <= o->last) busy.emplace_back(o->offset, o->offset + o->bytes);
+    std::sort(busy.begin(), busy.end());
+    std::uint64_t at = 0;
+    for (const auto& [b, e] : busy) {
+      if (at + gr->bytes <= b) break;
+      at = std::max(at, align64(e));
+    }
+    gr->offset = at;
+    size = std::max(size, at + gr->bytes);
+    placed.push_back(gr);
+  }
+  const std::uint64_t before = arena_bytes;
+  for (auto& t : tensors)
+    if (t.storage == Storage::Arena) t.offset = t.bytes() > 0 ? groups.at(t.offset).offset : 0;
+  arena_bytes = align64(size);
+  return before;
 }
 
 std::int64_t DeviceGraph::add_view(std::int64_t of, std::vector<std::int64_t> shape) {

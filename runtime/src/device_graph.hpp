@@ -48,6 +48,12 @@ struct DeviceGraph {
   std::int64_t add_arena(std::string value, DType dtype, std::vector<std::int64_t> shape);
   // A view of tensor `of` with another shape (same bytes).
   std::int64_t add_view(std::int64_t of, std::vector<std::int64_t> shape);
+
+  // Lets arena tensors whose lifetimes (first to last op that uses them;
+  // inputs from the start, outputs to the end) do not overlap share memory,
+  // and shrinks the arena accordingly; a tensor and its views move together.
+  // Returns the arena size before.
+  std::uint64_t share_arena();
 };
 
 std::vector<std::byte> encode_graph(const DeviceGraph& g);

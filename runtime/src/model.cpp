@@ -346,6 +346,7 @@ const std::vector<TensorSpec>& Model::outputs() const { return need(state_).outp
 Precision Model::precision() const { return need(state_).precision; }
 const std::map<std::string, std::string>& Model::meta() const { return need(state_).meta; }
 std::uint64_t Model::weight_bytes() const { return need(state_).graph.weight_bytes; }
+std::uint64_t Model::activation_bytes() const { return need(state_).graph.arena_bytes; }
 Device Model::device() const { return need(state_).device; }
 
 Instance Model::instance() const {

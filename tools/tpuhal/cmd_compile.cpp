@@ -145,6 +145,7 @@ int cmd_model_info(const std::vector<std::string>& args) {
     j["path"] = path;
     j["precision"] = rt::to_string(m.precision());
     j["weight_bytes"] = m.weight_bytes();
+    j["activation_bytes"] = m.activation_bytes();
     j["meta"] = m.meta();
     for (const auto* list : {&m.inputs(), &m.outputs()})
       for (const auto& s : *list)
@@ -154,8 +155,9 @@ int cmd_model_info(const std::vector<std::string>& args) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("%s: %s model, %s of weights (checked on %s)\n", path.c_str(), rt::to_string(m.precision()),
-              bytes(m.weight_bytes()).c_str(), dev.uri().c_str());
+  std::printf("%s: %s model, %s of weights, %s of activations per instance (checked on %s)\n", path.c_str(),
+              rt::to_string(m.precision()), bytes(m.weight_bytes()).c_str(), bytes(m.activation_bytes()).c_str(),
+              dev.uri().c_str());
   for (const auto& s : m.inputs()) std::printf("  input   %s\n", s.describe().c_str());
   for (const auto& s : m.outputs()) std::printf("  output  %s\n", s.describe().c_str());
   for (const auto& [k, v] : m.meta()) std::printf("  %-20s %s\n", k.c_str(), v.c_str());

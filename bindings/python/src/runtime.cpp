@@ -274,6 +274,8 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("precision", [](const rt::Model& mo) { return std::string(rt::to_string(mo.precision())); })
       .def_property_readonly("meta", &rt::Model::meta, "The model's metadata: producer, source, precision, calibration.")
       .def_property_readonly("weight_bytes", &rt::Model::weight_bytes, "Device memory the weights take.")
+      .def_property_readonly("activation_bytes", &rt::Model::activation_bytes,
+                             "Device memory each Instance takes for activations (shared by lifetime).")
       .def("instance", [](const rt::Model& mo) {
         auto p = std::make_unique<PyInstance>();
         p->instance = without_gil([&] { return mo.instance(); });

@@ -98,6 +98,7 @@ def test_fp32_mlp_matches_numpy_and_specs_describe_the_fixed_shapes(dev, mlp):
     assert [(s.name, s.shape, str(s.dtype)) for s in model.inputs] == [("x", (BATCH, 16), "f32")]
     assert [(s.name, s.shape) for s in model.outputs] == [("probs", (BATCH, 10))]
     assert model.weight_bytes >= (32 * 16 + 32 + 10 * 32 + 10) * 4
+    assert model.activation_bytes >= (BATCH * 16 + BATCH * 10) * 4  # the input and the output at least
     x = RNG.standard_normal((BATCH, 16)).astype(np.float32)
     (probs,) = model.instance().run(x)
     assert probs.dtype == np.float32 and probs.shape == (BATCH, 10)

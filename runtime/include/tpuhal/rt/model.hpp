@@ -76,6 +76,9 @@ class Model {
   // The Meta section: producer, source, precision, calibration, ...
   const std::map<std::string, std::string>& meta() const;
   std::uint64_t weight_bytes() const;  // device memory the weights take
+  // Device memory each Instance takes for its activations (tensors share it
+  // where their lifetimes allow).
+  std::uint64_t activation_bytes() const;
   Device device() const;
 
   // A new instance: allocates its activation buffers and records its
