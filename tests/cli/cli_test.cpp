@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -155,6 +157,41 @@ TEST(Cli, MistakesGiveAClearMessageAndExitCode) {
   Output bad_size = run("demo --size 12345");
   EXPECT_EQ(bad_size.code, 2);
   EXPECT_THAT(bad_size.out, HasSubstr("multiple of 4 KiB"));
+}
+
+// The pcie provider on this machine's real PCI bus: a function named in
+// TPUHAL_PCIE_IDS is listed with what libpci and sysfs say about it.
+TEST(Cli, ListShowsPciFunctionsNamedInTpuhalPcieIds) {
+  std::string bdf, vendor, device;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/sys/bus/pci/devices", ec)) {
+    std::ifstream v(e.path() / "vendor"), d(e.path() / "device");
+    if (v >> vendor && d >> device) {
+      bdf = e.path().filename().string();
+      break;
+    }
+  }
+  if (bdf.empty()) GTEST_SKIP() << "this machine shows no PCI functions in /sys/bus/pci/devices";
+  const std::string id = vendor.substr(2) + ":" + device.substr(2);  // "0x8086" -> "8086"
+  Output j = run("list --json", "TPUHAL_SIM_BOARDS= TPUHAL_PCIE_IDS=" + id);
+  ASSERT_EQ(j.code, 0) << j.out;
+  bool found = false;
+  for (auto& d : parse_json(j.out)) {
+    if (d["uri"] != "pcie:" + bdf) continue;
+    found = true;
+    EXPECT_EQ(d["driver"], "tpu-pcie");
+    EXPECT_THAT(d["board"].get<std::string>(), HasSubstr(bdf + " " + id + " class "));
+    EXPECT_THAT(d["board"].get<std::string>(), HasSubstr(" NUMA "));
+  }
+  EXPECT_TRUE(found) << j.out;
+
+  Output bad = run("info pcie:zz");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_THAT(bad.out, HasSubstr("'pcie:zz' names no PCI address"));
+  Output ids = run("list", "TPUHAL_PCIE_IDS=zz");
+  EXPECT_EQ(ids.code, 0) << ids.out;  // the other drivers still list their devices
+  EXPECT_THAT(ids.out, HasSubstr("sim:0"));
+  EXPECT_THAT(ids.out, HasSubstr("(pcie: TPUHAL_PCIE_IDS: 'zz' is not a vendor:device pair"));
 }
 
 }  // namespace
