@@ -575,6 +575,23 @@ volatile std::byte* reg_at(const PciDevice& d, std::uint32_t index, std::uint64_
                                         " (" + hex(b.size()) + " bytes) is unaligned or out of range");
   return b.data() + offset;
 }
+// Before a posted MMIO write (a doorbell): every earlier store to memory the
+// device reads (descriptors, also write-combined or non-temporal ones)
+// reaches it first. On x86 stores to ordinary memory are already ordered
+// before an uncached store; sfence orders write-combined and streaming
+// stores too, and its "memory" clobber keeps the compiler from moving
+// stores across. (Not std::atomic_thread_fence: ThreadSanitizer cannot
+// model fences, and this orders stores against a device, not a thread.)
+inline void store_barrier() {
+#if defined(__x86_64__)
+  __asm__ __volatile__("sfence" ::: "memory");
+#elif defined(__aarch64__)
+  __asm__ __volatile__("dmb oshst" ::: "memory");
+#else
+  __sync_synchronize();
+#endif
+}
+
 }  // namespace
 
 std::uint32_t PciDevice::read32(std::uint32_t index, std::uint64_t offset) const {
@@ -582,10 +599,7 @@ std::uint32_t PciDevice::read32(std::uint32_t index, std::uint64_t offset) const
 }
 void PciDevice::write32(std::uint32_t index, std::uint64_t offset, std::uint32_t value) const {
   auto* p = reinterpret_cast<volatile std::uint32_t*>(reg_at(*this, index, offset, 4));
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // earlier stores reach memory first
-#if defined(__x86_64__)
-  __asm__ __volatile__("sfence" ::: "memory");
-#endif
+  store_barrier();
   *p = value;
 }
 std::uint64_t PciDevice::read64(std::uint32_t index, std::uint64_t offset) const {
@@ -593,10 +607,7 @@ std::uint64_t PciDevice::read64(std::uint32_t index, std::uint64_t offset) const
 }
 void PciDevice::write64(std::uint32_t index, std::uint64_t offset, std::uint64_t value) const {
   auto* p = reinterpret_cast<volatile std::uint64_t*>(reg_at(*this, index, offset, 8));
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-#if defined(__x86_64__)
-  __asm__ __volatile__("sfence" ::: "memory");
-#endif
+  store_barrier();
   *p = value;
 }
 
