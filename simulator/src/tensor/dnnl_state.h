@@ -13,7 +13,13 @@
 namespace tpuhal::sim::tensor {
 
 struct DnnlState {
-  explicit DnnlState(unsigned n) : threads(static_cast<int>(n)) {}
+  explicit DnnlState(unsigned n) : threads(static_cast<int>(n)) {
+    // No VTune JIT profiling: otherwise each thread that generates its first
+    // kernel tries to dlopen the profiler's libJitPI.so, and the failed
+    // dlopen leaves glibc's per-thread error buffer behind (which
+    // LeakSanitizer reports when the process exits at the wrong moment).
+    dnnl::set_jit_profiling_flags(0);
+  }
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   int threads;
