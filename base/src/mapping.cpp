@@ -1,5 +1,6 @@
 #include "tpuhal/base/mapping.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -72,13 +73,15 @@ Mapping Mapping::anonymous(std::size_t bytes, Options options) {
   return m;
 }
 
-Mapping Mapping::memfd(const std::string& name, std::size_t bytes) {
+Mapping Mapping::memfd(const std::string& name, std::size_t bytes, Options options) {
   const std::size_t size = align_up(bytes == 0 ? 1 : bytes, page_size());
-  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC));
+  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw std::system_error(errno, std::generic_category(), "memfd_create " + name);
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0)
     throw std::system_error(errno, std::generic_category(),
                             "sizing memfd " + name + " to " + format_bytes(size));
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    throw std::system_error(errno, std::generic_category(), "sealing memfd " + name);
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
                    fd.get(), 0);
   if (p == MAP_FAILED)
@@ -88,7 +91,20 @@ Mapping Mapping::memfd(const std::string& name, std::size_t bytes) {
   m.data_ = static_cast<std::byte*>(p);
   m.size_ = size;
   m.fd_ = std::move(fd);
+  if (options.huge_pages) ::madvise(p, size, MADV_HUGEPAGE);
+  if (options.populate && ::madvise(p, size, MADV_POPULATE_WRITE) != 0) {
+    const int err = errno;
+    if (err != EINVAL)
+      throw std::system_error(err, std::generic_category(),
+                              "populating " + format_bytes(size) + " of memfd " + name);
+    const std::size_t page = page_size();
+    for (std::size_t off = 0; off < size; off += page)
+      static_cast<volatile std::byte*>(p)[off] = std::byte{0};
+  }
+  if (options.lock) m.locked_ = ::mlock(p, size) == 0;
   return m;
 }
+
+Mapping Mapping::memfd(const std::string& name, std::size_t bytes) { return memfd(name, bytes, Options{}); }
 
 }  // namespace tpuhal::base

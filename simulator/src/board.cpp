@@ -1,6 +1,8 @@
 // The board's register file: one switch for reads, one for writes, in the
 // manner of a datasheet (docs/simulator.md describes each register's effect).
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -28,11 +30,13 @@ constexpr std::uint32_t kFirmwareBuildId = 0x20261101;
 
 }  // namespace
 
-Board::Impl::Impl(BoardProfile p)
+Board::Impl::Impl(BoardProfile p, BoardOptions options)
     : profile(std::move(p)),
       // Sparse: pages appear when first touched, in huge pages where the
       // kernel allows (a 12 GiB board costs nothing until used).
-      dram(base::Mapping::anonymous(profile.dram_bytes, {.noreserve = true, .huge_pages = true})),
+      dram(options.shared_dram
+               ? base::Mapping::memfd("tpuhal-sim-dram", profile.dram_bytes, {.huge_pages = true})
+               : base::Mapping::anonymous(profile.dram_bytes, {.noreserve = true, .huge_pages = true})),
       dma(dram.data(), profile.dram_bytes, iommu) {
   const std::uint32_t nq = profile.total_queues();
   for (std::uint32_t v = 0; v <= nq; ++v) vectors.push_back(base::make_eventfd());
@@ -414,7 +418,29 @@ void Board::Impl::run_mailbox(std::uint32_t cmd) {
 
 // ---- Board -----------------------------------------------------------------
 
-Board::Board(BoardProfile profile) : impl_(std::make_unique<Impl>(std::move(profile))) {}
+Board::Board(BoardProfile profile, BoardOptions options)
+    : impl_(std::make_unique<Impl>(std::move(profile), options)) {}
+
+int Board::dram_fd() const noexcept { return impl_->dram.fd(); }
+
+std::uint64_t Board::dram_resident_bytes() const noexcept {
+  const auto page = base::page_size();
+  if (impl_->dram.fd() >= 0) {
+    struct stat st {};
+    if (::fstat(impl_->dram.fd(), &st) != 0) return 0;
+    return static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  // Anonymous DRAM: count the pages mincore() reports present.
+  const std::size_t pages = impl_->dram.size() / page;
+  std::vector<unsigned char> present(std::min<std::size_t>(pages, 1u << 20));
+  std::uint64_t resident = 0;
+  for (std::size_t first = 0; first < pages; first += present.size()) {
+    const std::size_t n = std::min(present.size(), pages - first);
+    if (::mincore(impl_->dram.data() + first * page, n * page, present.data()) != 0) return 0;
+    for (std::size_t i = 0; i < n; ++i) resident += (present[i] & 1) ? page : 0;
+  }
+  return resident;
+}
 Board::~Board() = default;
 
 const BoardProfile& Board::profile() const noexcept { return impl_->profile; }

@@ -60,7 +60,7 @@ struct QueueState {
 };
 
 struct Board::Impl {
-  explicit Impl(BoardProfile p);
+  Impl(BoardProfile p, BoardOptions options);
   ~Impl();
 
   std::uint32_t read(std::uint32_t offset) noexcept;

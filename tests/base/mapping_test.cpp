@@ -179,5 +179,20 @@ TEST(BaseFd, EventfdHelpersTolerateBadDescriptors) {
   EXPECT_EQ(eventfd_drain(-1), 0u);
 }
 
+TEST(BaseMapping, MemfdSizeIsSealed) {
+  const std::size_t page = page_size();
+  Mapping m = Mapping::memfd("tpuhal-sealed", 2 * page, {.populate = true});
+  const int seals = ::fcntl(m.fd(), F_GET_SEALS);
+  ASSERT_GE(seals, 0);
+  EXPECT_TRUE(seals & F_SEAL_SHRINK);
+  EXPECT_TRUE(seals & F_SEAL_GROW);
+  EXPECT_TRUE(seals & F_SEAL_SEAL);
+  // Neither shrinking nor growing is allowed, so no mapping of it can fault.
+  EXPECT_NE(::ftruncate(m.fd(), 0), 0);
+  EXPECT_NE(::ftruncate(m.fd(), static_cast<off_t>(4 * page)), 0);
+  m.data()[2 * page - 1] = std::byte{7};
+  EXPECT_EQ(m.data()[2 * page - 1], std::byte{7});
+}
+
 }  // namespace
 }  // namespace tpuhal::base

@@ -3,7 +3,9 @@
 // code is involved.
 #include "tpuhal/sim/board.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 
 #include <gtest/gtest.h>
 
@@ -204,6 +206,35 @@ class SimBoard : public ::testing::Test {
 };
 
 // ---- Identity ---------------------------------------------------------------------
+
+TEST(SimBoardSharedDram, DramInAMemfdIsTheApertureAnotherMappingSees) {
+  Board board(load_profile("tiny"), BoardOptions{.shared_dram = true});
+  const int fd = board.dram_fd();
+  ASSERT_GE(fd, 0);
+  // Sealed: whoever maps it cannot be faulted by a truncation.
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  EXPECT_TRUE(seals & F_SEAL_SHRINK);
+  EXPECT_TRUE(seals & F_SEAL_GROW);
+  const std::uint64_t before = board.dram_resident_bytes();
+  const std::size_t bytes = board.aperture().size();
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  auto* other = static_cast<std::byte*>(p);
+  board.aperture()[4096] = std::byte{0x3C};
+  EXPECT_EQ(other[4096], std::byte{0x3C});
+  other[8192] = std::byte{0x7E};
+  EXPECT_EQ(board.aperture()[8192], std::byte{0x7E});
+  EXPECT_GE(board.dram_resident_bytes(), before + 2 * 4096);
+  ::munmap(p, bytes);
+}
+
+TEST(SimBoardSharedDram, PrivateDramHasNoFdAndCountsWhatIsTouched) {
+  Board board(load_profile("tiny"));
+  EXPECT_EQ(board.dram_fd(), -1);
+  const std::uint64_t before = board.dram_resident_bytes();
+  std::memset(board.aperture().data(), 1, 1 << 20);
+  EXPECT_GE(board.dram_resident_bytes(), before + (1 << 20));
+}
 
 TEST_F(SimBoard, IdentityRegistersDescribeTheTinyProfile) {
   EXPECT_EQ(r(reg::kIdMagic), fw::kIdMagic);

@@ -26,6 +26,7 @@ const Entry kCommands[] = {
     {"decode", cmd_decode, "decode a video or JPEG file on a board's video decoder (--md5 per frame)"},
     {"compile", cmd_compile, "compile an ONNX model for the board in fp32, fp16, bf16 or calibrated int8"},
     {"model-info", cmd_model_info, "check a compiled model and print its inputs, outputs, precision, report"},
+    {"sim", cmd_sim, "`sim serve --socket PATH`: serve simulated boards to other processes (simd:PATH#N)"},
 };
 
 void usage(std::FILE* out) {
@@ -38,9 +39,10 @@ void usage(std::FILE* out) {
   std::fprintf(out,
                "\n'tpuhal COMMAND --help' describes a command's options.\n\n"
                "Devices are named by URI: sim:0 is the first simulated board (TPUHAL_SIM_BOARDS\n"
-               "lists their profiles), sim:PROFILE a simulated board of a profile (sim:tiny).\n"
+               "lists their profiles), sim:PROFILE a simulated board of a profile (sim:tiny),\n"
+               "simd:PATH#N board N of the simulator daemon on socket PATH (tpuhal sim serve).\n"
                "Environment: TPUHAL_LOG=debug|info|warn (or e.g. warn,sim=trace), TPUHAL_WAIT,\n"
-               "TPUHAL_TIMEOUT, TPUHAL_SIM_BOARDS, TPUHAL_PROFILE_PATH (see docs/).\n");
+               "TPUHAL_TIMEOUT, TPUHAL_SIM_BOARDS, TPUHAL_PROFILE_PATH, TPUHAL_SIMD (see docs/).\n");
 }
 
 }  // namespace

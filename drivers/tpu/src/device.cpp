@@ -104,7 +104,7 @@ class HostBuffer final : public driver::BufferBackend {
              std::uint64_t size, std::uint64_t mapped_size, bool imported)
       : dev_(std::move(dev)), mapping_(std::move(mapping)), data_(data), size_(size),
         mapped_size_(mapped_size), imported_(imported) {
-    iova_ = dev_->map_host(data_, mapped_size_, imported_);
+    iova_ = dev_->map_host(data_, mapped_size_, imported_, imported_ ? nullptr : &mapping_);
   }
   ~HostBuffer() override { dev_->unmap_host(iova_, mapped_size_, imported_); }
 
@@ -272,7 +272,7 @@ void TpuDevice::read_properties() {
   props_.peak_fp32_tflops = t.read32(fw::reg::kFp32Gflops) / 1000.0;
   props_.decode_channels = t.read32(fw::reg::kDecodeChannels);
   props_.caps.map_device_memory = caps_ & fw::kCapUnifiedMemory;
-  props_.caps.import_host_memory = true;
+  props_.caps.import_host_memory = t.can_map_any_memory();
   props_.caps.wait_value = caps_ & fw::kCapWaitValue;
   props_.caps.timestamps = caps_ & fw::kCapTimestamp;
   // Tensor ops arrived with interface 1.1.
@@ -342,8 +342,12 @@ void TpuDevice::setup_status_pages() {
   // One page per hardware queue, for the life of the device: a queue may wait
   // on another's timeline, so these never move.
   const std::size_t bytes = hw_queues_.size() * fw::kQueueStatusPageSize;
-  status_pages_ = base::Mapping::anonymous(bytes, {.populate = true, .lock = true});
-  status_pages_iova_ = map_host(status_pages_.data(), status_pages_.size(), /*imported=*/true);
+  try {
+    status_pages_ = transport_->allocate_host(bytes);
+  } catch (const std::system_error& e) {
+    throw Error(Status::OutOfMemory, props_.uri + ": cannot allocate the queues' status pages: " + e.what());
+  }
+  status_pages_iova_ = map_host(status_pages_.data(), status_pages_.size(), /*imported=*/true, &status_pages_);
   for (std::size_t q = 0; q < hw_queues_.size(); ++q) {
     hw_queues_[q]->page = reinterpret_cast<fw::QueueStatusPage*>(status_pages_.data() +
                                                                  q * fw::kQueueStatusPageSize);
@@ -425,7 +429,8 @@ void TpuDevice::free_device(std::size_t heap, std::uint64_t address) noexcept {
     log->error("{}: free of unknown device address {:#x} in heap '{}'", uri(), address, heaps_[heap].name);
 }
 
-std::uint64_t TpuDevice::map_host(void* ptr, std::uint64_t size, bool imported) {
+std::uint64_t TpuDevice::map_host(void* ptr, std::uint64_t size, bool imported,
+                                  const base::Mapping* memory) {
   std::uint64_t iova;
   {
     std::lock_guard lock(mem_mu_);
@@ -435,7 +440,11 @@ std::uint64_t TpuDevice::map_host(void* ptr, std::uint64_t size, bool imported) 
     iova = *a;
   }
   try {
-    transport_->map_dma(iova, ptr, size, /*device_writes=*/true);
+    if (memory)
+      transport_->map_dma_memory(iova, *memory, static_cast<std::byte*>(ptr) - memory->data(), size,
+                                 /*device_writes=*/true);
+    else
+      transport_->map_dma(iova, ptr, size, /*device_writes=*/true);
   } catch (...) {
     std::lock_guard lock(mem_mu_);
     iova_.free(iova);
@@ -470,7 +479,7 @@ std::shared_ptr<driver::BufferBackend> TpuDevice::allocate(std::uint64_t size, M
       throw Error(Status::OutOfMemory, uri() + ": " + format_bytes(size) + " of pinned host memory is more than this host has");
     base::Mapping m;
     try {
-      m = base::Mapping::anonymous(size, {.populate = true, .lock = true, .huge_pages = size >= (2u << 20)});
+      m = transport_->allocate_host(size);
     } catch (const std::system_error& e) {
       throw Error(Status::OutOfMemory,
                   uri() + ": cannot allocate " + format_bytes(size) + " of pinned host memory: " + e.what());
@@ -493,6 +502,11 @@ std::shared_ptr<driver::BufferBackend> TpuDevice::allocate(std::uint64_t size, M
 }
 
 std::shared_ptr<driver::BufferBackend> TpuDevice::import_host(void* ptr, std::uint64_t size) {
+  if (!props_.caps.import_host_memory)
+    throw Error(Status::Unsupported,
+                uri() + ": importing caller memory is unsupported on " + props_.bus +
+                    " (caps.import_host_memory is false: the board reaches only host memory the "
+                    "transport allocates); allocate Memory::HostPinned instead");
   const auto page = base::page_size();
   if (reinterpret_cast<std::uintptr_t>(ptr) % page || size % page)
     throw Error(Status::InvalidArgument,

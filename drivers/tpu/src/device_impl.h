@@ -84,8 +84,10 @@ class TpuDevice final : public driver::DeviceBackend,
   std::pair<std::size_t, std::uint64_t> allocate_device(std::uint64_t size, Memory memory,
                                                         const AllocOptions& options);
   void free_device(std::size_t heap, std::uint64_t address) noexcept;
-  // Host memory mapped for DMA: returns the IOVA.
-  std::uint64_t map_host(void* ptr, std::uint64_t size, bool imported);
+  // Host memory mapped for DMA: returns the IOVA. `memory` is the
+  // transport's allocation behind ptr, or null for imported memory.
+  std::uint64_t map_host(void* ptr, std::uint64_t size, bool imported,
+                         const base::Mapping* memory = nullptr);
   void unmap_host(std::uint64_t iova, std::uint64_t size, bool imported) noexcept;
 
   HwQueue& hw_queue(std::uint32_t q) noexcept { return *hw_queues_[q]; }

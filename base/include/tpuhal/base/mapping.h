@@ -29,7 +29,11 @@ class Mapping {
   // Private anonymous memory, page-aligned, zero-filled. Throws
   // std::system_error naming the size on failure.
   static Mapping anonymous(std::size_t bytes, Options options);
-  // A shared mapping of a new memfd of `bytes` (sparse until touched).
+  // A shared mapping of a new memfd of `bytes` (sparse until touched, unless
+  // options.populate). The file's size is sealed (F_SEAL_SHRINK, F_SEAL_GROW,
+  // F_SEAL_SEAL), so another process it is passed to can map it without
+  // fearing SIGBUS from a truncation.
+  static Mapping memfd(const std::string& name, std::size_t bytes, Options options);
   static Mapping memfd(const std::string& name, std::size_t bytes);
 
   std::byte* data() const noexcept { return data_; }

@@ -56,9 +56,16 @@ struct Fault {
 // naming the item at fault.
 std::vector<Fault> parse_faults(std::string_view spec);
 
+struct BoardOptions {
+  // Back DRAM with a memfd (size-sealed; see dram_fd()) instead of private
+  // anonymous memory, so that another process can map the aperture: the
+  // simulator daemon passes it to its clients. Sparse either way.
+  bool shared_dram = false;
+};
+
 class Board {
  public:
-  explicit Board(BoardProfile profile);
+  explicit Board(BoardProfile profile, BoardOptions options = {});
   ~Board();
   Board(const Board&) = delete;
   Board& operator=(const Board&) = delete;
@@ -74,6 +81,12 @@ class Board {
 
   // BAR2: the host-visible window onto DRAM [0, profile().aperture_bytes).
   std::span<std::byte> aperture() noexcept;
+
+  // The memfd behind DRAM when BoardOptions::shared_dram, else -1. Its
+  // first profile().aperture_bytes are the aperture.
+  int dram_fd() const noexcept;
+  // Bytes of DRAM backed by memory now (pages the board or host touched).
+  std::uint64_t dram_resident_bytes() const noexcept;
 
   // The IOMMU domain through which the board reaches host memory.
   IommuDomain& iommu() noexcept;

@@ -11,6 +11,8 @@
 #include <span>
 #include <string>
 
+#include "tpuhal/base/mapping.h"
+
 namespace tpuhal::tpu {
 
 class Transport {
@@ -35,8 +37,25 @@ class Transport {
   // IOVA `iova` (the driver chooses IOVAs in fw::kHostWindowBase..End).
   // All three are page-aligned. Throws tpuhal::Error on failure.
   virtual void map_dma(std::uint64_t iova, void* host, std::uint64_t size, bool device_writes) = 0;
-  // Removes a mapping made by map_dma; returns once the board can no longer
-  // reach it. Never throws.
+  // Host memory the board can reach once mapped: the driver allocates its
+  // pinned host buffers and status pages here and maps them with
+  // map_dma_memory. The default is populated anonymous memory (locked where
+  // RLIMIT_MEMLOCK allows); a transport whose board lives in another process
+  // returns memory it can share with it. Throws std::system_error or
+  // tpuhal::Error on failure.
+  virtual base::Mapping allocate_host(std::uint64_t bytes) {
+    return base::Mapping::anonymous(bytes, {.populate = true, .lock = true, .huge_pages = bytes >= (2u << 20)});
+  }
+  // map_dma for [offset, offset + size) of memory from allocate_host.
+  virtual void map_dma_memory(std::uint64_t iova, const base::Mapping& memory, std::uint64_t offset,
+                              std::uint64_t size, bool device_writes) {
+    map_dma(iova, memory.data() + offset, size, device_writes);
+  }
+  // Whether map_dma can map memory the caller allocated (import_host).
+  virtual bool can_map_any_memory() const { return true; }
+
+  // Removes a mapping made by map_dma or map_dma_memory; returns once the
+  // board can no longer reach it. Never throws.
   virtual void unmap_dma(std::uint64_t iova, std::uint64_t size) noexcept = 0;
 
   // Interrupt vectors as file descriptors that become readable when the

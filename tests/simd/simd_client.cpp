@@ -1,0 +1,40 @@
+// A client process for the simulator daemon's tests: opens a simd: device,
+// leaves a secret in its host and device memory, prints where, and holds
+// everything until its standard input closes (or it is killed).
+//
+//   simd_client URI SECRET_BYTE
+// prints "ready HOST_IOVA DEVICE_ADDRESS RESIDENT_BYTES" once set up.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "tpuhal/tpuhal.hpp"
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: simd_client URI SECRET_BYTE\n");
+    return 2;
+  }
+  try {
+    const auto secret = static_cast<unsigned char>(std::strtoul(argv[2], nullptr, 0));
+    tpuhal::Device dev = tpuhal::open(argv[1]);
+    constexpr std::uint64_t kBytes = 1 << 20;
+    tpuhal::Buffer host = dev.allocate(kBytes, tpuhal::Memory::HostPinned);
+    tpuhal::Buffer device = dev.allocate(kBytes, tpuhal::Memory::Device);
+    std::memset(host.map().data(), secret, kBytes);
+    dev.queue().copy(host, device).submit().wait();
+    std::printf("ready %llu %llu\n", static_cast<unsigned long long>(host.device_address()),
+                static_cast<unsigned long long>(device.device_address()));
+    std::fflush(stdout);
+    char c;
+    while (::read(0, &c, 1) > 0) {
+    }
+    return 0;
+  } catch (const tpuhal::Error& e) {
+    std::fprintf(stderr, "simd_client: %s\n", e.what());
+    return 1;
+  }
+}

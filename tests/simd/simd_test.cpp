@@ -1,0 +1,482 @@
+// The simulator daemon (tpuhal-simd) and the simd: transport: devices served
+// to other processes, isolation between them, protocol errors, permissions,
+// and what happens when a client or the daemon dies.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tpuhal/base/fd.h"
+#include "tpuhal/base/mapping.h"
+#include "tpuhal/fw/command.h"
+#include "tpuhal/simd/protocol.h"
+#include "tpuhal/tpu/device.h"
+#include "tpuhal/tpu/simd_provider.h"
+#include "tpuhal/tpuhal.hpp"
+
+extern char** environ;
+
+namespace tpuhal {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+// A child process with its stdin and stdout piped.
+struct Process {
+  pid_t pid = -1;
+  base::UniqueFd in, out;
+
+  Process(const std::vector<std::string>& argv, const std::vector<std::string>& env_extra = {}) {
+    int to_child[2], from_child[2];
+    if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+    for (auto& e : env_extra) env_strings.push_back(e);
+    std::vector<char*> env;
+    for (auto& e : env_strings) env.push_back(e.data());
+    env.push_back(nullptr);
+    const int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), env.data());
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    in.reset(to_child[1]);
+    out.reset(from_child[0]);
+    if (rc != 0) throw std::runtime_error("posix_spawn " + argv[0] + ": " + std::strerror(rc));
+  }
+  ~Process() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+
+  // A line of its output, waiting at most `timeout`; empty on EOF or timeout.
+  std::string read_line(std::chrono::milliseconds timeout = 30s) {
+    std::string line;
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return {};
+      pollfd p{out.get(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char c;
+      if (::read(out.get(), &c, 1) != 1) return {};
+      if (c == '\n') return line;
+      line += c;
+    }
+  }
+
+  // Its exit status (as waitpid reports it), waiting at most `timeout`;
+  // -1 if it is still running.
+  int wait(std::chrono::milliseconds timeout = 30s) {
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return status;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+};
+
+// A daemon in a private temporary directory.
+struct Daemon {
+  std::filesystem::path dir;
+  std::string socket;
+  std::unique_ptr<Process> process;
+
+  explicit Daemon(std::vector<std::string> args = {"--board", "tiny", "--vfs", "2"},
+                  std::vector<std::string> env = {}, std::vector<std::string> program = {TPUHAL_SIMD_BIN}) {
+    char tmpl[] = "/tmp/tpuhal-simd-test-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    socket = (dir / "simd.sock").string();
+    program.push_back("--socket");
+    program.push_back(socket);
+    args.insert(args.begin(), program.begin(), program.end());
+    process = std::make_unique<Process>(args, env);
+    const std::string line = process->read_line();
+    if (line.find("serving") == std::string::npos)
+      throw std::runtime_error("tpuhal-simd did not start (said '" + line + "')");
+  }
+  ~Daemon() {
+    if (process && process->pid > 0) {
+      ::kill(process->pid, SIGTERM);
+      process->wait(20s);
+    }
+    process.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string uri(int board = 0) const { return "simd:" + socket + "#" + std::to_string(board); }
+  void kill9() {
+    ::kill(process->pid, SIGKILL);
+    process->wait();
+  }
+};
+
+template <class F>
+Error error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  return Error(Status::Ok, "no error");
+}
+
+// ---- Basics ----------------------------------------------------------------------
+
+TEST(Simd, TheSocketIsOwnerOnlyAndServedOnce) {
+  Daemon d;
+  struct stat st {};
+  ASSERT_EQ(::lstat(d.socket.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_uid, ::getuid());
+  // A second daemon on the same socket refuses, and the first carries on.
+  Process second({TPUHAL_SIMD_BIN, "--socket", d.socket});
+  const int status = second.wait();
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_EQ(tpu::simd_boards(d.socket).size(), 1u);
+}
+
+TEST(Simd, AStaleSocketIsReplacedAndAFileIsNot) {
+  char tmpl[] = "/tmp/tpuhal-simd-test-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(tmpl);
+  const std::string socket = (dir / "simd.sock").string();
+  {
+    // A socket nobody listens on any more, as a daemon killed leaves.
+    base::UniqueFd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
+    ASSERT_EQ(::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  }
+  {
+    Process p({TPUHAL_SIMD_BIN, "--socket", socket, "--board", "tiny"});
+    EXPECT_THAT(p.read_line(), HasSubstr("serving"));
+    EXPECT_EQ(tpu::simd_boards(socket).size(), 1u);
+    ::kill(p.pid, SIGTERM);
+    const int status = p.wait();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    EXPECT_FALSE(std::filesystem::exists(socket));  // removed on the way out
+  }
+  // A regular file at the path is not the daemon's to remove.
+  { std::ofstream(socket) << "data"; }
+  Process p({TPUHAL_SIMD_BIN, "--socket", socket, "--board", "tiny"});
+  const int status = p.wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_TRUE(std::filesystem::is_regular_file(socket));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Simd, ABoardDividedIntoTooManyVfsIsRefusedAtStart) {
+  char tmpl[] = "/tmp/tpuhal-simd-test-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(tmpl);
+  const std::string socket = (dir / "simd.sock").string();
+  Process p({TPUHAL_SIMD_BIN, "--socket", socket, "--board", "tiny", "--vfs", "5000"});
+  const int status = p.wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_FALSE(std::filesystem::exists(socket));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Simd, ACopyRoundTripsThroughTheDaemon) {
+  Daemon d;
+  Device dev = open(d.uri());
+  const auto& p = dev.properties();
+  EXPECT_EQ(p.driver, "tpu-simd");
+  EXPECT_THAT(p.bus, HasSubstr("VF 0 of 2"));
+  EXPECT_EQ(p.memory_bytes, 32ull << 20);  // tiny's 64 MiB in two VFs
+  EXPECT_FALSE(p.caps.import_host_memory);
+
+  constexpr std::uint64_t n = 256 << 10;
+  Buffer src = dev.allocate(n, Memory::HostPinned);
+  Buffer mid = dev.allocate(n, Memory::Device);
+  Buffer dst = dev.allocate(n, Memory::HostPinned);
+  for (std::uint64_t i = 0; i < n; ++i) src.map()[i] = std::byte(i * 7 + 3);
+  std::memset(dst.map().data(), 0, n);
+  dev.queue().copy(src, mid).copy(mid, dst).submit().wait(10s);
+  EXPECT_EQ(std::memcmp(src.map().data(), dst.map().data(), n), 0);
+
+  // The aperture is shared memory: what the host writes there the board
+  // copies out.
+  Buffer visible = dev.allocate(4096, Memory::DeviceHostVisible);
+  std::memset(visible.map().data(), 0x5C, 4096);
+  dev.queue().copy(visible, 0, dst, 0, 4096).submit().wait(10s);
+  EXPECT_EQ(dst.map()[0], std::byte{0x5C});
+  EXPECT_EQ(dst.map()[4095], std::byte{0x5C});
+}
+
+TEST(Simd, TpuhalSimServeRunsTheDaemon) {
+  Daemon d({"--board", "tiny", "--vfs", "3"}, {}, {TPUHAL_CLI, "sim", "serve"});
+  Device dev = open(d.uri());
+  EXPECT_THAT(dev.properties().bus, HasSubstr("VF 0 of 3"));
+}
+
+TEST(Simd, ImportingCallerMemoryIsAClearError) {
+  Daemon d;
+  Device dev = open(d.uri());
+  void* mem = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  Error e = error_of([&] { dev.import_host(mem, 4096); });
+  ::munmap(mem, 4096);
+  EXPECT_EQ(e.status(), Status::Unsupported);
+  EXPECT_THAT(e.what(), HasSubstr("caps.import_host_memory is false"));
+}
+
+TEST(Simd, EnumerateListsTheBoardsOfTheDaemonsNamed) {
+  Daemon d({"--board", "tiny", "--board", "edge-soc", "--vfs", "2"});
+  ::setenv("TPUHAL_SIMD", d.socket.c_str(), 1);
+  auto all = enumerate();
+  ::unsetenv("TPUHAL_SIMD");
+  std::vector<std::string> simd;
+  for (auto& i : all)
+    if (i.uri.starts_with("simd:")) simd.push_back(i.uri);
+  EXPECT_EQ(simd, (std::vector<std::string>{d.uri(0), d.uri(1)}));
+  Device soc = open(d.uri(1));
+  EXPECT_THAT(soc.properties().bus, HasSubstr("edge-soc"));
+}
+
+TEST(Simd, BadUrisAndAMissingDaemonAreClearErrors) {
+  Daemon d;
+  EXPECT_EQ(error_of([&] { open(d.uri(7)); }).status(), Status::NotFound);
+  EXPECT_THAT(error_of([&] { open(d.uri(7)); }).what(), HasSubstr("no board 7"));
+  EXPECT_EQ(error_of([&] { open("simd:" + d.socket + "#x"); }).status(), Status::InvalidArgument);
+  Error e = error_of([&] { open("simd:" + (d.dir / "nobody.sock").string() + "#0"); });
+  EXPECT_EQ(e.status(), Status::NotFound);
+  EXPECT_THAT(e.what(), HasSubstr("no simulator daemon answers"));
+}
+
+TEST(Simd, WhenEveryVfIsInUseTheNextOpenIsRefused) {
+  Daemon d;
+  // Below the HAL, which shares one device among opens of the same URI.
+  auto provider = tpu::make_simd_provider();
+  auto a = provider->open(d.uri());
+  auto b = provider->open(d.uri());
+  EXPECT_THAT(b->properties().bus, HasSubstr("VF 1 of 2"));
+  Error e = error_of([&] { provider->open(d.uri()); });
+  EXPECT_EQ(e.status(), Status::ResourceExhausted);
+  EXPECT_THAT(e.what(), HasSubstr("all 2 VFs are in use"));
+  a.reset();  // frees its VF
+  const auto deadline = Clock::now() + 10s;
+  while (tpu::simd_boards(d.socket)[0].vfs_in_use != 1 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  auto c = provider->open(d.uri());
+  EXPECT_THAT(c->properties().bus, HasSubstr("VF 0 of 2"));
+}
+
+// ---- Protocol errors -----------------------------------------------------------------
+
+struct RawClient {
+  base::UniqueFd sock;
+  explicit RawClient(const std::string& path) {
+    sock.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+    if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw std::runtime_error("connect");
+  }
+  simd::Message reply() {
+    simd::Message m;
+    EXPECT_EQ(simd::receive_message(sock.get(), m, 10000ms), 0);
+    return m;
+  }
+  std::string error_reply() {
+    simd::Message m = reply();
+    EXPECT_EQ(m.header.type, simd::MsgType::kError);
+    const auto* e = m.as<simd::ErrorReply>();
+    return e ? simd::get_field(e->message) : std::string();
+  }
+};
+
+TEST(Simd, ABadMessageGetsAnErrorAndTheDaemonKeepsServing) {
+  Daemon d;
+  RawClient raw(d.socket);
+  ASSERT_EQ(::send(raw.sock.get(), "hello", 5, 0), 5);
+  EXPECT_THAT(raw.error_reply(), HasSubstr("shorter than the 16-byte header"));
+
+  simd::Header h;
+  h.magic = 0x12345678;
+  ASSERT_EQ(::send(raw.sock.get(), &h, sizeof h, 0), static_cast<ssize_t>(sizeof h));
+  EXPECT_THAT(raw.error_reply(), HasSubstr("magic 0x12345678"));
+  h = simd::Header{};
+  h.body_bytes = 100;
+  ASSERT_EQ(::send(raw.sock.get(), &h, sizeof h, 0), static_cast<ssize_t>(sizeof h));
+  EXPECT_THAT(raw.error_reply(), HasSubstr("announcing 100 body bytes, with 0 sent"));
+
+  ASSERT_EQ(simd::send_message(raw.sock.get(), static_cast<simd::MsgType>(77), {}), 0);
+  EXPECT_THAT(raw.error_reply(), HasSubstr("message type 77"));
+  ASSERT_EQ(simd::send_struct(raw.sock.get(), simd::MsgType::kMapDma, simd::MapDmaRequest{}), 0);
+  EXPECT_THAT(raw.error_reply(), HasSubstr("not attached"));
+  ASSERT_EQ(simd::send_struct(raw.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{9, 0}), 0);
+  EXPECT_THAT(raw.error_reply(), HasSubstr("no board 9"));
+
+  // Attached, it may only map sealed memfds, page-aligned, within them.
+  ASSERT_EQ(simd::send_struct(raw.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{0, 0}), 0);
+  EXPECT_EQ(raw.reply().header.type, simd::MsgType::kAttached);
+  base::UniqueFd unsealed(::memfd_create("unsealed", MFD_CLOEXEC));
+  ASSERT_EQ(::ftruncate(unsealed.get(), 8192), 0);
+  simd::MapDmaRequest req{fw::kHostWindowBase + (1ull << 30), 0, 4096, simd::kRead, 0};
+  int fd = unsealed.get();
+  ASSERT_EQ(simd::send_struct(raw.sock.get(), simd::MsgType::kMapDma, req, {&fd, 1}), 0);
+  EXPECT_THAT(raw.error_reply(), HasSubstr("not sealed"));
+  base::Mapping sealed = base::Mapping::memfd("sealed", 8192);
+  fd = sealed.fd();
+  req.offset = 4096;
+  req.size = 8192;
+  ASSERT_EQ(simd::send_struct(raw.sock.get(), simd::MsgType::kMapDma, req, {&fd, 1}), 0);
+  EXPECT_THAT(raw.error_reply(), HasSubstr("inside the 0x2000-byte memfd"));
+  ASSERT_EQ(simd::send_struct(raw.sock.get(), simd::MsgType::kUnmapDma, simd::UnmapDmaRequest{req.iova, 4096}), 0);
+  EXPECT_THAT(raw.error_reply(), HasSubstr("no DMA mapping at IOVA"));
+  req.offset = 0;
+  req.size = 4096;
+  ASSERT_EQ(simd::send_struct(raw.sock.get(), simd::MsgType::kMapDma, req, {&fd, 1}), 0);
+  EXPECT_EQ(raw.reply().header.type, simd::MsgType::kOk);
+
+  // The same connection still answers, and another client works.
+  ASSERT_EQ(simd::send_message(raw.sock.get(), simd::MsgType::kList, {}), 0);
+  EXPECT_EQ(raw.reply().header.type, simd::MsgType::kBoards);
+  Device dev = open(d.uri());
+  Buffer buf = dev.allocate(4096, Memory::HostPinned);
+  dev.queue().fill(buf, 0, 4096, 0x42).submit().wait(10s);
+  EXPECT_EQ(buf.map()[4095], std::byte{0x42});
+  const auto stats = tpu::simd_stats(d.socket);
+  EXPECT_GE(stats.protocol_errors, 5u);
+  EXPECT_EQ(stats.vfs, 2u);
+}
+
+// ---- Death ---------------------------------------------------------------------------------
+
+TEST(Simd, AKilledClientLeavesNoVfAndNoDeviceMemory) {
+  Daemon d;
+  Process client({SIMD_CLIENT_BIN, d.uri(), "0xA5"});
+  ASSERT_THAT(client.read_line(), HasSubstr("ready"));
+  auto stats = tpu::simd_stats(d.socket);
+  ASSERT_EQ(stats.vfs, 1u);
+  EXPECT_EQ(stats.vf[0].pid, client.pid);
+  EXPECT_GE(stats.vf[0].dram_resident_bytes, 1u << 20);  // the 1 MiB it copied in
+  EXPECT_GE(stats.vf[0].dma_mappings, 2u);               // status pages and its buffer
+  EXPECT_EQ(tpu::simd_boards(d.socket)[0].vfs_in_use, 1u);
+
+  ::kill(client.pid, SIGKILL);
+  client.wait();
+  const auto deadline = Clock::now() + 10s;
+  while ((stats = tpu::simd_stats(d.socket)).vfs != 0 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(stats.vfs, 0u);
+  EXPECT_EQ(tpu::simd_boards(d.socket)[0].vfs_in_use, 0u);
+}
+
+TEST(Simd, AKilledDaemonFailsAPendingWaitAndTheNextCallWithDeviceLost) {
+  // Every VF's first compute command hangs: the wait below stays pending.
+  Daemon d({"--board", "tiny", "--vfs", "2"}, {"TPUHAL_SIM_FAULTS=hang:queue=0"});
+  Device dev = open(d.uri());
+  Buffer h = dev.allocate(4096, Memory::HostPinned);
+  Queue q = dev.queue(Engine::Compute);
+  Fence f = q.fill(h, 0, 4096, 1).submit();
+  std::thread killer([&] {
+    std::this_thread::sleep_for(300ms);
+    d.kill9();
+  });
+  const auto start = Clock::now();
+  Error e = error_of([&] { f.wait(60s); });
+  const auto took = Clock::now() - start;
+  killer.join();
+  EXPECT_EQ(e.status(), Status::DeviceLost) << e.what();
+  EXPECT_LT(took, 15s);
+  // And every call after.
+  EXPECT_EQ(error_of([&] { dev.allocate(4096, Memory::HostPinned); }).status(), Status::DeviceLost);
+  EXPECT_EQ(error_of([&] { dev.queue(Engine::Copy).fill(h, 0, 4096, 2).submit().wait(10s); }).status(),
+            Status::DeviceLost);
+}
+
+// ---- Isolation -----------------------------------------------------------------------------
+
+fw::CommandDescriptor copy_desc(std::uint64_t src, std::uint64_t dst, std::uint64_t size) {
+  fw::CommandDescriptor c{};
+  c.opcode = static_cast<std::uint16_t>(fw::Opcode::kCopy);
+  c.args[0] = src;
+  c.args[1] = dst;
+  c.args[2] = size;
+  return c;
+}
+
+driver::Timeline settle(driver::QueueBackend& q, std::uint64_t value) {
+  const auto deadline = Clock::now() + 10s;
+  for (;;) {
+    auto t = q.timeline();
+    if (t.completed >= value || t.failed || Clock::now() > deadline) return t;
+    q.block(value, 100ms);
+  }
+}
+
+TEST(Simd, AProcessReachesNeitherAnothersHostMemoryNorItsDeviceMemory) {
+  Daemon d;
+  // Process A leaves 0xA5 in its pinned host buffer and its device buffer.
+  Process a({SIMD_CLIENT_BIN, d.uri(), "0xA5"});
+  const std::string ready = a.read_line();
+  unsigned long long a_iova = 0, a_device = 0;
+  ASSERT_EQ(std::sscanf(ready.c_str(), "ready %llu %llu", &a_iova, &a_device), 2) << ready;
+
+  // Process B (this one), on the same board, names A's addresses in its
+  // own descriptors.
+  auto provider = tpu::make_simd_provider();
+  auto b = provider->open(d.uri());
+  auto q1 = b->create_queue(Engine::Compute, {});
+  auto q2 = b->create_queue(Engine::Compute, {});
+  constexpr std::uint64_t n = 64 << 10;
+  auto b_device = b->allocate(n, Memory::Device, {});
+  // A's host IOVA is not mapped in B's IOMMU domain: a DMA fault.
+  const fw::CommandDescriptor read_a_host[] = {copy_desc(a_iova, b_device->device_address(), n)};
+  auto t = settle(*q1, tpu::submit_raw(*q1, read_a_host));
+  ASSERT_TRUE(t.failed);
+  Error e = q1->failure();
+  EXPECT_EQ(e.status(), Status::DeviceFault);
+  EXPECT_THAT(e.what(), HasSubstr("DMA"));
+
+  // A's device address is B's own DRAM at that address: never A's data.
+  auto b_host = b->allocate(n, Memory::HostPinned, {});
+  std::memset(b_host->map().data(), 0x11, n);
+  const fw::CommandDescriptor read_a_device[] = {copy_desc(a_device, b_host->device_address(), n)};
+  t = settle(*q2, tpu::submit_raw(*q2, read_a_device));
+  ASSERT_FALSE(t.failed) << q2->failure().what();
+  const auto* bytes = reinterpret_cast<const unsigned char*>(b_host->map().data());
+  std::size_t secret = 0;
+  for (std::uint64_t i = 0; i < n; ++i) secret += bytes[i] == 0xA5;
+  EXPECT_EQ(secret, 0u);
+  EXPECT_EQ(bytes[0], 0u);  // B's DRAM there was never written
+  a.in.reset();             // A exits cleanly
+  const int status = a.wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+}  // namespace
+}  // namespace tpuhal

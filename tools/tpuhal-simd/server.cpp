@@ -1,0 +1,506 @@
+#include "server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+
+#include "tpuhal/base/log.h"
+#include "tpuhal/base/mapping.h"
+#include "tpuhal/base/units.h"
+#include "tpuhal/base/wait.h"
+#include "tpuhal/sim/board.h"
+#include <spdlog/spdlog.h>
+
+namespace tpuhal::simd {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Status values of tpuhal::Status, which the daemon does not link.
+enum : std::uint32_t {
+  kInvalidArgument = 1,
+  kNotFound = 3,
+  kOutOfMemory = 5,
+  kResourceExhausted = 6,
+  kFailedPrecondition = 12,
+  kPermissionDenied = 14,
+};
+
+constexpr std::uint64_t kVfUnit = 64 << 10;
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+std::string hex(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%#llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Drains one client's register channel into its VF's board: posted writes
+// in order, reads answered in order behind them.
+void drain(Channel& ch, sim::Board& board, const std::atomic<bool>& stop, std::uint64_t spin_ns,
+           bool sleep_after_write) {
+  std::uint32_t head = ch.head.load(std::memory_order_relaxed);
+  std::uint64_t idle_since = base::monotonic_ns();
+  while (!stop.load(std::memory_order_relaxed)) {
+    const std::uint32_t tail = ch.tail.load(std::memory_order_acquire);
+    if (tail != head) {
+      if (tail - head > kRingEntries) {
+        // The client wrote nonsense into its own channel: skip what it
+        // claims, and so only its own registers suffer.
+        head = tail;
+        ch.head.store(head, std::memory_order_release);
+        continue;
+      }
+      bool answered_read = false;
+      while (head != tail) {
+        const RegRequest r = ch.ring[head % kRingEntries];
+        answered_read = false;
+        if (r.op == static_cast<std::uint32_t>(RegOp::kWrite)) {
+          board.mmio_write32(r.offset, r.value);
+        } else if (r.op == static_cast<std::uint32_t>(RegOp::kRead)) {
+          answered_read = true;
+          ch.response_value.store(board.mmio_read32(r.offset), std::memory_order_relaxed);
+          ch.response_seq.store(r.seq, std::memory_order_seq_cst);
+          if (ch.client_waiting.load(std::memory_order_seq_cst)) shared_futex_wake(ch.response_seq);
+        }
+        ++head;
+      }
+      ch.head.store(head, std::memory_order_release);
+      // Reads come in bursts (a register read is usually followed by more):
+      // poll for the next one. On a host with few cores a posted write ends
+      // the burst (the client goes on without an answer; a doorbell is
+      // followed by a wait on a fence): sleep at once and leave the cores to
+      // the client and the command processor the doorbell woke, since three
+      // spinning threads on two cores starve one another.
+      idle_since = answered_read || !sleep_after_write ? base::monotonic_ns() : base::monotonic_ns() - spin_ns;
+      continue;
+    }
+    if (base::monotonic_ns() - idle_since < spin_ns) {
+      // Poll. With few cores, give the core to any other runnable thread
+      // on each turn: the VF's command processor may need it more.
+      if (sleep_after_write) ::sched_yield();
+      else base::cpu_relax();
+      continue;
+    }
+    // Sleep; the client kicks the futex when it sees daemon_sleeping.
+    ch.daemon_sleeping.store(1, std::memory_order_seq_cst);
+    if (ch.tail.load(std::memory_order_seq_cst) == head) shared_futex_wait(ch.tail, head, 50ms);
+    ch.daemon_sleeping.store(0, std::memory_order_relaxed);
+    idle_since = base::monotonic_ns();
+  }
+}
+
+}  // namespace
+
+sim::BoardProfile vf_profile(const sim::BoardProfile& board, std::uint32_t vfs) {
+  if (vfs == 0) throw sim::ProfileError("--vfs must be at least 1");
+  auto share = [&](std::uint64_t v) { return v / vfs / kVfUnit * kVfUnit; };
+  sim::BoardProfile p = board;
+  p.dram_bytes = share(board.dram_bytes);
+  p.aperture_bytes = board.aperture_bytes == board.dram_bytes ? p.dram_bytes : share(board.aperture_bytes);
+  for (auto& r : p.regions) {
+    r.base = share(r.base);
+    r.size = share(r.size);
+    if (r.size == 0)
+      throw sim::ProfileError("board '" + board.name + "' divided into " + std::to_string(vfs) +
+                              " VFs leaves memory region '" + r.name + "' empty; use fewer --vfs");
+    if (r.host_visible && r.base + r.size > p.aperture_bytes) r.size = p.aperture_bytes - r.base;
+  }
+  // Rings need host-visible memory: one 4096-entry ring of 64-byte
+  // descriptors per queue at least.
+  if (p.aperture_bytes < std::uint64_t{p.total_queues()} * 4096 * 64)
+    throw sim::ProfileError("board '" + board.name + "' divided into " + std::to_string(vfs) + " VFs leaves " +
+                            base::format_bytes(p.aperture_bytes) + " of aperture per VF, too little for " +
+                            std::to_string(p.total_queues()) + " queue rings; use fewer --vfs");
+  return p;
+}
+
+struct Server::BoardSlot {
+  sim::BoardProfile profile;  // the whole board
+  sim::BoardProfile vf;       // one VF's share
+  std::vector<bool> used;     // guarded by Server::mu_
+};
+
+struct Server::Client {
+  base::UniqueFd sock;
+  pid_t pid = 0;
+  std::thread thread;
+  std::atomic<bool> finished{false};
+
+  // Attached: set by the client's thread under Server::mu_, read by stats.
+  std::uint32_t board_index = 0;
+  std::uint32_t vf = 0;
+  std::unique_ptr<sim::Board> board;
+  base::Mapping channel;
+  std::atomic<bool> drain_stop{false};
+  std::thread drain;
+  struct Dma {
+    void* host;
+    std::uint64_t size;
+  };
+  std::map<std::uint64_t, Dma> dma;  // by IOVA; the client's thread only
+};
+
+Server::Server(ServerOptions options) : options_(std::move(options)) {
+  if (options_.boards.empty()) options_.boards.push_back("bm1684x");
+  if (options_.boards.size() > kMaxBoards)
+    throw std::runtime_error("at most " + std::to_string(kMaxBoards) + " boards per daemon");
+  for (const auto& name : options_.boards) {
+    auto slot = std::make_unique<BoardSlot>();
+    slot->profile = sim::load_profile(name);
+    slot->vf = vf_profile(slot->profile, options_.vfs);
+    slot->used.assign(options_.vfs, false);
+    boards_.push_back(std::move(slot));
+  }
+  stop_ = base::make_eventfd();
+
+  const std::string& path = options_.socket_path;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr.sun_path)
+    throw std::runtime_error("socket path '" + path + "' is empty or longer than " +
+                             std::to_string(sizeof addr.sun_path - 1) + " bytes");
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) throw std::runtime_error(path + " exists and is not a socket");
+    base::UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (probe && ::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0)
+      throw std::runtime_error("a daemon already serves " + path);
+    ::unlink(path.c_str());  // left behind by one that died
+  }
+  listen_.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!listen_) throw std::runtime_error("socket(): " + errno_text(errno));
+  // Owner-only from the first moment: no window in which another user
+  // could connect.
+  const mode_t old_mask = ::umask(0177);
+  const int rc = ::bind(listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  const int bind_err = errno;
+  ::umask(old_mask);
+  if (rc != 0) throw std::runtime_error("bind " + path + ": " + errno_text(bind_err));
+  if (::chmod(path.c_str(), 0600) != 0 || ::lstat(path.c_str(), &st) != 0 || (st.st_mode & 0777) != 0600 ||
+      st.st_uid != ::getuid()) {
+    ::unlink(path.c_str());
+    throw std::runtime_error("cannot make " + path + " owner-only (mode 0600)");
+  }
+  if (::listen(listen_.get(), 64) != 0) {
+    ::unlink(path.c_str());
+    throw std::runtime_error("listen on " + path + ": " + errno_text(errno));
+  }
+}
+
+Server::~Server() {
+  stop();
+  std::list<std::unique_ptr<Client>> clients;
+  {
+    std::lock_guard lock(mu_);
+    clients.swap(clients_);
+  }
+  for (auto& c : clients) c->thread.join();
+  ::unlink(options_.socket_path.c_str());
+}
+
+void Server::stop() noexcept { base::eventfd_signal(stop_.get()); }
+
+void Server::reap_finished() {
+  std::list<std::unique_ptr<Client>> done;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      if ((*it)->finished.load()) {
+        done.push_back(std::move(*it));
+        it = clients_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& c : done) c->thread.join();
+}
+
+void Server::run() {
+  auto log = base::logger("simd");
+  log->info("serving {} board(s) on {}, {} VF(s) each", boards_.size(), options_.socket_path, options_.vfs);
+  pollfd p[2] = {{listen_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+  for (;;) {
+    const int n = ::poll(p, 2, 1000);
+    reap_finished();
+    if (n < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text(errno));
+    if (n <= 0) continue;
+    if (p[1].revents) break;
+    if (!(p[0].revents & POLLIN)) continue;
+    base::UniqueFd sock(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!sock) continue;
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(sock.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::getuid()) {
+      send_error(sock.get(), kPermissionDenied,
+                 "the simulator daemon serves only its own user (uid " + std::to_string(::getuid()) + ")");
+      log->warn("refused a client of uid {}", cred.uid);
+      continue;
+    }
+    auto client = std::make_unique<Client>();
+    client->sock = std::move(sock);
+    client->pid = cred.pid;
+    Client& c = *client;
+    std::lock_guard lock(mu_);
+    clients_.push_back(std::move(client));
+    c.thread = std::thread([this, &c] {
+      serve(c);
+      c.finished.store(true);
+    });
+  }
+  log->info("stopping");
+}
+
+void Server::serve(Client& client) {
+  auto log = base::logger("simd");
+  pollfd p[2] = {{client.sock.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+  for (;;) {
+    const int n = ::poll(p, 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || p[1].revents) break;
+    Message m;
+    std::string why;
+    const int err = receive_message(client.sock.get(), m, -1ms, &why);
+    if (err == EPROTO) {
+      protocol_errors_.fetch_add(1);
+      log->warn("client pid {}: {}", client.pid, why);
+      send_error(client.sock.get(), kInvalidArgument, "the simulator daemon cannot read " + why);
+      continue;
+    }
+    if (err) break;  // hung up, or died
+    handle(client, m);
+  }
+  detach(client);
+}
+
+void Server::handle(Client& client, Message& m) {
+  const int sock = client.sock.get();
+  switch (m.header.type) {
+    case MsgType::kList: return reply_boards(client);
+    case MsgType::kStats: return reply_stats(client);
+    case MsgType::kAttach: return attach(client, m);
+    case MsgType::kMapDma: return map_dma(client, m);
+    case MsgType::kUnmapDma: return unmap_dma(client, m);
+    default:
+      protocol_errors_.fetch_add(1);
+      send_error(sock, kInvalidArgument,
+                 "the simulator daemon does not take " + to_string(m.header.type) + " from a client");
+  }
+}
+
+void Server::reply_boards(Client& client) {
+  BoardsReply r;
+  std::lock_guard lock(mu_);
+  r.count = static_cast<std::uint32_t>(boards_.size());
+  for (std::size_t i = 0; i < boards_.size(); ++i) {
+    const BoardSlot& b = *boards_[i];
+    BoardInfo& info = r.boards[i];
+    set_field(info.profile, b.profile.name);
+    set_field(info.model, b.profile.model);
+    set_field(info.bus, b.profile.bus);
+    info.board_dram_bytes = b.profile.dram_bytes;
+    info.vf_dram_bytes = b.vf.dram_bytes;
+    info.vfs_total = static_cast<std::uint32_t>(b.used.size());
+    for (bool u : b.used) info.vfs_in_use += u;
+  }
+  send_struct(client.sock.get(), MsgType::kBoards, r);
+}
+
+void Server::reply_stats(Client& client) {
+  StatsReply r;
+  std::lock_guard lock(mu_);
+  r.boards = static_cast<std::uint32_t>(boards_.size());
+  r.protocol_errors = protocol_errors_.load();
+  for (auto& c : clients_) {
+    if (!c->board || r.vfs >= kMaxVfStats) continue;
+    VfStats& s = r.vf[r.vfs++];
+    s.board = c->board_index;
+    s.vf = c->vf;
+    s.pid = c->pid;
+    s.dram_resident_bytes = c->board->dram_resident_bytes();
+    s.dma_mappings = static_cast<std::uint32_t>(c->board->iommu().mapping_count());
+    s.dma_mapped_bytes = c->board->iommu().mapped_bytes();
+  }
+  send_struct(client.sock.get(), MsgType::kStatsReply, r);
+}
+
+void Server::attach(Client& client, const Message& m) {
+  const int sock = client.sock.get();
+  const auto* req = m.as<AttachRequest>();
+  if (!req) {
+    protocol_errors_.fetch_add(1);
+    send_error(sock, kInvalidArgument, "attach: a body of " + std::to_string(m.body.size()) + " bytes, " +
+                                           std::to_string(sizeof(AttachRequest)) + " expected");
+    return;
+  }
+  if (client.board) {
+    send_error(sock, kFailedPrecondition, "attach: this connection already holds VF " + std::to_string(client.vf) +
+                                              " of board " + std::to_string(client.board_index));
+    return;
+  }
+  if (req->board >= boards_.size()) {
+    send_error(sock, kNotFound, "no board " + std::to_string(req->board) + ": this daemon serves " +
+                                    std::to_string(boards_.size()) + " (#0.." + std::to_string(boards_.size() - 1) +
+                                    ")");
+    return;
+  }
+  BoardSlot& slot = *boards_[req->board];
+  std::uint32_t vf = 0;
+  {
+    std::lock_guard lock(mu_);
+    while (vf < slot.used.size() && slot.used[vf]) ++vf;
+    if (vf == slot.used.size()) {
+      send_error(sock, kResourceExhausted,
+                 "board " + std::to_string(req->board) + " (" + slot.profile.name + "): all " +
+                     std::to_string(slot.used.size()) + " VFs are in use, its " +
+                     base::format_bytes(slot.profile.dram_bytes) + " of DRAM granted " +
+                     base::format_bytes(slot.vf.dram_bytes) + " each (tpuhal-simd --vfs sets how many)");
+      return;
+    }
+    slot.used[vf] = true;
+  }
+  std::unique_ptr<sim::Board> board;
+  base::Mapping channel;
+  try {
+    board = std::make_unique<sim::Board>(slot.vf, sim::BoardOptions{.shared_dram = true});
+    channel = base::Mapping::memfd("tpuhal-simd-channel", sizeof(Channel));
+    new (channel.data()) Channel();
+  } catch (const std::exception& e) {
+    std::lock_guard lock(mu_);
+    slot.used[vf] = false;
+    send_error(sock, kOutOfMemory, "cannot create VF " + std::to_string(vf) + " of board " +
+                                       std::to_string(req->board) + ": " + e.what());
+    return;
+  }
+  AttachedReply r;
+  {
+    std::lock_guard lock(mu_);
+    set_field(r.board.profile, slot.profile.name);
+    set_field(r.board.model, slot.profile.model);
+    set_field(r.board.bus, slot.profile.bus);
+    r.board.board_dram_bytes = slot.profile.dram_bytes;
+    r.board.vf_dram_bytes = slot.vf.dram_bytes;
+    r.board.vfs_total = static_cast<std::uint32_t>(slot.used.size());
+    for (bool u : slot.used) r.board.vfs_in_use += u;
+  }
+  r.vf = vf;
+  r.vectors = board->interrupt_vectors();
+  r.dram_bytes = slot.vf.dram_bytes;
+  r.aperture_bytes = slot.vf.aperture_bytes;
+  r.channel_bytes = channel.size();
+  std::vector<int> fds = {board->dram_fd(), channel.fd()};
+  for (std::uint32_t v = 0; v < r.vectors; ++v) fds.push_back(board->interrupt_fd(v));
+
+  auto* ch = reinterpret_cast<Channel*>(channel.data());
+  sim::Board& b = *board;
+  {
+    std::lock_guard lock(mu_);
+    client.board_index = req->board;
+    client.vf = vf;
+    client.board = std::move(board);
+    client.channel = std::move(channel);
+  }
+  client.drain_stop.store(false);
+  const std::uint64_t spin_ns = std::uint64_t{options_.spin_us} * 1000;
+  // Polling after a doorbell pays where the client, this thread and the
+  // command processor each have a core.
+  const bool sleep_after_write = std::thread::hardware_concurrency() < 4;
+  client.drain = std::thread([ch, &b, &client, spin_ns, sleep_after_write] {
+    drain(*ch, b, client.drain_stop, spin_ns, sleep_after_write);
+  });
+  if (send_struct(sock, MsgType::kAttached, r, fds) != 0) return;  // gone: serve() ends and detaches
+  base::logger("simd")->info("client pid {} attached to VF {} of board {} ({})", client.pid, vf, req->board,
+                             slot.profile.name);
+}
+
+void Server::map_dma(Client& client, Message& m) {
+  const int sock = client.sock.get();
+  auto bad = [&](std::uint32_t status, const std::string& msg) {
+    protocol_errors_.fetch_add(status == kInvalidArgument);
+    send_error(sock, status, "map-dma: " + msg);
+  };
+  const auto* req = m.as<MapDmaRequest>();
+  if (!req) return bad(kInvalidArgument, "a body of " + std::to_string(m.body.size()) + " bytes");
+  if (!client.board) return bad(kFailedPrecondition, "the connection is not attached to a board");
+  if (m.fds.size() != 1)
+    return bad(kInvalidArgument, std::to_string(m.fds.size()) + " descriptors sent, one memfd expected");
+  const int fd = m.fds[0].get();
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return bad(kInvalidArgument, "the descriptor is not a memfd");
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK))
+    return bad(kInvalidArgument, "the memory's size is not sealed (F_SEAL_SHRINK); the board could fault on it");
+  const auto page = base::page_size();
+  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  if (req->size == 0 || req->size % page || req->offset % page || req->size > file_size ||
+      req->offset > file_size - req->size)
+    return bad(kInvalidArgument, "range offset " + hex(req->offset) + " size " + hex(req->size) +
+                                     " is not page-aligned inside the " + hex(file_size) + "-byte memfd");
+  if (req->access == 0 || (req->access & ~std::uint32_t{kRead | kWrite}))
+    return bad(kInvalidArgument, "access bits " + hex(req->access) + " (read 1, write 2)");
+  void* host = ::mmap(nullptr, req->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(req->offset));
+  if (host == MAP_FAILED) return bad(kOutOfMemory, "cannot map the memory: " + errno_text(errno));
+  const std::uint32_t access = ((req->access & kRead) ? sim::kIommuRead : 0u) |
+                               ((req->access & kWrite) ? sim::kIommuWrite : 0u);
+  if (auto why = client.board->iommu().map(req->iova, host, req->size, access); !why.empty()) {
+    ::munmap(host, req->size);
+    return bad(kInvalidArgument, why);
+  }
+  client.dma[req->iova] = {host, req->size};
+  send_message(sock, MsgType::kOk, {});
+}
+
+void Server::unmap_dma(Client& client, const Message& m) {
+  const int sock = client.sock.get();
+  const auto* req = m.as<UnmapDmaRequest>();
+  if (!req) {
+    protocol_errors_.fetch_add(1);
+    send_error(sock, kInvalidArgument, "unmap-dma: a body of " + std::to_string(m.body.size()) + " bytes");
+    return;
+  }
+  auto it = client.dma.find(req->iova);
+  if (!client.board || it == client.dma.end() || it->second.size != req->size) {
+    send_error(sock, kNotFound, "unmap-dma: no DMA mapping at IOVA " + hex(req->iova) + " of size " + hex(req->size));
+    return;
+  }
+  // Returns once no DMA in flight can still touch it.
+  client.board->iommu().unmap(req->iova, req->size);
+  ::munmap(it->second.host, it->second.size);
+  client.dma.erase(it);
+  send_message(sock, MsgType::kOk, {});
+}
+
+void Server::detach(Client& client) noexcept {
+  if (!client.board) return;
+  client.drain_stop.store(true);
+  shared_futex_wake(reinterpret_cast<Channel*>(client.channel.data())->tail);
+  client.drain.join();
+  std::unique_ptr<sim::Board> board;
+  base::Mapping channel;
+  {
+    std::lock_guard lock(mu_);
+    board = std::move(client.board);
+    channel = std::move(client.channel);
+  }
+  board.reset();  // stops its command processors: nothing reaches host memory now
+  for (auto& [iova, d] : client.dma) ::munmap(d.host, d.size);
+  client.dma.clear();
+  std::lock_guard lock(mu_);
+  boards_[client.board_index]->used[client.vf] = false;
+  base::logger("simd")->info("client pid {} left VF {} of board {}", client.pid, client.vf, client.board_index);
+}
+
+}  // namespace tpuhal::simd
