@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <optional>
+
 #include "impl.hpp"
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/units.h"
@@ -121,14 +123,18 @@ void QueueImpl::wait(std::uint64_t value, const WaitPolicy& policy) {
                                              " was never submitted (last " +
                                              std::to_string(last_submitted()) + ")");
   const auto timeout_ns = static_cast<std::uint64_t>(policy.timeout.count());
-  std::uint64_t seen_progress = backend_->progress();
+  // progress() may cost a register read across a bus or a process (it need
+  // not be cheap, unlike timeline()), so it is first read when the wait
+  // looks at stalls, not on every wait: a wait that ends while spinning
+  // never reads it. The stall clock starts at that first read.
+  std::optional<std::uint64_t> seen_progress;
   std::uint64_t seen_completed = backend_->timeline().completed;
   std::uint64_t progress_at = base::monotonic_ns();
   // Returns the time since the queue last moved, noting any movement.
   auto stalled_for = [&](std::uint64_t now) {
     const auto p = backend_->progress();
     const auto c = backend_->timeline().completed;
-    if (p != seen_progress || c != seen_completed) {
+    if (!seen_progress || p != *seen_progress || c != seen_completed) {
       seen_progress = p;
       seen_completed = c;
       progress_at = now;
