@@ -40,9 +40,18 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
       dma(dram.data(), profile.dram_bytes, iommu) {
   const std::uint32_t nq = profile.total_queues();
   for (std::uint32_t v = 0; v <= nq; ++v) vectors.push_back(base::make_eventfd());
+  if (!options.doorbells.empty() && options.doorbells.size() != nq)
+    throw ProfileError("BoardOptions::doorbells: " + std::to_string(options.doorbells.size()) +
+                       " shadow doorbells for " + std::to_string(nq) + " queues");
   for (std::uint32_t q = 0; q < nq; ++q) {
     auto state = std::make_unique<QueueState>();
     state->engine = profile.engine_of_queue(q);
+    if (!options.doorbells.empty()) {
+      state->tail = options.doorbells[q].tail;
+      state->sleeping = options.doorbells[q].sleeping;
+      state->tail->store(0);
+      state->sleeping->store(0);
+    }
     queues.push_back(std::move(state));
   }
   std::memcpy(board_name.data(), profile.model.data(),
@@ -280,7 +289,7 @@ std::uint32_t Board::Impl::read_queue_reg(std::uint32_t qi, std::uint32_t r) con
     case kFenceLo: return q.fence_lo.load();
     case kFenceHi: return q.fence_hi.load();
     case kHead: return q.head.load(std::memory_order_acquire);
-    case kTail: return q.tail.load(std::memory_order_relaxed);
+    case kTail: return q.tail->load(std::memory_order_relaxed);
     case kError: return q.error.load();
     case kProgress: return q.progress.load(std::memory_order_relaxed);
     case kBusyNsLo: return lo(q.busy_ns.load(std::memory_order_relaxed));
@@ -297,7 +306,9 @@ void Board::Impl::write_queue_reg(std::uint32_t qi, std::uint32_t r, std::uint32
   switch (r) {
     case kTail:
       // The doorbell: publish, then wake the command processor if it sleeps.
-      q.tail.store(value, std::memory_order_release);
+      // With a shadow doorbell the host stores TAIL there itself, and the
+      // register write only wakes the processor (BoardOptions::doorbells).
+      if (!q.sleeping) q.tail->store(value, std::memory_order_seq_cst);
       q.doorbell.notify();
       return;
     case kControl:
@@ -340,7 +351,7 @@ void Board::Impl::enable_queue(std::uint32_t qi) {
   if (status_page % 64 || !fw::is_host_address(status_page)) return reject("status page", status_page);
   q.error.store(0);
   q.head.store(0);
-  q.tail.store(0);
+  q.tail->store(0);
   q.status.store(fw::kQueueStatusEnabled);
   q.control.store(fw::kQueueControlEnable);
   if (!q.thread) q.thread = std::make_unique<QueueThread>();
@@ -357,7 +368,7 @@ void Board::Impl::reset_queue(std::uint32_t qi) {
   q.status.store(0);
   q.error.store(0);
   q.head.store(0);
-  q.tail.store(0);
+  q.tail->store(0);
   int_status.fetch_and(~(1u << qi));
 }
 

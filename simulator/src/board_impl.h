@@ -33,8 +33,10 @@ struct QueueState {
 
   // Written by the host: the doorbell. Kept on its own cache line so the
   // command processor's writes below do not bounce it.
-  alignas(64) std::atomic<std::uint32_t> tail{0};
-  base::EventCount doorbell;  // notified on every TAIL write
+  alignas(64) std::atomic<std::uint32_t> tail_word{0};
+  std::atomic<std::uint32_t>* tail = &tail_word;  // or a shadow doorbell (BoardOptions)
+  std::atomic<std::uint32_t>* sleeping = nullptr;  // shadow doorbells: 1 while the processor sleeps
+  base::EventCount doorbell;  // notified on every TAIL register write
 
   // Written by the command processor.
   alignas(64) std::atomic<std::uint32_t> head{0};

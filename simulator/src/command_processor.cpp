@@ -75,11 +75,26 @@ void CommandProcessor::idle_wait(std::uint32_t head) {
   // Spin for the profile's idle window (a busy queue's next doorbell usually
   // arrives within it), then sleep until the doorbell rings.
   auto ready = [&] {
-    return q_.tail.load(std::memory_order_acquire) != head || halted();
+    return q_.tail->load(std::memory_order_seq_cst) != head || halted();
   };
   const auto spin = std::chrono::microseconds(board_.profile.idle_spin_us);
-  base::spin_then_block(ready, q_.doorbell, spin, 100ms,
+  if (!q_.sleeping) {
+    base::spin_then_block(ready, q_.doorbell, spin, 100ms, base::monotonic_ns() + 100'000'000ull);
+    return;
+  }
+  // A shadow doorbell: the host stores TAIL without ringing the register
+  // while we poll. Poll, then say we sleep before the last look (the host
+  // stores TAIL, then reads `sleeping`, both sequentially consistent: one of
+  // the two sees the other) and sleep until it rings the register.
+  const std::uint64_t until = base::monotonic_ns() + static_cast<std::uint64_t>(spin.count()) * 1000;
+  while (base::monotonic_ns() < until) {
+    if (ready()) return;
+    base::cpu_relax();
+  }
+  q_.sleeping->store(1, std::memory_order_seq_cst);
+  base::spin_then_block(ready, q_.doorbell, std::chrono::microseconds(0), 100ms,
                         base::monotonic_ns() + 100'000'000ull);
+  q_.sleeping->store(0, std::memory_order_seq_cst);
 }
 
 void CommandProcessor::run() {
@@ -118,7 +133,7 @@ void CommandProcessor::run_loop() {
   ring_source.mask = mask;
 
   while (!halted()) {
-    const std::uint32_t tail = q_.tail.load(std::memory_order_acquire);
+    const std::uint32_t tail = q_.tail->load(std::memory_order_acquire);
     if (tail == head) {
       idle_wait(head);
       continue;

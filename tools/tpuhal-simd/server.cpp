@@ -141,8 +141,8 @@ struct Server::Client {
   // Attached: set by the client's thread under Server::mu_, read by stats.
   std::uint32_t board_index = 0;
   std::uint32_t vf = 0;
+  base::Mapping channel;  // before board: the board's shadow doorbells live in it
   std::unique_ptr<sim::Board> board;
-  base::Mapping channel;
   std::atomic<bool> drain_stop{false};
   std::thread drain;
   struct Dma {
@@ -375,9 +375,16 @@ void Server::attach(Client& client, const Message& m) {
   std::unique_ptr<sim::Board> board;
   base::Mapping channel;
   try {
-    board = std::make_unique<sim::Board>(slot.vf, sim::BoardOptions{.shared_dram = true});
     channel = base::Mapping::memfd("tpuhal-simd-channel", sizeof(Channel));
-    new (channel.data()) Channel();
+    auto* shared = new (channel.data()) Channel();
+    sim::BoardOptions options{.shared_dram = true, .doorbells = {}};
+    const std::uint32_t queues = slot.vf.total_queues();
+    if (queues > kShadowDoorbells)
+      throw std::runtime_error(std::to_string(queues) + " queues, more than the channel's " +
+                               std::to_string(kShadowDoorbells) + " shadow doorbells");
+    for (std::uint32_t q = 0; q < queues; ++q)
+      options.doorbells.push_back({&shared->doorbell[q].tail, &shared->doorbell[q].sleeping});
+    board = std::make_unique<sim::Board>(slot.vf, std::move(options));
   } catch (const std::exception& e) {
     std::lock_guard lock(mu_);
     slot.used[vf] = false;

@@ -16,12 +16,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/mapping.h"
 #include "tpuhal/base/units.h"
 #include "tpuhal/base/wait.h"
+#include "tpuhal/fw/regs.h"
 #include "tpuhal/tpu/device.h"
 
 namespace tpuhal::tpu {
@@ -130,6 +132,7 @@ class SimdTransport final : public Transport {
     }
     channel_ = static_cast<simd::Channel*>(c);
     tail_ = channel_->tail.load(std::memory_order_relaxed);
+    barrier_ = tail_;
     for (std::size_t i = 2; i < m.fds.size(); ++i) vectors_.push_back(std::move(m.fds[i]));
     watcher_ = std::thread([this] { watch(); });
   }
@@ -181,9 +184,30 @@ class SimdTransport final : public Transport {
   void write32(std::uint32_t offset, std::uint32_t value) override {
     std::lock_guard lock(reg_mu_);
     if (lost_.load(std::memory_order_acquire)) return;
+    if (auto q = doorbell_queue(offset)) {
+      // A queue's doorbell goes to its shadow doorbell, where the command
+      // processor polls; the register write through the ring only wakes a
+      // processor that sleeps (the board takes TAIL from the shadow). It
+      // must not pass an earlier posted write (the queue's configuration,
+      // an enable that zeroes TAIL): wait until the daemon has applied the
+      // last one (rare: queues are set up once). The sequentially
+      // consistent store orders every earlier store to the aperture before
+      // it, as the Transport contract asks.
+      if (!drained(barrier_)) return;
+      auto& db = channel_->doorbell[*q];
+      db.tail.store(value, std::memory_order_seq_cst);
+      if (db.sleeping.load(std::memory_order_seq_cst))
+        push({static_cast<std::uint32_t>(simd::RegOp::kWrite), offset, value, 0});
+      return;
+    }
     // The release store of the ring's tail orders every earlier store to
     // the aperture before the write, as the Transport contract asks.
-    push({static_cast<std::uint32_t>(simd::RegOp::kWrite), offset, value, 0});
+    // Interrupt masking and acknowledgement do not change what a doorbell
+    // does (a completion may always come before an unmask: the driver
+    // re-checks its fence), so doorbells need not wait for them.
+    if (push({static_cast<std::uint32_t>(simd::RegOp::kWrite), offset, value, 0}) &&
+        offset != fw::reg::kIntMask && offset != fw::reg::kIntAck)
+      barrier_ = tail_;
   }
 
   std::span<std::byte> aperture() override { return aperture_; }
@@ -243,6 +267,32 @@ class SimdTransport final : public Transport {
   }
 
  private:
+  // The queue whose TAIL register `offset` is, if it has a shadow doorbell.
+  static std::optional<std::uint32_t> doorbell_queue(std::uint32_t offset) {
+    if (offset < fw::reg::kQueueBase) return std::nullopt;
+    const std::uint32_t q = (offset - fw::reg::kQueueBase) / fw::reg::kQueueStride;
+    if (q >= fw::kMaxQueues || q >= simd::kShadowDoorbells || offset != fw::reg::queue_reg(q, fw::reg::queue::kTail))
+      return std::nullopt;
+    return q;
+  }
+
+  // Waits until the daemon has applied every request up to ring position
+  // `position`; false if the daemon is gone. Caller holds reg_mu_.
+  bool drained(std::uint32_t position) {
+    auto& ch = *channel_;
+    const std::uint64_t start = base::monotonic_ns();
+    while (static_cast<std::int32_t>(ch.head.load(std::memory_order_acquire) - position) < 0) {
+      if (lost_.load(std::memory_order_acquire)) return false;
+      if (base::monotonic_ns() - start > static_cast<std::uint64_t>(std::chrono::nanoseconds(kReplyTimeout).count())) {
+        mark_lost("the daemon applied no register write for " + std::to_string(kReplyTimeout.count()) + " s");
+        return false;
+      }
+      kick();
+      std::this_thread::yield();
+    }
+    return !lost_.load(std::memory_order_acquire);
+  }
+
   // Appends a request to the channel; false if the daemon is gone. Caller
   // holds reg_mu_.
   bool push(const simd::RegRequest& r) {
@@ -323,6 +373,7 @@ class SimdTransport final : public Transport {
   std::mutex reg_mu_;   // the channel has one producer
   std::uint32_t tail_ = 0;      // guarded by reg_mu_
   std::uint32_t read_seq_ = 0;  // guarded by reg_mu_
+  std::uint32_t barrier_ = 0;   // ring position after the last posted write that is not a doorbell; reg_mu_
   std::vector<base::UniqueFd> vectors_;
   std::atomic<bool> lost_{false};
   mutable std::mutex lost_mu_;

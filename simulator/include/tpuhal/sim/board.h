@@ -17,6 +17,7 @@
 // thread-safe. A Board must outlive every pointer into its aperture.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -61,6 +62,19 @@ struct BoardOptions {
   // anonymous memory, so that another process can map the aperture: the
   // simulator daemon passes it to its clients. Sparse either way.
   bool shared_dram = false;
+
+  // Shadow doorbells: where each hardware queue's TAIL register lives, and
+  // a word its command processor sets to 1 while it sleeps, when they live
+  // outside the board (the daemon puts them in memory shared with its
+  // client, which stores TAIL there directly and rings the register only
+  // when the processor sleeps; as NVMe's shadow doorbells). A TAIL register
+  // write then only wakes the queue's processor: the value is the shadow
+  // word's. Empty, or one per hardware queue; they must outlive the board.
+  struct ShadowDoorbell {
+    std::atomic<std::uint32_t>* tail = nullptr;
+    std::atomic<std::uint32_t>* sleeping = nullptr;
+  };
+  std::vector<ShadowDoorbell> doorbells;
 };
 
 class Board {

@@ -26,7 +26,7 @@
 namespace tpuhal::simd {
 
 inline constexpr std::uint32_t kMagic = 0x44534854;  // "THSD"
-inline constexpr std::uint16_t kVersion = 1;
+inline constexpr std::uint16_t kVersion = 2;  // 2: shadow doorbells in the channel
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::size_t kMaxFds = 64;
 
@@ -136,6 +136,18 @@ struct RegRequest {
 };
 
 inline constexpr std::uint32_t kRingEntries = 1024;  // a power of two
+inline constexpr std::uint32_t kShadowDoorbells = 32;  // >= the firmware interface's kMaxQueues
+
+// A hardware queue's shadow doorbell (docs/simd.md): the board's TAIL
+// register for the queue lives here. The client stores TAIL here directly
+// when nothing it posted to the ring is still pending, then rings the
+// register through the ring only if the queue's command processor says it
+// sleeps: a submission then reaches the processor without the daemon's
+// channel thread.
+struct ShadowDoorbell {
+  alignas(64) std::atomic<std::uint32_t> tail{0};      // written by the client (and the board)
+  alignas(64) std::atomic<std::uint32_t> sleeping{0};  // written by the command processor
+};
 
 // Laid out in the channel memfd; every field is shared by the two processes.
 struct Channel {
@@ -148,6 +160,7 @@ struct Channel {
   std::atomic<std::uint32_t> response_seq{0};
   std::atomic<std::uint32_t> response_value{0};
   alignas(64) RegRequest ring[kRingEntries];
+  ShadowDoorbell doorbell[kShadowDoorbells];
 };
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 
