@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "tpuhal/base/env.h"
 #include "tpuhal/base/units.h"
 #include "tpuhal/sim/board.h"
 #include "tpuhal/tpu/device.h"
@@ -38,18 +39,7 @@ class SimTransport final : public Transport {
   std::shared_ptr<sim::Board> board_;
 };
 
-std::vector<std::string> configured_boards() {
-  const char* env = std::getenv("TPUHAL_SIM_BOARDS");
-  std::string_view list = env ? env : "bm1684x";
-  std::vector<std::string> out;
-  while (!list.empty()) {
-    const auto comma = list.find(',');
-    auto item = list.substr(0, comma);
-    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
-    if (!item.empty()) out.emplace_back(item);
-  }
-  return out;
-}
+std::vector<std::string> configured_boards() { return base::env_list("TPUHAL_SIM_BOARDS", "bm1684x"); }
 
 struct OpenBoards {
   std::mutex mu;

@@ -19,6 +19,7 @@
 #include <optional>
 #include <thread>
 
+#include "tpuhal/base/env.h"
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/mapping.h"
 #include "tpuhal/base/units.h"
@@ -381,18 +382,7 @@ class SimdTransport final : public Transport {
   std::thread watcher_;
 };
 
-std::vector<std::string> configured_daemons() {
-  const char* env = std::getenv("TPUHAL_SIMD");
-  std::string_view list = env ? env : "";
-  std::vector<std::string> out;
-  while (!list.empty()) {
-    const auto comma = list.find(',');
-    auto item = list.substr(0, comma);
-    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
-    if (!item.empty()) out.emplace_back(item);
-  }
-  return out;
-}
+std::vector<std::string> configured_daemons() { return base::env_list("TPUHAL_SIMD"); }
 
 class SimdProvider final : public driver::Provider {
  public:
