@@ -142,6 +142,8 @@ struct Daemon {
   }
 };
 
+// Runs `f` and returns the tpuhal::Error it throws; fails the test if it
+// throws nothing.
 template <class F>
 Error error_of(F&& f) {
   try {
@@ -149,7 +151,8 @@ Error error_of(F&& f) {
   } catch (const Error& e) {
     return e;
   }
-  return Error(Status::Ok, "no error");
+  ADD_FAILURE() << "expected a tpuhal::Error";
+  return Error(Status::Ok, "");
 }
 
 // ---- Basics ----------------------------------------------------------------------

@@ -34,8 +34,6 @@ std::vector<std::int64_t> shape_of(const py::handle& h, const std::string& what)
   std::vector<std::int64_t> shape;
   try {
     for (auto d : py::iter(h)) shape.push_back(d.cast<std::int64_t>());
-  } catch (const py::error_already_set&) {
-    throw;
   } catch (const py::cast_error&) {
     fail(Status::InvalidArgument, what + " must be a sequence of integers, not " +
                                       py::str(py::type::of(h).attr("__name__")).cast<std::string>());
