@@ -1883,6 +1883,55 @@ TEST_P(Ops, ConvIntegerAccumulatesExactlyInInt32) {
     }
 }
 
+TEST_P(Ops, GroupedIntegerConvolutionsOneDnnsGemmPathCompensatesWrongly) {
+  // Grouped geometries where oneDNN 2.6's GEMM convolution, given an s8
+  // input or an input zero point, offset every sum of a channel by a
+  // constant. The engine must not hand them to it that way: plain sums,
+  // with an input zero point, and requantised (the fused path).
+  struct Case {
+    std::int64_t groups, og, cg, kh, kw;
+  };
+  const Case cases[] = {{2, 4, 1, 2, 4}, {2, 4, 1, 4, 2}, {2, 4, 1, 8, 1}, {4, 2, 1, 4, 2},
+                        {4, 2, 1, 2, 4}, {4, 2, 1, 8, 1}, {3, 7, 2, 8, 4}, {5, 5, 2, 8, 4}};
+  for (const Case& k : cases)
+    for (DType xt : {DType::I8, DType::U8})
+      for (bool zero_point : {false, true}) {
+        ConvGeom g;
+        g.layout = Layout::NHWC;
+        g.groups = static_cast<std::uint32_t>(k.groups);
+        g.pads = {1, 1, 1, 1};
+        const Host x = rand_int(rng_, xt, img_shape(g.layout, 1, k.groups * k.cg, 12, 9));
+        const Host w = rand_int(rng_, DType::I8, {k.groups * k.og, k.cg, k.kh, k.kw});
+        const std::int64_t zero = zero_point ? (xt == DType::I8 ? 3 : 131) : 0;
+        Host xz(xt, {});
+        xz.v = {static_cast<double>(zero)};
+        const Shape ys = conv_out_shape(x, w.shape, g);
+        const auto acc = ref_conv_int(x, w, g, zero, {}, ys);
+        const std::string what = std::string(to_string(xt)) + " x " + dims(x.shape) + " i8 w " + dims(w.shape) + " " +
+                                 g.text() + (zero_point ? " x zero point " + std::to_string(zero) : "");
+        const Tensor y = lab().output(DType::I32, ys);
+        expect_exact("conv_integer " + what,
+                     lab().run(ops::conv_integer(lab().upload(x), lab().upload(w), y, lab().upload(xz), std::nullopt,
+                                                 g.options()),
+                               y),
+                     as_doubles(acc));
+        // Requantised by a power of two: the fused path's candidate.
+        Host xs(DType::F32, {}), ws(DType::F32, {}), ysc(DType::F32, {}), yz(xt, {});
+        xs.v = {0.5};
+        ws.v = {0.25};
+        ysc.v = {4.0};
+        std::vector<double> want(acc.size());
+        for (std::size_t i = 0; i < acc.size(); ++i) want[i] = requantize(acc[i], 0.5, 0.25, 4.0, 0, xt);
+        const Tensor yq = lab().output(xt, ys);
+        expect_exact("qlinear_conv " + what,
+                     lab().run(ops::qlinear_conv(lab().upload(x), lab().upload(xs), lab().upload(xz), lab().upload(w),
+                                                 lab().upload(ws), lab().upload(Host(DType::I8, {})), lab().upload(ysc),
+                                                 lab().upload(yz), yq, g.options()),
+                               yq),
+                     want);
+      }
+}
+
 TEST_P(Ops, QLinearMatMulRequantisesWithTiesToEvenAndSaturation) {
   for (DType at : {DType::U8, DType::I8})
     for (DType bt : {DType::U8, DType::I8})

@@ -148,7 +148,7 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       conv_key.append("|rq").append(std::to_string(requant->zero)).append(",");
       conv_key.append(reinterpret_cast<const char*>(requant->scales->data()), requant->scales->size() * sizeof(float));
     }
-    if (requant && e.dnnl().no_fused.count(conv_key)) return false;
+    if (e.dnnl().refused.count(conv_key)) return false;
     auto cached = e.dnnl().convs.find(conv_key);
     if (cached == e.dnnl().convs.end()) {
       auto desc = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
@@ -172,9 +172,16 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       }
       e.dnnl().bind_threads();
       dnnl::convolution_forward::primitive_desc made(desc, attr, e.dnnl().engine);
+      const std::string_view impl = made.impl_info_str();
       // The fused path is for speed: a reference implementation is not.
-      if (requant && std::string_view(made.impl_info_str()).starts_with("ref")) {
-        e.dnnl().no_fused.insert(conv_key);
+      // And oneDNN 2.6's GEMM-based grouped int8 convolution compensates
+      // wrongly for some geometries (an s8 input, or an input zero point:
+      // every sum of a channel off by the same constant), so it runs only
+      // on u8 inputs without a zero point, where there is nothing to
+      // compensate; conv_integer() shifts s8 inputs to u8 for it.
+      if ((requant && impl.starts_with("ref")) ||
+          (g.groups > 1 && impl.find("gemm_s8") != std::string_view::npos && (xt == dt::s8 || src_zero))) {
+        e.dnnl().refused.insert(conv_key);
         return false;
       }
       if (e.dnnl().convs.size() > 256) e.dnnl().release_thread();
@@ -389,7 +396,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   const Geometry g(at, x, w, y);
   const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
   if (g.n * g.o * g.oh * g.ow == 0) return;
-  const std::int64_t x_zero = xz ? load_int(xz->data, xz->dtype) : 0;
+  std::int64_t x_zero = xz ? load_int(xz->data, xz->dtype) : 0;
   auto w_zero = [&](std::uint64_t oi) -> std::int64_t { return wz ? load_int(wz->at(oi * wz->strides[0]), wz->dtype) : 0; };
   auto dense = [&](std::uint64_t ni, std::uint64_t oi, std::uint64_t r, std::uint64_t col) {
     return nhwc ? ((ni * g.oh + r) * g.ow + col) * g.o + oi : ((ni * g.o + oi) * g.oh + r) * g.ow + col;
@@ -422,8 +429,25 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
     const auto zero = static_cast<std::int32_t>(x_zero);
     if (dnnl_conv_exact(e, g, x, dnnl_type(x.dtype), w, w.data, y, acc, 255, &zero)) return;
   }
-  const bool onednn =
-      dnnl_conv_exact(e, g, x, dnnl_type(x.dtype), ws, wdata, y, acc, x.dtype == fw::DType::kU8 ? 255 : 128);
+  bool onednn = dnnl_conv_exact(e, g, x, dnnl_type(x.dtype), ws, wdata, y, acc, x.dtype == fw::DType::kU8 ? 255 : 128);
+  // oneDNN refuses some s8 inputs (see dnnl_conv()); as u8, x + 128 with
+  // the zero point moved by as much, they give the same differences.
+  View xin = x;  // the input as the sums below read it
+  std::vector<std::byte> flipped;
+  if (!onednn && x.dtype == fw::DType::kI8 && x.elements() != 0) {
+    std::uint64_t span = 1;
+    for (std::uint32_t d = 0; d < x.rank; ++d) span += (x.shape[d] - 1) * x.strides[d];
+    flipped.resize(span);
+    for (std::uint64_t i = 0; i < span; ++i) flipped[i] = x.data[i] ^ std::byte{0x80};
+    View u = x;
+    u.dtype = fw::DType::kU8;
+    u.data = flipped.data();
+    if (dnnl_conv_exact(e, g, u, dnnl::memory::data_type::u8, ws, wdata, y, acc, 255)) {
+      onednn = true;
+      xin = u;
+      x_zero += 128;
+    }
+  }
   if (!onednn) {
     // Reference: the definition, directly.
     e.pool().parallel_for(g.n * g.o, [&](std::uint64_t begin, std::uint64_t end) {
@@ -440,7 +464,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
                 for (std::uint64_t b = 0; b < g.kw; ++b) {
                   const std::int64_t iw = g.in_col(col, b);
                   if (iw < 0 || iw >= static_cast<std::int64_t>(g.w)) continue;
-                  const std::int64_t xv = load_int(x.at(g.act(x, ni, gi * cg + ci, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))), x.dtype) - x_zero;
+                  const std::int64_t xv = load_int(xin.at(g.act(xin, ni, gi * cg + ci, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))), xin.dtype) - x_zero;
                   const std::int64_t wv = load_int(w.at(Geometry::wgt(w, oi, ci, a, b)), w.dtype) - wzo;
                   s += static_cast<std::uint32_t>(xv * wv);
                 }
@@ -508,7 +532,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
             ++taps;
             if (need_x)
               for (std::uint64_t c = 0; c < g.c; ++c)
-                xsum[c / cg] += load_int(x.at(g.act(x, ni, c, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))), x.dtype);
+                xsum[c / cg] += load_int(xin.at(g.act(xin, ni, c, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))), xin.dtype);
           }
         }
         // fix[o] = 128*X (u8 weights) - wz*X - xz*Wv + xz*wz*N, mod 2^32.

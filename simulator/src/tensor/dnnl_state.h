@@ -67,9 +67,10 @@ struct DnnlState {
     std::thread::id maker;
   };
   std::unordered_map<std::string, Conv> convs;
-  // Convolutions with fused requantisation that oneDNN has only a reference
-  // implementation for (not tried again).
-  std::unordered_set<std::string> no_fused;
+  // Convolutions that dnnl_conv() will not run on oneDNN's choice of
+  // implementation (a reference one for fused requantisation, a wrong one
+  // for some grouped int8 geometries); not tried again.
+  std::unordered_set<std::string> refused;
   void release_thread() {
     const auto me = std::this_thread::get_id();
     for (auto it = convs.begin(); it != convs.end();) it = it->second.maker == me ? convs.erase(it) : std::next(it);
