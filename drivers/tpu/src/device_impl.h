@@ -15,13 +15,15 @@
 #include "tpuhal/fw/command.h"
 #include "tpuhal/fw/regs.h"
 #include "tpuhal/tpu/device.h"
-#include "tpuhal/tpu/range_allocator.h"
+#include "tpuhal/base/range_allocator.h"
 
 namespace spdlog {
 class logger;
 }
 
 namespace tpuhal::tpu {
+
+using base::RangeAllocator;
 
 class TpuQueue;
 struct Slot;

@@ -7,7 +7,7 @@
 #include <map>
 #include <optional>
 
-namespace tpuhal::tpu {
+namespace tpuhal::base {
 
 class RangeAllocator {
  public:
@@ -49,4 +49,4 @@ class RangeAllocator {
   std::uint64_t peak_used_ = 0;
 };
 
-}  // namespace tpuhal::tpu
+}  // namespace tpuhal::base

@@ -1,6 +1,6 @@
 // RangeAllocator: best-fit allocation with alignment and coalescing, used for
 // device memory heaps and the IOVA space.
-#include "tpuhal/tpu/range_allocator.h"
+#include "tpuhal/base/range_allocator.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-namespace tpuhal::tpu {
+namespace tpuhal::base {
 namespace {
 
 constexpr std::uint64_t kKiB = 1024;
@@ -329,4 +329,4 @@ TEST(RangeAllocator, RandomTrafficNeverOverlaps) {
 }
 
 }  // namespace
-}  // namespace tpuhal::tpu
+}  // namespace tpuhal::base

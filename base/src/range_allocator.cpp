@@ -1,6 +1,6 @@
-#include "tpuhal/tpu/range_allocator.h"
+#include "tpuhal/base/range_allocator.h"
 
-namespace tpuhal::tpu {
+namespace tpuhal::base {
 
 namespace {
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
@@ -97,4 +97,4 @@ RangeAllocator::Stats RangeAllocator::stats() const {
   return s;
 }
 
-}  // namespace tpuhal::tpu
+}  // namespace tpuhal::base
