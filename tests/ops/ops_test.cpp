@@ -53,6 +53,7 @@
 #include "tpuhal/tpu/device.h"
 #include "tpuhal/tpu/sim_provider.h"
 #include "tpuhal/tpuhal.hpp"
+#include "support/error_of.hpp"
 
 namespace tpuhal {
 namespace {
@@ -301,16 +302,7 @@ std::uint64_t test_seed() {
   return (std::uint64_t{rd()} << 32) ^ rd();
 }
 
-template <class F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a tpuhal::Error";
-  return Error(Status::Ok, "");
-}
+using test::error_of;
 
 // ---- A device to run ops on ----------------------------------------------------------
 

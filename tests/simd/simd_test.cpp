@@ -29,6 +29,7 @@
 #include "tpuhal/tpu/device.h"
 #include "tpuhal/tpu/simd_provider.h"
 #include "tpuhal/tpuhal.hpp"
+#include "support/error_of.hpp"
 
 extern char** environ;
 
@@ -142,18 +143,7 @@ struct Daemon {
   }
 };
 
-// Runs `f` and returns the tpuhal::Error it throws; fails the test if it
-// throws nothing.
-template <class F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a tpuhal::Error";
-  return Error(Status::Ok, "");
-}
+using test::error_of;
 
 // ---- Basics ----------------------------------------------------------------------
 

@@ -20,6 +20,7 @@
 #include "tpuhal/pcie/pci_device.h"
 #include "tpuhal/pcie/pcie_provider.h"
 #include "tpuhal/sim/profile.h"
+#include "support/error_of.hpp"
 
 namespace fs = std::filesystem;
 using namespace tpuhal;
@@ -177,15 +178,7 @@ OpenOptions with_access(Access a) {
   return o;
 }
 
-template <typename F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  return Error(Status::Ok, "no error was thrown");
-}
+using test::error_of;
 
 }  // namespace
 
