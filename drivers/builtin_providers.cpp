@@ -3,11 +3,19 @@
 #include "tpuhal/pcie/pcie_provider.h"
 #include "tpuhal/tpu/sim_provider.h"
 #include "tpuhal/tpu/simd_provider.h"
+#if TPUHAL_HAVE_CUDA
+#include "tpuhal/cuda/cuda_provider.h"
+#endif
 
 namespace tpuhal::detail {
 
 std::vector<std::shared_ptr<driver::Provider>> builtin_providers() {
-  return {tpu::make_sim_provider(), pcie::make_pcie_provider(), tpu::make_simd_provider()};
+  std::vector<std::shared_ptr<driver::Provider>> all{tpu::make_sim_provider(), pcie::make_pcie_provider(),
+                                                      tpu::make_simd_provider()};
+#if TPUHAL_HAVE_CUDA
+  all.push_back(cuda::make_cuda_provider());
+#endif
+  return all;
 }
 
 }  // namespace tpuhal::detail

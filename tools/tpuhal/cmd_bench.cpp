@@ -32,6 +32,10 @@ int cmd_bench(const std::vector<std::string>& args) {
              "        and H.265 and 192 channels of 360p (clips made with ffmpeg), beside\n"
              "        libavcodec on the same clips and thread count (ratio = device / libavcodec),\n"
              "        and the real-time 1080p30 H.264 channels that rate sustains\n"
+             "On cuda:N, dma and submit compare with the CUDA driver API called directly:\n"
+             "cuMemcpyAsync of the same sizes, and an empty kernel through cuLaunchKernel\n"
+             "(ratio = shim / raw driver; overhead_us = round trip above the raw launch);\n"
+             "the machine's floors stay beside them.\n"
              "Figures are medians over rounds that alternate the device and its baseline.",
              &rc))
     return rc;

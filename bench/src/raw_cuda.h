@@ -1,0 +1,37 @@
+// The CUDA driver API called directly, as an application would without
+// tpuhal: the baseline `tpuhal bench` puts beside the shim's own figures on
+// cuda:N, measured in the same run. It loads the same library the shim does
+// (TPUHAL_CUDA_LIBRARY or libcuda.so.1) but none of the shim's code.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace tpuhal::bench {
+
+class RawCuda {
+ public:
+  // The baseline for the device `uri` ("cuda:N") with a pinned host buffer
+  // and a device buffer of `max_bytes` each; null, with `why`, when `uri` is
+  // not a CUDA device or the driver cannot give one.
+  static std::unique_ptr<RawCuda> open(const std::string& uri, std::uint64_t max_bytes, std::string* why);
+  ~RawCuda();
+  RawCuda(const RawCuda&) = delete;
+  RawCuda& operator=(const RawCuda&) = delete;
+
+  // GB/s of `reps` cuMemcpyAsync of `bytes` on one stream (host to device
+  // or back), then one cuStreamSynchronize.
+  double copy_gbps(bool to_device, std::uint64_t bytes, int reps);
+  // Microseconds for one empty kernel: cuLaunchKernel, cuStreamSynchronize.
+  double launch_round_trip_us();
+  // Millions of empty kernels per second, `n` back to back, all completed.
+  double launch_rate_mps(std::uint64_t n);
+
+ private:
+  struct State;
+  explicit RawCuda(std::unique_ptr<State> s);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace tpuhal::bench

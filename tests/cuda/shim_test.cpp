@@ -1,0 +1,231 @@
+// The CUDA shim against the stand-in driver (fake_driver.cpp): what it asks
+// of the driver and what it makes of the answers. The conformance suite runs
+// on the same stand-in from CMake; these are the shim's own behaviours.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "tpuhal/tpuhal.hpp"
+#include "support/error_of.hpp"
+
+namespace tpuhal {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+// Before anything loads the driver: the stand-in, with two devices.
+const bool configured = [] {
+  setenv("TPUHAL_CUDA_LIBRARY", TPUHAL_FAKE_CUDA, 1);
+  setenv("TPUHAL_FAKE_CUDA_DEVICES", "2", 1);
+  return true;
+}();
+
+// The stand-in's test controls and entry points, from the copy the shim
+// loaded (RTLD_NOLOAD: never a second one).
+struct Fake {
+  void (*fail)(int) = nullptr;
+  void (*reset)() = nullptr;
+  unsigned long long (*live)() = nullptr;
+  PFN_cuCtxPushCurrent_v4000 push = nullptr;
+  PFN_cuCtxPopCurrent_v4000 pop = nullptr;
+  PFN_cuDevicePrimaryCtxRetain_v7000 retain = nullptr;
+  PFN_cuDevicePrimaryCtxRelease_v11000 release = nullptr;
+};
+const Fake& fake() {
+  static const Fake f = [] {
+    (void)enumerate();  // makes the shim load the library
+    void* lib = dlopen(TPUHAL_FAKE_CUDA, RTLD_NOW | RTLD_NOLOAD);
+    Fake x;
+    if (!lib) return x;
+    x.fail = reinterpret_cast<void (*)(int)>(dlsym(lib, "tpuhal_fake_cuda_fail"));
+    x.reset = reinterpret_cast<void (*)()>(dlsym(lib, "tpuhal_fake_cuda_reset"));
+    x.live = reinterpret_cast<unsigned long long (*)()>(dlsym(lib, "tpuhal_fake_cuda_live_allocations"));
+    auto get = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(lib, "cuGetProcAddress_v2"));
+    auto resolve = [&](const char* name) {
+      void* fn = nullptr;
+      CUdriverProcAddressQueryResult found{};
+      get(name, &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &found);
+      return fn;
+    };
+    x.push = reinterpret_cast<PFN_cuCtxPushCurrent_v4000>(resolve("cuCtxPushCurrent"));
+    x.pop = reinterpret_cast<PFN_cuCtxPopCurrent_v4000>(resolve("cuCtxPopCurrent"));
+    x.retain = reinterpret_cast<PFN_cuDevicePrimaryCtxRetain_v7000>(resolve("cuDevicePrimaryCtxRetain"));
+    x.release = reinterpret_cast<PFN_cuDevicePrimaryCtxRelease_v11000>(resolve("cuDevicePrimaryCtxRelease"));
+    return x;
+  }();
+  return f;
+}
+
+using test::error_of;
+
+class CudaShim : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(configured);
+    ASSERT_NE(fake().fail, nullptr) << "the stand-in driver was not loaded";
+    live_before_ = fake().live();
+  }
+  void TearDown() override {
+    fake().reset();
+    // Every allocation, registration and timeline word goes with the
+    // handles that own it.
+    EXPECT_EQ(fake().live(), live_before_);
+  }
+  unsigned long long live_before_ = 0;
+};
+
+TEST_F(CudaShim, EnumerationListsTheDriversDevices) {
+  std::vector<std::string> cuda;
+  for (auto& d : enumerate())
+    if (d.driver == "cuda") {
+      cuda.push_back(d.uri);
+      EXPECT_EQ(d.board, "tpuhal fake CUDA device");
+      EXPECT_EQ(d.memory_bytes, 256u << 20);
+    }
+  EXPECT_THAT(cuda, ::testing::ElementsAre("cuda:0", "cuda:1"));
+}
+
+TEST_F(CudaShim, PropertiesComeFromTheDriver) {
+  Device dev = open("cuda:1");
+  const Properties& p = dev.properties();
+  EXPECT_EQ(p.driver, "cuda");
+  EXPECT_EQ(p.board, "tpuhal fake CUDA device");
+  EXPECT_EQ(p.bus, "pcie 0000:11:00.0");
+  EXPECT_EQ(p.firmware_version, "12.8");
+  EXPECT_EQ(p.serial, "GPU-f0f1f2f3-f4f5-f6f7-f8f9-fafbfcfdfe01") << "the UUID, as nvidia-smi -L shows it";
+  EXPECT_EQ(p.pci_vendor, 0x10de);
+  EXPECT_EQ(p.memory_bytes, 256u << 20);
+  ASSERT_EQ(p.heaps.size(), 1u);
+  EXPECT_EQ(p.heaps[0].name, "device");
+  EXPECT_GE(p.heaps[0].size, p.memory_bytes);
+  EXPECT_TRUE(p.caps.wait_value);
+  EXPECT_TRUE(p.caps.import_host_memory);
+  EXPECT_FALSE(p.caps.tensor) << "no CUDA kernels yet";
+  EXPECT_FALSE(p.caps.map_device_memory);
+  EXPECT_FALSE(p.caps.host_visible_device_memory);
+}
+
+TEST_F(CudaShim, BadUrisAreNamed) {
+  Error e = error_of([] { open("cuda:x"); });
+  EXPECT_EQ(e.status(), Status::InvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("CUDA URIs are cuda:N"));
+  e = error_of([] { open("cuda:7"); });
+  EXPECT_EQ(e.status(), Status::NotFound);
+  EXPECT_THAT(e.what(), HasSubstr("cuda:7: no such CUDA device (2 found: cuda:0 to cuda:1)"));
+  EXPECT_EQ(error_of([] { open("cuda:-1"); }).status(), Status::InvalidArgument);
+}
+
+TEST_F(CudaShim, TheCallersContextIsLeftAsItWas) {
+  // An application's own CUDA code has a context current; every shim call
+  // that needs one pushes its own and pops it again.
+  CUdevice d1 = 1;
+  CUcontext mine = nullptr;
+  ASSERT_EQ(fake().retain(&mine, d1), CUDA_SUCCESS);
+  ASSERT_EQ(fake().push(mine), CUDA_SUCCESS);
+  {
+    Device dev = open("cuda:0");
+    Buffer h = dev.allocate(4096, Memory::HostPinned), d = dev.allocate(4096);
+    std::memset(h.map().data(), 7, 4096);
+    dev.queue().copy(h, d).fill(h, 0, 4096, 0).copy(d, h).submit().wait();
+    EXPECT_EQ(static_cast<int>(h.map()[4095]), 7);
+  }
+  CUcontext top = nullptr;
+  EXPECT_EQ(fake().pop(&top), CUDA_SUCCESS);
+  EXPECT_EQ(top, mine);
+  EXPECT_EQ(fake().release(d1), CUDA_SUCCESS);
+}
+
+TEST_F(CudaShim, AFaultInTheStreamFailsTheFenceAndNamesTheCudaError) {
+  Device dev = open("cuda:0");
+  Buffer gate = dev.allocate(4096, Memory::HostPinned), d = dev.allocate(1 << 16);
+  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(gate.map().data())).store(0);
+  Queue q = dev.queue();
+  Fence f = q.batch().wait_value(gate, 0, 1).fill(d, 0, 1 << 16, 0xAB).submit();
+  fake().fail(CUDA_ERROR_ILLEGAL_ADDRESS);
+  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(gate.map().data())).store(1);
+  Error e = error_of([&] { f.wait(5s); });
+  EXPECT_EQ(e.status(), Status::DeviceFault);
+  EXPECT_THAT(e.what(), HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS"));
+  // The queue stays failed and says so at the next submission.
+  EXPECT_EQ(error_of([&] { q.submit(); }).status(), Status::DeviceFault);
+}
+
+TEST_F(CudaShim, ProgramsReplayAsGraphs) {
+  Device dev = open("cuda:0");
+  const std::uint64_t n = 1 << 14;
+  Buffer src = dev.allocate(n, Memory::HostPinned), dst = dev.allocate(n, Memory::HostPinned);
+  Buffer d = dev.allocate(n), words = dev.allocate(4096, Memory::HostPinned);
+  Program p = dev.record([&](Batch& b) { b.copy(src, d).fill(d, 0, 64, 0xEE).copy(d, dst).write_value(words, 0, 9); });
+  EXPECT_EQ(p.size(), 4u);
+  Queue q = dev.queue();
+  for (int round = 0; round < 3; ++round) {
+    std::memset(src.map().data(), round + 1, n);
+    std::memset(dst.map().data(), 0, n);
+    q.run(p).submit().wait();
+    EXPECT_EQ(static_cast<int>(dst.map()[0]), 0xEE);
+    EXPECT_EQ(static_cast<int>(dst.map()[64]), round + 1);
+    EXPECT_EQ(static_cast<int>(dst.map()[n - 1]), round + 1);
+  }
+  EXPECT_EQ(*reinterpret_cast<std::uint64_t*>(words.map().data()), 9u);
+}
+
+TEST_F(CudaShim, SmallAllocationsShareAChunkAndLargeOnesSpanSeveral) {
+  Device dev = open("cuda:0");
+  const auto before = fake().live();
+  std::vector<Buffer> small;
+  for (int i = 0; i < 16; ++i) small.push_back(dev.allocate(1000));
+  EXPECT_EQ(fake().live(), before + 1) << "one physical chunk backs all of them";
+  Buffer big = dev.allocate(5u << 20);
+  EXPECT_GE(fake().live(), before + 3);
+  small.clear();
+  big = Buffer();
+  EXPECT_EQ(fake().live(), before);
+  EXPECT_EQ(dev.memory_stats().device_used, 0u);
+}
+
+TEST_F(CudaShim, AQueueReleasedWhileItsStreamWaitsKeepsItsMemoryUntilTheStreamMoves) {
+  Device dev = open("cuda:0");
+  Buffer gate = dev.allocate(4096, Memory::HostPinned);
+  auto* word = reinterpret_cast<std::uint64_t*>(gate.map().data());
+  std::atomic_ref<std::uint64_t>(*word).store(0);
+  WaitPolicy p = dev.wait_policy();
+  p.timeout = 100ms;
+  dev.set_wait_policy(p);
+  {
+    Buffer d = dev.allocate(1 << 20);
+    Queue q = dev.queue();
+    q.batch().wait_value(gate, 0, 1).fill(d, 0, 1 << 20, 1).submit();
+  }  // released with work the stream cannot finish: aborted after the timeout
+  // The stream still holds the fill's memory; once it moves, the next
+  // queue release reaps it.
+  EXPECT_GT(dev.memory_stats().device_used, 0u);
+  std::atomic_ref<std::uint64_t>(*word).store(1);
+  std::this_thread::sleep_for(50ms);
+  dev.queue().submit().wait();
+  EXPECT_EQ(dev.memory_stats().device_used, 0u);
+}
+
+TEST_F(CudaShim, ExhaustedGpuMemorySaysWhatIsUsedAndFree) {
+  Device dev = open("cuda:0");
+  Error e = error_of([&] { dev.allocate(300u << 20); });
+  EXPECT_EQ(e.status(), Status::OutOfMemory);
+  EXPECT_THAT(e.what(), HasSubstr("in heap 'device'"));
+  EXPECT_THAT(e.what(), HasSubstr("largest free block"));
+  Buffer most = dev.allocate(200u << 20);
+  e = error_of([&] { dev.allocate(100u << 20); });
+  EXPECT_EQ(e.status(), Status::OutOfMemory);
+  EXPECT_THAT(e.what(), HasSubstr("200 MiB used in 1 allocation(s)"));
+  most = Buffer();
+  Buffer again = dev.allocate(100u << 20);
+}
+
+}  // namespace
+}  // namespace tpuhal
