@@ -182,7 +182,11 @@ fw::Problem CodecUnit::open(const fw::VideoOpenArgs& a, std::uint32_t queue, Dma
   c.args = a;
   c.queue = queue;
   c.pending.clear();
-  c.kicked = false;
+  // A turn of the channel's previous opening may still be ending: it saw
+  // `scheduled` set, so a decode() now leaves its packet to that turn, which
+  // must not conclude from the old decoder's full slots that it should wait
+  // for a doorbell.
+  c.kicked = true;
   c.open = true;
   return {};
 }
@@ -289,9 +293,13 @@ void CodecUnit::worker(std::uint32_t) {
       if (open && c->ctx && !halted) blocked = !process(*c, ctx);
     }
     // Another turn if packets are left (its budget ran out, or more came),
-    // or if it waited for a slot and the host has freed one since.
+    // or if it waited for a slot and the host has freed one since. `halted`
+    // is read again: a turn that began while the board was halted may end
+    // after a reset, a reopen and a decode that saw this turn's `scheduled`
+    // and so left the packet to it.
     std::lock_guard lock(c->mu);
     c->scheduled = false;
+    halted = halted_.load(std::memory_order_seq_cst);
     const bool again = !halted && c->open && (blocked ? c->kicked : !c->pending.empty());
     if (again) schedule(*c);
   }
