@@ -213,6 +213,30 @@ TEST_F(CudaShim, AQueueReleasedWhileItsStreamWaitsKeepsItsMemoryUntilTheStreamMo
   EXPECT_EQ(dev.memory_stats().device_used, 0u);
 }
 
+TEST_F(CudaShim, QueuesReleasedWhileOneWaitsOnTheOtherLetTheDeviceClose) {
+  // A stream waiting on another queue's fence keeps that queue's timeline
+  // word, not the queue (which holds the device): once both streams move,
+  // the device closes and gives everything back (TearDown checks).
+  Buffer gate;
+  std::uint64_t* word = nullptr;
+  {
+    Device dev = open("cuda:0");
+    gate = dev.allocate(4096, Memory::HostPinned);
+    word = reinterpret_cast<std::uint64_t*>(gate.map().data());
+    std::atomic_ref<std::uint64_t>(*word).store(0);
+    WaitPolicy p = dev.wait_policy();
+    p.timeout = 50ms;
+    dev.set_wait_policy(p);
+    Queue a = dev.queue(), b = dev.queue();
+    Fence fa = a.batch().wait_value(gate, 0, 1).submit();
+    b.batch().wait(fa).submit();
+    b = Queue();  // released waiting on a's timeline
+    a = Queue();
+  }
+  std::atomic_ref<std::uint64_t>(*word).store(1);
+  gate = Buffer();  // the last handle: the device closes now
+}
+
 TEST_F(CudaShim, ExhaustedGpuMemorySaysWhatIsUsedAndFree) {
   Device dev = open("cuda:0");
   Error e = error_of([&] { dev.allocate(300u << 20); });

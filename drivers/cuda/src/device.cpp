@@ -64,10 +64,50 @@ const std::shared_ptr<spdlog::logger>& log() {
 class CudaDevice;
 class CudaQueue;
 
-// Queues whose timeline words a submission waits on, kept until the stream
-// is past it (the only references a submission holds: the HAL keeps buffers
-// and programs alive until it sees the work complete).
+// What a submission's stream may still read once the HAL has let go: the
+// timeline words of the queues it waits on (the HAL keeps buffers and
+// programs alive until it sees the work complete, but not other queues).
 using Keep = std::vector<std::shared_ptr<const void>>;
+
+// A queue's timeline: a 64-bit word in pinned host memory that its stream
+// writes after each submission and other streams wait on. Shared by the
+// queue and by every submission that waits on it, so it outlives each
+// stream that may read it; it holds no reference to the device (which
+// outlives it), so no cycle keeps a device open.
+class TimelineWord {
+ public:
+  TimelineWord(const Api& api, CUcontext ctx, const std::string& what) : api_(api), ctx_(ctx) {
+    ScopedContext scope(api_, ctx_);
+    void* host = nullptr;
+    check(api_, api_.cuMemHostAlloc(&host, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
+          what + ": the timeline word");
+    host_ = static_cast<std::uint64_t*>(host);
+    *host_ = 0;
+    if (CUresult r = api_.cuMemHostGetDevicePointer(&address_, host, 0); r != CUDA_SUCCESS) {
+      api_.cuMemFreeHost(host);
+      check(api_, r, what + ": the timeline word's device address");
+    }
+  }
+  ~TimelineWord() {
+    try {
+      ScopedContext scope(api_, ctx_);
+      api_.cuMemFreeHost(host_);
+    } catch (const Error& e) {
+      log()->error("freeing a timeline word: {}", e.what());
+    }
+  }
+  TimelineWord(const TimelineWord&) = delete;
+  TimelineWord& operator=(const TimelineWord&) = delete;
+
+  std::uint64_t read() const { return std::atomic_ref<std::uint64_t>(*host_).load(std::memory_order_acquire); }
+  CUdeviceptr address() const { return address_; }
+
+ private:
+  const Api& api_;
+  CUcontext ctx_;
+  std::uint64_t* host_ = nullptr;
+  CUdeviceptr address_ = 0;
+};
 
 // ---- Device memory: a reserved range, backed chunk by chunk ------------------
 
@@ -227,7 +267,7 @@ class CudaDevice final : public driver::DeviceBackend, public std::enable_shared
   // stream and its timeline word stay until it is idle, and until then
   // memory freed on this device is not given back (dispose()): that work
   // may still touch it.
-  void release_queue(std::uint32_t index, CUstream stream, void* timeline, Keep keep);
+  void release_queue(std::uint32_t index, CUstream stream, std::shared_ptr<TimelineWord> word, Keep keep);
 
   // Runs `free` (giving memory back to CUDA) now, or once no released
   // stream is running any more.
@@ -246,7 +286,7 @@ class CudaDevice final : public driver::DeviceBackend, public std::enable_shared
   };
   struct Retired {
     CUstream stream;
-    void* timeline;
+    std::shared_ptr<TimelineWord> word;
     Keep keep;
   };
 
@@ -344,30 +384,19 @@ class CudaProgram final : public driver::ProgramBackend {
 
 // ---- Queues --------------------------------------------------------------------
 
-class CudaQueue final : public driver::QueueBackend, public std::enable_shared_from_this<CudaQueue> {
+class CudaQueue final : public driver::QueueBackend {
  public:
   CudaQueue(std::shared_ptr<CudaDevice> dev, Engine engine, std::uint32_t index, std::uint32_t entries)
       : dev_(std::move(dev)), api_(dev_->api()), engine_(engine), index_(index), entries_(entries) {
+    word_ = std::make_shared<TimelineWord>(api_, dev_->context(), name());
     ScopedContext scope(api_, dev_->context());
     check(api_, api_.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), name() + ": cuStreamCreate");
-    void* word = nullptr;
-    CUresult r = api_.cuMemHostAlloc(&word, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
-    if (r == CUDA_SUCCESS) {
-      timeline_ = static_cast<std::uint64_t*>(word);
-      *timeline_ = 0;
-      r = api_.cuMemHostGetDevicePointer(&timeline_address_, word, 0);
-    }
-    if (r != CUDA_SUCCESS) {
-      if (word) api_.cuMemFreeHost(word);
-      api_.cuStreamDestroy(stream_);
-      check(api_, r, name() + ": the timeline word");
-    }
   }
   ~CudaQueue() override {
     Keep keep;
     for (auto& f : in_flight_)
       for (auto& k : f.keep) keep.push_back(std::move(k));
-    dev_->release_queue(index_, stream_, timeline_, std::move(keep));
+    dev_->release_queue(index_, stream_, std::move(word_), std::move(keep));
   }
 
   Engine engine() const override { return engine_; }
@@ -376,7 +405,7 @@ class CudaQueue final : public driver::QueueBackend, public std::enable_shared_f
   std::uint64_t submit(std::span<const driver::Command> commands, std::chrono::nanoseconds max_wait) override;
 
   driver::Timeline timeline() const override {
-    return {std::atomic_ref<std::uint64_t>(*timeline_).load(std::memory_order_acquire),
+    return {word_->read(),
             failed_.load(std::memory_order_acquire)};
   }
   std::uint64_t submitted() const override { return submitted_.load(std::memory_order_acquire); }
@@ -432,7 +461,7 @@ class CudaQueue final : public driver::QueueBackend, public std::enable_shared_f
            " submitted";
   }
 
-  CUdeviceptr timeline_address() const { return timeline_address_; }
+  const std::shared_ptr<TimelineWord>& word() const { return word_; }
 
  private:
   std::string name() const { return dev_->uri() + " " + to_string(engine_) + " queue " + std::to_string(index_); }
@@ -479,8 +508,7 @@ class CudaQueue final : public driver::QueueBackend, public std::enable_shared_f
   std::uint32_t index_;
   std::uint32_t entries_;
   CUstream stream_ = nullptr;
-  std::uint64_t* timeline_ = nullptr;
-  CUdeviceptr timeline_address_ = 0;
+  std::shared_ptr<TimelineWord> word_;
 
   std::mutex submit_mu_;
   std::uint64_t next_value_ = 1;
@@ -520,8 +548,8 @@ CUresult enqueue(const Api& api, const std::string& uri, CUstream stream, const 
         } else if constexpr (std::is_same_v<T, driver::cmd::WaitFence>) {
           what = "cuStreamWaitValue64 (another queue's fence)";
           auto* other = static_cast<CudaQueue*>(cmd.queue);
-          keep.push_back(other->shared_from_this());
-          return api.cuStreamWaitValue64(stream, other->timeline_address(), cmd.value, CU_STREAM_WAIT_VALUE_GEQ);
+          keep.push_back(other->word());
+          return api.cuStreamWaitValue64(stream, other->word()->address(), cmd.value, CU_STREAM_WAIT_VALUE_GEQ);
         } else if constexpr (std::is_same_v<T, driver::cmd::WaitValue>) {
           what = "cuStreamWaitValue64";
           return api.cuStreamWaitValue64(stream, address_of(cmd.location), cmd.value, CU_STREAM_WAIT_VALUE_GEQ);
@@ -589,7 +617,7 @@ std::uint64_t CudaQueue::submit(std::span<const driver::Command> commands, std::
       }
     }
     if (!timeline().failed) {
-      if (CUresult r = api_.cuStreamWriteValue64(stream_, timeline_address_, s.value, CU_STREAM_WRITE_VALUE_DEFAULT);
+      if (CUresult r = api_.cuStreamWriteValue64(stream_, word_->address(), s.value, CU_STREAM_WRITE_VALUE_DEFAULT);
           r != CUDA_SUCCESS)
         fail(Error(status_of(r), name() + ": writing timeline value " + std::to_string(s.value) + ": " +
                                      describe(api_, r)));
@@ -693,11 +721,18 @@ CudaDevice::~CudaDevice() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   for (auto& f : frees) f();
+  drop.clear();  // timeline words: freed while the context is still retained
   std::lock_guard lock(queues_mu_);
   if (!retired_.empty()) {
     log()->error("{}: {} released stream(s) never went idle; their memory and the context are left allocated",
                  uri(), retired_.size());
-    (void)heap_.release();
+    // What those streams may still touch stays, reachable, for the life of
+    // the process.
+    static std::mutex abandoned_mu;
+    static auto* abandoned = new std::vector<std::shared_ptr<void>>;
+    std::lock_guard a(abandoned_mu);
+    abandoned->push_back(std::shared_ptr<void>(heap_.release(), [](void*) {}));
+    abandoned->push_back(std::make_shared<std::vector<Retired>>(std::move(retired_)));
     return;
   }
   heap_.reset();
@@ -713,7 +748,7 @@ void CudaDevice::reap_locked(std::vector<std::function<void()>>& frees, Keep& dr
         continue;
       }
       api_.cuStreamDestroy(it->stream);
-      api_.cuMemFreeHost(it->timeline);
+      drop.push_back(std::move(it->word));
       for (auto& k : it->keep) drop.push_back(std::move(k));
       it = retired_.erase(it);
     }
@@ -726,9 +761,9 @@ void CudaDevice::reap_locked(std::vector<std::function<void()>>& frees, Keep& dr
   }
 }
 
-void CudaDevice::release_queue(std::uint32_t index, CUstream stream, void* timeline, Keep keep) {
+void CudaDevice::release_queue(std::uint32_t index, CUstream stream, std::shared_ptr<TimelineWord> word, Keep keep) {
   std::vector<std::function<void()>> frees;
-  Keep drop;  // queues a released stream waited on: they go after the lock
+  Keep drop;  // timeline words no stream reads any more: they go after the lock
   {
     std::lock_guard lock(queues_mu_);
     for (auto& s : slots_)
@@ -736,7 +771,7 @@ void CudaDevice::release_queue(std::uint32_t index, CUstream stream, void* timel
         s.claimed = false;
         s.owner = nullptr;
       }
-    retired_.push_back({stream, timeline, std::move(keep)});
+    retired_.push_back({stream, std::move(word), std::move(keep)});
     reap_locked(frees, drop);
     if (!retired_.empty())
       log()->warn("{}: a released queue's stream is still running; memory freed from now on is given back once "
