@@ -18,21 +18,24 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 (cd "$build" && ctest --output-on-failure -j "$(nproc)" "$@")
 
 # ThreadSanitizer over the tests where threads meet: the conformance suite,
-# the driver, thread and validation-layer tests, the simulator daemon, and a
-# short soak (build/tsan/). Skipped when ctest was given a filter, so that
+# the driver, thread and validation-layer tests, the simulator daemon, the
+# CUDA shim on its stand-in driver, and a short soak (build/tsan/). Skipped when ctest was given a filter, so that
 # `scripts/test.sh -R Foo` stays quick.
 if (($# == 0)); then
   tsan="$root/build/tsan"
   cmake -S "$root" -B "$tsan" -G Ninja "${san_flags[@]}" \
     -DTPUHAL_SANITIZE=thread -DTPUHAL_WERROR=ON >/dev/null
+  # The CUDA shim's tests where the toolkit's headers were found.
+  cuda_targets=()
+  if grep -q '^build cuda_shim_test:' "$tsan/build.ninja"; then cuda_targets=(cuda_shim_test tpuhal_fake_cuda); fi
   cmake --build "$tsan" --target hal_threads tpu_driver hal_conformance sim_board_test tpuhal_cli hal_validation \
-    simd_test tpuhal_simd simd_client
+    simd_test tpuhal_simd simd_client "${cuda_targets[@]}"
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
   # One tensor-engine thread: its parallel loops are OpenMP regions, and
   # OpenMP's runtime is not instrumented, so ThreadSanitizer cannot see
   # their synchronisation. Results do not depend on the thread count.
   export TPUHAL_SIM_THREADS=1
-  (cd "$tsan" && ctest --output-on-failure -j "$(nproc)" -R '^(Threads|TpuDriver|Devices/Conformance|SimBoard|Validation|Simd)')
+  (cd "$tsan" && ctest --output-on-failure -j "$(nproc)" -R '^(Threads|TpuDriver|Devices/Conformance|SimBoard|Validation|Simd|Cuda)')
   # The soak test (docs/faults.md): every thread, queue and process path at
   # once, for 10 s, with a fixed seed so that a failure can be replayed.
   TPUHAL_LOG=error "$tsan/bin/tpuhal" stress --device sim:tiny --seconds 10 --threads 4 --processes 2 --seed 1

@@ -181,11 +181,10 @@ struct Stream : std::enable_shared_from_this<Stream> {
   bool capturing = false;
   bool capture_invalid = false;
   std::vector<Op> captured;
+  std::thread thread;  // its worker, until cuStreamDestroy joins or detaches it
 
   void start() {
-    // Detached: a stream destroyed with work queued finishes it first, as
-    // the real driver does, and nobody waits for that.
-    std::thread([self = shared_from_this()] { self->work(); }).detach();
+    thread = std::thread([self = shared_from_this()] { self->work(); });
   }
 
   void work() {
@@ -594,9 +593,21 @@ CUresult fake_cuStreamDestroy(CUstream handle) {
     std::lock_guard lock(s.mu);
     s.streams.erase(st);
   }
-  std::lock_guard lock(st->mu);
-  st->destroyed = true;  // its thread finishes what is queued, then lets go of it
-  st->cv.notify_all();
+  // Its thread finishes what is queued, then lets go of the stream. An idle
+  // stream's thread is joined here, so no thread of ours is still exiting
+  // when the process does (LeakSanitizer's exit scan trips over those); one
+  // with work left goes on alone, as the real driver lets it.
+  std::thread worker;
+  {
+    std::lock_guard lock(st->mu);
+    st->destroyed = true;
+    st->cv.notify_all();
+    if (st->ops.empty())
+      worker = std::move(st->thread);
+    else
+      st->thread.detach();
+  }
+  if (worker.joinable()) worker.join();
   return CUDA_SUCCESS;
 }
 
