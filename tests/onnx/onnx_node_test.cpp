@@ -543,6 +543,26 @@ TEST_P(OnnxNode, MatchesTheExpectedOutput) {
 INSTANTIATE_TEST_SUITE_P(Node, OnnxNode, ::testing::ValuesIn(params()), param_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(OnnxNode);
 
+// The devices the node tests do not run on, and why: a GPU without the
+// tensor ops, a driver with no devices here. Skipped with that list, so a
+// run says what it did not test.
+TEST(OnnxNodeCoverage, DevicesNotTestedSayWhy) {
+  EXPECT_FALSE(devices_with_tensor_engine().empty()) << "the simulated boards have a tensor engine";
+  std::string untested;
+  auto add = [&](const std::string& what, const std::string& why) {
+    untested += (untested.empty() ? "" : "; ") + what + ": " + why;
+  };
+  for (const auto& d : enumerate()) {
+    try {
+      if (!open(d.uri).properties().caps.tensor) add(d.uri, "no tensor engine");
+    } catch (const Error& e) {
+      add(d.uri, e.what());
+    }
+  }
+  for (const auto& [driver, why] : unavailable_drivers()) add(driver, why);
+  if (!untested.empty()) GTEST_SKIP() << "not run on: " << untested;
+}
+
 // Every op family the engine takes on must keep tests in the catalogue: a
 // lowering that silently starts skipping a whole family fails here.
 TEST(OnnxNodeCoverage, EveryOpFamilyTheEngineClaimsHasTests) {
