@@ -8,8 +8,6 @@
 namespace tpuhal::cuda {
 namespace {
 
-std::string version_text(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
-
 struct Loaded {
   Api api;
   const Api* ok = nullptr;
@@ -74,6 +72,8 @@ void load_into(Loaded& l) {
 }
 
 }  // namespace
+
+std::string version_text(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
 
 const Api* load(std::string* why) {
   static Loaded loaded;

@@ -32,6 +32,9 @@ struct Api {
 // process; TPUHAL_CUDA_LIBRARY names another library to load instead.
 const Api* load(std::string* why);
 
+// A CUDA version number as people write it: 12080 -> "12.8".
+std::string version_text(int v);
+
 // "CUDA_ERROR_OUT_OF_MEMORY (out of memory)".
 std::string describe(const Api& api, CUresult r);
 

@@ -54,8 +54,6 @@ constexpr std::uint32_t kDefaultRingEntries = 1024;
 constexpr std::uint32_t kMinRingEntries = 16;
 constexpr std::uint32_t kMaxRingEntries = 1u << 20;
 
-std::string version_text(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
-
 const std::shared_ptr<spdlog::logger>& log() {
   static const auto l = base::logger("cuda");
   return l;
