@@ -18,6 +18,7 @@ check simulator 'tpuhal/(tpu|driver|bench)/|tpuhal/[a-z_]+\.hpp' "the simulator 
 check drivers/tpu/src 'tpuhal/sim/' "the driver reaches the board only through a Transport"
 check drivers/tpu/include 'tpuhal/sim/' "the driver reaches the board only through a Transport"
 check drivers/tpu/pcie 'tpuhal/sim/' "the PCIe transport reaches real boards only"
+check drivers/tpu/usb 'tpuhal/sim/' "the USB transport reaches boards through a UsbLink only"
 check base 'tpuhal/(fw|sim|tpu|driver|bench)/|tpuhal/[a-z_]+\.hpp' "base is below everything"
 check hal 'tpuhal/(sim|tpu|fw|bench)/' "the HAL knows drivers only through the driver interface"
 check runtime 'tpuhal/(sim|tpu|fw|driver|base|bench)/' "the runtime stands on the public API only"

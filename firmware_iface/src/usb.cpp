@@ -23,6 +23,8 @@ constexpr Rule kRules[] = {
     {UsbType::kMemWrite, UsbDirection::kToBoard, Data::kSome, "mem-write"},
     {UsbType::kMemRead, UsbDirection::kToBoard, Data::kNone, "mem-read"},
     {UsbType::kHostData, UsbDirection::kToBoard, Data::kAny, "host-data"},
+    {UsbType::kMapDma, UsbDirection::kToBoard, Data::kNone, "map-dma"},
+    {UsbType::kUnmapDma, UsbDirection::kToBoard, Data::kNone, "unmap-dma"},
     {UsbType::kFwBegin, UsbDirection::kToBoard, Data::kNone, "fw-begin"},
     {UsbType::kFwData, UsbDirection::kToBoard, Data::kSome, "fw-data"},
     {UsbType::kFwCommit, UsbDirection::kToBoard, Data::kNone, "fw-commit"},
@@ -68,7 +70,9 @@ Result<std::uint64_t> usb_message_bytes(std::span<const std::byte> bytes, UsbDir
   if (!r) return Problem{CmdStatus::kInvalidOpcode, kFieldUsbType, h.type, 0};
   if (r->direction != direction)
     return Problem{CmdStatus::kBadArgument, kFieldUsbDirection, h.type, static_cast<std::uint64_t>(direction)};
-  const std::uint16_t allowed = r->type == UsbType::kHostData ? kUsbFlagFault : 0;
+  const std::uint16_t allowed = r->type == UsbType::kHostData ? kUsbFlagFault
+                                : r->type == UsbType::kMapDma ? kUsbFlagDeviceWrites
+                                                              : 0;
   if (h.flags & ~allowed) return Problem{CmdStatus::kInvalidFlags, kFieldUsbFlags, h.flags, h.type};
   if (h.data_bytes > max_data) return Problem{CmdStatus::kBadArgument, kFieldUsbLength, h.data_bytes, max_data};
   return sizeof(UsbHeader) + std::uint64_t{h.data_bytes};
@@ -131,6 +135,12 @@ Result<UsbMessage> decode_usb_message(std::span<const std::byte> bytes, UsbDirec
     case UsbType::kMemRead:
     case UsbType::kHostRead:
       if (a1 == 0 || a1 > max_data) p = arg_problem(CmdStatus::kBadArgument, a1, type, 1);
+      else p = range(a0, a1);
+      break;
+    case UsbType::kMapDma:
+    case UsbType::kUnmapDma:
+      if (a0 % kUsbPage != 0) p = arg_problem(CmdStatus::kBadAlignment, a0, type, 0);
+      else if (a1 == 0 || a1 % kUsbPage != 0) p = arg_problem(CmdStatus::kBadAlignment, a1, type, 1);
       else p = range(a0, a1);
       break;
     case UsbType::kFwBegin:
@@ -227,7 +237,9 @@ std::string describe_usb_problem(const Problem& p) {
       const auto type = static_cast<UsbType>(p.detail & 0xFFFF);
       const unsigned index = static_cast<unsigned>(p.detail >> 32);
       std::string s = at + to_string(type) + " argument " + std::to_string(index) + " = " + hex(p.value);
-      if (p.status == CmdStatus::kBadAlignment) return s + " is not 4-byte aligned";
+      if (p.status == CmdStatus::kBadAlignment)
+        return s + (type == UsbType::kMapDma || type == UsbType::kUnmapDma ? " is not a non-zero multiple of 4096"
+                                                                           : " is not 4-byte aligned");
       if (p.status == CmdStatus::kReservedNotZero) return s + ": reserved, must be 0";
       return s + " is out of range";
     }

@@ -37,7 +37,7 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
       dram(options.shared_dram
                ? base::Mapping::memfd("tpuhal-sim-dram", profile.dram_bytes, {.huge_pages = true})
                : base::Mapping::anonymous(profile.dram_bytes, {.noreserve = true, .huge_pages = true})),
-      dma(dram.data(), profile.dram_bytes, iommu) {
+      dma(dram.data(), profile.dram_bytes, iommu, options.host_port) {
   const std::uint32_t nq = profile.total_queues();
   for (std::uint32_t v = 0; v <= nq; ++v) vectors.push_back(base::make_eventfd());
   if (!options.doorbells.empty() && options.doorbells.size() != nq)
@@ -175,7 +175,9 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
     case kCaps:
       return fw::kCapCopySg | fw::kCapFill | fw::kCapWaitValue | fw::kCapTimestamp |
              (profile.tensor_cores ? fw::kCapTensor : 0) |
-             (profile.decode_channels ? fw::kCapVideoDecode : 0) |
+             // The codec unit's channel page is shared memory: not yet
+             // offered to a host on the far side of a cable.
+             (profile.decode_channels && !dma.port() ? fw::kCapVideoDecode : 0) |
              (profile.aperture_bytes ? fw::kCapHostAperture : 0) |
              (profile.bus == "soc" ? fw::kCapUnifiedMemory : 0);
     case kFirmwareVersion: return profile.firmware_version;

@@ -230,6 +230,8 @@ class CommandProcessor {
     return stop_.load(std::memory_order_relaxed) || board_.halted.load(std::memory_order_relaxed);
   }
   fw::Problem complete(const fw::Command& cmd);
+  // A 64-bit store into the queue's status page (host memory); false on a fault.
+  bool store_status(std::size_t offset, std::uint64_t value);
   void fail(const fw::CommandDescriptor& d, const fw::Problem& p);
 
   Board::Impl& board_;

@@ -1,7 +1,9 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstring>
+#include <optional>
 
 #include "board_impl.h"
 #include "tpuhal/base/log.h"
@@ -293,8 +295,11 @@ fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
   // Resolve every tensor to host memory for the whole op: DRAM, or host
   // memory the IOMMU maps with the access the op needs. Nothing outside
   // the tensors' own bytes is ever touched.
-  DmaAccess access(ctx_);
+  std::optional<DmaAccess> access(std::in_place, ctx_);
   tensor::View views[fw::kMaxOpTensors];
+  // Tensors in the memory of a remote host (HostPort) are read into bounce
+  // buffers first; the output is written back after the op.
+  std::vector<std::byte> bounce[fw::kMaxOpTensors];
   const std::uint32_t out = op->num_tensors - 1;
   for (std::uint32_t i = 0; i < op->num_tensors; ++i) {
     const fw::TensorRef& t = op->tensors[i];
@@ -307,13 +312,32 @@ fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
     std::copy(std::begin(t.strides), std::end(t.strides), v.strides);
     if (op->extent[i] == 0) continue;  // empty: no memory is touched
     const std::uint32_t kind = i == out ? kIommuWrite : kIommuRead;
-    v.data = board_.dma.resolve(access, t.address, op->extent[i], kind);
-    if (!v.data)
-      return {fw::CmdStatus::kDmaFault, fw::tensor_field(i, fw::TensorAspect::kAddress), t.address,
-              kind == kIommuWrite ? fw::kAccessWrite : fw::kAccessRead};
+    const fw::Problem denied{fw::CmdStatus::kDmaFault, fw::tensor_field(i, fw::TensorAspect::kAddress), t.address,
+                             kind == kIommuWrite ? fw::kAccessWrite : fw::kAccessRead};
+    if (board_.dma.remote(t.address)) {
+      if (!access->permits(t.address, op->extent[i], kind)) return denied;
+      bounce[i].resize(op->extent[i]);
+      v.data = bounce[i].data();
+      continue;
+    }
+    v.data = board_.dma.resolve(*access, t.address, op->extent[i], kind);
+    if (!v.data) return denied;
   }
   if (views[out].data == nullptr) return {};  // an empty output: nothing to compute
-  return engine->run(*op, views);
+  if (!board_.dma.port()) return engine->run(*op, views);
+  // With a remote host no view points at host memory, and no access is held
+  // while waiting on the link (see DmaEngine::copy_remote).
+  access.reset();
+  for (std::uint32_t i = 0; i < out; ++i) {
+    if (bounce[i].empty()) continue;
+    auto p = board_.dma.read(ctx_, op->tensors[i].address, bounce[i].data(), bounce[i].size(),
+                             fw::tensor_field(i, fw::TensorAspect::kAddress));
+    if (p.status != fw::CmdStatus::kOk) return p;
+  }
+  auto p = engine->run(*op, views);
+  if (p.status != fw::CmdStatus::kOk || bounce[out].empty()) return p;
+  return board_.dma.write(ctx_, op->tensors[out].address, bounce[out].data(), bounce[out].size(),
+                          fw::tensor_field(out, fw::TensorAspect::kAddress));
 }
 
 fw::Problem CommandProcessor::call(const fw::CallArgs& a) {
@@ -446,10 +470,25 @@ fw::Problem CommandProcessor::injected(const fw::Command& cmd, std::uint32_t hea
   }
 }
 
+bool CommandProcessor::store_status(std::size_t offset, std::uint64_t value) {
+  return board_.dma.store64(ctx_, config_.status_page + offset, value, kFieldFenceAddress).status ==
+         fw::CmdStatus::kOk;
+}
+
 fw::Problem CommandProcessor::complete(const fw::Command& cmd) {
   if (!(cmd.flags & fw::kFlagFence)) return {};
   const std::uint64_t now = board_.board_time_ns();
-  {
+  if (board_.dma.port()) {
+    // A remote host: the same stores, in the same order, as messages.
+    const std::size_t slot = offsetof(fw::QueueStatusPage, stamps) +
+                             cmd.fence_value % fw::kTimestampSlots * sizeof(fw::TimestampSlot);
+    if (!store_status(slot + offsetof(fw::TimestampSlot, value), 0) ||
+        !store_status(slot + offsetof(fw::TimestampSlot, ns), now) ||
+        !store_status(slot + offsetof(fw::TimestampSlot, value), cmd.fence_value) ||
+        !store_status(offsetof(fw::QueueStatusPage, fence.timestamp_ns), now) ||
+        !store_status(offsetof(fw::QueueStatusPage, fence.value), cmd.fence_value))
+      return {fw::CmdStatus::kDmaFault, kFieldFenceAddress, config_.status_page, fw::kAccessWrite};
+  } else {
     DmaAccess access(ctx_);
     std::byte* page = board_.dma.resolve(access, config_.status_page,
                                          sizeof(fw::QueueStatusPage), kIommuWrite);
@@ -477,7 +516,25 @@ void CommandProcessor::fail(const fw::CommandDescriptor& d, const fw::Problem& p
   // unreachable, the queue's ERROR register is all the driver gets.
   q_.error.store(static_cast<std::uint32_t>(p.status), std::memory_order_relaxed);
   bool recorded = false;
-  {
+  if (board_.dma.port()) {
+    fw::FenceRecord rec{};
+    rec.error_fence = d.fence_value;
+    rec.error_status = static_cast<std::uint32_t>(p.status);
+    rec.error_opcode = d.opcode;
+    rec.error_field = p.field;
+    rec.error_sequence = d.sequence;
+    rec.error_value = p.value;
+    rec.error_detail = p.detail;
+    // The error fields, then the timestamp, then the timeline value that
+    // publishes them.
+    const auto* bytes = reinterpret_cast<const std::byte*>(&rec);
+    const std::size_t first = offsetof(fw::FenceRecord, error_fence);
+    recorded = board_.dma.write(ctx_, config_.status_page + offsetof(fw::QueueStatusPage, fence) + first,
+                                bytes + first, offsetof(fw::FenceRecord, reserved1) - first, 0)
+                       .status == fw::CmdStatus::kOk &&
+               store_status(offsetof(fw::QueueStatusPage, fence.timestamp_ns), board_.board_time_ns()) &&
+               store_status(offsetof(fw::QueueStatusPage, fence.value), last_fence_ | fw::kTimelineFailed);
+  } else {
     DmaAccess access(ctx_);
     std::byte* page = board_.dma.resolve(access, config_.status_page,
                                          sizeof(fw::QueueStatusPage), kIommuWrite);

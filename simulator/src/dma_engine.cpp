@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <vector>
 
 namespace tpuhal::sim {
 namespace {
@@ -77,6 +78,33 @@ std::byte* DmaEngine::resolve(DmaAccess& access, std::uint64_t addr, std::uint64
   return nullptr;
 }
 
+fw::Problem DmaEngine::copy_remote(DmaContext& ctx, std::uint64_t src, std::uint64_t dst,
+                                   std::uint64_t size, std::uint16_t src_field,
+                                   std::uint16_t dst_field) const {
+  // The permission checks take a DmaAccess; the transfer does not, because no
+  // host pointer is involved and the host's own table is the authority (it
+  // refuses a range unmapped meanwhile). Holding an access across the
+  // transfer would make the board's unmap, which arrives on the same link as
+  // the answers this transfer waits for, wait for it.
+  std::byte *s = nullptr, *d = nullptr;
+  {
+    DmaAccess access(ctx);
+    if (remote(src) ? !access.permits(src, size, kIommuRead) : !(s = resolve(access, src, size, kIommuRead)))
+      return fault(src_field, src, kIommuRead);
+    if (remote(dst) ? !access.permits(dst, size, kIommuWrite) : !(d = resolve(access, dst, size, kIommuWrite)))
+      return fault(dst_field, dst, kIommuWrite);
+  }
+  if (!s) {  // from the host: into DRAM directly, or through a bounce buffer
+    std::vector<std::byte> bounce(d ? 0 : size);
+    std::byte* to = d ? d : bounce.data();
+    if (!port_->read(src, to, size)) return fault(src_field, src, kIommuRead);
+    if (d) return ok();
+    s = bounce.data();
+    return port_->write(dst, s, size) ? ok() : fault(dst_field, dst, kIommuWrite);
+  }
+  return port_->write(dst, s, size) ? ok() : fault(dst_field, dst, kIommuWrite);
+}
+
 fw::Problem DmaEngine::copy(DmaContext& ctx, std::uint64_t src, std::uint64_t dst,
                             std::uint64_t size, std::uint16_t src_field, std::uint16_t dst_field,
                             const Hooks& hooks) const {
@@ -84,11 +112,16 @@ fw::Problem DmaEngine::copy(DmaContext& ctx, std::uint64_t src, std::uint64_t ds
   // chunking keeps memmove semantics.
   const bool backward = dst > src && dst - src < size;
   if (auto p = check_read(src, size, src_field); p.status != fw::CmdStatus::kOk) return p;
+  const bool through_port = remote(src) || remote(dst);
+  const std::uint64_t chunk = through_port ? kRemoteChunk : kChunk;
   std::uint64_t done = 0;
   while (done < size) {
-    const std::uint64_t n = size - done < kChunk ? size - done : kChunk;
+    const std::uint64_t n = size - done < chunk ? size - done : chunk;
     const std::uint64_t off = backward ? size - done - n : done;
-    {
+    if (through_port) {
+      if (auto p = copy_remote(ctx, src + off, dst + off, n, src_field, dst_field); p.status != fw::CmdStatus::kOk)
+        return p;
+    } else {
       DmaAccess access(ctx);
       std::byte* s = resolve(access, src + off, n, kIommuRead);
       if (!s) return fault(src_field, src + off, kIommuRead);
@@ -105,10 +138,23 @@ fw::Problem DmaEngine::copy(DmaContext& ctx, std::uint64_t src, std::uint64_t ds
 fw::Problem DmaEngine::fill(DmaContext& ctx, std::uint64_t dst, std::uint64_t size,
                             std::uint32_t pattern, std::uint32_t width, std::uint16_t dst_field,
                             const Hooks& hooks) const {
+  const bool through_port = remote(dst);
+  const std::uint64_t chunk = through_port ? kRemoteChunk : kChunk;
+  std::vector<std::byte> bounce;
   std::uint64_t done = 0;
   while (done < size) {
-    const std::uint64_t n = size - done < kChunk ? size - done : kChunk;  // kChunk % 4 == 0
-    {
+    const std::uint64_t n = size - done < chunk ? size - done : chunk;  // chunk % 64 == 0
+    if (through_port) {
+      {
+        DmaAccess access(ctx);
+        if (!access.permits(dst + done, n, kIommuWrite)) return fault(dst_field, dst + done, kIommuWrite);
+      }
+      if (bounce.size() < n) {
+        bounce.resize(n);
+        fill_pattern(bounce.data(), n, pattern, width);
+      }
+      if (!port_->write(dst + done, bounce.data(), n)) return fault(dst_field, dst + done, kIommuWrite);
+    } else {
       DmaAccess access(ctx);
       std::byte* d = resolve(access, dst + done, n, kIommuWrite);
       if (!d) return fault(dst_field, dst + done, kIommuWrite);
@@ -123,6 +169,13 @@ fw::Problem DmaEngine::fill(DmaContext& ctx, std::uint64_t dst, std::uint64_t si
 fw::Problem DmaEngine::read(DmaContext& ctx, std::uint64_t src, void* out, std::uint64_t size,
                             std::uint16_t field) const {
   if (auto p = check_read(src, size, field); p.status != fw::CmdStatus::kOk) return p;
+  if (remote(src)) {
+    {
+      DmaAccess access(ctx);
+      if (!access.permits(src, size, kIommuRead)) return fault(field, src, kIommuRead);
+    }
+    return port_->read(src, out, size) ? ok() : fault(field, src, kIommuRead);
+  }
   DmaAccess access(ctx);
   std::byte* s = resolve(access, src, size, kIommuRead);
   if (!s) return fault(field, src, kIommuRead);
@@ -130,9 +183,27 @@ fw::Problem DmaEngine::read(DmaContext& ctx, std::uint64_t src, void* out, std::
   return ok();
 }
 
+fw::Problem DmaEngine::write(DmaContext& ctx, std::uint64_t dst, const void* in, std::uint64_t size,
+                             std::uint16_t field) const {
+  if (size == 0) return ok();
+  if (remote(dst)) {
+    {
+      DmaAccess access(ctx);
+      if (!access.permits(dst, size, kIommuWrite)) return fault(field, dst, kIommuWrite);
+    }
+    return port_->write(dst, in, size) ? ok() : fault(field, dst, kIommuWrite);
+  }
+  DmaAccess access(ctx);
+  std::byte* d = resolve(access, dst, size, kIommuWrite);
+  if (!d) return fault(field, dst, kIommuWrite);
+  std::memcpy(d, in, size);
+  return ok();
+}
+
 fw::Problem DmaEngine::load64(DmaContext& ctx, std::uint64_t addr, std::uint64_t& out,
                               std::uint16_t field) const {
   if (auto bad = check_read(addr, 8, field); bad.status != fw::CmdStatus::kOk) return bad;
+  if (remote(addr)) return read(ctx, addr, &out, 8, field);
   DmaAccess access(ctx);
   std::byte* p = resolve(access, addr, 8, kIommuRead);
   if (!p) return fault(field, addr, kIommuRead);
@@ -143,6 +214,7 @@ fw::Problem DmaEngine::load64(DmaContext& ctx, std::uint64_t addr, std::uint64_t
 
 fw::Problem DmaEngine::store64(DmaContext& ctx, std::uint64_t addr, std::uint64_t value,
                                std::uint16_t field) const {
+  if (remote(addr)) return write(ctx, addr, &value, 8, field);
   DmaAccess access(ctx);
   std::byte* p = resolve(access, addr, 8, kIommuWrite);
   if (!p) return fault(field, addr, kIommuWrite);

@@ -39,11 +39,10 @@ DmaAccess::DmaAccess(DmaContext& ctx) noexcept : ctx_(ctx) {
 
 DmaAccess::~DmaAccess() { ctx_.active_generation_.store(0, std::memory_order_release); }
 
-std::byte* DmaAccess::translate(std::uint64_t iova, std::uint64_t size, std::uint32_t access) {
+const DmaContext::CacheEntry* DmaAccess::find(std::uint64_t iova, std::uint64_t size) {
   if (size == 0 || iova > UINT64_MAX - size) return nullptr;
   for (auto& e : ctx_.cache_) {
-    if (e.generation == generation_ && iova >= e.iova && iova + size <= e.iova + e.size)
-      return (e.access & access) == access ? e.host + (iova - e.iova) : nullptr;
+    if (e.generation == generation_ && iova >= e.iova && iova + size <= e.iova + e.size) return &e;
   }
   IommuDomain& d = ctx_.domain_;
   std::lock_guard lock(d.mu_);
@@ -57,8 +56,18 @@ std::byte* DmaAccess::translate(std::uint64_t iova, std::uint64_t size, std::uin
   // access began, the entry is simply never hit by this access.
   auto& slot = ctx_.cache_[ctx_.next_victim_++ % 4];
   slot = {d.generation_.load(std::memory_order_relaxed), base, w.size, w.host, w.access};
-  if ((w.access & access) != access) return nullptr;
-  return w.host + (iova - base);
+  return &slot;
+}
+
+std::byte* DmaAccess::translate(std::uint64_t iova, std::uint64_t size, std::uint32_t access) {
+  const DmaContext::CacheEntry* e = find(iova, size);
+  if (!e || !e->host || (e->access & access) != access) return nullptr;
+  return e->host + (iova - e->iova);
+}
+
+bool DmaAccess::permits(std::uint64_t iova, std::uint64_t size, std::uint32_t access) {
+  const DmaContext::CacheEntry* e = find(iova, size);
+  return e && (e->access & access) == access;
 }
 
 std::string IommuDomain::map(std::uint64_t iova, void* host, std::uint64_t size,

@@ -48,6 +48,8 @@ TEST(Usb, EveryTypeRoundTripsInItsDirection) {
       {UsbType::kMemWrite, UsbDirection::kToBoard, 0x100000, 0, true},
       {UsbType::kMemRead, UsbDirection::kToBoard, 0x100000, 4096, false},
       {UsbType::kHostData, UsbDirection::kToBoard, 1ull << 48, 0, true},
+      {UsbType::kMapDma, UsbDirection::kToBoard, 1ull << 48, 8192, false},
+      {UsbType::kUnmapDma, UsbDirection::kToBoard, 1ull << 48, 8192, false},
       {UsbType::kFwBegin, UsbDirection::kToBoard, 65536, 0, false},
       {UsbType::kFwData, UsbDirection::kToBoard, 4096, 0, true},
       {UsbType::kFwCommit, UsbDirection::kToBoard, 0xE3069283, 0, false},
@@ -144,6 +146,22 @@ TEST(Usb, ArgumentsAreChecked) {
   EXPECT_THAT(refused(msg(UsbType::kFwData, 1, kMaxImageBytes - 2, 0, std::vector<std::byte>(4)), UsbDirection::kToBoard),
               HasSubstr("fw-data argument 0"));
   EXPECT_THAT(refused(msg(UsbType::kFwCommit, 1, 1ull << 33), UsbDirection::kToBoard), HasSubstr("fw-commit"));
+}
+
+TEST(Usb, MappingsArePageGranularAndOnlyMapsCarryTheWriteFlag) {
+  auto ok = decode_usb_message(msg(UsbType::kMapDma, 0, 1ull << 48, 4096, {}, 0, kUsbFlagDeviceWrites),
+                               UsbDirection::kToBoard, kBar0);
+  ASSERT_TRUE(ok.ok()) << describe_usb_problem(ok.problem());
+  EXPECT_EQ(ok->flags, kUsbFlagDeviceWrites);
+  EXPECT_EQ(refused(msg(UsbType::kMapDma, 0, (1ull << 48) + 8, 4096), UsbDirection::kToBoard),
+            "usb: map-dma argument 0 = 0x1000000000008 is not a non-zero multiple of 4096");
+  EXPECT_THAT(refused(msg(UsbType::kUnmapDma, 0, 1ull << 48, 0), UsbDirection::kToBoard),
+              HasSubstr("unmap-dma argument 1 = 0 is not a non-zero multiple of 4096"));
+  EXPECT_THAT(refused(msg(UsbType::kMapDma, 0, ~0ull - 4095, 8192), UsbDirection::kToBoard),
+              HasSubstr("map-dma argument 0"));
+  EXPECT_THAT(refused(msg(UsbType::kUnmapDma, 0, 1ull << 48, 4096, {}, 0, kUsbFlagDeviceWrites),
+                      UsbDirection::kToBoard),
+              HasSubstr("flags 0x2 are not defined for unmap-dma"));
 }
 
 TEST(Usb, AHostDataFaultCarriesNoBytes) {

@@ -17,6 +17,7 @@ inline std::vector<std::string> conformance_devices() {
   for (auto& d : tpuhal::enumerate()) uris.push_back(d.uri);
   uris.push_back("sim:tiny");
   uris.push_back("sim:edge-soc");
+  uris.push_back("usb-sim:tiny");
   return uris;
 }
 

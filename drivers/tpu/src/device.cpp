@@ -78,6 +78,10 @@ class DeviceBuffer final : public driver::BufferBackend {
     auto ap = dev_->aperture();
     const bool mappable = memory_ == Memory::DeviceHostVisible ||
                           dev_->properties().caps.map_device_memory;
+    if (!dev_->transport().aperture_coherent())
+      throw Error(Status::Unsupported,
+                  dev_->uri() + ": device memory is not host-mappable over " + dev_->transport().bus() +
+                      " (the bus has no memory window); copy through a Memory::HostPinned buffer");
     if (!mappable || address_ + size_ > ap.size())
       throw Error(Status::Unsupported,
                   dev_->uri() + ": device memory in heap '" + heap_name_ +
@@ -271,7 +275,7 @@ void TpuDevice::read_properties() {
   props_.peak_fp16_tflops = t.read32(fw::reg::kFp16Gflops) / 1000.0;
   props_.peak_fp32_tflops = t.read32(fw::reg::kFp32Gflops) / 1000.0;
   props_.decode_channels = t.read32(fw::reg::kDecodeChannels);
-  props_.caps.map_device_memory = caps_ & fw::kCapUnifiedMemory;
+  props_.caps.map_device_memory = (caps_ & fw::kCapUnifiedMemory) && t.aperture_coherent();
   props_.caps.import_host_memory = t.can_map_any_memory();
   props_.caps.wait_value = caps_ & fw::kCapWaitValue;
   props_.caps.timestamps = caps_ & fw::kCapTimestamp;
@@ -312,7 +316,9 @@ void TpuDevice::read_properties() {
     props_.heaps.push_back(HeapInfo{name, memory, rbase, rsize, (flags & fw::kRegionDefault) != 0});
     if (visible) props_.host_visible_bytes += rsize;
   }
-  props_.caps.host_visible_device_memory = props_.host_visible_bytes > 0;
+  // Over a bus without a memory window the host-visible regions still hold
+  // the rings and command lists, but users cannot map them.
+  props_.caps.host_visible_device_memory = props_.host_visible_bytes > 0 && t.aperture_coherent();
   if (props_.host_visible_bytes == 0)
     throw Error(Status::Unsupported, uri + ": the board has no host-visible memory for command rings");
 
@@ -609,6 +615,7 @@ std::shared_ptr<driver::ProgramBackend> TpuDevice::create_program(std::span<cons
     if (slots[i].descriptor) slots[i].d.sequence = static_cast<std::uint32_t>(i);
     std::memcpy(static_cast<void*>(&list[i]), &slots[i].d, sizeof slots[i].d);
   }
+  transport_->flush_aperture(address, bytes);
   return std::make_shared<TpuProgram>(shared_from_this(), heap, address, slots.size(), commands.size());
 }
 

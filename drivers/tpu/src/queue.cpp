@@ -44,6 +44,7 @@ TpuQueue::TpuQueue(std::shared_ptr<TpuDevice> device, std::uint32_t index, Engin
   t.write32(reg(fw::reg::queue::kControl), fw::kQueueControlReset);
   std::memset(static_cast<void*>(page_), 0, sizeof *page_);
   std::memset(static_cast<void*>(ring_), 0, std::size_t{entries} * sizeof(fw::CommandDescriptor));
+  t.flush_aperture(ring_address, std::uint64_t{entries} * sizeof(fw::CommandDescriptor));
   const std::uint64_t page_iova = device_->hw_queue(index).page_iova;
   t.write32(reg(fw::reg::queue::kRingBaseLo), static_cast<std::uint32_t>(ring_address));
   t.write32(reg(fw::reg::queue::kRingBaseHi), static_cast<std::uint32_t>(ring_address >> 32));
@@ -247,8 +248,15 @@ std::uint64_t TpuQueue::publish(std::span<Slot> slots) {
     std::memcpy(static_cast<void*>(&ring_[(tail_ + i) & mask]), &d, sizeof d);
     shadow_[(tail_ + i) & mask] = {value, slots[i].command, commands};
   }
+  Transport& t = device_->transport();
+  if (!t.aperture_coherent()) {  // the slots written, in at most two pieces (the ring wraps)
+    const std::uint32_t first = tail_ & mask, run = std::min(count, entries_ - first);
+    t.flush_aperture(ring_address_ + std::uint64_t{first} * sizeof(fw::CommandDescriptor),
+                     std::uint64_t{run} * sizeof(fw::CommandDescriptor));
+    if (run < count) t.flush_aperture(ring_address_, std::uint64_t{count - run} * sizeof(fw::CommandDescriptor));
+  }
   tail_ += count;
-  device_->transport().write32(reg(fw::reg::queue::kTail), tail_);
+  t.write32(reg(fw::reg::queue::kTail), tail_);
   submitted_.store(value, std::memory_order_release);
   return value;
 }

@@ -18,7 +18,9 @@
 // made before it delivers the interrupt that announces them: the bulk and
 // interrupt pipes are independent and USB does not order them.
 //
-// DMA is reversed: the board cannot reach host memory, so it asks. A
+// DMA is reversed: the board cannot reach host memory, so it asks. The host
+// tells it what it mapped (kMapDma, kUnmapDma) so that the board can fault a
+// command before asking; the host's own table stays the authority. A
 // kHostRead names an IOVA range the driver mapped (Transport::map_dma) and a
 // tag; the host answers with kHostData carrying the bytes and the same tag.
 // kHostWrite carries bytes the board writes to host memory (fences, status
@@ -73,6 +75,8 @@ enum class UsbType : std::uint16_t {
   kMemWrite = 0x03,   // args: device address; data: bytes to write
   kMemRead = 0x04,    // args: device address, bytes -> kMemData with the same tag
   kHostData = 0x05,   // args: iova; data: the bytes a kHostRead asked for (tag = its tag)
+  kMapDma = 0x06,     // args: iova, bytes (page-aligned); flag kUsbFlagDeviceWrites: the board may write
+  kUnmapDma = 0x07,   // args: iova, bytes: exactly a range kMapDma mapped
   kFwBegin = 0x10,    // args: image bytes (loader mode)
   kFwData = 0x11,     // args: offset into the image; data: image bytes
   kFwCommit = 0x12,   // args: the image's crc32c -> kFwStatus
@@ -87,11 +91,13 @@ enum class UsbType : std::uint16_t {
 const char* to_string(UsbType type) noexcept;  // "reg-write"; "unknown" off the list
 
 inline constexpr std::uint16_t kUsbFlagFault = 1;  // kHostData: the range is not mapped (no data)
+inline constexpr std::uint16_t kUsbFlagDeviceWrites = 2;  // kMapDma: writable as well as readable
+inline constexpr std::uint64_t kUsbPage = 4096;           // kMapDma / kUnmapDma granularity
 
 struct UsbHeader {
   std::uint32_t magic;       // kUsbMagic
   std::uint16_t type;        // UsbType
-  std::uint16_t flags;       // kUsbFlagFault on kHostData; else 0
+  std::uint16_t flags;       // kUsbFlagFault on kHostData, kUsbFlagDeviceWrites on kMapDma; else 0
   std::uint32_t sequence;    // board messages: 1, 2, 3, ... per link; host messages: 0
   std::uint32_t data_bytes;  // payload after the arguments
   std::uint64_t tag;         // pairs requests and replies

@@ -57,6 +57,26 @@ struct Fault {
 // naming the item at fault.
 std::vector<Fault> parse_faults(std::string_view spec);
 
+// How a board whose host is on the far side of a cable (USB) reaches host
+// memory: by asking. With BoardOptions::host_port set, the board's IOMMU
+// windows carry no host pointers (the host's mappings arrive as messages and
+// only say what may be reached), and every DMA access of host memory becomes
+// a read or a write through the port. Without it, host memory is in this
+// process and reached through the IOMMU's pointers.
+class HostPort {
+ public:
+  virtual ~HostPort() = default;
+  // Fills `out` with host memory [iova, iova + size); false if the host
+  // refused (the range is not mapped for reading there) or the link is gone.
+  // May be called from several threads at once.
+  virtual bool read(std::uint64_t iova, void* out, std::uint64_t size) = 0;
+  // Writes host memory [iova, iova + size), in order with every earlier
+  // write and interrupt of this port; an aligned 4- or 8-byte write lands
+  // whole (the host stores it atomically). Posted: false only if the link is
+  // gone.
+  virtual bool write(std::uint64_t iova, const void* in, std::uint64_t size) = 0;
+};
+
 struct BoardOptions {
   // Back DRAM with a memfd (size-sealed; see dram_fd()) instead of private
   // anonymous memory, so that another process can map the aperture: the
@@ -75,6 +95,11 @@ struct BoardOptions {
     std::atomic<std::uint32_t>* sleeping = nullptr;
   };
   std::vector<ShadowDoorbell> doorbells;
+
+  // Host memory through messages (see HostPort); must outlive the board.
+  // Such a board offers no video decoding yet: the codec unit's channel
+  // page is a shared-memory protocol (docs/usb.md).
+  HostPort* host_port = nullptr;
 };
 
 class Board {

@@ -65,9 +65,16 @@ class DmaAccess {
 
   // Host pointer for [iova, iova + size) if one mapping covers all of it with
   // `access` allowed; nullptr otherwise.
+  // A window mapped without a host pointer (a remote host, see
+  // sim::HostPort) translates to nullptr; permits() is its check.
   std::byte* translate(std::uint64_t iova, std::uint64_t size, std::uint32_t access);
+  // Whether one mapping covers [iova, iova + size) with `access` allowed.
+  bool permits(std::uint64_t iova, std::uint64_t size, std::uint32_t access);
 
  private:
+  // The window covering [iova, iova + size), or nullptr.
+  const DmaContext::CacheEntry* find(std::uint64_t iova, std::uint64_t size);
+
   DmaContext& ctx_;
   std::uint64_t generation_;
 };
@@ -81,6 +88,8 @@ class IommuDomain {
   // Maps `size` bytes of host memory at `host` to `iova`. iova, host and size
   // must be page-aligned, the range inside the host window, and not overlap an
   // existing mapping. Returns an empty string on success, else why not.
+  // `host` is nullptr for a host on the far side of a cable: the window then
+  // only records what the host allows (DmaAccess::permits).
   std::string map(std::uint64_t iova, void* host, std::uint64_t size, std::uint32_t access);
   // Removes the mapping that starts at `iova` with exactly `size` bytes and
   // waits for DMA that may use it. Returns an empty string or why not.

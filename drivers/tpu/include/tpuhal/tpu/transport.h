@@ -32,6 +32,19 @@ class Transport {
   // Host view of device DRAM [0, aperture size) (BAR2), or empty if the bus
   // has none.
   virtual std::span<std::byte> aperture() = 0;
+  // Whether stores into aperture() reach the board by themselves (a BAR, or
+  // memory shared with the simulator). A bus without a memory window (USB)
+  // returns false: its aperture is a host-side copy, the driver calls
+  // flush_aperture after writing it, never reads back what the board wrote
+  // there, and offers no mapping of device memory to users.
+  virtual bool aperture_coherent() const { return true; }
+  // Sends the driver's writes to aperture [offset, offset + size) to the
+  // board, ordered before every later register write. Nothing to do where
+  // the aperture is coherent.
+  virtual void flush_aperture(std::uint64_t offset, std::uint64_t size) {
+    (void)offset;
+    (void)size;
+  }
 
   // Lets the board reach `size` bytes of host memory at `host` through the
   // IOVA `iova` (the driver chooses IOVAs in fw::kHostWindowBase..End).

@@ -1,0 +1,54 @@
+// The USB transport: a board on a USB cable, driven through the firmware
+// interface's USB messages (fw/usb.h, docs/usb.md).
+//
+// A USB board has no BARs. Register accesses become messages on bulk OUT
+// (reads wait for the answer on bulk IN), the aperture is a host-side copy
+// sent to the board with mem-write messages when the driver flushes it, and
+// the board's DMA is reversed: it asks for host memory (host-read) and sends
+// its writes (host-write), which this transport checks against the mappings
+// the driver made and applies in order. Interrupt IN notifications reach the
+// driver's eventfds only after every bulk message they follow is applied.
+//
+// A link that fails (the cable is pulled, the board resets, a transfer
+// errors) makes the board lost: registers read all ones, every interrupt
+// vector fires so that waiters look, and the driver reports device-lost.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "tpuhal/tpu/transport.h"
+
+namespace tpuhal::tpu {
+
+// The host's end of the cable: the board's interface and its endpoints.
+// Implementations: libusb (usb: devices) and an in-process cable to a
+// simulated board (usb-sim: devices).
+class UsbLink {
+ public:
+  virtual ~UsbLink() = default;
+  // "usb 1-2 (1d6b:0104)", "usb-sim tiny", ...
+  virtual std::string bus() const = 0;
+  // EP0 vendor request, device to host: fills `out`, returns the bytes
+  // received. Throws tpuhal::Error (DeviceLost) when the board is gone.
+  virtual std::size_t control_in(std::uint8_t request, std::span<std::byte> out) = 0;
+  // EP0 vendor request without data, host to device. Throws as control_in.
+  virtual void control_out(std::uint8_t request) = 0;
+  // Bulk OUT: all of `data`; false once the board is gone or shut down.
+  virtual bool bulk_out(std::span<const std::byte> data) = 0;
+  // Bulk IN and interrupt IN: block until something arrives; return the
+  // bytes received, or 0 once the board is gone or shutdown() was called.
+  virtual std::size_t bulk_in(std::span<std::byte> out) = 0;
+  virtual std::size_t interrupt_in(std::span<std::byte> out) = 0;
+  // Makes blocked and later transfers return 0 / false (closing).
+  virtual void shutdown() noexcept = 0;
+};
+
+// Checks the board's identity (application mode, a payload limit this side
+// takes) and starts the link's threads. Throws tpuhal::Error.
+std::unique_ptr<Transport> make_usb_transport(std::unique_ptr<UsbLink> link);
+
+}  // namespace tpuhal::tpu

@@ -1,0 +1,430 @@
+#include "tpuhal/tpu/usb_transport.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "tpuhal/base/fd.h"
+#include "tpuhal/base/log.h"
+#include "tpuhal/base/mapping.h"
+#include "tpuhal/fw/regs.h"
+#include "tpuhal/fw/usb.h"
+#include "tpuhal/tpu/device.h"
+
+namespace tpuhal::tpu {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A register read the board does not answer in this long means it is gone.
+constexpr auto kAnswerTimeout = 10s;
+// Board-to-host messages are batched by the board; this side sends its
+// small messages (register writes) in transfers of up to this size.
+constexpr std::size_t kBatchBytes = 256u << 10;
+
+// Board DMA of host memory. A whole aligned 4- or 8-byte word moves whole,
+// atomically: the driver reads fences and status words with atomic loads,
+// and the board polls words the host stores (wait-value). `local` is this
+// side's buffer, `shared` the host memory the driver and users see.
+template <class W>
+bool word_sized(const std::byte* shared, std::size_t n) {
+  return n == sizeof(W) && reinterpret_cast<std::uintptr_t>(shared) % sizeof(W) == 0;
+}
+template <class W>
+W& word_at(std::byte* shared) {
+  return *reinterpret_cast<W*>(shared);
+}
+
+void read_host(std::byte* local, std::byte* shared, std::size_t n) {
+  if (word_sized<std::uint64_t>(shared, n)) {
+    const auto v = std::atomic_ref<std::uint64_t>(word_at<std::uint64_t>(shared)).load(std::memory_order_seq_cst);
+    std::memcpy(local, &v, n);
+  } else if (word_sized<std::uint32_t>(shared, n)) {
+    const auto v = std::atomic_ref<std::uint32_t>(word_at<std::uint32_t>(shared)).load(std::memory_order_seq_cst);
+    std::memcpy(local, &v, n);
+  } else {
+    std::memcpy(local, shared, n);
+  }
+}
+
+void write_host(std::byte* shared, const std::byte* local, std::size_t n) {
+  if (word_sized<std::uint64_t>(shared, n)) {
+    std::uint64_t v;
+    std::memcpy(&v, local, n);
+    std::atomic_ref<std::uint64_t>(word_at<std::uint64_t>(shared)).store(v, std::memory_order_seq_cst);
+  } else if (word_sized<std::uint32_t>(shared, n)) {
+    std::uint32_t v;
+    std::memcpy(&v, local, n);
+    std::atomic_ref<std::uint32_t>(word_at<std::uint32_t>(shared)).store(v, std::memory_order_seq_cst);
+  } else {
+    std::memcpy(shared, local, n);
+  }
+}
+
+class UsbTransport final : public Transport {
+ public:
+  explicit UsbTransport(std::unique_ptr<UsbLink> link) : link_(std::move(link)), bus_(link_->bus()) {
+    std::byte raw[sizeof(fw::UsbIdentity)];
+    const std::size_t n = link_->control_in(fw::kUsbGetIdentity, raw);
+    auto id = fw::decode_usb_identity({raw, n});
+    if (!id)
+      throw Error(Status::DeviceLost, bus_ + ": the board's identity is malformed: " +
+                                          fw::describe_usb_problem(id.problem()));
+    if (id->mode != static_cast<std::uint32_t>(fw::UsbMode::kApplication))
+      throw Error(Status::Unsupported, bus_ + ": the board is in loader mode: upload its firmware first "
+                                              "(tpuhal usb-upload)");
+    max_data_ = id->max_data;
+    // One eventfd per vector the firmware interface allows; the board's
+    // queue count says how many are used.
+    for (std::uint32_t v = 0; v <= fw::kMaxQueues; ++v) vectors_.push_back(base::make_eventfd());
+    // Drop whatever a previous user left half-sent.
+    link_->control_out(fw::kUsbResetLink);
+    out_thread_ = std::thread([this] { serve_out(); });
+    in_thread_ = std::thread([this] { serve_in(); });
+    try {
+      const std::uint32_t queues = read32(fw::reg::kNumQueues);
+      const std::uint64_t aperture = read32(fw::reg::kApertureLo) | std::uint64_t{read32(fw::reg::kApertureHi)} << 32;
+      if (lost_.load() || queues == 0 || queues > fw::kMaxQueues || aperture % 4096 || aperture > (64ull << 30))
+        throw Error(Status::DeviceLost, bus_ + ": the board does not answer sensibly (" + std::to_string(queues) +
+                                            " queues, aperture " + std::to_string(aperture) + " bytes)");
+      used_vectors_ = queues + 1;
+      if (aperture) aperture_ = base::Mapping::anonymous(aperture, {.noreserve = true});
+    } catch (...) {
+      stop();
+      throw;
+    }
+    irq_thread_ = std::thread([this] { serve_irq(); });
+  }
+
+  ~UsbTransport() override { stop(); }
+
+  std::string bus() const override { return bus_; }
+
+  std::uint32_t read32(std::uint32_t offset) override {
+    Reply r;
+    const std::uint64_t tag = expect(r);
+    if (!send(fw::UsbType::kRegRead, tag, offset)) return forget(tag), 0xFFFFFFFF;
+    if (!await(r, tag)) return 0xFFFFFFFF;
+    return static_cast<std::uint32_t>(r.value);
+  }
+
+  void write32(std::uint32_t offset, std::uint32_t value) override {
+    send(fw::UsbType::kRegWrite, 0, offset, value);
+  }
+
+  std::span<std::byte> aperture() override { return {aperture_.data(), aperture_.size()}; }
+  bool aperture_coherent() const override { return false; }
+
+  void flush_aperture(std::uint64_t offset, std::uint64_t size) override {
+    if (offset > aperture_.size() || size > aperture_.size() - offset) return;
+    for (std::uint64_t done = 0; done < size; done += max_data_) {
+      const std::uint64_t n = std::min<std::uint64_t>(max_data_, size - done);
+      send(fw::UsbType::kMemWrite, 0, offset + done, 0, {aperture_.data() + offset + done, n});
+    }
+  }
+
+  void map_dma(std::uint64_t iova, void* host, std::uint64_t size, bool device_writes) override {
+    {
+      std::unique_lock lock(map_mu_);
+      auto next = windows_.lower_bound(iova);
+      const bool overlaps = (next != windows_.end() && next->first < iova + size) ||
+                            (next != windows_.begin() && std::prev(next)->first + std::prev(next)->second.size > iova);
+      if (overlaps || size == 0)
+        throw Error(Status::Internal, bus_ + ": DMA mapping at IOVA " + std::to_string(iova) + " overlaps another");
+      windows_.emplace(iova, Window{static_cast<std::byte*>(host), size, device_writes});
+    }
+    send(fw::UsbType::kMapDma, 0, iova, size, {}, device_writes ? fw::kUsbFlagDeviceWrites : 0);
+  }
+
+  void unmap_dma(std::uint64_t iova, std::uint64_t size) noexcept override {
+    {
+      // Taken exclusively: a board read or write being applied finishes first.
+      std::unique_lock lock(map_mu_);
+      auto it = windows_.find(iova);
+      if (it == windows_.end() || it->second.size != size) return;
+      windows_.erase(it);
+    }
+    send(fw::UsbType::kUnmapDma, 0, iova, size);
+  }
+
+  std::uint32_t interrupt_vectors() const override { return used_vectors_; }
+  int interrupt_fd(std::uint32_t vector) const override { return vectors_.at(vector).get(); }
+
+ private:
+  struct Window {
+    std::byte* host;
+    std::uint64_t size;
+    bool writes;
+  };
+  struct Reply {
+    bool done = false, failed = false;
+    std::uint64_t value = 0;
+  };
+
+  std::uint64_t expect(Reply& r) {
+    std::lock_guard lock(reply_mu_);
+    const std::uint64_t tag = ++next_tag_;
+    replies_.emplace(tag, &r);
+    return tag;
+  }
+  void forget(std::uint64_t tag) {
+    std::lock_guard lock(reply_mu_);
+    replies_.erase(tag);
+  }
+  // Waits for the answer; false if the board is lost, refused, or silent.
+  bool await(Reply& r, std::uint64_t tag) {
+    std::unique_lock lock(reply_mu_);
+    const bool answered = reply_cv_.wait_for(lock, kAnswerTimeout, [&] { return r.done || lost_.load(); });
+    replies_.erase(tag);
+    if (!answered) {
+      lock.unlock();
+      lose("it did not answer a register read within " + std::to_string(kAnswerTimeout.count()) + " s");
+      return false;
+    }
+    return r.done && !r.failed;
+  }
+
+  bool send(fw::UsbType type, std::uint64_t tag, std::uint64_t a0, std::uint64_t a1 = 0,
+            std::span<const std::byte> data = {}, std::uint16_t flags = 0) {
+    {
+      std::lock_guard lock(out_mu_);
+      if (lost_.load(std::memory_order_relaxed) || closing_) return false;
+      std::vector<std::byte> m;
+      m.reserve(sizeof(fw::UsbHeader) + data.size());
+      fw::append_usb_message(m, type, tag, a0, a1, data, 0, flags);
+      out_.push_back(std::move(m));
+    }
+    out_cv_.notify_one();
+    return true;
+  }
+
+  void lose(const std::string& why) {
+    if (lost_.exchange(true)) return;
+    if (!closing_flag_.load()) base::logger("tpu")->error("{}: the board is gone: {}", bus_, why);
+    {
+      std::lock_guard lock(reply_mu_);
+    }
+    reply_cv_.notify_all();
+    {
+      std::lock_guard lock(seq_mu_);
+    }
+    seq_cv_.notify_all();
+    out_cv_.notify_all();
+    // Every waiter looks: registers now read all ones.
+    for (auto& fd : vectors_) base::eventfd_signal(fd.get());
+  }
+
+  void stop() {
+    closing_flag_.store(true);
+    {
+      std::lock_guard lock(out_mu_);
+      closing_ = true;
+    }
+    out_cv_.notify_all();
+    if (out_thread_.joinable()) out_thread_.join();
+    link_->shutdown();
+    lose("closed");
+    if (in_thread_.joinable()) in_thread_.join();
+    if (irq_thread_.joinable()) irq_thread_.join();
+  }
+
+  void serve_out() {
+    std::vector<std::byte> batch;
+    for (;;) {
+      batch.clear();
+      {
+        std::unique_lock lock(out_mu_);
+        out_cv_.wait(lock, [&] { return closing_ || lost_.load() || !out_.empty(); });
+        if (out_.empty() || lost_.load()) return;  // closing sends what was queued first
+        while (!out_.empty() && (batch.empty() || batch.size() + out_.front().size() <= kBatchBytes)) {
+          if (batch.empty()) batch.swap(out_.front());
+          else batch.insert(batch.end(), out_.front().begin(), out_.front().end());
+          out_.pop_front();
+        }
+      }
+      if (!link_->bulk_out(batch)) {
+        lose("a bulk OUT transfer failed");
+        return;
+      }
+    }
+  }
+
+  // Applies one board message; false if the stream cannot be trusted.
+  bool apply(const fw::UsbMessage& m) {
+    switch (m.type) {
+      case fw::UsbType::kRegValue:
+      case fw::UsbType::kMemData:
+      case fw::UsbType::kFwStatus:
+      case fw::UsbType::kError: {
+        if (m.type == fw::UsbType::kError && m.tag == 0) {
+          base::logger("tpu")->error("{}: the board refused a {} message ({})", bus_,
+                                     fw::to_string(static_cast<fw::UsbType>(m.arg[1])),
+                                     fw::to_string(static_cast<fw::CmdStatus>(m.arg[0])));
+          return true;
+        }
+        {
+          std::lock_guard lock(reply_mu_);
+          auto it = replies_.find(m.tag);
+          if (it == replies_.end()) return true;  // its waiter gave up
+          it->second->done = true;
+          it->second->failed = m.type == fw::UsbType::kError;
+          it->second->value = m.arg[1];
+        }
+        reply_cv_.notify_all();
+        return true;
+      }
+      case fw::UsbType::kHostRead: {
+        std::vector<std::byte> answer;
+        bool ok = false;
+        {
+          std::shared_lock lock(map_mu_);
+          if (std::byte* from = host_range(m.arg[0], m.arg[1], false)) {
+            answer.resize(sizeof(fw::UsbHeader) + m.arg[1]);
+            fw::UsbHeader h{fw::kUsbMagic, static_cast<std::uint16_t>(fw::UsbType::kHostData), 0, 0,
+                            static_cast<std::uint32_t>(m.arg[1]), m.tag, {m.arg[0], 0}};
+            std::memcpy(answer.data(), &h, sizeof h);
+            read_host(answer.data() + sizeof h, from, m.arg[1]);
+            ok = true;
+          }
+        }
+        if (!ok) {
+          refused_reads_.fetch_add(1, std::memory_order_relaxed);
+          send(fw::UsbType::kHostData, m.tag, m.arg[0], 0, {}, fw::kUsbFlagFault);
+          return true;
+        }
+        {
+          std::lock_guard lock(out_mu_);
+          if (lost_.load() || closing_) return true;
+          out_.push_back(std::move(answer));
+        }
+        out_cv_.notify_one();
+        return true;
+      }
+      case fw::UsbType::kHostWrite: {
+        std::shared_lock lock(map_mu_);
+        std::byte* at = host_range(m.arg[0], m.data.size(), true);
+        if (!at) {
+          if (refused_writes_.fetch_add(1, std::memory_order_relaxed) < 8)
+            base::logger("tpu")->error("{}: the board wrote {} bytes at IOVA {:#x}, which is not mapped for it to write",
+                                       bus_, m.data.size(), m.arg[0]);
+          return true;
+        }
+        write_host(at, m.data.data(), m.data.size());
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  // Host memory for [iova, iova + size) if one mapping holds it with the
+  // access asked for (map_mu_ held), else nullptr.
+  std::byte* host_range(std::uint64_t iova, std::uint64_t size, bool write) {
+    auto it = windows_.upper_bound(iova);
+    if (it == windows_.begin() || size == 0) return nullptr;
+    --it;
+    const std::uint64_t off = iova - it->first;
+    if (off >= it->second.size || size > it->second.size - off || (write && !it->second.writes)) return nullptr;
+    return it->second.host + off;
+  }
+
+  void serve_in() {
+    std::vector<std::byte> buf(2 * (sizeof(fw::UsbHeader) + max_data_));
+    std::size_t used = 0;
+    const std::size_t whole = sizeof(fw::UsbHeader) + max_data_;
+    for (;;) {
+      if (buf.size() - used < whole) buf.resize(used + whole);
+      const std::size_t n = link_->bulk_in({buf.data() + used, buf.size() - used});
+      if (n == 0) return lose("the cable was pulled or the board reset (bulk IN ended)");
+      used += n;
+      std::size_t at = 0;
+      while (used - at >= sizeof(fw::UsbHeader)) {
+        std::span<const std::byte> rest{buf.data() + at, used - at};
+        auto len = fw::usb_message_bytes(rest, fw::UsbDirection::kToHost, max_data_);
+        if (!len) return lose("its bulk IN stream is out of step: " + fw::describe_usb_problem(len.problem()));
+        if (rest.size() < *len) break;
+        auto m = fw::decode_usb_message(rest.first(*len), fw::UsbDirection::kToHost, fw::kBar0Size, max_data_);
+        if (!m) return lose("it sent a malformed message: " + fw::describe_usb_problem(m.problem()));
+        if (m->sequence != applied_ + 1)
+          return lose("its message " + std::to_string(m->sequence) + " came after " + std::to_string(applied_));
+        if (!apply(*m)) return lose(std::string("it sent an unexpected ") + fw::to_string(m->type));
+        {
+          std::lock_guard lock(seq_mu_);
+          ++applied_;
+        }
+        if (irq_waiting_.load(std::memory_order_acquire)) seq_cv_.notify_all();
+        at += *len;
+      }
+      std::memmove(buf.data(), buf.data() + at, used - at);
+      used -= at;
+    }
+  }
+
+  void serve_irq() {
+    for (;;) {
+      std::byte raw[64];
+      const std::size_t n = link_->interrupt_in(raw);
+      if (n == 0) return lose("the cable was pulled or the board reset (interrupt IN ended)");
+      auto irq = fw::decode_usb_interrupt({raw, n});
+      if (!irq) return lose("it sent a malformed interrupt: " + fw::describe_usb_problem(irq.problem()));
+      {
+        // Whatever the board wrote before the interrupt is applied first.
+        std::unique_lock lock(seq_mu_);
+        irq_waiting_.store(true, std::memory_order_release);
+        seq_cv_.wait(lock, [&] { return applied_ >= irq->after_sequence || lost_.load(); });
+        irq_waiting_.store(false, std::memory_order_relaxed);
+      }
+      if (lost_.load()) return;
+      for (std::uint32_t v = 0; v < vectors_.size(); ++v)
+        if (irq->vectors & (1u << v)) base::eventfd_signal(vectors_[v].get());
+    }
+  }
+
+  std::unique_ptr<UsbLink> link_;
+  const std::string bus_;
+  std::uint32_t max_data_ = fw::kUsbMaxData;
+  base::Mapping aperture_;
+  std::vector<base::UniqueFd> vectors_;  // fixed before the threads start
+  std::uint32_t used_vectors_ = 0;
+
+  std::shared_mutex map_mu_;
+  std::map<std::uint64_t, Window> windows_;  // by IOVA; guarded
+
+  std::mutex reply_mu_;
+  std::condition_variable reply_cv_;
+  std::unordered_map<std::uint64_t, Reply*> replies_;  // guarded
+  std::uint64_t next_tag_ = 0;                          // guarded
+
+  std::mutex seq_mu_;
+  std::condition_variable seq_cv_;
+  std::uint64_t applied_ = 0;  // the last board message applied; guarded (written by the in thread)
+  std::atomic<bool> irq_waiting_{false};
+
+  std::mutex out_mu_;
+  std::condition_variable out_cv_;
+  std::deque<std::vector<std::byte>> out_;  // guarded
+  bool closing_ = false;                    // guarded
+  std::atomic<bool> closing_flag_{false};
+  std::atomic<bool> lost_{false};
+  std::atomic<std::uint64_t> refused_reads_{0}, refused_writes_{0};
+
+  std::thread out_thread_, in_thread_, irq_thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_usb_transport(std::unique_ptr<UsbLink> link) {
+  return std::make_unique<UsbTransport>(std::move(link));
+}
+
+}  // namespace tpuhal::tpu

@@ -1,0 +1,85 @@
+// The board side of a USB cable: a simulated board behind the USB firmware
+// interface (fw/usb.h, docs/usb.md).
+//
+// UsbFunction owns a Board whose host memory is reached through messages
+// (BoardOptions::host_port) and serves the function's endpoints: it executes
+// the host's bulk OUT messages in order (register and device-memory
+// accesses, DMA mappings, answers to the board's reads of host memory),
+// sends the board's messages on bulk IN (register values, memory data, the
+// board's reads and writes of host memory, errors) and turns the board's
+// interrupts into interrupt IN notifications that name the last bulk message
+// sent before them.
+//
+// The endpoints are an interface so that the same function runs behind
+// Linux's USB gadget framework (FunctionFS: tools/tpuhal-usb-gadget) and
+// behind an in-process cable for tests (the usb-sim: devices).
+//
+// Thread-safety: identity() and reset_link() may be called from any thread
+// (they are EP0's requests). The function runs three threads of its own.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "tpuhal/fw/usb.h"
+#include "tpuhal/sim/board.h"
+#include "tpuhal/sim/profile.h"
+
+namespace tpuhal::sim {
+
+// The function's bulk and interrupt endpoints.
+class FunctionEndpoints {
+ public:
+  virtual ~FunctionEndpoints() = default;
+  // Bulk OUT: blocks until some bytes arrive; 0 once the host is gone (the
+  // cable was pulled, the gadget unbound) or the endpoints were shut down.
+  virtual std::size_t read_out(std::span<std::byte> out) = 0;
+  // Bulk IN and interrupt IN: all of `data`, or false once the host is gone.
+  virtual bool write_in(std::span<const std::byte> data) = 0;
+  virtual bool write_irq(std::span<const std::byte> data) = 0;
+};
+
+struct UsbFunctionOptions {
+  // The largest payload per message this side takes and sends.
+  std::uint32_t max_data = fw::kUsbMaxData;
+  // What the identity reports; the board's own registers say the rest.
+  std::uint32_t firmware_version = 0x010000;
+};
+
+class UsbFunction {
+ public:
+  // Creates the board (throws ProfileError, std::system_error) and starts
+  // serving `endpoints`, which must outlive the function.
+  UsbFunction(BoardProfile profile, FunctionEndpoints& endpoints, UsbFunctionOptions options = {});
+  // Stops serving: the endpoints must already return 0 from read_out (shut
+  // down or disconnected), or this waits until they do.
+  ~UsbFunction();
+  UsbFunction(const UsbFunction&) = delete;
+  UsbFunction& operator=(const UsbFunction&) = delete;
+
+  // EP0 kUsbGetIdentity.
+  fw::UsbIdentity identity() const noexcept;
+  // EP0 kUsbResetLink: drops a partially received message.
+  void reset_link() noexcept;
+
+  Board& board() noexcept;
+
+  // Counters for tests and tools.
+  struct Stats {
+    std::uint64_t host_messages = 0;   // executed
+    std::uint64_t refused = 0;         // answered with kError
+    std::uint64_t host_reads = 0;      // kHostRead sent
+    std::uint64_t host_writes = 0;     // kHostWrite sent
+    std::uint64_t interrupts = 0;      // notifications sent
+  };
+  Stats stats() const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tpuhal::sim
