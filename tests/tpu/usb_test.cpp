@@ -1,0 +1,307 @@
+// The USB transport and the simulator's USB function (docs/usb.md).
+//
+// Two halves. The transport against a scripted board: this test plays the
+// board's end of a UsbLink and checks what the host does with what a board
+// may send (reads and writes of memory it was not given, interrupts ahead
+// of their data, a stream out of step). Then whole devices on the
+// in-process cable (usb-sim:): pulling the cable mid-transfer ends every
+// pending and later call with device-lost, promptly, and a board that comes
+// back opens again. The conformance and op suites run on usb-sim:tiny too.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "support/error_of.hpp"
+#include "tpuhal/base/fd.h"
+#include "tpuhal/base/mapping.h"
+#include "tpuhal/fw/command.h"
+#include "tpuhal/fw/regs.h"
+#include "tpuhal/fw/usb.h"
+#include "tpuhal/sim/usb_function.h"
+#include "tpuhal/tpuhal.hpp"
+#include "tpuhal/tpu/usb_sim_provider.h"
+#include "tpuhal/tpu/usb_transport.h"
+
+namespace tpuhal {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using test::error_of;
+
+constexpr std::uint64_t kIova = fw::kHostWindowBase + (1ull << 20);
+
+// ---- A scripted board --------------------------------------------------------------------------
+
+// The board's end of the cable is the test's: it reads what the host sends
+// and writes what a board would.
+struct ScriptedBoard {
+  base::UniqueFd host_bulk, board_bulk, host_irq, board_irq;
+  fw::UsbIdentity identity{fw::kUsbMagic, static_cast<std::uint32_t>(fw::UsbMode::kApplication), 1, 0, 0, 4096, {}};
+  std::uint32_t sequence = 0;
+  std::vector<std::byte> pending;  // bytes read from the host, not yet taken
+
+  ScriptedBoard() {
+    int b[2], i[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, b), 0);
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, i), 0);
+    host_bulk.reset(b[0]);
+    board_bulk.reset(b[1]);
+    host_irq.reset(i[0]);
+    board_irq.reset(i[1]);
+  }
+
+  // The next host message, or nullopt if none arrives within `timeout`.
+  std::optional<std::pair<fw::UsbMessage, std::vector<std::byte>>> next(std::chrono::milliseconds timeout = 5s) {
+    for (;;) {
+      if (pending.size() >= sizeof(fw::UsbHeader)) {
+        auto len = fw::usb_message_bytes(pending, fw::UsbDirection::kToBoard);
+        EXPECT_TRUE(len.ok());
+        if (!len) return std::nullopt;
+        if (pending.size() >= *len) {
+          std::vector<std::byte> raw(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(*len));
+          pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(*len));
+          auto m = fw::decode_usb_message(raw, fw::UsbDirection::kToBoard, fw::kBar0Size);
+          EXPECT_TRUE(m.ok()) << fw::describe_usb_problem(m.problem());
+          if (!m) return std::nullopt;
+          return std::pair{*m, std::move(raw)};
+        }
+      }
+      pollfd p{board_bulk.get(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return std::nullopt;
+      std::byte buf[65536];
+      const ssize_t n = ::recv(board_bulk.get(), buf, sizeof buf, 0);
+      if (n <= 0) return std::nullopt;
+      pending.insert(pending.end(), buf, buf + n);
+    }
+  }
+
+  // The next message of `type`, answering register reads on the way (a
+  // board of one queue and a 64 KiB aperture).
+  std::optional<fw::UsbMessage> until(fw::UsbType type) {
+    while (auto m = next()) {
+      if (m->first.type == type) return m->first;
+      if (m->first.type == fw::UsbType::kRegRead) answer_register(m->first);
+    }
+    return std::nullopt;
+  }
+
+  void answer_register(const fw::UsbMessage& m) {
+    std::uint64_t value = 0;
+    if (m.arg[0] == fw::reg::kNumQueues) value = 1;
+    if (m.arg[0] == fw::reg::kApertureLo) value = 65536;
+    send(fw::UsbType::kRegValue, m.tag, m.arg[0], value);
+  }
+
+  void send(fw::UsbType type, std::uint64_t tag, std::uint64_t a0, std::uint64_t a1 = 0,
+            std::span<const std::byte> data = {}, std::optional<std::uint32_t> seq = std::nullopt) {
+    std::vector<std::byte> m;
+    fw::append_usb_message(m, type, tag, a0, a1, data, seq ? *seq : ++sequence);
+    ASSERT_EQ(::send(board_bulk.get(), m.data(), m.size(), MSG_NOSIGNAL), static_cast<ssize_t>(m.size()));
+  }
+
+  void interrupt(std::uint32_t vectors, std::uint64_t after) {
+    fw::UsbInterrupt irq{fw::kUsbMagic, vectors, after};
+    ASSERT_EQ(::send(board_irq.get(), &irq, sizeof irq, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof irq));
+  }
+};
+
+class ScriptLink final : public tpu::UsbLink {
+ public:
+  explicit ScriptLink(ScriptedBoard& b) : b_(b) {}
+  std::string bus() const override { return "usb test"; }
+  std::size_t control_in(std::uint8_t, std::span<std::byte> out) override {
+    std::memcpy(out.data(), &b_.identity, sizeof b_.identity);
+    return sizeof b_.identity;
+  }
+  void control_out(std::uint8_t) override {}
+  bool bulk_out(std::span<const std::byte> data) override {
+    return ::send(b_.host_bulk.get(), data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
+  }
+  std::size_t bulk_in(std::span<std::byte> out) override {
+    const ssize_t n = ::recv(b_.host_bulk.get(), out.data(), out.size(), 0);
+    return n > 0 ? static_cast<std::size_t>(n) : 0;
+  }
+  std::size_t interrupt_in(std::span<std::byte> out) override {
+    const ssize_t n = ::recv(b_.host_irq.get(), out.data(), out.size(), 0);
+    return n > 0 ? static_cast<std::size_t>(n) : 0;
+  }
+  void shutdown() noexcept override {
+    ::shutdown(b_.host_bulk.get(), SHUT_RDWR);
+    ::shutdown(b_.host_irq.get(), SHUT_RDWR);
+  }
+
+ private:
+  ScriptedBoard& b_;
+};
+
+// Opens a transport on the scripted board, answering its bring-up reads.
+std::unique_ptr<tpu::Transport> open_on(ScriptedBoard& board) {
+  auto opened = std::async(std::launch::async, [&] { return tpu::make_usb_transport(std::make_unique<ScriptLink>(board)); });
+  for (int answered = 0; answered < 3; ++answered) {
+    auto m = board.next();
+    if (!m) break;
+    EXPECT_EQ(m->first.type, fw::UsbType::kRegRead);
+    board.answer_register(m->first);
+  }
+  return opened.get();
+}
+
+bool readable(int fd, std::chrono::milliseconds timeout) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, static_cast<int>(timeout.count())) == 1;
+}
+
+TEST(UsbTransport, AnswersBoardReadsOnlyFromMemoryItMappedAndAppliesWritesOnlyWhereAllowed) {
+  ScriptedBoard board;
+  auto t = open_on(board);
+  auto mem = base::Mapping::anonymous(8192, {});
+  std::memset(mem.data(), 0x11, 8192);
+  t->map_dma(kIova, mem.data(), 4096, /*device_writes=*/false);
+  t->map_dma(kIova + 4096, mem.data() + 4096, 4096, /*device_writes=*/true);
+  auto map = board.until(fw::UsbType::kMapDma);
+  ASSERT_TRUE(map);
+  EXPECT_EQ(map->arg[0], kIova);
+  EXPECT_EQ(map->flags, 0);
+  map = board.until(fw::UsbType::kMapDma);
+  ASSERT_TRUE(map);
+  EXPECT_EQ(map->flags, fw::kUsbFlagDeviceWrites);
+
+  // A read inside a mapping gets the bytes; one reaching past it a fault.
+  board.send(fw::UsbType::kHostRead, 7, kIova + 4000, 96);
+  auto data = board.until(fw::UsbType::kHostData);
+  ASSERT_TRUE(data);
+  EXPECT_EQ(data->tag, 7u);
+  EXPECT_EQ(data->flags, 0);
+  ASSERT_EQ(data->data.size(), 96u);
+  board.send(fw::UsbType::kHostRead, 8, kIova + 8192 - 16, 32);
+  data = board.until(fw::UsbType::kHostData);
+  ASSERT_TRUE(data);
+  EXPECT_EQ(data->tag, 8u);
+  EXPECT_EQ(data->flags, fw::kUsbFlagFault);
+  EXPECT_TRUE(data->data.empty());
+
+  // Writes: the read-only page and unmapped memory stay as they were; the
+  // writable page takes the bytes.
+  const std::vector<std::byte> ones(64, std::byte{0xEE});
+  board.send(fw::UsbType::kHostWrite, 0, kIova, 0, ones);
+  board.send(fw::UsbType::kHostWrite, 0, kIova + 8192, 0, ones);
+  board.send(fw::UsbType::kHostWrite, 0, kIova + 4096, 0, ones);
+  // A register read after them: its answer is applied after the writes.
+  const std::uint32_t queues = [&] {
+    auto r = std::async(std::launch::async, [&] { return t->read32(fw::reg::kNumQueues); });
+    auto m = board.until(fw::UsbType::kRegRead);
+    if (m) board.answer_register(*m);
+    return r.get();
+  }();
+  EXPECT_EQ(queues, 1u);
+  EXPECT_EQ(mem.data()[0], std::byte{0x11});
+  EXPECT_EQ(mem.data()[4096], std::byte{0xEE});
+  EXPECT_EQ(mem.data()[4096 + 64], std::byte{0x11});
+
+  // After unmap the board's reads of the page fault.
+  t->unmap_dma(kIova, 4096);
+  ASSERT_TRUE(board.until(fw::UsbType::kUnmapDma));
+  board.send(fw::UsbType::kHostRead, 9, kIova, 8);
+  data = board.until(fw::UsbType::kHostData);
+  ASSERT_TRUE(data);
+  EXPECT_EQ(data->flags, fw::kUsbFlagFault);
+  t->unmap_dma(kIova + 4096, 4096);
+}
+
+TEST(UsbTransport, AnInterruptWaitsForTheMessagesBeforeIt) {
+  ScriptedBoard board;
+  auto t = open_on(board);
+  auto mem = base::Mapping::anonymous(4096, {});
+  t->map_dma(kIova, mem.data(), 4096, true);
+  ASSERT_TRUE(board.until(fw::UsbType::kMapDma));
+  // The interrupt names message 4, which the board has not sent yet: the
+  // pipes are independent and the notification may overtake the data.
+  const std::uint32_t before = board.sequence;
+  board.interrupt(1u << 0, before + 1);
+  EXPECT_FALSE(readable(t->interrupt_fd(0), 200ms)) << "delivered before the write it announces";
+  const std::uint64_t fence = 42;
+  board.send(fw::UsbType::kHostWrite, 0, kIova, 0, {reinterpret_cast<const std::byte*>(&fence), 8});
+  ASSERT_TRUE(readable(t->interrupt_fd(0), 5s));
+  EXPECT_EQ(std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(mem.data())).load(), 42u);
+  t->unmap_dma(kIova, 4096);
+}
+
+TEST(UsbTransport, ABoardOutOfStepIsLostAndItsRegistersReadAllOnes) {
+  ScriptedBoard board;
+  auto t = open_on(board);
+  // Message 5 after message 3: something was dropped.
+  board.send(fw::UsbType::kHostWrite, 0, kIova, 0, std::vector<std::byte>(8), board.sequence + 2);
+  // Every vector fires so that waiters look, and registers read all ones.
+  ASSERT_TRUE(readable(t->interrupt_fd(0), 5s));
+  EXPECT_EQ(t->read32(fw::reg::kIdMagic), 0xFFFFFFFFu);
+}
+
+TEST(UsbTransport, ALoaderModeBoardIsRefusedWithTheStepToTake) {
+  ScriptedBoard board;
+  board.identity.mode = static_cast<std::uint32_t>(fw::UsbMode::kLoader);
+  const Error e = error_of([&] { tpu::make_usb_transport(std::make_unique<ScriptLink>(board)); });
+  EXPECT_EQ(e.status(), Status::Unsupported);
+  EXPECT_THAT(e.what(), HasSubstr("loader mode"));
+  board.identity.mode = static_cast<std::uint32_t>(fw::UsbMode::kApplication);
+  board.identity.magic = 0;
+  EXPECT_THAT(error_of([&] { tpu::make_usb_transport(std::make_unique<ScriptLink>(board)); }).what(),
+              HasSubstr("identity is malformed"));
+}
+
+// ---- Whole devices on the in-process cable ------------------------------------------------------
+
+TEST(UsbSim, DataCrossesTheCableBothWays) {
+  Device dev = open("usb-sim:tiny");
+  EXPECT_THAT(dev.properties().bus, HasSubstr("usb-sim"));
+  const std::uint64_t n = 3 * fw::kUsbMaxData + 4100;  // several messages, a ragged end
+  Buffer src = dev.allocate(n, Memory::HostPinned), dram = dev.allocate(n), dst = dev.allocate(n, Memory::HostPinned);
+  auto s = src.map();
+  for (std::uint64_t i = 0; i < n; ++i) s[i] = static_cast<std::byte>(i * 7 + i / 4096);
+  dev.queue(Engine::Copy).copy(src, dram).copy(dram, dst).submit().wait(30s);
+  EXPECT_EQ(std::memcmp(dst.map().data(), s.data(), n), 0);
+  auto fn = tpu::usb_sim_function_of("usb-sim:tiny");
+  ASSERT_TRUE(fn);
+  EXPECT_GE(fn->stats().host_reads, 4u);  // the board asked for the source in pieces
+  EXPECT_EQ(fn->stats().refused, 0u);
+}
+
+TEST(UsbSim, PullingTheCableEndsPendingAndLaterCallsWithDeviceLostAndTheBoardOpensAgain) {
+  {
+    Device dev = open("usb-sim:tiny");
+    const std::uint64_t n = 32ull << 20;
+    Buffer host = dev.allocate(n, Memory::HostPinned), dram = dev.allocate(n);
+    Queue q = dev.queue(Engine::Copy);
+    // Enough work that the cable goes while transfers are in flight.
+    Batch b = q.copy(host, dram);
+    for (int i = 0; i < 15; ++i) b.copy(dram, host).copy(host, dram);
+    Fence f = b.submit();
+    std::this_thread::sleep_for(20ms);
+    const auto pulled = std::chrono::steady_clock::now();
+    ASSERT_TRUE(tpu::usb_sim_unplug("usb-sim:tiny"));
+    const Error e = error_of([&] { f.wait(10s); });
+    const auto took = std::chrono::steady_clock::now() - pulled;
+    EXPECT_EQ(e.status(), Status::DeviceLost) << e.what();
+    EXPECT_LT(took, 5s) << "the wait should end promptly once the cable is pulled (target: 1 s)";
+    std::printf("device-lost after the cable was pulled: %.1f ms\n",
+                std::chrono::duration<double, std::milli>(took).count());
+    // Later calls fail the same way, without hanging.
+    EXPECT_EQ(error_of([&] { q.copy(host, dram).submit().wait(10s); }).status(), Status::DeviceLost);
+  }
+  // Plugged in again: a fresh board.
+  Device again = open("usb-sim:tiny");
+  Buffer a = again.allocate(4096, Memory::HostPinned), d = again.allocate(4096);
+  again.queue(Engine::Copy).copy(a, d).submit().wait(10s);
+}
+
+}  // namespace
+}  // namespace tpuhal
