@@ -157,8 +157,8 @@ Result<UsbMessage> decode_usb_message(std::span<const std::byte> bytes, UsbDirec
     case UsbType::kError:
       if (!(p = fits32(0)) && a1 > 0xFFFF) p = arg_problem(CmdStatus::kBadArgument, a1, type, 1);
       break;
-    case UsbType::kFwStatus:
-      p = fits32(0);
+    case UsbType::kFwStatus:  // status | field << 32
+      if (a0 >> 48) p = arg_problem(CmdStatus::kBadArgument, a0, type, 0);
       break;
   }
   if (p) return *p;
@@ -203,10 +203,12 @@ void append_usb_message(std::vector<std::byte>& out, UsbType type, std::uint64_t
                         std::uint16_t flags) {
   UsbHeader h{kUsbMagic, static_cast<std::uint16_t>(type), flags, sequence,
               static_cast<std::uint32_t>(data.size()), tag, {arg0, arg1}};
-  const std::size_t at = out.size();
-  out.resize(at + sizeof h + data.size());
-  std::memcpy(out.data() + at, &h, sizeof h);
-  if (!data.empty()) std::memcpy(out.data() + at + sizeof h, data.data(), data.size());
+  // Appended, not resized then copied: a resize would zero the payload's
+  // bytes first, a second pass over up to a megabyte per message.
+  out.reserve(out.size() + sizeof h + data.size());
+  const auto* head = reinterpret_cast<const std::byte*>(&h);
+  out.insert(out.end(), head, head + sizeof h);
+  out.insert(out.end(), data.begin(), data.end());
 }
 
 std::string describe_usb_problem(const Problem& p) {

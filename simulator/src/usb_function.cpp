@@ -15,9 +15,14 @@
 
 #include "tpuhal/base/fd.h"
 #include "tpuhal/base/log.h"
+#include "tpuhal/fw/image.h"
 #include "tpuhal/fw/regs.h"
+#include "tpuhal/fw/version.h"
 
 namespace tpuhal::sim {
+
+constexpr std::size_t kSpareBuffers = 8;
+constexpr std::size_t kMaxQueuedBytes = 4u << 20;
 
 struct UsbFunction::Impl final : HostPort {
   Impl(FunctionEndpoints& endpoints, UsbFunctionOptions opts)
@@ -32,6 +37,11 @@ struct UsbFunction::Impl final : HostPort {
   std::mutex send_mu;
   std::condition_variable send_cv;
   std::deque<std::vector<std::byte>> outgoing;  // guarded
+  // Buffers of messages sent, kept for the next ones (guarded): a fresh
+  // megabyte per message costs page faults and zeroing each time.
+  std::vector<std::vector<std::byte>> spare;
+  std::size_t queued_bytes = 0;  // in outgoing; guarded
+  std::condition_variable room_cv;
   std::uint32_t sequence = 0;                    // last one queued; guarded
   bool stopping = false;                         // guarded
   std::atomic<bool> gone{false};                 // the host is unreachable
@@ -57,11 +67,20 @@ struct UsbFunction::Impl final : HostPort {
   bool send(fw::UsbType type, std::uint64_t tag, std::uint64_t a0, std::uint64_t a1 = 0,
             std::span<const std::byte> data = {}) {
     {
-      std::lock_guard lock(send_mu);
+      std::unique_lock lock(send_mu);
+      // Back-pressure: a DMA to the host waits while the pipe has enough
+      // queued, rather than queueing the whole copy in memory.
+      if (!data.empty())
+        room_cv.wait(lock, [&] { return queued_bytes < kMaxQueuedBytes || gone.load() || stopping; });
       if (gone.load(std::memory_order_relaxed) || stopping) return false;
       std::vector<std::byte> m;
-      m.reserve(sizeof(fw::UsbHeader) + data.size());
+      if (!spare.empty()) {
+        m = std::move(spare.back());
+        spare.pop_back();
+        m.clear();
+      }
       fw::append_usb_message(m, type, tag, a0, a1, data, ++sequence);
+      queued_bytes += m.size();
       outgoing.push_back(std::move(m));
     }
     send_cv.notify_one();
@@ -76,6 +95,7 @@ struct UsbFunction::Impl final : HostPort {
     }
     read_cv.notify_all();
     send_cv.notify_all();
+    room_cv.notify_all();
   }
 
   // HostPort: the board's DMA of host memory.
@@ -125,8 +145,53 @@ struct UsbFunction::Impl final : HostPort {
     send(fw::UsbType::kError, m.tag, static_cast<std::uint64_t>(status), static_cast<std::uint16_t>(m.type));
   }
 
+  // Loader mode: the image being received.
+  std::vector<std::byte> image;
+  bool receiving = false;
+
+  std::uint32_t board_id() const { return board->mmio_read32(fw::reg::kVendorDevice); }
+
+  void fw_status(const fw::UsbMessage& m, const fw::Problem& p) {
+    if (p.status == fw::CmdStatus::kOk) {
+      send(fw::UsbType::kFwStatus, m.tag, 0, 0);
+      return;
+    }
+    send(fw::UsbType::kFwStatus, m.tag, static_cast<std::uint64_t>(p.status) | std::uint64_t{p.field} << 32, p.value);
+  }
+
+  void load(const fw::UsbMessage& m) {
+    switch (m.type) {
+      case fw::UsbType::kFwBegin:
+        image.assign(m.arg[0], std::byte{0});
+        receiving = true;
+        return;
+      case fw::UsbType::kFwData:
+        if (!receiving || m.arg[0] > image.size() || m.data.size() > image.size() - m.arg[0])
+          return refuse(m, fw::CmdStatus::kBadArgument, "image data outside the announced size");
+        std::memcpy(image.data() + m.arg[0], m.data.data(), m.data.size());
+        return;
+      case fw::UsbType::kFwCommit: {
+        if (!receiving) return refuse(m, fw::CmdStatus::kBadArgument, "commit without an upload");
+        receiving = false;
+        auto checked = fw::check_image_for(fw::decode_image(image), board_id(), fw::kInterfaceVersion);
+        if (!checked) return fw_status(m, checked.problem());
+        if (checked->crc32c != m.arg[0])
+          return fw_status(m, {fw::CmdStatus::kBadArgument, fw::kFieldImageChecksum, m.arg[0], checked->crc32c});
+        fw_status(m, {});
+        base::logger("sim")->info("usb function: firmware {:#x} accepted ({} bytes)", checked->firmware_version,
+                                  image.size());
+        if (options.on_firmware) options.on_firmware(std::move(image));
+        image.clear();
+        return;
+      }
+      default:
+        return refuse(m, fw::CmdStatus::kBadArgument, "the board is in loader mode: upload its firmware first");
+    }
+  }
+
   void execute(const fw::UsbMessage& m) {
     host_messages.fetch_add(1, std::memory_order_relaxed);
+    if (options.loader) return load(m);
     switch (m.type) {
       case fw::UsbType::kRegWrite:
         board->mmio_write32(static_cast<std::uint32_t>(m.arg[0]), static_cast<std::uint32_t>(m.arg[1]));
@@ -237,11 +302,14 @@ struct UsbFunction::Impl final : HostPort {
         if (outgoing.empty() || gone.load()) return;
         // Small messages share a transfer.
         while (!outgoing.empty() && (batch.empty() || batch.size() + outgoing.front().size() <= (256u << 10))) {
+          queued_bytes -= outgoing.front().size();
           if (batch.empty()) batch.swap(outgoing.front());
           else batch.insert(batch.end(), outgoing.front().begin(), outgoing.front().end());
+          if (spare.size() < kSpareBuffers) spare.push_back(std::move(outgoing.front()));
           outgoing.pop_front();
         }
       }
+      room_cv.notify_all();
       if (!ep.write_in(batch)) {
         lose();
         return;
@@ -298,16 +366,18 @@ UsbFunction::~UsbFunction() {
     i.stopping = true;
   }
   i.send_cv.notify_all();
+  i.room_cv.notify_all();
   i.in_thread.join();
 }
 
 fw::UsbIdentity UsbFunction::identity() const noexcept {
   fw::UsbIdentity id{};
   id.magic = fw::kUsbMagic;
-  id.mode = static_cast<std::uint32_t>(fw::UsbMode::kApplication);
-  id.board_id = impl_->board->mmio_read32(fw::reg::kVendorDevice);
-  id.iface_version = impl_->board->mmio_read32(fw::reg::kIfaceVersion);
-  id.firmware_version = impl_->options.firmware_version;
+  const bool loader = impl_->options.loader;
+  id.mode = static_cast<std::uint32_t>(loader ? fw::UsbMode::kLoader : fw::UsbMode::kApplication);
+  id.board_id = impl_->board_id();
+  id.iface_version = loader ? 0 : impl_->board->mmio_read32(fw::reg::kIfaceVersion);
+  id.firmware_version = loader ? 0 : impl_->options.firmware_version;
   id.max_data = impl_->options.max_data;
   return id;
 }

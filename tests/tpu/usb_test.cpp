@@ -21,11 +21,15 @@
 #include <vector>
 
 #include "support/error_of.hpp"
+#include "support/firmware_image.hpp"
 #include "tpuhal/base/fd.h"
 #include "tpuhal/base/mapping.h"
 #include "tpuhal/fw/command.h"
+#include "tpuhal/fw/image.h"
 #include "tpuhal/fw/regs.h"
 #include "tpuhal/fw/usb.h"
+#include "tpuhal/fw/version.h"
+#include "tpuhal/sim/profile.h"
 #include "tpuhal/sim/usb_function.h"
 #include "tpuhal/tpuhal.hpp"
 #include "tpuhal/tpu/usb_sim_provider.h"
@@ -40,6 +44,19 @@ using test::error_of;
 
 constexpr std::uint64_t kIova = fw::kHostWindowBase + (1ull << 20);
 
+// A cable of socket pairs: a stream for the bulk pipes, packets for the
+// interrupt pipe; `c` has host_bulk, board_bulk, host_irq and board_irq.
+template <class Cable>
+void plug(Cable& c) {
+  int b[2], i[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, b), 0);
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, i), 0);
+  c.host_bulk.reset(b[0]);
+  c.board_bulk.reset(b[1]);
+  c.host_irq.reset(i[0]);
+  c.board_irq.reset(i[1]);
+}
+
 // ---- A scripted board --------------------------------------------------------------------------
 
 // The board's end of the cable is the test's: it reads what the host sends
@@ -50,15 +67,7 @@ struct ScriptedBoard {
   std::uint32_t sequence = 0;
   std::vector<std::byte> pending;  // bytes read from the host, not yet taken
 
-  ScriptedBoard() {
-    int b[2], i[2];
-    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, b), 0);
-    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, i), 0);
-    host_bulk.reset(b[0]);
-    board_bulk.reset(b[1]);
-    host_irq.reset(i[0]);
-    board_irq.reset(i[1]);
-  }
+  ScriptedBoard() { plug(*this); }
 
   // The next host message, or nullopt if none arrives within `timeout`.
   std::optional<std::pair<fw::UsbMessage, std::vector<std::byte>>> next(std::chrono::milliseconds timeout = 5s) {
@@ -256,6 +265,132 @@ TEST(UsbTransport, ALoaderModeBoardIsRefusedWithTheStepToTake) {
   board.identity.magic = 0;
   EXPECT_THAT(error_of([&] { tpu::make_usb_transport(std::make_unique<ScriptLink>(board)); }).what(),
               HasSubstr("identity is malformed"));
+}
+
+// ---- The simulator's function in loader mode ---------------------------------------------------
+
+// The function's endpoints on socket pairs; the test plays the host.
+struct LoaderCable final : sim::FunctionEndpoints {
+  base::UniqueFd host_bulk, board_bulk, host_irq, board_irq;
+  LoaderCable() { plug(*this); }
+  std::size_t read_out(std::span<std::byte> out) override {
+    const ssize_t n = ::recv(board_bulk.get(), out.data(), out.size(), 0);
+    return n > 0 ? static_cast<std::size_t>(n) : 0;
+  }
+  bool write_in(std::span<const std::byte> data) override {
+    return ::send(board_bulk.get(), data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
+  }
+  bool write_irq(std::span<const std::byte> data) override {
+    return ::send(board_irq.get(), data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
+  }
+  void unplug() {
+    ::shutdown(board_bulk.get(), SHUT_RDWR);
+    ::shutdown(board_irq.get(), SHUT_RDWR);
+  }
+
+  void send(const std::vector<std::byte>& m) {
+    ASSERT_EQ(::send(host_bulk.get(), m.data(), m.size(), MSG_NOSIGNAL), static_cast<ssize_t>(m.size()));
+  }
+  // The board's next message (within 5 s).
+  std::optional<fw::UsbMessage> answer() {
+    std::vector<std::byte> got;
+    for (;;) {
+      if (got.size() >= sizeof(fw::UsbHeader)) {
+        auto len = fw::usb_message_bytes(got, fw::UsbDirection::kToHost);
+        EXPECT_TRUE(len.ok());
+        if (!len) return std::nullopt;
+        if (got.size() >= *len) {
+          EXPECT_EQ(got.size(), *len) << "one answer expected";
+          auto m = fw::decode_usb_message(got, fw::UsbDirection::kToHost, fw::kBar0Size);
+          EXPECT_TRUE(m.ok()) << fw::describe_usb_problem(m.problem());
+          answered = got;  // keeps the message's data alive
+          return m ? std::optional(*m) : std::nullopt;
+        }
+      }
+      if (!readable(host_bulk.get(), 5s)) return std::nullopt;
+      std::byte buf[4096];
+      const ssize_t n = ::recv(host_bulk.get(), buf, sizeof buf, 0);
+      if (n <= 0) return std::nullopt;
+      got.insert(got.end(), buf, buf + n);
+    }
+  }
+  std::vector<std::byte> answered;
+};
+
+std::vector<std::byte> firmware_for(std::uint32_t board_id) { return test::firmware_image(board_id, 10000); }
+
+// Sends fw-begin, the image in pieces of `piece` bytes and fw-commit with
+// `crc`; returns the board's answer.
+std::optional<fw::UsbMessage> upload(LoaderCable& cable, std::span<const std::byte> image, std::uint32_t crc,
+                                     std::size_t piece = 4096) {
+  std::vector<std::byte> m;
+  fw::append_usb_message(m, fw::UsbType::kFwBegin, 7, image.size());
+  for (std::size_t off = 0; off < image.size(); off += piece)
+    fw::append_usb_message(m, fw::UsbType::kFwData, 7, off, 0, image.subspan(off, std::min(piece, image.size() - off)));
+  fw::append_usb_message(m, fw::UsbType::kFwCommit, 7, crc);
+  cable.send(m);
+  return cable.answer();
+}
+
+TEST(UsbLoader, TakesOnlyAnImageForItsBoardAndHandsItOnAfterAnsweringOk) {
+  LoaderCable cable;
+  std::promise<std::vector<std::byte>> handed;
+  auto future = handed.get_future();
+  sim::UsbFunctionOptions o;
+  o.loader = true;
+  o.on_firmware = [&](std::vector<std::byte> image) { handed.set_value(std::move(image)); };
+  auto fn = std::make_unique<sim::UsbFunction>(sim::load_profile("tiny"), cable, o);
+  const fw::UsbIdentity id = fn->identity();
+  EXPECT_EQ(id.mode, static_cast<std::uint32_t>(fw::UsbMode::kLoader));
+  EXPECT_EQ(id.firmware_version, 0u);
+  EXPECT_NE(id.board_id, 0u);
+
+  // Another board's image: refused, naming the board field.
+  auto other = firmware_for(id.board_id ^ 1);
+  auto a = upload(cable, other, fw::crc32c(other));
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->type, fw::UsbType::kFwStatus);
+  EXPECT_EQ(static_cast<fw::CmdStatus>(a->arg[0] & 0xFFFFFFFF), fw::CmdStatus::kBadArgument);
+  EXPECT_EQ(a->arg[0] >> 32, fw::kFieldImageBoard);
+  EXPECT_EQ(a->arg[1], id.board_id ^ 1);
+
+  // Its own image, but the commit names another checksum.
+  auto good = firmware_for(id.board_id);
+  auto decoded = fw::decode_image(good);
+  ASSERT_TRUE(decoded.ok());
+  a = upload(cable, good, decoded->crc32c + 1);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->arg[0] >> 32, fw::kFieldImageChecksum);
+
+  // A register read is not for a loader.
+  std::vector<std::byte> m;
+  fw::append_usb_message(m, fw::UsbType::kRegRead, 9, fw::reg::kNumQueues);
+  cable.send(m);
+  a = cable.answer();
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->type, fw::UsbType::kError);
+  EXPECT_EQ(a->tag, 9u);
+  EXPECT_EQ(a->arg[1], static_cast<std::uint64_t>(fw::UsbType::kRegRead));
+  // Data with no upload begun, or past the announced size.
+  m.clear();
+  fw::append_usb_message(m, fw::UsbType::kFwBegin, 10, 100);
+  fw::append_usb_message(m, fw::UsbType::kFwData, 10, 96, 0, std::vector<std::byte>(8));
+  cable.send(m);
+  a = cable.answer();
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->type, fw::UsbType::kError);
+  EXPECT_EQ(future.wait_for(0s), std::future_status::timeout);
+  EXPECT_EQ(fn->stats().refused, 2u);
+
+  // The good image, in pieces of odd size: accepted, then handed on whole.
+  a = upload(cable, good, decoded->crc32c, 999);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->type, fw::UsbType::kFwStatus);
+  EXPECT_EQ(a->arg[0], 0u);
+  ASSERT_EQ(future.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(future.get(), good);
+  cable.unplug();
+  fn.reset();
 }
 
 // ---- Whole devices on the in-process cable ------------------------------------------------------

@@ -52,6 +52,12 @@ inline constexpr std::uint8_t kUsbGetIdentity = 0x01;  // device-to-host, 64 byt
 inline constexpr std::uint8_t kUsbResetLink = 0x02;    // host-to-device: drop partial messages
 
 inline constexpr std::uint32_t kUsbMagic = 0x42535554;  // "TUSB"
+
+// The simulator's USB gadget enumerates with pid.codes' test IDs (a real
+// board has its vendor's own): the application firmware, and the loader.
+inline constexpr std::uint16_t kUsbSimVendor = 0x1209;
+inline constexpr std::uint16_t kUsbSimProduct = 0x0001;
+inline constexpr std::uint16_t kUsbSimLoaderProduct = 0x0002;
 inline constexpr std::uint32_t kUsbMaxData = 1u << 20;  // payload per message
 
 enum class UsbMode : std::uint32_t { kLoader = 1, kApplication = 2 };
@@ -86,7 +92,8 @@ enum class UsbType : std::uint16_t {
   kHostRead = 0x84,   // args: iova, bytes (tag: answer with it)
   kHostWrite = 0x85,  // args: iova; data
   kError = 0x86,      // args: CmdStatus, the offending message's type, value: a host message refused
-  kFwStatus = 0x90,   // args: CmdStatus (kOk: accepted; the board re-enumerates), image Problem field, value
+  kFwStatus = 0x90,   // args: CmdStatus (kOk: accepted; the board re-enumerates) | image Problem field << 32,
+                      //       the Problem's value
 };
 const char* to_string(UsbType type) noexcept;  // "reg-write"; "unknown" off the list
 

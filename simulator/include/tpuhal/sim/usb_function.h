@@ -20,8 +20,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "tpuhal/fw/usb.h"
 #include "tpuhal/sim/board.h"
@@ -46,6 +48,14 @@ struct UsbFunctionOptions {
   std::uint32_t max_data = fw::kUsbMaxData;
   // What the identity reports; the board's own registers say the rest.
   std::uint32_t firmware_version = 0x010000;
+  // Loader mode: the board has no firmware yet. It takes only an upload
+  // (fw-begin, fw-data, fw-commit), checks the image as the host did
+  // (fw::decode_image, check_image_for its board ID and the interface it
+  // implements) and answers fw-status; an accepted image is handed to
+  // on_firmware, from the function's thread, after the answer is queued:
+  // the front end then re-enumerates as the application device.
+  bool loader = false;
+  std::function<void(std::vector<std::byte> image)> on_firmware;
 };
 
 class UsbFunction {
