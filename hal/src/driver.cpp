@@ -18,6 +18,11 @@ void DeviceBackend::reset() {
   throw Error(Status::Unsupported, properties().uri + ": this device cannot be reset by tpuhal");
 }
 
+void Provider::upload_firmware(std::string_view uri, std::span<const std::byte>, std::chrono::milliseconds) {
+  throw Error(Status::Unsupported, std::string(uri) + ": the " + std::string(scheme()) +
+                                       " driver's boards take no firmware from the host (they boot their own)");
+}
+
 std::shared_ptr<ProgramBackend> DeviceBackend::create_program(std::span<const Command>) {
   throw Error(Status::Unsupported, properties().uri + ": this device cannot record programs");
 }

@@ -46,19 +46,17 @@ Registry& registry() {
 
 }  // namespace
 
-std::shared_ptr<DeviceImpl> open_device(std::string_view uri) {
+namespace {
+
+// The provider of `uri`'s scheme. Throws InvalidArgument (no scheme),
+// NotFound (naming the drivers there are), Unavailable (the driver's reason).
+std::shared_ptr<driver::Provider> provider_locked(Registry& r, std::string_view uri) {
   const auto colon = uri.find(':');
   if (colon == std::string_view::npos || colon == 0)
     throw Error(Status::InvalidArgument,
                 "device URI '" + std::string(uri) + "' has no scheme; URIs look like sim:0");
   const std::string_view scheme = uri.substr(0, colon);
-
-  Registry& r = registry();
-  std::unique_lock lock(r.mu);
   r.load_builtins_locked();
-  if (auto it = r.open.find(uri); it != r.open.end()) {
-    if (auto dev = it->second.lock()) return dev;
-  }
   std::shared_ptr<driver::Provider> provider;
   std::string schemes;
   for (auto& p : r.providers) {
@@ -70,6 +68,19 @@ std::shared_ptr<DeviceImpl> open_device(std::string_view uri) {
                                       schemes + ")");
   if (auto why = provider->unavailable_reason(); !why.empty())
     throw Error(Status::Unavailable, std::string(uri) + ": " + why);
+  return provider;
+}
+
+}  // namespace
+
+std::shared_ptr<DeviceImpl> open_device(std::string_view uri) {
+  Registry& r = registry();
+  std::unique_lock lock(r.mu);
+  r.load_builtins_locked();
+  if (auto it = r.open.find(uri); it != r.open.end()) {
+    if (auto dev = it->second.lock()) return dev;
+  }
+  auto provider = provider_locked(r, uri);
   // Opening is serialised: it is rare, and it keeps one device per URI.
   auto backend = provider->open(uri);
   auto dev = std::make_shared<DeviceImpl>(std::string(uri), std::move(backend));
@@ -111,6 +122,16 @@ std::vector<std::pair<std::string, std::string>> unavailable_drivers() {
 }
 
 Device open(std::string_view uri) { return Device(detail::open_device(uri)); }
+
+void upload_firmware(std::string_view uri, std::span<const std::byte> image, std::chrono::milliseconds timeout) {
+  std::shared_ptr<driver::Provider> provider;
+  {
+    auto& r = detail::registry();
+    std::lock_guard lock(r.mu);
+    provider = detail::provider_locked(r, uri);
+  }
+  provider->upload_firmware(uri, image, timeout);  // unlocked: it waits for the board
+}
 
 const char* version() noexcept { return TPUHAL_VERSION_STRING; }
 

@@ -133,7 +133,7 @@ TEST(Cli, DemoMovesDataAndVerifiesIt) {
 }
 
 TEST(Cli, EveryCommandHasHelp) {
-  for (const char* cmd : {"list", "info", "smi", "bench", "demo"}) {
+  for (const char* cmd : {"list", "info", "smi", "bench", "demo", "firmware", "reset"}) {
     Output r = run(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_THAT(r.out, HasSubstr(std::string("Usage: tpuhal ") + cmd)) << cmd;
@@ -157,6 +157,33 @@ TEST(Cli, MistakesGiveAClearMessageAndExitCode) {
   Output bad_size = run("demo --size 12345");
   EXPECT_EQ(bad_size.code, 2);
   EXPECT_THAT(bad_size.out, HasSubstr("multiple of 4 KiB"));
+}
+
+// `tpuhal firmware` on what cannot take it: each mistake names itself.
+// (The upload itself runs against a USB board in the QEMU guest test.)
+TEST(Cli, FirmwareUploadRefusesWhatCannotTakeIt) {
+  Output no_image = run("firmware usb:1-1");
+  EXPECT_EQ(no_image.code, 2);
+  EXPECT_THAT(no_image.out, HasSubstr("name the board and the image file"));
+  Output missing_file = run("firmware usb:1-1 /nonexistent/board.tpfw");
+  EXPECT_EQ(missing_file.code, 1);
+  EXPECT_THAT(missing_file.out, HasSubstr("cannot open the image file '/nonexistent/board.tpfw'"));
+  // A simulated board boots its own firmware.
+  const std::string image = ::testing::TempDir() + "cli_firmware.tpfw";
+  { std::ofstream(image) << "not an image"; }
+  Output sim = run("firmware sim:0 " + image);
+  EXPECT_EQ(sim.code, 1);
+  EXPECT_THAT(sim.out, HasSubstr("take no firmware from the host"));
+  // Not an image: refused before anything is sent.
+  Output not_image = run("firmware usb:1-1 " + image);
+  EXPECT_EQ(not_image.code, 1);
+  EXPECT_THAT(not_image.out, HasSubstr("error (invalid argument): usb:1-1: "));
+  Output bad_uri = run("firmware usb:nowhere " + image);
+  EXPECT_EQ(bad_uri.code, 1);
+  EXPECT_THAT(bad_uri.out, HasSubstr("names no USB port"));
+  Output bad_timeout = run("firmware usb:1-1 " + image + " --timeout 0");
+  EXPECT_EQ(bad_timeout.code, 2);
+  std::remove(image.c_str());
 }
 
 // The pcie provider on this machine's real PCI bus: a function named in

@@ -22,6 +22,7 @@ int cmd_bench(const std::vector<std::string>& args);
 int cmd_demo(const std::vector<std::string>& args);
 int cmd_decode(const std::vector<std::string>& args);
 int cmd_reset(const std::vector<std::string>& args);
+int cmd_firmware(const std::vector<std::string>& args);
 int cmd_stress(const std::vector<std::string>& args);
 int cmd_compile(const std::vector<std::string>& args);
 int cmd_model_info(const std::vector<std::string>& args);

@@ -21,6 +21,7 @@ const Entry kCommands[] = {
     {"smi", cmd_smi, "memory and queue use of each device, like nvidia-smi"},
     {"bench", cmd_bench, "DMA bandwidth and command latency beside this machine's limits"},
     {"demo", cmd_demo, "move data through a device's DMA engine and queues and verify it"},
+    {"firmware", cmd_firmware, "upload firmware to a board waiting in its loader (a USB stick)"},
     {"reset", cmd_reset, "reset a board after a fault and check that it works again"},
     {"stress", cmd_stress, "soak a device: threads and processes of random work, every byte checked"},
     {"decode", cmd_decode, "decode a video or JPEG file on a board's video decoder (--md5 per frame)"},
@@ -40,9 +41,12 @@ void usage(std::FILE* out) {
                "\n'tpuhal COMMAND --help' describes a command's options.\n\n"
                "Devices are named by URI: sim:0 is the first simulated board (TPUHAL_SIM_BOARDS\n"
                "lists their profiles), sim:PROFILE a simulated board of a profile (sim:tiny),\n"
-               "simd:PATH#N board N of the simulator daemon on socket PATH (tpuhal sim serve).\n"
+               "simd:PATH#N board N of the simulator daemon on socket PATH (tpuhal sim serve),\n"
+               "pcie:DDDD:BB:DD.F a board on PCIe, usb:BUS-PORT a board on USB (usb:1-1),\n"
+               "usb-sim:PROFILE a simulated board behind an in-process USB cable.\n"
                "Environment: TPUHAL_LOG=debug|info|warn (or e.g. warn,sim=trace), TPUHAL_WAIT,\n"
-               "TPUHAL_TIMEOUT, TPUHAL_SIM_BOARDS, TPUHAL_PROFILE_PATH, TPUHAL_SIMD (see docs/).\n");
+               "TPUHAL_TIMEOUT, TPUHAL_SIM_BOARDS, TPUHAL_PROFILE_PATH, TPUHAL_SIMD, TPUHAL_USB_IDS\n"
+               "(see docs/).\n");
 }
 
 }  // namespace

@@ -199,13 +199,24 @@ class UsbTransport final : public Transport {
     {
       std::lock_guard lock(out_mu_);
       if (lost_.load(std::memory_order_relaxed) || closing_) return false;
-      std::vector<std::byte> m;
-      m.reserve(sizeof(fw::UsbHeader) + data.size());
+      std::vector<std::byte> m = spare_locked();
       fw::append_usb_message(m, type, tag, a0, a1, data, 0, flags);
       out_.push_back(std::move(m));
     }
     out_cv_.notify_one();
     return true;
+  }
+
+  // A buffer for a message to the board: one a sent message left, if any
+  // (a fresh megabyte per message costs page faults and zeroing each time).
+  std::vector<std::byte> spare_locked() {
+    std::vector<std::byte> m;
+    if (!spare_.empty()) {
+      m = std::move(spare_.back());
+      spare_.pop_back();
+      m.clear();
+    }
+    return m;
   }
 
   void lose(const std::string& why) {
@@ -249,6 +260,7 @@ class UsbTransport final : public Transport {
         while (!out_.empty() && (batch.empty() || batch.size() + out_.front().size() <= kBatchBytes)) {
           if (batch.empty()) batch.swap(out_.front());
           else batch.insert(batch.end(), out_.front().begin(), out_.front().end());
+          if (spare_.size() < kSpareBuffers) spare_.push_back(std::move(out_.front()));
           out_.pop_front();
         }
       }
@@ -285,6 +297,10 @@ class UsbTransport final : public Transport {
       }
       case fw::UsbType::kHostRead: {
         std::vector<std::byte> answer;
+        {
+          std::lock_guard lock(out_mu_);
+          answer = spare_locked();
+        }
         bool ok = false;
         {
           std::shared_lock lock(map_mu_);
@@ -349,6 +365,7 @@ class UsbTransport final : public Transport {
       used += n;
       std::size_t at = 0;
       while (used - at >= sizeof(fw::UsbHeader)) {
+        if (lost_.load()) return;  // a lost board's late messages are not applied
         std::span<const std::byte> rest{buf.data() + at, used - at};
         auto len = fw::usb_message_bytes(rest, fw::UsbDirection::kToHost, max_data_);
         if (!len) return lose("its bulk IN stream is out of step: " + fw::describe_usb_problem(len.problem()));
@@ -412,6 +429,8 @@ class UsbTransport final : public Transport {
 
   std::mutex out_mu_;
   std::condition_variable out_cv_;
+  static constexpr std::size_t kSpareBuffers = 8;
+  std::vector<std::vector<std::byte>> spare_;  // guarded by out_mu_
   std::deque<std::vector<std::byte>> out_;  // guarded
   bool closing_ = false;                    // guarded
   std::atomic<bool> closing_flag_{false};

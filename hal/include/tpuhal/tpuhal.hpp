@@ -61,6 +61,18 @@ TPUHAL_API std::vector<std::pair<std::string, std::string>> unavailable_drivers(
 // Throws NotFound (naming the devices there are) or the driver's error.
 TPUHAL_API Device open(std::string_view uri);
 
+// Uploads a firmware image to a board waiting in its loader: a USB stick
+// enumerates first with its loader's identity, `tpuhal list` shows it as
+// "(loader: firmware needed)", and it opens only once it runs firmware
+// ("usb:1-1", docs/usb.md). The driver checks the image against the board
+// before sending it, then waits up to `timeout` for the board to come back
+// running it. Throws InvalidArgument (an image not for this board, saying
+// what is wrong), FailedPrecondition (the board already runs firmware),
+// DeviceFault (the board refused it), Timeout, Unsupported (a driver whose
+// boards boot their own firmware).
+TPUHAL_API void upload_firmware(std::string_view uri, std::span<const std::byte> image,
+                                std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
 // A fence: the point on one queue's timeline that a submission reaches when
 // it and everything submitted before it on that queue have completed.
 class TPUHAL_API Fence {
@@ -287,6 +299,18 @@ class TPUHAL_API Device {
 
  private:
   friend TPUHAL_API Device open(std::string_view uri);
+
+// Uploads a firmware image to a board waiting in its loader: a USB stick
+// enumerates first with its loader's identity, `tpuhal list` shows it as
+// "(loader: firmware needed)", and it opens only once it runs firmware
+// ("usb:1-1", docs/usb.md). The driver checks the image against the board
+// before sending it, then waits up to `timeout` for the board to come back
+// running it. Throws InvalidArgument (an image not for this board, saying
+// what is wrong), FailedPrecondition (the board already runs firmware),
+// DeviceFault (the board refused it), Timeout, Unsupported (a driver whose
+// boards boot their own firmware).
+TPUHAL_API void upload_firmware(std::string_view uri, std::span<const std::byte> image,
+                                std::chrono::milliseconds timeout = std::chrono::seconds(10));
   friend class Buffer;
   friend class Queue;
   friend class Op;

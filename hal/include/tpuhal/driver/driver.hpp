@@ -209,6 +209,11 @@ class TPUHAL_API Provider {
   virtual std::shared_ptr<DeviceBackend> open(std::string_view uri) = 0;
   // Non-empty when the provider cannot work on this machine, saying why.
   virtual std::string unavailable_reason() const;
+  // Sends a firmware image to the board at `uri` waiting in its loader (a
+  // USB stick's first enumeration) and waits up to `timeout` for it to come
+  // back running it (tpuhal::upload_firmware). Default: Unsupported.
+  virtual void upload_firmware(std::string_view uri, std::span<const std::byte> image,
+                               std::chrono::milliseconds timeout);
 };
 
 // Adds a provider to the process-wide registry (the built-in ones are

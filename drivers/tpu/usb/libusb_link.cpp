@@ -1,0 +1,412 @@
+// The UsbLink on libusb: a board's interface claimed through usbfs, bulk IN
+// kept busy with several transfers in flight, bulk OUT sent as asynchronous
+// transfers with a window in flight, interrupt IN read by one transfer
+// resubmitted as it completes. One thread runs libusb's event loop.
+#include <libusb.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "tpuhal/base/log.h"
+#include "tpuhal/fw/image.h"
+#include "tpuhal/fw/usb.h"
+#include "tpuhal/fw/version.h"
+#include "tpuhal/tpu/device.h"
+#include "tpuhal/tpu/usb_provider.h"
+
+namespace tpuhal::tpu {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int kInFlightIn = 4;     // bulk IN transfers kept submitted
+constexpr int kInFlightOut = 4;    // bulk OUT transfers allowed in flight
+constexpr std::size_t kInBytes = (1u << 20) + (64u << 10);  // a multiple of every max packet size
+constexpr unsigned kControlTimeoutMs = 2000;
+// bmRequestType of the board's vendor requests, to its interface.
+constexpr std::uint8_t kVendorIn = static_cast<std::uint8_t>(LIBUSB_ENDPOINT_IN) |
+                                   static_cast<std::uint8_t>(LIBUSB_REQUEST_TYPE_VENDOR) |
+                                   static_cast<std::uint8_t>(LIBUSB_RECIPIENT_INTERFACE);
+constexpr std::uint8_t kVendorOut = static_cast<std::uint8_t>(LIBUSB_ENDPOINT_OUT) |
+                                    static_cast<std::uint8_t>(LIBUSB_REQUEST_TYPE_VENDOR) |
+                                    static_cast<std::uint8_t>(LIBUSB_RECIPIENT_INTERFACE);
+
+std::string usb_error(int rc) { return libusb_strerror(static_cast<libusb_error>(rc)); }
+
+// Transfers allocated and not yet freed, by every link in the process.
+std::atomic<std::size_t> g_transfers{0};
+
+// A libusb context per link: its device list is fresh when it is created
+// (a context kept across a board's unplug and return would list the board
+// that left), and its event thread serves only this link's transfers.
+struct Context {
+  libusb_context* ctx = nullptr;
+  Context() {
+    if (const int rc = libusb_init(&ctx); rc != 0)
+      throw Error(Status::Unavailable, "libusb: cannot initialise: " + usb_error(rc));
+  }
+  ~Context() { libusb_exit(ctx); }
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+};
+
+// "1-1.4": bus, then the port path.
+std::string location_of(libusb_device* d) {
+  std::uint8_t ports[8];
+  const int n = libusb_get_port_numbers(d, ports, 8);
+  std::string s = std::to_string(libusb_get_bus_number(d)) + "-";
+  for (int i = 0; i < n; ++i) s += (i ? "." : "") + std::to_string(ports[i]);
+  if (n <= 0) s += "0";
+  return s;
+}
+
+struct DeviceList {
+  libusb_device** list = nullptr;
+  ssize_t count = 0;
+  explicit DeviceList(libusb_context* ctx) {
+    count = libusb_get_device_list(ctx, &list);
+    if (count < 0) throw Error(Status::Unavailable, "libusb: cannot list devices: " + usb_error(static_cast<int>(count)));
+  }
+  ~DeviceList() { libusb_free_device_list(list, 1); }
+  std::span<libusb_device*> devices() const { return {list, static_cast<std::size_t>(count)}; }
+};
+
+class LibusbLink final : public UsbLink {
+ public:
+  explicit LibusbLink(const std::string& location) : location_(location) {
+    DeviceList all(context_.ctx);
+    libusb_device* found = nullptr;
+    for (libusb_device* d : all.devices())
+      if (location_of(d) == location) found = d;
+    if (!found) throw Error(Status::NotFound, "no USB device at " + location + " (see `tpuhal list` or lsusb -t)");
+    libusb_device_descriptor dd{};
+    libusb_get_device_descriptor(found, &dd);
+    ids_ = dd;
+    int rc = libusb_open(found, &handle_);
+    if (rc == LIBUSB_ERROR_ACCESS)
+      throw Error(Status::PermissionDenied, "usb " + location + ": no permission to open /dev/bus/usb/" +
+                                                std::to_string(libusb_get_bus_number(found)) + "/" +
+                                                std::to_string(libusb_get_device_address(found)) +
+                                                " (run as root, or add a udev rule granting it; docs/usb.md)");
+    if (rc != 0) throw Error(Status::DeviceLost, "usb " + location + ": cannot open: " + usb_error(rc));
+    try {
+      find_endpoints(found);
+      libusb_set_auto_detach_kernel_driver(handle_, 1);
+      rc = libusb_claim_interface(handle_, interface_);
+      if (rc == LIBUSB_ERROR_BUSY)
+        throw Error(Status::ResourceExhausted, "usb " + location + ": the board's interface is claimed by another process");
+      if (rc != 0) throw Error(Status::DeviceLost, "usb " + location + ": cannot claim its interface: " + usb_error(rc));
+      claimed_ = true;
+    } catch (...) {
+      close();
+      throw;
+    }
+    events_ = std::thread([this] { run_events(); });
+    for (int i = 0; i < kInFlightIn; ++i) submit_in(allocate(ep_in_, kInBytes, LIBUSB_TRANSFER_TYPE_BULK));
+    submit_in(allocate(ep_irq_, irq_bytes_, LIBUSB_TRANSFER_TYPE_INTERRUPT));
+  }
+
+  ~LibusbLink() override {
+    shutdown();
+    {
+      std::unique_lock lock(mu_);
+      // Every transfer comes back (completed or cancelled) before the
+      // handle closes: none is left outstanding.
+      cv_.wait(lock, [&] { return in_flight_ == 0; });
+      stop_events_ = true;
+    }
+    libusb_interrupt_event_handler(context_.ctx);
+    events_.join();
+    for (libusb_transfer* t : idle_) free_transfer(t);
+    close();
+  }
+
+  std::string bus() const override {
+    char ids[16];
+    std::snprintf(ids, sizeof ids, "%04x:%04x", ids_.idVendor, ids_.idProduct);
+    return "usb " + location_ + " (" + ids + ")";
+  }
+
+  std::size_t control_in(std::uint8_t request, std::span<std::byte> out) override {
+    const int rc = libusb_control_transfer(
+        handle_, kVendorIn, request, 0,
+        static_cast<std::uint16_t>(interface_), reinterpret_cast<unsigned char*>(out.data()),
+        static_cast<std::uint16_t>(out.size()), kControlTimeoutMs);
+    if (rc < 0) throw Error(Status::DeviceLost, bus() + ": control request " + std::to_string(request) + " failed: " + usb_error(rc));
+    return static_cast<std::size_t>(rc);
+  }
+
+  void control_out(std::uint8_t request) override {
+    const int rc = libusb_control_transfer(
+        handle_, kVendorOut, request, 0,
+        static_cast<std::uint16_t>(interface_), nullptr, 0, kControlTimeoutMs);
+    if (rc < 0) throw Error(Status::DeviceLost, bus() + ": control request " + std::to_string(request) + " failed: " + usb_error(rc));
+  }
+
+  bool bulk_out(std::span<const std::byte> data) override {
+    // A transfer whose length is a multiple of the packet size would not end
+    // on the board's side (no short packet): send its last byte apart.
+    if (data.size() > 1 && data.size() % max_packet_out_ == 0)
+      return bulk_out(data.first(data.size() - 1)) && bulk_out(data.last(1));
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return out_in_flight_ < kInFlightOut || ended_; });
+    if (ended_) return false;
+    libusb_transfer* t = take_idle(data.size());
+    std::memcpy(t->buffer, data.data(), data.size());
+    t->length = static_cast<int>(data.size());
+    ++out_in_flight_;
+    ++in_flight_;
+    const int rc = libusb_submit_transfer(t);
+    if (rc != 0) {
+      --out_in_flight_;
+      --in_flight_;
+      idle_.push_back(t);
+      end_locked("a bulk OUT transfer could not be submitted: " + usb_error(rc));
+      return false;
+    }
+    return true;
+  }
+
+  std::size_t bulk_in(std::span<std::byte> out) override { return take(bulk_, out); }
+  std::size_t interrupt_in(std::span<std::byte> out) override { return take(irq_, out); }
+
+  void shutdown() noexcept override {
+    std::lock_guard lock(mu_);
+    closing_ = true;
+    end_locked("");
+  }
+
+ private:
+  struct Received {
+    std::deque<std::vector<std::byte>> chunks;
+    std::size_t offset = 0;                   // into the front chunk
+    std::vector<std::vector<std::byte>> spare;  // chunks taken, kept for reuse
+  };
+
+  void find_endpoints(libusb_device* d) {
+    libusb_config_descriptor* config = nullptr;
+    if (const int rc = libusb_get_active_config_descriptor(d, &config); rc != 0)
+      throw Error(Status::DeviceLost, "usb " + location_ + ": no active configuration: " + usb_error(rc));
+    for (int i = 0; i < config->bNumInterfaces && ep_in_ == 0; ++i) {
+      const libusb_interface_descriptor& id = config->interface[i].altsetting[0];
+      std::uint8_t in = 0, out = 0, irq = 0;
+      int out_packet = 0, irq_packet = 0;
+      for (int e = 0; e < id.bNumEndpoints; ++e) {
+        const libusb_endpoint_descriptor& ep = id.endpoint[e];
+        const int type = ep.bmAttributes & LIBUSB_TRANSFER_TYPE_MASK;
+        const bool is_in = ep.bEndpointAddress & LIBUSB_ENDPOINT_IN;
+        if (type == LIBUSB_TRANSFER_TYPE_BULK && is_in && !in) in = ep.bEndpointAddress;
+        if (type == LIBUSB_TRANSFER_TYPE_BULK && !is_in && !out) {
+          out = ep.bEndpointAddress;
+          out_packet = ep.wMaxPacketSize & 0x7FF;
+        }
+        if (type == LIBUSB_TRANSFER_TYPE_INTERRUPT && is_in && !irq) {
+          irq = ep.bEndpointAddress;
+          irq_packet = ep.wMaxPacketSize & 0x7FF;
+        }
+      }
+      if (in && out && irq) {
+        interface_ = id.bInterfaceNumber;
+        ep_in_ = in;
+        ep_out_ = out;
+        ep_irq_ = irq;
+        max_packet_out_ = out_packet > 0 ? static_cast<std::size_t>(out_packet) : 512;
+        // One packet per interrupt transfer: each notification is a whole
+        // packet, so a longer transfer would gather several.
+        irq_bytes_ = irq_packet > 0 ? static_cast<std::size_t>(irq_packet) : sizeof(fw::UsbInterrupt);
+      }
+    }
+    libusb_free_config_descriptor(config);
+    if (!ep_in_)
+      throw Error(Status::NotFound, "usb " + location_ +
+                                        ": no interface with a bulk IN, a bulk OUT and an interrupt IN endpoint; "
+                                        "is this a tpuhal board?");
+  }
+
+  libusb_transfer* allocate(std::uint8_t ep, std::size_t bytes, std::uint8_t type) {
+    libusb_transfer* t = libusb_alloc_transfer(0);
+    if (!t) throw Error(Status::OutOfMemory, bus() + ": cannot allocate a USB transfer");
+    g_transfers.fetch_add(1);
+    if (!t) throw Error(Status::OutOfMemory, bus() + ": cannot allocate a USB transfer");
+    t->dev_handle = handle_;
+    t->endpoint = ep;
+    t->type = type;
+    t->timeout = 0;
+    t->buffer = static_cast<unsigned char*>(std::malloc(bytes));
+    t->length = static_cast<int>(bytes);
+    t->callback = &LibusbLink::on_complete;
+    t->user_data = this;
+    if (!t->buffer) {
+      g_transfers.fetch_sub(1);
+      libusb_free_transfer(t);
+      throw Error(Status::OutOfMemory, bus() + ": cannot allocate a USB transfer buffer");
+    }
+    capacity_[t] = bytes;
+    return t;
+  }
+  void free_transfer(libusb_transfer* t) {
+    std::free(t->buffer);
+    t->buffer = nullptr;
+    libusb_free_transfer(t);
+    g_transfers.fetch_sub(1);
+  }
+
+  // An OUT transfer with room for `bytes` (mu_ held).
+  libusb_transfer* take_idle(std::size_t bytes) {
+    for (auto it = idle_.begin(); it != idle_.end(); ++it)
+      if (capacity_[*it] >= bytes) {
+        libusb_transfer* t = *it;
+        idle_.erase(it);
+        return t;
+      }
+    return allocate(ep_out_, std::max<std::size_t>(bytes, 256u << 10), LIBUSB_TRANSFER_TYPE_BULK);
+  }
+
+  void submit_in(libusb_transfer* t) {
+    std::lock_guard lock(mu_);
+    if (ended_) {
+      idle_.push_back(t);
+      return;
+    }
+    t->length = static_cast<int>(capacity_[t]);
+    ++in_flight_;
+    if (const int rc = libusb_submit_transfer(t); rc != 0) {
+      --in_flight_;
+      idle_.push_back(t);
+      end_locked("an IN transfer could not be submitted: " + usb_error(rc));
+    }
+  }
+
+  static void LIBUSB_CALL on_complete(libusb_transfer* t) { static_cast<LibusbLink*>(t->user_data)->completed(t); }
+
+  void completed(libusb_transfer* t) {
+    const bool is_out = t->endpoint == ep_out_;
+    std::unique_lock lock(mu_);
+    --in_flight_;
+    if (is_out) --out_in_flight_;
+    const bool ok = t->status == LIBUSB_TRANSFER_COMPLETED;
+    if (!ok && !ended_) {
+      end_locked(t->status == LIBUSB_TRANSFER_NO_DEVICE ? "the board was disconnected"
+                                                        : std::string("a transfer ended with ") +
+                                                              libusb_error_name(t->status));
+    }
+    if (ok && !is_out && t->actual_length > 0) {
+      auto& r = t->endpoint == ep_irq_ ? irq_ : bulk_;
+      std::vector<std::byte> chunk;
+      if (!r.spare.empty()) {  // a buffer already faulted in: no page faults, no zeroing
+        chunk = std::move(r.spare.back());
+        r.spare.pop_back();
+      }
+      chunk.assign(reinterpret_cast<std::byte*>(t->buffer), reinterpret_cast<std::byte*>(t->buffer) + t->actual_length);
+      r.chunks.push_back(std::move(chunk));
+    }
+    if (is_out || ended_) {
+      idle_.push_back(t);
+      cv_.notify_all();
+      return;
+    }
+    cv_.notify_all();
+    t->length = static_cast<int>(capacity_[t]);
+    ++in_flight_;
+    if (const int rc = libusb_submit_transfer(t); rc != 0) {
+      --in_flight_;
+      idle_.push_back(t);
+      end_locked("an IN transfer could not be resubmitted: " + usb_error(rc));
+    }
+  }
+
+  std::size_t take(Received& r, std::span<std::byte> out) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !r.chunks.empty() || ended_; });
+    if (r.chunks.empty()) return 0;
+    if (&r == &irq_) {  // one notification per call
+      auto& c = r.chunks.front();
+      const std::size_t n = std::min(out.size(), c.size());
+      std::memcpy(out.data(), c.data(), n);
+      r.chunks.pop_front();
+      return n;
+    }
+    std::size_t n = 0;
+    while (n < out.size() && !r.chunks.empty()) {
+      auto& c = r.chunks.front();
+      const std::size_t k = std::min(out.size() - n, c.size() - r.offset);
+      std::memcpy(out.data() + n, c.data() + r.offset, k);
+      n += k;
+      r.offset += k;
+      if (r.offset == c.size()) {
+        if (r.spare.size() < kInFlightIn) r.spare.push_back(std::move(c));
+        r.chunks.pop_front();
+        r.offset = 0;
+      }
+    }
+    return n;
+  }
+
+  // The link is over: wake everyone, cancel what is in flight (mu_ held).
+  void end_locked(const std::string& why) {
+    if (!why.empty() && !closing_ && !ended_) base::logger("tpu")->error("{}: {}", bus(), why);
+    ended_ = true;
+    bulk_.chunks.clear();
+    irq_.chunks.clear();
+    for (auto& [t, bytes] : capacity_)
+      if (std::find(idle_.begin(), idle_.end(), t) == idle_.end()) libusb_cancel_transfer(t);
+    cv_.notify_all();
+  }
+
+  void run_events() {
+    for (;;) {
+      {
+        std::lock_guard lock(mu_);
+        if (stop_events_) return;
+      }
+      timeval tv{0, 100000};
+      libusb_handle_events_timeout_completed(context_.ctx, &tv, nullptr);
+    }
+  }
+
+  void close() noexcept {
+    if (!handle_) return;
+    if (claimed_) libusb_release_interface(handle_, interface_);
+    libusb_close(handle_);
+    handle_ = nullptr;
+  }
+
+  Context context_;  // destroyed last
+  const std::string location_;
+  libusb_device_descriptor ids_{};
+  libusb_device_handle* handle_ = nullptr;
+  bool claimed_ = false;
+  int interface_ = 0;
+  std::uint8_t ep_in_ = 0, ep_out_ = 0, ep_irq_ = 0;
+  std::size_t max_packet_out_ = 512;
+  std::size_t irq_bytes_ = sizeof(fw::UsbInterrupt);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<libusb_transfer*, std::size_t> capacity_;  // every transfer ever allocated; guarded
+  std::vector<libusb_transfer*> idle_;                // not submitted; guarded
+  int in_flight_ = 0, out_in_flight_ = 0;             // guarded
+  Received bulk_, irq_;                               // guarded
+  bool ended_ = false, closing_ = false, stop_events_ = false;  // guarded
+  std::thread events_;
+};
+
+}  // namespace
+
+std::size_t usb_transfers_outstanding() noexcept { return g_transfers.load(); }
+
+std::unique_ptr<UsbLink> open_libusb_link(const std::string& location) {
+  return std::make_unique<LibusbLink>(location);
+}
+
+}  // namespace tpuhal::tpu
