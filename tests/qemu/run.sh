@@ -22,62 +22,15 @@ binary=${1:?usage: run.sh EDU_TEST_BINARY [CACHE_DIR]}
 cache=${2:-$(dirname "$0")/../../build/qemu-cache}
 boot_timeout=${TPUHAL_QEMU_TIMEOUT:-90}
 
-qemu=$(command -v qemu-system-x86_64 || true)
-if [[ -z $qemu ]]; then
-  echo "SKIP: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86 busybox-static cpio, or scripts/setup.sh)"
-  exit 77
-fi
-busybox=/bin/busybox
-if [[ ! -x $busybox ]] || ldd "$busybox" >/dev/null 2>&1; then
-  echo "FAIL: $busybox is missing or not statically linked (install busybox-static)"
-  exit 1
-fi
-command -v cpio >/dev/null || { echo "FAIL: cpio is not installed"; exit 1; }
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/guest.sh"
 [[ -x $binary ]] || { echo "FAIL: $binary is not an executable"; exit 1; }
-
-# ---- the guest kernel ----
-mkdir -p "$cache"
-cache=$(cd "$cache" && pwd)
-kernel_root="$cache/kernel"
-if ! compgen -G "$kernel_root/boot/vmlinuz-*" >/dev/null; then
-  pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
-  [[ -n $pkg ]] || { echo "FAIL: apt-cache knows no kernel package behind linux-image-amd64"; exit 1; }
-  echo "fetching $pkg into $cache"
-  rm -rf "$cache/download" && mkdir -p "$cache/download"
-  (cd "$cache/download" && apt-get download "$pkg" >/dev/null 2>&1) ||
-    { echo "FAIL: apt-get download $pkg failed (no network or apt lists?)"; exit 1; }
-  rm -rf "$kernel_root.tmp" && dpkg -x "$cache"/download/*.deb "$kernel_root.tmp"
-  rm -rf "$kernel_root" && mv "$kernel_root.tmp" "$kernel_root" && rm -rf "$cache/download"
-fi
-vmlinuz=$(ls "$kernel_root"/boot/vmlinuz-* | head -1)
-moddir=$(ls -d "$kernel_root"/lib/modules/* | head -1)/kernel
+guest_setup "$cache"
 
 # ---- the initramfs ----
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-root="$work/root"
-mkdir -p "$root"/{bin,dev,proc,sys,tmp,lib/modules}
-cp "$busybox" "$root/bin/busybox"
-for m in virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_virqfd drivers/vfio/vfio_iommu_type1 \
-         drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vfio-pci drivers/uio/uio drivers/uio/uio_pci_generic; do
-  src="$moddir/$m.ko" dst="$root/lib/modules/$(basename "$m").ko"
-  if [[ -f $src ]]; then
-    cp "$src" "$dst"
-  elif [[ -f $src.xz ]] && command -v xz >/dev/null; then
-    xz -dc "$src.xz" > "$dst"  # busybox insmod loads uncompressed modules only
-  elif [[ -f $src.zst ]] && command -v zstd >/dev/null; then
-    zstd -qdc "$src.zst" > "$dst"
-  else
-    echo "FAIL: the kernel package has no $m.ko (nor a .ko.xz/.ko.zst this machine can unpack)"
-    exit 1
-  fi
-done
-cp "$binary" "$root/edu_test"
-# The shared libraries edu_test needs, at the paths the loader looks for them.
-while read -r lib; do
-  mkdir -p "$root$(dirname "$lib")"
-  cp -L "$lib" "$root$lib"
-done < <(ldd "$binary" | grep -oE '/[^ ]+' | sort -u)
+guest_modules "$root" virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_virqfd drivers/vfio/vfio_iommu_type1 \
+  drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vfio-pci drivers/uio/uio drivers/uio/uio_pci_generic
+guest_programs "$root" "$binary"
 cat > "$root/init" <<'EOF'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -103,7 +56,7 @@ echo "tpuhal-verdict $rc"
 poweroff -f
 EOF
 chmod +x "$root/init"
-(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) > "$work/initrd.gz"
+guest_initrd "$root" "$work/initrd.gz"
 
 # ---- the two boots ----
 boot() {  # boot NAME APPEND QEMU_ARGS...

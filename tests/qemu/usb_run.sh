@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Boots a small Linux guest under QEMU (software emulation) and tests the
+# usb: driver on the kernel's real USB stack inside it: dummy_hcd gives the
+# guest a USB device controller wired to a host controller, and
+# tpuhal-usb-gadget presents a simulated board on it through configfs and
+# FunctionFS (usb_f_fs). The driver reaches the board through libusb, usbfs
+# and the host controller. In order:
+#   1. the gadget starts in loader mode; usb_guest_test uploads firmware
+#      (refused images first) and the board re-enumerates as the application;
+#   2. the conformance suite runs on the usb: device;
+#   3. usb_guest_test unbinds the gadget mid-transfer (the cable pulled):
+#      device-lost within 1 s, then the board comes back;
+#   4. tpuhal bench dma and submit on the usb: device, beside a plain libusb
+#      bulk loopback (usb_loopback_bench) against the kernel's own
+#      source/sink function on a second dummy controller, in the same boot.
+#
+#   usb_run.sh BUILD_DIR [CACHE_DIR]
+#
+# Programs come from BUILD_DIR/bin; the kernel and modules as in run.sh
+# (guest.sh). Exit status: 0 pass, 1 fail, 77 skipped (QEMU is not installed).
+set -euo pipefail
+
+build=${1:?usage: usb_run.sh BUILD_DIR [CACHE_DIR]}
+cache=${2:-$build/qemu-cache}
+boot_timeout=${TPUHAL_QEMU_TIMEOUT:-420}
+
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/guest.sh"
+guest_setup "$cache"
+guest_modules "$root" drivers/usb/common/usb-common drivers/usb/core/usbcore drivers/usb/gadget/udc/udc-core \
+  drivers/usb/gadget/udc/dummy_hcd fs/configfs/configfs drivers/usb/gadget/libcomposite \
+  drivers/usb/gadget/function/usb_f_fs drivers/usb/gadget/function/usb_f_ss_lb
+guest_programs "$root" "$build/bin/tpuhal-usb-gadget" "$build/bin/usb_guest_test" "$build/bin/hal_conformance" \
+  "$build/bin/tpuhal" "$build/bin/usb_loopback_bench" "$build/bin/edu_test"
+cat > "$root/init" <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+load() { insmod /lib/modules/$1.ko $2 || echo "insmod $1 failed"; }
+for m in usb-common usbcore udc-core configfs libcomposite usb_f_fs usb_f_ss_lb; do load $m; done
+load dummy_hcd num=2
+mount -t configfs none /sys/kernel/config
+export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 TPUHAL_LOG=warn
+rc=0
+step() { echo "guest: $*"; }
+fail() { echo "guest: FAIL $*"; rc=1; }
+
+# The loopback baseline's gadget: the kernel's source/sink on the second controller.
+g=/sys/kernel/config/usb_gadget/lb
+mkdir -p $g/functions/SourceSink.0 $g/configs/c.1
+echo 0x1209 > $g/idVendor; echo 0x0003 > $g/idProduct
+echo 2 > $g/functions/SourceSink.0/pattern              # no data checks
+echo 65536 > $g/functions/SourceSink.0/bulk_buflen      # requests as large as the board's
+ln -s $g/functions/SourceSink.0 $g/configs/c.1/
+udcs=$(ls /sys/class/udc)
+echo $udcs | cut -d' ' -f2 > $g/UDC || fail "cannot bind the source/sink gadget"
+
+/tpuhal-usb-gadget --loader --udc $(echo $udcs | cut -d' ' -f1) > /tmp/gadget.log 2>&1 &
+gadget=$!
+for i in $(seq 300); do grep -q 'bound to' /tmp/gadget.log && break; sleep 0.1; done
+grep -q 'bound to' /tmp/gadget.log || fail "tpuhal-usb-gadget did not start"
+
+step "firmware upload"
+/usb_guest_test --gtest_filter='UsbGuest.TheLoader*' || fail "firmware upload"
+step "conformance suite on the usb: device"
+listed=$(/hal_conformance --gtest_list_tests --gtest_filter='*/usb_*-*usb_sim*' | grep -c usb_ || true)
+[ "$listed" -gt 0 ] || fail "the conformance suite lists no test of a usb: device"
+/hal_conformance --gtest_filter='*/usb_*-*usb_sim*' || fail "conformance"
+step "unbinding the gadget mid-transfer"
+/usb_guest_test --gtest_filter='UsbGuest.Unbinding*' || fail "unbinding"
+step "benchmarks"
+dev=$(/tpuhal list | grep -o 'usb:[0-9][0-9.-]*' | head -1)
+busy() { awk '/^cpu / {print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
+b0=$(busy)
+/tpuhal bench dma --device $dev --quick || fail "bench dma"
+b1=$(busy)
+echo "$b0 $b1" | awk '{printf "guest CPUs busy during bench dma: %.0f%%\n", 100 * ($3 - $1) / ($4 - $2)}'
+
+/tpuhal bench submit --device $dev --quick || fail "bench submit"
+/usb_loopback_bench 1209:0003 || fail "loopback baseline"
+
+kill -TERM $gadget
+wait $gadget || fail "tpuhal-usb-gadget exited with $?"
+sed 's/^/gadget: /' /tmp/gadget.log
+echo "tpuhal-verdict $rc"
+/edu_test exit $rc
+poweroff -f
+EOF
+chmod +x "$root/init"
+guest_initrd "$root" "$work/initrd.gz"
+
+log="$cache/usb.log"
+start=$SECONDS
+rc=0
+timeout --kill-after=5 "$boot_timeout" "$qemu" -machine q35 -accel tcg -cpu max -m 4096 -smp 2 \
+  -nographic -no-reboot -monitor none -serial stdio \
+  -kernel "$vmlinuz" -initrd "$work/initrd.gz" \
+  -append "console=ttyS0 quiet loglevel=3 panic=-1" \
+  -device isa-debug-exit,iobase=0xf4,iosize=0x04 </dev/null >"$log" 2>&1 || rc=$?
+grep -vE '^\[ *(RUN|OK) ' "$log" | grep -vE '^\s*$' | tail -n 120 || true
+case $rc in
+  1) echo "usb: pass ($((SECONDS - start)) s)"; exit 0 ;;
+  124 | 137) echo "usb: FAIL: no verdict within ${boot_timeout} s (log: $log)" ;;
+  3) echo "usb: FAIL: the guest test failed (log: $log)" ;;
+  *) echo "usb: FAIL: QEMU exited with $rc and no verdict (log: $log)" ;;
+esac
+exit 1
