@@ -69,26 +69,39 @@ std::string to_json(const Result& r) {
 
 std::vector<Result> run_dma(Device& device, const Options& o) {
   std::vector<Result> out;
-  constexpr std::uint64_t kMax = 64ull << 20;
-  Buffer host = device.allocate(kMax, Memory::HostPinned);
-  Buffer dram = device.allocate(kMax);
-  std::memset(host.map().data(), 0x5a, kMax);
+  // Up to 64 MiB, or the largest size of the series that fits twice in the
+  // default heap of a small board.
+  std::uint64_t heap = 0;
+  for (const HeapInfo& h : device.properties().heaps)
+    if (h.is_default) heap = h.size;
+  std::uint64_t max_bytes = 64ull << 20;
+  while (max_bytes > 4096 && max_bytes > heap / 2) max_bytes /= 4;
+  Buffer host = device.allocate(max_bytes, Memory::HostPinned);
+  Buffer dram = device.allocate(max_bytes);
+  std::memset(host.map().data(), 0x5a, max_bytes);
   Queue q = device.queue(Engine::Copy);
   q.copy(host, dram).submit().wait();  // first touch of every page on both sides
   q.copy(dram, host).submit().wait();
 
-  MemcpyFloor floor(kMax);
+  MemcpyFloor floor(max_bytes);
   // On a GPU the same copies through the raw driver API are the baseline
   // the shim answers to; memcpy stays beside them.
   std::unique_ptr<RawCuda> raw;
-  if (device.properties().driver == "cuda") raw = raw_cuda(device, kMax);
+  if (device.properties().driver == "cuda") raw = raw_cuda(device, max_bytes);
   const int rounds = o.quick ? 3 : 21;
-  for (std::uint64_t size = 4096; size <= kMax; size *= 4) {
+  for (std::uint64_t size = 4096; size <= max_bytes; size *= 4) {
     const std::uint64_t budget = o.quick ? (32ull << 20) : (128ull << 20);
-    const int reps = static_cast<int>(std::clamp<std::uint64_t>(budget / size, 2, 4096));
     for (int dir = 0; dir < 2; ++dir) {
       const Buffer& src = dir == 0 ? host : dram;
       const Buffer& dst = dir == 0 ? dram : host;
+      // As many copies as the byte budget asks, but no more than fit in a
+      // time budget on a slow link (a USB board: milliseconds per copy).
+      const auto p0 = base::monotonic_ns();
+      q.copy(src, 0, dst, 0, size).submit().wait();
+      const double one = std::max(1e-9, static_cast<double>(base::monotonic_ns() - p0) * 1e-9);
+      const double seconds = o.quick ? 0.25 : 1.0;
+      const int reps = static_cast<int>(std::clamp<std::uint64_t>(
+          std::min<std::uint64_t>(budget / size, static_cast<std::uint64_t>(seconds / one) + 1), 2, 4096));
       std::vector<double> dma, cpu, paired, direct, vs_direct;
       // Each round measures the floor just before and just after the device,
       // so that the memory bandwidth other tenants of this machine leave us
@@ -136,11 +149,15 @@ std::vector<Result> run_submit(Device& device, const Options& o) {
   Queue q = device.queue(Engine::Compute);
   const int iterations = o.quick ? 2000 : 20000;
 
-  // Round trip: submit one empty command, wait for its fence.
-  for (int i = 0; i < 200; ++i) q.submit().wait();
+  // Round trip: submit one empty command, wait for its fence. The warm-up
+  // and the samples also stop at a time budget, for slow links.
+  const std::uint64_t budget_ns = o.quick ? 2'000'000'000ull : 10'000'000'000ull;
+  const auto warm = base::monotonic_ns();
+  for (int i = 0; i < 200 && base::monotonic_ns() - warm < budget_ns / 10; ++i) q.submit().wait();
   std::vector<double> rt;
   rt.reserve(iterations);
-  for (int i = 0; i < iterations; ++i) {
+  const auto start = base::monotonic_ns();
+  for (int i = 0; i < iterations && (i < 50 || base::monotonic_ns() - start < budget_ns); ++i) {
     const auto t0 = base::monotonic_ns();
     q.submit().wait();
     rt.push_back(static_cast<double>(base::monotonic_ns() - t0) / 1000.0);
@@ -171,7 +188,17 @@ std::vector<Result> run_submit(Device& device, const Options& o) {
   emit(out, std::move(r), o);
 
   // Sustained rate: empty commands back to back on one queue, all completed.
-  const std::uint64_t n = o.quick ? 200'000 : 2'000'000;
+  // As many as the count asks, or as fit in about a second a round at the
+  // rate a probe of 1000 shows.
+  std::uint64_t n = o.quick ? 200'000 : 2'000'000;
+  {
+    const auto t0 = base::monotonic_ns();
+    Fence last;
+    for (int i = 0; i < 1000; ++i) last = q.submit();
+    last.wait();
+    const double per = static_cast<double>(base::monotonic_ns() - t0) * 1e-9 / 1000;
+    n = std::clamp<std::uint64_t>(static_cast<std::uint64_t>((o.quick ? 0.5 : 2.0) / per), 1000, n);
+  }
   std::vector<double> rates, floors, launches;
   for (int round = 0; round < 3; ++round) {
     floors.push_back(spsc_rate_mps(n));
