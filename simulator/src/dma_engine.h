@@ -43,8 +43,9 @@ class DmaEngine {
   // Large enough that a big transfer uses the same (non-temporal) copy path a
   // single memcpy of it would; small enough to bound reset latency.
   static constexpr std::uint64_t kChunk = 64ull << 20;
-  // Through a HostPort, transfers move in smaller pieces (bounce buffers).
-  static constexpr std::uint64_t kRemoteChunk = 4ull << 20;
+  // Through a HostPort (a USB board), a transfer moves in pieces asked for
+  // all at once, so that the link's round trip is paid once per piece.
+  static constexpr std::uint64_t kRemoteChunk = 16ull << 20;
 
   // Each returns a Problem whose status is kOk on success. `src_field` and
   // `dst_field` name the descriptor fields in a fault report.

@@ -286,7 +286,9 @@ struct UsbFunction::Impl final : HostPort {
         }
         at += *len;
       }
-      std::memmove(buf.data(), buf.data() + at, used - at);
+      // The unfinished message moves to the front once, when the messages
+      // before it are done (not on every read while it arrives).
+      if (at > 0 && used > at) std::memmove(buf.data(), buf.data() + at, used - at);
       used -= at;
     }
     lose();

@@ -116,7 +116,6 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
     for (aio_context_t* ctx : {&out_ctx_, &in_ctx_})
       if (::syscall(SYS_io_setup, kDepth, ctx) != 0) throw std::system_error(errno, std::generic_category(), "io_setup");
     for (Slot& s : reads_) s.buf.resize(kRequestBytes);
-    for (Slot& s : writes_) s.buf.resize(kRequestBytes);
   }
   ~FfsEndpoints() override {
     // Cancels what is still queued and waits for it: no request outlives
@@ -146,7 +145,9 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
 
   bool write_in(std::span<const std::byte> data) override {
     // A transfer of whole packets gets its last byte apart so that the
-    // host's transfer ends (a short packet).
+    // host's transfer ends (a short packet). FunctionFS copies a write's
+    // bytes when it is submitted, so the request is made from `data`
+    // itself, and the slot only tracks it.
     while (!data.empty()) {
       std::size_t n = std::min<std::size_t>(data.size(), kRequestBytes);
       if (n == data.size() && n % 512 == 0 && n > 1) --n;
@@ -154,8 +155,7 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
       if (s.queued) {  // the slot's last request: it must have gone whole
         if (!reap(in_ctx_, writes_, s) || s.result != static_cast<ssize_t>(s.length)) return false;
       }
-      std::memcpy(s.buf.data(), data.data(), n);
-      if (!submit(in_ctx_, in_, IOCB_CMD_PWRITE, s, write_next_, n)) return false;
+      if (!submit(in_ctx_, in_, IOCB_CMD_PWRITE, s, write_next_, n, data.data())) return false;
       write_next_ = (write_next_ + 1) % kDepth;
       data = data.subspan(n);
     }
@@ -188,13 +188,16 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
     std::size_t length = 0, taken = 0;
   };
 
-  bool submit(aio_context_t ctx, int fd, std::uint16_t op, Slot& s, std::size_t index, std::size_t length) {
+  // Queues a request on `fd` for slot `s`: into (or from) its buffer, or
+  // from `from` (a write, copied by the kernel before this returns).
+  bool submit(aio_context_t ctx, int fd, std::uint16_t op, Slot& s, std::size_t index, std::size_t length,
+              const std::byte* from = nullptr) {
     if (closed_.load()) return false;
     s.cb = iocb{};
     s.cb.aio_data = index;
     s.cb.aio_lio_opcode = op;
     s.cb.aio_fildes = static_cast<std::uint32_t>(fd);
-    s.cb.aio_buf = reinterpret_cast<std::uint64_t>(s.buf.data());
+    s.cb.aio_buf = reinterpret_cast<std::uint64_t>(from ? from : s.buf.data());
     s.cb.aio_nbytes = length;
     iocb* list[1] = {&s.cb};
     if (io([&] { return static_cast<ssize_t>(::syscall(SYS_io_submit, ctx, 1, list)); }) != 1) return false;

@@ -29,7 +29,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr int kInFlightIn = 4;     // bulk IN transfers kept submitted
+constexpr int kInFlightIn = 4;     // bulk IN transfers kept submitted (usbfs allows 16 MiB in all by default)
 constexpr int kInFlightOut = 4;    // bulk OUT transfers allowed in flight
 constexpr std::size_t kInBytes = (1u << 20) + (64u << 10);  // a multiple of every max packet size
 constexpr unsigned kControlTimeoutMs = 2000;
@@ -128,6 +128,10 @@ class LibusbLink final : public UsbLink {
     libusb_interrupt_event_handler(context_.ctx);
     events_.join();
     for (libusb_transfer* t : idle_) free_transfer(t);
+    for (Received* r : {&bulk_, &irq_}) {
+      for (const Chunk& c : r->chunks) std::free(c.data);
+      for (std::byte* b : r->spare) std::free(b);
+    }
     close();
   }
 
@@ -187,11 +191,18 @@ class LibusbLink final : public UsbLink {
   }
 
  private:
-  struct Received {
-    std::deque<std::vector<std::byte>> chunks;
-    std::size_t offset = 0;                   // into the front chunk
-    std::vector<std::vector<std::byte>> spare;  // chunks taken, kept for reuse
+  // What an IN endpoint has received: transfer buffers swapped out of
+  // their transfers on completion (no copy), until the reader takes them.
+  struct Chunk {
+    std::byte* data;
+    std::size_t size;
   };
+  struct Received {
+    std::deque<Chunk> chunks;
+    std::size_t offset = 0;        // into the front chunk
+    std::vector<std::byte*> spare;  // buffers of this endpoint's size, to swap in; freed at close
+  };
+
 
   void find_endpoints(libusb_device* d) {
     libusb_config_descriptor* config = nullptr;
@@ -300,15 +311,23 @@ class LibusbLink final : public UsbLink {
                                                         : std::string("a transfer ended with ") +
                                                               libusb_error_name(t->status));
     }
-    if (ok && !is_out && t->actual_length > 0) {
+    if (ok && !is_out && t->actual_length > 0 && !ended_) {
+      // The filled buffer becomes the chunk, and the transfer goes on with
+      // a spare one (already faulted in, when there is one).
       auto& r = t->endpoint == ep_irq_ ? irq_ : bulk_;
-      std::vector<std::byte> chunk;
-      if (!r.spare.empty()) {  // a buffer already faulted in: no page faults, no zeroing
-        chunk = std::move(r.spare.back());
+      std::byte* fresh = nullptr;
+      if (!r.spare.empty()) {
+        fresh = r.spare.back();
         r.spare.pop_back();
+      } else {
+        fresh = static_cast<std::byte*>(std::malloc(capacity_[t]));
       }
-      chunk.assign(reinterpret_cast<std::byte*>(t->buffer), reinterpret_cast<std::byte*>(t->buffer) + t->actual_length);
-      r.chunks.push_back(std::move(chunk));
+      if (fresh) {
+        r.chunks.push_back({reinterpret_cast<std::byte*>(t->buffer), static_cast<std::size_t>(t->actual_length)});
+        t->buffer = reinterpret_cast<unsigned char*>(fresh);
+      } else {
+        end_locked("out of memory for a USB transfer buffer");
+      }
     }
     if (is_out || ended_) {
       idle_.push_back(t);
@@ -325,29 +344,24 @@ class LibusbLink final : public UsbLink {
     }
   }
 
+  // The reader of `r` (one thread per endpoint) copies outside the lock:
+  // a chunk's buffer is only recycled by the reader, and only freed at close.
   std::size_t take(Received& r, std::span<std::byte> out) {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return !r.chunks.empty() || ended_; });
     if (r.chunks.empty()) return 0;
-    if (&r == &irq_) {  // one notification per call
-      auto& c = r.chunks.front();
-      const std::size_t n = std::min(out.size(), c.size());
-      std::memcpy(out.data(), c.data(), n);
+    const Chunk c = r.chunks.front();
+    const std::size_t from = r.offset;
+    const std::size_t n = std::min(out.size(), c.size - from);
+    lock.unlock();
+    std::memcpy(out.data(), c.data + from, n);
+    lock.lock();
+    if (r.chunks.empty() || r.chunks.front().data != c.data) return n;  // the link ended meanwhile
+    r.offset += n;
+    if (r.offset == c.size || &r == &irq_) {  // interrupts: one notification per call
+      r.spare.push_back(c.data);
       r.chunks.pop_front();
-      return n;
-    }
-    std::size_t n = 0;
-    while (n < out.size() && !r.chunks.empty()) {
-      auto& c = r.chunks.front();
-      const std::size_t k = std::min(out.size() - n, c.size() - r.offset);
-      std::memcpy(out.data() + n, c.data() + r.offset, k);
-      n += k;
-      r.offset += k;
-      if (r.offset == c.size()) {
-        if (r.spare.size() < kInFlightIn) r.spare.push_back(std::move(c));
-        r.chunks.pop_front();
-        r.offset = 0;
-      }
+      r.offset = 0;
     }
     return n;
   }
@@ -356,8 +370,11 @@ class LibusbLink final : public UsbLink {
   void end_locked(const std::string& why) {
     if (!why.empty() && !closing_ && !ended_) base::logger("tpu")->error("{}: {}", bus(), why);
     ended_ = true;
-    bulk_.chunks.clear();
-    irq_.chunks.clear();
+    for (Received* r : {&bulk_, &irq_}) {  // kept until close: a reader may be copying one
+      for (const Chunk& c : r->chunks) r->spare.push_back(c.data);
+      r->chunks.clear();
+      r->offset = 0;
+    }
     for (auto& [t, bytes] : capacity_)
       if (std::find(idle_.begin(), idle_.end(), t) == idle_.end()) libusb_cancel_transfer(t);
     cv_.notify_all();

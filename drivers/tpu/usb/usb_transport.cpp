@@ -382,7 +382,9 @@ class UsbTransport final : public Transport {
         if (irq_waiting_.load(std::memory_order_acquire)) seq_cv_.notify_all();
         at += *len;
       }
-      std::memmove(buf.data(), buf.data() + at, used - at);
+      // The unfinished message moves to the front once, when the messages
+      // before it are done (not on every read while it arrives).
+      if (at > 0 && used > at) std::memmove(buf.data(), buf.data() + at, used - at);
       used -= at;
     }
   }
