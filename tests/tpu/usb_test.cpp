@@ -32,6 +32,7 @@
 #include "tpuhal/sim/profile.h"
 #include "tpuhal/sim/usb_function.h"
 #include "tpuhal/tpuhal.hpp"
+#include "tpuhal/tpu/usb_provider.h"
 #include "tpuhal/tpu/usb_sim_provider.h"
 #include "tpuhal/tpu/usb_transport.h"
 
@@ -391,6 +392,29 @@ TEST(UsbLoader, TakesOnlyAnImageForItsBoardAndHandsItOnAfterAnsweringOk) {
   EXPECT_EQ(future.get(), good);
   cable.unplug();
   fn.reset();
+}
+
+// ---- Boards named in TPUHAL_USB_IDS --------------------------------------------------------------
+
+TEST(UsbIds, BoardsUnderBringUpAreAddedWithTheirLoaderAndAMalformedEntryIsNamed) {
+  ::setenv("TPUHAL_USB_IDS", "abcd:00aa/00ab,,1234:0001", 1);
+  const auto boards = tpu::known_usb_boards();
+  ::unsetenv("TPUHAL_USB_IDS");
+  ASSERT_GE(boards.size(), 3u);
+  const auto& a = boards[boards.size() - 2];
+  const auto& b = boards.back();
+  EXPECT_EQ(a.vendor, 0xabcd);
+  EXPECT_EQ(a.product, 0x00aa);
+  EXPECT_EQ(a.loader_product, 0x00ab);
+  EXPECT_EQ(b.vendor, 0x1234);
+  EXPECT_EQ(b.loader_product, 0);
+  for (const char* bad : {"abcd", "abcd:00aa/", "abcd:00aa/0000", "abcd:00aax"}) {
+    ::setenv("TPUHAL_USB_IDS", bad, 1);
+    const Error e = error_of([] { tpu::known_usb_boards(); });
+    EXPECT_EQ(e.status(), Status::InvalidArgument) << bad;
+    EXPECT_THAT(e.what(), HasSubstr(std::string("'") + bad + "'"));
+  }
+  ::unsetenv("TPUHAL_USB_IDS");
 }
 
 // ---- Whole devices on the in-process cable ------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "tpuhal/base/env.h"
 #include "tpuhal/error.hpp"
 #include "tpuhal/fw/regs.h"
 #include "tpuhal/tpu/device.h"
@@ -124,13 +125,7 @@ class PcieProvider final : public driver::Provider {
 
 std::vector<KnownBoard> known_boards() {
   std::vector<KnownBoard> out(std::begin(kBuiltinBoards), std::end(kBuiltinBoards));
-  const char* env = std::getenv("TPUHAL_PCIE_IDS");
-  std::string_view list = env ? env : "";
-  while (!list.empty()) {
-    const auto comma = list.find(',');
-    const std::string item(list.substr(0, comma));
-    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
-    if (item.empty()) continue;
+  for (const std::string& item : base::env_list("TPUHAL_PCIE_IDS")) {
     unsigned v = 0, d = 0;
     int used = 0;
     if (std::sscanf(item.c_str(), "%4x:%4x%n", &v, &d, &used) != 2 || used != static_cast<int>(item.size()))

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "tpuhal/base/env.h"
 #include "tpuhal/fw/image.h"
 #include "tpuhal/fw/regs.h"
 #include "tpuhal/fw/usb.h"
@@ -125,13 +126,7 @@ fw::UsbMessage await_status(UsbLink& link, std::vector<std::byte>& buf, const st
 
 std::vector<KnownUsbBoard> known_usb_boards() {
   std::vector<KnownUsbBoard> out(std::begin(kBuiltinBoards), std::end(kBuiltinBoards));
-  const char* env = std::getenv("TPUHAL_USB_IDS");
-  std::string_view list = env ? env : "";
-  while (!list.empty()) {
-    const auto comma = list.find(',');
-    const std::string item(list.substr(0, comma));
-    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
-    if (item.empty()) continue;
+  for (const std::string& item : base::env_list("TPUHAL_USB_IDS")) {
     unsigned v = 0, p = 0, l = 0;
     int used = 0, more = 0;
     const bool pair = std::sscanf(item.c_str(), "%4x:%4x%n", &v, &p, &used) == 2;
