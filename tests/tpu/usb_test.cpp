@@ -13,8 +13,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <future>
 #include <thread>
@@ -127,7 +129,9 @@ struct ScriptedBoard {
 
 class ScriptLink final : public tpu::UsbLink {
  public:
-  explicit ScriptLink(ScriptedBoard& b) : b_(b) {}
+  // `max_read`: the most one bulk IN read returns, to cut the board's
+  // messages anywhere.
+  explicit ScriptLink(ScriptedBoard& b, std::size_t max_read = SIZE_MAX) : b_(b), max_read_(max_read) {}
   std::string bus() const override { return "usb test"; }
   std::size_t control_in(std::uint8_t, std::span<std::byte> out) override {
     std::memcpy(out.data(), &b_.identity, sizeof b_.identity);
@@ -138,7 +142,7 @@ class ScriptLink final : public tpu::UsbLink {
     return ::send(b_.host_bulk.get(), data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
   }
   std::size_t bulk_in(std::span<std::byte> out) override {
-    const ssize_t n = ::recv(b_.host_bulk.get(), out.data(), out.size(), 0);
+    const ssize_t n = ::recv(b_.host_bulk.get(), out.data(), std::min(out.size(), max_read_), 0);
     return n > 0 ? static_cast<std::size_t>(n) : 0;
   }
   std::size_t interrupt_in(std::span<std::byte> out) override {
@@ -152,11 +156,13 @@ class ScriptLink final : public tpu::UsbLink {
 
  private:
   ScriptedBoard& b_;
+  std::size_t max_read_;
 };
 
 // Opens a transport on the scripted board, answering its bring-up reads.
-std::unique_ptr<tpu::Transport> open_on(ScriptedBoard& board) {
-  auto opened = std::async(std::launch::async, [&] { return tpu::make_usb_transport(std::make_unique<ScriptLink>(board)); });
+std::unique_ptr<tpu::Transport> open_on(ScriptedBoard& board, std::size_t max_read = SIZE_MAX) {
+  auto opened = std::async(std::launch::async,
+                           [&] { return tpu::make_usb_transport(std::make_unique<ScriptLink>(board, max_read)); });
   for (int answered = 0; answered < 3; ++answered) {
     auto m = board.next();
     if (!m) break;
@@ -164,6 +170,15 @@ std::unique_ptr<tpu::Transport> open_on(ScriptedBoard& board) {
     board.answer_register(m->first);
   }
   return opened.get();
+}
+
+// The driver reads the queue-count register and the board answers it (1):
+// the answer is applied after every board message sent before it.
+std::uint32_t read_queues(tpu::Transport& t, ScriptedBoard& board) {
+  auto r = std::async(std::launch::async, [&] { return t.read32(fw::reg::kNumQueues); });
+  auto m = board.until(fw::UsbType::kRegRead);
+  if (m) board.answer_register(*m);
+  return r.get();
 }
 
 bool readable(int fd, std::chrono::milliseconds timeout) {
@@ -207,13 +222,7 @@ TEST(UsbTransport, AnswersBoardReadsOnlyFromMemoryItMappedAndAppliesWritesOnlyWh
   board.send(fw::UsbType::kHostWrite, 0, kIova + 8192, 0, ones);
   board.send(fw::UsbType::kHostWrite, 0, kIova + 4096, 0, ones);
   // A register read after them: its answer is applied after the writes.
-  const std::uint32_t queues = [&] {
-    auto r = std::async(std::launch::async, [&] { return t->read32(fw::reg::kNumQueues); });
-    auto m = board.until(fw::UsbType::kRegRead);
-    if (m) board.answer_register(*m);
-    return r.get();
-  }();
-  EXPECT_EQ(queues, 1u);
+  EXPECT_EQ(read_queues(*t, board), 1u);
   EXPECT_EQ(mem.data()[0], std::byte{0x11});
   EXPECT_EQ(mem.data()[4096], std::byte{0xEE});
   EXPECT_EQ(mem.data()[4096 + 64], std::byte{0x11});
@@ -227,6 +236,60 @@ TEST(UsbTransport, AnswersBoardReadsOnlyFromMemoryItMappedAndAppliesWritesOnlyWh
   EXPECT_EQ(data->flags, fw::kUsbFlagFault);
   t->unmap_dma(kIova + 4096, 4096);
 }
+
+// Bulk IN transfers end where the board's writes end, which need not be
+// where its messages do: a header or a payload cut anywhere, several
+// messages in one transfer, or one message over many.
+class UsbTransportCut : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(UsbTransportCut, MessagesCutAnywhereAreAppliedWholeAndInOrder) {
+  ScriptedBoard board;
+  auto t = open_on(board, GetParam());
+  auto mem = base::Mapping::anonymous(8192, {});
+  std::memset(mem.data(), 0x11, 8192);
+  t->map_dma(kIova, mem.data(), 8192, /*device_writes=*/true);
+  ASSERT_TRUE(board.until(fw::UsbType::kMapDma));
+
+  // Writes of 1, 40 and 4000 bytes, then a second write over part of the
+  // first: only applying them whole and in order leaves these bytes.
+  std::vector<std::byte> big(4000);  // the scripted board's largest payload is 4096
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::byte>(i * 7 + 3);
+  board.send(fw::UsbType::kHostWrite, 0, kIova, 0, std::vector<std::byte>(1, std::byte{0xA1}));
+  board.send(fw::UsbType::kHostWrite, 0, kIova + 8, 0, std::vector<std::byte>(40, std::byte{0xB2}));
+  board.send(fw::UsbType::kHostWrite, 0, kIova + 100, 0, big);
+  board.send(fw::UsbType::kHostWrite, 0, kIova + 16, 0, std::vector<std::byte>(8, std::byte{0xC3}));
+  // A read between them is answered with the bytes written before it.
+  board.send(fw::UsbType::kHostRead, 21, kIova + 100, 64);
+  auto data = board.next();  // kept whole: the message's data points into it
+  ASSERT_TRUE(data);
+  EXPECT_EQ(data->first.type, fw::UsbType::kHostData);
+  EXPECT_EQ(data->first.tag, 21u);
+  ASSERT_EQ(data->first.data.size(), 64u);
+  EXPECT_TRUE(std::equal(data->first.data.begin(), data->first.data.end(), big.begin()));
+  // A register value last: once it is read, everything before is applied.
+  EXPECT_EQ(read_queues(*t, board), 1u);
+  const std::byte* m = mem.data();
+  EXPECT_EQ(m[0], std::byte{0xA1});
+  EXPECT_EQ(m[1], std::byte{0x11});
+  EXPECT_EQ(m[8], std::byte{0xB2});
+  EXPECT_EQ(m[15], std::byte{0xB2});
+  EXPECT_EQ(m[16], std::byte{0xC3});
+  EXPECT_EQ(m[23], std::byte{0xC3});
+  EXPECT_EQ(m[24], std::byte{0xB2});
+  EXPECT_EQ(m[47], std::byte{0xB2});
+  EXPECT_EQ(m[48], std::byte{0x11});
+  EXPECT_EQ(std::memcmp(m + 100, big.data(), big.size()), 0);
+  EXPECT_EQ(m[4100], std::byte{0x11});
+  t->unmap_dma(kIova, 8192);
+}
+
+// 1 and 7 bytes cut every header; 40 is exactly one header; 4096 cuts a
+// large payload; unbounded takes what the socket has (several messages).
+INSTANTIATE_TEST_SUITE_P(Reads, UsbTransportCut, ::testing::Values(1, 7, 40, 4096, SIZE_MAX),
+                         [](const auto& p) {
+                           return p.param == SIZE_MAX ? std::string("unbounded")
+                                                      : "at_most_" + std::to_string(p.param);
+                         });
 
 TEST(UsbTransport, AnInterruptWaitsForTheMessagesBeforeIt) {
   ScriptedBoard board;

@@ -1,7 +1,14 @@
 // The UsbLink on libusb: a board's interface claimed through usbfs, bulk IN
 // kept busy with several transfers in flight, bulk OUT sent as asynchronous
 // transfers with a window in flight, interrupt IN read by one transfer
-// resubmitted as it completes. One thread runs libusb's event loop.
+// resubmitted as it is read. One thread runs libusb's event loop.
+//
+// Bulk transfers use usbfs's own memory where the kernel offers it
+// (libusb_dev_mem_alloc): the host controller then reads and writes the
+// buffers the transport fills and parses, with no copy through the kernel.
+// A received transfer is handed to the reader as it is and resubmitted when
+// the reader gives it back, so a slow reader holds the board back instead
+// of letting buffers pile up.
 #include <libusb.h>
 #include <spdlog/spdlog.h>
 
@@ -15,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tpuhal/base/log.h"
@@ -29,9 +37,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr int kInFlightIn = 4;     // bulk IN transfers kept submitted (usbfs allows 16 MiB in all by default)
-constexpr int kInFlightOut = 4;    // bulk OUT transfers allowed in flight
-constexpr std::size_t kInBytes = (1u << 20) + (64u << 10);  // a multiple of every max packet size
+constexpr int kBulkIn = 5;        // bulk IN transfers (usbfs allows 16 MiB in all by default)
+constexpr int kInFlightOut = 4;   // bulk OUT transfers allowed in flight
+// Bulk transfer size: a whole message (header and largest payload) fits,
+// and it is a multiple of every max packet size.
+constexpr std::size_t kBulkBytes = (1u << 20) + (64u << 10);
+constexpr std::size_t kSmallBytes = 4096;  // OUT transfers for small messages
 constexpr unsigned kControlTimeoutMs = 2000;
 // bmRequestType of the board's vendor requests, to its interface.
 constexpr std::uint8_t kVendorIn = static_cast<std::uint8_t>(LIBUSB_ENDPOINT_IN) |
@@ -111,9 +122,20 @@ class LibusbLink final : public UsbLink {
       close();
       throw;
     }
+    std::vector<libusb_transfer*> in;
+    try {
+      for (int i = 0; i < kBulkIn; ++i) in.push_back(allocate(ep_in_, kBulkBytes, LIBUSB_TRANSFER_TYPE_BULK));
+      in.push_back(allocate(ep_irq_, irq_bytes_, LIBUSB_TRANSFER_TYPE_INTERRUPT));
+    } catch (...) {
+      for (auto& [t, info] : info_) free_transfer(t, info);
+      close();
+      throw;
+    }
+    base::logger("tpu")->debug("{}: bulk transfers in {}", bus(),
+                               device_memory_ ? "usbfs memory (no copy through the kernel)" : "heap memory");
     events_ = std::thread([this] { run_events(); });
-    for (int i = 0; i < kInFlightIn; ++i) submit_in(allocate(ep_in_, kInBytes, LIBUSB_TRANSFER_TYPE_BULK));
-    submit_in(allocate(ep_irq_, irq_bytes_, LIBUSB_TRANSFER_TYPE_INTERRUPT));
+    std::lock_guard lock(mu_);
+    for (libusb_transfer* t : in) resubmit_locked(t);
   }
 
   ~LibusbLink() override {
@@ -127,11 +149,7 @@ class LibusbLink final : public UsbLink {
     }
     libusb_interrupt_event_handler(context_.ctx);
     events_.join();
-    for (libusb_transfer* t : idle_) free_transfer(t);
-    for (Received* r : {&bulk_, &irq_}) {
-      for (const Chunk& c : r->chunks) std::free(c.data);
-      for (std::byte* b : r->spare) std::free(b);
-    }
+    for (auto& [t, info] : info_) free_transfer(t, info);
     close();
   }
 
@@ -158,31 +176,82 @@ class LibusbLink final : public UsbLink {
   }
 
   bool bulk_out(std::span<const std::byte> data) override {
-    // A transfer whose length is a multiple of the packet size would not end
-    // on the board's side (no short packet): send its last byte apart.
-    if (data.size() > 1 && data.size() % max_packet_out_ == 0)
-      return bulk_out(data.first(data.size() - 1)) && bulk_out(data.last(1));
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return out_in_flight_ < kInFlightOut || ended_; });
-    if (ended_) return false;
-    libusb_transfer* t = take_idle(data.size());
-    std::memcpy(t->buffer, data.data(), data.size());
-    t->length = static_cast<int>(data.size());
-    ++out_in_flight_;
-    ++in_flight_;
-    const int rc = libusb_submit_transfer(t);
-    if (rc != 0) {
-      --out_in_flight_;
-      --in_flight_;
-      idle_.push_back(t);
-      end_locked("a bulk OUT transfer could not be submitted: " + usb_error(rc));
-      return false;
-    }
-    return true;
+    std::span<std::byte> to = out_buffer(data.size());
+    if (to.size() < data.size()) return false;
+    std::memcpy(to.data(), data.data(), data.size());
+    return send_out(data.size());
   }
 
-  std::size_t bulk_in(std::span<std::byte> out) override { return take(bulk_, out); }
-  std::size_t interrupt_in(std::span<std::byte> out) override { return take(irq_, out); }
+  std::span<std::byte> out_buffer(std::size_t bytes) override {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return out_in_flight_ < kInFlightOut || ended_; });
+    if (ended_) return {};
+    filling_ = take_idle(bytes);
+    if (!filling_) return {};
+    return {reinterpret_cast<std::byte*>(filling_->buffer), bytes};
+  }
+
+  bool send_out(std::size_t n) override {
+    std::lock_guard lock(mu_);
+    libusb_transfer* t = std::exchange(filling_, nullptr);
+    if (!t) return false;
+    if (ended_) {
+      idle_.push_back(t);
+      return false;
+    }
+    // A transfer whose length is a multiple of the packet size would not end
+    // on the board's side (no short packet): its last byte goes apart.
+    if (n > 1 && n % max_packet_out_ == 0) {
+      libusb_transfer* last = take_idle(1);
+      if (!last) {
+        idle_.push_back(t);
+        end_locked("out of memory for a USB transfer");
+        return false;
+      }
+      last->buffer[0] = t->buffer[n - 1];
+      return submit_out(t, n - 1) && submit_out(last, 1);
+    }
+    return submit_out(t, n);
+  }
+
+  std::size_t bulk_in(std::span<std::byte> out) override {
+    std::span<const std::byte> got = peek_in();
+    std::lock_guard lock(mu_);
+    const std::size_t n = std::min(out.size(), got.size());
+    if (n == 0 || bulk_ready_.empty()) return 0;
+    std::memcpy(out.data(), got.data(), n);
+    bulk_offset_ += n;
+    if (bulk_offset_ == static_cast<std::size_t>(bulk_ready_.front()->actual_length)) release_locked(bulk_ready_);
+    return n;
+  }
+
+  std::span<const std::byte> peek_in() override {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !bulk_ready_.empty() || ended_; });
+    if (ended_) return {};
+    // The front transfer stays out of libusb's hands until release_in, so
+    // its buffer may be read without the lock.
+    libusb_transfer* t = bulk_ready_.front();
+    return {reinterpret_cast<const std::byte*>(t->buffer) + bulk_offset_,
+            static_cast<std::size_t>(t->actual_length) - bulk_offset_};
+  }
+
+  void release_in() override {
+    std::lock_guard lock(mu_);
+    if (!bulk_ready_.empty()) release_locked(bulk_ready_);
+  }
+
+  // One notification per call.
+  std::size_t interrupt_in(std::span<std::byte> out) override {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !irq_ready_.empty() || ended_; });
+    if (ended_) return 0;
+    libusb_transfer* t = irq_ready_.front();
+    const std::size_t n = std::min(out.size(), static_cast<std::size_t>(t->actual_length));
+    std::memcpy(out.data(), t->buffer, n);
+    release_locked(irq_ready_);
+    return n;
+  }
 
   void shutdown() noexcept override {
     std::lock_guard lock(mu_);
@@ -191,18 +260,10 @@ class LibusbLink final : public UsbLink {
   }
 
  private:
-  // What an IN endpoint has received: transfer buffers swapped out of
-  // their transfers on completion (no copy), until the reader takes them.
-  struct Chunk {
-    std::byte* data;
-    std::size_t size;
+  struct TransferInfo {
+    std::size_t bytes;  // the buffer's size
+    bool device_memory;  // from libusb_dev_mem_alloc, else malloc
   };
-  struct Received {
-    std::deque<Chunk> chunks;
-    std::size_t offset = 0;        // into the front chunk
-    std::vector<std::byte*> spare;  // buffers of this endpoint's size, to swap in; freed at close
-  };
-
 
   void find_endpoints(libusb_device* d) {
     libusb_config_descriptor* config = nullptr;
@@ -244,52 +305,92 @@ class LibusbLink final : public UsbLink {
                                         "is this a tpuhal board?");
   }
 
+  // A transfer on `ep` with a buffer of `bytes`: usbfs memory for bulk
+  // transfers where the kernel has it to give, else the heap.
   libusb_transfer* allocate(std::uint8_t ep, std::size_t bytes, std::uint8_t type) {
     libusb_transfer* t = libusb_alloc_transfer(0);
     if (!t) throw Error(Status::OutOfMemory, bus() + ": cannot allocate a USB transfer");
     g_transfers.fetch_add(1);
-    if (!t) throw Error(Status::OutOfMemory, bus() + ": cannot allocate a USB transfer");
-    t->dev_handle = handle_;
-    t->endpoint = ep;
-    t->type = type;
-    t->timeout = 0;
-    t->buffer = static_cast<unsigned char*>(std::malloc(bytes));
-    t->length = static_cast<int>(bytes);
-    t->callback = &LibusbLink::on_complete;
-    t->user_data = this;
-    if (!t->buffer) {
+    TransferInfo info{bytes, false};
+    unsigned char* buffer = nullptr;
+    if (type == LIBUSB_TRANSFER_TYPE_BULK && device_memory_) {
+      buffer = libusb_dev_mem_alloc(handle_, bytes);
+      if (buffer) info.device_memory = true;
+      else device_memory_ = false;  // none (left): the heap from now on
+    }
+    if (!buffer) buffer = static_cast<unsigned char*>(std::malloc(bytes));
+    if (!buffer) {
       g_transfers.fetch_sub(1);
       libusb_free_transfer(t);
       throw Error(Status::OutOfMemory, bus() + ": cannot allocate a USB transfer buffer");
     }
-    capacity_[t] = bytes;
+    t->dev_handle = handle_;
+    t->endpoint = ep;
+    t->type = type;
+    t->timeout = 0;
+    t->buffer = buffer;
+    t->length = static_cast<int>(bytes);
+    t->callback = &LibusbLink::on_complete;
+    t->user_data = this;
+    info_[t] = info;
     return t;
   }
-  void free_transfer(libusb_transfer* t) {
-    std::free(t->buffer);
+  void free_transfer(libusb_transfer* t, const TransferInfo& info) {
+    if (info.device_memory) libusb_dev_mem_free(handle_, t->buffer, info.bytes);
+    else std::free(t->buffer);
     t->buffer = nullptr;
     libusb_free_transfer(t);
     g_transfers.fetch_sub(1);
   }
 
-  // An OUT transfer with room for `bytes` (mu_ held).
+  // An OUT transfer with room for `bytes`, the smallest idle one that has
+  // it, else a new one; null without memory (mu_ held).
   libusb_transfer* take_idle(std::size_t bytes) {
+    auto best = idle_.end();
     for (auto it = idle_.begin(); it != idle_.end(); ++it)
-      if (capacity_[*it] >= bytes) {
-        libusb_transfer* t = *it;
-        idle_.erase(it);
-        return t;
-      }
-    return allocate(ep_out_, std::max<std::size_t>(bytes, 256u << 10), LIBUSB_TRANSFER_TYPE_BULK);
+      if (info_[*it].bytes >= bytes && (best == idle_.end() || info_[*it].bytes < info_[*best].bytes)) best = it;
+    if (best != idle_.end()) {
+      libusb_transfer* t = *best;
+      idle_.erase(best);
+      return t;
+    }
+    const std::size_t size = bytes <= kSmallBytes ? kSmallBytes : std::max(bytes, kBulkBytes);
+    try {
+      return allocate(ep_out_, size, LIBUSB_TRANSFER_TYPE_BULK);
+    } catch (const Error&) {
+      return nullptr;
+    }
   }
 
-  void submit_in(libusb_transfer* t) {
-    std::lock_guard lock(mu_);
+  bool submit_out(libusb_transfer* t, std::size_t n) {
+    t->length = static_cast<int>(n);
+    ++out_in_flight_;
+    ++in_flight_;
+    if (const int rc = libusb_submit_transfer(t); rc != 0) {
+      --out_in_flight_;
+      --in_flight_;
+      idle_.push_back(t);
+      end_locked("a bulk OUT transfer could not be submitted: " + usb_error(rc));
+      return false;
+    }
+    return true;
+  }
+
+  // Gives the front received transfer back to libusb (mu_ held).
+  void release_locked(std::deque<libusb_transfer*>& ready) {
+    libusb_transfer* t = ready.front();
+    ready.pop_front();
+    if (&ready == &bulk_ready_) bulk_offset_ = 0;
+    resubmit_locked(t);
+  }
+
+  // Submits an IN transfer for its whole buffer (mu_ held).
+  void resubmit_locked(libusb_transfer* t) {
     if (ended_) {
       idle_.push_back(t);
       return;
     }
-    t->length = static_cast<int>(capacity_[t]);
+    t->length = static_cast<int>(info_[t].bytes);
     ++in_flight_;
     if (const int rc = libusb_submit_transfer(t); rc != 0) {
       --in_flight_;
@@ -311,72 +412,30 @@ class LibusbLink final : public UsbLink {
                                                         : std::string("a transfer ended with ") +
                                                               libusb_error_name(t->status));
     }
-    if (ok && !is_out && t->actual_length > 0 && !ended_) {
-      // The filled buffer becomes the chunk, and the transfer goes on with
-      // a spare one (already faulted in, when there is one).
-      auto& r = t->endpoint == ep_irq_ ? irq_ : bulk_;
-      std::byte* fresh = nullptr;
-      if (!r.spare.empty()) {
-        fresh = r.spare.back();
-        r.spare.pop_back();
-      } else {
-        fresh = static_cast<std::byte*>(std::malloc(capacity_[t]));
-      }
-      if (fresh) {
-        r.chunks.push_back({reinterpret_cast<std::byte*>(t->buffer), static_cast<std::size_t>(t->actual_length)});
-        t->buffer = reinterpret_cast<unsigned char*>(fresh);
-      } else {
-        end_locked("out of memory for a USB transfer buffer");
-      }
-    }
+    cv_.notify_all();
     if (is_out || ended_) {
       idle_.push_back(t);
-      cv_.notify_all();
       return;
     }
-    cv_.notify_all();
-    t->length = static_cast<int>(capacity_[t]);
-    ++in_flight_;
-    if (const int rc = libusb_submit_transfer(t); rc != 0) {
-      --in_flight_;
-      idle_.push_back(t);
-      end_locked("an IN transfer could not be resubmitted: " + usb_error(rc));
+    if (t->actual_length > 0) {
+      (t->endpoint == ep_irq_ ? irq_ready_ : bulk_ready_).push_back(t);  // to the reader, then back
+      return;
     }
-  }
-
-  // The reader of `r` (one thread per endpoint) copies outside the lock:
-  // a chunk's buffer is only recycled by the reader, and only freed at close.
-  std::size_t take(Received& r, std::span<std::byte> out) {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !r.chunks.empty() || ended_; });
-    if (r.chunks.empty()) return 0;
-    const Chunk c = r.chunks.front();
-    const std::size_t from = r.offset;
-    const std::size_t n = std::min(out.size(), c.size - from);
-    lock.unlock();
-    std::memcpy(out.data(), c.data + from, n);
-    lock.lock();
-    if (r.chunks.empty() || r.chunks.front().data != c.data) return n;  // the link ended meanwhile
-    r.offset += n;
-    if (r.offset == c.size || &r == &irq_) {  // interrupts: one notification per call
-      r.spare.push_back(c.data);
-      r.chunks.pop_front();
-      r.offset = 0;
-    }
-    return n;
+    resubmit_locked(t);  // nothing came (a zero-length packet)
   }
 
   // The link is over: wake everyone, cancel what is in flight (mu_ held).
   void end_locked(const std::string& why) {
     if (!why.empty() && !closing_ && !ended_) base::logger("tpu")->error("{}: {}", bus(), why);
     ended_ = true;
-    for (Received* r : {&bulk_, &irq_}) {  // kept until close: a reader may be copying one
-      for (const Chunk& c : r->chunks) r->spare.push_back(c.data);
-      r->chunks.clear();
-      r->offset = 0;
+    // Received transfers stay where they are until close: a reader may be
+    // reading one.
+    for (auto& [t, info] : info_) {
+      const bool held = std::find(idle_.begin(), idle_.end(), t) != idle_.end() ||
+                        std::find(bulk_ready_.begin(), bulk_ready_.end(), t) != bulk_ready_.end() ||
+                        std::find(irq_ready_.begin(), irq_ready_.end(), t) != irq_ready_.end() || t == filling_;
+      if (!held) libusb_cancel_transfer(t);
     }
-    for (auto& [t, bytes] : capacity_)
-      if (std::find(idle_.begin(), idle_.end(), t) == idle_.end()) libusb_cancel_transfer(t);
     cv_.notify_all();
   }
 
@@ -410,10 +469,15 @@ class LibusbLink final : public UsbLink {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<libusb_transfer*, std::size_t> capacity_;  // every transfer ever allocated; guarded
-  std::vector<libusb_transfer*> idle_;                // not submitted; guarded
-  int in_flight_ = 0, out_in_flight_ = 0;             // guarded
-  Received bulk_, irq_;                               // guarded
+  std::map<libusb_transfer*, TransferInfo> info_;  // every transfer allocated; guarded
+  std::vector<libusb_transfer*> idle_;             // not submitted; guarded
+  libusb_transfer* filling_ = nullptr;             // out_buffer's, until send_out; guarded
+  // Received, for the reader, oldest first; bulk_offset_ bytes of the
+  // front one were read by bulk_in. Guarded.
+  std::deque<libusb_transfer*> bulk_ready_, irq_ready_;
+  std::size_t bulk_offset_ = 0;
+  bool device_memory_ = true;                      // usbfs may have some to give; guarded
+  int in_flight_ = 0, out_in_flight_ = 0;          // guarded
   bool ended_ = false, closing_ = false, stop_events_ = false;  // guarded
   std::thread events_;
 };

@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
@@ -170,6 +171,14 @@ class UsbTransport final : public Transport {
     bool done = false, failed = false;
     std::uint64_t value = 0;
   };
+  struct HostReadRequest {
+    std::uint64_t tag, iova, size;
+  };
+  // A message to the board, built; or a board read, to answer when sent.
+  struct Outgoing {
+    std::vector<std::byte> bytes;
+    std::optional<HostReadRequest> read;
+  };
 
   std::uint64_t expect(Reply& r) {
     std::lock_guard lock(reply_mu_);
@@ -199,9 +208,9 @@ class UsbTransport final : public Transport {
     {
       std::lock_guard lock(out_mu_);
       if (lost_.load(std::memory_order_relaxed) || closing_) return false;
-      std::vector<std::byte> m = spare_locked();
-      fw::append_usb_message(m, type, tag, a0, a1, data, 0, flags);
-      out_.push_back(std::move(m));
+      Outgoing o{spare_locked(), std::nullopt};
+      fw::append_usb_message(o.bytes, type, tag, a0, a1, data, 0, flags);
+      out_.push_back(std::move(o));
     }
     out_cv_.notify_one();
     return true;
@@ -250,25 +259,73 @@ class UsbTransport final : public Transport {
   }
 
   void serve_out() {
-    std::vector<std::byte> batch;
+    std::vector<Outgoing> batch;
     for (;;) {
       batch.clear();
+      std::size_t bytes = 0;
       {
         std::unique_lock lock(out_mu_);
         out_cv_.wait(lock, [&] { return closing_ || lost_.load() || !out_.empty(); });
         if (out_.empty() || lost_.load()) return;  // closing sends what was queued first
-        while (!out_.empty() && (batch.empty() || batch.size() + out_.front().size() <= kBatchBytes)) {
-          if (batch.empty()) batch.swap(out_.front());
-          else batch.insert(batch.end(), out_.front().begin(), out_.front().end());
-          if (spare_.size() < kSpareBuffers) spare_.push_back(std::move(out_.front()));
+        // An answer to a board read goes alone; small messages share a transfer.
+        while (!out_.empty() && (batch.empty() || (!batch.front().read && !out_.front().read &&
+                                                   bytes + out_.front().bytes.size() <= kBatchBytes))) {
+          bytes += out_.front().bytes.size();
+          batch.push_back(std::move(out_.front()));
           out_.pop_front();
         }
       }
-      if (!link_->bulk_out(batch)) {
+      const bool sent = batch.front().read ? answer(*batch.front().read) : send_batch(batch, bytes);
+      if (!sent) {
         lose("a bulk OUT transfer failed");
         return;
       }
     }
+  }
+
+  // Small messages, copied into one transfer; their buffers are kept for
+  // the next ones.
+  bool send_batch(std::vector<Outgoing>& batch, std::size_t bytes) {
+    std::span<std::byte> to = link_->out_buffer(bytes);
+    if (to.size() < bytes) return false;
+    std::size_t at = 0;
+    for (const Outgoing& o : batch) {
+      std::memcpy(to.data() + at, o.bytes.data(), o.bytes.size());
+      at += o.bytes.size();
+    }
+    {
+      std::lock_guard lock(out_mu_);
+      for (Outgoing& o : batch)
+        if (spare_.size() < kSpareBuffers) spare_.push_back(std::move(o.bytes));
+    }
+    return link_->send_out(bytes);
+  }
+
+  // A board read of host memory, answered from the mapping straight into
+  // the transfer's buffer: host-data with the bytes, or with the fault flag
+  // and none if no mapping (still) allows the read.
+  // (The decoder took only reads of 1..max_data_ bytes.)
+  bool answer(const HostReadRequest& r) {
+    const std::size_t whole = sizeof(fw::UsbHeader) + r.size;
+    std::span<std::byte> to = link_->out_buffer(whole);
+    if (to.size() < whole) return false;
+    fw::UsbHeader h{fw::kUsbMagic, static_cast<std::uint16_t>(fw::UsbType::kHostData), 0, 0,
+                    static_cast<std::uint32_t>(r.size), r.tag, {r.iova, 0}};
+    bool ok = false;
+    {
+      std::shared_lock lock(map_mu_);
+      if (std::byte* from = host_range(r.iova, r.size, false)) {
+        read_host(to.data() + sizeof h, from, r.size);
+        ok = true;
+      }
+    }
+    if (!ok) {
+      refused_reads_.fetch_add(1, std::memory_order_relaxed);
+      h.flags = fw::kUsbFlagFault;
+      h.data_bytes = 0;
+    }
+    std::memcpy(to.data(), &h, sizeof h);
+    return link_->send_out(ok ? whole : sizeof h);
   }
 
   // Applies one board message; false if the stream cannot be trusted.
@@ -296,32 +353,13 @@ class UsbTransport final : public Transport {
         return true;
       }
       case fw::UsbType::kHostRead: {
-        std::vector<std::byte> answer;
-        {
-          std::lock_guard lock(out_mu_);
-          answer = spare_locked();
-        }
-        bool ok = false;
-        {
-          std::shared_lock lock(map_mu_);
-          if (std::byte* from = host_range(m.arg[0], m.arg[1], false)) {
-            answer.resize(sizeof(fw::UsbHeader) + m.arg[1]);
-            fw::UsbHeader h{fw::kUsbMagic, static_cast<std::uint16_t>(fw::UsbType::kHostData), 0, 0,
-                            static_cast<std::uint32_t>(m.arg[1]), m.tag, {m.arg[0], 0}};
-            std::memcpy(answer.data(), &h, sizeof h);
-            read_host(answer.data() + sizeof h, from, m.arg[1]);
-            ok = true;
-          }
-        }
-        if (!ok) {
-          refused_reads_.fetch_add(1, std::memory_order_relaxed);
-          send(fw::UsbType::kHostData, m.tag, m.arg[0], 0, {}, fw::kUsbFlagFault);
-          return true;
-        }
+        // Answered by the OUT thread, which reads the mapping into the
+        // transfer itself (this thread must never wait for bulk OUT: the
+        // board may be waiting for this one to read bulk IN).
         {
           std::lock_guard lock(out_mu_);
           if (lost_.load() || closing_) return true;
-          out_.push_back(std::move(answer));
+          out_.push_back({{}, HostReadRequest{m.tag, m.arg[0], m.arg[1]}});
         }
         out_cv_.notify_one();
         return true;
@@ -354,39 +392,68 @@ class UsbTransport final : public Transport {
     return it->second.host + off;
   }
 
+  // Board messages are applied where the link received them; one that
+  // straddles two transfers is assembled in `partial` first.
   void serve_in() {
-    std::vector<std::byte> buf(2 * (sizeof(fw::UsbHeader) + max_data_));
-    std::size_t used = 0;
-    const std::size_t whole = sizeof(fw::UsbHeader) + max_data_;
+    std::vector<std::byte> partial;
     for (;;) {
-      if (buf.size() - used < whole) buf.resize(used + whole);
-      const std::size_t n = link_->bulk_in({buf.data() + used, buf.size() - used});
-      if (n == 0) return lose("the cable was pulled or the board reset (bulk IN ended)");
-      used += n;
-      std::size_t at = 0;
-      while (used - at >= sizeof(fw::UsbHeader)) {
+      std::span<const std::byte> rest = link_->peek_in();
+      if (rest.empty()) return lose("the cable was pulled or the board reset (bulk IN ended)");
+      while (!partial.empty() && !rest.empty()) {
+        // The header first; then the message's length says how much more.
+        std::size_t want = sizeof(fw::UsbHeader);
+        if (partial.size() >= want) {
+          auto len = fw::usb_message_bytes(partial, fw::UsbDirection::kToHost, max_data_);
+          if (!len) return lose("its bulk IN stream is out of step: " + fw::describe_usb_problem(len.problem()));
+          want = *len;
+        }
+        const std::size_t n = std::min(want - partial.size(), rest.size());
+        partial.insert(partial.end(), rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(n));
+        rest = rest.subspan(n);
+        if (partial.size() < sizeof(fw::UsbHeader)) continue;
+        auto len = fw::usb_message_bytes(partial, fw::UsbDirection::kToHost, max_data_);
+        if (!len) return lose("its bulk IN stream is out of step: " + fw::describe_usb_problem(len.problem()));
+        if (partial.size() == *len) {
+          if (!handle(partial)) return;
+          partial.clear();
+        }
+      }
+      while (!rest.empty()) {
         if (lost_.load()) return;  // a lost board's late messages are not applied
-        std::span<const std::byte> rest{buf.data() + at, used - at};
+        if (rest.size() < sizeof(fw::UsbHeader)) break;
         auto len = fw::usb_message_bytes(rest, fw::UsbDirection::kToHost, max_data_);
         if (!len) return lose("its bulk IN stream is out of step: " + fw::describe_usb_problem(len.problem()));
         if (rest.size() < *len) break;
-        auto m = fw::decode_usb_message(rest.first(*len), fw::UsbDirection::kToHost, fw::kBar0Size, max_data_);
-        if (!m) return lose("it sent a malformed message: " + fw::describe_usb_problem(m.problem()));
-        if (m->sequence != applied_ + 1)
-          return lose("its message " + std::to_string(m->sequence) + " came after " + std::to_string(applied_));
-        if (!apply(*m)) return lose(std::string("it sent an unexpected ") + fw::to_string(m->type));
-        {
-          std::lock_guard lock(seq_mu_);
-          ++applied_;
-        }
-        if (irq_waiting_.load(std::memory_order_acquire)) seq_cv_.notify_all();
-        at += *len;
+        if (!handle(rest.first(*len))) return;
+        rest = rest.subspan(*len);
       }
-      // The unfinished message moves to the front once, when the messages
-      // before it are done (not on every read while it arrives).
-      if (at > 0 && used > at) std::memmove(buf.data(), buf.data() + at, used - at);
-      used -= at;
+      partial.insert(partial.end(), rest.begin(), rest.end());
+      link_->release_in();
     }
+  }
+
+  // Decodes, checks and applies one whole board message; false once the
+  // board is lost.
+  bool handle(std::span<const std::byte> bytes) {
+    if (lost_.load()) return false;
+    auto m = fw::decode_usb_message(bytes, fw::UsbDirection::kToHost, fw::kBar0Size, max_data_);
+    std::string wrong;
+    if (!m)
+      wrong = "it sent a malformed message: " + fw::describe_usb_problem(m.problem());
+    else if (m->sequence != applied_ + 1)
+      wrong = "its message " + std::to_string(m->sequence) + " came after " + std::to_string(applied_);
+    else if (!apply(*m))
+      wrong = std::string("it sent an unexpected ") + fw::to_string(m->type);
+    if (!wrong.empty()) {
+      lose(wrong);
+      return false;
+    }
+    {
+      std::lock_guard lock(seq_mu_);
+      ++applied_;
+    }
+    if (irq_waiting_.load(std::memory_order_acquire)) seq_cv_.notify_all();
+    return true;
   }
 
   void serve_irq() {
@@ -433,7 +500,7 @@ class UsbTransport final : public Transport {
   std::condition_variable out_cv_;
   static constexpr std::size_t kSpareBuffers = 8;
   std::vector<std::vector<std::byte>> spare_;  // guarded by out_mu_
-  std::deque<std::vector<std::byte>> out_;  // guarded
+  std::deque<Outgoing> out_;  // guarded
   bool closing_ = false;                    // guarded
   std::atomic<bool> closing_flag_{false};
   std::atomic<bool> lost_{false};
@@ -443,6 +510,23 @@ class UsbTransport final : public Transport {
 };
 
 }  // namespace
+
+std::span<std::byte> UsbLink::out_buffer(std::size_t bytes) {
+  if (out_stage_.size() < bytes) out_stage_.resize(bytes);
+  return {out_stage_.data(), bytes};
+}
+
+bool UsbLink::send_out(std::size_t n) { return bulk_out({out_stage_.data(), n}); }
+
+std::span<const std::byte> UsbLink::peek_in() {
+  if (in_staged_ == 0) {
+    if (in_stage_.empty()) in_stage_.resize(sizeof(fw::UsbHeader) + fw::kUsbMaxData);
+    in_staged_ = bulk_in(in_stage_);
+  }
+  return {in_stage_.data(), in_staged_};
+}
+
+void UsbLink::release_in() { in_staged_ = 0; }
 
 std::unique_ptr<Transport> make_usb_transport(std::unique_ptr<UsbLink> link) {
   return std::make_unique<UsbTransport>(std::move(link));

@@ -19,6 +19,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "tpuhal/tpu/transport.h"
 
@@ -45,6 +46,25 @@ class UsbLink {
   virtual std::size_t interrupt_in(std::span<std::byte> out) = 0;
   // Makes blocked and later transfers return 0 / false (closing).
   virtual void shutdown() noexcept = 0;
+
+  // The bulk pipes without a copy, which a link whose transfers have
+  // buffers of their own overrides; the defaults stage through bulk_out
+  // and bulk_in. One thread sends and one receives at a time.
+  //
+  // Bulk OUT: out_buffer waits for room to send `bytes` and returns that
+  // much memory to fill (empty once the board is gone); send_out(n) then
+  // sends its first n bytes (n <= bytes), as bulk_out would.
+  virtual std::span<std::byte> out_buffer(std::size_t bytes);
+  virtual bool send_out(std::size_t n);
+  // Bulk IN: waits for the next bytes received and returns them (empty once
+  // the board is gone or shut down); they stay valid, and are returned
+  // again, until release_in() gives them back.
+  virtual std::span<const std::byte> peek_in();
+  virtual void release_in();
+
+ private:
+  std::vector<std::byte> out_stage_, in_stage_;  // the defaults' buffers
+  std::size_t in_staged_ = 0;
 };
 
 // Checks the board's identity (application mode, a payload limit this side
