@@ -37,7 +37,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr int kBulkIn = 5;        // bulk IN transfers (usbfs allows 16 MiB in all by default)
+constexpr int kBulkIn = 5;        // bulk IN transfers
 constexpr int kInFlightOut = 4;   // bulk OUT transfers allowed in flight
 // Bulk transfer size: a whole message (header and largest payload) fits,
 // and it is a multiple of every max packet size.
@@ -53,6 +53,17 @@ constexpr std::uint8_t kVendorOut = static_cast<std::uint8_t>(LIBUSB_ENDPOINT_OU
                                     static_cast<std::uint8_t>(LIBUSB_RECIPIENT_INTERFACE);
 
 std::string usb_error(int rc) { return libusb_strerror(static_cast<libusb_error>(rc)); }
+
+// Why a transfer could not be submitted. usbfs lends every process on the
+// machine 16 MiB in all by default, and each open board keeps about 11 MiB
+// of transfers.
+std::string submit_error(int rc) {
+  std::string why = usb_error(rc);
+  if (rc == LIBUSB_ERROR_NO_MEM)
+    why += " (usbfs's memory for transfers is used up: other usb: boards or USB programs hold it; raise "
+           "/sys/module/usbcore/parameters/usbfs_memory_mb, see docs/usb.md)";
+  return why;
+}
 
 // Transfers allocated and not yet freed, by every link in the process.
 std::atomic<std::size_t> g_transfers{0};
@@ -370,7 +381,7 @@ class LibusbLink final : public UsbLink {
       --out_in_flight_;
       --in_flight_;
       idle_.push_back(t);
-      end_locked("a bulk OUT transfer could not be submitted: " + usb_error(rc));
+      end_locked("a bulk OUT transfer could not be submitted: " + submit_error(rc));
       return false;
     }
     return true;
@@ -395,7 +406,7 @@ class LibusbLink final : public UsbLink {
     if (const int rc = libusb_submit_transfer(t); rc != 0) {
       --in_flight_;
       idle_.push_back(t);
-      end_locked("an IN transfer could not be submitted: " + usb_error(rc));
+      end_locked("an IN transfer could not be submitted: " + submit_error(rc));
     }
   }
 
