@@ -37,12 +37,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr int kBulkIn = 5;        // bulk IN transfers
+constexpr int kBulkIn = 4;        // bulk IN transfers
 constexpr int kInFlightOut = 4;   // bulk OUT transfers allowed in flight
+// OUT transfers: those in flight, the last byte of one sent apart, and the
+// one being filled.
+constexpr int kBulkOut = kInFlightOut + 2;
 // Bulk transfer size: a whole message (header and largest payload) fits,
 // and it is a multiple of every max packet size.
 constexpr std::size_t kBulkBytes = (1u << 20) + (64u << 10);
-constexpr std::size_t kSmallBytes = 4096;  // OUT transfers for small messages
 constexpr unsigned kControlTimeoutMs = 2000;
 // bmRequestType of the board's vendor requests, to its interface.
 constexpr std::uint8_t kVendorIn = static_cast<std::uint8_t>(LIBUSB_ENDPOINT_IN) |
@@ -133,10 +135,14 @@ class LibusbLink final : public UsbLink {
       close();
       throw;
     }
+    // Every transfer is made here, before the event thread starts: the
+    // thread then sees them whole (libusb's own handover goes through the
+    // kernel, which ThreadSanitizer cannot follow).
     std::vector<libusb_transfer*> in;
     try {
       for (int i = 0; i < kBulkIn; ++i) in.push_back(allocate(ep_in_, kBulkBytes, LIBUSB_TRANSFER_TYPE_BULK));
       in.push_back(allocate(ep_irq_, irq_bytes_, LIBUSB_TRANSFER_TYPE_INTERRUPT));
+      for (int i = 0; i < kBulkOut; ++i) idle_.push_back(allocate(ep_out_, kBulkBytes, LIBUSB_TRANSFER_TYPE_BULK));
     } catch (...) {
       for (auto& [t, info] : info_) free_transfer(t, info);
       close();
@@ -216,7 +222,6 @@ class LibusbLink final : public UsbLink {
       libusb_transfer* last = take_idle(1);
       if (!last) {
         idle_.push_back(t);
-        end_locked("out of memory for a USB transfer");
         return false;
       }
       last->buffer[0] = t->buffer[n - 1];
@@ -354,23 +359,18 @@ class LibusbLink final : public UsbLink {
     g_transfers.fetch_sub(1);
   }
 
-  // An OUT transfer with room for `bytes`, the smallest idle one that has
-  // it, else a new one; null without memory (mu_ held).
+  // An idle OUT transfer for `bytes`, or null, ending the link, if the
+  // message is larger than a transfer (mu_ held). kBulkOut of them cover
+  // every transfer the window lets be busy at once.
   libusb_transfer* take_idle(std::size_t bytes) {
-    auto best = idle_.end();
-    for (auto it = idle_.begin(); it != idle_.end(); ++it)
-      if (info_[*it].bytes >= bytes && (best == idle_.end() || info_[*it].bytes < info_[*best].bytes)) best = it;
-    if (best != idle_.end()) {
-      libusb_transfer* t = *best;
-      idle_.erase(best);
-      return t;
-    }
-    const std::size_t size = bytes <= kSmallBytes ? kSmallBytes : std::max(bytes, kBulkBytes);
-    try {
-      return allocate(ep_out_, size, LIBUSB_TRANSFER_TYPE_BULK);
-    } catch (const Error&) {
+    auto it = std::find_if(idle_.begin(), idle_.end(), [&](libusb_transfer* t) { return t->endpoint == ep_out_; });
+    if (it == idle_.end() || bytes > kBulkBytes) {
+      end_locked("no bulk OUT transfer for a message of " + std::to_string(bytes) + " bytes");
       return nullptr;
     }
+    libusb_transfer* t = *it;
+    idle_.erase(it);
+    return t;
   }
 
   bool submit_out(libusb_transfer* t, std::size_t n) {
