@@ -225,7 +225,11 @@ class LibusbLink final : public UsbLink {
         return false;
       }
       last->buffer[0] = t->buffer[n - 1];
-      return submit_out(t, n - 1) && submit_out(last, 1);
+      if (!submit_out(t, n - 1)) {
+        idle_.push_back(last);
+        return false;
+      }
+      return submit_out(last, 1);
     }
     return submit_out(t, n);
   }
