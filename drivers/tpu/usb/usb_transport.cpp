@@ -399,30 +399,29 @@ class UsbTransport final : public Transport {
     for (;;) {
       std::span<const std::byte> rest = link_->peek_in();
       if (rest.empty()) return lose("the cable was pulled or the board reset (bulk IN ended)");
-      while (!partial.empty() && !rest.empty()) {
+      while (!partial.empty()) {
         // The header first; then the message's length says how much more.
         std::size_t want = sizeof(fw::UsbHeader);
         if (partial.size() >= want) {
-          auto len = fw::usb_message_bytes(partial, fw::UsbDirection::kToHost, max_data_);
-          if (!len) return lose("its bulk IN stream is out of step: " + fw::describe_usb_problem(len.problem()));
+          const auto len = message_length(partial);
+          if (!len) return;
           want = *len;
+          if (partial.size() == want) {
+            if (!handle(partial)) return;
+            partial.clear();
+            break;
+          }
         }
+        if (rest.empty()) break;
         const std::size_t n = std::min(want - partial.size(), rest.size());
         partial.insert(partial.end(), rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(n));
         rest = rest.subspan(n);
-        if (partial.size() < sizeof(fw::UsbHeader)) continue;
-        auto len = fw::usb_message_bytes(partial, fw::UsbDirection::kToHost, max_data_);
-        if (!len) return lose("its bulk IN stream is out of step: " + fw::describe_usb_problem(len.problem()));
-        if (partial.size() == *len) {
-          if (!handle(partial)) return;
-          partial.clear();
-        }
       }
       while (!rest.empty()) {
         if (lost_.load()) return;  // a lost board's late messages are not applied
         if (rest.size() < sizeof(fw::UsbHeader)) break;
-        auto len = fw::usb_message_bytes(rest, fw::UsbDirection::kToHost, max_data_);
-        if (!len) return lose("its bulk IN stream is out of step: " + fw::describe_usb_problem(len.problem()));
+        const auto len = message_length(rest);
+        if (!len) return;
         if (rest.size() < *len) break;
         if (!handle(rest.first(*len))) return;
         rest = rest.subspan(*len);
@@ -430,6 +429,15 @@ class UsbTransport final : public Transport {
       partial.insert(partial.end(), rest.begin(), rest.end());
       link_->release_in();
     }
+  }
+
+  // The length of the message `bytes` begins with (they hold its whole
+  // header), or nullopt, the board lost, if the stream is out of step.
+  std::optional<std::size_t> message_length(std::span<const std::byte> bytes) {
+    auto len = fw::usb_message_bytes(bytes, fw::UsbDirection::kToHost, max_data_);
+    if (len) return *len;
+    lose("its bulk IN stream is out of step: " + fw::describe_usb_problem(len.problem()));
+    return std::nullopt;
   }
 
   // Decodes, checks and applies one whole board message; false once the
