@@ -50,7 +50,7 @@ export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_erro
 echo "race:libusb-1.0.so.0" > /tmp/tsan.supp
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=/tmp/tsan.supp
 rc=0
-step() { echo "guest: $*"; }
+step() { echo "guest: $* (at $(cut -d" " -f1 /proc/uptime) s)"; }
 fail() { echo "guest: FAIL $*"; rc=1; }
 
 # The loopback baseline's gadget: the kernel's source/sink on the second controller.
@@ -96,6 +96,7 @@ cat /tmp/lb1 /tmp/lb2 /tmp/dma | awk '
   END { if (out > 0 && in_ > 0) printf "bulk DMA / libusb loopback (16 MiB copies; target 0.8): h2d %.0f / %.0f MB/s = %.2f, d2h %.0f / %.0f MB/s = %.2f\n", h2d, out, h2d / out, d2h, in_, d2h / in_ }'
 /tpuhal bench submit --device $dev --quick || fail "bench submit"
 
+step "done"
 kill -TERM $gadget
 wait $gadget || fail "tpuhal-usb-gadget exited with $?"
 sed 's/^/gadget: /' /tmp/gadget.log
