@@ -41,11 +41,11 @@ if (($# == 0)); then
   TPUHAL_LOG=error "$tsan/bin/tpuhal" stress --device sim:tiny --seconds 10 --threads 4 --processes 2 --seed 1
 fi
 
-# Fuzzing: each fuzz target for 30 s on its committed corpus, one per core
+# Fuzzing: each fuzz target for 20 s on its committed corpus, one per core
 # at a time, in a clang build (build/fuzz/, docs/fuzzing.md), with a fixed
 # seed so that a CI failure can be replayed. Skipped, like the step above,
 # when ctest was given a filter.
 if (($# == 0)); then
-  "$root/scripts/fuzz.sh" --seconds 30 --parallel "$(nproc)" -- -seed=1
+  "$root/scripts/fuzz.sh" --seconds 20 --parallel "$(nproc)" -- -seed=1
 fi
 
