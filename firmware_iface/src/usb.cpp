@@ -1,5 +1,6 @@
 #include "tpuhal/fw/usb.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -209,6 +210,43 @@ void append_usb_message(std::vector<std::byte>& out, UsbType type, std::uint64_t
   const auto* head = reinterpret_cast<const std::byte*>(&h);
   out.insert(out.end(), head, head + sizeof h);
   out.insert(out.end(), data.begin(), data.end());
+}
+
+Result<UsbSplitter::Fed> UsbSplitter::feed(std::span<const std::byte> bytes,
+                                           const std::function<bool(std::span<const std::byte>)>& on_message) {
+  // First the message cut at the end of the last buffer: its header, then
+  // as much more as its length says.
+  while (!partial_.empty()) {
+    std::size_t want = sizeof(UsbHeader);
+    if (partial_.size() >= want) {
+      auto len = usb_message_bytes(partial_, direction_, max_data_);
+      if (!len) {
+        partial_.clear();
+        return len.problem();
+      }
+      want = static_cast<std::size_t>(*len);
+      if (partial_.size() == want) {
+        const bool go_on = on_message(partial_);
+        partial_.clear();
+        if (!go_on) return Fed::kStopped;
+        break;
+      }
+    }
+    if (bytes.empty()) return Fed::kAll;
+    const std::size_t n = std::min(want - partial_.size(), bytes.size());
+    partial_.insert(partial_.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
+    bytes = bytes.subspan(n);
+  }
+  // Then the messages that lie whole in `bytes`.
+  while (bytes.size() >= sizeof(UsbHeader)) {
+    auto len = usb_message_bytes(bytes, direction_, max_data_);
+    if (!len) return len.problem();
+    if (bytes.size() < *len) break;
+    if (!on_message(bytes.first(static_cast<std::size_t>(*len)))) return Fed::kStopped;
+    bytes = bytes.subspan(static_cast<std::size_t>(*len));
+  }
+  partial_.assign(bytes.begin(), bytes.end());
+  return Fed::kAll;
 }
 
 std::string describe_usb_problem(const Problem& p) {

@@ -108,6 +108,83 @@ TEST(Usb, AStreamOfMessagesSplitsByLength) {
   EXPECT_FALSE(cut.ok());
 }
 
+// The splitter hands over the same messages however the stream is cut into
+// buffers: whole ones where they lie, cut ones assembled.
+TEST(Usb, TheSplitterGivesEveryMessageWholeHoweverTheStreamIsCut) {
+  std::vector<std::byte> stream;
+  std::vector<std::vector<std::byte>> want;
+  for (std::uint32_t i = 1; i <= 12; ++i) {
+    const std::vector<std::byte> data(i % 3 == 0 ? 0 : i * 700 + 1, static_cast<std::byte>(i));
+    const std::size_t at = stream.size();
+    if (data.empty()) append_usb_message(stream, UsbType::kRegValue, i, 0x8, i, {}, i);
+    else append_usb_message(stream, UsbType::kHostWrite, i, 0x1000 * i, 0, data, i);
+    want.emplace_back(stream.begin() + static_cast<std::ptrdiff_t>(at), stream.end());
+  }
+  for (const std::size_t cut : {std::size_t{1}, std::size_t{7}, sizeof(UsbHeader), std::size_t{41}, std::size_t{4096},
+                                stream.size()}) {
+    SCOPED_TRACE(cut);
+    UsbSplitter split(UsbDirection::kToHost);
+    std::vector<std::vector<std::byte>> got;
+    std::size_t in_place = 0;
+    for (std::size_t at = 0; at < stream.size(); at += cut) {
+      const std::span<const std::byte> buffer = std::span(stream).subspan(at, std::min(cut, stream.size() - at));
+      auto fed = split.feed(buffer, [&](std::span<const std::byte> m) {
+        if (m.data() >= buffer.data() && m.data() + m.size() <= buffer.data() + buffer.size()) ++in_place;
+        got.emplace_back(m.begin(), m.end());
+        return true;
+      });
+      ASSERT_TRUE(fed.ok()) << describe_usb_problem(fed.problem());
+      EXPECT_EQ(*fed, UsbSplitter::Fed::kAll);
+    }
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(split.held(), 0u);
+    // In one buffer, no message is copied.
+    if (cut == stream.size()) {
+      EXPECT_EQ(in_place, want.size());
+    }
+  }
+}
+
+TEST(Usb, TheSplitterStopsWhenAskedAndRefusesAStreamOutOfStep) {
+  std::vector<std::byte> stream;
+  append_usb_message(stream, UsbType::kRegWrite, 1, 0x10, 1);
+  append_usb_message(stream, UsbType::kRegWrite, 2, 0x14, 2);
+  append_usb_message(stream, UsbType::kRegWrite, 3, 0x18, 3);
+  UsbSplitter split(UsbDirection::kToBoard);
+  int seen = 0;
+  auto fed = split.feed(stream, [&](std::span<const std::byte>) { return ++seen < 2; });
+  ASSERT_TRUE(fed.ok());
+  EXPECT_EQ(*fed, UsbSplitter::Fed::kStopped);
+  EXPECT_EQ(seen, 2);
+  EXPECT_EQ(split.held(), 0u);  // the rest of a stopped buffer is dropped
+
+  // A bad header, whole or assembled from a cut, is a problem and leaves
+  // nothing held; the next buffer starts afresh.
+  std::vector<std::byte> bad = stream;
+  write<std::uint32_t>(bad, sizeof(UsbHeader), 0x12345678);  // the second message's magic
+  for (std::size_t cut : {bad.size(), sizeof(UsbHeader) + 3}) {
+    SCOPED_TRACE(cut);
+    split.reset();
+    seen = 0;
+    auto count = [&](std::span<const std::byte>) { return ++seen > 0; };
+    auto first = split.feed(std::span(bad).first(cut), count);
+    auto r = first.ok() ? split.feed(std::span(bad).subspan(cut), count) : first;
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(describe_usb_problem(r.problem()), HasSubstr("out of step"));
+    EXPECT_EQ(seen, 1);
+    EXPECT_EQ(split.held(), 0u);
+    auto again = split.feed(stream, count);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(seen, 4);
+  }
+  // The wrong direction is out of step too, and reset() drops a cut message.
+  EXPECT_FALSE(UsbSplitter(UsbDirection::kToHost).feed(stream, [](auto) { return true; }).ok());
+  ASSERT_TRUE(split.feed(std::span(stream).first(10), [](auto) { return true; }).ok());
+  EXPECT_EQ(split.held(), 10u);
+  split.reset();
+  EXPECT_EQ(split.held(), 0u);
+}
+
 TEST(Usb, HeadersAreChecked) {
   auto m = msg(UsbType::kRegRead, 1, 0x10);
   write<std::uint32_t>(m, 0, 0x12345678);

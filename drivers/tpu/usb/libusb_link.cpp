@@ -44,7 +44,7 @@ constexpr int kInFlightOut = 4;   // bulk OUT transfers allowed in flight
 constexpr int kBulkOut = kInFlightOut + 2;
 // Bulk transfer size: a whole message (header and largest payload) fits,
 // and it is a multiple of every max packet size.
-constexpr std::size_t kBulkBytes = (1u << 20) + (64u << 10);
+constexpr std::size_t kBulkBytes = fw::kUsbTransferBytes;
 constexpr unsigned kControlTimeoutMs = 2000;
 // bmRequestType of the board's vendor requests, to its interface.
 constexpr std::uint8_t kVendorIn = static_cast<std::uint8_t>(LIBUSB_ENDPOINT_IN) |

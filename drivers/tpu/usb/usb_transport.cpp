@@ -393,51 +393,17 @@ class UsbTransport final : public Transport {
   }
 
   // Board messages are applied where the link received them; one that
-  // straddles two transfers is assembled in `partial` first.
+  // straddles two transfers is assembled first (fw::UsbSplitter).
   void serve_in() {
-    std::vector<std::byte> partial;
+    fw::UsbSplitter split(fw::UsbDirection::kToHost, max_data_);
     for (;;) {
-      std::span<const std::byte> rest = link_->peek_in();
-      if (rest.empty()) return lose("the cable was pulled or the board reset (bulk IN ended)");
-      while (!partial.empty()) {
-        // The header first; then the message's length says how much more.
-        std::size_t want = sizeof(fw::UsbHeader);
-        if (partial.size() >= want) {
-          const auto len = message_length(partial);
-          if (!len) return;
-          want = *len;
-          if (partial.size() == want) {
-            if (!handle(partial)) return;
-            partial.clear();
-            break;
-          }
-        }
-        if (rest.empty()) break;
-        const std::size_t n = std::min(want - partial.size(), rest.size());
-        partial.insert(partial.end(), rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(n));
-        rest = rest.subspan(n);
-      }
-      while (!rest.empty()) {
-        if (lost_.load()) return;  // a lost board's late messages are not applied
-        if (rest.size() < sizeof(fw::UsbHeader)) break;
-        const auto len = message_length(rest);
-        if (!len) return;
-        if (rest.size() < *len) break;
-        if (!handle(rest.first(*len))) return;
-        rest = rest.subspan(*len);
-      }
-      partial.insert(partial.end(), rest.begin(), rest.end());
+      std::span<const std::byte> got = link_->peek_in();
+      if (got.empty()) return lose("the cable was pulled or the board reset (bulk IN ended)");
+      auto fed = split.feed(got, [this](std::span<const std::byte> m) { return handle(m); });
+      if (!fed) return lose("its bulk IN stream is out of step: " + fw::describe_usb_problem(fed.problem()));
+      if (*fed == fw::UsbSplitter::Fed::kStopped) return;  // lost: late messages are not applied
       link_->release_in();
     }
-  }
-
-  // The length of the message `bytes` begins with (they hold its whole
-  // header), or nullopt, the board lost, if the stream is out of step.
-  std::optional<std::size_t> message_length(std::span<const std::byte> bytes) {
-    auto len = fw::usb_message_bytes(bytes, fw::UsbDirection::kToHost, max_data_);
-    if (len) return *len;
-    lose("its bulk IN stream is out of step: " + fw::describe_usb_problem(len.problem()));
-    return std::nullopt;
   }
 
   // Decodes, checks and applies one whole board message; false once the

@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -59,6 +60,11 @@ inline constexpr std::uint16_t kUsbSimVendor = 0x1209;
 inline constexpr std::uint16_t kUsbSimProduct = 0x0001;
 inline constexpr std::uint16_t kUsbSimLoaderProduct = 0x0002;
 inline constexpr std::uint32_t kUsbMaxData = 1u << 20;  // payload per message
+// The largest bulk transfer either side sends: a whole message of the
+// largest payload fits, and it is a multiple of every max packet size. A
+// receiver whose buffers are this large gets every message sent in one
+// transfer whole.
+inline constexpr std::size_t kUsbTransferBytes = kUsbMaxData + (64u << 10);
 
 enum class UsbMode : std::uint32_t { kLoader = 1, kApplication = 2 };
 
@@ -164,5 +170,34 @@ void append_usb_message(std::vector<std::byte>& out, UsbType type, std::uint64_t
 
 // "usb: message type 0x7 is unknown", ...
 std::string describe_usb_problem(const Problem& p);
+
+// Cuts a bulk stream into whole messages, for either side's receiver. The
+// messages inside a received buffer are handed over where they lie; only a
+// message cut between buffers is copied, into the splitter, to be made
+// whole.
+class UsbSplitter {
+ public:
+  explicit UsbSplitter(UsbDirection direction, std::uint32_t max_data = kUsbMaxData)
+      : direction_(direction), max_data_(max_data) {}
+
+  enum class Fed : std::uint8_t { kAll, kStopped };
+  // Hands every whole message of the stream so far (an unfinished one from
+  // earlier calls, then `bytes`) to `on_message`, in order, and keeps an
+  // unfinished last one. kStopped: on_message returned false, and the rest
+  // of `bytes` was dropped. A header that does not check out
+  // (usb_message_bytes) is a Problem: nothing after it can be trusted, and
+  // the splitter holds nothing more until it is fed again.
+  Result<Fed> feed(std::span<const std::byte> bytes,
+                   const std::function<bool(std::span<const std::byte>)>& on_message);
+  // Drops an unfinished message (the link was reset).
+  void reset() noexcept { partial_.clear(); }
+  // The bytes of an unfinished message held.
+  std::size_t held() const noexcept { return partial_.size(); }
+
+ private:
+  UsbDirection direction_;
+  std::uint32_t max_data_;
+  std::vector<std::byte> partial_;
+};
 
 }  // namespace tpuhal::fw
