@@ -23,6 +23,8 @@ namespace tpuhal::sim {
 
 constexpr std::size_t kSpareBuffers = 8;
 constexpr std::size_t kMaxQueuedBytes = 4u << 20;
+// Host writes at least this large are sent from the board's memory.
+constexpr std::size_t kBorrowBytes = 64u << 10;
 
 struct UsbFunction::Impl final : HostPort {
   Impl(FunctionEndpoints& endpoints, UsbFunctionOptions opts)
@@ -33,10 +35,19 @@ struct UsbFunction::Impl final : HostPort {
   std::unique_ptr<Board> board;
   std::uint64_t aperture_bytes = 0;
 
-  // Board -> host messages, numbered in the order they are queued.
+  // Board -> host messages, numbered in the order they are queued. A large
+  // host-write's payload is not copied into the message: it is `body`, sent
+  // from where the board's DMA holds it, and the write waits until the
+  // endpoint has taken it (handed).
+  struct Message {
+    std::vector<std::byte> bytes;
+    std::span<const std::byte> body;
+  };
   std::mutex send_mu;
   std::condition_variable send_cv;
-  std::deque<std::vector<std::byte>> outgoing;  // guarded
+  std::deque<Message> outgoing;  // guarded
+  std::uint64_t queued_count = 0, handed_count = 0;  // messages; guarded
+  std::condition_variable handed_cv;
   // Buffers of messages sent, kept for the next ones (guarded): a fresh
   // megabyte per message costs page faults and zeroing each time.
   std::vector<std::vector<std::byte>> spare;
@@ -63,28 +74,47 @@ struct UsbFunction::Impl final : HostPort {
 
   std::atomic<std::uint64_t> host_messages{0}, refused{0}, host_reads{0}, host_writes{0}, interrupts{0};
 
-  // Queues one board message; false once the host is gone.
-  bool send(fw::UsbType type, std::uint64_t tag, std::uint64_t a0, std::uint64_t a1 = 0,
-            std::span<const std::byte> data = {}) {
+  // Queues one board message; its number (queued_count), or 0 once the host
+  // is gone. With `borrow`, `data` is sent from where it lies: it must stay
+  // put until handed_count reaches the number (wait_handed).
+  std::uint64_t send(fw::UsbType type, std::uint64_t tag, std::uint64_t a0, std::uint64_t a1 = 0,
+                     std::span<const std::byte> data = {}, bool borrow = false) {
+    std::uint64_t number;
     {
       std::unique_lock lock(send_mu);
       // Back-pressure: a DMA to the host waits while the pipe has enough
       // queued, rather than queueing the whole copy in memory.
       if (!data.empty())
         room_cv.wait(lock, [&] { return queued_bytes < kMaxQueuedBytes || gone.load() || stopping; });
-      if (gone.load(std::memory_order_relaxed) || stopping) return false;
-      std::vector<std::byte> m;
+      if (gone.load(std::memory_order_relaxed) || stopping) return 0;
+      Message m;
       if (!spare.empty()) {
-        m = std::move(spare.back());
+        m.bytes = std::move(spare.back());
         spare.pop_back();
-        m.clear();
+        m.bytes.clear();
       }
-      fw::append_usb_message(m, type, tag, a0, a1, data, ++sequence);
-      queued_bytes += m.size();
+      if (borrow) {
+        const fw::UsbHeader h{fw::kUsbMagic, static_cast<std::uint16_t>(type), 0, ++sequence,
+                              static_cast<std::uint32_t>(data.size()), tag, {a0, a1}};
+        const auto* head = reinterpret_cast<const std::byte*>(&h);
+        m.bytes.assign(head, head + sizeof h);
+        m.body = data;
+      } else {
+        fw::append_usb_message(m.bytes, type, tag, a0, a1, data, ++sequence);
+      }
+      queued_bytes += m.bytes.size() + m.body.size();
       outgoing.push_back(std::move(m));
+      number = ++queued_count;
     }
     send_cv.notify_one();
-    return true;
+    return number;
+  }
+
+  // Waits until the endpoint has taken message `number` and those before
+  // it, or dropped them (the host is gone): their borrowed bytes are free.
+  void wait_handed(std::uint64_t number) {
+    std::unique_lock lock(send_mu);
+    handed_cv.wait(lock, [&] { return handed_count >= number; });
   }
 
   void lose() {
@@ -98,16 +128,27 @@ struct UsbFunction::Impl final : HostPort {
     room_cv.notify_all();
   }
 
+  // The IN thread's last act: what it will not send is dropped, so that no
+  // writer waits for it (and none of its borrowed bytes is touched again).
+  void drop_unsent() {
+    {
+      std::lock_guard lock(send_mu);
+      handed_count = queued_count;
+    }
+    handed_cv.notify_all();
+  }
+
   // HostPort: the board's DMA of host memory.
   bool read(std::uint64_t iova, void* out, std::uint64_t size) override {
-    const std::uint64_t pieces = (size + options.max_data - 1) / options.max_data;
+    const std::uint64_t piece = options.max_data;
+    const std::uint64_t pieces = (size + piece - 1) / piece;
     std::vector<Pending> waits(pieces);
     std::vector<std::uint64_t> tags(pieces);
     {
       std::lock_guard lock(read_mu);
       for (std::uint64_t i = 0; i < pieces; ++i) {
-        const std::uint64_t off = i * options.max_data;
-        waits[i] = {static_cast<std::byte*>(out) + off, std::min<std::uint64_t>(options.max_data, size - off)};
+        const std::uint64_t off = i * piece;
+        waits[i] = {static_cast<std::byte*>(out) + off, std::min<std::uint64_t>(piece, size - off)};
         if (gone.load()) waits[i].state = 2;
         tags[i] = ++next_tag;
         pending.emplace(tags[i], &waits[i]);
@@ -116,7 +157,7 @@ struct UsbFunction::Impl final : HostPort {
     // Every piece is asked for at once: the host answers them back to back.
     for (std::uint64_t i = 0; i < pieces; ++i) {
       host_reads.fetch_add(1, std::memory_order_relaxed);
-      if (!send(fw::UsbType::kHostRead, tags[i], iova + i * options.max_data, waits[i].size)) lose();
+      if (send(fw::UsbType::kHostRead, tags[i], iova + i * piece, waits[i].size) == 0) lose();
     }
     bool ok = true;
     std::unique_lock lock(read_mu);
@@ -128,15 +169,23 @@ struct UsbFunction::Impl final : HostPort {
     return ok;
   }
 
+  // Small writes (fences, status words) are copied, so that they share
+  // transfers with other messages; large ones are sent from `in`, and the
+  // call returns once the endpoint has taken them.
   bool write(std::uint64_t iova, const void* in, std::uint64_t size) override {
     const auto* bytes = static_cast<const std::byte*>(in);
-    for (std::uint64_t off = 0; off < size; off += options.max_data) {
+    const bool borrow = size >= kBorrowBytes;
+    std::uint64_t last = 0;
+    bool ok = true;
+    for (std::uint64_t off = 0; off < size && ok; off += options.max_data) {
       host_writes.fetch_add(1, std::memory_order_relaxed);
-      if (!send(fw::UsbType::kHostWrite, 0, iova + off, 0,
-                {bytes + off, static_cast<std::size_t>(std::min<std::uint64_t>(options.max_data, size - off))}))
-        return false;
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(options.max_data, size - off));
+      const std::uint64_t number = send(fw::UsbType::kHostWrite, 0, iova + off, 0, {bytes + off, n}, borrow);
+      ok = number != 0;
+      last = ok ? number : last;
     }
-    return true;
+    if (borrow && last) wait_handed(last);
+    return ok;
   }
 
   void refuse(const fw::UsbMessage& m, fw::CmdStatus status, const std::string& why) {
@@ -247,72 +296,80 @@ struct UsbFunction::Impl final : HostPort {
     }
   }
 
+  // One whole host message: decoded, checked and executed, or refused.
+  void run(std::span<const std::byte> bytes) {
+    auto m = fw::decode_usb_message(bytes, fw::UsbDirection::kToBoard, fw::kBar0Size, options.max_data);
+    if (m) return execute(*m);
+    fw::UsbHeader h;
+    std::memcpy(&h, bytes.data(), sizeof h);
+    fw::UsbMessage bad;
+    bad.type = static_cast<fw::UsbType>(h.type);
+    bad.tag = h.tag;
+    refuse(bad, m.problem().status, fw::describe_usb_problem(m.problem()));
+  }
+
+  // Host messages are executed where the endpoint received them; one that
+  // straddles two reads is assembled first (fw::UsbSplitter).
   void serve_out() {
-    std::vector<std::byte> buf;
-    std::size_t used = 0;
-    const std::size_t whole = sizeof(fw::UsbHeader) + options.max_data;
-    buf.resize(2 * whole);
+    fw::UsbSplitter split(fw::UsbDirection::kToBoard, options.max_data);
     for (;;) {
-      if (reset_requested.exchange(false)) used = 0;
-      if (buf.size() - used < whole) buf.resize(used + whole);
-      const std::size_t n = ep.read_out({buf.data() + used, buf.size() - used});
-      if (n == 0) break;
-      used += n;
-      std::size_t at = 0;
-      while (used - at >= sizeof(fw::UsbHeader)) {
-        std::span<const std::byte> rest{buf.data() + at, used - at};
-        auto len = fw::usb_message_bytes(rest, fw::UsbDirection::kToBoard, options.max_data);
-        if (!len) {
-          // Out of step: nothing after this header can be trusted.
-          refused.fetch_add(1, std::memory_order_relaxed);
-          base::logger("sim")->warn("usb function: {}; dropping {} buffered bytes",
-                                    fw::describe_usb_problem(len.problem()), used - at);
-          send(fw::UsbType::kError, 0, static_cast<std::uint64_t>(len.problem().status), 0);
-          at = used;
-          break;
-        }
-        if (rest.size() < *len) break;
-        auto m = fw::decode_usb_message(rest.first(*len), fw::UsbDirection::kToBoard, fw::kBar0Size,
-                                        options.max_data);
-        if (m) {
-          execute(*m);
-        } else {
-          fw::UsbHeader h;
-          std::memcpy(&h, rest.data(), sizeof h);
-          fw::UsbMessage bad;
-          bad.type = static_cast<fw::UsbType>(h.type);
-          bad.tag = h.tag;
-          refuse(bad, m.problem().status, fw::describe_usb_problem(m.problem()));
-        }
-        at += *len;
+      if (reset_requested.exchange(false)) split.reset();
+      std::span<const std::byte> got = ep.peek_out();
+      if (got.empty()) break;
+      auto fed = split.feed(got, [this](std::span<const std::byte> m) {
+        run(m);
+        return true;
+      });
+      if (!fed) {
+        // Out of step: nothing after this header can be trusted.
+        refused.fetch_add(1, std::memory_order_relaxed);
+        base::logger("sim")->warn("usb function: {}; dropping the rest of the transfer",
+                                  fw::describe_usb_problem(fed.problem()));
+        send(fw::UsbType::kError, 0, static_cast<std::uint64_t>(fed.problem().status), 0);
       }
-      // The unfinished message moves to the front once, when the messages
-      // before it are done (not on every read while it arrives).
-      if (at > 0 && used > at) std::memmove(buf.data(), buf.data() + at, used - at);
-      used -= at;
+      ep.release_out();
     }
     lose();
   }
 
   void serve_in() {
+    send_messages();
+    drop_unsent();
+  }
+
+  void send_messages() {
     std::vector<std::byte> batch;
     for (;;) {
       batch.clear();
+      std::span<const std::byte> body;
+      std::uint64_t taken = 0;
       {
         std::unique_lock lock(send_mu);
         send_cv.wait(lock, [&] { return stopping || gone.load() || !outgoing.empty(); });
         if (outgoing.empty() || gone.load()) return;
-        // Small messages share a transfer.
-        while (!outgoing.empty() && (batch.empty() || batch.size() + outgoing.front().size() <= (256u << 10))) {
-          queued_bytes -= outgoing.front().size();
-          if (batch.empty()) batch.swap(outgoing.front());
-          else batch.insert(batch.end(), outgoing.front().begin(), outgoing.front().end());
-          if (spare.size() < kSpareBuffers) spare.push_back(std::move(outgoing.front()));
+        // Small messages share a transfer; one with a borrowed body goes
+        // alone, its header and body gathered by the endpoint.
+        while (!outgoing.empty() && body.empty() &&
+               (batch.empty() ||
+                (outgoing.front().body.empty() && batch.size() + outgoing.front().bytes.size() <= (256u << 10)))) {
+          Message& m = outgoing.front();
+          queued_bytes -= m.bytes.size() + m.body.size();
+          if (batch.empty()) batch.swap(m.bytes);
+          else batch.insert(batch.end(), m.bytes.begin(), m.bytes.end());
+          body = m.body;
+          if (spare.size() < kSpareBuffers) spare.push_back(std::move(m.bytes));
           outgoing.pop_front();
+          ++taken;
         }
       }
       room_cv.notify_all();
-      if (!ep.write_in(batch)) {
+      const bool sent = body.empty() ? ep.write_in(batch) : ep.write_in_gather(batch, body);
+      {
+        std::lock_guard lock(send_mu);
+        handed_count += taken;
+      }
+      handed_cv.notify_all();
+      if (!sent) {
         lose();
         return;
       }
@@ -341,6 +398,22 @@ struct UsbFunction::Impl final : HostPort {
     }
   }
 };
+
+std::span<const std::byte> FunctionEndpoints::peek_out() {
+  if (out_staged_ == 0) {
+    if (out_stage_.empty()) out_stage_.resize(fw::kUsbTransferBytes);
+    out_staged_ = read_out(out_stage_);
+  }
+  return {out_stage_.data(), out_staged_};
+}
+
+void FunctionEndpoints::release_out() { out_staged_ = 0; }
+
+bool FunctionEndpoints::write_in_gather(std::span<const std::byte> head, std::span<const std::byte> body) {
+  in_stage_.assign(head.begin(), head.end());
+  in_stage_.insert(in_stage_.end(), body.begin(), body.end());
+  return write_in(in_stage_);
+}
 
 UsbFunction::UsbFunction(BoardProfile profile, FunctionEndpoints& endpoints, UsbFunctionOptions options)
     : impl_(std::make_unique<Impl>(endpoints, options)) {

@@ -22,6 +22,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <array>
@@ -103,6 +104,11 @@ Endpoints endpoints(std::uint16_t bulk_packet) {
   return e;
 }
 
+// FunctionFS requests queued on each bulk endpoint, and their size (what
+// FunctionFS buffers easily).
+constexpr std::size_t kDepth = 16;
+constexpr std::size_t kRequestBytes = 256u << 10;
+
 // The function's endpoint files, for one session. Bulk transfers go
 // through Linux AIO (FunctionFS queues each iocb as a USB request), several
 // at a time each way, as the kernel's own functions queue requests: one
@@ -124,42 +130,43 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
     ::syscall(SYS_io_destroy, in_ctx_);
   }
 
-  std::size_t read_out(std::span<std::byte> out) override {
+  // Bulk OUT is read into the requests' own buffers, and the function
+  // executes the messages that lie whole in one there (peek_out); a
+  // message cut between requests is assembled. (Answers to host-reads cut
+  // to fit a request were slower: the host then sends four transfers per
+  // megabyte, with the same number in flight. docs/usb.md.)
+  std::span<const std::byte> peek_out() override {
     if (!reads_started_) {
       reads_started_ = true;
       for (std::size_t i = 0; i < kDepth; ++i)
-        if (!submit(out_ctx_, out_, IOCB_CMD_PREAD, reads_[i], i, kRequestBytes)) return 0;
+        if (!submit(out_ctx_, out_, IOCB_CMD_PREAD, reads_[i], i, kRequestBytes)) return {};
     }
     Slot& s = reads_[read_head_];
-    if (!s.done && !reap(out_ctx_, reads_, s)) return 0;
-    if (s.result <= 0) return 0;  // the host is gone
-    const std::size_t n = std::min(out.size(), static_cast<std::size_t>(s.result) - s.taken);
-    std::memcpy(out.data(), s.buf.data() + s.taken, n);
-    s.taken += n;
-    if (s.taken == static_cast<std::size_t>(s.result)) {
-      if (!submit(out_ctx_, out_, IOCB_CMD_PREAD, s, read_head_, kRequestBytes)) return n;
-      read_head_ = (read_head_ + 1) % kDepth;
-    }
+    if (!s.done && !reap(out_ctx_, reads_, s)) return {};
+    if (s.result <= 0) return {};  // the host is gone
+    return {s.buf.data() + s.taken, static_cast<std::size_t>(s.result) - s.taken};
+  }
+  void release_out() override {
+    Slot& s = reads_[read_head_];
+    s.taken = static_cast<std::size_t>(s.result);
+    if (submit(out_ctx_, out_, IOCB_CMD_PREAD, s, read_head_, kRequestBytes)) read_head_ = (read_head_ + 1) % kDepth;
+  }
+  std::size_t read_out(std::span<std::byte> out) override {
+    std::span<const std::byte> got = peek_out();
+    const std::size_t n = std::min(out.size(), got.size());
+    std::memcpy(out.data(), got.data(), n);
+    reads_[read_head_].taken += n;
+    if (n == got.size() && n > 0) release_out();
     return n;
   }
 
   bool write_in(std::span<const std::byte> data) override {
-    // A transfer of whole packets gets its last byte apart so that the
-    // host's transfer ends (a short packet). FunctionFS copies a write's
-    // bytes when it is submitted, so the request is made from `data`
-    // itself, and the slot only tracks it.
-    while (!data.empty()) {
-      std::size_t n = std::min<std::size_t>(data.size(), kRequestBytes);
-      if (n == data.size() && n % 512 == 0 && n > 1) --n;
-      Slot& s = writes_[write_next_];
-      if (s.queued) {  // the slot's last request: it must have gone whole
-        if (!reap(in_ctx_, writes_, s) || s.result != static_cast<ssize_t>(s.length)) return false;
-      }
-      if (!submit(in_ctx_, in_, IOCB_CMD_PWRITE, s, write_next_, n, data.data())) return false;
-      write_next_ = (write_next_ + 1) % kDepth;
-      data = data.subspan(n);
-    }
-    return true;
+    const std::span<const std::byte> parts[] = {data};
+    return write_parts(parts);
+  }
+  bool write_in_gather(std::span<const std::byte> head, std::span<const std::byte> body) override {
+    const std::span<const std::byte> parts[] = {head, body};
+    return write_parts(parts);
   }
   bool write_irq(std::span<const std::byte> data) override { return write_all(irq_, data); }
 
@@ -177,9 +184,6 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
   }
 
  private:
-  static constexpr std::size_t kDepth = 16;                 // requests queued each way
-  static constexpr std::size_t kRequestBytes = 256u << 10;  // what FunctionFS buffers easily
-
   struct Slot {
     std::vector<std::byte> buf;
     iocb cb{};
@@ -188,17 +192,54 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
     std::size_t length = 0, taken = 0;
   };
 
-  // Queues a request on `fd` for slot `s`: into (or from) its buffer, or
-  // from `from` (a write, copied by the kernel before this returns).
+  // One bulk IN transfer of `parts`, back to back, in requests of at most
+  // kRequestBytes gathered from the parts where they lie (vectored writes;
+  // FunctionFS copies a write's bytes when it is submitted, so the slots
+  // only track the requests). A transfer of whole packets gets its last
+  // byte apart so that the host's transfer ends (a short packet).
+  bool write_parts(std::span<const std::span<const std::byte>> parts) {
+    std::array<iovec, 4> v{};  // a request gathers from every part at most
+    if (parts.size() > v.size()) return false;
+    std::size_t left = 0;
+    for (const auto& p : parts) left += p.size();
+    std::size_t part = 0, offset = 0;
+    while (left > 0) {
+      std::size_t n = std::min(left, kRequestBytes);
+      if (n == left && n % 512 == 0 && n > 1) --n;
+      std::size_t count = 0;
+      for (std::size_t need = n; need > 0;) {
+        const std::span<const std::byte> p = parts[part];
+        const std::size_t take = std::min(need, p.size() - offset);
+        if (take > 0) v[count++] = {const_cast<std::byte*>(p.data() + offset), take};
+        need -= take;
+        offset += take;
+        if (offset == p.size()) {
+          ++part;
+          offset = 0;
+        }
+      }
+      Slot& s = writes_[write_next_];
+      if (s.queued) {  // the slot's last request: it must have gone whole
+        if (!reap(in_ctx_, writes_, s) || s.result != static_cast<ssize_t>(s.length)) return false;
+      }
+      if (!submit(in_ctx_, in_, IOCB_CMD_PWRITEV, s, write_next_, n, v.data(), count)) return false;
+      write_next_ = (write_next_ + 1) % kDepth;
+      left -= n;
+    }
+    return true;
+  }
+
+  // Queues a request on `fd` for slot `s`: a read into its buffer, or a
+  // write gathered from `from` (copied by the kernel before this returns).
   bool submit(aio_context_t ctx, int fd, std::uint16_t op, Slot& s, std::size_t index, std::size_t length,
-              const std::byte* from = nullptr) {
+              const iovec* from = nullptr, std::size_t count = 0) {
     if (closed_.load()) return false;
     s.cb = iocb{};
     s.cb.aio_data = index;
     s.cb.aio_lio_opcode = op;
     s.cb.aio_fildes = static_cast<std::uint32_t>(fd);
-    s.cb.aio_buf = reinterpret_cast<std::uint64_t>(from ? from : s.buf.data());
-    s.cb.aio_nbytes = length;
+    s.cb.aio_buf = reinterpret_cast<std::uint64_t>(from ? static_cast<const void*>(from) : s.buf.data());
+    s.cb.aio_nbytes = from ? count : length;
     iocb* list[1] = {&s.cb};
     if (io([&] { return static_cast<ssize_t>(::syscall(SYS_io_submit, ctx, 1, list)); }) != 1) return false;
     s.queued = true;
@@ -254,7 +295,8 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
 
   int out_, in_, irq_;
   aio_context_t out_ctx_ = 0, in_ctx_ = 0;
-  std::array<Slot, kDepth> reads_, writes_;  // reads_: read_out's thread; writes_: write_in's
+  std::array<Slot, kDepth> reads_;   // the OUT thread's (peek_out, release_out, read_out)
+  std::array<Slot, kDepth> writes_;  // write_in's thread's
   std::size_t read_head_ = 0, write_next_ = 0;
   bool reads_started_ = false;
   std::atomic<bool> closed_{false};

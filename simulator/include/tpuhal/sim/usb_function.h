@@ -41,6 +41,22 @@ class FunctionEndpoints {
   // Bulk IN and interrupt IN: all of `data`, or false once the host is gone.
   virtual bool write_in(std::span<const std::byte> data) = 0;
   virtual bool write_irq(std::span<const std::byte> data) = 0;
+  // Bulk IN of `head` then `body` as one transfer; both may be reused once
+  // this returns. The default joins them and calls write_in; an
+  // endpoint that gathers (FunctionFS's vectored writes) sends them where
+  // they lie.
+  virtual bool write_in_gather(std::span<const std::byte> head, std::span<const std::byte> body);
+
+  // Bulk OUT without a copy: the bytes received next, where they arrived,
+  // valid until release_out(); empty once the host is gone. The default
+  // stages them through read_out; an endpoint with buffers of its own (the
+  // FunctionFS front end's requests) hands those over instead.
+  virtual std::span<const std::byte> peek_out();
+  virtual void release_out();
+
+ private:
+  std::vector<std::byte> out_stage_, in_stage_;
+  std::size_t out_staged_ = 0;
 };
 
 struct UsbFunctionOptions {
