@@ -202,8 +202,7 @@ Result<UsbInterrupt> decode_usb_interrupt(std::span<const std::byte> bytes) {
 void append_usb_message(std::vector<std::byte>& out, UsbType type, std::uint64_t tag, std::uint64_t arg0,
                         std::uint64_t arg1, std::span<const std::byte> data, std::uint32_t sequence,
                         std::uint16_t flags) {
-  UsbHeader h{kUsbMagic, static_cast<std::uint16_t>(type), flags, sequence,
-              static_cast<std::uint32_t>(data.size()), tag, {arg0, arg1}};
+  const UsbHeader h = usb_header(type, tag, arg0, arg1, static_cast<std::uint32_t>(data.size()), sequence, flags);
   // Appended, not resized then copied: a resize would zero the payload's
   // bytes first, a second pass over up to a megabyte per message.
   out.reserve(out.size() + sizeof h + data.size());

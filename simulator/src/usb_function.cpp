@@ -94,8 +94,7 @@ struct UsbFunction::Impl final : HostPort {
         m.bytes.clear();
       }
       if (borrow) {
-        const fw::UsbHeader h{fw::kUsbMagic, static_cast<std::uint16_t>(type), 0, ++sequence,
-                              static_cast<std::uint32_t>(data.size()), tag, {a0, a1}};
+        const fw::UsbHeader h = fw::usb_header(type, tag, a0, a1, static_cast<std::uint32_t>(data.size()), ++sequence);
         const auto* head = reinterpret_cast<const std::byte*>(&h);
         m.bytes.assign(head, head + sizeof h);
         m.body = data;
@@ -140,15 +139,14 @@ struct UsbFunction::Impl final : HostPort {
 
   // HostPort: the board's DMA of host memory.
   bool read(std::uint64_t iova, void* out, std::uint64_t size) override {
-    const std::uint64_t piece = options.max_data;
-    const std::uint64_t pieces = (size + piece - 1) / piece;
+    const std::uint64_t pieces = (size + options.max_data - 1) / options.max_data;
     std::vector<Pending> waits(pieces);
     std::vector<std::uint64_t> tags(pieces);
     {
       std::lock_guard lock(read_mu);
       for (std::uint64_t i = 0; i < pieces; ++i) {
-        const std::uint64_t off = i * piece;
-        waits[i] = {static_cast<std::byte*>(out) + off, std::min<std::uint64_t>(piece, size - off)};
+        const std::uint64_t off = i * options.max_data;
+        waits[i] = {static_cast<std::byte*>(out) + off, std::min<std::uint64_t>(options.max_data, size - off)};
         if (gone.load()) waits[i].state = 2;
         tags[i] = ++next_tag;
         pending.emplace(tags[i], &waits[i]);
@@ -157,7 +155,7 @@ struct UsbFunction::Impl final : HostPort {
     // Every piece is asked for at once: the host answers them back to back.
     for (std::uint64_t i = 0; i < pieces; ++i) {
       host_reads.fetch_add(1, std::memory_order_relaxed);
-      if (send(fw::UsbType::kHostRead, tags[i], iova + i * piece, waits[i].size) == 0) lose();
+      if (send(fw::UsbType::kHostRead, tags[i], iova + i * options.max_data, waits[i].size) == 0) lose();
     }
     bool ok = true;
     std::unique_lock lock(read_mu);

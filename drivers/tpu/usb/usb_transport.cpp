@@ -309,8 +309,7 @@ class UsbTransport final : public Transport {
     const std::size_t whole = sizeof(fw::UsbHeader) + r.size;
     std::span<std::byte> to = link_->out_buffer(whole);
     if (to.size() < whole) return false;
-    fw::UsbHeader h{fw::kUsbMagic, static_cast<std::uint16_t>(fw::UsbType::kHostData), 0, 0,
-                    static_cast<std::uint32_t>(r.size), r.tag, {r.iova, 0}};
+    fw::UsbHeader h = fw::usb_header(fw::UsbType::kHostData, r.tag, r.iova, 0, static_cast<std::uint32_t>(r.size));
     bool ok = false;
     {
       std::shared_lock lock(map_mu_);

@@ -12,11 +12,12 @@
 // Every bulk message is a UsbHeader followed by its fixed arguments and, for
 // the data-carrying types, `data_bytes` of payload; several may share one
 // transfer and one may span transfers (a reader reassembles by length:
-// usb_message_bytes()). The board executes host messages in order. Its own
-// messages carry a sequence number, and an interrupt notification names the
-// last sequence sent before it, so the host applies every write the board
-// made before it delivers the interrupt that announces them: the bulk and
-// interrupt pipes are independent and USB does not order them.
+// usb_message_bytes(), UsbSplitter). The board executes host messages in
+// order. Its own messages carry a sequence number, and an interrupt
+// notification names the last sequence sent before it, so the host applies
+// every write the board made before it delivers the interrupt that
+// announces them: the bulk and interrupt pipes are independent and USB
+// does not order them.
 //
 // DMA is reversed: the board cannot reach host memory, so it asks. The host
 // tells it what it mapped (kMapDma, kUnmapDma) so that the board can fault a
@@ -162,6 +163,13 @@ Result<UsbMessage> decode_usb_message(std::span<const std::byte> bytes, UsbDirec
 
 Result<UsbIdentity> decode_usb_identity(std::span<const std::byte> bytes);
 Result<UsbInterrupt> decode_usb_interrupt(std::span<const std::byte> bytes);
+
+// The header of a message whose `data_bytes` of payload the sender puts
+// beside it itself (a gathered write, a transfer filled in place).
+inline UsbHeader usb_header(UsbType type, std::uint64_t tag, std::uint64_t arg0, std::uint64_t arg1,
+                            std::uint32_t data_bytes, std::uint32_t sequence = 0, std::uint16_t flags = 0) {
+  return {kUsbMagic, static_cast<std::uint16_t>(type), flags, sequence, data_bytes, tag, {arg0, arg1}};
+}
 
 // Appends a message to `out` (tools, tests and both sides' senders).
 void append_usb_message(std::vector<std::byte>& out, UsbType type, std::uint64_t tag, std::uint64_t arg0,
