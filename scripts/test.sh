@@ -35,7 +35,7 @@ if (($# == 0)); then
   # OpenMP's runtime is not instrumented, so ThreadSanitizer cannot see
   # their synchronisation. Results do not depend on the thread count.
   export TPUHAL_SIM_THREADS=1
-  (cd "$tsan" && ctest --output-on-failure -j "$(nproc)" -R '^(Threads|TpuDriver|Devices/Conformance|SimBoard|Validation|Simd|Cuda|UsbTransport|UsbSim|UsbLoader)')
+  (cd "$tsan" && ctest --output-on-failure -j "$(nproc)" -R '^(Threads|TpuDriver|Devices/Conformance|SimBoard|Validation|Simd|Cuda|UsbTransport|UsbSim|UsbLoader|UsbFunction)')
   # The soak test (docs/faults.md): every thread, queue and process path at
   # once, for 10 s, with a fixed seed so that a failure can be replayed.
   TPUHAL_LOG=error "$tsan/bin/tpuhal" stress --device sim:tiny --seconds 10 --threads 4 --processes 2 --seed 1

@@ -61,6 +61,7 @@ CommandProcessor::CommandProcessor(Board::Impl& board, std::uint32_t index, Queu
     : board_(board), index_(index), q_(queue), config_(config), ctx_(board.iommu), thread_(thread) {
   hooks_.progress = &q_.progress;
   hooks_.stop = &stop_;
+  ctx_.set_abandon(&stop_);
   thread_.start(*this);
 }
 
@@ -70,6 +71,9 @@ void CommandProcessor::stop() {
   stop_.store(true, std::memory_order_seq_cst);
   q_.doorbell.notify();
   board_.memory_written.notify();
+  // A read of host memory through a port may be waiting for an answer that
+  // the caller (a USB board's message thread) would execute after this.
+  if (HostPort* port = board_.dma.port()) port->wake_readers();
   thread_.wait_idle();
 }
 
@@ -174,7 +178,9 @@ void CommandProcessor::run_loop() {
       }
       if (problem.status != fw::CmdStatus::kOk) {
         publish();
-        if (problem.status == fw::CmdStatus::kQueueReset) break;  // stopping
+        // Stopping: whatever the command was doing was cut short (an
+        // abandoned read of host memory fails as a DMA fault would).
+        if (problem.status == fw::CmdStatus::kQueueReset || stop_.load(std::memory_order_relaxed)) break;
         log->debug("queue {}: {} at ring position {}", index_, fw::describe(problem, d.opcode), head);
         fail(d, problem);
         q_.busy_ns.fetch_add(base::monotonic_ns() - start, std::memory_order_relaxed);

@@ -97,7 +97,7 @@ fw::Problem DmaEngine::copy_remote(DmaContext& ctx, std::uint64_t src, std::uint
   if (!s) {  // from the host: into DRAM directly, or through a bounce buffer
     std::vector<std::byte> bounce(d ? 0 : size);
     std::byte* to = d ? d : bounce.data();
-    if (!port_->read(src, to, size)) return fault(src_field, src, kIommuRead);
+    if (!port_->read(src, to, size, ctx.abandon())) return fault(src_field, src, kIommuRead);
     if (d) return ok();
     s = bounce.data();
     return port_->write(dst, s, size) ? ok() : fault(dst_field, dst, kIommuWrite);
@@ -174,7 +174,7 @@ fw::Problem DmaEngine::read(DmaContext& ctx, std::uint64_t src, void* out, std::
       DmaAccess access(ctx);
       if (!access.permits(src, size, kIommuRead)) return fault(field, src, kIommuRead);
     }
-    return port_->read(src, out, size) ? ok() : fault(field, src, kIommuRead);
+    return port_->read(src, out, size, ctx.abandon()) ? ok() : fault(field, src, kIommuRead);
   }
   DmaAccess access(ctx);
   std::byte* s = resolve(access, src, size, kIommuRead);

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "tpuhal/base/fd.h"
@@ -66,7 +67,10 @@ struct UsbFunction::Impl final : HostPort {
   std::mutex read_mu;
   std::condition_variable read_cv;
   std::unordered_map<std::uint64_t, Pending*> pending;  // guarded
-  std::uint64_t next_tag = 0;                           // guarded
+  // Reads given up (their command processor stopped) whose answers have not
+  // come yet: those answers are dropped without complaint. Guarded.
+  std::unordered_set<std::uint64_t> abandoned;
+  std::uint64_t next_tag = 0;  // guarded
 
   std::atomic<bool> reset_requested{false};
   base::UniqueFd stop_irq;
@@ -121,6 +125,7 @@ struct UsbFunction::Impl final : HostPort {
     {
       std::lock_guard lock(read_mu);
       for (auto& [tag, p] : pending) p->state = 2;
+      abandoned.clear();
     }
     read_cv.notify_all();
     send_cv.notify_all();
@@ -138,7 +143,7 @@ struct UsbFunction::Impl final : HostPort {
   }
 
   // HostPort: the board's DMA of host memory.
-  bool read(std::uint64_t iova, void* out, std::uint64_t size) override {
+  bool read(std::uint64_t iova, void* out, std::uint64_t size, const std::atomic<bool>* abandon) override {
     const std::uint64_t pieces = (size + options.max_data - 1) / options.max_data;
     std::vector<Pending> waits(pieces);
     std::vector<std::uint64_t> tags(pieces);
@@ -160,11 +165,26 @@ struct UsbFunction::Impl final : HostPort {
     bool ok = true;
     std::unique_lock lock(read_mu);
     for (std::uint64_t i = 0; i < pieces; ++i) {
-      read_cv.wait(lock, [&] { return waits[i].state != 0; });
+      read_cv.wait(lock, [&] { return waits[i].state != 0 || (abandon && abandon->load()); });
+      if (waits[i].state == 0) {
+        // Given up: no answer may land in `out` from now on.
+        for (std::uint64_t k = i; k < pieces; ++k) {
+          pending.erase(tags[k]);
+          if (waits[k].state == 0) abandoned.insert(tags[k]);
+        }
+        return false;
+      }
       ok &= waits[i].state == 1;
       pending.erase(tags[i]);
     }
     return ok;
+  }
+
+  void wake_readers() override {
+    // Under the lock: a reader between its look at the flag and its wait
+    // cannot miss this.
+    std::lock_guard lock(read_mu);
+    read_cv.notify_all();
   }
 
   // Small writes (fences, status words) are copied, so that they share
@@ -262,6 +282,7 @@ struct UsbFunction::Impl final : HostPort {
       case fw::UsbType::kHostData: {
         {
           std::lock_guard lock(read_mu);
+          if (abandoned.erase(m.tag)) return;  // its reader gave up (a queue reset)
           auto it = pending.find(m.tag);
           if (it == pending.end() || it->second->state != 0) {
             refused.fetch_add(1, std::memory_order_relaxed);

@@ -1,12 +1,14 @@
 // The USB transport and the simulator's USB function (docs/usb.md).
 //
-// Two halves. The transport against a scripted board: this test plays the
+// Three parts. The transport against a scripted board: this test plays the
 // board's end of a UsbLink and checks what the host does with what a board
 // may send (reads and writes of memory it was not given, interrupts ahead
-// of their data, a stream out of step). Then whole devices on the
-// in-process cable (usb-sim:): pulling the cable mid-transfer ends every
-// pending and later call with device-lost, promptly, and a board that comes
-// back opens again. The conformance and op suites run on usb-sim:tiny too.
+// of their data, a stream out of step, a board that stops taking
+// messages). The simulator's USB function with the test as the host (the
+// loader, a queue reset while the board waits for host memory). Then whole
+// devices on the in-process cable (usb-sim:): pulling the cable
+// mid-transfer ends every pending and later call with device-lost,
+// promptly, and a board that comes back opens again. The conformance and op suites run on usb-sim:tiny too.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -331,12 +333,12 @@ TEST(UsbTransport, ALoaderModeBoardIsRefusedWithTheStepToTake) {
               HasSubstr("identity is malformed"));
 }
 
-// ---- The simulator's function in loader mode ---------------------------------------------------
+// ---- The simulator's function, the test playing the host ---------------------------------------
 
 // The function's endpoints on socket pairs; the test plays the host.
-struct LoaderCable final : sim::FunctionEndpoints {
+struct HostCable final : sim::FunctionEndpoints {
   base::UniqueFd host_bulk, board_bulk, host_irq, board_irq;
-  LoaderCable() { plug(*this); }
+  HostCable() { plug(*this); }
   std::size_t read_out(std::span<std::byte> out) override {
     const ssize_t n = ::recv(board_bulk.get(), out.data(), out.size(), 0);
     return n > 0 ? static_cast<std::size_t>(n) : 0;
@@ -356,36 +358,47 @@ struct LoaderCable final : sim::FunctionEndpoints {
     ASSERT_EQ(::send(host_bulk.get(), m.data(), m.size(), MSG_NOSIGNAL), static_cast<ssize_t>(m.size()));
   }
   // The board's next message (within 5 s).
-  std::optional<fw::UsbMessage> answer() {
-    std::vector<std::byte> got;
+  std::optional<fw::UsbMessage> next_message() {
     for (;;) {
-      if (got.size() >= sizeof(fw::UsbHeader)) {
-        auto len = fw::usb_message_bytes(got, fw::UsbDirection::kToHost);
+      if (inbox.size() >= sizeof(fw::UsbHeader)) {
+        auto len = fw::usb_message_bytes(inbox, fw::UsbDirection::kToHost);
         EXPECT_TRUE(len.ok());
         if (!len) return std::nullopt;
-        if (got.size() >= *len) {
-          EXPECT_EQ(got.size(), *len) << "one answer expected";
-          auto m = fw::decode_usb_message(got, fw::UsbDirection::kToHost, fw::kBar0Size);
+        if (inbox.size() >= *len) {
+          answered.assign(inbox.begin(), inbox.begin() + static_cast<std::ptrdiff_t>(*len));  // keeps its data alive
+          inbox.erase(inbox.begin(), inbox.begin() + static_cast<std::ptrdiff_t>(*len));
+          auto m = fw::decode_usb_message(answered, fw::UsbDirection::kToHost, fw::kBar0Size);
           EXPECT_TRUE(m.ok()) << fw::describe_usb_problem(m.problem());
-          answered = got;  // keeps the message's data alive
           return m ? std::optional(*m) : std::nullopt;
         }
       }
       if (!readable(host_bulk.get(), 5s)) return std::nullopt;
-      std::byte buf[4096];
+      std::byte buf[65536];
       const ssize_t n = ::recv(host_bulk.get(), buf, sizeof buf, 0);
       if (n <= 0) return std::nullopt;
-      got.insert(got.end(), buf, buf + n);
+      inbox.insert(inbox.end(), buf, buf + n);
     }
   }
-  std::vector<std::byte> answered;
+  // The board's answer to what was sent: its one next message.
+  std::optional<fw::UsbMessage> answer() {
+    auto m = next_message();
+    EXPECT_TRUE(inbox.empty()) << "one answer expected";
+    return m;
+  }
+  // The board's next message of `type`, skipping the others.
+  std::optional<fw::UsbMessage> next_of(fw::UsbType type) {
+    while (auto m = next_message())
+      if (m->type == type) return m;
+    return std::nullopt;
+  }
+  std::vector<std::byte> answered, inbox;
 };
 
 std::vector<std::byte> firmware_for(std::uint32_t board_id) { return test::firmware_image(board_id, 10000); }
 
 // Sends fw-begin, the image in pieces of `piece` bytes and fw-commit with
 // `crc`; returns the board's answer.
-std::optional<fw::UsbMessage> upload(LoaderCable& cable, std::span<const std::byte> image, std::uint32_t crc,
+std::optional<fw::UsbMessage> upload(HostCable& cable, std::span<const std::byte> image, std::uint32_t crc,
                                      std::size_t piece = 4096) {
   std::vector<std::byte> m;
   fw::append_usb_message(m, fw::UsbType::kFwBegin, 7, image.size());
@@ -397,7 +410,7 @@ std::optional<fw::UsbMessage> upload(LoaderCable& cable, std::span<const std::by
 }
 
 TEST(UsbLoader, TakesOnlyAnImageForItsBoardAndHandsItOnAfterAnsweringOk) {
-  LoaderCable cable;
+  HostCable cable;
   std::promise<std::vector<std::byte>> handed;
   auto future = handed.get_future();
   sim::UsbFunctionOptions o;
@@ -453,6 +466,68 @@ TEST(UsbLoader, TakesOnlyAnImageForItsBoardAndHandsItOnAfterAnsweringOk) {
   EXPECT_EQ(a->arg[0], 0u);
   ASSERT_EQ(future.wait_for(5s), std::future_status::ready);
   EXPECT_EQ(future.get(), good);
+  cable.unplug();
+  fn.reset();
+}
+
+// A queue reset arrives on the same pipe as the answers to the board's reads
+// of host memory, and the board's message thread executes it: a reset that
+// waited for the queue's command processor, itself waiting for an answer
+// only that thread could deliver, would stop the board for good.
+TEST(UsbFunction, AQueueResetEndsACopyWaitingForHostMemoryAndItsLateAnswerIsDropped) {
+  HostCable cable;  // the test is the host
+  auto fn = std::make_unique<sim::UsbFunction>(sim::load_profile("tiny"), cable, sim::UsbFunctionOptions{});
+  namespace q = fw::reg::queue;
+  constexpr std::uint64_t kRing = 0x10000, kDst = 0x100000, kBytes = 64 << 10;
+  std::vector<std::byte> m;
+  auto reg_write = [&](std::uint32_t offset, std::uint32_t value) {
+    fw::append_usb_message(m, fw::UsbType::kRegWrite, 0, offset, value);
+  };
+  reg_write(fw::reg::kDriverVersion, fw::kInterfaceVersion.packed());
+  // Host memory the board may read and write: the copy's source and the
+  // queue's status page.
+  fw::append_usb_message(m, fw::UsbType::kMapDma, 0, kIova, 1 << 20, {}, 0, fw::kUsbFlagDeviceWrites);
+  fw::CommandDescriptor d{};
+  d.opcode = static_cast<std::uint16_t>(fw::Opcode::kCopy);
+  d.args[0] = kIova;
+  d.args[1] = kDst;
+  d.args[2] = kBytes;
+  fw::append_usb_message(m, fw::UsbType::kMemWrite, 0, kRing, 0, std::as_bytes(std::span(&d, 1)));
+  const std::uint64_t page = kIova + (512 << 10);
+  reg_write(fw::reg::queue_reg(0, q::kRingSize), 16);
+  reg_write(fw::reg::queue_reg(0, q::kRingBaseLo), static_cast<std::uint32_t>(kRing));
+  reg_write(fw::reg::queue_reg(0, q::kRingBaseHi), 0);
+  reg_write(fw::reg::queue_reg(0, q::kFenceLo), static_cast<std::uint32_t>(page));
+  reg_write(fw::reg::queue_reg(0, q::kFenceHi), static_cast<std::uint32_t>(page >> 32));
+  reg_write(fw::reg::queue_reg(0, q::kControl), fw::kQueueControlEnable);
+  reg_write(fw::reg::queue_reg(0, q::kTail), 1);
+  cable.send(m);
+  auto read = cable.next_of(fw::UsbType::kHostRead);
+  ASSERT_TRUE(read) << "the copy should ask for its source";
+  EXPECT_EQ(read->arg[0], kIova);
+  EXPECT_EQ(read->arg[1], kBytes);
+
+  // Instead of answering, the host resets the queue, then reads its status:
+  // the answer proves the board went on executing host messages.
+  m.clear();
+  reg_write(fw::reg::queue_reg(0, q::kControl), fw::kQueueControlReset);
+  fw::append_usb_message(m, fw::UsbType::kRegRead, 77, fw::reg::queue_reg(0, q::kStatus));
+  cable.send(m);
+  auto status = cable.next_of(fw::UsbType::kRegValue);
+  ASSERT_TRUE(status) << "the board stopped executing host messages after the reset";
+  EXPECT_EQ(status->tag, 77u);
+  EXPECT_EQ(status->arg[1], 0u) << "the queue should be reset";
+
+  // The answer comes after all: dropped without complaint, and the board
+  // goes on answering.
+  m.clear();
+  fw::append_usb_message(m, fw::UsbType::kHostData, read->tag, kIova, 0, std::vector<std::byte>(kBytes, std::byte{7}));
+  fw::append_usb_message(m, fw::UsbType::kRegRead, 78, fw::reg::kNumQueues);
+  cable.send(m);
+  auto after = cable.next_of(fw::UsbType::kRegValue);
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->tag, 78u);
+  EXPECT_EQ(fn->stats().refused, 0u);
   cable.unplug();
   fn.reset();
 }

@@ -67,9 +67,16 @@ class HostPort {
  public:
   virtual ~HostPort() = default;
   // Fills `out` with host memory [iova, iova + size); false if the host
-  // refused (the range is not mapped for reading there) or the link is gone.
-  // May be called from several threads at once.
-  virtual bool read(std::uint64_t iova, void* out, std::uint64_t size) = 0;
+  // refused (the range is not mapped for reading there), the link is gone,
+  // or `abandon` is set (see wake_readers). May be called from several
+  // threads at once.
+  virtual bool read(std::uint64_t iova, void* out, std::uint64_t size,
+                    const std::atomic<bool>* abandon = nullptr) = 0;
+  // Has every read look at its `abandon` flag again: a command processor
+  // being stopped sets its flag, then calls this, so that a reset never
+  // waits for an answer that must come through the very thread resetting
+  // it. An abandoned read's answer, when it comes, is dropped.
+  virtual void wake_readers() {}
   // Writes host memory [iova, iova + size), in order with every earlier
   // write and interrupt of this port; an aligned 4- or 8-byte write lands
   // whole (the host stores it atomically). Posted: false only if the link is

@@ -38,6 +38,11 @@ class DmaContext {
 
   IommuDomain& domain() const noexcept { return domain_; }
 
+  // The flag that abandons this context's reads of host memory through a
+  // HostPort (its command processor is stopping); nullptr: none.
+  void set_abandon(const std::atomic<bool>* flag) noexcept { abandon_ = flag; }
+  const std::atomic<bool>* abandon() const noexcept { return abandon_; }
+
  private:
   friend class IommuDomain;
   friend class DmaAccess;
@@ -49,6 +54,7 @@ class DmaContext {
     std::uint32_t access = 0;
   };
   IommuDomain& domain_;
+  const std::atomic<bool>* abandon_ = nullptr;
   std::atomic<std::uint64_t> active_generation_{0};  // 0: not inside an access
   CacheEntry cache_[4];
   unsigned next_victim_ = 0;
