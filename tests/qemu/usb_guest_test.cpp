@@ -79,6 +79,26 @@ TEST(UsbGuest, TheLoaderTakesOnlyAGoodImageAndTheBoardComesBackAsTheApplication)
   EXPECT_THAT(dev.properties().bus, HasSubstr("usb " + location));
 }
 
+// Not a test on its own: usb_run.sh runs it in the background and kills it
+// mid-copy, so that the board has messages queued for a driver that is
+// gone, then checks that the next driver opens the board.
+TEST(UsbGuest, DISABLED_CopiesToTheHostUntilKilled) {
+  const DeviceInfo info = usb_board(false);
+  ASSERT_FALSE(info.uri.empty());
+  Device dev = open(info.uri);
+  const std::uint64_t n = 8ull << 20;
+  Buffer host = dev.allocate(n, Memory::HostPinned), dram = dev.allocate(n);
+  Queue q = dev.queue(Engine::Copy);
+  for (bool said = false;; said = true) {
+    Batch b = q.copy(dram, host);
+    for (int i = 0; i < 7; ++i) b.copy(dram, host);
+    Fence f = b.submit();
+    if (!said) std::printf("copying to the host\n");
+    std::fflush(stdout);
+    f.wait(60s);
+  }
+}
+
 TEST(UsbGuest, UnbindingTheGadgetMidTransferEndsEveryCallWithDeviceLostAndTheBoardComesBack) {
   const DeviceInfo info = usb_board(false);
   ASSERT_FALSE(info.uri.empty());

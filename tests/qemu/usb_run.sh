@@ -8,9 +8,11 @@
 #   1. the gadget starts in loader mode; usb_guest_test uploads firmware
 #      (refused images first) and the board re-enumerates as the application;
 #   2. the conformance suite runs on the usb: device;
-#   3. usb_guest_test unbinds the gadget mid-transfer (the cable pulled):
+#   3. a driver killed mid-transfer leaves nothing that stops the next one
+#      opening the board;
+#   4. usb_guest_test unbinds the gadget mid-transfer (the cable pulled):
 #      device-lost within 1 s, then the board comes back;
-#   4. tpuhal bench dma and submit on the usb: device, beside a plain libusb
+#   5. tpuhal bench dma and submit on the usb: device, beside a plain libusb
 #      bulk loopback (usb_loopback_bench) against the kernel's own
 #      source/sink function on a second dummy controller, in the same boot.
 #
@@ -74,6 +76,19 @@ step "conformance suite on the usb: device"
 listed=$(/hal_conformance --gtest_list_tests --gtest_filter='*/usb_*-*usb_sim*' | grep -c usb_ || true)
 [ "$listed" -gt 0 ] || fail "the conformance suite lists no test of a usb: device"
 /hal_conformance --gtest_filter='*/usb_*-*usb_sim*' || fail "conformance"
+step "a driver killed mid-transfer, then the board opened again"
+# What the killed driver left queued on the board's side must not reach
+# the next one: opening resets the link before reading anything.
+dev=$(/tpuhal list | grep -o 'usb:[0-9][0-9.-]*' | head -1)
+/usb_guest_test --gtest_also_run_disabled_tests --gtest_filter='UsbGuest.DISABLED_CopiesToTheHostUntilKilled' \
+  > /tmp/victim 2>&1 &
+victim=$!
+for i in $(seq 300); do grep -q 'copying to the host' /tmp/victim && break; sleep 0.1; done
+grep -q 'copying to the host' /tmp/victim || fail "the driver to be killed did not start copying: $(tail -3 /tmp/victim)"
+sleep 1
+kill -KILL $victim
+wait $victim 2>/dev/null || true
+/tpuhal info $dev > /tmp/info 2>&1 || fail "the board did not open after its driver was killed: $(tail -3 /tmp/info)"
 step "unbinding the gadget mid-transfer"
 /usb_guest_test --gtest_filter='UsbGuest.Unbinding*' || fail "unbinding"
 step "benchmarks"

@@ -321,6 +321,23 @@ TEST(UsbTransport, ABoardOutOfStepIsLostAndItsRegistersReadAllOnes) {
   EXPECT_EQ(t->read32(fw::reg::kIdMagic), 0xFFFFFFFFu);
 }
 
+// A board that stops taking bulk OUT (wedged firmware) must not hold a
+// close forever: closing waits a while for its last messages, then shuts
+// the link down.
+TEST(UsbTransport, ClosingEndsWhenTheBoardStopsTakingMessages) {
+  ScriptedBoard board;
+  auto t = open_on(board);
+  ASSERT_TRUE(t);
+  // Far more than the cable buffers, which the board never reads.
+  for (int i = 0; i < 400; ++i) t->flush_aperture(0, 65536);
+  std::this_thread::sleep_for(100ms);  // the sender is blocked by now
+  auto closed = std::async(std::launch::async, [&] { t.reset(); });
+  const bool in_time = closed.wait_for(10s) == std::future_status::ready;
+  EXPECT_TRUE(in_time) << "closing hung on a board that takes no more messages";
+  if (!in_time) board.board_bulk.reset();  // let the close end, so the test can
+  closed.get();
+}
+
 TEST(UsbTransport, ALoaderModeBoardIsRefusedWithTheStepToTake) {
   ScriptedBoard board;
   board.identity.mode = static_cast<std::uint32_t>(fw::UsbMode::kLoader);

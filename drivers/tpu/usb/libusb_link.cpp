@@ -151,8 +151,11 @@ class LibusbLink final : public UsbLink {
     base::logger("tpu")->debug("{}: bulk transfers in {}", bus(),
                                device_memory_ ? "usbfs memory (no copy through the kernel)" : "heap memory");
     events_ = std::thread([this] { run_events(); });
+    // The IN transfers wait for the first read: the driver resets the link
+    // first (kUsbResetLink), and whatever a previous host left queued on
+    // the board's side is dropped then, instead of reaching this one.
     std::lock_guard lock(mu_);
-    for (libusb_transfer* t : in) resubmit_locked(t);
+    unstarted_in_ = std::move(in);
   }
 
   ~LibusbLink() override {
@@ -247,6 +250,7 @@ class LibusbLink final : public UsbLink {
 
   std::span<const std::byte> peek_in() override {
     std::unique_lock lock(mu_);
+    start_in_locked();
     cv_.wait(lock, [&] { return !bulk_ready_.empty() || ended_; });
     if (ended_) return {};
     // The front transfer stays out of libusb's hands until release_in, so
@@ -264,6 +268,7 @@ class LibusbLink final : public UsbLink {
   // One notification per call.
   std::size_t interrupt_in(std::span<std::byte> out) override {
     std::unique_lock lock(mu_);
+    start_in_locked();
     cv_.wait(lock, [&] { return !irq_ready_.empty() || ended_; });
     if (ended_) return 0;
     libusb_transfer* t = irq_ready_.front();
@@ -271,6 +276,11 @@ class LibusbLink final : public UsbLink {
     std::memcpy(out.data(), t->buffer, n);
     release_locked(irq_ready_);
     return n;
+  }
+
+  bool drain_out(std::chrono::milliseconds timeout) override {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return out_in_flight_ == 0 || ended_; });
   }
 
   void shutdown() noexcept override {
@@ -440,6 +450,10 @@ class LibusbLink final : public UsbLink {
   }
 
   // The link is over: wake everyone, cancel what is in flight (mu_ held).
+  void start_in_locked() {
+    for (libusb_transfer* t : std::exchange(unstarted_in_, {})) resubmit_locked(t);  // idle once ended
+  }
+
   void end_locked(const std::string& why) {
     if (!why.empty() && !closing_ && !ended_) base::logger("tpu")->error("{}: {}", bus(), why);
     ended_ = true;
@@ -448,7 +462,9 @@ class LibusbLink final : public UsbLink {
     for (auto& [t, info] : info_) {
       const bool held = std::find(idle_.begin(), idle_.end(), t) != idle_.end() ||
                         std::find(bulk_ready_.begin(), bulk_ready_.end(), t) != bulk_ready_.end() ||
-                        std::find(irq_ready_.begin(), irq_ready_.end(), t) != irq_ready_.end() || t == filling_;
+                        std::find(irq_ready_.begin(), irq_ready_.end(), t) != irq_ready_.end() ||
+                        std::find(unstarted_in_.begin(), unstarted_in_.end(), t) != unstarted_in_.end() ||
+                        t == filling_;
       if (!held) libusb_cancel_transfer(t);
     }
     cv_.notify_all();
@@ -493,6 +509,7 @@ class LibusbLink final : public UsbLink {
   std::size_t bulk_offset_ = 0;
   bool device_memory_ = true;                      // usbfs may have some to give; guarded
   int in_flight_ = 0, out_in_flight_ = 0;          // guarded
+  std::vector<libusb_transfer*> unstarted_in_;     // until the first read; guarded
   bool ended_ = false, closing_ = false, stop_events_ = false;  // guarded
   std::thread events_;
 };

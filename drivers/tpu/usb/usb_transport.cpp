@@ -29,6 +29,9 @@ using namespace std::chrono_literals;
 
 // A register read the board does not answer in this long means it is gone.
 constexpr auto kAnswerTimeout = 10s;
+// How long closing waits for its last messages to reach the board (a board
+// that stopped taking bulk OUT holds a close no longer than this).
+constexpr auto kCloseDrain = 2s;
 // Board-to-host messages are batched by the board; this side sends its
 // small messages (register writes) in transfers of up to this size.
 constexpr std::size_t kBatchBytes = 256u << 10;
@@ -231,6 +234,9 @@ class UsbTransport final : public Transport {
   void lose(const std::string& why) {
     if (lost_.exchange(true)) return;
     if (!closing_flag_.load()) base::logger("tpu")->error("{}: the board is gone: {}", bus_, why);
+    // Nothing more goes to the board, and no thread stays blocked on the
+    // link (a board that stopped taking bulk OUT holds its sender).
+    link_->shutdown();
     {
       std::lock_guard lock(reply_mu_);
     }
@@ -251,14 +257,37 @@ class UsbTransport final : public Transport {
       closing_ = true;
     }
     out_cv_.notify_all();
-    if (out_thread_.joinable()) out_thread_.join();
+    // What was queued goes out first (the device's last register writes and
+    // unmappings) and reaches the board before shutdown() cancels what is in
+    // flight; kCloseDrain at most, then the link is shut down, which ends
+    // every wait on it.
+    if (out_thread_.joinable()) {
+      const auto deadline = std::chrono::steady_clock::now() + kCloseDrain;
+      {
+        std::unique_lock lock(out_mu_);
+        out_done_cv_.wait_until(lock, deadline, [&] { return out_done_; });
+      }
+      link_->drain_out(std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                  deadline - std::chrono::steady_clock::now())));
+    }
     link_->shutdown();
+    if (out_thread_.joinable()) out_thread_.join();
     lose("closed");
     if (in_thread_.joinable()) in_thread_.join();
     if (irq_thread_.joinable()) irq_thread_.join();
   }
 
   void serve_out() {
+    struct Done {
+      UsbTransport& t;
+      ~Done() {
+        {
+          std::lock_guard lock(t.out_mu_);
+          t.out_done_ = true;
+        }
+        t.out_done_cv_.notify_all();
+      }
+    } done{*this};
     std::vector<Outgoing> batch;
     for (;;) {
       batch.clear();
@@ -475,6 +504,8 @@ class UsbTransport final : public Transport {
   std::vector<std::vector<std::byte>> spare_;  // guarded by out_mu_
   std::deque<Outgoing> out_;  // guarded
   bool closing_ = false;                    // guarded
+  bool out_done_ = false;                   // the OUT thread has ended; guarded
+  std::condition_variable out_done_cv_;
   std::atomic<bool> closing_flag_{false};
   std::atomic<bool> lost_{false};
   std::atomic<std::uint64_t> refused_reads_{0}, refused_writes_{0};

@@ -14,6 +14,7 @@
 // vector fires so that waiters look, and the driver reports device-lost.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -46,6 +47,14 @@ class UsbLink {
   virtual std::size_t interrupt_in(std::span<std::byte> out) = 0;
   // Makes blocked and later transfers return 0 / false (closing).
   virtual void shutdown() noexcept = 0;
+  // Waits up to `timeout` until every bulk OUT transfer sent so far has
+  // reached the board (or failed); false on timeout. Closing waits so for
+  // its last messages before shutdown() cancels what is in flight. Links
+  // whose sends are done when they return have nothing to wait for.
+  virtual bool drain_out(std::chrono::milliseconds timeout) {
+    (void)timeout;
+    return true;
+  }
 
   // The bulk pipes without a copy, which a link whose transfers have
   // buffers of their own overrides; the defaults stage through bulk_out
