@@ -211,6 +211,21 @@ void append_usb_message(std::vector<std::byte>& out, UsbType type, std::uint64_t
   out.insert(out.end(), data.begin(), data.end());
 }
 
+std::vector<std::vector<std::byte>> usb_upload_transfers(std::span<const std::byte> image, std::uint32_t max_data,
+                                                         std::uint32_t crc32c, std::uint64_t tag) {
+  std::vector<std::vector<std::byte>> out(1);
+  auto add = [&](UsbType type, std::uint64_t arg0, std::span<const std::byte> data) {
+    if (out.back().size() + sizeof(UsbHeader) + data.size() > kUsbTransferBytes) out.emplace_back();
+    append_usb_message(out.back(), type, tag, arg0, 0, data);
+  };
+  add(UsbType::kFwBegin, image.size(), {});
+  const std::uint64_t chunk = std::clamp<std::uint32_t>(max_data, 1, kUsbMaxData);
+  for (std::uint64_t off = 0; off < image.size(); off += chunk)
+    add(UsbType::kFwData, off, image.subspan(off, std::min<std::uint64_t>(chunk, image.size() - off)));
+  add(UsbType::kFwCommit, crc32c, {});
+  return out;
+}
+
 Result<UsbSplitter::Fed> UsbSplitter::feed(std::span<const std::byte> bytes,
                                            const std::function<bool(std::span<const std::byte>)>& on_message) {
   // First the message cut at the end of the last buffer: its header, then

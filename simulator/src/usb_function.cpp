@@ -54,7 +54,7 @@ struct UsbFunction::Impl final : HostPort {
   std::vector<std::vector<std::byte>> spare;
   std::size_t queued_bytes = 0;  // in outgoing; guarded
   std::condition_variable room_cv;
-  std::uint32_t sequence = 0;                    // last one queued; guarded
+  std::uint64_t sequence = 0;                    // count of the last one queued (fw::usb_wire_sequence); guarded
   bool stopping = false;                         // guarded
   std::atomic<bool> gone{false};                 // the host is unreachable
 
@@ -98,12 +98,13 @@ struct UsbFunction::Impl final : HostPort {
         m.bytes.clear();
       }
       if (borrow) {
-        const fw::UsbHeader h = fw::usb_header(type, tag, a0, a1, static_cast<std::uint32_t>(data.size()), ++sequence);
+        const fw::UsbHeader h = fw::usb_header(type, tag, a0, a1, static_cast<std::uint32_t>(data.size()),
+                                                 fw::usb_wire_sequence(++sequence));
         const auto* head = reinterpret_cast<const std::byte*>(&h);
         m.bytes.assign(head, head + sizeof h);
         m.body = data;
       } else {
-        fw::append_usb_message(m.bytes, type, tag, a0, a1, data, ++sequence);
+        fw::append_usb_message(m.bytes, type, tag, a0, a1, data, fw::usb_wire_sequence(++sequence));
       }
       queued_bytes += m.bytes.size() + m.body.size();
       outgoing.push_back(std::move(m));

@@ -185,6 +185,66 @@ TEST(Usb, TheSplitterStopsWhenAskedAndRefusesAStreamOutOfStep) {
   EXPECT_EQ(split.held(), 0u);
 }
 
+TEST(Usb, TheWireSequenceWrapsPast32BitsWithoutEverReadingZero) {
+  EXPECT_EQ(usb_wire_sequence(0), 0u);  // no message yet
+  EXPECT_EQ(usb_wire_sequence(1), 1u);
+  EXPECT_EQ(usb_wire_sequence(0xFFFFFFFFull), 0xFFFFFFFFu);
+  EXPECT_EQ(usb_wire_sequence(0x100000000ull), 1u);
+  EXPECT_EQ(usb_wire_sequence(0x100000001ull), 2u);
+  EXPECT_EQ(usb_wire_sequence(2 * 0xFFFFFFFFull + 1), 1u);
+  // Consecutive counts are consecutive on the wire except at the wrap, and
+  // a header never carries 0, which the decoder refuses from a board.
+  for (std::uint64_t n = 0xFFFFFFF0ull; n < 0x100000010ull; ++n) {
+    const std::uint32_t w = usb_wire_sequence(n), next = usb_wire_sequence(n + 1);
+    EXPECT_NE(next, 0u);
+    EXPECT_EQ(next, w == 0xFFFFFFFFu ? 1u : w + 1);
+  }
+}
+
+TEST(Usb, AFirmwareUploadFitsTheLinksTransfersWhateverTheBoardsLargestPayload) {
+  // Large enough for three chunks of the largest payload, with a ragged end.
+  std::vector<std::uint32_t> words(2'500'001 / 4 + 1);
+  for (std::size_t i = 0; i < words.size(); ++i) words[i] = static_cast<std::uint32_t>(i * 2654435761u);
+  const std::span<const std::byte> image = std::as_bytes(std::span(words)).first(2'500'001);
+  for (const std::uint32_t max_data : {4000u, 768u << 10, (1u << 20) - 1, kUsbMaxData}) {
+    SCOPED_TRACE(max_data);
+    const auto transfers = usb_upload_transfers(image, max_data, 0xC0FFEEu, 5);
+    ASSERT_FALSE(transfers.empty());
+    std::vector<std::byte> rebuilt;
+    std::vector<UsbType> types;
+    std::uint64_t commit_crc = 0;
+    UsbSplitter split(UsbDirection::kToBoard, max_data);
+    for (const auto& t : transfers) {
+      EXPECT_LE(t.size(), kUsbTransferBytes);
+      auto fed = split.feed(t, [&](std::span<const std::byte> bytes) {
+        auto m = decode_usb_message(bytes, UsbDirection::kToBoard, kBar0, max_data);
+        EXPECT_TRUE(m.ok()) << describe_usb_problem(m.problem());
+        if (!m) return false;
+        EXPECT_EQ(m->tag, 5u);
+        types.push_back(m->type);
+        if (m->type == UsbType::kFwBegin) {
+          EXPECT_EQ(m->arg[0], image.size());
+        }
+        if (m->type == UsbType::kFwData) {
+          EXPECT_EQ(m->arg[0], rebuilt.size());
+          rebuilt.insert(rebuilt.end(), m->data.begin(), m->data.end());
+        }
+        if (m->type == UsbType::kFwCommit) commit_crc = m->arg[0];
+        return true;
+      });
+      ASSERT_TRUE(fed.ok());
+    }
+    EXPECT_EQ(split.held(), 0u);
+    ASSERT_GE(types.size(), 3u);
+    EXPECT_EQ(types.front(), UsbType::kFwBegin);
+    EXPECT_EQ(types.back(), UsbType::kFwCommit);
+    EXPECT_EQ(types.size(), 2 + (image.size() + max_data - 1) / max_data);
+    ASSERT_EQ(rebuilt.size(), image.size());
+    EXPECT_EQ(std::memcmp(rebuilt.data(), image.data(), image.size()), 0);
+    EXPECT_EQ(commit_crc, 0xC0FFEEu);
+  }
+}
+
 TEST(Usb, HeadersAreChecked) {
   auto m = msg(UsbType::kRegRead, 1, 0x10);
   write<std::uint32_t>(m, 0, 0x12345678);

@@ -13,7 +13,7 @@ int cmd_firmware(const std::vector<std::string>& args) {
   po::options_description opts("Options");
   opts.add_options()("device,d", po::value<std::string>(), "the board, as `tpuhal list` names it (usb:1-1)")(
       "image", po::value<std::string>(), "the firmware image file (the board vendor's .tpfw)")(
-      "timeout", po::value<double>()->default_value(10.0), "seconds to wait for the board to come back");
+      "timeout", po::value<double>()->default_value(10.0), "seconds to wait for the loader's verdict, and again for the board to come back");
   po::positional_options_description pos;
   pos.add("device", 1).add("image", 1);
   po::variables_map vm;

@@ -1,9 +1,13 @@
 #include <libusb.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "tpuhal/base/env.h"
@@ -161,28 +165,46 @@ void upload_usb_firmware(const std::string& location, std::span<const std::byte>
     auto fits = fw::check_image_for(std::move(decoded), id->board_id, fw::kInterfaceVersion);
     if (!fits) throw Error(Status::InvalidArgument, who + ": " + fw::describe_image_problem(fits.problem()));
     link->control_out(fw::kUsbResetLink);
-    std::vector<std::byte> m;
-    fw::append_usb_message(m, fw::UsbType::kFwBegin, 1, image.size());
-    for (std::uint64_t off = 0; off < image.size(); off += id->max_data) {
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(id->max_data, image.size() - off));
-      fw::append_usb_message(m, fw::UsbType::kFwData, 1, off, 0, image.subspan(off, n));
-      if (m.size() >= (1u << 20)) {
-        if (!link->bulk_out(m)) throw Error(Status::DeviceLost, who + ": the board went away during the upload");
-        m.clear();
-      }
+    for (const auto& transfer : fw::usb_upload_transfers(image, id->max_data, fits->crc32c, 1))
+      if (!link->bulk_out(transfer)) throw Error(Status::DeviceLost, who + ": the board went away during the upload");
+    // A loader that takes the image but never answers must not hold the
+    // caller: once `timeout` has passed the link is shut down, which ends
+    // the wait.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool answered = false, timed_out = false;
+    std::thread watchdog([&] {
+      std::unique_lock lock(mu);
+      if (cv.wait_for(lock, timeout, [&] { return answered; })) return;
+      timed_out = true;
+      link->shutdown();
+    });
+    std::optional<fw::UsbMessage> verdict;
+    std::exception_ptr failed;
+    try {
+      verdict = await_status(*link, buf, who);
+    } catch (...) {
+      failed = std::current_exception();
     }
-    fw::append_usb_message(m, fw::UsbType::kFwCommit, 1, fits->crc32c);
-    if (!link->bulk_out(m)) throw Error(Status::DeviceLost, who + ": the board went away during the upload");
-    const fw::UsbMessage verdict = await_status(*link, buf, who);
-    if (verdict.type == fw::UsbType::kError)
+    {
+      std::lock_guard lock(mu);
+      answered = true;
+    }
+    cv.notify_all();
+    watchdog.join();
+    if (!verdict && timed_out)
+      throw Error(Status::Timeout, who + ": the loader did not answer the upload within " +
+                                       std::to_string(timeout.count()) + " ms");
+    if (failed) std::rethrow_exception(failed);
+    if (verdict->type == fw::UsbType::kError)
       throw Error(Status::DeviceFault, who + ": the loader refused a " +
-                                           fw::to_string(static_cast<fw::UsbType>(verdict.arg[1])) + " message (" +
-                                           fw::to_string(static_cast<fw::CmdStatus>(verdict.arg[0])) + ")");
-    const auto status = static_cast<fw::CmdStatus>(verdict.arg[0] & 0xFFFFFFFF);
+                                           fw::to_string(static_cast<fw::UsbType>(verdict->arg[1])) + " message (" +
+                                           fw::to_string(static_cast<fw::CmdStatus>(verdict->arg[0])) + ")");
+    const auto status = static_cast<fw::CmdStatus>(verdict->arg[0] & 0xFFFFFFFF);
     if (status != fw::CmdStatus::kOk)
       throw Error(Status::DeviceFault,
                   who + ": the loader refused the image: " +
-                      fw::describe_image_problem({status, static_cast<std::uint16_t>(verdict.arg[0] >> 32), verdict.arg[1], 0}));
+                      fw::describe_image_problem({status, static_cast<std::uint16_t>(verdict->arg[0] >> 32), verdict->arg[1], 0}));
   }
   // The board detaches and comes back with its application identity: done
   // once it answers as the application.

@@ -442,8 +442,9 @@ class UsbTransport final : public Transport {
     std::string wrong;
     if (!m)
       wrong = "it sent a malformed message: " + fw::describe_usb_problem(m.problem());
-    else if (m->sequence != applied_ + 1)
-      wrong = "its message " + std::to_string(m->sequence) + " came after " + std::to_string(applied_);
+    else if (m->sequence != fw::usb_wire_sequence(applied_ + 1))
+      wrong = "its message " + std::to_string(m->sequence) + " came after " +
+              std::to_string(fw::usb_wire_sequence(applied_));
     else if (!apply(*m))
       wrong = std::string("it sent an unexpected ") + fw::to_string(m->type);
     if (!wrong.empty()) {

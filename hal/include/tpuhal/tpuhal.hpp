@@ -65,8 +65,8 @@ TPUHAL_API Device open(std::string_view uri);
 // enumerates first with its loader's identity, `tpuhal list` shows it as
 // "(loader: firmware needed)", and it opens only once it runs firmware
 // ("usb:1-1", docs/usb.md). The driver checks the image against the board
-// before sending it, then waits up to `timeout` for the board to come back
-// running it. Throws InvalidArgument (an image not for this board, saying
+// before sending it, then waits up to `timeout` for the board's verdict on
+// it and up to `timeout` again for the board to come back running it. Throws InvalidArgument (an image not for this board, saying
 // what is wrong), FailedPrecondition (the board already runs firmware),
 // DeviceFault (the board refused it), Timeout, Unsupported (a driver whose
 // boards boot their own firmware).
@@ -304,8 +304,8 @@ class TPUHAL_API Device {
 // enumerates first with its loader's identity, `tpuhal list` shows it as
 // "(loader: firmware needed)", and it opens only once it runs firmware
 // ("usb:1-1", docs/usb.md). The driver checks the image against the board
-// before sending it, then waits up to `timeout` for the board to come back
-// running it. Throws InvalidArgument (an image not for this board, saying
+// before sending it, then waits up to `timeout` for the board's verdict on
+// it and up to `timeout` again for the board to come back running it. Throws InvalidArgument (an image not for this board, saying
 // what is wrong), FailedPrecondition (the board already runs firmware),
 // DeviceFault (the board refused it), Timeout, Unsupported (a driver whose
 // boards boot their own firmware).

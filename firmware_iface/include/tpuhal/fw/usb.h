@@ -112,7 +112,7 @@ struct UsbHeader {
   std::uint32_t magic;       // kUsbMagic
   std::uint16_t type;        // UsbType
   std::uint16_t flags;       // kUsbFlagFault on kHostData, kUsbFlagDeviceWrites on kMapDma; else 0
-  std::uint32_t sequence;    // board messages: 1, 2, 3, ... per link; host messages: 0
+  std::uint32_t sequence;    // board messages: usb_wire_sequence(1, 2, 3, ... per link); host messages: 0
   std::uint32_t data_bytes;  // payload after the arguments
   std::uint64_t tag;         // pairs requests and replies
   std::uint64_t arg[2];
@@ -122,8 +122,16 @@ static_assert(sizeof(UsbHeader) == 40);
 struct UsbInterrupt {
   std::uint32_t magic;          // kUsbMagic
   std::uint32_t vectors;        // bit v: vector v fired
-  std::uint64_t after_sequence; // deliver once board messages up to this one are applied
+  std::uint64_t after_sequence; // deliver once board messages up to this count are applied (not wrapped)
 };
+
+// Board message number `count` (1, 2, 3, ... per link) as its header carries
+// it: 32 bits that never read 0, so after 4294967295 comes 1 again. Both
+// sides count in 64 bits; a link outlives 2^32 messages (days of small
+// ones) this way.
+constexpr std::uint32_t usb_wire_sequence(std::uint64_t count) noexcept {
+  return count == 0 ? 0 : static_cast<std::uint32_t>((count - 1) % 0xFFFFFFFFull + 1);
+}
 static_assert(sizeof(UsbInterrupt) == 16);
 
 // A decoded message: the header's fields and a view of its payload.
@@ -175,6 +183,13 @@ inline UsbHeader usb_header(UsbType type, std::uint64_t tag, std::uint64_t arg0,
 void append_usb_message(std::vector<std::byte>& out, UsbType type, std::uint64_t tag, std::uint64_t arg0,
                         std::uint64_t arg1 = 0, std::span<const std::byte> data = {}, std::uint32_t sequence = 0,
                         std::uint16_t flags = 0);
+
+// The messages of a firmware upload, tagged `tag`: fw-begin, the image in
+// fw-data chunks of at most `max_data` bytes (the loader's identity), and
+// fw-commit with the image's CRC-32C; packed into bulk transfers of at most
+// kUsbTransferBytes each, whatever `max_data` (1..kUsbMaxData) is.
+std::vector<std::vector<std::byte>> usb_upload_transfers(std::span<const std::byte> image, std::uint32_t max_data,
+                                                         std::uint32_t crc32c, std::uint64_t tag);
 
 // "usb: message type 0x7 is unknown", ...
 std::string describe_usb_problem(const Problem& p);
