@@ -104,6 +104,11 @@ Endpoints endpoints(std::uint16_t bulk_packet) {
   return e;
 }
 
+// Every bulk packet size this function offers divides this (64 at full
+// speed, 512 at high speed): a transfer of a multiple of it may end without
+// a short packet.
+constexpr std::size_t kPacketMultiple = 64;
+
 // FunctionFS requests queued on each bulk endpoint, and their size (what
 // FunctionFS buffers easily).
 constexpr std::size_t kDepth = 16;
@@ -205,7 +210,7 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
     std::size_t part = 0, offset = 0;
     while (left > 0) {
       std::size_t n = std::min(left, kRequestBytes);
-      if (n == left && n % 512 == 0 && n > 1) --n;
+      if (n == left && n % kPacketMultiple == 0 && n > 1) --n;
       std::size_t count = 0;
       for (std::size_t need = n; need > 0;) {
         const std::span<const std::byte> p = parts[part];
