@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -365,6 +366,34 @@ TEST(Simd, ABadMessageGetsAnErrorAndTheDaemonKeepsServing) {
   const auto stats = tpu::simd_stats(d.socket);
   EXPECT_GE(stats.protocol_errors, 5u);
   EXPECT_EQ(stats.vfs, 2u);
+}
+
+// A client that asks and never reads the answers fills its socket; the
+// daemon's thread for it then blocks sending, and must hold up no one else.
+TEST(Simd, AClientThatReadsNoRepliesHoldsUpNoOtherClient) {
+  Daemon d;
+  RawClient greedy(d.socket);
+  int sent = 0;
+  simd::Header h;
+  h.type = simd::MsgType::kStats;
+  while (sent < 100000 && ::send(greedy.sock.get(), &h, sizeof h, MSG_DONTWAIT) == static_cast<ssize_t>(sizeof h))
+    ++sent;
+  ASSERT_GT(sent, 10);
+  std::this_thread::sleep_for(200ms);  // its replies fill the socket
+  auto other = std::async(std::launch::async, [&] { return tpu::simd_stats(d.socket).boards; });
+  const bool served = other.wait_for(10s) == std::future_status::ready;
+  EXPECT_TRUE(served) << "another client's request waited for the one that reads nothing";
+  if (!served) d.kill9();  // so that the request ends
+  try {
+    EXPECT_EQ(other.get(), 1u);
+  } catch (const Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  // And a device opens.
+  if (served) {
+    Device dev = open(d.uri());
+    EXPECT_EQ(dev.properties().uri, d.uri());
+  }
 }
 
 // ---- Death ---------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ enum : std::uint32_t {
 };
 
 constexpr std::uint64_t kVfUnit = 64 << 10;
+// Connections beyond one per VF: listings, statistics, clients waiting for
+// a VF to come free.
+constexpr std::size_t kSpareConnections = 64;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -207,7 +210,11 @@ Server::~Server() {
     std::lock_guard lock(mu_);
     clients.swap(clients_);
   }
-  for (auto& c : clients) c->thread.join();
+  for (auto& c : clients) {
+    // A thread blocked sending to a client that stopped reading returns.
+    ::shutdown(c->sock.get(), SHUT_RDWR);
+    if (c->thread.joinable()) c->thread.join();
+  }
   ::unlink(options_.socket_path.c_str());
 }
 
@@ -226,7 +233,8 @@ void Server::reap_finished() {
       }
     }
   }
-  for (auto& c : done) c->thread.join();
+  for (auto& c : done)
+    if (c->thread.joinable()) c->thread.join();
 }
 
 void Server::run() {
@@ -250,16 +258,36 @@ void Server::run() {
       log->warn("refused a client of uid {}", cred.uid);
       continue;
     }
+    // One thread per connection, so a bound on connections: a client that
+    // opens them without end must not exhaust the daemon's threads.
+    const std::size_t most = boards_.size() * options_.vfs + kSpareConnections;
+    std::unique_lock lock(mu_);
+    if (clients_.size() >= most) {
+      lock.unlock();
+      send_error(sock.get(), kResourceExhausted,
+                 "the simulator daemon has " + std::to_string(most) + " connections open, its most");
+      log->warn("refused a connection from pid {}: {} open", cred.pid, most);
+      continue;
+    }
     auto client = std::make_unique<Client>();
     client->sock = std::move(sock);
     client->pid = cred.pid;
     Client& c = *client;
-    std::lock_guard lock(mu_);
     clients_.push_back(std::move(client));
-    c.thread = std::thread([this, &c] {
-      serve(c);
-      c.finished.store(true);
-    });
+    try {
+      c.thread = std::thread([this, &c] {
+        serve(c);
+        c.finished.store(true);
+      });
+    } catch (const std::system_error& e) {
+      // No thread to serve it: the connection is refused, the daemon goes on.
+      auto refused = std::move(clients_.back());
+      clients_.pop_back();
+      lock.unlock();
+      send_error(refused->sock.get(), kResourceExhausted,
+                 std::string("the simulator daemon cannot start a thread for the connection: ") + e.what());
+      log->warn("refused a connection from pid {}: {}", cred.pid, e.what());
+    }
   }
   log->info("stopping");
 }
@@ -301,9 +329,11 @@ void Server::handle(Client& client, Message& m) {
   }
 }
 
+// Replies are built under mu_ and sent after it: a client that does not
+// read its replies blocks only its own connection's thread.
 void Server::reply_boards(Client& client) {
   BoardsReply r;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   r.count = static_cast<std::uint32_t>(boards_.size());
   for (std::size_t i = 0; i < boards_.size(); ++i) {
     const BoardSlot& b = *boards_[i];
@@ -316,12 +346,13 @@ void Server::reply_boards(Client& client) {
     info.vfs_total = static_cast<std::uint32_t>(b.used.size());
     for (bool u : b.used) info.vfs_in_use += u;
   }
+  lock.unlock();
   send_struct(client.sock.get(), MsgType::kBoards, r);
 }
 
 void Server::reply_stats(Client& client) {
   StatsReply r;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   r.boards = static_cast<std::uint32_t>(boards_.size());
   r.protocol_errors = protocol_errors_.load();
   for (auto& c : clients_) {
@@ -334,6 +365,7 @@ void Server::reply_stats(Client& client) {
     s.dma_mappings = static_cast<std::uint32_t>(c->board->iommu().mapping_count());
     s.dma_mapped_bytes = c->board->iommu().mapped_bytes();
   }
+  lock.unlock();
   send_struct(client.sock.get(), MsgType::kStatsReply, r);
 }
 
@@ -360,9 +392,10 @@ void Server::attach(Client& client, const Message& m) {
   BoardSlot& slot = *boards_[req->board];
   std::uint32_t vf = 0;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     while (vf < slot.used.size() && slot.used[vf]) ++vf;
     if (vf == slot.used.size()) {
+      lock.unlock();
       send_error(sock, kResourceExhausted,
                  "board " + std::to_string(req->board) + " (" + slot.profile.name + "): all " +
                      std::to_string(slot.used.size()) + " VFs are in use, its " +
@@ -386,8 +419,10 @@ void Server::attach(Client& client, const Message& m) {
       options.doorbells.push_back({&shared->doorbell[q].tail, &shared->doorbell[q].sleeping});
     board = std::make_unique<sim::Board>(slot.vf, std::move(options));
   } catch (const std::exception& e) {
-    std::lock_guard lock(mu_);
-    slot.used[vf] = false;
+    {
+      std::lock_guard lock(mu_);
+      slot.used[vf] = false;
+    }
     send_error(sock, kOutOfMemory, "cannot create VF " + std::to_string(vf) + " of board " +
                                        std::to_string(req->board) + ": " + e.what());
     return;
@@ -445,11 +480,15 @@ void Server::map_dma(Client& client, Message& m) {
   if (m.fds.size() != 1)
     return bad(kInvalidArgument, std::to_string(m.fds.size()) + " descriptors sent, one memfd expected");
   const int fd = m.fds[0].get();
+  // The seal first, then the size: a size read before the seal could be
+  // shrunk (by the client, racing) before the seal went on, and the board
+  // would fault past the end of the file.
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) return bad(kInvalidArgument, "the descriptor is not a memfd");
+  if (!(seals & F_SEAL_SHRINK))
+    return bad(kInvalidArgument, "the memory's size is not sealed (F_SEAL_SHRINK); the board could fault on it");
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return bad(kInvalidArgument, "the descriptor is not a memfd");
-  const int seals = ::fcntl(fd, F_GET_SEALS);
-  if (seals < 0 || !(seals & F_SEAL_SHRINK))
-    return bad(kInvalidArgument, "the memory's size is not sealed (F_SEAL_SHRINK); the board could fault on it");
   const auto page = base::page_size();
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
   if (req->size == 0 || req->size % page || req->offset % page || req->size > file_size ||
