@@ -183,6 +183,9 @@ class TpuQueue final : public driver::QueueBackend {
   bool known_failed();  // caller holds submit_mu_
   Error stopped_error() const;  // after a device reset, or on a board that stopped
   std::uint32_t reg(std::uint32_t r) const noexcept { return fw::reg::queue_reg(index_, r); }
+  // Resets the queue on the board and returns once the board says it has
+  // stopped (or 1 s has passed, or the board is gone).
+  void stop_on_board() noexcept;
 
   std::shared_ptr<TpuDevice> device_;
   const std::uint32_t index_;

@@ -41,7 +41,7 @@ TpuQueue::TpuQueue(std::shared_ptr<TpuDevice> device, std::uint32_t index, Engin
   Transport& t = device_->transport();
   // A clean slate: stop whatever ran on this queue before, clear the status
   // page, program the ring and enable it.
-  t.write32(reg(fw::reg::queue::kControl), fw::kQueueControlReset);
+  stop_on_board();
   std::memset(static_cast<void*>(page_), 0, sizeof *page_);
   std::memset(static_cast<void*>(ring_), 0, std::size_t{entries} * sizeof(fw::CommandDescriptor));
   t.flush_aperture(ring_address, std::uint64_t{entries} * sizeof(fw::CommandDescriptor));
@@ -54,8 +54,9 @@ TpuQueue::TpuQueue(std::shared_ptr<TpuDevice> device, std::uint32_t index, Engin
   t.write32(reg(fw::reg::queue::kControl), fw::kQueueControlEnable);
   const std::uint32_t status = t.read32(reg(fw::reg::queue::kStatus));
   if (!(status & fw::kQueueStatusEnabled)) {
+    // The hardware queue goes back in create_queue, which claimed it: freed
+    // here as well, it could be claimed twice over.
     const auto error = static_cast<fw::CmdStatus>(t.read32(reg(fw::reg::queue::kError)));
-    device_->release_queue(index_);
     throw Error(Status::DeviceFault, name() + ": the board refused to enable the queue (" +
                                          fw::to_string(error) + ", status " + hex(status) + ")");
   }
@@ -66,9 +67,28 @@ TpuQueue::~TpuQueue() {
   // and everything the HAL retained can go. Releasing the hardware queue
   // before anything else goes keeps Device::status() from seeing this queue
   // half destroyed.
-  device_->transport().write32(reg(fw::reg::queue::kControl), fw::kQueueControlReset);
+  stop_on_board();
   device_->release_queue(index_);
   device_->free_device(ring_heap_, ring_address_);
+}
+
+void TpuQueue::stop_on_board() noexcept {
+  // A register write may be posted (PCIe; the simulator daemon's ring), so
+  // the write alone does not say the board has stopped: the status read
+  // after it does, and the caller frees what the queue's commands used.
+  Transport& t = device_->transport();
+  t.write32(reg(fw::reg::queue::kControl), fw::kQueueControlReset);
+  const std::uint64_t deadline = base::monotonic_ns() + 1'000'000'000ull;
+  for (;;) {
+    const std::uint32_t status = t.read32(reg(fw::reg::queue::kStatus));
+    if (status == 0xFFFFFFFF || !(status & (fw::kQueueStatusEnabled | fw::kQueueStatusBusy))) return;  // or gone
+    if (base::monotonic_ns() > deadline) {
+      device_->log->error("{}: the board did not stop the queue within 1 s of its reset (status {})", name(),
+                                 hex(status));
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 std::string TpuQueue::name() const {
@@ -302,7 +322,7 @@ std::uint64_t TpuQueue::submit_raw(std::span<const fw::CommandDescriptor> descri
 
 void TpuQueue::abort() {
   aborted_.store(true, std::memory_order_seq_cst);
-  device_->transport().write32(reg(fw::reg::queue::kControl), fw::kQueueControlReset);
+  stop_on_board();
   device_->hw_queue(index_).irq.notify();
 }
 
