@@ -657,8 +657,12 @@ void TpuDevice::start_interrupt_thread() {
 
 void TpuDevice::arm_interrupt(std::uint32_t q) {
   HwQueue& hq = *hw_queues_[q];
-  if (hq.armed.fetch_add(1, std::memory_order_seq_cst) != 0) return;
+  // Under the lock for every waiter, not only the first: a second waiter
+  // must not return (and re-check its fence) before the first has
+  // unmasked, or a completion in between raises nothing and it sleeps a
+  // whole wait slice.
   std::lock_guard lock(irq_mu_);
+  if (hq.armed.fetch_add(1, std::memory_order_seq_cst) != 0) return;
   // Acknowledge what is stale, then unmask; the read-back flushes the write
   // (posted on a real bus) before the caller re-checks its fence.
   transport_->write32(fw::reg::kIntAck, 1u << q);
@@ -669,9 +673,8 @@ void TpuDevice::arm_interrupt(std::uint32_t q) {
 
 void TpuDevice::disarm_interrupt(std::uint32_t q) noexcept {
   HwQueue& hq = *hw_queues_[q];
-  if (hq.armed.fetch_sub(1, std::memory_order_seq_cst) != 1) return;
   std::lock_guard lock(irq_mu_);
-  if (hq.armed.load(std::memory_order_seq_cst) != 0) return;  // re-armed meanwhile
+  if (hq.armed.fetch_sub(1, std::memory_order_seq_cst) != 1) return;
   irq_mask_ &= ~(1u << q);
   transport_->write32(fw::reg::kIntMask, irq_mask_);
 }

@@ -345,7 +345,9 @@ class TpuDecoder final : public driver::DecoderBackend {
                         " packets queued; receive() frames (and drop the ones you are done with) before sending more");
       if (base::monotonic_ns() - start > 30'000'000'000ull)
         throw Error(Status::Timeout, name() + ": the board decoded nothing for 30 s");
-      wait_interrupt(10'000'000);
+      // Woken by a packet decoded, not by frames waiting for receive(): the
+      // caller cannot take those until this returns.
+      wait_interrupt(10'000'000, sent_ - kMaxBacklog + 1);
     }
   }
 
@@ -387,13 +389,18 @@ class TpuDecoder final : public driver::DecoderBackend {
     return at;
   }
 
-  void wait_interrupt(std::uint64_t ns) {
+  // Sleeps (at most `ns`) until the board publishes a frame record or, with
+  // `packets` set, until that many packets are decoded (then records
+  // waiting do not end the sleep).
+  void wait_interrupt(std::uint64_t ns, std::optional<std::uint64_t> packets = std::nullopt) {
     HwQueue& hq = dev_->hw_queue(queue_->index());
     dev_->arm_interrupt(queue_->index());
     auto ticket = hq.irq.prepare();
     const fw::VideoChannelHeader& h = ch_->header();
     bool slept = false;
-    if (load_acquire(h.published) != consumed_ || load_acquire(h.packets_done) >= sent_) {
+    const bool ready = packets ? load_acquire(h.packets_done) >= *packets
+                               : load_acquire(h.published) != consumed_ || load_acquire(h.packets_done) >= sent_;
+    if (ready) {
       hq.irq.cancel();
     } else {
       hq.irq.wait(ticket, std::chrono::nanoseconds(ns));
@@ -403,7 +410,8 @@ class TpuDecoder final : public driver::DecoderBackend {
     // Interrupts may be lost, and a board that went away sends none: a sleep
     // that ends with nothing new looks at the board's STATUS (a board that
     // stopped fails the queue, which the caller's next check_queue reports).
-    if (slept && load_acquire(h.published) == consumed_) dev_->check_health();
+    if (slept && (packets ? load_acquire(h.packets_done) < *packets : load_acquire(h.published) == consumed_))
+      dev_->check_health();
   }
 
   // The next record, if the board has published one.
