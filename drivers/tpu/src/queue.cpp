@@ -84,7 +84,7 @@ void TpuQueue::stop_on_board() noexcept {
     if (status == 0xFFFFFFFF || !(status & (fw::kQueueStatusEnabled | fw::kQueueStatusBusy))) return;  // or gone
     if (base::monotonic_ns() > deadline) {
       device_->log->error("{}: the board did not stop the queue within 1 s of its reset (status {})", name(),
-                                 hex(status));
+                          hex(status));
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -449,11 +449,13 @@ class LibusbLink final : public UsbLink {
     resubmit_locked(t);  // nothing came (a zero-length packet)
   }
 
-  // The link is over: wake everyone, cancel what is in flight (mu_ held).
+  // Submits the IN transfers held back until the first read (mu_ held);
+  // once the link has ended they go idle instead.
   void start_in_locked() {
-    for (libusb_transfer* t : std::exchange(unstarted_in_, {})) resubmit_locked(t);  // idle once ended
+    for (libusb_transfer* t : std::exchange(unstarted_in_, {})) resubmit_locked(t);
   }
 
+  // The link is over: wake everyone, cancel what is in flight (mu_ held).
   void end_locked(const std::string& why) {
     if (!why.empty() && !closing_ && !ended_) base::logger("tpu")->error("{}: {}", bus(), why);
     ended_ = true;
