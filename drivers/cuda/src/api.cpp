@@ -59,6 +59,12 @@ void load_into(Loaded& l) {
             " at version " + version_text(kPinnedVersion);
     return;
   }
+  // CUDA runs streams over CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8
+  // by default), fewer than a device's 10 tpuhal queues: a stream memory
+  // wait at the head of one then holds the queues queued behind it on the
+  // same connection (docs/cuda.md). Unless the application chose a number,
+  // ask for 32 before the driver starts; it reads the variable at cuInit.
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   const CUresult r = l.api.cuInit(0);
   if (r == CUDA_ERROR_NO_DEVICE) {
     l.why = "no CUDA device (the CUDA " + version_text(l.api.driver_version) + " driver found none)";
