@@ -38,6 +38,11 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
                ? base::Mapping::memfd("tpuhal-sim-dram", profile.dram_bytes, {.huge_pages = true})
                : base::Mapping::anonymous(profile.dram_bytes, {.noreserve = true, .huge_pages = true})),
       dma(dram.data(), profile.dram_bytes, iommu, options.host_port) {
+  try {
+    tensor_isa = tensor::isa_from_env();
+  } catch (const std::invalid_argument& e) {
+    throw ProfileError(e.what());
+  }
   const std::uint32_t nq = profile.total_queues();
   for (std::uint32_t v = 0; v <= nq; ++v) vectors.push_back(base::make_eventfd());
   if (!options.doorbells.empty() && options.doorbells.size() != nq)
@@ -59,8 +64,15 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
   reset_time_ns.store(base::monotonic_ns());
   status.store(fw::kStatusReady);
   // Faults for every board of this process, e.g. "hang:queue=0:after=3".
-  if (const char* env = std::getenv("TPUHAL_SIM_FAULTS"))
-    for (const Fault& f : parse_faults(env)) inject(f);
+  if (const char* env = std::getenv("TPUHAL_SIM_FAULTS")) {
+    std::vector<Fault> faults;
+    try {
+      faults = parse_faults(env);
+    } catch (const ProfileError& e) {
+      throw ProfileError(std::string("TPUHAL_SIM_FAULTS: ") + e.what());
+    }
+    for (const Fault& f : faults) inject(f);
+  }
 }
 
 Board::Impl::~Impl() {
@@ -87,7 +99,7 @@ tensor::TensorEngine* Board::Impl::tensor_engine() {
       const long n = std::strtol(env, nullptr, 10);
       if (n >= 1) threads = std::min(threads, static_cast<unsigned>(n));
     }
-    tensor = std::make_unique<tensor::TensorEngine>(threads);
+    tensor = std::make_unique<tensor::TensorEngine>(threads, tensor_isa);
   });
   return tensor.get();
 }
@@ -457,6 +469,11 @@ std::uint64_t Board::dram_resident_bytes() const noexcept {
 Board::~Board() = default;
 
 const BoardProfile& Board::profile() const noexcept { return impl_->profile; }
+
+std::string Board::tensor_isa() const {
+  if (impl_->profile.tensor_cores == 0) return {};
+  return std::string(tensor::isa_name(impl_->tensor_isa));
+}
 
 std::uint32_t Board::mmio_read32(std::uint32_t offset) noexcept {
   if (impl_->lost.load(std::memory_order_relaxed)) return 0xFFFFFFFF;  // nothing answers

@@ -145,6 +145,7 @@ struct Board::Impl {
   // The tensor engine, made on first use (oneDNN and its threads cost
   // nothing for boards that never compute). Null if the board has none.
   tensor::TensorEngine* tensor_engine();
+  tensor::Isa tensor_isa = tensor::Isa::kGeneric;  // read from TPUHAL_MAX_ISA when the board is made
   std::once_flag tensor_once;
   std::unique_ptr<tensor::TensorEngine> tensor;
 

@@ -2652,36 +2652,45 @@ std::string read_text(const std::filesystem::path& p) {
   return ss.str();
 }
 
-TEST(OpsDeterminism, ResultsAreBitIdenticalWhateverTheEngineThreadCount) {
-  // Two boards of the same profile, opened from two temp files so that both
-  // are fresh in this process: the engine reads TPUHAL_SIM_THREADS once, when
-  // it starts (the first op), and uses min(that, the profile's 8 cores, this
-  // machine's cores) threads.
-  const std::string json = read_text(std::filesystem::path(TPUHAL_OPS_PROFILE_DIR) / "bm1684x.json");
-  ASSERT_FALSE(json.empty());
-  const auto dir = std::filesystem::temp_directory_path() / ("tpuhal-ops-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  struct Cleanup {
-    std::filesystem::path dir;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{dir};
-  const char* saved = std::getenv("TPUHAL_SIM_THREADS");
-  const std::string saved_value = saved ? saved : "";
-  std::vector<std::unique_ptr<Lab>> labs;
-  for (const char* threads : {"1", "8"}) {
-    const auto path = dir / (std::string("threads-") + threads + ".json");
-    std::ofstream(path) << json;
-    ::setenv("TPUHAL_SIM_THREADS", threads, 1);
-    labs.push_back(std::make_unique<Lab>(open("sim:" + path.string())));
-    Lab& l = *labs.back();
-    const Tensor y = l.output(DType::F32, {4});
-    l.run(ops::relu(l.upload(Host(DType::F32, {4})), y));  // starts the engine
+// A temporary folder, removed with everything in it.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(path);
   }
-  if (saved) ::setenv("TPUHAL_SIM_THREADS", saved_value.c_str(), 1);
-  else ::unsetenv("TPUHAL_SIM_THREADS");
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// A fresh board of the bm1684x profile, opened from a temp copy (so that it
+// is new in this process) with the environment variable `var` set to
+// `value` while it is made and starts its engine (both read it then).
+std::unique_ptr<Lab> fresh_lab(const TempDir& dir, const char* var, const std::string& value) {
+  const std::string json = read_text(std::filesystem::path(TPUHAL_OPS_PROFILE_DIR) / "bm1684x.json");
+  EXPECT_FALSE(json.empty());
+  const auto path = dir.path / (std::string(var) + "-" + value + ".json");
+  std::ofstream(path) << json;
+  const char* saved = std::getenv(var);
+  const std::string saved_value = saved ? saved : "";
+  ::setenv(var, value.c_str(), 1);
+  auto lab = std::make_unique<Lab>(open("sim:" + path.string()));
+  const Tensor y = lab->output(DType::F32, {4});
+  lab->run(ops::relu(lab->upload(Host(DType::F32, {4})), y));  // starts the engine
+  if (saved) ::setenv(var, saved_value.c_str(), 1);
+  else ::unsetenv(var);
+  return lab;
+}
+
+TEST(OpsDeterminism, ResultsAreBitIdenticalWhateverTheEngineThreadCount) {
+  // Two boards of the same profile: the engine reads TPUHAL_SIM_THREADS
+  // once, when it starts (the first op), and uses min(that, the profile's 8
+  // cores, this machine's cores) threads.
+  const TempDir dir("tpuhal-ops");
+  std::vector<std::unique_ptr<Lab>> labs;
+  for (const char* threads : {"1", "8"}) labs.push_back(fresh_lab(dir, "TPUHAL_SIM_THREADS", threads));
 
   Rng rng;
   const std::uint64_t seed = test_seed();
@@ -2782,6 +2791,116 @@ TEST(OpsDeterminism, ResultsAreBitIdenticalWhateverTheEngineThreadCount) {
       if (results[0][i] != results[1][i]) first = i;
     EXPECT_EQ(first, results[0].size()) << c.name << ": 1 thread and " << "8 threads differ from byte " << first
                                         << " (seed " << seed << ")";
+  }
+}
+
+// ---- the same integer results at every instruction-set level ---------------------------------------------------
+
+TEST(OpsIsa, IntegerOpsAreBitIdenticalAtEveryInstructionSetLevel) {
+  const TempDir dir("tpuhal-isa");
+#if defined(__x86_64__)
+  const char* levels[] = {"sse2", "sse41", "avx2", "avx512", "avx512_vnni"};
+#elif defined(__aarch64__)
+  const char* levels[] = {"generic", "neon"};
+#else
+  const char* levels[] = {"generic"};
+#endif
+  // One board per level this CPU has (a cap above it gives the CPU's level).
+  std::vector<std::unique_ptr<Lab>> labs;
+  std::vector<std::string> names;
+  for (const char* level : levels) {
+    auto lab = fresh_lab(dir, "TPUHAL_MAX_ISA", level);
+    const std::string have = lab->dev.properties().tensor_isa;
+    if (std::find(names.begin(), names.end(), have) != names.end()) continue;
+    ASSERT_EQ(have, level) << "a board capped at " << level << " runs at " << have;
+    names.push_back(have);
+    labs.push_back(std::move(lab));
+  }
+  ASSERT_FALSE(labs.empty());
+
+  Rng rng;
+  const std::uint64_t seed = test_seed();
+  rng.seed(seed);
+  using Build = std::function<Op(const std::vector<Tensor>&, const Tensor&)>;
+  struct Case {
+    std::string name;
+    std::vector<Host> inputs;
+    DType ydt;
+    Shape ys;
+    Build build;
+  };
+  auto I = [&](DType t, Shape s) { return rand_int(rng, t, std::move(s)); };
+  auto scalar = [](DType t, double v) {
+    Host h(t, {});
+    h.v = {v};
+    return h;
+  };
+  std::vector<Case> cases;
+  // Full-range operands and zero points: products and sums as large as
+  // int8 gets, sums past 2^24 and wrapping past 2^31.
+  cases.push_back({"matmul_integer u8 x i8, row and column zero points, K 3001", {I(DType::U8, {37, 3001}), I(DType::I8, {3001, 45}), I(DType::U8, {37}), I(DType::I8, {45})},
+                   DType::I32, {37, 45}, [](const std::vector<Tensor>& in, const Tensor& y) {
+                     return ops::matmul_integer(in[0], in[1], y, in[2], in[3]);
+                   }});
+  cases.push_back({"matmul_integer i8 x u8 batched, K 70000", {I(DType::I8, {2, 3, 70000}), I(DType::U8, {70000, 5}), scalar(DType::I8, -128), scalar(DType::U8, 0)},
+                   DType::I32, {2, 3, 5}, [](const std::vector<Tensor>& in, const Tensor& y) {
+                     return ops::matmul_integer(in[0], in[1], y, in[2], in[3]);
+                   }});
+  cases.push_back({"conv_integer u8 x u8 NCHW groups 2, pads, per-channel zero points", {I(DType::U8, {2, 8, 13, 11}), I(DType::U8, {6, 4, 3, 3}), scalar(DType::U8, 131), I(DType::U8, {6})},
+                   DType::I32, {2, 6, 7, 5}, [](const std::vector<Tensor>& in, const Tensor& y) {
+                     Conv2dOptions o;
+                     o.groups = 2;
+                     o.strides = {2, 2};
+                     o.pads = {1, 1, 1, 0};
+                     return ops::conv_integer(in[0], in[1], y, in[2], in[3], o);
+                   }});
+  cases.push_back({"conv_integer i8 x i8 NHWC dilated", {I(DType::I8, {1, 12, 12, 40}), I(DType::I8, {24, 40, 3, 3}), scalar(DType::I8, -3), scalar(DType::I8, 5)},
+                   DType::I32, {1, 10, 10, 24}, [](const std::vector<Tensor>& in, const Tensor& y) {
+                     Conv2dOptions o;
+                     o.layout = Layout::NHWC;
+                     o.dilations = {2, 2};
+                     o.pads = {1, 1, 1, 1};
+                     return ops::conv_integer(in[0], in[1], y, in[2], in[3], o);
+                   }});
+  Host qs = scalar(DType::F32, 0.013), qsy = scalar(DType::F32, 0.41);
+  cases.push_back({"qlinear_matmul u8 x u8", {I(DType::U8, {64, 700}), qs, scalar(DType::U8, 128), I(DType::U8, {700, 48}), qs, scalar(DType::U8, 3), qsy, scalar(DType::U8, 100)},
+                   DType::U8, {64, 48}, [](const std::vector<Tensor>& in, const Tensor& y) {
+                     return ops::qlinear_matmul(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y);
+                   }});
+  Host ws(DType::F32, {32});
+  for (int i = 0; i < 32; ++i) ws.v.push_back(0.001 + 0.0003 * i);
+  cases.push_back({"qlinear_conv u8 x i8 NHWC per-channel scales and bias", {I(DType::U8, {2, 14, 14, 64}), scalar(DType::F32, 0.02), scalar(DType::U8, 128), I(DType::I8, {32, 64, 3, 3}), ws, scalar(DType::I8, 0), qsy, scalar(DType::U8, 120), I(DType::I32, {32})},
+                   DType::U8, {2, 14, 14, 32}, [](const std::vector<Tensor>& in, const Tensor& y) {
+                     Conv2dOptions o;
+                     o.layout = Layout::NHWC;
+                     o.pads = {1, 1, 1, 1};
+                     o.bias = in[8];
+                     return ops::qlinear_conv(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y, o);
+                   }});
+  cases.push_back({"qlinear_conv u8 x i8 NCHW depthwise", {I(DType::U8, {1, 32, 17, 17}), scalar(DType::F32, 0.02), scalar(DType::U8, 7), I(DType::I8, {32, 1, 3, 3}), ws, scalar(DType::I8, 0), qsy, scalar(DType::U8, 120)},
+                   DType::U8, {1, 32, 9, 9}, [](const std::vector<Tensor>& in, const Tensor& y) {
+                     Conv2dOptions o;
+                     o.groups = 32;
+                     o.strides = {2, 2};
+                     o.pads = {1, 1, 1, 1};
+                     return ops::qlinear_conv(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y, o);
+                   }});
+  for (const Case& c : cases) {
+    std::vector<std::vector<std::byte>> results;
+    for (auto& l : labs) {
+      std::vector<Tensor> in;
+      for (const Host& h : c.inputs) in.push_back(l->upload(h));
+      const Tensor y = l->output(c.ydt, c.ys);
+      l->run(c.build(in, y));
+      results.push_back(l->bytes(y.buffer()));
+    }
+    for (std::size_t i = 1; i < results.size(); ++i) {
+      std::size_t first = results[0].size();
+      for (std::size_t b = 0; b < results[0].size() && first == results[0].size(); ++b)
+        if (results[0][b] != results[i][b]) first = b;
+      EXPECT_EQ(first, results[0].size()) << c.name << ": " << names[0] << " and " << names[i] << " differ from byte "
+                                          << first << " (seed " << seed << ")";
+    }
   }
 }
 

@@ -34,6 +34,7 @@ nlohmann::json properties_json(const Properties& p) {
           {"peak_fp16_tflops", p.peak_fp16_tflops},
           {"peak_fp32_tflops", p.peak_fp32_tflops},
           {"dtypes", dtypes},
+          {"tensor_isa", p.tensor_isa},
           {"decode_channels", p.decode_channels},
           {"caps",
            {{"map_device_memory", p.caps.map_device_memory},
@@ -95,6 +96,7 @@ int cmd_info(const std::vector<std::string>& args) {
   std::string dtypes;
   for (auto d : p.dtypes) dtypes += (dtypes.empty() ? "" : " ") + std::string(to_string(d));
   row("Tensor dtypes", dtypes.empty() ? "none (no tensor engine yet)" : dtypes);
+  if (!p.tensor_isa.empty()) row("Tensor engine ISA", p.tensor_isa + " (host CPU; TPUHAL_MAX_ISA caps it)");
   row("Decode channels", std::to_string(p.decode_channels));
   std::string caps;
   auto cap = [&](bool on, const char* name) {

@@ -17,6 +17,7 @@ class SimTransport final : public Transport {
   explicit SimTransport(std::shared_ptr<sim::Board> board) : board_(std::move(board)) {}
 
   std::string bus() const override { return "simulated " + board_->profile().bus; }
+  std::string tensor_isa() const override { return board_->tensor_isa(); }
   std::uint32_t read32(std::uint32_t offset) override { return board_->mmio_read32(offset); }
   void write32(std::uint32_t offset, std::uint32_t value) override {
     // The board's register file is the other side of a function call; its
@@ -98,7 +99,7 @@ class SimProvider final : public driver::Provider {
     } catch (const std::system_error& e) {
       throw Error(Status::OutOfMemory, std::string(uri) + ": cannot create the simulated board: " + e.what());
     } catch (const sim::ProfileError& e) {
-      throw Error(Status::InvalidArgument, std::string(uri) + ": TPUHAL_SIM_FAULTS: " + e.what());
+      throw Error(Status::InvalidArgument, std::string(uri) + ": " + e.what());
     }
     {
       auto& ob = open_boards();

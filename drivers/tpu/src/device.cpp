@@ -255,6 +255,7 @@ void TpuDevice::read_properties() {
   caps_ = t.read32(fw::reg::kCaps);
   props_.board = read_string(t, fw::reg::kBoardName, fw::reg::kBoardNameBytes);
   props_.bus = t.bus();
+  props_.tensor_isa = t.tensor_isa();
   const std::uint32_t vd = t.read32(fw::reg::kVendorDevice);
   props_.pci_vendor = static_cast<std::uint16_t>(vd >> 16);
   props_.pci_device = static_cast<std::uint16_t>(vd);

@@ -94,6 +94,9 @@ struct Properties {
   double peak_fp16_tflops = 0;
   double peak_fp32_tflops = 0;
   std::vector<DType> dtypes;  // what the tensor engine computes in; empty if none
+  // Simulated boards: the host instruction-set level their tensor engine
+  // runs at ("avx2"; TPUHAL_MAX_ISA caps it, docs/ops.md). Empty otherwise.
+  std::string tensor_isa;
   std::uint32_t decode_channels = 0;  // VideoDecoder channels the board has
   std::vector<Codec> codecs;          // what they decode; empty if none
 

@@ -13,6 +13,8 @@
 
 #include "dnnl_state.h"
 #include "engine.h"
+#include "igemm.h"
+#include "isa.h"
 #include "numerics.h"
 #include "simd.h"
 
@@ -298,6 +300,225 @@ bool dnnl_conv_exact(TensorEngine& e, const Geometry& g, const View& x, dt xt, c
   return true;
 }
 
+
+// ---- exact integer convolution on the engine's own kernels (igemm.h) ----------------------------------------
+
+// The rows of the im2col matrix of an NHWC input for one group: line = output
+// position (n, r, col), along K = (ky, kx, c) with c fastest, so that each
+// tap is one run of the group's channels (or padding).
+class Im2colRows final : public igemm::Lines {
+ public:
+  Im2colRows(const Geometry& g, const View& x, std::uint64_t group) : g_(g), x_(x), c0_(group * (g.c / g.groups)) {}
+  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count, igemm::Segment* out) const override {
+    const std::uint64_t cg = g_.c / g_.groups, col = line % g_.ow, r = line / g_.ow % g_.oh, ni = line / (g_.ow * g_.oh);
+    std::size_t ns = 0;
+    for (std::uint64_t k = from, end = from + count; k < end;) {
+      const std::uint64_t tap = k / cg, ci = k % cg, run = std::min(cg - ci, end - k);
+      const std::int64_t ih = g_.in_row(r, tap / g_.kw), iw = g_.in_col(col, tap % g_.kw);
+      const bool inside = ih >= 0 && ih < static_cast<std::int64_t>(g_.h) && iw >= 0 && iw < static_cast<std::int64_t>(g_.w);
+      const std::uint8_t* src =
+          inside ? reinterpret_cast<const std::uint8_t*>(x_.at(g_.act(x_, ni, c0_ + ci, static_cast<std::uint64_t>(ih),
+                                                                    static_cast<std::uint64_t>(iw))))
+                 : nullptr;
+      if (!src && ns && !out[ns - 1].src) {
+        out[ns - 1].count += run;  // padding continues
+      } else {
+        out[ns++] = igemm::Segment{src, run, static_cast<std::int64_t>(x_.strides[3])};
+      }
+      k += run;
+    }
+    return ns;
+  }
+
+ private:
+  const Geometry& g_;
+  const View& x_;
+  std::uint64_t c0_;
+};
+
+// The im2col matrix of one NCHW image and group as k-lines: line = (c, ky,
+// kx) with kx fastest, along the output positions (r, col) of the image.
+class Im2colLines final : public igemm::Lines {
+ public:
+  Im2colLines(const Geometry& g, const View& x, std::uint64_t image, std::uint64_t group)
+      : g_(g), x_(x), ni_(image), c0_(group * (g.c / g.groups)) {}
+  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count, igemm::Segment* out) const override {
+    const std::uint64_t kx = line % g_.kw, ky = line / g_.kw % g_.kh, ci = line / (g_.kw * g_.kh);
+    // The output columns whose input column is inside the image: [lo, hi).
+    const std::int64_t first = g_.in_col(0, kx);
+    std::uint64_t lo = first >= 0 ? 0 : (static_cast<std::uint64_t>(-first) + g_.sw - 1) / g_.sw;
+    std::uint64_t hi = 0;
+    if (const std::int64_t span = static_cast<std::int64_t>(g_.w) - first; span > 0)
+      hi = std::min<std::uint64_t>(g_.ow, (static_cast<std::uint64_t>(span) + g_.sw - 1) / g_.sw);
+    lo = std::min(lo, hi);
+    std::size_t ns = 0;
+    auto emit = [&](const std::uint8_t* src, std::uint64_t n, std::int64_t stride) {
+      if (!n) return;
+      if (!src && ns && !out[ns - 1].src) out[ns - 1].count += n;
+      else out[ns++] = igemm::Segment{src, n, stride};
+    };
+    const auto col_stride = static_cast<std::int64_t>(g_.sw * x_.strides[3]);
+    for (std::uint64_t p = from, end = from + count; p < end;) {
+      const std::uint64_t r = p / g_.ow, col = p % g_.ow, run_end = std::min(end, (r + 1) * g_.ow);
+      const std::uint64_t c1 = col + (run_end - p);  // this row's columns [col, c1)
+      const std::int64_t ih = g_.in_row(r, ky);
+      if (ih < 0 || ih >= static_cast<std::int64_t>(g_.h)) {
+        emit(nullptr, c1 - col, 0);
+      } else {
+        const std::uint64_t a = std::clamp(lo, col, c1), b = std::clamp(hi, col, c1);
+        emit(nullptr, a - col, 0);
+        if (b > a)
+          emit(reinterpret_cast<const std::uint8_t*>(x_.at(g_.act(x_, ni_, c0_ + ci, static_cast<std::uint64_t>(ih),
+                                                                   static_cast<std::uint64_t>(g_.in_col(a, kx))))),
+               b - a, col_stride);
+        emit(nullptr, c1 - std::max(a, b), 0);
+      }
+      p = run_end;
+    }
+    return ns;
+  }
+
+ private:
+  const Geometry& g_;
+  const View& x_;
+  std::uint64_t ni_, c0_;
+};
+
+// The weights of one group, one line per output channel, along K in the
+// order the input side uses: (ky, kx, c) for NHWC, (c, ky, kx) for NCHW.
+class WeightLines final : public igemm::Lines {
+ public:
+  WeightLines(const Geometry& g, const View& w, std::uint64_t group)
+      : g_(g), w_(w), o0_(group * (g.o / g.groups)) {}
+  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count, igemm::Segment* out) const override {
+    const std::uint64_t cg = g_.c / g_.groups, oi = o0_ + line;
+    const auto* base = reinterpret_cast<const std::uint8_t*>(w_.data);
+    std::size_t ns = 0;
+    for (std::uint64_t k = from, end = from + count; k < end;) {
+      std::uint64_t ci, ky, kx, run;
+      std::int64_t stride;
+      if (g_.nhwc) {  // runs of channels
+        const std::uint64_t tap = k / cg;
+        ci = k % cg;
+        ky = tap / g_.kw;
+        kx = tap % g_.kw;
+        run = std::min(cg - ci, end - k);
+        stride = static_cast<std::int64_t>(w_.strides[1]);
+      } else {  // runs of a kernel row
+        kx = k % g_.kw;
+        ky = k / g_.kw % g_.kh;
+        ci = k / (g_.kw * g_.kh);
+        run = std::min(g_.kw - kx, end - k);
+        stride = static_cast<std::int64_t>(w_.strides[3]);
+      }
+      out[ns++] = igemm::Segment{base + Geometry::wgt(w_, oi, ci, ky, kx), run, stride};
+      k += run;
+    }
+    return ns;
+  }
+
+ private:
+  const Geometry& g_;
+  const View& w_;
+  std::uint64_t o0_;
+};
+
+// Depthwise (one input channel per group): direct loops, each output
+// element summed in one place over its valid taps in (ky, kx) order.
+void depthwise_integer(TensorEngine& e, const Geometry& g, const View& x, const View& w, std::int32_t x_zero,
+                       const std::vector<std::int16_t>& w_zero, std::int32_t* acc) {
+  const std::uint64_t og = g.o / g.groups, taps = g.kh * g.kw;
+  const bool xs = x.dtype == fw::DType::kI8;
+  std::vector<std::int32_t> wt(taps * g.o);  // [tap][o], zero point removed
+  for (std::uint64_t oi = 0; oi < g.o; ++oi)
+    for (std::uint64_t t = 0; t < taps; ++t) {
+      const std::byte* p = w.at(Geometry::wgt(w, oi, 0, t / g.kw, t % g.kw));
+      wt[t * g.o + oi] = static_cast<std::int32_t>(load_int(p, w.dtype)) - w_zero[oi];
+    }
+  auto xv = [&](const std::byte* p) -> std::int32_t {
+    return (xs ? static_cast<std::int32_t>(static_cast<std::int8_t>(*p)) : static_cast<std::int32_t>(static_cast<std::uint8_t>(*p))) - x_zero;
+  };
+  if (g.nhwc) {
+    e.pool().parallel_for(g.n * g.oh, [&](std::uint64_t begin, std::uint64_t end) {
+      std::vector<std::int32_t> xin(g.c);
+      for (std::uint64_t nr = begin; nr < end; ++nr) {
+        const std::uint64_t ni = nr / g.oh, r = nr % g.oh;
+        for (std::uint64_t col = 0; col < g.ow; ++col) {
+          std::uint32_t* out = reinterpret_cast<std::uint32_t*>(acc + ((ni * g.oh + r) * g.ow + col) * g.o);
+          std::fill(out, out + g.o, 0u);
+          for (std::uint64_t t = 0; t < taps; ++t) {
+            const std::int64_t ih = g.in_row(r, t / g.kw), iw = g.in_col(col, t % g.kw);
+            if (ih < 0 || ih >= static_cast<std::int64_t>(g.h) || iw < 0 || iw >= static_cast<std::int64_t>(g.w)) continue;
+            const std::byte* px = x.at(g.act(x, ni, 0, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw)));
+            for (std::uint64_t c = 0; c < g.c; ++c) xin[c] = xv(px + c * x.strides[3]);
+            const std::int32_t* wrow = &wt[t * g.o];
+            if (og == 1) {
+              for (std::uint64_t oi = 0; oi < g.o; ++oi)
+                out[oi] += static_cast<std::uint32_t>(xin[oi]) * static_cast<std::uint32_t>(wrow[oi]);
+            } else {
+              for (std::uint64_t oi = 0; oi < g.o; ++oi)
+                out[oi] += static_cast<std::uint32_t>(xin[oi / og]) * static_cast<std::uint32_t>(wrow[oi]);
+            }
+          }
+        }
+      }
+    });
+    return;
+  }
+  e.pool().parallel_for(g.n * g.o, [&](std::uint64_t begin, std::uint64_t end) {
+    std::vector<std::int32_t> xin(g.w);
+    for (std::uint64_t no = begin; no < end; ++no) {
+      const std::uint64_t ni = no / g.o, oi = no % g.o, ci = oi / og;
+      auto* plane = reinterpret_cast<std::uint32_t*>(acc + (ni * g.o + oi) * g.oh * g.ow);
+      std::fill(plane, plane + g.oh * g.ow, 0u);
+      for (std::uint64_t r = 0; r < g.oh; ++r) {
+        std::uint32_t* out = plane + r * g.ow;
+        for (std::uint64_t ky = 0; ky < g.kh; ++ky) {
+          const std::int64_t ih = g.in_row(r, ky);
+          if (ih < 0 || ih >= static_cast<std::int64_t>(g.h)) continue;
+          const std::byte* row = x.at(g.act(x, ni, ci, static_cast<std::uint64_t>(ih), 0));
+          for (std::uint64_t i = 0; i < g.w; ++i) xin[i] = xv(row + i * x.strides[3]);
+          for (std::uint64_t kx = 0; kx < g.kw; ++kx) {
+            const auto wv = static_cast<std::uint32_t>(wt[(ky * g.kw + kx) * g.o + oi]);
+            for (std::uint64_t col = 0; col < g.ow; ++col) {
+              const std::int64_t iw = g.in_col(col, kx);
+              if (iw >= 0 && iw < static_cast<std::int64_t>(g.w)) out[col] += static_cast<std::uint32_t>(xin[static_cast<std::uint64_t>(iw)]) * wv;
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// conv_integer on the engine's own kernels: exact on every ISA.
+void conv_integer_exact(TensorEngine& e, const Geometry& g, const View& x, const View& w, std::int32_t x_zero,
+                        const std::vector<std::int16_t>& w_zero, std::int32_t* acc) {
+  const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups, k = cg * g.kh * g.kw;
+  if (cg == 1 && g.groups > 1) {
+    depthwise_integer(e, g, x, w, x_zero, w_zero, acc);
+    return;
+  }
+  const igemm::Kernels& kern = igemm::kernels(e.isa());
+  for (std::uint64_t gi = 0; gi < g.groups; ++gi) {
+    WeightLines wl(g, w, gi);
+    wl.is_signed = w.dtype == fw::DType::kI8;
+    wl.zero_per_line = w_zero.data() + gi * og;
+    if (g.nhwc) {
+      Im2colRows xr(g, x, gi);
+      xr.is_signed = x.dtype == fw::DType::kI8;
+      xr.zero = static_cast<std::int16_t>(x_zero);
+      igemm::gemm(e, kern, g.n * g.oh * g.ow, og, k, xr, wl, false, acc + gi * og, g.o);
+    } else {
+      for (std::uint64_t ni = 0; ni < g.n; ++ni) {
+        Im2colLines xl(g, x, ni, gi);
+        xl.is_signed = x.dtype == fw::DType::kI8;
+        xl.zero = static_cast<std::int16_t>(x_zero);
+        igemm::gemm(e, kern, og, g.oh * g.ow, k, wl, xl, true, acc + (ni * g.o + gi * og) * g.oh * g.ow, g.oh * g.ow);
+      }
+    }
+  }
+}
 }  // namespace
 
 void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
@@ -305,12 +526,14 @@ void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
   const Geometry g(at, x0, w0, y);
   const auto act = static_cast<fw::Activation>(at.activation);
   std::vector<float> xs, wsv, bsv;
-  const bool f16 = x0.dtype == fw::DType::kF16;
-  const View x = f16 ? widened(x0, xs) : x0;
-  const View w = f16 ? widened(w0, wsv) : w0;
+  // Floats oneDNN has no kernel for here are widened to f32 (exact): f16
+  // always, bf16 on CPUs without AVX-512.
+  const bool f16 = x0.dtype == fw::DType::kF16 || (x0.dtype == fw::DType::kBF16 && !onednn_has_bf16());
+  const View x = f16 ? widened(e, x0, xs) : x0;
+  const View w = f16 ? widened(e, w0, wsv) : w0;
   View b = bias;
   if (bias.present() && (bias.dtype == fw::DType::kF16 || (bias.dtype != x.dtype && bias.dtype != fw::DType::kF32)))
-    b = widened(bias, bsv);
+    b = widened(e, bias, bsv);
 
   // oneDNN writes straight into y when y is f32/bf16 and no activation
   // follows; otherwise into an f32 scratch that the loop below finishes.
@@ -359,6 +582,17 @@ void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
   }
   if (out == y.data) return;
   // Finish from the f32 scratch (dense, y's layout): activation, conversion.
+  if (y.contiguous() && (y.dtype == fw::DType::kBF16 || y.dtype == fw::DType::kF16)) {
+    auto* dst = reinterpret_cast<std::uint16_t*>(y.data);
+    const bool bf16 = y.dtype == fw::DType::kBF16;
+    e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
+      if (act != fw::Activation::kNone)
+        for (std::uint64_t i = begin; i < end; ++i) scratch[i] = activate(act, at.act_alpha, at.act_beta, scratch[i]);
+      if (bf16) simd::narrow_bf16(scratch.data() + begin, dst + begin, end - begin);
+      else simd::narrow_f16(scratch.data() + begin, dst + begin, end - begin);
+    });
+    return;
+  }
   const View* views[1] = {&y};
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     std::uint64_t i = begin;
@@ -398,6 +632,12 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   if (g.n * g.o * g.oh * g.ow == 0) return;
   std::int64_t x_zero = xz ? load_int(xz->data, xz->dtype) : 0;
   auto w_zero = [&](std::uint64_t oi) -> std::int64_t { return wz ? load_int(wz->at(oi * wz->strides[0]), wz->dtype) : 0; };
+  if (!onednn_int8_exact(e.isa())) {
+    std::vector<std::int16_t> wzs(g.o);
+    for (std::uint64_t oi = 0; oi < g.o; ++oi) wzs[oi] = static_cast<std::int16_t>(w_zero(oi));
+    conv_integer_exact(e, g, x, w, static_cast<std::int32_t>(x_zero), wzs, acc);
+    return;
+  }
   auto dense = [&](std::uint64_t ni, std::uint64_t oi, std::uint64_t r, std::uint64_t col) {
     return nhwc ? ((ni * g.oh + r) * g.ow + col) * g.o + oi : ((ni * g.o + oi) * g.oh + r) * g.ow + col;
   };
@@ -574,6 +814,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
 
 bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const View& w, const View* xz,
                         const View* wz, const View& y, const std::vector<float>& multipliers, std::int32_t y_zero) {
+  if (!onednn_int8_exact(e.isa())) return false;  // its int8 kernels are exact only with VNNI
   if (w.dtype != fw::DType::kI8 || (x.dtype != fw::DType::kU8 && x.dtype != fw::DType::kI8) ||
       (y.dtype != fw::DType::kU8 && y.dtype != fw::DType::kI8))
     return false;

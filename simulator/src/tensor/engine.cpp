@@ -34,8 +34,17 @@ void WorkerPool::parallel_for(std::uint64_t n, const std::function<void(std::uin
 
 // ---- TensorEngine --------------------------------------------------------------
 
-TensorEngine::TensorEngine(unsigned threads)
-    : pool_(threads), dnnl_(std::make_unique<DnnlState>(threads)) {}
+namespace {
+// oneDNN's cap must be set before its first primitive, so before the
+// engine's oneDNN state is made.
+unsigned capped(Isa isa, unsigned threads) {
+  cap_onednn(isa);
+  return threads;
+}
+}  // namespace
+
+TensorEngine::TensorEngine(unsigned threads, Isa isa)
+    : isa_(isa), pool_(threads), dnnl_(std::make_unique<DnnlState>(capped(isa, threads))) {}
 
 TensorEngine::~TensorEngine() = default;
 
@@ -261,13 +270,22 @@ fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
   return {};
 }
 
-// Dense f32 copy of a float view (for f16, which oneDNN lacks here).
-View widened(const View& v, std::vector<float>& store) {
+// Dense f32 copy of a float view (for f16 and bf16 where oneDNN lacks them).
+View widened(TensorEngine& e, const View& v, std::vector<float>& store) {
   store.resize(v.elements());
-  const View* views[1] = {&v};
-  std::uint64_t i = 0;
-  for_each_index(v.shape, v.rank, views, 0, v.elements(),
-                 [&](const std::uint64_t* off) { store[i++] = load_float(v.at(off[0]), v.dtype); });
+  if (v.contiguous() && (v.dtype == fw::DType::kBF16 || v.dtype == fw::DType::kF16)) {
+    const auto* src = reinterpret_cast<const std::uint16_t*>(v.data);
+    const bool bf16 = v.dtype == fw::DType::kBF16;
+    e.pool().parallel_for(store.size(), [&](std::uint64_t begin, std::uint64_t end) {
+      if (bf16) simd::widen_bf16(src + begin, store.data() + begin, end - begin);
+      else simd::widen_f16(src + begin, store.data() + begin, end - begin);
+    });
+  } else {
+    const View* views[1] = {&v};
+    std::uint64_t i = 0;
+    for_each_index(v.shape, v.rank, views, 0, v.elements(),
+                   [&](const std::uint64_t* off) { store[i++] = load_float(v.at(off[0]), v.dtype); });
+  }
   View out = v;
   out.data = reinterpret_cast<std::byte*>(store.data());
   out.dtype = fw::DType::kF32;

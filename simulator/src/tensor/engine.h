@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "isa.h"
 #include "tpuhal/fw/decode.h"
 
 namespace tpuhal::sim::tensor {
@@ -61,9 +62,12 @@ struct DnnlState;  // oneDNN engine and stream
 
 class TensorEngine {
  public:
-  explicit TensorEngine(unsigned threads);
+  // `isa`: the level the engine's own kernels run at (isa_from_env()); it
+  // caps oneDNN too when this is the process's first engine.
+  TensorEngine(unsigned threads, Isa isa);
   ~TensorEngine();
   unsigned threads() const { return pool_.threads(); }
+  Isa isa() const { return isa_; }
 
   // Runs one op. `views` has op.num_tensors entries in the op's order.
   // Returns a problem (kBadArgument) only for conditions the decoder cannot
@@ -82,12 +86,23 @@ class TensorEngine {
     if (scratch_.size() < n) scratch_.resize(n);
     return scratch_.data();
   }
+  // Likewise for the GEMMs' packed operands (not the same memory).
+  float* scratch_f32(std::size_t n) {
+    if (packed_.size() < n) packed_.resize(n);
+    return packed_.data();
+  }
+  std::int32_t* scratch_packed_i32(std::size_t n) {
+    if (packed_.size() < n) packed_.resize(n);
+    return reinterpret_cast<std::int32_t*>(packed_.data());
+  }
 
  private:
   std::mutex mu_;  // one op at a time: the engine is shared by all queues
+  Isa isa_;
   WorkerPool pool_;
   std::unique_ptr<DnnlState> dnnl_;
   std::vector<std::int32_t> scratch_;
+  std::vector<float> packed_;
 };
 
 // Kernels (one file each); all take the engine for its pool and oneDNN.
@@ -140,8 +155,8 @@ void for_each_index(const std::uint64_t* shape, std::uint32_t rank, const View* 
   }
 }
 
-// A dense f32 copy of a float view in `store` (f16 has no oneDNN kernel on
-// this ISA; widening is exact).
-View widened(const View& v, std::vector<float>& store);
+// A dense f32 copy of a float view in `store` (for the precisions oneDNN
+// has no kernel for on this CPU; widening is exact).
+View widened(TensorEngine& e, const View& v, std::vector<float>& store);
 
 }  // namespace tpuhal::sim::tensor

@@ -1,5 +1,6 @@
-// Matrix products: float (f32, bf16 on oneDNN; f16 through f32) and integer
-// (int32 accumulation with exact zero-point corrections).
+// Matrix products: float (f32, f16, bf16 in f32) on the engine's own kernels
+// (fgemm.h), and integer, exact in int32: on the engine's own kernels
+// (igemm.h), or on oneDNN where its int8 kernels are exact (AVX-512 VNNI).
 #include <omp.h>
 
 #include <algorithm>
@@ -9,6 +10,9 @@
 
 #include "dnnl_state.h"
 #include "engine.h"
+#include "fgemm.h"
+#include "igemm.h"
+#include "isa.h"
 #include "numerics.h"
 #include "simd.h"
 
@@ -92,54 +96,29 @@ std::uint64_t batches(const View& y) {
   return n;
 }
 
-// acc (f32, [batch, M, N] dense) = A @ B, on oneDNN where it can describe
-// the operands, else by a reference loop (f32 accumulation in k order).
-void float_product(TensorEngine& e, const View& a, const View& b, bool ta, bool tb, const View& y,
-                   std::vector<float>& acc) {
+
+fgemm::Type float_type(fw::DType t) {
+  return t == fw::DType::kF16 ? fgemm::Type::kF16 : t == fw::DType::kBF16 ? fgemm::Type::kBF16 : fgemm::Type::kF32;
+}
+
+// out (f32, [batch, M, N] with row stride n, batch stride m * n) = op(A) @
+// op(B) on the engine's own kernels (fgemm.h): each element one chain of
+// multiply-adds in k order, whatever the threads.
+void float_product(TensorEngine& e, const View& a, const View& b, bool ta, bool tb, const View& y, float* out) {
   const std::uint32_t r = y.rank;
   const std::uint64_t m = y.shape[r - 2], n = y.shape[r - 1];
   const std::uint64_t k = ta ? a.shape[r - 2] : a.shape[r - 1];
   const std::uint64_t nb = batches(y);
-  acc.assign(nb * m * n, 0.0f);
-  if (m == 0 || n == 0 || nb == 0) return;
-  if (k == 0) return;
-
-  // f16 has no oneDNN kernel on this ISA: widen to f32 first (exact).
-  std::vector<float> wa, wb;
-  const View va = a.dtype == fw::DType::kF16 ? widened(a, wa) : a;
-  const View vb = b.dtype == fw::DType::kF16 ? widened(b, wb) : b;
-
-  dnnl::memory::desc ad, bd;
-  if (dnnl_desc(va, ta, ad) && dnnl_desc(vb, tb, bd)) {
-    dnnl::memory::dims ydims(r);
-    for (std::uint32_t d = 0; d < r; ++d) ydims[d] = static_cast<dnnl::memory::dim>(y.shape[d]);
-    const dnnl::memory::desc yd(ydims, dt::f32, plain_strides(ydims));
-    try {
-      e.dnnl().bind_threads();
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, yd), e.dnnl().engine);
-      dnnl::matmul prim(pd);
-      dnnl::memory am(ad, e.dnnl().engine, va.data), bm(bd, e.dnnl().engine, vb.data),
-          ym(yd, e.dnnl().engine, acc.data());
-      prim.execute(e.dnnl().stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, ym}});
-      e.dnnl().stream.wait();
-      return;
-    } catch (const dnnl::error&) {
-      // fall through to the reference loop
-    }
+  const fgemm::Kernels& kern = fgemm::kernels(e.isa());
+  const Indexer ia{a, ta}, ib{b, tb};
+  const auto S = [](std::uint64_t v) { return static_cast<std::int64_t>(v); };
+  for (std::uint64_t bi = 0; bi < nb; ++bi) {
+    const fgemm::Matrix ma{a.at(ia.batch_offset(bi, y)), S(ta ? a.strides[r - 1] : a.strides[r - 2]),
+                           S(ta ? a.strides[r - 2] : a.strides[r - 1]), float_type(a.dtype)};
+    const fgemm::Matrix mb{b.at(ib.batch_offset(bi, y)), S(tb ? b.strides[r - 1] : b.strides[r - 2]),
+                           S(tb ? b.strides[r - 2] : b.strides[r - 1]), float_type(b.dtype)};
+    fgemm::gemm(e, kern, m, n, k, ma, mb, out + bi * m * n, n);
   }
-  const Indexer ia{va, ta}, ib{vb, tb};
-  e.pool().parallel_for(nb * m, [&](std::uint64_t begin, std::uint64_t end) {
-    for (std::uint64_t row = begin; row < end; ++row) {
-      const std::uint64_t bi = row / m, i = row % m;
-      const std::byte* pa = va.at(ia.batch_offset(bi, y));
-      const std::byte* pb = vb.at(ib.batch_offset(bi, y));
-      float* out = &acc[row * n];
-      for (std::uint64_t kk = 0; kk < k; ++kk) {
-        const float av = load_float(pa + ia.rc(i, kk) * va.esize, va.dtype);
-        for (std::uint64_t j = 0; j < n; ++j) out[j] += av * load_float(pb + ib.rc(kk, j) * vb.esize, vb.dtype);
-      }
-    }
-  });
 }
 
 }  // namespace
@@ -147,31 +126,13 @@ void float_product(TensorEngine& e, const View& a, const View& b, bool ta, bool 
 void matmul(TensorEngine& e, const fw::MatMulAttrs& at, const View* v) {
   const View &a = v[0], &b = v[1], &c = v[2], &y = v[3];
   const bool plain = at.alpha == 1.0f && !c.present() && at.activation == 0;
-  const std::uint64_t k = at.trans_a ? a.shape[a.rank - 2] : a.shape[a.rank - 1];
-  // The common case straight into y: f32 or bf16 in, y f32 or same, dense
-  // (oneDNN divides by K: a product over nothing takes the general path).
-  if (plain && k != 0 && y.contiguous() && (a.dtype == fw::DType::kF32 || a.dtype == fw::DType::kBF16)) {
-    dnnl::memory::desc ad, bd;
-    if (dnnl_desc(a, at.trans_a, ad) && dnnl_desc(b, at.trans_b, bd)) {
-      dnnl::memory::dims ydims(y.rank);
-      for (std::uint32_t d = 0; d < y.rank; ++d) ydims[d] = static_cast<dnnl::memory::dim>(y.shape[d]);
-      const dnnl::memory::desc yd(ydims, dnnl_type(y.dtype), plain_strides(ydims));
-      try {
-        e.dnnl().bind_threads();
-        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, yd), e.dnnl().engine);
-        dnnl::matmul prim(pd);
-        dnnl::memory am(ad, e.dnnl().engine, a.data), bm(bd, e.dnnl().engine, b.data),
-            ym(yd, e.dnnl().engine, y.data);
-        prim.execute(e.dnnl().stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, ym}});
-        e.dnnl().stream.wait();
-        return;
-      } catch (const dnnl::error&) {
-        // the general path below handles it
-      }
-    }
+  // The common case straight into y: f32 out, dense, nothing to add.
+  if (plain && y.dtype == fw::DType::kF32 && y.contiguous()) {
+    float_product(e, a, b, at.trans_a, at.trans_b, y, reinterpret_cast<float*>(y.data));
+    return;
   }
-  std::vector<float> acc;
-  float_product(e, a, b, at.trans_a, at.trans_b, y, acc);
+  std::vector<float> acc(y.elements());
+  float_product(e, a, b, at.trans_a, at.trans_b, y, acc.data());
   const auto act = static_cast<fw::Activation>(at.activation);
   const View* views[2] = {&y, &c};
   const View* y_only[1] = {&y};
@@ -210,6 +171,32 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
     return;
   }
   const Indexer ia{a, false}, ib{b, false};
+
+  if (!onednn_int8_exact(e.isa())) {
+    // The engine's own kernels, exact on every ISA: the zero points are
+    // subtracted as the operands are packed.
+    const igemm::Kernels& kern = igemm::kernels(e.isa());
+    std::vector<std::int16_t> za(m), zb(n);
+    for (std::uint64_t bi = 0; bi < nb; ++bi) {
+      for (std::uint64_t i = 0; i < m; ++i)
+        za[i] = az ? static_cast<std::int16_t>(load_int(az->at(Indexer{*az, false}.batch_offset(bi, y) + i * az->strides[r - 2]), az->dtype)) : 0;
+      for (std::uint64_t j = 0; j < n; ++j)
+        zb[j] = bz ? static_cast<std::int16_t>(load_int(bz->at(Indexer{*bz, false}.batch_offset(bi, y) + j * bz->strides[r - 1]), bz->dtype)) : 0;
+      const auto* pa = reinterpret_cast<const std::uint8_t*>(a.at(ia.batch_offset(bi, y)));
+      const auto* pb = reinterpret_cast<const std::uint8_t*>(b.at(ib.batch_offset(bi, y)));
+      igemm::MatrixLines al(pa, static_cast<std::int64_t>(a.strides[r - 2]), static_cast<std::int64_t>(a.strides[r - 1]));
+      al.is_signed = a.dtype == fw::DType::kI8;
+      al.zero_per_line = za.data();
+      // B by rows when they are contiguous (or neither way is), else by columns.
+      const bool rows = b.strides[r - 1] == 1 || b.strides[r - 2] != 1;
+      igemm::MatrixLines bl = rows ? igemm::MatrixLines(pb, static_cast<std::int64_t>(b.strides[r - 2]), static_cast<std::int64_t>(b.strides[r - 1]))
+                                   : igemm::MatrixLines(pb, static_cast<std::int64_t>(b.strides[r - 1]), static_cast<std::int64_t>(b.strides[r - 2]));
+      bl.is_signed = b.dtype == fw::DType::kI8;
+      (rows ? bl.zero_along : bl.zero_per_line) = zb.data();
+      igemm::gemm(e, kern, m, n, k, al, bl, rows, acc + bi * m * n, n);
+    }
+    return;
+  }
 
   // Raw sums of a over k (per row) and of b over k (per column), where the
   // zero points or the u8 weight shift need them.

@@ -23,4 +23,12 @@ std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n);
 void requantize_u8(const std::int32_t* acc, const float* mul, std::uint8_t* out, std::size_t n,
                    std::int32_t zero, std::int32_t lo, std::int32_t hi);
 
+// Conversions between f16 / bf16 and f32, exactly as numerics.h's
+// half_to_float, bf16_to_float, float_to_half and float_to_bf16 convert
+// (round to nearest even; NaN as those give it).
+void widen_f16(const std::uint16_t* in, float* out, std::size_t n);
+void widen_bf16(const std::uint16_t* in, float* out, std::size_t n);
+void narrow_f16(const float* in, std::uint16_t* out, std::size_t n);
+void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
+
 }  // namespace tpuhal::sim::tensor::simd

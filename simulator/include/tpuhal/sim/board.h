@@ -118,6 +118,10 @@ class Board {
 
   const BoardProfile& profile() const noexcept;
 
+  // The instruction-set level the tensor engine's kernels run at on this
+  // host ("avx2", ...; docs/ops.md), or empty for a board without one.
+  std::string tensor_isa() const;
+
   // BAR0. Accesses that are misaligned, outside fw::kBar0Size or to a queue
   // the board does not have are counted in bad_mmio_accesses(); such reads
   // return 0xFFFFFFFF (as a PCIe read of nothing does) and writes are

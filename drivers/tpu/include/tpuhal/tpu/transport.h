@@ -21,6 +21,9 @@ class Transport {
 
   // "simulated pcie (bm1684x)", "pcie 0000:03:00.0", ...
   virtual std::string bus() const = 0;
+  // A simulated board's tensor engine runs on the host's CPU: the
+  // instruction-set level it runs at ("avx2"). Empty for real boards.
+  virtual std::string tensor_isa() const { return {}; }
 
   // BAR0 register access (offsets 4-aligned, < fw::kBar0Size). write32 orders
   // every earlier store to the aperture before the register write (on real

@@ -1,0 +1,260 @@
+// The tensor engine's integer GEMM on every instruction-set level this CPU
+// has, whatever TPUHAL_MAX_ISA says (the kernels are called directly):
+// exact, wrapping int32 results against an int64 reference, for every
+// operand type, zero-point form, operand layout, padding and edge tile.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "igemm.h"
+#include "isa.h"
+#include "numerics.h"
+#include "simd.h"
+
+namespace tpuhal::sim::tensor {
+namespace {
+
+std::vector<Isa> levels_here() {
+  std::vector<Isa> out;
+  const Isa top = isa_detected();
+  for (std::string_view name : {"generic", "sse2", "sse41", "avx2", "avx512", "avx512_vnni", "neon"}) {
+    const auto isa = parse_isa(name);
+    if (isa && static_cast<int>(*isa) <= static_cast<int>(top)) out.push_back(*isa);
+  }
+  return out;
+}
+
+std::uint32_t mix(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  return static_cast<std::uint32_t>(x);
+}
+
+// A line-major operand with some elements as padding and the rest read
+// through runs of stride 1 and of stride 3, from two copies of the data.
+class MixedLines final : public igemm::Lines {
+ public:
+  MixedLines(std::uint64_t lines, std::uint64_t len, std::uint32_t seed) : lines_(lines), len_(len), seed_(seed) {
+    std::mt19937 rng(seed);
+    dense_.resize(lines * len);
+    for (auto& v : dense_) v = static_cast<std::uint8_t>(rng());
+    wide_.resize(lines * len * 3);
+    for (std::uint64_t i = 0; i < lines * len; ++i) wide_[i * 3] = dense_[i];
+  }
+  // 0: padding, 1: stride 1, 2: stride 3.
+  int kind(std::uint64_t line, std::uint64_t pos) const {
+    const std::uint32_t h = mix((line << 32 | pos) ^ seed_) % 5;
+    return h == 0 ? 0 : h < 3 ? 1 : 2;
+  }
+  std::uint8_t raw(std::uint64_t line, std::uint64_t pos) const { return dense_[line * len_ + pos]; }
+  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count, igemm::Segment* out) const override {
+    std::size_t ns = 0;
+    for (std::uint64_t p = from; p < from + count;) {
+      const int k = kind(line, p);
+      std::uint64_t q = p + 1;
+      while (q < from + count && kind(line, q) == k) ++q;
+      if (k == 0) out[ns++] = {nullptr, q - p, 0};
+      else if (k == 1) out[ns++] = {&dense_[line * len_ + p], q - p, 1};
+      else out[ns++] = {&wide_[(line * len_ + p) * 3], q - p, 3};
+      p = q;
+    }
+    return ns;
+  }
+
+ private:
+  std::uint64_t lines_, len_;
+  std::uint32_t seed_;
+  std::vector<std::uint8_t> dense_, wide_;
+};
+
+std::int64_t value(std::uint8_t raw, bool is_signed) {
+  return is_signed ? static_cast<std::int8_t>(raw) : static_cast<std::int64_t>(raw);
+}
+
+struct Case {
+  std::uint64_t m, n, k;
+  bool a_signed, b_signed, b_rows;
+  int zeros;  // 0: none, 1: scalar, 2: per row of A / per column of B
+};
+
+std::string describe(const Case& c, Isa isa) {
+  return std::string(isa_name(isa)) + " m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " +
+         std::to_string(c.k) + (c.a_signed ? " s8" : " u8") + (c.b_signed ? " x s8" : " x u8") +
+         (c.b_rows ? " B by rows" : " B by columns") + " zeros " + std::to_string(c.zeros);
+}
+
+void check(TensorEngine& e, Isa isa, const Case& c, std::uint32_t seed) {
+  SCOPED_TRACE(describe(c, isa));
+  MixedLines a(c.m, c.k, seed);
+  MixedLines b(c.b_rows ? c.k : c.n, c.b_rows ? c.n : c.k, seed + 1);
+  a.is_signed = c.a_signed;
+  b.is_signed = c.b_signed;
+  std::mt19937 rng(seed + 2);
+  auto zero_of = [&](bool is_signed) {
+    return static_cast<std::int16_t>(is_signed ? static_cast<int>(rng() % 256) - 128 : static_cast<int>(rng() % 256));
+  };
+  std::vector<std::int16_t> za(c.m, 0), zb(c.n, 0);
+  if (c.zeros == 1) {
+    a.zero = zero_of(c.a_signed);
+    b.zero = zero_of(c.b_signed);
+    std::fill(za.begin(), za.end(), a.zero);
+    std::fill(zb.begin(), zb.end(), b.zero);
+  } else if (c.zeros == 2) {
+    for (auto& z : za) z = zero_of(c.a_signed);
+    for (auto& z : zb) z = zero_of(c.b_signed);
+    a.zero_per_line = za.data();
+    (c.b_rows ? b.zero_along : b.zero_per_line) = zb.data();
+  }
+  const std::uint64_t ldc = c.n + 3;
+  std::vector<std::int32_t> got(c.m * ldc, 0x5A5A5A5A);
+  igemm::gemm(e, igemm::kernels(isa), c.m, c.n, c.k, a, b, c.b_rows, got.data(), ldc);
+  for (std::uint64_t i = 0; i < c.m; ++i) {
+    for (std::uint64_t j = 0; j < c.n; ++j) {
+      std::uint64_t sum = 0;
+      for (std::uint64_t kk = 0; kk < c.k; ++kk) {
+        const std::uint64_t bl = c.b_rows ? kk : j, bp = c.b_rows ? j : kk;
+        if (a.kind(i, kk) == 0 || b.kind(bl, bp) == 0) continue;  // padding contributes 0
+        const std::int64_t av = value(a.raw(i, kk), c.a_signed) - za[i];
+        const std::int64_t bv = value(b.raw(bl, bp), c.b_signed) - zb[j];
+        sum += static_cast<std::uint64_t>(av * bv);
+      }
+      ASSERT_EQ(got[i * ldc + j], static_cast<std::int32_t>(static_cast<std::uint32_t>(sum))) << "at [" << i << ", " << j << "]";
+    }
+    for (std::uint64_t j = c.n; j < ldc; ++j) ASSERT_EQ(got[i * ldc + j], 0x5A5A5A5A) << "written past column " << c.n;
+  }
+}
+
+TEST(TensorIsa, IntegerProductsAreExactAtEveryLevelThisCpuHas) {
+  TensorEngine e(3, isa_detected());
+  std::uint32_t seed = 1;
+  for (Isa isa : levels_here()) {
+    // Shapes around every kernel's MR and NR, odd K, K across packing
+    // blocks, a single row or column.
+    const std::uint64_t shapes[][3] = {{1, 1, 1},   {7, 13, 5},   {31, 8, 31},  {6, 16, 2},  {97, 33, 257},
+                                       {200, 70, 600}, {13, 1, 1000}, {1, 130, 77}, {9, 32, 513}};
+    for (const auto& sh : shapes) {
+      const bool big = sh[0] * sh[1] * sh[2] > 1000000;  // every variant on the small ones
+      for (int t = big ? 3 : 0; t < 4; ++t)
+        for (int zeros = big ? 2 : 0; zeros < 3; ++zeros)
+          for (bool rows : {true, false})
+            check(e, isa, Case{sh[0], sh[1], sh[2], (t & 1) != 0, (t & 2) != 0, rows, zeros}, seed++);
+    }
+  }
+}
+
+// Sums far past 2^31 wrap exactly, and the largest products (255 * 255 and
+// (-128 - 127) * (127 + 128) after zero points) never saturate anything.
+TEST(TensorIsa, IntegerProductsWrapInInt32AndNothingSaturates) {
+  TensorEngine e(2, isa_detected());
+  const std::uint64_t m = 3, n = 21, k = 70001;
+  std::vector<std::uint8_t> a(m * k), b(k * n);
+  for (std::uint64_t i = 0; i < a.size(); ++i) a[i] = i % 7 == 0 ? 0 : 255;
+  for (std::uint64_t i = 0; i < b.size(); ++i) b[i] = i % 5 == 0 ? 0x80 : 0x7F;  // s8: -128, 127
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    for (int zeros = 0; zeros < 2; ++zeros) {
+      igemm::MatrixLines al(a.data(), static_cast<std::int64_t>(k), 1), bl(b.data(), static_cast<std::int64_t>(n), 1);
+      bl.is_signed = true;
+      const std::int16_t za = zeros ? 3 : 0, zb = zeros ? 127 : 0;
+      al.zero = za;
+      bl.zero = zb;
+      std::vector<std::int32_t> c(m * n);
+      igemm::gemm(e, igemm::kernels(isa), m, n, k, al, bl, true, c.data(), n);
+      for (std::uint64_t i = 0; i < m; ++i)
+        for (std::uint64_t j = 0; j < n; ++j) {
+          std::uint64_t sum = 0;
+          for (std::uint64_t kk = 0; kk < k; ++kk)
+            sum += static_cast<std::uint64_t>((static_cast<std::int64_t>(a[i * k + kk]) - za) *
+                                              (static_cast<std::int64_t>(static_cast<std::int8_t>(b[kk * n + j])) - zb));
+          ASSERT_EQ(c[i * n + j], static_cast<std::int32_t>(static_cast<std::uint32_t>(sum)))
+              << "at [" << i << ", " << j << "], zero points " << zeros;
+        }
+    }
+  }
+}
+
+TEST(TensorIsa, TheCapComesFromTpuhalMaxIsaAndABadValueIsNamed) {
+  const char* saved = std::getenv("TPUHAL_MAX_ISA");
+  const std::string saved_value = saved ? saved : "";
+  const std::string lowest(isa_name(levels_here().front()));
+  ::setenv("TPUHAL_MAX_ISA", lowest.c_str(), 1);
+  EXPECT_EQ(isa_name(isa_from_env()), lowest);
+  ::setenv("TPUHAL_MAX_ISA", "avx512_vnni", 1);  // above this CPU (or not its arch): capped to what it has
+  if (parse_isa("avx512_vnni")) {
+    EXPECT_EQ(isa_from_env(), isa_detected());
+  }
+  ::setenv("TPUHAL_MAX_ISA", "avx3", 1);
+  try {
+    (void)isa_from_env();
+    ADD_FAILURE() << "a bad level was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("TPUHAL_MAX_ISA=avx3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(isa_levels()), std::string::npos) << e.what();
+  }
+  if (saved) ::setenv("TPUHAL_MAX_ISA", saved_value.c_str(), 1);
+  else ::unsetenv("TPUHAL_MAX_ISA");
+}
+
+}  // namespace
+}  // namespace tpuhal::sim::tensor
+
+namespace tpuhal::sim::tensor {
+namespace {
+
+// The vectorised conversions give the same bits as the scalar rules of
+// numerics.h: every binary16 value, and f32 values around every rounding
+// boundary, infinities and NaNs.
+TEST(TensorIsa, VectorConversionsMatchTheScalarRules) {
+  std::vector<std::uint16_t> halves(65536);
+  for (std::uint32_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> wide(halves.size());
+  simd::widen_f16(halves.data(), wide.data(), halves.size());
+  for (std::uint32_t i = 0; i < halves.size(); ++i) {
+    const float want = half_to_float(halves[i]);
+    ASSERT_EQ(std::memcmp(&wide[i], &want, 4), 0) << "f16 0x" << std::hex << i;
+  }
+  simd::widen_bf16(halves.data(), wide.data(), halves.size());
+  for (std::uint32_t i = 0; i < halves.size(); ++i) {
+    const float want = bf16_to_float(halves[i]);
+    ASSERT_EQ(std::memcmp(&wide[i], &want, 4), 0) << "bf16 0x" << std::hex << i;
+  }
+  std::vector<float> floats;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    std::uint32_t bits = rng();
+    if (i % 3 == 0) bits = (bits & 0xFFFF0000u) | (i % 2 ? 0x8000u : 0x7FFFu);  // ties and near-ties
+    float f;
+    std::memcpy(&f, &bits, 4);
+    floats.push_back(f);
+  }
+  for (std::uint32_t h = 0; h < 0x7C00; ++h) {  // every finite half, and the f32 values just around its halfway points
+    const float lo = half_to_float(static_cast<std::uint16_t>(h)), hi = half_to_float(static_cast<std::uint16_t>(h + 1));
+    float mid = lo + (hi - lo) / 2;
+    std::uint32_t bits;
+    std::memcpy(&bits, &mid, 4);
+    for (std::uint32_t d : {bits - 1, bits, bits + 1}) {
+      float f;
+      std::memcpy(&f, &d, 4);
+      floats.push_back(f);
+      floats.push_back(-f);
+    }
+  }
+  for (float f : {0.0f, -0.0f, 65504.0f, 65520.0f, 1e-8f, 6.0e-8f, 3.0e-8f, std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+    floats.push_back(f);
+  std::vector<std::uint16_t> narrow(floats.size());
+  simd::narrow_bf16(floats.data(), narrow.data(), floats.size());
+  for (std::size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(narrow[i], float_to_bf16(floats[i])) << floats[i];
+  simd::narrow_f16(floats.data(), narrow.data(), floats.size());
+  for (std::size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(narrow[i], float_to_half(floats[i])) << floats[i];
+}
+
+}  // namespace
+}  // namespace tpuhal::sim::tensor
