@@ -8,7 +8,10 @@
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <random>
+#include <string_view>
 #include <thread>
+#include <unordered_map>
+#include <memory>
 
 #include "tpuhal/base/wait.h"
 #include "tpuhal/bench/bench.h"
@@ -54,6 +57,16 @@ void fill_random(std::span<std::byte> bytes, DType t, std::uint32_t seed) {
         std::memcpy(&bytes[i * 2], &h, 2);
         break;
       }
+      case DType::F16: {  // truncated to binary16; tiny values flush to zero
+        const float f = std::uniform_real_distribution<float>(-1, 1)(rng);
+        std::uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        const std::uint32_t exp = (bits >> 23) & 0xFF;
+        const auto h = static_cast<std::uint16_t>(((bits >> 16) & 0x8000) |
+                                                  (exp >= 113 ? ((exp - 112) << 10) | ((bits >> 13) & 0x3FF) : 0));
+        std::memcpy(&bytes[i * 2], &h, 2);
+        break;
+      }
       default:
         bytes[i] = static_cast<std::byte>(rng() & 0x7F);
         break;
@@ -61,23 +74,29 @@ void fill_random(std::span<std::byte> bytes, DType t, std::uint32_t seed) {
   }
 }
 
-// Seconds per run of `batch(n)`, which runs the work n times back to back
-// (the device: n submissions, then one wait): the median over `rounds`
-// after a warm-up round.
-template <class F>
-double time_median(int rounds, int n, F&& batch) {
-  batch(1);
-  std::vector<double> t;
+// The device and its baseline timed in alternating rounds (so that a slow
+// spell of the machine hits both): the median seconds per run of each, and
+// the median of the rounds' speed ratios (device / baseline).
+struct Paired {
+  double dev_s, base_s, ratio;
+};
+template <class D, class B>
+Paired time_paired(int rounds, int n, D&& dev, B&& base) {
+  dev(1);
+  base(1);
+  std::vector<double> td, tb, ratios;
   for (int i = 0; i < rounds; ++i) {
-    // Let the other side's threads (OpenMP workers spin a while after a
-    // parallel region) go idle first, so neither measurement pays for the
-    // other's.
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    const auto t0 = base::monotonic_ns();
-    batch(n);
-    t.push_back(static_cast<double>(base::monotonic_ns() - t0) * 1e-9 / n);
+    auto t0 = base::monotonic_ns();
+    dev(n);
+    td.push_back(static_cast<double>(base::monotonic_ns() - t0) * 1e-9 / n);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    t0 = base::monotonic_ns();
+    base(n);
+    tb.push_back(static_cast<double>(base::monotonic_ns() - t0) * 1e-9 / n);
+    ratios.push_back(tb.back() / td.back());
   }
-  return median(std::move(t));
+  return {median(td), median(tb), median(ratios)};
 }
 
 // Runs `op` n times on `q`, back to back, and waits for the last.
@@ -88,11 +107,86 @@ void run_n(Queue& q, const Op& op, int n) {
 }
 
 void emit(std::vector<Result>& out, Result r, const Options& o) {
-  r.ratio = r.baseline > 0 ? r.value / r.baseline : 0;
+  if (r.ratio == 0) r.ratio = r.baseline > 0 ? r.value / r.baseline : 0;
   if (o.on_result) o.on_result(r);
   out.push_back(std::move(r));
 }
 
+
+// The ISA oneDNN runs its kernels at in this process.
+std::string onednn_isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "amx";
+    default: return "other";
+  }
+}
+
+// The level the device's tensor engine runs at, for simulated boards.
+std::string isa_of(const Device& dev) {
+  const std::string& isa = dev.properties().tensor_isa;
+  return isa.empty() ? "-" : isa;
+}
+
+dt dnnl_dt(DType t) {
+  switch (t) {
+    case DType::F32: return dt::f32;
+    case DType::BF16: return dt::bf16;
+    case DType::F16: return dt::f16;
+    case DType::I8: return dt::s8;
+    case DType::U8: return dt::u8;
+    case DType::I32: return dt::s32;
+    default: return dt::undef;
+  }
+}
+
+// oneDNN's matrix product of n x n operands of type `din`, or of f32 where
+// it has no kernel (or only its reference one) for `din` on this CPU; on
+// data of its own.
+struct Baseline {
+  std::string name;
+  std::shared_ptr<std::vector<std::byte>> a, b, y;
+  dnnl::matmul prim;
+  std::unordered_map<int, dnnl::memory> args;
+  void run(dnnl::stream& s) const { prim.execute(s, args); }
+};
+
+Baseline baseline_matmul(const dnnl::engine& eng, std::int64_t n, dt din, dt dout) {
+  auto make = [&](dt i, dt out) {
+    const dnnl::memory::desc ad({n, n}, i, tag::ab), bd({n, n}, i, tag::ab), yd({n, n}, out, tag::ab);
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, yd), eng);
+  };
+  Baseline base;
+  std::string prec = din == dt::s8 ? "int8" : din == dt::bf16 ? "bf16" : din == dt::f16 ? "f16" : "f32";
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = make(din, dout);
+    if (din != dt::f32 && std::string_view(pd.impl_info_str()).starts_with("ref")) throw dnnl::error(dnnl_unimplemented, "ref");
+  } catch (const dnnl::error&) {
+    din = dout = dt::f32;
+    prec = "f32";
+    pd = make(din, dout);
+  }
+  base.name = "oneDNN " + prec + " " + onednn_isa();
+  const auto size = [&](dt d) { return static_cast<std::size_t>(n * n) * dnnl::memory::data_type_size(d); };
+  base.a = std::make_shared<std::vector<std::byte>>(size(din));
+  base.b = std::make_shared<std::vector<std::byte>>(size(din));
+  base.y = std::make_shared<std::vector<std::byte>>(size(dout));
+  const DType ht = din == dt::s8 ? DType::I8 : din == dt::bf16 ? DType::BF16 : din == dt::f16 ? DType::F16 : DType::F32;
+  fill_random(*base.a, ht, 1);
+  fill_random(*base.b, ht, 2);
+  base.prim = dnnl::matmul(pd);
+  base.args = {{DNNL_ARG_SRC, dnnl::memory(pd.src_desc(), eng, base.a->data())},
+               {DNNL_ARG_WEIGHTS, dnnl::memory(pd.weights_desc(), eng, base.b->data())},
+               {DNNL_ARG_DST, dnnl::memory(pd.dst_desc(), eng, base.y->data())}};
+  return base;
+}
 }  // namespace
 
 std::vector<Result> run_gemm(Device& dev, const Options& o) {
@@ -107,8 +201,11 @@ std::vector<Result> run_gemm(Device& dev, const Options& o) {
     DType in, out;
     dt din, dout;
   };
+  // Every precision on every host: where oneDNN has no kernel for one on
+  // this CPU, the baseline is its f32 product (converting to f32 is exact).
   const Type types[] = {{"f32", DType::F32, DType::F32, dt::f32, dt::f32},
                         {"bf16", DType::BF16, DType::F32, dt::bf16, dt::f32},
+                        {"f16", DType::F16, DType::F32, dt::f16, dt::f32},
                         {"int8", DType::I8, DType::I32, dt::s8, dt::s32}};
   for (std::int64_t n : {std::int64_t{1024}, std::int64_t{2048}}) {
     if (o.quick && n > 1024) continue;
@@ -123,27 +220,28 @@ std::vector<Result> run_gemm(Device& dev, const Options& o) {
       q.copy(ha, a).copy(hb, b).submit().wait();
       const Tensor ta(a, t.in, {n, n}), tb(b, t.in, {n, n}), ty(y, t.out, {n, n});
       const Op op = t.in == DType::I8 ? ops::matmul_integer(ta, tb, ty) : ops::matmul(ta, tb, ty);
-      const int rounds = o.quick ? 1 : 5, per = n > 1024 ? 2 : 8;
-      const double dev_s = time_median(rounds, per, [&](int k) { run_n(q, op, k); });
-
-      // oneDNN alone on the same data, same threads.
+      const int rounds = o.quick ? 1 : 7, per = n > 1024 ? 2 : 8;
+      // oneDNN alone on data of its own (f32 where it has no kernel for this
+      // precision), same threads, in rounds alternating with the device's.
       omp_set_num_threads(threads);
-      const dnnl::memory::desc ad({n, n}, t.din, tag::ab), bd({n, n}, t.din, tag::ab), yd({n, n}, t.dout, tag::ab);
-      dnnl::matmul prim(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, yd), eng));
-      std::vector<std::byte> yhost(out_bytes);
-      dnnl::memory am(ad, eng, ha.map().data()), bm(bd, eng, hb.map().data()), ym(yd, eng, yhost.data());
-      const double ref_s = time_median(rounds, per, [&](int k) {
-        for (int i = 0; i < k; ++i) prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, ym}});
-        stream.wait();
-      });
+      const Baseline base = baseline_matmul(eng, n, t.din, t.dout);
+      const Paired p = time_paired(rounds, per, [&](int k) { run_n(q, op, k); },
+                                   [&](int k) {
+                                     omp_set_num_threads(threads);
+                                     for (int i = 0; i < k; ++i) base.run(stream);
+                                     stream.wait();
+                                   });
+      const double dev_s = p.dev_s, ref_s = p.base_s;
       const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
       Result r;
       r.bench = "gemm";
-      r.params = {{"size", std::to_string(n)}, {"dtype", t.name}, {"threads", std::to_string(threads)}};
+      r.params = {{"size", std::to_string(n)}, {"dtype", t.name}, {"threads", std::to_string(threads)},
+                  {"isa", isa_of(dev)}};
       r.value = flops / dev_s / 1e9;
       r.unit = t.in == DType::I8 ? "GOPS" : "GFLOPS";
       r.baseline = flops / ref_s / 1e9;
-      r.baseline_name = "oneDNN";
+      r.baseline_name = base.name;
+      r.ratio = p.ratio;
       emit(out, std::move(r), o);
     }
   }
@@ -161,8 +259,11 @@ std::vector<Result> run_conv(Device& dev, const Options& o) {
   constexpr std::int64_t N = 1, H = 56, W = 56, C = 64, O = 64, K = 3;
   const std::uint64_t xn = N * H * W * C, wn = O * C * K * K, yn = N * H * W * O;
   const int rounds = o.quick ? 2 : 9, per = 40;
-  for (bool int8 : {false, true}) {
-    const DType xt = int8 ? DType::U8 : DType::F32, wt = int8 ? DType::I8 : DType::F32;
+  for (const char* name : {"f32", "bf16", "f16", "int8"}) {
+    const std::string prec = name;
+    const bool int8 = prec == "int8";
+    const DType xt = int8 ? DType::U8 : prec == "bf16" ? DType::BF16 : prec == "f16" ? DType::F16 : DType::F32;
+    const DType wt = int8 ? DType::I8 : xt;
     Buffer hx = dev.allocate(xn * size_of(xt), Memory::HostPinned), hw = dev.allocate(wn * size_of(wt), Memory::HostPinned);
     fill_random(hx.map(), xt, 3);
     fill_random(hw.map(), wt, 4);
@@ -195,13 +296,10 @@ std::vector<Result> run_conv(Device& dev, const Options& o) {
     } else {
       op = ops::conv2d(tx, tw, ty, co);
     }
-    const double dev_s = time_median(rounds, per, [&](int k) { run_n(q, op, k); });
-
     omp_set_num_threads(threads);
     const dnnl::memory::dims xdims{N, C, H, W}, wdims{O, C, K, K}, ydims{N, O, H, W};
-    const dt dx = int8 ? dt::u8 : dt::f32, dw = int8 ? dt::s8 : dt::f32;
-    const dnnl::memory::desc xd(xdims, dx, tag::nhwc), yd(ydims, dx, tag::nhwc), wd_any(wdims, dw, tag::any),
-        wd_user(wdims, dw, tag::oihw);
+    dt dx = int8 ? dt::u8 : prec == "bf16" ? dt::bf16 : prec == "f16" ? dt::f16 : dt::f32;
+    dt dw = int8 ? dt::s8 : dx;
     dnnl::primitive_attr attr;
     if (int8) {
       std::vector<float> scales(O);
@@ -210,28 +308,52 @@ std::vector<Result> run_conv(Device& dev, const Options& o) {
       attr.set_zero_points(DNNL_ARG_SRC, 0, {x_zero});
       attr.set_zero_points(DNNL_ARG_DST, 0, {y_zero});
     }
-    dnnl::convolution_forward::primitive_desc pd(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, xd,
-                                        wd_any, yd, {1, 1}, {1, 1}, {1, 1}),
-        attr, eng);
-    dnnl::memory xm(xd, eng, hx.map().data()), wuser(wd_user, eng, hw.map().data());
-    std::vector<std::byte> yhost(yn * size_of(xt));
-    dnnl::memory ym(yd, eng, yhost.data());
+    auto make = [&](dt sx, dt sw) {
+      const dnnl::memory::desc xd(xdims, sx, tag::nhwc), yd(ydims, sx, tag::nhwc), wd_any(wdims, sw, tag::any);
+      return dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, xd,
+                                          wd_any, yd, {1, 1}, {1, 1}, {1, 1}),
+          attr, eng);
+    };
+    std::string base_name = "oneDNN " + prec;
+    dnnl::convolution_forward::primitive_desc pd;
+    try {
+      pd = make(dx, dw);
+      if (!int8 && dx != dt::f32 && std::string_view(pd.impl_info_str()).starts_with("ref")) throw dnnl::error(dnnl_unimplemented, "ref");
+    } catch (const dnnl::error&) {
+      dx = dw = dt::f32;  // no kernel for this precision here: its f32 convolution
+      base_name = "oneDNN f32";
+      pd = make(dx, dw);
+    }
+    const auto bytes = [](dt d) { return static_cast<std::uint64_t>(dnnl::memory::data_type_size(d)); };
+    std::vector<std::byte> xhost(xn * bytes(dx)), whost(wn * bytes(dw)), yhost(yn * bytes(dx));
+    if (dx == dnnl_dt(xt)) std::memcpy(xhost.data(), hx.map().data(), xhost.size());
+    else fill_random(xhost, DType::F32, 3);
+    if (dw == dnnl_dt(wt)) std::memcpy(whost.data(), hw.map().data(), whost.size());
+    else fill_random(whost, DType::F32, 4);
+    dnnl::memory xm(pd.src_desc(), eng, xhost.data()), wuser({wdims, dw, tag::oihw}, eng, whost.data());
+    dnnl::memory ym(pd.dst_desc(), eng, yhost.data());
     dnnl::memory wm(pd.weights_desc(), eng);
     dnnl::reorder(wuser, wm).execute(stream, wuser, wm);  // once: oneDNN at its best
     dnnl::convolution_forward prim(pd);
-    const double ref_s = time_median(rounds, per, [&](int k) {
-      for (int i = 0; i < k; ++i) prim.execute(stream, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}});
-      stream.wait();
-    });
+    const Paired p = time_paired(rounds, per, [&](int k) { run_n(q, op, k); },
+                                 [&](int k) {
+                                   omp_set_num_threads(threads);
+                                   for (int i = 0; i < k; ++i)
+                                     prim.execute(stream, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}});
+                                   stream.wait();
+                                 });
+    const double dev_s = p.dev_s, ref_s = p.base_s;
     const double ops_count = 2.0 * static_cast<double>(yn) * C * K * K;
     Result r;
     r.bench = "conv";
-    r.params = {{"shape", "1x56x56x64->64 3x3"}, {"dtype", int8 ? "int8" : "f32"}, {"threads", std::to_string(threads)}};
+    r.params = {{"shape", "1x56x56x64->64 3x3"}, {"dtype", prec}, {"threads", std::to_string(threads)},
+                {"isa", isa_of(dev)}};
     r.value = ops_count / dev_s / 1e9;
     r.unit = int8 ? "GOPS" : "GFLOPS";
     r.baseline = ops_count / ref_s / 1e9;
-    r.baseline_name = "oneDNN";
+    r.baseline_name = base_name + " " + onednn_isa();
+    r.ratio = p.ratio;
     emit(out, std::move(r), o);
   }
   return out;
