@@ -475,6 +475,15 @@ std::string Board::tensor_isa() const {
   return std::string(tensor::isa_name(impl_->tensor_isa));
 }
 
+std::string Board::tensor_isa_of(const BoardProfile& profile) {
+  if (profile.tensor_cores == 0) return {};
+  try {
+    return std::string(tensor::isa_name(tensor::isa_from_env()));
+  } catch (const std::invalid_argument& e) {
+    throw ProfileError(e.what());
+  }
+}
+
 std::uint32_t Board::mmio_read32(std::uint32_t offset) noexcept {
   if (impl_->lost.load(std::memory_order_relaxed)) return 0xFFFFFFFF;  // nothing answers
   if (offset % 4 || offset >= fw::kBar0Size) {

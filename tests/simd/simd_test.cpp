@@ -231,6 +231,29 @@ TEST(Simd, ACopyRoundTripsThroughTheDaemon) {
   EXPECT_EQ(dst.map()[4095], std::byte{0x5C});
 }
 
+// The daemon's boards compute on the daemon's CPU, at the level its own
+// TPUHAL_MAX_ISA allows; its clients see that level, and a bad value stops
+// the daemon at start.
+TEST(Simd, ClientsSeeTheInstructionSetTheDaemonsEngineRunsAt) {
+#if defined(__x86_64__)
+  const std::string lowest = "sse2";
+#else
+  const std::string lowest = "generic";
+#endif
+  Daemon d({"--board", "tiny", "--vfs", "2"}, {"TPUHAL_MAX_ISA=" + lowest});
+  Device dev = open(d.uri());
+  EXPECT_EQ(dev.properties().tensor_isa, lowest);
+
+  char tmpl[] = "/tmp/tpuhal-simd-test-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(tmpl);
+  const std::string socket = (dir / "simd.sock").string();
+  Process p({TPUHAL_SIMD_BIN, "--socket", socket, "--board", "tiny"}, {"TPUHAL_MAX_ISA=avx3"});
+  const int status = p.wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_FALSE(std::filesystem::exists(socket));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Simd, TpuhalSimServeRunsTheDaemon) {
   Daemon d({"--board", "tiny", "--vfs", "3"}, {}, {TPUHAL_CLI, "sim", "serve"});
   Device dev = open(d.uri());

@@ -132,6 +132,7 @@ sim::BoardProfile vf_profile(const sim::BoardProfile& board, std::uint32_t vfs) 
 struct Server::BoardSlot {
   sim::BoardProfile profile;  // the whole board
   sim::BoardProfile vf;       // one VF's share
+  std::string tensor_isa;     // the level its VFs' tensor engines run at
   std::vector<bool> used;     // guarded by Server::mu_
 };
 
@@ -163,6 +164,7 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {
     auto slot = std::make_unique<BoardSlot>();
     slot->profile = sim::load_profile(name);
     slot->vf = vf_profile(slot->profile, options_.vfs);
+    slot->tensor_isa = sim::Board::tensor_isa_of(slot->vf);  // a bad TPUHAL_MAX_ISA stops the daemon here
     slot->used.assign(options_.vfs, false);
     boards_.push_back(std::move(slot));
   }
@@ -341,6 +343,7 @@ void Server::reply_boards(Client& client) {
     set_field(info.profile, b.profile.name);
     set_field(info.model, b.profile.model);
     set_field(info.bus, b.profile.bus);
+    set_field(info.tensor_isa, b.tensor_isa);
     info.board_dram_bytes = b.profile.dram_bytes;
     info.vf_dram_bytes = b.vf.dram_bytes;
     info.vfs_total = static_cast<std::uint32_t>(b.used.size());
@@ -433,6 +436,7 @@ void Server::attach(Client& client, const Message& m) {
     set_field(r.board.profile, slot.profile.name);
     set_field(r.board.model, slot.profile.model);
     set_field(r.board.bus, slot.profile.bus);
+    set_field(r.board.tensor_isa, slot.tensor_isa);
     r.board.board_dram_bytes = slot.profile.dram_bytes;
     r.board.vf_dram_bytes = slot.vf.dram_bytes;
     r.board.vfs_total = static_cast<std::uint32_t>(slot.used.size());

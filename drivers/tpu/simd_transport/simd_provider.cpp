@@ -146,6 +146,7 @@ class SimdTransport final : public Transport {
     // Closing the socket detaches: the daemon destroys the VF.
   }
 
+  std::string tensor_isa() const override { return simd::get_field(info_.tensor_isa); }
   std::string bus() const override {
     return "simd " + simd::get_field(info_.bus) + " (" + simd::get_field(info_.profile) + ", VF " +
            std::to_string(vf_) + " of " + std::to_string(info_.vfs_total) + ", " +

@@ -121,6 +121,9 @@ class Board {
   // The instruction-set level the tensor engine's kernels run at on this
   // host ("avx2", ...; docs/ops.md), or empty for a board without one.
   std::string tensor_isa() const;
+  // The same for a board of `profile` made now (TPUHAL_MAX_ISA is read when
+  // a board is made; a bad value throws ProfileError).
+  static std::string tensor_isa_of(const BoardProfile& profile);
 
   // BAR0. Accesses that are misaligned, outside fw::kBar0Size or to a queue
   // the board does not have are counted in bad_mmio_accesses(); such reads

@@ -26,7 +26,7 @@
 namespace tpuhal::simd {
 
 inline constexpr std::uint32_t kMagic = 0x44534854;  // "THSD"
-inline constexpr std::uint16_t kVersion = 2;  // 2: shadow doorbells in the channel
+inline constexpr std::uint16_t kVersion = 3;  // 2: shadow doorbells in the channel; 3: BoardInfo::tensor_isa
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::size_t kMaxFds = 64;
 
@@ -67,8 +67,9 @@ struct BoardInfo {
   std::uint64_t vf_dram_bytes = 0;     // each VF's share
   std::uint32_t vfs_total = 0;
   std::uint32_t vfs_in_use = 0;
+  char tensor_isa[16] = {};  // the level the daemon's tensor engine runs at ("avx2"), or empty
 };
-static_assert(sizeof(BoardInfo) == 168);
+static_assert(sizeof(BoardInfo) == 184);
 inline constexpr std::uint32_t kMaxBoards = (kMaxMessageBytes - sizeof(Header) - 8) / sizeof(BoardInfo);
 
 struct BoardsReply {
