@@ -1,6 +1,7 @@
-// 2-D convolution: float on oneDNN (f16 through f32), integer with exact
-// int32 zero-point corrections, and a reference loop for anything oneDNN
-// cannot describe.
+// 2-D convolution: float on oneDNN (f16, and bf16 without AVX-512, through
+// f32), integer exact in int32 on the engine's own kernels (igemm.h) or, with
+// AVX-512 VNNI, on oneDNN with exact zero-point corrections; a reference loop
+// for anything oneDNN cannot describe.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -299,7 +300,6 @@ bool dnnl_conv_exact(TensorEngine& e, const Geometry& g, const View& x, dt xt, c
   }
   return true;
 }
-
 
 // ---- exact integer convolution on the engine's own kernels (igemm.h) ----------------------------------------
 
