@@ -17,6 +17,33 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_strin
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 (cd "$build" && ctest --output-on-failure -j "$(nproc)" "$@")
 
+# The tensor engine at every instruction-set level below this CPU's own (the
+# run above covered that one; docs/ops.md): the op, ONNX node and runtime
+# tests again with TPUHAL_MAX_ISA and oneDNN's cap set, so that a machine
+# with AVX-512 also tests what an AVX2 or SSE machine runs. Skipped, like
+# the steps below, when ctest was given a filter.
+if (($# == 0)); then
+  top=$(TPUHAL_LOG=error "$build/bin/tpuhal" info sim:tiny --json | sed -n 's/.*"tensor_isa": "\([a-z0-9_]*\)".*/\1/p')
+  [[ -n $top ]] || { echo "tpuhal test: tpuhal info did not name the tensor engine's instruction set" >&2; exit 1; }
+  case $(uname -m) in
+    x86_64) levels=(sse2 sse41 avx2 avx512 avx512_vnni) ;;
+    aarch64) levels=(generic neon) ;;
+    *) levels=() ;;
+  esac
+  for level in "${levels[@]}"; do
+    [[ $level == "$top" ]] && break
+    case $level in
+      sse2 | sse41) onednn=SSE41 ;;
+      avx2) onednn=AVX2 ;;
+      avx512) onednn=AVX512_CORE ;;
+      *) onednn=ALL ;;
+    esac
+    echo "tpuhal test: the tensor tests at TPUHAL_MAX_ISA=$level (this CPU: $top)" >&2
+    (cd "$build" && TPUHAL_MAX_ISA=$level ONEDNN_MAX_CPU_ISA=$onednn \
+      ctest --output-on-failure -j "$(nproc)" -R '^(Devices/Ops\..*/sim_tiny|OpsDeterminism|OpsIsa|TensorIsa|OnnxNode|Runtime)')
+  done
+fi
+
 # ThreadSanitizer over the tests where threads meet: the conformance suite,
 # the driver, thread and validation-layer tests, the simulator daemon, the
 # CUDA shim on its stand-in driver, and a short soak (build/tsan/). Skipped when ctest was given a filter, so that
@@ -49,3 +76,9 @@ if (($# == 0)); then
   "$root/scripts/fuzz.sh" --seconds 20 --parallel "$(nproc)" -- -seed=1
 fi
 
+# arm64: the cross build and the tensor and conformance tests under
+# qemu-aarch64 (scripts/arm64.sh, README). Skipped when ctest was given a
+# filter, or with TPUHAL_SKIP_ARM64=1.
+if (($# == 0)) && [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; then
+  "$root/scripts/arm64.sh"
+fi

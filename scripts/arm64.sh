@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Cross-builds tpuhal for arm64 (into build/arm64/) with Debian's cross
+# compiler and arm64 libraries, and runs the tensor engine's tests, the
+# conformance suite, the ONNX node tests and the runtime tests under
+# qemu-aarch64-static, once per arm64 instruction-set level (generic,
+# neon). Installs what it needs with apt-get (as root, or through sudo).
+# Extra arguments go to ctest.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build="$root/build/arm64"
+extra="$build/extra"  # arm64 -dev packages that cannot be installed beside the amd64 ones
+
+if [[ $(id -u) -eq 0 ]]; then sudo=(); else sudo=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  "${sudo[@]}" dpkg --add-architecture arm64
+  "${sudo[@]}" apt-get update -qq
+fi
+packages=(
+  crossbuild-essential-arm64 qemu-user-static
+  libboost-dev:arm64 libboost-program-options-dev:arm64 libspdlog-dev:arm64 libfmt-dev:arm64
+  libusb-1.0-0-dev:arm64 libpci-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64
+  libdnnl2:arm64 ocl-icd-opencl-dev:arm64 libonnx1:arm64 libprotobuf-dev:arm64
+  libavcodec-dev:arm64 libavformat-dev:arm64 libavutil-dev:arm64
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "tpuhal arm64: installing ${missing[*]}" >&2
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# oneDNN's and ONNX's -dev packages for arm64 share paths with the amd64 ones
+# (dnnl_config.h differs; libonnxifi.so is not under a multiarch directory),
+# so dpkg refuses them side by side: unpack them here instead, and point
+# their libraries' links at the installed arm64 runtime libraries.
+if [[ ! -f "$extra/.done" ]]; then
+  rm -rf "$extra"
+  mkdir -p "$extra/debs"
+  (cd "$extra/debs" && apt-get download -qq libdnnl-dev:arm64 libonnx-dev:arm64 libonnxifi:arm64 2>/dev/null)
+  for deb in "$extra"/debs/*.deb; do dpkg-deb -x "$deb" "$extra"; done
+  for lib in libdnnl.so.2 libdnnl.so.2.6 libonnx.so.1 libonnx_proto.so.1; do
+    ln -sf "/usr/lib/aarch64-linux-gnu/$lib" "$extra/usr/lib/aarch64-linux-gnu/$lib"
+  done
+  ln -sf libdnnl.so.2 "$extra/usr/lib/aarch64-linux-gnu/libdnnl.so"
+  ln -sf libonnx.so.1 "$extra/usr/lib/aarch64-linux-gnu/libonnx.so"
+  ln -sf libonnx_proto.so.1 "$extra/usr/lib/aarch64-linux-gnu/libonnx_proto.so"
+  touch "$extra/.done"
+fi
+
+cmake -S "$root" -B "$build" -G Ninja --toolchain "$root/cmake/aarch64-linux-gnu.cmake" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g0 -DNDEBUG" \
+  -DTPUHAL_WERROR=ON -DTPUHAL_BUILD_PYTHON=OFF -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON \
+  -Ddnnl_DIR="$extra/usr/lib/aarch64-linux-gnu/cmake/dnnl" -DONNX_DIR="$extra/usr/lib/aarch64-linux-gnu/cmake/ONNX" >/dev/null
+targets=(sim_tensor_isa_test ops_test hal_conformance tpuhal_cli)
+grep -q '^build onnx_node_test:' "$build/build.ninja" && targets+=(onnx_node_test)
+grep -q '^build runtime_compile:' "$build/build.ninja" && targets+=(runtime_compile)
+[[ ${TPUHAL_ARM64_CONFIGURE_ONLY:-} ]] && exit 0
+cmake --build "$build" --target "${targets[@]}"
+
+# Under emulation everything runs tens of times slower, so the tests run on
+# one simulated board (sim:tiny) rather than every device, and at each arm64
+# level: the engine's kernel tests, the cross-level and thread-count
+# determinism tests, the op tests, the conformance suite (at the top level
+# only: it does not depend on the tensor engine's level), the ONNX node
+# tests and the runtime tests.
+tensor='^(TensorIsa|OpsIsa|OpsDeterminism|Devices/Ops\..*/sim_tiny|OnnxNode|Runtime)'
+for level in generic neon; do
+  echo "tpuhal arm64: the tensor tests at TPUHAL_MAX_ISA=$level" >&2
+  (cd "$build" && TPUHAL_MAX_ISA=$level ctest --output-on-failure -j "$(nproc)" -R "$tensor" "$@")
+done
+(cd "$build" && ctest --output-on-failure -j "$(nproc)" -R '^Devices/Conformance\..*/sim_tiny' "$@")
