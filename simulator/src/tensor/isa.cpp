@@ -116,6 +116,15 @@ bool onednn_int8_exact(Isa isa) {
 #endif
 }
 
+bool onednn_has_native_bf16() {
+#if defined(__x86_64__)
+  const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & want) == want;
+#else
+  return false;
+#endif
+}
+
 bool onednn_has_bf16() {
 #if defined(__x86_64__)
   const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);

@@ -45,8 +45,11 @@ void cap_onednn(Isa isa);
 // (vpdpbusd). Without VNNI oneDNN multiplies with vpmaddubsw, whose 16-bit
 // pair sums saturate.
 bool onednn_int8_exact(Isa isa);
-// Whether oneDNN computes bf16 natively on this CPU (else bf16 is widened
-// to f32, which is exact).
+// Whether oneDNN has bf16 kernels on this CPU, emulated on AVX-512 or
+// native (else bf16 is widened to f32, which is exact).
 bool onednn_has_bf16();
+// Whether oneDNN multiplies bf16 in hardware here (AVX512_BF16, AMX), twice
+// to several times the rate of f32.
+bool onednn_has_native_bf16();
 
 }  // namespace tpuhal::sim::tensor

@@ -101,14 +101,71 @@ fgemm::Type float_type(fw::DType t) {
   return t == fw::DType::kF16 ? fgemm::Type::kF16 : t == fw::DType::kBF16 ? fgemm::Type::kBF16 : fgemm::Type::kF32;
 }
 
+// bf16 products on oneDNN where the CPU multiplies bf16 in hardware
+// (AVX512_BF16, AMX: twice to several times the f32 rate): out (f32, as
+// float_product) over fixed tiles of the output, each computed by one
+// thread with oneDNN held to that thread, so that the tiles, and every
+// element's sum, depend on the shapes alone and never on the thread count.
+// False (some tiles possibly written) if oneDNN cannot take the operands.
+bool native_bf16_product(TensorEngine& e, const View& a, const View& b, bool ta, bool tb, const View& y, float* out) {
+  const std::uint32_t r = y.rank;
+  auto describable = [r](const View& v) {  // oneDNN takes no broadcast row or column
+    return !(v.strides[r - 2] == 0 && v.shape[r - 2] > 1) && !(v.strides[r - 1] == 0 && v.shape[r - 1] > 1);
+  };
+  if (a.dtype != fw::DType::kBF16 || b.dtype != fw::DType::kBF16 || !describable(a) || !describable(b)) return false;
+  const std::uint64_t m = y.shape[r - 2], n = y.shape[r - 1];
+  const std::uint64_t k = ta ? a.shape[r - 2] : a.shape[r - 1];
+  const std::uint64_t nb = batches(y);
+  // Tiles of at most 256 x 256, halved (down to 64) until there are 16.
+  std::uint64_t tm = std::min<std::uint64_t>(m, 256), tn = std::min<std::uint64_t>(n, 256);
+  auto count = [&] { return nb * ((m + tm - 1) / tm) * ((n + tn - 1) / tn); };
+  while (count() < 16 && tm > 64) tm = (tm + 1) / 2;
+  while (count() < 16 && tn > 64) tn = (tn + 1) / 2;
+  const std::uint64_t mt = (m + tm - 1) / tm, nt = (n + tn - 1) / tn;
+  const Indexer ia{a, ta}, ib{b, tb};
+  const auto D = [](std::uint64_t v) { return static_cast<dnnl::memory::dim>(v); };
+  const std::uint64_t ars = ta ? a.strides[r - 1] : a.strides[r - 2], acs = ta ? a.strides[r - 2] : a.strides[r - 1];
+  const std::uint64_t brs = tb ? b.strides[r - 1] : b.strides[r - 2], bcs = tb ? b.strides[r - 2] : b.strides[r - 1];
+  std::atomic<bool> failed{false};
+  e.pool().parallel_for(nb * mt * nt, [&](std::uint64_t begin, std::uint64_t end) {
+    // No threads of oneDNN's own on this thread (restored after: the
+    // caller's thread runs this itself when there is one part).
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    try {
+      dnnl::stream stream(e.dnnl().engine);
+      for (std::uint64_t t = begin; t < end && !failed.load(std::memory_order_relaxed); ++t) {
+        const std::uint64_t bi = t / (mt * nt), m0 = t / nt % mt * tm, n0 = t % nt * tn;
+        const std::uint64_t rows = std::min(tm, m - m0), cols = std::min(tn, n - n0);
+        const dnnl::memory::desc ad({D(rows), D(k)}, dt::bf16, {D(ars), D(acs)});
+        const dnnl::memory::desc bd({D(k), D(cols)}, dt::bf16, {D(brs), D(bcs)});
+        const dnnl::memory::desc yd({D(rows), D(cols)}, dt::f32, {D(n), 1});
+        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, yd), e.dnnl().engine);
+        dnnl::matmul prim(pd);
+        dnnl::memory am(ad, e.dnnl().engine, const_cast<std::byte*>(a.at(ia.batch_offset(bi, y) + m0 * ars)));
+        dnnl::memory bm(bd, e.dnnl().engine, const_cast<std::byte*>(b.at(ib.batch_offset(bi, y) + n0 * bcs)));
+        dnnl::memory ym(yd, e.dnnl().engine, out + (bi * m + m0) * n + n0);
+        prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, ym}});
+        stream.wait();
+      }
+    } catch (const dnnl::error&) {
+      failed.store(true);
+    }
+    omp_set_num_threads(saved);
+  });
+  return !failed.load();
+}
+
 // out (f32, [batch, M, N] with row stride n, batch stride m * n) = op(A) @
 // op(B) on the engine's own kernels (fgemm.h): each element one chain of
-// multiply-adds in k order, whatever the threads.
+// multiply-adds in k order, whatever the threads; bf16 on oneDNN where the
+// CPU multiplies it in hardware (above).
 void float_product(TensorEngine& e, const View& a, const View& b, bool ta, bool tb, const View& y, float* out) {
   const std::uint32_t r = y.rank;
   const std::uint64_t m = y.shape[r - 2], n = y.shape[r - 1];
   const std::uint64_t k = ta ? a.shape[r - 2] : a.shape[r - 1];
   const std::uint64_t nb = batches(y);
+  if (k != 0 && m != 0 && n != 0 && onednn_has_native_bf16() && native_bf16_product(e, a, b, ta, tb, y, out)) return;
   const fgemm::Kernels& kern = fgemm::kernels(e.isa());
   const Indexer ia{a, ta}, ib{b, tb};
   const auto S = [](std::uint64_t v) { return static_cast<std::int64_t>(v); };
