@@ -54,7 +54,7 @@ if (($# == 0)); then
     -DTPUHAL_SANITIZE=thread -DTPUHAL_WERROR=ON >/dev/null
   # The CUDA shim's tests where the toolkit's headers were found.
   cuda_targets=()
-  if grep -q '^build cuda_shim_test:' "$tsan/build.ninja"; then cuda_targets=(cuda_shim_test tpuhal_fake_cuda); fi
+  if grep -q '^build cuda_shim_test:' "$tsan/build.ninja"; then cuda_targets=(cuda_shim_test tpuhal_fake_cuda cuda_gpu_test); fi
   cmake --build "$tsan" --target hal_threads tpu_driver hal_conformance sim_board_test tpuhal_cli hal_validation \
     simd_test tpuhal_simd simd_client tpu_usb_test "${cuda_targets[@]}"
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
