@@ -4,6 +4,10 @@
 //
 //   simd_client URI SECRET_BYTE
 // prints "ready HOST_IOVA DEVICE_ADDRESS RESIDENT_BYTES" once set up.
+//
+//   simd_client --stats SOCKET
+// prints the daemon's statistics as this process sees them: "vfs N" then
+// "vf BOARD VF PID UID" per VF listed.
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,9 +15,24 @@
 #include <cstring>
 #include <vector>
 
+#include <string>
+
+#include "tpuhal/tpu/simd_provider.h"
 #include "tpuhal/tpuhal.hpp"
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--stats") {
+    try {
+      const auto stats = tpuhal::tpu::simd_stats(argv[2]);
+      std::printf("vfs %u\n", stats.vfs);
+      for (std::uint32_t i = 0; i < stats.vfs; ++i)
+        std::printf("vf %u %u %d %u\n", stats.vf[i].board, stats.vf[i].vf, stats.vf[i].pid, stats.vf[i].uid);
+      return 0;
+    } catch (const tpuhal::Error& e) {
+      std::fprintf(stderr, "simd_client: %s\n", e.what());
+      return 1;
+    }
+  }
   if (argc != 3) {
     std::fprintf(stderr, "usage: simd_client URI SECRET_BYTE\n");
     return 2;

@@ -1,10 +1,13 @@
 // tpuhal-simd: the simulator daemon. Serves simulated boards to several
 // processes over a Unix socket (docs/simd.md).
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "server.h"
@@ -18,14 +21,18 @@ extern "C" void on_signal(int) {
 }
 
 constexpr const char* kUsage =
-    "Usage: tpuhal-simd --socket PATH [--board PROFILE]... [--vfs N] [--spin-us US]\n\n"
+    "Usage: tpuhal-simd --socket PATH [--board PROFILE]... [--vfs N] [--spin-us US]\n"
+    "                   [--group NAME] [--mode OCTAL] [quota options]\n\n"
     "Serves simulated boards to other processes over the Unix socket PATH (created\n"
-    "with mode 0600: only this user may connect). A process opens board N as the\n"
+    "with mode 0600: only this user may connect; --group and --mode open it to\n"
+    "others, each user then held to the per-user quotas). A process opens board N as the\n"
     "device simd:PATH#N; TPUHAL_SIMD=PATH[,PATH...] makes `tpuhal list` and\n"
     "enumerate() show them. Each process that opens a board gets a virtual function\n"
     "of it: its own registers, queues, IOMMU domain and a 1/vfs share of its\n"
     "DRAM, isolated from every other process. A process that exits or dies frees its VF.\n"
-    "SIGTERM or SIGINT stops the daemon; its clients then see their devices lost.\n\n"
+    "SIGTERM or SIGINT stops the daemon; its clients then see their devices lost.\n"
+    "A request past a quota is refused with an error naming the quota and the use;\n"
+    "nothing else changes for anyone (docs/simd.md: quotas and the threat model).\n\n"
     "Options";
 
 }  // namespace
@@ -33,6 +40,7 @@ constexpr const char* kUsage =
 int main(int argc, char** argv) {
   namespace po = boost::program_options;
   tpuhal::simd::ServerOptions options;
+  tpuhal::simd::Quotas& q = options.quotas;
   po::options_description desc(kUsage);
   desc.add_options()("help,h", "show this help")(
       "socket", po::value<std::string>(&options.socket_path)->required(), "the Unix socket to serve on")(
@@ -45,7 +53,32 @@ int main(int argc, char** argv) {
       "spin-us", po::value<std::uint32_t>(&options.spin_us)->default_value(20),
       "how long a client's register channel is polled after its last access before the daemon "
       "sleeps on it (lower: less CPU, higher: lower latency); on hosts with fewer than 4 cores "
-      "it sleeps at once after a register write");
+      "it sleeps at once after a register write")(
+      "group", po::value<std::string>(&options.group), "give the socket to this group (with --mode 0660: its members may connect)")(
+      "mode", po::value<std::string>()->default_value("0600"), "the socket's permission bits, in octal (0600, 0660, 0666)")(
+      "max-connections-per-process", po::value<std::uint32_t>(&q.connections_per_process)->default_value(16),
+      "connections one process may hold (0: no limit)")(
+      "max-connections-per-user", po::value<std::uint32_t>(&q.connections_per_user)->default_value(64),
+      "connections one user may hold (0: no limit)")(
+      "max-vfs-per-process", po::value<std::uint32_t>(&q.vfs_per_process)->default_value(0),
+      "VFs (and so device memory and queues) one process may hold at once, over all boards (0: no limit)")(
+      "max-vfs-per-user", po::value<std::uint32_t>(&q.vfs_per_user)->default_value(0),
+      "VFs one user may hold at once (0: no limit)")(
+      "max-mappings-per-client", po::value<std::uint64_t>(&q.mappings_per_client)->default_value(8192),
+      "host memory mappings for DMA one client (an open device) may hold (0: no limit)")(
+      "max-mappings-per-user", po::value<std::uint64_t>(&q.mappings_per_user)->default_value(16384),
+      "host memory mappings for DMA one user may hold (0: no limit)")(
+      "max-mapped-bytes-per-client", po::value<std::uint64_t>(&q.mapped_bytes_per_client)->default_value(0),
+      "bytes of host memory one client may map for DMA (0: this host's physical memory)")(
+      "max-mapped-bytes-per-user", po::value<std::uint64_t>(&q.mapped_bytes_per_user)->default_value(0),
+      "bytes of host memory one user may map for DMA (0: this host's physical memory)")(
+      "idle-seconds", po::value<std::uint32_t>(&q.idle_seconds)->default_value(30),
+      "close a connection that holds no VF after this many seconds without a request (0: never)")(
+      "max-threads", po::value<std::uint32_t>(&q.threads)->default_value(0),
+      "threads serving clients, one per connection and one per open device (0: as many as the system gives)")(
+      "max-requests-per-second", po::value<std::uint32_t>(&q.requests_per_second)->default_value(2000),
+      "requests and new connections one process may make per second, in bursts of up to a second's worth; "
+      "past that its requests wait and its new connections are refused (0: no limit)");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -54,9 +87,27 @@ int main(int argc, char** argv) {
       return 0;
     }
     po::notify(vm);
+    const std::string mode = vm["mode"].as<std::string>();
+    char* end = nullptr;
+    const unsigned long bits = std::strtoul(mode.c_str(), &end, 8);
+    if (mode.empty() || *end || bits > 0777)
+      throw std::invalid_argument("--mode " + mode + " is not a permission mode in octal (0600, 0660, 0666)");
+    options.mode = static_cast<std::uint32_t>(bits);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tpuhal-simd: %s\n(tpuhal-simd --help lists the options)\n", e.what());
     return 2;
+  }
+  // Not dumpable: no other process of this user may ptrace the daemon or
+  // open its /proc/PID/fd entries, which name every client's memory.
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+    std::perror("tpuhal-simd: prctl(PR_SET_DUMPABLE)");
+    return 1;
+  }
+  // Each connection is a descriptor, each attach several: take every one
+  // the hard limit allows (the daemon polls, it never select()s).
+  if (rlimit nofile{}; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &nofile);
   }
   try {
     tpuhal::simd::Server server(options);

@@ -1,18 +1,23 @@
 #include "server.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <stdexcept>
+#include <system_error>
 
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/mapping.h"
@@ -40,8 +45,47 @@ constexpr std::uint64_t kVfUnit = 64 << 10;
 // Connections beyond one per VF: listings, statistics, clients waiting for
 // a VF to come free.
 constexpr std::size_t kSpareConnections = 64;
+// Descriptors the daemon keeps for itself: a connection that would leave
+// fewer free is refused, so that an attach (memfds, eventfds), a log line or
+// a refusal still finds descriptors when clients hold the rest.
+constexpr int kFdReserve = 16;
+// Refused connections lingering at once; past that the oldest is closed
+// without waiting for its client to read the answer.
+constexpr std::size_t kMaxRefused = 64;
 
 std::string errno_text(int err) { return std::strerror(err); }
+
+// This host's physical memory: the default for the mapped-bytes quotas.
+std::uint64_t physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(size) : 1ull << 40;
+}
+
+// The mappings the daemon may make for its clients: vm.max_map_count less
+// a quarter (at least 4096) for its own boards, channels and threads.
+std::uint64_t mapping_budget() {
+  std::uint64_t limit = 65530;  // the kernel's default
+  if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+    unsigned long long v = 0;
+    if (std::fscanf(f, "%llu", &v) == 1 && v > 0) limit = v;
+    std::fclose(f);
+  }
+  const std::uint64_t reserve = std::max<std::uint64_t>(4096, limit / 4);
+  return limit > reserve ? limit - reserve : limit / 2;
+}
+
+// "quota NAME is LIMIT and WHO already holds USE" for a refused request.
+std::string over_quota(const char* name, const char* option, std::uint64_t limit, const std::string& who,
+                       const std::string& use) {
+  return "refused: quota " + std::string(name) + " is " + std::to_string(limit) + " and " + who + " " + use +
+         " (tpuhal-simd --" + option + ")";
+}
+std::string over_bytes_quota(const char* name, const char* option, std::uint64_t limit, const std::string& who,
+                             std::uint64_t use, std::uint64_t asked) {
+  return "refused: quota " + std::string(name) + " is " + base::format_bytes(limit) + " and " + who + " maps " +
+         base::format_bytes(use) + " already, asking for " + base::format_bytes(asked) + " more (tpuhal-simd --" +
+         option + ")";
+}
 
 std::string hex(std::uint64_t v) {
   char buf[24];
@@ -139,6 +183,7 @@ struct Server::BoardSlot {
 struct Server::Client {
   base::UniqueFd sock;
   pid_t pid = 0;
+  uid_t uid = 0;
   std::thread thread;
   std::atomic<bool> finished{false};
 
@@ -153,11 +198,33 @@ struct Server::Client {
     void* host;
     std::uint64_t size;
   };
-  std::map<std::uint64_t, Dma> dma;  // by IOVA; the client's thread only
+  std::map<std::uint64_t, Dma> dma;  // by IOVA; changed by the client's thread under Server::mu_
+  std::uint64_t dma_bytes = 0;       // the sum of dma's sizes, likewise
 };
 
 Server::Server(ServerOptions options) : options_(std::move(options)) {
   if (options_.boards.empty()) options_.boards.push_back("bm1684x");
+  Quotas& q = options_.quotas;
+  if (q.mapped_bytes_per_client == 0) q.mapped_bytes_per_client = physical_memory();
+  if (q.mapped_bytes_per_user == 0) q.mapped_bytes_per_user = physical_memory();
+  max_mappings_ = mapping_budget();
+  if (options_.mode & ~0777u) throw std::runtime_error("--mode " + hex(options_.mode) + " is not a permission mode (0600, 0660, ...)");
+  if (!(options_.mode & 0600) || (options_.mode & 0600) != 0600)
+    throw std::runtime_error("--mode must let the daemon's owner read and write the socket (0600 at least)");
+  gid_t gid = static_cast<gid_t>(-1);
+  if (!options_.group.empty()) {
+    std::vector<char> buf(16384);
+    group gr{};
+    group* found = nullptr;
+    if (::getgrnam_r(options_.group.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || !found)
+      throw std::runtime_error("--group " + options_.group + ": no such group");
+    gid = found->gr_gid;
+  }
+  spare_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  rlimit nofile{};
+  fd_limit_ = ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
+                  ? static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, 1 << 30))
+                  : 1 << 30;
   if (options_.boards.size() > kMaxBoards)
     throw std::runtime_error("at most " + std::to_string(kMaxBoards) + " boards per daemon");
   for (const auto& name : options_.boards) {
@@ -194,10 +261,18 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {
   const int bind_err = errno;
   ::umask(old_mask);
   if (rc != 0) throw std::runtime_error("bind " + path + ": " + errno_text(bind_err));
-  if (::chmod(path.c_str(), 0600) != 0 || ::lstat(path.c_str(), &st) != 0 || (st.st_mode & 0777) != 0600 ||
-      st.st_uid != ::getuid()) {
+  // The group first, then the mode that may open the socket to it.
+  if (gid != static_cast<gid_t>(-1) && ::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    const int err = errno;
     ::unlink(path.c_str());
-    throw std::runtime_error("cannot make " + path + " owner-only (mode 0600)");
+    throw std::runtime_error("cannot give " + path + " to group " + options_.group + ": " + errno_text(err));
+  }
+  if (::chmod(path.c_str(), options_.mode) != 0 || ::lstat(path.c_str(), &st) != 0 ||
+      (st.st_mode & 0777) != options_.mode || st.st_uid != ::getuid()) {
+    ::unlink(path.c_str());
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", options_.mode);
+    throw std::runtime_error("cannot set " + path + " to mode " + mode);
   }
   if (::listen(listen_.get(), 64) != 0) {
     ::unlink(path.c_str());
@@ -222,12 +297,49 @@ Server::~Server() {
 
 void Server::stop() noexcept { base::eventfd_signal(stop_.get()); }
 
+std::chrono::nanoseconds Server::take_request(std::int32_t pid) {
+  const double rate = options_.quotas.requests_per_second;
+  if (rate == 0) return {};
+  Bucket& b = buckets_[pid];
+  const auto now = std::chrono::steady_clock::now();
+  b.tokens = std::min(rate, b.tokens + rate * std::chrono::duration<double>(now - b.refilled).count());
+  b.refilled = now;
+  if (b.tokens >= 1) {
+    b.tokens -= 1;
+    return {};
+  }
+  return std::chrono::nanoseconds(static_cast<std::int64_t>((1 - b.tokens) / rate * 1e9) + 1);
+}
+
+bool Server::throttle(const Client& client) {
+  for (;;) {
+    std::chrono::nanoseconds wait;
+    {
+      std::lock_guard lock(mu_);
+      wait = take_request(client.pid);
+    }
+    if (wait.count() == 0) return true;
+    pollfd p{stop_.get(), POLLIN, 0};
+    const timespec ts{static_cast<time_t>(wait.count() / 1000000000), static_cast<long>(wait.count() % 1000000000)};
+    if (::ppoll(&p, 1, &ts, nullptr) > 0) return false;
+  }
+}
+
 void Server::reap_finished() {
   std::list<std::unique_ptr<Client>> done;
   {
     std::lock_guard lock(mu_);
+    // A bucket full again is the same as none.
+    const double rate = options_.quotas.requests_per_second;
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(buckets_, [&](const auto& kv) {
+      return kv.second.tokens + rate * std::chrono::duration<double>(now - kv.second.refilled).count() >= rate;
+    });
     for (auto it = clients_.begin(); it != clients_.end();) {
       if ((*it)->finished.load()) {
+        Client& c = **it;
+        if (--users_[c.uid].connections == 0 && users_[c.uid].vfs == 0) users_.erase(c.uid);
+        if (--processes_[c.pid].connections == 0 && processes_[c.pid].vfs == 0) processes_.erase(c.pid);
         done.push_back(std::move(*it));
         it = clients_.erase(it);
       } else {
@@ -239,68 +351,223 @@ void Server::reap_finished() {
     if (c->thread.joinable()) c->thread.join();
 }
 
+std::thread Server::start_thread(std::function<void()> fn) {
+  const std::uint32_t most = options_.quotas.threads;
+  if (most && threads_.load() >= most)
+    throw std::system_error(EAGAIN, std::generic_category(),
+                            "the daemon's " + std::to_string(most) + " threads (tpuhal-simd --max-threads) are all in use");
+  threads_.fetch_add(1);
+  try {
+    return std::thread([this, fn = std::move(fn)] {
+      fn();
+      threads_.fetch_sub(1);
+    });
+  } catch (...) {
+    threads_.fetch_sub(1);
+    throw;
+  }
+}
+
 void Server::run() {
   auto log = base::logger("simd");
   log->info("serving {} board(s) on {}, {} VF(s) each", boards_.size(), options_.socket_path, options_.vfs);
   pollfd p[2] = {{listen_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
   for (;;) {
-    const int n = ::poll(p, 2, 1000);
+    const int n = ::poll(p, 2, refused_.empty() ? 1000 : 50);
     reap_finished();
+    drain_refused();
     if (n < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text(errno));
     if (n <= 0) continue;
     if (p[1].revents) break;
     if (!(p[0].revents & POLLIN)) continue;
-    base::UniqueFd sock(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!sock) continue;
-    ucred cred{};
-    socklen_t len = sizeof cred;
-    if (::getsockopt(sock.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::getuid()) {
-      send_error(sock.get(), kPermissionDenied,
-                 "the simulator daemon serves only its own user (uid " + std::to_string(::getuid()) + ")");
-      log->warn("refused a client of uid {}", cred.uid);
-      continue;
-    }
-    // One thread per connection, so a bound on connections: a client that
-    // opens them without end must not exhaust the daemon's threads.
-    const std::size_t most = boards_.size() * options_.vfs + kSpareConnections;
-    std::unique_lock lock(mu_);
-    if (clients_.size() >= most) {
-      lock.unlock();
-      send_error(sock.get(), kResourceExhausted,
-                 "the simulator daemon has " + std::to_string(most) + " connections open, its most");
-      log->warn("refused a connection from pid {}: {} open", cred.pid, most);
-      continue;
-    }
-    auto client = std::make_unique<Client>();
-    client->sock = std::move(sock);
-    client->pid = cred.pid;
-    Client& c = *client;
-    clients_.push_back(std::move(client));
     try {
-      c.thread = std::thread([this, &c] {
-        serve(c);
-        c.finished.store(true);
-      });
-    } catch (const std::system_error& e) {
-      // No thread to serve it: the connection is refused, the daemon goes on.
-      auto refused = std::move(clients_.back());
-      clients_.pop_back();
-      lock.unlock();
-      send_error(refused->sock.get(), kResourceExhausted,
-                 std::string("the simulator daemon cannot start a thread for the connection: ") + e.what());
-      log->warn("refused a connection from pid {}: {}", cred.pid, e.what());
+      accept_one();
+    } catch (const std::exception& e) {
+      // Whatever failed (memory, say) failed this connection only.
+      log->warn("a connection failed: {}", e.what());
     }
   }
   log->info("stopping");
 }
 
+void Server::refuse(base::UniqueFd sock, std::uint32_t status, const std::string& message) {
+  send_error(sock.get(), status, message);
+  ::shutdown(sock.get(), SHUT_WR);
+  if (refused_.size() >= kMaxRefused) refused_.erase(refused_.begin());
+  refused_.push_back({std::move(sock), std::chrono::steady_clock::now() + 2s});
+  drain_refused();
+}
+
+void Server::drain_refused() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = refused_.begin(); it != refused_.end();) {
+    bool done = now >= it->until;
+    char buf[256];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+    while (!done) {
+      iovec iov{buf, sizeof buf};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      const ssize_t n = ::recvmsg(it->sock.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&msg) : nullptr; c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        for (std::size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+          ::close(fd);
+        }
+      }
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) done = true;  // hung up, or gone
+      if (n < 0 && errno == EAGAIN) break;
+    }
+    it = done ? refused_.erase(it) : std::next(it);
+  }
+}
+
+void Server::accept_one() {
+  auto log = base::logger("simd");
+  base::UniqueFd sock(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  if (!sock) {
+    const int err = errno;
+    if ((err == EMFILE || err == ENFILE) && spare_) {
+      // Out of descriptors: free the spare one for as long as it takes to
+      // take the connection and tell it why, rather than leave it queued
+      // (and the listening socket readable, the loop spinning).
+      spare_.reset();
+      base::UniqueFd refused(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (refused) {
+        // Answered and closed at once: lingering would hold the descriptor
+        // the daemon lacks.
+        send_error(refused.get(), kResourceExhausted,
+                   "the simulator daemon is out of file descriptors (" + errno_text(err) + "); try again later");
+        ::shutdown(refused.get(), SHUT_WR);
+        char buf[256];
+        while (::recv(refused.get(), buf, sizeof buf, MSG_DONTWAIT) > 0) {
+        }
+      }
+      refused.reset();
+      spare_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      log->warn("refused a connection: {}", errno_text(err));
+    } else if (err == EMFILE || err == ENFILE) {
+      std::this_thread::sleep_for(10ms);  // no spare either: let descriptors come back
+    }
+    return;
+  }
+  // Descriptors are numbered lowest free first: this one's number is how
+  // many the daemon holds below it.
+  if (sock.get() >= fd_limit_ - kFdReserve) {
+    const std::string why = "the simulator daemon is out of file descriptors (" + std::to_string(sock.get() + 1) +
+                            " of its limit of " + std::to_string(fd_limit_) + " in use); try again later";
+    refuse(std::move(sock), kResourceExhausted, why);
+    log->warn("refused a connection: {}", why);
+    return;
+  }
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(sock.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    refuse(std::move(sock), kPermissionDenied, "the simulator daemon cannot tell who is connecting");
+    return;
+  }
+  // With an owner-only socket only the owner gets here, root apart: refuse
+  // that too. With a group or wider mode, the mode says who may connect.
+  if (cred.uid != ::getuid() && !(options_.mode & 0066)) {
+    refuse(std::move(sock), kPermissionDenied,
+           "the simulator daemon serves only its own user (uid " + std::to_string(::getuid()) + ")");
+    log->warn("refused a client of uid {}", cred.uid);
+    return;
+  }
+  // One thread per connection, so a bound on connections: a client that
+  // opens them without end must not exhaust the daemon's threads; and
+  // shares, so that no process or user takes them all.
+  const std::size_t most = boards_.size() * options_.vfs + kSpareConnections;
+  const Quotas& q = options_.quotas;
+  std::unique_lock lock(mu_);
+  std::string refusal;
+  Usage& user = users_[cred.uid];
+  Usage& process = processes_[cred.pid];
+  if (clients_.size() >= most)
+    refusal = "the simulator daemon has " + std::to_string(most) + " connections open, its most";
+  else if (take_request(cred.pid).count())
+    refusal = over_quota("requests-per-second", "max-requests-per-second", q.requests_per_second,
+                         "process " + std::to_string(cred.pid), "has made that many requests and connections");
+  else if (q.connections_per_process && process.connections >= q.connections_per_process)
+    refusal = over_quota("connections-per-process", "max-connections-per-process", q.connections_per_process,
+                         "process " + std::to_string(cred.pid), "has " + std::to_string(process.connections) + " open");
+  else if (q.connections_per_user && user.connections >= q.connections_per_user)
+    refusal = over_quota("connections-per-user", "max-connections-per-user", q.connections_per_user,
+                         "uid " + std::to_string(cred.uid), "has " + std::to_string(user.connections) + " open");
+  if (!refusal.empty()) {
+    lock.unlock();
+    refuse(std::move(sock), kResourceExhausted, refusal);
+    log->warn("refused a connection from pid {}: {}", cred.pid, refusal);
+    return;
+  }
+  auto client = std::make_unique<Client>();
+  client->sock = std::move(sock);
+  client->pid = cred.pid;
+  client->uid = cred.uid;
+  Client& c = *client;
+  clients_.push_back(std::move(client));
+  ++user.connections;
+  ++process.connections;
+  try {
+    c.thread = start_thread([this, &c] {
+      serve(c);
+      c.finished.store(true);
+    });
+  } catch (const std::system_error& e) {
+    // No thread to serve it: the connection is refused, the daemon goes on.
+    auto gone = std::move(clients_.back());
+    clients_.pop_back();
+    --users_[gone->uid].connections;
+    --processes_[gone->pid].connections;
+    lock.unlock();
+    refuse(std::move(gone->sock), kResourceExhausted,
+           std::string("the simulator daemon cannot start a thread for the connection: ") + e.what());
+    log->warn("refused a connection from pid {}: {}", cred.pid, e.what());
+  }
+}
+
+void Server::serve_socket(base::UniqueFd sock) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(sock.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return;
+  Client* c = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    auto client = std::make_unique<Client>();
+    client->sock = std::move(sock);
+    client->pid = cred.pid;
+    client->uid = cred.uid;
+    c = client.get();
+    clients_.push_back(std::move(client));
+    ++users_[cred.uid].connections;
+    ++processes_[cred.pid].connections;
+  }
+  serve(*c);
+  c->finished.store(true);
+  reap_finished();
+}
+
 void Server::serve(Client& client) {
   auto log = base::logger("simd");
   pollfd p[2] = {{client.sock.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+  const std::uint32_t idle = options_.quotas.idle_seconds;
   for (;;) {
-    const int n = ::poll(p, 2, -1);
+    // A connection that holds no VF may stay silent only so long.
+    const int timeout = client.board || idle == 0 ? -1 : static_cast<int>(idle) * 1000;
+    const int n = ::poll(p, 2, timeout);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 || p[1].revents) break;
+    if (n == 0) {
+      send_error(client.sock.get(), kResourceExhausted,
+                 "closed: " + std::to_string(idle) + " s without a request or a VF (tpuhal-simd --idle-seconds)");
+      log->info("closed an idle connection of pid {}", client.pid);
+      break;
+    }
     Message m;
     std::string why;
     const int err = receive_message(client.sock.get(), m, -1ms, &why);
@@ -311,7 +578,15 @@ void Server::serve(Client& client) {
       continue;
     }
     if (err) break;  // hung up, or died
-    handle(client, m);
+    if (!throttle(client)) break;
+    try {
+      handle(client, m);
+    } catch (const std::exception& e) {
+      // Out of memory, say: this request fails, nothing else.
+      log->warn("client pid {}: {} failed: {}", client.pid, to_string(m.header.type), e.what());
+      send_error(client.sock.get(), kOutOfMemory,
+                 to_string(m.header.type) + ": the simulator daemon could not serve it: " + e.what());
+    }
   }
   detach(client);
 }
@@ -353,17 +628,20 @@ void Server::reply_boards(Client& client) {
   send_struct(client.sock.get(), MsgType::kBoards, r);
 }
 
+// Other users' processes are shown to the daemon's owner only.
 void Server::reply_stats(Client& client) {
   StatsReply r;
+  const bool owner = client.uid == ::getuid();
   std::unique_lock lock(mu_);
   r.boards = static_cast<std::uint32_t>(boards_.size());
   r.protocol_errors = protocol_errors_.load();
   for (auto& c : clients_) {
-    if (!c->board || r.vfs >= kMaxVfStats) continue;
+    if (!c->board || r.vfs >= kMaxVfStats || (!owner && c->uid != client.uid)) continue;
     VfStats& s = r.vf[r.vfs++];
     s.board = c->board_index;
     s.vf = c->vf;
     s.pid = c->pid;
+    s.uid = c->uid;
     s.dram_resident_bytes = c->board->dram_resident_bytes();
     s.dma_mappings = static_cast<std::uint32_t>(c->board->iommu().mapping_count());
     s.dma_mapped_bytes = c->board->iommu().mapped_bytes();
@@ -395,7 +673,22 @@ void Server::attach(Client& client, const Message& m) {
   BoardSlot& slot = *boards_[req->board];
   std::uint32_t vf = 0;
   {
+    const Quotas& quota = options_.quotas;
     std::unique_lock lock(mu_);
+    Usage& user = users_[client.uid];
+    Usage& process = processes_[client.pid];
+    std::string refusal;
+    if (quota.vfs_per_process && process.vfs >= quota.vfs_per_process)
+      refusal = over_quota("vfs-per-process", "max-vfs-per-process", quota.vfs_per_process,
+                           "process " + std::to_string(client.pid), "holds " + std::to_string(process.vfs));
+    else if (quota.vfs_per_user && user.vfs >= quota.vfs_per_user)
+      refusal = over_quota("vfs-per-user", "max-vfs-per-user", quota.vfs_per_user,
+                           "uid " + std::to_string(client.uid), "holds " + std::to_string(user.vfs));
+    if (!refusal.empty()) {
+      lock.unlock();
+      send_error(sock, kResourceExhausted, "attach: " + refusal);
+      return;
+    }
     while (vf < slot.used.size() && slot.used[vf]) ++vf;
     if (vf == slot.used.size()) {
       lock.unlock();
@@ -407,7 +700,25 @@ void Server::attach(Client& client, const Message& m) {
       return;
     }
     slot.used[vf] = true;
+    ++user.vfs;
+    ++process.vfs;
   }
+  // Gives the VF back however the attach fails past this point (an
+  // exception included) until the client holds it.
+  struct ReleaseVf {
+    Server& s;
+    BoardSlot& slot;
+    Client& client;
+    std::uint32_t vf;
+    bool armed = true;
+    ~ReleaseVf() {
+      if (!armed) return;
+      std::lock_guard lock(s.mu_);
+      slot.used[vf] = false;
+      --s.users_[client.uid].vfs;
+      --s.processes_[client.pid].vfs;
+    }
+  } release_vf{*this, slot, client, vf};
   std::unique_ptr<sim::Board> board;
   base::Mapping channel;
   try {
@@ -422,10 +733,6 @@ void Server::attach(Client& client, const Message& m) {
       options.doorbells.push_back({&shared->doorbell[q].tail, &shared->doorbell[q].sleeping});
     board = std::make_unique<sim::Board>(slot.vf, std::move(options));
   } catch (const std::exception& e) {
-    {
-      std::lock_guard lock(mu_);
-      slot.used[vf] = false;
-    }
     send_error(sock, kOutOfMemory, "cannot create VF " + std::to_string(vf) + " of board " +
                                        std::to_string(req->board) + ": " + e.what());
     return;
@@ -450,8 +757,26 @@ void Server::attach(Client& client, const Message& m) {
   std::vector<int> fds = {board->dram_fd(), channel.fd()};
   for (std::uint32_t v = 0; v < r.vectors; ++v) fds.push_back(board->interrupt_fd(v));
 
+  // The VF's register thread, before anything is handed over: when no
+  // thread can be started, the attach fails and the daemon goes on.
   auto* ch = reinterpret_cast<Channel*>(channel.data());
   sim::Board& b = *board;
+  client.drain_stop.store(false);
+  const std::uint64_t spin_ns = std::uint64_t{options_.spin_us} * 1000;
+  // Polling after a doorbell pays where the client, this thread and the
+  // command processor each have a core.
+  const bool sleep_after_write = std::thread::hardware_concurrency() < 4;
+  try {
+    client.drain = start_thread([ch, &b, &client, spin_ns, sleep_after_write] {
+      drain(*ch, b, client.drain_stop, spin_ns, sleep_after_write);
+    });
+  } catch (const std::system_error& e) {
+    board.reset();
+    send_error(sock, kResourceExhausted, "cannot start the register thread of VF " + std::to_string(vf) +
+                                             " of board " + std::to_string(req->board) + ": " + e.what());
+    base::logger("simd")->warn("client pid {}: attach failed: {}", client.pid, e.what());
+    return;
+  }
   {
     std::lock_guard lock(mu_);
     client.board_index = req->board;
@@ -459,14 +784,7 @@ void Server::attach(Client& client, const Message& m) {
     client.board = std::move(board);
     client.channel = std::move(channel);
   }
-  client.drain_stop.store(false);
-  const std::uint64_t spin_ns = std::uint64_t{options_.spin_us} * 1000;
-  // Polling after a doorbell pays where the client, this thread and the
-  // command processor each have a core.
-  const bool sleep_after_write = std::thread::hardware_concurrency() < 4;
-  client.drain = std::thread([ch, &b, &client, spin_ns, sleep_after_write] {
-    drain(*ch, b, client.drain_stop, spin_ns, sleep_after_write);
-  });
+  release_vf.armed = false;  // the client holds it: detach() gives it back
   if (send_struct(sock, MsgType::kAttached, r, fds) != 0) return;  // gone: serve() ends and detaches
   base::logger("simd")->info("client pid {} attached to VF {} of board {} ({})", client.pid, vf, req->board,
                              slot.profile.name);
@@ -501,6 +819,35 @@ void Server::map_dma(Client& client, Message& m) {
                                      " is not page-aligned inside the " + hex(file_size) + "-byte memfd");
   if (req->access == 0 || (req->access & ~std::uint32_t{kRead | kWrite}))
     return bad(kInvalidArgument, "access bits " + hex(req->access) + " (read 1, write 2)");
+  // Every mapping is an mmap in this process: the quotas keep one client's
+  // (sparse memfds cost nothing to make) from filling its address space or
+  // its map count, which every client needs.
+  {
+    const Quotas& q = options_.quotas;
+    std::unique_lock lock(mu_);
+    const Usage& user = users_[client.uid];
+    const std::string me = "this client", uid = "uid " + std::to_string(client.uid);
+    std::string refusal;
+    if (q.mappings_per_client && client.dma.size() >= q.mappings_per_client)
+      refusal = over_quota("mappings-per-client", "max-mappings-per-client", q.mappings_per_client, me,
+                           "holds " + std::to_string(client.dma.size()));
+    else if (q.mappings_per_user && user.mappings >= q.mappings_per_user)
+      refusal = over_quota("mappings-per-user", "max-mappings-per-user", q.mappings_per_user, uid,
+                           "holds " + std::to_string(user.mappings));
+    else if (mappings_ >= max_mappings_)
+      refusal = "refused: the daemon holds " + std::to_string(mappings_) + " mappings for its clients, its most (" +
+                "vm.max_map_count less what it keeps for itself)";
+    else if (req->size > q.mapped_bytes_per_client || client.dma_bytes > q.mapped_bytes_per_client - req->size)
+      refusal = over_bytes_quota("mapped-bytes-per-client", "max-mapped-bytes-per-client", q.mapped_bytes_per_client,
+                                 me, client.dma_bytes, req->size);
+    else if (req->size > q.mapped_bytes_per_user || user.mapped_bytes > q.mapped_bytes_per_user - req->size)
+      refusal = over_bytes_quota("mapped-bytes-per-user", "max-mapped-bytes-per-user", q.mapped_bytes_per_user, uid,
+                                 user.mapped_bytes, req->size);
+    if (!refusal.empty()) {
+      lock.unlock();
+      return bad(kResourceExhausted, refusal);
+    }
+  }
   void* host = ::mmap(nullptr, req->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(req->offset));
   if (host == MAP_FAILED) return bad(kOutOfMemory, "cannot map the memory: " + errno_text(errno));
   const std::uint32_t access = ((req->access & kRead) ? sim::kIommuRead : 0u) |
@@ -509,7 +856,19 @@ void Server::map_dma(Client& client, Message& m) {
     ::munmap(host, req->size);
     return bad(kInvalidArgument, why);
   }
-  client.dma[req->iova] = {host, req->size};
+  try {
+    std::lock_guard lock(mu_);
+    client.dma[req->iova] = {host, req->size};
+    client.dma_bytes += req->size;
+    Usage& user = users_[client.uid];
+    ++user.mappings;
+    user.mapped_bytes += req->size;
+    ++mappings_;
+  } catch (...) {
+    client.board->iommu().unmap(req->iova, req->size);
+    ::munmap(host, req->size);
+    throw;
+  }
   send_message(sock, MsgType::kOk, {});
 }
 
@@ -529,7 +888,15 @@ void Server::unmap_dma(Client& client, const Message& m) {
   // Returns once no DMA in flight can still touch it.
   client.board->iommu().unmap(req->iova, req->size);
   ::munmap(it->second.host, it->second.size);
-  client.dma.erase(it);
+  {
+    std::lock_guard lock(mu_);
+    client.dma_bytes -= it->second.size;
+    Usage& user = users_[client.uid];
+    --user.mappings;
+    user.mapped_bytes -= it->second.size;
+    --mappings_;
+    client.dma.erase(it);
+  }
   send_message(sock, MsgType::kOk, {});
 }
 
@@ -547,8 +914,15 @@ void Server::detach(Client& client) noexcept {
   }
   board.reset();  // stops its command processors: nothing reaches host memory now
   for (auto& [iova, d] : client.dma) ::munmap(d.host, d.size);
-  client.dma.clear();
   std::lock_guard lock(mu_);
+  Usage& user = users_[client.uid];
+  user.mappings -= client.dma.size();
+  user.mapped_bytes -= client.dma_bytes;
+  mappings_ -= client.dma.size();
+  client.dma.clear();
+  client.dma_bytes = 0;
+  --user.vfs;
+  --processes_[client.pid].vfs;
   boards_[client.board_index]->used[client.vf] = false;
   base::logger("simd")->info("client pid {} left VF {} of board {}", client.pid, client.vf, client.board_index);
 }

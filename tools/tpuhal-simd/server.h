@@ -6,8 +6,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,11 +23,39 @@
 
 namespace tpuhal::simd {
 
+// What one client, process or user may hold (docs/simd.md); 0: no limit.
+// A request past a quota is refused with an error naming the quota, its
+// value and the current use; nothing else changes for anyone.
+struct Quotas {
+  std::uint32_t connections_per_process = 16;
+  std::uint32_t connections_per_user = 64;
+  std::uint32_t vfs_per_process = 0;
+  std::uint32_t vfs_per_user = 0;
+  // Host memory mapped for DMA, per client (one connection's VF) and per
+  // user: mappings, and bytes (0 for bytes: this host's physical memory).
+  std::uint64_t mappings_per_client = 8192;
+  std::uint64_t mappings_per_user = 16384;
+  std::uint64_t mapped_bytes_per_client = 0;
+  std::uint64_t mapped_bytes_per_user = 0;
+  // Seconds a connection that has not attached may stay silent.
+  std::uint32_t idle_seconds = 30;
+  // Threads serving clients (one per connection, one per attached VF).
+  std::uint32_t threads = 0;
+  // Requests and new connections one process may make per second, over
+  // all its connections, in bursts of up to a second's worth; past that
+  // its requests wait (and its new connections are refused), so that a
+  // process flooding the daemon takes a bounded share of its time.
+  std::uint32_t requests_per_second = 2000;
+};
+
 struct ServerOptions {
   std::string socket_path;
   std::vector<std::string> boards;  // profile names or paths
   std::uint32_t vfs = 4;            // VFs per board: each gets 1/vfs of its DRAM
   std::uint32_t spin_us = 20;       // how long a register channel spins before sleeping
+  std::string group;                // the socket's group ("": the daemon's own)
+  std::uint32_t mode = 0600;        // the socket's permission bits
+  Quotas quotas;
 };
 
 // The profile of one VF of `board` when it is divided into `vfs`: DRAM,
@@ -34,13 +65,17 @@ sim::BoardProfile vf_profile(const sim::BoardProfile& board, std::uint32_t vfs);
 
 class Server {
  public:
-  // Loads the profiles, creates the socket (mode 0600). Throws
-  // std::runtime_error saying what failed.
+  // Loads the profiles, creates the socket (options.mode, owner-only by
+  // default; options.group). Throws std::runtime_error saying what failed.
   explicit Server(ServerOptions options);
   ~Server();
 
   // Serves until stop() (or a signal the caller turns into stop()).
   void run();
+  // Serves one connection on the calling thread until its peer hangs up
+  // (or stop()), as run() serves each connection it accepts, quotas and
+  // all: for the fuzz target, which hands it one end of a socketpair.
+  void serve_socket(base::UniqueFd sock);
   // Thread- and async-signal-safe.
   void stop() noexcept;
 
@@ -56,13 +91,51 @@ class Server {
   void reply_boards(Client& client);
   void reply_stats(Client& client);
   void reap_finished();
+  void accept_one();
+  // Answers a connection the daemon will not serve with an error, then
+  // keeps it open a while, draining what the client sends, so that the
+  // client reads the answer (a socket closed with a request unread would
+  // give the client ECONNRESET before it).
+  void refuse(base::UniqueFd sock, std::uint32_t status, const std::string& message);
+  void drain_refused();
+  struct Refused {
+    base::UniqueFd sock;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::vector<Refused> refused_;  // run()'s thread only
+  // A thread of the daemon's, counted against Quotas::threads; throws
+  // std::system_error when none can be started.
+  std::thread start_thread(std::function<void()> fn);
+  // Takes one of the process's requests (Quotas::requests_per_second): 0 at
+  // once when it has one left, else how long until it has.
+  std::chrono::nanoseconds take_request(std::int32_t pid);
+  // Waits until the client's process may make a request; false when the
+  // daemon stops meanwhile.
+  bool throttle(const Client& client);
+  struct Bucket {
+    double tokens = 0;
+    std::chrono::steady_clock::time_point refilled{};  // the epoch: a new bucket is full
+  };
+  // What a process and a user hold; guarded by mu_.
+  struct Usage {
+    std::uint32_t connections = 0, vfs = 0;
+    std::uint64_t mappings = 0, mapped_bytes = 0;
+  };
 
   ServerOptions options_;
+  std::uint64_t max_mappings_ = 0;  // the daemon's own, below vm.max_map_count
   base::UniqueFd listen_;
   base::UniqueFd stop_;
+  base::UniqueFd spare_;  // closed to accept (and refuse) a connection when out of descriptors
+  int fd_limit_ = 0;      // RLIMIT_NOFILE's soft limit when the daemon started
   std::vector<std::unique_ptr<BoardSlot>> boards_;
-  std::mutex mu_;  // guards clients_ and the VF slots of boards_
+  std::mutex mu_;  // guards clients_, the VF slots of boards_ and the usage below
   std::list<std::unique_ptr<Client>> clients_;
+  std::map<std::uint32_t, Usage> users_;      // by uid
+  std::map<std::int32_t, Usage> processes_;   // by pid
+  std::map<std::int32_t, Bucket> buckets_;    // by pid, while not full
+  std::uint64_t mappings_ = 0;                // every client's
+  std::atomic<std::uint32_t> threads_{0};
   std::atomic<std::uint64_t> protocol_errors_{0};
 };
 

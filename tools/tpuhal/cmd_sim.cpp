@@ -15,7 +15,8 @@ int cmd_sim(const std::vector<std::string>& args) {
   if (args.empty() || args[0] != "serve") {
     const bool help = !args.empty() && (args[0] == "--help" || args[0] == "-h");
     std::fprintf(help ? stdout : stderr,
-                 "Usage: tpuhal sim serve --socket PATH [--board PROFILE]... [--vfs N] [--spin-us US]\n\n"
+                 "Usage: tpuhal sim serve --socket PATH [--board PROFILE]... [--vfs N] [--spin-us US]\n"
+                 "                        [--group NAME] [--mode OCTAL] [quota options]\n\n"
                  "serve   run the simulator daemon (tpuhal-simd): simulated boards served to other\n"
                  "        processes as simd:PATH#N devices; `tpuhal sim serve --help` lists its options\n");
     return help ? 0 : 2;

@@ -64,12 +64,22 @@ base::UniqueFd connect_to(const std::string& path, const std::string& who) {
 // status) or when the daemon does not answer.
 simd::Message request(int sock, simd::MsgType type, std::span<const std::byte> body,
                       std::span<const int> fds, simd::MsgType expect, const std::string& who) {
-  if (const int err = simd::send_message(sock, type, body, fds))
-    throw Error(Status::DeviceLost, who + ": cannot send " + simd::to_string(type) +
-                                        " to the simulator daemon: " + errno_text(err));
   simd::Message reply;
   std::string why;
-  const int err = simd::receive_message(sock, reply, std::chrono::duration_cast<std::chrono::milliseconds>(kReplyTimeout), &why);
+  int err = simd::send_message(sock, type, body, fds);
+  if (err) {
+    // A daemon that refused the connection (a quota, say) may have answered
+    // and closed it before this request went out: its answer says why.
+    if (simd::receive_message(sock, reply, std::chrono::milliseconds(0), &why) != 0 ||
+        reply.header.type != simd::MsgType::kError)
+      throw Error(Status::DeviceLost, who + ": cannot send " + simd::to_string(type) +
+                                          " to the simulator daemon: " + errno_text(err));
+  } else {
+    err = simd::receive_message(sock, reply, std::chrono::duration_cast<std::chrono::milliseconds>(kReplyTimeout), &why);
+    // A connection closed with this request unread reports ECONNRESET once,
+    // before the answer that may still be waiting.
+    if (err == ECONNRESET && simd::receive_message(sock, reply, std::chrono::milliseconds(0), &why) == 0) err = 0;
+  }
   if (err == ECONNRESET)
     throw Error(Status::DeviceLost, who + ": the simulator daemon closed the connection (it exited or was killed)");
   if (err == ETIMEDOUT)

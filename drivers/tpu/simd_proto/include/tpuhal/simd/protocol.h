@@ -26,7 +26,7 @@
 namespace tpuhal::simd {
 
 inline constexpr std::uint32_t kMagic = 0x44534854;  // "THSD"
-inline constexpr std::uint16_t kVersion = 3;  // 2: shadow doorbells in the channel; 3: BoardInfo::tensor_isa
+inline constexpr std::uint16_t kVersion = 3;  // 2: shadow doorbells in the channel; 3: BoardInfo::tensor_isa, VfStats::uid
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::size_t kMaxFds = 64;
 
@@ -114,8 +114,10 @@ struct VfStats {
   std::uint32_t dma_mappings = 0;     // host memory the VF's IOMMU maps
   std::uint64_t dram_resident_bytes = 0;
   std::uint64_t dma_mapped_bytes = 0;
+  std::uint32_t uid = 0;              // the client's user
+  std::uint32_t reserved = 0;
 };
-static_assert(sizeof(VfStats) == 32);
+static_assert(sizeof(VfStats) == 40);
 inline constexpr std::uint32_t kMaxVfStats = (kMaxMessageBytes - sizeof(Header) - 16) / sizeof(VfStats);
 
 struct StatsReply {
