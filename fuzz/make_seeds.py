@@ -322,6 +322,65 @@ def usb_seeds():
     }
 
 
+# ---- simd_fuzzer: the daemon's protocol (drivers/tpu/simd_proto) ----------
+SIMD_MAGIC, SIMD_VERSION = 0x44534854, 3
+LIST, ATTACH, MAP_DMA, UNMAP_DMA, STATS = 1, 2, 3, 4, 5
+
+
+def simd_record(kind, payload):
+    return struct.pack("<BH", kind, len(payload)) + payload
+
+
+def simd_msg(type_, body=b""):  # kind 1: the fuzzer builds the header
+    return simd_record(1, struct.pack("<H", type_) + body)
+
+
+def simd_msg_memfd(type_, pages, seals, body):  # kind 2: with a memfd
+    return simd_record(2, struct.pack("<HHB", type_, pages, seals) + body)
+
+
+def simd_msg_fd(type_, which, body):  # kind 3: with another descriptor
+    return simd_record(3, struct.pack("<HB", type_, which) + body)
+
+
+def simd_raw(data):  # kind 0: bytes as they are
+    return simd_record(0, data)
+
+
+def simd_seeds():
+    header = lambda type_, n, magic=SIMD_MAGIC, version=SIMD_VERSION: struct.pack("<IHHII", magic, version, type_, n, 0)
+    attach = lambda board=0: struct.pack("<II", board, 0)
+    map_req = lambda iova, offset, size, access: struct.pack("<QQQII", iova, offset, size, access, 0)
+    unmap_req = lambda iova, size: struct.pack("<QQ", iova, size)
+    sealed = 1  # F_SEAL_SHRINK
+    return {
+        "list": simd_msg(LIST),
+        "stats": simd_msg(STATS),
+        "attach": simd_msg(ATTACH, attach()),
+        "attach_no_board": simd_msg(ATTACH, attach(9)),
+        "attach_twice": simd_msg(ATTACH, attach()) + simd_msg(ATTACH, attach()),
+        "attach_list_stats": simd_msg(ATTACH, attach()) + simd_msg(LIST) + simd_msg(STATS),
+        "map_without_attach": simd_msg_memfd(MAP_DMA, 4, sealed, map_req(HOST, 0, 16384, 3)),
+        "map_unmap": simd_msg(ATTACH, attach()) + simd_msg_memfd(MAP_DMA, 4, sealed, map_req(HOST, 0, 16384, 3)) +
+        simd_msg(UNMAP_DMA, unmap_req(HOST, 16384)) + simd_msg(STATS),
+        "map_to_the_quota": simd_msg(ATTACH, attach()) + b"".join(
+            simd_msg_memfd(MAP_DMA, 16, sealed, map_req(HOST + i * 65536, 0, 65536, 1)) for i in range(6)),
+        "map_huge": simd_msg(ATTACH, attach()) + simd_msg_memfd(MAP_DMA, 65535, sealed, map_req(HOST, 0, 65535 * 4096, 3)),
+        "map_unsealed": simd_msg(ATTACH, attach()) + simd_msg_memfd(MAP_DMA, 4, 0, map_req(HOST, 0, 16384, 3)),
+        "map_outside": simd_msg(ATTACH, attach()) + simd_msg_memfd(MAP_DMA, 4, sealed, map_req(HOST, 8192, 16384, 3)),
+        "map_pipe": simd_msg(ATTACH, attach()) + simd_msg_fd(MAP_DMA, 0, map_req(HOST, 0, 4096, 1)),
+        "map_two_fds": simd_msg(ATTACH, attach()) + simd_msg_fd(MAP_DMA, 4, map_req(HOST, 0, 4096, 1)),
+        "unmap_unknown": simd_msg(ATTACH, attach()) + simd_msg(UNMAP_DMA, unmap_req(HOST, 4096)),
+        "unknown_type": simd_msg(77, b"x" * 8) + simd_msg(102),
+        "short_header": simd_raw(b"THSD"),
+        "bad_magic": simd_raw(header(LIST, 0, magic=0x12345678)),
+        "old_version": simd_raw(header(LIST, 0, version=2)),
+        "body_mismatch": simd_raw(header(ATTACH, 100) + attach()),
+        "oversized": simd_raw(header(LIST, 5000) + b"\0" * 5000),
+        "short_bodies": simd_msg(ATTACH, b"\1") + simd_msg(MAP_DMA, b"\1\2") + simd_msg(UNMAP_DMA),
+    }
+
+
 def seeds():
     s = {}
     fill4 = lambda pattern: pattern | 4 << 32
@@ -421,6 +480,7 @@ def seeds():
     s["frame_record"] = frame_record_seeds()
     s["image"] = image_seeds()
     s["usb"] = usb_seeds()
+    s["simd"] = simd_seeds()
     return s
 
 
