@@ -11,6 +11,7 @@ the header comments of the fuzz targets.
 """
 import argparse
 import os
+import re
 import shutil
 import struct
 
@@ -56,8 +57,18 @@ def fence_record(value, status, opcode, field, seq, err_fence, val, detail, ts=0
 # ---- tensor op parameter blocks (tensor.h) ---------------------------------
 F32, F16, BF16, I8, U8, I32 = range(1, 7)
 OP_MAGIC = 0x31504F54  # "TOP1"
-MATMUL, CONV2D, POOL2D, ELEMENTWISE, SOFTMAX, QUANTIZE, DEQUANTIZE, MATMUL_INTEGER, \
-    CONV_INTEGER, QLINEAR_MATMUL, QLINEAR_CONV, RESIZE, COLOR_CONVERT = range(1, 14)
+
+
+def op_kinds():
+    """Op kind codes by name ("matmul": 1, ...), from the interface's table."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "firmware_iface", "include",
+                        "tpuhal", "fw", "op_kinds.inc")
+    with open(path) as fh:
+        lines = re.findall(r'^TPUHAL_FW_OP\(\w+, (\d+), "(\w+)"', fh.read(), re.M)
+    return {name: int(code) for code, name in lines}
+
+
+OP = op_kinds()
 NONE_TENSOR = bytes(128)
 
 
@@ -93,70 +104,70 @@ def op_seeds():
     """One or more valid parameter blocks of every op kind."""
     o = {}
     k = 0x10000  # tensors 64 KiB apart: no output overlaps an input
-    o["matmul"] = op_block(MATMUL, [tensor(k, F32, [4, 8]), tensor(2 * k, F32, [8, 16]), NONE_TENSOR,
+    o["matmul"] = op_block(OP["matmul"], [tensor(k, F32, [4, 8]), tensor(2 * k, F32, [8, 16]), NONE_TENSOR,
                                     tensor(3 * k, F32, [4, 16])], matmul_attrs())
     # Batched, B transposed and broadcast over the batch (stride 0), C, relu.
-    o["matmul_batched"] = op_block(MATMUL, [
+    o["matmul_batched"] = op_block(OP["matmul"], [
         tensor(k, BF16, [2, 3, 5]), tensor(2 * k, BF16, [2, 7, 5], [0, 5, 1]),
         tensor(3 * k, F32, [2, 3, 7]), tensor(HOST, F32, [2, 3, 7])],
         matmul_attrs(trans_b=1, beta=0.5, act=1))
-    o["conv2d"] = op_block(CONV2D, [tensor(k, F32, [1, 3, 8, 8]), tensor(2 * k, F32, [4, 3, 3, 3]),
+    o["conv2d"] = op_block(OP["conv2d"], [tensor(k, F32, [1, 3, 8, 8]), tensor(2 * k, F32, [4, 3, 3, 3]),
                                     tensor(3 * k, F32, [4]), tensor(4 * k, F32, [1, 4, 6, 6])], conv_attrs())
     # NHWC, two groups, stride 2, padding 1: 9 -> 5.
-    o["conv2d_nhwc_grouped"] = op_block(CONV2D, [
+    o["conv2d_nhwc_grouped"] = op_block(OP["conv2d"], [
         tensor(k, F16, [1, 9, 9, 4]), tensor(2 * k, F16, [4, 2, 3, 3]), NONE_TENSOR,
         tensor(3 * k, F16, [1, 5, 5, 4])], conv_attrs(layout=1, groups=2, stride=(2, 2), pad=(1, 1, 1, 1), act=2))
     # Max pool, ceil mode: 8 -> 4 with a 3x3 window, stride 2.
-    o["max_pool_ceil"] = op_block(POOL2D, [tensor(k, F32, [1, 2, 8, 8]), tensor(2 * k, F32, [1, 2, 4, 4])],
+    o["max_pool_ceil"] = op_block(OP["pool2d"], [tensor(k, F32, [1, 2, 8, 8]), tensor(2 * k, F32, [1, 2, 4, 4])],
                                   pool_attrs(0, 0, (3, 3), (2, 2), ceil_mode=1))
-    o["avg_pool_nhwc_padded"] = op_block(POOL2D, [tensor(k, F32, [1, 5, 5, 3]), tensor(2 * k, F32, [1, 5, 5, 3])],
+    o["avg_pool_nhwc_padded"] = op_block(OP["pool2d"], [tensor(k, F32, [1, 5, 5, 3]), tensor(2 * k, F32, [1, 5, 5, 3])],
                                          pool_attrs(1, 1, (3, 3), (1, 1), pad=(1, 1, 1, 1), include_pad=1))
-    o["max_pool_u8_dilated"] = op_block(POOL2D, [tensor(k, U8, [1, 1, 9, 9]), tensor(2 * k, U8, [1, 1, 5, 5])],
+    o["max_pool_u8_dilated"] = op_block(OP["pool2d"], [tensor(k, U8, [1, 1, 9, 9]), tensor(2 * k, U8, [1, 1, 5, 5])],
                                         pool_attrs(0, 0, (3, 3), (1, 1), dilation=(2, 2)))
     # add with B broadcast along the first two dimensions.
-    o["add_broadcast"] = op_block(ELEMENTWISE, [
+    o["add_broadcast"] = op_block(OP["elementwise"], [
         tensor(k, F32, [2, 3, 4]), tensor(2 * k, F32, [2, 3, 4], [0, 0, 1]), tensor(3 * k, F32, [2, 3, 4])],
         struct.pack("<IIff", 1, 0, 0.0, 0.0))
-    o["clip"] = op_block(ELEMENTWISE, [tensor(k, F16, [16]), NONE_TENSOR, tensor(2 * k, F16, [16])],
+    o["clip"] = op_block(OP["elementwise"], [tensor(k, F16, [16]), NONE_TENSOR, tensor(2 * k, F16, [16])],
                          struct.pack("<IIff", 7, 2, 0.0, 6.0))
     # Cast and transpose at once: an f32 [3, 4] read as [4, 3] into u8.
-    o["cast_transpose"] = op_block(ELEMENTWISE, [tensor(k, F32, [4, 3], [1, 4]), NONE_TENSOR,
+    o["cast_transpose"] = op_block(OP["elementwise"], [tensor(k, F32, [4, 3], [1, 4]), NONE_TENSOR,
                                                  tensor(2 * k, U8, [4, 3])], struct.pack("<IIff", 0, 0, 0.0, 0.0))
-    o["softmax"] = op_block(SOFTMAX, [tensor(k, F32, [2, 10]), tensor(2 * k, F32, [2, 10])],
+    o["softmax"] = op_block(OP["softmax"], [tensor(k, F32, [2, 10]), tensor(2 * k, F32, [2, 10])],
                             struct.pack("<4I", 1, 0, 0, 0))
-    o["log_softmax_3d"] = op_block(SOFTMAX, [tensor(k, BF16, [2, 3, 4]), tensor(2 * k, BF16, [2, 3, 4])],
+    o["log_softmax_3d"] = op_block(OP["softmax"], [tensor(k, BF16, [2, 3, 4]), tensor(2 * k, BF16, [2, 3, 4])],
                                    struct.pack("<4I", 0, 1, 0, 0))
     quant = bytes(16)
-    o["quantize"] = op_block(QUANTIZE, [
+    o["quantize"] = op_block(OP["quantize"], [
         tensor(k, F32, [2, 4]), tensor(2 * k, F32, [2, 4], [0, 0]), tensor(3 * k, U8, [2, 4], [0, 0]),
         tensor(4 * k, U8, [2, 4])], quant)
-    o["dequantize_per_axis"] = op_block(DEQUANTIZE, [
+    o["dequantize_per_axis"] = op_block(OP["dequantize"], [
         tensor(k, I8, [2, 4]), tensor(2 * k, F32, [2, 4], [0, 1]), tensor(3 * k, I8, [2, 4], [0, 1]),
         tensor(4 * k, F32, [2, 4])], quant)
-    o["matmul_integer"] = op_block(MATMUL_INTEGER, [
+    o["matmul_integer"] = op_block(OP["matmul_integer"], [
         tensor(k, U8, [3, 5]), tensor(2 * k, I8, [5, 2]), tensor(3 * k, U8, [3, 5], [1, 0]),
         tensor(4 * k, I8, [5, 2], [0, 1]), tensor(5 * k, I32, [3, 2])], quant)
-    o["conv_integer"] = op_block(CONV_INTEGER, [
+    o["conv_integer"] = op_block(OP["conv_integer"], [
         tensor(k, U8, [1, 2, 5, 5]), tensor(2 * k, I8, [3, 2, 3, 3]), tensor(3 * k, U8, [1, 2, 5, 5], [0, 0, 0, 0]),
         tensor(4 * k, I8, [3, 2, 3, 3], [1, 0, 0, 0]), tensor(5 * k, I32, [1, 3, 3, 3])], conv_attrs())
-    o["qlinear_matmul"] = op_block(QLINEAR_MATMUL, [
+    o["qlinear_matmul"] = op_block(OP["qlinear_matmul"], [
         tensor(k, U8, [2, 4]), tensor(2 * k, F32, [2, 4], [0, 0]), tensor(3 * k, U8, [2, 4], [0, 0]),
         tensor(4 * k, I8, [4, 3]), tensor(5 * k, F32, [4, 3], [0, 0]), tensor(6 * k, I8, [4, 3], [0, 0]),
         tensor(7 * k, F32, [2, 3], [0, 0]), tensor(8 * k, U8, [2, 3], [0, 0]), tensor(9 * k, U8, [2, 3])], quant)
-    o["qlinear_conv"] = op_block(QLINEAR_CONV, [
+    o["qlinear_conv"] = op_block(OP["qlinear_conv"], [
         tensor(k, U8, [1, 1, 4, 4]), tensor(2 * k, F32, [1, 1, 4, 4], [0, 0, 0, 0]),
         tensor(3 * k, U8, [1, 1, 4, 4], [0, 0, 0, 0]), tensor(4 * k, U8, [2, 1, 3, 3]),
         tensor(5 * k, F32, [2, 1, 3, 3], [1, 0, 0, 0]), tensor(6 * k, U8, [2, 1, 3, 3], [0, 0, 0, 0]),
         tensor(7 * k, F32, [1, 2, 2, 2], [0, 0, 0, 0]), tensor(8 * k, U8, [1, 2, 2, 2], [0, 0, 0, 0]),
         tensor(9 * k, I32, [2]), tensor(10 * k, U8, [1, 2, 2, 2])], conv_attrs())
-    o["resize_linear"] = op_block(RESIZE, [tensor(k, F32, [1, 3, 4, 4]), tensor(2 * k, F32, [1, 3, 8, 8])],
+    o["resize_linear"] = op_block(OP["resize"], [tensor(k, F32, [1, 3, 4, 4]), tensor(2 * k, F32, [1, 3, 8, 8])],
                                   struct.pack("<IIII2f2I", 1, 0, 0, 0, 2.0, 2.0, 0, 0))
-    o["resize_nearest_nhwc"] = op_block(RESIZE, [tensor(k, U8, [1, 4, 4, 3]), tensor(2 * k, U8, [1, 2, 2, 3])],
+    o["resize_nearest_nhwc"] = op_block(OP["resize"], [tensor(k, U8, [1, 4, 4, 3]), tensor(2 * k, U8, [1, 2, 2, 3])],
                                         struct.pack("<IIII2f2I", 0, 1, 2, 1, 0.5, 0.5, 0, 0))
     color = lambda fmt: struct.pack("<II3f3f6I", fmt, 0, 0.5, 0.5, 0.5, 1 / 255, 1 / 255, 1 / 255, *[0] * 6)
-    o["nv12_to_rgb"] = op_block(COLOR_CONVERT, [
+    o["nv12_to_rgb"] = op_block(OP["color_convert"], [
         tensor(k, U8, [4, 6]), tensor(2 * k, U8, [2, 3, 2]), NONE_TENSOR, tensor(3 * k, F32, [3, 4, 6])], color(0))
-    o["i420_to_rgb"] = op_block(COLOR_CONVERT, [
+    o["i420_to_rgb"] = op_block(OP["color_convert"], [
         tensor(k, U8, [4, 6]), tensor(2 * k, U8, [2, 3]), tensor(3 * k, U8, [2, 3]), tensor(4 * k, U8, [3, 4, 6])],
         color(1))
     return o
@@ -322,7 +333,7 @@ def usb_seeds():
     }
 
 
-# ---- simd_fuzzer: the daemon's protocol (drivers/tpu/simd_proto) ----------
+# ---- simd_fuzzer: the daemon's protocol (drivers/tpu/transports/simd/protocol) ----------
 SIMD_MAGIC, SIMD_VERSION = 0x44534854, 3
 LIST, ATTACH, MAP_DMA, UNMAP_DMA, STATS = 1, 2, 3, 4, 5
 

@@ -26,6 +26,7 @@
 #include <cinttypes>
 #include <cstdlib>
 #include <span>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -33,6 +34,9 @@
 #include "tpuhal/fw/command.h"
 #include "tpuhal/fw/decode.h"
 #include "tpuhal/fw/tensor.h"
+
+// Every op kind has its case in check_rules.
+#pragma GCC diagnostic error "-Wswitch"
 
 namespace fw = tpuhal::fw;
 __extension__ typedef unsigned __int128 u128;  // extents and addresses without overflow
@@ -46,22 +50,23 @@ struct KindRule {
   std::size_t attr_index;  // alternative of fw::OpAttrs
 };
 
-// fw/tensor.h's table of tensors per kind, and each kind's attribute struct.
+// Which alternative of fw::OpAttrs holds T.
+template <class T, std::size_t I = 0>
+constexpr std::size_t attr_index() {
+  if constexpr (std::is_same_v<std::variant_alternative_t<I, fw::OpAttrs>, T>)
+    return I;
+  else
+    return attr_index<T, I + 1>();
+}
+
+// The interface's table of tensors per kind and each kind's attribute
+// struct (fw/op_kinds.inc); entry 0 is kInvalid.
 constexpr KindRule kRules[fw::kMaxOpKind + 1] = {
-    {0, 0, 0, 0},                                // invalid
-    {4, 1u << 2, sizeof(fw::MatMulAttrs), 0},    // matmul: A, B, C (opt), Y
-    {4, 1u << 2, sizeof(fw::ConvAttrs), 1},      // conv2d: X, W, Bias (opt), Y
-    {2, 0, sizeof(fw::PoolAttrs), 2},            // pool2d: X, Y
-    {3, 1u << 1, sizeof(fw::ElementwiseAttrs), 3},  // elementwise: A, B (opt), Y
-    {2, 0, sizeof(fw::SoftmaxAttrs), 4},         // softmax: X, Y
-    {4, 1u << 2, sizeof(fw::QuantAttrs), 5},     // quantize: X, Scale, ZeroPoint (opt), Y
-    {4, 1u << 2, sizeof(fw::QuantAttrs), 5},     // dequantize
-    {5, 3u << 2, sizeof(fw::QuantAttrs), 5},     // matmul_integer: A, B, AZp (opt), BZp (opt), Y
-    {5, 3u << 2, sizeof(fw::ConvAttrs), 1},      // conv_integer: X, W, XZp (opt), WZp (opt), Y
-    {9, 0, sizeof(fw::QuantAttrs), 5},           // qlinear_matmul
-    {10, 1u << 8, sizeof(fw::ConvAttrs), 1},     // qlinear_conv: ..., Bias (opt), Y
-    {2, 0, sizeof(fw::ResizeAttrs), 6},          // resize: X, Y
-    {4, 1u << 2, sizeof(fw::ColorConvertAttrs), 7},  // color_convert: Luma, U (or UV), V (opt), Y
+    {0, 0, 0, 0},
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs) \
+  {tensors, optional, sizeof(fw::Attrs), attr_index<fw::Attrs>()},
+#include "tpuhal/fw/op_kinds.inc"
+#undef TPUHAL_FW_OP
 };
 
 constexpr std::size_t kHeader = sizeof(fw::OpHeader);
@@ -118,8 +123,8 @@ bool window_has_tap(std::int64_t in, std::int64_t kernel, std::int64_t stride, s
 
 #define RULE(cond) FUZZ_CHECK(cond, "%s accepted", fw::to_string(kind))
 
-void check_matmul_shapes(fw::OpKind kind, const fw::TensorRef& a, const fw::TensorRef& b,
-                         const fw::TensorRef& y, bool trans_a, bool trans_b) {
+void check_matmul_shapes(fw::OpKind kind, const fw::TensorRef& a, const fw::TensorRef& b, const fw::TensorRef& y,
+                         bool trans_a, bool trans_b) {
   const std::uint32_t r = y.rank;
   RULE(r >= 2 && a.rank == r && b.rank == r);
   for (std::uint32_t d = 0; d + 2 < r; ++d) RULE(a.shape[d] == y.shape[d] && b.shape[d] == y.shape[d]);
@@ -130,20 +135,17 @@ void check_matmul_shapes(fw::OpKind kind, const fw::TensorRef& a, const fw::Tens
   RULE(m == y.shape[r - 2] && n == y.shape[r - 1] && k == kb);
 }
 
-void check_conv_shapes(fw::OpKind kind, const fw::ConvAttrs& at, const fw::TensorRef& x,
-                       const fw::TensorRef& w, const fw::TensorRef& y) {
+void check_conv_shapes(fw::OpKind kind, const fw::ConvAttrs& at, const fw::TensorRef& x, const fw::TensorRef& w,
+                       const fw::TensorRef& y) {
   RULE(x.rank == 4 && w.rank == 4 && y.rank == 4 && at.layout <= 1);
   const bool nhwc = at.layout == 1;
   const std::uint64_t n = x.shape[0], c = x.shape[nhwc ? 3 : 1];
   const std::uint64_t h = x.shape[nhwc ? 1 : 2], wd = x.shape[nhwc ? 2 : 3];
-  RULE(at.groups >= 1 && c % at.groups == 0 && w.shape[0] % at.groups == 0 &&
-       w.shape[1] == c / at.groups);
+  RULE(at.groups >= 1 && c % at.groups == 0 && w.shape[0] % at.groups == 0 && w.shape[1] == c / at.groups);
   for (int k = 0; k < 2; ++k) RULE(at.stride[k] >= 1 && at.dilation[k] >= 1);
   RULE(y.shape[0] == n && y.shape[nhwc ? 3 : 1] == w.shape[0]);
-  RULE(y.shape[nhwc ? 1 : 2] ==
-       window_out(h, w.shape[2], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], false));
-  RULE(y.shape[nhwc ? 2 : 3] ==
-       window_out(wd, w.shape[3], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], false));
+  RULE(y.shape[nhwc ? 1 : 2] == window_out(h, w.shape[2], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], false));
+  RULE(y.shape[nhwc ? 2 : 3] == window_out(wd, w.shape[3], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], false));
 }
 
 void check_rules(const fw::OpBlock& b) {
@@ -195,12 +197,12 @@ void check_rules(const fw::OpBlock& b) {
       RULE(y.shape[0] == x.shape[0] && y.shape[dc] == x.shape[dc]);
       for (std::uint32_t k = 0; k < 2; ++k) {
         RULE(at.kernel[k] >= 1 && at.stride[k] >= 1 && at.dilation[k] >= 1);
-        RULE(y.shape[dh + k] == window_out(x.shape[dh + k], at.kernel[k], at.stride[k], at.dilation[k],
-                                           at.pad[k], at.pad[k + 2], at.ceil_mode));
+        RULE(y.shape[dh + k] == window_out(x.shape[dh + k], at.kernel[k], at.stride[k], at.dilation[k], at.pad[k],
+                                           at.pad[k + 2], at.ceil_mode));
         // No window made only of padding (or of taps that straddle the input).
         for (std::uint64_t o = 0; o < y.shape[dh + k] && o < 4096; ++o)
-          RULE(window_has_tap(static_cast<std::int64_t>(x.shape[dh + k]), at.kernel[k], at.stride[k],
-                              at.dilation[k], at.pad[k], static_cast<std::int64_t>(o)));
+          RULE(window_has_tap(static_cast<std::int64_t>(x.shape[dh + k]), at.kernel[k], at.stride[k], at.dilation[k],
+                              at.pad[k], static_cast<std::int64_t>(o)));
       }
       break;
     }
@@ -248,12 +250,10 @@ void check_rules(const fw::OpBlock& b) {
         RULE(t[1].rank == 3 && t[1].shape[2] == 2 && t[2].dtype == 0);
       else
         RULE(at.format == 1 && t[1].rank == 2 && t[2].dtype == 5 && same_shape(t[2], t[1]));
-      RULE((is_float(y.dtype) || y.dtype == 5) && y.rank == 3 && y.shape[0] == 3 && y.shape[1] == h &&
-           y.shape[2] == w);
+      RULE((is_float(y.dtype) || y.dtype == 5) && y.rank == 3 && y.shape[0] == 3 && y.shape[1] == h && y.shape[2] == w);
       break;
     }
-    case fw::OpKind::kInvalid:
-      RULE(false);
+    case fw::OpKind::kInvalid: RULE(false);
   }
 }
 
@@ -281,25 +281,24 @@ void check_output_distinct(const fw::TensorRef& y) {
 void check_decoded(const fw::OpBlock& b, const std::uint8_t* data, std::size_t size) {
   FUZZ_CHECK(size >= kHeader && size <= fw::kMaxParamBytes, "a %zu-byte block accepted", size);
   const auto h = tpuhal::fuzz::load<fw::OpHeader>(data);
-  FUZZ_CHECK(h.magic == fw::kOpMagic && h.kind >= 1 && h.kind <= fw::kMaxOpKind &&
-                 h.reserved[0] == 0 && h.reserved[1] == 0,
-             "header magic %#x kind %u accepted", h.magic, h.kind);
+  FUZZ_CHECK(
+      h.magic == fw::kOpMagic && h.kind >= 1 && h.kind <= fw::kMaxOpKind && h.reserved[0] == 0 && h.reserved[1] == 0,
+      "header magic %#x kind %u accepted", h.magic, h.kind);
   const KindRule& rule = kRules[h.kind];
   FUZZ_CHECK(static_cast<std::uint32_t>(b.kind) == h.kind && b.num_tensors == rule.tensors &&
                  h.num_tensors == rule.tensors && h.attr_bytes == rule.attr_bytes &&
                  size == kHeader + rule.tensors * kRef + rule.attr_bytes,
-             "kind %u: %u tensors, %u attribute bytes, %zu bytes accepted", h.kind, h.num_tensors,
-             h.attr_bytes, size);
+             "kind %u: %u tensors, %u attribute bytes, %zu bytes accepted", h.kind, h.num_tensors, h.attr_bytes, size);
   FUZZ_CHECK(fw::op_tensor_count(b.kind) == rule.tensors, "op_tensor_count(%u)", h.kind);
-  FUZZ_CHECK(std::memcmp(b.tensors, data + kHeader, rule.tensors * kRef) == 0,
-             "decoded tensors differ from the block");
-  FUZZ_CHECK(b.attrs.index() == rule.attr_index, "kind %u decoded with attributes %zu", h.kind,
-             b.attrs.index());
+  FUZZ_CHECK(std::memcmp(b.tensors, data + kHeader, rule.tensors * kRef) == 0, "decoded tensors differ from the block");
+  FUZZ_CHECK(b.attrs.index() == rule.attr_index, "kind %u decoded with attributes %zu", h.kind, b.attrs.index());
   const std::uint8_t* attr_bytes = data + kHeader + rule.tensors * kRef;
-  std::visit([&](const auto& a) {
-    FUZZ_CHECK(sizeof a == rule.attr_bytes && std::memcmp(&a, attr_bytes, sizeof a) == 0,
-               "decoded attributes differ from the block");
-  }, b.attrs);
+  std::visit(
+      [&](const auto& a) {
+        FUZZ_CHECK(sizeof a == rule.attr_bytes && std::memcmp(&a, attr_bytes, sizeof a) == 0,
+                   "decoded attributes differ from the block");
+      },
+      b.attrs);
 
   const std::uint32_t out = rule.tensors - 1;
   for (std::uint32_t i = 0; i < rule.tensors; ++i) {
@@ -311,20 +310,17 @@ void check_decoded(const fw::OpBlock& b, const std::uint8_t* data, std::size_t s
       FUZZ_CHECK(b.extent[i] == 0, "absent tensor %u spans %" PRIu64 " bytes", i, b.extent[i]);
       continue;
     }
-    FUZZ_CHECK(t.dtype <= fw::kMaxDType && t.rank <= fw::kMaxRank && t.reserved[0] == 0 &&
-                   t.reserved[1] == 0,
+    FUZZ_CHECK(t.dtype <= fw::kMaxDType && t.rank <= fw::kMaxRank && t.reserved[0] == 0 && t.reserved[1] == 0,
                "tensor %u dtype %u rank %u accepted", i, t.dtype, t.rank);
     for (std::uint32_t d = 0; d < fw::kMaxRank; ++d) {
       if (d < t.rank)
         FUZZ_CHECK(t.shape[d] < fw::kMaxDim, "tensor %u shape[%u] = %" PRIu64, i, d, t.shape[d]);
       else
-        FUZZ_CHECK(t.shape[d] == 0 && t.strides[d] == 0, "tensor %u: dimension %u past rank %u", i, d,
-                   t.rank);
+        FUZZ_CHECK(t.shape[d] == 0 && t.strides[d] == 0, "tensor %u: dimension %u past rank %u", i, d, t.rank);
     }
     const u128 extent = extent_of(t);
     FUZZ_CHECK(extent == b.extent[i] && b.extent[i] == fw::tensor_extent(t),
-               "tensor %u extent %" PRIu64 " (tensor_extent %" PRIu64 ")", i, b.extent[i],
-               fw::tensor_extent(t));
+               "tensor %u extent %" PRIu64 " (tensor_extent %" PRIu64 ")", i, b.extent[i], fw::tensor_extent(t));
     FUZZ_CHECK(u128{t.address} + extent <= (u128{1} << 64), "tensor %u wraps the address space", i);
   }
 
@@ -338,8 +334,8 @@ void check_decoded(const fw::OpBlock& b, const std::uint8_t* data, std::size_t s
       if (!b.extent[i]) continue;
       const u128 xa = b.tensors[i].address, ya = y.address;
       FUZZ_CHECK(xa + b.extent[i] <= ya || ya + b.extent[out] <= xa,
-                 "output [%#" PRIx64 ", +%" PRIu64 ") overlaps tensor %u [%#" PRIx64 ", +%" PRIu64 ")",
-                 y.address, b.extent[out], i, b.tensors[i].address, b.extent[i]);
+                 "output [%#" PRIx64 ", +%" PRIu64 ") overlaps tensor %u [%#" PRIx64 ", +%" PRIu64 ")", y.address,
+                 b.extent[out], i, b.tensors[i].address, b.extent[i]);
     }
   }
   check_rules(b);
@@ -355,13 +351,11 @@ void check_refused(const fw::Problem& p, const std::uint8_t* data, std::size_t s
     const auto h = tpuhal::fuzz::load<fw::OpHeader>(data);
     const bool kind_ok = h.magic == fw::kOpMagic && h.kind >= 1 && h.kind <= fw::kMaxOpKind;
     const KindRule& rule = kRules[kind_ok ? h.kind : 0];
-    const bool tensor_field = p.field >= fw::kFieldTensorBase &&
-                              p.field < fw::kFieldTensorBase + 16 * rule.tensors;
-    const bool attr_field = p.field >= fw::kFieldAttrBase &&
-                            p.field < fw::kFieldAttrBase + (rule.attr_bytes + 3) / 4;
-    FUZZ_CHECK(p.field == fw::kFieldOpHeader || p.field == fw::kFieldOpKind ||
-                   (kind_ok && (tensor_field || attr_field)),
-               "kind %u refused for field %#x", h.kind, p.field);
+    const bool tensor_field = p.field >= fw::kFieldTensorBase && p.field < fw::kFieldTensorBase + 16 * rule.tensors;
+    const bool attr_field = p.field >= fw::kFieldAttrBase && p.field < fw::kFieldAttrBase + (rule.attr_bytes + 3) / 4;
+    FUZZ_CHECK(
+        p.field == fw::kFieldOpHeader || p.field == fw::kFieldOpKind || (kind_ok && (tensor_field || attr_field)),
+        "kind %u refused for field %#x", h.kind, p.field);
   }
   // As the driver reads it back from the status page.
   fw::FenceRecord rec{};

@@ -5,6 +5,9 @@
 
 #include "tpuhal/fw/decode.h"
 
+// Every op kind has its case in the switches over OpKind below.
+#pragma GCC diagnostic error "-Wswitch"
+
 namespace tpuhal::fw {
 
 const char* to_string(DType t) noexcept {
@@ -21,44 +24,11 @@ const char* to_string(DType t) noexcept {
 }
 
 const char* to_string(OpKind k) noexcept {
-  switch (k) {
-    case OpKind::kInvalid: return "invalid";
-    case OpKind::kMatMul: return "matmul";
-    case OpKind::kConv2d: return "conv2d";
-    case OpKind::kPool2d: return "pool2d";
-    case OpKind::kElementwise: return "elementwise";
-    case OpKind::kSoftmax: return "softmax";
-    case OpKind::kQuantize: return "quantize";
-    case OpKind::kDequantize: return "dequantize";
-    case OpKind::kMatMulInteger: return "matmul_integer";
-    case OpKind::kConvInteger: return "conv_integer";
-    case OpKind::kQLinearMatMul: return "qlinear_matmul";
-    case OpKind::kQLinearConv: return "qlinear_conv";
-    case OpKind::kResize: return "resize";
-    case OpKind::kColorConvert: return "color_convert";
-  }
-  return "unknown";
+  const auto i = static_cast<std::uint32_t>(k);
+  return i <= kMaxOpKind ? kOpKinds[i].name : "unknown";
 }
 
-std::uint32_t op_tensor_count(OpKind k) noexcept {
-  switch (k) {
-    case OpKind::kMatMul: return 4;
-    case OpKind::kConv2d: return 4;
-    case OpKind::kPool2d: return 2;
-    case OpKind::kElementwise: return 3;
-    case OpKind::kSoftmax: return 2;
-    case OpKind::kQuantize: return 4;
-    case OpKind::kDequantize: return 4;
-    case OpKind::kMatMulInteger: return 5;
-    case OpKind::kConvInteger: return 5;
-    case OpKind::kQLinearMatMul: return 9;
-    case OpKind::kQLinearConv: return 10;
-    case OpKind::kResize: return 2;
-    case OpKind::kColorConvert: return 4;
-    case OpKind::kInvalid: break;
-  }
-  return 0;
-}
+std::uint32_t op_tensor_count(OpKind k) noexcept { return op_kind_info(k).tensors; }
 
 std::uint64_t tensor_elements(const TensorRef& t) noexcept {
   std::uint64_t n = 1;
@@ -105,9 +75,8 @@ std::uint64_t first_empty_window(std::uint64_t in, std::uint64_t out, std::uint6
   return UINT64_MAX;
 }
 
-std::uint64_t window_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,
-                            std::uint64_t dilation, std::uint64_t pad_begin, std::uint64_t pad_end,
-                            bool ceil_mode) noexcept {
+std::uint64_t window_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride, std::uint64_t dilation,
+                            std::uint64_t pad_begin, std::uint64_t pad_end, bool ceil_mode) noexcept {
   if (kernel == 0 || stride == 0 || dilation == 0) return 0;
   const std::uint64_t padded = in + pad_begin + pad_end;
   const std::uint64_t window = dilation * (kernel - 1) + 1;
@@ -186,8 +155,7 @@ bool check_no_self_overlap(Check& c, const TensorRef& t, std::uint32_t i) {
   std::uint64_t span = 1;  // elements covered by the dimensions so far
   for (std::uint32_t k = 0; k < n; ++k) {
     const std::uint32_t d = dims[k];
-    if (t.strides[d] < span)
-      return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kStride, d), t.strides[d], span);
+    if (t.strides[d] < span) return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kStride, d), t.strides[d], span);
     span = t.strides[d] * t.shape[d];
   }
   return true;
@@ -217,8 +185,7 @@ bool expect_same_shape(Check& c, const OpBlock& b, std::uint32_t i, std::uint32_
 // A parameter broadcast over the shape of tensor `like` (scale, zero point):
 // same shape, and stride 0 along every dimension in `constant_dims` (a bit
 // mask), over which it must not vary.
-bool expect_param(Check& c, const OpBlock& b, std::uint32_t i, std::uint32_t like,
-                  std::uint32_t constant_dims) {
+bool expect_param(Check& c, const OpBlock& b, std::uint32_t i, std::uint32_t like, std::uint32_t constant_dims) {
   if (!expect_same_shape(c, b, i, like)) return false;
   for (std::uint32_t d = 0; d < b.tensors[i].rank; ++d)
     if ((constant_dims >> d & 1) && b.tensors[i].shape[d] > 1 && b.tensors[i].strides[d] != 0)
@@ -232,8 +199,7 @@ bool expect_attr(Check& c, std::size_t offset, bool ok, std::uint64_t value, std
 
 bool check_activation(Check& c, std::size_t offset, std::uint32_t act, float alpha, float beta) {
   if (!expect_attr(c, offset, act <= kMaxActivation, act, kMaxActivation)) return false;
-  if (!std::isfinite(alpha) || !std::isfinite(beta))
-    return c.fail(CmdStatus::kBadArgument, attr_field(offset + 4), 0);
+  if (!std::isfinite(alpha) || !std::isfinite(beta)) return c.fail(CmdStatus::kBadArgument, attr_field(offset + 4), 0);
   if (static_cast<Activation>(act) == Activation::kClip && alpha > beta)
     return c.fail(CmdStatus::kBadArgument, attr_field(offset + 4), 0);
   return true;
@@ -242,8 +208,8 @@ bool check_activation(Check& c, std::size_t offset, std::uint32_t act, float alp
 // ---- Per op kind -----------------------------------------------------------------
 
 // A, B, Y: [..., M, K] x [..., K, N] -> [..., M, N], batch dims equal.
-bool check_matmul_shapes(Check& c, const OpBlock& b, std::uint32_t ia, std::uint32_t ib,
-                         std::uint32_t iy, bool trans_a, bool trans_b) {
+bool check_matmul_shapes(Check& c, const OpBlock& b, std::uint32_t ia, std::uint32_t ib, std::uint32_t iy, bool trans_a,
+                         bool trans_b) {
   const TensorRef &a = b.tensors[ia], &bb = b.tensors[ib], &y = b.tensors[iy];
   if (y.rank < 2) return c.fail(CmdStatus::kBadArgument, tensor_field(iy, A::kRank), y.rank, 2);
   if (!expect_rank(c, b, ia, y.rank) || !expect_rank(c, b, ib, y.rank)) return false;
@@ -276,12 +242,14 @@ bool check_matmul(Check& c, const OpBlock& b, const MatMulAttrs& at) {
 }
 
 // X [N,C,H,W] (or NHWC), W [Cout, Cin/groups, kh, kw], Y [N,Cout,OH,OW].
-bool check_conv_shapes(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix,
-                       std::uint32_t iw, std::uint32_t iy) {
+bool check_conv_shapes(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix, std::uint32_t iw,
+                       std::uint32_t iy) {
   if (!expect_attr(c, offsetof(ConvAttrs, layout), at.layout <= 1, at.layout, 1)) return false;
   for (int k = 0; k < 2; ++k) {
-    if (!expect_attr(c, offsetof(ConvAttrs, stride) + 4 * k, at.stride[k] >= 1 && at.stride[k] <= 65536, at.stride[k], 65536) ||
-        !expect_attr(c, offsetof(ConvAttrs, dilation) + 4 * k, at.dilation[k] >= 1 && at.dilation[k] <= 65536, at.dilation[k], 65536))
+    if (!expect_attr(c, offsetof(ConvAttrs, stride) + 4 * k, at.stride[k] >= 1 && at.stride[k] <= 65536, at.stride[k],
+                     65536) ||
+        !expect_attr(c, offsetof(ConvAttrs, dilation) + 4 * k, at.dilation[k] >= 1 && at.dilation[k] <= 65536,
+                     at.dilation[k], 65536))
       return false;
   }
   for (int k = 0; k < 4; ++k)
@@ -292,7 +260,8 @@ bool check_conv_shapes(Check& c, const OpBlock& b, const ConvAttrs& at, std::uin
   const std::uint64_t n = x.shape[0], cin = nhwc ? x.shape[3] : x.shape[1];
   const std::uint64_t h = nhwc ? x.shape[1] : x.shape[2], wd = nhwc ? x.shape[2] : x.shape[3];
   const std::uint64_t cout = w.shape[0];
-  if (!expect_attr(c, offsetof(ConvAttrs, groups), at.groups >= 1 && cin % at.groups == 0 && cout % at.groups == 0, at.groups))
+  if (!expect_attr(c, offsetof(ConvAttrs, groups), at.groups >= 1 && cin % at.groups == 0 && cout % at.groups == 0,
+                   at.groups))
     return false;
   if (!expect_dim(c, b, iw, 1, cin / at.groups)) return false;
   const std::uint64_t oh = window_output(h, w.shape[2], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], false);
@@ -325,9 +294,12 @@ bool check_pool(Check& c, const OpBlock& b, const PoolAttrs& at) {
       !expect_attr(c, offsetof(PoolAttrs, count_include_pad), at.count_include_pad <= 1, at.count_include_pad, 1))
     return false;
   for (int k = 0; k < 2; ++k) {
-    if (!expect_attr(c, offsetof(PoolAttrs, kernel) + 4 * k, at.kernel[k] >= 1 && at.kernel[k] <= 65536, at.kernel[k], 65536) ||
-        !expect_attr(c, offsetof(PoolAttrs, stride) + 4 * k, at.stride[k] >= 1 && at.stride[k] <= 65536, at.stride[k], 65536) ||
-        !expect_attr(c, offsetof(PoolAttrs, dilation) + 4 * k, at.dilation[k] >= 1 && at.dilation[k] <= 65536, at.dilation[k], 65536))
+    if (!expect_attr(c, offsetof(PoolAttrs, kernel) + 4 * k, at.kernel[k] >= 1 && at.kernel[k] <= 65536, at.kernel[k],
+                     65536) ||
+        !expect_attr(c, offsetof(PoolAttrs, stride) + 4 * k, at.stride[k] >= 1 && at.stride[k] <= 65536, at.stride[k],
+                     65536) ||
+        !expect_attr(c, offsetof(PoolAttrs, dilation) + 4 * k, at.dilation[k] >= 1 && at.dilation[k] <= 65536,
+                     at.dilation[k], 65536))
       return false;
   }
   for (int k = 0; k < 4; ++k)
@@ -335,7 +307,8 @@ bool check_pool(Check& c, const OpBlock& b, const PoolAttrs& at) {
   // A window made only of padding has nothing to pool.
   for (int k = 0; k < 2; ++k) {
     const std::uint64_t window = std::uint64_t{at.dilation[k]} * (at.kernel[k] - 1) + 1;
-    if (!expect_attr(c, offsetof(PoolAttrs, pad) + 4 * k, at.pad[k] < window && at.pad[k + 2] < window, at.pad[k], window))
+    if (!expect_attr(c, offsetof(PoolAttrs, pad) + 4 * k, at.pad[k] < window && at.pad[k + 2] < window, at.pad[k],
+                     window))
       return false;
   }
   const DType tx = dt(b.tensors[0]);
@@ -347,9 +320,11 @@ bool check_pool(Check& c, const OpBlock& b, const PoolAttrs& at) {
     const bool nhwc_x = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
     for (int k = 0; k < 2; ++k) {
       const std::uint64_t in = b.tensors[0].shape[(nhwc_x ? 1 : 2) + k];
-      const std::uint64_t out = window_output(in, at.kernel[k], at.stride[k], at.dilation[k], at.pad[k], at.pad[k + 2], at.ceil_mode);
+      const std::uint64_t out =
+          window_output(in, at.kernel[k], at.stride[k], at.dilation[k], at.pad[k], at.pad[k + 2], at.ceil_mode);
       const std::uint64_t empty = first_empty_window(in, out, at.kernel[k], at.stride[k], at.dilation[k], at.pad[k]);
-      if (!expect_attr(c, offsetof(PoolAttrs, dilation) + 4 * k, empty == UINT64_MAX, at.dilation[k], empty)) return false;
+      if (!expect_attr(c, offsetof(PoolAttrs, dilation) + 4 * k, empty == UINT64_MAX, at.dilation[k], empty))
+        return false;
     }
   }
   if (!expect_dtype(c, b, 0, avg ? is_float(tx) : tx != DType::kI32) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == tx))
@@ -358,14 +333,17 @@ bool check_pool(Check& c, const OpBlock& b, const PoolAttrs& at) {
   const bool nhwc = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
   const TensorRef& x = b.tensors[0];
   const std::uint32_t dh = nhwc ? 1 : 2, dw = nhwc ? 2 : 3, dc = nhwc ? 3 : 1;
-  const std::uint64_t oh = window_output(x.shape[dh], at.kernel[0], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], at.ceil_mode);
-  const std::uint64_t ow = window_output(x.shape[dw], at.kernel[1], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], at.ceil_mode);
-  return expect_dim(c, b, 1, 0, x.shape[0]) && expect_dim(c, b, 1, dc, x.shape[dc]) &&
-         expect_dim(c, b, 1, dh, oh) && expect_dim(c, b, 1, dw, ow);
+  const std::uint64_t oh =
+      window_output(x.shape[dh], at.kernel[0], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], at.ceil_mode);
+  const std::uint64_t ow =
+      window_output(x.shape[dw], at.kernel[1], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], at.ceil_mode);
+  return expect_dim(c, b, 1, 0, x.shape[0]) && expect_dim(c, b, 1, dc, x.shape[dc]) && expect_dim(c, b, 1, dh, oh) &&
+         expect_dim(c, b, 1, dw, ow);
 }
 
 bool check_elementwise(Check& c, const OpBlock& b, const ElementwiseAttrs& at) {
-  if (!expect_attr(c, offsetof(ElementwiseAttrs, op), at.op <= kMaxElementwiseOp, at.op, kMaxElementwiseOp)) return false;
+  if (!expect_attr(c, offsetof(ElementwiseAttrs, op), at.op <= kMaxElementwiseOp, at.op, kMaxElementwiseOp))
+    return false;
   const auto op = static_cast<ElementwiseOp>(at.op);
   const DType ta = dt(b.tensors[0]), ty = dt(b.tensors[2]);
   if (!expect_same_shape(c, b, 0, 2)) return false;
@@ -380,17 +358,18 @@ bool check_elementwise(Check& c, const OpBlock& b, const ElementwiseAttrs& at) {
   } else if (!expect_attr(c, offsetof(ElementwiseAttrs, activation), at.activation == 0, at.activation, 0)) {
     return false;
   }
-  const bool float_only = op == ElementwiseOp::kActivation || op == ElementwiseOp::kExp ||
-                          op == ElementwiseOp::kLog || op == ElementwiseOp::kSqrt;
+  const bool float_only = op == ElementwiseOp::kActivation || op == ElementwiseOp::kExp || op == ElementwiseOp::kLog ||
+                          op == ElementwiseOp::kSqrt;
   if (op == ElementwiseOp::kIdentity) return true;  // any dtype to any dtype
   return expect_dtype(c, b, 0, !float_only || is_float(ta)) && expect_dtype(c, b, 2, ty == ta);
 }
 
 bool check_softmax(Check& c, const OpBlock& b, const SoftmaxAttrs& at) {
-  if (!expect_dtype(c, b, 0, is_float(dt(b.tensors[0]))) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == dt(b.tensors[0])) ||
-      !expect_same_shape(c, b, 1, 0))
+  if (!expect_dtype(c, b, 0, is_float(dt(b.tensors[0]))) ||
+      !expect_dtype(c, b, 1, dt(b.tensors[1]) == dt(b.tensors[0])) || !expect_same_shape(c, b, 1, 0))
     return false;
-  return expect_attr(c, offsetof(SoftmaxAttrs, axis), b.tensors[0].rank > 0 && at.axis < b.tensors[0].rank, at.axis, b.tensors[0].rank) &&
+  return expect_attr(c, offsetof(SoftmaxAttrs, axis), b.tensors[0].rank > 0 && at.axis < b.tensors[0].rank, at.axis,
+                     b.tensors[0].rank) &&
          expect_attr(c, offsetof(SoftmaxAttrs, log), at.log <= 1, at.log, 1);
 }
 
@@ -410,8 +389,8 @@ bool check_quant(Check& c, const OpBlock& b, bool quantize) {
 }
 
 // Zero points and scales of the integer matmuls must not vary along K.
-bool check_integer_matmul(Check& c, const OpBlock& b, std::uint32_t ia, std::uint32_t ib,
-                          std::uint32_t iy, std::uint32_t iaz, std::uint32_t ibz) {
+bool check_integer_matmul(Check& c, const OpBlock& b, std::uint32_t ia, std::uint32_t ib, std::uint32_t iy,
+                          std::uint32_t iaz, std::uint32_t ibz) {
   if (!expect_dtype(c, b, ia, is_int8(dt(b.tensors[ia]))) || !expect_dtype(c, b, ib, is_int8(dt(b.tensors[ib]))))
     return false;
   if (!check_matmul_shapes(c, b, ia, ib, iy, false, false)) return false;
@@ -425,18 +404,18 @@ bool check_integer_matmul(Check& c, const OpBlock& b, std::uint32_t ia, std::uin
   return true;
 }
 
-bool check_integer_conv(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix,
-                        std::uint32_t iw, std::uint32_t iy, std::uint32_t ixz, std::uint32_t iwz) {
+bool check_integer_conv(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix, std::uint32_t iw,
+                        std::uint32_t iy, std::uint32_t ixz, std::uint32_t iwz) {
   if (!expect_attr(c, offsetof(ConvAttrs, activation), at.activation == 0, at.activation, 0)) return false;
   if (!expect_dtype(c, b, ix, is_int8(dt(b.tensors[ix]))) || !expect_dtype(c, b, iw, is_int8(dt(b.tensors[iw]))))
     return false;
   if (!check_conv_shapes(c, b, at, ix, iw, iy)) return false;
   // The input's zero point is one value; the weights' one per output channel.
-  if (present(b.tensors[ixz]) && (!expect_dtype(c, b, ixz, dt(b.tensors[ixz]) == dt(b.tensors[ix])) ||
-                                  !expect_param(c, b, ixz, ix, 0xF)))
+  if (present(b.tensors[ixz]) &&
+      (!expect_dtype(c, b, ixz, dt(b.tensors[ixz]) == dt(b.tensors[ix])) || !expect_param(c, b, ixz, ix, 0xF)))
     return false;
-  if (present(b.tensors[iwz]) && (!expect_dtype(c, b, iwz, dt(b.tensors[iwz]) == dt(b.tensors[iw])) ||
-                                  !expect_param(c, b, iwz, iw, 0xE)))
+  if (present(b.tensors[iwz]) &&
+      (!expect_dtype(c, b, iwz, dt(b.tensors[iwz]) == dt(b.tensors[iw])) || !expect_param(c, b, iwz, iw, 0xE)))
     return false;
   return true;
 }
@@ -465,7 +444,8 @@ bool check_color(Check& c, const OpBlock& b, const ColorConvertAttrs& at) {
       !expect_attr(c, offsetof(ColorConvertAttrs, reserved0), at.reserved0 == 0, at.reserved0, 0))
     return false;
   for (int k = 0; k < 3; ++k)
-    if (!expect_attr(c, offsetof(ColorConvertAttrs, mean) + 4 * k, std::isfinite(at.mean[k]) && std::isfinite(at.scale[k]), 0))
+    if (!expect_attr(c, offsetof(ColorConvertAttrs, mean) + 4 * k,
+                     std::isfinite(at.mean[k]) && std::isfinite(at.scale[k]), 0))
       return false;
   for (auto r : at.reserved)
     if (r) return c.fail(CmdStatus::kReservedNotZero, attr_field(offsetof(ColorConvertAttrs, reserved)), r);
@@ -480,7 +460,8 @@ bool check_color(Check& c, const OpBlock& b, const ColorConvertAttrs& at) {
     if (!expect_rank(c, b, 1, 3) || !expect_dim(c, b, 1, 0, h / 2) || !expect_dim(c, b, 1, 1, w / 2) ||
         !expect_dim(c, b, 1, 2, 2))
       return false;
-    if (present(b.tensors[2])) return c.fail(CmdStatus::kBadArgument, tensor_field(2, A::kDType), b.tensors[2].dtype, 0);
+    if (present(b.tensors[2]))
+      return c.fail(CmdStatus::kBadArgument, tensor_field(2, A::kDType), b.tensors[2].dtype, 0);
   } else {
     if (!expect_rank(c, b, 1, 2) || !expect_dim(c, b, 1, 0, h / 2) || !expect_dim(c, b, 1, 1, w / 2) ||
         !expect_dtype(c, b, 2, dt(b.tensors[2]) == DType::kU8) || !expect_same_shape(c, b, 2, 1))
@@ -493,12 +474,23 @@ bool check_color(Check& c, const OpBlock& b, const ColorConvertAttrs& at) {
 
 template <class T>
 bool read_attrs(Check& c, std::span<const std::byte> bytes, OpAttrs& out) {
-  if (bytes.size() != sizeof(T))
-    return c.fail(CmdStatus::kBadArgument, kFieldOpHeader, bytes.size(), sizeof(T));
+  if (bytes.size() != sizeof(T)) return c.fail(CmdStatus::kBadArgument, kFieldOpHeader, bytes.size(), sizeof(T));
   T t;
   std::memcpy(&t, bytes.data(), sizeof t);
   out = t;
   return true;
+}
+
+bool read_kind_attrs(Check& c, OpKind kind, std::span<const std::byte> bytes, OpAttrs& out) {
+  switch (kind) {
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs) \
+  case OpKind::k##Name:                                          \
+    return read_attrs<Attrs>(c, bytes, out);
+#include "tpuhal/fw/op_kinds.inc"
+#undef TPUHAL_FW_OP
+    case OpKind::kInvalid: break;
+  }
+  return c.fail(CmdStatus::kBadArgument, kFieldOpKind, static_cast<std::uint32_t>(kind), kMaxOpKind);
 }
 
 }  // namespace
@@ -526,16 +518,7 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
   const auto attrs = block.subspan(sizeof(OpHeader) + tensor_bytes);
 
   // Which tensors may be absent.
-  std::uint32_t optional = 0;
-  switch (b.kind) {
-    case OpKind::kMatMul: case OpKind::kConv2d: optional = 1u << 2; break;
-    case OpKind::kElementwise: optional = 1u << 1; break;
-    case OpKind::kQuantize: case OpKind::kDequantize: optional = 1u << 2; break;
-    case OpKind::kMatMulInteger: case OpKind::kConvInteger: optional = (1u << 2) | (1u << 3); break;
-    case OpKind::kQLinearConv: optional = 1u << 8; break;
-    case OpKind::kColorConvert: optional = 1u << 2; break;
-    default: break;
-  }
+  const std::uint32_t optional = op_kind_info(b.kind).optional;
   for (std::uint32_t i = 0; i < want; ++i)
     if (!check_tensor(c, b, i, optional >> i & 1)) return c.problem;
   const std::uint32_t out = want - 1;
@@ -549,40 +532,29 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
       return Problem{CmdStatus::kBadArgument, tensor_field(out, A::kOverlap), i, y.address};
   }
 
+  // The kind's attribute struct (op_kinds.inc), then the kind's own rules:
+  // a switch without a default, so that a kind without its case does not
+  // build (-Wswitch, an error here).
+  if (!read_kind_attrs(c, b.kind, attrs, b.attrs)) return c.problem;
   bool ok = false;
   switch (b.kind) {
-    case OpKind::kMatMul:
-      ok = read_attrs<MatMulAttrs>(c, attrs, b.attrs) && check_matmul(c, b, std::get<MatMulAttrs>(b.attrs));
-      break;
-    case OpKind::kConv2d:
-      ok = read_attrs<ConvAttrs>(c, attrs, b.attrs) && check_conv(c, b, std::get<ConvAttrs>(b.attrs));
-      break;
-    case OpKind::kPool2d:
-      ok = read_attrs<PoolAttrs>(c, attrs, b.attrs) && check_pool(c, b, std::get<PoolAttrs>(b.attrs));
-      break;
-    case OpKind::kElementwise:
-      ok = read_attrs<ElementwiseAttrs>(c, attrs, b.attrs) &&
-           check_elementwise(c, b, std::get<ElementwiseAttrs>(b.attrs));
-      break;
-    case OpKind::kSoftmax:
-      ok = read_attrs<SoftmaxAttrs>(c, attrs, b.attrs) && check_softmax(c, b, std::get<SoftmaxAttrs>(b.attrs));
-      break;
+    case OpKind::kMatMul: ok = check_matmul(c, b, std::get<MatMulAttrs>(b.attrs)); break;
+    case OpKind::kConv2d: ok = check_conv(c, b, std::get<ConvAttrs>(b.attrs)); break;
+    case OpKind::kPool2d: ok = check_pool(c, b, std::get<PoolAttrs>(b.attrs)); break;
+    case OpKind::kElementwise: ok = check_elementwise(c, b, std::get<ElementwiseAttrs>(b.attrs)); break;
+    case OpKind::kSoftmax: ok = check_softmax(c, b, std::get<SoftmaxAttrs>(b.attrs)); break;
     case OpKind::kQuantize:
-    case OpKind::kDequantize:
-      ok = read_attrs<QuantAttrs>(c, attrs, b.attrs) && check_quant(c, b, b.kind == OpKind::kQuantize);
-      break;
+    case OpKind::kDequantize: ok = check_quant(c, b, b.kind == OpKind::kQuantize); break;
     case OpKind::kMatMulInteger:
-      ok = read_attrs<QuantAttrs>(c, attrs, b.attrs) &&
-           expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kI32) && check_integer_matmul(c, b, 0, 1, 4, 2, 3);
+      ok = expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kI32) && check_integer_matmul(c, b, 0, 1, 4, 2, 3);
       break;
     case OpKind::kConvInteger:
-      ok = read_attrs<ConvAttrs>(c, attrs, b.attrs) && expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kI32) &&
+      ok = expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kI32) &&
            check_integer_conv(c, b, std::get<ConvAttrs>(b.attrs), 0, 1, 4, 2, 3);
       break;
     case OpKind::kQLinearMatMul: {
       // A, AScale, AZp, B, BScale, BZp, YScale, YZp, Y
-      ok = read_attrs<QuantAttrs>(c, attrs, b.attrs) && expect_dtype(c, b, 8, is_int8(dt(b.tensors[8]))) &&
-           check_integer_matmul(c, b, 0, 3, 8, 2, 5);
+      ok = expect_dtype(c, b, 8, is_int8(dt(b.tensors[8]))) && check_integer_matmul(c, b, 0, 3, 8, 2, 5);
       if (!ok) break;
       const std::uint32_t r = b.tensors[8].rank;
       ok = expect_dtype(c, b, 1, dt(b.tensors[1]) == DType::kF32) && expect_param(c, b, 1, 0, 1u << (r - 1)) &&
@@ -594,7 +566,7 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
     }
     case OpKind::kQLinearConv: {
       // X, XScale, XZp, W, WScale, WZp, YScale, YZp, Bias (opt), Y
-      ok = read_attrs<ConvAttrs>(c, attrs, b.attrs) && expect_dtype(c, b, 9, is_int8(dt(b.tensors[9]))) &&
+      ok = expect_dtype(c, b, 9, is_int8(dt(b.tensors[9]))) &&
            check_integer_conv(c, b, std::get<ConvAttrs>(b.attrs), 0, 3, 9, 2, 5);
       if (!ok) break;
       ok = expect_dtype(c, b, 1, dt(b.tensors[1]) == DType::kF32) && expect_param(c, b, 1, 0, 0xF) &&
@@ -607,15 +579,9 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
              expect_dim(c, b, 8, 0, b.tensors[3].shape[0]);
       break;
     }
-    case OpKind::kResize:
-      ok = read_attrs<ResizeAttrs>(c, attrs, b.attrs) && check_resize(c, b, std::get<ResizeAttrs>(b.attrs));
-      break;
-    case OpKind::kColorConvert:
-      ok = read_attrs<ColorConvertAttrs>(c, attrs, b.attrs) &&
-           check_color(c, b, std::get<ColorConvertAttrs>(b.attrs));
-      break;
-    case OpKind::kInvalid:
-      break;
+    case OpKind::kResize: ok = check_resize(c, b, std::get<ResizeAttrs>(b.attrs)); break;
+    case OpKind::kColorConvert: ok = check_color(c, b, std::get<ColorConvertAttrs>(b.attrs)); break;
+    case OpKind::kInvalid: break;
   }
   if (!ok) return c.failed ? c.problem : Problem{CmdStatus::kBadArgument, kFieldOpKind, h.kind};
   return b;

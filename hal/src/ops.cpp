@@ -73,9 +73,12 @@ std::vector<std::int64_t> row_major(const std::vector<std::int64_t>& shape) {
 
 std::uint32_t size_of(DType dtype) noexcept {
   switch (dtype) {
-    case DType::F32: case DType::I32: return 4;
-    case DType::F16: case DType::BF16: return 2;
-    case DType::I8: case DType::U8: return 1;
+    case DType::F32:
+    case DType::I32: return 4;
+    case DType::F16:
+    case DType::BF16: return 2;
+    case DType::I8:
+    case DType::U8: return 1;
   }
   return 0;
 }
@@ -92,8 +95,8 @@ Tensor& Tensor::operator=(Tensor&&) noexcept = default;
 Tensor::Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shape, std::uint64_t offset)
     : Tensor(buffer, dtype, shape, row_major(shape), offset) {}
 
-Tensor::Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shape,
-               std::vector<std::int64_t> strides, std::uint64_t offset) {
+Tensor::Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shape, std::vector<std::int64_t> strides,
+               std::uint64_t offset) {
   auto s = std::make_shared<TensorState>();
   const auto& impl = TensorState::impl(buffer);
   if (!impl) throw Error(Status::InvalidArgument, "Tensor: empty Buffer handle");
@@ -106,11 +109,11 @@ Tensor::Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shap
                                              std::to_string(shape.size()) + " dimensions");
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0 || shape[i] >= (std::int64_t{1} << 32))
-      throw Error(Status::InvalidArgument, "Tensor: shape[" + std::to_string(i) + "] = " + std::to_string(shape[i]) +
-                                               " is outside [0, 2^32)");
+      throw Error(Status::InvalidArgument,
+                  "Tensor: shape[" + std::to_string(i) + "] = " + std::to_string(shape[i]) + " is outside [0, 2^32)");
     if (strides[i] < 0)
-      throw Error(Status::InvalidArgument, "Tensor: strides[" + std::to_string(i) + "] = " +
-                                               std::to_string(strides[i]) + " is negative");
+      throw Error(Status::InvalidArgument,
+                  "Tensor: strides[" + std::to_string(i) + "] = " + std::to_string(strides[i]) + " is negative");
   }
   if (offset % size_of(dtype))
     throw Error(Status::InvalidArgument, "Tensor: offset " + std::to_string(offset) + " is not a multiple of the " +
@@ -149,8 +152,7 @@ bool Tensor::contiguous() const {
 
 Tensor Tensor::reshape(std::vector<std::int64_t> new_shape) const {
   const auto& s = TensorState::of(*this);
-  if (!contiguous())
-    throw Error(Status::InvalidArgument, "reshape: " + describe() + " is not contiguous");
+  if (!contiguous()) throw Error(Status::InvalidArgument, "reshape: " + describe() + " is not contiguous");
   std::uint64_t n = 1;
   for (auto d : new_shape) {
     if (d < 0) throw Error(Status::InvalidArgument, "reshape: dimension " + std::to_string(d) + " is negative");
@@ -184,8 +186,8 @@ std::string Tensor::describe() const {
   if (!state_) return "empty tensor";
   const auto& s = *state_;
   const auto& impl = TensorState::impl(s.buffer);
-  return std::string(to_string(s.dtype)) + dims_text(s.shape) + " at offset " + std::to_string(s.offset) +
-         " of a " + (impl ? impl->describe() : "missing buffer");
+  return std::string(to_string(s.dtype)) + dims_text(s.shape) + " at offset " + std::to_string(s.offset) + " of a " +
+         (impl ? impl->describe() : "missing buffer");
 }
 
 // ---- Op --------------------------------------------------------------------------
@@ -205,8 +207,6 @@ Device Op::device() const {
   return Device(device_);
 }
 
-
-
 namespace ops {
 namespace {
 
@@ -223,9 +223,7 @@ class Builder {
     keep_ = std::make_shared<std::vector<std::shared_ptr<const void>>>();
   }
 
-  [[noreturn]] void fail(Status s, const std::string& what) const {
-    throw Error(s, desc_->name + ": " + what);
-  }
+  [[noreturn]] void fail(Status s, const std::string& what) const { throw Error(s, desc_->name + ": " + what); }
 
   // The operand as itself, or as a view with `shape`/`strides`.
   TensorArg arg(const Tensor& t, const char* role) { return arg(t, role, t.shape(), t.strides()); }
@@ -237,8 +235,8 @@ class Builder {
     if (!device_) {
       device_ = impl->device();
     } else if (impl->device() != device_) {
-      fail(Status::InvalidArgument, std::string(role) + " is on " + impl->device()->uri() + ", the other operands on " +
-                                        device_->uri());
+      fail(Status::InvalidArgument,
+           std::string(role) + " is on " + impl->device()->uri() + ", the other operands on " + device_->uri());
     }
     TensorArg a;
     a.buffer = backend.get();
@@ -258,15 +256,16 @@ class Builder {
   TensorArg broadcast(const Tensor& t, const char* role, const std::vector<std::int64_t>& shape) {
     const auto& ts = t.shape();
     if (ts.size() > shape.size())
-      fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(ts) + ", which does not broadcast to " +
-                                        dims_text(shape));
+      fail(Status::InvalidArgument,
+           std::string(role) + " has shape " + dims_text(ts) + ", which does not broadcast to " + dims_text(shape));
     std::vector<std::int64_t> strides(shape.size(), 0);
     const std::size_t skip = shape.size() - ts.size();
     for (std::size_t i = 0; i < ts.size(); ++i) {
-      if (ts[i] == shape[skip + i]) strides[skip + i] = t.strides()[i];
+      if (ts[i] == shape[skip + i])
+        strides[skip + i] = t.strides()[i];
       else if (ts[i] != 1)
-        fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(ts) + ", which does not broadcast to " +
-                                          dims_text(shape));
+        fail(Status::InvalidArgument,
+             std::string(role) + " has shape " + dims_text(ts) + ", which does not broadcast to " + dims_text(shape));
     }
     return arg(t, role, shape, strides);
   }
@@ -278,8 +277,8 @@ class Builder {
     std::vector<std::int64_t> strides(like_shape.size(), 0);
     if (t.elements() == 1) return arg(t, role, like_shape, strides);
     if (t.rank() != 1)
-      fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t.shape()) +
-                                        "; expected a scalar or a 1-D tensor");
+      fail(Status::InvalidArgument,
+           std::string(role) + " has shape " + dims_text(t.shape()) + "; expected a scalar or a 1-D tensor");
     if (axis < 0 || static_cast<std::size_t>(axis) >= like_shape.size() || like_shape[axis] != t.shape()[0])
       fail(Status::InvalidArgument, std::string(role) + " has " + std::to_string(t.shape()[0]) +
                                         " elements; expected 1, or one per index of axis " + std::to_string(axis) +
@@ -299,8 +298,8 @@ class Builder {
   }
   void same_dtype(const Tensor& t, const char* role, const Tensor& like, const char* like_role) {
     if (t.dtype() != like.dtype())
-      fail(Status::InvalidArgument, std::string(role) + " is " + to_string(t.dtype()) + " but " + like_role + " is " +
-                                        to_string(like.dtype()));
+      fail(Status::InvalidArgument,
+           std::string(role) + " is " + to_string(t.dtype()) + " but " + like_role + " is " + to_string(like.dtype()));
   }
   void shape_is(const Tensor& t, const char* role, const std::vector<std::int64_t>& want, const std::string& why) {
     if (t.shape() != want)
@@ -311,29 +310,35 @@ class Builder {
     if (!std::isfinite(a.alpha) || !std::isfinite(a.beta))
       fail(Status::InvalidArgument, "activation parameters must be finite");
     if (a.kind == Activation::Clip && a.alpha > a.beta)
-      fail(Status::InvalidArgument, "clip minimum " + std::to_string(a.alpha) + " is above its maximum " +
-                                        std::to_string(a.beta));
+      fail(Status::InvalidArgument,
+           "clip minimum " + std::to_string(a.alpha) + " is above its maximum " + std::to_string(a.beta));
   }
 
   Op finish(std::vector<TensorArg> tensors) {
+    // What the kind's line in op_kinds.inc promises every backend.
+    const driver::OpKindInfo& kind = driver::op_kind_info(desc_->kind);
+    if (tensors.size() != kind.tensors || desc_->attrs.index() != kind.attrs_index)
+      fail(Status::Internal, std::to_string(tensors.size()) + " tensors and attributes #" +
+                                 std::to_string(desc_->attrs.index()) + " for a " + kind.name + " op, which takes " +
+                                 std::to_string(kind.tensors) + " and #" + std::to_string(kind.attrs_index) +
+                                 " (op_kinds.inc)");
     // The output is the last operand; it may not overlap any input.
     const Span& out = spans_.back();
     for (std::size_t i = 0; i + 1 < spans_.size(); ++i) {
       const Span& in = spans_[i];
       if (in.buffer == out.buffer && in.bytes && out.bytes && in.offset < out.offset + out.bytes &&
           out.offset < in.offset + in.bytes)
-        fail(Status::InvalidArgument, std::string("the output ") + out.role + " overlaps input " + in.role +
-                                          " (bytes [" + std::to_string(out.offset) + ", " +
-                                          std::to_string(out.offset + out.bytes) + ") and [" +
-                                          std::to_string(in.offset) + ", " + std::to_string(in.offset + in.bytes) +
-                                          ") of the same buffer)");
+        fail(Status::InvalidArgument,
+             std::string("the output ") + out.role + " overlaps input " + in.role + " (bytes [" +
+                 std::to_string(out.offset) + ", " + std::to_string(out.offset + out.bytes) + ") and [" +
+                 std::to_string(in.offset) + ", " + std::to_string(in.offset + in.bytes) + ") of the same buffer)");
     }
     // The output must not write an element twice.
     const TensorArg& y = tensors.back();
     for (std::uint32_t d = 0; d < y.rank; ++d)
       if (y.shape[d] > 1 && y.strides[d] == 0)
-        fail(Status::InvalidArgument, std::string("the output ") + out.role + " has stride 0 in dimension " +
-                                          std::to_string(d));
+        fail(Status::InvalidArgument,
+             std::string("the output ") + out.role + " has stride 0 in dimension " + std::to_string(d));
     desc_->tensors = std::move(tensors);
     return OpAccess::make(std::move(desc_), std::move(keep_), device_);
   }
@@ -377,7 +382,8 @@ std::array<std::int64_t, 2> window_out(Builder& b, std::int64_t h, std::int64_t 
 
 // x [N,C,H,W] or [N,H,W,C]; returns {N, C, H, W}.
 std::array<std::int64_t, 4> nchw(Builder& b, const Tensor& x, Layout layout, const char* role) {
-  if (x.rank() != 4) b.fail(Status::InvalidArgument, std::string(role) + " has rank " + std::to_string(x.rank()) + "; expected 4");
+  if (x.rank() != 4)
+    b.fail(Status::InvalidArgument, std::string(role) + " has rank " + std::to_string(x.rank()) + "; expected 4");
   const auto& s = x.shape();
   return layout == Layout::NCHW ? std::array<std::int64_t, 4>{s[0], s[1], s[2], s[3]}
                                 : std::array<std::int64_t, 4>{s[0], s[3], s[1], s[2]};
@@ -390,20 +396,24 @@ std::vector<std::int64_t> make_shape(Layout layout, std::int64_t n, std::int64_t
 // Checks x, w, y of a convolution; returns the expected y shape's text.
 void check_conv(Builder& b, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o) {
   const auto [n, c, h, wd] = nchw(b, x, o.layout, "x");
-  if (w.rank() != 4) b.fail(Status::InvalidArgument, "w has rank " + std::to_string(w.rank()) + "; expected 4 [Cout, Cin/groups, kh, kw]");
+  if (w.rank() != 4)
+    b.fail(Status::InvalidArgument,
+           "w has rank " + std::to_string(w.rank()) + "; expected 4 [Cout, Cin/groups, kh, kw]");
   const auto& ws = w.shape();
   if (o.groups == 0 || c % o.groups || ws[0] % o.groups)
     b.fail(Status::InvalidArgument, "groups " + std::to_string(o.groups) + " must divide the input channels (" +
                                         std::to_string(c) + ") and output channels (" + std::to_string(ws[0]) + ")");
   if (ws[1] != c / o.groups)
-    b.fail(Status::InvalidArgument, "w has shape " + dims_text(ws) + "; its dimension 1 must be input channels / groups = " +
-                                        std::to_string(c / o.groups));
+    b.fail(Status::InvalidArgument,
+           "w has shape " + dims_text(ws) +
+               "; its dimension 1 must be input channels / groups = " + std::to_string(c / o.groups));
   for (auto p : o.pads)
     if (p > 65536) b.fail(Status::InvalidArgument, "pad " + std::to_string(p) + " is above 65536");
   const auto out = window_out(b, h, wd, ws[2], ws[3], o.strides, o.dilations, o.pads, false);
   if (out[0] == 0 || out[1] == 0)
     b.fail(Status::InvalidArgument, "a " + std::to_string(ws[2]) + "x" + std::to_string(ws[3]) +
-                                        " kernel does not fit the padded " + std::to_string(h) + "x" + std::to_string(wd) + " input");
+                                        " kernel does not fit the padded " + std::to_string(h) + "x" +
+                                        std::to_string(wd) + " input");
   b.shape_is(y, "y", make_shape(o.layout, n, ws[0], out[0], out[1]),
              "from x " + dims_text(x.shape()) + ", w " + dims_text(ws) + ", strides, pads and dilations");
 }
@@ -421,8 +431,8 @@ driver::ConvAttrs conv_attrs(const Conv2dOptions& o) {
 
 // Checks a [..., M, K] @ b [..., K, N] -> y [..., M, N] and returns the
 // views of a and b broadcast to y's batch dimensions.
-std::pair<TensorArg, TensorArg> matmul_views(Builder& bd, const Tensor& a, const Tensor& b, const Tensor& y,
-                                             bool ta, bool tb, const char* an = "a", const char* bn = "b") {
+std::pair<TensorArg, TensorArg> matmul_views(Builder& bd, const Tensor& a, const Tensor& b, const Tensor& y, bool ta,
+                                             bool tb, const char* an = "a", const char* bn = "b") {
   if (a.rank() < 2 || b.rank() < 2 || y.rank() < 2)
     bd.fail(Status::InvalidArgument, "operands need rank 2 or more (a " + dims_text(a.shape()) + ", b " +
                                          dims_text(b.shape()) + ", y " + dims_text(y.shape()) + "); reshape 1-D ones");
@@ -485,8 +495,10 @@ Op elementwise(driver::ElementwiseOp op, const char* name, const Tensor& a, cons
 
 Op pool(bool max, const Tensor& x, const Tensor& y, const Pool2dOptions& o) {
   Builder b(driver::OpKind::Pool2d, max ? "max_pool2d" : "avg_pool2d");
-  if (max) b.dtype_in(x, "x", {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8});
-  else b.dtype_in(x, "x", kFloats);
+  if (max)
+    b.dtype_in(x, "x", {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8});
+  else
+    b.dtype_in(x, "x", kFloats);
   b.same_dtype(y, "y", x, "x");
   const auto [n, c, h, w] = nchw(b, x, o.layout, "x");
   for (int k = 0; k < 2; ++k) {
@@ -545,9 +557,10 @@ Op matmul(const Tensor& a, const Tensor& b, const Tensor& y, const MatMulOptions
   bd.dtype_in(a, "a", kFloats);
   bd.same_dtype(b, "b", a, "a");
   if (y.dtype() != a.dtype() && y.dtype() != DType::F32)
-    bd.fail(Status::InvalidArgument, std::string("y is ") + to_string(y.dtype()) + "; it must be " +
-                                         to_string(a.dtype()) + " like a, or f32");
-  if (!std::isfinite(o.alpha) || !std::isfinite(o.beta)) bd.fail(Status::InvalidArgument, "alpha and beta must be finite");
+    bd.fail(Status::InvalidArgument,
+            std::string("y is ") + to_string(y.dtype()) + "; it must be " + to_string(a.dtype()) + " like a, or f32");
+  if (!std::isfinite(o.alpha) || !std::isfinite(o.beta))
+    bd.fail(Status::InvalidArgument, "alpha and beta must be finite");
   bd.activation(o.activation);
   auto [va, vb] = matmul_views(bd, a, b, y, o.transpose_a, o.transpose_b);
   TensorArg c = bd.absent();
@@ -585,12 +598,24 @@ Op conv2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions
 Op max_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& o) { return pool(true, x, y, o); }
 Op avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& o) { return pool(false, x, y, o); }
 
-Op add(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Add, "add", a, &b, y); }
-Op sub(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Sub, "sub", a, &b, y); }
-Op mul(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Mul, "mul", a, &b, y); }
-Op div(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Div, "div", a, &b, y); }
-Op max(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Max, "max", a, &b, y); }
-Op min(const Tensor& a, const Tensor& b, const Tensor& y) { return elementwise(driver::ElementwiseOp::Min, "min", a, &b, y); }
+Op add(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Add, "add", a, &b, y);
+}
+Op sub(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Sub, "sub", a, &b, y);
+}
+Op mul(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Mul, "mul", a, &b, y);
+}
+Op div(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Div, "div", a, &b, y);
+}
+Op max(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Max, "max", a, &b, y);
+}
+Op min(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Min, "min", a, &b, y);
+}
 Op activation(const Tensor& x, const Tensor& y, const ActivationParams& act) {
   return elementwise(driver::ElementwiseOp::Activation, "activation", x, nullptr, y, act);
 }
@@ -600,7 +625,9 @@ Op neg(const Tensor& x, const Tensor& y) { return elementwise(driver::Elementwis
 Op exp(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Exp, "exp", x, nullptr, y); }
 Op log(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Log, "log", x, nullptr, y); }
 Op sqrt(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Sqrt, "sqrt", x, nullptr, y); }
-Op cast(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Identity, "cast", x, nullptr, y); }
+Op cast(const Tensor& x, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Identity, "cast", x, nullptr, y);
+}
 
 Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm) {
   Builder b(driver::OpKind::Elementwise, "transpose");
@@ -624,7 +651,8 @@ Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis, bool log_softmax
   b.shape_is(y, "y", x.shape(), "the shape of x");
   const auto rank = static_cast<std::int64_t>(x.rank());
   if (axis < -rank || axis >= rank || rank == 0)
-    b.fail(Status::InvalidArgument, "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
+    b.fail(Status::InvalidArgument,
+           "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
   b.desc().attrs = driver::SoftmaxAttrs{static_cast<std::uint32_t>(axis < 0 ? axis + rank : axis), log_softmax};
   return b.finish({b.arg(x, "x"), b.arg(y, "y")});
 }
@@ -676,8 +704,9 @@ TensorArg matmul_param(Builder& b, const std::optional<Tensor>& t, const char* r
   if (t->elements() == 1) return b.arg(*t, role, shape, strides);
   const std::uint32_t dim = per_row ? of.rank - 2 : of.rank - 1;
   if (t->rank() != 1 || t->shape()[0] != shape[dim])
-    b.fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t->shape()) + "; expected a scalar or [" +
-                                        std::to_string(shape[dim]) + "] (one per " + (per_row ? "row" : "column") + ")");
+    b.fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t->shape()) +
+                                        "; expected a scalar or [" + std::to_string(shape[dim]) + "] (one per " +
+                                        (per_row ? "row" : "column") + ")");
   strides[dim] = t->strides()[0];
   return b.arg(*t, role, shape, strides);
 }
@@ -689,9 +718,9 @@ TensorArg conv_param(Builder& b, const std::optional<Tensor>& t, const char* rol
   std::vector<std::int64_t> strides(of.rank(), 0);
   if (t->elements() == 1) return b.arg(*t, role, of.shape(), strides);
   if (!per_channel || t->rank() != 1 || t->shape()[0] != of.shape()[0])
-    b.fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t->shape()) + "; expected a scalar" +
-                                        (per_channel ? " or one per output channel [" + std::to_string(of.shape()[0]) + "]"
-                                                     : std::string{}));
+    b.fail(Status::InvalidArgument,
+           std::string(role) + " has shape " + dims_text(t->shape()) + "; expected a scalar" +
+               (per_channel ? " or one per output channel [" + std::to_string(of.shape()[0]) + "]" : std::string{}));
   strides[0] = t->strides()[0];
   return b.arg(*t, role, of.shape(), strides);
 }
@@ -730,8 +759,8 @@ Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y, const std::op
 }
 
 Op qlinear_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point, const Tensor& b,
-                  const Tensor& b_scale, const Tensor& b_zero_point, const Tensor& y_scale,
-                  const Tensor& y_zero_point, const Tensor& y) {
+                  const Tensor& b_scale, const Tensor& b_zero_point, const Tensor& y_scale, const Tensor& y_zero_point,
+                  const Tensor& y) {
   Builder bd(driver::OpKind::QLinearMatMul, "qlinear_matmul");
   bd.dtype_in(a, "a", kInt8);
   bd.dtype_in(b, "b", kInt8);
@@ -796,10 +825,11 @@ Op resize(const Tensor& x, const Tensor& y, const ResizeOptions& o) {
   const auto [n, c, h, w] = nchw(b, x, o.layout, "x");
   const auto [yn, yc, yh, yw] = nchw(b, y, o.layout, "y");
   if (yn != n || yc != c)
-    b.fail(Status::InvalidArgument, "y " + dims_text(y.shape()) + " must keep x's batch and channels " + dims_text(x.shape()));
+    b.fail(Status::InvalidArgument,
+           "y " + dims_text(y.shape()) + " must keep x's batch and channels " + dims_text(x.shape()));
   if (h == 0 || w == 0 || yh == 0 || yw == 0) b.fail(Status::InvalidArgument, "empty images cannot be resized");
-  std::array<float, 2> scales = o.scales.value_or(std::array<float, 2>{
-      static_cast<float>(yh) / static_cast<float>(h), static_cast<float>(yw) / static_cast<float>(w)});
+  std::array<float, 2> scales = o.scales.value_or(std::array<float, 2>{static_cast<float>(yh) / static_cast<float>(h),
+                                                                       static_cast<float>(yw) / static_cast<float>(w)});
   for (float s : scales)
     if (!std::isfinite(s) || s <= 0 || s > 65536.0f)
       b.fail(Status::InvalidArgument, "scale " + std::to_string(s) + " must be positive and finite");
@@ -821,10 +851,13 @@ Op color(ColorFormat format, const Tensor& luma, const Tensor& c1, const Tensor*
   b.dtype_in(c1, format == ColorFormat::NV12 ? "chroma" : "u", {DType::U8});
   if (c2) b.dtype_in(*c2, "v", {DType::U8});
   b.dtype_in(y, "y", {DType::F32, DType::F16, DType::BF16, DType::U8});
-  if (luma.rank() != 2) b.fail(Status::InvalidArgument, "luma has shape " + dims_text(luma.shape()) + "; expected [H, W]");
+  if (luma.rank() != 2)
+    b.fail(Status::InvalidArgument, "luma has shape " + dims_text(luma.shape()) + "; expected [H, W]");
   const std::int64_t h = luma.shape()[0], w = luma.shape()[1];
-  if (h % 2 || w % 2) b.fail(Status::InvalidArgument, "luma " + dims_text(luma.shape()) + " must have even height and width");
-  if (format == ColorFormat::NV12) b.shape_is(c1, "chroma", {h / 2, w / 2, 2}, "interleaved U and V at half resolution");
+  if (h % 2 || w % 2)
+    b.fail(Status::InvalidArgument, "luma " + dims_text(luma.shape()) + " must have even height and width");
+  if (format == ColorFormat::NV12)
+    b.shape_is(c1, "chroma", {h / 2, w / 2, 2}, "interleaved U and V at half resolution");
   else {
     b.shape_is(c1, "u", {h / 2, w / 2}, "half resolution");
     b.shape_is(*c2, "v", {h / 2, w / 2}, "half resolution");
@@ -838,7 +871,8 @@ Op color(ColorFormat format, const Tensor& luma, const Tensor& c1, const Tensor*
   a.mean = o.mean;
   a.scale = o.scale;
   b.desc().attrs = a;
-  return b.finish({b.arg(luma, "luma"), b.arg(c1, c2 ? "u" : "chroma"), c2 ? b.arg(*c2, "v") : b.absent(), b.arg(y, "y")});
+  return b.finish(
+      {b.arg(luma, "luma"), b.arg(c1, c2 ? "u" : "chroma"), c2 ? b.arg(*c2, "v") : b.absent(), b.arg(y, "y")});
 }
 }  // namespace
 

@@ -104,6 +104,30 @@ TEST(FwTensorOp, HeaderRulesAreEnforced) {
   EXPECT_EQ(problem_of(tiny).status, CmdStatus::kBadArgument);
 }
 
+// Every kind of op_kinds.inc has its name, tensor count and attribute size
+// in the decoder: a block of that shape gets past the header and is judged
+// on its tensors (here all absent, so the first required one is named).
+TEST(FwTensorOp, EveryKindOfTheTableIsKnownToTheDecoder) {
+  for (std::uint32_t k = 1; k <= kMaxOpKind; ++k) {
+    const OpKindInfo& info = kOpKinds[k];
+    SCOPED_TRACE(info.name);
+    EXPECT_STREQ(to_string(info.kind), info.name);
+    EXPECT_EQ(op_tensor_count(info.kind), info.tensors);
+    OpHeader h{};
+    h.magic = kOpMagic;
+    h.kind = k;
+    h.num_tensors = info.tensors;
+    h.attr_bytes = info.attr_bytes;
+    std::vector<std::byte> b(sizeof h + info.tensors * sizeof(TensorRef) + info.attr_bytes);
+    std::memcpy(b.data(), &h, sizeof h);
+    const Problem p = problem_of(b);
+    std::uint32_t first_required = 0;
+    while (info.optional >> first_required & 1) ++first_required;
+    EXPECT_EQ(p.field, tensor_field(first_required, TensorAspect::kDType)) << describe(p, 0);
+  }
+  EXPECT_STREQ(to_string(static_cast<OpKind>(kMaxOpKind + 1)), "unknown");
+}
+
 TEST(FwTensorOp, ShapesMustAgreeWithTheOp) {
   auto b = good_matmul();
   tensor_at(b, 1).shape[0] = 7;  // K mismatch

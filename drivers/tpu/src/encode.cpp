@@ -20,21 +20,23 @@ fw::DType to_fw(DType t) {
   return fw::DType::kNone;
 }
 
+// Each HAL kind is the firmware's kind of the same Name, with as many
+// tensors (hal's and fw's op_kinds.inc), and every firmware kind has one.
+#define TPUHAL_OP_KIND(Name, str, count, Attrs)                           \
+  static_assert(fw::op_kind_info(fw::OpKind::k##Name).tensors == (count), \
+                "op_kinds.inc: " #Name " takes other tensors in the HAL than on the board");
+#include "tpuhal/driver/op_kinds.inc"
+#undef TPUHAL_OP_KIND
+static_assert(driver::kOpKindCount == fw::kMaxOpKind,
+              "a firmware op kind (fw/op_kinds.inc) has no HAL kind (driver/op_kinds.inc)");
+
 fw::OpKind to_fw(driver::OpKind k) {
   switch (k) {
-    case driver::OpKind::MatMul: return fw::OpKind::kMatMul;
-    case driver::OpKind::Conv2d: return fw::OpKind::kConv2d;
-    case driver::OpKind::Pool2d: return fw::OpKind::kPool2d;
-    case driver::OpKind::Elementwise: return fw::OpKind::kElementwise;
-    case driver::OpKind::Softmax: return fw::OpKind::kSoftmax;
-    case driver::OpKind::Quantize: return fw::OpKind::kQuantize;
-    case driver::OpKind::Dequantize: return fw::OpKind::kDequantize;
-    case driver::OpKind::MatMulInteger: return fw::OpKind::kMatMulInteger;
-    case driver::OpKind::ConvInteger: return fw::OpKind::kConvInteger;
-    case driver::OpKind::QLinearMatMul: return fw::OpKind::kQLinearMatMul;
-    case driver::OpKind::QLinearConv: return fw::OpKind::kQLinearConv;
-    case driver::OpKind::Resize: return fw::OpKind::kResize;
-    case driver::OpKind::ColorConvert: return fw::OpKind::kColorConvert;
+#define TPUHAL_OP_KIND(Name, str, count, Attrs) \
+  case driver::OpKind::Name:                    \
+    return fw::OpKind::k##Name;
+#include "tpuhal/driver/op_kinds.inc"
+#undef TPUHAL_OP_KIND
   }
   return fw::OpKind::kInvalid;
 }
@@ -187,8 +189,7 @@ void encode(const driver::Command& command, std::uint32_t index, const std::stri
     }
     void operator()(const driver::cmd::WaitFence& c) const {
       auto* other = dynamic_cast<TpuQueue*>(c.queue);
-      if (!allow_fence_wait)
-        throw Error(Status::InvalidArgument, uri + ": a program cannot wait on a fence");
+      if (!allow_fence_wait) throw Error(Status::InvalidArgument, uri + ": a program cannot wait on a fence");
       if (!other || !self || !other->same_device(*self))
         throw Error(Status::InvalidArgument, uri + ": cannot wait on a fence of another device");
       d.opcode = static_cast<std::uint16_t>(fw::Opcode::kWaitValue);

@@ -13,6 +13,9 @@
 #include "numerics.h"
 #include "simd.h"
 
+// Every op kind (fw/op_kinds.inc) has its case in TensorEngine::run.
+#pragma GCC diagnostic error "-Wswitch"
+
 namespace tpuhal::sim::tensor {
 
 // ---- WorkerPool ----------------------------------------------------------------
@@ -141,8 +144,10 @@ struct Accumulators {
   std::int32_t* data;
   std::size_t size;
   Accumulators(TensorEngine& e, const View& y, bool direct) : size(y.elements()) {
-    if (direct && y.dtype == fw::DType::kI32 && y.contiguous()) data = reinterpret_cast<std::int32_t*>(y.data);
-    else data = e.scratch_i32(size);  // every element gets written
+    if (direct && y.dtype == fw::DType::kI32 && y.contiguous())
+      data = reinterpret_cast<std::int32_t*>(y.data);
+    else
+      data = e.scratch_i32(size);  // every element gets written
   }
   std::span<const std::int32_t> span() const { return {data, size}; }
 };
@@ -164,6 +169,7 @@ void store_acc(const Accumulators& acc, const View& y) {
 
 fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
   std::lock_guard lock(mu_);
+  // One case per kind and no default: a kind without its kernel does not build.
   switch (op.kind) {
     case fw::OpKind::kMatMul: matmul(*this, std::get<fw::MatMulAttrs>(op.attrs), v); break;
     case fw::OpKind::kConv2d: conv2d(*this, std::get<fw::ConvAttrs>(op.attrs), v); break;
@@ -196,7 +202,8 @@ fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
       const std::uint64_t m = y.shape[r - 2], n = y.shape[r - 1];
       const float ys = load_float(v[6].data, fw::DType::kF32);
       if (v[0].shape[r - 1] == 0) {  // K = 0: every sum is 0 and y is its zero point
-        requantize(*this, acc.span(), y, std::vector<float>{0.0f}, 1, static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype)));
+        requantize(*this, acc.span(), y, std::vector<float>{0.0f}, 1,
+                   static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype)));
         break;
       }
       // The scales are views over A [.., M, K] and B [.., K, N], constant
@@ -223,11 +230,13 @@ fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
         }
       } else if (as.strides[r - 2]) {  // per row
         for (std::uint64_t i = 0; i < m; ++i)
-          mult.push_back(load_float(as.at(i * as.strides[r - 2]), fw::DType::kF32) * load_float(bs.data, fw::DType::kF32) / ys);
+          mult.push_back(load_float(as.at(i * as.strides[r - 2]), fw::DType::kF32) *
+                         load_float(bs.data, fw::DType::kF32) / ys);
         div = n;
       } else {  // per column (or scalar)
         for (std::uint64_t j = 0; j < n; ++j)
-          mult.push_back(load_float(as.data, fw::DType::kF32) * load_float(bs.at(j * bs.strides[r - 1]), fw::DType::kF32) / ys);
+          mult.push_back(load_float(as.data, fw::DType::kF32) *
+                         load_float(bs.at(j * bs.strides[r - 1]), fw::DType::kF32) / ys);
       }
       requantize(*this, acc.span(), y, mult, div, static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype)));
       break;
@@ -241,7 +250,8 @@ fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
       const std::uint64_t hw = nhwc ? 1 : y.shape[2] * y.shape[3];
       const float xs = load_float(v[1].data, fw::DType::kF32), ys = load_float(v[6].data, fw::DType::kF32);
       std::vector<float> mult(c);
-      for (std::uint64_t o = 0; o < c; ++o) mult[o] = xs * load_float(v[4].at(o * v[4].strides[0]), fw::DType::kF32) / ys;
+      for (std::uint64_t o = 0; o < c; ++o)
+        mult[o] = xs * load_float(v[4].at(o * v[4].strides[0]), fw::DType::kF32) / ys;
       const auto y_zero = static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype));
       // One pass where oneDNN's fused requantisation gives the same bytes.
       if (!v[8].present() && qlinear_conv_fused(*this, at, v[0], v[3], &v[2], &v[5], y, mult, y_zero)) break;
@@ -264,8 +274,7 @@ fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
     }
     case fw::OpKind::kResize: resize(*this, std::get<fw::ResizeAttrs>(op.attrs), v); break;
     case fw::OpKind::kColorConvert: color_convert(*this, std::get<fw::ColorConvertAttrs>(op.attrs), v); break;
-    case fw::OpKind::kInvalid:
-      return {fw::CmdStatus::kBadArgument, fw::kFieldOpKind, 0};
+    case fw::OpKind::kInvalid: return {fw::CmdStatus::kBadArgument, fw::kFieldOpKind, 0};
   }
   return {};
 }
@@ -277,8 +286,10 @@ View widened(TensorEngine& e, const View& v, std::vector<float>& store) {
     const auto* src = reinterpret_cast<const std::uint16_t*>(v.data);
     const bool bf16 = v.dtype == fw::DType::kBF16;
     e.pool().parallel_for(store.size(), [&](std::uint64_t begin, std::uint64_t end) {
-      if (bf16) simd::widen_bf16(src + begin, store.data() + begin, end - begin);
-      else simd::widen_f16(src + begin, store.data() + begin, end - begin);
+      if (bf16)
+        simd::widen_bf16(src + begin, store.data() + begin, end - begin);
+      else
+        simd::widen_f16(src + begin, store.data() + begin, end - begin);
     });
   } else {
     const View* views[1] = {&v};

@@ -2,7 +2,7 @@
 //
 // A tensor op's parameters do not fit a descriptor. They form a parameter
 // block: an OpHeader, then the op's tensors (TensorRef, fixed roles per op
-// kind, see the table in docs/ops.md), then the op's attributes. The block
+// kind, listed in op_kinds.inc), then the op's attributes. The block
 // travels either inline in the ring, in the slots right after the kTensorOp
 // descriptor (args: 0, block bytes), or in device memory (args: address,
 // block bytes) — which is how a recorded program carries it.
@@ -30,9 +30,12 @@ enum class DType : std::uint32_t {
 inline constexpr std::uint32_t kMaxDType = 6;
 constexpr std::uint32_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kF16: case DType::kBF16: return 2;
-    case DType::kI8: case DType::kU8: return 1;
+    case DType::kF32:
+    case DType::kI32: return 4;
+    case DType::kF16:
+    case DType::kBF16: return 2;
+    case DType::kI8:
+    case DType::kU8: return 1;
     case DType::kNone: break;
   }
   return 0;
@@ -46,47 +49,31 @@ inline constexpr std::uint64_t kMaxDim = 1ull << 32;  // every dimension is belo
 // (i0, ..., ik) at address + sum(i_j * strides[j]) * dtype_size.
 struct TensorRef {
   std::uint64_t address;
-  std::uint32_t dtype;    // DType
-  std::uint32_t rank;     // 0..kMaxRank; a scalar has rank 0
+  std::uint32_t dtype;              // DType
+  std::uint32_t rank;               // 0..kMaxRank; a scalar has rank 0
   std::uint64_t shape[kMaxRank];    // entries past `rank` must be zero
   std::uint64_t strides[kMaxRank];  // in elements; entries past `rank` zero
   std::uint64_t reserved[2];        // zero
 };
 static_assert(sizeof(TensorRef) == 128);
 
+// The op kinds and their wire codes: one line each in op_kinds.inc, which
+// also gives each kind's tensors (fixed roles, output last, see the table
+// there and docs/ops.md) and its attribute struct (kOpKinds, at the end).
 enum class OpKind : std::uint32_t {
   kInvalid = 0,
-  kMatMul = 1,        // Y = act(alpha * op(A) @ op(B) + beta * C), batched
-  kConv2d = 2,        // float convolution, NCHW or NHWC, groups, dilation
-  kPool2d = 3,        // max or average pooling
-  kElementwise = 4,   // unary and binary maps, including cast and transpose
-  kSoftmax = 5,
-  kQuantize = 6,      // QuantizeLinear
-  kDequantize = 7,    // DequantizeLinear
-  kMatMulInteger = 8, // int32 accumulation, zero points
-  kConvInteger = 9,
-  kQLinearMatMul = 10,
-  kQLinearConv = 11,
-  kResize = 12,       // nearest or bilinear over H and W
-  kColorConvert = 13, // NV12 / I420 -> planar RGB, normalised
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs) k##Name = code,
+#include "tpuhal/fw/op_kinds.inc"
+#undef TPUHAL_FW_OP
 };
-inline constexpr std::uint32_t kMaxOpKind = 13;
+inline constexpr std::uint32_t kMaxOpKind = 0
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs) +1
+#include "tpuhal/fw/op_kinds.inc"
+#undef TPUHAL_FW_OP
+    ;
 const char* to_string(OpKind k) noexcept;
 
-// Tensors per op kind, in order. Optional ones may be DType::kNone.
-//   kMatMul         A, B, C (opt), Y
-//   kConv2d         X, W, Bias (opt), Y
-//   kPool2d         X, Y
-//   kElementwise    A, B (opt for unary ops), Y
-//   kSoftmax        X, Y
-//   kQuantize       X, Scale, ZeroPoint (opt), Y       (Scale, ZeroPoint broadcast to X)
-//   kDequantize     X, Scale, ZeroPoint (opt), Y
-//   kMatMulInteger  A, B, AZeroPoint (opt), BZeroPoint (opt), Y
-//   kConvInteger    X, W, XZeroPoint (opt), WZeroPoint (opt), Y
-//   kQLinearMatMul  A, AScale, AZeroPoint, B, BScale, BZeroPoint, YScale, YZeroPoint, Y
-//   kQLinearConv    X, XScale, XZeroPoint, W, WScale, WZeroPoint, YScale, YZeroPoint, Bias (opt), Y
-//   kResize         X, Y
-//   kColorConvert   Luma, Chroma U (or UV), Chroma V (opt), Y
+// Tensors per op kind, in order; optional ones may be DType::kNone.
 inline constexpr std::uint32_t kMaxOpTensors = 10;
 std::uint32_t op_tensor_count(OpKind k) noexcept;
 
@@ -104,7 +91,7 @@ static_assert(sizeof(OpHeader) == 32);
 enum class Activation : std::uint32_t {
   kNone = 0,
   kRelu = 1,
-  kClip = 2,       // clamp to [alpha, beta]; relu6 is clip(0, 6)
+  kClip = 2,  // clamp to [alpha, beta]; relu6 is clip(0, 6)
   kSigmoid = 3,
   kSilu = 4,       // x * sigmoid(x)
   kLeakyRelu = 5,  // x < 0 ? alpha * x : x
@@ -167,9 +154,7 @@ enum class ElementwiseOp : std::uint32_t {
   kSqrt = 12,
 };
 inline constexpr std::uint32_t kMaxElementwiseOp = 12;
-constexpr bool is_binary(ElementwiseOp op) {
-  return op >= ElementwiseOp::kAdd && op <= ElementwiseOp::kMin;
-}
+constexpr bool is_binary(ElementwiseOp op) { return op >= ElementwiseOp::kAdd && op <= ElementwiseOp::kMin; }
 
 struct ElementwiseAttrs {
   std::uint32_t op;          // ElementwiseOp
@@ -179,8 +164,8 @@ struct ElementwiseAttrs {
 static_assert(sizeof(ElementwiseAttrs) == 16);
 
 struct SoftmaxAttrs {
-  std::uint32_t axis;     // < rank
-  std::uint32_t log;      // 1: log-softmax
+  std::uint32_t axis;  // < rank
+  std::uint32_t log;   // 1: log-softmax
   std::uint32_t reserved[2];
 };
 static_assert(sizeof(SoftmaxAttrs) == 16);
@@ -231,5 +216,40 @@ struct ColorConvertAttrs {
 static_assert(sizeof(ColorConvertAttrs) == 56);
 
 inline constexpr std::uint32_t kMaxParamBytes = 4096;
+
+// What the interface fixes for each op kind, indexed by its code (entry 0
+// is kInvalid): op_kinds.inc, expanded.
+struct OpKindInfo {
+  OpKind kind;
+  const char* name;
+  std::uint32_t tensors;     // TensorRefs after the header, output last
+  std::uint32_t optional;    // bit i: tensor i may be absent
+  std::uint32_t attr_bytes;  // sizeof the kind's attribute struct
+};
+inline constexpr OpKindInfo kOpKinds[kMaxOpKind + 1] = {
+    {OpKind::kInvalid, "invalid", 0, 0, 0},
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs) \
+  {OpKind::k##Name, name, tensors, optional, sizeof(Attrs)},
+#include "tpuhal/fw/op_kinds.inc"
+#undef TPUHAL_FW_OP
+};
+// The lines are in code order, one apart, and no kind has more tensors
+// than a block can carry or an optional output.
+static_assert(
+    [] {
+      for (std::uint32_t i = 0; i <= kMaxOpKind; ++i) {
+        const OpKindInfo& k = kOpKinds[i];
+        if (static_cast<std::uint32_t>(k.kind) != i || k.tensors > kMaxOpTensors) return false;
+        if (i != 0 && (k.tensors == 0 || (k.optional >> (k.tensors - 1)) != 0)) return false;
+      }
+      return true;
+    }(),
+    "op_kinds.inc: codes must run 1, 2, 3, ... and each kind have 1 to kMaxOpTensors tensors, the last not optional");
+
+// kOpKinds[k], or kOpKinds[0] (kInvalid) for a code no kind has.
+constexpr const OpKindInfo& op_kind_info(OpKind k) noexcept {
+  const auto i = static_cast<std::uint32_t>(k);
+  return kOpKinds[i <= kMaxOpKind ? i : 0];
+}
 
 }  // namespace tpuhal::fw

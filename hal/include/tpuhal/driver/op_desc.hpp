@@ -2,33 +2,23 @@
 // after checking every operand (hal/src/ops.cpp).
 //
 // Conventions every backend can rely on:
-// - Tensors come in a fixed order per kind (the table below); absent
-//   optional ones have buffer == nullptr.
+// - Tensors come in a fixed order per kind (op_kinds.inc gives each kind's
+//   roles); absent optional ones have buffer == nullptr.
 // - Broadcasting is already expressed with strides: an input broadcast
 //   along a dimension has stride 0 there, and inputs of elementwise-style
 //   ops (and the scales and zero points of quantized ops) have exactly the
 //   shape of the tensor they apply to.
 // - The output (always the last tensor) has no zero strides and overlaps no
 //   input.
-//
-//   MatMul         A, B, C (opt), Y
-//   Conv2d         X, W, Bias (opt), Y
-//   Pool2d         X, Y
-//   Elementwise    A, B (binary ops only), Y
-//   Softmax        X, Y
-//   Quantize       X, Scale, ZeroPoint (opt), Y
-//   Dequantize     X, Scale, ZeroPoint (opt), Y
-//   MatMulInteger  A, B, AZeroPoint (opt), BZeroPoint (opt), Y
-//   ConvInteger    X, W, XZeroPoint (opt), WZeroPoint (opt), Y
-//   QLinearMatMul  A, AScale, AZeroPoint, B, BScale, BZeroPoint, YScale, YZeroPoint, Y
-//   QLinearConv    X, XScale, XZeroPoint, W, WScale, WZeroPoint, YScale, YZeroPoint, Bias (opt), Y
-//   Resize         X, Y
-//   ColorConvert   Luma, Chroma U (or UV), Chroma V (opt), Y
+// - The attributes are the alternative op_kinds.inc names for the kind.
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -50,12 +40,25 @@ struct TensorArg {
 };
 
 enum class OpKind : std::uint8_t {
-  MatMul, Conv2d, Pool2d, Elementwise, Softmax, Quantize, Dequantize, MatMulInteger,
-  ConvInteger, QLinearMatMul, QLinearConv, Resize, ColorConvert,
+#define TPUHAL_OP_KIND(Name, name, tensors, Attrs) Name,
+#include "tpuhal/driver/op_kinds.inc"
+#undef TPUHAL_OP_KIND
 };
 
 enum class ElementwiseOp : std::uint8_t {
-  Identity, Add, Sub, Mul, Div, Max, Min, Activation, Abs, Neg, Exp, Log, Sqrt,
+  Identity,
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Max,
+  Min,
+  Activation,
+  Abs,
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
 };
 
 struct MatMulAttrs {
@@ -98,13 +101,48 @@ struct ColorConvertAttrs {
   std::array<float, 3> mean{}, scale{};
 };
 
+using OpAttrs = std::variant<NoAttrs, MatMulAttrs, ConvAttrs, PoolAttrs, ElementwiseAttrs, SoftmaxAttrs, ResizeAttrs,
+                             ColorConvertAttrs>;
+
 struct OpDesc {
   OpKind kind = OpKind::MatMul;
   std::string name;  // for messages: "matmul", "qlinear_conv", ...
   std::vector<TensorArg> tensors;
-  std::variant<NoAttrs, MatMulAttrs, ConvAttrs, PoolAttrs, ElementwiseAttrs, SoftmaxAttrs,
-               ResizeAttrs, ColorConvertAttrs>
-      attrs;
+  OpAttrs attrs;
 };
+
+// What each kind is (op_kinds.inc), indexed by the kind.
+struct OpKindInfo {
+  OpKind kind;
+  const char* name;
+  std::uint32_t tensors;    // OpDesc::tensors, output last
+  std::size_t attrs_index;  // the alternative of OpAttrs it carries
+};
+namespace op_kind_detail {
+template <class T, std::size_t I = 0>
+constexpr std::size_t attrs_index() {
+  static_assert(I < std::variant_size_v<OpAttrs>, "op_kinds.inc names an attribute struct OpAttrs lacks");
+  if constexpr (std::is_same_v<std::variant_alternative_t<I, OpAttrs>, T>)
+    return I;
+  else
+    return attrs_index<T, I + 1>();
+}
+}  // namespace op_kind_detail
+inline constexpr OpKindInfo kOpKinds[] = {
+#define TPUHAL_OP_KIND(Name, name, tensors, Attrs) {OpKind::Name, name, tensors, op_kind_detail::attrs_index<Attrs>()},
+#include "tpuhal/driver/op_kinds.inc"
+#undef TPUHAL_OP_KIND
+};
+inline constexpr std::size_t kOpKindCount = std::size(kOpKinds);
+static_assert([] {
+  for (std::size_t i = 0; i < kOpKindCount; ++i)
+    if (static_cast<std::size_t>(kOpKinds[i].kind) != i || kOpKinds[i].tensors == 0) return false;
+  return true;
+}());
+
+constexpr const OpKindInfo& op_kind_info(OpKind k) noexcept { return kOpKinds[static_cast<std::size_t>(k)]; }
+// "matmul", "conv2d", ... (the kind; OpDesc::name is the op the user built).
+constexpr const char* to_string(OpKind k) noexcept { return op_kind_info(k).name; }
+constexpr std::uint32_t op_tensor_count(OpKind k) noexcept { return op_kind_info(k).tensors; }
 
 }  // namespace tpuhal::driver

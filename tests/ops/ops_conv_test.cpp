@@ -1,0 +1,104 @@
+// conv2d: random and specific geometries, zero input channels.
+#include "ops_reference.hpp"
+
+namespace tpuhal::ops_test {
+namespace {
+
+TEST_P(Ops, Conv2dMatchesTheReferenceForRandomGeometries) {
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    const int cases = dt == DType::F32 ? 14 : 7;
+    for (int i = 0; i < cases; ++i) {
+      const ConvCase c = random_conv(rng_);
+      const Host x = rand(dt, c.xs), w = rand(dt, c.ws);
+      const Shape ys = conv_out_shape(x, c.ws, c.g);
+      std::optional<Host> bias;
+      if (rng_.coin()) bias = rand(rng_.coin() ? dt : DType::F32, {c.ws[0]});
+      const ActivationParams act = rng_.pick(all_activations(rng_));
+      Conv2dOptions o = c.g.options();
+      o.activation = act;
+      if (bias) o.bias = lab().upload(*bias);
+      const Tensor y = lab().output(dt, ys);
+      const Host got = lab().run(ops::conv2d(lab().upload(x), lab().upload(w), y, o), y);
+      expect("conv2d " + std::string(to_string(dt)) + " x " + dims(c.xs) + " w " + dims(c.ws) + " " + c.g.text() +
+                 (bias ? " bias" : "") + " " + act_name(act),
+             got, ref_conv(x, w, bias, c.g, act, dt, ys));
+    }
+  }
+}
+
+TEST_P(Ops, Conv2dSpecificGeometries) {
+  struct Case {
+    const char* name;
+    Shape nchw;  // x as N, C, H, W
+    Shape ws;
+    ConvGeom g;
+  };
+  auto geom = [](std::array<std::uint32_t, 2> s, std::array<std::uint32_t, 2> d, std::array<std::uint32_t, 4> p,
+                 std::uint32_t groups) {
+    ConvGeom g;
+    g.strides = s;
+    g.dilations = d;
+    g.pads = p;
+    g.groups = groups;
+    return g;
+  };
+  const std::vector<Case> cases{
+      {"1x1", {2, 5, 7, 6}, {4, 5, 1, 1}, geom({1, 1}, {1, 1}, {0, 0, 0, 0}, 1)},
+      {"1x1 stride 2", {1, 3, 7, 6}, {8, 3, 1, 1}, geom({2, 2}, {1, 1}, {0, 0, 0, 0}, 1)},
+      {"1x1 padded past the kernel", {1, 2, 3, 4}, {3, 2, 1, 1}, geom({1, 1}, {1, 1}, {2, 1, 3, 2}, 1)},
+      {"2x2 pads 3", {1, 2, 4, 4}, {2, 2, 2, 2}, geom({1, 2}, {1, 1}, {3, 0, 1, 3}, 1)},
+      {"depthwise 3x3", {1, 6, 8, 8}, {6, 1, 3, 3}, geom({1, 1}, {1, 1}, {1, 1, 1, 1}, 6)},
+      {"depthwise multiplier 2", {2, 4, 7, 5}, {8, 1, 3, 3}, geom({2, 1}, {1, 2}, {1, 2, 0, 1}, 4)},
+      {"kernel covers the input", {1, 3, 5, 4}, {2, 3, 5, 4}, geom({1, 1}, {1, 1}, {0, 0, 0, 0}, 1)},
+      {"1x1 input, padded", {1, 2, 1, 1}, {3, 2, 3, 3}, geom({1, 1}, {1, 1}, {1, 1, 1, 1}, 1)},
+      {"dilated, strided, asymmetric", {1, 4, 11, 9}, {6, 2, 3, 2}, geom({2, 3}, {2, 3}, {0, 3, 2, 1}, 2)},
+  };
+  for (const Case& c : cases)
+    for (Layout layout : {Layout::NCHW, Layout::NHWC})
+      for (DType dt : {DType::F32, DType::F16}) {
+        ConvGeom g = c.g;
+        g.layout = layout;
+        const Host x = rand(dt, img_shape(layout, c.nchw[0], c.nchw[1], c.nchw[2], c.nchw[3])), w = rand(dt, c.ws);
+        const Host bias = rand(DType::F32, {c.ws[0]});
+        const Shape ys = conv_out_shape(x, c.ws, g);
+        ASSERT_FALSE(ys.empty()) << c.name;
+        Conv2dOptions o = g.options();
+        o.bias = lab().upload(bias);
+        o.activation = ActivationParams::relu();
+        const Tensor y = lab().output(dt, ys);
+        const Host got = lab().run(ops::conv2d(lab().upload(x), lab().upload(w), y, o), y);
+        expect(std::string("conv2d ") + c.name + " " + to_string(dt) + " " + g.text(), got,
+               ref_conv(x, w, bias, g, o.activation, dt, ys));
+      }
+}
+
+TEST_P(Ops, ConvolutionsWithZeroInputChannels) {
+  // Sums over no input channels: conv2d gives bias (then the activation),
+  // conv_integer 0.
+  for (Layout layout : {Layout::NCHW, Layout::NHWC}) {
+    ConvGeom g;
+    g.layout = layout;
+    g.pads = {1, 1, 1, 1};
+    const Host x = rand(DType::F32, img_shape(layout, 1, 0, 4, 4)), w = rand(DType::F32, {3, 0, 3, 3});
+    const Host bias = rand(DType::F32, {3}, -2, 2);
+    const Shape ys = conv_out_shape(x, w.shape, g);
+    Conv2dOptions o = g.options();
+    o.bias = lab().upload(bias);
+    o.activation = ActivationParams::relu();
+    const Tensor y = lab().output(DType::F32, ys);
+    expect(std::string("conv2d with no input channels ") + g.text(),
+           lab().run(ops::conv2d(lab().upload(x), lab().upload(w), y, o), y),
+           ref_conv(x, w, bias, g, o.activation, DType::F32, ys));
+    const Host xi = rand_int(rng_, DType::U8, img_shape(layout, 1, 0, 4, 4)),
+               wi = rand_int(rng_, DType::I8, {3, 0, 3, 3});
+    const Tensor yi = lab().output(DType::I32, ys);
+    expect_exact(
+        std::string("conv_integer with no input channels ") + g.text(),
+        lab().run(ops::conv_integer(lab().upload(xi), lab().upload(wi), yi, std::nullopt, std::nullopt, g.options()),
+                  yi),
+        std::vector<double>(static_cast<std::size_t>(numel(ys)), 0.0));
+  }
+}
+
+}  // namespace
+}  // namespace tpuhal::ops_test

@@ -1,0 +1,170 @@
+// The elementwise ops: binary and unary maps, activations, casts between
+// every pair of dtypes, transposes.
+#include "ops_reference.hpp"
+
+namespace tpuhal::ops_test {
+namespace {
+
+TEST_P(Ops, ElementwiseBinaryOpsBroadcastAndRoundAsF32) {
+  for (DType dt : {DType::F32, DType::F16, DType::BF16})
+    for (Bin op : {Bin::Add, Bin::Sub, Bin::Mul, Bin::Div, Bin::Max, Bin::Min})
+      for (const auto& [as, bs, ys] : kBroadcasts) {
+        const Host a = with_specials(rng_, rand(dt, as, -8, 8), dt);
+        const Host b = with_specials(rng_, rand(dt, bs, -8, 8), dt);
+        const Tensor y = lab().output(dt, ys);
+        const Host got = lab().run(bin_op(op, lab().upload(a), lab().upload(b), y), y);
+        std::vector<double> want;
+        for_each_index(ys, [&](const Shape& idx, std::int64_t) {
+          want.push_back(float_bin(op, bcast_at(a, idx), bcast_at(b, idx), dt));
+        });
+        expect_exact(
+            std::string(bin_name(op)) + " " + to_string(dt) + " " + dims(as) + " and " + dims(bs) + " -> " + dims(ys),
+            got, want);
+      }
+}
+
+TEST_P(Ops, ElementwiseIntegerOpsWrapAndDivideTowardZero) {
+  for (DType dt : {DType::I8, DType::U8, DType::I32})
+    for (Bin op : {Bin::Add, Bin::Sub, Bin::Mul, Bin::Div, Bin::Max, Bin::Min})
+      for (const auto& [as, bs, ys] : kBroadcasts) {
+        Host a = with_specials(rng_, rand_int(rng_, dt, as), dt);
+        Host b = with_specials(rng_, rand_int(rng_, dt, bs), dt);
+        if (op == Bin::Div)
+          for (auto& v : b.v)
+            if (rng_.coin(0.2)) v = rng_.coin() ? 0.0 : (dt == DType::U8 ? 1.0 : -1.0);  // x / 0 and MIN / -1
+        const Tensor y = lab().output(dt, ys);
+        const Host got = lab().run(bin_op(op, lab().upload(a), lab().upload(b), y), y);
+        std::vector<double> want;
+        for_each_index(ys, [&](const Shape& idx, std::int64_t) {
+          want.push_back(int_bin(op, static_cast<std::int64_t>(bcast_at(a, idx)),
+                                 static_cast<std::int64_t>(bcast_at(b, idx)), dt));
+        });
+        expect_exact(
+            std::string(bin_name(op)) + " " + to_string(dt) + " " + dims(as) + " and " + dims(bs) + " -> " + dims(ys),
+            got, want);
+      }
+}
+
+TEST_P(Ops, ElementwiseUnaryOps) {
+  // abs and neg, every dtype: exact (integers wrap: abs(-128) is -128 in i8).
+  for (DType dt : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32})
+    for (bool neg : {false, true}) {
+      const Host x = with_specials(rng_, is_float(dt) ? rand(dt, {4, 9}, -50, 50) : rand_int(rng_, dt, {4, 9}), dt);
+      const Tensor y = lab().output(dt, x.shape);
+      const Tensor tx = lab().upload(x);
+      const Host got = lab().run(neg ? ops::neg(tx, y) : ops::abs(tx, y), y);
+      std::vector<double> want;
+      for (double v : x.v)
+        want.push_back(is_float(dt) ? (neg ? -v : std::fabs(v))
+                                    : static_cast<double>(wrap(dt, neg ? -static_cast<std::int64_t>(v)
+                                                                       : std::llabs(static_cast<std::int64_t>(v)))));
+      expect_exact(std::string(neg ? "neg " : "abs ") + to_string(dt), got, want);
+    }
+  // exp, log, sqrt on floats, with their special cases.
+  enum class U { Exp, Log, Sqrt };
+  for (DType dt : {DType::F32, DType::F16, DType::BF16})
+    for (U op : {U::Exp, U::Log, U::Sqrt}) {
+      Host x = rand(dt, {5, 11}, op == U::Exp ? -10 : 0, 10);
+      const std::vector<double> sp = op == U::Exp
+                                         ? std::vector<double>{0, -0.0, 100, -200, kInf, -kInf, kNaN, 11, 12}
+                                         : std::vector<double>{0, -0.0, -1, kInf, -kInf, kNaN, 1, 1e-6, 4, 1e4};
+      for (std::size_t i = 0; i < sp.size(); ++i) x.v[i] = round_to(dt, sp[i]);
+      const Tensor tx = lab().upload(x), y = lab().output(dt, x.shape);
+      const Host got = lab().run(op == U::Exp ? ops::exp(tx, y) : op == U::Log ? ops::log(tx, y) : ops::sqrt(tx, y), y);
+      Ref want;
+      for (double v : x.v) {
+        if (op == U::Sqrt) {  // correctly rounded in f32, then to the type
+          want.push(round_to(dt, f32(std::sqrt(v))), 0.0);
+          continue;
+        }
+        double e = op == U::Exp ? std::exp(v) : std::log(v);
+        if (std::isfinite(e) && std::fabs(e) > format_of(DType::F32).max) e = std::copysign(kInf, e);  // f32 overflow
+        if (std::isfinite(e) && std::fabs(e) >= format_of(dt).max + ulp(dt, format_of(dt).max) / 2)
+          e = std::copysign(kInf, e);  // overflow of the output type
+        // expf / logf are within 2 ULPs; the f16 / bf16 store adds one of theirs.
+        want.push(e, 2 * ulp(DType::F32, e) + (dt != DType::F32 ? ulp(dt, e) : 0.0));
+      }
+      expect(std::string(op == U::Exp ? "exp " : op == U::Log ? "log " : "sqrt ") + to_string(dt), got, want);
+    }
+}
+
+TEST_P(Ops, ElementwiseActivations) {
+  for (DType dt : {DType::F32, DType::F16, DType::BF16})
+    for (const ActivationParams& act : all_activations(rng_)) {
+      const Host x = rand(dt, {3, 40}, -12, 12);
+      const Tensor y = lab().output(dt, x.shape);
+      const Host got = lab().run(ops::activation(lab().upload(x), y, act), y);
+      Ref want;
+      for (double v : x.v) {
+        const double out = act_ref(act, v);
+        want.push(out, act_eval_err(act, v, out) + (dt != DType::F32 ? ulp(dt, out) : 0.0));
+      }
+      expect("activation " + act_name(act) + " " + to_string(dt), got, want);
+    }
+  // relu() is activation(relu).
+  const Host x = rand(DType::F32, {17}, -3, 3);
+  const Tensor y = lab().output(DType::F32, x.shape);
+  const Host got = lab().run(ops::relu(lab().upload(x), y), y);
+  std::vector<double> want;
+  for (double v : x.v) want.push_back(v > 0 ? v : 0.0);
+  expect_exact("relu", got, want);
+}
+
+TEST_P(Ops, CastBetweenEveryPairOfDtypes) {
+  const std::vector<DType> all{DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32};
+  for (DType src : all) {
+    std::vector<double> vals = cast_specials(src);
+    for (int i = 0; i < 40; ++i) {
+      if (!is_float(src))
+        vals.push_back(static_cast<double>(rng_.integer(lo_of(src), hi_of(src))));
+      else if (i % 2)
+        vals.push_back(rng_.uniform(-300, 300));
+      else
+        vals.push_back(std::ldexp(rng_.uniform(-1, 1), static_cast<int>(rng_.integer(-30, 40))));
+    }
+    Host x(src, {static_cast<std::int64_t>(vals.size())});
+    for (std::size_t i = 0; i < vals.size(); ++i) x.v[i] = is_float(src) ? round_to(src, vals[i]) : vals[i];
+    const Tensor tx = lab().upload(x);
+    for (DType dst : all) {
+      const Tensor y = lab().output(dst, x.shape);
+      const Host got = lab().run(ops::cast(tx, y), y);
+      std::vector<double> want;
+      for (double v : x.v) want.push_back(cast_ref(v, src, dst));
+      expect_exact(std::string("cast ") + to_string(src) + " -> " + to_string(dst), got, want);
+    }
+  }
+}
+
+TEST_P(Ops, CastBroadcastsItsInput) {
+  const Host x = rand(DType::F32, {3, 1}, -200, 200);
+  const Tensor y = lab().output(DType::I8, {2, 3, 4});
+  const Host got = lab().run(ops::cast(lab().upload(x), y), y);
+  std::vector<double> want;
+  for_each_index(y.shape(), [&](const Shape& idx, std::int64_t) {
+    want.push_back(cast_ref(bcast_at(x, idx), DType::F32, DType::I8));
+  });
+  expect_exact("cast f32 [3, 1] -> i8 [2, 3, 4]", got, want);
+}
+
+TEST_P(Ops, TransposeAnyPermutationUpToRank6) {
+  const std::vector<DType> all{DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32};
+  for (int trial = 0; trial < 18; ++trial) {
+    const std::size_t rank = static_cast<std::size_t>(trial % 6) + 1;
+    Shape s(rank);
+    for (auto& d : s) d = rng_.integer(1, rank >= 5 ? 3 : 5);
+    std::vector<std::size_t> perm(rank);
+    std::iota(perm.begin(), perm.end(), std::size_t{0});
+    std::shuffle(perm.begin(), perm.end(), rng_.engine());
+    const DType dt = rng_.pick(all);
+    const Host x = is_float(dt) ? rand(dt, s, -100, 100) : rand_int(rng_, dt, s);
+    const Host want = permuted(x, perm);
+    const Tensor y = lab().output(dt, want.shape);
+    const Host got = lab().run(ops::transpose(lab().upload(x), y, perm), y);
+    std::string p;
+    for (auto v : perm) p += std::to_string(v);
+    expect_exact("transpose " + std::string(to_string(dt)) + " " + dims(s) + " perm " + p, got, want.v);
+  }
+}
+
+}  // namespace
+}  // namespace tpuhal::ops_test

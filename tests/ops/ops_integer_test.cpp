@@ -1,0 +1,387 @@
+// The integer products: matmul_integer, conv_integer, qlinear_matmul and
+// qlinear_conv; zero points, int32 wrapping, requantisation.
+#include "ops_reference.hpp"
+
+namespace tpuhal::ops_test {
+namespace {
+
+TEST_P(Ops, MatMulIntegerAppliesScalarRowAndColumnZeroPoints) {
+  for (DType at : {DType::U8, DType::I8})
+    for (DType bt : {DType::U8, DType::I8})
+      for (int variant = 0; variant < 7; ++variant) {
+        // 0 none; 1 a scalar; 2 b scalar; 3 a per row; 4 b per column;
+        // 5 both per row / column, batched; 6 both scalar, batched b.
+        const std::int64_t m = rng_.integer(1, 17), n = rng_.integer(1, 17), k = rng_.integer(1, 40);
+        const Shape as = variant == 5 ? Shape{2, m, k} : Shape{m, k};
+        const Shape bs = variant == 6 ? Shape{3, k, n} : Shape{k, n};
+        const Host a = rand_int(rng_, at, as), b = rand_int(rng_, bt, bs);
+        std::optional<Host> az, bz;
+        if (variant == 1 || variant == 6) az = rand_int(rng_, at, variant == 1 ? Shape{} : Shape{1});
+        if (variant == 2 || variant == 6) bz = rand_int(rng_, bt, Shape{});
+        if (variant == 3 || variant == 5) az = rand_int(rng_, at, {m});
+        if (variant == 4 || variant == 5) bz = rand_int(rng_, bt, {n});
+        Shape ys;
+        const auto want =
+            ref_matmul_int(a, b, az ? az->v : std::vector<double>{}, bz ? bz->v : std::vector<double>{}, ys);
+        const Tensor y = lab().output(DType::I32, ys);
+        std::optional<Tensor> taz, tbz;
+        if (az) taz = lab().upload(*az);
+        if (bz) tbz = lab().upload(*bz);
+        const Host got = lab().run(ops::matmul_integer(lab().upload(a), lab().upload(b), y, taz, tbz), y);
+        expect_exact("matmul_integer " + std::string(to_string(at)) + " x " + to_string(bt) + " a " + dims(as) + " b " +
+                         dims(bs) + " variant " + std::to_string(variant),
+                     got, as_doubles(want));
+      }
+}
+
+TEST_P(Ops, MatMulIntegerAccumulatesInInt32WrappingAround) {
+  // K large enough that the sums leave int32: they wrap modulo 2^32.
+  struct Case {
+    DType at, bt;
+    double a, b;  // every element (or, when NaN, random extremes)
+    std::int64_t k;
+    bool zero_points;
+  };
+  const std::vector<Case> cases{
+      {DType::U8, DType::U8, 255, 255, 70000, false},  // 4.55e9
+      {DType::I8, DType::I8, -128, -128, 140000, false},
+      {DType::U8, DType::I8, 255, -128, 70000, false},  // -2.28e9
+      {DType::I8, DType::U8, 127, 255, 70000, false},
+      // Past 2^24 but inside int32, odd: exact in int32, not in f32.
+      {DType::I8, DType::I8, 127, 127, 1041, false},  // 16790289
+      {DType::U8, DType::I8, 255, 127, 521, false},   // 16872585
+      {DType::U8, DType::U8, 255, 255, 259, false},   // 16841475
+      {DType::I8, DType::U8, -127, 255, 519, false},  // -16808715
+      {DType::U8, DType::I8, kNaN, kNaN, 50000, true},
+      {DType::U8, DType::U8, kNaN, kNaN, 50000, true},
+  };
+  for (const Case& c : cases) {
+    const std::int64_t m = 3, n = 2;
+    Host a(c.at, {m, c.k}), b(c.bt, {c.k, n});
+    for (auto& v : a.v)
+      v = std::isnan(c.a) ? (rng_.coin(0.9) ? static_cast<double>(hi_of(c.at)) : static_cast<double>(lo_of(c.at)))
+                          : c.a;
+    for (auto& v : b.v)
+      v = std::isnan(c.b) ? (rng_.coin(0.9) ? static_cast<double>(hi_of(c.bt)) : static_cast<double>(lo_of(c.bt)))
+                          : c.b;
+    std::optional<Host> az, bz;
+    if (c.zero_points) {
+      az = Host(c.at, {m});
+      az->v = {0, static_cast<double>(lo_of(c.at)), 1};
+      bz = Host(c.bt, {});
+      bz->v = {static_cast<double>(c.bt == DType::U8 ? 0 : 127)};
+    }
+    Shape ys;
+    const auto want = ref_matmul_int(a, b, az ? az->v : std::vector<double>{}, bz ? bz->v : std::vector<double>{}, ys);
+    const Tensor y = lab().output(DType::I32, ys);
+    std::optional<Tensor> taz, tbz;
+    if (az) taz = lab().upload(*az);
+    if (bz) tbz = lab().upload(*bz);
+    const Host got = lab().run(ops::matmul_integer(lab().upload(a), lab().upload(b), y, taz, tbz), y);
+    expect_exact(
+        "matmul_integer " + std::string(to_string(c.at)) + " x " + to_string(c.bt) + " K " + std::to_string(c.k), got,
+        as_doubles(want));
+  }
+}
+
+TEST_P(Ops, MatMulIntegerIsExactWhereSomeSumsPass2To24OrPartialSumsCancel) {
+  // A few large sums among small ones (odd, so f32 cannot hold them), and
+  // partial sums far past 2^24 that cancel to small totals (oneDNN alone
+  // gets these wrong: the engine must slice K by the data).
+  const std::int64_t m = 33, n = 40, k = 2049;
+  for (int variant = 0; variant < 3; ++variant) {
+    // Variant 2 is variant 0 batched, b broadcast over a's two batches.
+    Host a(DType::U8, variant == 2 ? Shape{2, m, k} : Shape{m, k}),
+        b(DType::I8, variant == 2 ? Shape{1, k, n} : Shape{k, n});
+    for (auto& v : a.v) v = static_cast<double>(rng_.integer(0, 3));
+    for (auto& v : b.v) v = static_cast<double>(rng_.integer(-3, 3));
+    if (variant != 1) {
+      // Row 5 and 17 all 255, column 7 all 127 (k odd: 255 * 127 * 2049 is
+      // odd); in the second batch only row 17.
+      for (std::int64_t kk = 0; kk < k; ++kk) {
+        a.v[static_cast<std::size_t>(5 * k + kk)] = 255;
+        a.v[static_cast<std::size_t>(17 * k + kk)] = 255;
+        if (variant == 2) a.v[static_cast<std::size_t>((m + 17) * k + kk)] = 255;
+        b.v[static_cast<std::size_t>(kk * n + 7)] = 127;
+      }
+    } else {
+      // Every column climbs to 255 * 126 * 1024 (3.3e7) and comes back down.
+      for (auto& v : a.v) v = 255;
+      for (std::int64_t kk = 0; kk < k; ++kk)
+        for (std::int64_t j = 0; j < n; ++j)
+          b.v[static_cast<std::size_t>(kk * n + j)] = (kk < k / 2 ? 126 : -126) + (kk % 7 == 0 ? (j % 3) - 1 : 0);
+    }
+    Shape ys;
+    const auto want = ref_matmul_int(a, b, {}, {}, ys);
+    const Tensor y = lab().output(DType::I32, ys);
+    const Host got = lab().run(ops::matmul_integer(lab().upload(a), lab().upload(b), y), y);
+    expect_exact(variant == 1 ? "matmul_integer, partial sums past 2^24 that cancel"
+                              : "matmul_integer, rows and a column past 2^24 " + dims(a.shape) + " x " + dims(b.shape),
+                 got, as_doubles(want));
+  }
+}
+
+TEST_P(Ops, ConvIntegerWithInputAndPerChannelWeightZeroPoints) {
+  for (DType xt : {DType::U8, DType::I8})
+    for (DType wt : {DType::U8, DType::I8})
+      for (int variant = 0; variant < 5; ++variant) {
+        // 0 none; 1 x only; 2 x and scalar w; 3 x and per channel w; 4 per channel w only.
+        const ConvCase c = random_conv(rng_, 8);
+        const Host x = rand_int(rng_, xt, c.xs), w = rand_int(rng_, wt, c.ws);
+        std::optional<Host> xz, wz;
+        if (variant >= 1 && variant <= 3) xz = rand_int(rng_, xt, rng_.coin() ? Shape{} : Shape{1});
+        if (variant == 2) wz = rand_int(rng_, wt, {});
+        if (variant >= 3) wz = rand_int(rng_, wt, {c.ws[0]});
+        const Shape ys = conv_out_shape(x, c.ws, c.g);
+        std::vector<std::int64_t> wzv;
+        if (wz)
+          for (double v : wz->v) wzv.push_back(static_cast<std::int64_t>(v));
+        const auto want = ref_conv_int(x, w, c.g, xz ? static_cast<std::int64_t>(xz->v[0]) : 0, wzv, ys);
+        std::optional<Tensor> txz, twz;
+        if (xz) txz = lab().upload(*xz);
+        if (wz) twz = lab().upload(*wz);
+        const Tensor y = lab().output(DType::I32, ys);
+        const Host got = lab().run(ops::conv_integer(lab().upload(x), lab().upload(w), y, txz, twz, c.g.options()), y);
+        expect_exact("conv_integer " + std::string(to_string(xt)) + " x " + dims(c.xs) + " " + to_string(wt) + " w " +
+                         dims(c.ws) + " " + c.g.text() + " variant " + std::to_string(variant),
+                     got, as_doubles(want));
+      }
+}
+
+TEST_P(Ops, ConvIntegerAccumulatesExactlyInInt32) {
+  // Sums past 2^24 (exact in int32, not in f32) and past 2^31 (wrapping).
+  struct Case {
+    DType xt, wt;
+    double x, w;
+    std::int64_t c;
+    bool x_zero_point;
+  };
+  const std::vector<Case> cases{
+      {DType::I8, DType::I8, 127, 127, 1041, false},   // 16790289
+      {DType::U8, DType::I8, 255, 127, 521, false},    // 16872585
+      {DType::I8, DType::I8, 127, 127, 1041, true},    // with a zero point of 0 given
+      {DType::U8, DType::U8, 255, 255, 35000, false},  // 2.28e9: wraps
+      {DType::I8, DType::I8, -128, -128, 140000, false},
+  };
+  for (const Case& c : cases)
+    for (Layout layout : {Layout::NCHW, Layout::NHWC}) {
+      Host x(c.xt, img_shape(layout, 1, c.c, 1, 2)), w(c.wt, {2, c.c, 1, 1});
+      std::fill(x.v.begin(), x.v.end(), c.x);
+      std::fill(w.v.begin(), w.v.end(), c.w);
+      ConvGeom g;
+      g.layout = layout;
+      std::optional<Host> xz;
+      if (c.x_zero_point) xz = Host(c.xt, {});
+      const Shape ys = conv_out_shape(x, w.shape, g);
+      const auto want = ref_conv_int(x, w, g, 0, {}, ys);
+      std::optional<Tensor> txz;
+      if (xz) txz = lab().upload(*xz);
+      const Tensor y = lab().output(DType::I32, ys);
+      const Host got =
+          lab().run(ops::conv_integer(lab().upload(x), lab().upload(w), y, txz, std::nullopt, g.options()), y);
+      expect_exact("conv_integer " + std::string(to_string(c.xt)) + " " + num(c.x) + " x " + to_string(c.wt) + " " +
+                       num(c.w) + " over " + std::to_string(c.c) + " channels " + g.text(),
+                   got, as_doubles(want));
+    }
+}
+
+TEST_P(Ops, GroupedIntegerConvolutionsOneDnnsGemmPathCompensatesWrongly) {
+  // Grouped geometries where oneDNN 2.6's GEMM convolution, given an s8
+  // input or an input zero point, offset every sum of a channel by a
+  // constant. The engine must not hand them to it that way: plain sums,
+  // with an input zero point, and requantised (the fused path).
+  struct Case {
+    std::int64_t groups, og, cg, kh, kw;
+  };
+  const Case cases[] = {{2, 4, 1, 2, 4}, {2, 4, 1, 4, 2}, {2, 4, 1, 8, 1}, {4, 2, 1, 4, 2},
+                        {4, 2, 1, 2, 4}, {4, 2, 1, 8, 1}, {3, 7, 2, 8, 4}, {5, 5, 2, 8, 4}};
+  for (const Case& k : cases)
+    for (DType xt : {DType::I8, DType::U8})
+      for (bool zero_point : {false, true}) {
+        ConvGeom g;
+        g.layout = Layout::NHWC;
+        g.groups = static_cast<std::uint32_t>(k.groups);
+        g.pads = {1, 1, 1, 1};
+        const Host x = rand_int(rng_, xt, img_shape(g.layout, 1, k.groups * k.cg, 12, 9));
+        const Host w = rand_int(rng_, DType::I8, {k.groups * k.og, k.cg, k.kh, k.kw});
+        const std::int64_t zero = zero_point ? (xt == DType::I8 ? 3 : 131) : 0;
+        Host xz(xt, {});
+        xz.v = {static_cast<double>(zero)};
+        const Shape ys = conv_out_shape(x, w.shape, g);
+        const auto acc = ref_conv_int(x, w, g, zero, {}, ys);
+        const std::string what = std::string(to_string(xt)) + " x " + dims(x.shape) + " i8 w " + dims(w.shape) + " " +
+                                 g.text() + (zero_point ? " x zero point " + std::to_string(zero) : "");
+        const Tensor y = lab().output(DType::I32, ys);
+        expect_exact(
+            "conv_integer " + what,
+            lab().run(
+                ops::conv_integer(lab().upload(x), lab().upload(w), y, lab().upload(xz), std::nullopt, g.options()), y),
+            as_doubles(acc));
+        // Requantised by a power of two: the fused path's candidate.
+        Host xs(DType::F32, {}), ws(DType::F32, {}), ysc(DType::F32, {}), yz(xt, {});
+        xs.v = {0.5};
+        ws.v = {0.25};
+        ysc.v = {4.0};
+        std::vector<double> want(acc.size());
+        for (std::size_t i = 0; i < acc.size(); ++i) want[i] = requantize(acc[i], 0.5, 0.25, 4.0, 0, xt);
+        const Tensor yq = lab().output(xt, ys);
+        expect_exact("qlinear_conv " + what,
+                     lab().run(ops::qlinear_conv(lab().upload(x), lab().upload(xs), lab().upload(xz), lab().upload(w),
+                                                 lab().upload(ws), lab().upload(Host(DType::I8, {})), lab().upload(ysc),
+                                                 lab().upload(yz), yq, g.options()),
+                               yq),
+                     want);
+      }
+}
+
+TEST_P(Ops, QLinearMatMulRequantisesWithTiesToEvenAndSaturation) {
+  for (DType at : {DType::U8, DType::I8})
+    for (DType bt : {DType::U8, DType::I8})
+      for (DType yt : {DType::U8, DType::I8})
+        for (int variant = 0; variant < 5; ++variant) {
+          // 0 scalars; 1 a per row; 2 b per column; 3 both (every element its
+          // own multiplier); 4 power-of-two multipliers (exact ties) and saturation.
+          const std::int64_t m = rng_.integer(1, 12), n = rng_.integer(1, 12), k = rng_.integer(1, 24);
+          const Host a = rand_int(rng_, at, {m, k}), b = rand_int(rng_, bt, {k, n});
+          const bool row = variant == 1 || variant == 3, col = variant == 2 || variant == 3;
+          Host as = rand(DType::F32, row ? Shape{m} : Shape{}, 1e-3, 0.05);
+          Host bs = rand(DType::F32, col ? Shape{n} : Shape{1}, 1e-3, 0.05);
+          Host ysc = rand(DType::F32, {}, 0.02, 0.5);
+          if (variant == 4) {
+            as.v = {std::ldexp(1.0, static_cast<int>(rng_.integer(-4, 0)))};
+            bs.v = {std::ldexp(1.0, static_cast<int>(rng_.integer(-3, 3)))};
+            ysc.v = {std::ldexp(1.0, static_cast<int>(rng_.integer(-2, 2)))};
+          }
+          Host az = rand_int(rng_, at, row ? Shape{m} : Shape{}), bz = rand_int(rng_, bt, col ? Shape{n} : Shape{});
+          Host yz = rand_int(rng_, yt, {});
+          Shape ys;
+          const auto acc = ref_matmul_int(a, b, az.v, bz.v, ys);
+          std::vector<double> want;
+          for (std::size_t i = 0; i < acc.size(); ++i) {
+            const std::size_t r = static_cast<std::size_t>(static_cast<std::int64_t>(i) / n),
+                              cc = i % static_cast<std::size_t>(n);
+            want.push_back(requantize(acc[i], as.v[row ? r : 0], bs.v[col ? cc : 0], ysc.v[0],
+                                      static_cast<std::int64_t>(yz.v[0]), yt));
+          }
+          const Tensor y = lab().output(yt, ys);
+          const Host got =
+              lab().run(ops::qlinear_matmul(lab().upload(a), lab().upload(as), lab().upload(az), lab().upload(b),
+                                            lab().upload(bs), lab().upload(bz), lab().upload(ysc), lab().upload(yz), y),
+                        y);
+          expect_exact("qlinear_matmul " + std::string(to_string(at)) + " x " + to_string(bt) + " -> " + to_string(yt) +
+                           " " + dims(ys) + " variant " + std::to_string(variant),
+                       got, want);
+        }
+}
+
+TEST_P(Ops, QLinearConvRequantisesWithBiasTiesAndSaturation) {
+  for (DType xt : {DType::U8, DType::I8})
+    for (DType wt : {DType::U8, DType::I8})
+      for (DType yt : {DType::U8, DType::I8})
+        for (int variant = 0; variant < 4; ++variant) {
+          // 0 scalar scales; 1 per channel w scale and zero point, bias;
+          // 2 power-of-two multipliers (ties), bias; 3 large multipliers (saturation).
+          const ConvCase c = random_conv(rng_, 8);
+          const Host x = rand_int(rng_, xt, c.xs), w = rand_int(rng_, wt, c.ws);
+          const std::int64_t o = c.ws[0];
+          const bool per_channel = variant == 1;
+          Host xs = rand(DType::F32, {}, 1e-3, 0.05),
+               ws = rand(DType::F32, per_channel ? Shape{o} : Shape{}, 1e-3, 0.05);
+          Host ysc = rand(DType::F32, {1}, 0.05, 1);
+          if (variant == 2) {
+            xs.v = {0.5};
+            ws.v = {std::ldexp(1.0, static_cast<int>(rng_.integer(-3, 0)))};
+            ysc.v = {std::ldexp(1.0, static_cast<int>(rng_.integer(0, 3)))};
+          } else if (variant == 3) {
+            xs.v = {2};
+            ws.v = {3};
+            ysc.v = {0.5};
+          }
+          const Host xz = rand_int(rng_, xt, {}), wz = rand_int(rng_, wt, per_channel ? Shape{o} : Shape{});
+          const Host yz = rand_int(rng_, yt, {});
+          std::optional<Host> bias;
+          if (variant == 1 || variant == 2) bias = rand_host(rng_, DType::I32, {o}, -5000, 5000);
+          const Shape ys = conv_out_shape(x, c.ws, c.g);
+          std::vector<std::int64_t> wzv;
+          for (double v : wz.v) wzv.push_back(static_cast<std::int64_t>(v));
+          const auto acc = ref_conv_int(x, w, c.g, static_cast<std::int64_t>(xz.v[0]), wzv, ys);
+          std::vector<double> want(acc.size());
+          for_each_output(
+              ys, c.g.layout, [&](std::int64_t, std::int64_t oc, std::int64_t, std::int64_t, std::int64_t lin) {
+                const auto ol = static_cast<std::size_t>(oc);
+                const std::int64_t sum =
+                    wrap32(acc[static_cast<std::size_t>(lin)] + (bias ? static_cast<std::int64_t>(bias->v[ol]) : 0));
+                want[static_cast<std::size_t>(lin)] = requantize(sum, xs.v[0], ws.v[per_channel ? ol : 0], ysc.v[0],
+                                                                 static_cast<std::int64_t>(yz.v[0]), yt);
+              });
+          Conv2dOptions opt = c.g.options();
+          if (bias) opt.bias = lab().upload(*bias);
+          const Tensor y = lab().output(yt, ys);
+          const Host got = lab().run(
+              ops::qlinear_conv(lab().upload(x), lab().upload(xs), lab().upload(xz), lab().upload(w), lab().upload(ws),
+                                lab().upload(wz), lab().upload(ysc), lab().upload(yz), y, opt),
+              y);
+          expect_exact("qlinear_conv " + std::string(to_string(xt)) + " x " + dims(c.xs) + " " + to_string(wt) + " w " +
+                           dims(c.ws) + " -> " + to_string(yt) + " " + c.g.text() + " variant " +
+                           std::to_string(variant),
+                       got, want);
+        }
+}
+
+TEST_P(Ops, QLinearConvWithS8WeightsNoWeightZeroPointAndNoBiasRoundsTheSame) {
+  // The case the engine hands to oneDNN with the requantisation fused:
+  // it must give the same bytes as everywhere else, ties and saturation
+  // included (including 64 input channels of 3x3 taps, where the sums can
+  // pass 2^24 only by the worst case).
+  for (DType xt : {DType::U8, DType::I8})
+    for (DType yt : {DType::U8, DType::I8})
+      for (int variant = 0; variant < 4; ++variant) {
+        // 0 per channel scales; 1 power-of-two multipliers (exact ties);
+        // 2 large multipliers (saturation); 3 a wide layer, per channel.
+        ConvCase c = random_conv(rng_, 8);
+        if (variant == 3) {
+          c.g = ConvGeom{};
+          c.g.layout = rng_.coin() ? Layout::NHWC : Layout::NCHW;
+          c.g.pads = {1, 1, 1, 1};
+          c.xs = img_shape(c.g.layout, 1, 64, 9, 7);
+          c.ws = {16, 64, 3, 3};
+        }
+        const Host x = rand_int(rng_, xt, c.xs), w = rand_int(rng_, DType::I8, c.ws);
+        const std::int64_t o = c.ws[0];
+        const bool per_channel = variant == 0 || variant == 3;
+        Host xs = rand(DType::F32, {}, 1e-3, 0.05), ws = rand(DType::F32, per_channel ? Shape{o} : Shape{}, 1e-3, 0.05);
+        Host ysc = rand(DType::F32, {1}, 0.05, 1);
+        if (variant == 1) {
+          xs.v = {0.5};
+          ws.v = {std::ldexp(1.0, static_cast<int>(rng_.integer(-3, 0)))};
+          ysc.v = {std::ldexp(1.0, static_cast<int>(rng_.integer(0, 3)))};
+        } else if (variant == 2) {
+          xs.v = {2};
+          ws.v = {3};
+          ysc.v = {0.5};
+        }
+        const Host xz = rand_int(rng_, xt, {});
+        Host wz(DType::I8, per_channel ? Shape{o} : Shape{});  // zeros
+        const Host yz = rand_int(rng_, yt, {});
+        const Shape ys = conv_out_shape(x, c.ws, c.g);
+        const auto acc = ref_conv_int(x, w, c.g, static_cast<std::int64_t>(xz.v[0]), {}, ys);
+        std::vector<double> want(acc.size());
+        for_each_output(
+            ys, c.g.layout, [&](std::int64_t, std::int64_t oc, std::int64_t, std::int64_t, std::int64_t lin) {
+              want[static_cast<std::size_t>(lin)] = requantize(wrap32(acc[static_cast<std::size_t>(lin)]), xs.v[0],
+                                                               ws.v[per_channel ? static_cast<std::size_t>(oc) : 0],
+                                                               ysc.v[0], static_cast<std::int64_t>(yz.v[0]), yt);
+            });
+        const Tensor y = lab().output(yt, ys);
+        const Host got = lab().run(
+            ops::qlinear_conv(lab().upload(x), lab().upload(xs), lab().upload(xz), lab().upload(w), lab().upload(ws),
+                              lab().upload(wz), lab().upload(ysc), lab().upload(yz), y, c.g.options()),
+            y);
+        expect_exact("qlinear_conv " + std::string(to_string(xt)) + " x " + dims(c.xs) + " s8 w " + dims(c.ws) +
+                         " -> " + to_string(yt) + " " + c.g.text() + " variant " + std::to_string(variant),
+                     got, want);
+      }
+}
+
+}  // namespace
+}  // namespace tpuhal::ops_test

@@ -1,0 +1,215 @@
+// matmul: random shapes, empty and zero-sized dimensions, broadcast batches,
+// transposes, alpha, beta and C, every fused activation, strided views and
+// host memory.
+#include "ops_reference.hpp"
+
+namespace tpuhal::ops_test {
+namespace {
+
+TEST_P(Ops, MatMulMatchesTheReferenceForRandomShapes) {
+  struct Dims {
+    std::int64_t m, n, k;
+  };
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    const std::vector<DType> outs =
+        dt == DType::F32 ? std::vector<DType>{DType::F32} : std::vector<DType>{dt, DType::F32};
+    for (DType yt : outs) {
+      std::vector<Dims> cases{{1, 1, 1}, {1, 17, 1}, {7, 1, 40}, {1, 1, 300}};
+      for (int i = 0; i < 3; ++i) cases.push_back({rng_.integer(1, 33), rng_.integer(1, 33), rng_.integer(1, 70)});
+      for (const Dims& d : cases) {
+        MatMulSpec s;
+        s.y = yt;
+        check_matmul("random", rand(dt, {d.m, d.k}), rand(dt, {d.k, d.n}), s);
+      }
+    }
+  }
+}
+
+TEST_P(Ops, MatMulWithEmptyOutputsRunsNothing) {
+  // Nothing to compute: the ops complete and the queue stays healthy.
+  for (const auto& [as, bs, ys] : std::vector<std::array<Shape, 3>>{{Shape{0, 4}, Shape{4, 5}, Shape{0, 5}},
+                                                                    {Shape{3, 4}, Shape{4, 0}, Shape{3, 0}},
+                                                                    {Shape{0, 0}, Shape{0, 0}, Shape{0, 0}},
+                                                                    {Shape{2, 0, 4}, Shape{2, 4, 5}, Shape{2, 0, 5}}}) {
+    for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+      const Tensor y = lab().output(dt, ys);
+      lab().run(ops::matmul(lab().upload(rand(dt, as)), lab().upload(rand(dt, bs)), y));
+    }
+  }
+  MatMulSpec s;
+  check_matmul("after empty ops", rand(DType::F32, {2, 3}), rand(DType::F32, {3, 2}), s);
+}
+
+TEST_P(Ops, MatMulBatchDimensionsOfZeroBroadcastLikeNumPy) {
+  // NumPy: a batch dimension of 1 broadcasts against 0 to 0
+  // (np.matmul(np.ones((0, 3, 4)), np.ones((4, 5))).shape == (0, 3, 5)).
+  struct Case {
+    Shape as, bs, ys, wrong;
+  };
+  const std::vector<Case> cases{
+      {{0, 3, 4}, {4, 5}, {0, 3, 5}, {1, 3, 5}},
+      {{2, 1, 3, 4}, {0, 4, 5}, {2, 0, 3, 5}, {2, 1, 3, 5}},
+      {{1, 3, 4}, {0, 4, 5}, {0, 3, 5}, {1, 3, 5}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("a " + dims(c.as) + " b " + dims(c.bs));
+    const Tensor a = lab().upload(rand(DType::F32, c.as)), b = lab().upload(rand(DType::F32, c.bs));
+    const Tensor y = lab().output(DType::F32, c.ys);
+    EXPECT_NO_THROW(lab().run(ops::matmul(a, b, y))) << "y " << dims(c.ys) << " is the broadcast shape";
+    // The shape with the zero dimension taken as 1 reads elements a or b
+    // do not have (past the end of their data) and must be refused.
+    const Tensor wrong = lab().output(DType::F32, c.wrong);
+    const Error e = error_of([&] { ops::matmul(a, b, wrong); });
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr("matmul: y has shape " + dims(c.wrong)));
+  }
+}
+
+TEST_P(Ops, MatMulWithZeroInnerDimensionGivesZerosOrBetaC) {
+  // K = 0: every element of y is written, with 0 (or beta * c). The cases
+  // through the engine's general path (c given, or f16) come first.
+  for (DType dt : {DType::F16, DType::F32, DType::BF16}) {
+    MatMulSpec s;
+    s.y = dt;
+    s.c = rand(DType::F32, {3, 5});
+    s.beta = 2.0f;
+    check_matmul("K = 0 with c", rand(dt, {3, 0}), rand(dt, {0, 5}), s);
+  }
+  for (DType dt : {DType::F16, DType::F32, DType::BF16}) {
+    MatMulSpec s;
+    s.y = dt;
+    check_matmul("batched K = 0", rand(dt, {2, 3, 0}), rand(dt, {0, 4}), s);
+    check_matmul("K = 0", rand(dt, {3, 0}), rand(dt, {0, 5}), s);
+  }
+}
+
+TEST_P(Ops, IntegerProductsWithZeroInnerDimension) {
+  // matmul_integer: sums over nothing are 0; qlinear_matmul: y_zero_point.
+  const Host a = rand_int(rng_, DType::U8, {3, 0}), b = rand_int(rng_, DType::I8, {0, 4});
+  const Host az = rand_int(rng_, DType::U8, {3}), bz = rand_int(rng_, DType::I8, {4});
+  const Tensor y = lab().output(DType::I32, {3, 4});
+  expect_exact(
+      "matmul_integer K = 0",
+      lab().run(ops::matmul_integer(lab().upload(a), lab().upload(b), y, lab().upload(az), lab().upload(bz)), y),
+      std::vector<double>(12, 0.0));
+  Host sc(DType::F32, {});
+  sc.v = {0.5};
+  Host yz(DType::U8, {});
+  yz.v = {77};
+  const Tensor q = lab().output(DType::U8, {3, 4});
+  expect_exact("qlinear_matmul K = 0",
+               lab().run(ops::qlinear_matmul(lab().upload(a), lab().upload(sc), lab().upload(az), lab().upload(b),
+                                             lab().upload(sc), lab().upload(bz), lab().upload(sc), lab().upload(yz), q),
+                         q),
+               std::vector<double>(12, 77.0));
+}
+
+TEST_P(Ops, MatMulBroadcastsBatchDimensions) {
+  const std::vector<std::array<Shape, 2>> batches{
+      {Shape{2, 1}, Shape{3}},  // a [2,1,M,K] x b [3,K,N] -> [2,3,M,N]
+      {Shape{}, Shape{4}},      // a [M,K] x b [4,K,N]
+      {Shape{3}, Shape{}},      // a [3,M,K] x b [K,N]
+      {Shape{1}, Shape{2}},     // a [1,M,K] x b [2,K,N]
+      {Shape{2, 3, 1}, Shape{1, 3, 4}},
+      {Shape{2, 1, 2, 1}, Shape{3, 1, 2}},
+  };
+  for (const auto& [ba, bb] : batches) {
+    const DType dt = rng_.pick(std::vector<DType>{DType::F32, DType::F16, DType::BF16});
+    const std::int64_t m = rng_.integer(1, 9), n = rng_.integer(1, 9), k = rng_.integer(1, 12);
+    Shape as = ba, bs = bb;
+    as.insert(as.end(), {m, k});
+    bs.insert(bs.end(), {k, n});
+    MatMulSpec s;
+    s.y = rng_.coin() ? dt : DType::F32;
+    s.ta = rng_.coin(0.3);
+    s.tb = rng_.coin(0.3);
+    Host a = rand(dt, as), b = rand(dt, bs);
+    if (s.ta) std::swap(a.shape[a.shape.size() - 1], a.shape[a.shape.size() - 2]);  // same values, [.., K, M]
+    if (s.tb) std::swap(b.shape[b.shape.size() - 1], b.shape[b.shape.size() - 2]);
+    check_matmul("batch broadcast", a, b, s);
+  }
+}
+
+TEST_P(Ops, MatMulTransposesEitherOperand) {
+  for (DType dt : {DType::F32, DType::F16, DType::BF16})
+    for (int t = 0; t < 4; ++t) {
+      MatMulSpec s;
+      s.ta = t & 1;
+      s.tb = t & 2;
+      s.y = dt;
+      const std::int64_t m = rng_.integer(1, 13), n = rng_.integer(1, 13), k = rng_.integer(1, 20);
+      const Shape as = s.ta ? Shape{2, k, m} : Shape{2, m, k};
+      const Shape bs = s.tb ? Shape{n, k} : Shape{k, n};
+      check_matmul("transposes", rand(dt, as), rand(dt, bs), s);
+    }
+}
+
+TEST_P(Ops, MatMulScalesAndAddsABroadcastC) {
+  const std::int64_t m = 6, n = 7, k = 9;
+  const std::vector<Shape> c_shapes{{}, {1}, {n}, {m, 1}, {m, n}, {1, n}, {2, 1, n}, {2, m, n}};
+  for (DType dt : {DType::F32, DType::F16, DType::BF16})
+    for (const Shape& cs : c_shapes) {
+      MatMulSpec s;
+      s.y = rng_.coin() ? dt : DType::F32;
+      s.alpha = static_cast<float>(rng_.uniform(-2, 2));
+      s.beta = rng_.coin(0.2) ? 0.0f : static_cast<float>(rng_.uniform(-2, 2));
+      s.c = rand(rng_.pick(std::vector<DType>{DType::F32, DType::F16, DType::BF16}), cs, -3, 3);
+      check_matmul("c broadcast", rand(dt, {2, m, k}), rand(dt, {k, n}), s);
+    }
+}
+
+TEST_P(Ops, MatMulFusesEveryActivation) {
+  for (DType dt : {DType::F32, DType::F16, DType::BF16})
+    for (const ActivationParams& act : all_activations(rng_)) {
+      MatMulSpec s;
+      s.act = act;
+      s.y = dt;
+      if (rng_.coin()) {
+        s.c = rand(DType::F32, {5});
+        s.alpha = 0.75f;
+        s.beta = -1.5f;
+      }
+      check_matmul("activation", rand(dt, {8, 12}, -1.5, 1.5), rand(dt, {12, 5}, -1.5, 1.5), s);
+    }
+}
+
+TEST_P(Ops, MatMulReadsAndWritesStridedAndPermutedViews) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    const std::int64_t m = rng_.integer(2, 9), n = rng_.integer(2, 9), k = rng_.integer(2, 15);
+    MatMulSpec s;
+    s.y = dt;
+    const Host a = rand(dt, {m, k}), b = rand(dt, {k, n});
+    // a stored column-major (the transpose of a [K, M] buffer), b with
+    // padded rows at an offset, y written through a transposed view.
+    const Tensor ta = lab().upload(permuted(a, {1, 0})).permute({1, 0});
+    const Tensor tb = lab().upload_view(b, {n + 3, 1}, 5);
+    const Tensor ty = lab().output(dt, {n, m}).permute({1, 0});
+    check_matmul("column-major a, padded b, transposed y", a, b, s, ta, tb, ty);
+    // transpose_a of a transposed view: the stored matrix is a itself.
+    MatMulSpec st = s;
+    st.ta = true;
+    const Host at = permuted(a, {1, 0});  // [K, M], what the op transposes back
+    check_matmul("transpose_a of a permuted view", at, b, st, lab().upload(a).permute({1, 0}));
+    // Batched a [B, M, K] as a permutation of a stored [M, B, K], and every
+    // stride of b doubled.
+    const Host ab = rand(dt, {3, m, k});
+    const Tensor tab = lab().upload(permuted(ab, {1, 0, 2})).permute({1, 0, 2});
+    const Tensor tbs = lab().upload_view(b, {2 * n, 2}, 0);
+    check_matmul("batch-permuted a, doubled strides", ab, b, s, tab, tbs);
+  }
+}
+
+TEST_P(Ops, MatMulReadsAndWritesHostMemory) {
+  const Host a = rand(DType::F32, {5, 6}), b = rand(DType::F32, {6, 4});
+  MatMulSpec s;
+  const Tensor ta = lab().upload(a, Memory::HostPinned);
+  // Over a bus without a memory window (USB) host-visible device memory
+  // cannot be mapped, so the second operand is plain device memory there.
+  const Tensor tb =
+      lab().upload(b, dev().properties().caps.host_visible_device_memory ? Memory::DeviceHostVisible : Memory::Device);
+  const Tensor ty = lab().output(DType::F32, {5, 4}, Memory::HostPinned);
+  check_matmul("operands in host memory", a, b, s, ta, tb, ty);
+}
+
+}  // namespace
+}  // namespace tpuhal::ops_test

@@ -1,0 +1,95 @@
+// quantize and dequantize: rounding, saturation, per-tensor and per-axis.
+#include "ops_reference.hpp"
+
+namespace tpuhal::ops_test {
+namespace {
+
+TEST_P(Ops, QuantizeRoundsHalfToEvenAndSaturates) {
+  const Shape shape{3, 4, 5};
+  for (DType xt : {DType::F32, DType::F16, DType::BF16, DType::I32})
+    for (DType yt : {DType::U8, DType::I8})
+      for (int variant = 0; variant < 5; ++variant) {
+        // 0: scalar scale, no zero point; 1: scalar scale and zero point;
+        // 2: per axis 1; 3: per axis 0 (given as -3); 4: per axis 2, no zero point.
+        const std::int64_t axis = variant == 3 ? -3 : variant == 4 ? 2 : 1;
+        const std::size_t ax = static_cast<std::size_t>(axis < 0 ? axis + 3 : axis);
+        const bool per_axis = variant >= 2;
+        const std::int64_t count = per_axis ? shape[ax] : 1;
+        Host scale(DType::F32, per_axis ? Shape{count} : (variant == 0 ? Shape{} : Shape{1}));
+        for (auto& s : scale.v)  // powers of two make exact ties possible
+          s = rng_.coin() ? std::ldexp(1.0, static_cast<int>(rng_.integer(-3, 1))) : f32(rng_.uniform(0.01, 2));
+        std::optional<Host> zp;
+        if (variant != 0 && variant != 4) {
+          zp = rand_int(rng_, yt, per_axis ? Shape{count} : Shape{});
+          for (auto& z : zp->v) z = std::clamp(z, yt == DType::U8 ? 60.0 : -60.0, yt == DType::U8 ? 200.0 : 60.0);
+        }
+        Host x(xt, shape);
+        for_each_index(shape, [&](const Shape& idx, std::int64_t lin) {
+          const double s = scale.v[per_axis ? static_cast<std::size_t>(idx[ax]) : 0];
+          double v = 0;
+          switch (rng_.integer(0, 4)) {
+            case 0:  // a tie: (k + 0.5) * s, exact where s is a power of two
+              v = (static_cast<double>(rng_.integer(xt == DType::BF16 ? -60 : -150, xt == DType::BF16 ? 60 : 150)) +
+                   0.5) *
+                  s;
+              if (xt == DType::I32) v = 2 * static_cast<double>(rng_.integer(-150, 150)) + 1;  // odd / 2 with s = 2
+              break;
+            case 1: v = rng_.uniform(-300, 300) * s; break;
+            case 2: v = (rng_.coin() ? 1 : -1) * (xt == DType::F16 ? 60000.0 : 1e6); break;  // saturates
+            case 3:
+              v = is_float(xt) ? (rng_.coin() ? kInf : -kInf) : (rng_.coin() ? 2147483647.0 : -2147483648.0);
+              break;
+            default: v = rng_.uniform(-3, 3); break;
+          }
+          x.v[static_cast<std::size_t>(lin)] = is_float(xt) ? round_to(xt, v) : std::round(v);
+        });
+        std::vector<double> want;
+        for_each_index(shape, [&](const Shape& idx, std::int64_t lin) {
+          const std::size_t p = per_axis ? static_cast<std::size_t>(idx[ax]) : 0;
+          want.push_back(quantize_ref(x.v[static_cast<std::size_t>(lin)], xt, scale.v[p],
+                                      zp ? static_cast<std::int64_t>(zp->v[p]) : 0, yt));
+        });
+        const Tensor y = lab().output(yt, shape);
+        std::optional<Tensor> tz;
+        if (zp) tz = lab().upload(*zp);
+        const Host got = lab().run(ops::quantize(lab().upload(x), lab().upload(scale), tz, y, axis), y);
+        expect_exact(
+            "quantize " + std::string(to_string(xt)) + " -> " + to_string(yt) + " variant " + std::to_string(variant),
+            got, want);
+      }
+}
+
+TEST_P(Ops, DequantizePerTensorAndPerAxis) {
+  const Shape shape{4, 3, 5};
+  for (DType xt : {DType::U8, DType::I8, DType::I32})
+    for (DType yt : {DType::F32, DType::F16, DType::BF16})
+      for (int variant = 0; variant < 4; ++variant) {
+        const std::int64_t axis = variant == 3 ? -1 : variant == 2 ? 0 : 1;
+        const std::size_t ax = static_cast<std::size_t>(axis < 0 ? axis + 3 : axis);
+        const bool per_axis = variant >= 2;
+        const std::int64_t count = per_axis ? shape[ax] : 1;
+        Host scale = rand(DType::F32, per_axis ? Shape{count} : Shape{}, 1e-3, 2);
+        std::optional<Host> zp;
+        if (variant != 0)
+          zp = xt == DType::I32 ? rand_host(rng_, xt, per_axis ? Shape{count} : Shape{1}, -1e6, 1e6)
+                                : rand_int(rng_, xt, per_axis ? Shape{count} : Shape{1});
+        const Host x = xt == DType::I32 ? with_specials(rng_, rand_host(rng_, xt, shape, -1e8, 1e8), xt)
+                                        : rand_int(rng_, xt, shape);
+        std::vector<double> want;
+        for_each_index(shape, [&](const Shape& idx, std::int64_t lin) {
+          const std::size_t p = per_axis ? static_cast<std::size_t>(idx[ax]) : 0;
+          const double d = x.v[static_cast<std::size_t>(lin)] - (zp ? zp->v[p] : 0.0);  // exact: |d| < 2^53
+          want.push_back(round_to(yt, f32(f32(d) * scale.v[p])));                       // (x - zp) * scale in f32
+        });
+        const Tensor y = lab().output(yt, shape);
+        std::optional<Tensor> tz;
+        if (zp) tz = lab().upload(*zp);
+        const Host got = lab().run(ops::dequantize(lab().upload(x), lab().upload(scale), tz, y, axis), y);
+        expect_exact(
+            "dequantize " + std::string(to_string(xt)) + " -> " + to_string(yt) + " variant " + std::to_string(variant),
+            got, want);
+      }
+}
+
+}  // namespace
+}  // namespace tpuhal::ops_test
