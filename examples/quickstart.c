@@ -3,13 +3,13 @@
 #include <string.h>
 #include <tpuhal/tpuhal.h>
 
-#define TRY(call)                                                                  \
-  do {                                                                             \
-    tpuhal_status_t s_ = (call);                                                   \
-    if (s_ != TPUHAL_OK) {                                                         \
+#define TRY(call)                                                                            \
+  do {                                                                                       \
+    tpuhal_status_t s_ = (call);                                                             \
+    if (s_ != TPUHAL_OK) {                                                                   \
       fprintf(stderr, "%s: %s: %s\n", #call, tpuhal_status_string(s_), tpuhal_last_error()); \
-      return 1;                                                                    \
-    }                                                                              \
+      return 1;                                                                              \
+    }                                                                                        \
   } while (0)
 
 int main(int argc, char** argv) {

@@ -67,9 +67,10 @@ int main(int argc, char** argv) {
         agree += reference.empty() || predicted[i] == reference[i];
       }
       if (reference.empty()) reference = predicted;
-      std::printf("%-28s %8.2f%% %9.2f%% %12.0f\n", (path.substr(path.find_last_of('/') + 1) + " (" +
-                                                     tpuhal::rt::to_string(model.precision()) + ")").c_str(),
-                  100.0 * correct / n, 100.0 * agree / n, n / seconds);
+      std::printf(
+          "%-28s %8.2f%% %9.2f%% %12.0f\n",
+          (path.substr(path.find_last_of('/') + 1) + " (" + tpuhal::rt::to_string(model.precision()) + ")").c_str(),
+          100.0 * correct / n, 100.0 * agree / n, n / seconds);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist_eval: %s\n", e.what());

@@ -7,9 +7,9 @@
 #include <filesystem>
 
 #include "cli.h"
-#include "pipeline/pipeline.hpp"
 #include "tpuhal/base/units.h"
 #include "tpuhal/base/wait.h"
+#include "tpuhal/pipeline/pipeline.hpp"
 
 namespace tpuhal::cli {
 namespace {
@@ -26,27 +26,29 @@ void pattern(std::span<std::byte> out, std::uint64_t seed) {
   }
 }
 
-// The video-analytics pipeline (examples/pipeline): camera clips decoded on
+// The video-analytics pipeline (pipeline/): camera clips decoded on
 // the board, converted, resized and classified there.
 int video_pipeline(Device& dev, unsigned channels) {
   if (channels == 0) return 0;
   const Properties& p = dev.properties();
   std::printf("\n== Video analytics: %u camera streams decoded, preprocessed and classified on the board\n", channels);
   if (!p.caps.video_decode || !p.caps.tensor) {
-    std::printf("  skipped: %s has no %s\n", dev.uri().c_str(), p.caps.video_decode ? "tensor engine" : "video decoder");
+    std::printf("  skipped: %s has no %s\n", dev.uri().c_str(),
+                p.caps.video_decode ? "tensor engine" : "video decoder");
     return 0;
   }
   const auto dir = std::filesystem::temp_directory_path() / ("tpuhal-demo-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const std::string clip = example::make_test_clip(dir.string(), "640x360", 90);
+  const std::string clip = pipeline::make_test_clip(dir.string(), "640x360", 90);
   if (clip.empty()) {
     std::printf("  skipped: making the test clip needs ffmpeg (scripts/setup.sh installs it)\n");
     std::filesystem::remove_all(dir);
     return 0;
   }
-  std::printf("  each: 640x360 H.264 (3 s at 30 fps) -> decode -> NV12 to RGB, normalise -> resize 64x64\n"
-              "        -> classifier (2 convolutions, pool, fully connected, softmax; one recorded Program)\n");
-  const auto r = example::run_pipeline(dev, std::vector<std::string>(channels, clip));
+  std::printf(
+      "  each: 640x360 H.264 (3 s at 30 fps) -> decode -> NV12 to RGB, normalise -> resize 64x64\n"
+      "        -> classifier (2 convolutions, pool, fully connected, softmax; one recorded Program)\n");
+  const auto r = pipeline::run_pipeline(dev, std::vector<std::string>(channels, clip));
   std::filesystem::remove_all(dir);
   std::uint64_t total = 0;
   for (unsigned c = 0; c < channels; ++c) {
@@ -57,7 +59,8 @@ int video_pipeline(Device& dev, unsigned channels) {
   std::printf("  total: %llu frames, %.1f fps over %u channels\n", static_cast<unsigned long long>(total), r.total_fps,
               channels);
   if (total != 90ull * channels) {
-    std::printf("\nFAILED: %llu frames of %llu came through\n", static_cast<unsigned long long>(total), 90ull * channels);
+    std::printf("\nFAILED: %llu frames of %llu came through\n", static_cast<unsigned long long>(total),
+                90ull * channels);
     return 1;
   }
   return 0;
@@ -81,7 +84,7 @@ int cmd_demo(const std::vector<std::string>& args) {
              "Lists the devices, then on one: fills host memory with a pattern, moves it to device\n"
              "memory on a copy queue, copies and patches it on the device on a compute queue that\n"
              "waits for the copy queue's fence, brings it back, and checks every byte. Then runs the\n"
-             "video-analytics pipeline of examples/video_pipeline.cpp on N camera streams (a test\n"
+             "video-analytics pipeline (pipeline/, as examples/video_pipeline runs it) on N camera streams (a test\n"
              "clip made with ffmpeg): decode, NV12 to RGB, resize and classify, all on the board,\n"
              "and prints frames per second per stream and in total.",
              &rc))
@@ -89,8 +92,7 @@ int cmd_demo(const std::vector<std::string>& args) {
   const auto size_arg = vm["size"].as<std::string>();
   const auto parsed = base::parse_bytes(size_arg);
   if (!parsed || *parsed < 4096 || *parsed % 4096) {
-    std::fprintf(stderr, "tpuhal demo: --size '%s' must be a multiple of 4 KiB (e.g. 64MiB)\n",
-                 size_arg.c_str());
+    std::fprintf(stderr, "tpuhal demo: --size '%s' must be a multiple of 4 KiB (e.g. 64MiB)\n", size_arg.c_str());
     return 2;
   }
   const std::uint64_t n = *parsed;
@@ -140,8 +142,8 @@ int cmd_demo(const std::vector<std::string>& args) {
   const auto host_ns = base::monotonic_ns() - host_start;
 
   const auto* t = reinterpret_cast<const std::uint64_t*>(stamps.map().data());
-  std::printf("  copy queue %u:    host -> device  %8.2f GB/s   (fence %llu)\n", copy.index(),
-              gbps(n, t[1] - t[0]), static_cast<unsigned long long>(uploaded.value()));
+  std::printf("  copy queue %u:    host -> device  %8.2f GB/s   (fence %llu)\n", copy.index(), gbps(n, t[1] - t[0]),
+              static_cast<unsigned long long>(uploaded.value()));
   std::printf("  compute queue %u: device -> device %7.2f GB/s   (after waiting on the copy queue's fence)\n",
               compute.index(), gbps(n, t[3] - t[2]));
   std::printf("  compute queue %u: fill + device -> host %.2f GB/s (fence %llu)\n", compute.index(),
@@ -165,8 +167,7 @@ int cmd_demo(const std::vector<std::string>& args) {
   for (auto& h : dev.memory_stats().heaps)
     if (h.allocations)
       std::printf("  heap %-14s %s in %llu allocation(s), largest free block %s\n", h.name.c_str(),
-                  bytes(h.used).c_str(), static_cast<unsigned long long>(h.allocations),
-                  bytes(h.largest_free).c_str());
+                  bytes(h.used).c_str(), static_cast<unsigned long long>(h.allocations), bytes(h.largest_free).c_str());
 
   std::printf("\n== Bad input is refused with a precise error; the device carries on\n");
   try {
@@ -181,13 +182,11 @@ int cmd_demo(const std::vector<std::string>& args) {
               static_cast<double>(base::monotonic_ns() - rt0) / kTrips / 1e3);
 
   if (wrong) {
-    std::printf("\nFAILED: %llu of %llu bytes differ, first at offset %llu\n",
-                static_cast<unsigned long long>(wrong), static_cast<unsigned long long>(n),
-                static_cast<unsigned long long>(first));
+    std::printf("\nFAILED: %llu of %llu bytes differ, first at offset %llu\n", static_cast<unsigned long long>(wrong),
+                static_cast<unsigned long long>(n), static_cast<unsigned long long>(first));
     return 1;
   }
-  std::printf("\nOK: %llu bytes verified after host -> device -> device -> host\n",
-              static_cast<unsigned long long>(n));
+  std::printf("\nOK: %llu bytes verified after host -> device -> device -> host\n", static_cast<unsigned long long>(n));
   return video_pipeline(dev, vm["channels"].as<unsigned>());
 }
 

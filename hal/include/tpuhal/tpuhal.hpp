@@ -66,10 +66,9 @@ TPUHAL_API Device open(std::string_view uri);
 // "(loader: firmware needed)", and it opens only once it runs firmware
 // ("usb:1-1", docs/usb.md). The driver checks the image against the board
 // before sending it, then waits up to `timeout` for the board's verdict on
-// it and up to `timeout` again for the board to come back running it. Throws InvalidArgument (an image not for this board, saying
-// what is wrong), FailedPrecondition (the board already runs firmware),
-// DeviceFault (the board refused it), Timeout, Unsupported (a driver whose
-// boards boot their own firmware).
+// it and up to `timeout` again for the board to come back running it. Throws InvalidArgument (an image not for this
+// board, saying what is wrong), FailedPrecondition (the board already runs firmware), DeviceFault (the board refused
+// it), Timeout, Unsupported (a driver whose boards boot their own firmware).
 TPUHAL_API void upload_firmware(std::string_view uri, std::span<const std::byte> image,
                                 std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
@@ -104,8 +103,7 @@ class TPUHAL_API Fence {
  private:
   friend class Batch;
   friend class Queue;
-  Fence(std::shared_ptr<detail::QueueImpl> queue, std::uint64_t value)
-      : queue_(std::move(queue)), value_(value) {}
+  Fence(std::shared_ptr<detail::QueueImpl> queue, std::uint64_t value) : queue_(std::move(queue)), value_(value) {}
   std::shared_ptr<detail::QueueImpl> queue_;
   std::uint64_t value_ = 0;
 };
@@ -159,12 +157,12 @@ class TPUHAL_API Batch {
   // Copies all of src into dst (sizes must match), or `size` bytes between
   // offsets. Any memory kinds; overlapping ranges copy as memmove.
   Batch& copy(const Buffer& src, const Buffer& dst);
-  Batch& copy(const Buffer& src, std::uint64_t src_offset, const Buffer& dst,
-              std::uint64_t dst_offset, std::uint64_t size);
+  Batch& copy(const Buffer& src, std::uint64_t src_offset, const Buffer& dst, std::uint64_t dst_offset,
+              std::uint64_t size);
   // Fills `size` bytes at `offset` with `pattern`, `pattern_bytes` (1, 2 or 4)
   // wide, little-endian; offset and size must be multiples of pattern_bytes.
-  Batch& fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size,
-              std::uint32_t pattern, std::uint32_t pattern_bytes = 1);
+  Batch& fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size, std::uint32_t pattern,
+              std::uint32_t pattern_bytes = 1);
   // Waits, on the device, for another queue's fence (same device).
   Batch& wait(const Fence& fence);
   // Waits, on the device, until the 64-bit word at `offset` in `buf` is >=
@@ -228,8 +226,8 @@ class TPUHAL_API Queue {
   // Start a batch (see Batch for each).
   Batch batch() const;
   Batch copy(const Buffer& src, const Buffer& dst) const;
-  Batch copy(const Buffer& src, std::uint64_t src_offset, const Buffer& dst,
-             std::uint64_t dst_offset, std::uint64_t size) const;
+  Batch copy(const Buffer& src, std::uint64_t src_offset, const Buffer& dst, std::uint64_t dst_offset,
+             std::uint64_t size) const;
   Batch fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size, std::uint32_t pattern,
              std::uint32_t pattern_bytes = 1) const;
   Batch wait(const Fence& fence) const;
@@ -262,8 +260,7 @@ class TPUHAL_API Device {
 
   // Allocates `size` bytes (> 0). Out of memory throws OutOfMemory saying what
   // is used and free in the heap and the largest block that would fit.
-  Buffer allocate(std::uint64_t size, Memory memory = Memory::Device,
-                  const AllocOptions& options = {});
+  Buffer allocate(std::uint64_t size, Memory memory = Memory::Device, const AllocOptions& options = {});
   // Makes caller memory reachable by the device's DMA without a copy
   // (caps.import_host_memory). `ptr` and `size` must be page-aligned and
   // the memory must outlive the Buffer and all work using it.
@@ -299,18 +296,6 @@ class TPUHAL_API Device {
 
  private:
   friend TPUHAL_API Device open(std::string_view uri);
-
-// Uploads a firmware image to a board waiting in its loader: a USB stick
-// enumerates first with its loader's identity, `tpuhal list` shows it as
-// "(loader: firmware needed)", and it opens only once it runs firmware
-// ("usb:1-1", docs/usb.md). The driver checks the image against the board
-// before sending it, then waits up to `timeout` for the board's verdict on
-// it and up to `timeout` again for the board to come back running it. Throws InvalidArgument (an image not for this board, saying
-// what is wrong), FailedPrecondition (the board already runs firmware),
-// DeviceFault (the board refused it), Timeout, Unsupported (a driver whose
-// boards boot their own firmware).
-TPUHAL_API void upload_firmware(std::string_view uri, std::span<const std::byte> image,
-                                std::chrono::milliseconds timeout = std::chrono::seconds(10));
   friend class Buffer;
   friend class Queue;
   friend class Op;

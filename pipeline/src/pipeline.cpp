@@ -1,4 +1,6 @@
-#include "pipeline.hpp"
+// The video-analytics pipeline (tpuhal/pipeline/pipeline.hpp): the classifier
+// recorded once per channel, and the channels run from their own threads.
+#include "tpuhal/pipeline/pipeline.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -8,7 +10,7 @@
 #include <random>
 #include <thread>
 
-namespace tpuhal::example {
+namespace tpuhal::pipeline {
 namespace {
 
 // A small classifier: conv 3->16 3x3/2 + relu, conv 16->32 3x3/2 + relu,
@@ -155,4 +157,4 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& files) 
   return r;
 }
 
-}  // namespace tpuhal::example
+}  // namespace tpuhal::pipeline
