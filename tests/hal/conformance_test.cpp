@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "device_param.hpp"
-#include "tpuhal/tpuhal.hpp"
 #include "support/error_of.hpp"
+#include "tpuhal/skeleton/skeleton.h"
+#include "tpuhal/tpuhal.hpp"
 
 namespace tpuhal {
 namespace {
@@ -43,6 +44,19 @@ std::uint64_t load_word(const Buffer& b, std::size_t index) {
   return std::atomic_ref<std::uint64_t>(word(b, index)).load(std::memory_order_acquire);
 }
 
+// What a test needs of a device beyond opening it.
+enum Needs : unsigned {
+  kMemory = 1,  // device memory: a heap (properties().heaps) to allocate from
+  kQueues = 2,  // an engine with hardware queues (properties().engines)
+};
+
+// Skips the test, saying why, on a device whose properties say it lacks what
+// the test needs, once lacking() has checked that the device refuses it.
+#define SKIP_IF_LACKING(needs)                                                     \
+  do {                                                                             \
+    if (const std::string why = lacking(needs); !why.empty()) GTEST_SKIP() << why; \
+  } while (0)
+
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -65,6 +79,34 @@ class Conformance : public ::testing::TestWithParam<std::string> {
       }
     }
     throw Error(Status::ResourceExhausted, GetParam() + ": every compute and copy queue is held");
+  }
+
+  // Empty if the device has what `needs` names; else why not. A device may
+  // have no device memory or no queues at all (the skeleton driver's board):
+  // its properties then list no heaps or no queues, and it must refuse every
+  // device allocation or every queue up front with Unsupported, naming itself.
+  std::string lacking(unsigned needs) {
+    const Properties& p = dev_.properties();
+    std::string why;
+    if ((needs & kMemory) && p.heaps.empty()) {
+      for (Memory m : {Memory::Device, Memory::DeviceHostVisible}) {
+        Error e = error_of([&] { dev_.allocate(4096, m); });
+        EXPECT_EQ(e.status(), Status::Unsupported) << to_string(m) << ": " << e.what();
+        EXPECT_THAT(e.what(), HasSubstr(GetParam() + ":")) << to_string(m);
+      }
+      why = "no device memory: the device's properties list no heaps";
+    }
+    bool queues = false;
+    for (auto& e : p.engines) queues = queues || e.queues > 0;
+    if ((needs & kQueues) && !queues) {
+      for (Engine engine : {Engine::Compute, Engine::Copy, Engine::Video}) {
+        Error e = error_of([&] { dev_.queue(engine); });
+        EXPECT_EQ(e.status(), Status::Unsupported) << to_string(engine) << ": " << e.what();
+        EXPECT_THAT(e.what(), HasSubstr(GetParam() + ":")) << to_string(engine);
+      }
+      why += std::string(why.empty() ? "" : "; ") + "no queues: the device's properties list no engine with queues";
+    }
+    return why;
   }
 
   // A queue blocked on the device until release() writes the gate word: the
@@ -90,9 +132,18 @@ TEST_P(Conformance, PropertiesDescribeTheDevice) {
   EXPECT_EQ(p.uri, GetParam());
   EXPECT_FALSE(p.driver.empty());
   EXPECT_FALSE(p.board.empty());
-  EXPECT_GT(p.memory_bytes, 0u);
   EXPECT_LE(p.host_visible_bytes, p.memory_bytes);
-  ASSERT_FALSE(p.heaps.empty());
+  // A device with no engine (the skeleton driver's board) refuses queues.
+  if (p.engines.empty()) {
+    EXPECT_FALSE(lacking(kQueues).empty());
+  }
+  if (p.heaps.empty()) {
+    // A device with no device memory counts no bytes and refuses allocations.
+    EXPECT_EQ(p.memory_bytes, 0u);
+    EXPECT_FALSE(lacking(kMemory).empty());
+    return;
+  }
+  EXPECT_GT(p.memory_bytes, 0u);
   int defaults = 0;
   Memory default_memory = Memory::HostPinned;
   std::uint64_t total = 0;
@@ -120,13 +171,15 @@ TEST_P(Conformance, PropertiesDescribeTheDevice) {
 
 TEST_P(Conformance, OpeningTheSameUriAgainSharesTheDevice) {
   Device again = open(GetParam());
+  EXPECT_EQ(&again.properties(), &dev_.properties());
+  SKIP_IF_LACKING(kMemory);
   const auto before = again.memory_stats().device_used;
   Buffer b = dev_.allocate(1 << 20);
   EXPECT_GE(again.memory_stats().device_used, before + (1 << 20));
-  EXPECT_EQ(&again.properties(), &dev_.properties());
 }
 
 TEST_P(Conformance, MemoryStatsFollowAllocationsAndFrees) {
+  SKIP_IF_LACKING(kMemory);
   const auto before = dev_.memory_stats();
   Buffer a = dev_.allocate(3 << 20);
   Buffer h = host(1 << 20);
@@ -147,6 +200,7 @@ TEST_P(Conformance, MemoryStatsFollowAllocationsAndFrees) {
 }
 
 TEST_P(Conformance, AllocationsAreAlignedAndHonourExplicitAlignment) {
+  SKIP_IF_LACKING(kMemory);
   const auto align = dev_.properties().min_alignment;
   for (int i = 0; i < 8; ++i) {
     Buffer b = dev_.allocate(1 + i * 100);
@@ -159,6 +213,7 @@ TEST_P(Conformance, AllocationsAreAlignedAndHonourExplicitAlignment) {
 }
 
 TEST_P(Conformance, NamedHeapsServeAllocations) {
+  SKIP_IF_LACKING(kMemory);
   for (auto& h : dev_.properties().heaps) {
     AllocOptions o;
     o.heap = h.name;
@@ -177,6 +232,7 @@ TEST_P(Conformance, NamedHeapsServeAllocations) {
 // ---- Data movement ---------------------------------------------------------------
 
 TEST_P(Conformance, CopiesRoundTripThroughEveryMemoryKind) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   Queue q = dev_.queue();
   const bool visible = dev_.properties().caps.host_visible_device_memory;
   for (std::uint64_t n : {1ull, 7ull, 4095ull, 4096ull, (1ull << 20) + 3}) {
@@ -191,6 +247,7 @@ TEST_P(Conformance, CopiesRoundTripThroughEveryMemoryKind) {
 }
 
 TEST_P(Conformance, CopyMovesExactlyTheRangeAsked) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   const std::uint64_t n = 64 * 1024;
   Buffer src = host(n), dst = host(n);
   Buffer dev = dev_.allocate(n);
@@ -207,6 +264,7 @@ TEST_P(Conformance, CopyMovesExactlyTheRangeAsked) {
 }
 
 TEST_P(Conformance, OverlappingCopyInOneBufferBehavesLikeMemmove) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   const std::uint64_t n = 1 << 20;
   Buffer src = host(n), out = host(n);
   Buffer dev = dev_.allocate(n);
@@ -223,6 +281,7 @@ TEST_P(Conformance, OverlappingCopyInOneBufferBehavesLikeMemmove) {
 }
 
 TEST_P(Conformance, FillWritesEachPatternWidthLittleEndian) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   const std::uint64_t n = 4096;
   Buffer dev = dev_.allocate(n);
   Buffer out = host(n);
@@ -246,12 +305,13 @@ TEST_P(Conformance, HostVisibleDeviceMemoryIsCoherentWithDma) {
   const std::uint64_t n = 8192;
   Buffer vis = dev_.allocate(n, Memory::DeviceHostVisible);
   Buffer out = host(n);
-  fill_pattern(vis.map(), 3);  // host writes through the window...
+  fill_pattern(vis.map(), 3);                   // host writes through the window...
   dev_.queue().copy(vis, out).submit().wait();  // ...the board reads them
   ASSERT_EQ(std::memcmp(vis.map().data(), out.map().data(), n), 0);
 }
 
 TEST_P(Conformance, MapOfDeviceMemoryFollowsTheCapability) {
+  SKIP_IF_LACKING(kMemory);
   Buffer d = dev_.allocate(4096);
   if (dev_.properties().caps.map_device_memory) {
     EXPECT_EQ(d.map().size(), 4096u);
@@ -266,10 +326,17 @@ TEST_P(Conformance, MapOfDeviceMemoryFollowsTheCapability) {
 }
 
 TEST_P(Conformance, ImportedHostMemoryIsReachedWithoutACopy) {
-  if (!dev_.properties().caps.import_host_memory) GTEST_SKIP() << "no import";
   const std::size_t n = 3 * 4096;
   void* mem = std::aligned_alloc(4096, n);
   ASSERT_NE(mem, nullptr);
+  if (!dev_.properties().caps.import_host_memory) {
+    // What the capabilities leave false is refused up front, saying so.
+    Error e = error_of([&] { dev_.import_host(mem, n); });
+    std::free(mem);
+    EXPECT_EQ(e.status(), Status::Unsupported) << e.what();
+    EXPECT_THAT(e.what(), HasSubstr(GetParam() + ":"));
+    GTEST_SKIP() << "no import";
+  }
   std::memset(mem, 0, n);
   {
     Buffer imported = dev_.import_host(mem, n);
@@ -294,6 +361,7 @@ TEST_P(Conformance, ImportRefusesUnalignedMemory) {
 // ---- Queues, fences, ordering ---------------------------------------------------
 
 TEST_P(Conformance, FenceValuesIncreaseByOnePerSubmission) {
+  SKIP_IF_LACKING(kQueues);
   Queue q = dev_.queue();
   Fence a = q.submit(), b = q.submit(), c = q.batch().submit();
   EXPECT_EQ(b.value(), a.value() + 1);
@@ -313,6 +381,7 @@ TEST_P(Conformance, AnEmptyFenceIsAlreadyComplete) {
 }
 
 TEST_P(Conformance, AQueueWaitsOnAnotherQueuesFenceOnTheDevice) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   Queue a = dev_.queue();
   Queue b = free_queue();  // another compute queue, or a copy queue where there is one compute queue
   const std::uint64_t n = 1 << 16;
@@ -396,6 +465,7 @@ class ConformanceErrors : public Conformance {
 };
 
 TEST_P(ConformanceErrors, CopyOutOfBoundsIsRefused) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   Buffer src = host(4096), dst = dev_.allocate(4096);
   Queue q = dev_.queue();
   Error e = error_of([&] { q.copy(src, 0, dst, 4000, 200); });
@@ -411,6 +481,7 @@ TEST_P(ConformanceErrors, CopyOutOfBoundsIsRefused) {
 }
 
 TEST_P(ConformanceErrors, UseOfAFreedBufferIsRefused) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   Buffer src = host(4096), dst = dev_.allocate(4096);
   Buffer alias = dst;  // a second handle to the same buffer
   dst.free();
@@ -425,6 +496,7 @@ TEST_P(ConformanceErrors, UseOfAFreedBufferIsRefused) {
 }
 
 TEST_P(ConformanceErrors, ABufferOfAnotherDeviceIsRefused) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   Device other = open(GetParam() == "sim:tiny" ? "sim:0" : "sim:tiny");
   Buffer mine = dev_.allocate(4096);
   Buffer theirs = other.allocate(4096);
@@ -435,6 +507,7 @@ TEST_P(ConformanceErrors, ABufferOfAnotherDeviceIsRefused) {
 }
 
 TEST_P(ConformanceErrors, BadFillAndWordArgumentsAreRefused) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   Buffer d = dev_.allocate(4096);
   Buffer h = host(4096);
   Queue q = dev_.queue();
@@ -454,6 +527,7 @@ TEST_P(ConformanceErrors, BadFillAndWordArgumentsAreRefused) {
 }
 
 TEST_P(ConformanceErrors, AWaitWithoutProgressTimesOutAndTheWorkStillCompletes) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   Queue q = dev_.queue();
   Batch b = q.batch();
   Gate g = gate(b);
@@ -469,6 +543,7 @@ TEST_P(ConformanceErrors, AWaitWithoutProgressTimesOutAndTheWorkStillCompletes) 
 }
 
 TEST_P(ConformanceErrors, AFullRingIsReportedAsQueueFull) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   QueueOptions small;
   small.ring_entries = 16;
   Queue q = dev_.queue(Engine::Compute, small);
@@ -494,6 +569,7 @@ TEST_P(ConformanceErrors, AFullRingIsReportedAsQueueFull) {
 }
 
 TEST_P(ConformanceErrors, ABatchLargerThanTheRingIsRefused) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   QueueOptions small;
   small.ring_entries = 16;
   Queue q = dev_.queue(Engine::Compute, small);
@@ -507,6 +583,7 @@ TEST_P(ConformanceErrors, ABatchLargerThanTheRingIsRefused) {
 }
 
 TEST_P(ConformanceErrors, ExhaustedDeviceMemorySaysWhatIsUsedAndFree) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   const Properties& p = dev_.properties();
   const HeapInfo* heap = nullptr;
   for (auto& h : p.heaps)
@@ -547,6 +624,7 @@ TEST_P(ConformanceErrors, UnknownDevicesAndUrisAreNamed) {
 // ---- Lifetimes -------------------------------------------------------------------
 
 TEST_P(Conformance, ABufferFreedWhileInFlightLivesUntilTheWorkCompletes) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   const std::uint64_t n = 1 << 20;
   Buffer src = host(n), dst = host(n);
   fill_pattern(src.map(), 5);
@@ -574,6 +652,7 @@ TEST_P(Conformance, ABufferFreedWhileInFlightLivesUntilTheWorkCompletes) {
 }
 
 TEST_P(Conformance, ReleasingAQueueLetsItsSubmittedWorkFinish) {
+  SKIP_IF_LACKING(kMemory | kQueues);
   const std::uint64_t n = 8 << 20;
   Buffer src = host(n), dst = host(n), d = dev_.allocate(n);
   fill_pattern(src.map(), 6);
@@ -584,13 +663,16 @@ TEST_P(Conformance, ReleasingAQueueLetsItsSubmittedWorkFinish) {
   ASSERT_EQ(std::memcmp(src.map().data(), dst.map().data(), n), 0);
 }
 
-std::string device_name(const ::testing::TestParamInfo<std::string>& p) {
-  return testing::param_name(p.param);
+std::string device_name(const ::testing::TestParamInfo<std::string>& p) { return testing::param_name(p.param); }
+// Every device, and the skeleton driver's board ("skeleton:0"): a device with
+// no memory, no queues and no optional capability, on which the suite checks
+// the refusals and skips the rest. A new driver starts from it.
+std::vector<std::string> devices_and_skeleton() {
+  driver::register_provider(skeleton::make_provider());
+  return testing::conformance_devices();
 }
-INSTANTIATE_TEST_SUITE_P(Devices, Conformance, ::testing::ValuesIn(testing::conformance_devices()),
-                         device_name);
-INSTANTIATE_TEST_SUITE_P(Devices, ConformanceErrors,
-                         ::testing::ValuesIn(testing::conformance_devices()), device_name);
+INSTANTIATE_TEST_SUITE_P(Devices, Conformance, ::testing::ValuesIn(devices_and_skeleton()), device_name);
+INSTANTIATE_TEST_SUITE_P(Devices, ConformanceErrors, ::testing::ValuesIn(devices_and_skeleton()), device_name);
 
 // A driver that offers no devices here (no GPU, no driver, no board) is not
 // tested here; the run says which and why rather than passing in silence.

@@ -2,7 +2,9 @@
 // (the simulated boards always, real boards and GPUs where present) plus
 // simulated boards of two profiles unlike the default one: "tiny" (a small
 // PCIe card) and "edge-soc" (a SoC: unified memory, one queue per engine,
-// no video unit).
+// no video unit). The conformance suite also registers the skeleton driver
+// first, so that enumerate() finds its board, "skeleton:0" (a device with
+// nothing in it, drivers/skeleton/); the other suites do not.
 #pragma once
 
 #include <string>
