@@ -4,6 +4,7 @@
 
 #include "tpuhal/fw/decode.h"
 #include "tpuhal/fw/video.h"
+#include "text.h"
 
 namespace tpuhal::fw {
 
@@ -83,16 +84,12 @@ const char* to_string(EngineType engine) noexcept {
 
 namespace {
 
+using detail::hex;
+
 std::string opcode_name(std::uint16_t opcode) {
   if (opcode >= 1 && opcode <= kMaxOpcode) return to_string(static_cast<Opcode>(opcode));
   char buf[32];
   std::snprintf(buf, sizeof buf, "opcode 0x%x", opcode);
-  return buf;
-}
-
-std::string hex(std::uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
   return buf;
 }
 
@@ -145,39 +142,38 @@ std::string arg_name(std::uint16_t opcode, std::uint16_t index) {
       /* call */ {"command list", "slots", nullptr},
   };
   static const char* const kVideo[][6] = {
-      /* video_open */ {"channel", "codec/layout/max size", "channel page", "frame pool", "slot bytes", "slot/record counts"},
+      /* video_open */ {"channel", "codec/layout/max size", "channel page", "frame pool", "slot bytes",
+                        "slot/record counts"},
       /* video_decode */ {"channel", "packet", "packet bytes", "pts", "packet index", "packet flags"},
       /* video_close */ {"channel", nullptr, nullptr, nullptr, nullptr, nullptr},
   };
   if (opcode >= static_cast<std::uint16_t>(Opcode::kVideoOpen) && opcode <= kMaxOpcode && index < 6 &&
       kVideo[opcode - static_cast<std::uint16_t>(Opcode::kVideoOpen)][index])
     return kVideo[opcode - static_cast<std::uint16_t>(Opcode::kVideoOpen)][index];
-  if (opcode <= static_cast<std::uint16_t>(Opcode::kCall) && index < 3 && kNames[opcode][index]) return kNames[opcode][index];
+  if (opcode <= static_cast<std::uint16_t>(Opcode::kCall) && index < 3 && kNames[opcode][index])
+    return kNames[opcode][index];
   return "arg" + std::to_string(index);
 }
 
-std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field,
-                     std::uint64_t value, std::uint64_t detail) {
+std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field, std::uint64_t value,
+                     std::uint64_t detail) {
   const std::string op = opcode_name(opcode);
   const std::string what = field_name(opcode, field);
   switch (status) {
-    case CmdStatus::kOk:
-      return op + ": ok";
+    case CmdStatus::kOk: return op + ": ok";
     case CmdStatus::kInvalidOpcode:
       return "unknown opcode " + hex(value) + " (interface 1.2 defines 1.." + dec(kMaxOpcode) + ")";
     case CmdStatus::kInvalidFlags:
       return op + ": undefined flag bits " + hex(value & ~detail) + " in flags " + hex(value);
-    case CmdStatus::kReservedNotZero:
-      return op + ": unused " + what + " is " + hex(value) + ", must be zero";
+    case CmdStatus::kReservedNotZero: return op + ": unused " + what + " is " + hex(value) + ", must be zero";
     case CmdStatus::kBadSequence:
-      return op + ": descriptor sequence " + dec(value) + " where the ring position is " +
-             dec(detail) + " (stale or corrupt ring slot)";
+      return op + ": descriptor sequence " + dec(value) + " where the ring position is " + dec(detail) +
+             " (stale or corrupt ring slot)";
     case CmdStatus::kBadArgument:
       if (field == Problem::kFieldVersion)
-        return "interface version " + dec(value >> 16) + "." + dec(value & 0xFFFF) +
-               " is not compatible with " + dec(detail >> 16) + "." + dec(detail & 0xFFFF);
-      if (field == Problem::kFieldLength)
-        return "descriptor of " + dec(value) + " bytes, expected " + dec(detail);
+        return "interface version " + dec(value >> 16) + "." + dec(value & 0xFFFF) + " is not compatible with " +
+               dec(detail >> 16) + "." + dec(detail & 0xFFFF);
+      if (field == Problem::kFieldLength) return "descriptor of " + dec(value) + " bytes, expected " + dec(detail);
       if (field >= kFieldTensorBase && field < kFieldAttrBase && (field - kFieldTensorBase) % 16 == 15)
         return op + ": output " + what.substr(0, what.find(' ', 7)) + " overlaps input tensor " + dec(value);
       if (field >= kFieldTensorBase && field < kFieldAttrBase)
@@ -193,27 +189,21 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
       return op + ": " + what + " address " + hex(value) + " is not mapped for DMA (" +
              (detail == kAccessWrite ? "write" : "read") + ")";
     case CmdStatus::kFenceNotMonotonic:
-      return op + ": fence value " + dec(value) + " is not greater than the last one written, " +
-             dec(detail);
+      return op + ": fence value " + dec(value) + " is not greater than the last one written, " + dec(detail);
     case CmdStatus::kDependencyFailed:
       return op + ": the timeline at " + hex(value) + " that this queue waits on has failed";
     case CmdStatus::kUnsupportedOnEngine:
-      return op + " is not supported on a " +
-             to_string(static_cast<EngineType>(detail)) + " queue";
-    case CmdStatus::kRingConfig:
-      return "ring configuration rejected: " + what + " = " + hex(value);
-    case CmdStatus::kFirmwareFault:
-      return "firmware fault (code " + hex(value) + ")";
-    case CmdStatus::kEccError:
-      return op + ": uncorrectable ECC error at device address " + hex(value);
-    case CmdStatus::kHang:
-      return op + ": stopped by the board's watchdog after " + dec(value / 1'000'000) + " ms";
-    case CmdStatus::kQueueReset:
-      return op + ": discarded by a queue reset";
+      return op + " is not supported on a " + to_string(static_cast<EngineType>(detail)) + " queue";
+    case CmdStatus::kRingConfig: return "ring configuration rejected: " + what + " = " + hex(value);
+    case CmdStatus::kFirmwareFault: return "firmware fault (code " + hex(value) + ")";
+    case CmdStatus::kEccError: return op + ": uncorrectable ECC error at device address " + hex(value);
+    case CmdStatus::kHang: return op + ": stopped by the board's watchdog after " + dec(value / 1'000'000) + " ms";
+    case CmdStatus::kQueueReset: return op + ": discarded by a queue reset";
     case CmdStatus::kCorruptStream: {
       // The simulator's decoder reports FFmpeg's four-letter error tags.
       std::string code = dec(detail);
-      if (detail == 0x41444E49) code = "invalid data";
+      if (detail == 0x41444E49)
+        code = "invalid data";
       else if (detail > 0xFFFFFF && detail <= 0xFFFFFFFF) {
         std::string tag;
         for (int i = 0; i < 4; ++i) {
@@ -228,7 +218,8 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
       if (detail == kVideoDetailPixelFormat)
         return "packet " + dec(value) + " decodes to a picture that is not 8-bit 4:2:0, which the unit does not output";
       if (detail == kVideoDetailTooLarge)
-        return "packet " + dec(value) + " decodes to a picture larger than the channel's frame buffers (max_width x max_height)";
+        return "packet " + dec(value) +
+               " decodes to a picture larger than the channel's frame buffers (max_width x max_height)";
       return "packet " + dec(value) + ": stream not supported (" + dec(detail) + ")";
   }
   return "unknown status " + dec(static_cast<std::uint32_t>(status)) + " for " + op;

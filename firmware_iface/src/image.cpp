@@ -1,4 +1,5 @@
 #include "tpuhal/fw/image.h"
+#include "text.h"
 
 #include <array>
 #include <cstddef>
@@ -7,6 +8,8 @@
 
 namespace tpuhal::fw {
 namespace {
+
+using detail::hex;
 
 constexpr std::array<std::uint32_t, 256> make_crc_table() {
   std::array<std::uint32_t, 256> t{};
@@ -30,12 +33,6 @@ Problem section_problem(CmdStatus status, std::uint64_t value, std::uint32_t ind
 }
 
 bool known_kind(std::uint32_t k) { return k >= 1 && k <= 3; }
-
-std::string hex(std::uint64_t v) {
-  char b[24];
-  std::snprintf(b, sizeof b, "%#llx", static_cast<unsigned long long>(v));
-  return b;
-}
 
 std::string version_text(std::uint32_t packed) {
   const Version v = Version::unpack(packed);
@@ -61,8 +58,7 @@ std::uint32_t crc32c(std::span<const std::byte> bytes, std::uint32_t crc) noexce
 
 Result<Image> decode_image(std::span<const std::byte> bytes) {
   const std::uint64_t size = bytes.size();
-  if (size < sizeof(ImageHeader))
-    return Problem{CmdStatus::kBadArgument, kFieldImageSize, size, sizeof(ImageHeader)};
+  if (size < sizeof(ImageHeader)) return Problem{CmdStatus::kBadArgument, kFieldImageSize, size, sizeof(ImageHeader)};
   ImageHeader h;
   std::memcpy(&h, bytes.data(), sizeof h);
   if (h.magic != kImageMagic) return Problem{CmdStatus::kBadArgument, kFieldImageMagic, h.magic, kImageMagic};
@@ -132,10 +128,10 @@ std::string describe_image_problem(const Problem& p) {
       if (p.detail == sizeof(ImageHeader) && p.value < sizeof(ImageHeader))
         return at + std::to_string(p.value) + " bytes, fewer than its " + std::to_string(sizeof(ImageHeader)) +
                "-byte header";
-      if (p.detail == kMaxImageBytes) return at + "says it is " + std::to_string(p.value) +
-                                             " bytes, more than the limit of " + std::to_string(kMaxImageBytes);
-      return at + "says it is " + std::to_string(p.value) + " bytes but " + std::to_string(p.detail) +
-             " were given";
+      if (p.detail == kMaxImageBytes)
+        return at + "says it is " + std::to_string(p.value) + " bytes, more than the limit of " +
+               std::to_string(kMaxImageBytes);
+      return at + "says it is " + std::to_string(p.value) + " bytes but " + std::to_string(p.detail) + " were given";
     case kFieldImageTable:
       return at + "its section table ends at byte " + std::to_string(p.value) + ", past the image's " +
              std::to_string(p.detail) + " bytes";
@@ -160,8 +156,9 @@ std::string describe_image_problem(const Problem& p) {
         case kOffset:
           if (p.status == CmdStatus::kBadAlignment)
             return s + "offset " + hex(p.value) + " is not " + std::to_string(kImageAlignment) + "-byte aligned";
-          return s + "offset " + hex(p.value) + " is outside the payload area (after the section table, "
-                     "inside the image)";
+          return s + "offset " + hex(p.value) +
+                 " is outside the payload area (after the section table, "
+                 "inside the image)";
         case kBytes:
           return p.value == 0 ? s + "it is empty" : s + std::to_string(p.value) + " bytes run past the image's end";
         case kLoad: return s + "load address " + hex(p.value) + " plus its size wraps around";
@@ -204,8 +201,7 @@ std::vector<std::byte> build_image(const ImageSpec& spec) {
   h.section_count = static_cast<std::uint32_t>(spec.sections.size());
   h.image_bytes = out.size();
   std::memcpy(out.data(), &h, sizeof h);
-  if (!entries.empty())
-    std::memcpy(out.data() + sizeof h, entries.data(), entries.size() * sizeof(SectionEntry));
+  if (!entries.empty()) std::memcpy(out.data() + sizeof h, entries.data(), entries.size() * sizeof(SectionEntry));
   for (std::size_t i = 0; i < spec.sections.size(); ++i)
     if (!spec.sections[i].payload.empty())
       std::memcpy(out.data() + entries[i].offset, spec.sections[i].payload.data(), spec.sections[i].payload.size());

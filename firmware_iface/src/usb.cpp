@@ -6,9 +6,12 @@
 #include <optional>
 
 #include "tpuhal/fw/image.h"
+#include "text.h"
 
 namespace tpuhal::fw {
 namespace {
+
+using detail::hex;
 
 // What each type may carry.
 enum class Data : std::uint8_t { kNone, kSome, kAny };
@@ -47,12 +50,6 @@ Problem arg_problem(CmdStatus status, std::uint64_t value, UsbType type, unsigne
   return {status, kFieldUsbArg, value, static_cast<std::uint64_t>(index) << 32 | static_cast<std::uint16_t>(type)};
 }
 
-std::string hex(std::uint64_t v) {
-  char b[24];
-  std::snprintf(b, sizeof b, "%#llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
 }  // namespace
 
 const char* to_string(UsbType type) noexcept {
@@ -79,12 +76,11 @@ Result<std::uint64_t> usb_message_bytes(std::span<const std::byte> bytes, UsbDir
   return sizeof(UsbHeader) + std::uint64_t{h.data_bytes};
 }
 
-Result<UsbMessage> decode_usb_message(std::span<const std::byte> bytes, UsbDirection direction,
-                                      std::uint32_t bar0_size, std::uint32_t max_data) {
+Result<UsbMessage> decode_usb_message(std::span<const std::byte> bytes, UsbDirection direction, std::uint32_t bar0_size,
+                                      std::uint32_t max_data) {
   auto total = usb_message_bytes(bytes, direction, max_data);
   if (!total) return total.problem();
-  if (*total != bytes.size())
-    return Problem{CmdStatus::kBadArgument, kFieldUsbLength, bytes.size(), *total};
+  if (*total != bytes.size()) return Problem{CmdStatus::kBadArgument, kFieldUsbLength, bytes.size(), *total};
   UsbHeader h;
   std::memcpy(&h, bytes.data(), sizeof h);
   const Rule& r = *rule_of(h.type);
@@ -135,22 +131,31 @@ Result<UsbMessage> decode_usb_message(std::span<const std::byte> bytes, UsbDirec
       break;
     case UsbType::kMemRead:
     case UsbType::kHostRead:
-      if (a1 == 0 || a1 > max_data) p = arg_problem(CmdStatus::kBadArgument, a1, type, 1);
-      else p = range(a0, a1);
+      if (a1 == 0 || a1 > max_data)
+        p = arg_problem(CmdStatus::kBadArgument, a1, type, 1);
+      else
+        p = range(a0, a1);
       break;
     case UsbType::kMapDma:
     case UsbType::kUnmapDma:
-      if (a0 % kUsbPage != 0) p = arg_problem(CmdStatus::kBadAlignment, a0, type, 0);
-      else if (a1 == 0 || a1 % kUsbPage != 0) p = arg_problem(CmdStatus::kBadAlignment, a1, type, 1);
-      else p = range(a0, a1);
+      if (a0 % kUsbPage != 0)
+        p = arg_problem(CmdStatus::kBadAlignment, a0, type, 0);
+      else if (a1 == 0 || a1 % kUsbPage != 0)
+        p = arg_problem(CmdStatus::kBadAlignment, a1, type, 1);
+      else
+        p = range(a0, a1);
       break;
     case UsbType::kFwBegin:
-      if (a0 == 0 || a0 > kMaxImageBytes) p = arg_problem(CmdStatus::kBadArgument, a0, type, 0);
-      else p = zero(1);
+      if (a0 == 0 || a0 > kMaxImageBytes)
+        p = arg_problem(CmdStatus::kBadArgument, a0, type, 0);
+      else
+        p = zero(1);
       break;
     case UsbType::kFwData:
-      if (a0 >= kMaxImageBytes || h.data_bytes > kMaxImageBytes - a0) p = arg_problem(CmdStatus::kBadArgument, a0, type, 0);
-      else p = zero(1);
+      if (a0 >= kMaxImageBytes || h.data_bytes > kMaxImageBytes - a0)
+        p = arg_problem(CmdStatus::kBadArgument, a0, type, 0);
+      else
+        p = zero(1);
       break;
     case UsbType::kFwCommit:
       if (!(p = fits32(0))) p = zero(1);
@@ -180,7 +185,8 @@ Result<UsbIdentity> decode_usb_identity(std::span<const std::byte> bytes) {
   UsbIdentity id;
   std::memcpy(&id, bytes.data(), sizeof id);
   if (id.magic != kUsbMagic) return Problem{CmdStatus::kBadArgument, kFieldUsbMagic, id.magic, kUsbMagic};
-  if (id.mode != static_cast<std::uint32_t>(UsbMode::kLoader) && id.mode != static_cast<std::uint32_t>(UsbMode::kApplication))
+  if (id.mode != static_cast<std::uint32_t>(UsbMode::kLoader) &&
+      id.mode != static_cast<std::uint32_t>(UsbMode::kApplication))
     return Problem{CmdStatus::kBadArgument, kFieldUsbArg, id.mode, 0};
   if (id.max_data == 0 || id.max_data > kUsbMaxData)
     return Problem{CmdStatus::kBadArgument, kFieldUsbLength, id.max_data, kUsbMaxData};
@@ -272,7 +278,7 @@ std::string describe_usb_problem(const Problem& p) {
     case kFieldUsbDirection:
       return at + std::string(to_string(static_cast<UsbType>(p.value))) + " messages travel " +
              (p.detail == static_cast<std::uint64_t>(UsbDirection::kToBoard) ? "from the board to the host"
-                                                                               : "from the host to the board") +
+                                                                             : "from the host to the board") +
              ", not this way";
     case kFieldUsbFlags:
       return at + "flags " + hex(p.value) + " are not defined for " + to_string(static_cast<UsbType>(p.detail));

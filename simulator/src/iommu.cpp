@@ -1,3 +1,4 @@
+#include "tpuhal/base/hex.h"
 #include "tpuhal/sim/iommu.h"
 
 #include <algorithm>
@@ -9,13 +10,7 @@
 #include "tpuhal/fw/command.h"
 
 namespace tpuhal::sim {
-namespace {
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
-  return buf;
-}
-}  // namespace
+namespace {}  // namespace
 
 DmaContext::DmaContext(IommuDomain& domain) : domain_(domain) {
   std::lock_guard lock(domain_.mu_);
@@ -70,28 +65,23 @@ bool DmaAccess::permits(std::uint64_t iova, std::uint64_t size, std::uint32_t ac
   return e && (e->access & access) == access;
 }
 
-std::string IommuDomain::map(std::uint64_t iova, void* host, std::uint64_t size,
-                             std::uint32_t access) {
-  if (size == 0 || size % kIommuPage || iova % kIommuPage ||
-      reinterpret_cast<std::uintptr_t>(host) % kIommuPage)
+std::string IommuDomain::map(std::uint64_t iova, void* host, std::uint64_t size, std::uint32_t access) {
+  if (size == 0 || size % kIommuPage || iova % kIommuPage || reinterpret_cast<std::uintptr_t>(host) % kIommuPage)
     return "IOVA " + hex(iova) + ", host address and size " + std::to_string(size) +
            " must be non-zero multiples of 4096";
-  if (iova < fw::kHostWindowBase || iova > fw::kHostWindowEnd ||
-      size > fw::kHostWindowEnd - iova)
-    return "IOVA range " + hex(iova) + "+" + hex(size) + " is outside the host window " +
-           hex(fw::kHostWindowBase) + ".." + hex(fw::kHostWindowEnd);
+  if (iova < fw::kHostWindowBase || iova > fw::kHostWindowEnd || size > fw::kHostWindowEnd - iova)
+    return "IOVA range " + hex(iova) + "+" + hex(size) + " is outside the host window " + hex(fw::kHostWindowBase) +
+           ".." + hex(fw::kHostWindowEnd);
   if (access == 0 || (access & ~(kIommuRead | kIommuWrite)))
     return "access flags " + std::to_string(access) + " must be read, write or both";
   std::lock_guard lock(mu_);
   auto next = windows_.lower_bound(iova);
   if (next != windows_.end() && next->first < iova + size)
-    return "IOVA range " + hex(iova) + "+" + hex(size) + " overlaps the mapping at " +
-           hex(next->first);
+    return "IOVA range " + hex(iova) + "+" + hex(size) + " overlaps the mapping at " + hex(next->first);
   if (next != windows_.begin()) {
     auto prev = std::prev(next);
     if (prev->first + prev->second.size > iova)
-      return "IOVA range " + hex(iova) + "+" + hex(size) + " overlaps the mapping at " +
-             hex(prev->first);
+      return "IOVA range " + hex(iova) + "+" + hex(size) + " overlaps the mapping at " + hex(prev->first);
   }
   windows_.emplace(iova, Window{size, static_cast<std::byte*>(host), access});
   mapped_bytes_ += size;
@@ -106,8 +96,8 @@ std::string IommuDomain::unmap(std::uint64_t iova, std::uint64_t size) {
     auto it = windows_.find(iova);
     if (it == windows_.end()) return "no mapping starts at IOVA " + hex(iova);
     if (it->second.size != size)
-      return "the mapping at IOVA " + hex(iova) + " is " + std::to_string(it->second.size) +
-             " bytes, not " + std::to_string(size);
+      return "the mapping at IOVA " + hex(iova) + " is " + std::to_string(it->second.size) + " bytes, not " +
+             std::to_string(size);
     mapped_bytes_ -= size;
     windows_.erase(it);
     new_generation = generation_.fetch_add(1, std::memory_order_seq_cst) + 1;

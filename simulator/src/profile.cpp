@@ -34,8 +34,8 @@ class Parser {
   explicit Parser(std::string_view source) : source_(source) {}
 
   [[noreturn]] void fail(std::string_view field, std::string_view what) const {
-    throw ProfileError("board profile '" + std::string(source_) + "': " + std::string(field) +
-                       ": " + std::string(what));
+    throw ProfileError("board profile '" + std::string(source_) + "': " + std::string(field) + ": " +
+                       std::string(what));
   }
 
   const json& member(const json& obj, const char* key, std::string_view path) const {
@@ -97,8 +97,8 @@ class Parser {
     const auto s = str(v, field);
     unsigned major = 0, minor = 0, patch = 0;
     char tail = 0;
-    if (std::sscanf(s.c_str(), "%u.%u.%u%c", &major, &minor, &patch, &tail) != 3 ||
-        major > 0xFFFF || minor > 0xFF || patch > 0xFF)
+    if (std::sscanf(s.c_str(), "%u.%u.%u%c", &major, &minor, &patch, &tail) != 3 || major > 0xFFFF || minor > 0xFF ||
+        patch > 0xFF)
       fail(field, "must be MAJOR.MINOR.PATCH (e.g. \"1.0.0\"), got \"" + s + "\"");
     return major << 16 | minor << 8 | patch;
   }
@@ -119,26 +119,22 @@ void validate(const BoardProfile& p, const Parser& ps) {
     ps.fail("bus", "must be \"pcie\", \"soc\" or \"usb\", got \"" + p.bus + "\"");
   const std::uint64_t page = 4096;
   if (p.dram_bytes < (1u << 20) || p.dram_bytes > (1ull << 40) || p.dram_bytes % page)
-    ps.fail("memory.dram", "must be a multiple of 4 KiB between 1 MiB and 1 TiB, got " +
-                               std::to_string(p.dram_bytes));
+    ps.fail("memory.dram", "must be a multiple of 4 KiB between 1 MiB and 1 TiB, got " + std::to_string(p.dram_bytes));
   if (p.aperture_bytes > p.dram_bytes || p.aperture_bytes % page)
-    ps.fail("memory.aperture", "must be a multiple of 4 KiB no larger than DRAM, got " +
-                                   std::to_string(p.aperture_bytes));
+    ps.fail("memory.aperture",
+            "must be a multiple of 4 KiB no larger than DRAM, got " + std::to_string(p.aperture_bytes));
   if (p.regions.empty() || p.regions.size() > fw::kMaxMemRegions)
-    ps.fail("memory.regions", "must list 1 to " + std::to_string(fw::kMaxMemRegions) +
-                                  " regions");
+    ps.fail("memory.regions", "must list 1 to " + std::to_string(fw::kMaxMemRegions) + " regions");
   int defaults = 0;
   for (std::size_t i = 0; i < p.regions.size(); ++i) {
     const auto& r = p.regions[i];
     const std::string f = "memory.regions[" + std::to_string(i) + "]";
     if (r.name.empty() || r.name.size() > 15) ps.fail(f + ".name", "must be 1 to 15 characters");
-    if (r.size == 0 || r.base % page || r.size % page)
-      ps.fail(f, "base and size must be non-zero multiples of 4 KiB");
+    if (r.size == 0 || r.base % page || r.size % page) ps.fail(f, "base and size must be non-zero multiples of 4 KiB");
     if (r.base > p.dram_bytes || r.size > p.dram_bytes - r.base)
       ps.fail(f, "extends past DRAM (" + base::format_bytes(p.dram_bytes) + ")");
     if (r.host_visible && r.base + r.size > p.aperture_bytes)
-      ps.fail(f, "is host_visible but extends past the aperture (" +
-                     base::format_bytes(p.aperture_bytes) + ")");
+      ps.fail(f, "is host_visible but extends past the aperture (" + base::format_bytes(p.aperture_bytes) + ")");
     if (r.is_default && r.reserved) ps.fail(f, "cannot be both default and reserved");
     defaults += r.is_default;
     for (std::size_t j = 0; j < i; ++j) {
@@ -149,16 +145,13 @@ void validate(const BoardProfile& p, const Parser& ps) {
     }
   }
   if (defaults != 1)
-    ps.fail("memory.regions", "exactly one region must have the \"default\" flag, found " +
-                                  std::to_string(defaults));
+    ps.fail("memory.regions", "exactly one region must have the \"default\" flag, found " + std::to_string(defaults));
   const auto queues = p.total_queues();
   if (queues == 0 || queues > fw::kMaxQueues)
-    ps.fail("queues", "must total 1 to " + std::to_string(fw::kMaxQueues) + " queues, got " +
-                          std::to_string(queues));
+    ps.fail("queues", "must total 1 to " + std::to_string(fw::kMaxQueues) + " queues, got " + std::to_string(queues));
   if (p.max_ring_entries < fw::kMinRingEntries || p.max_ring_entries > (1u << 20) ||
       (p.max_ring_entries & (p.max_ring_entries - 1)))
-    ps.fail("max_ring_entries", "must be a power of two from 16 to 2^20, got " +
-                                    std::to_string(p.max_ring_entries));
+    ps.fail("max_ring_entries", "must be a power of two from 16 to 2^20, got " + std::to_string(p.max_ring_entries));
   if (p.idle_spin_us > 10'000) ps.fail("timing.idle_spin_us", "must be at most 10000");
 }
 
@@ -197,6 +190,17 @@ BoardProfile parse_profile(std::string_view text, std::string_view source) {
     p.pci_vendor = static_cast<std::uint16_t>(vendor);
     p.pci_device = static_cast<std::uint16_t>(device);
   }
+  if (auto it = doc.find("usb"); it != doc.end()) {
+    if (!it->is_object()) ps.fail("usb", "must be an object");
+    auto vendor = ps.u64(ps.member(*it, "vendor", "usb."), "usb.vendor");
+    auto product = ps.u64(ps.member(*it, "product", "usb."), "usb.product");
+    std::uint64_t loader = 0;
+    if (auto l = it->find("loader_product"); l != it->end()) loader = ps.u64(*l, "usb.loader_product");
+    if (vendor > 0xFFFF || product > 0xFFFF || loader > 0xFFFF) ps.fail("usb", "ids are 16-bit");
+    p.usb_vendor = static_cast<std::uint16_t>(vendor);
+    p.usb_product = static_cast<std::uint16_t>(product);
+    p.usb_loader_product = static_cast<std::uint16_t>(loader);
+  }
   if (auto it = doc.find("board_id"); it != doc.end()) p.board_id = ps.u32(*it, "board_id");
   if (auto it = doc.find("revision"); it != doc.end()) p.revision = ps.u32(*it, "revision");
   if (auto it = doc.find("serial"); it != doc.end()) p.serial = ps.u64(*it, "serial");
@@ -220,10 +224,14 @@ BoardProfile parse_profile(std::string_view text, std::string_view source) {
       if (!fl->is_array()) ps.fail(f + ".flags", "must be an array of strings");
       for (auto& flag : *fl) {
         const auto s = ps.str(flag, f + ".flags");
-        if (s == "host_visible") region.host_visible = true;
-        else if (s == "default") region.is_default = true;
-        else if (s == "reserved") region.reserved = true;
-        else ps.fail(f + ".flags", "unknown flag \"" + s + "\" (host_visible, default, reserved)");
+        if (s == "host_visible")
+          region.host_visible = true;
+        else if (s == "default")
+          region.is_default = true;
+        else if (s == "reserved")
+          region.reserved = true;
+        else
+          ps.fail(f + ".flags", "unknown flag \"" + s + "\" (host_visible, default, reserved)");
       }
     }
     p.regions.push_back(std::move(region));
@@ -232,14 +240,10 @@ BoardProfile parse_profile(std::string_view text, std::string_view source) {
   const json& queues = ps.member(doc, "queues", "");
   if (!queues.is_object()) ps.fail("queues", "must be an object");
   static const std::pair<const char*, fw::EngineType> kEngines[] = {
-      {"compute", fw::EngineType::kCompute},
-      {"copy", fw::EngineType::kCopy},
-      {"video", fw::EngineType::kVideo}};
+      {"compute", fw::EngineType::kCompute}, {"copy", fw::EngineType::kCopy}, {"video", fw::EngineType::kVideo}};
   for (auto it = queues.begin(); it != queues.end(); ++it) {
-    auto e = std::find_if(std::begin(kEngines), std::end(kEngines),
-                          [&](auto& k) { return it.key() == k.first; });
-    if (e == std::end(kEngines))
-      ps.fail("queues." + it.key(), "unknown engine (compute, copy, video)");
+    auto e = std::find_if(std::begin(kEngines), std::end(kEngines), [&](auto& k) { return it.key() == k.first; });
+    if (e == std::end(kEngines)) ps.fail("queues." + it.key(), "unknown engine (compute, copy, video)");
   }
   for (auto& [key, engine] : kEngines) {
     if (auto it = queues.find(key); it != queues.end()) {
@@ -248,8 +252,7 @@ BoardProfile parse_profile(std::string_view text, std::string_view source) {
       if (n) p.queues.push_back({engine, n});
     }
   }
-  if (auto it = doc.find("max_ring_entries"); it != doc.end())
-    p.max_ring_entries = ps.u32(*it, "max_ring_entries");
+  if (auto it = doc.find("max_ring_entries"); it != doc.end()) p.max_ring_entries = ps.u32(*it, "max_ring_entries");
 
   if (auto it = doc.find("tensor"); it != doc.end()) {
     if (!it->is_object()) ps.fail("tensor", "must be an object");
@@ -260,10 +263,8 @@ BoardProfile parse_profile(std::string_view text, std::string_view source) {
   }
   if (auto it = doc.find("video"); it != doc.end()) {
     if (!it->is_object()) ps.fail("video", "must be an object");
-    if (auto c = it->find("decode_channels"); c != it->end())
-      p.decode_channels = ps.u32(*c, "video.decode_channels");
-    if (auto c = it->find("decode_threads"); c != it->end())
-      p.decode_threads = ps.u32(*c, "video.decode_threads");
+    if (auto c = it->find("decode_channels"); c != it->end()) p.decode_channels = ps.u32(*c, "video.decode_channels");
+    if (auto c = it->find("decode_threads"); c != it->end()) p.decode_threads = ps.u32(*c, "video.decode_threads");
     if (auto c = it->find("codecs"); c != it->end()) {
       if (!c->is_array()) ps.fail("video.codecs", "must be an array of strings");
       for (auto& codec : *c) p.codecs.push_back(ps.str(codec, "video.codecs", 16));
@@ -271,8 +272,7 @@ BoardProfile parse_profile(std::string_view text, std::string_view source) {
   }
   if (auto it = doc.find("timing"); it != doc.end()) {
     if (!it->is_object()) ps.fail("timing", "must be an object");
-    if (auto c = it->find("idle_spin_us"); c != it->end())
-      p.idle_spin_us = ps.u32(*c, "timing.idle_spin_us");
+    if (auto c = it->find("idle_spin_us"); c != it->end()) p.idle_spin_us = ps.u32(*c, "timing.idle_spin_us");
   }
   validate(p, ps);
   return p;
@@ -292,8 +292,8 @@ BoardProfile load_profile(std::string_view spec) {
     text << in.rdbuf();
     return text.str();
   };
-  const bool is_path = spec.find('/') != std::string_view::npos ||
-                       (spec.size() > 5 && spec.substr(spec.size() - 5) == ".json");
+  const bool is_path =
+      spec.find('/') != std::string_view::npos || (spec.size() > 5 && spec.substr(spec.size() - 5) == ".json");
   if (is_path) {
     auto text = read_file(std::string(spec));
     if (!text) throw ProfileError("board profile '" + std::string(spec) + "': cannot read the file");

@@ -1,5 +1,5 @@
 // Drives QEMU's "edu" PCI device through the PCI bus layer the TPU transport
-// uses (tpuhal/pcie/pci_device.h), inside a guest booted by tests/qemu/run.sh.
+// uses (tpuhal/bus/pci_device.h), inside a guest booted by tests/qemu/run.sh.
 //
 //   edu_test vfio     discovery with libpci, BAR0 through VFIO, the identity,
 //                     liveness and factorial registers, MSI through an
@@ -26,11 +26,12 @@
 #include <string_view>
 #include <thread>
 
+#include "tpuhal/base/hex.h"
 #include "tpuhal/error.hpp"
-#include "tpuhal/pcie/pci_device.h"
+#include "tpuhal/bus/pci_device.h"
 
 using namespace tpuhal;
-using namespace tpuhal::pcie;
+using namespace tpuhal::bus;
 using namespace std::chrono_literals;
 
 namespace {
@@ -51,12 +52,6 @@ void check(bool ok, const std::string& what) {
   std::printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
   std::fflush(stdout);
   if (!ok) ++failures;
-}
-
-std::string hex(std::uint64_t v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-  return b;
 }
 
 // Polls until (reg & mask) == 0, for at most `limit`.
@@ -89,8 +84,9 @@ std::unique_ptr<PciDevice> discover_and_open(Access access) {
     PciDevice::open(info.bdf, big);
     check(false, "a 2 MiB BAR0 requirement is refused");
   } catch (const Error& e) {
-    check(e.status() == Status::Unsupported && std::string_view(e.what()).find("BAR0 is 1 MiB") != std::string_view::npos,
-          std::string("a 2 MiB BAR0 requirement is refused: ") + e.what());
+    check(
+        e.status() == Status::Unsupported && std::string_view(e.what()).find("BAR0 is 1 MiB") != std::string_view::npos,
+        std::string("a 2 MiB BAR0 requirement is refused: ") + e.what());
   }
   auto dev = PciDevice::open(info.bdf, opts);
   check(dev->access() == access, std::string("opened through ") + to_string(dev->access()));
@@ -109,7 +105,8 @@ void registers(const PciDevice& d) {
   d.write32(0, kFactorial, 10);
   const bool done = wait_clear(d, kStatus, kStatusComputing, 2000ms);
   const std::uint32_t f = d.read32(0, kFactorial);
-  check(done && f == 3628800, "factorial(10) = " + std::to_string(f) + " (busy bit cleared: " + (done ? "yes" : "no") + ")");
+  check(done && f == 3628800,
+        "factorial(10) = " + std::to_string(f) + " (busy bit cleared: " + (done ? "yes" : "no") + ")");
 }
 
 // Waits for one interrupt and checks edu's interrupt status, then acks.
@@ -140,7 +137,8 @@ void interrupts(PciDevice& d, const std::string& expected_kind) {
 }
 
 struct Page {
-  std::byte* p = static_cast<std::byte*>(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  std::byte* p =
+      static_cast<std::byte*>(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   ~Page() { ::munmap(p, 4096); }
 };
 
@@ -185,7 +183,7 @@ void memlock_limit(PciDevice& d) {
 }
 
 void dma(PciDevice& d) {
-  constexpr std::uint32_t kBytes = 2048;  // edu (QEMU 7.2) mishandles a full 4096
+  constexpr std::uint32_t kBytes = 2048;                             // edu (QEMU 7.2) mishandles a full 4096
   constexpr std::uint64_t kSrcIova = 0x100000, kDstIova = 0x101000;  // inside edu's 28-bit DMA mask
   Page src, dst;
   for (std::uint32_t i = 0; i < 4096; ++i) {
@@ -216,7 +214,8 @@ void dma(PciDevice& d) {
   d.write32(0, kDmaCmd, kDmaStart | kDmaToRam | kDmaIrq);
   expect_interrupt(d, kDmaIrqValue, "DMA to host memory completes with an interrupt");
   check(wait_clear(d, kDmaCmd, kDmaStart, 2000ms), "DMA to host memory: command bit cleared");
-  check(std::memcmp(src.p, dst.p, kBytes) == 0, "DMA round trip: " + std::to_string(kBytes) + " bytes came back intact");
+  check(std::memcmp(src.p, dst.p, kBytes) == 0,
+        "DMA round trip: " + std::to_string(kBytes) + " bytes came back intact");
   bool untouched = true;
   for (std::uint32_t i = kBytes; i < 4096; ++i) untouched = untouched && dst.p[i] == std::byte{0xee};
   check(untouched, "DMA wrote nothing past the count");

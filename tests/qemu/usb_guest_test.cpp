@@ -25,8 +25,8 @@ namespace tpuhal {
 namespace {
 
 using namespace std::chrono_literals;
-using ::testing::HasSubstr;
 using test::error_of;
+using ::testing::HasSubstr;
 
 constexpr char kUdcFile[] = "/sys/kernel/config/usb_gadget/tpuhal/UDC";
 

@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
   const long long bytes = (argc > 2 ? std::atoll(argv[2]) : 64) << 20;
   libusb_context* ctx = nullptr;
   if (libusb_init(&ctx) != 0) return 1;
-  libusb_device_handle* h = libusb_open_device_with_vid_pid(ctx, static_cast<std::uint16_t>(vid), static_cast<std::uint16_t>(pid));
+  libusb_device_handle* h =
+      libusb_open_device_with_vid_pid(ctx, static_cast<std::uint16_t>(vid), static_cast<std::uint16_t>(pid));
   if (!h) {
     std::fprintf(stderr, "usb_loopback_bench: no %04x:%04x device\n", vid, pid);
     return 1;
@@ -93,8 +94,10 @@ int main(int argc, char** argv) {
   for (int e = 0; e < id.bNumEndpoints; ++e) {
     const auto& ep = id.endpoint[e];
     if ((ep.bmAttributes & LIBUSB_TRANSFER_TYPE_MASK) != LIBUSB_TRANSFER_TYPE_BULK) continue;
-    if (ep.bEndpointAddress & LIBUSB_ENDPOINT_IN) in = ep.bEndpointAddress;
-    else out = ep.bEndpointAddress;
+    if (ep.bEndpointAddress & LIBUSB_ENDPOINT_IN)
+      in = ep.bEndpointAddress;
+    else
+      out = ep.bEndpointAddress;
   }
   libusb_free_config_descriptor(config);
   const double w = measure(ctx, h, out, bytes), r = measure(ctx, h, in, bytes);

@@ -147,6 +147,23 @@ TEST(SimProfile, ValidDocumentParsesEveryField) {
   EXPECT_EQ(p.idle_spin_us, 10u);
 }
 
+TEST(SimProfile, UsbIdsAreReadWithAnOptionalLoaderProduct) {
+  const std::string pci = R"("pci": { "vendor": "0x1f1c", "device": "0x00aa" },)";
+  BoardProfile p = parse_profile(
+      replace(kValidProfile, pci, R"("usb": { "vendor": "0x1209", "product": "0x0010", "loader_product": "0x0011" },)"),
+      "test.json");
+  EXPECT_EQ(p.usb_vendor, 0x1209);
+  EXPECT_EQ(p.usb_product, 0x0010);
+  EXPECT_EQ(p.usb_loader_product, 0x0011);
+  p = parse_profile(replace(kValidProfile, pci, R"("usb": { "vendor": "0x1209", "product": "0x0010" },)"), "test.json");
+  EXPECT_EQ(p.usb_loader_product, 0);
+  EXPECT_NE(error_of(replace(kValidProfile, pci, R"("usb": { "vendor": "0x1209" },)")).find("usb.product"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(kValidProfile, pci, R"("usb": { "vendor": "0x11209", "product": "1" },)")).find("16-bit"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(kValidProfile, pci, R"("usb": 7,)")).find("usb: must be an object"), std::string::npos);
+}
+
 TEST(SimProfile, NumbersMayBeJsonNumbersAndCommentsAreAllowed) {
   std::string text = replace(kValidProfile, R"("dram": "32MiB")", R"("dram": 33554432)");
   text = replace(text, R"("board_id": 7,)", "// a comment\n  \"board_id\": 7,");
@@ -172,68 +189,70 @@ TEST(SimProfile, BrokenDocumentsAreRejectedNamingTheField) {
       {"bad bus", replace(v, R"("bus": "pcie")", R"("bus": "isa")"), {"bus:", "\"isa\""}},
       {"pci id too wide", replace(v, R"("0x00aa")", R"("0x10000")"), {"pci:", "16-bit"}},
       {"bad hex", replace(v, R"("0xABCDEF")", R"("0xABCDEG")"), {"serial:", "hex", "0xABCDEG"}},
-      {"negative number", replace(v, R"("board_id": 7)", R"("board_id": -7)"),
-       {"board_id:", "negative"}},
-      {"u32 overflow", replace(v, R"("revision": 2)", R"("revision": 4294967296)"),
-       {"revision:", "2^32-1"}},
-      {"missing firmware_version", replace(v, R"("firmware_version": "1.2.3",)", ""),
-       {"firmware_version: missing"}},
-      {"bad firmware_version", replace(v, R"("1.2.3")", R"("1.2")"),
+      {"negative number", replace(v, R"("board_id": 7)", R"("board_id": -7)"), {"board_id:", "negative"}},
+      {"u32 overflow", replace(v, R"("revision": 2)", R"("revision": 4294967296)"), {"revision:", "2^32-1"}},
+      {"missing firmware_version", replace(v, R"("firmware_version": "1.2.3",)", ""), {"firmware_version: missing"}},
+      {"bad firmware_version",
+       replace(v, R"("1.2.3")", R"("1.2")"),
        {"firmware_version:", "MAJOR.MINOR.PATCH", "\"1.2\""}},
-      {"firmware_version trailing junk", replace(v, R"("1.2.3")", R"("1.2.3-rc1")"),
+      {"firmware_version trailing junk",
+       replace(v, R"("1.2.3")", R"("1.2.3-rc1")"),
        {"firmware_version:", "1.2.3-rc1"}},
-      {"firmware_version minor too big", replace(v, R"("1.2.3")", R"("1.256.0")"),
-       {"firmware_version:"}},
-      {"missing memory", replace(v, R"("memory": {)", R"("memoryx": {)"),
-       {"memory: missing"}},
-      {"dram not a multiple of 4 KiB", replace(v, R"("dram": "32MiB")", R"("dram": 33554944)"),
+      {"firmware_version minor too big", replace(v, R"("1.2.3")", R"("1.256.0")"), {"firmware_version:"}},
+      {"missing memory", replace(v, R"("memory": {)", R"("memoryx": {)"), {"memory: missing"}},
+      {"dram not a multiple of 4 KiB",
+       replace(v, R"("dram": "32MiB")", R"("dram": 33554944)"),
        {"memory.dram:", "multiple of 4 KiB", "33554944"}},
-      {"dram with a bad unit", replace(v, R"("32MiB")", R"("32MB")"),
-       {"memory.dram:", "\"32MB\""}},
-      {"dram too small", replace(v, R"("dram": "32MiB")", R"("dram": "512KiB")"),
-       {"memory.dram:", "524288"}},
-      {"aperture larger than DRAM", replace(v, R"("aperture": "8MiB")", R"("aperture": "64MiB")"),
+      {"dram with a bad unit", replace(v, R"("32MiB")", R"("32MB")"), {"memory.dram:", "\"32MB\""}},
+      {"dram too small", replace(v, R"("dram": "32MiB")", R"("dram": "512KiB")"), {"memory.dram:", "524288"}},
+      {"aperture larger than DRAM",
+       replace(v, R"("aperture": "8MiB")", R"("aperture": "64MiB")"),
        {"memory.aperture:", "no larger than DRAM"}},
-      {"missing regions",
-       replace(v, R"("regions": [)", R"("regionz": [)"), {"memory.regions: missing"}},
-      {"overlapping regions", replace(v, R"("base": "24MiB")", R"("base": "20MiB")"),
+      {"missing regions", replace(v, R"("regions": [)", R"("regionz": [)"), {"memory.regions: missing"}},
+      {"overlapping regions",
+       replace(v, R"("base": "24MiB")", R"("base": "20MiB")"),
        {"memory.regions[2]", "overlaps memory.regions[1]", "\"heap\""}},
-      {"two default regions", replace(v, R"(["reserved"])", R"(["default"])"),
+      {"two default regions",
+       replace(v, R"(["reserved"])", R"(["default"])"),
        {"memory.regions:", "exactly one region", "default", "found 2"}},
-      {"no default region", replace(v, R"(["default"])", "[]"),
-       {"memory.regions:", "exactly one region", "found 0"}},
-      {"host_visible past the aperture", replace(v, R"(["default"])", R"(["default", "host_visible"])"),
+      {"no default region", replace(v, R"(["default"])", "[]"), {"memory.regions:", "exactly one region", "found 0"}},
+      {"host_visible past the aperture",
+       replace(v, R"(["default"])", R"(["default", "host_visible"])"),
        {"memory.regions[1]", "host_visible", "aperture", "8 MiB"}},
-      {"region past DRAM", replace(v, R"("size": "16MiB")", R"("size": "32MiB")"),
+      {"region past DRAM",
+       replace(v, R"("size": "16MiB")", R"("size": "32MiB")"),
        {"memory.regions[1]", "extends past DRAM", "32 MiB"}},
-      {"region misaligned", replace(v, R"("base": "8MiB")", R"("base": 8389120)"),
+      {"region misaligned",
+       replace(v, R"("base": "8MiB")", R"("base": 8389120)"),
        {"memory.regions[1]", "multiples of 4 KiB"}},
-      {"region name too long", replace(v, R"("name": "heap")", R"("name": "a-very-long-region-name")"),
+      {"region name too long",
+       replace(v, R"("name": "heap")", R"("name": "a-very-long-region-name")"),
        {"memory.regions[1].name"}},
-      {"duplicate region name", replace(v, R"("name": "fw")", R"("name": "heap")"),
+      {"duplicate region name",
+       replace(v, R"("name": "fw")", R"("name": "heap")"),
        {"memory.regions[2].name", "\"heap\" is used twice"}},
-      {"unknown region flag", replace(v, R"(["reserved"])", R"(["cached"])"),
+      {"unknown region flag",
+       replace(v, R"(["reserved"])", R"(["cached"])"),
        {"memory.regions[2].flags", "unknown flag \"cached\""}},
-      {"default and reserved", replace(v, R"(["reserved"])", R"(["reserved", "default"])"),
+      {"default and reserved",
+       replace(v, R"(["reserved"])", R"(["reserved", "default"])"),
        {"memory.regions[2]", "both default and reserved"}},
-      {"unknown queue engine", replace(v, R"("copy": 2)", R"("copy": 2, "tensor": 1)"),
+      {"unknown queue engine",
+       replace(v, R"("copy": 2)", R"("copy": 2, "tensor": 1)"),
        {"queues.tensor:", "unknown engine"}},
-      {"too many queues in a group", replace(v, R"("copy": 2)", R"("copy": 32)"),
-       {"queues.copy:", "too many queues"}},
-      {"too many queues in total", replace(v, R"("compute": 1, "copy": 2)",
-                                           R"("compute": 16, "copy": 16)"),
+      {"too many queues in a group", replace(v, R"("copy": 2)", R"("copy": 32)"), {"queues.copy:", "too many queues"}},
+      {"too many queues in total",
+       replace(v, R"("compute": 1, "copy": 2)", R"("compute": 16, "copy": 16)"),
        {"queues:", "1 to 31 queues", "got 32"}},
-      {"no queues", replace(v, R"("compute": 1, "copy": 2)", R"("compute": 0)"),
-       {"queues:", "got 0"}},
-      {"ring size not a power of two", replace(v, R"("max_ring_entries": 256)",
-                                               R"("max_ring_entries": 300)"),
+      {"no queues", replace(v, R"("compute": 1, "copy": 2)", R"("compute": 0)"), {"queues:", "got 0"}},
+      {"ring size not a power of two",
+       replace(v, R"("max_ring_entries": 256)", R"("max_ring_entries": 300)"),
        {"max_ring_entries:", "power of two", "300"}},
-      {"ring size too small", replace(v, R"("max_ring_entries": 256)", R"("max_ring_entries": 8)"),
+      {"ring size too small",
+       replace(v, R"("max_ring_entries": 256)", R"("max_ring_entries": 8)"),
        {"max_ring_entries:", "got 8"}},
-      {"idle spin too long", replace(v, R"("idle_spin_us": 10)", R"("idle_spin_us": 20000)"),
-       {"timing.idle_spin_us:"}},
-      {"model not printable", replace(v, R"("Unit test board")", R"("Unit\ttest")"),
-       {"model:", "printable ASCII"}},
+      {"idle spin too long", replace(v, R"("idle_spin_us": 10)", R"("idle_spin_us": 20000)"), {"timing.idle_spin_us:"}},
+      {"model not printable", replace(v, R"("Unit test board")", R"("Unit\ttest")"), {"model:", "printable ASCII"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
@@ -249,9 +268,8 @@ TEST(SimProfile, BrokenDocumentsAreRejectedNamingTheField) {
 TEST(SimProfile, TooManyRegionsIsRejected) {
   std::string regions;
   for (int i = 0; i < 9; ++i) {
-    regions += std::string(i ? "," : "") + R"({ "name": "r)" + std::to_string(i) +
-               R"(", "base": ")" + std::to_string(i) + R"(MiB", "size": "1MiB", "flags": [)" +
-               (i == 0 ? R"("default")" : "") + "] }";
+    regions += std::string(i ? "," : "") + R"({ "name": "r)" + std::to_string(i) + R"(", "base": ")" +
+               std::to_string(i) + R"(MiB", "size": "1MiB", "flags": [)" + (i == 0 ? R"("default")" : "") + "] }";
   }
   std::string text = kValidProfile;
   const auto begin = text.find(R"("regions": [)") + 12;
@@ -290,8 +308,7 @@ class ScopedEnv {
 class SimProfileFiles : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("tpuhal-profile-test-" + std::to_string(::getpid()));
+    dir_ = std::filesystem::temp_directory_path() / ("tpuhal-profile-test-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_ / "a");
     std::filesystem::create_directories(dir_ / "b");
   }
@@ -310,8 +327,7 @@ TEST_F(SimProfileFiles, FoundByNameThroughTheSearchPath) {
   write("b/unit-test.json", kValidProfile);
   // Empty and missing directories are skipped; the search goes on.
   ScopedEnv env("TPUHAL_PROFILE_PATH",
-                "::" + (dir_ / "missing").string() + ":" + (dir_ / "a").string() + ":" +
-                    (dir_ / "b").string());
+                "::" + (dir_ / "missing").string() + ":" + (dir_ / "a").string() + ":" + (dir_ / "b").string());
   const BoardProfile p = load_profile("unit-test");
   EXPECT_EQ(p.name, "unit-test");
   EXPECT_EQ(p.dram_bytes, 32 * kMiB);

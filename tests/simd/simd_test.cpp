@@ -119,8 +119,8 @@ struct Daemon {
   std::string socket;
   std::unique_ptr<Process> process;
 
-  explicit Daemon(std::vector<std::string> args = {"--board", "tiny", "--vfs", "2"},
-                  std::vector<std::string> env = {}, std::vector<std::string> program = {TPUHAL_SIMD_BIN}) {
+  explicit Daemon(std::vector<std::string> args = {"--board", "tiny", "--vfs", "2"}, std::vector<std::string> env = {},
+                  std::vector<std::string> program = {TPUHAL_SIMD_BIN}) {
     char tmpl[] = "/tmp/tpuhal-simd-test-XXXXXX";
     dir = ::mkdtemp(tmpl);
     socket = (dir / "simd.sock").string();
@@ -545,7 +545,8 @@ namespace {
 // every mapping of it is an mmap of that size in the daemon.
 base::UniqueFd sparse_memfd(std::uint64_t bytes) {
   base::UniqueFd fd(::memfd_create("sparse", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 || ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0)
+  if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 ||
+      ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0)
     throw std::runtime_error("memfd");
   return fd;
 }
@@ -564,8 +565,8 @@ void another_process_copies(const Daemon& d) {
 // start its register thread, which terminated the daemon. The mapped bytes
 // of a client are now bounded (by the host's memory unless set).
 TEST(Simd, AClientThatMapsWithoutEndIsRefusedByItsQuotaAndOthersGoOn) {
-  Daemon d({"--board", "tiny", "--vfs", "3", "--max-mapped-bytes-per-client", "1073741824",
-            "--max-mappings-per-client", "8"});
+  Daemon d({"--board", "tiny", "--vfs", "3", "--max-mapped-bytes-per-client", "1073741824", "--max-mappings-per-client",
+            "8"});
   RawClient attacker(d.socket);
   ASSERT_EQ(simd::send_struct(attacker.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{0, 0}), 0);
   ASSERT_EQ(attacker.reply().header.type, simd::MsgType::kAttached);
@@ -573,12 +574,14 @@ TEST(Simd, AClientThatMapsWithoutEndIsRefusedByItsQuotaAndOthersGoOn) {
   int fd = huge.get();
   std::string refusal;
   for (int i = 0; i < 200 && refusal.empty(); ++i) {
-    simd::MapDmaRequest req{fw::kHostWindowBase + (std::uint64_t(i) << 40), 0, 1ull << 40, simd::kRead | simd::kWrite, 0};
+    simd::MapDmaRequest req{fw::kHostWindowBase + (std::uint64_t(i) << 40), 0, 1ull << 40, simd::kRead | simd::kWrite,
+                            0};
     ASSERT_EQ(simd::send_struct(attacker.sock.get(), simd::MsgType::kMapDma, req, {&fd, 1}), 0);
     const simd::Message m = attacker.reply();
     if (m.header.type == simd::MsgType::kError) refusal = simd::get_field(m.as<simd::ErrorReply>()->message);
   }
-  EXPECT_THAT(refusal, HasSubstr("quota mapped-bytes-per-client is 1 GiB and this client maps 0 B already, asking for 1 TiB"));
+  EXPECT_THAT(refusal,
+              HasSubstr("quota mapped-bytes-per-client is 1 GiB and this client maps 0 B already, asking for 1 TiB"));
   EXPECT_THAT(refusal, HasSubstr("--max-mapped-bytes-per-client"));
   // Mappings by number too.
   const base::UniqueFd small = sparse_memfd(1 << 20);
@@ -612,8 +615,10 @@ TEST(Simd, OneProcessCannotHoldEveryConnection) {
     auto c = std::make_unique<RawClient>(d.socket);
     (void)simd::send_message(c->sock.get(), simd::MsgType::kList, {});  // refused already: its answer waits
     const simd::Message m = c->reply();
-    if (m.header.type == simd::MsgType::kError) refusal = simd::get_field(m.as<simd::ErrorReply>()->message);
-    else hoard.push_back(std::move(c));
+    if (m.header.type == simd::MsgType::kError)
+      refusal = simd::get_field(m.as<simd::ErrorReply>()->message);
+    else
+      hoard.push_back(std::move(c));
   }
   EXPECT_EQ(hoard.size(), 16u);
   EXPECT_THAT(refusal, HasSubstr("quota connections-per-process is 16 and process " + std::to_string(::getpid()) +
@@ -643,8 +648,8 @@ TEST(Simd, AFloodingProcessIsHeldToItsRequestRate) {
   // Over its rate: a new connection of this process is refused, naming the quota.
   RawClient late(d.socket);
   (void)simd::send_message(late.sock.get(), simd::MsgType::kList, {});
-  EXPECT_THAT(late.error_reply(), HasSubstr("quota requests-per-second is 100 and process " +
-                                            std::to_string(::getpid())));
+  EXPECT_THAT(late.error_reply(),
+              HasSubstr("quota requests-per-second is 100 and process " + std::to_string(::getpid())));
   // Another process opens a board and copies meanwhile.
   another_process_copies(d);
   stop.store(true);
@@ -687,7 +692,8 @@ TEST(Simd, WhenNoThreadCanStartOnlyThatRequestFails) {
   ASSERT_EQ(a.reply().header.type, simd::MsgType::kBoards);
   RawClient b(d.socket);  // b's thread: 2 of 2
   ASSERT_EQ(simd::send_struct(b.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{0, 0}), 0);
-  EXPECT_THAT(b.error_reply(), HasSubstr("cannot start the register thread of VF 0 of board 0: the daemon's 2 threads"));
+  EXPECT_THAT(b.error_reply(),
+              HasSubstr("cannot start the register thread of VF 0 of board 0: the daemon's 2 threads"));
   RawClient c(d.socket);  // no thread for c
   EXPECT_THAT(c.error_reply(), HasSubstr("cannot start a thread for the connection"));
   // The daemon goes on: once b leaves, a attaches.
@@ -715,8 +721,10 @@ TEST(Simd, OutOfDescriptorsAConnectionIsToldWhyAndTheDaemonGoesOn) {
     (void)simd::send_message(c->sock.get(), simd::MsgType::kList, {});  // refused already: its answer waits
     simd::Message m;
     ASSERT_EQ(c->answer(m), 0) << "connection " << i << " got no answer";
-    if (m.header.type == simd::MsgType::kError) refusal = simd::get_field(m.as<simd::ErrorReply>()->message);
-    else many.push_back(std::move(c));
+    if (m.header.type == simd::MsgType::kError)
+      refusal = simd::get_field(m.as<simd::ErrorReply>()->message);
+    else
+      many.push_back(std::move(c));
   }
   EXPECT_THAT(refusal, HasSubstr("out of file descriptors"));
   EXPECT_GT(many.size(), 10u);

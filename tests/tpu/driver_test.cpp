@@ -40,8 +40,7 @@ driver::Timeline settle(driver::QueueBackend& q, std::uint64_t value) {
   }
 }
 
-fw::CommandDescriptor desc(fw::Opcode op, std::uint64_t a0 = 0, std::uint64_t a1 = 0,
-                           std::uint64_t a2 = 0) {
+fw::CommandDescriptor desc(fw::Opcode op, std::uint64_t a0 = 0, std::uint64_t a1 = 0, std::uint64_t a2 = 0) {
   fw::CommandDescriptor d{};
   d.opcode = static_cast<std::uint16_t>(op);
   d.args[0] = a0;
@@ -59,8 +58,8 @@ TEST(TpuDriver, AnUnmappedDmaAddressFailsTheQueueNamingCommandAndAddress) {
   auto q = rig.dev->create_queue(Engine::Compute, {});
   auto dst = rig.dev->allocate(4096, Memory::Device, {});
   const std::uint64_t bogus = fw::kHostWindowBase + (1ull << 40);
-  const std::uint64_t v = submit(*q, {desc(fw::Opcode::kNop),
-                                      desc(fw::Opcode::kCopy, bogus, dst->device_address(), 4096)});
+  const std::uint64_t v =
+      submit(*q, {desc(fw::Opcode::kNop), desc(fw::Opcode::kCopy, bogus, dst->device_address(), 4096)});
   auto t = settle(*q, v);
   ASSERT_TRUE(t.failed);
   EXPECT_EQ(t.completed, 0u);
@@ -128,8 +127,9 @@ TEST(TpuDriver, AFailedQueueRefusesWorkAndOtherQueuesCarryOn) {
   EXPECT_EQ(e.status(), Status::DeviceFault);
   EXPECT_THAT(e.what(), HasSubstr("unknown opcode 0x99"));
 
-  const std::uint64_t v = submit(*good, {desc(fw::Opcode::kCopy, host->device_address(), dram->device_address(), 4096),
-                                         desc(fw::Opcode::kCopy, dram->device_address(), host->device_address() + 4096, 4096)});
+  const std::uint64_t v =
+      submit(*good, {desc(fw::Opcode::kCopy, host->device_address(), dram->device_address(), 4096),
+                     desc(fw::Opcode::kCopy, dram->device_address(), host->device_address() + 4096, 4096)});
   auto t = settle(*good, v);
   ASSERT_FALSE(t.failed);
   EXPECT_EQ(std::memcmp(host->map().data(), host->map().data() + 4096, 4096), 0);
@@ -157,9 +157,8 @@ TEST(TpuDriver, AQueueWaitingOnAFailedTimelineFailsWithDependencyFailed) {
   Rig rig;
   auto a = rig.dev->create_queue(Engine::Compute, {});
   auto b = rig.dev->create_queue(Engine::Compute, {});
-  const std::uint64_t wait_b = submit(
-      *b, {desc(fw::Opcode::kWaitValue, tpu::timeline_address(*a), 1,
-                static_cast<std::uint64_t>(fw::WaitMode::kTimeline))});
+  const std::uint64_t wait_b = submit(*b, {desc(fw::Opcode::kWaitValue, tpu::timeline_address(*a), 1,
+                                                static_cast<std::uint64_t>(fw::WaitMode::kTimeline))});
   ASSERT_TRUE(settle(*a, submit(*a, {desc(static_cast<fw::Opcode>(0x77))})).failed);
   ASSERT_TRUE(settle(*b, wait_b).failed);
   EXPECT_THAT(b->failure().what(), HasSubstr("dependency failed"));

@@ -44,8 +44,8 @@ namespace tpuhal {
 namespace {
 
 using namespace std::chrono_literals;
-using ::testing::HasSubstr;
 using test::error_of;
+using ::testing::HasSubstr;
 
 constexpr std::uint64_t kIova = fw::kHostWindowBase + (1ull << 20);
 
@@ -287,11 +287,9 @@ TEST_P(UsbTransportCut, MessagesCutAnywhereAreAppliedWholeAndInOrder) {
 
 // 1 and 7 bytes cut every header; 40 is exactly one header; 4096 cuts a
 // large payload; unbounded takes what the socket has (several messages).
-INSTANTIATE_TEST_SUITE_P(Reads, UsbTransportCut, ::testing::Values(1, 7, 40, 4096, SIZE_MAX),
-                         [](const auto& p) {
-                           return p.param == SIZE_MAX ? std::string("unbounded")
-                                                      : "at_most_" + std::to_string(p.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(Reads, UsbTransportCut, ::testing::Values(1, 7, 40, 4096, SIZE_MAX), [](const auto& p) {
+  return p.param == SIZE_MAX ? std::string("unbounded") : "at_most_" + std::to_string(p.param);
+});
 
 TEST(UsbTransport, AnInterruptWaitsForTheMessagesBeforeIt) {
   ScriptedBoard board;
@@ -550,6 +548,27 @@ TEST(UsbFunction, AQueueResetEndsACopyWaitingForHostMemoryAndItsLateAnswerIsDrop
 }
 
 // ---- Boards named in TPUHAL_USB_IDS --------------------------------------------------------------
+
+TEST(UsbIds, KnownBoardsAreTheBoardProfilesWithUsbIdsThenTheSimulatedGadget) {
+  // Generated from the profiles (cmake/TpuhalBoards.cmake), in the order
+  // builtin_profile_names() gives; the gadget presents any profile.
+  const auto boards = tpu::known_usb_boards();
+  std::vector<std::string> want;
+  for (const std::string& name : sim::builtin_profile_names()) {
+    const sim::BoardProfile prof = sim::load_profile(name);
+    if (prof.usb_vendor == 0 && prof.usb_product == 0) continue;
+    want.push_back(name);
+    const auto it = std::find_if(boards.begin(), boards.end(), [&](auto& b) { return b.name == name; });
+    ASSERT_NE(it, boards.end()) << name;
+    EXPECT_EQ(it->vendor, prof.usb_vendor);
+    EXPECT_EQ(it->product, prof.usb_product);
+    EXPECT_EQ(it->loader_product, prof.usb_loader_product);
+  }
+  ASSERT_EQ(boards.size(), want.size() + 1);
+  EXPECT_EQ(boards.back().vendor, fw::kUsbSimVendor);
+  EXPECT_EQ(boards.back().product, fw::kUsbSimProduct);
+  EXPECT_EQ(boards.back().loader_product, fw::kUsbSimLoaderProduct);
+}
 
 TEST(UsbIds, BoardsUnderBringUpAreAddedWithTheirLoaderAndAMalformedEntryIsNamed) {
   ::setenv("TPUHAL_USB_IDS", "abcd:00aa/00ab,,1234:0001", 1);

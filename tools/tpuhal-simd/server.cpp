@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "tpuhal/base/hex.h"
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/mapping.h"
 #include "tpuhal/base/units.h"
@@ -87,12 +88,6 @@ std::string over_bytes_quota(const char* name, const char* option, std::uint64_t
          option + ")";
 }
 
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%#llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 // Drains one client's register channel into its VF's board: posted writes
 // in order, reads answered in order behind them.
 void drain(Channel& ch, sim::Board& board, const std::atomic<bool>& stop, std::uint64_t spin_ns,
@@ -136,8 +131,10 @@ void drain(Channel& ch, sim::Board& board, const std::atomic<bool>& stop, std::u
     if (base::monotonic_ns() - idle_since < spin_ns) {
       // Poll. With few cores, give the core to any other runnable thread
       // on each turn: the VF's command processor may need it more.
-      if (sleep_after_write) ::sched_yield();
-      else base::cpu_relax();
+      if (sleep_after_write)
+        ::sched_yield();
+      else
+        base::cpu_relax();
       continue;
     }
     // Sleep; the client kicks the futex when it sees daemon_sleeping.
@@ -208,7 +205,8 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {
   if (q.mapped_bytes_per_client == 0) q.mapped_bytes_per_client = physical_memory();
   if (q.mapped_bytes_per_user == 0) q.mapped_bytes_per_user = physical_memory();
   max_mappings_ = mapping_budget();
-  if (options_.mode & ~0777u) throw std::runtime_error("--mode " + hex(options_.mode) + " is not a permission mode (0600, 0660, ...)");
+  if (options_.mode & ~0777u)
+    throw std::runtime_error("--mode " + hex(options_.mode) + " is not a permission mode (0600, 0660, ...)");
   if (!(options_.mode & 0600) || (options_.mode & 0600) != 0600)
     throw std::runtime_error("--mode must let the daemon's owner read and write the socket (0600 at least)");
   gid_t gid = static_cast<gid_t>(-1);
@@ -354,8 +352,9 @@ void Server::reap_finished() {
 std::thread Server::start_thread(std::function<void()> fn) {
   const std::uint32_t most = options_.quotas.threads;
   if (most && threads_.load() >= most)
-    throw std::system_error(EAGAIN, std::generic_category(),
-                            "the daemon's " + std::to_string(most) + " threads (tpuhal-simd --max-threads) are all in use");
+    throw std::system_error(
+        EAGAIN, std::generic_category(),
+        "the daemon's " + std::to_string(most) + " threads (tpuhal-simd --max-threads) are all in use");
   threads_.fetch_add(1);
   try {
     return std::thread([this, fn = std::move(fn)] {
@@ -655,19 +654,21 @@ void Server::attach(Client& client, const Message& m) {
   const auto* req = m.as<AttachRequest>();
   if (!req) {
     protocol_errors_.fetch_add(1);
-    send_error(sock, kInvalidArgument, "attach: a body of " + std::to_string(m.body.size()) + " bytes, " +
-                                           std::to_string(sizeof(AttachRequest)) + " expected");
+    send_error(sock, kInvalidArgument,
+               "attach: a body of " + std::to_string(m.body.size()) + " bytes, " +
+                   std::to_string(sizeof(AttachRequest)) + " expected");
     return;
   }
   if (client.board) {
-    send_error(sock, kFailedPrecondition, "attach: this connection already holds VF " + std::to_string(client.vf) +
-                                              " of board " + std::to_string(client.board_index));
+    send_error(sock, kFailedPrecondition,
+               "attach: this connection already holds VF " + std::to_string(client.vf) + " of board " +
+                   std::to_string(client.board_index));
     return;
   }
   if (req->board >= boards_.size()) {
-    send_error(sock, kNotFound, "no board " + std::to_string(req->board) + ": this daemon serves " +
-                                    std::to_string(boards_.size()) + " (#0.." + std::to_string(boards_.size() - 1) +
-                                    ")");
+    send_error(sock, kNotFound,
+               "no board " + std::to_string(req->board) + ": this daemon serves " + std::to_string(boards_.size()) +
+                   " (#0.." + std::to_string(boards_.size() - 1) + ")");
     return;
   }
   BoardSlot& slot = *boards_[req->board];
@@ -682,8 +683,8 @@ void Server::attach(Client& client, const Message& m) {
       refusal = over_quota("vfs-per-process", "max-vfs-per-process", quota.vfs_per_process,
                            "process " + std::to_string(client.pid), "holds " + std::to_string(process.vfs));
     else if (quota.vfs_per_user && user.vfs >= quota.vfs_per_user)
-      refusal = over_quota("vfs-per-user", "max-vfs-per-user", quota.vfs_per_user,
-                           "uid " + std::to_string(client.uid), "holds " + std::to_string(user.vfs));
+      refusal = over_quota("vfs-per-user", "max-vfs-per-user", quota.vfs_per_user, "uid " + std::to_string(client.uid),
+                           "holds " + std::to_string(user.vfs));
     if (!refusal.empty()) {
       lock.unlock();
       send_error(sock, kResourceExhausted, "attach: " + refusal);
@@ -733,8 +734,8 @@ void Server::attach(Client& client, const Message& m) {
       options.doorbells.push_back({&shared->doorbell[q].tail, &shared->doorbell[q].sleeping});
     board = std::make_unique<sim::Board>(slot.vf, std::move(options));
   } catch (const std::exception& e) {
-    send_error(sock, kOutOfMemory, "cannot create VF " + std::to_string(vf) + " of board " +
-                                       std::to_string(req->board) + ": " + e.what());
+    send_error(sock, kOutOfMemory,
+               "cannot create VF " + std::to_string(vf) + " of board " + std::to_string(req->board) + ": " + e.what());
     return;
   }
   AttachedReply r;
@@ -772,8 +773,9 @@ void Server::attach(Client& client, const Message& m) {
     });
   } catch (const std::system_error& e) {
     board.reset();
-    send_error(sock, kResourceExhausted, "cannot start the register thread of VF " + std::to_string(vf) +
-                                             " of board " + std::to_string(req->board) + ": " + e.what());
+    send_error(sock, kResourceExhausted,
+               "cannot start the register thread of VF " + std::to_string(vf) + " of board " +
+                   std::to_string(req->board) + ": " + e.what());
     base::logger("simd")->warn("client pid {}: attach failed: {}", client.pid, e.what());
     return;
   }
@@ -784,7 +786,7 @@ void Server::attach(Client& client, const Message& m) {
     client.board = std::move(board);
     client.channel = std::move(channel);
   }
-  release_vf.armed = false;  // the client holds it: detach() gives it back
+  release_vf.armed = false;                                        // the client holds it: detach() gives it back
   if (send_struct(sock, MsgType::kAttached, r, fds) != 0) return;  // gone: serve() ends and detaches
   base::logger("simd")->info("client pid {} attached to VF {} of board {} ({})", client.pid, vf, req->board,
                              slot.profile.name);
@@ -850,8 +852,8 @@ void Server::map_dma(Client& client, Message& m) {
   }
   void* host = ::mmap(nullptr, req->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(req->offset));
   if (host == MAP_FAILED) return bad(kOutOfMemory, "cannot map the memory: " + errno_text(errno));
-  const std::uint32_t access = ((req->access & kRead) ? sim::kIommuRead : 0u) |
-                               ((req->access & kWrite) ? sim::kIommuWrite : 0u);
+  const std::uint32_t access =
+      ((req->access & kRead) ? sim::kIommuRead : 0u) | ((req->access & kWrite) ? sim::kIommuWrite : 0u);
   if (auto why = client.board->iommu().map(req->iova, host, req->size, access); !why.empty()) {
     ::munmap(host, req->size);
     return bad(kInvalidArgument, why);

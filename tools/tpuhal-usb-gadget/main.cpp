@@ -43,6 +43,7 @@
 #include <thread>
 
 #include "tpuhal/base/fd.h"
+#include "tpuhal/base/hex.h"
 #include "tpuhal/fw/usb.h"
 #include "tpuhal/sim/profile.h"
 #include "tpuhal/sim/usb_function.h"
@@ -70,12 +71,6 @@ void write_file(const fs::path& p, const std::string& text) {
   f << text;
   f.close();
   if (!f) throw std::runtime_error("cannot write '" + text + "' to " + p.string() + ": " + std::strerror(errno));
-}
-
-std::string hex4(unsigned v) {
-  char b[8];
-  std::snprintf(b, sizeof b, "0x%04x", v);
-  return b;
 }
 
 // The function's descriptors: one interface, bulk OUT, bulk IN and
@@ -125,7 +120,8 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
  public:
   FfsEndpoints(int out, int in, int irq) : out_(out), in_(in), irq_(irq) {
     for (aio_context_t* ctx : {&out_ctx_, &in_ctx_})
-      if (::syscall(SYS_io_setup, kDepth, ctx) != 0) throw std::system_error(errno, std::generic_category(), "io_setup");
+      if (::syscall(SYS_io_setup, kDepth, ctx) != 0)
+        throw std::system_error(errno, std::generic_category(), "io_setup");
     for (Slot& s : reads_) s.buf.resize(kRequestBytes);
   }
   ~FfsEndpoints() override {
@@ -260,9 +256,8 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
   bool reap(aio_context_t ctx, std::array<Slot, N>& slots, Slot& want) {
     while (!want.done) {
       io_event ev[N];
-      const ssize_t got = io([&] {
-        return static_cast<ssize_t>(::syscall(SYS_io_getevents, ctx, 1, static_cast<long>(N), ev, nullptr));
-      });
+      const ssize_t got = io(
+          [&] { return static_cast<ssize_t>(::syscall(SYS_io_getevents, ctx, 1, static_cast<long>(N), ev, nullptr)); });
       if (got <= 0) return false;
       for (ssize_t i = 0; i < got; ++i) {
         Slot& s = slots[ev[i].data];
@@ -333,8 +328,8 @@ class Gadget {
       if (o_.udc.empty()) throw std::runtime_error("no USB device controller in /sys/class/udc (load dummy_hcd?)");
     }
     fs::create_directories(dir_);
-    write_file(dir_ / "idVendor", hex4(tpuhal::fw::kUsbSimVendor));
-    write_file(dir_ / "idProduct", hex4(product()));
+    write_file(dir_ / "idVendor", tpuhal::hex(tpuhal::fw::kUsbSimVendor, 4));
+    write_file(dir_ / "idProduct", tpuhal::hex(product(), 4));
     write_file(dir_ / "bcdUSB", "0x0200");
     write_file(dir_ / "bcdDevice", "0x0100");
     fs::create_directories(dir_ / "strings/0x409");
@@ -346,7 +341,8 @@ class Gadget {
     write_file(dir_ / "configs/c.1/strings/0x409/configuration", "tpuhal");
     write_file(dir_ / "configs/c.1/MaxPower", "100");
     const fs::path link = dir_ / "configs/c.1" / ("ffs." + o_.name);
-    if (!fs::exists(fs::symlink_status(link))) fs::create_directory_symlink(dir_ / "functions" / ("ffs." + o_.name), link);
+    if (!fs::exists(fs::symlink_status(link)))
+      fs::create_directory_symlink(dir_ / "functions" / ("ffs." + o_.name), link);
     fs::create_directories(o_.ffs);
     if (::mount(o_.name.c_str(), o_.ffs.c_str(), "functionfs", 0, nullptr) != 0 && errno != EBUSY)
       throw std::system_error(errno, std::generic_category(), "mount functionfs on " + o_.ffs);
@@ -421,18 +417,11 @@ class Gadget {
 
   void handle(const usb_functionfs_event& e) {
     switch (e.type) {
-      case FUNCTIONFS_ENABLE:
-        start_session();
-        break;
+      case FUNCTIONFS_ENABLE: start_session(); break;
       case FUNCTIONFS_DISABLE:
-      case FUNCTIONFS_UNBIND:
-        end_session();
-        break;
-      case FUNCTIONFS_SETUP:
-        setup(e.u.setup);
-        break;
-      default:
-        break;
+      case FUNCTIONFS_UNBIND: end_session(); break;
+      case FUNCTIONFS_SETUP: setup(e.u.setup); break;
+      default: break;
     }
   }
 
@@ -465,7 +454,7 @@ class Gadget {
     write_file(dir_ / "UDC", "\n");
     end_session();
     loader_ = false;
-    write_file(dir_ / "idProduct", hex4(product()));
+    write_file(dir_ / "idProduct", tpuhal::hex(product(), 4));
     bind();
     std::printf("tpuhal-usb-gadget: firmware accepted; re-enumerated as %04x:%04x\n", tpuhal::fw::kUsbSimVendor,
                 product());
@@ -520,10 +509,13 @@ int main(int argc, char** argv) {
       "board", po::value<std::string>(&o.board)->default_value("tiny"),
       "the board to present: a built-in profile (bm1684x, tiny, edge-soc) or a profile .json")(
       "loader", po::bool_switch(&o.loader), "start without firmware: enumerate as the loader and wait for an upload")(
-      "udc", po::value<std::string>(&o.udc), "the USB device controller to bind to (default: the first in /sys/class/udc)")(
-      "configfs", po::value<std::string>(&o.configfs)->default_value("/sys/kernel/config"), "where configfs is mounted")(
-      "ffs", po::value<std::string>(&o.ffs)->default_value("/dev/ffs-tpuhal"), "where to mount the function's FunctionFS")(
-      "name", po::value<std::string>(&o.name)->default_value("tpuhal"), "the gadget's and the function's name in configfs");
+      "udc", po::value<std::string>(&o.udc),
+      "the USB device controller to bind to (default: the first in /sys/class/udc)")(
+      "configfs", po::value<std::string>(&o.configfs)->default_value("/sys/kernel/config"),
+      "where configfs is mounted")("ffs", po::value<std::string>(&o.ffs)->default_value("/dev/ffs-tpuhal"),
+                                   "where to mount the function's FunctionFS")(
+      "name", po::value<std::string>(&o.name)->default_value("tpuhal"),
+      "the gadget's and the function's name in configfs");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);

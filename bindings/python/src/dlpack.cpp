@@ -20,17 +20,13 @@
 #include "arrays.hpp"
 #include "dlpack.h"
 
+#include "tpuhal/base/hex.h"
+
 namespace tpuhal::python {
 namespace {
 
 constexpr const char* kCapsuleName = "dltensor";
 constexpr const char* kUsedCapsuleName = "used_dltensor";
-
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
-  return buf;
-}
 
 // DLPack's device for memory of kind `memory` on a device of driver `driver`
 // opened as `uri`, or nullopt where no DLPack device can reach it.
@@ -60,8 +56,8 @@ DLDevice device_of(const PyBuffer& b, const char* use) {
   if (auto d = dlpack_device(p.driver, p.uri, buf.memory(), p.caps.map_device_memory)) return *d;
   fail(Status::Unsupported,
        std::string(use) + ": the " + b.describe() +
-           " is not host-visible (caps.map_device_memory is false) and DLPack has no device type for " +
-           p.driver + " device memory; allocate it with memory='device_host_visible' or 'host_pinned' to "
+           " is not host-visible (caps.map_device_memory is false) and DLPack has no device type for " + p.driver +
+           " device memory; allocate it with memory='device_host_visible' or 'host_pinned' to "
            "share it without a copy, or copy it out with Buffer.download()");
 }
 
@@ -99,20 +95,21 @@ void capsule_destructor(PyObject* capsule) {
   PyObject *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);
   auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kCapsuleName));
-  if (!m) PyErr_WriteUnraisable(capsule);
-  else if (m->deleter) m->deleter(m);
+  if (!m)
+    PyErr_WriteUnraisable(capsule);
+  else if (m->deleter)
+    m->deleter(m);
   PyErr_Restore(type, value, traceback);
 }
 
 py::object to_dlpack(const BufferRef& self, const py::object& stream) {
   const char* use = "__dlpack__";
   if (!stream.is_none())
-    fail(Status::InvalidArgument, std::string(use) + ": stream must be None for host memory (kDLCPU), got " +
-                                      std::string(py::repr(stream)));
+    fail(Status::InvalidArgument,
+         std::string(use) + ": stream must be None for host memory (kDLCPU), got " + std::string(py::repr(stream)));
   const DLDevice device = device_of(*self, use);
   const std::span<std::byte> bytes = self->buffer.map();
-  Layout l = self->layout ? *self->layout
-                          : Layout{"|u1", 'u', 1, {static_cast<std::int64_t>(self->buffer.size())}};
+  Layout l = self->layout ? *self->layout : Layout{"|u1", 'u', 1, {static_cast<std::int64_t>(self->buffer.size())}};
   auto ex = std::make_unique<Export>();
   ex->shape = l.shape;
   ex->view = std::make_unique<HostView>(self);
@@ -160,7 +157,8 @@ Layout layout_of_tensor(const DLTensor& t) {
   const bool sized = d.bits == 8 || d.bits == 16 || d.bits == 32 || d.bits == 64 || (kind == 'c' && d.bits == 128);
   if (!kind || !sized || (kind == 'b' && d.bits != 8) || (kind == 'f' && d.bits == 8) || (kind == 'c' && d.bits < 64))
     fail(Status::Unsupported, "from_dlpack: DLPack dtype code " + std::to_string(d.code) + " with " +
-                                  std::to_string(d.bits) + " bits has no NumPy equivalent (tpuhal takes bool, "
+                                  std::to_string(d.bits) +
+                                  " bits has no NumPy equivalent (tpuhal takes bool, "
                                   "integers, float16/32/64 and complex64/128)");
   Layout l;
   l.kind = kind;
@@ -170,7 +168,8 @@ Layout layout_of_tensor(const DLTensor& t) {
   if (t.ndim < 0) fail(Status::InvalidArgument, "from_dlpack: ndim is " + std::to_string(t.ndim));
   l.shape.assign(t.shape, t.shape + t.ndim);
   for (auto s : l.shape)
-    if (s < 0) fail(Status::InvalidArgument, "from_dlpack: shape " + shape_string(l.shape) + " has a negative dimension");
+    if (s < 0)
+      fail(Status::InvalidArgument, "from_dlpack: shape " + shape_string(l.shape) + " has a negative dimension");
   // Strides (in elements) must describe compact row-major memory; dimensions
   // of extent 1 may carry any stride.
   if (t.strides) {
@@ -259,8 +258,7 @@ std::shared_ptr<PyBuffer> from_dlpack(const py::object& obj, const py::object& d
                                     "allow a copy (copy=None)");
     fail(Status::InvalidArgument, "from_dlpack(copy=False): the tensor's memory at " +
                                       hex(reinterpret_cast<std::uintptr_t>(data)) + " (" + std::to_string(n) +
-                                      " bytes) is not whole pages (" + std::to_string(page) +
-                                      " bytes): " + dev.uri() +
+                                      " bytes) is not whole pages (" + std::to_string(page) + " bytes): " + dev.uri() +
                                       " imports only page-aligned address and size; allow a copy "
                                       "(copy=None) or allocate the array page-aligned");
   }

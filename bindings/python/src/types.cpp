@@ -12,6 +12,8 @@
 
 #include "common.hpp"
 
+#include "tpuhal/base/hex.h"
+
 namespace tpuhal::python {
 namespace {
 
@@ -20,15 +22,16 @@ namespace {
 template <class E, std::size_t N>
 struct StrEnum {
   const char* python_name;
-  const char* what;  // "memory kind", for messages
+  const char* what;                                            // "memory kind", for messages
   std::array<std::pair<const char*, const char*>, N> members;  // {C++ name, value}
-  std::array<PyObject*, N> objects{};  // references kept for the life of the process
+  std::array<PyObject*, N> objects{};                          // references kept for the life of the process
 
   void bind(py::module_& m, const char* doc) {
     py::list items;
     for (auto& [name, value] : members) items.append(py::make_tuple(name, value));
-    py::object cls = py::module_::import("enum").attr("Enum")(
-        python_name, items, py::arg("module") = "tpuhal", py::arg("type") = py::module_::import("builtins").attr("str"));
+    py::object cls =
+        py::module_::import("enum").attr("Enum")(python_name, items, py::arg("module") = "tpuhal",
+                                                 py::arg("type") = py::module_::import("builtins").attr("str"));
     cls.attr("__doc__") = doc;
     cls.attr("__str__") = py::module_::import("builtins").attr("str").attr("__str__");
     m.attr(python_name) = cls;
@@ -62,27 +65,21 @@ struct StrEnum {
   }
 };
 
-StrEnum<Memory, 3> g_memory{"Memory", "memory kind",
-                            {{{"Device", "device"},
-                              {"DeviceHostVisible", "device_host_visible"},
-                              {"HostPinned", "host_pinned"}}}};
+StrEnum<Memory, 3> g_memory{
+    "Memory",
+    "memory kind",
+    {{{"Device", "device"}, {"DeviceHostVisible", "device_host_visible"}, {"HostPinned", "host_pinned"}}}};
 StrEnum<Engine, 3> g_engine{"Engine", "engine", {{{"Compute", "compute"}, {"Copy", "copy"}, {"Video", "video"}}}};
 StrEnum<WaitPolicy::Mode, 3> g_wait_mode{
     "WaitMode", "wait mode", {{{"Hybrid", "hybrid"}, {"Spin", "spin"}, {"Block", "block"}}}};
 
 StrEnum<DType, 6> g_dtype{
-    "DType", "dtype",
-    {{{"F32", "f32"}, {"F16", "f16"}, {"BF16", "bf16"}, {"I8", "i8"}, {"U8", "u8"}, {"I32", "i32"}}}};
+    "DType", "dtype", {{{"F32", "f32"}, {"F16", "f16"}, {"BF16", "bf16"}, {"I8", "i8"}, {"U8", "u8"}, {"I32", "i32"}}}};
 
 StrEnum<Codec, 3> g_codec{"Codec", "codec", {{{"H264", "h264"}, {"H265", "h265"}, {"Jpeg", "jpeg"}}}};
 StrEnum<PixelFormat, 2> g_pixel_format{"PixelFormat", "pixel format", {{{"NV12", "nv12"}, {"I420", "i420"}}}};
 
 std::string quoted(const std::string& s) { return py::repr(py::str(s)); }
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
-  return buf;
-}
 std::string boolean(bool b) { return b ? "True" : "False"; }
 
 double seconds(std::chrono::nanoseconds d) { return static_cast<double>(d.count()) * 1e-9; }
@@ -187,8 +184,8 @@ void bind_types(py::module_& m) {
 
   py::class_<HeapInfo>(m, "HeapInfo", "A heap of device memory (Properties.heaps).")
       .def_readonly("name", &HeapInfo::name, "Heap name, e.g. 'npu'; pass it as Device.alloc(heap=...).")
-      .def_property_readonly("memory", [](const HeapInfo& h) { return from_memory(h.memory); },
-                             "The tpuhal.Memory kind it serves.")
+      .def_property_readonly(
+          "memory", [](const HeapInfo& h) { return from_memory(h.memory); }, "The tpuhal.Memory kind it serves.")
       .def_readonly("base", &HeapInfo::base, "Device address of its first byte.")
       .def_readonly("size", &HeapInfo::size, "Size in bytes.")
       .def_readonly("is_default", &HeapInfo::is_default, "Used by alloc(n, 'device') without a heap name.")
@@ -198,12 +195,11 @@ void bind_types(py::module_& m) {
       });
 
   py::class_<EngineInfo>(m, "EngineInfo", "An engine and its hardware queue count (Properties.engines).")
-      .def_property_readonly("engine", [](const EngineInfo& e) { return from_engine(e.engine); },
-                             "The tpuhal.Engine.")
+      .def_property_readonly(
+          "engine", [](const EngineInfo& e) { return from_engine(e.engine); }, "The tpuhal.Engine.")
       .def_readonly("queues", &EngineInfo::queues, "Hardware queues of this engine.")
       .def("__repr__", [](const EngineInfo& e) {
-        return "EngineInfo(engine='" + std::string(to_string(e.engine)) + "', queues=" + std::to_string(e.queues) +
-               ")";
+        return "EngineInfo(engine='" + std::string(to_string(e.engine)) + "', queues=" + std::to_string(e.queues) + ")";
       });
 
   py::class_<Capabilities>(m, "Capabilities",
@@ -248,8 +244,7 @@ void bind_types(py::module_& m) {
       .def_readonly("pci_vendor", &Properties::pci_vendor)
       .def_readonly("pci_device", &Properties::pci_device)
       .def_readonly("memory_bytes", &Properties::memory_bytes, "Device memory in total.")
-      .def_readonly("host_visible_bytes", &Properties::host_visible_bytes,
-                    "Of it, inside the host-visible window.")
+      .def_readonly("host_visible_bytes", &Properties::host_visible_bytes, "Of it, inside the host-visible window.")
       .def_readonly("min_alignment", &Properties::min_alignment, "Alignment of every device allocation.")
       .def_readonly("heaps", &Properties::heaps, "list[HeapInfo]")
       .def_readonly("engines", &Properties::engines, "list[EngineInfo]")
@@ -303,8 +298,8 @@ void bind_types(py::module_& m) {
       .def("__repr__", [](const HeapStats& h) {
         return "HeapStats(name=" + quoted(h.name) + ", total=" + std::to_string(h.total) +
                ", used=" + std::to_string(h.used) + ", free=" + std::to_string(h.free) +
-               ", largest_free=" + std::to_string(h.largest_free) +
-               ", allocations=" + std::to_string(h.allocations) + ")";
+               ", largest_free=" + std::to_string(h.largest_free) + ", allocations=" + std::to_string(h.allocations) +
+               ")";
       });
 
   py::class_<MemoryStats>(m, "MemoryStats", "Memory use of a device (Device.memory_stats()).")
@@ -316,8 +311,9 @@ void bind_types(py::module_& m) {
       .def_readonly("imported_bytes", &MemoryStats::imported_bytes,
                     "Caller memory mapped with import_host() or from_dlpack().")
       .def("__repr__", [](const MemoryStats& s) {
-        return "MemoryStats(device_used=" + std::to_string(s.device_used) + ", device_total=" +
-               std::to_string(s.device_total) + ", host_pinned_bytes=" + std::to_string(s.host_pinned_bytes) +
+        return "MemoryStats(device_used=" + std::to_string(s.device_used) +
+               ", device_total=" + std::to_string(s.device_total) +
+               ", host_pinned_bytes=" + std::to_string(s.host_pinned_bytes) +
                ", imported_bytes=" + std::to_string(s.imported_bytes) + ")";
       });
 
@@ -355,8 +351,7 @@ void bind_types(py::module_& m) {
              if (!timeout.is_none()) p.timeout = to_duration(timeout, "timeout");
              return p;
            }),
-           py::kw_only(), py::arg("mode") = py::none(), py::arg("spin") = py::none(),
-           py::arg("timeout") = py::none(),
+           py::kw_only(), py::arg("mode") = py::none(), py::arg("spin") = py::none(), py::arg("timeout") = py::none(),
            "A policy; what is not given keeps its default (hybrid, 20 us spin, 10 s timeout).")
       .def_property(
           "mode", [](const WaitPolicy& p) { return from_wait_mode(p.mode); },
@@ -369,18 +364,17 @@ void bind_types(py::module_& m) {
           "timeout", [](const WaitPolicy& p) { return seconds(p.timeout); },
           [](WaitPolicy& p, py::handle v) { p.timeout = to_duration(v, "timeout"); },
           "Seconds without progress after which a wait raises tpuhal.Timeout.")
-      .def("__eq__",
-           [](const WaitPolicy& a, const WaitPolicy& b) {
-             return a.mode == b.mode && a.spin == b.spin && a.timeout == b.timeout;
-           })
+      .def("__eq__", [](const WaitPolicy& a,
+                        const WaitPolicy& b) { return a.mode == b.mode && a.spin == b.spin && a.timeout == b.timeout; })
       .def("__repr__", [](const WaitPolicy& p) {
         char buf[160];
-        std::snprintf(buf, sizeof buf, "WaitPolicy(mode='%s', spin=%g, timeout=%g)", to_string(p.mode),
-                      seconds(p.spin), seconds(p.timeout));
+        std::snprintf(buf, sizeof buf, "WaitPolicy(mode='%s', spin=%g, timeout=%g)", to_string(p.mode), seconds(p.spin),
+                      seconds(p.timeout));
         return std::string(buf);
       });
 
-  m.def("version", [] { return std::string(tpuhal::version()); }, "The tpuhal library version, e.g. '0.1.0'.");
+  m.def(
+      "version", [] { return std::string(tpuhal::version()); }, "The tpuhal library version, e.g. '0.1.0'.");
 }
 
 }  // namespace tpuhal::python

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "device_impl.h"
+#include "tpuhal/base/hex.h"
 #include "tpuhal/fw/video.h"
 #include "encode.h"
 #include "tpuhal/base/log.h"
@@ -25,12 +26,6 @@ constexpr std::uint64_t kDeviceAlignment = 256;
 constexpr std::uint32_t kDefaultRingEntries = 4096;
 constexpr fw::Version kDriverMin{1, 0};  // 1.0 boards work without tensor ops
 constexpr fw::Version kDriverMax = fw::kInterfaceVersion;
-
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
-  return buf;
-}
 
 Engine to_engine(fw::EngineType e) {
   switch (e) {
@@ -64,10 +59,14 @@ std::string read_string(Transport& t, std::uint32_t offset, std::uint32_t bytes)
 // Device memory in one heap.
 class DeviceBuffer final : public driver::BufferBackend {
  public:
-  DeviceBuffer(std::shared_ptr<TpuDevice> dev, std::size_t heap, std::string heap_name,
-               Memory memory, std::uint64_t address, std::uint64_t size)
-      : dev_(std::move(dev)), heap_(heap), heap_name_(std::move(heap_name)), memory_(memory),
-        address_(address), size_(size) {}
+  DeviceBuffer(std::shared_ptr<TpuDevice> dev, std::size_t heap, std::string heap_name, Memory memory,
+               std::uint64_t address, std::uint64_t size)
+      : dev_(std::move(dev)),
+        heap_(heap),
+        heap_name_(std::move(heap_name)),
+        memory_(memory),
+        address_(address),
+        size_(size) {}
   ~DeviceBuffer() override { dev_->free_device(heap_, address_); }
 
   std::uint64_t size() const override { return size_; }
@@ -76,19 +75,17 @@ class DeviceBuffer final : public driver::BufferBackend {
   std::uint64_t device_address() const override { return address_; }
   std::span<std::byte> map() override {
     auto ap = dev_->aperture();
-    const bool mappable = memory_ == Memory::DeviceHostVisible ||
-                          dev_->properties().caps.map_device_memory;
+    const bool mappable = memory_ == Memory::DeviceHostVisible || dev_->properties().caps.map_device_memory;
     if (!dev_->transport().aperture_coherent())
-      throw Error(Status::Unsupported,
-                  dev_->uri() + ": device memory is not host-mappable over " + dev_->transport().bus() +
-                      " (the bus has no memory window); copy through a Memory::HostPinned buffer");
+      throw Error(Status::Unsupported, dev_->uri() + ": device memory is not host-mappable over " +
+                                           dev_->transport().bus() +
+                                           " (the bus has no memory window); copy through a Memory::HostPinned buffer");
     if (!mappable || address_ + size_ > ap.size())
-      throw Error(Status::Unsupported,
-                  dev_->uri() + ": device memory in heap '" + heap_name_ +
-                      "' is not host-mappable on this board (caps.map_device_memory is false); "
-                      "allocate Memory::DeviceHostVisible (" +
-                      format_bytes(dev_->properties().host_visible_bytes) +
-                      " window) or copy through a Memory::HostPinned buffer");
+      throw Error(Status::Unsupported, dev_->uri() + ": device memory in heap '" + heap_name_ +
+                                           "' is not host-mappable on this board (caps.map_device_memory is false); "
+                                           "allocate Memory::DeviceHostVisible (" +
+                                           format_bytes(dev_->properties().host_visible_bytes) +
+                                           " window) or copy through a Memory::HostPinned buffer");
     return ap.subspan(address_, size_);
   }
 
@@ -104,10 +101,14 @@ class DeviceBuffer final : public driver::BufferBackend {
 // caller's (import).
 class HostBuffer final : public driver::BufferBackend {
  public:
-  HostBuffer(std::shared_ptr<TpuDevice> dev, base::Mapping mapping, std::byte* data,
-             std::uint64_t size, std::uint64_t mapped_size, bool imported)
-      : dev_(std::move(dev)), mapping_(std::move(mapping)), data_(data), size_(size),
-        mapped_size_(mapped_size), imported_(imported) {
+  HostBuffer(std::shared_ptr<TpuDevice> dev, base::Mapping mapping, std::byte* data, std::uint64_t size,
+             std::uint64_t mapped_size, bool imported)
+      : dev_(std::move(dev)),
+        mapping_(std::move(mapping)),
+        data_(data),
+        size_(size),
+        mapped_size_(mapped_size),
+        imported_(imported) {
     iova_ = dev_->map_host(data_, mapped_size_, imported_, imported_ ? nullptr : &mapping_);
   }
   ~HostBuffer() override { dev_->unmap_host(iova_, mapped_size_, imported_); }
@@ -133,7 +134,7 @@ class HostBuffer final : public driver::BufferBackend {
 }  // namespace
 
 std::shared_ptr<driver::DeviceBackend> open_device(std::unique_ptr<Transport> transport, std::string uri,
-                                       std::string driver_name) {
+                                                   std::string driver_name) {
   auto dev = std::make_shared<TpuDevice>(std::move(transport), std::move(uri), std::move(driver_name));
   dev->bring_up();
   return dev;
@@ -163,28 +164,28 @@ void TpuDevice::start_board() {
   if (magic == 0xFFFFFFFF)
     throw Error(Status::DeviceLost, uri + ": the board does not answer (register reads return all ones)");
   if (magic != fw::kIdMagic)
-    throw Error(Status::NotFound, uri + ": not a tpuhal board (identity register reads " + hex(magic) +
-                                      ", expected " + hex(fw::kIdMagic) + ")");
+    throw Error(Status::NotFound, uri + ": not a tpuhal board (identity register reads " + hex(magic) + ", expected " +
+                                      hex(fw::kIdMagic) + ")");
 
   // Interface version: pick what both sides speak, tell the board, check
   // that it agrees.
   const auto board_version = fw::Version::unpack(t.read32(fw::reg::kIfaceVersion));
   auto agreed = fw::negotiate(board_version, kDriverMin, kDriverMax);
   if (!agreed)
-    throw Error(Status::VersionMismatch,
-                uri + ": the board speaks interface " + std::to_string(board_version.major) + "." +
-                    std::to_string(board_version.minor) + ", this driver " +
-                    std::to_string(kDriverMin.major) + "." + std::to_string(kDriverMin.minor) + " to " +
-                    std::to_string(kDriverMax.major) + "." + std::to_string(kDriverMax.minor));
+    throw Error(Status::VersionMismatch, uri + ": the board speaks interface " + std::to_string(board_version.major) +
+                                             "." + std::to_string(board_version.minor) + ", this driver " +
+                                             std::to_string(kDriverMin.major) + "." + std::to_string(kDriverMin.minor) +
+                                             " to " + std::to_string(kDriverMax.major) + "." +
+                                             std::to_string(kDriverMax.minor));
   t.write32(fw::reg::kDriverVersion, agreed->packed());
   const auto deadline = std::chrono::steady_clock::now() + 1s;
   for (;;) {
     const std::uint32_t status = t.read32(fw::reg::kStatus);
     if (status & fw::kStatusVersionOk) break;
     if ((status & fw::kStatusVersionRejected) || std::chrono::steady_clock::now() > deadline)
-      throw Error(Status::VersionMismatch,
-                  uri + ": the board rejected interface version " + std::to_string(agreed->major) +
-                      "." + std::to_string(agreed->minor) + " (status " + hex(status) + ")");
+      throw Error(Status::VersionMismatch, uri + ": the board rejected interface version " +
+                                               std::to_string(agreed->major) + "." + std::to_string(agreed->minor) +
+                                               " (status " + hex(status) + ")");
     std::this_thread::sleep_for(100us);
   }
   props_.interface_version = std::to_string(agreed->major) + "." + std::to_string(agreed->minor);
@@ -217,8 +218,10 @@ TpuDevice::Health TpuDevice::check_health() noexcept {
 Error TpuDevice::health_error(const std::string& who) const {
   const std::string recover = "; reset the device (Device::reset, or `tpuhal reset " + uri() + "`)";
   if (health() == Health::kLost)
-    return Error(Status::DeviceLost, who + ": the board does not answer (its registers read all ones: "
-                                           "removed, or its link is down)" + recover);
+    return Error(Status::DeviceLost, who +
+                                         ": the board does not answer (its registers read all ones: "
+                                         "removed, or its link is down)" +
+                                         recover);
   const std::uint32_t code = fatal_code_.load();
   return Error(Status::DeviceLost, who + ": the board stopped: its firmware reports a fatal error (" +
                                        fw::to_string(static_cast<fw::CmdStatus>(code)) + ", code " +
@@ -261,14 +264,14 @@ void TpuDevice::read_properties() {
   props_.pci_device = static_cast<std::uint16_t>(vd);
   props_.serial = hex(read64(fw::reg::kSerialLo));
   const std::uint32_t fwv = t.read32(fw::reg::kFirmwareVersion);
-  props_.firmware_version = std::to_string(fwv >> 16) + "." + std::to_string((fwv >> 8) & 0xFF) +
-                            "." + std::to_string(fwv & 0xFF);
+  props_.firmware_version =
+      std::to_string(fwv >> 16) + "." + std::to_string((fwv >> 8) & 0xFF) + "." + std::to_string(fwv & 0xFF);
   props_.memory_bytes = read64(fw::reg::kDramSizeLo);
   const std::uint64_t aperture_bytes = read64(fw::reg::kApertureLo);
   aperture_ = t.aperture();
   if (aperture_.size() < aperture_bytes)
-    throw Error(Status::Internal, uri + ": the transport maps " + format_bytes(aperture_.size()) +
-                                      " of the " + format_bytes(aperture_bytes) + " aperture");
+    throw Error(Status::Internal, uri + ": the transport maps " + format_bytes(aperture_.size()) + " of the " +
+                                      format_bytes(aperture_bytes) + " aperture");
   aperture_ = aperture_.first(aperture_bytes);
   props_.min_alignment = kDeviceAlignment;
   props_.tensor_cores = t.read32(fw::reg::kTensorCores);
@@ -282,8 +285,7 @@ void TpuDevice::read_properties() {
   props_.caps.timestamps = caps_ & fw::kCapTimestamp;
   // Tensor ops arrived with interface 1.1.
   props_.caps.tensor = (caps_ & fw::kCapTensor) && agreed_minor_ >= 1;
-  if (props_.caps.tensor)
-    props_.dtypes = {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32};
+  if (props_.caps.tensor) props_.dtypes = {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32};
   props_.caps.video_decode = (caps_ & fw::kCapVideoDecode) && agreed_minor_ >= 2 && props_.decode_channels > 0;
   if (props_.caps.video_decode) {
     const std::uint32_t codecs = t.read32(fw::reg::kVideoCodecs);
@@ -296,24 +298,23 @@ void TpuDevice::read_properties() {
   // Heaps from the board's memory regions.
   const std::uint32_t regions = t.read32(fw::reg::kNumMemRegions);
   if (regions == 0 || regions > fw::kMaxMemRegions)
-    throw Error(Status::DeviceLost, uri + ": the board reports " + std::to_string(regions) +
-                                        " memory regions (1.." + std::to_string(fw::kMaxMemRegions) +
-                                        " expected)");
+    throw Error(Status::DeviceLost, uri + ": the board reports " + std::to_string(regions) + " memory regions (1.." +
+                                        std::to_string(fw::kMaxMemRegions) + " expected)");
   for (std::uint32_t i = 0; i < regions; ++i) {
     const std::string name = read_string(t, fw::reg::region_reg(i, fw::reg::region::kName), 16);
     const std::uint64_t rbase = read64(fw::reg::region_reg(i, fw::reg::region::kBaseLo));
     const std::uint64_t rsize = read64(fw::reg::region_reg(i, fw::reg::region::kSizeLo));
     const std::uint32_t flags = t.read32(fw::reg::region_reg(i, fw::reg::region::kFlags));
     if (rbase > props_.memory_bytes || rsize > props_.memory_bytes - rbase)
-      throw Error(Status::DeviceLost, uri + ": memory region '" + name + "' (" + hex(rbase) + "+" +
-                                          hex(rsize) + ") lies outside DRAM");
+      throw Error(Status::DeviceLost,
+                  uri + ": memory region '" + name + "' (" + hex(rbase) + "+" + hex(rsize) + ") lies outside DRAM");
     const bool visible = flags & fw::kRegionHostVisible;
     if (visible && rbase + rsize > aperture_.size())
       throw Error(Status::DeviceLost, uri + ": host-visible region '" + name + "' extends past the aperture");
     if (flags & fw::kRegionReserved) continue;
     const Memory memory = visible ? Memory::DeviceHostVisible : Memory::Device;
-    heaps_.push_back(Heap{name, memory, (flags & fw::kRegionDefault) != 0,
-                          RangeAllocator(rbase, rsize, kDeviceAlignment)});
+    heaps_.push_back(
+        Heap{name, memory, (flags & fw::kRegionDefault) != 0, RangeAllocator(rbase, rsize, kDeviceAlignment)});
     props_.heaps.push_back(HeapInfo{name, memory, rbase, rsize, (flags & fw::kRegionDefault) != 0});
     if (visible) props_.host_visible_bytes += rsize;
   }
@@ -331,18 +332,20 @@ void TpuDevice::read_properties() {
   for (std::uint32_t q = 0; q < nq; ++q) {
     auto hq = std::make_unique<HwQueue>();
     hq->engine = static_cast<fw::EngineType>(t.read32(fw::reg::queue_reg(q, fw::reg::queue::kEngine)));
-    if (hq->engine == fw::EngineType::kCompute) ++per_engine[0];
-    else if (hq->engine == fw::EngineType::kCopy) ++per_engine[1];
-    else if (hq->engine == fw::EngineType::kVideo) ++per_engine[2];
+    if (hq->engine == fw::EngineType::kCompute)
+      ++per_engine[0];
+    else if (hq->engine == fw::EngineType::kCopy)
+      ++per_engine[1];
+    else if (hq->engine == fw::EngineType::kVideo)
+      ++per_engine[2];
     hw_queues_.push_back(std::move(hq));
   }
   const Engine engines[3] = {Engine::Compute, Engine::Copy, Engine::Video};
   for (int e = 0; e < 3; ++e)
     if (per_engine[e]) props_.engines.push_back({engines[e], per_engine[e]});
   if (t.interrupt_vectors() < nq + 1)
-    throw Error(Status::Internal, uri + ": the transport offers " +
-                                      std::to_string(t.interrupt_vectors()) + " interrupt vectors, " +
-                                      std::to_string(nq + 1) + " needed");
+    throw Error(Status::Internal, uri + ": the transport offers " + std::to_string(t.interrupt_vectors()) +
+                                      " interrupt vectors, " + std::to_string(nq + 1) + " needed");
 }
 
 void TpuDevice::setup_status_pages() {
@@ -356,8 +359,7 @@ void TpuDevice::setup_status_pages() {
   }
   status_pages_iova_ = map_host(status_pages_.data(), status_pages_.size(), /*imported=*/true, &status_pages_);
   for (std::size_t q = 0; q < hw_queues_.size(); ++q) {
-    hw_queues_[q]->page = reinterpret_cast<fw::QueueStatusPage*>(status_pages_.data() +
-                                                                 q * fw::kQueueStatusPageSize);
+    hw_queues_[q]->page = reinterpret_cast<fw::QueueStatusPage*>(status_pages_.data() + q * fw::kQueueStatusPageSize);
     hw_queues_[q]->page_iova = status_pages_iova_ + q * fw::kQueueStatusPageSize;
   }
 }
@@ -378,8 +380,8 @@ TpuDevice::~TpuDevice() {
   for (auto& h : heaps_) {
     const auto s = h.allocator.stats();
     if (s.allocations)
-      log->warn("{}: closing with {} allocation(s), {} still live in heap '{}'", props_.uri,
-                s.allocations, format_bytes(s.used), h.name);
+      log->warn("{}: closing with {} allocation(s), {} still live in heap '{}'", props_.uri, s.allocations,
+                format_bytes(s.used), h.name);
   }
 }
 
@@ -410,22 +412,19 @@ std::pair<std::size_t, std::uint64_t> TpuDevice::allocate_device(std::uint64_t s
                                                "' is not host-visible; Memory::DeviceHostVisible needs one that is");
   } else {
     for (std::size_t i = 0; i < heaps_.size() && pick == heaps_.size(); ++i) {
-      if (memory == Memory::Device ? heaps_[i].is_default : heaps_[i].memory == Memory::DeviceHostVisible)
-        pick = i;
+      if (memory == Memory::Device ? heaps_[i].is_default : heaps_[i].memory == Memory::DeviceHostVisible) pick = i;
     }
     if (pick == heaps_.size())
-      throw Error(Status::Unsupported,
-                  uri() + ": no heap for " + to_string(memory) + " memory on this board");
+      throw Error(Status::Unsupported, uri() + ": no heap for " + to_string(memory) + " memory on this board");
   }
   Heap& heap = heaps_[pick];
   auto address = heap.allocator.allocate(size, alignment);
   if (!address) {
     const auto s = heap.allocator.stats();
-    throw Error(Status::OutOfMemory,
-                uri() + ": cannot allocate " + format_bytes(size) + " (" + std::to_string(size) +
-                    " bytes) in heap '" + heap.name + "': " + format_bytes(s.used) + " used in " +
-                    std::to_string(s.allocations) + " allocation(s), " + format_bytes(s.free) +
-                    " free, largest free block " + format_bytes(s.largest_free));
+    throw Error(Status::OutOfMemory, uri() + ": cannot allocate " + format_bytes(size) + " (" + std::to_string(size) +
+                                         " bytes) in heap '" + heap.name + "': " + format_bytes(s.used) + " used in " +
+                                         std::to_string(s.allocations) + " allocation(s), " + format_bytes(s.free) +
+                                         " free, largest free block " + format_bytes(s.largest_free));
   }
   return {pick, *address};
 }
@@ -436,14 +435,12 @@ void TpuDevice::free_device(std::size_t heap, std::uint64_t address) noexcept {
     log->error("{}: free of unknown device address {:#x} in heap '{}'", uri(), address, heaps_[heap].name);
 }
 
-std::uint64_t TpuDevice::map_host(void* ptr, std::uint64_t size, bool imported,
-                                  const base::Mapping* memory) {
+std::uint64_t TpuDevice::map_host(void* ptr, std::uint64_t size, bool imported, const base::Mapping* memory) {
   std::uint64_t iova;
   {
     std::lock_guard lock(mem_mu_);
     auto a = iova_.allocate(size, base::page_size());
-    if (!a)
-      throw Error(Status::OutOfMemory, uri() + ": no room in the DMA address space for " + format_bytes(size));
+    if (!a) throw Error(Status::OutOfMemory, uri() + ": no room in the DMA address space for " + format_bytes(size));
     iova = *a;
   }
   try {
@@ -483,7 +480,8 @@ std::shared_ptr<driver::BufferBackend> TpuDevice::allocate(std::uint64_t size, M
                                                            const AllocOptions& options) {
   if (memory == Memory::HostPinned) {
     if (size > (1ull << 40))
-      throw Error(Status::OutOfMemory, uri() + ": " + format_bytes(size) + " of pinned host memory is more than this host has");
+      throw Error(Status::OutOfMemory,
+                  uri() + ": " + format_bytes(size) + " of pinned host memory is more than this host has");
     base::Mapping m;
     try {
       m = transport_->allocate_host(size);
@@ -492,16 +490,15 @@ std::shared_ptr<driver::BufferBackend> TpuDevice::allocate(std::uint64_t size, M
                   uri() + ": cannot allocate " + format_bytes(size) + " of pinned host memory: " + e.what());
     }
     if (!m.locked())
-      log->debug("{}: {} of host memory could not be locked (RLIMIT_MEMLOCK); it stays populated",
-                 uri(), format_bytes(m.size()));
+      log->debug("{}: {} of host memory could not be locked (RLIMIT_MEMLOCK); it stays populated", uri(),
+                 format_bytes(m.size()));
     std::byte* data = m.data();
     const std::uint64_t mapped = m.size();
     return std::make_shared<HostBuffer>(shared_from_this(), std::move(m), data, size, mapped, false);
   }
   auto [heap, address] = allocate_device(size, memory, options);
   try {
-    return std::make_shared<DeviceBuffer>(shared_from_this(), heap, heaps_[heap].name, memory,
-                                          address, size);
+    return std::make_shared<DeviceBuffer>(shared_from_this(), heap, heaps_[heap].name, memory, address, size);
   } catch (...) {
     free_device(heap, address);
     throw;
@@ -510,18 +507,16 @@ std::shared_ptr<driver::BufferBackend> TpuDevice::allocate(std::uint64_t size, M
 
 std::shared_ptr<driver::BufferBackend> TpuDevice::import_host(void* ptr, std::uint64_t size) {
   if (!props_.caps.import_host_memory)
-    throw Error(Status::Unsupported,
-                uri() + ": importing caller memory is unsupported on " + props_.bus +
-                    " (caps.import_host_memory is false: the board reaches only host memory the "
-                    "transport allocates); allocate Memory::HostPinned instead");
+    throw Error(Status::Unsupported, uri() + ": importing caller memory is unsupported on " + props_.bus +
+                                         " (caps.import_host_memory is false: the board reaches only host memory the "
+                                         "transport allocates); allocate Memory::HostPinned instead");
   const auto page = base::page_size();
   if (reinterpret_cast<std::uintptr_t>(ptr) % page || size % page)
-    throw Error(Status::InvalidArgument,
-                uri() + ": import_host needs page-aligned memory (" + std::to_string(page) +
-                    " bytes); got address " + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ", size " +
-                    std::to_string(size));
-  return std::make_shared<HostBuffer>(shared_from_this(), base::Mapping{},
-                                      static_cast<std::byte*>(ptr), size, size, true);
+    throw Error(Status::InvalidArgument, uri() + ": import_host needs page-aligned memory (" + std::to_string(page) +
+                                             " bytes); got address " + hex(reinterpret_cast<std::uintptr_t>(ptr)) +
+                                             ", size " + std::to_string(size));
+  return std::make_shared<HostBuffer>(shared_from_this(), base::Mapping{}, static_cast<std::byte*>(ptr), size, size,
+                                      true);
 }
 
 MemoryStats TpuDevice::memory_stats() const {
@@ -542,17 +537,15 @@ MemoryStats TpuDevice::memory_stats() const {
 // ---- Queues --------------------------------------------------------------------
 
 std::uint32_t TpuDevice::ring_entries_for(const QueueOptions& options) const {
-  std::uint32_t n = options.ring_entries ? options.ring_entries
-                                         : std::min(kDefaultRingEntries, max_ring_entries_);
+  std::uint32_t n = options.ring_entries ? options.ring_entries : std::min(kDefaultRingEntries, max_ring_entries_);
   if (n < fw::kMinRingEntries || n > max_ring_entries_ || (n & (n - 1)))
-    throw Error(Status::InvalidArgument,
-                uri() + ": ring_entries " + std::to_string(n) + " must be a power of two from " +
-                    std::to_string(fw::kMinRingEntries) + " to " + std::to_string(max_ring_entries_));
+    throw Error(Status::InvalidArgument, uri() + ": ring_entries " + std::to_string(n) +
+                                             " must be a power of two from " + std::to_string(fw::kMinRingEntries) +
+                                             " to " + std::to_string(max_ring_entries_));
   return n;
 }
 
-std::shared_ptr<driver::QueueBackend> TpuDevice::create_queue(Engine engine,
-                                                              const QueueOptions& options) {
+std::shared_ptr<driver::QueueBackend> TpuDevice::create_queue(Engine engine, const QueueOptions& options) {
   const std::uint32_t entries = ring_entries_for(options);
   if (check_health() != Health::kOk) throw health_error(uri());
   const fw::EngineType want = to_fw(engine);
@@ -570,11 +563,10 @@ std::shared_ptr<driver::QueueBackend> TpuDevice::create_queue(Engine engine,
       }
     }
   }
-  if (total == 0)
-    throw Error(Status::Unsupported, uri() + ": the board has no " + to_string(engine) + " queues");
+  if (total == 0) throw Error(Status::Unsupported, uri() + ": the board has no " + to_string(engine) + " queues");
   if (!found)
-    throw Error(Status::ResourceExhausted, uri() + ": all " + std::to_string(total) + " " +
-                                               to_string(engine) + " queues are in use");
+    throw Error(Status::ResourceExhausted,
+                uri() + ": all " + std::to_string(total) + " " + to_string(engine) + " queues are in use");
   try {
     AllocOptions ring_options;
     ring_options.alignment = 4096;
@@ -598,7 +590,8 @@ std::shared_ptr<driver::QueueBackend> TpuDevice::create_queue(Engine engine,
 
 std::shared_ptr<driver::ProgramBackend> TpuDevice::create_program(std::span<const driver::Command> commands) {
   if (!props_.caps.tensor)
-    throw Error(Status::Unsupported, uri() + ": programs need the tensor engine (interface 1.1), which this board lacks");
+    throw Error(Status::Unsupported,
+                uri() + ": programs need the tensor engine (interface 1.1), which this board lacks");
   std::vector<Slot> slots;
   for (std::size_t i = 0; i < commands.size(); ++i)
     encode(commands[i], static_cast<std::uint32_t>(i), uri(), nullptr, /*allow_fence_wait=*/false, slots);

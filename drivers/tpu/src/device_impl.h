@@ -39,16 +39,15 @@ struct Heap {
 // Per hardware queue: what the board says it is, and its host-side state.
 struct HwQueue {
   fw::EngineType engine = fw::EngineType::kNone;
-  bool in_use = false;               // guarded by TpuDevice::queues_mu_
+  bool in_use = false;                  // guarded by TpuDevice::queues_mu_
   fw::QueueStatusPage* page = nullptr;  // in the device's status-page mapping
   std::uint64_t page_iova = 0;
-  base::EventCount irq;              // notified by the interrupt thread
+  base::EventCount irq;                 // notified by the interrupt thread
   std::atomic<std::uint32_t> armed{0};  // waiters that need the interrupt
-  TpuQueue* owner = nullptr;         // guarded by queues_mu_
+  TpuQueue* owner = nullptr;            // guarded by queues_mu_
 };
 
-class TpuDevice final : public driver::DeviceBackend,
-                        public std::enable_shared_from_this<TpuDevice> {
+class TpuDevice final : public driver::DeviceBackend, public std::enable_shared_from_this<TpuDevice> {
  public:
   TpuDevice(std::unique_ptr<Transport> transport, std::string uri, std::string driver_name);
   ~TpuDevice() override;
@@ -60,8 +59,7 @@ class TpuDevice final : public driver::DeviceBackend,
   std::shared_ptr<driver::BufferBackend> allocate(std::uint64_t size, Memory memory,
                                                   const AllocOptions& options) override;
   std::shared_ptr<driver::BufferBackend> import_host(void* ptr, std::uint64_t size) override;
-  std::shared_ptr<driver::QueueBackend> create_queue(Engine engine,
-                                                     const QueueOptions& options) override;
+  std::shared_ptr<driver::QueueBackend> create_queue(Engine engine, const QueueOptions& options) override;
   std::shared_ptr<driver::ProgramBackend> create_program(std::span<const driver::Command> commands) override;
   std::shared_ptr<driver::DecoderBackend> open_decoder(const driver::DecoderConfig& config) override;
   void release_decoder_channel(std::uint32_t number) noexcept;
@@ -83,13 +81,11 @@ class TpuDevice final : public driver::DeviceBackend,
   std::span<std::byte> aperture() const noexcept { return aperture_; }
 
   // Device memory: returns {heap index, address}.
-  std::pair<std::size_t, std::uint64_t> allocate_device(std::uint64_t size, Memory memory,
-                                                        const AllocOptions& options);
+  std::pair<std::size_t, std::uint64_t> allocate_device(std::uint64_t size, Memory memory, const AllocOptions& options);
   void free_device(std::size_t heap, std::uint64_t address) noexcept;
   // Host memory mapped for DMA: returns the IOVA. `memory` is the
   // transport's allocation behind ptr, or null for imported memory.
-  std::uint64_t map_host(void* ptr, std::uint64_t size, bool imported,
-                         const base::Mapping* memory = nullptr);
+  std::uint64_t map_host(void* ptr, std::uint64_t size, bool imported, const base::Mapping* memory = nullptr);
   void unmap_host(std::uint64_t iova, std::uint64_t size, bool imported) noexcept;
 
   HwQueue& hw_queue(std::uint32_t q) noexcept { return *hw_queues_[q]; }
@@ -128,8 +124,8 @@ class TpuDevice final : public driver::DeviceBackend,
   std::uint64_t status_pages_iova_ = 0;
 
   std::mutex video_mu_;
-  std::vector<bool> decoder_channels_;  // open channels; guarded by video_mu_
-  std::weak_ptr<VideoQueue> video_queue_; // shared by the decoders; guarded by video_mu_
+  std::vector<bool> decoder_channels_;     // open channels; guarded by video_mu_
+  std::weak_ptr<VideoQueue> video_queue_;  // shared by the decoders; guarded by video_mu_
 
   std::atomic<Health> health_{Health::kOk};
   std::atomic<std::uint32_t> fatal_code_{0};
@@ -143,14 +139,13 @@ class TpuDevice final : public driver::DeviceBackend,
 
 class TpuQueue final : public driver::QueueBackend {
  public:
-  TpuQueue(std::shared_ptr<TpuDevice> device, std::uint32_t index, Engine engine,
-           std::uint32_t entries, std::size_t ring_heap, std::uint64_t ring_address);
+  TpuQueue(std::shared_ptr<TpuDevice> device, std::uint32_t index, Engine engine, std::uint32_t entries,
+           std::size_t ring_heap, std::uint64_t ring_address);
   ~TpuQueue() override;
 
   Engine engine() const override { return engine_; }
   std::uint32_t index() const override { return index_; }
-  std::uint64_t submit(std::span<const driver::Command> commands,
-                       std::chrono::nanoseconds max_wait) override;
+  std::uint64_t submit(std::span<const driver::Command> commands, std::chrono::nanoseconds max_wait) override;
   driver::Timeline timeline() const override;
   std::uint64_t submitted() const override { return submitted_.load(std::memory_order_acquire); }
   std::uint64_t progress() const override;
@@ -180,7 +175,7 @@ class TpuQueue final : public driver::QueueBackend {
   void reserve(std::uint32_t n, std::chrono::nanoseconds max_wait);
   std::uint64_t publish(std::span<Slot> slots);
   std::string describe_state(bool with_shadow) const;
-  bool known_failed();  // caller holds submit_mu_
+  bool known_failed();          // caller holds submit_mu_
   Error stopped_error() const;  // after a device reset, or on a board that stopped
   std::uint32_t reg(std::uint32_t r) const noexcept { return fw::reg::queue_reg(index_, r); }
   // Resets the queue on the board and returns once the board says it has

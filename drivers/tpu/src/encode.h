@@ -23,8 +23,8 @@ struct Slot {
 // Appends the slots for `command` (the command-th of its submission). `uri`
 // names the device in errors. Programs may not wait on fences
 // (`allow_fence_wait` false).
-void encode(const driver::Command& command, std::uint32_t index, const std::string& uri,
-            const TpuQueue* self, bool allow_fence_wait, std::vector<Slot>& out);
+void encode(const driver::Command& command, std::uint32_t index, const std::string& uri, const TpuQueue* self,
+            bool allow_fence_wait, std::vector<Slot>& out);
 
 // The parameter block for a tensor op (fw/tensor.h).
 std::vector<std::byte> encode_op(const driver::OpDesc& op);

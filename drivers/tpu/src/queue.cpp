@@ -7,6 +7,7 @@
 
 #include "device_impl.h"
 #include "encode.h"
+#include "tpuhal/base/hex.h"
 #include "tpuhal/base/units.h"
 #include "tpuhal/fw/decode.h"
 
@@ -15,20 +16,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string hex(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
-  return buf;
-}
-
 std::uint64_t load_acquire(const std::uint64_t& word) {
   return std::atomic_ref<const std::uint64_t>(word).load(std::memory_order_acquire);
 }
 
 }  // namespace
 
-TpuQueue::TpuQueue(std::shared_ptr<TpuDevice> device, std::uint32_t index, Engine engine,
-                   std::uint32_t entries, std::size_t ring_heap, std::uint64_t ring_address)
+TpuQueue::TpuQueue(std::shared_ptr<TpuDevice> device, std::uint32_t index, Engine engine, std::uint32_t entries,
+                   std::size_t ring_heap, std::uint64_t ring_address)
     : device_(std::move(device)),
       index_(index),
       engine_(engine),
@@ -57,8 +52,8 @@ TpuQueue::TpuQueue(std::shared_ptr<TpuDevice> device, std::uint32_t index, Engin
     // The hardware queue goes back in create_queue, which claimed it: freed
     // here as well, it could be claimed twice over.
     const auto error = static_cast<fw::CmdStatus>(t.read32(reg(fw::reg::queue::kError)));
-    throw Error(Status::DeviceFault, name() + ": the board refused to enable the queue (" +
-                                         fw::to_string(error) + ", status " + hex(status) + ")");
+    throw Error(Status::DeviceFault, name() + ": the board refused to enable the queue (" + fw::to_string(error) +
+                                         ", status " + hex(status) + ")");
   }
 }
 
@@ -98,10 +93,8 @@ std::string TpuQueue::name() const {
 driver::Timeline TpuQueue::timeline() const {
   const std::uint64_t v = load_acquire(page_->fence.value);
   const bool failed = (v & fw::kTimelineFailed) != 0 || aborted_.load(std::memory_order_relaxed) ||
-                      reset_.load(std::memory_order_relaxed) ||
-                      device_->health() != TpuDevice::Health::kOk;
-  if (failed && !failed_seen_.load(std::memory_order_relaxed))
-    failed_seen_.store(true, std::memory_order_relaxed);
+                      reset_.load(std::memory_order_relaxed) || device_->health() != TpuDevice::Health::kOk;
+  if (failed && !failed_seen_.load(std::memory_order_relaxed)) failed_seen_.store(true, std::memory_order_relaxed);
   return {v & fw::kTimelineValueMask, failed};
 }
 
@@ -128,15 +121,15 @@ void TpuQueue::mark_reset() noexcept {
 Error TpuQueue::stopped_error() const {
   const std::uint64_t done = load_acquire(page_->fence.value) & fw::kTimelineValueMask;
   const std::uint64_t last = submitted();
-  std::string work = last > done ? "submission " + std::to_string(done + 1) +
-                                       (last > done + 1 ? " to " + std::to_string(last) : std::string{}) +
-                                       " did not complete"
-                                 : "no submission was pending";
+  std::string work = last > done
+                         ? "submission " + std::to_string(done + 1) +
+                               (last > done + 1 ? " to " + std::to_string(last) : std::string{}) + " did not complete"
+                         : "no submission was pending";
   if (reset_.load(std::memory_order_relaxed))
-    return Error(Status::DeviceFault,
-                 name() + ": " + fw::to_string(fw::CmdStatus::kQueueReset) +
-                     ": the device was reset (Device::reset); " + work +
-                     (last > done ? " and was discarded" : "") + "; release this queue and claim a new one");
+    return Error(Status::DeviceFault, name() + ": " + fw::to_string(fw::CmdStatus::kQueueReset) +
+                                          ": the device was reset (Device::reset); " + work +
+                                          (last > done ? " and was discarded" : "") +
+                                          "; release this queue and claim a new one");
   if (device_->health() == TpuDevice::Health::kFatal && last > done) {
     // The board halted its queues at a command boundary and published HEAD:
     // the shadow ring says which command of which submission was next.
@@ -160,17 +153,15 @@ Error TpuQueue::failure() const {
   if (!(load_acquire(page_->fence.value) & fw::kTimelineFailed) &&
       (reset_.load(std::memory_order_relaxed) || device_->health() != TpuDevice::Health::kOk))
     return stopped_error();
-  if (aborted_.load(std::memory_order_relaxed) &&
-      !(load_acquire(page_->fence.value) & fw::kTimelineFailed))
-    return Error(Status::FailedPrecondition,
-                 name() + ": the queue was aborted with work pending (it was released while its "
-                          "work did not finish within the wait timeout)");
+  if (aborted_.load(std::memory_order_relaxed) && !(load_acquire(page_->fence.value) & fw::kTimelineFailed))
+    return Error(Status::FailedPrecondition, name() +
+                                                 ": the queue was aborted with work pending (it was released while its "
+                                                 "work did not finish within the wait timeout)");
   const fw::FenceRecord& rec = page_->fence;  // written before the failed bit was published
   auto failure = fw::decode_failure(rec);
   if (!failure)
-    return Error(Status::DeviceLost,
-                 name() + ": the board reported a failure with an invalid record (status " +
-                     hex(failure.problem().value) + "); reset the device");
+    return Error(Status::DeviceLost, name() + ": the board reported a failure with an invalid record (status " +
+                                         hex(failure.problem().value) + "); reset the device");
   const fw::Failure& f = *failure;
   std::string where = "command";
   // The shadow ring says which of the submission's commands it was; the slot
@@ -184,12 +175,12 @@ Error TpuQueue::failure() const {
     // The board names the timeline by address; say whose it is.
     for (std::uint32_t q = 0; q < device_->hw_queue_count(); ++q)
       if (device_->hw_queue(q).page_iova + offsetof(fw::QueueStatusPage, fence.value) == f.value)
-        waited = " (the timeline of " + device_->uri() + " " + fw::to_string(device_->hw_queue(q).engine) +
-                 " queue " + std::to_string(q) + ", a fence this queue was told to wait for)";
+        waited = " (the timeline of " + device_->uri() + " " + fw::to_string(device_->hw_queue(q).engine) + " queue " +
+                 std::to_string(q) + ", a fence this queue was told to wait for)";
   }
-  return Error(status, name() + ": submission " + std::to_string(f.fence) + " failed at " + where +
-                           " (ring position " + std::to_string(f.sequence) + "): " +
-                           fw::to_string(f.status) + ": " + fw::describe(f) + waited);
+  return Error(status, name() + ": submission " + std::to_string(f.fence) + " failed at " + where + " (ring position " +
+                           std::to_string(f.sequence) + "): " + fw::to_string(f.status) + ": " + fw::describe(f) +
+                           waited);
 }
 
 void TpuQueue::block(std::uint64_t value, std::chrono::nanoseconds max) {
@@ -228,11 +219,10 @@ void TpuQueue::reserve(std::uint32_t n, std::chrono::nanoseconds max_wait) {
     }
     if (now - moved_at >= limit) {
       std::string why = describe_state(/*with_shadow=*/true);
-      throw Error(Status::QueueFull,
-                  name() + ": ring full (" + std::to_string(entries_) + " entries, " +
-                      std::to_string(tail_ - cached_head_) + " in flight, " + std::to_string(n) +
-                      " needed) and no command retired for " + std::to_string(limit / 1'000'000) +
-                      " ms" + (why.empty() ? "" : "; " + why));
+      throw Error(Status::QueueFull, name() + ": ring full (" + std::to_string(entries_) + " entries, " +
+                                         std::to_string(tail_ - cached_head_) + " in flight, " + std::to_string(n) +
+                                         " needed) and no command retired for " + std::to_string(limit / 1'000'000) +
+                                         " ms" + (why.empty() ? "" : "; " + why));
     }
     if (spins < 1000) {
       base::cpu_relax();
@@ -281,8 +271,7 @@ std::uint64_t TpuQueue::publish(std::span<Slot> slots) {
   return value;
 }
 
-std::uint64_t TpuQueue::submit(std::span<const driver::Command> commands,
-                               std::chrono::nanoseconds max_wait) {
+std::uint64_t TpuQueue::submit(std::span<const driver::Command> commands, std::chrono::nanoseconds max_wait) {
   // Encode outside the lock: it only reads the commands. The buffer is kept
   // per thread so that submissions do not allocate.
   thread_local std::vector<Slot> slots;
@@ -310,10 +299,11 @@ std::uint64_t TpuQueue::submit(std::span<const driver::Command> commands,
 
 std::uint64_t TpuQueue::submit_raw(std::span<const fw::CommandDescriptor> descriptors) {
   if (descriptors.empty() || descriptors.size() >= entries_)
-    throw Error(Status::InvalidArgument, name() + ": submit_raw takes 1 to " +
-                                             std::to_string(entries_ - 1) + " descriptors");
+    throw Error(Status::InvalidArgument,
+                name() + ": submit_raw takes 1 to " + std::to_string(entries_ - 1) + " descriptors");
   std::vector<Slot> copy;
-  for (std::size_t i = 0; i < descriptors.size(); ++i) copy.push_back({descriptors[i], true, static_cast<std::uint32_t>(i)});
+  for (std::size_t i = 0; i < descriptors.size(); ++i)
+    copy.push_back({descriptors[i], true, static_cast<std::uint32_t>(i)});
   std::lock_guard lock(submit_mu_);
   if (timeline().failed) throw failure();
   reserve(static_cast<std::uint32_t>(copy.size()), 1s);
@@ -363,12 +353,18 @@ std::string TpuQueue::describe_state(bool with_shadow) const {
   const std::uint32_t head = t.read32(reg(fw::reg::queue::kHead));
   const std::uint32_t tail = t.read32(reg(fw::reg::queue::kTail));
   std::string s = "the board reports the queue ";
-  if (status & fw::kQueueStatusFaulted) s += "faulted";
-  else if (status & fw::kQueueStatusWaiting) s += "waiting in a wait command";
-  else if (status & fw::kQueueStatusBusy) s += "busy";
-  else if (!(status & fw::kQueueStatusEnabled)) s += "disabled";
-  else if (head != tail) s += "about to start work";
-  else s += "idle";
+  if (status & fw::kQueueStatusFaulted)
+    s += "faulted";
+  else if (status & fw::kQueueStatusWaiting)
+    s += "waiting in a wait command";
+  else if (status & fw::kQueueStatusBusy)
+    s += "busy";
+  else if (!(status & fw::kQueueStatusEnabled))
+    s += "disabled";
+  else if (head != tail)
+    s += "about to start work";
+  else
+    s += "idle";
   s += " at ring position " + std::to_string(head) + " (tail " + std::to_string(tail) + ")";
   const Shadow& sh = shadow_[head & (entries_ - 1)];
   if (with_shadow && head != tail && sh.count)
@@ -390,8 +386,6 @@ std::uint64_t submit_raw(driver::QueueBackend& queue, std::span<const fw::Comman
   return as_tpu(queue).submit_raw(d);
 }
 
-std::uint64_t timeline_address(driver::QueueBackend& queue) {
-  return as_tpu(queue).timeline_address();
-}
+std::uint64_t timeline_address(driver::QueueBackend& queue) { return as_tpu(queue).timeline_address(); }
 
 }  // namespace tpuhal::tpu

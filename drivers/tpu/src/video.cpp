@@ -79,8 +79,8 @@ struct Channel {
     return reinterpret_cast<std::uint32_t*>(page_data + fw::video_slots_offset())[s];
   }
   const fw::FrameRecord& record(std::uint64_t n) const {
-    return reinterpret_cast<const fw::FrameRecord*>(page_data + fw::video_records_offset(open.slot_count))
-        [n % open.record_count];
+    return reinterpret_cast<const fw::FrameRecord*>(page_data +
+                                                    fw::video_records_offset(open.slot_count))[n % open.record_count];
   }
   void release(std::uint32_t slot) {
     held[slot].store(false, std::memory_order_relaxed);
@@ -169,8 +169,8 @@ class TpuDecoder final : public driver::DecoderBackend {
     } catch (const std::exception& e) {
       if (const auto* err = dynamic_cast<const Error*>(&e); err && err->status() == Status::Timeout)
         vq_->hung.store(true, std::memory_order_relaxed);
-      dev_->log->warn("{}: the board did not confirm its close ({}); its memory is kept until {} is reset",
-                      name(), e.what(), queue_->name());
+      dev_->log->warn("{}: the board did not confirm its close ({}); its memory is kept until {} is reset", name(),
+                      e.what(), queue_->name());
     }
     auto parked = std::make_shared<ParkedChannel>();
     parked->ch = ch_;
@@ -194,7 +194,8 @@ class TpuDecoder final : public driver::DecoderBackend {
       if (data.size() > fw::kMaxVideoPacketBytes)
         throw Error(Status::InvalidArgument, name() + ": packet " + std::to_string(index) + " of " +
                                                  std::to_string(data.size()) + " bytes is larger than the " +
-                                                 std::to_string(fw::kMaxVideoPacketBytes >> 20) + " MiB the unit takes");
+                                                 std::to_string(fw::kMaxVideoPacketBytes >> 20) +
+                                                 " MiB the unit takes");
       throttle(index);
       const std::uint64_t at = stage(data);
       d.args[1] = staging_->device_address() + at;
@@ -221,7 +222,8 @@ class TpuDecoder final : public driver::DecoderBackend {
       if (done >= sent_ && !waiting && load_acquire(h.published) == consumed_)
         return event(driver::DecoderEvent::Kind::NeedInput);
       if (waiting && ch_->held_count.load(std::memory_order_relaxed) == ch_->open.slot_count)
-        throw Error(Status::ResourceExhausted, name() + ": the caller holds all " + std::to_string(ch_->open.slot_count) +
+        throw Error(Status::ResourceExhausted, name() + ": the caller holds all " +
+                                                   std::to_string(ch_->open.slot_count) +
                                                    " frame buffers and the board has frames waiting for one; drop "
                                                    "frames when done with them (VideoDecoderOptions::frame_buffers)");
       const std::uint64_t now = base::monotonic_ns();
@@ -235,7 +237,8 @@ class TpuDecoder final : public driver::DecoderBackend {
                                                 queue_->diagnose());
         return ev;
       }
-      wait_interrupt(std::min<std::uint64_t>(10'000'000, static_cast<std::uint64_t>(timeout.count()) - (now - last_progress)));
+      wait_interrupt(
+          std::min<std::uint64_t>(10'000'000, static_cast<std::uint64_t>(timeout.count()) - (now - last_progress)));
     }
   }
 
@@ -423,8 +426,8 @@ class TpuDecoder final : public driver::DecoderBackend {
     store_release(h.consumed, ++consumed_);
     auto rec = fw::decode_frame_record(raw, ch_->open);
     if (!rec)
-      throw Error(Status::DeviceFault, name() + ": the board wrote a bad frame record: " +
-                                           fw::describe(rec.problem(), 0));
+      throw Error(Status::DeviceFault,
+                  name() + ": the board wrote a bad frame record: " + fw::describe(rec.problem(), 0));
     driver::DecoderEvent ev;
     ev.packet = rec->packet;
     switch (static_cast<fw::RecordKind>(rec->kind)) {
@@ -440,8 +443,7 @@ class TpuDecoder final : public driver::DecoderBackend {
         ev.pts = rec->pts;
         const fw::PlaneLayout L = fw::plane_layout(rec->width, rec->height, ch_->open.layout);
         ev.planes = L.planes;
-        for (std::uint32_t p = 0; p < L.planes; ++p)
-          ev.plane[p] = {L.offset[p], L.pitch[p], L.row_bytes[p], L.rows[p]};
+        for (std::uint32_t p = 0; p < L.planes; ++p) ev.plane[p] = {L.offset[p], L.pitch[p], L.row_bytes[p], L.rows[p]};
         return ev;
       }
       case fw::RecordKind::kError: {
@@ -451,13 +453,11 @@ class TpuDecoder final : public driver::DecoderBackend {
                          : status == fw::CmdStatus::kUnsupportedStream && rec->detail == fw::kVideoDetailTooLarge
                              ? Status::OutOfRange
                          : status == fw::CmdStatus::kUnsupportedStream ? Status::Unsupported
-                                                                        : Status::DeviceFault;
+                                                                       : Status::DeviceFault;
         ev.error = Error(s, name() + ": " + fw::describe(status, 0, 0, rec->packet, rec->detail));
         return ev;
       }
-      case fw::RecordKind::kEos:
-        ev.kind = driver::DecoderEvent::Kind::EndOfStream;
-        return ev;
+      case fw::RecordKind::kEos: ev.kind = driver::DecoderEvent::Kind::EndOfStream; return ev;
     }
     return std::nullopt;
   }
@@ -507,7 +507,8 @@ std::shared_ptr<driver::DecoderBackend> TpuDevice::open_decoder(const driver::De
         } catch (const Error& e) {
           if (!failed || e.status() != Status::ResourceExhausted) throw;
           const Error f = failed->queue->failure();
-          throw Error(f.status(), uri() + ": no video queue for a new decoder: the one the open decoders share failed (" +
+          throw Error(f.status(), uri() +
+                                      ": no video queue for a new decoder: the one the open decoders share failed (" +
                                       f.what() + "); release those decoders (their frames may stay) to open new ones");
         }
         vq = std::make_shared<VideoQueue>();

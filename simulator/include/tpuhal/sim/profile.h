@@ -42,6 +42,11 @@ struct BoardProfile {
   std::string bus;    // "pcie", "soc" or "usb"
   std::uint16_t pci_vendor = 0;
   std::uint16_t pci_device = 0;
+  // A board on a USB cable: its IDs running firmware and in its loader (0:
+  // none). The usb provider recognises them (cmake/TpuhalBoards.cmake).
+  std::uint16_t usb_vendor = 0;
+  std::uint16_t usb_product = 0;
+  std::uint16_t usb_loader_product = 0;
   std::uint32_t board_id = 0;
   std::uint32_t revision = 0;
   std::uint64_t serial = 0;

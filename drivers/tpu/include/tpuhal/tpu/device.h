@@ -24,7 +24,7 @@ class TpuDevice;
 // Opens the board behind `transport` as device `uri`; `driver_name` goes in
 // the device's properties ("tpu-sim", "tpu-pcie").
 std::shared_ptr<driver::DeviceBackend> open_device(std::unique_ptr<Transport> transport, std::string uri,
-                                                    std::string driver_name);
+                                                   std::string driver_name);
 
 // Raw ring access for conformance tests and board bring-up tools: submits
 // hand-built descriptors (sequence numbers are filled in) to the queue

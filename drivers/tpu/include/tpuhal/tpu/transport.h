@@ -63,8 +63,8 @@ class Transport {
     return base::Mapping::anonymous(bytes, {.populate = true, .lock = true, .huge_pages = bytes >= (2u << 20)});
   }
   // map_dma for [offset, offset + size) of memory from allocate_host.
-  virtual void map_dma_memory(std::uint64_t iova, const base::Mapping& memory, std::uint64_t offset,
-                              std::uint64_t size, bool device_writes) {
+  virtual void map_dma_memory(std::uint64_t iova, const base::Mapping& memory, std::uint64_t offset, std::uint64_t size,
+                              bool device_writes) {
     map_dma(iova, memory.data() + offset, size, device_writes);
   }
   // Whether map_dma can map memory the caller allocated (import_host).

@@ -1,0 +1,220 @@
+// The wire protocol between the simulator daemon (tpuhal-simd) and the
+// simd: transport (docs/simd.md). Shared by both; sees base only.
+//
+// Control messages travel over a SOCK_SEQPACKET Unix socket, one request
+// and one reply at a time, file descriptors riding along as SCM_RIGHTS.
+// Register accesses travel through a shared-memory channel (a memfd the
+// daemon creates per client): posted writes and non-posted reads in one
+// single-producer, single-consumer ring, so a read never passes an earlier
+// write, as on PCIe.
+//
+// The daemon trusts nothing a client writes, in a message or in the
+// channel: every field is checked, ring indices are masked, register
+// offsets are checked by the board.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tpuhal/base/fd.h"
+
+namespace tpuhal::simd {
+
+inline constexpr std::uint32_t kMagic = 0x44534854;  // "THSD"
+inline constexpr std::uint16_t kVersion =
+    3;  // 2: shadow doorbells in the channel; 3: BoardInfo::tensor_isa, VfStats::uid
+inline constexpr std::size_t kMaxMessageBytes = 4096;
+inline constexpr std::size_t kMaxFds = 64;
+
+enum class MsgType : std::uint16_t {
+  // client -> daemon
+  kList = 1,      // the boards served; reply kBoards
+  kAttach = 2,    // AttachRequest: become a VF of a board; reply kAttached + fds
+  kMapDma = 3,    // MapDmaRequest + one memfd; reply kOk
+  kUnmapDma = 4,  // UnmapDmaRequest; reply kOk once the board can no longer reach it
+  kStats = 5,     // daemon statistics; reply kStatsReply
+  // daemon -> client
+  kOk = 100,
+  kError = 101,       // ErrorReply
+  kBoards = 102,      // BoardsReply
+  kAttached = 103,    // AttachedReply; fds: DRAM memfd, channel memfd, one eventfd per vector
+  kStatsReply = 104,  // StatsReply
+};
+
+struct Header {
+  std::uint32_t magic = kMagic;
+  std::uint16_t version = kVersion;
+  MsgType type{};
+  std::uint32_t body_bytes = 0;
+  std::uint32_t reserved = 0;
+};
+static_assert(sizeof(Header) == 16);
+
+struct ErrorReply {
+  std::uint32_t status = 0;  // a tpuhal::Status value
+  char message[1020] = {};
+};
+
+struct BoardInfo {
+  char profile[32] = {};
+  char model[96] = {};
+  char bus[16] = {};
+  std::uint64_t board_dram_bytes = 0;  // the whole board
+  std::uint64_t vf_dram_bytes = 0;     // each VF's share
+  std::uint32_t vfs_total = 0;
+  std::uint32_t vfs_in_use = 0;
+  char tensor_isa[16] = {};  // the level the daemon's tensor engine runs at ("avx2"), or empty
+};
+static_assert(sizeof(BoardInfo) == 184);
+inline constexpr std::uint32_t kMaxBoards = (kMaxMessageBytes - sizeof(Header) - 8) / sizeof(BoardInfo);
+
+struct BoardsReply {
+  std::uint32_t count = 0;
+  std::uint32_t reserved = 0;
+  BoardInfo boards[kMaxBoards];
+};
+
+struct AttachRequest {
+  std::uint32_t board = 0;
+  std::uint32_t reserved = 0;
+};
+
+struct AttachedReply {
+  BoardInfo board;
+  std::uint32_t vf = 0;              // this client's VF number on the board
+  std::uint32_t vectors = 0;         // eventfds that follow the two memfds
+  std::uint64_t dram_bytes = 0;      // size of the DRAM memfd
+  std::uint64_t aperture_bytes = 0;  // the host-visible window at its start
+  std::uint64_t channel_bytes = 0;   // size of the channel memfd
+};
+
+enum Access : std::uint32_t { kRead = 1, kWrite = 2 };
+
+struct MapDmaRequest {
+  std::uint64_t iova = 0;
+  std::uint64_t offset = 0;  // into the memfd, page-aligned
+  std::uint64_t size = 0;    // page-aligned
+  std::uint32_t access = 0;  // Access bits
+  std::uint32_t reserved = 0;
+};
+
+struct UnmapDmaRequest {
+  std::uint64_t iova = 0;
+  std::uint64_t size = 0;
+};
+
+struct VfStats {
+  std::uint32_t board = 0;
+  std::uint32_t vf = 0;
+  std::int32_t pid = 0;            // the client's process
+  std::uint32_t dma_mappings = 0;  // host memory the VF's IOMMU maps
+  std::uint64_t dram_resident_bytes = 0;
+  std::uint64_t dma_mapped_bytes = 0;
+  std::uint32_t uid = 0;  // the client's user
+  std::uint32_t reserved = 0;
+};
+static_assert(sizeof(VfStats) == 40);
+inline constexpr std::uint32_t kMaxVfStats = (kMaxMessageBytes - sizeof(Header) - 16) / sizeof(VfStats);
+
+struct StatsReply {
+  std::uint32_t boards = 0;
+  std::uint32_t vfs = 0;              // entries in vf[] (all VFs, up to kMaxVfStats)
+  std::uint64_t protocol_errors = 0;  // bad messages answered with kError since start
+  VfStats vf[kMaxVfStats];
+};
+
+// ---- The register channel ----------------------------------------------------
+
+enum class RegOp : std::uint32_t { kWrite = 1, kRead = 2 };
+
+struct RegRequest {
+  std::uint32_t op;
+  std::uint32_t offset;
+  std::uint32_t value;
+  std::uint32_t seq;  // kRead: echoed in Channel::response_seq
+};
+
+inline constexpr std::uint32_t kRingEntries = 1024;    // a power of two
+inline constexpr std::uint32_t kShadowDoorbells = 32;  // >= the firmware interface's kMaxQueues
+
+// A hardware queue's shadow doorbell (docs/simd.md): the board's TAIL
+// register for the queue lives here. The client stores TAIL here directly
+// when nothing it posted to the ring is still pending, then rings the
+// register through the ring only if the queue's command processor says it
+// sleeps: a submission then reaches the processor without the daemon's
+// channel thread.
+struct ShadowDoorbell {
+  alignas(64) std::atomic<std::uint32_t> tail{0};      // written by the client (and the board)
+  alignas(64) std::atomic<std::uint32_t> sleeping{0};  // written by the command processor
+};
+
+// Laid out in the channel memfd; every field is shared by the two processes.
+struct Channel {
+  // The client (producer).
+  alignas(64) std::atomic<std::uint32_t> tail{0};
+  std::atomic<std::uint32_t> client_waiting{0};  // 1: asleep on response_seq
+  // The daemon (consumer).
+  alignas(64) std::atomic<std::uint32_t> head{0};
+  std::atomic<std::uint32_t> daemon_sleeping{0};  // 1: asleep on `tail`; kick it
+  std::atomic<std::uint32_t> response_seq{0};
+  std::atomic<std::uint32_t> response_value{0};
+  alignas(64) RegRequest ring[kRingEntries];
+  ShadowDoorbell doorbell[kShadowDoorbells];
+};
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+// Futex operations on memory shared between processes (not private).
+void shared_futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                       std::chrono::nanoseconds timeout) noexcept;
+void shared_futex_wake(const std::atomic<std::uint32_t>& word) noexcept;
+
+// ---- Messages --------------------------------------------------------------------
+
+struct Message {
+  Header header;
+  std::vector<std::byte> body;
+  std::vector<base::UniqueFd> fds;
+
+  template <class T>
+  const T* as() const noexcept {  // the body as T, or null if it is too short
+    return body.size() >= sizeof(T) ? reinterpret_cast<const T*>(body.data()) : nullptr;
+  }
+};
+
+// Sends one message (header, `body`, `fds`). Returns 0 or an errno value.
+int send_message(int sock, MsgType type, std::span<const std::byte> body, std::span<const int> fds = {});
+template <class T>
+int send_struct(int sock, MsgType type, const T& body, std::span<const int> fds = {}) {
+  return send_message(sock, type, {reinterpret_cast<const std::byte*>(&body), sizeof body}, fds);
+}
+int send_error(int sock, std::uint32_t status, const std::string& message);
+
+// Receives one message, waiting up to `timeout` (negative: forever).
+// Returns 0, ETIMEDOUT, ECONNRESET when the peer closed, EPROTO for a
+// message that is not one of ours (wrong size, magic or version; `why`
+// says which), or another errno value.
+int receive_message(int sock, Message& out, std::chrono::milliseconds timeout, std::string* why = nullptr);
+
+std::string to_string(MsgType type);
+
+// Copies `s` into a fixed, NUL-terminated field.
+template <std::size_t N>
+void set_field(char (&field)[N], std::string_view s) noexcept {
+  const std::size_t n = s.size() < N - 1 ? s.size() : N - 1;
+  for (std::size_t i = 0; i < n; ++i) field[i] = s[i];
+  for (std::size_t i = n; i < N; ++i) field[i] = '\0';
+}
+// Reads a fixed field that the peer may not have terminated.
+template <std::size_t N>
+std::string get_field(const char (&field)[N]) {
+  std::size_t n = 0;
+  while (n < N && field[n]) ++n;
+  return std::string(field, n);
+}
+
+}  // namespace tpuhal::simd
