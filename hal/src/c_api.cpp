@@ -62,6 +62,18 @@ void copy_string(char* dst, std::size_t cap, const std::string& src) {
 
 }  // namespace
 
+// C's tpuhal_status_t and C++'s tpuhal::Status come from one list
+// (tpuhal/status.inc); the casts between them rely on equal values, and
+// tables indexed by status (Python's) on values 0 .. kStatusCount - 1.
+// to_string()'s switch rejects two statuses with one value.
+#define TPUHAL_STATUS(name, c_name, value, text, python_also, doc)                    \
+  static_assert(static_cast<std::int32_t>(tpuhal::Status::name) == TPUHAL_##c_name,   \
+                "tpuhal.h and error.hpp disagree on " #name);                         \
+  static_assert(value >= 0 && static_cast<std::size_t>(value) < tpuhal::kStatusCount, \
+                #name ": statuses are numbered 0 .. kStatusCount - 1, without gaps");
+#include "tpuhal/status.inc"
+#undef TPUHAL_STATUS
+
 extern "C" {
 
 const char* tpuhal_last_error(void) { return t_last_error.c_str(); }
@@ -107,16 +119,13 @@ tpuhal_status_t tpuhal_buffer_allocate(tpuhal_device_t device, uint64_t size, tp
   if (!device) return null_arg("tpuhal_buffer_allocate", "device");
   if (!buffer) return null_arg("tpuhal_buffer_allocate", "buffer");
   if (memory < TPUHAL_MEMORY_DEVICE || memory > TPUHAL_MEMORY_HOST_PINNED)
-    return fail(TPUHAL_INVALID_ARGUMENT,
-                "tpuhal_buffer_allocate: memory kind " + std::to_string(static_cast<int>(memory)) +
-                    " is not a tpuhal_memory_t");
-  return guard([&] {
-    *buffer = new tpuhal_buffer_s{device->device.allocate(size, static_cast<tpuhal::Memory>(memory))};
-  });
+    return fail(TPUHAL_INVALID_ARGUMENT, "tpuhal_buffer_allocate: memory kind " +
+                                             std::to_string(static_cast<int>(memory)) + " is not a tpuhal_memory_t");
+  return guard(
+      [&] { *buffer = new tpuhal_buffer_s{device->device.allocate(size, static_cast<tpuhal::Memory>(memory))}; });
 }
 
-tpuhal_status_t tpuhal_buffer_import(tpuhal_device_t device, void* ptr, uint64_t size,
-                                     tpuhal_buffer_t* buffer) {
+tpuhal_status_t tpuhal_buffer_import(tpuhal_device_t device, void* ptr, uint64_t size, tpuhal_buffer_t* buffer) {
   if (!device) return null_arg("tpuhal_buffer_import", "device");
   if (!buffer) return null_arg("tpuhal_buffer_import", "buffer");
   return guard([&] { *buffer = new tpuhal_buffer_s{device->device.import_host(ptr, size)}; });
@@ -132,17 +141,13 @@ tpuhal_status_t tpuhal_buffer_map(tpuhal_buffer_t buffer, void** ptr) {
 
 uint64_t tpuhal_buffer_size(tpuhal_buffer_t buffer) { return buffer ? buffer->buffer.size() : 0; }
 
-tpuhal_status_t tpuhal_queue_create(tpuhal_device_t device, tpuhal_engine_t engine,
-                                    tpuhal_queue_t* queue) {
+tpuhal_status_t tpuhal_queue_create(tpuhal_device_t device, tpuhal_engine_t engine, tpuhal_queue_t* queue) {
   if (!device) return null_arg("tpuhal_queue_create", "device");
   if (!queue) return null_arg("tpuhal_queue_create", "queue");
   if (engine < TPUHAL_ENGINE_COMPUTE || engine > TPUHAL_ENGINE_VIDEO)
-    return fail(TPUHAL_INVALID_ARGUMENT, "tpuhal_queue_create: engine " +
-                                             std::to_string(static_cast<int>(engine)) +
+    return fail(TPUHAL_INVALID_ARGUMENT, "tpuhal_queue_create: engine " + std::to_string(static_cast<int>(engine)) +
                                              " is not a tpuhal_engine_t");
-  return guard([&] {
-    *queue = new tpuhal_queue_s{device->device.queue(static_cast<tpuhal::Engine>(engine))};
-  });
+  return guard([&] { *queue = new tpuhal_queue_s{device->device.queue(static_cast<tpuhal::Engine>(engine))}; });
 }
 
 void tpuhal_queue_release(tpuhal_queue_t queue) { delete queue; }
@@ -155,16 +160,16 @@ tpuhal_status_t tpuhal_batch_create(tpuhal_queue_t queue, tpuhal_batch_t* batch)
 
 void tpuhal_batch_release(tpuhal_batch_t batch) { delete batch; }
 
-tpuhal_status_t tpuhal_batch_copy(tpuhal_batch_t batch, tpuhal_buffer_t src, uint64_t src_offset,
-                                  tpuhal_buffer_t dst, uint64_t dst_offset, uint64_t size) {
+tpuhal_status_t tpuhal_batch_copy(tpuhal_batch_t batch, tpuhal_buffer_t src, uint64_t src_offset, tpuhal_buffer_t dst,
+                                  uint64_t dst_offset, uint64_t size) {
   if (!batch) return null_arg("tpuhal_batch_copy", "batch");
   if (!src) return null_arg("tpuhal_batch_copy", "src");
   if (!dst) return null_arg("tpuhal_batch_copy", "dst");
   return guard([&] { batch->batch.copy(src->buffer, src_offset, dst->buffer, dst_offset, size); });
 }
 
-tpuhal_status_t tpuhal_batch_fill(tpuhal_batch_t batch, tpuhal_buffer_t dst, uint64_t offset,
-                                  uint64_t size, uint32_t pattern, uint32_t pattern_bytes) {
+tpuhal_status_t tpuhal_batch_fill(tpuhal_batch_t batch, tpuhal_buffer_t dst, uint64_t offset, uint64_t size,
+                                  uint32_t pattern, uint32_t pattern_bytes) {
   if (!batch) return null_arg("tpuhal_batch_fill", "batch");
   if (!dst) return null_arg("tpuhal_batch_fill", "dst");
   return guard([&] { batch->batch.fill(dst->buffer, offset, size, pattern, pattern_bytes); });
@@ -187,8 +192,11 @@ tpuhal_status_t tpuhal_batch_submit(tpuhal_batch_t batch, tpuhal_fence_t* fence)
 tpuhal_status_t tpuhal_fence_wait(tpuhal_fence_t fence, uint64_t timeout_ns) {
   if (!fence) return null_arg("tpuhal_fence_wait", "fence");
   return guard([&] {
-    if (timeout_ns == 0) fence->fence.wait();
-    else fence->fence.wait(std::chrono::nanoseconds(timeout_ns > INT64_MAX ? INT64_MAX : static_cast<std::int64_t>(timeout_ns)));
+    if (timeout_ns == 0)
+      fence->fence.wait();
+    else
+      fence->fence.wait(
+          std::chrono::nanoseconds(timeout_ns > INT64_MAX ? INT64_MAX : static_cast<std::int64_t>(timeout_ns)));
   });
 }
 

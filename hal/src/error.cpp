@@ -6,28 +6,16 @@ namespace tpuhal {
 
 const char* to_string(Status status) noexcept {
   switch (status) {
-    case Status::Ok: return "ok";
-    case Status::InvalidArgument: return "invalid argument";
-    case Status::OutOfRange: return "out of range";
-    case Status::NotFound: return "not found";
-    case Status::Unsupported: return "unsupported";
-    case Status::OutOfMemory: return "out of memory";
-    case Status::ResourceExhausted: return "resource exhausted";
-    case Status::QueueFull: return "queue full";
-    case Status::Timeout: return "timeout";
-    case Status::DeviceFault: return "device fault";
-    case Status::DeviceLost: return "device lost";
-    case Status::Unavailable: return "unavailable";
-    case Status::FailedPrecondition: return "failed precondition";
-    case Status::VersionMismatch: return "version mismatch";
-    case Status::PermissionDenied: return "permission denied";
-    case Status::Internal: return "internal error";
+#define TPUHAL_STATUS(name, c_name, value, text, python_also, doc) \
+  case Status::name:                                               \
+    return text;
+#include "tpuhal/status.inc"
+#undef TPUHAL_STATUS
   }
   return "unknown status";
 }
 
-Error::Error(Status status, const std::string& message)
-    : std::runtime_error(message), status_(status) {}
+Error::Error(Status status, const std::string& message) : std::runtime_error(message), status_(status) {}
 
 const char* to_string(Memory memory) noexcept {
   switch (memory) {

@@ -1,6 +1,8 @@
 // Errors: tpuhal.Status (an IntEnum of tpuhal::Status), tpuhal.Error and one
 // subclass per status, and the translator that raises them for tpuhal::Error.
 #include <array>
+#include <string>
+#include <string_view>
 
 #include "common.hpp"
 
@@ -9,50 +11,39 @@ namespace {
 
 struct StatusInfo {
   Status status;
-  const char* name;      // as in C++: tpuhal::Status::InvalidArgument
-  PyObject* also;        // a built-in exception it also is, or nullptr
-  const char* doc;
+  const char* name;  // as in C++: tpuhal::Status::InvalidArgument
+  PyObject* also;    // a built-in exception it also is, or nullptr
+  std::string doc;
 };
 
-// A function rather than a constant: the built-in classes exist only once
-// the interpreter runs.
-std::array<StatusInfo, 15> status_table() {
-  return {{
-      {Status::InvalidArgument, "InvalidArgument", PyExc_ValueError,
-       "A value the call cannot accept (also a ValueError)."},
-      {Status::OutOfRange, "OutOfRange", PyExc_IndexError,
-       "An offset or size outside a buffer (also an IndexError)."},
-      {Status::NotFound, "NotFound", PyExc_LookupError,
-       "No such device, profile, heap or driver (also a LookupError)."},
-      {Status::Unsupported, "Unsupported", nullptr,
-       "The device cannot do this (see Device.properties.caps); the message says what to use instead."},
-      {Status::OutOfMemory, "OutOfMemory", nullptr,
-       "Device or pinned host memory exhausted; the message names the heap, what is used and free."},
-      {Status::ResourceExhausted, "ResourceExhausted", nullptr,
-       "No free hardware queue of the engine asked for."},
-      {Status::QueueFull, "QueueFull", nullptr,
-       "The queue's ring stayed full for the whole wait."},
-      {Status::Timeout, "Timeout", PyExc_TimeoutError,
-       "A wait saw no progress for its whole timeout (also a TimeoutError)."},
-      {Status::DeviceFault, "DeviceFault", nullptr,
-       "The board failed a command; the message names the submission, the command and the finding."},
-      {Status::DeviceLost, "DeviceLost", nullptr, "The board stopped responding or went away."},
-      {Status::Unavailable, "Unavailable", nullptr, "A driver or library is not present on this machine."},
-      {Status::FailedPrecondition, "FailedPrecondition", nullptr,
-       "The object is not in a state for this call (freed buffer, closed device, failed queue)."},
-      {Status::VersionMismatch, "VersionMismatch", nullptr,
-       "Host and board speak incompatible interface versions."},
-      {Status::PermissionDenied, "PermissionDenied", PyExc_PermissionError,
-       "Not permitted (also a PermissionError)."},
-      {Status::Internal, "Internal", nullptr, "A bug in tpuhal; please report it."},
-  }};
+// The list is tpuhal/status.inc (Ok has no class). A function rather than a
+// constant: the built-in classes exist only once the interpreter runs.
+PyObject* python_also(std::string_view name) {
+  if (name == "ValueError") return PyExc_ValueError;
+  if (name == "IndexError") return PyExc_IndexError;
+  if (name == "LookupError") return PyExc_LookupError;
+  if (name == "TimeoutError") return PyExc_TimeoutError;
+  if (name == "PermissionError") return PyExc_PermissionError;
+  return nullptr;  // "Error": tpuhal.Error only
+}
+
+std::array<StatusInfo, kStatusCount - 1> status_table() {
+  std::array<StatusInfo, kStatusCount - 1> table{};
+  std::size_t i = 0;
+#define TPUHAL_STATUS(name, c_name, value, text, also, doc)   \
+  if (Status::name != Status::Ok)                             \
+    table.at(i++) = {Status::name, #name, python_also(#also), \
+                     std::string(doc) + (python_also(#also) ? " (catchable as " #also ")." : ".")};
+#include "tpuhal/status.inc"
+#undef TPUHAL_STATUS
+  return table;
 }
 
 // The classes, indexed by status code. Module state for the life of the
 // process: the references are never released (the module is never unloaded).
 PyObject* g_error = nullptr;
-std::array<PyObject*, 16> g_by_status{};
-std::array<PyObject*, 16> g_status_members{};
+std::array<PyObject*, kStatusCount> g_by_status{};
+std::array<PyObject*, kStatusCount> g_status_members{};
 
 PyObject* class_for(Status s) {
   const auto i = static_cast<std::size_t>(s);
@@ -76,8 +67,7 @@ void bind_errors(py::module_& m) {
   py::list members;
   members.append(py::make_tuple("Ok", 0));
   for (const auto& s : table) members.append(py::make_tuple(s.name, static_cast<int>(s.status)));
-  py::object status_enum =
-      py::module_::import("enum").attr("IntEnum")("Status", members, py::arg("module") = "tpuhal");
+  py::object status_enum = py::module_::import("enum").attr("IntEnum")("Status", members, py::arg("module") = "tpuhal");
   status_enum.attr("__doc__") =
       "tpuhal::Status: why a call failed. Every tpuhal.Error subclass has its status as the "
       "class attribute `status` and its numeric value as `code`.";
@@ -89,11 +79,11 @@ void bind_errors(py::module_& m) {
   py::dict base_attrs;
   base_attrs["status"] = py::none();
   base_attrs["code"] = py::none();
-  g_error = PyErr_NewExceptionWithDoc(
-      "tpuhal.Error",
-      "Base of every error tpuhal raises. `status` (a tpuhal.Status) and `code` (its number) "
-      "say which; str(error) is the message, which names the value at fault.",
-      PyExc_Exception, base_attrs.ptr());
+  g_error =
+      PyErr_NewExceptionWithDoc("tpuhal.Error",
+                                "Base of every error tpuhal raises. `status` (a tpuhal.Status) and `code` (its number) "
+                                "say which; str(error) is the message, which names the value at fault.",
+                                PyExc_Exception, base_attrs.ptr());
   if (!g_error) throw py::error_already_set();
   m.attr("Error") = py::handle(g_error);
 
@@ -101,10 +91,10 @@ void bind_errors(py::module_& m) {
     py::dict attrs;
     attrs["status"] = from_status(s.status);
     attrs["code"] = static_cast<int>(s.status);
-    py::tuple bases = s.also ? py::make_tuple(py::handle(g_error), py::handle(s.also))
-                             : py::make_tuple(py::handle(g_error));
+    py::tuple bases =
+        s.also ? py::make_tuple(py::handle(g_error), py::handle(s.also)) : py::make_tuple(py::handle(g_error));
     const std::string qualified = std::string("tpuhal.") + s.name;
-    PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), s.doc, bases.ptr(), attrs.ptr());
+    PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), s.doc.c_str(), bases.ptr(), attrs.ptr());
     if (!cls) throw py::error_already_set();
     g_by_status[static_cast<std::size_t>(s.status)] = cls;
     m.attr(s.name) = py::handle(cls);

@@ -59,6 +59,32 @@ def test_error_classes_carry_their_status():
         assert cls.status == status and cls.code == int(status)
 
 
+def test_the_stubs_list_the_statuses_and_error_classes_the_module_has():
+    # Both come from hal/include/tpuhal/status.inc: the stubs at build time,
+    # the module when it loads.
+    import ast
+    import builtins
+    import pathlib
+
+    stubs = ast.parse((pathlib.Path(tpuhal.__file__).parent / "_tpuhal.pyi").read_text())
+    classes = {n.name: n for n in stubs.body if isinstance(n, ast.ClassDef)}
+    members = {
+        t.targets[0].id: t.value.value
+        for t in classes["Status"].body
+        if isinstance(t, ast.Assign)
+    }
+    assert members == {s.name: int(s) for s in tpuhal.Status}
+    for status in tpuhal.Status:
+        if status == tpuhal.Status.Ok:
+            continue
+        bases = [b.id for b in classes[status.name].bases]
+        assert bases[0] == "Error"
+        cls = getattr(tpuhal, status.name)
+        assert [c.__name__ for c in cls.__bases__] == bases, status.name
+        for extra in bases[1:]:
+            assert issubclass(cls, getattr(builtins, extra))
+
+
 def test_out_of_memory_names_the_heap(dev):
     with pytest.raises(tpuhal.OutOfMemory) as info:
         dev.alloc(1 << 40)

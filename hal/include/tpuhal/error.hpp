@@ -6,6 +6,7 @@
 // The C ABI (tpuhal.h) returns the same Status and keeps the message per thread.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -14,24 +15,20 @@
 
 namespace tpuhal {
 
+// Why a call failed: the list, with what each status means, is
+// tpuhal/status.inc (shared with the C ABI and Python).
 enum class Status : std::int32_t {
-  Ok = 0,
-  InvalidArgument = 1,     // a value the call cannot accept
-  OutOfRange = 2,          // an offset or size outside a buffer
-  NotFound = 3,            // no such device, profile or driver
-  Unsupported = 4,         // the device cannot do this (see Properties::caps)
-  OutOfMemory = 5,         // device or pinned host memory exhausted
-  ResourceExhausted = 6,   // no free hardware queue of the engine asked for
-  QueueFull = 7,           // the queue's ring stayed full for the whole timeout
-  Timeout = 8,             // a wait saw no progress for its whole timeout
-  DeviceFault = 9,         // the board failed a command (DMA fault, bad descriptor, ...)
-  DeviceLost = 10,         // the board stopped responding or went away
-  Unavailable = 11,        // a driver or library is not present on this machine
-  FailedPrecondition = 12, // the object is not in a state for this call (freed, failed)
-  VersionMismatch = 13,    // host and board speak incompatible interface versions
-  PermissionDenied = 14,
-  Internal = 15,           // a bug in tpuhal; please report it
+#define TPUHAL_STATUS(name, c_name, value, text, python_also, doc) name = value,
+#include "tpuhal/status.inc"
+#undef TPUHAL_STATUS
 };
+
+// How many statuses there are: values run from 0 to kStatusCount - 1.
+inline constexpr std::size_t kStatusCount = 0
+#define TPUHAL_STATUS(name, c_name, value, text, python_also, doc) +1
+#include "tpuhal/status.inc"
+#undef TPUHAL_STATUS
+    ;
 
 // "ok", "invalid argument", ...
 TPUHAL_API const char* to_string(Status status) noexcept;

@@ -21,24 +21,13 @@ extern "C" {
 
 #define TPUHAL_C_API __attribute__((visibility("default")))
 
-/* Same values as tpuhal::Status. */
+/* Why a call failed: TPUHAL_OK, TPUHAL_INVALID_ARGUMENT, ... The list, with
+ * what each status means, is tpuhal/status.inc, shared with C++'s
+ * tpuhal::Status (same values, checked when the library is built). */
 typedef enum tpuhal_status {
-  TPUHAL_OK = 0,
-  TPUHAL_INVALID_ARGUMENT = 1,
-  TPUHAL_OUT_OF_RANGE = 2,
-  TPUHAL_NOT_FOUND = 3,
-  TPUHAL_UNSUPPORTED = 4,
-  TPUHAL_OUT_OF_MEMORY = 5,
-  TPUHAL_RESOURCE_EXHAUSTED = 6,
-  TPUHAL_QUEUE_FULL = 7,
-  TPUHAL_TIMEOUT = 8,
-  TPUHAL_DEVICE_FAULT = 9,
-  TPUHAL_DEVICE_LOST = 10,
-  TPUHAL_UNAVAILABLE = 11,
-  TPUHAL_FAILED_PRECONDITION = 12,
-  TPUHAL_VERSION_MISMATCH = 13,
-  TPUHAL_PERMISSION_DENIED = 14,
-  TPUHAL_INTERNAL = 15,
+#define TPUHAL_STATUS(name, c_name, value, text, python_also, doc) TPUHAL_##c_name = value,
+#include "tpuhal/status.inc"
+#undef TPUHAL_STATUS
   TPUHAL_STATUS_MAX_ENUM = 0x7FFFFFFF /* keeps the enum 32-bit; not a status */
 } tpuhal_status_t;
 
@@ -75,17 +64,15 @@ TPUHAL_C_API const char* tpuhal_status_string(tpuhal_status_t status);
 
 /* Fills up to `capacity` entries of `out` and sets *count to the number of
  * devices there are (which may exceed capacity). */
-TPUHAL_C_API tpuhal_status_t tpuhal_enumerate(tpuhal_device_info_t* out, size_t capacity,
-                                              size_t* count);
+TPUHAL_C_API tpuhal_status_t tpuhal_enumerate(tpuhal_device_info_t* out, size_t capacity, size_t* count);
 
 TPUHAL_C_API tpuhal_status_t tpuhal_open(const char* uri, tpuhal_device_t* device);
 TPUHAL_C_API void tpuhal_device_release(tpuhal_device_t device);
 /* Device memory in total and in use, over every heap. */
-TPUHAL_C_API tpuhal_status_t tpuhal_device_memory(tpuhal_device_t device, uint64_t* total,
-                                                  uint64_t* used);
+TPUHAL_C_API tpuhal_status_t tpuhal_device_memory(tpuhal_device_t device, uint64_t* total, uint64_t* used);
 
-TPUHAL_C_API tpuhal_status_t tpuhal_buffer_allocate(tpuhal_device_t device, uint64_t size,
-                                                    tpuhal_memory_t memory, tpuhal_buffer_t* buffer);
+TPUHAL_C_API tpuhal_status_t tpuhal_buffer_allocate(tpuhal_device_t device, uint64_t size, tpuhal_memory_t memory,
+                                                    tpuhal_buffer_t* buffer);
 /* Caller memory for zero-copy DMA: page-aligned pointer and size; the memory
  * must outlive the buffer and the work using it. */
 TPUHAL_C_API tpuhal_status_t tpuhal_buffer_import(tpuhal_device_t device, void* ptr, uint64_t size,
@@ -94,20 +81,17 @@ TPUHAL_C_API void tpuhal_buffer_release(tpuhal_buffer_t buffer);
 TPUHAL_C_API tpuhal_status_t tpuhal_buffer_map(tpuhal_buffer_t buffer, void** ptr);
 TPUHAL_C_API uint64_t tpuhal_buffer_size(tpuhal_buffer_t buffer);
 
-TPUHAL_C_API tpuhal_status_t tpuhal_queue_create(tpuhal_device_t device, tpuhal_engine_t engine,
-                                                 tpuhal_queue_t* queue);
+TPUHAL_C_API tpuhal_status_t tpuhal_queue_create(tpuhal_device_t device, tpuhal_engine_t engine, tpuhal_queue_t* queue);
 TPUHAL_C_API void tpuhal_queue_release(tpuhal_queue_t queue);
 
 /* Recording work: create a batch, add commands, submit. Submitting empties
  * the batch, which may be reused; release it when done. */
 TPUHAL_C_API tpuhal_status_t tpuhal_batch_create(tpuhal_queue_t queue, tpuhal_batch_t* batch);
 TPUHAL_C_API void tpuhal_batch_release(tpuhal_batch_t batch);
-TPUHAL_C_API tpuhal_status_t tpuhal_batch_copy(tpuhal_batch_t batch, tpuhal_buffer_t src,
-                                               uint64_t src_offset, tpuhal_buffer_t dst,
-                                               uint64_t dst_offset, uint64_t size);
-TPUHAL_C_API tpuhal_status_t tpuhal_batch_fill(tpuhal_batch_t batch, tpuhal_buffer_t dst,
-                                               uint64_t offset, uint64_t size, uint32_t pattern,
-                                               uint32_t pattern_bytes);
+TPUHAL_C_API tpuhal_status_t tpuhal_batch_copy(tpuhal_batch_t batch, tpuhal_buffer_t src, uint64_t src_offset,
+                                               tpuhal_buffer_t dst, uint64_t dst_offset, uint64_t size);
+TPUHAL_C_API tpuhal_status_t tpuhal_batch_fill(tpuhal_batch_t batch, tpuhal_buffer_t dst, uint64_t offset,
+                                               uint64_t size, uint32_t pattern, uint32_t pattern_bytes);
 TPUHAL_C_API tpuhal_status_t tpuhal_batch_wait(tpuhal_batch_t batch, tpuhal_fence_t fence);
 TPUHAL_C_API tpuhal_status_t tpuhal_batch_submit(tpuhal_batch_t batch, tpuhal_fence_t* fence);
 
