@@ -112,8 +112,7 @@ std::unique_ptr<sim::Board> guarded_board(const sim::BoardProfile& profile) {
   std::vector<std::pair<void*, std::size_t>> filled;
   std::unique_ptr<sim::Board> board;
   for (int attempt = 0; attempt < 16; ++attempt) {
-    void* p = ::mmap(nullptr, kDramBytes + 2 * kGuard, PROT_NONE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = ::mmap(nullptr, kDramBytes + 2 * kGuard, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) break;
     auto* hole = static_cast<std::byte*>(p) + kGuard;
     ::munmap(hole, kDramBytes);
@@ -125,8 +124,8 @@ std::unique_ptr<sim::Board> guarded_board(const sim::BoardProfile& profile) {
     ::munmap(hole - kGuard, kGuard);
     ::munmap(hole + kDramBytes, kGuard);
     board.reset();
-    void* fill = ::mmap(dram, kDramBytes, PROT_NONE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    void* fill =
+        ::mmap(dram, kDramBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     if (fill != MAP_FAILED) filled.emplace_back(fill, kDramBytes);
   }
   for (auto [p, n] : filled) ::munmap(p, n);
@@ -161,8 +160,7 @@ struct Harness {
     map(kHostRwIova, host_rw, kHostRwBytes, sim::kIommuRead | sim::kIommuWrite);
     map(kHostRoIova, host_ro, kHostRoBytes, sim::kIommuRead);
     // As the driver does: agree on a version with what the board offers.
-    auto version = fw::negotiate(fw::Version::unpack(r(reg::kIfaceVersion)), fw::Version{1, 0},
-                                 fw::kInterfaceVersion);
+    auto version = fw::negotiate(fw::Version::unpack(r(reg::kIfaceVersion)), fw::Version{1, 0}, fw::kInterfaceVersion);
     FUZZ_CHECK(version.ok(), "board interface %#x", r(reg::kIfaceVersion));
     w(reg::kDriverVersion, version->packed());
     FUZZ_CHECK(r(reg::kStatus) & fw::kStatusVersionOk, "version %#x refused", version->packed());
@@ -244,12 +242,12 @@ void Harness::run(const std::uint8_t* data, std::size_t size) {
     if (verbose) std::fprintf(stderr, "queue %u: enable refused\n", q);
     FUZZ_CHECK(enabled == fw::kQueueStatusFaulted &&
                    qr(q, qreg::kError) == static_cast<std::uint32_t>(fw::CmdStatus::kRingConfig),
-               "ring base %#" PRIx64 " status page %#" PRIx64 " accepted (STATUS %#x)", ring_base,
-               status_page, enabled);
+               "ring base %#" PRIx64 " status page %#" PRIx64 " accepted (STATUS %#x)", ring_base, status_page,
+               enabled);
   } else {
     FUZZ_CHECK(enabled == fw::kQueueStatusEnabled && qr(q, qreg::kError) == 0,
-               "ring base %#" PRIx64 " x %u status page %#" PRIx64 " refused (STATUS %#x ERROR %u)",
-               ring_base, entries, status_page, enabled, qr(q, qreg::kError));
+               "ring base %#" PRIx64 " x %u status page %#" PRIx64 " refused (STATUS %#x ERROR %u)", ring_base, entries,
+               status_page, enabled, qr(q, qreg::kError));
     qw(q, qreg::kTail, tail);
 
     // Bounded wait for one of the three ends.
@@ -276,9 +274,8 @@ void Harness::run(const std::uint8_t* data, std::size_t size) {
         tpuhal::base::cpu_relax();
         continue;
       }
-      FUZZ_CHECK(tpuhal::base::monotonic_ns() < deadline,
-                 "queue %u hangs: STATUS %#x HEAD %u TAIL %u PROGRESS %u", q, st, head, tail,
-                 qr(q, qreg::kProgress));
+      FUZZ_CHECK(tpuhal::base::monotonic_ns() < deadline, "queue %u hangs: STATUS %#x HEAD %u TAIL %u PROGRESS %u", q,
+                 st, head, tail, qr(q, qreg::kProgress));
       std::this_thread::yield();
     }
 
@@ -304,8 +301,9 @@ void Harness::run(const std::uint8_t* data, std::size_t size) {
       auto failure = fw::decode_failure(rec);
       std::fprintf(stderr, "queue %u: %s, %" PRIu64 " of %u slots retired%s%s\n", q,
                    outcome == Outcome::kCompleted ? "completed"
-                   : outcome == Outcome::kBlocked ? "blocked in wait_value"
-                                                  : ("halted: " + std::string(fw::to_string(static_cast<fw::CmdStatus>(error)))).c_str(),
+                   : outcome == Outcome::kBlocked
+                       ? "blocked in wait_value"
+                       : ("halted: " + std::string(fw::to_string(static_cast<fw::CmdStatus>(error)))).c_str(),
                    done, tail, page_writable && failure ? ": " : "",
                    page_writable && failure ? fw::describe(*failure).c_str() : "");
     }
@@ -316,8 +314,7 @@ void Harness::run(const std::uint8_t* data, std::size_t size) {
         FUZZ_CHECK(done == tail, "completed %u slots, retired %" PRIu64, tail, done);
         break;
       case Outcome::kFailed: {
-        FUZZ_CHECK(error != 0 && fw::is_known(error) &&
-                       error != static_cast<std::uint32_t>(fw::CmdStatus::kQueueReset),
+        FUZZ_CHECK(error != 0 && fw::is_known(error) && error != static_cast<std::uint32_t>(fw::CmdStatus::kQueueReset),
                    "halted with ERROR %u", error);
         FUZZ_CHECK(done < tail, "halted after retiring %" PRIu64 " of %u slots", done, tail);
         FUZZ_CHECK(latched, "halted without latching its interrupt");
@@ -327,19 +324,17 @@ void Harness::run(const std::uint8_t* data, std::size_t size) {
           // commands before wrote into the page (it is DMA-reachable), the
           // driver must find a failure it can decode and say.
           const auto& rec = reinterpret_cast<const fw::QueueStatusPage*>(status + page_offset)->fence;
-          FUZZ_CHECK(rec.value & fw::kTimelineFailed, "halted (ERROR %u), timeline %#" PRIx64,
-                     error, rec.value);
+          FUZZ_CHECK(rec.value & fw::kTimelineFailed, "halted (ERROR %u), timeline %#" PRIx64, error, rec.value);
           auto failure = fw::decode_failure(rec);
-          FUZZ_CHECK(failure && static_cast<std::uint32_t>(failure->status) == error,
-                     "record status %u, ERROR %u", rec.error_status, error);
+          FUZZ_CHECK(failure && static_cast<std::uint32_t>(failure->status) == error, "record status %u, ERROR %u",
+                     rec.error_status, error);
           const std::string msg = fw::describe(*failure);
           FUZZ_CHECK(tpuhal::fuzz::printable(msg), "message \"%s\"", msg.c_str());
         }
         break;
       }
       case Outcome::kBlocked:
-        FUZZ_CHECK(error == 0 && done < tail, "blocked with ERROR %u after %" PRIu64 " of %u", error,
-                   done, tail);
+        FUZZ_CHECK(error == 0 && done < tail, "blocked with ERROR %u after %" PRIu64 " of %u", error, done, tail);
         break;
     }
   }
@@ -355,11 +350,10 @@ void Harness::run(const std::uint8_t* data, std::size_t size) {
   static const std::byte kZero[kHostRoBytes] = {};
   static_assert(kStatusRoBytes <= sizeof kZero);
   const std::size_t ro_data = std::min(extra_size, kHostRoBytes);
-  FUZZ_CHECK(std::memcmp(status_ro, kZero, kStatusRoBytes) == 0,
-             "the read-only status window was written");
-  FUZZ_CHECK(std::memcmp(host_ro, extra, ro_data) == 0 &&
-                 std::memcmp(host_ro + ro_data, kZero, kHostRoBytes - ro_data) == 0,
-             "the read-only host window was written");
+  FUZZ_CHECK(std::memcmp(status_ro, kZero, kStatusRoBytes) == 0, "the read-only status window was written");
+  FUZZ_CHECK(
+      std::memcmp(host_ro, extra, ro_data) == 0 && std::memcmp(host_ro + ro_data, kZero, kHostRoBytes - ro_data) == 0,
+      "the read-only host window was written");
 }
 
 }  // namespace

@@ -58,33 +58,30 @@ bool spec_valid(const fw::CommandDescriptor& d) {
     case 1:  // nop
       return args_zero_from(d, 0);
     case 2:  // copy: src, dst, size
-      return args_zero_from(d, 3) && a[2] > 0 && a[2] <= fw::kMaxTransferBytes &&
-             no_wrap(a[0], a[2]) && no_wrap(a[1], a[2]);
+      return args_zero_from(d, 3) && a[2] > 0 && a[2] <= fw::kMaxTransferBytes && no_wrap(a[0], a[2]) &&
+             no_wrap(a[1], a[2]);
     case 3:  // copy_sg: list (32-aligned), count 1..65536, total
-      return args_zero_from(d, 3) && a[0] % 32 == 0 && a[1] >= 1 && a[1] <= 65536 &&
-             no_wrap(a[0], a[1] * 32) && a[2] > 0 && a[2] <= fw::kMaxTransferBytes;
+      return args_zero_from(d, 3) && a[0] % 32 == 0 && a[1] >= 1 && a[1] <= 65536 && no_wrap(a[0], a[1] * 32) &&
+             a[2] > 0 && a[2] <= fw::kMaxTransferBytes;
     case 4: {  // fill: dst, size, pattern | width << 32
       const std::uint64_t width = a[2] >> 32, pattern = a[2] & 0xFFFFFFFF;
       if (!args_zero_from(d, 3) || (width != 1 && width != 2 && width != 4)) return false;
       if (width < 4 && pattern >= (1ull << (8 * width))) return false;
-      return a[1] > 0 && a[1] <= fw::kMaxTransferBytes && a[1] % width == 0 && a[0] % width == 0 &&
-             no_wrap(a[0], a[1]);
+      return a[1] > 0 && a[1] <= fw::kMaxTransferBytes && a[1] % width == 0 && a[0] % width == 0 && no_wrap(a[0], a[1]);
     }
     case 5:  // wait_value: address (8-aligned), value, mode 0 | 1 (timeline: 63 bits)
-      return args_zero_from(d, 3) && a[0] % 8 == 0 && a[2] <= 1 &&
-             (a[2] == 0 || a[1] <= fw::kTimelineValueMask);
+      return args_zero_from(d, 3) && a[0] % 8 == 0 && a[2] <= 1 && (a[2] == 0 || a[1] <= fw::kTimelineValueMask);
     case 6:  // write_value: address (8-aligned), value
       return args_zero_from(d, 2) && a[0] % 8 == 0;
     case 7:  // timestamp: address (8-aligned)
       return args_zero_from(d, 1) && a[0] % 8 == 0;
     case 8:  // tensor_op: block address (8-aligned, 0 = inline), bytes
-      return args_zero_from(d, 2) && a[0] % 8 == 0 && a[1] >= sizeof(fw::OpHeader) &&
-             a[1] <= fw::kMaxParamBytes && no_wrap(a[0], a[1]);
+      return args_zero_from(d, 2) && a[0] % 8 == 0 && a[1] >= sizeof(fw::OpHeader) && a[1] <= fw::kMaxParamBytes &&
+             no_wrap(a[0], a[1]);
     case 9:  // call: list address (64-aligned, not 0), slots 1..2^24
-      return args_zero_from(d, 2) && a[0] != 0 && a[0] % 64 == 0 && a[1] >= 1 &&
-             a[1] <= fw::kMaxCallSlots && no_wrap(a[0], a[1] * 64);
-    default:
-      return false;
+      return args_zero_from(d, 2) && a[0] != 0 && a[0] % 64 == 0 && a[1] >= 1 && a[1] <= fw::kMaxCallSlots &&
+             no_wrap(a[0], a[1] * 64);
+    default: return false;
   }
 }
 
@@ -104,8 +101,7 @@ fw::CommandDescriptor encode(const fw::Command& c) {
   d.fence_value = c.fence_value;
   std::uint64_t* a = d.args;
   std::visit(Overloaded{
-                 [](const fw::NopArgs&) {},
-                 [&](const fw::CopyArgs& x) { a[0] = x.src, a[1] = x.dst, a[2] = x.size; },
+                 [](const fw::NopArgs&) {}, [&](const fw::CopyArgs& x) { a[0] = x.src, a[1] = x.dst, a[2] = x.size; },
                  [&](const fw::CopySgArgs& x) { a[0] = x.list, a[1] = x.count, a[2] = x.total; },
                  [&](const fw::FillArgs& x) {
                    a[0] = x.dst, a[1] = x.size;
@@ -138,8 +134,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto from_span = fw::decode_command(bytes);
   if (size != sizeof(fw::CommandDescriptor)) {
     FUZZ_CHECK(!from_span && from_span.problem().status == fw::CmdStatus::kBadArgument &&
-                   from_span.problem().field == fw::Problem::kFieldLength &&
-                   from_span.problem().value == size,
+                   from_span.problem().field == fw::Problem::kFieldLength && from_span.problem().value == size,
                "a %zu-byte descriptor was not refused for its length", size);
     check_problem(from_span.problem(), 0);
     return 0;
@@ -149,32 +144,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto decoded = fw::decode_command(d);
   FUZZ_CHECK(decoded.ok() == from_span.ok(), "span and struct overloads disagree");
   const bool modelled = d.opcode <= kModelledOpcodes;
-  FUZZ_CHECK(!decoded.ok() || header_valid(d), "opcode %u flags %#x fence %#" PRIx64 " accepted",
-             d.opcode, d.flags, d.fence_value);
+  FUZZ_CHECK(!decoded.ok() || header_valid(d), "opcode %u flags %#x fence %#" PRIx64 " accepted", d.opcode, d.flags,
+             d.fence_value);
   if (d.opcode == 0 || d.opcode > fw::kMaxOpcode)
     FUZZ_CHECK(!decoded && decoded.problem().status == fw::CmdStatus::kInvalidOpcode,
                "opcode %u not refused as invalid", d.opcode);
   FUZZ_CHECK(!modelled || decoded.ok() == spec_valid(d),
-             "opcode %u flags %#x fence %#" PRIx64 " args %#" PRIx64 " %#" PRIx64 " %#" PRIx64
-             " %#" PRIx64 ": decoder says %s, the contract says %s",
+             "opcode %u flags %#x fence %#" PRIx64 " args %#" PRIx64 " %#" PRIx64 " %#" PRIx64 " %#" PRIx64
+             ": decoder says %s, the contract says %s",
              d.opcode, d.flags, d.fence_value, d.args[0], d.args[1], d.args[2], d.args[3],
              decoded ? "valid" : fw::describe(decoded.problem(), d.opcode).c_str(),
              spec_valid(d) ? "valid" : "invalid");
   if (!decoded) {
     const fw::Problem& p = decoded.problem();
     const fw::Problem& q = from_span.problem();
-    FUZZ_CHECK(p.status == q.status && p.field == q.field && p.value == q.value &&
-                   p.detail == q.detail,
+    FUZZ_CHECK(p.status == q.status && p.field == q.field && p.value == q.value && p.detail == q.detail,
                "span and struct overloads report different problems");
     check_problem(p, d.opcode);
     return 0;
   }
 
   const fw::Command& c = *decoded;
-  FUZZ_CHECK(c.args.index() + 1 == d.opcode, "opcode %u decoded as alternative %zu", d.opcode,
-             c.args.index());
-  FUZZ_CHECK(static_cast<std::uint16_t>(c.opcode) == d.opcode && c.flags == d.flags &&
-                 c.sequence == d.sequence && c.fence_value == d.fence_value,
+  FUZZ_CHECK(c.args.index() + 1 == d.opcode, "opcode %u decoded as alternative %zu", d.opcode, c.args.index());
+  FUZZ_CHECK(static_cast<std::uint16_t>(c.opcode) == d.opcode && c.flags == d.flags && c.sequence == d.sequence &&
+                 c.fence_value == d.fence_value,
              "opcode %u: header fields changed", d.opcode);
   FUZZ_CHECK(!fw::engine_accepts(fw::EngineType::kNone, c.opcode), "engine none accepts");
   FUZZ_CHECK(fw::engine_accepts(fw::EngineType::kCompute, c.opcode) ||
@@ -184,14 +177,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (std::uint16_t i = 0; i < 8; ++i)
     FUZZ_CHECK(tpuhal::fuzz::printable(fw::arg_name(d.opcode, i)), "arg_name(%u, %u)", d.opcode, i);
   if (!modelled) {
-    FUZZ_CHECK(fw::command_slots(c) == 1, "opcode %u occupies %" PRIu64 " slots", d.opcode,
-               fw::command_slots(c));
+    FUZZ_CHECK(fw::command_slots(c) == 1, "opcode %u occupies %" PRIu64 " slots", d.opcode, fw::command_slots(c));
     return 0;
   }
 
   const fw::CommandDescriptor again = encode(c);
-  FUZZ_CHECK(std::memcmp(&again, &d, sizeof d) == 0, "opcode %u does not re-encode to its bytes",
-             d.opcode);
+  FUZZ_CHECK(std::memcmp(&again, &d, sizeof d) == 0, "opcode %u does not re-encode to its bytes", d.opcode);
 
   const std::uint64_t slots = fw::command_slots(c);
   std::uint64_t expected_slots = 1;

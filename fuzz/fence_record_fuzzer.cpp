@@ -20,32 +20,29 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto r = tpuhal::fuzz::load_padded<fw::FenceRecord>(data, size);
   auto failure = fw::decode_failure(r);
   const bool known = r.error_status != 0 && fw::is_known(r.error_status);
-  FUZZ_CHECK(failure.ok() == known, "status %u %s", r.error_status,
-             failure ? "decoded" : "refused");
+  FUZZ_CHECK(failure.ok() == known, "status %u %s", r.error_status, failure ? "decoded" : "refused");
   std::string msg;
   if (failure) {
     const fw::Failure& f = *failure;
     FUZZ_CHECK(static_cast<std::uint32_t>(f.status) == r.error_status && f.opcode == r.error_opcode &&
-                   f.field == r.error_field && f.sequence == r.error_sequence &&
-                   f.fence == r.error_fence && f.value == r.error_value && f.detail == r.error_detail,
+                   f.field == r.error_field && f.sequence == r.error_sequence && f.fence == r.error_fence &&
+                   f.value == r.error_value && f.detail == r.error_detail,
                "decoded failure differs from the record");
     // The driver's message: "<status>: <describe>".
     msg = std::string(fw::to_string(f.status)) + ": " + fw::describe(f);
-    FUZZ_CHECK(std::string_view(fw::to_string(f.status)) != "unknown status", "status %u",
-               r.error_status);
+    FUZZ_CHECK(std::string_view(fw::to_string(f.status)) != "unknown status", "status %u", r.error_status);
   } else {
     const fw::Problem& p = failure.problem();
     FUZZ_CHECK(p.status == fw::CmdStatus::kFirmwareFault && p.value == r.error_status,
-               "status %u refused as %u / %" PRIu64, r.error_status,
-               static_cast<unsigned>(p.status), p.value);
+               "status %u refused as %u / %" PRIu64, r.error_status, static_cast<unsigned>(p.status), p.value);
     msg = fw::describe(p, r.error_opcode);
   }
   FUZZ_CHECK(tpuhal::fuzz::printable(msg), "message \"%s\"", msg.c_str());
 
   // describe() is public and takes raw fields: any status the board might
   // write, known or not.
-  const std::string raw = fw::describe(static_cast<fw::CmdStatus>(r.error_status), r.error_opcode,
-                                       r.error_field, r.error_value, r.error_detail);
+  const std::string raw = fw::describe(static_cast<fw::CmdStatus>(r.error_status), r.error_opcode, r.error_field,
+                                       r.error_value, r.error_detail);
   FUZZ_CHECK(tpuhal::fuzz::printable(raw), "message \"%s\"", raw.c_str());
   return 0;
 }

@@ -49,10 +49,8 @@ bool allowed(const fw::FrameRecord& r, const fw::VideoOpenArgs& open) {
       return r.status == static_cast<std::uint32_t>(fw::CmdStatus::kCorruptStream) ||
              r.status == static_cast<std::uint32_t>(fw::CmdStatus::kUnsupportedStream) ||
              r.status == static_cast<std::uint32_t>(fw::CmdStatus::kDmaFault);
-    case static_cast<std::uint32_t>(fw::RecordKind::kEos):
-      return true;
-    default:
-      return false;
+    case static_cast<std::uint32_t>(fw::RecordKind::kEos): return true;
+    default: return false;
   }
 }
 
@@ -70,13 +68,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   open.max_height = 1 + (cfg[3] | cfg[4] << 8) % fw::kMaxVideoDimension;
   open.slot_count = 1 + cfg[5] % fw::kMaxVideoSlots;
   open.record_count = 1 + cfg[6] % fw::kMaxVideoRecords;
-  open.slot_bytes = ((fw::plane_layout(open.max_width, open.max_height, open.layout).bytes + 4095) / 4096 +
-                     cfg[7] % 4) * 4096;
+  open.slot_bytes =
+      ((fw::plane_layout(open.max_width, open.max_height, open.layout).bytes + 4095) / 4096 + cfg[7] % 4) * 4096;
 
   auto decoded = fw::decode_frame_record(r, open);
   const bool expect = allowed(r, open);
-  FUZZ_CHECK(decoded.ok() == expect, "kind %u slot %u %ux%u in a %ux%u channel: %s", r.kind, r.slot, r.width,
-             r.height, open.max_width, open.max_height, decoded ? "accepted" : "refused");
+  FUZZ_CHECK(decoded.ok() == expect, "kind %u slot %u %ux%u in a %ux%u channel: %s", r.kind, r.slot, r.width, r.height,
+             open.max_width, open.max_height, decoded ? "accepted" : "refused");
   if (decoded) {
     FUZZ_CHECK(std::memcmp(&*decoded, &r, sizeof r) == 0, "the accepted record changed");
     if (r.kind == static_cast<std::uint32_t>(fw::RecordKind::kFrame)) {
@@ -84,8 +82,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (std::uint32_t p = 0; p < L.planes; ++p) {
         const std::uint64_t end = r.offset[p] + std::uint64_t{r.pitch[p]} * (L.rows[p] - 1) + L.row_bytes[p];
         FUZZ_CHECK(L.row_bytes[p] <= r.pitch[p] && end <= open.slot_bytes,
-                   "plane %u (offset %u, pitch %u, %u rows of %u) leaves the %" PRIu64 "-byte slot", p,
-                   r.offset[p], r.pitch[p], L.rows[p], L.row_bytes[p], open.slot_bytes);
+                   "plane %u (offset %u, pitch %u, %u rows of %u) leaves the %" PRIu64 "-byte slot", p, r.offset[p],
+                   r.pitch[p], L.rows[p], L.row_bytes[p], open.slot_bytes);
       }
     }
   } else {

@@ -19,11 +19,10 @@
 
 namespace tpuhal::fuzz {
 
-[[noreturn]] inline void check_failed(const char* file, int line, const char* expr,
-                                      const char* format, ...) __attribute__((format(printf, 4, 5)));
+[[noreturn]] inline void check_failed(const char* file, int line, const char* expr, const char* format, ...)
+    __attribute__((format(printf, 4, 5)));
 
-[[noreturn]] inline void check_failed(const char* file, int line, const char* expr,
-                                      const char* format, ...) {
+[[noreturn]] inline void check_failed(const char* file, int line, const char* expr, const char* format, ...) {
   std::fprintf(stderr, "\n%s:%d: fuzz property violated: %s\n  ", file, line, expr);
   va_list args;
   va_start(args, format);
@@ -63,7 +62,7 @@ inline bool printable(std::string_view s) {
 
 // Checks a property of the decoded result; on failure prints it with the
 // formatted context and aborts.
-#define FUZZ_CHECK(cond, ...)                                                       \
-  do {                                                                              \
+#define FUZZ_CHECK(cond, ...)                                                          \
+  do {                                                                                 \
     if (!(cond)) ::tpuhal::fuzz::check_failed(__FILE__, __LINE__, #cond, __VA_ARGS__); \
   } while (0)

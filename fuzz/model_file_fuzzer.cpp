@@ -33,8 +33,8 @@ bool same(const rt::ModelFile& a, const rt::ModelFile& b) {
 void decode_sections(std::span<const std::byte> io, std::span<const std::byte> graph, std::uint64_t weights) {
   auto refused_properly = [](const tpuhal::Error& e) {
     const std::string msg = e.what();
-    FUZZ_CHECK(e.status() == tpuhal::Status::InvalidArgument, "section decoder status %d: %s", static_cast<int>(e.status()),
-               e.what());
+    FUZZ_CHECK(e.status() == tpuhal::Status::InvalidArgument, "section decoder status %d: %s",
+               static_cast<int>(e.status()), e.what());
     FUZZ_CHECK(msg.rfind("fuzz.tpm: ", 0) == 0 && tpuhal::fuzz::printable(msg), "message \"%s\"", msg.c_str());
   };
   if (!io.empty()) {
@@ -82,6 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(rt::encode(back) == again, "encode is not a fixed point");
 
   auto section = [&](rt::SectionKind k) { return model.has(k) ? model.get(k) : std::span<const std::byte>(); };
-  decode_sections(section(rt::SectionKind::Io), section(rt::SectionKind::Graph), section(rt::SectionKind::Weights).size());
+  decode_sections(section(rt::SectionKind::Io), section(rt::SectionKind::Graph),
+                  section(rt::SectionKind::Weights).size());
   return 0;
 }

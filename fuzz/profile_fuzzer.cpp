@@ -29,39 +29,35 @@ constexpr std::string_view kSource = "fuzz.json";
 constexpr std::uint64_t kPage = 4096;
 
 bool valid_name(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
-    return std::isalnum(c) || c == '-' || c == '_';
-  });
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isalnum(c) || c == '-' || c == '_'; });
 }
 
 void check_rules(const sim::BoardProfile& p) {
   FUZZ_CHECK(valid_name(p.name) && p.name.size() <= 32, "name \"%s\"", p.name.c_str());
-  FUZZ_CHECK(p.model.size() <= 63 && (p.model.empty() || tpuhal::fuzz::printable(p.model)),
-             "model \"%s\"", p.model.c_str());
+  FUZZ_CHECK(p.model.size() <= 63 && (p.model.empty() || tpuhal::fuzz::printable(p.model)), "model \"%s\"",
+             p.model.c_str());
   FUZZ_CHECK(p.bus == "pcie" || p.bus == "soc" || p.bus == "usb", "bus \"%s\"", p.bus.c_str());
-  FUZZ_CHECK(p.dram_bytes >= (1u << 20) && p.dram_bytes <= (1ull << 40) && p.dram_bytes % kPage == 0,
-             "dram %" PRIu64, p.dram_bytes);
-  FUZZ_CHECK(p.aperture_bytes <= p.dram_bytes && p.aperture_bytes % kPage == 0,
-             "aperture %" PRIu64, p.aperture_bytes);
-  FUZZ_CHECK(!p.regions.empty() && p.regions.size() <= fw::kMaxMemRegions, "%zu regions",
-             p.regions.size());
+  FUZZ_CHECK(p.dram_bytes >= (1u << 20) && p.dram_bytes <= (1ull << 40) && p.dram_bytes % kPage == 0, "dram %" PRIu64,
+             p.dram_bytes);
+  FUZZ_CHECK(p.aperture_bytes <= p.dram_bytes && p.aperture_bytes % kPage == 0, "aperture %" PRIu64, p.aperture_bytes);
+  FUZZ_CHECK(!p.regions.empty() && p.regions.size() <= fw::kMaxMemRegions, "%zu regions", p.regions.size());
   int defaults = 0;
   for (std::size_t i = 0; i < p.regions.size(); ++i) {
     const auto& r = p.regions[i];
-    FUZZ_CHECK(!r.name.empty() && r.name.size() <= 15 && tpuhal::fuzz::printable(r.name),
-               "region %zu name \"%s\"", i, r.name.c_str());
-    FUZZ_CHECK(r.size > 0 && r.base % kPage == 0 && r.size % kPage == 0,
-               "region %zu base %#" PRIx64 " size %#" PRIx64, i, r.base, r.size);
+    FUZZ_CHECK(!r.name.empty() && r.name.size() <= 15 && tpuhal::fuzz::printable(r.name), "region %zu name \"%s\"", i,
+               r.name.c_str());
+    FUZZ_CHECK(r.size > 0 && r.base % kPage == 0 && r.size % kPage == 0, "region %zu base %#" PRIx64 " size %#" PRIx64,
+               i, r.base, r.size);
     FUZZ_CHECK(r.base < p.dram_bytes && r.size <= p.dram_bytes - r.base,
                "region %zu [%#" PRIx64 ", +%#" PRIx64 ") outside DRAM", i, r.base, r.size);
-    FUZZ_CHECK(!r.host_visible || r.base + r.size <= p.aperture_bytes,
-               "host-visible region %zu outside the aperture", i);
+    FUZZ_CHECK(!r.host_visible || r.base + r.size <= p.aperture_bytes, "host-visible region %zu outside the aperture",
+               i);
     FUZZ_CHECK(!(r.is_default && r.reserved), "region %zu default and reserved", i);
     defaults += r.is_default;
     for (std::size_t j = 0; j < i; ++j) {
       const auto& o = p.regions[j];
-      FUZZ_CHECK(r.base + r.size <= o.base || o.base + o.size <= r.base, "regions %zu and %zu overlap",
-                 j, i);
+      FUZZ_CHECK(r.base + r.size <= o.base || o.base + o.size <= r.base, "regions %zu and %zu overlap", j, i);
       FUZZ_CHECK(r.name != o.name, "regions %zu and %zu share a name", j, i);
     }
   }
@@ -72,8 +68,7 @@ void check_rules(const sim::BoardProfile& p) {
     FUZZ_CHECK(p.engine_of_queue(q) != fw::EngineType::kNone, "queue %u has no engine", q);
   FUZZ_CHECK(p.engine_of_queue(queues) == fw::EngineType::kNone, "queue past the last has an engine");
   const std::uint32_t m = p.max_ring_entries;
-  FUZZ_CHECK(m >= fw::kMinRingEntries && m <= (1u << 20) && (m & (m - 1)) == 0,
-             "max_ring_entries %u", m);
+  FUZZ_CHECK(m >= fw::kMinRingEntries && m <= (1u << 20) && (m & (m - 1)) == 0, "max_ring_entries %u", m);
   FUZZ_CHECK(p.idle_spin_us <= 10'000, "idle_spin_us %u", p.idle_spin_us);
   // firmware_version: major << 16 | minor << 8 | patch with a 16-bit major,
   // so every 32-bit value is one; nothing to check.
@@ -94,8 +89,7 @@ void check_board(const sim::BoardProfile& p) {
   FUZZ_CHECK(board.mmio_read32(reg::kFirmwareVersion) == p.firmware_version, "FIRMWARE_VERSION");
   FUZZ_CHECK(board.mmio_read32(reg::kMaxRingEntries) == p.max_ring_entries, "MAX_RING_ENTRIES");
   const std::uint32_t nq = board.mmio_read32(reg::kNumQueues);
-  FUZZ_CHECK(nq == p.total_queues() && board.mmio_read32(reg::kNumVectors) == nq + 1,
-             "NUM_QUEUES %u NUM_VECTORS", nq);
+  FUZZ_CHECK(nq == p.total_queues() && board.mmio_read32(reg::kNumVectors) == nq + 1, "NUM_QUEUES %u NUM_VECTORS", nq);
   for (std::uint32_t q = 0; q < fw::kMaxQueues; ++q) {
     const std::uint32_t engine = board.mmio_read32(reg::queue_reg(q, reg::queue::kEngine));
     FUZZ_CHECK(q < nq ? engine == static_cast<std::uint32_t>(p.engine_of_queue(q)) : engine == 0xFFFFFFFF,
@@ -136,8 +130,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     profile = sim::parse_profile(text, kSource);
   } catch (const sim::ProfileError& e) {
     const std::string_view what = e.what();
-    FUZZ_CHECK(what.starts_with("board profile 'fuzz.json': ") && what.size() > 27,
-               "error \"%s\"", e.what());
+    FUZZ_CHECK(what.starts_with("board profile 'fuzz.json': ") && what.size() > 27, "error \"%s\"", e.what());
     return 0;
   }
   check_rules(profile);

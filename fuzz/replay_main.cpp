@@ -66,8 +66,8 @@ int main(int argc, char** argv) {
     LLVMFuzzerTestOneInput(data.get(), bytes.size());
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     if (took.count() > kSlowSeconds) {
-      std::fprintf(stderr, "%s: took %.1f s (more than %.0f s): a slow input\n", path.c_str(),
-                   took.count(), kSlowSeconds);
+      std::fprintf(stderr, "%s: took %.1f s (more than %.0f s): a slow input\n", path.c_str(), took.count(),
+                   kSlowSeconds);
       return 1;
     }
   }

@@ -16,19 +16,18 @@ namespace fw = tpuhal::fw;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto s = tpuhal::fuzz::load_padded<fw::DmaSegment>(data, size);
-  const bool valid = s.reserved == 0 && s.size > 0 && s.size <= fw::kMaxTransferBytes &&
-                     s.src <= UINT64_MAX - s.size && s.dst <= UINT64_MAX - s.size;
+  const bool valid = s.reserved == 0 && s.size > 0 && s.size <= fw::kMaxTransferBytes && s.src <= UINT64_MAX - s.size &&
+                     s.dst <= UINT64_MAX - s.size;
   auto decoded = fw::decode_segment(s);
-  FUZZ_CHECK(decoded.ok() == valid,
-             "segment {%#" PRIx64 ", %#" PRIx64 ", %#" PRIx64 ", %#" PRIx64 "}: decoder says %s",
+  FUZZ_CHECK(decoded.ok() == valid, "segment {%#" PRIx64 ", %#" PRIx64 ", %#" PRIx64 ", %#" PRIx64 "}: decoder says %s",
              s.src, s.dst, s.size, s.reserved, decoded ? "valid" : "invalid");
   if (decoded) {
     FUZZ_CHECK(std::memcmp(&*decoded, &s, sizeof s) == 0, "decoded segment differs from input");
     return 0;
   }
   const fw::Problem& p = decoded.problem();
-  FUZZ_CHECK(p.status == fw::CmdStatus::kReservedNotZero || p.status == fw::CmdStatus::kBadArgument,
-             "status %u", static_cast<unsigned>(p.status));
+  FUZZ_CHECK(p.status == fw::CmdStatus::kReservedNotZero || p.status == fw::CmdStatus::kBadArgument, "status %u",
+             static_cast<unsigned>(p.status));
   FUZZ_CHECK(p.field <= 3, "field %u is not a segment word", p.field);
   // As the board reports it: against the kCopySg descriptor.
   const std::string msg = fw::describe(p, static_cast<std::uint16_t>(fw::Opcode::kCopySg));

@@ -67,7 +67,7 @@ simd::Server& server() {
     o.quotas.mapped_bytes_per_user = 96 << 20;
     o.quotas.idle_seconds = 0;
     o.quotas.requests_per_second = 0;  // every input comes from this process
-    return new simd::Server(o);  // kept for the process's life
+    return new simd::Server(o);        // kept for the process's life
   }();
   return *s;
 }

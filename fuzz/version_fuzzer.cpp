@@ -23,8 +23,8 @@ struct Input {
 };
 
 void check_refusal(const fw::Problem& p) {
-  FUZZ_CHECK(p.status == fw::CmdStatus::kBadArgument && p.field == fw::Problem::kFieldVersion,
-             "status %u field %#x", static_cast<unsigned>(p.status), p.field);
+  FUZZ_CHECK(p.status == fw::CmdStatus::kBadArgument && p.field == fw::Problem::kFieldVersion, "status %u field %#x",
+             static_cast<unsigned>(p.status), p.field);
   const std::string msg = fw::describe(p, 0);
   FUZZ_CHECK(tpuhal::fuzz::printable(msg), "message \"%s\"", msg.c_str());
 }
@@ -40,14 +40,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   auto agreed = fw::negotiate(board, lo, hi);
   const bool compatible = board.major == hi.major && lo.major == hi.major && board.minor >= lo.minor;
-  FUZZ_CHECK(agreed.ok() == compatible, "negotiate(%#x, %#x, %#x) %s", in.board, in.driver_min,
-             in.driver_max, agreed ? "agreed" : "refused");
+  FUZZ_CHECK(agreed.ok() == compatible, "negotiate(%#x, %#x, %#x) %s", in.board, in.driver_min, in.driver_max,
+             agreed ? "agreed" : "refused");
   if (agreed) {
     const fw::Version v = *agreed;
-    FUZZ_CHECK(v.major == board.major && v.minor == std::min(board.minor, hi.minor),
-               "negotiate(%#x, %#x, %#x) = %#x", in.board, in.driver_min, in.driver_max, v.packed());
-    if (lo.minor <= hi.minor)
-      FUZZ_CHECK(v.minor >= lo.minor, "agreed %#x is below the driver's lowest", v.packed());
+    FUZZ_CHECK(v.major == board.major && v.minor == std::min(board.minor, hi.minor), "negotiate(%#x, %#x, %#x) = %#x",
+               in.board, in.driver_min, in.driver_max, v.packed());
+    if (lo.minor <= hi.minor) FUZZ_CHECK(v.minor >= lo.minor, "agreed %#x is below the driver's lowest", v.packed());
     // What the driver then writes to DRIVER_VERSION, the board must accept.
     auto accepted = fw::accept_driver_version(board, v.packed());
     FUZZ_CHECK(accepted && *accepted == v, "board %#x refuses negotiated %#x", in.board, v.packed());
@@ -58,8 +57,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto accepted = fw::accept_driver_version(board, in.requested);
   const auto req = fw::Version::unpack(in.requested);
   const bool acceptable = req.major == board.major && req.minor <= board.minor;
-  FUZZ_CHECK(accepted.ok() == acceptable, "board %#x %s driver version %#x", in.board,
-             accepted ? "accepts" : "refuses", in.requested);
+  FUZZ_CHECK(accepted.ok() == acceptable, "board %#x %s driver version %#x", in.board, accepted ? "accepts" : "refuses",
+             in.requested);
   if (accepted)
     FUZZ_CHECK(*accepted == req, "accepted %#x as %#x", in.requested, accepted->packed());
   else

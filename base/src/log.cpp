@@ -14,9 +14,8 @@ namespace {
 
 std::optional<spdlog::level::level_enum> parse_level(std::string_view s) {
   static const std::pair<std::string_view, spdlog::level::level_enum> kLevels[] = {
-      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},
-      {"info", spdlog::level::info},   {"warn", spdlog::level::warn},
-      {"warning", spdlog::level::warn}, {"error", spdlog::level::err},
+      {"trace", spdlog::level::trace},       {"debug", spdlog::level::debug},  {"info", spdlog::level::info},
+      {"warn", spdlog::level::warn},         {"warning", spdlog::level::warn}, {"error", spdlog::level::err},
       {"critical", spdlog::level::critical}, {"off", spdlog::level::off}};
   for (auto& [name, level] : kLevels)
     if (s == name) return level;
@@ -58,8 +57,7 @@ struct Registry {
   std::mutex mu;
   Spec spec;
   std::map<std::string, std::shared_ptr<spdlog::logger>, std::less<>> loggers;
-  std::shared_ptr<spdlog::sinks::stderr_color_sink_mt> sink =
-      std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  std::shared_ptr<spdlog::sinks::stderr_color_sink_mt> sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
 
   Registry() {
     if (const char* env = std::getenv("TPUHAL_LOG")) {
@@ -67,9 +65,10 @@ struct Registry {
         spec = *parsed;
       } else {
         spdlog::logger("tpuhal", sink)
-            .warn("TPUHAL_LOG='{}' does not parse; expected e.g. 'debug' or "
-                  "'warn,sim=trace'; using warn",
-                  env);
+            .warn(
+                "TPUHAL_LOG='{}' does not parse; expected e.g. 'debug' or "
+                "'warn,sim=trace'; using warn",
+                env);
       }
     }
   }

@@ -48,8 +48,7 @@ Mapping Mapping::anonymous(std::size_t bytes, Options options) {
   if (options.noreserve) flags |= MAP_NORESERVE;
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (p == MAP_FAILED)
-    throw std::system_error(errno, std::generic_category(),
-                            "mmap of " + format_bytes(size) + " of host memory");
+    throw std::system_error(errno, std::generic_category(), "mmap of " + format_bytes(size) + " of host memory");
   Mapping m;
   m.data_ = static_cast<std::byte*>(p);
   m.size_ = size;
@@ -61,13 +60,11 @@ Mapping Mapping::anonymous(std::size_t bytes, Options options) {
     if (err != EINVAL) {
       // Not enough memory (or a signal): fail here, cleanly, rather than
       // later at a random first touch.
-      throw std::system_error(err, std::generic_category(),
-                              "populating " + format_bytes(size) + " of host memory");
+      throw std::system_error(err, std::generic_category(), "populating " + format_bytes(size) + " of host memory");
     }
     // Kernels before 5.14 lack MADV_POPULATE_WRITE: touch every page.
     const std::size_t page = page_size();
-    for (std::size_t off = 0; off < size; off += page)
-      static_cast<volatile std::byte*>(p)[off] = std::byte{0};
+    for (std::size_t off = 0; off < size; off += page) static_cast<volatile std::byte*>(p)[off] = std::byte{0};
   }
   if (options.lock) m.locked_ = ::mlock(p, size) == 0;
   return m;
@@ -78,15 +75,12 @@ Mapping Mapping::memfd(const std::string& name, std::size_t bytes, Options optio
   UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw std::system_error(errno, std::generic_category(), "memfd_create " + name);
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0)
-    throw std::system_error(errno, std::generic_category(),
-                            "sizing memfd " + name + " to " + format_bytes(size));
+    throw std::system_error(errno, std::generic_category(), "sizing memfd " + name + " to " + format_bytes(size));
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
     throw std::system_error(errno, std::generic_category(), "sealing memfd " + name);
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
-                   fd.get(), 0);
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd.get(), 0);
   if (p == MAP_FAILED)
-    throw std::system_error(errno, std::generic_category(),
-                            "mmap of memfd " + name + " (" + format_bytes(size) + ")");
+    throw std::system_error(errno, std::generic_category(), "mmap of memfd " + name + " (" + format_bytes(size) + ")");
   Mapping m;
   m.data_ = static_cast<std::byte*>(p);
   m.size_ = size;
@@ -95,11 +89,9 @@ Mapping Mapping::memfd(const std::string& name, std::size_t bytes, Options optio
   if (options.populate && ::madvise(p, size, MADV_POPULATE_WRITE) != 0) {
     const int err = errno;
     if (err != EINVAL)
-      throw std::system_error(err, std::generic_category(),
-                              "populating " + format_bytes(size) + " of memfd " + name);
+      throw std::system_error(err, std::generic_category(), "populating " + format_bytes(size) + " of memfd " + name);
     const std::size_t page = page_size();
-    for (std::size_t off = 0; off < size; off += page)
-      static_cast<volatile std::byte*>(p)[off] = std::byte{0};
+    for (std::size_t off = 0; off < size; off += page) static_cast<volatile std::byte*>(p)[off] = std::byte{0};
   }
   if (options.lock) m.locked_ = ::mlock(p, size) == 0;
   return m;

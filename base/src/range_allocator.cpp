@@ -40,8 +40,7 @@ std::optional<std::uint64_t> RangeAllocator::allocate(std::uint64_t size, std::u
   for (auto s = free_by_size_.lower_bound(want); s != free_by_size_.end(); ++s) {
     const std::uint64_t block = s->second, block_size = s->first;
     const std::uint64_t start = align_up(block, alignment);
-    if (start < block || start - block > block_size || block_size - (start - block) < want)
-      continue;
+    if (start < block || start - block > block_size || block_size - (start - block) < want) continue;
     auto it = free_by_addr_.find(block);
     erase_free(it);
     if (start > block) insert_free(block, start - block);

@@ -66,12 +66,18 @@ std::optional<std::uint64_t> parse_bytes(std::string_view text) {
   skip_space();
   if (i != text.size()) return std::nullopt;
   int shift = 0;
-  if (unit.empty() || unit == "b") shift = 0;
-  else if (unit == "k" || unit == "kib") shift = 10;
-  else if (unit == "m" || unit == "mib") shift = 20;
-  else if (unit == "g" || unit == "gib") shift = 30;
-  else if (unit == "t" || unit == "tib") shift = 40;
-  else return std::nullopt;
+  if (unit.empty() || unit == "b")
+    shift = 0;
+  else if (unit == "k" || unit == "kib")
+    shift = 10;
+  else if (unit == "m" || unit == "mib")
+    shift = 20;
+  else if (unit == "g" || unit == "gib")
+    shift = 30;
+  else if (unit == "t" || unit == "tib")
+    shift = 40;
+  else
+    return std::nullopt;
   if (shift == 0 && fraction != 0.0) return std::nullopt;
   if (shift > 0 && integer > (UINT64_MAX >> shift)) return std::nullopt;
   const std::uint64_t whole = integer << shift;

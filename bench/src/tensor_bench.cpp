@@ -67,9 +67,7 @@ void fill_random(std::span<std::byte> bytes, DType t, std::uint32_t seed) {
         std::memcpy(&bytes[i * 2], &h, 2);
         break;
       }
-      default:
-        bytes[i] = static_cast<std::byte>(rng() & 0x7F);
-        break;
+      default: bytes[i] = static_cast<std::byte>(rng() & 0x7F); break;
     }
   }
 }
@@ -111,7 +109,6 @@ void emit(std::vector<Result>& out, Result r, const Options& o) {
   if (o.on_result) o.on_result(r);
   out.push_back(std::move(r));
 }
-
 
 // The ISA oneDNN runs its kernels at in this process.
 std::string onednn_isa() {
@@ -167,7 +164,8 @@ Baseline baseline_matmul(const dnnl::engine& eng, std::int64_t n, dt din, dt dou
   dnnl::matmul::primitive_desc pd;
   try {
     pd = make(din, dout);
-    if (din != dt::f32 && std::string_view(pd.impl_info_str()).starts_with("ref")) throw dnnl::error(dnnl_unimplemented, "ref");
+    if (din != dt::f32 && std::string_view(pd.impl_info_str()).starts_with("ref"))
+      throw dnnl::error(dnnl_unimplemented, "ref");
   } catch (const dnnl::error&) {
     din = dout = dt::f32;
     prec = "f32";
@@ -225,18 +223,19 @@ std::vector<Result> run_gemm(Device& dev, const Options& o) {
       // precision), same threads, in rounds alternating with the device's.
       omp_set_num_threads(threads);
       const Baseline base = baseline_matmul(eng, n, t.din, t.dout);
-      const Paired p = time_paired(rounds, per, [&](int k) { run_n(q, op, k); },
-                                   [&](int k) {
-                                     omp_set_num_threads(threads);
-                                     for (int i = 0; i < k; ++i) base.run(stream);
-                                     stream.wait();
-                                   });
+      const Paired p = time_paired(
+          rounds, per, [&](int k) { run_n(q, op, k); },
+          [&](int k) {
+            omp_set_num_threads(threads);
+            for (int i = 0; i < k; ++i) base.run(stream);
+            stream.wait();
+          });
       const double dev_s = p.dev_s, ref_s = p.base_s;
       const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
       Result r;
       r.bench = "gemm";
-      r.params = {{"size", std::to_string(n)}, {"dtype", t.name}, {"threads", std::to_string(threads)},
-                  {"isa", isa_of(dev)}};
+      r.params = {
+          {"size", std::to_string(n)}, {"dtype", t.name}, {"threads", std::to_string(threads)}, {"isa", isa_of(dev)}};
       r.value = flops / dev_s / 1e9;
       r.unit = t.in == DType::I8 ? "GOPS" : "GFLOPS";
       r.baseline = flops / ref_s / 1e9;
@@ -264,7 +263,8 @@ std::vector<Result> run_conv(Device& dev, const Options& o) {
     const bool int8 = prec == "int8";
     const DType xt = int8 ? DType::U8 : prec == "bf16" ? DType::BF16 : prec == "f16" ? DType::F16 : DType::F32;
     const DType wt = int8 ? DType::I8 : xt;
-    Buffer hx = dev.allocate(xn * size_of(xt), Memory::HostPinned), hw = dev.allocate(wn * size_of(wt), Memory::HostPinned);
+    Buffer hx = dev.allocate(xn * size_of(xt), Memory::HostPinned),
+           hw = dev.allocate(wn * size_of(wt), Memory::HostPinned);
     fill_random(hx.map(), xt, 3);
     fill_random(hw.map(), wt, 4);
     Buffer x = dev.allocate(xn * size_of(xt)), w = dev.allocate(wn * size_of(wt)), y = dev.allocate(yn * size_of(xt));
@@ -319,7 +319,8 @@ std::vector<Result> run_conv(Device& dev, const Options& o) {
     dnnl::convolution_forward::primitive_desc pd;
     try {
       pd = make(dx, dw);
-      if (!int8 && dx != dt::f32 && std::string_view(pd.impl_info_str()).starts_with("ref")) throw dnnl::error(dnnl_unimplemented, "ref");
+      if (!int8 && dx != dt::f32 && std::string_view(pd.impl_info_str()).starts_with("ref"))
+        throw dnnl::error(dnnl_unimplemented, "ref");
     } catch (const dnnl::error&) {
       dx = dw = dt::f32;  // no kernel for this precision here: its f32 convolution
       base_name = "oneDNN f32";
@@ -327,28 +328,33 @@ std::vector<Result> run_conv(Device& dev, const Options& o) {
     }
     const auto bytes = [](dt d) { return static_cast<std::uint64_t>(dnnl::memory::data_type_size(d)); };
     std::vector<std::byte> xhost(xn * bytes(dx)), whost(wn * bytes(dw)), yhost(yn * bytes(dx));
-    if (dx == dnnl_dt(xt)) std::memcpy(xhost.data(), hx.map().data(), xhost.size());
-    else fill_random(xhost, DType::F32, 3);
-    if (dw == dnnl_dt(wt)) std::memcpy(whost.data(), hw.map().data(), whost.size());
-    else fill_random(whost, DType::F32, 4);
+    if (dx == dnnl_dt(xt))
+      std::memcpy(xhost.data(), hx.map().data(), xhost.size());
+    else
+      fill_random(xhost, DType::F32, 3);
+    if (dw == dnnl_dt(wt))
+      std::memcpy(whost.data(), hw.map().data(), whost.size());
+    else
+      fill_random(whost, DType::F32, 4);
     dnnl::memory xm(pd.src_desc(), eng, xhost.data()), wuser({wdims, dw, tag::oihw}, eng, whost.data());
     dnnl::memory ym(pd.dst_desc(), eng, yhost.data());
     dnnl::memory wm(pd.weights_desc(), eng);
     dnnl::reorder(wuser, wm).execute(stream, wuser, wm);  // once: oneDNN at its best
     dnnl::convolution_forward prim(pd);
-    const Paired p = time_paired(rounds, per, [&](int k) { run_n(q, op, k); },
-                                 [&](int k) {
-                                   omp_set_num_threads(threads);
-                                   for (int i = 0; i < k; ++i)
-                                     prim.execute(stream, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}});
-                                   stream.wait();
-                                 });
+    const Paired p = time_paired(
+        rounds, per, [&](int k) { run_n(q, op, k); },
+        [&](int k) {
+          omp_set_num_threads(threads);
+          for (int i = 0; i < k; ++i)
+            prim.execute(stream, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}});
+          stream.wait();
+        });
     const double dev_s = p.dev_s, ref_s = p.base_s;
     const double ops_count = 2.0 * static_cast<double>(yn) * C * K * K;
     Result r;
     r.bench = "conv";
-    r.params = {{"shape", "1x56x56x64->64 3x3"}, {"dtype", prec}, {"threads", std::to_string(threads)},
-                {"isa", isa_of(dev)}};
+    r.params = {
+        {"shape", "1x56x56x64->64 3x3"}, {"dtype", prec}, {"threads", std::to_string(threads)}, {"isa", isa_of(dev)}};
     r.value = ops_count / dev_s / 1e9;
     r.unit = int8 ? "GOPS" : "GFLOPS";
     r.baseline = ops_count / ref_s / 1e9;

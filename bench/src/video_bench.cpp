@@ -43,7 +43,8 @@ Clip make_clip(const fs::path& dir, const std::string& label, Codec codec, const
                           ":rate=30 -frames:v " + std::to_string(frames) + " " + enc +
                           " -g 30 -bf 2 -pix_fmt yuv420p " + path.string() + " 2>&1";
   if (std::system(cmd.c_str()) != 0)
-    throw Error(Status::Unavailable, "tpuhal bench video: could not make a clip with ffmpeg (is it installed?): " + cmd);
+    throw Error(Status::Unavailable,
+                "tpuhal bench video: could not make a clip with ffmpeg (is it installed?): " + cmd);
   Demuxer in(path.string());
   Clip c{label, codec, in.width(), in.height(), {}};
   while (auto p = in.next()) c.packets.push_back(std::move(*p));
@@ -51,10 +52,9 @@ Clip make_clip(const fs::path& dir, const std::string& label, Codec codec, const
 }
 
 // Frames per second of `channels` decoders on the device, each fed the clip
-// `loops` times back to back (one stream whose key frames restart it). A few host threads drive the channels as a pipelining application
-// would: each keeps up to kDepth packets in flight per channel, collects
-// what is ready with try_receive(), and blocks only when a channel is that
-// far ahead or at the end of the stream.
+// `loops` times back to back (one stream whose key frames restart it). A few host threads drive the channels as a
+// pipelining application would: each keeps up to kDepth packets in flight per channel, collects what is ready with
+// try_receive(), and blocks only when a channel is that far ahead or at the end of the stream.
 double device_fps(Device& dev, const Clip& clip, std::uint32_t channels, std::uint32_t loops) {
   VideoDecoderOptions o;
   o.codec = clip.codec;
@@ -72,13 +72,13 @@ double device_fps(Device& dev, const Clip& clip, std::uint32_t channels, std::ui
     pool.emplace_back([&, t] {
       std::uint64_t n = 0;
       for (std::uint32_t loop = 0; loop < loops; ++loop)
-      for (const auto& pkt : clip.packets)
-        for (std::uint32_t c = t; c < channels; c += threads) {
-          VideoDecoder& d = dec[c];
-          while (d.packets_sent() - d.frames_received() >= kDepth && d.receive(std::chrono::seconds(60))) ++n;
-          d.send(pkt.data, pkt.pts);
-          while (d.try_receive()) ++n;
-        }
+        for (const auto& pkt : clip.packets)
+          for (std::uint32_t c = t; c < channels; c += threads) {
+            VideoDecoder& d = dec[c];
+            while (d.packets_sent() - d.frames_received() >= kDepth && d.receive(std::chrono::seconds(60))) ++n;
+            d.send(pkt.data, pkt.pts);
+            while (d.try_receive()) ++n;
+          }
       for (std::uint32_t c = t; c < channels; c += threads) dec[c].flush();
       for (std::uint32_t c = t; c < channels; c += threads)
         while (dec[c].receive(std::chrono::seconds(60))) ++n;

@@ -8,8 +8,7 @@
 namespace tpuhal::fw {
 namespace {
 
-Problem problem(CmdStatus status, std::uint16_t field, std::uint64_t value,
-                std::uint64_t detail = 0) {
+Problem problem(CmdStatus status, std::uint16_t field, std::uint64_t value, std::uint64_t detail = 0) {
   return Problem{status, field, value, detail};
 }
 
@@ -24,20 +23,16 @@ bool reserved_args_zero(const CommandDescriptor& d, int first, Problem& out) {
   return true;
 }
 
-bool range_ok(std::uint64_t address, std::uint64_t size) {
-  return address <= UINT64_MAX - size;
-}
+bool range_ok(std::uint64_t address, std::uint64_t size) { return address <= UINT64_MAX - size; }
 
 }  // namespace
 
 Result<Command> decode_command(const CommandDescriptor& d) {
   if (d.opcode == 0 || d.opcode > kMaxOpcode)
     return problem(CmdStatus::kInvalidOpcode, Problem::kFieldOpcode, d.opcode);
-  if (d.flags & ~kKnownFlags)
-    return problem(CmdStatus::kInvalidFlags, Problem::kFieldFlags, d.flags, kKnownFlags);
+  if (d.flags & ~kKnownFlags) return problem(CmdStatus::kInvalidFlags, Problem::kFieldFlags, d.flags, kKnownFlags);
   if ((d.flags & kFlagFence) && (d.fence_value == 0 || d.fence_value > kTimelineValueMask))
-    return problem(CmdStatus::kBadArgument, Problem::kFieldFence, d.fence_value,
-                   kTimelineValueMask);
+    return problem(CmdStatus::kBadArgument, Problem::kFieldFence, d.fence_value, kTimelineValueMask);
 
   Command c;
   c.opcode = static_cast<Opcode>(d.opcode);
@@ -66,12 +61,9 @@ Result<Command> decode_command(const CommandDescriptor& d) {
     case Opcode::kCopySg: {
       if (!reserved_args_zero(d, 3, p)) return p;
       const CopySgArgs a{d.args[0], d.args[1], d.args[2]};
-      if (a.list % sizeof(DmaSegment) != 0)
-        return problem(CmdStatus::kBadAlignment, 0, a.list, sizeof(DmaSegment));
-      if (a.count == 0 || a.count > kMaxSgSegments)
-        return problem(CmdStatus::kBadArgument, 1, a.count, kMaxSgSegments);
-      if (!range_ok(a.list, a.count * sizeof(DmaSegment)))
-        return problem(CmdStatus::kBadArgument, 0, a.list);
+      if (a.list % sizeof(DmaSegment) != 0) return problem(CmdStatus::kBadAlignment, 0, a.list, sizeof(DmaSegment));
+      if (a.count == 0 || a.count > kMaxSgSegments) return problem(CmdStatus::kBadArgument, 1, a.count, kMaxSgSegments);
+      if (!range_ok(a.list, a.count * sizeof(DmaSegment))) return problem(CmdStatus::kBadArgument, 0, a.list);
       if (a.total == 0 || a.total > kMaxTransferBytes)
         return problem(CmdStatus::kBadArgument, 2, a.total, kMaxTransferBytes);
       c.args = a;
@@ -82,11 +74,9 @@ Result<Command> decode_command(const CommandDescriptor& d) {
       if (!reserved_args_zero(d, 3, p)) return p;
       const std::uint64_t packed = d.args[2];
       const std::uint64_t width = packed >> 32;
-      if (width != 1 && width != 2 && width != 4)
-        return problem(CmdStatus::kBadArgument, 2, packed, 4);
+      if (width != 1 && width != 2 && width != 4) return problem(CmdStatus::kBadArgument, 2, packed, 4);
       const auto pattern = static_cast<std::uint32_t>(packed);
-      if (width < 4 && (pattern >> (8 * width)) != 0)
-        return problem(CmdStatus::kBadArgument, 2, packed, width);
+      if (width < 4 && (pattern >> (8 * width)) != 0) return problem(CmdStatus::kBadArgument, 2, packed, width);
       FillArgs a{d.args[0], d.args[1], pattern, static_cast<std::uint32_t>(width)};
       if (a.size == 0 || a.size > kMaxTransferBytes)
         return problem(CmdStatus::kBadArgument, 1, a.size, kMaxTransferBytes);
@@ -135,10 +125,8 @@ Result<Command> decode_command(const CommandDescriptor& d) {
     case Opcode::kCall: {
       if (!reserved_args_zero(d, 2, p)) return p;
       const CallArgs a{d.args[0], d.args[1]};
-      if (a.address == 0 || a.address % 64 != 0)
-        return problem(CmdStatus::kBadAlignment, 0, a.address, 64);
-      if (a.slots == 0 || a.slots > kMaxCallSlots)
-        return problem(CmdStatus::kBadArgument, 1, a.slots, kMaxCallSlots);
+      if (a.address == 0 || a.address % 64 != 0) return problem(CmdStatus::kBadAlignment, 0, a.address, 64);
+      if (a.slots == 0 || a.slots > kMaxCallSlots) return problem(CmdStatus::kBadArgument, 1, a.slots, kMaxCallSlots);
       if (!range_ok(a.address, a.slots * sizeof(CommandDescriptor)))
         return problem(CmdStatus::kBadArgument, 0, a.address);
       c.args = a;
@@ -168,9 +156,10 @@ Result<Command> decode_command(const CommandDescriptor& d) {
       a.record_count = static_cast<std::uint32_t>(d.args[5] >> 32);
       if (a.page == 0 || a.page % 4096 != 0) return problem(CmdStatus::kBadAlignment, 2, a.page, 4096);
       if (a.pool % 4096 != 0) return problem(CmdStatus::kBadAlignment, 3, a.pool, 4096);
-      if (a.slot_bytes < plane_layout(a.max_width, a.max_height, a.layout).bytes || a.slot_bytes % kVideoPlaneAlign != 0 ||
-          a.slot_bytes > (1ull << 32))
-        return problem(CmdStatus::kBadArgument, 4, a.slot_bytes, plane_layout(a.max_width, a.max_height, a.layout).bytes);
+      if (a.slot_bytes < plane_layout(a.max_width, a.max_height, a.layout).bytes ||
+          a.slot_bytes % kVideoPlaneAlign != 0 || a.slot_bytes > (1ull << 32))
+        return problem(CmdStatus::kBadArgument, 4, a.slot_bytes,
+                       plane_layout(a.max_width, a.max_height, a.layout).bytes);
       if (a.slot_count == 0 || a.slot_count > kMaxVideoSlots || a.record_count < a.slot_count ||
           a.record_count > kMaxVideoRecords)
         return problem(CmdStatus::kBadArgument, 5, d.args[5], kMaxVideoRecords);
@@ -206,22 +195,19 @@ Result<Command> decode_command(const CommandDescriptor& d) {
       return c;
     }
 
-    case Opcode::kInvalid:
-      break;
+    case Opcode::kInvalid: break;
   }
   return problem(CmdStatus::kInvalidOpcode, Problem::kFieldOpcode, d.opcode);
 }
 
 std::uint64_t command_slots(const Command& c) noexcept {
-  if (const auto* t = std::get_if<TensorOpArgs>(&c.args); t && t->address == 0)
-    return 1 + inline_slots(t->bytes);
+  if (const auto* t = std::get_if<TensorOpArgs>(&c.args); t && t->address == 0) return 1 + inline_slots(t->bytes);
   return 1;
 }
 
 Result<Command> decode_command(std::span<const std::byte> bytes) {
   if (bytes.size() != sizeof(CommandDescriptor))
-    return problem(CmdStatus::kBadArgument, Problem::kFieldLength, bytes.size(),
-                   sizeof(CommandDescriptor));
+    return problem(CmdStatus::kBadArgument, Problem::kFieldLength, bytes.size(), sizeof(CommandDescriptor));
   CommandDescriptor d;
   std::memcpy(&d, bytes.data(), sizeof d);
   return decode_command(d);
@@ -229,8 +215,7 @@ Result<Command> decode_command(std::span<const std::byte> bytes) {
 
 Result<DmaSegment> decode_segment(const DmaSegment& s) {
   if (s.reserved != 0) return problem(CmdStatus::kReservedNotZero, 3, s.reserved);
-  if (s.size == 0 || s.size > kMaxTransferBytes)
-    return problem(CmdStatus::kBadArgument, 2, s.size, kMaxTransferBytes);
+  if (s.size == 0 || s.size > kMaxTransferBytes) return problem(CmdStatus::kBadArgument, 2, s.size, kMaxTransferBytes);
   if (!range_ok(s.src, s.size)) return problem(CmdStatus::kBadArgument, 0, s.src);
   if (!range_ok(s.dst, s.size)) return problem(CmdStatus::kBadArgument, 1, s.dst);
   return s;
@@ -240,16 +225,13 @@ bool engine_accepts(EngineType engine, Opcode op) noexcept {
   if (op == Opcode::kInvalid || static_cast<std::uint16_t>(op) > kMaxOpcode) return false;
   const bool video = op == Opcode::kVideoOpen || op == Opcode::kVideoDecode || op == Opcode::kVideoClose;
   switch (engine) {
-    case EngineType::kCompute:
-      return !video;
+    case EngineType::kCompute: return !video;
     case EngineType::kCopy:
       // DMA and synchronisation run everywhere; tensor work and programs
       // (which may hold tensor work) need the tensor engine.
       return op != Opcode::kTensorOp && op != Opcode::kCall && !video;
-    case EngineType::kVideo:
-      return op != Opcode::kTensorOp && op != Opcode::kCall;
-    case EngineType::kNone:
-      break;
+    case EngineType::kVideo: return op != Opcode::kTensorOp && op != Opcode::kCall;
+    case EngineType::kNone: break;
   }
   return false;
 }
@@ -268,7 +250,8 @@ Result<FrameRecord> decode_frame_record(const FrameRecord& r, const VideoOpenArg
       if (L.bytes > open.slot_bytes) return bad(offsetof(FrameRecord, width), L.bytes, open.slot_bytes);
       for (std::uint32_t p = 0; p < 3; ++p) {
         const bool used = p < L.planes;
-        if (r.pitch[p] != (used ? L.pitch[p] : 0)) return bad(offsetof(FrameRecord, pitch) + 4 * p, r.pitch[p], L.pitch[p]);
+        if (r.pitch[p] != (used ? L.pitch[p] : 0))
+          return bad(offsetof(FrameRecord, pitch) + 4 * p, r.pitch[p], L.pitch[p]);
         if (r.offset[p] != (used ? L.offset[p] : 0))
           return bad(offsetof(FrameRecord, offset) + 4 * p, r.offset[p], L.offset[p]);
       }
@@ -280,8 +263,7 @@ Result<FrameRecord> decode_frame_record(const FrameRecord& r, const VideoOpenArg
           r.status != static_cast<std::uint32_t>(CmdStatus::kDmaFault))
         return bad(offsetof(FrameRecord, status), r.status);
       return r;
-    case RecordKind::kEos:
-      return r;
+    case RecordKind::kEos: return r;
   }
   return bad(offsetof(FrameRecord, kind), r.kind);
 }

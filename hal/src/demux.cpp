@@ -29,8 +29,8 @@ struct Demuxer::State {
   int stream = -1;
   Codec codec = Codec::H264;
   std::uint32_t width = 0, height = 0;
-  std::int64_t frames = 0;   // for streams without timestamps
-  bool eof = false;          // the file is exhausted; the filter is being drained
+  std::int64_t frames = 0;  // for streams without timestamps
+  bool eof = false;         // the file is exhausted; the filter is being drained
 
   ~State() {
     av_packet_free(&pkt);
@@ -44,7 +44,8 @@ Demuxer::Demuxer(const std::string& path) : s_(std::make_unique<State>()) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw Error(Status::NotFound, path + ": no such file");
   int r = avformat_open_input(&s_->fmt, path.c_str(), nullptr, nullptr);
-  if (r < 0) throw Error(Status::InvalidArgument, path + ": not a media file libavformat can read (" + av_error(r) + ")");
+  if (r < 0)
+    throw Error(Status::InvalidArgument, path + ": not a media file libavformat can read (" + av_error(r) + ")");
   r = avformat_find_stream_info(s_->fmt, nullptr);
   if (r < 0) throw Error(Status::InvalidArgument, path + ": cannot read stream information (" + av_error(r) + ")");
   for (unsigned i = 0; i < s_->fmt->nb_streams && s_->stream < 0; ++i) {
@@ -61,20 +62,21 @@ Demuxer::Demuxer(const std::string& path) : s_(std::make_unique<State>()) {
     s_->height = static_cast<std::uint32_t>(par->height);
   }
   if (s_->stream < 0)
-    throw Error(Status::Unsupported, path + ": no H.264, H.265 or JPEG video stream (format " +
-                                         std::string(s_->fmt->iformat->name) + ")");
+    throw Error(Status::Unsupported,
+                path + ": no H.264, H.265 or JPEG video stream (format " + std::string(s_->fmt->iformat->name) + ")");
   AVStream* st = s_->fmt->streams[s_->stream];
   // mp4 and mkv carry H.264/H.265 with length prefixes and the parameter
   // sets out of band: the filter turns them into an Annex B byte stream
   // (and passes Annex B input through unchanged).
   if (s_->codec != Codec::Jpeg) {
-    const AVBitStreamFilter* f =
-        av_bsf_get_by_name(s_->codec == Codec::H264 ? "h264_mp4toannexb" : "hevc_mp4toannexb");
-    if (!f || av_bsf_alloc(f, &s_->bsf) < 0) throw Error(Status::Unavailable, path + ": libavcodec lacks the Annex B filter");
+    const AVBitStreamFilter* f = av_bsf_get_by_name(s_->codec == Codec::H264 ? "h264_mp4toannexb" : "hevc_mp4toannexb");
+    if (!f || av_bsf_alloc(f, &s_->bsf) < 0)
+      throw Error(Status::Unavailable, path + ": libavcodec lacks the Annex B filter");
     avcodec_parameters_copy(s_->bsf->par_in, st->codecpar);
     s_->bsf->time_base_in = st->time_base;
     r = av_bsf_init(s_->bsf);
-    if (r < 0) throw Error(Status::InvalidArgument, path + ": cannot convert the stream to Annex B (" + av_error(r) + ")");
+    if (r < 0)
+      throw Error(Status::InvalidArgument, path + ": cannot convert the stream to Annex B (" + av_error(r) + ")");
   }
   s_->pkt = av_packet_alloc();
 }

@@ -22,11 +22,16 @@ std::optional<std::chrono::nanoseconds> parse_duration(std::string_view s) {
   if (i == 0) return std::nullopt;
   const auto unit = s.substr(i);
   std::uint64_t scale;
-  if (unit == "ns") scale = 1;
-  else if (unit == "us") scale = 1'000;
-  else if (unit == "ms") scale = 1'000'000;
-  else if (unit == "s") scale = 1'000'000'000;
-  else return std::nullopt;
+  if (unit == "ns")
+    scale = 1;
+  else if (unit == "us")
+    scale = 1'000;
+  else if (unit == "ms")
+    scale = 1'000'000;
+  else if (unit == "s")
+    scale = 1'000'000'000;
+  else
+    return std::nullopt;
   if (n > INT64_MAX / scale) return std::nullopt;
   return std::chrono::nanoseconds(static_cast<std::int64_t>(n * scale));
 }
@@ -38,18 +43,26 @@ WaitPolicy default_policy() {
     std::string_view s = env;
     const auto colon = s.find(':');
     const auto mode = s.substr(0, colon);
-    if (mode == "hybrid") p.mode = WaitPolicy::Mode::Hybrid;
-    else if (mode == "spin") p.mode = WaitPolicy::Mode::Spin;
-    else if (mode == "block") p.mode = WaitPolicy::Mode::Block;
-    else log->warn("TPUHAL_WAIT='{}': mode must be hybrid, spin or block; using hybrid", env);
+    if (mode == "hybrid")
+      p.mode = WaitPolicy::Mode::Hybrid;
+    else if (mode == "spin")
+      p.mode = WaitPolicy::Mode::Spin;
+    else if (mode == "block")
+      p.mode = WaitPolicy::Mode::Block;
+    else
+      log->warn("TPUHAL_WAIT='{}': mode must be hybrid, spin or block; using hybrid", env);
     if (colon != std::string_view::npos) {
-      if (auto d = parse_duration(s.substr(colon + 1))) p.spin = *d;
-      else log->warn("TPUHAL_WAIT='{}': spin time must look like 20us; using 20us", env);
+      if (auto d = parse_duration(s.substr(colon + 1)))
+        p.spin = *d;
+      else
+        log->warn("TPUHAL_WAIT='{}': spin time must look like 20us; using 20us", env);
     }
   }
   if (const char* env = std::getenv("TPUHAL_TIMEOUT")) {
-    if (auto d = parse_duration(env); d && d->count() > 0) p.timeout = *d;
-    else log->warn("TPUHAL_TIMEOUT='{}' must look like 10s or 500ms; using 10s", env);
+    if (auto d = parse_duration(env); d && d->count() > 0)
+      p.timeout = *d;
+    else
+      log->warn("TPUHAL_TIMEOUT='{}' must look like 10s or 500ms; using 10s", env);
   }
   return p;
 }
@@ -71,9 +84,8 @@ DeviceImpl::~DeviceImpl() {
     const auto stats = backend_->memory_stats();
     if (stats.device_used != 0 || stats.host_pinned_allocations != 0)
       validate::report(validation::Check::Leak,
-                       uri_ + " closed with memory the driver still holds: " +
-                           base::format_bytes(stats.device_used) + " of device memory and " +
-                           std::to_string(stats.host_pinned_allocations) +
+                       uri_ + " closed with memory the driver still holds: " + base::format_bytes(stats.device_used) +
+                           " of device memory and " + std::to_string(stats.host_pinned_allocations) +
                            " host-pinned allocation(s), though every buffer was released");
   } catch (const std::exception& e) {
     base::logger("hal")->warn("{}: could not read memory use at close: {}", uri_, e.what());
@@ -95,8 +107,7 @@ void DeviceImpl::set_wait_policy(const WaitPolicy& policy) {
   timeout_ns_.store(policy_.timeout.count(), std::memory_order_relaxed);
 }
 
-BufferImpl::BufferImpl(std::shared_ptr<DeviceImpl> device,
-                       std::shared_ptr<driver::BufferBackend> backend)
+BufferImpl::BufferImpl(std::shared_ptr<DeviceImpl> device, std::shared_ptr<driver::BufferBackend> backend)
     : device_(std::move(device)),
       backend_(std::move(backend)),
       size_(backend_->size()),
@@ -110,9 +121,7 @@ BufferImpl::~BufferImpl() { validate::untrack_buffer(track_); }
 
 std::shared_ptr<driver::BufferBackend> BufferImpl::acquire(const char* use) const {
   std::lock_guard lock(mu_);
-  if (!backend_)
-    throw Error(Status::FailedPrecondition,
-                std::string(use) + ": the " + describe() + " was freed");
+  if (!backend_) throw Error(Status::FailedPrecondition, std::string(use) + ": the " + describe() + " was freed");
   return backend_;
 }
 
@@ -159,12 +168,10 @@ void Device::reset() { checked(impl_).backend().reset(); }
 
 Buffer Device::allocate(std::uint64_t size, Memory memory, const AllocOptions& options) {
   auto& dev = checked(impl_);
-  if (size == 0)
-    throw Error(Status::InvalidArgument, dev.uri() + ": cannot allocate a buffer of 0 bytes");
+  if (size == 0) throw Error(Status::InvalidArgument, dev.uri() + ": cannot allocate a buffer of 0 bytes");
   if (options.alignment & (options.alignment - 1))
     throw Error(Status::InvalidArgument,
-                dev.uri() + ": alignment " + std::to_string(options.alignment) +
-                    " is not a power of two");
+                dev.uri() + ": alignment " + std::to_string(options.alignment) + " is not a power of two");
   auto backend = dev.backend().allocate(size, memory, options);
   return Buffer(std::make_shared<detail::BufferImpl>(impl_, std::move(backend)));
 }
@@ -173,8 +180,8 @@ Buffer Device::import_host(void* ptr, std::uint64_t size) {
   auto& dev = checked(impl_);
   if (!ptr || size == 0)
     throw Error(Status::InvalidArgument, dev.uri() + ": import_host needs memory (got " +
-                                             std::string(ptr ? "" : "a null pointer, ") +
-                                             std::to_string(size) + " bytes)");
+                                             std::string(ptr ? "" : "a null pointer, ") + std::to_string(size) +
+                                             " bytes)");
   auto backend = dev.backend().import_host(ptr, size);
   return Buffer(std::make_shared<detail::BufferImpl>(impl_, std::move(backend)));
 }
@@ -224,8 +231,6 @@ std::span<std::byte> Buffer::map() const {
 void Buffer::free() {
   if (impl_) impl_->free();
 }
-bool Buffer::valid() const noexcept {
-  return impl_ && !impl_->freed();
-}
+bool Buffer::valid() const noexcept { return impl_ && !impl_->freed(); }
 
 }  // namespace tpuhal

@@ -11,7 +11,8 @@ ProgramBackend::~ProgramBackend() = default;
 DecoderBackend::~DecoderBackend() = default;
 
 std::shared_ptr<DecoderBackend> DeviceBackend::open_decoder(const DecoderConfig&) {
-  throw Error(Status::Unsupported, properties().uri + ": this device has no video decoder (caps.video_decode is false)");
+  throw Error(Status::Unsupported,
+              properties().uri + ": this device has no video decoder (caps.video_decode is false)");
 }
 
 void DeviceBackend::reset() {
@@ -27,17 +28,15 @@ std::shared_ptr<ProgramBackend> DeviceBackend::create_program(std::span<const Co
   throw Error(Status::Unsupported, properties().uri + ": this device cannot record programs");
 }
 
-std::optional<std::uint64_t> QueueBackend::timestamp_ns(std::uint64_t) const {
-  return std::nullopt;
-}
+std::optional<std::uint64_t> QueueBackend::timestamp_ns(std::uint64_t) const { return std::nullopt; }
 
 std::string QueueBackend::diagnose() const { return {}; }
 
 std::shared_ptr<BufferBackend> DeviceBackend::import_host(void*, std::uint64_t) {
-  throw Error(Status::Unsupported,
-              properties().uri + ": this device cannot import host memory "
-                                 "(caps.import_host_memory is false); allocate "
-                                 "Memory::HostPinned and copy into it");
+  throw Error(Status::Unsupported, properties().uri +
+                                       ": this device cannot import host memory "
+                                       "(caps.import_host_memory is false); allocate "
+                                       "Memory::HostPinned and copy into it");
 }
 
 std::string Provider::unavailable_reason() const { return {}; }

@@ -78,8 +78,7 @@ class QueueImpl {
   std::string name() const;  // "sim:0 compute queue 2"
 
   // Submits and keeps `retained` alive until the submission completes.
-  std::uint64_t submit(std::span<const driver::Command> commands,
-                       std::vector<std::shared_ptr<const void>>&& retained,
+  std::uint64_t submit(std::span<const driver::Command> commands, std::vector<std::shared_ptr<const void>>&& retained,
                        std::chrono::nanoseconds max_wait);
   std::uint64_t last_submitted() const { return backend_->submitted(); }
   // True once `value` is reached; throws the failure if the queue failed first.

@@ -15,8 +15,7 @@
 namespace tpuhal {
 namespace detail {
 
-QueueImpl::QueueImpl(std::shared_ptr<DeviceImpl> device,
-                     std::shared_ptr<driver::QueueBackend> backend)
+QueueImpl::QueueImpl(std::shared_ptr<DeviceImpl> device, std::shared_ptr<driver::QueueBackend> backend)
     : device_(std::move(device)), backend_(std::move(backend)) {}
 
 QueueImpl::~QueueImpl() {
@@ -26,8 +25,7 @@ QueueImpl::~QueueImpl() {
       wait(last, device_->wait_policy());
     } catch (const Error& e) {
       if (e.status() == Status::Timeout) {
-        base::logger("hal")->warn("{}: released with work still pending ({}); aborting it",
-                                  name(), e.what());
+        base::logger("hal")->warn("{}: released with work still pending ({}); aborting it", name(), e.what());
         backend_->abort();
       } else {
         // A failed queue has stopped; nothing is pending on the board. Its
@@ -43,8 +41,7 @@ QueueImpl::~QueueImpl() {
 }
 
 std::string QueueImpl::name() const {
-  return device_->uri() + " " + to_string(backend_->engine()) + " queue " +
-         std::to_string(backend_->index());
+  return device_->uri() + " " + to_string(backend_->engine()) + " queue " + std::to_string(backend_->index());
 }
 
 std::uint64_t QueueImpl::submit(std::span<const driver::Command> commands,
@@ -87,9 +84,8 @@ bool QueueImpl::reached(std::uint64_t value) {
     if (t.completed < before) {
       if (!backwards_reported_.exchange(true))
         validate::report(validation::Check::ValueBackwards,
-                         name() + ": the board's completed value went back from " +
-                             std::to_string(before) + " to " + std::to_string(t.completed) +
-                             " (a driver or firmware fault)");
+                         name() + ": the board's completed value went back from " + std::to_string(before) + " to " +
+                             std::to_string(t.completed) + " (a driver or firmware fault)");
     } else {
       std::uint64_t seen = before;
       while (seen < t.completed &&
@@ -109,9 +105,8 @@ bool QueueImpl::reached(std::uint64_t value) {
 void QueueImpl::throw_timeout(std::uint64_t value, std::chrono::nanoseconds timeout) const {
   const auto t = backend_->timeline();
   std::string msg = name() + ": timeline value " + std::to_string(value) + " not reached: no progress for " +
-                    std::to_string(timeout.count() / 1'000'000) + " ms (reached " +
-                    std::to_string(t.completed) + ", submitted " +
-                    std::to_string(last_submitted()) + ")";
+                    std::to_string(timeout.count() / 1'000'000) + " ms (reached " + std::to_string(t.completed) +
+                    ", submitted " + std::to_string(last_submitted()) + ")";
   if (auto why = backend_->diagnose(); !why.empty()) msg += "; " + why;
   throw Error(Status::Timeout, msg);
 }
@@ -120,8 +115,7 @@ void QueueImpl::wait(std::uint64_t value, const WaitPolicy& policy) {
   if (reached(value)) return;
   if (value > last_submitted())
     throw Error(Status::InvalidArgument, name() + ": timeline value " + std::to_string(value) +
-                                             " was never submitted (last " +
-                                             std::to_string(last_submitted()) + ")");
+                                             " was never submitted (last " + std::to_string(last_submitted()) + ")");
   const auto timeout_ns = static_cast<std::uint64_t>(policy.timeout.count());
   // progress() may cost a register read across a bus or a process (it need
   // not be cheap, unlike timeline()), so it is first read when the wait
@@ -144,8 +138,7 @@ void QueueImpl::wait(std::uint64_t value, const WaitPolicy& policy) {
 
   if (policy.mode != WaitPolicy::Mode::Block) {
     const bool forever = policy.mode == WaitPolicy::Mode::Spin;
-    const std::uint64_t spin_end =
-        progress_at + static_cast<std::uint64_t>(policy.spin.count());
+    const std::uint64_t spin_end = progress_at + static_cast<std::uint64_t>(policy.spin.count());
     for (unsigned i = 1;; ++i) {
       if (reached(value)) return;
       base::cpu_relax();
@@ -181,8 +174,8 @@ void Fence::wait() const {
 void Fence::wait(std::chrono::nanoseconds timeout) const {
   if (!queue_) return;
   if (timeout.count() <= 0)
-    throw Error(Status::InvalidArgument, "Fence::wait: timeout must be positive, got " +
-                                             std::to_string(timeout.count()) + " ns");
+    throw Error(Status::InvalidArgument,
+                "Fence::wait: timeout must be positive, got " + std::to_string(timeout.count()) + " ns");
   WaitPolicy policy = queue_->device()->wait_policy();
   policy.timeout = timeout;
   queue_->wait(value_, policy);
@@ -211,30 +204,24 @@ detail::BatchState& live(const std::unique_ptr<detail::BatchState>& s) {
 
 // Checks that `buf` is live, on the batch's device, and that [offset, offset
 // + size) lies inside it. Returns the backend to record and retain.
-std::shared_ptr<driver::BufferBackend> use(detail::BatchState& s,
-                                          const std::shared_ptr<detail::BufferImpl>& impl,
-                                          const char* op, const char* role, std::uint64_t offset,
-                                          std::uint64_t size) {
-  if (!impl)
-    throw Error(Status::InvalidArgument, std::string(op) + ": the " + role + " is an empty Buffer handle");
+std::shared_ptr<driver::BufferBackend> use(detail::BatchState& s, const std::shared_ptr<detail::BufferImpl>& impl,
+                                           const char* op, const char* role, std::uint64_t offset, std::uint64_t size) {
+  if (!impl) throw Error(Status::InvalidArgument, std::string(op) + ": the " + role + " is an empty Buffer handle");
   auto backend = impl->acquire(op);
   if (impl->device() != s.device)
-    throw Error(Status::InvalidArgument,
-                std::string(op) + ": the " + role + " belongs to " + impl->device()->uri() +
-                    " but the queue is on " + s.device->uri());
+    throw Error(Status::InvalidArgument, std::string(op) + ": the " + role + " belongs to " + impl->device()->uri() +
+                                             " but the queue is on " + s.device->uri());
   const std::uint64_t cap = impl->size();
   if (offset > cap || size > cap - offset)
-    throw Error(Status::OutOfRange, std::string(op) + " of " + std::to_string(size) +
-                                        " bytes at offset " + std::to_string(offset) +
-                                        " exceeds the " + role + " buffer (" +
+    throw Error(Status::OutOfRange, std::string(op) + " of " + std::to_string(size) + " bytes at offset " +
+                                        std::to_string(offset) + " exceeds the " + role + " buffer (" +
                                         std::to_string(cap) + " bytes)");
   return backend;
 }
 
 // Validation: marks the batch busy for one call (a Batch is one thread's).
 detail::validate::Guard guard_of(const std::unique_ptr<detail::BatchState>& s, const char* what) {
-  return s ? detail::validate::Guard(&s->user, &s->doing, what)
-           : detail::validate::Guard(nullptr, nullptr, what);
+  return s ? detail::validate::Guard(&s->user, &s->doing, what) : detail::validate::Guard(nullptr, nullptr, what);
 }
 
 }  // namespace
@@ -242,14 +229,12 @@ detail::validate::Guard guard_of(const std::unique_ptr<detail::BatchState>& s, c
 // Buffer's impl is private; Batch is a friend of Buffer, so fetch it here.
 #define TPUHAL_IMPL_OF(buffer) (buffer).impl_
 
-Batch::Batch(std::shared_ptr<detail::QueueImpl> queue)
-    : state_(std::make_unique<detail::BatchState>()) {
+Batch::Batch(std::shared_ptr<detail::QueueImpl> queue) : state_(std::make_unique<detail::BatchState>()) {
   state_->device = queue->device();
   state_->queue = std::move(queue);
 }
 
-Batch::Batch(std::shared_ptr<detail::DeviceImpl> recording_for)
-    : state_(std::make_unique<detail::BatchState>()) {
+Batch::Batch(std::shared_ptr<detail::DeviceImpl> recording_for) : state_(std::make_unique<detail::BatchState>()) {
   state_->device = std::move(recording_for);
 }
 Batch::~Batch() = default;
@@ -266,17 +251,16 @@ Queue Batch::queue() const {
 Batch& Batch::copy(const Buffer& src, const Buffer& dst) {
   const auto guard = guard_of(state_, "copy");
   live(state_);
-  if (!TPUHAL_IMPL_OF(src) || !TPUHAL_IMPL_OF(dst))
-    throw Error(Status::InvalidArgument, "copy: empty Buffer handle");
+  if (!TPUHAL_IMPL_OF(src) || !TPUHAL_IMPL_OF(dst)) throw Error(Status::InvalidArgument, "copy: empty Buffer handle");
   if (src.size() != dst.size())
-    throw Error(Status::InvalidArgument,
-                "copy: the source is " + std::to_string(src.size()) + " bytes but the destination is " +
-                    std::to_string(dst.size()) + "; give offsets and a size to copy part of one");
+    throw Error(Status::InvalidArgument, "copy: the source is " + std::to_string(src.size()) +
+                                             " bytes but the destination is " + std::to_string(dst.size()) +
+                                             "; give offsets and a size to copy part of one");
   return copy(src, 0, dst, 0, src.size());
 }
 
-Batch& Batch::copy(const Buffer& src, std::uint64_t src_offset, const Buffer& dst,
-                   std::uint64_t dst_offset, std::uint64_t size) {
+Batch& Batch::copy(const Buffer& src, std::uint64_t src_offset, const Buffer& dst, std::uint64_t dst_offset,
+                   std::uint64_t size) {
   const auto guard = guard_of(state_, "copy");
   auto& s = live(state_);
   auto sb = use(s, TPUHAL_IMPL_OF(src), "copy", "source", src_offset, size);
@@ -288,21 +272,19 @@ Batch& Batch::copy(const Buffer& src, std::uint64_t src_offset, const Buffer& ds
   return *this;
 }
 
-Batch& Batch::fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size,
-                   std::uint32_t pattern, std::uint32_t pattern_bytes) {
+Batch& Batch::fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size, std::uint32_t pattern,
+                   std::uint32_t pattern_bytes) {
   const auto guard = guard_of(state_, "fill");
   auto& s = live(state_);
   if (pattern_bytes != 1 && pattern_bytes != 2 && pattern_bytes != 4)
-    throw Error(Status::InvalidArgument,
-                "fill: pattern_bytes must be 1, 2 or 4, got " + std::to_string(pattern_bytes));
+    throw Error(Status::InvalidArgument, "fill: pattern_bytes must be 1, 2 or 4, got " + std::to_string(pattern_bytes));
   if (pattern_bytes < 4 && (pattern >> (8 * pattern_bytes)) != 0)
-    throw Error(Status::InvalidArgument, "fill: pattern " + std::to_string(pattern) +
-                                             " does not fit in " + std::to_string(pattern_bytes) +
-                                             " byte(s)");
+    throw Error(Status::InvalidArgument, "fill: pattern " + std::to_string(pattern) + " does not fit in " +
+                                             std::to_string(pattern_bytes) + " byte(s)");
   if (offset % pattern_bytes || size % pattern_bytes)
-    throw Error(Status::InvalidArgument,
-                "fill: offset " + std::to_string(offset) + " and size " + std::to_string(size) +
-                    " must be multiples of pattern_bytes (" + std::to_string(pattern_bytes) + ")");
+    throw Error(Status::InvalidArgument, "fill: offset " + std::to_string(offset) + " and size " +
+                                             std::to_string(size) + " must be multiples of pattern_bytes (" +
+                                             std::to_string(pattern_bytes) + ")");
   auto db = use(s, TPUHAL_IMPL_OF(dst), "fill", "destination", offset, size);
   if (size == 0) return *this;
   s.commands.push_back(driver::cmd::Fill{{db.get(), offset}, size, pattern, pattern_bytes});
@@ -319,9 +301,9 @@ Batch& Batch::wait(const Fence& fence) {
                 "wait before running the program instead");
   if (fence.empty() || fence.queue_ == s.queue) return *this;  // in order already
   if (fence.queue_->device() != s.device)
-    throw Error(Status::InvalidArgument,
-                "wait: the fence is on " + fence.queue_->device()->uri() + " but the queue is on " +
-                    s.device->uri() + "; wait on the host (Fence::wait) instead");
+    throw Error(Status::InvalidArgument, "wait: the fence is on " + fence.queue_->device()->uri() +
+                                             " but the queue is on " + s.device->uri() +
+                                             "; wait on the host (Fence::wait) instead");
   if (fence.queue_->reached(fence.value_)) return *this;  // nothing to wait for
   s.commands.push_back(driver::cmd::WaitFence{&fence.queue_->backend(), fence.value_});
   s.retained.push_back(fence.queue_->backend_ptr());
@@ -364,11 +346,9 @@ Batch& Batch::timestamp(const Buffer& buf, std::uint64_t offset) {
   const auto guard = guard_of(state_, "timestamp");
   auto& s = live(state_);
   if (!s.device->backend().properties().caps.timestamps)
-    throw Error(Status::Unsupported,
-                "timestamp: " + s.device->uri() + " has no timestamps (caps.timestamps)");
+    throw Error(Status::Unsupported, "timestamp: " + s.device->uri() + " has no timestamps (caps.timestamps)");
   if (offset % 8)
-    throw Error(Status::InvalidArgument,
-                "timestamp: offset " + std::to_string(offset) + " is not a multiple of 8");
+    throw Error(Status::InvalidArgument, "timestamp: offset " + std::to_string(offset) + " is not a multiple of 8");
   auto b = use(s, TPUHAL_IMPL_OF(buf), "timestamp", "word's", offset, 8);
   s.commands.push_back(driver::cmd::Timestamp{{b.get(), offset}});
   s.retained.push_back(std::move(b));
@@ -385,8 +365,8 @@ Batch& Batch::run(const Op& op) {
   if (!s.device->backend().properties().caps.tensor)
     throw Error(Status::Unsupported, "run: " + s.device->uri() + " has no tensor engine (caps.tensor is false)");
   if (s.queue && s.queue->backend().engine() != Engine::Compute)
-    throw Error(Status::Unsupported, "run: " + op.name() + " needs a compute queue; " + s.queue->name() +
-                                         " is a " + to_string(s.queue->backend().engine()) + " queue");
+    throw Error(Status::Unsupported, "run: " + op.name() + " needs a compute queue; " + s.queue->name() + " is a " +
+                                         to_string(s.queue->backend().engine()) + " queue");
   s.commands.push_back(driver::cmd::Run{OpAccess::desc(op).get()});
   s.retained.push_back(OpAccess::desc(op));
   s.retained.push_back(OpAccess::keep(op));
@@ -457,14 +437,14 @@ Batch Queue::copy(const Buffer& src, const Buffer& dst) const {
   b.copy(src, dst);
   return b;
 }
-Batch Queue::copy(const Buffer& src, std::uint64_t src_offset, const Buffer& dst,
-                  std::uint64_t dst_offset, std::uint64_t size) const {
+Batch Queue::copy(const Buffer& src, std::uint64_t src_offset, const Buffer& dst, std::uint64_t dst_offset,
+                  std::uint64_t size) const {
   auto b = batch();
   b.copy(src, src_offset, dst, dst_offset, size);
   return b;
 }
-Batch Queue::fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size,
-                  std::uint32_t pattern, std::uint32_t pattern_bytes) const {
+Batch Queue::fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size, std::uint32_t pattern,
+                  std::uint32_t pattern_bytes) const {
   auto b = batch();
   b.fill(dst, offset, size, pattern, pattern_bytes);
   return b;

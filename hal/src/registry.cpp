@@ -53,8 +53,7 @@ namespace {
 std::shared_ptr<driver::Provider> provider_locked(Registry& r, std::string_view uri) {
   const auto colon = uri.find(':');
   if (colon == std::string_view::npos || colon == 0)
-    throw Error(Status::InvalidArgument,
-                "device URI '" + std::string(uri) + "' has no scheme; URIs look like sim:0");
+    throw Error(Status::InvalidArgument, "device URI '" + std::string(uri) + "' has no scheme; URIs look like sim:0");
   const std::string_view scheme = uri.substr(0, colon);
   r.load_builtins_locked();
   std::shared_ptr<driver::Provider> provider;
@@ -63,9 +62,7 @@ std::shared_ptr<driver::Provider> provider_locked(Registry& r, std::string_view 
     schemes += (schemes.empty() ? "" : ", ") + std::string(p->scheme());
     if (p->scheme() == scheme) provider = p;
   }
-  if (!provider)
-    throw Error(Status::NotFound, "no driver for '" + std::string(uri) + "' (drivers: " +
-                                      schemes + ")");
+  if (!provider) throw Error(Status::NotFound, "no driver for '" + std::string(uri) + "' (drivers: " + schemes + ")");
   if (auto why = provider->unavailable_reason(); !why.empty())
     throw Error(Status::Unavailable, std::string(uri) + ": " + why);
   return provider;

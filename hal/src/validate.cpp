@@ -56,9 +56,12 @@ bool internal_frame(std::string_view fn, const void* pc) {
     return !ec && exe.string() == here ? std::string() : here;
   }();
   static constexpr std::string_view kInternal[] = {
-      "tpuhal::detail::", "tpuhal::validation::", "tpuhal::base::", "tpuhal::Batch::",
-      "tpuhal::Buffer::", "tpuhal::Queue::",      "tpuhal::Device::", "tpuhal::Fence::",
-      "tpuhal::Program::", "tpuhal_",             "boost::",         "std::",
+      "tpuhal::detail::",  "tpuhal::validation::",
+      "tpuhal::base::",    "tpuhal::Batch::",
+      "tpuhal::Buffer::",  "tpuhal::Queue::",
+      "tpuhal::Device::",  "tpuhal::Fence::",
+      "tpuhal::Program::", "tpuhal_",
+      "boost::",           "std::",
   };
   for (auto prefix : kInternal)
     if (fn.substr(0, prefix.size()) == prefix) return true;
@@ -123,7 +126,7 @@ struct BufferTrack {
   base::CallStack allocated_at;
   std::string allocated_in_binding;  // the call-site provider's innermost frame (a Python line)
   std::mutex mu;
-  std::vector<Use> uses;                               // not yet seen to complete
+  std::vector<Use> uses;                                   // not yet seen to complete
   std::unordered_map<std::uint64_t, std::uint64_t> words;  // offset -> last write_value()
 };
 
@@ -166,15 +169,14 @@ void expand(std::span<const driver::Command> commands, std::vector<Item>& out, i
             out.push_back(Waits{cmd.queue, cmd.value});
           } else if constexpr (std::is_same_v<T, driver::cmd::WaitValue>) {
             out.push_back(WaitsOnMemory{});
-            out.push_back(Access{cmd.location.buffer, cmd.location.offset, cmd.location.offset + 8, false,
-                                 "wait_value"});
+            out.push_back(
+                Access{cmd.location.buffer, cmd.location.offset, cmd.location.offset + 8, false, "wait_value"});
           } else if constexpr (std::is_same_v<T, driver::cmd::WriteValue>) {
             out.push_back(WordWrite{cmd.location.buffer, cmd.location.offset, cmd.value});
-            out.push_back(Access{cmd.location.buffer, cmd.location.offset, cmd.location.offset + 8, true,
-                                 "write_value"});
+            out.push_back(
+                Access{cmd.location.buffer, cmd.location.offset, cmd.location.offset + 8, true, "write_value"});
           } else if constexpr (std::is_same_v<T, driver::cmd::Timestamp>) {
-            out.push_back(Access{cmd.location.buffer, cmd.location.offset, cmd.location.offset + 8, true,
-                                 "timestamp"});
+            out.push_back(Access{cmd.location.buffer, cmd.location.offset, cmd.location.offset + 8, true, "timestamp"});
           } else if constexpr (std::is_same_v<T, driver::cmd::Run>) {
             const auto& tensors = cmd.op->tensors;
             for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -326,9 +328,9 @@ void on_map(const BufferTrack& ctrack) {
       // A word a queue writes with write_value or timestamp is there for
       // the host to poll while the queue runs: not a hazard.
       if (!u.write || u.word) continue;
-      msg = "map() of the " + track.description + " on " + track.device + " while " + u.queue_name +
-            "'s submission " + std::to_string(u.value) + " (" + u.op + ") still writes " +
-            range(u.begin, u.end) + " of it; wait for that submission's fence before the host "
+      msg = "map() of the " + track.description + " on " + track.device + " while " + u.queue_name + "'s submission " +
+            std::to_string(u.value) + " (" + u.op + ") still writes " + range(u.begin, u.end) +
+            " of it; wait for that submission's fence before the host "
             "reads the memory";
       break;
     }
@@ -360,8 +362,7 @@ void before_submit(const QueueImpl& queue, std::span<const driver::Command> comm
         found.emplace_back(validation::Check::ValueBackwards,
                            "write_value of " + std::to_string(ww->value) + " on " + queue.name() +
                                " to the word at offset " + std::to_string(ww->offset) + " of the " +
-                               track->description + ", which was last given " +
-                               std::to_string(it->second) +
+                               track->description + ", which was last given " + std::to_string(it->second) +
                                ": a timeline word must not go backwards (waits for the values "
                                "between would already have passed)");
       it->second = ww->value;
@@ -376,14 +377,13 @@ void before_submit(const QueueImpl& queue, std::span<const driver::Command> comm
         if (!q || q.get() == self) continue;  // the same queue runs in order
         if (!(u.write || a->write) || u.end <= a->begin || a->end <= u.begin) continue;
         if (auto it = clock.find(q.get()); it != clock.end() && it->second >= u.value) continue;
-        found.emplace_back(
-            validation::Check::BufferInFlight,
-            std::string(a->op) + " on " + queue.name() + (a->write ? " writes " : " reads ") +
-                range(a->begin, a->end) + " of the " + track->description + " while " + u.queue_name +
-                "'s submission " + std::to_string(u.value) + " (" + u.op + "), which " +
-                (u.write ? "writes " : "reads ") + range(u.begin, u.end) +
-                ", has not completed, and nothing orders the two: record batch.wait(fence) on "
-                "that submission's fence first, or wait for it on the host");
+        found.emplace_back(validation::Check::BufferInFlight,
+                           std::string(a->op) + " on " + queue.name() + (a->write ? " writes " : " reads ") +
+                               range(a->begin, a->end) + " of the " + track->description + " while " + u.queue_name +
+                               "'s submission " + std::to_string(u.value) + " (" + u.op + "), which " +
+                               (u.write ? "writes " : "reads ") + range(u.begin, u.end) +
+                               ", has not completed, and nothing orders the two: record batch.wait(fence) on "
+                               "that submission's fence first, or wait for it on the host");
         break;
       }
     }
@@ -412,8 +412,7 @@ void after_submit(const std::shared_ptr<QueueImpl>& queue, std::span<const drive
       prune(*track);
       // A newer use of the same bytes on the same queue outlasts the older one.
       std::erase_if(track->uses, [&](const Use& u) {
-        return u.queue.lock() == backend && u.begin == a->begin && u.end == a->end &&
-               u.write == a->write;
+        return u.queue.lock() == backend && u.begin == a->begin && u.end == a->end && u.write == a->write;
       });
       constexpr std::size_t kMaxUses = 256;
       if (track->uses.size() >= kMaxUses) track->uses.erase(track->uses.begin());
@@ -508,9 +507,7 @@ CallSiteProvider set_call_site_provider(CallSiteProvider provider) {
   return std::exchange(detail::validate::call_site_provider(), std::move(provider));
 }
 
-std::uint64_t report_count() noexcept {
-  return detail::validate::g_reports.load(std::memory_order_relaxed);
-}
+std::uint64_t report_count() noexcept { return detail::validate::g_reports.load(std::memory_order_relaxed); }
 
 std::size_t report_leaks() {
   using detail::validate::BufferTrack;

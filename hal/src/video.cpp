@@ -92,13 +92,17 @@ Tensor Frame::chroma() const {
 }
 Tensor Frame::u() const {
   const auto& s = checked(s_);
-  if (s.format != PixelFormat::I420) throw Error(Status::FailedPrecondition, "Frame::u(): the frame is NV12; use chroma()");
-  return Tensor(s.buffer, DType::U8, {(s.height + 1) / 2, (s.width + 1) / 2}, {s.planes[1].pitch, 1}, s.planes[1].offset);
+  if (s.format != PixelFormat::I420)
+    throw Error(Status::FailedPrecondition, "Frame::u(): the frame is NV12; use chroma()");
+  return Tensor(s.buffer, DType::U8, {(s.height + 1) / 2, (s.width + 1) / 2}, {s.planes[1].pitch, 1},
+                s.planes[1].offset);
 }
 Tensor Frame::v() const {
   const auto& s = checked(s_);
-  if (s.format != PixelFormat::I420) throw Error(Status::FailedPrecondition, "Frame::v(): the frame is NV12; use chroma()");
-  return Tensor(s.buffer, DType::U8, {(s.height + 1) / 2, (s.width + 1) / 2}, {s.planes[2].pitch, 1}, s.planes[2].offset);
+  if (s.format != PixelFormat::I420)
+    throw Error(Status::FailedPrecondition, "Frame::v(): the frame is NV12; use chroma()");
+  return Tensor(s.buffer, DType::U8, {(s.height + 1) / 2, (s.width + 1) / 2}, {s.planes[2].pitch, 1},
+                s.planes[2].offset);
 }
 
 // ---- VideoDecoder ----------------------------------------------------------------
@@ -137,14 +141,13 @@ void VideoDecoder::send(std::span<const std::byte> packet, std::int64_t pts) {
   std::lock_guard lock(d.mu_);
   if (d.flushed_)
     throw Error(Status::FailedPrecondition, d.name() + ": send() after flush(); reset() to start a new stream");
-  if (packet.empty()) throw Error(Status::InvalidArgument, d.name() + ": an empty packet (use flush() to end the stream)");
+  if (packet.empty())
+    throw Error(Status::InvalidArgument, d.name() + ": an empty packet (use flush() to end the stream)");
   d.backend_->send(packet, pts, d.sent_, false);
   ++d.sent_;
 }
 
-void VideoDecoder::send(std::span<const std::uint8_t> packet, std::int64_t pts) {
-  send(std::as_bytes(packet), pts);
-}
+void VideoDecoder::send(std::span<const std::uint8_t> packet, std::int64_t pts) { send(std::as_bytes(packet), pts); }
 
 void VideoDecoder::flush() {
   auto& d = checked(impl_);
@@ -176,9 +179,7 @@ std::optional<Frame> detail::DecoderImpl::next(std::chrono::nanoseconds timeout,
     switch (ev.kind) {
       case driver::DecoderEvent::Kind::Frame: return d.make_frame(ev);
       case driver::DecoderEvent::Kind::Error: throw *ev.error;
-      case driver::DecoderEvent::Kind::EndOfStream:
-        d.eos_ = true;
-        return std::nullopt;
+      case driver::DecoderEvent::Kind::EndOfStream: d.eos_ = true; return std::nullopt;
       case driver::DecoderEvent::Kind::NeedInput:
         // After flush() the board has taken the end-of-stream marker too:
         // the stream is over.
@@ -187,11 +188,11 @@ std::optional<Frame> detail::DecoderImpl::next(std::chrono::nanoseconds timeout,
       case driver::DecoderEvent::Kind::Timeout:
         if (!wait) return std::nullopt;
         // The backend may say where the board is stuck.
-        throw Error(Status::Timeout, d.name() + ": no progress for " +
-                                         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
-                                         " ms with " + std::to_string(d.sent_) + " packets sent and " +
-                                         std::to_string(d.received_) + " frames received" +
-                                         (ev.error ? std::string("; ") + ev.error->what() : std::string()));
+        throw Error(Status::Timeout,
+                    d.name() + ": no progress for " +
+                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+                        " ms with " + std::to_string(d.sent_) + " packets sent and " + std::to_string(d.received_) +
+                        " frames received" + (ev.error ? std::string("; ") + ev.error->what() : std::string()));
     }
   }
 }

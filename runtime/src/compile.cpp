@@ -21,9 +21,10 @@ namespace tpuhal::rt {
 #ifndef TPUHAL_RT_HAVE_ONNX
 
 CompileResult compile_onnx(std::span<const std::byte>, const CompileOptions&, std::string_view name) {
-  throw Error(Status::Unsupported, std::string(name) +
-                                       ": this tpuhal was built without ONNX (libonnx-dev, libprotobuf-dev); it loads and "
-                                       "runs compiled models but cannot compile");
+  throw Error(Status::Unsupported,
+              std::string(name) +
+                  ": this tpuhal was built without ONNX (libonnx-dev, libprotobuf-dev); it loads and "
+                  "runs compiled models but cannot compile");
 }
 
 #else
@@ -35,17 +36,17 @@ using nlohmann::json;
 
 // The calibration set cut into batches of the model's input shapes.
 struct Batches {
-  std::vector<std::vector<float>> per_input;  // each input's samples, flat
+  std::vector<std::vector<float> > per_input;  // each input's samples, flat
   std::vector<std::uint64_t> sample_elems;
-  std::vector<std::vector<std::int64_t>> shapes;
+  std::vector<std::vector<std::int64_t> > shapes;
   std::uint64_t samples = 0;
   std::uint64_t count() const {
     const auto n = static_cast<std::uint64_t>(shapes.at(0).at(0));
     return (samples + n - 1) / n;
   }
   // Batch `b`: rows past the last sample wrap to the first ones.
-  std::vector<std::vector<float>> batch(std::uint64_t b) const {
-    std::vector<std::vector<float>> out;
+  std::vector<std::vector<float> > batch(std::uint64_t b) const {
+    std::vector<std::vector<float> > out;
     for (std::size_t i = 0; i < per_input.size(); ++i) {
       const auto n = static_cast<std::uint64_t>(shapes[i][0]);
       std::vector<float> x(n * sample_elems[i]);
@@ -76,7 +77,8 @@ std::string dims(const std::vector<std::int64_t>& s) {
 
 Batches calibration_batches(const Graph& g, const CompileOptions& o, std::string_view name, const char* why) {
   if (o.calibration.empty())
-    throw Error(Status::InvalidArgument, std::string(name) + ": " + why + " needs calibration data (one array per input)");
+    throw Error(Status::InvalidArgument,
+                std::string(name) + ": " + why + " needs calibration data (one array per input)");
   if (o.calibration.size() != g.inputs.size())
     throw Error(Status::InvalidArgument, std::string(name) + ": " + std::to_string(o.calibration.size()) +
                                              " calibration arrays for " + std::to_string(g.inputs.size()) + " inputs");
@@ -92,13 +94,14 @@ Batches calibration_batches(const Graph& g, const CompileOptions& o, std::string
     const bool shape_ok = a.shape.size() >= tail.size() + 1 &&
                           std::equal(tail.rbegin(), tail.rend(), a.shape.rbegin()) && given == a.values.size();
     if (!shape_ok || shape.empty() || a.values.empty() || a.values.size() % per != 0)
-      throw Error(Status::InvalidArgument, std::string(name) + ": calibration array " + std::to_string(i) + " has shape " +
-                                               dims(a.shape) + "; input '" + g.inputs[i] + "' " + dims(shape) +
-                                               " needs [samples, " + dims(tail).substr(1));
+      throw Error(Status::InvalidArgument, std::string(name) + ": calibration array " + std::to_string(i) +
+                                               " has shape " + dims(a.shape) + "; input '" + g.inputs[i] + "' " +
+                                               dims(shape) + " needs [samples, " + dims(tail).substr(1));
     const std::uint64_t samples = a.values.size() / per;
     if (i > 0 && samples != b.samples)
-      throw Error(Status::InvalidArgument, std::string(name) + ": calibration arrays hold " + std::to_string(b.samples) +
-                                               " and " + std::to_string(samples) + " samples; every input needs the same number");
+      throw Error(Status::InvalidArgument, std::string(name) + ": calibration arrays hold " +
+                                               std::to_string(b.samples) + " and " + std::to_string(samples) +
+                                               " samples; every input needs the same number");
     b.samples = samples;
     b.per_input.push_back(a.values);
     b.sample_elems.push_back(per);
@@ -110,9 +113,11 @@ Batches calibration_batches(const Graph& g, const CompileOptions& o, std::string
 ModelFile pack(const Graph& g, const Lowered& l, Precision p, const CompileOptions& o, std::string_view name,
                const json* report) {
   std::vector<TensorSpec> inputs, outputs;
-  for (std::size_t i = 0; i < g.inputs.size(); ++i) inputs.push_back({g.inputs[i], DType::F32, g.value(g.inputs[i]).shape});
+  for (std::size_t i = 0; i < g.inputs.size(); ++i)
+    inputs.push_back({g.inputs[i], DType::F32, g.value(g.inputs[i]).shape});
   for (std::size_t i = 0; i < g.outputs.size(); ++i)
-    outputs.push_back({g.outputs[i].first, DType::F32, l.graph.tensors[static_cast<std::size_t>(l.graph.outputs[i])].shape});
+    outputs.push_back(
+        {g.outputs[i].first, DType::F32, l.graph.tensors[static_cast<std::size_t>(l.graph.outputs[i])].shape});
   std::map<std::string, std::string> meta = {
       {"producer", std::string("tpuhal ") + tpuhal::version()},
       {"source", std::string(name)},
@@ -154,12 +159,29 @@ ModelFile pack(const Graph& g, const Lowered& l, Precision p, const CompileOptio
 float element(const std::vector<std::byte>& arena, const DTensor& t, std::uint64_t i, const QParams& q) {
   const std::byte* p = arena.data() + t.offset + i * size_of(t.dtype);
   switch (t.dtype) {
-    case DType::F32: { float f; std::memcpy(&f, p, 4); return f; }
-    case DType::F16: { std::uint16_t h; std::memcpy(&h, p, 2); return from_f16(h); }
-    case DType::BF16: { std::uint16_t h; std::memcpy(&h, p, 2); return from_bf16(h); }
-    case DType::U8: return (static_cast<float>(static_cast<std::uint8_t>(*p)) - static_cast<float>(q.zero_point)) * q.scale;
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::F16: {
+      std::uint16_t h;
+      std::memcpy(&h, p, 2);
+      return from_f16(h);
+    }
+    case DType::BF16: {
+      std::uint16_t h;
+      std::memcpy(&h, p, 2);
+      return from_bf16(h);
+    }
+    case DType::U8:
+      return (static_cast<float>(static_cast<std::uint8_t>(*p)) - static_cast<float>(q.zero_point)) * q.scale;
     case DType::I8: return static_cast<float>(static_cast<std::int8_t>(*p));
-    case DType::I32: { std::int32_t v; std::memcpy(&v, p, 4); return static_cast<float>(v); }
+    case DType::I32: {
+      std::int32_t v;
+      std::memcpy(&v, p, 4);
+      return static_cast<float>(v);
+    }
   }
   return 0;
 }
@@ -177,7 +199,7 @@ template <typename Visit>
 void run_batches(Device& dev, const Graph& g, const Lowered& l, const Batches& b, Visit visit) {
   Model m = Model::load(dev, pack(g, l, Precision::F32, CompileOptions{}, "calibration model", nullptr));
   Instance inst = m.instance();
-  std::vector<std::vector<float>> outs;
+  std::vector<std::vector<float> > outs;
   for (const auto& spec : m.outputs()) outs.emplace_back(spec.elements());
   for (std::uint64_t i = 0; i < b.count(); ++i) {
     auto in = b.batch(i);
@@ -212,9 +234,10 @@ std::map<std::string, Range> calibrate(Device& dev, const Graph& g, const Lowere
   // Percentile: a histogram over each observed range, cut at the
   // `percentile` and (100 - percentile) quantiles.
   if (!(o.percentile > 50.0 && o.percentile <= 100.0))
-    throw Error(Status::InvalidArgument, "calibration percentile " + std::to_string(o.percentile) + " is not in (50, 100]");
+    throw Error(Status::InvalidArgument,
+                "calibration percentile " + std::to_string(o.percentile) + " is not in (50, 100]");
   constexpr std::size_t kBins = 4096;
-  std::map<std::string, std::vector<std::uint64_t>> hist;
+  std::map<std::string, std::vector<std::uint64_t> > hist;
   run_batches(dev, g, f32, b, [&](const std::vector<std::byte>& arena) {
     for (const auto& [v, info] : f32.values) {
       const DTensor& t = f32.graph.tensors[static_cast<std::size_t>(info.tensor)];
@@ -226,7 +249,8 @@ std::map<std::string, Range> calibrate(Device& dev, const Graph& g, const Lowere
       for (std::uint64_t i = 0; i < t.elements(); ++i) {
         const float x = element(arena, t, i, info.q);
         if (!std::isfinite(x)) continue;
-        const auto bin = static_cast<std::size_t>(std::clamp((x - r.lo) / width * kBins, 0.0f, static_cast<float>(kBins - 1)));
+        const auto bin =
+            static_cast<std::size_t>(std::clamp((x - r.lo) / width * kBins, 0.0f, static_cast<float>(kBins - 1)));
         ++h[bin];
       }
     }
@@ -242,12 +266,18 @@ std::map<std::string, Range> calibrate(Device& dev, const Graph& g, const Lowere
     std::size_t lo_bin = 0, hi_bin = kBins - 1;
     for (std::size_t i = 0; i < kBins; ++i) {
       acc += h[i];
-      if (static_cast<double>(acc) > tail) { lo_bin = i; break; }
+      if (static_cast<double>(acc) > tail) {
+        lo_bin = i;
+        break;
+      }
     }
     acc = 0;
     for (std::size_t i = kBins; i-- > 0;) {
       acc += h[i];
-      if (static_cast<double>(acc) > tail) { hi_bin = i; break; }
+      if (static_cast<double>(acc) > tail) {
+        hi_bin = i;
+        break;
+      }
     }
     const Range cut{r.lo + width * static_cast<float>(lo_bin), r.lo + width * static_cast<float>(hi_bin + 1)};
     r = Range{std::max(r.lo, cut.lo), std::min(r.hi, cut.hi)};
@@ -255,9 +285,10 @@ std::map<std::string, Range> calibrate(Device& dev, const Graph& g, const Lowere
   return ranges;
 }
 
-std::vector<LayerError> measure(Device& dev, const Graph& g, const Lowered& f32, const Lowered& reduced, const Batches& b) {
+std::vector<LayerError> measure(Device& dev, const Graph& g, const Lowered& f32, const Lowered& reduced,
+                                const Batches& b) {
   // Each model's arena after each batch, then compare layer by layer.
-  std::vector<std::vector<std::byte>> ref, red;
+  std::vector<std::vector<std::byte> > ref, red;
   run_batches(dev, g, f32, b, [&](const std::vector<std::byte>& a) { ref.push_back(a); });
   run_batches(dev, g, reduced, b, [&](const std::vector<std::byte>& a) { red.push_back(a); });
   std::vector<LayerError> out;
@@ -295,17 +326,24 @@ std::vector<LayerError> measure(Device& dev, const Graph& g, const Lowered& f32,
 json report_json(const std::vector<LayerError>& r, Precision p, std::uint64_t samples) {
   json layers = json::array();
   for (const auto& e : r)
-    layers.push_back({{"node", e.node}, {"op", e.op}, {"output", e.output}, {"max_abs", e.max_abs}, {"rms", e.rms},
-                      {"rel_rms", e.rel_rms}, {"snr_db", std::isfinite(e.snr_db) ? json(e.snr_db) : json(nullptr)}});
+    layers.push_back({{"node", e.node},
+                      {"op", e.op},
+                      {"output", e.output},
+                      {"max_abs", e.max_abs},
+                      {"rms", e.rms},
+                      {"rel_rms", e.rel_rms},
+                      {"snr_db", std::isfinite(e.snr_db) ? json(e.snr_db) : json(nullptr)}});
   return {{"precision", to_string(p)}, {"reference", "fp32"}, {"samples", samples}, {"layers", std::move(layers)}};
 }
 
 }  // namespace
 
-CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileOptions& options, std::string_view name) {
+CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileOptions& options,
+                           std::string_view name) {
   if (options.precision == Precision::Int8 && options.method == CalibrationMethod::Percentile &&
       !(options.percentile > 50.0 && options.percentile <= 100.0))
-    throw Error(Status::InvalidArgument, "calibration percentile " + std::to_string(options.percentile) + " is not in (50, 100]");
+    throw Error(Status::InvalidArgument,
+                "calibration percentile " + std::to_string(options.percentile) + " is not in (50, 100]");
   const Graph g = import_onnx(onnx_bytes, options, name);
   CompileResult result;
   result.notes = g.notes;
@@ -324,11 +362,13 @@ CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileO
                            std::to_string(batches.samples) + " samples (" + method_text(options) + ") on " +
                            options.device);
   }
-  const Lowered reduced = options.precision == Precision::F32 ? f32 : lower(g, options.precision, int8 ? &ranges : nullptr);
+  const Lowered reduced =
+      options.precision == Precision::F32 ? f32 : lower(g, options.precision, int8 ? &ranges : nullptr);
   if (int8) {
     std::size_t q = 0;
     for (const auto& op : reduced.graph.ops) q += op.kind == "qlinear_conv";
-    result.notes.push_back(std::to_string(q) + " layers run in int8 (qlinear_conv); the rest in f32 between dequantize and quantize");
+    result.notes.push_back(std::to_string(q) +
+                           " layers run in int8 (qlinear_conv); the rest in f32 between dequantize and quantize");
   }
   json report;
   if (options.report) {

@@ -86,9 +86,12 @@ struct Reader {
 // size_of(DType) without the op library (the fuzz target links less).
 std::uint64_t element_bytes(DType t) {
   switch (t) {
-    case DType::F32: case DType::I32: return 4;
-    case DType::F16: case DType::BF16: return 2;
-    case DType::I8: case DType::U8: return 1;
+    case DType::F32:
+    case DType::I32: return 4;
+    case DType::F16:
+    case DType::BF16: return 2;
+    case DType::I8:
+    case DType::U8: return 1;
   }
   return 1;
 }
@@ -136,7 +139,8 @@ std::uint64_t DeviceGraph::share_arena() {
   };
   std::map<std::uint64_t, Group> groups;
   for (const auto& t : tensors)
-    if (t.storage == Storage::Arena && t.bytes() > 0) groups[t.offset].bytes = std::max(groups[t.offset].bytes, t.bytes());
+    if (t.storage == Storage::Arena && t.bytes() > 0)
+      groups[t.offset].bytes = std::max(groups[t.offset].bytes, t.bytes());
   auto use = [&](std::int64_t tensor, std::int64_t at) {
     const auto& t = tensors.at(static_cast<std::size_t>(tensor));
     if (t.storage != Storage::Arena || t.bytes() == 0) return;
@@ -228,8 +232,9 @@ DeviceGraph decode_graph(std::span<const std::byte> bytes, std::uint64_t weight_
   g.weight_bytes = r.count(j, "weight_bytes", "the graph");
   if (g.arena_bytes > (std::uint64_t{1} << 40)) damaged(name, "graph", "the arena size is over 1 TiB");
   if (g.weight_bytes != weight_bytes)
-    damaged(name, "graph", "it expects " + std::to_string(g.weight_bytes) + " bytes of weights; the weights section has " +
-                               std::to_string(weight_bytes));
+    damaged(name, "graph",
+            "it expects " + std::to_string(g.weight_bytes) + " bytes of weights; the weights section has " +
+                std::to_string(weight_bytes));
   const json& ts = r.array(j, "tensors", "the graph");
   if (ts.size() > kMaxTensors) damaged(name, "graph", "it has " + std::to_string(ts.size()) + " tensors");
   for (std::size_t i = 0; i < ts.size(); ++i) {
@@ -238,15 +243,17 @@ DeviceGraph decode_graph(std::span<const std::byte> bytes, std::uint64_t weight_
     t.dtype = r.dtype(ts[i], where);
     t.shape = r.shape(ts[i], where);
     const std::string storage = r.text(ts[i], "storage", where);
-    if (storage != "weights" && storage != "arena") damaged(name, "graph", where + " has storage '" + printable(storage) + "'");
+    if (storage != "weights" && storage != "arena")
+      damaged(name, "graph", where + " has storage '" + printable(storage) + "'");
     t.storage = storage == "weights" ? Storage::Weights : Storage::Arena;
     t.offset = r.count(ts[i], "offset", where);
     if (ts[i].contains("value")) t.value = r.text(ts[i], "value", where);
     const std::uint64_t limit = t.storage == Storage::Weights ? weight_bytes : g.arena_bytes;
     if (t.offset % element_bytes(t.dtype) != 0) damaged(name, "graph", where + " is misaligned");
     if (t.offset > limit || t.bytes() > limit - t.offset)
-      damaged(name, "graph", where + " (" + std::to_string(t.bytes()) + " bytes at offset " + std::to_string(t.offset) +
-                                 ") lies outside the " + storage + " (" + std::to_string(limit) + " bytes)");
+      damaged(name, "graph",
+              where + " (" + std::to_string(t.bytes()) + " bytes at offset " + std::to_string(t.offset) +
+                  ") lies outside the " + storage + " (" + std::to_string(limit) + " bytes)");
     g.tensors.push_back(std::move(t));
   }
   auto index = [&](const json& v, const std::string& where) {

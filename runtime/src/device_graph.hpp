@@ -30,8 +30,8 @@ struct DTensor {
 };
 
 struct DOp {
-  std::string kind;  // "conv2d", "qlinear_conv", "matmul", ... (docs/model-format.md)
-  std::string node;  // the ONNX node it came from ("" for conversions)
+  std::string kind;                              // "conv2d", "qlinear_conv", "matmul", ... (docs/model-format.md)
+  std::string node;                              // the ONNX node it came from ("" for conversions)
   std::map<std::string, std::int64_t> operands;  // role ("x", "w", "y", ...) -> tensor index
   nlohmann::json attrs = nlohmann::json::object();
 };

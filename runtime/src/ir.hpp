@@ -31,13 +31,13 @@ struct Value {
 };
 
 struct Node {
-  std::string name;  // the ONNX node name (or "op_type #index" if it has none)
-  std::string op;    // ONNX op type
-  std::vector<std::string> inputs;   // value names; "" for an omitted optional input
-  std::string output;                // the one output used
-  onnx::NodeProto proto;             // its attributes
-  ActivationParams act;              // fused Relu / Clip (Conv, Gemm, MatMul)
-  std::string fused;                 // what was fused into it, for the report ("Relu 'r1'")
+  std::string name;                 // the ONNX node name (or "op_type #index" if it has none)
+  std::string op;                   // ONNX op type
+  std::vector<std::string> inputs;  // value names; "" for an omitted optional input
+  std::string output;               // the one output used
+  onnx::NodeProto proto;            // its attributes
+  ActivationParams act;             // fused Relu / Clip (Conv, Gemm, MatMul)
+  std::string fused;                // what was fused into it, for the report ("Relu 'r1'")
 };
 
 struct Graph {
@@ -68,7 +68,7 @@ QParams qparams(const Range& r);
 struct ValueInfo {
   std::int64_t tensor = -1;
   DType dtype = DType::F32;
-  QParams q;         // for u8
+  QParams q;          // for u8
   bool nhwc = false;  // held as [N, H, W, C]
 };
 

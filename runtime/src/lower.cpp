@@ -83,8 +83,8 @@ json act_json(const ActivationParams& a) {
 struct Rep {
   std::map<DType, std::int64_t> by_dtype;
   DType primary = DType::F32;
-  std::int64_t nhwc = -1;       // the u8 NHWC tensor, if any
-  bool primary_nhwc = false;    // the value is produced as `nhwc`
+  std::int64_t nhwc = -1;     // the u8 NHWC tensor, if any
+  bool primary_nhwc = false;  // the value is produced as `nhwc`
   QParams q;
   std::int64_t q_scale = -1, q_zero = -1;  // weights tensors holding q
   std::int64_t primary_tensor() const { return primary_nhwc ? nhwc : by_dtype.at(primary); }
@@ -257,16 +257,19 @@ struct Lowerer {
   }
 
   static json conv_attrs(const ops::Conv2dOptions& o) {
-    return {{"strides", o.strides}, {"dilations", o.dilations}, {"pads", o.pads}, {"groups", o.groups},
+    return {{"strides", o.strides},
+            {"dilations", o.dilations},
+            {"pads", o.pads},
+            {"groups", o.groups},
             {"layout", o.layout == Layout::NHWC ? "nhwc" : "nchw"}};
   }
 
   // Per-output-channel symmetric int8 weights w [cout, ...] and i32 bias,
   // then qlinear_conv (NHWC) of u8 x (as `xv`) into a new u8 value: for a
   // 4-D value held NHWC (`yview` empty), else (Gemm) as the view `yview`.
-  void qconv(const Node& n, std::int64_t xv, const std::string& x, const std::vector<float>& w, std::vector<std::int64_t> wshape,
-             const std::vector<float>& bias, const ops::Conv2dOptions& o, const std::vector<std::int64_t>& yshape,
-             const std::vector<std::int64_t>& yview) {
+  void qconv(const Node& n, std::int64_t xv, const std::string& x, const std::vector<float>& w,
+             std::vector<std::int64_t> wshape, const std::vector<float>& bias, const ops::Conv2dOptions& o,
+             const std::vector<std::int64_t>& yshape, const std::vector<std::int64_t>& yview) {
     Rep& xr = reps.at(x);
     ensure_q_tensors(xr);
     const QParams xq = xr.q;
@@ -281,9 +284,11 @@ struct Lowerer {
       for (std::size_t k = 0; k < per; ++k) m = std::max(m, std::fabs(w[c * per + k]));
       scales[c] = m > 0 ? m / 127.0f : 1.0f;
       for (std::size_t k = 0; k < per; ++k)
-        qw[c * per + k] = static_cast<std::int8_t>(std::clamp(std::nearbyint(w[c * per + k] / scales[c]), -127.0f, 127.0f));
+        qw[c * per + k] =
+            static_cast<std::int8_t>(std::clamp(std::nearbyint(w[c * per + k] / scales[c]), -127.0f, 127.0f));
       const double b = bias.empty() ? 0.0 : bias[c];
-      qb[c] = static_cast<std::int32_t>(std::clamp(std::nearbyint(b / (static_cast<double>(xq.scale) * scales[c])), -2147483647.0, 2147483647.0));
+      qb[c] = static_cast<std::int32_t>(
+          std::clamp(std::nearbyint(b / (static_cast<double>(xq.scale) * scales[c])), -2147483647.0, 2147483647.0));
     }
     std::vector<std::int8_t> zeros(cout, 0);
     const auto cs = static_cast<std::int64_t>(cout);
@@ -308,8 +313,15 @@ struct Lowerer {
     Rep& yr = reps[n.output];
     ensure_q_tensors(yr);
     op("qlinear_conv", n.name,
-       {{"x", xv}, {"x_scale", xs}, {"x_zero_point", xz}, {"w", wid}, {"w_scale", ws}, {"w_zero_point", wz},
-        {"y_scale", yr.q_scale}, {"y_zero_point", yr.q_zero}, {"y", yv}},
+       {{"x", xv},
+        {"x_scale", xs},
+        {"x_zero_point", xz},
+        {"w", wid},
+        {"w_scale", ws},
+        {"w_zero_point", wz},
+        {"y_scale", yr.q_scale},
+        {"y_zero_point", yr.q_zero},
+        {"y", yv}},
        conv_attrs(o));
     if (has_bias) dg().ops.back().operands["bias"] = bid;
     out.quant["weights"][n.name] = {{"scales", scales}};
@@ -330,15 +342,18 @@ struct Lowerer {
     std::vector<float> bias;
     if (gemm && n.inputs.size() > 2 && !n.inputs[2].empty()) {
       const Value& c = g.value(n.inputs[2]);
-      const bool per_out = c.elements() == 1 || (c.elements() == static_cast<std::uint64_t>(nn) && c.shape.back() == nn);
+      const bool per_out =
+          c.elements() == 1 || (c.elements() == static_cast<std::uint64_t>(nn) && c.shape.back() == nn);
       if (!per_out) return false;
       bias.resize(static_cast<std::size_t>(nn));
-      for (std::int64_t j = 0; j < nn; ++j) bias[static_cast<std::size_t>(j)] = beta * (*c.data)[c.elements() == 1 ? 0 : static_cast<std::size_t>(j)];
+      for (std::int64_t j = 0; j < nn; ++j)
+        bias[static_cast<std::size_t>(j)] = beta * (*c.data)[c.elements() == 1 ? 0 : static_cast<std::size_t>(j)];
     }
     std::vector<float> w(static_cast<std::size_t>(nn * k));
     for (std::int64_t o = 0; o < nn; ++o)
       for (std::int64_t i = 0; i < k; ++i)
-        w[static_cast<std::size_t>(o * k + i)] = alpha * (*b.data)[static_cast<std::size_t>(tb ? o * k + i : i * nn + o)];
+        w[static_cast<std::size_t>(o * k + i)] =
+            alpha * (*b.data)[static_cast<std::size_t>(tb ? o * k + i : i * nn + o)];
     const auto xu = get(n.inputs[0], DType::U8);
     const auto xv = dg().add_view(xu, {m, 1, 1, k});  // NHWC with H = W = 1: the same bytes as [m, k]
     ops::Conv2dOptions o;
@@ -376,7 +391,11 @@ struct Lowerer {
       if (int8 && gemm_int8(n)) return;
       const DType t = int8 ? DType::F32 : act;
       std::map<std::string, std::int64_t> operands{{"a", get(n.inputs[0], t)}, {"b", get(n.inputs[1], t)}};
-      json at = {{"transpose_a", false}, {"transpose_b", false}, {"alpha", 1.0f}, {"beta", 1.0f}, {"activation", act_json(n.act)}};
+      json at = {{"transpose_a", false},
+                 {"transpose_b", false},
+                 {"alpha", 1.0f},
+                 {"beta", 1.0f},
+                 {"activation", act_json(n.act)}};
       if (op_type == "Gemm") {
         at["transpose_a"] = a.i("transA", 0) != 0;
         at["transpose_b"] = a.i("transB", 0) != 0;
@@ -408,8 +427,12 @@ struct Lowerer {
         y = produce(n.output, t, shape);
       }
       op(max ? "max_pool2d" : "avg_pool2d", n.name, {{"x", x}, {"y", y}},
-         {{"kernel", o.kernel}, {"strides", o.strides}, {"dilations", o.dilations}, {"pads", o.pads},
-          {"ceil_mode", o.ceil_mode}, {"count_include_pad", o.count_include_pad},
+         {{"kernel", o.kernel},
+          {"strides", o.strides},
+          {"dilations", o.dilations},
+          {"pads", o.pads},
+          {"ceil_mode", o.ceil_mode},
+          {"count_include_pad", o.count_include_pad},
           {"layout", t == DType::U8 ? "nhwc" : "nchw"}});
       return;
     }
@@ -438,9 +461,9 @@ struct Lowerer {
     // Float ops: in the activation type, or f32 in an int8 model.
     const DType t = int8 ? DType::F32 : act;
     if (op_type == "Relu" || op_type == "Sigmoid" || op_type == "Tanh" || op_type == "LeakyRelu" || op_type == "Clip") {
-      ActivationParams p = op_type == "Relu"      ? ActivationParams::relu()
-                           : op_type == "Sigmoid" ? ActivationParams::sigmoid()
-                           : op_type == "Tanh"    ? ActivationParams::tanh()
+      ActivationParams p = op_type == "Relu"        ? ActivationParams::relu()
+                           : op_type == "Sigmoid"   ? ActivationParams::sigmoid()
+                           : op_type == "Tanh"      ? ActivationParams::tanh()
                            : op_type == "LeakyRelu" ? ActivationParams::leaky_relu(a.f("alpha", 0.01f))
                                                     : ActivationParams{};
       if (op_type == "Clip") {
@@ -469,7 +492,8 @@ struct Lowerer {
       } else {  // before opset 13: over the flattened dimensions from `axis` on
         std::int64_t outer = 1, inner = 1;
         for (std::int64_t i = 0; i < rank; ++i) (i < axis ? outer : inner) *= shape[static_cast<std::size_t>(i)];
-        op("softmax", n.name, {{"x", dg().add_view(x, {outer, inner})}, {"y", dg().add_view(y, {outer, inner})}}, {{"axis", 1}});
+        op("softmax", n.name, {{"x", dg().add_view(x, {outer, inner})}, {"y", dg().add_view(y, {outer, inner})}},
+           {{"axis", 1}});
       }
       return;
     }
@@ -487,7 +511,8 @@ struct Lowerer {
       const auto& mean = *g.value(n.inputs[3]).data;
       const auto& var = *g.value(n.inputs[4]).data;
       if (gamma.size() != c || beta.size() != c || mean.size() != c || var.size() != c)
-        throw Error(Status::InvalidArgument, "node '" + n.name + "' (BatchNormalization): parameters are not one per channel");
+        throw Error(Status::InvalidArgument,
+                    "node '" + n.name + "' (BatchNormalization): parameters are not one per channel");
       const float eps = a.f("epsilon", 1e-5f);
       std::vector<float> s(c), b(c);
       for (std::size_t i = 0; i < c; ++i) {

@@ -108,7 +108,8 @@ struct OpReader {
   template <std::size_t N>
   std::array<std::uint32_t, N> u32s(const char* key) const {
     const json& v = get(key);
-    if (!v.is_array() || v.size() != N) fail(std::string("attribute '") + key + "' is not " + std::to_string(N) + " integers");
+    if (!v.is_array() || v.size() != N)
+      fail(std::string("attribute '") + key + "' is not " + std::to_string(N) + " integers");
     std::array<std::uint32_t, N> out{};
     for (std::size_t i = 0; i < N; ++i) out[i] = u32(v[i], key);
     return out;
@@ -119,9 +120,10 @@ struct OpReader {
     const json& a = *it;
     if (!a.is_object() || !a.contains("kind") || !a["kind"].is_string()) fail("attribute 'activation' is malformed");
     static const std::map<std::string, Activation> kinds = {
-        {"none", Activation::None},       {"relu", Activation::Relu},   {"clip", Activation::Clip},
-        {"sigmoid", Activation::Sigmoid}, {"silu", Activation::Silu},   {"leaky_relu", Activation::LeakyRelu},
-        {"tanh", Activation::Tanh},       {"hard_sigmoid", Activation::HardSigmoid}};
+        {"none", Activation::None}, {"relu", Activation::Relu},
+        {"clip", Activation::Clip}, {"sigmoid", Activation::Sigmoid},
+        {"silu", Activation::Silu}, {"leaky_relu", Activation::LeakyRelu},
+        {"tanh", Activation::Tanh}, {"hard_sigmoid", Activation::HardSigmoid}};
     auto k = kinds.find(a["kind"].get<std::string>());
     if (k == kinds.end()) fail("unknown activation '" + a["kind"].get<std::string>() + "'");
     ActivationParams p;
@@ -266,7 +268,9 @@ std::shared_ptr<Queue> shared_queue(Device& dev) {
   return q;
 }
 
-Buffer staging(Device& dev, std::uint64_t bytes) { return dev.allocate(std::max<std::uint64_t>(bytes, 64), Memory::HostPinned); }
+Buffer staging(Device& dev, std::uint64_t bytes) {
+  return dev.allocate(std::max<std::uint64_t>(bytes, 64), Memory::HostPinned);
+}
 
 }  // namespace
 
@@ -305,12 +309,14 @@ Model Model::load(Device& device, const ModelFile& file, std::string_view name) 
   m->graph = detail::decode_graph(file.get(SectionKind::Graph), weights.size(), m->name);
   auto check_io = [&](const std::vector<TensorSpec>& specs, const std::vector<std::int64_t>& ids, const char* what) {
     if (specs.size() != ids.size())
-      throw Error(Status::InvalidArgument, m->name + ": the graph section is damaged: it has " + std::to_string(ids.size()) +
-                                               " " + what + "s; the io section " + std::to_string(specs.size()));
+      throw Error(Status::InvalidArgument, m->name + ": the graph section is damaged: it has " +
+                                               std::to_string(ids.size()) + " " + what + "s; the io section " +
+                                               std::to_string(specs.size()));
     for (std::size_t i = 0; i < ids.size(); ++i)
       if (m->graph.tensors[static_cast<std::size_t>(ids[i])].shape != specs[i].shape)
         throw Error(Status::InvalidArgument, m->name + ": the graph section is damaged: " + what + " " +
-                                                 std::to_string(i) + " does not have the shape of " + specs[i].describe());
+                                                 std::to_string(i) + " does not have the shape of " +
+                                                 specs[i].describe());
   };
   check_io(m->inputs, m->graph.inputs, "input");
   check_io(m->outputs, m->graph.outputs, "output");
@@ -383,7 +389,8 @@ Instance Model::instance() const {
 
 namespace {
 detail::InstanceState& need(const std::shared_ptr<detail::InstanceState>& s) {
-  if (!s) throw Error(Status::FailedPrecondition, "this Instance is empty (default-constructed); use Model::instance()");
+  if (!s)
+    throw Error(Status::FailedPrecondition, "this Instance is empty (default-constructed); use Model::instance()");
   return *s;
 }
 
@@ -401,15 +408,16 @@ void Instance::run(std::span<const HostArray> inputs, std::span<const HostArray>
   const auto& m = *s.model;
   auto check = [&](std::span<const HostArray> given, const std::vector<TensorSpec>& specs, const char* what) {
     if (given.size() != specs.size())
-      throw Error(Status::InvalidArgument, m.name + ": " + std::to_string(given.size()) + " " + what + "s given; the model has " +
-                                               std::to_string(specs.size()));
+      throw Error(Status::InvalidArgument, m.name + ": " + std::to_string(given.size()) + " " + what +
+                                               "s given; the model has " + std::to_string(specs.size()));
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (given[i].bytes != specs[i].bytes())
-        throw Error(Status::InvalidArgument, m.name + ": " + what + " " + std::to_string(i) + " ('" + specs[i].name + "') is " +
-                                                 std::to_string(given[i].bytes) + " bytes; " + specs[i].describe() +
-                                                 " takes " + std::to_string(specs[i].bytes()));
+        throw Error(Status::InvalidArgument, m.name + ": " + what + " " + std::to_string(i) + " ('" + specs[i].name +
+                                                 "') is " + std::to_string(given[i].bytes) + " bytes; " +
+                                                 specs[i].describe() + " takes " + std::to_string(specs[i].bytes()));
       if (given[i].data == nullptr && given[i].bytes > 0)
-        throw Error(Status::InvalidArgument, m.name + ": " + what + " " + std::to_string(i) + " ('" + specs[i].name + "') has no data");
+        throw Error(Status::InvalidArgument,
+                    m.name + ": " + what + " " + std::to_string(i) + " ('" + specs[i].name + "') has no data");
     }
   };
   check(inputs, m.inputs, "input");
@@ -419,12 +427,10 @@ void Instance::run(std::span<const HostArray> inputs, std::span<const HostArray>
     if (inputs[i].bytes) std::memcpy(in_map.data() + s.in_offsets[i], inputs[i].data, inputs[i].bytes);
   Batch b = m.queue->batch();
   for (std::size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].bytes)
-      b.copy(s.staging_in, s.in_offsets[i], s.arena, s.inputs[i].offset(), inputs[i].bytes);
+    if (inputs[i].bytes) b.copy(s.staging_in, s.in_offsets[i], s.arena, s.inputs[i].offset(), inputs[i].bytes);
   record_body(s, b);
   for (std::size_t i = 0; i < outputs.size(); ++i)
-    if (outputs[i].bytes)
-      b.copy(s.arena, s.outputs[i].offset(), s.staging_out, s.out_offsets[i], outputs[i].bytes);
+    if (outputs[i].bytes) b.copy(s.arena, s.outputs[i].offset(), s.staging_out, s.out_offsets[i], outputs[i].bytes);
   b.submit().wait();
   auto out_map = s.staging_out.map();
   for (std::size_t i = 0; i < outputs.size(); ++i)
@@ -442,8 +448,6 @@ Fence Instance::submit(Queue& queue) {
   return b.submit();
 }
 
-Model Instance::model() const {
-  return detail::Access::wrap(need(state_).model);
-}
+Model Instance::model() const { return detail::Access::wrap(need(state_).model); }
 
 }  // namespace tpuhal::rt

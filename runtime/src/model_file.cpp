@@ -23,8 +23,8 @@ constexpr std::uint32_t kMaxSections = 64;
 constexpr std::uint32_t kFlagOptional = 1;
 
 // Header fields.
-constexpr std::size_t kOffVersion = 8, kOffHeaderBytes = 12, kOffFileBytes = 16, kOffCount = 24,
-                      kOffTableCrc = 28, kOffHeaderCrc = 60;
+constexpr std::size_t kOffVersion = 8, kOffHeaderBytes = 12, kOffFileBytes = 16, kOffCount = 24, kOffTableCrc = 28,
+                      kOffHeaderCrc = 60;
 // Section table entry fields.
 constexpr std::size_t kEntKind = 0, kEntFlags = 4, kEntOffset = 8, kEntBytes = 16, kEntCrc = 24, kEntReserved = 28;
 
@@ -94,8 +94,8 @@ std::span<const std::byte> ModelFile::get(SectionKind kind) const {
 std::vector<std::byte> encode(const ModelFile& model) {
   const auto& sections = model.sections();
   if (sections.size() > kMaxSections)
-    throw Error(Status::InvalidArgument, "model file: " + std::to_string(sections.size()) +
-                                             " sections; at most " + std::to_string(kMaxSections));
+    throw Error(Status::InvalidArgument, "model file: " + std::to_string(sections.size()) + " sections; at most " +
+                                             std::to_string(kMaxSections));
   std::uint64_t at = align_up(kHeaderBytes + kEntryBytes * sections.size());
   std::vector<std::uint64_t> offsets;
   for (const auto& s : sections) {
@@ -128,14 +128,15 @@ std::vector<std::byte> encode(const ModelFile& model) {
 ModelFile decode(std::span<const std::byte> bytes, std::string_view name) {
   const std::byte* h = bytes.data();
   if (bytes.size() < kHeaderBytes || std::memcmp(h, kMagic, sizeof kMagic) != 0)
-    corrupt(name, "not a compiled model (it does not start with the TPUHALMF signature; make one with "
-                  "`tpuhal compile`)");
+    corrupt(name,
+            "not a compiled model (it does not start with the TPUHALMF signature; make one with "
+            "`tpuhal compile`)");
   const auto version = load<std::uint32_t>(h + kOffVersion);
   if (version != kModelFormatVersion)
-    throw Error(Status::VersionMismatch,
-                std::string(name) + ": written in model format version " + std::to_string(version) +
-                    ", and this tpuhal reads version " + std::to_string(kModelFormatVersion) +
-                    ": compile the model again with this version's `tpuhal compile`");
+    throw Error(Status::VersionMismatch, std::string(name) + ": written in model format version " +
+                                             std::to_string(version) + ", and this tpuhal reads version " +
+                                             std::to_string(kModelFormatVersion) +
+                                             ": compile the model again with this version's `tpuhal compile`");
   if (load<std::uint32_t>(h + kOffHeaderCrc) != crc32(h, kOffHeaderCrc))
     corrupt(name, "the header is damaged (checksum mismatch)");
   if (load<std::uint32_t>(h + kOffHeaderBytes) != kHeaderBytes)
@@ -202,8 +203,9 @@ ModelFile decode(std::span<const std::byte> bytes, std::string_view name) {
 namespace {
 
 [[noreturn]] void io_error(const std::filesystem::path& path, const char* doing, int err) {
-  const Status s = err == ENOENT ? Status::NotFound : err == EACCES || err == EPERM ? Status::PermissionDenied
-                                                                                     : Status::Unavailable;
+  const Status s = err == ENOENT                   ? Status::NotFound
+                   : err == EACCES || err == EPERM ? Status::PermissionDenied
+                                                   : Status::Unavailable;
   throw Error(s, path.string() + ": cannot " + doing + ": " + std::strerror(err));
 }
 

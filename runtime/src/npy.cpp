@@ -41,11 +41,13 @@ NdArray read_npy(const std::filesystem::path& path) {
   const int major = static_cast<unsigned char>(data[6]);
   std::size_t header_len = 0, start = 0;
   if (major == 1) {
-    header_len = static_cast<unsigned char>(data[8]) | (static_cast<std::size_t>(static_cast<unsigned char>(data[9])) << 8);
+    header_len =
+        static_cast<unsigned char>(data[8]) | (static_cast<std::size_t>(static_cast<unsigned char>(data[9])) << 8);
     start = 10;
   } else if (major == 2 || major == 3) {
     if (data.size() < 12) bad(path, "the .npy header is cut short");
-    for (int i = 0; i < 4; ++i) header_len |= static_cast<std::size_t>(static_cast<unsigned char>(data[8 + i])) << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      header_len |= static_cast<std::size_t>(static_cast<unsigned char>(data[8 + i])) << (8 * i);
     start = 12;
   } else {
     bad(path, ".npy format version " + std::to_string(major) + " is not supported");
@@ -56,9 +58,13 @@ NdArray read_npy(const std::filesystem::path& path) {
   const std::string order = dict_value(header, "fortran_order");
   const std::string shape_text = dict_value(header, "shape");
   std::size_t esize = 0;
-  if (descr == "'<f4'" || descr == "'f4'") esize = 4;
-  else if (descr == "'<f8'" || descr == "'f8'") esize = 8;
-  else bad(path, "element type " + (descr.empty() ? std::string("(none)") : descr) + " is not supported; use float32 (<f4) or float64 (<f8)");
+  if (descr == "'<f4'" || descr == "'f4'")
+    esize = 4;
+  else if (descr == "'<f8'" || descr == "'f8'")
+    esize = 8;
+  else
+    bad(path, "element type " + (descr.empty() ? std::string("(none)") : descr) +
+                  " is not supported; use float32 (<f4) or float64 (<f8)");
   if (order != "False") bad(path, "the array is in Fortran order; save it in C order (np.ascontiguousarray)");
   if (shape_text.empty() || shape_text.front() != '(') bad(path, "the header has no shape");
   NdArray a;
@@ -77,7 +83,8 @@ NdArray read_npy(const std::filesystem::path& path) {
   }
   const std::size_t body = start + header_len;
   if ((data.size() - body) / esize < n)
-    bad(path, "holds " + std::to_string((data.size() - body) / esize) + " values; its shape needs " + std::to_string(n));
+    bad(path,
+        "holds " + std::to_string((data.size() - body) / esize) + " values; its shape needs " + std::to_string(n));
   a.values.resize(n);
   for (std::uint64_t i = 0; i < n; ++i) {
     if (esize == 4) {
@@ -95,17 +102,19 @@ void write_npy(const std::filesystem::path& path, const NdArray& array) {
   std::uint64_t n = 1;
   for (auto d : array.shape) n *= static_cast<std::uint64_t>(d);
   if (n != array.values.size())
-    throw Error(Status::InvalidArgument, path.string() + ": the shape holds " + std::to_string(n) + " values; the array has " +
-                                             std::to_string(array.values.size()));
+    throw Error(Status::InvalidArgument, path.string() + ": the shape holds " + std::to_string(n) +
+                                             " values; the array has " + std::to_string(array.values.size()));
   std::string shape = "(";
-  for (std::size_t i = 0; i < array.shape.size(); ++i) shape += std::to_string(array.shape[i]) + (array.shape.size() == 1 ? "," : i + 1 < array.shape.size() ? ", " : "");
+  for (std::size_t i = 0; i < array.shape.size(); ++i)
+    shape += std::to_string(array.shape[i]) + (array.shape.size() == 1 ? "," : i + 1 < array.shape.size() ? ", " : "");
   shape += ")";
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw Error(Status::InvalidArgument, path.string() + ": cannot create the file");
-  const unsigned char len[2] = {static_cast<unsigned char>(header.size() & 0xff), static_cast<unsigned char>(header.size() >> 8)};
+  const unsigned char len[2] = {static_cast<unsigned char>(header.size() & 0xff),
+                                static_cast<unsigned char>(header.size() >> 8)};
   out.write("\x93NUMPY\x01\x00", 8);
   out.write(reinterpret_cast<const char*>(len), 2);
   out.write(header.data(), static_cast<std::streamsize>(header.size()));

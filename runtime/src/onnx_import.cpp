@@ -17,13 +17,13 @@ namespace {
 
 using onnx_attrs::Attrs;
 
-const std::set<std::string> kSupported = {
-    "Conv",    "Gemm",      "MatMul",  "Relu",      "Clip",     "Sigmoid", "Tanh",         "LeakyRelu",
-    "MaxPool", "AveragePool", "GlobalAveragePool", "Softmax", "Add", "Mul", "Sub", "Div", "Reshape", "Flatten",
-    "Transpose", "BatchNormalization", "Identity", "Dropout", "Constant",
-    // Shape computations, folded to constants for the fixed input shapes
-    // (what exporters write for x.view(x.size(0), -1)).
-    "Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast"};
+const std::set<std::string> kSupported = {"Conv", "Gemm", "MatMul", "Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu",
+                                          "MaxPool", "AveragePool", "GlobalAveragePool", "Softmax", "Add", "Mul", "Sub",
+                                          "Div", "Reshape", "Flatten", "Transpose", "BatchNormalization", "Identity",
+                                          "Dropout", "Constant",
+                                          // Shape computations, folded to constants for the fixed input shapes
+                                          // (what exporters write for x.view(x.size(0), -1)).
+                                          "Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast"};
 
 // Ops that exist here only to compute shapes: every input must be known at
 // compile time.
@@ -55,7 +55,8 @@ struct Importer {
     Value v;
     std::uint64_t n = 1;
     for (auto d : t.dims()) {
-      if (d < 0 || d > (std::int64_t{1} << 32)) fail(Status::InvalidArgument, what + " has dimension " + std::to_string(d));
+      if (d < 0 || d > (std::int64_t{1} << 32))
+        fail(Status::InvalidArgument, what + " has dimension " + std::to_string(d));
       v.shape.push_back(d);
       n *= static_cast<std::uint64_t>(d);
       if (n > (std::uint64_t{1} << 32)) fail(Status::InvalidArgument, what + " is too large");
@@ -73,16 +74,20 @@ struct Importer {
       case onnx::TensorProto::FLOAT:
         need(4, t.float_data_size());
         for (std::uint64_t i = 0; i < n; ++i) {
-          if (!raw.empty()) std::memcpy(&f[i], raw.data() + i * 4, 4);
-          else f[i] = t.float_data(static_cast<int>(i));
+          if (!raw.empty())
+            std::memcpy(&f[i], raw.data() + i * 4, 4);
+          else
+            f[i] = t.float_data(static_cast<int>(i));
         }
         break;
       case onnx::TensorProto::DOUBLE:
         need(8, t.double_data_size());
         for (std::uint64_t i = 0; i < n; ++i) {
           double d;
-          if (!raw.empty()) std::memcpy(&d, raw.data() + i * 8, 8);
-          else d = t.double_data(static_cast<int>(i));
+          if (!raw.empty())
+            std::memcpy(&d, raw.data() + i * 8, 8);
+          else
+            d = t.double_data(static_cast<int>(i));
           f[i] = static_cast<float>(d);
         }
         break;
@@ -90,8 +95,10 @@ struct Importer {
         need(8, t.int64_data_size());
         v.ints.resize(n);
         for (std::uint64_t i = 0; i < n; ++i) {
-          if (!raw.empty()) std::memcpy(&v.ints[i], raw.data() + i * 8, 8);
-          else v.ints[i] = t.int64_data(static_cast<int>(i));
+          if (!raw.empty())
+            std::memcpy(&v.ints[i], raw.data() + i * 8, 8);
+          else
+            v.ints[i] = t.int64_data(static_cast<int>(i));
           f[i] = static_cast<float>(v.ints[i]);
         }
         break;
@@ -100,8 +107,10 @@ struct Importer {
         v.ints.resize(n);
         for (std::uint64_t i = 0; i < n; ++i) {
           std::int32_t x;
-          if (!raw.empty()) std::memcpy(&x, raw.data() + i * 4, 4);
-          else x = t.int32_data(static_cast<int>(i));
+          if (!raw.empty())
+            std::memcpy(&x, raw.data() + i * 4, 4);
+          else
+            x = t.int32_data(static_cast<int>(i));
           v.ints[i] = x;
           f[i] = static_cast<float>(x);
         }
@@ -117,13 +126,15 @@ struct Importer {
   const Value& in(const Node& n, std::size_t i) const {
     if (i >= n.inputs.size() || n.inputs[i].empty()) fail_node(n, "input " + std::to_string(i) + " is missing");
     auto it = g.values.find(n.inputs[i]);
-    if (it == g.values.end()) fail_node(n, "input '" + n.inputs[i] + "' is not produced before it (the graph must be sorted)");
+    if (it == g.values.end())
+      fail_node(n, "input '" + n.inputs[i] + "' is not produced before it (the graph must be sorted)");
     return it->second;
   }
   const Value& constant(const Node& n, std::size_t i, const char* what) const {
     const Value& v = in(n, i);
-    if (!v.data) fail(Status::Unsupported, "node '" + n.name + "' (" + n.op + "): its " + what + " ('" + n.inputs[i] +
-                                               "') is computed, not a constant; the compiler needs constant " + what);
+    if (!v.data)
+      fail(Status::Unsupported, "node '" + n.name + "' (" + n.op + "): its " + what + " ('" + n.inputs[i] +
+                                    "') is computed, not a constant; the compiler needs constant " + what);
     return v;
   }
   bool has(const Node& n, std::size_t i) const { return i < n.inputs.size() && !n.inputs[i].empty(); }
@@ -133,7 +144,10 @@ struct Importer {
     b.insert(b.begin(), a.size() - b.size(), 1);
     for (std::size_t i = 0; i < a.size(); ++i) {
       if (a[i] == b[i] || b[i] == 1) continue;
-      if (a[i] == 1) { a[i] = b[i]; continue; }
+      if (a[i] == 1) {
+        a[i] = b[i];
+        continue;
+      }
       fail_node(n, "shapes " + dims_text(a) + " and " + dims_text(b) + " do not broadcast");
     }
     return a;
@@ -173,7 +187,8 @@ struct Importer {
   }
   // An axis attribute or entry, made non-negative for `rank`.
   std::int64_t axis_of(const Node& n, std::int64_t axis, std::int64_t rank) const {
-    if (axis < -rank || axis >= rank) fail_node(n, "axis " + std::to_string(axis) + " for rank " + std::to_string(rank));
+    if (axis < -rank || axis >= rank)
+      fail_node(n, "axis " + std::to_string(axis) + " for rank " + std::to_string(rank));
     return axis < 0 ? axis + rank : axis;
   }
   std::vector<std::int64_t> int_list(const Node& n, std::size_t input, const char* attr, const Attrs& a) const {
@@ -235,9 +250,12 @@ struct Importer {
       };
       for (std::uint64_t i = 0; i < r.size(); ++i) {
         const double p = vals[index(x.shape, i)], q = yv[index(y.shape, i)];
-        if (op == "Add") r[i] = p + q;
-        else if (op == "Sub") r[i] = p - q;
-        else if (op == "Mul") r[i] = p * q;
+        if (op == "Add")
+          r[i] = p + q;
+        else if (op == "Sub")
+          r[i] = p - q;
+        else if (op == "Mul")
+          r[i] = p * q;
         else if (integer) {
           if (q == 0) fail_node(n, "integer division by zero");
           r[i] = static_cast<double>(static_cast<std::int64_t>(p) / static_cast<std::int64_t>(q));
@@ -254,7 +272,8 @@ struct Importer {
         fail(Status::Unsupported, "node '" + n.name + "' (Cast): to ONNX type " + std::to_string(to) +
                                       "; the compiler casts constants to float, double, int64 and int32");
       std::vector<double> r = vals;
-      if (integer) for (auto& v : r) v = std::trunc(v);
+      if (integer)
+        for (auto& v : r) v = std::trunc(v);
       return make_constant(x.shape, r, integer);
     }
     if (op == "Unsqueeze" || op == "Squeeze") {
@@ -272,7 +291,8 @@ struct Importer {
         for (std::int64_t d = 0; d < rank; ++d) {
           const bool listed = std::find(axes.begin(), axes.end(), d) != axes.end();
           const auto dim = x.shape[static_cast<std::size_t>(d)];
-          if (listed && dim != 1) fail_node(n, "axis " + std::to_string(d) + " has size " + std::to_string(dim) + ", not 1");
+          if (listed && dim != 1)
+            fail_node(n, "axis " + std::to_string(d) + " has size " + std::to_string(dim) + ", not 1");
           if (!(listed || (axes.empty() && dim == 1))) kept.push_back(dim);
         }
         shape = kept;
@@ -294,8 +314,9 @@ struct Importer {
       std::vector<double> r;
       for (std::int64_t o = 0; o < outer; ++o)
         for (auto i : idx.ints) {
-          if (i < -dim || i >= dim) fail_node(n, "index " + std::to_string(i) + " outside [" + std::to_string(-dim) + ", " +
-                                                     std::to_string(dim) + ")");
+          if (i < -dim || i >= dim)
+            fail_node(n, "index " + std::to_string(i) + " outside [" + std::to_string(-dim) + ", " +
+                             std::to_string(dim) + ")");
           if (i < 0) i += dim;
           for (std::int64_t k = 0; k < inner; ++k)
             r.push_back(vals[static_cast<std::size_t>((o * dim + i) * inner + k)]);
@@ -310,7 +331,8 @@ struct Importer {
       bool integer = true;
       for (std::size_t i = 0; i < n.inputs.size(); ++i) {
         const Value& v = in(n, i);
-        if (v.shape.size() != x.shape.size()) fail_node(n, "inputs of ranks " + std::to_string(rank) + " and " + std::to_string(v.shape.size()));
+        if (v.shape.size() != x.shape.size())
+          fail_node(n, "inputs of ranks " + std::to_string(rank) + " and " + std::to_string(v.shape.size()));
         for (std::int64_t d = 0; d < rank; ++d)
           if (d != axis && v.shape[static_cast<std::size_t>(d)] != x.shape[static_cast<std::size_t>(d)])
             fail_node(n, "inputs " + dims_text(x.shape) + " and " + dims_text(v.shape) + " differ off the axis");
@@ -325,16 +347,20 @@ struct Importer {
           const Value& v = in(n, i);
           const auto vv = values_of(v);
           const std::uint64_t chunk = outer ? v.elements() / static_cast<std::uint64_t>(outer) : 0;
-          r.insert(r.end(), vv.begin() + static_cast<std::ptrdiff_t>(o * chunk), vv.begin() + static_cast<std::ptrdiff_t>((o + 1) * chunk));
+          r.insert(r.end(), vv.begin() + static_cast<std::ptrdiff_t>(o * chunk),
+                   vv.begin() + static_cast<std::ptrdiff_t>((o + 1) * chunk));
         }
       return make_constant(shape, r, integer);
     }
     if (op == "Slice") {
-      if (g.opset < 10) fail(Status::Unsupported, "node '" + n.name + "' (Slice): opset " + std::to_string(g.opset) + " (attribute form)");
+      if (g.opset < 10)
+        fail(Status::Unsupported,
+             "node '" + n.name + "' (Slice): opset " + std::to_string(g.opset) + " (attribute form)");
       auto starts = int_list(n, 1, "starts", a), ends = int_list(n, 2, "ends", a);
       std::vector<std::int64_t> axes = has(n, 3) ? int_list(n, 3, "axes", a) : std::vector<std::int64_t>{};
       std::vector<std::int64_t> steps = has(n, 4) ? int_list(n, 4, "steps", a) : std::vector<std::int64_t>{};
-      if (axes.empty()) for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<std::int64_t>(i));
+      if (axes.empty())
+        for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<std::int64_t>(i));
       if (steps.empty()) steps.assign(starts.size(), 1);
       if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
         fail_node(n, "starts, ends, axes and steps differ in length");
@@ -404,17 +430,21 @@ struct Importer {
       if (o.groups == 0 || x[1] != w[1] * o.groups || w[0] % o.groups != 0)
         fail_node(n, "input " + dims_text(x) + " and weights " + dims_text(w) + " do not match with group " +
                          std::to_string(o.groups));
-      out.shape = {x[0], w[0], pool_out(x[2], static_cast<std::uint32_t>(w[2]), o.strides[0], o.dilations[0], o.pads[0], o.pads[2], false),
-                   pool_out(x[3], static_cast<std::uint32_t>(w[3]), o.strides[1], o.dilations[1], o.pads[1], o.pads[3], false)};
+      out.shape = {
+          x[0], w[0],
+          pool_out(x[2], static_cast<std::uint32_t>(w[2]), o.strides[0], o.dilations[0], o.pads[0], o.pads[2], false),
+          pool_out(x[3], static_cast<std::uint32_t>(w[3]), o.strides[1], o.dilations[1], o.pads[1], o.pads[3], false)};
       return out;
     }
     if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool") {
       const auto& x = in(n, 0).shape;
-      if (x.size() != 4) fail(Status::Unsupported, "node '" + n.name + "' (" + op + "): input of rank " + std::to_string(x.size()) +
-                                                      "; the compiler pools 4-D (NCHW) tensors");
+      if (x.size() != 4)
+        fail(Status::Unsupported, "node '" + n.name + "' (" + op + "): input of rank " + std::to_string(x.size()) +
+                                      "; the compiler pools 4-D (NCHW) tensors");
       if (a.i("storage_order", 0) != 0) fail(Status::Unsupported, "node '" + n.name + "' (MaxPool): storage_order 1");
       const auto o = onnx_attrs::pool_options(a, x);
-      out.shape = {x[0], x[1], pool_out(x[2], o.kernel[0], o.strides[0], o.dilations[0], o.pads[0], o.pads[2], o.ceil_mode),
+      out.shape = {x[0], x[1],
+                   pool_out(x[2], o.kernel[0], o.strides[0], o.dilations[0], o.pads[0], o.pads[2], o.ceil_mode),
                    pool_out(x[3], o.kernel[1], o.strides[1], o.dilations[1], o.pads[1], o.pads[3], o.ceil_mode)};
       return out;
     }
@@ -433,10 +463,11 @@ struct Importer {
     if (op == "MatMul") {
       const auto& x = in(n, 0).shape;
       const auto& b = in(n, 1).shape;
-      if (x.size() < 2 || b.size() < 2)
-        fail(Status::Unsupported, "node '" + n.name + "' (MatMul): 1-D operands");
-      if (x.back() != b[b.size() - 2]) fail_node(n, "A " + dims_text(x) + " and B " + dims_text(b) + " do not multiply");
-      auto batch = broadcast(n, std::vector<std::int64_t>(x.begin(), x.end() - 2), std::vector<std::int64_t>(b.begin(), b.end() - 2));
+      if (x.size() < 2 || b.size() < 2) fail(Status::Unsupported, "node '" + n.name + "' (MatMul): 1-D operands");
+      if (x.back() != b[b.size() - 2])
+        fail_node(n, "A " + dims_text(x) + " and B " + dims_text(b) + " do not multiply");
+      auto batch = broadcast(n, std::vector<std::int64_t>(x.begin(), x.end() - 2),
+                             std::vector<std::int64_t>(b.begin(), b.end() - 2));
       batch.push_back(x[x.size() - 2]);
       batch.push_back(b.back());
       out.shape = batch;
@@ -449,7 +480,8 @@ struct Importer {
         std::int64_t axis = a.i("axis", 1);
         const auto r = static_cast<std::int64_t>(x.shape.size());
         if (axis < 0) axis += r;
-        if (axis < 0 || axis > r) fail_node(n, "axis " + std::to_string(a.i("axis", 1)) + " for rank " + std::to_string(r));
+        if (axis < 0 || axis > r)
+          fail_node(n, "axis " + std::to_string(a.i("axis", 1)) + " for rank " + std::to_string(r));
         std::int64_t outer = 1;
         for (std::int64_t i = 0; i < axis; ++i) outer *= x.shape[static_cast<std::size_t>(i)];
         out.shape = {outer, outer ? static_cast<std::int64_t>(total) / outer : 0};
@@ -461,7 +493,8 @@ struct Importer {
         for (std::size_t i = 0; i < s.ints.size(); ++i) {
           std::int64_t d = s.ints[i];
           if (d == 0 && !allowzero) {
-            if (i >= x.shape.size()) fail_node(n, "shape entry " + std::to_string(i) + " copies a dimension the input lacks");
+            if (i >= x.shape.size())
+              fail_node(n, "shape entry " + std::to_string(i) + " copies a dimension the input lacks");
             d = x.shape[i];
           }
           if (d == -1) {
@@ -490,10 +523,12 @@ struct Importer {
       auto perm = a.ints("perm");
       if (perm.empty())
         for (std::size_t i = x.size(); i-- > 0;) perm.push_back(static_cast<std::int64_t>(i));
-      if (perm.size() != x.size()) fail_node(n, "perm has " + std::to_string(perm.size()) + " entries for rank " + std::to_string(x.size()));
+      if (perm.size() != x.size())
+        fail_node(n, "perm has " + std::to_string(perm.size()) + " entries for rank " + std::to_string(x.size()));
       std::vector<bool> seen(x.size());
       for (auto p : perm) {
-        if (p < 0 || p >= static_cast<std::int64_t>(x.size()) || seen[static_cast<std::size_t>(p)]) fail_node(n, "perm is not a permutation");
+        if (p < 0 || p >= static_cast<std::int64_t>(x.size()) || seen[static_cast<std::size_t>(p)])
+          fail_node(n, "perm is not a permutation");
         seen[static_cast<std::size_t>(p)] = true;
         out.shape.push_back(x[static_cast<std::size_t>(p)]);
       }
@@ -534,19 +569,20 @@ struct Importer {
       auto given = options.shapes.find(input.name());
       const auto& tt = input.type().tensor_type();
       if (tt.elem_type() != onnx::TensorProto::FLOAT)
-        fail(Status::Unsupported, "input '" + input.name() + "' has ONNX element type " + std::to_string(tt.elem_type()) +
-                                      "; model inputs must be float32");
+        fail(Status::Unsupported, "input '" + input.name() + "' has ONNX element type " +
+                                      std::to_string(tt.elem_type()) + "; model inputs must be float32");
       if (given != options.shapes.end()) {
         v.shape = given->second;
         if (tt.has_shape() && tt.shape().dim_size() != static_cast<int>(v.shape.size()))
-          fail(Status::InvalidArgument, "input '" + input.name() + "' has rank " + std::to_string(tt.shape().dim_size()) +
-                                            "; the shape given for it, " + dims_text(v.shape) + ", has rank " +
-                                            std::to_string(v.shape.size()));
+          fail(Status::InvalidArgument, "input '" + input.name() + "' has rank " +
+                                            std::to_string(tt.shape().dim_size()) + "; the shape given for it, " +
+                                            dims_text(v.shape) + ", has rank " + std::to_string(v.shape.size()));
         for (int i = 0; tt.has_shape() && i < tt.shape().dim_size(); ++i) {
           const auto& d = tt.shape().dim(i);
           if (d.has_dim_value() && d.dim_value() > 0 && d.dim_value() != v.shape[static_cast<std::size_t>(i)])
-            fail(Status::InvalidArgument, "input '" + input.name() + "' has dimension " + std::to_string(i) + " fixed at " +
-                                              std::to_string(d.dim_value()) + "; the shape given is " + dims_text(v.shape));
+            fail(Status::InvalidArgument, "input '" + input.name() + "' has dimension " + std::to_string(i) +
+                                              " fixed at " + std::to_string(d.dim_value()) + "; the shape given is " +
+                                              dims_text(v.shape));
         }
       } else {
         if (!tt.has_shape())
@@ -586,7 +622,8 @@ struct Importer {
       if (n.op == "Constant") {
         const Attrs a{p};
         const auto* t = a.find("value");
-        if (!t || !t->has_t()) fail(Status::Unsupported, "node '" + n.name + "' (Constant): only the 'value' tensor form");
+        if (!t || !t->has_t())
+          fail(Status::Unsupported, "node '" + n.name + "' (Constant): only the 'value' tensor form");
         g.values[n.output] = tensor_value(t->t(), "constant '" + n.name + "'");
         continue;
       }
@@ -662,7 +699,8 @@ struct Importer {
       Value nw = w, nb;
       nb.shape = {static_cast<std::int64_t>(cout)};
       nb.data = std::vector<float>(cout, 0.0f);
-      const std::vector<float>* bias = conv.inputs.size() > 2 && !conv.inputs[2].empty() ? &*g.value(conv.inputs[2]).data : nullptr;
+      const std::vector<float>* bias =
+          conv.inputs.size() > 2 && !conv.inputs[2].empty() ? &*g.value(conv.inputs[2]).data : nullptr;
       const std::size_t per = w.elements() / cout;
       for (std::size_t c = 0; c < cout; ++c) {
         const double s = gamma[c] / std::sqrt(static_cast<double>(var[c]) + eps);

@@ -34,9 +34,8 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
     : profile(std::move(p)),
       // Sparse: pages appear when first touched, in huge pages where the
       // kernel allows (a 12 GiB board costs nothing until used).
-      dram(options.shared_dram
-               ? base::Mapping::memfd("tpuhal-sim-dram", profile.dram_bytes, {.huge_pages = true})
-               : base::Mapping::anonymous(profile.dram_bytes, {.noreserve = true, .huge_pages = true})),
+      dram(options.shared_dram ? base::Mapping::memfd("tpuhal-sim-dram", profile.dram_bytes, {.huge_pages = true})
+                               : base::Mapping::anonymous(profile.dram_bytes, {.noreserve = true, .huge_pages = true})),
       dma(dram.data(), profile.dram_bytes, iommu, options.host_port) {
   try {
     tensor_isa = tensor::isa_from_env();
@@ -59,8 +58,7 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
     }
     queues.push_back(std::move(state));
   }
-  std::memcpy(board_name.data(), profile.model.data(),
-              std::min(profile.model.size(), board_name.size() - 1));
+  std::memcpy(board_name.data(), profile.model.data(), std::min(profile.model.size(), board_name.size() - 1));
   reset_time_ns.store(base::monotonic_ns());
   status.store(fw::kStatusReady);
   // Faults for every board of this process, e.g. "hang:queue=0:after=3".
@@ -169,8 +167,7 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
       case region::kSizeLo: return lo(region.size);
       case region::kSizeHi: return hi(region.size);
       case region::kFlags:
-        return (region.host_visible ? fw::kRegionHostVisible : 0) |
-               (region.is_default ? fw::kRegionDefault : 0) |
+        return (region.host_visible ? fw::kRegionHostVisible : 0) | (region.is_default ? fw::kRegionDefault : 0) |
                (region.reserved ? fw::kRegionReserved : 0);
       default: return 0;
     }
@@ -190,8 +187,7 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
              // The codec unit's channel page is shared memory: not yet
              // offered to a host on the far side of a cable.
              (profile.decode_channels && !dma.port() ? fw::kCapVideoDecode : 0) |
-             (profile.aperture_bytes ? fw::kCapHostAperture : 0) |
-             (profile.bus == "soc" ? fw::kCapUnifiedMemory : 0);
+             (profile.aperture_bytes ? fw::kCapHostAperture : 0) | (profile.bus == "soc" ? fw::kCapUnifiedMemory : 0);
     case kFirmwareVersion: return profile.firmware_version;
     case kDramSizeLo: return lo(profile.dram_bytes);
     case kDramSizeHi: return hi(profile.dram_bytes);
@@ -221,9 +217,10 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
     case kVideoCodecs: {
       std::uint32_t bits = 0;
       for (const auto& c : profile.codecs)
-        bits |= c == "h264" ? 1u << static_cast<int>(fw::VideoCodec::kH264)
-              : c == "h265" ? 1u << static_cast<int>(fw::VideoCodec::kH265)
-              : c == "jpeg" ? 1u << static_cast<int>(fw::VideoCodec::kJpeg) : 0u;
+        bits |= c == "h264"   ? 1u << static_cast<int>(fw::VideoCodec::kH264)
+                : c == "h265" ? 1u << static_cast<int>(fw::VideoCodec::kH265)
+                : c == "jpeg" ? 1u << static_cast<int>(fw::VideoCodec::kJpeg)
+                              : 0u;
       return profile.decode_channels ? bits : 0;
     }
     case kMboxStatus: {
@@ -234,11 +231,17 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
       std::lock_guard lock(mbox_mu);
       return mbox_seq;
     }
-    case kMboxArg0Lo: case kMboxArg0Hi: case kMboxArg1Lo: case kMboxArg1Hi: {
+    case kMboxArg0Lo:
+    case kMboxArg0Hi:
+    case kMboxArg1Lo:
+    case kMboxArg1Hi: {
       std::lock_guard lock(mbox_mu);
       return mbox_args[(off - kMboxArg0Lo) / 4];
     }
-    case kMboxRes0Lo: case kMboxRes0Hi: case kMboxRes1Lo: case kMboxRes1Hi: {
+    case kMboxRes0Lo:
+    case kMboxRes0Hi:
+    case kMboxRes1Lo:
+    case kMboxRes1Hi: {
       std::lock_guard lock(mbox_mu);
       return mbox_results[(off - kMboxRes0Lo) / 4];
     }
@@ -250,8 +253,10 @@ void Board::Impl::write(std::uint32_t off, std::uint32_t value) noexcept {
   using namespace fw::reg;
   if (off >= kQueueBase) {
     const std::uint32_t q = (off - kQueueBase) / kQueueStride;
-    if (q < queues.size()) write_queue_reg(q, (off - kQueueBase) % kQueueStride, value);
-    else bad_mmio.fetch_add(1);
+    if (q < queues.size())
+      write_queue_reg(q, (off - kQueueBase) % kQueueStride, value);
+    else
+      bad_mmio.fetch_add(1);
     return;
   }
   switch (off) {
@@ -280,7 +285,10 @@ void Board::Impl::write(std::uint32_t off, std::uint32_t value) noexcept {
       return;
     }
     case kIntAck: int_status.fetch_and(~value, std::memory_order_seq_cst); return;
-    case kMboxArg0Lo: case kMboxArg0Hi: case kMboxArg1Lo: case kMboxArg1Hi: {
+    case kMboxArg0Lo:
+    case kMboxArg0Hi:
+    case kMboxArg1Lo:
+    case kMboxArg1Hi: {
       std::lock_guard lock(mbox_mu);
       mbox_args[(off - kMboxArg0Lo) / 4] = value;
       return;
@@ -330,8 +338,7 @@ void Board::Impl::write_queue_reg(std::uint32_t qi, std::uint32_t r, std::uint32
         reset_queue(qi);
         return;
       }
-      if ((value & fw::kQueueControlEnable) && !(q.control.load() & fw::kQueueControlEnable))
-        enable_queue(qi);
+      if ((value & fw::kQueueControlEnable) && !(q.control.load() & fw::kQueueControlEnable)) enable_queue(qi);
       return;
     case kRingSize: q.ring_size.store(value); return;
     case kRingBaseLo: q.ring_base_lo.store(value); return;
@@ -356,8 +363,7 @@ void Board::Impl::enable_queue(std::uint32_t qi) {
   };
   if (!(status.load() & fw::kStatusVersionOk)) return reject("no interface version agreed", 0);
   if (halted.load()) return reject("the firmware has stopped", fatal_code.load());
-  if (entries < fw::kMinRingEntries || entries > profile.max_ring_entries ||
-      (entries & (entries - 1)))
+  if (entries < fw::kMinRingEntries || entries > profile.max_ring_entries || (entries & (entries - 1)))
     return reject("ring size", entries);
   const std::uint64_t ring_bytes = std::uint64_t{entries} * sizeof(fw::CommandDescriptor);
   if (ring_base % 64 || ring_base > profile.dram_bytes || ring_bytes > profile.dram_bytes - ring_base)
@@ -369,8 +375,8 @@ void Board::Impl::enable_queue(std::uint32_t qi) {
   q.status.store(fw::kQueueStatusEnabled);
   q.control.store(fw::kQueueControlEnable);
   if (!q.thread) q.thread = std::make_unique<QueueThread>();
-  q.cp = std::make_unique<CommandProcessor>(
-      *this, qi, q, *q.thread, CommandProcessor::Config{ring_base, entries, status_page});
+  q.cp = std::make_unique<CommandProcessor>(*this, qi, q, *q.thread,
+                                            CommandProcessor::Config{ring_base, entries, status_page});
 }
 
 void Board::Impl::reset_queue(std::uint32_t qi) {
@@ -443,8 +449,7 @@ void Board::Impl::run_mailbox(std::uint32_t cmd) {
 
 // ---- Board -----------------------------------------------------------------
 
-Board::Board(BoardProfile profile, BoardOptions options)
-    : impl_(std::make_unique<Impl>(std::move(profile), options)) {}
+Board::Board(BoardProfile profile, BoardOptions options) : impl_(std::make_unique<Impl>(std::move(profile), options)) {}
 
 int Board::dram_fd() const noexcept { return impl_->dram.fd(); }
 
@@ -496,8 +501,7 @@ std::uint32_t Board::mmio_read32(std::uint32_t offset) noexcept {
 void Board::mmio_write32(std::uint32_t offset, std::uint32_t value) noexcept {
   // A lost board drops every write but a board reset, which stands for the
   // host's link reset that brings a card back.
-  if (impl_->lost.load(std::memory_order_relaxed) &&
-      !(offset == fw::reg::kControl && (value & fw::kControlReset)))
+  if (impl_->lost.load(std::memory_order_relaxed) && !(offset == fw::reg::kControl && (value & fw::kControlReset)))
     return;
   if (offset % 4 || offset >= fw::kBar0Size) {
     impl_->bad_mmio.fetch_add(1);
@@ -506,15 +510,11 @@ void Board::mmio_write32(std::uint32_t offset, std::uint32_t value) noexcept {
   impl_->write(offset, value);
 }
 
-std::span<std::byte> Board::aperture() noexcept {
-  return {impl_->dram.data(), impl_->profile.aperture_bytes};
-}
+std::span<std::byte> Board::aperture() noexcept { return {impl_->dram.data(), impl_->profile.aperture_bytes}; }
 
 IommuDomain& Board::iommu() noexcept { return impl_->iommu; }
 
-std::uint32_t Board::interrupt_vectors() const noexcept {
-  return static_cast<std::uint32_t>(impl_->vectors.size());
-}
+std::uint32_t Board::interrupt_vectors() const noexcept { return static_cast<std::uint32_t>(impl_->vectors.size()); }
 
 int Board::interrupt_fd(std::uint32_t vector) const noexcept {
   return vector < impl_->vectors.size() ? impl_->vectors[vector].get() : -1;

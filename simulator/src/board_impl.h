@@ -34,9 +34,9 @@ struct QueueState {
   // Written by the host: the doorbell. Kept on its own cache line so the
   // command processor's writes below do not bounce it.
   alignas(64) std::atomic<std::uint32_t> tail_word{0};
-  std::atomic<std::uint32_t>* tail = &tail_word;  // or a shadow doorbell (BoardOptions)
+  std::atomic<std::uint32_t>* tail = &tail_word;   // or a shadow doorbell (BoardOptions)
   std::atomic<std::uint32_t>* sleeping = nullptr;  // shadow doorbells: 1 while the processor sleeps
-  base::EventCount doorbell;  // notified on every TAIL register write
+  base::EventCount doorbell;                       // notified on every TAIL register write
 
   // Written by the command processor.
   alignas(64) std::atomic<std::uint32_t> head{0};
@@ -124,10 +124,10 @@ struct Board::Impl {
   std::atomic<std::uint64_t> bad_mmio{0};
 
   std::mutex fault_mu;
-  std::vector<Fault> pending_faults;             // guarded by fault_mu
-  std::atomic<std::uint32_t> fault_queues{0};    // bit q: a fault counts on queue q
-  std::atomic<std::uint32_t> irq_lost_queues{0}; // bit q: queue q loses interrupts
-  std::atomic<bool> halted{false};               // crashed or lost: nothing runs
+  std::vector<Fault> pending_faults;              // guarded by fault_mu
+  std::atomic<std::uint32_t> fault_queues{0};     // bit q: a fault counts on queue q
+  std::atomic<std::uint32_t> irq_lost_queues{0};  // bit q: queue q loses interrupts
+  std::atomic<bool> halted{false};                // crashed or lost: nothing runs
   std::atomic<bool> lost{false};
 
   std::mutex mbox_mu;
@@ -179,8 +179,8 @@ class QueueThread {
   void loop();
 
   std::mutex mu_;
-  std::condition_variable wake_;  // the thread: a processor to run, or exit
-  std::condition_variable idle_;  // wait_idle(): the processor returned
+  std::condition_variable wake_;    // the thread: a processor to run, or exit
+  std::condition_variable idle_;    // wait_idle(): the processor returned
   CommandProcessor* cp_ = nullptr;  // guarded by mu_: running or about to
   bool exit_ = false;               // guarded by mu_
   std::thread thread_;              // last: starts once the rest is built
@@ -196,8 +196,7 @@ class CommandProcessor {
     std::uint64_t status_page;
   };
   // Starts consuming the ring on `thread`, which must be idle.
-  CommandProcessor(Board::Impl& board, std::uint32_t index, QueueState& queue, QueueThread& thread,
-                   Config config);
+  CommandProcessor(Board::Impl& board, std::uint32_t index, QueueState& queue, QueueThread& thread, Config config);
   ~CommandProcessor();  // stops it
 
   // Asks it to stop at the next command boundary (or transfer chunk) and

@@ -56,8 +56,8 @@ void QueueThread::loop() {
 
 // ---- CommandProcessor ------------------------------------------------------
 
-CommandProcessor::CommandProcessor(Board::Impl& board, std::uint32_t index, QueueState& queue,
-                                   QueueThread& thread, Config config)
+CommandProcessor::CommandProcessor(Board::Impl& board, std::uint32_t index, QueueState& queue, QueueThread& thread,
+                                   Config config)
     : board_(board), index_(index), q_(queue), config_(config), ctx_(board.iommu), thread_(thread) {
   hooks_.progress = &q_.progress;
   hooks_.stop = &stop_;
@@ -80,9 +80,7 @@ void CommandProcessor::stop() {
 void CommandProcessor::idle_wait(std::uint32_t head) {
   // Spin for the profile's idle window (a busy queue's next doorbell usually
   // arrives within it), then sleep until the doorbell rings.
-  auto ready = [&] {
-    return q_.tail->load(std::memory_order_seq_cst) != head || halted();
-  };
+  auto ready = [&] { return q_.tail->load(std::memory_order_seq_cst) != head || halted(); };
   const auto spin = std::chrono::microseconds(board_.profile.idle_spin_us);
   if (!q_.sleeping) {
     base::spin_then_block(ready, q_.doorbell, spin, 100ms, base::monotonic_ns() + 100'000'000ull);
@@ -98,8 +96,7 @@ void CommandProcessor::idle_wait(std::uint32_t head) {
     base::cpu_relax();
   }
   q_.sleeping->store(1, std::memory_order_seq_cst);
-  base::spin_then_block(ready, q_.doorbell, std::chrono::microseconds(0), 100ms,
-                        base::monotonic_ns() + 100'000'000ull);
+  base::spin_then_block(ready, q_.doorbell, std::chrono::microseconds(0), 100ms, base::monotonic_ns() + 100'000'000ull);
   q_.sleeping->store(0, std::memory_order_seq_cst);
 }
 
@@ -167,8 +164,7 @@ void CommandProcessor::run_loop() {
         problem = {fw::CmdStatus::kUnsupportedOnEngine, fw::Problem::kFieldOpcode, d.opcode,
                    static_cast<std::uint64_t>(q_.engine)};
       } else if ((d.flags & fw::kFlagFence) && d.fence_value <= last_fence_) {
-        problem = {fw::CmdStatus::kFenceNotMonotonic, fw::Problem::kFieldFence, d.fence_value,
-                   last_fence_};
+        problem = {fw::CmdStatus::kFenceNotMonotonic, fw::Problem::kFieldFence, d.fence_value, last_fence_};
       } else if ((slots = fw::command_slots(*decoded)) > static_cast<std::uint32_t>(tail - head)) {
         // An inline parameter block that the doorbell did not publish.
         problem = {fw::CmdStatus::kBadArgument, 1, slots, tail - head};
@@ -216,8 +212,7 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
       fw::DmaSegment batch[64];
       for (std::uint64_t i = 0; i < a.count;) {
         const std::uint64_t n = a.count - i < 64 ? a.count - i : 64;
-        auto p = cp.board_.dma.read(cp.ctx_, a.list + i * sizeof(fw::DmaSegment), batch,
-                                    n * sizeof(fw::DmaSegment), 0);
+        auto p = cp.board_.dma.read(cp.ctx_, a.list + i * sizeof(fw::DmaSegment), batch, n * sizeof(fw::DmaSegment), 0);
         if (p.status != fw::CmdStatus::kOk) return p;
         for (std::uint64_t k = 0; k < n; ++k, ++i) {
           auto seg = fw::decode_segment(batch[k]);
@@ -227,8 +222,7 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
             return bad;
           }
           total += seg->size;
-          if (total > a.total)
-            return {fw::CmdStatus::kBadArgument, 2, a.total, total};
+          if (total > a.total) return {fw::CmdStatus::kBadArgument, 2, a.total, total};
           p = cp.board_.dma.copy(cp.ctx_, seg->src, seg->dst, seg->size, 0, 1, cp.hooks_);
           if (p.status != fw::CmdStatus::kOk) return p;
         }
@@ -441,9 +435,12 @@ fw::Problem CommandProcessor::injected(const fw::Command& cmd, std::uint32_t hea
       // The transfer's first address fails on the bus.
       std::uint64_t address = 0;
       std::uint16_t field = 0;
-      if (auto* c = std::get_if<fw::CopyArgs>(&cmd.args)) address = c->src;
-      else if (auto* sg = std::get_if<fw::CopySgArgs>(&cmd.args)) address = sg->list;
-      else if (auto* f = std::get_if<fw::FillArgs>(&cmd.args)) address = f->dst;
+      if (auto* c = std::get_if<fw::CopyArgs>(&cmd.args))
+        address = c->src;
+      else if (auto* sg = std::get_if<fw::CopySgArgs>(&cmd.args))
+        address = sg->list;
+      else if (auto* f = std::get_if<fw::FillArgs>(&cmd.args))
+        address = f->dst;
       else if (auto* v = std::get_if<fw::VideoDecodeArgs>(&cmd.args)) {
         address = v->packet;
         field = 1;  // the packet
@@ -477,8 +474,7 @@ fw::Problem CommandProcessor::injected(const fw::Command& cmd, std::uint32_t hea
 }
 
 bool CommandProcessor::store_status(std::size_t offset, std::uint64_t value) {
-  return board_.dma.store64(ctx_, config_.status_page + offset, value, kFieldFenceAddress).status ==
-         fw::CmdStatus::kOk;
+  return board_.dma.store64(ctx_, config_.status_page + offset, value, kFieldFenceAddress).status == fw::CmdStatus::kOk;
 }
 
 fw::Problem CommandProcessor::complete(const fw::Command& cmd) {
@@ -486,8 +482,8 @@ fw::Problem CommandProcessor::complete(const fw::Command& cmd) {
   const std::uint64_t now = board_.board_time_ns();
   if (board_.dma.port()) {
     // A remote host: the same stores, in the same order, as messages.
-    const std::size_t slot = offsetof(fw::QueueStatusPage, stamps) +
-                             cmd.fence_value % fw::kTimestampSlots * sizeof(fw::TimestampSlot);
+    const std::size_t slot =
+        offsetof(fw::QueueStatusPage, stamps) + cmd.fence_value % fw::kTimestampSlots * sizeof(fw::TimestampSlot);
     if (!store_status(slot + offsetof(fw::TimestampSlot, value), 0) ||
         !store_status(slot + offsetof(fw::TimestampSlot, ns), now) ||
         !store_status(slot + offsetof(fw::TimestampSlot, value), cmd.fence_value) ||
@@ -496,10 +492,8 @@ fw::Problem CommandProcessor::complete(const fw::Command& cmd) {
       return {fw::CmdStatus::kDmaFault, kFieldFenceAddress, config_.status_page, fw::kAccessWrite};
   } else {
     DmaAccess access(ctx_);
-    std::byte* page = board_.dma.resolve(access, config_.status_page,
-                                         sizeof(fw::QueueStatusPage), kIommuWrite);
-    if (!page)
-      return {fw::CmdStatus::kDmaFault, kFieldFenceAddress, config_.status_page, fw::kAccessWrite};
+    std::byte* page = board_.dma.resolve(access, config_.status_page, sizeof(fw::QueueStatusPage), kIommuWrite);
+    if (!page) return {fw::CmdStatus::kDmaFault, kFieldFenceAddress, config_.status_page, fw::kAccessWrite};
     auto* sp = reinterpret_cast<fw::QueueStatusPage*>(page);
     auto& slot = sp->stamps[cmd.fence_value % fw::kTimestampSlots];
     std::atomic_ref<std::uint64_t>(slot.value).store(0, std::memory_order_relaxed);
@@ -535,15 +529,15 @@ void CommandProcessor::fail(const fw::CommandDescriptor& d, const fw::Problem& p
     // publishes them.
     const auto* bytes = reinterpret_cast<const std::byte*>(&rec);
     const std::size_t first = offsetof(fw::FenceRecord, error_fence);
-    recorded = board_.dma.write(ctx_, config_.status_page + offsetof(fw::QueueStatusPage, fence) + first,
-                                bytes + first, offsetof(fw::FenceRecord, reserved1) - first, 0)
+    recorded = board_.dma
+                       .write(ctx_, config_.status_page + offsetof(fw::QueueStatusPage, fence) + first, bytes + first,
+                              offsetof(fw::FenceRecord, reserved1) - first, 0)
                        .status == fw::CmdStatus::kOk &&
                store_status(offsetof(fw::QueueStatusPage, fence.timestamp_ns), board_.board_time_ns()) &&
                store_status(offsetof(fw::QueueStatusPage, fence.value), last_fence_ | fw::kTimelineFailed);
   } else {
     DmaAccess access(ctx_);
-    std::byte* page = board_.dma.resolve(access, config_.status_page,
-                                         sizeof(fw::QueueStatusPage), kIommuWrite);
+    std::byte* page = board_.dma.resolve(access, config_.status_page, sizeof(fw::QueueStatusPage), kIommuWrite);
     if (page) {
       auto* rec = &reinterpret_cast<fw::QueueStatusPage*>(page)->fence;
       rec->error_fence = d.fence_value;
@@ -553,10 +547,8 @@ void CommandProcessor::fail(const fw::CommandDescriptor& d, const fw::Problem& p
       rec->error_sequence = d.sequence;
       rec->error_value = p.value;
       rec->error_detail = p.detail;
-      std::atomic_ref<std::uint64_t>(rec->timestamp_ns)
-          .store(board_.board_time_ns(), std::memory_order_relaxed);
-      std::atomic_ref<std::uint64_t>(rec->value)
-          .store(last_fence_ | fw::kTimelineFailed, std::memory_order_seq_cst);
+      std::atomic_ref<std::uint64_t>(rec->timestamp_ns).store(board_.board_time_ns(), std::memory_order_relaxed);
+      std::atomic_ref<std::uint64_t>(rec->value).store(last_fence_ | fw::kTimelineFailed, std::memory_order_seq_cst);
       recorded = true;
     }
   }

@@ -10,15 +10,13 @@ namespace {
 fw::Problem ok() { return {}; }
 
 fw::Problem fault(std::uint16_t field, std::uint64_t addr, std::uint32_t kind) {
-  return {fw::CmdStatus::kDmaFault, field, addr,
-          kind == kIommuWrite ? fw::kAccessWrite : fw::kAccessRead};
+  return {fw::CmdStatus::kDmaFault, field, addr, kind == kIommuWrite ? fw::kAccessWrite : fw::kAccessRead};
 }
 
 bool tick(const DmaEngine::Hooks& hooks) {
   // The command processor is the only writer of its progress counter.
   if (hooks.progress)
-    hooks.progress->store(hooks.progress->load(std::memory_order_relaxed) + 1,
-                          std::memory_order_relaxed);
+    hooks.progress->store(hooks.progress->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return !(hooks.stop && hooks.stop->load(std::memory_order_relaxed));
 }
 
@@ -78,9 +76,8 @@ std::byte* DmaEngine::resolve(DmaAccess& access, std::uint64_t addr, std::uint64
   return nullptr;
 }
 
-fw::Problem DmaEngine::copy_remote(DmaContext& ctx, std::uint64_t src, std::uint64_t dst,
-                                   std::uint64_t size, std::uint16_t src_field,
-                                   std::uint16_t dst_field) const {
+fw::Problem DmaEngine::copy_remote(DmaContext& ctx, std::uint64_t src, std::uint64_t dst, std::uint64_t size,
+                                   std::uint16_t src_field, std::uint16_t dst_field) const {
   // The permission checks take a DmaAccess; the transfer does not, because no
   // host pointer is involved and the host's own table is the authority (it
   // refuses a range unmapped meanwhile). Holding an access across the
@@ -105,9 +102,8 @@ fw::Problem DmaEngine::copy_remote(DmaContext& ctx, std::uint64_t src, std::uint
   return port_->write(dst, s, size) ? ok() : fault(dst_field, dst, kIommuWrite);
 }
 
-fw::Problem DmaEngine::copy(DmaContext& ctx, std::uint64_t src, std::uint64_t dst,
-                            std::uint64_t size, std::uint16_t src_field, std::uint16_t dst_field,
-                            const Hooks& hooks) const {
+fw::Problem DmaEngine::copy(DmaContext& ctx, std::uint64_t src, std::uint64_t dst, std::uint64_t size,
+                            std::uint16_t src_field, std::uint16_t dst_field, const Hooks& hooks) const {
   // Overlapping ranges copy back to front when dst is above src, so that
   // chunking keeps memmove semantics.
   const bool backward = dst > src && dst - src < size;
@@ -135,9 +131,8 @@ fw::Problem DmaEngine::copy(DmaContext& ctx, std::uint64_t src, std::uint64_t ds
   return ok();
 }
 
-fw::Problem DmaEngine::fill(DmaContext& ctx, std::uint64_t dst, std::uint64_t size,
-                            std::uint32_t pattern, std::uint32_t width, std::uint16_t dst_field,
-                            const Hooks& hooks) const {
+fw::Problem DmaEngine::fill(DmaContext& ctx, std::uint64_t dst, std::uint64_t size, std::uint32_t pattern,
+                            std::uint32_t width, std::uint16_t dst_field, const Hooks& hooks) const {
   const bool through_port = remote(dst);
   const std::uint64_t chunk = through_port ? kRemoteChunk : kChunk;
   std::vector<std::byte> bounce;
@@ -200,26 +195,22 @@ fw::Problem DmaEngine::write(DmaContext& ctx, std::uint64_t dst, const void* in,
   return ok();
 }
 
-fw::Problem DmaEngine::load64(DmaContext& ctx, std::uint64_t addr, std::uint64_t& out,
-                              std::uint16_t field) const {
+fw::Problem DmaEngine::load64(DmaContext& ctx, std::uint64_t addr, std::uint64_t& out, std::uint16_t field) const {
   if (auto bad = check_read(addr, 8, field); bad.status != fw::CmdStatus::kOk) return bad;
   if (remote(addr)) return read(ctx, addr, &out, 8, field);
   DmaAccess access(ctx);
   std::byte* p = resolve(access, addr, 8, kIommuRead);
   if (!p) return fault(field, addr, kIommuRead);
-  out = std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(p))
-            .load(std::memory_order_acquire);
+  out = std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(p)).load(std::memory_order_acquire);
   return ok();
 }
 
-fw::Problem DmaEngine::store64(DmaContext& ctx, std::uint64_t addr, std::uint64_t value,
-                               std::uint16_t field) const {
+fw::Problem DmaEngine::store64(DmaContext& ctx, std::uint64_t addr, std::uint64_t value, std::uint16_t field) const {
   if (remote(addr)) return write(ctx, addr, &value, 8, field);
   DmaAccess access(ctx);
   std::byte* p = resolve(access, addr, 8, kIommuWrite);
   if (!p) return fault(field, addr, kIommuWrite);
-  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(p))
-      .store(value, std::memory_order_seq_cst);
+  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(p)).store(value, std::memory_order_seq_cst);
   return ok();
 }
 

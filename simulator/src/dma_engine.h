@@ -31,8 +31,7 @@ class DmaEngine {
 
   // Host pointer for [addr, addr + size) inside one of DRAM or one IOMMU
   // mapping, valid while `access` lives; nullptr if not decoded or not mapped.
-  std::byte* resolve(DmaAccess& access, std::uint64_t addr, std::uint64_t size,
-                     std::uint32_t kind) const noexcept;
+  std::byte* resolve(DmaAccess& access, std::uint64_t addr, std::uint64_t size, std::uint32_t kind) const noexcept;
 
   // Transfers are split into chunks; after each, `progress` is incremented
   // and `stop` checked (a queue reset aborts between chunks).
@@ -49,19 +48,15 @@ class DmaEngine {
 
   // Each returns a Problem whose status is kOk on success. `src_field` and
   // `dst_field` name the descriptor fields in a fault report.
-  fw::Problem copy(DmaContext& ctx, std::uint64_t src, std::uint64_t dst, std::uint64_t size,
-                   std::uint16_t src_field, std::uint16_t dst_field, const Hooks& hooks) const;
-  fw::Problem fill(DmaContext& ctx, std::uint64_t dst, std::uint64_t size, std::uint32_t pattern,
-                   std::uint32_t width, std::uint16_t dst_field, const Hooks& hooks) const;
-  fw::Problem read(DmaContext& ctx, std::uint64_t src, void* out, std::uint64_t size,
-                   std::uint16_t field) const;
+  fw::Problem copy(DmaContext& ctx, std::uint64_t src, std::uint64_t dst, std::uint64_t size, std::uint16_t src_field,
+                   std::uint16_t dst_field, const Hooks& hooks) const;
+  fw::Problem fill(DmaContext& ctx, std::uint64_t dst, std::uint64_t size, std::uint32_t pattern, std::uint32_t width,
+                   std::uint16_t dst_field, const Hooks& hooks) const;
+  fw::Problem read(DmaContext& ctx, std::uint64_t src, void* out, std::uint64_t size, std::uint16_t field) const;
   // Writes `size` bytes to DRAM or host memory (posted to a remote host).
-  fw::Problem write(DmaContext& ctx, std::uint64_t dst, const void* in, std::uint64_t size,
-                    std::uint16_t field) const;
-  fw::Problem load64(DmaContext& ctx, std::uint64_t addr, std::uint64_t& out,
-                     std::uint16_t field) const;
-  fw::Problem store64(DmaContext& ctx, std::uint64_t addr, std::uint64_t value,
-                      std::uint16_t field) const;
+  fw::Problem write(DmaContext& ctx, std::uint64_t dst, const void* in, std::uint64_t size, std::uint16_t field) const;
+  fw::Problem load64(DmaContext& ctx, std::uint64_t addr, std::uint64_t& out, std::uint16_t field) const;
+  fw::Problem store64(DmaContext& ctx, std::uint64_t addr, std::uint64_t value, std::uint16_t field) const;
 
   // Injected ECC errors: a read of DRAM that touches a poisoned range fails
   // with kEccError naming the first poisoned address (copies, scatter-gather

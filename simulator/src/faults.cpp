@@ -17,8 +17,8 @@ struct KindName {
   const char* name;
 };
 constexpr KindName kKinds[] = {
-    {FaultKind::kDmaError, "dma-error"}, {FaultKind::kHang, "hang"},
-    {FaultKind::kFirmwareCrash, "crash"}, {FaultKind::kEccError, "ecc"},
+    {FaultKind::kDmaError, "dma-error"},     {FaultKind::kHang, "hang"},
+    {FaultKind::kFirmwareCrash, "crash"},    {FaultKind::kEccError, "ecc"},
     {FaultKind::kInterruptLost, "irq-lost"}, {FaultKind::kDeviceLost, "lost"},
 };
 
@@ -81,11 +81,16 @@ std::vector<Fault> parse_faults(std::string_view spec) {
       if (eq == std::string_view::npos)
         throw ProfileError("fault '" + std::string(item) + "': '" + std::string(kv) + "' is not key=value");
       const std::uint64_t v = parse_number(item, key, kv.substr(eq + 1));
-      if (key == "queue") f.queue = static_cast<std::uint32_t>(v > fw::kMaxQueues ? fw::kMaxQueues : v);
-      else if (key == "after") f.after_commands = v;
-      else if (key == "address") f.address = v;
-      else if (key == "size") f.size = v;
-      else if (key == "count") f.count = v;
+      if (key == "queue")
+        f.queue = static_cast<std::uint32_t>(v > fw::kMaxQueues ? fw::kMaxQueues : v);
+      else if (key == "after")
+        f.after_commands = v;
+      else if (key == "address")
+        f.address = v;
+      else if (key == "size")
+        f.size = v;
+      else if (key == "count")
+        f.count = v;
       else
         throw ProfileError("fault '" + std::string(item) + "': unknown key '" + std::string(key) +
                            "' (queue, after, address, size, count)");
@@ -102,8 +107,8 @@ void Board::Impl::inject(const Fault& f) {
   if (f.kind != FaultKind::kEccError && f.queue >= nq)
     throw std::out_of_range(std::string("fault ") + to_string(f.kind) + ": queue " + std::to_string(f.queue) +
                             " (the board has " + std::to_string(nq) + ")");
-  base::logger("sim")->info("fault injected: {} queue {} after {} address {:#x} size {} count {}",
-                            to_string(f.kind), f.queue, f.after_commands, f.address, f.size, f.count);
+  base::logger("sim")->info("fault injected: {} queue {} after {} address {:#x} size {} count {}", to_string(f.kind),
+                            f.queue, f.after_commands, f.address, f.size, f.count);
   switch (f.kind) {
     case FaultKind::kEccError:
       if (f.size == 0 || f.address >= profile.dram_bytes || f.size > profile.dram_bytes - f.address)
@@ -118,8 +123,10 @@ void Board::Impl::inject(const Fault& f) {
     case FaultKind::kFirmwareCrash:
     case FaultKind::kDeviceLost:
       if (f.after_commands == 0) {
-        if (f.kind == FaultKind::kFirmwareCrash) crash(fw::CmdStatus::kFirmwareFault);
-        else lose();
+        if (f.kind == FaultKind::kFirmwareCrash)
+          crash(fw::CmdStatus::kFirmwareFault);
+        else
+          lose();
         return;
       }
       break;

@@ -46,7 +46,7 @@ struct UsbFunction::Impl final : HostPort {
   };
   std::mutex send_mu;
   std::condition_variable send_cv;
-  std::deque<Message> outgoing;  // guarded
+  std::deque<Message> outgoing;                      // guarded
   std::uint64_t queued_count = 0, handed_count = 0;  // messages; guarded
   std::condition_variable handed_cv;
   // Buffers of messages sent, kept for the next ones (guarded): a fresh
@@ -54,9 +54,9 @@ struct UsbFunction::Impl final : HostPort {
   std::vector<std::vector<std::byte>> spare;
   std::size_t queued_bytes = 0;  // in outgoing; guarded
   std::condition_variable room_cv;
-  std::uint64_t sequence = 0;                    // count of the last one queued (fw::usb_wire_sequence); guarded
-  bool stopping = false;                         // guarded
-  std::atomic<bool> gone{false};                 // the host is unreachable
+  std::uint64_t sequence = 0;     // count of the last one queued (fw::usb_wire_sequence); guarded
+  bool stopping = false;          // guarded
+  std::atomic<bool> gone{false};  // the host is unreachable
 
   // The board's reads of host memory waiting for kHostData.
   struct Pending {
@@ -88,8 +88,7 @@ struct UsbFunction::Impl final : HostPort {
       std::unique_lock lock(send_mu);
       // Back-pressure: a DMA to the host waits while the pipe has enough
       // queued, rather than queueing the whole copy in memory.
-      if (!data.empty())
-        room_cv.wait(lock, [&] { return queued_bytes < kMaxQueuedBytes || gone.load() || stopping; });
+      if (!data.empty()) room_cv.wait(lock, [&] { return queued_bytes < kMaxQueuedBytes || gone.load() || stopping; });
       if (gone.load(std::memory_order_relaxed) || stopping) return 0;
       Message m;
       if (!spare.empty()) {
@@ -99,7 +98,7 @@ struct UsbFunction::Impl final : HostPort {
       }
       if (borrow) {
         const fw::UsbHeader h = fw::usb_header(type, tag, a0, a1, static_cast<std::uint32_t>(data.size()),
-                                                 fw::usb_wire_sequence(++sequence));
+                                               fw::usb_wire_sequence(++sequence));
         const auto* head = reinterpret_cast<const std::byte*>(&h);
         m.bytes.assign(head, head + sizeof h);
         m.body = data;
@@ -252,8 +251,7 @@ struct UsbFunction::Impl final : HostPort {
         image.clear();
         return;
       }
-      default:
-        return refuse(m, fw::CmdStatus::kBadArgument, "the board is in loader mode: upload its firmware first");
+      default: return refuse(m, fw::CmdStatus::kBadArgument, "the board is in loader mode: upload its firmware first");
     }
   }
 
@@ -374,8 +372,10 @@ struct UsbFunction::Impl final : HostPort {
                 (outgoing.front().body.empty() && batch.size() + outgoing.front().bytes.size() <= (256u << 10)))) {
           Message& m = outgoing.front();
           queued_bytes -= m.bytes.size() + m.body.size();
-          if (batch.empty()) batch.swap(m.bytes);
-          else batch.insert(batch.end(), m.bytes.begin(), m.bytes.end());
+          if (batch.empty())
+            batch.swap(m.bytes);
+          else
+            batch.insert(batch.end(), m.bytes.begin(), m.bytes.end());
           body = m.body;
           if (spare.size() < kSpareBuffers) spare.push_back(std::move(m.bytes));
           outgoing.pop_front();

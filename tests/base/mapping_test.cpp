@@ -66,8 +66,7 @@ TEST(BaseMapping, AnonymousZeroBytesStillGivesOnePage) {
 }
 
 TEST(BaseMapping, AnonymousWithAllOptionsWorks) {
-  Mapping m = Mapping::anonymous(1 << 20, {.populate = true, .lock = true, .noreserve = true,
-                                           .huge_pages = true});
+  Mapping m = Mapping::anonymous(1 << 20, {.populate = true, .lock = true, .noreserve = true, .huge_pages = true});
   ASSERT_TRUE(m);
   EXPECT_EQ(m.size(), 1u << 20);
   // mlock may fail under RLIMIT_MEMLOCK; either way the memory is usable.

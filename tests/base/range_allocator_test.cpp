@@ -134,11 +134,11 @@ TEST(RangeAllocator, BestFitPicksTheSmallestHoleThatFits) {
 
 TEST(RangeAllocator, BestFitSkipsASmallerHoleWhoseAlignmentDoesNotFit) {
   RangeAllocator a(0, kMiB, 4096);
-  auto pad = a.allocate(4 * kKiB, 1);      // [0, 4K)
-  auto hole = a.allocate(12 * kKiB, 1);    // [4K, 16K): 12 KiB, not 16K-aligned
-  auto wall = a.allocate(4 * kKiB, 1);     // [16K, 20K)
-  auto hole2 = a.allocate(28 * kKiB, 1);   // [20K, 48K)
-  auto wall2 = a.allocate(4 * kKiB, 1);    // [48K, 52K)
+  auto pad = a.allocate(4 * kKiB, 1);     // [0, 4K)
+  auto hole = a.allocate(12 * kKiB, 1);   // [4K, 16K): 12 KiB, not 16K-aligned
+  auto wall = a.allocate(4 * kKiB, 1);    // [16K, 20K)
+  auto hole2 = a.allocate(28 * kKiB, 1);  // [20K, 48K)
+  auto wall2 = a.allocate(4 * kKiB, 1);   // [48K, 52K)
   ASSERT_TRUE(pad && hole && wall && hole2 && wall2);
   ASSERT_TRUE(a.free(*hole));
   ASSERT_TRUE(a.free(*hole2));
@@ -172,9 +172,9 @@ TEST(RangeAllocator, FreeingInAnyOrderCoalescesBackToOneBlock) {
       blocks.push_back(*p);
     }
     switch (order) {
-      case 0: break;                                                  // address order
-      case 1: std::reverse(blocks.begin(), blocks.end()); break;      // reverse
-      case 2: {                                                       // odd ones, then even
+      case 0: break;                                              // address order
+      case 1: std::reverse(blocks.begin(), blocks.end()); break;  // reverse
+      case 2: {                                                   // odd ones, then even
         std::stable_partition(blocks.begin(), blocks.end(),
                               [&](std::uint64_t b) { return ((b - 0x40000000) / 4096) % 2; });
         break;

@@ -80,9 +80,8 @@ TEST(BaseEventCount, PingPongAcrossThreadsNeverLosesAWakeUp) {
         return;
       }
       const std::uint64_t deadline =
-          monotonic_ns() + static_cast<std::uint64_t>(
-                               std::chrono::duration_cast<std::chrono::nanoseconds>(kWaitTimeout)
-                                   .count());
+          monotonic_ns() +
+          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(kWaitTimeout).count());
       ec.wait(ticket, kWaitTimeout);
       if (monotonic_ns() >= deadline) {
         timeouts.fetch_add(1);
@@ -142,8 +141,8 @@ TEST(BaseSpinThenBlock, WakesWhenAnotherThreadMakesThePredicateTrue) {
       // the deadline, so a lost notification shows as a wait that ran to its
       // deadline.
       const std::uint64_t deadline = monotonic_ns() + 3 * kSecond;
-      const bool ok = spin_then_block([&] { return value.load(std::memory_order_acquire) >= i; },
-                                      ec, 0ns, 10s, deadline);
+      const bool ok =
+          spin_then_block([&] { return value.load(std::memory_order_acquire) >= i; }, ec, 0ns, 10s, deadline);
       if (!ok || monotonic_ns() >= deadline) failures.fetch_add(1);
     }
   });

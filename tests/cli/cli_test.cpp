@@ -16,8 +16,8 @@
 
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 using tpuhal::test::Output;
 using tpuhal::test::run;

@@ -274,11 +274,11 @@ CUresult run(const Op& op) {
     case Op::Write: {
       std::shared_lock lock(s.memory_mu);
       if (!reachable(s, op.dst, 8)) return CUDA_ERROR_ILLEGAL_ADDRESS;
-      std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(op.dst)).store(op.value, std::memory_order_release);
+      std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(op.dst))
+          .store(op.value, std::memory_order_release);
       return CUDA_SUCCESS;
     }
-    case Op::Kernel:
-      return CUDA_SUCCESS;  // the only kernels here are empty ones
+    case Op::Kernel: return CUDA_SUCCESS;  // the only kernels here are empty ones
     case Op::Launch:
       for (const Op& o : *op.graph)
         if (CUresult r = run(o); r != CUDA_SUCCESS) return r;
@@ -548,8 +548,7 @@ CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes,
   return submit(stream, std::move(op), bytes, bytes);
 }
 
-CUresult memset_async(Op::Kind kind, unsigned width, CUdeviceptr dst, unsigned value, std::size_t n,
-                      CUstream stream) {
+CUresult memset_async(Op::Kind kind, unsigned width, CUdeviceptr dst, unsigned value, std::size_t n, CUstream stream) {
   if (dst % width != 0) return CUDA_ERROR_INVALID_VALUE;
   Op op;
   op.kind = kind;
@@ -968,8 +967,8 @@ CUresult fake_cuModuleUnload(CUmodule module) {
   return CUDA_SUCCESS;
 }
 
-CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                             unsigned bz, unsigned shared, CUstream stream, void** params, void** extra) {
+CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                             unsigned shared, CUstream stream, void** params, void** extra) {
   {
     State& s = state();
     std::lock_guard lock(s.mu);
@@ -1012,9 +1011,9 @@ __attribute__((visibility("default"))) CUresult CUDAAPI cuDriverGetVersion(int* 
   return CUDA_SUCCESS;
 }
 
-__attribute__((visibility("default"))) CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn,
-                                                                           int version, cuuint64_t,
-                                                                           CUdriverProcAddressQueryResult* status) {
+__attribute__((visibility("default"))) CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
+                                                                            cuuint64_t,
+                                                                            CUdriverProcAddressQueryResult* status) {
   if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
   *pfn = nullptr;
   CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;

@@ -100,9 +100,12 @@ TEST_F(CudaGpu, ProgramsWithEveryCommandKindReplay) {
     const auto s = src.map();
     for (std::uint64_t i = 0; i < n; ++i) {
       std::byte want = s[i];
-      if (i < 64) want = std::byte{0xEE};
-      else if (i < 128) want = std::byte((0xBEEFu >> (8 * (i % 2))) & 0xFF);
-      else if (i < 192) want = std::byte((0xC0FFEE11u >> (8 * (i % 4))) & 0xFF);
+      if (i < 64)
+        want = std::byte{0xEE};
+      else if (i < 128)
+        want = std::byte((0xBEEFu >> (8 * (i % 2))) & 0xFF);
+      else if (i < 192)
+        want = std::byte((0xC0FFEE11u >> (8 * (i % 4))) & 0xFF);
       ASSERT_EQ(o[i], want) << "round " << round << " offset " << i;
     }
     for (std::uint64_t i = 0; i < 4096; ++i) ASSERT_EQ(hfill.map()[i], std::byte{0x5A}) << "round " << round;
@@ -139,8 +142,7 @@ TEST_F(CudaGpu, AWaitOnOneQueueHoldsNoOtherQueue) {
       while (!f.is_complete() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(100us);
       if (!f.is_complete())
         held.push_back(std::string(to_string(f.queue().engine())) + " queue " + std::to_string(f.queue().index()) +
-                       " behind a wait on " + to_string(qs[g].engine()) + " queue " +
-                       std::to_string(qs[g].index()));
+                       " behind a wait on " + to_string(qs[g].engine()) + " queue " + std::to_string(qs[g].index()));
     }
     EXPECT_FALSE(gated.is_complete());
     word(gates, g).store(1);
@@ -160,8 +162,7 @@ TEST_F(CudaGpu, FenceWaitsChainThroughEveryQueue) {
     word(gate, 0).store(0);
     std::memset(out.map().data(), 0, 4096);
     Fence prev = qs[0].batch().wait_value(gate, 0, 1).write_value(out, 0, 1).submit();
-    for (std::size_t i = 1; i < qs.size(); ++i)
-      prev = qs[i].batch().wait(prev).write_value(out, i * 8, i + 1).submit();
+    for (std::size_t i = 1; i < qs.size(); ++i) prev = qs[i].batch().wait(prev).write_value(out, i * 8, i + 1).submit();
     std::this_thread::sleep_for(5ms);
     EXPECT_FALSE(prev.is_complete());
     EXPECT_EQ(word(out, qs.size() - 1).load(), 0u);

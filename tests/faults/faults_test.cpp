@@ -268,8 +268,9 @@ TEST_F(Faults, GivenPendingFaultWhenResetThenItIsCleared) {
 }
 
 TEST(FaultSpec, ParsesEveryKindAndRejectsNonsense) {
-  auto f = sim::parse_faults("dma-error:queue=1:after=2,ecc:address=0x1000:size=64,irq-lost:queue=0:count=3,"
-                             "hang,crash:after=5,lost");
+  auto f = sim::parse_faults(
+      "dma-error:queue=1:after=2,ecc:address=0x1000:size=64,irq-lost:queue=0:count=3,"
+      "hang,crash:after=5,lost");
   ASSERT_EQ(f.size(), 6u);
   EXPECT_EQ(f[0].kind, sim::FaultKind::kDmaError);
   EXPECT_EQ(f[0].queue, 1u);

@@ -44,7 +44,6 @@ struct Clip {
   std::vector<std::string> md5;
 };
 
-
 const Clip& clip() {
   static const Clip c = [] {
     Clip out;

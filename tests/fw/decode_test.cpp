@@ -28,16 +28,15 @@ CommandDescriptor make(Opcode op, std::array<std::uint64_t, 6> args = {}, std::u
 }
 
 // Asserts that `r` failed with exactly this problem.
-void expect_problem(const Result<Command>& r, CmdStatus status, std::uint16_t field,
-                    std::uint64_t value) {
+void expect_problem(const Result<Command>& r, CmdStatus status, std::uint16_t field, std::uint64_t value) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.problem().status, status);
   EXPECT_EQ(r.problem().field, field);
   EXPECT_EQ(r.problem().value, value);
 }
 
-void expect_problem(const Result<Command>& r, CmdStatus status, std::uint16_t field,
-                    std::uint64_t value, std::uint64_t detail) {
+void expect_problem(const Result<Command>& r, CmdStatus status, std::uint16_t field, std::uint64_t value,
+                    std::uint64_t detail) {
   expect_problem(r, status, field, value);
   if (!r.ok()) {
     EXPECT_EQ(r.problem().detail, detail);
@@ -63,23 +62,21 @@ TEST(FwDecode, OpcodePastTheLastOneIsInvalid) {
 }
 
 TEST(FwDecode, UndefinedFlagBitsAreRejected) {
-  for (std::uint16_t flags : {std::uint16_t{1u << 2}, std::uint16_t{0x8000},
-                              std::uint16_t{kFlagFence | kFlagInterrupt | 0x10}}) {
+  for (std::uint16_t flags :
+       {std::uint16_t{1u << 2}, std::uint16_t{0x8000}, std::uint16_t{kFlagFence | kFlagInterrupt | 0x10}}) {
     SCOPED_TRACE(flags);
     auto d = make(Opcode::kNop, {}, flags, 1);
-    expect_problem(decode_command(d), CmdStatus::kInvalidFlags, Problem::kFieldFlags, flags,
-                   kKnownFlags);
+    expect_problem(decode_command(d), CmdStatus::kInvalidFlags, Problem::kFieldFlags, flags, kKnownFlags);
   }
 }
 
 TEST(FwDecode, FenceFlagNeedsANonZeroValueBelowTheFailedBit) {
-  expect_problem(decode_command(make(Opcode::kNop, {}, kFlagFence, 0)), CmdStatus::kBadArgument,
-                 Problem::kFieldFence, 0, kTimelineValueMask);
-  expect_problem(decode_command(make(Opcode::kNop, {}, kFlagFence, kTimelineFailed)),
-                 CmdStatus::kBadArgument, Problem::kFieldFence, kTimelineFailed,
-                 kTimelineValueMask);
-  expect_problem(decode_command(make(Opcode::kNop, {}, kFlagFence, UINT64_MAX)),
-                 CmdStatus::kBadArgument, Problem::kFieldFence, UINT64_MAX, kTimelineValueMask);
+  expect_problem(decode_command(make(Opcode::kNop, {}, kFlagFence, 0)), CmdStatus::kBadArgument, Problem::kFieldFence,
+                 0, kTimelineValueMask);
+  expect_problem(decode_command(make(Opcode::kNop, {}, kFlagFence, kTimelineFailed)), CmdStatus::kBadArgument,
+                 Problem::kFieldFence, kTimelineFailed, kTimelineValueMask);
+  expect_problem(decode_command(make(Opcode::kNop, {}, kFlagFence, UINT64_MAX)), CmdStatus::kBadArgument,
+                 Problem::kFieldFence, UINT64_MAX, kTimelineValueMask);
 
   // The largest legal fence value, and any value when the flag is clear.
   auto top = decode_command(make(Opcode::kNop, {}, kFlagFence, kTimelineValueMask));
@@ -106,14 +103,13 @@ TEST(FwDecode, NopRejectsEveryNonZeroArgument) {
     SCOPED_TRACE(i);
     std::array<std::uint64_t, 6> args{};
     args[static_cast<std::size_t>(i)] = 0x1234 + static_cast<std::uint64_t>(i);
-    expect_problem(decode_command(make(Opcode::kNop, args)), CmdStatus::kReservedNotZero,
-                   static_cast<std::uint16_t>(i), 0x1234 + static_cast<std::uint64_t>(i));
+    expect_problem(decode_command(make(Opcode::kNop, args)), CmdStatus::kReservedNotZero, static_cast<std::uint16_t>(i),
+                   0x1234 + static_cast<std::uint64_t>(i));
   }
 }
 
 TEST(FwDecode, ReservedCheckReportsTheFirstNonZeroArgument) {
-  expect_problem(decode_command(make(Opcode::kNop, {0, 0, 5, 0, 7, 0})),
-                 CmdStatus::kReservedNotZero, 2, 5);
+  expect_problem(decode_command(make(Opcode::kNop, {0, 0, 5, 0, 7, 0})), CmdStatus::kReservedNotZero, 2, 5);
 }
 
 // ---- COPY --------------------------------------------------------------------
@@ -136,19 +132,18 @@ TEST(FwDecode, CopyAllowsUnalignedAddressesAndTheMaximumSize) {
 }
 
 TEST(FwDecode, CopySizeMustBeBetweenOneAndTheTransferLimit) {
-  expect_problem(decode_command(make(Opcode::kCopy, {0, 0x1000, 0})), CmdStatus::kBadArgument, 2,
-                 0, kMaxTransferBytes);
-  expect_problem(decode_command(make(Opcode::kCopy, {0, 0x1000, kMaxTransferBytes + 1})),
-                 CmdStatus::kBadArgument, 2, kMaxTransferBytes + 1, kMaxTransferBytes);
+  expect_problem(decode_command(make(Opcode::kCopy, {0, 0x1000, 0})), CmdStatus::kBadArgument, 2, 0, kMaxTransferBytes);
+  expect_problem(decode_command(make(Opcode::kCopy, {0, 0x1000, kMaxTransferBytes + 1})), CmdStatus::kBadArgument, 2,
+                 kMaxTransferBytes + 1, kMaxTransferBytes);
 }
 
 TEST(FwDecode, CopyRangesThatWrapTheAddressSpaceAreRejected) {
   // src + size overflows 64 bits.
-  expect_problem(decode_command(make(Opcode::kCopy, {UINT64_MAX - 10, 0, 16})),
-                 CmdStatus::kBadArgument, 0, UINT64_MAX - 10);
+  expect_problem(decode_command(make(Opcode::kCopy, {UINT64_MAX - 10, 0, 16})), CmdStatus::kBadArgument, 0,
+                 UINT64_MAX - 10);
   // dst + size overflows; src is fine.
-  expect_problem(decode_command(make(Opcode::kCopy, {0, UINT64_MAX - 4095, 4096})),
-                 CmdStatus::kBadArgument, 1, UINT64_MAX - 4095);
+  expect_problem(decode_command(make(Opcode::kCopy, {0, UINT64_MAX - 4095, 4096})), CmdStatus::kBadArgument, 1,
+                 UINT64_MAX - 4095);
   // The last address that still fits.
   EXPECT_TRUE(decode_command(make(Opcode::kCopy, {UINT64_MAX - 16, 0, 16})).ok());
 }
@@ -179,34 +174,31 @@ TEST(FwDecode, CopySgDecodesItsArguments) {
 TEST(FwDecode, CopySgListMustBe32ByteAligned) {
   for (std::uint64_t list : {std::uint64_t{8}, std::uint64_t{16}, kHost + 4}) {
     SCOPED_TRACE(list);
-    expect_problem(decode_command(make(Opcode::kCopySg, {list, 1, 64})), CmdStatus::kBadAlignment,
-                   0, list, sizeof(DmaSegment));
+    expect_problem(decode_command(make(Opcode::kCopySg, {list, 1, 64})), CmdStatus::kBadAlignment, 0, list,
+                   sizeof(DmaSegment));
   }
 }
 
 TEST(FwDecode, CopySgSegmentCountMustBeBetweenOneAndTheLimit) {
-  expect_problem(decode_command(make(Opcode::kCopySg, {0x4000, 0, 64})), CmdStatus::kBadArgument, 1,
-                 0, kMaxSgSegments);
-  expect_problem(decode_command(make(Opcode::kCopySg, {0x4000, kMaxSgSegments + 1, 64})),
-                 CmdStatus::kBadArgument, 1, kMaxSgSegments + 1, kMaxSgSegments);
+  expect_problem(decode_command(make(Opcode::kCopySg, {0x4000, 0, 64})), CmdStatus::kBadArgument, 1, 0, kMaxSgSegments);
+  expect_problem(decode_command(make(Opcode::kCopySg, {0x4000, kMaxSgSegments + 1, 64})), CmdStatus::kBadArgument, 1,
+                 kMaxSgSegments + 1, kMaxSgSegments);
 }
 
 TEST(FwDecode, CopySgListThatWrapsTheAddressSpaceIsRejected) {
   const std::uint64_t list = UINT64_MAX - 31;  // 32-aligned, last segment slot
-  expect_problem(decode_command(make(Opcode::kCopySg, {list, 2, 64})), CmdStatus::kBadArgument, 0,
-                 list);
+  expect_problem(decode_command(make(Opcode::kCopySg, {list, 2, 64})), CmdStatus::kBadArgument, 0, list);
 }
 
 TEST(FwDecode, CopySgTotalMustBeBetweenOneAndTheTransferLimit) {
-  expect_problem(decode_command(make(Opcode::kCopySg, {0x4000, 1, 0})), CmdStatus::kBadArgument, 2,
-                 0, kMaxTransferBytes);
-  expect_problem(decode_command(make(Opcode::kCopySg, {0x4000, 1, kMaxTransferBytes + 1})),
-                 CmdStatus::kBadArgument, 2, kMaxTransferBytes + 1, kMaxTransferBytes);
+  expect_problem(decode_command(make(Opcode::kCopySg, {0x4000, 1, 0})), CmdStatus::kBadArgument, 2, 0,
+                 kMaxTransferBytes);
+  expect_problem(decode_command(make(Opcode::kCopySg, {0x4000, 1, kMaxTransferBytes + 1})), CmdStatus::kBadArgument, 2,
+                 kMaxTransferBytes + 1, kMaxTransferBytes);
 }
 
 TEST(FwDecode, CopySgRejectsNonZeroUnusedArguments) {
-  expect_problem(decode_command(make(Opcode::kCopySg, {0x4000, 1, 64, 0, 0, 9})),
-                 CmdStatus::kReservedNotZero, 5, 9);
+  expect_problem(decode_command(make(Opcode::kCopySg, {0x4000, 1, 64, 0, 0, 9})), CmdStatus::kReservedNotZero, 5, 9);
 }
 
 // ---- FILL --------------------------------------------------------------------
@@ -235,48 +227,44 @@ TEST(FwDecode, FillPatternWidthMustBeOneTwoOrFour) {
   for (std::uint64_t width : {0ull, 3ull, 5ull, 8ull, 0xFFFFFFFFull}) {
     SCOPED_TRACE(width);
     const std::uint64_t packed = pattern(0, width);
-    expect_problem(decode_command(make(Opcode::kFill, {0x1000, 4096, packed})),
-                   CmdStatus::kBadArgument, 2, packed, 4);
+    expect_problem(decode_command(make(Opcode::kFill, {0x1000, 4096, packed})), CmdStatus::kBadArgument, 2, packed, 4);
   }
 }
 
 TEST(FwDecode, FillPatternMustFitItsWidth) {
-  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 4096, pattern(0x100, 1)})),
-                 CmdStatus::kBadArgument, 2, pattern(0x100, 1), 1);
-  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 4096, pattern(0x10000, 2)})),
-                 CmdStatus::kBadArgument, 2, pattern(0x10000, 2), 2);
+  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 4096, pattern(0x100, 1)})), CmdStatus::kBadArgument, 2,
+                 pattern(0x100, 1), 1);
+  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 4096, pattern(0x10000, 2)})), CmdStatus::kBadArgument, 2,
+                 pattern(0x10000, 2), 2);
   EXPECT_TRUE(decode_command(make(Opcode::kFill, {0x1000, 4096, pattern(0xFF, 1)})).ok());
   EXPECT_TRUE(decode_command(make(Opcode::kFill, {0x1000, 4096, pattern(0xFFFF, 2)})).ok());
 }
 
 TEST(FwDecode, FillSizeMustBeInRangeAndAMultipleOfTheWidth) {
-  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 0, pattern(1, 1)})),
-                 CmdStatus::kBadArgument, 1, 0, kMaxTransferBytes);
+  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 0, pattern(1, 1)})), CmdStatus::kBadArgument, 1, 0,
+                 kMaxTransferBytes);
   expect_problem(decode_command(make(Opcode::kFill, {0x1000, kMaxTransferBytes + 4, pattern(1, 4)})),
                  CmdStatus::kBadArgument, 1, kMaxTransferBytes + 4, kMaxTransferBytes);
-  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 6, pattern(1, 4)})),
-                 CmdStatus::kBadAlignment, 1, 6, 4);
-  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 3, pattern(1, 2)})),
-                 CmdStatus::kBadAlignment, 1, 3, 2);
+  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 6, pattern(1, 4)})), CmdStatus::kBadAlignment, 1, 6, 4);
+  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 3, pattern(1, 2)})), CmdStatus::kBadAlignment, 1, 3, 2);
   EXPECT_TRUE(decode_command(make(Opcode::kFill, {0x1001, 3, pattern(1, 1)})).ok());
 }
 
 TEST(FwDecode, FillDestinationMustBeAlignedToTheWidth) {
-  expect_problem(decode_command(make(Opcode::kFill, {0x1002, 8, pattern(1, 4)})),
-                 CmdStatus::kBadAlignment, 0, 0x1002, 4);
-  expect_problem(decode_command(make(Opcode::kFill, {0x1001, 8, pattern(1, 2)})),
-                 CmdStatus::kBadAlignment, 0, 0x1001, 2);
+  expect_problem(decode_command(make(Opcode::kFill, {0x1002, 8, pattern(1, 4)})), CmdStatus::kBadAlignment, 0, 0x1002,
+                 4);
+  expect_problem(decode_command(make(Opcode::kFill, {0x1001, 8, pattern(1, 2)})), CmdStatus::kBadAlignment, 0, 0x1001,
+                 2);
 }
 
 TEST(FwDecode, FillRangeThatWrapsTheAddressSpaceIsRejected) {
   const std::uint64_t dst = UINT64_MAX - 7;  // 8-aligned
-  expect_problem(decode_command(make(Opcode::kFill, {dst, 16, pattern(1, 4)})),
-                 CmdStatus::kBadArgument, 0, dst);
+  expect_problem(decode_command(make(Opcode::kFill, {dst, 16, pattern(1, 4)})), CmdStatus::kBadArgument, 0, dst);
 }
 
 TEST(FwDecode, FillRejectsNonZeroUnusedArguments) {
-  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 16, pattern(1, 1), 4})),
-                 CmdStatus::kReservedNotZero, 3, 4);
+  expect_problem(decode_command(make(Opcode::kFill, {0x1000, 16, pattern(1, 1), 4})), CmdStatus::kReservedNotZero, 3,
+                 4);
 }
 
 // ---- WAIT_VALUE --------------------------------------------------------------
@@ -299,27 +287,24 @@ TEST(FwDecode, WaitValueDecodesBothModes) {
 TEST(FwDecode, WaitValueAddressMustBe8ByteAligned) {
   for (std::uint64_t addr : {std::uint64_t{4}, kHost + 1}) {
     SCOPED_TRACE(addr);
-    expect_problem(decode_command(make(Opcode::kWaitValue, {addr, 1, 0})),
-                   CmdStatus::kBadAlignment, 0, addr, 8);
+    expect_problem(decode_command(make(Opcode::kWaitValue, {addr, 1, 0})), CmdStatus::kBadAlignment, 0, addr, 8);
   }
 }
 
 TEST(FwDecode, WaitValueModeMustBeKnown) {
   for (std::uint64_t mode : {std::uint64_t{2}, UINT64_MAX}) {
     SCOPED_TRACE(mode);
-    expect_problem(decode_command(make(Opcode::kWaitValue, {0x100, 1, mode})),
-                   CmdStatus::kBadArgument, 2, mode, 1);
+    expect_problem(decode_command(make(Opcode::kWaitValue, {0x100, 1, mode})), CmdStatus::kBadArgument, 2, mode, 1);
   }
 }
 
 TEST(FwDecode, WaitValueTimelineValueMustNotCarryTheFailedBit) {
-  expect_problem(decode_command(make(Opcode::kWaitValue, {0x100, kTimelineFailed, 1})),
-                 CmdStatus::kBadArgument, 1, kTimelineFailed, kTimelineValueMask);
+  expect_problem(decode_command(make(Opcode::kWaitValue, {0x100, kTimelineFailed, 1})), CmdStatus::kBadArgument, 1,
+                 kTimelineFailed, kTimelineValueMask);
 }
 
 TEST(FwDecode, WaitValueRejectsNonZeroUnusedArguments) {
-  expect_problem(decode_command(make(Opcode::kWaitValue, {0x100, 1, 0, 0, 2})),
-                 CmdStatus::kReservedNotZero, 4, 2);
+  expect_problem(decode_command(make(Opcode::kWaitValue, {0x100, 1, 0, 0, 2})), CmdStatus::kReservedNotZero, 4, 2);
 }
 
 // ---- WRITE_VALUE / TIMESTAMP ---------------------------------------------------
@@ -332,10 +317,8 @@ TEST(FwDecode, WriteValueDecodesAndChecksAlignment) {
   EXPECT_EQ(a->address, kHost + 64);
   EXPECT_EQ(a->value, 0x0123456789ABCDEFu);
 
-  expect_problem(decode_command(make(Opcode::kWriteValue, {0x104, 1})), CmdStatus::kBadAlignment,
-                 0, 0x104, 8);
-  expect_problem(decode_command(make(Opcode::kWriteValue, {0x100, 1, 3})),
-                 CmdStatus::kReservedNotZero, 2, 3);
+  expect_problem(decode_command(make(Opcode::kWriteValue, {0x104, 1})), CmdStatus::kBadAlignment, 0, 0x104, 8);
+  expect_problem(decode_command(make(Opcode::kWriteValue, {0x100, 1, 3})), CmdStatus::kReservedNotZero, 2, 3);
 }
 
 TEST(FwDecode, TimestampDecodesAndChecksAlignment) {
@@ -345,10 +328,8 @@ TEST(FwDecode, TimestampDecodesAndChecksAlignment) {
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->address, 0x2000u);
 
-  expect_problem(decode_command(make(Opcode::kTimestamp, {0x2002})), CmdStatus::kBadAlignment, 0,
-                 0x2002, 8);
-  expect_problem(decode_command(make(Opcode::kTimestamp, {0x2000, 1})),
-                 CmdStatus::kReservedNotZero, 1, 1);
+  expect_problem(decode_command(make(Opcode::kTimestamp, {0x2002})), CmdStatus::kBadAlignment, 0, 0x2002, 8);
+  expect_problem(decode_command(make(Opcode::kTimestamp, {0x2000, 1})), CmdStatus::kReservedNotZero, 1, 1);
 }
 
 // ---- Byte-span entry point -----------------------------------------------------
@@ -379,8 +360,8 @@ TEST(FwDecode, SpanOf64BytesDecodesLikeTheStruct) {
   // A bad descriptor through the span gives the struct decoder's problem.
   bytes[0] = std::byte{99};
   bytes[1] = std::byte{0};
-  expect_problem(decode_command(std::span<const std::byte>(bytes)), CmdStatus::kInvalidOpcode,
-                 Problem::kFieldOpcode, 99);
+  expect_problem(decode_command(std::span<const std::byte>(bytes)), CmdStatus::kInvalidOpcode, Problem::kFieldOpcode,
+                 99);
 }
 
 // ---- Segments ----------------------------------------------------------------
@@ -531,14 +512,12 @@ TEST(FwDecodeFuzz, RandomDescriptorsDecodeOrGiveAKnownProblem) {
     if (mode == 2) {
       // Unused arguments zero, as a well-behaved driver writes them.
       static constexpr int kUsedArgs[] = {0, 0, 3, 3, 3, 3, 2, 1, 0};
-      for (int i = d.opcode <= kMaxOpcodeV1_0 + 1 ? kUsedArgs[d.opcode] : 6; i < 6; ++i)
-        d.args[i] = 0;
+      for (int i = d.opcode <= kMaxOpcodeV1_0 + 1 ? kUsedArgs[d.opcode] : 6; i < 6; ++i) d.args[i] = 0;
     }
     if (d.opcode == static_cast<std::uint16_t>(Opcode::kFill) && pick(2) == 0)
       d.args[2] = (d.args[2] & 0xFF) | (std::uint64_t{1} << 32);
 
-    auto r = decode_command(std::span<const std::byte>(reinterpret_cast<const std::byte*>(&d),
-                                                       sizeof d));
+    auto r = decode_command(std::span<const std::byte>(reinterpret_cast<const std::byte*>(&d), sizeof d));
     if (r.ok()) {
       ++decoded;
       ASSERT_EQ(static_cast<std::uint16_t>(r->opcode), d.opcode);
@@ -550,9 +529,8 @@ TEST(FwDecodeFuzz, RandomDescriptorsDecodeOrGiveAKnownProblem) {
       }
     } else {
       const auto s = r.problem().status;
-      ASSERT_TRUE(s == CmdStatus::kInvalidOpcode || s == CmdStatus::kInvalidFlags ||
-                  s == CmdStatus::kReservedNotZero || s == CmdStatus::kBadArgument ||
-                  s == CmdStatus::kBadAlignment)
+      ASSERT_TRUE(s == CmdStatus::kInvalidOpcode || s == CmdStatus::kInvalidFlags || s == CmdStatus::kReservedNotZero ||
+                  s == CmdStatus::kBadArgument || s == CmdStatus::kBadAlignment)
           << "status " << static_cast<std::uint32_t>(s);
       ++per_status[static_cast<std::size_t>(s)];
       const auto f = r.problem().field;

@@ -20,12 +20,11 @@ constexpr std::uint16_t op(Opcode o) { return static_cast<std::uint16_t>(o); }
 // ---- describe ------------------------------------------------------------------
 
 TEST(FwDescribe, DmaFaultNamesOpcodeFieldHexAddressAndAccess) {
-  const std::string read = describe(CmdStatus::kDmaFault, op(Opcode::kCopy), 0, 0x1000000000,
-                                    kAccessRead);
+  const std::string read = describe(CmdStatus::kDmaFault, op(Opcode::kCopy), 0, 0x1000000000, kAccessRead);
   EXPECT_EQ(read, "copy: src address 0x1000000000 is not mapped for DMA (read)");
 
-  const std::string write = describe(CmdStatus::kDmaFault, op(Opcode::kCopy), 1,
-                                     kHostWindowBase + 0xabc000, kAccessWrite);
+  const std::string write =
+      describe(CmdStatus::kDmaFault, op(Opcode::kCopy), 1, kHostWindowBase + 0xabc000, kAccessWrite);
   EXPECT_THAT(write, HasSubstr("copy: dst"));
   EXPECT_THAT(write, HasSubstr("0x1000000abc000"));
   EXPECT_THAT(write, HasSubstr("(write)"));
@@ -37,8 +36,7 @@ TEST(FwDescribe, DecodedProblemsRoundTripIntoMessages) {
     CommandDescriptor d;
     const char* expected[3];
   };
-  auto desc = [](Opcode o, std::uint64_t a0, std::uint64_t a1, std::uint64_t a2,
-                 std::uint64_t a3 = 0) {
+  auto desc = [](Opcode o, std::uint64_t a0, std::uint64_t a1, std::uint64_t a2, std::uint64_t a3 = 0) {
     CommandDescriptor d{};
     d.opcode = static_cast<std::uint16_t>(o);
     d.args[0] = a0;
@@ -106,23 +104,20 @@ TEST(FwDescribe, BoardSideStatusesReadWell) {
             "fill is not supported on a copy queue");
   EXPECT_EQ(describe(CmdStatus::kRingConfig, 0, Problem::kFieldSequence, 0x40, 0),
             "ring configuration rejected: sequence = 0x40");
-  EXPECT_EQ(describe(CmdStatus::kFirmwareFault, 0, Problem::kNoField, 99, 0),
-            "firmware fault (code 0x63)");
+  EXPECT_EQ(describe(CmdStatus::kFirmwareFault, 0, Problem::kNoField, 99, 0), "firmware fault (code 0x63)");
   EXPECT_EQ(describe(CmdStatus::kEccError, op(Opcode::kCopy), 0, 0xdead000, 0),
             "copy: uncorrectable ECC error at device address 0xdead000");
   EXPECT_EQ(describe(CmdStatus::kHang, op(Opcode::kFill), Problem::kNoField, 2'500'000'000, 0),
             "fill: stopped by the board's watchdog after 2500 ms");
   EXPECT_EQ(describe(CmdStatus::kQueueReset, op(Opcode::kCopySg), Problem::kNoField, 0, 0),
             "copy_sg: discarded by a queue reset");
-  EXPECT_EQ(describe(CmdStatus::kOk, op(Opcode::kTimestamp), Problem::kNoField, 0, 0),
-            "timestamp: ok");
+  EXPECT_EQ(describe(CmdStatus::kOk, op(Opcode::kTimestamp), Problem::kNoField, 0, 0), "timestamp: ok");
 }
 
 TEST(FwDescribe, UnknownOpcodeAndStatusAreShownRaw) {
   EXPECT_THAT(describe(CmdStatus::kDmaFault, 0x1234, 0, 0x10, kAccessRead),
               HasSubstr("opcode 0x1234: arg0 address 0x10"));
-  EXPECT_EQ(describe(static_cast<CmdStatus>(77), op(Opcode::kNop), 0, 0, 0),
-            "unknown status 77 for nop");
+  EXPECT_EQ(describe(static_cast<CmdStatus>(77), op(Opcode::kNop), 0, 0, 0), "unknown status 77 for nop");
 }
 
 TEST(FwDescribe, FailureOverloadUsesTheRecordedOpcode) {
@@ -172,10 +167,9 @@ TEST(FwVersion, NegotiatePicksTheSmallerMinorOfTheSameMajor) {
     Version board, min, max, agreed;
   };
   const Case cases[] = {
-      {{1, 0}, {1, 0}, {1, 0}, {1, 0}},
-      {{1, 5}, {1, 0}, {1, 3}, {1, 3}},  // board newer: driver's max
-      {{1, 2}, {1, 0}, {1, 7}, {1, 2}},  // driver newer: board's minor
-      {{1, 2}, {1, 2}, {1, 7}, {1, 2}},  // exactly the driver's minimum
+      {{1, 0}, {1, 0}, {1, 0}, {1, 0}}, {{1, 5}, {1, 0}, {1, 3}, {1, 3}},  // board newer: driver's max
+      {{1, 2}, {1, 0}, {1, 7}, {1, 2}},                                    // driver newer: board's minor
+      {{1, 2}, {1, 2}, {1, 7}, {1, 2}},                                    // exactly the driver's minimum
       {{3, 9}, {3, 1}, {3, 9}, {3, 9}},
   };
   for (const auto& c : cases) {
@@ -218,8 +212,8 @@ TEST(FwVersion, BoardAcceptsSameMajorUpToItsMinor) {
 
 TEST(FwVersion, BoardRejectsNewerMinorOrOtherMajor) {
   const Version board{1, 3};
-  for (std::uint32_t requested : {Version{1, 4}.packed(), Version{2, 0}.packed(),
-                                  Version{0, 3}.packed(), 0u, 0xFFFFFFFFu}) {
+  for (std::uint32_t requested :
+       {Version{1, 4}.packed(), Version{2, 0}.packed(), Version{0, 3}.packed(), 0u, 0xFFFFFFFFu}) {
     SCOPED_TRACE(requested);
     auto r = accept_driver_version(board, requested);
     ASSERT_FALSE(r.ok());

@@ -76,8 +76,9 @@ TEST(Image, WhatBuildImageWritesDecodesToTheSameSections) {
     EXPECT_EQ(r->sections[i].kind, want.sections[i].kind);
     EXPECT_EQ(r->sections[i].load_address, want.sections[i].load_address);
     ASSERT_EQ(r->sections[i].payload.size(), want.sections[i].payload.size());
-    EXPECT_EQ(std::memcmp(r->sections[i].payload.data(), want.sections[i].payload.data(),
-                          want.sections[i].payload.size()), 0);
+    EXPECT_EQ(
+        std::memcmp(r->sections[i].payload.data(), want.sections[i].payload.data(), want.sections[i].payload.size()),
+        0);
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(r->sections[i].payload.data()) -
                   reinterpret_cast<std::uintptr_t>(image.data()),
               read<std::uint64_t>(image, entry(i) + offsetof(SectionEntry, offset)));
@@ -147,10 +148,11 @@ TEST(Image, SectionEntriesAreChecked) {
   write<std::uint64_t>(v, entry(2) + offsetof(SectionEntry, offset), off + 1);
   reseal(v);
   EXPECT_THAT(problem_of(v), HasSubstr("section 2: offset " + ([&] {
-                                          char b[24];
-                                          std::snprintf(b, sizeof b, "%#llx", static_cast<unsigned long long>(off + 1));
-                                          return std::string(b);
-                                        })() + " is not 16-byte aligned"));
+                                         char b[24];
+                                         std::snprintf(b, sizeof b, "%#llx", static_cast<unsigned long long>(off + 1));
+                                         return std::string(b);
+                                       })() +
+                                       " is not 16-byte aligned"));
 
   v = build_image(spec());
   write<std::uint64_t>(v, entry(0) + offsetof(SectionEntry, offset), 0x40);  // inside the table

@@ -116,12 +116,14 @@ TEST(Usb, TheSplitterGivesEveryMessageWholeHoweverTheStreamIsCut) {
   for (std::uint32_t i = 1; i <= 12; ++i) {
     const std::vector<std::byte> data(i % 3 == 0 ? 0 : i * 700 + 1, static_cast<std::byte>(i));
     const std::size_t at = stream.size();
-    if (data.empty()) append_usb_message(stream, UsbType::kRegValue, i, 0x8, i, {}, i);
-    else append_usb_message(stream, UsbType::kHostWrite, i, 0x1000 * i, 0, data, i);
+    if (data.empty())
+      append_usb_message(stream, UsbType::kRegValue, i, 0x8, i, {}, i);
+    else
+      append_usb_message(stream, UsbType::kHostWrite, i, 0x1000 * i, 0, data, i);
     want.emplace_back(stream.begin() + static_cast<std::ptrdiff_t>(at), stream.end());
   }
-  for (const std::size_t cut : {std::size_t{1}, std::size_t{7}, sizeof(UsbHeader), std::size_t{41}, std::size_t{4096},
-                                stream.size()}) {
+  for (const std::size_t cut :
+       {std::size_t{1}, std::size_t{7}, sizeof(UsbHeader), std::size_t{41}, std::size_t{4096}, stream.size()}) {
     SCOPED_TRACE(cut);
     UsbSplitter split(UsbDirection::kToHost);
     std::vector<std::vector<std::byte>> got;
@@ -280,8 +282,9 @@ TEST(Usb, ArgumentsAreChecked) {
               HasSubstr("host-read argument 0"));
   EXPECT_THAT(refused(msg(UsbType::kFwBegin, 1, kMaxImageBytes + 1), UsbDirection::kToBoard),
               HasSubstr("fw-begin argument 0"));
-  EXPECT_THAT(refused(msg(UsbType::kFwData, 1, kMaxImageBytes - 2, 0, std::vector<std::byte>(4)), UsbDirection::kToBoard),
-              HasSubstr("fw-data argument 0"));
+  EXPECT_THAT(
+      refused(msg(UsbType::kFwData, 1, kMaxImageBytes - 2, 0, std::vector<std::byte>(4)), UsbDirection::kToBoard),
+      HasSubstr("fw-data argument 0"));
   EXPECT_THAT(refused(msg(UsbType::kFwCommit, 1, 1ull << 33), UsbDirection::kToBoard), HasSubstr("fw-commit"));
 }
 
@@ -296,26 +299,27 @@ TEST(Usb, MappingsArePageGranularAndOnlyMapsCarryTheWriteFlag) {
               HasSubstr("unmap-dma argument 1 = 0 is not a non-zero multiple of 4096"));
   EXPECT_THAT(refused(msg(UsbType::kMapDma, 0, ~0ull - 4095, 8192), UsbDirection::kToBoard),
               HasSubstr("map-dma argument 0"));
-  EXPECT_THAT(refused(msg(UsbType::kUnmapDma, 0, 1ull << 48, 4096, {}, 0, kUsbFlagDeviceWrites),
-                      UsbDirection::kToBoard),
-              HasSubstr("flags 0x2 are not defined for unmap-dma"));
+  EXPECT_THAT(
+      refused(msg(UsbType::kUnmapDma, 0, 1ull << 48, 4096, {}, 0, kUsbFlagDeviceWrites), UsbDirection::kToBoard),
+      HasSubstr("flags 0x2 are not defined for unmap-dma"));
 }
 
 TEST(Usb, AHostDataFaultCarriesNoBytes) {
   auto ok = decode_usb_message(msg(UsbType::kHostData, 7, 0, 0, {}, 0, kUsbFlagFault), UsbDirection::kToBoard, kBar0);
   ASSERT_TRUE(ok.ok()) << describe_usb_problem(ok.problem());
   EXPECT_EQ(ok->flags, kUsbFlagFault);
-  EXPECT_THAT(refused(msg(UsbType::kHostData, 7, 0, 0, std::vector<std::byte>(8), 0, kUsbFlagFault),
-                      UsbDirection::kToBoard),
-              HasSubstr("carries none"));
-  EXPECT_THAT(refused(msg(UsbType::kHostWrite, 7, 0, 0, std::vector<std::byte>(8), 1, kUsbFlagFault),
-                      UsbDirection::kToHost),
-              HasSubstr("flags 0x1 are not defined for host-write"));
+  EXPECT_THAT(
+      refused(msg(UsbType::kHostData, 7, 0, 0, std::vector<std::byte>(8), 0, kUsbFlagFault), UsbDirection::kToBoard),
+      HasSubstr("carries none"));
+  EXPECT_THAT(
+      refused(msg(UsbType::kHostWrite, 7, 0, 0, std::vector<std::byte>(8), 1, kUsbFlagFault), UsbDirection::kToHost),
+      HasSubstr("flags 0x1 are not defined for host-write"));
 }
 
 TEST(Usb, IdentityAndInterruptRecordsAreChecked) {
-  UsbIdentity id{kUsbMagic, static_cast<std::uint32_t>(UsbMode::kApplication), 1684, Version{1, 2}.packed(), 0x01020003,
-                 65536, {}};
+  UsbIdentity id{
+      kUsbMagic, static_cast<std::uint32_t>(UsbMode::kApplication), 1684, Version{1, 2}.packed(), 0x01020003, 65536,
+      {}};
   std::vector<std::byte> v(sizeof id);
   std::memcpy(v.data(), &id, sizeof id);
   auto r = decode_usb_identity(v);

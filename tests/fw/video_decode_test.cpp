@@ -43,10 +43,10 @@ TEST(FwVideo, OpenRulesEachGiveTheirField) {
   };
   const std::uint64_t cfg = open_desc().args[1];
   for (const Case& k : std::vector<Case>{
-           {0, kMaxVideoChannels, CmdStatus::kBadArgument},          // channel
-           {1, (cfg & ~0xFFull) | 7, CmdStatus::kBadArgument},         // codec
-           {1, (cfg & ~0xFF00ull) | 3u << 8, CmdStatus::kBadArgument}, // layout
-           {1, cfg & ~(0xFFFFull << 16), CmdStatus::kBadArgument},     // width 0
+           {0, kMaxVideoChannels, CmdStatus::kBadArgument},             // channel
+           {1, (cfg & ~0xFFull) | 7, CmdStatus::kBadArgument},          // codec
+           {1, (cfg & ~0xFF00ull) | 3u << 8, CmdStatus::kBadArgument},  // layout
+           {1, cfg & ~(0xFFFFull << 16), CmdStatus::kBadArgument},      // width 0
            {1, cfg | 1ull << 50, CmdStatus::kReservedNotZero},
            {2, kHostWindowBase + 100, CmdStatus::kBadAlignment},       // page
            {3, 0x100010, CmdStatus::kBadAlignment},                    // pool

@@ -7,13 +7,12 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                       \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n",       \
-              __FILE__, __LINE__, #cond, tpuhal_last_error());            \
-      ++failures;                                                         \
-    }                                                                     \
+#define CHECK(cond)                                                                                                  \
+  do {                                                                                                               \
+    if (!(cond)) {                                                                                                   \
+      fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, tpuhal_last_error()); \
+      ++failures;                                                                                                    \
+    }                                                                                                                \
   } while (0)
 
 int main(void) {
@@ -93,7 +92,9 @@ int main(void) {
   tpuhal_buffer_release(dst);
   tpuhal_buffer_release(src);
   tpuhal_device_release(dev);
-  if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
-  else printf("C API: all checks passed\n");
+  if (failures)
+    fprintf(stderr, "%d check(s) failed\n", failures);
+  else
+    printf("C API: all checks passed\n");
   return failures ? 1 : 0;
 }

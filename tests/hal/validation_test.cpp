@@ -100,8 +100,7 @@ TEST_F(Validation, MappingABufferAQueueStillWritesIsReportedWithTheCallSite) {
   EXPECT_EQ(reports[0].check, Check::BufferInFlight);
   EXPECT_NE(reports[0].message.find("map() of the 4096-byte host-pinned buffer"), std::string::npos)
       << reports[0].message;
-  EXPECT_NE(reports[0].message.find("(copy) still writes bytes [0, 4096)"), std::string::npos)
-      << reports[0].message;
+  EXPECT_NE(reports[0].message.find("(copy) still writes bytes [0, 4096)"), std::string::npos) << reports[0].message;
   EXPECT_NE(reports[0].message.find(q.device().uri() + " compute queue"), std::string::npos);
   EXPECT_NE(site(reports[0]).find("validation_test.cpp"), std::string::npos) << site(reports[0]);
 
@@ -145,8 +144,7 @@ TEST_F(Validation, AnotherQueueWritingWhatAnUnfinishedSubmissionWritesIsReported
   EXPECT_NE(reports[0].message.find("copy on " + dev_.uri() + " compute queue"), std::string::npos)
       << reports[0].message;
   EXPECT_NE(reports[0].message.find("writes bytes [1024, 1088)"), std::string::npos) << reports[0].message;
-  EXPECT_NE(reports[0].message.find("(fill), which writes bytes [0, 4096)"), std::string::npos)
-      << reports[0].message;
+  EXPECT_NE(reports[0].message.find("(fill), which writes bytes [0, 4096)"), std::string::npos) << reports[0].message;
   EXPECT_NE(site(reports[0]).find("validation_test.cpp"), std::string::npos) << site(reports[0]);
 
   // Reading it on b is a hazard too, until b waits for a's fence.
@@ -171,7 +169,7 @@ TEST_F(Validation, AWaitThroughAThirdQueueOrdersTheTwo) {
   Buffer buf = dev_.allocate(4096);
   Buffer out = dev_.allocate(4096);
   Fence fa = a.batch().wait_value(g.word, 0, 1).fill(buf, 0, 4096, 7).submit();
-  Fence fx = x.batch().wait(fa).submit();  // x waits for a ...
+  Fence fx = x.batch().wait(fa).submit();      // x waits for a ...
   b.batch().wait(fx).copy(buf, out).submit();  // ... and b for x
   EXPECT_EQ(c.count(), 0u);
   g.release();
@@ -305,9 +303,7 @@ struct Faulty {
    public:
     Engine engine() const override { return Engine::Compute; }
     std::uint32_t index() const override { return 0; }
-    std::uint64_t submit(std::span<const driver::Command>, std::chrono::nanoseconds) override {
-      return ++submitted_;
-    }
+    std::uint64_t submit(std::span<const driver::Command>, std::chrono::nanoseconds) override { return ++submitted_; }
     driver::Timeline timeline() const override { return {completed.load(), false}; }
     std::uint64_t submitted() const override { return submitted_; }
     std::uint64_t progress() const override { return completed.load(); }
@@ -399,8 +395,7 @@ TEST(ValidationDriver, MemoryTheDriverStillHoldsWhenTheDeviceClosesIsALeak) {
   auto reports = c.take();
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_EQ(reports[0].check, Check::Leak);
-  EXPECT_NE(reports[0].message.find("faulty:leaky closed with memory the driver still holds: 8 KiB"),
-            std::string::npos)
+  EXPECT_NE(reports[0].message.find("faulty:leaky closed with memory the driver still holds: 8 KiB"), std::string::npos)
       << reports[0].message;
   // A simulated board gives everything back.
   {
@@ -483,9 +478,7 @@ TEST_F(Validation, LiveBuffersAreListedWithWhereTheyWereAllocated) {
   Buffer kept = dev_.allocate(12345);
   Buffer freed = dev_.allocate(777);
   freed.free();
-  {
-    Buffer dropped = dev_.allocate(999);
-  }
+  { Buffer dropped = dev_.allocate(999); }
   EXPECT_EQ(validation::report_leaks(), 1u);
   auto reports = c.take();
   ASSERT_EQ(reports.size(), 1u);

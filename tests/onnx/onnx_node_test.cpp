@@ -54,12 +54,32 @@ struct HostTensor {
     std::vector<double> out(elements());
     for (std::size_t i = 0; i < out.size(); ++i) {
       switch (onnx_type) {
-        case onnx::TensorProto::FLOAT: { float f; std::memcpy(&f, &bytes[i * 4], 4); out[i] = f; break; }
-        case onnx::TensorProto::INT64: { std::int64_t v; std::memcpy(&v, &bytes[i * 8], 8); out[i] = static_cast<double>(v); break; }
-        case onnx::TensorProto::INT32: { std::int32_t v; std::memcpy(&v, &bytes[i * 4], 4); out[i] = v; break; }
+        case onnx::TensorProto::FLOAT: {
+          float f;
+          std::memcpy(&f, &bytes[i * 4], 4);
+          out[i] = f;
+          break;
+        }
+        case onnx::TensorProto::INT64: {
+          std::int64_t v;
+          std::memcpy(&v, &bytes[i * 8], 8);
+          out[i] = static_cast<double>(v);
+          break;
+        }
+        case onnx::TensorProto::INT32: {
+          std::int32_t v;
+          std::memcpy(&v, &bytes[i * 4], 4);
+          out[i] = v;
+          break;
+        }
         case onnx::TensorProto::INT8: out[i] = static_cast<std::int8_t>(bytes[i]); break;
         case onnx::TensorProto::UINT8: out[i] = static_cast<std::uint8_t>(bytes[i]); break;
-        case onnx::TensorProto::DOUBLE: { double v; std::memcpy(&v, &bytes[i * 8], 8); out[i] = v; break; }
+        case onnx::TensorProto::DOUBLE: {
+          double v;
+          std::memcpy(&v, &bytes[i * 8], 8);
+          out[i] = v;
+          break;
+        }
         default: out[i] = 0; break;
       }
     }
@@ -81,10 +101,15 @@ std::optional<DType> to_dtype(int t) {
 
 std::size_t onnx_size(int t) {
   switch (t) {
-    case onnx::TensorProto::FLOAT: case onnx::TensorProto::INT32: return 4;
-    case onnx::TensorProto::FLOAT16: case onnx::TensorProto::BFLOAT16: return 2;
-    case onnx::TensorProto::INT8: case onnx::TensorProto::UINT8: case onnx::TensorProto::BOOL: return 1;
-    case onnx::TensorProto::INT64: case onnx::TensorProto::DOUBLE: return 8;
+    case onnx::TensorProto::FLOAT:
+    case onnx::TensorProto::INT32: return 4;
+    case onnx::TensorProto::FLOAT16:
+    case onnx::TensorProto::BFLOAT16: return 2;
+    case onnx::TensorProto::INT8:
+    case onnx::TensorProto::UINT8:
+    case onnx::TensorProto::BOOL: return 1;
+    case onnx::TensorProto::INT64:
+    case onnx::TensorProto::DOUBLE: return 8;
     default: return 0;
   }
 }
@@ -113,9 +138,21 @@ HostTensor read_tensor(const fs::path& path, int declared = 0) {
   for (std::uint64_t i = 0; i < n; ++i) {
     std::byte* dst = &t.bytes[i * esize];
     switch (t.onnx_type) {
-      case onnx::TensorProto::FLOAT: { const float f = p.float_data(static_cast<int>(i)); std::memcpy(dst, &f, 4); break; }
-      case onnx::TensorProto::DOUBLE: { const double d = p.double_data(static_cast<int>(i)); std::memcpy(dst, &d, 8); break; }
-      case onnx::TensorProto::INT64: { const std::int64_t v = p.int64_data(static_cast<int>(i)); std::memcpy(dst, &v, 8); break; }
+      case onnx::TensorProto::FLOAT: {
+        const float f = p.float_data(static_cast<int>(i));
+        std::memcpy(dst, &f, 4);
+        break;
+      }
+      case onnx::TensorProto::DOUBLE: {
+        const double d = p.double_data(static_cast<int>(i));
+        std::memcpy(dst, &d, 8);
+        break;
+      }
+      case onnx::TensorProto::INT64: {
+        const std::int64_t v = p.int64_data(static_cast<int>(i));
+        std::memcpy(dst, &v, 8);
+        break;
+      }
       default: {  // int32_data carries int32, int8, uint8, bool, float16, bfloat16
         const std::int32_t v = p.int32_data(static_cast<int>(i));
         std::memcpy(dst, &v, esize);
@@ -170,7 +207,8 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
     return Lowering{[fn](const Inputs& in, const Tensor& out, const auto&) { return fn(*in[0], *in[1], out); }, {}};
   }
   static const std::map<std::string, Op (*)(const Tensor&, const Tensor&)> kUnary = {
-      {"Relu", ops::relu}, {"Abs", ops::abs}, {"Neg", ops::neg}, {"Exp", ops::exp}, {"Log", ops::log}, {"Sqrt", ops::sqrt}};
+      {"Relu", ops::relu}, {"Abs", ops::abs}, {"Neg", ops::neg},
+      {"Exp", ops::exp},   {"Log", ops::log}, {"Sqrt", ops::sqrt}};
   if (auto it = kUnary.find(op); it != kUnary.end()) {
     auto fn = it->second;
     return Lowering{[fn](const Inputs& in, const Tensor& out, const auto&) { return fn(*in[0], out); }, {}};
@@ -180,7 +218,8 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
                            : op == "Tanh"      ? ActivationParams::tanh()
                            : op == "LeakyRelu" ? ActivationParams::leaky_relu(a.f("alpha", 0.01f))
                                                : ActivationParams::hard_sigmoid(a.f("alpha", 0.2f), a.f("beta", 0.5f));
-    return Lowering{[act](const Inputs& in, const Tensor& out, const auto&) { return ops::activation(*in[0], out, act); }, {}};
+    return Lowering{
+        [act](const Inputs& in, const Tensor& out, const auto&) { return ops::activation(*in[0], out, act); }, {}};
   }
   if (op == "Clip") {
     if (opset < 11) return "Clip before opset 11 (bounds as attributes)";
@@ -197,7 +236,9 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
     if (opset < 13) return op + " before opset 13 (flattening semantics)";
     const std::int64_t axis = a.i("axis", -1);
     const bool log = op == "LogSoftmax";
-    return Lowering{[axis, log](const Inputs& in, const Tensor& out, const auto&) { return ops::softmax(*in[0], out, axis, log); }, {}};
+    return Lowering{
+        [axis, log](const Inputs& in, const Tensor& out, const auto&) { return ops::softmax(*in[0], out, axis, log); },
+        {}};
   }
   if (op == "Transpose") {
     auto perm = a.ints("perm");
@@ -219,7 +260,8 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
     return Lowering{[](const Inputs& in, const Tensor& out, const auto&) { return ops::cast(*in[0], out); }, {}};
   }
   if (op == "Gemm") {
-    if (!a.unknown({"alpha", "beta", "transA", "transB"}).empty()) return "attribute " + a.unknown({"alpha", "beta", "transA", "transB"});
+    if (!a.unknown({"alpha", "beta", "transA", "transB"}).empty())
+      return "attribute " + a.unknown({"alpha", "beta", "transA", "transB"});
     ops::MatMulOptions o;
     o.alpha = a.f("alpha", 1.0f);
     o.beta = a.f("beta", 1.0f);
@@ -257,7 +299,8 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
     const bool q = op == "QuantizeLinear";
     return Lowering{[axis, q](const Inputs& in, const Tensor& out, const auto&) {
                       std::optional<Tensor> zp = in.size() > 2 ? in[2] : std::nullopt;
-                      return q ? ops::quantize(*in[0], *in[1], zp, out, axis) : ops::dequantize(*in[0], *in[1], zp, out, axis);
+                      return q ? ops::quantize(*in[0], *in[1], zp, out, axis)
+                               : ops::dequantize(*in[0], *in[1], zp, out, axis);
                     },
                     {}};
   }
@@ -310,16 +353,20 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
     ops::ResizeOptions o;
     o.mode = mode == "linear" ? ResizeMode::Linear : ResizeMode::Nearest;
     static const std::map<std::string, CoordinateMode> kCoord = {
-        {"half_pixel", CoordinateMode::HalfPixel}, {"asymmetric", CoordinateMode::Asymmetric},
-        {"align_corners", CoordinateMode::AlignCorners}, {"pytorch_half_pixel", CoordinateMode::PytorchHalfPixel},
+        {"half_pixel", CoordinateMode::HalfPixel},
+        {"asymmetric", CoordinateMode::Asymmetric},
+        {"align_corners", CoordinateMode::AlignCorners},
+        {"pytorch_half_pixel", CoordinateMode::PytorchHalfPixel},
         {"tf_half_pixel_for_nn", CoordinateMode::TfHalfPixelForNn}};
-    static const std::map<std::string, NearestMode> kNearest = {
-        {"round_prefer_floor", NearestMode::RoundPreferFloor}, {"round_prefer_ceil", NearestMode::RoundPreferCeil},
-        {"floor", NearestMode::Floor}, {"ceil", NearestMode::Ceil}};
+    static const std::map<std::string, NearestMode> kNearest = {{"round_prefer_floor", NearestMode::RoundPreferFloor},
+                                                                {"round_prefer_ceil", NearestMode::RoundPreferCeil},
+                                                                {"floor", NearestMode::Floor},
+                                                                {"ceil", NearestMode::Ceil}};
     if (!kCoord.count(coord)) return "coordinate mode " + coord;
     o.coordinate = kCoord.at(coord);
-    o.nearest = kNearest.count(a.s("nearest_mode", "round_prefer_floor")) ? kNearest.at(a.s("nearest_mode", "round_prefer_floor"))
-                                                                           : NearestMode::RoundPreferFloor;
+    o.nearest = kNearest.count(a.s("nearest_mode", "round_prefer_floor"))
+                    ? kNearest.at(a.s("nearest_mode", "round_prefer_floor"))
+                    : NearestMode::RoundPreferFloor;
     return Lowering{[o](const Inputs& in, const Tensor& out, const std::vector<HostTensor>& host) {
                       ops::ResizeOptions oo = o;
                       // Inputs: X, roi, scales, sizes. With scales, ONNX maps
@@ -455,8 +502,13 @@ Tensor upload(Device& dev, Queue& q, const HostTensor& t) {
 
 double element(const std::byte* p, DType t) {
   switch (t) {
-    case DType::F32: { float f; std::memcpy(&f, p, 4); return f; }
-    case DType::F16: case DType::BF16: {
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::F16:
+    case DType::BF16: {
       std::uint16_t h;
       std::memcpy(&h, p, 2);
       if (t == DType::BF16) {
@@ -473,7 +525,11 @@ double element(const std::byte* p, DType t) {
     }
     case DType::I8: return static_cast<std::int8_t>(*p);
     case DType::U8: return static_cast<std::uint8_t>(*p);
-    case DType::I32: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
+    case DType::I32: {
+      std::int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
   }
   return 0;
 }
@@ -504,7 +560,8 @@ std::optional<std::string> run_case(const Case& c, const std::string& device, st
   Inputs in(host.size());
   for (std::size_t i = 0; i < host.size(); ++i) {
     if (!given[i] || lowered.host_only.count(static_cast<int>(i))) continue;
-    if (!host[i].dtype) return "input " + std::to_string(i) + " has type " + std::to_string(host[i].onnx_type) + ", not an engine dtype";
+    if (!host[i].dtype)
+      return "input " + std::to_string(i) + " has type " + std::to_string(host[i].onnx_type) + ", not an engine dtype";
     in[i] = upload(dev, q, host[i]);
   }
   const std::uint64_t out_bytes = std::max<std::uint64_t>(expected.bytes.size(), 1);
@@ -525,12 +582,15 @@ std::optional<std::string> run_case(const Case& c, const std::string& device, st
   std::size_t bad = 0;
   for (std::uint64_t i = 0; i < expected.elements(); ++i) {
     const double g = element(&got[i * es], t), e = element(&expected.bytes[i * es], t);
-    const bool ok = is_float_dtype(t) ? ((std::isnan(g) && std::isnan(e)) || g == e || std::fabs(g - e) <= 1e-7 + 1e-3 * std::fabs(e))
-                                      : g == e;
+    const bool ok = is_float_dtype(t)
+                        ? ((std::isnan(g) && std::isnan(e)) || g == e || std::fabs(g - e) <= 1e-7 + 1e-3 * std::fabs(e))
+                        : g == e;
     if (!ok && bad++ == 0)
       mismatch = "element " + std::to_string(i) + ": got " + std::to_string(g) + ", expected " + std::to_string(e);
   }
-  if (bad) mismatch = std::to_string(bad) + " of " + std::to_string(expected.elements()) + " elements differ; first: " + mismatch;
+  if (bad)
+    mismatch =
+        std::to_string(bad) + " of " + std::to_string(expected.elements()) + " elements differ; first: " + mismatch;
   return std::nullopt;
 }
 
@@ -568,9 +628,28 @@ TEST(OnnxNodeCoverage, DevicesNotTestedSayWhy) {
 TEST(OnnxNodeCoverage, EveryOpFamilyTheEngineClaimsHasTests) {
   std::map<std::string, int> per_op;
   for (const auto& c : catalogue().supported) ++per_op[c.node.op_type()];
-  for (const char* op : {"Gemm", "MatMul", "Conv", "MaxPool", "AveragePool", "Relu", "Softmax", "Add", "Mul", "Sub",
-                         "Sigmoid", "LeakyRelu", "Clip", "Transpose", "Cast", "QuantizeLinear", "DequantizeLinear",
-                         "MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "Resize"})
+  for (const char* op : {"Gemm",
+                         "MatMul",
+                         "Conv",
+                         "MaxPool",
+                         "AveragePool",
+                         "Relu",
+                         "Softmax",
+                         "Add",
+                         "Mul",
+                         "Sub",
+                         "Sigmoid",
+                         "LeakyRelu",
+                         "Clip",
+                         "Transpose",
+                         "Cast",
+                         "QuantizeLinear",
+                         "DequantizeLinear",
+                         "MatMulInteger",
+                         "ConvInteger",
+                         "QLinearMatMul",
+                         "QLinearConv",
+                         "Resize"})
     EXPECT_GT(per_op[op], 0) << op << " has no ONNX node test left in the catalogue";
   EXPECT_GE(catalogue().supported.size(), 150u);
 }

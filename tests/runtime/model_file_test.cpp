@@ -201,9 +201,7 @@ TEST(ModelFile, FilesAreWrittenWholeAndReadBack) {
     EXPECT_EQ(e.status(), Status::NotFound);
     EXPECT_NE(std::string(e.what()).find("missing.tpm: cannot open it"), std::string::npos) << e.what();
   }
-  {
-    std::ofstream(dir / "text.tpm") << "hello";
-  }
+  { std::ofstream(dir / "text.tpm") << "hello"; }
   try {
     read_model_file(dir / "text.tpm");
     FAIL();

@@ -58,8 +58,10 @@ struct OnnxBuilder {
     t->set_elem_type(onnx::TensorProto::FLOAT);
     for (auto d : shape) {
       auto* dim = t->mutable_shape()->add_dim();
-      if (d < 0) dim->set_dim_param("N");
-      else dim->set_dim_value(d);
+      if (d < 0)
+        dim->set_dim_param("N");
+      else
+        dim->set_dim_value(d);
     }
   }
   void output(const std::string& name) {
@@ -189,7 +191,8 @@ Vec gemm(const Vec& x, std::int64_t m, std::int64_t k, const Vec& w, std::int64_
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < n; ++j) {
       float s = b[static_cast<std::size_t>(j)];
-      for (std::int64_t l = 0; l < k; ++l) s += x[static_cast<std::size_t>(i * k + l)] * w[static_cast<std::size_t>(j * k + l)];
+      for (std::int64_t l = 0; l < k; ++l)
+        s += x[static_cast<std::size_t>(i * k + l)] * w[static_cast<std::size_t>(j * k + l)];
       y[static_cast<std::size_t>(i * n + j)] = s;
     }
   return y;
@@ -356,8 +359,9 @@ struct Misc {
         for (int h = 0; h < 2; ++h)
           for (int w_ = 0; w_ < 2; ++w_) {
             const auto ci = static_cast<std::size_t>(c);
-            float v = (x[static_cast<std::size_t>(((n * 3 + c) * 2 + h) * 2 + w_)] - mean[ci]) / std::sqrt(var[ci] + 1e-5f) *
-                          gamma[ci] + beta[ci];
+            float v = (x[static_cast<std::size_t>(((n * 3 + c) * 2 + h) * 2 + w_)] - mean[ci]) /
+                          std::sqrt(var[ci] + 1e-5f) * gamma[ci] +
+                      beta[ci];
             v = v < 0 ? 0.1f * v : v;
             t[static_cast<std::size_t>(((n * 2 + h) * 2 + w_) * 3 + c)] = v;
           }
@@ -526,7 +530,8 @@ TEST(Runtime, GivenTheWrongInputSizeWhenRunThenInvalidArgumentNamesTheInput) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::InvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("input 0 ('x') is 40 bytes; x f32[2, 3, 4, 4] takes 384"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("input 0 ('x') is 40 bytes; x f32[2, 3, 4, 4] takes 384"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -555,7 +560,8 @@ TEST(Runtime, GivenASymbolicBatchWithoutAShapeWhenCompiledThenTheErrorAsksForIt)
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::InvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("input 'image' has a symbolic dimension 0 ('N')"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("input 'image' has a symbolic dimension 0 ('N')"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -594,19 +600,28 @@ TEST(Runtime, GivenADamagedGraphSectionWhenLoadedThenInvalidArgumentNamesWhat) {
     edit(j);
     return error(j.dump());
   };
-  EXPECT_NE(edited([](auto& j) { j["tensors"][0]["offset"] = 1u << 30; }).find("tensor 0 (384 bytes at offset 1073741824) lies outside the arena"),
+  EXPECT_NE(edited([](auto& j) {
+              j["tensors"][0]["offset"] = 1u << 30;
+            }).find("tensor 0 (384 bytes at offset 1073741824) lies outside the arena"),
             std::string::npos);
-  EXPECT_NE(edited([](auto& j) { j["tensors"][1]["shape"] = "[1]"; }).find("tensor 1.shape is not an array"), std::string::npos);
-  EXPECT_NE(edited([](auto& j) { j["ops"][0]["op"] = "conv9d"; }).find("op 0 (conv9d, node 'branch_a'): unknown op 'conv9d'"),
+  EXPECT_NE(edited([](auto& j) { j["tensors"][1]["shape"] = "[1]"; }).find("tensor 1.shape is not an array"),
             std::string::npos);
-  EXPECT_NE(edited([](auto& j) { j["ops"][0]["operands"]["x"] = 9999; }).find("op 0 operand x names no tensor"), std::string::npos);
-  EXPECT_NE(edited([](auto& j) { j["ops"][0]["attrs"].erase("pads"); }).find("attribute 'pads' is missing"), std::string::npos);
+  EXPECT_NE(
+      edited([](auto& j) { j["ops"][0]["op"] = "conv9d"; }).find("op 0 (conv9d, node 'branch_a'): unknown op 'conv9d'"),
+      std::string::npos);
+  EXPECT_NE(edited([](auto& j) { j["ops"][0]["operands"]["x"] = 9999; }).find("op 0 operand x names no tensor"),
+            std::string::npos);
+  EXPECT_NE(edited([](auto& j) { j["ops"][0]["attrs"].erase("pads"); }).find("attribute 'pads' is missing"),
+            std::string::npos);
   // The ops' own checks catch what is well-formed but does not fit.
   auto weights_shape = [](auto& j) { j["tensors"][j["ops"][0]["operands"]["w"].template get<int>()]["shape"][1] = 2; };
-  EXPECT_NE(edited(weights_shape).find("net.tpm: the graph section is damaged: op 0 (conv2d, node 'branch_a'): conv2d: "),
-            std::string::npos)
+  EXPECT_NE(
+      edited(weights_shape).find("net.tpm: the graph section is damaged: op 0 (conv2d, node 'branch_a'): conv2d: "),
+      std::string::npos)
       << edited(weights_shape);
-  EXPECT_NE(edited([](auto& j) { j["tensors"][0]["shape"][0] = 1; }).find("input 0 does not have the shape of x f32[2, 3, 4, 4]"),
+  EXPECT_NE(edited([](auto& j) {
+              j["tensors"][0]["shape"][0] = 1;
+            }).find("input 0 does not have the shape of x f32[2, 3, 4, 4]"),
             std::string::npos);
 }
 
@@ -661,7 +676,8 @@ TEST(Runtime, GivenReportWhenCompiledInInt8ThenEveryLayerHasAnErrorAgainstFp32) 
   }
   ASSERT_TRUE(r.model.has(SectionKind::Report));
   const auto rep = r.model.get(SectionKind::Report);
-  EXPECT_NE(std::string(reinterpret_cast<const char*>(rep.data()), rep.size()).find("\"node\": \"branch_b\""), std::string::npos);
+  EXPECT_NE(std::string(reinterpret_cast<const char*>(rep.data()), rep.size()).find("\"node\": \"branch_b\""),
+            std::string::npos);
   EXPECT_EQ(Model::load(*std::make_unique<Device>(open("sim:0")), r.model).meta().at("calibration"), "percentile:99.9");
 }
 
@@ -686,8 +702,9 @@ TEST(Runtime, GivenTheCliWhenItCompilesInInt8ThenModelInfoDescribesTheModelAndIt
   }
   write_npy(dir / "calib.npy", NdArray{{6, 1, 8, 8}, random(6 * 64, 600, 0, 1)});
   const std::string d = dir.string();
-  auto r = test::run("compile " + d + "/cnn.onnx -o " + d + "/cnn.tpm --shape image=2x1x8x8 --precision int8 --calibration " +
-                     d + "/calib.npy --calibration-method minmax --report");
+  auto r = test::run("compile " + d + "/cnn.onnx -o " + d +
+                     "/cnn.tpm --shape image=2x1x8x8 --precision int8 --calibration " + d +
+                     "/calib.npy --calibration-method minmax --report");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("folded BatchNormalization 'bn1' into Conv 'conv1'"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("cnn.onnx: int8"), std::string::npos) << r.out;
@@ -759,8 +776,8 @@ TEST(Runtime, GivenTheExportersFlattenChainWhenCompiledThenShapeOpsFoldAndMatchF
   EXPECT_EQ(got, want);
   std::string all;
   for (const auto& n : notes) all += n + "\n";
-  for (const char* folded : {"folded Shape 'shape_of_x'", "folded Gather 'batch'", "folded Unsqueeze 'unsqueeze'",
-                             "folded Concat 'concat'"})
+  for (const char* folded :
+       {"folded Shape 'shape_of_x'", "folded Gather 'batch'", "folded Unsqueeze 'unsqueeze'", "folded Concat 'concat'"})
     EXPECT_NE(all.find(folded), std::string::npos) << all;
 }
 
@@ -772,17 +789,17 @@ TEST(Runtime, GivenSliceCastSqueezeAndIntegerArithmeticOnShapesWhenCompiledThenT
     b.init_i64("two", {2});
     b.init_i64("four", {4});
     b.init_i64("zero", {0});
-    b.node("Slice", {"s", "one", "two"}, "c", "channels");        // [4]
-    b.node("Slice", {"s", "two", "four"}, "hw", "spatial");       // [3, 3]
+    b.node("Slice", {"s", "one", "two"}, "c", "channels");   // [4]
+    b.node("Slice", {"s", "two", "four"}, "hw", "spatial");  // [3, 3]
     b.init_i64("i0", {0}, true);
     b.init_i64("i1", {1}, true);
     b.node("Gather", {"hw", "i0"}, "height", "height");
     b.node("Gather", {"hw", "i1"}, "width", "width");
-    b.node("Mul", {"height", "width"}, "area", "area");                    // 9, a scalar
+    b.node("Mul", {"height", "width"}, "area", "area");  // 9, a scalar
     b.node("Unsqueeze", {"area", "zero"}, "area1", "area1");
     b.node("Squeeze", {"area1", "zero"}, "area0", "area0");
     b.node("Unsqueeze", {"area0", "zero"}, "area2", "area2");
-    b.node("Mul", {"c", "area2"}, "features", "features");       // [36]
+    b.node("Mul", {"c", "area2"}, "features", "features");  // [36]
     b.node("Gather", {"s", "i0"}, "n", "batch");
     b.node("Unsqueeze", {"n", "zero"}, "n1", "n1");
     OnnxBuilder::integer(b.node("Concat", {"n1", "features"}, "shape_f", "concat"), "axis", 0);
@@ -805,7 +822,8 @@ TEST(Runtime, GivenShapeOpsOnDeviceDataOrOutOfRangeWhenCompiledThenTheErrorNames
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::Unsupported);
     EXPECT_NE(std::string(e.what()).find("node 'gather_rows' (Gather): input 'r' is computed on the device"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   const auto bad = shape_chain_model([](OnnxBuilder& c) {
     c.node("Shape", {"x"}, "s", "shape_of_x");
@@ -842,7 +860,8 @@ TEST(Runtime, GivenAChainOfLayersWhenCompiledThenActivationsShareMemoryByLifetim
   std::string notes;
   for (const auto& n : r.notes) notes += n + "\n";
   EXPECT_NE(notes.find("activation memory per instance: 49152 bytes, shared by lifetime (98304 without sharing)"),
-            std::string::npos) << notes;
+            std::string::npos)
+      << notes;
   Device dev = open("sim:0");
   Model m = Model::load(dev, r.model);
   EXPECT_EQ(m.activation_bytes(), 3u * 16384u);

@@ -36,18 +36,17 @@ constexpr std::uint64_t kSecond = 1'000'000'000ull;
 constexpr std::uint32_t kTinyQueues = 4;
 
 // Host-window layout used by every test.
-constexpr std::uint64_t kStatusIova = kWin;                // queue q: kStatusIova + q * 4 KiB
-constexpr std::uint64_t kSrcIova = kWin + 0x100000;        // read-only source buffer
-constexpr std::uint64_t kDstIova = kWin + 0x200000;        // read/write buffer
-constexpr std::uint64_t kUnmappedIova = kWin + 0x900000;   // never mapped
+constexpr std::uint64_t kStatusIova = kWin;               // queue q: kStatusIova + q * 4 KiB
+constexpr std::uint64_t kSrcIova = kWin + 0x100000;       // read-only source buffer
+constexpr std::uint64_t kDstIova = kWin + 0x200000;       // read/write buffer
+constexpr std::uint64_t kUnmappedIova = kWin + 0x900000;  // never mapped
 constexpr std::size_t kBufBytes = 64 * 1024;
 
 // DRAM layout: rings low in the aperture, data above them.
 constexpr std::uint64_t ring_base(std::uint32_t q) { return 0x10000 + q * 0x10000; }
 constexpr std::uint64_t kDramData = 0x200000;
 
-fw::CommandDescriptor desc(fw::Opcode op, std::uint64_t a0 = 0, std::uint64_t a1 = 0,
-                           std::uint64_t a2 = 0) {
+fw::CommandDescriptor desc(fw::Opcode op, std::uint64_t a0 = 0, std::uint64_t a1 = 0, std::uint64_t a2 = 0) {
   fw::CommandDescriptor d{};
   d.opcode = static_cast<std::uint16_t>(op);
   d.args[0] = a0;
@@ -71,8 +70,7 @@ bool readable(int fd, int timeout_ms) {
 class SimBoard : public ::testing::Test {
  protected:
   // Host memory first: it must outlive the board's command processors.
-  base::Mapping status_pages_ =
-      base::Mapping::anonymous(kTinyQueues * fw::kQueueStatusPageSize, {.populate = true});
+  base::Mapping status_pages_ = base::Mapping::anonymous(kTinyQueues * fw::kQueueStatusPageSize, {.populate = true});
   base::Mapping src_ = base::Mapping::anonymous(kBufBytes, {.populate = true});
   base::Mapping dst_ = base::Mapping::anonymous(kBufBytes, {.populate = true});
   Board board_{load_profile("tiny")};
@@ -80,13 +78,11 @@ class SimBoard : public ::testing::Test {
   std::uint32_t ring_entries_[kTinyQueues] = {};
 
   void SetUp() override {
-    ASSERT_EQ(board_.iommu().map(kStatusIova, status_pages_.data(), status_pages_.size(),
-                                 kIommuRead | kIommuWrite),
+    ASSERT_EQ(board_.iommu().map(kStatusIova, status_pages_.data(), status_pages_.size(), kIommuRead | kIommuWrite),
               "");
     ASSERT_EQ(board_.iommu().map(kSrcIova, src_.data(), kBufBytes, kIommuRead), "");
     ASSERT_EQ(board_.iommu().map(kDstIova, dst_.data(), kBufBytes, kIommuRead | kIommuWrite), "");
-    for (std::size_t i = 0; i < kBufBytes; ++i)
-      src_.data()[i] = static_cast<std::byte>((i * 7 + 3) & 0xFF);
+    for (std::size_t i = 0; i < kBufBytes; ++i) src_.data()[i] = static_cast<std::byte>((i * 7 + 3) & 0xFF);
   }
 
   std::uint32_t r(std::uint32_t off) { return board_.mmio_read32(off); }
@@ -103,8 +99,7 @@ class SimBoard : public ::testing::Test {
     ASSERT_TRUE(r(reg::kStatus) & fw::kStatusVersionOk);
   }
 
-  void program_queue(std::uint32_t q, std::uint32_t entries, std::uint64_t base,
-                     std::uint64_t status_page) {
+  void program_queue(std::uint32_t q, std::uint32_t entries, std::uint64_t base, std::uint64_t status_page) {
     qw(q, qreg::kRingSize, entries);
     qw(q, qreg::kRingBaseLo, static_cast<std::uint32_t>(base));
     qw(q, qreg::kRingBaseHi, static_cast<std::uint32_t>(base >> 32));
@@ -134,8 +129,7 @@ class SimBoard : public ::testing::Test {
   void doorbell(std::uint32_t q) { qw(q, qreg::kTail, tail_[q]); }
 
   fw::QueueStatusPage& page(std::uint32_t q) {
-    return *reinterpret_cast<fw::QueueStatusPage*>(status_pages_.data() +
-                                                   q * fw::kQueueStatusPageSize);
+    return *reinterpret_cast<fw::QueueStatusPage*>(status_pages_.data() + q * fw::kQueueStatusPageSize);
   }
   std::uint64_t timeline(std::uint32_t q) {
     return std::atomic_ref<std::uint64_t>(page(q).fence.value).load(std::memory_order_acquire);
@@ -145,8 +139,7 @@ class SimBoard : public ::testing::Test {
   std::uint64_t wait_timeline(std::uint32_t q, std::uint64_t value) {
     const std::uint64_t deadline = base::monotonic_ns() + 5 * kSecond;
     std::uint64_t v = timeline(q);
-    while ((v & fw::kTimelineValueMask) < value && !(v & fw::kTimelineFailed) &&
-           base::monotonic_ns() < deadline) {
+    while ((v & fw::kTimelineValueMask) < value && !(v & fw::kTimelineFailed) && base::monotonic_ns() < deadline) {
       std::this_thread::yield();
       v = timeline(q);
     }
@@ -251,7 +244,9 @@ TEST(SimBoardShadowDoorbells, TheProcessorPollsTheShadowAndSaysWhenItSleeps) {
   Board board(load_profile("tiny"), std::move(options));
   ASSERT_EQ(board.iommu().map(kStatusIova, status.data(), status.size(), kIommuRead | kIommuWrite), "");
   board.mmio_write32(reg::kDriverVersion, fw::kInterfaceVersion.packed());
-  auto qw = [&](std::uint32_t r, std::uint64_t v) { board.mmio_write32(reg::queue_reg(0, r), static_cast<std::uint32_t>(v)); };
+  auto qw = [&](std::uint32_t r, std::uint64_t v) {
+    board.mmio_write32(reg::queue_reg(0, r), static_cast<std::uint32_t>(v));
+  };
   qw(qreg::kRingSize, 16);
   qw(qreg::kRingBaseLo, ring_base(0));
   qw(qreg::kRingBaseHi, ring_base(0) >> 32);
@@ -310,9 +305,8 @@ TEST_F(SimBoard, IdentityRegistersDescribeTheTinyProfile) {
   EXPECT_EQ(r(reg::kBoardRevision), 1u);
   EXPECT_EQ(r64(reg::kSerialLo), 1u);
   EXPECT_EQ(r(reg::kFirmwareVersion), 0x010000u);
-  EXPECT_EQ(r(reg::kCaps), fw::kCapCopySg | fw::kCapFill | fw::kCapWaitValue |
-                               fw::kCapTimestamp | fw::kCapHostAperture | fw::kCapTensor |
-                               fw::kCapVideoDecode);
+  EXPECT_EQ(r(reg::kCaps), fw::kCapCopySg | fw::kCapFill | fw::kCapWaitValue | fw::kCapTimestamp |
+                               fw::kCapHostAperture | fw::kCapTensor | fw::kCapVideoDecode);
   EXPECT_EQ(r(reg::kDecodeChannels), 2u);
   EXPECT_EQ(r(reg::kVideoCodecs), 1u << 1 | 1u << 2 | 1u << 3);  // h264, h265, jpeg
   EXPECT_EQ(r64(reg::kDramSizeLo), 64ull << 20);
@@ -387,8 +381,7 @@ TEST_F(SimBoard, SupportedDriverVersionIsAccepted) {
 }
 
 TEST_F(SimBoard, UnsupportedDriverVersionIsRejected) {
-  for (std::uint32_t bad : {fw::Version{2, 0}.packed(), fw::Version{1, 3}.packed(),
-                            fw::Version{0, 0}.packed()}) {
+  for (std::uint32_t bad : {fw::Version{2, 0}.packed(), fw::Version{1, 3}.packed(), fw::Version{0, 0}.packed()}) {
     SCOPED_TRACE(bad);
     w(reg::kDriverVersion, bad);
     const std::uint32_t status = r(reg::kStatus);
@@ -536,8 +529,7 @@ TEST_F(SimBoard, WaitValueOrdersQueuesThroughATimeline) {
   push(1, desc(fw::Opcode::kWaitValue, kStatusIova, 1, static_cast<std::uint64_t>(fw::WaitMode::kTimeline)));
   push(1, fenced(desc(fw::Opcode::kCopy, kDramData, kDramData + 0x1000, 8), 1));
   doorbell(1);
-  EXPECT_TRUE(wait_reg(1, qreg::kStatus,
-                       [](std::uint32_t s) { return (s & fw::kQueueStatusWaiting) != 0; }));
+  EXPECT_TRUE(wait_reg(1, qreg::kStatus, [](std::uint32_t s) { return (s & fw::kQueueStatusWaiting) != 0; }));
   EXPECT_EQ(timeline(1), 0u);
 
   push(0, desc(fw::Opcode::kWriteValue, kDramData, 0xABCDEF));
@@ -571,7 +563,7 @@ TEST_F(SimBoard, OverlappingDramCopyHasMemmoveSemantics) {
   enable_queue(0);
   std::byte* dram = board_.aperture().data() + kDramData;
   for (int i = 0; i < 256; ++i) dram[i] = static_cast<std::byte>(i);
-  push(0, desc(fw::Opcode::kCopy, kDramData, kDramData + 16, 128));       // forwards overlap
+  push(0, desc(fw::Opcode::kCopy, kDramData, kDramData + 16, 128));                   // forwards overlap
   push(0, fenced(desc(fw::Opcode::kCopy, kDramData + 200, kDramData + 192, 32), 1));  // backwards
   doorbell(0);
   ASSERT_EQ(wait_timeline(0, 1), 1u);
@@ -583,17 +575,14 @@ TEST_F(SimBoard, OverlappingDramCopyHasMemmoveSemantics) {
 TEST_F(SimBoard, HostWriteReleasesAWaitValue) {
   enable_queue(0);
   auto& word = *reinterpret_cast<std::uint64_t*>(dst_.data() + 256);
-  push(0, desc(fw::Opcode::kWaitValue, kDstIova + 256, 5,
-               static_cast<std::uint64_t>(fw::WaitMode::kGreaterEqual)));
+  push(0, desc(fw::Opcode::kWaitValue, kDstIova + 256, 5, static_cast<std::uint64_t>(fw::WaitMode::kGreaterEqual)));
   push(0, fenced(desc(fw::Opcode::kNop), 1));
   doorbell(0);
-  ASSERT_TRUE(wait_reg(0, qreg::kStatus,
-                       [](std::uint32_t s) { return (s & fw::kQueueStatusWaiting) != 0; }));
+  ASSERT_TRUE(wait_reg(0, qreg::kStatus, [](std::uint32_t s) { return (s & fw::kQueueStatusWaiting) != 0; }));
   std::atomic_ref<std::uint64_t>(word).store(4, std::memory_order_release);  // not yet
   std::atomic_ref<std::uint64_t>(word).store(5, std::memory_order_release);
   ASSERT_EQ(wait_timeline(0, 1), 1u);
-  EXPECT_TRUE(wait_reg(0, qreg::kStatus,
-                       [](std::uint32_t s) { return (s & fw::kQueueStatusWaiting) == 0; }));
+  EXPECT_TRUE(wait_reg(0, qreg::kStatus, [](std::uint32_t s) { return (s & fw::kQueueStatusWaiting) == 0; }));
 }
 
 TEST_F(SimBoard, QueueResetStopsAQueueBlockedInWaitValue) {
@@ -602,8 +591,7 @@ TEST_F(SimBoard, QueueResetStopsAQueueBlockedInWaitValue) {
                static_cast<std::uint64_t>(fw::WaitMode::kGreaterEqual)));  // never satisfied
   push(0, fenced(desc(fw::Opcode::kNop), 1));
   doorbell(0);
-  ASSERT_TRUE(wait_reg(0, qreg::kStatus,
-                       [](std::uint32_t s) { return (s & fw::kQueueStatusWaiting) != 0; }));
+  ASSERT_TRUE(wait_reg(0, qreg::kStatus, [](std::uint32_t s) { return (s & fw::kQueueStatusWaiting) != 0; }));
   qw(0, qreg::kControl, fw::kQueueControlReset);  // returns once the processor stopped
   EXPECT_EQ(qr(0, qreg::kStatus), 0u);
   EXPECT_EQ(qr(0, qreg::kHead), 0u);
@@ -620,17 +608,16 @@ TEST_F(SimBoard, ScatterGatherTotalMustMatchTheSegments) {
   ASSERT_EQ(wait_failed(0), fw::kTimelineFailed);
   const auto& rec = page(0).fence;
   EXPECT_EQ(rec.error_status, static_cast<std::uint32_t>(fw::CmdStatus::kBadArgument));
-  EXPECT_EQ(rec.error_field, 2u);      // total size
-  EXPECT_EQ(rec.error_value, 200u);    // what the descriptor claimed
-  EXPECT_EQ(rec.error_detail, 128u);   // what the segments add up to
+  EXPECT_EQ(rec.error_field, 2u);     // total size
+  EXPECT_EQ(rec.error_value, 200u);   // what the descriptor claimed
+  EXPECT_EQ(rec.error_detail, 128u);  // what the segments add up to
 }
 
 TEST_F(SimBoard, BadSegmentNamesItsIndex) {
   enable_queue(0);
   const std::uint64_t list = kDramData + 0x10000;
-  const fw::DmaSegment segs[3] = {{kSrcIova, kDramData, 64, 0},
-                                  {kSrcIova, kDramData + 64, 64, 0},
-                                  {kSrcIova, kDramData + 128, 64, 0xBAD}};
+  const fw::DmaSegment segs[3] = {
+      {kSrcIova, kDramData, 64, 0}, {kSrcIova, kDramData + 64, 64, 0}, {kSrcIova, kDramData + 128, 64, 0xBAD}};
   std::memcpy(board_.aperture().data() + list, segs, sizeof segs);
   push(0, fenced(desc(fw::Opcode::kCopySg, list, 3, 192), 1));
   doorbell(0);
@@ -652,8 +639,7 @@ TEST_F(SimBoard, UnreachableStatusPageLeavesOnlyTheErrorRegister) {
   ring_entries_[0] = 16;
   push(0, fenced(desc(fw::Opcode::kNop), 1));
   doorbell(0);
-  EXPECT_TRUE(wait_reg(0, qreg::kStatus,
-                       [](std::uint32_t s) { return (s & fw::kQueueStatusFaulted) != 0; }));
+  EXPECT_TRUE(wait_reg(0, qreg::kStatus, [](std::uint32_t s) { return (s & fw::kQueueStatusFaulted) != 0; }));
   EXPECT_EQ(qr(0, qreg::kError), static_cast<std::uint32_t>(fw::CmdStatus::kDmaFault));
   EXPECT_TRUE(wait_int_status(1u));
 }
@@ -682,11 +668,9 @@ TEST_F(SimBoard, UnmappedHostAddressHaltsTheQueueWithADmaFault) {
 
   auto failure = fw::decode_failure(rec);
   ASSERT_TRUE(failure.ok());
-  EXPECT_EQ(fw::describe(*failure),
-            "copy: src address 0x1000000900000 is not mapped for DMA (read)");
+  EXPECT_EQ(fw::describe(*failure), "copy: src address 0x1000000900000 is not mapped for DMA (read)");
 
-  EXPECT_TRUE(wait_reg(0, qreg::kStatus,
-                       [](std::uint32_t s) { return (s & fw::kQueueStatusFaulted) != 0; }));
+  EXPECT_TRUE(wait_reg(0, qreg::kStatus, [](std::uint32_t s) { return (s & fw::kQueueStatusFaulted) != 0; }));
   EXPECT_EQ(qr(0, qreg::kError), static_cast<std::uint32_t>(fw::CmdStatus::kDmaFault));
   EXPECT_EQ(qr(0, qreg::kHead), 1u);
   EXPECT_TRUE(wait_int_status(1u));  // latched even while masked
@@ -781,8 +765,7 @@ TEST_F(SimBoard, QueueResetClearsTheFaultAndTheQueueRunsAgain) {
   push(0, desc(fw::Opcode::kCopy, kUnmappedIova, kDramData, 8));
   doorbell(0);
   ASSERT_TRUE(wait_failed(0) & fw::kTimelineFailed);
-  ASSERT_TRUE(wait_reg(0, qreg::kStatus,
-                       [](std::uint32_t s) { return (s & fw::kQueueStatusFaulted) != 0; }));
+  ASSERT_TRUE(wait_reg(0, qreg::kStatus, [](std::uint32_t s) { return (s & fw::kQueueStatusFaulted) != 0; }));
   ASSERT_TRUE(wait_int_status(1u));
 
   qw(0, qreg::kControl, fw::kQueueControlReset);
@@ -827,11 +810,10 @@ TEST_F(SimBoard, EveryEnableStartsAFreshCommandProcessor) {
         ASSERT_EQ(wait_failed(0), fw::kTimelineFailed);
         break;
       default:  // blocks in a wait nothing satisfies
-        push(0, desc(fw::Opcode::kWaitValue, kDstIova + 512, 1,
-                     static_cast<std::uint64_t>(fw::WaitMode::kGreaterEqual)));
+        push(0,
+             desc(fw::Opcode::kWaitValue, kDstIova + 512, 1, static_cast<std::uint64_t>(fw::WaitMode::kGreaterEqual)));
         doorbell(0);
-        ASSERT_TRUE(wait_reg(0, qreg::kStatus,
-                             [](std::uint32_t s) { return (s & fw::kQueueStatusWaiting) != 0; }));
+        ASSERT_TRUE(wait_reg(0, qreg::kStatus, [](std::uint32_t s) { return (s & fw::kQueueStatusWaiting) != 0; }));
         break;
     }
     qw(0, qreg::kControl, fw::kQueueControlReset);  // returns once the processor stopped
@@ -937,8 +919,7 @@ TEST_F(SimBoard, FaultSignalsTheQueueVectorAndUnmaskingFiresALatchedOne) {
   push(0, desc(fw::Opcode::kCopy, kUnmappedIova, kDramData, 8));
   doorbell(0);
   ASSERT_TRUE(wait_failed(0) & fw::kTimelineFailed);
-  ASSERT_TRUE(wait_reg(0, qreg::kStatus,
-                       [](std::uint32_t s) { return (s & fw::kQueueStatusFaulted) != 0; }));
+  ASSERT_TRUE(wait_reg(0, qreg::kStatus, [](std::uint32_t s) { return (s & fw::kQueueStatusFaulted) != 0; }));
   ASSERT_TRUE(wait_int_status(1u));
   EXPECT_FALSE(readable(fd0, 0));
   // ...until unmasked.

@@ -21,9 +21,7 @@ namespace {
 constexpr std::uint64_t kWin = fw::kHostWindowBase;
 constexpr std::uint32_t kRW = kIommuRead | kIommuWrite;
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 class SimIommu : public ::testing::Test {
  protected:
@@ -55,11 +53,11 @@ TEST_F(SimIommu, MapRejectsUnalignedOrEmptyRanges) {
 
 TEST_F(SimIommu, MapRejectsRangesOutsideTheHostWindow) {
   const std::uint64_t cases[][2] = {
-      {0, kIommuPage},                              // device DRAM addresses
-      {kWin - kIommuPage, kIommuPage},              // just below the window
-      {fw::kHostWindowEnd, kIommuPage},             // at the end
+      {0, kIommuPage},                                    // device DRAM addresses
+      {kWin - kIommuPage, kIommuPage},                    // just below the window
+      {fw::kHostWindowEnd, kIommuPage},                   // at the end
       {fw::kHostWindowEnd - kIommuPage, 2 * kIommuPage},  // straddles the end
-      {UINT64_MAX - kIommuPage + 1, kIommuPage},    // near 2^64
+      {UINT64_MAX - kIommuPage + 1, kIommuPage},          // near 2^64
   };
   for (const auto& c : cases) {
     const std::string why = domain_.map(c[0], page(0), c[1], kRW);

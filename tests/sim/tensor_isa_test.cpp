@@ -54,15 +54,19 @@ class MixedLines final : public igemm::Lines {
     return h == 0 ? 0 : h < 3 ? 1 : 2;
   }
   std::uint8_t raw(std::uint64_t line, std::uint64_t pos) const { return dense_[line * len_ + pos]; }
-  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count, igemm::Segment* out) const override {
+  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count,
+                       igemm::Segment* out) const override {
     std::size_t ns = 0;
     for (std::uint64_t p = from; p < from + count;) {
       const int k = kind(line, p);
       std::uint64_t q = p + 1;
       while (q < from + count && kind(line, q) == k) ++q;
-      if (k == 0) out[ns++] = {nullptr, q - p, 0};
-      else if (k == 1) out[ns++] = {&dense_[line * len_ + p], q - p, 1};
-      else out[ns++] = {&wide_[(line * len_ + p) * 3], q - p, 3};
+      if (k == 0)
+        out[ns++] = {nullptr, q - p, 0};
+      else if (k == 1)
+        out[ns++] = {&dense_[line * len_ + p], q - p, 1};
+      else
+        out[ns++] = {&wide_[(line * len_ + p) * 3], q - p, 3};
       p = q;
     }
     return ns;
@@ -125,7 +129,8 @@ void check(TensorEngine& e, Isa isa, const Case& c, std::uint32_t seed) {
         const std::int64_t bv = value(b.raw(bl, bp), c.b_signed) - zb[j];
         sum += static_cast<std::uint64_t>(av * bv);
       }
-      ASSERT_EQ(got[i * ldc + j], static_cast<std::int32_t>(static_cast<std::uint32_t>(sum))) << "at [" << i << ", " << j << "]";
+      ASSERT_EQ(got[i * ldc + j], static_cast<std::int32_t>(static_cast<std::uint32_t>(sum)))
+          << "at [" << i << ", " << j << "]";
     }
     for (std::uint64_t j = c.n; j < ldc; ++j) ASSERT_EQ(got[i * ldc + j], 0x5A5A5A5A) << "written past column " << c.n;
   }
@@ -137,7 +142,7 @@ TEST(TensorIsa, IntegerProductsAreExactAtEveryLevelThisCpuHas) {
   for (Isa isa : levels_here()) {
     // Shapes around every kernel's MR and NR, odd K, K across packing
     // blocks, a single row or column.
-    const std::uint64_t shapes[][3] = {{1, 1, 1},   {7, 13, 5},   {31, 8, 31},  {6, 16, 2},  {97, 33, 257},
+    const std::uint64_t shapes[][3] = {{1, 1, 1},      {7, 13, 5},    {31, 8, 31},  {6, 16, 2},  {97, 33, 257},
                                        {200, 70, 600}, {13, 1, 1000}, {1, 130, 77}, {9, 32, 513}};
     for (const auto& sh : shapes) {
       const bool big = sh[0] * sh[1] * sh[2] > 1000000;  // every variant on the small ones
@@ -171,8 +176,9 @@ TEST(TensorIsa, IntegerProductsWrapInInt32AndNothingSaturates) {
         for (std::uint64_t j = 0; j < n; ++j) {
           std::uint64_t sum = 0;
           for (std::uint64_t kk = 0; kk < k; ++kk)
-            sum += static_cast<std::uint64_t>((static_cast<std::int64_t>(a[i * k + kk]) - za) *
-                                              (static_cast<std::int64_t>(static_cast<std::int8_t>(b[kk * n + j])) - zb));
+            sum +=
+                static_cast<std::uint64_t>((static_cast<std::int64_t>(a[i * k + kk]) - za) *
+                                           (static_cast<std::int64_t>(static_cast<std::int8_t>(b[kk * n + j])) - zb));
           ASSERT_EQ(c[i * n + j], static_cast<std::int32_t>(static_cast<std::uint32_t>(sum)))
               << "at [" << i << ", " << j << "], zero points " << zeros;
         }
@@ -198,8 +204,10 @@ TEST(TensorIsa, TheCapComesFromTpuhalMaxIsaAndABadValueIsNamed) {
     EXPECT_NE(std::string(e.what()).find("TPUHAL_MAX_ISA=avx3"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(isa_levels()), std::string::npos) << e.what();
   }
-  if (saved) ::setenv("TPUHAL_MAX_ISA", saved_value.c_str(), 1);
-  else ::unsetenv("TPUHAL_MAX_ISA");
+  if (saved)
+    ::setenv("TPUHAL_MAX_ISA", saved_value.c_str(), 1);
+  else
+    ::unsetenv("TPUHAL_MAX_ISA");
 }
 
 }  // namespace
@@ -235,7 +243,8 @@ TEST(TensorIsa, VectorConversionsMatchTheScalarRules) {
     floats.push_back(f);
   }
   for (std::uint32_t h = 0; h < 0x7C00; ++h) {  // every finite half, and the f32 values just around its halfway points
-    const float lo = half_to_float(static_cast<std::uint16_t>(h)), hi = half_to_float(static_cast<std::uint16_t>(h + 1));
+    const float lo = half_to_float(static_cast<std::uint16_t>(h)),
+                hi = half_to_float(static_cast<std::uint16_t>(h + 1));
     float mid = lo + (hi - lo) / 2;
     std::uint32_t bits;
     std::memcpy(&bits, &mid, 4);

@@ -137,9 +137,8 @@ inline const std::filesystem::path& clip_dir() {
 struct ClipCleanUp : ::testing::Environment {
   void TearDown() override {
     std::error_code ec;
-    std::filesystem::remove_all(std::filesystem::temp_directory_path() /
-                                    ("tpuhal-test-clips-" + std::to_string(::getpid())),
-                                ec);
+    std::filesystem::remove_all(
+        std::filesystem::temp_directory_path() / ("tpuhal-test-clips-" + std::to_string(::getpid())), ec);
   }
 };
 inline auto* const kClipCleanUp = ::testing::AddGlobalTestEnvironment(new ClipCleanUp);

@@ -44,7 +44,6 @@ const std::vector<Clip>& clips() {
   return all;
 }
 
-
 // The clip's path, made on first use in this process.
 std::string path_of(const std::string& clip) {
   static std::mutex mu;
@@ -121,17 +120,16 @@ TEST_P(VideoClip, EveryFrameMatchesFfmpegFramemd5InDisplayOrder) {
   EXPECT_EQ(got.md5, want) << clip << " as " << to_string(fmt);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Clips, VideoClip,
-    ::testing::Combine(::testing::Values("h264_bframes.mp4", "h264_720p.mkv", "h264_odd.h264", "h265.mkv",
-                                         "h265_odd.h265", "jpeg.jpg", "jpeg_odd.jpg"),
-                       ::testing::Values(PixelFormat::NV12, PixelFormat::I420)),
-    [](const auto& p) {
-      std::string n = std::get<0>(p.param) + "_" + to_string(std::get<1>(p.param));
-      for (char& c : n)
-        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Clips, VideoClip,
+                         ::testing::Combine(::testing::Values("h264_bframes.mp4", "h264_720p.mkv", "h264_odd.h264",
+                                                              "h265.mkv", "h265_odd.h265", "jpeg.jpg", "jpeg_odd.jpg"),
+                                            ::testing::Values(PixelFormat::NV12, PixelFormat::I420)),
+                         [](const auto& p) {
+                           std::string n = std::get<0>(p.param) + "_" + to_string(std::get<1>(p.param));
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
 
 class Video : public ::testing::Test {
  protected:
@@ -144,9 +142,8 @@ TEST_F(Video, CliMd5MatchesFfmpegOnEveryClip) {
   for (const Clip& c : clips()) {
     const std::string path = path_of(c.name);
     int rc = 0;
-    const std::string out = sh(std::string("TPUHAL_LOG=error ") + TPUHAL_CLI + " decode --device sim:0 --md5 " + path +
-                                   " 2>/dev/null",
-                               &rc);
+    const std::string out = sh(
+        std::string("TPUHAL_LOG=error ") + TPUHAL_CLI + " decode --device sim:0 --md5 " + path + " 2>/dev/null", &rc);
     EXPECT_EQ(rc, 0) << c.name;
     std::vector<std::string> got;
     std::istringstream lines(out);
@@ -169,10 +166,11 @@ TEST_F(Video, CorruptPacketIsAnErrorNamingChannelAndPacketAndTheStreamGoesOn) {
   const auto want = ffmpeg_md5(path);
   // Packet 5 (a P or B frame inside the first GOP of 12) gets garbage in its
   // slice data; the frames of the next GOP (from packet 12) must be exact.
-  const Decoded got = decode_file(open("sim:0"), path, PixelFormat::I420, [](std::uint64_t i, std::vector<std::byte>& d) {
-    if (i == 5)
-      for (std::size_t k = d.size() / 3; k < d.size(); ++k) d[k] = std::byte{0xFF};
-  });
+  const Decoded got =
+      decode_file(open("sim:0"), path, PixelFormat::I420, [](std::uint64_t i, std::vector<std::byte>& d) {
+        if (i == 5)
+          for (std::size_t k = d.size() / 3; k < d.size(); ++k) d[k] = std::byte{0xFF};
+      });
   ASSERT_FALSE(got.errors.empty()) << "a damaged packet decoded without an error";
   EXPECT_THAT(got.errors.front(), HasSubstr("sim:0 video channel"));
   EXPECT_THAT(got.errors.front(), HasSubstr("packet 5"));
@@ -186,9 +184,10 @@ TEST_F(Video, CorruptPacketIsAnErrorNamingChannelAndPacketAndTheStreamGoesOn) {
 
 TEST_F(Video, TruncatedPacketIsAnError) {
   const std::string path = path_of("h265.mkv");
-  const Decoded got = decode_file(open("sim:0"), path, PixelFormat::NV12, [](std::uint64_t i, std::vector<std::byte>& d) {
-    if (i == 3) d.resize(d.size() / 2);
-  });
+  const Decoded got =
+      decode_file(open("sim:0"), path, PixelFormat::NV12, [](std::uint64_t i, std::vector<std::byte>& d) {
+        if (i == 3) d.resize(d.size() / 2);
+      });
   ASSERT_FALSE(got.errors.empty());
   EXPECT_THAT(got.errors.front(), HasSubstr("packet 3"));
   EXPECT_GE(got.md5.size(), 10u);  // the rest of the stream still decodes
@@ -377,8 +376,8 @@ TEST_F(Video, ChannelsDrivenFromSeveralThreadsAllDecodeExactly) {
   Queue copy = dev.queue(Engine::Copy);
   for (int t = 0; t < kThreads; ++t)
     threads.emplace_back([&, t] {
-      got[t] = decode_file(dev, path_of(files[t % files.size()]), t % 2 ? PixelFormat::I420 : PixelFormat::NV12, {},
-                           copy);
+      got[t] =
+          decode_file(dev, path_of(files[t % files.size()]), t % 2 ? PixelFormat::I420 : PixelFormat::NV12, {}, copy);
     });
   for (auto& t : threads) t.join();
   for (int t = 0; t < kThreads; ++t) {
@@ -409,8 +408,10 @@ TEST_F(Video, TryReceiveNeverWaitsAndEveryFrameComesOut) {
   dec.flush();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!dec.end_of_stream() && std::chrono::steady_clock::now() < deadline) {
-    if (auto f = dec.try_receive()) got.push_back(hash(*f));
-    else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (auto f = dec.try_receive())
+      got.push_back(hash(*f));
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_TRUE(dec.end_of_stream());
   EXPECT_FALSE(dec.try_receive());
@@ -474,8 +475,10 @@ TEST_P(ManyChannels, DecodeEveryFrameExactlyInBoundedMemory) {
         for (const auto& pkt : packets)
           for (std::uint32_t c = t; c < channels; c += kThreads) {
             while (dec[c].packets_sent() - dec[c].frames_received() >= kDepth)
-              if (auto f = dec[c].receive(std::chrono::seconds(60))) take(c, *f);
-              else break;
+              if (auto f = dec[c].receive(std::chrono::seconds(60)))
+                take(c, *f);
+              else
+                break;
             dec[c].send(pkt.data, pkt.pts);
             while (auto f = dec[c].try_receive()) take(c, *f);
           }
@@ -509,8 +512,10 @@ TEST_P(ManyChannels, DecodeEveryFrameExactlyInBoundedMemory) {
 INSTANTIATE_TEST_SUITE_P(Load, ManyChannels,
                          ::testing::Values(std::make_tuple("h264_360p.h264", 192u),
                                            std::make_tuple("h264_1080p.h264", 32u)),
-                         [](const auto& p) { return std::to_string(std::get<1>(p.param)) + "_channels_" +
-                                                    (std::get<0>(p.param).find("1080") != std::string::npos ? "1080p" : "360p"); });
+                         [](const auto& p) {
+                           return std::to_string(std::get<1>(p.param)) + "_channels_" +
+                                  (std::get<0>(p.param).find("1080") != std::string::npos ? "1080p" : "360p");
+                         });
 
 TEST_F(Video, FramesFeedTensorOpsWithoutLeavingTheDevice) {
   Device dev = open("sim:0");

@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
   tpuhal::simd::ServerOptions options;
   tpuhal::simd::Quotas& q = options.quotas;
   po::options_description desc(kUsage);
-  desc.add_options()("help,h", "show this help")(
-      "socket", po::value<std::string>(&options.socket_path)->required(), "the Unix socket to serve on")(
+  desc.add_options()("help,h", "show this help")("socket", po::value<std::string>(&options.socket_path)->required(),
+                                                 "the Unix socket to serve on")(
       "board", po::value<std::vector<std::string>>(&options.boards),
       "a board to serve: a built-in profile (bm1684x, tiny, edge-soc) or a profile .json; "
       "repeat for several (board N is the Nth; default: one bm1684x)")(
@@ -54,8 +54,10 @@ int main(int argc, char** argv) {
       "how long a client's register channel is polled after its last access before the daemon "
       "sleeps on it (lower: less CPU, higher: lower latency); on hosts with fewer than 4 cores "
       "it sleeps at once after a register write")(
-      "group", po::value<std::string>(&options.group), "give the socket to this group (with --mode 0660: its members may connect)")(
-      "mode", po::value<std::string>()->default_value("0600"), "the socket's permission bits, in octal (0600, 0660, 0666)")(
+      "group", po::value<std::string>(&options.group),
+      "give the socket to this group (with --mode 0660: its members may connect)")(
+      "mode", po::value<std::string>()->default_value("0600"),
+      "the socket's permission bits, in octal (0600, 0660, 0666)")(
       "max-connections-per-process", po::value<std::uint32_t>(&q.connections_per_process)->default_value(16),
       "connections one process may hold (0: no limit)")(
       "max-connections-per-user", po::value<std::uint32_t>(&q.connections_per_user)->default_value(64),
@@ -119,8 +121,8 @@ int main(int argc, char** argv) {
     sigaction(SIGINT, &sa, nullptr);
     signal(SIGPIPE, SIG_IGN);
     // Tests and scripts wait for this line: the socket accepts from now on.
-    std::printf("tpuhal-simd: serving %zu board(s) on %s\n", options.boards.empty() ? std::size_t{1} : options.boards.size(),
-                options.socket_path.c_str());
+    std::printf("tpuhal-simd: serving %zu board(s) on %s\n",
+                options.boards.empty() ? std::size_t{1} : options.boards.size(), options.socket_path.c_str());
     std::fflush(stdout);
     server.run();
     g_server.store(nullptr);

@@ -131,10 +131,10 @@ class Server {
   std::vector<std::unique_ptr<BoardSlot>> boards_;
   std::mutex mu_;  // guards clients_, the VF slots of boards_ and the usage below
   std::list<std::unique_ptr<Client>> clients_;
-  std::map<std::uint32_t, Usage> users_;      // by uid
-  std::map<std::int32_t, Usage> processes_;   // by pid
-  std::map<std::int32_t, Bucket> buckets_;    // by pid, while not full
-  std::uint64_t mappings_ = 0;                // every client's
+  std::map<std::uint32_t, Usage> users_;     // by uid
+  std::map<std::int32_t, Usage> processes_;  // by pid
+  std::map<std::int32_t, Bucket> buckets_;   // by pid, while not full
+  std::uint64_t mappings_ = 0;               // every client's
   std::atomic<std::uint32_t> threads_{0};
   std::atomic<std::uint64_t> protocol_errors_{0};
 };

@@ -32,13 +32,13 @@ int cmd_sim(const std::vector<std::string>& args);
 // options and returns false with *exit_code = 0; on a bad argument prints the
 // problem and returns false with *exit_code = 2.
 bool parse(const std::vector<std::string>& args, const po::options_description& opts,
-           const po::positional_options_description& pos, po::variables_map& vm,
-           const std::string& usage, int* exit_code);
+           const po::positional_options_description& pos, po::variables_map& vm, const std::string& usage,
+           int* exit_code);
 // The same, also accepting `hidden` options, which --help does not list
 // (flags a command passes to copies of itself).
 bool parse(const std::vector<std::string>& args, const po::options_description& opts,
-           const po::options_description& hidden, const po::positional_options_description& pos,
-           po::variables_map& vm, const std::string& usage, int* exit_code);
+           const po::options_description& hidden, const po::positional_options_description& pos, po::variables_map& vm,
+           const std::string& usage, int* exit_code);
 
 // The device to use: --device if given, else the first one there is.
 // Throws tpuhal::Error(NotFound) when there is none, saying why.

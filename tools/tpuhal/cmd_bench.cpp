@@ -80,8 +80,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     }
     std::string what = r.bench;
     for (auto& [k, v] : r.params) what += " " + k + "=" + v;
-    std::printf("  %-38s %10.3f %-7s | %-16s %10.3f %-7s | ratio %6.3f", what.c_str(), r.value,
-                r.unit.c_str(), r.baseline_name.c_str(), r.baseline, r.unit.c_str(), r.ratio);
+    std::printf("  %-38s %10.3f %-7s | %-16s %10.3f %-7s | ratio %6.3f", what.c_str(), r.value, r.unit.c_str(),
+                r.baseline_name.c_str(), r.baseline, r.unit.c_str(), r.ratio);
     for (auto& [k, v] : r.extra) std::printf("  %s %.3f", k.c_str(), v);
     std::printf("\n");
     std::fflush(stdout);

@@ -37,9 +37,12 @@ void print_report(const std::vector<rt::LayerError>& report) {
   std::printf("  %-24s %-20s %12s %12s %9s %9s\n", "node", "op", "max |err|", "rms err", "rel rms", "SNR dB");
   for (const auto& e : report) {
     char snr[32];
-    if (std::isfinite(e.snr_db)) std::snprintf(snr, sizeof snr, "%9.1f", e.snr_db);
-    else std::snprintf(snr, sizeof snr, "%9s", "exact");
-    std::printf("  %-24s %-20s %12.4g %12.4g %9.4f %s\n", e.node.c_str(), e.op.c_str(), e.max_abs, e.rms, e.rel_rms, snr);
+    if (std::isfinite(e.snr_db))
+      std::snprintf(snr, sizeof snr, "%9.1f", e.snr_db);
+    else
+      std::snprintf(snr, sizeof snr, "%9s", "exact");
+    std::printf("  %-24s %-20s %12.4g %12.4g %9.4f %s\n", e.node.c_str(), e.op.c_str(), e.max_abs, e.rms, e.rel_rms,
+                snr);
   }
 }
 
@@ -47,19 +50,18 @@ void print_report(const std::vector<rt::LayerError>& report) {
 
 int cmd_compile(const std::vector<std::string>& args) {
   po::options_description opts("Options");
-  opts.add_options()
-      ("model", po::value<std::string>(), "the ONNX model")
-      ("output,o", po::value<std::string>(), "the compiled model to write (.tpm)")
-      ("shape", po::value<std::vector<std::string>>()->composing(),
-       "NAME=DIMS: fixed shape of an input with symbolic dimensions, e.g. image=8x1x28x28 (repeatable)")
-      ("precision,p", po::value<std::string>()->default_value("fp32"), "fp32, fp16, bf16 or int8")
-      ("calibration", po::value<std::vector<std::string>>()->composing(),
-       "FILE.npy: calibration samples for int8 and --report, one file per input in input order, the first "
-       "dimension the sample count (float32 or float64)")
-      ("calibration-method", po::value<std::string>()->default_value("percentile"),
-       "minmax, or percentile[:P] (activation ranges cut at the P-th percentile, default 99.99)")
-      ("report", po::bool_switch(), "measure each layer's error against fp32 on the calibration data")
-      ("device,d", po::value<std::string>()->default_value("sim:0"), "device that runs calibration and the report");
+  opts.add_options()("model", po::value<std::string>(), "the ONNX model")("output,o", po::value<std::string>(),
+                                                                          "the compiled model to write (.tpm)")(
+      "shape", po::value<std::vector<std::string>>()->composing(),
+      "NAME=DIMS: fixed shape of an input with symbolic dimensions, e.g. image=8x1x28x28 (repeatable)")(
+      "precision,p", po::value<std::string>()->default_value("fp32"), "fp32, fp16, bf16 or int8")(
+      "calibration", po::value<std::vector<std::string>>()->composing(),
+      "FILE.npy: calibration samples for int8 and --report, one file per input in input order, the first "
+      "dimension the sample count (float32 or float64)")(
+      "calibration-method", po::value<std::string>()->default_value("percentile"),
+      "minmax, or percentile[:P] (activation ranges cut at the P-th percentile, default 99.99)")(
+      "report", po::bool_switch(), "measure each layer's error against fp32 on the calibration data")(
+      "device,d", po::value<std::string>()->default_value("sim:0"), "device that runs calibration and the report");
   po::positional_options_description pos;
   pos.add("model", 1);
   po::variables_map vm;
@@ -92,7 +94,8 @@ int cmd_compile(const std::vector<std::string>& args) {
     o.method = rt::CalibrationMethod::Percentile;
     if (method.size() > 10) {
       if (method[10] != ':')
-        throw Error(Status::InvalidArgument, "--calibration-method '" + method + "': expected minmax or percentile[:P]");
+        throw Error(Status::InvalidArgument,
+                    "--calibration-method '" + method + "': expected minmax or percentile[:P]");
       try {
         o.percentile = std::stod(method.substr(11));
       } catch (const std::exception&) {
@@ -107,7 +110,8 @@ int cmd_compile(const std::vector<std::string>& args) {
   rt::write_model_file(out, r.model);
   for (const auto& n : r.notes) std::printf("  %s\n", n.c_str());
   std::uint64_t weights = r.model.has(rt::SectionKind::Weights) ? r.model.get(rt::SectionKind::Weights).size() : 0;
-  std::printf("%s: %s, %s of weights -> %s\n", in.c_str(), rt::to_string(o.precision), bytes(weights).c_str(), out.c_str());
+  std::printf("%s: %s, %s of weights -> %s\n", in.c_str(), rt::to_string(o.precision), bytes(weights).c_str(),
+              out.c_str());
   if (o.report) print_report(r.report);
   return 0;
 }
@@ -137,8 +141,8 @@ int cmd_model_info(const std::vector<std::string>& args) {
   nlohmann::json report;
   if (file.has(rt::SectionKind::Report)) {
     const auto b = file.get(rt::SectionKind::Report);
-    report = nlohmann::json::parse(reinterpret_cast<const char*>(b.data()), reinterpret_cast<const char*>(b.data()) + b.size(),
-                                   nullptr, false);
+    report = nlohmann::json::parse(reinterpret_cast<const char*>(b.data()),
+                                   reinterpret_cast<const char*>(b.data()) + b.size(), nullptr, false);
   }
   if (vm["json"].as<bool>()) {
     nlohmann::json j;

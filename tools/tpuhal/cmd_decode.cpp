@@ -23,7 +23,8 @@ std::string frame_md5(const Frame& f, std::span<const std::byte> host) {
   const auto* base = reinterpret_cast<const std::uint8_t*>(host.data());
   const auto planes = f.planes();
   const Frame::Plane& y = planes[0];
-  for (std::uint32_t r = 0; r < y.rows; ++r) av_md5_update(md5, base + y.offset + std::uint64_t{r} * y.pitch, y.row_bytes);
+  for (std::uint32_t r = 0; r < y.rows; ++r)
+    av_md5_update(md5, base + y.offset + std::uint64_t{r} * y.pitch, y.row_bytes);
   if (f.format() == PixelFormat::I420) {
     for (int p = 1; p < 3; ++p)
       for (std::uint32_t r = 0; r < planes[p].rows; ++r)
@@ -102,8 +103,8 @@ int cmd_decode(const std::vector<std::string>& args) {
       if (!f) return;
       if (frames >= limit) continue;
       if (md5) {
-        const std::uint64_t need = f->planes().back().offset +
-                                   std::uint64_t{f->planes().back().pitch} * f->planes().back().rows;
+        const std::uint64_t need =
+            f->planes().back().offset + std::uint64_t{f->planes().back().pitch} * f->planes().back().rows;
         if (!host.valid() || host.size() < need) host = dev.allocate(need, Memory::HostPinned);
         copy.copy(f->buffer(), 0, host, 0, need).submit().wait();
         std::printf("%llu, %lld, %ux%u, %s\n", static_cast<unsigned long long>(frames),

@@ -13,7 +13,8 @@ int cmd_firmware(const std::vector<std::string>& args) {
   po::options_description opts("Options");
   opts.add_options()("device,d", po::value<std::string>(), "the board, as `tpuhal list` names it (usb:1-1)")(
       "image", po::value<std::string>(), "the firmware image file (the board vendor's .tpfw)")(
-      "timeout", po::value<double>()->default_value(10.0), "seconds to wait for the loader's verdict, and again for the board to come back");
+      "timeout", po::value<double>()->default_value(10.0),
+      "seconds to wait for the loader's verdict, and again for the board to come back");
   po::positional_options_description pos;
   pos.add("device", 1).add("image", 1);
   po::variables_map vm;
@@ -44,8 +45,8 @@ int cmd_firmware(const std::vector<std::string>& args) {
   upload_firmware(uri, std::as_bytes(std::span(raw)),
                   std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000)));
   const auto took = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start);
-  std::printf("%s: firmware from %s (%zu bytes) accepted; the board came back in %.0f ms\n", uri.c_str(),
-              path.c_str(), raw.size(), took.count());
+  std::printf("%s: firmware from %s (%zu bytes) accepted; the board came back in %.0f ms\n", uri.c_str(), path.c_str(),
+              raw.size(), took.count());
   return 0;
 }
 

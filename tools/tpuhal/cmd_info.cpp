@@ -8,8 +8,11 @@ namespace tpuhal::cli {
 nlohmann::json properties_json(const Properties& p) {
   nlohmann::json heaps = nlohmann::json::array();
   for (auto& h : p.heaps)
-    heaps.push_back({{"name", h.name}, {"memory", to_string(h.memory)}, {"base", h.base},
-                     {"size", h.size}, {"default", h.is_default}});
+    heaps.push_back({{"name", h.name},
+                     {"memory", to_string(h.memory)},
+                     {"base", h.base},
+                     {"size", h.size},
+                     {"default", h.is_default}});
   nlohmann::json engines = nlohmann::json::object();
   for (auto& e : p.engines) engines[to_string(e.engine)] = e.queues;
   nlohmann::json dtypes = nlohmann::json::array();
@@ -82,16 +85,16 @@ int cmd_info(const std::vector<std::string>& args) {
   for (auto& h : p.heaps) {
     char base[32];
     std::snprintf(base, sizeof base, "0x%llx", static_cast<unsigned long long>(h.base));
-    std::printf("    %-20s %-10s %-20s base %s%s\n", h.name.c_str(), bytes(h.size).c_str(),
-                to_string(h.memory), base, h.is_default ? "  (default)" : "");
+    std::printf("    %-20s %-10s %-20s base %s%s\n", h.name.c_str(), bytes(h.size).c_str(), to_string(h.memory), base,
+                h.is_default ? "  (default)" : "");
   }
   std::string engines;
   for (auto& e : p.engines)
     engines += (engines.empty() ? "" : ", ") + std::string(to_string(e.engine)) + " x" + std::to_string(e.queues);
   row("Queues", engines);
   char tensor[160];
-  std::snprintf(tensor, sizeof tensor, "%u (peak %g int8 TOPS, %g fp16 TFLOPS, %g fp32 TFLOPS)",
-                p.tensor_cores, p.peak_int8_tops, p.peak_fp16_tflops, p.peak_fp32_tflops);
+  std::snprintf(tensor, sizeof tensor, "%u (peak %g int8 TOPS, %g fp16 TFLOPS, %g fp32 TFLOPS)", p.tensor_cores,
+                p.peak_int8_tops, p.peak_fp16_tflops, p.peak_fp32_tflops);
   row("Tensor cores", tensor);
   std::string dtypes;
   for (auto d : p.dtypes) dtypes += (dtypes.empty() ? "" : " ") + std::string(to_string(d));

@@ -10,7 +10,8 @@ int cmd_list(const std::vector<std::string>& args) {
   opts.add_options()("json", "print a JSON array of {uri, driver, board, memory_bytes}");
   po::variables_map vm;
   int rc = 0;
-  if (!parse(args, opts, {}, vm, "Usage: tpuhal list [--json]\n\nLists every device every driver can see, one per line.", &rc))
+  if (!parse(args, opts, {}, vm,
+             "Usage: tpuhal list [--json]\n\nLists every device every driver can see, one per line.", &rc))
     return rc;
   const auto devices = enumerate();
   if (vm.count("json")) {
@@ -26,8 +27,7 @@ int cmd_list(const std::vector<std::string>& args) {
   for (auto& d : devices)
     std::printf("%-10s %-9s %-52s %s\n", d.uri.c_str(), d.driver.c_str(), d.board.c_str(),
                 bytes(d.memory_bytes).c_str());
-  for (auto& [driver, why] : unavailable_drivers())
-    std::printf("(%s: %s)\n", driver.c_str(), why.c_str());
+  for (auto& [driver, why] : unavailable_drivers()) std::printf("(%s: %s)\n", driver.c_str(), why.c_str());
   return 0;
 }
 

@@ -52,14 +52,14 @@ void usage(std::FILE* out) {
 }  // namespace
 
 bool parse(const std::vector<std::string>& args, const po::options_description& opts,
-           const po::positional_options_description& pos, po::variables_map& vm,
-           const std::string& usage_line, int* exit_code) {
+           const po::positional_options_description& pos, po::variables_map& vm, const std::string& usage_line,
+           int* exit_code) {
   return parse(args, opts, po::options_description(), pos, vm, usage_line, exit_code);
 }
 
 bool parse(const std::vector<std::string>& args, const po::options_description& opts,
-           const po::options_description& hidden, const po::positional_options_description& pos,
-           po::variables_map& vm, const std::string& usage_line, int* exit_code) {
+           const po::options_description& hidden, const po::positional_options_description& pos, po::variables_map& vm,
+           const std::string& usage_line, int* exit_code) {
   po::options_description all(opts);
   all.add_options()("help,h", "show this help");
   po::options_description accepted(all);

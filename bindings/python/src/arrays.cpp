@@ -4,9 +4,7 @@
 
 namespace tpuhal::python {
 
-bool numeric_kind(char kind) {
-  return kind == 'b' || kind == 'i' || kind == 'u' || kind == 'f' || kind == 'c';
-}
+bool numeric_kind(char kind) { return kind == 'b' || kind == 'i' || kind == 'u' || kind == 'f' || kind == 'c'; }
 
 namespace {
 
@@ -15,9 +13,9 @@ std::string dtype_name(const py::dtype& d) { return py::str(py::handle(d)); }
 void check_numeric(const py::dtype& d, const char* use) {
   const char kind = d.kind();
   if (kind == 'O')
-    fail(Status::InvalidArgument,
-         std::string(use) + ": an array of dtype object holds Python objects, not bytes a device can take; "
-                            "convert it first (e.g. array.astype(numpy.float64))");
+    fail(Status::InvalidArgument, std::string(use) +
+                                      ": an array of dtype object holds Python objects, not bytes a device can take; "
+                                      "convert it first (e.g. array.astype(numpy.float64))");
   if (!numeric_kind(kind))
     fail(Status::InvalidArgument, std::string(use) + ": dtype " + dtype_name(d) +
                                       " is not numeric; a device takes bool, integer, float and complex arrays");

@@ -64,21 +64,23 @@ py::array download(const BufferRef& self, const py::object& dtype, const py::obj
     if (!dtype.is_none() || !shape.is_none())
       fail(Status::InvalidArgument, "download: give dtype and shape, or out=, not both (out= has its own)");
     if (!py::isinstance<py::array>(out))
-      fail(Status::InvalidArgument, "download: out= must be a numpy.ndarray, not " +
-                                        std::string(py::str(out.get_type().attr("__name__"))));
+      fail(Status::InvalidArgument,
+           "download: out= must be a numpy.ndarray, not " + std::string(py::str(out.get_type().attr("__name__"))));
     result = device_array(out, "download");
   } else {
     const std::uint64_t size = b.size();
     if (offset > size)
-      fail(Status::OutOfRange, "download at offset " + std::to_string(offset) + " is past the end of the " +
-                                   self->describe());
+      fail(Status::OutOfRange,
+           "download at offset " + std::to_string(offset) + " is past the end of the " + self->describe());
     const auto& l = self->layout;
-    py::dtype dt = dtype.is_none() ? (l ? dtype_of(*l) : py::dtype::of<std::uint8_t>())
-                                   : numeric_dtype(dtype, "download");
+    py::dtype dt =
+        dtype.is_none() ? (l ? dtype_of(*l) : py::dtype::of<std::uint8_t>()) : numeric_dtype(dtype, "download");
     std::vector<py::ssize_t> dims;
     if (!shape.is_none()) {
-      if (py::isinstance<py::int_>(shape)) dims.push_back(shape.cast<py::ssize_t>());
-      else dims = shape.cast<std::vector<py::ssize_t>>();
+      if (py::isinstance<py::int_>(shape))
+        dims.push_back(shape.cast<py::ssize_t>());
+      else
+        dims = shape.cast<std::vector<py::ssize_t>>();
     } else if (l && offset == 0 && dt.equal(dtype_of(*l))) {
       dims.assign(l->shape.begin(), l->shape.end());
     } else {
@@ -111,8 +113,10 @@ py::array map(const BufferRef& self, const py::object& dtype, const py::object& 
   const auto item = static_cast<std::uint64_t>(dt.itemsize());
   std::vector<py::ssize_t> dims;
   if (!shape.is_none()) {
-    if (py::isinstance<py::int_>(shape)) dims.push_back(shape.cast<py::ssize_t>());
-    else dims = shape.cast<std::vector<py::ssize_t>>();
+    if (py::isinstance<py::int_>(shape))
+      dims.push_back(shape.cast<py::ssize_t>());
+    else
+      dims = shape.cast<std::vector<py::ssize_t>>();
   } else if (l && dt.equal(dtype_of(*l))) {
     dims.assign(l->shape.begin(), l->shape.end());
   } else {
@@ -143,7 +147,8 @@ void bind_buffer(py::module_& m) {
          "size", [](const PyBuffer& b) { return b.buffer.size(); }, "Size in bytes.")
       .def_property_readonly(
           "nbytes", [](const PyBuffer& b) { return b.buffer.size(); }, "Size in bytes (as numpy's nbytes).")
-      .def("__len__", [](const PyBuffer& b) { return b.buffer.size(); }, "Size in bytes.")
+      .def(
+          "__len__", [](const PyBuffer& b) { return b.buffer.size(); }, "Size in bytes.")
       .def_property_readonly(
           "memory", [](const PyBuffer& b) { return from_memory(b.buffer.memory()); },
           "Where it lives: a tpuhal.Memory (also its string value, e.g. 'device').")
@@ -203,8 +208,7 @@ void bind_buffer(py::module_& m) {
            "uint8 over the whole buffer; a dtype alone takes as many elements as fit. `out`: fill this "
            "C-contiguous array instead. Raises tpuhal.OutOfRange if the shape does not fit.")
       .def("to_numpy", &download, py::arg("dtype") = py::none(), py::arg("shape") = py::none(), py::kw_only(),
-           py::arg("offset") = 0, py::arg("out") = py::none(), py::arg("queue") = py::none(),
-           "The same as download().")
+           py::arg("offset") = 0, py::arg("out") = py::none(), py::arg("queue") = py::none(), "The same as download().")
       .def("map", &map, py::arg("dtype") = py::none(), py::arg("shape") = py::none(),
            "A writable numpy array viewing the buffer's memory, without a copy: host-pinned and "
            "device-host-visible memory, and device memory where caps.map_device_memory (else "

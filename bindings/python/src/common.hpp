@@ -29,17 +29,17 @@ namespace py = pybind11;
 
 // ---- Areas -----------------------------------------------------------------------
 
-void bind_errors(py::module_& m);   // errors.cpp: Status, Error and its subclasses
-void bind_types(py::module_& m);    // types.cpp: enums and plain data (types.hpp)
-void bind_device(py::module_& m);   // device.cpp: devices(), open(), Device
-void bind_buffer(py::module_& m);   // buffer.cpp: Buffer, upload/download, map()
-void bind_queue(py::module_& m);    // queue.cpp: Queue, Batch, Fence
-void bind_dlpack(py::module_& m);   // dlpack.cpp: __dlpack__, from_dlpack()
-void bind_ops(py::module_& m);      // ops.cpp: Tensor, Op, the tpuhal.ops builders, Program
-void bind_bench(py::module_& m);    // bench.cpp: C++ loops for bench/python_overhead.py
-void bind_video(py::module_& m);    // video.cpp: Codec, PixelFormat, VideoDecoder, Frame, Demuxer
+void bind_errors(py::module_& m);      // errors.cpp: Status, Error and its subclasses
+void bind_types(py::module_& m);       // types.cpp: enums and plain data (types.hpp)
+void bind_device(py::module_& m);      // device.cpp: devices(), open(), Device
+void bind_buffer(py::module_& m);      // buffer.cpp: Buffer, upload/download, map()
+void bind_queue(py::module_& m);       // queue.cpp: Queue, Batch, Fence
+void bind_dlpack(py::module_& m);      // dlpack.cpp: __dlpack__, from_dlpack()
+void bind_ops(py::module_& m);         // ops.cpp: Tensor, Op, the tpuhal.ops builders, Program
+void bind_bench(py::module_& m);       // bench.cpp: C++ loops for bench/python_overhead.py
+void bind_video(py::module_& m);       // video.cpp: Codec, PixelFormat, VideoDecoder, Frame, Demuxer
 void bind_validation(py::module_& m);  // validation.cpp: tpuhal.validation, Python call sites
-void bind_runtime(py::module_& m);  // runtime.cpp: compile(), load_model(), Model, Instance
+void bind_runtime(py::module_& m);     // runtime.cpp: compile(), load_model(), Model, Instance
 
 // ---- Errors ----------------------------------------------------------------------
 
@@ -216,9 +216,9 @@ struct PyBatch {
   Batch& recording(const char* use);
   std::size_t size() const { return batch ? batch->size() : 0; }
 
-  QueueRef queue;             // null for a program's batch
-  std::optional<Batch> owned; // a queue's batch
-  Batch* batch = nullptr;     // &*owned, or Device.record()'s while its body runs
+  QueueRef queue;              // null for a program's batch
+  std::optional<Batch> owned;  // a queue's batch
+  Batch* batch = nullptr;      // &*owned, or Device.record()'s while its body runs
   std::vector<Keep> keep;
   bool submitting = false;
 };

@@ -12,8 +12,10 @@ PyDevice::~PyDevice() { close(); }
 
 const Device& PyDevice::get() const {
   if (!device)
-    fail(Status::FailedPrecondition, uri + " is closed (Device.close() or the end of its with block); "
-                                     "open it again with tpuhal.open('" + uri + "')");
+    fail(Status::FailedPrecondition, uri +
+                                         " is closed (Device.close() or the end of its with block); "
+                                         "open it again with tpuhal.open('" +
+                                         uri + "')");
   return device;
 }
 

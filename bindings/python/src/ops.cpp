@@ -52,8 +52,7 @@ py::tuple to_tuple(const std::vector<std::int64_t>& v) {
 template <class E, std::size_t N>
 E parse(const py::handle& h, const char* what, const std::array<std::pair<const char*, E>, N>& names) {
   if (!py::isinstance<py::str>(h))
-    throw py::type_error(std::string(what) + " must be a string such as '" + names[0].first + "', not " +
-                         type_name(h));
+    throw py::type_error(std::string(what) + " must be a string such as '" + names[0].first + "', not " + type_name(h));
   std::string given = h.cast<std::string>();
   std::string key;
   for (char c : given) key += c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -99,8 +98,7 @@ ActivationParams to_activation(const py::handle& h) {
       fail(Status::InvalidArgument, "activation 'clip' needs its bounds: tpuhal.Activation.clip(lo, hi)");
     return {parse<Activation, 8>(h, "activation", kActivations), 0, 0};
   }
-  throw py::type_error("activation must be None, a tpuhal.Activation or a name such as 'relu', not " +
-                       type_name(h));
+  throw py::type_error("activation must be None, a tpuhal.Activation or a name such as 'relu', not " + type_name(h));
 }
 
 // The operands' owners of imported memory, for the batches that run the op.
@@ -153,8 +151,8 @@ std::array<std::uint32_t, N> uints(const py::handle& h, const char* what) {
   std::vector<std::int64_t> v = int_list(h, what);
   if (v.size() == 1 && N > 1) v.assign(N, v[0]);  // one value for every dimension
   if (v.size() != N)
-    fail(Status::InvalidArgument, std::string(what) + " needs " + std::to_string(N) + " values (got " +
-                                      std::to_string(v.size()) + ")");
+    fail(Status::InvalidArgument,
+         std::string(what) + " needs " + std::to_string(N) + " values (got " + std::to_string(v.size()) + ")");
   for (std::size_t i = 0; i < N; ++i) {
     if (v[i] < 0 || v[i] > 0xFFFFFFFFll)
       fail(Status::InvalidArgument, std::string(what) + "[" + std::to_string(i) + "] = " + std::to_string(v[i]) +
@@ -272,10 +270,10 @@ void bind_builders(py::module_& ops) {
       "avg_pool2d",
       [](T x, T y, const py::object& kernel, const py::object& strides, const py::object& pads,
          const py::object& dilations, bool ceil_mode, bool count_include_pad, const py::object& layout) {
-        return finish(ops::avg_pool2d(x.tensor, y.tensor,
-                                      pool_options(kernel, strides, dilations, pads, ceil_mode, count_include_pad,
-                                                   layout)),
-                      {&x, &y});
+        return finish(
+            ops::avg_pool2d(x.tensor, y.tensor,
+                            pool_options(kernel, strides, dilations, pads, ceil_mode, count_include_pad, layout)),
+            {&x, &y});
       },
       py::arg("x"), py::arg("y"), py::kw_only(), py::arg("kernel"), py::arg("strides") = none, py::arg("pads") = 0,
       py::arg("dilations") = 1, py::arg("ceil_mode") = false, py::arg("count_include_pad") = false,
@@ -286,8 +284,11 @@ void bind_builders(py::module_& ops) {
                                                      {"div", &ops::div}, {"max", &ops::max}, {"min", &ops::min}};
   for (auto [name, f] : binaries)
     ops.def(
-        name, [f](T a, T b, T y) { return finish(f(a.tensor, b.tensor, y.tensor), {&a, &b, &y}); }, py::arg("a"),
-        py::arg("b"), py::arg("y"),
+        name,
+        [f](T a, T b, T y) {
+          return finish(f(a.tensor, b.tensor, y.tensor), {&a, &b, &y});
+        },
+        py::arg("a"), py::arg("b"), py::arg("y"),
         (std::string("y = ") + name +
          "(a, b) elementwise, a and b broadcast to y's shape as in NumPy; a, b and y of one dtype. Integers "
          "wrap; integer division rounds toward zero and division by zero gives 0.")
@@ -298,8 +299,11 @@ void bind_builders(py::module_& ops) {
                                                    {"exp", &ops::exp},   {"log", &ops::log}, {"sqrt", &ops::sqrt}};
   for (auto [name, f] : unaries)
     ops.def(
-        name, [f](T x, T y) { return finish(f(x.tensor, y.tensor), {&x, &y}); }, py::arg("x"), py::arg("y"),
-        (std::string("y = ") + name + "(x) elementwise.").c_str());
+        name,
+        [f](T x, T y) {
+          return finish(f(x.tensor, y.tensor), {&x, &y});
+        },
+        py::arg("x"), py::arg("y"), (std::string("y = ") + name + "(x) elementwise.").c_str());
   ops.def(
       "activation",
       [](T x, T y, const py::object& act) {
@@ -308,7 +312,11 @@ void bind_builders(py::module_& ops) {
       py::arg("x"), py::arg("y"), py::arg("activation"),
       "y = activation(x) elementwise (a tpuhal.Activation or a name such as 'sigmoid'). Floats.");
   ops.def(
-      "cast", [](T x, T y) { return finish(ops::cast(x.tensor, y.tensor), {&x, &y}); }, py::arg("x"), py::arg("y"),
+      "cast",
+      [](T x, T y) {
+        return finish(ops::cast(x.tensor, y.tensor), {&x, &y});
+      },
+      py::arg("x"), py::arg("y"),
       "y = x converted to y's dtype (x broadcast to y): floats round to nearest even, float to integer "
       "rounds toward zero and saturates.");
   ops.def(
@@ -376,8 +384,8 @@ void bind_builders(py::module_& ops) {
   ops.def(
       "qlinear_conv",
       [](T x, T x_scale, T x_zero_point, T w, T w_scale, T w_zero_point, T y_scale, T y_zero_point, T y,
-         const py::object& strides, const py::object& pads, const py::object& dilations, std::uint32_t groups,
-         Opt bias, const py::object& layout) {
+         const py::object& strides, const py::object& pads, const py::object& dilations, std::uint32_t groups, Opt bias,
+         const py::object& layout) {
         return finish(ops::qlinear_conv(x.tensor, x_scale.tensor, x_zero_point.tensor, w.tensor, w_scale.tensor,
                                         w_zero_point.tensor, y_scale.tensor, y_zero_point.tensor, y.tensor,
                                         conv_options(layout, strides, dilations, pads, groups, bias, py::none())),
@@ -393,7 +401,8 @@ void bind_builders(py::module_& ops) {
       [](T x, T y, const py::object& mode, const py::object& coordinate, const py::object& nearest,
          const py::object& layout, std::optional<std::array<float, 2>> scales) {
         ops::ResizeOptions o;
-        o.mode = parse<ResizeMode, 2>(mode, "mode", {{{"nearest", ResizeMode::Nearest}, {"linear", ResizeMode::Linear}}});
+        o.mode =
+            parse<ResizeMode, 2>(mode, "mode", {{{"nearest", ResizeMode::Nearest}, {"linear", ResizeMode::Linear}}});
         o.coordinate = parse<CoordinateMode, 5>(coordinate, "coordinate",
                                                 {{{"half_pixel", CoordinateMode::HalfPixel},
                                                   {"asymmetric", CoordinateMode::Asymmetric},
@@ -419,8 +428,8 @@ void bind_builders(py::module_& ops) {
         return finish(ops::nv12_to_rgb(luma.tensor, chroma.tensor, y.tensor, color_options(mean, scale)),
                       {&luma, &chroma, &y});
       },
-      py::arg("luma"), py::arg("chroma"), py::arg("y"), py::kw_only(),
-      py::arg("mean") = std::array<float, 3>{0, 0, 0}, py::arg("scale") = std::array<float, 3>{1, 1, 1},
+      py::arg("luma"), py::arg("chroma"), py::arg("y"), py::kw_only(), py::arg("mean") = std::array<float, 3>{0, 0, 0},
+      py::arg("scale") = std::array<float, 3>{1, 1, 1},
       "NV12 (luma [H, W] u8, chroma [H/2, W/2, 2] u8) to planar RGB y [3, H, W], BT.601 limited range, then "
       "(rgb - mean) * scale per channel.");
   ops.def(
@@ -432,8 +441,8 @@ void bind_builders(py::module_& ops) {
       py::arg("luma"), py::arg("u"), py::arg("v"), py::arg("y"), py::kw_only(),
       py::arg("mean") = std::array<float, 3>{0, 0, 0}, py::arg("scale") = std::array<float, 3>{1, 1, 1},
       "I420 (luma [H, W], u and v [H/2, W/2], u8) to planar RGB y [3, H, W], as nv12_to_rgb.");
-  ops.def("same_pads", &ops::same_pads, py::arg("input"), py::arg("kernel"), py::arg("stride"),
-          py::arg("dilation") = 1, py::arg("lower") = false,
+  ops.def("same_pads", &ops::same_pads, py::arg("input"), py::arg("kernel"), py::arg("stride"), py::arg("dilation") = 1,
+          py::arg("lower") = false,
           "The (before, after) pads along one dimension that give an output of ceil(input / stride) "
           "('SAME_UPPER'; lower=True: 'SAME_LOWER').");
 }
@@ -540,13 +549,14 @@ void bind_ops(py::module_& m) {
                         "queue.run(program).submit() as often as needed: a compiled model. It refers to the "
                         "buffers it was recorded with and keeps them alive; copy new inputs into them before "
                         "a replay.")
-      .def("__len__", [](const PyProgram& p) { return p.program.size(); }, "Commands recorded.")
+      .def(
+          "__len__", [](const PyProgram& p) { return p.program.size(); }, "Commands recorded.")
       .def_property_readonly(
           "device", [](const PyProgram& p) { return std::make_shared<PyDevice>(p.program.device()); },
           "A new Device handle for its device.")
       .def("__repr__", [](const PyProgram& p) {
-        return "<tpuhal.Program of " + std::to_string(p.program.size()) + " commands on " +
-               p.program.device().uri() + ">";
+        return "<tpuhal.Program of " + std::to_string(p.program.size()) + " commands on " + p.program.device().uri() +
+               ">";
       });
 
   auto ops = m.def_submodule(

@@ -58,9 +58,9 @@ Batch& PyBatch::recording(const char* use) {
     fail(Status::FailedPrecondition,
          std::string(use) + ": another thread is submitting this batch; record on one thread at a time");
   if (!batch)
-    fail(Status::FailedPrecondition,
-         std::string(use) + ": this batch belonged to a Device.record() body that has returned; record "
-                            "into the batch only inside the body");
+    fail(Status::FailedPrecondition, std::string(use) +
+                                         ": this batch belonged to a Device.record() body that has returned; record "
+                                         "into the batch only inside the body");
   return *batch;
 }
 
@@ -72,8 +72,8 @@ void keep_owner(PyBatch& b, const BufferRef& buf) {
 
 std::uint32_t pattern_of(std::int64_t value, std::uint32_t width) {
   if (value < 0 || value > 0xFFFFFFFFll)
-    fail(Status::InvalidArgument, "fill: pattern " + std::to_string(value) + " does not fit in " +
-                                      std::to_string(width) + " byte(s)");
+    fail(Status::InvalidArgument,
+         "fill: pattern " + std::to_string(value) + " does not fit in " + std::to_string(width) + " byte(s)");
   return static_cast<std::uint32_t>(value);
 }
 
@@ -99,8 +99,7 @@ PyBatch& fill(PyBatch& b, const BufferRef& dst, std::int64_t value, std::uint64_
   const Buffer& d = buffer_arg(dst, "fill");
   const std::uint64_t total = d.size();
   if (!size && offset > total)
-    fail(Status::OutOfRange, "fill at offset " + std::to_string(offset) + " is past the end of the " +
-                                 dst->describe());
+    fail(Status::OutOfRange, "fill at offset " + std::to_string(offset) + " is past the end of the " + dst->describe());
   batch.fill(d, offset, size ? *size : total - offset, pattern_of(value, width), width);
   keep_owner(b, dst);
   return b;
@@ -163,8 +162,10 @@ void wait(const PyFence& f, const py::object& timeout) {
   {
     PythonFramesKept frames;  // reports made meanwhile name the Python line
     py::gil_scoped_release release;
-    if (limit) f.fence.wait(*limit);
-    else f.fence.wait();
+    if (limit)
+      f.fence.wait(*limit);
+    else
+      f.fence.wait();
   }
   f.queue->reclaim();
 }
@@ -196,7 +197,8 @@ void bind_queue(py::module_& m) {
       .def_property_readonly(
           "value", [](const PyFence& f) { return f.fence.value(); }, "Timeline value on its queue.")
       .def_property_readonly(
-          "queue", [](const PyFence& f) -> std::optional<QueueRef> {
+          "queue",
+          [](const PyFence& f) -> std::optional<QueueRef> {
             if (!f.queue) return std::nullopt;
             return f.queue;
           },
@@ -227,23 +229,25 @@ void bind_queue(py::module_& m) {
 
   auto batch = py::reinterpret_borrow<py::class_<PyBatch>>(m.attr("Batch"));
   constexpr auto self = py::return_value_policy::reference;  // the same Batch object, for chaining
-  batch.def("copy", &copy, py::arg("src"), py::arg("dst"), py::kw_only(), py::arg("src_offset") = 0,
-            py::arg("dst_offset") = 0, py::arg("size") = py::none(), self, kCopyDoc)
+  batch
+      .def("copy", &copy, py::arg("src"), py::arg("dst"), py::kw_only(), py::arg("src_offset") = 0,
+           py::arg("dst_offset") = 0, py::arg("size") = py::none(), self, kCopyDoc)
       .def("fill", &fill, py::arg("dst"), py::arg("value"), py::kw_only(), py::arg("offset") = 0,
            py::arg("size") = py::none(), py::arg("width") = 1, self, kFillDoc)
       .def("wait", &wait_fence, py::arg("fence"), self, kWaitDoc)
       .def("wait_value", &wait_value, py::arg("buffer"), py::arg("offset"), py::arg("value"), self, kWaitValueDoc)
-      .def("write_value", &write_value, py::arg("buffer"), py::arg("offset"), py::arg("value"), self,
-           kWriteValueDoc)
+      .def("write_value", &write_value, py::arg("buffer"), py::arg("offset"), py::arg("value"), self, kWriteValueDoc)
       .def("timestamp", &timestamp, py::arg("buffer"), py::arg("offset"), self, kTimestampDoc)
       .def("submit", &submit, py::arg("max_wait") = py::none(),
            "Submits what was recorded and empties the batch; returns its Fence. If the queue's ring is full, "
            "waits (without the GIL) for room while the queue makes progress, up to the device's wait "
            "timeout or `max_wait` seconds (0: do not wait), then raises tpuhal.QueueFull. If it raises, the "
            "batch keeps what was recorded.")
-      .def("__len__", [](const PyBatch& b) { return b.size(); }, "Commands recorded.")
+      .def(
+          "__len__", [](const PyBatch& b) { return b.size(); }, "Commands recorded.")
       .def_property_readonly(
-          "queue", [](const PyBatch& b) -> std::optional<QueueRef> {
+          "queue",
+          [](const PyBatch& b) -> std::optional<QueueRef> {
             if (!b.queue) return std::nullopt;
             return b.queue;
           },
@@ -254,8 +258,9 @@ void bind_queue(py::module_& m) {
       });
 
   auto queue = py::reinterpret_borrow<py::class_<PyQueue, QueueRef>>(m.attr("Queue"));
-  queue.def_property_readonly(
-           "engine", [](const PyQueue& q) { return from_engine(q.queue.engine()); }, "Its tpuhal.Engine.")
+  queue
+      .def_property_readonly(
+          "engine", [](const PyQueue& q) { return from_engine(q.queue.engine()); }, "Its tpuhal.Engine.")
       .def_property_readonly(
           "index", [](const PyQueue& q) { return q.queue.index(); }, "Hardware queue number on the board.")
       .def_property_readonly(

@@ -44,8 +44,7 @@ std::vector<std::int64_t> shape_of(const py::handle& h, const std::string& what)
 // Any array-like of real numbers as float32 values in C order.
 rt::NdArray to_ndarray(const py::handle& obj, const std::string& what) {
   py::array a = device_array(obj, what.c_str());
-  if (a.dtype().kind() == 'c')
-    fail(Status::InvalidArgument, what + ": complex values; give real numbers");
+  if (a.dtype().kind() == 'c') fail(Status::InvalidArgument, what + ": complex values; give real numbers");
   py::array_t<float, py::array::c_style | py::array::forcecast> f(a);
   rt::NdArray out;
   out.shape.assign(f.shape(), f.shape() + f.ndim());
@@ -54,8 +53,8 @@ rt::NdArray to_ndarray(const py::handle& obj, const std::string& what) {
 }
 
 PyCompiled compile_model(const py::object& source, const std::string& precision, const py::object& shapes,
-                         const py::object& calibration, const std::string& method, double percentile,
-                         bool report, const std::string& device) {
+                         const py::object& calibration, const std::string& method, double percentile, bool report,
+                         const std::string& device) {
   rt::CompileOptions o;
   o.precision = rt::parse_precision(precision);
   if (method == "percentile") {
@@ -78,7 +77,8 @@ PyCompiled compile_model(const py::object& source, const std::string& precision,
     // One array per input; a single array for a single-input model.
     if (py::isinstance<py::list>(calibration) || py::isinstance<py::tuple>(calibration)) {
       std::size_t i = 0;
-      for (auto item : calibration) o.calibration.push_back(to_ndarray(item, "calibration[" + std::to_string(i++) + "]"));
+      for (auto item : calibration)
+        o.calibration.push_back(to_ndarray(item, "calibration[" + std::to_string(i++) + "]"));
     } else {
       o.calibration.push_back(to_ndarray(calibration, "calibration"));
     }
@@ -87,12 +87,10 @@ PyCompiled compile_model(const py::object& source, const std::string& precision,
   PyCompiled out;
   rt::CompileResult r;
   if (py::isinstance<py::bytes>(source) || py::isinstance<py::bytearray>(source)) {
-    std::string bytes = py::isinstance<py::bytes>(source) ? source.cast<std::string>()
-                                                          : std::string(py::bytes(source));
+    std::string bytes = py::isinstance<py::bytes>(source) ? source.cast<std::string>() : std::string(py::bytes(source));
     out.name = "model";
-    r = without_gil([&] {
-      return rt::compile_onnx(std::as_bytes(std::span(bytes.data(), bytes.size())), o, out.name);
-    });
+    r = without_gil(
+        [&] { return rt::compile_onnx(std::as_bytes(std::span(bytes.data(), bytes.size())), o, out.name); });
   } else {
     const std::filesystem::path path = py::module_::import("os").attr("fspath")(source).cast<std::string>();
     out.name = path.string();
@@ -157,8 +155,8 @@ std::vector<py::array_t<float>> inputs_of(const rt::Model& model, const py::obje
     if (a.dtype().kind() == 'c') fail(Status::InvalidArgument, what + ": complex values; give real numbers");
     std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
     if (shape != specs[i].shape)
-      fail(Status::InvalidArgument, what + " has shape " + shape_string(shape) + "; the model was compiled for " +
-                                        shape_string(specs[i].shape));
+      fail(Status::InvalidArgument,
+           what + " has shape " + shape_string(shape) + "; the model was compiled for " + shape_string(specs[i].shape));
     out.push_back(py::array_t<float, py::array::c_style | py::array::forcecast>(a));
   }
   return out;
@@ -176,14 +174,14 @@ py::list run(PyInstance& self, const py::object& inputs, const py::object& outpu
     for (auto item : outputs) {
       if (i >= specs.size()) break;
       const std::string what = "run: output '" + specs[i].name + "'";
-      if (!py::isinstance<py::array_t<float>>(item) ||
-          !(item.cast<py::array>().flags() & py::array::c_style) || !item.cast<py::array>().writeable())
+      if (!py::isinstance<py::array_t<float>>(item) || !(item.cast<py::array>().flags() & py::array::c_style) ||
+          !item.cast<py::array>().writeable())
         fail(Status::InvalidArgument, what + " must be a writable C-contiguous float32 numpy array");
       auto a = item.cast<py::array_t<float>>();
       std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
       if (shape != specs[i].shape)
-        fail(Status::InvalidArgument, what + " has shape " + shape_string(shape) + "; the model gives " +
-                                          shape_string(specs[i].shape));
+        fail(Status::InvalidArgument,
+             what + " has shape " + shape_string(shape) + "; the model gives " + shape_string(specs[i].shape));
       out.push_back(a);
       ++i;
     }
@@ -233,21 +231,27 @@ void bind_runtime(py::module_& m) {
       .def_readonly("rel_rms", &rt::LayerError::rel_rms)
       .def_readonly("snr_db", &rt::LayerError::snr_db)
       .def("__repr__", [](const rt::LayerError& e) {
-        return "<tpuhal.LayerError " + e.node + " (" + e.op + "): rel_rms " + std::to_string(e.rel_rms) +
-               ", snr " + std::to_string(e.snr_db) + " dB>";
+        return "<tpuhal.LayerError " + e.node + " (" + e.op + "): rel_rms " + std::to_string(e.rel_rms) + ", snr " +
+               std::to_string(e.snr_db) + " dB>";
       });
 
   py::class_<PyCompiled>(m, "CompiledModel",
                          "A compiled model in host memory (tpuhal.compile()): save() writes the .tpm file; "
                          "tpuhal.load_model() puts it on a device.")
-      .def("save", [](const PyCompiled& c, const py::object& path) {
-        const std::filesystem::path p = py::module_::import("os").attr("fspath")(path).cast<std::string>();
-        without_gil([&] { rt::write_model_file(p, c.file); });
-      }, py::arg("path"), "Writes the compiled model file (.tpm).")
-      .def("to_bytes", [](const PyCompiled& c) {
-        auto bytes = rt::encode(c.file);
-        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-      }, "The compiled model file's bytes.")
+      .def(
+          "save",
+          [](const PyCompiled& c, const py::object& path) {
+            const std::filesystem::path p = py::module_::import("os").attr("fspath")(path).cast<std::string>();
+            without_gil([&] { rt::write_model_file(p, c.file); });
+          },
+          py::arg("path"), "Writes the compiled model file (.tpm).")
+      .def(
+          "to_bytes",
+          [](const PyCompiled& c) {
+            auto bytes = rt::encode(c.file);
+            return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+          },
+          "The compiled model file's bytes.")
       .def_readonly("report", &PyCompiled::report,
                     "The precision report (compile(report=True)): a list of LayerError, one per layer.")
       .def_readonly("notes", &PyCompiled::notes, "What the compiler did: folded, fused, ...")
@@ -269,19 +273,25 @@ void bind_runtime(py::module_& m) {
                         "shared by every Instance made from it.")
       .def_property_readonly("inputs", &rt::Model::inputs, "A list of TensorSpec, in the order run() takes them.")
       .def_property_readonly("outputs", &rt::Model::outputs, "A list of TensorSpec, in the order run() gives them.")
-      .def_property_readonly("precision", [](const rt::Model& mo) { return std::string(rt::to_string(mo.precision())); })
-      .def_property_readonly("meta", &rt::Model::meta, "The model's metadata: producer, source, precision, calibration.")
+      .def_property_readonly("precision",
+                             [](const rt::Model& mo) { return std::string(rt::to_string(mo.precision())); })
+      .def_property_readonly("meta", &rt::Model::meta,
+                             "The model's metadata: producer, source, precision, calibration.")
       .def_property_readonly("weight_bytes", &rt::Model::weight_bytes, "Device memory the weights take.")
       .def_property_readonly("activation_bytes", &rt::Model::activation_bytes,
                              "Device memory each Instance takes for activations (shared by lifetime).")
-      .def("instance", [](const rt::Model& mo) {
-        auto p = std::make_unique<PyInstance>();
-        p->instance = without_gil([&] { return mo.instance(); });
-        return p;
-      }, "A new Instance: its own activation buffers and recorded program. Raises tpuhal.OutOfMemory when "
-         "the device has no room.")
+      .def(
+          "instance",
+          [](const rt::Model& mo) {
+            auto p = std::make_unique<PyInstance>();
+            p->instance = without_gil([&] { return mo.instance(); });
+            return p;
+          },
+          "A new Instance: its own activation buffers and recorded program. Raises tpuhal.OutOfMemory when "
+          "the device has no room.")
       .def("__repr__", [](const rt::Model& mo) {
-        std::string s = "<tpuhal.Model " + std::string(rt::to_string(mo.precision())) + " on " + mo.device().uri() + ":";
+        std::string s =
+            "<tpuhal.Model " + std::string(rt::to_string(mo.precision())) + " on " + mo.device().uri() + ":";
         for (const auto& i : mo.inputs()) s += " " + i.describe();
         s += " ->";
         for (const auto& o : mo.outputs()) s += " " + o.describe();
@@ -297,26 +307,32 @@ void bind_runtime(py::module_& m) {
            "(a list, or the array itself for a one-input model) or a dict by input name; each must have the "
            "shape the model was compiled for and is converted to float32. Returns a list of float32 arrays, "
            "one per output, or fills `outputs` (float32 arrays of the outputs' shapes) and returns them.")
-      .def_property_readonly("input_tensors", [](const PyInstance& i) { return tensors_of(i.instance.input_tensors()); },
-                             "The device tensors the program reads its inputs from (for device-side pipelines).")
-      .def_property_readonly("output_tensors", [](const PyInstance& i) { return tensors_of(i.instance.output_tensors()); },
-                             "The device tensors the program writes its outputs to.")
-      .def("submit", [](PyInstance& i, const QueueRef& q) {
-        Queue queue = q->queue;
-        Fence f = without_gil([&] {
-          std::lock_guard lock(i.mu);
-          return i.instance.submit(queue);
-        });
-        return PyFence(q, std::move(f));
-      }, py::arg("queue"),
-         "Runs the program on `queue` (a compute queue of the model's device) over whatever input_tensors "
-         "hold; returns its Fence, after which output_tensors hold the result.")
+      .def_property_readonly(
+          "input_tensors", [](const PyInstance& i) { return tensors_of(i.instance.input_tensors()); },
+          "The device tensors the program reads its inputs from (for device-side pipelines).")
+      .def_property_readonly(
+          "output_tensors", [](const PyInstance& i) { return tensors_of(i.instance.output_tensors()); },
+          "The device tensors the program writes its outputs to.")
+      .def(
+          "submit",
+          [](PyInstance& i, const QueueRef& q) {
+            Queue queue = q->queue;
+            Fence f = without_gil([&] {
+              std::lock_guard lock(i.mu);
+              return i.instance.submit(queue);
+            });
+            return PyFence(q, std::move(f));
+          },
+          py::arg("queue"),
+          "Runs the program on `queue` (a compute queue of the model's device) over whatever input_tensors "
+          "hold; returns its Fence, after which output_tensors hold the result.")
       .def_property_readonly("model", [](const PyInstance& i) { return i.instance.model(); });
 
-  m.def("load_model", &load, py::arg("device"), py::arg("model"),
-        "Loads a compiled model onto a device: `model` is a .tpm path or a CompiledModel. Checks the file "
-        "(tpuhal.InvalidArgument naming what is damaged, tpuhal.VersionMismatch for another format version) and uploads "
-        "the weights once. Returns a Model.");
+  m.def(
+      "load_model", &load, py::arg("device"), py::arg("model"),
+      "Loads a compiled model onto a device: `model` is a .tpm path or a CompiledModel. Checks the file "
+      "(tpuhal.InvalidArgument naming what is damaged, tpuhal.VersionMismatch for another format version) and uploads "
+      "the weights once. Returns a Model.");
 }
 
 }  // namespace tpuhal::python

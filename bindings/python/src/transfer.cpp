@@ -126,9 +126,10 @@ Queue Transfers::claim_queue() {
     return device_.queue(Engine::Compute);
   } catch (const Error& err) {
     if (err.status() != Status::ResourceExhausted) throw;
-    throw Error(Status::ResourceExhausted,
-                device_.uri() + ": upload and download need a queue and every copy and compute queue is "
-                                "claimed; pass queue= to use one of yours (" + err.what() + ")");
+    throw Error(Status::ResourceExhausted, device_.uri() +
+                                               ": upload and download need a queue and every copy and compute queue is "
+                                               "claimed; pass queue= to use one of yours (" +
+                                               err.what() + ")");
   }
 }
 
@@ -165,8 +166,7 @@ void Transfers::write(const Buffer& dst, std::uint64_t offset, const std::byte* 
   Queue q = queue_for(user);
   try {
     Staging staging(*this);
-    if (const Interior in = interior(src, n);
-        in.size != 0 && device_.properties().caps.import_host_memory) {
+    if (const Interior in = interior(src, n); in.size != 0 && device_.properties().caps.import_host_memory) {
       // The board reads the caller's memory in place. import_host maps it for
       // the board to read and write; this batch only reads it.
       Buffer imported = device_.import_host(const_cast<std::byte*>(src + in.head), in.size);
@@ -213,8 +213,7 @@ void Transfers::read(const Buffer& src, std::uint64_t offset, std::byte* dst, st
   Queue q = queue_for(user);
   try {
     Staging staging(*this);
-    if (const Interior in = interior(dst, n);
-        in.size != 0 && device_.properties().caps.import_host_memory) {
+    if (const Interior in = interior(dst, n); in.size != 0 && device_.properties().caps.import_host_memory) {
       // The board writes the caller's memory in place.
       Buffer imported = device_.import_host(dst + in.head, in.size);
       Batch b = q.batch();

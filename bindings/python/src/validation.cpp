@@ -87,22 +87,24 @@ void bind_validation(py::module_& m) {
       "on request. Turn it on with TPUHAL_VALIDATE=1 (report and go on) or TPUHAL_VALIDATE=abort in the "
       "environment, or with tpuhal.validation.enable(). Each report names the objects involved and the "
       "Python line that made the call.");
-  py::class_<PyReport>(v, "Report", "One misuse found: `check` says which kind, `message` what, `call_site` where "
-                                    "(the caller's frames, innermost first: Python's, then C++'s).")
-      .def_readonly("check", &PyReport::check,
-                    "'buffer in flight', 'value backwards', 'wrong thread' or 'leak'.")
+  py::class_<PyReport>(v, "Report",
+                       "One misuse found: `check` says which kind, `message` what, `call_site` where "
+                       "(the caller's frames, innermost first: Python's, then C++'s).")
+      .def_readonly("check", &PyReport::check, "'buffer in flight', 'value backwards', 'wrong thread' or 'leak'.")
       .def_readonly("message", &PyReport::message)
       .def_readonly("call_site", &PyReport::call_site)
-      .def("__repr__", [](const PyReport& r) { return "<tpuhal.validation.Report " + r.check + ": " + r.message + ">"; });
+      .def("__repr__",
+           [](const PyReport& r) { return "<tpuhal.validation.Report " + r.check + ": " + r.message + ">"; });
 
   v.def("enabled", &validation::enabled, "True while validation is on.");
   v.def("enable", &validation::enable, py::arg("on") = true,
         "Turns validation on (or off) for the process. Objects made while it was off are checked as far as "
         "what is known of them allows.");
   v.def("report_count", &validation::report_count, "Reports made since the process started.");
-  v.def("report_leaks", [] { return without_gil([] { return validation::report_leaks(); }); },
-        "Reports every buffer still allocated on an open device, with where it was allocated; returns how "
-        "many it found. Runs by itself at exit while validation is on.");
+  v.def(
+      "report_leaks", [] { return without_gil([] { return validation::report_leaks(); }); },
+      "Reports every buffer still allocated on an open device, with where it was allocated; returns how "
+      "many it found. Runs by itself at exit while validation is on.");
   v.def(
       "set_handler",
       [](py::object handler) {

@@ -97,8 +97,10 @@ struct PyPacket {
 struct PacketBytes {
   explicit PacketBytes(const py::handle& obj) {
     if (!PyObject_CheckBuffer(obj.ptr()))
-      throw py::type_error("send: the packet must be bytes or a buffer-protocol object (bytearray, memoryview, "
-                           "numpy.ndarray, Packet), not " + type_name(obj));
+      throw py::type_error(
+          "send: the packet must be bytes or a buffer-protocol object (bytearray, memoryview, "
+          "numpy.ndarray, Packet), not " +
+          type_name(obj));
     if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) {
       PyErr_Clear();
       fail(Status::InvalidArgument, "send: the packet's " + type_name(obj) +
@@ -269,7 +271,12 @@ void bind_video(py::module_& m) {
            "Gives the channel back (once the frames received from it are gone too). Frames already received "
            "stay valid. Calling it twice is harmless.")
       .def_property_readonly(
-          "closed", [](const PyDecoder& d) { std::lock_guard lock(d.mu); return d.closed; }, "True once closed.")
+          "closed",
+          [](const PyDecoder& d) {
+            std::lock_guard lock(d.mu);
+            return d.closed;
+          },
+          "True once closed.")
       .def_property_readonly(
           "channel", [](const PyDecoder& d) { return d.channel; }, "The codec unit's channel number.")
       .def_property_readonly(
@@ -324,8 +331,7 @@ void bind_video(py::module_& m) {
       .def_property_readonly(
           "pts", [](const PyFrame& f) { return f.frame.pts(); }, "The pts sent with the packet it came from.")
       .def_property_readonly(
-          "packet", [](const PyFrame& f) { return f.frame.packet(); },
-          "Index of that packet (0-based, in send order).")
+          "packet", [](const PyFrame& f) { return f.frame.packet(); }, "Index of that packet (0-based, in send order).")
       .def_property_readonly(
           "index", [](const PyFrame& f) { return f.frame.index(); },
           "Frames before it on its decoder since open or reset() (display order).")
@@ -368,14 +374,17 @@ void bind_video(py::module_& m) {
   // ---- Demuxer and Packet ----
   py::class_<PyPacket>(m, "Packet",
                        "One packet of a video file (iterating a tpuhal.Demuxer), ready for VideoDecoder.send().")
-      .def(py::init([](py::bytes data, std::int64_t pts, bool keyframe) { return PyPacket{std::move(data), pts, keyframe}; }),
+      .def(py::init([](py::bytes data, std::int64_t pts, bool keyframe) {
+             return PyPacket{std::move(data), pts, keyframe};
+           }),
            py::arg("data"), py::arg("pts") = 0, py::arg("keyframe") = false, "A packet of your own.")
       .def_readonly("data", &PyPacket::data,
                     "The bytes: Annex B for H.264 and H.265 (converted from mp4/mkv's length-prefixed form), a "
                     "whole file for JPEG.")
       .def_readonly("pts", &PyPacket::pts, "Presentation time in the stream's time base; raw streams count frames.")
       .def_readonly("keyframe", &PyPacket::keyframe, "True for a packet decoding starts from.")
-      .def("__len__", [](const PyPacket& p) { return py::len(p.data); }, "Bytes of data.")
+      .def(
+          "__len__", [](const PyPacket& p) { return py::len(p.data); }, "Bytes of data.")
       .def("__repr__", [](const PyPacket& p) {
         return "<tpuhal.Packet " + std::to_string(py::len(p.data)) + " bytes, pts=" + std::to_string(p.pts) +
                (p.keyframe ? ", keyframe>" : ">");

@@ -29,7 +29,7 @@ class Device;
 namespace detail {
 struct TensorState;
 class DeviceImpl;
-}
+}  // namespace detail
 namespace driver {
 struct OpDesc;
 }
@@ -50,10 +50,9 @@ class TPUHAL_API Tensor {
 
   // Throws OutOfRange if the view does not fit in the buffer, InvalidArgument
   // for a negative dimension or stride, or a rank above 6.
-  Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shape,
-         std::uint64_t offset = 0);
-  Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shape,
-         std::vector<std::int64_t> strides, std::uint64_t offset);
+  Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shape, std::uint64_t offset = 0);
+  Tensor(const Buffer& buffer, DType dtype, std::vector<std::int64_t> shape, std::vector<std::int64_t> strides,
+         std::uint64_t offset);
 
   const Buffer& buffer() const;
   DType dtype() const;
@@ -125,8 +124,8 @@ struct MatMulOptions {
   bool transpose_a = false;  // use a's last two dimensions swapped
   bool transpose_b = false;
   float alpha = 1.0f;
-  float beta = 1.0f;         // scales c
-  std::optional<Tensor> c;   // added: broadcast to y
+  float beta = 1.0f;        // scales c
+  std::optional<Tensor> c;  // added: broadcast to y
   ActivationParams activation;
 };
 // y = activation(alpha * a @ b + beta * c). a [..., M, K], b [..., K, N],
@@ -135,19 +134,18 @@ struct MatMulOptions {
 TPUHAL_API Op matmul(const Tensor& a, const Tensor& b, const Tensor& y, const MatMulOptions& options = {});
 
 struct Conv2dOptions {
-  Layout layout = Layout::NCHW;            // of x and y; w is [Cout, Cin/groups, kh, kw]
+  Layout layout = Layout::NCHW;  // of x and y; w is [Cout, Cin/groups, kh, kw]
   std::array<std::uint32_t, 2> strides{1, 1};
   std::array<std::uint32_t, 2> dilations{1, 1};
   std::array<std::uint32_t, 4> pads{0, 0, 0, 0};  // top, left, bottom, right
   std::uint32_t groups = 1;
-  std::optional<Tensor> bias;              // [Cout]; i32 for qlinear_conv
-  ActivationParams activation;             // float conv only
+  std::optional<Tensor> bias;   // [Cout]; i32 for qlinear_conv
+  ActivationParams activation;  // float conv only
 };
 // Pads that give an output of ceil(input / stride) ("SAME_UPPER"; lower: the
 // extra pad goes first) for a kernel of `kernel` with `dilation`.
-TPUHAL_API std::array<std::uint32_t, 2> same_pads(std::uint32_t input, std::uint32_t kernel,
-                                                  std::uint32_t stride, std::uint32_t dilation,
-                                                  bool lower = false);
+TPUHAL_API std::array<std::uint32_t, 2> same_pads(std::uint32_t input, std::uint32_t kernel, std::uint32_t stride,
+                                                  std::uint32_t dilation, bool lower = false);
 TPUHAL_API Op conv2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& options = {});
 
 struct Pool2dOptions {
@@ -185,11 +183,11 @@ TPUHAL_API Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis = -1, 
 
 // y = saturate(round_half_even(x / scale) + zero_point). scale (f32) and
 // zero_point (u8/i8, or none: u8 zero) are scalars, or 1-D along `axis`.
-TPUHAL_API Op quantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point,
-                       const Tensor& y, std::int64_t axis = 1);
+TPUHAL_API Op quantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point, const Tensor& y,
+                       std::int64_t axis = 1);
 // y = (x - zero_point) * scale.
-TPUHAL_API Op dequantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point,
-                         const Tensor& y, std::int64_t axis = 1);
+TPUHAL_API Op dequantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point, const Tensor& y,
+                         std::int64_t axis = 1);
 // y (i32) = (a - a_zero_point) @ (b - b_zero_point). a's zero point is a
 // scalar or one per row of a [M]; b's a scalar or one per column [N].
 TPUHAL_API Op matmul_integer(const Tensor& a, const Tensor& b, const Tensor& y,
@@ -197,17 +195,15 @@ TPUHAL_API Op matmul_integer(const Tensor& a, const Tensor& b, const Tensor& y,
                              const std::optional<Tensor>& b_zero_point = std::nullopt);
 // y (i32) = conv(x - x_zero_point, w - w_zero_point); w's zero point a
 // scalar or one per output channel.
-TPUHAL_API Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y,
-                           const std::optional<Tensor>& x_zero_point, const std::optional<Tensor>& w_zero_point,
-                           const Conv2dOptions& options = {});
+TPUHAL_API Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y, const std::optional<Tensor>& x_zero_point,
+                           const std::optional<Tensor>& w_zero_point, const Conv2dOptions& options = {});
 // y = saturate(round_half_even(((a - az) @ (b - bz)) * a_scale * b_scale / y_scale) + y_zero_point).
-TPUHAL_API Op qlinear_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point,
-                             const Tensor& b, const Tensor& b_scale, const Tensor& b_zero_point,
-                             const Tensor& y_scale, const Tensor& y_zero_point, const Tensor& y);
-TPUHAL_API Op qlinear_conv(const Tensor& x, const Tensor& x_scale, const Tensor& x_zero_point,
-                           const Tensor& w, const Tensor& w_scale, const Tensor& w_zero_point,
-                           const Tensor& y_scale, const Tensor& y_zero_point, const Tensor& y,
-                           const Conv2dOptions& options = {});
+TPUHAL_API Op qlinear_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point, const Tensor& b,
+                             const Tensor& b_scale, const Tensor& b_zero_point, const Tensor& y_scale,
+                             const Tensor& y_zero_point, const Tensor& y);
+TPUHAL_API Op qlinear_conv(const Tensor& x, const Tensor& x_scale, const Tensor& x_zero_point, const Tensor& w,
+                           const Tensor& w_scale, const Tensor& w_zero_point, const Tensor& y_scale,
+                           const Tensor& y_zero_point, const Tensor& y, const Conv2dOptions& options = {});
 
 struct ResizeOptions {
   ResizeMode mode = ResizeMode::Nearest;

@@ -32,7 +32,7 @@ enum class Codec : std::uint8_t { H264, H265, Jpeg };
 // NV12: a Y plane, then one plane of interleaved U/V at half resolution.
 // I420: Y, U and V planes; chroma at half resolution, rounded up.
 enum class PixelFormat : std::uint8_t { NV12, I420 };
-TPUHAL_API const char* to_string(Codec codec) noexcept;        // "h264", "h265", "jpeg"
+TPUHAL_API const char* to_string(Codec codec) noexcept;         // "h264", "h265", "jpeg"
 TPUHAL_API const char* to_string(PixelFormat format) noexcept;  // "nv12", "i420"
 
 struct VideoDecoderOptions {
@@ -48,9 +48,9 @@ struct VideoDecoderOptions {
 TPUHAL_API const char* to_string(DType dtype) noexcept;
 
 struct HeapInfo {
-  std::string name;       // "npu", "host-visible", ...
+  std::string name;  // "npu", "host-visible", ...
   Memory memory = Memory::Device;
-  std::uint64_t base = 0; // device address of the heap's first byte
+  std::uint64_t base = 0;  // device address of the heap's first byte
   std::uint64_t size = 0;
   bool is_default = false;  // used by allocate(n, Memory::Device) without a heap name
 };
@@ -73,13 +73,13 @@ struct Capabilities {
 };
 
 struct Properties {
-  std::string uri;               // "sim:0"
-  std::string driver;            // "tpu-sim", "cuda", ...
-  std::string board;             // the board's model name
-  std::string bus;               // "simulated pcie", "pcie 0000:03:00.0", ...
+  std::string uri;     // "sim:0"
+  std::string driver;  // "tpu-sim", "cuda", ...
+  std::string board;   // the board's model name
+  std::string bus;     // "simulated pcie", "pcie 0000:03:00.0", ...
   std::string serial;
-  std::string firmware_version;  // "1.0.0"
-  std::string interface_version; // host<->board interface agreed, "1.0"
+  std::string firmware_version;   // "1.0.0"
+  std::string interface_version;  // host<->board interface agreed, "1.0"
   std::uint16_t pci_vendor = 0;
   std::uint16_t pci_device = 0;
 
@@ -118,16 +118,16 @@ struct MemoryStats {
   std::vector<HeapStats> heaps;
   std::uint64_t device_total = 0;
   std::uint64_t device_used = 0;
-  std::uint64_t host_pinned_bytes = 0;   // host memory mapped for the device
+  std::uint64_t host_pinned_bytes = 0;  // host memory mapped for the device
   std::uint64_t host_pinned_allocations = 0;
-  std::uint64_t imported_bytes = 0;      // caller memory mapped with import_host()
+  std::uint64_t imported_bytes = 0;  // caller memory mapped with import_host()
 };
 
 struct QueueStatus {
   Engine engine = Engine::Compute;
-  std::uint32_t index = 0;      // hardware queue number
-  bool in_use = false;          // claimed by a Queue in this process
-  bool busy = false;            // work submitted and not yet complete
+  std::uint32_t index = 0;  // hardware queue number
+  bool in_use = false;      // claimed by a Queue in this process
+  bool busy = false;        // work submitted and not yet complete
   bool failed = false;
   std::uint64_t submitted = 0;  // timeline value of the last submission
   std::uint64_t completed = 0;  // timeline value reached

@@ -29,16 +29,16 @@
 namespace tpuhal::validation {
 
 enum class Check : std::uint8_t {
-  BufferInFlight,   // host map or another queue's use while work uses it
-  ValueBackwards,   // a timeline word or a queue's completed value decreased
-  WrongThread,      // a Batch used by two threads at once
-  Leak,             // allocations outstanding at exit
+  BufferInFlight,  // host map or another queue's use while work uses it
+  ValueBackwards,  // a timeline word or a queue's completed value decreased
+  WrongThread,     // a Batch used by two threads at once
+  Leak,            // allocations outstanding at exit
 };
 TPUHAL_API const char* to_string(Check check) noexcept;
 
 struct Report {
   Check check;
-  std::string message;                // what was misused, and how
+  std::string message;                 // what was misused, and how
   std::vector<std::string> call_site;  // innermost first: the caller's frame, then its callers
 };
 

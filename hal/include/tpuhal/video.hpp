@@ -43,19 +43,19 @@ class DecoderImpl;
 class TPUHAL_API Frame {
  public:
   struct Plane {
-    std::uint64_t offset;   // bytes into buffer()
-    std::uint32_t pitch;    // bytes from one row to the next
-    std::uint32_t row_bytes;// bytes of each row that hold pixels
+    std::uint64_t offset;     // bytes into buffer()
+    std::uint32_t pitch;      // bytes from one row to the next
+    std::uint32_t row_bytes;  // bytes of each row that hold pixels
     std::uint32_t rows;
   };
 
-  const Buffer& buffer() const;      // Memory::Device
+  const Buffer& buffer() const;  // Memory::Device
   std::uint32_t width() const;
   std::uint32_t height() const;
   PixelFormat format() const;
-  std::int64_t pts() const;          // the pts sent with the packet it came from
-  std::uint64_t packet() const;      // index of that packet (0-based, in send order)
-  std::uint64_t index() const;       // frames before it on this decoder since open or reset
+  std::int64_t pts() const;      // the pts sent with the packet it came from
+  std::uint64_t packet() const;  // index of that packet (0-based, in send order)
+  std::uint64_t index() const;   // frames before it on this decoder since open or reset
   std::uint32_t channel() const;
   std::span<const Plane> planes() const;  // NV12: Y, UV; I420: Y, U, V
 

@@ -104,9 +104,9 @@ struct FusedRequant {
 // with `requant`, only a reference one). `src_zero`, when given, is
 // subtracted from x with oneDNN's zero-point attribute (its padding then
 // contributes 0, as ONNX defines).
-bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
-               dt wtype, const View* bias, const View& y, dt yt, void* ydata,
-               const std::int32_t* src_zero = nullptr, const FusedRequant* requant = nullptr) {
+bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata, dt wtype,
+               const View* bias, const View& y, dt yt, void* ydata, const std::int32_t* src_zero = nullptr,
+               const FusedRequant* requant = nullptr) {
   try {
     const auto D = [](std::uint64_t v) { return static_cast<dnnl::memory::dim>(v); };
     const dnnl::memory::desc xd = act_desc(x, g.nhwc, xt);
@@ -129,22 +129,26 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
     const dims strides{D(g.sh), D(g.sw)}, dil{D(g.dh - 1), D(g.dw - 1)};
     const dims pad_l{D(g.pt), D(g.pl)}, pad_r{D(g.pb), D(g.pr)};
     dnnl::memory::desc bd;
-    if (bias) bd = dnnl::memory::desc({D(g.o)}, dnnl_type(bias->dtype), {static_cast<dnnl::memory::dim>(bias->strides[0])});
+    if (bias)
+      bd = dnnl::memory::desc({D(g.o)}, dnnl_type(bias->dtype), {static_cast<dnnl::memory::dim>(bias->strides[0])});
     // The primitive for this exact geometry, layouts and types, made once.
     char sig[512];
-    std::snprintf(sig, sizeof sig, "%d|%d|%d|%d|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%d",
-                  static_cast<int>(xt), static_cast<int>(wtype), static_cast<int>(yt), bias ? static_cast<int>(bias->dtype) : -1,
-                  static_cast<unsigned long long>(g.n), static_cast<unsigned long long>(g.c),
-                  static_cast<unsigned long long>(g.h), static_cast<unsigned long long>(g.w),
-                  static_cast<unsigned long long>(g.o), static_cast<unsigned long long>(g.kh),
-                  static_cast<unsigned long long>(g.kw), static_cast<unsigned long long>(g.groups),
-                  static_cast<unsigned long long>(g.sh), static_cast<unsigned long long>(g.sw),
-                  static_cast<unsigned long long>(g.dh), static_cast<unsigned long long>(g.dw),
-                  static_cast<unsigned long long>(g.pt), static_cast<unsigned long long>(g.pl),
-                  static_cast<unsigned long long>(g.pb), static_cast<unsigned long long>(g.pr), src_zero ? 1 : 0);
+    std::snprintf(sig, sizeof sig,
+                  "%d|%d|%d|%d|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%d",
+                  static_cast<int>(xt), static_cast<int>(wtype), static_cast<int>(yt),
+                  bias ? static_cast<int>(bias->dtype) : -1, static_cast<unsigned long long>(g.n),
+                  static_cast<unsigned long long>(g.c), static_cast<unsigned long long>(g.h),
+                  static_cast<unsigned long long>(g.w), static_cast<unsigned long long>(g.o),
+                  static_cast<unsigned long long>(g.kh), static_cast<unsigned long long>(g.kw),
+                  static_cast<unsigned long long>(g.groups), static_cast<unsigned long long>(g.sh),
+                  static_cast<unsigned long long>(g.sw), static_cast<unsigned long long>(g.dh),
+                  static_cast<unsigned long long>(g.dw), static_cast<unsigned long long>(g.pt),
+                  static_cast<unsigned long long>(g.pl), static_cast<unsigned long long>(g.pb),
+                  static_cast<unsigned long long>(g.pr), src_zero ? 1 : 0);
     std::string conv_key = sig;
     for (const dnnl::memory::desc* dsc : std::array<const dnnl::memory::desc*, 3>{&xd, &yd, &wd_user})
-      for (int i = 0; i < dsc->data.ndims; ++i) conv_key.append(",").append(std::to_string(dsc->data.format_desc.blocking.strides[i]));
+      for (int i = 0; i < dsc->data.ndims; ++i)
+        conv_key.append(",").append(std::to_string(dsc->data.format_desc.blocking.strides[i]));
     if (bias) conv_key.append(",").append(std::to_string(bias->strides[0]));
     if (requant) {
       // The scales and zero point are part of the primitive.
@@ -154,12 +158,12 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
     if (e.dnnl().refused.count(conv_key)) return false;
     auto cached = e.dnnl().convs.find(conv_key);
     if (cached == e.dnnl().convs.end()) {
-      auto desc = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
-                                                         dnnl::algorithm::convolution_direct, xd, wd_any, bd, yd,
-                                                         strides, dil, pad_l, pad_r)
-                       : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
-                                                         dnnl::algorithm::convolution_direct, xd, wd_any, yd, strides,
-                                                         dil, pad_l, pad_r);
+      auto desc =
+          bias
+              ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                                xd, wd_any, bd, yd, strides, dil, pad_l, pad_r)
+              : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                                xd, wd_any, yd, strides, dil, pad_l, pad_r);
       dnnl::primitive_attr attr;
       // The primitive runs on whichever command processor's thread uses it
       // next; oneDNN's default scratchpad lives in the creating thread's
@@ -188,9 +192,12 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
         return false;
       }
       if (e.dnnl().convs.size() > 256) e.dnnl().release_thread();
-      cached = e.dnnl().convs.emplace(conv_key, DnnlState::Conv{made, dnnl::convolution_forward(made),
-                                                                 dnnl::memory(made.scratchpad_desc(), e.dnnl().engine),
-                                                                 std::this_thread::get_id()}).first;
+      cached = e.dnnl()
+                   .convs
+                   .emplace(conv_key, DnnlState::Conv{made, dnnl::convolution_forward(made),
+                                                      dnnl::memory(made.scratchpad_desc(), e.dnnl().engine),
+                                                      std::this_thread::get_id()})
+                   .first;
     }
     const auto& pd = cached->second.pd;
     e.dnnl().bind_threads();
@@ -209,8 +216,9 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
                     static_cast<unsigned long long>(g.c), static_cast<unsigned long long>(g.kh),
                     static_cast<unsigned long long>(g.kw), static_cast<int>(wtype), static_cast<int>(g.groups));
       const dnnl::memory::desc preferred = pd.weights_desc();
-      const std::string k = std::string(key) + "/" + std::to_string(std::hash<std::string>{}(
-          std::string(reinterpret_cast<const char*>(&preferred.data), sizeof(dnnl_memory_desc_t))));
+      const std::string k = std::string(key) + "/" +
+                            std::to_string(std::hash<std::string>{}(std::string(
+                                reinterpret_cast<const char*>(&preferred.data), sizeof(dnnl_memory_desc_t))));
       const auto* src = static_cast<const std::byte*>(wdata);
       const dnnl::memory* hit = dense_w ? e.dnnl().cached_weights(k, src, wbytes) : nullptr;
       if (hit) {
@@ -222,7 +230,9 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       }
     }
     dnnl::memory xm(xd, eng, x.data), ym(yd, eng, ydata);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, ym},
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm},
+                                               {DNNL_ARG_WEIGHTS, wmem},
+                                               {DNNL_ARG_DST, ym},
                                                {DNNL_ARG_SCRATCHPAD, cached->second.scratchpad}};
     if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bd, eng, bias->data));
     if (src_zero)
@@ -250,8 +260,8 @@ bool sums_within_2_24(const Geometry& g, const View& wt, const void* wdata, std:
   const std::uint64_t cg = g.c / g.groups, per_o = cg * g.kh * g.kw;
   if (per_o * amax * 128 <= kExact) return true;
   const auto* wbytes = static_cast<const std::int8_t*>(wdata);
-  const bool dense = wt.strides[3] == 1 && wt.strides[2] == g.kw && wt.strides[1] == g.kh * g.kw &&
-                     wt.strides[0] == per_o;
+  const bool dense =
+      wt.strides[3] == 1 && wt.strides[2] == g.kw && wt.strides[1] == g.kh * g.kw && wt.strides[0] == per_o;
   std::uint64_t wsum_max = 0;
   for (std::uint64_t oi = 0; oi < g.o; ++oi) {
     std::uint64_t s = 0;
@@ -291,8 +301,8 @@ bool dnnl_conv_exact(TensorEngine& e, const Geometry& g, const View& x, dt xt, c
     gs.c = cc;
     if (c0 != 0) part.resize(total);
     std::int32_t* out = c0 == 0 ? acc : part.data();
-    if (!dnnl_conv(e, gs, xs, xt, ws, static_cast<const std::int8_t*>(wdata) + c0 * wt.strides[1], dt::s8, nullptr,
-                   y, dt::s32, out, src_zero))
+    if (!dnnl_conv(e, gs, xs, xt, ws, static_cast<const std::int8_t*>(wdata) + c0 * wt.strides[1], dt::s8, nullptr, y,
+                   dt::s32, out, src_zero))
       return false;
     if (c0 != 0)
       for (std::uint64_t i = 0; i < total; ++i)
@@ -309,16 +319,19 @@ bool dnnl_conv_exact(TensorEngine& e, const Geometry& g, const View& x, dt xt, c
 class Im2colRows final : public igemm::Lines {
  public:
   Im2colRows(const Geometry& g, const View& x, std::uint64_t group) : g_(g), x_(x), c0_(group * (g.c / g.groups)) {}
-  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count, igemm::Segment* out) const override {
-    const std::uint64_t cg = g_.c / g_.groups, col = line % g_.ow, r = line / g_.ow % g_.oh, ni = line / (g_.ow * g_.oh);
+  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count,
+                       igemm::Segment* out) const override {
+    const std::uint64_t cg = g_.c / g_.groups, col = line % g_.ow, r = line / g_.ow % g_.oh,
+                        ni = line / (g_.ow * g_.oh);
     std::size_t ns = 0;
     for (std::uint64_t k = from, end = from + count; k < end;) {
       const std::uint64_t tap = k / cg, ci = k % cg, run = std::min(cg - ci, end - k);
       const std::int64_t ih = g_.in_row(r, tap / g_.kw), iw = g_.in_col(col, tap % g_.kw);
-      const bool inside = ih >= 0 && ih < static_cast<std::int64_t>(g_.h) && iw >= 0 && iw < static_cast<std::int64_t>(g_.w);
+      const bool inside =
+          ih >= 0 && ih < static_cast<std::int64_t>(g_.h) && iw >= 0 && iw < static_cast<std::int64_t>(g_.w);
       const std::uint8_t* src =
-          inside ? reinterpret_cast<const std::uint8_t*>(x_.at(g_.act(x_, ni, c0_ + ci, static_cast<std::uint64_t>(ih),
-                                                                    static_cast<std::uint64_t>(iw))))
+          inside ? reinterpret_cast<const std::uint8_t*>(
+                       x_.at(g_.act(x_, ni, c0_ + ci, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))))
                  : nullptr;
       if (!src && ns && !out[ns - 1].src) {
         out[ns - 1].count += run;  // padding continues
@@ -342,7 +355,8 @@ class Im2colLines final : public igemm::Lines {
  public:
   Im2colLines(const Geometry& g, const View& x, std::uint64_t image, std::uint64_t group)
       : g_(g), x_(x), ni_(image), c0_(group * (g.c / g.groups)) {}
-  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count, igemm::Segment* out) const override {
+  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count,
+                       igemm::Segment* out) const override {
     const std::uint64_t kx = line % g_.kw, ky = line / g_.kw % g_.kh, ci = line / (g_.kw * g_.kh);
     // The output columns whose input column is inside the image: [lo, hi).
     const std::int64_t first = g_.in_col(0, kx);
@@ -354,8 +368,10 @@ class Im2colLines final : public igemm::Lines {
     std::size_t ns = 0;
     auto emit = [&](const std::uint8_t* src, std::uint64_t n, std::int64_t stride) {
       if (!n) return;
-      if (!src && ns && !out[ns - 1].src) out[ns - 1].count += n;
-      else out[ns++] = igemm::Segment{src, n, stride};
+      if (!src && ns && !out[ns - 1].src)
+        out[ns - 1].count += n;
+      else
+        out[ns++] = igemm::Segment{src, n, stride};
     };
     const auto col_stride = static_cast<std::int64_t>(g_.sw * x_.strides[3]);
     for (std::uint64_t p = from, end = from + count; p < end;) {
@@ -369,7 +385,7 @@ class Im2colLines final : public igemm::Lines {
         emit(nullptr, a - col, 0);
         if (b > a)
           emit(reinterpret_cast<const std::uint8_t*>(x_.at(g_.act(x_, ni_, c0_ + ci, static_cast<std::uint64_t>(ih),
-                                                                   static_cast<std::uint64_t>(g_.in_col(a, kx))))),
+                                                                  static_cast<std::uint64_t>(g_.in_col(a, kx))))),
                b - a, col_stride);
         emit(nullptr, c1 - std::max(a, b), 0);
       }
@@ -388,9 +404,9 @@ class Im2colLines final : public igemm::Lines {
 // order the input side uses: (ky, kx, c) for NHWC, (c, ky, kx) for NCHW.
 class WeightLines final : public igemm::Lines {
  public:
-  WeightLines(const Geometry& g, const View& w, std::uint64_t group)
-      : g_(g), w_(w), o0_(group * (g.o / g.groups)) {}
-  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count, igemm::Segment* out) const override {
+  WeightLines(const Geometry& g, const View& w, std::uint64_t group) : g_(g), w_(w), o0_(group * (g.o / g.groups)) {}
+  std::size_t segments(std::uint64_t line, std::uint64_t from, std::uint64_t count,
+                       igemm::Segment* out) const override {
     const std::uint64_t cg = g_.c / g_.groups, oi = o0_ + line;
     const auto* base = reinterpret_cast<const std::uint8_t*>(w_.data);
     std::size_t ns = 0;
@@ -436,7 +452,9 @@ void depthwise_integer(TensorEngine& e, const Geometry& g, const View& x, const 
       wt[t * g.o + oi] = static_cast<std::int32_t>(load_int(p, w.dtype)) - w_zero[oi];
     }
   auto xv = [&](const std::byte* p) -> std::int32_t {
-    return (xs ? static_cast<std::int32_t>(static_cast<std::int8_t>(*p)) : static_cast<std::int32_t>(static_cast<std::uint8_t>(*p))) - x_zero;
+    return (xs ? static_cast<std::int32_t>(static_cast<std::int8_t>(*p))
+               : static_cast<std::int32_t>(static_cast<std::uint8_t>(*p))) -
+           x_zero;
   };
   if (g.nhwc) {
     e.pool().parallel_for(g.n * g.oh, [&](std::uint64_t begin, std::uint64_t end) {
@@ -448,7 +466,8 @@ void depthwise_integer(TensorEngine& e, const Geometry& g, const View& x, const 
           std::fill(out, out + g.o, 0u);
           for (std::uint64_t t = 0; t < taps; ++t) {
             const std::int64_t ih = g.in_row(r, t / g.kw), iw = g.in_col(col, t % g.kw);
-            if (ih < 0 || ih >= static_cast<std::int64_t>(g.h) || iw < 0 || iw >= static_cast<std::int64_t>(g.w)) continue;
+            if (ih < 0 || ih >= static_cast<std::int64_t>(g.h) || iw < 0 || iw >= static_cast<std::int64_t>(g.w))
+              continue;
             const std::byte* px = x.at(g.act(x, ni, 0, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw)));
             for (std::uint64_t c = 0; c < g.c; ++c) xin[c] = xv(px + c * x.strides[3]);
             const std::int32_t* wrow = &wt[t * g.o];
@@ -482,7 +501,8 @@ void depthwise_integer(TensorEngine& e, const Geometry& g, const View& x, const 
             const auto wv = static_cast<std::uint32_t>(wt[(ky * g.kw + kx) * g.o + oi]);
             for (std::uint64_t col = 0; col < g.ow; ++col) {
               const std::int64_t iw = g.in_col(col, kx);
-              if (iw >= 0 && iw < static_cast<std::int64_t>(g.w)) out[col] += static_cast<std::uint32_t>(xin[static_cast<std::uint64_t>(iw)]) * wv;
+              if (iw >= 0 && iw < static_cast<std::int64_t>(g.w))
+                out[col] += static_cast<std::uint32_t>(xin[static_cast<std::uint64_t>(iw)]) * wv;
             }
           }
         }
@@ -568,12 +588,14 @@ void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
                 for (std::uint64_t bb = 0; bb < g.kw; ++bb) {
                   const std::int64_t iw = g.in_col(col, bb);
                   if (iw < 0 || iw >= static_cast<std::int64_t>(g.w)) continue;
-                  s += load_float(x.at(g.act(x, ni, gi * cg + ci, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))), x.dtype) *
+                  s += load_float(x.at(g.act(x, ni, gi * cg + ci, static_cast<std::uint64_t>(ih),
+                                             static_cast<std::uint64_t>(iw))),
+                                  x.dtype) *
                        load_float(w.at(Geometry::wgt(w, oi, ci, a, bb)), w.dtype);
                 }
               }
-            const std::uint64_t dense = g.nhwc ? ((ni * g.oh + r) * g.ow + col) * g.o + oi
-                                               : ((ni * g.o + oi) * g.oh + r) * g.ow + col;
+            const std::uint64_t dense =
+                g.nhwc ? ((ni * g.oh + r) * g.ow + col) * g.o + oi : ((ni * g.o + oi) * g.oh + r) * g.ow + col;
             scratch[dense] = s;
           }
       }
@@ -588,8 +610,10 @@ void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
     e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
       if (act != fw::Activation::kNone)
         for (std::uint64_t i = begin; i < end; ++i) scratch[i] = activate(act, at.act_alpha, at.act_beta, scratch[i]);
-      if (bf16) simd::narrow_bf16(scratch.data() + begin, dst + begin, end - begin);
-      else simd::narrow_f16(scratch.data() + begin, dst + begin, end - begin);
+      if (bf16)
+        simd::narrow_bf16(scratch.data() + begin, dst + begin, end - begin);
+      else
+        simd::narrow_f16(scratch.data() + begin, dst + begin, end - begin);
     });
     return;
   }
@@ -616,8 +640,10 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   {
     // y's geometry from the op's rules (the decoder checked y has it).
     const std::uint64_t h = nhwc ? x.shape[1] : x.shape[2], wd = nhwc ? x.shape[2] : x.shape[3];
-    const std::uint64_t oh = fw::window_output(h, w.shape[2], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], false);
-    const std::uint64_t ow = fw::window_output(wd, w.shape[3], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], false);
+    const std::uint64_t oh =
+        fw::window_output(h, w.shape[2], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], false);
+    const std::uint64_t ow =
+        fw::window_output(wd, w.shape[3], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], false);
     const std::uint64_t n = x.shape[0], o = w.shape[0];
     const std::uint64_t shape[4] = {n, nhwc ? oh : o, nhwc ? ow : oh, nhwc ? o : ow};
     std::uint64_t step = 1;
@@ -631,7 +657,9 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
   if (g.n * g.o * g.oh * g.ow == 0) return;
   std::int64_t x_zero = xz ? load_int(xz->data, xz->dtype) : 0;
-  auto w_zero = [&](std::uint64_t oi) -> std::int64_t { return wz ? load_int(wz->at(oi * wz->strides[0]), wz->dtype) : 0; };
+  auto w_zero = [&](std::uint64_t oi) -> std::int64_t {
+    return wz ? load_int(wz->at(oi * wz->strides[0]), wz->dtype) : 0;
+  };
   if (!onednn_int8_exact(e.isa())) {
     std::vector<std::int16_t> wzs(g.o);
     for (std::uint64_t oi = 0; oi < g.o; ++oi) wzs[oi] = static_cast<std::int16_t>(w_zero(oi));
@@ -653,7 +681,8 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
       for (std::uint64_t ci = 0; ci < cg; ++ci)
         for (std::uint64_t a = 0; a < g.kh; ++a)
           for (std::uint64_t b = 0; b < g.kw; ++b)
-            shifted[i++] = static_cast<std::int8_t>(static_cast<std::uint8_t>(*w.at(Geometry::wgt(w, oi, ci, a, b))) ^ 0x80);
+            shifted[i++] =
+                static_cast<std::int8_t>(static_cast<std::uint8_t>(*w.at(Geometry::wgt(w, oi, ci, a, b))) ^ 0x80);
     wdata = shifted.data();
     ws.dtype = fw::DType::kI8;
     ws.strides[3] = 1;
@@ -704,7 +733,10 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
                 for (std::uint64_t b = 0; b < g.kw; ++b) {
                   const std::int64_t iw = g.in_col(col, b);
                   if (iw < 0 || iw >= static_cast<std::int64_t>(g.w)) continue;
-                  const std::int64_t xv = load_int(xin.at(g.act(xin, ni, gi * cg + ci, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))), xin.dtype) - x_zero;
+                  const std::int64_t xv = load_int(xin.at(g.act(xin, ni, gi * cg + ci, static_cast<std::uint64_t>(ih),
+                                                                static_cast<std::uint64_t>(iw))),
+                                                   xin.dtype) -
+                                          x_zero;
                   const std::int64_t wv = load_int(w.at(Geometry::wgt(w, oi, ci, a, b)), w.dtype) - wzo;
                   s += static_cast<std::uint32_t>(xv * wv);
                 }
@@ -772,7 +804,9 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
             ++taps;
             if (need_x)
               for (std::uint64_t c = 0; c < g.c; ++c)
-                xsum[c / cg] += load_int(xin.at(g.act(xin, ni, c, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))), xin.dtype);
+                xsum[c / cg] +=
+                    load_int(xin.at(g.act(xin, ni, c, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw))),
+                             xin.dtype);
           }
         }
         // fix[o] = 128*X (u8 weights) - wz*X - xz*Wv + xz*wz*N, mod 2^32.
@@ -800,7 +834,8 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
         if (g.nhwc) {  // the channels of one position are contiguous
           std::int32_t* out = &acc[dense(ni, 0, r, col)];
           for (std::uint64_t oi = 0; oi < g.o; ++oi)
-            out[oi] = static_cast<std::int32_t>(static_cast<std::uint32_t>(out[oi]) + static_cast<std::uint32_t>(fix[oi]));
+            out[oi] =
+                static_cast<std::int32_t>(static_cast<std::uint32_t>(out[oi]) + static_cast<std::uint32_t>(fix[oi]));
         } else {
           for (std::uint64_t oi = 0; oi < g.o; ++oi) {
             std::int32_t& out = acc[dense(ni, oi, r, col)];

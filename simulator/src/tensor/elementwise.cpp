@@ -28,15 +28,18 @@ float float_binary(fw::ElementwiseOp op, float a, float b) {
     case fw::ElementwiseOp::kSub: return a - b;
     case fw::ElementwiseOp::kMul: return a * b;
     case fw::ElementwiseOp::kDiv: return a / b;
-    case fw::ElementwiseOp::kMax: return std::isnan(a) || std::isnan(b) ? std::numeric_limits<float>::quiet_NaN() : std::max(a, b);
-    case fw::ElementwiseOp::kMin: return std::isnan(a) || std::isnan(b) ? std::numeric_limits<float>::quiet_NaN() : std::min(a, b);
+    case fw::ElementwiseOp::kMax:
+      return std::isnan(a) || std::isnan(b) ? std::numeric_limits<float>::quiet_NaN() : std::max(a, b);
+    case fw::ElementwiseOp::kMin:
+      return std::isnan(a) || std::isnan(b) ? std::numeric_limits<float>::quiet_NaN() : std::min(a, b);
     default: return a;
   }
 }
 
 float float_unary(const fw::ElementwiseAttrs& at, float x) {
   switch (static_cast<fw::ElementwiseOp>(at.op)) {
-    case fw::ElementwiseOp::kActivation: return activate(static_cast<fw::Activation>(at.activation), at.alpha, at.beta, x);
+    case fw::ElementwiseOp::kActivation:
+      return activate(static_cast<fw::Activation>(at.activation), at.alpha, at.beta, x);
     case fw::ElementwiseOp::kAbs: return std::fabs(x);
     case fw::ElementwiseOp::kNeg: return -x;
     case fw::ElementwiseOp::kExp: return std::exp(x);
@@ -74,16 +77,17 @@ void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, const View* v)
   }
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     if (op == fw::ElementwiseOp::kIdentity) {
-      for_each_index(y.shape, y.rank, unary_views, begin, end, [&](const std::uint64_t* off) {
-        cast_one(a.at(off[1]), a.dtype, y.at(off[0]), y.dtype);
-      });
+      for_each_index(y.shape, y.rank, unary_views, begin, end,
+                     [&](const std::uint64_t* off) { cast_one(a.at(off[1]), a.dtype, y.at(off[0]), y.dtype); });
     } else if (binary && is_float(y.dtype)) {
       for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
-        store_float(y.at(off[0]), y.dtype, float_binary(op, load_float(a.at(off[1]), a.dtype), load_float(b.at(off[2]), b.dtype)));
+        store_float(y.at(off[0]), y.dtype,
+                    float_binary(op, load_float(a.at(off[1]), a.dtype), load_float(b.at(off[2]), b.dtype)));
       });
     } else if (binary) {
       for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
-        store_int_wrap(y.at(off[0]), y.dtype, int_binary(op, load_int(a.at(off[1]), a.dtype), load_int(b.at(off[2]), b.dtype)));
+        store_int_wrap(y.at(off[0]), y.dtype,
+                       int_binary(op, load_int(a.at(off[1]), a.dtype), load_int(b.at(off[2]), b.dtype)));
       });
     } else if (is_float(y.dtype)) {
       for_each_index(y.shape, y.rank, unary_views, begin, end, [&](const std::uint64_t* off) {
@@ -135,7 +139,8 @@ void quantize(TensorEngine& e, const View* v) {
   const std::int32_t lo = int_min(y.dtype), hi = int_max(y.dtype);
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
-      const float xv = is_float(x.dtype) ? load_float(x.at(off[1]), x.dtype) : static_cast<float>(load_int(x.at(off[1]), x.dtype));
+      const float xv =
+          is_float(x.dtype) ? load_float(x.at(off[1]), x.dtype) : static_cast<float>(load_int(x.at(off[1]), x.dtype));
       const float s = load_float(scale.at(off[2]), fw::DType::kF32);
       const std::int32_t z = zp.present() ? static_cast<std::int32_t>(load_int(zp.at(off[3]), zp.dtype)) : 0;
       const std::int32_t q = round_saturate(xv / s, INT32_MIN / 2, INT32_MAX / 2) + z;
@@ -152,7 +157,8 @@ void dequantize(TensorEngine& e, const View* v) {
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
       const std::int64_t z = zp.present() ? load_int(zp.at(off[3]), zp.dtype) : 0;
-      const float r = static_cast<float>(load_int(x.at(off[1]), x.dtype) - z) * load_float(scale.at(off[2]), fw::DType::kF32);
+      const float r =
+          static_cast<float>(load_int(x.at(off[1]), x.dtype) - z) * load_float(scale.at(off[2]), fw::DType::kF32);
       store_float(y.at(off[0]), y.dtype, r);
     });
   });

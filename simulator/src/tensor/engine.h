@@ -109,11 +109,10 @@ class TensorEngine {
 void matmul(TensorEngine& e, const fw::MatMulAttrs& a, const View* v);
 // Integer products write int32 accumulators, dense in the output's
 // row-major order, into `acc` (sized by the caller: the output's elements).
-void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* az, const View* bz,
-                    std::int32_t* acc);
+void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* az, const View* bz, std::int32_t* acc);
 void conv2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v);
-void conv_integer(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz,
-                  const View* wz, std::int32_t* acc);
+void conv_integer(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz, const View* wz,
+                  std::int32_t* acc);
 // QLinearConv with the requantisation fused into oneDNN's convolution where
 // that is bit-identical to conv_integer + requantize (s8 weights without
 // zero points, no bias, sums within 2^24, finite multipliers, one per
@@ -132,8 +131,8 @@ float activate(fw::Activation act, float alpha, float beta, float x);
 // Visits every index of `shape` (row-major), calling fn(offsets) where
 // offsets[t] is the element offset of index in each of `views`.
 template <std::size_t N, class F>
-void for_each_index(const std::uint64_t* shape, std::uint32_t rank, const View* const (&views)[N],
-                    std::uint64_t begin, std::uint64_t end, F&& fn) {
+void for_each_index(const std::uint64_t* shape, std::uint32_t rank, const View* const (&views)[N], std::uint64_t begin,
+                    std::uint64_t end, F&& fn) {
   std::uint64_t idx[fw::kMaxRank] = {};
   std::uint64_t rem = begin;
   for (std::uint32_t d = rank; d-- > 0;) {

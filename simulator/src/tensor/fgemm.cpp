@@ -21,18 +21,16 @@ void gemm(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, s
   // B, packed once for every block of A, into memory kept from call to call
   // (the engine runs one op at a time).
   float* const bp = e.scratch_f32(panels * panel_floats);
-  e.pool().parallel_for(panels, [&](std::uint64_t q0, std::uint64_t q1) {
-    k.pack_b(b, kdim, n, q0, q1, bp + q0 * panel_floats);
-  });
+  e.pool().parallel_for(
+      panels, [&](std::uint64_t q0, std::uint64_t q1) { k.pack_b(b, kdim, n, q0, q1, bp + q0 * panel_floats); });
   gemm::multiply(
       e, m, n, kdim, k.mr, nr, kMaxKc, bp,
       [&](std::uint64_t m0, std::uint64_t mc, std::uint64_t k0, std::uint64_t kc, float* block) {
         k.pack_a(a, m0, mc, k0, kc, block);
       },
       [&](std::uint64_t kc, const float* ap, const float* panel, std::uint64_t row, std::uint64_t q, unsigned rows,
-          unsigned cols, bool accumulate) {
-        k.kernel(kc, ap, panel, c + row * ldc + q * nr, ldc, rows, cols, accumulate);
-      });
+          unsigned cols,
+          bool accumulate) { k.kernel(kc, ap, panel, c + row * ldc + q * nr, ldc, rows, cols, accumulate); });
 }
 
 }  // namespace tpuhal::sim::tensor::fgemm

@@ -42,8 +42,7 @@ struct Kernels {
   unsigned mr, nr;
   bool fma;
   // A rows [m0, m0 + mc), columns [k0, k0 + kc) (kc <= kMaxKc).
-  void (*pack_a)(const Matrix& a, std::uint64_t m0, std::uint64_t mc, std::uint64_t k0, std::uint64_t kc,
-                 float* out);
+  void (*pack_a)(const Matrix& a, std::uint64_t m0, std::uint64_t mc, std::uint64_t k0, std::uint64_t kc, float* out);
   // B panels [q0, q1) of all k rows; panel q at out + (q - q0) * k * NR.
   void (*pack_b)(const Matrix& b, std::uint64_t k, std::uint64_t n, std::uint64_t q0, std::uint64_t q1, float* out);
   // C tile (mr x nr of MR x NR, row stride ldc) = (accumulate ? C : 0)

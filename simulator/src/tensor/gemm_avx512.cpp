@@ -26,7 +26,9 @@ struct F {
   static void store(float* p, reg r) { _mm512_storeu_ps(p, r); }
   static reg bcast(const float* p) { return _mm512_set1_ps(*p); }
   static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static __m512i to_int(reg r) { return _mm512_maskz_cvtps_epi32(0xFFFF, r); }  // maskz: no undefined lanes for GCC to warn of
+  static __m512i to_int(reg r) {
+    return _mm512_maskz_cvtps_epi32(0xFFFF, r);
+  }  // maskz: no undefined lanes for GCC to warn of
 };
 constexpr unsigned FMR = 12, FNV = 2;
 #define TPUHAL_GEMM_F16C 1

@@ -39,8 +39,8 @@ struct NextPanel {
 // K is cut into blocks as even as max_kc allows (576 as 3 x 192, not 256 +
 // 256 + 64: a short block pays the kernel's fixed costs for little work).
 template <class PackA, class Kernel>
-void multiply(TensorEngine& e, std::uint64_t m, std::uint64_t n, std::uint64_t kdim, std::uint64_t mr,
-              std::uint64_t nr, std::uint64_t max_kc, const float* bp, PackA&& pack_a, Kernel&& kernel) {
+void multiply(TensorEngine& e, std::uint64_t m, std::uint64_t n, std::uint64_t kdim, std::uint64_t mr, std::uint64_t nr,
+              std::uint64_t max_kc, const float* bp, PackA&& pack_a, Kernel&& kernel) {
   const std::uint64_t panels = (n + nr - 1) / nr, panel_floats = kdim * nr, mpanels = (m + mr - 1) / mr;
   const std::uint64_t kblocks = (kdim + max_kc - 1) / max_kc, kblock = (kdim + kblocks - 1) / kblocks;
   const bool by_rows = mpanels >= 2 * static_cast<std::uint64_t>(e.threads()) || panels == 1;

@@ -4,14 +4,26 @@
 namespace tpuhal::sim::tensor {
 
 #if defined(__x86_64__)
-namespace gemm_sse2 { extern const gemm::Kernels kKernels; }
-namespace gemm_sse41 { extern const gemm::Kernels kKernels; }
-namespace gemm_avx2 { extern const gemm::Kernels kKernels; }
-namespace gemm_avx512 { extern const gemm::Kernels kKernels; }
+namespace gemm_sse2 {
+extern const gemm::Kernels kKernels;
+}
+namespace gemm_sse41 {
+extern const gemm::Kernels kKernels;
+}
+namespace gemm_avx2 {
+extern const gemm::Kernels kKernels;
+}
+namespace gemm_avx512 {
+extern const gemm::Kernels kKernels;
+}
 #elif defined(__aarch64__)
-namespace gemm_neon { extern const gemm::Kernels kKernels; }
+namespace gemm_neon {
+extern const gemm::Kernels kKernels;
+}
 #endif
-namespace gemm_generic { extern const gemm::Kernels kKernels; }
+namespace gemm_generic {
+extern const gemm::Kernels kKernels;
+}
 
 const gemm::Kernels& gemm::kernels(Isa isa) {
   switch (isa) {

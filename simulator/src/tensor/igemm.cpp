@@ -51,9 +51,8 @@ void gemm(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, s
         k.pack_a(a, m0, mc, k0, kc, block, segs.data());
       },
       [&](std::uint64_t kc, const float* ap, const float* panel, std::uint64_t row, std::uint64_t q, unsigned rows,
-          unsigned cols, bool accumulate) {
-        k.kernel(kc, ap, panel, c + row * ldc + q * nr, ldc, rows, cols, accumulate);
-      });
+          unsigned cols,
+          bool accumulate) { k.kernel(kc, ap, panel, c + row * ldc + q * nr, ldc, rows, cols, accumulate); });
 }
 
 }  // namespace tpuhal::sim::tensor::igemm

@@ -74,8 +74,8 @@ struct Kernels {
   unsigned mr, nr;
   // A rows [m0, m0 + mc), elements [k0, k0 + kc) (kc <= kMaxKc); `segs` has
   // room for kc + 2 segments.
-  void (*pack_a)(const Lines& a, std::uint64_t m0, std::uint64_t mc, std::uint64_t k0, std::uint64_t kc,
-                 float* out, Segment* segs);
+  void (*pack_a)(const Lines& a, std::uint64_t m0, std::uint64_t mc, std::uint64_t k0, std::uint64_t kc, float* out,
+                 Segment* segs);
   // Rows [k0, k1) of every panel, from k-lines (rows of B) of n columns.
   // `panel_floats` is the distance between panels (k * NR); `line` has room
   // for n floats and `segs` for n + 2 segments.

@@ -62,8 +62,8 @@ Isa isa_detected() {
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("sse4.1")) return Isa::kSse2;
   if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return Isa::kSse41;
-  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")))
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl")))
     return Isa::kAvx2;
   if (!__builtin_cpu_supports("avx512vnni")) return Isa::kAvx512;
   return Isa::kAvx512Vnni;
@@ -80,8 +80,8 @@ Isa isa_from_env() {
   if (!env || !*env) return have;
   const auto cap = parse_isa(env);
   if (!cap)
-    throw std::invalid_argument(std::string(kEnv) + "=" + env + ": not an instruction-set level of this machine; one of " +
-                                isa_levels());
+    throw std::invalid_argument(std::string(kEnv) + "=" + env +
+                                ": not an instruction-set level of this machine; one of " + isa_levels());
   return static_cast<std::uint8_t>(*cap) < static_cast<std::uint8_t>(have) ? *cap : have;
 }
 

@@ -96,7 +96,6 @@ std::uint64_t batches(const View& y) {
   return n;
 }
 
-
 fgemm::Type float_type(fw::DType t) {
   return t == fw::DType::kF16 ? fgemm::Type::kF16 : t == fw::DType::kBF16 ? fgemm::Type::kBF16 : fgemm::Type::kF32;
 }
@@ -212,8 +211,7 @@ void matmul(TensorEngine& e, const fw::MatMulAttrs& at, const View* v) {
 //   sum_k (a - az)(b - bz) = sum ab - bz sum_k a - az sum_k b + K az bz
 // with sum ab on oneDNN (u8/s8 x s8; u8 weights shifted by 128) where it
 // can describe the operands.
-void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* az, const View* bz,
-                    std::int32_t* acc) {
+void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* az, const View* bz, std::int32_t* acc) {
   const std::uint32_t r = a.rank;
   const std::uint64_t m = a.shape[r - 2], k = a.shape[r - 1], n = b.shape[r - 1];
   View y{};  // the output's geometry: batch dims from a (already broadcast)
@@ -236,18 +234,25 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
     std::vector<std::int16_t> za(m), zb(n);
     for (std::uint64_t bi = 0; bi < nb; ++bi) {
       for (std::uint64_t i = 0; i < m; ++i)
-        za[i] = az ? static_cast<std::int16_t>(load_int(az->at(Indexer{*az, false}.batch_offset(bi, y) + i * az->strides[r - 2]), az->dtype)) : 0;
+        za[i] = az ? static_cast<std::int16_t>(
+                         load_int(az->at(Indexer{*az, false}.batch_offset(bi, y) + i * az->strides[r - 2]), az->dtype))
+                   : 0;
       for (std::uint64_t j = 0; j < n; ++j)
-        zb[j] = bz ? static_cast<std::int16_t>(load_int(bz->at(Indexer{*bz, false}.batch_offset(bi, y) + j * bz->strides[r - 1]), bz->dtype)) : 0;
+        zb[j] = bz ? static_cast<std::int16_t>(
+                         load_int(bz->at(Indexer{*bz, false}.batch_offset(bi, y) + j * bz->strides[r - 1]), bz->dtype))
+                   : 0;
       const auto* pa = reinterpret_cast<const std::uint8_t*>(a.at(ia.batch_offset(bi, y)));
       const auto* pb = reinterpret_cast<const std::uint8_t*>(b.at(ib.batch_offset(bi, y)));
-      igemm::MatrixLines al(pa, static_cast<std::int64_t>(a.strides[r - 2]), static_cast<std::int64_t>(a.strides[r - 1]));
+      igemm::MatrixLines al(pa, static_cast<std::int64_t>(a.strides[r - 2]),
+                            static_cast<std::int64_t>(a.strides[r - 1]));
       al.is_signed = a.dtype == fw::DType::kI8;
       al.zero_per_line = za.data();
       // B by rows when they are contiguous (or neither way is), else by columns.
       const bool rows = b.strides[r - 1] == 1 || b.strides[r - 2] != 1;
-      igemm::MatrixLines bl = rows ? igemm::MatrixLines(pb, static_cast<std::int64_t>(b.strides[r - 2]), static_cast<std::int64_t>(b.strides[r - 1]))
-                                   : igemm::MatrixLines(pb, static_cast<std::int64_t>(b.strides[r - 1]), static_cast<std::int64_t>(b.strides[r - 2]));
+      igemm::MatrixLines bl = rows ? igemm::MatrixLines(pb, static_cast<std::int64_t>(b.strides[r - 2]),
+                                                        static_cast<std::int64_t>(b.strides[r - 1]))
+                                   : igemm::MatrixLines(pb, static_cast<std::int64_t>(b.strides[r - 1]),
+                                                        static_cast<std::int64_t>(b.strides[r - 2]));
       bl.is_signed = b.dtype == fw::DType::kI8;
       (rows ? bl.zero_along : bl.zero_per_line) = zb.data();
       igemm::gemm(e, kern, m, n, k, al, bl, rows, acc + bi * m * n, n);
@@ -405,10 +410,9 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
               }
               std::uint32_t sum = 0;
               for (std::uint64_t kk = 0; kk < k; ++kk)
-                sum += static_cast<std::uint32_t>(
-                    load_int(pa + ia.rc(i, kk) * a.esize, a.dtype) *
-                    static_cast<std::int64_t>(*reinterpret_cast<const std::int8_t*>(
-                        bs.at(bbase + kk * bs.strides[r - 2] + j * bs.strides[r - 1]))));
+                sum += static_cast<std::uint32_t>(load_int(pa + ia.rc(i, kk) * a.esize, a.dtype) *
+                                                  static_cast<std::int64_t>(*reinterpret_cast<const std::int8_t*>(
+                                                      bs.at(bbase + kk * bs.strides[r - 2] + j * bs.strides[r - 1]))));
               acc[idx] = static_cast<std::int32_t>(sum);
             }
           });
@@ -449,8 +453,8 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
       for (std::uint64_t j = 0; j < n; ++j) {
         std::int64_t zb = 0;
         if (bz) zb = load_int(bz->at(Indexer{*bz, false}.batch_offset(bi, y) + j * bz->strides[r - 1]), bz->dtype);
-        const std::int64_t fix = -zb * row_sum[bi * m + i] - za * col_sum[bi * n + j] +
-                                 static_cast<std::int64_t>(k) * za * zb;
+        const std::int64_t fix =
+            -zb * row_sum[bi * m + i] - za * col_sum[bi * n + j] + static_cast<std::int64_t>(k) * za * zb;
         std::int32_t& out = acc[(bi * m + i) * n + j];
         out = static_cast<std::int32_t>(static_cast<std::uint32_t>(out) + static_cast<std::uint32_t>(fix));
       }

@@ -42,9 +42,9 @@ inline std::uint16_t float_to_half(float f) {
   std::memcpy(&x, &f, 4);
   const std::uint16_t sign = static_cast<std::uint16_t>((x >> 16) & 0x8000);
   const std::uint32_t abs = x & 0x7FFFFFFF;
-  if (abs > 0x7F800000) return sign | 0x7E00;           // nan
-  if (abs >= 0x477FF000) return sign | 0x7C00;          // rounds to inf
-  if (abs < 0x33000001) return sign;                    // rounds to zero
+  if (abs > 0x7F800000) return sign | 0x7E00;   // nan
+  if (abs >= 0x477FF000) return sign | 0x7C00;  // rounds to inf
+  if (abs < 0x33000001) return sign;            // rounds to zero
   std::uint32_t exp = abs >> 23;
   if (exp < 113) {  // subnormal half
     const std::uint32_t man = (abs & 0x7FFFFF) | 0x800000;
@@ -98,18 +98,32 @@ inline std::int32_t int_min(fw::DType t) {
 inline std::int32_t int_max(fw::DType t) {
   return t == fw::DType::kI8 ? 127 : t == fw::DType::kU8 ? 255 : std::numeric_limits<std::int32_t>::max();
 }
-inline bool is_float(fw::DType t) {
-  return t == fw::DType::kF32 || t == fw::DType::kF16 || t == fw::DType::kBF16;
-}
+inline bool is_float(fw::DType t) { return t == fw::DType::kF32 || t == fw::DType::kF16 || t == fw::DType::kBF16; }
 
 inline float load_float(const std::byte* p, fw::DType t) {
   switch (t) {
-    case fw::DType::kF32: { float v; std::memcpy(&v, p, 4); return v; }
-    case fw::DType::kF16: { std::uint16_t v; std::memcpy(&v, p, 2); return half_to_float(v); }
-    case fw::DType::kBF16: { std::uint16_t v; std::memcpy(&v, p, 2); return bf16_to_float(v); }
+    case fw::DType::kF32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case fw::DType::kF16: {
+      std::uint16_t v;
+      std::memcpy(&v, p, 2);
+      return half_to_float(v);
+    }
+    case fw::DType::kBF16: {
+      std::uint16_t v;
+      std::memcpy(&v, p, 2);
+      return bf16_to_float(v);
+    }
     case fw::DType::kI8: return static_cast<float>(static_cast<std::int8_t>(*p));
     case fw::DType::kU8: return static_cast<float>(static_cast<std::uint8_t>(*p));
-    case fw::DType::kI32: { std::int32_t v; std::memcpy(&v, p, 4); return static_cast<float>(v); }
+    case fw::DType::kI32: {
+      std::int32_t v;
+      std::memcpy(&v, p, 4);
+      return static_cast<float>(v);
+    }
     case fw::DType::kNone: break;
   }
   return 0;
@@ -119,7 +133,11 @@ inline std::int64_t load_int(const std::byte* p, fw::DType t) {
   switch (t) {
     case fw::DType::kI8: return static_cast<std::int8_t>(*p);
     case fw::DType::kU8: return static_cast<std::uint8_t>(*p);
-    case fw::DType::kI32: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
+    case fw::DType::kI32: {
+      std::int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
     default: return static_cast<std::int64_t>(load_float(p, t));
   }
 }
@@ -129,8 +147,16 @@ inline std::int64_t load_int(const std::byte* p, fw::DType t) {
 inline void store_float(std::byte* p, fw::DType t, float v) {
   switch (t) {
     case fw::DType::kF32: std::memcpy(p, &v, 4); return;
-    case fw::DType::kF16: { const std::uint16_t h = float_to_half(v); std::memcpy(p, &h, 2); return; }
-    case fw::DType::kBF16: { const std::uint16_t h = float_to_bf16(v); std::memcpy(p, &h, 2); return; }
+    case fw::DType::kF16: {
+      const std::uint16_t h = float_to_half(v);
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case fw::DType::kBF16: {
+      const std::uint16_t h = float_to_bf16(v);
+      std::memcpy(p, &h, 2);
+      return;
+    }
     case fw::DType::kI8: *p = static_cast<std::byte>(static_cast<std::int8_t>(round_saturate(v, -128, 127))); return;
     case fw::DType::kU8: *p = static_cast<std::byte>(static_cast<std::uint8_t>(round_saturate(v, 0, 255))); return;
     case fw::DType::kI32: {
@@ -146,7 +172,8 @@ inline void store_float(std::byte* p, fw::DType t, float v) {
 // arithmetic: the integer elementwise ops wrap.
 inline void store_int_wrap(std::byte* p, fw::DType t, std::int64_t v) {
   switch (t) {
-    case fw::DType::kI8: case fw::DType::kU8: *p = static_cast<std::byte>(static_cast<std::uint8_t>(v)); return;
+    case fw::DType::kI8:
+    case fw::DType::kU8: *p = static_cast<std::byte>(static_cast<std::uint8_t>(v)); return;
     case fw::DType::kI32: {
       const auto u = static_cast<std::uint32_t>(static_cast<std::uint64_t>(v));
       std::memcpy(p, &u, 4);

@@ -64,9 +64,9 @@ TPUHAL_CLONES
 void widen_f16(const std::uint16_t* __restrict in, float* __restrict out, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t h = in[i];
-    std::uint32_t o = (h & 0x7FFFu) << 13;        // exponent and mantissa
-    const std::uint32_t exp = o & 0x0F800000u;    // the exponent alone
-    o += (127u - 15u) << 23;                       // rebias
+    std::uint32_t o = (h & 0x7FFFu) << 13;              // exponent and mantissa
+    const std::uint32_t exp = o & 0x0F800000u;          // the exponent alone
+    o += (127u - 15u) << 23;                            // rebias
     o += exp == 0x0F800000u ? (128u - 16u) << 23 : 0u;  // inf, nan: to the top exponent
     float f;
     if (exp == 0) {  // zero or subnormal: renormalise through the float unit
@@ -107,7 +107,7 @@ void narrow_f16(const float* __restrict in, std::uint16_t* __restrict out, std::
     fa += 0.5f;  // to a multiple of 2^-24, nearest even
     std::uint32_t sub;
     std::memcpy(&sub, &fa, 4);
-    sub -= 0x3F000000u;  // the bits of 0.5
+    sub -= 0x3F000000u;                                // the bits of 0.5
     std::uint32_t r = a < 0x38800000u ? sub : normal;  // below 2^-14: subnormal
     r = a >= 0x477FF000u ? 0x7C00u : r;                // rounds past 65504: infinity
     r = a > 0x7F800000u ? 0x7E00u : r;                 // NaN

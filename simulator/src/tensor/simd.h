@@ -20,8 +20,8 @@ std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n);
 // out[i] = clamp(round_half_even(acc[i] * mul[i]) + zero, lo, hi) as a byte
 // (u8, or i8 two's complement), for |acc[i] * mul[i]| up to 2^22 (beyond,
 // the result saturates).
-void requantize_u8(const std::int32_t* acc, const float* mul, std::uint8_t* out, std::size_t n,
-                   std::int32_t zero, std::int32_t lo, std::int32_t hi);
+void requantize_u8(const std::int32_t* acc, const float* mul, std::uint8_t* out, std::size_t n, std::int32_t zero,
+                   std::int32_t lo, std::int32_t hi);
 
 // Conversions between f16 / bf16 and f32, exactly as numerics.h's
 // half_to_float, bf16_to_float, float_to_half and float_to_bf16 convert

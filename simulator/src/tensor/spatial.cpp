@@ -45,13 +45,17 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
             for (std::int64_t b = 0; b < kw; ++b) {
               const std::int64_t iw = w0 + b * dw;
               if (iw < 0 || iw >= w) continue;
-              const std::byte* p = x.at(at4(x, nhwc, ni, ci, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw)));
+              const std::byte* p =
+                  x.at(at4(x, nhwc, ni, ci, static_cast<std::uint64_t>(ih), static_cast<std::uint64_t>(iw)));
               if (max && !is_float(x.dtype)) {
                 best_i = std::max(best_i, load_int(p, x.dtype));
               } else {
                 const float val = load_float(p, x.dtype);
-                if (max) best = std::isnan(val) || std::isnan(best) ? std::numeric_limits<float>::quiet_NaN() : std::max(best, val);
-                else sum += val;
+                if (max)
+                  best = std::isnan(val) || std::isnan(best) ? std::numeric_limits<float>::quiet_NaN()
+                                                             : std::max(best, val);
+                else
+                  sum += val;
               }
               ++count;
             }
@@ -98,9 +102,11 @@ float source_coordinate(fw::CoordinateMode mode, float o, float scale, std::uint
 std::int64_t nearest_index(fw::NearestMode mode, float x) {
   switch (mode) {
     case fw::NearestMode::kRoundPreferFloor:
-      return x == std::floor(x) + 0.5f ? static_cast<std::int64_t>(std::floor(x)) : static_cast<std::int64_t>(std::round(x));
+      return x == std::floor(x) + 0.5f ? static_cast<std::int64_t>(std::floor(x))
+                                       : static_cast<std::int64_t>(std::round(x));
     case fw::NearestMode::kRoundPreferCeil:
-      return x == std::floor(x) + 0.5f ? static_cast<std::int64_t>(std::ceil(x)) : static_cast<std::int64_t>(std::round(x));
+      return x == std::floor(x) + 0.5f ? static_cast<std::int64_t>(std::ceil(x))
+                                       : static_cast<std::int64_t>(std::round(x));
     case fw::NearestMode::kFloor: return static_cast<std::int64_t>(std::floor(x));
     case fw::NearestMode::kCeil: return static_cast<std::int64_t>(std::ceil(x));
   }
@@ -130,17 +136,21 @@ void resize(TensorEngine& e, const fw::ResizeAttrs& at, const View* v) {
           const float sx = source_coordinate(mode, static_cast<float>(col), at.scale[1], iw);
           std::byte* out = y.at(at4(y, nhwc, ni, ci, r, col));
           if (!linear) {
-            const std::byte* p = x.at(at4(x, nhwc, ni, ci, clampi(nearest_index(nearest, sy), ih),
-                                          clampi(nearest_index(nearest, sx), iw)));
+            const std::byte* p = x.at(
+                at4(x, nhwc, ni, ci, clampi(nearest_index(nearest, sy), ih), clampi(nearest_index(nearest, sx), iw)));
             std::memcpy(out, p, x.esize);
             continue;
           }
           // Bilinear: the two nearest rows and columns, edges replicated.
           const float fy = std::floor(sy), fx = std::floor(sx);
           const float wy = sy - fy, wx = sx - fx;
-          const std::uint64_t y0 = clampi(static_cast<std::int64_t>(fy), ih), y1 = clampi(static_cast<std::int64_t>(fy) + 1, ih);
-          const std::uint64_t x0 = clampi(static_cast<std::int64_t>(fx), iw), x1 = clampi(static_cast<std::int64_t>(fx) + 1, iw);
-          auto px = [&](std::uint64_t yy, std::uint64_t xx) { return load_float(x.at(at4(x, nhwc, ni, ci, yy, xx)), x.dtype); };
+          const std::uint64_t y0 = clampi(static_cast<std::int64_t>(fy), ih),
+                              y1 = clampi(static_cast<std::int64_t>(fy) + 1, ih);
+          const std::uint64_t x0 = clampi(static_cast<std::int64_t>(fx), iw),
+                              x1 = clampi(static_cast<std::int64_t>(fx) + 1, iw);
+          auto px = [&](std::uint64_t yy, std::uint64_t xx) {
+            return load_float(x.at(at4(x, nhwc, ni, ci, yy, xx)), x.dtype);
+          };
           const float top = px(y0, x0) * (1 - wx) + px(y0, x1) * wx;
           const float bottom = px(y1, x0) * (1 - wx) + px(y1, x1) * wx;
           store_float(out, y.dtype, top * (1 - wy) + bottom * wy);
@@ -162,12 +172,14 @@ void color_convert(TensorEngine& e, const fw::ColorConvertAttrs& at, const View*
   e.pool().parallel_for(h, [&](std::uint64_t begin, std::uint64_t end) {
     for (std::uint64_t r = begin; r < end; ++r) {
       for (std::uint64_t col = 0; col < w; ++col) {
-        const float Y = static_cast<float>(static_cast<std::uint8_t>(*luma.at(r * luma.strides[0] + col * luma.strides[1])));
+        const float Y =
+            static_cast<float>(static_cast<std::uint8_t>(*luma.at(r * luma.strides[0] + col * luma.strides[1])));
         float U, V;
         const std::uint64_t cr = r / 2, cc = col / 2;
         if (nv12) {
           U = static_cast<float>(static_cast<std::uint8_t>(*c1.at(cr * c1.strides[0] + cc * c1.strides[1])));
-          V = static_cast<float>(static_cast<std::uint8_t>(*c1.at(cr * c1.strides[0] + cc * c1.strides[1] + c1.strides[2])));
+          V = static_cast<float>(
+              static_cast<std::uint8_t>(*c1.at(cr * c1.strides[0] + cc * c1.strides[1] + c1.strides[2])));
         } else {
           U = static_cast<float>(static_cast<std::uint8_t>(*c1.at(cr * c1.strides[0] + cc * c1.strides[1])));
           V = static_cast<float>(static_cast<std::uint8_t>(*c2.at(cr * c2.strides[0] + cc * c2.strides[1])));

@@ -97,11 +97,11 @@ struct CodecUnit::Channel {
   AVCodecContext* ctx = nullptr;
   AVPacket* pkt = nullptr;
   AVFrame* frame = nullptr;
-  bool frame_ready = false;        // `frame` holds a frame not yet published
+  bool frame_ready = false;            // `frame` holds a frame not yet published
   std::deque<fw::FrameRecord> outbox;  // error and end-of-stream records to publish
-  std::uint64_t published = 0;     // records written
-  std::uint64_t taken = 0;         // packets taken from `pending`
-  std::uint64_t last_packet = 0;   // index of the last packet sent to the decoder
+  std::uint64_t published = 0;         // records written
+  std::uint64_t taken = 0;             // packets taken from `pending`
+  std::uint64_t last_packet = 0;       // index of the last packet sent to the decoder
   std::uint64_t frames = 0;
 
   void free_decoder() {
@@ -113,8 +113,8 @@ struct CodecUnit::Channel {
   }
 };
 
-CodecUnit::CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads,
-                     Raise raise, void* board, const std::atomic<bool>& halted)
+CodecUnit::CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads, Raise raise,
+                     void* board, const std::atomic<bool>& halted)
     : dma_(dma), iommu_(iommu), raise_(raise), board_(board), halted_(halted) {
   // libavcodec reports every damaged macroblock on stderr; the board reports
   // errors through its records instead.
@@ -149,12 +149,10 @@ fw::Problem CodecUnit::open(const fw::VideoOpenArgs& a, std::uint32_t queue, Dma
   {
     DmaAccess access(ctx);
     const std::uint64_t page_bytes = fw::video_page_bytes(a.slot_count, a.record_count);
-    std::byte* page = fw::is_host_address(a.page)
-                          ? access.translate(a.page, page_bytes, kIommuRead | kIommuWrite)
-                          : nullptr;
+    std::byte* page =
+        fw::is_host_address(a.page) ? access.translate(a.page, page_bytes, kIommuRead | kIommuWrite) : nullptr;
     if (!page) return {fw::CmdStatus::kDmaFault, 2, a.page, fw::kAccessWrite};
-    if (fw::is_host_address(a.pool) ||
-        !dma_.resolve(access, a.pool, a.slot_bytes * a.slot_count, kIommuWrite))
+    if (fw::is_host_address(a.pool) || !dma_.resolve(access, a.pool, a.slot_bytes * a.slot_count, kIommuWrite))
       return {fw::CmdStatus::kDmaFault, 3, a.pool, fw::kAccessWrite};
     auto* hdr = reinterpret_cast<fw::VideoChannelHeader*>(page);
     store_release(hdr->published, std::uint64_t{0});
@@ -171,7 +169,7 @@ fw::Problem CodecUnit::open(const fw::VideoOpenArgs& a, std::uint32_t queue, Dma
     c.free_decoder();
     return {fw::CmdStatus::kBadArgument, 1, static_cast<std::uint64_t>(a.codec), 0};
   }
-  c.ctx->thread_count = 1;  // the unit's decode threads are the parallelism
+  c.ctx->thread_count = 1;                  // the unit's decode threads are the parallelism
   c.ctx->err_recognition |= AV_EF_EXPLODE;  // damaged data is an error, not a concealed frame
   if (avcodec_open2(c.ctx, codec, nullptr) < 0) {
     c.free_decoder();
@@ -308,11 +306,12 @@ void CodecUnit::worker(std::uint32_t) {
 bool CodecUnit::process(Channel& c, DmaContext& ctx) {
   const fw::VideoOpenArgs& a = c.args;
   DmaAccess access(ctx);
-  std::byte* page = access.translate(a.page, fw::video_page_bytes(a.slot_count, a.record_count),
-                                     kIommuRead | kIommuWrite);
+  std::byte* page =
+      access.translate(a.page, fw::video_page_bytes(a.slot_count, a.record_count), kIommuRead | kIommuWrite);
   if (!page) {
     // The host unmapped an open channel's page: nothing can be reported.
-    base::logger("video")->error("channel {}: page at {:#x} is no longer mapped; dropping its packets", c.number, a.page);
+    base::logger("video")->error("channel {}: page at {:#x} is no longer mapped; dropping its packets", c.number,
+                                 a.page);
     std::lock_guard lock(c.mu);
     c.pending.clear();
     return true;
@@ -364,7 +363,8 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     }
     auto rows = [](std::byte* out, std::uint32_t pitch, const std::uint8_t* in, int in_pitch, std::uint32_t bytes,
                    std::uint32_t n) {
-      for (std::uint32_t r = 0; r < n; ++r) copy_stream(out + std::uint64_t{r} * pitch, in + std::int64_t{r} * in_pitch, bytes);
+      for (std::uint32_t r = 0; r < n; ++r)
+        copy_stream(out + std::uint64_t{r} * pitch, in + std::int64_t{r} * in_pitch, bytes);
     };
     rows(dst + L.offset[0], L.pitch[0], f.data[0], f.linesize[0], L.row_bytes[0], L.rows[0]);
     const std::uint32_t cw = (w + 1) / 2;

@@ -25,8 +25,8 @@ class CodecUnit {
   // `halted` (the board's: its firmware crashed or the board is lost) no
   // decode thread starts a turn.
   using Raise = void (*)(void* board, std::uint32_t queue);
-  CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads,
-            Raise raise, void* board, const std::atomic<bool>& halted);
+  CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads, Raise raise, void* board,
+            const std::atomic<bool>& halted);
   ~CodecUnit();  // closes every channel and joins the decode threads
 
   std::uint32_t channels() const noexcept { return static_cast<std::uint32_t>(channels_.size()); }

@@ -13,10 +13,10 @@ namespace tpuhal::base {
 class Mapping {
  public:
   struct Options {
-    bool populate = false;  // fault every page in now (MAP_POPULATE)
-    bool lock = false;      // try mlock(); failure is reported by locked()
-    bool noreserve = false; // sparse: no swap reservation, pages on first touch
-    bool huge_pages = false; // ask for transparent huge pages (fewer faults, TLB misses)
+    bool populate = false;    // fault every page in now (MAP_POPULATE)
+    bool lock = false;        // try mlock(); failure is reported by locked()
+    bool noreserve = false;   // sparse: no swap reservation, pages on first touch
+    bool huge_pages = false;  // ask for transparent huge pages (fewer faults, TLB misses)
   };
 
   Mapping() = default;
@@ -51,8 +51,6 @@ class Mapping {
 };
 
 std::size_t page_size() noexcept;
-inline std::uint64_t align_up(std::uint64_t v, std::uint64_t a) noexcept {
-  return (v + a - 1) / a * a;
-}
+inline std::uint64_t align_up(std::uint64_t v, std::uint64_t a) noexcept { return (v + a - 1) / a * a; }
 
 }  // namespace tpuhal::base

@@ -68,9 +68,7 @@ class EventCount {
       futex_wake_all(epoch_);
     }
   }
-  bool has_waiters() const noexcept {
-    return waiters_.load(std::memory_order_relaxed) != 0;
-  }
+  bool has_waiters() const noexcept { return waiters_.load(std::memory_order_relaxed) != 0; }
 
  private:
   std::atomic<std::uint32_t> epoch_{0};
@@ -82,11 +80,10 @@ class EventCount {
 // Returns pred()'s final value. The slices bound the damage of a lost
 // notification to one slice.
 template <class Pred>
-bool spin_then_block(Pred&& pred, EventCount& ec, std::chrono::nanoseconds spin,
-                     std::chrono::nanoseconds slice, std::uint64_t deadline_ns) {
+bool spin_then_block(Pred&& pred, EventCount& ec, std::chrono::nanoseconds spin, std::chrono::nanoseconds slice,
+                     std::uint64_t deadline_ns) {
   if (pred()) return true;
-  const std::uint64_t spin_end =
-      monotonic_ns() + static_cast<std::uint64_t>(spin.count());
+  const std::uint64_t spin_end = monotonic_ns() + static_cast<std::uint64_t>(spin.count());
   for (unsigned i = 0;; ++i) {
     if (pred()) return true;
     cpu_relax();

@@ -15,13 +15,13 @@
 namespace tpuhal::bench {
 
 struct Result {
-  std::string bench;       // "dma", "round_trip", "submit_rate"
+  std::string bench;                          // "dma", "round_trip", "submit_rate"
   std::map<std::string, std::string> params;  // "direction": "h2d", "bytes": "4096"
   double value = 0;
-  std::string unit;        // "GB/s", "us", "Mcmd/s"
-  double baseline = 0;     // the floor, in the same unit
+  std::string unit;     // "GB/s", "us", "Mcmd/s"
+  double baseline = 0;  // the floor, in the same unit
   std::string baseline_name;
-  double ratio = 0;        // value / baseline
+  double ratio = 0;                     // value / baseline
   std::map<std::string, double> extra;  // further figures (p99, second baseline)
 };
 

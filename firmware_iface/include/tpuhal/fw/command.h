@@ -27,9 +27,7 @@ namespace tpuhal::fw {
 // anything else                           not decoded: a DMA fault
 inline constexpr std::uint64_t kHostWindowBase = 1ull << 48;
 inline constexpr std::uint64_t kHostWindowEnd = 1ull << 52;
-constexpr bool is_host_address(std::uint64_t a) {
-  return a >= kHostWindowBase && a < kHostWindowEnd;
-}
+constexpr bool is_host_address(std::uint64_t a) { return a >= kHostWindowBase && a < kHostWindowEnd; }
 
 // ---- Descriptors -----------------------------------------------------------
 enum class Opcode : std::uint16_t {
@@ -42,11 +40,11 @@ enum class Opcode : std::uint16_t {
   kWriteValue = 6,  // args: address (8-aligned), value
   kTimestamp = 7,   // args: address (8-aligned): writes board time in ns
   // Interface 1.1:
-  kTensorOp = 8,    // args: parameter block address (0: inline), block bytes
-                    // (tensor.h); inline, the block fills the next
-                    // ceil(bytes / 64) ring slots. Compute queues only.
-  kCall = 9,        // args: command list address (64-aligned), slots: runs a
-                    // recorded list of descriptors (a program) in place
+  kTensorOp = 8,  // args: parameter block address (0: inline), block bytes
+                  // (tensor.h); inline, the block fills the next
+                  // ceil(bytes / 64) ring slots. Compute queues only.
+  kCall = 9,      // args: command list address (64-aligned), slots: runs a
+                  // recorded list of descriptors (a program) in place
   // Interface 1.2 (video.h; video queues only):
   kVideoOpen = 10,    // opens a decoder channel
   kVideoDecode = 11,  // hands the channel one packet (or its end of stream)
@@ -123,8 +121,8 @@ struct FenceRecord {
   std::uint16_t error_field;     // Problem::field
   std::uint32_t error_sequence;  // sequence (ring position) of the failed descriptor
   std::uint32_t reserved0;
-  std::uint64_t error_value;     // Problem::value
-  std::uint64_t error_detail;    // Problem::detail
+  std::uint64_t error_value;   // Problem::value
+  std::uint64_t error_detail;  // Problem::detail
   std::uint64_t reserved1;
 };
 static_assert(sizeof(FenceRecord) == 64);

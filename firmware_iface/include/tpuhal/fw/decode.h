@@ -58,8 +58,8 @@ struct VideoOpenArgs {
   VideoCodec codec;
   PixelLayout layout;
   std::uint32_t max_width, max_height;
-  std::uint64_t page;       // channel page (host memory)
-  std::uint64_t pool;       // frame pool (DRAM)
+  std::uint64_t page;  // channel page (host memory)
+  std::uint64_t pool;  // frame pool (DRAM)
   std::uint64_t slot_bytes;
   std::uint32_t slot_count, record_count;
 };
@@ -75,9 +75,8 @@ struct VideoCloseArgs {
 };
 
 // Alternative i holds the arguments of opcode i + 1.
-using CommandArgs = std::variant<NopArgs, CopyArgs, CopySgArgs, FillArgs, WaitValueArgs,
-                                 WriteValueArgs, TimestampArgs, TensorOpArgs, CallArgs,
-                                 VideoOpenArgs, VideoDecodeArgs, VideoCloseArgs>;
+using CommandArgs = std::variant<NopArgs, CopyArgs, CopySgArgs, FillArgs, WaitValueArgs, WriteValueArgs, TimestampArgs,
+                                 TensorOpArgs, CallArgs, VideoOpenArgs, VideoDecodeArgs, VideoCloseArgs>;
 
 struct Command {
   Opcode opcode = Opcode::kInvalid;
@@ -106,7 +105,7 @@ bool engine_accepts(EngineType engine, Opcode op) noexcept;
 // A failure as the board reported it in a FenceRecord.
 struct Failure {
   CmdStatus status = CmdStatus::kOk;
-  std::uint16_t opcode = 0;   // raw: a bad opcode is itself the failure
+  std::uint16_t opcode = 0;  // raw: a bad opcode is itself the failure
   std::uint16_t field = Problem::kNoField;
   std::uint32_t sequence = 0;
   std::uint64_t fence = 0;
@@ -127,22 +126,20 @@ Result<FrameRecord> decode_frame_record(const FrameRecord& record, const VideoOp
 
 // One line a person can act on, e.g.
 //   "copy: src address 0x1000000000 is not mapped for DMA (read)".
-std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field,
-                     std::uint64_t value, std::uint64_t detail);
+std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field, std::uint64_t value,
+                     std::uint64_t detail);
 inline std::string describe(const Problem& p, std::uint16_t opcode) {
   return describe(p.status, opcode, p.field, p.value, p.detail);
 }
-inline std::string describe(const Failure& f) {
-  return describe(f.status, f.opcode, f.field, f.value, f.detail);
-}
+inline std::string describe(const Failure& f) { return describe(f.status, f.opcode, f.field, f.value, f.detail); }
 
 // Name of argument `index` of `op` ("src", "size", ...), or "arg<index>".
 std::string arg_name(std::uint16_t opcode, std::uint16_t index);
 
 // ---- Tensor ops ---------------------------------------------------------------
 
-using OpAttrs = std::variant<MatMulAttrs, ConvAttrs, PoolAttrs, ElementwiseAttrs, SoftmaxAttrs,
-                             QuantAttrs, ResizeAttrs, ColorConvertAttrs>;
+using OpAttrs = std::variant<MatMulAttrs, ConvAttrs, PoolAttrs, ElementwiseAttrs, SoftmaxAttrs, QuantAttrs, ResizeAttrs,
+                             ColorConvertAttrs>;
 
 // A validated parameter block: dtypes, ranks, shapes and strides agree with
 // the op's rules (docs/ops.md), extents do not overflow, outputs do not
@@ -165,14 +162,17 @@ std::uint64_t tensor_elements(const TensorRef& t) noexcept;
 // Problem::field for a tensor op problem: which tensor and which aspect of
 // it, or which attribute word.
 enum class TensorAspect : std::uint16_t {
-  kDType = 0, kRank = 1, kShape = 2 /* + dim, 0..5 */, kStride = 8 /* + dim */,
-  kAddress = 14, kOverlap = 15,
+  kDType = 0,
+  kRank = 1,
+  kShape = 2 /* + dim, 0..5 */,
+  kStride = 8 /* + dim */,
+  kAddress = 14,
+  kOverlap = 15,
 };
 inline constexpr std::uint16_t kFieldTensorBase = 0x200;
 inline constexpr std::uint16_t kFieldAttrBase = 0x300;
 constexpr std::uint16_t tensor_field(std::uint32_t tensor, TensorAspect aspect, std::uint32_t dim = 0) {
-  return static_cast<std::uint16_t>(kFieldTensorBase + tensor * 16 +
-                                    static_cast<std::uint16_t>(aspect) + dim);
+  return static_cast<std::uint16_t>(kFieldTensorBase + tensor * 16 + static_cast<std::uint16_t>(aspect) + dim);
 }
 constexpr std::uint16_t attr_field(std::size_t byte_offset) {
   return static_cast<std::uint16_t>(kFieldAttrBase + byte_offset / 4);
@@ -184,9 +184,8 @@ inline constexpr std::uint16_t kFieldOpHeader = 0x108;
 // floor or ceil((in + pads - dilation * (kernel - 1) - 1) / stride) + 1, or 0
 // if the window never fits. With ceil, a last window that would start in
 // the end padding is dropped (as ONNX and PyTorch do).
-std::uint64_t window_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride,
-                            std::uint64_t dilation, std::uint64_t pad_begin, std::uint64_t pad_end,
-                            bool ceil_mode) noexcept;
+std::uint64_t window_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride, std::uint64_t dilation,
+                            std::uint64_t pad_begin, std::uint64_t pad_end, bool ceil_mode) noexcept;
 
 // The first of `out` windows along one axis none of whose taps lands in the
 // input (all in the padding, or straddling it), or UINT64_MAX if none.

@@ -45,11 +45,11 @@ struct ImageHeader {
   std::uint32_t firmware_version;  // major << 24 | minor << 16 | patch
   std::uint32_t iface_min;         // interface versions it implements (Version::packed)
   std::uint32_t iface_max;
-  std::uint32_t section_count;     // 1..kMaxImageSections
-  std::uint32_t flags;             // none defined: 0
-  std::uint64_t image_bytes;       // the whole image
-  std::uint32_t crc32c;            // of the image with this field zero
-  std::uint32_t reserved[5];       // 0
+  std::uint32_t section_count;  // 1..kMaxImageSections
+  std::uint32_t flags;          // none defined: 0
+  std::uint64_t image_bytes;    // the whole image
+  std::uint32_t crc32c;         // of the image with this field zero
+  std::uint32_t reserved[5];    // 0
 };
 static_assert(sizeof(ImageHeader) == 64);
 
@@ -78,7 +78,7 @@ struct Image {
 
 // Problem::field values for images (Problem::value: the offending value,
 // Problem::detail: the limit or the section index).
-inline constexpr std::uint16_t kFieldImageSize = 0x200;      // fewer bytes than the header says
+inline constexpr std::uint16_t kFieldImageSize = 0x200;  // fewer bytes than the header says
 inline constexpr std::uint16_t kFieldImageMagic = 0x201;
 inline constexpr std::uint16_t kFieldImageFormat = 0x202;
 inline constexpr std::uint16_t kFieldImageHeader = 0x203;    // header_bytes, flags or reserved

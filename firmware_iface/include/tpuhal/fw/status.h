@@ -8,23 +8,23 @@ namespace tpuhal::fw {
 
 enum class CmdStatus : std::uint32_t {
   kOk = 0,
-  kInvalidOpcode = 1,        // opcode unknown to this interface version
-  kInvalidFlags = 2,         // a flag bit this version does not define
-  kReservedNotZero = 3,      // a reserved field or argument is not zero
-  kBadSequence = 4,          // descriptor's sequence is not its ring position
-  kBadArgument = 5,          // an argument is out of its valid range
-  kBadAlignment = 6,         // an address or size violates its alignment
-  kDmaFault = 7,             // an address is not backed by DRAM or a DMA window
-  kFenceNotMonotonic = 8,    // fence value not greater than the last one written
-  kDependencyFailed = 9,     // a waited-on timeline failed
-  kUnsupportedOnEngine = 10, // opcode valid, but not on this queue's engine
-  kRingConfig = 11,          // ring base/size/fence address misconfigured
-  kFirmwareFault = 12,       // the board's firmware stopped (needs reset)
-  kEccError = 13,            // uncorrectable memory error in device DRAM
-  kHang = 14,                // the board's watchdog stopped a command
-  kQueueReset = 15,          // work discarded by a queue or device reset
-  kCorruptStream = 16,       // video: the packet's data does not decode
-  kUnsupportedStream = 17,   // video: valid, but not something the decoder takes
+  kInvalidOpcode = 1,         // opcode unknown to this interface version
+  kInvalidFlags = 2,          // a flag bit this version does not define
+  kReservedNotZero = 3,       // a reserved field or argument is not zero
+  kBadSequence = 4,           // descriptor's sequence is not its ring position
+  kBadArgument = 5,           // an argument is out of its valid range
+  kBadAlignment = 6,          // an address or size violates its alignment
+  kDmaFault = 7,              // an address is not backed by DRAM or a DMA window
+  kFenceNotMonotonic = 8,     // fence value not greater than the last one written
+  kDependencyFailed = 9,      // a waited-on timeline failed
+  kUnsupportedOnEngine = 10,  // opcode valid, but not on this queue's engine
+  kRingConfig = 11,           // ring base/size/fence address misconfigured
+  kFirmwareFault = 12,        // the board's firmware stopped (needs reset)
+  kEccError = 13,             // uncorrectable memory error in device DRAM
+  kHang = 14,                 // the board's watchdog stopped a command
+  kQueueReset = 15,           // work discarded by a queue or device reset
+  kCorruptStream = 16,        // video: the packet's data does not decode
+  kUnsupportedStream = 17,    // video: valid, but not something the decoder takes
 };
 
 // "dma fault", "invalid opcode", ...; "unknown status" for values off the list.

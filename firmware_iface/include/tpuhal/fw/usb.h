@@ -71,28 +71,28 @@ enum class UsbMode : std::uint32_t { kLoader = 1, kApplication = 2 };
 
 // What kUsbGetIdentity returns.
 struct UsbIdentity {
-  std::uint32_t magic;          // kUsbMagic
-  std::uint32_t mode;           // UsbMode
+  std::uint32_t magic;  // kUsbMagic
+  std::uint32_t mode;   // UsbMode
   std::uint32_t board_id;
   std::uint32_t iface_version;  // Version::packed; 0 in loader mode
   std::uint32_t firmware_version;
-  std::uint32_t max_data;       // largest payload per message it takes (<= kUsbMaxData)
-  std::uint32_t reserved[10];   // 0
+  std::uint32_t max_data;      // largest payload per message it takes (<= kUsbMaxData)
+  std::uint32_t reserved[10];  // 0
 };
 static_assert(sizeof(UsbIdentity) == 64);
 
 enum class UsbType : std::uint16_t {
   // host -> board
-  kRegWrite = 0x01,   // args: offset, value (posted)
-  kRegRead = 0x02,    // args: offset -> kRegValue with the same tag
-  kMemWrite = 0x03,   // args: device address; data: bytes to write
-  kMemRead = 0x04,    // args: device address, bytes -> kMemData with the same tag
-  kHostData = 0x05,   // args: iova; data: the bytes a kHostRead asked for (tag = its tag)
-  kMapDma = 0x06,     // args: iova, bytes (page-aligned); flag kUsbFlagDeviceWrites: the board may write
-  kUnmapDma = 0x07,   // args: iova, bytes: exactly a range kMapDma mapped
-  kFwBegin = 0x10,    // args: image bytes (loader mode)
-  kFwData = 0x11,     // args: offset into the image; data: image bytes
-  kFwCommit = 0x12,   // args: the image's crc32c -> kFwStatus
+  kRegWrite = 0x01,  // args: offset, value (posted)
+  kRegRead = 0x02,   // args: offset -> kRegValue with the same tag
+  kMemWrite = 0x03,  // args: device address; data: bytes to write
+  kMemRead = 0x04,   // args: device address, bytes -> kMemData with the same tag
+  kHostData = 0x05,  // args: iova; data: the bytes a kHostRead asked for (tag = its tag)
+  kMapDma = 0x06,    // args: iova, bytes (page-aligned); flag kUsbFlagDeviceWrites: the board may write
+  kUnmapDma = 0x07,  // args: iova, bytes: exactly a range kMapDma mapped
+  kFwBegin = 0x10,   // args: image bytes (loader mode)
+  kFwData = 0x11,    // args: offset into the image; data: image bytes
+  kFwCommit = 0x12,  // args: the image's crc32c -> kFwStatus
   // board -> host
   kRegValue = 0x81,   // args: offset, value
   kMemData = 0x83,    // args: device address; data
@@ -104,7 +104,7 @@ enum class UsbType : std::uint16_t {
 };
 const char* to_string(UsbType type) noexcept;  // "reg-write"; "unknown" off the list
 
-inline constexpr std::uint16_t kUsbFlagFault = 1;  // kHostData: the range is not mapped (no data)
+inline constexpr std::uint16_t kUsbFlagFault = 1;         // kHostData: the range is not mapped (no data)
 inline constexpr std::uint16_t kUsbFlagDeviceWrites = 2;  // kMapDma: writable as well as readable
 inline constexpr std::uint64_t kUsbPage = 4096;           // kMapDma / kUnmapDma granularity
 
@@ -120,9 +120,9 @@ struct UsbHeader {
 static_assert(sizeof(UsbHeader) == 40);
 
 struct UsbInterrupt {
-  std::uint32_t magic;          // kUsbMagic
-  std::uint32_t vectors;        // bit v: vector v fired
-  std::uint64_t after_sequence; // deliver once board messages up to this count are applied (not wrapped)
+  std::uint32_t magic;           // kUsbMagic
+  std::uint32_t vectors;         // bit v: vector v fired
+  std::uint64_t after_sequence;  // deliver once board messages up to this count are applied (not wrapped)
 };
 
 // Board message number `count` (1, 2, 3, ... per link) as its header carries
@@ -149,8 +149,8 @@ struct UsbMessage {
 inline constexpr std::uint16_t kFieldUsbMagic = 0x300;
 inline constexpr std::uint16_t kFieldUsbType = 0x301;
 inline constexpr std::uint16_t kFieldUsbFlags = 0x302;
-inline constexpr std::uint16_t kFieldUsbLength = 0x303;  // data_bytes
-inline constexpr std::uint16_t kFieldUsbArg = 0x304;     // an argument; detail = type
+inline constexpr std::uint16_t kFieldUsbLength = 0x303;     // data_bytes
+inline constexpr std::uint16_t kFieldUsbArg = 0x304;        // an argument; detail = type
 inline constexpr std::uint16_t kFieldUsbDirection = 0x305;  // a board message sent by the host or back
 inline constexpr std::uint16_t kFieldUsbSequence = 0x306;
 
@@ -166,8 +166,8 @@ Result<std::uint64_t> usb_message_bytes(std::span<const std::byte> bytes, UsbDir
 // usb_message_bytes gave), checking its arguments: register offsets
 // 4-aligned and below `bar0_size`, sizes against `max_data`, reserved
 // arguments zero, data present exactly where the type carries it.
-Result<UsbMessage> decode_usb_message(std::span<const std::byte> bytes, UsbDirection direction,
-                                      std::uint32_t bar0_size, std::uint32_t max_data = kUsbMaxData);
+Result<UsbMessage> decode_usb_message(std::span<const std::byte> bytes, UsbDirection direction, std::uint32_t bar0_size,
+                                      std::uint32_t max_data = kUsbMaxData);
 
 Result<UsbIdentity> decode_usb_identity(std::span<const std::byte> bytes);
 Result<UsbInterrupt> decode_usb_interrupt(std::span<const std::byte> bytes);
@@ -210,8 +210,7 @@ class UsbSplitter {
   // of `bytes` was dropped. A header that does not check out
   // (usb_message_bytes) is a Problem: nothing after it can be trusted, and
   // the splitter holds nothing more until it is fed again.
-  Result<Fed> feed(std::span<const std::byte> bytes,
-                   const std::function<bool(std::span<const std::byte>)>& on_message);
+  Result<Fed> feed(std::span<const std::byte> bytes, const std::function<bool(std::span<const std::byte>)>& on_message);
   // Drops an unfinished message (the link was reset).
   void reset() noexcept { partial_.clear(); }
   // The bytes of an unfinished message held.

@@ -19,9 +19,7 @@ struct Version {
   std::uint16_t major = 0;
   std::uint16_t minor = 0;
 
-  constexpr std::uint32_t packed() const noexcept {
-    return static_cast<std::uint32_t>(major) << 16 | minor;
-  }
+  constexpr std::uint32_t packed() const noexcept { return static_cast<std::uint32_t>(major) << 16 | minor; }
   static constexpr Version unpack(std::uint32_t v) noexcept {
     return {static_cast<std::uint16_t>(v >> 16), static_cast<std::uint16_t>(v & 0xFFFF)};
   }

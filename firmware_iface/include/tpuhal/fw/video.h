@@ -92,16 +92,16 @@ enum class RecordKind : std::uint32_t {
 };
 
 struct FrameRecord {
-  std::uint32_t kind;         // RecordKind
-  std::uint32_t slot;         // kFrame: pool slot holding the frame
-  std::uint64_t packet;       // packet index this record came from (kError/kEos: the packet)
-  std::int64_t pts;           // kFrame: the pts of the packet the frame came from
+  std::uint32_t kind;           // RecordKind
+  std::uint32_t slot;           // kFrame: pool slot holding the frame
+  std::uint64_t packet;         // packet index this record came from (kError/kEos: the packet)
+  std::int64_t pts;             // kFrame: the pts of the packet the frame came from
   std::uint32_t width, height;  // in the layout the channel was opened with
-  std::uint32_t pitch[3];     // bytes per row of Y, then U/V (NV12: one chroma plane)
-  std::uint32_t offset[3];    // plane offsets inside the slot
-  std::uint32_t status;       // kError: CmdStatus
-  std::uint32_t detail;       // kError: kCorruptStream: the decoder's own code;
-                              // kUnsupportedStream: kVideoDetail*
+  std::uint32_t pitch[3];       // bytes per row of Y, then U/V (NV12: one chroma plane)
+  std::uint32_t offset[3];      // plane offsets inside the slot
+  std::uint32_t status;         // kError: CmdStatus
+  std::uint32_t detail;         // kError: kCorruptStream: the decoder's own code;
+                                // kUnsupportedStream: kVideoDetail*
 };
 static_assert(sizeof(FrameRecord) == 64);
 
@@ -132,7 +132,7 @@ struct PlaneLayout {
   std::uint32_t rows[3];
   std::uint32_t row_bytes[3];  // bytes of each row that hold pixels
   std::uint64_t offset[3];
-  std::uint64_t bytes;         // the slot bytes the frame needs
+  std::uint64_t bytes;  // the slot bytes the frame needs
 };
 constexpr PlaneLayout plane_layout(std::uint32_t width, std::uint32_t height, PixelLayout layout) {
   auto align = [](std::uint64_t v) { return (v + kVideoPlaneAlign - 1) / kVideoPlaneAlign * kVideoPlaneAlign; };

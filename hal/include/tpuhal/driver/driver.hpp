@@ -80,8 +80,8 @@ struct Call {
   ProgramBackend* program = nullptr;
 };
 }  // namespace cmd
-using Command = std::variant<cmd::Copy, cmd::Fill, cmd::WaitFence, cmd::WaitValue, cmd::WriteValue,
-                             cmd::Timestamp, cmd::Run, cmd::Call>;
+using Command = std::variant<cmd::Copy, cmd::Fill, cmd::WaitFence, cmd::WaitValue, cmd::WriteValue, cmd::Timestamp,
+                             cmd::Run, cmd::Call>;
 
 // A recorded command list, uploaded once, replayed by cmd::Call. The HAL
 // keeps the buffers it refers to alive as long as the program lives.
@@ -107,8 +107,7 @@ class TPUHAL_API QueueBackend {
   // and returns its timeline value, one more than the previous submission's.
   // Waits up to `max_wait` for ring space while the queue makes progress,
   // then throws QueueFull. Thread-safe.
-  virtual std::uint64_t submit(std::span<const Command> commands,
-                               std::chrono::nanoseconds max_wait) = 0;
+  virtual std::uint64_t submit(std::span<const Command> commands, std::chrono::nanoseconds max_wait) = 0;
   // Cheap (no system call): the HAL spins on it.
   virtual Timeline timeline() const = 0;
   virtual std::uint64_t submitted() const = 0;
@@ -146,11 +145,11 @@ struct FramePlane {
 };
 struct DecoderEvent {
   enum class Kind : std::uint8_t {
-    Frame,      // `buffer` and the fields below hold a frame
-    Error,      // `error` says what went wrong with packet `packet`
-    EndOfStream,// every frame before the end-of-stream marker came out
-    NeedInput,  // nothing more will come until more packets are sent
-    Timeout,    // nothing came within the time given
+    Frame,        // `buffer` and the fields below hold a frame
+    Error,        // `error` says what went wrong with packet `packet`
+    EndOfStream,  // every frame before the end-of-stream marker came out
+    NeedInput,    // nothing more will come until more packets are sent
+    Timeout,      // nothing came within the time given
   };
   Kind kind = Kind::Timeout;
   // Frame: device memory holding the frame; releasing the last reference
@@ -183,13 +182,11 @@ class TPUHAL_API DeviceBackend {
   virtual const Properties& properties() const = 0;
   virtual MemoryStats memory_stats() const = 0;
   virtual DeviceStatus status() const = 0;
-  virtual std::shared_ptr<BufferBackend> allocate(std::uint64_t size, Memory memory,
-                                                  const AllocOptions& options) = 0;
+  virtual std::shared_ptr<BufferBackend> allocate(std::uint64_t size, Memory memory, const AllocOptions& options) = 0;
   virtual std::shared_ptr<BufferBackend> import_host(void* ptr, std::uint64_t size);
   // Records `commands` (no WaitFence) for replay. Default: Unsupported.
   virtual std::shared_ptr<ProgramBackend> create_program(std::span<const Command> commands);
-  virtual std::shared_ptr<QueueBackend> create_queue(Engine engine,
-                                                     const QueueOptions& options) = 0;
+  virtual std::shared_ptr<QueueBackend> create_queue(Engine engine, const QueueOptions& options) = 0;
   // Opens a free decoder channel (caps.video_decode); ResourceExhausted
   // naming the channel count when all are open. Default: Unsupported.
   virtual std::shared_ptr<DecoderBackend> open_decoder(const DecoderConfig& config);

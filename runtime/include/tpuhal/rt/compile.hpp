@@ -61,13 +61,13 @@ struct CompileOptions {
 // precision against the same layer of the fp32 model, both fed the same
 // inputs end to end.
 struct LayerError {
-  std::string node;      // ONNX node name
-  std::string op;        // ONNX op type
-  std::string output;    // tensor name
-  double max_abs = 0;    // max |reduced - fp32|
-  double rms = 0;        // root mean square of the difference
-  double rel_rms = 0;    // rms / rms(fp32 values)
-  double snr_db = 0;     // 10 log10(signal power / error power)
+  std::string node;    // ONNX node name
+  std::string op;      // ONNX op type
+  std::string output;  // tensor name
+  double max_abs = 0;  // max |reduced - fp32|
+  double rms = 0;      // root mean square of the difference
+  double rel_rms = 0;  // rms / rms(fp32 values)
+  double snr_db = 0;   // 10 log10(signal power / error power)
 };
 
 struct CompileResult {

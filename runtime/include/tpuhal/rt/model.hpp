@@ -59,7 +59,7 @@ namespace detail {
 struct ModelState;
 struct InstanceState;
 struct Access;  // the compiler's view inside (calibration, the report)
-}
+}  // namespace detail
 
 class Model {
  public:

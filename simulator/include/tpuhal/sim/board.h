@@ -70,8 +70,7 @@ class HostPort {
   // refused (the range is not mapped for reading there), the link is gone,
   // or `abandon` is set (see wake_readers). May be called from several
   // threads at once.
-  virtual bool read(std::uint64_t iova, void* out, std::uint64_t size,
-                    const std::atomic<bool>* abandon = nullptr) = 0;
+  virtual bool read(std::uint64_t iova, void* out, std::uint64_t size, const std::atomic<bool>* abandon = nullptr) = 0;
   // Has every read look at its `abandon` flag again: a command processor
   // being stopped sets its flag, then calls this, so that a reset never
   // waits for an answer that must come through the very thread resetting

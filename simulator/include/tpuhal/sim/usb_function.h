@@ -94,11 +94,11 @@ class UsbFunction {
 
   // Counters for tests and tools.
   struct Stats {
-    std::uint64_t host_messages = 0;   // executed
-    std::uint64_t refused = 0;         // answered with kError
-    std::uint64_t host_reads = 0;      // kHostRead sent
-    std::uint64_t host_writes = 0;     // kHostWrite sent
-    std::uint64_t interrupts = 0;      // notifications sent
+    std::uint64_t host_messages = 0;  // executed
+    std::uint64_t refused = 0;        // answered with kError
+    std::uint64_t host_reads = 0;     // kHostRead sent
+    std::uint64_t host_writes = 0;    // kHostWrite sent
+    std::uint64_t interrupts = 0;     // notifications sent
   };
   Stats stats() const noexcept;
 
