@@ -37,7 +37,15 @@ function(tpuhal_transport name)
 endfunction()
 
 # Writes the composition root, constructing every registered provider in
-# registration order. Called once, after every driver has registered.
+# registration order. tpuhal_builtin_providers() defers it to the end of the
+# configure step, so a driver may register from any folder, in any order.
+function(tpuhal_builtin_providers output)
+  set_source_files_properties(${output} PROPERTIES GENERATED TRUE)
+  # A deferred call's arguments are read when it runs: write the path in now.
+  cmake_language(EVAL CODE
+    "cmake_language(DEFER DIRECTORY [[${CMAKE_SOURCE_DIR}]] CALL tpuhal_write_builtin_providers [[${output}]])")
+endfunction()
+
 function(tpuhal_write_builtin_providers output)
   get_property(headers GLOBAL PROPERTY TPUHAL_PROVIDER_HEADERS)
   get_property(factories GLOBAL PROPERTY TPUHAL_PROVIDER_FACTORIES)

@@ -9,7 +9,7 @@ if(TPUHAL_WERROR)
   target_compile_options(tpuhal_warnings INTERFACE -Werror)
 endif()
 
-# tpuhal_add_library(NAME ...) : a static, position-independent layer library.
+# tpuhal_layer(NAME src...): a static, position-independent layer library.
 function(tpuhal_layer name)
   add_library(${name} STATIC ${ARGN})
   target_link_libraries(${name} PRIVATE tpuhal_warnings)

@@ -7,7 +7,7 @@
 //                    TPUHAL_PROFILE_PATH ("sim:tiny")
 //   sim:/path.json   a board of the profile in that file
 //
-// This is the only code that sees both the driver and the simulator.
+// With usb_sim, the only code that sees both the driver and the simulator.
 #pragma once
 
 #include <memory>
