@@ -189,6 +189,10 @@ struct Server::Client {
   std::uint32_t vf = 0;
   base::Mapping channel;  // before board: the board's shadow doorbells live in it
   std::unique_ptr<sim::Board> board;
+  // Between detach taking the board away and giving the VF back: stats
+  // still lists the VF (with nothing resident), so that stats and the
+  // boards' vfs_in_use agree at every moment.
+  bool leaving = false;
   std::atomic<bool> drain_stop{false};
   std::thread drain;
   struct Dma {
@@ -635,12 +639,13 @@ void Server::reply_stats(Client& client) {
   r.boards = static_cast<std::uint32_t>(boards_.size());
   r.protocol_errors = protocol_errors_.load();
   for (auto& c : clients_) {
-    if (!c->board || r.vfs >= kMaxVfStats || (!owner && c->uid != client.uid)) continue;
+    if ((!c->board && !c->leaving) || r.vfs >= kMaxVfStats || (!owner && c->uid != client.uid)) continue;
     VfStats& s = r.vf[r.vfs++];
     s.board = c->board_index;
     s.vf = c->vf;
     s.pid = c->pid;
     s.uid = c->uid;
+    if (!c->board) continue;
     s.dram_resident_bytes = c->board->dram_resident_bytes();
     s.dma_mappings = static_cast<std::uint32_t>(c->board->iommu().mapping_count());
     s.dma_mapped_bytes = c->board->iommu().mapped_bytes();
@@ -913,6 +918,7 @@ void Server::detach(Client& client) noexcept {
     std::lock_guard lock(mu_);
     board = std::move(client.board);
     channel = std::move(client.channel);
+    client.leaving = true;
   }
   board.reset();  // stops its command processors: nothing reaches host memory now
   for (auto& [iova, d] : client.dma) ::munmap(d.host, d.size);
@@ -926,6 +932,7 @@ void Server::detach(Client& client) noexcept {
   --user.vfs;
   --processes_[client.pid].vfs;
   boards_[client.board_index]->used[client.vf] = false;
+  client.leaving = false;
   base::logger("simd")->info("client pid {} left VF {} of board {}", client.pid, client.vf, client.board_index);
 }
 
