@@ -130,6 +130,9 @@ def op_seeds():
         struct.pack("<IIff", 1, 0, 0.0, 0.0))
     o["clip"] = op_block(OP["elementwise"], [tensor(k, F16, [16]), NONE_TENSOR, tensor(2 * k, F16, [16])],
                          struct.pack("<IIff", 7, 2, 0.0, 6.0))
+    # erf (elementwise mode 13, interface 1.3), the last mode.
+    o["erf"] = op_block(OP["elementwise"], [tensor(k, BF16, [3, 5]), NONE_TENSOR, tensor(2 * k, BF16, [3, 5])],
+                        struct.pack("<IIff", 13, 0, 0.0, 0.0))
     # Cast and transpose at once: an f32 [3, 4] read as [4, 3] into u8.
     o["cast_transpose"] = op_block(OP["elementwise"], [tensor(k, F32, [4, 3], [1, 4]), NONE_TENSOR,
                                                  tensor(2 * k, U8, [4, 3])], struct.pack("<IIff", 0, 0, 0.0, 0.0))

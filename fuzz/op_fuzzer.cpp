@@ -215,6 +215,10 @@ void check_rules(const fw::OpBlock& b) {
       else
         RULE(t[1].dtype == 0);
       if (op != fw::ElementwiseOp::kIdentity) RULE(y.dtype == t[0].dtype);
+      // Activations, exp, log, sqrt and erf take floats only.
+      if (op == fw::ElementwiseOp::kActivation || op == fw::ElementwiseOp::kExp || op == fw::ElementwiseOp::kLog ||
+          op == fw::ElementwiseOp::kSqrt || op == fw::ElementwiseOp::kErf)
+        RULE(is_float(t[0].dtype));
       break;
     }
     case fw::OpKind::kSoftmax: {

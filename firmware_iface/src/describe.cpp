@@ -3,6 +3,7 @@
 #include <string>
 
 #include "tpuhal/fw/decode.h"
+#include "tpuhal/fw/version.h"
 #include "tpuhal/fw/video.h"
 #include "text.h"
 
@@ -162,7 +163,8 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
   switch (status) {
     case CmdStatus::kOk: return op + ": ok";
     case CmdStatus::kInvalidOpcode:
-      return "unknown opcode " + hex(value) + " (interface 1.2 defines 1.." + dec(kMaxOpcode) + ")";
+      return "unknown opcode " + hex(value) + " (interface " + dec(kInterfaceVersion.major) + "." +
+             dec(kInterfaceVersion.minor) + " defines 1.." + dec(kMaxOpcode) + ")";
     case CmdStatus::kInvalidFlags:
       return op + ": undefined flag bits " + hex(value & ~detail) + " in flags " + hex(value);
     case CmdStatus::kReservedNotZero: return op + ": unused " + what + " is " + hex(value) + ", must be zero";

@@ -359,7 +359,7 @@ bool check_elementwise(Check& c, const OpBlock& b, const ElementwiseAttrs& at) {
     return false;
   }
   const bool float_only = op == ElementwiseOp::kActivation || op == ElementwiseOp::kExp || op == ElementwiseOp::kLog ||
-                          op == ElementwiseOp::kSqrt;
+                          op == ElementwiseOp::kSqrt || op == ElementwiseOp::kErf;
   if (op == ElementwiseOp::kIdentity) return true;  // any dtype to any dtype
   return expect_dtype(c, b, 0, !float_only || is_float(ta)) && expect_dtype(c, b, 2, ty == ta);
 }

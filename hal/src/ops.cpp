@@ -478,7 +478,8 @@ Op elementwise(driver::ElementwiseOp op, const char* name, const Tensor& a, cons
                ActivationParams act = {}) {
   Builder bd(driver::OpKind::Elementwise, name);
   const bool floats_only = op == driver::ElementwiseOp::Activation || op == driver::ElementwiseOp::Exp ||
-                           op == driver::ElementwiseOp::Log || op == driver::ElementwiseOp::Sqrt;
+                           op == driver::ElementwiseOp::Log || op == driver::ElementwiseOp::Sqrt ||
+                           op == driver::ElementwiseOp::Erf;
   if (op != driver::ElementwiseOp::Identity) {
     if (floats_only) bd.dtype_in(a, "x", kFloats);
     bd.same_dtype(y, "y", a, b ? "a" : "x");
@@ -625,6 +626,7 @@ Op neg(const Tensor& x, const Tensor& y) { return elementwise(driver::Elementwis
 Op exp(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Exp, "exp", x, nullptr, y); }
 Op log(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Log, "log", x, nullptr, y); }
 Op sqrt(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Sqrt, "sqrt", x, nullptr, y); }
+Op erf(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Erf, "erf", x, nullptr, y); }
 Op cast(const Tensor& x, const Tensor& y) {
   return elementwise(driver::ElementwiseOp::Identity, "cast", x, nullptr, y);
 }

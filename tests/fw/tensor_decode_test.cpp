@@ -196,6 +196,35 @@ TEST(FwTensorOp, AttributesAreValidated) {
   EXPECT_EQ(problem_of(b).status, CmdStatus::kBadArgument);
 }
 
+// erf, the last elementwise mode: floats in, the same dtype out, no B.
+TEST(FwTensorOp, ElementwiseErfTakesFloatsOnly) {
+  ElementwiseAttrs a{};
+  a.op = static_cast<std::uint32_t>(ElementwiseOp::kErf);
+  EXPECT_EQ(a.op, kMaxElementwiseOp);
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
+    EXPECT_TRUE(
+        decode_op(block(OpKind::kElementwise, {tensor(0x1000, t, {2, 8}), TensorRef{}, tensor(0x2000, t, {2, 8})}, a))
+            .ok())
+        << to_string(t);
+  auto b = block(OpKind::kElementwise,
+                 {tensor(0x1000, DType::kI32, {2, 8}), TensorRef{}, tensor(0x2000, DType::kI32, {2, 8})}, a);
+  EXPECT_EQ(problem_of(b).field, tensor_field(0, TensorAspect::kDType));
+  b = block(OpKind::kElementwise,
+            {tensor(0x1000, DType::kF32, {2, 8}), TensorRef{}, tensor(0x2000, DType::kF16, {2, 8})}, a);
+  EXPECT_EQ(problem_of(b).field, tensor_field(2, TensorAspect::kDType));
+  b = block(
+      OpKind::kElementwise,
+      {tensor(0x1000, DType::kF32, {2, 8}), tensor(0x3000, DType::kF32, {2, 8}), tensor(0x2000, DType::kF32, {2, 8})},
+      a);
+  EXPECT_EQ(problem_of(b).field, tensor_field(1, TensorAspect::kDType));
+  a.op = kMaxElementwiseOp + 1;
+  b = block(OpKind::kElementwise,
+            {tensor(0x1000, DType::kF32, {2, 8}), TensorRef{}, tensor(0x2000, DType::kF32, {2, 8})}, a);
+  auto p = problem_of(b);
+  EXPECT_EQ(p.field, attr_field(offsetof(ElementwiseAttrs, op)));
+  EXPECT_EQ(p.value, kMaxElementwiseOp + 1);
+}
+
 TEST(FwTensorOp, ConvolutionOutputSizeIsChecked) {
   ConvAttrs a{};
   a.groups = 1;

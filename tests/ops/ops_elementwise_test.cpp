@@ -60,21 +60,36 @@ TEST_P(Ops, ElementwiseUnaryOps) {
                                                                        : std::llabs(static_cast<std::int64_t>(v)))));
       expect_exact(std::string(neg ? "neg " : "abs ") + to_string(dt), got, want);
     }
-  // exp, log, sqrt on floats, with their special cases.
-  enum class U { Exp, Log, Sqrt };
+  // exp, log, sqrt, erf on floats, with their special cases.
+  enum class U { Exp, Log, Sqrt, Erf };
+  const auto run_u = [](U op, const Tensor& x, const Tensor& y) {
+    return op == U::Exp    ? ops::exp(x, y)
+           : op == U::Log  ? ops::log(x, y)
+           : op == U::Sqrt ? ops::sqrt(x, y)
+                           : ops::erf(x, y);
+  };
+  const auto u_name = [](U op) {
+    return op == U::Exp ? "exp " : op == U::Log ? "log " : op == U::Sqrt ? "sqrt " : "erf ";
+  };
   for (DType dt : {DType::F32, DType::F16, DType::BF16})
-    for (U op : {U::Exp, U::Log, U::Sqrt}) {
-      Host x = rand(dt, {5, 11}, op == U::Exp ? -10 : 0, 10);
-      const std::vector<double> sp = op == U::Exp
-                                         ? std::vector<double>{0, -0.0, 100, -200, kInf, -kInf, kNaN, 11, 12}
-                                         : std::vector<double>{0, -0.0, -1, kInf, -kInf, kNaN, 1, 1e-6, 4, 1e4};
+    for (U op : {U::Exp, U::Log, U::Sqrt, U::Erf}) {
+      Host x = rand(dt, {5, 11}, op == U::Exp ? -10 : op == U::Erf ? -5 : 0, op == U::Erf ? 5 : 10);
+      const std::vector<double> sp =
+          op == U::Exp   ? std::vector<double>{0, -0.0, 100, -200, kInf, -kInf, kNaN, 11, 12}
+          : op == U::Erf ? std::vector<double>{0, -0.0, kInf, -kInf, kNaN, 1e-6, -1e-6, 1e-30, 0.5, -0.5, 4, -4, 1e4}
+                         : std::vector<double>{0, -0.0, -1, kInf, -kInf, kNaN, 1, 1e-6, 4, 1e4};
       for (std::size_t i = 0; i < sp.size(); ++i) x.v[i] = round_to(dt, sp[i]);
       const Tensor tx = lab().upload(x), y = lab().output(dt, x.shape);
-      const Host got = lab().run(op == U::Exp ? ops::exp(tx, y) : op == U::Log ? ops::log(tx, y) : ops::sqrt(tx, y), y);
+      const Host got = lab().run(run_u(op, tx, y), y);
       Ref want;
       for (double v : x.v) {
         if (op == U::Sqrt) {  // correctly rounded in f32, then to the type
           want.push(round_to(dt, f32(std::sqrt(v))), 0.0);
+          continue;
+        }
+        if (op == U::Erf) {  // in [-1, 1]: no overflow; erff is within 2 ULPs, the store adds one
+          const double e = std::erf(v);
+          want.push(e, 2 * ulp(DType::F32, e) + (dt != DType::F32 ? ulp(dt, e) : 0.0));
           continue;
         }
         double e = op == U::Exp ? std::exp(v) : std::log(v);
@@ -84,7 +99,7 @@ TEST_P(Ops, ElementwiseUnaryOps) {
         // expf / logf are within 2 ULPs; the f16 / bf16 store adds one of theirs.
         want.push(e, 2 * ulp(DType::F32, e) + (dt != DType::F32 ? ulp(dt, e) : 0.0));
       }
-      expect(std::string(op == U::Exp ? "exp " : op == U::Log ? "log " : "sqrt ") + to_string(dt), got, want);
+      expect(std::string(u_name(op)) + to_string(dt), got, want);
     }
 }
 

@@ -150,6 +150,8 @@ TEST_P(Ops, HostChecksRefuseUnsupportedDtypes) {
        "max_pool2d: x is i32; supported: f32, f16, bf16, i8, u8"},
       {[&] { ops::softmax(t(DType::U8, {4}), t(DType::U8, {4})); }, "softmax: x is u8; supported: f32, f16, bf16"},
       {[&] { ops::exp(t(DType::I32, {4}), t(DType::I32, {4})); }, "exp: x is i32; supported: f32, f16, bf16"},
+      {[&] { ops::erf(t(DType::U8, {4}), t(DType::U8, {4})); }, "erf: x is u8; supported: f32, f16, bf16"},
+      {[&] { ops::erf(t(DType::F32, {4}), t(DType::F16, {4})); }, "erf: y is f16 but x is f32"},
       {[&] { ops::add(t(DType::F32, {4}), t(DType::F32, {4}), t(DType::F16, {4})); }, "add: y is f16 but a is f32"},
       {[&] {
          ops::matmul_integer(t(DType::F32, {2, 3}), t(DType::U8, {3, 2}), t(DType::I32, {2, 2}));

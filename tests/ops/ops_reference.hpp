@@ -20,8 +20,8 @@
 //   exact: an IEEE f32 operation equals the double result rounded once to
 //   f32 (double has more than 2 * 24 + 2 bits), so the reference computes in
 //   double and rounds where the documented semantics round.
-// - exp, log, tanh and friends come from the C library: two f32 ULPs for
-//   exp and log, 16 ULPs (relative) for the fused activations.
+// - exp, log, erf, tanh and friends come from the C library: two f32 ULPs
+//   for exp, log and erf, 16 ULPs (relative) for the fused activations.
 #pragma once
 
 #include <gmock/gmock.h>

@@ -381,7 +381,8 @@ TEST_F(SimBoard, SupportedDriverVersionIsAccepted) {
 }
 
 TEST_F(SimBoard, UnsupportedDriverVersionIsRejected) {
-  for (std::uint32_t bad : {fw::Version{2, 0}.packed(), fw::Version{1, 3}.packed(), fw::Version{0, 0}.packed()}) {
+  const fw::Version newer{fw::kInterfaceVersion.major, static_cast<std::uint16_t>(fw::kInterfaceVersion.minor + 1)};
+  for (std::uint32_t bad : {fw::Version{2, 0}.packed(), newer.packed(), fw::Version{0, 0}.packed()}) {
     SCOPED_TRACE(bad);
     w(reg::kDriverVersion, bad);
     const std::uint32_t status = r(reg::kStatus);
@@ -733,7 +734,7 @@ TEST_F(SimBoard, UnknownOpcodeIsAnInvalidOpcode) {
   EXPECT_EQ(rec.error_opcode, 99u);
   auto failure = fw::decode_failure(rec);
   ASSERT_TRUE(failure.ok());
-  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface 1.2 defines 1..12)");
+  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface 1.3 defines 1..12)");
 }
 
 TEST_F(SimBoard, FenceValuesMustIncrease) {

@@ -296,7 +296,8 @@ void bind_builders(py::module_& ops) {
 
   using Unary = Op (*)(const Tensor&, const Tensor&);
   const std::pair<const char*, Unary> unaries[] = {{"relu", &ops::relu}, {"abs", &ops::abs}, {"neg", &ops::neg},
-                                                   {"exp", &ops::exp},   {"log", &ops::log}, {"sqrt", &ops::sqrt}};
+                                                   {"exp", &ops::exp},   {"log", &ops::log}, {"sqrt", &ops::sqrt},
+                                                   {"erf", &ops::erf}};
   for (auto [name, f] : unaries)
     ops.def(
         name,

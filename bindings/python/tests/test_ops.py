@@ -1,5 +1,6 @@
 """Tensor ops and programs, compared with NumPy."""
 import gc
+import math
 import mmap
 
 import numpy as np
@@ -71,6 +72,25 @@ def test_elementwise_broadcast_and_cast(dev, queue):
     f = dev.tensor((3, 4), "f16")
     queue.run(ops.cast(y, f)).submit().wait()
     np.testing.assert_array_equal(f.download(), (a + b).astype(np.float16))
+
+
+def test_unary_maps_match_math(dev, queue):
+    x = np.array([-4, -1.5, -0.5, -1e-6, 0, 1e-6, 0.25, 1, 2.5, 6, np.inf, -np.inf], np.float32)
+    tx = tpuhal.Tensor(dev.upload(x))
+    for name, ref in [("sqrt", np.sqrt), ("exp", np.exp), ("erf", np.vectorize(math.erf))]:
+        y = dev.tensor(x.shape, "f32")
+        op = getattr(ops, name)(tx, y)
+        assert op.name == name
+        queue.run(op).submit().wait()
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_allclose(y.download(), ref(x.astype(np.float64)), rtol=1e-6, atol=0)
+    h = x.astype(np.float16)
+    y = dev.tensor(x.shape, "f16")
+    queue.run(ops.erf(tpuhal.Tensor(dev.upload(h)), y)).submit().wait()
+    want = np.vectorize(math.erf)(h.astype(np.float64)).astype(np.float16)
+    np.testing.assert_allclose(y.download(), want, rtol=1e-3, atol=2.0**-24)  # f16 subnormals: 2^-24 apart
+    with pytest.raises(tpuhal.InvalidArgument, match="erf: x is i32"):
+        ops.erf(dev.tensor((4,), "i32"), dev.tensor((4,), "i32"))
 
 
 def test_softmax_and_views(dev, queue):

@@ -29,6 +29,10 @@ fw::DType to_fw(DType t) {
 #undef TPUHAL_OP_KIND
 static_assert(driver::kOpKindCount == fw::kMaxOpKind,
               "a firmware op kind (fw/op_kinds.inc) has no HAL kind (driver/op_kinds.inc)");
+// Elementwise modes are copied by number: both enums end at the same mode.
+static_assert(static_cast<std::uint32_t>(driver::ElementwiseOp::Erf) == fw::kMaxElementwiseOp &&
+                  static_cast<std::uint32_t>(fw::ElementwiseOp::kErf) == fw::kMaxElementwiseOp,
+              "driver::ElementwiseOp and fw::ElementwiseOp are numbered differently");
 
 fw::OpKind to_fw(driver::OpKind k) {
   switch (k) {

@@ -45,6 +45,7 @@ float float_unary(const fw::ElementwiseAttrs& at, float x) {
     case fw::ElementwiseOp::kExp: return std::exp(x);
     case fw::ElementwiseOp::kLog: return std::log(x);
     case fw::ElementwiseOp::kSqrt: return std::sqrt(x);
+    case fw::ElementwiseOp::kErf: return std::erf(x);
     default: return x;
   }
 }

@@ -152,8 +152,9 @@ enum class ElementwiseOp : std::uint32_t {
   kExp = 10,
   kLog = 11,
   kSqrt = 12,
+  kErf = 13,  // interface 1.3
 };
-inline constexpr std::uint32_t kMaxElementwiseOp = 12;
+inline constexpr std::uint32_t kMaxElementwiseOp = 13;
 constexpr bool is_binary(ElementwiseOp op) { return op >= ElementwiseOp::kAdd && op <= ElementwiseOp::kMin; }
 
 struct ElementwiseAttrs {

@@ -59,6 +59,7 @@ enum class ElementwiseOp : std::uint8_t {
   Exp,
   Log,
   Sqrt,
+  Erf,
 };
 
 struct MatMulAttrs {
