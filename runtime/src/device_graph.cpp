@@ -116,6 +116,21 @@ const char* dtype_name(DType t) noexcept { return to_string(t); }
 
 std::uint64_t DTensor::elements() const { return product(shape); }
 std::uint64_t DTensor::bytes() const { return elements() * element_bytes(dtype); }
+std::uint64_t DTensor::span() const {
+  if (strides.empty() || elements() == 0) return bytes();
+  // Saturates at UINT64_MAX: any shape and strides a damaged file holds
+  // then fail the bounds check.
+  std::uint64_t last = 0, bytes = 0;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    std::uint64_t term = 0;
+    if (__builtin_mul_overflow(static_cast<std::uint64_t>(shape[i] - 1), static_cast<std::uint64_t>(strides[i]),
+                               &term) ||
+        __builtin_add_overflow(last, term, &last))
+      return UINT64_MAX;
+  }
+  if (__builtin_mul_overflow(last + 1, std::uint64_t{element_bytes(dtype)}, &bytes)) return UINT64_MAX;
+  return bytes;
+}
 
 std::int64_t DeviceGraph::add_arena(std::string value, DType dtype, std::vector<std::int64_t> shape) {
   DTensor t;
@@ -138,13 +153,17 @@ std::uint64_t DeviceGraph::share_arena() {
     std::uint64_t offset = 0;
   };
   std::map<std::uint64_t, Group> groups;
+  // A subview belongs to its base's group, `within` bytes into it.
+  auto key = [&](const DTensor& t) {
+    return t.base >= 0 ? tensors[static_cast<std::size_t>(t.base)].offset : t.offset;
+  };
   for (const auto& t : tensors)
     if (t.storage == Storage::Arena && t.bytes() > 0)
-      groups[t.offset].bytes = std::max(groups[t.offset].bytes, t.bytes());
+      groups[key(t)].bytes = std::max(groups[key(t)].bytes, t.offset - key(t) + t.span());
   auto use = [&](std::int64_t tensor, std::int64_t at) {
     const auto& t = tensors.at(static_cast<std::size_t>(tensor));
     if (t.storage != Storage::Arena || t.bytes() == 0) return;
-    Group& gr = groups[t.offset];
+    Group& gr = groups[key(t)];
     gr.first = std::min(gr.first, at);
     gr.last = std::max(gr.last, at);
   };
@@ -180,8 +199,13 @@ std::uint64_t DeviceGraph::share_arena() {
     placed.push_back(gr);
   }
   const std::uint64_t before = arena_bytes;
-  for (auto& t : tensors)
-    if (t.storage == Storage::Arena) t.offset = t.bytes() > 0 ? groups.at(t.offset).offset : 0;
+  std::vector<std::uint64_t> placed_at(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    if (t.storage == Storage::Arena && t.bytes() > 0) placed_at[i] = groups.at(key(t)).offset + (t.offset - key(t));
+  }
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].storage == Storage::Arena) tensors[i].offset = placed_at[i];
   arena_bytes = align64(size);
   return before;
 }
@@ -189,6 +213,19 @@ std::uint64_t DeviceGraph::share_arena() {
 std::int64_t DeviceGraph::add_view(std::int64_t of, std::vector<std::int64_t> shape) {
   DTensor t = tensors.at(static_cast<std::size_t>(of));
   t.shape = std::move(shape);
+  t.value.clear();
+  tensors.push_back(std::move(t));
+  return static_cast<std::int64_t>(tensors.size() - 1);
+}
+
+std::int64_t DeviceGraph::add_subview(std::int64_t of, std::vector<std::int64_t> shape,
+                                      std::vector<std::int64_t> strides, std::uint64_t byte_offset) {
+  DTensor t = tensors.at(static_cast<std::size_t>(of));
+  if (t.storage != Storage::Arena) throw std::logic_error("add_subview of a weight");
+  if (t.base < 0) t.base = of;
+  t.offset += byte_offset;
+  t.shape = std::move(shape);
+  t.strides = std::move(strides);
   t.value.clear();
   tensors.push_back(std::move(t));
   return static_cast<std::int64_t>(tensors.size() - 1);
@@ -205,6 +242,7 @@ std::vector<std::byte> encode_graph(const DeviceGraph& g) {
     e["shape"] = t.shape;
     e["storage"] = t.storage == Storage::Weights ? "weights" : "arena";
     e["offset"] = t.offset;
+    if (!t.strides.empty()) e["strides"] = t.strides;
     if (!t.value.empty()) e["value"] = t.value;
     ts.push_back(std::move(e));
   }
@@ -248,11 +286,21 @@ DeviceGraph decode_graph(std::span<const std::byte> bytes, std::uint64_t weight_
     t.storage = storage == "weights" ? Storage::Weights : Storage::Arena;
     t.offset = r.count(ts[i], "offset", where);
     if (ts[i].contains("value")) t.value = r.text(ts[i], "value", where);
+    if (ts[i].contains("strides")) {
+      const json& st = ts[i]["strides"];
+      if (!st.is_array() || st.size() != t.shape.size())
+        damaged(name, "graph", where + " has strides that are not one per dimension");
+      for (const auto& v : st) {
+        if (!v.is_number_unsigned() || v.get<std::uint64_t>() >= (std::uint64_t{1} << 32))
+          damaged(name, "graph", where + " has a stride that is not an integer in [0, 2^32)");
+        t.strides.push_back(v.get<std::int64_t>());
+      }
+    }
     const std::uint64_t limit = t.storage == Storage::Weights ? weight_bytes : g.arena_bytes;
     if (t.offset % element_bytes(t.dtype) != 0) damaged(name, "graph", where + " is misaligned");
-    if (t.offset > limit || t.bytes() > limit - t.offset)
+    if (t.offset > limit || t.span() > limit - t.offset)
       damaged(name, "graph",
-              where + " (" + std::to_string(t.bytes()) + " bytes at offset " + std::to_string(t.offset) +
+              where + " (" + std::to_string(t.span()) + " bytes at offset " + std::to_string(t.offset) +
                   ") lies outside the " + storage + " (" + std::to_string(limit) + " bytes)");
     g.tensors.push_back(std::move(t));
   }

@@ -24,9 +24,14 @@ struct DTensor {
   DType dtype = DType::F32;
   std::vector<std::int64_t> shape;
   Storage storage = Storage::Arena;
-  std::uint64_t offset = 0;  // bytes into the weights or the arena
+  std::uint64_t offset = 0;           // bytes into the weights or the arena
+  std::vector<std::int64_t> strides;  // in elements; empty: row-major
+  // The compiler's own: the arena tensor whose bytes this view lies in
+  // (share_arena moves them together); -1 for one that has bytes of its own.
+  std::int64_t base = -1;
   std::uint64_t elements() const;
-  std::uint64_t bytes() const;
+  std::uint64_t bytes() const;  // the bytes of its elements
+  std::uint64_t span() const;   // from its first element to past its last (bytes() when row-major)
 };
 
 struct DOp {
@@ -48,6 +53,10 @@ struct DeviceGraph {
   std::int64_t add_arena(std::string value, DType dtype, std::vector<std::int64_t> shape);
   // A view of tensor `of` with another shape (same bytes).
   std::int64_t add_view(std::int64_t of, std::vector<std::int64_t> shape);
+  // A view of part of arena tensor `of`: `shape` and `strides` (elements,
+  // empty for row-major) from `byte_offset` bytes into it.
+  std::int64_t add_subview(std::int64_t of, std::vector<std::int64_t> shape, std::vector<std::int64_t> strides,
+                           std::uint64_t byte_offset);
 
   // Lets arena tensors whose lifetimes (first to last op that uses them;
   // inputs from the start, outputs to the end) do not overlap share memory,

@@ -38,6 +38,11 @@ struct Node {
   onnx::NodeProto proto;            // its attributes
   ActivationParams act;             // fused Relu / Clip (Conv, Gemm, MatMul)
   std::string fused;                // what was fused into it, for the report ("Relu 'r1'")
+  // Parameters the importer resolved from constant inputs and attributes:
+  // "axes" (Reduce*, non-negative, ascending), "lo" and "step" (Slice),
+  // "pads" and "value" (Pad), "scales" (Resize: H and W, given or out / in),
+  // "exponent" (Pow).
+  std::map<std::string, std::vector<double>> params;
 };
 
 struct Graph {

@@ -10,6 +10,8 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <set>
 
 #include "ir.hpp"
 #include "onnx_attrs.hpp"
@@ -61,7 +63,10 @@ QParams qparams(const Range& r) {
   const float lo = std::min(r.lo, 0.0f), hi = std::max(r.hi, 0.0f);
   QParams q;
   q.scale = (hi - lo) / 255.0f;
-  if (!(q.scale > 1e-12f) || !std::isfinite(q.scale)) q.scale = 1.0f / 255.0f;
+  // Any normal scale works, however small the range (outputs of networks
+  // with untrained weights can lie within 1e-14 of zero); a range of zero
+  // has none.
+  if (!(q.scale >= std::numeric_limits<float>::min()) || !std::isfinite(q.scale)) q.scale = 1.0f / 255.0f;
   q.zero_point = static_cast<std::int32_t>(std::clamp(std::nearbyint(-lo / q.scale), 0.0f, 255.0f));
   return q;
 }
@@ -153,9 +158,29 @@ struct Lowerer {
     return qparams(it->second);
   }
 
-  // A new arena tensor that holds value `v` in `t` (its primary form).
+  // Values written straight into their Concat's output: the Concat's
+  // output value and the byte offset of the value's part, in `act`.
+  struct Placement {
+    std::string concat;
+    std::uint64_t offset = 0;
+  };
+  std::map<std::string, Placement> placements;
+  std::map<std::string, std::int64_t> placed;  // value -> the part of its Concat's output it was produced in
+
+  // A new arena tensor that holds value `v` in `t` (its primary form); for
+  // a value placed in a Concat, that part of the Concat's output.
   std::int64_t produce(const std::string& v, DType t, const std::vector<std::int64_t>& shape) {
-    const auto id = dg().add_arena(v, t, shape);
+    std::int64_t id;
+    if (auto pl = placements.find(v); pl != placements.end() && t == act) {
+      const auto& cv = g.value(pl->second.concat);
+      auto it = reps.find(pl->second.concat);
+      const std::int64_t whole = it != reps.end() ? it->second.by_dtype.at(t) : produce(pl->second.concat, t, cv.shape);
+      id = dg().add_subview(whole, shape, {}, pl->second.offset);
+      dg().tensors[static_cast<std::size_t>(id)].value = v;
+      placed[v] = id;
+    } else {
+      id = dg().add_arena(v, t, shape);
+    }
     Rep& r = reps[v];
     r.by_dtype[t] = id;
     r.primary = t;
@@ -166,7 +191,14 @@ struct Lowerer {
   // Value `v` in a view of another shape: same bytes, same quantisation.
   void alias(const std::string& v, const std::string& of, const std::vector<std::int64_t>& shape) {
     if (reps.at(of).primary_nhwc) get(of, DType::U8);  // a view needs the NCHW bytes
-    const Rep& src = reps.at(of);
+    Rep& from = reps.at(of);
+    auto& held = from.by_dtype.at(from.primary);
+    if (!dg().tensors[static_cast<std::size_t>(held)].strides.empty()) {  // a strided view: reshaped as a copy
+      const auto copy = dg().add_arena("", from.primary, g.value(of).shape);
+      op("cast", "", {{"x", held}, {"y", copy}});
+      held = copy;
+    }
+    const Rep& src = from;
     const auto id = dg().add_view(src.by_dtype.at(src.primary), shape);
     dg().tensors[static_cast<std::size_t>(id)].value = v;
     Rep r;
@@ -527,7 +559,301 @@ struct Lowerer {
       op("add", n.name, {{"a", tmp}, {"b", add_weight(b, t, pshape)}, {"y", produce(n.output, t, shape)}});
       return;
     }
+    if (op_type == "HardSigmoid" || op_type == "HardSwish") {
+      const auto x = get(n.inputs[0], t);
+      const bool swish = op_type == "HardSwish";
+      const auto p = swish ? ActivationParams::hard_sigmoid(1.0f / 6, 0.5f)
+                           : ActivationParams::hard_sigmoid(a.f("alpha", 0.2f), a.f("beta", 0.5f));
+      const auto y = swish ? dg().add_arena("", t, shape) : produce(n.output, t, shape);
+      op("activation", n.name, {{"x", x}, {"y", y}}, {{"activation", act_json(p)}});
+      if (swish) op("mul", n.name, {{"a", x}, {"b", y}, {"y", produce(n.output, t, shape)}});
+      return;
+    }
+    if (op_type == "Sqrt" || op_type == "Exp" || op_type == "Log" || op_type == "Abs" || op_type == "Neg" ||
+        op_type == "Erf") {
+      std::string kind = op_type;
+      std::transform(kind.begin(), kind.end(), kind.begin(), [](char c) { return static_cast<char>(std::tolower(c)); });
+      const auto x = get(n.inputs[0], t);
+      op(kind, n.name, {{"x", x}, {"y", produce(n.output, t, shape)}});
+      return;
+    }
+    if (op_type == "Reciprocal") {
+      const auto x = get(n.inputs[0], t);
+      op("div", n.name, {{"a", add_weight({1.0f}, t, {})}, {"b", x}, {"y", produce(n.output, t, shape)}});
+      return;
+    }
+    if (op_type == "Min" || op_type == "Max") {
+      const std::string kind = op_type == "Min" ? "min" : "max";
+      std::int64_t acc = get(n.inputs[0], t);
+      if (n.inputs.size() == 1) {
+        op("cast", n.name, {{"x", acc}, {"y", produce(n.output, t, shape)}});
+        return;
+      }
+      for (std::size_t i = 1; i < n.inputs.size(); ++i) {
+        const auto y = i + 1 == n.inputs.size() ? produce(n.output, t, shape) : dg().add_arena("", t, shape);
+        op(kind, n.name, {{"a", acc}, {"b", get(n.inputs[i], t)}, {"y", y}});
+        acc = y;
+      }
+      return;
+    }
+    if (op_type == "Pow") {
+      lower_pow(n, t);
+      return;
+    }
+    if (op_type == "ReduceMean" || op_type == "ReduceSum" || op_type == "ReduceMax" || op_type == "ReduceMin" ||
+        op_type == "ReduceL2") {
+      lower_reduce(n, t);
+      return;
+    }
+    if (op_type == "Pad") {
+      lower_pad(n, t);
+      return;
+    }
+    if (op_type == "Resize" || op_type == "Upsample") {
+      const auto o = onnx_attrs::resize_options(a, g.opset);
+      const auto& sc = n.params.at("scales");
+      const auto x = get(n.inputs[0], t);
+      op("resize", n.name, {{"x", x}, {"y", produce(n.output, t, shape)}},
+         {{"mode", o.mode == ResizeMode::Linear ? "linear" : "nearest"},
+          {"coordinate", mode_name(coordinate_modes(), o.coordinate)},
+          {"nearest", mode_name(nearest_modes(), o.nearest)},
+          {"scales", {static_cast<float>(sc[0]), static_cast<float>(sc[1])}}});
+      return;
+    }
+    if (op_type == "Concat") {
+      lower_concat(n, t);
+      return;
+    }
+    if (op_type == "Slice") {
+      const auto x = get(n.inputs[0], t);
+      const auto& xs = g.value(n.inputs[0]).shape;
+      const auto st = row_major(xs);
+      const auto& lo = n.params.at("lo");
+      const auto& step = n.params.at("step");
+      std::vector<std::int64_t> strides(xs.size());
+      std::uint64_t first = 0;
+      for (std::size_t d = 0; d < xs.size(); ++d) {
+        first += static_cast<std::uint64_t>(lo[d]) * static_cast<std::uint64_t>(st[d]);
+        strides[d] = st[d] * static_cast<std::int64_t>(step[d]);
+      }
+      const auto view = dg().add_subview(x, shape, strides, first * size_of(t));
+      op("cast", n.name, {{"x", view}, {"y", produce(n.output, t, shape)}});
+      return;
+    }
     throw Error(Status::Internal, "compiler: no lowering for " + op_type);
+  }
+
+  static std::vector<std::int64_t> row_major(const std::vector<std::int64_t>& shape) {
+    std::vector<std::int64_t> st(shape.size(), 1);
+    for (std::size_t i = shape.size(); i-- > 1;) st[i - 1] = st[i] * shape[i];
+    return st;
+  }
+
+  // x^e for one constant e: products for small integer powers (and their
+  // reciprocals), sqrt for 0.5, else exp(e * log(x)) (NaN for x < 0, as
+  // pow gives for a fractional power).
+  void lower_pow(const Node& n, DType t) {
+    const double e = n.params.at("exponent").at(0);
+    const auto& shape = g.value(n.output).shape;
+    const auto x = get(n.inputs[0], t);
+    const auto y = produce(n.output, t, shape);
+    const double whole = std::nearbyint(e);
+    if (e == whole && std::fabs(e) <= 16 && e != 0) {
+      auto m = static_cast<std::uint32_t>(std::fabs(e));
+      // Square-and-multiply, most significant bit first.
+      std::int64_t acc = x;
+      const int top = 31 - std::countl_zero(m);
+      for (int b = top - 1; b >= 0; --b) {
+        const auto sq = dg().add_arena("", t, shape);
+        op("mul", n.name, {{"a", acc}, {"b", acc}, {"y", sq}});
+        acc = sq;
+        if ((m >> b) & 1) {
+          const auto mx = dg().add_arena("", t, shape);
+          op("mul", n.name, {{"a", acc}, {"b", x}, {"y", mx}});
+          acc = mx;
+        }
+      }
+      if (e < 0)
+        op("div", n.name, {{"a", add_weight({1.0f}, t, {})}, {"b", acc}, {"y", y}});
+      else
+        op("cast", n.name, {{"x", acc}, {"y", y}});
+      return;
+    }
+    if (e == 0) {  // pow(x, 0) is 1 for every x, NaN included
+      op("cast", n.name, {{"x", add_weight({1.0f}, t, {})}, {"y", y}});
+      return;
+    }
+    if (e == 0.5) {
+      op("sqrt", n.name, {{"x", x}, {"y", y}});
+      return;
+    }
+    const auto l = dg().add_arena("", t, shape), m = dg().add_arena("", t, shape);
+    op("log", n.name, {{"x", x}, {"y", l}});
+    op("mul", n.name, {{"a", l}, {"b", add_weight({static_cast<float>(e)}, t, {})}, {"y", m}});
+    op("exp", n.name, {{"x", m}, {"y", y}});
+  }
+
+  // Reductions as a pool over the innermost dimension of x viewed as
+  // [1, 1, outer, inner], the reduced axes moved last first where they are
+  // not already: mean and max directly, min as -max(-x), sum as mean * n,
+  // L2 as sqrt(sum(x * x)).
+  void lower_reduce(const Node& n, DType t) {
+    const std::string& op_type = n.op;
+    const auto& xs = g.value(n.inputs[0]).shape;
+    const auto& shape = g.value(n.output).shape;
+    std::vector<bool> reduced(xs.size());
+    for (double d : n.params.at("axes")) reduced[static_cast<std::size_t>(d)] = true;
+    std::vector<std::size_t> perm;
+    std::int64_t outer = 1, inner = 1;
+    for (std::size_t d = 0; d < xs.size(); ++d)
+      if (!reduced[d]) perm.push_back(d), outer *= xs[d];
+    for (std::size_t d = 0; d < xs.size(); ++d)
+      if (reduced[d]) perm.push_back(d), inner *= xs[d];
+    std::int64_t x = get(n.inputs[0], t);
+    const auto y = produce(n.output, t, shape);
+    if (inner == 1 || outer == 0) {  // nothing to reduce (or nothing to reduce into)
+      op("cast", n.name, {{"x", x}, {"y", y}});
+      return;
+    }
+    // Only dimensions larger than 1 decide whether the order changes.
+    std::vector<std::size_t> big;
+    for (auto d : perm)
+      if (xs[d] != 1) big.push_back(d);
+    if (!std::is_sorted(big.begin(), big.end())) {
+      std::vector<std::int64_t> ps;
+      for (auto d : perm) ps.push_back(xs[d]);
+      const auto tx = dg().add_arena("", t, ps);
+      op("transpose", n.name, {{"x", x}, {"y", tx}}, {{"perm", perm}});
+      x = tx;
+    }
+    const std::vector<std::int64_t> as_pool{1, 1, outer, inner}, pooled{1, 1, outer, 1};
+    auto pool = [&](bool max, std::int64_t from, std::int64_t to) {
+      op(max ? "max_pool2d" : "avg_pool2d", n.name,
+         {{"x", dg().add_view(from, as_pool)}, {"y", dg().add_view(to, pooled)}},
+         {{"kernel", {1, static_cast<std::uint32_t>(inner)}},
+          {"strides", {1, 1}},
+          {"dilations", {1, 1}},
+          {"pads", {0, 0, 0, 0}},
+          {"ceil_mode", false},
+          {"count_include_pad", false},
+          {"layout", "nchw"}});
+    };
+    const std::vector<std::int64_t> flat{outer, inner}, flat_out{outer};
+    if (op_type == "ReduceMean" || op_type == "ReduceMax") {
+      pool(op_type == "ReduceMax", x, y);
+    } else if (op_type == "ReduceMin") {
+      const auto nx = dg().add_arena("", t, flat), m = dg().add_arena("", t, flat_out);
+      op("neg", n.name, {{"x", dg().add_view(x, flat)}, {"y", nx}});
+      pool(true, nx, m);
+      op("neg", n.name, {{"x", m}, {"y", dg().add_view(y, flat_out)}});
+    } else {  // ReduceSum, ReduceL2
+      std::int64_t src = x;
+      if (op_type == "ReduceL2") {
+        src = dg().add_arena("", t, flat);
+        op("mul", n.name, {{"a", dg().add_view(x, flat)}, {"b", dg().add_view(x, flat)}, {"y", src}});
+      }
+      const auto m = dg().add_arena("", t, flat_out);
+      pool(false, src, m);
+      const auto count = add_weight({static_cast<float>(inner)}, t, {});
+      if (op_type == "ReduceSum") {
+        op("mul", n.name, {{"a", m}, {"b", count}, {"y", dg().add_view(y, flat_out)}});
+      } else {
+        const auto s2 = dg().add_arena("", t, flat_out);
+        op("mul", n.name, {{"a", m}, {"b", count}, {"y", s2}});
+        op("sqrt", n.name, {{"x", s2}, {"y", dg().add_view(y, flat_out)}});
+      }
+    }
+  }
+
+  // Constant padding: y filled with the value, x copied into its interior.
+  void lower_pad(const Node& n, DType t) {
+    const Attrs a{n.proto};
+    const auto& xs = g.value(n.inputs[0]).shape;
+    const auto& shape = g.value(n.output).shape;
+    const auto& pads = n.params.at("pads");
+    if (std::all_of(pads.begin(), pads.end(), [](double p) { return p == 0; })) {
+      if (!reps.count(n.inputs[0])) get(n.inputs[0], t);
+      alias(n.output, n.inputs[0], shape);
+      return;
+    }
+    if (a.s("mode", "constant") != "constant")
+      throw Error(Status::Unsupported, "node '" + n.name + "' (Pad): mode '" + a.s("mode", "constant") +
+                                           "' with non-zero pads; the compiler pads with a constant");
+    const auto x = get(n.inputs[0], t);
+    const auto y = produce(n.output, t, shape);
+    op("cast", n.name, {{"x", add_weight({static_cast<float>(n.params.at("value").at(0))}, t, {})}, {"y", y}});
+    const auto st = row_major(shape);
+    std::uint64_t first = 0;
+    for (std::size_t d = 0; d < shape.size(); ++d)
+      first += static_cast<std::uint64_t>(pads[d] * static_cast<double>(st[d]));
+    op("cast", n.name, {{"x", x}, {"y", dg().add_subview(y, xs, st, first * size_of(t))}});
+  }
+
+  // Concat: each input not already produced in its part of the output
+  // (placements) is copied there.
+  void lower_concat(const Node& n, DType t) {
+    const Attrs a{n.proto};
+    const auto& shape = g.value(n.output).shape;
+    const auto rank = static_cast<std::int64_t>(shape.size());
+    std::int64_t axis = a.i("axis", 0);
+    if (axis < 0) axis += rank;
+    std::int64_t y;
+    if (auto it = reps.find(n.output); it != reps.end() && it->second.by_dtype.count(t))
+      y = it->second.by_dtype.at(t);
+    else
+      y = produce(n.output, t, shape);
+    const auto st = row_major(shape);
+    std::int64_t at = 0;
+    for (const auto& in : n.inputs) {
+      const auto& is = g.value(in).shape;
+      const auto part_at = static_cast<std::uint64_t>(at * st[static_cast<std::size_t>(axis)]) * size_of(t);
+      at += is[static_cast<std::size_t>(axis)];
+      if (auto p = placed.find(in); p != placed.end() && reps.at(in).primary == t) continue;
+      const auto x = get(in, t);
+      op("cast", n.name, {{"x", x}, {"y", dg().add_subview(y, is, st, part_at)}});
+    }
+  }
+
+  // Chooses which Concat inputs are produced straight into the Concat's
+  // output: a float value the Concat alone uses, made by a node that writes
+  // a fresh tensor, where the Concat's parts are contiguous (nothing but
+  // ones before the axis).
+  void plan_concats() {
+    if (precision == Precision::Int8) return;  // int8 values are u8 NHWC; their Concat copies
+    std::map<std::string, std::size_t> uses;
+    for (const auto& n : g.nodes)
+      for (const auto& x : n.inputs) ++uses[x];
+    for (const auto& o : g.outputs) uses[o.second] += 2;
+    std::map<std::string, const Node*> producer;
+    for (const auto& n : g.nodes) producer[n.output] = &n;
+    static const std::set<std::string> kWritesFresh = {
+        "Conv",      "Gemm",    "MatMul",     "MaxPool",   "AveragePool", "GlobalAveragePool",
+        "Relu",      "Sigmoid", "Tanh",       "LeakyRelu", "Clip",        "HardSigmoid",
+        "HardSwish", "Softmax", "Add",        "Sub",       "Mul",         "Div",
+        "Min",       "Max",     "Sqrt",       "Exp",       "Log",         "Abs",
+        "Neg",       "Erf",     "Reciprocal", "Resize",    "Upsample",    "Concat"};
+    for (const auto& n : g.nodes) {
+      if (n.op != "Concat") continue;
+      const auto& shape = g.value(n.output).shape;
+      const auto rank = static_cast<std::int64_t>(shape.size());
+      std::int64_t axis = Attrs{n.proto}.i("axis", 0);
+      if (axis < 0) axis += rank;
+      bool contiguous = true;
+      for (std::int64_t d = 0; d < axis; ++d) contiguous = contiguous && shape[static_cast<std::size_t>(d)] == 1;
+      if (!contiguous) continue;
+      const auto st = row_major(shape);
+      std::int64_t at = 0;
+      std::set<std::string> seen;
+      for (const auto& in : n.inputs) {
+        const auto& is = g.value(in).shape;
+        const auto offset = static_cast<std::uint64_t>(at * st[static_cast<std::size_t>(axis)]) * size_of(act);
+        at += is[static_cast<std::size_t>(axis)];
+        const auto p = producer.find(in);
+        if (p == producer.end() || uses[in] != 1 || !seen.insert(in).second || !kWritesFresh.count(p->second->op))
+          continue;
+        placements[in] = {n.output, offset};
+      }
+    }
   }
 
   void run() {
@@ -540,14 +866,19 @@ struct Lowerer {
       reps[in] = r;
       dg().inputs.push_back(id);
     }
+    plan_concats();
     for (const auto& n : g.nodes) lower_node(n);
     for (const auto& [name, v] : g.outputs) {
       std::int64_t id = get(v, DType::F32);
       const auto& t = dg().tensors[static_cast<std::size_t>(id)];
-      const bool taken = t.storage == Storage::Weights ||
-                         std::find(dg().inputs.begin(), dg().inputs.end(), id) != dg().inputs.end() ||
-                         std::find(dg().outputs.begin(), dg().outputs.end(), id) != dg().outputs.end();
-      if (taken) {  // an output that is an input, a constant or another output: its own copy
+      // Before sharing, arena tensors at one offset are one tensor and its views.
+      auto same_bytes = [&](std::int64_t other) {
+        return dg().tensors[static_cast<std::size_t>(other)].offset == t.offset;
+      };
+      const bool taken = t.storage == Storage::Weights || !t.strides.empty() ||
+                         std::any_of(dg().inputs.begin(), dg().inputs.end(), same_bytes) ||
+                         std::any_of(dg().outputs.begin(), dg().outputs.end(), same_bytes);
+      if (taken) {  // an output that is (a view of) an input, a constant or another output: its own copy
         const auto copy = dg().add_arena("", DType::F32, t.shape);
         op("cast", "", {{"x", id}, {"y", copy}});
         id = copy;

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "model_internal.hpp"
+#include "resize_names.hpp"
 #include "tpuhal/error.hpp"
 
 namespace tpuhal::rt {
@@ -164,6 +165,26 @@ ops::Pool2dOptions pool_opts(const OpReader& r) {
   return o;
 }
 
+ops::ResizeOptions resize_opts(const OpReader& r) {
+  static const std::map<std::string, ResizeMode> modes = {{"nearest", ResizeMode::Nearest},
+                                                          {"linear", ResizeMode::Linear}};
+  auto pick = [&](const auto& table, const char* key) {
+    const json& v = r.get(key);
+    if (!v.is_string() || !table.count(v.template get<std::string>()))
+      r.fail(std::string("attribute '") + key + "' is not one of its names");
+    return table.at(v.template get<std::string>());
+  };
+  ops::ResizeOptions o;
+  o.mode = pick(modes, "mode");
+  o.coordinate = pick(coordinate_modes(), "coordinate");
+  o.nearest = pick(nearest_modes(), "nearest");
+  const json& s = r.get("scales");
+  if (!s.is_array() || s.size() != 2 || !s[0].is_number() || !s[1].is_number())
+    r.fail("attribute 'scales' is not 2 numbers");
+  o.scales = std::array<float, 2>{s[0].get<float>(), s[1].get<float>()};
+  return o;
+}
+
 Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& where) {
   const OpReader r{op, where};
   auto in = [&](const char* role) -> const Tensor& {
@@ -204,6 +225,11 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
   static const std::map<std::string, Op (*)(const Tensor&, const Tensor&, const Tensor&)> binary = {
       {"add", ops::add}, {"sub", ops::sub}, {"mul", ops::mul}, {"div", ops::div}, {"max", ops::max}, {"min", ops::min}};
   if (auto it = binary.find(k); it != binary.end()) return it->second(in("a"), in("b"), in("y"));
+  static const std::map<std::string, Op (*)(const Tensor&, const Tensor&)> unary = {
+      {"sqrt", ops::sqrt}, {"exp", ops::exp}, {"log", ops::log},
+      {"abs", ops::abs},   {"neg", ops::neg}, {"erf", ops::erf}};
+  if (auto it = unary.find(k); it != unary.end()) return it->second(in("x"), in("y"));
+  if (k == "resize") return ops::resize(in("x"), in("y"), resize_opts(r));
   if (k == "activation") return ops::activation(in("x"), in("y"), r.activation());
   if (k == "softmax") return ops::softmax(in("x"), in("y"), r.integer("axis"), false);
   if (k == "cast") return ops::cast(in("x"), in("y"));
@@ -232,7 +258,11 @@ void place(const ModelState& m, const Buffer& arena, std::vector<Tensor>& tensor
   for (std::size_t i = 0; i < m.graph.tensors.size(); ++i) {
     const auto& d = m.graph.tensors[i];
     try {
-      tensors.emplace_back(d.storage == Storage::Weights ? m.weights : arena, d.dtype, d.shape, d.offset);
+      const Buffer& storage = d.storage == Storage::Weights ? m.weights : arena;
+      if (d.strides.empty())
+        tensors.emplace_back(storage, d.dtype, d.shape, d.offset);
+      else
+        tensors.emplace_back(storage, d.dtype, d.shape, d.strides, d.offset);
     } catch (const Error& e) {
       throw Error(Status::InvalidArgument,
                   m.name + ": the graph section is damaged: tensor " + std::to_string(i) + ": " + e.what());

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "resize_names.hpp"
 #include "tpuhal/ops.hpp"
 
 namespace tpuhal::rt::onnx_attrs {
@@ -126,6 +127,41 @@ inline ops::Pool2dOptions pool_options(const Attrs& at, const std::vector<std::i
     else if (!one_d && p.size() == 4)
       o.pads = {u32(p[0]), u32(p[1]), u32(p[2]), u32(p[3])};
   }
+  return o;
+}
+
+// Why Resize (or Upsample) with these attributes cannot run on the engine
+// at `opset`; empty if it can.
+inline std::string resize_unsupported(const Attrs& a, int opset) {
+  const std::string mode = a.s("mode", "nearest");
+  const std::string coord = a.s("coordinate_transformation_mode", "half_pixel");
+  if (a.node.op_type() == "Resize" && opset < 10) return "Resize before opset 10";
+  if (mode == "cubic") return "cubic interpolation";
+  if (mode != "nearest" && mode != "linear" && mode != "bilinear") return "mode " + mode;
+  if (coord == "tf_crop_and_resize") return "tf_crop_and_resize coordinates";
+  if (!rt::detail::coordinate_modes().count(coord)) return "coordinate mode " + coord;
+  if (a.i("exclude_outside", 0) != 0) return "exclude_outside";
+  return {};
+}
+
+// Resize options (mode, coordinates, nearest rounding; not the scales).
+// Upsample and Resize before opset 11 map coordinates as asymmetric and
+// round nearest down, as those versions define.
+inline ops::ResizeOptions resize_options(const Attrs& a, int opset) {
+  ops::ResizeOptions o;
+  const std::string mode = a.s("mode", "nearest");
+  o.mode = mode == "nearest" ? ResizeMode::Nearest : ResizeMode::Linear;
+  if (a.node.op_type() == "Upsample" || opset < 11) {
+    o.coordinate = CoordinateMode::Asymmetric;
+    o.nearest = NearestMode::Floor;
+    return o;
+  }
+  const auto& coordinates = rt::detail::coordinate_modes();
+  const auto& nearest = rt::detail::nearest_modes();
+  const auto c = coordinates.find(a.s("coordinate_transformation_mode", "half_pixel"));
+  if (c != coordinates.end()) o.coordinate = c->second;
+  const auto nm = nearest.find(a.s("nearest_mode", "round_prefer_floor"));
+  if (nm != nearest.end()) o.nearest = nm->second;
   return o;
 }
 

@@ -17,17 +17,26 @@ namespace {
 
 using onnx_attrs::Attrs;
 
-const std::set<std::string> kSupported = {"Conv", "Gemm", "MatMul", "Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu",
-                                          "MaxPool", "AveragePool", "GlobalAveragePool", "Softmax", "Add", "Mul", "Sub",
-                                          "Div", "Reshape", "Flatten", "Transpose", "BatchNormalization", "Identity",
-                                          "Dropout", "Constant",
-                                          // Shape computations, folded to constants for the fixed input shapes
-                                          // (what exporters write for x.view(x.size(0), -1)).
-                                          "Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast"};
+const std::set<std::string> kSupported = {
+    "Conv", "Gemm", "MatMul", "Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "MaxPool",
+    "AveragePool", "GlobalAveragePool", "Softmax", "Add", "Mul", "Sub", "Div", "Pow", "Min", "Max", "Sqrt", "Exp",
+    "Log", "Abs", "Neg", "Reciprocal", "Erf", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "Pad",
+    "Resize", "Upsample", "Reshape", "Flatten", "Transpose", "BatchNormalization", "Identity", "Dropout", "Constant",
+    "Concat", "Slice",
+    // Shape computations, folded to constants for the fixed input shapes
+    // (what exporters write for x.view(x.size(0), -1)).
+    "Shape", "Gather", "Unsqueeze", "Squeeze", "Cast"};
 
 // Ops that exist here only to compute shapes: every input must be known at
 // compile time.
-const std::set<std::string> kFoldOnly = {"Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast"};
+const std::set<std::string> kFoldOnly = {"Gather", "Unsqueeze", "Squeeze", "Cast"};
+// Ops folded when every input is a constant, run on the device otherwise.
+const std::set<std::string> kFoldable = {"Concat", "Slice", "Sqrt",       "Exp", "Log",
+                                         "Abs",    "Neg",   "Reciprocal", "Erf", "Pow"};
+const std::set<std::string> kUnary = {"Sqrt",       "Exp",  "Log",         "Abs",       "Neg",
+                                      "Reciprocal", "Erf",  "HardSigmoid", "HardSwish", "Relu",
+                                      "Sigmoid",    "Tanh", "LeakyRelu",   "Clip",      "Softmax"};
+const std::set<std::string> kReduce = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2"};
 
 std::string dims_text(const std::vector<std::int64_t>& s) {
   std::string t = "[";
@@ -205,6 +214,39 @@ struct Importer {
     return st;
   }
 
+  // Slice's start and step per dimension and its output shape.
+  struct SliceParams {
+    std::vector<std::int64_t> lo, step, shape;
+  };
+  SliceParams slice_of(const Node& n) const {
+    const Attrs a{n.proto};
+    const auto& x = in(n, 0).shape;
+    const auto rank = static_cast<std::int64_t>(x.size());
+    if (g.opset < 10)
+      fail(Status::Unsupported,
+           "node '" + n.name + "' (Slice): opset " + std::to_string(g.opset) + " (attribute form)");
+    auto starts = int_list(n, 1, "starts", a), ends = int_list(n, 2, "ends", a);
+    std::vector<std::int64_t> axes = has(n, 3) ? int_list(n, 3, "axes", a) : std::vector<std::int64_t>{};
+    std::vector<std::int64_t> steps = has(n, 4) ? int_list(n, 4, "steps", a) : std::vector<std::int64_t>{};
+    if (axes.empty())
+      for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<std::int64_t>(i));
+    if (steps.empty()) steps.assign(starts.size(), 1);
+    if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+      fail_node(n, "starts, ends, axes and steps differ in length");
+    SliceParams p{std::vector<std::int64_t>(x.size(), 0), std::vector<std::int64_t>(x.size(), 1), x};
+    for (std::size_t i = 0; i < starts.size(); ++i) {
+      const auto ax = static_cast<std::size_t>(axis_of(n, axes[i], rank));
+      const auto dim = x[ax];
+      if (steps[i] <= 0) fail(Status::Unsupported, "node '" + n.name + "' (Slice): step " + std::to_string(steps[i]));
+      auto clampi = [&](std::int64_t v) { return std::clamp(v < 0 ? v + dim : v, std::int64_t{0}, dim); };
+      const auto b = clampi(starts[i]), e = clampi(ends[i]);
+      p.lo[ax] = b;
+      p.step[ax] = steps[i];
+      p.shape[ax] = e > b ? (e - b + steps[i] - 1) / steps[i] : 0;
+    }
+    return p;
+  }
+
   // Shape computations, evaluated here (kFoldOnly, Shape, and arithmetic
   // on constants).
   Value fold(Node& n) {
@@ -264,6 +306,31 @@ struct Importer {
         }
       }
       return make_constant(shape, r, integer);
+    }
+    if (op == "Sqrt" || op == "Exp" || op == "Log" || op == "Abs" || op == "Neg" || op == "Reciprocal" || op == "Erf") {
+      std::vector<double> r = vals;
+      for (auto& v : r)
+        v = op == "Sqrt"  ? std::sqrt(v)
+            : op == "Exp" ? std::exp(v)
+            : op == "Log" ? std::log(v)
+            : op == "Abs" ? std::fabs(v)
+            : op == "Neg" ? -v
+            : op == "Erf" ? std::erf(v)
+                          : 1.0 / v;
+      return make_constant(x.shape, r, false);
+    }
+    if (op == "Pow") {
+      const Value& y = in(n, 1);
+      if (x.elements() != 1 && y.elements() != 1)
+        fail_node(n, "a power of two constant tensors is folded only with a scalar");
+      const auto yv = values_of(y);
+      const auto shape = broadcast(n, x.shape, y.shape);
+      Value out;
+      out.shape = shape;
+      std::vector<double> r(out.elements());
+      for (std::size_t i = 0; i < r.size(); ++i)
+        r[i] = std::pow(vals[x.elements() == 1 ? 0 : i], yv[y.elements() == 1 ? 0 : i]);
+      return make_constant(shape, r, false);
     }
     if (op == "Cast") {
       const auto to = a.i("to", 0);
@@ -353,28 +420,10 @@ struct Importer {
       return make_constant(shape, r, integer);
     }
     if (op == "Slice") {
-      if (g.opset < 10)
-        fail(Status::Unsupported,
-             "node '" + n.name + "' (Slice): opset " + std::to_string(g.opset) + " (attribute form)");
-      auto starts = int_list(n, 1, "starts", a), ends = int_list(n, 2, "ends", a);
-      std::vector<std::int64_t> axes = has(n, 3) ? int_list(n, 3, "axes", a) : std::vector<std::int64_t>{};
-      std::vector<std::int64_t> steps = has(n, 4) ? int_list(n, 4, "steps", a) : std::vector<std::int64_t>{};
-      if (axes.empty())
-        for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<std::int64_t>(i));
-      if (steps.empty()) steps.assign(starts.size(), 1);
-      if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
-        fail_node(n, "starts, ends, axes and steps differ in length");
-      std::vector<std::int64_t> lo(x.shape.size(), 0), step(x.shape.size(), 1), shape = x.shape;
-      for (std::size_t i = 0; i < starts.size(); ++i) {
-        const auto ax = static_cast<std::size_t>(axis_of(n, axes[i], rank));
-        const auto dim = x.shape[ax];
-        if (steps[i] <= 0) fail(Status::Unsupported, "node '" + n.name + "' (Slice): step " + std::to_string(steps[i]));
-        auto clampi = [&](std::int64_t v) { return std::clamp(v < 0 ? v + dim : v, std::int64_t{0}, dim); };
-        const auto b = clampi(starts[i]), e = clampi(ends[i]);
-        lo[ax] = b;
-        step[ax] = steps[i];
-        shape[ax] = e > b ? (e - b + steps[i] - 1) / steps[i] : 0;
-      }
+      const auto sl = slice_of(n);
+      const auto& lo = sl.lo;
+      const auto& step = sl.step;
+      const auto& shape = sl.shape;
       Value out;
       out.shape = shape;
       const auto in_st = strides_of(x.shape), out_st = strides_of(shape);
@@ -398,9 +447,13 @@ struct Importer {
     const Attrs a{n.proto};
     if (op == "Shape" || kFoldOnly.count(op)) return fold(n);
     if ((op == "Add" || op == "Sub" || op == "Mul" || op == "Div") && in(n, 0).data && in(n, 1).data) return fold(n);
+    if (kFoldable.count(op)) {
+      bool constants = true;
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) constants = constants && (!has(n, i) || in(n, i).data);
+      if (constants) return fold(n);
+    }
     Value out;
-    if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "LeakyRelu" || op == "Clip" || op == "Softmax" ||
-        op == "BatchNormalization") {
+    if (kUnary.count(op) || op == "BatchNormalization") {
       out.shape = in(n, 0).shape;
       if (op == "Clip" && g.opset >= 11) {
         if (has(n, 1)) constant(n, 1, "bounds");
@@ -414,6 +467,144 @@ struct Importer {
     }
     if (op == "Add" || op == "Mul" || op == "Sub" || op == "Div") {
       out.shape = broadcast(n, in(n, 0).shape, in(n, 1).shape);
+      return out;
+    }
+    if (op == "Min" || op == "Max") {
+      if (n.inputs.empty()) fail_node(n, "no inputs");
+      out.shape = in(n, 0).shape;
+      for (std::size_t i = 1; i < n.inputs.size(); ++i) out.shape = broadcast(n, out.shape, in(n, i).shape);
+      return out;
+    }
+    if (op == "Pow") {
+      const Value& y = constant(n, 1, "exponent");
+      if (y.elements() != 1)
+        fail(Status::Unsupported, "node '" + n.name + "' (Pow): an exponent of shape " + dims_text(y.shape) +
+                                      "; the compiler takes one constant exponent");
+      out.shape = broadcast(n, in(n, 0).shape, y.shape);
+      n.params["exponent"] = values_of(y);
+      return out;
+    }
+    if (kReduce.count(op)) {
+      const auto& x = in(n, 0).shape;
+      const auto rank = static_cast<std::int64_t>(x.size());
+      // Axes: an attribute, or (ReduceSum from opset 13, the others from 18) an input.
+      const bool axes_input = op == "ReduceSum" ? g.opset >= 13 : g.opset >= 18;
+      std::vector<std::int64_t> axes =
+          axes_input ? (has(n, 1) ? int_list(n, 1, "axes", a) : std::vector<std::int64_t>{}) : a.ints("axes");
+      if (axes.empty() && a.i("noop_with_empty_axes", 0) != 0)
+        fail(Status::Unsupported, "node '" + n.name + "' (" + op + "): noop_with_empty_axes");
+      if (axes.empty())
+        for (std::int64_t d = 0; d < rank; ++d) axes.push_back(d);
+      std::vector<bool> reduced(x.size());
+      for (auto ax : axes) {
+        const auto d = static_cast<std::size_t>(axis_of(n, ax, rank));
+        if (reduced[d]) fail_node(n, "axis " + std::to_string(ax) + " is repeated");
+        reduced[d] = true;
+      }
+      const bool keep = a.i("keepdims", 1) != 0;
+      auto& kept_axes = n.params["axes"];
+      for (std::size_t d = 0; d < x.size(); ++d)
+        if (reduced[d]) kept_axes.push_back(static_cast<double>(d));
+      for (std::size_t d = 0; d < x.size(); ++d)
+        if (!reduced[d])
+          out.shape.push_back(x[d]);
+        else if (keep)
+          out.shape.push_back(1);
+      return out;
+    }
+    if (op == "Pad") {
+      const auto& x = in(n, 0).shape;
+      const auto rank = static_cast<std::int64_t>(x.size());
+      const auto pads = g.opset >= 11 ? int_list(n, 1, "pads", a) : a.ints("pads");
+      if (g.opset >= 18 && has(n, 3)) fail(Status::Unsupported, "node '" + n.name + "' (Pad): the axes input");
+      if (static_cast<std::int64_t>(pads.size()) != 2 * rank)
+        fail_node(n, std::to_string(pads.size()) + " pads for rank " + std::to_string(rank));
+      const std::string mode = a.s("mode", "constant");
+      if (mode != "constant" && mode != "reflect" && mode != "edge")
+        fail(Status::Unsupported, "node '" + n.name + "' (Pad): mode '" + mode + "'");
+      double value = a.f("value", 0.0f);
+      if (g.opset >= 11 && has(n, 2)) {
+        const Value& c = constant(n, 2, "constant_value");
+        if (c.elements() != 1) fail_node(n, "constant_value is not a scalar");
+        value = values_of(c)[0];
+      }
+      n.params["value"] = {value};
+      for (auto p : pads) n.params["pads"].push_back(static_cast<double>(p));
+      for (std::int64_t d = 0; d < rank; ++d) {
+        const auto lo = pads[static_cast<std::size_t>(d)], hi = pads[static_cast<std::size_t>(d + rank)];
+        if (lo < 0 || hi < 0) fail(Status::Unsupported, "node '" + n.name + "' (Pad): negative pads (cropping)");
+        const auto dim = x[static_cast<std::size_t>(d)];
+        if (mode == "reflect" && (lo >= dim || hi >= dim))
+          fail_node(n, "reflect pads " + std::to_string(lo) + ", " + std::to_string(hi) + " on a dimension of " +
+                           std::to_string(dim));
+        if (mode == "edge" && dim == 0 && lo + hi > 0) fail_node(n, "edge pads on an empty dimension");
+        out.shape.push_back(dim + lo + hi);
+      }
+      return out;
+    }
+    if (op == "Resize" || op == "Upsample") {
+      const auto& x = in(n, 0).shape;
+      if (x.size() != 4)
+        fail(Status::Unsupported, "node '" + n.name + "' (" + op + "): input of rank " + std::to_string(x.size()) +
+                                      "; the compiler resizes 4-D (NCHW) tensors");
+      if (const std::string why = onnx_attrs::resize_unsupported(a, g.opset); !why.empty())
+        fail(Status::Unsupported, "node '" + n.name + "' (" + op + "): " + why);
+      // Scales: Upsample's and opset 10's second input, else the third; or sizes, the fourth.
+      const std::size_t scales_at = (op == "Upsample" || g.opset < 11) ? 1 : 2;
+      std::vector<double> scales;
+      if (has(n, scales_at) && constant(n, scales_at, "scales").elements() > 0)
+        scales = values_of(constant(n, scales_at, "scales"));
+      if (!scales.empty()) {
+        if (scales.size() != 4) fail_node(n, std::to_string(scales.size()) + " scales for rank 4");
+        if (scales[0] != 1 || scales[1] != 1)
+          fail(Status::Unsupported, "node '" + n.name + "' (" + op + "): scales on N or C");
+        for (std::size_t d = 0; d < 4; ++d) {
+          if (!(scales[d] > 0)) fail_node(n, "scale " + std::to_string(scales[d]));
+          out.shape.push_back(static_cast<std::int64_t>(std::floor(static_cast<double>(x[d]) * scales[d])));
+        }
+      } else if (scales_at == 2 && has(n, 3)) {
+        const Value& sz = constant(n, 3, "sizes");
+        if (!is_integer(sz) || sz.ints.size() != 4) fail_node(n, "sizes are not 4 integers");
+        if (sz.ints[0] != x[0] || sz.ints[1] != x[1])
+          fail(Status::Unsupported, "node '" + n.name + "' (" + op + "): sizes that change N or C");
+        out.shape = sz.ints;
+      } else {
+        fail_node(n, "neither scales nor sizes");
+      }
+      for (auto d : out.shape)
+        if (d <= 0) fail_node(n, "an output of shape " + dims_text(out.shape));
+      if (!scales.empty())
+        n.params["scales"] = {scales[2], scales[3]};
+      else
+        n.params["scales"] = {static_cast<double>(out.shape[2]) / static_cast<double>(x[2]),
+                              static_cast<double>(out.shape[3]) / static_cast<double>(x[3])};
+      return out;
+    }
+    if (op == "Concat") {
+      const auto& x = in(n, 0).shape;
+      const auto rank = static_cast<std::int64_t>(x.size());
+      if (!a.find("axis")) fail_node(n, "no axis");
+      const auto axis = static_cast<std::size_t>(axis_of(n, a.i("axis", 0), rank));
+      out.shape = x;
+      out.shape[axis] = 0;
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+        const auto& v = in(n, i).shape;
+        if (v.size() != x.size())
+          fail_node(n, "inputs of ranks " + std::to_string(rank) + " and " + std::to_string(v.size()));
+        for (std::size_t d = 0; d < x.size(); ++d)
+          if (d != axis && v[d] != x[d])
+            fail_node(n, "inputs " + dims_text(x) + " and " + dims_text(v) + " differ off the axis");
+        out.shape[axis] += v[axis];
+      }
+      return out;
+    }
+    if (op == "Slice") {
+      const auto r = slice_of(n);
+      out.shape = r.shape;
+      for (std::size_t d = 0; d < r.lo.size(); ++d) {
+        n.params["lo"].push_back(static_cast<double>(r.lo[d]));
+        n.params["step"].push_back(static_cast<double>(r.step[d]));
+      }
       return out;
     }
     if (op == "Conv") {
@@ -724,12 +915,17 @@ struct Importer {
   void fuse_activations() {
     for (std::size_t i = 0; i < g.nodes.size(); ++i) {
       Node& r = g.nodes[i];
-      if (r.op != "Relu" && r.op != "Clip") continue;
+      // int8 convolutions apply Relu and Clip by their output's range alone;
+      // HardSigmoid stays a layer of its own there.
+      const bool hard_sigmoid = r.op == "HardSigmoid" && options.precision != Precision::Int8;
+      if (r.op != "Relu" && r.op != "Clip" && !hard_sigmoid) continue;
       auto p = sole_producer(i, {"Conv", "Gemm", "MatMul"});
       if (!p || g.nodes[*p].act.kind != Activation::None) continue;
       Node& c = g.nodes[*p];
       if (r.op == "Relu") {
         c.act = ActivationParams::relu();
+      } else if (r.op == "HardSigmoid") {
+        c.act = ActivationParams::hard_sigmoid(Attrs{r.proto}.f("alpha", 0.2f), Attrs{r.proto}.f("beta", 0.5f));
       } else {
         float lo = -FLT_MAX, hi = FLT_MAX;
         if (g.opset >= 11) {

@@ -207,8 +207,8 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
     return Lowering{[fn](const Inputs& in, const Tensor& out, const auto&) { return fn(*in[0], *in[1], out); }, {}};
   }
   static const std::map<std::string, Op (*)(const Tensor&, const Tensor&)> kUnary = {
-      {"Relu", ops::relu}, {"Abs", ops::abs}, {"Neg", ops::neg},
-      {"Exp", ops::exp},   {"Log", ops::log}, {"Sqrt", ops::sqrt}};
+      {"Relu", ops::relu}, {"Abs", ops::abs},   {"Neg", ops::neg}, {"Exp", ops::exp},
+      {"Log", ops::log},   {"Sqrt", ops::sqrt}, {"Erf", ops::erf}};
   if (auto it = kUnary.find(op); it != kUnary.end()) {
     auto fn = it->second;
     return Lowering{[fn](const Inputs& in, const Tensor& out, const auto&) { return fn(*in[0], out); }, {}};
@@ -345,28 +345,8 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
   }
   if (op == "Resize") {
     if (opset < 11) return "Resize before opset 11";
-    const std::string mode = a.s("mode", "nearest");
-    const std::string coord = a.s("coordinate_transformation_mode", "half_pixel");
-    if (mode == "cubic") return "cubic interpolation";
-    if (coord == "tf_crop_and_resize") return "tf_crop_and_resize coordinates";
-    if (a.i("exclude_outside", 0) != 0) return "exclude_outside";
-    ops::ResizeOptions o;
-    o.mode = mode == "linear" ? ResizeMode::Linear : ResizeMode::Nearest;
-    static const std::map<std::string, CoordinateMode> kCoord = {
-        {"half_pixel", CoordinateMode::HalfPixel},
-        {"asymmetric", CoordinateMode::Asymmetric},
-        {"align_corners", CoordinateMode::AlignCorners},
-        {"pytorch_half_pixel", CoordinateMode::PytorchHalfPixel},
-        {"tf_half_pixel_for_nn", CoordinateMode::TfHalfPixelForNn}};
-    static const std::map<std::string, NearestMode> kNearest = {{"round_prefer_floor", NearestMode::RoundPreferFloor},
-                                                                {"round_prefer_ceil", NearestMode::RoundPreferCeil},
-                                                                {"floor", NearestMode::Floor},
-                                                                {"ceil", NearestMode::Ceil}};
-    if (!kCoord.count(coord)) return "coordinate mode " + coord;
-    o.coordinate = kCoord.at(coord);
-    o.nearest = kNearest.count(a.s("nearest_mode", "round_prefer_floor"))
-                    ? kNearest.at(a.s("nearest_mode", "round_prefer_floor"))
-                    : NearestMode::RoundPreferFloor;
+    if (const std::string why = rt::onnx_attrs::resize_unsupported(a, opset); !why.empty()) return why;
+    const ops::ResizeOptions o = rt::onnx_attrs::resize_options(a, opset);
     return Lowering{[o](const Inputs& in, const Tensor& out, const std::vector<HostTensor>& host) {
                       ops::ResizeOptions oo = o;
                       // Inputs: X, roi, scales, sizes. With scales, ONNX maps

@@ -100,8 +100,10 @@ TEST(ModelFile, AnotherFormatVersionIsAVersionMismatchNamingBoth) {
   reseal_header(b);
   const Error e = error_of(b);
   EXPECT_EQ(e.status(), Status::VersionMismatch);
-  EXPECT_NE(std::string(e.what()).find("net.tpm: written in model format version 2, and this tpuhal reads version 1"),
-            std::string::npos)
+  EXPECT_NE(
+      std::string(e.what()).find("net.tpm: written in model format version " + std::to_string(kModelFormatVersion + 1) +
+                                 ", and this tpuhal reads version " + std::to_string(kModelFormatVersion)),
+      std::string::npos)
       << e.what();
 }
 

@@ -22,8 +22,9 @@
 namespace tpuhal::rt {
 
 // The format version this library writes and reads. A file of another
-// version is refused with Status::VersionMismatch naming both.
-inline constexpr std::uint32_t kModelFormatVersion = 1;
+// version is refused with Status::VersionMismatch naming both. Version 2
+// added strided tensors (a graph tensor's "strides").
+inline constexpr std::uint32_t kModelFormatVersion = 2;
 
 // Section kinds. A reader refuses a file with a kind it does not know,
 // unless the section is marked optional.
