@@ -14,6 +14,7 @@ packages=(
   libonnx-dev libprotobuf-dev libonnx-testdata  # ONNX's node tests
   libavcodec-dev libavformat-dev libavutil-dev ffmpeg  # the simulated codec unit, demuxing, clips for the tests
   pybind11-dev python3-dev python3-numpy python3-pytest python3-onnx  # the Python package (bindings/python; ONNX builds its runtime tests' models)
+  python3-torch python3-torchvision             # the model zoo test (examples/model_zoo)
   qemu-system-x86 busybox-static cpio           # the PCIe transport's test on QEMU's edu device (tests/qemu/run.sh)
 )
 

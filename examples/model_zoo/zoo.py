@@ -1,0 +1,392 @@
+#!/usr/bin/env python3
+"""The torchvision model zoo on tpuhal: every classification and segmentation
+architecture, built with random weights, exported to ONNX, compiled in each
+precision, run on the simulated board and compared with PyTorch.
+
+    /usr/bin/python3 examples/model_zoo/zoo.py [--models resnet18,mobilenet_v2] [--size 224]
+        [--precisions fp32,fp16,bf16,int8] [--bench] [--json FILE] [--check]
+
+For each model: torch.manual_seed(0), weights=None (and weights_backbone=None,
+aux_loss off, for segmentation), eval mode, torch.onnx.export at opset 13
+into a temporary directory, with one input of shape BATCHx3xSIZExSIZE and one
+output (a segmentation model's 'out'). Each precision is compiled with
+tpuhal.compile (int8 calibrated on --calibration fixed random inputs) and
+run on --device over one fixed random input; the row reports
+
+  max error / range  max |ours - PyTorch| over (max - min) of PyTorch's output
+  SNR dB             10 log10(sum(ref^2) / sum((ref - ours)^2)), ref = PyTorch fp32
+
+A model the compiler refuses is recorded as "refused: <the op types it
+named>", one PyTorch cannot build or export at this size (inception_v3
+below 75x75, say) as "export failed: ...", and the run goes on. --bench adds
+images per second on the device beside PyTorch on the same CPU with the same
+thread count. --check exits 1 when a model that compiled misses its bound
+(the *_MIN_SNR_DB / FP32_MAX_ERROR_OVER_RANGE constants below) or a model
+named in --expect-compile does not compile.
+
+Needs the tpuhal package on PYTHONPATH (build/<dir>/python) and Debian's
+python3-torch and python3-torchvision (exit status 77 without them).
+"""
+import argparse
+import inspect
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+# --check's bounds. fp32 should match PyTorch to rounding; the reduced
+# precisions are held to a signal-to-noise floor against PyTorch fp32 (on a
+# random-weight network, whose activations are less tame than a trained one's).
+FP32_MAX_ERROR_OVER_RANGE = 1e-4
+FP16_MIN_SNR_DB = 40.0
+BF16_MIN_SNR_DB = 25.0
+INT8_MIN_SNR_DB = 15.0
+MIN_SNR_DB = {"fp16": FP16_MIN_SNR_DB, "bf16": BF16_MIN_SNR_DB, "int8": INT8_MIN_SNR_DB}
+
+# fp16's normal range. Random weights can leave a network's output far from
+# 1 (mobilenet_v2's is about 1e-9: its depthwise layers are initialised as if
+# they had fan-out C*9); where PyTorch's output lies wholly outside this range
+# fp16 cannot represent it, so the fp16 row is reported but not checked.
+FP16_SMALLEST_NORMAL = 2.0 ** -14
+FP16_LARGEST = 65504.0
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+
+# Builder-name prefixes of the architectures, in the order they are listed.
+CLASSIFICATION_FAMILIES = ("resnet", "resnext", "wide_resnet", "vgg", "alexnet", "squeezenet", "densenet",
+                           "googlenet", "inception_v3", "mobilenet_v2", "mobilenet_v3_", "mnasnet",
+                           "shufflenet_v2_", "efficientnet_b", "efficientnet_v2_", "regnet_", "convnext_", "vit_",
+                           "swin_", "maxvit")
+SEGMENTATION_FAMILIES = ("fcn_", "deeplabv3_", "lraspp_")
+
+# Exit status for "cannot run here" (ctest's SKIP_RETURN_CODE).
+SKIP = 77
+
+
+def natural_key(name):
+    """resnet18 before resnet101: digit runs compare as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def zoo():
+    """{model name: (builder, is segmentation)} for every architecture this torchvision has."""
+    import torchvision.models as classification
+    import torchvision.models.segmentation as segmentation
+
+    models = {}
+    for module, families, is_segmentation in ((classification, CLASSIFICATION_FAMILIES, False),
+                                              (segmentation, SEGMENTATION_FAMILIES, True)):
+        names = [n for n in dir(module) if inspect.isfunction(getattr(module, n)) and n.startswith(families)]
+        names.sort(key=lambda n: (next(i for i, f in enumerate(families) if n.startswith(f)), natural_key(n)))
+        for n in names:
+            models[n] = (getattr(module, n), is_segmentation)
+    return models
+
+
+def first_line(error, limit=None):
+    text = str(error).strip().splitlines()
+    text = text[0] if text else type(error).__name__
+    return text if limit is None or len(text) <= limit else text[:limit - 3] + "..."
+
+
+def refused_ops(message):
+    """The op types a compiler refusal names: "'node' (Op), ..." or "node 'n' (Op): ..."."""
+    ops = []
+    for op in re.findall(r"'[^']*' \(([A-Za-z0-9_.]+)\)", message):
+        if op not in ops:
+            ops.append(op)
+    return ops
+
+
+def build(builder, is_segmentation):
+    """The network in eval mode, built from seed 0; a segmentation net gives only its 'out'."""
+    import torch
+
+    class SegmentationOut(torch.nn.Module):
+        """A segmentation model whose dict result is reduced to its 'out' tensor."""
+
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net(x)["out"]
+
+    torch.manual_seed(0)
+    kwargs = {"weights": None}
+    if is_segmentation:
+        kwargs["weights_backbone"] = None
+        if "aux_loss" in inspect.signature(builder).parameters:
+            kwargs["aux_loss"] = False
+    net = builder(**kwargs)
+    if is_segmentation:
+        net = SegmentationOut(net)
+    return net.eval()
+
+
+def export(net, x, path):
+    """PyTorch's fp32 output on x, and the ONNX file at path (opset 13)."""
+    import torch
+
+    with torch.no_grad():
+        ref = net(x).numpy()
+        torch.onnx.export(net, x, path, opset_version=13, input_names=["input"], output_names=["out"],
+                          do_constant_folding=True)
+    return ref
+
+
+def errors(ref, ours):
+    """(max |error| / range of ref, SNR in dB of ours against ref)."""
+    ours = ours.reshape(ref.shape).astype(np.float64)
+    ref = ref.astype(np.float64)
+    span = float(ref.max() - ref.min()) or 1.0
+    max_error = float(np.abs(ours - ref).max()) / span
+    noise = float(np.square(ref - ours).sum())
+    signal = float(np.square(ref).sum())
+    snr = math.inf if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else -math.inf)
+    if not np.isfinite(ours).all():
+        max_error, snr = math.nan, math.nan
+    return max_error, snr
+
+
+def rate(run, batch, seconds):
+    """Images per second of run(): one warm-up call, then calls for `seconds`."""
+    run()
+    n = 0
+    start = time.perf_counter()
+    while True:
+        run()
+        n += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return n * batch / elapsed
+
+
+def fp16_out_of_range(ref):
+    """Why fp16 cannot hold PyTorch's output ref, or None where it can."""
+    peak = float(np.abs(ref).max())
+    if peak < FP16_SMALLEST_NORMAL:
+        return f"output below fp16 range (max |x| {peak:.1e})"
+    if peak > FP16_LARGEST:
+        return f"output above fp16 range (max |x| {peak:.1e})"
+    return None
+
+
+def within_bounds(row):
+    """Whether an ok row meets --check's bound for its precision (rows with a note are not checked)."""
+    if row.get("note"):
+        return True
+    if row["precision"] == "fp32":
+        return row["max_error_over_range"] <= FP32_MAX_ERROR_OVER_RANGE
+    return row["snr_db"] >= MIN_SNR_DB[row["precision"]]
+
+
+def run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
+    """The rows of one model, one per precision; never raises for the model's sake."""
+    import torch
+
+    rng = np.random.default_rng(args.seed)
+    shape = (args.batch, 3, args.size, args.size)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    calibration = rng.standard_normal((args.calibration,) + shape[1:], dtype=np.float32)
+    rows = [{"model": name, "precision": p, "status": None, "max_error_over_range": None, "snr_db": None}
+            for p in args.precisions]
+
+    def all_rows(status, message):
+        for row in rows:
+            row["status"], row["message"] = status, message
+        return rows
+
+    path = os.path.join(tmp, name + ".onnx")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            net = build(builder, is_segmentation)
+            ref = export(net, torch.from_numpy(x), path)
+    except Exception as e:  # noqa: BLE001 - any PyTorch failure is this model's result
+        return all_rows("export failed: " + first_line(e), str(e))
+
+    torch_rate = None
+    for row in rows:
+        precision = row["precision"]
+        try:
+            if precision == "int8":
+                cm = tpuhal.compile(path, precision, shapes={"input": shape}, calibration=calibration,
+                                    percentile=args.percentile, device=args.device)
+            else:
+                cm = tpuhal.compile(path, precision, shapes={"input": shape}, device=args.device)
+        except tpuhal.Unsupported as e:
+            ops = refused_ops(str(e))
+            row["status"] = "refused: " + (", ".join(ops) if ops else first_line(e))
+            row["message"] = str(e)
+            continue
+        except Exception as e:  # noqa: BLE001
+            row["status"] = "compile failed: " + first_line(e)
+            row["message"] = str(e)
+            continue
+        try:
+            instance = dev.load_model(cm).instance()
+            out = np.empty(ref.shape, np.float32)
+            instance.run(x, outputs=[out])
+            row["max_error_over_range"], row["snr_db"] = errors(ref, out)
+            if args.bench:
+                if torch_rate is None:  # once per model, and only for one that runs here
+                    tx = torch.from_numpy(x)
+                    with torch.no_grad():
+                        torch_rate = rate(lambda: net(tx), args.batch, args.seconds)
+                row["images_per_s"] = rate(lambda: instance.run(x, outputs=[out]), args.batch, args.seconds)
+                row["pytorch_images_per_s"] = torch_rate
+                row["ratio"] = row["images_per_s"] / torch_rate
+            row["status"] = "ok"
+            if precision == "fp16" and fp16_out_of_range(ref):
+                row["note"] = fp16_out_of_range(ref)
+        except Exception as e:  # noqa: BLE001
+            row["status"] = "run failed: " + first_line(e)
+            row["message"] = str(e)
+    os.remove(path)
+    return rows
+
+
+def number(value, fmt):
+    if value is None:
+        return "-"
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    return format(value, fmt)
+
+
+def print_row(row, bench, status_width):
+    status = row["status"] + (" (unchecked)" if row.get("note") else "")
+    line = (f"{row['model']:<30} {row['precision']:<5} {first_line(status, status_width):<{status_width}} "
+            f"{number(row['max_error_over_range'], '.2e'):>10} {number(row['snr_db'], '.1f'):>7}")
+    if bench:
+        line += (f" {number(row.get('images_per_s'), '.1f'):>9} {number(row.get('pytorch_images_per_s'), '.1f'):>9}"
+                 f" {number(row.get('ratio'), '.2f'):>6}")
+    print(line, flush=True)
+
+
+def comma_list(text):
+    return [item for item in re.split(r"[,\s]+", text) if item]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 2)[2])
+    ap.add_argument("--models", type=comma_list, help="comma-separated model names (default: all; see --list)")
+    ap.add_argument("--list", action="store_true", help="list the models this torchvision has and exit")
+    ap.add_argument("--size", type=int, default=224, help="input height and width (default 224)")
+    ap.add_argument("--batch", type=int, default=1, help="batch size the models are exported and compiled for")
+    ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS),
+                    help="precisions to compile, comma- or space-separated (default: fp32 fp16 bf16 int8)")
+    ap.add_argument("--calibration", type=int, default=4, help="random inputs int8 is calibrated on (default 4)")
+    ap.add_argument("--percentile", type=float, default=99.99, help="int8 calibration percentile (default 99.99)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the input and the calibration set (default 0)")
+    ap.add_argument("--device", default="sim:0", help="the device to compile for and run on (default sim:0)")
+    ap.add_argument("--bench", action="store_true",
+                    help="also measure images/s on the device and in PyTorch on this CPU")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(),
+                    help="threads for the simulated tensor engine and for PyTorch alike (default: every CPU)")
+    ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per --bench entry (default 2)")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows to FILE as JSON")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 if a model that compiled misses its precision's bound, or a model in "
+                         "--expect-compile does not compile")
+    ap.add_argument("--expect-compile", type=comma_list, default=[],
+                    help="comma-separated models that must compile (with --check; added to --models)")
+    args = ap.parse_args()
+    args.precisions = [p for item in args.precisions for p in comma_list(item)]
+    for p in args.precisions:
+        if p not in PRECISIONS:
+            ap.error(f"unknown precision '{p}' (expected some of {', '.join(PRECISIONS)})")
+
+    # The simulated board's tensor engine takes its thread count from here,
+    # so set it before tpuhal opens the device.
+    os.environ["TPUHAL_SIM_THREADS"] = str(args.threads)
+    try:
+        import torch
+        import torchvision
+    except ImportError as e:
+        print(f"model zoo: skipped, {e} (Debian: python3-torch python3-torchvision)", file=sys.stderr)
+        return SKIP
+    import tpuhal
+
+    torch.set_num_threads(args.threads)
+
+    models = zoo()
+    if args.list:
+        for name, (_, is_segmentation) in models.items():
+            print(f"{name:<30} {'segmentation' if is_segmentation else 'classification'}")
+        return 0
+    chosen = list(args.models or models)
+    chosen += [m for m in args.expect_compile if m not in chosen]
+    unknown = [m for m in chosen if m not in models]
+    if unknown:
+        ap.error(f"unknown model(s): {', '.join(unknown)} (see --list)")
+
+    status_width = 40
+    header = f"{'model':<30} {'prec':<5} {'status':<{status_width}} {'err/range':>10} {'SNR dB':>7}"
+    if args.bench:
+        header += f" {'ours/s':>9} {'torch/s':>9} {'ratio':>6}"
+    print(f"{len(chosen)} model(s), input {args.batch}x3x{args.size}x{args.size}, on {args.device}; "
+          f"PyTorch {torch.__version__}, torchvision {torchvision.__version__}"
+          + (f", {args.threads} thread(s), {args.seconds:g} s per entry" if args.bench else ""))
+    print(header)
+    print("-" * len(header), flush=True)
+
+    rows = []
+    with tpuhal.open(args.device) as dev, tempfile.TemporaryDirectory(prefix="tpuhal-zoo-") as tmp:
+        for name in chosen:
+            builder, is_segmentation = models[name]
+            for row in run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
+                rows.append(row)
+                print_row(row, args.bench, status_width)
+
+    if args.json:
+        def plain(v):
+            return str(v) if isinstance(v, float) and not math.isfinite(v) else v
+        with open(args.json, "w") as f:
+            json.dump([{k: plain(v) for k, v in row.items()} for row in rows], f, indent=1)
+            f.write("\n")
+
+    print(f"\n{sum(r['status'] == 'ok' for r in rows)} of {len(rows)} ok")
+    for row in rows:
+        if row.get("note"):
+            print(f"unchecked: {row['model']} {row['precision']}: {row['note']}")
+    not_ok = {}  # each model's first status other than ok, in full
+    for row in rows:
+        if row["status"] != "ok":
+            not_ok.setdefault(row["model"], row["status"])
+    for model, status in not_ok.items():
+        print(f"{model}: {first_line(status, 200)}")
+    if not args.check:
+        return 0
+
+    failures = []
+    for row in rows:
+        where = f"{row['model']} {row['precision']}"
+        if row["status"] == "ok" and not within_bounds(row):
+            if row["precision"] == "fp32":
+                failures.append(f"{where}: max error / range {number(row['max_error_over_range'], '.2e')} "
+                                f"> {FP32_MAX_ERROR_OVER_RANGE:g}")
+            else:
+                failures.append(f"{where}: SNR {number(row['snr_db'], '.1f')} dB "
+                                f"< {MIN_SNR_DB[row['precision']]:g} dB")
+        elif row["status"].startswith("run failed"):
+            failures.append(f"{where}: compiled, then {row['status']}")
+        elif row["model"] in args.expect_compile and row["status"] != "ok":
+            failures.append(f"{where}: expected to compile, {row['status']}")
+    for f in failures:
+        print("check failed: " + f, file=sys.stderr)
+    print("check: " + ("FAILED" if failures else "passed"))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
