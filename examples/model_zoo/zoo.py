@@ -47,7 +47,11 @@ FP32_MAX_ERROR_OVER_RANGE = 1e-4
 FP16_MIN_SNR_DB = 40.0
 BF16_MIN_SNR_DB = 25.0
 INT8_MIN_SNR_DB = 15.0
-MIN_SNR_DB = {"fp16": FP16_MIN_SNR_DB, "bf16": BF16_MIN_SNR_DB, "int8": INT8_MIN_SNR_DB}
+# int8-mixed: int8 with the layers that lose the most signal moved to fp16
+# until the output reaches --target-snr on the calibration data.
+MIXED_MIN_SNR_DB = 30.0
+MIN_SNR_DB = {"fp16": FP16_MIN_SNR_DB, "bf16": BF16_MIN_SNR_DB, "int8": INT8_MIN_SNR_DB,
+              "int8-mixed": MIXED_MIN_SNR_DB}
 
 # fp16's normal range. Random weights can leave a network's output far from
 # 1 (mobilenet_v2's is about 1e-9: its depthwise layers are initialised as if
@@ -56,7 +60,7 @@ MIN_SNR_DB = {"fp16": FP16_MIN_SNR_DB, "bf16": BF16_MIN_SNR_DB, "int8": INT8_MIN
 FP16_SMALLEST_NORMAL = 2.0 ** -14
 FP16_LARGEST = 65504.0
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-mixed")
 
 # Builder-name prefixes of the architectures, in the order they are listed.
 CLASSIFICATION_FAMILIES = ("resnet", "resnext", "wide_resnet", "vgg", "alexnet", "squeezenet", "densenet",
@@ -233,9 +237,11 @@ def run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
     for row in rows:
         precision = row["precision"]
         try:
-            if precision == "int8":
-                cm = tpuhal.compile(path, precision, shapes={"input": shape}, calibration=calibration,
-                                    percentile=args.percentile, device=args.device)
+            if precision.startswith("int8"):
+                cm = tpuhal.compile(path, "int8", shapes={"input": shape}, calibration=calibration,
+                                    method=args.method, percentile=args.percentile, device=args.device,
+                                    target_snr_db=args.target_snr if precision == "int8-mixed" else 0.0)
+                row["fp16_layers"] = sum(int(n.split()[0]) for n in cm.notes if " layer(s) in fp16" in n)
             else:
                 cm = tpuhal.compile(path, precision, shapes={"input": shape}, device=args.device)
         except tpuhal.Unsupported as e:
@@ -278,7 +284,7 @@ def number(value, fmt):
 
 def print_row(row, bench, status_width):
     status = row["status"] + (" (unchecked)" if row.get("note") else "")
-    line = (f"{row['model']:<30} {row['precision']:<5} {first_line(status, status_width):<{status_width}} "
+    line = (f"{row['model']:<30} {row['precision']:<10} {first_line(status, status_width):<{status_width}} "
             f"{number(row['max_error_over_range'], '.2e'):>10} {number(row['snr_db'], '.1f'):>7}")
     if bench:
         line += (f" {number(row.get('images_per_s'), '.1f'):>9} {number(row.get('pytorch_images_per_s'), '.1f'):>9}"
@@ -299,9 +305,14 @@ def main():
     ap.add_argument("--size", type=int, default=224, help="input height and width (default 224)")
     ap.add_argument("--batch", type=int, default=1, help="batch size the models are exported and compiled for")
     ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS),
-                    help="precisions to compile, comma- or space-separated (default: fp32 fp16 bf16 int8)")
+                    help="precisions to compile, comma- or space-separated (default: fp32 fp16 bf16 int8 int8-mixed)")
     ap.add_argument("--calibration", type=int, default=4, help="random inputs int8 is calibrated on (default 4)")
     ap.add_argument("--percentile", type=float, default=99.99, help="int8 calibration percentile (default 99.99)")
+    ap.add_argument("--method", default="percentile", choices=("percentile", "minmax", "entropy"),
+                    help="int8 calibration method (default percentile)")
+    ap.add_argument("--target-snr", type=float, default=MIXED_MIN_SNR_DB + 5,
+                    help="int8-mixed: the output SNR on the calibration data that layers move to fp16 for "
+                         f"(default {MIXED_MIN_SNR_DB + 5:g} dB)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the input and the calibration set (default 0)")
     ap.add_argument("--device", default="sim:0", help="the device to compile for and run on (default sim:0)")
     ap.add_argument("--bench", action="store_true",
@@ -346,7 +357,7 @@ def main():
         ap.error(f"unknown model(s): {', '.join(unknown)} (see --list)")
 
     status_width = 40
-    header = f"{'model':<30} {'prec':<5} {'status':<{status_width}} {'err/range':>10} {'SNR dB':>7}"
+    header = f"{'model':<30} {'prec':<10} {'status':<{status_width}} {'err/range':>10} {'SNR dB':>7}"
     if args.bench:
         header += f" {'ours/s':>9} {'torch/s':>9} {'ratio':>6}"
     print(f"{len(chosen)} model(s), input {args.batch}x3x{args.size}x{args.size}, on {args.device}; "

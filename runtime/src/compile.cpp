@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <set>
 
 #include "tpuhal/error.hpp"
 
@@ -61,9 +62,10 @@ struct Batches {
   }
 };
 
-// "minmax", "percentile:99.99"
+// "minmax", "percentile:99.99", "entropy"
 std::string method_text(const CompileOptions& o) {
   if (o.method == CalibrationMethod::MinMax) return "minmax";
+  if (o.method == CalibrationMethod::Entropy) return "entropy";
   char buf[64];
   std::snprintf(buf, sizeof buf, "percentile:%g", o.percentile);
   return buf;
@@ -211,6 +213,80 @@ void run_batches(Device& dev, const Graph& g, const Lowered& l, const Batches& b
   }
 }
 
+// The magnitude, of a histogram of |x| in `hist` (bins of equal width from
+// 0), below which quantising to `levels` steps keeps the distribution
+// closest to the original: the cut whose clipped distribution P and its
+// quantised form Q have the least Kullback-Leibler divergence KL(P || Q).
+// Returns the cut in bins.
+std::size_t entropy_cut(const std::vector<std::uint64_t>& hist, std::size_t levels) {
+  const std::size_t bins = hist.size();
+  std::size_t best = bins;
+  double best_kl = INFINITY;
+  std::vector<double> p, q;
+  for (std::size_t cut = levels; cut <= bins; cut += std::max<std::size_t>(1, levels / 8)) {
+    p.assign(hist.begin(), hist.begin() + static_cast<std::ptrdiff_t>(cut));
+    double outliers = 0;
+    for (std::size_t i = cut; i < bins; ++i) outliers += static_cast<double>(hist[i]);
+    p[cut - 1] += outliers;
+    // Q: the unclipped bins merged into `levels` steps, each step's count
+    // spread over the bins of it that held values.
+    q.assign(cut, 0.0);
+    for (std::size_t j = 0; j < levels; ++j) {
+      const std::size_t from = j * cut / levels, to = (j + 1) * cut / levels;
+      double total = 0;
+      std::size_t used = 0;
+      for (std::size_t i = from; i < to; ++i) {
+        total += static_cast<double>(hist[i]);
+        used += hist[i] != 0;
+      }
+      for (std::size_t i = from; i < to; ++i)
+        if (hist[i] != 0) q[i] = total / static_cast<double>(used);
+    }
+    double ps = 0, qs = 0;
+    for (std::size_t i = 0; i < cut; ++i) ps += p[i], qs += q[i];
+    if (ps <= 0 || qs <= 0) continue;
+    double kl = 0;
+    for (std::size_t i = 0; i < cut; ++i) {
+      if (p[i] <= 0) continue;
+      const double pi = p[i] / ps, qi = std::max(q[i] / qs, 1e-12);
+      kl += pi * std::log(pi / qi);
+    }
+    if (kl < best_kl) best_kl = kl, best = cut;
+  }
+  return best;
+}
+
+// Entropy calibration: each observed range cut at the magnitude
+// entropy_cut chooses, over a histogram of |x|; values that are never
+// negative get all 255 steps, others half each side.
+void entropy_ranges(Device& dev, const Graph& g, const Lowered& f32, const Batches& b,
+                    std::map<std::string, Range>& ranges) {
+  constexpr std::size_t kBins = 2048;
+  std::map<std::string, std::vector<std::uint64_t> > hist;
+  run_batches(dev, g, f32, b, [&](const std::vector<std::byte>& arena) {
+    for (const auto& [v, info] : f32.values) {
+      const DTensor& t = f32.graph.tensors[static_cast<std::size_t>(info.tensor)];
+      const Range& r = ranges[v];
+      const float peak = std::max(std::fabs(r.lo), std::fabs(r.hi));
+      auto& h = hist[v];
+      h.resize(kBins);
+      if (!(peak > 0)) continue;
+      for (std::uint64_t i = 0; i < t.elements(); ++i) {
+        const float x = element(arena, t, i, info.q);
+        if (!std::isfinite(x)) continue;
+        ++h[static_cast<std::size_t>(std::min(std::fabs(x) / peak * kBins, static_cast<float>(kBins - 1)))];
+      }
+    }
+  });
+  for (auto& [v, r] : ranges) {
+    const float peak = std::max(std::fabs(r.lo), std::fabs(r.hi));
+    if (!(peak > 0)) continue;
+    const std::size_t cut = entropy_cut(hist[v], r.lo >= 0 ? 255 : 128);
+    const float t = peak * static_cast<float>(cut) / kBins;
+    r = Range{std::max(r.lo, -t), std::min(r.hi, t)};
+  }
+}
+
 std::map<std::string, Range> calibrate(Device& dev, const Graph& g, const Lowered& f32, const Batches& b,
                                        const CompileOptions& o) {
   std::map<std::string, Range> ranges;
@@ -230,6 +306,10 @@ std::map<std::string, Range> calibrate(Device& dev, const Graph& g, const Lowere
   for (auto& [v, r] : ranges)
     if (r.lo > r.hi) r = Range{0, 0};
   if (o.method == CalibrationMethod::MinMax) return ranges;
+  if (o.method == CalibrationMethod::Entropy) {
+    entropy_ranges(dev, g, f32, b, ranges);
+    return ranges;
+  }
 
   // Percentile: a histogram over each observed range, cut at the
   // `percentile` and (100 - percentile) quantiles.
@@ -323,6 +403,63 @@ std::vector<LayerError> measure(Device& dev, const Graph& g, const Lowered& f32,
   return out;
 }
 
+// The lowest signal-to-noise ratio of the graph's outputs in a report.
+double output_snr(const Graph& g, const std::vector<LayerError>& errors) {
+  double worst = INFINITY;
+  for (const auto& [_, v] : g.outputs)
+    for (const auto& e : errors)
+      if (e.output == v) worst = std::min(worst, e.snr_db);
+  return worst;
+}
+
+// Automatic mixed precision: while an output's SNR against fp32 is below
+// `target` dB, the int8 layers that lose the most signal (their output's
+// SNR below their input's) move to fp16, an eighth of those left at a
+// time; a move that costs the outputs more than 1 dB (values fp16 cannot
+// hold) is undone and those layers stay int8. Returns the report of the
+// final `reduced`.
+std::vector<LayerError> keep_until(Device& dev, const Graph& g, const Lowered& f32,
+                                   const std::map<std::string, Range>& ranges, const Batches& b, double target,
+                                   std::set<std::string>& keep, Lowered& reduced, std::vector<std::string>& notes) {
+  std::vector<LayerError> errors = measure(dev, g, f32, reduced, b);
+  const double start = output_snr(g, errors);
+  std::set<std::string> tried;  // moves undone
+  while (output_snr(g, errors) < target) {
+    std::map<std::string, double> snr;  // by value
+    for (const auto& e : errors) snr[e.output] = e.snr_db;
+    std::vector<std::pair<double, std::string> > lost;  // dB lost, node
+    for (const auto& n : g.nodes) {
+      if ((n.op != "Conv" && n.op != "Gemm" && n.op != "MatMul") || keep.count(n.name) || tried.count(n.name) ||
+          !snr.count(n.output))
+        continue;
+      const auto in = snr.find(n.inputs.at(0));
+      const double before = in == snr.end() ? 200.0 : std::min(in->second, 200.0);
+      lost.emplace_back(before - std::min(snr[n.output], 200.0), n.name);
+    }
+    if (lost.empty()) break;
+    std::sort(lost.begin(), lost.end(), std::greater<>());
+    std::set<std::string> more = keep;
+    const std::size_t take = std::max<std::size_t>(1, lost.size() / 8);
+    for (std::size_t i = 0; i < take; ++i) more.insert(lost[i].second);
+    Lowered next = lower(g, Precision::Int8, &ranges, more);
+    auto next_errors = measure(dev, g, f32, next, b);
+    if (output_snr(g, next_errors) < output_snr(g, errors) - 1.0) {
+      for (std::size_t i = 0; i < take; ++i) tried.insert(lost[i].second);
+      continue;
+    }
+    keep = std::move(more);
+    reduced = std::move(next);
+    errors = std::move(next_errors);
+  }
+  char buf[200];
+  const double reached = output_snr(g, errors);
+  std::snprintf(buf, sizeof buf,
+                "mixed precision: outputs at %.1f dB against fp32 (int8 alone: %.1f dB; target %.1f%s)", reached, start,
+                target, reached < target ? "; no int8 layer left that helps" : "");
+  notes.push_back(buf);
+  return errors;
+}
+
 json report_json(const std::vector<LayerError>& r, Precision p, std::uint64_t samples) {
   json layers = json::array();
   for (const auto& e : r)
@@ -362,8 +499,34 @@ CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileO
                            std::to_string(batches.samples) + " samples (" + method_text(options) + ") on " +
                            options.device);
   }
-  const Lowered reduced =
-      options.precision == Precision::F32 ? f32 : lower(g, options.precision, int8 ? &ranges : nullptr);
+  std::set<std::string> keep;
+  if (!options.keep_fp16.empty() || options.target_snr_db > 0) {
+    if (!int8)
+      throw Error(Status::InvalidArgument, std::string(name) + ": layers kept in fp16 (" +
+                                               (options.keep_fp16.empty() ? "a target SNR" : "--keep-fp16") +
+                                               ") need precision int8, not " + to_string(options.precision));
+    std::set<std::string> names;
+    for (const auto& n : g.nodes) names.insert(n.name);
+    for (const auto& k : options.keep_fp16) {
+      if (!names.count(k))
+        throw Error(Status::InvalidArgument,
+                    std::string(name) + ": --keep-fp16 '" + k +
+                        "' names no layer of the model (the precision report lists them; folded and fused nodes "
+                        "go by the name of the layer they joined)");
+      keep.insert(k);
+    }
+  }
+  Lowered reduced =
+      options.precision == Precision::F32 ? f32 : lower(g, options.precision, int8 ? &ranges : nullptr, keep);
+  std::vector<LayerError> errors;  // the last measured report, while it matches `reduced`
+  if (int8 && options.target_snr_db > 0) {
+    errors = keep_until(dev, g, f32, ranges, batches, options.target_snr_db, keep, reduced, result.notes);
+  }
+  if (!keep.empty()) {
+    std::string list;
+    for (const auto& k : keep) list += (list.empty() ? "" : ", ") + k;
+    result.notes.push_back(std::to_string(keep.size()) + " layer(s) in fp16: " + list);
+  }
   if (int8) {
     std::size_t q = 0;
     for (const auto& op : reduced.graph.ops) q += op.kind == "qlinear_conv";
@@ -372,7 +535,7 @@ CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileO
   }
   json report;
   if (options.report) {
-    result.report = measure(dev, g, f32, reduced, batches);
+    result.report = errors.empty() ? measure(dev, g, f32, reduced, batches) : errors;
     report = report_json(result.report, options.precision, batches.samples);
   }
   // Calibration and the report read every layer from an arena without

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -84,8 +85,10 @@ struct Lowered {
   nlohmann::json quant = nlohmann::json::object();  // the Quant section (int8)
 };
 
-// Lowers onto tpuhal ops. Int8 needs `ranges` for every value.
-Lowered lower(const Graph& g, Precision precision, const std::map<std::string, Range>* ranges);
+// Lowers onto tpuhal ops. Int8 needs `ranges` for every value; the nodes
+// named in `keep_fp16` then run in fp16.
+Lowered lower(const Graph& g, Precision precision, const std::map<std::string, Range>* ranges,
+              const std::set<std::string>& keep_fp16 = {});
 
 // Host conversions to the reduced float types, rounding to nearest even.
 std::uint16_t to_f16(float f);

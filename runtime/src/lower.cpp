@@ -101,7 +101,8 @@ struct Lowerer {
   const Graph& g;
   Precision precision;
   const std::map<std::string, Range>* ranges;
-  DType act = DType::F32;  // the activation type of float ops
+  const std::set<std::string>& keep_fp16;  // int8: nodes that run in fp16
+  DType act = DType::F32;                  // the activation type of float ops
   Lowered out;
   std::map<std::string, Rep> reps;
   std::map<std::pair<std::string, DType>, std::int64_t> const_cache;
@@ -395,6 +396,21 @@ struct Lowerer {
   }
 
   void lower_node(const Node& n) {
+    if (precision == Precision::Int8 && keep_fp16.count(n.name)) {  // this node as in an fp16 model
+      const DType saved = act;
+      act = DType::F16;
+      precision = Precision::F16;
+      try {
+        lower_node(n);
+      } catch (...) {
+        act = saved;
+        precision = Precision::Int8;
+        throw;
+      }
+      act = saved;
+      precision = Precision::Int8;
+      return;
+    }
     const Attrs a{n.proto};
     const bool int8 = precision == Precision::Int8;
     const auto& shape = g.value(n.output).shape;
@@ -900,8 +916,9 @@ struct Lowerer {
 
 }  // namespace
 
-Lowered lower(const Graph& g, Precision precision, const std::map<std::string, Range>* ranges) {
-  Lowerer l{g, precision, ranges, DType::F32, {}, {}, {}};
+Lowered lower(const Graph& g, Precision precision, const std::map<std::string, Range>* ranges,
+              const std::set<std::string>& keep_fp16) {
+  Lowerer l{g, precision, ranges, keep_fp16, DType::F32, {}, {}, {}, {}, {}};
   l.run();
   return std::move(l.out);
 }

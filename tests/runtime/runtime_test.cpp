@@ -721,6 +721,25 @@ TEST(Runtime, GivenTheCliWhenItCompilesInInt8ThenModelInfoDescribesTheModelAndIt
   r = test::run("compile " + d + "/cnn.onnx -o " + d + "/x.tpm --shape image=2x1x8x8 --precision int8");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("int8 needs calibration data"), std::string::npos) << r.out;
+  // Entropy calibration, a layer kept in fp16 by name, and one more chosen for a target SNR.
+  const std::string int8 = "compile " + d + "/cnn.onnx -o " + d + "/e.tpm --shape image=2x1x8x8 --precision int8 " +
+                           "--calibration " + d + "/calib.npy ";
+  r = test::run(int8 + "--calibration-method entropy --keep-fp16 conv1 --target-snr 60");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(entropy)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mixed precision: outputs at"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layer(s) in fp16: conv1"), std::string::npos) << r.out;
+  r = test::run("model-info " + d + "/e.tpm --device sim:0");
+  EXPECT_NE(r.out.find("calibration          entropy"), std::string::npos) << r.out;
+  r = test::run(int8 + "--calibration-method kl");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("expected minmax, percentile[:P] or entropy"), std::string::npos) << r.out;
+  r = test::run(int8 + "--keep-fp16 conv9");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--keep-fp16 'conv9' names no layer"), std::string::npos) << r.out;
+  r = test::run(int8 + "--target-snr -3");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--target-snr"), std::string::npos) << r.out;
   fs::remove_all(dir);
 }
 

@@ -59,7 +59,13 @@ int cmd_compile(const std::vector<std::string>& args) {
       "FILE.npy: calibration samples for int8 and --report, one file per input in input order, the first "
       "dimension the sample count (float32 or float64)")(
       "calibration-method", po::value<std::string>()->default_value("percentile"),
-      "minmax, or percentile[:P] (activation ranges cut at the P-th percentile, default 99.99)")(
+      "minmax, percentile[:P] (activation ranges cut at the P-th percentile, default 99.99), or entropy "
+      "(ranges cut where quantising loses least information, by Kullback-Leibler divergence)")(
+      "keep-fp16", po::value<std::vector<std::string>>()->composing(),
+      "LAYER: an ONNX node name that runs in fp16 in an int8 model (repeatable)")(
+      "target-snr", po::value<double>(),
+      "DB: int8 with mixed precision: move the layers that lose the most signal to fp16 until every output's "
+      "signal-to-noise ratio against fp32 on the calibration data reaches DB")(
       "report", po::bool_switch(), "measure each layer's error against fp32 on the calibration data")(
       "device,d", po::value<std::string>()->default_value("sim:0"), "device that runs calibration and the report");
   po::positional_options_description pos;
@@ -68,11 +74,13 @@ int cmd_compile(const std::vector<std::string>& args) {
   int rc = 0;
   const char* usage =
       "Usage: tpuhal compile MODEL.onnx -o OUT.tpm [--shape NAME=DIMS]... [--precision fp32|fp16|bf16|int8]\n"
-      "                      [--calibration FILE.npy]... [--calibration-method minmax|percentile[:P]] [--report]\n\n"
+      "                      [--calibration FILE.npy]... [--calibration-method minmax|percentile[:P]|entropy]\n"
+      "                      [--keep-fp16 LAYER]... [--target-snr DB] [--report]\n\n"
       "Compiles an ONNX model for a fixed input shape and a precision into a compiled model that\n"
       "'tpuhal model-info' describes and the runtime loads on any device. Inputs and outputs stay\n"
       "float32; fp16 and bf16 run every layer in that type; int8 quantises Conv and Gemm layers with\n"
-      "per-channel weight scales and activation ranges calibrated on --calibration samples.\n"
+      "per-channel weight scales and activation ranges calibrated on --calibration samples, and\n"
+      "runs the layers --keep-fp16 names (or --target-snr chooses) in fp16.\n"
       "Unsupported ops are all listed in one error. See docs/runtime.md.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
   if (!vm.count("model") || !vm.count("output")) {
@@ -90,12 +98,14 @@ int cmd_compile(const std::vector<std::string>& args) {
   const std::string method = vm["calibration-method"].as<std::string>();
   if (method == "minmax") {
     o.method = rt::CalibrationMethod::MinMax;
+  } else if (method == "entropy") {
+    o.method = rt::CalibrationMethod::Entropy;
   } else if (method.rfind("percentile", 0) == 0) {
     o.method = rt::CalibrationMethod::Percentile;
     if (method.size() > 10) {
       if (method[10] != ':')
         throw Error(Status::InvalidArgument,
-                    "--calibration-method '" + method + "': expected minmax or percentile[:P]");
+                    "--calibration-method '" + method + "': expected minmax, percentile[:P] or entropy");
       try {
         o.percentile = std::stod(method.substr(11));
       } catch (const std::exception&) {
@@ -103,7 +113,15 @@ int cmd_compile(const std::vector<std::string>& args) {
       }
     }
   } else {
-    throw Error(Status::InvalidArgument, "--calibration-method '" + method + "': expected minmax or percentile[:P]");
+    throw Error(Status::InvalidArgument,
+                "--calibration-method '" + method + "': expected minmax, percentile[:P] or entropy");
+  }
+  if (vm.count("keep-fp16")) o.keep_fp16 = vm["keep-fp16"].as<std::vector<std::string>>();
+  if (vm.count("target-snr")) {
+    o.target_snr_db = vm["target-snr"].as<double>();
+    if (!(o.target_snr_db > 0 && o.target_snr_db < 200))
+      throw Error(Status::InvalidArgument,
+                  "--target-snr " + std::to_string(o.target_snr_db) + ": expected dB in (0, 200)");
   }
   const std::string in = vm["model"].as<std::string>(), out = vm["output"].as<std::string>();
   rt::CompileResult r = rt::compile_onnx(in, o);

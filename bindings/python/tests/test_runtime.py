@@ -155,6 +155,69 @@ def test_int8_is_calibrated_close_to_fp32_identical_run_to_run_and_reports_each_
     assert np.abs(a - ref).max() <= 0.1 * np.abs(ref).max()
 
 
+def outlier_bytes():
+    """x[N, 4, 8, 8] -> Conv 1x1 (4 -> 4) -> Relu -> Conv 1x1 (4 -> 2): two int8 layers."""
+    w1 = (np.eye(4, dtype=np.float32) + 0.1 * RNG.standard_normal((4, 4)).astype(np.float32)).reshape(4, 4, 1, 1)
+    w2 = RNG.standard_normal((2, 4, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="first"),
+             helper.make_node("Relu", ["c1"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2"], ["y"], name="second")]
+    graph = helper.make_graph(
+        nodes, "outlier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 2, 8, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_entropy_calibration_cuts_rare_outliers_that_minmax_keeps(dev):
+    onnx_bytes = outlier_bytes()
+    calib = RNG.standard_normal((16, 4, 8, 8)).astype(np.float32)
+    calib[0, 0, 0, 0] = 500.0  # one value in 4096: minmax spends the u8 steps on it
+    fp32 = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri))
+    x = calib[1:1 + BATCH]
+    (ref,) = fp32.instance().run(x)
+    errors = {}
+    for method in ("minmax", "entropy"):
+        compiled = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method=method, device=dev.uri)
+        model = dev.load_model(compiled)
+        assert model.meta["calibration"] == method
+        (y,) = model.instance().run(x)
+        errors[method] = float(np.abs(y - ref).max())
+    assert errors["entropy"] < errors["minmax"] / 4, errors
+
+
+def test_layers_kept_in_fp16_by_name_or_by_a_target_snr(dev):
+    onnx_bytes = outlier_bytes()
+    calib = RNG.standard_normal((16, 4, 8, 8)).astype(np.float32)
+    calib[0, 0, 0, 0] = 500.0
+    x = calib[1:1 + BATCH]
+    (ref,) = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).instance().run(x)
+
+    def error(compiled):
+        (y,) = dev.load_model(compiled).instance().run(x)
+        return float(np.abs(y - ref).max())
+
+    int8 = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax", device=dev.uri)
+    kept = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax", keep_fp16=["first", "second"],
+                          report=True, device=dev.uri)
+    assert "2 layer(s) in fp16: first, second" in kept.notes
+    assert not any("qlinear_conv" in n and not n.startswith("0 ") for n in kept.notes), kept.notes
+    assert error(kept) < error(int8) / 20
+    # Automatic: layers move to fp16 until the output reaches the target on the calibration data.
+    auto = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax", target_snr_db=45, report=True,
+                          device=dev.uri)
+    assert any(n.startswith("mixed precision: outputs at") for n in auto.notes), auto.notes
+    assert any("layer(s) in fp16" in n for n in auto.notes), auto.notes
+    assert {e.node: e for e in auto.report}["second"].snr_db >= 45
+    # Bad requests name the problem.
+    with pytest.raises(tpuhal.InvalidArgument, match="'third' names no layer"):
+        tpuhal.compile(onnx_bytes, "int8", calibration=calib, keep_fp16=["third"], device=dev.uri)
+    with pytest.raises(tpuhal.InvalidArgument, match="need precision int8"):
+        tpuhal.compile(onnx_bytes, "fp16", keep_fp16=["first"], device=dev.uri)
+
+
 def test_outputs_can_be_given_and_are_filled_in_place(dev, mlp):
     onnx_bytes, reference = mlp
     model = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 16)}, device=dev.uri))
@@ -226,8 +289,8 @@ def test_compile_errors_name_the_problem(dev, mlp):
     onnx_bytes, _ = mlp
     with pytest.raises(tpuhal.InvalidArgument, match="unknown precision 'fp8'"):
         tpuhal.compile(onnx_bytes, "fp8", shapes={"x": (BATCH, 16)})
-    with pytest.raises(tpuhal.InvalidArgument, match="unknown calibration method 'entropy'"):
-        tpuhal.compile(onnx_bytes, "int8", shapes={"x": (BATCH, 16)}, method="entropy")
+    with pytest.raises(tpuhal.InvalidArgument, match="unknown calibration method 'mse'"):
+        tpuhal.compile(onnx_bytes, "int8", shapes={"x": (BATCH, 16)}, method="mse")
     with pytest.raises(tpuhal.InvalidArgument, match="calibration"):
         tpuhal.compile(onnx_bytes, "int8", shapes={"x": (BATCH, 16)}, device=dev.uri)
     with pytest.raises(tpuhal.InvalidArgument):

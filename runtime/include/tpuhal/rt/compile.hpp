@@ -35,6 +35,9 @@ enum class CalibrationMethod : std::uint32_t {
   MinMax = 0,      // the observed range of each activation
   Percentile = 1,  // ranges cut at the `percentile`-th and (100 - `percentile`)-th
                    // percentiles of the values (outliers cut)
+  Entropy = 2,     // each range cut where the quantised distribution of the
+                   // values loses least information (Kullback-Leibler
+                   // divergence from the unquantised one)
 };
 
 struct CompileOptions {
@@ -53,6 +56,12 @@ struct CompileOptions {
   // Also measure, per layer, the error of this precision against fp32 on
   // the calibration data (required then), into the Report section.
   bool report = false;
+  // int8: layers (ONNX node names) that run in fp16 instead.
+  std::vector<std::string> keep_fp16;
+  // int8: when above 0, layers are moved to fp16, those that lose the most
+  // signal first, until every output's signal-to-noise ratio against fp32
+  // on the calibration data reaches this many dB (or no layer is left).
+  double target_snr_db = 0;
   // The device that runs calibration and the report.
   std::string device = "sim:0";
 };
