@@ -727,8 +727,8 @@ struct Lowerer {
       if (reduced[d]) perm.push_back(d), inner *= xs[d];
     std::int64_t x = get(n.inputs[0], t);
     const auto y = produce(n.output, t, shape);
-    if (inner == 1 || outer == 0) {  // nothing to reduce (or nothing to reduce into)
-      op("cast", n.name, {{"x", x}, {"y", y}});
+    if (inner == 1 || outer == 0) {  // nothing to reduce (or nothing to reduce into): each element alone
+      op(op_type == "ReduceL2" ? "abs" : "cast", n.name, {{"x", dg().add_view(x, shape)}, {"y", y}});
       return;
     }
     // Only dimensions larger than 1 decide whether the order changes.

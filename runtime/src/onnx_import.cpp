@@ -871,22 +871,67 @@ struct Importer {
     return std::nullopt;
   }
 
+  // A BatchNormalization of a 4-D value that follows no Conv becomes a
+  // depthwise 1x1 Conv (weight gamma / sqrt(var + eps) per channel, bias
+  // beta - mean * weight): one pass instead of a multiply and an add, and
+  // a Relu after it fuses.
+  // A BatchNormalization's parameters, checked to be one per channel.
+  struct BatchNorm {
+    const std::vector<float>&gamma, &beta, &mean, &var;
+    float eps;
+  };
+  BatchNorm batch_norm(const Node& bn, std::size_t channels) const {
+    BatchNorm p{*g.value(bn.inputs[1]).data, *g.value(bn.inputs[2]).data, *g.value(bn.inputs[3]).data,
+                *g.value(bn.inputs[4]).data, Attrs{bn.proto}.f("epsilon", 1e-5f)};
+    for (const auto* v : {&p.gamma, &p.beta, &p.mean, &p.var})
+      if (v->size() != channels)
+        fail_node(bn, "its parameters do not have one value per channel (" + std::to_string(channels) + ")");
+    return p;
+  }
+
+  void batch_norm_as_conv(Node& bn) {
+    const auto& x = g.value(bn.inputs[0]);
+    if (x.shape.size() != 4) return;
+    const auto c = static_cast<std::size_t>(x.shape[1]);
+    const auto [gamma, beta, mean, var, eps] = batch_norm(bn, c);
+    Value w, b;
+    w.shape = {static_cast<std::int64_t>(c), 1, 1, 1};
+    b.shape = {static_cast<std::int64_t>(c)};
+    w.data = std::vector<float>(c);
+    b.data = std::vector<float>(c);
+    for (std::size_t k = 0; k < c; ++k) {
+      const double scale = gamma[k] / std::sqrt(static_cast<double>(var[k]) + eps);
+      (*w.data)[k] = static_cast<float>(scale);
+      (*b.data)[k] = static_cast<float>(beta[k] - mean[k] * scale);
+    }
+    const std::string wn = bn.name + "/depthwise", bname = bn.name + "/depthwise_bias";
+    g.values[wn] = std::move(w);
+    g.values[bname] = std::move(b);
+    bn.inputs = {bn.inputs[0], wn, bname};
+    bn.op = "Conv";
+    bn.proto.set_op_type("Conv");
+    bn.proto.clear_attribute();
+    auto* group = bn.proto.add_attribute();
+    group->set_name("group");
+    group->set_type(onnx::AttributeProto::INT);
+    group->set_i(static_cast<std::int64_t>(c));
+    bn.fused = "BatchNormalization as a depthwise 1x1 convolution";
+    g.notes.push_back("BatchNormalization '" + bn.name + "' runs as a depthwise 1x1 Conv");
+  }
+
   void fold_batch_norm() {
     for (std::size_t i = 0; i < g.nodes.size(); ++i) {
       Node& bn = g.nodes[i];
       if (bn.op != "BatchNormalization") continue;
       auto p = sole_producer(i, {"Conv"});
-      if (!p || g.nodes[*p].act.kind != Activation::None) continue;
+      if (!p || g.nodes[*p].act.kind != Activation::None) {
+        batch_norm_as_conv(bn);
+        continue;
+      }
       Node& conv = g.nodes[*p];
       const auto& w = g.value(conv.inputs[1]);
       const auto cout = static_cast<std::size_t>(w.shape[0]);
-      const auto& gamma = *g.value(bn.inputs[1]).data;
-      const auto& beta = *g.value(bn.inputs[2]).data;
-      const auto& mean = *g.value(bn.inputs[3]).data;
-      const auto& var = *g.value(bn.inputs[4]).data;
-      if (gamma.size() != cout || beta.size() != cout || mean.size() != cout || var.size() != cout)
-        fail_node(bn, "its parameters do not have one value per channel (" + std::to_string(cout) + ")");
-      const float eps = Attrs{bn.proto}.f("epsilon", 1e-5f);
+      const auto [gamma, beta, mean, var, eps] = batch_norm(bn, cout);
       Value nw = w, nb;
       nb.shape = {static_cast<std::int64_t>(cout)};
       nb.data = std::vector<float>(cout, 0.0f);
