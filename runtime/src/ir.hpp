@@ -70,6 +70,13 @@ struct QParams {
 };
 QParams qparams(const Range& r);
 
+// Row-major strides, in elements, of a tensor of `shape`.
+inline std::vector<std::int64_t> row_major_strides(const std::vector<std::int64_t>& shape) {
+  std::vector<std::int64_t> st(shape.size(), 1);
+  for (std::size_t i = shape.size(); i-- > 1;) st[i - 1] = st[i] * shape[i];
+  return st;
+}
+
 // How the lowered graph holds an ONNX value (its primary tensor).
 struct ValueInfo {
   std::int64_t tensor = -1;

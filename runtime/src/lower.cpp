@@ -166,7 +166,7 @@ struct Lowerer {
     std::uint64_t offset = 0;
   };
   std::map<std::string, Placement> placements;
-  std::map<std::string, std::int64_t> placed;  // value -> the part of its Concat's output it was produced in
+  std::set<std::string> placed;  // values produced in their part of their Concat's output
 
   // A new arena tensor that holds value `v` in `t` (its primary form); for
   // a value placed in a Concat, that part of the Concat's output.
@@ -178,7 +178,7 @@ struct Lowerer {
       const std::int64_t whole = it != reps.end() ? it->second.by_dtype.at(t) : produce(pl->second.concat, t, cv.shape);
       id = dg().add_subview(whole, shape, {}, pl->second.offset);
       dg().tensors[static_cast<std::size_t>(id)].value = v;
-      placed[v] = id;
+      placed.insert(v);
     } else {
       id = dg().add_arena(v, t, shape);
     }
@@ -643,7 +643,7 @@ struct Lowerer {
     if (op_type == "Slice") {
       const auto x = get(n.inputs[0], t);
       const auto& xs = g.value(n.inputs[0]).shape;
-      const auto st = row_major(xs);
+      const auto st = row_major_strides(xs);
       const auto& lo = n.params.at("lo");
       const auto& step = n.params.at("step");
       std::vector<std::int64_t> strides(xs.size());
@@ -657,12 +657,6 @@ struct Lowerer {
       return;
     }
     throw Error(Status::Internal, "compiler: no lowering for " + op_type);
-  }
-
-  static std::vector<std::int64_t> row_major(const std::vector<std::int64_t>& shape) {
-    std::vector<std::int64_t> st(shape.size(), 1);
-    for (std::size_t i = shape.size(); i-- > 1;) st[i - 1] = st[i] * shape[i];
-    return st;
   }
 
   // x^e for one constant e: products for small integer powers (and their
@@ -798,7 +792,7 @@ struct Lowerer {
     const auto x = get(n.inputs[0], t);
     const auto y = produce(n.output, t, shape);
     op("cast", n.name, {{"x", add_weight({static_cast<float>(n.params.at("value").at(0))}, t, {})}, {"y", y}});
-    const auto st = row_major(shape);
+    const auto st = row_major_strides(shape);
     std::uint64_t first = 0;
     for (std::size_t d = 0; d < shape.size(); ++d)
       first += static_cast<std::uint64_t>(pads[d] * static_cast<double>(st[d]));
@@ -818,13 +812,13 @@ struct Lowerer {
       y = it->second.by_dtype.at(t);
     else
       y = produce(n.output, t, shape);
-    const auto st = row_major(shape);
+    const auto st = row_major_strides(shape);
     std::int64_t at = 0;
     for (const auto& in : n.inputs) {
       const auto& is = g.value(in).shape;
       const auto part_at = static_cast<std::uint64_t>(at * st[static_cast<std::size_t>(axis)]) * size_of(t);
       at += is[static_cast<std::size_t>(axis)];
-      if (auto p = placed.find(in); p != placed.end() && reps.at(in).primary == t) continue;
+      if (placed.count(in) && reps.at(in).primary == t) continue;
       const auto x = get(in, t);
       op("cast", n.name, {{"x", x}, {"y", dg().add_subview(y, is, st, part_at)}});
     }
@@ -857,7 +851,7 @@ struct Lowerer {
       bool contiguous = true;
       for (std::int64_t d = 0; d < axis; ++d) contiguous = contiguous && shape[static_cast<std::size_t>(d)] == 1;
       if (!contiguous) continue;
-      const auto st = row_major(shape);
+      const auto st = row_major_strides(shape);
       std::int64_t at = 0;
       std::set<std::string> seen;
       for (const auto& in : n.inputs) {

@@ -208,11 +208,6 @@ struct Importer {
     }
     return a.ints(attr);
   }
-  static std::vector<std::int64_t> strides_of(const std::vector<std::int64_t>& shape) {
-    std::vector<std::int64_t> st(shape.size(), 1);
-    for (std::size_t i = shape.size(); i-- > 1;) st[i - 1] = st[i] * shape[i];
-    return st;
-  }
 
   // Slice's start and step per dimension and its output shape.
   struct SliceParams {
@@ -278,10 +273,10 @@ struct Importer {
       Value out;
       out.shape = shape;
       std::vector<double> r(out.elements());
-      const auto st = strides_of(shape);
+      const auto st = row_major_strides(shape);
       auto index = [&](const std::vector<std::int64_t>& s, std::uint64_t flat) {
         // The element of a tensor of shape `s`, broadcast to `shape`, at flat position `flat`.
-        const auto ss = strides_of(s);
+        const auto ss = row_major_strides(s);
         std::int64_t at = 0;
         const std::size_t off = shape.size() - s.size();
         for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -426,7 +421,7 @@ struct Importer {
       const auto& shape = sl.shape;
       Value out;
       out.shape = shape;
-      const auto in_st = strides_of(x.shape), out_st = strides_of(shape);
+      const auto in_st = row_major_strides(x.shape), out_st = row_major_strides(shape);
       std::vector<double> r(out.elements());
       for (std::uint64_t i = 0; i < r.size(); ++i) {
         std::int64_t at = 0;

@@ -89,7 +89,13 @@ def test_nested_concats_and_a_concat_feeding_a_convolution(dev):
         outer = np.concatenate([np.maximum(x, 0), -x, np.abs(x)], axis=1)
         return np.einsum("nchw,oc->nohw", outer, w[:, :, 0, 0])
 
-    check(dev, model(nodes, {"x": x.shape}, "y", initializers=[("w", w)]), {"x": x}, reference)
+    onnx_bytes = model(nodes, {"x": x.shape}, "y", initializers=[("w", w)])
+    check(dev, onnx_bytes, {"x": x}, reference)
+    # Batch 1: Relu, Neg and Abs write into the outer Concat's output; no copies.
+    assert dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).meta["ops"] == "4"
+    # Batch 2: the parts are strided; each is copied.
+    x2 = randn(2, 2, 5, 5)
+    check(dev, model(nodes, {"x": x2.shape}, "y", initializers=[("w", w)]), {"x": x2}, reference)
 
 
 @pytest.mark.parametrize("pads,value", [([0, 0, 1, 2, 0, 0, 3, 1], 0.0), ([0, 1, 0, 0, 1, 0, 2, 2], -1.5)])
