@@ -956,14 +956,19 @@ struct Importer {
     for (std::size_t i = 0; i < g.nodes.size(); ++i) {
       Node& r = g.nodes[i];
       // int8 convolutions apply Relu and Clip by their output's range alone;
-      // HardSigmoid stays a layer of its own there.
-      const bool hard_sigmoid = r.op == "HardSigmoid" && options.precision != Precision::Int8;
-      if (r.op != "Relu" && r.op != "Clip" && !hard_sigmoid) continue;
+      // HardSigmoid, Sigmoid and Tanh stay layers of their own there.
+      const bool float_only = (r.op == "HardSigmoid" || r.op == "Sigmoid" || r.op == "Tanh") &&
+                              options.precision != Precision::Int8;
+      if (r.op != "Relu" && r.op != "Clip" && !float_only) continue;
       auto p = sole_producer(i, {"Conv", "Gemm", "MatMul"});
       if (!p || g.nodes[*p].act.kind != Activation::None) continue;
       Node& c = g.nodes[*p];
       if (r.op == "Relu") {
         c.act = ActivationParams::relu();
+      } else if (r.op == "Sigmoid") {
+        c.act = ActivationParams::sigmoid();
+      } else if (r.op == "Tanh") {
+        c.act = ActivationParams::tanh();
       } else if (r.op == "HardSigmoid") {
         c.act = ActivationParams::hard_sigmoid(Attrs{r.proto}.f("alpha", 0.2f), Attrs{r.proto}.f("beta", 0.5f));
       } else {
@@ -982,6 +987,46 @@ struct Importer {
       g.notes.push_back("fused " + r.op + " '" + r.name + "' into " + c.op + " '" + c.name + "'");
       g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
       --i;
+    }
+  }
+
+  // SiLU as PyTorch writes it, Mul(x, Sigmoid(x)), after a Conv, Gemm or
+  // MatMul whose output nothing else reads: the Silu activation of that
+  // node (not in int8, where activations other than Relu and Clip are
+  // layers of their own).
+  void fuse_silu() {
+    if (options.precision == Precision::Int8) return;
+    auto producer = [&](const std::string& v) -> std::optional<std::size_t> {
+      for (std::size_t j = 0; j < g.nodes.size(); ++j)
+        if (g.nodes[j].output == v) return j;
+      return std::nullopt;
+    };
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+      const Node& m = g.nodes[i];
+      if (m.op != "Mul" || m.inputs.size() != 2) continue;
+      for (int side = 0; side < 2; ++side) {
+        const std::string& x = m.inputs[side];
+        const auto s = producer(m.inputs[1 - side]);
+        if (!s || g.nodes[*s].op != "Sigmoid" || g.nodes[*s].inputs[0] != x || consumers(m.inputs[1 - side]) != 1 ||
+            consumers(x) != 2)
+          continue;
+        const auto c = producer(x);
+        if (!c) continue;
+        Node& conv = g.nodes[*c];
+        if ((conv.op != "Conv" && conv.op != "Gemm" && conv.op != "MatMul") || conv.act.kind != Activation::None)
+          continue;
+        const std::string sig = g.nodes[*s].name, mul = m.name;
+        conv.act = ActivationParams::silu();
+        conv.output = m.output;
+        conv.fused += (conv.fused.empty() ? "" : ", ") + std::string("SiLU (Sigmoid '") + sig + "', Mul '" + mul + "')";
+        g.notes.push_back("fused SiLU (Sigmoid '" + sig + "', Mul '" + mul + "') into " + conv.op + " '" + conv.name +
+                          "'");
+        const std::size_t hi = std::max(i, *s), lo = std::min(i, *s);
+        g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(hi));
+        g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(lo));
+        i = lo == 0 ? static_cast<std::size_t>(-1) : lo - 1;
+        break;
+      }
     }
   }
 };
@@ -1003,6 +1048,7 @@ Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& option
   im.import(model);
   im.fold_batch_norm();
   im.fuse_activations();
+  im.fuse_silu();
   return std::move(im.g);
 }
 

@@ -195,6 +195,56 @@ def test_hard_sigmoid_alone_and_fused_into_a_convolution_and_hard_swish(dev):
     check(dev, swish, {"x": x}, lambda x: x * hard_sigmoid(x, 1 / 6))
 
 
+def conv3x3(x, w):
+    n, _, h, wd = x.shape
+    pad = np.pad(x, [(0, 0), (0, 0), (1, 1), (1, 1)])
+    c = np.zeros((n, w.shape[0], h, wd))
+    for i in range(3):
+        for j in range(3):
+            c += np.einsum("nchw,oc->nohw", pad[:, :, i:i + h, j:j + wd], w[:, :, i, j])
+    return c
+
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16", "int8"])
+def test_silu_sigmoid_and_tanh_fuse_into_the_convolution_before_them(dev, precision):
+    w1, w2, w3 = randn(3, 2, 3, 3) * 0.4, randn(3, 3, 3, 3) * 0.3, randn(2, 3, 3, 3) * 0.3
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c1"], ["s1"]),
+             helper.make_node("Mul", ["s1", "c1"], ["silu"]),  # SiLU, the Sigmoid's output first
+             helper.make_node("Conv", ["silu", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Tanh", ["c2"], ["t"]),
+             helper.make_node("Conv", ["t", "w3"], ["c3"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c3"], ["s3"]),
+             helper.make_node("Mul", ["c3", "s3"], ["m3"]),
+             helper.make_node("Add", ["m3", "c3"], ["y"])]  # c3 read again: not a SiLU to fuse
+    x = randn(1, 2, 6, 6) * 2
+
+    def reference(x):
+        c1 = conv3x3(x, w1)
+        c3 = conv3x3(np.tanh(conv3x3(c1 * sigmoid(c1), w2)), w3)
+        return c3 * sigmoid(c3) + c3
+
+    onnx_bytes = model(nodes, {"x": x.shape}, "y", initializers=[("w1", w1), ("w2", w2), ("w3", w3)])
+    if precision == "int8":
+        compiled = tpuhal.compile(onnx_bytes, "int8", calibration=x[None], device=dev.uri)
+        assert not [n for n in compiled.notes if "SiLU" in n or "Sigmoid" in n or "Tanh" in n]
+        got = dev.load_model(compiled).instance().run(x)[0]
+        want = reference(x)
+        snr = 10 * math.log10(float((want ** 2).sum()) / float(((want - got) ** 2).sum()))
+        assert snr > 20, snr
+        return
+    compiled = tpuhal.compile(onnx_bytes, precision, device=dev.uri)
+    fused = [n for n in compiled.notes if n.startswith("fused")]
+    assert any("SiLU (Sigmoid 'Sigmoid #1', Mul 'Mul #2')" in n for n in fused), compiled.notes
+    assert any(n.startswith("fused Tanh") for n in fused), compiled.notes
+    assert not any("Mul #7" in n for n in fused), compiled.notes
+    check(dev, onnx_bytes, {"x": x}, reference, precisions=(precision,))
+
+
 UNARY = {
     "Sqrt": (np.sqrt, lambda x: np.abs(x) + 0.1),
     "Exp": (np.exp, lambda x: x),

@@ -556,8 +556,10 @@ void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
     b = widened(e, bias, bsv);
 
   // oneDNN writes straight into y when y is f32/bf16 and no activation
-  // follows; otherwise into an f32 scratch that the loop below finishes.
-  const bool direct = !f16 && act == fw::Activation::kNone;
+  // follows, or y is dense f32 (the activation then runs in place);
+  // otherwise into an f32 scratch that the loop below finishes.
+  const bool in_place_act = y.dtype == fw::DType::kF32 && y.contiguous();
+  const bool direct = !f16 && (act == fw::Activation::kNone || in_place_act);
   std::vector<float> scratch;
   void* out = y.data;
   dt yt = dnnl_type(y.dtype);
@@ -602,14 +604,21 @@ void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
     });
     done = true;
   }
-  if (out == y.data) return;
+  if (out == y.data) {
+    if (act != fw::Activation::kNone) {
+      auto* p = reinterpret_cast<float*>(y.data);
+      e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
+        activate_span(act, at.act_alpha, at.act_beta, p + begin, end - begin);
+      }, 16384);
+    }
+    return;
+  }
   // Finish from the f32 scratch (dense, y's layout): activation, conversion.
   if (y.contiguous() && (y.dtype == fw::DType::kBF16 || y.dtype == fw::DType::kF16)) {
     auto* dst = reinterpret_cast<std::uint16_t*>(y.data);
     const bool bf16 = y.dtype == fw::DType::kBF16;
     e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
-      if (act != fw::Activation::kNone)
-        for (std::uint64_t i = begin; i < end; ++i) scratch[i] = activate(act, at.act_alpha, at.act_beta, scratch[i]);
+      activate_span(act, at.act_alpha, at.act_beta, scratch.data() + begin, end - begin);
       if (bf16)
         simd::narrow_bf16(scratch.data() + begin, dst + begin, end - begin);
       else

@@ -2,6 +2,7 @@
 // quantize and dequantize.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "engine.h"
@@ -63,6 +64,118 @@ void cast_one(const std::byte* src, fw::DType st, std::byte* dst, fw::DType dt) 
   store_int_wrap(dst, dt, v);
 }
 
+// Float maps with every view f32 (the common case), a row at a time: the
+// dims are merged where every view allows it, then each row of the last
+// dim runs as one loop with the op chosen outside it. Each element's
+// arithmetic is float_binary's / float_unary's, so results are the
+// generic path's.
+// Elements below which a map runs on one thread.
+constexpr std::uint64_t kGrain = 16384;
+
+struct Rows {
+  std::uint32_t rank = 0;
+  std::uint64_t shape[fw::kMaxRank] = {};
+  std::uint64_t strides[3][fw::kMaxRank] = {};  // y, a, b
+};
+
+Rows merged(const View* const* views, std::size_t n) {
+  Rows r;
+  for (std::uint32_t d = 0; d < views[0]->rank; ++d) {
+    const std::uint64_t len = views[0]->shape[d];
+    if (len == 1) continue;
+    bool merge = r.rank > 0;
+    for (std::size_t t = 0; t < n && merge; ++t)
+      merge = r.strides[t][r.rank - 1] == views[t]->strides[d] * len;
+    if (merge) {
+      r.shape[r.rank - 1] *= len;
+      for (std::size_t t = 0; t < n; ++t) r.strides[t][r.rank - 1] = views[t]->strides[d];
+      continue;
+    }
+    r.shape[r.rank] = len;
+    for (std::size_t t = 0; t < n; ++t) r.strides[t][r.rank] = views[t]->strides[d];
+    ++r.rank;
+  }
+  if (r.rank == 0) {  // one element
+    r.rank = 1;
+    r.shape[0] = 1;
+  }
+  return r;
+}
+
+template <class F>
+void binary_row(float* y, const float* a, std::uint64_t sa, const float* b, std::uint64_t sb, std::uint64_t n, F f) {
+  if (sa == 1 && sb == 1) {
+    for (std::uint64_t i = 0; i < n; ++i) y[i] = f(a[i], b[i]);
+  } else if (sa == 1 && sb == 0) {
+    const float bv = *b;
+    for (std::uint64_t i = 0; i < n; ++i) y[i] = f(a[i], bv);
+  } else if (sa == 0 && sb == 1) {
+    const float av = *a;
+    for (std::uint64_t i = 0; i < n; ++i) y[i] = f(av, b[i]);
+  } else {
+    for (std::uint64_t i = 0; i < n; ++i) y[i] = f(a[i * sa], b[i * sb]);
+  }
+}
+
+void binary_row(fw::ElementwiseOp op, float* y, const float* a, std::uint64_t sa, const float* b, std::uint64_t sb,
+                std::uint64_t n) {
+  switch (op) {
+    case fw::ElementwiseOp::kAdd: return binary_row(y, a, sa, b, sb, n, [](float u, float v) { return u + v; });
+    case fw::ElementwiseOp::kSub: return binary_row(y, a, sa, b, sb, n, [](float u, float v) { return u - v; });
+    case fw::ElementwiseOp::kMul: return binary_row(y, a, sa, b, sb, n, [](float u, float v) { return u * v; });
+    case fw::ElementwiseOp::kDiv: return binary_row(y, a, sa, b, sb, n, [](float u, float v) { return u / v; });
+    default:
+      return binary_row(y, a, sa, b, sb, n, [op](float u, float v) { return float_binary(op, u, v); });
+  }
+}
+
+bool f32_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const View& a, const View& b, const View& y) {
+  const auto op = static_cast<fw::ElementwiseOp>(at.op);
+  const bool binary = fw::is_binary(op);
+  if (y.dtype != fw::DType::kF32 || a.dtype != fw::DType::kF32 || (binary && b.dtype != fw::DType::kF32) ||
+      op == fw::ElementwiseOp::kIdentity)
+    return false;
+  const View* views[3] = {&y, &a, &b};
+  const Rows r = merged(views, binary ? 3 : 2);
+  const std::uint64_t len = r.shape[r.rank - 1];
+  if (r.strides[0][r.rank - 1] != 1) return false;
+  std::uint64_t rows = 1;  // every dim but the last
+  for (std::uint32_t d = 0; d + 1 < r.rank; ++d) rows *= r.shape[d];
+  auto row_offsets = [&](std::uint64_t row, std::uint64_t* off) {
+    off[0] = off[1] = off[2] = 0;
+    for (std::uint32_t d = r.rank - 1; d-- > 0;) {
+      const std::uint64_t i = row % r.shape[d];
+      row /= r.shape[d];
+      for (int t = 0; t < 3; ++t) off[t] += i * r.strides[t][d];
+    }
+  };
+  auto* yp = reinterpret_cast<float*>(y.data);
+  const auto* ap = reinterpret_cast<const float*>(a.data);
+  const auto* bp = binary ? reinterpret_cast<const float*>(b.data) : nullptr;
+  const std::uint64_t sa = r.strides[1][r.rank - 1], sb = r.strides[2][r.rank - 1];
+  // Split long single rows too, so that both threads work on a dense map.
+  const std::uint64_t chunk = rows >= e.threads() ? len : (len + e.threads() - 1) / e.threads();
+  const std::uint64_t per_row = (len + chunk - 1) / chunk;
+  e.pool().parallel_for(rows * per_row, [&](std::uint64_t begin, std::uint64_t end) {
+    std::uint64_t off[3];
+    for (std::uint64_t k = begin; k < end; ++k) {
+      row_offsets(k / per_row, off);
+      const std::uint64_t lo = k % per_row * chunk, n = std::min(chunk, len - lo);
+      float* yr = yp + off[0] + lo;
+      const float* ar = ap + off[1] + lo * sa;
+      if (binary) {
+        binary_row(op, yr, ar, sa, bp + off[2] + lo * sb, sb, n);
+      } else if (op == fw::ElementwiseOp::kActivation && sa == 1) {
+        if (yr != ar) std::memmove(yr, ar, n * sizeof(float));
+        activate_span(static_cast<fw::Activation>(at.activation), at.alpha, at.beta, yr, n);
+      } else {
+        for (std::uint64_t i = 0; i < n; ++i) yr[i] = float_unary(at, ar[i * sa]);
+      }
+    }
+  }, std::max<std::uint64_t>(1, kGrain / chunk));
+  return true;
+}
+
 }  // namespace
 
 void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, const View* v) {
@@ -76,6 +189,7 @@ void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, const View* v)
     std::memcpy(y.data, a.data, y.elements() * y.esize);
     return;
   }
+  if (f32_rows(e, at, a, b, y)) return;
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     if (op == fw::ElementwiseOp::kIdentity) {
       for_each_index(y.shape, y.rank, unary_views, begin, end,

@@ -20,8 +20,9 @@ namespace tpuhal::sim::tensor {
 
 // ---- WorkerPool ----------------------------------------------------------------
 
-void WorkerPool::parallel_for(std::uint64_t n, const std::function<void(std::uint64_t, std::uint64_t)>& fn) const {
-  const unsigned parts = static_cast<unsigned>(std::min<std::uint64_t>(threads_, n));
+void WorkerPool::parallel_for(std::uint64_t n, const std::function<void(std::uint64_t, std::uint64_t)>& fn,
+                              std::uint64_t grain) const {
+  const unsigned parts = static_cast<unsigned>(std::min<std::uint64_t>(threads_, n / std::max<std::uint64_t>(grain, 1)));
   if (parts <= 1) {
     if (n) fn(0, n);
     return;
@@ -68,6 +69,31 @@ float activate(fw::Activation act, float alpha, float beta, float x) {
     case fw::Activation::kHardSigmoid: return std::min(std::max(alpha * x + beta, 0.0f), 1.0f);
   }
   return x;
+}
+
+void activate_span(fw::Activation act, float alpha, float beta, float* p, std::uint64_t n) {
+  // The same arithmetic as activate(), one loop per kind so that the simple
+  // ones vectorise (each element's result is unchanged).
+  switch (act) {
+    case fw::Activation::kNone: return;
+    case fw::Activation::kRelu:
+      for (std::uint64_t i = 0; i < n; ++i) p[i] = p[i] > 0 ? p[i] : 0.0f;
+      return;
+    case fw::Activation::kClip:
+      for (std::uint64_t i = 0; i < n; ++i) p[i] = std::min(std::max(p[i], alpha), beta);
+      return;
+    case fw::Activation::kLeakyRelu:
+      for (std::uint64_t i = 0; i < n; ++i) p[i] = p[i] < 0 ? alpha * p[i] : p[i];
+      return;
+    case fw::Activation::kHardSigmoid:
+      for (std::uint64_t i = 0; i < n; ++i) p[i] = std::min(std::max(alpha * p[i] + beta, 0.0f), 1.0f);
+      return;
+    case fw::Activation::kSigmoid:
+    case fw::Activation::kSilu:
+    case fw::Activation::kTanh:
+      for (std::uint64_t i = 0; i < n; ++i) p[i] = activate(act, alpha, beta, p[i]);
+      return;
+  }
 }
 
 namespace {

@@ -51,8 +51,11 @@ class WorkerPool {
   explicit WorkerPool(unsigned threads) : threads_(threads < 1 ? 1 : threads) {}
   unsigned threads() const { return threads_; }
   // Calls fn(begin, end) over [0, n) split into contiguous parts, one per
-  // thread. Returns when all are done.
-  void parallel_for(std::uint64_t n, const std::function<void(std::uint64_t, std::uint64_t)>& fn) const;
+  // thread, each at least `grain` items (work too small to share runs on
+  // the calling thread: a parallel region costs a barrier). Returns when
+  // all are done.
+  void parallel_for(std::uint64_t n, const std::function<void(std::uint64_t, std::uint64_t)>& fn,
+                    std::uint64_t grain = 1) const;
 
  private:
   unsigned threads_;
@@ -127,6 +130,8 @@ void dequantize(TensorEngine& e, const View* v);
 void resize(TensorEngine& e, const fw::ResizeAttrs& a, const View* v);
 void color_convert(TensorEngine& e, const fw::ColorConvertAttrs& a, const View* v);
 float activate(fw::Activation act, float alpha, float beta, float x);
+// activate() over p[0, n) in place.
+void activate_span(fw::Activation act, float alpha, float beta, float* p, std::uint64_t n);
 
 // Visits every index of `shape` (row-major), calling fn(offsets) where
 // offsets[t] is the element offset of index in each of `views`.
