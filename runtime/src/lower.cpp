@@ -640,6 +640,21 @@ struct Lowerer {
       lower_concat(n, t);
       return;
     }
+    if (op_type == "Gather") {
+      lower_gather(n, t);
+      return;
+    }
+    if (op_type == "Expand") {  // a copy of x viewed with stride 0 along the broadcast dims
+      const auto& xs = g.value(n.inputs[0]).shape;
+      const auto xst = row_major_strides(xs);
+      std::vector<std::int64_t> strides(shape.size(), 0);
+      const std::size_t off = shape.size() - xs.size();
+      for (std::size_t d = off; d < shape.size(); ++d)
+        if (xs[d - off] != 1) strides[d] = xst[d - off];
+      const auto view = dg().add_subview(get(n.inputs[0], t), shape, strides, 0);
+      op("cast", n.name, {{"x", view}, {"y", produce(n.output, t, shape)}});
+      return;
+    }
     if (op_type == "Slice") {
       const auto x = get(n.inputs[0], t);
       const auto& xs = g.value(n.inputs[0]).shape;
@@ -786,17 +801,76 @@ struct Lowerer {
       alias(n.output, n.inputs[0], shape);
       return;
     }
-    if (a.s("mode", "constant") != "constant")
-      throw Error(Status::Unsupported, "node '" + n.name + "' (Pad): mode '" + a.s("mode", "constant") +
-                                           "' with non-zero pads; the compiler pads with a constant");
+    const std::string mode = a.s("mode", "constant");
     const auto x = get(n.inputs[0], t);
     const auto y = produce(n.output, t, shape);
-    op("cast", n.name, {{"x", add_weight({static_cast<float>(n.params.at("value").at(0))}, t, {})}, {"y", y}});
-    const auto st = row_major_strides(shape);
-    std::uint64_t first = 0;
-    for (std::size_t d = 0; d < shape.size(); ++d)
-      first += static_cast<std::uint64_t>(pads[d] * static_cast<double>(st[d]));
-    op("cast", n.name, {{"x", x}, {"y", dg().add_subview(y, xs, st, first * size_of(t))}});
+    const auto rank = shape.size();
+    auto before = [&](std::size_t d) { return static_cast<std::int64_t>(pads[d]); };
+    auto after = [&](std::size_t d) { return static_cast<std::int64_t>(pads[d + rank]); };
+    if (mode == "constant") {
+      op("cast", n.name, {{"x", add_weight({static_cast<float>(n.params.at("value").at(0))}, t, {})}, {"y", y}});
+      const auto st = row_major_strides(shape);
+      std::uint64_t first = 0;
+      for (std::size_t d = 0; d < rank; ++d) first += static_cast<std::uint64_t>(before(d) * st[d]);
+      op("cast", n.name, {{"x", x}, {"y", dg().add_subview(y, xs, st, first * size_of(t))}});
+      return;
+    }
+    // reflect and edge: one padded axis at a time, each stage copied from the
+    // one before (the input, then a scratch tensor): the input's part, then
+    // each padded position (a slab one position thick) from the position it
+    // mirrors or repeats. Later axes pad the earlier ones' pads too, so
+    // corners come out as numpy.pad makes them.
+    std::size_t last = 0;
+    for (std::size_t d = 0; d < rank; ++d)
+      if (before(d) || after(d)) last = d;
+    std::int64_t cur = x;
+    std::vector<std::int64_t> cur_shape = xs;
+    const bool reflect = mode == "reflect";
+    for (std::size_t d = 0; d < rank; ++d) {
+      if (!before(d) && !after(d)) continue;
+      std::vector<std::int64_t> next_shape = cur_shape;
+      next_shape[d] += before(d) + after(d);
+      const auto next = d == last ? y : dg().add_arena("", t, next_shape);
+      const auto cst = row_major_strides(cur_shape), nst = row_major_strides(next_shape);
+      const std::int64_t len = cur_shape[d];
+      auto at = [&](std::int64_t tensor, const std::vector<std::int64_t>& st, std::int64_t pos, std::int64_t thick) {
+        std::vector<std::int64_t> part = cur_shape;
+        part[d] = thick;
+        return dg().add_subview(tensor, part, st, static_cast<std::uint64_t>(pos * st[d]) * size_of(t));
+      };
+      op("cast", n.name, {{"x", cur}, {"y", at(next, nst, before(d), len)}});
+      for (std::int64_t j = 0; j < before(d); ++j)  // mirrors input position before - j, or repeats 0
+        op("cast", n.name, {{"x", at(cur, cst, reflect ? before(d) - j : 0, 1)}, {"y", at(next, nst, j, 1)}});
+      for (std::int64_t j = 0; j < after(d); ++j)  // mirrors input position len - 2 - j, or repeats len - 1
+        op("cast", n.name,
+           {{"x", at(cur, cst, reflect ? len - 2 - j : len - 1, 1)}, {"y", at(next, nst, before(d) + len + j, 1)}});
+      cur = next;
+      cur_shape = next_shape;
+    }
+  }
+
+  // Gather with constant indices: a copy per run of consecutive indices.
+  void lower_gather(const Node& n, DType t) {
+    const auto& xs = g.value(n.inputs[0]).shape;
+    const auto axis = static_cast<std::size_t>(n.params.at("axis").at(0));
+    const auto& idx = n.params.at("indices");
+    const auto x = get(n.inputs[0], t);
+    const auto y = produce(n.output, t, g.value(n.output).shape);
+    const auto xst = row_major_strides(xs);
+    // y viewed as x's shape with the indices flattened onto the axis.
+    std::vector<std::int64_t> ys = xs;
+    ys[axis] = static_cast<std::int64_t>(idx.size());
+    const auto yst = row_major_strides(ys);
+    for (std::size_t j = 0; j < idx.size();) {
+      std::size_t run = 1;
+      while (j + run < idx.size() && idx[j + run] == idx[j] + static_cast<double>(run)) ++run;
+      std::vector<std::int64_t> part = xs;
+      part[axis] = static_cast<std::int64_t>(run);
+      const auto from = static_cast<std::uint64_t>(static_cast<std::int64_t>(idx[j]) * xst[axis]) * size_of(t);
+      const auto to = static_cast<std::uint64_t>(static_cast<std::int64_t>(j) * yst[axis]) * size_of(t);
+      op("cast", n.name, {{"x", dg().add_subview(x, part, xst, from)}, {"y", dg().add_subview(y, part, yst, to)}});
+      j += run;
+    }
   }
 
   // Concat: each input not already produced in its part of the output

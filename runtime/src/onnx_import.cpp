@@ -22,17 +22,21 @@ const std::set<std::string> kSupported = {
     "AveragePool", "GlobalAveragePool", "Softmax", "Add", "Mul", "Sub", "Div", "Pow", "Min", "Max", "Sqrt", "Exp",
     "Log", "Abs", "Neg", "Reciprocal", "Erf", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "Pad",
     "Resize", "Upsample", "Reshape", "Flatten", "Transpose", "BatchNormalization", "Identity", "Dropout", "Constant",
-    "Concat", "Slice",
+    "Concat", "Slice", "Split", "LayerNormalization", "InstanceNormalization", "Expand", "Einsum",
     // Shape computations, folded to constants for the fixed input shapes
-    // (what exporters write for x.view(x.size(0), -1)).
-    "Shape", "Gather", "Unsqueeze", "Squeeze", "Cast"};
+    // (what exporters write for x.view(x.size(0), -1), and for masks built
+    // from shapes).
+    "Shape", "Gather", "Unsqueeze", "Squeeze", "Cast", "ConstantOfShape", "Range", "Mod", "Equal", "Not", "Where",
+    "ScatterND"};
 
 // Ops that exist here only to compute shapes: every input must be known at
 // compile time.
-const std::set<std::string> kFoldOnly = {"Gather", "Unsqueeze", "Squeeze", "Cast"};
-// Ops folded when every input is a constant, run on the device otherwise.
-const std::set<std::string> kFoldable = {"Concat", "Slice", "Sqrt",       "Exp", "Log",
-                                         "Abs",    "Neg",   "Reciprocal", "Erf", "Pow"};
+const std::set<std::string> kFoldOnly = {"ConstantOfShape", "Range", "Mod", "Equal", "Not", "Where", "ScatterND"};
+// Ops folded when every input is a constant, run on the device otherwise
+// (Unsqueeze, Squeeze, and Cast to float, as views of another shape).
+const std::set<std::string> kFoldable = {"Concat", "Slice",  "Sqrt",   "Exp",       "Log",     "Abs",
+                                         "Neg",    "Reciprocal",       "Erf",       "Pow",     "Gather",
+                                         "Expand", "Transpose",        "Unsqueeze", "Squeeze", "Cast"};
 const std::set<std::string> kUnary = {"Sqrt",       "Exp",  "Log",         "Abs",       "Neg",
                                       "Reciprocal", "Erf",  "HardSigmoid", "HardSwish", "Relu",
                                       "Sigmoid",    "Tanh", "LeakyRelu",   "Clip",      "Softmax"};
@@ -124,9 +128,17 @@ struct Importer {
           f[i] = static_cast<float>(x);
         }
         break;
+      case onnx::TensorProto::BOOL:  // as int32_data, or one byte each
+        need(1, t.int32_data_size());
+        v.ints.resize(n);
+        for (std::uint64_t i = 0; i < n; ++i) {
+          v.ints[i] = (!raw.empty() ? static_cast<int>(raw[i]) : t.int32_data(static_cast<int>(i))) != 0;
+          f[i] = static_cast<float>(v.ints[i]);
+        }
+        break;
       default:
         fail(Status::Unsupported, what + " has ONNX element type " + std::to_string(t.data_type()) +
-                                      "; the compiler reads float, double, int64 and int32 constants");
+                                      "; the compiler reads float, double, int64, int32 and bool constants");
     }
     v.data = std::move(f);
     return v;
@@ -160,6 +172,73 @@ struct Importer {
       fail_node(n, "shapes " + dims_text(a) + " and " + dims_text(b) + " do not broadcast");
     }
     return a;
+  }
+
+  // The flat position in a tensor of shape `s` of the element broadcast to
+  // flat position `flat` of `shape`.
+  static std::size_t broadcast_index(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& s,
+                                     std::uint64_t flat) {
+    const auto st = row_major_strides(shape), ss = row_major_strides(s);
+    std::int64_t at = 0;
+    const std::size_t off = shape.size() - s.size();
+    for (std::size_t d = off; d < shape.size(); ++d) {
+      const std::int64_t coord = static_cast<std::int64_t>(flat) / st[d] % shape[d];
+      if (s[d - off] != 1) at += coord * ss[d - off];
+    }
+    return static_cast<std::size_t>(at);
+  }
+
+  // Unsqueeze's and Squeeze's output shape.
+  std::vector<std::int64_t> squeezed(const Node& n) const {
+    const Attrs a{n.proto};
+    const auto& x = in(n, 0).shape;
+    const auto rank = static_cast<std::int64_t>(x.size());
+    auto axes = g.opset >= 13 ? int_list(n, 1, "axes", a) : a.ints("axes");
+    std::vector<std::int64_t> shape = x;
+    if (n.op == "Unsqueeze") {
+      const auto out_rank = rank + static_cast<std::int64_t>(axes.size());
+      for (auto& ax : axes) ax = axis_of(n, ax, out_rank);
+      std::sort(axes.begin(), axes.end());
+      if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) fail_node(n, "an axis is repeated");
+      for (auto ax : axes) shape.insert(shape.begin() + ax, 1);
+      if (shape.size() > kMaxRank) fail(Status::Unsupported, "node '" + n.name + "' (Unsqueeze): rank above 6");
+      return shape;
+    }
+    for (auto& ax : axes) ax = axis_of(n, ax, rank);
+    std::vector<std::int64_t> kept;
+    for (std::int64_t d = 0; d < rank; ++d) {
+      const bool listed = std::find(axes.begin(), axes.end(), d) != axes.end();
+      const auto dim = x[static_cast<std::size_t>(d)];
+      if (listed && dim != 1) fail_node(n, "axis " + std::to_string(d) + " has size " + std::to_string(dim) + ", not 1");
+      if (!(listed || (axes.empty() && dim == 1))) kept.push_back(dim);
+    }
+    return kept;
+  }
+
+  // Transpose's permutation, checked.
+  std::vector<std::int64_t> permutation(const Node& n) const {
+    const auto& x = in(n, 0).shape;
+    auto perm = Attrs{n.proto}.ints("perm");
+    if (perm.empty())
+      for (std::size_t i = x.size(); i-- > 0;) perm.push_back(static_cast<std::int64_t>(i));
+    if (perm.size() != x.size())
+      fail_node(n, "perm has " + std::to_string(perm.size()) + " entries for rank " + std::to_string(x.size()));
+    std::vector<bool> seen(x.size());
+    for (auto p : perm) {
+      if (p < 0 || p >= static_cast<std::int64_t>(x.size()) || seen[static_cast<std::size_t>(p)])
+        fail_node(n, "perm is not a permutation");
+      seen[static_cast<std::size_t>(p)] = true;
+    }
+    return perm;
+  }
+
+  // Expand's output shape: the input broadcast with the shape input.
+  std::vector<std::int64_t> expanded(const Node& n) const {
+    const Value& s = constant(n, 1, "shape");
+    if (!is_integer(s) && s.elements() != 0) fail_node(n, "its shape is not integers");
+    auto shape = broadcast(n, in(n, 0).shape, s.ints);
+    if (shape.size() > kMaxRank) fail(Status::Unsupported, "node '" + n.name + "' (Expand): rank above 6");
+    return shape;
   }
 
   static std::int64_t pool_out(std::int64_t in, std::uint32_t k, std::uint32_t s, std::uint32_t d, std::uint32_t pb,
@@ -232,12 +311,25 @@ struct Importer {
     for (std::size_t i = 0; i < starts.size(); ++i) {
       const auto ax = static_cast<std::size_t>(axis_of(n, axes[i], rank));
       const auto dim = x[ax];
-      if (steps[i] <= 0) fail(Status::Unsupported, "node '" + n.name + "' (Slice): step " + std::to_string(steps[i]));
-      auto clampi = [&](std::int64_t v) { return std::clamp(v < 0 ? v + dim : v, std::int64_t{0}, dim); };
-      const auto b = clampi(starts[i]), e = clampi(ends[i]);
-      p.lo[ax] = b;
+      if (steps[i] == 0) fail_node(n, "a step of 0");
+      if (steps[i] < 0 && !in(n, 0).data)
+        fail(Status::Unsupported, "node '" + n.name + "' (Slice): step " + std::to_string(steps[i]) +
+                                      " on data computed on the device; the compiler slices it with positive steps");
+      auto clampi = [&](std::int64_t v, std::int64_t lo, std::int64_t hi) {
+        return std::clamp(v < 0 ? v + dim : v, lo, hi);
+      };
       p.step[ax] = steps[i];
-      p.shape[ax] = e > b ? (e - b + steps[i] - 1) / steps[i] : 0;
+      if (steps[i] > 0) {
+        const auto b = clampi(starts[i], 0, dim), e = clampi(ends[i], 0, dim);
+        p.lo[ax] = b;
+        p.shape[ax] = e > b ? (e - b + steps[i] - 1) / steps[i] : 0;
+      } else if (dim > 0) {  // backwards: from start down to end (exclusive), clamped as ONNX does
+        const auto b = clampi(starts[i], 0, dim - 1), e = clampi(ends[i], -1, dim - 1);
+        p.lo[ax] = b;
+        p.shape[ax] = b > e ? (b - e - steps[i] - 1) / -steps[i] : 0;
+      } else {
+        p.shape[ax] = 0;
+      }
     }
     return p;
   }
@@ -262,10 +354,82 @@ struct Importer {
         fail(Status::Unsupported, "node '" + n.name + "' (" + op + "): input '" + n.inputs[i] +
                                       "' is computed on the device; the compiler evaluates " + op +
                                       " only on constants and shapes (shape computations)");
+    if (op == "ConstantOfShape") {
+      const Value& shape = in(n, 0);
+      if (!is_integer(shape)) fail_node(n, "its shape is not integers");
+      for (auto d : shape.ints)
+        if (d < 0 || d > (std::int64_t{1} << 31)) fail_node(n, "dimension " + std::to_string(d));
+      Value fill = make_constant({}, {0.0}, false);
+      if (const auto* v = a.find("value")) fill = tensor_value(v->t(), "node '" + n.name + "' value");
+      if (fill.elements() != 1) fail_node(n, "its value is not one element");
+      Value out = make_constant(shape.ints, {}, is_integer(fill));
+      const auto count = out.elements();
+      if (count > (std::uint64_t{1} << 26)) fail_node(n, "a constant of " + std::to_string(count) + " elements");
+      return make_constant(shape.ints, std::vector<double>(count, values_of(fill)[0]), is_integer(fill));
+    }
+    if (op == "Range") {
+      const auto start = values_of(in(n, 0)), limit = values_of(in(n, 1)), delta = values_of(in(n, 2));
+      if (start.size() != 1 || limit.size() != 1 || delta.size() != 1) fail_node(n, "its inputs are not scalars");
+      if (delta[0] == 0) fail_node(n, "a delta of 0");
+      const double count = std::max(std::ceil((limit[0] - start[0]) / delta[0]), 0.0);
+      if (count > static_cast<double>(std::int64_t{1} << 26)) fail_node(n, "a range of " + std::to_string(count));
+      std::vector<double> r(static_cast<std::size_t>(count));
+      for (std::size_t i = 0; i < r.size(); ++i) r[i] = start[0] + static_cast<double>(i) * delta[0];
+      return make_constant({static_cast<std::int64_t>(r.size())}, r,
+                           is_integer(in(n, 0)) && is_integer(in(n, 1)) && is_integer(in(n, 2)));
+    }
+    if (op == "Where") {
+      const Value &c = in(n, 0), &p = in(n, 1), &q = in(n, 2);
+      const auto shape = broadcast(n, broadcast(n, c.shape, p.shape), q.shape);
+      const auto cv = values_of(c), pv = values_of(p), qv = values_of(q);
+      std::vector<double> r(make_constant(shape, {}, false).elements());
+      for (std::uint64_t i = 0; i < r.size(); ++i)
+        r[i] = cv[broadcast_index(shape, c.shape, i)] != 0 ? pv[broadcast_index(shape, p.shape, i)]
+                                                           : qv[broadcast_index(shape, q.shape, i)];
+      return make_constant(shape, r, is_integer(p) && is_integer(q));
+    }
+    if (op == "ScatterND") {
+      const Value &data = in(n, 0), &idx = in(n, 1), &upd = in(n, 2);
+      if (!is_integer(idx) || idx.shape.empty()) fail_node(n, "its indices are not an integer tensor");
+      if (a.s("reduction", "none") != "none")
+        fail(Status::Unsupported, "node '" + n.name + "' (ScatterND): reduction '" + a.s("reduction", "none") + "'");
+      const auto k = static_cast<std::size_t>(idx.shape.back());
+      if (k == 0 || k > data.shape.size()) fail_node(n, "index tuples of " + std::to_string(k));
+      std::uint64_t slab = 1;
+      for (std::size_t d = k; d < data.shape.size(); ++d) slab *= static_cast<std::uint64_t>(data.shape[d]);
+      const std::uint64_t tuples = idx.elements() / k;
+      if (upd.elements() != tuples * slab) fail_node(n, "updates of " + std::to_string(upd.elements()) + " elements");
+      auto r = values_of(data);
+      const auto uv = values_of(upd);
+      const auto st = row_major_strides(data.shape);
+      for (std::uint64_t t = 0; t < tuples; ++t) {
+        std::int64_t at = 0;
+        for (std::size_t d = 0; d < k; ++d) {
+          std::int64_t i = idx.ints[t * k + d];
+          const auto dim = data.shape[d];
+          if (i < -dim || i >= dim) fail_node(n, "index " + std::to_string(i) + " for a dimension of " + std::to_string(dim));
+          at += (i < 0 ? i + dim : i) * st[d];
+        }
+        std::copy_n(uv.begin() + static_cast<std::ptrdiff_t>(t * slab), slab,
+                    r.begin() + static_cast<std::ptrdiff_t>(at));
+      }
+      return make_constant(data.shape, r, is_integer(data) && is_integer(upd));
+    }
     const Value& x = in(n, 0);
     const auto vals = values_of(x);
     const auto rank = static_cast<std::int64_t>(x.shape.size());
-    if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+    if (op == "Not") {
+      std::vector<double> r = vals;
+      for (auto& v : r) v = v == 0 ? 1 : 0;
+      return make_constant(x.shape, r, true);
+    }
+    if (op == "Expand") {
+      const auto shape = expanded(n);
+      std::vector<double> r(make_constant(shape, {}, false).elements());
+      for (std::uint64_t i = 0; i < r.size(); ++i) r[i] = vals[broadcast_index(shape, x.shape, i)];
+      return make_constant(shape, r, is_integer(x));
+    }
+    if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Mod" || op == "Equal") {
       const Value& y = in(n, 1);
       const auto yv = values_of(y);
       const auto shape = broadcast(n, x.shape, y.shape);
@@ -273,20 +437,19 @@ struct Importer {
       Value out;
       out.shape = shape;
       std::vector<double> r(out.elements());
-      const auto st = row_major_strides(shape);
-      auto index = [&](const std::vector<std::int64_t>& s, std::uint64_t flat) {
-        // The element of a tensor of shape `s`, broadcast to `shape`, at flat position `flat`.
-        const auto ss = row_major_strides(s);
-        std::int64_t at = 0;
-        const std::size_t off = shape.size() - s.size();
-        for (std::size_t d = 0; d < shape.size(); ++d) {
-          const std::int64_t coord = static_cast<std::int64_t>(flat) / st[d] % shape[d];
-          if (d >= off && s[d - off] != 1) at += coord * ss[d - off];
-        }
-        return static_cast<std::size_t>(at);
-      };
+      if (op == "Mod" && !integer && a.i("fmod", 0) == 0) fail_node(n, "fmod 0 on floats");
       for (std::uint64_t i = 0; i < r.size(); ++i) {
-        const double p = vals[index(x.shape, i)], q = yv[index(y.shape, i)];
+        const double p = vals[broadcast_index(shape, x.shape, i)], q = yv[broadcast_index(shape, y.shape, i)];
+        if (op == "Equal") {
+          r[i] = p == q;
+          continue;
+        }
+        if (op == "Mod") {
+          if (integer && q == 0) fail_node(n, "integer modulo by zero");
+          r[i] = std::fmod(p, q);
+          if (a.i("fmod", 0) == 0 && r[i] != 0 && ((r[i] < 0) != (q < 0))) r[i] += q;  // the divisor's sign
+          continue;
+        }
         if (op == "Add")
           r[i] = p + q;
         else if (op == "Sub")
@@ -300,7 +463,7 @@ struct Importer {
           r[i] = p / q;
         }
       }
-      return make_constant(shape, r, integer);
+      return make_constant(shape, r, integer || op == "Equal");
     }
     if (op == "Sqrt" || op == "Exp" || op == "Log" || op == "Abs" || op == "Neg" || op == "Reciprocal" || op == "Erf") {
       std::vector<double> r = vals;
@@ -329,37 +492,29 @@ struct Importer {
     }
     if (op == "Cast") {
       const auto to = a.i("to", 0);
-      const bool integer = to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32;
+      const bool boolean = to == onnx::TensorProto::BOOL;
+      const bool integer = to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32 || boolean;
       if (!integer && to != onnx::TensorProto::FLOAT && to != onnx::TensorProto::DOUBLE)
         fail(Status::Unsupported, "node '" + n.name + "' (Cast): to ONNX type " + std::to_string(to) +
-                                      "; the compiler casts constants to float, double, int64 and int32");
+                                      "; the compiler casts constants to float, double, int64, int32 and bool");
       std::vector<double> r = vals;
-      if (integer)
-        for (auto& v : r) v = std::trunc(v);
+      for (auto& v : r) v = boolean ? (v != 0) : integer ? std::trunc(v) : v;
       return make_constant(x.shape, r, integer);
     }
-    if (op == "Unsqueeze" || op == "Squeeze") {
-      auto axes = g.opset >= 13 ? int_list(n, 1, "axes", a) : a.ints("axes");
-      std::vector<std::int64_t> shape = x.shape;
-      if (op == "Unsqueeze") {
-        const auto out_rank = rank + static_cast<std::int64_t>(axes.size());
-        for (auto& ax : axes) ax = axis_of(n, ax, out_rank);
-        std::sort(axes.begin(), axes.end());
-        if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) fail_node(n, "an axis is repeated");
-        for (auto ax : axes) shape.insert(shape.begin() + ax, 1);
-      } else {
-        for (auto& ax : axes) ax = axis_of(n, ax, rank);
-        std::vector<std::int64_t> kept;
-        for (std::int64_t d = 0; d < rank; ++d) {
-          const bool listed = std::find(axes.begin(), axes.end(), d) != axes.end();
-          const auto dim = x.shape[static_cast<std::size_t>(d)];
-          if (listed && dim != 1)
-            fail_node(n, "axis " + std::to_string(d) + " has size " + std::to_string(dim) + ", not 1");
-          if (!(listed || (axes.empty() && dim == 1))) kept.push_back(dim);
-        }
-        shape = kept;
+    if (op == "Unsqueeze" || op == "Squeeze") return make_constant(squeezed(n), vals, is_integer(x));
+    if (op == "Transpose") {
+      const auto perm = permutation(n);
+      std::vector<std::int64_t> shape;
+      for (auto p : perm) shape.push_back(x.shape[static_cast<std::size_t>(p)]);
+      const auto in_st = row_major_strides(x.shape), out_st = row_major_strides(shape);
+      std::vector<double> r(vals.size());
+      for (std::uint64_t i = 0; i < r.size(); ++i) {
+        std::int64_t at = 0;
+        for (std::size_t d = 0; d < shape.size(); ++d)
+          at += static_cast<std::int64_t>(i) / out_st[d] % shape[d] * in_st[static_cast<std::size_t>(perm[d])];
+        r[i] = vals[static_cast<std::size_t>(at)];
       }
-      return make_constant(shape, vals, is_integer(x));
+      return make_constant(shape, r, is_integer(x));
     }
     if (op == "Gather") {
       const Value& idx = in(n, 1);
@@ -414,26 +569,26 @@ struct Importer {
         }
       return make_constant(shape, r, integer);
     }
-    if (op == "Slice") {
-      const auto sl = slice_of(n);
-      const auto& lo = sl.lo;
-      const auto& step = sl.step;
-      const auto& shape = sl.shape;
-      Value out;
-      out.shape = shape;
-      const auto in_st = row_major_strides(x.shape), out_st = row_major_strides(shape);
-      std::vector<double> r(out.elements());
-      for (std::uint64_t i = 0; i < r.size(); ++i) {
-        std::int64_t at = 0;
-        for (std::size_t d = 0; d < shape.size(); ++d) {
-          const std::int64_t coord = static_cast<std::int64_t>(i) / out_st[d] % shape[d];
-          at += (lo[d] + coord * step[d]) * in_st[d];
-        }
-        r[i] = vals[static_cast<std::size_t>(at)];
-      }
-      return make_constant(shape, r, is_integer(x));
-    }
+    if (op == "Slice") return sliced(x, slice_of(n));
     fail_node(n, "no folding rule");
+  }
+
+  // A constant sliced.
+  static Value sliced(const Value& x, const SliceParams& sl) {
+    const auto vals = values_of(x);
+    Value out;
+    out.shape = sl.shape;
+    const auto in_st = row_major_strides(x.shape), out_st = row_major_strides(sl.shape);
+    std::vector<double> r(out.elements());
+    for (std::uint64_t i = 0; i < r.size(); ++i) {
+      std::int64_t at = 0;
+      for (std::size_t d = 0; d < sl.shape.size(); ++d) {
+        const std::int64_t coord = static_cast<std::int64_t>(i) / out_st[d] % sl.shape[d];
+        at += (sl.lo[d] + coord * sl.step[d]) * in_st[d];
+      }
+      r[i] = vals[static_cast<std::size_t>(at)];
+    }
+    return make_constant(sl.shape, r, is_integer(x));
   }
 
   // The output shape of `n`, or a folded constant.
@@ -602,6 +757,32 @@ struct Importer {
       }
       return out;
     }
+    if (op == "Expand") {  // device data
+      out.shape = expanded(n);
+      return out;
+    }
+    if (op == "Gather") {  // device data, constant indices
+      const auto& x = in(n, 0).shape;
+      const Value& idx = constant(n, 1, "indices");
+      if (!is_integer(idx)) fail_node(n, "its indices are not integers");
+      const auto rank = static_cast<std::int64_t>(x.size());
+      if (rank == 0) fail_node(n, "gathers from a scalar");
+      const auto axis = axis_of(n, a.i("axis", 0), rank);
+      const auto dim = x[static_cast<std::size_t>(axis)];
+      out.shape.assign(x.begin(), x.begin() + axis);
+      out.shape.insert(out.shape.end(), idx.shape.begin(), idx.shape.end());
+      out.shape.insert(out.shape.end(), x.begin() + axis + 1, x.end());
+      if (out.shape.size() > kMaxRank) fail(Status::Unsupported, "node '" + n.name + "' (Gather): rank above 6");
+      n.params["axis"] = {static_cast<double>(axis)};
+      auto& kept = n.params["indices"];
+      for (auto i : idx.ints) {
+        if (i < -dim || i >= dim)
+          fail_node(n, "index " + std::to_string(i) + " outside [" + std::to_string(-dim) + ", " +
+                           std::to_string(dim) + ")");
+        kept.push_back(static_cast<double>(i < 0 ? i + dim : i));
+      }
+      return out;
+    }
     if (op == "Conv") {
       const auto& x = in(n, 0).shape;
       const auto& w = constant(n, 1, "weights").shape;
@@ -701,26 +882,282 @@ struct Importer {
       }
       if (out.elements() != total) fail_node(n, "cannot reshape " + dims_text(x.shape) + " to " + dims_text(out.shape));
       if (out.shape.size() > kMaxRank) fail(Status::Unsupported, "node '" + n.name + "': rank above 6");
-      if (x.data) out.data = x.data;  // a reshaped constant stays one
+      if (x.data) {  // a reshaped constant stays one
+        out.data = x.data;
+        out.ints = x.ints;
+      }
       return out;
     }
     if (op == "Transpose") {
       const auto& x = in(n, 0).shape;
-      auto perm = a.ints("perm");
-      if (perm.empty())
-        for (std::size_t i = x.size(); i-- > 0;) perm.push_back(static_cast<std::int64_t>(i));
-      if (perm.size() != x.size())
-        fail_node(n, "perm has " + std::to_string(perm.size()) + " entries for rank " + std::to_string(x.size()));
-      std::vector<bool> seen(x.size());
-      for (auto p : perm) {
-        if (p < 0 || p >= static_cast<std::int64_t>(x.size()) || seen[static_cast<std::size_t>(p)])
-          fail_node(n, "perm is not a permutation");
-        seen[static_cast<std::size_t>(p)] = true;
-        out.shape.push_back(x[static_cast<std::size_t>(p)]);
+      for (auto p : permutation(n)) out.shape.push_back(x[static_cast<std::size_t>(p)]);
+      return out;
+    }
+    if (op == "Unsqueeze" || op == "Squeeze" || op == "Cast") {  // device data: a view of another shape
+      if (op == "Cast") {
+        const auto to = a.i("to", 0);
+        if (to != onnx::TensorProto::FLOAT && to != onnx::TensorProto::DOUBLE)
+          fail(Status::Unsupported, "node '" + n.name + "' (Cast): to ONNX type " + std::to_string(to) +
+                                        " on data computed on the device; the compiler keeps device data float");
       }
+      out.shape = op == "Cast" ? in(n, 0).shape : squeezed(n);
+      n.inputs.resize(1);
+      n.op = "Reshape";
       return out;
     }
     fail_node(n, "no shape rule");  // not reached: kSupported lists what is handled
+  }
+
+  // Infers a node's output and keeps it, or its folded constant.
+  void emit(Node n) {
+    if (g.values.count(n.output)) fail_node(n, "output '" + n.output + "' is defined twice");
+    g.values[n.output] = infer(n);
+    if (g.values[n.output].data) {
+      g.notes.push_back("folded " + n.op + " '" + n.name + "' of a constant");
+      return;
+    }
+    g.nodes.push_back(std::move(n));
+  }
+
+  // A node of the importer's own, standing for part of `from`.
+  Node derived(const Node& from, const std::string& suffix, const std::string& op, std::vector<std::string> inputs,
+               std::string output) const {
+    Node n;
+    n.name = from.name + "/" + suffix;
+    n.op = op;
+    n.proto.set_op_type(op);
+    n.proto.set_name(n.name);
+    n.inputs = std::move(inputs);
+    n.output = std::move(output);
+    return n;
+  }
+  std::string add_constant(const std::string& name, std::vector<std::int64_t> shape, const std::vector<double>& v,
+                           bool integer) {
+    g.values[name] = make_constant(std::move(shape), v, integer);
+    return name;
+  }
+
+  // Split: a Slice per used output.
+  void split(const Node& n, const onnx::NodeProto& p) {
+    const Attrs a{p};
+    const Value& x = in(n, 0);
+    const auto rank = static_cast<std::int64_t>(x.shape.size());
+    const auto axis = static_cast<std::size_t>(axis_of(n, a.i("axis", 0), rank));
+    const auto dim = x.shape[axis];
+    std::vector<std::int64_t> sizes = g.opset >= 13 ? (has(n, 1) ? int_list(n, 1, "split", a) : std::vector<std::int64_t>{})
+                                                    : a.ints("split");
+    const auto parts = static_cast<std::int64_t>(p.output_size());
+    if (sizes.empty()) {
+      // Equal parts (opset 18: num_outputs of them, the last smaller).
+      const std::int64_t count = a.find("num_outputs") ? a.i("num_outputs", parts) : parts;
+      if (count != parts) fail_node(n, std::to_string(parts) + " outputs for num_outputs " + std::to_string(count));
+      const std::int64_t each = (dim + count - 1) / std::max<std::int64_t>(count, 1);
+      if (!a.find("num_outputs") && dim % count != 0)
+        fail_node(n, "a dimension of " + std::to_string(dim) + " does not split into " + std::to_string(count) +
+                         " equal parts");
+      for (std::int64_t k = 0, left = dim; k < count; ++k, left -= each) sizes.push_back(std::min(each, left));
+    }
+    if (static_cast<std::int64_t>(sizes.size()) != parts)
+      fail_node(n, std::to_string(sizes.size()) + " sizes for " + std::to_string(parts) + " outputs");
+    std::int64_t at = 0;
+    for (auto sz : sizes) {
+      if (sz < 0) fail_node(n, "a part of size " + std::to_string(sz));
+      at += sz;
+    }
+    if (at != dim) fail_node(n, "parts of " + std::to_string(at) + " for a dimension of " + std::to_string(dim));
+    at = 0;
+    for (int k = 0; k < p.output_size(); ++k) {
+      SliceParams sl{std::vector<std::int64_t>(x.shape.size(), 0), std::vector<std::int64_t>(x.shape.size(), 1), x.shape};
+      sl.lo[axis] = at;
+      sl.shape[axis] = sizes[static_cast<std::size_t>(k)];
+      at += sizes[static_cast<std::size_t>(k)];
+      const std::string& out = p.output(k);
+      if (out.empty()) continue;
+      if (g.values.count(out)) fail_node(n, "output '" + out + "' is defined twice");
+      if (x.data) {
+        g.values[out] = sliced(x, sl);
+        g.notes.push_back("folded Split '" + n.name + "' of a constant");
+        continue;
+      }
+      Node s = derived(n, std::to_string(k), "Slice", {n.inputs[0]}, out);
+      for (std::size_t d = 0; d < sl.lo.size(); ++d) {
+        s.params["lo"].push_back(static_cast<double>(sl.lo[d]));
+        s.params["step"].push_back(1.0);
+      }
+      g.values[out].shape = sl.shape;
+      g.nodes.push_back(std::move(s));
+    }
+  }
+
+  // LayerNormalization (opset 17) and InstanceNormalization, as the ops
+  // PyTorch writes for LayerNorm at opset 13: the mean and the variance
+  // over the normalised axes (ReduceMean), then (x - mean) / sqrt(var + eps)
+  // * scale + bias.
+  void normalization(const Node& n) {
+    const Attrs a{n.proto};
+    const Value& x = in(n, 0);
+    const auto rank = static_cast<std::int64_t>(x.shape.size());
+    const bool layer = n.op == "LayerNormalization";
+    std::int64_t first = 2;
+    if (layer) {
+      first = axis_of(n, a.i("axis", -1), rank);
+    } else if (rank < 3) {
+      fail_node(n, "input of rank " + std::to_string(rank));
+    }
+    std::vector<double> axes;
+    for (std::int64_t d = first; d < rank; ++d) axes.push_back(static_cast<double>(d));
+    const float eps = a.f("epsilon", 1e-5f);
+    // Scale and bias: over the normalised dims (LayerNormalization), or one
+    // per channel, shaped [C, 1, ...] to broadcast (InstanceNormalization).
+    auto param = [&](std::size_t i, const char* what) -> std::string {
+      const Value& v = constant(n, i, what);
+      if (layer) {
+        broadcast(n, x.shape, v.shape);
+        return n.inputs[i];
+      }
+      if (v.elements() != static_cast<std::uint64_t>(x.shape[1]))
+        fail_node(n, std::string("its ") + what + " has " + std::to_string(v.elements()) + " values for " +
+                         std::to_string(x.shape[1]) + " channels");
+      std::vector<std::int64_t> shape(static_cast<std::size_t>(rank - 1), 1);
+      shape[0] = x.shape[1];
+      return add_constant(n.name + "/" + what, shape, values_of(v), false);
+    };
+    const std::string scale = param(1, "scale");
+    const std::string bias = has(n, 2) ? param(2, "bias") : std::string();
+    auto reduce_mean = [&](const std::string& suffix, const std::string& from, const std::string& to) {
+      Node r = derived(n, suffix, "ReduceMean", {from}, to);
+      if (g.opset >= 18) {
+        std::vector<double> ax = axes;
+        r.inputs.push_back(add_constant(n.name + "/axes", {static_cast<std::int64_t>(ax.size())}, ax, true));
+      } else {
+        auto* at = r.proto.add_attribute();
+        at->set_name("axes");
+        at->set_type(onnx::AttributeProto::INTS);
+        for (double d : axes) at->add_ints(static_cast<std::int64_t>(d));
+      }
+      emit(std::move(r));
+    };
+    const std::string p = n.name + "/";
+    reduce_mean("mean", n.inputs[0], p + "mean");
+    emit(derived(n, "centre", "Sub", {n.inputs[0], p + "mean"}, p + "centred"));
+    emit(derived(n, "square", "Mul", {p + "centred", p + "centred"}, p + "squares"));
+    reduce_mean("variance", p + "squares", p + "variance");
+    const std::string e = add_constant(p + "epsilon", {}, {static_cast<double>(eps)}, false);
+    emit(derived(n, "add_epsilon", "Add", {p + "variance", e}, p + "variance+eps"));
+    emit(derived(n, "deviation", "Sqrt", {p + "variance+eps"}, p + "deviation"));
+    emit(derived(n, "normalise", "Div", {p + "centred", p + "deviation"}, p + "normalised"));
+    emit(derived(n, "scale", "Mul", {p + "normalised", scale}, bias.empty() ? n.output : p + "scaled"));
+    if (!bias.empty()) emit(derived(n, "bias", "Add", {p + "scaled", bias}, n.output));
+    g.notes.push_back(n.op + " '" + n.name + "' runs as ReduceMean, Sub, Mul, Sqrt, Div, Mul" +
+                      (bias.empty() ? "" : ", Add"));
+  }
+
+  // Einsum of two operands that is a batched matrix product (every label
+  // in both operands and the output is a batch dimension; those in both
+  // operands only are summed; the others are kept), or of one operand that
+  // only permutes it: as Transpose, Reshape, MatMul, Reshape, Transpose.
+  void einsum(const Node& n) {
+    std::string eq;
+    for (char c : Attrs{n.proto}.s("equation", ""))
+      if (c != ' ') eq += c;
+    const auto arrow = eq.find("->");
+    auto unsupported = [&](const std::string& why) {
+      fail(Status::Unsupported, "node '" + n.name + "' (Einsum): equation '" + eq + "': " + why);
+    };
+    if (arrow == std::string::npos) unsupported("no output subscripts (->)");
+    if (eq.find("...") != std::string::npos) unsupported("an ellipsis");
+    const std::string out = eq.substr(arrow + 2);
+    std::vector<std::string> ops;
+    for (std::size_t at = 0; at <= arrow;) {
+      const auto comma = std::min(eq.find(',', at), arrow);
+      ops.push_back(eq.substr(at, comma - at));
+      at = comma + 1;
+    }
+    if (ops.size() != n.inputs.size()) fail_node(n, "the equation has " + std::to_string(ops.size()) + " operands");
+    std::map<char, std::int64_t> dims;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const auto& sh = in(n, i).shape;
+      if (ops[i].size() != sh.size())
+        fail_node(n, "operand " + std::to_string(i) + " of rank " + std::to_string(sh.size()) + " for '" + ops[i] + "'");
+      for (std::size_t d = 0; d < sh.size(); ++d) {
+        const char c = ops[i][d];
+        if (std::count(ops[i].begin(), ops[i].end(), c) != 1) unsupported("a repeated subscript (a diagonal)");
+        if (dims.count(c) && dims[c] != sh[d] && dims[c] != 1 && sh[d] != 1)
+          fail_node(n, std::string("subscript ") + c + " has sizes " + std::to_string(dims[c]) + " and " +
+                           std::to_string(sh[d]));
+        dims[c] = std::max(dims[c], sh[d]);
+      }
+    }
+    for (char c : out)
+      if (!dims.count(c)) fail_node(n, std::string("output subscript ") + c + " is in no operand");
+    const auto has_label = [](const std::string& s, char c) { return s.find(c) != std::string::npos; };
+    const std::string p = n.name + "/";
+    auto transpose = [&](const std::string& from, const std::string& labels, const std::string& order,
+                         const std::string& to, const std::string& suffix) {
+      if (labels == order) return from;
+      Node t = derived(n, suffix, "Transpose", {from}, to);
+      auto* perm = t.proto.add_attribute();
+      perm->set_name("perm");
+      perm->set_type(onnx::AttributeProto::INTS);
+      for (char c : order) perm->add_ints(static_cast<std::int64_t>(labels.find(c)));
+      emit(std::move(t));
+      return to;
+    };
+    if (ops.size() == 1) {
+      if (ops[0].size() != out.size() || !std::is_permutation(out.begin(), out.end(), ops[0].begin()))
+        unsupported("one operand that is summed, not only permuted");
+      const std::string r = transpose(n.inputs[0], ops[0], out, n.output, "transpose");
+      if (r != n.output) alias[n.output] = r;  // the identity
+      return;
+    }
+    if (ops.size() != 2) unsupported(std::to_string(ops.size()) + " operands");
+    const std::string &la = ops[0], &lb = ops[1];
+    std::string batch, m, k, nn;
+    for (char c : out)
+      if (has_label(la, c) && has_label(lb, c)) batch += c;
+    for (char c : la) {
+      if (has_label(out, c) && !has_label(lb, c)) m += c;
+      if (!has_label(out, c) && has_label(lb, c)) k += c;
+      if (!has_label(out, c) && !has_label(lb, c)) unsupported(std::string("subscript ") + c + " summed in one operand");
+    }
+    for (char c : lb) {
+      if (has_label(out, c) && !has_label(la, c)) nn += c;
+      if (!has_label(out, c) && !has_label(la, c)) unsupported(std::string("subscript ") + c + " summed in one operand");
+    }
+    auto extent = [&](const std::string& labels, const std::vector<std::int64_t>& sh, const std::string& within) {
+      std::int64_t s = 1;
+      for (char c : labels) s *= sh[within.find(c)];
+      return s;
+    };
+    auto reshape = [&](const std::string& from, std::vector<std::int64_t> shape, const std::string& to,
+                       const std::string& suffix) {
+      const std::string sn = add_constant(p + suffix + "_shape", {static_cast<std::int64_t>(shape.size())},
+                                          std::vector<double>(shape.begin(), shape.end()), true);
+      emit(derived(n, suffix, "Reshape", {from, sn}, to));
+      return to;
+    };
+    const auto& sa = in(n, 0).shape;
+    const auto& sb = in(n, 1).shape;
+    std::vector<std::int64_t> a_shape, b_shape, y_shape;
+    for (char c : batch) {
+      a_shape.push_back(sa[la.find(c)]);
+      b_shape.push_back(sb[lb.find(c)]);
+      y_shape.push_back(dims[c]);
+    }
+    const std::int64_t msz = extent(m, sa, la), ksz = extent(k, sa, la), nsz = extent(nn, sb, lb);
+    a_shape.insert(a_shape.end(), {msz, ksz});
+    b_shape.insert(b_shape.end(), {ksz, nsz});
+    std::string a = transpose(n.inputs[0], la, batch + m + k, p + "a", "transpose_a");
+    a = reshape(a, a_shape, p + "a_matrix", "reshape_a");
+    std::string b = transpose(n.inputs[1], lb, batch + k + nn, p + "b", "transpose_b");
+    b = reshape(b, b_shape, p + "b_matrix", "reshape_b");
+    emit(derived(n, "matmul", "MatMul", {a, b}, p + "product"));
+    for (char c : m + nn) y_shape.push_back(dims[c]);
+    const std::string order = batch + m + nn;
+    const std::string y = reshape(p + "product", y_shape, order == out ? n.output : p + "y", "reshape_y");
+    if (order != out) transpose(y, order, out, n.output, "transpose_y");
+    g.notes.push_back("Einsum '" + n.name + "' (" + eq + ") runs as a MatMul of [" + batch + "|" + m + "|" + k +
+                      "] by [" + batch + "|" + k + "|" + nn + "]");
   }
 
   void import(const onnx::ModelProto& model) {
@@ -819,17 +1256,25 @@ struct Importer {
         g.notes.push_back("removed " + n.op + " '" + n.name + "'");
         continue;
       }
-      g.values[n.output] = infer(n);
-      if (g.values[n.output].data) {
-        g.notes.push_back("folded " + n.op + " '" + n.name + "' of a constant");
+      if (n.op == "Split") {
+        split(n, p);
         continue;
       }
-      g.nodes.push_back(std::move(n));
+      if (n.op == "Einsum") {
+        einsum(n);
+        continue;
+      }
+      if (n.op == "LayerNormalization" || n.op == "InstanceNormalization") {
+        normalization(n);
+        continue;
+      }
+      emit(std::move(n));
     }
-    // Other outputs of a node (MaxPool's indices, Dropout's mask) must be unused.
+    // Other outputs of a node (MaxPool's indices, Dropout's mask) must be
+    // unused; Split's are its parts.
     std::set<std::string> produced;
     for (int i = 0; i < graph.node_size(); ++i)
-      for (int o = 1; o < graph.node(i).output_size(); ++o)
+      for (int o = 1; o < graph.node(i).output_size() && graph.node(i).op_type() != "Split"; ++o)
         if (!graph.node(i).output(o).empty()) produced.insert(graph.node(i).output(o));
     auto check_used = [&](const std::string& v, const std::string& by) {
       if (produced.count(v))
