@@ -4,7 +4,8 @@ architecture, built with random weights, exported to ONNX, compiled in each
 precision, run on the simulated board and compared with PyTorch.
 
     /usr/bin/python3 examples/model_zoo/zoo.py [--models resnet18,mobilenet_v2] [--size 224]
-        [--precisions fp32,fp16,bf16,int8] [--bench] [--json FILE] [--check]
+        [--precisions fp32,fp16,bf16,int8] [--torch-ptq] [--layer-report [N]]
+        [--bench] [--json FILE] [--check]
 
 For each model: torch.manual_seed(0), weights=None (and weights_backbone=None,
 aux_loss off, for segmentation), eval mode, torch.onnx.export at opset 13
@@ -16,13 +17,23 @@ run on --device over one fixed random input; the row reports
   max error / range  max |ours - PyTorch| over (max - min) of PyTorch's output
   SNR dB             10 log10(sum(ref^2) / sum((ref - ours)^2)), ref = PyTorch fp32
 
+--torch-ptq adds a row "torch-int8" under each int8 row: PyTorch's own
+post-training static quantisation (FX graph mode, the default qconfig
+mapping of --torch-qconfig; fbgemm's, the default, quantises weights per
+output channel), calibrated on the same --calibration inputs, run on the
+same input and compared with PyTorch fp32 in the same way; a model that FX
+cannot trace or quantise is recorded as "torch PTQ failed: ...".
+--layer-report prints, under each int8 and int8-mixed row, the layers of
+tpuhal's precision report (compile(report=True)) that add the most error.
+
 A model the compiler refuses is recorded as "refused: <the op types it
 named>", one PyTorch cannot build or export at this size (inception_v3
 below 75x75, say) as "export failed: ...", and the run goes on. --bench adds
 images per second on the device beside PyTorch on the same CPU with the same
 thread count. --check exits 1 when a model that compiled misses its bound
 (the *_MIN_SNR_DB / FP32_MAX_ERROR_OVER_RANGE constants below) or a model
-named in --expect-compile does not compile.
+named in --expect-compile does not compile; torch-int8 rows are a
+reference, never checked.
 
 Needs the tpuhal package on PYTHONPATH (build/<dir>/python) and Debian's
 python3-torch and python3-torchvision (exit status 77 without them).
@@ -61,6 +72,20 @@ FP16_SMALLEST_NORMAL = 2.0 ** -14
 FP16_LARGEST = 65504.0
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int8-mixed")
+# The row --torch-ptq adds under each int8 row: PyTorch's own int8.
+TORCH_INT8 = "torch-int8"
+# --torch-qconfig's choices: the backends whose default qconfig mapping
+# PyTorch 1.13 defines. fbgemm's and x86's quantise conv and linear weights
+# per output channel (symmetric int8) and activations to 7 of quint8's 8
+# bits (reduce_range, which keeps x86 kernels without VNNI from saturating
+# their 16-bit intermediate sums); onednn's use all 8 bits; qnnpack's
+# quantise weights per tensor.
+TORCH_QCONFIGS = ("fbgemm", "x86", "onednn", "qnnpack")
+# PyTorch's observers keep every scale at or above float32's epsilon, so
+# values below half of it quantise to 0: random weights leave some
+# networks' outputs there (mobilenet_v2's, about 1e-9), and PyTorch's int8
+# output is then all zero (0 dB).
+TORCH_SMALLEST_SCALE = float(np.finfo(np.float32).eps)
 
 # Builder-name prefixes of the architectures, in the order they are listed.
 CLASSIFICATION_FAMILIES = ("resnet", "resnext", "wide_resnet", "vgg", "alexnet", "squeezenet", "densenet",
@@ -129,19 +154,45 @@ def build(builder, is_segmentation):
         if "aux_loss" in inspect.signature(builder).parameters:
             kwargs["aux_loss"] = False
     net = builder(**kwargs)
+    # Some builders initialise a layer to zero (vit's classifier head), which
+    # leaves the output constant and any comparison empty: such weights are
+    # drawn like the rest (normal, std 0.02), still from seed 0.
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)) and not m.weight.any():
+                m.weight.normal_(0, 0.02)
     if is_segmentation:
         net = SegmentationOut(net)
     return net.eval()
 
 
-def export(net, x, path):
-    """PyTorch's fp32 output on x, and the ONNX file at path (opset 13)."""
+def unfuse_attention(net):
+    """PyTorch 1.13 runs nn.MultiheadAttention in eval mode as one fused kernel
+    (aten::_native_multi_head_attention) that it cannot export to ONNX. In
+    training mode the module takes its composed path, which exports as
+    MatMul, Softmax and the rest; with a dropout of 0 (torchvision's vit)
+    the result is the same. Returns how many modules were switched."""
     import torch
 
+    switched = 0
+    for m in net.modules():
+        if isinstance(m, torch.nn.MultiheadAttention) and m.dropout == 0:
+            m.train()
+            switched += 1
+    return switched
+
+
+def export(net, x, path):
+    """PyTorch's fp32 output on x, and the ONNX file at path (opset 13).
+    Attention modules are exported in their composed form (unfuse_attention)."""
+    import torch
+
+    unfused = unfuse_attention(net)
     with torch.no_grad():
         ref = net(x).numpy()
         torch.onnx.export(net, x, path, opset_version=13, input_names=["input"], output_names=["out"],
-                          do_constant_folding=True)
+                          do_constant_folding=True,
+                          training=torch.onnx.TrainingMode.PRESERVE if unfused else torch.onnx.TrainingMode.EVAL)
     return ref
 
 
@@ -199,6 +250,77 @@ def fp16_out_of_range(ref):
     return None
 
 
+def torch_engine(torch, qconfig):
+    """The quantized engine that runs PyTorch's int8 for --torch-qconfig: the
+    backend of that name where this PyTorch has it, else onednn for fbgemm's
+    and x86's qconfig (Debian builds PyTorch without FBGEMM; oneDNN's x86
+    kernels take the same per-channel weights and 7-bit activations), else
+    None."""
+    engines = torch.backends.quantized.supported_engines
+    if qconfig in engines:
+        return qconfig
+    if qconfig in ("fbgemm", "x86") and "onednn" in engines:
+        return "onednn"
+    return None
+
+
+def torch_ptq(torch, net, calibration, x, qconfig):
+    """PyTorch's own int8 output on x: a copy of net quantised by FX graph
+    mode post-training static quantisation with the default qconfig mapping
+    of `qconfig`, its observers fed the whole calibration set in one batch.
+    Runs on the engine torch.backends.quantized.engine names."""
+    import copy
+
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    example = (torch.from_numpy(x),)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = prepare_fx(copy.deepcopy(net), get_default_qconfig_mapping(qconfig), example)
+        prepared(torch.from_numpy(calibration))
+        quantized = convert_fx(prepared)
+        return quantized(*example).numpy()
+
+
+def layer_errors(path, report):
+    """tpuhal's precision report as dicts, each layer with two more fields:
+    input_snr_db, the lowest SNR of the values its ONNX node reads (traced
+    back through nodes the report has no line for, such as Identity; None
+    where it reads only the model's input, which both models take exactly,
+    and constants), and own_snr_db, the SNR of the error the layer adds,
+    -10 log10(10^(-snr/10) - 10^(-input/10)): the errors before a layer and
+    its own taken to add as independent noise, the layer that adds the
+    most has the lowest (inf: it adds none)."""
+    import onnx
+
+    graph = onnx.load(path, load_external_data=False).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    inputs = {node.name: list(node.input) for node in graph.node}
+    snr = {e.output: e.snr_db for e in report}
+
+    def input_snr(tensors, seen):
+        """The lowest SNR of `tensors` in the report, or None."""
+        found = []
+        for t in tensors:
+            if t in snr:
+                found.append(snr[t])
+            elif t in producer and t not in seen:
+                seen.add(t)
+                found.append(input_snr(producer[t].input, seen))
+        found = [f for f in found if f is not None]
+        return min(found) if found else None
+
+    layers = []
+    for e in report:
+        before = input_snr(inputs.get(e.node, []), set())
+        noise = 10 ** (-e.snr_db / 10) - (0.0 if before is None else 10 ** (-before / 10))
+        layers.append({"node": e.node, "op": e.op, "output": e.output, "max_abs": e.max_abs, "rms": e.rms,
+                       "rel_rms": e.rel_rms, "snr_db": e.snr_db, "input_snr_db": before,
+                       "own_snr_db": -10 * math.log10(noise) if noise > 0 else math.inf})
+    return layers
+
+
 def within_bounds(row):
     """Whether an ok row meets --check's bound for its precision (rows with a note are not checked)."""
     if row.get("note"):
@@ -216,8 +338,9 @@ def run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
     shape = (args.batch, 3, args.size, args.size)
     x = rng.standard_normal(shape, dtype=np.float32)
     calibration = rng.standard_normal((args.calibration,) + shape[1:], dtype=np.float32)
+    precisions = [q for p in args.precisions for q in ((p, TORCH_INT8) if p == "int8" and args.torch_ptq else (p,))]
     rows = [{"model": name, "precision": p, "status": None, "max_error_over_range": None, "snr_db": None}
-            for p in args.precisions]
+            for p in precisions]
 
     def all_rows(status, message):
         for row in rows:
@@ -236,12 +359,29 @@ def run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
     torch_rate = None
     for row in rows:
         precision = row["precision"]
+        if precision == TORCH_INT8:
+            row["qconfig"], row["engine"] = args.torch_qconfig, args.torch_engine
+            try:
+                out = torch_ptq(torch, net, calibration, x, args.torch_qconfig)
+                row["max_error_over_range"], row["snr_db"] = errors(ref, out)
+                row["status"] = "ok"
+                peak = float(np.abs(ref).max())
+                if not out.any() and 0 < peak < TORCH_SMALLEST_SCALE:
+                    row["note"] = (f"all zero: PyTorch's output (max |x| {peak:.1e}) is below its smallest "
+                                   f"int8 scale ({TORCH_SMALLEST_SCALE:.1e})")
+            except Exception as e:  # noqa: BLE001 - FX cannot trace or quantise every model
+                row["status"] = "torch PTQ failed: " + first_line(e)
+                row["message"] = str(e)
+            continue
         try:
             if precision.startswith("int8"):
                 cm = tpuhal.compile(path, "int8", shapes={"input": shape}, calibration=calibration,
                                     method=args.method, percentile=args.percentile, device=args.device,
-                                    target_snr_db=args.target_snr if precision == "int8-mixed" else 0.0)
+                                    target_snr_db=args.target_snr if precision == "int8-mixed" else 0.0,
+                                    report=args.layer_report is not None)
                 row["fp16_layers"] = sum(int(n.split()[0]) for n in cm.notes if " layer(s) in fp16" in n)
+                if args.layer_report is not None:
+                    row["layer_report"] = layer_errors(path, cm.report)
             else:
                 cm = tpuhal.compile(path, precision, shapes={"input": shape}, device=args.device)
         except tpuhal.Unsupported as e:
@@ -283,13 +423,30 @@ def number(value, fmt):
 
 
 def print_row(row, bench, status_width):
-    status = row["status"] + (" (unchecked)" if row.get("note") else "")
+    status = row["status"]
+    if row.get("note"):
+        status += " (all zero)" if row["precision"] == TORCH_INT8 else " (unchecked)"
     line = (f"{row['model']:<30} {row['precision']:<10} {first_line(status, status_width):<{status_width}} "
             f"{number(row['max_error_over_range'], '.2e'):>10} {number(row['snr_db'], '.1f'):>7}")
     if bench:
         line += (f" {number(row.get('images_per_s'), '.1f'):>9} {number(row.get('pytorch_images_per_s'), '.1f'):>9}"
                  f" {number(row.get('ratio'), '.2f'):>6}")
     print(line, flush=True)
+
+
+def print_layer_report(row, count):
+    """The `count` layers of an int8 row's precision report that add the most error, indented under the row."""
+    layers = row.get("layer_report")
+    if not layers:
+        return
+    print(f"    precision report on the calibration data: the {min(count, len(layers))} of {len(layers)} layers "
+          "that add the most error")
+    print(f"    {'own dB':>8} {'SNR dB':>7} {'input dB':>8}  op, node")
+    for e in sorted(layers, key=lambda e: e["own_snr_db"])[:count]:
+        before = "input" if e["input_snr_db"] is None else number(e["input_snr_db"], ".1f")
+        print(f"    {number(e['own_snr_db'], '.1f'):>8} {number(e['snr_db'], '.1f'):>7} {before:>8}  "
+              f"{e['op']}, {e['node']}")
+    sys.stdout.flush()
 
 
 def comma_list(text):
@@ -313,6 +470,15 @@ def main():
     ap.add_argument("--target-snr", type=float, default=MIXED_MIN_SNR_DB + 5,
                     help="int8-mixed: the output SNR on the calibration data that layers move to fp16 for "
                          f"(default {MIXED_MIN_SNR_DB + 5:g} dB)")
+    ap.add_argument("--torch-ptq", action="store_true",
+                    help="add a torch-int8 row under each int8 row: PyTorch's FX graph mode post-training static "
+                         "quantisation on the same calibration inputs")
+    ap.add_argument("--torch-qconfig", default="fbgemm", choices=TORCH_QCONFIGS,
+                    help="with --torch-ptq: the backend whose default qconfig mapping PyTorch quantises with "
+                         "(default fbgemm: int8 weights per output channel, 7-bit activations)")
+    ap.add_argument("--layer-report", type=int, nargs="?", const=5, metavar="N",
+                    help="print the N layers (default 5) of tpuhal's precision report that add the most error "
+                         "under each int8 and int8-mixed row, and put the whole report in --json")
     ap.add_argument("--seed", type=int, default=0, help="seed of the input and the calibration set (default 0)")
     ap.add_argument("--device", default="sim:0", help="the device to compile for and run on (default sim:0)")
     ap.add_argument("--bench", action="store_true",
@@ -344,6 +510,18 @@ def main():
     import tpuhal
 
     torch.set_num_threads(args.threads)
+    args.torch_ptq = args.torch_ptq and "int8" in args.precisions
+    args.torch_engine = torch_engine(torch, args.torch_qconfig) if args.torch_ptq else None
+    if args.torch_ptq:
+        if args.torch_engine is None:
+            ap.error(f"--torch-ptq: this PyTorch has no quantized engine for the {args.torch_qconfig} qconfig "
+                     f"(it has {', '.join(torch.backends.quantized.supported_engines)})")
+        torch.backends.quantized.engine = args.torch_engine
+    if args.layer_report is not None:
+        try:
+            import onnx  # noqa: F401 - layer_errors reads the exported graph
+        except ImportError as e:
+            ap.error(f"--layer-report: {e} (Debian: python3-onnx)")
 
     models = zoo()
     if args.list:
@@ -362,7 +540,9 @@ def main():
         header += f" {'ours/s':>9} {'torch/s':>9} {'ratio':>6}"
     print(f"{len(chosen)} model(s), input {args.batch}x3x{args.size}x{args.size}, on {args.device}; "
           f"PyTorch {torch.__version__}, torchvision {torchvision.__version__}"
-          + (f", {args.threads} thread(s), {args.seconds:g} s per entry" if args.bench else ""))
+          + (f", {args.threads} thread(s), {args.seconds:g} s per entry" if args.bench else "")
+          + (f"; torch-int8: {args.torch_qconfig} qconfig on the {args.torch_engine} engine"
+             if args.torch_ptq else ""))
     print(header)
     print("-" * len(header), flush=True)
 
@@ -373,29 +553,43 @@ def main():
             for row in run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
                 rows.append(row)
                 print_row(row, args.bench, status_width)
+                if args.layer_report:
+                    print_layer_report(row, args.layer_report)
 
     if args.json:
         def plain(v):
+            if isinstance(v, dict):
+                return {k: plain(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [plain(x) for x in v]
             return str(v) if isinstance(v, float) and not math.isfinite(v) else v
         with open(args.json, "w") as f:
-            json.dump([{k: plain(v) for k, v in row.items()} for row in rows], f, indent=1)
+            json.dump(plain(rows), f, indent=1)
             f.write("\n")
 
-    print(f"\n{sum(r['status'] == 'ok' for r in rows)} of {len(rows)} ok")
+    ours = [r for r in rows if r["precision"] != TORCH_INT8]
+    theirs = [r for r in rows if r["precision"] == TORCH_INT8]
+    print(f"\n{sum(r['status'] == 'ok' for r in ours)} of {len(ours)} ok")
+    if theirs:
+        print(f"{TORCH_INT8}: {sum(r['status'] == 'ok' for r in theirs)} of {len(theirs)} quantised by PyTorch")
     for row in rows:
         if row.get("note"):
-            print(f"unchecked: {row['model']} {row['precision']}: {row['note']}")
+            print(f"{'note' if row['precision'] == TORCH_INT8 else 'unchecked'}: "
+                  f"{row['model']} {row['precision']}: {row['note']}")
     not_ok = {}  # each model's first status other than ok, in full
-    for row in rows:
+    for row in ours:
         if row["status"] != "ok":
             not_ok.setdefault(row["model"], row["status"])
     for model, status in not_ok.items():
         print(f"{model}: {first_line(status, 200)}")
+    for row in theirs:
+        if row["status"] != "ok" and not row["status"].startswith("export failed"):
+            print(f"{row['model']} {TORCH_INT8}: {first_line(row['status'], 200)}")
     if not args.check:
         return 0
 
     failures = []
-    for row in rows:
+    for row in ours:
         where = f"{row['model']} {row['precision']}"
         if row["status"] == "ok" and not within_bounds(row):
             if row["precision"] == "fp32":
