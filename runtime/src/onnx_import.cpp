@@ -34,9 +34,9 @@ const std::set<std::string> kSupported = {
 const std::set<std::string> kFoldOnly = {"ConstantOfShape", "Range", "Mod", "Equal", "Not", "Where", "ScatterND"};
 // Ops folded when every input is a constant, run on the device otherwise
 // (Unsqueeze, Squeeze, and Cast to float, as views of another shape).
-const std::set<std::string> kFoldable = {"Concat", "Slice",  "Sqrt",   "Exp",       "Log",     "Abs",
-                                         "Neg",    "Reciprocal",       "Erf",       "Pow",     "Gather",
-                                         "Expand", "Transpose",        "Unsqueeze", "Squeeze", "Cast"};
+const std::set<std::string> kFoldable = {"Concat",    "Slice",      "Sqrt",    "Exp", "Log",    "Abs",
+                                         "Neg",       "Reciprocal", "Erf",     "Pow", "Gather", "Expand",
+                                         "Transpose", "Unsqueeze",  "Squeeze", "Cast"};
 const std::set<std::string> kUnary = {"Sqrt",       "Exp",  "Log",         "Abs",       "Neg",
                                       "Reciprocal", "Erf",  "HardSigmoid", "HardSwish", "Relu",
                                       "Sigmoid",    "Tanh", "LeakyRelu",   "Clip",      "Softmax"};
@@ -209,7 +209,8 @@ struct Importer {
     for (std::int64_t d = 0; d < rank; ++d) {
       const bool listed = std::find(axes.begin(), axes.end(), d) != axes.end();
       const auto dim = x[static_cast<std::size_t>(d)];
-      if (listed && dim != 1) fail_node(n, "axis " + std::to_string(d) + " has size " + std::to_string(dim) + ", not 1");
+      if (listed && dim != 1)
+        fail_node(n, "axis " + std::to_string(d) + " has size " + std::to_string(dim) + ", not 1");
       if (!(listed || (axes.empty() && dim == 1))) kept.push_back(dim);
     }
     return kept;
@@ -407,7 +408,8 @@ struct Importer {
         for (std::size_t d = 0; d < k; ++d) {
           std::int64_t i = idx.ints[t * k + d];
           const auto dim = data.shape[d];
-          if (i < -dim || i >= dim) fail_node(n, "index " + std::to_string(i) + " for a dimension of " + std::to_string(dim));
+          if (i < -dim || i >= dim)
+            fail_node(n, "index " + std::to_string(i) + " for a dimension of " + std::to_string(dim));
           at += (i < 0 ? i + dim : i) * st[d];
         }
         std::copy_n(uv.begin() + static_cast<std::ptrdiff_t>(t * slab), slab,
@@ -777,8 +779,8 @@ struct Importer {
       auto& kept = n.params["indices"];
       for (auto i : idx.ints) {
         if (i < -dim || i >= dim)
-          fail_node(n, "index " + std::to_string(i) + " outside [" + std::to_string(-dim) + ", " +
-                           std::to_string(dim) + ")");
+          fail_node(
+              n, "index " + std::to_string(i) + " outside [" + std::to_string(-dim) + ", " + std::to_string(dim) + ")");
         kept.push_back(static_cast<double>(i < 0 ? i + dim : i));
       }
       return out;
@@ -944,8 +946,8 @@ struct Importer {
     const auto rank = static_cast<std::int64_t>(x.shape.size());
     const auto axis = static_cast<std::size_t>(axis_of(n, a.i("axis", 0), rank));
     const auto dim = x.shape[axis];
-    std::vector<std::int64_t> sizes = g.opset >= 13 ? (has(n, 1) ? int_list(n, 1, "split", a) : std::vector<std::int64_t>{})
-                                                    : a.ints("split");
+    std::vector<std::int64_t> sizes =
+        g.opset >= 13 ? (has(n, 1) ? int_list(n, 1, "split", a) : std::vector<std::int64_t>{}) : a.ints("split");
     const auto parts = static_cast<std::int64_t>(p.output_size());
     if (sizes.empty()) {
       // Equal parts (opset 18: num_outputs of them, the last smaller).
@@ -967,7 +969,8 @@ struct Importer {
     if (at != dim) fail_node(n, "parts of " + std::to_string(at) + " for a dimension of " + std::to_string(dim));
     at = 0;
     for (int k = 0; k < p.output_size(); ++k) {
-      SliceParams sl{std::vector<std::int64_t>(x.shape.size(), 0), std::vector<std::int64_t>(x.shape.size(), 1), x.shape};
+      SliceParams sl{std::vector<std::int64_t>(x.shape.size(), 0), std::vector<std::int64_t>(x.shape.size(), 1),
+                     x.shape};
       sl.lo[axis] = at;
       sl.shape[axis] = sizes[static_cast<std::size_t>(k)];
       at += sizes[static_cast<std::size_t>(k)];
@@ -1078,7 +1081,8 @@ struct Importer {
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const auto& sh = in(n, i).shape;
       if (ops[i].size() != sh.size())
-        fail_node(n, "operand " + std::to_string(i) + " of rank " + std::to_string(sh.size()) + " for '" + ops[i] + "'");
+        fail_node(n,
+                  "operand " + std::to_string(i) + " of rank " + std::to_string(sh.size()) + " for '" + ops[i] + "'");
       for (std::size_t d = 0; d < sh.size(); ++d) {
         const char c = ops[i][d];
         if (std::count(ops[i].begin(), ops[i].end(), c) != 1) unsupported("a repeated subscript (a diagonal)");
@@ -1118,11 +1122,13 @@ struct Importer {
     for (char c : la) {
       if (has_label(out, c) && !has_label(lb, c)) m += c;
       if (!has_label(out, c) && has_label(lb, c)) k += c;
-      if (!has_label(out, c) && !has_label(lb, c)) unsupported(std::string("subscript ") + c + " summed in one operand");
+      if (!has_label(out, c) && !has_label(lb, c))
+        unsupported(std::string("subscript ") + c + " summed in one operand");
     }
     for (char c : lb) {
       if (has_label(out, c) && !has_label(la, c)) nn += c;
-      if (!has_label(out, c) && !has_label(la, c)) unsupported(std::string("subscript ") + c + " summed in one operand");
+      if (!has_label(out, c) && !has_label(la, c))
+        unsupported(std::string("subscript ") + c + " summed in one operand");
     }
     auto extent = [&](const std::string& labels, const std::vector<std::int64_t>& sh, const std::string& within) {
       std::int64_t s = 1;
@@ -1402,8 +1408,8 @@ struct Importer {
       Node& r = g.nodes[i];
       // int8 convolutions apply Relu and Clip by their output's range alone;
       // HardSigmoid, Sigmoid and Tanh stay layers of their own there.
-      const bool float_only = (r.op == "HardSigmoid" || r.op == "Sigmoid" || r.op == "Tanh") &&
-                              options.precision != Precision::Int8;
+      const bool float_only =
+          (r.op == "HardSigmoid" || r.op == "Sigmoid" || r.op == "Tanh") && options.precision != Precision::Int8;
       if (r.op != "Relu" && r.op != "Clip" && !float_only) continue;
       auto p = sole_producer(i, {"Conv", "Gemm", "MatMul"});
       if (!p || g.nodes[*p].act.kind != Activation::None) continue;

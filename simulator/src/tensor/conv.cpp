@@ -607,9 +607,12 @@ void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
   if (out == y.data) {
     if (act != fw::Activation::kNone) {
       auto* p = reinterpret_cast<float*>(y.data);
-      e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
-        activate_span(act, at.act_alpha, at.act_beta, p + begin, end - begin);
-      }, 16384);
+      e.pool().parallel_for(
+          y.elements(),
+          [&](std::uint64_t begin, std::uint64_t end) {
+            activate_span(act, at.act_alpha, at.act_beta, p + begin, end - begin);
+          },
+          16384);
     }
     return;
   }

@@ -84,8 +84,7 @@ Rows merged(const View* const* views, std::size_t n) {
     const std::uint64_t len = views[0]->shape[d];
     if (len == 1) continue;
     bool merge = r.rank > 0;
-    for (std::size_t t = 0; t < n && merge; ++t)
-      merge = r.strides[t][r.rank - 1] == views[t]->strides[d] * len;
+    for (std::size_t t = 0; t < n && merge; ++t) merge = r.strides[t][r.rank - 1] == views[t]->strides[d] * len;
     if (merge) {
       r.shape[r.rank - 1] *= len;
       for (std::size_t t = 0; t < n; ++t) r.strides[t][r.rank - 1] = views[t]->strides[d];
@@ -124,8 +123,7 @@ void binary_row(fw::ElementwiseOp op, float* y, const float* a, std::uint64_t sa
     case fw::ElementwiseOp::kSub: return binary_row(y, a, sa, b, sb, n, [](float u, float v) { return u - v; });
     case fw::ElementwiseOp::kMul: return binary_row(y, a, sa, b, sb, n, [](float u, float v) { return u * v; });
     case fw::ElementwiseOp::kDiv: return binary_row(y, a, sa, b, sb, n, [](float u, float v) { return u / v; });
-    default:
-      return binary_row(y, a, sa, b, sb, n, [op](float u, float v) { return float_binary(op, u, v); });
+    default: return binary_row(y, a, sa, b, sb, n, [op](float u, float v) { return float_binary(op, u, v); });
   }
 }
 
@@ -156,23 +154,26 @@ bool f32_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const View& a, co
   // Split long single rows too, so that both threads work on a dense map.
   const std::uint64_t chunk = rows >= e.threads() ? len : (len + e.threads() - 1) / e.threads();
   const std::uint64_t per_row = (len + chunk - 1) / chunk;
-  e.pool().parallel_for(rows * per_row, [&](std::uint64_t begin, std::uint64_t end) {
-    std::uint64_t off[3];
-    for (std::uint64_t k = begin; k < end; ++k) {
-      row_offsets(k / per_row, off);
-      const std::uint64_t lo = k % per_row * chunk, n = std::min(chunk, len - lo);
-      float* yr = yp + off[0] + lo;
-      const float* ar = ap + off[1] + lo * sa;
-      if (binary) {
-        binary_row(op, yr, ar, sa, bp + off[2] + lo * sb, sb, n);
-      } else if (op == fw::ElementwiseOp::kActivation && sa == 1) {
-        if (yr != ar) std::memmove(yr, ar, n * sizeof(float));
-        activate_span(static_cast<fw::Activation>(at.activation), at.alpha, at.beta, yr, n);
-      } else {
-        for (std::uint64_t i = 0; i < n; ++i) yr[i] = float_unary(at, ar[i * sa]);
-      }
-    }
-  }, std::max<std::uint64_t>(1, kGrain / chunk));
+  e.pool().parallel_for(
+      rows * per_row,
+      [&](std::uint64_t begin, std::uint64_t end) {
+        std::uint64_t off[3];
+        for (std::uint64_t k = begin; k < end; ++k) {
+          row_offsets(k / per_row, off);
+          const std::uint64_t lo = k % per_row * chunk, n = std::min(chunk, len - lo);
+          float* yr = yp + off[0] + lo;
+          const float* ar = ap + off[1] + lo * sa;
+          if (binary) {
+            binary_row(op, yr, ar, sa, bp + off[2] + lo * sb, sb, n);
+          } else if (op == fw::ElementwiseOp::kActivation && sa == 1) {
+            if (yr != ar) std::memmove(yr, ar, n * sizeof(float));
+            activate_span(static_cast<fw::Activation>(at.activation), at.alpha, at.beta, yr, n);
+          } else {
+            for (std::uint64_t i = 0; i < n; ++i) yr[i] = float_unary(at, ar[i * sa]);
+          }
+        }
+      },
+      std::max<std::uint64_t>(1, kGrain / chunk));
   return true;
 }
 

@@ -22,7 +22,8 @@ namespace tpuhal::sim::tensor {
 
 void WorkerPool::parallel_for(std::uint64_t n, const std::function<void(std::uint64_t, std::uint64_t)>& fn,
                               std::uint64_t grain) const {
-  const unsigned parts = static_cast<unsigned>(std::min<std::uint64_t>(threads_, n / std::max<std::uint64_t>(grain, 1)));
+  const unsigned parts =
+      static_cast<unsigned>(std::min<std::uint64_t>(threads_, n / std::max<std::uint64_t>(grain, 1)));
   if (parts <= 1) {
     if (n) fn(0, n);
     return;

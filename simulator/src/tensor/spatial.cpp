@@ -40,39 +40,42 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
     // The same loops on f32 pointers: each output is formed exactly as below.
     const std::uint32_t hd = nhwc ? 1 : 2, wd = nhwc ? 2 : 3, cd = nhwc ? 3 : 1;
     const auto xh = static_cast<std::int64_t>(x.strides[hd]), xw = static_cast<std::int64_t>(x.strides[wd]);
-    e.pool().parallel_for(n * c, [&](std::uint64_t begin, std::uint64_t end) {
-      for (std::uint64_t nc = begin; nc < end; ++nc) {
-        const std::uint64_t ni = nc / c, ci = nc % c;
-        const float* xp = reinterpret_cast<const float*>(x.data) + ni * x.strides[0] + ci * x.strides[cd];
-        float* yp = reinterpret_cast<float*>(y.data) + ni * y.strides[0] + ci * y.strides[cd];
-        for (std::uint64_t r = 0; r < oh; ++r) {
-          for (std::uint64_t col = 0; col < ow; ++col) {
-            const std::int64_t h0 = static_cast<std::int64_t>(r) * sh - pt;
-            const std::int64_t w0 = static_cast<std::int64_t>(col) * sw - pl;
-            float best = -std::numeric_limits<float>::infinity(), sum = 0;
-            std::int64_t count = 0;
-            for (std::int64_t a = 0; a < kh; ++a) {
-              const std::int64_t ih = h0 + a * dh;
-              if (ih < 0 || ih >= h) continue;
-              const float* row = xp + ih * xh;
-              for (std::int64_t b = 0; b < kw; ++b) {
-                const std::int64_t iw = w0 + b * dw;
-                if (iw < 0 || iw >= w) continue;
-                const float val = row[iw * xw];
-                if (max)
-                  best = std::isnan(val) || std::isnan(best) ? std::numeric_limits<float>::quiet_NaN()
-                                                             : std::max(best, val);
-                else
-                  sum += val;
-                ++count;
+    e.pool().parallel_for(
+        n * c,
+        [&](std::uint64_t begin, std::uint64_t end) {
+          for (std::uint64_t nc = begin; nc < end; ++nc) {
+            const std::uint64_t ni = nc / c, ci = nc % c;
+            const float* xp = reinterpret_cast<const float*>(x.data) + ni * x.strides[0] + ci * x.strides[cd];
+            float* yp = reinterpret_cast<float*>(y.data) + ni * y.strides[0] + ci * y.strides[cd];
+            for (std::uint64_t r = 0; r < oh; ++r) {
+              for (std::uint64_t col = 0; col < ow; ++col) {
+                const std::int64_t h0 = static_cast<std::int64_t>(r) * sh - pt;
+                const std::int64_t w0 = static_cast<std::int64_t>(col) * sw - pl;
+                float best = -std::numeric_limits<float>::infinity(), sum = 0;
+                std::int64_t count = 0;
+                for (std::int64_t a = 0; a < kh; ++a) {
+                  const std::int64_t ih = h0 + a * dh;
+                  if (ih < 0 || ih >= h) continue;
+                  const float* row = xp + ih * xh;
+                  for (std::int64_t b = 0; b < kw; ++b) {
+                    const std::int64_t iw = w0 + b * dw;
+                    if (iw < 0 || iw >= w) continue;
+                    const float val = row[iw * xw];
+                    if (max)
+                      best = std::isnan(val) || std::isnan(best) ? std::numeric_limits<float>::quiet_NaN()
+                                                                 : std::max(best, val);
+                    else
+                      sum += val;
+                    ++count;
+                  }
+                }
+                const std::int64_t div = max ? 0 : divisor(h0, w0, count);
+                yp[r * y.strides[hd] + col * y.strides[wd]] = max ? best : div ? sum / static_cast<float>(div) : 0.0f;
               }
             }
-            const std::int64_t div = max ? 0 : divisor(h0, w0, count);
-            yp[r * y.strides[hd] + col * y.strides[wd]] = max ? best : div ? sum / static_cast<float>(div) : 0.0f;
           }
-        }
-      }
-    }, std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, oh * ow * static_cast<std::uint64_t>(kh * kw))));
+        },
+        std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, oh * ow * static_cast<std::uint64_t>(kh * kw))));
     return;
   }
   e.pool().parallel_for(n * c, [&](std::uint64_t begin, std::uint64_t end) {
