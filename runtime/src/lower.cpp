@@ -77,7 +77,8 @@ using nlohmann::json;
 using onnx_attrs::Attrs;
 
 json act_json(const ActivationParams& a) {
-  static const char* names[] = {"none", "relu", "clip", "sigmoid", "silu", "leaky_relu", "tanh", "hard_sigmoid"};
+  static const char* names[] = {"none",       "relu", "clip",         "sigmoid",   "silu",
+                                "leaky_relu", "tanh", "hard_sigmoid", "hard_swish"};
   return {{"kind", names[static_cast<int>(a.kind)]}, {"alpha", a.alpha}, {"beta", a.beta}};
 }
 
@@ -576,13 +577,10 @@ struct Lowerer {
       return;
     }
     if (op_type == "HardSigmoid" || op_type == "HardSwish") {
-      const auto x = get(n.inputs[0], t);
-      const bool swish = op_type == "HardSwish";
-      const auto p = swish ? ActivationParams::hard_sigmoid(1.0f / 6, 0.5f)
-                           : ActivationParams::hard_sigmoid(a.f("alpha", 0.2f), a.f("beta", 0.5f));
-      const auto y = swish ? dg().add_arena("", t, shape) : produce(n.output, t, shape);
-      op("activation", n.name, {{"x", x}, {"y", y}}, {{"activation", act_json(p)}});
-      if (swish) op("mul", n.name, {{"a", x}, {"b", y}, {"y", produce(n.output, t, shape)}});
+      const auto p = op_type == "HardSwish" ? ActivationParams::hard_swish()
+                                            : ActivationParams::hard_sigmoid(a.f("alpha", 0.2f), a.f("beta", 0.5f));
+      op("activation", n.name, {{"x", get(n.inputs[0], t)}, {"y", produce(n.output, t, shape)}},
+         {{"activation", act_json(p)}});
       return;
     }
     if (op_type == "Sqrt" || op_type == "Exp" || op_type == "Log" || op_type == "Abs" || op_type == "Neg" ||

@@ -121,10 +121,11 @@ struct OpReader {
     const json& a = *it;
     if (!a.is_object() || !a.contains("kind") || !a["kind"].is_string()) fail("attribute 'activation' is malformed");
     static const std::map<std::string, Activation> kinds = {
-        {"none", Activation::None}, {"relu", Activation::Relu},
-        {"clip", Activation::Clip}, {"sigmoid", Activation::Sigmoid},
-        {"silu", Activation::Silu}, {"leaky_relu", Activation::LeakyRelu},
-        {"tanh", Activation::Tanh}, {"hard_sigmoid", Activation::HardSigmoid}};
+        {"none", Activation::None},           {"relu", Activation::Relu},
+        {"clip", Activation::Clip},           {"sigmoid", Activation::Sigmoid},
+        {"silu", Activation::Silu},           {"leaky_relu", Activation::LeakyRelu},
+        {"tanh", Activation::Tanh},           {"hard_sigmoid", Activation::HardSigmoid},
+        {"hard_swish", Activation::HardSwish}};
     auto k = kinds.find(a["kind"].get<std::string>());
     if (k == kinds.end()) fail("unknown activation '" + a["kind"].get<std::string>() + "'");
     ActivationParams p;

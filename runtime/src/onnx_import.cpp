@@ -1408,14 +1408,16 @@ struct Importer {
       Node& r = g.nodes[i];
       // int8 convolutions apply Relu and Clip by their output's range alone;
       // HardSigmoid, Sigmoid and Tanh stay layers of their own there.
-      const bool float_only =
-          (r.op == "HardSigmoid" || r.op == "Sigmoid" || r.op == "Tanh") && options.precision != Precision::Int8;
+      const bool float_only = (r.op == "HardSigmoid" || r.op == "HardSwish" || r.op == "Sigmoid" || r.op == "Tanh") &&
+                              options.precision != Precision::Int8;
       if (r.op != "Relu" && r.op != "Clip" && !float_only) continue;
       auto p = sole_producer(i, {"Conv", "Gemm", "MatMul"});
       if (!p || g.nodes[*p].act.kind != Activation::None) continue;
       Node& c = g.nodes[*p];
       if (r.op == "Relu") {
         c.act = ActivationParams::relu();
+      } else if (r.op == "HardSwish") {
+        c.act = ActivationParams::hard_swish();
       } else if (r.op == "Sigmoid") {
         c.act = ActivationParams::sigmoid();
       } else if (r.op == "Tanh") {
@@ -1441,11 +1443,12 @@ struct Importer {
     }
   }
 
-  // SiLU as PyTorch writes it, Mul(x, Sigmoid(x)), after a Conv, Gemm or
-  // MatMul whose output nothing else reads: the Silu activation of that
-  // node (not in int8, where activations other than Relu and Clip are
+  // SiLU and HardSwish as PyTorch writes them at opset 13, Mul(x,
+  // Sigmoid(x)) and Mul(x, HardSigmoid(x)), after a Conv, Gemm or MatMul
+  // whose output nothing else reads: the Silu or HardSwish activation of
+  // that node (not in int8, where activations other than Relu and Clip are
   // layers of their own).
-  void fuse_silu() {
+  void fuse_gated() {
     if (options.precision == Precision::Int8) return;
     auto producer = [&](const std::string& v) -> std::optional<std::size_t> {
       for (std::size_t j = 0; j < g.nodes.size(); ++j)
@@ -1458,20 +1461,24 @@ struct Importer {
       for (int side = 0; side < 2; ++side) {
         const std::string& x = m.inputs[side];
         const auto s = producer(m.inputs[1 - side]);
-        if (!s || g.nodes[*s].op != "Sigmoid" || g.nodes[*s].inputs[0] != x || consumers(m.inputs[1 - side]) != 1 ||
-            consumers(x) != 2)
+        if (!s || (g.nodes[*s].op != "Sigmoid" && g.nodes[*s].op != "HardSigmoid") || g.nodes[*s].inputs[0] != x ||
+            consumers(m.inputs[1 - side]) != 1 || consumers(x) != 2)
           continue;
         const auto c = producer(x);
         if (!c) continue;
         Node& conv = g.nodes[*c];
         if ((conv.op != "Conv" && conv.op != "Gemm" && conv.op != "MatMul") || conv.act.kind != Activation::None)
           continue;
-        const std::string sig = g.nodes[*s].name, mul = m.name;
-        conv.act = ActivationParams::silu();
+        const Node& gate = g.nodes[*s];
+        const bool hard = gate.op == "HardSigmoid";
+        conv.act =
+            hard ? ActivationParams::hard_swish(Attrs{gate.proto}.f("alpha", 0.2f), Attrs{gate.proto}.f("beta", 0.5f))
+                 : ActivationParams::silu();
         conv.output = m.output;
-        conv.fused += (conv.fused.empty() ? "" : ", ") + std::string("SiLU (Sigmoid '") + sig + "', Mul '" + mul + "')";
-        g.notes.push_back("fused SiLU (Sigmoid '" + sig + "', Mul '" + mul + "') into " + conv.op + " '" + conv.name +
-                          "'");
+        const std::string what =
+            std::string(hard ? "HardSwish" : "SiLU") + " (" + gate.op + " '" + gate.name + "', Mul '" + m.name + "')";
+        conv.fused += (conv.fused.empty() ? "" : ", ") + what;
+        g.notes.push_back("fused " + what + " into " + conv.op + " '" + conv.name + "'");
         const std::size_t hi = std::max(i, *s), lo = std::min(i, *s);
         g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(hi));
         g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(lo));
@@ -1499,7 +1506,7 @@ Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& option
   im.import(model);
   im.fold_batch_norm();
   im.fuse_activations();
-  im.fuse_silu();
+  im.fuse_gated();
   return std::move(im.g);
 }
 

@@ -185,6 +185,13 @@ TEST(FwTensorOp, AttributesAreValidated) {
   attrs_of<MatMulAttrs>(b, 4).activation = 99;
   EXPECT_EQ(problem_of(b).field, attr_field(offsetof(MatMulAttrs, activation)));
 
+  // Hard swish (interface 1.4) is the last activation; one past it is refused.
+  b = good_matmul();
+  attrs_of<MatMulAttrs>(b, 4).activation = static_cast<std::uint32_t>(Activation::kHardSwish);
+  EXPECT_TRUE(decode_op(b).ok());
+  attrs_of<MatMulAttrs>(b, 4).activation = kMaxActivation + 1;
+  EXPECT_EQ(problem_of(b).field, attr_field(offsetof(MatMulAttrs, activation)));
+
   b = good_matmul();
   attrs_of<MatMulAttrs>(b, 4).trans_a = 2;
   EXPECT_EQ(problem_of(b).field, attr_field(offsetof(MatMulAttrs, trans_a)));

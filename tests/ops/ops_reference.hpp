@@ -479,6 +479,7 @@ inline double act_ref(const ActivationParams& a, double x) {
     case Activation::LeakyRelu: return x < 0 ? al * x : x;
     case Activation::Tanh: return std::tanh(x);
     case Activation::HardSigmoid: return std::min(std::max(al * x + be, 0.0), 1.0);
+    case Activation::HardSwish: return x * std::min(std::max(al * x + be, 0.0), 1.0);
   }
   return x;
 }
@@ -489,6 +490,8 @@ inline double act_lipschitz(const ActivationParams& a) {
     case Activation::Silu: return 1.1;
     case Activation::LeakyRelu: return std::max(1.0, std::fabs(static_cast<double>(a.alpha)));
     case Activation::HardSigmoid: return std::fabs(static_cast<double>(a.alpha));
+    // hs(x) + alpha x on the ramp, where |alpha x + beta| <= 1.
+    case Activation::HardSwish: return 2.0 + std::fabs(static_cast<double>(a.beta));
     default: return 1.0;
   }
 }
@@ -502,11 +505,15 @@ inline double act_eval_err(const ActivationParams& a, double x, double y) {
     case Activation::Clip: return 0;
     case Activation::LeakyRelu: return kU * std::fabs(y);
     case Activation::HardSigmoid: return 4 * kU * (std::fabs(a.alpha * x) + std::fabs(static_cast<double>(a.beta)));
+    case Activation::HardSwish:  // the hard sigmoid's error times |x|, and the product's rounding
+      return 4 * kU * (std::fabs(a.alpha * x) + std::fabs(static_cast<double>(a.beta))) * std::fabs(x) +
+             kU * std::fabs(y);
     default: return 16 * kU * std::fabs(y) + 1e-30;
   }
 }
 inline std::string act_name(const ActivationParams& a) {
-  static const char* const names[] = {"none", "relu", "clip", "sigmoid", "silu", "leaky_relu", "tanh", "hard_sigmoid"};
+  static const char* const names[] = {"none",       "relu", "clip",         "sigmoid",   "silu",
+                                      "leaky_relu", "tanh", "hard_sigmoid", "hard_swish"};
   return std::string(names[static_cast<int>(a.kind)]) + "(" + num(a.alpha) + ", " + num(a.beta) + ")";
 }
 inline std::vector<ActivationParams> all_activations(Rng& r) {
@@ -519,7 +526,8 @@ inline std::vector<ActivationParams> all_activations(Rng& r) {
       ActivationParams::silu(),
       ActivationParams::leaky_relu(static_cast<float>(r.uniform(0.01, 0.5))),
       ActivationParams::tanh(),
-      ActivationParams::hard_sigmoid(static_cast<float>(r.uniform(0.1, 0.4)), static_cast<float>(r.uniform(0.3, 0.7)))};
+      ActivationParams::hard_sigmoid(static_cast<float>(r.uniform(0.1, 0.4)), static_cast<float>(r.uniform(0.3, 0.7))),
+      ActivationParams::hard_swish(static_cast<float>(r.uniform(0.1, 0.4)), static_cast<float>(r.uniform(0.3, 0.7)))};
 }
 
 // ---- Matrix products ------------------------------------------------------------------------

@@ -68,7 +68,7 @@ tpuhal::Layout to_layout(const py::handle& h) {
   return parse<tpuhal::Layout, 2>(h, "layout", {{{"nchw", tpuhal::Layout::NCHW}, {"nhwc", tpuhal::Layout::NHWC}}});
 }
 
-constexpr std::array<std::pair<const char*, Activation>, 8> kActivations{{
+constexpr std::array<std::pair<const char*, Activation>, 9> kActivations{{
     {"none", Activation::None},
     {"relu", Activation::Relu},
     {"clip", Activation::Clip},
@@ -77,6 +77,7 @@ constexpr std::array<std::pair<const char*, Activation>, 8> kActivations{{
     {"leaky_relu", Activation::LeakyRelu},
     {"tanh", Activation::Tanh},
     {"hard_sigmoid", Activation::HardSigmoid},
+    {"hard_swish", Activation::HardSwish},
 }};
 
 const char* activation_name(Activation a) {
@@ -94,9 +95,10 @@ ActivationParams to_activation(const py::handle& h) {
     if (name == "relu6") return ActivationParams::relu6();
     if (name == "leaky_relu" || name == "leaky-relu") return ActivationParams::leaky_relu();
     if (name == "hard_sigmoid" || name == "hard-sigmoid") return ActivationParams::hard_sigmoid();
+    if (name == "hard_swish" || name == "hard-swish") return ActivationParams::hard_swish();
     if (name == "clip")
       fail(Status::InvalidArgument, "activation 'clip' needs its bounds: tpuhal.Activation.clip(lo, hi)");
-    return {parse<Activation, 8>(h, "activation", kActivations), 0, 0};
+    return {parse<Activation, kActivations.size()>(h, "activation", kActivations), 0, 0};
   }
   throw py::type_error("activation must be None, a tpuhal.Activation or a name such as 'relu', not " + type_name(h));
 }
@@ -455,7 +457,7 @@ void bind_ops(py::module_& m) {
       m, "Activation",
       "An activation and its parameters, for the ops that take one (ops.matmul, ops.conv2d, "
       "ops.activation). Where an activation is taken, a name ('relu', 'relu6', 'sigmoid', 'silu', 'tanh', "
-      "'leaky_relu', 'hard_sigmoid') gives it with default parameters.")
+      "'leaky_relu', 'hard_sigmoid', 'hard_swish') gives it with default parameters.")
       .def(py::init([](const py::object& kind, float alpha, float beta) {
              ActivationParams p = to_activation(kind);
              if (alpha != 0 || beta != 0) {
@@ -467,7 +469,7 @@ void bind_ops(py::module_& m) {
            py::arg("kind") = "none", py::arg("alpha") = 0.0f, py::arg("beta") = 0.0f)
       .def_property_readonly(
           "kind", [](const ActivationParams& a) { return std::string(activation_name(a.kind)); },
-          "'none', 'relu', 'clip', 'sigmoid', 'silu', 'leaky_relu', 'tanh' or 'hard_sigmoid'.")
+          "'none', 'relu', 'clip', 'sigmoid', 'silu', 'leaky_relu', 'tanh', 'hard_sigmoid' or 'hard_swish'.")
       .def_readonly("alpha", &ActivationParams::alpha)
       .def_readonly("beta", &ActivationParams::beta)
       .def_static("relu", &ActivationParams::relu)
@@ -479,6 +481,8 @@ void bind_ops(py::module_& m) {
       .def_static("tanh", &ActivationParams::tanh)
       .def_static("hard_sigmoid", &ActivationParams::hard_sigmoid, py::arg("alpha") = 0.2f, py::arg("beta") = 0.5f,
                   "clamp(alpha * x + beta, 0, 1).")
+      .def_static("hard_swish", &ActivationParams::hard_swish, py::arg("alpha") = 1.0f / 6, py::arg("beta") = 0.5f,
+                  "x * clamp(alpha * x + beta, 0, 1) (ONNX HardSwish: alpha 1/6, beta 1/2).")
       .def("__eq__",
            [](const ActivationParams& a, const ActivationParams& b) {
              return a.kind == b.kind && a.alpha == b.alpha && a.beta == b.beta;

@@ -349,6 +349,32 @@ def test_hard_sigmoid_alone_and_fused_into_a_convolution_and_hard_swish(dev):
     check(dev, swish, {"x": x}, lambda x: x * hard_sigmoid(x, 1 / 6))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_hard_swish_fuses_into_the_convolution_before_it(dev, precision):
+    # As PyTorch writes nn.Hardswish at opset 13: Mul(x, HardSigmoid(x)); and the opset 14 op.
+    w1, w2 = randn(3, 2, 3, 3) * 0.6, randn(2, 3, 3, 3) * 0.4
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSigmoid", ["c1"], ["h1"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["c1", "h1"], ["s1"]),
+             helper.make_node("Conv", ["s1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c2"], ["y"])]
+    x = randn(1, 2, 6, 6) * 3
+
+    def reference(x):
+        c1 = conv3x3(x, w1)
+        c2 = conv3x3(c1 * hard_sigmoid(c1, 1 / 6), w2)
+        return c2 * hard_sigmoid(c2, 1 / 6)
+
+    onnx_bytes = model(nodes, {"x": x.shape}, "y", initializers=[("w1", w1), ("w2", w2)], opset=14)
+    compiled = tpuhal.compile(onnx_bytes, precision, device=dev.uri)
+    fused = [n for n in compiled.notes if n.startswith("fused")]
+    assert any(n.startswith("fused HardSwish (HardSigmoid 'HardSigmoid #1', Mul 'Mul #2')") for n in fused), fused
+    assert any(n.startswith("fused HardSwish 'HardSwish #4'") for n in fused), fused
+    # Two convolutions (and, in fp16 and bf16, the input's and output's conversions).
+    assert dev.load_model(compiled).meta["ops"] == ("2" if precision == "fp32" else "4")
+    check(dev, onnx_bytes, {"x": x}, reference, precisions=(precision,))
+
+
 def conv3x3(x, w):
     n, _, h, wd = x.shape
     pad = np.pad(x, [(0, 0), (0, 0), (1, 1), (1, 1)])

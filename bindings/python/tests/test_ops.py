@@ -128,6 +128,17 @@ def test_ops_check_operands_before_running(dev):
         ops.activation(a, a, "swish")
 
 
+def test_hard_swish_activation(dev, queue):
+    x = np.linspace(-5, 5, 41, dtype=np.float32)
+    tx = tpuhal.Tensor(dev.upload(x))
+    for act, alpha, beta in [("hard_swish", 1 / 6, 0.5), (tpuhal.Activation.hard_swish(0.25, 0.4), 0.25, 0.4)]:
+        y = dev.tensor(41, "f32")
+        queue.run(ops.activation(tx, y, act)).submit().wait()
+        want = x * np.clip(np.float32(alpha) * x + np.float32(beta), 0, 1)
+        np.testing.assert_allclose(y.download(), want, rtol=1e-6, atol=1e-7)
+    assert tpuhal.Activation("hard_swish").kind == "hard_swish"
+
+
 def test_program_records_and_replays(dev, queue):
     x = np.arange(8, dtype=np.float32) - 4
     tx = tpuhal.Tensor(dev.upload(x))

@@ -57,6 +57,7 @@ std::uint32_t to_fw(const ActivationParams& a, float& alpha, float& beta) {
     case Activation::LeakyRelu: return static_cast<std::uint32_t>(fw::Activation::kLeakyRelu);
     case Activation::Tanh: return static_cast<std::uint32_t>(fw::Activation::kTanh);
     case Activation::HardSigmoid: return static_cast<std::uint32_t>(fw::Activation::kHardSigmoid);
+    case Activation::HardSwish: return static_cast<std::uint32_t>(fw::Activation::kHardSwish);
   }
   return 0;
 }

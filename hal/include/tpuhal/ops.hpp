@@ -75,10 +75,11 @@ class TPUHAL_API Tensor {
   std::shared_ptr<const detail::TensorState> state_;
 };
 
-enum class Activation : std::uint8_t { None, Relu, Clip, Sigmoid, Silu, LeakyRelu, Tanh, HardSigmoid };
+enum class Activation : std::uint8_t { None, Relu, Clip, Sigmoid, Silu, LeakyRelu, Tanh, HardSigmoid, HardSwish };
 
 // An activation and its parameters: Clip clamps to [alpha, beta] (relu6 is
-// clip(0, 6)); LeakyRelu uses alpha; HardSigmoid is clamp(alpha*x + beta, 0, 1).
+// clip(0, 6)); LeakyRelu uses alpha; HardSigmoid is clamp(alpha*x + beta, 0, 1);
+// HardSwish is x * HardSigmoid(x) (ONNX's HardSwish: alpha 1/6, beta 1/2).
 struct ActivationParams {
   Activation kind = Activation::None;
   float alpha = 0;
@@ -91,6 +92,7 @@ struct ActivationParams {
   static ActivationParams leaky_relu(float a = 0.01f) { return {Activation::LeakyRelu, a, 0}; }
   static ActivationParams tanh() { return {Activation::Tanh, 0, 0}; }
   static ActivationParams hard_sigmoid(float a = 0.2f, float b = 0.5f) { return {Activation::HardSigmoid, a, b}; }
+  static ActivationParams hard_swish(float a = 1.0f / 6, float b = 0.5f) { return {Activation::HardSwish, a, b}; }
 };
 
 enum class Layout : std::uint8_t { NCHW, NHWC };

@@ -68,6 +68,7 @@ float activate(fw::Activation act, float alpha, float beta, float x) {
     case fw::Activation::kLeakyRelu: return x < 0 ? alpha * x : x;
     case fw::Activation::kTanh: return std::tanh(x);
     case fw::Activation::kHardSigmoid: return std::min(std::max(alpha * x + beta, 0.0f), 1.0f);
+    case fw::Activation::kHardSwish: return x * std::min(std::max(alpha * x + beta, 0.0f), 1.0f);
   }
   return x;
 }
@@ -88,6 +89,9 @@ void activate_span(fw::Activation act, float alpha, float beta, float* p, std::u
       return;
     case fw::Activation::kHardSigmoid:
       for (std::uint64_t i = 0; i < n; ++i) p[i] = std::min(std::max(alpha * p[i] + beta, 0.0f), 1.0f);
+      return;
+    case fw::Activation::kHardSwish:
+      for (std::uint64_t i = 0; i < n; ++i) p[i] = p[i] * std::min(std::max(alpha * p[i] + beta, 0.0f), 1.0f);
       return;
     case fw::Activation::kSigmoid:
     case fw::Activation::kSilu:

@@ -97,8 +97,9 @@ enum class Activation : std::uint32_t {
   kLeakyRelu = 5,  // x < 0 ? alpha * x : x
   kTanh = 6,
   kHardSigmoid = 7,  // clamp(alpha * x + beta, 0, 1)
+  kHardSwish = 8,    // x * clamp(alpha * x + beta, 0, 1) (interface 1.4)
 };
-inline constexpr std::uint32_t kMaxActivation = 7;
+inline constexpr std::uint32_t kMaxActivation = 8;
 
 struct MatMulAttrs {
   std::uint32_t trans_a, trans_b;  // 0 or 1: use the last two dims transposed

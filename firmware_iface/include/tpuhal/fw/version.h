@@ -29,8 +29,9 @@ struct Version {
 // The interface this header set describes. 1.1 added tensor ops and calls
 // (kTensorOp, kCall, kCapTensor); 1.2 the video engine (video.h: kVideoOpen,
 // kVideoDecode, kVideoClose, reg::kVideoDoorbell, kCapVideoDecode); 1.3 the
-// elementwise mode ElementwiseOp::kErf (tensor.h).
-inline constexpr Version kInterfaceVersion{1, 3};
+// elementwise mode ElementwiseOp::kErf (tensor.h); 1.4 the activation
+// Activation::kHardSwish (tensor.h).
+inline constexpr Version kInterfaceVersion{1, 4};
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a
 // board advertising `board` agree on, or kBadArgument with field
