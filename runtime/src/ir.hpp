@@ -20,15 +20,18 @@
 
 namespace tpuhal::rt::detail {
 
+// The number of elements of a tensor of `shape`.
+inline std::uint64_t elements_of(const std::vector<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
 struct Value {
   std::vector<std::int64_t> shape;
   std::optional<std::vector<float>> data;  // a constant (initializer, Constant node, folded)
   std::vector<std::int64_t> ints;          // an int64 constant's values (Reshape shapes)
-  std::uint64_t elements() const {
-    std::uint64_t n = 1;
-    for (auto d : shape) n *= static_cast<std::uint64_t>(d);
-    return n;
-  }
+  std::uint64_t elements() const { return elements_of(shape); }
 };
 
 struct Node {

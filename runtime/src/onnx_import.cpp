@@ -363,8 +363,7 @@ struct Importer {
       Value fill = make_constant({}, {0.0}, false);
       if (const auto* v = a.find("value")) fill = tensor_value(v->t(), "node '" + n.name + "' value");
       if (fill.elements() != 1) fail_node(n, "its value is not one element");
-      Value out = make_constant(shape.ints, {}, is_integer(fill));
-      const auto count = out.elements();
+      const auto count = elements_of(shape.ints);
       if (count > (std::uint64_t{1} << 26)) fail_node(n, "a constant of " + std::to_string(count) + " elements");
       return make_constant(shape.ints, std::vector<double>(count, values_of(fill)[0]), is_integer(fill));
     }
@@ -383,7 +382,7 @@ struct Importer {
       const Value &c = in(n, 0), &p = in(n, 1), &q = in(n, 2);
       const auto shape = broadcast(n, broadcast(n, c.shape, p.shape), q.shape);
       const auto cv = values_of(c), pv = values_of(p), qv = values_of(q);
-      std::vector<double> r(make_constant(shape, {}, false).elements());
+      std::vector<double> r(elements_of(shape));
       for (std::uint64_t i = 0; i < r.size(); ++i)
         r[i] = cv[broadcast_index(shape, c.shape, i)] != 0 ? pv[broadcast_index(shape, p.shape, i)]
                                                            : qv[broadcast_index(shape, q.shape, i)];
@@ -427,7 +426,7 @@ struct Importer {
     }
     if (op == "Expand") {
       const auto shape = expanded(n);
-      std::vector<double> r(make_constant(shape, {}, false).elements());
+      std::vector<double> r(elements_of(shape));
       for (std::uint64_t i = 0; i < r.size(); ++i) r[i] = vals[broadcast_index(shape, x.shape, i)];
       return make_constant(shape, r, is_integer(x));
     }
