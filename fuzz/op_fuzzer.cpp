@@ -123,6 +123,8 @@ bool window_has_tap(std::int64_t in, std::int64_t kernel, std::int64_t stride, s
 
 #define RULE(cond) FUZZ_CHECK(cond, "%s accepted", fw::to_string(kind))
 
+void check_output_distinct(const fw::TensorRef& y);
+
 void check_matmul_shapes(fw::OpKind kind, const fw::TensorRef& a, const fw::TensorRef& b, const fw::TensorRef& y,
                          bool trans_a, bool trans_b) {
   const std::uint32_t r = y.rank;
@@ -257,6 +259,50 @@ void check_rules(const fw::OpBlock& b) {
       RULE((is_float(y.dtype) || y.dtype == 5) && y.rank == 3 && y.shape[0] == 3 && y.shape[1] == h && y.shape[2] == w);
       break;
     }
+    case fw::OpKind::kTopK: {
+      // X, Values (opt), Indices: Indices i32 of X's shape but 1..len along
+      // the axis; Values likewise in X's dtype, written once, apart from X
+      // and Indices.
+      const auto& at = std::get<fw::TopKAttrs>(b.attrs);
+      const fw::TensorRef& x = t[0];
+      RULE(y.dtype == 6 && x.dtype != 0 && y.rank == x.rank && at.axis < x.rank);
+      RULE(at.largest <= 1 && at.last_index <= 1 && at.reserved == 0 && x.shape[at.axis] < (1ull << 31));
+      for (std::uint32_t d = 0; d < x.rank; ++d)
+        RULE(d == at.axis ? y.shape[d] >= 1 && y.shape[d] <= x.shape[d] : y.shape[d] == x.shape[d]);
+      if (t[1].dtype) {
+        RULE(t[1].dtype == x.dtype && same_shape(t[1], y));
+        check_output_distinct(t[1]);
+        for (std::uint32_t i : {0u, 2u})
+          if (b.extent[1] && b.extent[i])
+            RULE(u128{t[1].address} + b.extent[1] <= t[i].address || u128{t[i].address} + b.extent[i] <= t[1].address);
+      }
+      break;
+    }
+    case fw::OpKind::kConvTranspose2d: {
+      // W [Cin, Cout/groups, kh, kw]; each output length is the transposed
+      // window's, (in-1)*stride + (k-1)*dilation + 1 - pads, plus less than
+      // max(stride, dilation).
+      const auto& at = std::get<fw::ConvAttrs>(b.attrs);
+      const fw::TensorRef &x = t[0], &w = t[1];
+      RULE(is_float(x.dtype) && w.dtype == x.dtype && y.dtype == x.dtype);
+      RULE(x.rank == 4 && w.rank == 4 && y.rank == 4 && at.layout <= 1);
+      const bool nhwc = at.layout == 1;
+      const std::uint32_t dc = nhwc ? 3 : 1, dh = nhwc ? 1 : 2;
+      RULE(at.groups >= 1 && x.shape[dc] % at.groups == 0 && w.shape[0] == x.shape[dc]);
+      RULE(y.shape[0] == x.shape[0] && y.shape[dc] == w.shape[1] * at.groups);
+      for (std::uint32_t k = 0; k < 2; ++k) {
+        RULE(at.stride[k] >= 1 && at.dilation[k] >= 1 && x.shape[dh + k] >= 1 && w.shape[2 + k] >= 1);
+        const u128 full = u128{x.shape[dh + k] - 1} * at.stride[k] + u128{w.shape[2 + k] - 1} * at.dilation[k] + 1;
+        const u128 out = u128{y.shape[dh + k]} + at.pad[k] + at.pad[k + 2];
+        RULE(out >= full && out < full + std::max(at.stride[k], at.dilation[k]) && y.shape[dh + k] >= 1);
+      }
+      if (t[2].dtype) RULE(is_float(t[2].dtype) && t[2].rank == 1 && t[2].shape[0] == y.shape[dc]);
+      break;
+    }
+    case fw::OpKind::kWhere:
+      RULE(t[0].dtype == 5 && t[1].dtype == y.dtype && t[2].dtype == y.dtype);
+      RULE(same_shape(t[0], y) && same_shape(t[1], y) && same_shape(t[2], y));
+      break;
     case fw::OpKind::kInvalid: RULE(false);
   }
 }

@@ -242,8 +242,9 @@ bool check_matmul(Check& c, const OpBlock& b, const MatMulAttrs& at) {
 }
 
 // X [N,C,H,W] (or NHWC), W [Cout, Cin/groups, kh, kw], Y [N,Cout,OH,OW].
-bool check_conv_shapes(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix, std::uint32_t iw,
-                       std::uint32_t iy) {
+// Layout, strides, dilations and pads in range; X, W and Y of rank 4.
+bool check_conv_geometry(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix, std::uint32_t iw,
+                         std::uint32_t iy) {
   if (!expect_attr(c, offsetof(ConvAttrs, layout), at.layout <= 1, at.layout, 1)) return false;
   for (int k = 0; k < 2; ++k) {
     if (!expect_attr(c, offsetof(ConvAttrs, stride) + 4 * k, at.stride[k] >= 1 && at.stride[k] <= 65536, at.stride[k],
@@ -254,7 +255,12 @@ bool check_conv_shapes(Check& c, const OpBlock& b, const ConvAttrs& at, std::uin
   }
   for (int k = 0; k < 4; ++k)
     if (!expect_attr(c, offsetof(ConvAttrs, pad) + 4 * k, at.pad[k] <= 65536, at.pad[k], 65536)) return false;
-  if (!expect_rank(c, b, ix, 4) || !expect_rank(c, b, iw, 4) || !expect_rank(c, b, iy, 4)) return false;
+  return expect_rank(c, b, ix, 4) && expect_rank(c, b, iw, 4) && expect_rank(c, b, iy, 4);
+}
+
+bool check_conv_shapes(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix, std::uint32_t iw,
+                       std::uint32_t iy) {
+  if (!check_conv_geometry(c, b, at, ix, iw, iy)) return false;
   const bool nhwc = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
   const TensorRef &x = b.tensors[ix], &w = b.tensors[iw];
   const std::uint64_t n = x.shape[0], cin = nhwc ? x.shape[3] : x.shape[1];
@@ -282,6 +288,43 @@ bool check_conv(Check& c, const OpBlock& b, const ConvAttrs& at) {
   if (present(b.tensors[2])) {
     if (!expect_dtype(c, b, 2, is_float(dt(b.tensors[2]))) || !expect_rank(c, b, 2, 1) ||
         !expect_dim(c, b, 2, 0, b.tensors[1].shape[0]))
+      return false;
+  }
+  return true;
+}
+
+// X [N,Cin,H,W] (or NHWC), W [Cin, Cout/groups, kh, kw], Y [N,Cout,OH,OW]
+// with OH = (H-1)*stride + (kh-1)*dilation + 1 - pad_top - pad_bottom + p,
+// 0 <= p < max(stride, dilation) (ONNX's output_padding), likewise OW.
+bool check_conv_transpose(Check& c, const OpBlock& b, const ConvAttrs& at) {
+  if (!check_activation(c, offsetof(ConvAttrs, activation), at.activation, at.act_alpha, at.act_beta)) return false;
+  const DType tx = dt(b.tensors[0]);
+  if (!expect_dtype(c, b, 0, is_float(tx)) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == tx) ||
+      !expect_dtype(c, b, 3, dt(b.tensors[3]) == tx) || !check_conv_geometry(c, b, at, 0, 1, 3))
+    return false;
+  const bool nhwc = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
+  const TensorRef &x = b.tensors[0], &w = b.tensors[1];
+  const std::uint32_t dc = nhwc ? 3 : 1, dh = nhwc ? 1 : 2, dw = nhwc ? 2 : 3;
+  const std::uint64_t cin = x.shape[dc];
+  if (!expect_attr(c, offsetof(ConvAttrs, groups), at.groups >= 1 && cin % at.groups == 0, at.groups) ||
+      !expect_dim(c, b, 1, 0, cin))
+    return false;
+  const std::uint64_t cout = w.shape[1] * at.groups;
+  if (!expect_dim(c, b, 3, 0, x.shape[0]) || !expect_dim(c, b, 3, dc, cout)) return false;
+  for (std::uint32_t k = 0; k < 2; ++k) {
+    const std::uint32_t d = k == 0 ? dh : dw;
+    const std::int64_t in = static_cast<std::int64_t>(x.shape[d]), kernel = static_cast<std::int64_t>(w.shape[2 + k]);
+    if (in == 0 || kernel == 0)
+      return c.fail(CmdStatus::kBadArgument, tensor_field(in == 0 ? 0 : 1, A::kShape, in == 0 ? d : 2 + k), 0, 1);
+    const std::int64_t base = (in - 1) * at.stride[k] + (kernel - 1) * at.dilation[k] + 1 - at.pad[k] - at.pad[k + 2];
+    const std::int64_t slack = std::max(at.stride[k], at.dilation[k]) - 1;
+    const auto out = static_cast<std::int64_t>(b.tensors[3].shape[d]);
+    if (out < 1 || out < base || out > base + slack)
+      return c.fail(CmdStatus::kBadArgument, tensor_field(3, A::kShape, d), b.tensors[3].shape[d],
+                    static_cast<std::uint64_t>(std::max<std::int64_t>(base, 0)));
+  }
+  if (present(b.tensors[2])) {
+    if (!expect_dtype(c, b, 2, is_float(dt(b.tensors[2]))) || !expect_rank(c, b, 2, 1) || !expect_dim(c, b, 2, 0, cout))
       return false;
   }
   return true;
@@ -439,6 +482,50 @@ bool check_resize(Check& c, const OpBlock& b, const ResizeAttrs& at) {
   return expect_dim(c, b, 1, 0, b.tensors[0].shape[0]) && expect_dim(c, b, 1, dc, b.tensors[0].shape[dc]);
 }
 
+// X, Values (opt), Indices: see TopKAttrs. Values is an output too: it must
+// not write an element twice or overlap X or Indices.
+bool check_top_k(Check& c, const OpBlock& b, const TopKAttrs& at) {
+  const TensorRef &x = b.tensors[0], &idx = b.tensors[2];
+  const DType tx = dt(x);
+  if (!expect_dtype(c, b, 0, tx != DType::kNone) || !expect_dtype(c, b, 2, dt(idx) == DType::kI32) ||
+      !expect_attr(c, offsetof(TopKAttrs, axis), x.rank > 0 && at.axis < x.rank, at.axis, x.rank) ||
+      !expect_attr(c, offsetof(TopKAttrs, largest), at.largest <= 1, at.largest, 1) ||
+      !expect_attr(c, offsetof(TopKAttrs, last_index), at.last_index <= 1, at.last_index, 1) ||
+      !expect_attr(c, offsetof(TopKAttrs, reserved), at.reserved == 0, at.reserved, 0) || !expect_rank(c, b, 2, x.rank))
+    return false;
+  for (std::uint32_t d = 0; d < x.rank; ++d) {
+    if (d != at.axis) {
+      if (!expect_dim(c, b, 2, d, x.shape[d])) return false;
+    } else if (idx.shape[d] < 1 || idx.shape[d] > x.shape[d]) {
+      return c.fail(CmdStatus::kBadArgument, tensor_field(2, A::kShape, d), idx.shape[d], x.shape[d]);
+    }
+  }
+  if (x.shape[at.axis] > 0x7FFF'FFFF)  // indices are i32
+    return c.fail(CmdStatus::kBadArgument, tensor_field(0, A::kShape, at.axis), x.shape[at.axis], 0x7FFF'FFFF);
+  if (!present(b.tensors[1])) return true;
+  if (!expect_dtype(c, b, 1, dt(b.tensors[1]) == tx) || !expect_same_shape(c, b, 1, 2) ||
+      !check_no_self_overlap(c, b.tensors[1], 1))
+    return false;
+  for (std::uint32_t i : {0u, 2u}) {
+    const TensorRef& v = b.tensors[1];
+    const TensorRef& o = b.tensors[i];
+    if (b.extent[1] && b.extent[i] && v.address < o.address + b.extent[i] && o.address < v.address + b.extent[1])
+      return c.fail(CmdStatus::kBadArgument, tensor_field(1, A::kOverlap), i, v.address);
+  }
+  return true;
+}
+
+// Cond (u8, nonzero is true), A, B, Y: all Y's shape (broadcast operands
+// have stride 0); A, B and Y one dtype.
+bool check_where(Check& c, const OpBlock& b, const QuantAttrs& at) {
+  for (auto r : at.reserved)
+    if (r) return c.fail(CmdStatus::kReservedNotZero, attr_field(0), r);
+  const DType ty = dt(b.tensors[3]);
+  return expect_dtype(c, b, 0, dt(b.tensors[0]) == DType::kU8) && expect_dtype(c, b, 1, dt(b.tensors[1]) == ty) &&
+         expect_dtype(c, b, 2, dt(b.tensors[2]) == ty) && expect_same_shape(c, b, 0, 3) &&
+         expect_same_shape(c, b, 1, 3) && expect_same_shape(c, b, 2, 3);
+}
+
 bool check_color(Check& c, const OpBlock& b, const ColorConvertAttrs& at) {
   if (!expect_attr(c, offsetof(ColorConvertAttrs, format), at.format <= 1, at.format, 1) ||
       !expect_attr(c, offsetof(ColorConvertAttrs, reserved0), at.reserved0 == 0, at.reserved0, 0))
@@ -581,6 +668,9 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
     }
     case OpKind::kResize: ok = check_resize(c, b, std::get<ResizeAttrs>(b.attrs)); break;
     case OpKind::kColorConvert: ok = check_color(c, b, std::get<ColorConvertAttrs>(b.attrs)); break;
+    case OpKind::kTopK: ok = check_top_k(c, b, std::get<TopKAttrs>(b.attrs)); break;
+    case OpKind::kConvTranspose2d: ok = check_conv_transpose(c, b, std::get<ConvAttrs>(b.attrs)); break;
+    case OpKind::kWhere: ok = check_where(c, b, std::get<QuantAttrs>(b.attrs)); break;
     case OpKind::kInvalid: break;
   }
   if (!ok) return c.failed ? c.problem : Problem{CmdStatus::kBadArgument, kFieldOpKind, h.kind};

@@ -314,6 +314,17 @@ class Builder {
            "clip minimum " + std::to_string(a.alpha) + " is above its maximum " + std::to_string(a.beta));
   }
 
+  // Operands i and j (in the order arg() met them) do not overlap: for an
+  // output that is not the last operand.
+  void disjoint(std::size_t i, std::size_t j) {
+    const Span &a = spans_.at(i), &o = spans_.at(j);
+    if (a.buffer == o.buffer && a.bytes && o.bytes && a.offset < o.offset + o.bytes && o.offset < a.offset + a.bytes)
+      fail(Status::InvalidArgument, std::string("the output ") + a.role + " overlaps " + o.role + " (bytes [" +
+                                        std::to_string(a.offset) + ", " + std::to_string(a.offset + a.bytes) +
+                                        ") and [" + std::to_string(o.offset) + ", " +
+                                        std::to_string(o.offset + o.bytes) + ") of the same buffer)");
+  }
+
   Op finish(std::vector<TensorArg> tensors) {
     // What the kind's line in op_kinds.inc promises every backend.
     const driver::OpKindInfo& kind = driver::op_kind_info(desc_->kind);
@@ -596,6 +607,54 @@ Op conv2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions
   return b.finish({b.arg(x, "x"), b.arg(w, "w"), bias, b.arg(y, "y")});
 }
 
+Op conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o) {
+  Builder b(driver::OpKind::ConvTranspose2d, "conv_transpose2d");
+  b.dtype_in(x, "x", kFloats);
+  b.same_dtype(w, "w", x, "x");
+  b.same_dtype(y, "y", x, "x");
+  b.activation(o.activation);
+  const auto [n, c, h, wd] = nchw(b, x, o.layout, "x");
+  if (w.rank() != 4)
+    b.fail(Status::InvalidArgument,
+           "w has rank " + std::to_string(w.rank()) + "; expected 4 [Cin, Cout/groups, kh, kw]");
+  const auto& ws = w.shape();
+  if (o.groups == 0 || c % o.groups)
+    b.fail(Status::InvalidArgument,
+           "groups " + std::to_string(o.groups) + " must divide the input channels (" + std::to_string(c) + ")");
+  if (ws[0] != c)
+    b.fail(Status::InvalidArgument,
+           "w has shape " + dims_text(ws) + "; its dimension 0 must be the input channels, " + std::to_string(c));
+  for (int k = 0; k < 2; ++k)
+    if (o.strides[k] < 1 || o.dilations[k] < 1 || o.strides[k] > 65536 || o.dilations[k] > 65536)
+      b.fail(Status::InvalidArgument, "strides and dilations must be 1 to 65536");
+  for (auto p : o.pads)
+    if (p > 65536) b.fail(Status::InvalidArgument, "pad " + std::to_string(p) + " is above 65536");
+  if (h == 0 || wd == 0 || ws[2] == 0 || ws[3] == 0)
+    b.fail(Status::InvalidArgument, "x " + dims_text(x.shape()) + " and w " + dims_text(ws) + " must not be empty");
+  const auto [yn, yc, yh, yw] = nchw(b, y, o.layout, "y");
+  const std::int64_t cout = ws[1] * o.groups;
+  const std::array<std::int64_t, 2> in{h, wd}, out{yh, yw};
+  for (int k = 0; k < 2; ++k) {
+    const std::int64_t base =
+        (in[k] - 1) * o.strides[k] + (ws[2 + k] - 1) * o.dilations[k] + 1 - o.pads[k] - o.pads[k + 2];
+    const std::int64_t slack = std::max(o.strides[k], o.dilations[k]) - 1;
+    if (yn != n || yc != cout || out[k] < 1 || out[k] < base || out[k] > base + slack)
+      b.fail(Status::InvalidArgument,
+             "y has shape " + dims_text(y.shape()) + "; expected " +
+                 dims_text(make_shape(o.layout, n, cout, k == 0 ? base : yh, k == 1 ? base : yw)) +
+                 (slack ? " (plus up to " + std::to_string(slack) + " output padding along H and W)" : "") +
+                 " from x " + dims_text(x.shape()) + ", w " + dims_text(ws) + ", strides, pads and dilations");
+  }
+  TensorArg bias = b.absent();
+  if (o.bias) {
+    b.dtype_in(*o.bias, "bias", kFloats);
+    b.shape_is(*o.bias, "bias", {cout}, "one per output channel");
+    bias = b.arg(*o.bias, "bias");
+  }
+  b.desc().attrs = conv_attrs(o);
+  return b.finish({b.arg(x, "x"), b.arg(w, "w"), bias, b.arg(y, "y")});
+}
+
 Op max_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& o) { return pool(true, x, y, o); }
 Op avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& o) { return pool(false, x, y, o); }
 
@@ -657,6 +716,65 @@ Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis, bool log_softmax
            "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
   b.desc().attrs = driver::SoftmaxAttrs{static_cast<std::uint32_t>(axis < 0 ? axis + rank : axis), log_softmax};
   return b.finish({b.arg(x, "x"), b.arg(y, "y")});
+}
+
+Op where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& y) {
+  Builder bd(driver::OpKind::Where, "where");
+  bd.dtype_in(cond, "cond", {DType::U8});
+  bd.same_dtype(b, "b", a, "a");
+  bd.same_dtype(y, "y", a, "a");
+  std::vector<TensorArg> t{bd.broadcast(cond, "cond", y.shape()), bd.broadcast(a, "a", y.shape()),
+                           bd.broadcast(b, "b", y.shape()), bd.arg(y, "y")};
+  bd.desc().attrs = driver::NoAttrs{};
+  return bd.finish(std::move(t));
+}
+
+namespace {
+Op top_k_op(const char* name, const Tensor& x, const std::optional<Tensor>& values, const Tensor& indices,
+            const TopKOptions& o, bool arg) {
+  Builder b(driver::OpKind::TopK, name);
+  b.dtype_in(indices, "indices", {DType::I32});
+  const auto rank = static_cast<std::int64_t>(x.rank());
+  if (rank == 0 || o.axis < -rank || o.axis >= rank)
+    b.fail(Status::InvalidArgument,
+           "axis " + std::to_string(o.axis) + " is out of range for rank " + std::to_string(rank));
+  const auto axis = static_cast<std::size_t>(o.axis < 0 ? o.axis + rank : o.axis);
+  const auto& xs = x.shape();
+  auto want = xs;
+  want[axis] = indices.rank() == x.rank() && !arg ? indices.shape()[axis] : 1;
+  if (indices.shape() != want || want[axis] < 1 || want[axis] > xs[axis])
+    b.fail(Status::InvalidArgument, "indices has shape " + dims_text(indices.shape()) + "; expected x's shape " +
+                                        dims_text(xs) + " with " +
+                                        (arg ? std::string("1") : "k (1 to " + std::to_string(xs[axis]) + ")") +
+                                        " along axis " + std::to_string(axis));
+  if (xs[axis] > 0x7FFF'FFFF)
+    b.fail(Status::InvalidArgument, "x has " + std::to_string(xs[axis]) + " elements along axis " +
+                                        std::to_string(axis) + "; i32 indices reach 2^31 - 1");
+  TensorArg v = b.absent();
+  if (values) {
+    b.same_dtype(*values, "values", x, "x");
+    b.shape_is(*values, "values", want, "the shape of indices");
+    for (std::size_t d = 0; d < want.size(); ++d)
+      if (want[d] > 1 && values->strides()[d] == 0)
+        b.fail(Status::InvalidArgument, "the output values has stride 0 in dimension " + std::to_string(d));
+  }
+  TensorArg xa = b.arg(x, "x");
+  if (values) v = b.arg(*values, "values");
+  TensorArg ia = b.arg(indices, "indices");
+  if (values) b.disjoint(1, 0), b.disjoint(1, 2);
+  b.desc().attrs = driver::TopKAttrs{static_cast<std::uint32_t>(axis), o.largest, o.last_index};
+  return b.finish({xa, v, ia});
+}
+}  // namespace
+
+Op top_k(const Tensor& x, const std::optional<Tensor>& values, const Tensor& indices, const TopKOptions& o) {
+  return top_k_op("top_k", x, values, indices, o, false);
+}
+Op argmax(const Tensor& x, const Tensor& indices, std::int64_t axis, bool last_index) {
+  return top_k_op("argmax", x, std::nullopt, indices, {axis, true, last_index}, true);
+}
+Op argmin(const Tensor& x, const Tensor& indices, std::int64_t axis, bool last_index) {
+  return top_k_op("argmin", x, std::nullopt, indices, {axis, false, last_index}, true);
 }
 
 Op quantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point, const Tensor& y,

@@ -135,6 +135,18 @@ class OpKinds : public ::testing::TestWithParam<OpKind> {
         Tensor y = output(f, {3, 2, 2});
         return {ops::nv12_to_rgb(input(u8, {2, 2}, 100), input(u8, {1, 1, 2}, 128), y), y};
       }
+      case OpKind::TopK: {
+        Tensor y = output(DType::I32, {2, 1});
+        return {ops::argmax(input(f, {2, 3}, 1), y, 1), y};
+      }
+      case OpKind::ConvTranspose2d: {
+        Tensor y = output(f, {1, 1, 3, 3});
+        return {ops::conv_transpose2d(input(f, {1, 1, 2, 2}, 1), input(f, {1, 1, 2, 2}, 1), y), y};
+      }
+      case OpKind::Where: {
+        Tensor y = output(f, {4});
+        return {ops::where(input(u8, {4}, 1), input(f, {4}, 2), input(f, {4}, 3), y), y};
+      }
     }
     ADD_FAILURE() << "no sample op of kind " << static_cast<int>(k);
     return {};

@@ -67,6 +67,24 @@ TEST(OpsDeterminism, ResultsAreBitIdenticalWhateverTheEngineThreadCount) {
                      o.bias = in[2];
                      return ops::conv2d(in[0], in[1], y, o);
                    }});
+  cases.push_back({"conv_transpose2d f32 stride 2 with bias",
+                   {R(DType::F32, {2, 8, 9, 9}), R(DType::F32, {8, 6, 4, 4}), R(DType::F32, {6})},
+                   DType::F32,
+                   {2, 6, 18, 18},
+                   [](Lab&, const std::vector<Tensor>& in, const Tensor& y) {
+                     Conv2dOptions o;
+                     o.strides = {2, 2};
+                     o.pads = {1, 1, 1, 1};
+                     o.bias = in[2];
+                     return ops::conv_transpose2d(in[0], in[1], y, o);
+                   }});
+  cases.push_back({"top_k f32 over 4096 lanes",
+                   {R(DType::F32, {64, 300, 64})},
+                   DType::I32,
+                   {64, 5, 64},
+                   [](Lab&, const std::vector<Tensor>& in, const Tensor& y) {
+                     return ops::top_k(in[0], std::nullopt, y, {1, true, false});
+                   }});
   cases.push_back({"conv2d f16 NHWC depthwise",
                    {R(DType::F16, {1, 16, 16, 12}), R(DType::F16, {12, 1, 3, 3})},
                    DType::F16,

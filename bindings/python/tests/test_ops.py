@@ -139,6 +139,44 @@ def test_hard_swish_activation(dev, queue):
     assert tpuhal.Activation("hard_swish").kind == "hard_swish"
 
 
+def test_top_k_argmax_and_where(dev, queue):
+    x = np.array([[3, 1, 3, -2, 8], [0, 0, 5, 5, -1]], np.float32)
+    tx = tpuhal.Tensor(dev.upload(x))
+    values, indices = dev.tensor((2, 3), "f32"), dev.tensor((2, 3), "i32")
+    queue.run(ops.top_k(tx, values, indices, axis=1)).submit().wait()
+    np.testing.assert_array_equal(indices.download(), [[4, 0, 2], [2, 3, 0]])
+    np.testing.assert_array_equal(values.download(), [[8, 3, 3], [5, 5, 0]])
+    only = dev.tensor((2, 2), "i32")
+    queue.run(ops.top_k(tx, None, only, axis=1, largest=False, last_index=True)).submit().wait()
+    np.testing.assert_array_equal(only.download(), [[3, 1], [4, 1]])
+    arg = dev.tensor((1, 5), "i32")
+    queue.run(ops.argmax(tx, arg, axis=0)).submit().wait()
+    np.testing.assert_array_equal(arg.download(), [[0, 0, 1, 1, 0]])
+    queue.run(ops.argmin(tx, arg, axis=0, last_index=True)).submit().wait()
+    np.testing.assert_array_equal(arg.download(), [[1, 1, 0, 0, 1]])
+    with pytest.raises(tpuhal.InvalidArgument, match="argmax: indices has shape"):
+        ops.argmax(tx, dev.tensor((2, 2), "i32"), axis=1)
+
+    cond = np.array([1, 0, 1, 0, 0], np.uint8)
+    y = dev.tensor((2, 5), "f32")
+    queue.run(ops.where(tpuhal.Tensor(dev.upload(cond)), tx, tpuhal.Tensor(dev.upload(-x)), y)).submit().wait()
+    np.testing.assert_array_equal(y.download(), np.where(cond.astype(bool), x, -x))
+    with pytest.raises(tpuhal.InvalidArgument, match="where: cond is f32"):
+        ops.where(tx, tx, tx, y)
+
+
+def test_conv_transpose2d_doubles_the_size(dev, queue):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 2, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((2, 1, 2, 2)).astype(np.float32)
+    y = dev.tensor((1, 1, 6, 6), "f32")
+    queue.run(ops.conv_transpose2d(tpuhal.Tensor(dev.upload(x)), tpuhal.Tensor(dev.upload(w)), y, strides=2)
+              ).submit().wait()
+    # stride 2 and a 2x2 kernel: each input pixel paints its own 2x2 block.
+    want = np.einsum("nchw,cokl->nohkwl", x.astype(np.float64), w.astype(np.float64)).reshape(1, 1, 6, 6)
+    np.testing.assert_allclose(y.download(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_program_records_and_replays(dev, queue):
     x = np.arange(8, dtype=np.float32) - 4
     tx = tpuhal.Tensor(dev.upload(x))

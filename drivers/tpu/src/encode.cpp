@@ -148,6 +148,13 @@ std::vector<std::byte> encode_op(const driver::OpDesc& op) {
       }
       append_bytes(out, a);
     }
+    void operator()(const driver::TopKAttrs& t) const {
+      fw::TopKAttrs a{};
+      a.axis = t.axis;
+      a.largest = t.largest;
+      a.last_index = t.last_index;
+      append_bytes(out, a);
+    }
   };
   std::visit(AttrVisitor{attrs}, op.attrs);
   h.attr_bytes = static_cast<std::uint32_t>(attrs.size());

@@ -150,6 +150,14 @@ TPUHAL_API std::array<std::uint32_t, 2> same_pads(std::uint32_t input, std::uint
                                                   std::uint32_t dilation, bool lower = false);
 TPUHAL_API Op conv2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& options = {});
 
+// Transposed convolution (ONNX ConvTranspose; conv2d's gradient by its
+// input): x [N, Cin, H, W] (or NHWC), w [Cin, Cout/groups, kh, kw], y
+// [N, Cout, OH, OW] with OH = (H-1)*stride + (kh-1)*dilation + 1 - pad_top -
+// pad_bottom + p, where 0 <= p < max(stride, dilation) is ONNX's
+// output_padding, chosen by y's shape (likewise OW). Pads crop the output.
+// f32, f16, bf16; bias and activation as conv2d's.
+TPUHAL_API Op conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& options = {});
+
 struct Pool2dOptions {
   Layout layout = Layout::NCHW;
   std::array<std::uint32_t, 2> kernel{1, 1};
@@ -184,6 +192,27 @@ TPUHAL_API Op cast(const Tensor& x, const Tensor& y);
 // y = x with dimensions permuted: y dim i is x dim perm[i].
 TPUHAL_API Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm);
 TPUHAL_API Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis = -1, bool log = false);
+
+// y = cond ? a : b, elementwise with NumPy broadcasting of cond, a and b to
+// y's shape. cond is u8 (nonzero is true); a, b and y one dtype, any.
+TPUHAL_API Op where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& y);
+
+struct TopKOptions {
+  std::int64_t axis = -1;
+  bool largest = true;      // false: the smallest
+  bool last_index = false;  // ties: the higher index first (ONNX select_last_index)
+};
+// The k largest (or smallest) elements of x along `axis`, sorted, and their
+// indices: indices (i32) has x's shape but k along the axis (1 <= k <=
+// x's length there); values, when given, indices' shape in x's dtype. NaN
+// ranks before every number (largest or smallest); equal elements keep
+// index order (reversed with last_index). x: any dtype.
+TPUHAL_API Op top_k(const Tensor& x, const std::optional<Tensor>& values, const Tensor& indices,
+                    const TopKOptions& options = {});
+// The index of the largest (smallest) element along `axis`, as top_k with
+// k = 1 and no values: indices has x's shape with 1 along the axis.
+TPUHAL_API Op argmax(const Tensor& x, const Tensor& indices, std::int64_t axis = -1, bool last_index = false);
+TPUHAL_API Op argmin(const Tensor& x, const Tensor& indices, std::int64_t axis = -1, bool last_index = false);
 
 // y = saturate(round_half_even(x / scale) + zero_point). scale (f32) and
 // zero_point (u8/i8, or none: u8 zero) are scalars, or 1-D along `axis`.

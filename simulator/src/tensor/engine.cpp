@@ -305,6 +305,9 @@ fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
     }
     case fw::OpKind::kResize: resize(*this, std::get<fw::ResizeAttrs>(op.attrs), v); break;
     case fw::OpKind::kColorConvert: color_convert(*this, std::get<fw::ColorConvertAttrs>(op.attrs), v); break;
+    case fw::OpKind::kTopK: top_k(*this, std::get<fw::TopKAttrs>(op.attrs), v); break;
+    case fw::OpKind::kConvTranspose2d: conv_transpose2d(*this, std::get<fw::ConvAttrs>(op.attrs), v); break;
+    case fw::OpKind::kWhere: where(*this, v); break;
     case fw::OpKind::kInvalid: return {fw::CmdStatus::kBadArgument, fw::kFieldOpKind, 0};
   }
   return {};

@@ -129,6 +129,9 @@ void quantize(TensorEngine& e, const View* v);
 void dequantize(TensorEngine& e, const View* v);
 void resize(TensorEngine& e, const fw::ResizeAttrs& a, const View* v);
 void color_convert(TensorEngine& e, const fw::ColorConvertAttrs& a, const View* v);
+void top_k(TensorEngine& e, const fw::TopKAttrs& a, const View* v);
+void conv_transpose2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v);
+void where(TensorEngine& e, const View* v);
 float activate(fw::Activation act, float alpha, float beta, float x);
 // activate() over p[0, n) in place.
 void activate_span(fw::Activation act, float alpha, float beta, float* p, std::uint64_t n);

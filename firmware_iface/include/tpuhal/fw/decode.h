@@ -139,7 +139,7 @@ std::string arg_name(std::uint16_t opcode, std::uint16_t index);
 // ---- Tensor ops ---------------------------------------------------------------
 
 using OpAttrs = std::variant<MatMulAttrs, ConvAttrs, PoolAttrs, ElementwiseAttrs, SoftmaxAttrs, QuantAttrs, ResizeAttrs,
-                             ColorConvertAttrs>;
+                             ColorConvertAttrs, TopKAttrs>;
 
 // A validated parameter block: dtypes, ranks, shapes and strides agree with
 // the op's rules (docs/ops.md), extents do not overflow, outputs do not

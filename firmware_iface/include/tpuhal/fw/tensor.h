@@ -112,7 +112,9 @@ static_assert(sizeof(MatMulAttrs) == 32);
 
 enum class Layout : std::uint32_t { kNCHW = 0, kNHWC = 1 };
 
-// Convolution geometry: pads are top, left, bottom, right.
+// Convolution geometry: pads are top, left, bottom, right. A transposed
+// convolution (kConvTranspose2d) takes W as [Cin, Cout/groups, kh, kw] and
+// pads crop its output.
 struct ConvAttrs {
   std::uint32_t layout;  // Layout of X and Y; W is always [Cout, Cin/groups, kh, kw]
   std::uint32_t groups;
@@ -203,6 +205,18 @@ struct ResizeAttrs {
   std::uint32_t reserved[2];
 };
 static_assert(sizeof(ResizeAttrs) == 32);
+
+// TopK: Indices (I32) has X's shape but k (1 <= k <= X's length) along
+// `axis`; Values, when present, Indices' shape and X's dtype. Order: largest
+// first (smallest with largest == 0), NaN before every number either way,
+// ties by index, lower first (higher first with last_index == 1).
+struct TopKAttrs {
+  std::uint32_t axis;        // < rank
+  std::uint32_t largest;     // 0 or 1
+  std::uint32_t last_index;  // 0 or 1
+  std::uint32_t reserved;
+};
+static_assert(sizeof(TopKAttrs) == 16);
 
 enum class ColorFormat : std::uint32_t { kNV12 = 0, kI420 = 1 };
 // YUV (BT.601, limited range) -> RGB in [0, 255], then per channel

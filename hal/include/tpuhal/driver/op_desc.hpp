@@ -102,8 +102,14 @@ struct ColorConvertAttrs {
   std::array<float, 3> mean{}, scale{};
 };
 
+struct TopKAttrs {
+  std::uint32_t axis = 0;
+  bool largest = true;
+  bool last_index = false;  // ties: the higher index first
+};
+
 using OpAttrs = std::variant<NoAttrs, MatMulAttrs, ConvAttrs, PoolAttrs, ElementwiseAttrs, SoftmaxAttrs, ResizeAttrs,
-                             ColorConvertAttrs>;
+                             ColorConvertAttrs, TopKAttrs>;
 
 struct OpDesc {
   OpKind kind = OpKind::MatMul;

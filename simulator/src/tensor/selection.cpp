@@ -1,0 +1,89 @@
+// Ops that pick elements rather than compute them: top_k (and argmax) and
+// where. Both copy bits, so they are exact on every host and ISA level.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "engine.h"
+#include "numerics.h"
+
+namespace tpuhal::sim::tensor {
+
+void top_k(TensorEngine& e, const fw::TopKAttrs& at, const View* v) {
+  const View &x = v[0], &values = v[1], &idx = v[2];
+  const std::uint32_t axis = at.axis;
+  const std::uint64_t len = x.shape[axis], k = idx.shape[axis];
+  std::uint64_t outer = 1, inner = 1;
+  for (std::uint32_t d = 0; d < axis; ++d) outer *= x.shape[d];
+  for (std::uint32_t d = axis + 1; d < x.rank; ++d) inner *= x.shape[d];
+  if (outer == 0 || inner == 0) return;
+  const bool floats = is_float(x.dtype), largest = at.largest != 0, last = at.last_index != 0;
+  // The lane's offset (in elements) in a view, from the lane's number:
+  // outer and inner indices unfolded over the dimensions around the axis.
+  auto lane_offset = [&](const View& t, std::uint64_t lane) {
+    std::uint64_t off = 0, rem = lane;
+    for (std::uint32_t d = t.rank; d-- > 0;) {
+      if (d == axis) continue;
+      off += (rem % t.shape[d]) * t.strides[d];
+      rem /= t.shape[d];
+    }
+    return off;
+  };
+  struct Key {
+    double value;  // exact for every dtype (i32 included)
+    bool nan;
+    std::int64_t index;
+  };
+  // NaN first; then by value (descending for largest); then by index.
+  auto before = [&](const Key& a, const Key& b) {
+    if (a.nan != b.nan) return a.nan;
+    if (!a.nan && a.value != b.value) return largest ? a.value > b.value : a.value < b.value;
+    return last ? a.index > b.index : a.index < b.index;
+  };
+  e.pool().parallel_for(
+      outer * inner,
+      [&](std::uint64_t begin, std::uint64_t end) {
+        std::vector<Key> keys(len);
+        for (std::uint64_t lane = begin; lane < end; ++lane) {
+          const std::uint64_t xo = lane_offset(x, lane);
+          for (std::uint64_t i = 0; i < len; ++i) {
+            const std::byte* p = x.at(xo + i * x.strides[axis]);
+            if (floats) {
+              const float f = load_float(p, x.dtype);
+              keys[i] = {f, std::isnan(f), static_cast<std::int64_t>(i)};
+            } else {
+              keys[i] = {static_cast<double>(load_int(p, x.dtype)), false, static_cast<std::int64_t>(i)};
+            }
+          }
+          std::partial_sort(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(k), keys.end(), before);
+          const std::uint64_t io = lane_offset(idx, lane);
+          const std::uint64_t vo = values.present() ? lane_offset(values, lane) : 0;
+          for (std::uint64_t j = 0; j < k; ++j) {
+            const auto index = static_cast<std::int32_t>(keys[j].index);
+            std::memcpy(idx.at(io + j * idx.strides[axis]), &index, 4);
+            if (values.present())
+              std::memcpy(values.at(vo + j * values.strides[axis]),
+                          x.at(xo + static_cast<std::uint64_t>(keys[j].index) * x.strides[axis]), x.esize);
+          }
+        }
+      },
+      std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, len)));
+}
+
+void where(TensorEngine& e, const View* v) {
+  const View &cond = v[0], &a = v[1], &b = v[2], &y = v[3];
+  const View* views[4] = {&cond, &a, &b, &y};
+  const std::uint32_t esize = y.esize;
+  e.pool().parallel_for(
+      y.elements(),
+      [&](std::uint64_t begin, std::uint64_t end) {
+        for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
+          const bool c = *cond.at(off[0]) != std::byte{0};
+          std::memcpy(y.at(off[3]), c ? a.at(off[1]) : b.at(off[2]), esize);
+        });
+      },
+      16384);
+}
+
+}  // namespace tpuhal::sim::tensor
