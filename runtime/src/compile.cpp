@@ -19,14 +19,26 @@
 
 namespace tpuhal::rt {
 
+namespace {
+
+// Protobuf parses at most 2 GiB - 1 bytes (its sizes are int).
+constexpr std::uint64_t kMaxProtobufBytes = 0x7fffffff;
+
+}  // namespace
+
 #ifndef TPUHAL_RT_HAVE_ONNX
 
-CompileResult compile_onnx(std::span<const std::byte>, const CompileOptions&, std::string_view name) {
+namespace {
+
+CompileResult compile_bytes(std::span<const std::byte>, const CompileOptions&, std::string_view name,
+                            const std::filesystem::path&) {
   throw Error(Status::Unsupported,
               std::string(name) +
                   ": this tpuhal was built without ONNX (libonnx-dev, libprotobuf-dev); it loads and "
                   "runs compiled models but cannot compile");
 }
+
+}  // namespace
 
 #else
 
@@ -473,15 +485,13 @@ json report_json(const std::vector<LayerError>& r, Precision p, std::uint64_t sa
   return {{"precision", to_string(p)}, {"reference", "fp32"}, {"samples", samples}, {"layers", std::move(layers)}};
 }
 
-}  // namespace
-
-CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileOptions& options,
-                           std::string_view name) {
+CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const CompileOptions& options, std::string_view name,
+                            const std::filesystem::path& external_dir) {
   if (options.precision == Precision::Int8 && options.method == CalibrationMethod::Percentile &&
       !(options.percentile > 50.0 && options.percentile <= 100.0))
     throw Error(Status::InvalidArgument,
                 "calibration percentile " + std::to_string(options.percentile) + " is not in (50, 100]");
-  const Graph g = import_onnx(onnx_bytes, options, name);
+  const Graph g = import_onnx(onnx_bytes, options, name, external_dir);
   CompileResult result;
   result.notes = g.notes;
   const Lowered f32 = lower(g, Precision::F32, nullptr);
@@ -549,14 +559,32 @@ CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileO
   return result;
 }
 
+}  // namespace
+
 #endif
+
+CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileOptions& options,
+                           std::string_view name) {
+  return compile_bytes(onnx_bytes, options, name, options.external_data_dir);
+}
 
 CompileResult compile_onnx(const std::filesystem::path& onnx, const CompileOptions& options) {
   std::ifstream in(onnx, std::ios::binary);
   if (!in) throw Error(Status::NotFound, onnx.string() + ": cannot open the ONNX model");
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(onnx, ec);
+  if (!ec && size > kMaxProtobufBytes)
+    throw Error(Status::InvalidArgument,
+                onnx.string() + ": the ONNX model is " + std::to_string(size) +
+                    " bytes; protobuf cannot parse a model file over 2 GiB. Save it with its weights as external "
+                    "data (onnx.save_model(model, path, save_as_external_data=True); PyTorch's exporter does so "
+                    "for models over 2 GB) and compile the .onnx file");
   const std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return compile_onnx(std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()), data.size()), options,
-                      onnx.filename().string());
+  // External data is found next to the model unless the caller says where.
+  std::filesystem::path dir = options.external_data_dir;
+  if (dir.empty()) dir = onnx.has_parent_path() ? onnx.parent_path() : std::filesystem::path(".");
+  return compile_bytes(std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()), data.size()),
+                       options, onnx.filename().string(), dir);
 }
 
 }  // namespace tpuhal::rt

@@ -7,6 +7,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -39,13 +40,14 @@ struct Node {
   std::string op;                   // ONNX op type
   std::vector<std::string> inputs;  // value names; "" for an omitted optional input
   std::string output;               // the one output used
+  std::string output2;              // TopK's second output (indices), or empty
   onnx::NodeProto proto;            // its attributes
   ActivationParams act;             // fused Relu / Clip (Conv, Gemm, MatMul)
   std::string fused;                // what was fused into it, for the report ("Relu 'r1'")
   // Parameters the importer resolved from constant inputs and attributes:
   // "axes" (Reduce*, non-negative, ascending), "lo" and "step" (Slice),
   // "pads" and "value" (Pad), "scales" (Resize: H and W, given or out / in),
-  // "exponent" (Pow).
+  // "exponent" (Pow), "axis", "largest", "last_index" (ArgMax, ArgMin, TopK).
   std::map<std::string, std::vector<double>> params;
 };
 
@@ -60,7 +62,10 @@ struct Graph {
 };
 
 // Parses, checks and simplifies an ONNX model (compile.hpp's errors).
-Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& options, std::string_view name);
+// External data files are read relative to `external_dir`; empty: a model
+// with external data is refused.
+Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& options, std::string_view name,
+                  const std::filesystem::path& external_dir);
 
 // A calibrated range of one value.
 struct Range {

@@ -436,6 +436,49 @@ struct Lowerer {
       op("conv2d", n.name, operands, at);
       return;
     }
+    if (op_type == "ConvTranspose") {  // in float in every precision (int8: f32)
+      const DType t = int8 ? DType::F32 : act;
+      const Value& w = g.value(n.inputs[1]);
+      const auto geo = onnx_attrs::conv_transpose_options(a, g.value(n.inputs[0]).shape, w.shape);
+      std::map<std::string, std::int64_t> operands{{"x", get(n.inputs[0], t)}, {"w", get(n.inputs[1], t)}};
+      if (n.inputs.size() > 2 && !n.inputs[2].empty()) operands["bias"] = get(n.inputs[2], DType::F32);
+      operands["y"] = produce(n.output, t, shape);
+      json at = conv_attrs(geo.options);
+      at["activation"] = act_json(n.act);
+      op("conv_transpose2d", n.name, operands, at);
+      return;
+    }
+    if (op_type == "ArgMax" || op_type == "ArgMin" || op_type == "TopK") {
+      // Indices in i32 (consumers and outputs see them as floats, exact
+      // below 2^24); TopK's values in the float type.
+      const DType t = int8 ? DType::F32 : act;
+      const auto axis = static_cast<std::size_t>(n.params.at("axis").at(0));
+      auto kept = g.value(n.inputs[0]).shape;
+      kept[axis] = op_type == "TopK" ? shape[axis] : 1;
+      const bool top_k = op_type == "TopK";
+      std::map<std::string, std::int64_t> operands{{"x", get(n.inputs[0], t)}};
+      if (top_k) {
+        operands["values"] = produce(n.output, t, shape);
+        operands["indices"] = produce(n.output2.empty() ? n.name + "/indices" : n.output2, DType::I32, shape);
+      } else {
+        operands["indices"] = dg().add_view(produce(n.output, DType::I32, shape), kept);
+      }
+      op("top_k", n.name, operands,
+         {{"axis", axis},
+          {"largest", n.params.at("largest").at(0) != 0},
+          {"last_index", n.params.at("last_index").at(0) != 0}});
+      return;
+    }
+    if (op_type == "Where") {  // a constant condition, as u8
+      const DType t = int8 ? DType::F32 : act;
+      const Value& c = g.value(n.inputs[0]);
+      std::vector<std::uint8_t> bits(c.data->size());
+      for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = (*c.data)[i] != 0.0f;
+      const auto cond = add_raw(DType::U8, c.shape, bits.data(), bits.size());
+      op("where", n.name,
+         {{"cond", cond}, {"a", get(n.inputs[1], t)}, {"b", get(n.inputs[2], t)}, {"y", produce(n.output, t, shape)}});
+      return;
+    }
     if (op_type == "Gemm" || op_type == "MatMul") {
       if (int8 && gemm_int8(n)) return;
       const DType t = int8 ? DType::F32 : act;

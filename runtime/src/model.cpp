@@ -205,6 +205,16 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
     o.activation = r.activation();
     return ops::conv2d(in("x"), in("w"), in("y"), o);
   }
+  if (k == "conv_transpose2d") {
+    ops::Conv2dOptions o = conv_opts(r);
+    o.bias = opt("bias");
+    o.activation = r.activation();
+    return ops::conv_transpose2d(in("x"), in("w"), in("y"), o);
+  }
+  if (k == "top_k")
+    return ops::top_k(in("x"), opt("values"), in("indices"),
+                      {r.integer("axis"), r.flag("largest"), r.flag("last_index")});
+  if (k == "where") return ops::where(in("cond"), in("a"), in("b"), in("y"));
   if (k == "qlinear_conv") {
     ops::Conv2dOptions o = conv_opts(r);
     o.bias = opt("bias");

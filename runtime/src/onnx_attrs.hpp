@@ -88,6 +88,54 @@ inline ops::Conv2dOptions conv_options(const Attrs& at, const std::vector<std::i
   return o;
 }
 
+// ConvTranspose for a 4-D input x [N, C, H, W] and weights [Cin,
+// Cout/groups, kh, kw]: the options (pads from `pads`, or worked out from
+// output_shape or auto_pad as ONNX says) and the output's H and W. An
+// output_shape larger than the full output adds output padding at the end
+// (which the op takes up to max(stride, dilation) - 1 of).
+struct ConvTransposeGeometry {
+  ops::Conv2dOptions options;
+  std::array<std::int64_t, 2> out{};
+};
+inline ConvTransposeGeometry conv_transpose_options(const Attrs& at, const std::vector<std::int64_t>& x,
+                                                    const std::vector<std::int64_t>& w) {
+  ConvTransposeGeometry g;
+  auto strides = at.ints("strides", {1, 1});
+  auto dil = at.ints("dilations", {1, 1});
+  auto opad = at.ints("output_padding", {0, 0});
+  if (strides.size() != 2) strides = {1, 1};
+  if (dil.size() != 2) dil = {1, 1};
+  if (opad.size() != 2) opad = {0, 0};
+  ops::Conv2dOptions& o = g.options;
+  o.strides = {u32(strides[0]), u32(strides[1])};
+  o.dilations = {u32(dil[0]), u32(dil[1])};
+  o.groups = u32(at.i("group", 1));
+  const auto pads = at.ints("pads", {0, 0, 0, 0});
+  const auto output_shape = at.ints("output_shape");
+  const std::string autopad = at.s("auto_pad", "NOTSET");
+  for (std::size_t k = 0; k < 2; ++k) {
+    const std::int64_t full = strides[k] * (x[2 + k] - 1) + opad[k] + (w[2 + k] - 1) * dil[k] + 1;
+    std::int64_t begin = pads.size() == 4 ? pads[k] : 0, end = pads.size() == 4 ? pads[k + 2] : 0;
+    std::int64_t want = -1;
+    if (output_shape.size() >= 2)
+      want = output_shape[output_shape.size() - 2 + k];
+    else if (autopad == "SAME_UPPER" || autopad == "SAME_LOWER")
+      want = x[2 + k] * strides[k];
+    std::int64_t extra = 0;  // an output_shape beyond the full output: output padding at the end
+    if (want >= 0) {
+      const std::int64_t total = full - want;
+      const bool upper = autopad == "SAME_UPPER";
+      begin = total < 0 ? 0 : upper ? total / 2 : total - total / 2;
+      end = total < 0 ? 0 : upper ? total - total / 2 : total / 2;
+      extra = total < 0 ? -total : 0;
+    }
+    o.pads[k] = static_cast<std::uint32_t>(begin);
+    o.pads[k + 2] = static_cast<std::uint32_t>(end);
+    g.out[k] = full - begin - end + extra;
+  }
+  return g;
+}
+
 // MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool options for an
 // input of rank 3 ([N, C, W], pooled as H = 1) or 4 ([N, C, H, W]).
 inline ops::Pool2dOptions pool_options(const Attrs& at, const std::vector<std::int64_t>& x) {

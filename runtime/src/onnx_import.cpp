@@ -4,9 +4,13 @@
 // Conv, Gemm or MatMul before them.
 #include <algorithm>
 #include <cfloat>
+#include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <string_view>
 
 #include "ir.hpp"
 #include "onnx_attrs.hpp"
@@ -22,7 +26,8 @@ const std::set<std::string> kSupported = {
     "AveragePool", "GlobalAveragePool", "Softmax", "Add", "Mul", "Sub", "Div", "Pow", "Min", "Max", "Sqrt", "Exp",
     "Log", "Abs", "Neg", "Reciprocal", "Erf", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "Pad",
     "Resize", "Upsample", "Reshape", "Flatten", "Transpose", "BatchNormalization", "Identity", "Dropout", "Constant",
-    "Concat", "Slice", "Split", "LayerNormalization", "InstanceNormalization", "Expand", "Einsum",
+    "Concat", "Slice", "Split", "LayerNormalization", "InstanceNormalization", "Expand", "Einsum", "ConvTranspose",
+    "ArgMax", "ArgMin", "TopK",
     // Shape computations, folded to constants for the fixed input shapes
     // (what exporters write for x.view(x.size(0), -1), and for masks built
     // from shapes).
@@ -31,12 +36,12 @@ const std::set<std::string> kSupported = {
 
 // Ops that exist here only to compute shapes: every input must be known at
 // compile time.
-const std::set<std::string> kFoldOnly = {"ConstantOfShape", "Range", "Mod", "Equal", "Not", "Where", "ScatterND"};
+const std::set<std::string> kFoldOnly = {"ConstantOfShape", "Range", "Mod", "Equal", "Not", "ScatterND"};
 // Ops folded when every input is a constant, run on the device otherwise
 // (Unsqueeze, Squeeze, and Cast to float, as views of another shape).
-const std::set<std::string> kFoldable = {"Concat",    "Slice",      "Sqrt",    "Exp", "Log",    "Abs",
-                                         "Neg",       "Reciprocal", "Erf",     "Pow", "Gather", "Expand",
-                                         "Transpose", "Unsqueeze",  "Squeeze", "Cast"};
+const std::set<std::string> kFoldable = {"Concat",    "Slice",      "Sqrt",    "Exp",  "Log",    "Abs",
+                                         "Neg",       "Reciprocal", "Erf",     "Pow",  "Gather", "Expand",
+                                         "Transpose", "Unsqueeze",  "Squeeze", "Cast", "Where"};
 const std::set<std::string> kUnary = {"Sqrt",       "Exp",  "Log",         "Abs",       "Neg",
                                       "Reciprocal", "Erf",  "HardSigmoid", "HardSwish", "Relu",
                                       "Sigmoid",    "Tanh", "LeakyRelu",   "Clip",      "Softmax"};
@@ -48,11 +53,32 @@ std::string dims_text(const std::vector<std::int64_t>& s) {
   return t + "]";
 }
 
+// The bytes of one element in raw_data (and in external data) for the
+// element types the compiler reads; 0 for the others.
+std::size_t raw_element_size(int data_type) {
+  switch (data_type) {
+    case onnx::TensorProto::FLOAT:
+    case onnx::TensorProto::INT32: return 4;
+    case onnx::TensorProto::DOUBLE:
+    case onnx::TensorProto::INT64: return 8;
+    case onnx::TensorProto::BOOL: return 1;
+    default: return 0;
+  }
+}
+
+// An external data file, opened once however many tensors it holds.
+struct ExternalFile {
+  std::ifstream in;
+  std::uint64_t size = 0;
+};
+
 struct Importer {
   std::string model_name;
   const CompileOptions& options;
+  std::filesystem::path external_dir;  // empty: external data is refused
   Graph g;
-  std::map<std::string, std::string> alias;  // Identity / Dropout outputs -> their input
+  std::map<std::string, std::string> alias;                    // Identity / Dropout outputs -> their input
+  mutable std::map<std::string, ExternalFile> external_files;  // by location
 
   [[noreturn]] void fail(Status s, const std::string& what) const { throw Error(s, model_name + ": " + what); }
   [[noreturn]] void fail_node(const Node& n, const std::string& what) const {
@@ -74,9 +100,18 @@ struct Importer {
       n *= static_cast<std::uint64_t>(d);
       if (n > (std::uint64_t{1} << 32)) fail(Status::InvalidArgument, what + " is too large");
     }
-    if (t.data_location() == onnx::TensorProto::EXTERNAL)
-      fail(Status::Unsupported, what + " keeps its data in an external file; save the model with its weights inside");
-    const std::string& raw = t.raw_data();
+    auto unsupported_type = [&] {
+      fail(Status::Unsupported, what + " has ONNX element type " + std::to_string(t.data_type()) +
+                                    "; the compiler reads float, double, int64, int32 and bool constants");
+    };
+    std::string external;
+    std::string_view raw = t.raw_data();
+    if (t.data_location() == onnx::TensorProto::EXTERNAL) {
+      const std::size_t esize = raw_element_size(t.data_type());
+      if (esize == 0) unsupported_type();
+      external = external_bytes(t, what, v.shape, n * esize);
+      raw = external;
+    }
     auto need = [&](std::size_t esize, int typed) {
       if (!raw.empty() ? raw.size() != n * esize : static_cast<std::uint64_t>(typed) != n)
         fail(Status::InvalidArgument, what + " holds " + std::to_string(raw.empty() ? typed : raw.size() / esize) +
@@ -136,12 +171,94 @@ struct Importer {
           f[i] = static_cast<float>(v.ints[i]);
         }
         break;
-      default:
-        fail(Status::Unsupported, what + " has ONNX element type " + std::to_string(t.data_type()) +
-                                      "; the compiler reads float, double, int64, int32 and bool constants");
+      default: unsupported_type();
     }
     v.data = std::move(f);
     return v;
+  }
+
+  // The `bytes` bytes of a tensor kept in an external data file: its
+  // external_data entries "location" (relative to external_dir), "offset"
+  // and "length" (the rest of the file when absent); other keys
+  // ("checksum", "basepath") are ignored, as ONNX's own loader does.
+  std::string external_bytes(const onnx::TensorProto& t, const std::string& what,
+                             const std::vector<std::int64_t>& shape, std::uint64_t bytes) const {
+    std::string location;
+    std::uint64_t offset = 0;
+    std::optional<std::uint64_t> length;
+    for (const auto& e : t.external_data()) {
+      auto number = [&] {
+        std::uint64_t x = 0;
+        const char* end = e.value().data() + e.value().size();
+        const auto [p, ec] = std::from_chars(e.value().data(), end, x);
+        if (ec != std::errc() || p != end || e.value().empty())
+          fail(Status::InvalidArgument,
+               what + ": its external data '" + e.key() + "' is '" + e.value() + "', not a byte count");
+        return x;
+      };
+      if (e.key() == "location")
+        location = e.value();
+      else if (e.key() == "offset")
+        offset = number();
+      else if (e.key() == "length")
+        length = number();
+    }
+    if (location.empty())
+      fail(Status::InvalidArgument, what + " keeps its data in an external file but names none (no 'location')");
+    const std::string in_file = what + ": its external data '" + location + "'";
+    const std::string needs =
+        "its shape " + dims_text(shape) + " of " +
+        onnx::TensorProto::DataType_Name(static_cast<onnx::TensorProto::DataType>(t.data_type())) + " needs " +
+        std::to_string(bytes);
+    if (external_dir.empty())
+      fail(Status::InvalidArgument,
+           what + " keeps its data in the external file '" + location +
+               "'; compile the model from its file path (the data is read from the model's directory) or give the "
+               "directory holding the data (CompileOptions::external_data_dir)");
+    const std::filesystem::path rel(location);
+    if (rel.is_absolute() || rel.has_root_name() || rel.has_root_directory())
+      fail(Status::InvalidArgument,
+           in_file + " is an absolute path; ONNX external data locations are relative to the model's directory");
+    for (const auto& part : rel)
+      if (part == "..")
+        fail(Status::InvalidArgument, in_file + " leaves the model's directory ('..'); the data must lie in it");
+    if (length && *length != bytes)
+      fail(Status::InvalidArgument, in_file + " is " + std::to_string(*length) + " bytes ('length'); " + needs);
+
+    auto it = external_files.find(location);
+    if (it == external_files.end()) {
+      const std::filesystem::path path = external_dir / rel;
+      std::error_code ec;
+      const auto status = std::filesystem::status(path, ec);
+      if (!std::filesystem::exists(status)) fail(Status::NotFound, in_file + ": no file " + path.string());
+      if (!std::filesystem::is_regular_file(status))
+        fail(Status::InvalidArgument, in_file + ": " + path.string() + " is not a regular file");
+      ExternalFile f;
+      f.size = std::filesystem::file_size(path, ec);
+      f.in.open(path, std::ios::binary);
+      if (ec || !f.in) fail(Status::InvalidArgument, in_file + ": cannot open " + path.string());
+      it = external_files.emplace(location, std::move(f)).first;
+    }
+    ExternalFile& f = it->second;
+    if (offset > f.size)
+      fail(Status::InvalidArgument, in_file + ": offset " + std::to_string(offset) + " is past the end of the file (" +
+                                        std::to_string(f.size) + " bytes)");
+    const std::uint64_t len = length ? *length : f.size - offset;
+    if (len > f.size - offset)
+      fail(Status::InvalidArgument, in_file + ": bytes " + std::to_string(offset) + " to " +
+                                        std::to_string(offset + len) + " run past the end of the file (" +
+                                        std::to_string(f.size) + " bytes)");
+    if (len != bytes)
+      fail(Status::InvalidArgument, in_file + " is " + std::to_string(len) + " bytes (from offset " +
+                                        std::to_string(offset) + " to the end of the file); " + needs);
+    std::string data(len, '\0');
+    f.in.clear();
+    f.in.seekg(static_cast<std::streamoff>(offset));
+    f.in.read(data.data(), static_cast<std::streamsize>(len));
+    if (!f.in || static_cast<std::uint64_t>(f.in.gcount()) != len)
+      fail(Status::InvalidArgument,
+           in_file + ": reading " + std::to_string(len) + " bytes at offset " + std::to_string(offset) + " failed");
+    return data;
   }
 
   const Value& in(const Node& n, std::size_t i) const {
@@ -804,6 +921,61 @@ struct Importer {
           pool_out(x[3], static_cast<std::uint32_t>(w[3]), o.strides[1], o.dilations[1], o.pads[1], o.pads[3], false)};
       return out;
     }
+    if (op == "ConvTranspose") {
+      const auto& x = in(n, 0).shape;
+      const auto& w = constant(n, 1, "weights").shape;
+      if (x.size() != 4 || w.size() != 4)
+        fail(Status::Unsupported, "node '" + n.name + "' (ConvTranspose): " + std::to_string(x.size() - 2) +
+                                      "-D transposed convolution; the compiler takes 2-D (NCHW) ones");
+      const auto unknown = a.unknown(
+          {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"});
+      if (!unknown.empty()) fail(Status::Unsupported, "node '" + n.name + "' (ConvTranspose): attribute " + unknown);
+      if (has(n, 2)) constant(n, 2, "bias");
+      const auto geo = onnx_attrs::conv_transpose_options(a, x, w);
+      const auto groups = static_cast<std::int64_t>(geo.options.groups);
+      if (groups == 0 || x[1] != w[0] || x[1] % groups != 0)
+        fail_node(n, "input " + dims_text(x) + " and weights " + dims_text(w) + " do not match with group " +
+                         std::to_string(groups));
+      for (auto p : geo.options.pads)
+        if (p > 65536) fail_node(n, "pad " + std::to_string(p) + " is above 65536");
+      if (geo.out[0] < 1 || geo.out[1] < 1) fail_node(n, "its pads leave an empty output");
+      out.shape = {x[0], w[1] * groups, geo.out[0], geo.out[1]};
+      return out;
+    }
+    if (op == "ArgMax" || op == "ArgMin" || op == "TopK") {
+      const auto& x = in(n, 0).shape;
+      const auto rank = static_cast<std::int64_t>(x.size());
+      if (rank == 0) fail_node(n, "a scalar input");
+      const std::int64_t axis = axis_of(n, a.i("axis", op == "TopK" ? -1 : 0), rank);
+      out.shape = x;
+      std::int64_t k = 1;
+      if (op == "TopK") {
+        if (g.opset < 10) fail(Status::Unsupported, "node '" + n.name + "' (TopK): opset below 10 (k as an attribute)");
+        const Value& kv = constant(n, 1, "k");
+        if (kv.ints.size() != 1) fail_node(n, "k is not one integer");
+        k = kv.ints[0];
+        if (k < 1 || k > x[static_cast<std::size_t>(axis)])
+          fail_node(n,
+                    "k " + std::to_string(k) + " for a length of " + std::to_string(x[static_cast<std::size_t>(axis)]));
+        if (a.i("sorted", 1) == 0)
+          g.notes.push_back("TopK '" + n.name + "' runs sorted (sorted=0 leaves the order open)");
+      }
+      if (op == "TopK" || a.i("keepdims", 1) != 0)
+        out.shape[static_cast<std::size_t>(axis)] = k;
+      else
+        out.shape.erase(out.shape.begin() + axis);
+      if (x[static_cast<std::size_t>(axis)] > 0x7FFF'FFFF) fail_node(n, "an axis too long for i32 indices");
+      n.params["axis"] = {static_cast<double>(axis)};
+      n.params["largest"] = {op == "ArgMin" ? 0.0 : static_cast<double>(a.i("largest", 1) != 0)};
+      n.params["last_index"] = {static_cast<double>(a.i("select_last_index", 0) != 0)};
+      n.inputs.resize(1);
+      return out;
+    }
+    if (op == "Where") {  // device data: a constant condition selecting between values
+      const Value& c = constant(n, 0, "condition");
+      out.shape = broadcast(n, broadcast(n, c.shape, in(n, 1).shape), in(n, 2).shape);
+      return out;
+    }
     if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool") {
       const auto& x = in(n, 0).shape;
       if (x.size() != 4)
@@ -913,6 +1085,10 @@ struct Importer {
   void emit(Node n) {
     if (g.values.count(n.output)) fail_node(n, "output '" + n.output + "' is defined twice");
     g.values[n.output] = infer(n);
+    if (!n.output2.empty()) {  // TopK's indices: the values' shape
+      if (g.values.count(n.output2)) fail_node(n, "output '" + n.output2 + "' is defined twice");
+      g.values[n.output2] = Value{g.values[n.output].shape, std::nullopt, {}};
+    }
     if (g.values[n.output].data) {
       g.notes.push_back("folded " + n.op + " '" + n.name + "' of a constant");
       return;
@@ -1246,6 +1422,7 @@ struct Importer {
       for (const auto& x : p.input()) n.inputs.push_back(x.empty() ? x : resolve(x));
       if (p.output_size() < 1) fail_node(n, "no output");
       n.output = p.output(0);
+      if (n.op == "TopK" && p.output_size() > 1) n.output2 = p.output(1);
       if (g.values.count(n.output)) fail_node(n, "output '" + n.output + "' is defined twice");
       if (n.op == "Constant") {
         const Attrs a{p};
@@ -1279,7 +1456,8 @@ struct Importer {
     // unused; Split's are its parts.
     std::set<std::string> produced;
     for (int i = 0; i < graph.node_size(); ++i)
-      for (int o = 1; o < graph.node(i).output_size() && graph.node(i).op_type() != "Split"; ++o)
+      for (int o = graph.node(i).op_type() == "TopK" ? 2 : 1;
+           o < graph.node(i).output_size() && graph.node(i).op_type() != "Split"; ++o)
         if (!graph.node(i).output(o).empty()) produced.insert(graph.node(i).output(o));
     auto check_used = [&](const std::string& v, const std::string& by) {
       if (produced.count(v))
@@ -1496,12 +1674,18 @@ const Value& Graph::value(const std::string& name) const {
   return it->second;
 }
 
-Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& options, std::string_view name) {
+Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& options, std::string_view name,
+                  const std::filesystem::path& external_dir) {
   onnx::ModelProto model;
-  if (bytes.size() > static_cast<std::size_t>(INT32_MAX) ||
-      !model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+  if (bytes.size() > static_cast<std::size_t>(INT32_MAX))
+    throw Error(Status::InvalidArgument,
+                std::string(name) + ": the ONNX model is " + std::to_string(bytes.size()) +
+                    " bytes; protobuf cannot parse a model over 2 GiB. Save it with its weights as external data "
+                    "(onnx.save_model(model, path, save_as_external_data=True); PyTorch's exporter does so for "
+                    "models over 2 GB) and compile the .onnx file by its path");
+  if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
     throw Error(Status::InvalidArgument, std::string(name) + ": not an ONNX model (it does not parse as a ModelProto)");
-  Importer im{std::string(name), options, {}, {}};
+  Importer im{std::string(name), options, external_dir, {}, {}, {}};
   im.import(model);
   im.fold_batch_norm();
   im.fuse_activations();

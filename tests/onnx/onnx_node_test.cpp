@@ -95,6 +95,7 @@ std::optional<DType> to_dtype(int t) {
     case onnx::TensorProto::INT8: return DType::I8;
     case onnx::TensorProto::UINT8: return DType::U8;
     case onnx::TensorProto::INT32: return DType::I32;
+    case onnx::TensorProto::BOOL: return DType::U8;  // one byte, 0 or 1
     default: return std::nullopt;
   }
 }
@@ -181,9 +182,14 @@ bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t ==
 using Inputs = std::vector<std::optional<Tensor>>;
 using Build = std::function<Op(const Inputs& in, const Tensor& out, const std::vector<HostTensor>& host)>;
 
+using BuildOutputs =
+    std::function<Op(const Inputs& in, const std::vector<Tensor>& outs, const std::vector<HostTensor>& host)>;
+
 struct Lowering {
   Build build;
-  std::set<int> host_only;  // inputs read on the host (scales, sizes, bounds), not uploaded
+  std::set<int> host_only;          // inputs read on the host (scales, sizes, bounds), not uploaded
+  BuildOutputs build_outputs = {};  // instead of `build`, for a node of several outputs
+  bool int64_as_i32 = false;        // int64 outputs (indices) are computed in i32 and compared by value
 };
 using LowerResult = std::variant<Lowering, std::string>;  // or the reason it is skipped
 
@@ -191,7 +197,54 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
   const std::string& op = node.op_type();
   const Attrs a{node};
   const int outputs = node.output_size();
+  if (op == "TopK") {
+    if (opset < 10) return "TopK before opset 10 (k as an attribute)";
+    if (outputs != 2) return "TopK with " + std::to_string(outputs) + " outputs";
+    const std::int64_t axis = a.i("axis", -1);
+    const bool largest = a.i("largest", 1) != 0;
+    if (a.i("sorted", 1) == 0) return "unsorted TopK (the order of its outputs is unspecified)";
+    Lowering l{nullptr, {1}};
+    l.build_outputs = [axis, largest](const Inputs& in, const std::vector<Tensor>& outs, const auto&) {
+      return ops::top_k(*in[0], outs[0], outs[1], {axis, largest, false});
+    };
+    l.int64_as_i32 = true;
+    return l;
+  }
   if (outputs != 1) return "the node has " + std::to_string(outputs) + " outputs";
+  if (op == "ArgMax" || op == "ArgMin") {
+    const std::int64_t axis = a.i("axis", 0);
+    const bool keep = a.i("keepdims", 1) != 0, last = a.i("select_last_index", 0) != 0, max = op == "ArgMax";
+    Lowering l{[axis, keep, last, max](const Inputs& in, const Tensor& out, const auto&) {
+                 // Without keepdims, the output viewed with the axis kept.
+                 auto shape = in[0]->shape();
+                 const auto rank = static_cast<std::int64_t>(shape.size());
+                 shape[static_cast<std::size_t>(axis < 0 ? axis + rank : axis)] = 1;
+                 const Tensor y = keep ? out : out.reshape(shape);
+                 return max ? ops::argmax(*in[0], y, axis, last) : ops::argmin(*in[0], y, axis, last);
+               },
+               {}};
+    l.int64_as_i32 = true;
+    return l;
+  }
+  if (op == "Where") {
+    return Lowering{
+        [](const Inputs& in, const Tensor& out, const auto&) { return ops::where(*in[0], *in[1], *in[2], out); }, {}};
+  }
+  if (op == "ConvTranspose") {
+    const auto unknown = a.unknown(
+        {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"});
+    if (!unknown.empty()) return "attribute " + unknown;
+    return Lowering{[node_copy = node](const Inputs& in, const Tensor& out, const auto&) {
+                      const Tensor& x = *in[0];
+                      if (x.rank() != 4) throw Skip(std::to_string(x.rank() - 2) + "-D transposed convolution");
+                      const auto g =
+                          rt::onnx_attrs::conv_transpose_options(Attrs{node_copy}, x.shape(), in[1]->shape());
+                      ops::Conv2dOptions o = g.options;
+                      if (in.size() > 2 && in[2]) o.bias = *in[2];
+                      return ops::conv_transpose2d(x, *in[1], out, o);
+                    },
+                    {}};
+  }
 
   // Elementwise binary ops with broadcasting.
   static const std::map<std::string, Op (*)(const Tensor&, const Tensor&, const Tensor&)> kBinary = {
@@ -376,7 +429,7 @@ struct Case {
   onnx::NodeProto node;
   std::vector<std::string> graph_inputs;  // names, in the order of input_N.pb
   std::vector<int> input_types;           // declared element types
-  int output_type = 0;
+  std::vector<int> output_types;          // declared element types, in the order of output_N.pb
   int opset = 0;
 };
 
@@ -418,7 +471,7 @@ const Catalogue& catalogue() {
         k.graph_inputs.push_back(i.name());
         k.input_types.push_back(i.type().tensor_type().elem_type());
       }
-      if (g.output_size() > 0) k.output_type = g.output(0).type().tensor_type().elem_type();
+      for (const auto& o : g.output()) k.output_types.push_back(o.type().tensor_type().elem_type());
       for (const auto& o : model.opset_import())
         if (o.domain().empty() || o.domain() == "ai.onnx") k.opset = static_cast<int>(o.version());
       auto lowered = lower(k.node, k.opset);
@@ -533,10 +586,21 @@ std::optional<std::string> run_case(const Case& c, const std::string& device, st
     host[i] = read_tensor(data / ("input_" + std::to_string(index) + ".pb"), c.input_types[index]);
     given[i] = true;
   }
-  const HostTensor expected = read_tensor(data / "output_0.pb", c.output_type);
-  if (!expected.dtype) return "output type " + std::to_string(expected.onnx_type) + " is not an engine dtype";
-
   auto lowered = std::get<Lowering>(lower(c.node, c.opset));
+  // The outputs as ONNX gives them, and the dtype each is computed in.
+  std::vector<HostTensor> expected;
+  std::vector<DType> out_types;
+  for (std::size_t k = 0; k < c.output_types.size(); ++k) {
+    expected.push_back(read_tensor(data / ("output_" + std::to_string(k) + ".pb"), c.output_types[k]));
+    const HostTensor& e = expected.back();
+    if (e.onnx_type == onnx::TensorProto::INT64 && lowered.int64_as_i32)
+      out_types.push_back(DType::I32);
+    else if (e.dtype)
+      out_types.push_back(*e.dtype);
+    else
+      return "output type " + std::to_string(e.onnx_type) + " is not an engine dtype";
+  }
+
   Inputs in(host.size());
   for (std::size_t i = 0; i < host.size(); ++i) {
     if (!given[i] || lowered.host_only.count(static_cast<int>(i))) continue;
@@ -544,33 +608,45 @@ std::optional<std::string> run_case(const Case& c, const std::string& device, st
       return "input " + std::to_string(i) + " has type " + std::to_string(host[i].onnx_type) + ", not an engine dtype";
     in[i] = upload(dev, q, host[i]);
   }
-  const std::uint64_t out_bytes = std::max<std::uint64_t>(expected.bytes.size(), 1);
-  Buffer out_dev = dev.allocate(out_bytes);
-  Buffer out_host = dev.allocate(out_bytes, Memory::HostPinned);
-  const Tensor out(out_dev, *expected.dtype, expected.shape);
+  std::vector<Tensor> outs;
+  std::vector<Buffer> out_host;
+  for (std::size_t k = 0; k < expected.size(); ++k) {
+    const std::uint64_t bytes = std::max<std::uint64_t>(expected[k].elements() * size_of(out_types[k]), 1);
+    outs.emplace_back(dev.allocate(bytes), out_types[k], expected[k].shape);
+    out_host.push_back(dev.allocate(bytes, Memory::HostPinned));
+  }
   Op op;
   try {
-    op = lowered.build(in, out, host);
+    op = lowered.build_outputs ? lowered.build_outputs(in, outs, host) : lowered.build(in, outs.at(0), host);
   } catch (const Skip& s) {
     return std::string(s.what());
   }
-  q.batch().run(op).copy(out_dev, out_host).submit().wait();
+  Batch b = q.batch();
+  b.run(op);
+  for (std::size_t k = 0; k < outs.size(); ++k) b.copy(outs[k].buffer(), out_host[k]);
+  b.submit().wait();
 
-  const DType t = *expected.dtype;
-  const std::size_t es = size_of(t);
-  const auto got = out_host.map();
-  std::size_t bad = 0;
-  for (std::uint64_t i = 0; i < expected.elements(); ++i) {
-    const double g = element(&got[i * es], t), e = element(&expected.bytes[i * es], t);
-    const bool ok = is_float_dtype(t)
-                        ? ((std::isnan(g) && std::isnan(e)) || g == e || std::fabs(g - e) <= 1e-7 + 1e-3 * std::fabs(e))
-                        : g == e;
-    if (!ok && bad++ == 0)
-      mismatch = "element " + std::to_string(i) + ": got " + std::to_string(g) + ", expected " + std::to_string(e);
+  for (std::size_t k = 0; k < outs.size(); ++k) {
+    const DType t = out_types[k];
+    const std::size_t es = size_of(t);
+    const auto got = out_host[k].map();
+    const std::vector<double> want_values = expected[k].dtype ? std::vector<double>{} : expected[k].values();
+    std::size_t bad = 0;
+    std::string first;
+    for (std::uint64_t i = 0; i < expected[k].elements(); ++i) {
+      const double g = element(&got[i * es], t);
+      const double e = expected[k].dtype ? element(&expected[k].bytes[i * es], t) : want_values[i];
+      const bool ok = is_float_dtype(t) ? ((std::isnan(g) && std::isnan(e)) || g == e ||
+                                           std::fabs(g - e) <= 1e-7 + 1e-3 * std::fabs(e))
+                                        : g == e;
+      if (!ok && bad++ == 0)
+        first = "element " + std::to_string(i) + ": got " + std::to_string(g) + ", expected " + std::to_string(e);
+    }
+    if (bad)
+      mismatch += (mismatch.empty() ? "" : "; ") + std::string("output ") + std::to_string(k) + ": " +
+                  std::to_string(bad) + " of " + std::to_string(expected[k].elements()) +
+                  " elements differ; first: " + first;
   }
-  if (bad)
-    mismatch =
-        std::to_string(bad) + " of " + std::to_string(expected.elements()) + " elements differ; first: " + mismatch;
   return std::nullopt;
 }
 

@@ -506,3 +506,120 @@ def test_layer_norm_and_gelu_as_pytorch_exports_them_at_opset_13(dev, tmp_path):
     with torch.no_grad():
         want = net(torch.from_numpy(x).double().float()).numpy()
     check(dev, path.read_bytes(), {"x": x}, lambda x: want.astype(np.float64))
+
+
+def conv_transpose_reference(x, w, b, strides, pads, dilations, group, out_hw):
+    """ONNX ConvTranspose by scattering each input element, in float64."""
+    n, cin, h, wd = x.shape
+    cout_g, kh, kw = w.shape[1], w.shape[2], w.shape[3]
+    y = np.zeros((n, cout_g * group, out_hw[0], out_hw[1]))
+    for ci in range(cin):
+        g = ci // (cin // group)
+        for a in range(kh):
+            for c in range(kw):
+                for ih in range(h):
+                    r = ih * strides[0] - pads[0] + a * dilations[0]
+                    if not 0 <= r < out_hw[0]:
+                        continue
+                    for iw in range(wd):
+                        col = iw * strides[1] - pads[1] + c * dilations[1]
+                        if 0 <= col < out_hw[1]:
+                            y[:, g * cout_g:(g + 1) * cout_g, r, col] += (
+                                x[:, ci, ih, iw, None].astype(np.float64) * w[ci, :, a, c])
+    return y + (0 if b is None else b.reshape(1, -1, 1, 1))
+
+
+@pytest.mark.parametrize("strides,pads,dilations,group,output_padding", [
+    ((1, 1), (0, 0, 0, 0), (1, 1), 1, (0, 0)),
+    ((2, 2), (1, 1, 1, 1), (1, 1), 1, (1, 1)),
+    ((2, 3), (0, 1, 2, 0), (2, 1), 2, (1, 0)),
+])
+def test_conv_transpose(dev, strides, pads, dilations, group, output_padding):
+    x, w, b = randn(2, 4, 5, 6), randn(4, 3, 3, 2), randn(3 * group)
+    out_hw = [strides[k] * (x.shape[2 + k] - 1) + output_padding[k] + (w.shape[2 + k] - 1) * dilations[k] + 1
+              - pads[k] - pads[k + 2] for k in range(2)]
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=strides, pads=pads, dilations=dilations,
+                            group=group, output_padding=output_padding)
+    m = model([node], {"x": x.shape}, "y", initializers=[("w", w), ("b", b)])
+    check(dev, m, {"x": x}, lambda x: conv_transpose_reference(x, w, b, strides, pads, dilations, group, out_hw))
+
+
+def test_conv_transpose_with_output_shape_matches_pytorch(dev, tmp_path):
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed (scripts/setup.sh installs it)")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.ConvTranspose2d(6, 4, 4, stride=2, padding=1), torch.nn.ReLU()).eval()
+    x = randn(1, 6, 7, 7)
+    path = tmp_path / "up.onnx"
+    torch.onnx.export(net, torch.from_numpy(x), str(path), opset_version=13, input_names=["x"], output_names=["y"])
+    with torch.no_grad():
+        want = net(torch.from_numpy(x)).numpy()
+    check(dev, path.read_bytes(), {"x": x}, lambda x: want.astype(np.float64))
+
+
+@pytest.mark.parametrize("op,axis,keep,last", [("ArgMax", 1, 1, 0), ("ArgMax", -1, 0, 1), ("ArgMin", 0, 1, 1),
+                                              ("ArgMin", 2, 0, 0)])
+def test_argmax_and_argmin_of_device_data(dev, op, axis, keep, last):
+    # Rounded values: ties, which select_last_index decides.
+    x = np.round(randn(3, 4, 5) * 2).astype(np.float32)
+    node = helper.make_node(op, ["r"], ["y"], axis=axis, keepdims=keep, select_last_index=last)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), node], "case",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    r = np.maximum(x, 0)
+    pick = np.argmax if op == "ArgMax" else np.argmin
+    if last:
+        flipped = np.flip(r, axis=axis)
+        want = r.shape[axis] - 1 - pick(flipped, axis=axis)
+    else:
+        want = pick(r, axis=axis)
+    if keep:
+        want = np.expand_dims(want, axis)
+    for precision in ("fp32", "fp16"):
+        got = run(dev, m.SerializeToString(), precision, {"x": x})
+        np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=precision)
+
+
+def test_top_k_values_and_indices(dev):
+    x = randn(2, 9)
+    k = np.asarray([4], np.int64)
+    graph = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=0)], "case",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 9])],
+        [helper.make_tensor_value_info("v", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("i", TensorProto.INT64, None)],
+        [numpy_helper.from_array(k, "k")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    compiled = tpuhal.compile(m.SerializeToString(), "fp32", device=dev.uri)
+    values, indices = dev.load_model(compiled).instance().run({"x": x})
+    order = np.argsort(x, axis=1, kind="stable")[:, :4]
+    np.testing.assert_array_equal(indices, order.astype(np.float32))
+    np.testing.assert_array_equal(values, np.take_along_axis(x, order, axis=1))
+
+
+def test_where_with_a_constant_condition_on_device_data(dev):
+    x = randn(2, 3, 4)
+    cond = RNG.integers(0, 2, (3, 1)).astype(bool)
+    other = randn(4)
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Where", ["c", "r", "o"], ["y"])], "case",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(cond, "c"), numpy_helper.from_array(other, "o")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    check(dev, m.SerializeToString(), {"x": x}, lambda x: np.where(cond, np.maximum(x, 0), other).astype(np.float64))
+
+
+def test_where_with_a_computed_condition_is_refused_clearly(dev):
+    x = randn(2, 3)
+    graph = helper.make_graph(
+        [helper.make_node("Equal", ["x", "x"], ["c"]), helper.make_node("Where", ["c", "x", "x"], ["y"])], "case",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    with pytest.raises(tpuhal.Unsupported, match="Equal"):
+        tpuhal.compile(m.SerializeToString(), "fp32", device=dev.uri)

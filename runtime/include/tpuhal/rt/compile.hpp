@@ -64,6 +64,11 @@ struct CompileOptions {
   double target_snr_db = 0;
   // The device that runs calibration and the report.
   std::string device = "sim:0";
+  // Where tensors kept in ONNX external data files are read from: each
+  // tensor's "location" is a file relative to this directory. Empty: the
+  // model file's directory when compiling from a path; when compiling from
+  // bytes, a model with external data is refused unless this is set.
+  std::filesystem::path external_data_dir;
 };
 
 // One line of the precision report: a layer's output in the compiled
@@ -85,9 +90,22 @@ struct CompileResult {
   std::vector<std::string> notes;  // what the compiler did: folded, fused
 };
 
+// Tensors may keep their data in ONNX external data files
+// (TensorProto.data_location EXTERNAL, as onnx.save_model(...,
+// save_as_external_data=True) and PyTorch's exporter for models over 2 GB
+// write them): the entries "location", "offset" and "length" are read,
+// others ("checksum") ignored as ONNX's own loader does; each file is
+// opened once and only each tensor's bytes are read, as little-endian
+// raw_data. A location that is absolute or has a ".." component, bytes
+// past the end of the file, or a length other than the tensor's element
+// count times its element size is InvalidArgument; a missing file is
+// NotFound. A model file itself over 2 GiB cannot be parsed (protobuf's
+// limit) and is InvalidArgument saying to save its weights as external data.
+//
 // Throws tpuhal::Error: Unsupported listing every unsupported op by node
 // name and op type (never skipping one); InvalidArgument for a malformed
-// model, a missing shape, or calibration data of the wrong shape.
+// model, a missing shape, or calibration data of the wrong shape; NotFound
+// for a missing model file or external data file.
 CompileResult compile_onnx(const std::filesystem::path& onnx, const CompileOptions& options);
 CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileOptions& options,
                            std::string_view name = "model");
