@@ -1,5 +1,7 @@
 #include "tpuhal/rt/model.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <sstream>
@@ -487,6 +489,148 @@ Fence Instance::submit(Queue& queue) {
   record_body(s, b);
   if (b.size() == 0) return queue.submit();
   return b.submit();
+}
+
+namespace {
+
+std::uint64_t median(std::vector<std::uint64_t> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+// The op's output: "y", or top_k's indices.
+std::int64_t output_of(const detail::DOp& op) {
+  auto it = op.operands.find("y");
+  if (it == op.operands.end()) it = op.operands.find("indices");
+  return it == op.operands.end() ? -1 : it->second;
+}
+
+// Operations per run of one op: a multiply-add counts 2, a pooling window
+// its taps, anything else one per output element.
+double op_flops(const detail::DeviceGraph& g, const detail::DOp& op) {
+  auto tensor = [&](const char* role) -> const detail::DTensor* {
+    auto it = op.operands.find(role);
+    return it == op.operands.end() ? nullptr : &g.tensors.at(static_cast<std::size_t>(it->second));
+  };
+  const auto y_id = output_of(op);
+  const double out = y_id < 0 ? 0.0 : static_cast<double>(g.tensors.at(static_cast<std::size_t>(y_id)).elements());
+  const std::string& k = op.kind;
+  const detail::DTensor* w = tensor("w");
+  if ((k == "conv2d" || k == "qlinear_conv" || k == "conv_integer") && w && w->shape.size() == 4)
+    return 2.0 * out * static_cast<double>(w->shape[1] * w->shape[2] * w->shape[3]);
+  if (k == "conv_transpose2d" && w && w->shape.size() == 4 && tensor("x"))
+    return 2.0 * static_cast<double>(tensor("x")->elements()) *
+           static_cast<double>(w->shape[1] * w->shape[2] * w->shape[3]);
+  if (k == "matmul" || k == "qlinear_matmul" || k == "matmul_integer") {
+    const detail::DTensor* a = tensor("a");
+    if (!a || a->shape.size() < 2) return out;
+    const bool ta = op.attrs.is_object() && op.attrs.value("transpose_a", false);
+    return 2.0 * out * static_cast<double>(a->shape[a->shape.size() - (ta ? 2 : 1)]);
+  }
+  if ((k == "max_pool2d" || k == "avg_pool2d") && op.attrs.contains("kernel") && op.attrs["kernel"].is_array() &&
+      op.attrs["kernel"].size() == 2)
+    return out * op.attrs["kernel"][0].get<double>() * op.attrs["kernel"][1].get<double>();
+  return out;
+}
+
+// The board's peak for a compute op (per second), by its precision; 0 for
+// the ops whose speed memory decides.
+double op_peak(const Properties& p, const detail::DeviceGraph& g, const detail::DOp& op) {
+  const std::string& k = op.kind;
+  if (k == "qlinear_conv" || k == "conv_integer" || k == "qlinear_matmul" || k == "matmul_integer")
+    return p.peak_int8_tops * 1e12;
+  if (k != "conv2d" && k != "matmul" && k != "conv_transpose2d") return 0;
+  const auto x = op.operands.count("x") ? op.operands.at("x") : op.operands.count("a") ? op.operands.at("a") : -1;
+  const DType t = x < 0 ? DType::F32 : g.tensors.at(static_cast<std::size_t>(x)).dtype;
+  return (t == DType::F32 ? p.peak_fp32_tflops : p.peak_fp16_tflops) * 1e12;
+}
+
+}  // namespace
+
+Profile Instance::profile(unsigned iterations) {
+  auto& s = need(state_);
+  const auto& m = *s.model;
+  Device dev = m.device;
+  const Properties props = dev.properties();
+  if (!props.caps.timestamps)
+    throw Error(Status::Unsupported,
+                m.name + ": " + dev.uri() + " keeps no board timestamps, which a profile is measured with");
+  iterations = std::max(1u, iterations);
+  const std::size_t n = s.ops.size();
+  Buffer stamps = dev.allocate(std::max<std::uint64_t>((n + 1) * 8, 64), Memory::HostPinned);
+  // A timestamp before the first op and after each: one program where the
+  // device records them, else one batch per run.
+  auto body = [&](Batch& b) {
+    b.timestamp(stamps, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      b.run(s.ops[i]);
+      b.timestamp(stamps, 8 * (i + 1));
+    }
+  };
+  Program timed;
+  try {
+    timed = dev.record(body);
+  } catch (const Error& e) {
+    if (e.status() != Status::Unsupported) throw;
+  }
+  std::vector<std::vector<std::uint64_t>> per_op(n);
+  std::vector<std::uint64_t> device, runs;
+  for (unsigned it = 0; it < iterations; ++it) {
+    Batch b = m.queue->batch();
+    if (timed.size() > 0)
+      b.run(timed);
+    else
+      body(b);
+    b.submit().wait();
+    auto map = stamps.map();
+    std::vector<std::uint64_t> t(n + 1);
+    std::memcpy(t.data(), map.data(), (n + 1) * 8);
+    for (std::size_t i = 0; i < n; ++i) per_op[i].push_back(t[i + 1] >= t[i] ? t[i + 1] - t[i] : 0);
+    device.push_back(t[n] >= t[0] ? t[n] - t[0] : 0);
+  }
+  for (unsigned it = 0; it < iterations; ++it) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Batch b = m.queue->batch();
+    record_body(s, b);
+    b.submit().wait();
+    runs.push_back(static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()));
+  }
+
+  Profile p;
+  p.iterations = iterations;
+  p.device_ns = median(device);
+  p.run_ns = median(runs);
+  p.host_overhead_ns = p.run_ns > p.device_ns ? p.run_ns - p.device_ns : 0;
+  // Layers by node, in the order each first runs.
+  std::map<std::string, std::size_t> at;
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const detail::DOp& op = m.graph.ops[i];
+    auto [it, fresh] = at.try_emplace(op.node, p.layers.size());
+    if (fresh) {
+      p.layers.emplace_back();
+      p.layers.back().node = op.node;
+    }
+    LayerProfile& l = p.layers[it->second];
+    if (("+" + l.ops + "+").find("+" + op.kind + "+") == std::string::npos)
+      l.ops += (l.ops.empty() ? "" : "+") + op.kind;
+    if (const auto y = output_of(op); y >= 0) {
+      const auto& t = m.graph.tensors.at(static_cast<std::size_t>(y));
+      l.shape = TensorSpec{"", t.dtype, t.shape}.describe().substr(1);
+    }
+    const std::uint64_t ns = median(per_op[i]);
+    l.device_ns += ns;
+    sum += ns;
+    l.flops += op_flops(m.graph, op);
+    l.peak = std::max(l.peak, op_peak(props, m.graph, op));
+  }
+  for (auto& l : p.layers) {
+    l.share = sum ? static_cast<double>(l.device_ns) / static_cast<double>(sum) : 0.0;
+    l.achieved = l.device_ns ? l.flops / (static_cast<double>(l.device_ns) * 1e-9) : 0.0;
+  }
+  return p;
 }
 
 Model Instance::model() const { return detail::Access::wrap(need(state_).model); }

@@ -683,6 +683,80 @@ TEST(Runtime, GivenReportWhenCompiledInInt8ThenEveryLayerHasAnErrorAgainstFp32) 
   EXPECT_EQ(Model::load(*std::make_unique<Device>(open("sim:0")), r.model).meta().at("calibration"), "percentile:99.9");
 }
 
+TEST(Runtime, GivenACompiledModelWhenProfiledThenEveryLayerIsTimedAndNamedAsTheReportNamesIt) {
+  const Residual net;
+  CompileOptions o = options(Precision::F32, NdArray{{2, 3, 4, 4}, random(2 * 48, 520)});
+  const CompileResult r = compile_onnx(net.onnx(), o, "residual.onnx");
+  Device dev = open("sim:0");
+  ASSERT_TRUE(dev.properties().caps.timestamps);
+  Model m = Model::load(dev, r.model);
+  Instance inst = m.instance();
+  run(inst, random(2 * 48, 521));
+  const Profile p = inst.profile(5);
+  EXPECT_EQ(p.iterations, 5u);
+  // The ONNX nodes left after fusion (the report's names), in order; the
+  // Relu after the Add is its own layer, the one after the Gemm fused.
+  std::vector<std::string> nodes;
+  for (const auto& l : p.layers)
+    if (!l.node.empty()) nodes.push_back(l.node);
+  EXPECT_EQ(nodes, (std::vector<std::string>{"branch_a", "branch_b", "add", "relu", "gap", "fc"}));
+  double share = 0;
+  std::uint64_t sum = 0;
+  for (const auto& l : p.layers) {
+    EXPECT_GT(l.device_ns, 0u) << l.node;
+    share += l.share;
+    sum += l.device_ns;
+    if (l.node == "branch_b") {
+      // 2 * [2, 4, 4, 4] outputs * 3*3*3 taps, on an f32 peak.
+      EXPECT_EQ(l.ops, "conv2d");
+      EXPECT_EQ(l.shape, "f32[2, 4, 4, 4]");
+      EXPECT_DOUBLE_EQ(l.flops, 2.0 * 128 * 27);
+      EXPECT_DOUBLE_EQ(l.peak, dev.properties().peak_fp32_tflops * 1e12);
+      EXPECT_DOUBLE_EQ(l.achieved, l.flops / (static_cast<double>(l.device_ns) * 1e-9));
+    }
+    if (l.node == "add") {
+      EXPECT_EQ(l.peak, 0.0) << "an elementwise op has no compute peak";
+    }
+  }
+  EXPECT_NEAR(share, 1.0, 1e-9);
+  // Medians of different runs: the whole run's and the sum of its layers'
+  // are of one size, not ordered.
+  EXPECT_GT(p.device_ns, 0u);
+  EXPECT_GT(sum, 0u);
+  EXPECT_GT(p.run_ns, 0u);
+  EXPECT_EQ(p.host_overhead_ns, p.run_ns > p.device_ns ? p.run_ns - p.device_ns : 0);
+  // Profiling leaves the instance as it was: a run still gives the reference.
+  const Vec x = random(2 * 48, 522);
+  EXPECT_LE(max_rel_error(run(inst, x), net.reference(x)), tolerance(Precision::F32));
+}
+
+TEST(Runtime, GivenTheCliWhenItProfilesAModelThenEveryLayerIsPrintedAndJsonParses) {
+  const fs::path dir = fs::temp_directory_path() / ("tpuhal_rt_profile_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const Residual net;
+  write_model_file(
+      dir / "r.tpm",
+      compile_onnx(net.onnx(), options(Precision::F16, NdArray{{2, 3, 4, 4}, random(96, 523)}), "r").model);
+  const std::string model = (dir / "r.tpm").string();
+  auto r = test::run("profile " + model + " -n 3 -d sim:0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const char* want :
+       {"branch_a", "branch_b", "add", "relu", "gap", "fc", "median of 3 runs", "board time of a run", "host overhead"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << " in\n" << r.out;
+  r = test::run("profile " + model + " -n 2 -d sim:0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["precision"], "fp16");
+  EXPECT_EQ(j["iterations"], 2);
+  ASSERT_TRUE(j["layers"].is_array());
+  EXPECT_EQ(j["layers"][0]["node"], "");  // the input's conversion to f16 runs first
+  EXPECT_EQ(j["layers"][1]["node"], "branch_a");
+  r = test::run("profile " + (dir / "none.tpm").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("none.tpm"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 TEST(Runtime, GivenAnArrayWhenWrittenAsNpyThenItReadsBack) {
   const fs::path p = fs::temp_directory_path() / ("tpuhal_rt_" + std::to_string(::getpid()) + ".npy");
   const NdArray a{{2, 3}, {1, 2, 3, 4, 5, 6.5f}};

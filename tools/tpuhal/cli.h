@@ -26,6 +26,7 @@ int cmd_firmware(const std::vector<std::string>& args);
 int cmd_stress(const std::vector<std::string>& args);
 int cmd_compile(const std::vector<std::string>& args);
 int cmd_model_info(const std::vector<std::string>& args);
+int cmd_profile(const std::vector<std::string>& args);
 int cmd_sim(const std::vector<std::string>& args);
 
 // Parses `args` against `opts` (and `pos`); on --help prints `usage` and the

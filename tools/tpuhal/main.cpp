@@ -27,6 +27,7 @@ const Entry kCommands[] = {
     {"decode", cmd_decode, "decode a video or JPEG file on a board's video decoder (--md5 per frame)"},
     {"compile", cmd_compile, "compile an ONNX model for the board in fp32, fp16, bf16 or calibrated int8"},
     {"model-info", cmd_model_info, "check a compiled model and print its inputs, outputs, precision, report"},
+    {"profile", cmd_profile, "time a compiled model per layer on the board's clock"},
     {"sim", cmd_sim, "`sim serve --socket PATH`: serve simulated boards to other processes (simd:PATH#N)"},
 };
 

@@ -335,6 +335,40 @@ void bind_runtime(py::module_& m) {
           py::arg("queue"),
           "Runs the program on `queue` (a compute queue of the model's device) over whatever input_tensors "
           "hold; returns its Fence, after which output_tensors hold the result.")
+      .def(
+          "profile",
+          [](PyInstance& i, unsigned iterations) {
+            const rt::Profile p = without_gil([&] {
+              std::lock_guard lock(i.mu);
+              return i.instance.profile(iterations);
+            });
+            py::list layers;
+            for (const auto& l : p.layers) {
+              py::dict d;
+              d["node"] = l.node;
+              d["ops"] = l.ops;
+              d["output"] = l.shape;
+              d["device_ns"] = l.device_ns;
+              d["share"] = l.share;
+              d["flops"] = l.flops;
+              d["achieved_per_s"] = l.achieved;
+              d["peak_per_s"] = l.peak;
+              layers.append(d);
+            }
+            py::dict out;
+            out["layers"] = layers;
+            out["iterations"] = p.iterations;
+            out["device_ns"] = p.device_ns;
+            out["run_ns"] = p.run_ns;
+            out["host_overhead_ns"] = p.host_overhead_ns;
+            return out;
+          },
+          py::arg("iterations") = 10,
+          "Times the program per layer on the board's clock over whatever input_tensors hold (run() once "
+          "first to put inputs there): a dict with 'layers' (node, ops, output, device_ns: the median of "
+          "`iterations` runs, share, flops, achieved_per_s, peak_per_s), 'device_ns' (a whole run on the "
+          "board), 'run_ns' (host time of a run, submit to fence) and 'host_overhead_ns'. Raises "
+          "tpuhal.Unsupported on a device without board timestamps.")
       .def_property_readonly("model", [](const PyInstance& i) { return i.instance.model(); });
 
   m.def(

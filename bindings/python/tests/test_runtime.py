@@ -218,6 +218,24 @@ def test_layers_kept_in_fp16_by_name_or_by_a_target_snr(dev):
         tpuhal.compile(onnx_bytes, "fp16", keep_fp16=["first"], device=dev.uri)
 
 
+def test_profile_times_every_layer_by_node_name(dev, cnn):
+    onnx_bytes, reference = cnn
+    x = RNG.standard_normal((BATCH, 1, 8, 8)).astype(np.float32)
+    inst = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", shapes={"x": x.shape}, device=dev.uri)).instance()
+    inst.run(x)
+    p = inst.profile(iterations=3)
+    assert p["iterations"] == 3
+    # The Relu fuses into the convolution; Flatten is a view.
+    assert [l["node"] for l in p["layers"] if l["node"]] == ["conv", "pool", "fc"]
+    conv = p["layers"][0]
+    assert conv["ops"] == "conv2d" and conv["output"] == f"f32[{BATCH}, 4, 8, 8]"
+    assert conv["flops"] == 2 * BATCH * 4 * 8 * 8 * 9
+    assert all(l["device_ns"] > 0 for l in p["layers"])
+    assert abs(sum(l["share"] for l in p["layers"]) - 1) < 1e-9
+    assert p["device_ns"] > 0 and p["run_ns"] > 0
+    np.testing.assert_allclose(inst.run(x)[0], reference(x), rtol=1e-4, atol=1e-5)
+
+
 def test_outputs_can_be_given_and_are_filled_in_place(dev, mlp):
     onnx_bytes, reference = mlp
     model = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 16)}, device=dev.uri))

@@ -54,6 +54,29 @@ HostArray host(std::vector<T>& v) noexcept {
   return {reinterpret_cast<std::byte*>(v.data()), v.size() * sizeof(T)};
 }
 
+// One layer of a profile: the device ops the compiler made from one ONNX
+// node (named as `tpuhal compile --report` names it), or its own
+// conversions of inputs and outputs (node "").
+struct LayerProfile {
+  std::string node;
+  std::string ops;              // the device ops' kinds, "conv2d" or "transpose+avg_pool2d"
+  std::string shape;            // the last op's output: "f32[1, 64, 56, 56]"
+  std::uint64_t device_ns = 0;  // median over the iterations of the ops' summed board time
+  double share = 0;             // of the sum of every layer's device_ns
+  double flops = 0;             // operations per run (a multiply-add counts 2)
+  double achieved = 0;          // flops per second of device time
+  double peak = 0;              // the board's peak for the ops' precision, per second (0: unknown)
+};
+
+// Where a run's time goes, by the board's own clock (docs/runtime.md).
+struct Profile {
+  std::vector<LayerProfile> layers;  // in the order they run
+  unsigned iterations = 0;
+  std::uint64_t device_ns = 0;         // median board time from the first op's start to the last op's end
+  std::uint64_t run_ns = 0;            // median host time of submit() to the fence, without timestamps
+  std::uint64_t host_overhead_ns = 0;  // run_ns - device_ns, or 0
+};
+
 class Instance;
 namespace detail {
 struct ModelState;
@@ -114,6 +137,12 @@ class Instance {
   const std::vector<Tensor>& input_tensors() const;
   const std::vector<Tensor>& output_tensors() const;
   Fence submit(Queue& queue);
+
+  // Runs the program `iterations` times (at least 1) on the data in
+  // input_tensors() with a board timestamp between ops, and as it runs
+  // normally as many times again; returns the medians per layer. Unsupported
+  // on a device without board timestamps (Properties::caps.timestamps).
+  Profile profile(unsigned iterations = 10);
 
   Model model() const;
   explicit operator bool() const noexcept { return state_ != nullptr; }
