@@ -36,8 +36,17 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
     const std::int64_t wend = std::min(w0 + (kw - 1) * dw + 1, w + pr);
     return ((hend - h0 + dh - 1) / dh) * ((wend - w0 + dw - 1) / dw);
   };
+  // Taps k in [k0, k1) of a window starting at `start` that fall inside
+  // [0, len): start + k * dil in range.
+  auto taps = [](std::int64_t start, std::int64_t dil, std::int64_t k, std::int64_t len) {
+    const std::int64_t k0 = start >= 0 ? 0 : (-start + dil - 1) / dil;
+    const std::int64_t k1 = start >= len ? 0 : std::min(k, (len - start + dil - 1) / dil);
+    return std::pair{k0, std::max(k0, k1)};
+  };
   if (x.dtype == fw::DType::kF32 && y.dtype == fw::DType::kF32) {
-    // The same loops on f32 pointers: each output is formed exactly as below.
+    // The same loops on f32 pointers, over the taps inside the input: each
+    // output is formed exactly as below (the same values in the same order;
+    // max keeps the first of equal values and turns NaN once one is met).
     const std::uint32_t hd = nhwc ? 1 : 2, wd = nhwc ? 2 : 3, cd = nhwc ? 3 : 1;
     const auto xh = static_cast<std::int64_t>(x.strides[hd]), xw = static_cast<std::int64_t>(x.strides[wd]);
     e.pool().parallel_for(
@@ -47,30 +56,44 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
             const std::uint64_t ni = nc / c, ci = nc % c;
             const float* xp = reinterpret_cast<const float*>(x.data) + ni * x.strides[0] + ci * x.strides[cd];
             float* yp = reinterpret_cast<float*>(y.data) + ni * y.strides[0] + ci * y.strides[cd];
+            std::vector<float> acc(ow);
             for (std::uint64_t r = 0; r < oh; ++r) {
-              for (std::uint64_t col = 0; col < ow; ++col) {
-                const std::int64_t h0 = static_cast<std::int64_t>(r) * sh - pt;
-                const std::int64_t w0 = static_cast<std::int64_t>(col) * sw - pl;
-                float best = -std::numeric_limits<float>::infinity(), sum = 0;
-                std::int64_t count = 0;
-                for (std::int64_t a = 0; a < kh; ++a) {
-                  const std::int64_t ih = h0 + a * dh;
-                  if (ih < 0 || ih >= h) continue;
-                  const float* row = xp + ih * xh;
-                  for (std::int64_t b = 0; b < kw; ++b) {
-                    const std::int64_t iw = w0 + b * dw;
-                    if (iw < 0 || iw >= w) continue;
-                    const float val = row[iw * xw];
-                    if (max)
-                      best = std::isnan(val) || std::isnan(best) ? std::numeric_limits<float>::quiet_NaN()
-                                                                 : std::max(best, val);
-                    else
-                      sum += val;
-                    ++count;
+              const std::int64_t h0 = static_cast<std::int64_t>(r) * sh - pt;
+              const auto [a0, a1] = taps(h0, dh, kh, h);
+              std::fill(acc.begin(), acc.end(), max ? -std::numeric_limits<float>::infinity() : 0.0f);
+              // Tap by tap, each over the output columns it reaches: every
+              // output still meets its taps in (row, column) order.
+              for (std::int64_t a = a0; a < a1; ++a) {
+                const float* row = xp + (h0 + a * dh) * xh;
+                for (std::int64_t b = 0; b < kw; ++b) {
+                  // Columns col with 0 <= col * sw - pl + b * dw < w.
+                  const std::int64_t shift = b * dw - pl;
+                  const std::int64_t c0 = shift >= 0 ? 0 : (-shift + sw - 1) / sw;
+                  const std::int64_t c1 =
+                      shift >= w ? 0 : std::min(static_cast<std::int64_t>(ow), (w - shift + sw - 1) / sw);
+                  float* out = acc.data();
+                  if (max) {
+                    for (std::int64_t col = c0; col < c1; ++col) {
+                      const float val = row[(col * sw + shift) * xw];
+                      out[col] = val > out[col] || val != val ? val : out[col];  // a NaN, once met, stays
+                    }
+                  } else {
+                    for (std::int64_t col = c0; col < c1; ++col) out[col] += row[(col * sw + shift) * xw];
                   }
                 }
-                const std::int64_t div = max ? 0 : divisor(h0, w0, count);
-                yp[r * y.strides[hd] + col * y.strides[wd]] = max ? best : div ? sum / static_cast<float>(div) : 0.0f;
+              }
+              float* yr = yp + r * y.strides[hd];
+              for (std::uint64_t col = 0; col < ow; ++col) {
+                float out = acc[col];
+                if (max) {
+                  if (out != out) out = std::numeric_limits<float>::quiet_NaN();
+                } else {
+                  const std::int64_t w0 = static_cast<std::int64_t>(col) * sw - pl;
+                  const auto [b0, b1] = taps(w0, dw, kw, w);
+                  const std::int64_t div = divisor(h0, w0, (a1 - a0) * (b1 - b0));
+                  out = div ? out / static_cast<float>(div) : 0.0f;
+                }
+                yr[col * y.strides[wd]] = out;
               }
             }
           }
