@@ -471,6 +471,25 @@ std::uint64_t Board::dram_resident_bytes() const noexcept {
   }
   return resident;
 }
+std::uint64_t Board::prefault_limit() noexcept {
+  static const std::uint64_t limit = [] {
+    const char* env = std::getenv("TPUHAL_SIM_PREFAULT_MAX");
+    if (!env || !*env) return std::uint64_t{1} << 30;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(env, &end, 10);
+    return end && *end == '\0' ? static_cast<std::uint64_t>(v) : std::uint64_t{1} << 30;
+  }();
+  return limit;
+}
+
+void Board::prefault(std::uint64_t address, std::uint64_t size) noexcept {
+  const std::uint64_t page = base::page_size(), dram = impl_->dram.size();
+  if (size == 0 || size > prefault_limit() || address >= dram) return;
+  const std::uint64_t first = address / page * page;
+  const std::uint64_t last = std::min(dram, (address + size + page - 1) / page * page);
+  ::madvise(impl_->dram.data() + first, last - first, MADV_POPULATE_WRITE);  // EINVAL before Linux 5.14: lazy
+}
+
 Board::~Board() = default;
 
 const BoardProfile& Board::profile() const noexcept { return impl_->profile; }

@@ -497,6 +497,7 @@ std::shared_ptr<driver::BufferBackend> TpuDevice::allocate(std::uint64_t size, M
     return std::make_shared<HostBuffer>(shared_from_this(), std::move(m), data, size, mapped, false);
   }
   auto [heap, address] = allocate_device(size, memory, options);
+  transport_->prefault(address, size);
   try {
     return std::make_shared<DeviceBuffer>(shared_from_this(), heap, heaps_[heap].name, memory, address, size);
   } catch (...) {

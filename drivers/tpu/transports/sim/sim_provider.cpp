@@ -31,6 +31,7 @@ class SimTransport final : public Transport {
       throw Error(Status::Internal, "DMA mapping failed: " + why);
   }
   void unmap_dma(std::uint64_t iova, std::uint64_t size) noexcept override { board_->iommu().unmap(iova, size); }
+  void prefault(std::uint64_t address, std::uint64_t size) noexcept override { board_->prefault(address, size); }
   std::uint32_t interrupt_vectors() const override { return board_->interrupt_vectors(); }
   int interrupt_fd(std::uint32_t vector) const override { return board_->interrupt_fd(vector); }
 

@@ -139,6 +139,14 @@ class Board {
   int dram_fd() const noexcept;
   // Bytes of DRAM backed by memory now (pages the board or host touched).
   std::uint64_t dram_resident_bytes() const noexcept;
+  // Backs DRAM [address, address + size) with host pages now, contents
+  // unchanged (MADV_POPULATE_WRITE), where size is at most
+  // prefault_limit(); larger ranges, and kernels without the advice, fault
+  // on first use as before.
+  void prefault(std::uint64_t address, std::uint64_t size) noexcept;
+  // TPUHAL_SIM_PREFAULT_MAX (bytes, read once; 0 turns prefaulting off),
+  // else 1 GiB.
+  static std::uint64_t prefault_limit() noexcept;
 
   // The IOMMU domain through which the board reaches host memory.
   IommuDomain& iommu() noexcept;

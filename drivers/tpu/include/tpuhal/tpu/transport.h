@@ -74,6 +74,12 @@ class Transport {
   // board can no longer reach it. Never throws.
   virtual void unmap_dma(std::uint64_t iova, std::uint64_t size) noexcept = 0;
 
+  // Device memory [address, address + size) was just allocated. A
+  // simulated board backs it with host pages now, so that the first
+  // commands to touch it do not pay the host kernel's page faults inside the
+  // board's time (docs/simulator.md); real boards have nothing to do.
+  virtual void prefault(std::uint64_t /*address*/, std::uint64_t /*size*/) noexcept {}
+
   // Interrupt vectors as file descriptors that become readable when the
   // vector fires (eventfds). The driver drains them.
   virtual std::uint32_t interrupt_vectors() const = 0;
