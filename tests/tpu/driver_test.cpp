@@ -8,6 +8,8 @@
 #include <cstring>
 #include <thread>
 
+#include "encode.h"  // drivers/tpu/src: required_minor
+#include "support/error_of.hpp"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/fw/command.h"
 #include "tpuhal/fw/regs.h"
@@ -20,6 +22,7 @@ namespace tpuhal {
 namespace {
 
 using namespace std::chrono_literals;
+using test::error_of;
 using ::testing::HasSubstr;
 
 struct Rig {
@@ -289,6 +292,42 @@ TEST(TpuDriver, BringUpRefusesBoardsItCannotDrive) {
   Error regions = open_error(fw::reg::kNumMemRegions, 99);
   EXPECT_EQ(regions.status(), Status::DeviceLost);
   EXPECT_THAT(regions.what(), HasSubstr("99 memory regions"));
+}
+
+TEST(TpuDriver, AnOpNewerThanTheBoardsInterfaceIsRefusedBeforeItReachesTheBoard) {
+  // A board that advertises interface 1.4: the driver agrees on 1.4.
+  auto board = std::make_shared<sim::Board>(sim::load_profile("tiny"));
+  auto dev =
+      tpu::open_device(std::make_unique<LyingTransport>(board, fw::reg::kIfaceVersion, fw::Version{1, 4}.packed()),
+                       "test:old", "tpu-sim");
+  EXPECT_EQ(dev->properties().interface_version, "1.4");
+  auto q = dev->create_queue(Engine::Compute, {});
+  driver::OpDesc top_k;
+  top_k.kind = driver::OpKind::TopK;
+  top_k.name = "argmax";
+  top_k.attrs = driver::TopKAttrs{};
+  const driver::Command run = driver::cmd::Run{&top_k};
+  const Error e = error_of([&] { q->submit(std::span<const driver::Command>(&run, 1), std::chrono::seconds(1)); });
+  EXPECT_EQ(e.status(), Status::Unsupported);
+  EXPECT_THAT(e.what(), HasSubstr("test:old: argmax needs firmware interface 1.5; the board speaks 1.4"));
+  EXPECT_THAT(error_of([&] { dev->create_program(std::span<const driver::Command>(&run, 1)); }).what(),
+              HasSubstr("needs firmware interface 1.5"));
+  // What each op needs.
+  driver::OpDesc conv;
+  conv.kind = driver::OpKind::Conv2d;
+  driver::ConvAttrs ca;
+  conv.attrs = ca;
+  EXPECT_EQ(tpu::required_minor(conv), 1u);
+  ca.activation = ActivationParams::hard_swish();
+  conv.attrs = ca;
+  EXPECT_EQ(tpu::required_minor(conv), 4u);
+  driver::OpDesc erf;
+  erf.kind = driver::OpKind::Elementwise;
+  erf.attrs = driver::ElementwiseAttrs{driver::ElementwiseOp::Erf, {}};
+  EXPECT_EQ(tpu::required_minor(erf), 3u);
+  EXPECT_EQ(tpu::required_minor(top_k), 5u);
+  // The queue refused the op without failing: it still runs what the board has.
+  EXPECT_FALSE(q->timeline().failed);
 }
 
 TEST(TpuDriver, DeviceMemoryIsReturnedWhenBuffersGo) {

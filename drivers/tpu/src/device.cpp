@@ -595,7 +595,8 @@ std::shared_ptr<driver::ProgramBackend> TpuDevice::create_program(std::span<cons
                 uri() + ": programs need the tensor engine (interface 1.1), which this board lacks");
   std::vector<Slot> slots;
   for (std::size_t i = 0; i < commands.size(); ++i)
-    encode(commands[i], static_cast<std::uint32_t>(i), uri(), nullptr, /*allow_fence_wait=*/false, slots);
+    encode(commands[i], static_cast<std::uint32_t>(i), uri(), nullptr, /*allow_fence_wait=*/false, agreed_minor_,
+           slots);
   if (slots.size() > fw::kMaxCallSlots)
     throw Error(Status::InvalidArgument, uri() + ": a program of " + std::to_string(slots.size()) +
                                              " slots exceeds the limit of " + std::to_string(fw::kMaxCallSlots));

@@ -77,6 +77,8 @@ class TpuDevice final : public driver::DeviceBackend, public std::enable_shared_
   // ---- used by buffers and queues ----
   Transport& transport() const noexcept { return *transport_; }
   const std::string& uri() const noexcept { return props_.uri; }
+  // The minor of the interface version the board and driver agreed on.
+  std::uint16_t interface_minor() const noexcept { return agreed_minor_; }
   std::uint64_t read64(std::uint32_t lo_offset) const;
   std::span<std::byte> aperture() const noexcept { return aperture_; }
 

@@ -1,5 +1,6 @@
 #include "encode.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "device_impl.h"
@@ -176,8 +177,28 @@ std::vector<std::byte> encode_op(const driver::OpDesc& op) {
   return block;
 }
 
+std::uint16_t required_minor(const driver::OpDesc& op) {
+  std::uint16_t need = 1;
+  switch (op.kind) {
+    case driver::OpKind::TopK:
+    case driver::OpKind::ConvTranspose2d:
+    case driver::OpKind::Where: need = 5; break;
+    default: break;
+  }
+  auto act = [&](const ActivationParams& a) {
+    if (a.kind == Activation::HardSwish) need = std::max<std::uint16_t>(need, 4);
+  };
+  if (const auto* m = std::get_if<driver::MatMulAttrs>(&op.attrs)) act(m->activation);
+  if (const auto* c = std::get_if<driver::ConvAttrs>(&op.attrs)) act(c->activation);
+  if (const auto* e = std::get_if<driver::ElementwiseAttrs>(&op.attrs)) {
+    if (e->op == driver::ElementwiseOp::Activation) act(e->activation);
+    if (e->op == driver::ElementwiseOp::Erf) need = std::max<std::uint16_t>(need, 3);
+  }
+  return need;
+}
+
 void encode(const driver::Command& command, std::uint32_t index, const std::string& uri, const TpuQueue* self,
-            bool allow_fence_wait, std::vector<Slot>& out) {
+            bool allow_fence_wait, std::uint16_t interface_minor, std::vector<Slot>& out) {
   fw::CommandDescriptor d{};
   auto addr = [](const driver::BufferRange& r) { return r.buffer->device_address() + r.offset; };
   struct Visitor {
@@ -185,6 +206,7 @@ void encode(const driver::Command& command, std::uint32_t index, const std::stri
     const std::string& uri;
     const TpuQueue* self;
     bool allow_fence_wait;
+    std::uint16_t interface_minor;
     std::vector<std::byte>* inline_block;
     decltype(addr)& address;
     void operator()(const driver::cmd::Copy& c) const {
@@ -225,6 +247,10 @@ void encode(const driver::Command& command, std::uint32_t index, const std::stri
       d.args[0] = address(c.location);
     }
     void operator()(const driver::cmd::Run& r) const {
+      if (const auto need = required_minor(*r.op); need > interface_minor)
+        throw Error(Status::Unsupported, uri + ": " + r.op->name + " needs firmware interface 1." +
+                                             std::to_string(need) + "; the board speaks 1." +
+                                             std::to_string(interface_minor) + " (update its firmware)");
       *inline_block = encode_op(*r.op);
       d.opcode = static_cast<std::uint16_t>(fw::Opcode::kTensorOp);
       d.args[0] = 0;  // inline
@@ -239,7 +265,7 @@ void encode(const driver::Command& command, std::uint32_t index, const std::stri
     }
   };
   std::vector<std::byte> block;
-  std::visit(Visitor{d, uri, self, allow_fence_wait, &block, addr}, command);
+  std::visit(Visitor{d, uri, self, allow_fence_wait, interface_minor, &block, addr}, command);
   out.push_back({d, true, index});
   for (std::size_t off = 0; off < block.size(); off += sizeof(fw::CommandDescriptor)) {
     Slot s{};

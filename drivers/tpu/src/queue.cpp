@@ -283,7 +283,7 @@ std::uint64_t TpuQueue::submit(std::span<const driver::Command> commands, std::c
     slots.push_back(nop);
   } else {
     for (std::size_t i = 0; i < commands.size(); ++i)
-      encode(commands[i], static_cast<std::uint32_t>(i), device_->uri(), this, true, slots);
+      encode(commands[i], static_cast<std::uint32_t>(i), device_->uri(), this, true, device_->interface_minor(), slots);
   }
   const std::size_t n = slots.size();
   if (n >= entries_)
