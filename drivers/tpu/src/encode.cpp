@@ -179,11 +179,23 @@ std::vector<std::byte> encode_op(const driver::OpDesc& op) {
 
 std::uint16_t required_minor(const driver::OpDesc& op) {
   std::uint16_t need = 1;
-  switch (op.kind) {
+  switch (op.kind) {  // no default: a new kind does not build without its minor
+    case driver::OpKind::MatMul:
+    case driver::OpKind::Conv2d:
+    case driver::OpKind::Pool2d:
+    case driver::OpKind::Elementwise:
+    case driver::OpKind::Softmax:
+    case driver::OpKind::Quantize:
+    case driver::OpKind::Dequantize:
+    case driver::OpKind::MatMulInteger:
+    case driver::OpKind::ConvInteger:
+    case driver::OpKind::QLinearMatMul:
+    case driver::OpKind::QLinearConv:
+    case driver::OpKind::Resize:
+    case driver::OpKind::ColorConvert: break;
     case driver::OpKind::TopK:
     case driver::OpKind::ConvTranspose2d:
     case driver::OpKind::Where: need = 5; break;
-    default: break;
   }
   auto act = [&](const ActivationParams& a) {
     if (a.kind == Activation::HardSwish) need = std::max<std::uint16_t>(need, 4);
