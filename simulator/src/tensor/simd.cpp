@@ -39,6 +39,31 @@ std::uint64_t sum_abs_i8(const std::int8_t* __restrict v, std::size_t n) {
 }
 
 TPUHAL_CLONES
+void max_strided_f32(float* __restrict out, const float* __restrict in, std::size_t n, std::size_t stride) {
+  if (stride == 1) {  // the common shapes get loops the vectoriser sees whole
+    for (std::size_t i = 0; i < n; ++i) out[i] = in[i] > out[i] || in[i] != in[i] ? in[i] : out[i];
+  } else if (stride == 2) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = in[2 * i] > out[i] || in[2 * i] != in[2 * i] ? in[2 * i] : out[i];
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float v = in[i * stride];
+      out[i] = v > out[i] || v != v ? v : out[i];
+    }
+  }
+}
+
+TPUHAL_CLONES
+void add_strided_f32(float* __restrict out, const float* __restrict in, std::size_t n, std::size_t stride) {
+  if (stride == 1) {
+    for (std::size_t i = 0; i < n; ++i) out[i] += in[i];
+  } else if (stride == 2) {
+    for (std::size_t i = 0; i < n; ++i) out[i] += in[2 * i];
+  } else {
+    for (std::size_t i = 0; i < n; ++i) out[i] += in[i * stride];
+  }
+}
+
+TPUHAL_CLONES
 void requantize_u8(const std::int32_t* __restrict acc, const float* __restrict mul, std::uint8_t* __restrict out,
                    std::size_t n, std::int32_t zero, std::int32_t lo, std::int32_t hi) {
   // Adding and removing 1.5 * 2^23 rounds half to even in the default

@@ -23,6 +23,11 @@ std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n);
 void requantize_u8(const std::int32_t* acc, const float* mul, std::uint8_t* out, std::size_t n, std::int32_t zero,
                    std::int32_t lo, std::int32_t hi);
 
+// Pooling's per-tap steps over a row of outputs: in[i * stride] into out[i].
+// max: the larger, a NaN in either kept (in's when in is NaN); add: +=.
+void max_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride);
+void add_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride);
+
 // Conversions between f16 / bf16 and f32, exactly as numerics.h's
 // half_to_float, bf16_to_float, float_to_half and float_to_bf16 convert
 // (round to nearest even; NaN as those give it).

@@ -5,6 +5,7 @@
 
 #include "engine.h"
 #include "numerics.h"
+#include "simd.h"
 
 namespace tpuhal::sim::tensor {
 namespace {
@@ -71,15 +72,14 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
                   const std::int64_t c0 = shift >= 0 ? 0 : (-shift + sw - 1) / sw;
                   const std::int64_t c1 =
                       shift >= w ? 0 : std::min(static_cast<std::int64_t>(ow), (w - shift + sw - 1) / sw);
-                  float* out = acc.data();
-                  if (max) {
-                    for (std::int64_t col = c0; col < c1; ++col) {
-                      const float val = row[(col * sw + shift) * xw];
-                      out[col] = val > out[col] || val != val ? val : out[col];  // a NaN, once met, stays
-                    }
-                  } else {
-                    for (std::int64_t col = c0; col < c1; ++col) out[col] += row[(col * sw + shift) * xw];
-                  }
+                  if (c1 <= c0) continue;
+                  const auto n_cols = static_cast<std::size_t>(c1 - c0);
+                  const float* in = row + (c0 * sw + shift) * xw;
+                  const auto step = static_cast<std::size_t>(sw * xw);
+                  if (max)  // a NaN, once met, stays
+                    simd::max_strided_f32(acc.data() + c0, in, n_cols, step);
+                  else
+                    simd::add_strided_f32(acc.data() + c0, in, n_cols, step);
                 }
               }
               float* yr = yp + r * y.strides[hd];
