@@ -265,5 +265,35 @@ TEST(TensorIsa, VectorConversionsMatchTheScalarRules) {
   for (std::size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(narrow[i], float_to_half(floats[i])) << floats[i];
 }
 
+TEST(TensorIsa, PoolingStepsMatchTheScalarRuleAtEveryStride) {
+  // Values with NaNs, infinities, signed zeros and ties, at strides 1, 2, 3.
+  std::mt19937 rng(11);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            0.0f,
+                            -0.0f,
+                            1.0f};
+  for (std::size_t stride : {1u, 2u, 3u})
+    for (std::size_t n : {0u, 1u, 7u, 33u, 1000u}) {
+      std::vector<float> in(n * stride + 1), out(n), want(n), sums(n), want_sums(n);
+      for (auto& v : in) v = rng() % 5 == 0 ? specials[rng() % 7] : static_cast<float>(static_cast<int>(rng() % 9) - 4);
+      for (std::size_t i = 0; i < n; ++i) {
+        out[i] = want[i] = rng() % 7 == 0 ? specials[rng() % 7] : static_cast<float>(static_cast<int>(rng() % 9) - 4);
+        sums[i] = want_sums[i] = static_cast<float>(rng() % 1000) / 7.0f;
+        const float v = in[i * stride];
+        want[i] = v > want[i] || v != v ? v : want[i];
+        want_sums[i] += v;
+      }
+      simd::max_strided_f32(out.data(), in.data(), n, stride);
+      simd::add_strided_f32(sums.data(), in.data(), n, stride);
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::memcmp(&out[i], &want[i], 4), 0) << "max, stride " << stride << ", element " << i;
+        ASSERT_EQ(std::memcmp(&sums[i], &want_sums[i], 4), 0) << "add, stride " << stride << ", element " << i;
+      }
+    }
+}
+
 }  // namespace
 }  // namespace tpuhal::sim::tensor
