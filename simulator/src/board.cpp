@@ -545,4 +545,10 @@ void Board::inject(const Fault& fault) { impl_->inject(fault); }
 
 void Board::clear_faults() noexcept { impl_->clear_faults(); }
 
+void Board::set_command_observer(CommandObserver* observer) noexcept {
+  impl_->observer.store(observer, std::memory_order_release);
+}
+
+std::uint64_t Board::time_ns() const noexcept { return impl_->board_time_ns(); }
+
 }  // namespace tpuhal::sim

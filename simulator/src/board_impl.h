@@ -75,6 +75,8 @@ struct Board::Impl {
   void raise_if_unmasked(std::uint32_t bits) noexcept;
   void signal_vectors(std::uint32_t bits) noexcept;
 
+  std::atomic<CommandObserver*> observer{nullptr};  // Board::set_command_observer
+
   std::uint64_t board_time_ns() const noexcept {
     return base::monotonic_ns() - reset_time_ns.load(std::memory_order_relaxed);
   }

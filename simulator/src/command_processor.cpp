@@ -169,8 +169,27 @@ void CommandProcessor::run_loop() {
         // An inline parameter block that the doorbell did not publish.
         problem = {fw::CmdStatus::kBadArgument, 1, slots, tail - head};
       } else if ((problem = injected(*decoded, head)).status == fw::CmdStatus::kOk) {
+        CommandObserver* observer = board_.observer.load(std::memory_order_acquire);
+        const std::uint64_t began = observer ? board_.board_time_ns() : 0;
         problem = execute(*decoded, ring_source, head);
         if (problem.status == fw::CmdStatus::kOk) problem = complete(*decoded);
+        if (observer) {
+          CommandRecord r;
+          r.queue = index_;
+          r.opcode = d.opcode;
+          r.fence_value = d.fence_value;
+          r.start_ns = began;
+          r.end_ns = board_.board_time_ns();
+          r.epoch_ns = board_.reset_time_ns.load(std::memory_order_relaxed);
+          r.status = static_cast<std::uint32_t>(problem.status);
+          if (const auto* c = std::get_if<fw::CopyArgs>(&decoded->args))
+            r.bytes = c->size;
+          else if (const auto* f = std::get_if<fw::FillArgs>(&decoded->args))
+            r.bytes = f->size;
+          else if (const auto* sg = std::get_if<fw::CopySgArgs>(&decoded->args))
+            r.bytes = sg->total;
+          observer->on_command(r);
+        }
       }
       if (problem.status != fw::CmdStatus::kOk) {
         publish();

@@ -108,6 +108,24 @@ struct BoardOptions {
   HostPort* host_port = nullptr;
 };
 
+// One command a queue ran, for a board-side trace (tpuhal-simd --trace).
+struct CommandRecord {
+  std::uint32_t queue = 0;
+  std::uint16_t opcode = 0;       // fw::Opcode
+  std::uint64_t fence_value = 0;  // the timeline value of its submission
+  std::uint64_t start_ns = 0;     // board time (ns since the board's reset)
+  std::uint64_t end_ns = 0;
+  std::uint64_t epoch_ns = 0;  // the board's reset on CLOCK_MONOTONIC: host time = board time + epoch
+  std::uint64_t bytes = 0;     // what a copy or fill moved
+  std::uint32_t status = 0;    // fw::CmdStatus: 0 when it succeeded
+};
+class CommandObserver {
+ public:
+  virtual ~CommandObserver() = default;
+  // Called on the queue's thread after each command; must not block long.
+  virtual void on_command(const CommandRecord& record) noexcept = 0;
+};
+
 class Board {
  public:
   explicit Board(BoardProfile profile, BoardOptions options = {});
@@ -163,6 +181,13 @@ class Board {
   // Disarms every fault not yet struck and un-poisons DRAM; a board that
   // crashed or was lost stays so until a board reset (CONTROL.RESET).
   void clear_faults() noexcept;
+
+  // Every queue reports each command it runs to `observer` (nullptr:
+  // none), which must outlive the board or be replaced first.
+  void set_command_observer(CommandObserver* observer) noexcept;
+  // Board time now (ns since the board's reset), on the clock of its
+  // timestamps.
+  std::uint64_t time_ns() const noexcept;
 
   struct Impl;
 
