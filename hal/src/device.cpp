@@ -164,7 +164,12 @@ MemoryStats Device::memory_stats() const { return checked(impl_).backend().memor
 DeviceStatus Device::status() const { return checked(impl_).backend().status(); }
 WaitPolicy Device::wait_policy() const { return checked(impl_).wait_policy(); }
 void Device::set_wait_policy(const WaitPolicy& policy) { checked(impl_).set_wait_policy(policy); }
-void Device::reset() { checked(impl_).backend().reset(); }
+void Device::reset() {
+  auto& dev = checked(impl_);
+  detail::tracing::Slice traced("reset");
+  detail::tracing::device_instant(impl_, "reset");
+  dev.backend().reset();
+}
 
 Buffer Device::allocate(std::uint64_t size, Memory memory, const AllocOptions& options) {
   auto& dev = checked(impl_);
@@ -172,6 +177,7 @@ Buffer Device::allocate(std::uint64_t size, Memory memory, const AllocOptions& o
   if (options.alignment & (options.alignment - 1))
     throw Error(Status::InvalidArgument,
                 dev.uri() + ": alignment " + std::to_string(options.alignment) + " is not a power of two");
+  detail::tracing::Slice traced("allocate", {{"bytes", size}, {"memory", to_string(memory)}}, options.heap, "heap");
   auto backend = dev.backend().allocate(size, memory, options);
   return Buffer(std::make_shared<detail::BufferImpl>(impl_, std::move(backend)));
 }
@@ -182,6 +188,7 @@ Buffer Device::import_host(void* ptr, std::uint64_t size) {
     throw Error(Status::InvalidArgument, dev.uri() + ": import_host needs memory (got " +
                                              std::string(ptr ? "" : "a null pointer, ") + std::to_string(size) +
                                              " bytes)");
+  detail::tracing::Slice traced("import_host", {{"bytes", size}});
   auto backend = dev.backend().import_host(ptr, size);
   return Buffer(std::make_shared<detail::BufferImpl>(impl_, std::move(backend)));
 }
@@ -189,6 +196,7 @@ Buffer Device::import_host(void* ptr, std::uint64_t size) {
 Program Device::record(const std::function<void(Batch&)>& body) {
   auto& dev = checked(impl_);
   if (!body) throw Error(Status::InvalidArgument, dev.uri() + ": record needs a function that records commands");
+  detail::tracing::Slice traced("record", {}, {}, "message", detail::tracing::Slice::Kind::Nesting);
   Batch batch(impl_);
   body(batch);
   auto& s = *batch.state_;
@@ -226,10 +234,13 @@ std::span<std::byte> Buffer::map() const {
   auto& b = checked(impl_);
   auto backend = b.acquire("map");
   if (detail::validate::on() && b.track()) detail::validate::on_map(*b.track());
+  detail::tracing::Slice traced("map", {{"bytes", b.size()}, {"memory", to_string(b.memory())}});
   return backend->map();
 }
 void Buffer::free() {
-  if (impl_) impl_->free();
+  if (!impl_) return;
+  detail::tracing::Slice traced("free", {{"bytes", impl_->size()}, {"memory", to_string(impl_->memory())}});
+  impl_->free();
 }
 bool Buffer::valid() const noexcept { return impl_ && !impl_->freed(); }
 

@@ -11,6 +11,7 @@
 
 #include "tpuhal/driver/driver.hpp"
 #include "tpuhal/tpuhal.hpp"
+#include "tracing.hpp"
 #include "validate.hpp"
 
 namespace tpuhal::detail {
@@ -85,6 +86,11 @@ class QueueImpl {
   bool reached(std::uint64_t value);
   void wait(std::uint64_t value, const WaitPolicy& policy);
 
+  // Tracing (trace.cpp): this queue's state in the current trace session.
+  std::mutex tracing_mu;
+  std::shared_ptr<tracing::QueueTrace> tracing;
+  std::uint64_t tracing_gen = 0;
+
  private:
   void reclaim(std::uint64_t completed);
   [[noreturn]] void throw_timeout(std::uint64_t value, std::chrono::nanoseconds timeout) const;
@@ -94,6 +100,7 @@ class QueueImpl {
   // Validation: the highest completed value seen, to catch it going back.
   std::atomic<std::uint64_t> max_completed_{0};
   std::atomic<bool> backwards_reported_{false};
+  std::atomic<std::uint64_t> trace_seen_{0};  // the highest value reported to tracing
   std::mutex retained_mu_;
   std::atomic<bool> has_retained_{false};
   std::deque<std::pair<std::uint64_t, std::vector<std::shared_ptr<const void>>>> retained_;

@@ -35,6 +35,7 @@ QueueImpl::~QueueImpl() {
     }
   }
   if (validate::on()) validate::forget_queue(backend_.get());
+  tracing::queue_closing(*this);
   // The board no longer touches anything retained: release it all.
   std::lock_guard lock(retained_mu_);
   retained_.clear();
@@ -47,7 +48,22 @@ std::string QueueImpl::name() const {
 std::uint64_t QueueImpl::submit(std::span<const driver::Command> commands,
                                 std::vector<std::shared_ptr<const void>>&& retained,
                                 std::chrono::nanoseconds max_wait) {
-  const std::uint64_t value = backend_->submit(commands, max_wait);
+  std::uint64_t value;
+  if (tracing::on()) {
+    tracing::SubmitScope traced(*this, commands);
+    traced.retain(retained);
+    try {
+      value = backend_->submit(traced.commands(), max_wait);
+    } catch (const Error& e) {
+      // The board timestamps made the batch too long for the ring: submit
+      // it as the caller gave it.
+      if (e.status() != Status::InvalidArgument || !traced.drop_stamps()) throw;
+      value = backend_->submit(commands, max_wait);
+    }
+    traced.submitted(value);
+  } else {
+    value = backend_->submit(commands, max_wait);
+  }
   if (!retained.empty()) {
     std::lock_guard lock(retained_mu_);
     // Submissions from several threads may register out of order; keep the
@@ -94,6 +110,10 @@ bool QueueImpl::reached(std::uint64_t value) {
     }
   }
   const auto t = backend_->timeline();
+  if (tracing::on() && t.completed > trace_seen_.load(std::memory_order_relaxed)) {
+    trace_seen_.store(t.completed, std::memory_order_relaxed);
+    tracing::observed(*this, t.completed);
+  }
   if (t.completed >= value) {
     reclaim(t.completed);
     return true;
@@ -113,6 +133,11 @@ void QueueImpl::throw_timeout(std::uint64_t value, std::chrono::nanoseconds time
 
 void QueueImpl::wait(std::uint64_t value, const WaitPolicy& policy) {
   if (reached(value)) return;
+  std::optional<tracing::Slice> traced;
+  if (tracing::on())
+    if (auto q = tracing::queue_trace(*this))
+      traced.emplace("wait", std::initializer_list<tracing::Arg>{tracing::Arg("queue", tracing::queue_trace_name(*q)),
+                                                                 tracing::Arg("value", value)});
   if (value > last_submitted())
     throw Error(Status::InvalidArgument, name() + ": timeline value " + std::to_string(value) +
                                              " was never submitted (last " + std::to_string(last_submitted()) + ")");

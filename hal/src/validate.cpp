@@ -256,6 +256,7 @@ std::atomic<bool> g_on{g_env_mode != Mode::Off};
 
 void report(validation::Check check, std::string message) {
   g_reports.fetch_add(1, std::memory_order_relaxed);
+  tracing::instant("validation", {{"check", validation::to_string(check)}}, message);
   // A leak is reported at exit (or on request): where that happens says
   // nothing; the message names where each buffer was allocated.
   validation::Report r{check, std::move(message), {}};

@@ -43,6 +43,7 @@ class DecoderImpl {
     s->packet = ev.packet;
     s->index = received_++;
     s->channel = backend_->channel();
+    tracing::frame(device_, s->channel, s->pts, s->index, s->width, s->height);
     for (std::uint32_t p = 0; p < ev.planes; ++p)
       s->planes.push_back({ev.plane[p].offset, ev.plane[p].pitch, ev.plane[p].row_bytes, ev.plane[p].rows});
     return Frame(std::move(s));

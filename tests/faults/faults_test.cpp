@@ -13,9 +13,11 @@
 #include <thread>
 
 #include "fault_support.hpp"
+#include "support/trace_check.hpp"
 #include "tpuhal/sim/board.h"
 #include "tpuhal/sim/profile.h"
 #include "tpuhal/tpu/sim_provider.h"
+#include "tpuhal/trace.hpp"
 #include "tpuhal/tpuhal.hpp"
 
 namespace tpuhal {
@@ -103,6 +105,45 @@ TEST_F(Faults, GivenDmaErrorWhenWaitingThenDeviceFaultNamesCommandAndOtherQueueW
     // Another queue carries on.
     round_trip(other, 1);
   }
+  reset_and_check();
+  expect_no_leaks();
+}
+
+// A fault in a trace: an instant on the failed queue's track with the
+// board's finding, the failed submission's flow closed, the reset marked;
+// and the error still numbers the caller's commands, not the trace's
+// timestamps between them.
+TEST_F(Faults, ATraceShowsTheFaultOnItsQueuesTrackAndTheReset) {
+  const std::string path = ::testing::TempDir() + "fault_trace.json";
+  trace::start(path);
+  {
+    Queue q = dev.queue(Engine::Compute);
+    Buffer a = dev.allocate(kBytes, Memory::HostPinned);
+    Buffer b = dev.allocate(kBytes);
+    // The board counts the trace's timestamps as commands: the first
+    // submission is timestamp, copy, timestamp. After two commands the next
+    // one that moves data fails: the second submission's fill.
+    board->inject({.kind = sim::FaultKind::kDmaError, .queue = q.index(), .after_commands = 2});
+    Fence ok = q.copy(a, b).submit();
+    Fence bad = q.fill(b, 0, 256, 0x5A).copy(b, a).submit();
+    ok.wait();
+    const std::string msg = expect_error([&] { bad.wait(); }, Status::DeviceFault);
+    EXPECT_THAT(msg, HasSubstr("submission 2 failed at command 1 of 2"));
+  }
+  dev.reset();
+  trace::stop();
+  const auto t = tpuhal::test::read_trace(path);
+  EXPECT_THAT(tpuhal::test::check_trace(t), ::testing::IsEmpty());
+  const auto failed = tpuhal::test::events_named(t, "i", "queue failed");
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_THAT(failed[0]["args"]["message"].get<std::string>(), HasSubstr("DMA error"));
+  const auto open_ended = tpuhal::test::events_named(t, "X", "not completed (queue failed)");
+  ASSERT_EQ(open_ended.size(), 1u);
+  EXPECT_EQ(open_ended[0]["args"]["value"], 2);
+  EXPECT_EQ(open_ended[0]["tid"], failed[0]["tid"]);
+  EXPECT_EQ(tpuhal::test::events_named(t, "X", "copy").size(), 1u);  // the first submission's
+  EXPECT_EQ(tpuhal::test::events_named(t, "i", "reset").size(), 1u);
+  EXPECT_EQ(tpuhal::test::events_named(t, "X", "reset").size(), 1u);
   reset_and_check();
   expect_no_leaks();
 }

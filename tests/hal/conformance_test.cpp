@@ -8,13 +8,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "device_param.hpp"
 #include "support/error_of.hpp"
+#include "support/trace_check.hpp"
 #include "tpuhal/skeleton/skeleton.h"
 #include "tpuhal/tpuhal.hpp"
+#include "tpuhal/trace.hpp"
 
 namespace tpuhal {
 namespace {
@@ -671,6 +674,121 @@ std::vector<std::string> devices_and_skeleton() {
   driver::register_provider(skeleton::make_provider());
   return testing::conformance_devices();
 }
+// ---- Tracing ----------------------------------------------------------------------
+
+// A known workload (copies, a fill, a wait across queues, an op and a
+// program where the device has them) gives exactly the expected events:
+// host slices for what the program called, and, where the board keeps
+// timestamps, each command on its queue's track with its bytes, shapes and
+// operations, joined to its submission by a flow. The trace obeys the
+// format (support/trace_check.hpp).
+TEST_P(Conformance, ATraceShowsEachCommandOfAKnownWorkload) {
+  SKIP_IF_LACKING(kMemory | kQueues);
+  const std::string path = ::testing::TempDir() + "conformance_" + testing::param_name(GetParam()) + ".json";
+  const Properties& props = dev_.properties();
+  const bool stamps = props.caps.timestamps;
+  trace::start(path);
+  Queue a = dev_.queue();
+  Queue b = free_queue();
+  const std::uint64_t n = 1 << 16;
+  Buffer src = host(n), mid = dev_.allocate(n), dst = host(n);
+  fill_pattern(src.map(), 9);
+  Batch first = a.batch();
+  std::optional<Gate> g;
+  if (props.caps.wait_value) g = gate(first);  // so that b's wait is a wait on the device
+  Fence produced = first.copy(src, mid).fill(mid, 0, 4096, 0xab).submit();
+  Fence consumed = b.wait(produced).copy(mid, dst).submit();
+  if (g) g->release();
+  consumed.wait();
+  std::uint64_t submits = 2;
+  const bool tensor = props.caps.tensor && a.engine() == Engine::Compute;
+  if (tensor) {
+    Buffer ab = dev_.allocate(8 * 16 * 4), bb = dev_.allocate(16 * 4 * 4), yb = dev_.allocate(8 * 4 * 4);
+    Op mm =
+        ops::matmul(Tensor(ab, DType::F32, {8, 16}), Tensor(bb, DType::F32, {16, 4}), Tensor(yb, DType::F32, {8, 4}));
+    a.run(mm).submit().wait();
+    ++submits;
+  }
+  bool program = false;
+  if (a.engine() == Engine::Compute) {
+    try {
+      Program p = dev_.record([&](Batch& r) { r.copy(mid, 0, mid, n / 2, 1024); });
+      a.run(p).submit().wait();
+      program = true;
+      ++submits;
+    } catch (const Error& e) {
+      if (e.status() != Status::Unsupported) throw;
+    }
+  }
+  const trace::Summary summary = trace::stop();
+  EXPECT_EQ(summary.path, path);
+  EXPECT_EQ(summary.dropped, 0u);
+  EXPECT_EQ(summary.error, "");
+  const auto t = test::read_trace(path);
+  ASSERT_FALSE(t.is_discarded()) << path;
+  EXPECT_THAT(test::check_trace(t), ::testing::IsEmpty());
+
+  // The host side, on every device.
+  EXPECT_EQ(test::events_named(t, "X", "submit").size(), submits);
+  EXPECT_GE(test::events_named(t, "X", "wait").size(), 1u);
+  std::vector<std::uint64_t> allocated;
+  for (const auto& e : test::events_named(t, "X", "allocate")) allocated.push_back(e["args"]["bytes"]);
+  EXPECT_THAT(allocated, ::testing::IsSupersetOf({n, n, n}));
+  const auto& devices = t["otherData"]["devices"];
+  ASSERT_TRUE(devices.contains(GetParam())) << devices.dump();
+  EXPECT_EQ(devices[GetParam()]["board_timestamps"], stamps);
+
+  const auto copies = test::events_named(t, "X", "copy");
+  if (!stamps) {
+    // Only the host side, and the trace says so.
+    EXPECT_TRUE(copies.empty());
+    EXPECT_THAT(devices[GetParam()].value("note", ""), HasSubstr("no board timestamps"));
+    return;
+  }
+  EXPECT_EQ(devices[GetParam()]["stamped_submissions"], submits);
+  EXPECT_EQ(test::events_named(t, "X", "submission").size(), submits);
+  EXPECT_EQ(test::events_named(t, "s", "submission").size(), submits);
+  EXPECT_EQ(test::events_named(t, "f", "submission").size(), submits);
+  EXPECT_LE(devices[GetParam()]["sync_error_ns"].get<std::uint64_t>(), 50'000'000u);
+  // Each command on its queue's track, with what it moved.
+  ASSERT_EQ(copies.size(), 2u);
+  EXPECT_EQ(copies[0]["args"]["bytes"], n);
+  EXPECT_EQ(copies[0]["args"]["direction"], "h2d");
+  EXPECT_EQ(copies[0]["args"]["src"], to_string(Memory::HostPinned));
+  EXPECT_EQ(copies[0]["args"]["dst"], to_string(Memory::Device));
+  EXPECT_EQ(copies[1]["args"]["direction"], "d2h");
+  EXPECT_NE(copies[0]["tid"], copies[1]["tid"]);  // two queues, two tracks
+  const auto fills = test::events_named(t, "X", "fill");
+  ASSERT_EQ(fills.size(), 1u);
+  EXPECT_EQ(fills[0]["args"]["bytes"], 4096);
+  EXPECT_EQ(fills[0]["tid"], copies[0]["tid"]);
+  const auto waits = test::events_named(t, "X", "wait fence");
+  if (g) {
+    ASSERT_EQ(waits.size(), 1u);
+    EXPECT_EQ(waits[0]["tid"], copies[1]["tid"]);
+    EXPECT_EQ(waits[0]["args"]["value"], produced.value());
+    EXPECT_EQ(waits[0]["args"]["queue"], std::string(to_string(a.engine())) + " queue " + std::to_string(a.index()));
+  }
+  if (tensor) {
+    const auto mm = test::events_named(t, "X", "matmul");
+    ASSERT_EQ(mm.size(), 1u);
+    EXPECT_EQ(mm[0]["args"]["flops"], 2.0 * 8 * 4 * 16);
+    EXPECT_EQ(mm[0]["args"]["tensors"], "8x16 f32, 16x4 f32, 8x4 f32");
+    EXPECT_TRUE(mm[0]["args"].contains("GFLOP/s"));
+  }
+  if (program) {
+    const auto calls = test::events_named(t, "X", "program");
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0]["args"]["value"], 1);  // commands in the program
+  }
+  // Tracks are named as `tpuhal info` names queues.
+  bool named = false;
+  for (const auto& e : test::events_named(t, "M", "thread_name"))
+    named = named || (e["tid"] == copies[0]["tid"] &&
+                      e["args"]["name"] == std::string(to_string(a.engine())) + " queue " + std::to_string(a.index()));
+  EXPECT_TRUE(named);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, Conformance, ::testing::ValuesIn(devices_and_skeleton()), device_name);
 INSTANTIATE_TEST_SUITE_P(Devices, ConformanceErrors, ::testing::ValuesIn(devices_and_skeleton()), device_name);
 

@@ -282,8 +282,15 @@ std::uint64_t TpuQueue::submit(std::span<const driver::Command> commands, std::c
     nop.descriptor = true;
     slots.push_back(nop);
   } else {
-    for (std::size_t i = 0; i < commands.size(); ++i)
-      encode(commands[i], static_cast<std::uint32_t>(i), device_->uri(), this, true, device_->interface_minor(), slots);
+    // Commands are numbered as the caller gave them: a timestamp tracing
+    // added counts as part of the command before it.
+    std::uint32_t caller = 0;
+    for (const auto& c : commands) {
+      const auto* stamp = std::get_if<driver::cmd::Timestamp>(&c);
+      const bool traced = stamp && stamp->traced;
+      encode(c, traced && caller ? caller - 1 : caller, device_->uri(), this, true, device_->interface_minor(), slots);
+      if (!traced) ++caller;
+    }
   }
   const std::size_t n = slots.size();
   if (n >= entries_)

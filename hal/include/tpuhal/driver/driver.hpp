@@ -70,6 +70,9 @@ struct WriteValue {
 };
 struct Timestamp {
   BufferRange location;
+  // Added by tracing (trace.hpp), not by the caller: messages that number
+  // the caller's commands leave it out.
+  bool traced = false;
 };
 // A tensor op (op_desc.hpp); the OpDesc lives until the submission returns.
 struct Run {
