@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tpuhal/tpuhal.hpp"
+#include "tpuhal/trace.hpp"
 
 struct tpuhal_device_s {
   tpuhal::Device device;
@@ -209,5 +210,19 @@ tpuhal_status_t tpuhal_fence_is_complete(tpuhal_fence_t fence, int* complete) {
 uint64_t tpuhal_fence_value(tpuhal_fence_t fence) { return fence ? fence->fence.value() : 0; }
 
 void tpuhal_fence_release(tpuhal_fence_t fence) { delete fence; }
+
+tpuhal_status_t tpuhal_trace_start(const char* path) {
+  if (!path) return null_arg("tpuhal_trace_start", "path");
+  return guard([&] { tpuhal::trace::start(path); });
+}
+
+tpuhal_status_t tpuhal_trace_stop(uint64_t* events, uint64_t* dropped) {
+  return guard([&] {
+    const tpuhal::trace::Summary s = tpuhal::trace::stop();
+    if (events) *events = s.events;
+    if (dropped) *dropped = s.dropped;
+    if (!s.error.empty()) throw tpuhal::Error(tpuhal::Status::InvalidArgument, "trace: " + s.error);
+  });
+}
 
 }  // extern "C"

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "run_cli.h"
+#include "support/trace_check.hpp"
 
 namespace {
 
@@ -132,8 +133,82 @@ TEST(Cli, DemoMovesDataAndVerifiesIt) {
   EXPECT_THAT(r.out, HasSubstr("total: 180 frames"));
 }
 
+// ---- tracing (docs/tracing.md) ----------------------------------------------------
+
+std::string temp_file(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()) + ".json")).string();
+}
+
+// TPUHAL_TRACE on the demo: a trace that obeys the format, with the host's
+// calls, every command of every queue, and each decoded frame per channel.
+TEST(Cli, TpuhalTraceOnTheDemoTracesEveryLayer) {
+  const std::string path = temp_file("demo-trace");
+  Output r = run("demo --size 1MiB --channels 2", "TPUHAL_TRACE=" + path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto t = tpuhal::test::read_trace(path);
+  ASSERT_FALSE(t.is_discarded());
+  EXPECT_THAT(tpuhal::test::check_trace(t), ::testing::IsEmpty());
+  EXPECT_EQ(t["otherData"]["dropped_events"], 0);
+  EXPECT_EQ(tpuhal::test::events_named(t, "i", "frame").size(), 180u);  // 90 frames on each of 2 channels
+  std::set<std::uint64_t> channels;
+  for (const auto& e : tpuhal::test::events_named(t, "i", "frame"))
+    channels.insert(e["args"]["channel"].get<std::uint64_t>());
+  EXPECT_EQ(channels.size(), 2u);
+  EXPECT_FALSE(tpuhal::test::events_named(t, "X", "copy").empty());
+  EXPECT_FALSE(tpuhal::test::events_named(t, "X", "program").empty());
+  EXPECT_FALSE(tpuhal::test::events_named(t, "X", "allocate").empty());
+  EXPECT_FALSE(tpuhal::test::events_named(t, "X", "submit").empty());
+  std::filesystem::remove(path);
+}
+
+// A trace file that cannot be created is a clear message; the program runs.
+TEST(Cli, AnUnwritableTraceFileIsNamedAndTheProgramGoesOn) {
+  Output r = run("list", "TPUHAL_TRACE=/nonexistent-directory/t.json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("TPUHAL_TRACE: trace: cannot create /nonexistent-directory/t.json: No such file"));
+  EXPECT_THAT(r.out, HasSubstr("running without a trace"));
+  EXPECT_THAT(r.out, HasSubstr("sim:0"));
+}
+
+// `tpuhal trace`: the command and the processes it starts, in one file.
+TEST(Cli, TraceMergesEveryProcessOfTheCommand) {
+  const std::string path = temp_file("stress-trace");
+  Output r = run("trace -o " + path + " -- " + TPUHAL_CLI +
+                 " stress --device sim:tiny --seconds 1 --threads 2 --processes 2 --seed 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("process(es)"));
+  const auto t = tpuhal::test::read_trace(path);
+  ASSERT_FALSE(t.is_discarded());
+  EXPECT_THAT(tpuhal::test::check_trace(t), ::testing::IsEmpty());
+  EXPECT_GE(t["otherData"]["processes"].size(), 3u);  // stress and its two workers
+  std::set<std::int64_t> pids;
+  for (const auto& e : tpuhal::test::events_named(t, "X", "submit")) pids.insert(e["pid"].get<std::int64_t>());
+  EXPECT_GE(pids.size(), 2u);
+  std::filesystem::remove(path);
+}
+
+TEST(Cli, TraceSaysWhatIsWrongAndPassesTheExitStatusOn) {
+  Output no_output = run("trace -- true");
+  EXPECT_EQ(no_output.code, 2);
+  EXPECT_THAT(no_output.out, HasSubstr("-o FILE is required"));
+  Output no_command = run("trace -o /tmp/x.json");
+  EXPECT_EQ(no_command.code, 2);
+  EXPECT_THAT(no_command.out, HasSubstr("no command to run"));
+  Output bad_dir = run("trace -o /nonexistent-directory/t.json -- true");
+  EXPECT_EQ(bad_dir.code, 1);
+  EXPECT_THAT(bad_dir.out, HasSubstr("cannot create /nonexistent-directory/t.json"));
+  const std::string path = temp_file("status-trace");
+  Output missing = run("trace -o " + path + " -- /nonexistent-program");
+  EXPECT_EQ(missing.code, 127);
+  EXPECT_THAT(missing.out, HasSubstr("cannot run /nonexistent-program"));
+  Output failing = run("trace -o " + path + " -- sh -c 'exit 3'");
+  EXPECT_EQ(failing.code, 3);
+  EXPECT_THAT(failing.out, HasSubstr("wrote no trace"));
+  std::filesystem::remove(path);
+}
+
 TEST(Cli, EveryCommandHasHelp) {
-  for (const char* cmd : {"list", "info", "smi", "bench", "demo", "firmware", "reset"}) {
+  for (const char* cmd : {"list", "info", "smi", "bench", "demo", "firmware", "reset", "trace"}) {
     Output r = run(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_THAT(r.out, HasSubstr(std::string("Usage: tpuhal ") + cmd)) << cmd;

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tpuhal/tpuhal.h"
 
@@ -22,6 +23,17 @@ int main(void) {
   CHECK(count >= 1);
   CHECK(count == 0 || strncmp(infos[0].uri, "sim:", 4) == 0);
   CHECK(tpuhal_enumerate(NULL, 0, &count) == TPUHAL_OK);
+
+  /* Tracing: bad paths are refused with the system's reason; the work
+   * below is traced into a file that is checked at the end. */
+  char trace_path[256];
+  snprintf(trace_path, sizeof trace_path, "%s/tpuhal_c_api_%d.json", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+           (int)getpid());
+  CHECK(tpuhal_trace_start(NULL) == TPUHAL_INVALID_ARGUMENT);
+  CHECK(tpuhal_trace_start("/nonexistent-directory/trace.json") == TPUHAL_NOT_FOUND);
+  CHECK(strstr(tpuhal_last_error(), "/nonexistent-directory/trace.json") != NULL);
+  CHECK(tpuhal_trace_start(trace_path) == TPUHAL_OK);
+  CHECK(tpuhal_trace_start(trace_path) == TPUHAL_FAILED_PRECONDITION);
 
   tpuhal_device_t dev = NULL;
   CHECK(tpuhal_open("sim:tiny", &dev) == TPUHAL_OK);
@@ -83,6 +95,26 @@ int main(void) {
   CHECK(tpuhal_batch_submit(b, &f2) == TPUHAL_OK);
   CHECK(tpuhal_fence_wait(f2, 0) == TPUHAL_OK);
   CHECK(memcmp(s, d, n) == 0);
+
+  /* The trace holds the submissions and the copies on the board's clock. */
+  uint64_t events = 0, dropped = 1;
+  CHECK(tpuhal_trace_stop(&events, &dropped) == TPUHAL_OK);
+  CHECK(events > 0 && dropped == 0);
+  CHECK(tpuhal_trace_stop(NULL, NULL) == TPUHAL_OK); /* none on: harmless */
+  FILE* tf = fopen(trace_path, "r");
+  CHECK(tf != NULL);
+  if (tf) {
+    static char text[1 << 20];
+    const size_t len = fread(text, 1, sizeof text - 1, tf);
+    text[len] = 0;
+    fclose(tf);
+    CHECK(strstr(text, "\"traceEvents\":[") != NULL);
+    CHECK(strstr(text, "{\"ph\":\"X\",\"name\":\"submit\"") != NULL);
+    CHECK(strstr(text, "\"name\":\"copy\",\"cat\":\"device\"") != NULL);
+    CHECK(strstr(text, "\"bytes\":65536") != NULL);
+    CHECK(len > 3 && strcmp(text + len - 4, "}}}\n") == 0);
+    remove(trace_path);
+  }
 
   tpuhal_fence_release(f2);
   tpuhal_fence_release(f);

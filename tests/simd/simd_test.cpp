@@ -23,12 +23,16 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tpuhal/base/fd.h"
 #include "tpuhal/base/mapping.h"
+#include "tpuhal/base/wait.h"
 #include "tpuhal/fw/command.h"
 #include "tpuhal/simd/protocol.h"
 #include "tpuhal/tpu/device.h"
@@ -233,6 +237,88 @@ TEST(Simd, ACopyRoundTripsThroughTheDaemon) {
   dev.queue().copy(visible, 0, dst, 0, 4096).submit().wait(10s);
   EXPECT_EQ(dst.map()[0], std::byte{0x5C});
   EXPECT_EQ(dst.map()[4095], std::byte{0x5C});
+}
+
+// --trace: one board-side trace with every client's commands, a process
+// per client pid and a track per queue of its VF, on the host's
+// CLOCK_MONOTONIC (the clock of the clients' own traces).
+TEST(Simd, TheDaemonsTraceHoldsEveryClientsCommandsByProcess) {
+  char tmpl[] = "/tmp/tpuhal-simd-trace-XXXXXX";
+  const std::filesystem::path tdir = ::mkdtemp(tmpl);
+  const std::string path = (tdir / "board.json").string();
+  {
+    Daemon d({"--board", "tiny", "--vfs", "2", "--trace", path});
+    Process other({SIMD_CLIENT_BIN, d.uri(), "0x11"});  // copies 1 MiB in, then waits
+    ASSERT_THAT(other.read_line(), HasSubstr("ready"));
+    const pid_t other_pid = other.pid;
+    const std::uint64_t before = base::monotonic_ns();
+    {
+      Device dev = open(d.uri());
+      constexpr std::uint64_t n = 64 << 10;
+      Buffer src = dev.allocate(n, Memory::HostPinned), mid = dev.allocate(n);
+      dev.queue().copy(src, mid).fill(mid, 0, 4096, 7).submit().wait(10s);
+    }
+    const std::uint64_t after = base::monotonic_ns();
+    other.in.reset();  // the client lets go and exits
+    other.wait();
+    // The daemon finishes the file as it stops (SIGTERM).
+    ::kill(d.process->pid, SIGTERM);
+    ASSERT_TRUE(WIFEXITED(d.process->wait()));
+    d.process->pid = -1;
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const auto t = nlohmann::json::parse(ss.str(), nullptr, false);
+    ASSERT_FALSE(t.is_discarded()) << ss.str().substr(0, 2000);
+    EXPECT_EQ(t["otherData"]["source"], "tpuhal-simd");
+    EXPECT_EQ(t["otherData"]["dropped_events"], 0);
+    std::map<std::int64_t, std::string> names;  // pid -> process name
+    std::map<std::int64_t, std::vector<nlohmann::json>> by_pid;
+    for (const auto& e : t["traceEvents"]) {
+      if (e["ph"] == "M" && e["name"] == "process_name") names[e["pid"]] = e["args"]["name"];
+      if (e["ph"] == "X") by_pid[e["pid"]].push_back(e);
+    }
+    ASSERT_TRUE(by_pid.count(::getpid()));
+    ASSERT_TRUE(by_pid.count(other_pid));
+    EXPECT_EQ(names[::getpid()], "client pid " + std::to_string(::getpid()) + " (tpuhal-simd)");
+    // This process's copy and fill, with their bytes, inside the time it ran them.
+    std::vector<std::string> ours;
+    for (const auto& e : by_pid[::getpid()]) {
+      ours.push_back(e["name"]);
+      const double ts = e["ts"];
+      EXPECT_GE(ts * 1000, static_cast<double>(before) - 1000);
+      EXPECT_LE(ts * 1000, static_cast<double>(after) + 1000);
+      if (e["name"] == "copy") {
+        EXPECT_EQ(e["args"]["bytes"], 64 << 10);
+      }
+      if (e["name"] == "fill") {
+        EXPECT_EQ(e["args"]["bytes"], 4096);
+      }
+    }
+    EXPECT_THAT(ours, ::testing::IsSupersetOf({"copy", "fill"}));
+    bool other_copied = false;
+    for (const auto& e : by_pid[other_pid])
+      other_copied = other_copied || (e["name"] == "copy" && e["args"]["bytes"] == 1 << 20);
+    EXPECT_TRUE(other_copied);
+  }
+  std::filesystem::remove_all(tdir);
+}
+
+TEST(Simd, ATraceFileThatCannotBeCreatedStopsTheDaemonAtStart) {
+  char tmpl[] = "/tmp/tpuhal-simd-test-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(tmpl);
+  const std::string cmd = std::string(TPUHAL_SIMD_BIN) + " --socket " + (dir / "s.sock").string() +
+                          " --trace /nonexistent-directory/t.json 2>&1";
+  std::string said;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) said += buf;
+  const int status = ::pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_THAT(said, HasSubstr("cannot create /nonexistent-directory/t.json: No such file or directory"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "s.sock"));
+  std::filesystem::remove_all(dir);
 }
 
 // The daemon's boards compute on the daemon's CPU, at the level its own

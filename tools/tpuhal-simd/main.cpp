@@ -22,7 +22,7 @@ extern "C" void on_signal(int) {
 
 constexpr const char* kUsage =
     "Usage: tpuhal-simd --socket PATH [--board PROFILE]... [--vfs N] [--spin-us US]\n"
-    "                   [--group NAME] [--mode OCTAL] [quota options]\n\n"
+    "                   [--group NAME] [--mode OCTAL] [--trace FILE] [quota options]\n\n"
     "Serves simulated boards to other processes over the Unix socket PATH (created\n"
     "with mode 0600: only this user may connect; --group and --mode open it to\n"
     "others, each user then held to the per-user quotas). A process opens board N as the\n"
@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
       "give the socket to this group (with --mode 0660: its members may connect)")(
       "mode", po::value<std::string>()->default_value("0600"),
       "the socket's permission bits, in octal (0600, 0660, 0666)")(
+      "trace", po::value<std::string>(&options.trace_path),
+      "write every client's commands, as the boards run them, to this file: a Chrome trace "
+      "with a process per client pid and a track per queue of each VF (docs/tracing.md)")(
       "max-connections-per-process", po::value<std::uint32_t>(&q.connections_per_process)->default_value(16),
       "connections one process may hold (0: no limit)")(
       "max-connections-per-user", po::value<std::uint32_t>(&q.connections_per_user)->default_value(64),

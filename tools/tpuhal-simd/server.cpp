@@ -237,6 +237,7 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {
     slot->used.assign(options_.vfs, false);
     boards_.push_back(std::move(slot));
   }
+  if (!options_.trace_path.empty()) trace_ = std::make_unique<BoardTrace>(options_.trace_path);
   stop_ = base::make_eventfd();
 
   const std::string& path = options_.socket_path;
@@ -295,6 +296,7 @@ Server::~Server() {
     if (c->thread.joinable()) c->thread.join();
   }
   ::unlink(options_.socket_path.c_str());
+  if (trace_) trace_->finish();
 }
 
 void Server::stop() noexcept { base::eventfd_signal(stop_.get()); }
@@ -738,6 +740,7 @@ void Server::attach(Client& client, const Message& m) {
     for (std::uint32_t q = 0; q < queues; ++q)
       options.doorbells.push_back({&shared->doorbell[q].tail, &shared->doorbell[q].sleeping});
     board = std::make_unique<sim::Board>(slot.vf, std::move(options));
+    if (trace_) board->set_command_observer(trace_->observe(client.pid, req->board, vf, slot.vf));
   } catch (const std::exception& e) {
     send_error(sock, kOutOfMemory,
                "cannot create VF " + std::to_string(vf) + " of board " + std::to_string(req->board) + ": " + e.what());

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "board_trace.h"
 #include "tpuhal/base/fd.h"
 #include "tpuhal/sim/profile.h"
 #include "tpuhal/simd/protocol.h"
@@ -55,6 +56,7 @@ struct ServerOptions {
   std::uint32_t spin_us = 20;       // how long a register channel spins before sleeping
   std::string group;                // the socket's group ("": the daemon's own)
   std::uint32_t mode = 0600;        // the socket's permission bits
+  std::string trace_path;           // --trace: every client's commands as a Chrome trace ("": none)
   Quotas quotas;
 };
 
@@ -123,6 +125,8 @@ class Server {
   };
 
   ServerOptions options_;
+  // Before the boards and clients: it outlives every VF that reports to it.
+  std::unique_ptr<BoardTrace> trace_;
   std::uint64_t max_mappings_ = 0;  // the daemon's own, below vm.max_map_count
   base::UniqueFd listen_;
   base::UniqueFd stop_;

@@ -28,6 +28,7 @@ int cmd_compile(const std::vector<std::string>& args);
 int cmd_model_info(const std::vector<std::string>& args);
 int cmd_profile(const std::vector<std::string>& args);
 int cmd_sim(const std::vector<std::string>& args);
+int cmd_trace(const std::vector<std::string>& args);
 
 // Parses `args` against `opts` (and `pos`); on --help prints `usage` and the
 // options and returns false with *exit_code = 0; on a bad argument prints the

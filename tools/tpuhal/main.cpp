@@ -28,6 +28,7 @@ const Entry kCommands[] = {
     {"compile", cmd_compile, "compile an ONNX model for the board in fp32, fp16, bf16 or calibrated int8"},
     {"model-info", cmd_model_info, "check a compiled model and print its inputs, outputs, precision, report"},
     {"profile", cmd_profile, "time a compiled model per layer on the board's clock"},
+    {"trace", cmd_trace, "run a program with tracing on and write a Chrome trace (-o FILE -- CMD ...)"},
     {"sim", cmd_sim, "`sim serve --socket PATH`: serve simulated boards to other processes (simd:PATH#N)"},
 };
 
@@ -46,7 +47,8 @@ void usage(std::FILE* out) {
                "pcie:DDDD:BB:DD.F a board on PCIe, usb:BUS-PORT a board on USB (usb:1-1),\n"
                "usb-sim:PROFILE a simulated board behind an in-process USB cable.\n"
                "Environment: TPUHAL_LOG=debug|info|warn (or e.g. warn,sim=trace), TPUHAL_WAIT,\n"
-               "TPUHAL_TIMEOUT, TPUHAL_SIM_BOARDS, TPUHAL_PROFILE_PATH, TPUHAL_SIMD, TPUHAL_USB_IDS\n"
+               "TPUHAL_TIMEOUT, TPUHAL_SIM_BOARDS, TPUHAL_PROFILE_PATH, TPUHAL_SIMD, TPUHAL_USB_IDS,\n"
+               "TPUHAL_TRACE=FILE (a Chrome trace of the whole program; docs/tracing.md)\n"
                "(see docs/).\n");
 }
 

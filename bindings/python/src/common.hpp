@@ -38,6 +38,7 @@ void bind_dlpack(py::module_& m);      // dlpack.cpp: __dlpack__, from_dlpack()
 void bind_ops(py::module_& m);         // ops.cpp: Tensor, Op, the tpuhal.ops builders, Program
 void bind_bench(py::module_& m);       // bench.cpp: C++ loops for bench/python_overhead.py
 void bind_video(py::module_& m);       // video.cpp: Codec, PixelFormat, VideoDecoder, Frame, Demuxer
+void bind_trace(py::module_& m);       // trace.cpp: tpuhal.trace
 void bind_validation(py::module_& m);  // validation.cpp: tpuhal.validation, Python call sites
 void bind_runtime(py::module_& m);     // runtime.cpp: compile(), load_model(), Model, Instance
 

@@ -49,6 +49,7 @@ PYBIND11_MODULE(_tpuhal, m) {
   bind_ops(m);
   bind_video(m);
   bind_validation(m);
+  bind_trace(m);
   bind_runtime(m);
   bind_bench(m);
 

@@ -106,6 +106,7 @@ from ._tpuhal import (
     load_model,
     open,
     ops,
+    trace,
     unavailable_drivers,
     validation,
     version,
@@ -119,7 +120,8 @@ __all__ = [
     "PermissionDenied", "PixelFormat", "Program", "Properties", "Queue", "QueueFull", "QueueStatus",
     "ResourceExhausted", "Status", "Tensor", "TensorSpec", "Timeout", "Unavailable", "Unsupported",
     "VersionMismatch", "VideoDecoder", "WaitMode", "WaitPolicy", "__version__", "compile", "devices",
-    "from_dlpack", "load_model", "open", "ops", "unavailable_drivers", "validation", "version", "wait_all",
+    "from_dlpack", "load_model", "open", "ops", "trace", "unavailable_drivers", "validation", "version",
+    "wait_all",
 ]
 
 _Seconds = Union[float, int, _timedelta]
@@ -146,6 +148,7 @@ Fence.__await__ = _fence_await  # type: ignore[attr-defined]
 # `import tpuhal.ops` and `from tpuhal.ops import matmul` work as for a module.
 _sys.modules[__name__ + ".ops"] = ops
 _sys.modules[__name__ + ".validation"] = validation
+_sys.modules[__name__ + ".trace"] = trace
 
 # The NumPy dtype of each tensor element type; bf16, which NumPy lacks, comes
 # and goes as its raw 16 bits (uint16).

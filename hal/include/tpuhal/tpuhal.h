@@ -103,6 +103,17 @@ TPUHAL_C_API tpuhal_status_t tpuhal_fence_is_complete(tpuhal_fence_t fence, int*
 TPUHAL_C_API uint64_t tpuhal_fence_value(tpuhal_fence_t fence);
 TPUHAL_C_API void tpuhal_fence_release(tpuhal_fence_t fence);
 
+/* Tracing (tpuhal/trace.hpp, docs/tracing.md): starts writing a Chrome
+ * trace to `path` ("%p" becomes the process id); TPUHAL_FAILED_PRECONDITION
+ * if one is already on, TPUHAL_NOT_FOUND / TPUHAL_PERMISSION_DENIED /
+ * TPUHAL_INVALID_ARGUMENT if the file cannot be created. */
+TPUHAL_C_API tpuhal_status_t tpuhal_trace_start(const char* path);
+/* Stops the trace and finishes its file; *events and *dropped (either may be
+ * NULL) receive the events written and the events lost. TPUHAL_OK with 0
+ * events when no trace was on; TPUHAL_INVALID_ARGUMENT if the file could not
+ * be written in full (tpuhal_last_error says why). */
+TPUHAL_C_API tpuhal_status_t tpuhal_trace_stop(uint64_t* events, uint64_t* dropped);
+
 #ifdef __cplusplus
 }
 #endif
