@@ -598,14 +598,31 @@ Profile Instance::profile(unsigned iterations) {
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()));
   }
 
+  // The runs kept: the middle half by their board time (at least one), so
+  // that a run disturbed by the host (preempted, its pages faulted) does not
+  // count, while each layer's time and the run's are means over the same
+  // runs: the layers add up to the run.
+  std::vector<std::size_t> order(iterations);
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return device[a] < device[b]; });
+  const std::size_t drop = iterations / 4;
+  const std::vector<std::size_t> kept(order.begin() + static_cast<std::ptrdiff_t>(drop),
+                                      order.end() - static_cast<std::ptrdiff_t>(drop));
+  auto mean_of = [&](const std::vector<std::uint64_t>& v) {
+    long double sum = 0;
+    for (std::size_t i : kept) sum += static_cast<long double>(v[i]);
+    return sum / static_cast<long double>(kept.size());
+  };
+
   Profile p;
   p.iterations = iterations;
-  p.device_ns = median(device);
+  p.runs_kept = static_cast<unsigned>(kept.size());
+  p.device_ns = static_cast<std::uint64_t>(std::llround(mean_of(device)));
   p.run_ns = median(runs);
   p.host_overhead_ns = p.run_ns > p.device_ns ? p.run_ns - p.device_ns : 0;
   // Layers by node, in the order each first runs.
   std::map<std::string, std::size_t> at;
-  std::uint64_t sum = 0;
+  std::vector<long double> exact(n, 0.0L);
   for (std::size_t i = 0; i < n; ++i) {
     const detail::DOp& op = m.graph.ops[i];
     auto [it, fresh] = at.try_emplace(op.node, p.layers.size());
@@ -620,14 +637,19 @@ Profile Instance::profile(unsigned iterations) {
       const auto& t = m.graph.tensors.at(static_cast<std::size_t>(y));
       l.shape = TensorSpec{"", t.dtype, t.shape}.describe().substr(1);
     }
-    const std::uint64_t ns = median(per_op[i]);
-    l.device_ns += ns;
-    sum += ns;
+    const long double ns = mean_of(per_op[i]);
+    exact[it->second] += ns;
     l.flops += op_flops(m.graph, op);
     l.peak = std::max(l.peak, op_peak(props, m.graph, op));
   }
-  for (auto& l : p.layers) {
-    l.share = sum ? static_cast<double>(l.device_ns) / static_cast<double>(sum) : 0.0;
+  long double total = 0;
+  for (std::size_t i = 0; i < p.layers.size(); ++i) {
+    p.layers[i].device_ns = static_cast<std::uint64_t>(std::llround(exact[i]));
+    total += exact[i];
+  }
+  for (std::size_t i = 0; i < p.layers.size(); ++i) {
+    auto& l = p.layers[i];
+    l.share = total > 0 ? static_cast<double>(exact[i] / total) : 0.0;
     l.achieved = l.device_ns ? l.flops / (static_cast<double>(l.device_ns) * 1e-9) : 0.0;
   }
   return p;

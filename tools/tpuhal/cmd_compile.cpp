@@ -207,8 +207,8 @@ int cmd_profile(const std::vector<std::string>& args) {
   po::options_description opts("Options");
   opts.add_options()("model", po::value<std::string>(), "the compiled model (.tpm)")(
       "device,d", po::value<std::string>(), "device to run it on (default: the first one)")(
-      "iterations,n", po::value<unsigned>()->default_value(10), "runs to take the median of")("json", po::bool_switch(),
-                                                                                              "print JSON");
+      "iterations,n", po::value<unsigned>()->default_value(10), "runs to time (the middle half count)")(
+      "json", po::bool_switch(), "print JSON");
   po::positional_options_description pos;
   pos.add("model", 1);
   po::variables_map vm;
@@ -216,8 +216,9 @@ int cmd_profile(const std::vector<std::string>& args) {
   const char* usage =
       "Usage: tpuhal profile FILE.tpm [--device URI] [--iterations N] [--json]\n\n"
       "Runs a compiled model on random inputs (uniform in [-1, 1], the same every time) and prints, per\n"
-      "layer (ONNX node, as compile --report names it), the device ops, the output, the board time (median\n"
-      "of N runs, from board timestamps between ops), its share, the operations and the rate achieved\n"
+      "layer (ONNX node, as compile --report names it), the device ops, the output, the board time (the\n"
+      "mean over the middle half of N runs by their board time, from board timestamps between ops), its\n"
+      "share, the operations and the rate achieved\n"
       "against the board's peak for the layer's precision; then the board time of a whole run, the host\n"
       "time of a run as Instance::run submits it, and the difference: the host's overhead.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
@@ -250,6 +251,7 @@ int cmd_profile(const std::vector<std::string>& args) {
     j["device"] = dev.uri();
     j["precision"] = rt::to_string(m.precision());
     j["iterations"] = p.iterations;
+    j["runs_kept"] = p.runs_kept;
     j["device_ns"] = p.device_ns;
     j["run_ns"] = p.run_ns;
     j["host_overhead_ns"] = p.host_overhead_ns;
@@ -266,8 +268,8 @@ int cmd_profile(const std::vector<std::string>& args) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("%s (%s) on %s, median of %u runs\n\n", path.c_str(), rt::to_string(m.precision()), dev.uri().c_str(),
-              p.iterations);
+  std::printf("%s (%s) on %s, mean of the middle %u of %u runs\n\n", path.c_str(), rt::to_string(m.precision()),
+              dev.uri().c_str(), p.runs_kept, p.iterations);
   int width = 12;  // the layer column: the longest name, within reason
   for (const auto& l : p.layers) width = std::max(width, std::min(48, static_cast<int>(l.node.size())));
   std::printf("  %-*s %-22s %-22s %10s %6s %10s %12s %7s\n", width, "layer", "ops", "output", "time", "share", "ops",

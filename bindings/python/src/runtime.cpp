@@ -358,6 +358,7 @@ void bind_runtime(py::module_& m) {
             py::dict out;
             out["layers"] = layers;
             out["iterations"] = p.iterations;
+            out["runs_kept"] = p.runs_kept;
             out["device_ns"] = p.device_ns;
             out["run_ns"] = p.run_ns;
             out["host_overhead_ns"] = p.host_overhead_ns;
@@ -365,9 +366,10 @@ void bind_runtime(py::module_& m) {
           },
           py::arg("iterations") = 10,
           "Times the program per layer on the board's clock over whatever input_tensors hold (run() once "
-          "first to put inputs there): a dict with 'layers' (node, ops, output, device_ns: the median of "
-          "`iterations` runs, share, flops, achieved_per_s, peak_per_s), 'device_ns' (a whole run on the "
-          "board), 'run_ns' (host time of a run, submit to fence) and 'host_overhead_ns'. Raises "
+          "first to put inputs there): a dict with 'layers' (node, ops, output, device_ns: the mean over the "
+          "middle half of `iterations` runs by board time, share, flops, achieved_per_s, peak_per_s), "
+          "'runs_kept', 'device_ns' (a whole run on the board, over the same runs: the layers add up to it), "
+          "'run_ns' (the median host time of a run, submit to fence) and 'host_overhead_ns'. Raises "
           "tpuhal.Unsupported on a device without board timestamps.")
       .def_property_readonly("model", [](const PyInstance& i) { return i.instance.model(); });
 

@@ -233,6 +233,10 @@ def test_profile_times_every_layer_by_node_name(dev, cnn):
     assert all(l["device_ns"] > 0 for l in p["layers"])
     assert abs(sum(l["share"] for l in p["layers"]) - 1) < 1e-9
     assert p["device_ns"] > 0 and p["run_ns"] > 0
+    # The layers add up to the run: means over the same runs (3 // 4 = 0
+    # dropped at each end, so all 3 kept).
+    assert p["runs_kept"] == 3
+    assert abs(sum(l["device_ns"] for l in p["layers"]) - p["device_ns"]) <= len(p["layers"])
     np.testing.assert_allclose(inst.run(x)[0], reference(x), rtol=1e-4, atol=1e-5)
 
 

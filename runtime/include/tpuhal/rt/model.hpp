@@ -61,7 +61,7 @@ struct LayerProfile {
   std::string node;
   std::string ops;              // the device ops' kinds, "conv2d" or "transpose+avg_pool2d"
   std::string shape;            // the last op's output: "f32[1, 64, 56, 56]"
-  std::uint64_t device_ns = 0;  // median over the iterations of the ops' summed board time
+  std::uint64_t device_ns = 0;  // mean over the runs kept of the ops' summed board time
   double share = 0;             // of the sum of every layer's device_ns
   double flops = 0;             // operations per run (a multiply-add counts 2)
   double achieved = 0;          // flops per second of device time
@@ -72,7 +72,8 @@ struct LayerProfile {
 struct Profile {
   std::vector<LayerProfile> layers;  // in the order they run
   unsigned iterations = 0;
-  std::uint64_t device_ns = 0;         // median board time from the first op's start to the last op's end
+  unsigned runs_kept = 0;              // the middle half of the runs by board time, whose means these are
+  std::uint64_t device_ns = 0;         // mean board time from the first op's start to the last op's end
   std::uint64_t run_ns = 0;            // median host time of submit() to the fence, without timestamps
   std::uint64_t host_overhead_ns = 0;  // run_ns - device_ns, or 0
 };
@@ -140,7 +141,9 @@ class Instance {
 
   // Runs the program `iterations` times (at least 1) on the data in
   // input_tensors() with a board timestamp between ops, and as it runs
-  // normally as many times again; returns the medians per layer. Unsupported
+  // normally as many times again. Each layer's time and the run's are means
+  // over the same runs, the middle half by board time, so that the layers
+  // add up to the run (to within a nanosecond per layer). Unsupported
   // on a device without board timestamps (Properties::caps.timestamps).
   Profile profile(unsigned iterations = 10);
 
