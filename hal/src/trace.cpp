@@ -38,6 +38,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "impl.hpp"
@@ -126,6 +127,9 @@ struct Pending {
   std::uint64_t correlation = 0;
   std::uint32_t commands = 0;
   std::vector<CmdInfo> cmds;
+  // Filled when drained: the board's stamps and when the host saw it done.
+  std::vector<std::uint64_t> st;
+  std::uint64_t seen_at = 0;
 };
 
 }  // namespace
@@ -152,6 +156,19 @@ struct QueueTrace {
 };
 
 namespace {
+
+// What a drain took from a queue under the queue's lock, for the writer to
+// write without it: the queue's lock is the submitters', and the writer
+// (running at the lowest priority) must never hold it for long.
+struct Drained {
+  std::shared_ptr<QueueTrace> q;
+  std::vector<Pending> done;  // completed, in timeline order, stamps read
+  std::vector<Pending> open;  // will never complete (failed) or not in this trace
+  bool failed = false;
+  std::string failure;  // set the first time the failure is seen
+  std::uint64_t polled = 0;
+  std::optional<std::uint64_t> depth;  // a new queue depth to record
+};
 
 // ---- JSON ---------------------------------------------------------------------
 
@@ -220,6 +237,8 @@ struct Session {
   bool kicked = false;
   std::thread writer;
   std::vector<std::vector<Event>> held;  // the writer's: runs of events after the last cut
+  std::mutex closed_mu;
+  std::vector<Drained> closed;  // what queues that went away left, for the writer
   std::uint64_t last_counters = 0;
 
   // Appends one event's JSON; out_mu held.
@@ -504,15 +523,12 @@ void name_queue(Session& s, QueueTrace& q) {
   s.sort_index("thread_sort_index", q.dev->pid, q.tid, q.tid);
 }
 
-// Emits a completed stamped submission; q.mu and out_mu held.
-void emit_completed(Session& s, QueueTrace& q, Pending& p, std::uint64_t seen_at) {
-  std::uint64_t st[trace::kStampedCommands + 1];
-  for (std::uint32_t i = 0; i < p.stamps; ++i) {
-    std::uint64_t v;
-    std::memcpy(&v, q.base + ((p.slot + i) % kSlots) * 8, 8);
-    st[i] = v;
-  }
-  const std::uint64_t first = st[0], last = st[p.stamps - 1];
+// Writes a completed stamped submission; out_mu held, on the writer's
+// thread (or stop()'s once it has joined).
+void emit_completed(Session& s, QueueTrace& q, const Pending& p) {
+  const std::vector<std::uint64_t>& st = p.st;
+  const std::uint64_t seen_at = p.seen_at;
+  const std::uint64_t first = st.front(), last = st.back();
   std::int64_t off;
   {
     std::lock_guard lock(q.dev->mu);
@@ -585,64 +601,79 @@ std::uint64_t seen_time(QueueTrace& q, std::uint64_t value, std::uint64_t fallba
   return q.seen.empty() ? fallback : q.seen.front().second;
 }
 
-// Emits what completed on `q`, reports a failure, and with `final` closes
-// what never will; q.mu held.
-void drain_locked(Session& s, QueueTrace& q, bool final) {
-  if (!q.backend) return;
+// Takes what completed on `q` (stamps read), a failure, a new depth and,
+// with `final`, what will never complete; q.mu held. Short: no formatting.
+Drained extract_locked(const std::shared_ptr<QueueTrace>& qp, bool final) {
+  QueueTrace& q = *qp;
+  Drained d;
+  d.q = qp;
+  d.polled = now();
+  if (!q.backend) return d;
   const driver::Timeline t = q.backend->timeline();
-  const std::uint64_t polled = now();
-  note_seen(q, t.completed, polled);
-  std::vector<Pending*> ready;
-  for (auto& p : q.pending)
-    if (!p.done && !p.cancelled && p.value && p.value <= t.completed) ready.push_back(&p);
-  std::sort(ready.begin(), ready.end(), [](const Pending* a, const Pending* b) { return a->value < b->value; });
-  std::vector<Pending*> open;
-  if (t.failed || final)
-    for (auto& p : q.pending)
-      if (!p.done && !p.cancelled && p.value > t.completed) open.push_back(&p);
-  std::lock_guard out(s.out_mu);
-  for (Pending* p : ready) {
-    emit_completed(s, q, *p, seen_time(q, p->value, polled));
-    p->done = true;
+  note_seen(q, t.completed, d.polled);
+  d.failed = t.failed;
+  std::deque<Pending> keep;
+  for (auto& p : q.pending) {
+    if (p.cancelled) continue;
+    if (p.value && p.value <= t.completed) {
+      p.st.resize(p.stamps);
+      for (std::uint32_t i = 0; i < p.stamps; ++i) std::memcpy(&p.st[i], q.base + ((p.slot + i) % kSlots) * 8, 8);
+      d.done.push_back(std::move(p));
+    } else if (p.value && (t.failed || final)) {
+      d.open.push_back(std::move(p));
+    } else {
+      keep.push_back(std::move(p));
+    }
   }
+  std::sort(d.done.begin(), d.done.end(), [](const Pending& a, const Pending& b) { return a.value < b.value; });
+  for (auto& p : d.done) p.seen_at = seen_time(q, p.value, d.polled);
+  q.pending = std::move(keep);
+  q.tail = q.pending.empty() ? q.head : q.pending.front().slot;
   if (t.failed && !q.failure_reported) {
     q.failure_reported = true;
-    std::string why;
     try {
-      why = q.backend->failure().what();
+      d.failure = q.backend->failure().what();
     } catch (...) {
-      why = "the queue failed";
+      d.failure = "the queue failed";
     }
-    name_queue(s, q);
-    queue_instant(s, q, "queue failed", std::max(polled, q.last_end), why);
   }
-  // Work that will never complete (failed) or not in this trace (final):
-  // a zero-length slice closes each flow.
-  for (Pending* p : open) {
-    name_queue(s, q);
-    const std::uint64_t at = std::max(polled, q.last_end);
-    device_slice(s, q, t.failed ? "not completed (queue failed)" : "not completed at trace end", {}, at, 0,
-                 fmt::format("\"value\":{},\"correlation\":{}", p->value, p->correlation));
-    flow_end(s, q, at, p->correlation);
-    q.last_end = at;
-    p->done = true;
-  }
-  while (!q.pending.empty() && (q.pending.front().done || q.pending.front().cancelled)) {
-    q.tail = q.pending.front().slot + q.pending.front().stamps;
-    q.pending.pop_front();
-  }
-  if (q.pending.empty()) q.tail = q.head;
-  // Queue depth, sampled.
-  if (polled - q.last_counter >= kCounterEveryNs || final) {
-    q.last_counter = polled;
+  if (d.polled - q.last_counter >= kCounterEveryNs || final) {
+    q.last_counter = d.polled;
     const std::uint64_t depth = t.failed ? 0 : q.backend->submitted() - t.completed;
     if (depth != q.last_depth) {
       q.last_depth = depth;
-      s.begin_event();
-      s.out += fmt::format("{{\"ph\":\"C\",\"name\":\"{} depth\",\"cat\":\"device\",\"ts\":", q.track);
-      micros(s.out, polled);
-      s.out += fmt::format(",\"pid\":{},\"tid\":0,\"args\":{{\"submissions\":{}}}}}", q.dev->pid, depth);
+      d.depth = depth;
     }
+  }
+  return d;
+}
+
+// Writes what extract_locked took; out_mu held, on the writer's thread (or
+// stop()'s once it has joined).
+void emit(Session& s, const Drained& d) {
+  QueueTrace& q = *d.q;
+  for (const Pending& p : d.done) emit_completed(s, q, p);
+  if (!d.failure.empty()) {
+    name_queue(s, q);
+    queue_instant(s, q, "queue failed", std::max(d.polled, q.last_end), d.failure);
+  }
+  // Work that will never complete (failed) or not in this trace: a
+  // zero-length slice closes each flow.
+  for (const Pending& p : d.open) {
+    name_queue(s, q);
+    const std::uint64_t at = std::max(d.polled, q.last_end);
+    device_slice(s, q, d.failed ? "not completed (queue failed)" : "not completed at trace end", {}, at, 0,
+                 fmt::format("\"value\":{},\"correlation\":{}", p.value, p.correlation));
+    flow_end(s, q, at, p.correlation);
+    q.last_end = at;
+  }
+  if (d.depth) {
+    s.begin_event();
+    fmt::format_to(std::back_inserter(s.out),
+                   "{{\"ph\":\"C\",\"name\":\"{} depth\",\"cat\":\"device\",\"ts\":", q.track);
+    micros(s.out, d.polled);
+    fmt::format_to(std::back_inserter(s.out), ",\"pid\":{},\"tid\":0,\"args\":{{\"submissions\":{}}}}}", q.dev->pid,
+                   *d.depth);
   }
 }
 
@@ -772,9 +803,18 @@ void Session::round(bool final) {
     std::lock_guard lock(mu);
     qs = queues;
   }
+  std::vector<Drained> drained;
+  {
+    std::lock_guard lock(closed_mu);
+    drained.swap(closed);
+  }
   for (auto& q : qs) {
     std::lock_guard lock(q->mu);
-    drain_locked(*this, *q, final);
+    drained.push_back(extract_locked(q, final));
+  }
+  {
+    std::lock_guard out_lock(out_mu);
+    for (const Drained& d : drained) emit(*this, d);
   }
   const std::uint64_t t = now();
   if (t - last_counters >= kCounterEveryNs || final) {
@@ -934,21 +974,30 @@ void observed(QueueImpl& queue, std::uint64_t completed) {
 
 void queue_closing(QueueImpl& queue) {
   std::shared_ptr<QueueTrace> q;
+  std::uint64_t gen;
   {
     std::lock_guard lock(queue.tracing_mu);
     q = std::move(queue.tracing);
+    gen = queue.tracing_gen;
   }
   if (!q) return;
   std::shared_ptr<driver::BufferBackend> stamps;
   std::shared_ptr<driver::QueueBackend> backend;
+  auto s = session();
+  if (s && s->gen != gen) s.reset();  // a trace since stopped: its queue state goes unwritten
+  Drained last;
   {
-    auto s = session();
     std::lock_guard lock(q->mu);
-    if (s && q->backend) drain_locked(*s, *q, true);
+    if (s && q->backend) last = extract_locked(q, true);
     q->pending.clear();
     stamps = std::move(q->stamps);
     backend = std::move(q->backend);
     q->base = nullptr;
+  }
+  // The writer writes it: this thread does not wait for the writer.
+  if (s && last.q) {
+    std::lock_guard lock(s->closed_mu);
+    s->closed.push_back(std::move(last));
   }
   // `stamps` and `backend` go here, outside the locks.
 }
