@@ -119,7 +119,6 @@ struct Pending {
   std::uint64_t id = 0;
   std::uint64_t value = 0;  // 0 until the backend returned it
   bool cancelled = false;
-  bool done = false;
   bool per_command = true;
   std::uint64_t slot = 0;  // first stamp (counts up; the ring index is % kSlots)
   std::uint32_t stamps = 0;
@@ -218,7 +217,6 @@ struct Session {
   std::FILE* file = nullptr;
   std::int64_t pid = 0;
   std::uint64_t gen = 0;
-  std::uint64_t started = 0;
 
   std::mutex mu;  // the registries
   std::vector<std::shared_ptr<ThreadBuf>> threads;
@@ -1193,7 +1191,6 @@ void start(std::string_view path_in) {
   s->path = path;
   s->file = f;
   s->pid = ::getpid();
-  s->started = t::now();
   s->gen = g_gen.load() + 1;
   t::g_correlation.store(static_cast<std::uint64_t>(s->pid) << 31, std::memory_order_relaxed);
   s->out = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[";
