@@ -45,6 +45,7 @@
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/driver/op_desc.hpp"
+#include "trace_clock.hpp"
 #include "tracing.hpp"
 
 namespace tpuhal::detail::tracing {
@@ -58,7 +59,7 @@ constexpr std::uint32_t kVideoTrack = 10000;
 constexpr auto kRound = std::chrono::milliseconds(2);
 constexpr std::uint64_t kCounterEveryNs = 10'000'000;
 
-std::uint64_t now() noexcept { return base::monotonic_ns(); }
+std::uint64_t now() noexcept { return TraceClock::instance().now(); }
 
 struct Event {
   char ph = 'i';
@@ -80,6 +81,7 @@ struct ThreadBuf {
   std::mutex mu;
   std::vector<Event> events;  // the thread's, under mu
   std::uint64_t dropped = 0;  // under mu
+  std::uint64_t last_ts = 0;  // under mu: the latest event's time
   std::vector<Event> taken;   // the writer's
   std::int64_t pid = 0;
   std::uint32_t tid = 0;
@@ -356,28 +358,37 @@ ThreadBuf* thread_buf() {
   return tls.buf.get();
 }
 
-void push(Event&& e) {
+// Records an event on the calling thread's buffer: `fill` writes it in
+// place (no event is built and moved), then its time is read.
+template <class Fill>
+void push_with(Fill&& fill) {
   ThreadBuf* b = thread_buf();
   if (!b) return;
   bool half = false;
   {
     std::lock_guard lock(b->mu);
-    // Read under the lock: see the ordering note above. A leaf slice ('X')
-    // keeps its start; nothing else was recorded on its thread since.
-    if (e.ph == 'X')
-      e.dur = now() - e.ts;
-    else
-      e.ts = now();
-    if (!e.on_device) {
-      e.pid = b->pid;
-      e.tid = b->tid;
-    }
     if (b->events.size() >= trace::kThreadBufferEvents) {
       ++b->dropped;
       return;
     }
     if (b->events.capacity() == 0) b->events.reserve(256);
-    b->events.push_back(std::move(e));
+    Event& e = b->events.emplace_back();
+    fill(e);
+    // Read under the lock: see the ordering note above. A leaf slice ('X')
+    // keeps its start; nothing else was recorded on its thread since. The
+    // clock's refits may round a nanosecond back: the track never does.
+    const std::uint64_t t = std::max(now(), b->last_ts);
+    if (e.ph == 'X') {
+      e.ts = std::max(e.ts, b->last_ts);
+      e.dur = t - e.ts;
+    } else {
+      e.ts = t;
+    }
+    b->last_ts = e.ts;
+    if (!e.on_device) {
+      e.pid = b->pid;
+      e.tid = b->tid;
+    }
     half = b->events.size() == trace::kThreadBufferEvents / 2;
   }
   if (half)
@@ -388,6 +399,10 @@ void push(Event&& e) {
       }
       s->wake.notify_one();
     }
+}
+
+void push(Event&& e) {
+  push_with([&](Event& slot) { slot = std::move(e); });
 }
 
 Event make(char ph, const char* name, std::initializer_list<Arg> args, std::string text) {
@@ -795,6 +810,7 @@ void Session::sample_counters(std::uint64_t t) {
 }
 
 void Session::round(bool final) {
+  TraceClock::instance().resync();
   take_host_events(final);
   std::vector<std::shared_ptr<QueueTrace>> qs;
   {
@@ -876,7 +892,7 @@ Slice::Slice(const char* name, std::initializer_list<Arg> args, std::string text
   if (!tracing::on()) return;
   on_ = true;
   kind_ = kind;
-  exceptions_ = std::uncaught_exceptions();
+  if (kind != Kind::Call) exceptions_ = std::uncaught_exceptions();
   if (kind == Kind::Nesting) {
     Event e = make('B', name, args, std::move(text));
     e.text_key = text_key;
@@ -897,21 +913,22 @@ void Slice::end_arg(const Arg& a) {
 
 Slice::~Slice() {
   if (!on_) return;
-  const bool threw = std::uncaught_exceptions() > exceptions_;
-  Event e;
-  if (kind_ == Kind::Nesting) {
-    e.ph = 'E';
-  } else {
-    e.ph = 'X';
-    e.name = name_;
-    e.ts = begin_;
-    e.id = flow_;
-    e.text = std::move(text_);
-    e.text_key = text_key_;
-  }
-  for (std::uint8_t i = 0; i < nargs_; ++i) e.args[e.nargs++] = args_[i];
-  if (threw && e.nargs < std::size(e.args)) e.args[e.nargs++] = Arg("threw", std::uint64_t{1});
-  push(std::move(e));
+  const bool threw = kind_ == Kind::Call ? failed_ : std::uncaught_exceptions() > exceptions_;
+  push_with([&](Event& e) {
+    if (kind_ == Kind::Nesting) {
+      e.ph = 'E';
+    } else {
+      e.ph = 'X';
+      e.name = name_;
+      e.ts = begin_;
+      e.id = flow_;
+      if (!text_.empty()) e.text = std::move(text_);
+      e.text_key = text_key_;
+    }
+    std::copy_n(args_, nargs_, e.args);
+    e.nargs = nargs_;
+    if (threw && e.nargs < std::size(e.args)) e.args[e.nargs++] = Arg("threw", std::uint64_t{1});
+  });
 }
 
 void instant(const char* name, std::initializer_list<Arg> args, std::string text) {
@@ -1004,8 +1021,10 @@ SubmitScope::SubmitScope(QueueImpl& queue, std::span<const driver::Command> comm
   if (!on()) return;
   q_ = queue_trace(queue);
   if (!q_) return;
-  slice_.emplace("submit", std::initializer_list<Arg>{Arg("queue", q_->name.c_str()),
-                                                      Arg("commands", static_cast<std::uint64_t>(commands.size()))});
+  slice_.emplace("submit",
+                 std::initializer_list<Arg>{Arg("queue", q_->name.c_str()),
+                                            Arg("commands", static_cast<std::uint64_t>(commands.size()))},
+                 std::string(), "message", Slice::Kind::Call);
   if (commands.empty()) return;
   if (!q_->base) {
     if (q_->dev->timestamps) q_->dev->unstamped.fetch_add(1, std::memory_order_relaxed);
@@ -1093,6 +1112,7 @@ void SubmitScope::submitted(std::uint64_t value) {
 }
 
 SubmitScope::~SubmitScope() {
+  if (!done_ && slice_) slice_->failed();
   if (!done_ && pending_ && q_) {
     std::lock_guard lock(q_->mu);
     for (auto& p : q_->pending)
@@ -1199,6 +1219,7 @@ void start(std::string_view path_in) {
   s->flush();
   static std::once_flag fork_handler;
   std::call_once(fork_handler, [] { pthread_atfork(nullptr, nullptr, t::after_fork_child); });
+  t::TraceClock::instance().resync(true);
   g_session = s;
   g_gen.store(s->gen, std::memory_order_release);
   g_on.store(true, std::memory_order_release);
@@ -1230,7 +1251,8 @@ Summary stop() {
   s->round(true);
   std::uint64_t unstamped = 0;
   std::lock_guard out(s->out_mu);
-  s->out += "\n],\"otherData\":{\"clock\":\"CLOCK_MONOTONIC\",\"tpuhal_version\":";
+  s->out += fmt::format("\n],\"otherData\":{{\"clock\":\"CLOCK_MONOTONIC\",\"read_through\":\"{}\",\"tpuhal_version\":",
+                        t::TraceClock::instance().uses_tsc() ? "tsc" : "clock_gettime");
   t::quoted(s->out, version());
   s->out += fmt::format(",\"events\":{},\"dropped_events\":{},\"devices\":{{", s->events, s->dropped);
   {

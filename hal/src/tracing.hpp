@@ -49,7 +49,9 @@ struct Arg {
 // written when it ends (ts and dur); a nesting slice is a begin and an end.
 class Slice {
  public:
-  enum class Kind : std::uint8_t { Leaf, Nesting };
+  // Call: a leaf slice whose owner says whether it threw (failed()),
+  // sparing two std::uncaught_exceptions() on the hot path.
+  enum class Kind : std::uint8_t { Leaf, Nesting, Call };
   // `text`, when not empty, becomes the arg `text_key`.
   Slice(const char* name, std::initializer_list<Arg> args = {}, std::string text = {}, const char* text_key = "message",
         Kind kind = Kind::Leaf);
@@ -59,10 +61,12 @@ class Slice {
   void end_arg(const Arg& a);
   // A flow starts at the slice's start (leaf slices).
   void flow(std::uint64_t id) noexcept { flow_ = id; }
+  void failed() noexcept { failed_ = true; }
   bool on() const noexcept { return on_; }
 
  private:
   bool on_ = false;
+  bool failed_ = false;
   Kind kind_ = Kind::Leaf;
   std::uint8_t nargs_ = 0;
   int exceptions_ = 0;

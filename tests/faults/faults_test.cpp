@@ -129,6 +129,8 @@ TEST_F(Faults, ATraceShowsTheFaultOnItsQueuesTrackAndTheReset) {
     ok.wait();
     const std::string msg = expect_error([&] { bad.wait(); }, Status::DeviceFault);
     EXPECT_THAT(msg, HasSubstr("submission 2 failed at command 1 of 2"));
+    // The failed queue refuses more work: that submit's slice says it threw.
+    expect_error([&] { q.fill(b, 0, 256, 1).submit(); }, Status::DeviceFault);
   }
   dev.reset();
   trace::stop();
@@ -142,6 +144,11 @@ TEST_F(Faults, ATraceShowsTheFaultOnItsQueuesTrackAndTheReset) {
   EXPECT_EQ(open_ended[0]["args"]["value"], 2);
   EXPECT_EQ(open_ended[0]["tid"], failed[0]["tid"]);
   EXPECT_EQ(tpuhal::test::events_named(t, "X", "copy").size(), 1u);  // the first submission's
+  const auto submits = tpuhal::test::events_named(t, "X", "submit");
+  ASSERT_EQ(submits.size(), 3u);
+  EXPECT_FALSE(submits[0]["args"].contains("threw"));
+  EXPECT_FALSE(submits[1]["args"].contains("threw"));
+  EXPECT_EQ(submits[2]["args"]["threw"], 1);
   EXPECT_EQ(tpuhal::test::events_named(t, "i", "reset").size(), 1u);
   EXPECT_EQ(tpuhal::test::events_named(t, "X", "reset").size(), 1u);
   reset_and_check();
