@@ -56,7 +56,7 @@ if (($# == 0)); then
   cuda_targets=()
   if grep -q '^build cuda_shim_test:' "$tsan/build.ninja"; then cuda_targets=(cuda_shim_test tpuhal_fake_cuda cuda_gpu_test); fi
   cmake --build "$tsan" --target hal_threads tpu_driver hal_conformance sim_board_test tpuhal_cli hal_validation \
-    hal_trace hal_trace_clock simd_test tpuhal_simd simd_client tpu_usb_test "${cuda_targets[@]}"
+    hal_trace simd_test tpuhal_simd simd_client tpu_usb_test "${cuda_targets[@]}"
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
   # One tensor-engine thread: its parallel loops are OpenMP regions, and
   # OpenMP's runtime is not instrumented, so ThreadSanitizer cannot see

@@ -45,7 +45,6 @@
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/driver/op_desc.hpp"
-#include "trace_clock.hpp"
 #include "tracing.hpp"
 
 namespace tpuhal::detail::tracing {
@@ -59,7 +58,7 @@ constexpr std::uint32_t kVideoTrack = 10000;
 constexpr auto kRound = std::chrono::milliseconds(2);
 constexpr std::uint64_t kCounterEveryNs = 10'000'000;
 
-std::uint64_t now() noexcept { return TraceClock::instance().now(); }
+std::uint64_t now() noexcept { return base::monotonic_ns(); }
 
 struct Event {
   char ph = 'i';
@@ -375,8 +374,8 @@ void push_with(Fill&& fill) {
     Event& e = b->events.emplace_back();
     fill(e);
     // Read under the lock: see the ordering note above. A leaf slice ('X')
-    // keeps its start; nothing else was recorded on its thread since. The
-    // clock's refits may round a nanosecond back: the track never does.
+    // keeps its start; nothing else was recorded on its thread since (the
+    // clamp to the last event keeps the track in order whatever happens).
     const std::uint64_t t = std::max(now(), b->last_ts);
     if (e.ph == 'X') {
       e.ts = std::max(e.ts, b->last_ts);
@@ -810,7 +809,6 @@ void Session::sample_counters(std::uint64_t t) {
 }
 
 void Session::round(bool final) {
-  TraceClock::instance().resync();
   take_host_events(final);
   std::vector<std::shared_ptr<QueueTrace>> qs;
   {
@@ -1219,7 +1217,6 @@ void start(std::string_view path_in) {
   s->flush();
   static std::once_flag fork_handler;
   std::call_once(fork_handler, [] { pthread_atfork(nullptr, nullptr, t::after_fork_child); });
-  t::TraceClock::instance().resync(true);
   g_session = s;
   g_gen.store(s->gen, std::memory_order_release);
   g_on.store(true, std::memory_order_release);
@@ -1251,8 +1248,7 @@ Summary stop() {
   s->round(true);
   std::uint64_t unstamped = 0;
   std::lock_guard out(s->out_mu);
-  s->out += fmt::format("\n],\"otherData\":{{\"clock\":\"CLOCK_MONOTONIC\",\"read_through\":\"{}\",\"tpuhal_version\":",
-                        t::TraceClock::instance().uses_tsc() ? "tsc" : "clock_gettime");
+  s->out += "\n],\"otherData\":{\"clock\":\"CLOCK_MONOTONIC\",\"tpuhal_version\":";
   t::quoted(s->out, version());
   s->out += fmt::format(",\"events\":{},\"dropped_events\":{},\"devices\":{{", s->events, s->dropped);
   {
