@@ -56,13 +56,13 @@ if (($# == 0)); then
   cuda_targets=()
   if grep -q '^build cuda_shim_test:' "$tsan/build.ninja"; then cuda_targets=(cuda_shim_test tpuhal_fake_cuda cuda_gpu_test); fi
   cmake --build "$tsan" --target hal_threads tpu_driver hal_conformance sim_board_test tpuhal_cli hal_validation \
-    hal_trace simd_test tpuhal_simd simd_client tpu_usb_test "${cuda_targets[@]}"
+    hal_trace hal_telemetry simd_test tpuhal_simd simd_client tpu_usb_test "${cuda_targets[@]}"
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
   # One tensor-engine thread: its parallel loops are OpenMP regions, and
   # OpenMP's runtime is not instrumented, so ThreadSanitizer cannot see
   # their synchronisation. Results do not depend on the thread count.
   export TPUHAL_SIM_THREADS=1
-  (cd "$tsan" && ctest --output-on-failure -j "$(nproc)" -R '^(Threads|TpuDriver|Devices/Conformance|SimBoard|Validation|Trace|Simd|Cuda|UsbTransport|UsbSim|UsbLoader|UsbFunction)')
+  (cd "$tsan" && ctest --output-on-failure -j "$(nproc)" -R '^(Threads|TpuDriver|Devices/Conformance|Devices/TelemetryTest|SimBoard|Validation|Trace|Simd|Cuda|UsbTransport|UsbSim|UsbLoader|UsbFunction)')
   # The soak test (docs/faults.md): every thread, queue and process path at
   # once, for 10 s, with a fixed seed so that a failure can be replayed.
   TPUHAL_LOG=error "$tsan/bin/tpuhal" stress --device sim:tiny --seconds 10 --threads 4 --processes 2 --seed 1

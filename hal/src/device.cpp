@@ -162,6 +162,7 @@ const std::string& Device::uri() const { return checked(impl_).uri(); }
 const Properties& Device::properties() const { return checked(impl_).backend().properties(); }
 MemoryStats Device::memory_stats() const { return checked(impl_).backend().memory_stats(); }
 DeviceStatus Device::status() const { return checked(impl_).backend().status(); }
+Telemetry Device::telemetry() const { return checked(impl_).backend().telemetry(); }
 WaitPolicy Device::wait_policy() const { return checked(impl_).wait_policy(); }
 void Device::set_wait_policy(const WaitPolicy& policy) { checked(impl_).set_wait_policy(policy); }
 void Device::reset() {

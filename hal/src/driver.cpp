@@ -32,6 +32,10 @@ std::optional<std::uint64_t> QueueBackend::timestamp_ns(std::uint64_t) const { r
 
 std::string QueueBackend::diagnose() const { return {}; }
 
+Telemetry DeviceBackend::telemetry() const {
+  throw Error(Status::Unsupported, properties().uri + ": this device reports no telemetry (caps.telemetry is false)");
+}
+
 std::shared_ptr<BufferBackend> DeviceBackend::import_host(void*, std::uint64_t) {
   throw Error(Status::Unsupported, properties().uri +
                                        ": this device cannot import host memory "

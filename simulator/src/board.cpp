@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <thread>
 #include <cstring>
+#include <vector>
 
 #include "board_impl.h"
 #include "tpuhal/fw/video.h"
@@ -36,7 +38,11 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
       // kernel allows (a 12 GiB board costs nothing until used).
       dram(options.shared_dram ? base::Mapping::memfd("tpuhal-sim-dram", profile.dram_bytes, {.huge_pages = true})
                                : base::Mapping::anonymous(profile.dram_bytes, {.noreserve = true, .huge_pages = true})),
-      dma(dram.data(), profile.dram_bytes, iommu, options.host_port) {
+      dma(dram.data(), profile.dram_bytes, iommu, options.host_port),
+      power_on_ns(base::monotonic_ns()) {
+  thermal.at_ns = power_on_ns;
+  thermal.power_w = profile.idle_power_w;
+  thermal.temp_c = profile.ambient_c + profile.thermal_c_per_w * profile.idle_power_w;
   try {
     tensor_isa = tensor::isa_from_env();
   } catch (const std::invalid_argument& e) {
@@ -187,7 +193,8 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
              // The codec unit's channel page is shared memory: not yet
              // offered to a host on the far side of a cable.
              (profile.decode_channels && !dma.port() ? fw::kCapVideoDecode : 0) |
-             (profile.aperture_bytes ? fw::kCapHostAperture : 0) | (profile.bus == "soc" ? fw::kCapUnifiedMemory : 0);
+             (profile.aperture_bytes ? fw::kCapHostAperture : 0) | (profile.bus == "soc" ? fw::kCapUnifiedMemory : 0) |
+             fw::kCapTelemetry;
     case kFirmwareVersion: return profile.firmware_version;
     case kDramSizeLo: return lo(profile.dram_bytes);
     case kDramSizeHi: return hi(profile.dram_bytes);
@@ -393,6 +400,7 @@ void Board::Impl::reset_queue(std::uint32_t qi) {
 }
 
 void Board::Impl::reset_board() {
+  resets.fetch_add(1, std::memory_order_relaxed);
   for (std::uint32_t q = 0; q < queues.size(); ++q) {
     reset_queue(q);
     std::lock_guard lock(control_mu);
@@ -436,6 +444,15 @@ void Board::Impl::run_mailbox(std::uint32_t cmd) {
         res0 = static_cast<std::uint64_t>(fw::CmdStatus::kBadArgument);
       }
       break;
+    case fw::MboxCmd::kTelemetry: {
+      const std::uint64_t arg1 = join(mbox_args[2], mbox_args[3]);
+      const fw::Problem p = write_telemetry(arg0, arg1, res0, res1);
+      if (p.status != fw::CmdStatus::kOk) {
+        ok = false;
+        res0 = static_cast<std::uint64_t>(p.status);
+      }
+      break;
+    }
     default:
       ok = false;
       res0 = static_cast<std::uint64_t>(fw::CmdStatus::kInvalidOpcode);
@@ -445,6 +462,116 @@ void Board::Impl::run_mailbox(std::uint32_t cmd) {
   mbox_status = static_cast<std::uint32_t>(ok ? fw::MboxStatus::kDone : fw::MboxStatus::kError);
   ++mbox_seq;
   raise(fw::kDeviceVectorBit);
+}
+
+// ---- Telemetry -------------------------------------------------------------
+
+void Board::Impl::engine_begin(fw::EngineType e, std::uint64_t now) noexcept {
+  EngineBusy& b = engine_busy[static_cast<std::uint32_t>(e) & 3];
+  std::lock_guard lock(b.mu);
+  if (b.active++ == 0) b.since = now;
+}
+
+void Board::Impl::engine_end(fw::EngineType e, std::uint64_t now) noexcept {
+  EngineBusy& b = engine_busy[static_cast<std::uint32_t>(e) & 3];
+  std::lock_guard lock(b.mu);
+  if (b.active && --b.active == 0) b.busy += now - std::min(now, b.since);
+}
+
+std::uint64_t Board::Impl::engine_busy_ns(fw::EngineType e, std::uint64_t now) noexcept {
+  EngineBusy& b = engine_busy[static_cast<std::uint32_t>(e) & 3];
+  std::lock_guard lock(b.mu);
+  return b.busy + (b.active ? now - std::min(now, b.since) : 0);
+}
+
+void Board::Impl::count_dma(std::uint64_t src, std::uint64_t dst, std::uint64_t bytes, bool fill) noexcept {
+  const bool from_host = !fill && fw::is_host_address(src);
+  const bool to_host = fw::is_host_address(dst);
+  const fw::DmaDirection d = from_host
+                                 ? (to_host ? fw::DmaDirection::kHostToHost : fw::DmaDirection::kHostToDevice)
+                                 : (to_host ? fw::DmaDirection::kDeviceToHost : fw::DmaDirection::kDeviceToDevice);
+  dma_bytes[static_cast<std::uint32_t>(d)].fetch_add(bytes, std::memory_order_relaxed);
+}
+
+fw::Problem Board::Impl::write_telemetry(std::uint64_t addr, std::uint64_t capacity, std::uint64_t& written,
+                                         std::uint64_t& total) {
+  CodecUnit* unit = codec_ptr.load(std::memory_order_acquire);
+  const bool video = profile.decode_channels && !dma.port();
+  const auto nq = static_cast<std::uint32_t>(queues.size());
+  const std::uint32_t nc = video ? profile.decode_channels : 0;
+  total = fw::telemetry_bytes(nq, nc);
+  written = 0;
+  if (capacity < sizeof(fw::TelemetryHeader)) return {fw::CmdStatus::kBadArgument, 1, capacity, total};
+  if (addr % 8) return {fw::CmdStatus::kBadAlignment, 0, addr, 8};
+
+  const std::uint64_t now = base::monotonic_ns();
+  fw::TelemetryHeader h{};
+  h.magic = fw::kTelemetryMagic;
+  h.version = fw::kTelemetryVersion;
+  h.header_bytes = sizeof(fw::TelemetryHeader);
+  h.queue_bytes = sizeof(fw::TelemetryQueue);
+  h.channel_bytes = sizeof(fw::TelemetryChannel);
+  // As many entries as fit, queues first.
+  const std::uint64_t room = capacity - sizeof h;
+  h.num_queues = static_cast<std::uint32_t>(std::min<std::uint64_t>(nq, room / sizeof(fw::TelemetryQueue)));
+  h.num_channels = static_cast<std::uint32_t>(std::min<std::uint64_t>(
+      nc, (room - std::uint64_t{h.num_queues} * sizeof(fw::TelemetryQueue)) / sizeof(fw::TelemetryChannel)));
+  h.total_bytes = static_cast<std::uint32_t>(fw::telemetry_bytes(h.num_queues, h.num_channels));
+  h.board_time_ns = now - reset_time_ns.load(std::memory_order_relaxed);
+  h.uptime_ns = now - power_on_ns;
+  h.resets = resets.load(std::memory_order_relaxed);
+  std::uint64_t busy[4] = {};
+  for (std::uint32_t e = 1; e < 4; ++e)
+    h.engine_busy_ns[e] = busy[e] = engine_busy_ns(static_cast<fw::EngineType>(e), now);
+  for (std::uint32_t d = 0; d < 4; ++d) h.dma_bytes[d] = dma_bytes[d].load(std::memory_order_relaxed);
+  for (std::uint32_t k = 0; k < fw::kTelemetryFaultKinds; ++k)
+    h.faults[k] = failed_by_status[k].load(std::memory_order_relaxed);
+  h.firmware_crashes = firmware_crashes.load(std::memory_order_relaxed);
+
+  // The model: power follows the engines' utilisation since the last block
+  // (compute 80 % of the dynamic power, copy and video 10 % each); energy
+  // integrates it exactly; the die relaxes towards ambient + R * power.
+  if (now > thermal.at_ns) {
+    const double dt = static_cast<double>(now - thermal.at_ns) * 1e-9;
+    auto util = [&](std::uint32_t e) {
+      return std::clamp(static_cast<double>(busy[e] - std::min(busy[e], thermal.busy[e])) * 1e-9 / dt, 0.0, 1.0);
+    };
+    const double load = 0.8 * util(1) + 0.1 * util(2) + 0.1 * util(3);
+    thermal.power_w = profile.idle_power_w + (profile.peak_power_w - profile.idle_power_w) * load;
+    thermal.energy_j += thermal.power_w * dt;
+    const double steady = profile.ambient_c + profile.thermal_c_per_w * thermal.power_w;
+    thermal.temp_c = steady + (thermal.temp_c - steady) * std::exp(-dt / profile.thermal_time_s);
+    thermal.at_ns = now;
+    std::copy(std::begin(busy), std::end(busy), std::begin(thermal.busy));
+  }
+  h.temperature_mc = static_cast<std::int32_t>(std::lround(thermal.temp_c * 1000));
+  h.power_mw = static_cast<std::uint32_t>(std::lround(thermal.power_w * 1000));
+  h.energy_uj = static_cast<std::uint64_t>(thermal.energy_j * 1e6);
+  h.clock_mhz = profile.clock_mhz;
+  h.power_limit_mw = static_cast<std::uint32_t>(std::lround(profile.peak_power_w * 1000));
+
+  std::vector<std::byte> block(h.total_bytes);
+  std::memcpy(block.data(), &h, sizeof h);
+  std::byte* at = block.data() + sizeof h;
+  for (std::uint32_t q = 0; q < h.num_queues; ++q, at += sizeof(fw::TelemetryQueue)) {
+    const QueueState& qs = *queues[q];
+    fw::TelemetryQueue t{};
+    t.engine = static_cast<std::uint32_t>(qs.engine);
+    t.index = q;
+    t.commands = qs.retired.load(std::memory_order_relaxed);
+    t.busy_ns = qs.busy_ns.load(std::memory_order_relaxed);
+    t.failures = qs.failures.load(std::memory_order_relaxed);
+    std::memcpy(at, &t, sizeof t);
+  }
+  for (std::uint32_t c = 0; c < h.num_channels; ++c, at += sizeof(fw::TelemetryChannel)) {
+    fw::TelemetryChannel t{};
+    if (unit && c < unit->channels()) unit->telemetry(c, t);
+    std::memcpy(at, &t, sizeof t);
+  }
+  DmaContext ctx(iommu);
+  const fw::Problem p = dma.write(ctx, addr, block.data(), block.size(), 0);
+  if (p.status == fw::CmdStatus::kOk) written = block.size();
+  return p;
 }
 
 // ---- Board -----------------------------------------------------------------

@@ -19,6 +19,7 @@
 #include "tpuhal/base/wait.h"
 #include "tpuhal/fw/command.h"
 #include "tpuhal/fw/regs.h"
+#include "tpuhal/fw/telemetry.h"
 #include "tpuhal/sim/board.h"
 
 namespace tpuhal::sim {
@@ -45,6 +46,7 @@ struct QueueState {
   std::atomic<std::uint32_t> progress{0};
   std::atomic<std::uint64_t> busy_ns{0};
   std::atomic<std::uint64_t> retired{0};
+  std::atomic<std::uint64_t> failures{0};  // commands that failed (telemetry)
 
   // Injected kInterruptLost: interrupts still to drop (kAllLost: every one).
   std::atomic<std::uint64_t> irq_lost{0};
@@ -156,6 +158,37 @@ struct Board::Impl {
   std::once_flag codec_once;
   std::unique_ptr<CodecUnit> codec;
   std::atomic<CodecUnit*> codec_ptr{nullptr};  // for the doorbell register
+
+  // Telemetry (fw/telemetry.h, docs/simulator.md): counters since the board
+  // was made, which resets do not clear.
+  const std::uint64_t power_on_ns;
+  struct EngineBusy {
+    std::mutex mu;
+    std::uint32_t active = 0;  // queues of the engine running a batch
+    std::uint64_t since = 0;   // when the first of them began
+    std::uint64_t busy = 0;    // closed busy intervals
+  };
+  std::array<EngineBusy, 4> engine_busy;  // by fw::EngineType
+  void engine_begin(fw::EngineType e, std::uint64_t now) noexcept;
+  void engine_end(fw::EngineType e, std::uint64_t now) noexcept;
+  std::uint64_t engine_busy_ns(fw::EngineType e, std::uint64_t now) noexcept;
+  std::array<std::atomic<std::uint64_t>, 4> dma_bytes{};  // by fw::DmaDirection
+  // A copy or fill command moved `bytes` from src to dst (fills: src 0).
+  void count_dma(std::uint64_t src, std::uint64_t dst, std::uint64_t bytes, bool fill) noexcept;
+  std::array<std::atomic<std::uint64_t>, fw::kTelemetryFaultKinds> failed_by_status{};  // commands, by CmdStatus
+  std::atomic<std::uint64_t> firmware_crashes{0};
+  std::atomic<std::uint64_t> resets{0};
+  // The power and thermal model, advanced whenever the block is written
+  // (under mbox_mu).
+  struct Thermal {
+    std::uint64_t at_ns = 0;
+    std::uint64_t busy[4] = {};
+    double temp_c = 0;
+    double power_w = 0;
+    double energy_j = 0;
+  } thermal;
+  // MboxCmd::kTelemetry; mbox_mu held.
+  fw::Problem write_telemetry(std::uint64_t addr, std::uint64_t capacity, std::uint64_t& written, std::uint64_t& total);
 };
 
 // The thread a queue's command processors run on, one after another: each

@@ -150,6 +150,17 @@ void CommandProcessor::run_loop() {
     }
     q_.status.fetch_or(fw::kQueueStatusBusy, std::memory_order_relaxed);
     const std::uint64_t start = base::monotonic_ns();
+    board_.engine_begin(q_.engine, start);
+    // The batch's busy time (telemetry) ends before the host can see its
+    // last completion, so that a host that saw it reads final counters.
+    bool closed = false;
+    auto close_batch = [&] {
+      if (closed) return;
+      closed = true;
+      const std::uint64_t end = base::monotonic_ns();
+      q_.busy_ns.fetch_add(end - start, std::memory_order_relaxed);
+      board_.engine_end(q_.engine, end);
+    };
     while (head != tail && !halted()) {
       fw::CommandDescriptor d;
       std::memcpy(&d, &ring[head & mask], sizeof d);
@@ -172,7 +183,14 @@ void CommandProcessor::run_loop() {
         CommandObserver* observer = board_.observer.load(std::memory_order_acquire);
         const std::uint64_t began = observer ? board_.board_time_ns() : 0;
         problem = execute(*decoded, ring_source, head);
-        if (problem.status == fw::CmdStatus::kOk) problem = complete(*decoded);
+        if (problem.status == fw::CmdStatus::kOk) {
+          if (head + slots == tail) {
+            // The batch's last command: its counters before its fence.
+            q_.retired.store(retired + 1, std::memory_order_relaxed);
+            close_batch();
+          }
+          problem = complete(*decoded);
+        }
         if (observer) {
           CommandRecord r;
           r.queue = index_;
@@ -197,8 +215,8 @@ void CommandProcessor::run_loop() {
         // abandoned read of host memory fails as a DMA fault would).
         if (problem.status == fw::CmdStatus::kQueueReset || stop_.load(std::memory_order_relaxed)) break;
         log->debug("queue {}: {} at ring position {}", index_, fw::describe(problem, d.opcode), head);
+        close_batch();
         fail(d, problem);
-        q_.busy_ns.fetch_add(base::monotonic_ns() - start, std::memory_order_relaxed);
         return;
       }
       const std::uint32_t before = head;
@@ -210,7 +228,7 @@ void CommandProcessor::run_loop() {
     publish();
     // Wake command processors waiting on fences this batch wrote.
     board_.memory_written.notify();
-    q_.busy_ns.fetch_add(base::monotonic_ns() - start, std::memory_order_relaxed);
+    close_batch();
     q_.status.fetch_and(~fw::kQueueStatusBusy, std::memory_order_relaxed);
   }
 }
@@ -222,7 +240,9 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
     std::uint64_t position;
     fw::Problem operator()(const fw::NopArgs&) const { return {}; }
     fw::Problem operator()(const fw::CopyArgs& a) const {
-      return cp.board_.dma.copy(cp.ctx_, a.src, a.dst, a.size, 0, 1, cp.hooks_);
+      auto p = cp.board_.dma.copy(cp.ctx_, a.src, a.dst, a.size, 0, 1, cp.hooks_);
+      if (p.status == fw::CmdStatus::kOk) cp.board_.count_dma(a.src, a.dst, a.size, false);
+      return p;
     }
     fw::Problem operator()(const fw::CopySgArgs& a) const {
       // Segments are read in small batches; each is validated before use and
@@ -244,13 +264,16 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
           if (total > a.total) return {fw::CmdStatus::kBadArgument, 2, a.total, total};
           p = cp.board_.dma.copy(cp.ctx_, seg->src, seg->dst, seg->size, 0, 1, cp.hooks_);
           if (p.status != fw::CmdStatus::kOk) return p;
+          cp.board_.count_dma(seg->src, seg->dst, seg->size, false);
         }
       }
       if (total != a.total) return {fw::CmdStatus::kBadArgument, 2, a.total, total};
       return {};
     }
     fw::Problem operator()(const fw::FillArgs& a) const {
-      return cp.board_.dma.fill(cp.ctx_, a.dst, a.size, a.pattern, a.pattern_bytes, 0, cp.hooks_);
+      auto p = cp.board_.dma.fill(cp.ctx_, a.dst, a.size, a.pattern, a.pattern_bytes, 0, cp.hooks_);
+      if (p.status == fw::CmdStatus::kOk) cp.board_.count_dma(0, a.dst, a.size, true);
+      return p;
     }
     fw::Problem operator()(const fw::WaitValueArgs& a) const { return cp.wait_value(a); }
     fw::Problem operator()(const fw::WriteValueArgs& a) const {
@@ -534,6 +557,9 @@ void CommandProcessor::fail(const fw::CommandDescriptor& d, const fw::Problem& p
   // failed bit in the timeline, then interrupt. If the status page itself is
   // unreachable, the queue's ERROR register is all the driver gets.
   q_.error.store(static_cast<std::uint32_t>(p.status), std::memory_order_relaxed);
+  q_.failures.fetch_add(1, std::memory_order_relaxed);
+  if (static_cast<std::uint32_t>(p.status) < fw::kTelemetryFaultKinds)
+    board_.failed_by_status[static_cast<std::uint32_t>(p.status)].fetch_add(1, std::memory_order_relaxed);
   bool recorded = false;
   if (board_.dma.port()) {
     fw::FenceRecord rec{};

@@ -184,6 +184,7 @@ void Board::Impl::halt_queues() noexcept {
 void Board::Impl::crash(fw::CmdStatus code) noexcept {
   base::logger("sim")->info("firmware crash ({})", fw::to_string(code));
   fatal_code.store(static_cast<std::uint32_t>(code));
+  firmware_crashes.fetch_add(1, std::memory_order_relaxed);
   halt_queues();
   status.fetch_or(fw::kStatusFatal);
   raise(fw::kDeviceVectorBit);

@@ -153,6 +153,14 @@ void validate(const BoardProfile& p, const Parser& ps) {
       (p.max_ring_entries & (p.max_ring_entries - 1)))
     ps.fail("max_ring_entries", "must be a power of two from 16 to 2^20, got " + std::to_string(p.max_ring_entries));
   if (p.idle_spin_us > 10'000) ps.fail("timing.idle_spin_us", "must be at most 10000");
+  if (!(p.idle_power_w >= 0 && p.idle_power_w <= 10'000)) ps.fail("power.idle_w", "must be 0 to 10000");
+  if (!(p.peak_power_w >= p.idle_power_w && p.peak_power_w <= 10'000))
+    ps.fail("power.peak_w", "must be at least power.idle_w and at most 10000");
+  if (!(p.ambient_c >= -50 && p.ambient_c <= 100)) ps.fail("power.ambient_c", "must be -50 to 100");
+  if (!(p.thermal_c_per_w >= 0 && p.thermal_c_per_w <= 100)) ps.fail("power.thermal_c_per_w", "must be 0 to 100");
+  if (!(p.thermal_time_s > 0 && p.thermal_time_s <= 3600))
+    ps.fail("power.thermal_time_s", "must be above 0, at most 3600");
+  if (p.clock_mhz == 0 || p.clock_mhz > 100'000) ps.fail("power.clock_mhz", "must be 1 to 100000");
 }
 
 }  // namespace
@@ -273,6 +281,16 @@ BoardProfile parse_profile(std::string_view text, std::string_view source) {
   if (auto it = doc.find("timing"); it != doc.end()) {
     if (!it->is_object()) ps.fail("timing", "must be an object");
     if (auto c = it->find("idle_spin_us"); c != it->end()) p.idle_spin_us = ps.u32(*c, "timing.idle_spin_us");
+  }
+  if (auto it = doc.find("power"); it != doc.end()) {
+    if (!it->is_object()) ps.fail("power", "must be an object");
+    if (auto c = it->find("idle_w"); c != it->end()) p.idle_power_w = ps.number(*c, "power.idle_w");
+    if (auto c = it->find("peak_w"); c != it->end()) p.peak_power_w = ps.number(*c, "power.peak_w");
+    if (auto c = it->find("ambient_c"); c != it->end()) p.ambient_c = ps.number(*c, "power.ambient_c");
+    if (auto c = it->find("thermal_c_per_w"); c != it->end())
+      p.thermal_c_per_w = ps.number(*c, "power.thermal_c_per_w");
+    if (auto c = it->find("thermal_time_s"); c != it->end()) p.thermal_time_s = ps.number(*c, "power.thermal_time_s");
+    if (auto c = it->find("clock_mhz"); c != it->end()) p.clock_mhz = ps.u32(*c, "power.clock_mhz");
   }
   validate(p, ps);
   return p;

@@ -69,7 +69,7 @@ TEST(Cli, InfoDescribesADevice) {
   EXPECT_EQ(j["heaps"].size(), 2u);
   EXPECT_EQ(j["engines"]["compute"], 2);
   EXPECT_EQ(j["caps"]["wait_value"], true);
-  EXPECT_EQ(j["interface_version"], "1.5");
+  EXPECT_EQ(j["interface_version"], "1.6");
 }
 
 TEST(Cli, SmiShowsMemoryAndQueues) {
@@ -85,6 +85,33 @@ TEST(Cli, SmiShowsMemoryAndQueues) {
   EXPECT_EQ(j[0]["memory_total"], 64ull << 20);
   EXPECT_EQ(j[0]["queues"].size(), 4u);
   EXPECT_EQ(j[0]["queues"][0]["engine"], "compute");
+  // Telemetry (docs/telemetry.md): the sensors, and utilisation over the
+  // sampling interval; an idle board in a fresh process is idle.
+  EXPECT_EQ(j[0]["telemetry"]["power_limit_w"], 5.0);  // tiny.json
+  EXPECT_EQ(j[0]["telemetry"]["clock_mhz"], 500);
+  EXPECT_EQ(j[0]["telemetry"]["queues"].size(), 4u);
+  EXPECT_EQ(j[0]["telemetry"]["channels"].size(), 2u);
+  EXPECT_EQ(j[0]["utilisation"]["compute"], 0.0);
+  EXPECT_GE(j[0]["utilisation"]["interval_s"].get<double>(), 0.1);
+  EXPECT_THAT(run("smi").out, HasSubstr("Util tensor/DMA/video"));
+
+  // --loop: one JSON line per sample, --count of them.
+  Output l = run("smi --device sim:tiny --json --loop 0.02 --count 3");
+  ASSERT_EQ(l.code, 0) << l.out;
+  std::istringstream lines(l.out);
+  int samples = 0;
+  for (std::string line; std::getline(lines, line); ++samples) {
+    json s = parse_json(line);
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_TRUE(s[0]["utilisation"].is_object()) << line;
+  }
+  EXPECT_EQ(samples, 3);
+  Output bad = run("smi --count 2");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.out, HasSubstr("--count needs --loop"));
+  bad = run("smi --loop 0");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.out, HasSubstr("--loop takes a period in seconds above 0"));
 }
 
 TEST(Cli, BenchPrintsJsonLinesWithFiguresAndBaselines) {

@@ -109,6 +109,55 @@ TEST_F(Faults, GivenDmaErrorWhenWaitingThenDeviceFaultNamesCommandAndOtherQueueW
   expect_no_leaks();
 }
 
+// Telemetry counts the failed command by kind and on its queue, a firmware
+// crash and the resets; none of it is cleared by the reset.
+TEST_F(Faults, TelemetryCountsFaultsByKindAndResetsClearNothing) {
+  const Telemetry t0 = dev.telemetry();
+  std::uint32_t qi = 0;
+  {
+    Queue q = dev.queue(Engine::Compute);
+    qi = q.index();
+    Buffer a = dev.allocate(kBytes, Memory::HostPinned);
+    Buffer b = dev.allocate(kBytes);
+    board->inject({.kind = sim::FaultKind::kDmaError, .queue = q.index(), .after_commands = 1});
+    q.copy(a, b).submit().wait();
+    expect_error([&] { q.fill(b, 0, 256, 1).submit().wait(); }, Status::DeviceFault);
+  }
+  const Telemetry t1 = dev.telemetry();
+  ASSERT_EQ(t1.faults.size(), 1u);
+  EXPECT_EQ(t1.faults[0].kind, "DMA fault");
+  EXPECT_EQ(t1.faults[0].count, 1u);
+  auto queue = [&](const Telemetry& t) {
+    for (const auto& q : t.queues)
+      if (q.index == qi) return q;
+    return QueueTelemetry{};
+  };
+  EXPECT_EQ(queue(t1).failures - queue(t0).failures, 1u);
+  EXPECT_EQ(t1.h2d_bytes - t0.h2d_bytes, kBytes);  // the copy before the fault
+
+  dev.reset();
+  board->inject({.kind = sim::FaultKind::kFirmwareCrash});
+  expect_error(
+      [&] {
+        Queue q = dev.queue(Engine::Copy);
+        q.submit().wait();
+      },
+      Status::DeviceLost);
+  dev.reset();
+  const Telemetry t2 = dev.telemetry();
+  EXPECT_EQ(t2.resets - t0.resets, 2u);
+  EXPECT_EQ(t2.h2d_bytes, t1.h2d_bytes);
+  EXPECT_EQ(queue(t2).failures, queue(t1).failures);
+  ASSERT_EQ(t2.faults.size(), 2u);
+  EXPECT_EQ(t2.faults[0].kind, "DMA fault");
+  EXPECT_EQ(t2.faults[1].kind, "firmware crash");
+  EXPECT_EQ(t2.faults[1].count, 1u);
+  EXPECT_GT(t2.uptime_ns, t1.uptime_ns);
+  EXPECT_LT(t2.time_ns, t2.uptime_ns);  // board time restarts at each reset
+  reset_and_check();
+  expect_no_leaks();
+}
+
 // A fault in a trace: an instant on the failed queue's track with the
 // board's finding, the failed submission's flow closed, the reset marked;
 // and the error still numbers the caller's commands, not the trace's

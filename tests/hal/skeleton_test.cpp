@@ -92,6 +92,11 @@ TEST(Skeleton, ThePublicApiSeesTheSameRefusals) {
   std::vector<std::byte> page(8192);
   EXPECT_EQ(error_of([&] { dev.import_host(page.data(), 4096); }).status(), Status::Unsupported);
   EXPECT_EQ(error_of([&] { dev.reset(); }).status(), Status::Unsupported);
+  // A port that keeps no telemetry inherits a refusal that says so.
+  EXPECT_FALSE(dev.properties().caps.telemetry);
+  const Error t = error_of([&] { (void)dev.telemetry(); });
+  EXPECT_EQ(t.status(), Status::Unsupported);
+  EXPECT_THAT(t.what(), HasSubstr("skeleton:0: this device reports no telemetry"));
 }
 
 // The objects a port fills in, as the skeleton leaves them: each does what

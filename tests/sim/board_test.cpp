@@ -22,6 +22,7 @@
 #include "tpuhal/fw/command.h"
 #include "tpuhal/fw/decode.h"
 #include "tpuhal/fw/regs.h"
+#include "tpuhal/fw/telemetry.h"
 #include "tpuhal/fw/version.h"
 #include "tpuhal/sim/profile.h"
 
@@ -127,6 +128,15 @@ class SimBoard : public ::testing::Test {
     ++tail_[q];
   }
   void doorbell(std::uint32_t q) { qw(q, qreg::kTail, tail_[q]); }
+  // Enables queue q and runs two nops on it, the second fenced (value 1).
+  void retire_two_nops(std::uint32_t q) {
+    enable_queue(q);
+    push(q, desc(fw::Opcode::kNop));
+    push(q, fenced(desc(fw::Opcode::kNop), 1, 0));
+    doorbell(q);
+    ASSERT_EQ(wait_timeline(q, 1), 1u);
+    ASSERT_TRUE(wait_reg(q, qreg::kRetiredLo, [](std::uint32_t n) { return n == 2; }));
+  }
 
   fw::QueueStatusPage& page(std::uint32_t q) {
     return *reinterpret_cast<fw::QueueStatusPage*>(status_pages_.data() + q * fw::kQueueStatusPageSize);
@@ -306,7 +316,7 @@ TEST_F(SimBoard, IdentityRegistersDescribeTheTinyProfile) {
   EXPECT_EQ(r64(reg::kSerialLo), 1u);
   EXPECT_EQ(r(reg::kFirmwareVersion), 0x010000u);
   EXPECT_EQ(r(reg::kCaps), fw::kCapCopySg | fw::kCapFill | fw::kCapWaitValue | fw::kCapTimestamp |
-                               fw::kCapHostAperture | fw::kCapTensor | fw::kCapVideoDecode);
+                               fw::kCapHostAperture | fw::kCapTensor | fw::kCapVideoDecode | fw::kCapTelemetry);
   EXPECT_EQ(r(reg::kDecodeChannels), 2u);
   EXPECT_EQ(r(reg::kVideoCodecs), 1u << 1 | 1u << 2 | 1u << 3);  // h264, h265, jpeg
   EXPECT_EQ(r64(reg::kDramSizeLo), 64ull << 20);
@@ -734,7 +744,7 @@ TEST_F(SimBoard, UnknownOpcodeIsAnInvalidOpcode) {
   EXPECT_EQ(rec.error_opcode, 99u);
   auto failure = fw::decode_failure(rec);
   ASSERT_TRUE(failure.ok());
-  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface 1.5 defines 1..12)");
+  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface 1.6 defines 1..12)");
 }
 
 TEST_F(SimBoard, FenceValuesMustIncrease) {
@@ -956,12 +966,7 @@ TEST_F(SimBoard, MailboxReportsErrorsAndQueueStats) {
   EXPECT_EQ(r(reg::kMboxStatus), static_cast<std::uint32_t>(fw::MboxStatus::kError));
   EXPECT_EQ(r(reg::kMboxRes0Lo), static_cast<std::uint32_t>(fw::CmdStatus::kBadArgument));
 
-  enable_queue(2);
-  push(2, desc(fw::Opcode::kNop));
-  push(2, fenced(desc(fw::Opcode::kNop), 1, 0));
-  doorbell(2);
-  ASSERT_EQ(wait_timeline(2, 1), 1u);
-  ASSERT_TRUE(wait_reg(2, qreg::kRetiredLo, [](std::uint32_t n) { return n == 2; }));
+  ASSERT_NO_FATAL_FAILURE(retire_two_nops(2));
   w(reg::kMboxArg0Lo, 2);
   w(reg::kMboxCmd, static_cast<std::uint32_t>(fw::MboxCmd::kQueueStats));
   EXPECT_EQ(r(reg::kMboxStatus), static_cast<std::uint32_t>(fw::MboxStatus::kDone));
@@ -970,6 +975,65 @@ TEST_F(SimBoard, MailboxReportsErrorsAndQueueStats) {
   w(reg::kMboxCmd, static_cast<std::uint32_t>(fw::MboxCmd::kGetBuildId));
   EXPECT_EQ(r(reg::kMboxStatus), static_cast<std::uint32_t>(fw::MboxStatus::kDone));
   EXPECT_NE(r64(reg::kMboxRes0Lo), 0u);
+}
+
+// ---- Telemetry (fw/telemetry.h) ---------------------------------------------------------
+
+TEST_F(SimBoard, TelemetryBlockIsWrittenWhereTheMailboxSays) {
+  ASSERT_TRUE(r(reg::kCaps) & fw::kCapTelemetry);
+  // Two commands retired on queue 2, before the block is asked for.
+  ASSERT_NO_FATAL_FAILURE(retire_two_nops(2));
+
+  auto ask = [&](std::uint64_t addr, std::uint64_t bytes) {
+    w(reg::kMboxArg0Lo, static_cast<std::uint32_t>(addr));
+    w(reg::kMboxArg0Hi, static_cast<std::uint32_t>(addr >> 32));
+    w(reg::kMboxArg1Lo, static_cast<std::uint32_t>(bytes));
+    w(reg::kMboxArg1Hi, 0);
+    w(reg::kMboxCmd, static_cast<std::uint32_t>(fw::MboxCmd::kTelemetry));
+    return static_cast<fw::MboxStatus>(r(reg::kMboxStatus));
+  };
+  const std::uint64_t whole = fw::telemetry_bytes(kTinyQueues, 2);  // tiny: two decode channels
+  ASSERT_LE(whole, kBufBytes);
+  std::memset(dst_.data(), 0xEE, kBufBytes);
+  ASSERT_EQ(ask(kDstIova, kBufBytes), fw::MboxStatus::kDone);
+  EXPECT_EQ(r64(reg::kMboxRes0Lo), whole);
+  EXPECT_EQ(r64(reg::kMboxRes1Lo), whole);
+  fw::TelemetryHeader h;
+  std::memcpy(&h, dst_.data(), sizeof h);
+  EXPECT_EQ(h.magic, fw::kTelemetryMagic);
+  EXPECT_EQ(h.version, fw::kTelemetryVersion);
+  EXPECT_EQ(h.header_bytes, sizeof h);
+  EXPECT_EQ(h.total_bytes, whole);
+  EXPECT_EQ(h.num_queues, kTinyQueues);
+  EXPECT_EQ(h.num_channels, 2u);
+  EXPECT_GT(h.uptime_ns, 0u);
+  EXPECT_EQ(h.resets, 0u);
+  EXPECT_EQ(h.power_limit_mw, 5000u);  // tiny.json: peak_w 5
+  EXPECT_EQ(h.clock_mhz, 500u);
+  fw::TelemetryQueue q2;
+  std::memcpy(&q2, dst_.data() + sizeof h + 2 * sizeof(fw::TelemetryQueue), sizeof q2);
+  EXPECT_EQ(q2.index, 2u);
+  EXPECT_EQ(q2.engine, static_cast<std::uint32_t>(board_.profile().engine_of_queue(2)));
+  EXPECT_EQ(q2.commands, 2u);
+  EXPECT_EQ(q2.failures, 0u);
+  EXPECT_GT(h.engine_busy_ns[q2.engine], 0u);
+  EXPECT_EQ(dst_.data()[whole], std::byte{0xEE});  // nothing past the block
+
+  // Room for the header and one queue: as many entries as fit.
+  ASSERT_EQ(ask(kDstIova, sizeof h + sizeof(fw::TelemetryQueue) + 8), fw::MboxStatus::kDone);
+  std::memcpy(&h, dst_.data(), sizeof h);
+  EXPECT_EQ(h.num_queues, 1u);
+  EXPECT_EQ(h.num_channels, 0u);
+  EXPECT_EQ(r64(reg::kMboxRes0Lo), sizeof h + sizeof(fw::TelemetryQueue));
+
+  // Refusals: too small for the header, unaligned, unmapped.
+  EXPECT_EQ(ask(kDstIova, sizeof h - 1), fw::MboxStatus::kError);
+  EXPECT_EQ(r64(reg::kMboxRes0Lo), static_cast<std::uint64_t>(fw::CmdStatus::kBadArgument));
+  EXPECT_EQ(r64(reg::kMboxRes1Lo), whole);
+  EXPECT_EQ(ask(kDstIova + 4, kBufBytes - 4), fw::MboxStatus::kError);
+  EXPECT_EQ(r64(reg::kMboxRes0Lo), static_cast<std::uint64_t>(fw::CmdStatus::kBadAlignment));
+  EXPECT_EQ(ask(kUnmappedIova, kBufBytes), fw::MboxStatus::kError);
+  EXPECT_EQ(r64(reg::kMboxRes0Lo), static_cast<std::uint64_t>(fw::CmdStatus::kDmaFault));
 }
 
 // ---- Bad accesses -----------------------------------------------------------------------

@@ -182,6 +182,35 @@ TEST_F(Video, CorruptPacketIsAnErrorNamingChannelAndPacketAndTheStreamGoesOn) {
   EXPECT_EQ(tail_got, tail_want);
 }
 
+// Telemetry (docs/telemetry.md): each frame decoded and each damaged
+// packet counts on its channel.
+TEST_F(Video, TelemetryCountsFramesAndErrorsPerChannel) {
+  Device dev = open("sim:0");
+  auto sum = [](const Telemetry& t, std::uint64_t ChannelTelemetry::*field) {
+    std::uint64_t n = 0;
+    for (const auto& c : t.channels) n += c.*field;
+    return n;
+  };
+  const Telemetry t0 = dev.telemetry();
+  ASSERT_EQ(t0.channels.size(), dev.properties().decode_channels);
+  const Decoded clean = decode_file(dev, path_of("h264_bframes.mp4"), PixelFormat::NV12);
+  const Telemetry t1 = dev.telemetry();
+  EXPECT_EQ(sum(t1, &ChannelTelemetry::frames) - sum(t0, &ChannelTelemetry::frames), clean.md5.size());
+  EXPECT_EQ(sum(t1, &ChannelTelemetry::errors), sum(t0, &ChannelTelemetry::errors));
+  EXPECT_GE(sum(t1, &ChannelTelemetry::packets) - sum(t0, &ChannelTelemetry::packets), 30u);
+  EXPECT_GT(sum(t1, &ChannelTelemetry::busy_ns), sum(t0, &ChannelTelemetry::busy_ns));
+  EXPECT_NEAR(utilisation(t0, t1).frames_per_s * utilisation(t0, t1).interval_s, static_cast<double>(clean.md5.size()),
+              1e-6);
+  const Decoded damaged =
+      decode_file(dev, path_of("h264_bframes.mp4"), PixelFormat::NV12, [](std::uint64_t i, std::vector<std::byte>& d) {
+        if (i == 5)
+          for (std::size_t k = d.size() / 3; k < d.size(); ++k) d[k] = std::byte{0xFF};
+      });
+  const Telemetry t2 = dev.telemetry();
+  EXPECT_EQ(sum(t2, &ChannelTelemetry::errors) - sum(t1, &ChannelTelemetry::errors), damaged.errors.size());
+  EXPECT_EQ(sum(t2, &ChannelTelemetry::frames) - sum(t1, &ChannelTelemetry::frames), damaged.md5.size());
+}
+
 TEST_F(Video, TruncatedPacketIsAnError) {
   const std::string path = path_of("h265.mkv");
   const Decoded got =

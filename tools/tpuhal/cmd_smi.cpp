@@ -1,6 +1,9 @@
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <optional>
+#include <thread>
 
 #include "cli.h"
 
@@ -11,7 +14,55 @@ std::string fit(const std::string& s, std::size_t width) {
   return s.size() <= width ? s : s.substr(0, width - 3) + "...";
 }
 
-nlohmann::json device_json(Device& dev) {
+// A device as smi sees it at one sample: its telemetry, when it keeps
+// any, and the utilisation since the previous sample of it.
+struct Sample {
+  std::optional<Telemetry> now;
+  std::optional<Utilisation> util;
+};
+
+Sample take_sample(Device& dev, const std::optional<Telemetry>& before) {
+  Sample s;
+  if (!dev.properties().caps.telemetry) return s;
+  try {
+    s.now = dev.telemetry();
+    if (before && s.now->uptime_ns > before->uptime_ns) s.util = utilisation(*before, *s.now);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "tpuhal smi: %s\n", e.what());
+  }
+  return s;
+}
+
+nlohmann::json telemetry_json(const Telemetry& t) {
+  auto engines = nlohmann::json::array();
+  for (auto& e : t.engines) engines.push_back({{"engine", to_string(e.engine)}, {"busy_ns", e.busy_ns}});
+  auto faults = nlohmann::json::array();
+  for (auto& f : t.faults) faults.push_back({{"kind", f.kind}, {"count", f.count}});
+  auto channels = nlohmann::json::array();
+  for (auto& c : t.channels)
+    channels.push_back({{"channel", c.channel},
+                        {"packets", c.packets},
+                        {"frames", c.frames},
+                        {"errors", c.errors},
+                        {"busy_ns", c.busy_ns}});
+  auto queues = nlohmann::json::array();
+  for (auto& q : t.queues)
+    queues.push_back({{"engine", to_string(q.engine)},
+                      {"index", q.index},
+                      {"commands", q.commands},
+                      {"busy_ns", q.busy_ns},
+                      {"failures", q.failures}});
+  return {{"time_ns", t.time_ns},     {"uptime_ns", t.uptime_ns},
+          {"resets", t.resets},       {"temperature_c", t.temperature_c},
+          {"power_w", t.power_w},     {"power_limit_w", t.power_limit_w},
+          {"energy_j", t.energy_j},   {"clock_mhz", t.clock_mhz},
+          {"h2d_bytes", t.h2d_bytes}, {"d2h_bytes", t.d2h_bytes},
+          {"d2d_bytes", t.d2d_bytes}, {"h2h_bytes", t.h2h_bytes},
+          {"engines", engines},       {"queues", queues},
+          {"channels", channels},     {"faults", faults}};
+}
+
+nlohmann::json device_json(Device& dev, const Sample& sample) {
   const auto& p = dev.properties();
   const auto m = dev.memory_stats();
   const auto st = dev.status();
@@ -36,71 +87,72 @@ nlohmann::json device_json(Device& dev) {
                       {"completed", q.completed},
                       {"busy_ns", q.busy_ns},
                       {"retired", q.retired}});
-  return {{"uri", p.uri},
-          {"board", p.board},
-          {"driver", p.driver},
-          {"memory_total", m.device_total},
-          {"memory_used", m.device_used},
-          {"host_pinned_bytes", m.host_pinned_bytes},
-          {"uptime_ns", st.uptime_ns},
-          {"heaps", heaps},
-          {"queues", queues}};
+  nlohmann::json j = {{"uri", p.uri},
+                      {"board", p.board},
+                      {"driver", p.driver},
+                      {"memory_total", m.device_total},
+                      {"memory_used", m.device_used},
+                      {"host_pinned_bytes", m.host_pinned_bytes},
+                      {"uptime_ns", st.uptime_ns},
+                      {"heaps", heaps},
+                      {"queues", queues},
+                      {"telemetry", nullptr},
+                      {"utilisation", nullptr}};
+  if (sample.now) j["telemetry"] = telemetry_json(*sample.now);
+  if (sample.util) {
+    const Utilisation& u = *sample.util;
+    j["utilisation"] = {{"interval_s", u.interval_s},
+                        {"compute", u.compute},
+                        {"copy", u.copy},
+                        {"video", u.video},
+                        {"channels", u.channels},
+                        {"h2d_gbps", u.h2d_gbps},
+                        {"d2h_gbps", u.d2h_gbps},
+                        {"d2d_gbps", u.d2d_gbps},
+                        {"commands_per_s", u.commands_per_s},
+                        {"frames_per_s", u.frames_per_s}};
+  }
+  return j;
 }
 
-}  // namespace
+std::string percent(double v) { return std::to_string(static_cast<int>(v * 100 + 0.5)) + "%"; }
 
-int cmd_smi(const std::vector<std::string>& args) {
-  po::options_description opts("Options");
-  opts.add_options()("device,d", po::value<std::string>(), "only this device (default: every device)")(
-      "json", "print a JSON array with one object per device")("queues,q", "also list every hardware queue");
-  po::variables_map vm;
-  int rc = 0;
-  if (!parse(args, opts, {}, vm,
-             "Usage: tpuhal smi [--device URI] [--json] [--queues]\n\n"
-             "Memory and queue use of each device. A simulated board (sim:) lives in the process\n"
-             "that opened it, so this shows the board as this process sees it.",
-             &rc))
-    return rc;
-  std::vector<std::string> uris;
-  if (vm.count("device")) {
-    uris.push_back(vm["device"].as<std::string>());
-  } else {
-    for (auto& d : enumerate()) uris.push_back(d.uri);
-  }
-  std::vector<Device> devices;
-  for (auto& u : uris) devices.push_back(open(u));
-
-  if (vm.count("json")) {
-    auto arr = nlohmann::json::array();
-    for (auto& d : devices) arr.push_back(device_json(d));
-    std::cout << arr.dump(2) << "\n";
-    return 0;
-  }
+void print_table(std::vector<Device>& devices, const std::vector<Sample>& samples, bool with_queues) {
   char when[64];
   const std::time_t now = std::time(nullptr);
   std::strftime(when, sizeof when, "%a %b %e %H:%M:%S %Y", std::localtime(&now));
   const char* rule =
-      "+------------+------------------------------------------+---------------------------+------------+";
-  std::printf("tpuhal smi %-40s %45s\n", tpuhal::version(), when);
-  std::printf("%s\n| %-10s | %-40s | %-25s | %-10s |\n%s\n", rule, "Device", "Board", "Memory used / total", "Queues",
-              rule);
-  if (devices.empty()) std::printf("| %-95s |\n", "No devices found.");
-  for (auto& d : devices) {
+      "+------------+--------------------------------+--------+-----------------+---------------------------+----------"
+      "-------------+------------+";
+  std::printf("tpuhal smi %-40s %89s\n", tpuhal::version(), when);
+  std::printf("%s\n| %-10s | %-30s | %-6s | %-15s | %-25s | %-21s | %-10s |\n%s\n", rule, "Device", "Board", "Temp",
+              "Power / Cap", "Memory used / total", "Util tensor/DMA/video", "Queues", rule);
+  if (devices.empty()) std::printf("| %-135s |\n", "No devices found.");
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    Device& d = devices[i];
+    const Sample& s = samples[i];
     const auto m = d.memory_stats();
     const auto st = d.status();
     int busy = 0;
     for (auto& q : st.queues) busy += q.busy;
     const double pct =
         m.device_total ? 100.0 * static_cast<double>(m.device_used) / static_cast<double>(m.device_total) : 0;
-    char mem[64], qs[32];
+    char mem[64], qs[32], temp[16] = "N/A", power[32] = "N/A", util[40] = "N/A";
     std::snprintf(mem, sizeof mem, "%s / %s (%.0f%%)", bytes(m.device_used).c_str(), bytes(m.device_total).c_str(),
                   pct);
     std::snprintf(qs, sizeof qs, "%d/%zu busy", busy, st.queues.size());
-    std::printf("| %-10s | %-40s | %-25s | %-10s |\n", fit(d.uri(), 10).c_str(), fit(d.properties().board, 40).c_str(),
-                mem, qs);
+    if (s.now) {
+      std::snprintf(temp, sizeof temp, "%.0fC", s.now->temperature_c);
+      std::snprintf(power, sizeof power, "%.1fW / %.0fW", s.now->power_w, s.now->power_limit_w);
+    }
+    if (s.util)
+      std::snprintf(util, sizeof util, "%4s %4s %4s", percent(s.util->compute).c_str(), percent(s.util->copy).c_str(),
+                    percent(s.util->video).c_str());
+    std::printf("| %-10s | %-30s | %-6s | %-15s | %-25s | %-21s | %-10s |\n", fit(d.uri(), 10).c_str(),
+                fit(d.properties().board, 30).c_str(), temp, power, mem, util, qs);
   }
   std::printf("%s\n", rule);
-  if (vm.count("queues")) {
+  if (with_queues) {
     std::printf("\n%-10s %-8s %-5s %-8s %12s %12s %12s %14s\n", "Device", "Engine", "Queue", "State", "Submitted",
                 "Completed", "Retired", "Busy time ms");
     for (auto& d : devices) {
@@ -112,6 +164,80 @@ int cmd_smi(const std::vector<std::string>& args) {
                     static_cast<double>(q.busy_ns) / 1e6);
       }
     }
+  }
+}
+
+}  // namespace
+
+int cmd_smi(const std::vector<std::string>& args) {
+  po::options_description opts("Options");
+  opts.add_options()("device,d", po::value<std::string>(), "only this device (default: every device)")(
+      "json", "print a JSON array with one object per device (one line per sample with --loop)")(
+      "queues,q", "also list every hardware queue")("loop,l", po::value<double>(),
+                                                    "print again every SECONDS, until interrupted (or --count)")(
+      "count,c", po::value<unsigned>(), "with --loop: stop after this many samples")(
+      "sample-ms", po::value<unsigned>()->default_value(100),
+      "without --loop: the interval utilisation is measured over");
+  po::variables_map vm;
+  int rc = 0;
+  if (!parse(args, opts, {}, vm,
+             "Usage: tpuhal smi [--device URI] [--json] [--queues] [--loop SECONDS [--count N]]\n\n"
+             "Temperature, power, utilisation, memory and queues of each device. Utilisation is\n"
+             "each engine's busy share of the interval between two telemetry samples (tensor:\n"
+             "compute queues; DMA: copy queues; video: video queues), as DCGM measures it:\n"
+             "over --sample-ms for one table, over the loop's period with --loop. N/A: the\n"
+             "device reports no telemetry. A simulated board (sim:) lives in the process that\n"
+             "opened it, so this shows the board as this process sees it.",
+             &rc))
+    return rc;
+  const bool loop = vm.count("loop") > 0;
+  const double period = loop ? vm["loop"].as<double>() : 0;
+  if (loop && !(period > 0 && period <= 86400)) {
+    std::fprintf(stderr, "tpuhal smi: --loop takes a period in seconds above 0, got %g\n", period);
+    return 2;
+  }
+  if (vm.count("count") && !loop) {
+    std::fprintf(stderr, "tpuhal smi: --count needs --loop\n");
+    return 2;
+  }
+  std::vector<std::string> uris;
+  if (vm.count("device")) {
+    uris.push_back(vm["device"].as<std::string>());
+  } else {
+    for (auto& d : enumerate()) uris.push_back(d.uri);
+  }
+  std::vector<Device> devices;
+  for (auto& u : uris) devices.push_back(open(u));
+
+  std::vector<Sample> samples(devices.size());
+  auto sample_all = [&] {
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      Sample s = take_sample(devices[i], samples[i].now);
+      samples[i] = std::move(s);
+    }
+  };
+  auto print = [&] {
+    if (vm.count("json")) {
+      auto arr = nlohmann::json::array();
+      for (std::size_t i = 0; i < devices.size(); ++i) arr.push_back(device_json(devices[i], samples[i]));
+      std::cout << (loop ? arr.dump() : arr.dump(2)) << std::endl;
+    } else {
+      print_table(devices, samples, vm.count("queues") > 0);
+      std::fflush(stdout);
+    }
+  };
+  sample_all();
+  if (!loop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(vm["sample-ms"].as<unsigned>()));
+    sample_all();
+    print();
+    return 0;
+  }
+  const unsigned count = vm.count("count") ? vm["count"].as<unsigned>() : 0;
+  for (unsigned n = 0; count == 0 || n < count; ++n) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(period));
+    sample_all();
+    print();
   }
   return 0;
 }

@@ -75,6 +75,10 @@ void bind_device(py::module_& m) {
           "status", [](const PyDevice& d) { return d.get().status(); },
           "Board uptime and, per hardware queue, whether it is claimed, busy or failed (tpuhal.DeviceStatus).")
       .def(
+          "telemetry", [](const PyDevice& d) { return d.get().telemetry(); },
+          "The board's counters and sensors (tpuhal.Telemetry); takes no queue and waits for no work. "
+          "tpuhal.Unsupported where caps.telemetry is false.")
+      .def(
           "alloc",
           [](const PyDevice& d, std::uint64_t size, py::handle memory, std::optional<std::string> heap,
              std::uint64_t alignment) {

@@ -215,6 +215,7 @@ void bind_types(py::module_& m) {
       .def_readonly("timestamps", &Capabilities::timestamps, "Fence.timestamp_ns and Batch.timestamp().")
       .def_readonly("tensor", &Capabilities::tensor, "A tensor engine.")
       .def_readonly("video_decode", &Capabilities::video_decode, "Video decoding.")
+      .def_readonly("telemetry", &Capabilities::telemetry, "Device.telemetry().")
       .def("__repr__", [](const Capabilities& c) {
         std::string s = "Capabilities(";
         bool first = true;
@@ -229,6 +230,7 @@ void bind_types(py::module_& m) {
         add("timestamps", c.timestamps);
         add("tensor", c.tensor);
         add("video_decode", c.video_decode);
+        add("telemetry", c.telemetry);
         return s + ")";
       });
 
@@ -340,6 +342,69 @@ void bind_types(py::module_& m) {
         return "DeviceStatus(uptime_ns=" + std::to_string(s.uptime_ns) + ", queues=" + std::to_string(s.queues.size()) +
                ")";
       });
+
+  py::class_<EngineTelemetry>(m, "EngineTelemetry", "One engine kind's busy time (Telemetry.engines).")
+      .def_property_readonly("engine", [](const EngineTelemetry& e) { return from_engine(e.engine); })
+      .def_readonly("busy_ns", &EngineTelemetry::busy_ns, "Time at least one of its queues was running work.");
+  py::class_<QueueTelemetry>(m, "QueueTelemetry", "One hardware queue's counters (Telemetry.queues).")
+      .def_property_readonly("engine", [](const QueueTelemetry& q) { return from_engine(q.engine); })
+      .def_readonly("index", &QueueTelemetry::index, "Hardware queue number.")
+      .def_readonly("commands", &QueueTelemetry::commands, "Commands retired.")
+      .def_readonly("busy_ns", &QueueTelemetry::busy_ns, "Time running work (waits on other queues included).")
+      .def_readonly("failures", &QueueTelemetry::failures, "Commands that failed.");
+  py::class_<ChannelTelemetry>(m, "ChannelTelemetry", "One decode channel's counters (Telemetry.channels).")
+      .def_readonly("channel", &ChannelTelemetry::channel)
+      .def_readonly("packets", &ChannelTelemetry::packets, "Compressed packets taken.")
+      .def_readonly("frames", &ChannelTelemetry::frames, "Frames decoded.")
+      .def_readonly("errors", &ChannelTelemetry::errors, "Packets or frames that did not decode.")
+      .def_readonly("busy_ns", &ChannelTelemetry::busy_ns, "Decoder time spent on the channel.");
+  py::class_<Telemetry>(m, "Telemetry",
+                        "The board's counters since power-on (resets do not clear them) and its sensors "
+                        "(Device.telemetry()). tpuhal.utilisation(before, after) turns two into rates.")
+      .def_readonly("time_ns", &Telemetry::time_ns, "Board time when taken (DeviceStatus.uptime_ns's clock).")
+      .def_readonly("uptime_ns", &Telemetry::uptime_ns, "Since the board powered on.")
+      .def_readonly("resets", &Telemetry::resets)
+      .def_readonly("engines", &Telemetry::engines, "list[EngineTelemetry]")
+      .def_readonly("queues", &Telemetry::queues, "list[QueueTelemetry]")
+      .def_readonly("channels", &Telemetry::channels, "list[ChannelTelemetry]")
+      .def_readonly("h2d_bytes", &Telemetry::h2d_bytes)
+      .def_readonly("d2h_bytes", &Telemetry::d2h_bytes)
+      .def_readonly("d2d_bytes", &Telemetry::d2d_bytes)
+      .def_readonly("h2h_bytes", &Telemetry::h2h_bytes)
+      .def_property_readonly(
+          "faults",
+          [](const Telemetry& t) {
+            py::dict d;
+            for (const auto& f : t.faults) d[py::str(f.kind)] = f.count;
+            return d;
+          },
+          "Failed commands by kind, and firmware crashes: dict[str, int].")
+      .def_readonly("temperature_c", &Telemetry::temperature_c)
+      .def_readonly("power_w", &Telemetry::power_w)
+      .def_readonly("power_limit_w", &Telemetry::power_limit_w)
+      .def_readonly("energy_j", &Telemetry::energy_j, "Since power-on.")
+      .def_readonly("clock_mhz", &Telemetry::clock_mhz)
+      .def("__repr__", [](const Telemetry& t) {
+        return "Telemetry(uptime_ns=" + std::to_string(t.uptime_ns) +
+               ", temperature_c=" + std::to_string(t.temperature_c) + ", power_w=" + std::to_string(t.power_w) + ")";
+      });
+  py::class_<Utilisation>(m, "Utilisation", "What happened between two telemetry snapshots (tpuhal.utilisation).")
+      .def_readonly("interval_s", &Utilisation::interval_s)
+      .def_readonly("compute", &Utilisation::compute, "Busy share of the interval, 0 to 1.")
+      .def_readonly("copy", &Utilisation::copy)
+      .def_readonly("video", &Utilisation::video)
+      .def_readonly("channels", &Utilisation::channels, "Each decode channel's share of a decoder.")
+      .def_readonly("h2d_gbps", &Utilisation::h2d_gbps)
+      .def_readonly("d2h_gbps", &Utilisation::d2h_gbps)
+      .def_readonly("d2d_gbps", &Utilisation::d2d_gbps)
+      .def_readonly("commands_per_s", &Utilisation::commands_per_s)
+      .def_readonly("frames_per_s", &Utilisation::frames_per_s)
+      .def("__repr__", [](const Utilisation& u) {
+        return "Utilisation(interval_s=" + std::to_string(u.interval_s) + ", compute=" + std::to_string(u.compute) +
+               ", copy=" + std::to_string(u.copy) + ", video=" + std::to_string(u.video) + ")";
+      });
+  m.def("utilisation", &utilisation, py::arg("before"), py::arg("after"),
+        "Each engine's busy share and the counters' rates between two snapshots of one board, oldest first.");
 
   py::class_<WaitPolicy>(m, "WaitPolicy",
                          "How waits wait (Device.wait_policy). `spin` and `timeout` are in seconds: a wait "

@@ -117,3 +117,27 @@ def test_wait_policy_round_trips(dev):
 def test_version():
     assert tpuhal.version() == tpuhal.__version__
     assert tpuhal.__version__.count(".") == 2
+
+
+def test_telemetry_counts_a_known_workload_and_gives_utilisation(dev, queue):
+    assert dev.properties.caps.telemetry is True
+    before = dev.telemetry()
+    host = dev.alloc(4096, "host-pinned")
+    buf = dev.alloc(4096)
+    queue.copy(host, buf).fill(buf, 7, size=1024).copy(buf, host).submit().wait()
+    after = dev.telemetry()
+    assert after.h2d_bytes - before.h2d_bytes == 4096
+    assert after.d2h_bytes - before.d2h_bytes == 4096
+    assert after.d2d_bytes - before.d2d_bytes == 1024
+    q = [t for t in after.queues if t.index == queue.index][0]
+    q0 = [t for t in before.queues if t.index == queue.index][0]
+    assert q.commands - q0.commands == 3 and q.failures == q0.failures
+    assert after.faults == {}
+    assert after.power_limit_w == 5.0 and after.clock_mhz == 500  # tiny.json
+    assert len(after.channels) == dev.properties.decode_channels
+    u = tpuhal.utilisation(before, after)
+    assert 0 < u.compute <= 1 and u.copy == 0 and u.video == 0
+    assert u.commands_per_s * u.interval_s == pytest.approx(3)
+    assert "Telemetry(" in repr(after) and "Utilisation(" in repr(u)
+    with pytest.raises(tpuhal.InvalidArgument, match="oldest first"):
+        tpuhal.utilisation(after, before)

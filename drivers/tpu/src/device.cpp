@@ -7,13 +7,16 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstring>
+#include <thread>
 
 #include "device_impl.h"
 #include "tpuhal/base/hex.h"
+#include "tpuhal/fw/telemetry.h"
 #include "tpuhal/fw/video.h"
 #include "encode.h"
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/units.h"
+#include "tpuhal/base/wait.h"
 #include "tpuhal/fw/version.h"
 
 namespace tpuhal::tpu {
@@ -287,6 +290,7 @@ void TpuDevice::read_properties() {
   props_.caps.tensor = (caps_ & fw::kCapTensor) && agreed_minor_ >= 1;
   if (props_.caps.tensor) props_.dtypes = {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32};
   props_.caps.video_decode = (caps_ & fw::kCapVideoDecode) && agreed_minor_ >= 2 && props_.decode_channels > 0;
+  props_.caps.telemetry = (caps_ & fw::kCapTelemetry) && agreed_minor_ >= 6;
   if (props_.caps.video_decode) {
     const std::uint32_t codecs = t.read32(fw::reg::kVideoCodecs);
     if (codecs & 1u << static_cast<int>(fw::VideoCodec::kH264)) props_.codecs.push_back(Codec::H264);
@@ -376,6 +380,7 @@ TpuDevice::~TpuDevice() {
   for (std::uint32_t q = 0; q < hw_queues_.size(); ++q)
     t.write32(fw::reg::queue_reg(q, fw::reg::queue::kControl), fw::kQueueControlReset);
   if (status_pages_iova_) unmap_host(status_pages_iova_, status_pages_.size(), true);
+  if (telemetry_iova_) unmap_host(telemetry_iova_, telemetry_page_.size(), true);
   std::lock_guard lock(mem_mu_);
   for (auto& h : heaps_) {
     const auto s = h.allocator.stats();
@@ -639,6 +644,93 @@ DeviceStatus TpuDevice::status() const {
     s.queues.push_back(qs);
   }
   return s;
+}
+
+// ---- Telemetry -------------------------------------------------------------------
+
+Telemetry TpuDevice::telemetry() const {
+  if (!props_.caps.telemetry) return DeviceBackend::telemetry();
+  if (health() == Health::kLost) throw health_error("telemetry");
+  auto* self = const_cast<TpuDevice*>(this);
+  Transport& t = *transport_;
+  std::lock_guard lock(telemetry_mu_);
+  if (!telemetry_iova_) {
+    const std::uint64_t bytes = fw::telemetry_bytes(static_cast<std::uint32_t>(hw_queues_.size()),
+                                                    props_.caps.video_decode ? props_.decode_channels : 0);
+    try {
+      telemetry_page_ = t.allocate_host(bytes);
+    } catch (const std::system_error& e) {
+      throw Error(Status::OutOfMemory, props_.uri + ": cannot allocate the telemetry buffer: " + e.what());
+    }
+    telemetry_iova_ =
+        self->map_host(telemetry_page_.data(), telemetry_page_.size(), /*imported=*/true, &telemetry_page_);
+  }
+  // The mailbox: arguments, then the command; done when its sequence moves.
+  const std::uint32_t seq = t.read32(fw::reg::kMboxSeq);
+  t.write32(fw::reg::kMboxArg0Lo, static_cast<std::uint32_t>(telemetry_iova_));
+  t.write32(fw::reg::kMboxArg0Hi, static_cast<std::uint32_t>(telemetry_iova_ >> 32));
+  t.write32(fw::reg::kMboxArg1Lo, static_cast<std::uint32_t>(telemetry_page_.size()));
+  t.write32(fw::reg::kMboxArg1Hi, static_cast<std::uint32_t>(std::uint64_t{telemetry_page_.size()} >> 32));
+  t.write32(fw::reg::kMboxCmd, static_cast<std::uint32_t>(fw::MboxCmd::kTelemetry));
+  const std::uint64_t deadline = base::monotonic_ns() + 1'000'000'000ull;
+  while (t.read32(fw::reg::kMboxSeq) == seq) {
+    if (self->check_health() != Health::kOk) throw health_error("telemetry");
+    if (base::monotonic_ns() > deadline)
+      throw Error(Status::Timeout, props_.uri + ": the board did not answer the telemetry request within 1 s");
+    std::this_thread::yield();
+  }
+  const auto status = static_cast<fw::MboxStatus>(t.read32(fw::reg::kMboxStatus));
+  const std::uint64_t res0 = read64(fw::reg::kMboxRes0Lo);
+  if (status != fw::MboxStatus::kDone)
+    throw Error(Status::DeviceFault, props_.uri + ": the board refused the telemetry request: " +
+                                         fw::to_string(static_cast<fw::CmdStatus>(res0)));
+
+  const std::byte* block = telemetry_page_.data();
+  fw::TelemetryHeader h;
+  std::memcpy(&h, block, sizeof h);
+  if (h.magic != fw::kTelemetryMagic || h.version < 1 || h.header_bytes < sizeof h || h.total_bytes > res0 ||
+      h.queue_bytes < sizeof(fw::TelemetryQueue) || h.channel_bytes < sizeof(fw::TelemetryChannel) ||
+      std::uint64_t{h.header_bytes} + std::uint64_t{h.num_queues} * h.queue_bytes +
+              std::uint64_t{h.num_channels} * h.channel_bytes >
+          std::min<std::uint64_t>(res0, telemetry_page_.size()))
+    throw Error(Status::DeviceFault, props_.uri + ": the board's telemetry block is malformed (magic " + hex(h.magic) +
+                                         ", version " + std::to_string(h.version) + ", " + std::to_string(res0) +
+                                         " bytes)");
+  Telemetry out;
+  out.time_ns = h.board_time_ns;
+  out.uptime_ns = h.uptime_ns;
+  out.resets = h.resets;
+  for (const auto& e : props_.engines) {
+    const fw::EngineType fe = e.engine == Engine::Compute ? fw::EngineType::kCompute
+                              : e.engine == Engine::Copy  ? fw::EngineType::kCopy
+                                                          : fw::EngineType::kVideo;
+    out.engines.push_back({e.engine, h.engine_busy_ns[static_cast<std::uint32_t>(fe)]});
+  }
+  const std::byte* at = block + h.header_bytes;
+  for (std::uint32_t i = 0; i < h.num_queues; ++i, at += h.queue_bytes) {
+    fw::TelemetryQueue q;
+    std::memcpy(&q, at, sizeof q);
+    out.queues.push_back(
+        {to_engine(static_cast<fw::EngineType>(q.engine)), q.index, q.commands, q.busy_ns, q.failures});
+  }
+  for (std::uint32_t i = 0; i < h.num_channels; ++i, at += h.channel_bytes) {
+    fw::TelemetryChannel c;
+    std::memcpy(&c, at, sizeof c);
+    out.channels.push_back({i, c.packets, c.frames, c.errors, c.busy_ns});
+  }
+  out.h2d_bytes = h.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kHostToDevice)];
+  out.d2h_bytes = h.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kDeviceToHost)];
+  out.d2d_bytes = h.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kDeviceToDevice)];
+  out.h2h_bytes = h.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kHostToHost)];
+  for (std::uint32_t k = 1; k < fw::kTelemetryFaultKinds; ++k)
+    if (h.faults[k]) out.faults.push_back({fw::to_string(static_cast<fw::CmdStatus>(k)), h.faults[k]});
+  if (h.firmware_crashes) out.faults.push_back({"firmware crash", h.firmware_crashes});
+  out.temperature_c = h.temperature_mc / 1000.0;
+  out.power_w = h.power_mw / 1000.0;
+  out.power_limit_w = h.power_limit_mw / 1000.0;
+  out.energy_j = static_cast<double>(h.energy_uj) / 1e6;
+  out.clock_mhz = h.clock_mhz;
+  return out;
 }
 
 // ---- Interrupts ------------------------------------------------------------------

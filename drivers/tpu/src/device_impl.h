@@ -56,6 +56,7 @@ class TpuDevice final : public driver::DeviceBackend, public std::enable_shared_
   const Properties& properties() const override { return props_; }
   MemoryStats memory_stats() const override;
   DeviceStatus status() const override;
+  Telemetry telemetry() const override;
   std::shared_ptr<driver::BufferBackend> allocate(std::uint64_t size, Memory memory,
                                                   const AllocOptions& options) override;
   std::shared_ptr<driver::BufferBackend> import_host(void* ptr, std::uint64_t size) override;
@@ -124,6 +125,12 @@ class TpuDevice final : public driver::DeviceBackend, public std::enable_shared_
   std::vector<std::unique_ptr<HwQueue>> hw_queues_;
   base::Mapping status_pages_;
   std::uint64_t status_pages_iova_ = 0;
+
+  // Telemetry: the mailbox, and the host buffer the board writes the block
+  // into (made on first use).
+  mutable std::mutex telemetry_mu_;
+  mutable base::Mapping telemetry_page_;
+  mutable std::uint64_t telemetry_iova_ = 0;
 
   std::mutex video_mu_;
   std::vector<bool> decoder_channels_;     // open channels; guarded by video_mu_

@@ -257,6 +257,10 @@ class TPUHAL_API Device {
   const Properties& properties() const;
   MemoryStats memory_stats() const;
   DeviceStatus status() const;
+  // The board's counters and sensors (caps.telemetry; Unsupported where the
+  // board keeps none). Takes no queue and waits for no work: safe to call
+  // from any thread while the board runs, as often as wanted.
+  Telemetry telemetry() const;
 
   // Allocates `size` bytes (> 0). Out of memory throws OutOfMemory saying what
   // is used and free in the heap and the largest block that would fit.

@@ -70,6 +70,7 @@ struct Capabilities {
   bool timestamps = false;                  // Fence::timestamp_ns(), Batch::timestamp()
   bool tensor = false;                      // tensor engine ops
   bool video_decode = false;                // VideoDecoder
+  bool telemetry = false;                   // Device::telemetry()
 };
 
 struct Properties {
@@ -139,6 +140,62 @@ struct DeviceStatus {
   std::uint64_t uptime_ns = 0;  // board time since its last reset
   std::vector<QueueStatus> queues;
 };
+
+// The board's telemetry (Device::telemetry(), docs/telemetry.md): counters
+// since the board powered on, which resets do not clear, and its sensors.
+// Rates and utilisation come from two snapshots (utilisation()).
+struct EngineTelemetry {
+  Engine engine = Engine::Compute;
+  std::uint64_t busy_ns = 0;  // time at least one of its queues was running work
+};
+struct QueueTelemetry {
+  Engine engine = Engine::Compute;
+  std::uint32_t index = 0;     // hardware queue number
+  std::uint64_t commands = 0;  // commands retired
+  std::uint64_t busy_ns = 0;   // time running work (waits on other queues included)
+  std::uint64_t failures = 0;  // commands that failed
+};
+struct ChannelTelemetry {
+  std::uint32_t channel = 0;  // decode channel number
+  std::uint64_t packets = 0;  // compressed packets taken
+  std::uint64_t frames = 0;   // frames decoded
+  std::uint64_t errors = 0;   // packets or frames that did not decode
+  std::uint64_t busy_ns = 0;  // decoder time spent on the channel
+};
+struct FaultCount {
+  std::string kind;  // "dma fault", "hang", "firmware crash", ...
+  std::uint64_t count = 0;
+};
+struct Telemetry {
+  std::uint64_t time_ns = 0;             // board time when taken (DeviceStatus::uptime_ns's clock)
+  std::uint64_t uptime_ns = 0;           // since the board powered on
+  std::uint64_t resets = 0;              // board resets since then
+  std::vector<EngineTelemetry> engines;  // one per engine kind the board has
+  std::vector<QueueTelemetry> queues;
+  std::vector<ChannelTelemetry> channels;
+  // Bytes moved by copy and fill commands, by direction.
+  std::uint64_t h2d_bytes = 0, d2h_bytes = 0, d2d_bytes = 0, h2h_bytes = 0;
+  std::vector<FaultCount> faults;  // kinds that happened at least once
+  double temperature_c = 0;
+  double power_w = 0;        // over the interval since the board last reported
+  double power_limit_w = 0;  // the board's limit
+  double energy_j = 0;       // since power-on
+  std::uint32_t clock_mhz = 0;
+};
+// What happened between two snapshots of one board, as DCGM computes it:
+// each engine's busy fraction of the interval, and the rates of the
+// counters. Throws InvalidArgument if `after` is not later than `before`
+// on the same board (its uptime went back: another board, or a power
+// cycle).
+struct Utilisation {
+  double interval_s = 0;
+  double compute = 0, copy = 0, video = 0;  // 0 to 1; 0 for an engine the board lacks
+  std::vector<double> channels;             // each decode channel's share of a decoder
+  double h2d_gbps = 0, d2h_gbps = 0, d2d_gbps = 0;
+  double commands_per_s = 0;
+  double frames_per_s = 0;
+};
+TPUHAL_API Utilisation utilisation(const Telemetry& before, const Telemetry& after);
 
 // How waits wait. Hybrid (the default) spins for `spin`, then sleeps until
 // the device interrupts; Spin never sleeps (lowest latency, burns a core);

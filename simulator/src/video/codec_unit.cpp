@@ -17,6 +17,7 @@ extern "C" {
 #include <spdlog/spdlog.h>
 
 #include "tpuhal/base/log.h"
+#include "tpuhal/base/wait.h"
 
 namespace tpuhal::sim {
 namespace {
@@ -103,6 +104,9 @@ struct CodecUnit::Channel {
   std::uint64_t taken = 0;             // packets taken from `pending`
   std::uint64_t last_packet = 0;       // index of the last packet sent to the decoder
   std::uint64_t frames = 0;
+
+  // Telemetry since power-on (fw::TelemetryChannel): never reset.
+  std::atomic<std::uint64_t> t_packets{0}, t_frames{0}, t_errors{0}, t_busy_ns{0};
 
   void free_decoder() {
     avcodec_free_context(&ctx);
@@ -288,7 +292,11 @@ void CodecUnit::worker(std::uint32_t) {
       }
       // A halted board decodes nothing; its reset closes every channel.
       halted = halted_.load(std::memory_order_seq_cst);
-      if (open && c->ctx && !halted) blocked = !process(*c, ctx);
+      if (open && c->ctx && !halted) {
+        const std::uint64_t began = base::monotonic_ns();
+        blocked = !process(*c, ctx);
+        c->t_busy_ns.fetch_add(base::monotonic_ns() - began, std::memory_order_relaxed);
+      }
     }
     // Another turn if packets are left (its budget ran out, or more came),
     // or if it waited for a slot and the host has freed one since. `halted`
@@ -335,6 +343,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     r.status = static_cast<std::uint32_t>(status);
     r.detail = detail;
     c.outbox.push_back(r);
+    c.t_errors.fetch_add(1, std::memory_order_relaxed);
   };
   // Publishes c.frame; false if it must wait for a slot or a record.
   auto publish_frame = [&]() -> bool {
@@ -393,6 +402,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     store_release(slots[slot], fw::kSlotHeld);
     publish(r);
     std::atomic_ref<std::uint64_t>(hdr->frames).store(++c.frames, std::memory_order_release);
+    c.t_frames.fetch_add(1, std::memory_order_relaxed);
     return true;
   };
 
@@ -463,11 +473,20 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     c.pkt->pos = static_cast<std::int64_t>(p.index);
     const int s = avcodec_send_packet(c.ctx, c.pkt);
     ++c.taken;
+    c.t_packets.fetch_add(1, std::memory_order_relaxed);
     if (s < 0) error(fw::CmdStatus::kCorruptStream, p.index, static_cast<std::uint32_t>(-s));
   }
   store_release(hdr->waiting, blocked ? 1u : 0u);
   if (raised) raise_(board_, c.queue);
   return !blocked;
+}
+
+void CodecUnit::telemetry(std::uint32_t channel, fw::TelemetryChannel& out) const noexcept {
+  const Channel& c = *channels_[channel];
+  out.packets = c.t_packets.load(std::memory_order_relaxed);
+  out.frames = c.t_frames.load(std::memory_order_relaxed);
+  out.errors = c.t_errors.load(std::memory_order_relaxed);
+  out.busy_ns = c.t_busy_ns.load(std::memory_order_relaxed);
 }
 
 }  // namespace tpuhal::sim

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tpuhal/fw/decode.h"
+#include "tpuhal/fw/telemetry.h"
 #include "tpuhal/sim/iommu.h"
 
 namespace tpuhal::sim {
@@ -46,6 +47,8 @@ class CodecUnit {
   // Called once the board has set `halted`: returns when no turn is in
   // progress, so that nothing more is written to pages or frame pools.
   void wait_halted() noexcept;
+  // Channel `channel`'s counters since power-on (channel < channels()).
+  void telemetry(std::uint32_t channel, fw::TelemetryChannel& out) const noexcept;
 
  private:
   struct Channel;

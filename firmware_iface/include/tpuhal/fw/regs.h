@@ -137,6 +137,7 @@ inline constexpr std::uint32_t kCapHostAperture = 1u << 4;   // BAR2 maps DRAM f
 inline constexpr std::uint32_t kCapUnifiedMemory = 1u << 5;  // SoC: all DRAM host-mappable
 inline constexpr std::uint32_t kCapTensor = 1u << 6;         // tensor engine opcodes
 inline constexpr std::uint32_t kCapVideoDecode = 1u << 7;    // video engine opcodes
+inline constexpr std::uint32_t kCapTelemetry = 1u << 8;      // MboxCmd::kTelemetry (telemetry.h)
 
 // Global control and status (reg::kControl, reg::kStatus).
 inline constexpr std::uint32_t kControlEnable = 1u << 0;
@@ -173,6 +174,7 @@ enum class MboxCmd : std::uint32_t {
   kGetUptime = 2,   // res0 = ns since the last reset
   kGetBuildId = 3,  // res0 = firmware build identifier
   kQueueStats = 4,  // arg0 = queue; res0 = busy ns, res1 = descriptors retired
+  kTelemetry = 5,   // 1.6: arg0 = host address, arg1 = bytes; writes the block (telemetry.h)
 };
 enum class MboxStatus : std::uint32_t { kIdle = 0, kBusy = 1, kDone = 2, kError = 3 };
 

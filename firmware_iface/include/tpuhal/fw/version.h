@@ -31,8 +31,9 @@ struct Version {
 // kVideoDecode, kVideoClose, reg::kVideoDoorbell, kCapVideoDecode); 1.3 the
 // elementwise mode ElementwiseOp::kErf (tensor.h); 1.4 the activation
 // Activation::kHardSwish (tensor.h); 1.5 the op kinds kTopK,
-// kConvTranspose2d and kWhere (op_kinds.inc).
-inline constexpr Version kInterfaceVersion{1, 5};
+// kConvTranspose2d and kWhere (op_kinds.inc); 1.6 the telemetry block
+// (telemetry.h: MboxCmd::kTelemetry, kCapTelemetry).
+inline constexpr Version kInterfaceVersion{1, 6};
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a
 // board advertising `board` agree on, or kBadArgument with field

@@ -185,6 +185,8 @@ class TPUHAL_API DeviceBackend {
   virtual const Properties& properties() const = 0;
   virtual MemoryStats memory_stats() const = 0;
   virtual DeviceStatus status() const = 0;
+  // Device::telemetry(). Default: Unsupported.
+  virtual Telemetry telemetry() const;
   virtual std::shared_ptr<BufferBackend> allocate(std::uint64_t size, Memory memory, const AllocOptions& options) = 0;
   virtual std::shared_ptr<BufferBackend> import_host(void* ptr, std::uint64_t size);
   // Records `commands` (no WaitFence) for replay. Default: Unsupported.

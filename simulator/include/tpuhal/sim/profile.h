@@ -70,6 +70,17 @@ struct BoardProfile {
   // Model timing: how long an idle command processor spins before sleeping.
   std::uint32_t idle_spin_us = 20;
 
+  // The power and thermal model behind the board's telemetry
+  // (docs/simulator.md): power grows linearly from idle to peak with the
+  // engines' utilisation; the die follows the power through one thermal
+  // resistance and time constant.
+  double idle_power_w = 10;
+  double peak_power_w = 50;
+  double ambient_c = 35;
+  double thermal_c_per_w = 0.5;  // die temperature rise per watt, steady state
+  double thermal_time_s = 20;    // the die's thermal time constant
+  std::uint32_t clock_mhz = 1000;
+
   std::uint32_t total_queues() const noexcept;
   fw::EngineType engine_of_queue(std::uint32_t q) const noexcept;
 };
