@@ -80,7 +80,6 @@ struct ThreadBuf {
   std::mutex mu;
   std::vector<Event> events;  // the thread's, under mu
   std::uint64_t dropped = 0;  // under mu
-  std::uint64_t last_ts = 0;  // under mu: the latest event's time
   std::vector<Event> taken;   // the writer's
   std::int64_t pid = 0;
   std::uint32_t tid = 0;
@@ -374,16 +373,11 @@ void push_with(Fill&& fill) {
     Event& e = b->events.emplace_back();
     fill(e);
     // Read under the lock: see the ordering note above. A leaf slice ('X')
-    // keeps its start; nothing else was recorded on its thread since (the
-    // clamp to the last event keeps the track in order whatever happens).
-    const std::uint64_t t = std::max(now(), b->last_ts);
-    if (e.ph == 'X') {
-      e.ts = std::max(e.ts, b->last_ts);
-      e.dur = t - e.ts;
-    } else {
-      e.ts = t;
-    }
-    b->last_ts = e.ts;
+    // keeps its start; nothing else was recorded on its thread since.
+    if (e.ph == 'X')
+      e.dur = now() - e.ts;
+    else
+      e.ts = now();
     if (!e.on_device) {
       e.pid = b->pid;
       e.tid = b->tid;

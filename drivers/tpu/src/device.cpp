@@ -700,12 +700,8 @@ Telemetry TpuDevice::telemetry() const {
   out.time_ns = h.board_time_ns;
   out.uptime_ns = h.uptime_ns;
   out.resets = h.resets;
-  for (const auto& e : props_.engines) {
-    const fw::EngineType fe = e.engine == Engine::Compute ? fw::EngineType::kCompute
-                              : e.engine == Engine::Copy  ? fw::EngineType::kCopy
-                                                          : fw::EngineType::kVideo;
-    out.engines.push_back({e.engine, h.engine_busy_ns[static_cast<std::uint32_t>(fe)]});
-  }
+  for (const auto& e : props_.engines)
+    out.engines.push_back({e.engine, h.engine_busy_ns[static_cast<std::uint32_t>(to_fw(e.engine))]});
   const std::byte* at = block + h.header_bytes;
   for (std::uint32_t i = 0; i < h.num_queues; ++i, at += h.queue_bytes) {
     fw::TelemetryQueue q;
