@@ -95,8 +95,11 @@ void CommandProcessor::idle_wait(std::uint32_t head) {
     if (ready()) return;
     base::cpu_relax();
   }
+  // Asleep, only the register (or a halt or stop, which ring it too) wakes
+  // us. The one-second net bounds a lost wake-up; it is long so that a host
+  // that stores the shadow without ringing is seen to be wrong.
   q_.sleeping->store(1, std::memory_order_seq_cst);
-  base::spin_then_block(ready, q_.doorbell, std::chrono::microseconds(0), 100ms, base::monotonic_ns() + 100'000'000ull);
+  base::spin_then_block(ready, q_.doorbell, std::chrono::microseconds(0), 1s, base::monotonic_ns() + 1'000'000'000ull);
   q_.sleeping->store(0, std::memory_order_seq_cst);
 }
 
