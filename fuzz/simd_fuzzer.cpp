@@ -101,7 +101,7 @@ int make_memfd(std::uint16_t pages, std::uint8_t seals) {
 bool is_reply(simd::MsgType t) {
   using simd::MsgType;
   return t == MsgType::kOk || t == MsgType::kError || t == MsgType::kBoards || t == MsgType::kAttached ||
-         t == MsgType::kStatsReply;
+         t == MsgType::kStatsReply || t == MsgType::kTelemetryReply;
 }
 
 // Sends `body` as a message of `type` with `fds` (closed after); false if

@@ -16,6 +16,10 @@ packages=(
   pybind11-dev python3-dev python3-numpy python3-pytest python3-onnx  # the Python package (bindings/python; ONNX builds its runtime tests' models)
   python3-torch python3-torchvision             # the model zoo test (examples/model_zoo)
   qemu-system-x86 busybox-static cpio           # the PCIe transport's test on QEMU's edu device (tests/qemu/run.sh)
+  prometheus-cpp-dev prometheus                 # `tpuhal exporter`; promtool and a real Prometheus in its test
+  podman runc python3-jsonschema                # `tpuhal cdi`: a real container given a board; the CDI schema check
+  golang-github-container-orchestrated-devices-container-device-interface-dev  # the CDI specification's JSON schema
+  libgrpc++-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio  # tpuhal-device-plugin; its kubelet stand-in
 )
 
 missing=()

@@ -24,6 +24,14 @@ void Provider::upload_firmware(std::string_view uri, std::span<const std::byte>,
                                        " driver's boards take no firmware from the host (they boot their own)");
 }
 
+bool Provider::observable(std::string_view) const { return false; }
+
+BoardView Provider::observe(std::string_view uri) {
+  throw Error(Status::Unsupported, std::string(uri) + ": the " + std::string(scheme()) +
+                                       " driver's boards cannot be watched without opening them; open the device "
+                                       "and read Device::telemetry()");
+}
+
 std::shared_ptr<ProgramBackend> DeviceBackend::create_program(std::span<const Command>) {
   throw Error(Status::Unsupported, properties().uri + ": this device cannot record programs");
 }

@@ -6,6 +6,8 @@
 #include <mutex>
 
 #include "impl.hpp"
+#include "tpuhal/monitor.hpp"
+#include "tpuhal/base/env.h"
 #include "tpuhal/base/log.h"
 
 namespace tpuhal {
@@ -108,6 +110,8 @@ std::vector<DeviceInfo> enumerate() {
       base::logger("hal")->warn("driver '{}' failed to enumerate: {}", p->scheme(), e.what());
     }
   }
+  if (const auto visible = base::visible_devices())
+    std::erase_if(all, [&](const DeviceInfo& d) { return !visible->count(d.uri); });
   return all;
 }
 
@@ -128,6 +132,30 @@ void upload_firmware(std::string_view uri, std::span<const std::byte> image, std
     provider = detail::provider_locked(r, uri);
   }
   provider->upload_firmware(uri, image, timeout);  // unlocked: it waits for the board
+}
+
+bool observable(std::string_view uri) {
+  std::shared_ptr<driver::Provider> provider;
+  {
+    auto& r = detail::registry();
+    std::lock_guard lock(r.mu);
+    try {
+      provider = detail::provider_locked(r, uri);
+    } catch (const Error&) {
+      return false;
+    }
+  }
+  return provider->observable(uri);
+}
+
+BoardView observe(std::string_view uri) {
+  std::shared_ptr<driver::Provider> provider;
+  {
+    auto& r = detail::registry();
+    std::lock_guard lock(r.mu);
+    provider = detail::provider_locked(r, uri);
+  }
+  return provider->observe(uri);  // unlocked: it asks another process
 }
 
 const char* version() noexcept { return TPUHAL_VERSION_STRING; }

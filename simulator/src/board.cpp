@@ -39,10 +39,8 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
       dram(options.shared_dram ? base::Mapping::memfd("tpuhal-sim-dram", profile.dram_bytes, {.huge_pages = true})
                                : base::Mapping::anonymous(profile.dram_bytes, {.noreserve = true, .huge_pages = true})),
       dma(dram.data(), profile.dram_bytes, iommu, options.host_port),
-      power_on_ns(base::monotonic_ns()) {
-  thermal.at_ns = power_on_ns;
-  thermal.power_w = profile.idle_power_w;
-  thermal.temp_c = profile.ambient_c + profile.thermal_c_per_w * profile.idle_power_w;
+      power_on_ns(base::monotonic_ns()),
+      thermal(profile, power_on_ns) {
   try {
     tensor_isa = tensor::isa_from_env();
   } catch (const std::invalid_argument& e) {
@@ -493,17 +491,29 @@ void Board::Impl::count_dma(std::uint64_t src, std::uint64_t dst, std::uint64_t 
   dma_bytes[static_cast<std::uint32_t>(d)].fetch_add(bytes, std::memory_order_relaxed);
 }
 
+std::uint64_t Board::Impl::telemetry_total_bytes() const noexcept {
+  const bool video = profile.decode_channels && !dma.port();
+  return fw::telemetry_bytes(static_cast<std::uint32_t>(queues.size()), video ? profile.decode_channels : 0);
+}
+
 fw::Problem Board::Impl::write_telemetry(std::uint64_t addr, std::uint64_t capacity, std::uint64_t& written,
                                          std::uint64_t& total) {
+  total = telemetry_total_bytes();
+  written = 0;
+  if (capacity < sizeof(fw::TelemetryHeader)) return {fw::CmdStatus::kBadArgument, 1, capacity, total};
+  if (addr % 8) return {fw::CmdStatus::kBadAlignment, 0, addr, 8};
+  const std::vector<std::byte> block = telemetry_block(capacity);
+  DmaContext ctx(iommu);
+  const fw::Problem p = dma.write(ctx, addr, block.data(), block.size(), 0);
+  if (p.status == fw::CmdStatus::kOk) written = block.size();
+  return p;
+}
+
+std::vector<std::byte> Board::Impl::telemetry_block(std::uint64_t capacity) {
   CodecUnit* unit = codec_ptr.load(std::memory_order_acquire);
   const bool video = profile.decode_channels && !dma.port();
   const auto nq = static_cast<std::uint32_t>(queues.size());
   const std::uint32_t nc = video ? profile.decode_channels : 0;
-  total = fw::telemetry_bytes(nq, nc);
-  written = 0;
-  if (capacity < sizeof(fw::TelemetryHeader)) return {fw::CmdStatus::kBadArgument, 1, capacity, total};
-  if (addr % 8) return {fw::CmdStatus::kBadAlignment, 0, addr, 8};
-
   const std::uint64_t now = base::monotonic_ns();
   fw::TelemetryHeader h{};
   h.magic = fw::kTelemetryMagic;
@@ -528,25 +538,10 @@ fw::Problem Board::Impl::write_telemetry(std::uint64_t addr, std::uint64_t capac
     h.faults[k] = failed_by_status[k].load(std::memory_order_relaxed);
   h.firmware_crashes = firmware_crashes.load(std::memory_order_relaxed);
 
-  // The model: power follows the engines' utilisation since the last block
-  // (compute 80 % of the dynamic power, copy and video 10 % each); energy
-  // integrates it exactly; the die relaxes towards ambient + R * power.
-  if (now > thermal.at_ns) {
-    const double dt = static_cast<double>(now - thermal.at_ns) * 1e-9;
-    auto util = [&](std::uint32_t e) {
-      return std::clamp(static_cast<double>(busy[e] - std::min(busy[e], thermal.busy[e])) * 1e-9 / dt, 0.0, 1.0);
-    };
-    const double load = 0.8 * util(1) + 0.1 * util(2) + 0.1 * util(3);
-    thermal.power_w = profile.idle_power_w + (profile.peak_power_w - profile.idle_power_w) * load;
-    thermal.energy_j += thermal.power_w * dt;
-    const double steady = profile.ambient_c + profile.thermal_c_per_w * thermal.power_w;
-    thermal.temp_c = steady + (thermal.temp_c - steady) * std::exp(-dt / profile.thermal_time_s);
-    thermal.at_ns = now;
-    std::copy(std::begin(busy), std::end(busy), std::begin(thermal.busy));
-  }
-  h.temperature_mc = static_cast<std::int32_t>(std::lround(thermal.temp_c * 1000));
-  h.power_mw = static_cast<std::uint32_t>(std::lround(thermal.power_w * 1000));
-  h.energy_uj = static_cast<std::uint64_t>(thermal.energy_j * 1e6);
+  thermal.advance(now, busy);
+  h.temperature_mc = static_cast<std::int32_t>(std::lround(thermal.temperature_c() * 1000));
+  h.power_mw = static_cast<std::uint32_t>(std::lround(thermal.power_w() * 1000));
+  h.energy_uj = static_cast<std::uint64_t>(thermal.energy_j() * 1e6);
   h.clock_mhz = profile.clock_mhz;
   h.power_limit_mw = static_cast<std::uint32_t>(std::lround(profile.peak_power_w * 1000));
 
@@ -568,10 +563,7 @@ fw::Problem Board::Impl::write_telemetry(std::uint64_t addr, std::uint64_t capac
     if (unit && c < unit->channels()) unit->telemetry(c, t);
     std::memcpy(at, &t, sizeof t);
   }
-  DmaContext ctx(iommu);
-  const fw::Problem p = dma.write(ctx, addr, block.data(), block.size(), 0);
-  if (p.status == fw::CmdStatus::kOk) written = block.size();
-  return p;
+  return block;
 }
 
 // ---- Board -----------------------------------------------------------------
@@ -579,6 +571,32 @@ fw::Problem Board::Impl::write_telemetry(std::uint64_t addr, std::uint64_t capac
 Board::Board(BoardProfile profile, BoardOptions options) : impl_(std::make_unique<Impl>(std::move(profile), options)) {}
 
 int Board::dram_fd() const noexcept { return impl_->dram.fd(); }
+
+std::vector<std::byte> Board::telemetry() {
+  std::lock_guard lock(impl_->mbox_mu);
+  return impl_->telemetry_block(impl_->telemetry_total_bytes());
+}
+
+std::uint32_t Board::queues_enabled() const noexcept {
+  std::uint32_t n = 0;
+  for (auto& q : impl_->queues) n += (q->control.load(std::memory_order_relaxed) & fw::kQueueControlEnable) ? 1 : 0;
+  return n;
+}
+
+std::uint64_t Board::dram_resident_bytes(std::uint64_t address, std::uint64_t size) const noexcept {
+  const auto page = base::page_size();
+  const std::uint64_t end = std::min<std::uint64_t>(address + size, impl_->dram.size());
+  if (address >= end) return 0;
+  const std::uint64_t first_page = address / page, last_page = (end + page - 1) / page;
+  std::vector<unsigned char> present(std::min<std::uint64_t>(last_page - first_page, 1u << 20));
+  std::uint64_t resident = 0;
+  for (std::uint64_t p = first_page; p < last_page; p += present.size()) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(present.size(), last_page - p));
+    if (::mincore(impl_->dram.data() + p * page, n * page, present.data()) != 0) return 0;
+    for (std::size_t i = 0; i < n; ++i) resident += (present[i] & 1) ? page : 0;
+  }
+  return resident;
+}
 
 std::uint64_t Board::dram_resident_bytes() const noexcept {
   const auto page = base::page_size();

@@ -21,6 +21,7 @@
 #include "tpuhal/fw/regs.h"
 #include "tpuhal/fw/telemetry.h"
 #include "tpuhal/sim/board.h"
+#include "tpuhal/sim/power.h"
 
 namespace tpuhal::sim {
 
@@ -180,15 +181,13 @@ struct Board::Impl {
   std::atomic<std::uint64_t> resets{0};
   // The power and thermal model, advanced whenever the block is written
   // (under mbox_mu).
-  struct Thermal {
-    std::uint64_t at_ns = 0;
-    std::uint64_t busy[4] = {};
-    double temp_c = 0;
-    double power_w = 0;
-    double energy_j = 0;
-  } thermal;
+  PowerModel thermal;
   // MboxCmd::kTelemetry; mbox_mu held.
   fw::Problem write_telemetry(std::uint64_t addr, std::uint64_t capacity, std::uint64_t& written, std::uint64_t& total);
+  // The block as the board writes it, with as many entries as `capacity`
+  // bytes (at least the header) hold; callers hold mbox_mu.
+  std::vector<std::byte> telemetry_block(std::uint64_t capacity);
+  std::uint64_t telemetry_total_bytes() const noexcept;
 };
 
 // The thread a queue's command processors run on, one after another: each

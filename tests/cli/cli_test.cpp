@@ -235,7 +235,7 @@ TEST(Cli, TraceSaysWhatIsWrongAndPassesTheExitStatusOn) {
 }
 
 TEST(Cli, EveryCommandHasHelp) {
-  for (const char* cmd : {"list", "info", "smi", "bench", "demo", "firmware", "reset", "trace"}) {
+  for (const char* cmd : {"list", "info", "smi", "exporter", "cdi", "bench", "demo", "firmware", "reset", "trace"}) {
     Output r = run(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_THAT(r.out, HasSubstr(std::string("Usage: tpuhal ") + cmd)) << cmd;

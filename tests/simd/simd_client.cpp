@@ -24,9 +24,8 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--stats") {
     try {
       const auto stats = tpuhal::tpu::simd_stats(argv[2]);
-      std::printf("vfs %u\n", stats.vfs);
-      for (std::uint32_t i = 0; i < stats.vfs; ++i)
-        std::printf("vf %u %u %d %u\n", stats.vf[i].board, stats.vf[i].vf, stats.vf[i].pid, stats.vf[i].uid);
+      std::printf("vfs %zu\n", stats.vfs.size());
+      for (auto& v : stats.vfs) std::printf("vf %u %u %d %u\n", v.board, v.vf, v.pid, v.uid);
       return 0;
     } catch (const tpuhal::Error& e) {
       std::fprintf(stderr, "simd_client: %s\n", e.what());

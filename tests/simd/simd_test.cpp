@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -25,6 +26,7 @@
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -34,6 +36,8 @@
 #include "tpuhal/base/mapping.h"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/fw/command.h"
+#include "tpuhal/fw/regs.h"
+#include "tpuhal/fw/telemetry.h"
 #include "tpuhal/simd/protocol.h"
 #include "tpuhal/tpu/device.h"
 #include "tpuhal/tpu/simd_provider.h"
@@ -484,7 +488,7 @@ TEST(Simd, ABadMessageGetsAnErrorAndTheDaemonKeepsServing) {
   EXPECT_EQ(buf.map()[4095], std::byte{0x42});
   const auto stats = tpu::simd_stats(d.socket);
   EXPECT_GE(stats.protocol_errors, 5u);
-  EXPECT_EQ(stats.vfs, 2u);
+  EXPECT_EQ(stats.vfs.size(), 2u);
 }
 
 // A client that asks and never reads the answers fills its socket; the
@@ -515,6 +519,106 @@ TEST(Simd, AClientThatReadsNoRepliesHoldsUpNoOtherClient) {
   }
 }
 
+TEST(Simd, StatsNameEachClientAndCountWhatItsVfDid) {
+  Daemon d;
+  Device dev = open(d.uri());
+  constexpr std::uint64_t kBytes = 1 << 20;
+  Queue q = dev.queue(Engine::Copy);
+  Buffer host = dev.allocate(kBytes, Memory::HostPinned);
+  Buffer a = dev.allocate(kBytes);
+  std::memset(host.map().data(), 0x5A, kBytes);
+  q.copy(host, a).copy(a, 0, host, 0, kBytes / 4).submit().wait();
+
+  const auto stats = tpu::simd_stats(d.socket);
+  ASSERT_EQ(stats.vfs.size(), 1u);
+  const simd::VfStats& v = stats.vfs[0];
+  EXPECT_EQ(v.pid, ::getpid());
+  char comm[32] = {};
+  ::prctl(PR_GET_NAME, comm);
+  EXPECT_EQ(simd::get_field(v.name), comm);
+  EXPECT_GE(v.queues_enabled, 1u);
+  // The 1 MiB the device holds is resident in the default region.
+  const auto region = std::find_if(std::begin(v.regions), std::end(v.regions),
+                                   [](const auto& r) { return simd::get_field(r.name) == "device"; });
+  ASSERT_NE(region, std::end(v.regions));
+  EXPECT_GE(region->resident_bytes, kBytes);
+  EXPECT_LE(region->resident_bytes, v.dram_resident_bytes);
+  // Telemetry since the VF was attached: exactly this workload's.
+  EXPECT_EQ(v.dma_bytes[static_cast<int>(fw::DmaDirection::kHostToDevice)], kBytes);
+  EXPECT_EQ(v.dma_bytes[static_cast<int>(fw::DmaDirection::kDeviceToHost)], kBytes / 4);
+  EXPECT_EQ(v.commands, 2u);
+  EXPECT_EQ(v.failures, 0u);
+  EXPECT_GT(v.engine_busy_ns[static_cast<int>(fw::EngineType::kCopy)], 0u);
+  EXPECT_GT(v.uptime_ns, 0u);
+  EXPECT_GT(v.power_mw, 0u);
+}
+
+TEST(Simd, WholeBoardTelemetrySumsEveryVfAndKeepsWhatDepartedVfsCounted) {
+  Daemon d;
+  constexpr std::uint64_t kBytes = 1 << 20;  // what each simd_client copies in
+  const Telemetry t0 = tpu::simd_telemetry(d.socket, 0);
+  EXPECT_EQ(t0.h2d_bytes, 0u);
+  {
+    Process first({SIMD_CLIENT_BIN, d.uri(), "0x11"}), second({SIMD_CLIENT_BIN, d.uri(), "0x22"});
+    ASSERT_THAT(first.read_line(), HasSubstr("ready"));
+    ASSERT_THAT(second.read_line(), HasSubstr("ready"));
+    // Each VF's own view, and the board's.
+    const auto stats = tpu::simd_stats(d.socket);
+    ASSERT_EQ(stats.vfs.size(), 2u);
+    for (auto& v : stats.vfs) EXPECT_EQ(tpu::simd_telemetry(d.socket, 0, v.vf).h2d_bytes, kBytes) << v.vf;
+    EXPECT_EQ(tpu::simd_telemetry(d.socket, 0).h2d_bytes, 2 * kBytes);
+    first.in.reset();
+    second.in.reset();
+    first.wait();
+    second.wait();
+  }
+  // Both gave their VFs back: the board's counters do not go back.
+  const auto deadline = Clock::now() + 10s;
+  while (!tpu::simd_stats(d.socket).vfs.empty() && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  const Telemetry t1 = tpu::simd_telemetry(d.socket, 0);
+  EXPECT_EQ(t1.h2d_bytes, 2 * kBytes);
+  std::uint64_t commands = 0;
+  for (auto& q : t1.queues) commands += q.commands;
+  EXPECT_EQ(commands, 2u);
+  EXPECT_GT(t1.uptime_ns, t0.uptime_ns);
+  EXPECT_GE(t1.energy_j, t0.energy_j);
+  EXPECT_GT(t1.power_limit_w, 0);
+  EXPECT_NO_THROW((void)utilisation(t0, t1));
+  // Refusals: a board not served, a VF not in use, a short request.
+  EXPECT_EQ(error_of([&] { (void)tpu::simd_telemetry(d.socket, 7); }).status(), Status::NotFound);
+  const Error idle = error_of([&] { (void)tpu::simd_telemetry(d.socket, 0, 1); });
+  EXPECT_EQ(idle.status(), Status::NotFound);
+  EXPECT_THAT(idle.what(), HasSubstr("VF 1 of board 0 is not in use"));
+  RawClient c(d.socket);
+  const std::uint32_t board = 0;
+  ASSERT_EQ(simd::send_message(c.sock.get(), simd::MsgType::kTelemetry,
+                               {reinterpret_cast<const std::byte*>(&board), sizeof board}),
+            0);
+  EXPECT_THAT(c.error_reply(), HasSubstr("telemetry: a body of 4 bytes"));
+}
+
+TEST(Simd, StatsComeInPagesThatTogetherListEveryVf) {
+  // More VFs in use than one reply holds: the client pages through them.
+  constexpr std::uint32_t kVfs = simd::kMaxVfStats + 2;
+  Daemon d({"--vfs", std::to_string(kVfs), "--board", "bm1684x"});
+  std::vector<std::unique_ptr<Process>> clients;
+  for (std::uint32_t i = 0; i < kVfs; ++i)
+    clients.push_back(std::make_unique<Process>(std::vector<std::string>{SIMD_CLIENT_BIN, d.uri(), "0x33"}));
+  for (auto& c : clients) ASSERT_THAT(c->read_line(), HasSubstr("ready"));
+  const auto stats = tpu::simd_stats(d.socket);
+  ASSERT_EQ(stats.vfs.size(), kVfs);
+  std::set<std::uint32_t> vfs;
+  for (auto& v : stats.vfs) vfs.insert(v.vf);
+  EXPECT_EQ(vfs.size(), kVfs) << "a VF listed twice";
+  // A request with a body of the wrong size is refused with an error.
+  RawClient c(d.socket);
+  const std::uint32_t odd = 7;
+  ASSERT_EQ(simd::send_message(c.sock.get(), simd::MsgType::kStats, {reinterpret_cast<const std::byte*>(&odd), 3}), 0);
+  simd::Message m;
+  ASSERT_EQ(c.answer(m), 0);
+  EXPECT_EQ(m.header.type, simd::MsgType::kError);
+}
+
 // ---- Death ---------------------------------------------------------------------------------
 
 TEST(Simd, AKilledClientLeavesNoVfAndNoDeviceMemory) {
@@ -522,17 +626,17 @@ TEST(Simd, AKilledClientLeavesNoVfAndNoDeviceMemory) {
   Process client({SIMD_CLIENT_BIN, d.uri(), "0xA5"});
   ASSERT_THAT(client.read_line(), HasSubstr("ready"));
   auto stats = tpu::simd_stats(d.socket);
-  ASSERT_EQ(stats.vfs, 1u);
-  EXPECT_EQ(stats.vf[0].pid, client.pid);
-  EXPECT_GE(stats.vf[0].dram_resident_bytes, 1u << 20);  // the 1 MiB it copied in
-  EXPECT_GE(stats.vf[0].dma_mappings, 2u);               // status pages and its buffer
+  ASSERT_EQ(stats.vfs.size(), 1u);
+  EXPECT_EQ(stats.vfs[0].pid, client.pid);
+  EXPECT_GE(stats.vfs[0].dram_resident_bytes, 1u << 20);  // the 1 MiB it copied in
+  EXPECT_GE(stats.vfs[0].dma_mappings, 2u);               // status pages and its buffer
   EXPECT_EQ(tpu::simd_boards(d.socket)[0].vfs_in_use, 1u);
 
   ::kill(client.pid, SIGKILL);
   client.wait();
   const auto deadline = Clock::now() + 10s;
-  while ((stats = tpu::simd_stats(d.socket)).vfs != 0 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
-  EXPECT_EQ(stats.vfs, 0u);
+  while (!(stats = tpu::simd_stats(d.socket)).vfs.empty() && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(stats.vfs.size(), 0u);
   EXPECT_EQ(tpu::simd_boards(d.socket)[0].vfs_in_use, 0u);
 }
 
@@ -688,7 +792,7 @@ TEST(Simd, AClientThatMapsWithoutEndIsRefusedByItsQuotaAndOthersGoOn) {
   another_process_copies(d);
   ASSERT_EQ(simd::send_message(attacker.sock.get(), simd::MsgType::kList, {}), 0);
   EXPECT_EQ(attacker.reply().header.type, simd::MsgType::kBoards);
-  EXPECT_EQ(tpu::simd_stats(d.socket).vf[0].dma_mappings, 8u);
+  EXPECT_EQ(tpu::simd_stats(d.socket).vfs.at(0).dma_mappings, 8u);
 }
 
 // Finding: one process could hold every connection the daemon takes; now a
@@ -933,7 +1037,7 @@ TEST(Simd, SeveralUsersShareADaemonEachHeldToItsOwnQuota) {
   EXPECT_THAT(seen->read_line(30s), ::testing::EndsWith(" 65534"));
   Device mine = open(d.uri());
   const auto all = tpu::simd_stats(d.socket);
-  EXPECT_EQ(all.vfs, 2u);
+  EXPECT_EQ(all.vfs.size(), 2u);
   first->in.reset();
   first->wait(60s);
 }

@@ -13,9 +13,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
 
@@ -24,7 +26,9 @@
 #include "tpuhal/base/mapping.h"
 #include "tpuhal/base/units.h"
 #include "tpuhal/base/wait.h"
+#include "tpuhal/fw/telemetry.h"
 #include "tpuhal/sim/board.h"
+#include "tpuhal/sim/power.h"
 #include <spdlog/spdlog.h>
 
 namespace tpuhal::simd {
@@ -145,7 +149,98 @@ void drain(Channel& ch, sim::Board& board, const std::atomic<bool>& stop, std::u
   }
 }
 
+// A telemetry block taken apart. The blocks come from the daemon's own
+// boards, so they are trusted.
+TelemetryBlock parse_block(const std::vector<std::byte>& bytes) {
+  TelemetryBlock b;
+  std::memcpy(&b.header, bytes.data(), sizeof b.header);
+  const std::byte* at = bytes.data() + sizeof b.header;
+  b.queues.resize(b.header.num_queues);
+  for (auto& q : b.queues) std::memcpy(&q, at, sizeof q), at += sizeof q;
+  b.channels.resize(b.header.num_channels);
+  for (auto& c : b.channels) std::memcpy(&c, at, sizeof c), at += sizeof c;
+  return b;
+}
+
+// Adds `from`'s counters to `into`'s (entries matched by place; sensors
+// and times are left alone).
+void add_counters(TelemetryBlock& into, const TelemetryBlock& from) {
+  fw::TelemetryHeader& h = into.header;
+  const fw::TelemetryHeader& f = from.header;
+  h.resets += f.resets;
+  for (int i = 0; i < 4; ++i) h.engine_busy_ns[i] += f.engine_busy_ns[i], h.dma_bytes[i] += f.dma_bytes[i];
+  for (std::uint32_t k = 0; k < fw::kTelemetryFaultKinds; ++k) h.faults[k] += f.faults[k];
+  h.firmware_crashes += f.firmware_crashes;
+  if (into.queues.size() < from.queues.size()) into.queues.resize(from.queues.size());
+  for (std::size_t i = 0; i < from.queues.size(); ++i) {
+    into.queues[i].engine = from.queues[i].engine;
+    into.queues[i].index = from.queues[i].index;
+    into.queues[i].commands += from.queues[i].commands;
+    into.queues[i].busy_ns += from.queues[i].busy_ns;
+    into.queues[i].failures += from.queues[i].failures;
+  }
+  if (into.channels.size() < from.channels.size()) into.channels.resize(from.channels.size());
+  for (std::size_t i = 0; i < from.channels.size(); ++i) {
+    into.channels[i].packets += from.channels[i].packets;
+    into.channels[i].frames += from.channels[i].frames;
+    into.channels[i].errors += from.channels[i].errors;
+    into.channels[i].busy_ns += from.channels[i].busy_ns;
+  }
+}
+
+// The block as bytes, with as many entries as fit in one message.
+std::vector<std::byte> serialise(TelemetryBlock b) {
+  fw::TelemetryHeader& h = b.header;
+  const std::size_t room = kMaxMessageBytes - sizeof(Header) - sizeof h;
+  h.num_queues = static_cast<std::uint32_t>(std::min(b.queues.size(), room / sizeof(fw::TelemetryQueue)));
+  h.num_channels = static_cast<std::uint32_t>(
+      std::min(b.channels.size(), (room - h.num_queues * sizeof(fw::TelemetryQueue)) / sizeof(fw::TelemetryChannel)));
+  h.total_bytes = static_cast<std::uint32_t>(fw::telemetry_bytes(h.num_queues, h.num_channels));
+  std::vector<std::byte> out(h.total_bytes);
+  std::memcpy(out.data(), &h, sizeof h);
+  std::byte* at = out.data() + sizeof h;
+  for (std::uint32_t i = 0; i < h.num_queues; ++i) std::memcpy(at, &b.queues[i], sizeof b.queues[i]), at += 32;
+  for (std::uint32_t i = 0; i < h.num_channels; ++i) std::memcpy(at, &b.channels[i], sizeof b.channels[i]), at += 32;
+  return out;
+}
+
+// A VF's entry in the statistics: what its board holds and has done.
+void fill_vf_stats(sim::Board& board, VfStats& s) {
+  s.dram_resident_bytes = board.dram_resident_bytes();
+  s.dma_mappings = static_cast<std::uint32_t>(board.iommu().mapping_count());
+  s.dma_mapped_bytes = board.iommu().mapped_bytes();
+  s.queues_enabled = board.queues_enabled();
+  const auto& regions = board.profile().regions;
+  std::uint32_t n = 0;
+  for (auto& region : regions) {
+    if (region.reserved || n == kMaxVfRegions) continue;
+    set_field(s.regions[n].name, region.name);
+    s.regions[n++].resident_bytes = board.dram_resident_bytes(region.base, region.size);
+  }
+  const TelemetryBlock t = parse_block(board.telemetry());
+  const fw::TelemetryHeader& h = t.header;
+  s.uptime_ns = h.uptime_ns;
+  std::copy(std::begin(h.engine_busy_ns), std::end(h.engine_busy_ns), s.engine_busy_ns);
+  std::copy(std::begin(h.dma_bytes), std::end(h.dma_bytes), s.dma_bytes);
+  s.energy_uj = h.energy_uj;
+  s.power_mw = h.power_mw;
+  s.temperature_mc = h.temperature_mc;
+  for (auto& q : t.queues) s.commands += q.commands, s.failures += q.failures;
+  for (auto& c : t.channels) s.frames += c.frames, s.decode_errors += c.errors;
+}
+
 }  // namespace
+
+static std::string process_name(pid_t pid) {
+  std::string name;
+  if (FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/comm").c_str(), "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) name = buf;
+    std::fclose(f);
+  }
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+  return name;
+}
 
 sim::BoardProfile vf_profile(const sim::BoardProfile& board, std::uint32_t vfs) {
   if (vfs == 0) throw sim::ProfileError("--vfs must be at least 1");
@@ -175,12 +270,18 @@ struct Server::BoardSlot {
   sim::BoardProfile vf;       // one VF's share
   std::string tensor_isa;     // the level its VFs' tensor engines run at
   std::vector<bool> used;     // guarded by Server::mu_
+  // The whole board's telemetry, guarded by Server::mu_: what the VFs given
+  // back had counted, and one power model fed by every VF's engines.
+  std::uint64_t started_ns = 0;
+  TelemetryBlock retired;
+  std::optional<sim::PowerModel> power;
 };
 
 struct Server::Client {
   base::UniqueFd sock;
   pid_t pid = 0;
   uid_t uid = 0;
+  std::string name;  // /proc/PID/comm when it connected
   std::thread thread;
   std::atomic<bool> finished{false};
 
@@ -235,6 +336,7 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {
     slot->vf = vf_profile(slot->profile, options_.vfs);
     slot->tensor_isa = sim::Board::tensor_isa_of(slot->vf);  // a bad TPUHAL_MAX_ISA stops the daemon here
     slot->used.assign(options_.vfs, false);
+    slot->started_ns = base::monotonic_ns();
     boards_.push_back(std::move(slot));
   }
   if (!options_.trace_path.empty()) trace_ = std::make_unique<BoardTrace>(options_.trace_path);
@@ -513,6 +615,7 @@ void Server::accept_one() {
   auto client = std::make_unique<Client>();
   client->sock = std::move(sock);
   client->pid = cred.pid;
+  client->name = process_name(cred.pid);
   client->uid = cred.uid;
   Client& c = *client;
   clients_.push_back(std::move(client));
@@ -546,6 +649,7 @@ void Server::serve_socket(base::UniqueFd sock) {
     auto client = std::make_unique<Client>();
     client->sock = std::move(sock);
     client->pid = cred.pid;
+    client->name = process_name(cred.pid);
     client->uid = cred.uid;
     c = client.get();
     clients_.push_back(std::move(client));
@@ -600,7 +704,8 @@ void Server::handle(Client& client, Message& m) {
   const int sock = client.sock.get();
   switch (m.header.type) {
     case MsgType::kList: return reply_boards(client);
-    case MsgType::kStats: return reply_stats(client);
+    case MsgType::kStats: return reply_stats(client, m);
+    case MsgType::kTelemetry: return reply_telemetry(client, m);
     case MsgType::kAttach: return attach(client, m);
     case MsgType::kMapDma: return map_dma(client, m);
     case MsgType::kUnmapDma: return unmap_dma(client, m);
@@ -633,27 +738,101 @@ void Server::reply_boards(Client& client) {
   send_struct(client.sock.get(), MsgType::kBoards, r);
 }
 
-// Other users' processes are shown to the daemon's owner only.
-void Server::reply_stats(Client& client) {
+// Other users' processes are shown to the daemon's owner only. A request
+// names the first entry it wants; the reply holds as many as fit.
+void Server::reply_stats(Client& client, const Message& m) {
   StatsReply r;
+  const StatsRequest* req = m.as<StatsRequest>();
+  if (!m.body.empty() && !req) {
+    protocol_errors_.fetch_add(1);
+    send_error(client.sock.get(), kInvalidArgument,
+               "stats: a body of " + std::to_string(m.body.size()) + " bytes, 0 or " +
+                   std::to_string(sizeof(StatsRequest)) + " expected");
+    return;
+  }
+  r.first = req ? req->first : 0;
   const bool owner = client.uid == ::getuid();
   std::unique_lock lock(mu_);
   r.boards = static_cast<std::uint32_t>(boards_.size());
   r.protocol_errors = protocol_errors_.load();
   for (auto& c : clients_) {
-    if ((!c->board && !c->leaving) || r.vfs >= kMaxVfStats || (!owner && c->uid != client.uid)) continue;
+    if ((!c->board && !c->leaving) || (!owner && c->uid != client.uid)) continue;
+    const std::uint32_t at = r.total++;
+    if (at < r.first || r.vfs >= kMaxVfStats) continue;
     VfStats& s = r.vf[r.vfs++];
     s.board = c->board_index;
     s.vf = c->vf;
     s.pid = c->pid;
     s.uid = c->uid;
+    set_field(s.name, c->name);
     if (!c->board) continue;
-    s.dram_resident_bytes = c->board->dram_resident_bytes();
-    s.dma_mappings = static_cast<std::uint32_t>(c->board->iommu().mapping_count());
-    s.dma_mapped_bytes = c->board->iommu().mapped_bytes();
+    fill_vf_stats(*c->board, s);
   }
   lock.unlock();
   send_struct(client.sock.get(), MsgType::kStatsReply, r);
+}
+
+// One VF's block, or the whole board's (TelemetryRequest).
+void Server::reply_telemetry(Client& client, const Message& m) {
+  const int sock = client.sock.get();
+  const auto* req = m.as<TelemetryRequest>();
+  if (!req) {
+    protocol_errors_.fetch_add(1);
+    send_error(sock, kInvalidArgument,
+               "telemetry: a body of " + std::to_string(m.body.size()) + " bytes, " +
+                   std::to_string(sizeof(TelemetryRequest)) + " expected");
+    return;
+  }
+  std::vector<std::byte> block;
+  {
+    std::lock_guard lock(mu_);
+    if (req->board >= boards_.size()) {
+      send_error(sock, kNotFound,
+                 "telemetry: board " + std::to_string(req->board) + " is not served (the daemon serves " +
+                     std::to_string(boards_.size()) + ")");
+      return;
+    }
+    BoardSlot& slot = *boards_[req->board];
+    if (req->vf == kWholeBoard) {
+      TelemetryBlock sum = slot.retired;
+      for (auto& c : clients_)
+        if (c->board && c->board_index == req->board) add_counters(sum, parse_block(c->board->telemetry()));
+      const std::uint64_t now = base::monotonic_ns();
+      fw::TelemetryHeader& h = sum.header;
+      h.magic = fw::kTelemetryMagic;
+      h.version = fw::kTelemetryVersion;
+      h.header_bytes = sizeof h;
+      h.queue_bytes = sizeof(fw::TelemetryQueue);
+      h.channel_bytes = sizeof(fw::TelemetryChannel);
+      h.uptime_ns = h.board_time_ns = now - slot.started_ns;
+      if (!slot.power) slot.power.emplace(slot.profile, slot.started_ns);
+      slot.power->advance(now, h.engine_busy_ns);
+      h.temperature_mc = static_cast<std::int32_t>(std::lround(slot.power->temperature_c() * 1000));
+      h.power_mw = static_cast<std::uint32_t>(std::lround(slot.power->power_w() * 1000));
+      h.energy_uj = static_cast<std::uint64_t>(slot.power->energy_j() * 1e6);
+      h.clock_mhz = slot.profile.clock_mhz;
+      h.power_limit_mw = static_cast<std::uint32_t>(std::lround(slot.profile.peak_power_w * 1000));
+      block = serialise(std::move(sum));
+    } else {
+      const Client* vf = nullptr;
+      for (auto& c : clients_)
+        if (c->board && c->board_index == req->board && c->vf == req->vf) vf = c.get();
+      if (!vf) {
+        send_error(
+            sock, kNotFound,
+            "telemetry: VF " + std::to_string(req->vf) + " of board " + std::to_string(req->board) + " is not in use");
+        return;
+      }
+      if (client.uid != ::getuid() && vf->uid != client.uid) {
+        send_error(sock, kPermissionDenied,
+                   "telemetry: VF " + std::to_string(req->vf) + " of board " + std::to_string(req->board) +
+                       " belongs to another user");
+        return;
+      }
+      block = serialise(parse_block(vf->board->telemetry()));
+    }
+  }
+  send_message(sock, MsgType::kTelemetryReply, block);
 }
 
 void Server::attach(Client& client, const Message& m) {
@@ -919,6 +1098,14 @@ void Server::detach(Client& client) noexcept {
   base::Mapping channel;
   {
     std::lock_guard lock(mu_);
+    // The whole board's counters keep what this VF counted (work still
+    // running when its process died and retiring after this is not).
+    try {
+      add_counters(boards_[client.board_index]->retired, parse_block(client.board->telemetry()));
+    } catch (const std::bad_alloc&) {
+      base::logger("simd")->warn("VF {} of board {}: its telemetry is lost (out of memory)", client.vf,
+                                 client.board_index);
+    }
     board = std::move(client.board);
     channel = std::move(client.channel);
     client.leaving = true;

@@ -19,6 +19,7 @@
 
 #include "board_trace.h"
 #include "tpuhal/base/fd.h"
+#include "tpuhal/fw/telemetry.h"
 #include "tpuhal/sim/profile.h"
 #include "tpuhal/simd/protocol.h"
 
@@ -65,6 +66,13 @@ struct ServerOptions {
 // Throws sim::ProfileError when a share would be too small to use.
 sim::BoardProfile vf_profile(const sim::BoardProfile& board, std::uint32_t vfs);
 
+// A telemetry block (fw/telemetry.h) taken apart.
+struct TelemetryBlock {
+  fw::TelemetryHeader header{};
+  std::vector<fw::TelemetryQueue> queues;
+  std::vector<fw::TelemetryChannel> channels;
+};
+
 class Server {
  public:
   // Loads the profiles, creates the socket (options.mode, owner-only by
@@ -91,7 +99,8 @@ class Server {
   void unmap_dma(Client& client, const Message& m);
   void detach(Client& client) noexcept;
   void reply_boards(Client& client);
-  void reply_stats(Client& client);
+  void reply_stats(Client& client, const Message& m);
+  void reply_telemetry(Client& client, const Message& m);
   void reap_finished();
   void accept_one();
   // Answers a connection the daemon will not serve with an error, then

@@ -18,6 +18,8 @@ using Command = int (*)(const std::vector<std::string>& args);
 int cmd_list(const std::vector<std::string>& args);
 int cmd_info(const std::vector<std::string>& args);
 int cmd_smi(const std::vector<std::string>& args);
+int cmd_exporter(const std::vector<std::string>& args);
+int cmd_cdi(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_demo(const std::vector<std::string>& args);
 int cmd_decode(const std::vector<std::string>& args);

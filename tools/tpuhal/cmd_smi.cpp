@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "tpuhal/monitor.hpp"
 
 namespace tpuhal::cli {
 namespace {
@@ -21,16 +22,56 @@ struct Sample {
   std::optional<Utilisation> util;
 };
 
-Sample take_sample(Device& dev, const std::optional<Telemetry>& before) {
+// A board smi shows: opened, or watched from outside (a board shared by
+// the simulator daemon, whose whole-board view and processes smi reads
+// without taking a share of it; tpuhal/monitor.hpp).
+struct Board {
+  std::string uri;
+  std::optional<Device> dev;
+  std::optional<BoardView> view;  // the latest, when watched
+};
+
+Sample take_sample(Board& b, const std::optional<Telemetry>& before) {
   Sample s;
-  if (!dev.properties().caps.telemetry) return s;
   try {
-    s.now = dev.telemetry();
+    if (b.dev) {
+      if (!b.dev->properties().caps.telemetry) return s;
+      s.now = b.dev->telemetry();
+    } else {
+      b.view = observe(b.uri);
+      s.now = b.view->telemetry;
+    }
     if (before && s.now->uptime_ns > before->uptime_ns) s.util = utilisation(*before, *s.now);
   } catch (const Error& e) {
     std::fprintf(stderr, "tpuhal smi: %s\n", e.what());
   }
   return s;
+}
+
+nlohmann::json process_json(const ProcessUsage& p) {
+  auto heaps = nlohmann::json::array();
+  for (auto& h : p.heaps) heaps.push_back({{"heap", h.heap}, {"bytes", h.bytes}});
+  auto engines = nlohmann::json::array();
+  for (auto& e : p.engines) engines.push_back({{"engine", to_string(e.engine)}, {"busy_ns", e.busy_ns}});
+  return {{"pid", p.pid},
+          {"uid", p.uid},
+          {"name", p.name},
+          {"vf", p.vf},
+          {"queues", p.queues},
+          {"memory_bytes", p.memory_bytes},
+          {"heaps", heaps},
+          {"dma_mappings", p.dma_mappings},
+          {"dma_mapped_bytes", p.dma_mapped_bytes},
+          {"attached_ns", p.attached_ns},
+          {"engines", engines},
+          {"h2d_bytes", p.h2d_bytes},
+          {"d2h_bytes", p.d2h_bytes},
+          {"d2d_bytes", p.d2d_bytes},
+          {"h2h_bytes", p.h2h_bytes},
+          {"commands", p.commands},
+          {"failures", p.failures},
+          {"frames", p.frames},
+          {"decode_errors", p.decode_errors}};
 }
 
 nlohmann::json telemetry_json(const Telemetry& t) {
@@ -62,62 +103,91 @@ nlohmann::json telemetry_json(const Telemetry& t) {
           {"channels", channels},     {"faults", faults}};
 }
 
-nlohmann::json device_json(Device& dev, const Sample& sample) {
-  const auto& p = dev.properties();
-  const auto m = dev.memory_stats();
-  const auto st = dev.status();
-  auto heaps = nlohmann::json::array();
-  for (auto& h : m.heaps)
-    heaps.push_back({{"name", h.name},
-                     {"memory", to_string(h.memory)},
-                     {"total", h.total},
-                     {"used", h.used},
-                     {"free", h.free},
-                     {"largest_free", h.largest_free},
-                     {"allocations", h.allocations},
-                     {"peak_used", h.peak_used}});
-  auto queues = nlohmann::json::array();
-  for (auto& q : st.queues)
-    queues.push_back({{"engine", to_string(q.engine)},
-                      {"index", q.index},
-                      {"in_use", q.in_use},
-                      {"busy", q.busy},
-                      {"failed", q.failed},
-                      {"submitted", q.submitted},
-                      {"completed", q.completed},
-                      {"busy_ns", q.busy_ns},
-                      {"retired", q.retired}});
-  nlohmann::json j = {{"uri", p.uri},
-                      {"board", p.board},
-                      {"driver", p.driver},
-                      {"memory_total", m.device_total},
-                      {"memory_used", m.device_used},
-                      {"host_pinned_bytes", m.host_pinned_bytes},
-                      {"uptime_ns", st.uptime_ns},
-                      {"heaps", heaps},
-                      {"queues", queues},
-                      {"telemetry", nullptr},
-                      {"utilisation", nullptr}};
-  if (sample.now) j["telemetry"] = telemetry_json(*sample.now);
-  if (sample.util) {
-    const Utilisation& u = *sample.util;
-    j["utilisation"] = {{"interval_s", u.interval_s},
-                        {"compute", u.compute},
-                        {"copy", u.copy},
-                        {"video", u.video},
-                        {"channels", u.channels},
-                        {"h2d_gbps", u.h2d_gbps},
-                        {"d2h_gbps", u.d2h_gbps},
-                        {"d2d_gbps", u.d2d_gbps},
-                        {"commands_per_s", u.commands_per_s},
-                        {"frames_per_s", u.frames_per_s}};
+nlohmann::json utilisation_json(const Utilisation& u) {
+  return {{"interval_s", u.interval_s},
+          {"compute", u.compute},
+          {"copy", u.copy},
+          {"video", u.video},
+          {"channels", u.channels},
+          {"h2d_gbps", u.h2d_gbps},
+          {"d2h_gbps", u.d2h_gbps},
+          {"d2d_gbps", u.d2d_gbps},
+          {"commands_per_s", u.commands_per_s},
+          {"frames_per_s", u.frames_per_s}};
+}
+
+nlohmann::json device_json(Board& b, const Sample& sample) {
+  nlohmann::json j;
+  if (!b.dev) {
+    // Watched: the whole board, and who uses it.
+    j = {{"uri", b.uri},
+         {"board", nullptr},
+         {"driver", nullptr},
+         {"observed", true},
+         {"memory_total", 0},
+         {"memory_used", 0},
+         {"host_pinned_bytes", nullptr},
+         {"uptime_ns", nullptr},
+         {"heaps", nullptr},
+         {"queues", nullptr},
+         {"processes", nlohmann::json::array()}};
+    if (b.view) {
+      j["board"] = b.view->board;
+      j["driver"] = b.view->driver;
+      j["memory_total"] = b.view->memory_bytes;
+      j["memory_used"] = b.view->memory_used_bytes;
+      j["uptime_ns"] = b.view->telemetry.uptime_ns;
+      for (auto& p : b.view->processes) j["processes"].push_back(process_json(p));
+    }
+  } else {
+    Device& dev = *b.dev;
+    const auto& p = dev.properties();
+    const auto m = dev.memory_stats();
+    const auto st = dev.status();
+    auto heaps = nlohmann::json::array();
+    for (auto& h : m.heaps)
+      heaps.push_back({{"name", h.name},
+                       {"memory", to_string(h.memory)},
+                       {"total", h.total},
+                       {"used", h.used},
+                       {"free", h.free},
+                       {"largest_free", h.largest_free},
+                       {"allocations", h.allocations},
+                       {"peak_used", h.peak_used}});
+    auto queues = nlohmann::json::array();
+    for (auto& q : st.queues)
+      queues.push_back({{"engine", to_string(q.engine)},
+                        {"index", q.index},
+                        {"in_use", q.in_use},
+                        {"busy", q.busy},
+                        {"failed", q.failed},
+                        {"submitted", q.submitted},
+                        {"completed", q.completed},
+                        {"busy_ns", q.busy_ns},
+                        {"retired", q.retired}});
+    // Processes: known only for boards a daemon shares (null: not known).
+    j = {{"uri", p.uri},
+         {"board", p.board},
+         {"driver", p.driver},
+         {"observed", false},
+         {"memory_total", m.device_total},
+         {"memory_used", m.device_used},
+         {"host_pinned_bytes", m.host_pinned_bytes},
+         {"uptime_ns", st.uptime_ns},
+         {"heaps", heaps},
+         {"queues", queues},
+         {"processes", nullptr}};
   }
+  j["telemetry"] = nullptr;
+  j["utilisation"] = nullptr;
+  if (sample.now) j["telemetry"] = telemetry_json(*sample.now);
+  if (sample.util) j["utilisation"] = utilisation_json(*sample.util);
   return j;
 }
 
 std::string percent(double v) { return std::to_string(static_cast<int>(v * 100 + 0.5)) + "%"; }
 
-void print_table(std::vector<Device>& devices, const std::vector<Sample>& samples, bool with_queues) {
+void print_table(std::vector<Board>& boards, const std::vector<Sample>& samples, bool with_queues) {
   char when[64];
   const std::time_t now = std::time(nullptr);
   std::strftime(when, sizeof when, "%a %b %e %H:%M:%S %Y", std::localtime(&now));
@@ -127,20 +197,34 @@ void print_table(std::vector<Device>& devices, const std::vector<Sample>& sample
   std::printf("tpuhal smi %-40s %89s\n", tpuhal::version(), when);
   std::printf("%s\n| %-10s | %-30s | %-6s | %-15s | %-25s | %-21s | %-10s |\n%s\n", rule, "Device", "Board", "Temp",
               "Power / Cap", "Memory used / total", "Util tensor/DMA/video", "Queues", rule);
-  if (devices.empty()) std::printf("| %-135s |\n", "No devices found.");
-  for (std::size_t i = 0; i < devices.size(); ++i) {
-    Device& d = devices[i];
+  if (boards.empty()) std::printf("| %-135s |\n", "No devices found.");
+  bool any_watched = false;
+  for (std::size_t i = 0; i < boards.size(); ++i) {
+    Board& b = boards[i];
     const Sample& s = samples[i];
-    const auto m = d.memory_stats();
-    const auto st = d.status();
-    int busy = 0;
-    for (auto& q : st.queues) busy += q.busy;
-    const double pct =
-        m.device_total ? 100.0 * static_cast<double>(m.device_used) / static_cast<double>(m.device_total) : 0;
-    char mem[64], qs[32], temp[16] = "N/A", power[32] = "N/A", util[40] = "N/A";
-    std::snprintf(mem, sizeof mem, "%s / %s (%.0f%%)", bytes(m.device_used).c_str(), bytes(m.device_total).c_str(),
-                  pct);
-    std::snprintf(qs, sizeof qs, "%d/%zu busy", busy, st.queues.size());
+    std::uint64_t used = 0, total = 0;
+    std::string model = "N/A";
+    char qs[32] = "N/A", temp[16] = "N/A", power[32] = "N/A", util[40] = "N/A", mem[64];
+    if (b.dev) {
+      const auto m = b.dev->memory_stats();
+      const auto st = b.dev->status();
+      int busy = 0;
+      for (auto& q : st.queues) busy += q.busy;
+      used = m.device_used;
+      total = m.device_total;
+      model = b.dev->properties().board;
+      std::snprintf(qs, sizeof qs, "%d/%zu busy", busy, st.queues.size());
+    } else if (b.view) {
+      any_watched = true;
+      std::uint32_t held = 0;
+      for (auto& p : b.view->processes) held += p.queues;
+      used = b.view->memory_used_bytes;
+      total = b.view->memory_bytes;
+      model = b.view->board;
+      std::snprintf(qs, sizeof qs, "%u held", held);
+    }
+    const double pct = total ? 100.0 * static_cast<double>(used) / static_cast<double>(total) : 0;
+    std::snprintf(mem, sizeof mem, "%s / %s (%.0f%%)", bytes(used).c_str(), bytes(total).c_str(), pct);
     if (s.now) {
       std::snprintf(temp, sizeof temp, "%.0fC", s.now->temperature_c);
       std::snprintf(power, sizeof power, "%.1fW / %.0fW", s.now->power_w, s.now->power_limit_w);
@@ -148,17 +232,44 @@ void print_table(std::vector<Device>& devices, const std::vector<Sample>& sample
     if (s.util)
       std::snprintf(util, sizeof util, "%4s %4s %4s", percent(s.util->compute).c_str(), percent(s.util->copy).c_str(),
                     percent(s.util->video).c_str());
-    std::printf("| %-10s | %-30s | %-6s | %-15s | %-25s | %-21s | %-10s |\n", fit(d.uri(), 10).c_str(),
-                fit(d.properties().board, 30).c_str(), temp, power, mem, util, qs);
+    std::printf("| %-10s | %-30s | %-6s | %-15s | %-25s | %-21s | %-10s |\n", fit(b.uri, 10).c_str(),
+                fit(model, 30).c_str(), temp, power, mem, util, qs);
   }
   std::printf("%s\n", rule);
+
+  // The process table, as nvidia-smi prints it: for boards a daemon
+  // shares, which knows its clients.
+  const std::string wide = "+" + std::string(137, '-') + "+";
+  std::printf("\n%s\n| %-135s |\n", wide.c_str(), "Processes:");
+  std::printf("| %-10s  %4s  %8s  %6s  %-16s  %6s  %14s  %-57s |\n", "Device", "VF", "PID", "UID", "Process name",
+              "Queues", "Device memory", "Per heap");
+  std::printf("%s\n", wide.c_str());
+  bool any = false;
+  for (auto& b : boards) {
+    if (!b.view) continue;
+    for (auto& p : b.view->processes) {
+      any = true;
+      std::string heaps;
+      for (auto& h : p.heaps)
+        if (h.bytes) heaps += (heaps.empty() ? "" : ", ") + h.heap + " " + bytes(h.bytes);
+      std::printf("| %-10s  %4u  %8d  %6u  %-16s  %6u  %14s  %-57s |\n", fit(b.uri, 10).c_str(), p.vf, p.pid, p.uid,
+                  fit(p.name, 16).c_str(), p.queues, bytes(p.memory_bytes).c_str(), fit(heaps, 57).c_str());
+    }
+  }
+  if (!any)
+    std::printf("| %-135s |\n", any_watched ? "No running processes found."
+                                            : "No running processes found (boards shared through tpuhal-simd list "
+                                              "theirs; set TPUHAL_SIMD or pass --device simd:...).");
+  std::printf("%s\n", wide.c_str());
+
   if (with_queues) {
     std::printf("\n%-10s %-8s %-5s %-8s %12s %12s %12s %14s\n", "Device", "Engine", "Queue", "State", "Submitted",
                 "Completed", "Retired", "Busy time ms");
-    for (auto& d : devices) {
-      for (auto& q : d.status().queues) {
+    for (auto& b : boards) {
+      if (!b.dev) continue;
+      for (auto& q : b.dev->status().queues) {
         const char* state = q.failed ? "failed" : q.busy ? "busy" : q.in_use ? "idle" : "free";
-        std::printf("%-10s %-8s %-5u %-8s %12llu %12llu %12llu %14.3f\n", fit(d.uri(), 10).c_str(), to_string(q.engine),
+        std::printf("%-10s %-8s %-5u %-8s %12llu %12llu %12llu %14.3f\n", fit(b.uri, 10).c_str(), to_string(q.engine),
                     q.index, state, static_cast<unsigned long long>(q.submitted),
                     static_cast<unsigned long long>(q.completed), static_cast<unsigned long long>(q.retired),
                     static_cast<double>(q.busy_ns) / 1e6);
@@ -187,7 +298,9 @@ int cmd_smi(const std::vector<std::string>& args) {
              "compute queues; DMA: copy queues; video: video queues), as DCGM measures it:\n"
              "over --sample-ms for one table, over the loop's period with --loop. N/A: the\n"
              "device reports no telemetry. A simulated board (sim:) lives in the process that\n"
-             "opened it, so this shows the board as this process sees it.",
+             "opened it, so this shows the board as this process sees it. A board shared by\n"
+             "the simulator daemon (simd:) is watched without being opened: the whole board,\n"
+             "and a process table of the processes using it (PID, VF, queues, device memory).",
              &rc))
     return rc;
   const bool loop = vm.count("loop") > 0;
@@ -206,23 +319,28 @@ int cmd_smi(const std::vector<std::string>& args) {
   } else {
     for (auto& d : enumerate()) uris.push_back(d.uri);
   }
-  std::vector<Device> devices;
-  for (auto& u : uris) devices.push_back(open(u));
+  std::vector<Board> boards;
+  for (auto& u : uris) {
+    Board b;
+    b.uri = u;
+    if (!observable(u)) b.dev = open(u);
+    boards.push_back(std::move(b));
+  }
 
-  std::vector<Sample> samples(devices.size());
+  std::vector<Sample> samples(boards.size());
   auto sample_all = [&] {
-    for (std::size_t i = 0; i < devices.size(); ++i) {
-      Sample s = take_sample(devices[i], samples[i].now);
+    for (std::size_t i = 0; i < boards.size(); ++i) {
+      Sample s = take_sample(boards[i], samples[i].now);
       samples[i] = std::move(s);
     }
   };
   auto print = [&] {
     if (vm.count("json")) {
       auto arr = nlohmann::json::array();
-      for (std::size_t i = 0; i < devices.size(); ++i) arr.push_back(device_json(devices[i], samples[i]));
+      for (std::size_t i = 0; i < boards.size(); ++i) arr.push_back(device_json(boards[i], samples[i]));
       std::cout << (loop ? arr.dump() : arr.dump(2)) << std::endl;
     } else {
-      print_table(devices, samples, vm.count("queues") > 0);
+      print_table(boards, samples, vm.count("queues") > 0);
       std::fflush(stdout);
     }
   };

@@ -7,6 +7,16 @@
 #include "tpuhal/base/units.h"
 
 namespace tpuhal::cli {
+
+#ifndef TPUHAL_HAVE_PROMETHEUS
+int cmd_exporter(const std::vector<std::string>&) {
+  std::fprintf(stderr,
+               "tpuhal exporter: this build has no Prometheus support; install prometheus-cpp-dev "
+               "(scripts/setup.sh does) and build again\n");
+  return 1;
+}
+#endif
+
 namespace {
 
 struct Entry {
@@ -18,7 +28,9 @@ struct Entry {
 const Entry kCommands[] = {
     {"list", cmd_list, "one line per device (--json for a JSON array)"},
     {"info", cmd_info, "everything about one device: board, memory, engines, capabilities"},
-    {"smi", cmd_smi, "memory and queue use of each device, like nvidia-smi"},
+    {"smi", cmd_smi, "temperature, power, utilisation, memory and processes of each device, like nvidia-smi"},
+    {"exporter", cmd_exporter, "serve every board's telemetry as Prometheus metrics (/metrics)"},
+    {"cdi", cmd_cdi, "`cdi generate`: a Container Device Interface spec handing boards to containers"},
     {"bench", cmd_bench, "DMA bandwidth and command latency beside this machine's limits"},
     {"demo", cmd_demo, "move data through a device's DMA engine and queues and verify it"},
     {"firmware", cmd_firmware, "upload firmware to a board waiting in its loader (a USB stick)"},

@@ -79,6 +79,15 @@ void bind_device(py::module_& m) {
           "The board's counters and sensors (tpuhal.Telemetry); takes no queue and waits for no work. "
           "tpuhal.Unsupported where caps.telemetry is false.")
       .def(
+          "reset",
+          [](const PyDevice& d) {
+            Device dev = d.get();
+            without_gil([&] { dev.reset(); });
+          },
+          "Resets the board after a fault (DeviceFault, DeviceLost, Timeout) and brings it back. Queues "
+          "claimed before stay failed: drop them and claim new ones. Buffers survive; their contents may "
+          "not. tpuhal.DeviceLost if the board does not come back.")
+      .def(
           "alloc",
           [](const PyDevice& d, std::uint64_t size, py::handle memory, std::optional<std::string> heap,
              std::uint64_t alignment) {

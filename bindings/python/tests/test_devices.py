@@ -1,4 +1,6 @@
 """Devices, properties and errors as exceptions."""
+import gc
+
 import pytest
 
 import tpuhal
@@ -141,3 +143,18 @@ def test_telemetry_counts_a_known_workload_and_gives_utilisation(dev, queue):
     assert "Telemetry(" in repr(after) and "Utilisation(" in repr(u)
     with pytest.raises(tpuhal.InvalidArgument, match="oldest first"):
         tpuhal.utilisation(after, before)
+
+
+def test_reset_fails_the_queues_claimed_before_and_the_board_works_after():
+    with tpuhal.open("sim:edge-soc") as d:
+        before = d.telemetry().resets
+        old = d.queue("compute")
+        buf = d.alloc(4096)
+        d.reset()
+        with pytest.raises(tpuhal.DeviceFault, match="reset"):
+            old.fill(buf, 3).submit().wait()
+        del old  # a queue reset stays failed: release it, claim a new one
+        gc.collect()
+        new = d.queue("compute")
+        new.fill(buf, 3).submit().wait()
+        assert d.telemetry().resets == before + 1

@@ -12,6 +12,7 @@
 #include "device_impl.h"
 #include "tpuhal/base/hex.h"
 #include "tpuhal/fw/telemetry.h"
+#include "tpuhal/tpu/telemetry.h"
 #include "tpuhal/fw/video.h"
 #include "encode.h"
 #include "tpuhal/base/log.h"
@@ -29,23 +30,6 @@ constexpr std::uint64_t kDeviceAlignment = 256;
 constexpr std::uint32_t kDefaultRingEntries = 4096;
 constexpr fw::Version kDriverMin{1, 0};  // 1.0 boards work without tensor ops
 constexpr fw::Version kDriverMax = fw::kInterfaceVersion;
-
-Engine to_engine(fw::EngineType e) {
-  switch (e) {
-    case fw::EngineType::kCopy: return Engine::Copy;
-    case fw::EngineType::kVideo: return Engine::Video;
-    default: return Engine::Compute;
-  }
-}
-
-fw::EngineType to_fw(Engine e) {
-  switch (e) {
-    case Engine::Compute: return fw::EngineType::kCompute;
-    case Engine::Copy: return fw::EngineType::kCopy;
-    case Engine::Video: return fw::EngineType::kVideo;
-  }
-  return fw::EngineType::kNone;
-}
 
 std::string read_string(Transport& t, std::uint32_t offset, std::uint32_t bytes) {
   std::string s(bytes, '\0');
@@ -685,48 +669,10 @@ Telemetry TpuDevice::telemetry() const {
     throw Error(Status::DeviceFault, props_.uri + ": the board refused the telemetry request: " +
                                          fw::to_string(static_cast<fw::CmdStatus>(res0)));
 
-  const std::byte* block = telemetry_page_.data();
-  fw::TelemetryHeader h;
-  std::memcpy(&h, block, sizeof h);
-  if (h.magic != fw::kTelemetryMagic || h.version < 1 || h.header_bytes < sizeof h || h.total_bytes > res0 ||
-      h.queue_bytes < sizeof(fw::TelemetryQueue) || h.channel_bytes < sizeof(fw::TelemetryChannel) ||
-      std::uint64_t{h.header_bytes} + std::uint64_t{h.num_queues} * h.queue_bytes +
-              std::uint64_t{h.num_channels} * h.channel_bytes >
-          std::min<std::uint64_t>(res0, telemetry_page_.size()))
-    throw Error(Status::DeviceFault, props_.uri + ": the board's telemetry block is malformed (magic " + hex(h.magic) +
-                                         ", version " + std::to_string(h.version) + ", " + std::to_string(res0) +
-                                         " bytes)");
-  Telemetry out;
-  out.time_ns = h.board_time_ns;
-  out.uptime_ns = h.uptime_ns;
-  out.resets = h.resets;
-  for (const auto& e : props_.engines)
-    out.engines.push_back({e.engine, h.engine_busy_ns[static_cast<std::uint32_t>(to_fw(e.engine))]});
-  const std::byte* at = block + h.header_bytes;
-  for (std::uint32_t i = 0; i < h.num_queues; ++i, at += h.queue_bytes) {
-    fw::TelemetryQueue q;
-    std::memcpy(&q, at, sizeof q);
-    out.queues.push_back(
-        {to_engine(static_cast<fw::EngineType>(q.engine)), q.index, q.commands, q.busy_ns, q.failures});
-  }
-  for (std::uint32_t i = 0; i < h.num_channels; ++i, at += h.channel_bytes) {
-    fw::TelemetryChannel c;
-    std::memcpy(&c, at, sizeof c);
-    out.channels.push_back({i, c.packets, c.frames, c.errors, c.busy_ns});
-  }
-  out.h2d_bytes = h.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kHostToDevice)];
-  out.d2h_bytes = h.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kDeviceToHost)];
-  out.d2d_bytes = h.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kDeviceToDevice)];
-  out.h2h_bytes = h.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kHostToHost)];
-  for (std::uint32_t k = 1; k < fw::kTelemetryFaultKinds; ++k)
-    if (h.faults[k]) out.faults.push_back({fw::to_string(static_cast<fw::CmdStatus>(k)), h.faults[k]});
-  if (h.firmware_crashes) out.faults.push_back({"firmware crash", h.firmware_crashes});
-  out.temperature_c = h.temperature_mc / 1000.0;
-  out.power_w = h.power_mw / 1000.0;
-  out.power_limit_w = h.power_limit_mw / 1000.0;
-  out.energy_j = static_cast<double>(h.energy_uj) / 1e6;
-  out.clock_mhz = h.clock_mhz;
-  return out;
+  std::vector<Engine> engines;
+  for (const auto& e : props_.engines) engines.push_back(e.engine);
+  return decode_telemetry({telemetry_page_.data(), std::min<std::size_t>(res0, telemetry_page_.size())}, engines,
+                          props_.uri);
 }
 
 // ---- Interrupts ------------------------------------------------------------------

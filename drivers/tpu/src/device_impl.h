@@ -23,6 +23,10 @@ class logger;
 
 namespace tpuhal::tpu {
 
+// The HAL's engines and the firmware's (telemetry.cpp).
+Engine to_engine(fw::EngineType e);
+fw::EngineType to_fw(Engine e);
+
 using base::RangeAllocator;
 
 class TpuQueue;

@@ -4,6 +4,7 @@
 // the board's eventfds, host memory for DMA is memfds the daemon maps into
 // the VF's IOMMU domain.
 #include "tpuhal/tpu/simd_provider.h"
+#include "tpuhal/tpu/telemetry.h"
 
 #include <poll.h>
 #include <spdlog/spdlog.h>
@@ -12,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +27,7 @@
 #include "tpuhal/base/units.h"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/fw/regs.h"
+#include "tpuhal/fw/telemetry.h"
 #include "tpuhal/tpu/device.h"
 
 namespace tpuhal::tpu {
@@ -396,7 +399,19 @@ class SimdTransport final : public Transport {
   std::thread watcher_;
 };
 
-std::vector<std::string> configured_daemons() { return base::env_list("TPUHAL_SIMD"); }
+// TPUHAL_SIMD's daemons, and those of the simd: boards made visible by
+// name (a container's, docs/operations.md), each once.
+std::vector<std::string> configured_daemons() {
+  std::vector<std::string> out = base::env_list("TPUHAL_SIMD");
+  if (const auto visible = base::visible_devices())
+    for (const std::string& uri : *visible) {
+      if (uri.rfind("simd:", 0) != 0) continue;
+      const std::string socket =
+          uri.substr(5, uri.rfind('#') == std::string::npos ? std::string::npos : uri.rfind('#') - 5);
+      if (!socket.empty() && std::find(out.begin(), out.end(), socket) == out.end()) out.push_back(socket);
+    }
+  return out;
+}
 
 class SimdProvider final : public driver::Provider {
  public:
@@ -418,6 +433,61 @@ class SimdProvider final : public driver::Provider {
   }
 
   std::shared_ptr<driver::DeviceBackend> open(std::string_view uri) override {
+    const auto [socket, board] = parse_uri(uri);
+    return open_device(std::make_unique<SimdTransport>(std::string(uri), socket, board), std::string(uri), "tpu-simd");
+  }
+
+  bool observable(std::string_view) const override { return true; }
+
+  BoardView observe(std::string_view uri) override {
+    const auto [socket, board] = parse_uri(uri);
+    const auto boards = simd_boards(socket);
+    if (board >= boards.size())
+      throw Error(Status::NotFound, std::string(uri) + ": the daemon serves " + std::to_string(boards.size()) +
+                                        " board(s), numbered from 0");
+    BoardView v;
+    v.uri = std::string(uri);
+    v.board = simd::get_field(boards[board].model);
+    v.driver = "tpu-simd";
+    v.memory_bytes = boards[board].board_dram_bytes;
+    v.telemetry = simd_telemetry(socket, board);
+    for (const simd::VfStats& s : simd_stats(socket).vfs) {
+      if (s.board != board) continue;
+      ProcessUsage p;
+      p.pid = s.pid;
+      p.uid = s.uid;
+      p.name = simd::get_field(s.name);
+      p.vf = s.vf;
+      p.queues = s.queues_enabled;
+      p.memory_bytes = s.dram_resident_bytes;
+      for (const auto& r : s.regions)
+        if (r.name[0]) p.heaps.push_back({simd::get_field(r.name), r.resident_bytes});
+      p.dma_mappings = s.dma_mappings;
+      p.dma_mapped_bytes = s.dma_mapped_bytes;
+      p.attached_ns = s.uptime_ns;
+      for (const auto& e : v.telemetry.engines) {
+        const auto fw_engine = e.engine == Engine::Copy    ? fw::EngineType::kCopy
+                               : e.engine == Engine::Video ? fw::EngineType::kVideo
+                                                           : fw::EngineType::kCompute;
+        p.engines.push_back({e.engine, s.engine_busy_ns[static_cast<std::uint32_t>(fw_engine)]});
+      }
+      p.h2d_bytes = s.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kHostToDevice)];
+      p.d2h_bytes = s.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kDeviceToHost)];
+      p.d2d_bytes = s.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kDeviceToDevice)];
+      p.h2h_bytes = s.dma_bytes[static_cast<std::uint32_t>(fw::DmaDirection::kHostToHost)];
+      p.commands = s.commands;
+      p.failures = s.failures;
+      p.frames = s.frames;
+      p.decode_errors = s.decode_errors;
+      v.memory_used_bytes += p.memory_bytes;
+      v.processes.push_back(std::move(p));
+    }
+    return v;
+  }
+
+ private:
+  // simd:/path/to/socket#N
+  static std::pair<std::string, std::uint32_t> parse_uri(std::string_view uri) {
     std::string_view rest = uri.substr(uri.find(':') + 1);
     std::uint32_t board = 0;
     if (const auto hash = rest.rfind('#'); hash != std::string_view::npos) {
@@ -431,8 +501,7 @@ class SimdProvider final : public driver::Provider {
     if (rest.empty())
       throw Error(Status::InvalidArgument,
                   "device URI '" + std::string(uri) + "' names no socket; use simd:/path/to/socket#N");
-    return open_device(std::make_unique<SimdTransport>(std::string(uri), std::string(rest), board), std::string(uri),
-                       "tpu-simd");
+    return {std::string(rest), board};
   }
 };
 
@@ -440,11 +509,36 @@ class SimdProvider final : public driver::Provider {
 
 std::shared_ptr<driver::Provider> make_simd_provider() { return std::make_shared<SimdProvider>(); }
 
-simd::StatsReply simd_stats(const std::string& socket_path) {
+SimdStats simd_stats(const std::string& socket_path) {
   const std::string who = "simd:" + socket_path;
   auto sock = connect_to(socket_path, who);
-  simd::Message m = request(sock.get(), simd::MsgType::kStats, {}, {}, simd::MsgType::kStatsReply, who);
-  return reply_body<simd::StatsReply>(m, who);
+  SimdStats out;
+  // A page at a time; VFs that come and go between pages may be missed or
+  // seen twice, as with any listing of processes.
+  for (;;) {
+    simd::StatsRequest req;
+    req.first = static_cast<std::uint32_t>(out.vfs.size());
+    simd::Message m = request(sock.get(), simd::MsgType::kStats, {reinterpret_cast<const std::byte*>(&req), sizeof req},
+                              {}, simd::MsgType::kStatsReply, who);
+    const auto& r = reply_body<simd::StatsReply>(m, who);
+    if (r.vfs > simd::kMaxVfStats || r.first != req.first)
+      throw Error(Status::DeviceLost, who + ": a malformed statistics reply");
+    out.boards = r.boards;
+    out.protocol_errors = r.protocol_errors;
+    out.vfs.insert(out.vfs.end(), r.vf, r.vf + r.vfs);
+    if (r.vfs == 0 || out.vfs.size() >= r.total) break;
+  }
+  return out;
+}
+
+Telemetry simd_telemetry(const std::string& socket_path, std::uint32_t board, std::uint32_t vf) {
+  const std::string who = "simd:" + socket_path + "#" + std::to_string(board);
+  auto sock = connect_to(socket_path, who);
+  const simd::TelemetryRequest req{board, vf};
+  simd::Message m =
+      request(sock.get(), simd::MsgType::kTelemetry, {reinterpret_cast<const std::byte*>(&req), sizeof req}, {},
+              simd::MsgType::kTelemetryReply, who);
+  return decode_telemetry(m.body, {}, who);
 }
 
 std::vector<simd::BoardInfo> simd_boards(const std::string& socket_path) {

@@ -21,6 +21,7 @@
 #include "tpuhal/driver/op_desc.hpp"
 #include "tpuhal/error.hpp"
 #include "tpuhal/export.hpp"
+#include "tpuhal/monitor.hpp"
 #include "tpuhal/types.hpp"
 
 namespace tpuhal::driver {
@@ -216,6 +217,11 @@ class TPUHAL_API Provider {
   // back running it (tpuhal::upload_firmware). Default: Unsupported.
   virtual void upload_firmware(std::string_view uri, std::span<const std::byte> image,
                                std::chrono::milliseconds timeout);
+  // The board at `uri` watched without opening it (tpuhal::observe), by a
+  // provider whose boards are shared by a process that knows their users.
+  // observable() says whether it can; observe() default: Unsupported.
+  virtual bool observable(std::string_view uri) const;
+  virtual BoardView observe(std::string_view uri);
 };
 
 // Adds a provider to the process-wide registry (the built-in ones are

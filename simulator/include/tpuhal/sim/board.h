@@ -157,6 +157,14 @@ class Board {
   int dram_fd() const noexcept;
   // Bytes of DRAM backed by memory now (pages the board or host touched).
   std::uint64_t dram_resident_bytes() const noexcept;
+  // The same for DRAM [address, address + size), say one memory region.
+  std::uint64_t dram_resident_bytes(std::uint64_t address, std::uint64_t size) const noexcept;
+  // The telemetry block (fw/telemetry.h), every entry included, as the
+  // board would write it for MboxCmd::kTelemetry: for the process that
+  // hosts the board (tpuhal-simd), which needs no mailbox to read it.
+  std::vector<std::byte> telemetry();
+  // Queues the driver has enabled (QUEUE_CONTROL.ENABLE) and not reset.
+  std::uint32_t queues_enabled() const noexcept;
   // Backs DRAM [address, address + size) with host pages now, contents
   // unchanged (MADV_POPULATE_WRITE), where size is at most
   // prefault_limit(); larger ranges, and kernels without the advice, fault

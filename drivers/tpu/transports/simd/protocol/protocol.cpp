@@ -124,11 +124,13 @@ std::string to_string(MsgType type) {
     case MsgType::kMapDma: return "map-dma";
     case MsgType::kUnmapDma: return "unmap-dma";
     case MsgType::kStats: return "stats";
+    case MsgType::kTelemetry: return "telemetry";
     case MsgType::kOk: return "ok";
     case MsgType::kError: return "error";
     case MsgType::kBoards: return "boards";
     case MsgType::kAttached: return "attached";
     case MsgType::kStatsReply: return "stats-reply";
+    case MsgType::kTelemetryReply: return "telemetry-reply";
   }
   return "message type " + std::to_string(static_cast<unsigned>(type));
 }

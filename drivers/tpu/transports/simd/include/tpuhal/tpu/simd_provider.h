@@ -24,9 +24,23 @@ namespace tpuhal::tpu {
 
 std::shared_ptr<driver::Provider> make_simd_provider();
 
-// The daemon's statistics (its VFs and their resident DRAM), for tools and
-// tests. Throws tpuhal::Error when the daemon cannot be reached.
-simd::StatsReply simd_stats(const std::string& socket_path);
+// The daemon's statistics: every VF in use that this caller may see (all
+// of them for the daemon's owner, else its own user's), the process that
+// holds it, what the VF holds and its telemetry. For tools and tests.
+// Throws tpuhal::Error when the daemon cannot be reached.
+struct SimdStats {
+  std::uint32_t boards = 0;
+  std::uint64_t protocol_errors = 0;
+  std::vector<simd::VfStats> vfs;
+};
+SimdStats simd_stats(const std::string& socket_path);
+
+// A board's telemetry as the daemon reads it, taking no VF and no queue:
+// the whole board (vf = simd::kWholeBoard: every VF's counters since the
+// daemon started, sensors of the whole board) or one VF in use (its
+// counters since it was attached). Throws tpuhal::Error when the daemon
+// cannot be reached or refuses (no such board or VF, another user's VF).
+Telemetry simd_telemetry(const std::string& socket_path, std::uint32_t board, std::uint32_t vf = simd::kWholeBoard);
 
 // The boards a daemon serves. Throws tpuhal::Error when it cannot be reached.
 std::vector<simd::BoardInfo> simd_boards(const std::string& socket_path);

@@ -26,24 +26,28 @@
 namespace tpuhal::simd {
 
 inline constexpr std::uint32_t kMagic = 0x44534854;  // "THSD"
-inline constexpr std::uint16_t kVersion =
-    3;  // 2: shadow doorbells in the channel; 3: BoardInfo::tensor_isa, VfStats::uid
+// 2: shadow doorbells in the channel; 3: BoardInfo::tensor_isa, VfStats::uid;
+// 4: StatsRequest pages, VfStats' process name, queues, regions and
+//    telemetry; kTelemetry
+inline constexpr std::uint16_t kVersion = 4;
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::size_t kMaxFds = 64;
 
 enum class MsgType : std::uint16_t {
   // client -> daemon
-  kList = 1,      // the boards served; reply kBoards
-  kAttach = 2,    // AttachRequest: become a VF of a board; reply kAttached + fds
-  kMapDma = 3,    // MapDmaRequest + one memfd; reply kOk
-  kUnmapDma = 4,  // UnmapDmaRequest; reply kOk once the board can no longer reach it
-  kStats = 5,     // daemon statistics; reply kStatsReply
+  kList = 1,       // the boards served; reply kBoards
+  kAttach = 2,     // AttachRequest: become a VF of a board; reply kAttached + fds
+  kMapDma = 3,     // MapDmaRequest + one memfd; reply kOk
+  kUnmapDma = 4,   // UnmapDmaRequest; reply kOk once the board can no longer reach it
+  kStats = 5,      // StatsRequest (or no body: from the first VF); reply kStatsReply
+  kTelemetry = 6,  // TelemetryRequest; reply kTelemetryReply
   // daemon -> client
   kOk = 100,
-  kError = 101,       // ErrorReply
-  kBoards = 102,      // BoardsReply
-  kAttached = 103,    // AttachedReply; fds: DRAM memfd, channel memfd, one eventfd per vector
-  kStatsReply = 104,  // StatsReply
+  kError = 101,           // ErrorReply
+  kBoards = 102,          // BoardsReply
+  kAttached = 103,        // AttachedReply; fds: DRAM memfd, channel memfd, one eventfd per vector
+  kStatsReply = 104,      // StatsReply
+  kTelemetryReply = 105,  // a telemetry block (fw/telemetry.h) as the body
 };
 
 struct Header {
@@ -108,6 +112,16 @@ struct UnmapDmaRequest {
   std::uint64_t size = 0;
 };
 
+// Statistics are sent a page at a time: the client asks from `first` on
+// until it has `total` entries.
+struct StatsRequest {
+  std::uint32_t first = 0;  // the first VF entry wanted
+  std::uint32_t reserved = 0;
+};
+
+inline constexpr std::uint32_t kMaxVfRegions = 4;
+
+// One VF in use and the process that holds it.
 struct VfStats {
   std::uint32_t board = 0;
   std::uint32_t vf = 0;
@@ -115,17 +129,49 @@ struct VfStats {
   std::uint32_t dma_mappings = 0;  // host memory the VF's IOMMU maps
   std::uint64_t dram_resident_bytes = 0;
   std::uint64_t dma_mapped_bytes = 0;
-  std::uint32_t uid = 0;  // the client's user
-  std::uint32_t reserved = 0;
+  std::uint32_t uid = 0;             // the client's user
+  std::uint32_t queues_enabled = 0;  // queues the client's driver enabled
+  char name[16] = {};                // the client's command name (/proc/PID/comm)
+  // DRAM resident per memory region of the VF (the driver's heaps), in the
+  // profile's order; unused entries have an empty name.
+  struct Region {
+    char name[16] = {};
+    std::uint64_t resident_bytes = 0;
+  } regions[kMaxVfRegions];
+  // The VF's telemetry (fw/telemetry.h), counted since the VF was attached.
+  std::uint64_t uptime_ns = 0;
+  std::uint64_t engine_busy_ns[4] = {};  // by fw::EngineType
+  std::uint64_t dma_bytes[4] = {};       // by fw::DmaDirection
+  std::uint64_t commands = 0;            // retired, all queues
+  std::uint64_t failures = 0;            // failed, all queues
+  std::uint64_t frames = 0;              // decoded, all channels
+  std::uint64_t decode_errors = 0;
+  std::uint64_t energy_uj = 0;
+  std::uint32_t power_mw = 0;
+  std::int32_t temperature_mc = 0;
 };
-static_assert(sizeof(VfStats) == 40);
-inline constexpr std::uint32_t kMaxVfStats = (kMaxMessageBytes - sizeof(Header) - 16) / sizeof(VfStats);
+static_assert(sizeof(VfStats) == 272);
+inline constexpr std::uint32_t kMaxVfStats = (kMaxMessageBytes - sizeof(Header) - 24) / sizeof(VfStats);
 
 struct StatsReply {
   std::uint32_t boards = 0;
-  std::uint32_t vfs = 0;              // entries in vf[] (all VFs, up to kMaxVfStats)
+  std::uint32_t vfs = 0;              // entries in vf[]
   std::uint64_t protocol_errors = 0;  // bad messages answered with kError since start
+  std::uint32_t first = 0;            // vf[0]'s place among all entries
+  std::uint32_t total = 0;            // entries in all (the VFs in use this caller may see)
   VfStats vf[kMaxVfStats];
+};
+
+// A telemetry block (fw/telemetry.h) read by the daemon, which takes no VF
+// and no queue. For one VF in use: that VF's counters since it was
+// attached (its owner's user, or the daemon's, may ask). For the whole
+// board (vf = kWholeBoard): every VF's counters summed since the daemon
+// started, those of VFs since given back included, so that each counter
+// only grows; sensors from one power model of the whole board.
+inline constexpr std::uint32_t kWholeBoard = 0xFFFFFFFFu;
+struct TelemetryRequest {
+  std::uint32_t board = 0;
+  std::uint32_t vf = kWholeBoard;
 };
 
 // ---- The register channel ----------------------------------------------------

@@ -1,0 +1,173 @@
+"""Containers through the Container Device Interface (docs/operations.md):
+`tpuhal cdi generate` for boards the simulator daemon shares, validated
+against the CDI specification's own JSON schema (from Debian's package of
+the CDI library), and given to a real container by podman, inside which
+`tpuhal list` shows exactly the board it was given."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+
+BIN = os.environ.get("TPUHAL_BIN_DIR", "")
+TPUHAL = os.path.join(BIN, "tpuhal")
+SIMD = os.path.join(BIN, "tpuhal-simd")
+CDI_SCHEMA = "/usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface/schema"
+
+# The CDI library's rules for names (pkg/cdi/qualified-device.go).
+VENDOR = re.compile(r"^[A-Za-z](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
+CLASS = re.compile(r"^[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+
+def plain_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    """A daemon sharing two tiny boards."""
+    d = tmp_path_factory.mktemp("cdi")
+    sock = str(d / "simd.sock")
+    p = subprocess.Popen([SIMD, "--socket", sock, "--board", "tiny", "--board", "tiny", "--vfs", "2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if "serving" not in line:
+        p.kill()
+        pytest.fail(f"tpuhal-simd did not start: {line!r} {p.stderr.read()!r}")
+    yield {"dir": d, "socket": sock}
+    p.terminate()
+    p.wait(10)
+    p.stdout.close()
+    p.stderr.close()
+
+
+def generate(daemon, *args, kind="tpuhal.dev/board"):
+    out = daemon["dir"] / "spec.json"
+    r = subprocess.run([TPUHAL, "cdi", "generate", "--output", str(out), "--kind", kind, *args],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, TPUHAL_SIMD=daemon["socket"]))
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text()), r.stderr
+
+
+def test_the_spec_follows_the_cdi_schema_and_names(daemon):
+    spec, notes = generate(daemon)
+    jsonschema = pytest.importorskip("jsonschema", reason="python3-jsonschema (scripts/setup.sh installs it)")
+    if not os.path.exists(f"{CDI_SCHEMA}/schema.json"):
+        pytest.fail(f"the CDI schema is missing at {CDI_SCHEMA} (Debian: golang-github-container-orchestrated-"
+                    "devices-container-device-interface-dev; scripts/setup.sh installs it)")
+    schema = json.load(open(f"{CDI_SCHEMA}/schema.json"))
+    defs = json.load(open(f"{CDI_SCHEMA}/defs.json"))
+    resolver = jsonschema.RefResolver(f"file://{CDI_SCHEMA}/schema.json", schema, store={"defs.json": defs})
+    jsonschema.Draft7Validator(schema, resolver=resolver).validate(spec)
+    # And a spec the schema must refuse is refused (the check has teeth).
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(schema, resolver=resolver).validate({"cdiVersion": "0.5.0", "kind": "a/b",
+                                                                        "devices": [{"name": "0"}]})
+    vendor, cls = spec["kind"].split("/")
+    assert VENDOR.match(vendor) and CLASS.match(cls)
+    names = [d["name"] for d in spec["devices"]]
+    assert names == ["0", "1", "all"]
+    assert all(NAME.match(n) for n in names)
+    # The in-process simulated board cannot go into a container: left out, saying why.
+    assert "left out sim:0" in notes
+
+
+def test_each_device_mounts_the_socket_and_names_its_board(daemon):
+    spec, _ = generate(daemon)
+    sock = daemon["socket"]
+    by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+    for i in (0, 1):
+        edits = by_name[str(i)]
+        assert edits["mounts"] == [{"hostPath": sock, "containerPath": sock, "options": ["bind"]}]
+        assert edits["env"] == [f"TPUHAL_VISIBLE_DEVICE_{i}=simd:{sock}#{i}"]
+        assert "deviceNodes" not in edits
+    assert sorted(by_name["all"]["env"]) == [f"TPUHAL_VISIBLE_DEVICE_{i}=simd:{sock}#{i}" for i in (0, 1)]
+    assert len(by_name["all"]["mounts"]) == 1
+    # --device picks boards; a bad kind or action is refused.
+    spec, _ = generate(daemon, "--device", f"simd:{sock}#1")
+    assert [d["name"] for d in spec["devices"]] == ["0", "all"]
+    r = subprocess.run([TPUHAL, "cdi", "generate", "--kind", "no-slash"], capture_output=True, text=True)
+    assert r.returncode == 2 and "VENDOR/CLASS" in r.stderr
+    r = subprocess.run([TPUHAL, "cdi", "make"], capture_output=True, text=True)
+    assert r.returncode == 2 and "'generate'" in r.stderr
+
+
+def list_with(env_extra):
+    """`tpuhal list --json` with exactly these variables added (no TPUHAL_SIMD)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPUHAL_SIMD", "TPUHAL_VISIBLE"))}
+    env.update(env_extra)
+    r = subprocess.run([TPUHAL, "list", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return [d["uri"] for d in json.loads(r.stdout)]
+
+
+def test_a_device_s_environment_lists_exactly_its_board(daemon):
+    spec, _ = generate(daemon)
+    one = dict(e.split("=", 1) for e in spec["devices"][1]["containerEdits"]["env"])
+    assert list_with(one) == [f"simd:{daemon['socket']}#1"]
+    every = dict(e.split("=", 1) for e in spec["devices"][2]["containerEdits"]["env"])
+    assert list_with(every) == [f"simd:{daemon['socket']}#{i}" for i in (0, 1)]
+    # TPUHAL_VISIBLE_DEVICES, the comma-separated form, restricts the same way.
+    assert list_with({"TPUHAL_VISIBLE_DEVICES": "sim:0"}) == ["sim:0"]
+
+
+def podman_run(image, *args, extra=()):
+    cmd = ["podman", "--runtime", "runc", "run", "--rm", "--network=none",
+           # Limits this host already grants: a container may not raise them.
+           "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000", *extra, image, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=plain_env())
+
+
+def test_podman_gives_a_container_exactly_the_board_it_asked_for(daemon, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("podman reads CDI specs from /etc/cdi and /var/run/cdi, which only root may write")
+    if not shutil.which("podman") or not shutil.which("runc") or not os.path.exists("/bin/busybox"):
+        pytest.fail("podman, runc and busybox-static are needed (scripts/setup.sh installs them)")
+    # An image with nothing but busybox: no registry is reachable. The host's
+    # /usr (its libraries) and the build tree are mounted read-only into it.
+    root = tmp_path / "rootfs"
+    (root / "bin").mkdir(parents=True)
+    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    for link, target in (("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")):
+        os.symlink(target, root / link)
+    with tarfile.open(tmp_path / "rootfs.tar", "w") as t:
+        t.add(root, arcname=".")
+    image = f"localhost/tpuhal-cdi-test-{os.getpid()}"
+    r = subprocess.run(["podman", "import", str(tmp_path / "rootfs.tar"), image], capture_output=True, text=True,
+                       timeout=300, env=plain_env())
+    assert r.returncode == 0, r.stderr
+    kind = f"test{os.getpid()}.tpuhal.dev/board"
+    spec_path = f"/var/run/cdi/tpuhal-test-{os.getpid()}.json"
+    try:
+        probe = podman_run(image, "/bin/busybox", "true")
+        if probe.returncode != 0:
+            pytest.skip(f"this machine cannot run containers (podman run of a busybox image: {probe.stderr.strip()})")
+        spec, _ = generate(daemon, kind=kind)
+        os.makedirs("/var/run/cdi", exist_ok=True)
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        build = os.path.dirname(os.path.abspath(BIN))
+        mounts = ["-v", "/usr:/usr:ro", "-v", f"{build}:{build}:ro"]
+        r = podman_run(image, TPUHAL, "list", "--json", extra=[*mounts, "--device", f"{kind}=1"])
+        assert r.returncode == 0, r.stderr
+        assert [d["uri"] for d in json.loads(r.stdout)] == [f"simd:{daemon['socket']}#1"]
+        # The board works from inside: the demo moves data through it and checks it.
+        r = podman_run(image, TPUHAL, "demo", "--size", "4MiB", "--device", f"simd:{daemon['socket']}#1",
+                       extra=[*mounts, "--device", f"{kind}=1"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = podman_run(image, TPUHAL, "list", "--json", extra=[*mounts, "--device", f"{kind}=all"])
+        assert r.returncode == 0, r.stderr
+        assert len(json.loads(r.stdout)) == 2
+        # Without the device: no socket, no board.
+        r = podman_run(image, "/bin/busybox", "ls", daemon["socket"], extra=mounts)
+        assert r.returncode != 0
+    finally:
+        if os.path.exists(spec_path):
+            os.remove(spec_path)
+        subprocess.run(["podman", "rmi", "-f", image], capture_output=True, env=plain_env())
