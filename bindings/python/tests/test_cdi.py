@@ -124,13 +124,14 @@ def podman_run(image, *args, extra=()):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=plain_env())
 
 
-def test_podman_gives_a_container_exactly_the_board_it_asked_for(daemon, tmp_path):
+@pytest.fixture
+def podman_image(tmp_path):
+    """An image with nothing but busybox (no registry is reachable), and a
+    spec of a kind of this test's own in /var/run/cdi."""
     if os.geteuid() != 0:
         pytest.skip("podman reads CDI specs from /etc/cdi and /var/run/cdi, which only root may write")
     if not shutil.which("podman") or not shutil.which("runc") or not os.path.exists("/bin/busybox"):
         pytest.fail("podman, runc and busybox-static are needed (scripts/setup.sh installs them)")
-    # An image with nothing but busybox: no registry is reachable. The host's
-    # /usr (its libraries) and the build tree are mounted read-only into it.
     root = tmp_path / "rootfs"
     (root / "bin").mkdir(parents=True)
     shutil.copy("/bin/busybox", root / "bin" / "busybox")
@@ -144,30 +145,75 @@ def test_podman_gives_a_container_exactly_the_board_it_asked_for(daemon, tmp_pat
     assert r.returncode == 0, r.stderr
     kind = f"test{os.getpid()}.tpuhal.dev/board"
     spec_path = f"/var/run/cdi/tpuhal-test-{os.getpid()}.json"
+    yield image, kind, spec_path
+    if os.path.exists(spec_path):
+        os.remove(spec_path)
+    subprocess.run(["podman", "rmi", "-f", image], capture_output=True, env=plain_env())
+
+
+def install_spec(daemon, kind, spec_path):
+    spec, _ = generate(daemon, kind=kind)
+    os.makedirs("/var/run/cdi", exist_ok=True)
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    return spec
+
+
+def test_podman_writes_exactly_the_board_s_edits_into_the_container_s_config(daemon, podman_image):
+    """podman create --device KIND=1, then init: the OCI configuration it
+    writes carries board 1's mount and variable and nothing of board 0's
+    (init may fail to start the runtime where it cannot set limits; the
+    configuration is written before that)."""
+    image, kind, spec_path = podman_image
+    install_spec(daemon, kind, spec_path)
+    name = f"tpuhal-cdi-{os.getpid()}"
+    r = subprocess.run(["podman", "create", "--name", name, "--network=none", "--device", f"{kind}=1", image,
+                        "/bin/busybox", "true"], capture_output=True, text=True, timeout=300, env=plain_env())
+    assert r.returncode == 0, r.stderr
     try:
-        probe = podman_run(image, "/bin/busybox", "true")
-        if probe.returncode != 0:
-            pytest.skip(f"this machine cannot run containers (podman run of a busybox image: {probe.stderr.strip()})")
-        spec, _ = generate(daemon, kind=kind)
-        os.makedirs("/var/run/cdi", exist_ok=True)
-        with open(spec_path, "w") as f:
-            json.dump(spec, f)
-        build = os.path.dirname(os.path.abspath(BIN))
-        mounts = ["-v", "/usr:/usr:ro", "-v", f"{build}:{build}:ro"]
-        r = podman_run(image, TPUHAL, "list", "--json", extra=[*mounts, "--device", f"{kind}=1"])
-        assert r.returncode == 0, r.stderr
-        assert [d["uri"] for d in json.loads(r.stdout)] == [f"simd:{daemon['socket']}#1"]
-        # The board works from inside: the demo moves data through it and checks it.
-        r = podman_run(image, TPUHAL, "demo", "--size", "4MiB", "--device", f"simd:{daemon['socket']}#1",
-                       extra=[*mounts, "--device", f"{kind}=1"])
-        assert r.returncode == 0, r.stdout + r.stderr
-        r = podman_run(image, TPUHAL, "list", "--json", extra=[*mounts, "--device", f"{kind}=all"])
-        assert r.returncode == 0, r.stderr
-        assert len(json.loads(r.stdout)) == 2
-        # Without the device: no socket, no board.
-        r = podman_run(image, "/bin/busybox", "ls", daemon["socket"], extra=mounts)
-        assert r.returncode != 0
+        subprocess.run(["podman", "init", name], capture_output=True, text=True, timeout=300, env=plain_env())
+        static = subprocess.run(["podman", "inspect", name, "--format", "{{.StaticDir}}"], capture_output=True,
+                                text=True, timeout=60, env=plain_env()).stdout.strip()
+        config = json.load(open(os.path.join(static, "config.json")))
+        sock = daemon["socket"]
+        env = [e for e in config["process"]["env"] if e.startswith("TPUHAL")]
+        assert env == [f"TPUHAL_VISIBLE_DEVICE_1=simd:{sock}#1"]
+        mounts = [m for m in config["mounts"] if m["destination"] == sock]
+        assert len(mounts) == 1 and mounts[0]["source"] == sock and "bind" in mounts[0]["options"]
+        # A process started with that environment lists exactly board 1.
+        assert list_with(dict(e.split("=", 1) for e in env)) == [f"simd:{sock}#1"]
     finally:
-        if os.path.exists(spec_path):
-            os.remove(spec_path)
-        subprocess.run(["podman", "rmi", "-f", image], capture_output=True, env=plain_env())
+        subprocess.run(["podman", "rm", "-f", name], capture_output=True, env=plain_env())
+    # A device the spec does not have is refused when the container is set up.
+    subprocess.run(["podman", "create", "--name", name, "--device", f"{kind}=9", image, "/bin/busybox", "true"],
+                   capture_output=True, text=True, timeout=300, env=plain_env(), check=True)
+    try:
+        r = subprocess.run(["podman", "init", name], capture_output=True, text=True, timeout=300, env=plain_env())
+        assert r.returncode != 0 and f"unresolvable CDI devices {kind}=9" in r.stderr, r.stderr
+    finally:
+        subprocess.run(["podman", "rm", "-f", name], capture_output=True, env=plain_env())
+
+
+def test_podman_gives_a_container_exactly_the_board_it_asked_for(daemon, podman_image):
+    """Where this machine can run containers: `tpuhal list` and `tpuhal demo`
+    inside one, the host's /usr and the build tree mounted read-only."""
+    image, kind, spec_path = podman_image
+    probe = podman_run(image, "/bin/busybox", "true")
+    if probe.returncode != 0:
+        pytest.skip(f"this machine cannot run containers (podman run of a busybox image: {probe.stderr.strip()})")
+    install_spec(daemon, kind, spec_path)
+    build = os.path.dirname(os.path.abspath(BIN))
+    mounts = ["-v", "/usr:/usr:ro", "-v", f"{build}:{build}:ro"]
+    r = podman_run(image, TPUHAL, "list", "--json", extra=[*mounts, "--device", f"{kind}=1"])
+    assert r.returncode == 0, r.stderr
+    assert [d["uri"] for d in json.loads(r.stdout)] == [f"simd:{daemon['socket']}#1"]
+    # The board works from inside: the demo moves data through it and checks it.
+    r = podman_run(image, TPUHAL, "demo", "--size", "4MiB", "--device", f"simd:{daemon['socket']}#1",
+                   extra=[*mounts, "--device", f"{kind}=1"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = podman_run(image, TPUHAL, "list", "--json", extra=[*mounts, "--device", f"{kind}=all"])
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)) == 2
+    # Without the device: no socket, no board.
+    r = podman_run(image, "/bin/busybox", "ls", daemon["socket"], extra=mounts)
+    assert r.returncode != 0

@@ -138,7 +138,7 @@ def setup(api, tmp_path):
     plugin = subprocess.Popen([PLUGIN, "--plugin-dir", str(plugins), "--shares", "2", "--health-interval-ms", "100",
                                "--numa", f"simd:{sock}#1=1", "--device", f"simd:{sock}#0", "--device", f"simd:{sock}#1"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    state = {"sock": sock, "dir": str(plugins), "kubelet": kubelet, "plugin": plugin}
+    state = {"sock": sock, "dir": str(plugins), "kubelet": kubelet, "plugin": plugin, "daemon": daemon}
     yield state
     plugin.terminate()
     try:
@@ -149,8 +149,9 @@ def setup(api, tmp_path):
     plugin.stdout.close()
     plugin.stderr.close()
     state["kubelet"].stop()
-    daemon.terminate()
-    daemon.wait(10)
+    if daemon.poll() is None:
+        daemon.terminate()
+        daemon.wait(10)
     daemon.stdout.close()
 
 
@@ -242,5 +243,25 @@ def test_the_plugin_registers_again_when_the_kubelet_restarts(api, setup):
             time.sleep(0.1)
     watch = Watch(api, stub)
     assert len(watch.next()) == 4
+    watch.stop()
+    channel.close()
+
+
+def test_a_dead_daemon_turns_its_boards_unhealthy_and_the_plugin_serves_on(api, setup):
+    reg = setup["kubelet"].registrations.get(timeout=30)
+    channel, stub = setup["kubelet"].connect(reg.endpoint)
+    watch = Watch(api, stub)
+    assert all(d.health == "Healthy" for d in watch.next().values())
+    setup["daemon"].kill()
+    setup["daemon"].wait()
+    killed = time.monotonic()
+    devices, when = watch.until(lambda ds: all(d.health == "Unhealthy" for d in ds.values()), within=10)
+    print(f"unhealthy {when - killed:.3f} s after the daemon died")
+    assert when - killed < 1.0
+    # Nothing hangs: the plugin still answers.
+    r = stub["allocate"](api.AllocateRequest(container_requests=[api.ContainerAllocateRequest(devices_ids=["0-0"])]),
+                         timeout=10)
+    assert [c.name for c in r.container_responses[0].cdi_devices] == ["tpuhal.dev/board=0"]
+    assert setup["plugin"].poll() is None
     watch.stop()
     channel.close()

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -234,3 +235,40 @@ def test_prometheus_scrapes_the_work_of_a_run_and_smi_lists_its_processes(fleet)
             server.kill()
             server.wait()
         server.stderr.close()
+
+
+def test_a_malformed_scrape_and_a_dead_daemon_leave_the_exporter_serving(tmp_path):
+    sock = str(tmp_path / "simd.sock")
+    daemon = Process([SIMD, "--socket", sock, "--board", "tiny", "--vfs", "2"], ready="serving")
+    uri = f"simd:{sock}#0"
+    exporter = Process([TPUHAL, "exporter", "--listen", "127.0.0.1:0", "--device", uri], ready="listening on")
+    try:
+        port = int(exporter.first_line.split()[2].rsplit(":", 1)[1])
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        # Garbage instead of HTTP, a request cut short, and a path it does not serve.
+        for junk in (b"\x00\xff garbage\r\n\r\n", b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 99"):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(junk)
+                s.shutdown(socket.SHUT_WR)
+                s.settimeout(5)
+                try:
+                    while s.recv(4096):
+                        pass
+                except OSError:
+                    pass
+        with pytest.raises(urllib.error.HTTPError) as e:
+            http_get(f"http://127.0.0.1:{port}/nothing-here")
+        assert e.value.code == 404
+        assert series(http_get(metrics), "tpuhal_up", device=uri) == 1
+        # The daemon dies: the next scrape answers at once, the board down.
+        daemon.p.kill()
+        daemon.p.wait()
+        started = time.monotonic()
+        text = http_get(metrics, timeout=30)
+        assert series(text, "tpuhal_up", device=uri) == 0
+        assert series(text, "tpuhal_temperature_celsius", device=uri) is None
+        print(f"scrape with the daemon dead: {time.monotonic() - started:.3f} s")
+        assert exporter.p.poll() is None
+    finally:
+        exporter.stop()
+        daemon.stop()
