@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -587,6 +588,21 @@ std::uint64_t Board::dram_resident_bytes(std::uint64_t address, std::uint64_t si
   const auto page = base::page_size();
   const std::uint64_t end = std::min<std::uint64_t>(address + size, impl_->dram.size());
   if (address >= end) return 0;
+  if (const int fd = impl_->dram.fd(); fd >= 0) {
+    // Shared DRAM is a sparse memfd: walk its data extents, which costs
+    // per extent, not per page of a range that may be gigabytes.
+    std::uint64_t resident = 0;
+    off_t at = static_cast<off_t>(address);
+    while (static_cast<std::uint64_t>(at) < end) {
+      const off_t data = ::lseek(fd, at, SEEK_DATA);
+      if (data < 0 || static_cast<std::uint64_t>(data) >= end) break;  // ENXIO: no data after `at`
+      off_t hole = ::lseek(fd, data, SEEK_HOLE);
+      if (hole < 0) hole = static_cast<off_t>(end);
+      resident += std::min<std::uint64_t>(static_cast<std::uint64_t>(hole), end) - static_cast<std::uint64_t>(data);
+      at = hole;
+    }
+    return resident;
+  }
   const std::uint64_t first_page = address / page, last_page = (end + page - 1) / page;
   std::vector<unsigned char> present(std::min<std::uint64_t>(last_page - first_page, 1u << 20));
   std::uint64_t resident = 0;
