@@ -20,6 +20,7 @@ packages=(
   podman runc python3-jsonschema                # `tpuhal cdi`: a real container given a board; the CDI schema check
   golang-github-container-orchestrated-devices-container-device-interface-dev  # the CDI specification's JSON schema
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio  # tpuhal-device-plugin; its kubelet stand-in
+  gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-good gstreamer1.0-plugins-bad  # a real RTSP server for the live-video tests
 )
 
 missing=()

@@ -1,6 +1,12 @@
-// Demuxer: files to Annex B / JPEG packets with libavformat.
+// Demuxer: files and live URLs to Annex B / JPEG packets with libavformat.
+#include <spdlog/spdlog.h>
+
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
+#include <utility>
 
 extern "C" {
 #include <libavcodec/avcodec.h>
@@ -9,20 +15,30 @@ extern "C" {
 #include <libavutil/error.h>
 }
 
+#include "tpuhal/base/log.h"
+#include "tpuhal/base/wait.h"
 #include "tpuhal/tpuhal.hpp"
 
 namespace tpuhal {
 
 namespace {
+
 std::string av_error(int code) {
   char buf[AV_ERROR_MAX_STRING_SIZE] = {};
   av_strerror(code, buf, sizeof buf);
   return buf;
 }
+
+bool is_url(const std::string& s) { return s.find("://") != std::string::npos; }
+
+std::string ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
+
 }  // namespace
 
 struct Demuxer::State {
   std::string path;
+  DemuxerOptions options;
+  bool live = false;
   AVFormatContext* fmt = nullptr;
   AVBSFContext* bsf = nullptr;  // length-prefixed H.264/H.265 -> Annex B
   AVPacket* pkt = nullptr;
@@ -31,54 +47,127 @@ struct Demuxer::State {
   std::uint32_t width = 0, height = 0;
   std::int64_t frames = 0;  // for streams without timestamps
   bool eof = false;         // the file is exhausted; the filter is being drained
+  bool new_stream = false;  // the next packet is the first since a reconnect
+  std::uint64_t reconnects = 0;
+
+  // Bounds every blocking libavformat call on a live source: the callback
+  // below ends it once `deadline_ns` passes or interrupt() was called.
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> deadline_ns{0};
+  std::mutex mu;  // for the backoff's sleep, which interrupt() cuts short
+  std::condition_variable wake;
+
+  static int interrupted(void* opaque) {
+    auto* s = static_cast<State*>(opaque);
+    const std::uint64_t deadline = s->deadline_ns.load(std::memory_order_relaxed);
+    return s->stop.load(std::memory_order_relaxed) || (deadline && base::monotonic_ns() > deadline) ? 1 : 0;
+  }
+  void arm() {
+    deadline_ns.store(live ? base::monotonic_ns() + static_cast<std::uint64_t>(options.timeout.count()) * 1'000'000
+                           : 0);
+  }
+
+  void close() {
+    av_bsf_free(&bsf);
+    avformat_close_input(&fmt);
+    stream = -1;
+    eof = false;
+  }
+  // Opens the source (again); throws Error naming it.
+  void open();
 
   ~State() {
     av_packet_free(&pkt);
-    av_bsf_free(&bsf);
-    avformat_close_input(&fmt);
+    close();
   }
 };
 
-Demuxer::Demuxer(const std::string& path) : s_(std::make_unique<State>()) {
-  s_->path = path;
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) throw Error(Status::NotFound, path + ": no such file");
-  int r = avformat_open_input(&s_->fmt, path.c_str(), nullptr, nullptr);
-  if (r < 0)
+void Demuxer::State::open() {
+  close();
+  fmt = avformat_alloc_context();
+  if (!fmt) throw Error(Status::OutOfMemory, path + ": cannot allocate a demuxer");
+  fmt->interrupt_callback = {&State::interrupted, this};
+  AVDictionary* opts = nullptr;
+  if (live) {
+    const auto us = std::to_string(static_cast<std::int64_t>(options.timeout.count()) * 1000);
+    av_dict_set(&opts, "timeout", us.c_str(), 0);  // RTSP, HTTP and UDP sockets, in µs
+    if (path.rfind("rtsp://", 0) == 0) {
+      if (options.transport == DemuxerOptions::Transport::Tcp) av_dict_set(&opts, "rtsp_transport", "tcp", 0);
+      if (options.transport == DemuxerOptions::Transport::Udp) av_dict_set(&opts, "rtsp_transport", "udp", 0);
+      av_dict_set(&opts, "allowed_media_types", "video", 0);
+    }
+  }
+  arm();
+  const std::uint64_t started = base::monotonic_ns();
+  int r = avformat_open_input(&fmt, path.c_str(), nullptr, &opts);  // frees fmt when it fails
+  av_dict_free(&opts);
+  if (r < 0) {
+    if (stop.load()) throw Error(Status::Unavailable, path + ": interrupted");
+    // Our deadline, or the socket's timeout, which libavformat reports as
+    // whatever the protocol made of the silence.
+    const bool timed_out = r == AVERROR_EXIT || base::monotonic_ns() - started >=
+                                                    static_cast<std::uint64_t>(options.timeout.count()) * 1'000'000;
+    std::string why = av_error(r);
+    if (timed_out) why = "no answer within " + ms(options.timeout) + (r == AVERROR_EXIT ? "" : ": " + why);
+    if (live) throw Error(Status::Unavailable, path + ": cannot open the stream (" + why + ")");
     throw Error(Status::InvalidArgument, path + ": not a media file libavformat can read (" + av_error(r) + ")");
-  r = avformat_find_stream_info(s_->fmt, nullptr);
-  if (r < 0) throw Error(Status::InvalidArgument, path + ": cannot read stream information (" + av_error(r) + ")");
-  for (unsigned i = 0; i < s_->fmt->nb_streams && s_->stream < 0; ++i) {
-    const AVCodecParameters* par = s_->fmt->streams[i]->codecpar;
+  }
+  arm();
+  r = avformat_find_stream_info(fmt, nullptr);
+  if (r < 0)
+    throw Error(live ? Status::Unavailable : Status::InvalidArgument,
+                path + ": cannot read stream information (" + av_error(r) + ")");
+  for (unsigned i = 0; i < fmt->nb_streams && stream < 0; ++i) {
+    const AVCodecParameters* par = fmt->streams[i]->codecpar;
     if (par->codec_type != AVMEDIA_TYPE_VIDEO) continue;
     switch (par->codec_id) {
-      case AV_CODEC_ID_H264: s_->codec = Codec::H264; break;
-      case AV_CODEC_ID_HEVC: s_->codec = Codec::H265; break;
-      case AV_CODEC_ID_MJPEG: s_->codec = Codec::Jpeg; break;
+      case AV_CODEC_ID_H264: codec = Codec::H264; break;
+      case AV_CODEC_ID_HEVC: codec = Codec::H265; break;
+      case AV_CODEC_ID_MJPEG: codec = Codec::Jpeg; break;
       default: continue;
     }
-    s_->stream = static_cast<int>(i);
-    s_->width = static_cast<std::uint32_t>(par->width);
-    s_->height = static_cast<std::uint32_t>(par->height);
+    stream = static_cast<int>(i);
+    width = static_cast<std::uint32_t>(par->width);
+    height = static_cast<std::uint32_t>(par->height);
   }
-  if (s_->stream < 0)
+  if (stream < 0)
     throw Error(Status::Unsupported,
-                path + ": no H.264, H.265 or JPEG video stream (format " + std::string(s_->fmt->iformat->name) + ")");
-  AVStream* st = s_->fmt->streams[s_->stream];
+                path + ": no H.264, H.265 or JPEG video stream (format " + std::string(fmt->iformat->name) + ")");
+  AVStream* st = fmt->streams[stream];
   // mp4 and mkv carry H.264/H.265 with length prefixes and the parameter
   // sets out of band: the filter turns them into an Annex B byte stream
   // (and passes Annex B input through unchanged).
-  if (s_->codec != Codec::Jpeg) {
-    const AVBitStreamFilter* f = av_bsf_get_by_name(s_->codec == Codec::H264 ? "h264_mp4toannexb" : "hevc_mp4toannexb");
-    if (!f || av_bsf_alloc(f, &s_->bsf) < 0)
+  if (codec != Codec::Jpeg) {
+    const AVBitStreamFilter* f = av_bsf_get_by_name(codec == Codec::H264 ? "h264_mp4toannexb" : "hevc_mp4toannexb");
+    if (!f || av_bsf_alloc(f, &bsf) < 0)
       throw Error(Status::Unavailable, path + ": libavcodec lacks the Annex B filter");
-    avcodec_parameters_copy(s_->bsf->par_in, st->codecpar);
-    s_->bsf->time_base_in = st->time_base;
-    r = av_bsf_init(s_->bsf);
+    avcodec_parameters_copy(bsf->par_in, st->codecpar);
+    bsf->time_base_in = st->time_base;
+    r = av_bsf_init(bsf);
     if (r < 0)
       throw Error(Status::InvalidArgument, path + ": cannot convert the stream to Annex B (" + av_error(r) + ")");
   }
+}
+
+Demuxer::Demuxer(const std::string& path, const DemuxerOptions& options) : s_(std::make_unique<State>()) {
+  s_->path = path;
+  s_->options = options;
+  s_->live = is_url(path);
+  if (s_->live) {
+    static std::once_flag network;
+    std::call_once(network, [] { avformat_network_init(); });
+    if (options.timeout.count() <= 0 || options.initial_backoff.count() <= 0 ||
+        options.max_backoff < options.initial_backoff)
+      throw Error(Status::InvalidArgument, path +
+                                               ": DemuxerOptions needs a positive timeout and initial_backoff, and "
+                                               "max_backoff at least initial_backoff");
+  } else {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) throw Error(Status::NotFound, path + ": no such file");
+  }
   s_->pkt = av_packet_alloc();
+  if (!s_->pkt) throw Error(Status::OutOfMemory, path + ": cannot allocate a packet");
+  s_->open();
 }
 
 Demuxer::~Demuxer() = default;
@@ -89,6 +178,16 @@ Codec Demuxer::codec() const { return s_->codec; }
 std::uint32_t Demuxer::width() const { return s_->width; }
 std::uint32_t Demuxer::height() const { return s_->height; }
 const std::string& Demuxer::path() const { return s_->path; }
+bool Demuxer::live() const { return s_->live; }
+std::uint64_t Demuxer::reconnects() const { return s_->reconnects; }
+
+void Demuxer::interrupt() noexcept {
+  {
+    std::lock_guard lock(s_->mu);
+    s_->stop.store(true);
+  }
+  s_->wake.notify_all();
+}
 
 std::optional<Demuxer::Packet> Demuxer::next() {
   State& s = *s_;
@@ -97,11 +196,39 @@ std::optional<Demuxer::Packet> Demuxer::next() {
     out.data.assign(reinterpret_cast<const std::byte*>(p->data), reinterpret_cast<const std::byte*>(p->data) + p->size);
     out.pts = p->pts != AV_NOPTS_VALUE ? p->pts : p->dts != AV_NOPTS_VALUE ? p->dts : s.frames;
     out.keyframe = (p->flags & AV_PKT_FLAG_KEY) != 0;
+    out.new_stream = std::exchange(s.new_stream, false);
+    out.arrival_ns = base::monotonic_ns();
     ++s.frames;
     av_packet_unref(p);
     return out;
   };
+  // A live source that failed: open it again, backing off, until it works,
+  // the attempts run out (Unavailable) or interrupt() (false).
+  auto reconnect = [&](std::string why) {
+    auto backoff = s.options.initial_backoff;
+    for (std::uint32_t attempt = 1;; ++attempt) {
+      base::logger("hal")->warn("{}: {}; opening it again in {} (attempt {})", s.path, why, ms(backoff), attempt);
+      {
+        std::unique_lock lock(s.mu);
+        if (s.wake.wait_for(lock, backoff, [&] { return s.stop.load(); })) return false;
+      }
+      try {
+        s.open();
+        ++s.reconnects;
+        s.new_stream = true;
+        base::logger("hal")->info("{}: reconnected ({} {}x{})", s.path, to_string(s.codec), s.width, s.height);
+        return true;
+      } catch (const Error& e) {
+        if (s.stop.load()) return false;
+        why = e.what();
+      }
+      if (s.options.max_attempts && attempt >= s.options.max_attempts)
+        throw Error(Status::Unavailable, why + "; gave up after " + std::to_string(attempt) + " attempt(s)");
+      backoff = std::min(backoff * 2, s.options.max_backoff);
+    }
+  };
   for (;;) {
+    if (s.stop.load()) return std::nullopt;
     if (s.bsf) {
       const int r = av_bsf_receive_packet(s.bsf, s.pkt);
       if (r == 0) {
@@ -117,13 +244,26 @@ std::optional<Demuxer::Packet> Demuxer::next() {
       return std::nullopt;
     }
     if (s.eof) return std::nullopt;
+    s.arm();
     const int r = av_read_frame(s.fmt, s.pkt);
+    if (r < 0 && s.live && !s.stop.load() && s.options.reconnect) {
+      // Stalled (our deadline), dropped, or ended (an RTSP server's BYE):
+      // a live source goes on with a new connection.
+      const std::string why = r == AVERROR_EXIT  ? "no data for " + ms(s.options.timeout)
+                              : r == AVERROR_EOF ? "the stream ended"
+                                                 : av_error(r);
+      if (!reconnect(s.path + ": " + why)) return std::nullopt;
+      continue;
+    }
+    if (r < 0 && s.stop.load()) return std::nullopt;
     if (r == AVERROR_EOF) {
       s.eof = true;
       if (s.bsf) av_bsf_send_packet(s.bsf, nullptr);
       continue;
     }
-    if (r < 0) throw Error(Status::InvalidArgument, s.path + ": " + av_error(r));
+    if (r < 0)
+      throw Error(s.live ? Status::Unavailable : Status::InvalidArgument,
+                  s.path + ": " + (r == AVERROR_EXIT ? "no data for " + ms(s.options.timeout) : av_error(r)));
     if (s.pkt->stream_index != s.stream) {
       av_packet_unref(s.pkt);
       continue;

@@ -1,8 +1,12 @@
 // The video decoder against ffmpeg itself: clips made at test time with
 // Debian's ffmpeg (testsrc2), every frame checked against its framemd5;
 // damaged streams, channel limits, held buffers and threads.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
+#include <netinet/in.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -596,6 +600,45 @@ TEST(Demuxer, SaysWhatIsWrongWithAFile) {
     EXPECT_THAT(e.what(), HasSubstr(junk.string()));
   }
   fs::remove(junk);
+}
+
+TEST(Demuxer, AUrlThatDoesNotAnswerIsUnavailableWithinItsTimeoutAndBadOptionsAreRefused) {
+  // A port nobody listens on: refused at once. A listener that never
+  // answers: the timeout ends the wait.
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string silent = "rtsp://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/cam";
+  DemuxerOptions o;
+  o.timeout = std::chrono::milliseconds(300);
+  o.transport = DemuxerOptions::Transport::Tcp;
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    Demuxer d(silent, o);
+    FAIL() << "opened a server that never answers";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Unavailable);
+    EXPECT_THAT(e.what(), HasSubstr(silent));
+    EXPECT_THAT(e.what(), HasSubstr("no answer within 300 ms"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(20));
+  ::close(listener);
+
+  DemuxerOptions bad;
+  bad.max_backoff = std::chrono::milliseconds(10);  // below initial_backoff
+  try {
+    Demuxer d(silent, bad);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr("max_backoff"));
+  }
 }
 
 TEST(VideoCaps, BoardsReportTheirCodecUnit) {

@@ -52,19 +52,31 @@ std::string frame_md5(const Frame& f, std::span<const std::byte> host) {
 int cmd_decode(const std::vector<std::string>& args) {
   po::options_description opts("Options");
   opts.add_options()("device,d", po::value<std::string>(), "device to decode on (default: the first)")(
-      "file", po::value<std::string>()->required(), "video or image file (mp4, mkv, .h264, .h265, .jpg, ...)")(
+      "file", po::value<std::string>()->required(),
+      "video or image file (mp4, mkv, .h264, .h265, .jpg, ...) or a URL (rtsp://, http://, udp://)")(
       "md5", "print the MD5 of every frame (Y, U, V packed as I420), in display order")(
       "format", po::value<std::string>()->default_value("i420"), "output layout of the decoder: i420 or nv12")(
-      "frames", po::value<std::uint64_t>(), "stop after this many frames");
+      "frames", po::value<std::uint64_t>(), "stop after this many frames")(
+      "transport", po::value<std::string>()->default_value("auto"), "a URL's RTSP transport: auto, tcp or udp")(
+      "timeout-ms", po::value<unsigned>()->default_value(5000),
+      "a URL that brings nothing for this long has stalled and is opened again")(
+      "reconnect-max", po::value<unsigned>()->default_value(0),
+      "give up after this many failed reconnection attempts in a row (0: never)")(
+      "backoff-ms", po::value<std::string>()->default_value("100:5000"),
+      "FIRST:MAX: the wait before the first reconnection attempt, doubling up to MAX");
   po::positional_options_description pos;
   pos.add("file", 1);
   po::variables_map vm;
   int rc = 0;
   if (!parse(args, opts, pos, vm,
-             "Usage: tpuhal decode [--device URI] FILE [--md5] [--format i420|nv12] [--frames N]\n\n"
-             "Decodes FILE on the board's video decoder. With --md5, prints one line per frame in\n"
-             "display order: index, pts, size and the MD5 of its planes packed as I420 (for 8-bit\n"
-             "4:2:0 sources, the hashes `ffmpeg -i FILE -fps_mode passthrough -f framemd5 -` prints).\n"
+             "Usage: tpuhal decode [--device URI] FILE|URL [--md5] [--format i420|nv12] [--frames N]\n"
+             "                     [--transport auto|tcp|udp] [--timeout-ms MS] [--reconnect-max N]\n\n"
+             "Decodes FILE, or a live stream at URL, on the board's video decoder. With --md5, prints\n"
+             "one line per frame in display order: index, pts, size and the MD5 of its planes packed\n"
+             "as I420 (for 8-bit 4:2:0 sources, the hashes `ffmpeg -i FILE -fps_mode passthrough -f\n"
+             "framemd5 -` prints). A live stream that stalls, drops or ends is opened again with a\n"
+             "bounded backoff, and the decoder starts a new stream (a new channel if the codec or\n"
+             "size changed); it runs until --frames, an interrupt, or --reconnect-max attempts fail.\n"
              "Packets that do not decode are reported on stderr; the exit status is then 1.",
              &rc))
     return rc;
@@ -73,14 +85,41 @@ int cmd_decode(const std::vector<std::string>& args) {
     std::cerr << "tpuhal decode: --format must be i420 or nv12, not '" << fmt << "'\n";
     return 2;
   }
+  DemuxerOptions dopts;
+  const std::string transport = vm["transport"].as<std::string>();
+  if (transport == "tcp") {
+    dopts.transport = DemuxerOptions::Transport::Tcp;
+  } else if (transport == "udp") {
+    dopts.transport = DemuxerOptions::Transport::Udp;
+  } else if (transport != "auto") {
+    std::cerr << "tpuhal decode: --transport must be auto, tcp or udp, not '" << transport << "'\n";
+    return 2;
+  }
+  unsigned first = 0, most = 0;
+  char tail = 0;
+  if (std::sscanf(vm["backoff-ms"].as<std::string>().c_str(), "%u:%u%c", &first, &most, &tail) != 2 || !first ||
+      most < first || vm["timeout-ms"].as<unsigned>() == 0) {
+    std::cerr << "tpuhal decode: --backoff-ms takes FIRST:MAX with 0 < FIRST <= MAX, and --timeout-ms a "
+                 "positive number\n";
+    return 2;
+  }
+  dopts.timeout = std::chrono::milliseconds(vm["timeout-ms"].as<unsigned>());
+  dopts.initial_backoff = std::chrono::milliseconds(first);
+  dopts.max_backoff = std::chrono::milliseconds(most);
+  dopts.max_attempts = vm["reconnect-max"].as<unsigned>();
   Device dev = open(pick_device(vm));
-  Demuxer in(vm["file"].as<std::string>());
+  Demuxer in(vm["file"].as<std::string>(), dopts);
   VideoDecoderOptions o;
-  o.codec = in.codec();
   o.format = fmt == "nv12" ? PixelFormat::NV12 : PixelFormat::I420;
-  o.max_width = std::max<std::uint32_t>(16, in.width());
-  o.max_height = std::max<std::uint32_t>(16, in.height());
   o.frame_buffers = 8;
+  // A live source may not say its size before it decodes, and may come back
+  // larger: such decoders take 1080p.
+  auto configure = [&] {
+    o.codec = in.codec();
+    o.max_width = std::max<std::uint32_t>(in.live() ? 1920 : 16, in.width());
+    o.max_height = std::max<std::uint32_t>(in.live() ? 1088 : 16, in.height());
+  };
+  configure();
   VideoDecoder dec = dev.open_decoder(o);
   const bool md5 = vm.count("md5") != 0;
   const std::uint64_t limit = vm.count("frames") ? vm["frames"].as<std::uint64_t>() : UINT64_MAX;
@@ -116,6 +155,22 @@ int cmd_decode(const std::vector<std::string>& args) {
   while (frames < limit) {
     auto pkt = in.next();
     if (!pkt) break;
+    if (pkt->new_stream) {
+      // Reconnected: the same decoder starts a new stream where it can
+      // (same codec, a size it takes), else a new channel replaces it.
+      const bool fits = in.codec() == o.codec && in.width() <= o.max_width && in.height() <= o.max_height;
+      std::fprintf(stderr, "tpuhal decode: %s: reconnected (%s %ux%u)%s\n", in.path().c_str(), to_string(in.codec()),
+                   in.width(), in.height(), fits ? "" : "; opening a new channel for it");
+      // The frames of the old stream still inside come out first.
+      dec.flush();
+      drain();
+      if (fits) {
+        dec.reset();
+      } else {
+        configure();
+        dec = dev.open_decoder(o);
+      }
+    }
     dec.send(pkt->data, pkt->pts);
     drain();
   }
@@ -123,10 +178,13 @@ int cmd_decode(const std::vector<std::string>& args) {
   drain();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fflush(stdout);
+  std::string extra;
+  if (in.live()) extra += ", " + std::to_string(in.reconnects()) + " reconnect(s)";
+  if (errors) extra += ", " + std::to_string(errors) + " packets did not decode";
   std::fprintf(stderr, "tpuhal decode: %s: %llu frames (%s %ux%u) on %s channel %u in %.2f s (%.1f fps)%s\n",
                in.path().c_str(), static_cast<unsigned long long>(frames), to_string(in.codec()), in.width(),
                in.height(), dev.uri().c_str(), dec.channel(), s, s > 0 ? static_cast<double>(frames) / s : 0.0,
-               errors ? (", " + std::to_string(errors) + " packets did not decode").c_str() : "");
+               extra.c_str());
   return errors ? 1 : 0;
 }
 

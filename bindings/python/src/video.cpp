@@ -90,6 +90,8 @@ struct PyPacket {
   py::bytes data;
   std::int64_t pts = 0;
   bool keyframe = false;
+  bool new_stream = false;
+  std::uint64_t arrival_ns = 0;
 };
 
 // The bytes of a buffer-protocol object (bytes, bytearray, memoryview,
@@ -378,6 +380,10 @@ void bind_video(py::module_& m) {
              return PyPacket{std::move(data), pts, keyframe};
            }),
            py::arg("data"), py::arg("pts") = 0, py::arg("keyframe") = false, "A packet of your own.")
+      .def_readonly("new_stream", &PyPacket::new_stream,
+                    "True for the first packet after a live source was opened again: reset the decoder (or open "
+                    "a new one if the Demuxer's codec or size changed) before sending it.")
+      .def_readonly("arrival_ns", &PyPacket::arrival_ns, "When it was read (CLOCK_MONOTONIC, ns).")
       .def_readonly("data", &PyPacket::data,
                     "The bytes: Annex B for H.264 and H.265 (converted from mp4/mkv's length-prefixed form), a "
                     "whole file for JPEG.")
@@ -395,15 +401,43 @@ void bind_video(py::module_& m) {
       "Reads a video or image file (mp4, mkv, raw .h264/.h265, .jpg, ...) with libavformat; iterating it gives "
       "its video packets (tpuhal.Packet) ready for VideoDecoder.send() or VideoDecoder.decode(). Iteration "
       "reads on: a Demuxer goes through the file once.")
-      .def(py::init([](const py::object& path_like) {
+      .def(py::init([](const py::object& path_like, const std::string& transport, double timeout, bool reconnect,
+                       double initial_backoff, double max_backoff, std::uint32_t max_attempts) {
              const auto path = py::module_::import("os").attr("fspath")(path_like).cast<std::string>();
+             DemuxerOptions o;
+             if (transport == "tcp")
+               o.transport = DemuxerOptions::Transport::Tcp;
+             else if (transport == "udp")
+               o.transport = DemuxerOptions::Transport::Udp;
+             else if (transport != "auto")
+               throw Error(Status::InvalidArgument,
+                           "transport must be 'auto', 'tcp' or 'udp', not '" + transport + "'");
+             auto millis = [](double s) { return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000)); };
+             o.timeout = millis(timeout);
+             o.reconnect = reconnect;
+             o.initial_backoff = millis(initial_backoff);
+             o.max_backoff = millis(max_backoff);
+             o.max_attempts = max_attempts;
              auto d = std::make_shared<PyDemuxer>();
-             without_gil([&] { d->demuxer.emplace(path); });
+             without_gil([&] { d->demuxer.emplace(path, o); });
              return d;
            }),
-           py::arg("path"),
-           "Opens `path` (a str or os.PathLike). Raises tpuhal.NotFound (no such file), tpuhal.InvalidArgument "
-           "(not a media file) or tpuhal.Unsupported (no H.264, H.265 or JPEG stream in it), naming the file.")
+           py::arg("path"), py::kw_only(), py::arg("transport") = "auto", py::arg("timeout") = 5.0,
+           py::arg("reconnect") = true, py::arg("initial_backoff") = 0.1, py::arg("max_backoff") = 5.0,
+           py::arg("max_attempts") = 0,
+           "Opens `path` (a str or os.PathLike), or a live URL (rtsp://, http://, udp://). Raises "
+           "tpuhal.NotFound (no such file), tpuhal.InvalidArgument (not a media file), tpuhal.Unsupported (no "
+           "H.264, H.265 or JPEG stream in it) or tpuhal.Unavailable (a URL that does not open within `timeout` "
+           "seconds), naming it. For a URL: `transport` is RTSP's ('auto', 'tcp', 'udp'); a source that brings "
+           "nothing for `timeout` seconds, drops or ends is opened again after `initial_backoff` seconds, "
+           "doubling up to `max_backoff`, until `max_attempts` fail in a row (0: never).")
+      .def_property_readonly(
+          "live", [](PyDemuxer& d) { return d.demuxer->live(); }, "True for a URL.")
+      .def_property_readonly(
+          "reconnects", [](PyDemuxer& d) { return d.demuxer->reconnects(); }, "Times a live source was opened again.")
+      .def(
+          "interrupt", [](PyDemuxer& d) { d.demuxer->interrupt(); },
+          "From any thread: ends a read blocked on a live source soon (StopIteration), and every later one.")
       .def_property_readonly(
           "codec", [](PyDemuxer& d) { return from_codec(d.demuxer->codec()); },
           "The tpuhal.Codec of its video stream; pass it to Device.open_decoder().")
@@ -423,10 +457,11 @@ void bind_video(py::module_& m) {
             });
             if (!p) throw py::stop_iteration();
             py::bytes data(reinterpret_cast<const char*>(p->data.data()), p->data.size());
-            return PyPacket{std::move(data), p->pts, p->keyframe};
+            return PyPacket{std::move(data), p->pts, p->keyframe, p->new_stream, p->arrival_ns};
           },
-          "The next packet; StopIteration at the end of the file. Raises tpuhal.InvalidArgument if the file "
-          "is damaged. Releases the GIL while it reads.")
+          "The next packet; StopIteration at the end of the file (or after interrupt()). Raises "
+          "tpuhal.InvalidArgument if the file is damaged, tpuhal.Unavailable when a live source's reconnection "
+          "attempts run out. Releases the GIL while it reads.")
       .def("__repr__", [](PyDemuxer& d) {
         return "<tpuhal.Demuxer " + py::repr(py::str(d.demuxer->path())).cast<std::string>() + ": " +
                to_string(d.demuxer->codec()) + " " + std::to_string(d.demuxer->width()) + "x" +

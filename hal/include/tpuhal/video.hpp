@@ -128,21 +128,45 @@ class TPUHAL_API VideoDecoder {
   std::shared_ptr<detail::DecoderImpl> impl_;
 };
 
-// Reads a video or image file with libavformat (mp4, mkv, raw .h264/.h265,
-// .jpg, ...) and returns its packets ready for VideoDecoder::send: H.264 and
-// H.265 in Annex B (length-prefixed streams from mp4/mkv are converted), JPEG
-// as whole files. Not thread-safe.
+// How a Demuxer reads a live source (a URL: rtsp://, http://, udp://, ...).
+// Files ignore it.
+struct DemuxerOptions {
+  enum class Transport : std::uint8_t { Auto, Tcp, Udp };
+  Transport transport = Transport::Auto;  // RTSP's: Auto tries UDP, then TCP
+  // A source that brings nothing for this long has stalled (opening it
+  // included).
+  std::chrono::milliseconds timeout{5000};
+  // A live source that stalls, drops or ends is opened again, after
+  // initial_backoff, doubling up to max_backoff between attempts; next()
+  // gives up after max_attempts failed attempts in a row (0: never).
+  bool reconnect = true;
+  std::chrono::milliseconds initial_backoff{100};
+  std::chrono::milliseconds max_backoff{5000};
+  std::uint32_t max_attempts = 0;
+};
+
+// Reads a video or image with libavformat, from a file (mp4, mkv, raw
+// .h264/.h265, .jpg, ...) or a live URL (rtsp://, http://, udp://), and
+// returns its packets ready for VideoDecoder::send: H.264 and H.265 in Annex
+// B (length-prefixed streams from mp4/mkv are converted), JPEG as whole
+// files. Not thread-safe, except interrupt().
 class TPUHAL_API Demuxer {
  public:
   struct Packet {
     std::vector<std::byte> data;
     std::int64_t pts = 0;  // in the stream's time base; raw streams count frames
     bool keyframe = false;
+    // The first packet after a live source was opened again: the stream
+    // may have a new codec or size (codec(), width(), height() say which).
+    // Reset the decoder, or open a new one, before sending it.
+    bool new_stream = false;
+    std::uint64_t arrival_ns = 0;  // when it was read (CLOCK_MONOTONIC)
   };
 
   // Throws NotFound (no such file), InvalidArgument (not a media file), or
-  // Unsupported (no H.264, H.265 or JPEG stream in it), naming the file.
-  explicit Demuxer(const std::string& path);
+  // Unsupported (no H.264, H.265 or JPEG stream in it), naming the source;
+  // Unavailable for a URL that cannot be opened within options.timeout.
+  explicit Demuxer(const std::string& source, const DemuxerOptions& options = {});
   ~Demuxer();
   Demuxer(Demuxer&&) noexcept;
   Demuxer& operator=(Demuxer&&) noexcept;
@@ -150,13 +174,21 @@ class TPUHAL_API Demuxer {
   Demuxer& operator=(const Demuxer&) = delete;
 
   Codec codec() const;
-  std::uint32_t width() const;
+  std::uint32_t width() const;  // 0 where a live source does not say
   std::uint32_t height() const;
   const std::string& path() const;
+  bool live() const;                 // a URL, not a file
+  std::uint64_t reconnects() const;  // times a live source was opened again
 
-  // The next packet of the video stream; nullopt at the end of the file.
-  // Throws InvalidArgument if the file is damaged.
+  // The next packet of the video stream; nullopt at the end of a file, or
+  // once interrupt() was called. A live source that stalls, drops or ends
+  // is reconnected here (DemuxerOptions); Unavailable when the attempts run
+  // out. Throws InvalidArgument if a file is damaged.
   std::optional<Packet> next();
+
+  // From any thread: makes a next() blocked on a live source (or waiting to
+  // reconnect) return nullopt soon, and every later one at once.
+  void interrupt() noexcept;
 
  private:
   struct State;

@@ -1,0 +1,58 @@
+#!/usr/bin/python3
+"""An RTSP server for the live-video tests, on GStreamer's RTSP server
+library (Debian's gir1.2-gst-rtsp-server-1.0 with python3-gi).
+
+    rtsp_server.py --port PORT NAME=CLIP...
+
+serves each CLIP (mp4 with H.264 or H.265, made at test time) at
+rtsp://127.0.0.1:PORT/NAME, from its first frame for every client, and ends
+the stream (RTCP BYE) when the clip ends. Prints "serving PORT" once it
+listens; stops on SIGTERM or SIGINT.
+"""
+import argparse
+import signal
+import sys
+
+import gi
+
+gi.require_version("Gst", "1.0")
+gi.require_version("GstRtspServer", "1.0")
+from gi.repository import GLib, Gst, GstRtspServer  # noqa: E402
+
+
+def launch_line(clip):
+    codec = "h265" if "265" in clip or "hevc" in clip else "h264"
+    # qtdemux gives access units with the parameter sets out of band; the
+    # parser hands the payloader what it takes (rtph265pay needs it), and
+    # config-interval=-1 sends the parameter sets before every keyframe.
+    return f"( filesrc location={clip} ! qtdemux ! {codec}parse ! rtp{codec}pay name=pay0 pt=96 config-interval=-1 )"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("mounts", nargs="+", help="NAME=CLIP")
+    args = ap.parse_args()
+    Gst.init(None)
+    server = GstRtspServer.RTSPServer()
+    server.set_address("127.0.0.1")
+    server.set_service(str(args.port))
+    for m in args.mounts:
+        name, clip = m.split("=", 1)
+        factory = GstRtspServer.RTSPMediaFactory()
+        factory.set_launch(launch_line(clip))
+        factory.set_shared(False)  # every client from the first frame
+        server.get_mount_points().add_factory("/" + name, factory)
+    if server.attach(None) == 0:
+        print(f"cannot listen on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
+        return 1
+    loop = GLib.MainLoop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        GLib.unix_signal_add(GLib.PRIORITY_DEFAULT, sig, loop.quit)
+    print(f"serving {args.port}", flush=True)
+    loop.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
