@@ -202,12 +202,13 @@ std::optional<Demuxer::Packet> Demuxer::next() {
     av_packet_unref(p);
     return out;
   };
-  // A live source that failed: open it again, backing off, until it works,
-  // the attempts run out (Unavailable) or interrupt() (false).
+  // A live source that failed (`why`, naming it): open it again, backing
+  // off, until it works, the attempts run out (Unavailable) or interrupt()
+  // (false).
   auto reconnect = [&](std::string why) {
     auto backoff = s.options.initial_backoff;
     for (std::uint32_t attempt = 1;; ++attempt) {
-      base::logger("hal")->warn("{}: {}; opening it again in {} (attempt {})", s.path, why, ms(backoff), attempt);
+      base::logger("hal")->warn("{}; opening it again in {} (attempt {})", why, ms(backoff), attempt);
       {
         std::unique_lock lock(s.mu);
         if (s.wake.wait_for(lock, backoff, [&] { return s.stop.load(); })) return false;

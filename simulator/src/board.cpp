@@ -603,6 +603,7 @@ std::uint64_t Board::dram_resident_bytes(std::uint64_t address, std::uint64_t si
     }
     return resident;
   }
+  // Anonymous DRAM: count the pages mincore() reports present.
   const std::uint64_t first_page = address / page, last_page = (end + page - 1) / page;
   std::vector<unsigned char> present(std::min<std::uint64_t>(last_page - first_page, 1u << 20));
   std::uint64_t resident = 0;
@@ -615,23 +616,14 @@ std::uint64_t Board::dram_resident_bytes(std::uint64_t address, std::uint64_t si
 }
 
 std::uint64_t Board::dram_resident_bytes() const noexcept {
-  const auto page = base::page_size();
   if (impl_->dram.fd() >= 0) {
     struct stat st {};
     if (::fstat(impl_->dram.fd(), &st) != 0) return 0;
     return static_cast<std::uint64_t>(st.st_blocks) * 512;
   }
-  // Anonymous DRAM: count the pages mincore() reports present.
-  const std::size_t pages = impl_->dram.size() / page;
-  std::vector<unsigned char> present(std::min<std::size_t>(pages, 1u << 20));
-  std::uint64_t resident = 0;
-  for (std::size_t first = 0; first < pages; first += present.size()) {
-    const std::size_t n = std::min(present.size(), pages - first);
-    if (::mincore(impl_->dram.data() + first * page, n * page, present.data()) != 0) return 0;
-    for (std::size_t i = 0; i < n; ++i) resident += (present[i] & 1) ? page : 0;
-  }
-  return resident;
+  return dram_resident_bytes(0, impl_->dram.size());
 }
+
 std::uint64_t Board::prefault_limit() noexcept {
   static const std::uint64_t limit = [] {
     const char* env = std::getenv("TPUHAL_SIM_PREFAULT_MAX");

@@ -80,38 +80,28 @@ void DevicePlugin::check_health() {
   bool changed = false;
   for (std::size_t i = 0; i < boards_.size() && i < uris.size(); ++i) {
     Board& b = boards_[i];
-    bool healthy = b.healthy;
-    std::string why = b.why;
-    if (!errors[i].empty()) {
-      healthy = false;
-      why = errors[i];
-    } else if (telemetry[i]) {
+    const bool was = b.healthy();
+    if (telemetry[i]) {
       const std::uint64_t crashes = crashes_of(*telemetry[i]), resets = telemetry[i]->resets;
-      if (!b.seen || (!b.why.empty() && b.why.find("firmware") == std::string::npos)) {
-        // First sight, or back after being unreachable: judge from now on.
-        healthy = true;
-        why.clear();
-      } else if (crashes > b.crashes) {
-        healthy = false;
-        why = "its firmware crashed; reset it (tpuhal reset " + b.host.uri + ")";
-      } else if (resets > b.resets) {
-        healthy = true;
-        why.clear();
-      }
+      if (!b.seen || !b.error.empty())
+        b.crashed = false;  // first sight, or back after being unreachable: judged from now on
+      else if (crashes > b.crashes)
+        b.crashed = true;
+      else if (resets > b.resets)
+        b.crashed = false;
       b.crashes = crashes;
       b.resets = resets;
       b.seen = true;
-    } else {
-      healthy = true;
-      why.clear();
     }
-    if (healthy != b.healthy) {
-      std::fprintf(stderr, "tpuhal-device-plugin: %s is %s%s%s\n", b.host.uri.c_str(), healthy ? kHealthy : kUnhealthy,
-                   why.empty() ? "" : ": ", why.c_str());
+    b.error = errors[i];
+    if (b.healthy() != was) {
+      const std::string why = !b.error.empty() ? b.error
+                              : b.crashed      ? "its firmware crashed; reset it (tpuhal reset " + b.host.uri + ")"
+                                               : std::string();
+      std::fprintf(stderr, "tpuhal-device-plugin: %s is %s%s%s\n", b.host.uri.c_str(),
+                   b.healthy() ? kHealthy : kUnhealthy, why.empty() ? "" : ": ", why.c_str());
       changed = true;
     }
-    b.healthy = healthy;
-    b.why = why;
   }
   if (changed) {
     ++generation_;
@@ -132,7 +122,7 @@ v1beta1::ListAndWatchResponse DevicePlugin::list_locked() const {
     for (std::uint32_t k = 0; k < n; ++k) {
       v1beta1::Device* d = r.add_devices();
       d->set_id(n == 1 ? b.host.name : b.host.name + "-" + std::to_string(k));
-      d->set_health(b.healthy ? kHealthy : kUnhealthy);
+      d->set_health(b.healthy() ? kHealthy : kUnhealthy);
       if (b.host.numa_node >= 0) d->mutable_topology()->add_nodes()->set_id(b.host.numa_node);
     }
   }

@@ -27,9 +27,12 @@ struct Options {
 struct Board {
   fleet::HostDevice host;
   bool shared = false;  // served by the daemon: advertised as Options::shares devices
-  bool healthy = true;
-  std::string why;  // what made it unhealthy
-  // For the health rule: the telemetry counters last seen.
+  // Healthy: reachable and not crashed. `error` says why it is not
+  // reachable; `crashed`: its firmware crashed since its last reset.
+  std::string error;
+  bool crashed = false;
+  bool healthy() const { return error.empty() && !crashed; }
+  // The telemetry counters last read, while reachable.
   std::uint64_t crashes = 0, resets = 0;
   bool seen = false;
 };

@@ -199,9 +199,23 @@ std::vector<std::byte> serialise(TelemetryBlock b) {
   std::vector<std::byte> out(h.total_bytes);
   std::memcpy(out.data(), &h, sizeof h);
   std::byte* at = out.data() + sizeof h;
-  for (std::uint32_t i = 0; i < h.num_queues; ++i) std::memcpy(at, &b.queues[i], sizeof b.queues[i]), at += 32;
-  for (std::uint32_t i = 0; i < h.num_channels; ++i) std::memcpy(at, &b.channels[i], sizeof b.channels[i]), at += 32;
+  for (std::uint32_t i = 0; i < h.num_queues; ++i)
+    std::memcpy(at, &b.queues[i], sizeof(fw::TelemetryQueue)), at += sizeof(fw::TelemetryQueue);
+  for (std::uint32_t i = 0; i < h.num_channels; ++i)
+    std::memcpy(at, &b.channels[i], sizeof(fw::TelemetryChannel)), at += sizeof(fw::TelemetryChannel);
   return out;
+}
+
+// The command name of a process, as ps shows it.
+std::string process_name(pid_t pid) {
+  std::string name;
+  if (FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/comm").c_str(), "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) name = buf;
+    std::fclose(f);
+  }
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+  return name;
 }
 
 // A VF's entry in the statistics: what its board holds and has done.
@@ -230,17 +244,6 @@ void fill_vf_stats(sim::Board& board, VfStats& s) {
 }
 
 }  // namespace
-
-static std::string process_name(pid_t pid) {
-  std::string name;
-  if (FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/comm").c_str(), "r")) {
-    char buf[64] = {};
-    if (std::fgets(buf, sizeof buf, f)) name = buf;
-    std::fclose(f);
-  }
-  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-  return name;
-}
 
 sim::BoardProfile vf_profile(const sim::BoardProfile& board, std::uint32_t vfs) {
   if (vfs == 0) throw sim::ProfileError("--vfs must be at least 1");
@@ -772,6 +775,30 @@ void Server::reply_stats(Client& client, const Message& m) {
   send_struct(client.sock.get(), MsgType::kStatsReply, r);
 }
 
+// The whole board's block: every VF's counters, those of VFs given back
+// included, and the board's power model fed by their engines; mu_ held.
+std::vector<std::byte> Server::whole_board_telemetry(BoardSlot& slot, std::uint32_t board) {
+  TelemetryBlock sum = slot.retired;
+  for (auto& c : clients_)
+    if (c->board && c->board_index == board) add_counters(sum, parse_block(c->board->telemetry()));
+  const std::uint64_t now = base::monotonic_ns();
+  fw::TelemetryHeader& h = sum.header;
+  h.magic = fw::kTelemetryMagic;
+  h.version = fw::kTelemetryVersion;
+  h.header_bytes = sizeof h;
+  h.queue_bytes = sizeof(fw::TelemetryQueue);
+  h.channel_bytes = sizeof(fw::TelemetryChannel);
+  h.uptime_ns = h.board_time_ns = now - slot.started_ns;
+  if (!slot.power) slot.power.emplace(slot.profile, slot.started_ns);
+  slot.power->advance(now, h.engine_busy_ns);
+  h.temperature_mc = static_cast<std::int32_t>(std::lround(slot.power->temperature_c() * 1000));
+  h.power_mw = static_cast<std::uint32_t>(std::lround(slot.power->power_w() * 1000));
+  h.energy_uj = static_cast<std::uint64_t>(slot.power->energy_j() * 1e6);
+  h.clock_mhz = slot.profile.clock_mhz;
+  h.power_limit_mw = static_cast<std::uint32_t>(std::lround(slot.profile.peak_power_w * 1000));
+  return serialise(std::move(sum));
+}
+
 // One VF's block, or the whole board's (TelemetryRequest).
 void Server::reply_telemetry(Client& client, const Message& m) {
   const int sock = client.sock.get();
@@ -783,54 +810,37 @@ void Server::reply_telemetry(Client& client, const Message& m) {
                    std::to_string(sizeof(TelemetryRequest)) + " expected");
     return;
   }
+  // Built under mu_, sent after it, errors included.
   std::vector<std::byte> block;
+  std::uint32_t status = 0;
+  std::string refusal;
   {
     std::lock_guard lock(mu_);
-    if (req->board >= boards_.size()) {
-      send_error(sock, kNotFound,
-                 "telemetry: board " + std::to_string(req->board) + " is not served (the daemon serves " +
-                     std::to_string(boards_.size()) + ")");
-      return;
-    }
-    BoardSlot& slot = *boards_[req->board];
-    if (req->vf == kWholeBoard) {
-      TelemetryBlock sum = slot.retired;
-      for (auto& c : clients_)
-        if (c->board && c->board_index == req->board) add_counters(sum, parse_block(c->board->telemetry()));
-      const std::uint64_t now = base::monotonic_ns();
-      fw::TelemetryHeader& h = sum.header;
-      h.magic = fw::kTelemetryMagic;
-      h.version = fw::kTelemetryVersion;
-      h.header_bytes = sizeof h;
-      h.queue_bytes = sizeof(fw::TelemetryQueue);
-      h.channel_bytes = sizeof(fw::TelemetryChannel);
-      h.uptime_ns = h.board_time_ns = now - slot.started_ns;
-      if (!slot.power) slot.power.emplace(slot.profile, slot.started_ns);
-      slot.power->advance(now, h.engine_busy_ns);
-      h.temperature_mc = static_cast<std::int32_t>(std::lround(slot.power->temperature_c() * 1000));
-      h.power_mw = static_cast<std::uint32_t>(std::lround(slot.power->power_w() * 1000));
-      h.energy_uj = static_cast<std::uint64_t>(slot.power->energy_j() * 1e6);
-      h.clock_mhz = slot.profile.clock_mhz;
-      h.power_limit_mw = static_cast<std::uint32_t>(std::lround(slot.profile.peak_power_w * 1000));
-      block = serialise(std::move(sum));
-    } else {
-      const Client* vf = nullptr;
+    const Client* vf = nullptr;
+    if (req->board < boards_.size() && req->vf != kWholeBoard)
       for (auto& c : clients_)
         if (c->board && c->board_index == req->board && c->vf == req->vf) vf = c.get();
-      if (!vf) {
-        send_error(
-            sock, kNotFound,
-            "telemetry: VF " + std::to_string(req->vf) + " of board " + std::to_string(req->board) + " is not in use");
-        return;
-      }
-      if (client.uid != ::getuid() && vf->uid != client.uid) {
-        send_error(sock, kPermissionDenied,
-                   "telemetry: VF " + std::to_string(req->vf) + " of board " + std::to_string(req->board) +
-                       " belongs to another user");
-        return;
-      }
+    if (req->board >= boards_.size()) {
+      status = kNotFound;
+      refusal = "telemetry: board " + std::to_string(req->board) + " is not served (the daemon serves " +
+                std::to_string(boards_.size()) + ")";
+    } else if (req->vf == kWholeBoard) {
+      block = whole_board_telemetry(*boards_[req->board], req->board);
+    } else if (!vf) {
+      status = kNotFound;
+      refusal =
+          "telemetry: VF " + std::to_string(req->vf) + " of board " + std::to_string(req->board) + " is not in use";
+    } else if (client.uid != ::getuid() && vf->uid != client.uid) {
+      status = kPermissionDenied;
+      refusal = "telemetry: VF " + std::to_string(req->vf) + " of board " + std::to_string(req->board) +
+                " belongs to another user";
+    } else {
       block = serialise(parse_block(vf->board->telemetry()));
     }
+  }
+  if (status) {
+    send_error(sock, status, refusal);
+    return;
   }
   send_message(sock, MsgType::kTelemetryReply, block);
 }

@@ -101,6 +101,7 @@ class Server {
   void reply_boards(Client& client);
   void reply_stats(Client& client, const Message& m);
   void reply_telemetry(Client& client, const Message& m);
+  std::vector<std::byte> whole_board_telemetry(BoardSlot& slot, std::uint32_t board);
   void reap_finished();
   void accept_one();
   // Answers a connection the daemon will not serve with an error, then

@@ -142,35 +142,47 @@ class BoardCollector final : public prometheus::Collectable {
   }
 
  private:
+  // One board's figures, read in full before any is exported, so that a
+  // board that fails half-way adds nothing but tpuhal_up 0.
+  struct Reading {
+    std::string board, driver, serial;
+    std::optional<Telemetry> telemetry;
+    std::uint64_t memory_total = 0, memory_used = 0;
+    std::vector<HeapStats> heaps;         // opened boards
+    std::vector<ProcessUsage> processes;  // watched boards
+  };
+
+  static Reading read(Watched& b) {
+    Reading r;
+    if (observable(b.uri)) {
+      BoardView v = observe(b.uri);
+      r.board = v.board;
+      r.driver = v.driver;
+      r.telemetry = std::move(v.telemetry);
+      r.memory_total = v.memory_bytes;
+      r.memory_used = v.memory_used_bytes;
+      r.processes = std::move(v.processes);
+      return r;
+    }
+    if (!b.dev) b.dev = open(b.uri);
+    const Properties& p = b.dev->properties();
+    r.board = p.board;
+    r.driver = p.driver;
+    r.serial = p.serial;
+    if (p.caps.telemetry) r.telemetry = b.dev->telemetry();
+    MemoryStats m = b.dev->memory_stats();
+    r.memory_total = m.device_total;
+    r.memory_used = m.device_used;
+    r.heaps = std::move(m.heaps);
+    return r;
+  }
+
   void collect(Families& f, Watched& b) const {
     const Labels dev = {{"device", b.uri}};
+    const char* up = "1 when the board answered this scrape, 0 when it did not.";
+    Reading r;
     try {
-      if (observable(b.uri)) {
-        const BoardView v = observe(b.uri);
-        f.gauge("tpuhal_device_info", "The board: its model, driver and serial number (always 1).",
-                with(dev, {{"board", v.board}, {"driver", v.driver}, {"serial", ""}}), 1);
-        add_telemetry(f, dev, v.telemetry);
-        f.gauge("tpuhal_memory_total_bytes", "Device memory in total.", dev, num(v.memory_bytes));
-        f.gauge("tpuhal_memory_used_bytes", "Device memory in use (resident for its processes, when shared).", dev,
-                num(v.memory_used_bytes));
-        for (auto& p : v.processes) add_process(f, dev, p);
-      } else {
-        if (!b.dev) b.dev = open(b.uri);
-        const Properties& p = b.dev->properties();
-        f.gauge("tpuhal_device_info", "The board: its model, driver and serial number (always 1).",
-                with(dev, {{"board", p.board}, {"driver", p.driver}, {"serial", p.serial}}), 1);
-        if (p.caps.telemetry) add_telemetry(f, dev, b.dev->telemetry());
-        const MemoryStats m = b.dev->memory_stats();
-        f.gauge("tpuhal_memory_total_bytes", "Device memory in total.", dev, num(m.device_total));
-        f.gauge("tpuhal_memory_used_bytes", "Device memory in use (resident for its processes, when shared).", dev,
-                num(m.device_used));
-        for (auto& h : m.heaps) {
-          const Labels l = with(dev, {{"heap", h.name}});
-          f.gauge("tpuhal_heap_total_bytes", "The heap's size.", l, num(h.total));
-          f.gauge("tpuhal_heap_used_bytes", "The heap's bytes in use.", l, num(h.used));
-        }
-      }
-      f.gauge("tpuhal_up", "1 when the board answered this scrape, 0 when it did not.", dev, 1);
+      r = read(b);
       b.last_error.clear();
     } catch (const Error& e) {
       // The board's series are left out of this scrape (they go stale, as
@@ -179,8 +191,22 @@ class BoardCollector final : public prometheus::Collectable {
       if (b.last_error != e.what()) std::fprintf(stderr, "tpuhal exporter: %s\n", e.what());
       b.last_error = e.what();
       b.dev.reset();
-      f.gauge("tpuhal_up", "1 when the board answered this scrape, 0 when it did not.", dev, 0);
+      f.gauge("tpuhal_up", up, dev, 0);
+      return;
     }
+    f.gauge("tpuhal_device_info", "The board: its model, driver and serial number (always 1).",
+            with(dev, {{"board", r.board}, {"driver", r.driver}, {"serial", r.serial}}), 1);
+    if (r.telemetry) add_telemetry(f, dev, *r.telemetry);
+    f.gauge("tpuhal_memory_total_bytes", "Device memory in total.", dev, num(r.memory_total));
+    f.gauge("tpuhal_memory_used_bytes", "Device memory in use (resident for its processes, when shared).", dev,
+            num(r.memory_used));
+    for (auto& h : r.heaps) {
+      const Labels l = with(dev, {{"heap", h.name}});
+      f.gauge("tpuhal_heap_total_bytes", "The heap's size.", l, num(h.total));
+      f.gauge("tpuhal_heap_used_bytes", "The heap's bytes in use.", l, num(h.used));
+    }
+    for (auto& p : r.processes) add_process(f, dev, p);
+    f.gauge("tpuhal_up", up, dev, 1);
   }
 
   mutable std::mutex mu_;
