@@ -21,6 +21,7 @@ packages=(
   golang-github-container-orchestrated-devices-container-device-interface-dev  # the CDI specification's JSON schema
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio  # tpuhal-device-plugin; its kubelet stand-in
   gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-good gstreamer1.0-plugins-bad  # a real RTSP server for the live-video tests
+  libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-tools gstreamer1.0-plugins-base  # libgsttpuhal.so; gst-launch-1.0 in its tests
 )
 
 missing=()

@@ -44,6 +44,7 @@ check bindings 'tpuhal/(sim|tpu|fw|simd|bus|cuda|driver|skeleton|bench)/' "the b
 check tools/tpuhal 'tpuhal/(sim|tpu|fw|simd|bus|cuda|driver|skeleton)/' "the CLI uses the public API; it meets the simulator through sim: URIs and the daemon"
 check tools/tpuhal-simd 'tpuhal/(tpu|driver|bus|cuda|skeleton|rt|bench|pipeline)/|tpuhal/[a-z_]+\.hpp' "the daemon serves simulated boards over the protocol; it never sees a driver or the HAL"
 check tools/fleet 'tpuhal/' "what a container needs from the host is read from sysfs; it uses no tpuhal layer"
+check gst 'tpuhal/(sim|tpu|fw|simd|bus|cuda|driver|skeleton|base|bench)/' "the GStreamer elements use the public API and the runtime"
 check tools/tpuhal-device-plugin 'tpuhal/(sim|tpu|fw|simd|bus|cuda|driver|skeleton)/' "the device plugin uses the public API, as the CLI does"
 check tools/tpuhal-usb-gadget 'tpuhal/(tpu|driver|bus|cuda|skeleton|simd|rt|bench|pipeline)/|tpuhal/[a-z_]+\.hpp' "the gadget is the board's side of the cable"
 # tests/ and fuzz/ may reach any layer: they test each one from below.
