@@ -4,8 +4,11 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdarg>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 
 extern "C" {
@@ -33,6 +36,34 @@ bool is_url(const std::string& s) { return s.find("://") != std::string::npos; }
 
 std::string ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
 
+// RTP packet loss: libavformat's RTP depacketiser has no statistics API,
+// but it logs every sequence-number gap it finds ("RTP: missed N packets")
+// against the demuxer's AVFormatContext. A log callback counts those for
+// the live Demuxers it knows, and hands every message to libav's default.
+struct LossCounters {
+  std::mutex mu;
+  std::unordered_map<const void*, std::atomic<std::uint64_t>*> by_context;
+};
+LossCounters& loss_counters() {
+  static auto* c = new LossCounters;  // used by log calls until the process ends
+  return *c;
+}
+
+void count_losses(void* avcl, int level, const char* fmt, va_list vl) {
+  static constexpr char kMissed[] = "RTP: missed %d packets";
+  if (avcl && fmt && std::strncmp(fmt, kMissed, sizeof kMissed - 1) == 0) {
+    va_list args;
+    va_copy(args, vl);
+    const int n = va_arg(args, int);
+    va_end(args);
+    LossCounters& c = loss_counters();
+    std::lock_guard lock(c.mu);
+    if (auto it = c.by_context.find(avcl); it != c.by_context.end() && n > 0)
+      it->second->fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);
+  }
+  av_log_default_callback(avcl, level, fmt, vl);
+}
+
 }  // namespace
 
 struct Demuxer::State {
@@ -49,6 +80,7 @@ struct Demuxer::State {
   bool eof = false;         // the file is exhausted; the filter is being drained
   bool new_stream = false;  // the next packet is the first since a reconnect
   std::uint64_t reconnects = 0;
+  std::atomic<std::uint64_t> lost{0};  // count_losses() adds RTP gaps from its thread
 
   // Bounds every blocking libavformat call on a live source: the callback
   // below ends it once `deadline_ns` passes or interrupt() was called.
@@ -68,6 +100,11 @@ struct Demuxer::State {
   }
 
   void close() {
+    if (fmt && live) {
+      LossCounters& c = loss_counters();
+      std::lock_guard lock(c.mu);
+      c.by_context.erase(fmt);
+    }
     av_bsf_free(&bsf);
     avformat_close_input(&fmt);
     stream = -1;
@@ -87,6 +124,11 @@ void Demuxer::State::open() {
   fmt = avformat_alloc_context();
   if (!fmt) throw Error(Status::OutOfMemory, path + ": cannot allocate a demuxer");
   fmt->interrupt_callback = {&State::interrupted, this};
+  if (live) {
+    LossCounters& c = loss_counters();
+    std::lock_guard lock(c.mu);
+    c.by_context[fmt] = &lost;
+  }
   AVDictionary* opts = nullptr;
   if (live) {
     const auto us = std::to_string(static_cast<std::int64_t>(options.timeout.count()) * 1000);
@@ -99,9 +141,15 @@ void Demuxer::State::open() {
   }
   arm();
   const std::uint64_t started = base::monotonic_ns();
+  const void* context = fmt;
   int r = avformat_open_input(&fmt, path.c_str(), nullptr, &opts);  // frees fmt when it fails
   av_dict_free(&opts);
   if (r < 0) {
+    if (live) {
+      LossCounters& c = loss_counters();
+      std::lock_guard lock(c.mu);
+      c.by_context.erase(context);
+    }
     if (stop.load()) throw Error(Status::Unavailable, path + ": interrupted");
     // Our deadline, or the socket's timeout, which libavformat reports as
     // whatever the protocol made of the silence.
@@ -155,7 +203,10 @@ Demuxer::Demuxer(const std::string& path, const DemuxerOptions& options) : s_(st
   s_->live = is_url(path);
   if (s_->live) {
     static std::once_flag network;
-    std::call_once(network, [] { avformat_network_init(); });
+    std::call_once(network, [] {
+      avformat_network_init();
+      av_log_set_callback(count_losses);
+    });
     if (options.timeout.count() <= 0 || options.initial_backoff.count() <= 0 ||
         options.max_backoff < options.initial_backoff)
       throw Error(Status::InvalidArgument, path +
@@ -180,6 +231,7 @@ std::uint32_t Demuxer::height() const { return s_->height; }
 const std::string& Demuxer::path() const { return s_->path; }
 bool Demuxer::live() const { return s_->live; }
 std::uint64_t Demuxer::reconnects() const { return s_->reconnects; }
+std::uint64_t Demuxer::packets_lost() const { return s_->lost.load(std::memory_order_relaxed); }
 
 void Demuxer::interrupt() noexcept {
   {
@@ -196,6 +248,7 @@ std::optional<Demuxer::Packet> Demuxer::next() {
     out.data.assign(reinterpret_cast<const std::byte*>(p->data), reinterpret_cast<const std::byte*>(p->data) + p->size);
     out.pts = p->pts != AV_NOPTS_VALUE ? p->pts : p->dts != AV_NOPTS_VALUE ? p->dts : s.frames;
     out.keyframe = (p->flags & AV_PKT_FLAG_KEY) != 0;
+    if (p->flags & AV_PKT_FLAG_CORRUPT) s.lost.fetch_add(1, std::memory_order_relaxed);  // MPEG-TS continuity
     out.new_stream = std::exchange(s.new_stream, false);
     out.arrival_ns = base::monotonic_ns();
     ++s.frames;

@@ -2,7 +2,10 @@
 // recorded once per channel, and the channels run from their own threads.
 #include "tpuhal/pipeline/pipeline.hpp"
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -76,12 +79,10 @@ std::string make_test_clip(const std::string& dir, const std::string& size, int 
   return std::system(cmd.c_str()) == 0 ? path : std::string();
 }
 
-PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& files) {
-  const std::size_t n = files.size();
+PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources, const PipelineOptions& options) {
+  const std::size_t n = sources.size();
   PipelineResult r;
-  r.frames.assign(n, 0);
-  r.fps.assign(n, 0);
-  r.last_class.assign(n, -1);
+  r.channels.resize(n);
   // Compute queues are shared by the channels (a queue takes batches from
   // any thread); each channel has its own classifier instance.
   // As many as are free, up to one per channel.
@@ -91,68 +92,149 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& files) 
   } catch (const Error& e) {
     if (e.status() != Status::ResourceExhausted || queues.empty()) throw;
   }
-  std::vector<std::thread> threads;
+  // The demuxers, for the timer to interrupt when options.seconds pass.
   std::mutex mu;
-  std::exception_ptr failure;
+  std::condition_variable done;
+  bool finished = false;
+  std::size_t ended = 0;
+  std::vector<Demuxer*> open_sources(n, nullptr);
+  std::vector<std::thread> threads;
   const auto start = std::chrono::steady_clock::now();
   for (std::size_t c = 0; c < n; ++c)
     threads.emplace_back([&, c] {
+      ChannelStats st;
+      st.source = sources[c];
+      const auto t0 = std::chrono::steady_clock::now();
+      double latency_sum_ms = 0;
       try {
-        Demuxer in(files[c]);
+        Demuxer in(sources[c], options.demuxer);
+        {
+          std::lock_guard lock(mu);
+          open_sources[c] = &in;
+          if (finished) in.interrupt();
+        }
+        struct Unregister {
+          std::mutex& m;
+          Demuxer*& slot;
+          ~Unregister() {
+            std::lock_guard lock(m);
+            slot = nullptr;
+          }
+        } unregister{mu, open_sources[c]};
+        // A live source may not say its size before it decodes, and may come
+        // back larger: its decoders take 1080p.
         VideoDecoderOptions o;
-        o.codec = in.codec();
-        o.max_width = in.width();
-        o.max_height = in.height();
+        auto configure = [&] {
+          o.codec = in.codec();
+          o.max_width = std::max<std::uint32_t>(in.live() ? 1920 : 16, in.width());
+          o.max_height = std::max<std::uint32_t>(in.live() ? 1088 : 16, in.height());
+        };
+        configure();
         VideoDecoder dec = dev.open_decoder(o);
         Queue& q = queues[c % queues.size()];
         Classifier net(dev, q);
-        Buffer rgb = dev.allocate(3ull * in.width() * in.height() * 4);
         Buffer result = dev.allocate(10 * 4, Memory::HostPinned);
-        Tensor rgb_t(rgb, DType::F32, {1, 3, in.height(), in.width()});
+        Buffer rgb;
+        std::uint32_t rgb_w = 0, rgb_h = 0;
         Tensor small(net.input, DType::F32, {1, 3, 64, 64});
         ops::ColorConvertOptions cc;  // ImageNet-style normalisation
         cc.mean = {123.7f, 116.3f, 103.5f};
         cc.scale = {1 / 58.4f, 1 / 57.1f, 1 / 57.4f};
         ops::ResizeOptions rs;
         rs.mode = ResizeMode::Linear;
-        const auto t0 = std::chrono::steady_clock::now();
-        std::uint64_t frames = 0;
-        Fence last;
+        // When each packet since the decoder's last reset was read, by its
+        // index there (Frame::packet()); frames come out a few packets late.
+        std::array<std::uint64_t, 256> arrival{};
         auto process = [&](const Frame& f) {
-          last = q.batch()
-                     .run(ops::nv12_to_rgb(f.luma(), f.chroma(), rgb_t.reshape({3, in.height(), in.width()}), cc))
-                     .run(ops::resize(rgb_t, small, rs))
-                     .run(net.program)
-                     .copy(net.probs, result)
-                     .submit();
-          last.wait();  // the frame's buffer goes back to the channel
-          ++frames;
+          const auto now = static_cast<std::uint64_t>(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+                  .count());
+          const std::uint64_t read = arrival[f.packet() % arrival.size()];
+          const double latency = read && now > read ? static_cast<double>(now - read) / 1e6 : 0.0;
+          latency_sum_ms += latency;
+          st.latency_max_ms = std::max(st.latency_max_ms, latency);
+          if (f.width() != rgb_w || f.height() != rgb_h) {
+            rgb = dev.allocate(3ull * f.width() * f.height() * 4);
+            rgb_w = f.width();
+            rgb_h = f.height();
+          }
+          const Tensor rgb_t(rgb, DType::F32, {1, 3, f.height(), f.width()});
+          q.batch()
+              .run(ops::nv12_to_rgb(f.luma(), f.chroma(), rgb_t.reshape({3, f.height(), f.width()}), cc))
+              .run(ops::resize(rgb_t, small, rs))
+              .run(net.program)
+              .copy(net.probs, result)
+              .submit()
+              .wait();  // the frame's buffer goes back to the channel
+          const auto* probs = reinterpret_cast<const float*>(result.map().data());
+          st.last_class = static_cast<int>(std::max_element(probs, probs + 10) - probs);
+          ++st.frames;
         };
-        while (auto p = in.next()) {
-          dec.send(p->data, p->pts);
-          while (auto f = dec.receive()) process(*f);
+        auto drain = [&] {
+          for (;;) {
+            std::optional<Frame> f;
+            try {
+              f = dec.receive();
+            } catch (const Error& e) {
+              // A packet that did not decode; the stream goes on.
+              if (e.status() != Status::InvalidArgument && e.status() != Status::OutOfRange) throw;
+              ++st.corrupt_frames;
+              continue;
+            }
+            if (!f) return;
+            process(*f);
+          }
+        };
+        try {
+          while (auto p = in.next()) {
+            if (p->new_stream) {
+              // Reconnected: the old stream's frames leave first; then the
+              // same channel starts over, or a new one takes another codec
+              // or a larger size.
+              dec.flush();
+              drain();
+              if (in.codec() == o.codec && in.width() <= o.max_width && in.height() <= o.max_height) {
+                dec.reset();
+              } else {
+                configure();
+                dec = dev.open_decoder(o);
+              }
+            }
+            arrival[dec.packets_sent() % arrival.size()] = p->arrival_ns;
+            dec.send(p->data, p->pts);
+            ++st.packets;
+            drain();
+          }
+        } catch (const Error& e) {
+          if (e.status() != Status::Unavailable) throw;
+          st.error = e.what();  // the source gave up; its frames so far count
         }
         dec.flush();
-        while (auto f = dec.receive()) process(*f);
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const auto* probs = reinterpret_cast<const float*>(result.map().data());
-        int best = 0;
-        for (int k = 1; k < 10; ++k)
-          if (probs[k] > probs[best]) best = k;
-        std::lock_guard lock(mu);
-        r.frames[c] = frames;
-        r.fps[c] = s > 0 ? static_cast<double>(frames) / s : 0;
-        r.last_class[c] = frames ? best : -1;
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!failure) failure = std::current_exception();
+        drain();
+        st.packets_lost = in.packets_lost();
+        st.reconnects = in.reconnects();
+      } catch (const std::exception& e) {
+        st.error = e.what();
       }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      st.fps = s > 0 ? static_cast<double>(st.frames) / s : 0;
+      st.latency_mean_ms = st.frames ? latency_sum_ms / static_cast<double>(st.frames) : 0;
+      std::lock_guard lock(mu);
+      r.channels[c] = std::move(st);
+      ++ended;
+      done.notify_all();
     });
+  if (options.seconds > 0) {
+    std::unique_lock lock(mu);
+    done.wait_for(lock, std::chrono::duration<double>(options.seconds), [&] { return ended == n; });
+    finished = true;
+    for (Demuxer* d : open_sources)
+      if (d) d->interrupt();
+  }
   for (auto& t : threads) t.join();
-  if (failure) std::rethrow_exception(failure);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::uint64_t total = 0;
-  for (auto f : r.frames) total += f;
+  for (const auto& c : r.channels) total += c.frames;
   r.total_fps = r.seconds > 0 ? static_cast<double>(total) / r.seconds : 0;
   return r;
 }

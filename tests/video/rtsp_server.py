@@ -2,12 +2,13 @@
 """An RTSP server for the live-video tests, on GStreamer's RTSP server
 library (Debian's gir1.2-gst-rtsp-server-1.0 with python3-gi).
 
-    rtsp_server.py --port PORT NAME=CLIP...
+    rtsp_server.py --port PORT [--drop-every N] NAME=CLIP...
 
 serves each CLIP (mp4 with H.264 or H.265, made at test time) at
 rtsp://127.0.0.1:PORT/NAME, from its first frame for every client, and ends
 the stream (RTCP BYE) when the clip ends. Prints "serving PORT" once it
-listens; stops on SIGTERM or SIGINT.
+listens; stops on SIGTERM or SIGINT. With --drop-every N, every Nth RTP
+packet of every stream is dropped before it is sent (a lossy network).
 """
 import argparse
 import signal
@@ -28,9 +29,21 @@ def launch_line(clip):
     return f"( filesrc location={clip} ! qtdemux ! {codec}parse ! rtp{codec}pay name=pay0 pt=96 config-interval=-1 )"
 
 
+def drop_packets(media, every):
+    pad = media.get_element().get_by_name("pay0").get_static_pad("src")
+    count = [0]
+
+    def probe(_pad, _info):
+        count[0] += 1
+        return Gst.PadProbeReturn.DROP if count[0] % every == 0 else Gst.PadProbeReturn.OK
+
+    pad.add_probe(Gst.PadProbeType.BUFFER, probe)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--drop-every", type=int, default=0, help="drop every Nth RTP packet")
     ap.add_argument("mounts", nargs="+", help="NAME=CLIP")
     args = ap.parse_args()
     Gst.init(None)
@@ -42,6 +55,8 @@ def main():
         factory = GstRtspServer.RTSPMediaFactory()
         factory.set_launch(launch_line(clip))
         factory.set_shared(False)  # every client from the first frame
+        if args.drop_every:
+            factory.connect("media-configure", lambda f, media: drop_packets(media, args.drop_every))
         server.get_mount_points().add_factory("/" + name, factory)
     if server.attach(None) == 0:
         print(f"cannot listen on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)

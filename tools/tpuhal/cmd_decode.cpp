@@ -179,7 +179,9 @@ int cmd_decode(const std::vector<std::string>& args) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fflush(stdout);
   std::string extra;
-  if (in.live()) extra += ", " + std::to_string(in.reconnects()) + " reconnect(s)";
+  if (in.live())
+    extra += ", " + std::to_string(in.reconnects()) + " reconnect(s), " + std::to_string(in.packets_lost()) +
+             " packet(s) lost";
   if (errors) extra += ", " + std::to_string(errors) + " packets did not decode";
   std::fprintf(stderr, "tpuhal decode: %s: %llu frames (%s %ux%u) on %s channel %u in %.2f s (%.1f fps)%s\n",
                in.path().c_str(), static_cast<unsigned long long>(frames), to_string(in.codec()), in.width(),

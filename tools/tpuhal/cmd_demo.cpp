@@ -52,9 +52,11 @@ int video_pipeline(Device& dev, unsigned channels) {
   std::filesystem::remove_all(dir);
   std::uint64_t total = 0;
   for (unsigned c = 0; c < channels; ++c) {
-    std::printf("  channel %u: %3llu frames  %7.1f fps  (last frame: class %d)\n", c,
-                static_cast<unsigned long long>(r.frames[c]), r.fps[c], r.last_class[c]);
-    total += r.frames[c];
+    const auto& ch = r.channels[c];
+    std::printf("  channel %u: %3llu frames  %7.1f fps  latency %5.1f ms  (last frame: class %d)%s%s\n", c,
+                static_cast<unsigned long long>(ch.frames), ch.fps, ch.latency_mean_ms, ch.last_class,
+                ch.error.empty() ? "" : "  error: ", ch.error.c_str());
+    total += ch.frames;
   }
   std::printf("  total: %llu frames, %.1f fps over %u channels\n", static_cast<unsigned long long>(total), r.total_fps,
               channels);

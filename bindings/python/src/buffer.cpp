@@ -43,7 +43,7 @@ void check_range(const PyBuffer& b, std::uint64_t offset, std::uint64_t n, const
                                  std::to_string(offset) + " exceeds the " + b.describe());
 }
 
-std::shared_ptr<Transfers> transfers_of(const Buffer& b) { return Transfers::existing_or_new(b.device()); }
+std::shared_ptr<Transfers> transfers_of(const Buffer& b) { return Transfers::shared(b.device()); }
 
 void upload_into(const BufferRef& self, const py::handle& array, std::uint64_t offset,
                  const std::optional<QueueRef>& queue) {

@@ -83,17 +83,6 @@ std::shared_ptr<Transfers> Transfers::shared(const Device& device) {
   return t;
 }
 
-std::shared_ptr<Transfers> Transfers::existing_or_new(const Device& device) {
-  {
-    auto& r = registry();
-    std::lock_guard lock(r.mu);
-    auto it = r.by_uri.find(device.uri());
-    if (it != r.by_uri.end())
-      if (auto t = it->second.lock()) return t;
-  }
-  return std::make_shared<Transfers>(device);
-}
-
 Transfers::Transfers(Device device) : device_(std::move(device)) {}
 
 Transfers::~Transfers() {

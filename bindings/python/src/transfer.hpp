@@ -32,11 +32,11 @@ class Transfers {
   // more than staging it.
   static constexpr std::uint64_t kImportMin = 1ull << 20;
 
-  // The context every Device object of `device` shares (made on first use).
+  // The context every Device object of `device`, and every buffer and
+  // frame of it, shares while any of them holds it (made on first use, so
+  // threads moving bytes at once share one queue rather than each claiming
+  // one of the board's few).
   static std::shared_ptr<Transfers> shared(const Device& device);
-  // That one if it exists, else a new one that lives as long as the caller
-  // keeps it (a buffer whose Device objects were all closed).
-  static std::shared_ptr<Transfers> existing_or_new(const Device& device);
 
   explicit Transfers(Device device);
   ~Transfers();

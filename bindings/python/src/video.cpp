@@ -176,7 +176,7 @@ py::tuple to_numpy(const FrameRef& self, const std::optional<QueueRef>& queue) {
   const Queue* q = queue && *queue ? &(*queue)->queue : nullptr;
   Frame keep = f;  // the frame buffer stays this frame's while the bytes move
   without_gil([&] {
-    auto t = Transfers::existing_or_new(keep.buffer().device());
+    auto t = Transfers::shared(keep.buffer().device());
     std::vector<std::byte> bytes(hi > lo ? hi - lo : 0);
     if (!bytes.empty()) t->read(keep.buffer(), lo, bytes.data(), bytes.size(), q);
     for (std::size_t i = 0; i < planes.size(); ++i) {
@@ -435,6 +435,9 @@ void bind_video(py::module_& m) {
           "live", [](PyDemuxer& d) { return d.demuxer->live(); }, "True for a URL.")
       .def_property_readonly(
           "reconnects", [](PyDemuxer& d) { return d.demuxer->reconnects(); }, "Times a live source was opened again.")
+      .def_property_readonly(
+          "packets_lost", [](PyDemuxer& d) { return d.demuxer->packets_lost(); },
+          "Packets the network lost (RTP over UDP, MPEG-TS); 0 over TCP.")
       .def(
           "interrupt", [](PyDemuxer& d) { d.demuxer->interrupt(); },
           "From any thread: ends a read blocked on a live source soon (StopIteration), and every later one.")

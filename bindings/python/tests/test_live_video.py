@@ -6,6 +6,7 @@ of the clip; a stream that ends, and a server that stops and comes back,
 are reconnected; a server that never comes back makes the decode give up
 after the attempts it was given."""
 import os
+import re
 import shutil
 import signal
 import socket
@@ -218,4 +219,196 @@ def test_python_reads_a_live_stream_sees_new_streams_and_interrupts_a_blocked_re
             tpuhal.Demuxer(server.url("h264"), transport="quic")
     finally:
         server.p.send_signal(signal.SIGCONT)
+        server.stop()
+
+
+# -- many channels, loss, stalls ----------------------------------------------
+
+def md5_of(frame):
+    import hashlib
+    h = hashlib.md5()
+    for plane in frame.to_numpy():
+        h.update(plane.tobytes())
+    return h.hexdigest()
+
+
+def live_channel(dev, url, wanted, out, **kwargs):
+    """Decodes `url` until one stream (one connection, from its first packet
+    to the end the server gives it) brings `wanted` frames: out["streams"]
+    gets each stream's frame MD5s in order, and the Demuxer's counters."""
+    import tpuhal
+    try:
+        d = tpuhal.Demuxer(url, transport="tcp", timeout=1.0, initial_backoff=0.05, max_backoff=0.4, **kwargs)
+        streams, current = [], []
+        with dev.open_decoder(d.codec, format="i420", max_width=320, max_height=240) as dec:
+            def take():
+                while (f := dec.receive(30)) is not None:
+                    current.append(md5_of(f))
+            for p in d:
+                if p.new_stream:  # the last stream's frames still inside come out first
+                    dec.flush()
+                    take()
+                    streams.append(current)
+                    current = []
+                    if len(streams[-1]) >= wanted:
+                        break
+                    dec.reset()
+                dec.send(p)
+                take()
+        out.update(streams=streams, reconnects=d.reconnects, lost=d.packets_lost)
+    except Exception as e:  # reported by the test
+        out["error"] = repr(e)
+
+
+def cut_short_of(stream, want):
+    """A stream cut mid-clip: the clip's first frames; the last few may be
+    missing B-frames' places (the flush gives what the packets that came
+    hold, in display order) or come from a truncated last packet."""
+    n = max(0, len(stream) - 4)
+    return len(stream) < len(want) + 4 and stream[:n] == want[:n]
+
+
+def test_32_live_channels_on_one_board_and_a_server_dropping_out_under_four_of_them(clips):
+    import threading
+    import tpuhal
+    _, want = clips["h264"]
+    steady, flaky = Server(clips), Server(clips)
+    try:
+        with tpuhal.open("sim:0") as dev:
+            before = dev.memory_stats().device_used
+            urls = [steady.url("h264")] * 28 + [flaky.url("h264")] * 4
+            outs = [{} for _ in urls]
+            threads = [threading.Thread(target=live_channel, args=(dev, u, len(want), o)) for u, o in zip(urls, outs)]
+            peak = [0]
+            watching = threading.Event()
+
+            def watch():
+                while not watching.wait(0.05):
+                    peak[0] = max(peak[0], dev.memory_stats().device_used - before)
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            for t in threads:
+                t.start()
+            time.sleep(0.6)  # some frames in, then the second server dies and comes back
+            flaky.p.send_signal(signal.SIGKILL)
+            flaky.p.wait()
+            time.sleep(0.5)
+            flaky.start()
+            for t in threads:
+                t.join(120)
+            watching.set()
+            watcher.join()
+            after = dev.memory_stats().device_used
+        for i, o in enumerate(outs):
+            assert "error" not in o, (i, o.get("error"))
+        for o in outs[:28]:  # the steady server's channels: one whole stream, to the clip's end
+            assert o["streams"] == [want]
+        for o in outs[28:]:  # the others: a stream cut short, then a whole new one
+            assert len(o["streams"]) >= 2 and o["streams"][-1] == want, [len(s) for s in o["streams"]]
+            assert all(cut_short_of(s, want) for s in o["streams"][:-1])
+        # 32 decoders of 320x240 with 4 frame buffers each, and what the
+        # threads held: bounded, and all of it back once they closed.
+        assert 0 < peak[0] <= 32 * 4 * 1024 * 1024, peak[0]
+        assert after == before
+    finally:
+        steady.stop()
+        flaky.stop()
+
+
+def test_a_stalled_server_is_reconnected_once_it_answers_again(clips):
+    import threading
+    import tpuhal
+    _, want = clips["h264"]
+    server = Server(clips)
+    try:
+        with tpuhal.open("sim:0") as dev:
+            out = {}
+            t = threading.Thread(target=live_channel, args=(dev, server.url("h264"), len(want), out))
+            t.start()
+            time.sleep(0.5)
+            server.p.send_signal(signal.SIGSTOP)  # the socket stays open, nothing comes
+            time.sleep(2.0)
+            server.p.send_signal(signal.SIGCONT)
+            t.join(60)
+        assert "error" not in out, out["error"]
+        streams = out["streams"]
+        assert len(streams) >= 2 and streams[-1] == want, [len(s) for s in streams]
+        assert all(cut_short_of(s, want) for s in streams[:-1])
+    finally:
+        server.p.send_signal(signal.SIGCONT)
+        server.stop()
+
+
+def threads_and_rss():
+    status = open("/proc/self/status").read()
+    threads = int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))
+    rss_kb = int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1))
+    return threads, rss_kb
+
+
+def test_a_source_that_never_comes_back_retries_without_growing_and_reports_it(clips):
+    import tpuhal
+    server = Server(clips)
+    d = tpuhal.Demuxer(server.url("h264"), transport="tcp", timeout=0.5, initial_backoff=0.01, max_backoff=0.02,
+                       max_attempts=150)
+    next(d)
+    server.stop()  # for good
+    threads, rss = threads_and_rss()
+    started = time.monotonic()
+    with pytest.raises(tpuhal.Unavailable, match="gave up after 150 attempt"):
+        for _ in d:
+            pass
+    assert time.monotonic() - started < 30
+    threads_after, rss_after = threads_and_rss()
+    assert threads_after == threads
+    assert rss_after - rss < 8 * 1024, (rss, rss_after)  # KiB: 150 attempts leave nothing behind
+
+
+def test_packets_lost_on_udp_are_counted_and_the_pipeline_reports_them(clips, tmp_path):
+    import tpuhal
+    path, want = clips["h264"]
+    server = subprocess.Popen(["/usr/bin/python3", SERVER, "--port", str(port := free_port()), "--drop-every", "15",
+                               f"h264={path}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS")})
+    try:
+        assert "serving" in server.stdout.readline(), server.stderr.read()
+        url = f"rtsp://127.0.0.1:{port}/h264"
+        d = tpuhal.Demuxer(url, transport="udp", timeout=2.0)
+        for i, p in enumerate(d):
+            if p.new_stream or i > len(want):
+                break
+        assert d.packets_lost > 0
+        d = tpuhal.Demuxer(url, transport="tcp", timeout=2.0)
+        next(d)
+        assert d.packets_lost == 0  # nothing lost on the way; libavformat counts RTP gaps on UDP only
+        # The C++ pipeline (examples/video_pipeline.cpp): per-channel statistics.
+        r = subprocess.run([os.path.join(BIN, "video_pipeline"), "--device", "sim:0", "--seconds", "2.5",
+                            "--transport", "udp", url, url], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        stats = re.findall(r"channel (\d+): (\d+) frames, ([\d.]+) fps, (\d+) packets, (\d+) lost, (\d+) corrupt, "
+                           r"(\d+) reconnects, latency ([\d.]+) ms mean / ([\d.]+) ms max", r.stdout)
+        assert len(stats) == 2, r.stdout
+        for _, frames, fps, packets, lost, corrupt, reconnects, mean, peak in stats:
+            assert int(frames) > 20 and int(packets) >= int(frames) // 2
+            assert int(lost) > 0, r.stdout
+            assert 0 < float(mean) <= float(peak) < 2000
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_the_python_pipeline_example_reads_rtsp(clips):
+    server = Server(clips)
+    try:
+        example = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "python", "video_pipeline.py")
+        r = subprocess.run(["/usr/bin/python3", example, server.url("h264"), server.url("h265"), "--seconds", "3",
+                            "--transport", "tcp"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        lines = re.findall(r"channel \d: rtsp://\S+: (\d+) frames in [\d.]+ s, [\d.]+ fps, (\d+) lost, (\d+) reconnects, "
+                           r"latency ([\d.]+) ms mean", r.stdout)
+        assert len(lines) == 2, r.stdout
+        for frames, lost, reconnects, latency in lines:
+            # 25 fps for 3 s, the 2-second clip served again once it ends.
+            assert int(frames) >= 50 and int(lost) == 0 and int(reconnects) >= 1 and float(latency) > 0, r.stdout
+    finally:
         server.stop()

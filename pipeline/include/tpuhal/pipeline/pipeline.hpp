@@ -1,7 +1,8 @@
 // The video-analytics pipeline: N camera streams decoded on the board's
 // video unit, converted and resized on its tensor engine, and classified by
 // a small network recorded once as a Program; no frame goes back to the host.
-// `tpuhal demo` shows it; examples/video_pipeline.cpp runs it on any files.
+// `tpuhal demo` shows it; examples/video_pipeline.cpp runs it on any files
+// or live streams (rtsp://, http://, udp://).
 #pragma once
 
 #include <cstdint>
@@ -9,21 +10,47 @@
 #include <vector>
 
 #include "tpuhal/tpuhal.hpp"
+#include "tpuhal/video.hpp"
 
 namespace tpuhal::pipeline {
 
-struct PipelineResult {
-  std::vector<std::uint64_t> frames;  // per channel
-  std::vector<double> fps;            // per channel
-  double total_fps = 0;
+struct PipelineOptions {
+  DemuxerOptions demuxer;  // how live sources are read and reconnected
+  // Stop every channel after this long (0: when its source ends; a live
+  // source then runs until its reconnection attempts run out).
   double seconds = 0;
-  std::vector<int> last_class;  // per channel: the class of its last frame
 };
 
-// Decodes each file on its own channel (from its own host thread), runs
-// every frame through NV12 -> RGB (mean/scale normalisation), a resize to
-// 64x64 and the classifier, and returns the rates.
-PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& files);
+// One channel's statistics.
+struct ChannelStats {
+  std::string source;
+  std::uint64_t packets = 0;         // sent to the decoder
+  std::uint64_t frames = 0;          // decoded and classified
+  double fps = 0;                    // frames over the channel's run time
+  std::uint64_t packets_lost = 0;    // by the network (Demuxer::packets_lost)
+  std::uint64_t corrupt_frames = 0;  // packets that did not decode
+  std::uint64_t reconnects = 0;      // of a live source
+  double latency_mean_ms = 0;        // packet read to frame decoded
+  double latency_max_ms = 0;
+  int last_class = -1;  // of its last frame
+  std::string error;    // why it stopped early; empty when it ran to the end
+};
+
+struct PipelineResult {
+  std::vector<ChannelStats> channels;
+  double total_fps = 0;
+  double seconds = 0;
+};
+
+// Decodes each source on its own decoder channel (from its own host
+// thread), runs every frame through NV12 -> RGB (mean/scale normalisation),
+// a resize to 64x64 and the classifier, and returns each channel's
+// statistics. A live source that stalls, drops or ends is reconnected and
+// its decoder channel starts a new stream (a new channel where the codec or
+// size changed); the other channels go on untouched. A channel that fails
+// (its source gives up, a device error) reports why in its stats and the
+// rest run on. Throws only what stops every channel (no compute queue).
+PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources, const PipelineOptions& options = {});
 
 // Makes a short H.264 test clip with ffmpeg (testsrc2); returns its path, or
 // an empty string if ffmpeg is not there.
