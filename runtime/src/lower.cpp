@@ -439,10 +439,16 @@ struct Lowerer {
     if (op_type == "ConvTranspose") {  // in float in every precision (int8: f32)
       const DType t = int8 ? DType::F32 : act;
       const Value& w = g.value(n.inputs[1]);
-      const auto geo = onnx_attrs::conv_transpose_options(a, g.value(n.inputs[0]).shape, w.shape);
+      const auto& xs = g.value(n.inputs[0]).shape;
+      const auto geo = onnx_attrs::conv_transpose_options(a, xs, w.shape);
       std::map<std::string, std::int64_t> operands{{"x", get(n.inputs[0], t)}, {"w", get(n.inputs[1], t)}};
       if (n.inputs.size() > 2 && !n.inputs[2].empty()) operands["bias"] = get(n.inputs[2], DType::F32);
       operands["y"] = produce(n.output, t, shape);
+      if (xs.size() == 3) {  // 1-D: the 2-D op on views with H = 1
+        operands["x"] = dg().add_view(operands["x"], {xs[0], xs[1], 1, xs[2]});
+        operands["w"] = dg().add_view(operands["w"], {w.shape[0], w.shape[1], 1, w.shape[2]});
+        operands["y"] = dg().add_view(operands["y"], {shape[0], shape[1], 1, shape[2]});
+      }
       json at = conv_attrs(geo.options);
       at["activation"] = act_json(n.act);
       op("conv_transpose2d", n.name, operands, at);

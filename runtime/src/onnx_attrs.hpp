@@ -89,7 +89,8 @@ inline ops::Conv2dOptions conv_options(const Attrs& at, const std::vector<std::i
 }
 
 // ConvTranspose for a 4-D input x [N, C, H, W] and weights [Cin,
-// Cout/groups, kh, kw]: the options (pads from `pads`, or worked out from
+// Cout/groups, kh, kw], or a 3-D one ([N, C, L], [Cin, Cout/groups, k],
+// as H = 1; out[0] is then 1): the options (pads from `pads`, or worked out from
 // output_shape or auto_pad as ONNX says) and the output's H and W. An
 // output_shape larger than the full output adds output padding at the end
 // (which the op takes up to max(stride, dilation) - 1 of).
@@ -99,10 +100,21 @@ struct ConvTransposeGeometry {
 };
 inline ConvTransposeGeometry conv_transpose_options(const Attrs& at, const std::vector<std::int64_t>& x,
                                                     const std::vector<std::int64_t>& w) {
+  // A 1-D one (x [N, C, L], weights [Cin, Cout/groups, k]) is the 2-D one
+  // with H = 1: its attributes gain a leading 1 (strides, dilations), 0
+  // (output_padding, each end's pads) or 1 (output_shape's H).
+  const bool one_d = x.size() == 3;
+  const std::vector<std::int64_t> x4 = one_d ? std::vector<std::int64_t>{x[0], x[1], 1, x[2]} : x;
+  const std::vector<std::int64_t> w4 = one_d ? std::vector<std::int64_t>{w[0], w[1], 1, w.size() > 2 ? w[2] : 1} : w;
+  const std::size_t dims = one_d ? 1 : 2;
+  auto lead = [&](std::vector<std::int64_t> v, std::int64_t first) {
+    if (one_d && v.size() == 1) v.insert(v.begin(), first);
+    return v;
+  };
   ConvTransposeGeometry g;
-  auto strides = at.ints("strides", {1, 1});
-  auto dil = at.ints("dilations", {1, 1});
-  auto opad = at.ints("output_padding", {0, 0});
+  auto strides = lead(at.ints("strides", std::vector<std::int64_t>(dims, 1)), 1);
+  auto dil = lead(at.ints("dilations", std::vector<std::int64_t>(dims, 1)), 1);
+  auto opad = lead(at.ints("output_padding", std::vector<std::int64_t>(dims, 0)), 0);
   if (strides.size() != 2) strides = {1, 1};
   if (dil.size() != 2) dil = {1, 1};
   if (opad.size() != 2) opad = {0, 0};
@@ -110,17 +122,18 @@ inline ConvTransposeGeometry conv_transpose_options(const Attrs& at, const std::
   o.strides = {u32(strides[0]), u32(strides[1])};
   o.dilations = {u32(dil[0]), u32(dil[1])};
   o.groups = u32(at.i("group", 1));
-  const auto pads = at.ints("pads", {0, 0, 0, 0});
-  const auto output_shape = at.ints("output_shape");
+  auto pads = at.ints("pads", std::vector<std::int64_t>(2 * dims, 0));
+  if (one_d && pads.size() == 2) pads = {0, pads[0], 0, pads[1]};
+  const auto output_shape = lead(at.ints("output_shape"), 1);
   const std::string autopad = at.s("auto_pad", "NOTSET");
   for (std::size_t k = 0; k < 2; ++k) {
-    const std::int64_t full = strides[k] * (x[2 + k] - 1) + opad[k] + (w[2 + k] - 1) * dil[k] + 1;
+    const std::int64_t full = strides[k] * (x4[2 + k] - 1) + opad[k] + (w4[2 + k] - 1) * dil[k] + 1;
     std::int64_t begin = pads.size() == 4 ? pads[k] : 0, end = pads.size() == 4 ? pads[k + 2] : 0;
     std::int64_t want = -1;
     if (output_shape.size() >= 2)
       want = output_shape[output_shape.size() - 2 + k];
     else if (autopad == "SAME_UPPER" || autopad == "SAME_LOWER")
-      want = x[2 + k] * strides[k];
+      want = x4[2 + k] * strides[k];
     std::int64_t extra = 0;  // an output_shape beyond the full output: output padding at the end
     if (want >= 0) {
       const std::int64_t total = full - want;

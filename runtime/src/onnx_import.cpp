@@ -924,9 +924,10 @@ struct Importer {
     if (op == "ConvTranspose") {
       const auto& x = in(n, 0).shape;
       const auto& w = constant(n, 1, "weights").shape;
-      if (x.size() != 4 || w.size() != 4)
+      const bool one_d = x.size() == 3 && w.size() == 3;  // [N, C, L]: lowered as H = 1
+      if (!one_d && (x.size() != 4 || w.size() != 4))
         fail(Status::Unsupported, "node '" + n.name + "' (ConvTranspose): " + std::to_string(x.size() - 2) +
-                                      "-D transposed convolution; the compiler takes 2-D (NCHW) ones");
+                                      "-D transposed convolution; the compiler takes 1-D and 2-D (NCHW) ones");
       const auto unknown = a.unknown(
           {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"});
       if (!unknown.empty()) fail(Status::Unsupported, "node '" + n.name + "' (ConvTranspose): attribute " + unknown);
@@ -939,7 +940,8 @@ struct Importer {
       for (auto p : geo.options.pads)
         if (p > 65536) fail_node(n, "pad " + std::to_string(p) + " is above 65536");
       if (geo.out[0] < 1 || geo.out[1] < 1) fail_node(n, "its pads leave an empty output");
-      out.shape = {x[0], w[1] * groups, geo.out[0], geo.out[1]};
+      out.shape = one_d ? std::vector<std::int64_t>{x[0], w[1] * groups, geo.out[1]}
+                        : std::vector<std::int64_t>{x[0], w[1] * groups, geo.out[0], geo.out[1]};
       return out;
     }
     if (op == "ArgMax" || op == "ArgMin" || op == "TopK") {

@@ -235,13 +235,17 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
         {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"});
     if (!unknown.empty()) return "attribute " + unknown;
     return Lowering{[node_copy = node](const Inputs& in, const Tensor& out, const auto&) {
-                      const Tensor& x = *in[0];
+                      Tensor x = *in[0], w = *in[1], y = out;
+                      const auto g = rt::onnx_attrs::conv_transpose_options(Attrs{node_copy}, x.shape(), w.shape());
+                      if (x.rank() == 3 && w.rank() == 3) {  // 1-D as 2-D with H = 1
+                        x = x.reshape({x.shape()[0], x.shape()[1], 1, x.shape()[2]});
+                        w = w.reshape({w.shape()[0], w.shape()[1], 1, w.shape()[2]});
+                        y = y.reshape({y.shape()[0], y.shape()[1], 1, y.shape()[2]});
+                      }
                       if (x.rank() != 4) throw Skip(std::to_string(x.rank() - 2) + "-D transposed convolution");
-                      const auto g =
-                          rt::onnx_attrs::conv_transpose_options(Attrs{node_copy}, x.shape(), in[1]->shape());
                       ops::Conv2dOptions o = g.options;
                       if (in.size() > 2 && in[2]) o.bias = *in[2];
-                      return ops::conv_transpose2d(x, *in[1], out, o);
+                      return ops::conv_transpose2d(x, w, y, o);
                     },
                     {}};
   }

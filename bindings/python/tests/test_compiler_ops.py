@@ -544,6 +544,23 @@ def test_conv_transpose(dev, strides, pads, dilations, group, output_padding):
     check(dev, m, {"x": x}, lambda x: conv_transpose_reference(x, w, b, strides, pads, dilations, group, out_hw))
 
 
+@pytest.mark.parametrize("strides,pads,dilations,group,output_padding", [
+    ((1,), (0, 0), (1,), 1, (0,)),
+    ((2,), (1, 2), (1,), 2, (1,)),
+    ((3,), (0, 1), (2,), 1, (2,)),
+])
+def test_conv_transpose_1d(dev, strides, pads, dilations, group, output_padding):
+    # [N, C, L]: the 2-D reference with H = 1.
+    x, w, b = randn(2, 4, 7), randn(4, 3, 3), randn(3 * group)
+    length = strides[0] * (x.shape[2] - 1) + output_padding[0] + (w.shape[2] - 1) * dilations[0] + 1 - pads[0] - pads[1]
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=strides, pads=pads, dilations=dilations,
+                            group=group, output_padding=output_padding)
+    m = model([node], {"x": x.shape}, "y", initializers=[("w", w), ("b", b)])
+    check(dev, m, {"x": x}, lambda x: conv_transpose_reference(
+        x[:, :, None, :], w[:, :, None, :], b, (1, strides[0]), (0, pads[0], 0, pads[1]), (1, dilations[0]), group,
+        (1, length))[:, :, 0, :])
+
+
 def test_conv_transpose_with_output_shape_matches_pytorch(dev, tmp_path):
     torch = pytest.importorskip("torch", reason="python3-torch is not installed (scripts/setup.sh installs it)")
     torch.manual_seed(0)
