@@ -148,6 +148,7 @@ int cmd_decode(const std::vector<std::string>& args) {
         copy.copy(f->buffer(), 0, host, 0, need).submit().wait();
         std::printf("%llu, %lld, %ux%u, %s\n", static_cast<unsigned long long>(frames),
                     static_cast<long long>(f->pts()), f->width(), f->height(), frame_md5(*f, host.map()).c_str());
+        if (in.live()) std::fflush(stdout);  // a reader of a live stream sees each frame as it comes
       }
       ++frames;
     }

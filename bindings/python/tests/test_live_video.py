@@ -412,3 +412,42 @@ def test_the_python_pipeline_example_reads_rtsp(clips):
             assert int(frames) >= 50 and int(lost) == 0 and int(reconnects) >= 1 and float(latency) > 0, r.stdout
     finally:
         server.stop()
+
+
+def test_a_stream_back_with_another_codec_and_size_gets_a_new_channel(clips, tmp_path):
+    # The camera comes back as H.265 at 352x288 where it was H.264 at 320x240.
+    other = tmp_path / "h265-cif.mp4"
+    subprocess.run([FFMPEG, "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=352x288:rate=25", "-frames:v",
+                    "20", *CLIPS["h265"][0].split(), str(other)], check=True)
+    md5 = subprocess.run([FFMPEG, "-v", "error", "-i", str(other), "-fps_mode", "passthrough", "-f", "framemd5", "-"],
+                         capture_output=True, text=True, check=True).stdout
+    want_other = [l.rsplit(",", 1)[1].strip() for l in md5.splitlines() if l and not l.startswith("#")]
+    _, want = clips["h264"]
+    server = Server({"cam": clips["h264"]})
+    p = subprocess.Popen([TPUHAL, "decode", "--device", "sim:0", server.url("cam"), "--md5", "--transport", "tcp",
+                          "--frames", str(len(want) + 2 * len(want_other)), "--timeout-ms", "1000",
+                          "--backoff-ms", "100:400"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = [p.stdout.readline() for _ in range(5)]
+        port = server.port
+        server.p.send_signal(signal.SIGKILL)
+        server.p.wait()
+        server = Server({"cam": (other, want_other)}, port=port)
+        out = p.stdout.read()
+        err = p.stderr.read()
+        p.wait(60)
+        assert p.returncode == 0, err
+        assert "reconnected (h265 352x288); opening a new channel for it" in err, err
+        got = [l.rsplit(",", 1)[1].strip() for l in "".join(first + [out]).splitlines() if l.count(",") == 3]
+        sizes = [l.split(",")[2].strip() for l in "".join(first + [out]).splitlines() if l.count(",") == 3]
+        assert got[:5] == want[:5] and sizes[:5] == ["320x240"] * 5
+        # The frames of the cut stream still inside come out, then the whole new one from its first frame.
+        start = sizes.index("352x288")
+        assert cut_short_of(got[:start], want), start
+        assert got[start:start + len(want_other)] == want_other
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        server.stop()
