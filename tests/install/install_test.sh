@@ -31,4 +31,20 @@ c++ -std=c++20 $flags "$source/consumer/main.cpp" $(pkg-config --cflags --libs t
 
 # The installed CLI runs from its prefix.
 "$work/prefix/bin/tpuhal" list | grep -q '^sim:0'
+
+# The GStreamer plugin, where it was built: loads from its installed folder
+# (finding libtpuhal beside it) and lists its elements.
+plugin=$(find "$work/prefix" -name libgsttpuhal.so | head -n1)
+if [[ -f $build/gst/libgsttpuhal.so ]]; then
+  [[ -n $plugin && $(basename "$(dirname "$plugin")") == gstreamer-1.0 ]] || {
+    echo "install test: libgsttpuhal.so is not installed in a gstreamer-1.0 folder" >&2
+    exit 1
+  }
+  # (A sanitized plugin needs its runtime preloaded into gst-inspect-1.0;
+  # Python.gstreamer runs it that way.)
+  if [[ -z $flags ]] && command -v gst-inspect-1.0 >/dev/null; then
+    GST_PLUGIN_PATH=$(dirname "$plugin") GST_REGISTRY="$work/registry.bin" gst-inspect-1.0 tpuhal >"$work/inspect.txt"
+    grep tpuhalinfer "$work/inspect.txt" >/dev/null
+  fi
+fi
 echo "install test: ok"
