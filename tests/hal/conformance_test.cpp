@@ -698,8 +698,16 @@ TEST_P(Conformance, ATraceShowsEachCommandOfAKnownWorkload) {
   if (props.caps.wait_value) g = gate(first);  // so that b's wait is a wait on the device
   Fence produced = first.copy(src, mid).fill(mid, 0, 4096, 0xab).submit();
   Fence consumed = b.wait(produced).copy(mid, dst).submit();
-  if (g) g->release();
+  // The host's wait is traced only when it has to wait: with a gate, the
+  // work is held until the wait has begun.
+  std::thread opener;
+  if (g)
+    opener = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      g->release();
+    });
   consumed.wait();
+  if (opener.joinable()) opener.join();
   std::uint64_t submits = 2;
   const bool tensor = props.caps.tensor && a.engine() == Engine::Compute;
   if (tensor) {
@@ -730,7 +738,9 @@ TEST_P(Conformance, ATraceShowsEachCommandOfAKnownWorkload) {
 
   // The host side, on every device.
   EXPECT_EQ(test::events_named(t, "X", "submit").size(), submits);
-  EXPECT_GE(test::events_named(t, "X", "wait").size(), 1u);
+  if (g) {
+    EXPECT_GE(test::events_named(t, "X", "wait").size(), 1u);
+  }
   std::vector<std::uint64_t> allocated;
   for (const auto& e : test::events_named(t, "X", "allocate")) allocated.push_back(e["args"]["bytes"]);
   EXPECT_THAT(allocated, ::testing::IsSupersetOf({n, n, n}));
