@@ -180,8 +180,9 @@ class TPUHAL_API Demuxer {
   bool live() const;                 // a URL, not a file
   std::uint64_t reconnects() const;  // times a live source was opened again
   // Packets the network lost, as far as the transport can tell: RTP over
-  // UDP (sequence-number gaps libavformat reports) and MPEG-TS (continuity
-  // errors); 0 over TCP, which loses nothing. Counting RTP losses installs
+  // UDP (the sequence-number gaps libavformat reports, which need not be
+  // all of them) and MPEG-TS (continuity errors); 0 over TCP, which loses
+  // nothing. Counting RTP losses installs
   // a libav log callback (av_log_set_callback) that passes every message on
   // to libav's default one; an application that installs its own after
   // opening a live Demuxer turns this count off.
