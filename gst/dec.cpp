@@ -13,6 +13,7 @@
 #include <gst/video/video.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -39,7 +40,7 @@ struct DecImpl {
   // Properties (set from any thread, read at start and open).
   std::string uri;
   guint frame_buffers = kDefaultFrameBuffers;
-  guint in_flight = kDefaultInFlight;
+  std::atomic<guint> in_flight{kDefaultInFlight};  // may change while playing
 
   tpuhal::Device device;
   std::optional<tpuhal::VideoDecoder> dec;
@@ -375,7 +376,7 @@ GstFlowReturn dec_handle_frame(GstVideoDecoder* d, GstVideoCodecFrame* frame) {
     // packets are on the device (more: throughput, fewer: latency).
     do ret = take(d, false, &got);
     while (ret == GST_FLOW_OK && got);
-    while (ret == GST_FLOW_OK && s.dec->packets_sent() - s.dec->frames_received() >= s.in_flight) {
+    while (ret == GST_FLOW_OK && s.dec->packets_sent() - s.dec->frames_received() >= s.in_flight.load()) {
       ret = take(d, true, &got);
       if (!got) break;  // the decoder holds frames back to reorder them
     }

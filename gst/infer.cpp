@@ -11,6 +11,7 @@
 #include <gst/base/gstbasetransform.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <deque>
 #include <numeric>
@@ -43,7 +44,7 @@ struct InferImpl {
   std::int64_t batch = 1, height = 0, width = 0, classes = 0;
   std::vector<GstBuffer*> pending;  // gathered for the next batch
   std::deque<GstBuffer*> ready;     // run, waiting to be pushed
-  guint64 batches = 0;
+  std::atomic<guint64> batches{0};  // read by get_property from any thread
 };
 
 struct TpuhalInfer {

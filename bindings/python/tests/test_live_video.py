@@ -232,13 +232,15 @@ def md5_of(frame):
     return h.hexdigest()
 
 
-def live_channel(dev, url, wanted, out, **kwargs):
+def live_channel(dev, url, wanted, out, timeout=5.0):
     """Decodes `url` until one stream (one connection, from its first packet
     to the end the server gives it) brings `wanted` frames: out["streams"]
-    gets each stream's frame MD5s in order, and the Demuxer's counters."""
+    gets each stream's frame MD5s in order, and the Demuxer's counters.
+    `timeout` bounds the first open too (not retried): 32 clients at once
+    on a loaded machine under the sanitizers take the server seconds."""
     import tpuhal
     try:
-        d = tpuhal.Demuxer(url, transport="tcp", timeout=1.0, initial_backoff=0.05, max_backoff=0.4, **kwargs)
+        d = tpuhal.Demuxer(url, transport="tcp", timeout=timeout, initial_backoff=0.05, max_backoff=0.4)
         streams, current = [], []
         with dev.open_decoder(d.codec, format="i420", max_width=320, max_height=240) as dec:
             def take():
@@ -323,7 +325,8 @@ def test_a_stalled_server_is_reconnected_once_it_answers_again(clips):
     try:
         with tpuhal.open("sim:0") as dev:
             out = {}
-            t = threading.Thread(target=live_channel, args=(dev, server.url("h264"), len(want), out))
+            # A 1-second stall bound, so that the 2-second stop is one.
+            t = threading.Thread(target=live_channel, args=(dev, server.url("h264"), len(want), out, 1.0))
             t.start()
             time.sleep(0.5)
             server.p.send_signal(signal.SIGSTOP)  # the socket stays open, nothing comes
