@@ -256,20 +256,30 @@ GstFlowReturn infer_generate_output(GstBaseTransform* t, GstBuffer** out) {
   return GST_FLOW_OK;
 }
 
+// Runs what was gathered as a part batch and pushes it downstream, outside
+// the base class's chain (for events and queries that must not wait for a
+// full batch). After a push is refused, the rest stay for stop() to drop.
+// Returns run_batch()'s result.
+GstFlowReturn push_part_batch(GstBaseTransform* t) {
+  InferImpl& s = impl_of(t);
+  const GstFlowReturn ret = run_batch(t);
+  while (ret == GST_FLOW_OK && !s.ready.empty()) {
+    GstBuffer* b = s.ready.front();
+    s.ready.pop_front();
+    if (gst_pad_push(GST_BASE_TRANSFORM_SRC_PAD(t), b) != GST_FLOW_OK) break;
+  }
+  return ret;
+}
+
 // At the end of a stream (or a drain), a part batch runs and leaves before
 // the event; a flush drops what was gathered.
 gboolean infer_sink_event(GstBaseTransform* t, GstEvent* event) {
   InferImpl& s = impl_of(t);
   const GstEventType type = GST_EVENT_TYPE(event);
   if (type == GST_EVENT_EOS || type == GST_EVENT_GAP || type == GST_EVENT_SEGMENT_DONE) {
-    if (run_batch(t) != GST_FLOW_OK) {
+    if (push_part_batch(t) != GST_FLOW_OK) {
       gst_event_unref(event);
       return FALSE;
-    }
-    while (!s.ready.empty()) {
-      GstBuffer* b = s.ready.front();
-      s.ready.pop_front();
-      if (gst_pad_push(GST_BASE_TRANSFORM_SRC_PAD(t), b) != GST_FLOW_OK) break;
     }
   } else if (type == GST_EVENT_FLUSH_STOP) {
     drop_buffers(s);
@@ -280,13 +290,7 @@ gboolean infer_sink_event(GstBaseTransform* t, GstEvent* event) {
 gboolean infer_query(GstBaseTransform* t, GstPadDirection direction, GstQuery* query) {
   // A drain query (an upstream pool reconfiguring) gets the part batch out.
   if (direction == GST_PAD_SINK && GST_QUERY_TYPE(query) == GST_QUERY_DRAIN) {
-    InferImpl& s = impl_of(t);
-    if (run_batch(t) == GST_FLOW_OK)
-      while (!s.ready.empty()) {
-        GstBuffer* b = s.ready.front();
-        s.ready.pop_front();
-        if (gst_pad_push(GST_BASE_TRANSFORM_SRC_PAD(t), b) != GST_FLOW_OK) break;
-      }
+    push_part_batch(t);
   }
   return GST_BASE_TRANSFORM_CLASS(tpuhal_infer_parent_class)->query(t, direction, query);
 }
