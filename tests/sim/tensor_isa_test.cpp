@@ -4,6 +4,7 @@
 // operand type, zero-point form, operand layout, padding and edge tile.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -293,6 +294,77 @@ TEST(TensorIsa, PoolingStepsMatchTheScalarRuleAtEveryStride) {
         ASSERT_EQ(std::memcmp(&sums[i], &want_sums[i], 4), 0) << "add, stride " << stride << ", element " << i;
       }
     }
+}
+
+TEST(TensorIsa, ConvolutionTapStepRoundsTheProductThenAdds) {
+  // out[i] += w * in[i * stride], product and sum each rounded once: the
+  // same bits as the scalar rule, whichever clone the CPU picks.
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (std::size_t stride : {1u, 2u, 3u})
+    for (std::size_t n : {0u, 1u, 7u, 33u, 1000u}) {
+      std::vector<float> in(n * stride + 1), out(n), want(n);
+      for (auto& v : in) v = u(rng);
+      for (std::size_t i = 0; i < n; ++i) out[i] = want[i] = u(rng);
+      const float w = u(rng);
+      for (std::size_t i = 0; i < n; ++i) {
+        volatile float product = w * in[i * stride];  // kept from fusing with the sum
+        want[i] += product;
+      }
+      simd::madd_strided_f32(out.data(), in.data(), n, stride, w);
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(std::memcmp(&out[i], &want[i], 4), 0) << "stride " << stride << ", element " << i;
+    }
+}
+
+TEST(TensorIsa, ExpIsWithinTwoUlpAndItsActivationsMatchTheScalarRule) {
+  // Every 1/64 from -110 to 95, random points in between, and the edges.
+  std::vector<float> xs;
+  for (int k = -110 * 64; k <= 95 * 64; ++k) xs.push_back(static_cast<float>(k) / 64.0f);
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-110.0f, 95.0f);
+  for (int k = 0; k < 200000; ++k) xs.push_back(u(rng));
+  for (float f : {88.7228317f, 88.7228394f, -87.3365479f, -103.972076f, -103.279f, 1e-8f, -1e-8f, 0.0f, -0.0f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()})
+    xs.push_back(f);
+  const double smallest = std::ldexp(1.0, -149);
+  double worst_ulp = 0;
+  for (float x : xs) {
+    const float got = simd::exp_f32(x);
+    if (std::isnan(x)) {
+      ASSERT_TRUE(std::isnan(got));
+      continue;
+    }
+    const double want = std::exp(static_cast<double>(x));
+    if (want > std::numeric_limits<float>::max()) {
+      ASSERT_TRUE(std::isinf(got) && got > 0) << x;
+      continue;
+    }
+    ASSERT_TRUE(std::isfinite(got)) << x;
+    // An ulp of the float nearest e^x (of the smallest subnormal below the normals).
+    const double ulp = want < std::numeric_limits<float>::min()
+                           ? smallest
+                           : std::ldexp(1.0, std::ilogb(static_cast<float>(want)) - 23);
+    const double err = std::fabs(got - want) / ulp;
+    worst_ulp = std::max(worst_ulp, err);
+    ASSERT_LE(err, 2.0) << "exp(" << x << ") = " << got << ", e^x = " << want;
+  }
+  std::printf("exp_f32: at most %.3f ulp over %zu arguments\n", worst_ulp, xs.size());
+  // The vector activations give the scalar formula's bits.
+  std::vector<float> sig(xs), silu(xs);
+  simd::sigmoid_f32(sig.data(), sig.size());
+  simd::silu_f32(silu.data(), silu.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (std::isnan(xs[i])) {  // a NaN's sign and payload are not promised
+      ASSERT_TRUE(std::isnan(sig[i]) && std::isnan(silu[i]));
+      continue;
+    }
+    const float e = simd::exp_f32(-xs[i]);
+    const float want_sig = 1.0f / (1.0f + e), want_silu = xs[i] / (1.0f + e);
+    ASSERT_EQ(std::memcmp(&sig[i], &want_sig, 4), 0) << "sigmoid(" << xs[i] << ")";
+    ASSERT_EQ(std::memcmp(&silu[i], &want_silu, 4), 0) << "silu(" << xs[i] << ")";
+  }
 }
 
 }  // namespace

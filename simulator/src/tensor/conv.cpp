@@ -115,6 +115,12 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       yd = g.nhwc ? dnnl::memory::desc({D(g.n), D(g.o), D(g.oh), D(g.ow)}, yt, dnnl::memory::format_tag::nhwc)
                   : dnnl::memory::desc({D(g.n), D(g.o), D(g.oh), D(g.ow)}, yt, dnnl::memory::format_tag::nchw);
     }
+    // A convolution of a few input channels (a network's first) in NCHW
+    // runs on oneDNN's direct kernels when they may write a blocked layout,
+    // reordered into y after (an exact copy); in y's own layout it has
+    // only the GEMM-based one, several times slower.
+    const bool dst_blocked =
+        !g.nhwc && g.groups == 1 && g.c <= 4 && xt == dt::f32 && yt == dt::f32 && !requant && !src_zero;
     const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
     dnnl::memory::desc wd_user, wd_any;
     const auto ws = [&](int d) { return static_cast<dnnl::memory::dim>(wt.strides[d]); };
@@ -150,6 +156,7 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       for (int i = 0; i < dsc->data.ndims; ++i)
         conv_key.append(",").append(std::to_string(dsc->data.format_desc.blocking.strides[i]));
     if (bias) conv_key.append(",").append(std::to_string(bias->strides[0]));
+    if (dst_blocked) conv_key.append("|blocked");
     if (requant) {
       // The scales and zero point are part of the primitive.
       conv_key.append("|rq").append(std::to_string(requant->zero)).append(",");
@@ -158,12 +165,14 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
     if (e.dnnl().refused.count(conv_key)) return false;
     auto cached = e.dnnl().convs.find(conv_key);
     if (cached == e.dnnl().convs.end()) {
+      const dnnl::memory::desc yd_made =
+          dst_blocked ? dnnl::memory::desc({D(g.n), D(g.o), D(g.oh), D(g.ow)}, yt, dnnl::memory::format_tag::any) : yd;
       auto desc =
           bias
               ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                                xd, wd_any, bd, yd, strides, dil, pad_l, pad_r)
+                                                xd, wd_any, bd, yd_made, strides, dil, pad_l, pad_r)
               : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                                xd, wd_any, yd, strides, dil, pad_l, pad_r);
+                                                xd, wd_any, yd_made, strides, dil, pad_l, pad_r);
       dnnl::primitive_attr attr;
       // The primitive runs on whichever command processor's thread uses it
       // next; oneDNN's default scratchpad lives in the creating thread's
@@ -192,12 +201,18 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
         return false;
       }
       if (e.dnnl().convs.size() > 256) e.dnnl().release_thread();
-      cached = e.dnnl()
-                   .convs
-                   .emplace(conv_key, DnnlState::Conv{made, dnnl::convolution_forward(made),
-                                                      dnnl::memory(made.scratchpad_desc(), e.dnnl().engine),
-                                                      std::this_thread::get_id()})
-                   .first;
+      DnnlState::Conv conv{made,
+                           dnnl::convolution_forward(made),
+                           dnnl::memory(made.scratchpad_desc(), e.dnnl().engine),
+                           std::this_thread::get_id(),
+                           {},
+                           {}};
+      if (made.dst_desc() != yd) {  // dst_blocked, and oneDNN chose another layout
+        conv.dst = dnnl::memory(made.dst_desc(), e.dnnl().engine);
+        conv.to_user =
+            dnnl::reorder(dnnl::reorder::primitive_desc(e.dnnl().engine, made.dst_desc(), e.dnnl().engine, yd));
+      }
+      cached = e.dnnl().convs.emplace(conv_key, std::move(conv)).first;
     }
     const auto& pd = cached->second.pd;
     e.dnnl().bind_threads();
@@ -238,7 +253,9 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
     if (src_zero)
       args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
                    dnnl::memory({{1}, dt::s32, {1}}, eng, const_cast<std::int32_t*>(src_zero)));
+    if (cached->second.dst) args[DNNL_ARG_DST] = cached->second.dst;
     cached->second.primitive.execute(stream, args);
+    if (cached->second.dst) cached->second.to_user.execute(stream, cached->second.dst, ym);
     stream.wait();
     return true;
   } catch (const dnnl::error&) {
@@ -539,6 +556,79 @@ void conv_integer_exact(TensorEngine& e, const Geometry& g, const View& x, const
     }
   }
 }
+// Grouped f32 convolutions in NCHW with at most this many input channels
+// per group (depthwise ones have one) run on the engine's own loop: oneDNN
+// has only its GEMM-based kernel for them in this layout, one small GEMM
+// per group over an im2col copy, several times slower.
+constexpr std::uint64_t kOwnGroupedMaxChannels = 1;
+
+// y = conv(x, w) + b for such a convolution with equal strides along both
+// axes, into `out`: y's data, or a dense NCHW f32 scratch. Each input
+// channel is copied into a zero-padded plane, so that each tap is one
+// multiply-add pass over all outputs of the channel (with the columns past
+// the output's width computed and dropped).
+// Each output is 0 plus its products in (input channel, kernel row, kernel
+// column) order, taps in the padding included (w * 0, as ONNX pads), each
+// product rounded and then added (never fused), then the bias added: the
+// same bits at every instruction-set level and thread count.
+bool grouped_f32(TensorEngine& e, const Geometry& g, const View& x, const View& w, const View* b, const View& y,
+                 void* out) {
+  const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
+  const bool to_y = out == y.data;
+  if (g.nhwc || g.groups == 1 || cg > kOwnGroupedMaxChannels || g.sh != g.sw || x.dtype != fw::DType::kF32 ||
+      w.dtype != fw::DType::kF32 || (b && b->dtype != fw::DType::kF32) || (to_y && y.dtype != fw::DType::kF32))
+    return false;
+  const std::uint64_t s = g.sw;
+  // The padded plane, `pw` wide: output (r, col) at r * pw + col reads
+  // plane element s * (r * pw + col) + a * dh * pw + b * dw, so each tap
+  // is one pass with stride s; outputs past the width are dropped. Rows
+  // for the last pass's reach.
+  const std::uint64_t pw = std::max(g.w + g.pl + g.pr, (g.ow - 1) * s + (g.kw - 1) * g.dw + 1), ow_p = pw;
+  const std::uint64_t ph = s * g.oh + (g.kh - 1) * g.dh + 1;
+  const auto* xbase = reinterpret_cast<const float*>(x.data);
+  const auto* wbase = reinterpret_cast<const float*>(w.data);
+  const auto* bbase = b ? reinterpret_cast<const float*>(b->data) : nullptr;
+  auto* obase = static_cast<float*>(out);
+  const std::uint64_t work = std::max<std::uint64_t>(1, g.oh * ow_p * cg * g.kh * g.kw);
+  e.pool().parallel_for(
+      g.n * g.o,
+      [&](std::uint64_t begin, std::uint64_t end) {
+        std::vector<float> plane(ph * pw, 0.0f), acc(g.oh * ow_p);
+        for (std::uint64_t no = begin; no < end; ++no) {
+          const std::uint64_t ni = no / g.o, oi = no % g.o, gi = oi / og;
+          const float* wo = wbase + oi * w.strides[0];
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (std::uint64_t ci = 0; ci < cg; ++ci) {
+            const float* xc = xbase + ni * x.strides[0] + (gi * cg + ci) * x.strides[1];
+            for (std::uint64_t r = 0; r < g.h && r + g.pt < ph; ++r) {
+              float* row = plane.data() + (r + g.pt) * pw + g.pl;
+              const float* in = xc + r * x.strides[2];
+              const std::uint64_t cols = std::min(g.w, pw - g.pl);
+              for (std::uint64_t col = 0; col < cols; ++col) row[col] = in[col * x.strides[3]];
+            }
+            for (std::uint64_t a = 0; a < g.kh; ++a)
+              for (std::uint64_t bb = 0; bb < g.kw; ++bb)
+                simd::madd_strided_f32(acc.data(), plane.data() + a * g.dh * pw + bb * g.dw, acc.size(), s,
+                                       wo[ci * w.strides[1] + a * w.strides[2] + bb * w.strides[3]]);
+          }
+          const float bias = bbase ? bbase[oi * b->strides[0]] : 0.0f;
+          for (std::uint64_t r = 0; r < g.oh; ++r) {
+            const float* src = acc.data() + r * ow_p;
+            float* dst = to_y ? obase + ni * y.strides[0] + oi * y.strides[1] + r * y.strides[2]
+                              : obase + ((ni * g.o + oi) * g.oh + r) * g.ow;
+            const std::uint64_t step = to_y ? y.strides[3] : 1;
+            if (bbase) {
+              for (std::uint64_t col = 0; col < g.ow; ++col) dst[col * step] = src[col] + bias;
+            } else {
+              for (std::uint64_t col = 0; col < g.ow; ++col) dst[col * step] = src[col];
+            }
+          }
+        }
+      },
+      std::max<std::uint64_t>(1, 16384 / work));
+  return true;
+}
+
 }  // namespace
 
 void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
@@ -569,7 +659,8 @@ void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
     yt = dt::f32;
   }
   const dt xt = dnnl_type(x.dtype);
-  bool done = dnnl_conv(e, g, x, xt, w, w.data, xt, b.present() ? &b : nullptr, y, yt, out);
+  bool done = grouped_f32(e, g, x, w, b.present() ? &b : nullptr, y, out) ||
+              dnnl_conv(e, g, x, xt, w, w.data, xt, b.present() ? &b : nullptr, y, yt, out);
   if (!done) {
     // Reference: direct loops, f32 accumulation in (c, kh, kw) order.
     if (direct) {

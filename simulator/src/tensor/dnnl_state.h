@@ -65,6 +65,10 @@ struct DnnlState {
     dnnl::convolution_forward primitive;
     dnnl::memory scratchpad;  // scratchpad_mode::user: runs use the engine's lock
     std::thread::id maker;
+    // Where the primitive writes in a layout of its own choosing (empty:
+    // straight into the caller's), and the reorder into the caller's.
+    dnnl::memory dst;
+    dnnl::reorder to_user;
   };
   std::unordered_map<std::string, Conv> convs;
   // Convolutions that dnnl_conv() will not run on oneDNN's choice of

@@ -177,6 +177,39 @@ bool f32_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const View& a, co
   return true;
 }
 
+// A copy between views of one dtype (a strided copy such as a Concat's
+// slice, or a transpose): rows of the merged dims, each a memcpy where both
+// are dense along it, else element by element.
+void same_type_copy(TensorEngine& e, const View& a, const View& y) {
+  const View* views[2] = {&y, &a};
+  const Rows r = merged(views, 2);
+  const std::uint64_t len = r.shape[r.rank - 1], es = y.esize;
+  const std::uint64_t sy = r.strides[0][r.rank - 1], sa = r.strides[1][r.rank - 1];
+  std::uint64_t rows = 1;
+  for (std::uint32_t d = 0; d + 1 < r.rank; ++d) rows *= r.shape[d];
+  e.pool().parallel_for(
+      rows,
+      [&](std::uint64_t begin, std::uint64_t end) {
+        for (std::uint64_t k = begin; k < end; ++k) {
+          std::uint64_t row = k, oy = 0, oa = 0;
+          for (std::uint32_t d = r.rank - 1; d-- > 0;) {
+            const std::uint64_t i = row % r.shape[d];
+            row /= r.shape[d];
+            oy += i * r.strides[0][d];
+            oa += i * r.strides[1][d];
+          }
+          std::byte* yr = y.data + oy * es;
+          const std::byte* ar = a.data + oa * es;
+          if (sy == 1 && sa == 1) {
+            std::memmove(yr, ar, len * es);
+          } else {
+            for (std::uint64_t i = 0; i < len; ++i) std::memcpy(yr + i * sy * es, ar + i * sa * es, es);
+          }
+        }
+      },
+      std::max<std::uint64_t>(1, kGrain / std::max<std::uint64_t>(1, len)));
+}
+
 }  // namespace
 
 void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, const View* v) {
@@ -188,6 +221,10 @@ void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, const View* v)
   // Dense same-dtype copies go straight through memcpy.
   if (op == fw::ElementwiseOp::kIdentity && a.dtype == y.dtype && a.contiguous() && y.contiguous()) {
     std::memcpy(y.data, a.data, y.elements() * y.esize);
+    return;
+  }
+  if (op == fw::ElementwiseOp::kIdentity && a.dtype == y.dtype) {
+    same_type_copy(e, a, y);
     return;
   }
   if (f32_rows(e, at, a, b, y)) return;

@@ -59,44 +59,24 @@ void TensorEngine::release_thread() {
 }
 
 float activate(fw::Activation act, float alpha, float beta, float x) {
-  switch (act) {
-    case fw::Activation::kNone: return x;
-    case fw::Activation::kRelu: return x > 0 ? x : 0.0f;
-    case fw::Activation::kClip: return std::min(std::max(x, alpha), beta);
-    case fw::Activation::kSigmoid: return 1.0f / (1.0f + std::exp(-x));
-    case fw::Activation::kSilu: return x / (1.0f + std::exp(-x));
-    case fw::Activation::kLeakyRelu: return x < 0 ? alpha * x : x;
-    case fw::Activation::kTanh: return std::tanh(x);
-    case fw::Activation::kHardSigmoid: return std::min(std::max(alpha * x + beta, 0.0f), 1.0f);
-    case fw::Activation::kHardSwish: return x * std::min(std::max(alpha * x + beta, 0.0f), 1.0f);
-  }
+  activate_span(act, alpha, beta, &x, 1);
   return x;
 }
 
 void activate_span(fw::Activation act, float alpha, float beta, float* p, std::uint64_t n) {
-  // The same arithmetic as activate(), one loop per kind so that the simple
-  // ones vectorise (each element's result is unchanged).
+  // One loop per kind, compiled for each instruction-set level (simd.h);
+  // every element's arithmetic is the same at each.
   switch (act) {
     case fw::Activation::kNone: return;
-    case fw::Activation::kRelu:
-      for (std::uint64_t i = 0; i < n; ++i) p[i] = p[i] > 0 ? p[i] : 0.0f;
-      return;
-    case fw::Activation::kClip:
-      for (std::uint64_t i = 0; i < n; ++i) p[i] = std::min(std::max(p[i], alpha), beta);
-      return;
-    case fw::Activation::kLeakyRelu:
-      for (std::uint64_t i = 0; i < n; ++i) p[i] = p[i] < 0 ? alpha * p[i] : p[i];
-      return;
-    case fw::Activation::kHardSigmoid:
-      for (std::uint64_t i = 0; i < n; ++i) p[i] = std::min(std::max(alpha * p[i] + beta, 0.0f), 1.0f);
-      return;
-    case fw::Activation::kHardSwish:
-      for (std::uint64_t i = 0; i < n; ++i) p[i] = p[i] * std::min(std::max(alpha * p[i] + beta, 0.0f), 1.0f);
-      return;
-    case fw::Activation::kSigmoid:
-    case fw::Activation::kSilu:
+    case fw::Activation::kRelu: simd::relu_f32(p, n); return;
+    case fw::Activation::kClip: simd::clip_f32(p, n, alpha, beta); return;
+    case fw::Activation::kLeakyRelu: simd::leaky_relu_f32(p, n, alpha); return;
+    case fw::Activation::kHardSigmoid: simd::hard_sigmoid_f32(p, n, alpha, beta); return;
+    case fw::Activation::kHardSwish: simd::hard_swish_f32(p, n, alpha, beta); return;
+    case fw::Activation::kSigmoid: simd::sigmoid_f32(p, n); return;
+    case fw::Activation::kSilu: simd::silu_f32(p, n); return;
     case fw::Activation::kTanh:
-      for (std::uint64_t i = 0; i < n; ++i) p[i] = activate(act, alpha, beta, p[i]);
+      for (std::uint64_t i = 0; i < n; ++i) p[i] = std::tanh(p[i]);
       return;
   }
 }

@@ -1,7 +1,9 @@
 #include "simd.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
+#include <limits>
 
 namespace tpuhal::sim::tensor::simd {
 
@@ -13,6 +15,75 @@ namespace tpuhal::sim::tensor::simd {
 #else
 #define TPUHAL_CLONES
 #endif
+
+namespace {
+
+// exp_f32's arithmetic, inlined into each clone so that it vectorises there;
+// the same operations in the same order at every level (the file is built
+// without contraction into FMA).
+inline float exp_core(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;  // 9 bits: n * kLn2Hi is exact for |n| < 2^15
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding and removing it rounds to an integer
+  float c = x != x ? 0.0f : x;           // NaN comes back at the end
+  c = c < -104.0f ? -104.0f : c;         // below: 0 after rounding
+  c = c > 89.0f ? 89.0f : c;             // above: inf
+  const float nf = (c * kLog2e + kMagic) - kMagic;
+  const float r = (c - nf * kLn2Hi) - nf * kLn2Lo;  // |r| <= about ln 2 / 2
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = (p * (r * r) + r) + 1.0f;
+  // 2^n as two normal factors (n in [-150, 128]): the first product is
+  // exact, the second rounds once, into the subnormals or to inf.
+  const auto n = static_cast<std::int32_t>(nf);
+  const std::int32_t h = n >> 1;
+  const float e = (y * std::bit_cast<float>((h + 127) << 23)) * std::bit_cast<float>((n - h + 127) << 23);
+  return x != x ? std::numeric_limits<float>::quiet_NaN() : e;
+}
+
+}  // namespace
+
+float exp_f32(float x) { return exp_core(x); }
+
+TPUHAL_CLONES
+void sigmoid_f32(float* __restrict p, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = 1.0f / (1.0f + exp_core(-p[i]));
+}
+
+TPUHAL_CLONES
+void silu_f32(float* __restrict p, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = p[i] / (1.0f + exp_core(-p[i]));
+}
+
+TPUHAL_CLONES
+void relu_f32(float* __restrict p, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = p[i] > 0 ? p[i] : 0.0f;
+}
+
+TPUHAL_CLONES
+void clip_f32(float* __restrict p, std::size_t n, float lo, float hi) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = std::min(std::max(p[i], lo), hi);
+}
+
+TPUHAL_CLONES
+void leaky_relu_f32(float* __restrict p, std::size_t n, float alpha) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = p[i] < 0 ? alpha * p[i] : p[i];
+}
+
+TPUHAL_CLONES
+void hard_sigmoid_f32(float* __restrict p, std::size_t n, float alpha, float beta) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = std::min(std::max(alpha * p[i] + beta, 0.0f), 1.0f);
+}
+
+TPUHAL_CLONES
+void hard_swish_f32(float* __restrict p, std::size_t n, float alpha, float beta) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = p[i] * std::min(std::max(alpha * p[i] + beta, 0.0f), 1.0f);
+}
 
 TPUHAL_CLONES
 void add_i32(std::int32_t* __restrict out, const std::int32_t* __restrict add, std::size_t n) {
@@ -60,6 +131,17 @@ void add_strided_f32(float* __restrict out, const float* __restrict in, std::siz
     for (std::size_t i = 0; i < n; ++i) out[i] += in[2 * i];
   } else {
     for (std::size_t i = 0; i < n; ++i) out[i] += in[i * stride];
+  }
+}
+
+TPUHAL_CLONES
+void madd_strided_f32(float* __restrict out, const float* __restrict in, std::size_t n, std::size_t stride, float w) {
+  if (stride == 1) {
+    for (std::size_t i = 0; i < n; ++i) out[i] += w * in[i];
+  } else if (stride == 2) {
+    for (std::size_t i = 0; i < n; ++i) out[i] += w * in[2 * i];
+  } else {
+    for (std::size_t i = 0; i < n; ++i) out[i] += w * in[i * stride];
   }
 }
 

@@ -50,6 +50,47 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
     // max keeps the first of equal values and turns NaN once one is met).
     const std::uint32_t hd = nhwc ? 1 : 2, wd = nhwc ? 2 : 3, cd = nhwc ? 3 : 1;
     const auto xh = static_cast<std::int64_t>(x.strides[hd]), xw = static_cast<std::int64_t>(x.strides[wd]);
+    if (oh == 1 && ow == 1) {
+      // One window per channel (global pooling): the loop below would take
+      // its taps one call at a time. Here each tap is one step over a block
+      // of channels; every output still meets its taps in (row, column)
+      // order.
+      constexpr std::uint64_t kBlock = 64;
+      const std::uint64_t blocks = (c + kBlock - 1) / kBlock;
+      const std::int64_t h0 = -pt, w0 = -pl;
+      const auto [a0, a1] = taps(h0, dh, kh, h);
+      const auto [b0, b1] = taps(w0, dw, kw, w);
+      const std::int64_t div = divisor(h0, w0, (a1 - a0) * (b1 - b0));
+      e.pool().parallel_for(
+          n * blocks,
+          [&](std::uint64_t begin, std::uint64_t end) {
+            float acc[kBlock];
+            for (std::uint64_t nb = begin; nb < end; ++nb) {
+              const std::uint64_t ni = nb / blocks, c0 = nb % blocks * kBlock, cn = std::min(kBlock, c - c0);
+              const float* xp = reinterpret_cast<const float*>(x.data) + ni * x.strides[0] + c0 * x.strides[cd];
+              std::fill(acc, acc + cn, max ? -std::numeric_limits<float>::infinity() : 0.0f);
+              for (std::int64_t a = a0; a < a1; ++a)
+                for (std::int64_t b = b0; b < b1; ++b) {
+                  const float* in = xp + (h0 + a * dh) * xh + (w0 + b * dw) * xw;
+                  if (max)
+                    simd::max_strided_f32(acc, in, cn, x.strides[cd]);
+                  else
+                    simd::add_strided_f32(acc, in, cn, x.strides[cd]);
+                }
+              float* yp = reinterpret_cast<float*>(y.data) + ni * y.strides[0] + c0 * y.strides[cd];
+              for (std::uint64_t k = 0; k < cn; ++k) {
+                float out = acc[k];
+                if (max)
+                  out = out != out ? std::numeric_limits<float>::quiet_NaN() : out;
+                else
+                  out = div ? out / static_cast<float>(div) : 0.0f;
+                yp[k * y.strides[cd]] = out;
+              }
+            }
+          },
+          std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, kBlock * static_cast<std::uint64_t>(kh * kw))));
+      return;
+    }
     e.pool().parallel_for(
         n * c,
         [&](std::uint64_t begin, std::uint64_t end) {
