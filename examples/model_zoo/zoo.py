@@ -44,6 +44,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -347,13 +348,19 @@ def run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
             row["status"], row["message"] = status, message
         return rows
 
-    path = os.path.join(tmp, name + ".onnx")
+    # A directory per model: PyTorch writes a model over 2 GiB (vit_h_14,
+    # regnet_y_128gf) as external data, one file per tensor beside the
+    # .onnx, where the compiler reads them; all go when the model is done.
+    folder = os.path.join(tmp, name)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name + ".onnx")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             net = build(builder, is_segmentation)
             ref = export(net, torch.from_numpy(x), path)
     except Exception as e:  # noqa: BLE001 - any PyTorch failure is this model's result
+        shutil.rmtree(folder, ignore_errors=True)
         return all_rows("export failed: " + first_line(e), str(e))
 
     torch_rate = None
@@ -410,7 +417,7 @@ def run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
         except Exception as e:  # noqa: BLE001
             row["status"] = "run failed: " + first_line(e)
             row["message"] = str(e)
-    os.remove(path)
+    shutil.rmtree(folder)
     return rows
 
 
