@@ -533,9 +533,19 @@ CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const Compile
     errors = keep_until(dev, g, f32, ranges, batches, options.target_snr_db, keep, reduced, result.notes);
   }
   if (!keep.empty()) {
-    std::string list;
-    for (const auto& k : keep) list += (list.empty() ? "" : ", ") + k;
-    result.notes.push_back(std::to_string(keep.size()) + " layer(s) in fp16: " + list);
+    std::string f16, f32_list;
+    std::size_t n16 = 0, n32 = 0;
+    for (const auto& n : g.nodes) {
+      if (!keep.count(n.name)) continue;
+      const bool holds = fp16_holds(n, ranges);
+      std::string& list = holds ? f16 : f32_list;
+      list += (list.empty() ? "" : ", ") + n.name;
+      ++(holds ? n16 : n32);
+    }
+    if (n16) result.notes.push_back(std::to_string(n16) + " layer(s) in fp16: " + f16);
+    if (n32)
+      result.notes.push_back(std::to_string(n32) + " layer(s) kept in fp32, their calibrated values outside " +
+                             "what fp16 holds (largest magnitude below 2^-6 or above 2^14): " + f32_list);
   }
   if (int8) {
     std::size_t q = 0;

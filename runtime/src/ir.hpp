@@ -101,9 +101,16 @@ struct Lowered {
 };
 
 // Lowers onto tpuhal ops. Int8 needs `ranges` for every value; the nodes
-// named in `keep_fp16` then run in fp16.
+// named in `keep_fp16` then run in fp16, or in fp32 where fp16 cannot hold
+// their calibrated values (fp16_holds).
 Lowered lower(const Graph& g, Precision precision, const std::map<std::string, Range>* ranges,
               const std::set<std::string>& keep_fp16 = {});
+
+// Whether fp16 holds node `n`'s first input and its output as calibrated:
+// each one's largest magnitude within [2^-6, 2^14] (or 0). Below, most of
+// the values would be fp16 subnormals or zero, as in networks whose
+// activations shrink layer by layer; above, near its overflow.
+bool fp16_holds(const Node& n, const std::map<std::string, Range>& ranges);
 
 // Host conversions to the reduced float types, rounding to nearest even.
 std::uint16_t to_f16(float f);

@@ -397,10 +397,11 @@ struct Lowerer {
   }
 
   void lower_node(const Node& n) {
-    if (precision == Precision::Int8 && keep_fp16.count(n.name)) {  // this node as in an fp16 model
+    if (precision == Precision::Int8 && keep_fp16.count(n.name)) {  // as in an fp16 model, or fp32
       const DType saved = act;
-      act = DType::F16;
-      precision = Precision::F16;
+      const bool f16 = !ranges || fp16_holds(n, *ranges);
+      act = f16 ? DType::F16 : DType::F32;
+      precision = f16 ? Precision::F16 : Precision::F32;
       try {
         lower_node(n);
       } catch (...) {
@@ -1030,6 +1031,16 @@ struct Lowerer {
 };
 
 }  // namespace
+
+bool fp16_holds(const Node& n, const std::map<std::string, Range>& ranges) {
+  for (const std::string* v : {&n.inputs.at(0), &n.output}) {
+    const auto it = ranges.find(*v);
+    if (it == ranges.end()) continue;
+    const float m = std::max(std::fabs(it->second.lo), std::fabs(it->second.hi));
+    if (m != 0 && (m < 0x1p-6f || m > 0x1p14f)) return false;
+  }
+  return true;
+}
 
 Lowered lower(const Graph& g, Precision precision, const std::map<std::string, Range>* ranges,
               const std::set<std::string>& keep_fp16) {

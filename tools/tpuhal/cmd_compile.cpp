@@ -64,7 +64,8 @@ int cmd_compile(const std::vector<std::string>& args) {
       "minmax, percentile[:P] (activation ranges cut at the P-th percentile, default 99.99), or entropy "
       "(ranges cut where quantising loses least information, by Kullback-Leibler divergence)")(
       "keep-fp16", po::value<std::vector<std::string>>()->composing(),
-      "LAYER: an ONNX node name that runs in fp16 in an int8 model (repeatable)")(
+      "LAYER: an ONNX node name that runs in fp16 in an int8 model, or in fp32 where its calibrated values are "
+      "beyond fp16's range (repeatable)")(
       "target-snr", po::value<double>(),
       "DB: int8 with mixed precision: move the layers that lose the most signal to fp16 until every output's "
       "signal-to-noise ratio against fp32 on the calibration data reaches DB")(
@@ -82,7 +83,8 @@ int cmd_compile(const std::vector<std::string>& args) {
       "'tpuhal model-info' describes and the runtime loads on any device. Inputs and outputs stay\n"
       "float32; fp16 and bf16 run every layer in that type; int8 quantises Conv and Gemm layers with\n"
       "per-channel weight scales and activation ranges calibrated on --calibration samples, and\n"
-      "runs the layers --keep-fp16 names (or --target-snr chooses) in fp16.\n"
+      "runs the layers --keep-fp16 names (or --target-snr chooses) in fp16 (fp32 where fp16 cannot\n"
+      "hold their values).\n"
       "Unsupported ops are all listed in one error. See docs/runtime.md.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
   if (!vm.count("model") || !vm.count("output")) {

@@ -271,9 +271,10 @@ void bind_runtime(py::module_& m) {
         "inputs with symbolic dimensions. calibration (int8 and the report): one array of real samples per "
         "input (a single array for a one-input model), samples along the first axis. method: 'percentile' "
         "(ranges cut at `percentile`), 'minmax' or 'entropy' (ranges cut where quantising loses least "
-        "information). keep_fp16 (int8): ONNX node names that run in fp16; target_snr_db (int8): move the "
-        "layers that lose the most signal to fp16 until every output reaches this SNR against fp32 on the "
-        "calibration data. report=True measures each layer's error against fp32. "
+        "information). keep_fp16 (int8): ONNX node names that run in fp16 (fp32 where their calibrated "
+        "values are beyond fp16's range); target_snr_db (int8): move the layers that lose the most signal "
+        "to fp16 until every output reaches this SNR against fp32 on the calibration data. report=True measures each "
+        "layer's error against fp32. "
         "Calibration and the report run on `device`. Returns a CompiledModel; raises tpuhal.Unsupported "
         "listing every unsupported op by node, tpuhal.InvalidArgument for bad models, shapes or data.");
 

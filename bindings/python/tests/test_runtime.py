@@ -218,6 +218,29 @@ def test_layers_kept_in_fp16_by_name_or_by_a_target_snr(dev):
         tpuhal.compile(onnx_bytes, "fp16", keep_fp16=["first"], device=dev.uri)
 
 
+def test_layers_kept_where_fp16_cannot_hold_their_values_run_in_fp32(dev):
+    # Activations near 1e-6 (as in random-weight networks whose values
+    # shrink layer by layer) are fp16 subnormals: kept layers run in fp32.
+    onnx_bytes = outlier_bytes()
+    calib = (1e-6 * RNG.standard_normal((16, 4, 8, 8))).astype(np.float32)
+    x = calib[:BATCH]
+    (ref,) = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).instance().run(x)
+
+    def snr(compiled):
+        (y,) = dev.load_model(compiled).instance().run(x)
+        noise = np.square(ref.astype(np.float64) - y).sum()
+        return np.inf if noise == 0 else 10 * np.log10(np.square(ref.astype(np.float64)).sum() / noise)
+
+    kept = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax", keep_fp16=["first", "second"],
+                          device=dev.uri)
+    assert any(n.startswith("2 layer(s) kept in fp32") and n.endswith(": first, second") for n in kept.notes), \
+        kept.notes
+    assert not any("layer(s) in fp16" in n for n in kept.notes), kept.notes
+    half = tpuhal.compile(onnx_bytes, "fp16", device=dev.uri)
+    assert snr(half) < 50, snr(half)  # what fp16 would have made of them
+    assert snr(kept) > 100, snr(kept)
+
+
 def test_profile_times_every_layer_by_node_name(dev, cnn):
     onnx_bytes, reference = cnn
     x = RNG.standard_normal((BATCH, 1, 8, 8)).astype(np.float32)

@@ -56,7 +56,8 @@ struct CompileOptions {
   // Also measure, per layer, the error of this precision against fp32 on
   // the calibration data (required then), into the Report section.
   bool report = false;
-  // int8: layers (ONNX node names) that run in fp16 instead.
+  // int8: layers (ONNX node names) that run in fp16 instead (in fp32 where
+  // their calibrated input or output is beyond fp16's range: docs/runtime.md).
   std::vector<std::string> keep_fp16;
   // int8: when above 0, layers are moved to fp16, those that lose the most
   // signal first, until every output's signal-to-noise ratio against fp32
