@@ -133,6 +133,9 @@ def op_seeds():
     # erf (elementwise mode 13, interface 1.3), the last mode.
     o["erf"] = op_block(OP["elementwise"], [tensor(k, BF16, [3, 5]), NONE_TENSOR, tensor(2 * k, BF16, [3, 5])],
                         struct.pack("<IIff", 13, 0, 0.0, 0.0))
+    # A comparison (elementwise mode 15, less, interface 1.7): i32 in, u8 out, B broadcast.
+    o["less"] = op_block(OP["elementwise"], [tensor(k, I32, [3, 5]), tensor(3 * k, I32, [3, 5], [0, 1]),
+                                             tensor(2 * k, U8, [3, 5])], struct.pack("<IIff", 15, 0, 0.0, 0.0))
     # Cast and transpose at once: an f32 [3, 4] read as [4, 3] into u8.
     o["cast_transpose"] = op_block(OP["elementwise"], [tensor(k, F32, [4, 3], [1, 4]), NONE_TENSOR,
                                                  tensor(2 * k, U8, [4, 3])], struct.pack("<IIff", 0, 0, 0.0, 0.0))

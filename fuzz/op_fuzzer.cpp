@@ -216,7 +216,11 @@ void check_rules(const fw::OpBlock& b) {
         RULE(t[1].dtype == t[0].dtype && same_shape(t[1], y));
       else
         RULE(t[1].dtype == 0);
-      if (op != fw::ElementwiseOp::kIdentity) RULE(y.dtype == t[0].dtype);
+      // Comparisons give u8; logic takes and gives u8; the rest keep the dtype.
+      if (fw::is_comparison(op) || fw::is_logical(op)) RULE(y.dtype == static_cast<std::uint32_t>(fw::DType::kU8));
+      if (fw::is_logical(op)) RULE(t[0].dtype == static_cast<std::uint32_t>(fw::DType::kU8));
+      if (op != fw::ElementwiseOp::kIdentity && !fw::is_comparison(op) && !fw::is_logical(op))
+        RULE(y.dtype == t[0].dtype);
       // Activations, exp, log, sqrt and erf take floats only.
       if (op == fw::ElementwiseOp::kActivation || op == fw::ElementwiseOp::kExp || op == fw::ElementwiseOp::kLog ||
           op == fw::ElementwiseOp::kSqrt || op == fw::ElementwiseOp::kErf)

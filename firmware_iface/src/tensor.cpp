@@ -404,6 +404,8 @@ bool check_elementwise(Check& c, const OpBlock& b, const ElementwiseAttrs& at) {
   const bool float_only = op == ElementwiseOp::kActivation || op == ElementwiseOp::kExp || op == ElementwiseOp::kLog ||
                           op == ElementwiseOp::kSqrt || op == ElementwiseOp::kErf;
   if (op == ElementwiseOp::kIdentity) return true;  // any dtype to any dtype
+  if (is_comparison(op)) return expect_dtype(c, b, 2, ty == DType::kU8);
+  if (is_logical(op)) return expect_dtype(c, b, 0, ta == DType::kU8) && expect_dtype(c, b, 2, ty == DType::kU8);
   return expect_dtype(c, b, 0, !float_only || is_float(ta)) && expect_dtype(c, b, 2, ty == ta);
 }
 

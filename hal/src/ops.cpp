@@ -491,9 +491,15 @@ Op elementwise(driver::ElementwiseOp op, const char* name, const Tensor& a, cons
   const bool floats_only = op == driver::ElementwiseOp::Activation || op == driver::ElementwiseOp::Exp ||
                            op == driver::ElementwiseOp::Log || op == driver::ElementwiseOp::Sqrt ||
                            op == driver::ElementwiseOp::Erf;
+  const bool compare = op >= driver::ElementwiseOp::Equal && op <= driver::ElementwiseOp::GreaterOrEqual;
+  const bool logic = op >= driver::ElementwiseOp::And;
   if (op != driver::ElementwiseOp::Identity) {
     if (floats_only) bd.dtype_in(a, "x", kFloats);
-    bd.same_dtype(y, "y", a, b ? "a" : "x");
+    if (logic) bd.dtype_in(a, b ? "a" : "x", {DType::U8});
+    if (compare || logic)
+      bd.dtype_in(y, "y", {DType::U8});
+    else
+      bd.same_dtype(y, "y", a, b ? "a" : "x");
     if (b) bd.same_dtype(*b, "b", a, "a");
   }
   if (op == driver::ElementwiseOp::Activation) bd.activation(act);
@@ -688,6 +694,33 @@ Op sqrt(const Tensor& x, const Tensor& y) { return elementwise(driver::Elementwi
 Op erf(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Erf, "erf", x, nullptr, y); }
 Op cast(const Tensor& x, const Tensor& y) {
   return elementwise(driver::ElementwiseOp::Identity, "cast", x, nullptr, y);
+}
+Op equal(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Equal, "equal", a, &b, y);
+}
+Op less(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Less, "less", a, &b, y);
+}
+Op less_equal(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::LessOrEqual, "less_equal", a, &b, y);
+}
+Op greater(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Greater, "greater", a, &b, y);
+}
+Op greater_equal(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::GreaterOrEqual, "greater_equal", a, &b, y);
+}
+Op logical_and(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::And, "logical_and", a, &b, y);
+}
+Op logical_or(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Or, "logical_or", a, &b, y);
+}
+Op logical_xor(const Tensor& a, const Tensor& b, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Xor, "logical_xor", a, &b, y);
+}
+Op logical_not(const Tensor& x, const Tensor& y) {
+  return elementwise(driver::ElementwiseOp::Not, "logical_not", x, nullptr, y);
 }
 
 Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm) {

@@ -93,6 +93,7 @@ struct Rep {
   bool primary_nhwc = false;  // the value is produced as `nhwc`
   QParams q;
   std::int64_t q_scale = -1, q_zero = -1;  // weights tensors holding q
+  bool boolean = false;                    // u8 1 or 0 (a comparison's or logic's result), never quantised
   std::int64_t primary_tensor() const { return primary_nhwc ? nhwc : by_dtype.at(primary); }
 };
 
@@ -190,6 +191,34 @@ struct Lowerer {
     return id;
   }
 
+  // A new arena tensor that holds boolean value `v` as u8 1 or 0.
+  std::int64_t produce_bool(const std::string& v, const std::vector<std::int64_t>& shape) {
+    const auto id = dg().add_arena(v, DType::U8, shape);
+    Rep& r = reps[v];
+    r.by_dtype[DType::U8] = id;
+    r.primary = DType::U8;
+    r.boolean = true;
+    return id;
+  }
+
+  // Boolean value `v` (a constant, or a comparison's or logic's result) as
+  // u8 1 or 0.
+  std::int64_t get_bool(const Node& n, const std::string& v) {
+    const Value& val = g.value(v);
+    if (val.data) {
+      auto key = std::make_pair(v, DType::U8);
+      if (auto it = const_cache.find(key); it != const_cache.end()) return it->second;
+      std::vector<std::uint8_t> bits(val.data->size());
+      for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = (*val.data)[i] != 0.0f;
+      return const_cache[key] = add_raw(DType::U8, val.shape, bits.data(), bits.size());
+    }
+    auto it = reps.find(v);
+    if (it == reps.end() || !it->second.boolean)
+      throw Error(Status::Unsupported, "node '" + n.name + "' (" + n.op + "): input '" + v +
+                                           "' is not a boolean the device computed (a comparison or logic)");
+    return it->second.by_dtype.at(DType::U8);
+  }
+
   // Value `v` in a view of another shape: same bytes, same quantisation.
   void alias(const std::string& v, const std::string& of, const std::vector<std::int64_t>& shape) {
     if (reps.at(of).primary_nhwc) get(of, DType::U8);  // a view needs the NCHW bytes
@@ -206,6 +235,7 @@ struct Lowerer {
     Rep r;
     r.primary = src.primary;
     r.by_dtype[src.primary] = id;
+    r.boolean = src.boolean;
     r.q = src.q;
     r.q_scale = src.q_scale;
     r.q_zero = src.q_zero;
@@ -234,6 +264,12 @@ struct Lowerer {
     if (auto it = r.by_dtype.find(t); it != r.by_dtype.end()) return it->second;
     const auto shape = g.value(v).shape;
     std::int64_t id;
+    if (r.boolean) {  // 1 or 0 as a number: a cast
+      id = dg().add_arena("", t, shape);
+      op("cast", "", {{"x", r.by_dtype.at(DType::U8)}, {"y", id}});
+      r.by_dtype[t] = id;
+      return id;
+    }
     if (r.primary_nhwc) {  // back to NCHW: u8 by a transpose, floats dequantized first
       const std::vector<std::size_t> back{0, 3, 1, 2};
       if (t == DType::U8) {
@@ -476,14 +512,35 @@ struct Lowerer {
           {"last_index", n.params.at("last_index").at(0) != 0}});
       return;
     }
-    if (op_type == "Where") {  // a constant condition, as u8
+    if (op_type == "Where") {  // the condition as u8 1 or 0, constant or computed
       const DType t = int8 ? DType::F32 : act;
-      const Value& c = g.value(n.inputs[0]);
-      std::vector<std::uint8_t> bits(c.data->size());
-      for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = (*c.data)[i] != 0.0f;
-      const auto cond = add_raw(DType::U8, c.shape, bits.data(), bits.size());
       op("where", n.name,
-         {{"cond", cond}, {"a", get(n.inputs[1], t)}, {"b", get(n.inputs[2], t)}, {"y", produce(n.output, t, shape)}});
+         {{"cond", get_bool(n, n.inputs[0])},
+          {"a", get(n.inputs[1], t)},
+          {"b", get(n.inputs[2], t)},
+          {"y", produce(n.output, t, shape)}});
+      return;
+    }
+    static const std::map<std::string, std::string> kCompare = {{"Equal", "equal"},
+                                                                {"Less", "less"},
+                                                                {"LessOrEqual", "less_equal"},
+                                                                {"Greater", "greater"},
+                                                                {"GreaterOrEqual", "greater_equal"}};
+    if (auto it = kCompare.find(op_type); it != kCompare.end()) {  // numbers in, u8 1 or 0 out
+      const DType t = int8 ? DType::F32 : act;
+      op(it->second, n.name,
+         {{"a", get(n.inputs[0], t)}, {"b", get(n.inputs[1], t)}, {"y", produce_bool(n.output, shape)}});
+      return;
+    }
+    static const std::map<std::string, std::string> kLogic = {
+        {"And", "logical_and"}, {"Or", "logical_or"}, {"Xor", "logical_xor"}};
+    if (auto it = kLogic.find(op_type); it != kLogic.end()) {
+      op(it->second, n.name,
+         {{"a", get_bool(n, n.inputs[0])}, {"b", get_bool(n, n.inputs[1])}, {"y", produce_bool(n.output, shape)}});
+      return;
+    }
+    if (op_type == "Not") {
+      op("logical_not", n.name, {{"x", get_bool(n, n.inputs[0])}, {"y", produce_bool(n.output, shape)}});
       return;
     }
     if (op_type == "Gemm" || op_type == "MatMul") {

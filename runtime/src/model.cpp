@@ -236,11 +236,28 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
   if (k == "max_pool2d") return ops::max_pool2d(in("x"), in("y"), pool_opts(r));
   if (k == "avg_pool2d") return ops::avg_pool2d(in("x"), in("y"), pool_opts(r));
   static const std::map<std::string, Op (*)(const Tensor&, const Tensor&, const Tensor&)> binary = {
-      {"add", ops::add}, {"sub", ops::sub}, {"mul", ops::mul}, {"div", ops::div}, {"max", ops::max}, {"min", ops::min}};
+      {"add", ops::add},
+      {"sub", ops::sub},
+      {"mul", ops::mul},
+      {"div", ops::div},
+      {"max", ops::max},
+      {"min", ops::min},
+      {"equal", ops::equal},
+      {"less", ops::less},
+      {"less_equal", ops::less_equal},
+      {"greater", ops::greater},
+      {"greater_equal", ops::greater_equal},
+      {"logical_and", ops::logical_and},
+      {"logical_or", ops::logical_or},
+      {"logical_xor", ops::logical_xor}};
   if (auto it = binary.find(k); it != binary.end()) return it->second(in("a"), in("b"), in("y"));
-  static const std::map<std::string, Op (*)(const Tensor&, const Tensor&)> unary = {
-      {"sqrt", ops::sqrt}, {"exp", ops::exp}, {"log", ops::log},
-      {"abs", ops::abs},   {"neg", ops::neg}, {"erf", ops::erf}};
+  static const std::map<std::string, Op (*)(const Tensor&, const Tensor&)> unary = {{"sqrt", ops::sqrt},
+                                                                                    {"exp", ops::exp},
+                                                                                    {"log", ops::log},
+                                                                                    {"abs", ops::abs},
+                                                                                    {"neg", ops::neg},
+                                                                                    {"erf", ops::erf},
+                                                                                    {"logical_not", ops::logical_not}};
   if (auto it = unary.find(k); it != unary.end()) return it->second(in("x"), in("y"));
   if (k == "resize") return ops::resize(in("x"), in("y"), resize_opts(r));
   if (k == "activation") return ops::activation(in("x"), in("y"), r.activation());

@@ -31,17 +31,24 @@ const std::set<std::string> kSupported = {
     // Shape computations, folded to constants for the fixed input shapes
     // (what exporters write for x.view(x.size(0), -1), and for masks built
     // from shapes).
-    "Shape", "Gather", "Unsqueeze", "Squeeze", "Cast", "ConstantOfShape", "Range", "Mod", "Equal", "Not", "Where",
-    "ScatterND"};
+    "Shape", "Gather", "Unsqueeze", "Squeeze", "Cast", "ConstantOfShape", "Range", "Mod", "Where", "ScatterND",
+    // Comparisons and logic: folded on constants, on the device otherwise
+    // (booleans as u8 1 or 0, for Where's condition).
+    "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor"};
 
 // Ops that exist here only to compute shapes: every input must be known at
 // compile time.
-const std::set<std::string> kFoldOnly = {"ConstantOfShape", "Range", "Mod", "Equal", "Not", "ScatterND"};
+const std::set<std::string> kFoldOnly = {"ConstantOfShape", "Range", "Mod", "ScatterND"};
 // Ops folded when every input is a constant, run on the device otherwise
 // (Unsqueeze, Squeeze, and Cast to float, as views of another shape).
-const std::set<std::string> kFoldable = {"Concat",    "Slice",      "Sqrt",    "Exp",  "Log",    "Abs",
-                                         "Neg",       "Reciprocal", "Erf",     "Pow",  "Gather", "Expand",
-                                         "Transpose", "Unsqueeze",  "Squeeze", "Cast", "Where"};
+const std::set<std::string> kFoldable = {
+    "Concat",         "Slice", "Sqrt",  "Exp",    "Log",    "Abs",         "Neg",
+    "Reciprocal",     "Erf",   "Pow",   "Gather", "Expand", "Transpose",   "Unsqueeze",
+    "Squeeze",        "Cast",  "Where", "Equal",  "Less",   "LessOrEqual", "Greater",
+    "GreaterOrEqual", "Not",   "And",   "Or",     "Xor"};
+// Comparisons and logic of two inputs, broadcast.
+const std::set<std::string> kCompareOrLogic = {"Equal",          "Less", "LessOrEqual", "Greater",
+                                               "GreaterOrEqual", "And",  "Or",          "Xor"};
 const std::set<std::string> kUnary = {"Sqrt",       "Exp",  "Log",         "Abs",       "Neg",
                                       "Reciprocal", "Erf",  "HardSigmoid", "HardSwish", "Relu",
                                       "Sigmoid",    "Tanh", "LeakyRelu",   "Clip",      "Softmax"};
@@ -547,7 +554,7 @@ struct Importer {
       for (std::uint64_t i = 0; i < r.size(); ++i) r[i] = vals[broadcast_index(shape, x.shape, i)];
       return make_constant(shape, r, is_integer(x));
     }
-    if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Mod" || op == "Equal") {
+    if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Mod" || kCompareOrLogic.count(op)) {
       const Value& y = in(n, 1);
       const auto yv = values_of(y);
       const auto shape = broadcast(n, x.shape, y.shape);
@@ -558,8 +565,15 @@ struct Importer {
       if (op == "Mod" && !integer && a.i("fmod", 0) == 0) fail_node(n, "fmod 0 on floats");
       for (std::uint64_t i = 0; i < r.size(); ++i) {
         const double p = vals[broadcast_index(shape, x.shape, i)], q = yv[broadcast_index(shape, y.shape, i)];
-        if (op == "Equal") {
-          r[i] = p == q;
+        if (kCompareOrLogic.count(op)) {
+          r[i] = op == "Equal"            ? p == q
+                 : op == "Less"           ? p < q
+                 : op == "LessOrEqual"    ? p <= q
+                 : op == "Greater"        ? p > q
+                 : op == "GreaterOrEqual" ? p >= q
+                 : op == "And"            ? (p != 0 && q != 0)
+                 : op == "Or"             ? (p != 0 || q != 0)
+                                          : ((p != 0) != (q != 0));
           continue;
         }
         if (op == "Mod") {
@@ -581,7 +595,7 @@ struct Importer {
           r[i] = p / q;
         }
       }
-      return make_constant(shape, r, integer || op == "Equal");
+      return make_constant(shape, r, integer || kCompareOrLogic.count(op));
     }
     if (op == "Sqrt" || op == "Exp" || op == "Log" || op == "Abs" || op == "Neg" || op == "Reciprocal" || op == "Erf") {
       std::vector<double> r = vals;
@@ -733,8 +747,12 @@ struct Importer {
       }
       return out;
     }
-    if (op == "Add" || op == "Mul" || op == "Sub" || op == "Div") {
+    if (op == "Add" || op == "Mul" || op == "Sub" || op == "Div" || kCompareOrLogic.count(op)) {
       out.shape = broadcast(n, in(n, 0).shape, in(n, 1).shape);
+      return out;
+    }
+    if (op == "Not") {
+      out.shape = in(n, 0).shape;
       return out;
     }
     if (op == "Min" || op == "Max") {
@@ -973,8 +991,8 @@ struct Importer {
       n.inputs.resize(1);
       return out;
     }
-    if (op == "Where") {  // device data: a constant condition selecting between values
-      const Value& c = constant(n, 0, "condition");
+    if (op == "Where") {  // device data: a condition, constant or computed, selecting between values
+      const Value& c = in(n, 0);
       out.shape = broadcast(n, broadcast(n, c.shape, in(n, 1).shape), in(n, 2).shape);
       return out;
     }

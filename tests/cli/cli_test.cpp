@@ -69,7 +69,7 @@ TEST(Cli, InfoDescribesADevice) {
   EXPECT_EQ(j["heaps"].size(), 2u);
   EXPECT_EQ(j["engines"]["compute"], 2);
   EXPECT_EQ(j["caps"]["wait_value"], true);
-  EXPECT_EQ(j["interface_version"], "1.6");
+  EXPECT_EQ(j["interface_version"], "1.7");
 }
 
 TEST(Cli, SmiShowsMemoryAndQueues) {

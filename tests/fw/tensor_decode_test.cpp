@@ -203,11 +203,10 @@ TEST(FwTensorOp, AttributesAreValidated) {
   EXPECT_EQ(problem_of(b).status, CmdStatus::kBadArgument);
 }
 
-// erf, the last elementwise mode: floats in, the same dtype out, no B.
+// erf: floats in, the same dtype out, no B.
 TEST(FwTensorOp, ElementwiseErfTakesFloatsOnly) {
   ElementwiseAttrs a{};
   a.op = static_cast<std::uint32_t>(ElementwiseOp::kErf);
-  EXPECT_EQ(a.op, kMaxElementwiseOp);
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
     EXPECT_TRUE(
         decode_op(block(OpKind::kElementwise, {tensor(0x1000, t, {2, 8}), TensorRef{}, tensor(0x2000, t, {2, 8})}, a))
@@ -230,6 +229,40 @@ TEST(FwTensorOp, ElementwiseErfTakesFloatsOnly) {
   auto p = problem_of(b);
   EXPECT_EQ(p.field, attr_field(offsetof(ElementwiseAttrs, op)));
   EXPECT_EQ(p.value, kMaxElementwiseOp + 1);
+}
+
+// Comparisons (interface 1.7): A and B of one dtype, any; Y u8. Logic, the
+// last modes: u8 in and out, Not without B.
+TEST(FwTensorOp, ElementwiseComparisonsGiveU8AndLogicTakesU8) {
+  EXPECT_EQ(static_cast<std::uint32_t>(ElementwiseOp::kNot), kMaxElementwiseOp);
+  ElementwiseAttrs a{};
+  auto binary = [&](DType in, DType out) {
+    return block(OpKind::kElementwise,
+                 {tensor(0x1000, in, {2, 8}), tensor(0x3000, in, {2, 8}), tensor(0x2000, out, {2, 8})}, a);
+  };
+  for (auto op : {ElementwiseOp::kEqual, ElementwiseOp::kLess, ElementwiseOp::kLessOrEqual, ElementwiseOp::kGreater,
+                  ElementwiseOp::kGreaterOrEqual}) {
+    a.op = static_cast<std::uint32_t>(op);
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kU8, DType::kI32})
+      EXPECT_TRUE(decode_op(binary(t, DType::kU8)).ok()) << a.op << " " << to_string(t);
+    EXPECT_EQ(problem_of(binary(DType::kF32, DType::kF32)).field, tensor_field(2, TensorAspect::kDType)) << a.op;
+    auto mixed = block(
+        OpKind::kElementwise,
+        {tensor(0x1000, DType::kF32, {2, 8}), tensor(0x3000, DType::kF16, {2, 8}), tensor(0x2000, DType::kU8, {2, 8})},
+        a);
+    EXPECT_EQ(problem_of(mixed).field, tensor_field(1, TensorAspect::kDType)) << a.op;
+  }
+  for (auto op : {ElementwiseOp::kAnd, ElementwiseOp::kOr, ElementwiseOp::kXor}) {
+    a.op = static_cast<std::uint32_t>(op);
+    EXPECT_TRUE(decode_op(binary(DType::kU8, DType::kU8)).ok()) << a.op;
+    EXPECT_EQ(problem_of(binary(DType::kF32, DType::kU8)).field, tensor_field(0, TensorAspect::kDType)) << a.op;
+    EXPECT_EQ(problem_of(binary(DType::kU8, DType::kI8)).field, tensor_field(2, TensorAspect::kDType)) << a.op;
+  }
+  a.op = static_cast<std::uint32_t>(ElementwiseOp::kNot);
+  EXPECT_TRUE(decode_op(block(OpKind::kElementwise,
+                              {tensor(0x1000, DType::kU8, {2, 8}), TensorRef{}, tensor(0x2000, DType::kU8, {2, 8})}, a))
+                  .ok());
+  EXPECT_EQ(problem_of(binary(DType::kU8, DType::kU8)).field, tensor_field(1, TensorAspect::kDType));
 }
 
 TEST(FwTensorOp, ConvolutionOutputSizeIsChecked) {

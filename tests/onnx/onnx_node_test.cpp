@@ -252,7 +252,18 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
 
   // Elementwise binary ops with broadcasting.
   static const std::map<std::string, Op (*)(const Tensor&, const Tensor&, const Tensor&)> kBinary = {
-      {"Add", ops::add}, {"Sub", ops::sub}, {"Mul", ops::mul}, {"Div", ops::div}};
+      {"Add", ops::add},
+      {"Sub", ops::sub},
+      {"Mul", ops::mul},
+      {"Div", ops::div},
+      {"Equal", ops::equal},
+      {"Less", ops::less},
+      {"LessOrEqual", ops::less_equal},
+      {"Greater", ops::greater},
+      {"GreaterOrEqual", ops::greater_equal},
+      {"And", ops::logical_and},
+      {"Or", ops::logical_or},
+      {"Xor", ops::logical_xor}};
   if (auto it = kBinary.find(op); it != kBinary.end()) {
     if (node.input_size() != 2) return "needs two inputs";
     auto fn = it->second;
@@ -265,7 +276,7 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
   }
   static const std::map<std::string, Op (*)(const Tensor&, const Tensor&)> kUnary = {
       {"Relu", ops::relu}, {"Abs", ops::abs},   {"Neg", ops::neg}, {"Exp", ops::exp},
-      {"Log", ops::log},   {"Sqrt", ops::sqrt}, {"Erf", ops::erf}};
+      {"Log", ops::log},   {"Sqrt", ops::sqrt}, {"Erf", ops::erf}, {"Not", ops::logical_not}};
   if (auto it = kUnary.find(op); it != kUnary.end()) {
     auto fn = it->second;
     return Lowering{[fn](const Inputs& in, const Tensor& out, const auto&) { return fn(*in[0], out); }, {}};
@@ -709,7 +720,13 @@ TEST(OnnxNodeCoverage, EveryOpFamilyTheEngineClaimsHasTests) {
                          "ConvInteger",
                          "QLinearMatMul",
                          "QLinearConv",
-                         "Resize"})
+                         "Resize",
+                         "Where",
+                         "Equal",
+                         "Less",
+                         "Greater",
+                         "And",
+                         "Not"})
     EXPECT_GT(per_op[op], 0) << op << " has no ONNX node test left in the catalogue";
   EXPECT_GE(catalogue().supported.size(), 150u);
 }

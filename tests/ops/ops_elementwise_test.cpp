@@ -45,6 +45,69 @@ TEST_P(Ops, ElementwiseIntegerOpsWrapAndDivideTowardZero) {
       }
 }
 
+TEST_P(Ops, ComparisonsGiveOneOrZeroAndANaNComparesFalse) {
+  using Cmp = Op (*)(const Tensor&, const Tensor&, const Tensor&);
+  const std::pair<Cmp, const char*> cmps[] = {{ops::equal, "equal"},
+                                              {ops::less, "less"},
+                                              {ops::less_equal, "less_equal"},
+                                              {ops::greater, "greater"},
+                                              {ops::greater_equal, "greater_equal"}};
+  auto holds = [](int k, double u, double v) {
+    return k == 0 ? u == v : k == 1 ? u < v : k == 2 ? u <= v : k == 3 ? u > v : u >= v;
+  };
+  for (DType dt : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32})
+    for (int k = 0; k < 5; ++k)
+      for (const auto& [as, bs, ys] : kBroadcasts) {
+        // Small whole numbers, so that equal pairs are common, then NaN,
+        // infinities, signed zeros and the type's extremes.
+        auto operand = [&](const Shape& s) {
+          Host h = is_float(dt) ? rand(dt, s, -3, 3) : rand_int(rng_, dt, s);
+          if (is_float(dt))
+            for (auto& v : h.v) v = std::round(v);
+          return with_specials(rng_, std::move(h), dt);
+        };
+        const Host a = operand(as), b = operand(bs);
+        const Tensor y = lab().output(DType::U8, ys);
+        const Host got = lab().run(cmps[k].first(lab().upload(a), lab().upload(b), y), y);
+        std::vector<double> want;
+        for_each_index(ys, [&](const Shape& idx, std::int64_t) {
+          want.push_back(holds(k, bcast_at(a, idx), bcast_at(b, idx)) ? 1.0 : 0.0);
+        });
+        expect_exact(std::string(cmps[k].second) + " " + to_string(dt) + " " + dims(as) + " and " + dims(bs), got,
+                     want);
+      }
+}
+
+TEST_P(Ops, LogicOnU8TakesNonzeroAsTrue) {
+  using Logic = Op (*)(const Tensor&, const Tensor&, const Tensor&);
+  const std::pair<Logic, const char*> ops_[] = {
+      {ops::logical_and, "logical_and"}, {ops::logical_or, "logical_or"}, {ops::logical_xor, "logical_xor"}};
+  auto operand = [&](const Shape& s) {
+    Host h = rand_int(rng_, DType::U8, s);
+    for (auto& v : h.v)
+      if (rng_.coin(0.5)) v = 0;
+    return h;
+  };
+  for (int k = 0; k < 3; ++k)
+    for (const auto& [as, bs, ys] : kBroadcasts) {
+      const Host a = operand(as), b = operand(bs);
+      const Tensor y = lab().output(DType::U8, ys);
+      const Host got = lab().run(ops_[k].first(lab().upload(a), lab().upload(b), y), y);
+      std::vector<double> want;
+      for_each_index(ys, [&](const Shape& idx, std::int64_t) {
+        const bool u = bcast_at(a, idx) != 0, v = bcast_at(b, idx) != 0;
+        want.push_back((k == 0 ? u && v : k == 1 ? u || v : u != v) ? 1.0 : 0.0);
+      });
+      expect_exact(std::string(ops_[k].second) + " " + dims(as) + " and " + dims(bs), got, want);
+    }
+  const Host x = operand({4, 9});
+  const Tensor y = lab().output(DType::U8, x.shape);
+  const Host got = lab().run(ops::logical_not(lab().upload(x), y), y);
+  std::vector<double> want;
+  for (double v : x.v) want.push_back(v == 0 ? 1.0 : 0.0);
+  expect_exact("logical_not", got, want);
+}
+
 TEST_P(Ops, ElementwiseUnaryOps) {
   // abs and neg, every dtype: exact (integers wrap: abs(-128) is -128 in i8).
   for (DType dt : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32})

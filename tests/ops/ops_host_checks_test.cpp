@@ -152,6 +152,11 @@ TEST_P(Ops, HostChecksRefuseUnsupportedDtypes) {
       {[&] { ops::exp(t(DType::I32, {4}), t(DType::I32, {4})); }, "exp: x is i32; supported: f32, f16, bf16"},
       {[&] { ops::erf(t(DType::U8, {4}), t(DType::U8, {4})); }, "erf: x is u8; supported: f32, f16, bf16"},
       {[&] { ops::erf(t(DType::F32, {4}), t(DType::F16, {4})); }, "erf: y is f16 but x is f32"},
+      {[&] { ops::less(t(DType::F32, {4}), t(DType::F32, {4}), t(DType::F32, {4})); }, "less: y is f32; supported: u8"},
+      {[&] { ops::equal(t(DType::F32, {4}), t(DType::F16, {4}), t(DType::U8, {4})); }, "equal: b is f16 but a is f32"},
+      {[&] { ops::logical_and(t(DType::F32, {4}), t(DType::F32, {4}), t(DType::U8, {4})); },
+       "logical_and: a is f32; supported: u8"},
+      {[&] { ops::logical_not(t(DType::U8, {4}), t(DType::I8, {4})); }, "logical_not: y is i8; supported: u8"},
       {[&] { ops::add(t(DType::F32, {4}), t(DType::F32, {4}), t(DType::F16, {4})); }, "add: y is f16 but a is f32"},
       {[&] {
          ops::matmul_integer(t(DType::F32, {2, 3}), t(DType::U8, {3, 2}), t(DType::I32, {2, 2}));

@@ -279,7 +279,7 @@ Error open_error(std::uint32_t reg, std::uint32_t value) {
 TEST(TpuDriver, BringUpRefusesBoardsItCannotDrive) {
   Error v2 = open_error(fw::reg::kIfaceVersion, fw::Version{2, 0}.packed());
   EXPECT_EQ(v2.status(), Status::VersionMismatch);
-  EXPECT_THAT(v2.what(), HasSubstr("the board speaks interface 2.0, this driver 1.0 to 1.6"));
+  EXPECT_THAT(v2.what(), HasSubstr("the board speaks interface 2.0, this driver 1.0 to 1.7"));
 
   Error gone = open_error(fw::reg::kIdMagic, 0xFFFFFFFF);
   EXPECT_EQ(gone.status(), Status::DeviceLost);
@@ -326,6 +326,13 @@ TEST(TpuDriver, AnOpNewerThanTheBoardsInterfaceIsRefusedBeforeItReachesTheBoard)
   erf.attrs = driver::ElementwiseAttrs{driver::ElementwiseOp::Erf, {}};
   EXPECT_EQ(tpu::required_minor(erf), 3u);
   EXPECT_EQ(tpu::required_minor(top_k), 5u);
+  for (auto op : {driver::ElementwiseOp::Equal, driver::ElementwiseOp::GreaterOrEqual, driver::ElementwiseOp::And,
+                  driver::ElementwiseOp::Not}) {
+    driver::OpDesc logic;
+    logic.kind = driver::OpKind::Elementwise;
+    logic.attrs = driver::ElementwiseAttrs{op, {}};
+    EXPECT_EQ(tpu::required_minor(logic), 7u) << static_cast<int>(op);
+  }
   // The queue refused the op without failing: it still runs what the board has.
   EXPECT_FALSE(q->timeline().failed);
 }

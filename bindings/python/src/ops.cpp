@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cctype>
 #include <initializer_list>
+#include <tuple>
 #include <time.h>
 
 #include "common.hpp"
@@ -328,19 +329,40 @@ void bind_builders(py::module_& ops) {
       py::arg("layout") = "nchw", "Window mean over H and W (strides default to the kernel). Floats.");
 
   using Binary = Op (*)(const Tensor&, const Tensor&, const Tensor&);
-  const std::pair<const char*, Binary> binaries[] = {{"add", &ops::add}, {"sub", &ops::sub}, {"mul", &ops::mul},
-                                                     {"div", &ops::div}, {"max", &ops::max}, {"min", &ops::min}};
-  for (auto [name, f] : binaries)
+  const char* arithmetic =
+      "(a, b) elementwise, a and b broadcast to y's shape as in NumPy; a, b and y of one dtype. Integers wrap; "
+      "integer division rounds toward zero and division by zero gives 0.";
+  const char* comparison =
+      "(a, b) elementwise into u8 (1 or 0), a and b (one dtype, any) broadcast to y's shape as in NumPy; a NaN "
+      "compares false.";
+  const char* logic = "(a, b) elementwise on u8 (nonzero is true) into u8 1 or 0, broadcast to y's shape as in NumPy.";
+  const std::tuple<const char*, Binary, const char*> binaries[] = {{"add", &ops::add, arithmetic},
+                                                                   {"sub", &ops::sub, arithmetic},
+                                                                   {"mul", &ops::mul, arithmetic},
+                                                                   {"div", &ops::div, arithmetic},
+                                                                   {"max", &ops::max, arithmetic},
+                                                                   {"min", &ops::min, arithmetic},
+                                                                   {"equal", &ops::equal, comparison},
+                                                                   {"less", &ops::less, comparison},
+                                                                   {"less_equal", &ops::less_equal, comparison},
+                                                                   {"greater", &ops::greater, comparison},
+                                                                   {"greater_equal", &ops::greater_equal, comparison},
+                                                                   {"logical_and", &ops::logical_and, logic},
+                                                                   {"logical_or", &ops::logical_or, logic},
+                                                                   {"logical_xor", &ops::logical_xor, logic}};
+  for (auto [name, f, doc] : binaries)
     ops.def(
         name,
         [f](T a, T b, T y) {
           return finish(f(a.tensor, b.tensor, y.tensor), {&a, &b, &y});
         },
-        py::arg("a"), py::arg("b"), py::arg("y"),
-        (std::string("y = ") + name +
-         "(a, b) elementwise, a and b broadcast to y's shape as in NumPy; a, b and y of one dtype. Integers "
-         "wrap; integer division rounds toward zero and division by zero gives 0.")
-            .c_str());
+        py::arg("a"), py::arg("b"), py::arg("y"), (std::string("y = ") + name + doc).c_str());
+  ops.def(
+      "logical_not",
+      [](T x, T y) {
+        return finish(ops::logical_not(x.tensor, y.tensor), {&x, &y});
+      },
+      py::arg("x"), py::arg("y"), "y = not x elementwise on u8 (nonzero is true) into u8 1 or 0.");
 
   using Unary = Op (*)(const Tensor&, const Tensor&);
   const std::pair<const char*, Unary> unaries[] = {{"relu", &ops::relu}, {"abs", &ops::abs}, {"neg", &ops::neg},

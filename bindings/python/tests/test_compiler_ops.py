@@ -630,13 +630,58 @@ def test_where_with_a_constant_condition_on_device_data(dev):
     check(dev, m.SerializeToString(), {"x": x}, lambda x: np.where(cond, np.maximum(x, 0), other).astype(np.float64))
 
 
-def test_where_with_a_computed_condition_is_refused_clearly(dev):
+def quarters(*shape):
+    """Multiples of 1/4 in [-3, 3]: exact in every precision, none equal to the thresholds below but 0.5."""
+    return (RNG.integers(-12, 13, shape) / 4).astype(np.float32)
+
+
+def test_where_with_a_condition_computed_on_the_device(dev):
+    # c = (0.1 < x < 2 and not x == 0.5) or x <= -1, with a broadcast threshold; y = c ? x : -2x.
+    x = quarters(2, 3, 4)
+    lo = np.array([0.1, 0.1, 0.1, 0.1], np.float32)
+    nodes = [helper.make_node("Greater", ["x", "lo"], ["g"]),
+             helper.make_node("Less", ["x", "two"], ["l"]),
+             helper.make_node("And", ["g", "l"], ["inside"]),
+             helper.make_node("Equal", ["x", "half"], ["e"]),
+             helper.make_node("Not", ["e"], ["ne"]),
+             helper.make_node("And", ["inside", "ne"], ["keep"]),
+             helper.make_node("LessOrEqual", ["x", "minus_one"], ["low"]),
+             helper.make_node("Or", ["keep", "low"], ["c"]),
+             helper.make_node("Mul", ["x", "minus_two"], ["other"]),
+             helper.make_node("Where", ["c", "x", "other"], ["y"])]
+    inits = [("lo", lo), ("two", np.float32(2)), ("half", np.float32(0.5)), ("minus_one", np.float32(-1)),
+             ("minus_two", np.float32(-2))]
+
+    def reference(x):
+        c = (((x > lo) & (x < 2)) & ~(x == 0.5)) | (x <= -1)
+        return np.where(c, x, -2 * x).astype(np.float64)
+
+    check(dev, model(nodes, {"x": x.shape}, "y", initializers=inits), {"x": x}, reference)
+    assert (x == 0.5).any() and (x <= -1).any() and ((x > 0.1) & (x < 2)).any()
+
+
+def test_comparisons_and_logic_as_numbers(dev):
+    # A boolean cast to float, a boolean graph output (as 1.0 and 0.0), Xor and GreaterOrEqual.
+    x, z = quarters(3, 5), quarters(3, 5)
+    nodes = [helper.make_node("GreaterOrEqual", ["x", "z"], ["ge"]),
+             helper.make_node("Greater", ["x", "zero"], ["pos"]),
+             helper.make_node("Xor", ["ge", "pos"], ["c"]),
+             helper.make_node("Cast", ["c"], ["cf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["cf", "x"], ["y"])]
+    check(dev, model(nodes, {"x": x.shape, "z": z.shape}, "y", initializers=[("zero", np.float32(0))]),
+          {"x": x, "z": z}, lambda x, z: (((x >= z) != (x > 0)) * x).astype(np.float64))
+    bool_out = model([helper.make_node("Less", ["x", "z"], ["y"])], {"x": x.shape, "z": z.shape}, "y")
+    for precision in ("fp32", "fp16", "int8"):
+        if precision == "int8":
+            compiled = tpuhal.compile(bool_out, "int8", calibration=[x[None], z[None]], device=dev.uri)
+            got = dev.load_model(compiled).instance().run({"x": x, "z": z})[0]
+        else:
+            got = run(dev, bool_out, precision, {"x": x, "z": z})
+        np.testing.assert_array_equal(got, (x < z).astype(np.float32), err_msg=precision)
+
+
+def test_logic_on_a_number_computed_on_the_device_is_refused_clearly(dev):
     x = randn(2, 3)
-    graph = helper.make_graph(
-        [helper.make_node("Equal", ["x", "x"], ["c"]), helper.make_node("Where", ["c", "x", "x"], ["y"])], "case",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    with pytest.raises(tpuhal.Unsupported, match="Equal"):
-        tpuhal.compile(m.SerializeToString(), "fp32", device=dev.uri)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Not", ["r"], ["y"])]
+    with pytest.raises(tpuhal.Unsupported, match="input 'r' is not a boolean the device computed"):
+        tpuhal.compile(model(nodes, {"x": x.shape}, "y"), "fp32", device=dev.uri)

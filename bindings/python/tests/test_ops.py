@@ -74,6 +74,33 @@ def test_elementwise_broadcast_and_cast(dev, queue):
     np.testing.assert_array_equal(f.download(), (a + b).astype(np.float16))
 
 
+def test_comparisons_and_logic_give_u8_ones_and_zeros(dev, queue):
+    a = np.array([[-1, 0, 1, 2, np.nan, np.inf]], np.float32)
+    b = np.array([[0], [1], [np.nan]], np.float32)  # broadcast to [3, 6]
+    ta, tb = tpuhal.Tensor(dev.upload(a)), tpuhal.Tensor(dev.upload(b))
+    with np.errstate(invalid="ignore"):
+        for name, ref in [("equal", np.equal), ("less", np.less), ("less_equal", np.less_equal),
+                          ("greater", np.greater), ("greater_equal", np.greater_equal)]:
+            y = dev.tensor((3, 6), "u8")
+            op = getattr(ops, name)(ta, tb, y)
+            assert op.name == name
+            queue.run(op).submit().wait()
+            np.testing.assert_array_equal(y.download(), ref(a, b).astype(np.uint8), err_msg=name)
+    p = np.array([0, 1, 7, 0, 255], np.uint8)
+    q = np.array([0, 0, 3, 9, 1], np.uint8)
+    tp, tq = tpuhal.Tensor(dev.upload(p)), tpuhal.Tensor(dev.upload(q))
+    for name, ref in [("logical_and", np.logical_and), ("logical_or", np.logical_or),
+                      ("logical_xor", np.logical_xor)]:
+        y = dev.tensor(p.shape, "u8")
+        queue.run(getattr(ops, name)(tp, tq, y)).submit().wait()
+        np.testing.assert_array_equal(y.download(), ref(p, q).astype(np.uint8), err_msg=name)
+    y = dev.tensor(p.shape, "u8")
+    queue.run(ops.logical_not(tp, y)).submit().wait()
+    np.testing.assert_array_equal(y.download(), np.logical_not(p).astype(np.uint8))
+    with pytest.raises(tpuhal.InvalidArgument, match="less: y is f32; supported: u8"):
+        ops.less(ta, tb, dev.tensor((3, 6), "f32"))
+
+
 def test_unary_maps_match_math(dev, queue):
     x = np.array([-4, -1.5, -0.5, -1e-6, 0, 1e-6, 0.25, 1, 2.5, 6, np.inf, -np.inf], np.float32)
     tx = tpuhal.Tensor(dev.upload(x))

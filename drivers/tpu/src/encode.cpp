@@ -31,8 +31,8 @@ fw::DType to_fw(DType t) {
 static_assert(driver::kOpKindCount == fw::kMaxOpKind,
               "a firmware op kind (fw/op_kinds.inc) has no HAL kind (driver/op_kinds.inc)");
 // Elementwise modes are copied by number: both enums end at the same mode.
-static_assert(static_cast<std::uint32_t>(driver::ElementwiseOp::Erf) == fw::kMaxElementwiseOp &&
-                  static_cast<std::uint32_t>(fw::ElementwiseOp::kErf) == fw::kMaxElementwiseOp,
+static_assert(static_cast<std::uint32_t>(driver::ElementwiseOp::Not) == fw::kMaxElementwiseOp &&
+                  static_cast<std::uint32_t>(fw::ElementwiseOp::kNot) == fw::kMaxElementwiseOp,
               "driver::ElementwiseOp and fw::ElementwiseOp are numbered differently");
 
 fw::OpKind to_fw(driver::OpKind k) {
@@ -205,6 +205,7 @@ std::uint16_t required_minor(const driver::OpDesc& op) {
   if (const auto* e = std::get_if<driver::ElementwiseAttrs>(&op.attrs)) {
     if (e->op == driver::ElementwiseOp::Activation) act(e->activation);
     if (e->op == driver::ElementwiseOp::Erf) need = std::max<std::uint16_t>(need, 3);
+    if (e->op >= driver::ElementwiseOp::Equal) need = std::max<std::uint16_t>(need, 7);  // comparisons, logic
   }
   return need;
 }

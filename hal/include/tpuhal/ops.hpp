@@ -193,6 +193,20 @@ TPUHAL_API Op cast(const Tensor& x, const Tensor& y);
 TPUHAL_API Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm);
 TPUHAL_API Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis = -1, bool log = false);
 
+// Comparisons, NumPy broadcasting of a and b (one dtype, any) to y's shape;
+// y u8, 1 where the comparison holds, else 0. A NaN compares false (equal
+// to nothing, neither less nor greater); f16 and bf16 compare as f32.
+TPUHAL_API Op equal(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op less(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op less_equal(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op greater(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op greater_equal(const Tensor& a, const Tensor& b, const Tensor& y);
+// Logic on u8 (ONNX's bool: nonzero is true), broadcast as above; y u8, 1 or 0.
+TPUHAL_API Op logical_and(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op logical_or(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op logical_xor(const Tensor& a, const Tensor& b, const Tensor& y);
+TPUHAL_API Op logical_not(const Tensor& x, const Tensor& y);
+
 // y = cond ? a : b, elementwise with NumPy broadcasting of cond, a and b to
 // y's shape. cond is u8 (nonzero is true); a, b and y one dtype, any.
 TPUHAL_API Op where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& y);

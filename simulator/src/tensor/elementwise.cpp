@@ -210,6 +210,46 @@ void same_type_copy(TensorEngine& e, const View& a, const View& y) {
       std::max<std::uint64_t>(1, kGrain / std::max<std::uint64_t>(1, len)));
 }
 
+// Comparisons (any dtype, floats compared as f32: a NaN is unequal to
+// everything and neither less nor greater) and logic on u8 (nonzero is
+// true), into u8 1 or 0.
+bool compare(fw::ElementwiseOp op, const std::byte* pa, const std::byte* pb, fw::DType t) {
+  auto holds = [op](auto u, auto v) {
+    switch (op) {
+      case fw::ElementwiseOp::kEqual: return u == v;
+      case fw::ElementwiseOp::kLess: return u < v;
+      case fw::ElementwiseOp::kLessOrEqual: return u <= v;
+      case fw::ElementwiseOp::kGreater: return u > v;
+      case fw::ElementwiseOp::kGreaterOrEqual: return u >= v;
+      default: return false;
+    }
+  };
+  return is_float(t) ? holds(load_float(pa, t), load_float(pb, t)) : holds(load_int(pa, t), load_int(pb, t));
+}
+
+void compare_or_logic(TensorEngine& e, fw::ElementwiseOp op, const View& a, const View& b, const View& y) {
+  const View* views[3] = {&y, &a, &b};
+  e.pool().parallel_for(
+      y.elements(),
+      [&](std::uint64_t begin, std::uint64_t end) {
+        for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
+          bool r = false;
+          if (fw::is_comparison(op)) {
+            r = compare(op, a.at(off[1]), b.at(off[2]), a.dtype);
+          } else {
+            const bool u = *a.at(off[1]) != std::byte{0};
+            const bool v = op != fw::ElementwiseOp::kNot && *b.at(off[2]) != std::byte{0};
+            r = op == fw::ElementwiseOp::kAnd   ? u && v
+                : op == fw::ElementwiseOp::kOr  ? u || v
+                : op == fw::ElementwiseOp::kXor ? u != v
+                                                : !u;
+          }
+          *y.at(off[0]) = std::byte{r ? std::uint8_t{1} : std::uint8_t{0}};
+        });
+      },
+      kGrain);
+}
+
 }  // namespace
 
 void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, const View* v) {
@@ -225,6 +265,10 @@ void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, const View* v)
   }
   if (op == fw::ElementwiseOp::kIdentity && a.dtype == y.dtype) {
     same_type_copy(e, a, y);
+    return;
+  }
+  if (fw::is_comparison(op) || fw::is_logical(op)) {
+    compare_or_logic(e, op, a, b, y);
     return;
   }
   if (f32_rows(e, at, a, b, y)) return;

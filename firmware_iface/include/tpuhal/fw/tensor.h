@@ -156,9 +156,28 @@ enum class ElementwiseOp : std::uint32_t {
   kLog = 11,
   kSqrt = 12,
   kErf = 13,  // interface 1.3
+  // Interface 1.7: comparisons, A and B of one dtype and Y u8 holding 1 or
+  // 0 (a NaN compares false: unequal, neither less nor greater), and logic
+  // on u8 operands (nonzero is true) into u8 1 or 0.
+  kEqual = 14,
+  kLess = 15,
+  kLessOrEqual = 16,
+  kGreater = 17,
+  kGreaterOrEqual = 18,
+  kAnd = 19,
+  kOr = 20,
+  kXor = 21,
+  kNot = 22,
 };
-inline constexpr std::uint32_t kMaxElementwiseOp = 13;
-constexpr bool is_binary(ElementwiseOp op) { return op >= ElementwiseOp::kAdd && op <= ElementwiseOp::kMin; }
+inline constexpr std::uint32_t kMaxElementwiseOp = 22;
+constexpr bool is_comparison(ElementwiseOp op) {
+  return op >= ElementwiseOp::kEqual && op <= ElementwiseOp::kGreaterOrEqual;
+}
+constexpr bool is_logical(ElementwiseOp op) { return op >= ElementwiseOp::kAnd && op <= ElementwiseOp::kNot; }
+constexpr bool is_binary(ElementwiseOp op) {
+  return (op >= ElementwiseOp::kAdd && op <= ElementwiseOp::kMin) ||
+         (op >= ElementwiseOp::kEqual && op <= ElementwiseOp::kXor);
+}
 
 struct ElementwiseAttrs {
   std::uint32_t op;          // ElementwiseOp

@@ -32,8 +32,9 @@ struct Version {
 // elementwise mode ElementwiseOp::kErf (tensor.h); 1.4 the activation
 // Activation::kHardSwish (tensor.h); 1.5 the op kinds kTopK,
 // kConvTranspose2d and kWhere (op_kinds.inc); 1.6 the telemetry block
-// (telemetry.h: MboxCmd::kTelemetry, kCapTelemetry).
-inline constexpr Version kInterfaceVersion{1, 6};
+// (telemetry.h: MboxCmd::kTelemetry, kCapTelemetry); 1.7 the elementwise
+// comparisons and logic, ElementwiseOp::kEqual to kNot (tensor.h).
+inline constexpr Version kInterfaceVersion{1, 7};
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a
 // board advertising `board` agree on, or kBadArgument with field

@@ -60,6 +60,15 @@ enum class ElementwiseOp : std::uint8_t {
   Log,
   Sqrt,
   Erf,
+  Equal,
+  Less,
+  LessOrEqual,
+  Greater,
+  GreaterOrEqual,
+  And,
+  Or,
+  Xor,
+  Not,
 };
 
 struct MatMulAttrs {
