@@ -184,17 +184,29 @@ def unfuse_attention(net):
 
 
 def export(net, x, path):
-    """PyTorch's fp32 output on x, and the ONNX file at path (opset 13).
+    """PyTorch's fp32 output on x and the largest magnitude any module
+    output reaches on the way, and the ONNX file at path (opset 13).
     Attention modules are exported in their composed form (unfuse_attention)."""
     import torch
 
     unfused = unfuse_attention(net)
+    peak = [0.0]
+
+    def largest(module, inputs, output):
+        if isinstance(output, torch.Tensor) and output.is_floating_point() and output.numel():
+            peak[0] = max(peak[0], float(output.detach().abs().max()))
+
+    hooks = [m.register_forward_hook(largest) for m in net.modules()]
     with torch.no_grad():
-        ref = net(x).numpy()
+        try:
+            ref = net(x).numpy()
+        finally:
+            for h in hooks:
+                h.remove()
         torch.onnx.export(net, x, path, opset_version=13, input_names=["input"], output_names=["out"],
                           do_constant_folding=True,
                           training=torch.onnx.TrainingMode.PRESERVE if unfused else torch.onnx.TrainingMode.EVAL)
-    return ref
+    return ref, peak[0]
 
 
 def errors(ref, ours):
@@ -241,8 +253,12 @@ def torch_images_per_s(torch, net, x, batch, seconds):
     return max(rates)
 
 
-def fp16_out_of_range(ref):
-    """Why fp16 cannot hold PyTorch's output ref, or None where it can."""
+def fp16_out_of_range(ref, inside=0.0):
+    """Why fp16 cannot hold PyTorch's output ref, or an activation on the way
+    there (`inside`, the largest magnitude a module's output reached), or
+    None where it can."""
+    if inside > FP16_LARGEST:
+        return f"an activation above fp16 range (max |x| {inside:.1e})"
     peak = float(np.abs(ref).max())
     if peak < FP16_SMALLEST_NORMAL:
         return f"output below fp16 range (max |x| {peak:.1e})"
@@ -358,7 +374,7 @@ def run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             net = build(builder, is_segmentation)
-            ref = export(net, torch.from_numpy(x), path)
+            ref, inside = export(net, torch.from_numpy(x), path)
     except Exception as e:  # noqa: BLE001 - any PyTorch failure is this model's result
         shutil.rmtree(folder, ignore_errors=True)
         return all_rows("export failed: " + first_line(e), str(e))
@@ -412,8 +428,8 @@ def run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
                 row["pytorch_images_per_s"] = torch_rate
                 row["ratio"] = row["images_per_s"] / torch_rate
             row["status"] = "ok"
-            if precision == "fp16" and fp16_out_of_range(ref):
-                row["note"] = fp16_out_of_range(ref)
+            if precision == "fp16" and fp16_out_of_range(ref, inside):
+                row["note"] = fp16_out_of_range(ref, inside)
         except Exception as e:  # noqa: BLE001
             row["status"] = "run failed: " + first_line(e)
             row["message"] = str(e)
