@@ -547,6 +547,14 @@ CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const Compile
       result.notes.push_back(std::to_string(n32) + " layer(s) kept in fp32, their calibrated values outside " +
                              "what fp16 holds (largest magnitude below 2^-6 or above 2^14): " + f32_list);
   }
+  if (!reduced.fp32_for_bias.empty()) {
+    std::string list;
+    for (const auto& k : reduced.fp32_for_bias) list += (list.empty() ? "" : ", ") + k;
+    result.notes.push_back(std::to_string(reduced.fp32_for_bias.size()) +
+                           " layer(s) in fp32, their bias too large for int32 in units of the input's and weights' "
+                           "scales (activations far below the bias): " +
+                           list);
+  }
   if (int8) {
     std::size_t q = 0;
     for (const auto& op : reduced.graph.ops) q += op.kind == "qlinear_conv";

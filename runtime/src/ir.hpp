@@ -98,6 +98,9 @@ struct Lowered {
   std::vector<std::byte> weights;
   std::map<std::string, ValueInfo> values;
   nlohmann::json quant = nlohmann::json::object();  // the Quant section (int8)
+  // int8: Conv and Gemm layers left in fp32 because their bias, in units
+  // of the input scale times the weight scale, would not fit int32.
+  std::vector<std::string> fp32_for_bias;
 };
 
 // Lowers onto tpuhal ops. Int8 needs `ranges` for every value; the nodes

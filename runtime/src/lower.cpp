@@ -334,6 +334,36 @@ struct Lowerer {
             {"layout", o.layout == Layout::NHWC ? "nhwc" : "nchw"}};
   }
 
+  // The per-output-channel scales of symmetric int8 weights w [cout, ...].
+  static std::vector<float> weight_scales(const std::vector<float>& w, std::size_t cout) {
+    const std::size_t per = w.size() / cout;
+    std::vector<float> scales(cout);
+    for (std::size_t c = 0; c < cout; ++c) {
+      float m = 0;
+      for (std::size_t k = 0; k < per; ++k) m = std::max(m, std::fabs(w[c * per + k]));
+      scales[c] = m > 0 ? m / 127.0f : 1.0f;
+    }
+    return scales;
+  }
+
+  // Whether every bias of an int8 layer reading `x` fits int32 in units of
+  // x's scale times its channel's weight scale. Where activations are many
+  // orders of magnitude below the bias (random-weight networks whose values
+  // shrink towards 1e-10), it would saturate and the layer be wrong: such a
+  // layer runs in fp32, noted in `fp32_for_bias`.
+  bool int8_bias_fits(const Node& n, const std::string& x, const std::vector<float>& w, std::size_t cout,
+                      const std::vector<float>& bias) {
+    if (bias.empty()) return true;
+    const auto scales = weight_scales(w, cout);
+    const double xs = range_q(x).scale;
+    for (std::size_t c = 0; c < cout; ++c)
+      if (std::fabs(std::nearbyint(bias[c] / (xs * scales[c]))) > 2147483647.0) {
+        out.fp32_for_bias.push_back(n.name);
+        return false;
+      }
+    return true;
+  }
+
   // Per-output-channel symmetric int8 weights w [cout, ...] and i32 bias,
   // then qlinear_conv (NHWC) of u8 x (as `xv`) into a new u8 value: for a
   // 4-D value held NHWC (`yview` empty), else (Gemm) as the view `yview`.
@@ -346,13 +376,10 @@ struct Lowerer {
     const auto xs = xr.q_scale, xz = xr.q_zero;
     const auto cout = static_cast<std::size_t>(wshape[0]);
     const std::size_t per = w.size() / cout;
-    std::vector<float> scales(cout);
+    const std::vector<float> scales = weight_scales(w, cout);
     std::vector<std::int8_t> qw(w.size());
     std::vector<std::int32_t> qb(cout);
     for (std::size_t c = 0; c < cout; ++c) {
-      float m = 0;
-      for (std::size_t k = 0; k < per; ++k) m = std::max(m, std::fabs(w[c * per + k]));
-      scales[c] = m > 0 ? m / 127.0f : 1.0f;
       for (std::size_t k = 0; k < per; ++k)
         qw[c * per + k] =
             static_cast<std::int8_t>(std::clamp(std::nearbyint(w[c * per + k] / scales[c]), -127.0f, 127.0f));
@@ -424,6 +451,7 @@ struct Lowerer {
       for (std::int64_t i = 0; i < k; ++i)
         w[static_cast<std::size_t>(o * k + i)] =
             alpha * (*b.data)[static_cast<std::size_t>(tb ? o * k + i : i * nn + o)];
+    if (!int8_bias_fits(n, n.inputs[0], w, static_cast<std::size_t>(nn), bias)) return false;
     const auto xu = get(n.inputs[0], DType::U8);
     const auto xv = dg().add_view(xu, {m, 1, 1, k});  // NHWC with H = W = 1: the same bytes as [m, k]
     ops::Conv2dOptions o;
@@ -457,12 +485,12 @@ struct Lowerer {
       const Value& w = g.value(n.inputs[1]);
       const auto o = onnx_attrs::conv_options(a, g.value(n.inputs[0]).shape, w.shape);
       const bool has_bias = n.inputs.size() > 2 && !n.inputs[2].empty();
-      if (int8) {
+      const std::vector<float> bias = has_bias ? *g.value(n.inputs[2]).data : std::vector<float>{};
+      if (int8 && int8_bias_fits(n, n.inputs[0], *w.data, static_cast<std::size_t>(w.shape[0]), bias)) {
         const auto xu = get_nhwc(n.inputs[0]);
         ops::Conv2dOptions on = o;
         on.layout = Layout::NHWC;
-        qconv(n, xu, n.inputs[0], *w.data, w.shape, has_bias ? *g.value(n.inputs[2]).data : std::vector<float>{}, on,
-              shape, {});
+        qconv(n, xu, n.inputs[0], *w.data, w.shape, bias, on, shape, {});
         return;
       }
       std::map<std::string, std::int64_t> operands{{"x", get(n.inputs[0], act)}, {"w", get(n.inputs[1], act)}};

@@ -241,6 +241,31 @@ def test_layers_kept_where_fp16_cannot_hold_their_values_run_in_fp32(dev):
     assert snr(kept) > 100, snr(kept)
 
 
+def test_an_int8_layer_whose_bias_would_not_fit_int32_runs_in_fp32(dev):
+    # Inputs near 1e-10 and a bias of 1: in units of the input scale times
+    # the weight scale the bias is about 1e12, past int32. The layer runs in
+    # fp32 and the output keeps its bias.
+    w = RNG.standard_normal((2, 4, 1, 1)).astype(np.float32)
+    b = np.array([1.0, -0.5], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="biased")], "bias",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 2, 8, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx_bytes = model.SerializeToString()
+    calib = (1e-10 * RNG.standard_normal((16, 4, 8, 8))).astype(np.float32)
+    x = calib[:BATCH]
+    (ref,) = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).instance().run(x)
+    compiled = tpuhal.compile(onnx_bytes, "int8", calibration=calib, device=dev.uri)
+    assert any(n.startswith("1 layer(s) in fp32, their bias too large") and n.endswith(": biased")
+               for n in compiled.notes), compiled.notes
+    assert any(n.startswith("0 layers run in int8") for n in compiled.notes), compiled.notes
+    (y,) = dev.load_model(compiled).instance().run(x)
+    np.testing.assert_allclose(y, ref, rtol=0, atol=1e-6)
+
+
 def test_profile_times_every_layer_by_node_name(dev, cnn):
     onnx_bytes, reference = cnn
     x = RNG.standard_normal((BATCH, 1, 8, 8)).astype(np.float32)
