@@ -58,8 +58,8 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
       constexpr std::uint64_t kBlock = 64;
       const std::uint64_t blocks = (c + kBlock - 1) / kBlock;
       const std::int64_t h0 = -pt, w0 = -pl;
-      const auto [a0, a1] = taps(h0, dh, kh, h);
-      const auto [b0, b1] = taps(w0, dw, kw, w);
+      const auto rows = taps(h0, dh, kh, h), cols = taps(w0, dw, kw, w);
+      const std::int64_t a0 = rows.first, a1 = rows.second, b0 = cols.first, b1 = cols.second;
       const std::int64_t div = divisor(h0, w0, (a1 - a0) * (b1 - b0));
       e.pool().parallel_for(
           n * blocks,
