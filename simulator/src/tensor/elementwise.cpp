@@ -101,6 +101,17 @@ Rows merged(const View* const* views, std::size_t n) {
   return r;
 }
 
+// The element offsets of each view at the start of row `row` (every dim
+// but the last, in order).
+void row_offsets(const Rows& r, std::uint64_t row, std::uint64_t* off) {
+  off[0] = off[1] = off[2] = 0;
+  for (std::uint32_t d = r.rank - 1; d-- > 0;) {
+    const std::uint64_t i = row % r.shape[d];
+    row /= r.shape[d];
+    for (int t = 0; t < 3; ++t) off[t] += i * r.strides[t][d];
+  }
+}
+
 template <class F>
 void binary_row(float* y, const float* a, std::uint64_t sa, const float* b, std::uint64_t sb, std::uint64_t n, F f) {
   if (sa == 1 && sb == 1) {
@@ -139,14 +150,6 @@ bool f32_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const View& a, co
   if (r.strides[0][r.rank - 1] != 1) return false;
   std::uint64_t rows = 1;  // every dim but the last
   for (std::uint32_t d = 0; d + 1 < r.rank; ++d) rows *= r.shape[d];
-  auto row_offsets = [&](std::uint64_t row, std::uint64_t* off) {
-    off[0] = off[1] = off[2] = 0;
-    for (std::uint32_t d = r.rank - 1; d-- > 0;) {
-      const std::uint64_t i = row % r.shape[d];
-      row /= r.shape[d];
-      for (int t = 0; t < 3; ++t) off[t] += i * r.strides[t][d];
-    }
-  };
   auto* yp = reinterpret_cast<float*>(y.data);
   const auto* ap = reinterpret_cast<const float*>(a.data);
   const auto* bp = binary ? reinterpret_cast<const float*>(b.data) : nullptr;
@@ -159,7 +162,7 @@ bool f32_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const View& a, co
       [&](std::uint64_t begin, std::uint64_t end) {
         std::uint64_t off[3];
         for (std::uint64_t k = begin; k < end; ++k) {
-          row_offsets(k / per_row, off);
+          row_offsets(r, k / per_row, off);
           const std::uint64_t lo = k % per_row * chunk, n = std::min(chunk, len - lo);
           float* yr = yp + off[0] + lo;
           const float* ar = ap + off[1] + lo * sa;
@@ -191,15 +194,10 @@ void same_type_copy(TensorEngine& e, const View& a, const View& y) {
       rows,
       [&](std::uint64_t begin, std::uint64_t end) {
         for (std::uint64_t k = begin; k < end; ++k) {
-          std::uint64_t row = k, oy = 0, oa = 0;
-          for (std::uint32_t d = r.rank - 1; d-- > 0;) {
-            const std::uint64_t i = row % r.shape[d];
-            row /= r.shape[d];
-            oy += i * r.strides[0][d];
-            oa += i * r.strides[1][d];
-          }
-          std::byte* yr = y.data + oy * es;
-          const std::byte* ar = a.data + oa * es;
+          std::uint64_t off[3];
+          row_offsets(r, k, off);
+          std::byte* yr = y.data + off[0] * es;
+          const std::byte* ar = a.data + off[1] * es;
           if (sy == 1 && sa == 1) {
             std::memmove(yr, ar, len * es);
           } else {
