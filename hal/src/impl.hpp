@@ -113,9 +113,9 @@ struct BatchState {
   std::shared_ptr<QueueImpl> queue;
   std::vector<driver::Command> commands;
   std::vector<std::shared_ptr<const void>> retained;
-  // Validation: the thread inside a call on this batch, and which call.
-  std::atomic<std::uintptr_t> user{0};
-  std::atomic<const char*> doing{nullptr};
+  // Validation: the thread inside a call on this batch, and which call
+  // (validate::Guard).
+  std::atomic<std::uintptr_t> claim{0};
 };
 
 struct ProgramImpl {

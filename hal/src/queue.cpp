@@ -245,8 +245,8 @@ std::shared_ptr<driver::BufferBackend> use(detail::BatchState& s, const std::sha
 }
 
 // Validation: marks the batch busy for one call (a Batch is one thread's).
-detail::validate::Guard guard_of(const std::unique_ptr<detail::BatchState>& s, const char* what) {
-  return s ? detail::validate::Guard(&s->user, &s->doing, what) : detail::validate::Guard(nullptr, nullptr, what);
+detail::validate::Guard guard_of(const std::unique_ptr<detail::BatchState>& s, detail::validate::BatchCall call) {
+  return detail::validate::Guard(s ? &s->claim : nullptr, call);
 }
 
 }  // namespace
@@ -274,7 +274,7 @@ Queue Batch::queue() const {
 }
 
 Batch& Batch::copy(const Buffer& src, const Buffer& dst) {
-  const auto guard = guard_of(state_, "copy");
+  const auto guard = guard_of(state_, detail::validate::BatchCall::Copy);
   live(state_);
   if (!TPUHAL_IMPL_OF(src) || !TPUHAL_IMPL_OF(dst)) throw Error(Status::InvalidArgument, "copy: empty Buffer handle");
   if (src.size() != dst.size())
@@ -286,7 +286,7 @@ Batch& Batch::copy(const Buffer& src, const Buffer& dst) {
 
 Batch& Batch::copy(const Buffer& src, std::uint64_t src_offset, const Buffer& dst, std::uint64_t dst_offset,
                    std::uint64_t size) {
-  const auto guard = guard_of(state_, "copy");
+  const auto guard = guard_of(state_, detail::validate::BatchCall::Copy);
   auto& s = live(state_);
   auto sb = use(s, TPUHAL_IMPL_OF(src), "copy", "source", src_offset, size);
   auto db = use(s, TPUHAL_IMPL_OF(dst), "copy", "destination", dst_offset, size);
@@ -299,7 +299,7 @@ Batch& Batch::copy(const Buffer& src, std::uint64_t src_offset, const Buffer& ds
 
 Batch& Batch::fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size, std::uint32_t pattern,
                    std::uint32_t pattern_bytes) {
-  const auto guard = guard_of(state_, "fill");
+  const auto guard = guard_of(state_, detail::validate::BatchCall::Fill);
   auto& s = live(state_);
   if (pattern_bytes != 1 && pattern_bytes != 2 && pattern_bytes != 4)
     throw Error(Status::InvalidArgument, "fill: pattern_bytes must be 1, 2 or 4, got " + std::to_string(pattern_bytes));
@@ -318,7 +318,7 @@ Batch& Batch::fill(const Buffer& dst, std::uint64_t offset, std::uint64_t size, 
 }
 
 Batch& Batch::wait(const Fence& fence) {
-  const auto guard = guard_of(state_, "wait");
+  const auto guard = guard_of(state_, detail::validate::BatchCall::Wait);
   auto& s = live(state_);
   if (!s.queue)
     throw Error(Status::InvalidArgument,
@@ -348,7 +348,7 @@ void check_word(detail::BatchState& s, const char* op, std::uint64_t offset) {
 }  // namespace
 
 Batch& Batch::wait_value(const Buffer& buf, std::uint64_t offset, std::uint64_t value) {
-  const auto guard = guard_of(state_, "wait_value");
+  const auto guard = guard_of(state_, detail::validate::BatchCall::WaitValue);
   auto& s = live(state_);
   check_word(s, "wait_value", offset);
   auto b = use(s, TPUHAL_IMPL_OF(buf), "wait_value", "word's", offset, 8);
@@ -358,7 +358,7 @@ Batch& Batch::wait_value(const Buffer& buf, std::uint64_t offset, std::uint64_t 
 }
 
 Batch& Batch::write_value(const Buffer& buf, std::uint64_t offset, std::uint64_t value) {
-  const auto guard = guard_of(state_, "write_value");
+  const auto guard = guard_of(state_, detail::validate::BatchCall::WriteValue);
   auto& s = live(state_);
   check_word(s, "write_value", offset);
   auto b = use(s, TPUHAL_IMPL_OF(buf), "write_value", "word's", offset, 8);
@@ -368,7 +368,7 @@ Batch& Batch::write_value(const Buffer& buf, std::uint64_t offset, std::uint64_t
 }
 
 Batch& Batch::timestamp(const Buffer& buf, std::uint64_t offset) {
-  const auto guard = guard_of(state_, "timestamp");
+  const auto guard = guard_of(state_, detail::validate::BatchCall::Timestamp);
   auto& s = live(state_);
   if (!s.device->backend().properties().caps.timestamps)
     throw Error(Status::Unsupported, "timestamp: " + s.device->uri() + " has no timestamps (caps.timestamps)");
@@ -381,7 +381,7 @@ Batch& Batch::timestamp(const Buffer& buf, std::uint64_t offset) {
 }
 
 Batch& Batch::run(const Op& op) {
-  const auto guard = guard_of(state_, "run");
+  const auto guard = guard_of(state_, detail::validate::BatchCall::Run);
   auto& s = live(state_);
   OpAccess::check(op);
   if (OpAccess::device(op) != s.device)
@@ -399,7 +399,7 @@ Batch& Batch::run(const Op& op) {
 }
 
 Batch& Batch::run(const Program& program) {
-  const auto guard = guard_of(state_, "run");
+  const auto guard = guard_of(state_, detail::validate::BatchCall::Run);
   auto& s = live(state_);
   if (!program.impl_) throw Error(Status::InvalidArgument, "run: empty Program (make one with Device::record)");
   if (program.impl_->device != s.device)
@@ -421,7 +421,7 @@ Fence Batch::submit() {
 }
 
 Fence Batch::submit(std::chrono::nanoseconds max_wait) {
-  const auto guard = guard_of(state_, "submit");
+  const auto guard = guard_of(state_, detail::validate::BatchCall::Submit);
   auto& s = live(state_);
   if (!s.queue)
     throw Error(Status::FailedPrecondition, "submit: this batch records a program; Device::record uploads it");

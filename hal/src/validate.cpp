@@ -245,8 +245,11 @@ Clock clock_of(const driver::QueueBackend* q) {
   return it == tr.clocks.end() ? Clock{} : it->second;
 }
 
+// A word per thread whose address names the thread; aligned so that its low
+// bits are free for the call a Guard's claim also holds.
+constexpr std::uintptr_t kCallBits = 15;
 std::uintptr_t thread_token() {
-  static thread_local char token;
+  alignas(kCallBits + 1) static thread_local char token;
   return reinterpret_cast<std::uintptr_t>(&token);
 }
 
@@ -447,28 +450,41 @@ void forget_program(const driver::ProgramBackend* program) {
   tr.programs.erase(program);
 }
 
-Guard::Guard(std::atomic<std::uintptr_t>* owner, std::atomic<const char*>* doing, const char* what) {
-  if (!owner || !on()) return;
+const char* to_string(BatchCall call) noexcept {
+  switch (call) {
+    case BatchCall::Copy: return "copy";
+    case BatchCall::Fill: return "fill";
+    case BatchCall::Wait: return "wait";
+    case BatchCall::WaitValue: return "wait_value";
+    case BatchCall::WriteValue: return "write_value";
+    case BatchCall::Timestamp: return "timestamp";
+    case BatchCall::Run: return "run";
+    case BatchCall::Submit: return "submit";
+  }
+  return nullptr;
+}
+
+static_assert(static_cast<std::uintptr_t>(BatchCall::Submit) <= kCallBits, "a claim holds the call in its low bits");
+
+Guard::Guard(std::atomic<std::uintptr_t>* claim, BatchCall call) {
+  if (!claim || !on()) return;
   const std::uintptr_t me = thread_token();
-  std::uintptr_t expected = 0;
-  if (owner->compare_exchange_strong(expected, me, std::memory_order_acq_rel)) {
-    owner_ = owner;
-    doing_ = doing;
-    doing->store(what, std::memory_order_relaxed);
+  std::uintptr_t seen = 0;
+  if (claim->compare_exchange_strong(seen, me | static_cast<std::uintptr_t>(call), std::memory_order_acq_rel)) {
+    claim_ = claim;
     return;
   }
-  if (expected == me) return;  // a call inside a call on the same thread
-  const char* other = doing->load(std::memory_order_relaxed);
+  if ((seen & ~kCallBits) == me) return;  // a call inside a call on the same thread
+  const char* other = to_string(static_cast<BatchCall>(seen & kCallBits));
   report(validation::Check::WrongThread,
-         std::string("Batch::") + what + " while another thread is in Batch::" + (other ? other : "?") +
+         std::string("Batch::") + to_string(call) + " while another thread is in " +
+             (other ? std::string("Batch::") + other : std::string("a call of the same batch")) +
              " on the same batch: a Batch belongs to one thread at a time (record a batch per "
              "thread; several threads may submit to one queue)");
 }
 
 Guard::~Guard() {
-  if (!owner_) return;
-  doing_->store(nullptr, std::memory_order_relaxed);
-  owner_->store(0, std::memory_order_release);
+  if (claim_) claim_->store(0, std::memory_order_release);
 }
 
 void arm_leak_report() {

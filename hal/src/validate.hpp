@@ -59,19 +59,25 @@ void forget_queue(const driver::QueueBackend* queue);
 void record_program(const driver::ProgramBackend* program, std::span<const driver::Command> commands);
 void forget_program(const driver::ProgramBackend* program);
 
+// The public calls of a Batch, as the wrong-thread report names them.
+enum class BatchCall : std::uint8_t { Copy = 1, Fill, Wait, WaitValue, WriteValue, Timestamp, Run, Submit };
+const char* to_string(BatchCall call) noexcept;
+
 // One Batch used by two threads at once: Guard marks the batch busy for the
-// scope of one public call.
+// scope of one public call. `claim` holds the thread inside a call and which
+// call, in one word, so that a thread turned away reads both from the same
+// moment: the name it reports is the call the other thread was in when it
+// looked, never one it has since left.
 class Guard {
  public:
-  // No-op when validation is off or `owner` is null.
-  Guard(std::atomic<std::uintptr_t>* owner, std::atomic<const char*>* doing, const char* what);
+  // No-op when validation is off or `claim` is null.
+  Guard(std::atomic<std::uintptr_t>* claim, BatchCall call);
   ~Guard();
   Guard(const Guard&) = delete;
   Guard& operator=(const Guard&) = delete;
 
  private:
-  std::atomic<std::uintptr_t>* owner_ = nullptr;
-  std::atomic<const char*>* doing_ = nullptr;
+  std::atomic<std::uintptr_t>* claim_ = nullptr;
 };
 
 // The exit-time leak report is armed by the first tracked buffer.
