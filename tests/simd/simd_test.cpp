@@ -637,7 +637,49 @@ TEST(Simd, AKilledClientLeavesNoVfAndNoDeviceMemory) {
   const auto deadline = Clock::now() + 10s;
   while (!(stats = tpu::simd_stats(d.socket)).vfs.empty() && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(stats.vfs.size(), 0u);
+  EXPECT_EQ(stats.vfs_in_use, 0u);
   EXPECT_EQ(tpu::simd_boards(d.socket)[0].vfs_in_use, 0u);
+}
+
+// A monitor (tpuhal smi, the exporter) reads the VFs in use and the boards'
+// counts in one reply: while clients attach and leave, the two agree in
+// every reply, including while a VF is being made or torn down.
+TEST(Simd, GivenClientsComingAndGoingWhenMonitoredThenEveryReplyCountsItsVfsOnce) {
+  Daemon d;
+  std::atomic<bool> done{false};
+  std::atomic<int> cycles{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 2; ++t)
+    clients.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) {
+        Device dev = open(d.uri());
+        dev.allocate(4096);
+        ++cycles;
+      }
+    });
+  std::thread ender([&] {
+    for (auto& c : clients) c.join();
+    done = true;
+  });
+  std::uint64_t replies = 0, busy = 0;
+  while (!done) {
+    const auto stats = tpu::simd_stats(d.socket);
+    ++replies;
+    busy += stats.vfs_in_use != 0;
+    if (stats.vfs.size() != stats.vfs_in_use) {
+      ADD_FAILURE() << "reply " << replies << " lists " << stats.vfs.size() << " VFs and counts " << stats.vfs_in_use
+                    << " in use";
+      break;
+    }
+  }
+  ender.join();
+  EXPECT_EQ(cycles, 50);
+  EXPECT_GE(replies, 1u);
+  const auto last = tpu::simd_stats(d.socket);
+  EXPECT_EQ(last.vfs.size(), 0u);
+  EXPECT_EQ(last.vfs_in_use, 0u);
+  std::printf("%llu replies, %llu with VFs in use\n", static_cast<unsigned long long>(replies),
+              static_cast<unsigned long long>(busy));
 }
 
 TEST(Simd, AKilledDaemonFailsAPendingWaitAndTheNextCallWithDeviceLost) {

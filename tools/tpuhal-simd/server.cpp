@@ -293,10 +293,12 @@ struct Server::Client {
   std::uint32_t vf = 0;
   base::Mapping channel;  // before board: the board's shadow doorbells live in it
   std::unique_ptr<sim::Board> board;
-  // Between detach taking the board away and giving the VF back: stats
-  // still lists the VF (with nothing resident), so that stats and the
-  // boards' vfs_in_use agree at every moment.
-  bool leaving = false;
+  // The client holds BoardSlot::used[vf] of board_index: set and cleared
+  // under Server::mu_ together with that flag. Stats lists exactly these
+  // clients (with nothing resident while the board is being made or torn
+  // down), so that a reply's VFs and the boards' vfs_in_use agree at every
+  // moment.
+  bool holds_vf = false;
   std::atomic<bool> drain_stop{false};
   std::thread drain;
   struct Dma {
@@ -712,6 +714,12 @@ void Server::handle(Client& client, Message& m) {
     case MsgType::kAttach: return attach(client, m);
     case MsgType::kMapDma: return map_dma(client, m);
     case MsgType::kUnmapDma: return unmap_dma(client, m);
+    case MsgType::kDetach:
+      // The VF is free for the next attach when the reply goes: a process
+      // that closes a device and opens one again finds its VF back.
+      detach(client);
+      send_message(sock, MsgType::kOk, {});
+      return;
     default:
       protocol_errors_.fetch_add(1);
       send_error(sock, kInvalidArgument,
@@ -758,8 +766,10 @@ void Server::reply_stats(Client& client, const Message& m) {
   std::unique_lock lock(mu_);
   r.boards = static_cast<std::uint32_t>(boards_.size());
   r.protocol_errors = protocol_errors_.load();
+  for (const auto& b : boards_)
+    for (bool u : b->used) r.vfs_in_use += u;
   for (auto& c : clients_) {
-    if ((!c->board && !c->leaving) || (!owner && c->uid != client.uid)) continue;
+    if (!c->holds_vf || (!owner && c->uid != client.uid)) continue;
     const std::uint32_t at = r.total++;
     if (at < r.first || r.vfs >= kMaxVfStats) continue;
     VfStats& s = r.vf[r.vfs++];
@@ -897,6 +907,9 @@ void Server::attach(Client& client, const Message& m) {
       return;
     }
     slot.used[vf] = true;
+    client.holds_vf = true;
+    client.board_index = req->board;
+    client.vf = vf;
     ++user.vfs;
     ++process.vfs;
   }
@@ -912,6 +925,7 @@ void Server::attach(Client& client, const Message& m) {
       if (!armed) return;
       std::lock_guard lock(s.mu_);
       slot.used[vf] = false;
+      client.holds_vf = false;
       --s.users_[client.uid].vfs;
       --s.processes_[client.pid].vfs;
     }
@@ -978,8 +992,6 @@ void Server::attach(Client& client, const Message& m) {
   }
   {
     std::lock_guard lock(mu_);
-    client.board_index = req->board;
-    client.vf = vf;
     client.board = std::move(board);
     client.channel = std::move(channel);
   }
@@ -1118,7 +1130,6 @@ void Server::detach(Client& client) noexcept {
     }
     board = std::move(client.board);
     channel = std::move(client.channel);
-    client.leaving = true;
   }
   board.reset();  // stops its command processors: nothing reaches host memory now
   for (auto& [iova, d] : client.dma) ::munmap(d.host, d.size);
@@ -1132,7 +1143,7 @@ void Server::detach(Client& client) noexcept {
   --user.vfs;
   --processes_[client.pid].vfs;
   boards_[client.board_index]->used[client.vf] = false;
-  client.leaving = false;
+  client.holds_vf = false;
   base::logger("simd")->info("client pid {} left VF {} of board {}", client.pid, client.vf, client.board_index);
 }
 

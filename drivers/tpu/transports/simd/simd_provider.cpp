@@ -157,7 +157,15 @@ class SimdTransport final : public Transport {
     watcher_.join();
     ::munmap(channel_, sizeof(simd::Channel));
     unmap_aperture();
-    // Closing the socket detaches: the daemon destroys the VF.
+    // The VF goes back before this returns, so that the next open finds it
+    // free (closing the socket alone would detach too, but later).
+    if (!lost_.load(std::memory_order_acquire)) {
+      try {
+        request(sock_.get(), simd::MsgType::kDetach, {}, {}, simd::MsgType::kOk, uri_);
+      } catch (const Error& e) {
+        log_->debug("{}: detach: {}", uri_, e.what());
+      }
+    }
   }
 
   std::string tensor_isa() const override { return simd::get_field(info_.tensor_isa); }
@@ -525,6 +533,7 @@ SimdStats simd_stats(const std::string& socket_path) {
       throw Error(Status::DeviceLost, who + ": a malformed statistics reply");
     out.boards = r.boards;
     out.protocol_errors = r.protocol_errors;
+    if (req.first == 0) out.vfs_in_use = r.vfs_in_use;
     out.vfs.insert(out.vfs.end(), r.vf, r.vf + r.vfs);
     if (r.vfs == 0 || out.vfs.size() >= r.total) break;
   }

@@ -125,6 +125,7 @@ std::string to_string(MsgType type) {
     case MsgType::kUnmapDma: return "unmap-dma";
     case MsgType::kStats: return "stats";
     case MsgType::kTelemetry: return "telemetry";
+    case MsgType::kDetach: return "detach";
     case MsgType::kOk: return "ok";
     case MsgType::kError: return "error";
     case MsgType::kBoards: return "boards";

@@ -31,6 +31,10 @@ std::shared_ptr<driver::Provider> make_simd_provider();
 struct SimdStats {
   std::uint32_t boards = 0;
   std::uint64_t protocol_errors = 0;
+  // Every user's VFs in use on every board, from the same moment as the
+  // first page of `vfs`: for the daemon's owner, vfs.size() when the list
+  // fit one page.
+  std::uint32_t vfs_in_use = 0;
   std::vector<simd::VfStats> vfs;
 };
 SimdStats simd_stats(const std::string& socket_path);

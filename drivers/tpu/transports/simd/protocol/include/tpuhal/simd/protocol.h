@@ -29,7 +29,7 @@ inline constexpr std::uint32_t kMagic = 0x44534854;  // "THSD"
 // 2: shadow doorbells in the channel; 3: BoardInfo::tensor_isa, VfStats::uid;
 // 4: StatsRequest pages, VfStats' process name, queues, regions and
 //    telemetry; kTelemetry
-inline constexpr std::uint16_t kVersion = 4;
+inline constexpr std::uint16_t kVersion = 5;
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::size_t kMaxFds = 64;
 
@@ -41,6 +41,7 @@ enum class MsgType : std::uint16_t {
   kUnmapDma = 4,   // UnmapDmaRequest; reply kOk once the board can no longer reach it
   kStats = 5,      // StatsRequest (or no body: from the first VF); reply kStatsReply
   kTelemetry = 6,  // TelemetryRequest; reply kTelemetryReply
+  kDetach = 7,     // give the VF back; reply kOk once another attach may take it
   // daemon -> client
   kOk = 100,
   kError = 101,           // ErrorReply
@@ -151,7 +152,7 @@ struct VfStats {
   std::int32_t temperature_mc = 0;
 };
 static_assert(sizeof(VfStats) == 272);
-inline constexpr std::uint32_t kMaxVfStats = (kMaxMessageBytes - sizeof(Header) - 24) / sizeof(VfStats);
+inline constexpr std::uint32_t kMaxVfStats = (kMaxMessageBytes - sizeof(Header) - 32) / sizeof(VfStats);
 
 struct StatsReply {
   std::uint32_t boards = 0;
@@ -159,8 +160,14 @@ struct StatsReply {
   std::uint64_t protocol_errors = 0;  // bad messages answered with kError since start
   std::uint32_t first = 0;            // vf[0]'s place among all entries
   std::uint32_t total = 0;            // entries in all (the VFs in use this caller may see)
+  // The VFs in use on every board, every user's: the sum of BoardInfo::
+  // vfs_in_use, counted at the same moment as the entries, so that for the
+  // daemon's owner it always equals `total`.
+  std::uint32_t vfs_in_use = 0;
+  std::uint32_t reserved = 0;
   VfStats vf[kMaxVfStats];
 };
+static_assert(offsetof(StatsReply, vf) == 32);
 
 // A telemetry block (fw/telemetry.h) read by the daemon, which takes no VF
 // and no queue. For one VF in use: that VF's counters since it was
