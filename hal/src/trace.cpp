@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -113,6 +114,7 @@ struct CmdInfo {
   double flops = 0;
   double peak = 0;
   std::uint64_t value = 0;
+  const driver::QueueBackend* waits_on = nullptr;  // a wait fence's queue (of the same device)
 };
 
 struct Pending {
@@ -138,6 +140,9 @@ struct QueueTrace {
   std::string name;   // "sim:0 compute queue 2"
   std::string track;  // "compute queue 2"
   std::uint32_t tid = 0;
+  // The queue's backend, to find the queue by (never dereferenced); null
+  // once the queue closed, as another may then take its address.
+  std::atomic<const driver::QueueBackend*> key{nullptr};
   std::atomic<std::uint64_t> seen_max{0};
   std::mutex mu;
   std::shared_ptr<driver::QueueBackend> backend;  // until the queue closes
@@ -148,6 +153,10 @@ struct QueueTrace {
   std::deque<Pending> pending;
   std::deque<std::pair<std::uint64_t, std::uint64_t>> seen;  // (completed, host ns)
   std::uint64_t last_end = 0;
+  // The writer's: the last value written, and where recent submissions
+  // ended on the host clock (value, end), for the waits of other queues.
+  std::uint64_t emitted = 0;
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> ends;
   std::uint64_t last_depth = UINT64_MAX;
   std::uint64_t last_counter = 0;
   bool failure_reported = false;
@@ -167,6 +176,7 @@ struct Drained {
   std::string failure;  // set the first time the failure is seen
   std::uint64_t polled = 0;
   std::optional<std::uint64_t> depth;  // a new queue depth to record
+  std::size_t next = 0;                // the writer's: the first of `done` not yet written
 };
 
 // ---- JSON ---------------------------------------------------------------------
@@ -313,6 +323,8 @@ struct Session {
 
   void run();
   void round(bool final);
+  void take_dependencies(const std::vector<std::shared_ptr<QueueTrace>>& qs, std::vector<Drained>& drained, bool final);
+  void emit_in_order(const std::vector<std::shared_ptr<QueueTrace>>& qs, std::vector<Drained>& drained);
   void take_host_events(bool final);
   void sample_counters(std::uint64_t t);
 };
@@ -452,6 +464,7 @@ CmdInfo describe(const driver::Command& c, const Properties& props) {
         } else if constexpr (std::is_same_v<T, driver::cmd::WaitFence>) {
           info.name = "wait fence";
           info.value = cmd.value;
+          info.waits_on = cmd.queue;
           info.detail = std::string(to_string(cmd.queue->engine())) + " queue " + std::to_string(cmd.queue->index());
         } else if constexpr (std::is_same_v<T, driver::cmd::WaitValue>) {
           info.name = "wait value";
@@ -529,67 +542,113 @@ void name_queue(Session& s, QueueTrace& q) {
   s.sort_index("thread_sort_index", q.dev->pid, q.tid, q.tid);
 }
 
+// The open queue whose backend is `key` (a wait fence's queue), or null.
+std::shared_ptr<QueueTrace> find_queue(const std::vector<std::shared_ptr<QueueTrace>>& qs,
+                                       const driver::QueueBackend* key) {
+  if (!key) return nullptr;
+  for (const auto& q : qs)
+    if (q->key.load(std::memory_order_relaxed) == key) return q;
+  return nullptr;
+}
+
+// Narrows the device's clock bounds with a completed stamped submission
+// (its own bounds, see the note at the top); the writer's.
+void fold_bounds(QueueTrace& q, const Pending& p) {
+  const auto hi = static_cast<std::int64_t>(p.st.front() - p.host_submit);
+  const auto lo = static_cast<std::int64_t>(p.st.back() - p.seen_at);
+  std::lock_guard lock(q.dev->mu);
+  q.dev->hi = std::min(q.dev->hi, hi);
+  q.dev->lo = std::max(q.dev->lo, lo);
+  if (q.dev->lo > q.dev->hi) {  // the clocks moved apart: start again from this one
+    q.dev->lo = lo;
+    q.dev->hi = std::max(lo, hi);
+    ++q.dev->resyncs;
+  }
+}
+
+// Where the submission that brought `q` to `value` ended on the host clock,
+// if it was written; 0 if not known.
+std::uint64_t end_of(const QueueTrace& q, std::uint64_t value) {
+  if (q.emitted < value) return 0;
+  const auto it =
+      std::lower_bound(q.ends.begin(), q.ends.end(), value, [](const auto& e, std::uint64_t v) { return e.first < v; });
+  return it == q.ends.end() ? 0 : it->second;
+}
+
 // Writes a completed stamped submission; out_mu held, on the writer's
-// thread (or stop()'s once it has joined).
-void emit_completed(Session& s, QueueTrace& q, const Pending& p) {
+// thread (or stop()'s once it has joined). Its bounds were folded in.
+// `waited(c)` is where the submission a wait fence command waits for ended
+// (0 if unknown): the wait ends no earlier, and what follows it starts no
+// earlier, so that dependent work keeps its order across tracks whatever
+// the clock estimate did between the two submissions.
+template <class Waited>
+void emit_completed(Session& s, QueueTrace& q, const Pending& p, Waited&& waited) {
   const std::vector<std::uint64_t>& st = p.st;
   const std::uint64_t seen_at = p.seen_at;
   const std::uint64_t first = st.front(), last = st.back();
   std::int64_t off;
   {
     std::lock_guard lock(q.dev->mu);
-    const auto hi = static_cast<std::int64_t>(first - p.host_submit);
-    const auto lo = static_cast<std::int64_t>(last - seen_at);
-    q.dev->hi = std::min(q.dev->hi, hi);
-    q.dev->lo = std::max(q.dev->lo, lo);
-    if (q.dev->lo > q.dev->hi) {  // the clocks moved apart: start again from this one
-      q.dev->lo = lo;
-      q.dev->hi = std::max(lo, hi);
-      ++q.dev->resyncs;
-    }
     off = q.dev->lo / 2 + q.dev->hi / 2;
   }
   auto host = [&](std::uint64_t b) { return static_cast<std::uint64_t>(static_cast<std::int64_t>(b) - off); };
-  std::uint64_t start = std::max(host(first), q.last_end);
-  const std::uint64_t end = std::max(host(last), start);
+  const std::uint64_t start = std::max(host(first), q.last_end);
+  std::uint64_t end = std::max(host(last), start);
+  // Each command's place first: a wait may push what follows, and the end.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> at;
+  if (p.per_command) {
+    at.reserve(p.cmds.size());
+    std::uint64_t t = start;
+    for (std::size_t i = 0; i < p.cmds.size(); ++i) {
+      const std::uint64_t a = std::max(host(st[i]), t);
+      std::uint64_t b = std::max(host(st[i + 1]), a);
+      if (p.cmds[i].waits_on) b = std::max(b, waited(p.cmds[i]));
+      at.emplace_back(a, b);
+      t = b;
+    }
+    if (!at.empty()) end = std::max(end, at.back().second);
+    for (auto& [a, b] : at) {
+      a = std::min(a, end);
+      b = std::min(b, end);
+    }
+  }
   name_queue(s, q);
   device_slice(s, q, "submission", {}, start, end - start,
                fmt::format("\"value\":{},\"commands\":{},\"correlation\":{},\"seen_ts\":{}.{:03}", p.value, p.commands,
                            p.correlation, seen_at / 1000, seen_at % 1000));
   flow_end(s, q, start, p.correlation);
-  if (p.per_command) {
-    std::uint64_t t = start;
-    for (std::size_t i = 0; i < p.cmds.size(); ++i) {
-      const CmdInfo& c = p.cmds[i];
-      const std::uint64_t a = std::clamp(host(st[i]), t, end), b = std::clamp(host(st[i + 1]), a, end);
-      const std::uint64_t dur = b - a;
-      std::string args;
-      if (c.bytes) {
-        args += fmt::format("\"bytes\":{}", c.bytes);
-        if (dur) args += fmt::format(",\"GB/s\":{:.3f}", static_cast<double>(c.bytes) / static_cast<double>(dur));
-      }
-      auto add = [&](std::string_view key, std::string_view v) {
-        if (!args.empty()) args += ',';
-        quoted(args, key);
-        args += ':';
-        quoted(args, v);
-      };
-      if (c.src) add("src", c.src);
-      if (c.dst) add("dst", c.dst);
-      if (c.direction) add("direction", c.direction);
-      if (!c.detail.empty()) add(c.op.empty() ? "queue" : "tensors", c.detail);
-      if (c.value) args += fmt::format("{}\"value\":{}", args.empty() ? "" : ",", c.value);
-      if (!c.op.empty()) {
-        args += fmt::format(",\"flops\":{:.0f}", c.flops);
-        const double rate = dur ? c.flops / (static_cast<double>(dur) * 1e-9) : 0.0;
-        args += fmt::format(",\"GFLOP/s\":{:.3f}", rate * 1e-9);
-        if (c.peak > 0) args += fmt::format(",\"of_peak\":{:.4f}", rate / c.peak);
-      }
-      device_slice(s, q, c.op.empty() ? c.name : nullptr, c.op, a, dur, args);
-      t = b;
+  for (std::size_t i = 0; i < at.size(); ++i) {
+    const CmdInfo& c = p.cmds[i];
+    const auto [a, b] = at[i];
+    const std::uint64_t dur = b - a;
+    std::string args;
+    if (c.bytes) {
+      args += fmt::format("\"bytes\":{}", c.bytes);
+      if (dur) args += fmt::format(",\"GB/s\":{:.3f}", static_cast<double>(c.bytes) / static_cast<double>(dur));
     }
+    auto add = [&](std::string_view key, std::string_view v) {
+      if (!args.empty()) args += ',';
+      quoted(args, key);
+      args += ':';
+      quoted(args, v);
+    };
+    if (c.src) add("src", c.src);
+    if (c.dst) add("dst", c.dst);
+    if (c.direction) add("direction", c.direction);
+    if (!c.detail.empty()) add(c.op.empty() ? "queue" : "tensors", c.detail);
+    if (c.value) args += fmt::format("{}\"value\":{}", args.empty() ? "" : ",", c.value);
+    if (!c.op.empty()) {
+      args += fmt::format(",\"flops\":{:.0f}", c.flops);
+      const double rate = dur ? c.flops / (static_cast<double>(dur) * 1e-9) : 0.0;
+      args += fmt::format(",\"GFLOP/s\":{:.3f}", rate * 1e-9);
+      if (c.peak > 0) args += fmt::format(",\"of_peak\":{:.4f}", rate / c.peak);
+    }
+    device_slice(s, q, c.op.empty() ? c.name : nullptr, c.op, a, dur, args);
   }
   q.last_end = end;
+  q.emitted = std::max(q.emitted, p.value);
+  if (q.ends.size() >= kSlots) q.ends.pop_front();
+  q.ends.emplace_back(p.value, end);
 }
 
 // The host saw the queue reach `completed` at `t`; q.mu held. Kept only
@@ -654,11 +713,11 @@ Drained extract_locked(const std::shared_ptr<QueueTrace>& qp, bool final) {
   return d;
 }
 
-// Writes what extract_locked took; out_mu held, on the writer's thread (or
-// stop()'s once it has joined).
+// Writes what extract_locked took, its completed submissions already
+// written (emit_round); out_mu held, on the writer's thread (or stop()'s
+// once it has joined).
 void emit(Session& s, const Drained& d) {
   QueueTrace& q = *d.q;
-  for (const Pending& p : d.done) emit_completed(s, q, p);
   if (!d.failure.empty()) {
     name_queue(s, q);
     queue_instant(s, q, "queue failed", std::max(d.polled, q.last_end), d.failure);
@@ -802,6 +861,61 @@ void Session::sample_counters(std::uint64_t t) {
   }
 }
 
+// A queue is drained while others run on: a submission that waited for
+// another queue's fence can be taken in this round while the one it waited
+// for completed after its queue was read. That queue is read again now (it
+// has reached the value: the wait ended), so that both are written in this
+// round, the waited-for first.
+void Session::take_dependencies(const std::vector<std::shared_ptr<QueueTrace>>& qs, std::vector<Drained>& drained,
+                                bool final) {
+  for (std::size_t from = 0; from < drained.size();) {
+    std::vector<std::shared_ptr<QueueTrace>> again;
+    for (std::size_t i = from; i < drained.size(); ++i)
+      for (const Pending& p : drained[i].done)
+        for (const CmdInfo& c : p.cmds) {
+          const std::shared_ptr<QueueTrace> x = find_queue(qs, c.waits_on);
+          if (!x || x->emitted >= c.value) continue;
+          const bool taken = std::any_of(drained.begin(), drained.end(), [&](const Drained& d) {
+            return d.q == x && !d.done.empty() && d.done.back().value >= c.value;
+          });
+          if (!taken && std::find(again.begin(), again.end(), x) == again.end()) again.push_back(x);
+        }
+    from = drained.size();
+    for (const auto& x : again) {
+      std::lock_guard lock(x->mu);
+      drained.push_back(extract_locked(x, final));
+    }
+  }
+}
+
+// Writes the round's completed submissions, each after those it waited for;
+// out_mu held.
+void Session::emit_in_order(const std::vector<std::shared_ptr<QueueTrace>>& qs, std::vector<Drained>& drained) {
+  std::vector<const Drained*> busy;  // guards against a cycle, which a board cannot make
+  std::function<void(Drained&)> emit_next;
+  auto upto = [&](const QueueTrace* q, std::uint64_t value) {
+    for (Drained& d : drained) {
+      if (d.q.get() != q) continue;
+      if (std::find(busy.begin(), busy.end(), &d) != busy.end()) return;
+      while (d.next < d.done.size() && d.q->emitted < value) emit_next(d);
+    }
+  };
+  emit_next = [&](Drained& d) {
+    busy.push_back(&d);
+    const Pending& p = d.done[d.next];
+    for (const CmdInfo& c : p.cmds)
+      if (const auto x = find_queue(qs, c.waits_on)) upto(x.get(), c.value);
+    emit_completed(*this, *d.q, p, [&](const CmdInfo& c) {
+      const auto x = find_queue(qs, c.waits_on);
+      return x ? end_of(*x, c.value) : std::uint64_t{0};
+    });
+    ++d.next;
+    busy.pop_back();
+  };
+  for (Drained& d : drained)
+    while (d.next < d.done.size()) emit_next(d);
+}
+
 void Session::round(bool final) {
   take_host_events(final);
   std::vector<std::shared_ptr<QueueTrace>> qs;
@@ -818,8 +932,12 @@ void Session::round(bool final) {
     std::lock_guard lock(q->mu);
     drained.push_back(extract_locked(q, final));
   }
+  take_dependencies(qs, drained, final);
+  for (const Drained& d : drained)
+    for (const Pending& p : d.done) fold_bounds(*d.q, p);
   {
     std::lock_guard out_lock(out_mu);
+    emit_in_order(qs, drained);
     for (const Drained& d : drained) emit(*this, d);
   }
   const std::uint64_t t = now();
@@ -942,6 +1060,7 @@ std::shared_ptr<QueueTrace> queue_trace(QueueImpl& queue) {
   const Engine engine = q->backend->engine();
   q->track = std::string(to_string(engine)) + " queue " + std::to_string(q->backend->index());
   q->tid = 1 + static_cast<std::uint32_t>(engine) * 100 + q->backend->index();
+  q->key.store(q->backend.get(), std::memory_order_relaxed);
   if (q->dev->timestamps) {
     try {
       q->stamps = queue.device()->backend().allocate(kSlots * 8, Memory::HostPinned, {});
@@ -997,6 +1116,7 @@ void queue_closing(QueueImpl& queue) {
     std::lock_guard lock(q->mu);
     if (s && q->backend) last = extract_locked(q, true);
     q->pending.clear();
+    q->key.store(nullptr, std::memory_order_relaxed);
     stamps = std::move(q->stamps);
     backend = std::move(q->backend);
     q->base = nullptr;
