@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -34,13 +35,17 @@ namespace tg = tpuhal::gst;
 
 constexpr guint kDefaultFrameBuffers = 12;
 constexpr guint kDefaultInFlight = 4;
-constexpr auto kWait = std::chrono::seconds(10);  // for a frame, or for downstream to free a frame buffer
+constexpr auto kWait = std::chrono::seconds(10);  // for the board to make progress
+// Downstream holds every frame buffer: the element waits for one in slices
+// of this (the decoder's frame_buffer_wait), and warns after the first.
+constexpr auto kBufferSlice = std::chrono::milliseconds(1000);
 
 struct DecImpl {
   // Properties (set from any thread, read at start and open).
   std::string uri;
   guint frame_buffers = kDefaultFrameBuffers;
   std::atomic<guint> in_flight{kDefaultInFlight};  // may change while playing
+  std::atomic<guint> frame_buffer_timeout_ms{0};   // 0: wait as long as downstream holds them
 
   tpuhal::Device device;
   std::optional<tpuhal::VideoDecoder> dec;
@@ -57,6 +62,24 @@ struct DecImpl {
   tpuhal::Buffer staging;
   std::atomic<guint> channel{G_MAXUINT};
   std::atomic<guint64> corrupt{0};
+
+  // A flush or a stop ends the streaming thread's waits: set (and the
+  // decoder interrupted) from the thread that flushes or changes state.
+  std::atomic<bool> flushing{false};
+  std::mutex live_mu;
+  tpuhal::VideoDecoder live;          // a handle on `dec` for interrupt(), under live_mu
+  bool warned = false;                // the exhausted-pool warning went out (streaming thread)
+  std::atomic<guint64> exhausted{0};  // one-second slices waited with every frame buffer downstream
+
+  void set_live(const std::optional<tpuhal::VideoDecoder>& d) {
+    std::lock_guard lock(live_mu);
+    live = d ? *d : tpuhal::VideoDecoder();
+  }
+  void interrupt() {
+    flushing = true;
+    std::lock_guard lock(live_mu);
+    live.interrupt();
+  }
 };
 
 struct TpuhalDec {
@@ -73,7 +96,16 @@ G_DEFINE_TYPE(TpuhalDec, tpuhal_dec, GST_TYPE_VIDEO_DECODER)
 
 namespace {
 
-enum { PROP_0, PROP_DEVICE, PROP_FRAME_BUFFERS, PROP_IN_FLIGHT, PROP_CHANNEL, PROP_CORRUPT };
+enum {
+  PROP_0,
+  PROP_DEVICE,
+  PROP_FRAME_BUFFERS,
+  PROP_IN_FLIGHT,
+  PROP_CHANNEL,
+  PROP_CORRUPT,
+  PROP_FRAME_BUFFER_TIMEOUT,
+  PROP_EXHAUSTED
+};
 
 GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
     "sink", GST_PAD_SINK, GST_PAD_ALWAYS,
@@ -208,14 +240,50 @@ GstFlowReturn push(GstVideoDecoder* d, tpuhal::Frame f) {
   return gst_video_decoder_finish_frame(d, out);
 }
 
+// Downstream has held every frame buffer for another slice: a warning the
+// first time (naming the property to raise), an error once the
+// frame-buffer-timeout property's bound has passed.
+void exhausted_slice(GstVideoDecoder* d, const Error& e, std::chrono::steady_clock::time_point since) {
+  DecImpl& s = *self_of(d)->impl;
+  ++s.exhausted;
+  if (!s.warned) {
+    s.warned = true;
+    const std::string text =
+        tg::channel_text(channel_of(s), "downstream holds all " + std::to_string(s.opts.frame_buffers) +
+                                            " frame buffers; waiting for one (raise frame-buffers "
+                                            "to keep more frames downstream)");
+    GST_ELEMENT_WARNING(d, RESOURCE, BUSY, ("%s", text.c_str()), ("%s", e.what()));
+  }
+  const guint limit = s.frame_buffer_timeout_ms.load();
+  if (limit && std::chrono::steady_clock::now() - since >= std::chrono::milliseconds(limit))
+    throw Error(Status::ResourceExhausted, "downstream held every frame buffer for " + std::to_string(limit) +
+                                               " ms (frame-buffer-timeout); raise frame-buffers, or free buffers "
+                                               "sooner: " +
+                                               e.what());
+}
+
 // receive() that turns a packet that did not decode into a decoder error
 // (an error message once max-errors is passed; 0 by default) and goes on.
+// Blocking, it waits for downstream to return a frame buffer when it holds
+// them all (in slices, until frame-buffer-timeout); a flush or a stop ends
+// the wait with GST_FLOW_FLUSHING.
 GstFlowReturn take(GstVideoDecoder* d, bool block, bool* got) {
   DecImpl& s = *self_of(d)->impl;
   *got = false;
   try {
-    std::optional<tpuhal::Frame> f = block ? s.dec->receive(kWait) : s.dec->try_receive();
-    if (!f) return GST_FLOW_OK;
+    std::optional<tpuhal::Frame> f;
+    const auto since = std::chrono::steady_clock::now();
+    for (;;) {
+      if (s.flushing) return GST_FLOW_FLUSHING;
+      try {
+        f = block ? s.dec->receive(kWait) : s.dec->try_receive();
+        break;
+      } catch (const Error& e) {
+        if (e.status() != Status::ResourceExhausted) throw;
+        exhausted_slice(d, e, since);
+      }
+    }
+    if (!f) return s.flushing ? GST_FLOW_FLUSHING : GST_FLOW_OK;
     *got = true;
     return push(d, std::move(*f));
   } catch (const Error& e) {
@@ -271,12 +339,15 @@ gboolean dec_close(GstVideoDecoder* d) {
 
 gboolean dec_start(GstVideoDecoder* d) {
   gst_video_decoder_set_packetized(d, TRUE);
+  self_of(d)->impl->flushing = false;
   return TRUE;
 }
 
 gboolean dec_stop(GstVideoDecoder* d) {
   DecImpl& s = *self_of(d)->impl;
+  s.set_live(std::nullopt);
   s.dec.reset();
+  s.flushing = false;
   s.channel = G_MAXUINT;
   s.negotiated = false;
   if (s.input) gst_video_codec_state_unref(s.input);
@@ -305,6 +376,7 @@ gboolean dec_set_format(GstVideoDecoder* d, GstVideoCodecState* state) {
     if (!fits) {
       // The old stream's frames leave first, then a channel for the new one.
       if (s.dec && drain(d) != GST_FLOW_OK) return FALSE;
+      s.set_live(std::nullopt);
       s.dec.reset();
       s.opts.codec = codec;
       s.opts.format = format;
@@ -315,7 +387,9 @@ gboolean dec_set_format(GstVideoDecoder* d, GstVideoCodecState* state) {
       GST_OBJECT_LOCK(d);
       s.opts.frame_buffers = s.frame_buffers;
       GST_OBJECT_UNLOCK(d);
+      s.opts.frame_buffer_wait = kBufferSlice;
       s.dec = s.device.open_decoder(s.opts);
+      s.set_live(s.dec);
       s.channel = s.dec->channel();
       GST_INFO_OBJECT(d, "channel %u: %s up to %ux%u", s.dec->channel(), tpuhal::to_string(codec), s.opts.max_width,
                       s.opts.max_height);
@@ -345,7 +419,6 @@ GstFlowReturn dec_handle_frame(GstVideoDecoder* d, GstVideoCodecFrame* frame) {
   GstFlowReturn ret = GST_FLOW_OK;
   bool got = false;
   try {
-    const auto deadline = std::chrono::steady_clock::now() + kWait;
     for (;;) {
       try {
         s.dec->send(std::span<const std::uint8_t>(map.data, map.size), pts);
@@ -353,16 +426,11 @@ GstFlowReturn dec_handle_frame(GstVideoDecoder* d, GstVideoCodecFrame* frame) {
       } catch (const Error& e) {
         if (e.status() != Status::ResourceExhausted) throw;
       }
-      // Every frame buffer is held: by frames waiting here, or downstream.
-      ret = take(d, false, &got);
+      // The board waits for frame buffers: the frames it has finished go
+      // downstream first; when downstream holds them all, the receive
+      // waits for one to come back (take()).
+      ret = take(d, true, &got);
       if (ret != GST_FLOW_OK) break;
-      if (got) continue;
-      if (std::chrono::steady_clock::now() > deadline)
-        throw Error(Status::ResourceExhausted,
-                    "downstream held every frame buffer for 10 s (raise frame-buffers, or free buffers sooner)");
-      GST_VIDEO_DECODER_STREAM_UNLOCK(d);
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      GST_VIDEO_DECODER_STREAM_LOCK(d);
     }
   } catch (const Error& e) {
     post_error(d, e);
@@ -393,12 +461,28 @@ GstFlowReturn dec_drain(GstVideoDecoder* d) { return drain(d); }
 gboolean dec_flush(GstVideoDecoder* d) {
   DecImpl& s = *self_of(d)->impl;
   try {
-    if (s.dec) s.dec->reset();  // what is inside is dropped; the base class drops its frames
+    if (s.dec) s.dec->reset();  // what is inside is dropped (an interrupt too); the base class drops its frames
   } catch (const Error& e) {
     post_error(d, e);
     return FALSE;
   }
+  s.flushing = false;
   return TRUE;
+}
+
+// A flush starts on the thread that seeks, while the streaming thread may
+// wait in the decoder for a frame buffer that downstream (being flushed
+// too) will not return: the wait ends now.
+gboolean dec_sink_event(GstVideoDecoder* d, GstEvent* event) {
+  if (GST_EVENT_TYPE(event) == GST_EVENT_FLUSH_START) self_of(d)->impl->interrupt();
+  return GST_VIDEO_DECODER_CLASS(tpuhal_dec_parent_class)->sink_event(d, event);
+}
+
+// Stopping deactivates the pads, which waits for the streaming thread: a
+// wait of it in the decoder ends first.
+GstStateChangeReturn dec_change_state(GstElement* element, GstStateChange transition) {
+  if (transition == GST_STATE_CHANGE_PAUSED_TO_READY) self_of(GST_VIDEO_DECODER(element))->impl->interrupt();
+  return GST_ELEMENT_CLASS(tpuhal_dec_parent_class)->change_state(element, transition);
 }
 
 gboolean dec_decide_allocation(GstVideoDecoder* d, GstQuery* query) {
@@ -430,6 +514,7 @@ void dec_set_property(GObject* object, guint id, const GValue* value, GParamSpec
     }
     case PROP_FRAME_BUFFERS: s.frame_buffers = g_value_get_uint(value); break;
     case PROP_IN_FLIGHT: s.in_flight = g_value_get_uint(value); break;
+    case PROP_FRAME_BUFFER_TIMEOUT: s.frame_buffer_timeout_ms = g_value_get_uint(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(object);
@@ -444,6 +529,8 @@ void dec_get_property(GObject* object, guint id, GValue* value, GParamSpec* pspe
     case PROP_IN_FLIGHT: g_value_set_uint(value, s.in_flight); break;
     case PROP_CHANNEL: g_value_set_int(value, s.channel == G_MAXUINT ? -1 : static_cast<gint>(s.channel.load())); break;
     case PROP_CORRUPT: g_value_set_uint64(value, s.corrupt.load()); break;
+    case PROP_FRAME_BUFFER_TIMEOUT: g_value_set_uint(value, s.frame_buffer_timeout_ms.load()); break;
+    case PROP_EXHAUSTED: g_value_set_uint64(value, s.exhausted.load()); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(object);
@@ -497,8 +584,23 @@ static void tpuhal_dec_class_init(TpuhalDecClass* klass) {
   g_object_class_install_property(
       o, PROP_CORRUPT,
       g_param_spec_uint64("corrupt-packets", "Corrupt packets", "Packets that did not decode", 0, G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
+      o, PROP_FRAME_BUFFER_TIMEOUT,
+      g_param_spec_uint(
+          "frame-buffer-timeout", "Frame buffer timeout",
+          "When downstream holds every frame buffer, the element waits for one to come back (warning "
+          "once after a second); after this many ms it fails instead (0: it waits as long as "
+          "downstream holds them; a flush or a stop ends the wait)",
+          0, G_MAXUINT, 0,
+          static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_PLAYING)));
+  g_object_class_install_property(
+      o, PROP_EXHAUSTED,
+      g_param_spec_uint64("exhausted-waits", "Exhausted waits",
+                          "Seconds (slices of one) the element waited with every frame buffer held downstream", 0,
+                          G_MAXUINT64, 0, ro));
 
   auto* e = GST_ELEMENT_CLASS(klass);
+  e->change_state = dec_change_state;
   gst_element_class_add_static_pad_template(e, &sink_template);
   gst_element_class_add_static_pad_template(e, &src_template);
   gst_element_class_set_static_metadata(e, "tpuhal video decoder", "Codec/Decoder/Video/Hardware",
@@ -513,5 +615,6 @@ static void tpuhal_dec_class_init(TpuhalDecClass* klass) {
   v->finish = dec_finish;
   v->drain = dec_drain;
   v->flush = dec_flush;
+  v->sink_event = dec_sink_event;
   v->decide_allocation = dec_decide_allocation;
 }

@@ -9,6 +9,7 @@ DeviceBackend::~DeviceBackend() = default;
 Provider::~Provider() = default;
 ProgramBackend::~ProgramBackend() = default;
 DecoderBackend::~DecoderBackend() = default;
+void DecoderBackend::interrupt() noexcept {}
 
 std::shared_ptr<DecoderBackend> DeviceBackend::open_decoder(const DecoderConfig&) {
   throw Error(Status::Unsupported,

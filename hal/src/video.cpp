@@ -130,6 +130,10 @@ VideoDecoder Device::open_decoder(const VideoDecoderOptions& o) {
   c.max_width = o.max_width;
   c.max_height = o.max_height;
   c.frame_buffers = o.frame_buffers;
+  if (o.frame_buffer_wait.count() < 0)
+    throw Error(Status::InvalidArgument,
+                uri + ": frame_buffer_wait " + std::to_string(o.frame_buffer_wait.count()) + " ms is negative");
+  c.frame_buffer_wait = o.frame_buffer_wait;
   return VideoDecoder(std::make_shared<detail::DecoderImpl>(impl_, impl_->backend().open_decoder(c), o));
 }
 
@@ -181,6 +185,7 @@ std::optional<Frame> detail::DecoderImpl::next(std::chrono::nanoseconds timeout,
       case driver::DecoderEvent::Kind::Frame: return d.make_frame(ev);
       case driver::DecoderEvent::Kind::Error: throw *ev.error;
       case driver::DecoderEvent::Kind::EndOfStream: d.eos_ = true; return std::nullopt;
+      case driver::DecoderEvent::Kind::Interrupted: return std::nullopt;
       case driver::DecoderEvent::Kind::NeedInput:
         // After flush() the board has taken the end-of-stream marker too:
         // the stream is over.
@@ -196,6 +201,11 @@ std::optional<Frame> detail::DecoderImpl::next(std::chrono::nanoseconds timeout,
                         " frames received" + (ev.error ? std::string("; ") + ev.error->what() : std::string()));
     }
   }
+}
+
+void VideoDecoder::interrupt() noexcept {
+  // Not under the decoder's lock: the receive() it ends holds it.
+  if (impl_) impl_->backend_->interrupt();
 }
 
 bool VideoDecoder::end_of_stream() const {

@@ -9,11 +9,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -358,6 +361,117 @@ TEST_F(Video, HoldingEveryFrameBufferIsAClearErrorAndDroppingOneResumes) {
   int rest = 0;
   while (auto f = dec.receive(std::chrono::seconds(30))) ++rest;
   EXPECT_EQ(rest, 27);
+}
+
+// A decoder of 2 frame buffers that waits `wait` for one, fed the 30 frames
+// of h264_bframes.mp4.
+VideoDecoder two_buffers_with_every_packet_sent(Device& dev, std::chrono::milliseconds wait) {
+  VideoDecoder dec = dev.open_decoder(
+      {.codec = Codec::H264, .max_width = 320, .max_height = 240, .frame_buffers = 2, .frame_buffer_wait = wait});
+  Demuxer in(path_of("h264_bframes.mp4"));
+  while (auto p = in.next()) dec.send(p->data, p->pts);
+  return dec;
+}
+
+// A display or an encoder on another thread holds the frames for a while:
+// with frame_buffer_wait, receive() waits for one to be dropped instead of
+// failing, and every frame comes out.
+TEST_F(Video, GivenAFrameBufferWaitWhenAnotherThreadHoldsEveryFrameThenReceiveWaitsForOne) {
+  Device dev = open("sim:0");
+  VideoDecoder dec = two_buffers_with_every_packet_sent(dev, std::chrono::seconds(60));
+  dec.flush();
+  // The consumer keeps the last frame it was given until the next one
+  // arrives: with it and the frame on its way, both buffers are held, and
+  // the decoder's next receive() mostly finds the board waiting for one.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Frame> handed;
+  bool done = false;
+  std::uint64_t consumed = 0;
+  std::thread consumer([&] {
+    std::optional<Frame> kept;
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return done || !handed.empty(); });
+      if (handed.empty() && done) return;
+      Frame f = std::move(handed.front());
+      handed.pop_front();
+      ++consumed;
+      lock.unlock();
+      kept = std::move(f);  // the one kept before is dropped here, on this thread
+      lock.lock();
+    }
+  });
+  std::vector<std::uint64_t> order;
+  for (;;) {
+    std::optional<Frame> f = dec.receive(std::chrono::seconds(30));
+    if (!f) break;
+    order.push_back(f->index());
+    std::lock_guard lock(mu);
+    handed.push_back(std::move(*f));
+    cv.notify_one();
+  }
+  {
+    std::lock_guard lock(mu);
+    done = true;
+  }
+  cv.notify_one();
+  consumer.join();
+  EXPECT_EQ(order.size(), 30u);
+  EXPECT_EQ(consumed, 30u);
+  EXPECT_TRUE(dec.end_of_stream());
+}
+
+TEST_F(Video, GivenAFrameBufferWaitWhenNoFrameIsDroppedThenReceiveFailsAfterItAndInterruptEndsItEarly) {
+  Device dev = open("sim:0");
+  VideoDecoder dec = two_buffers_with_every_packet_sent(dev, std::chrono::milliseconds(200));
+  std::vector<Frame> held;
+  held.push_back(*dec.receive(std::chrono::seconds(30)));
+  held.push_back(*dec.receive(std::chrono::seconds(30)));
+  // try_receive() never waits: nothing now.
+  EXPECT_FALSE(dec.try_receive());
+  // Nobody drops one: after the wait, the same error as without it.
+  try {
+    dec.receive(std::chrono::seconds(30));
+    FAIL() << "a third frame came out of two frame buffers";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::ResourceExhausted);
+    EXPECT_THAT(e.what(), HasSubstr("holds all 2 frame buffers"));
+    EXPECT_THAT(e.what(), HasSubstr("none came back for 200 ms"));
+  }
+  // interrupt() from another thread ends a wait at once: nullopt, and the
+  // stream goes on (a wait of 60 s, which the test would notice).
+  VideoDecoder patient = dec;
+  std::atomic<bool> waiting{false};
+  std::thread other([&] {
+    while (!waiting) std::this_thread::yield();
+    patient.interrupt();
+  });
+  waiting = true;
+  // (The interrupt may come before or during the wait: either way it ends it.)
+  const auto f = dec.receive(std::chrono::seconds(60));
+  other.join();
+  EXPECT_FALSE(f);
+  EXPECT_FALSE(dec.end_of_stream());
+  held.erase(held.begin());
+  auto next = dec.receive(std::chrono::seconds(30));
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->index(), 2u);
+  // An interrupt with no receive() in progress ends the next one; reset()
+  // forgets it.
+  dec.interrupt();
+  EXPECT_FALSE(dec.receive(std::chrono::seconds(30)));
+  dec.interrupt();
+  held.clear();
+  next.reset();
+  dec.reset();
+  Demuxer again(path_of("h264_bframes.mp4"));
+  while (auto p = again.next()) dec.send(p->data, p->pts);
+  dec.flush();
+  int frames = 0;
+  while (auto g = dec.receive(std::chrono::seconds(30))) ++frames;
+  EXPECT_EQ(frames, 30);
+  EXPECT_THROW(dev.open_decoder({.frame_buffer_wait = std::chrono::milliseconds(-1)}), Error);
 }
 
 TEST_F(Video, FlushEndsTheStreamAndResetStartsANewOne) {

@@ -205,7 +205,7 @@ void bind_video(py::module_& m) {
   dev.def(
       "open_decoder",
       [](const PyDevice& d, py::handle codec, py::handle format, std::uint32_t max_width, std::uint32_t max_height,
-         std::uint32_t frame_buffers) {
+         std::uint32_t frame_buffers, py::handle frame_buffer_wait) {
         Device device = d.get();
         VideoDecoderOptions o;
         o.codec = to_codec(codec);
@@ -213,16 +213,21 @@ void bind_video(py::module_& m) {
         o.max_width = max_width;
         o.max_height = max_height;
         o.frame_buffers = frame_buffers;
+        o.frame_buffer_wait =
+            std::chrono::duration_cast<std::chrono::milliseconds>(to_duration(frame_buffer_wait, "frame_buffer_wait"));
         VideoDecoder dec = without_gil([&] { return device.open_decoder(o); });
         return std::make_shared<PyDecoder>(std::move(dec));
       },
       py::arg("codec") = "h264", py::kw_only(), py::arg("format") = "nv12", py::arg("max_width") = 1920,
-      py::arg("max_height") = 1088, py::arg("frame_buffers") = 4,
+      py::arg("max_height") = 1088, py::arg("frame_buffers") = 4, py::arg("frame_buffer_wait") = 0,
       "Opens one channel of the board's codec unit (Properties.decode_channels, Properties.codecs): a "
       "VideoDecoder for `codec` ('h264', 'h265', 'jpeg' or a tpuhal.Codec; Demuxer.codec gives a file's) "
       "giving frames in `format` ('nv12' or 'i420'). Frames larger than max_width x max_height are errors; "
       "`frame_buffers` (1..64) is how many frames the caller may hold at once plus the ones the board is "
-      "writing. Usable as a context manager; close() gives the channel back. Raises tpuhal.Unsupported "
+      "writing. When the caller holds them all and the board has a frame for one, receive() waits up to "
+      "`frame_buffer_wait` (seconds or a timedelta; default 0: not at all) for a frame to be dropped, then "
+      "raises tpuhal.ResourceExhausted. Usable as a context manager; close() gives the channel back. Raises "
+      "tpuhal.Unsupported "
       "without video decoding or for a codec the board lacks, tpuhal.ResourceExhausted when every channel "
       "is open, tpuhal.InvalidArgument for bad options.");
 
@@ -256,7 +261,16 @@ void bind_video(py::module_& m) {
            "data, tpuhal.Unsupported for a stream the unit does not take, tpuhal.OutOfRange for a frame "
            "larger than max_width x max_height; the decoder keeps going with the packets after it. Raises "
            "tpuhal.Timeout if the board makes no progress for `timeout` (seconds or a timedelta; default: the "
-           "device's wait timeout).")
+           "device's wait timeout). When every frame buffer is held, it waits up to frame_buffer_wait for one "
+           "to be dropped, then raises tpuhal.ResourceExhausted; interrupt() ends a wait early (None).")
+      .def(
+          "interrupt",
+          [](const DecoderRef& self) {
+            VideoDecoder d = self->get("interrupt");
+            d.interrupt();
+          },
+          "From any thread: a receive() in progress (waiting for the board or for a frame buffer) returns None "
+          "soon; with none in progress, the next one does, at once. reset() forgets an interrupt not yet seen.")
       .def("try_receive", &try_receive,
            "The next frame if the board has published one, else None at once: never waits. For keeping "
            "several packets in flight (send a few, collect what is ready, block in receive() only at the "
@@ -296,6 +310,12 @@ void bind_video(py::module_& m) {
       .def_property_readonly(
           "frame_buffers", [](const PyDecoder& d) { return d.get("frame_buffers").options().frame_buffers; },
           "Frame buffers of the channel.")
+      .def_property_readonly(
+          "frame_buffer_wait",
+          [](const PyDecoder& d) {
+            return static_cast<double>(d.get("frame_buffer_wait").options().frame_buffer_wait.count()) / 1000.0;
+          },
+          "Seconds receive() waits for a frame buffer to be dropped when the caller holds them all.")
       .def_property_readonly(
           "end_of_stream", [](const PyDecoder& d) { return d.get("end_of_stream").end_of_stream(); },
           "True once flush() was called and every frame came out.")

@@ -18,6 +18,7 @@ In the sanitizer build the tools run with the sanitizer runtimes preloaded
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -101,8 +102,9 @@ def test_inspect_lists_the_elements_and_their_properties(env):
         assert element in r.stdout, r.stdout
     r = subprocess.run([INSPECT, "tpuhaldec"], capture_output=True, text=True, env=env, check=True)
     assert "memory:TpuhalDevice" in r.stdout and "video/x-h265" in r.stdout and "image/jpeg" in r.stdout
-    for prop in ("device", "frame-buffers", "in-flight", "channel", "corrupt-packets"):
-        assert re.search(rf"^\s+{prop}\s", r.stdout, re.M), (prop, r.stdout)
+    for prop in ("device", "frame-buffers", "in-flight", "channel", "corrupt-packets", "frame-buffer-timeout",
+                 "exhausted-waits"):
+        assert re.search(rf"^\s+{prop}\s*:", r.stdout, re.M), (prop, r.stdout)
     r = subprocess.run([INSPECT, "tpuhalinfer"], capture_output=True, text=True, env=env, check=True)
     for prop in ("model", "batch-size", "top-k", "messages"):
         assert re.search(rf"^\s+{prop}\s", r.stdout, re.M), (prop, r.stdout)
@@ -149,6 +151,68 @@ def test_nothing_is_left_alive(env, clips, tmp_path, model_path):
                    tracer=True)
         assert "leaks" in r.stderr  # the tracer ran
         assert alive(r.stderr) == [], tail
+
+
+def chains(stdout):
+    """Buffers a `fakesink silent=false` took, as gst-launch-1.0 -v prints them."""
+    return len(re.findall(r"last-message = chain", stdout))
+
+
+@pytest.fixture(scope="module")
+def long_clip(tmp_path_factory):
+    path = tmp_path_factory.mktemp("long") / "h264-3s.mp4"
+    ffmpeg("-f", "lavfi", "-i", "testsrc2=size=320x240:rate=25", "-frames:v", "75", "-c:v", "libx264", "-g", "10",
+           "-bf", "2", "-pix_fmt", "yuv420p", str(path))
+    return path
+
+
+def test_a_downstream_that_holds_frames_gets_every_one(env, long_clip):
+    # A clock-synchronised sink behind a queue: downstream holds the 4 frame
+    # buffers most of the time, and the decoder waits for each to come back
+    # (a frame every 40 ms: never long enough to warn).
+    r = launch(env, f"filesrc location={long_clip} ! qtdemux ! h264parse ! tpuhaldec frame-buffers=4 ! queue ! "
+                    "fakesink sync=true silent=false", "-v")
+    assert chains(r.stdout) == 75, r.stdout[-2000:]
+    assert "frame buffers" not in r.stdout + r.stderr
+    # 30 frames held downstream at once, with room for them.
+    r = launch(env, f"filesrc location={long_clip} ! qtdemux ! h264parse ! tpuhaldec frame-buffers=36 ! "
+                    "queue min-threshold-buffers=30 max-size-buffers=40 ! fakesink silent=false", "-v")
+    assert chains(r.stdout) == 75, r.stdout[-2000:]
+
+
+def test_a_pool_held_downstream_is_a_warning_then_a_bounded_error(env, long_clip):
+    # The queue holds 30 before it lets one go; the decoder has 4.
+    r = launch(env, f"filesrc location={long_clip} ! qtdemux ! h264parse ! tpuhaldec frame-buffers=4 "
+                    "frame-buffer-timeout=2500 ! queue min-threshold-buffers=30 ! fakesink", check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert re.search(r"WARNING: from element .*tpuhaldec0.*channel \d+: downstream holds all 4 frame buffers; "
+                     r"waiting for one \(raise frame-buffers", out), out
+    assert re.search(r"ERROR: from element .*tpuhaldec0.*", out), out
+    assert "frame-buffer-timeout" in out, out
+
+
+def test_stopping_ends_a_wait_for_a_frame_buffer(env, long_clip):
+    # No bound: the decoder would wait for ever; stopping the pipeline
+    # (gst-launch-1.0 on SIGINT goes to NULL) ends the wait.
+    p = subprocess.Popen([LAUNCH, *f"filesrc location={long_clip} ! qtdemux ! h264parse ! tpuhaldec frame-buffers=4 ! "
+                                   "queue min-threshold-buffers=30 ! fakesink".split()],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        seen = ""
+        for line in p.stdout:
+            seen += line
+            if "downstream holds all 4 frame buffers" in line:
+                break
+        assert "downstream holds all 4 frame buffers" in seen, seen
+        p.send_signal(signal.SIGINT)
+        rest, _ = p.communicate(timeout=60)
+        assert p.returncode is not None, seen + rest
+        assert "Freeing pipeline" in seen + rest, seen + rest
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def corrupt_annexb(data):

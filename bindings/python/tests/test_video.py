@@ -306,6 +306,39 @@ def test_holding_every_frame_buffer_raises_resource_exhausted(dev, clips):
         assert 1 <= len(held) <= 2
 
 
+def test_a_frame_buffer_wait_lets_another_thread_drop_a_frame_and_interrupt_ends_it(dev, clips):
+    packets = list(tpuhal.Demuxer(clips["h264.mp4"]))
+    with pytest.raises(tpuhal.InvalidArgument, match="frame_buffer_wait must be >= 0"):
+        dev.open_decoder("h264", frame_buffer_wait=-1)
+    with dev.open_decoder("h264", frame_buffers=2, frame_buffer_wait=0.2) as dec:
+        assert dec.frame_buffer_wait == pytest.approx(0.2)
+        for p in packets:
+            dec.send(p)
+        held = [dec.receive(30), dec.receive(30)]
+        with pytest.raises(tpuhal.ResourceExhausted, match="none came back for 200 ms"):
+            dec.receive(30)
+        dec.interrupt()  # with no receive() in progress: the next one returns None at once
+        assert dec.receive(30) is None and not dec.end_of_stream
+        held.pop(0)
+        assert dec.receive(30).index == 2
+    with dev.open_decoder("h264", frame_buffers=2, frame_buffer_wait=60) as dec:
+        for p in packets:
+            dec.send(p)
+        held = [dec.receive(30), dec.receive(30)]
+        # Another thread drops one while receive() may be waiting for it.
+        dropper = threading.Thread(target=held.pop, args=(0,))
+        dropper.start()
+        f = dec.receive(30)
+        dropper.join()
+        assert f.index == 2
+        # And interrupt() from another thread ends a wait that nothing else would.
+        held.append(f)
+        stopper = threading.Thread(target=dec.interrupt)
+        stopper.start()
+        assert dec.receive(30) is None
+        stopper.join()
+
+
 # ---- Threads ------------------------------------------------------------------
 
 def test_channels_decode_in_parallel_from_threads(dev, clips):

@@ -73,6 +73,7 @@ struct Channel {
   std::byte* page_data = nullptr;
   std::vector<std::atomic<bool>> held;  // by a Frame the caller has
   std::atomic<std::uint32_t> held_count{0};
+  base::EventCount released;  // a frame buffer came back, or interrupt()
 
   fw::VideoChannelHeader& header() const { return *reinterpret_cast<fw::VideoChannelHeader*>(page_data); }
   std::uint32_t& slot_word(std::uint32_t s) const {
@@ -87,6 +88,7 @@ struct Channel {
     held_count.fetch_sub(1, std::memory_order_relaxed);
     store_release(slot_word(slot), fw::kSlotFree);
     dev->transport().write32(fw::reg::kVideoDoorbell, number);  // a waiting channel resumes
+    released.notify();
   }
 };
 
@@ -212,6 +214,8 @@ class TpuDecoder final : public driver::DecoderBackend {
     std::uint64_t seen_done = load_acquire(h.packets_done);
     for (;;) {
       check_queue();
+      if (interrupted_.exchange(false, std::memory_order_acq_rel))
+        return event(driver::DecoderEvent::Kind::Interrupted);
       if (auto ev = poll()) return *ev;
       const std::uint64_t done = load_acquire(h.packets_done);
       if (done != seen_done) {
@@ -221,11 +225,24 @@ class TpuDecoder final : public driver::DecoderBackend {
       const bool waiting = load_acquire(h.waiting) != 0;
       if (done >= sent_ && !waiting && load_acquire(h.published) == consumed_)
         return event(driver::DecoderEvent::Kind::NeedInput);
-      if (waiting && ch_->held_count.load(std::memory_order_relaxed) == ch_->open.slot_count)
-        throw Error(Status::ResourceExhausted, name() + ": the caller holds all " +
-                                                   std::to_string(ch_->open.slot_count) +
-                                                   " frame buffers and the board has frames waiting for one; drop "
-                                                   "frames when done with them (VideoDecoderOptions::frame_buffers)");
+      if (waiting && ch_->held_count.load(std::memory_order_relaxed) == ch_->open.slot_count) {
+        if (timeout.count() == 0 && config_.frame_buffer_wait.count() > 0)
+          return event(driver::DecoderEvent::Kind::Timeout);  // a poll: the caller chose to wait, later
+        if (!wait_for_frame_buffer())
+          throw Error(Status::ResourceExhausted,
+                      name() + ": the caller holds all " + std::to_string(ch_->open.slot_count) +
+                          " frame buffers and the board has frames waiting for one" +
+                          (config_.frame_buffer_wait.count() > 0
+                               ? " (none came back for " +
+                                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                        config_.frame_buffer_wait)
+                                                        .count()) +
+                                     " ms)"
+                               : std::string()) +
+                          "; drop frames when done with them, or raise VideoDecoderOptions::frame_buffers");
+        last_progress = base::monotonic_ns();  // the board could not go on while they were held
+        continue;
+      }
       const std::uint64_t now = base::monotonic_ns();
       if (now - last_progress >= static_cast<std::uint64_t>(timeout.count())) {
         driver::DecoderEvent ev = event(driver::DecoderEvent::Kind::Timeout);
@@ -240,6 +257,11 @@ class TpuDecoder final : public driver::DecoderBackend {
       wait_interrupt(
           std::min<std::uint64_t>(10'000'000, static_cast<std::uint64_t>(timeout.count()) - (now - last_progress)));
     }
+  }
+
+  void interrupt() noexcept override {
+    interrupted_.store(true, std::memory_order_release);
+    ch_->released.notify();
   }
 
   void reset() override {
@@ -258,6 +280,7 @@ class TpuDecoder final : public driver::DecoderBackend {
       if (!ch_->held[s].load(std::memory_order_relaxed)) store_release(ch_->slot_word(s), fw::kSlotFree);
     consumed_ = 0;
     sent_ = 0;
+    interrupted_.store(false, std::memory_order_release);  // one meant for the stream that ended
     send_open();
   }
 
@@ -336,6 +359,30 @@ class TpuDecoder final : public driver::DecoderBackend {
   }
 
   // Waits (bounded) while the board is far behind the packets sent.
+  // Waits up to config_.frame_buffer_wait for the caller to drop a frame
+  // (or for interrupt()): true if one came back or the wait was
+  // interrupted, false if none came back in time (or no wait was asked for).
+  bool wait_for_frame_buffer() {
+    const std::uint64_t wait_ns = static_cast<std::uint64_t>(config_.frame_buffer_wait.count());
+    const std::uint64_t start = base::monotonic_ns();
+    for (;;) {
+      if (ch_->held_count.load(std::memory_order_relaxed) < ch_->open.slot_count ||
+          interrupted_.load(std::memory_order_acquire))
+        return true;
+      const std::uint64_t waited = base::monotonic_ns() - start;
+      if (waited >= wait_ns) return false;
+      auto ticket = ch_->released.prepare();
+      if (ch_->held_count.load(std::memory_order_relaxed) < ch_->open.slot_count ||
+          interrupted_.load(std::memory_order_acquire)) {
+        ch_->released.cancel();
+        return true;
+      }
+      // Slices: the queue failing is noticed too (the caller's next check).
+      ch_->released.wait(ticket, std::chrono::nanoseconds(std::min<std::uint64_t>(wait_ns - waited, 100'000'000)));
+      check_queue();
+    }
+  }
+
   void throttle(std::uint64_t index) {
     fw::VideoChannelHeader& h = ch_->header();
     const std::uint64_t start = base::monotonic_ns();
@@ -472,6 +519,7 @@ class TpuDecoder final : public driver::DecoderBackend {
   std::deque<InFlight> in_flight_;
   std::uint64_t sent_ = 0;      // packets (and end-of-stream markers) sent
   std::uint64_t consumed_ = 0;  // records read
+  std::atomic<bool> interrupted_{false};
 };
 
 }  // namespace

@@ -44,6 +44,12 @@ struct VideoDecoderOptions {
   // Frame buffers in device memory: how many frames the caller may hold at
   // once, plus the ones the board is writing (1..64).
   std::uint32_t frame_buffers = 4;
+  // When the caller holds every frame buffer and the board has a frame for
+  // one, receive() waits this long for a frame to be dropped (by another
+  // thread: a display, an encoder, a queue downstream) before it throws
+  // ResourceExhausted; zero throws at once. try_receive() never waits, and
+  // VideoDecoder::interrupt() ends a wait early.
+  std::chrono::milliseconds frame_buffer_wait{0};
 };
 TPUHAL_API const char* to_string(DType dtype) noexcept;
 

@@ -97,13 +97,16 @@ class TPUHAL_API VideoDecoder {
 
   // The next frame, waiting for the board while it still has work from the
   // packets sent. Returns nullopt when nothing more will come without more
-  // packets (or after the end of stream). A packet that does not decode
+  // packets (or after the end of stream), or when interrupt() ended the
+  // wait. A packet that does not decode
   // throws Error (InvalidArgument for corrupt or truncated data, Unsupported
   // for a stream the unit does not take, OutOfRange for a frame larger than
   // max_width x max_height) naming the device, the channel and the packet;
   // the decoder keeps going with the packets after it. Throws Timeout if the
   // board makes no progress for `timeout` (default: the device's wait
-  // timeout).
+  // timeout). When the caller holds every frame buffer and the board has a
+  // frame for one, waits up to VideoDecoderOptions::frame_buffer_wait for
+  // one to be dropped, then throws ResourceExhausted.
   std::optional<Frame> receive();
   std::optional<Frame> receive(std::chrono::nanoseconds timeout);
 
@@ -114,6 +117,12 @@ class TPUHAL_API VideoDecoder {
   std::optional<Frame> try_receive();
 
   bool end_of_stream() const;
+
+  // From any thread: a receive() in progress (waiting for the board or for
+  // a frame buffer) returns nullopt soon; with none in progress, the next
+  // one does, at once. reset() forgets an interrupt not yet seen. For a
+  // pipeline's flush or stop while its streaming thread waits here.
+  void interrupt() noexcept;
 
   // Drops packets and frames still inside and starts a new stream; frames
   // already received stay valid.

@@ -141,6 +141,9 @@ struct DecoderConfig {
   PixelFormat format = PixelFormat::NV12;
   std::uint32_t max_width = 0, max_height = 0;  // frames larger are errors
   std::uint32_t frame_buffers = 0;              // output slots
+  // How long receive() waits for the caller to drop a frame when it holds
+  // every frame buffer and the board has a frame for one (0: not at all).
+  std::chrono::nanoseconds frame_buffer_wait{0};
 };
 struct FramePlane {
   std::uint64_t offset = 0;  // in the frame's buffer
@@ -154,6 +157,7 @@ struct DecoderEvent {
     EndOfStream,  // every frame before the end-of-stream marker came out
     NeedInput,    // nothing more will come until more packets are sent
     Timeout,      // nothing came within the time given
+    Interrupted,  // interrupt() ended the wait
   };
   Kind kind = Kind::Timeout;
   // Frame: device memory holding the frame; releasing the last reference
@@ -174,7 +178,15 @@ class TPUHAL_API DecoderBackend {
   // stream (`data` empty, `eos`). Throws ResourceExhausted when the caller
   // holds every frame buffer and the board has packets it cannot finish.
   virtual void send(std::span<const std::byte> data, std::int64_t pts, std::uint64_t index, bool eos) = 0;
+  // The next event. When the caller holds every frame buffer and the board
+  // has a frame for one: with config.frame_buffer_wait, waits that long for
+  // a frame to be dropped (a zero `timeout` does not wait: Timeout), then
+  // throws ResourceExhausted; without, throws at once.
   virtual DecoderEvent receive(std::chrono::nanoseconds timeout) = 0;
+  // From any thread: a receive() in progress returns Interrupted soon, or
+  // the next one at once if none is. Default: nothing (receive() ends on
+  // its own timeouts).
+  virtual void interrupt() noexcept;
   // Drops queued packets and frames not yet received; the channel starts
   // again at a new stream (frames already received stay valid).
   virtual void reset() = 0;
