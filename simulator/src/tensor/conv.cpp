@@ -157,6 +157,9 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
         conv_key.append(",").append(std::to_string(dsc->data.format_desc.blocking.strides[i]));
     if (bias) conv_key.append(",").append(std::to_string(bias->strides[0]));
     if (dst_blocked) conv_key.append("|blocked");
+    // oneDNN sizes a primitive's work split by the threads when it is made,
+    // and the engine's team changes with the CPU it gets (CpuShare).
+    conv_key.append("|t").append(std::to_string(e.dnnl().threads));
     if (requant) {
       // The scales and zero point are part of the primitive.
       conv_key.append("|rq").append(std::to_string(requant->zero)).append(",");

@@ -2,14 +2,20 @@
 
 #include <omp.h>
 
+#include <spdlog/spdlog.h>
+
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <span>
 
 #include "dnnl_state.h"
+#include "tpuhal/base/log.h"
+#include "tpuhal/base/wait.h"
 #include "numerics.h"
 #include "simd.h"
 
@@ -20,21 +26,54 @@ namespace tpuhal::sim::tensor {
 
 // ---- WorkerPool ----------------------------------------------------------------
 
+WorkerPool::WorkerPool(unsigned threads)
+    : share_(threads, !std::getenv("TPUHAL_SIM_FIXED_THREADS") && CpuShare::available()), team_(share_.max_threads()) {}
+
+unsigned WorkerPool::begin_op() {
+  const unsigned before = team_;
+  team_ = share_.team(base::monotonic_ns());
+  if (team_ != before && team_ == share_.max_threads())
+    base::logger("sim")->debug("tensor engine: back to {} threads", team_);
+  return team_;
+}
+
 void WorkerPool::parallel_for(std::uint64_t n, const std::function<void(std::uint64_t, std::uint64_t)>& fn,
-                              std::uint64_t grain) const {
-  const unsigned parts =
-      static_cast<unsigned>(std::min<std::uint64_t>(threads_, n / std::max<std::uint64_t>(grain, 1)));
+                              std::uint64_t grain) {
+  const unsigned parts = static_cast<unsigned>(std::min<std::uint64_t>(team_, n / std::max<std::uint64_t>(grain, 1)));
   if (parts <= 1) {
     if (n) fn(0, n);
     return;
   }
+  // Once a window, the whole team's threads each read how long they waited
+  // for a CPU (CpuShare).
+  const std::uint64_t start = base::monotonic_ns();
+  const bool sample = parts == team_ && share_.sample_due(start);
+  std::atomic<std::uint64_t> waited_ppm{0};
+  std::atomic<unsigned> read{0};
 #pragma omp parallel num_threads(parts)
   {
+    if (sample) {
+      const double w = CpuShare::thread_waited_since_last(start);
+      if (w >= 0) {
+        waited_ppm.fetch_add(static_cast<std::uint64_t>(w * 1e6), std::memory_order_relaxed);
+        read.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
     const auto i = static_cast<std::uint64_t>(omp_get_thread_num());
     const auto t = static_cast<std::uint64_t>(omp_get_num_threads());
     const std::uint64_t begin = n * i / t, end = n * (i + 1) / t;
     if (begin < end) fn(begin, end);
   }
+  if (!sample) return;
+  const unsigned got = read.load();
+  if (got == 0) return;
+  const double waited = static_cast<double>(waited_ppm.load()) * 1e-6 / got;
+  const std::uint64_t shrinks = share_.shrinks();
+  share_.sampled(waited, parts, start);
+  if (share_.shrinks() != shrinks)
+    base::logger("sim")->debug(
+        "tensor engine: its {} threads waited for a CPU {:.0f}% of the time: {} thread(s) for now", parts, waited * 100,
+        share_.team(start));
 }
 
 // ---- TensorEngine --------------------------------------------------------------
@@ -184,6 +223,7 @@ void store_acc(const Accumulators& acc, const View& y) {
 
 fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
   std::lock_guard lock(mu_);
+  dnnl_->threads = static_cast<int>(pool_.begin_op());
   // One case per kind and no default: a kind without its kernel does not build.
   switch (op.kind) {
     case fw::OpKind::kMatMul: matmul(*this, std::get<fw::MatMulAttrs>(op.attrs), v); break;

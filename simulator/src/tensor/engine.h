@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cpu_share.h"
 #include "isa.h"
 #include "tpuhal/fw/decode.h"
 
@@ -45,20 +46,27 @@ struct View {
 
 // Parallel loops on the engine's threads. They run as OpenMP regions, the
 // same threads oneDNN's kernels use, so that the two never compete for the
-// board's cores.
+// board's cores. The team is as large as the CPU the threads get allows
+// (CpuShare): begin_op() sets it for the op that starts.
 class WorkerPool {
  public:
-  explicit WorkerPool(unsigned threads) : threads_(threads < 1 ? 1 : threads) {}
-  unsigned threads() const { return threads_; }
+  explicit WorkerPool(unsigned threads);
+  // The team for the op that starts now (CpuShare::team).
+  unsigned begin_op();
+  // The threads the current op runs on, and the most it may.
+  unsigned threads() const { return team_; }
+  unsigned max_threads() const { return share_.max_threads(); }
+  const CpuShare& share() const { return share_; }
   // Calls fn(begin, end) over [0, n) split into contiguous parts, one per
-  // thread, each at least `grain` items (work too small to share runs on
-  // the calling thread: a parallel region costs a barrier). Returns when
-  // all are done.
+  // thread of the team, each at least `grain` items (work too small to
+  // share runs on the calling thread: a parallel region costs a barrier).
+  // Returns when all are done.
   void parallel_for(std::uint64_t n, const std::function<void(std::uint64_t, std::uint64_t)>& fn,
-                    std::uint64_t grain = 1) const;
+                    std::uint64_t grain = 1);
 
  private:
-  unsigned threads_;
+  CpuShare share_;
+  unsigned team_;
 };
 
 struct DnnlState;  // oneDNN engine and stream
@@ -69,7 +77,9 @@ class TensorEngine {
   // caps oneDNN too when this is the process's first engine.
   TensorEngine(unsigned threads, Isa isa);
   ~TensorEngine();
+  // The threads the current op runs on (the team), and the most it may.
   unsigned threads() const { return pool_.threads(); }
+  unsigned max_threads() const { return pool_.max_threads(); }
   Isa isa() const { return isa_; }
 
   // Runs one op. `views` has op.num_tensors entries in the op's order.
