@@ -131,6 +131,7 @@ struct Pending {
   // Filled when drained: the board's stamps and when the host saw it done.
   std::vector<std::uint64_t> st;
   std::uint64_t seen_at = 0;
+  std::int64_t off = 0;  // board - host, with which it is placed (Session::round)
 };
 
 }  // namespace
@@ -323,7 +324,6 @@ struct Session {
 
   void run();
   void round(bool final);
-  void take_dependencies(const std::vector<std::shared_ptr<QueueTrace>>& qs, std::vector<Drained>& drained, bool final);
   void emit_in_order(const std::vector<std::shared_ptr<QueueTrace>>& qs, std::vector<Drained>& drained);
   void take_host_events(bool final);
   void sample_counters(std::uint64_t t);
@@ -552,8 +552,9 @@ std::shared_ptr<QueueTrace> find_queue(const std::vector<std::shared_ptr<QueueTr
 }
 
 // Narrows the device's clock bounds with a completed stamped submission
-// (its own bounds, see the note at the top); the writer's.
-void fold_bounds(QueueTrace& q, const Pending& p) {
+// (its own bounds, see the note at the top) and returns the middle of the
+// bounds then, which satisfies the submission's own; the writer's.
+std::int64_t fold_bounds(QueueTrace& q, const Pending& p) {
   const auto hi = static_cast<std::int64_t>(p.st.front() - p.host_submit);
   const auto lo = static_cast<std::int64_t>(p.st.back() - p.seen_at);
   std::lock_guard lock(q.dev->mu);
@@ -564,19 +565,22 @@ void fold_bounds(QueueTrace& q, const Pending& p) {
     q.dev->hi = std::max(lo, hi);
     ++q.dev->resyncs;
   }
+  return q.dev->lo / 2 + q.dev->hi / 2;
 }
 
 // Where the submission that brought `q` to `value` ended on the host clock,
-// if it was written; 0 if not known.
+// if it was written; 0 if not known. Only that very submission: a queue
+// also runs work the trace does not stamp (a decoder's commands, say), and
+// a later stamped submission ends after the value was reached.
 std::uint64_t end_of(const QueueTrace& q, std::uint64_t value) {
   if (q.emitted < value) return 0;
   const auto it =
       std::lower_bound(q.ends.begin(), q.ends.end(), value, [](const auto& e, std::uint64_t v) { return e.first < v; });
-  return it == q.ends.end() ? 0 : it->second;
+  return it == q.ends.end() || it->first != value ? 0 : it->second;
 }
 
-// Writes a completed stamped submission; out_mu held, on the writer's
-// thread (or stop()'s once it has joined). Its bounds were folded in.
+// Writes a completed stamped submission at its offset (p.off); out_mu
+// held, on the writer's thread (or stop()'s once it has joined).
 // `waited(c)` is where the submission a wait fence command waits for ended
 // (0 if unknown): the wait ends no earlier, and what follows it starts no
 // earlier, so that dependent work keeps its order across tracks whatever
@@ -586,11 +590,7 @@ void emit_completed(Session& s, QueueTrace& q, const Pending& p, Waited&& waited
   const std::vector<std::uint64_t>& st = p.st;
   const std::uint64_t seen_at = p.seen_at;
   const std::uint64_t first = st.front(), last = st.back();
-  std::int64_t off;
-  {
-    std::lock_guard lock(q.dev->mu);
-    off = q.dev->lo / 2 + q.dev->hi / 2;
-  }
+  const std::int64_t off = p.off;
   auto host = [&](std::uint64_t b) { return static_cast<std::uint64_t>(static_cast<std::int64_t>(b) - off); };
   const std::uint64_t start = std::max(host(first), q.last_end);
   std::uint64_t end = std::max(host(last), start);
@@ -861,33 +861,6 @@ void Session::sample_counters(std::uint64_t t) {
   }
 }
 
-// A queue is drained while others run on: a submission that waited for
-// another queue's fence can be taken in this round while the one it waited
-// for completed after its queue was read. That queue is read again now (it
-// has reached the value: the wait ended), so that both are written in this
-// round, the waited-for first.
-void Session::take_dependencies(const std::vector<std::shared_ptr<QueueTrace>>& qs, std::vector<Drained>& drained,
-                                bool final) {
-  for (std::size_t from = 0; from < drained.size();) {
-    std::vector<std::shared_ptr<QueueTrace>> again;
-    for (std::size_t i = from; i < drained.size(); ++i)
-      for (const Pending& p : drained[i].done)
-        for (const CmdInfo& c : p.cmds) {
-          const std::shared_ptr<QueueTrace> x = find_queue(qs, c.waits_on);
-          if (!x || x->emitted >= c.value) continue;
-          const bool taken = std::any_of(drained.begin(), drained.end(), [&](const Drained& d) {
-            return d.q == x && !d.done.empty() && d.done.back().value >= c.value;
-          });
-          if (!taken && std::find(again.begin(), again.end(), x) == again.end()) again.push_back(x);
-        }
-    from = drained.size();
-    for (const auto& x : again) {
-      std::lock_guard lock(x->mu);
-      drained.push_back(extract_locked(x, final));
-    }
-  }
-}
-
 // Writes the round's completed submissions, each after those it waited for;
 // out_mu held.
 void Session::emit_in_order(const std::vector<std::shared_ptr<QueueTrace>>& qs, std::vector<Drained>& drained) {
@@ -928,13 +901,43 @@ void Session::round(bool final) {
     std::lock_guard lock(closed_mu);
     drained.swap(closed);
   }
-  for (auto& q : qs) {
-    std::lock_guard lock(q->mu);
-    drained.push_back(extract_locked(q, final));
+  // The queues are read one after another while they run: a submission
+  // can complete between the reads of two queues, after its queue was read
+  // and before another it waited for was. The queues with work in flight
+  // are read again until a pass finds nothing new (a few at most), so that
+  // whatever this round leaves completed after every queue's last read:
+  // the host saw it later than anything written now, and work that waits
+  // for other work is taken in the same round as that work or a later one.
+  std::vector<std::shared_ptr<QueueTrace>> busy = qs;
+  for (int pass = 0; pass < 4 && !busy.empty(); ++pass) {
+    std::vector<std::shared_ptr<QueueTrace>> again;
+    bool fresh = false;
+    for (auto& q : busy) {
+      std::lock_guard lock(q->mu);
+      Drained d = extract_locked(q, final);
+      fresh = fresh || !d.done.empty();
+      if (!q->pending.empty() && !d.failed) again.push_back(q);
+      if (pass == 0 || !d.done.empty() || !d.open.empty() || d.failure.size() || d.depth)
+        drained.push_back(std::move(d));
+    }
+    if (!fresh) break;
+    busy = std::move(again);
   }
-  take_dependencies(qs, drained, final);
-  for (const Drained& d : drained)
-    for (const Pending& p : d.done) fold_bounds(*d.q, p);
+  // Every submission taken is placed with the middle of the bounds once
+  // all of them are folded in (one estimate for the round, which satisfies
+  // each one's own bounds), unless the bounds started again on the way:
+  // then each keeps the estimate of its own fold.
+  std::map<const DeviceTrace*, std::uint64_t> resyncs;
+  for (Drained& d : drained) {
+    resyncs.try_emplace(d.q->dev.get(), d.q->dev->resyncs);
+    for (Pending& p : d.done) p.off = fold_bounds(*d.q, p);
+  }
+  for (Drained& d : drained) {
+    DeviceTrace& dev = *d.q->dev;
+    std::lock_guard lock(dev.mu);
+    if (dev.resyncs != resyncs[&dev]) continue;
+    for (Pending& p : d.done) p.off = dev.lo / 2 + dev.hi / 2;
+  }
   {
     std::lock_guard out_lock(out_mu);
     emit_in_order(qs, drained);
