@@ -4,13 +4,13 @@ RGB (normalised) on the device and max-pooling it 2x2 there, then printing
 each channel's statistics (frames per second, packets lost, reconnections,
 latency from packet arrival to decoded frame) and the total.
 
-    /usr/bin/python3 examples/python/video_pipeline.py [SOURCE ...] [--channels N] [--seconds S] [--uri URI]
-                                                       [--transport auto|tcp|udp]
+    /usr/bin/python3 examples/python/video_pipeline.py [SOURCE ...] [--channels N] [--seconds S] [--frames F]
+                                                       [--uri URI] [--transport auto|tcp|udp]
 
 Each SOURCE (a file, or an rtsp://, http:// or udp:// URL) is one channel;
-files loop and live streams run until --seconds pass (a stream that stalls,
-drops or ends is opened again); --channels N repeats the sources round-robin
-up to N channels. With no sources it makes a 2-second 320x240 H.264 clip
+files loop and live streams run until --seconds pass, or until each channel
+has F frames with --frames (a stream that stalls, drops or ends is opened
+again); --channels N repeats the sources round-robin up to N channels. With no sources it makes a 2-second 320x240 H.264 clip
 with ffmpeg in a temporary directory.
 """
 import argparse
@@ -43,13 +43,18 @@ def make_clip(directory):
     return path
 
 
-def channel(dev, source, seconds, transport, result):
-    """Decodes `source` until `seconds` pass; result: a dict of statistics."""
+def channel(dev, source, seconds, frames_wanted, transport, result):
+    """Decodes `source` until `seconds` pass or it has `frames_wanted` frames (0: no count);
+    result: a dict of statistics."""
     q = dev.queue("compute")
     start = time.perf_counter()
     demux = tpuhal.Demuxer(source, transport=transport)
     width, height = max(demux.width, 16), max(demux.height, 16)
     frames, latency, worst, reconnects, lost, rgb, pool, mean = 0, 0.0, 0.0, 0, 0, None, None, 0.0
+    done = threading.Event()  # the time is up, or the frames are in
+
+    def enough():
+        return done.is_set() or time.perf_counter() - start >= seconds or 0 < frames_wanted <= frames
     arrival = {}  # packet index since the decoder's last reset -> when it was read
     with dev.open_decoder(demux.codec, format="nv12", max_width=max(width, 1920 if demux.live else 16),
                           max_height=max(height, 1088 if demux.live else 16)) as dec:
@@ -65,13 +70,17 @@ def channel(dev, source, seconds, transport, result):
                 convert = ops.nv12_to_rgb(frame.luma(), frame.chroma(), rgb, mean=MEAN, scale=SCALE)
                 q.batch().run(convert).run(pool[0]).submit().wait(timeout=60)
                 frames += 1
+                if 0 < frames_wanted <= frames:
+                    done.set()
+                    demux.interrupt()  # the next read returns at once
 
         def timer():
-            time.sleep(seconds)
-            demux.interrupt()  # ends a read that waits on a live source
+            if not done.wait(seconds):
+                done.set()
+                demux.interrupt()  # ends a read that waits on a live source
         if demux.live:
             threading.Thread(target=timer, daemon=True).start()
-        while time.perf_counter() - start < seconds:
+        while not enough():
             for packet in demux:
                 if packet.new_stream:  # reconnected: the old stream's frames, then a fresh one
                     dec.flush()
@@ -81,14 +90,14 @@ def channel(dev, source, seconds, transport, result):
                 arrival[dec.packets_sent] = packet.arrival_ns
                 dec.send(packet)
                 take()
-                if time.perf_counter() - start >= seconds:
+                if enough():
                     break
             dec.flush()
             take()
             dec.reset()
             arrival.clear()
             reconnects, lost = reconnects + demux.reconnects, lost + demux.packets_lost
-            if demux.live:
+            if demux.live or enough():
                 break
             demux = tpuhal.Demuxer(source)  # loop the file
         if pool is not None:
@@ -104,6 +113,8 @@ def main():
                         help="video files or URLs, one channel each (default: a generated clip)")
     parser.add_argument("--channels", type=int, default=0, help="channels (default: one per file)")
     parser.add_argument("--seconds", type=float, default=2.0, help="how long each channel runs (default 2)")
+    parser.add_argument("--frames", type=int, default=0,
+                        help="each channel stops once it has this many frames (default 0: only --seconds counts)")
     parser.add_argument("--uri", default="sim:0", help="the device (default sim:0)")
     parser.add_argument("--transport", default="auto", choices=["auto", "tcp", "udp"],
                         help="RTSP's transport for rtsp:// sources (default auto)")
@@ -115,7 +126,7 @@ def main():
         paths = [files[i % len(files)] for i in range(n)]
         with tpuhal.open(args.uri) as dev:
             results = [{} for _ in paths]
-            threads = [threading.Thread(target=channel, args=(dev, p, args.seconds, args.transport, r))
+            threads = [threading.Thread(target=channel, args=(dev, p, args.seconds, args.frames, args.transport, r))
                        for p, r in zip(paths, results)]
             start = time.perf_counter()
             for t in threads:

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The ctest step under load, as a shared CI runner gives it: busy processes
+# at normal priority (one per core by default) beside ctest run at twice
+# the cores. The families that are most sensitive to timing and scheduling
+# (video, GStreamer and live streams in Python, the simulator daemon, the
+# conformance suite, traces, the fleet tools) run --repeat until-fail:3.
+# A few slow tests that do not depend on timing are left out (below).
+# Repeats the whole step --runs times and prints, per test, how many runs
+# it failed in. Exits 1 if any test failed.
+#
+#   scripts/load-test.sh [--build DIR] [--runs N] [--hogs N] [--jobs N] [--repeat N] [--only REGEX]
+#
+#   --build DIR   a configured and built tree (default build/sanitize, what
+#                 scripts/test.sh builds)
+#   --runs N      whole runs (default 1; an overnight hunt: 10 or more)
+#   --hogs N      busy processes at nice 0 (default: one per core)
+#   --jobs N      ctest -j (default: twice the cores)
+#   --repeat N    until-fail count of the sensitive families (default 3)
+#   --only REGEX  only the tests ctest -R selects, each until it fails
+#
+# Run by scripts/test.sh (CI) once, after the quiet pass. Logs of failed
+# runs stay in DIR/load-test/.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=$root/build/sanitize
+runs=1
+hogs=$(nproc)
+jobs=$((2 * $(nproc)))
+repeat=3
+only=
+while (($#)); do
+  case $1 in
+    --build) build=$(cd "$2" && pwd); shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
+    --hogs) hogs=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "load-test: unknown argument $1 (--help)" >&2; exit 2 ;;
+  esac
+done
+[[ -f $build/CTestTestfile.cmake ]] || { echo "load-test: $build is not a built tree (scripts/test.sh builds one)" >&2; exit 2; }
+
+# Left out of the busy pass (they run in the quiet one): checks of the tree
+# (formatting, an installed consumer build), numerics that do not depend on
+# timing (the model zoo, the integer kernels at every level, which
+# scripts/test.sh also runs once per level), and the QEMU guests, which
+# emulate a whole machine and would take 5 minutes here alone.
+skip='^(Format\.|Install\.|Python\.Install$|ModelZoo\.|Python\.model_zoo$|TensorIsa\.|Qemu\.)'
+# The families run again until they fail (ctest -R).
+families='^(Python\.(video|gstreamer|live_video|fleet|trace|Examples\.VideoPipeline)|Simd\.|Devices/Conformance|Devices/ConformanceErrors|Trace\.|Cli\.Trace|Examples\.VideoPipeline)'
+
+busy=()
+start_hogs() {
+  for ((i = 0; i < hogs; ++i)); do
+    bash -c 'while :; do :; done' &
+    busy+=($!)
+  done
+}
+stop_hogs() {
+  if ((${#busy[@]})); then
+    kill "${busy[@]}" 2>/dev/null || true
+    wait "${busy[@]}" 2>/dev/null || true
+  fi
+  busy=()
+}
+trap stop_hogs EXIT
+
+# The sanitizers' settings scripts/test.sh runs with.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+logs=$build/load-test
+mkdir -p "$logs"
+declare -A failed
+started=$(date +%s)
+# One ctest pass; its failed tests are appended to `fails`.
+pass() {
+  local st=0
+  (cd "$build" && ctest --output-on-failure -j "$jobs" "$@") >>"$log" 2>&1 || st=1
+  if ((st)) && [[ -f $build/Testing/Temporary/LastTestsFailed.log ]]; then
+    local more
+    mapfile -t more < <(sed 's/^[0-9]*://' "$build/Testing/Temporary/LastTestsFailed.log")
+    fails+=("${more[@]}")
+  fi
+  return $st
+}
+for ((run = 1; run <= runs; ++run)); do
+  echo "load-test: run $run of $runs: $hogs busy process(es), ctest -j $jobs" >&2
+  log=$logs/run-$run.log
+  : >"$log"
+  fails=()
+  status=0
+  start_hogs
+  if [[ -n $only ]]; then
+    pass --repeat until-fail:"$repeat" -R "$only" || status=1
+  else
+    # Everything else once, the families until they fail.
+    pass -E "$families|$skip" || status=1
+    pass --repeat until-fail:"$repeat" -R "$families" || status=1
+  fi
+  stop_hogs
+  for t in "${fails[@]}"; do failed[$t]=$((${failed[$t]:-0} + 1)); done
+  if ((status)); then
+    echo "load-test: run $run: ${#fails[@]} failed (log: $log)" >&2
+    grep -E '\*\*\*(Failed|Timeout|Exception)' "$log" | sed 's/^/  /' >&2 || true
+  else
+    echo "load-test: run $run: every test passed" >&2
+    rm -f "$log"
+  fi
+done
+echo "load-test: $runs run(s) in $(($(date +%s) - started)) s under $hogs busy process(es), ctest -j $jobs" >&2
+if ((${#failed[@]} == 0)); then
+  echo "load-test: no test failed" >&2
+  exit 0
+fi
+echo "load-test: failures per test (runs failed of $runs):" >&2
+for t in "${!failed[@]}"; do printf '  %3d  %s\n' "${failed[$t]}" "$t"; done | sort -rn >&2
+exit 1
