@@ -72,7 +72,8 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_strin
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 logs=$build/load-test
 mkdir -p "$logs"
-declare -A failed
+declare -A failed=()
+any_failed=0
 started=$(date +%s)
 # One ctest pass; its failed tests are appended to `fails`.
 pass() {
@@ -100,7 +101,10 @@ for ((run = 1; run <= runs; ++run)); do
     pass --repeat until-fail:"$repeat" -R "$families" || status=1
   fi
   stop_hogs
-  for t in "${fails[@]}"; do failed[$t]=$((${failed[$t]:-0} + 1)); done
+  for t in "${fails[@]}"; do
+    failed[$t]=$((${failed[$t]:-0} + 1))
+    any_failed=1
+  done
   if ((status)); then
     echo "load-test: run $run: ${#fails[@]} failed (log: $log)" >&2
     grep -E '\*\*\*(Failed|Timeout|Exception)' "$log" | sed 's/^/  /' >&2 || true
@@ -110,7 +114,7 @@ for ((run = 1; run <= runs; ++run)); do
   fi
 done
 echo "load-test: $runs run(s) in $(($(date +%s) - started)) s under $hogs busy process(es), ctest -j $jobs" >&2
-if ((${#failed[@]} == 0)); then
+if ((!any_failed)); then
   echo "load-test: no test failed" >&2
   exit 0
 fi
