@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "fault_support.hpp"
+#include "support/asleep.hpp"
 #include "support/trace_check.hpp"
 #include "tpuhal/sim/board.h"
 #include "tpuhal/sim/profile.h"
@@ -288,8 +289,9 @@ TEST_F(Faults, GivenEccErrorWhenReadingPoisonedMemoryThenDeviceFaultNamesAddress
 }
 
 // Waits in Block mode for a submission that completes while the waiter
-// sleeps (the board waits for a host word the test writes 20 ms later);
-// returns how long the wait took.
+// sleeps: the board waits for a host word that another thread writes at
+// least 20 ms later, once the waiter is asleep in the wait (a busy machine
+// may run the waiter late); returns how long the wait took.
 std::chrono::milliseconds blocked_wait(Device& dev, Queue& q) {
   Buffer word = dev.allocate(4096, Memory::HostPinned);
   auto* w = reinterpret_cast<std::uint64_t*>(word.map().data());
@@ -298,8 +300,10 @@ std::chrono::milliseconds blocked_wait(Device& dev, Queue& q) {
   WaitPolicy block = dev.wait_policy();
   block.mode = WaitPolicy::Mode::Block;
   block.timeout = 5s;
-  std::thread writer([w] {
+  const pid_t waiter = test::this_thread_id();
+  std::thread writer([w, waiter] {
     std::this_thread::sleep_for(20ms);
+    test::until_asleep(waiter);
     std::atomic_ref<std::uint64_t>(*w).store(1);
   });
   const auto start = Clock::now();
@@ -309,23 +313,33 @@ std::chrono::milliseconds blocked_wait(Device& dev, Queue& q) {
   return took;
 }
 
+// The shortest of a few blocked waits: with interrupts delivered, one of
+// them wakes well inside the first 100 ms slice even on a busy machine
+// (which may delay any one wake-up); with interrupts lost, none can.
+std::chrono::milliseconds shortest_blocked_wait(Device& dev, Queue& q) {
+  auto best = blocked_wait(dev, q);
+  for (int i = 0; i < 4 && best >= 90ms; ++i) best = std::min(best, blocked_wait(dev, q));
+  return best;
+}
+
 TEST_F(Faults, GivenInterruptLostWhenBlockingThenCompletionIsNoticedWithinOneSlice) {
   {
     Queue q = dev.queue(Engine::Compute);
     // Interrupts delivered: the waiter wakes as the word is written.
-    EXPECT_LT(blocked_wait(dev, q), 90ms);
+    EXPECT_LT(shortest_blocked_wait(dev, q), 90ms);
     board->inject({.kind = sim::FaultKind::kInterruptLost, .queue = q.index()});
     // Every interrupt of the queue is lost: the waiter notices completion at
-    // the end of its bounded sleep (100 ms slices), not never.
+    // the end of its bounded sleep (100 ms slices), never sooner, and not
+    // never (the wait's own timeout, 5 s, would throw).
     const auto took = blocked_wait(dev, q);
     EXPECT_GE(took, 90ms);
-    EXPECT_LT(took, 1s);
+    EXPECT_LT(took, 4s);
     round_trip(q, 4);
   }
   reset_and_check();
   {
     Queue q = dev.queue(Engine::Compute);
-    EXPECT_LT(blocked_wait(dev, q), 90ms);  // the reset restored interrupts
+    EXPECT_LT(shortest_blocked_wait(dev, q), 90ms);  // the reset restored interrupts
   }
   expect_no_leaks();
 }

@@ -14,6 +14,7 @@
 
 #include "device_param.hpp"
 #include "support/error_of.hpp"
+#include "support/asleep.hpp"
 #include "support/trace_check.hpp"
 #include "tpuhal/skeleton/skeleton.h"
 #include "tpuhal/tpuhal.hpp"
@@ -701,9 +702,10 @@ TEST_P(Conformance, ATraceShowsEachCommandOfAKnownWorkload) {
   // The host's wait is traced only when it has to wait: with a gate, the
   // work is held until the wait has begun.
   std::thread opener;
+  const pid_t waiter = test::this_thread_id();
   if (g)
     opener = std::thread([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      test::until_asleep(waiter);  // in consumed.wait(), however late a busy machine runs it
       g->release();
     });
   consumed.wait();

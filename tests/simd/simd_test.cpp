@@ -888,7 +888,7 @@ TEST(Simd, AFloodingProcessIsHeldToItsRequestRate) {
   // flooding thread wakes for it (more often on a loaded machine), so a few
   // are tried; without the limit none would be refused.
   std::string refusal;
-  for (int i = 0; i < 20 && refusal.empty(); ++i) {
+  for (int i = 0; i < 200 && refusal.empty(); ++i) {
     RawClient late(d.socket);
     (void)simd::send_message(late.sock.get(), simd::MsgType::kList, {});
     const simd::Message m = late.reply();
@@ -910,10 +910,10 @@ TEST(Simd, AFloodingProcessIsHeldToItsRequestRate) {
 // --idle-seconds, with a reason; one that holds a VF is not.
 TEST(Simd, AnIdleConnectionIsClosedAndAnAttachedOneIsNot) {
   Daemon d({"--board", "tiny", "--vfs", "2", "--idle-seconds", "1"});
+  const auto t0 = Clock::now();  // before the daemon can start the idle connection's clock
   RawClient idle(d.socket), attached(d.socket);
   ASSERT_EQ(simd::send_struct(attached.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{0, 0}), 0);
   ASSERT_EQ(attached.reply().header.type, simd::MsgType::kAttached);
-  const auto t0 = Clock::now();
   simd::Message m;
   ASSERT_EQ(simd::receive_message(idle.sock.get(), m, 10000ms), 0);
   EXPECT_GE(Clock::now() - t0, 900ms);
@@ -941,11 +941,15 @@ TEST(Simd, WhenNoThreadCanStartOnlyThatRequestFails) {
               HasSubstr("cannot start the register thread of VF 0 of board 0: the daemon's 2 threads"));
   RawClient c(d.socket);  // no thread for c
   EXPECT_THAT(c.error_reply(), HasSubstr("cannot start a thread for the connection"));
-  // The daemon goes on: once b leaves, a attaches.
+  // The daemon goes on: once b leaves (and its thread is reaped), a attaches.
   b.sock.reset();
-  std::this_thread::sleep_for(1500ms);  // b's thread is reaped
-  ASSERT_EQ(simd::send_struct(a.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{0, 0}), 0);
-  EXPECT_EQ(a.reply().header.type, simd::MsgType::kAttached);
+  simd::MsgType answer{};
+  for (const auto until = Clock::now() + 60s; Clock::now() < until;) {
+    ASSERT_EQ(simd::send_struct(a.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{0, 0}), 0);
+    if ((answer = a.reply().header.type) == simd::MsgType::kAttached) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(answer, simd::MsgType::kAttached);
   ASSERT_EQ(simd::send_message(a.sock.get(), simd::MsgType::kStats, {}), 0);
   const simd::Message stats = a.reply();
   ASSERT_EQ(stats.header.type, simd::MsgType::kStatsReply);
@@ -974,7 +978,17 @@ TEST(Simd, OutOfDescriptorsAConnectionIsToldWhyAndTheDaemonGoesOn) {
   EXPECT_THAT(refusal, HasSubstr("out of file descriptors"));
   EXPECT_GT(many.size(), 10u);
   many.clear();
-  std::this_thread::sleep_for(1500ms);  // their threads are reaped, their descriptors closed
+  // Their threads are reaped and their descriptors closed: a connection is
+  // served again.
+  bool served = false;
+  for (const auto until = Clock::now() + 60s; !served && Clock::now() < until;) {
+    RawClient c(d.socket);
+    simd::Message m;
+    served = simd::send_message(c.sock.get(), simd::MsgType::kList, {}) == 0 && c.answer(m) == 0 &&
+             m.header.type == simd::MsgType::kBoards;
+    if (!served) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(served);
   another_process_copies(d);
 }
 
@@ -998,13 +1012,14 @@ TEST(Simd, UnderAttackAWellBehavedClientStillRunsBenchDma) {
   const double quiet = bench();
 
   std::atomic<bool> stop{false};
-  std::atomic<int> refused_maps{0}, floods{0}, closed_idle{0};
+  std::atomic<int> refused_maps{0}, floods{0}, closed_idle{0}, connected{0};
   std::vector<std::thread> attackers;
   // The address space: an attached client mapping 1 TiB sparse memfds.
   attackers.emplace_back([&] {
     RawClient c(d.socket);
     if (simd::send_struct(c.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{0, 0}) != 0) return;
     if (c.reply().header.type != simd::MsgType::kAttached) return;
+    ++connected;
     const base::UniqueFd huge = sparse_memfd(64ull << 40);
     int fd = huge.get();
     for (std::uint64_t i = 0; !stop.load(); ++i) {
@@ -1017,23 +1032,35 @@ TEST(Simd, UnderAttackAWellBehavedClientStillRunsBenchDma) {
   for (int f = 0; f < 2; ++f)
     attackers.emplace_back([&] {
       RawClient c(d.socket);
+      bool first = true;
       while (!stop.load()) {
         simd::Message m;
         if (simd::send_message(c.sock.get(), simd::MsgType::kStats, {}) != 0 || c.answer(m) != 0) return;
         ++floods;
+        if (std::exchange(first, false)) ++connected;
       }
     });
   // Abandoned connections: opened, never used, closed by the daemon.
   attackers.emplace_back([&] {
-    while (!stop.load()) {
+    for (bool first = true; !stop.load(); first = false) {
       RawClient c(d.socket);
+      if (first) ++connected;
       simd::Message m;
       if (c.answer(m, 3000ms) == 0 && m.header.type == simd::MsgType::kError &&
           simd::get_field(m.as<simd::ErrorReply>()->message).find("closed:") != std::string::npos)
         ++closed_idle;
     }
   });
-  std::this_thread::sleep_for(300ms);
+  // Every attack under way before the hoard takes the rest of this
+  // process's connections.
+  for (const auto until = Clock::now() + 60s; connected.load() < 4 && Clock::now() < until;)
+    std::this_thread::sleep_for(10ms);
+  if (connected.load() < 4) {
+    ADD_FAILURE() << "only " << connected.load() << " of the 4 attackers connected";
+    stop.store(true);
+    for (auto& t : attackers) t.join();
+    return;
+  }
   // And the rest of this process's connections, hoarded.
   std::vector<std::unique_ptr<RawClient>> hoard;
   for (int i = 0; i < 40; ++i) {

@@ -210,7 +210,8 @@ TEST(TpuDriver, AbortStopsABlockedQueue) {
   EXPECT_FALSE(q->timeline().failed);
   // The board picks the command up asynchronously; give it a moment.
   std::string state;
-  for (int i = 0; i < 1000 && state.find("waiting") == std::string::npos; ++i) {
+  for (const auto until = std::chrono::steady_clock::now() + 30s;
+       state.find("waiting") == std::string::npos && std::chrono::steady_clock::now() < until;) {
     state = q->diagnose();
     std::this_thread::sleep_for(1ms);
   }

@@ -60,9 +60,10 @@ void Worker::allocate(Tracked& t) {
   // recycle are claimed again once the last handles of their queue go).
   const auto pattern = static_cast<std::uint32_t>(uniform(0, 255));
   const std::uint64_t skipped = c_.skipped;
-  for (int tries = 0; !fill(t, 0, size, pattern, 1, Kind::Free); ++tries) {
-    if (tries == 1000)
-      throw Error(Status::ResourceExhausted, s_.dev.uri() + ": no queue of the pool could be claimed for 1 s");
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!fill(t, 0, size, pattern, 1, Kind::Free)) {
+    if (std::chrono::steady_clock::now() > give_up)
+      throw Error(Status::ResourceExhausted, s_.dev.uri() + ": no queue of the pool could be claimed for 30 s");
     sweep();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
