@@ -48,6 +48,7 @@ bool allowed(const fw::FrameRecord& r, const fw::VideoOpenArgs& open) {
     case static_cast<std::uint32_t>(fw::RecordKind::kError):
       return r.status == static_cast<std::uint32_t>(fw::CmdStatus::kCorruptStream) ||
              r.status == static_cast<std::uint32_t>(fw::CmdStatus::kUnsupportedStream) ||
+             r.status == static_cast<std::uint32_t>(fw::CmdStatus::kOutOfMemory) ||
              r.status == static_cast<std::uint32_t>(fw::CmdStatus::kDmaFault);
     case static_cast<std::uint32_t>(fw::RecordKind::kEos): return true;
     default: return false;

@@ -260,6 +260,7 @@ Result<FrameRecord> decode_frame_record(const FrameRecord& r, const VideoOpenArg
     case RecordKind::kError:
       if (r.status != static_cast<std::uint32_t>(CmdStatus::kCorruptStream) &&
           r.status != static_cast<std::uint32_t>(CmdStatus::kUnsupportedStream) &&
+          r.status != static_cast<std::uint32_t>(CmdStatus::kOutOfMemory) &&
           r.status != static_cast<std::uint32_t>(CmdStatus::kDmaFault))
         return bad(offsetof(FrameRecord, status), r.status);
       return r;

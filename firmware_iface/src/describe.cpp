@@ -29,13 +29,12 @@ const char* to_string(CmdStatus status) noexcept {
     case CmdStatus::kQueueReset: return "queue reset";
     case CmdStatus::kCorruptStream: return "corrupt stream";
     case CmdStatus::kUnsupportedStream: return "unsupported stream";
+    case CmdStatus::kOutOfMemory: return "out of memory";
   }
   return "unknown status";
 }
 
-bool is_known(std::uint32_t status) noexcept {
-  return status <= static_cast<std::uint32_t>(CmdStatus::kUnsupportedStream);
-}
+bool is_known(std::uint32_t status) noexcept { return status <= static_cast<std::uint32_t>(CmdStatus::kOutOfMemory); }
 
 const char* to_string(Opcode op) noexcept {
   switch (op) {
@@ -223,6 +222,19 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
         return "packet " + dec(value) +
                " decodes to a picture larger than the channel's frame buffers (max_width x max_height)";
       return "packet " + dec(value) + ": stream not supported (" + dec(detail) + ")";
+    case CmdStatus::kOutOfMemory:
+      // In a frame record, value is the packet.
+      if (opcode == 0 && detail == kMemoryVideoUnit)
+        return "packet " + dec(value) +
+               ": its frame does not fit in the codec unit's working memory, which the channels open have used up "
+               "(close channels, or open them with a smaller max_width x max_height)";
+      if (detail == kMemoryVideoPackets)
+        return op + ": the channel already holds " + dec(value) +
+               " packets its decoder has not taken (wait for packets_done before sending more)";
+      if (detail == kMemoryVideoUnit)
+        return op + ": the codec unit's working memory (" + dec(value >> 20) +
+               " MiB: packets queued and the decoders' frames) is used up";
+      return op + ": the board ran out of memory serving it" + (value ? " (" + dec(value) + " bytes)" : std::string());
   }
   return "unknown status " + dec(static_cast<std::uint32_t>(status)) + " for " + op;
 }

@@ -119,9 +119,9 @@ CodecUnit* Board::Impl::codec_unit() {
       if (n >= 1) threads = std::min(threads, static_cast<unsigned>(n));
     }
     codec = std::make_unique<CodecUnit>(
-        dma, iommu, profile.decode_channels, threads,
+        dma, iommu, profile.decode_channels, threads, sim::decode_memory_bytes(profile),
         [](void* board, std::uint32_t q) { static_cast<Board::Impl*>(board)->raise_if_unmasked(1u << q); }, this,
-        halted);
+        halted, driver_version);
     codec_ptr.store(codec.get());
   });
   return codec.get();

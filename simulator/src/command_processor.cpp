@@ -3,10 +3,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <new>
 #include <optional>
 
 #include "board_impl.h"
 #include "tpuhal/base/log.h"
+#include "tpuhal/fw/version.h"
 
 namespace tpuhal::sim {
 namespace {
@@ -306,7 +308,16 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
       return unit ? unit->close(a.channel) : cp.no_video(fw::Opcode::kVideoClose);
     }
   };
-  return std::visit(Visitor{*this, source, position}, cmd.args);
+  // A command the host cannot find memory for fails, and the board goes
+  // on: in the daemon, one client's oversized request must not end every
+  // client's boards.
+  try {
+    return std::visit(Visitor{*this, source, position}, cmd.args);
+  } catch (const std::bad_alloc&) {
+    if ((board_.driver_version.load() & 0xFFFF) < fw::kMinorOutOfMemory)
+      return {fw::CmdStatus::kBadArgument, fw::Problem::kNoField, 0, 0};  // 1.7's nearest
+    return {fw::CmdStatus::kOutOfMemory, fw::Problem::kNoField, 0, fw::kMemoryHost};
+  }
 }
 
 fw::Problem CommandProcessor::no_video(fw::Opcode op) const {

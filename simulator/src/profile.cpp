@@ -273,6 +273,7 @@ BoardProfile parse_profile(std::string_view text, std::string_view source) {
     if (!it->is_object()) ps.fail("video", "must be an object");
     if (auto c = it->find("decode_channels"); c != it->end()) p.decode_channels = ps.u32(*c, "video.decode_channels");
     if (auto c = it->find("decode_threads"); c != it->end()) p.decode_threads = ps.u32(*c, "video.decode_threads");
+    if (auto c = it->find("memory"); c != it->end()) p.decode_memory_bytes = ps.u64(*c, "video.memory");
     if (auto c = it->find("codecs"); c != it->end()) {
       if (!c->is_array()) ps.fail("video.codecs", "must be an array of strings");
       for (auto& codec : *c) p.codecs.push_back(ps.str(codec, "video.codecs", 16));

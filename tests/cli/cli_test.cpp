@@ -69,7 +69,7 @@ TEST(Cli, InfoDescribesADevice) {
   EXPECT_EQ(j["heaps"].size(), 2u);
   EXPECT_EQ(j["engines"]["compute"], 2);
   EXPECT_EQ(j["caps"]["wait_value"], true);
-  EXPECT_EQ(j["interface_version"], "1.7");
+  EXPECT_EQ(j["interface_version"], "1.8");
 }
 
 TEST(Cli, SmiShowsMemoryAndQueues) {
@@ -212,6 +212,58 @@ TEST(Cli, TraceMergesEveryProcessOfTheCommand) {
   for (const auto& e : tpuhal::test::events_named(t, "X", "submit")) pids.insert(e["pid"].get<std::int64_t>());
   EXPECT_GE(pids.size(), 2u);
   std::filesystem::remove(path);
+}
+
+// Outputs in a directory others may write to (fs.protected_symlinks=0): a
+// link planted at the output's name, and at the old predictable NAME.tmp,
+// points at a victim's file. The command replaces the link with a file of
+// its own and never writes through it.
+struct PlantedLinks {
+  std::filesystem::path dir, victim, out;
+  explicit PlantedLinks(const std::string& name) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tpuhal-planted-XXXXXX").string();
+    dir = ::mkdtemp(tmpl.data());
+    victim = dir / "victim";
+    out = dir / name;
+    std::ofstream(victim) << "precious";
+    std::filesystem::create_symlink(victim, out);
+    std::filesystem::create_symlink(victim, dir / (name + ".tmp"));
+  }
+  ~PlantedLinks() { std::filesystem::remove_all(dir); }
+  // The victim as it was, the output a file of its own, nothing else left.
+  void expect_victim_untouched() const {
+    std::ifstream in(victim);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EXPECT_EQ(ss.str(), "precious");
+    EXPECT_FALSE(std::filesystem::is_symlink(out));
+    EXPECT_TRUE(std::filesystem::is_regular_file(out));
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) names.insert(e.path().filename().string());
+    const std::string name = out.filename().string();
+    EXPECT_EQ(names, (std::set<std::string>{name, name + ".tmp", "victim"}));
+  }
+};
+
+TEST(Cli, GivenALinkAtTheTraceOutputWhenTracingThenTheLinkedFileIsUntouched) {
+  PlantedLinks merged("merged.json");
+  Output r = run("trace -o " + merged.out.string() + " -- " + TPUHAL_CLI + " list");
+  ASSERT_EQ(r.code, 0) << r.out;
+  merged.expect_victim_untouched();
+  auto t = tpuhal::test::read_trace(merged.out.string());
+  ASSERT_FALSE(t.is_discarded());
+  EXPECT_THAT(tpuhal::test::check_trace(t), ::testing::IsEmpty());
+  EXPECT_EQ(t["otherData"]["processes"].size(), 1u);
+
+  // TPUHAL_TRACE, written as the program runs.
+  PlantedLinks env("env.json");
+  r = run("list", "TPUHAL_TRACE=" + env.out.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("TPUHAL_TRACE")));
+  env.expect_victim_untouched();
+  t = tpuhal::test::read_trace(env.out.string());
+  ASSERT_FALSE(t.is_discarded());
+  EXPECT_THAT(tpuhal::test::check_trace(t), ::testing::IsEmpty());
 }
 
 TEST(Cli, TraceSaysWhatIsWrongAndPassesTheExitStatusOn) {

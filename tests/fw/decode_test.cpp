@@ -423,7 +423,7 @@ TEST(FwDecodeFailure, KnownStatusIsCopiedFieldByField) {
 }
 
 TEST(FwDecodeFailure, EveryKnownNonZeroStatusDecodes) {
-  for (std::uint32_t s = 1; s <= static_cast<std::uint32_t>(CmdStatus::kUnsupportedStream); ++s) {
+  for (std::uint32_t s = 1; s <= static_cast<std::uint32_t>(CmdStatus::kOutOfMemory); ++s) {
     SCOPED_TRACE(s);
     FenceRecord rec{};
     rec.error_status = s;
@@ -434,7 +434,7 @@ TEST(FwDecodeFailure, EveryKnownNonZeroStatusDecodes) {
 }
 
 TEST(FwDecodeFailure, ZeroOrUnknownStatusIsAFirmwareFault) {
-  for (std::uint32_t s : {0u, 18u, 99u, 0xFFFFFFFFu}) {
+  for (std::uint32_t s : {0u, 19u, 99u, 0xFFFFFFFFu}) {
     SCOPED_TRACE(s);
     FenceRecord rec{};
     rec.error_status = s;
@@ -449,8 +449,8 @@ TEST(FwDecodeFailure, ZeroOrUnknownStatusIsAFirmwareFault) {
 
 TEST(FwStatus, KnownStatusesAndNames) {
   EXPECT_TRUE(is_known(0));
-  EXPECT_TRUE(is_known(17));
-  EXPECT_FALSE(is_known(18));
+  EXPECT_TRUE(is_known(18));
+  EXPECT_FALSE(is_known(19));
   EXPECT_FALSE(is_known(0xFFFFFFFF));
   EXPECT_STREQ(to_string(CmdStatus::kDmaFault), "DMA fault");
   EXPECT_STREQ(to_string(CmdStatus::kOk), "ok");

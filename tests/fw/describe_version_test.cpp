@@ -74,7 +74,7 @@ TEST(FwDescribe, HeaderProblemsNameTheirField) {
   d.opcode = 99;
   auto r = decode_command(d);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(describe(r.problem(), d.opcode), "unknown opcode 0x63 (interface 1.7 defines 1..12)");
+  EXPECT_EQ(describe(r.problem(), d.opcode), "unknown opcode 0x63 (interface 1.8 defines 1..12)");
 
   d.opcode = op(Opcode::kNop);
   d.flags = kFlagFence | 0x40;
@@ -159,7 +159,7 @@ TEST(FwVersion, PackAndUnpack) {
   EXPECT_EQ((Version{1, 0}.packed()), 0x00010000u);
   EXPECT_EQ((Version{0xABCD, 0x1234}.packed()), 0xABCD1234u);
   EXPECT_EQ(Version::unpack(0xABCD1234), (Version{0xABCD, 0x1234}));
-  EXPECT_EQ(kInterfaceVersion, (Version{1, 7}));
+  EXPECT_EQ(kInterfaceVersion, (Version{1, 8}));
 }
 
 TEST(FwVersion, NegotiatePicksTheSmallerMinorOfTheSameMajor) {

@@ -744,7 +744,7 @@ TEST_F(SimBoard, UnknownOpcodeIsAnInvalidOpcode) {
   EXPECT_EQ(rec.error_opcode, 99u);
   auto failure = fw::decode_failure(rec);
   ASSERT_TRUE(failure.ok());
-  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface 1.7 defines 1..12)");
+  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface 1.8 defines 1..12)");
 }
 
 TEST_F(SimBoard, FenceValuesMustIncrease) {

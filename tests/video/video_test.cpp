@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -361,6 +362,53 @@ TEST_F(Video, HoldingEveryFrameBufferIsAClearErrorAndDroppingOneResumes) {
   int rest = 0;
   while (auto f = dec.receive(std::chrono::seconds(30))) ++rest;
   EXPECT_EQ(rest, 27);
+}
+
+// Finding: the codec unit copied every packet into a queue without bound,
+// so a client that held its frames (the channel then stops draining) and
+// sent large packets grew the board's (the daemon's) memory without end.
+// Packets and the decoders' frames are now charged to the unit's working
+// memory (the tiny profile's: 256 MiB); the packet past it is refused with
+// an error naming that memory, and closing the decoder gives it all back.
+TEST_F(Video, PacketsPastTheCodecUnitsMemoryAreRefusedAndClosingGivesItBack) {
+  Device dev = open("sim:tiny");
+  std::vector<Demuxer::Packet> packets;
+  Demuxer in(path_of("h264_odd.h264"));
+  while (auto p = in.next()) packets.push_back(std::move(*p));
+  const VideoDecoderOptions o{.codec = Codec::H264, .max_width = 322, .max_height = 182, .frame_buffers = 2};
+  std::string error;
+  {
+    VideoDecoder dec = dev.open_decoder(o);
+    // Annex B allows zero bytes after a picture: each packet decodes as
+    // before, and takes 8 MiB of the unit while it waits.
+    constexpr std::size_t kPacket = 8 << 20;
+    try {
+      // Nothing is received: after two frames the channel waits for a
+      // frame buffer and its packets pile up. 2 x 25 x 8 MiB is far past
+      // 256 MiB.
+      for (int round = 0; round < 2; ++round)
+        for (const auto& p : packets) {
+          std::vector<std::byte> big(kPacket);
+          std::memcpy(big.data(), p.data.data(), p.data.size());
+          dec.send(big, p.pts);
+        }
+      dec.receive(std::chrono::seconds(60));
+      dec.receive(std::chrono::seconds(60));
+      dec.receive(std::chrono::seconds(60));
+      FAIL() << "50 packets of 8 MiB were all queued in the unit's 256 MiB";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::ResourceExhausted) << e.what();
+      error = e.what();
+    }
+  }
+  EXPECT_THAT(error, HasSubstr("the codec unit's working memory (256 MiB"));
+  // The memory came back: a new decoder on the device decodes every frame.
+  VideoDecoder dec = dev.open_decoder(o);
+  for (const auto& p : packets) dec.send(p.data, p.pts);
+  dec.flush();
+  std::size_t frames = 0;
+  while (auto f = dec.receive(std::chrono::seconds(60))) ++frames;
+  EXPECT_EQ(frames, packets.size());
 }
 
 // A decoder of 2 frame buffers that waits `wait` for one, fed the 30 frames

@@ -169,7 +169,9 @@ Error TpuQueue::failure() const {
   const Shadow& sh = shadow_[f.sequence & (entries_ - 1)];
   if (sh.value == f.fence && sh.count > 0)
     where = "command " + std::to_string(sh.index + 1) + " of " + std::to_string(sh.count);
-  const Status status = f.status == fw::CmdStatus::kFirmwareFault ? Status::DeviceLost : Status::DeviceFault;
+  const Status status = f.status == fw::CmdStatus::kFirmwareFault ? Status::DeviceLost
+                        : f.status == fw::CmdStatus::kOutOfMemory ? Status::ResourceExhausted
+                                                                  : Status::DeviceFault;
   std::string waited;
   if (f.status == fw::CmdStatus::kDependencyFailed) {
     // The board names the timeline by address; say whose it is.

@@ -297,7 +297,8 @@ class TpuDecoder final : public driver::DecoderBackend {
     const std::uint64_t raw = std::uint64_t{width} * height * 3 / 2;
     return (std::clamp<std::uint64_t>(2 * raw, 256ull << 10, 8ull << 20) + 4095) / 4096 * 4096;
   }
-  static constexpr std::uint64_t kMaxBacklog = 64;  // packets sent and not yet decoded
+  // Packets sent and not yet decoded: within what the board queues.
+  static constexpr std::uint64_t kMaxBacklog = fw::kMaxVideoPendingPackets;
 
   std::string name() const { return dev_->uri() + " video channel " + std::to_string(ch_->number); }
 
@@ -500,6 +501,7 @@ class TpuDecoder final : public driver::DecoderBackend {
                          : status == fw::CmdStatus::kUnsupportedStream && rec->detail == fw::kVideoDetailTooLarge
                              ? Status::OutOfRange
                          : status == fw::CmdStatus::kUnsupportedStream ? Status::Unsupported
+                         : status == fw::CmdStatus::kOutOfMemory       ? Status::ResourceExhausted
                                                                        : Status::DeviceFault;
         ev.error = Error(s, name() + ": " + fw::describe(status, 0, 0, rec->packet, rec->detail));
         return ev;

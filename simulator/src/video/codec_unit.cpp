@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <new>
+#include <utility>
 
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -18,6 +20,8 @@ extern "C" {
 
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/wait.h"
+#include "tpuhal/fw/status.h"
+#include "tpuhal/fw/version.h"
 
 namespace tpuhal::sim {
 namespace {
@@ -82,13 +86,14 @@ AVCodecID codec_id(fw::VideoCodec c) {
 }  // namespace
 
 struct CodecUnit::Channel {
+  CodecUnit* unit = nullptr;
   std::uint32_t number = 0;
 
   std::mutex mu;  // guards the fields up to work_mu
   bool open = false;
-  bool scheduled = false;  // in the run queue or being processed
-  bool kicked = false;     // a doorbell since its turn began
-  std::deque<Packet> pending;
+  bool scheduled = false;      // in the run queue or being processed
+  bool kicked = false;         // a doorbell since its turn began
+  std::deque<Packet> pending;  // each charged to the unit's memory
   fw::VideoOpenArgs args{};
   std::uint32_t queue = 0;
 
@@ -104,6 +109,13 @@ struct CodecUnit::Channel {
   std::uint64_t taken = 0;             // packets taken from `pending`
   std::uint64_t last_packet = 0;       // index of the last packet sent to the decoder
   std::uint64_t frames = 0;
+  // The decoder's frame buffers (get_buffer): bytes referenced now, and
+  // bytes charged to the unit: the most ever referenced since the decoder
+  // was made, as libavcodec keeps released buffers in its pools. A buffer
+  // is released where its frame is unreferenced, always under work_mu.
+  std::uint64_t frames_live = 0;
+  std::uint64_t frames_charged = 0;
+  bool out_of_memory = false;  // get_buffer refused a frame since it was last reported
 
   // Telemetry since power-on (fw::TelemetryChannel): never reset.
   std::atomic<std::uint64_t> t_packets{0}, t_frames{0}, t_errors{0}, t_busy_ns{0};
@@ -114,12 +126,23 @@ struct CodecUnit::Channel {
     av_frame_free(&frame);
     frame_ready = false;
     outbox.clear();
+    // Every buffer has come back with the context's pools.
+    unit->uncharge(frames_charged);
+    frames_charged = 0;
+    out_of_memory = false;
   }
 };
 
-CodecUnit::CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads, Raise raise,
-                     void* board, const std::atomic<bool>& halted)
-    : dma_(dma), iommu_(iommu), raise_(raise), board_(board), halted_(halted) {
+CodecUnit::CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads,
+                     std::uint64_t memory, Raise raise, void* board, const std::atomic<bool>& halted,
+                     const std::atomic<std::uint32_t>& driver_version)
+    : dma_(dma),
+      iommu_(iommu),
+      raise_(raise),
+      board_(board),
+      halted_(halted),
+      driver_version_(driver_version),
+      memory_limit_(memory) {
   // libavcodec reports every damaged macroblock on stderr; the board reports
   // errors through its records instead.
   if (!base::logger("video")->should_log(spdlog::level::debug)) av_log_set_level(AV_LOG_FATAL);
@@ -127,6 +150,7 @@ CodecUnit::CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels,
   for (std::uint32_t i = 0; i < channels; ++i) {
     channels_.push_back(std::make_unique<Channel>());
     channels_.back()->number = i;
+    channels_.back()->unit = this;
   }
   threads = std::max<std::uint32_t>(threads, 1);
   for (std::uint32_t i = 0; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
@@ -175,6 +199,13 @@ fw::Problem CodecUnit::open(const fw::VideoOpenArgs& a, std::uint32_t queue, Dma
   }
   c.ctx->thread_count = 1;                  // the unit's decode threads are the parallelism
   c.ctx->err_recognition |= AV_EF_EXPLODE;  // damaged data is an error, not a concealed frame
+  // Frames come from the unit's memory. A stream of far more pixels than
+  // the channel's slots hold is refused before the decoder sizes its
+  // tables for it; one a little larger decodes, and its frames are
+  // reported as too large for the slots.
+  c.ctx->opaque = &c;
+  c.ctx->get_buffer2 = &CodecUnit::get_buffer;
+  c.ctx->max_pixels = std::int64_t{4} * a.max_width * a.max_height;
   if (avcodec_open2(c.ctx, codec, nullptr) < 0) {
     c.free_decoder();
     return {fw::CmdStatus::kBadArgument, 1, static_cast<std::uint64_t>(a.codec), 0};
@@ -183,7 +214,7 @@ fw::Problem CodecUnit::open(const fw::VideoOpenArgs& a, std::uint32_t queue, Dma
   std::lock_guard lock(c.mu);
   c.args = a;
   c.queue = queue;
-  c.pending.clear();
+  drop_pending(c);
   // A turn of the channel's previous opening may still be ending: it saw
   // `scheduled` set, so a decode() now leaves its packet to that turn, which
   // must not conclude from the old decoder's full slots that it should wait
@@ -196,19 +227,51 @@ fw::Problem CodecUnit::open(const fw::VideoOpenArgs& a, std::uint32_t queue, Dma
 fw::Problem CodecUnit::decode(const fw::VideoDecodeArgs& a, DmaContext& ctx) {
   if (a.channel >= channels_.size()) return {fw::CmdStatus::kBadArgument, 0, a.channel, channels_.size()};
   Channel& c = *channels_[a.channel];
+  const fw::Problem closed{fw::CmdStatus::kBadArgument, 0, a.channel, channels_.size()};
+  // A driver before interface 1.8 knows no kOutOfMemory: the packet's size
+  // is the argument out of range for it.
+  const bool speaks_oom = (driver_version_.load() & 0xFFFF) >= fw::kMinorOutOfMemory;
+  auto out_of_memory = [&](std::uint64_t limit, std::uint64_t detail) {
+    return speaks_oom ? fw::Problem{fw::CmdStatus::kOutOfMemory, fw::Problem::kNoField, limit, detail}
+                      : fw::Problem{fw::CmdStatus::kBadArgument, 2, a.bytes, limit};
+  };
+  const fw::Problem queue_full = out_of_memory(fw::kMaxVideoPendingPackets, fw::kMemoryVideoPackets);
+  {
+    std::lock_guard lock(c.mu);
+    if (!c.open) return closed;
+    if (c.pending.size() >= fw::kMaxVideoPendingPackets) return queue_full;
+  }
   Packet p;
   p.pts = a.pts;
   p.index = a.index;
   p.eos = a.eos;
   if (a.bytes) {
-    p.data.resize(a.bytes + AV_INPUT_BUFFER_PADDING_SIZE);
+    // The packet's memory is charged before it is taken: a client cannot
+    // make the unit hold more than its working memory, however many
+    // channels it opens and however large its packets.
+    const std::uint64_t need = a.bytes + AV_INPUT_BUFFER_PADDING_SIZE;
+    if (!charge(need)) return out_of_memory(memory_limit_, fw::kMemoryVideoUnit);
+    p.charged = need;
+    try {
+      p.data.resize(need);
+    } catch (const std::bad_alloc&) {
+      uncharge(need);
+      return out_of_memory(need, fw::kMemoryHost);
+    }
     auto problem = dma_.read(ctx, a.packet, p.data.data(), a.bytes, 1);
-    if (problem.status != fw::CmdStatus::kOk) return problem;
+    if (problem.status != fw::CmdStatus::kOk) {
+      uncharge(need);
+      return problem;
+    }
     std::memset(p.data.data() + a.bytes, 0, AV_INPUT_BUFFER_PADDING_SIZE);
     p.data.resize(a.bytes);  // capacity keeps the zeroed padding
   }
   std::lock_guard lock(c.mu);
-  if (!c.open) return {fw::CmdStatus::kBadArgument, 0, a.channel, channels_.size()};
+  // Closed, or filled from another queue, while the packet was read.
+  if (!c.open || c.pending.size() >= fw::kMaxVideoPendingPackets) {
+    uncharge(p.charged);
+    return c.open ? queue_full : closed;
+  }
   c.pending.push_back(std::move(p));
   if (!c.scheduled) schedule(c);
   return {};
@@ -220,7 +283,7 @@ fw::Problem CodecUnit::close(std::uint32_t channel) {
   {
     std::lock_guard lock(c.mu);
     c.open = false;
-    c.pending.clear();
+    drop_pending(c);
   }
   // Waits out a turn in progress; after this no thread touches the page or
   // the pool until the channel is opened again.
@@ -251,6 +314,69 @@ void CodecUnit::wait_halted() noexcept {
   for (auto& c : channels_) {
     std::lock_guard work(c->work_mu);
   }
+}
+
+bool CodecUnit::charge(std::uint64_t bytes) noexcept {
+  std::uint64_t used = memory_used_.load(std::memory_order_relaxed);
+  do {
+    if (bytes > memory_limit_ || used > memory_limit_ - bytes) return false;
+  } while (!memory_used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+void CodecUnit::uncharge(std::uint64_t bytes) noexcept { memory_used_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+void CodecUnit::drop_pending(Channel& c) noexcept {
+  for (const Packet& p : c.pending) uncharge(p.charged);
+  c.pending.clear();
+}
+
+namespace {
+// One frame buffer of a decoder, wrapped so that its release is counted.
+struct HeldBuffer {
+  AVBufferRef* inner;
+  std::uint64_t* live;
+  std::uint64_t bytes;
+};
+void release_buffer(void* opaque, std::uint8_t*) {
+  auto* h = static_cast<HeldBuffer*>(opaque);
+  *h->live -= h->bytes;
+  av_buffer_unref(&h->inner);
+  delete h;
+}
+}  // namespace
+
+int CodecUnit::get_buffer(AVCodecContext* s, AVFrame* f, int flags) {
+  Channel& c = *static_cast<Channel*>(s->opaque);
+  const int r = avcodec_default_get_buffer2(s, f, flags);
+  if (r < 0) return r;
+  std::uint64_t bytes = 0;
+  for (const AVBufferRef* b : f->buf)  // 4:2:0 has no extended_buf
+    if (b) bytes += b->size;
+  // Past the most ever referenced, the pools grow: charge the growth.
+  if (c.frames_live + bytes > c.frames_charged) {
+    const std::uint64_t more = c.frames_live + bytes - c.frames_charged;
+    if (!c.unit->charge(more)) {
+      av_frame_unref(f);
+      c.out_of_memory = true;
+      return AVERROR(ENOMEM);
+    }
+    c.frames_charged += more;
+  }
+  for (AVBufferRef*& b : f->buf) {
+    if (!b) continue;
+    auto* held = new (std::nothrow) HeldBuffer{b, &c.frames_live, static_cast<std::uint64_t>(b->size)};
+    AVBufferRef* outer = held ? av_buffer_create(b->data, b->size, release_buffer, held, 0) : nullptr;
+    if (!outer) {
+      delete held;
+      av_frame_unref(f);  // the buffers wrapped so far are counted out again
+      c.out_of_memory = true;
+      return AVERROR(ENOMEM);
+    }
+    c.frames_live += held->bytes;
+    b = outer;
+  }
+  return 0;
 }
 
 void CodecUnit::doorbell(std::uint32_t channel) noexcept {
@@ -294,7 +420,13 @@ void CodecUnit::worker(std::uint32_t) {
       halted = halted_.load(std::memory_order_seq_cst);
       if (open && c->ctx && !halted) {
         const std::uint64_t began = base::monotonic_ns();
-        blocked = !process(*c, ctx);
+        try {
+          blocked = !process(*c, ctx);
+        } catch (const std::bad_alloc&) {
+          // The host is out of memory: this turn's packet is lost, the
+          // unit goes on.
+          base::logger("video")->error("channel {}: out of host memory; a packet was dropped", c->number);
+        }
         c->t_busy_ns.fetch_add(base::monotonic_ns() - began, std::memory_order_relaxed);
       }
     }
@@ -321,7 +453,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     base::logger("video")->error("channel {}: page at {:#x} is no longer mapped; dropping its packets", c.number,
                                  a.page);
     std::lock_guard lock(c.mu);
-    c.pending.clear();
+    drop_pending(c);
     return true;
   }
   auto* hdr = reinterpret_cast<fw::VideoChannelHeader*>(page);
@@ -344,6 +476,15 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     r.detail = detail;
     c.outbox.push_back(r);
     c.t_errors.fetch_add(1, std::memory_order_relaxed);
+  };
+  // A packet the decoder failed on: out of the unit's memory if get_buffer
+  // refused it a frame, else the stream's fault.
+  auto failed = [&](std::uint64_t packet, int code) {
+    if ((std::exchange(c.out_of_memory, false) || code == AVERROR(ENOMEM)) &&
+        (driver_version_.load() & 0xFFFF) >= fw::kMinorOutOfMemory)
+      error(fw::CmdStatus::kOutOfMemory, packet, fw::kMemoryVideoUnit);
+    else
+      error(fw::CmdStatus::kCorruptStream, packet, static_cast<std::uint32_t>(-code));
   };
   // Publishes c.frame; false if it must wait for a slot or a record.
   auto publish_frame = [&]() -> bool {
@@ -447,7 +588,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
       continue;
     }
     if (r != AVERROR(EAGAIN)) {
-      error(fw::CmdStatus::kCorruptStream, c.last_packet, static_cast<std::uint32_t>(-r));
+      failed(c.last_packet, r);
       continue;
     }
     // Everything the packets taken so far will give has been published.
@@ -463,6 +604,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     c.last_packet = p.index;
     if (p.eos) {
       ++c.taken;
+      uncharge(p.charged);  // an end-of-stream marker's data is not decoded
       avcodec_send_packet(c.ctx, nullptr);
       continue;
     }
@@ -474,7 +616,9 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     const int s = avcodec_send_packet(c.ctx, c.pkt);
     ++c.taken;
     c.t_packets.fetch_add(1, std::memory_order_relaxed);
-    if (s < 0) error(fw::CmdStatus::kCorruptStream, p.index, static_cast<std::uint32_t>(-s));
+    p.data = {};
+    uncharge(p.charged);  // libavcodec has what it needs of the packet
+    if (s < 0) failed(p.index, s);
   }
   store_release(hdr->waiting, blocked ? 1u : 0u);
   if (raised) raise_(board_, c.queue);

@@ -16,6 +16,9 @@
 #include "tpuhal/fw/telemetry.h"
 #include "tpuhal/sim/iommu.h"
 
+struct AVCodecContext;
+struct AVFrame;
+
 namespace tpuhal::sim {
 
 class DmaEngine;
@@ -24,10 +27,15 @@ class CodecUnit {
  public:
   // `raise(queue)` signals the interrupt vector of a video queue. While
   // `halted` (the board's: its firmware crashed or the board is lost) no
-  // decode thread starts a turn.
+  // decode thread starts a turn. `memory` bounds the unit's working memory:
+  // the packets queued and the frames its decoders allocate.
+  // `driver_version` is the interface the driver agreed on (reg
+  // kDriverVersion): before 1.8 a refusal for memory is reported in 1.7's
+  // terms.
   using Raise = void (*)(void* board, std::uint32_t queue);
-  CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads, Raise raise, void* board,
-            const std::atomic<bool>& halted);
+  CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads, std::uint64_t memory,
+            Raise raise, void* board, const std::atomic<bool>& halted,
+            const std::atomic<std::uint32_t>& driver_version);
   ~CodecUnit();  // closes every channel and joins the decode threads
 
   std::uint32_t channels() const noexcept { return static_cast<std::uint32_t>(channels_.size()); }
@@ -47,6 +55,10 @@ class CodecUnit {
   // Called once the board has set `halted`: returns when no turn is in
   // progress, so that nothing more is written to pages or frame pools.
   void wait_halted() noexcept;
+  // The working memory charged now (packets queued, decoders' frames) and
+  // its bound.
+  std::uint64_t memory_used() const noexcept { return memory_used_.load(std::memory_order_relaxed); }
+  std::uint64_t memory_limit() const noexcept { return memory_limit_; }
   // Channel `channel`'s counters since power-on (channel < channels()).
   void telemetry(std::uint32_t channel, fw::TelemetryChannel& out) const noexcept;
 
@@ -54,10 +66,19 @@ class CodecUnit {
   struct Channel;
   struct Packet {
     std::vector<std::uint8_t> data;  // with libavcodec's zeroed input padding
+    std::uint64_t charged = 0;       // working memory it holds
     std::int64_t pts;
     std::uint64_t index;
     bool eos;
   };
+  // Takes `bytes` of the working memory; false (nothing taken) if they do
+  // not fit.
+  bool charge(std::uint64_t bytes) noexcept;
+  void uncharge(std::uint64_t bytes) noexcept;
+  // libavcodec's get_buffer2 for the unit's decoders: its frames, charged.
+  static int get_buffer(::AVCodecContext* s, ::AVFrame* f, int flags);
+  // Empties `c.pending`, giving back its charge; the caller holds c.mu.
+  void drop_pending(Channel& c) noexcept;
   void worker(std::uint32_t id);
   void schedule(Channel& c);  // caller holds c.mu
   // Decodes queued packets of `c` and publishes frames until it runs out of
@@ -70,6 +91,9 @@ class CodecUnit {
   Raise raise_;
   void* board_;
   const std::atomic<bool>& halted_;
+  const std::atomic<std::uint32_t>& driver_version_;
+  const std::uint64_t memory_limit_;
+  std::atomic<std::uint64_t> memory_used_{0};
   std::vector<std::unique_ptr<Channel>> channels_;
 
   std::mutex run_mu_;

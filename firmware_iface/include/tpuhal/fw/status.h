@@ -25,7 +25,16 @@ enum class CmdStatus : std::uint32_t {
   kQueueReset = 15,           // work discarded by a queue or device reset
   kCorruptStream = 16,        // video: the packet's data does not decode
   kUnsupportedStream = 17,    // video: valid, but not something the decoder takes
+  // The board's memory for this work is used up: detail says which memory
+  // (kMemory* below), value its limit. The board refuses the command (or,
+  // in a frame record, the frame) and goes on; nothing else is lost.
+  kOutOfMemory = 18,
 };
+
+// Problem::detail (and FrameRecord::detail) of a kOutOfMemory.
+inline constexpr std::uint32_t kMemoryHost = 1;          // the board's own allocation failed
+inline constexpr std::uint32_t kMemoryVideoPackets = 2;  // a channel's packet queue (value: its length)
+inline constexpr std::uint32_t kMemoryVideoUnit = 3;     // the codec unit's working memory (value: bytes)
 
 // "dma fault", "invalid opcode", ...; "unknown status" for values off the list.
 const char* to_string(CmdStatus status) noexcept;

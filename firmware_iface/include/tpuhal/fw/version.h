@@ -33,8 +33,13 @@ struct Version {
 // Activation::kHardSwish (tensor.h); 1.5 the op kinds kTopK,
 // kConvTranspose2d and kWhere (op_kinds.inc); 1.6 the telemetry block
 // (telemetry.h: MboxCmd::kTelemetry, kCapTelemetry); 1.7 the elementwise
-// comparisons and logic, ElementwiseOp::kEqual to kNot (tensor.h).
-inline constexpr Version kInterfaceVersion{1, 7};
+// comparisons and logic, ElementwiseOp::kEqual to kNot (tensor.h); 1.8 the
+// status kOutOfMemory (status.h), with the codec unit's bounds
+// (video.h: kMaxVideoPendingPackets). A board speaking to an older driver
+// reports what 1.8 calls kOutOfMemory as kBadArgument (a command) or
+// kCorruptStream (a frame record).
+inline constexpr Version kInterfaceVersion{1, 8};
+inline constexpr std::uint16_t kMinorOutOfMemory = 8;
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a
 // board advertising `board` agree on, or kBadArgument with field

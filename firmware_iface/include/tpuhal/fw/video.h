@@ -53,6 +53,12 @@ inline constexpr std::uint32_t kMaxVideoSlots = 64;
 inline constexpr std::uint32_t kMaxVideoRecords = 256;
 inline constexpr std::uint64_t kMaxVideoPacketBytes = 64ull << 20;
 inline constexpr std::uint32_t kMaxVideoDimension = 8192;
+// Packets a channel holds that its decoder has not taken yet: a
+// kVideoDecode past it fails with kOutOfMemory (kMemoryVideoPackets). The
+// driver keeps below it by waiting for packets_done. Packets also count
+// against the codec unit's working memory (kMemoryVideoUnit), with the
+// decoders' frames.
+inline constexpr std::uint32_t kMaxVideoPendingPackets = 64;
 
 // Plane pitches and offsets inside a slot are multiples of this.
 inline constexpr std::uint32_t kVideoPlaneAlign = 64;

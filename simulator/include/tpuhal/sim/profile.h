@@ -65,6 +65,11 @@ struct BoardProfile {
   double fp32_tflops = 0;
   std::uint32_t decode_channels = 0;
   std::uint32_t decode_threads = 0;  // decode threads shared by the channels (0: host cores)
+  // The codec unit's working memory: packets queued for the decoders and
+  // the decoders' own frames (references, reordering), charged as they are
+  // taken; past it a packet or a frame is refused with kOutOfMemory. 0: 64
+  // MiB per channel. A VF of the daemon gets its share.
+  std::uint64_t decode_memory_bytes = 0;
   std::vector<std::string> codecs;
 
   // Model timing: how long an idle command processor spins before sleeping.
@@ -84,6 +89,11 @@ struct BoardProfile {
   std::uint32_t total_queues() const noexcept;
   fw::EngineType engine_of_queue(std::uint32_t q) const noexcept;
 };
+
+// The codec unit's working memory: the profile's, or its default.
+inline std::uint64_t decode_memory_bytes(const BoardProfile& p) noexcept {
+  return p.decode_memory_bytes ? p.decode_memory_bytes : std::uint64_t{p.decode_channels} << 26;
+}
 
 // Parses and validates a profile document. `source` names it in errors.
 BoardProfile parse_profile(std::string_view json_text, std::string_view source);
