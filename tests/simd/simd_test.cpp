@@ -325,6 +325,48 @@ TEST(Simd, ATraceFileThatCannotBeCreatedStopsTheDaemonAtStart) {
   std::filesystem::remove_all(dir);
 }
 
+// A link planted at the trace's name (a shared directory with
+// fs.protected_symlinks=0; the daemon may run as another user) is replaced
+// by the daemon's own file, never written through.
+TEST(Simd, GivenALinkAtTheTraceFileWhenTheDaemonTracesThenTheLinkedFileIsUntouched) {
+  char tmpl[] = "/tmp/tpuhal-simd-trace-XXXXXX";
+  const std::filesystem::path tdir = ::mkdtemp(tmpl);
+  const std::filesystem::path victim = tdir / "victim", path = tdir / "board.json";
+  std::ofstream(victim) << "precious";
+  std::filesystem::create_symlink(victim, path);
+  {
+    Daemon d({"--board", "tiny", "--vfs", "1", "--trace", path.string()});
+    {
+      Device dev = open(d.uri());
+      Buffer b = dev.allocate(4096);
+      dev.queue().fill(b, 0, 4096, 7).submit().wait(10s);
+    }
+    ::kill(d.process->pid, SIGTERM);
+    ASSERT_TRUE(WIFEXITED(d.process->wait()));
+    d.process->pid = -1;
+  }
+  std::ifstream in(victim);
+  std::stringstream was;
+  was << in.rdbuf();
+  EXPECT_EQ(was.str(), "precious");
+  EXPECT_FALSE(std::filesystem::is_symlink(path));
+  ASSERT_TRUE(std::filesystem::is_regular_file(path));
+  std::ifstream trace(path);
+  std::stringstream ss;
+  ss << trace.rdbuf();
+  const auto t = nlohmann::json::parse(ss.str(), nullptr, false);
+  ASSERT_FALSE(t.is_discarded()) << ss.str().substr(0, 2000);
+  EXPECT_EQ(t["otherData"]["source"], "tpuhal-simd");
+  bool filled = false;
+  for (const auto& e : t["traceEvents"]) filled = filled || (e["ph"] == "X" && e["name"] == "fill");
+  EXPECT_TRUE(filled);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(tdir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"board.json", "victim"}));
+  std::filesystem::remove_all(tdir);
+}
+
 // The daemon's boards compute on the daemon's CPU, at the level its own
 // TPUHAL_MAX_ISA allows; its clients see that level, and a bad value stops
 // the daemon at start.
@@ -389,7 +431,7 @@ TEST(Simd, BadUrisAndAMissingDaemonAreClearErrors) {
 }
 
 TEST(Simd, WhenEveryVfIsInUseTheNextOpenIsRefused) {
-  Daemon d;
+  Daemon d({"--board", "tiny", "--vfs", "2", "--max-vfs-per-process", "0"});
   // Below the HAL, which shares one device among opens of the same URI.
   auto provider = tpu::make_simd_provider();
   auto a = provider->open(d.uri());
@@ -1171,6 +1213,260 @@ TEST(Simd, NoProcessOfTheUserReachesAClientsMemoryThroughProc) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
       << "a process of the daemon's user (without CAP_SYS_PTRACE) could open the daemon's " << dir << "/N (status "
       << status << ")";
+}
+
+// ---- Hostile users: what the quotas did not cover -------------------------------
+
+// Finding: every VF went to one process by default. Now one is always left
+// for another.
+TEST(Simd, ByDefaultNoProcessHoldsEveryVf) {
+  Daemon d({"--board", "tiny", "--vfs", "2"});
+  auto provider = tpu::make_simd_provider();
+  auto a = provider->open(d.uri());
+  Error e = error_of([&] { provider->open(d.uri()); });
+  EXPECT_EQ(e.status(), Status::ResourceExhausted);
+  EXPECT_THAT(e.what(), HasSubstr("quota vfs-per-process is 1 and process " + std::to_string(::getpid()) +
+                                  " holds 1 (tpuhal-simd --max-vfs-per-process)"));
+  another_process_copies(d);
+}
+
+// Sends `fd` over `sock` (SCM_RIGHTS); a forked child's, so it exits on failure.
+void send_fd(int sock, int fd) {
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  if (::sendmsg(sock, &msg, MSG_NOSIGNAL) != 1) _exit(3);
+}
+base::UniqueFd receive_fd(int sock) {
+  char byte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  if (::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) return {};
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (!c || c->cmsg_type != SCM_RIGHTS) return {};
+  int fd;
+  std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  return base::UniqueFd(fd);
+}
+
+// A connection to the daemon made by a short-lived child, which (after
+// attaching, with `attach`) hands it to this process and exits.
+base::UniqueFd connection_from_a_child(const std::string& socket, bool attach = false) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return {};
+  base::UniqueFd mine(pair[0]), theirs(pair[1]);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    RawClient c(socket);
+    if (attach) {
+      simd::Message m;
+      if (simd::send_struct(c.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{0, 0}) != 0 ||
+          simd::receive_message(c.sock.get(), m, 30000ms) != 0 || m.header.type != simd::MsgType::kAttached)
+        _exit(2);
+    }
+    send_fd(theirs.get(), c.sock.get());
+    _exit(0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return {};
+  return receive_fd(mine.get());
+}
+
+// Finding: quotas were charged to the pid that called connect(), so
+// connections opened by short-lived children and passed over SCM_RIGHTS
+// escaped the per-process ones. A connection is now charged to the process
+// that sends on it (SCM_CREDENTIALS): past that process's quota, the
+// connection it was handed is closed with the quota named.
+TEST(Simd, AConnectionHandedToAnotherProcessIsChargedToIt) {
+  Daemon d({"--board", "tiny", "--vfs", "2", "--max-connections-per-process", "4"});
+  std::vector<base::UniqueFd> handed;
+  for (int i = 0; i < 6; ++i) {
+    handed.push_back(connection_from_a_child(d.socket));
+    ASSERT_TRUE(handed.back()) << "child " << i;
+  }
+  std::vector<std::string> answers;
+  for (auto& fd : handed) {
+    simd::Message m;
+    ASSERT_EQ(simd::send_message(fd.get(), simd::MsgType::kList, {}), 0);
+    ASSERT_EQ(simd::receive_message(fd.get(), m, 30000ms), 0);
+    answers.push_back(m.header.type == simd::MsgType::kBoards ? "boards"
+                                                              : simd::get_field(m.as<simd::ErrorReply>()->message));
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(answers[i], "boards") << i;
+  for (int i = 4; i < 6; ++i)
+    EXPECT_THAT(answers[i], HasSubstr("refused: quota connections-per-process is 4 and process " +
+                                      std::to_string(::getpid()) + " has 4 open"))
+        << i;
+  another_process_copies(d);
+}
+
+// The same for VFs: a child attaches and hands its connection over; this
+// process, holding a VF already, is held to --max-vfs-per-process 1, and
+// the VF it was handed is given back.
+TEST(Simd, AVfHandedToAProcessAtItsQuotaIsRefusedToItAndFreed) {
+  Daemon d({"--board", "tiny", "--vfs", "3", "--max-vfs-per-process", "1"});
+  auto provider = tpu::make_simd_provider();
+  auto mine = provider->open(d.uri());
+  base::UniqueFd handed = connection_from_a_child(d.socket, /*attach=*/true);
+  ASSERT_TRUE(handed);
+  simd::Message m;
+  ASSERT_EQ(simd::send_message(handed.get(), simd::MsgType::kList, {}), 0);
+  ASSERT_EQ(simd::receive_message(handed.get(), m, 30000ms), 0);
+  ASSERT_EQ(m.header.type, simd::MsgType::kError);
+  EXPECT_THAT(simd::get_field(m.as<simd::ErrorReply>()->message),
+              HasSubstr("quota vfs-per-process is 1 and process " + std::to_string(::getpid()) + " holds 1"));
+  EXPECT_EQ(simd::receive_message(handed.get(), m, 30000ms), ECONNRESET);
+  const auto deadline = Clock::now() + 60s;
+  while (tpu::simd_boards(d.socket)[0].vfs_in_use != 1 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(tpu::simd_boards(d.socket)[0].vfs_in_use, 1u);
+}
+
+// Finding: four processes holding 16 idle connections each (kept open by a
+// request every 20 s) filled the user's quota of 64, and the user's other
+// processes could not connect. At the user's quota, the oldest connection
+// without a VF now makes way, told why.
+TEST(Simd, IdleConnectionsMakeWayForAnotherProcessOfTheirUser) {
+  Daemon d({"--board", "tiny", "--vfs", "2", "--max-connections-per-user", "4"});
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (int i = 0; i < 4; ++i) {
+    idle.push_back(std::make_unique<RawClient>(d.socket));
+    ASSERT_EQ(simd::send_message(idle.back()->sock.get(), simd::MsgType::kList, {}), 0);
+    ASSERT_EQ(idle.back()->reply().header.type, simd::MsgType::kBoards);
+  }
+  another_process_copies(d);  // a fifth connection, of another process of the user
+  simd::Message m;
+  ASSERT_EQ(idle.front()->answer(m, 30000ms), 0);
+  ASSERT_EQ(m.header.type, simd::MsgType::kError);
+  EXPECT_THAT(simd::get_field(m.as<simd::ErrorReply>()->message),
+              HasSubstr("reached its connection quota (tpuhal-simd --max-connections-per-user) and this connection, "
+                        "its oldest without a VF, made way"));
+  for (std::size_t i = 1; i < idle.size(); ++i) {
+    ASSERT_EQ(simd::send_message(idle[i]->sock.get(), simd::MsgType::kList, {}), 0) << i;
+    EXPECT_EQ(idle[i]->reply().header.type, simd::MsgType::kBoards) << i;
+  }
+}
+
+// Finding: clients never checked who served the socket: `nobody` bound a
+// socket in a shared directory, relayed to a daemon of its own, and read
+// what root's process mapped for DMA. A client now refuses a daemon of
+// another user (not root) in a directory others may write to, naming both
+// uids, unless TPUHAL_SIMD_UID names that user.
+TEST(Simd, ADaemonOfAnotherUserInASharedDirectoryIsRefusedUnlessNamed) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root to run the daemon as another user";
+  char tmpl[] = "/tmp/tpuhal-simd-shared-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(tmpl);
+  ASSERT_EQ(::chmod(dir.c_str(), 01777), 0);  // like /tmp
+  const std::string socket = (dir / "simd.sock").string();
+  Process relay({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", TPUHAL_SIMD_BIN, "--socket",
+                 socket, "--board", "tiny", "--vfs", "2", "--mode", "0666"},
+                {"TPUHAL_LOG=error"});
+  ASSERT_THAT(relay.read_line(60s), HasSubstr("serving"));
+  const std::string uri = "simd:" + socket + "#0";
+  auto provider = tpu::make_simd_provider();
+  Error e = error_of([&] { provider->open(uri); });
+  EXPECT_EQ(e.status(), Status::PermissionDenied);
+  EXPECT_THAT(e.what(), HasSubstr("is served by uid 65534"));
+  EXPECT_THAT(e.what(), HasSubstr("uid 0 (root)"));
+  EXPECT_THAT(e.what(), HasSubstr("TPUHAL_SIMD_UID=65534"));
+  EXPECT_EQ(error_of([&] { tpu::simd_boards(socket); }).status(), Status::PermissionDenied);
+  {
+    ::setenv("TPUHAL_SIMD_UID", "nobody", 1);
+    auto trusted = provider->open(uri);
+    EXPECT_THAT(trusted->properties().bus, HasSubstr("VF 0 of 2"));
+  }
+  ::setenv("TPUHAL_SIMD_UID", "0", 1);
+  Error other = error_of([&] { provider->open(uri); });
+  ::unsetenv("TPUHAL_SIMD_UID");
+  EXPECT_EQ(other.status(), Status::PermissionDenied);
+  EXPECT_THAT(other.what(), HasSubstr("TPUHAL_SIMD_UID asks for uid 0 (root)"));
+  ::kill(relay.pid, SIGTERM);
+  relay.wait(20s);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// A process's resident memory, from /proc.
+std::uint64_t resident_bytes(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (f >> key) {
+    if (key == "VmRSS:") {
+      std::uint64_t kb = 0;
+      f >> kb;
+      return kb << 10;
+    }
+    f.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
+// Finding: the daemon copied every decoder packet into a queue without a
+// bound; a client that held its frames (the channel then stops draining)
+// grew the daemon by gigabytes, and under an address-space limit the daemon
+// died of std::bad_alloc. Packets now count against the VF's codec memory
+// (the tiny board's 256 MiB over 2 VFs: 128 MiB): the packet past it fails
+// the client's video queue with an error naming that memory; the daemon's
+// memory stays within it, and other clients go on.
+TEST(Simd, ADecoderFloodIsHeldToTheVfsCodecMemory) {
+  if (::system("command -v ffmpeg >/dev/null 2>&1") != 0) GTEST_SKIP() << "ffmpeg is not installed";
+  Daemon d({"--board", "tiny", "--vfs", "2"});
+  const std::string clip = (d.dir / "clip.h264").string();
+  ASSERT_EQ(::system(("ffmpeg -loglevel error -y -f lavfi -i testsrc=size=320x240:rate=25 -frames:v 25 -c:v libx264 "
+                      "-bf 2 -pix_fmt yuv420p " +
+                      clip)
+                         .c_str()),
+            0);
+  std::vector<Demuxer::Packet> packets;
+  Demuxer in(clip);
+  while (auto p = in.next()) packets.push_back(std::move(*p));
+  ASSERT_EQ(packets.size(), 25u);
+  const std::uint64_t before = resident_bytes(d.process->pid);
+  std::string error;
+  {
+    Device dev = open(d.uri());
+    VideoDecoder dec =
+        dev.open_decoder({.codec = Codec::H264, .max_width = 320, .max_height = 240, .frame_buffers = 2});
+    // Nothing is received: after two frames the channel waits for a frame
+    // buffer and its packets pile up. Annex B allows zero bytes after a
+    // picture, so each packet decodes as before and takes 8 MiB while it
+    // waits: 50 of them are far past 128 MiB.
+    try {
+      for (int round = 0; round < 2; ++round)
+        for (const auto& p : packets) {
+          std::vector<std::byte> big(8 << 20);
+          std::memcpy(big.data(), p.data.data(), p.data.size());
+          dec.send(big, p.pts);
+        }
+      dec.receive(std::chrono::seconds(60));
+      dec.receive(std::chrono::seconds(60));
+      dec.receive(std::chrono::seconds(60));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::ResourceExhausted) << e.what();
+      error = e.what();
+    }
+  }
+  EXPECT_THAT(error, HasSubstr("the codec unit's working memory (128 MiB"));
+  // Within the codec memory and the client's 8 MiB staging ring, which the
+  // daemon maps, with room for its own allocations.
+  const std::uint64_t after = resident_bytes(d.process->pid);
+  EXPECT_LT(after, before + (128ull << 20) + (64ull << 20)) << "the daemon grew from " << before << " to " << after;
+  another_process_copies(d);
 }
 
 }  // namespace

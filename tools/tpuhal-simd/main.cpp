@@ -32,7 +32,9 @@ constexpr const char* kUsage =
     "DRAM, isolated from every other process. A process that exits or dies frees its VF.\n"
     "SIGTERM or SIGINT stops the daemon; its clients then see their devices lost.\n"
     "A request past a quota is refused with an error naming the quota and the use;\n"
-    "nothing else changes for anyone (docs/simd.md: quotas and the threat model).\n\n"
+    "nothing else changes for anyone (docs/simd.md: quotas and the threat model).\n"
+    "Quotas are charged to the process and user that send on a connection, as the\n"
+    "kernel reports them, wherever the connection was opened.\n\n"
     "Options";
 
 }  // namespace
@@ -64,17 +66,20 @@ int main(int argc, char** argv) {
       "max-connections-per-process", po::value<std::uint32_t>(&q.connections_per_process)->default_value(16),
       "connections one process may hold (0: no limit)")(
       "max-connections-per-user", po::value<std::uint32_t>(&q.connections_per_user)->default_value(64),
-      "connections one user may hold (0: no limit)")(
-      "max-vfs-per-process", po::value<std::uint32_t>(&q.vfs_per_process)->default_value(0),
-      "VFs (and so device memory and queues) one process may hold at once, over all boards (0: no limit)")(
-      "max-vfs-per-user", po::value<std::uint32_t>(&q.vfs_per_user)->default_value(0),
-      "VFs one user may hold at once (0: no limit)")(
-      "max-mappings-per-client", po::value<std::uint64_t>(&q.mappings_per_client)->default_value(8192),
-      "host memory mappings for DMA one client (an open device) may hold (0: no limit)")(
-      "max-mappings-per-user", po::value<std::uint64_t>(&q.mappings_per_user)->default_value(16384),
+      "connections one user may hold (0: no limit); at the quota, the user's oldest connection that holds "
+      "no VF makes way for a new one")(
+      "max-vfs-per-process", po::value<std::uint32_t>(&q.vfs_per_process),
+      "VFs (and so device memory and queues) one process may hold at once, over all boards (default: every "
+      "VF of the daemon but one; 0: no limit)")(
+      "max-vfs-per-user", po::value<std::uint32_t>(&q.vfs_per_user),
+      "VFs one user may hold at once (default: every VF but one where --mode lets other users in, else no "
+      "limit; 0: no limit)")("max-mappings-per-client",
+                             po::value<std::uint64_t>(&q.mappings_per_client)->default_value(8192),
+                             "host memory mappings for DMA one client (an open device) may hold (0: no limit)")(
+      "max-mappings-per-user", po::value<std::uint64_t>(&q.mappings_per_user)->default_value(32768),
       "host memory mappings for DMA one user may hold (0: no limit)")(
       "max-mapped-bytes-per-client", po::value<std::uint64_t>(&q.mapped_bytes_per_client)->default_value(0),
-      "bytes of host memory one client may map for DMA (0: this host's physical memory)")(
+      "bytes of host memory one client may map for DMA (0: a quarter of this host's physical memory)")(
       "max-mapped-bytes-per-user", po::value<std::uint64_t>(&q.mapped_bytes_per_user)->default_value(0),
       "bytes of host memory one user may map for DMA (0: this host's physical memory)")(
       "idle-seconds", po::value<std::uint32_t>(&q.idle_seconds)->default_value(30),

@@ -251,6 +251,7 @@ sim::BoardProfile vf_profile(const sim::BoardProfile& board, std::uint32_t vfs) 
   sim::BoardProfile p = board;
   p.dram_bytes = share(board.dram_bytes);
   p.aperture_bytes = board.aperture_bytes == board.dram_bytes ? p.dram_bytes : share(board.aperture_bytes);
+  p.decode_memory_bytes = share(sim::decode_memory_bytes(board));
   for (auto& r : p.regions) {
     r.base = share(r.base);
     r.size = share(r.size);
@@ -284,9 +285,13 @@ struct Server::Client {
   base::UniqueFd sock;
   pid_t pid = 0;
   uid_t uid = 0;
-  std::string name;  // /proc/PID/comm when it connected
+  std::string name;  // /proc/PID/comm of the process it is charged to
   std::thread thread;
   std::atomic<bool> finished{false};
+  std::uint64_t connected_ns = base::monotonic_ns();
+  // Closed by the daemon to admit another connection of its user (set
+  // under Server::mu_, with its read side shut down to wake its thread).
+  std::atomic<bool> evicted{false};
 
   // Attached: set by the client's thread under Server::mu_, read by stats.
   std::uint32_t board_index = 0;
@@ -312,8 +317,15 @@ struct Server::Client {
 Server::Server(ServerOptions options) : options_(std::move(options)) {
   if (options_.boards.empty()) options_.boards.push_back("bm1684x");
   Quotas& q = options_.quotas;
-  if (q.mapped_bytes_per_client == 0) q.mapped_bytes_per_client = physical_memory();
+  if (q.mapped_bytes_per_client == 0) q.mapped_bytes_per_client = physical_memory() / 4;
   if (q.mapped_bytes_per_user == 0) q.mapped_bytes_per_user = physical_memory();
+  // All VFs but one: no one process, nor (where other users may connect)
+  // one user, takes every VF. 0 stays "no limit".
+  const std::uint32_t all_vfs =
+      static_cast<std::uint32_t>(std::max<std::size_t>(options_.boards.size(), 1)) * options_.vfs;
+  const std::uint32_t all_but_one = all_vfs > 1 ? all_vfs - 1 : 1;
+  if (q.vfs_per_process == Quotas::kDefault) q.vfs_per_process = all_but_one;
+  if (q.vfs_per_user == Quotas::kDefault) q.vfs_per_user = (options_.mode & 0066) ? all_but_one : 0;
   max_mappings_ = mapping_budget();
   if (options_.mode & ~0777u)
     throw std::runtime_error("--mode " + hex(options_.mode) + " is not a permission mode (0600, 0660, ...)");
@@ -384,6 +396,10 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {
     std::snprintf(mode, sizeof mode, "%04o", options_.mode);
     throw std::runtime_error("cannot set " + path + " to mode " + mode);
   }
+  // Accepted connections inherit SO_PASSCRED: every message the kernel
+  // queues for them from then on names its sender (serve()).
+  const int on = 1;
+  ::setsockopt(listen_.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof on);
   if (::listen(listen_.get(), 64) != 0) {
     ::unlink(path.c_str());
     throw std::runtime_error("listen on " + path + ": " + errno_text(errno));
@@ -449,6 +465,7 @@ void Server::reap_finished() {
     for (auto it = clients_.begin(); it != clients_.end();) {
       if ((*it)->finished.load()) {
         Client& c = **it;
+        if (c.evicted.load()) --users_[c.uid].evicted;
         if (--users_[c.uid].connections == 0 && users_[c.uid].vfs == 0) users_.erase(c.uid);
         if (--processes_[c.pid].connections == 0 && processes_[c.pid].vfs == 0) processes_.erase(c.pid);
         done.push_back(std::move(*it));
@@ -608,9 +625,19 @@ void Server::accept_one() {
   else if (q.connections_per_process && process.connections >= q.connections_per_process)
     refusal = over_quota("connections-per-process", "max-connections-per-process", q.connections_per_process,
                          "process " + std::to_string(cred.pid), "has " + std::to_string(process.connections) + " open");
-  else if (q.connections_per_user && user.connections >= q.connections_per_user)
-    refusal = over_quota("connections-per-user", "max-connections-per-user", q.connections_per_user,
-                         "uid " + std::to_string(cred.uid), "has " + std::to_string(user.connections) + " open");
+  else if (q.connections_per_user && user.connections - user.evicted >= q.connections_per_user) {
+    // The user's oldest connection without a VF makes way: an idle one
+    // counts against its owner, but cannot keep the owner's others out.
+    if (Client* idle = idle_connection_of(cred.uid)) {
+      idle->evicted.store(true);
+      ++user.evicted;
+      ::shutdown(idle->sock.get(), SHUT_RD);  // wakes its thread, which says why and closes it
+      log->info("closing an idle connection of pid {} to admit one of pid {}", idle->pid, cred.pid);
+    } else {
+      refusal = over_quota("connections-per-user", "max-connections-per-user", q.connections_per_user,
+                           "uid " + std::to_string(cred.uid), "has " + std::to_string(user.connections) + " open");
+    }
+  }
   if (!refusal.empty()) {
     lock.unlock();
     refuse(std::move(sock), kResourceExhausted, refusal);
@@ -644,6 +671,70 @@ void Server::accept_one() {
   }
 }
 
+Server::Client* Server::idle_connection_of(std::uint32_t uid) {
+  Client* oldest = nullptr;
+  for (auto& c : clients_)
+    if (c->uid == uid && !c->holds_vf && !c->board && !c->evicted.load() && !c->finished.load() &&
+        (!oldest || c->connected_ns < oldest->connected_ns))
+      oldest = c.get();
+  return oldest;
+}
+
+std::string Server::rehome(Client& client, std::int32_t pid, std::uint32_t uid) {
+  if (uid != ::getuid() && !(options_.mode & 0066))
+    return "this connection was handed to uid " + std::to_string(uid) +
+           "; the simulator daemon serves only its own user (uid " + std::to_string(::getuid()) + ")";
+  const Quotas& q = options_.quotas;
+  std::lock_guard lock(mu_);
+  Usage& from_process = processes_[client.pid];
+  Usage& from_user = users_[client.uid];
+  Usage& to_process = processes_[pid];
+  Usage& to_user = users_[uid];
+  const bool same_user = uid == client.uid;
+  const std::uint32_t vfs = client.holds_vf ? 1 : 0;
+  const std::uint64_t mappings = client.dma.size(), bytes = client.dma_bytes;
+  const std::string process = "process " + std::to_string(pid), user = "uid " + std::to_string(uid);
+  std::string refusal;
+  if (q.connections_per_process && to_process.connections >= q.connections_per_process)
+    refusal = over_quota("connections-per-process", "max-connections-per-process", q.connections_per_process, process,
+                         "has " + std::to_string(to_process.connections) + " open");
+  else if (vfs && q.vfs_per_process && to_process.vfs >= q.vfs_per_process)
+    refusal = over_quota("vfs-per-process", "max-vfs-per-process", q.vfs_per_process, process,
+                         "holds " + std::to_string(to_process.vfs));
+  else if (!same_user && q.connections_per_user && to_user.connections >= q.connections_per_user)
+    refusal = over_quota("connections-per-user", "max-connections-per-user", q.connections_per_user, user,
+                         "has " + std::to_string(to_user.connections) + " open");
+  else if (!same_user && vfs && q.vfs_per_user && to_user.vfs >= q.vfs_per_user)
+    refusal =
+        over_quota("vfs-per-user", "max-vfs-per-user", q.vfs_per_user, user, "holds " + std::to_string(to_user.vfs));
+  else if (!same_user && q.mappings_per_user && to_user.mappings + mappings > q.mappings_per_user)
+    refusal = over_quota("mappings-per-user", "max-mappings-per-user", q.mappings_per_user, user,
+                         "holds " + std::to_string(to_user.mappings));
+  else if (!same_user && to_user.mapped_bytes + bytes > q.mapped_bytes_per_user)
+    refusal = over_bytes_quota("mapped-bytes-per-user", "max-mapped-bytes-per-user", q.mapped_bytes_per_user, user,
+                               to_user.mapped_bytes, bytes);
+  if (!refusal.empty()) {
+    if (to_process.connections == 0 && to_process.vfs == 0) processes_.erase(pid);
+    if (to_user.connections == 0 && to_user.vfs == 0) users_.erase(uid);
+    return "the process that sent on this connection may not hold it: " + refusal;
+  }
+  --from_process.connections, ++to_process.connections;
+  from_process.vfs -= vfs, to_process.vfs += vfs;
+  if (!same_user) {
+    --from_user.connections, ++to_user.connections;
+    from_user.vfs -= vfs, to_user.vfs += vfs;
+    from_user.mappings -= mappings, to_user.mappings += mappings;
+    from_user.mapped_bytes -= bytes, to_user.mapped_bytes += bytes;
+    if (client.evicted.load()) --from_user.evicted, ++to_user.evicted;
+  }
+  if (from_process.connections == 0 && from_process.vfs == 0) processes_.erase(client.pid);
+  if (from_user.connections == 0 && from_user.vfs == 0) users_.erase(client.uid);
+  client.pid = pid;
+  client.uid = uid;
+  client.name = process_name(pid);
+  return {};
+}
+
 void Server::serve_socket(base::UniqueFd sock) {
   ucred cred{};
   socklen_t len = sizeof cred;
@@ -668,6 +759,9 @@ void Server::serve_socket(base::UniqueFd sock) {
 
 void Server::serve(Client& client) {
   auto log = base::logger("simd");
+  // Each message then says which process sent it (Message::sender_pid).
+  const int on = 1;
+  ::setsockopt(client.sock.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof on);
   pollfd p[2] = {{client.sock.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
   const std::uint32_t idle = options_.quotas.idle_seconds;
   for (;;) {
@@ -676,6 +770,15 @@ void Server::serve(Client& client) {
     const int n = ::poll(p, 2, timeout);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 || p[1].revents) break;
+    if (client.evicted.load()) {
+      // Said without waiting: a client that reads nothing holds no thread.
+      ::fcntl(client.sock.get(), F_SETFL, ::fcntl(client.sock.get(), F_GETFL) | O_NONBLOCK);
+      send_error(client.sock.get(), kResourceExhausted,
+                 "closed: uid " + std::to_string(client.uid) +
+                     " reached its connection quota (tpuhal-simd --max-connections-per-user) and this connection, "
+                     "its oldest without a VF, made way for a new one");
+      break;
+    }
     if (n == 0) {
       send_error(client.sock.get(), kResourceExhausted,
                  "closed: " + std::to_string(idle) + " s without a request or a VF (tpuhal-simd --idle-seconds)");
@@ -692,6 +795,17 @@ void Server::serve(Client& client) {
       continue;
     }
     if (err) break;  // hung up, or died
+    // A connection handed to another process (SCM_RIGHTS, or inherited) is
+    // charged to whoever sends on it: quotas follow the holder.
+    if (m.sender_pid > 0 && (m.sender_pid != client.pid || m.sender_uid != client.uid)) {
+      const std::int32_t was = client.pid;
+      if (const std::string refusal = rehome(client, m.sender_pid, m.sender_uid); !refusal.empty()) {
+        send_error(client.sock.get(), kResourceExhausted, "closed: " + refusal);
+        log->warn("closed a connection of pid {} that pid {} sent on: {}", was, m.sender_pid, refusal);
+        break;
+      }
+      log->info("a connection of pid {} is now charged to pid {}", was, m.sender_pid);
+    }
     if (!throttle(client)) break;
     try {
       handle(client, m);

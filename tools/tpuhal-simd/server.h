@@ -27,16 +27,27 @@ namespace tpuhal::simd {
 
 // What one client, process or user may hold (docs/simd.md); 0: no limit.
 // A request past a quota is refused with an error naming the quota, its
-// value and the current use; nothing else changes for anyone.
+// value and the current use; nothing else changes for anyone. Everything
+// is charged to the process and user that last sent on the connection, as
+// the kernel reports them (SCM_CREDENTIALS), not to the one that happened
+// to connect. Per-user defaults are a multiple of the per-process (or
+// per-client) ones, so that no one process of a user locks out its others.
 struct Quotas {
+  static constexpr std::uint32_t kDefault = ~0u;  // resolved by the Server (below)
   std::uint32_t connections_per_process = 16;
+  // At the quota, the user's oldest connection that holds no VF is closed
+  // to admit the new one: idle connections count against their owner but
+  // cannot keep its other processes out.
   std::uint32_t connections_per_user = 64;
-  std::uint32_t vfs_per_process = 0;
-  std::uint32_t vfs_per_user = 0;
+  // kDefault: every VF of the daemon but one, so that no one process (and,
+  // on a socket open to other users, no one user) holds them all.
+  std::uint32_t vfs_per_process = kDefault;
+  std::uint32_t vfs_per_user = kDefault;
   // Host memory mapped for DMA, per client (one connection's VF) and per
-  // user: mappings, and bytes (0 for bytes: this host's physical memory).
+  // user: mappings, and bytes (0 for bytes: a quarter of this host's
+  // physical memory per client, all of it per user).
   std::uint64_t mappings_per_client = 8192;
-  std::uint64_t mappings_per_user = 16384;
+  std::uint64_t mappings_per_user = 32768;
   std::uint64_t mapped_bytes_per_client = 0;
   std::uint64_t mapped_bytes_per_user = 0;
   // Seconds a connection that has not attached may stay silent.
@@ -131,8 +142,16 @@ class Server {
   // What a process and a user hold; guarded by mu_.
   struct Usage {
     std::uint32_t connections = 0, vfs = 0;
+    std::uint32_t evicted = 0;  // connections being closed to admit others (still in `connections`)
     std::uint64_t mappings = 0, mapped_bytes = 0;
   };
+  // The user's oldest connection that holds no VF and is not already being
+  // closed, or null; mu_ held.
+  Client* idle_connection_of(std::uint32_t uid);
+  // Charges the connection, and all it holds, to the process and user that
+  // sent on it: "" or why they may not have it (the connection then
+  // closes). Called by the client's thread.
+  std::string rehome(Client& client, std::int32_t pid, std::uint32_t uid);
 
   ServerOptions options_;
   // Before the boards and clients: it outlives every VF that reports to it.

@@ -7,9 +7,11 @@
 #include "tpuhal/tpu/telemetry.h"
 
 #include <poll.h>
+#include <pwd.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "tpuhal/base/env.h"
 #include "tpuhal/base/log.h"
@@ -45,6 +48,64 @@ constexpr std::uint64_t kReadSpinNs = 20'000;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
+std::string uid_name(std::uint32_t uid) {
+  std::string s = "uid " + std::to_string(uid);
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found) s += std::string(" (") + pw.pw_name + ")";
+  return s;
+}
+
+// TPUHAL_SIMD_UID: the uid (or user name) the daemon must run as; none if
+// unset.
+std::optional<std::uint32_t> expected_daemon_uid(const std::string& who) {
+  const char* v = std::getenv("TPUHAL_SIMD_UID");
+  if (!v || !*v) return std::nullopt;
+  char* end = nullptr;
+  const unsigned long n = std::strtoul(v, &end, 10);
+  if (*end == '\0' && n <= 0xFFFFFFFFul) return static_cast<std::uint32_t>(n);
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  if (::getpwnam_r(v, &pw, buf.data(), buf.size(), &found) == 0 && found) return pw.pw_uid;
+  throw Error(Status::InvalidArgument, who + ": TPUHAL_SIMD_UID=" + v + " is neither a uid nor a user of this host");
+}
+
+// Refuses a daemon this process has no reason to trust with its memory: a
+// process that binds a socket where this one looks for the daemon (a
+// shared directory, say) could relay to a daemon of its own and read what
+// this process maps for DMA. Trusted: the uid TPUHAL_SIMD_UID names, if
+// set; else root, this process's own user, or the owner of the socket file
+// where that owner alone could have put it there (its directory writable
+// by no one else: a service's runtime directory, not /tmp).
+void check_daemon(int sock, const std::string& path, const std::string& who) {
+  ucred peer{};
+  socklen_t len = sizeof peer;
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0)
+    throw Error(Status::PermissionDenied, who + ": cannot tell which user serves " + path + ": " + errno_text(errno));
+  const std::uint32_t me = ::geteuid();
+  if (const auto want = expected_daemon_uid(who)) {
+    if (peer.uid == *want) return;
+    throw Error(Status::PermissionDenied, who + ": " + path + " is served by " + uid_name(peer.uid) +
+                                              ", and TPUHAL_SIMD_UID asks for " + uid_name(*want) +
+                                              "; refusing it (this process is " + uid_name(me) + ")");
+  }
+  if (peer.uid == 0 || peer.uid == me) return;
+  struct stat s {
+  }, d{};
+  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
+  const bool owner_placed = ::stat(path.c_str(), &s) == 0 && s.st_uid == peer.uid && ::stat(dir.c_str(), &d) == 0 &&
+                            (d.st_uid == 0 || d.st_uid == peer.uid) && !(d.st_mode & (S_IWGRP | S_IWOTH));
+  if (owner_placed) return;
+  throw Error(
+      Status::PermissionDenied,
+      who + ": " + path + " is served by " + uid_name(peer.uid) + ", which is neither this process's " + uid_name(me) +
+          " nor root, in a directory others may write to; refusing it, since it would see "
+          "this process's memory (set TPUHAL_SIMD_UID=" +
+          std::to_string(peer.uid) + " to trust it, or serve the socket from a directory only its user can write)");
+}
+
 base::UniqueFd connect_to(const std::string& path, const std::string& who) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -60,6 +121,7 @@ base::UniqueFd connect_to(const std::string& path, const std::string& who) {
                 who + ": no simulator daemon answers on " + path + " (" + errno_text(err) +
                     "); start one with `tpuhal-simd --socket " + path + "`");
   }
+  check_daemon(fd.get(), path, who);
   return fd;
 }
 

@@ -71,7 +71,7 @@ int receive_message(int sock, Message& out, std::chrono::milliseconds timeout, s
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds) + CMSG_SPACE(sizeof(ucred))];
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
   ssize_t n;
@@ -82,6 +82,13 @@ int receive_message(int sock, Message& out, std::chrono::milliseconds timeout, s
   if (n < 0) return errno == EPIPE ? ECONNRESET : errno;
   // Whatever else is wrong, the descriptors that came are ours to close.
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS && c->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
+      ucred cred;
+      std::memcpy(&cred, CMSG_DATA(c), sizeof cred);
+      out.sender_pid = cred.pid;
+      out.sender_uid = cred.uid;
+      continue;
+    }
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (std::size_t i = 0; i < count; ++i) {

@@ -232,6 +232,12 @@ struct Message {
   Header header;
   std::vector<std::byte> body;
   std::vector<base::UniqueFd> fds;
+  // Who sent it, as the kernel says (SCM_CREDENTIALS), on a socket with
+  // SO_PASSCRED set: the process that sent this message, which need not be
+  // the one that connected. sender_pid 0: not known (no SO_PASSCRED, or a
+  // sender in a pid namespace the receiver cannot see).
+  std::int32_t sender_pid = 0;
+  std::uint32_t sender_uid = ~0u;
 
   template <class T>
   const T* as() const noexcept {  // the body as T, or null if it is too short
