@@ -1034,11 +1034,124 @@ TEST(Simd, OutOfDescriptorsAConnectionIsToldWhyAndTheDaemonGoesOn) {
   another_process_copies(d);
 }
 
+// Sends `fd` over `sock` (SCM_RIGHTS); a forked child's, so it exits on failure.
+void send_fd(int sock, int fd) {
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  if (::sendmsg(sock, &msg, MSG_NOSIGNAL) != 1) _exit(3);
+}
+base::UniqueFd receive_fd(int sock) {
+  char byte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  if (::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) return {};
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (!c || c->cmsg_type != SCM_RIGHTS) return {};
+  int fd;
+  std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  return base::UniqueFd(fd);
+}
+
+// A connection to the daemon made by a short-lived child, which (after
+// attaching, with `attach`) hands it to this process and exits.
+base::UniqueFd connection_from_a_child(const std::string& socket, bool attach = false) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return {};
+  base::UniqueFd mine(pair[0]), theirs(pair[1]);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    RawClient c(socket);
+    if (attach) {
+      simd::Message m;
+      if (simd::send_struct(c.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{0, 0}) != 0 ||
+          simd::receive_message(c.sock.get(), m, 30000ms) != 0 || m.header.type != simd::MsgType::kAttached)
+        _exit(2);
+    }
+    send_fd(theirs.get(), c.sock.get());
+    _exit(0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return {};
+  return receive_fd(mine.get());
+}
+
+// A process's resident memory, from /proc.
+std::uint64_t resident_bytes(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (f >> key) {
+    if (key == "VmRSS:") {
+      std::uint64_t kb = 0;
+      f >> kb;
+      return kb << 10;
+    }
+    f.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
+// A 25-frame 320x240 H.264 clip made with ffmpeg in `dir`, as packets;
+// empty if ffmpeg is missing.
+std::vector<Demuxer::Packet> h264_packets(const std::filesystem::path& dir) {
+  if (::system("command -v ffmpeg >/dev/null 2>&1") != 0) return {};
+  const std::string clip = (dir / "clip.h264").string();
+  if (::system(("ffmpeg -loglevel error -y -f lavfi -i testsrc=size=320x240:rate=25 -frames:v 25 -c:v libx264 -bf 2 "
+                "-pix_fmt yuv420p " +
+                clip)
+                   .c_str()) != 0)
+    return {};
+  std::vector<Demuxer::Packet> packets;
+  Demuxer in(clip);
+  while (auto p = in.next()) packets.push_back(std::move(*p));
+  return packets;
+}
+
+// Sends `packets`, each padded with zeros to 8 MiB (Annex B allows zero
+// bytes after a picture: each decodes as before), to a decoder of `dev`
+// whose frames are never received, until the board refuses one. Its
+// error ("" if none came).
+std::string flood_decoder(Device& dev, const std::vector<Demuxer::Packet>& packets) {
+  VideoDecoder dec = dev.open_decoder({.codec = Codec::H264, .max_width = 320, .max_height = 240, .frame_buffers = 2});
+  try {
+    // After two frames the channel waits for a frame buffer and its
+    // packets pile up: 50 of 8 MiB are far past a VF's codec memory.
+    for (int round = 0; round < 2; ++round)
+      for (const auto& p : packets) {
+        std::vector<std::byte> big(8 << 20);
+        std::memcpy(big.data(), p.data.data(), p.data.size());
+        dec.send(big, p.pts);
+      }
+    dec.receive(std::chrono::seconds(60));
+    dec.receive(std::chrono::seconds(60));
+    dec.receive(std::chrono::seconds(60));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
 // Every attack above at once, from one process, against a live daemon: a
 // well-behaved client in another process still opens a board and runs
 // `tpuhal bench dma --quick` within twice its time on a quiet daemon.
 TEST(Simd, UnderAttackAWellBehavedClientStillRunsBenchDma) {
-  Daemon d({"--board", "tiny", "--vfs", "4", "--idle-seconds", "1", "--max-mapped-bytes-per-client", "1073741824"});
+  Daemon d({"--board", "tiny", "--vfs", "5", "--idle-seconds", "1", "--max-mapped-bytes-per-client", "1073741824"});
   // The best of two runs, each timed whole (start to exit).
   auto bench = [&] {
     double best = 1e9;
@@ -1052,10 +1165,45 @@ TEST(Simd, UnderAttackAWellBehavedClientStillRunsBenchDma) {
     return best;
   };
   const double quiet = bench();
+  const std::uint64_t resident_before = resident_bytes(d.process->pid);
+  const auto packets = h264_packets(d.dir);  // none without ffmpeg: no decoder flood then
+  // Connections made by short-lived children and handed to this process
+  // (made now, before this process has threads to fork beside).
+  std::vector<base::UniqueFd> handed;
+  for (int i = 0; i < 20; ++i)
+    if (auto fd = connection_from_a_child(d.socket)) handed.push_back(std::move(fd));
 
   std::atomic<bool> stop{false};
-  std::atomic<int> refused_maps{0}, floods{0}, closed_idle{0}, connected{0};
+  std::atomic<int> refused_maps{0}, floods{0}, closed_idle{0}, connected{0}, decoder_refusals{0}, churns{0};
+  std::atomic<std::uint64_t> resident_peak{resident_before};
   std::vector<std::thread> attackers;
+  // The daemon's resident memory, watched throughout.
+  std::thread watch([&] {
+    while (!stop.load()) {
+      const std::uint64_t now = resident_bytes(d.process->pid);
+      if (now > resident_peak.load()) resident_peak.store(now);
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  // A decoder fed large packets while its frames are held, again and again.
+  if (!packets.empty())
+    attackers.emplace_back([&] {
+      Device dev = open(d.uri());
+      ++connected;
+      while (!stop.load())
+        if (flood_decoder(dev, packets).find("codec unit's working memory") != std::string::npos) ++decoder_refusals;
+    });
+  // Attach and detach without end.
+  attackers.emplace_back([&] {
+    RawClient c(d.socket);
+    for (bool first = true; !stop.load(); first = false) {
+      if (simd::send_struct(c.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{0, 0}) != 0) return;
+      if (c.reply().header.type != simd::MsgType::kAttached) continue;
+      if (first) ++connected;
+      if (simd::send_message(c.sock.get(), simd::MsgType::kDetach, {}) != 0) return;
+      churns += c.reply().header.type == simd::MsgType::kOk;
+    }
+  });
   // The address space: an attached client mapping 1 TiB sparse memfds.
   attackers.emplace_back([&] {
     RawClient c(d.socket);
@@ -1095,13 +1243,24 @@ TEST(Simd, UnderAttackAWellBehavedClientStillRunsBenchDma) {
   });
   // Every attack under way before the hoard takes the rest of this
   // process's connections.
-  for (const auto until = Clock::now() + 60s; connected.load() < 4 && Clock::now() < until;)
+  const int attacks = packets.empty() ? 5 : 6;
+  for (const auto until = Clock::now() + 60s; connected.load() < attacks && Clock::now() < until;)
     std::this_thread::sleep_for(10ms);
-  if (connected.load() < 4) {
-    ADD_FAILURE() << "only " << connected.load() << " of the 4 attackers connected";
+  if (connected.load() < attacks) {
+    ADD_FAILURE() << "only " << connected.load() << " of the " << attacks << " attackers connected";
     stop.store(true);
     for (auto& t : attackers) t.join();
+    watch.join();
     return;
+  }
+  // The handed connections, used by this process: charged to it, past its
+  // quota they are closed.
+  int handed_refused = 0;
+  for (auto& fd : handed) {
+    simd::Message m;
+    if (simd::send_message(fd.get(), simd::MsgType::kList, {}) != 0 || simd::receive_message(fd.get(), m, 30000ms) != 0)
+      continue;
+    handed_refused += m.header.type == simd::MsgType::kError;
   }
   // And the rest of this process's connections, hoarded.
   std::vector<std::unique_ptr<RawClient>> hoard;
@@ -1113,14 +1272,33 @@ TEST(Simd, UnderAttackAWellBehavedClientStillRunsBenchDma) {
   }
   const auto attack_start = Clock::now();
   const double attacked = bench();
-  while (Clock::now() - attack_start < 2500ms) std::this_thread::sleep_for(50ms);  // an idle connection is closed
+  // An idle connection is closed within 2.5 s; TPUHAL_SIMD_SOAK_SECONDS
+  // keeps every attack going longer (a soak: 60).
+  const char* soak = std::getenv("TPUHAL_SIMD_SOAK_SECONDS");
+  const auto at_least = std::max<std::chrono::milliseconds>(2500ms, std::chrono::seconds(soak ? std::atoi(soak) : 0));
+  while (Clock::now() - attack_start < at_least) std::this_thread::sleep_for(50ms);
   stop.store(true);
   for (auto& t : attackers) t.join();
-  std::printf("bench dma --quick: %.3f s quiet, %.3f s under attack (%d requests flooded, %d maps refused)\n", quiet,
-              attacked, floods.load(), refused_maps.load());
+  watch.join();
+  const double seconds = std::chrono::duration<double>(Clock::now() - attack_start).count();
+  std::printf(
+      "bench dma --quick: %.3f s quiet, %.3f s under attack for %.0f s (%d requests flooded, %d maps refused, %d "
+      "decoder floods refused, %d attach/detach, %d handed connections refused); daemon resident %.0f MiB before, "
+      "%.0f MiB at most\n",
+      quiet, attacked, seconds, floods.load(), refused_maps.load(), decoder_refusals.load(), churns.load(),
+      handed_refused, resident_before / 1048576.0, resident_peak.load() / 1048576.0);
   EXPECT_GT(refused_maps.load(), 0);
   EXPECT_GT(floods.load(), 100);
   EXPECT_GT(closed_idle.load(), 0);
+  EXPECT_GT(churns.load(), 0);
+  EXPECT_GT(handed_refused, 0);
+  if (!packets.empty()) EXPECT_GT(decoder_refusals.load(), 0);
+  // The sum of what the quotas let these clients make the daemon hold: the
+  // board's DRAM (64 MiB, all VFs), its codec memory (256 MiB), the host
+  // memory the bench and the decoder map (below 256 MiB), with 128 MiB for
+  // the daemon's own threads and allocations. The sparse mappings of 1 TiB
+  // are address space, never touched.
+  EXPECT_LT(resident_peak.load(), resident_before + ((64ull + 256 + 256 + 128) << 20));
   EXPECT_LT(hoard.size(), 16u);  // the rest of the process's share of connections
   EXPECT_LE(attacked, 2 * quiet) << "bench dma --quick took " << attacked << " s under attack, " << quiet << " s quiet";
 }
@@ -1228,64 +1406,6 @@ TEST(Simd, ByDefaultNoProcessHoldsEveryVf) {
   EXPECT_THAT(e.what(), HasSubstr("quota vfs-per-process is 1 and process " + std::to_string(::getpid()) +
                                   " holds 1 (tpuhal-simd --max-vfs-per-process)"));
   another_process_copies(d);
-}
-
-// Sends `fd` over `sock` (SCM_RIGHTS); a forked child's, so it exits on failure.
-void send_fd(int sock, int fd) {
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  if (::sendmsg(sock, &msg, MSG_NOSIGNAL) != 1) _exit(3);
-}
-base::UniqueFd receive_fd(int sock) {
-  char byte;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  if (::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) return {};
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  if (!c || c->cmsg_type != SCM_RIGHTS) return {};
-  int fd;
-  std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-  return base::UniqueFd(fd);
-}
-
-// A connection to the daemon made by a short-lived child, which (after
-// attaching, with `attach`) hands it to this process and exits.
-base::UniqueFd connection_from_a_child(const std::string& socket, bool attach = false) {
-  int pair[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return {};
-  base::UniqueFd mine(pair[0]), theirs(pair[1]);
-  const pid_t child = ::fork();
-  if (child == 0) {
-    RawClient c(socket);
-    if (attach) {
-      simd::Message m;
-      if (simd::send_struct(c.sock.get(), simd::MsgType::kAttach, simd::AttachRequest{0, 0}) != 0 ||
-          simd::receive_message(c.sock.get(), m, 30000ms) != 0 || m.header.type != simd::MsgType::kAttached)
-        _exit(2);
-    }
-    send_fd(theirs.get(), c.sock.get());
-    _exit(0);
-  }
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return {};
-  return receive_fd(mine.get());
 }
 
 // Finding: quotas were charged to the pid that called connect(), so
@@ -1401,21 +1521,6 @@ TEST(Simd, ADaemonOfAnotherUserInASharedDirectoryIsRefusedUnlessNamed) {
   std::filesystem::remove_all(dir, ec);
 }
 
-// A process's resident memory, from /proc.
-std::uint64_t resident_bytes(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (f >> key) {
-    if (key == "VmRSS:") {
-      std::uint64_t kb = 0;
-      f >> kb;
-      return kb << 10;
-    }
-    f.ignore(1 << 20, '\n');
-  }
-  return 0;
-}
-
 // Finding: the daemon copied every decoder packet into a queue without a
 // bound; a client that held its frames (the channel then stops draining)
 // grew the daemon by gigabytes, and under an address-space limit the daemon
@@ -1424,42 +1529,15 @@ std::uint64_t resident_bytes(pid_t pid) {
 // the client's video queue with an error naming that memory; the daemon's
 // memory stays within it, and other clients go on.
 TEST(Simd, ADecoderFloodIsHeldToTheVfsCodecMemory) {
-  if (::system("command -v ffmpeg >/dev/null 2>&1") != 0) GTEST_SKIP() << "ffmpeg is not installed";
   Daemon d({"--board", "tiny", "--vfs", "2"});
-  const std::string clip = (d.dir / "clip.h264").string();
-  ASSERT_EQ(::system(("ffmpeg -loglevel error -y -f lavfi -i testsrc=size=320x240:rate=25 -frames:v 25 -c:v libx264 "
-                      "-bf 2 -pix_fmt yuv420p " +
-                      clip)
-                         .c_str()),
-            0);
-  std::vector<Demuxer::Packet> packets;
-  Demuxer in(clip);
-  while (auto p = in.next()) packets.push_back(std::move(*p));
+  const auto packets = h264_packets(d.dir);
+  if (packets.empty()) GTEST_SKIP() << "ffmpeg is not installed (scripts/setup.sh installs it)";
   ASSERT_EQ(packets.size(), 25u);
   const std::uint64_t before = resident_bytes(d.process->pid);
   std::string error;
   {
     Device dev = open(d.uri());
-    VideoDecoder dec =
-        dev.open_decoder({.codec = Codec::H264, .max_width = 320, .max_height = 240, .frame_buffers = 2});
-    // Nothing is received: after two frames the channel waits for a frame
-    // buffer and its packets pile up. Annex B allows zero bytes after a
-    // picture, so each packet decodes as before and takes 8 MiB while it
-    // waits: 50 of them are far past 128 MiB.
-    try {
-      for (int round = 0; round < 2; ++round)
-        for (const auto& p : packets) {
-          std::vector<std::byte> big(8 << 20);
-          std::memcpy(big.data(), p.data.data(), p.data.size());
-          dec.send(big, p.pts);
-        }
-      dec.receive(std::chrono::seconds(60));
-      dec.receive(std::chrono::seconds(60));
-      dec.receive(std::chrono::seconds(60));
-    } catch (const Error& e) {
-      EXPECT_EQ(e.status(), Status::ResourceExhausted) << e.what();
-      error = e.what();
-    }
+    error = flood_decoder(dev, packets);
   }
   EXPECT_THAT(error, HasSubstr("the codec unit's working memory (128 MiB"));
   // Within the codec memory and the client's 8 MiB staging ring, which the
@@ -1467,6 +1545,65 @@ TEST(Simd, ADecoderFloodIsHeldToTheVfsCodecMemory) {
   const std::uint64_t after = resident_bytes(d.process->pid);
   EXPECT_LT(after, before + (128ull << 20) + (64ull << 20)) << "the daemon grew from " << before << " to " << after;
   another_process_copies(d);
+}
+
+// The output of a command line.
+std::string output_of(const std::string& command) {
+  std::string out;
+  if (FILE* f = ::popen(command.c_str(), "r")) {
+    char buf[4096];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+    ::pclose(f);
+  }
+  return out;
+}
+
+// The threat model's list of resources (docs/simd.md) and the daemon's own
+// table (tpuhal-simd --resources) name the same resources; each is bounded
+// by something, and every option named is one the daemon takes. A resource
+// added to the daemon without a quota or a line in the docs fails here.
+TEST(Simd, EveryResourceTheDaemonHoldsIsBoundedAndDocumented) {
+  const std::string help = output_of(std::string(TPUHAL_SIMD_BIN) + " --help");
+  std::map<std::string, std::string> table;
+  std::istringstream listed(output_of(std::string(TPUHAL_SIMD_BIN) + " --resources"));
+  for (std::string line; std::getline(listed, line);) {
+    std::istringstream words(line);
+    std::string name, bound;
+    words >> name;
+    std::getline(words >> std::ws, bound);
+    table[name] = bound;
+  }
+  ASSERT_GE(table.size(), 10u);
+  // The docs' table: rows after "| resource | bounded by |", each naming
+  // its resources in backticks before the first " | ".
+  std::ifstream doc(SIMD_DOC);
+  ASSERT_TRUE(doc) << SIMD_DOC;
+  std::set<std::string> documented;
+  bool in_table = false;
+  for (std::string line; std::getline(doc, line);) {
+    if (line.rfind("| resource | bounded by |", 0) == 0) {
+      in_table = true;
+      continue;
+    }
+    if (!in_table || line.rfind("| --- ", 0) == 0) continue;
+    if (line.empty() || line[0] != '|') break;
+    const std::string head = line.substr(0, line.find(" | ", 1));
+    for (std::size_t at = head.find('`'); at != std::string::npos; at = head.find('`', head.find('`', at + 1) + 1)) {
+      const std::size_t end = head.find('`', at + 1);
+      if (end == std::string::npos) break;
+      documented.insert(head.substr(at + 1, end - at - 1));
+    }
+  }
+  for (const auto& [name, bound] : table) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(documented.count(name)) << "docs/simd.md's threat model does not list " << name;
+    EXPECT_FALSE(bound.empty()) << name << " has nothing that bounds it";
+    std::istringstream words(bound);
+    for (std::string w; words >> w;)
+      if (w.rfind("--", 0) == 0) EXPECT_THAT(help, HasSubstr(w)) << name << " names an option the daemon lacks";
+  }
+  for (const auto& name : documented) EXPECT_TRUE(table.count(name)) << "the daemon's table lacks " << name;
 }
 
 }  // namespace

@@ -44,8 +44,9 @@ int main(int argc, char** argv) {
   tpuhal::simd::ServerOptions options;
   tpuhal::simd::Quotas& q = options.quotas;
   po::options_description desc(kUsage);
-  desc.add_options()("help,h", "show this help")("socket", po::value<std::string>(&options.socket_path)->required(),
-                                                 "the Unix socket to serve on")(
+  desc.add_options()("help,h", "show this help")(
+      "resources", "list every resource a client can make the daemon hold, and what bounds it, then exit")(
+      "socket", po::value<std::string>(&options.socket_path)->required(), "the Unix socket to serve on")(
       "board", po::value<std::vector<std::string>>(&options.boards),
       "a board to serve: a built-in profile (bm1684x, tiny, edge-soc) or a profile .json; "
       "repeat for several (board N is the Nth; default: one bm1684x)")(
@@ -94,6 +95,10 @@ int main(int argc, char** argv) {
     po::store(po::parse_command_line(argc, argv, desc), vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";
+      return 0;
+    }
+    if (vm.count("resources")) {
+      for (const auto& r : tpuhal::simd::bounded_resources()) std::printf("%-18s %s\n", r.name, r.bound);
       return 0;
     }
     po::notify(vm);

@@ -245,6 +245,23 @@ void fill_vf_stats(sim::Board& board, VfStats& s) {
 
 }  // namespace
 
+std::span<const BoundedResource> bounded_resources() noexcept {
+  static constexpr BoundedResource kTable[] = {
+      {"connections", "--max-connections-per-process --max-connections-per-user"},
+      {"vfs", "--max-vfs-per-process --max-vfs-per-user --vfs"},
+      {"codec-memory", "profile video.memory, divided by --vfs"},
+      {"codec-packets", "64 per channel (fw::kMaxVideoPendingPackets)"},
+      {"command-memory", "the command fails with kOutOfMemory"},
+      {"dma-mappings", "--max-mappings-per-client --max-mappings-per-user"},
+      {"dma-bytes", "--max-mapped-bytes-per-client --max-mapped-bytes-per-user"},
+      {"idle-connections", "--idle-seconds --max-connections-per-user"},
+      {"threads", "--max-threads"},
+      {"requests", "--max-requests-per-second"},
+      {"descriptors", "RLIMIT_NOFILE, less 16 kept by the daemon"},
+  };
+  return kTable;
+}
+
 sim::BoardProfile vf_profile(const sim::BoardProfile& board, std::uint32_t vfs) {
   if (vfs == 0) throw sim::ProfileError("--vfs must be at least 1");
   auto share = [&](std::uint64_t v) { return v / vfs / kVfUnit * kVfUnit; };

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +61,16 @@ struct Quotas {
   // process flooding the daemon takes a bounded share of its time.
   std::uint32_t requests_per_second = 2000;
 };
+
+// Every resource a client can make the daemon hold, and what bounds it:
+// the options (or profile fields, or limits) that set its quotas.
+// docs/simd.md's threat model lists the same names; `tpuhal-simd
+// --resources` prints this table.
+struct BoundedResource {
+  const char* name;
+  const char* bound;
+};
+std::span<const BoundedResource> bounded_resources() noexcept;
 
 struct ServerOptions {
   std::string socket_path;
