@@ -574,6 +574,17 @@ CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const Compile
   result.notes.push_back("activation memory per instance: " + std::to_string(shared.graph.arena_bytes) +
                          " bytes, shared by lifetime (" + std::to_string(unshared) + " without sharing)");
   result.model = pack(g, shared, options.precision, options, name, options.report ? &report : nullptr);
+  // The loader's own checks on what was made, so that no model comes out
+  // that Model::load (and `tpuhal model-info`) would refuse.
+  if (!dev) dev = tpuhal::open(options.device);
+  try {
+    check_model(dev, result.model, name);
+  } catch (const Error& e) {
+    std::string why = e.what();
+    if (why.rfind(std::string(name) + ": ", 0) == 0) why.erase(0, name.size() + 2);
+    throw Error(e.status(), std::string(name) + ": the compiled model would not load (checked on " + options.device +
+                                "), so none is made; the loader says: " + why);
+  }
   return result;
 }
 
@@ -581,9 +592,25 @@ CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const Compile
 
 #endif
 
+namespace {
+
+// Errors quote the model's node, value and file names: escaped
+// (escape_text), so that a model cannot send control sequences to the
+// terminal of whoever compiles it.
+template <typename Compile>
+CompileResult escaping_errors(Compile compile) {
+  try {
+    return compile();
+  } catch (const Error& e) {
+    throw Error(e.status(), escape_text(e.what()));
+  }
+}
+
+}  // namespace
+
 CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileOptions& options,
                            std::string_view name) {
-  return compile_bytes(onnx_bytes, options, name, options.external_data_dir);
+  return escaping_errors([&] { return compile_bytes(onnx_bytes, options, name, options.external_data_dir); });
 }
 
 CompileResult compile_onnx(const std::filesystem::path& onnx, const CompileOptions& options) {
@@ -601,8 +628,10 @@ CompileResult compile_onnx(const std::filesystem::path& onnx, const CompileOptio
   // External data is found next to the model unless the caller says where.
   std::filesystem::path dir = options.external_data_dir;
   if (dir.empty()) dir = onnx.has_parent_path() ? onnx.parent_path() : std::filesystem::path(".");
-  return compile_bytes(std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()), data.size()),
-                       options, onnx.filename().string(), dir);
+  return escaping_errors([&] {
+    return compile_bytes(std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()), data.size()),
+                         options, onnx.filename().string(), dir);
+  });
 }
 
 }  // namespace tpuhal::rt

@@ -41,7 +41,7 @@ std::uint64_t TensorSpec::elements() const noexcept {
 }
 std::uint64_t TensorSpec::bytes() const noexcept { return elements() * size_of(dtype); }
 std::string TensorSpec::describe() const {
-  std::string s = name + " " + tpuhal::to_string(dtype) + "[";
+  std::string s = escape_text(name) + " " + tpuhal::to_string(dtype) + "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
@@ -349,9 +349,10 @@ Model Model::load(Device& device, const std::filesystem::path& path) {
   return load(device, read_model_file(path), path.string());
 }
 
-Model Model::load(Device& device, const ModelFile& file, std::string_view name) {
-  auto m = std::make_shared<detail::ModelState>();
-  m->device = device;
+namespace detail {
+
+std::shared_ptr<ModelState> decode_model(const ModelFile& file, std::string_view name) {
+  auto m = std::make_shared<ModelState>();
   m->name = std::string(name);
   for (SectionKind kind : {SectionKind::Meta, SectionKind::Io, SectionKind::Graph, SectionKind::Weights})
     if (!file.has(kind))
@@ -380,7 +381,35 @@ Model Model::load(Device& device, const ModelFile& file, std::string_view name) 
   };
   check_io(m->inputs, m->graph.inputs, "input");
   check_io(m->outputs, m->graph.outputs, "output");
+  return m;
+}
 
+namespace {
+
+// Builds every op once over an arena allocated for it, so that a graph the
+// ops refuse is refused before anything runs.
+void build_all(Device& device, const ModelState& m) {
+  Buffer arena = device.allocate(std::max<std::uint64_t>(m.graph.arena_bytes, 64));
+  std::vector<Tensor> tensors;
+  std::vector<Op> ops;
+  place(m, arena, tensors, ops);
+}
+
+}  // namespace
+
+void check_model(Device& device, const ModelFile& file, std::string_view name) {
+  auto m = decode_model(file, name);
+  m->device = device;
+  m->weights = device.allocate(std::max<std::uint64_t>(file.get(SectionKind::Weights).size(), 64));
+  build_all(device, *m);
+}
+
+}  // namespace detail
+
+Model Model::load(Device& device, const ModelFile& file, std::string_view name) {
+  auto m = detail::decode_model(file, name);
+  m->device = device;
+  const auto weights = file.get(SectionKind::Weights);
   m->queue = detail::shared_queue(device);
   m->weights = device.allocate(std::max<std::uint64_t>(weights.size(), 64));
   if (!weights.empty()) {
@@ -388,13 +417,7 @@ Model Model::load(Device& device, const ModelFile& file, std::string_view name) 
     std::memcpy(host.map().data(), weights.data(), weights.size());
     m->queue->copy(host, 0, m->weights, 0, weights.size()).submit().wait();
   }
-  // Build every op once now, so that a damaged graph is refused by load.
-  {
-    Buffer arena = device.allocate(std::max<std::uint64_t>(m->graph.arena_bytes, 64));
-    std::vector<Tensor> tensors;
-    std::vector<Op> ops;
-    detail::place(*m, arena, tensors, ops);
-  }
+  detail::build_all(device, *m);
   Model model;
   model.state_ = std::move(m);
   return model;

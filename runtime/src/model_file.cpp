@@ -248,4 +248,46 @@ void write_model_file(const std::filesystem::path& path, const ModelFile& model)
   }
 }
 
+std::string escape_text(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  auto escape = [&](unsigned char b) {
+    char buf[5];
+    std::snprintf(buf, sizeof buf, "\\x%02x", b);
+    out += buf;
+  };
+  for (std::size_t i = 0; i < text.size();) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    if (b < 0x80) {
+      if (b < 0x20 || b == 0x7f)
+        escape(b);
+      else
+        out += static_cast<char>(b);
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length from the lead byte, then continuation
+    // bytes; overlong forms, surrogates, code points past U+10FFFF and the
+    // C1 controls are escaped byte by byte.
+    const std::size_t len = b < 0xc2 ? 0 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : b < 0xf5 ? 4 : 0;
+    std::uint32_t cp = b & (0x7fu >> len);
+    bool ok = len != 0 && i + len <= text.size();
+    for (std::size_t k = 1; ok && k < len; ++k) {
+      const auto c = static_cast<unsigned char>(text[i + k]);
+      ok = (c & 0xc0) == 0x80;
+      cp = (cp << 6) | (c & 0x3fu);
+    }
+    const std::uint32_t least = len == 4 ? 0x10000 : len == 3 ? 0x800 : 0xa0;
+    ok = ok && cp >= least && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+    if (!ok) {
+      escape(b);
+      ++i;
+      continue;
+    }
+    out.append(text.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
 }  // namespace tpuhal::rt

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "device_graph.hpp"
@@ -47,6 +49,16 @@ struct Access {
 
 // Copies the whole arena of `instance` to the host (after a run).
 std::vector<std::byte> read_arena(const Instance& instance);
+
+// What Model::load checks without a device: the sections there, and the
+// meta, io and graph sections decoded and checked against each other (the
+// state's device, queue and weights left empty). Errors as Model::load's.
+std::shared_ptr<ModelState> decode_model(const ModelFile& file, std::string_view name);
+// Everything Model::load checks, on `device`, without loading: decode_model,
+// then every tensor placed and every op built (the ops' own checks) over
+// weights and an arena allocated there, never written. The compiler runs it
+// on what it made, so that it writes no model the loader refuses.
+void check_model(Device& device, const ModelFile& file, std::string_view name);
 
 // Parses "key=value" lines.
 std::map<std::string, std::string> parse_meta(std::span<const std::byte> bytes);

@@ -11,8 +11,9 @@
 namespace tpuhal::rt {
 namespace {
 
+// `what` may quote the header: escaped (escape_text) for the terminal.
 [[noreturn]] void bad(const std::filesystem::path& path, const std::string& what) {
-  throw Error(Status::InvalidArgument, path.string() + ": " + what);
+  throw Error(Status::InvalidArgument, escape_text(path.string() + ": " + what));
 }
 
 // The value of `key` in the header dict, as written ("'<f4'", "False", "(3, 4)").

@@ -2,16 +2,21 @@
 // input shapes, fold constants, drop Identity and Dropout, fold
 // BatchNormalization into the Conv before it and fuse Relu / Clip into the
 // Conv, Gemm or MatMul before them.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <string_view>
 
+#include "beneath.hpp"
 #include "ir.hpp"
 #include "onnx_attrs.hpp"
 #include "tpuhal/error.hpp"
@@ -75,7 +80,7 @@ std::size_t raw_element_size(int data_type) {
 
 // An external data file, opened once however many tensors it holds.
 struct ExternalFile {
-  std::ifstream in;
+  UniqueFd fd;
   std::uint64_t size = 0;
 };
 
@@ -85,11 +90,30 @@ struct Importer {
   std::filesystem::path external_dir;  // empty: external data is refused
   Graph g;
   std::map<std::string, std::string> alias;                    // Identity / Dropout outputs -> their input
+  mutable UniqueFd external_dir_fd;                            // external_dir, opened at the first use
   mutable std::map<std::string, ExternalFile> external_files;  // by location
+  std::uint64_t constant_limit = 0;                            // bytes: the largest constant folding may make
 
   [[noreturn]] void fail(Status s, const std::string& what) const { throw Error(s, model_name + ": " + what); }
   [[noreturn]] void fail_node(const Node& n, const std::string& what) const {
     fail(Status::InvalidArgument, "node '" + n.name + "' (" + n.op + "): " + what);
+  }
+
+  // A constant that folding node `n` would make, of `shape`, must fit
+  // constant_limit as float32: checked before any memory is taken for it.
+  void check_folded(const Node& n, const std::vector<std::int64_t>& shape) const {
+    std::uint64_t elements = 1;
+    bool over = false;
+    for (auto d : shape) {
+      if (d < 0) fail_node(n, "a constant of shape " + dims_text(shape));
+      over = over || __builtin_mul_overflow(elements, static_cast<std::uint64_t>(d), &elements);
+    }
+    if (over || elements > constant_limit / 4)
+      fail(Status::ResourceExhausted,
+           "node '" + n.name + "' (" + n.op + "): folded on constants it makes a constant of shape " +
+               dims_text(shape) + (over ? std::string() : " (" + std::to_string(elements * 4) + " bytes as float32)") +
+               ", above the limit of " + std::to_string(constant_limit) +
+               " bytes (tpuhal compile --max-constant-bytes, CompileOptions::max_constant_bytes)");
   }
 
   std::string resolve(const std::string& v) const {
@@ -111,23 +135,31 @@ struct Importer {
       fail(Status::Unsupported, what + " has ONNX element type " + std::to_string(t.data_type()) +
                                     "; the compiler reads float, double, int64, int32 and bool constants");
     };
+    const std::size_t esize = raw_element_size(t.data_type());
+    if (esize == 0) unsupported_type();
+    // The data must fill the shape exactly, checked before any memory is
+    // taken for the values: a few bytes of model that declare 2^31 elements
+    // are refused, not zero-filled.
     std::string external;
     std::string_view raw = t.raw_data();
     if (t.data_location() == onnx::TensorProto::EXTERNAL) {
-      const std::size_t esize = raw_element_size(t.data_type());
-      if (esize == 0) unsupported_type();
-      external = external_bytes(t, what, v.shape, n * esize);
+      external = external_bytes(t, what, v.shape, n * esize);  // checks the length against the file
       raw = external;
     }
-    auto need = [&](std::size_t esize, int typed) {
-      if (!raw.empty() ? raw.size() != n * esize : static_cast<std::uint64_t>(typed) != n)
-        fail(Status::InvalidArgument, what + " holds " + std::to_string(raw.empty() ? typed : raw.size() / esize) +
-                                          " values; its shape " + dims_text(v.shape) + " needs " + std::to_string(n));
-    };
+    const int typed = t.data_type() == onnx::TensorProto::FLOAT    ? t.float_data_size()
+                      : t.data_type() == onnx::TensorProto::DOUBLE ? t.double_data_size()
+                      : t.data_type() == onnx::TensorProto::INT64  ? t.int64_data_size()
+                                                                   : t.int32_data_size();  // INT32, BOOL
+    if (!raw.empty() && raw.size() != n * esize)
+      fail(Status::InvalidArgument, what + " holds " + std::to_string(raw.size()) + " bytes of data; its shape " +
+                                        dims_text(v.shape) + " of " + std::to_string(esize) + "-byte elements needs " +
+                                        std::to_string(n * esize));
+    if (raw.empty() && static_cast<std::uint64_t>(typed) != n)
+      fail(Status::InvalidArgument, what + " holds " + std::to_string(typed) + " values; its shape " +
+                                        dims_text(v.shape) + " needs " + std::to_string(n));
     std::vector<float> f(n);
     switch (t.data_type()) {
       case onnx::TensorProto::FLOAT:
-        need(4, t.float_data_size());
         for (std::uint64_t i = 0; i < n; ++i) {
           if (!raw.empty())
             std::memcpy(&f[i], raw.data() + i * 4, 4);
@@ -136,7 +168,6 @@ struct Importer {
         }
         break;
       case onnx::TensorProto::DOUBLE:
-        need(8, t.double_data_size());
         for (std::uint64_t i = 0; i < n; ++i) {
           double d;
           if (!raw.empty())
@@ -147,7 +178,6 @@ struct Importer {
         }
         break;
       case onnx::TensorProto::INT64:
-        need(8, t.int64_data_size());
         v.ints.resize(n);
         for (std::uint64_t i = 0; i < n; ++i) {
           if (!raw.empty())
@@ -158,7 +188,6 @@ struct Importer {
         }
         break;
       case onnx::TensorProto::INT32:
-        need(4, t.int32_data_size());
         v.ints.resize(n);
         for (std::uint64_t i = 0; i < n; ++i) {
           std::int32_t x;
@@ -171,7 +200,6 @@ struct Importer {
         }
         break;
       case onnx::TensorProto::BOOL:  // as int32_data, or one byte each
-        need(1, t.int32_data_size());
         v.ints.resize(n);
         for (std::uint64_t i = 0; i < n; ++i) {
           v.ints[i] = (!raw.empty() ? static_cast<int>(raw[i]) : t.int32_data(static_cast<int>(i))) != 0;
@@ -233,19 +261,7 @@ struct Importer {
       fail(Status::InvalidArgument, in_file + " is " + std::to_string(*length) + " bytes ('length'); " + needs);
 
     auto it = external_files.find(location);
-    if (it == external_files.end()) {
-      const std::filesystem::path path = external_dir / rel;
-      std::error_code ec;
-      const auto status = std::filesystem::status(path, ec);
-      if (!std::filesystem::exists(status)) fail(Status::NotFound, in_file + ": no file " + path.string());
-      if (!std::filesystem::is_regular_file(status))
-        fail(Status::InvalidArgument, in_file + ": " + path.string() + " is not a regular file");
-      ExternalFile f;
-      f.size = std::filesystem::file_size(path, ec);
-      f.in.open(path, std::ios::binary);
-      if (ec || !f.in) fail(Status::InvalidArgument, in_file + ": cannot open " + path.string());
-      it = external_files.emplace(location, std::move(f)).first;
-    }
+    if (it == external_files.end()) it = external_files.emplace(location, open_external(rel, in_file)).first;
     ExternalFile& f = it->second;
     if (offset > f.size)
       fail(Status::InvalidArgument, in_file + ": offset " + std::to_string(offset) + " is past the end of the file (" +
@@ -259,13 +275,49 @@ struct Importer {
       fail(Status::InvalidArgument, in_file + " is " + std::to_string(len) + " bytes (from offset " +
                                         std::to_string(offset) + " to the end of the file); " + needs);
     std::string data(len, '\0');
-    f.in.clear();
-    f.in.seekg(static_cast<std::streamoff>(offset));
-    f.in.read(data.data(), static_cast<std::streamsize>(len));
-    if (!f.in || static_cast<std::uint64_t>(f.in.gcount()) != len)
-      fail(Status::InvalidArgument,
-           in_file + ": reading " + std::to_string(len) + " bytes at offset " + std::to_string(offset) + " failed");
+    for (std::uint64_t done = 0; done < len;) {
+      const ssize_t got = ::pread(f.fd.get(), data.data() + done, len - done, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        fail(Status::InvalidArgument, in_file + ": reading " + std::to_string(len) + " bytes at offset " +
+                                          std::to_string(offset) + " failed" +
+                                          (got < 0 ? std::string(": ") + std::strerror(errno) : " (the file shrank)"));
+      done += static_cast<std::uint64_t>(got);
+    }
     return data;
+  }
+
+  // Opens external data file `rel` inside external_dir (beneath.hpp: no
+  // symbolic link, nothing outside it); it must be a regular file.
+  ExternalFile open_external(const std::filesystem::path& rel, const std::string& in_file) const {
+    if (external_dir_fd.get() < 0) {
+      external_dir_fd = UniqueFd(::open(external_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+      if (external_dir_fd.get() < 0)
+        fail(errno == ENOENT ? Status::NotFound : Status::InvalidArgument,
+             in_file + ": cannot open the directory " + external_dir.string() +
+                 " that holds it: " + std::strerror(errno));
+    }
+    const std::string path = (external_dir / rel).string();
+    const int fd = open_beneath(external_dir_fd.get(), rel);
+    if (fd < 0) {
+      switch (-fd) {
+        case ENOENT: fail(Status::NotFound, in_file + ": no file " + path);
+        case ELOOP:
+          fail(Status::InvalidArgument,
+               in_file + ": " + path + " is, or lies under, a symbolic link; external data must be a regular file " +
+                   "in the model's directory (or a directory in it), named without symbolic links");
+        case EXDEV: fail(Status::InvalidArgument, in_file + ": " + path + " lies outside the model's directory");
+        default: fail(Status::InvalidArgument, in_file + ": cannot open " + path + ": " + std::strerror(-fd));
+      }
+    }
+    ExternalFile f;
+    f.fd = UniqueFd(fd);
+    struct stat st;
+    if (::fstat(fd, &st) != 0)
+      fail(Status::InvalidArgument, in_file + ": cannot read the size of " + path + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) fail(Status::InvalidArgument, in_file + ": " + path + " is not a regular file");
+    f.size = static_cast<std::uint64_t>(st.st_size);
+    return f;
   }
 
   const Value& in(const Node& n, std::size_t i) const {
@@ -361,9 +413,49 @@ struct Importer {
   std::vector<std::int64_t> expanded(const Node& n) const {
     const Value& s = constant(n, 1, "shape");
     if (!is_integer(s) && s.elements() != 0) fail_node(n, "its shape is not integers");
+    for (auto d : s.ints)
+      if (d < 0) fail_node(n, "its shape " + dims_text(s.ints) + " has a negative entry");
     auto shape = broadcast(n, in(n, 0).shape, s.ints);
     if (shape.size() > kMaxRank) fail(Status::Unsupported, "node '" + n.name + "' (Expand): rank above 6");
     return shape;
+  }
+
+  // The window attributes of Conv, ConvTranspose and the pools, checked
+  // before they become the engine's unsigned options: one entry per
+  // spatial dimension (pads two), kernel_shape, strides, dilations and
+  // group from 1 to 2^31 - 1, pads and output_padding from 0 to 65536 (the
+  // most the ops take), auto_pad one of ONNX's four.
+  void check_window(const Node& n, const Attrs& a, std::size_t spatial) const {
+    constexpr std::int64_t kMaxStep = 0x7fffffff, kMaxPad = 65536;
+    auto each = [&](const char* attr, std::size_t count, std::int64_t lo, std::int64_t hi) {
+      if (!a.find(attr)) return;
+      const auto v = a.ints(attr);
+      if (count && v.size() != count)
+        fail_node(n, std::string(attr) + " " + dims_text(v) + " has " + std::to_string(v.size()) + " entries; " +
+                         std::to_string(spatial) + "-D windows take " + std::to_string(count));
+      for (auto x : v)
+        if (x < lo || x > hi)
+          fail_node(n, std::string(attr) + " " + dims_text(v) + " has an entry outside [" + std::to_string(lo) + ", " +
+                           std::to_string(hi) + "]");
+    };
+    each("kernel_shape", spatial, 1, kMaxStep);
+    each("strides", spatial, 1, kMaxStep);
+    each("dilations", spatial, 1, kMaxStep);
+    each("pads", 2 * spatial, 0, kMaxPad);
+    each("output_padding", spatial, 0, kMaxPad);
+    each("output_shape", 0, 1, kMaxStep);
+    if (a.find("group") && (a.i("group", 1) < 1 || a.i("group", 1) > kMaxStep))
+      fail_node(n, "group " + std::to_string(a.i("group", 1)) + " is outside [1, " + std::to_string(kMaxStep) + "]");
+    const std::string autopad = a.s("auto_pad", "NOTSET");
+    if (autopad != "NOTSET" && autopad != "SAME_UPPER" && autopad != "SAME_LOWER" && autopad != "VALID")
+      fail_node(n, "auto_pad '" + autopad + "' is not NOTSET, SAME_UPPER, SAME_LOWER or VALID");
+  }
+  // A window's output extents, each at least 1.
+  void check_window_fits(const Node& n, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>& out,
+                         const std::string& window) const {
+    if (out[2] < 1 || out[3] < 1)
+      fail_node(n, "its " + window + " does not fit the padded " + std::to_string(x[2]) + "x" + std::to_string(x[3]) +
+                       " input");
   }
 
   static std::int64_t pool_out(std::int64_t in, std::uint32_t k, std::uint32_t s, std::uint32_t d, std::uint32_t pb,
@@ -487,16 +579,17 @@ struct Importer {
       Value fill = make_constant({}, {0.0}, false);
       if (const auto* v = a.find("value")) fill = tensor_value(v->t(), "node '" + n.name + "' value");
       if (fill.elements() != 1) fail_node(n, "its value is not one element");
-      const auto count = elements_of(shape.ints);
-      if (count > (std::uint64_t{1} << 26)) fail_node(n, "a constant of " + std::to_string(count) + " elements");
-      return make_constant(shape.ints, std::vector<double>(count, values_of(fill)[0]), is_integer(fill));
+      check_folded(n, shape.ints);
+      return make_constant(shape.ints, std::vector<double>(elements_of(shape.ints), values_of(fill)[0]),
+                           is_integer(fill));
     }
     if (op == "Range") {
       const auto start = values_of(in(n, 0)), limit = values_of(in(n, 1)), delta = values_of(in(n, 2));
       if (start.size() != 1 || limit.size() != 1 || delta.size() != 1) fail_node(n, "its inputs are not scalars");
       if (delta[0] == 0) fail_node(n, "a delta of 0");
       const double count = std::max(std::ceil((limit[0] - start[0]) / delta[0]), 0.0);
-      if (count > static_cast<double>(std::int64_t{1} << 26)) fail_node(n, "a range of " + std::to_string(count));
+      if (!(count * 4 <= static_cast<double>(constant_limit)))
+        check_folded(n, {count < 0x1p62 ? static_cast<std::int64_t>(count) : std::int64_t{1} << 62});
       std::vector<double> r(static_cast<std::size_t>(count));
       for (std::size_t i = 0; i < r.size(); ++i) r[i] = start[0] + static_cast<double>(i) * delta[0];
       return make_constant({static_cast<std::int64_t>(r.size())}, r,
@@ -505,6 +598,7 @@ struct Importer {
     if (op == "Where") {
       const Value &c = in(n, 0), &p = in(n, 1), &q = in(n, 2);
       const auto shape = broadcast(n, broadcast(n, c.shape, p.shape), q.shape);
+      check_folded(n, shape);
       const auto cv = values_of(c), pv = values_of(p), qv = values_of(q);
       std::vector<double> r(elements_of(shape));
       for (std::uint64_t i = 0; i < r.size(); ++i)
@@ -550,14 +644,16 @@ struct Importer {
     }
     if (op == "Expand") {
       const auto shape = expanded(n);
+      check_folded(n, shape);
       std::vector<double> r(elements_of(shape));
       for (std::uint64_t i = 0; i < r.size(); ++i) r[i] = vals[broadcast_index(shape, x.shape, i)];
       return make_constant(shape, r, is_integer(x));
     }
     if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Mod" || kCompareOrLogic.count(op)) {
       const Value& y = in(n, 1);
-      const auto yv = values_of(y);
       const auto shape = broadcast(n, x.shape, y.shape);
+      check_folded(n, shape);
+      const auto yv = values_of(y);
       const bool integer = is_integer(x) && is_integer(y);
       Value out;
       out.shape = shape;
@@ -615,6 +711,7 @@ struct Importer {
         fail_node(n, "a power of two constant tensors is folded only with a scalar");
       const auto yv = values_of(y);
       const auto shape = broadcast(n, x.shape, y.shape);
+      check_folded(n, shape);
       Value out;
       out.shape = shape;
       std::vector<double> r(out.elements());
@@ -657,6 +754,7 @@ struct Importer {
       std::vector<std::int64_t> shape(x.shape.begin(), x.shape.begin() + axis);
       shape.insert(shape.end(), idx.shape.begin(), idx.shape.end());
       shape.insert(shape.end(), x.shape.begin() + axis + 1, x.shape.end());
+      check_folded(n, shape);
       std::int64_t outer = 1, inner = 1;
       for (std::int64_t d = 0; d < axis; ++d) outer *= x.shape[static_cast<std::size_t>(d)];
       for (std::int64_t d = axis + 1; d < rank; ++d) inner *= x.shape[static_cast<std::size_t>(d)];
@@ -688,6 +786,7 @@ struct Importer {
         shape[static_cast<std::size_t>(axis)] += v.shape[static_cast<std::size_t>(axis)];
         integer = integer && is_integer(v);
       }
+      check_folded(n, shape);
       std::int64_t outer = 1;
       for (std::int64_t d = 0; d < axis; ++d) outer *= x.shape[static_cast<std::size_t>(d)];
       std::vector<double> r;
@@ -929,6 +1028,12 @@ struct Importer {
         fail(Status::Unsupported, "node '" + n.name + "' (Conv): attribute " +
                                       a.unknown({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}));
       if (has(n, 2)) constant(n, 2, "bias");
+      check_window(n, a, 2);
+      if (w[2] < 1 || w[3] < 1 || w[2] > 0x7fffffff || w[3] > 0x7fffffff)
+        fail_node(n, "weights of shape " + dims_text(w) + " make no kernel");
+      if (a.find("kernel_shape") && a.ints("kernel_shape") != std::vector<std::int64_t>{w[2], w[3]})
+        fail_node(n,
+                  "kernel_shape " + dims_text(a.ints("kernel_shape")) + " is not that of its weights " + dims_text(w));
       const auto o = onnx_attrs::conv_options(a, x, w);
       if (o.groups == 0 || x[1] != w[1] * o.groups || w[0] % o.groups != 0)
         fail_node(n, "input " + dims_text(x) + " and weights " + dims_text(w) + " do not match with group " +
@@ -937,6 +1042,7 @@ struct Importer {
           x[0], w[0],
           pool_out(x[2], static_cast<std::uint32_t>(w[2]), o.strides[0], o.dilations[0], o.pads[0], o.pads[2], false),
           pool_out(x[3], static_cast<std::uint32_t>(w[3]), o.strides[1], o.dilations[1], o.pads[1], o.pads[3], false)};
+      check_window_fits(n, x, out.shape, std::to_string(w[2]) + "x" + std::to_string(w[3]) + " kernel");
       return out;
     }
     if (op == "ConvTranspose") {
@@ -950,6 +1056,7 @@ struct Importer {
           {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"});
       if (!unknown.empty()) fail(Status::Unsupported, "node '" + n.name + "' (ConvTranspose): attribute " + unknown);
       if (has(n, 2)) constant(n, 2, "bias");
+      check_window(n, a, one_d ? 1 : 2);
       const auto geo = onnx_attrs::conv_transpose_options(a, x, w);
       const auto groups = static_cast<std::int64_t>(geo.options.groups);
       if (groups == 0 || x[1] != w[0] || x[1] % groups != 0)
@@ -1002,10 +1109,21 @@ struct Importer {
         fail(Status::Unsupported, "node '" + n.name + "' (" + op + "): input of rank " + std::to_string(x.size()) +
                                       "; the compiler pools 4-D (NCHW) tensors");
       if (a.i("storage_order", 0) != 0) fail(Status::Unsupported, "node '" + n.name + "' (MaxPool): storage_order 1");
+      if (op != "GlobalAveragePool") {
+        if (!a.find("kernel_shape")) fail_node(n, "no kernel_shape");
+        check_window(n, a, 2);
+      }
       const auto o = onnx_attrs::pool_options(a, x);
+      for (int k = 0; k < 2; ++k) {  // what the pooling ops take
+        const std::uint64_t window = std::uint64_t{o.dilations[k]} * (o.kernel[k] - 1) + 1;
+        if (o.pads[k] >= window || o.pads[k + 2] >= window)
+          fail_node(n, "pads (" + std::to_string(o.pads[k]) + ", " + std::to_string(o.pads[k + 2]) +
+                           ") must be smaller than the window (" + std::to_string(window) + ")");
+      }
       out.shape = {x[0], x[1],
                    pool_out(x[2], o.kernel[0], o.strides[0], o.dilations[0], o.pads[0], o.pads[2], o.ceil_mode),
                    pool_out(x[3], o.kernel[1], o.strides[1], o.dilations[1], o.pads[1], o.pads[3], o.ceil_mode)};
+      check_window_fits(n, x, out.shape, std::to_string(o.kernel[0]) + "x" + std::to_string(o.kernel[1]) + " window");
       return out;
     }
     if (op == "Gemm") {
@@ -1101,10 +1219,21 @@ struct Importer {
     fail_node(n, "no shape rule");  // not reached: kSupported lists what is handled
   }
 
-  // Infers a node's output and keeps it, or its folded constant.
+  // Infers a node's output and keeps it, or its folded constant. Its shape
+  // must be one a compiled model holds (device_graph.cpp, as the loader
+  // checks it): dimensions below 2^32, fewer than 2^40 elements.
   void emit(Node n) {
     if (g.values.count(n.output)) fail_node(n, "output '" + n.output + "' is defined twice");
-    g.values[n.output] = infer(n);
+    Value v = infer(n);
+    std::uint64_t elements = 1;
+    bool over = false;
+    for (auto d : v.shape)
+      over = over || d < 0 || d >= (std::int64_t{1} << 32) ||
+             __builtin_mul_overflow(elements, static_cast<std::uint64_t>(d), &elements);
+    if (over || elements >= (std::uint64_t{1} << 40))
+      fail_node(n, "its output of shape " + dims_text(v.shape) +
+                       " is beyond what a compiled model holds (dimensions below 2^32, fewer than 2^40 elements)");
+    g.values[n.output] = std::move(v);
     if (!n.output2.empty()) {  // TopK's indices: the values' shape
       if (g.values.count(n.output2)) fail_node(n, "output '" + n.output2 + "' is defined twice");
       g.values[n.output2] = Value{g.values[n.output].shape, std::nullopt, {}};
@@ -1383,10 +1512,13 @@ struct Importer {
     }
 
     std::set<std::string> initializers;
+    std::uint64_t own = 0;  // the initializers' bytes as float32
     for (const auto& t : graph.initializer()) {
       g.values[t.name()] = tensor_value(t, "initializer '" + t.name() + "'");
       initializers.insert(t.name());
+      own += g.values[t.name()].elements() * 4;
     }
+    constant_limit = options.max_constant_bytes ? options.max_constant_bytes : std::max(kDefaultMaxConstantBytes, own);
     for (const auto& input : graph.input()) {
       if (initializers.count(input.name())) continue;
       Value v;
@@ -1705,7 +1837,7 @@ Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& option
                     "models over 2 GB) and compile the .onnx file by its path");
   if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
     throw Error(Status::InvalidArgument, std::string(name) + ": not an ONNX model (it does not parse as a ModelProto)");
-  Importer im{std::string(name), options, external_dir, {}, {}, {}};
+  Importer im{std::string(name), options, external_dir, {}, {}, {}, {}, 0};
   im.import(model);
   im.fold_batch_norm();
   im.fuse_activations();

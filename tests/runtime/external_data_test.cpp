@@ -5,11 +5,14 @@
 // compiles to the same results as the model with them inside; each bad
 // location, file or length is refused with an error naming the tensor and
 // the location.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "beneath.hpp"
 #include "tpuhal/error.hpp"
 #include "tpuhal/rt/compile.hpp"
 #include "tpuhal/rt/model.hpp"
@@ -271,6 +275,83 @@ TEST_F(ExternalData, GivenALengthOtherThanTheTensorsSizeWhenCompiledThenInvalidA
   expect_refused(save([](onnx::ModelProto& m) { set_entry(initializer(m, "b"), "length", "16 bytes"); }),
                  Status::InvalidArgument,
                  {"initializer 'b': its external data 'length' is '16 bytes', not a byte count"});
+}
+
+// Symbolic links are refused wherever they point (beneath.hpp): one that
+// leads out of the directory would copy another user's file into the model.
+TEST_F(ExternalData, GivenASymlinkToAFileOutsideTheModelsDirectoryWhenCompiledThenItIsRefusedNamingIt) {
+  const fs::path p = save();
+  const fs::path outside = dir_.string() + "_outside";
+  fs::create_directories(outside);
+  fs::rename(dir_ / "weights.bin", outside / "secret.bin");
+  fs::create_symlink(outside / "secret.bin", dir_ / "weights.bin");
+  expect_refused(p, Status::InvalidArgument,
+                 {"initializer 'w': its external data 'weights.bin': " + (dir_ / "weights.bin").string() +
+                  " is, or lies under, a symbolic link"});
+  fs::remove_all(outside);
+}
+
+TEST_F(ExternalData, GivenALocationThroughASymlinkedDirectoryWhenCompiledThenItIsRefused) {
+  const fs::path outside = dir_.string() + "_outside";
+  fs::create_directories(outside);
+  fs::create_directory_symlink(outside, dir_ / "data");
+  onnx::ModelProto m = net_.model();
+  externalize(m, outside, "weights.bin");
+  for (auto& t : *m.mutable_graph()->mutable_initializer()) set_entry(&t, "location", "data/weights.bin");
+  std::ofstream(dir_ / "net.onnx", std::ios::binary) << m.SerializeAsString();
+  expect_refused(dir_ / "net.onnx", Status::InvalidArgument,
+                 {"initializer 'w'", "'data/weights.bin'", "is, or lies under, a symbolic link"});
+  fs::remove_all(outside);
+}
+
+TEST_F(ExternalData, GivenASymlinkToAFileInsideTheDirectoryWhenCompiledThenItIsRefusedToo) {
+  const fs::path p = save();
+  fs::rename(dir_ / "weights.bin", dir_ / "real.bin");
+  fs::create_symlink("real.bin", dir_ / "weights.bin");
+  expect_refused(p, Status::InvalidArgument, {"'weights.bin'", "is, or lies under, a symbolic link"});
+}
+
+TEST_F(ExternalData, GivenAFifoWhenCompiledThenItIsRefusedWithoutBlocking) {
+  const fs::path p = save();
+  fs::remove(dir_ / "weights.bin");
+  ASSERT_EQ(::mkfifo((dir_ / "weights.bin").c_str(), 0600), 0);
+  expect_refused(p, Status::InvalidArgument, {"'weights.bin'", "is not a regular file"});
+}
+
+// open_beneath itself, by openat2 where the kernel has it and by the walk
+// that stands in where it does not: the same answers.
+TEST_F(ExternalData, GivenEitherResolutionWhenOpeningBeneathThenOnlyPlainPathsInsideOpen) {
+  const fs::path outside = dir_.string() + "_outside";
+  fs::create_directories(outside);
+  fs::create_directories(dir_ / "sub");
+  std::ofstream(dir_ / "sub" / "w.bin") << "w";
+  std::ofstream(outside / "secret.bin") << "s";
+  fs::create_symlink(outside / "secret.bin", dir_ / "out.bin");
+  fs::create_symlink("sub/w.bin", dir_ / "in.bin");
+  fs::create_directory_symlink(outside, dir_ / "linked");
+  fs::create_directory_symlink("sub", dir_ / "sub_link");
+  const detail::UniqueFd dir(::open(dir_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_GE(dir.get(), 0);
+  for (auto how : {detail::Resolve::Auto, detail::Resolve::Walk}) {
+    SCOPED_TRACE(how == detail::Resolve::Auto ? "auto" : "walk");
+    auto open = [&](const char* rel) {
+      const int fd = detail::open_beneath(dir.get(), rel, how);
+      if (fd >= 0) ::close(fd);
+      return fd >= 0 ? 0 : -fd;
+    };
+    EXPECT_EQ(open("sub/w.bin"), 0);
+    EXPECT_EQ(open("./sub/./w.bin"), 0);
+    EXPECT_EQ(open("out.bin"), ELOOP);
+    EXPECT_EQ(open("in.bin"), ELOOP);
+    EXPECT_EQ(open("linked/secret.bin"), ELOOP);
+    EXPECT_EQ(open("sub_link/w.bin"), ELOOP);
+    EXPECT_EQ(open("sub/../sub/w.bin"), EXDEV);
+    EXPECT_EQ(open("../secret.bin"), EXDEV);
+    EXPECT_EQ(open((outside / "secret.bin").c_str()), EXDEV);
+    EXPECT_EQ(open("sub/gone.bin"), ENOENT);
+    EXPECT_EQ(open("sub/w.bin/x"), ENOTDIR);
+  }
+  fs::remove_all(outside);
 }
 
 TEST_F(ExternalData, GivenAModelFileOver2GiBWhenCompiledThenTheErrorSuggestsExternalData) {

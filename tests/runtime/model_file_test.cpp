@@ -214,5 +214,23 @@ TEST(ModelFile, FilesAreWrittenWholeAndReadBack) {
   fs::remove_all(dir);
 }
 
+TEST(ModelFile, GivenTextFromAFileWhenEscapedThenControlBytesAndNonUtf8AreHexAndTheRestIsKept) {
+  EXPECT_EQ(escape_text("producer=tpuhal 1.0 (conv_1/weights)"), "producer=tpuhal 1.0 (conv_1/weights)");
+  EXPECT_EQ(escape_text("a\x1b[2Jb\x07\n\r\t\x7f"), "a\\x1b[2Jb\\x07\\x0a\\x0d\\x09\\x7f");
+  EXPECT_EQ(escape_text(std::string_view("nul\0end", 7)), "nul\\x00end");
+  // UTF-8 stays: 2-, 3- and 4-byte characters.
+  EXPECT_EQ(escape_text("caf\xc3\xa9 \xe5\x8d\xb7\xe7\xa7\xaf \xf0\x9f\x99\x82"),
+            "caf\xc3\xa9 \xe5\x8d\xb7\xe7\xa7\xaf \xf0\x9f\x99\x82");
+  // C1 controls (CSI, as one byte or as UTF-8 U+009B), stray, cut short,
+  // overlong and surrogate sequences do not.
+  EXPECT_EQ(escape_text(std::string("\x9b") + "31m"), "\\x9b31m");
+  EXPECT_EQ(escape_text(std::string("\xc2\x9b") + "31m"), "\\xc2\\x9b31m");
+  EXPECT_EQ(escape_text("\xc3"), "\\xc3");
+  EXPECT_EQ(escape_text("\xe5\x8d"), "\\xe5\\x8d");
+  EXPECT_EQ(escape_text("\xc0\x9b"), "\\xc0\\x9b");
+  EXPECT_EQ(escape_text("\xed\xa0\x80"), "\\xed\\xa0\\x80");
+  EXPECT_EQ(escape_text("\xf8\x88\x80\x80\x80"), "\\xf8\\x88\\x80\\x80\\x80");
+}
+
 }  // namespace
 }  // namespace tpuhal::rt

@@ -11,6 +11,7 @@
 // (measured: fp32 3e-8, fp16 3e-4, bf16 1e-3, int8 2e-3).
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
+#include <sys/resource.h>
 
 #include <nlohmann/json.hpp>
 
@@ -967,6 +968,300 @@ TEST(Runtime, GivenAChainOfLayersWhenCompiledThenActivationsShareMemoryByLifetim
     const float want = std::max(0.0f, std::tanh(std::max(0.0f, 1.0f / (1.0f + std::exp(-std::max(0.0f, x[i]))))));
     ASSERT_NEAR(y[i], want, 1e-5f) << "at " << i;
   }
+}
+
+// ---- Hostile models: refused with an error that names the problem ----------------------
+
+// The most memory this process has had resident, in bytes: a refusal that
+// came only after taking gigabytes shows here.
+std::uint64_t peak_resident_bytes() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<std::uint64_t>(u.ru_maxrss) * 1024;
+}
+constexpr std::uint64_t kRefusalMemory = 256u << 20;
+
+// Compiling `onnx` throws `status` with every one of `parts` in its message.
+void expect_refused(std::span<const std::byte> onnx, Status status, const std::vector<std::string>& parts,
+                    const CompileOptions& o = {}) {
+  try {
+    compile_onnx(onnx, o, "hostile.onnx");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), status) << e.what();
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+TEST(Runtime, GivenAnInitializerWhoseShapeItsDataDoesNotFillWhenCompiledThenItIsRefusedBeforeAllocating) {
+  // 81 bytes of model that declare 2^31 floats (8 GiB) and hold none.
+  auto model = [](const std::function<void(onnx::TensorProto*)>& data) {
+    OnnxBuilder b;
+    b.input("x", {1});
+    auto* t = b.g->add_initializer();
+    t->set_name("big");
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    t->add_dims(std::int64_t{1} << 31);
+    data(t);
+    b.node("Add", {"x", "big"}, "y", "add");
+    b.output("y");
+    return b.bytes();
+  };
+  const std::uint64_t before = peak_resident_bytes();
+  expect_refused(model([](onnx::TensorProto*) {}), Status::InvalidArgument,
+                 {"hostile.onnx: initializer 'big' holds 0 values; its shape [2147483648] needs 2147483648"});
+  expect_refused(model([](onnx::TensorProto* t) { t->set_raw_data(std::string(4, '\0')); }), Status::InvalidArgument,
+                 {"initializer 'big' holds 4 bytes of data; its shape [2147483648] of 4-byte elements needs "
+                  "8589934592"});
+  expect_refused(model([](onnx::TensorProto* t) { t->add_float_data(1.0f); }), Status::InvalidArgument,
+                 {"initializer 'big' holds 1 values"});
+  EXPECT_LT(peak_resident_bytes() - before, kRefusalMemory);
+}
+
+// y = Op(x, folded), where `folded` is Expand(c [1, 1], shape) of constants.
+std::vector<std::byte> expand_model(const std::vector<std::int64_t>& shape) {
+  OnnxBuilder b;
+  b.input("x", {1, 1});
+  b.init("c", {1, 1}, {2.0f});
+  b.init_i64("shape", shape);
+  b.node("Expand", {"c", "shape"}, "folded", "expand");
+  b.node("Mul", {"x", "folded"}, "y", "mul");
+  b.output("y");
+  return b.bytes();
+}
+
+TEST(Runtime, GivenFoldingThatWouldMakeAHugeConstantWhenCompiledThenTheNodeAndSizeAreNamedBeforeAllocating) {
+  const std::uint64_t before = peak_resident_bytes();
+  // Expand of one constant element to [2^31, 4]: 32 GiB as float32.
+  expect_refused(expand_model({std::int64_t{1} << 31, 4}), Status::ResourceExhausted,
+                 {"node 'expand' (Expand): folded on constants it makes a constant of shape [2147483648, 4] "
+                  "(34359738368 bytes as float32), above the limit of 1073741824 bytes",
+                  "--max-constant-bytes"});
+  // A broadcasting Add of two 128 KiB constants: [32768, 1] + [1, 32768] is 4 GiB.
+  OnnxBuilder b;
+  b.input("x", {1, 1});
+  b.init("col", {32768, 1}, Vec(32768, 1.0f));
+  b.init("row", {1, 32768}, Vec(32768, 2.0f));
+  b.node("Add", {"col", "row"}, "sum", "outer_sum");
+  b.node("Mul", {"x", "sum"}, "y", "mul");
+  b.output("y");
+  expect_refused(b.bytes(), Status::ResourceExhausted,
+                 {"node 'outer_sum' (Add)", "[32768, 32768] (4294967296 bytes as float32)"});
+  // Dimensions whose product overflows 64 bits, and a negative one.
+  expect_refused(expand_model({std::int64_t{1} << 32, std::int64_t{1} << 32, std::int64_t{1} << 32}),
+                 Status::ResourceExhausted, {"node 'expand' (Expand)", "[4294967296, 4294967296, 4294967296], above"});
+  expect_refused(expand_model({-4, 1}), Status::InvalidArgument,
+                 {"node 'expand' (Expand): its shape [-4, 1] has a negative entry"});
+  EXPECT_LT(peak_resident_bytes() - before, kRefusalMemory);
+  // The limit is the caller's: 64 KiB of folding fits the default, not 32 KiB.
+  CompileOptions o;
+  EXPECT_NO_THROW(compile_onnx(expand_model({128, 128}), o));
+  o.max_constant_bytes = 32 << 10;
+  expect_refused(expand_model({128, 128}), Status::ResourceExhausted,
+                 {"[128, 128] (65536 bytes as float32), above the limit of 32768 bytes"}, o);
+}
+
+TEST(Runtime, GivenAnOutputShapeNoCompiledModelHoldsWhenCompiledThenTheNodeIsNamed) {
+  // Expand of device data: nothing is folded, but no model holds the result.
+  OnnxBuilder b;
+  b.input("x", {1, 4});
+  b.init_i64("shape", {std::int64_t{1} << 33, 4});
+  b.node("Expand", {"x", "shape"}, "y", "expand");
+  b.output("y");
+  expect_refused(b.bytes(), Status::InvalidArgument,
+                 {"node 'expand' (Expand): its output of shape [8589934592, 4] is beyond what a compiled model holds"});
+}
+
+// x [1, 2, 8, 8] -> one windowed op, `edit` setting its attributes.
+std::vector<std::byte> window_model(const std::string& op, const std::function<void(onnx::NodeProto*)>& edit) {
+  OnnxBuilder b;
+  b.input("x", {1, 2, 8, 8});
+  std::vector<std::string> in = {"x"};
+  if (op == "Conv") {
+    b.init("w", {3, 2, 3, 3}, random(54, 70));
+    in.push_back("w");
+  }
+  edit(b.node(op, in, "y", "window"));
+  b.output("y");
+  return b.bytes();
+}
+
+struct WindowCase {
+  std::string op, why;
+  std::function<void(onnx::NodeProto*)> edit;
+  std::string message;
+};
+
+// What the loader refuses, the compiler refuses: the ONNX attribute named.
+const std::vector<WindowCase>& window_cases() {
+  static const std::vector<WindowCase> cases = {
+      {"Conv", "stride0",
+       [](auto* n) {
+         OnnxBuilder::ints(n, "strides", {0, 1});
+       },
+       "node 'window' (Conv): strides [0, 1] has an entry outside [1, 2147483647]"},
+      {"Conv", "pads-5",
+       [](auto* n) {
+         OnnxBuilder::ints(n, "pads", {-5, 0, 0, 0});
+       },
+       "node 'window' (Conv): pads [-5, 0, 0, 0] has an entry outside [0, 65536]"},
+      {"MaxPool", "kernel2^31",
+       [](auto* n) {
+         OnnxBuilder::ints(n, "kernel_shape", {std::int64_t{1} << 31, 1});
+       },
+       "node 'window' (MaxPool): kernel_shape [2147483648, 1] has an entry outside [1, 2147483647]"},
+      {"MaxPool", "kernel9",
+       [](auto* n) {
+         OnnxBuilder::ints(n, "kernel_shape", {9, 9});
+       },
+       "node 'window' (MaxPool): its 9x9 window does not fit the padded 8x8 input"},
+      {"AveragePool", "pads>=kernel",
+       [](auto* n) {
+         OnnxBuilder::ints(n, "kernel_shape", {2, 2});
+         OnnxBuilder::ints(n, "pads", {2, 0, 0, 0});
+       },
+       "node 'window' (AveragePool): pads (2, 0) must be smaller than the window (2)"},
+      {"Conv", "group-1", [](auto* n) { OnnxBuilder::integer(n, "group", -1); },
+       "node 'window' (Conv): group -1 is outside [1, 2147483647]"},
+      {"Conv", "strides3",
+       [](auto* n) {
+         OnnxBuilder::ints(n, "strides", {1, 1, 1});
+       },
+       "node 'window' (Conv): strides [1, 1, 1] has 3 entries; 2-D windows take 2"},
+      // Dilated taps that all fall outside x: the importer lets it through,
+      // the loader's own checks, run by the compiler, do not.
+      {"MaxPool", "no-tap",
+       [](auto* n) {
+         OnnxBuilder::ints(n, "kernel_shape", {2, 2});
+         OnnxBuilder::ints(n, "dilations", {9, 1});
+         OnnxBuilder::ints(n, "pads", {8, 0, 8, 0});
+       },
+       "the compiled model would not load (checked on sim:0), so none is made; the loader says: the graph section "
+       "is damaged: op 0 (max_pool2d, node 'window'): max_pool2d: window 7 down x has no tap inside x"},
+  };
+  return cases;
+}
+
+TEST(Runtime, GivenWindowAttributesTheLoaderRefusesWhenCompiledThenTheCompilerRefusesThemNamingTheAttribute) {
+  for (const auto& c : window_cases()) {
+    SCOPED_TRACE(c.op + " " + c.why);
+    expect_refused(window_model(c.op, c.edit), Status::InvalidArgument, {c.message});
+  }
+}
+
+TEST(Runtime, GivenTheCliWhenACompileIsRefusedThenItExitsNonZeroNamingTheProblemAndWritesNoFile) {
+  const fs::path dir = fs::temp_directory_path() / ("tpuhal_rt_refused_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto save = [&](const std::string& name, std::span<const std::byte> onnx) {
+    std::ofstream(dir / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(onnx.data()), static_cast<std::streamsize>(onnx.size()));
+    return (dir / name).string();
+  };
+  for (std::size_t i : {0, 1, 2, 7}) {  // stride 0, pads -5, kernel 2^31, the loader's own check
+    const auto& c = window_cases()[i];
+    const std::string model = save("window.onnx", window_model(c.op, c.edit));
+    const fs::path out = dir / "window.tpm";
+    const auto r = test::run("compile " + model + " -o " + out.string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("window.onnx: " + c.message), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(out)) << c.why;
+  }
+  // Folding past --max-constant-bytes, and the option's own errors.
+  const std::string model = save("expand.onnx", expand_model({128, 128}));
+  const std::string out = (dir / "expand.tpm").string();
+  auto r = test::run("compile " + model + " -o " + out + " --max-constant-bytes 32KiB");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("node 'expand' (Expand): folded on constants it makes a constant of shape [128, 128] (65536 "
+                       "bytes as float32), above the limit of 32768 bytes"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(fs::exists(out));
+  r = test::run("compile " + model + " -o " + out + " --max-constant-bytes lots");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--max-constant-bytes 'lots': expected a size above 0"), std::string::npos) << r.out;
+  r = test::run("compile " + model + " -o " + out + " --max-constant-bytes 64KiB");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(out));
+  fs::remove_all(dir);
+}
+
+TEST(Runtime, GivenControlBytesInFilesWhenTheCliPrintsTheirTextThenTheyAreEscaped) {
+  const fs::path dir = fs::temp_directory_path() / ("tpuhal_rt_escape_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string d = dir.string();
+  // A node name with an escape sequence: compile's notes print it escaped.
+  OnnxBuilder b;
+  b.input("x", {1, 4});
+  b.node("Identity", {"x"}, "i", "id\x1b[2J");
+  b.node("Relu", {"i"}, "y", "relu");
+  b.output("y");
+  const auto onnx = b.bytes();
+  std::ofstream(dir / "id.onnx", std::ios::binary)
+      .write(reinterpret_cast<const char*>(onnx.data()), static_cast<std::streamsize>(onnx.size()));
+  auto r = test::run("compile " + d + "/id.onnx -o " + d + "/id.tpm");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("removed Identity 'id\\x1b[2J'"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  // And in errors.
+  OnnxBuilder bad;
+  bad.input("x", {1, 4});
+  bad.node("Sin", {"x"}, "y", "sin\x1b[2J");
+  bad.output("y");
+  expect_refused(bad.bytes(), Status::Unsupported, {"'sin\\x1b[2J' (Sin)"});
+  try {
+    compile_onnx(bad.bytes(), CompileOptions{});
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find('\x1b'), std::string::npos) << e.what();
+  }
+  // A .tpm whose metadata and input name hold control bytes.
+  const ModelFile good = compile_onnx(onnx, CompileOptions{}).model;
+  ModelFile evil;
+  for (const auto& s : good.sections()) {
+    std::vector<std::byte> bytes = s.bytes;
+    if (s.kind == SectionKind::Meta) {
+      const std::string meta = std::string("producer=\x1b]0;owned\x07\nsource=net\x9b") + "31m.onnx\nprecision=fp32\n";
+      bytes.resize(meta.size());
+      std::memcpy(bytes.data(), meta.data(), meta.size());
+    }
+    if (s.kind == SectionKind::Io) {
+      std::string io(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      io.replace(io.find("\"x\""), 3, "\"x\\u001b[5m\"");
+      bytes.assign(reinterpret_cast<const std::byte*>(io.data()),
+                   reinterpret_cast<const std::byte*>(io.data()) + io.size());
+    }
+    evil.add(s.kind, std::move(bytes), s.optional);
+  }
+  write_model_file(dir / "evil.tpm", evil);
+  r = test::run("model-info " + d + "/evil.tpm --device sim:0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("producer             \\x1b]0;owned\\x07"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("source               net\\x9b31m.onnx"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("input   x\\x1b[5m f32[1, 4]"), std::string::npos) << r.out;
+  for (char c : {'\x1b', '\x07', '\x9b'}) EXPECT_EQ(r.out.find(c), std::string::npos) << r.out;
+  r = test::run("model-info " + d + "/evil.tpm --device sim:0 --json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (char c : {'\x1b', '\x07', '\x9b'}) EXPECT_EQ(r.out.find(c), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\\u001b]0;owned\\u0007"), std::string::npos) << r.out;
+  // An .npy header with an escape sequence in its element type.
+  const std::string header = "{'descr': '<f4\x1b[2J', 'fortran_order': False, 'shape': (1, 4), }\n";
+  {
+    std::ofstream npy(dir / "evil.npy", std::ios::binary);
+    npy.write("\x93NUMPY\x01\x00", 8);
+    const char len[2] = {static_cast<char>(header.size()), 0};
+    npy.write(len, 2);
+    npy << header << std::string(16, '\0');
+  }
+  try {
+    read_npy(dir / "evil.npy");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("element type '<f4\\x1b[2J' is not supported"), std::string::npos) << e.what();
+  }
+  r = test::run("compile " + d + "/id.onnx -o " + d + "/c.tpm --report --calibration " + d + "/evil.npy");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("element type '<f4\\x1b[2J' is not supported"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  fs::remove_all(dir);
 }
 
 TEST(Runtime, PrecisionNamesParse) {

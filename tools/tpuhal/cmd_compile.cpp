@@ -8,6 +8,7 @@
 #include <random>
 
 #include "cli.h"
+#include "tpuhal/base/units.h"
 #include "tpuhal/rt/compile.hpp"
 #include "tpuhal/rt/model.hpp"
 
@@ -43,8 +44,8 @@ void print_report(const std::vector<rt::LayerError>& report) {
       std::snprintf(snr, sizeof snr, "%9.1f", e.snr_db);
     else
       std::snprintf(snr, sizeof snr, "%9s", "exact");
-    std::printf("  %-24s %-20s %12.4g %12.4g %9.4f %s\n", e.node.c_str(), e.op.c_str(), e.max_abs, e.rms, e.rel_rms,
-                snr);
+    std::printf("  %-24s %-20s %12.4g %12.4g %9.4f %s\n", rt::escape_text(e.node).c_str(),
+                rt::escape_text(e.op).c_str(), e.max_abs, e.rms, e.rel_rms, snr);
   }
 }
 
@@ -70,7 +71,13 @@ int cmd_compile(const std::vector<std::string>& args) {
       "DB: int8 with mixed precision: move the layers that lose the most signal to fp16 until every output's "
       "signal-to-noise ratio against fp32 on the calibration data reaches DB")(
       "report", po::bool_switch(), "measure each layer's error against fp32 on the calibration data")(
-      "device,d", po::value<std::string>()->default_value("sim:0"), "device that runs calibration and the report");
+      "max-constant-bytes", po::value<std::string>(),
+      "SIZE (e.g. 4GiB): the largest constant the compiler computes when it folds Expand, Where, broadcasting "
+      "arithmetic, Gather, Concat, ConstantOfShape or Range on constants (default: 1 GiB, or the model's "
+      "initializers as float32 if more)")(
+      "device,d", po::value<std::string>()->default_value("sim:0"),
+      "device that runs calibration and the report, and on which the compiled model is checked as the loader "
+      "checks it");
   po::positional_options_description pos;
   pos.add("model", 1);
   po::variables_map vm;
@@ -78,14 +85,15 @@ int cmd_compile(const std::vector<std::string>& args) {
   const char* usage =
       "Usage: tpuhal compile MODEL.onnx -o OUT.tpm [--shape NAME=DIMS]... [--precision fp32|fp16|bf16|int8]\n"
       "                      [--calibration FILE.npy]... [--calibration-method minmax|percentile[:P]|entropy]\n"
-      "                      [--keep-fp16 LAYER]... [--target-snr DB] [--report]\n\n"
+      "                      [--keep-fp16 LAYER]... [--target-snr DB] [--report] [--max-constant-bytes SIZE]\n\n"
       "Compiles an ONNX model for a fixed input shape and a precision into a compiled model that\n"
       "'tpuhal model-info' describes and the runtime loads on any device. Inputs and outputs stay\n"
       "float32; fp16 and bf16 run every layer in that type; int8 quantises Conv and Gemm layers with\n"
       "per-channel weight scales and activation ranges calibrated on --calibration samples, and\n"
       "runs the layers --keep-fp16 names (or --target-snr chooses) in fp16 (fp32 where fp16 cannot\n"
       "hold their values).\n"
-      "Unsupported ops are all listed in one error. See docs/runtime.md.";
+      "Unsupported ops are all listed in one error. A model the loader would refuse (attributes out of range,\n"
+      "constants larger than their data) is refused here, and no file is written. See docs/runtime.md.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
   if (!vm.count("model") || !vm.count("output")) {
     std::fprintf(stderr, "tpuhal compile: name the ONNX model and the output (-o OUT.tpm)\n%s\n", usage);
@@ -121,6 +129,14 @@ int cmd_compile(const std::vector<std::string>& args) {
                 "--calibration-method '" + method + "': expected minmax, percentile[:P] or entropy");
   }
   if (vm.count("keep-fp16")) o.keep_fp16 = vm["keep-fp16"].as<std::vector<std::string>>();
+  if (vm.count("max-constant-bytes")) {
+    const std::string text = vm["max-constant-bytes"].as<std::string>();
+    const auto limit = base::parse_bytes(text);
+    if (!limit || *limit == 0)
+      throw Error(Status::InvalidArgument, "--max-constant-bytes '" + rt::escape_text(text) +
+                                               "': expected a size above 0, e.g. 1073741824 or 4GiB");
+    o.max_constant_bytes = *limit;
+  }
   if (vm.count("target-snr")) {
     o.target_snr_db = vm["target-snr"].as<double>();
     if (!(o.target_snr_db > 0 && o.target_snr_db < 200))
@@ -130,7 +146,7 @@ int cmd_compile(const std::vector<std::string>& args) {
   const std::string in = vm["model"].as<std::string>(), out = vm["output"].as<std::string>();
   rt::CompileResult r = rt::compile_onnx(in, o);
   rt::write_model_file(out, r.model);
-  for (const auto& n : r.notes) std::printf("  %s\n", n.c_str());
+  for (const auto& n : r.notes) std::printf("  %s\n", rt::escape_text(n).c_str());
   std::uint64_t weights = r.model.has(rt::SectionKind::Weights) ? r.model.get(rt::SectionKind::Weights).size() : 0;
   std::printf("%s: %s, %s of weights -> %s\n", in.c_str(), rt::to_string(o.precision), bytes(weights).c_str(),
               out.c_str());
@@ -178,7 +194,9 @@ int cmd_model_info(const std::vector<std::string>& args) {
         j[list == &m.inputs() ? "inputs" : "outputs"].push_back(
             {{"name", s.name}, {"dtype", to_string(s.dtype)}, {"shape", s.shape}});
     if (!report.is_discarded() && !report.is_null()) j["report"] = report;
-    std::cout << j.dump(2) << "\n";
+    // ASCII only: strings from the file are \u-escaped, bytes that are not
+    // UTF-8 replaced (U+FFFD), so that nothing in it reaches the terminal raw.
+    std::cout << j.dump(2, ' ', true, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
   std::printf("%s: %s model, %s of weights, %s of activations per instance (checked on %s)\n", path.c_str(),
@@ -186,7 +204,9 @@ int cmd_model_info(const std::vector<std::string>& args) {
               dev.uri().c_str());
   for (const auto& s : m.inputs()) std::printf("  input   %s\n", s.describe().c_str());
   for (const auto& s : m.outputs()) std::printf("  output  %s\n", s.describe().c_str());
-  for (const auto& [k, v] : m.meta()) std::printf("  %-20s %s\n", k.c_str(), v.c_str());
+  // Names and metadata come from the file: escaped for the terminal.
+  for (const auto& [k, v] : m.meta())
+    std::printf("  %-20s %s\n", rt::escape_text(k).c_str(), rt::escape_text(v).c_str());
   if (report.is_object() && report.contains("layers") && report["layers"].is_array()) {
     std::vector<rt::LayerError> layers;
     for (const auto& l : report["layers"]) {

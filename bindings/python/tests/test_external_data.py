@@ -93,3 +93,22 @@ def test_a_missing_or_short_data_file_is_refused_naming_the_tensor(model, tmp_pa
     data.unlink()
     with pytest.raises(tpuhal.NotFound, match=r"initializer 'wc': its external data 'cnn\.onnx\.data': no file"):
         tpuhal.compile(str(path), "fp32")
+
+
+def test_data_reached_through_a_symbolic_link_is_refused(model, tmp_path):
+    """A link in a directory someone else prepared must not copy a file only the compiling user can read
+    into the model: a location that is, or passes through, a symbolic link is refused wherever it points."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    path = save_external(model, tmp_path / "model" / "cnn.onnx")
+    data = tmp_path / "model" / "cnn.onnx.data"
+    data.rename(tmp_path / "elsewhere" / "secret.data")
+    data.symlink_to(tmp_path / "elsewhere" / "secret.data")
+    with pytest.raises(tpuhal.InvalidArgument, match=r"initializer 'wc': its external data 'cnn\.onnx\.data': .*"
+                                                     r"is, or lies under, a symbolic link"):
+        tpuhal.compile(path, "fp32")
+    data.unlink()
+    data.symlink_to("cnn.onnx.real")  # inside the directory: refused all the same
+    (tmp_path / "elsewhere" / "secret.data").rename(tmp_path / "model" / "cnn.onnx.real")
+    with pytest.raises(tpuhal.InvalidArgument, match=r"symbolic link"):
+        tpuhal.compile(path, "fp32")

@@ -23,7 +23,8 @@ namespace tpuhal::rt {
 
 // A host array of float32 values with its shape (a calibration set, a test
 // batch). read_npy takes NumPy's .npy files of little-endian f4 or f8 in C
-// order; errors name the path and what is wrong.
+// order; errors name the path and what is wrong (what they quote of the
+// header escaped: escape_text).
 struct NdArray {
   std::vector<std::int64_t> shape;
   std::vector<float> values;
@@ -39,6 +40,10 @@ enum class CalibrationMethod : std::uint32_t {
                    // values loses least information (Kullback-Leibler
                    // divergence from the unquantised one)
 };
+
+// CompileOptions::max_constant_bytes when it is 0, for a model whose
+// initializers take less.
+inline constexpr std::uint64_t kDefaultMaxConstantBytes = std::uint64_t{1} << 30;  // 1 GiB
 
 struct CompileOptions {
   Precision precision = Precision::F32;
@@ -63,8 +68,18 @@ struct CompileOptions {
   // signal first, until every output's signal-to-noise ratio against fp32
   // on the calibration data reaches this many dB (or no layer is left).
   double target_snr_db = 0;
-  // The device that runs calibration and the report.
+  // The device that runs calibration and the report, and on which the
+  // compiled program is checked as Model::load checks it (its ops built over
+  // memory allocated, never written) before compile_onnx returns it.
   std::string device = "sim:0";
+  // The largest constant the compiler computes when it folds a node whose
+  // result can outgrow its inputs (Expand, Where, broadcasting arithmetic
+  // and comparisons, Pow, Gather, Concat, ConstantOfShape, Range), in bytes
+  // as float32: a larger one is refused (ResourceExhausted naming the node
+  // and the size) before memory is taken for it. 0: the larger of
+  // kDefaultMaxConstantBytes and the bytes of the model's initializers as
+  // float32 (folding a Transpose of its largest weight always fits).
+  std::uint64_t max_constant_bytes = 0;
   // Where tensors kept in ONNX external data files are read from: each
   // tensor's "location" is a file relative to this directory. Empty: the
   // model file's directory when compiling from a path; when compiling from
@@ -97,16 +112,24 @@ struct CompileResult {
 // write them): the entries "location", "offset" and "length" are read,
 // others ("checksum") ignored as ONNX's own loader does; each file is
 // opened once and only each tensor's bytes are read, as little-endian
-// raw_data. A location that is absolute or has a ".." component, bytes
-// past the end of the file, or a length other than the tensor's element
-// count times its element size is InvalidArgument; a missing file is
+// raw_data. Each file is opened beneath the directory without following a
+// symbolic link in any component (openat2 RESOLVE_BENEATH |
+// RESOLVE_NO_SYMLINKS, or a walk with O_NOFOLLOW): a location that is or
+// passes through a symbolic link, wherever it points, is InvalidArgument, as
+// is one that is absolute or has a ".." component, a file that is not a
+// regular file, bytes past the end of the file, or a length other than the
+// tensor's element count times its element size; a missing file is
 // NotFound. A model file itself over 2 GiB cannot be parsed (protobuf's
 // limit) and is InvalidArgument saying to save its weights as external data.
 //
 // Throws tpuhal::Error: Unsupported listing every unsupported op by node
 // name and op type (never skipping one); InvalidArgument for a malformed
-// model, a missing shape, or calibration data of the wrong shape; NotFound
-// for a missing model file or external data file.
+// model (a constant whose data does not fill its shape, window attributes
+// the ops do not take, a model the loader would refuse: docs/runtime.md),
+// a missing shape, or calibration data of the wrong shape;
+// ResourceExhausted for folding past max_constant_bytes; NotFound for a
+// missing model file or external data file. Messages quote the model's
+// names escaped (escape_text).
 CompileResult compile_onnx(const std::filesystem::path& onnx, const CompileOptions& options);
 CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileOptions& options,
                            std::string_view name = "model");

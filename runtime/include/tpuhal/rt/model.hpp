@@ -41,7 +41,7 @@ struct TensorSpec {
   std::vector<std::int64_t> shape;
   std::uint64_t elements() const noexcept;
   std::uint64_t bytes() const noexcept;
-  std::string describe() const;  // "input f32[8, 1, 28, 28]"
+  std::string describe() const;  // "input f32[8, 1, 28, 28]", the name escaped (escape_text)
 };
 
 // Host memory for one input or output, in its spec's dtype and shape.

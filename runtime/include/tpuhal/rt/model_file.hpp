@@ -73,4 +73,11 @@ ModelFile decode(std::span<const std::byte> bytes, std::string_view name = "comp
 ModelFile read_model_file(const std::filesystem::path& path);
 void write_model_file(const std::filesystem::path& path, const ModelFile& model);
 
+// Text read from a file (a model's metadata and names, an ONNX node name, an
+// .npy header) made safe to print on a terminal: control bytes (below
+// 0x20, 0x7f), C1 control characters (U+0080 to U+009F) and bytes that are
+// not UTF-8 become \xNN; printable ASCII and UTF-8 stay as they are.
+//   escape_text("a\x1b[2Jb") == "a\\x1b[2Jb"
+std::string escape_text(std::string_view text);
+
 }  // namespace tpuhal::rt
