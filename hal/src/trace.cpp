@@ -40,10 +40,12 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "impl.hpp"
 #include "tpuhal/base/log.h"
+#include "tpuhal/base/output_file.h"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/driver/op_desc.hpp"
 #include "tracing.hpp"
@@ -1314,13 +1316,31 @@ void start(std::string_view path_in) {
   if (g_session)
     throw Error(Status::FailedPrecondition,
                 "trace::start: a trace is already being written to " + g_session->path + "; stop it first");
-  std::FILE* f = std::fopen(path.c_str(), "w");
+  // A new file, renamed over `path` at once and then written as the program
+  // runs (a crash leaves what was written): a link someone planted at the
+  // name in a shared directory is replaced, never followed.
+  std::FILE* f = nullptr;
+  int err = 0;
+  std::string why;
+  try {
+    base::OutputFile out(path);
+    out.publish();
+    const int fd = out.release();
+    f = ::fdopen(fd, "w");
+    if (!f) {
+      err = errno;
+      why = "cannot create " + path + ": " + std::strerror(err);
+      ::close(fd);
+    }
+  } catch (const std::system_error& e) {
+    err = e.code().value();
+    why = e.what();
+  }
   if (!f) {
-    const int err = errno;
     const Status st = err == ENOENT                                   ? Status::NotFound
                       : err == EACCES || err == EPERM || err == EROFS ? Status::PermissionDenied
                                                                       : Status::InvalidArgument;
-    throw Error(st, "trace: cannot create " + path + ": " + std::strerror(err));
+    throw Error(st, "trace: " + why);
   }
   auto s = std::make_shared<t::Session>();
   s->path = path;

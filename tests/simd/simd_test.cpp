@@ -1551,10 +1551,13 @@ TEST(Simd, ADecoderFloodIsHeldToTheVfsCodecMemory) {
     error = flood_decoder(dev, packets);
   }
   EXPECT_THAT(error, HasSubstr("the codec unit's working memory (128 MiB"));
-  // Within the codec memory and the client's 8 MiB staging ring, which the
-  // daemon maps, with room for its own allocations.
+  // Within the codec memory, with room for the VF itself (its DRAM, its
+  // engines' threads), the client's 8 MiB staging ring, which the daemon
+  // maps, libavcodec's own copy of the packet it is decoding, and, under
+  // AddressSanitizer, shadow memory and allocator caches: 192 MiB. Without
+  // a bound the 50 packets alone are 400 MiB.
   const std::uint64_t after = resident_bytes(d.process->pid);
-  EXPECT_LT(after, before + (128ull << 20) + (64ull << 20)) << "the daemon grew from " << before << " to " << after;
+  EXPECT_LT(after, before + (128ull << 20) + (192ull << 20)) << "the daemon grew from " << before << " to " << after;
   another_process_copies(d);
 }
 

@@ -87,8 +87,8 @@ int main(int argc, char** argv) {
                  "board (N per board the simulator daemon shares, with --shares N), healthy until a\n"
                  "board faults and again after it is reset; Allocate answers with the CDI devices of\n"
                  "`tpuhal cdi generate`'s spec and the same device nodes, mounts and environment;\n"
-                 "GetPreferredAllocation keeps a request on one NUMA node. Registers again when the\n"
-                 "kubelet restarts. Details: docs/operations.md.\n\n"
+                 "GetPreferredAllocation keeps a request on one NUMA node (an ID listed twice is\n"
+                 "refused). Registers again when the kubelet restarts. Details: docs/operations.md.\n\n"
               << opts << "\n";
     return 0;
   }

@@ -3,8 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <optional>
+#include <queue>
 #include <set>
+#include <string_view>
+#include <tuple>
+#include <unordered_set>
 
 #include "tpuhal/monitor.hpp"
 #include "tpuhal/tpuhal.hpp"
@@ -21,14 +27,13 @@ std::uint64_t crashes_of(const Telemetry& t) {
   return 0;
 }
 
-}  // namespace
-
-DevicePlugin::DevicePlugin(Options options) : options_(std::move(options)) {
-  std::vector<std::string> uris = options_.uris;
+// The boards of `o`, numbered as `tpuhal cdi generate` numbers them: among
+// the boards that can go into a container, in order.
+std::vector<Board> advertise(const Options& o) {
+  std::vector<std::string> uris = o.uris;
   if (uris.empty())
     for (const auto& d : enumerate()) uris.push_back(d.uri);
-  // Numbered as `tpuhal cdi generate` numbers them: among the boards that
-  // can go into a container, in order.
+  std::vector<Board> boards;
   std::size_t next = 0;
   for (const std::string& uri : uris) {
     Board b;
@@ -38,39 +43,56 @@ DevicePlugin::DevicePlugin(Options options) : options_(std::move(options)) {
       continue;
     }
     ++next;
-    if (auto it = options_.numa.find(uri); it != options_.numa.end()) b.host.numa_node = it->second;
+    if (auto it = o.numa.find(uri); it != o.numa.end()) b.host.numa_node = it->second;
     b.shared = observable(uri);
-    boards_.push_back(std::move(b));
+    boards.push_back(std::move(b));
   }
+  return boards;
 }
 
-std::size_t DevicePlugin::boards() const {
-  std::lock_guard lock(mu_);
-  return boards_.size();
+// Every device ID advertised ("0", or "0-0", "0-1", ... with shares), to
+// the index of its board.
+std::unordered_map<std::string, int> index_ids(const std::vector<Board>& boards, std::uint32_t shares) {
+  std::unordered_map<std::string, int> ids;
+  for (std::size_t i = 0; i < boards.size(); ++i) {
+    const Board& b = boards[i];
+    const std::uint32_t n = b.shared ? shares : 1;
+    if (n == 1) ids.emplace(b.host.name, static_cast<int>(i));
+    for (std::uint32_t k = 0; n > 1 && k < n; ++k)
+      ids.emplace(b.host.name + "-" + std::to_string(k), static_cast<int>(i));
+  }
+  return ids;
 }
+
+grpc::Status invalid(std::string what) { return {grpc::StatusCode::INVALID_ARGUMENT, std::move(what)}; }
+
+}  // namespace
+
+DevicePlugin::DevicePlugin(Options options)
+    : options_(std::move(options)),
+      boards_(advertise(options_)),
+      ids_(index_ids(boards_, options_.shares)),
+      health_(boards_.size()) {}
+
+std::size_t DevicePlugin::boards() const { return boards_.size(); }
 
 void DevicePlugin::check_health() {
-  std::vector<std::pair<std::string, bool>> uris;
-  {
-    std::lock_guard lock(mu_);
-    for (auto& b : boards_) uris.emplace_back(b.host.uri, b.shared);
-  }
   std::set<std::string> present;
   bool listed = false;
   // Reads happen unlocked: they ask another process, which may be slow.
-  std::vector<std::optional<Telemetry>> telemetry(uris.size());
-  std::vector<std::string> errors(uris.size());
-  for (std::size_t i = 0; i < uris.size(); ++i) {
+  std::vector<std::optional<Telemetry>> telemetry(boards_.size());
+  std::vector<std::string> errors(boards_.size());
+  for (std::size_t i = 0; i < boards_.size(); ++i) {
+    const std::string& uri = boards_[i].host.uri;
     try {
-      if (uris[i].second) {
-        telemetry[i] = observe(uris[i].first).telemetry;
+      if (boards_[i].shared) {
+        telemetry[i] = observe(uri).telemetry;
       } else {
         if (!listed) {
           for (auto& d : enumerate()) present.insert(d.uri);
           listed = true;
         }
-        if (!present.count(uris[i].first))
-          errors[i] = "the board is no longer enumerated (removed, or its link is down)";
+        if (!present.count(uri)) errors[i] = "the board is no longer enumerated (removed, or its link is down)";
       }
     } catch (const Error& e) {
       errors[i] = e.what();
@@ -78,8 +100,8 @@ void DevicePlugin::check_health() {
   }
   std::lock_guard lock(mu_);
   bool changed = false;
-  for (std::size_t i = 0; i < boards_.size() && i < uris.size(); ++i) {
-    Board& b = boards_[i];
+  for (std::size_t i = 0; i < boards_.size(); ++i) {
+    Health& b = health_[i];
     const bool was = b.healthy();
     if (telemetry[i]) {
       const std::uint64_t crashes = crashes_of(*telemetry[i]), resets = telemetry[i]->resets;
@@ -96,9 +118,9 @@ void DevicePlugin::check_health() {
     b.error = errors[i];
     if (b.healthy() != was) {
       const std::string why = !b.error.empty() ? b.error
-                              : b.crashed      ? "its firmware crashed; reset it (tpuhal reset " + b.host.uri + ")"
-                                               : std::string();
-      std::fprintf(stderr, "tpuhal-device-plugin: %s is %s%s%s\n", b.host.uri.c_str(),
+                              : b.crashed ? "its firmware crashed; reset it (tpuhal reset " + boards_[i].host.uri + ")"
+                                          : std::string();
+      std::fprintf(stderr, "tpuhal-device-plugin: %s is %s%s%s\n", boards_[i].host.uri.c_str(),
                    b.healthy() ? kHealthy : kUnhealthy, why.empty() ? "" : ": ", why.c_str());
       changed = true;
     }
@@ -117,26 +139,22 @@ void DevicePlugin::stop() {
 
 v1beta1::ListAndWatchResponse DevicePlugin::list_locked() const {
   v1beta1::ListAndWatchResponse r;
-  for (const Board& b : boards_) {
+  for (std::size_t i = 0; i < boards_.size(); ++i) {
+    const Board& b = boards_[i];
     const std::uint32_t n = b.shared ? options_.shares : 1;
     for (std::uint32_t k = 0; k < n; ++k) {
       v1beta1::Device* d = r.add_devices();
       d->set_id(n == 1 ? b.host.name : b.host.name + "-" + std::to_string(k));
-      d->set_health(b.healthy() ? kHealthy : kUnhealthy);
+      d->set_health(health_[i].healthy() ? kHealthy : kUnhealthy);
       if (b.host.numa_node >= 0) d->mutable_topology()->add_nodes()->set_id(b.host.numa_node);
     }
   }
   return r;
 }
 
-const Board* DevicePlugin::board_of(const std::string& id) const {
-  for (const Board& b : boards_) {
-    const std::uint32_t n = b.shared ? options_.shares : 1;
-    if (n == 1 && id == b.host.name) return &b;
-    for (std::uint32_t k = 0; n > 1 && k < n; ++k)
-      if (id == b.host.name + "-" + std::to_string(k)) return &b;
-  }
-  return nullptr;
+int DevicePlugin::board_of(const std::string& id) const {
+  const auto it = ids_.find(id);
+  return it == ids_.end() ? -1 : it->second;
 }
 
 grpc::Status DevicePlugin::GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
@@ -162,65 +180,86 @@ grpc::Status DevicePlugin::ListAndWatch(grpc::ServerContext* ctx, const v1beta1:
   }
 }
 
+// Without the lock (it reads only boards_ and ids_) and in time linear in
+// the request: a kubelet, or anything else that reaches the socket, cannot
+// make a request that holds up Allocate or the health checks.
 grpc::Status DevicePlugin::GetPreferredAllocation(grpc::ServerContext*, const v1beta1::PreferredAllocationRequest* req,
                                                   v1beta1::PreferredAllocationResponse* out) {
-  std::lock_guard lock(mu_);
   for (const auto& c : req->container_requests()) {
-    if (c.allocation_size() < 0 || c.allocation_size() > c.available_deviceids_size())
-      return {grpc::StatusCode::INVALID_ARGUMENT, "allocation_size " + std::to_string(c.allocation_size()) + " with " +
-                                                      std::to_string(c.available_deviceids_size()) +
-                                                      " devices available"};
-    for (const auto& id : c.available_deviceids())
-      if (!board_of(id)) return {grpc::StatusCode::INVALID_ARGUMENT, "unknown device ID '" + id + "'"};
-    std::vector<std::string> chosen(c.must_include_deviceids().begin(), c.must_include_deviceids().end());
-    auto numa_of = [&](const std::string& id) { return board_of(id)->host.numa_node; };
+    const auto& available = c.available_deviceids();
+    const auto& must = c.must_include_deviceids();
+    if (c.allocation_size() < 0 || c.allocation_size() > available.size())
+      return invalid("allocation_size " + std::to_string(c.allocation_size()) + " with " +
+                     std::to_string(available.size()) + " devices available");
+    // Every ID known and listed once (the kubelet lists each device once;
+    // a repeat is a broken caller, refused by name rather than guessed at).
+    std::vector<int> board(static_cast<std::size_t>(available.size()));
+    std::unordered_set<std::string_view> listed, chosen;
+    listed.reserve(board.size());
+    for (int i = 0; i < available.size(); ++i) {
+      const std::string& id = available[i];
+      if ((board[i] = board_of(id)) < 0) return invalid("unknown device ID '" + id + "'");
+      if (!listed.insert(id).second) return invalid("device ID '" + id + "' is listed twice in available_deviceIDs");
+    }
+    auto* r = out->add_container_responses();
+    std::vector<int> taken(boards_.size(), 0);  // devices chosen per board
+    for (const auto& id : must) {
+      const int b = board_of(id);
+      if (b < 0) return invalid("unknown device ID '" + id + "'");
+      if (!chosen.insert(id).second) return invalid("device ID '" + id + "' is listed twice in must_include_deviceIDs");
+      ++taken[b];
+      r->add_deviceids(id);
+    }
     // The NUMA node: that of the devices it must include, else the one
-    // with the most devices available.
-    std::map<int, int> available_on;
-    for (const auto& id : c.available_deviceids()) ++available_on[numa_of(id)];
+    // with the most devices available (the lowest of equals).
     int node = -1;
-    if (!chosen.empty() && board_of(chosen.front())) {
-      node = numa_of(chosen.front());
-    } else if (!available_on.empty()) {
+    if (!must.empty()) {
+      node = boards_[board_of(must[0])].host.numa_node;
+    } else if (!available.empty()) {
+      std::map<int, int> available_on;
+      for (int b : board) ++available_on[boards_[b].host.numa_node];
       node = std::max_element(available_on.begin(), available_on.end(), [](auto& a, auto& b) {
                return a.second < b.second;
              })->first;
     }
-    // Then: that node's devices before others', and within a node a board
-    // not yet chosen before a second share of one that is.
-    std::vector<std::string> rest;
-    for (const auto& id : c.available_deviceids())
-      if (std::find(chosen.begin(), chosen.end(), id) == chosen.end()) rest.push_back(id);
-    auto boards_chosen = [&](const std::string& id) {
-      return std::count_if(chosen.begin(), chosen.end(),
-                           [&](const std::string& x) { return board_of(x) == board_of(id); });
-    };
-    while (static_cast<int>(chosen.size()) < c.allocation_size() && !rest.empty()) {
-      auto best = std::min_element(rest.begin(), rest.end(), [&](const std::string& a, const std::string& b) {
-        const auto ka = std::make_pair(numa_of(a) != node, boards_chosen(a));
-        const auto kb = std::make_pair(numa_of(b) != node, boards_chosen(b));
-        return ka < kb;
-      });
-      chosen.push_back(*best);
-      rest.erase(best);
+    // Then, one device at a time: that node's devices before others', and
+    // a board with fewer devices chosen before one with more; among equals
+    // the one listed first. Each board's devices wait in a queue in the
+    // order listed, and the boards in a heap by those keys.
+    std::vector<std::vector<int>> waiting(boards_.size());
+    for (int i = 0; i < available.size(); ++i)
+      if (!chosen.count(available[i])) waiting[board[i]].push_back(i);
+    using Key = std::tuple<bool, int, int, int>;  // off the node, chosen on the board, position, board
+    std::priority_queue<Key, std::vector<Key>, std::greater<>> heap;
+    std::vector<std::size_t> next(boards_.size(), 0);
+    for (std::size_t b = 0; b < boards_.size(); ++b)
+      if (!waiting[b].empty())
+        heap.emplace(boards_[b].host.numa_node != node, taken[b], waiting[b][0], static_cast<int>(b));
+    for (int n = must.size(); n < c.allocation_size() && !heap.empty(); ++n) {
+      const auto [off, _, position, b] = heap.top();
+      heap.pop();
+      r->add_deviceids(available[position]);
+      ++taken[b];
+      if (++next[b] < waiting[b].size()) heap.emplace(off, taken[b], waiting[b][next[b]], b);
     }
-    auto* r = out->add_container_responses();
-    for (const auto& id : chosen) r->add_deviceids(id);
   }
   return grpc::Status::OK;
 }
 
+// Without the lock too: a board's device nodes, mounts and environment are
+// fixed (boards_).
 grpc::Status DevicePlugin::Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req,
                                     v1beta1::AllocateResponse* out) {
-  std::lock_guard lock(mu_);
   for (const auto& c : req->container_requests()) {
     auto* r = out->add_container_responses();
-    std::set<const Board*> given;
+    std::vector<bool> given(boards_.size(), false);
     std::set<std::string> mounted;
     for (const auto& id : c.devices_ids()) {
-      const Board* b = board_of(id);
-      if (!b) return {grpc::StatusCode::INVALID_ARGUMENT, "unknown device ID '" + id + "'"};
-      if (!given.insert(b).second) continue;  // a second share of a board already given
+      const int i = board_of(id);
+      if (i < 0) return invalid("unknown device ID '" + id + "'");
+      if (given[i]) continue;  // a second share of a board already given
+      given[i] = true;
+      const Board* b = &boards_[i];
       // The CDI device, and the same edits spelt out for runtimes without CDI.
       r->add_cdi_devices()->set_name(options_.cdi_kind + "=" + b->host.name);
       for (const auto& [k, v] : b->host.env) (*r->mutable_envs())[k] = v;

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "deviceplugin.grpc.pb.h"
@@ -23,10 +24,15 @@ struct Options {
   std::map<std::string, int> numa;            // NUMA nodes the operator sets, by URI
 };
 
-// One board the plugin advertises.
+// One board the plugin advertises: fixed once the plugin is made, so that
+// what a request asks about it is answered without the lock.
 struct Board {
   fleet::HostDevice host;
   bool shared = false;  // served by the daemon: advertised as Options::shares devices
+};
+
+// A board's health, which check_health() changes (under the lock).
+struct Health {
   // Healthy: reachable and not crashed. `error` says why it is not
   // reachable; `crashed`: its firmware crashed since its last reset.
   std::string error;
@@ -64,15 +70,20 @@ class DevicePlugin final : public v1beta1::DevicePlugin::Service {
                                  v1beta1::PreStartContainerResponse*) override;
 
  private:
-  // The board behind a device ID ("0", or "0-1" for share 1 of board 0);
-  // nullptr for an ID the plugin never advertised.
-  const Board* board_of(const std::string& id) const;
+  // The board behind a device ID ("0", or "0-1" for share 1 of board 0):
+  // its index in boards_; -1 for an ID the plugin never advertised.
+  int board_of(const std::string& id) const;
   v1beta1::ListAndWatchResponse list_locked() const;
 
   const Options options_;
+  // Fixed at construction; read without the lock. Requests are answered
+  // from these alone, so that no request, however long, holds mu_.
+  const std::vector<Board> boards_;
+  const std::unordered_map<std::string, int> ids_;  // device ID -> index in boards_
+
   mutable std::mutex mu_;
   std::condition_variable changed_;
-  std::vector<Board> boards_;  // guarded by mu_
+  std::vector<Health> health_;  // guarded by mu_, one per board
   std::uint64_t generation_ = 0;
   bool stopping_ = false;
 };

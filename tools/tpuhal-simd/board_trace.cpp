@@ -2,12 +2,15 @@
 #include "board_trace.h"
 
 #include <spdlog/fmt/fmt.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <system_error>
 
+#include "tpuhal/base/output_file.h"
 #include "tpuhal/fw/command.h"
 #include "tpuhal/fw/regs.h"
 #include "tpuhal/fw/status.h"
@@ -23,8 +26,22 @@ struct BoardTrace::Observer final : sim::CommandObserver {
 };
 
 BoardTrace::BoardTrace(std::string path) : path_(std::move(path)) {
-  file_ = std::fopen(path_.c_str(), "w");
-  if (!file_) throw std::runtime_error("--trace: cannot create " + path_ + ": " + std::strerror(errno));
+  // A new file renamed over the name at once, then written as clients run:
+  // a link planted at the name (the daemon may run as another user than
+  // whoever shares the directory) is replaced, never written through.
+  try {
+    base::OutputFile out(path_);
+    out.publish();
+    const int fd = out.release();
+    file_ = ::fdopen(fd, "w");
+    if (!file_) {
+      const int err = errno;
+      ::close(fd);
+      throw std::system_error(err, std::generic_category(), "cannot create " + path_);
+    }
+  } catch (const std::system_error& e) {
+    throw std::runtime_error(std::string("--trace: ") + e.what());
+  }
   std::fputs("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[", file_);
   writer_ = std::thread([this] { run(); });
 }

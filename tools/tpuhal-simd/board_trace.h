@@ -24,7 +24,9 @@ namespace tpuhal::simd {
 
 class BoardTrace {
  public:
-  // Creates `path`; throws std::runtime_error naming it and the reason.
+  // Creates `path` as a new file (base::OutputFile: whatever was at the
+  // name, a link included, is replaced, never written through); throws
+  // std::runtime_error naming it and the reason.
   explicit BoardTrace(std::string path);
   ~BoardTrace();
   BoardTrace(const BoardTrace&) = delete;

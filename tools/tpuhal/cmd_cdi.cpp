@@ -3,11 +3,12 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
+#include <system_error>
 
 #include "cli.h"
 #include "host_devices.h"
+#include "tpuhal/base/output_file.h"
 
 namespace tpuhal::cli {
 
@@ -29,7 +30,9 @@ int cmd_cdi(const std::vector<std::string>& args) {
              "nodes of a PCIe board, the USB device node of a USB board, the daemon's socket for a\n"
              "board the simulator daemon shares, and TPUHAL_VISIBLE_DEVICE_<NAME>, which makes\n"
              "`tpuhal list` in the container show exactly the boards it was given. Put the file in\n"
-             "/etc/cdi or /var/run/cdi; then `podman run --device tpuhal.dev/board=0 ...`.\n"
+             "/etc/cdi or /var/run/cdi; then `podman run --device tpuhal.dev/board=0 ...`. FILE is\n"
+             "written whole under a new name beside it and renamed over it: a runtime never reads\n"
+             "half a spec, and a link at FILE is replaced, never followed.\n"
              "Boards that cannot go into a container (simulated in-process boards, CUDA devices,\n"
              "PCIe boards not bound to vfio-pci) are left out with a note on standard error.",
              &rc))
@@ -75,21 +78,15 @@ int cmd_cdi(const std::vector<std::string>& args) {
     std::cout << text;
     return 0;
   }
+  // Whole or not at all, and never through a link someone planted at the
+  // name in a shared directory: a new file beside it, renamed over it.
   const std::string path = vm["output"].as<std::string>();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    if (!out.flush()) {
-      std::fprintf(stderr, "tpuhal cdi: cannot write %s\n", tmp.c_str());
-      std::remove(tmp.c_str());
-      return 1;
-    }
-  }
-  // Whole or not at all: a runtime reading the directory never sees half a spec.
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::fprintf(stderr, "tpuhal cdi: cannot write %s\n", path.c_str());
-    std::remove(tmp.c_str());
+  try {
+    base::OutputFile out(path);
+    out.write(text);
+    out.commit();
+  } catch (const std::system_error& e) {
+    std::fprintf(stderr, "tpuhal cdi: %s\n", e.what());
     return 1;
   }
   return 0;

@@ -11,9 +11,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <system_error>
 
 #include "cli.h"
+#include "tpuhal/base/output_file.h"
 
 namespace tpuhal::cli {
 
@@ -23,8 +26,9 @@ constexpr const char* kUsage =
     "Usage: tpuhal trace -o FILE [--] COMMAND [ARGS...]\n\n"
     "Runs COMMAND with tracing on (TPUHAL_TRACE) in it and in every process it\n"
     "starts, then merges their traces into FILE: a Chrome trace that\n"
-    "ui.perfetto.dev and chrome://tracing open (docs/tracing.md). Exits with\n"
-    "COMMAND's status.\n\n"
+    "ui.perfetto.dev and chrome://tracing open (docs/tracing.md). FILE is\n"
+    "written under a new name beside it and renamed over it once whole (a\n"
+    "link at FILE is replaced, never followed). Exits with COMMAND's status.\n\n"
     "Options:\n"
     "  -o, --output FILE  the merged trace (required)\n"
     "  -h, --help         this text\n";
@@ -83,14 +87,16 @@ int cmd_trace(const std::vector<std::string>& args) {
                  kUsage);
     return 2;
   }
-  // The output must be writable before the command runs.
-  {
-    std::FILE* f = std::fopen(output.c_str(), "w");
-    if (!f) {
-      std::fprintf(stderr, "tpuhal trace: cannot create %s: %s\n", output.c_str(), std::strerror(errno));
-      return 1;
-    }
-    std::fclose(f);
+  // The output's directory must take the file before the command runs. The
+  // merged trace goes to a new file beside OUTPUT, renamed over it at the
+  // end: a link planted at OUTPUT in a shared directory is replaced, never
+  // followed, and OUTPUT is untouched until the trace is whole.
+  std::optional<base::OutputFile> out;
+  try {
+    out.emplace(output);
+  } catch (const std::system_error& e) {
+    std::fprintf(stderr, "tpuhal trace: %s\n", e.what());
+    return 1;
   }
   namespace fs = std::filesystem;
   std::string tmpl = (fs::temp_directory_path() / "tpuhal-trace-XXXXXX").string();
@@ -148,11 +154,11 @@ int cmd_trace(const std::vector<std::string>& args) {
                          {"processes", processes},
                          {"events", events},
                          {"dropped_events", dropped}};
-  std::ofstream out(output);
-  out << merged.dump() << "\n";
-  out.close();
-  if (!out) {
-    std::fprintf(stderr, "tpuhal trace: cannot write %s\n", output.c_str());
+  try {
+    out->write(merged.dump() + "\n");
+    out->commit();
+  } catch (const std::system_error& e) {
+    std::fprintf(stderr, "tpuhal trace: %s\n", e.what());
     return code ? code : 1;
   }
   for (auto& p : problems) std::fprintf(stderr, "tpuhal trace: %s\n", p.c_str());

@@ -98,6 +98,32 @@ def test_each_device_mounts_the_socket_and_names_its_board(daemon):
     assert r.returncode == 2 and "'generate'" in r.stderr
 
 
+def test_a_link_planted_at_the_output_or_its_old_tmp_name_is_replaced_not_followed(daemon, tmp_path):
+    """In a directory others may write to (fs.protected_symlinks=0), links
+    at --output and at the name the spec used to be staged under point at a
+    victim's file, and one at a file that does not exist yet: the spec
+    replaces the links and neither victim is written or made."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    out = tmp_path / "tpuhal.json"
+    out.symlink_to(victim)
+    (tmp_path / "tpuhal.json.tmp").symlink_to(victim)
+    (tmp_path / "new.json").symlink_to(tmp_path / "made-by-the-spec")
+    env = dict(os.environ, TPUHAL_SIMD=daemon["socket"])
+    for target in (out, tmp_path / "new.json"):
+        r = subprocess.run([TPUHAL, "cdi", "generate", "--output", str(target)], capture_output=True, text=True,
+                           timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+        assert not target.is_symlink() and target.is_file()
+        assert [d["name"] for d in json.loads(target.read_text())["devices"]] == ["0", "1", "all"]
+    assert victim.read_text() == "precious"
+    assert sorted(os.listdir(tmp_path)) == ["new.json", "tpuhal.json", "tpuhal.json.tmp", "victim"]
+    # A directory that cannot take the file: refused by name, nothing left.
+    r = subprocess.run([TPUHAL, "cdi", "generate", "--output", str(tmp_path / "nowhere" / "x.json")],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1 and f"cannot create {tmp_path / 'nowhere' / 'x.json'}" in r.stderr
+
+
 def list_with(env_extra):
     """`tpuhal list --json` with exactly these variables added (no TPUHAL_SIMD)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPUHAL_SIMD", "TPUHAL_VISIBLE"))}

@@ -123,10 +123,11 @@ class Watch:
         self.thread.join(10)
 
 
-@pytest.fixture
-def setup(api, tmp_path):
+def start(api, tmp_path, shares, numa=True):
     """A daemon with two tiny boards whose VFs' firmware crashes at their
-    fourth command on compute queue 0, a kubelet stand-in, and the plugin."""
+    fourth command on compute queue 0, a kubelet stand-in, and the plugin
+    advertising `shares` devices per board (board 1 on NUMA node 1 if
+    `numa`)."""
     sock = str(tmp_path / "simd.sock")
     env = dict(os.environ, TPUHAL_SIM_FAULTS="crash:queue=0:after=3")
     daemon = subprocess.Popen([SIMD, "--socket", sock, "--board", "tiny", "--board", "tiny", "--vfs", "2"],
@@ -135,11 +136,15 @@ def setup(api, tmp_path):
     plugins = tmp_path / "device-plugins"
     plugins.mkdir()
     kubelet = Kubelet(api, str(plugins))
-    plugin = subprocess.Popen([PLUGIN, "--plugin-dir", str(plugins), "--shares", "2", "--health-interval-ms", "100",
-                               "--numa", f"simd:{sock}#1=1", "--device", f"simd:{sock}#0", "--device", f"simd:{sock}#1"],
+    plugin = subprocess.Popen([PLUGIN, "--plugin-dir", str(plugins), "--shares", str(shares), "--health-interval-ms",
+                               "100", *(["--numa", f"simd:{sock}#1=1"] if numa else []),
+                               "--device", f"simd:{sock}#0", "--device", f"simd:{sock}#1"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    state = {"sock": sock, "dir": str(plugins), "kubelet": kubelet, "plugin": plugin, "daemon": daemon}
-    yield state
+    return {"sock": sock, "dir": str(plugins), "kubelet": kubelet, "plugin": plugin, "daemon": daemon}
+
+
+def stop(state):
+    plugin, daemon = state["plugin"], state["daemon"]
     plugin.terminate()
     try:
         plugin.wait(10)
@@ -153,6 +158,13 @@ def setup(api, tmp_path):
         daemon.terminate()
         daemon.wait(10)
     daemon.stdout.close()
+
+
+@pytest.fixture
+def setup(api, tmp_path):
+    state = start(api, tmp_path, shares=2)
+    yield state
+    stop(state)
 
 
 def test_the_plugin_registers_lists_allocates_and_prefers_one_numa_node(api, setup):
@@ -266,3 +278,44 @@ def test_a_dead_daemon_turns_its_boards_unhealthy_and_the_plugin_serves_on(api, 
     assert setup["plugin"].poll() is None
     watch.stop()
     channel.close()
+
+
+def test_a_huge_preferred_allocation_is_answered_in_one_pass_and_holds_up_no_allocation(api, tmp_path):
+    """2,048 devices (1,024 shares of each board) and a request that lists
+    one of them 2,000 more times: the repeat is refused by name, and an
+    Allocate sent meanwhile is answered (GetPreferredAllocation holds no
+    lock; its work is linear in the request). Asked for every device, the
+    plugin answers with all of them, one board after the other."""
+    state = start(api, tmp_path, shares=1024, numa=False)
+    try:
+        reg = state["kubelet"].registrations.get(timeout=30)
+        channel, stub = state["kubelet"].connect(reg.endpoint)
+        ids = [f"{b}-{k}" for b in (0, 1) for k in range(1024)]
+
+        def request(available, must, size):
+            return api.PreferredAllocationRequest(container_requests=[api.ContainerPreferredAllocationRequest(
+                available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=size)])
+
+        # Generous deadlines: they end a hang, they measure nothing.
+        listed = ids + ["0-7"] * 2000
+        repeated = stub["preferred"].future(request(listed, [], len(listed)), timeout=120)
+        r = stub["allocate"](api.AllocateRequest(container_requests=[api.ContainerAllocateRequest(
+            devices_ids=["1-3", "1-4"])]), timeout=120)
+        assert [c.name for c in r.container_responses[0].cdi_devices] == ["tpuhal.dev/board=1"]
+        with pytest.raises(grpc.RpcError) as e:
+            repeated.result()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "device ID '0-7' is listed twice in available_deviceIDs" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            stub["preferred"](request(ids, ["1-5", "1-5"], 4), timeout=120)
+        assert "device ID '1-5' is listed twice in must_include_deviceIDs" in e.value.details()
+
+        def prefer(available, must, size):
+            return list(stub["preferred"](request(available, must, size), timeout=120).container_responses[0].deviceIDs)
+        # Every device: a board not yet chosen before a second share of one that is, in the order listed.
+        assert prefer(ids, [], len(ids)) == [f"{b}-{k}" for k in range(1024) for b in (0, 1)]
+        # A required device counts for its board and is not chosen twice.
+        assert prefer(ids, ["1-5"], 4) == ["1-5", "0-0", "0-1", "1-0"]
+        channel.close()
+    finally:
+        stop(state)

@@ -7,9 +7,11 @@ HTTP API return the bytes moved, the frames decoded and the fault injected
 during the run."""
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -112,7 +114,7 @@ def test_the_exporter_passes_promtool_and_names_every_family_by_the_conventions(
     for line in text.splitlines():
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split()
-            assert name.startswith(("tpuhal_", "exposer_")), line  # exposer_: prometheus-cpp's HTTP server
+            assert name.startswith("tpuhal_"), line
             assert name.endswith("_total") == (kind == "counter"), line
     assert series(text, "tpuhal_up", device=fleet["uri"]) == 1
     assert series(text, "tpuhal_power_limit_watts", device=fleet["uri"]) == 5  # tiny.json
@@ -272,3 +274,95 @@ def test_a_malformed_scrape_and_a_dead_daemon_leave_the_exporter_serving(tmp_pat
     finally:
         exporter.stop()
         daemon.stop()
+
+
+def dropped(text, reason):
+    return series(text, "tpuhal_exporter_connections_dropped_total", reason=reason)
+
+
+def unlabelled(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_slow_and_idle_connections_do_not_starve_a_scrape():
+    """Thousands of idle connections (as many as this test's descriptor
+    limit allows, up to 4096) and some that send their request a byte a
+    second (slowloris): a scrape still gets its whole answer, and the
+    trickling connections are cut off although bytes keep coming. The
+    deadlines here end a hang; they measure nothing."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 4096 if hard == resource.RLIM_INFINITY else min(hard, 4096)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    exporter = Process([TPUHAL, "exporter", "--listen", "127.0.0.1:0", "--device", "sim:tiny"], ready="listening on")
+    idle, slow = [], []
+    stop = threading.Event()
+    slow_closed = threading.Event()
+    try:
+        port = int(exporter.first_line.split()[2].rsplit(":", 1)[1])
+        in_use = len(os.listdir("/proc/self/fd"))
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        for _ in range(max(0, min(limit, 4096) - in_use - 64)):
+            try:
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+            except TimeoutError:
+                break  # the server no longer takes connections: the scrape below says what that costs
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(16)]
+        for s in slow:
+            s.setblocking(False)
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-Padding: " + b"y" * 64 + b"\r\n"
+
+        def trickle():
+            """One byte of the request per connection per second, until the server closes it."""
+            open_ = {s: 0 for s in slow}
+            while open_ and not stop.is_set():
+                for s in list(open_):
+                    try:
+                        try:
+                            if not s.recv(4096):  # the server closed it
+                                raise ConnectionResetError
+                        except BlockingIOError:
+                            pass
+                        s.send(request[open_[s] % len(request):][:1])
+                        open_[s] += 1
+                    except OSError:
+                        del open_[s]
+                stop.wait(1.0)  # the attack's pace
+            if not open_:
+                slow_closed.set()
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+
+        text = http_get(f"http://127.0.0.1:{port}/metrics", timeout=60)
+        assert series(text, "tpuhal_up", device="sim:tiny") == 1
+        assert unlabelled(text, "tpuhal_exporter_scrapes_total") == 1
+        # At most 512 connections stay open: every idle one beyond them was
+        # pushed out by newcomers or timed out before the scrape was accepted.
+        assert dropped(text, "evicted") + dropped(text, "request_timeout") >= len(idle) - 512
+        assert slow_closed.wait(60), "the server kept connections that trickle their request forever"
+        text = http_get(f"http://127.0.0.1:{port}/metrics", timeout=60)
+        print(f"{len(idle)} idle and {len(slow)} trickling connections; closed early: " +
+              ", ".join(f"{r} {dropped(text, r):.0f}" for r in ("evicted", "request_timeout")))
+        assert dropped(text, "request_timeout") >= 1
+        assert unlabelled(text, "tpuhal_exporter_scrapes_total") == 2
+        assert exporter.p.poll() is None
+        # HEAD is a scrape without the body; other methods and paths are refused.
+        for req, status, body in ((b"HEAD", b"200", False), (b"POST", b"405", True)):
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+                s.sendall(req + b" /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = b""
+                while chunk := s.recv(65536):
+                    answer += chunk
+            head, _, rest = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 " + status + b" "), answer
+            assert bool(rest) == body, answer
+    finally:
+        stop.set()
+        for s in idle + slow:
+            s.close()
+        exporter.stop()
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -52,8 +52,10 @@ struct Summary {
   std::string error;            // why writing stopped early, "" if it did not
 };
 
-// Starts a trace written to `path` ("%p" becomes the process id). Throws
-// FailedPrecondition if a trace is already on, and NotFound,
+// Starts a trace written to `path` ("%p" becomes the process id): a new
+// file created beside it and renamed over it at once (whatever was at
+// `path`, a link included, is replaced, never followed or written through).
+// Throws FailedPrecondition if a trace is already on, and NotFound,
 // PermissionDenied or InvalidArgument (with the system's reason) if the file
 // cannot be created; the program goes on untraced then.
 TPUHAL_API void start(std::string_view path);
