@@ -2,14 +2,20 @@
 // has, whatever TPUHAL_MAX_ISA says (the kernels are called directly):
 // exact, wrapping int32 results against an int64 reference, for every
 // operand type, zero-point form, operand layout, padding and edge tile.
+// Likewise the innermost loops (simd.h) against their scalar rules, and
+// which level's version each of their entry points runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine.h"
@@ -220,19 +226,22 @@ namespace {
 // The vectorised conversions give the same bits as the scalar rules of
 // numerics.h: every binary16 value, and f32 values around every rounding
 // boundary, infinities and NaNs.
-TEST(TensorIsa, VectorConversionsMatchTheScalarRules) {
+TEST(TensorIsa, VectorConversionsMatchTheScalarRulesAtEveryLevel) {
   std::vector<std::uint16_t> halves(65536);
   for (std::uint32_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<std::uint16_t>(i);
   std::vector<float> wide(halves.size());
-  simd::widen_f16(halves.data(), wide.data(), halves.size());
-  for (std::uint32_t i = 0; i < halves.size(); ++i) {
-    const float want = half_to_float(halves[i]);
-    ASSERT_EQ(std::memcmp(&wide[i], &want, 4), 0) << "f16 0x" << std::hex << i;
-  }
-  simd::widen_bf16(halves.data(), wide.data(), halves.size());
-  for (std::uint32_t i = 0; i < halves.size(); ++i) {
-    const float want = bf16_to_float(halves[i]);
-    ASSERT_EQ(std::memcmp(&wide[i], &want, 4), 0) << "bf16 0x" << std::hex << i;
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    simd::kernels(isa).widen_f16(halves.data(), wide.data(), halves.size());
+    for (std::uint32_t i = 0; i < halves.size(); ++i) {
+      const float want = half_to_float(halves[i]);
+      ASSERT_EQ(std::memcmp(&wide[i], &want, 4), 0) << "f16 0x" << std::hex << i;
+    }
+    simd::kernels(isa).widen_bf16(halves.data(), wide.data(), halves.size());
+    for (std::uint32_t i = 0; i < halves.size(); ++i) {
+      const float want = bf16_to_float(halves[i]);
+      ASSERT_EQ(std::memcmp(&wide[i], &want, 4), 0) << "bf16 0x" << std::hex << i;
+    }
   }
   std::vector<float> floats;
   std::mt19937 rng(7);
@@ -260,13 +269,16 @@ TEST(TensorIsa, VectorConversionsMatchTheScalarRules) {
                   -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
     floats.push_back(f);
   std::vector<std::uint16_t> narrow(floats.size());
-  simd::narrow_bf16(floats.data(), narrow.data(), floats.size());
-  for (std::size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(narrow[i], float_to_bf16(floats[i])) << floats[i];
-  simd::narrow_f16(floats.data(), narrow.data(), floats.size());
-  for (std::size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(narrow[i], float_to_half(floats[i])) << floats[i];
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    simd::kernels(isa).narrow_bf16(floats.data(), narrow.data(), floats.size());
+    for (std::size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(narrow[i], float_to_bf16(floats[i])) << floats[i];
+    simd::kernels(isa).narrow_f16(floats.data(), narrow.data(), floats.size());
+    for (std::size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(narrow[i], float_to_half(floats[i])) << floats[i];
+  }
 }
 
-TEST(TensorIsa, PoolingStepsMatchTheScalarRuleAtEveryStride) {
+TEST(TensorIsa, PoolingStepsMatchTheScalarRuleAtEveryStrideAndLevel) {
   // Values with NaNs, infinities, signed zeros and ties, at strides 1, 2, 3.
   std::mt19937 rng(11);
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
@@ -276,45 +288,50 @@ TEST(TensorIsa, PoolingStepsMatchTheScalarRuleAtEveryStride) {
                             0.0f,
                             -0.0f,
                             1.0f};
-  for (std::size_t stride : {1u, 2u, 3u})
-    for (std::size_t n : {0u, 1u, 7u, 33u, 1000u}) {
-      std::vector<float> in(n * stride + 1), out(n), want(n), sums(n), want_sums(n);
-      for (auto& v : in) v = rng() % 5 == 0 ? specials[rng() % 7] : static_cast<float>(static_cast<int>(rng() % 9) - 4);
-      for (std::size_t i = 0; i < n; ++i) {
-        out[i] = want[i] = rng() % 7 == 0 ? specials[rng() % 7] : static_cast<float>(static_cast<int>(rng() % 9) - 4);
-        sums[i] = want_sums[i] = static_cast<float>(rng() % 1000) / 7.0f;
-        const float v = in[i * stride];
-        want[i] = v > want[i] || v != v ? v : want[i];
-        want_sums[i] += v;
+  for (Isa isa : levels_here())
+    for (std::size_t stride : {1u, 2u, 3u})
+      for (std::size_t n : {0u, 1u, 7u, 33u, 1000u}) {
+        SCOPED_TRACE(std::string(isa_name(isa)));
+        std::vector<float> in(n * stride + 1), out(n), want(n), sums(n), want_sums(n);
+        for (auto& v : in)
+          v = rng() % 5 == 0 ? specials[rng() % 7] : static_cast<float>(static_cast<int>(rng() % 9) - 4);
+        for (std::size_t i = 0; i < n; ++i) {
+          out[i] = want[i] = rng() % 7 == 0 ? specials[rng() % 7] : static_cast<float>(static_cast<int>(rng() % 9) - 4);
+          sums[i] = want_sums[i] = static_cast<float>(rng() % 1000) / 7.0f;
+          const float v = in[i * stride];
+          want[i] = v > want[i] || v != v ? v : want[i];
+          want_sums[i] += v;
+        }
+        simd::kernels(isa).max_strided_f32(out.data(), in.data(), n, stride);
+        simd::kernels(isa).add_strided_f32(sums.data(), in.data(), n, stride);
+        for (std::size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(std::memcmp(&out[i], &want[i], 4), 0) << "max, stride " << stride << ", element " << i;
+          ASSERT_EQ(std::memcmp(&sums[i], &want_sums[i], 4), 0) << "add, stride " << stride << ", element " << i;
+        }
       }
-      simd::max_strided_f32(out.data(), in.data(), n, stride);
-      simd::add_strided_f32(sums.data(), in.data(), n, stride);
-      for (std::size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(std::memcmp(&out[i], &want[i], 4), 0) << "max, stride " << stride << ", element " << i;
-        ASSERT_EQ(std::memcmp(&sums[i], &want_sums[i], 4), 0) << "add, stride " << stride << ", element " << i;
-      }
-    }
 }
 
-TEST(TensorIsa, ConvolutionTapStepRoundsTheProductThenAdds) {
+TEST(TensorIsa, ConvolutionTapStepRoundsTheProductThenAddsAtEveryLevel) {
   // out[i] += w * in[i * stride], product and sum each rounded once: the
-  // same bits as the scalar rule, whichever clone the CPU picks.
+  // same bits as the scalar rule, at every level.
   std::mt19937 rng(12);
   std::uniform_real_distribution<float> u(-3.0f, 3.0f);
-  for (std::size_t stride : {1u, 2u, 3u})
-    for (std::size_t n : {0u, 1u, 7u, 33u, 1000u}) {
-      std::vector<float> in(n * stride + 1), out(n), want(n);
-      for (auto& v : in) v = u(rng);
-      for (std::size_t i = 0; i < n; ++i) out[i] = want[i] = u(rng);
-      const float w = u(rng);
-      for (std::size_t i = 0; i < n; ++i) {
-        volatile float product = w * in[i * stride];  // kept from fusing with the sum
-        want[i] += product;
+  for (Isa isa : levels_here())
+    for (std::size_t stride : {1u, 2u, 3u})
+      for (std::size_t n : {0u, 1u, 7u, 33u, 1000u}) {
+        SCOPED_TRACE(std::string(isa_name(isa)));
+        std::vector<float> in(n * stride + 1), out(n), want(n);
+        for (auto& v : in) v = u(rng);
+        for (std::size_t i = 0; i < n; ++i) out[i] = want[i] = u(rng);
+        const float w = u(rng);
+        for (std::size_t i = 0; i < n; ++i) {
+          volatile float product = w * in[i * stride];  // kept from fusing with the sum
+          want[i] += product;
+        }
+        simd::kernels(isa).madd_strided_f32(out.data(), in.data(), n, stride, w);
+        for (std::size_t i = 0; i < n; ++i)
+          ASSERT_EQ(std::memcmp(&out[i], &want[i], 4), 0) << "stride " << stride << ", element " << i;
       }
-      simd::madd_strided_f32(out.data(), in.data(), n, stride, w);
-      for (std::size_t i = 0; i < n; ++i)
-        ASSERT_EQ(std::memcmp(&out[i], &want[i], 4), 0) << "stride " << stride << ", element " << i;
-    }
 }
 
 TEST(TensorIsa, ExpIsWithinTwoUlpAndItsActivationsMatchTheScalarRule) {
@@ -351,20 +368,220 @@ TEST(TensorIsa, ExpIsWithinTwoUlpAndItsActivationsMatchTheScalarRule) {
     ASSERT_LE(err, 2.0) << "exp(" << x << ") = " << got << ", e^x = " << want;
   }
   std::printf("exp_f32: at most %.3f ulp over %zu arguments\n", worst_ulp, xs.size());
-  // The vector activations give the scalar formula's bits.
-  std::vector<float> sig(xs), silu(xs);
-  simd::sigmoid_f32(sig.data(), sig.size());
-  simd::silu_f32(silu.data(), silu.size());
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    if (std::isnan(xs[i])) {  // a NaN's sign and payload are not promised
-      ASSERT_TRUE(std::isnan(sig[i]) && std::isnan(silu[i]));
+  // The vector activations give the scalar formula's bits at every level.
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    std::vector<float> sig(xs), silu(xs);
+    simd::kernels(isa).sigmoid_f32(sig.data(), sig.size());
+    simd::kernels(isa).silu_f32(silu.data(), silu.size());
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      if (std::isnan(xs[i])) {  // a NaN's sign and payload are not promised
+        ASSERT_TRUE(std::isnan(sig[i]) && std::isnan(silu[i]));
+        continue;
+      }
+      const float e = simd::exp_f32(-xs[i]);
+      const float want_sig = 1.0f / (1.0f + e), want_silu = xs[i] / (1.0f + e);
+      ASSERT_EQ(std::memcmp(&sig[i], &want_sig, 4), 0) << "sigmoid(" << xs[i] << ")";
+      ASSERT_EQ(std::memcmp(&silu[i], &want_silu, 4), 0) << "silu(" << xs[i] << ")";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tpuhal::sim::tensor
+
+namespace tpuhal::sim::tensor {
+namespace {
+
+// Floats with NaNs, infinities, signed zeros and values on both sides of
+// the activations' bends.
+std::vector<float> activation_inputs() {
+  std::vector<float> xs = {std::numeric_limits<float>::quiet_NaN(),
+                           -std::numeric_limits<float>::quiet_NaN(),
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           0.0f,
+                           -0.0f,
+                           3.0f,
+                           -3.0f,
+                           1e-40f,
+                           -1e-40f};
+  std::mt19937 rng(14);
+  std::uniform_real_distribution<float> u(-8.0f, 8.0f);
+  for (int i = 0; i < 10000; ++i) xs.push_back(u(rng));
+  return xs;
+}
+
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i])) {  // a NaN's sign and payload are not promised
+      ASSERT_TRUE(std::isnan(got[i])) << what << ", element " << i;
       continue;
     }
-    const float e = simd::exp_f32(-xs[i]);
-    const float want_sig = 1.0f / (1.0f + e), want_silu = xs[i] / (1.0f + e);
-    ASSERT_EQ(std::memcmp(&sig[i], &want_sig, 4), 0) << "sigmoid(" << xs[i] << ")";
-    ASSERT_EQ(std::memcmp(&silu[i], &want_silu, 4), 0) << "silu(" << xs[i] << ")";
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0)
+        << what << ", element " << i << ": " << got[i] << ", not " << want[i];
   }
+}
+
+TEST(TensorIsa, ActivationLoopsMatchTheScalarRulesAtEveryLevel) {
+  const std::vector<float> xs = activation_inputs();
+  const float alpha = 0.2f, beta = 0.5f, lo = -1.5f, hi = 6.0f;
+  std::vector<float> relu(xs), clip(xs), leaky(xs), hsig(xs), hswish(xs);
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const float p = xs[i];
+    relu[i] = p > 0 ? p : 0.0f;
+    clip[i] = std::min(std::max(p, lo), hi);
+    volatile float scaled = alpha * p;  // each product rounded, never fused with the sum
+    leaky[i] = p < 0 ? static_cast<float>(scaled) : p;
+    const float gate = std::min(std::max(static_cast<float>(scaled) + beta, 0.0f), 1.0f);
+    hsig[i] = gate;
+    hswish[i] = p * gate;
+  }
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const simd::Kernels& k = simd::kernels(isa);
+    std::vector<float> got(xs);
+    k.relu_f32(got.data(), got.size());
+    expect_same_bits(got, relu, "relu");
+    got = xs;
+    k.clip_f32(got.data(), got.size(), lo, hi);
+    expect_same_bits(got, clip, "clip");
+    got = xs;
+    k.leaky_relu_f32(got.data(), got.size(), alpha);
+    expect_same_bits(got, leaky, "leaky relu");
+    got = xs;
+    k.hard_sigmoid_f32(got.data(), got.size(), alpha, beta);
+    expect_same_bits(got, hsig, "hard sigmoid");
+    got = xs;
+    k.hard_swish_f32(got.data(), got.size(), alpha, beta);
+    expect_same_bits(got, hswish, "hard swish");
+  }
+}
+
+TEST(TensorIsa, IntegerLoopsAndRequantisationMatchTheScalarRulesAtEveryLevel) {
+  std::mt19937 rng(15);
+  const std::size_t n = 200003;  // past sum_abs_i8's blocks of 65536
+  std::vector<std::int8_t> bytes(n);
+  for (auto& b : bytes) b = static_cast<std::int8_t>(rng());
+  bytes[0] = -128;
+  std::vector<std::int32_t> acc(n), add(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    acc[i] = static_cast<std::int32_t>(rng());
+    add[i] = static_cast<std::int32_t>(rng());
+  }
+  std::uint64_t want_total = 0;
+  std::vector<std::int32_t> want_sum(n);
+  std::vector<std::uint32_t> want_abs(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int32_t b = bytes[i];
+    want_total += static_cast<std::uint64_t>(b < 0 ? -b : b);
+    want_abs[i] = static_cast<std::uint32_t>(i) + static_cast<std::uint32_t>(b < 0 ? -b : b);
+    want_sum[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(acc[i]) + static_cast<std::uint32_t>(add[i]));
+  }
+  // Requantisation: accumulators and multipliers with products up to and
+  // past 2^22, halfway cases, both byte types.
+  const std::size_t m = 4099;
+  std::vector<std::int32_t> q_acc(m);
+  std::vector<float> mul(m);
+  std::uniform_real_distribution<float> scale(0.0f, 4.0f);
+  for (std::size_t i = 0; i < m; ++i) {
+    q_acc[i] = static_cast<std::int32_t>(rng() % 4000001) - 2000000;
+    mul[i] = i % 5 == 0 ? 0.5f : i % 7 == 0 ? 8.0f : scale(rng);
+    if (i % 11 == 0) q_acc[i] = static_cast<std::int32_t>(i) - 2000;  // small values, many ties at 0.5
+  }
+  struct Range {
+    std::int32_t zero, lo, hi;
+  };
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const simd::Kernels& k = simd::kernels(isa);
+    EXPECT_EQ(k.sum_abs_i8(bytes.data(), n), want_total);
+    std::vector<std::uint32_t> sums(n);
+    for (std::size_t i = 0; i < n; ++i) sums[i] = static_cast<std::uint32_t>(i);
+    k.add_abs_i8(sums.data(), bytes.data(), n);
+    ASSERT_EQ(sums, want_abs);
+    std::vector<std::int32_t> out(acc);
+    k.add_i32(out.data(), add.data(), n);
+    ASSERT_EQ(out, want_sum);
+    for (const Range r : {Range{128, 0, 255}, Range{-3, -128, 127}}) {
+      std::vector<std::uint8_t> got(m);
+      k.requantize_u8(q_acc.data(), mul.data(), got.data(), m, r.zero, r.lo, r.hi);
+      for (std::size_t i = 0; i < m; ++i) {
+        volatile float product = static_cast<float>(q_acc[i]) * mul[i];
+        const float v = std::min(std::max(static_cast<float>(product), -4194304.0f), 4194304.0f);
+        const auto rounded = static_cast<std::int32_t>(std::nearbyint(v));  // half to even
+        const std::int32_t want = std::min(std::max(rounded + r.zero, r.lo), r.hi);
+        ASSERT_EQ(got[i], static_cast<std::uint8_t>(want)) << q_acc[i] << " * " << mul[i] << ", zero " << r.zero;
+      }
+    }
+  }
+}
+
+// The versions the entry points run follow the level, not the CPU alone:
+// capped at the lowest level every entry point runs its baseline version,
+// at the top its top one, and at each level between the version that level
+// was built for (x86-64: sse2, sse41, avx2, avx512; avx512_vnni runs
+// avx512's; elsewhere one version for every level).
+Isa own_version(Isa isa) {
+#if defined(__x86_64__)
+  return isa == Isa::kAvx512Vnni ? Isa::kAvx512 : isa;
+#else
+  (void)isa;
+  return Isa::kGeneric;
+#endif
+}
+
+std::string version_name(std::optional<Isa> isa) { return isa ? std::string(isa_name(*isa)) : "none"; }
+
+class SimdLevel : public ::testing::Test {
+ protected:
+  void TearDown() override { simd::use_level(isa_from_env()); }  // as the process started
+};
+
+TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVersion) {
+  const Isa lowest = levels_here().front();
+#if defined(__x86_64__)
+  ASSERT_EQ(lowest, Isa::kSse2);
+#endif
+  simd::use_level(lowest);
+  ASSERT_EQ(simd::entry_points().size(), 18u);
+  for (std::string_view e : simd::entry_points()) {
+    EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
+    EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;
+  }
+}
+
+TEST_F(SimdLevel, AtTheTopLevelEveryVectorEntryPointRunsItsTopVersion) {
+  const Isa top = isa_detected();
+  simd::use_level(top);
+  for (std::string_view e : simd::entry_points()) {
+    EXPECT_EQ(version_name(simd::version(e)), isa_name(own_version(top))) << e;
+    EXPECT_EQ(version_name(simd::version(e, top)), isa_name(own_version(top))) << e;
+  }
+  std::printf("the vector entry points at %s run %s's versions\n", std::string(isa_name(top)).c_str(),
+              std::string(isa_name(own_version(top))).c_str());
+}
+
+TEST_F(SimdLevel, AtEveryLevelEveryVectorEntryPointRunsThatLevelsVersion) {
+  for (Isa isa : levels_here()) {
+    simd::use_level(isa);
+    EXPECT_EQ(&simd::active(), &simd::kernels(isa));
+    EXPECT_EQ(isa_name(simd::kernels(isa).isa), isa_name(own_version(isa)));
+    for (std::string_view e : simd::entry_points()) {
+      EXPECT_EQ(version_name(simd::version(e)), isa_name(own_version(isa))) << e << " at " << isa_name(isa);
+    }
+  }
+  EXPECT_EQ(simd::version("no_such_loop"), std::nullopt);
+  EXPECT_EQ(simd::version("no_such_loop", isa_detected()), std::nullopt);
+}
+
+// Without use_level, the level is isa_from_env()'s: scripts/test.sh runs
+// this with TPUHAL_MAX_ISA at every level below the CPU's.
+TEST(TensorIsa, VectorEntryPointsRunTheLevelTpuhalMaxIsaGives) {
+  const Isa level = isa_from_env();
+  for (std::string_view e : simd::entry_points())
+    EXPECT_EQ(version_name(simd::version(e)), isa_name(own_version(level))) << e;
 }
 
 }  // namespace

@@ -1,10 +1,18 @@
-// The tensor engine's innermost loops, compiled for several instruction
-// sets and chosen at run time (GCC function multi-versioning): the build
-// targets baseline x86-64, the machine may have AVX2 or AVX-512.
+// The tensor engine's innermost loops, compiled once per instruction-set
+// level (simd_<level>.cpp, from the one source simd_kernels.inc) and chosen
+// at run time through a table per level, as the GEMMs' kernels are: the
+// level isa_from_env() gives (the CPU's, capped by TPUHAL_MAX_ISA) picks
+// the versions. Every level gives the same bits: the loops are built
+// without contraction into FMA, and TensorIsa tests each level this CPU has.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "isa.h"
 
 namespace tpuhal::sim::tensor::simd {
 
@@ -63,5 +71,56 @@ void widen_f16(const std::uint16_t* in, float* out, std::size_t n);
 void widen_bf16(const std::uint16_t* in, float* out, std::size_t n);
 void narrow_f16(const float* in, std::uint16_t* out, std::size_t n);
 void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
+
+// The vector entry points above (all but the scalar exp_f32), in one list:
+// each level's table, the dispatch and its checks are expanded from it.
+#define TPUHAL_SIMD_ENTRY_POINTS(X) \
+  X(add_i32)                        \
+  X(add_abs_i8)                     \
+  X(sum_abs_i8)                     \
+  X(requantize_u8)                  \
+  X(max_strided_f32)                \
+  X(add_strided_f32)                \
+  X(madd_strided_f32)               \
+  X(sigmoid_f32)                    \
+  X(silu_f32)                       \
+  X(relu_f32)                       \
+  X(clip_f32)                       \
+  X(leaky_relu_f32)                 \
+  X(hard_sigmoid_f32)               \
+  X(hard_swish_f32)                 \
+  X(widen_f16)                      \
+  X(widen_bf16)                     \
+  X(narrow_f16)                     \
+  X(narrow_bf16)
+
+// One level's versions of the entry points.
+struct Kernels {
+  Isa isa;  // the level they were built for
+#define TPUHAL_SIMD_MEMBER(name) decltype(&simd::name) name;
+  TPUHAL_SIMD_ENTRY_POINTS(TPUHAL_SIMD_MEMBER)
+#undef TPUHAL_SIMD_MEMBER
+};
+
+// The versions for an engine at `isa`: those of the highest level at or
+// below it that has its own (x86-64: sse2, sse41, avx2, avx512; elsewhere
+// one portable build, which on arm64 uses Advanced SIMD as its baseline).
+const Kernels& kernels(Isa isa);
+
+// The versions the entry points run: kernels(isa_from_env()) as it is at
+// the first call (where it refuses TPUHAL_MAX_ISA, the lowest level's:
+// opening a board refuses the value first, naming it), or those of the
+// level last given to use_level().
+const Kernels& active();
+// From now on, in the whole process, the entry points run kernels(isa)
+// (tests compare levels in one process).
+void use_level(Isa isa);
+
+// The entry points' names, in TPUHAL_SIMD_ENTRY_POINTS's order.
+std::span<const std::string_view> entry_points();
+// The level whose version of `entry` kernels(isa) holds, or that the entry
+// point runs now (active()); nullopt for a name that is not an entry point.
+std::optional<Isa> version(std::string_view entry, Isa isa);
+std::optional<Isa> version(std::string_view entry);
 
 }  // namespace tpuhal::sim::tensor::simd
