@@ -71,6 +71,19 @@ struct Classifier {
 
 }  // namespace
 
+VideoDecoderOptions decoder_options(const Demuxer& source, VideoDecoderOptions base) {
+  const std::uint32_t floor_w = source.live() ? 1920 : 16, floor_h = source.live() ? 1088 : 16;
+  base.codec = source.codec();
+  base.max_width = std::max(floor_w, source.width());
+  base.max_height = std::max(floor_h, source.height());
+  return base;
+}
+
+bool decoder_fits(const VideoDecoderOptions& options, const Demuxer& source) {
+  return source.codec() == options.codec && source.width() <= options.max_width &&
+         source.height() <= options.max_height;
+}
+
 std::string make_test_clip(const std::string& dir, const std::string& size, int frames) {
   const std::string path = dir + "/camera-" + size + ".mp4";
   const std::string cmd = "ffmpeg -nostdin -loglevel error -y -f lavfi -i testsrc2=size=" + size +
@@ -121,15 +134,7 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
             slot = nullptr;
           }
         } unregister{mu, open_sources[c]};
-        // A live source may not say its size before it decodes, and may come
-        // back larger: its decoders take 1080p.
-        VideoDecoderOptions o;
-        auto configure = [&] {
-          o.codec = in.codec();
-          o.max_width = std::max<std::uint32_t>(in.live() ? 1920 : 16, in.width());
-          o.max_height = std::max<std::uint32_t>(in.live() ? 1088 : 16, in.height());
-        };
-        configure();
+        VideoDecoderOptions o = decoder_options(in);
         VideoDecoder dec = dev.open_decoder(o);
         Queue& q = queues[c % queues.size()];
         Classifier net(dev, q);
@@ -193,10 +198,10 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
               // or a larger size.
               dec.flush();
               drain();
-              if (in.codec() == o.codec && in.width() <= o.max_width && in.height() <= o.max_height) {
+              if (decoder_fits(o, in)) {
                 dec.reset();
               } else {
-                configure();
+                o = decoder_options(in, o);
                 dec = dev.open_decoder(o);
               }
             }

@@ -36,16 +36,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Status values of tpuhal::Status, which the daemon does not link.
-enum : std::uint32_t {
-  kInvalidArgument = 1,
-  kNotFound = 3,
-  kOutOfMemory = 5,
-  kResourceExhausted = 6,
-  kFailedPrecondition = 12,
-  kPermissionDenied = 14,
-};
-
 constexpr std::uint64_t kVfUnit = 64 << 10;
 // Connections beyond one per VF: listings, statistics, clients waiting for
 // a VF to come free.
@@ -536,7 +526,7 @@ void Server::run() {
   log->info("stopping");
 }
 
-void Server::refuse(base::UniqueFd sock, std::uint32_t status, const std::string& message) {
+void Server::refuse(base::UniqueFd sock, ErrorStatus status, const std::string& message) {
   send_error(sock.get(), status, message);
   ::shutdown(sock.get(), SHUT_WR);
   if (refused_.size() >= kMaxRefused) refused_.erase(refused_.begin());
@@ -587,7 +577,7 @@ void Server::accept_one() {
       if (refused) {
         // Answered and closed at once: lingering would hold the descriptor
         // the daemon lacks.
-        send_error(refused.get(), kResourceExhausted,
+        send_error(refused.get(), ErrorStatus::ResourceExhausted,
                    "the simulator daemon is out of file descriptors (" + errno_text(err) + "); try again later");
         ::shutdown(refused.get(), SHUT_WR);
         char buf[256];
@@ -607,20 +597,20 @@ void Server::accept_one() {
   if (sock.get() >= fd_limit_ - kFdReserve) {
     const std::string why = "the simulator daemon is out of file descriptors (" + std::to_string(sock.get() + 1) +
                             " of its limit of " + std::to_string(fd_limit_) + " in use); try again later";
-    refuse(std::move(sock), kResourceExhausted, why);
+    refuse(std::move(sock), ErrorStatus::ResourceExhausted, why);
     log->warn("refused a connection: {}", why);
     return;
   }
   ucred cred{};
   socklen_t len = sizeof cred;
   if (::getsockopt(sock.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    refuse(std::move(sock), kPermissionDenied, "the simulator daemon cannot tell who is connecting");
+    refuse(std::move(sock), ErrorStatus::PermissionDenied, "the simulator daemon cannot tell who is connecting");
     return;
   }
   // With an owner-only socket only the owner gets here, root apart: refuse
   // that too. With a group or wider mode, the mode says who may connect.
   if (cred.uid != ::getuid() && !(options_.mode & 0066)) {
-    refuse(std::move(sock), kPermissionDenied,
+    refuse(std::move(sock), ErrorStatus::PermissionDenied,
            "the simulator daemon serves only its own user (uid " + std::to_string(::getuid()) + ")");
     log->warn("refused a client of uid {}", cred.uid);
     return;
@@ -657,7 +647,7 @@ void Server::accept_one() {
   }
   if (!refusal.empty()) {
     lock.unlock();
-    refuse(std::move(sock), kResourceExhausted, refusal);
+    refuse(std::move(sock), ErrorStatus::ResourceExhausted, refusal);
     log->warn("refused a connection from pid {}: {}", cred.pid, refusal);
     return;
   }
@@ -682,7 +672,7 @@ void Server::accept_one() {
     --users_[gone->uid].connections;
     --processes_[gone->pid].connections;
     lock.unlock();
-    refuse(std::move(gone->sock), kResourceExhausted,
+    refuse(std::move(gone->sock), ErrorStatus::ResourceExhausted,
            std::string("the simulator daemon cannot start a thread for the connection: ") + e.what());
     log->warn("refused a connection from pid {}: {}", cred.pid, e.what());
   }
@@ -790,14 +780,14 @@ void Server::serve(Client& client) {
     if (client.evicted.load()) {
       // Said without waiting: a client that reads nothing holds no thread.
       ::fcntl(client.sock.get(), F_SETFL, ::fcntl(client.sock.get(), F_GETFL) | O_NONBLOCK);
-      send_error(client.sock.get(), kResourceExhausted,
+      send_error(client.sock.get(), ErrorStatus::ResourceExhausted,
                  "closed: uid " + std::to_string(client.uid) +
                      " reached its connection quota (tpuhal-simd --max-connections-per-user) and this connection, "
                      "its oldest without a VF, made way for a new one");
       break;
     }
     if (n == 0) {
-      send_error(client.sock.get(), kResourceExhausted,
+      send_error(client.sock.get(), ErrorStatus::ResourceExhausted,
                  "closed: " + std::to_string(idle) + " s without a request or a VF (tpuhal-simd --idle-seconds)");
       log->info("closed an idle connection of pid {}", client.pid);
       break;
@@ -808,7 +798,7 @@ void Server::serve(Client& client) {
     if (err == EPROTO) {
       protocol_errors_.fetch_add(1);
       log->warn("client pid {}: {}", client.pid, why);
-      send_error(client.sock.get(), kInvalidArgument, "the simulator daemon cannot read " + why);
+      send_error(client.sock.get(), ErrorStatus::InvalidArgument, "the simulator daemon cannot read " + why);
       continue;
     }
     if (err) break;  // hung up, or died
@@ -817,7 +807,7 @@ void Server::serve(Client& client) {
     if (m.sender_pid > 0 && (m.sender_pid != client.pid || m.sender_uid != client.uid)) {
       const std::int32_t was = client.pid;
       if (const std::string refusal = rehome(client, m.sender_pid, m.sender_uid); !refusal.empty()) {
-        send_error(client.sock.get(), kResourceExhausted, "closed: " + refusal);
+        send_error(client.sock.get(), ErrorStatus::ResourceExhausted, "closed: " + refusal);
         log->warn("closed a connection of pid {} that pid {} sent on: {}", was, m.sender_pid, refusal);
         break;
       }
@@ -829,7 +819,7 @@ void Server::serve(Client& client) {
     } catch (const std::exception& e) {
       // Out of memory, say: this request fails, nothing else.
       log->warn("client pid {}: {} failed: {}", client.pid, to_string(m.header.type), e.what());
-      send_error(client.sock.get(), kOutOfMemory,
+      send_error(client.sock.get(), ErrorStatus::OutOfMemory,
                  to_string(m.header.type) + ": the simulator daemon could not serve it: " + e.what());
     }
   }
@@ -853,7 +843,7 @@ void Server::handle(Client& client, Message& m) {
       return;
     default:
       protocol_errors_.fetch_add(1);
-      send_error(sock, kInvalidArgument,
+      send_error(sock, ErrorStatus::InvalidArgument,
                  "the simulator daemon does not take " + to_string(m.header.type) + " from a client");
   }
 }
@@ -887,7 +877,7 @@ void Server::reply_stats(Client& client, const Message& m) {
   const StatsRequest* req = m.as<StatsRequest>();
   if (!m.body.empty() && !req) {
     protocol_errors_.fetch_add(1);
-    send_error(client.sock.get(), kInvalidArgument,
+    send_error(client.sock.get(), ErrorStatus::InvalidArgument,
                "stats: a body of " + std::to_string(m.body.size()) + " bytes, 0 or " +
                    std::to_string(sizeof(StatsRequest)) + " expected");
     return;
@@ -946,14 +936,14 @@ void Server::reply_telemetry(Client& client, const Message& m) {
   const auto* req = m.as<TelemetryRequest>();
   if (!req) {
     protocol_errors_.fetch_add(1);
-    send_error(sock, kInvalidArgument,
+    send_error(sock, ErrorStatus::InvalidArgument,
                "telemetry: a body of " + std::to_string(m.body.size()) + " bytes, " +
                    std::to_string(sizeof(TelemetryRequest)) + " expected");
     return;
   }
   // Built under mu_, sent after it, errors included.
   std::vector<std::byte> block;
-  std::uint32_t status = 0;
+  std::optional<ErrorStatus> status;
   std::string refusal;
   {
     std::lock_guard lock(mu_);
@@ -962,17 +952,17 @@ void Server::reply_telemetry(Client& client, const Message& m) {
       for (auto& c : clients_)
         if (c->board && c->board_index == req->board && c->vf == req->vf) vf = c.get();
     if (req->board >= boards_.size()) {
-      status = kNotFound;
+      status = ErrorStatus::NotFound;
       refusal = "telemetry: board " + std::to_string(req->board) + " is not served (the daemon serves " +
                 std::to_string(boards_.size()) + ")";
     } else if (req->vf == kWholeBoard) {
       block = whole_board_telemetry(*boards_[req->board], req->board);
     } else if (!vf) {
-      status = kNotFound;
+      status = ErrorStatus::NotFound;
       refusal =
           "telemetry: VF " + std::to_string(req->vf) + " of board " + std::to_string(req->board) + " is not in use";
     } else if (client.uid != ::getuid() && vf->uid != client.uid) {
-      status = kPermissionDenied;
+      status = ErrorStatus::PermissionDenied;
       refusal = "telemetry: VF " + std::to_string(req->vf) + " of board " + std::to_string(req->board) +
                 " belongs to another user";
     } else {
@@ -980,7 +970,7 @@ void Server::reply_telemetry(Client& client, const Message& m) {
     }
   }
   if (status) {
-    send_error(sock, status, refusal);
+    send_error(sock, *status, refusal);
     return;
   }
   send_message(sock, MsgType::kTelemetryReply, block);
@@ -991,19 +981,19 @@ void Server::attach(Client& client, const Message& m) {
   const auto* req = m.as<AttachRequest>();
   if (!req) {
     protocol_errors_.fetch_add(1);
-    send_error(sock, kInvalidArgument,
+    send_error(sock, ErrorStatus::InvalidArgument,
                "attach: a body of " + std::to_string(m.body.size()) + " bytes, " +
                    std::to_string(sizeof(AttachRequest)) + " expected");
     return;
   }
   if (client.board) {
-    send_error(sock, kFailedPrecondition,
+    send_error(sock, ErrorStatus::FailedPrecondition,
                "attach: this connection already holds VF " + std::to_string(client.vf) + " of board " +
                    std::to_string(client.board_index));
     return;
   }
   if (req->board >= boards_.size()) {
-    send_error(sock, kNotFound,
+    send_error(sock, ErrorStatus::NotFound,
                "no board " + std::to_string(req->board) + ": this daemon serves " + std::to_string(boards_.size()) +
                    " (#0.." + std::to_string(boards_.size() - 1) + ")");
     return;
@@ -1024,13 +1014,13 @@ void Server::attach(Client& client, const Message& m) {
                            "holds " + std::to_string(user.vfs));
     if (!refusal.empty()) {
       lock.unlock();
-      send_error(sock, kResourceExhausted, "attach: " + refusal);
+      send_error(sock, ErrorStatus::ResourceExhausted, "attach: " + refusal);
       return;
     }
     while (vf < slot.used.size() && slot.used[vf]) ++vf;
     if (vf == slot.used.size()) {
       lock.unlock();
-      send_error(sock, kResourceExhausted,
+      send_error(sock, ErrorStatus::ResourceExhausted,
                  "board " + std::to_string(req->board) + " (" + slot.profile.name + "): all " +
                      std::to_string(slot.used.size()) + " VFs are in use, its " +
                      base::format_bytes(slot.profile.dram_bytes) + " of DRAM granted " +
@@ -1076,7 +1066,7 @@ void Server::attach(Client& client, const Message& m) {
     board = std::make_unique<sim::Board>(slot.vf, std::move(options));
     if (trace_) board->set_command_observer(trace_->observe(client.pid, req->board, vf, slot.vf));
   } catch (const std::exception& e) {
-    send_error(sock, kOutOfMemory,
+    send_error(sock, ErrorStatus::OutOfMemory,
                "cannot create VF " + std::to_string(vf) + " of board " + std::to_string(req->board) + ": " + e.what());
     return;
   }
@@ -1115,7 +1105,7 @@ void Server::attach(Client& client, const Message& m) {
     });
   } catch (const std::system_error& e) {
     board.reset();
-    send_error(sock, kResourceExhausted,
+    send_error(sock, ErrorStatus::ResourceExhausted,
                "cannot start the register thread of VF " + std::to_string(vf) + " of board " +
                    std::to_string(req->board) + ": " + e.what());
     base::logger("simd")->warn("client pid {}: attach failed: {}", client.pid, e.what());
@@ -1134,33 +1124,35 @@ void Server::attach(Client& client, const Message& m) {
 
 void Server::map_dma(Client& client, Message& m) {
   const int sock = client.sock.get();
-  auto bad = [&](std::uint32_t status, const std::string& msg) {
-    protocol_errors_.fetch_add(status == kInvalidArgument);
+  auto bad = [&](ErrorStatus status, const std::string& msg) {
+    protocol_errors_.fetch_add(status == ErrorStatus::InvalidArgument);
     send_error(sock, status, "map-dma: " + msg);
   };
   const auto* req = m.as<MapDmaRequest>();
-  if (!req) return bad(kInvalidArgument, "a body of " + std::to_string(m.body.size()) + " bytes");
-  if (!client.board) return bad(kFailedPrecondition, "the connection is not attached to a board");
+  if (!req) return bad(ErrorStatus::InvalidArgument, "a body of " + std::to_string(m.body.size()) + " bytes");
+  if (!client.board) return bad(ErrorStatus::FailedPrecondition, "the connection is not attached to a board");
   if (m.fds.size() != 1)
-    return bad(kInvalidArgument, std::to_string(m.fds.size()) + " descriptors sent, one memfd expected");
+    return bad(ErrorStatus::InvalidArgument, std::to_string(m.fds.size()) + " descriptors sent, one memfd expected");
   const int fd = m.fds[0].get();
   // The seal first, then the size: a size read before the seal could be
   // shrunk (by the client, racing) before the seal went on, and the board
   // would fault past the end of the file.
   const int seals = ::fcntl(fd, F_GET_SEALS);
-  if (seals < 0) return bad(kInvalidArgument, "the descriptor is not a memfd");
+  if (seals < 0) return bad(ErrorStatus::InvalidArgument, "the descriptor is not a memfd");
   if (!(seals & F_SEAL_SHRINK))
-    return bad(kInvalidArgument, "the memory's size is not sealed (F_SEAL_SHRINK); the board could fault on it");
+    return bad(ErrorStatus::InvalidArgument,
+               "the memory's size is not sealed (F_SEAL_SHRINK); the board could fault on it");
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return bad(kInvalidArgument, "the descriptor is not a memfd");
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return bad(ErrorStatus::InvalidArgument, "the descriptor is not a memfd");
   const auto page = base::page_size();
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
   if (req->size == 0 || req->size % page || req->offset % page || req->size > file_size ||
       req->offset > file_size - req->size)
-    return bad(kInvalidArgument, "range offset " + hex(req->offset) + " size " + hex(req->size) +
-                                     " is not page-aligned inside the " + hex(file_size) + "-byte memfd");
+    return bad(ErrorStatus::InvalidArgument, "range offset " + hex(req->offset) + " size " + hex(req->size) +
+                                                 " is not page-aligned inside the " + hex(file_size) + "-byte memfd");
   if (req->access == 0 || (req->access & ~std::uint32_t{kRead | kWrite}))
-    return bad(kInvalidArgument, "access bits " + hex(req->access) + " (read 1, write 2)");
+    return bad(ErrorStatus::InvalidArgument, "access bits " + hex(req->access) + " (read 1, write 2)");
   // Every mapping is an mmap in this process: the quotas keep one client's
   // (sparse memfds cost nothing to make) from filling its address space or
   // its map count, which every client needs.
@@ -1187,16 +1179,16 @@ void Server::map_dma(Client& client, Message& m) {
                                  user.mapped_bytes, req->size);
     if (!refusal.empty()) {
       lock.unlock();
-      return bad(kResourceExhausted, refusal);
+      return bad(ErrorStatus::ResourceExhausted, refusal);
     }
   }
   void* host = ::mmap(nullptr, req->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(req->offset));
-  if (host == MAP_FAILED) return bad(kOutOfMemory, "cannot map the memory: " + errno_text(errno));
+  if (host == MAP_FAILED) return bad(ErrorStatus::OutOfMemory, "cannot map the memory: " + errno_text(errno));
   const std::uint32_t access =
       ((req->access & kRead) ? sim::kIommuRead : 0u) | ((req->access & kWrite) ? sim::kIommuWrite : 0u);
   if (auto why = client.board->iommu().map(req->iova, host, req->size, access); !why.empty()) {
     ::munmap(host, req->size);
-    return bad(kInvalidArgument, why);
+    return bad(ErrorStatus::InvalidArgument, why);
   }
   try {
     std::lock_guard lock(mu_);
@@ -1219,12 +1211,13 @@ void Server::unmap_dma(Client& client, const Message& m) {
   const auto* req = m.as<UnmapDmaRequest>();
   if (!req) {
     protocol_errors_.fetch_add(1);
-    send_error(sock, kInvalidArgument, "unmap-dma: a body of " + std::to_string(m.body.size()) + " bytes");
+    send_error(sock, ErrorStatus::InvalidArgument, "unmap-dma: a body of " + std::to_string(m.body.size()) + " bytes");
     return;
   }
   auto it = client.dma.find(req->iova);
   if (!client.board || it == client.dma.end() || it->second.size != req->size) {
-    send_error(sock, kNotFound, "unmap-dma: no DMA mapping at IOVA " + hex(req->iova) + " of size " + hex(req->size));
+    send_error(sock, ErrorStatus::NotFound,
+               "unmap-dma: no DMA mapping at IOVA " + hex(req->iova) + " of size " + hex(req->size));
     return;
   }
   // Returns once no DMA in flight can still touch it.

@@ -130,7 +130,7 @@ class Server {
   // keeps it open a while, draining what the client sends, so that the
   // client reads the answer (a socket closed with a request unread would
   // give the client ECONNRESET before it).
-  void refuse(base::UniqueFd sock, std::uint32_t status, const std::string& message);
+  void refuse(base::UniqueFd sock, ErrorStatus status, const std::string& message);
   void drain_refused();
   struct Refused {
     base::UniqueFd sock;

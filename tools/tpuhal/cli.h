@@ -8,6 +8,10 @@
 
 #include "tpuhal/tpuhal.hpp"
 
+namespace tpuhal::rt {
+struct LayerError;
+}
+
 namespace tpuhal::cli {
 
 namespace po = boost::program_options;
@@ -51,5 +55,9 @@ std::string pick_device(const po::variables_map& vm);
 std::string bytes(std::uint64_t n);  // "12 GiB"
 
 nlohmann::json properties_json(const Properties& p);
+
+// Prints a compiled model's precision report, one line per layer (tpuhal
+// compile --report, and tpuhal model-info for a model that has one).
+void print_precision_report(const std::vector<rt::LayerError>& report);
 
 }  // namespace tpuhal::cli

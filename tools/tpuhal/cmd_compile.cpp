@@ -1,11 +1,9 @@
 // tpuhal compile MODEL.onnx -o OUT.tpm: compiles an ONNX model for the
-// board in one precision (docs/runtime.md); tpuhal model-info OUT.tpm
-// describes a compiled model; tpuhal profile OUT.tpm times it per layer.
+// board in one precision (docs/runtime.md), and prints the precision report
+// (which tpuhal model-info prints too: cmd_model_info.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <iostream>
-#include <random>
 
 #include "cli.h"
 #include "tpuhal/base/units.h"
@@ -35,7 +33,9 @@ std::pair<std::string, std::vector<std::int64_t>> parse_shape(const std::string&
   return {text.substr(0, eq), dims};
 }
 
-void print_report(const std::vector<rt::LayerError>& report) {
+}  // namespace
+
+void print_precision_report(const std::vector<rt::LayerError>& report) {
   std::printf("\nPrecision report (each layer against fp32, same inputs end to end):\n");
   std::printf("  %-24s %-20s %12s %12s %9s %9s\n", "node", "op", "max |err|", "rms err", "rel rms", "SNR dB");
   for (const auto& e : report) {
@@ -48,8 +48,6 @@ void print_report(const std::vector<rt::LayerError>& report) {
                 rt::escape_text(e.op).c_str(), e.max_abs, e.rms, e.rel_rms, snr);
   }
 }
-
-}  // namespace
 
 int cmd_compile(const std::vector<std::string>& args) {
   po::options_description opts("Options");
@@ -77,7 +75,9 @@ int cmd_compile(const std::vector<std::string>& args) {
       "initializers as float32 if more)")(
       "device,d", po::value<std::string>()->default_value("sim:0"),
       "device that runs calibration and the report, and on which the compiled model is checked as the loader "
-      "checks it");
+      "checks it")("list-ops", po::bool_switch(),
+                   "print the ONNX ops the compiler takes, one per line (those it folds at compile time when "
+                   "their inputs are constants marked 'foldable'), and exit");
   po::positional_options_description pos;
   pos.add("model", 1);
   po::variables_map vm;
@@ -85,7 +85,8 @@ int cmd_compile(const std::vector<std::string>& args) {
   const char* usage =
       "Usage: tpuhal compile MODEL.onnx -o OUT.tpm [--shape NAME=DIMS]... [--precision fp32|fp16|bf16|int8]\n"
       "                      [--calibration FILE.npy]... [--calibration-method minmax|percentile[:P]|entropy]\n"
-      "                      [--keep-fp16 LAYER]... [--target-snr DB] [--report] [--max-constant-bytes SIZE]\n\n"
+      "                      [--keep-fp16 LAYER]... [--target-snr DB] [--report] [--max-constant-bytes SIZE]\n"
+      "       tpuhal compile --list-ops\n\n"
       "Compiles an ONNX model for a fixed input shape and a precision into a compiled model that\n"
       "'tpuhal model-info' describes and the runtime loads on any device. Inputs and outputs stay\n"
       "float32; fp16 and bf16 run every layer in that type; int8 quantises Conv and Gemm layers with\n"
@@ -95,6 +96,12 @@ int cmd_compile(const std::vector<std::string>& args) {
       "Unsupported ops are all listed in one error. A model the loader would refuse (attributes out of range,\n"
       "constants larger than their data) is refused here, and no file is written. See docs/runtime.md.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
+  if (vm["list-ops"].as<bool>()) {
+    const auto foldable = rt::foldable_onnx_ops();
+    for (const auto& op : rt::supported_onnx_ops())
+      std::printf("%s%s\n", op.c_str(), std::binary_search(foldable.begin(), foldable.end(), op) ? " foldable" : "");
+    return 0;
+  }
   if (!vm.count("model") || !vm.count("output")) {
     std::fprintf(stderr, "tpuhal compile: name the ONNX model and the output (-o OUT.tpm)\n%s\n", usage);
     return 2;
@@ -150,183 +157,7 @@ int cmd_compile(const std::vector<std::string>& args) {
   std::uint64_t weights = r.model.has(rt::SectionKind::Weights) ? r.model.get(rt::SectionKind::Weights).size() : 0;
   std::printf("%s: %s, %s of weights -> %s\n", in.c_str(), rt::to_string(o.precision), bytes(weights).c_str(),
               out.c_str());
-  if (o.report) print_report(r.report);
-  return 0;
-}
-
-int cmd_model_info(const std::vector<std::string>& args) {
-  po::options_description opts("Options");
-  opts.add_options()("model", po::value<std::string>(), "the compiled model (.tpm)")(
-      "device,d", po::value<std::string>(), "device to load it on to check it (default: the first one)")(
-      "json", po::bool_switch(), "print JSON");
-  po::positional_options_description pos;
-  pos.add("model", 1);
-  po::variables_map vm;
-  int rc = 0;
-  const char* usage =
-      "Usage: tpuhal model-info FILE.tpm [--device URI] [--json]\n\n"
-      "Checks a compiled model (reads it and loads it on a device) and prints its precision, inputs,\n"
-      "outputs, weights, metadata and, if it has one, its precision report.";
-  if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
-  if (!vm.count("model")) {
-    std::fprintf(stderr, "tpuhal model-info: name the compiled model\n%s\n", usage);
-    return 2;
-  }
-  const std::string path = vm["model"].as<std::string>();
-  const rt::ModelFile file = rt::read_model_file(path);
-  Device dev = open(pick_device(vm));
-  const rt::Model m = rt::Model::load(dev, file, path);
-  nlohmann::json report;
-  if (file.has(rt::SectionKind::Report)) {
-    const auto b = file.get(rt::SectionKind::Report);
-    report = nlohmann::json::parse(reinterpret_cast<const char*>(b.data()),
-                                   reinterpret_cast<const char*>(b.data()) + b.size(), nullptr, false);
-  }
-  if (vm["json"].as<bool>()) {
-    nlohmann::json j;
-    j["path"] = path;
-    j["precision"] = rt::to_string(m.precision());
-    j["weight_bytes"] = m.weight_bytes();
-    j["activation_bytes"] = m.activation_bytes();
-    j["meta"] = m.meta();
-    for (const auto* list : {&m.inputs(), &m.outputs()})
-      for (const auto& s : *list)
-        j[list == &m.inputs() ? "inputs" : "outputs"].push_back(
-            {{"name", s.name}, {"dtype", to_string(s.dtype)}, {"shape", s.shape}});
-    if (!report.is_discarded() && !report.is_null()) j["report"] = report;
-    // ASCII only: strings from the file are \u-escaped, bytes that are not
-    // UTF-8 replaced (U+FFFD), so that nothing in it reaches the terminal raw.
-    std::cout << j.dump(2, ' ', true, nlohmann::json::error_handler_t::replace) << "\n";
-    return 0;
-  }
-  std::printf("%s: %s model, %s of weights, %s of activations per instance (checked on %s)\n", path.c_str(),
-              rt::to_string(m.precision()), bytes(m.weight_bytes()).c_str(), bytes(m.activation_bytes()).c_str(),
-              dev.uri().c_str());
-  for (const auto& s : m.inputs()) std::printf("  input   %s\n", s.describe().c_str());
-  for (const auto& s : m.outputs()) std::printf("  output  %s\n", s.describe().c_str());
-  // Names and metadata come from the file: escaped for the terminal.
-  for (const auto& [k, v] : m.meta())
-    std::printf("  %-20s %s\n", rt::escape_text(k).c_str(), rt::escape_text(v).c_str());
-  if (report.is_object() && report.contains("layers") && report["layers"].is_array()) {
-    std::vector<rt::LayerError> layers;
-    for (const auto& l : report["layers"]) {
-      rt::LayerError e;
-      e.node = l.value("node", "");
-      e.op = l.value("op", "");
-      e.output = l.value("output", "");
-      e.max_abs = l.value("max_abs", 0.0);
-      e.rms = l.value("rms", 0.0);
-      e.rel_rms = l.value("rel_rms", 0.0);
-      e.snr_db = l.contains("snr_db") && l["snr_db"].is_number() ? l["snr_db"].get<double>() : INFINITY;
-      layers.push_back(e);
-    }
-    print_report(layers);
-  }
-  return 0;
-}
-
-int cmd_profile(const std::vector<std::string>& args) {
-  po::options_description opts("Options");
-  opts.add_options()("model", po::value<std::string>(), "the compiled model (.tpm)")(
-      "device,d", po::value<std::string>(), "device to run it on (default: the first one)")(
-      "iterations,n", po::value<unsigned>()->default_value(10), "runs to time (the middle half count)")(
-      "json", po::bool_switch(), "print JSON");
-  po::positional_options_description pos;
-  pos.add("model", 1);
-  po::variables_map vm;
-  int rc = 0;
-  const char* usage =
-      "Usage: tpuhal profile FILE.tpm [--device URI] [--iterations N] [--json]\n\n"
-      "Runs a compiled model on random inputs (uniform in [-1, 1], the same every time) and prints, per\n"
-      "layer (ONNX node, as compile --report names it), the device ops, the output, the board time (the\n"
-      "mean over the middle half of N runs by their board time, from board timestamps between ops), its\n"
-      "share, the operations and the rate achieved\n"
-      "against the board's peak for the layer's precision; then the board time of a whole run, the host\n"
-      "time of a run as Instance::run submits it, and the difference: the host's overhead.";
-  if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
-  if (!vm.count("model")) {
-    std::fprintf(stderr, "tpuhal profile: name the compiled model\n%s\n", usage);
-    return 2;
-  }
-  const std::string path = vm["model"].as<std::string>();
-  Device dev = open(pick_device(vm));
-  const rt::Model m = rt::Model::load(dev, rt::read_model_file(path), path);
-  rt::Instance inst = m.instance();
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<std::vector<float>> in(m.inputs().size()), out(m.outputs().size());
-  std::vector<rt::HostArray> hin, hout;
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    in[i].resize(m.inputs()[i].elements());
-    for (auto& v : in[i]) v = dist(rng);
-    hin.push_back(rt::host(in[i]));
-  }
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    out[i].resize(m.outputs()[i].elements());
-    hout.push_back(rt::host(out[i]));
-  }
-  inst.run(hin, hout);  // the inputs in place, and a first run
-  const rt::Profile p = inst.profile(vm["iterations"].as<unsigned>());
-  if (vm["json"].as<bool>()) {
-    nlohmann::json j;
-    j["model"] = path;
-    j["device"] = dev.uri();
-    j["precision"] = rt::to_string(m.precision());
-    j["iterations"] = p.iterations;
-    j["runs_kept"] = p.runs_kept;
-    j["device_ns"] = p.device_ns;
-    j["run_ns"] = p.run_ns;
-    j["host_overhead_ns"] = p.host_overhead_ns;
-    j["layers"] = nlohmann::json::array();
-    for (const auto& l : p.layers)
-      j["layers"].push_back({{"node", l.node},
-                             {"ops", l.ops},
-                             {"output", l.shape},
-                             {"device_ns", l.device_ns},
-                             {"share", l.share},
-                             {"flops", l.flops},
-                             {"achieved_per_s", l.achieved},
-                             {"peak_per_s", l.peak}});
-    std::cout << j.dump(2) << "\n";
-    return 0;
-  }
-  std::printf("%s (%s) on %s, mean of the middle %u of %u runs\n\n", path.c_str(), rt::to_string(m.precision()),
-              dev.uri().c_str(), p.runs_kept, p.iterations);
-  int width = 12;  // the layer column: the longest name, within reason
-  for (const auto& l : p.layers) width = std::max(width, std::min(48, static_cast<int>(l.node.size())));
-  std::printf("  %-*s %-22s %-22s %10s %6s %10s %12s %7s\n", width, "layer", "ops", "output", "time", "share", "ops",
-              "rate", "of peak");
-  auto rate = [](double per_s) {
-    char b[32];
-    if (per_s >= 1e12)
-      std::snprintf(b, sizeof b, "%.2f T/s", per_s / 1e12);
-    else if (per_s >= 1e9)
-      std::snprintf(b, sizeof b, "%.2f G/s", per_s / 1e9);
-    else
-      std::snprintf(b, sizeof b, "%.2f M/s", per_s / 1e6);
-    return std::string(b);
-  };
-  auto count = [](double n) {
-    char b[32];
-    if (n >= 1e9)
-      std::snprintf(b, sizeof b, "%.2fG", n / 1e9);
-    else if (n >= 1e6)
-      std::snprintf(b, sizeof b, "%.2fM", n / 1e6);
-    else
-      std::snprintf(b, sizeof b, "%.0f", n);
-    return std::string(b);
-  };
-  for (const auto& l : p.layers) {
-    char peak[16] = "";
-    if (l.peak > 0) std::snprintf(peak, sizeof peak, "%6.1f%%", 100.0 * l.achieved / l.peak);
-    const std::string name = l.node.empty() ? "(conversions)" : l.node;
-    std::printf("  %-*s %-22s %-22s %8.3fms %5.1f%% %10s %12s %7s\n", width, name.c_str(), l.ops.c_str(),
-                l.shape.c_str(), static_cast<double>(l.device_ns) / 1e6, 100.0 * l.share, count(l.flops).c_str(),
-                rate(l.achieved).c_str(), peak);
-  }
-  std::printf("\n  board time of a run  %10.3f ms\n", static_cast<double>(p.device_ns) / 1e6);
-  std::printf("  host time of a run   %10.3f ms (submit to fence)\n", static_cast<double>(p.run_ns) / 1e6);
-  std::printf("  host overhead        %10.3f ms\n", static_cast<double>(p.host_overhead_ns) / 1e6);
+  if (o.report) print_precision_report(r.report);
   return 0;
 }
 

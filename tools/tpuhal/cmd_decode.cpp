@@ -1,6 +1,5 @@
 // tpuhal decode: a file through a board's video decoder, optionally hashing
 // every frame the way `ffmpeg -f framemd5` does.
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -11,6 +10,7 @@ extern "C" {
 }
 
 #include "cli.h"
+#include "tpuhal/pipeline/pipeline.hpp"
 
 namespace tpuhal::cli {
 namespace {
@@ -112,14 +112,7 @@ int cmd_decode(const std::vector<std::string>& args) {
   VideoDecoderOptions o;
   o.format = fmt == "nv12" ? PixelFormat::NV12 : PixelFormat::I420;
   o.frame_buffers = 8;
-  // A live source may not say its size before it decodes, and may come back
-  // larger: such decoders take 1080p.
-  auto configure = [&] {
-    o.codec = in.codec();
-    o.max_width = std::max<std::uint32_t>(in.live() ? 1920 : 16, in.width());
-    o.max_height = std::max<std::uint32_t>(in.live() ? 1088 : 16, in.height());
-  };
-  configure();
+  o = pipeline::decoder_options(in, o);  // sized as the pipeline sizes its decoders
   VideoDecoder dec = dev.open_decoder(o);
   const bool md5 = vm.count("md5") != 0;
   const std::uint64_t limit = vm.count("frames") ? vm["frames"].as<std::uint64_t>() : UINT64_MAX;
@@ -159,7 +152,7 @@ int cmd_decode(const std::vector<std::string>& args) {
     if (pkt->new_stream) {
       // Reconnected: the same decoder starts a new stream where it can
       // (same codec, a size it takes), else a new channel replaces it.
-      const bool fits = in.codec() == o.codec && in.width() <= o.max_width && in.height() <= o.max_height;
+      const bool fits = pipeline::decoder_fits(o, in);
       std::fprintf(stderr, "tpuhal decode: %s: reconnected (%s %ux%u)%s\n", in.path().c_str(), to_string(in.codec()),
                    in.width(), in.height(), fits ? "" : "; opening a new channel for it");
       // The frames of the old stream still inside come out first.
@@ -168,7 +161,7 @@ int cmd_decode(const std::vector<std::string>& args) {
       if (fits) {
         dec.reset();
       } else {
-        configure();
+        o = pipeline::decoder_options(in, o);
         dec = dev.open_decoder(o);
       }
     }

@@ -343,27 +343,8 @@ void bind_runtime(py::module_& m) {
               std::lock_guard lock(i.mu);
               return i.instance.profile(iterations);
             });
-            py::list layers;
-            for (const auto& l : p.layers) {
-              py::dict d;
-              d["node"] = l.node;
-              d["ops"] = l.ops;
-              d["output"] = l.shape;
-              d["device_ns"] = l.device_ns;
-              d["share"] = l.share;
-              d["flops"] = l.flops;
-              d["achieved_per_s"] = l.achieved;
-              d["peak_per_s"] = l.peak;
-              layers.append(d);
-            }
-            py::dict out;
-            out["layers"] = layers;
-            out["iterations"] = p.iterations;
-            out["runs_kept"] = p.runs_kept;
-            out["device_ns"] = p.device_ns;
-            out["run_ns"] = p.run_ns;
-            out["host_overhead_ns"] = p.host_overhead_ns;
-            return out;
+            // The runtime's one JSON form of a profile, as a dict.
+            return py::module_::import("json").attr("loads")(rt::to_json(p));
           },
           py::arg("iterations") = 10,
           "Times the program per layer on the board's clock over whatever input_tensors hold (run() once "

@@ -156,9 +156,10 @@ simd::Message request(int sock, simd::MsgType type, std::span<const std::byte> b
   if (reply.header.type == simd::MsgType::kError) {
     const auto* e = reply.as<simd::ErrorReply>();
     if (!e) throw Error(Status::DeviceLost, who + ": the simulator daemon sent a truncated error");
-    auto status = static_cast<Status>(e->status);
-    if (e->status > static_cast<std::uint32_t>(Status::Internal)) status = Status::Internal;
-    throw Error(status, who + ": " + simd::get_field(e->message));
+    // Both sides expand the one list of statuses; one this build does not
+    // know (a later daemon's) is reported as Internal.
+    const auto status = simd::error_status(e->status);
+    throw Error(status ? static_cast<Status>(*status) : Status::Internal, who + ": " + simd::get_field(e->message));
   }
   if (reply.header.type != expect)
     throw Error(Status::DeviceLost, who + ": the simulator daemon answered " + simd::to_string(type) + " with " +

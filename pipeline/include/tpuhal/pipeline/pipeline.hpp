@@ -52,6 +52,18 @@ struct PipelineResult {
 // rest run on. Throws only what stops every channel (no compute queue).
 PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources, const PipelineOptions& options = {});
 
+// How a decoder for a demuxed source is sized, for every user of the video
+// unit (the pipeline, `tpuhal decode`): `base` (format, frame buffers, ...)
+// with the source's codec and a largest frame of the source's size, at
+// least 16x16; a live source's at least 1920x1088, since it may not say its
+// size before it decodes and may come back larger after a reconnection.
+VideoDecoderOptions decoder_options(const Demuxer& source, VideoDecoderOptions base = {});
+// After a reconnection (Packet::new_stream): whether a decoder opened with
+// `options` takes the source's stream as it is now (the same codec, a size
+// within its largest), so that it starts a new stream (VideoDecoder::reset());
+// if not, a new channel sized by decoder_options() replaces it.
+bool decoder_fits(const VideoDecoderOptions& options, const Demuxer& source);
+
 // Makes a short H.264 test clip with ffmpeg (testsrc2); returns its path, or
 // an empty string if ffmpeg is not there.
 std::string make_test_clip(const std::string& dir, const std::string& size, int frames);

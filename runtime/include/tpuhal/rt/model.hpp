@@ -77,6 +77,12 @@ struct Profile {
   std::uint64_t run_ns = 0;            // median host time of submit() to the fence, without timestamps
   std::uint64_t host_overhead_ns = 0;  // run_ns - device_ns, or 0
 };
+// The profile as JSON text, the one form `tpuhal profile --json` and
+// Python's Instance.profile() give: {"layers": [{"node", "ops", "output"
+// (LayerProfile::shape), "device_ns", "share", "flops", "achieved_per_s",
+// "peak_per_s"}, ...], "iterations", "runs_kept", "device_ns", "run_ns",
+// "host_overhead_ns"}, keys in that order; names escaped as JSON escapes them.
+std::string to_json(const Profile& p);
 
 class Instance;
 namespace detail {

@@ -48,9 +48,20 @@ int send_message(int sock, MsgType type, std::span<const std::byte> body, std::s
   }
 }
 
-int send_error(int sock, std::uint32_t status, const std::string& message) {
+std::optional<ErrorStatus> error_status(std::uint32_t value) noexcept {
+  switch (value) {
+#define TPUHAL_STATUS(name, c_name, v, text, python, doc) \
+  case v:                                                 \
+    return ErrorStatus::name;
+#include "tpuhal/status.inc"
+#undef TPUHAL_STATUS
+  }
+  return std::nullopt;
+}
+
+int send_error(int sock, ErrorStatus status, const std::string& message) {
   ErrorReply e;
-  e.status = status;
+  e.status = static_cast<std::uint32_t>(status);
   set_field(e.message, message);
   return send_struct(sock, MsgType::kError, e);
 }

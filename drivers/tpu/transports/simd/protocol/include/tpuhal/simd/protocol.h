@@ -1,5 +1,6 @@
 // The wire protocol between the simulator daemon (tpuhal-simd) and the
-// simd: transport (docs/simd.md). Shared by both; sees base only.
+// simd: transport (docs/simd.md). Shared by both; sees base only, and the
+// list of statuses an error reply carries (tpuhal/status.inc).
 //
 // Control messages travel over a SOCK_SEQPACKET Unix socket, one request
 // and one reply at a time, file descriptors riding along as SCM_RIGHTS.
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,8 +62,20 @@ struct Header {
 };
 static_assert(sizeof(Header) == 16);
 
+// The status an error reply carries: tpuhal::Status's values, expanded from
+// the one list, so that the daemon, which links no HAL, and the transport,
+// which throws it as a tpuhal::Error, speak the same numbers.
+enum class ErrorStatus : std::uint32_t {
+#define TPUHAL_STATUS(name, c_name, value, text, python, doc) name = value,
+#include "tpuhal/status.inc"
+#undef TPUHAL_STATUS
+};
+// The status `value` is, or nullopt for one not in the list (from a daemon
+// of a later version, or garbage).
+std::optional<ErrorStatus> error_status(std::uint32_t value) noexcept;
+
 struct ErrorReply {
-  std::uint32_t status = 0;  // a tpuhal::Status value
+  std::uint32_t status = 0;  // an ErrorStatus
   char message[1020] = {};
 };
 
@@ -251,7 +265,7 @@ template <class T>
 int send_struct(int sock, MsgType type, const T& body, std::span<const int> fds = {}) {
   return send_message(sock, type, {reinterpret_cast<const std::byte*>(&body), sizeof body}, fds);
 }
-int send_error(int sock, std::uint32_t status, const std::string& message);
+int send_error(int sock, ErrorStatus status, const std::string& message);
 
 // Receives one message, waiting up to `timeout` (negative: forever).
 // Returns 0, ETIMEDOUT, ECONNRESET when the peer closed, EPROTO for a
