@@ -11,9 +11,9 @@ the header comments of the fuzz targets.
 """
 import argparse
 import os
-import re
 import shutil
 import struct
+import sys
 
 # ---- firmware interface constants (command.h, status.h) -------------------
 NOP, COPY, COPY_SG, FILL, WAIT_VALUE, WRITE_VALUE, TIMESTAMP, TENSOR_OP, CALL = range(1, 10)
@@ -60,12 +60,11 @@ OP_MAGIC = 0x31504F54  # "TOP1"
 
 
 def op_kinds():
-    """Op kind codes by name ("matmul": 1, ...), from the interface's table."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "firmware_iface", "include",
-                        "tpuhal", "fw", "op_kinds.inc")
-    with open(path) as fh:
-        lines = re.findall(r'^TPUHAL_FW_OP\(\w+, (\d+), "(\w+)"', fh.read(), re.M)
-    return {name: int(code) for code, name in lines}
+    """Op kind codes by name ("matmul": 1, ...), from the op schema."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schema"))
+    sys.dont_write_bytecode = True
+    import ops  # schema/ops.py
+    return {k["id"]: code for code, k in enumerate(ops.KINDS, start=1)}
 
 
 OP = op_kinds()

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "impl.hpp"
+#include "op_cost.hpp"
 #include "tpuhal/driver/op_desc.hpp"
 #include "tpuhal/tpuhal.hpp"
 
@@ -206,6 +207,8 @@ Device Op::device() const {
   if (!device_) throw Error(Status::FailedPrecondition, "empty Op (build one with tpuhal::ops)");
   return Device(device_);
 }
+
+OpCost Op::cost() const { return desc_ ? detail::op_cost(*desc_) : OpCost{}; }
 
 namespace ops {
 namespace {

@@ -44,6 +44,7 @@
 #include <thread>
 
 #include "impl.hpp"
+#include "op_cost.hpp"
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/output_file.h"
 #include "tpuhal/base/wait.h"
@@ -103,6 +104,13 @@ struct DeviceTrace {
   bool described = false;
   std::map<std::string, std::uint64_t> heap_used;
   std::vector<std::uint32_t> channels_named;
+  // Per queue track (tid): where its last slice ended and its last depth
+  // sample. A track outlives the queue: a queue opened later with the same
+  // engine and index writes on it, and must not go back in time.
+  struct Track {
+    std::uint64_t end = 0, counter = 0;
+  };
+  std::map<std::uint32_t, Track> tracks;
 };
 
 struct CmdInfo {
@@ -155,7 +163,6 @@ struct QueueTrace {
   std::uint64_t next_id = 1;
   std::deque<Pending> pending;
   std::deque<std::pair<std::uint64_t, std::uint64_t>> seen;  // (completed, host ns)
-  std::uint64_t last_end = 0;
   // The writer's: the last value written, and where recent submissions
   // ended on the host clock (value, end), for the waits of other queues.
   std::uint64_t emitted = 0;
@@ -485,20 +492,10 @@ CmdInfo describe(const driver::Command& c, const Properties& props) {
               if (!info.detail.empty()) info.detail += ", ";
               info.detail += shape_text(op.tensors[i]);
             }
-          info.flops = op_flops(op);
-          const DType x = op.tensors.empty() ? DType::F32 : op.tensors.front().dtype;
-          switch (op.kind) {
-            case driver::OpKind::MatMul:
-            case driver::OpKind::Conv2d:
-            case driver::OpKind::ConvTranspose2d:
-              info.peak = (x == DType::F32 ? props.peak_fp32_tflops : props.peak_fp16_tflops) * 1e12;
-              break;
-            case driver::OpKind::MatMulInteger:
-            case driver::OpKind::ConvInteger:
-            case driver::OpKind::QLinearMatMul:
-            case driver::OpKind::QLinearConv: info.peak = props.peak_int8_tops * 1e12; break;
-            default: break;
-          }
+          const OpCost cost = op_cost(op);
+          info.flops = cost.flops;
+          info.bytes = static_cast<std::uint64_t>(cost.bytes);
+          info.peak = cost.peak_rate(props);
         } else if constexpr (std::is_same_v<T, driver::cmd::Call>) {
           info.name = "program";
           info.value = cmd.program->size();
@@ -594,7 +591,8 @@ void emit_completed(Session& s, QueueTrace& q, const Pending& p, Waited&& waited
   const std::uint64_t first = st.front(), last = st.back();
   const std::int64_t off = p.off;
   auto host = [&](std::uint64_t b) { return static_cast<std::uint64_t>(static_cast<std::int64_t>(b) - off); };
-  const std::uint64_t start = std::max(host(first), q.last_end);
+  DeviceTrace::Track& track = q.dev->tracks[q.tid];
+  const std::uint64_t start = std::max(host(first), track.end);
   std::uint64_t end = std::max(host(last), start);
   // Each command's place first: a wait may push what follows, and the end.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> at;
@@ -647,7 +645,7 @@ void emit_completed(Session& s, QueueTrace& q, const Pending& p, Waited&& waited
     }
     device_slice(s, q, c.op.empty() ? c.name : nullptr, c.op, a, dur, args);
   }
-  q.last_end = end;
+  track.end = end;
   q.emitted = std::max(q.emitted, p.value);
   if (q.ends.size() >= kSlots) q.ends.pop_front();
   q.ends.emplace_back(p.value, end);
@@ -720,25 +718,27 @@ Drained extract_locked(const std::shared_ptr<QueueTrace>& qp, bool final) {
 // once it has joined).
 void emit(Session& s, const Drained& d) {
   QueueTrace& q = *d.q;
+  DeviceTrace::Track& track = q.dev->tracks[q.tid];
   if (!d.failure.empty()) {
     name_queue(s, q);
-    queue_instant(s, q, "queue failed", std::max(d.polled, q.last_end), d.failure);
+    queue_instant(s, q, "queue failed", std::max(d.polled, track.end), d.failure);
   }
   // Work that will never complete (failed) or not in this trace: a
   // zero-length slice closes each flow.
   for (const Pending& p : d.open) {
     name_queue(s, q);
-    const std::uint64_t at = std::max(d.polled, q.last_end);
+    const std::uint64_t at = std::max(d.polled, track.end);
     device_slice(s, q, d.failed ? "not completed (queue failed)" : "not completed at trace end", {}, at, 0,
                  fmt::format("\"value\":{},\"correlation\":{}", p.value, p.correlation));
     flow_end(s, q, at, p.correlation);
-    q.last_end = at;
+    track.end = at;
   }
   if (d.depth) {
     s.begin_event();
     fmt::format_to(std::back_inserter(s.out),
                    "{{\"ph\":\"C\",\"name\":\"{} depth\",\"cat\":\"device\",\"ts\":", q.track);
-    micros(s.out, d.polled);
+    track.counter = std::max(track.counter, d.polled);
+    micros(s.out, track.counter);
     fmt::format_to(std::back_inserter(s.out), ",\"pid\":{},\"tid\":0,\"args\":{{\"submissions\":{}}}}}", q.dev->pid,
                    *d.depth);
   }
@@ -1264,37 +1264,6 @@ void frame(const std::shared_ptr<DeviceImpl>& device, std::uint32_t channel, std
   e.pid = d->pid;
   e.tid = kVideoTrack + channel;
   push(std::move(e));
-}
-
-double op_flops(const driver::OpDesc& op) {
-  auto elements = [](const driver::TensorArg& t) {
-    double n = 1;
-    for (std::uint32_t i = 0; i < t.rank; ++i) n *= static_cast<double>(t.shape[i]);
-    return n;
-  };
-  if (op.tensors.empty()) return 0;
-  const double out = elements(op.tensors.back());
-  auto window = [](const driver::TensorArg& w) {
-    return w.rank == 4 ? static_cast<double>(w.shape[1] * w.shape[2] * w.shape[3]) : 0.0;
-  };
-  auto inner = [&](const driver::TensorArg& a, bool transposed) {
-    return a.rank >= 2 ? static_cast<double>(a.shape[a.rank - (transposed ? 2 : 1)]) : 1.0;
-  };
-  switch (op.kind) {
-    case driver::OpKind::Conv2d:
-    case driver::OpKind::ConvInteger: return 2.0 * out * window(op.tensors[1]);
-    case driver::OpKind::QLinearConv: return 2.0 * out * window(op.tensors[3]);
-    case driver::OpKind::ConvTranspose2d: return 2.0 * elements(op.tensors[0]) * window(op.tensors[1]);
-    case driver::OpKind::MatMul:
-      return 2.0 * out * inner(op.tensors[0], std::get<driver::MatMulAttrs>(op.attrs).transpose_a);
-    case driver::OpKind::MatMulInteger:
-    case driver::OpKind::QLinearMatMul: return 2.0 * out * inner(op.tensors[0], false);
-    case driver::OpKind::Pool2d: {
-      const auto& a = std::get<driver::PoolAttrs>(op.attrs);
-      return out * a.kernel[0] * a.kernel[1];
-    }
-    default: return out;
-  }
 }
 
 }  // namespace tpuhal::detail::tracing

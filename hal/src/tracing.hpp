@@ -126,8 +126,4 @@ void device_instant(const std::shared_ptr<DeviceImpl>& device, const char* name,
 void frame(const std::shared_ptr<DeviceImpl>& device, std::uint32_t channel, std::int64_t pts, std::uint64_t index,
            std::uint32_t width, std::uint32_t height);
 
-// Operations per run of an op: a multiply-add counts 2, a pooling window its
-// taps, anything else one per output element.
-double op_flops(const driver::OpDesc& op);
-
 }  // namespace tpuhal::detail::tracing

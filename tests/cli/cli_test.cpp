@@ -14,6 +14,7 @@
 
 #include "run_cli.h"
 #include "support/trace_check.hpp"
+#include "support/interface_version.hpp"
 
 namespace {
 
@@ -69,7 +70,7 @@ TEST(Cli, InfoDescribesADevice) {
   EXPECT_EQ(j["heaps"].size(), 2u);
   EXPECT_EQ(j["engines"]["compute"], 2);
   EXPECT_EQ(j["caps"]["wait_value"], true);
-  EXPECT_EQ(j["interface_version"], "1.8");
+  EXPECT_EQ(j["interface_version"], tpuhal::test::interface_version_text());
 }
 
 TEST(Cli, SmiShowsMemoryAndQueues) {

@@ -9,6 +9,7 @@
 
 #include "tpuhal/fw/decode.h"
 #include "tpuhal/fw/version.h"
+#include "support/interface_version.hpp"
 
 namespace tpuhal::fw {
 namespace {
@@ -74,7 +75,8 @@ TEST(FwDescribe, HeaderProblemsNameTheirField) {
   d.opcode = 99;
   auto r = decode_command(d);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(describe(r.problem(), d.opcode), "unknown opcode 0x63 (interface 1.8 defines 1..12)");
+  EXPECT_EQ(describe(r.problem(), d.opcode),
+            "unknown opcode 0x63 (interface " + test::interface_version_text() + " defines 1..12)");
 
   d.opcode = op(Opcode::kNop);
   d.flags = kFlagFence | 0x40;

@@ -187,6 +187,76 @@ TEST_P(OpKinds, BuildEncodeDecodeAndRunOnTheSimulator) {
   EXPECT_LT(untouched, bytes) << "the engine left the output as it was";
 }
 
+// Every kind has a cost (schema/ops.py: its cost class and peak): some
+// operations, the bytes of its operands, and the peak that bounds it. The
+// peak is restated here, by kind, apart from the schema.
+TEST_P(OpKinds, EveryKindHasACost) {
+  SCOPED_TRACE(driver::to_string(GetParam()));
+  auto [op, y] = sample(GetParam());
+  const OpCost c = op.cost();
+  EXPECT_GE(c.flops, static_cast<double>(y.elements()));
+  double bytes = 0;
+  for (const auto& t : OpAccess::desc(op)->tensors)
+    if (t.present()) {
+      double n = 1;
+      for (std::uint32_t i = 0; i < t.rank; ++i) n *= static_cast<double>(t.shape[i]);
+      bytes += n * size_of(t.dtype);
+    }
+  EXPECT_EQ(c.bytes, bytes);
+  OpCost::Peak want = OpCost::Peak::Memory;
+  switch (GetParam()) {
+    case OpKind::MatMul:
+    case OpKind::Conv2d:
+    case OpKind::ConvTranspose2d: want = OpCost::Peak::Float; break;
+    case OpKind::MatMulInteger:
+    case OpKind::ConvInteger:
+    case OpKind::QLinearMatMul:
+    case OpKind::QLinearConv: want = OpCost::Peak::Int8; break;
+    default: break;
+  }
+  EXPECT_EQ(c.peak, want);
+}
+
+// The counts of each cost class, on shapes worked by hand.
+TEST_F(OpKinds, CostsCountWhatTheirClassSays) {
+  const DType f = DType::F32;
+  Tensor a = input(f, {8, 16}, 1), b = input(f, {16, 4}, 1), y = output(f, {8, 4});
+  OpCost c = ops::matmul(a, b, y).cost();
+  EXPECT_EQ(c.flops, 2.0 * 8 * 4 * 16);
+  EXPECT_EQ(c.bytes, (8 * 16 + 16 * 4 + 8 * 4) * 4.0);
+  EXPECT_EQ(c.peak, OpCost::Peak::Float);
+  EXPECT_EQ(c.precision, f);
+  Properties p;
+  p.peak_fp32_tflops = 2;
+  p.peak_fp16_tflops = 16;
+  p.peak_int8_tops = 32;
+  EXPECT_EQ(c.peak_rate(p), 2e12);
+  ops::MatMulOptions t;
+  t.transpose_a = true;
+  EXPECT_EQ(ops::matmul(input(f, {16, 8}, 1), b, y, t).cost().flops, 2.0 * 8 * 4 * 16);
+
+  ops::Conv2dOptions co;
+  co.pads = {1, 1, 1, 1};
+  Tensor x = input(f, {1, 3, 8, 8}, 1), w = input(f, {4, 3, 3, 3}, 1), cy = output(f, {1, 4, 8, 8});
+  EXPECT_EQ(ops::conv2d(x, w, cy, co).cost().flops, 2.0 * (4 * 8 * 8) * (3 * 3 * 3));
+
+  ops::Pool2dOptions po;
+  po.kernel = {2, 2};
+  po.strides = {2, 2};
+  Tensor px = input(f, {1, 1, 4, 4}, 1), py = output(f, {1, 1, 2, 2});
+  c = ops::max_pool2d(px, py, po).cost();
+  EXPECT_EQ(c.flops, 4.0 * 4);
+  EXPECT_EQ(c.peak, OpCost::Peak::Memory);
+  EXPECT_EQ(c.peak_rate(p), 0);
+
+  Tensor h = input(DType::F16, {8, 16}, 1), hb = input(DType::F16, {16, 4}, 1), hy = output(DType::F16, {8, 4});
+  EXPECT_EQ(ops::matmul(h, hb, hy).cost().peak_rate(p), 16e12);
+
+  const OpCost none = Op().cost();
+  EXPECT_EQ(none.flops, 0);
+  EXPECT_EQ(none.bytes, 0);
+}
+
 std::vector<OpKind> all_kinds() {
   std::vector<OpKind> kinds;
   for (const auto& k : driver::kOpKinds) kinds.push_back(k.kind);

@@ -25,6 +25,7 @@
 #include "tpuhal/fw/telemetry.h"
 #include "tpuhal/fw/version.h"
 #include "tpuhal/sim/profile.h"
+#include "support/interface_version.hpp"
 
 namespace tpuhal::sim {
 namespace {
@@ -744,7 +745,8 @@ TEST_F(SimBoard, UnknownOpcodeIsAnInvalidOpcode) {
   EXPECT_EQ(rec.error_opcode, 99u);
   auto failure = fw::decode_failure(rec);
   ASSERT_TRUE(failure.ok());
-  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface 1.8 defines 1..12)");
+  EXPECT_EQ(fw::describe(*failure),
+            "unknown opcode 0x63 (interface " + test::interface_version_text() + " defines 1..12)");
 }
 
 TEST_F(SimBoard, FenceValuesMustIncrease) {

@@ -17,6 +17,7 @@
 #include "tpuhal/sim/board.h"
 #include "tpuhal/tpu/device.h"
 #include "tpuhal/tpu/sim_provider.h"
+#include "support/interface_version.hpp"
 
 namespace tpuhal {
 namespace {
@@ -280,7 +281,8 @@ Error open_error(std::uint32_t reg, std::uint32_t value) {
 TEST(TpuDriver, BringUpRefusesBoardsItCannotDrive) {
   Error v2 = open_error(fw::reg::kIfaceVersion, fw::Version{2, 0}.packed());
   EXPECT_EQ(v2.status(), Status::VersionMismatch);
-  EXPECT_THAT(v2.what(), HasSubstr("the board speaks interface 2.0, this driver 1.0 to 1.8"));
+  EXPECT_THAT(v2.what(),
+              HasSubstr("the board speaks interface 2.0, this driver 1.0 to " + test::interface_version_text()));
 
   Error gone = open_error(fw::reg::kIdMagic, 0xFFFFFFFF);
   EXPECT_EQ(gone.status(), Status::DeviceLost);

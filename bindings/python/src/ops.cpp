@@ -65,27 +65,7 @@ E parse(const py::handle& h, const char* what, const std::array<std::pair<const 
   fail(Status::InvalidArgument, "unknown " + std::string(what) + " '" + given + "' (one of: " + known + ")");
 }
 
-tpuhal::Layout to_layout(const py::handle& h) {
-  return parse<tpuhal::Layout, 2>(h, "layout", {{{"nchw", tpuhal::Layout::NCHW}, {"nhwc", tpuhal::Layout::NHWC}}});
-}
-
-constexpr std::array<std::pair<const char*, Activation>, 9> kActivations{{
-    {"none", Activation::None},
-    {"relu", Activation::Relu},
-    {"clip", Activation::Clip},
-    {"sigmoid", Activation::Sigmoid},
-    {"silu", Activation::Silu},
-    {"leaky_relu", Activation::LeakyRelu},
-    {"tanh", Activation::Tanh},
-    {"hard_sigmoid", Activation::HardSigmoid},
-    {"hard_swish", Activation::HardSwish},
-}};
-
-const char* activation_name(Activation a) {
-  for (auto& [name, value] : kActivations)
-    if (value == a) return name;
-  return "?";
-}
+tpuhal::Layout to_layout(const py::handle& h) { return parse(h, "layout", tpuhal::kLayoutNames); }
 
 // None, an Activation, or a name with its default parameters ('relu6' too).
 ActivationParams to_activation(const py::handle& h) {
@@ -99,7 +79,7 @@ ActivationParams to_activation(const py::handle& h) {
     if (name == "hard_swish" || name == "hard-swish") return ActivationParams::hard_swish();
     if (name == "clip")
       fail(Status::InvalidArgument, "activation 'clip' needs its bounds: tpuhal.Activation.clip(lo, hi)");
-    return {parse<Activation, kActivations.size()>(h, "activation", kActivations), 0, 0};
+    return {parse(h, "activation", kActivationNames), 0, 0};
   }
   throw py::type_error("activation must be None, a tpuhal.Activation or a name such as 'relu', not " + type_name(h));
 }
@@ -472,19 +452,9 @@ void bind_builders(py::module_& ops) {
       [](T x, T y, const py::object& mode, const py::object& coordinate, const py::object& nearest,
          const py::object& layout, std::optional<std::array<float, 2>> scales) {
         ops::ResizeOptions o;
-        o.mode =
-            parse<ResizeMode, 2>(mode, "mode", {{{"nearest", ResizeMode::Nearest}, {"linear", ResizeMode::Linear}}});
-        o.coordinate = parse<CoordinateMode, 5>(coordinate, "coordinate",
-                                                {{{"half_pixel", CoordinateMode::HalfPixel},
-                                                  {"asymmetric", CoordinateMode::Asymmetric},
-                                                  {"align_corners", CoordinateMode::AlignCorners},
-                                                  {"pytorch_half_pixel", CoordinateMode::PytorchHalfPixel},
-                                                  {"tf_half_pixel_for_nn", CoordinateMode::TfHalfPixelForNn}}});
-        o.nearest = parse<NearestMode, 4>(nearest, "nearest",
-                                          {{{"round_prefer_floor", NearestMode::RoundPreferFloor},
-                                            {"round_prefer_ceil", NearestMode::RoundPreferCeil},
-                                            {"floor", NearestMode::Floor},
-                                            {"ceil", NearestMode::Ceil}}});
+        o.mode = parse(mode, "mode", kResizeModeNames);
+        o.coordinate = parse(coordinate, "coordinate", kCoordinateModeNames);
+        o.nearest = parse(nearest, "nearest", kNearestModeNames);
         o.layout = to_layout(layout);
         o.scales = scales;
         return finish(ops::resize(x.tensor, y.tensor, o), {&x, &y});
@@ -536,7 +506,7 @@ void bind_ops(py::module_& m) {
            }),
            py::arg("kind") = "none", py::arg("alpha") = 0.0f, py::arg("beta") = 0.0f)
       .def_property_readonly(
-          "kind", [](const ActivationParams& a) { return std::string(activation_name(a.kind)); },
+          "kind", [](const ActivationParams& a) { return std::string(to_string(a.kind)); },
           "'none', 'relu', 'clip', 'sigmoid', 'silu', 'leaky_relu', 'tanh', 'hard_sigmoid' or 'hard_swish'.")
       .def_readonly("alpha", &ActivationParams::alpha)
       .def_readonly("beta", &ActivationParams::beta)
@@ -556,7 +526,7 @@ void bind_ops(py::module_& m) {
              return a.kind == b.kind && a.alpha == b.alpha && a.beta == b.beta;
            })
       .def("__repr__", [](const ActivationParams& a) {
-        return "Activation('" + std::string(activation_name(a.kind)) + "', alpha=" + std::to_string(a.alpha) +
+        return "Activation('" + std::string(to_string(a.kind)) + "', alpha=" + std::to_string(a.alpha) +
                ", beta=" + std::to_string(a.beta) + ")";
       });
 

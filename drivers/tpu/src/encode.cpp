@@ -23,22 +23,28 @@ fw::DType to_fw(DType t) {
 
 // Each HAL kind is the firmware's kind of the same Name, with as many
 // tensors (hal's and fw's op_kinds.inc), and every firmware kind has one.
-#define TPUHAL_OP_KIND(Name, str, count, Attrs)                           \
-  static_assert(fw::op_kind_info(fw::OpKind::k##Name).tensors == (count), \
-                "op_kinds.inc: " #Name " takes other tensors in the HAL than on the board");
+#define TPUHAL_OP_KIND(Name, str, count, Attrs, since)                      \
+  static_assert(fw::op_kind_info(fw::OpKind::k##Name).tensors == (count) && \
+                    fw::op_kind_info(fw::OpKind::k##Name).minor == (since), \
+                "op_kinds.inc: " #Name " takes other tensors or minor in the HAL than on the board");
 #include "tpuhal/driver/op_kinds.inc"
 #undef TPUHAL_OP_KIND
 static_assert(driver::kOpKindCount == fw::kMaxOpKind,
               "a firmware op kind (fw/op_kinds.inc) has no HAL kind (driver/op_kinds.inc)");
-// Elementwise modes are copied by number: both enums end at the same mode.
+// Attribute enumerations are copied by number: both layers' enums are
+// generated from one list (schema/ops.py), so they end at the same value.
 static_assert(static_cast<std::uint32_t>(driver::ElementwiseOp::Not) == fw::kMaxElementwiseOp &&
-                  static_cast<std::uint32_t>(fw::ElementwiseOp::kNot) == fw::kMaxElementwiseOp,
-              "driver::ElementwiseOp and fw::ElementwiseOp are numbered differently");
+              static_cast<std::uint32_t>(Activation::HardSwish) == fw::kMaxActivation &&
+              static_cast<std::uint32_t>(ResizeMode::Linear) == fw::kMaxResizeMode &&
+              static_cast<std::uint32_t>(CoordinateMode::TfHalfPixelForNn) == fw::kMaxCoordinateMode &&
+              static_cast<std::uint32_t>(NearestMode::Ceil) == fw::kMaxNearestMode &&
+              static_cast<std::uint32_t>(ColorFormat::I420) == fw::kMaxColorFormat &&
+              static_cast<std::uint32_t>(Layout::NHWC) == fw::kMaxLayout);
 
 fw::OpKind to_fw(driver::OpKind k) {
   switch (k) {
-#define TPUHAL_OP_KIND(Name, str, count, Attrs) \
-  case driver::OpKind::Name:                    \
+#define TPUHAL_OP_KIND(Name, str, count, Attrs, minor) \
+  case driver::OpKind::Name:                           \
     return fw::OpKind::k##Name;
 #include "tpuhal/driver/op_kinds.inc"
 #undef TPUHAL_OP_KIND
@@ -49,18 +55,7 @@ fw::OpKind to_fw(driver::OpKind k) {
 std::uint32_t to_fw(const ActivationParams& a, float& alpha, float& beta) {
   alpha = a.alpha;
   beta = a.beta;
-  switch (a.kind) {
-    case Activation::None: return static_cast<std::uint32_t>(fw::Activation::kNone);
-    case Activation::Relu: return static_cast<std::uint32_t>(fw::Activation::kRelu);
-    case Activation::Clip: return static_cast<std::uint32_t>(fw::Activation::kClip);
-    case Activation::Sigmoid: return static_cast<std::uint32_t>(fw::Activation::kSigmoid);
-    case Activation::Silu: return static_cast<std::uint32_t>(fw::Activation::kSilu);
-    case Activation::LeakyRelu: return static_cast<std::uint32_t>(fw::Activation::kLeakyRelu);
-    case Activation::Tanh: return static_cast<std::uint32_t>(fw::Activation::kTanh);
-    case Activation::HardSigmoid: return static_cast<std::uint32_t>(fw::Activation::kHardSigmoid);
-    case Activation::HardSwish: return static_cast<std::uint32_t>(fw::Activation::kHardSwish);
-  }
-  return 0;
+  return static_cast<std::uint32_t>(a.kind);  // same numbering (above)
 }
 
 fw::ConvAttrs conv_attrs(const driver::ConvAttrs& c) {
@@ -178,35 +173,23 @@ std::vector<std::byte> encode_op(const driver::OpDesc& op) {
 }
 
 std::uint16_t required_minor(const driver::OpDesc& op) {
-  std::uint16_t need = 1;
-  switch (op.kind) {  // no default: a new kind does not build without its minor
-    case driver::OpKind::MatMul:
-    case driver::OpKind::Conv2d:
-    case driver::OpKind::Pool2d:
-    case driver::OpKind::Elementwise:
-    case driver::OpKind::Softmax:
-    case driver::OpKind::Quantize:
-    case driver::OpKind::Dequantize:
-    case driver::OpKind::MatMulInteger:
-    case driver::OpKind::ConvInteger:
-    case driver::OpKind::QLinearMatMul:
-    case driver::OpKind::QLinearConv:
-    case driver::OpKind::Resize:
-    case driver::OpKind::ColorConvert: break;
-    case driver::OpKind::TopK:
-    case driver::OpKind::ConvTranspose2d:
-    case driver::OpKind::Where: need = 5; break;
-  }
-  auto act = [&](const ActivationParams& a) {
-    if (a.kind == Activation::HardSwish) need = std::max<std::uint16_t>(need, 4);
-  };
+  // The kind's minor, and that of each enumeration value its attributes use
+  // (both from schema/ops.py).
+  std::uint16_t need = driver::op_kind_info(op.kind).minor;
+  auto at_least = [&](std::uint16_t minor) { need = std::max(need, minor); };
+  auto act = [&](const ActivationParams& a) { at_least(driver::introduced_in(a.kind)); };
   if (const auto* m = std::get_if<driver::MatMulAttrs>(&op.attrs)) act(m->activation);
   if (const auto* c = std::get_if<driver::ConvAttrs>(&op.attrs)) act(c->activation);
   if (const auto* e = std::get_if<driver::ElementwiseAttrs>(&op.attrs)) {
+    at_least(driver::introduced_in(e->op));
     if (e->op == driver::ElementwiseOp::Activation) act(e->activation);
-    if (e->op == driver::ElementwiseOp::Erf) need = std::max<std::uint16_t>(need, 3);
-    if (e->op >= driver::ElementwiseOp::Equal) need = std::max<std::uint16_t>(need, 7);  // comparisons, logic
   }
+  if (const auto* r = std::get_if<driver::ResizeAttrs>(&op.attrs)) {
+    at_least(driver::introduced_in(r->mode));
+    at_least(driver::introduced_in(r->coordinate));
+    at_least(driver::introduced_in(r->nearest));
+  }
+  if (const auto* c = std::get_if<driver::ColorConvertAttrs>(&op.attrs)) at_least(driver::introduced_in(c->format));
   return need;
 }
 

@@ -17,6 +17,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tpuhal/export.hpp"
@@ -75,7 +77,10 @@ class TPUHAL_API Tensor {
   std::shared_ptr<const detail::TensorState> state_;
 };
 
-enum class Activation : std::uint8_t { None, Relu, Clip, Sigmoid, Silu, LeakyRelu, Tanh, HardSigmoid, HardSwish };
+// Activation, Layout, ResizeMode, CoordinateMode, NearestMode and ColorFormat,
+// with each value's name (to_string, parse_enum<E>, names_of<E>): generated
+// from the op schema (schema/ops.py).
+#include "tpuhal/op_enums.inc"
 
 // An activation and its parameters: Clip clamps to [alpha, beta] (relu6 is
 // clip(0, 6)); LeakyRelu uses alpha; HardSigmoid is clamp(alpha*x + beta, 0, 1);
@@ -95,11 +100,33 @@ struct ActivationParams {
   static ActivationParams hard_swish(float a = 1.0f / 6, float b = 0.5f) { return {Activation::HardSwish, a, b}; }
 };
 
-enum class Layout : std::uint8_t { NCHW, NHWC };
-enum class ResizeMode : std::uint8_t { Nearest, Linear };
-enum class CoordinateMode : std::uint8_t { HalfPixel, Asymmetric, AlignCorners, PytorchHalfPixel, TfHalfPixelForNn };
-enum class NearestMode : std::uint8_t { RoundPreferFloor, RoundPreferCeil, Floor, Ceil };
-enum class ColorFormat : std::uint8_t { NV12, I420 };
+// What an op costs, counted from its operands alone, the same on every
+// device: for traces, profiles and capacity plans.
+struct OpCost {
+  // The board peak that bounds the op: the multiply-accumulate rate of its
+  // precision, or none (memory decides its speed).
+  enum class Peak : std::uint8_t { Float, Int8, Memory };
+  // Operations per run: a multiply-add counts 2, a pooling window its taps,
+  // any other op one per output element.
+  double flops = 0;
+  // Bytes of every present operand as the op sees it (each element once,
+  // broadcast elements included), inputs and outputs together.
+  double bytes = 0;
+  Peak peak = Peak::Memory;
+  DType precision = DType::F32;  // the first input's dtype
+
+  // The peak rate (operations per second) of `properties` that bounds the
+  // op; 0 for Peak::Memory.
+  double peak_rate(const Properties& properties) const {
+    switch (peak) {
+      case Peak::Float:
+        return (precision == DType::F32 ? properties.peak_fp32_tflops : properties.peak_fp16_tflops) * 1e12;
+      case Peak::Int8: return properties.peak_int8_tops * 1e12;
+      case Peak::Memory: return 0;
+    }
+    return 0;
+  }
+};
 
 // An operation with its operands, checked and ready to run on a queue of
 // the operands' device (Batch::run). Holds its buffers alive.
@@ -111,6 +138,8 @@ class TPUHAL_API Op {
   Op& operator=(const Op&);
   const std::string& name() const;  // "matmul", "conv2d", ...
   Device device() const;
+  // What it costs (its kind's cost class, schema/ops.py).
+  OpCost cost() const;
 
  private:
   friend class Batch;

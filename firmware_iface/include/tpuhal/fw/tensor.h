@@ -62,12 +62,12 @@ static_assert(sizeof(TensorRef) == 128);
 // there and docs/ops.md) and its attribute struct (kOpKinds, at the end).
 enum class OpKind : std::uint32_t {
   kInvalid = 0,
-#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs) k##Name = code,
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs, minor) k##Name = code,
 #include "tpuhal/fw/op_kinds.inc"
 #undef TPUHAL_FW_OP
 };
 inline constexpr std::uint32_t kMaxOpKind = 0
-#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs) +1
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs, minor) +1
 #include "tpuhal/fw/op_kinds.inc"
 #undef TPUHAL_FW_OP
     ;
@@ -87,19 +87,11 @@ struct OpHeader {
 };
 static_assert(sizeof(OpHeader) == 32);
 
-// Activation fused after matmul and convolution (and the unary maps).
-enum class Activation : std::uint32_t {
-  kNone = 0,
-  kRelu = 1,
-  kClip = 2,  // clamp to [alpha, beta]; relu6 is clip(0, 6)
-  kSigmoid = 3,
-  kSilu = 4,       // x * sigmoid(x)
-  kLeakyRelu = 5,  // x < 0 ? alpha * x : x
-  kTanh = 6,
-  kHardSigmoid = 7,  // clamp(alpha * x + beta, 0, 1)
-  kHardSwish = 8,    // x * clamp(alpha * x + beta, 0, 1) (interface 1.4)
-};
-inline constexpr std::uint32_t kMaxActivation = 8;
+// The enumerations the attribute structs below carry as uint32 words
+// (Activation, Layout, PoolKind, ElementwiseOp, ResizeMode, CoordinateMode,
+// NearestMode, ColorFormat), kMax<Enum> for each, and ElementwiseOp's
+// is_binary, is_comparison and is_logical: generated from schema/ops.py.
+#include "tpuhal/fw/op_enums.inc"
 
 struct MatMulAttrs {
   std::uint32_t trans_a, trans_b;  // 0 or 1: use the last two dims transposed
@@ -109,8 +101,6 @@ struct MatMulAttrs {
   std::uint32_t reserved;
 };
 static_assert(sizeof(MatMulAttrs) == 32);
-
-enum class Layout : std::uint32_t { kNCHW = 0, kNHWC = 1 };
 
 // Convolution geometry: pads are top, left, bottom, right. A transposed
 // convolution (kConvTranspose2d) takes W as [Cin, Cout/groups, kh, kw] and
@@ -127,7 +117,6 @@ struct ConvAttrs {
 };
 static_assert(sizeof(ConvAttrs) == 64);
 
-enum class PoolKind : std::uint32_t { kMax = 0, kAverage = 1 };
 struct PoolAttrs {
   std::uint32_t kind;    // PoolKind
   std::uint32_t layout;  // Layout
@@ -140,44 +129,6 @@ struct PoolAttrs {
   std::uint32_t reserved[2];
 };
 static_assert(sizeof(PoolAttrs) == 64);
-
-enum class ElementwiseOp : std::uint32_t {
-  kIdentity = 0,  // Y = A: copy, cast (A and Y dtypes differ), transpose (A strided)
-  kAdd = 1,
-  kSub = 2,
-  kMul = 3,
-  kDiv = 4,
-  kMax = 5,
-  kMin = 6,
-  kActivation = 7,  // Y = activation(A), `activation` below
-  kAbs = 8,
-  kNeg = 9,
-  kExp = 10,
-  kLog = 11,
-  kSqrt = 12,
-  kErf = 13,  // interface 1.3
-  // Interface 1.7: comparisons, A and B of one dtype and Y u8 holding 1 or
-  // 0 (a NaN compares false: unequal, neither less nor greater), and logic
-  // on u8 operands (nonzero is true) into u8 1 or 0.
-  kEqual = 14,
-  kLess = 15,
-  kLessOrEqual = 16,
-  kGreater = 17,
-  kGreaterOrEqual = 18,
-  kAnd = 19,
-  kOr = 20,
-  kXor = 21,
-  kNot = 22,
-};
-inline constexpr std::uint32_t kMaxElementwiseOp = 22;
-constexpr bool is_comparison(ElementwiseOp op) {
-  return op >= ElementwiseOp::kEqual && op <= ElementwiseOp::kGreaterOrEqual;
-}
-constexpr bool is_logical(ElementwiseOp op) { return op >= ElementwiseOp::kAnd && op <= ElementwiseOp::kNot; }
-constexpr bool is_binary(ElementwiseOp op) {
-  return (op >= ElementwiseOp::kAdd && op <= ElementwiseOp::kMin) ||
-         (op >= ElementwiseOp::kEqual && op <= ElementwiseOp::kXor);
-}
 
 struct ElementwiseAttrs {
   std::uint32_t op;          // ElementwiseOp
@@ -200,20 +151,6 @@ struct QuantAttrs {
 };
 static_assert(sizeof(QuantAttrs) == 16);
 
-enum class ResizeMode : std::uint32_t { kNearest = 0, kLinear = 1 };
-enum class CoordinateMode : std::uint32_t {
-  kHalfPixel = 0,
-  kAsymmetric = 1,
-  kAlignCorners = 2,
-  kPytorchHalfPixel = 3,
-  kTfHalfPixelForNn = 4,
-};
-enum class NearestMode : std::uint32_t {
-  kRoundPreferFloor = 0,
-  kRoundPreferCeil = 1,
-  kFloor = 2,
-  kCeil = 3,
-};
 // Resizes the H and W dimensions of a 4-D tensor (N and C are kept).
 struct ResizeAttrs {
   std::uint32_t mode;        // ResizeMode
@@ -237,7 +174,6 @@ struct TopKAttrs {
 };
 static_assert(sizeof(TopKAttrs) == 16);
 
-enum class ColorFormat : std::uint32_t { kNV12 = 0, kI420 = 1 };
 // YUV (BT.601, limited range) -> RGB in [0, 255], then per channel
 // (value - mean) * scale. Luma is [H, W]; NV12 chroma is [H/2, W/2, 2];
 // I420 chroma U and V are [H/2, W/2] each; Y is [3, H, W] (planar RGB).
@@ -260,11 +196,12 @@ struct OpKindInfo {
   std::uint32_t tensors;     // TensorRefs after the header, output last
   std::uint32_t optional;    // bit i: tensor i may be absent
   std::uint32_t attr_bytes;  // sizeof the kind's attribute struct
+  std::uint16_t minor;       // the interface minor the kind came in
 };
 inline constexpr OpKindInfo kOpKinds[kMaxOpKind + 1] = {
-    {OpKind::kInvalid, "invalid", 0, 0, 0},
-#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs) \
-  {OpKind::k##Name, name, tensors, optional, sizeof(Attrs)},
+    {OpKind::kInvalid, "invalid", 0, 0, 0, 0},
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs, minor) \
+  {OpKind::k##Name, name, tensors, optional, sizeof(Attrs), minor},
 #include "tpuhal/fw/op_kinds.inc"
 #undef TPUHAL_FW_OP
 };

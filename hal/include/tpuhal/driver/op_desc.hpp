@@ -40,36 +40,14 @@ struct TensorArg {
 };
 
 enum class OpKind : std::uint8_t {
-#define TPUHAL_OP_KIND(Name, name, tensors, Attrs) Name,
+#define TPUHAL_OP_KIND(Name, name, tensors, Attrs, minor) Name,
 #include "tpuhal/driver/op_kinds.inc"
 #undef TPUHAL_OP_KIND
 };
 
-enum class ElementwiseOp : std::uint8_t {
-  Identity,
-  Add,
-  Sub,
-  Mul,
-  Div,
-  Max,
-  Min,
-  Activation,
-  Abs,
-  Neg,
-  Exp,
-  Log,
-  Sqrt,
-  Erf,
-  Equal,
-  Less,
-  LessOrEqual,
-  Greater,
-  GreaterOrEqual,
-  And,
-  Or,
-  Xor,
-  Not,
-};
+// ElementwiseOp and its names, and introduced_in(): the interface minor each
+// value of an attribute enumeration came in. Generated from schema/ops.py.
+#include "tpuhal/driver/op_enums.inc"
 
 struct MatMulAttrs {
   bool transpose_a = false, transpose_b = false;
@@ -133,6 +111,7 @@ struct OpKindInfo {
   const char* name;
   std::uint32_t tensors;    // OpDesc::tensors, output last
   std::size_t attrs_index;  // the alternative of OpAttrs it carries
+  std::uint16_t minor;      // the board interface minor it needs at least
 };
 namespace op_kind_detail {
 template <class T, std::size_t I = 0>
@@ -145,7 +124,8 @@ constexpr std::size_t attrs_index() {
 }
 }  // namespace op_kind_detail
 inline constexpr OpKindInfo kOpKinds[] = {
-#define TPUHAL_OP_KIND(Name, name, tensors, Attrs) {OpKind::Name, name, tensors, op_kind_detail::attrs_index<Attrs>()},
+#define TPUHAL_OP_KIND(Name, name, tensors, Attrs, minor) \
+  {OpKind::Name, name, tensors, op_kind_detail::attrs_index<Attrs>(), minor},
 #include "tpuhal/driver/op_kinds.inc"
 #undef TPUHAL_OP_KIND
 };

@@ -1,0 +1,191 @@
+# The tensor op schema: every fact about an op kind and the enumerations its
+# attributes use, written once. schema/generate.py expands it into each
+# layer's own folder (the list is in generate.py's OUTPUTS); the
+# Schema.GeneratedFilesAreCurrent test fails when a generated file differs
+# from what this file says. docs/adding-an-op.md walks through a new kind.
+#
+# Kinds and enumeration values are part of the versioned firmware
+# interface: never renumber or reuse a code, add new ones at the end, and
+# give each the interface minor it came in (firmware_iface's version.h says
+# what each minor added).
+
+# ---- enumerations of op attributes ----------------------------------------
+#
+# One entry per enumeration: its C++ name, the layers it is declared in
+# ("fw": tpuhal::fw, numbered on the wire as uint32; "hal": the public API,
+# tpuhal::, uint8; "driver": tpuhal::driver, uint8), and its values in code
+# order: (Name, "name", minor, comment). The HAL's enumerator is Name, the
+# firmware's kName; "name" is what the tools, Python and the model file
+# call it. Codes are the position in the list.
+ENUMS = [
+    dict(
+        name="Activation",
+        layers=("fw", "hal"),
+        doc="Activation fused after matmul and convolution (and the unary maps).",
+        values=[
+            ("None", "none", 1, ""),
+            ("Relu", "relu", 1, ""),
+            ("Clip", "clip", 1, "clamp to [alpha, beta]; relu6 is clip(0, 6)"),
+            ("Sigmoid", "sigmoid", 1, ""),
+            ("Silu", "silu", 1, "x * sigmoid(x)"),
+            ("LeakyRelu", "leaky_relu", 1, "x < 0 ? alpha * x : x"),
+            ("Tanh", "tanh", 1, ""),
+            ("HardSigmoid", "hard_sigmoid", 1, "clamp(alpha * x + beta, 0, 1)"),
+            ("HardSwish", "hard_swish", 4, "x * clamp(alpha * x + beta, 0, 1)"),
+        ],
+    ),
+    dict(
+        name="Layout",
+        layers=("fw", "hal"),
+        doc="Layout of a 4-D activation tensor.",
+        values=[("NCHW", "nchw", 1, ""), ("NHWC", "nhwc", 1, "")],
+    ),
+    dict(
+        name="PoolKind",
+        layers=("fw",),
+        doc="Max or average pooling.",
+        values=[("Max", "max", 1, ""), ("Average", "average", 1, "")],
+    ),
+    dict(
+        name="ElementwiseOp",
+        layers=("fw", "driver"),
+        doc="The map of an elementwise op. Unary maps read A only; binary ones A and B. "
+        "Comparisons take A and B of one dtype and give u8 1 or 0 (a NaN compares false: "
+        "unequal, neither less nor greater); logic reads u8 operands (nonzero is true) into u8 1 or 0.",
+        # (Name, "name", minor, comment, arity, family)
+        values=[
+            ("Identity", "identity", 1, "Y = A: copy, cast (A and Y dtypes differ), transpose (A strided)", 1, "arith"),
+            ("Add", "add", 1, "", 2, "arith"),
+            ("Sub", "sub", 1, "", 2, "arith"),
+            ("Mul", "mul", 1, "", 2, "arith"),
+            ("Div", "div", 1, "", 2, "arith"),
+            ("Max", "max", 1, "", 2, "arith"),
+            ("Min", "min", 1, "", 2, "arith"),
+            ("Activation", "activation", 1, "Y = activation(A), the attributes' activation", 1, "arith"),
+            ("Abs", "abs", 1, "", 1, "arith"),
+            ("Neg", "neg", 1, "", 1, "arith"),
+            ("Exp", "exp", 1, "", 1, "arith"),
+            ("Log", "log", 1, "", 1, "arith"),
+            ("Sqrt", "sqrt", 1, "", 1, "arith"),
+            ("Erf", "erf", 3, "", 1, "arith"),
+            ("Equal", "equal", 7, "", 2, "comparison"),
+            ("Less", "less", 7, "", 2, "comparison"),
+            ("LessOrEqual", "less_or_equal", 7, "", 2, "comparison"),
+            ("Greater", "greater", 7, "", 2, "comparison"),
+            ("GreaterOrEqual", "greater_or_equal", 7, "", 2, "comparison"),
+            ("And", "and", 7, "", 2, "logic"),
+            ("Or", "or", 7, "", 2, "logic"),
+            ("Xor", "xor", 7, "", 2, "logic"),
+            ("Not", "not", 7, "", 1, "logic"),
+        ],
+    ),
+    dict(
+        name="ResizeMode",
+        layers=("fw", "hal"),
+        doc="How Resize samples: ONNX's mode attribute.",
+        values=[("Nearest", "nearest", 1, ""), ("Linear", "linear", 1, "bilinear over H and W")],
+    ),
+    dict(
+        name="CoordinateMode",
+        layers=("fw", "hal"),
+        doc="How Resize maps an output coordinate to the input: ONNX's coordinate_transformation_mode.",
+        values=[
+            ("HalfPixel", "half_pixel", 1, ""),
+            ("Asymmetric", "asymmetric", 1, ""),
+            ("AlignCorners", "align_corners", 1, ""),
+            ("PytorchHalfPixel", "pytorch_half_pixel", 1, ""),
+            ("TfHalfPixelForNn", "tf_half_pixel_for_nn", 1, ""),
+        ],
+    ),
+    dict(
+        name="NearestMode",
+        layers=("fw", "hal"),
+        doc="How nearest Resize rounds: ONNX's nearest_mode.",
+        values=[
+            ("RoundPreferFloor", "round_prefer_floor", 1, ""),
+            ("RoundPreferCeil", "round_prefer_ceil", 1, ""),
+            ("Floor", "floor", 1, ""),
+            ("Ceil", "ceil", 1, ""),
+        ],
+    ),
+    dict(
+        name="ColorFormat",
+        layers=("fw", "hal"),
+        doc="The YUV layout ColorConvert reads.",
+        values=[("NV12", "nv12", 1, "luma, then interleaved UV"), ("I420", "i420", 1, "luma, U, V")],
+    ),
+]
+
+# ---- op kinds ---------------------------------------------------------------
+#
+# One entry per kind, in wire-code order (codes start at 1).
+#   name      the enumerator: fw::OpKind::k<name>, driver::OpKind::<name>
+#   id        to_string of both kinds: messages, traces, the tools
+#   minor     the interface minor the kind came in
+#   tensors   roles in order, output last; "?" marks an optional tensor
+#   fw_attrs  the firmware's attribute struct (fw/tensor.h); QuantAttrs is
+#             16 reserved bytes, for kinds with nothing to say
+#   attrs     the HAL's alternative of driver::OpAttrs (driver/op_desc.hpp)
+#   cost      how its operations are counted (hal/src/op_cost.cpp), one of
+#               ("matmul", A)           2 * outputs * A's inner dimension
+#               ("conv", W)             2 * outputs * W's Cin/groups * kh * kw
+#               ("conv_transpose", X, W) 2 * X's elements * W's [1] * kh * kw
+#               ("pool",)               outputs * kernel taps
+#               ("per_output",)         one per output element
+#   peak      the board's peak it is measured against: "float" (fp32 or
+#             fp16 by the first input's dtype), "int8", or None (memory
+#             decides its speed)
+#   builders  the ops:: functions that make it (ops.hpp, Python's tpuhal.ops)
+#   doc       what it computes, in one line
+KINDS = [
+    dict(name="MatMul", id="matmul", minor=1, tensors=["A", "B", "C?", "Y"], fw_attrs="MatMulAttrs",
+         attrs="MatMulAttrs", cost=("matmul", "A"), peak="float", builders=["matmul"],
+         doc="Y = act(alpha * op(A) @ op(B) + beta * C), batched."),
+    dict(name="Conv2d", id="conv2d", minor=1, tensors=["X", "W", "Bias?", "Y"], fw_attrs="ConvAttrs",
+         attrs="ConvAttrs", cost=("conv", "W"), peak="float", builders=["conv2d"],
+         doc="Float convolution, NCHW or NHWC, groups, dilation."),
+    dict(name="Pool2d", id="pool2d", minor=1, tensors=["X", "Y"], fw_attrs="PoolAttrs", attrs="PoolAttrs",
+         cost=("pool",), peak=None, builders=["max_pool2d", "avg_pool2d"], doc="Max or average pooling."),
+    dict(name="Elementwise", id="elementwise", minor=1, tensors=["A", "B?", "Y"], fw_attrs="ElementwiseAttrs",
+         attrs="ElementwiseAttrs", cost=("per_output",), peak=None,
+         builders=["add", "sub", "mul", "div", "max", "min", "activation", "relu", "abs", "neg", "exp", "log", "sqrt",
+                   "erf", "cast", "transpose", "equal", "less", "less_equal", "greater", "greater_equal",
+                   "logical_and", "logical_or", "logical_xor", "logical_not"],
+         doc="Unary and binary maps, including cast and transpose (B absent for unary maps)."),
+    dict(name="Softmax", id="softmax", minor=1, tensors=["X", "Y"], fw_attrs="SoftmaxAttrs", attrs="SoftmaxAttrs",
+         cost=("per_output",), peak=None, builders=["softmax"], doc="Softmax or log-softmax along one axis."),
+    dict(name="Quantize", id="quantize", minor=1, tensors=["X", "Scale", "ZeroPoint?", "Y"], fw_attrs="QuantAttrs",
+         attrs="NoAttrs", cost=("per_output",), peak=None, builders=["quantize"],
+         doc="QuantizeLinear; Scale and ZeroPoint broadcast to X."),
+    dict(name="Dequantize", id="dequantize", minor=1, tensors=["X", "Scale", "ZeroPoint?", "Y"],
+         fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("per_output",), peak=None, builders=["dequantize"],
+         doc="DequantizeLinear; Scale and ZeroPoint broadcast to X."),
+    dict(name="MatMulInteger", id="matmul_integer", minor=1, tensors=["A", "B", "AZeroPoint?", "BZeroPoint?", "Y"],
+         fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("matmul", "A"), peak="int8", builders=["matmul_integer"],
+         doc="Integer matrix product with zero points, int32 accumulation."),
+    dict(name="ConvInteger", id="conv_integer", minor=1, tensors=["X", "W", "XZeroPoint?", "WZeroPoint?", "Y"],
+         fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv", "W"), peak="int8", builders=["conv_integer"],
+         doc="Integer convolution with zero points, int32 accumulation."),
+    dict(name="QLinearMatMul", id="qlinear_matmul", minor=1,
+         tensors=["A", "AScale", "AZeroPoint", "B", "BScale", "BZeroPoint", "YScale", "YZeroPoint", "Y"],
+         fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("matmul", "A"), peak="int8", builders=["qlinear_matmul"],
+         doc="Quantized matrix product, requantised to Y's scale."),
+    dict(name="QLinearConv", id="qlinear_conv", minor=1,
+         tensors=["X", "XScale", "XZeroPoint", "W", "WScale", "WZeroPoint", "YScale", "YZeroPoint", "Bias?", "Y"],
+         fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv", "W"), peak="int8", builders=["qlinear_conv"],
+         doc="Quantized convolution, requantised to Y's scale."),
+    dict(name="Resize", id="resize", minor=1, tensors=["X", "Y"], fw_attrs="ResizeAttrs", attrs="ResizeAttrs",
+         cost=("per_output",), peak=None, builders=["resize"], doc="Nearest or bilinear over H and W."),
+    dict(name="ColorConvert", id="color_convert", minor=1, tensors=["Luma", "ChromaU", "ChromaV?", "Y"],
+         fw_attrs="ColorConvertAttrs", attrs="ColorConvertAttrs", cost=("per_output",), peak=None,
+         builders=["nv12_to_rgb", "i420_to_rgb"],
+         doc="NV12 / I420 -> planar RGB, normalised (ChromaU holds UV for NV12)."),
+    dict(name="TopK", id="top_k", minor=5, tensors=["X", "Values?", "Indices"], fw_attrs="TopKAttrs",
+         attrs="TopKAttrs", cost=("per_output",), peak=None, builders=["top_k", "argmax", "argmin"],
+         doc="The k largest (or smallest) along one axis, sorted."),
+    dict(name="ConvTranspose2d", id="conv_transpose2d", minor=5, tensors=["X", "W", "Bias?", "Y"],
+         fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv_transpose", "X", "W"), peak="float",
+         builders=["conv_transpose2d"], doc="Transposed convolution."),
+    dict(name="Where", id="where", minor=5, tensors=["Cond", "A", "B", "Y"], fw_attrs="QuantAttrs", attrs="NoAttrs",
+         cost=("per_output",), peak=None, builders=["where"], doc="Y = Cond ? A : B, elementwise."),
+]

@@ -1,0 +1,17 @@
+// The firmware interface version this tree speaks, as the tools and the
+// board's messages print it ("1.8"). Tests compare against it, not against a
+// literal, so that raising the minor (firmware_iface's version.h, when the
+// op schema adds a kind) breaks no test that is not about versions.
+#pragma once
+
+#include <string>
+
+#include "tpuhal/fw/version.h"
+
+namespace tpuhal::test {
+
+inline std::string interface_version_text() {
+  return std::to_string(fw::kInterfaceVersion.major) + "." + std::to_string(fw::kInterfaceVersion.minor);
+}
+
+}  // namespace tpuhal::test
