@@ -15,6 +15,7 @@
 #ifdef TPUHAL_RT_HAVE_ONNX
 #include "ir.hpp"
 #include "model_internal.hpp"
+#include "onnx/handler.hpp"
 #endif
 
 namespace tpuhal::rt {
@@ -441,9 +442,7 @@ std::vector<LayerError> keep_until(Device& dev, const Graph& g, const Lowered& f
     for (const auto& e : errors) snr[e.output] = e.snr_db;
     std::vector<std::pair<double, std::string> > lost;  // dB lost, node
     for (const auto& n : g.nodes) {
-      if ((n.op != "Conv" && n.op != "Gemm" && n.op != "MatMul") || keep.count(n.name) || tried.count(n.name) ||
-          !snr.count(n.output))
-        continue;
+      if (!n.handler->int8_layer || keep.count(n.name) || tried.count(n.name) || !snr.count(n.output)) continue;
       const auto in = snr.find(n.inputs.at(0));
       const double before = in == snr.end() ? 200.0 : std::min(in->second, 200.0);
       lost.emplace_back(before - std::min(snr[n.output], 200.0), n.name);
@@ -485,6 +484,86 @@ json report_json(const std::vector<LayerError>& r, Precision p, std::uint64_t sa
   return {{"precision", to_string(p)}, {"reference", "fp32"}, {"samples", samples}, {"layers", std::move(layers)}};
 }
 
+// The layers --keep-fp16 names, checked against the graph's.
+std::set<std::string> layers_kept(const Graph& g, const CompileOptions& options, std::string_view name, bool int8) {
+  std::set<std::string> keep;
+  if (options.keep_fp16.empty() && !(options.target_snr_db > 0)) return keep;
+  if (!int8)
+    throw Error(Status::InvalidArgument, std::string(name) + ": layers kept in fp16 (" +
+                                             (options.keep_fp16.empty() ? "a target SNR" : "--keep-fp16") +
+                                             ") need precision int8, not " + to_string(options.precision));
+  std::set<std::string> names;
+  for (const auto& n : g.nodes) names.insert(n.name);
+  for (const auto& k : options.keep_fp16) {
+    if (!names.count(k))
+      throw Error(Status::InvalidArgument,
+                  std::string(name) + ": --keep-fp16 '" + k +
+                      "' names no layer of the model (the precision report lists them; folded and fused nodes "
+                      "go by the name of the layer they joined)");
+    keep.insert(k);
+  }
+  return keep;
+}
+
+// The notes on where an int8 model's layers run: fp16 or fp32 instead
+// (kept, or their bias too large), and how many in int8.
+void precision_notes(const Graph& g, const Lowered& reduced, const std::set<std::string>& keep,
+                     const std::map<std::string, Range>& ranges, bool int8, std::vector<std::string>& notes) {
+  if (!keep.empty()) {
+    std::string f16, f32_list;
+    std::size_t n16 = 0, n32 = 0;
+    for (const auto& n : g.nodes) {
+      if (!keep.count(n.name)) continue;
+      const bool holds = fp16_holds(n, ranges);
+      std::string& list = holds ? f16 : f32_list;
+      list += (list.empty() ? "" : ", ") + n.name;
+      ++(holds ? n16 : n32);
+    }
+    if (n16) notes.push_back(std::to_string(n16) + " layer(s) in fp16: " + f16);
+    if (n32)
+      notes.push_back(std::to_string(n32) + " layer(s) kept in fp32, their calibrated values outside " +
+                      "what fp16 holds (largest magnitude below 2^-6 or above 2^14): " + f32_list);
+  }
+  if (!reduced.fp32_for_bias.empty()) {
+    std::string list;
+    for (const auto& k : reduced.fp32_for_bias) list += (list.empty() ? "" : ", ") + k;
+    notes.push_back(std::to_string(reduced.fp32_for_bias.size()) +
+                    " layer(s) in fp32, their bias too large for int32 in units of the input's and weights' "
+                    "scales (activations far below the bias): " +
+                    list);
+  }
+  if (int8) {
+    std::size_t q = 0;
+    for (const auto& op : reduced.graph.ops) q += op.kind == "qlinear_conv";
+    notes.push_back(std::to_string(q) +
+                    " layers run in int8 (qlinear_conv); the rest in f32 between dequantize and quantize");
+  }
+}
+
+// Shares the arena, packs the model and runs the loader's checks on it.
+void finish(CompileResult& result, const Graph& g, const Lowered& reduced, const CompileOptions& options,
+            std::string_view name, const json* report, Device& dev) {
+  // Calibration and the report read every layer from an arena without
+  // sharing; the model runs with tensors sharing memory where their
+  // lifetimes allow.
+  Lowered shared = reduced;
+  const std::uint64_t unshared = shared.graph.share_arena();
+  result.notes.push_back("activation memory per instance: " + std::to_string(shared.graph.arena_bytes) +
+                         " bytes, shared by lifetime (" + std::to_string(unshared) + " without sharing)");
+  result.model = pack(g, shared, options.precision, options, name, report);
+  // The loader's own checks on what was made, so that no model comes out
+  // that Model::load (and `tpuhal model-info`) would refuse.
+  if (!dev) dev = tpuhal::open(options.device);
+  try {
+    check_model(dev, result.model, name);
+  } catch (const Error& e) {
+    std::string why = e.what();
+    if (why.rfind(std::string(name) + ": ", 0) == 0) why.erase(0, name.size() + 2);
+    throw Error(e.status(), std::string(name) + ": the compiled model would not load (checked on " + options.device +
+                                "), so none is made; the loader says: " + why);
+  }
+}
+
 CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const CompileOptions& options, std::string_view name,
                             const std::filesystem::path& external_dir) {
   if (options.precision == Precision::Int8 && options.method == CalibrationMethod::Percentile &&
@@ -509,82 +588,20 @@ CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const Compile
                            std::to_string(batches.samples) + " samples (" + method_text(options) + ") on " +
                            options.device);
   }
-  std::set<std::string> keep;
-  if (!options.keep_fp16.empty() || options.target_snr_db > 0) {
-    if (!int8)
-      throw Error(Status::InvalidArgument, std::string(name) + ": layers kept in fp16 (" +
-                                               (options.keep_fp16.empty() ? "a target SNR" : "--keep-fp16") +
-                                               ") need precision int8, not " + to_string(options.precision));
-    std::set<std::string> names;
-    for (const auto& n : g.nodes) names.insert(n.name);
-    for (const auto& k : options.keep_fp16) {
-      if (!names.count(k))
-        throw Error(Status::InvalidArgument,
-                    std::string(name) + ": --keep-fp16 '" + k +
-                        "' names no layer of the model (the precision report lists them; folded and fused nodes "
-                        "go by the name of the layer they joined)");
-      keep.insert(k);
-    }
-  }
+  std::set<std::string> keep = layers_kept(g, options, name, int8);
   Lowered reduced =
       options.precision == Precision::F32 ? f32 : lower(g, options.precision, int8 ? &ranges : nullptr, keep);
   std::vector<LayerError> errors;  // the last measured report, while it matches `reduced`
   if (int8 && options.target_snr_db > 0) {
     errors = keep_until(dev, g, f32, ranges, batches, options.target_snr_db, keep, reduced, result.notes);
   }
-  if (!keep.empty()) {
-    std::string f16, f32_list;
-    std::size_t n16 = 0, n32 = 0;
-    for (const auto& n : g.nodes) {
-      if (!keep.count(n.name)) continue;
-      const bool holds = fp16_holds(n, ranges);
-      std::string& list = holds ? f16 : f32_list;
-      list += (list.empty() ? "" : ", ") + n.name;
-      ++(holds ? n16 : n32);
-    }
-    if (n16) result.notes.push_back(std::to_string(n16) + " layer(s) in fp16: " + f16);
-    if (n32)
-      result.notes.push_back(std::to_string(n32) + " layer(s) kept in fp32, their calibrated values outside " +
-                             "what fp16 holds (largest magnitude below 2^-6 or above 2^14): " + f32_list);
-  }
-  if (!reduced.fp32_for_bias.empty()) {
-    std::string list;
-    for (const auto& k : reduced.fp32_for_bias) list += (list.empty() ? "" : ", ") + k;
-    result.notes.push_back(std::to_string(reduced.fp32_for_bias.size()) +
-                           " layer(s) in fp32, their bias too large for int32 in units of the input's and weights' "
-                           "scales (activations far below the bias): " +
-                           list);
-  }
-  if (int8) {
-    std::size_t q = 0;
-    for (const auto& op : reduced.graph.ops) q += op.kind == "qlinear_conv";
-    result.notes.push_back(std::to_string(q) +
-                           " layers run in int8 (qlinear_conv); the rest in f32 between dequantize and quantize");
-  }
+  precision_notes(g, reduced, keep, ranges, int8, result.notes);
   json report;
   if (options.report) {
     result.report = errors.empty() ? measure(dev, g, f32, reduced, batches) : errors;
     report = report_json(result.report, options.precision, batches.samples);
   }
-  // Calibration and the report read every layer from an arena without
-  // sharing; the model runs with tensors sharing memory where their
-  // lifetimes allow.
-  Lowered shared = reduced;
-  const std::uint64_t unshared = shared.graph.share_arena();
-  result.notes.push_back("activation memory per instance: " + std::to_string(shared.graph.arena_bytes) +
-                         " bytes, shared by lifetime (" + std::to_string(unshared) + " without sharing)");
-  result.model = pack(g, shared, options.precision, options, name, options.report ? &report : nullptr);
-  // The loader's own checks on what was made, so that no model comes out
-  // that Model::load (and `tpuhal model-info`) would refuse.
-  if (!dev) dev = tpuhal::open(options.device);
-  try {
-    check_model(dev, result.model, name);
-  } catch (const Error& e) {
-    std::string why = e.what();
-    if (why.rfind(std::string(name) + ": ", 0) == 0) why.erase(0, name.size() + 2);
-    throw Error(e.status(), std::string(name) + ": the compiled model would not load (checked on " + options.device +
-                                "), so none is made; the loader says: " + why);
-  }
+  finish(result, g, reduced, options, name, options.report ? &report : nullptr, dev);
   return result;
 }
 

@@ -1,11 +1,10 @@
 // The compiler's graph: ONNX nodes with every shape known, constants
 // folded, and BatchNormalization and activations fused where they can be
-// (onnx_import.cpp), ready to be lowered onto tpuhal ops in one precision
-// (lower.cpp).
+// (the ONNX front end, onnx/: a handler per op family and the passes),
+// ready to be lowered onto tpuhal ops in one precision (onnx/lowerer.hpp).
 #pragma once
 
-#include <onnx/onnx_pb.h>
-
+#include <any>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -35,20 +34,30 @@ struct Value {
   std::uint64_t elements() const { return elements_of(shape); }
 };
 
+struct OpHandler;  // onnx/handler.hpp
+
 struct Node {
-  std::string name;                 // the ONNX node name (or "op_type #index" if it has none)
-  std::string op;                   // ONNX op type
-  std::vector<std::string> inputs;  // value names; "" for an omitted optional input
-  std::string output;               // the one output used
-  std::string output2;              // TopK's second output (indices), or empty
-  onnx::NodeProto proto;            // its attributes
-  ActivationParams act;             // fused Relu / Clip (Conv, Gemm, MatMul)
-  std::string fused;                // what was fused into it, for the report ("Relu 'r1'")
-  // Parameters the importer resolved from constant inputs and attributes:
-  // "axes" (Reduce*, non-negative, ascending), "lo" and "step" (Slice),
-  // "pads" and "value" (Pad), "scales" (Resize: H and W, given or out / in),
-  // "exponent" (Pow), "axis", "largest", "last_index" (ArgMax, ArgMin, TopK).
-  std::map<std::string, std::vector<double>> params;
+  std::string name;                    // the ONNX node name (or "op_type #index" if it has none)
+  std::string op;                      // ONNX op type (as reports and notes name it)
+  const OpHandler* handler = nullptr;  // what imports and lowers it (onnx/handler.hpp)
+  std::vector<std::string> inputs;     // value names; "" for an omitted optional input
+  std::string output;                  // the one output used
+  std::string output2;                 // TopK's second output (indices), or empty
+  // Its handler's typed attributes: read from the ONNX node once, and
+  // completed by its shape rule with what it resolved from constant inputs
+  // (a Slice's starts and steps, a Pad's pads, a Resize's scales, ...).
+  std::any attrs;
+  ActivationParams act;  // fused Relu / Clip (Conv, Gemm, MatMul)
+  std::string fused;     // what was fused into it, for the report ("Relu 'r1'")
+
+  template <typename A>
+  A& attr() {
+    return std::any_cast<A&>(attrs);
+  }
+  template <typename A>
+  const A& attr() const {
+    return std::any_cast<const A&>(attrs);
+  }
 };
 
 struct Graph {

@@ -122,16 +122,11 @@ struct OpReader {
     if (it == op.attrs.end()) return {};
     const json& a = *it;
     if (!a.is_object() || !a.contains("kind") || !a["kind"].is_string()) fail("attribute 'activation' is malformed");
-    static const std::map<std::string, Activation> kinds = {
-        {"none", Activation::None},           {"relu", Activation::Relu},
-        {"clip", Activation::Clip},           {"sigmoid", Activation::Sigmoid},
-        {"silu", Activation::Silu},           {"leaky_relu", Activation::LeakyRelu},
-        {"tanh", Activation::Tanh},           {"hard_sigmoid", Activation::HardSigmoid},
-        {"hard_swish", Activation::HardSwish}};
-    auto k = kinds.find(a["kind"].get<std::string>());
-    if (k == kinds.end()) fail("unknown activation '" + a["kind"].get<std::string>() + "'");
+    const std::string name = a["kind"].get<std::string>();
+    const auto kind = parse_enum<Activation>(name);
+    if (!kind) fail("unknown activation '" + name + "'");
     ActivationParams p;
-    p.kind = k->second;
+    p.kind = *kind;
     if (a.contains("alpha") && a["alpha"].is_number()) p.alpha = a["alpha"].get<float>();
     if (a.contains("beta") && a["beta"].is_number()) p.beta = a["beta"].get<float>();
     return p;
@@ -188,38 +183,40 @@ ops::ResizeOptions resize_opts(const OpReader& r) {
   return o;
 }
 
-Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& where) {
-  const OpReader r{op, where};
-  auto in = [&](const char* role) -> const Tensor& {
+// An op's operands by role.
+struct Operands {
+  const DOp& op;
+  const std::vector<Tensor>& t;
+  const OpReader& r;
+  const Tensor& operator()(const char* role) const {
     auto it = op.operands.find(role);
     if (it == op.operands.end()) r.fail(std::string("operand '") + role + "' is missing");
     return t[static_cast<std::size_t>(it->second)];
-  };
-  auto opt = [&](const char* role) -> std::optional<Tensor> {
+  }
+  std::optional<Tensor> opt(const char* role) const {
     auto it = op.operands.find(role);
     if (it == op.operands.end()) return std::nullopt;
     return t[static_cast<std::size_t>(it->second)];
-  };
-  const std::string& k = op.kind;
-  if (k == "conv2d") {
-    ops::Conv2dOptions o = conv_opts(r);
-    o.bias = opt("bias");
-    o.activation = r.activation();
-    return ops::conv2d(in("x"), in("w"), in("y"), o);
   }
-  if (k == "conv_transpose2d") {
+};
+
+// The ops with options of their own: convolutions, matmul, pools, top_k,
+// where; nullopt for the others.
+std::optional<Op> build_layer(const std::string& k, const OpReader& r, const Operands& in) {
+  if (k == "conv2d" || k == "conv_transpose2d") {
     ops::Conv2dOptions o = conv_opts(r);
-    o.bias = opt("bias");
+    o.bias = in.opt("bias");
     o.activation = r.activation();
-    return ops::conv_transpose2d(in("x"), in("w"), in("y"), o);
+    return k == "conv2d" ? ops::conv2d(in("x"), in("w"), in("y"), o)
+                         : ops::conv_transpose2d(in("x"), in("w"), in("y"), o);
   }
   if (k == "top_k")
-    return ops::top_k(in("x"), opt("values"), in("indices"),
+    return ops::top_k(in("x"), in.opt("values"), in("indices"),
                       {r.integer("axis"), r.flag("largest"), r.flag("last_index")});
   if (k == "where") return ops::where(in("cond"), in("a"), in("b"), in("y"));
   if (k == "qlinear_conv") {
     ops::Conv2dOptions o = conv_opts(r);
-    o.bias = opt("bias");
+    o.bias = in.opt("bias");
     return ops::qlinear_conv(in("x"), in("x_scale"), in("x_zero_point"), in("w"), in("w_scale"), in("w_zero_point"),
                              in("y_scale"), in("y_zero_point"), in("y"), o);
   }
@@ -229,12 +226,20 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
     o.transpose_b = r.flag("transpose_b");
     o.alpha = r.real("alpha");
     o.beta = r.real("beta");
-    o.c = opt("c");
+    o.c = in.opt("c");
     o.activation = r.activation();
     return ops::matmul(in("a"), in("b"), in("y"), o);
   }
   if (k == "max_pool2d") return ops::max_pool2d(in("x"), in("y"), pool_opts(r));
   if (k == "avg_pool2d") return ops::avg_pool2d(in("x"), in("y"), pool_opts(r));
+  return std::nullopt;
+}
+
+Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& where) {
+  const OpReader r{op, where};
+  const Operands in{op, t, r};
+  const std::string& k = op.kind;
+  if (auto layer = build_layer(k, r, in)) return std::move(*layer);
   static const std::map<std::string, Op (*)(const Tensor&, const Tensor&, const Tensor&)> binary = {
       {"add", ops::add},
       {"sub", ops::sub},
@@ -270,8 +275,8 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
     for (const auto& v : p) perm.push_back(r.u32(v, "perm"));
     return ops::transpose(in("x"), in("y"), perm);
   }
-  if (k == "quantize") return ops::quantize(in("x"), in("scale"), opt("zero_point"), in("y"), r.integer("axis"));
-  if (k == "dequantize") return ops::dequantize(in("x"), in("scale"), opt("zero_point"), in("y"), r.integer("axis"));
+  if (k == "quantize") return ops::quantize(in("x"), in("scale"), in.opt("zero_point"), in("y"), r.integer("axis"));
+  if (k == "dequantize") return ops::dequantize(in("x"), in("scale"), in.opt("zero_point"), in("y"), r.integer("axis"));
   r.fail("unknown op '" + k + "'");
 }
 
@@ -546,61 +551,18 @@ std::int64_t output_of(const detail::DOp& op) {
   return it == op.operands.end() ? -1 : it->second;
 }
 
-// Operations per run of one op: a multiply-add counts 2, a pooling window
-// its taps, anything else one per output element.
-double op_flops(const detail::DeviceGraph& g, const detail::DOp& op) {
-  auto tensor = [&](const char* role) -> const detail::DTensor* {
-    auto it = op.operands.find(role);
-    return it == op.operands.end() ? nullptr : &g.tensors.at(static_cast<std::size_t>(it->second));
-  };
-  const auto y_id = output_of(op);
-  const double out = y_id < 0 ? 0.0 : static_cast<double>(g.tensors.at(static_cast<std::size_t>(y_id)).elements());
-  const std::string& k = op.kind;
-  const detail::DTensor* w = tensor("w");
-  if ((k == "conv2d" || k == "qlinear_conv" || k == "conv_integer") && w && w->shape.size() == 4)
-    return 2.0 * out * static_cast<double>(w->shape[1] * w->shape[2] * w->shape[3]);
-  if (k == "conv_transpose2d" && w && w->shape.size() == 4 && tensor("x"))
-    return 2.0 * static_cast<double>(tensor("x")->elements()) *
-           static_cast<double>(w->shape[1] * w->shape[2] * w->shape[3]);
-  if (k == "matmul" || k == "qlinear_matmul" || k == "matmul_integer") {
-    const detail::DTensor* a = tensor("a");
-    if (!a || a->shape.size() < 2) return out;
-    const bool ta = op.attrs.is_object() && op.attrs.value("transpose_a", false);
-    return 2.0 * out * static_cast<double>(a->shape[a->shape.size() - (ta ? 2 : 1)]);
-  }
-  if ((k == "max_pool2d" || k == "avg_pool2d") && op.attrs.contains("kernel") && op.attrs["kernel"].is_array() &&
-      op.attrs["kernel"].size() == 2)
-    return out * op.attrs["kernel"][0].get<double>() * op.attrs["kernel"][1].get<double>();
-  return out;
-}
+// Board times of each op and of each whole run (a timestamp before the
+// first op and after each), and host times of plain runs.
+struct Timings {
+  std::vector<std::vector<std::uint64_t>> per_op;
+  std::vector<std::uint64_t> device, runs;
+};
 
-// The board's peak for a compute op (per second), by its precision; 0 for
-// the ops whose speed memory decides.
-double op_peak(const Properties& p, const detail::DeviceGraph& g, const detail::DOp& op) {
-  const std::string& k = op.kind;
-  if (k == "qlinear_conv" || k == "conv_integer" || k == "qlinear_matmul" || k == "matmul_integer")
-    return p.peak_int8_tops * 1e12;
-  if (k != "conv2d" && k != "matmul" && k != "conv_transpose2d") return 0;
-  const auto x = op.operands.count("x") ? op.operands.at("x") : op.operands.count("a") ? op.operands.at("a") : -1;
-  const DType t = x < 0 ? DType::F32 : g.tensors.at(static_cast<std::size_t>(x)).dtype;
-  return (t == DType::F32 ? p.peak_fp32_tflops : p.peak_fp16_tflops) * 1e12;
-}
-
-}  // namespace
-
-Profile Instance::profile(unsigned iterations) {
-  auto& s = need(state_);
+Timings time_runs(detail::InstanceState& s, Device& dev, unsigned iterations) {
   const auto& m = *s.model;
-  Device dev = m.device;
-  const Properties props = dev.properties();
-  if (!props.caps.timestamps)
-    throw Error(Status::Unsupported,
-                m.name + ": " + dev.uri() + " keeps no board timestamps, which a profile is measured with");
-  iterations = std::max(1u, iterations);
   const std::size_t n = s.ops.size();
   Buffer stamps = dev.allocate(std::max<std::uint64_t>((n + 1) * 8, 64), Memory::HostPinned);
-  // A timestamp before the first op and after each: one program where the
-  // device records them, else one batch per run.
+  // One program where the device records them, else one batch per run.
   auto body = [&](Batch& b) {
     b.timestamp(stamps, 0);
     for (std::size_t i = 0; i < n; ++i) {
@@ -614,8 +576,8 @@ Profile Instance::profile(unsigned iterations) {
   } catch (const Error& e) {
     if (e.status() != Status::Unsupported) throw;
   }
-  std::vector<std::vector<std::uint64_t>> per_op(n);
-  std::vector<std::uint64_t> device, runs;
+  Timings t;
+  t.per_op.resize(n);
   for (unsigned it = 0; it < iterations; ++it) {
     Batch b = m.queue->batch();
     if (timed.size() > 0)
@@ -624,43 +586,40 @@ Profile Instance::profile(unsigned iterations) {
       body(b);
     b.submit().wait();
     auto map = stamps.map();
-    std::vector<std::uint64_t> t(n + 1);
-    std::memcpy(t.data(), map.data(), (n + 1) * 8);
-    for (std::size_t i = 0; i < n; ++i) per_op[i].push_back(t[i + 1] >= t[i] ? t[i + 1] - t[i] : 0);
-    device.push_back(t[n] >= t[0] ? t[n] - t[0] : 0);
+    std::vector<std::uint64_t> ts(n + 1);
+    std::memcpy(ts.data(), map.data(), (n + 1) * 8);
+    for (std::size_t i = 0; i < n; ++i) t.per_op[i].push_back(ts[i + 1] >= ts[i] ? ts[i + 1] - ts[i] : 0);
+    t.device.push_back(ts[n] >= ts[0] ? ts[n] - ts[0] : 0);
   }
   for (unsigned it = 0; it < iterations; ++it) {
     const auto t0 = std::chrono::steady_clock::now();
     Batch b = m.queue->batch();
     record_body(s, b);
     b.submit().wait();
-    runs.push_back(static_cast<std::uint64_t>(
+    t.runs.push_back(static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()));
   }
+  return t;
+}
 
-  // The runs kept: the middle half by their board time (at least one), so
-  // that a run disturbed by the host (preempted, its pages faulted) does not
-  // count, while each layer's time and the run's are means over the same
-  // runs: the layers add up to the run.
-  std::vector<std::size_t> order(iterations);
+// The runs kept: the middle half by their board time (at least one), so
+// that a run disturbed by the host (preempted, its pages faulted) does not
+// count, while each layer's time and the run's are means over the same
+// runs: the layers add up to the run.
+std::vector<std::size_t> middle_half(const std::vector<std::uint64_t>& device) {
+  std::vector<std::size_t> order(device.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return device[a] < device[b]; });
-  const std::size_t drop = iterations / 4;
-  const std::vector<std::size_t> kept(order.begin() + static_cast<std::ptrdiff_t>(drop),
-                                      order.end() - static_cast<std::ptrdiff_t>(drop));
-  auto mean_of = [&](const std::vector<std::uint64_t>& v) {
-    long double sum = 0;
-    for (std::size_t i : kept) sum += static_cast<long double>(v[i]);
-    return sum / static_cast<long double>(kept.size());
-  };
+  const std::size_t drop = device.size() / 4;
+  return {order.begin() + static_cast<std::ptrdiff_t>(drop), order.end() - static_cast<std::ptrdiff_t>(drop)};
+}
 
-  Profile p;
-  p.iterations = iterations;
-  p.runs_kept = static_cast<unsigned>(kept.size());
-  p.device_ns = static_cast<std::uint64_t>(std::llround(mean_of(device)));
-  p.run_ns = median(runs);
-  p.host_overhead_ns = p.run_ns > p.device_ns ? p.run_ns - p.device_ns : 0;
-  // Layers by node, in the order each first runs.
+// The layers, by node in the order each first runs: their ops, output
+// shape, time (`mean_of` each op's), share, work and peak.
+template <typename Mean>
+void add_layers(Profile& p, const detail::ModelState& m, const std::vector<Op>& ops, const Properties& props,
+                const Timings& t, Mean mean_of) {
+  const std::size_t n = t.per_op.size();
   std::map<std::string, std::size_t> at;
   std::vector<long double> exact(n, 0.0L);
   for (std::size_t i = 0; i < n; ++i) {
@@ -674,13 +633,13 @@ Profile Instance::profile(unsigned iterations) {
     if (("+" + l.ops + "+").find("+" + op.kind + "+") == std::string::npos)
       l.ops += (l.ops.empty() ? "" : "+") + op.kind;
     if (const auto y = output_of(op); y >= 0) {
-      const auto& t = m.graph.tensors.at(static_cast<std::size_t>(y));
-      l.shape = TensorSpec{"", t.dtype, t.shape}.describe().substr(1);
+      const auto& tensor = m.graph.tensors.at(static_cast<std::size_t>(y));
+      l.shape = TensorSpec{"", tensor.dtype, tensor.shape}.describe().substr(1);
     }
-    const long double ns = mean_of(per_op[i]);
-    exact[it->second] += ns;
-    l.flops += op_flops(m.graph, op);
-    l.peak = std::max(l.peak, op_peak(props, m.graph, op));
+    exact[it->second] += mean_of(t.per_op[i]);
+    const OpCost cost = ops[i].cost();  // the HAL's count, as in traces
+    l.flops += cost.flops;
+    l.peak = std::max(l.peak, cost.peak_rate(props));
   }
   long double total = 0;
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
@@ -692,6 +651,33 @@ Profile Instance::profile(unsigned iterations) {
     l.share = total > 0 ? static_cast<double>(exact[i] / total) : 0.0;
     l.achieved = l.device_ns ? l.flops / (static_cast<double>(l.device_ns) * 1e-9) : 0.0;
   }
+}
+
+}  // namespace
+
+Profile Instance::profile(unsigned iterations) {
+  auto& s = need(state_);
+  const auto& m = *s.model;
+  Device dev = m.device;
+  const Properties props = dev.properties();
+  if (!props.caps.timestamps)
+    throw Error(Status::Unsupported,
+                m.name + ": " + dev.uri() + " keeps no board timestamps, which a profile is measured with");
+  iterations = std::max(1u, iterations);
+  const Timings t = time_runs(s, dev, iterations);
+  const std::vector<std::size_t> kept = middle_half(t.device);
+  auto mean_of = [&](const std::vector<std::uint64_t>& v) {
+    long double sum = 0;
+    for (std::size_t i : kept) sum += static_cast<long double>(v[i]);
+    return sum / static_cast<long double>(kept.size());
+  };
+  Profile p;
+  p.iterations = iterations;
+  p.runs_kept = static_cast<unsigned>(kept.size());
+  p.device_ns = static_cast<std::uint64_t>(std::llround(mean_of(t.device)));
+  p.run_ns = median(t.runs);
+  p.host_overhead_ns = p.run_ns > p.device_ns ? p.run_ns - p.device_ns : 0;
+  add_layers(p, m, s.ops, props, t, mean_of);
   return p;
 }
 

@@ -1,7 +1,9 @@
 // ONNX node attributes and their translation into tpuhal op options, shared
-// by the compiler (onnx_import.cpp) and the ONNX node tests
-// (tests/onnx/onnx_node_test.cpp), so that both read Conv and pooling
-// attributes the same way. Header-only: the node tests include it without
+// by the compiler (its op handlers, onnx/) and the ONNX node tests
+// (tests/onnx/onnx_node_test.cpp), so that both read Conv, pooling and
+// Resize attributes the same way. The compiler reads a node's attributes
+// once, into the typed structs below; the node tests use the overloads that
+// take the node's Attrs. Header-only: the node tests include it without
 // linking the runtime.
 #pragma once
 
@@ -10,6 +12,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,12 +44,29 @@ struct Attrs {
     auto* a = find(name);
     return a ? std::vector<std::int64_t>(a->ints().begin(), a->ints().end()) : def;
   }
+  // An INT attribute, or nullopt where the node has none of that name.
+  std::optional<std::int64_t> opt_i(const char* name) const {
+    auto* a = find(name);
+    return a ? std::optional<std::int64_t>(a->i()) : std::nullopt;
+  }
+  // An INTS attribute, or nullopt where the node has none of that name.
+  std::optional<std::vector<std::int64_t>> opt_ints(const char* name) const {
+    auto* a = find(name);
+    return a ? std::optional(ints(name)) : std::nullopt;
+  }
+  // The names of its attributes, in the node's order.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& a : node.attribute()) out.push_back(a.name());
+    return out;
+  }
   // The first attribute present other than `known`; empty if none.
-  std::string unknown(std::initializer_list<const char*> known) const {
-    for (const auto& a : node.attribute()) {
+  std::string unknown(std::initializer_list<const char*> known) const { return first_unknown(names(), known); }
+  static std::string first_unknown(const std::vector<std::string>& present, std::initializer_list<const char*> known) {
+    for (const auto& name : present) {
       bool ok = false;
-      for (auto k : known) ok = ok || a.name() == k;
-      if (!ok) return a.name();
+      for (auto k : known) ok = ok || name == k;
+      if (!ok) return name;
     }
     return {};
   }
@@ -54,38 +74,72 @@ struct Attrs {
 
 inline std::uint32_t u32(std::int64_t v) { return static_cast<std::uint32_t>(v); }
 
+// The window attributes of Conv, ConvTranspose and the pools, as the node
+// gives them (nullopt: absent).
+struct WindowAttrs {
+  std::optional<std::vector<std::int64_t>> kernel_shape, strides, dilations, pads, output_padding, output_shape;
+  std::optional<std::int64_t> group;
+  std::string auto_pad = "NOTSET";
+  bool ceil_mode = false, count_include_pad = false;
+  std::int64_t storage_order = 0;
+  bool global = false;               // GlobalAveragePool, GlobalMaxPool: the whole plane
+  std::vector<std::string> present;  // every attribute's name, for the unknown-attribute checks
+
+  static WindowAttrs read(const Attrs& a) {
+    WindowAttrs w;
+    w.kernel_shape = a.opt_ints("kernel_shape");
+    w.strides = a.opt_ints("strides");
+    w.dilations = a.opt_ints("dilations");
+    w.pads = a.opt_ints("pads");
+    w.output_padding = a.opt_ints("output_padding");
+    w.output_shape = a.opt_ints("output_shape");
+    w.group = a.opt_i("group");
+    w.auto_pad = a.s("auto_pad", "NOTSET");
+    w.ceil_mode = a.i("ceil_mode", 0) != 0;
+    w.count_include_pad = a.i("count_include_pad", 0) != 0;
+    w.storage_order = a.i("storage_order", 0);
+    w.global = a.node.op_type().rfind("Global", 0) == 0;
+    w.present = a.names();
+    return w;
+  }
+  std::int64_t groups() const { return group.value_or(1); }
+};
+
 // Pads (top, left, bottom, right) from `pads` or `auto_pad` for a 2-D
 // window of `kh` x `kw` over an `h` x `w` input.
-inline std::array<std::uint32_t, 4> conv_pads(const Attrs& a, std::int64_t h, std::int64_t w, std::int64_t kh,
+inline std::array<std::uint32_t, 4> conv_pads(const WindowAttrs& a, std::int64_t h, std::int64_t w, std::int64_t kh,
                                               std::int64_t kw, const std::vector<std::int64_t>& strides,
                                               const std::vector<std::int64_t>& dil) {
-  const std::string autopad = a.s("auto_pad", "NOTSET");
-  if (autopad == "SAME_UPPER" || autopad == "SAME_LOWER") {
-    const bool lower = autopad == "SAME_LOWER";
+  if (a.auto_pad == "SAME_UPPER" || a.auto_pad == "SAME_LOWER") {
+    const bool lower = a.auto_pad == "SAME_LOWER";
     auto ph = ops::same_pads(u32(h), u32(kh), u32(strides[0]), u32(dil[0]), lower);
     auto pw = ops::same_pads(u32(w), u32(kw), u32(strides[1]), u32(dil[1]), lower);
     return {ph[0], pw[0], ph[1], pw[1]};
   }
-  if (autopad == "VALID") return {0, 0, 0, 0};
-  auto p = a.ints("pads", {0, 0, 0, 0});
+  if (a.auto_pad == "VALID") return {0, 0, 0, 0};
+  auto p = a.pads.value_or(std::vector<std::int64_t>{0, 0, 0, 0});
   if (p.size() != 4) p = {0, 0, 0, 0};
   return {u32(p[0]), u32(p[1]), u32(p[2]), u32(p[3])};
 }
 
 // Conv / ConvInteger / QLinearConv options for a 4-D input x [N, C, H, W]
 // and weights [Cout, Cin/groups, kh, kw] (no bias, no activation).
-inline ops::Conv2dOptions conv_options(const Attrs& at, const std::vector<std::int64_t>& x,
+inline ops::Conv2dOptions conv_options(const WindowAttrs& at, const std::vector<std::int64_t>& x,
                                        const std::vector<std::int64_t>& w) {
   ops::Conv2dOptions o;
-  auto strides = at.ints("strides", {1, 1});
-  auto dil = at.ints("dilations", {1, 1});
+  auto strides = at.strides.value_or(std::vector<std::int64_t>{1, 1});
+  auto dil = at.dilations.value_or(std::vector<std::int64_t>{1, 1});
   if (strides.size() != 2) strides = {1, 1};
   if (dil.size() != 2) dil = {1, 1};
   o.strides = {u32(strides[0]), u32(strides[1])};
   o.dilations = {u32(dil[0]), u32(dil[1])};
-  o.groups = u32(at.i("group", 1));
+  o.groups = u32(at.groups());
   o.pads = conv_pads(at, x[2], x[3], w[2], w[3], strides, dil);
   return o;
+}
+inline ops::Conv2dOptions conv_options(const Attrs& at, const std::vector<std::int64_t>& x,
+                                       const std::vector<std::int64_t>& w) {
+  return conv_options(WindowAttrs::read(at), x, w);
 }
 
 // ConvTranspose for a 4-D input x [N, C, H, W] and weights [Cin,
@@ -98,7 +152,8 @@ struct ConvTransposeGeometry {
   ops::Conv2dOptions options;
   std::array<std::int64_t, 2> out{};
 };
-inline ConvTransposeGeometry conv_transpose_options(const Attrs& at, const std::vector<std::int64_t>& x,
+
+inline ConvTransposeGeometry conv_transpose_options(const WindowAttrs& at, const std::vector<std::int64_t>& x,
                                                     const std::vector<std::int64_t>& w) {
   // A 1-D one (x [N, C, L], weights [Cin, Cout/groups, k]) is the 2-D one
   // with H = 1: its attributes gain a leading 1 (strides, dilations), 0
@@ -112,32 +167,31 @@ inline ConvTransposeGeometry conv_transpose_options(const Attrs& at, const std::
     return v;
   };
   ConvTransposeGeometry g;
-  auto strides = lead(at.ints("strides", std::vector<std::int64_t>(dims, 1)), 1);
-  auto dil = lead(at.ints("dilations", std::vector<std::int64_t>(dims, 1)), 1);
-  auto opad = lead(at.ints("output_padding", std::vector<std::int64_t>(dims, 0)), 0);
+  auto strides = lead(at.strides.value_or(std::vector<std::int64_t>(dims, 1)), 1);
+  auto dil = lead(at.dilations.value_or(std::vector<std::int64_t>(dims, 1)), 1);
+  auto opad = lead(at.output_padding.value_or(std::vector<std::int64_t>(dims, 0)), 0);
   if (strides.size() != 2) strides = {1, 1};
   if (dil.size() != 2) dil = {1, 1};
   if (opad.size() != 2) opad = {0, 0};
   ops::Conv2dOptions& o = g.options;
   o.strides = {u32(strides[0]), u32(strides[1])};
   o.dilations = {u32(dil[0]), u32(dil[1])};
-  o.groups = u32(at.i("group", 1));
-  auto pads = at.ints("pads", std::vector<std::int64_t>(2 * dims, 0));
+  o.groups = u32(at.groups());
+  auto pads = at.pads.value_or(std::vector<std::int64_t>(2 * dims, 0));
   if (one_d && pads.size() == 2) pads = {0, pads[0], 0, pads[1]};
-  const auto output_shape = lead(at.ints("output_shape"), 1);
-  const std::string autopad = at.s("auto_pad", "NOTSET");
+  const auto output_shape = lead(at.output_shape.value_or(std::vector<std::int64_t>{}), 1);
   for (std::size_t k = 0; k < 2; ++k) {
     const std::int64_t full = strides[k] * (x4[2 + k] - 1) + opad[k] + (w4[2 + k] - 1) * dil[k] + 1;
     std::int64_t begin = pads.size() == 4 ? pads[k] : 0, end = pads.size() == 4 ? pads[k + 2] : 0;
     std::int64_t want = -1;
     if (output_shape.size() >= 2)
       want = output_shape[output_shape.size() - 2 + k];
-    else if (autopad == "SAME_UPPER" || autopad == "SAME_LOWER")
+    else if (at.auto_pad == "SAME_UPPER" || at.auto_pad == "SAME_LOWER")
       want = x4[2 + k] * strides[k];
     std::int64_t extra = 0;  // an output_shape beyond the full output: output padding at the end
     if (want >= 0) {
       const std::int64_t total = full - want;
-      const bool upper = autopad == "SAME_UPPER";
+      const bool upper = at.auto_pad == "SAME_UPPER";
       begin = total < 0 ? 0 : upper ? total / 2 : total - total / 2;
       end = total < 0 ? 0 : upper ? total - total / 2 : total / 2;
       extra = total < 0 ? -total : 0;
@@ -148,22 +202,24 @@ inline ConvTransposeGeometry conv_transpose_options(const Attrs& at, const std::
   }
   return g;
 }
+inline ConvTransposeGeometry conv_transpose_options(const Attrs& at, const std::vector<std::int64_t>& x,
+                                                    const std::vector<std::int64_t>& w) {
+  return conv_transpose_options(WindowAttrs::read(at), x, w);
+}
 
 // MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool options for an
 // input of rank 3 ([N, C, W], pooled as H = 1) or 4 ([N, C, H, W]).
-inline ops::Pool2dOptions pool_options(const Attrs& at, const std::vector<std::int64_t>& x) {
-  const std::string& op = at.node.op_type();
-  const bool global = op.rfind("Global", 0) == 0;
+inline ops::Pool2dOptions pool_options(const WindowAttrs& at, const std::vector<std::int64_t>& x) {
   const bool one_d = x.size() == 3;
   const std::int64_t h = one_d ? 1 : x[2], w = one_d ? x[2] : x[3];
   ops::Pool2dOptions o;
-  if (global) {
+  if (at.global) {
     o.kernel = {u32(h), u32(w)};
     return o;
   }
-  auto k = at.ints("kernel_shape");
-  auto s = at.ints("strides", std::vector<std::int64_t>(k.size(), 1));
-  auto d = at.ints("dilations", std::vector<std::int64_t>(k.size(), 1));
+  auto k = at.kernel_shape.value_or(std::vector<std::int64_t>{});
+  auto s = at.strides.value_or(std::vector<std::int64_t>(k.size(), 1));
+  auto d = at.dilations.value_or(std::vector<std::int64_t>(k.size(), 1));
   if (one_d) {
     k.insert(k.begin(), 1);
     s.insert(s.begin(), 1);
@@ -173,16 +229,15 @@ inline ops::Pool2dOptions pool_options(const Attrs& at, const std::vector<std::i
   o.kernel = {u32(k[0]), u32(k[1])};
   o.strides = {u32(s[0]), u32(s[1])};
   o.dilations = {u32(d[0]), u32(d[1])};
-  o.ceil_mode = at.i("ceil_mode", 0) != 0;
-  o.count_include_pad = at.i("count_include_pad", 0) != 0;
-  const std::string autopad = at.s("auto_pad", "NOTSET");
-  if (autopad == "SAME_UPPER" || autopad == "SAME_LOWER") {
-    const bool lower = autopad == "SAME_LOWER";
+  o.ceil_mode = at.ceil_mode;
+  o.count_include_pad = at.count_include_pad;
+  if (at.auto_pad == "SAME_UPPER" || at.auto_pad == "SAME_LOWER") {
+    const bool lower = at.auto_pad == "SAME_LOWER";
     auto ph = ops::same_pads(u32(h), o.kernel[0], o.strides[0], o.dilations[0], lower);
     auto pw = ops::same_pads(u32(w), o.kernel[1], o.strides[1], o.dilations[1], lower);
     o.pads = {ph[0], pw[0], ph[1], pw[1]};
-  } else if (autopad == "NOTSET") {
-    auto p = at.ints("pads", std::vector<std::int64_t>(2 * (one_d ? 1 : 2), 0));
+  } else if (at.auto_pad == "NOTSET") {
+    auto p = at.pads.value_or(std::vector<std::int64_t>(2 * (one_d ? 1 : 2), 0));
     if (one_d && p.size() == 2)
       o.pads = {0, u32(p[0]), 0, u32(p[1])};
     else if (!one_d && p.size() == 4)
@@ -190,40 +245,65 @@ inline ops::Pool2dOptions pool_options(const Attrs& at, const std::vector<std::i
   }
   return o;
 }
+inline ops::Pool2dOptions pool_options(const Attrs& at, const std::vector<std::int64_t>& x) {
+  return pool_options(WindowAttrs::read(at), x);
+}
+
+// Resize's and Upsample's attributes.
+struct ResizeAttrs {
+  bool upsample = false;  // Upsample (always asymmetric, nearest rounded down)
+  std::string mode = "nearest";
+  std::string coordinate = "half_pixel";  // coordinate_transformation_mode
+  std::string nearest_mode = "round_prefer_floor";
+  std::int64_t exclude_outside = 0;
+
+  static ResizeAttrs read(const Attrs& a) {
+    ResizeAttrs r;
+    r.upsample = a.node.op_type() == "Upsample";
+    r.mode = a.s("mode", "nearest");
+    r.coordinate = a.s("coordinate_transformation_mode", "half_pixel");
+    r.nearest_mode = a.s("nearest_mode", "round_prefer_floor");
+    r.exclude_outside = a.i("exclude_outside", 0);
+    return r;
+  }
+};
 
 // Why Resize (or Upsample) with these attributes cannot run on the engine
 // at `opset`; empty if it can.
-inline std::string resize_unsupported(const Attrs& a, int opset) {
-  const std::string mode = a.s("mode", "nearest");
-  const std::string coord = a.s("coordinate_transformation_mode", "half_pixel");
-  if (a.node.op_type() == "Resize" && opset < 10) return "Resize before opset 10";
-  if (mode == "cubic") return "cubic interpolation";
-  if (mode != "nearest" && mode != "linear" && mode != "bilinear") return "mode " + mode;
-  if (coord == "tf_crop_and_resize") return "tf_crop_and_resize coordinates";
-  if (!rt::detail::coordinate_modes().count(coord)) return "coordinate mode " + coord;
-  if (a.i("exclude_outside", 0) != 0) return "exclude_outside";
+inline std::string resize_unsupported(const ResizeAttrs& a, int opset) {
+  if (!a.upsample && opset < 10) return "Resize before opset 10";
+  if (a.mode == "cubic") return "cubic interpolation";
+  if (a.mode != "nearest" && a.mode != "linear" && a.mode != "bilinear") return "mode " + a.mode;
+  if (a.coordinate == "tf_crop_and_resize") return "tf_crop_and_resize coordinates";
+  if (!rt::detail::coordinate_modes().count(a.coordinate)) return "coordinate mode " + a.coordinate;
+  if (a.exclude_outside != 0) return "exclude_outside";
   return {};
+}
+inline std::string resize_unsupported(const Attrs& a, int opset) {
+  return resize_unsupported(ResizeAttrs::read(a), opset);
 }
 
 // Resize options (mode, coordinates, nearest rounding; not the scales).
 // Upsample and Resize before opset 11 map coordinates as asymmetric and
 // round nearest down, as those versions define.
-inline ops::ResizeOptions resize_options(const Attrs& a, int opset) {
+inline ops::ResizeOptions resize_options(const ResizeAttrs& a, int opset) {
   ops::ResizeOptions o;
-  const std::string mode = a.s("mode", "nearest");
-  o.mode = mode == "nearest" ? ResizeMode::Nearest : ResizeMode::Linear;
-  if (a.node.op_type() == "Upsample" || opset < 11) {
+  o.mode = a.mode == "nearest" ? ResizeMode::Nearest : ResizeMode::Linear;
+  if (a.upsample || opset < 11) {
     o.coordinate = CoordinateMode::Asymmetric;
     o.nearest = NearestMode::Floor;
     return o;
   }
   const auto& coordinates = rt::detail::coordinate_modes();
   const auto& nearest = rt::detail::nearest_modes();
-  const auto c = coordinates.find(a.s("coordinate_transformation_mode", "half_pixel"));
+  const auto c = coordinates.find(a.coordinate);
   if (c != coordinates.end()) o.coordinate = c->second;
-  const auto nm = nearest.find(a.s("nearest_mode", "round_prefer_floor"));
+  const auto nm = nearest.find(a.nearest_mode);
   if (nm != nearest.end()) o.nearest = nm->second;
   return o;
+}
+inline ops::ResizeOptions resize_options(const Attrs& a, int opset) {
+  return resize_options(ResizeAttrs::read(a), opset);
 }
 
 }  // namespace tpuhal::rt::onnx_attrs

@@ -16,12 +16,14 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
+#include <set>
 
 #include "run_cli.h"
 #include "tpuhal/error.hpp"
@@ -1268,6 +1270,46 @@ TEST(Runtime, PrecisionNamesParse) {
   for (Precision p : {Precision::F32, Precision::F16, Precision::BF16, Precision::Int8})
     EXPECT_EQ(parse_precision(to_string(p)), p);
   EXPECT_THROW(parse_precision("fp8"), Error);
+}
+
+// The ops the compiler takes come from its table of handlers; the user's
+// list of them is docs/runtime.md's table and `tpuhal compile --list-ops`.
+// Every op of the table is named in the first column of the docs table (an
+// op the docs forget fails here), and the CLI prints each one, foldable or not.
+TEST(Runtime, EveryOpTheCompilerTakesIsDocumentedAndListed) {
+  const std::vector<std::string> ops = supported_onnx_ops();
+  const std::vector<std::string> foldable = foldable_onnx_ops();
+  ASSERT_GT(ops.size(), 60u);
+  ASSERT_TRUE(std::is_sorted(ops.begin(), ops.end()));
+  for (const auto& f : foldable) EXPECT_TRUE(std::binary_search(ops.begin(), ops.end(), f)) << f;
+  EXPECT_TRUE(std::binary_search(foldable.begin(), foldable.end(), std::string("Shape")));
+  EXPECT_FALSE(std::binary_search(ops.begin(), ops.end(), std::string("NonZero")));
+
+  std::ifstream doc(TPUHAL_RUNTIME_DOC);
+  ASSERT_TRUE(doc) << TPUHAL_RUNTIME_DOC;
+  std::set<std::string> documented;
+  bool in_table = false;
+  for (std::string line; std::getline(doc, line);) {
+    if (line.rfind("| ONNX op |", 0) == 0) in_table = true;
+    if (!in_table) continue;
+    if (line.rfind("|", 0) != 0) break;
+    const std::string first = line.substr(1, line.find('|', 1) - 1);
+    for (std::size_t i = 0; i < first.size();) {
+      std::size_t j = i;
+      while (j < first.size() && std::isalnum(static_cast<unsigned char>(first[j]))) ++j;
+      if (j > i) documented.insert(first.substr(i, j - i));
+      i = j + 1;
+    }
+  }
+  for (const auto& op : ops) EXPECT_TRUE(documented.count(op)) << op << " is missing from docs/runtime.md's table";
+
+  const test::Output r = test::run("compile --list-ops");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string listed = "\n" + r.out;
+  for (const auto& op : ops) {
+    const bool folds = std::binary_search(foldable.begin(), foldable.end(), op);
+    EXPECT_NE(listed.find("\n" + op + (folds ? " foldable\n" : "\n")), std::string::npos) << op;
+  }
 }
 
 }  // namespace

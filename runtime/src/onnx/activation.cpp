@@ -1,0 +1,139 @@
+// Relu, Clip, Sigmoid, Tanh, LeakyRelu, HardSigmoid, HardSwish: the
+// activation op (or fused into the Conv, Gemm or MatMul before them,
+// passes.hpp). Softmax: softmax.
+#include <cfloat>
+
+#include "onnx/importer.hpp"
+#include "onnx/lowerer.hpp"
+
+namespace tpuhal::rt::detail {
+namespace {
+
+struct ActivationAttrs {
+  float alpha = 0, beta = 0;            // LeakyRelu, HardSigmoid
+  float min = -FLT_MAX, max = FLT_MAX;  // Clip before opset 11
+  static ActivationAttrs read(const Attrs& a) {
+    const bool leaky = a.node.op_type() == "LeakyRelu";
+    return {a.f("alpha", leaky ? 0.01f : 0.2f), a.f("beta", 0.5f), a.f("min", -FLT_MAX), a.f("max", FLT_MAX)};
+  }
+};
+
+// Clip's bounds: constant inputs from opset 11, attributes before.
+ActivationParams clip(const Graph& g, const Node& n) {
+  const auto& a = n.attr<ActivationAttrs>();
+  float lo = -FLT_MAX, hi = FLT_MAX;
+  if (g.opset >= 11) {
+    if (n.inputs.size() > 1 && !n.inputs[1].empty()) lo = (*g.value(n.inputs[1]).data).at(0);
+    if (n.inputs.size() > 2 && !n.inputs[2].empty()) hi = (*g.value(n.inputs[2]).data).at(0);
+  } else {
+    lo = a.min;
+    hi = a.max;
+  }
+  return ActivationParams::clip(lo, hi);
+}
+
+ActivationParams relu(const Graph&, const Node&) { return ActivationParams::relu(); }
+ActivationParams sigmoid(const Graph&, const Node&) { return ActivationParams::sigmoid(); }
+ActivationParams tanh(const Graph&, const Node&) { return ActivationParams::tanh(); }
+ActivationParams hard_swish(const Graph&, const Node&) { return ActivationParams::hard_swish(); }
+ActivationParams hard_sigmoid(const Graph&, const Node& n) {
+  const auto& a = n.attr<ActivationAttrs>();
+  return ActivationParams::hard_sigmoid(a.alpha, a.beta);
+}
+ActivationParams leaky_relu(const Graph&, const Node& n) {
+  return ActivationParams::leaky_relu(n.attr<ActivationAttrs>().alpha);
+}
+
+Value infer_same_shape(Importer& im, Node& n) {
+  Value out;
+  out.shape = im.in(n, 0).shape;
+  return out;
+}
+
+Value infer_clip(Importer& im, Node& n) {
+  Value out;
+  out.shape = im.in(n, 0).shape;
+  if (im.g.opset >= 11) {
+    if (im.has(n, 1)) im.constant(n, 1, "bounds");
+    if (im.has(n, 2)) im.constant(n, 2, "bounds");
+  }
+  return out;
+}
+
+// In the activation type, or f32 in an int8 model.
+void lower_as(Lowerer& l, const Node& n, const ActivationParams& p) {
+  const DType t = l.float_type();
+  const auto x = l.get(n.inputs[0], t);
+  l.op("activation", n.name, {{"x", x}, {"y", l.produce(n.output, t, l.shape_of(n.output))}},
+       {{"activation", act_json(p)}});
+}
+void lower_activation(Lowerer& l, const Node& n) { lower_as(l, n, n.handler->activation(l.g, n)); }
+void lower_leaky_relu(Lowerer& l, const Node& n) { lower_as(l, n, leaky_relu(l.g, n)); }
+
+struct SoftmaxAttrs {
+  std::optional<std::int64_t> axis;
+  static SoftmaxAttrs read(const Attrs& a) { return {a.opt_i("axis")}; }
+};
+
+void lower_softmax(Lowerer& l, const Node& n) {
+  const DType t = l.float_type();
+  const auto& shape = l.shape_of(n.output);
+  const auto x = l.get(n.inputs[0], t);
+  const auto y = l.produce(n.output, t, shape);
+  const auto rank = static_cast<std::int64_t>(shape.size());
+  const int opset = l.g.opset;
+  std::int64_t axis = n.attr<SoftmaxAttrs>().axis.value_or(opset >= 13 ? -1 : 1);
+  if (axis < 0) axis += rank;
+  if (opset >= 13 || axis == rank - 1) {
+    l.op("softmax", n.name, {{"x", x}, {"y", y}}, {{"axis", axis}});
+  } else {  // before opset 13: over the flattened dimensions from `axis` on
+    std::int64_t outer = 1, inner = 1;
+    for (std::int64_t i = 0; i < rank; ++i) (i < axis ? outer : inner) *= shape[static_cast<std::size_t>(i)];
+    l.op("softmax", n.name, {{"x", l.dg().add_view(x, {outer, inner})}, {"y", l.dg().add_view(y, {outer, inner})}},
+         {{"axis", 1}});
+  }
+}
+
+// An activation op's handler: fused as `fuse` says.
+OpHandler activation_op(std::string_view op, ActivationParams (*params)(const Graph&, const Node&), Fuse fuse) {
+  return {.ops = {op},
+          .read = read_attrs<ActivationAttrs>,
+          .infer = infer_same_shape,
+          .lower = lower_activation,
+          .writes_fresh = true,
+          .activation = params,
+          .fuse = fuse};
+}
+
+}  // namespace
+
+std::span<const OpHandler> activation_handlers() {
+  static const OpHandler h[] = {
+      activation_op("Relu", relu, Fuse::Always),
+      activation_op("Sigmoid", sigmoid, Fuse::FloatOnly),
+      activation_op("Tanh", tanh, Fuse::FloatOnly),
+      activation_op("HardSigmoid", hard_sigmoid, Fuse::FloatOnly),
+      activation_op("HardSwish", hard_swish, Fuse::FloatOnly),
+      // LeakyRelu does not fuse.
+      {.ops = {"LeakyRelu"},
+       .read = read_attrs<ActivationAttrs>,
+       .infer = infer_same_shape,
+       .lower = lower_leaky_relu,
+       .writes_fresh = true},
+      {.ops = {"Clip"},
+       .read = read_attrs<ActivationAttrs>,
+       .infer = infer_clip,
+       .lower = lower_activation,
+       .writes_fresh = true,
+       .activation = clip,
+       .fuse = Fuse::Always},
+      {.ops = {"Softmax"},
+       .read = read_attrs<SoftmaxAttrs>,
+       .infer = infer_same_shape,
+       .lower = lower_softmax,
+       .writes_fresh = true},
+  };
+  return h;
+}
+
+}  // namespace tpuhal::rt::detail

@@ -1,0 +1,127 @@
+// Conv (2-D, NCHW, constant weights): conv2d with the activation fused
+// into it, or qlinear_conv in int8. ConvTranspose (1-D and 2-D):
+// conv_transpose2d, in float in every precision.
+#include "onnx/attrs.hpp"
+#include "onnx/importer.hpp"
+#include "onnx/lowerer.hpp"
+#include "onnx/window.hpp"
+
+namespace tpuhal::rt::detail {
+namespace {
+
+Value infer_conv(Importer& im, Node& n) {
+  const auto& a = n.attr<ConvAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  const auto& w = im.constant(n, 1, "weights").shape;
+  if (x.size() != 4 || w.size() != 4)
+    im.unsupported(n, std::to_string(x.size() - 2) + "-D convolution; the compiler takes 2-D (NCHW) convolutions");
+  const auto unknown =
+      Attrs::first_unknown(a.present, {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"});
+  if (!unknown.empty()) im.unsupported(n, "attribute " + unknown);
+  if (im.has(n, 2)) im.constant(n, 2, "bias");
+  check_window(im, n, a, 2);
+  if (w[2] < 1 || w[3] < 1 || w[2] > 0x7fffffff || w[3] > 0x7fffffff)
+    im.fail_node(n, "weights of shape " + dims_text(w) + " make no kernel");
+  if (a.kernel_shape && *a.kernel_shape != std::vector<std::int64_t>{w[2], w[3]})
+    im.fail_node(n, "kernel_shape " + dims_text(*a.kernel_shape) + " is not that of its weights " + dims_text(w));
+  const auto o = onnx_attrs::conv_options(a, x, w);
+  if (o.groups == 0 || x[1] != w[1] * o.groups || w[0] % o.groups != 0)
+    im.fail_node(n, "input " + dims_text(x) + " and weights " + dims_text(w) + " do not match with group " +
+                        std::to_string(o.groups));
+  Value out;
+  out.shape = {
+      x[0], w[0],
+      pool_out(x[2], static_cast<std::uint32_t>(w[2]), o.strides[0], o.dilations[0], o.pads[0], o.pads[2], false),
+      pool_out(x[3], static_cast<std::uint32_t>(w[3]), o.strides[1], o.dilations[1], o.pads[1], o.pads[3], false)};
+  check_window_fits(im, n, x, out.shape, std::to_string(w[2]) + "x" + std::to_string(w[3]) + " kernel");
+  return out;
+}
+
+void lower_conv(Lowerer& l, const Node& n) {
+  const auto& shape = l.shape_of(n.output);
+  const Value& w = l.g.value(n.inputs[1]);
+  const auto o = onnx_attrs::conv_options(n.attr<ConvAttrs>(), l.shape_of(n.inputs[0]), w.shape);
+  const bool has_bias = n.inputs.size() > 2 && !n.inputs[2].empty();
+  const std::vector<float> bias = has_bias ? *l.g.value(n.inputs[2]).data : std::vector<float>{};
+  if (l.int8() && l.int8_bias_fits(n, n.inputs[0], *w.data, static_cast<std::size_t>(w.shape[0]), bias)) {
+    const auto xu = l.get_nhwc(n.inputs[0]);
+    ops::Conv2dOptions on = o;
+    on.layout = Layout::NHWC;
+    l.qconv(n, xu, n.inputs[0], *w.data, w.shape, bias, on, shape, {});
+    return;
+  }
+  std::map<std::string, std::int64_t> operands{{"x", l.get(n.inputs[0], l.act)}, {"w", l.get(n.inputs[1], l.act)}};
+  if (has_bias) operands["bias"] = l.get(n.inputs[2], DType::F32);
+  operands["y"] = l.produce(n.output, l.act, shape);
+  nlohmann::json at = conv_attrs(o);
+  at["activation"] = act_json(n.act);
+  l.op("conv2d", n.name, operands, at);
+}
+
+Value infer_conv_transpose(Importer& im, Node& n) {
+  const auto& a = n.attr<ConvAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  const auto& w = im.constant(n, 1, "weights").shape;
+  const bool one_d = x.size() == 3 && w.size() == 3;  // [N, C, L]: lowered as H = 1
+  if (!one_d && (x.size() != 4 || w.size() != 4))
+    im.unsupported(
+        n, std::to_string(x.size() - 2) + "-D transposed convolution; the compiler takes 1-D and 2-D (NCHW) ones");
+  const auto unknown = Attrs::first_unknown(a.present, {"auto_pad", "dilations", "group", "kernel_shape",
+                                                        "output_padding", "output_shape", "pads", "strides"});
+  if (!unknown.empty()) im.unsupported(n, "attribute " + unknown);
+  if (im.has(n, 2)) im.constant(n, 2, "bias");
+  check_window(im, n, a, one_d ? 1 : 2);
+  const auto geo = onnx_attrs::conv_transpose_options(a, x, w);
+  const auto groups = static_cast<std::int64_t>(geo.options.groups);
+  if (groups == 0 || x[1] != w[0] || x[1] % groups != 0)
+    im.fail_node(n, "input " + dims_text(x) + " and weights " + dims_text(w) + " do not match with group " +
+                        std::to_string(groups));
+  for (auto p : geo.options.pads)
+    if (p > 65536) im.fail_node(n, "pad " + std::to_string(p) + " is above 65536");
+  if (geo.out[0] < 1 || geo.out[1] < 1) im.fail_node(n, "its pads leave an empty output");
+  Value out;
+  out.shape = one_d ? std::vector<std::int64_t>{x[0], w[1] * groups, geo.out[1]}
+                    : std::vector<std::int64_t>{x[0], w[1] * groups, geo.out[0], geo.out[1]};
+  return out;
+}
+
+// In float in every precision (int8: f32).
+void lower_conv_transpose(Lowerer& l, const Node& n) {
+  const auto& shape = l.shape_of(n.output);
+  const DType t = l.float_type();
+  const Value& w = l.g.value(n.inputs[1]);
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const auto geo = onnx_attrs::conv_transpose_options(n.attr<ConvAttrs>(), xs, w.shape);
+  std::map<std::string, std::int64_t> operands{{"x", l.get(n.inputs[0], t)}, {"w", l.get(n.inputs[1], t)}};
+  if (n.inputs.size() > 2 && !n.inputs[2].empty()) operands["bias"] = l.get(n.inputs[2], DType::F32);
+  operands["y"] = l.produce(n.output, t, shape);
+  if (xs.size() == 3) {  // 1-D: the 2-D op on views with H = 1
+    operands["x"] = l.dg().add_view(operands["x"], {xs[0], xs[1], 1, xs[2]});
+    operands["w"] = l.dg().add_view(operands["w"], {w.shape[0], w.shape[1], 1, w.shape[2]});
+    operands["y"] = l.dg().add_view(operands["y"], {shape[0], shape[1], 1, shape[2]});
+  }
+  nlohmann::json at = conv_attrs(geo.options);
+  at["activation"] = act_json(n.act);
+  l.op("conv_transpose2d", n.name, operands, at);
+}
+
+}  // namespace
+
+std::span<const OpHandler> conv_handlers() {
+  static const OpHandler h[] = {
+      {.ops = {"Conv"},
+       .read = read_attrs<ConvAttrs>,
+       .infer = infer_conv,
+       .lower = lower_conv,
+       .writes_fresh = true,
+       .takes_activation = true,
+       .int8_layer = true},
+      {.ops = {"ConvTranspose"},
+       .read = read_attrs<ConvAttrs>,
+       .infer = infer_conv_transpose,
+       .lower = lower_conv_transpose},
+  };
+  return h;
+}
+
+}  // namespace tpuhal::rt::detail

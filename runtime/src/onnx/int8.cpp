@@ -1,0 +1,95 @@
+// int8 layers: symmetric per-output-channel i8 weights, an i32 bias in
+// units of the input's scale times each channel's weight scale, and
+// qlinear_conv over u8 NHWC activations (Conv, and Gemm and MatMul by a
+// constant as 1x1 convolutions).
+#include <algorithm>
+#include <cmath>
+
+#include "onnx/lowerer.hpp"
+
+namespace tpuhal::rt::detail {
+namespace {
+
+// The per-output-channel scales of symmetric int8 weights w [cout, ...].
+std::vector<float> weight_scales(const std::vector<float>& w, std::size_t cout) {
+  const std::size_t per = w.size() / cout;
+  std::vector<float> scales(cout);
+  for (std::size_t c = 0; c < cout; ++c) {
+    float m = 0;
+    for (std::size_t k = 0; k < per; ++k) m = std::max(m, std::fabs(w[c * per + k]));
+    scales[c] = m > 0 ? m / 127.0f : 1.0f;
+  }
+  return scales;
+}
+
+}  // namespace
+
+// Whether every bias of an int8 layer reading `x` fits int32 in units of
+// x's scale times its channel's weight scale. Where activations are many
+// orders of magnitude below the bias (random-weight networks whose values
+// shrink towards 1e-10), it would saturate and the layer be wrong: such a
+// layer runs in fp32, noted in `fp32_for_bias`.
+bool Lowerer::int8_bias_fits(const Node& n, const std::string& x, const std::vector<float>& w, std::size_t cout,
+                             const std::vector<float>& bias) {
+  if (bias.empty()) return true;
+  const auto scales = weight_scales(w, cout);
+  const double xs = range_q(x).scale;
+  for (std::size_t c = 0; c < cout; ++c)
+    if (std::fabs(std::nearbyint(bias[c] / (xs * scales[c]))) > 2147483647.0) {
+      out.fp32_for_bias.push_back(n.name);
+      return false;
+    }
+  return true;
+}
+
+// Per-output-channel symmetric int8 weights w [cout, ...] and i32 bias,
+// then qlinear_conv (NHWC) of u8 x (as `xv`) into a new u8 value: for a
+// 4-D value held NHWC (`yview` empty), else (Gemm) as the view `yview`.
+void Lowerer::qconv(const Node& n, std::int64_t xv, const std::string& x, const std::vector<float>& w,
+                    std::vector<std::int64_t> wshape, const std::vector<float>& bias, const ops::Conv2dOptions& o,
+                    const std::vector<std::int64_t>& yshape, const std::vector<std::int64_t>& yview) {
+  Rep& xr = reps.at(x);
+  ensure_q_tensors(xr);
+  const QParams xq = xr.q;
+  const auto xs = xr.q_scale, xz = xr.q_zero;
+  const auto cout = static_cast<std::size_t>(wshape[0]);
+  const std::size_t per = w.size() / cout;
+  const std::vector<float> scales = weight_scales(w, cout);
+  std::vector<std::int8_t> qw(w.size());
+  std::vector<std::int32_t> qb(cout);
+  for (std::size_t c = 0; c < cout; ++c) {
+    for (std::size_t k = 0; k < per; ++k)
+      qw[c * per + k] =
+          static_cast<std::int8_t>(std::clamp(std::nearbyint(w[c * per + k] / scales[c]), -127.0f, 127.0f));
+    const double b = bias.empty() ? 0.0 : bias[c];
+    qb[c] = static_cast<std::int32_t>(
+        std::clamp(std::nearbyint(b / (static_cast<double>(xq.scale) * scales[c])), -2147483647.0, 2147483647.0));
+  }
+  std::vector<std::int8_t> zeros(cout, 0);
+  const auto cs = static_cast<std::int64_t>(cout);
+  const auto wid = add_raw(DType::I8, wshape, qw.data(), qw.size());
+  const auto ws = add_raw(DType::F32, {cs}, scales.data(), scales.size() * 4);
+  const auto wz = add_raw(DType::I8, {cs}, zeros.data(), zeros.size());
+  // No bias operand where it is all zero: the engine has a faster path without one.
+  const bool has_bias = std::any_of(qb.begin(), qb.end(), [](std::int32_t b) { return b != 0; });
+  const auto bid = has_bias ? add_raw(DType::I32, {cs}, qb.data(), qb.size() * 4) : -1;
+  const std::int64_t yv = yview.empty() ? produce_nhwc(n.output, yshape, range_q(n.output))
+                                        : dg().add_view(produce(n.output, DType::U8, yshape), yview);
+  Rep& yr = reps[n.output];
+  ensure_q_tensors(yr);
+  op("qlinear_conv", n.name,
+     {{"x", xv},
+      {"x_scale", xs},
+      {"x_zero_point", xz},
+      {"w", wid},
+      {"w_scale", ws},
+      {"w_zero_point", wz},
+      {"y_scale", yr.q_scale},
+      {"y_zero_point", yr.q_zero},
+      {"y", yv}},
+     conv_attrs(o));
+  if (has_bias) dg().ops.back().operands["bias"] = bid;
+  out.quant["weights"][n.name] = {{"scales", scales}};
+}
+
+}  // namespace tpuhal::rt::detail

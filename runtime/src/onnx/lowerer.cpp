@@ -1,0 +1,318 @@
+// How values are held and converted while lowering (lowerer.hpp), and the
+// lowering itself: each node through its handler, in graph order.
+#include "onnx/lowerer.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "onnx/handler.hpp"
+#include "tpuhal/error.hpp"
+
+namespace tpuhal::rt::detail {
+
+using nlohmann::json;
+
+json act_json(const ActivationParams& a) { return {{"kind", to_string(a.kind)}, {"alpha", a.alpha}, {"beta", a.beta}}; }
+
+json conv_attrs(const ops::Conv2dOptions& o) {
+  return {{"strides", o.strides},
+          {"dilations", o.dilations},
+          {"pads", o.pads},
+          {"groups", o.groups},
+          {"layout", o.layout == Layout::NHWC ? "nhwc" : "nchw"}};
+}
+
+std::vector<std::int64_t> to_nhwc(const std::vector<std::int64_t>& s) { return {s[0], s[2], s[3], s[1]}; }
+
+std::int64_t Lowerer::add_raw(DType t, std::vector<std::int64_t> shape, const void* data, std::size_t bytes) {
+  DTensor d;
+  d.dtype = t;
+  d.shape = std::move(shape);
+  d.storage = Storage::Weights;
+  d.offset = align64(out.weights.size());
+  out.weights.resize(d.offset + bytes);
+  if (bytes) std::memcpy(out.weights.data() + d.offset, data, bytes);
+  dg().weight_bytes = out.weights.size();
+  dg().tensors.push_back(std::move(d));
+  return static_cast<std::int64_t>(dg().tensors.size() - 1);
+}
+
+std::int64_t Lowerer::add_weight(const std::vector<float>& v, DType t, std::vector<std::int64_t> shape) {
+  switch (t) {
+    case DType::F32: return add_raw(t, std::move(shape), v.data(), v.size() * 4);
+    case DType::F16:
+    case DType::BF16: {
+      std::vector<std::uint16_t> h(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) h[i] = t == DType::F16 ? to_f16(v[i]) : to_bf16(v[i]);
+      return add_raw(t, std::move(shape), h.data(), h.size() * 2);
+    }
+    default: throw Error(Status::Internal, "compiler: add_weight of an integer type");
+  }
+}
+
+std::int64_t Lowerer::scalar_u8(std::int32_t v) {
+  const auto b = static_cast<std::uint8_t>(v);
+  return add_raw(DType::U8, {}, &b, 1);
+}
+
+std::int64_t Lowerer::op(std::string kind, const std::string& node, std::map<std::string, std::int64_t> operands,
+                         json attrs) {
+  DOp o;
+  o.kind = std::move(kind);
+  o.node = node;
+  o.operands = std::move(operands);
+  o.attrs = std::move(attrs);
+  dg().ops.push_back(std::move(o));
+  return static_cast<std::int64_t>(dg().ops.size() - 1);
+}
+
+QParams Lowerer::range_q(const std::string& v) const {
+  if (!ranges) throw Error(Status::Internal, "compiler: int8 lowering without ranges");
+  auto it = ranges->find(v);
+  if (it == ranges->end()) throw Error(Status::Internal, "compiler: no calibrated range for '" + v + "'");
+  return qparams(it->second);
+}
+
+std::int64_t Lowerer::produce(const std::string& v, DType t, const std::vector<std::int64_t>& shape) {
+  std::int64_t id;
+  if (auto pl = placements.find(v); pl != placements.end() && t == act) {
+    const auto& cv = g.value(pl->second.concat);
+    auto it = reps.find(pl->second.concat);
+    const std::int64_t whole = it != reps.end() ? it->second.by_dtype.at(t) : produce(pl->second.concat, t, cv.shape);
+    id = dg().add_subview(whole, shape, {}, pl->second.offset);
+    dg().tensors[static_cast<std::size_t>(id)].value = v;
+    placed.insert(v);
+  } else {
+    id = dg().add_arena(v, t, shape);
+  }
+  Rep& r = reps[v];
+  r.by_dtype[t] = id;
+  r.primary = t;
+  if (t == DType::U8) r.q = range_q(v);
+  return id;
+}
+
+std::int64_t Lowerer::produce_bool(const std::string& v, const std::vector<std::int64_t>& shape) {
+  const auto id = dg().add_arena(v, DType::U8, shape);
+  Rep& r = reps[v];
+  r.by_dtype[DType::U8] = id;
+  r.primary = DType::U8;
+  r.boolean = true;
+  return id;
+}
+
+std::int64_t Lowerer::produce_nhwc(const std::string& v, const std::vector<std::int64_t>& shape, const QParams& q) {
+  const auto id = dg().add_arena(v, DType::U8, to_nhwc(shape));
+  Rep r;
+  r.primary = DType::U8;
+  r.primary_nhwc = true;
+  r.nhwc = id;
+  r.q = q;
+  reps[v] = r;
+  return id;
+}
+
+std::int64_t Lowerer::get_bool(const Node& n, const std::string& v) {
+  const Value& val = g.value(v);
+  if (val.data) {
+    auto key = std::make_pair(v, DType::U8);
+    if (auto it = const_cache.find(key); it != const_cache.end()) return it->second;
+    std::vector<std::uint8_t> bits(val.data->size());
+    for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = (*val.data)[i] != 0.0f;
+    return const_cache[key] = add_raw(DType::U8, val.shape, bits.data(), bits.size());
+  }
+  auto it = reps.find(v);
+  if (it == reps.end() || !it->second.boolean)
+    throw Error(Status::Unsupported, "node '" + n.name + "' (" + n.op + "): input '" + v +
+                                         "' is not a boolean the device computed (a comparison or logic)");
+  return it->second.by_dtype.at(DType::U8);
+}
+
+void Lowerer::alias(const std::string& v, const std::string& of, const std::vector<std::int64_t>& shape) {
+  if (reps.at(of).primary_nhwc) get(of, DType::U8);  // a view needs the NCHW bytes
+  Rep& from = reps.at(of);
+  auto& held = from.by_dtype.at(from.primary);
+  if (!dg().tensors[static_cast<std::size_t>(held)].strides.empty()) {  // a strided view: reshaped as a copy
+    const auto copy = dg().add_arena("", from.primary, g.value(of).shape);
+    op("cast", "", {{"x", held}, {"y", copy}});
+    held = copy;
+  }
+  const Rep& src = from;
+  const auto id = dg().add_view(src.by_dtype.at(src.primary), shape);
+  dg().tensors[static_cast<std::size_t>(id)].value = v;
+  Rep r;
+  r.primary = src.primary;
+  r.by_dtype[src.primary] = id;
+  r.boolean = src.boolean;
+  r.q = src.q;
+  r.q_scale = src.q_scale;
+  r.q_zero = src.q_zero;
+  reps[v] = r;
+}
+
+void Lowerer::ensure_q_tensors(Rep& r) {
+  if (r.q_scale < 0) {
+    r.q_scale = scalar_f32(r.q.scale);
+    r.q_zero = scalar_u8(r.q.zero_point);
+  }
+}
+
+// A value held u8 NHWC, back to NCHW: u8 by a transpose, floats dequantized first.
+std::int64_t Lowerer::from_nhwc(Rep& r, const std::string& v, DType t) {
+  const auto shape = g.value(v).shape;
+  const std::vector<std::size_t> back{0, 3, 1, 2};
+  std::int64_t id;
+  if (t == DType::U8) {
+    id = dg().add_arena("", DType::U8, shape);
+    op("transpose", "", {{"x", r.nhwc}, {"y", id}}, {{"perm", back}});
+  } else {
+    ensure_q_tensors(r);
+    const auto f = dg().add_arena("", DType::F32, to_nhwc(shape));
+    op("dequantize", "", {{"x", r.nhwc}, {"scale", r.q_scale}, {"zero_point", r.q_zero}, {"y", f}}, {{"axis", 1}});
+    id = dg().add_arena("", DType::F32, shape);
+    op("transpose", "", {{"x", f}, {"y", id}}, {{"perm", back}});
+    if (t != DType::F32) {
+      r.by_dtype[DType::F32] = id;
+      const auto c = dg().add_arena("", t, shape);
+      op("cast", "", {{"x", id}, {"y", c}});
+      id = c;
+    }
+  }
+  r.by_dtype[t] = id;
+  return id;
+}
+
+// A value held NCHW, in another type: quantized, dequantized or cast.
+std::int64_t Lowerer::convert(Rep& r, const std::string& v, DType t) {
+  const auto shape = g.value(v).shape;
+  const auto src = r.by_dtype.at(r.primary);
+  std::int64_t id;
+  if (t == DType::U8) {
+    if (r.primary != DType::F32) get(v, DType::F32);
+    r.q = range_q(v);
+    ensure_q_tensors(r);
+    id = dg().add_arena("", t, shape);
+    op("quantize", "", {{"x", r.by_dtype.at(DType::F32)}, {"scale", r.q_scale}, {"zero_point", r.q_zero}, {"y", id}},
+       {{"axis", 1}});
+  } else if (r.primary == DType::U8) {
+    ensure_q_tensors(r);
+    const auto f = dg().add_arena("", DType::F32, shape);
+    op("dequantize", "", {{"x", src}, {"scale", r.q_scale}, {"zero_point", r.q_zero}, {"y", f}}, {{"axis", 1}});
+    r.by_dtype[DType::F32] = f;
+    if (t == DType::F32) return f;
+    id = dg().add_arena("", t, shape);
+    op("cast", "", {{"x", f}, {"y", id}});
+  } else {
+    id = dg().add_arena("", t, shape);
+    op("cast", "", {{"x", src}, {"y", id}});
+  }
+  r.by_dtype[t] = id;
+  return id;
+}
+
+std::int64_t Lowerer::get(const std::string& v, DType t) {
+  const Value& val = g.value(v);
+  if (val.data) {
+    if (t == DType::U8) throw Error(Status::Internal, "compiler: a constant as u8 activation");
+    auto key = std::make_pair(v, t);
+    if (auto it = const_cache.find(key); it != const_cache.end()) return it->second;
+    return const_cache[key] = add_weight(*val.data, t, val.shape);
+  }
+  auto rit = reps.find(v);
+  if (rit == reps.end()) throw Error(Status::Internal, "compiler: value '" + v + "' used before it is produced");
+  Rep& r = rit->second;
+  if (auto it = r.by_dtype.find(t); it != r.by_dtype.end()) return it->second;
+  if (r.boolean) {  // 1 or 0 as a number: a cast
+    const auto id = dg().add_arena("", t, g.value(v).shape);
+    op("cast", "", {{"x", r.by_dtype.at(DType::U8)}, {"y", id}});
+    r.by_dtype[t] = id;
+    return id;
+  }
+  if (r.primary_nhwc) return from_nhwc(r, v, t);
+  return convert(r, v, t);
+}
+
+std::int64_t Lowerer::get_nhwc(const std::string& v) {
+  Rep* r = reps.count(v) ? &reps.at(v) : nullptr;
+  if (r && r->nhwc >= 0) return r->nhwc;
+  const auto u = get(v, DType::U8);
+  r = &reps.at(v);
+  r->nhwc = dg().add_arena("", DType::U8, to_nhwc(g.value(v).shape));
+  op("transpose", "", {{"x", u}, {"y", r->nhwc}}, {{"perm", std::vector<std::size_t>{0, 2, 3, 1}}});
+  return r->nhwc;
+}
+
+void Lowerer::lower_node(const Node& n) {
+  if (precision == Precision::Int8 && keep_fp16.count(n.name)) {  // as in an fp16 model, or fp32
+    const DType saved = act;
+    const bool f16 = !ranges || fp16_holds(n, *ranges);
+    act = f16 ? DType::F16 : DType::F32;
+    precision = f16 ? Precision::F16 : Precision::F32;
+    try {
+      lower_node(n);
+    } catch (...) {
+      act = saved;
+      precision = Precision::Int8;
+      throw;
+    }
+    act = saved;
+    precision = Precision::Int8;
+    return;
+  }
+  if (!n.handler->lower) throw Error(Status::Internal, "compiler: no lowering for " + n.op);
+  n.handler->lower(*this, n);
+}
+
+// The graph's outputs, each an f32 arena tensor of its own.
+void Lowerer::lower_outputs() {
+  for (const auto& [name, v] : g.outputs) {
+    std::int64_t id = get(v, DType::F32);
+    const auto& t = dg().tensors[static_cast<std::size_t>(id)];
+    // Before sharing, arena tensors at one offset are one tensor and its views.
+    auto same_bytes = [&](std::int64_t other) {
+      return dg().tensors[static_cast<std::size_t>(other)].offset == t.offset;
+    };
+    const bool taken = t.storage == Storage::Weights || !t.strides.empty() ||
+                       std::any_of(dg().inputs.begin(), dg().inputs.end(), same_bytes) ||
+                       std::any_of(dg().outputs.begin(), dg().outputs.end(), same_bytes);
+    if (taken) {  // an output that is (a view of) an input, a constant or another output: its own copy
+      const auto copy = dg().add_arena("", DType::F32, t.shape);
+      op("cast", "", {{"x", id}, {"y", copy}});
+      id = copy;
+    }
+    dg().outputs.push_back(id);
+  }
+}
+
+// Where each value lies (calibration and the report read them), and in
+// int8 the Quant section's activations.
+void Lowerer::describe_values() {
+  for (const auto& [v, r] : reps) {
+    out.values[v] = ValueInfo{r.primary_tensor(), r.primary, r.q, r.primary_nhwc};
+    if (precision == Precision::Int8 && ranges) {
+      auto it = ranges->find(v);
+      json e;
+      if (it != ranges->end()) e["range"] = {it->second.lo, it->second.hi};
+      if (r.primary == DType::U8) e["u8"] = {{"scale", r.q.scale}, {"zero_point", r.q.zero_point}};
+      out.quant["activations"][v] = e;
+    }
+  }
+}
+
+void Lowerer::run() {
+  act = precision == Precision::F16 ? DType::F16 : precision == Precision::BF16 ? DType::BF16 : DType::F32;
+  for (const auto& in : g.inputs) {
+    const auto id = dg().add_arena(in, DType::F32, g.value(in).shape);
+    Rep r;
+    r.primary = DType::F32;
+    r.by_dtype[DType::F32] = id;
+    reps[in] = r;
+    dg().inputs.push_back(id);
+  }
+  if (precision != Precision::Int8) placements = plan_concats(g, act);  // int8 values are u8 NHWC: Concats copy
+  for (const auto& n : g.nodes) lower_node(n);
+  lower_outputs();
+  describe_values();
+}
+
+}  // namespace tpuhal::rt::detail

@@ -1,0 +1,111 @@
+// The compiler's graph onto tpuhal ops in one precision: how each ONNX value
+// is held on the device, converted where an op needs it in another type or
+// layout (lowerer.cpp), and what the op handlers' lowerings (handler.hpp)
+// use to make tensors and ops. fp32, fp16, bf16: every activation in that
+// type, weights converted, biases f32, the f32 input cast on the device
+// first and the outputs cast back last. int8: Conv, Gemm and MatMul by a
+// constant as qlinear_conv over u8 activations (4-D ones NHWC) and
+// per-output-channel i8 weights, MaxPool and reshapes on u8 as they are,
+// everything else in f32 between a dequantize and a quantize
+// (docs/runtime.md).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ir.hpp"
+#include "onnx/passes.hpp"
+
+namespace tpuhal::rt::detail {
+
+nlohmann::json act_json(const ActivationParams& a);
+nlohmann::json conv_attrs(const ops::Conv2dOptions& o);
+std::vector<std::int64_t> to_nhwc(const std::vector<std::int64_t>& s);
+
+// How a value is held. by_dtype: tensors in the value's own (ONNX, NCHW)
+// shape. In int8, 4-D u8 activations live NHWC (`nhwc`), where the
+// engine's integer convolution and pooling are fast; the NCHW forms are
+// made from it only where something needs them.
+struct Rep {
+  std::map<DType, std::int64_t> by_dtype;
+  DType primary = DType::F32;
+  std::int64_t nhwc = -1;     // the u8 NHWC tensor, if any
+  bool primary_nhwc = false;  // the value is produced as `nhwc`
+  QParams q;
+  std::int64_t q_scale = -1, q_zero = -1;  // weights tensors holding q
+  bool boolean = false;                    // u8 1 or 0 (a comparison's or logic's result), never quantised
+  std::int64_t primary_tensor() const { return primary_nhwc ? nhwc : by_dtype.at(primary); }
+};
+
+struct Lowerer {
+  Lowerer(const Graph& graph, Precision to, const std::map<std::string, Range>* calibrated,
+          const std::set<std::string>& fp16_nodes)
+      : g(graph), precision(to), ranges(calibrated), keep_fp16(fp16_nodes) {}
+
+  const Graph& g;
+  Precision precision;
+  const std::map<std::string, Range>* ranges;
+  const std::set<std::string>& keep_fp16;  // int8: nodes that run in fp16
+  DType act = DType::F32;                  // the activation type of float ops
+  Lowered out;
+  std::map<std::string, Rep> reps;
+  std::map<std::pair<std::string, DType>, std::int64_t> const_cache;
+  std::map<std::string, Placement> placements;  // plan_concats
+  std::set<std::string> placed;                 // values produced in their part of their Concat's output
+
+  DeviceGraph& dg() { return out.graph; }
+  bool int8() const { return precision == Precision::Int8; }
+  // The type of float ops: the activation type, f32 in an int8 model.
+  DType float_type() const { return int8() ? DType::F32 : act; }
+  const std::vector<std::int64_t>& shape_of(const std::string& v) const { return g.value(v).shape; }
+
+  // Weights: raw bytes, floats converted to `t`, scalars.
+  std::int64_t add_raw(DType t, std::vector<std::int64_t> shape, const void* data, std::size_t bytes);
+  std::int64_t add_weight(const std::vector<float>& v, DType t, std::vector<std::int64_t> shape);
+  std::int64_t scalar_f32(float v) { return add_raw(DType::F32, {}, &v, 4); }
+  std::int64_t scalar_u8(std::int32_t v);
+
+  // Appends an op; returns its index.
+  std::int64_t op(std::string kind, const std::string& node, std::map<std::string, std::int64_t> operands,
+                  nlohmann::json attrs = nlohmann::json::object());
+
+  QParams range_q(const std::string& v) const;
+  // A new arena tensor that holds value `v` in `t` (its primary form); for
+  // a value placed in a Concat, that part of the Concat's output.
+  std::int64_t produce(const std::string& v, DType t, const std::vector<std::int64_t>& shape);
+  // A new arena tensor that holds boolean value `v` as u8 1 or 0.
+  std::int64_t produce_bool(const std::string& v, const std::vector<std::int64_t>& shape);
+  // A new u8 NHWC arena tensor holding 4-D value `v` (`shape` NCHW) in `q`.
+  std::int64_t produce_nhwc(const std::string& v, const std::vector<std::int64_t>& shape, const QParams& q);
+  // Boolean value `v` (a constant, or a comparison's or logic's result) as
+  // u8 1 or 0.
+  std::int64_t get_bool(const Node& n, const std::string& v);
+  // Value `v` in a view of another shape: same bytes, same quantisation.
+  void alias(const std::string& v, const std::string& of, const std::vector<std::int64_t>& shape);
+  // Value `v` as a tensor of type `t`, converting on the device if needed.
+  std::int64_t get(const std::string& v, DType t);
+  // 4-D value `v` as a u8 NHWC tensor.
+  std::int64_t get_nhwc(const std::string& v);
+  void ensure_q_tensors(Rep& r);
+
+  // int8 layers (int8.cpp): whether their bias fits, and the layer itself.
+  bool int8_bias_fits(const Node& n, const std::string& x, const std::vector<float>& w, std::size_t cout,
+                      const std::vector<float>& bias);
+  void qconv(const Node& n, std::int64_t xv, const std::string& x, const std::vector<float>& w,
+             std::vector<std::int64_t> wshape, const std::vector<float>& bias, const ops::Conv2dOptions& o,
+             const std::vector<std::int64_t>& yshape, const std::vector<std::int64_t>& yview);
+
+  void lower_node(const Node& n);
+  void run();
+
+ private:
+  std::int64_t from_nhwc(Rep& r, const std::string& v, DType t);
+  std::int64_t convert(Rep& r, const std::string& v, DType t);
+  void lower_outputs();
+  void describe_values();
+};
+
+}  // namespace tpuhal::rt::detail

@@ -1,0 +1,119 @@
+// Gemm (constant B) and MatMul (batched, broadcasting): matmul with the
+// activation fused into it; in int8, by a constant 2-D B, a 1x1
+// qlinear_conv.
+#include "onnx/importer.hpp"
+#include "onnx/lowerer.hpp"
+
+namespace tpuhal::rt::detail {
+namespace {
+
+struct GemmAttrs {
+  bool gemm = false;  // Gemm; MatMul has none of the others
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 1.0f;
+  static GemmAttrs read(const Attrs& a) {
+    return {true, a.i("transA", 0) != 0, a.i("transB", 0) != 0, a.f("alpha", 1.0f), a.f("beta", 1.0f)};
+  }
+};
+
+std::any read_matmul(const Attrs&) { return GemmAttrs{}; }
+
+Value infer_gemm(Importer& im, Node& n) {
+  const auto& a = n.attr<GemmAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  const auto& b = im.constant(n, 1, "weights (B)").shape;
+  if (x.size() != 2 || b.size() != 2) im.fail_node(n, "A " + dims_text(x) + " and B " + dims_text(b) + " must be 2-D");
+  const std::int64_t m = a.trans_a ? x[1] : x[0], k = a.trans_a ? x[0] : x[1];
+  const std::int64_t kb = a.trans_b ? b[1] : b[0], nn = a.trans_b ? b[0] : b[1];
+  if (k != kb) im.fail_node(n, "A " + dims_text(x) + " and B " + dims_text(b) + " do not multiply");
+  if (im.has(n, 2)) im.broadcast(n, {m, nn}, im.constant(n, 2, "bias (C)").shape);
+  Value out;
+  out.shape = {m, nn};
+  return out;
+}
+
+Value infer_matmul(Importer& im, Node& n) {
+  const auto& x = im.in(n, 0).shape;
+  const auto& b = im.in(n, 1).shape;
+  if (x.size() < 2 || b.size() < 2) im.unsupported(n, "1-D operands");
+  if (x.back() != b[b.size() - 2]) im.fail_node(n, "A " + dims_text(x) + " and B " + dims_text(b) + " do not multiply");
+  auto batch = im.broadcast(n, std::vector<std::int64_t>(x.begin(), x.end() - 2),
+                            std::vector<std::int64_t>(b.begin(), b.end() - 2));
+  batch.push_back(x[x.size() - 2]);
+  batch.push_back(b.back());
+  Value out;
+  out.shape = batch;
+  return out;
+}
+
+// Gemm / MatMul by a constant in int8, as a 1x1 convolution; false if it
+// cannot be (transA, or a bias that is not one per output).
+bool gemm_int8(Lowerer& l, const Node& n) {
+  const auto& a = n.attr<GemmAttrs>();
+  const auto& x = l.g.value(n.inputs[0]);
+  const Value& b = l.g.value(n.inputs[1]);
+  if (!b.data || x.shape.size() != 2 || b.shape.size() != 2) return false;
+  if (a.trans_a) return false;
+  const bool tb = a.trans_b;
+  const std::int64_t m = x.shape[0], k = x.shape[1], nn = tb ? b.shape[0] : b.shape[1];
+  std::vector<float> bias;
+  if (a.gemm && n.inputs.size() > 2 && !n.inputs[2].empty()) {
+    const Value& c = l.g.value(n.inputs[2]);
+    const bool per_out = c.elements() == 1 || (c.elements() == static_cast<std::uint64_t>(nn) && c.shape.back() == nn);
+    if (!per_out) return false;
+    bias.resize(static_cast<std::size_t>(nn));
+    for (std::int64_t j = 0; j < nn; ++j)
+      bias[static_cast<std::size_t>(j)] = a.beta * (*c.data)[c.elements() == 1 ? 0 : static_cast<std::size_t>(j)];
+  }
+  std::vector<float> w(static_cast<std::size_t>(nn * k));
+  for (std::int64_t o = 0; o < nn; ++o)
+    for (std::int64_t i = 0; i < k; ++i)
+      w[static_cast<std::size_t>(o * k + i)] =
+          a.alpha * (*b.data)[static_cast<std::size_t>(tb ? o * k + i : i * nn + o)];
+  if (!l.int8_bias_fits(n, n.inputs[0], w, static_cast<std::size_t>(nn), bias)) return false;
+  const auto xu = l.get(n.inputs[0], DType::U8);
+  const auto xv = l.dg().add_view(xu, {m, 1, 1, k});  // NHWC with H = W = 1: the same bytes as [m, k]
+  ops::Conv2dOptions o;
+  o.layout = Layout::NHWC;
+  l.qconv(n, xv, n.inputs[0], w, {nn, k, 1, 1}, bias, o, {m, nn}, {m, 1, 1, nn});
+  return true;
+}
+
+void lower_matmul(Lowerer& l, const Node& n) {
+  if (l.int8() && gemm_int8(l, n)) return;
+  const auto& a = n.attr<GemmAttrs>();
+  const DType t = l.float_type();
+  std::map<std::string, std::int64_t> operands{{"a", l.get(n.inputs[0], t)}, {"b", l.get(n.inputs[1], t)}};
+  const nlohmann::json at = {{"transpose_a", a.trans_a},
+                             {"transpose_b", a.trans_b},
+                             {"alpha", a.alpha},
+                             {"beta", a.beta},
+                             {"activation", act_json(n.act)}};
+  if (a.gemm && n.inputs.size() > 2 && !n.inputs[2].empty()) operands["c"] = l.get(n.inputs[2], DType::F32);
+  operands["y"] = l.produce(n.output, t, l.shape_of(n.output));
+  l.op("matmul", n.name, operands, at);
+}
+
+}  // namespace
+
+std::span<const OpHandler> matmul_handlers() {
+  static const OpHandler h[] = {
+      {.ops = {"Gemm"},
+       .read = read_attrs<GemmAttrs>,
+       .infer = infer_gemm,
+       .lower = lower_matmul,
+       .writes_fresh = true,
+       .takes_activation = true,
+       .int8_layer = true},
+      {.ops = {"MatMul"},
+       .read = read_matmul,
+       .infer = infer_matmul,
+       .lower = lower_matmul,
+       .writes_fresh = true,
+       .takes_activation = true,
+       .int8_layer = true},
+  };
+  return h;
+}
+
+}  // namespace tpuhal::rt::detail

@@ -1,0 +1,51 @@
+// The compiler's passes over the imported graph, each a note per change in
+// Graph::notes (docs/runtime.md): BatchNormalization folded into the Conv
+// before it (or made a depthwise Conv), activations fused into the Conv,
+// Gemm or MatMul before them, SiLU and HardSwish as PyTorch writes them
+// fused likewise; and, for the lowering, the Concat inputs written in place.
+// What they know of ops comes from the handlers (handler.hpp): which ops
+// take an activation, which are activations, which write a fresh tensor.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "ir.hpp"
+
+namespace tpuhal::rt::detail {
+
+struct Importer;
+
+// Each BatchNormalization that is the only reader of a Conv's output (one
+// with no activation yet) folds into it: weights and bias rescaled. One on
+// another 4-D value becomes a depthwise 1x1 Conv (weight gamma / sqrt(var +
+// eps) per channel, bias beta - mean * weight): one pass instead of a
+// multiply and an add, and a Relu after it fuses.
+void fold_batch_norm(Importer& im);
+
+// An activation whose handler says it fuses, after a Conv, Gemm or MatMul
+// whose output nothing else reads, becomes that layer's activation. In int8
+// only Relu and Clip do: convolutions apply them by their output's range.
+void fuse_activations(Importer& im);
+
+// SiLU and HardSwish as PyTorch writes them at opset 13, Mul(x, Sigmoid(x))
+// and Mul(x, HardSigmoid(x)), after a Conv, Gemm or MatMul whose output
+// nothing else reads: the Silu or HardSwish activation of that node (not
+// in int8, where activations other than Relu and Clip are layers of their
+// own).
+void fuse_gated(Importer& im);
+
+// Where a value is written straight into its Concat's output: the Concat's
+// output value and the byte offset of the value's part.
+struct Placement {
+  std::string concat;
+  std::uint64_t offset = 0;
+};
+// Chooses which Concat inputs are produced straight into the Concat's
+// output (for float activations of type `act`): a value the Concat alone
+// uses, made by a node that writes a fresh tensor, where the Concat's parts
+// are contiguous (nothing but ones before the axis).
+std::map<std::string, Placement> plan_concats(const Graph& g, DType act);
+
+}  // namespace tpuhal::rt::detail

@@ -1,0 +1,74 @@
+// MaxPool, AveragePool, GlobalAveragePool (4-D): max_pool2d and
+// avg_pool2d; in int8, a MaxPool of a u8 value stays u8 (NHWC), the max of
+// u8 values keeping their scale.
+#include "onnx/importer.hpp"
+#include "onnx/lowerer.hpp"
+#include "onnx/window.hpp"
+
+namespace tpuhal::rt::detail {
+namespace {
+
+using PoolAttrs = onnx_attrs::WindowAttrs;
+
+Value infer_pool(Importer& im, Node& n) {
+  const auto& a = n.attr<PoolAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  if (x.size() != 4)
+    im.unsupported(n, "input of rank " + std::to_string(x.size()) + "; the compiler pools 4-D (NCHW) tensors");
+  if (a.storage_order != 0) im.fail(Status::Unsupported, "node '" + n.name + "' (MaxPool): storage_order 1");
+  if (!a.global) {
+    if (!a.kernel_shape) im.fail_node(n, "no kernel_shape");
+    check_window(im, n, a, 2);
+  }
+  const auto o = onnx_attrs::pool_options(a, x);
+  for (int k = 0; k < 2; ++k) {  // what the pooling ops take
+    const std::uint64_t window = std::uint64_t{o.dilations[k]} * (o.kernel[k] - 1) + 1;
+    if (o.pads[k] >= window || o.pads[k + 2] >= window)
+      im.fail_node(n, "pads (" + std::to_string(o.pads[k]) + ", " + std::to_string(o.pads[k + 2]) +
+                          ") must be smaller than the window (" + std::to_string(window) + ")");
+  }
+  Value out;
+  out.shape = {x[0], x[1], pool_out(x[2], o.kernel[0], o.strides[0], o.dilations[0], o.pads[0], o.pads[2], o.ceil_mode),
+               pool_out(x[3], o.kernel[1], o.strides[1], o.dilations[1], o.pads[1], o.pads[3], o.ceil_mode)};
+  check_window_fits(im, n, x, out.shape, std::to_string(o.kernel[0]) + "x" + std::to_string(o.kernel[1]) + " window");
+  return out;
+}
+
+void lower_pool(Lowerer& l, const Node& n) {
+  const auto& shape = l.shape_of(n.output);
+  const auto o = onnx_attrs::pool_options(n.attr<PoolAttrs>(), l.shape_of(n.inputs[0]));
+  const bool max = n.op == "MaxPool";
+  DType t = l.float_type();
+  if (l.int8() && max && l.reps.count(n.inputs[0]) && l.reps.at(n.inputs[0]).primary == DType::U8) t = DType::U8;
+  std::int64_t x, y;
+  if (t == DType::U8) {  // NHWC; the max of u8 values keeps their scale
+    x = l.get_nhwc(n.inputs[0]);
+    y = l.produce_nhwc(n.output, shape, l.reps.at(n.inputs[0]).q);
+  } else {
+    x = l.get(n.inputs[0], t);
+    y = l.produce(n.output, t, shape);
+  }
+  l.op(max ? "max_pool2d" : "avg_pool2d", n.name, {{"x", x}, {"y", y}},
+       {{"kernel", o.kernel},
+        {"strides", o.strides},
+        {"dilations", o.dilations},
+        {"pads", o.pads},
+        {"ceil_mode", o.ceil_mode},
+        {"count_include_pad", o.count_include_pad},
+        {"layout", t == DType::U8 ? "nhwc" : "nchw"}});
+}
+
+}  // namespace
+
+std::span<const OpHandler> pool_handlers() {
+  static const OpHandler h[] = {
+      {.ops = {"MaxPool", "AveragePool", "GlobalAveragePool"},
+       .read = read_attrs<PoolAttrs>,
+       .infer = infer_pool,
+       .lower = lower_pool,
+       .writes_fresh = true},
+  };
+  return h;
+}
+
+}  // namespace tpuhal::rt::detail

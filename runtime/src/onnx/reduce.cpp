@@ -1,0 +1,134 @@
+// ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceL2 over any axes,
+// keepdims or not: a pool over the innermost dimension of x viewed as [1,
+// 1, outer, inner], the reduced axes moved last first where they are not
+// already.
+#include <algorithm>
+
+#include "onnx/importer.hpp"
+#include "onnx/lowerer.hpp"
+
+namespace tpuhal::rt::detail {
+namespace {
+
+struct ReduceAttrs {
+  std::vector<std::int64_t> axes;  // the attribute (before the opset that made it an input)
+  bool keepdims = true;
+  bool noop_with_empty_axes = false;
+  std::vector<std::size_t> reduced;  // the axes reduced, ascending (its shape rule resolves them)
+  static ReduceAttrs read(const Attrs& a) {
+    return {a.ints("axes"), a.i("keepdims", 1) != 0, a.i("noop_with_empty_axes", 0) != 0, {}};
+  }
+};
+
+Value infer_reduce(Importer& im, Node& n) {
+  auto& a = n.attr<ReduceAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  const auto rank = static_cast<std::int64_t>(x.size());
+  // Axes: an attribute, or (ReduceSum from opset 13, the others from 18) an input.
+  const bool axes_input = n.op == "ReduceSum" ? im.g.opset >= 13 : im.g.opset >= 18;
+  std::vector<std::int64_t> axes =
+      axes_input ? (im.has(n, 1) ? im.int_list(n, 1, "axes", a.axes) : std::vector<std::int64_t>{}) : a.axes;
+  if (axes.empty() && a.noop_with_empty_axes) im.unsupported(n, "noop_with_empty_axes");
+  if (axes.empty())
+    for (std::int64_t d = 0; d < rank; ++d) axes.push_back(d);
+  std::vector<bool> reduced(x.size());
+  for (auto ax : axes) {
+    const auto d = static_cast<std::size_t>(im.axis_of(n, ax, rank));
+    if (reduced[d]) im.fail_node(n, "axis " + std::to_string(ax) + " is repeated");
+    reduced[d] = true;
+  }
+  Value out;
+  for (std::size_t d = 0; d < x.size(); ++d)
+    if (reduced[d]) a.reduced.push_back(d);
+  for (std::size_t d = 0; d < x.size(); ++d)
+    if (!reduced[d])
+      out.shape.push_back(x[d]);
+    else if (a.keepdims)
+      out.shape.push_back(1);
+  return out;
+}
+
+// Mean and max directly, min as -max(-x), sum as mean * n, L2 as
+// sqrt(sum(x * x)).
+void lower_reduce(Lowerer& l, const Node& n) {
+  const DType t = l.float_type();
+  const std::string& op_type = n.op;
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const auto& shape = l.shape_of(n.output);
+  std::vector<bool> reduced(xs.size());
+  for (auto d : n.attr<ReduceAttrs>().reduced) reduced[d] = true;
+  std::vector<std::size_t> perm;
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t d = 0; d < xs.size(); ++d)
+    if (!reduced[d]) perm.push_back(d), outer *= xs[d];
+  for (std::size_t d = 0; d < xs.size(); ++d)
+    if (reduced[d]) perm.push_back(d), inner *= xs[d];
+  std::int64_t x = l.get(n.inputs[0], t);
+  const auto y = l.produce(n.output, t, shape);
+  if (inner == 1 || outer == 0) {  // nothing to reduce (or nothing to reduce into): each element alone
+    l.op(op_type == "ReduceL2" ? "abs" : "cast", n.name, {{"x", l.dg().add_view(x, shape)}, {"y", y}});
+    return;
+  }
+  // Only dimensions larger than 1 decide whether the order changes.
+  std::vector<std::size_t> big;
+  for (auto d : perm)
+    if (xs[d] != 1) big.push_back(d);
+  if (!std::is_sorted(big.begin(), big.end())) {
+    std::vector<std::int64_t> ps;
+    for (auto d : perm) ps.push_back(xs[d]);
+    const auto tx = l.dg().add_arena("", t, ps);
+    l.op("transpose", n.name, {{"x", x}, {"y", tx}}, {{"perm", perm}});
+    x = tx;
+  }
+  const std::vector<std::int64_t> as_pool{1, 1, outer, inner}, pooled{1, 1, outer, 1};
+  auto pool = [&](bool max, std::int64_t from, std::int64_t to) {
+    l.op(max ? "max_pool2d" : "avg_pool2d", n.name,
+         {{"x", l.dg().add_view(from, as_pool)}, {"y", l.dg().add_view(to, pooled)}},
+         {{"kernel", {1, static_cast<std::uint32_t>(inner)}},
+          {"strides", {1, 1}},
+          {"dilations", {1, 1}},
+          {"pads", {0, 0, 0, 0}},
+          {"ceil_mode", false},
+          {"count_include_pad", false},
+          {"layout", "nchw"}});
+  };
+  const std::vector<std::int64_t> flat{outer, inner}, flat_out{outer};
+  if (op_type == "ReduceMean" || op_type == "ReduceMax") {
+    pool(op_type == "ReduceMax", x, y);
+  } else if (op_type == "ReduceMin") {
+    const auto nx = l.dg().add_arena("", t, flat), m = l.dg().add_arena("", t, flat_out);
+    l.op("neg", n.name, {{"x", l.dg().add_view(x, flat)}, {"y", nx}});
+    pool(true, nx, m);
+    l.op("neg", n.name, {{"x", m}, {"y", l.dg().add_view(y, flat_out)}});
+  } else {  // ReduceSum, ReduceL2
+    std::int64_t src = x;
+    if (op_type == "ReduceL2") {
+      src = l.dg().add_arena("", t, flat);
+      l.op("mul", n.name, {{"a", l.dg().add_view(x, flat)}, {"b", l.dg().add_view(x, flat)}, {"y", src}});
+    }
+    const auto m = l.dg().add_arena("", t, flat_out);
+    pool(false, src, m);
+    const auto count = l.add_weight({static_cast<float>(inner)}, t, {});
+    if (op_type == "ReduceSum") {
+      l.op("mul", n.name, {{"a", m}, {"b", count}, {"y", l.dg().add_view(y, flat_out)}});
+    } else {
+      const auto s2 = l.dg().add_arena("", t, flat_out);
+      l.op("mul", n.name, {{"a", m}, {"b", count}, {"y", s2}});
+      l.op("sqrt", n.name, {{"x", s2}, {"y", l.dg().add_view(y, flat_out)}});
+    }
+  }
+}
+
+}  // namespace
+
+std::span<const OpHandler> reduce_handlers() {
+  static const OpHandler h[] = {
+      {.ops = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2"},
+       .read = read_attrs<ReduceAttrs>,
+       .infer = infer_reduce,
+       .lower = lower_reduce},
+  };
+  return h;
+}
+
+}  // namespace tpuhal::rt::detail

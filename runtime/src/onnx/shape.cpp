@@ -1,0 +1,342 @@
+// Shapes and views: Reshape (constant shape), Flatten, Unsqueeze, Squeeze
+// and Cast to float on device data are views of another shape; Transpose
+// is transpose; Expand a copy from a view with stride 0. Shape gives the
+// fixed shape; on constants each of these folds. Identity and Dropout are
+// removed, Constant is a weight.
+#include <algorithm>
+
+#include "onnx/importer.hpp"
+#include "onnx/lowerer.hpp"
+
+namespace tpuhal::rt::detail {
+namespace {
+
+// ---- Views: Reshape, Flatten, and Unsqueeze, Squeeze and Cast on device data
+
+struct ReshapeAttrs {
+  bool allowzero = false;
+  static ReshapeAttrs read(const Attrs& a) { return {a.i("allowzero", 0) != 0}; }
+};
+
+// Reshape's output shape from its constant shape input.
+std::vector<std::int64_t> reshaped(Importer& im, const Node& n, const Value& x) {
+  const Value& s = im.constant(n, 1, "shape");
+  if (s.ints.empty() && s.elements() != 0) im.fail_node(n, "the shape input is not an integer tensor");
+  const bool allowzero = n.attr<ReshapeAttrs>().allowzero;
+  const std::uint64_t total = x.elements();
+  std::vector<std::int64_t> out;
+  std::int64_t known = 1, infer_at = -1;
+  for (std::size_t i = 0; i < s.ints.size(); ++i) {
+    std::int64_t d = s.ints[i];
+    if (d == 0 && !allowzero) {
+      if (i >= x.shape.size())
+        im.fail_node(n, "shape entry " + std::to_string(i) + " copies a dimension the input lacks");
+      d = x.shape[i];
+    }
+    if (d == -1) {
+      if (infer_at >= 0) im.fail_node(n, "two -1 entries in the shape");
+      infer_at = static_cast<std::int64_t>(i);
+      out.push_back(1);
+      continue;
+    }
+    if (d < 0) im.fail_node(n, "shape entry " + std::to_string(d));
+    out.push_back(d);
+    known *= d;
+  }
+  if (infer_at >= 0) {
+    if (known == 0 || total % static_cast<std::uint64_t>(known) != 0)
+      im.fail_node(n, "cannot reshape " + dims_text(x.shape) + " to " + dims_text(s.ints));
+    out[static_cast<std::size_t>(infer_at)] = static_cast<std::int64_t>(total) / known;
+  }
+  return out;
+}
+
+struct FlattenAttrs {
+  std::int64_t axis = 1;
+  static FlattenAttrs read(const Attrs& a) { return {a.i("axis", 1)}; }
+};
+
+std::vector<std::int64_t> flattened(Importer& im, const Node& n, const Value& x) {
+  const std::int64_t given = n.attr<FlattenAttrs>().axis;
+  std::int64_t axis = given;
+  const auto r = static_cast<std::int64_t>(x.shape.size());
+  if (axis < 0) axis += r;
+  if (axis < 0 || axis > r) im.fail_node(n, "axis " + std::to_string(given) + " for rank " + std::to_string(r));
+  std::int64_t outer = 1;
+  for (std::int64_t i = 0; i < axis; ++i) outer *= x.shape[static_cast<std::size_t>(i)];
+  return {outer, outer ? static_cast<std::int64_t>(x.elements()) / outer : 0};
+}
+
+// Reshape and Flatten; a reshaped constant stays one.
+Value infer_reshape(Importer& im, Node& n) {
+  const Value& x = im.in(n, 0);
+  Value out;
+  out.shape = n.op == "Flatten" ? flattened(im, n, x) : reshaped(im, n, x);
+  if (out.elements() != x.elements())
+    im.fail_node(n, "cannot reshape " + dims_text(x.shape) + " to " + dims_text(out.shape));
+  if (out.shape.size() > kMaxRank) im.fail(Status::Unsupported, "node '" + n.name + "': rank above 6");
+  if (x.data) {
+    out.data = x.data;
+    out.ints = x.ints;
+  }
+  return out;
+}
+
+void lower_view(Lowerer& l, const Node& n) {
+  if (!l.reps.count(n.inputs[0])) l.get(n.inputs[0], l.float_type());
+  l.alias(n.output, n.inputs[0], l.shape_of(n.output));
+}
+
+struct SqueezeAttrs {
+  std::vector<std::int64_t> axes;  // the attribute (before opset 13)
+  static SqueezeAttrs read(const Attrs& a) { return {a.ints("axes")}; }
+};
+
+// Unsqueeze's and Squeeze's output shape.
+std::vector<std::int64_t> squeezed(Importer& im, const Node& n) {
+  const auto& x = im.in(n, 0).shape;
+  const auto rank = static_cast<std::int64_t>(x.size());
+  const auto& attr = n.attr<SqueezeAttrs>().axes;
+  auto axes = im.g.opset >= 13 ? im.int_list(n, 1, "axes", attr) : attr;
+  std::vector<std::int64_t> shape = x;
+  if (n.op == "Unsqueeze") {
+    const auto out_rank = rank + static_cast<std::int64_t>(axes.size());
+    for (auto& ax : axes) ax = im.axis_of(n, ax, out_rank);
+    std::sort(axes.begin(), axes.end());
+    if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) im.fail_node(n, "an axis is repeated");
+    for (auto ax : axes) shape.insert(shape.begin() + ax, 1);
+    if (shape.size() > kMaxRank) im.fail(Status::Unsupported, "node '" + n.name + "' (Unsqueeze): rank above 6");
+    return shape;
+  }
+  for (auto& ax : axes) ax = im.axis_of(n, ax, rank);
+  std::vector<std::int64_t> kept;
+  for (std::int64_t d = 0; d < rank; ++d) {
+    const bool listed = std::find(axes.begin(), axes.end(), d) != axes.end();
+    const auto dim = x[static_cast<std::size_t>(d)];
+    if (listed && dim != 1)
+      im.fail_node(n, "axis " + std::to_string(d) + " has size " + std::to_string(dim) + ", not 1");
+    if (!(listed || (axes.empty() && dim == 1))) kept.push_back(dim);
+  }
+  return kept;
+}
+
+Value fold_squeeze(Importer& im, Node& n) {
+  const Value& x = im.in(n, 0);
+  const auto vals = values_of(x);
+  return make_constant(squeezed(im, n), vals, is_integer(x));
+}
+
+// Device data: a view of another shape.
+Value infer_squeeze(Importer& im, Node& n) {
+  Value out;
+  out.shape = squeezed(im, n);
+  n.inputs.resize(1);
+  n.op = "Reshape";
+  return out;
+}
+
+struct CastAttrs {
+  std::int64_t to = 0;
+  static CastAttrs read(const Attrs& a) { return {a.i("to", 0)}; }
+};
+
+Value fold_cast(Importer& im, Node& n) {
+  const Value& x = im.in(n, 0);
+  const auto to = n.attr<CastAttrs>().to;
+  const bool boolean = to == onnx::TensorProto::BOOL;
+  const bool integer = to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32 || boolean;
+  if (!integer && to != onnx::TensorProto::FLOAT && to != onnx::TensorProto::DOUBLE)
+    im.unsupported(n, "to ONNX type " + std::to_string(to) +
+                          "; the compiler casts constants to float, double, int64, int32 and bool");
+  std::vector<double> r = values_of(x);
+  for (auto& v : r) v = boolean ? (v != 0) : integer ? std::trunc(v) : v;
+  return make_constant(x.shape, r, integer);
+}
+
+// Device data: float stays float, a view.
+Value infer_cast(Importer& im, Node& n) {
+  const auto to = n.attr<CastAttrs>().to;
+  if (to != onnx::TensorProto::FLOAT && to != onnx::TensorProto::DOUBLE)
+    im.unsupported(n, "to ONNX type " + std::to_string(to) +
+                          " on data computed on the device; the compiler keeps device data float");
+  Value out;
+  out.shape = im.in(n, 0).shape;
+  n.inputs.resize(1);
+  n.op = "Reshape";
+  return out;
+}
+
+// ---- Transpose, Expand, Shape
+
+struct TransposeAttrs {
+  std::vector<std::int64_t> perm;  // as given, then checked and completed by its shape rule
+  static TransposeAttrs read(const Attrs& a) { return {a.ints("perm")}; }
+};
+
+// Transpose's permutation, checked (reversed where none is given).
+const std::vector<std::int64_t>& permutation(Importer& im, Node& n) {
+  const auto& x = im.in(n, 0).shape;
+  auto& perm = n.attr<TransposeAttrs>().perm;
+  if (perm.empty())
+    for (std::size_t i = x.size(); i-- > 0;) perm.push_back(static_cast<std::int64_t>(i));
+  if (perm.size() != x.size())
+    im.fail_node(n, "perm has " + std::to_string(perm.size()) + " entries for rank " + std::to_string(x.size()));
+  std::vector<bool> seen(x.size());
+  for (auto p : perm) {
+    if (p < 0 || p >= static_cast<std::int64_t>(x.size()) || seen[static_cast<std::size_t>(p)])
+      im.fail_node(n, "perm is not a permutation");
+    seen[static_cast<std::size_t>(p)] = true;
+  }
+  return perm;
+}
+
+Value fold_transpose(Importer& im, Node& n) {
+  const Value& x = im.in(n, 0);
+  const auto vals = values_of(x);
+  const auto perm = permutation(im, n);
+  std::vector<std::int64_t> shape;
+  for (auto p : perm) shape.push_back(x.shape[static_cast<std::size_t>(p)]);
+  const auto in_st = row_major_strides(x.shape), out_st = row_major_strides(shape);
+  std::vector<double> r(vals.size());
+  for (std::uint64_t i = 0; i < r.size(); ++i) {
+    std::int64_t at = 0;
+    for (std::size_t d = 0; d < shape.size(); ++d)
+      at += static_cast<std::int64_t>(i) / out_st[d] % shape[d] * in_st[static_cast<std::size_t>(perm[d])];
+    r[i] = vals[static_cast<std::size_t>(at)];
+  }
+  return make_constant(shape, r, is_integer(x));
+}
+
+Value infer_transpose(Importer& im, Node& n) {
+  const auto& x = im.in(n, 0).shape;
+  Value out;
+  for (auto p : permutation(im, n)) out.shape.push_back(x[static_cast<std::size_t>(p)]);
+  return out;
+}
+
+void lower_transpose(Lowerer& l, const Node& n) {
+  if (!l.reps.count(n.inputs[0])) l.get(n.inputs[0], l.float_type());
+  if (l.reps.at(n.inputs[0]).primary_nhwc) l.get(n.inputs[0], DType::U8);
+  Rep src = l.reps.at(n.inputs[0]);
+  src.primary_nhwc = false;
+  src.nhwc = -1;
+  const auto x = src.by_dtype.at(src.primary);
+  const auto y = l.dg().add_arena(n.output, src.primary, l.shape_of(n.output));
+  Rep r = src;
+  r.by_dtype = {{src.primary, y}};
+  l.reps[n.output] = r;
+  l.op("transpose", n.name, {{"x", x}, {"y", y}}, {{"perm", n.attr<TransposeAttrs>().perm}});
+}
+
+// Expand's output shape: the input broadcast with the shape input.
+std::vector<std::int64_t> expanded(Importer& im, const Node& n) {
+  const Value& s = im.constant(n, 1, "shape");
+  if (!is_integer(s) && s.elements() != 0) im.fail_node(n, "its shape is not integers");
+  for (auto d : s.ints)
+    if (d < 0) im.fail_node(n, "its shape " + dims_text(s.ints) + " has a negative entry");
+  auto shape = im.broadcast(n, im.in(n, 0).shape, s.ints);
+  if (shape.size() > kMaxRank) im.fail(Status::Unsupported, "node '" + n.name + "' (Expand): rank above 6");
+  return shape;
+}
+
+Value fold_expand(Importer& im, Node& n) {
+  const Value& x = im.in(n, 0);
+  const auto vals = values_of(x);
+  const auto shape = expanded(im, n);
+  im.check_folded(n, shape);
+  std::vector<double> r(elements_of(shape));
+  for (std::uint64_t i = 0; i < r.size(); ++i) r[i] = vals[broadcast_index(shape, x.shape, i)];
+  return make_constant(shape, r, is_integer(x));
+}
+
+Value infer_expand(Importer& im, Node& n) {
+  Value out;
+  out.shape = expanded(im, n);
+  return out;
+}
+
+// A copy of x viewed with stride 0 along the broadcast dims.
+void lower_expand(Lowerer& l, const Node& n) {
+  const DType t = l.float_type();
+  const auto& shape = l.shape_of(n.output);
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const auto xst = row_major_strides(xs);
+  std::vector<std::int64_t> strides(shape.size(), 0);
+  const std::size_t off = shape.size() - xs.size();
+  for (std::size_t d = off; d < shape.size(); ++d)
+    if (xs[d - off] != 1) strides[d] = xst[d - off];
+  const auto view = l.dg().add_subview(l.get(n.inputs[0], t), shape, strides, 0);
+  l.op("cast", n.name, {{"x", view}, {"y", l.produce(n.output, t, shape)}});
+}
+
+struct ShapeAttrs {
+  std::int64_t start = 0;
+  std::optional<std::int64_t> end;
+  static ShapeAttrs read(const Attrs& a) { return {a.i("start", 0), a.opt_i("end")}; }
+};
+
+Value fold_shape(Importer& im, Node& n) {
+  const auto& a = n.attr<ShapeAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  const auto rank = static_cast<std::int64_t>(x.size());
+  std::int64_t start = a.start, end = a.end.value_or(rank);
+  start = std::clamp(start < 0 ? start + rank : start, std::int64_t{0}, rank);
+  end = std::clamp(end < 0 ? end + rank : end, std::int64_t{0}, rank);
+  std::vector<double> dims;
+  for (std::int64_t i = start; i < end; ++i) dims.push_back(static_cast<double>(x[static_cast<std::size_t>(i)]));
+  return make_constant({static_cast<std::int64_t>(dims.size())}, dims, true);
+}
+
+// ---- Identity, Dropout, Constant
+
+// Removed: their output is their input (inference).
+void expand_identity(Importer& im, Node& n, const onnx::NodeProto&) {
+  im.in(n, 0);
+  im.alias[n.output] = n.inputs[0];
+  im.g.notes.push_back("removed " + n.op + " '" + n.name + "'");
+}
+
+struct ConstantAttrs {
+  const onnx::AttributeProto* value = nullptr;  // into the node, while it is expanded
+  static ConstantAttrs read(const Attrs& a) { return {a.find("value")}; }
+};
+
+void expand_constant(Importer& im, Node& n, const onnx::NodeProto&) {
+  const auto* t = n.attr<ConstantAttrs>().value;
+  if (!t || !t->has_t()) im.unsupported(n, "only the 'value' tensor form");
+  im.g.values[n.output] = im.tensor_value(t->t(), "constant '" + n.name + "'");
+}
+
+}  // namespace
+
+std::span<const OpHandler> shape_handlers() {
+  static const OpHandler h[] = {
+      {.ops = {"Reshape"}, .read = read_attrs<ReshapeAttrs>, .infer = infer_reshape, .lower = lower_view},
+      {.ops = {"Flatten"}, .read = read_attrs<FlattenAttrs>, .infer = infer_reshape, .lower = lower_view},
+      {.ops = {"Unsqueeze", "Squeeze"},
+       .read = read_attrs<SqueezeAttrs>,
+       .infer = infer_squeeze,
+       .fold = fold_squeeze,
+       .folds = Fold::IfConstant,
+       .lower = lower_view},
+      {.ops = {"Cast"},
+       .read = read_attrs<CastAttrs>,
+       .infer = infer_cast,
+       .fold = fold_cast,
+       .folds = Fold::IfConstant,
+       .lower = lower_view},
+      {.ops = {"Transpose"},
+       .read = read_attrs<TransposeAttrs>,
+       .infer = infer_transpose,
+       .fold = fold_transpose,
+       .folds = Fold::IfConstant,
+       .lower = lower_transpose},
+      {.ops = {"Expand"}, .infer = infer_expand, .fold = fold_expand, .folds = Fold::IfConstant, .lower = lower_expand},
+      {.ops = {"Shape"}, .read = read_attrs<ShapeAttrs>, .fold = fold_shape, .folds = Fold::Always},
+      {.ops = {"Identity", "Dropout"}, .expand = expand_identity},
+      {.ops = {"Constant"}, .read = read_attrs<ConstantAttrs>, .expand = expand_constant},
+  };
+  return h;
+}
+
+}  // namespace tpuhal::rt::detail

@@ -1,0 +1,91 @@
+// ArgMax, ArgMin (keepdims or not, select_last_index) and TopK (constant k;
+// values and indices): top_k, the indices i32 on the device (consumers and
+// outputs see them as floats, exact below 2^24), TopK's values in the
+// float type.
+#include "onnx/importer.hpp"
+#include "onnx/lowerer.hpp"
+
+namespace tpuhal::rt::detail {
+namespace {
+
+struct TopKAttrs {
+  std::int64_t axis = 0;  // as given (TopK's default -1, ArgMax's and ArgMin's 0)
+  bool largest = true, keepdims = true, sorted = true, last_index = false;
+  std::size_t resolved = 0;  // the axis, made non-negative by its shape rule
+  static TopKAttrs read(const Attrs& a) {
+    const std::string& op = a.node.op_type();
+    TopKAttrs t;
+    t.axis = a.i("axis", op == "TopK" ? -1 : 0);
+    t.largest = op != "ArgMin" && a.i("largest", 1) != 0;
+    t.keepdims = a.i("keepdims", 1) != 0;
+    t.sorted = a.i("sorted", 1) != 0;
+    t.last_index = a.i("select_last_index", 0) != 0;
+    return t;
+  }
+};
+
+// TopK's k: one constant integer from 1 to the axis' length.
+std::int64_t k_of(Importer& im, Node& n, std::int64_t length) {
+  const Value& kv = im.constant(n, 1, "k");
+  if (kv.ints.size() != 1) im.fail_node(n, "k is not one integer");
+  const std::int64_t k = kv.ints[0];
+  if (k < 1 || k > length) im.fail_node(n, "k " + std::to_string(k) + " for a length of " + std::to_string(length));
+  if (!n.attr<TopKAttrs>().sorted)
+    im.g.notes.push_back("TopK '" + n.name + "' runs sorted (sorted=0 leaves the order open)");
+  return k;
+}
+
+Value infer_top_k(Importer& im, Node& n) {
+  auto& a = n.attr<TopKAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  const auto rank = static_cast<std::int64_t>(x.size());
+  if (rank == 0) im.fail_node(n, "a scalar input");
+  const std::int64_t axis = im.axis_of(n, a.axis, rank);
+  const bool top_k = n.op == "TopK";
+  Value out;
+  out.shape = x;
+  const std::int64_t k = top_k ? k_of(im, n, x[static_cast<std::size_t>(axis)]) : 1;
+  if (top_k || a.keepdims)
+    out.shape[static_cast<std::size_t>(axis)] = k;
+  else
+    out.shape.erase(out.shape.begin() + axis);
+  if (x[static_cast<std::size_t>(axis)] > 0x7FFF'FFFF) im.fail_node(n, "an axis too long for i32 indices");
+  a.resolved = static_cast<std::size_t>(axis);
+  n.inputs.resize(1);
+  return out;
+}
+
+void lower_top_k(Lowerer& l, const Node& n) {
+  const auto& a = n.attr<TopKAttrs>();
+  const DType t = l.float_type();
+  const auto& shape = l.shape_of(n.output);
+  const std::size_t axis = a.resolved;
+  const bool top_k = n.op == "TopK";
+  auto kept = l.shape_of(n.inputs[0]);
+  kept[axis] = top_k ? shape[axis] : 1;
+  std::map<std::string, std::int64_t> operands{{"x", l.get(n.inputs[0], t)}};
+  if (top_k) {
+    operands["values"] = l.produce(n.output, t, shape);
+    operands["indices"] = l.produce(n.output2.empty() ? n.name + "/indices" : n.output2, DType::I32, shape);
+  } else {
+    operands["indices"] = l.dg().add_view(l.produce(n.output, DType::I32, shape), kept);
+  }
+  l.op("top_k", n.name, operands, {{"axis", axis}, {"largest", a.largest}, {"last_index", a.last_index}});
+}
+
+}  // namespace
+
+std::span<const OpHandler> top_k_handlers() {
+  static const OpHandler h[] = {
+      {.ops = {"ArgMax", "ArgMin"}, .read = read_attrs<TopKAttrs>, .infer = infer_top_k, .lower = lower_top_k},
+      {.ops = {"TopK"},
+       .opsets = {.first = 10, .refusal = "opset below 10 (k as an attribute)"},
+       .read = read_attrs<TopKAttrs>,
+       .infer = infer_top_k,
+       .lower = lower_top_k,
+       .outputs = 2},
+  };
+  return h;
+}
+
+}  // namespace tpuhal::rt::detail

@@ -1,0 +1,49 @@
+// Window attributes, checked (window.hpp).
+#include "onnx/window.hpp"
+
+namespace tpuhal::rt::detail {
+
+void check_window(const Importer& im, const Node& n, const onnx_attrs::WindowAttrs& a, std::size_t spatial) {
+  constexpr std::int64_t kMaxStep = 0x7fffffff, kMaxPad = 65536;
+  auto each = [&](const char* attr, const std::optional<std::vector<std::int64_t>>& given, std::size_t count,
+                  std::int64_t lo, std::int64_t hi) {
+    if (!given) return;
+    const auto& v = *given;
+    if (count && v.size() != count)
+      im.fail_node(n, std::string(attr) + " " + dims_text(v) + " has " + std::to_string(v.size()) + " entries; " +
+                          std::to_string(spatial) + "-D windows take " + std::to_string(count));
+    for (auto x : v)
+      if (x < lo || x > hi)
+        im.fail_node(n, std::string(attr) + " " + dims_text(v) + " has an entry outside [" + std::to_string(lo) + ", " +
+                            std::to_string(hi) + "]");
+  };
+  each("kernel_shape", a.kernel_shape, spatial, 1, kMaxStep);
+  each("strides", a.strides, spatial, 1, kMaxStep);
+  each("dilations", a.dilations, spatial, 1, kMaxStep);
+  each("pads", a.pads, 2 * spatial, 0, kMaxPad);
+  each("output_padding", a.output_padding, spatial, 0, kMaxPad);
+  each("output_shape", a.output_shape, 0, 1, kMaxStep);
+  if (a.group && (*a.group < 1 || *a.group > kMaxStep))
+    im.fail_node(n, "group " + std::to_string(*a.group) + " is outside [1, " + std::to_string(kMaxStep) + "]");
+  if (a.auto_pad != "NOTSET" && a.auto_pad != "SAME_UPPER" && a.auto_pad != "SAME_LOWER" && a.auto_pad != "VALID")
+    im.fail_node(n, "auto_pad '" + a.auto_pad + "' is not NOTSET, SAME_UPPER, SAME_LOWER or VALID");
+}
+
+void check_window_fits(const Importer& im, const Node& n, const std::vector<std::int64_t>& x,
+                       const std::vector<std::int64_t>& out, const std::string& window) {
+  if (out[2] < 1 || out[3] < 1)
+    im.fail_node(n, "its " + window + " does not fit the padded " + std::to_string(x[2]) + "x" + std::to_string(x[3]) +
+                        " input");
+}
+
+std::int64_t pool_out(std::int64_t in, std::uint32_t k, std::uint32_t s, std::uint32_t d, std::uint32_t pb,
+                      std::uint32_t pe, bool ceil) {
+  const std::int64_t eff = static_cast<std::int64_t>(d) * (k - 1) + 1;
+  const std::int64_t num = in + pb + pe - eff;
+  if (num < 0 || s == 0) return 0;
+  std::int64_t out = (ceil ? (num + s - 1) / s : num / s) + 1;
+  if (ceil && (out - 1) * static_cast<std::int64_t>(s) >= in + pb) --out;
+  return out;
+}
+
+}  // namespace tpuhal::rt::detail
