@@ -64,8 +64,13 @@ def check_schema():
                 problems.append(f"{k['name']}: cost names tensor {operand}, which it does not have")
         if k["cost"][0] not in ("matmul", "conv", "conv_transpose", "pool", "per_output"):
             problems.append(f"{k['name']}: unknown cost class {k['cost'][0]}")
+        if not (isinstance(k.get("cycles"), int) and k["cycles"] >= 0) and k.get("cycles") != "elementwise":
+            problems.append(f"{k['name']}: cycles must be a count or \"elementwise\"")
         if k["peak"] not in ("float", "int8", None):
             problems.append(f"{k['name']}: unknown peak {k['peak']}")
+    for enum_name, table in ops.VECTOR_CYCLES.items():
+        known = {v[0] for v in enum(enum_name)["values"]}
+        problems += [f"VECTOR_CYCLES: {enum_name} has no value {v}" for v in table if v not in known]
     for e in ops.ENUMS:
         names = [v[1] for v in e["values"]]
         if len(set(names)) != len(names):
@@ -138,6 +143,41 @@ def fw_op_enums():
     out.append("// Reads B as well as A.\nconstexpr bool is_binary(ElementwiseOp op) {\n  switch (op) {\n")
     out.append("".join(f"    case ElementwiseOp::k{v[0]}:\n" for v in ew["values"] if v[4] == 2))
     out.append("      return true;\n    default:\n      return false;\n  }\n}\n")
+    return "".join(out)
+
+
+def fw_op_timing():
+    out = [BANNER, """// Each kind's work in the board's timing model (schema/ops.py: cost and
+// cycles; fw/timing.h), included by firmware_iface/src/timing.cpp. Every
+// switch covers every kind or value, with no default.
+"""]
+    cyc = ops.VECTOR_CYCLES
+    for name, table in (("Activation", cyc["Activation"]), ("ElementwiseOp", cyc["ElementwiseOp"])):
+        fn = "activation_cycles" if name == "Activation" else "elementwise_cycles"
+        extra = ", Activation activation" if name == "ElementwiseOp" else ""
+        out.append(f"std::uint64_t {fn}({name} v{extra}) {{\n  switch (v) {{\n")
+        for v in enum(name)["values"]:
+            c = table.get(v[0], 1)
+            ret = "activation_cycles(activation)" if c == "activation" else str(c)
+            out.append(f"    case {name}::k{v[0]}:\n      return {ret};\n")
+        out.append("  }\n  return 1;\n}\n\n")
+    out.append("// The tensors that hold weights (roles W, Bias, WScale, WZeroPoint): they\n"
+               "// stream from device memory whatever their size.\n")
+    out.append("std::uint32_t weight_tensors(OpKind kind) {\n  switch (kind) {\n")
+    out.append("    case OpKind::kInvalid:\n      break;\n")
+    for k in ops.KINDS:
+        mask = sum(1 << i for i, r in enumerate(k["tensors"]) if r.rstrip("?") in ops.WEIGHT_ROLES)
+        out.append(f"    case OpKind::k{k['name']}:\n      return {hex(mask)}u;\n")
+    out.append("  }\n  return 0;\n}\n\n")
+    out.append("OpWork kind_work(const TimingModel& m, const OpBlock& op) {\n  switch (op.kind) {\n")
+    out.append("    case OpKind::kInvalid:\n      break;\n")
+    for k in ops.KINDS:
+        role_index = {r.rstrip("?"): i for i, r in enumerate(k["tensors"])}
+        cls, *operands = k["cost"]
+        args = "".join(f", {role_index[o]}" for o in operands)
+        cycles = "elementwise_cycles(op)" if k["cycles"] == "elementwise" else str(k["cycles"])
+        out.append(f"    case OpKind::k{k['name']}:\n      return {cls}_work(m, op{args}, {cycles});\n")
+    out.append("  }\n  return {};\n}\n")
     return "".join(out)
 
 
@@ -297,6 +337,7 @@ def doc_kinds():
 OUTPUTS = [
     ("firmware_iface/include/tpuhal/fw/op_kinds.inc", fw_op_kinds, None),
     ("firmware_iface/include/tpuhal/fw/op_enums.inc", fw_op_enums, None),
+    ("firmware_iface/src/op_timing.inc", fw_op_timing, None),
     ("hal/include/tpuhal/driver/op_kinds.inc", hal_op_kinds, None),
     ("hal/include/tpuhal/driver/op_enums.inc", driver_op_enums, None),
     ("hal/include/tpuhal/op_enums.inc", hal_op_enums, None),

@@ -132,60 +132,82 @@ ENUMS = [
 #               ("conv_transpose", X, W) 2 * X's elements * W's [1] * kh * kw
 #               ("pool",)               outputs * kernel taps
 #               ("per_output",)         one per output element
+#   cycles    vector-unit cycles per output element (pool: per window tap)
+#             in the board's timing model (fw/timing.h, docs/timing.md):
+#             an int, or "elementwise" (by the op's ElementwiseOp and
+#             activation, VECTOR_CYCLES below); matmul and convolution
+#             kinds give 0 and pay for a fused activation by its cycles
 #   peak      the board's peak it is measured against: "float" (fp32 or
 #             fp16 by the first input's dtype), "int8", or None (memory
 #             decides its speed)
 #   builders  the ops:: functions that make it (ops.hpp, Python's tpuhal.ops)
 #   doc       what it computes, in one line
+# Vector-unit cycles per element beyond the one every element takes, for
+# the kinds whose cycles are "elementwise": by ElementwiseOp value and by
+# Activation value (a fused activation of matmul and convolution costs its
+# Activation's entry). Values not listed take 1 (an activation "none": 0).
+# The transcendental ones are series of multiply-adds on the vector unit:
+# on the BM1684X, SiLU costs about 10 cycles per element and lane at 16
+# elements per lane and cycle, which is what makes YOLOv5s in fp32 and fp16
+# 4 ms slower than its convolutions alone (docs/timing.md).
+VECTOR_CYCLES = {
+    "ElementwiseOp": {"Div": 40, "Exp": 150, "Log": 150, "Sqrt": 40, "Erf": 200, "Activation": "activation"},
+    "Activation": {"None": 0, "Sigmoid": 150, "Silu": 160, "Tanh": 150, "HardSigmoid": 2, "HardSwish": 3},
+}
+
+# Tensor roles that hold a layer's weights: in the timing model they stream
+# from device memory, where activations small enough stay in local memory.
+WEIGHT_ROLES = ("W", "Bias", "WScale", "WZeroPoint")
+
 KINDS = [
     dict(name="MatMul", id="matmul", minor=1, tensors=["A", "B", "C?", "Y"], fw_attrs="MatMulAttrs",
-         attrs="MatMulAttrs", cost=("matmul", "A"), peak="float", builders=["matmul"],
+         attrs="MatMulAttrs", cost=("matmul", "A"), cycles=0, peak="float", builders=["matmul"],
          doc="Y = act(alpha * op(A) @ op(B) + beta * C), batched."),
     dict(name="Conv2d", id="conv2d", minor=1, tensors=["X", "W", "Bias?", "Y"], fw_attrs="ConvAttrs",
-         attrs="ConvAttrs", cost=("conv", "W"), peak="float", builders=["conv2d"],
+         attrs="ConvAttrs", cost=("conv", "W"), cycles=0, peak="float", builders=["conv2d"],
          doc="Float convolution, NCHW or NHWC, groups, dilation."),
     dict(name="Pool2d", id="pool2d", minor=1, tensors=["X", "Y"], fw_attrs="PoolAttrs", attrs="PoolAttrs",
-         cost=("pool",), peak=None, builders=["max_pool2d", "avg_pool2d"], doc="Max or average pooling."),
+         cost=("pool",), cycles=1, peak=None, builders=["max_pool2d", "avg_pool2d"], doc="Max or average pooling."),
     dict(name="Elementwise", id="elementwise", minor=1, tensors=["A", "B?", "Y"], fw_attrs="ElementwiseAttrs",
-         attrs="ElementwiseAttrs", cost=("per_output",), peak=None,
+         attrs="ElementwiseAttrs", cost=("per_output",), cycles="elementwise", peak=None,
          builders=["add", "sub", "mul", "div", "max", "min", "activation", "relu", "abs", "neg", "exp", "log", "sqrt",
                    "erf", "cast", "transpose", "equal", "less", "less_equal", "greater", "greater_equal",
                    "logical_and", "logical_or", "logical_xor", "logical_not"],
          doc="Unary and binary maps, including cast and transpose (B absent for unary maps)."),
     dict(name="Softmax", id="softmax", minor=1, tensors=["X", "Y"], fw_attrs="SoftmaxAttrs", attrs="SoftmaxAttrs",
-         cost=("per_output",), peak=None, builders=["softmax"], doc="Softmax or log-softmax along one axis."),
+         cost=("per_output",), cycles=160, peak=None, builders=["softmax"], doc="Softmax or log-softmax along one axis."),
     dict(name="Quantize", id="quantize", minor=1, tensors=["X", "Scale", "ZeroPoint?", "Y"], fw_attrs="QuantAttrs",
-         attrs="NoAttrs", cost=("per_output",), peak=None, builders=["quantize"],
+         attrs="NoAttrs", cost=("per_output",), cycles=2, peak=None, builders=["quantize"],
          doc="QuantizeLinear; Scale and ZeroPoint broadcast to X."),
     dict(name="Dequantize", id="dequantize", minor=1, tensors=["X", "Scale", "ZeroPoint?", "Y"],
-         fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("per_output",), peak=None, builders=["dequantize"],
+         fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("per_output",), cycles=2, peak=None, builders=["dequantize"],
          doc="DequantizeLinear; Scale and ZeroPoint broadcast to X."),
     dict(name="MatMulInteger", id="matmul_integer", minor=1, tensors=["A", "B", "AZeroPoint?", "BZeroPoint?", "Y"],
-         fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("matmul", "A"), peak="int8", builders=["matmul_integer"],
+         fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("matmul", "A"), cycles=0, peak="int8", builders=["matmul_integer"],
          doc="Integer matrix product with zero points, int32 accumulation."),
     dict(name="ConvInteger", id="conv_integer", minor=1, tensors=["X", "W", "XZeroPoint?", "WZeroPoint?", "Y"],
-         fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv", "W"), peak="int8", builders=["conv_integer"],
+         fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv", "W"), cycles=0, peak="int8", builders=["conv_integer"],
          doc="Integer convolution with zero points, int32 accumulation."),
     dict(name="QLinearMatMul", id="qlinear_matmul", minor=1,
          tensors=["A", "AScale", "AZeroPoint", "B", "BScale", "BZeroPoint", "YScale", "YZeroPoint", "Y"],
-         fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("matmul", "A"), peak="int8", builders=["qlinear_matmul"],
+         fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("matmul", "A"), cycles=0, peak="int8", builders=["qlinear_matmul"],
          doc="Quantized matrix product, requantised to Y's scale."),
     dict(name="QLinearConv", id="qlinear_conv", minor=1,
          tensors=["X", "XScale", "XZeroPoint", "W", "WScale", "WZeroPoint", "YScale", "YZeroPoint", "Bias?", "Y"],
-         fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv", "W"), peak="int8", builders=["qlinear_conv"],
+         fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv", "W"), cycles=0, peak="int8", builders=["qlinear_conv"],
          doc="Quantized convolution, requantised to Y's scale."),
     dict(name="Resize", id="resize", minor=1, tensors=["X", "Y"], fw_attrs="ResizeAttrs", attrs="ResizeAttrs",
-         cost=("per_output",), peak=None, builders=["resize"], doc="Nearest or bilinear over H and W."),
+         cost=("per_output",), cycles=3, peak=None, builders=["resize"], doc="Nearest or bilinear over H and W."),
     dict(name="ColorConvert", id="color_convert", minor=1, tensors=["Luma", "ChromaU", "ChromaV?", "Y"],
-         fw_attrs="ColorConvertAttrs", attrs="ColorConvertAttrs", cost=("per_output",), peak=None,
+         fw_attrs="ColorConvertAttrs", attrs="ColorConvertAttrs", cost=("per_output",), cycles=6, peak=None,
          builders=["nv12_to_rgb", "i420_to_rgb"],
          doc="NV12 / I420 -> planar RGB, normalised (ChromaU holds UV for NV12)."),
     dict(name="TopK", id="top_k", minor=5, tensors=["X", "Values?", "Indices"], fw_attrs="TopKAttrs",
-         attrs="TopKAttrs", cost=("per_output",), peak=None, builders=["top_k", "argmax", "argmin"],
+         attrs="TopKAttrs", cost=("per_output",), cycles=4, peak=None, builders=["top_k", "argmax", "argmin"],
          doc="The k largest (or smallest) along one axis, sorted."),
     dict(name="ConvTranspose2d", id="conv_transpose2d", minor=5, tensors=["X", "W", "Bias?", "Y"],
-         fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv_transpose", "X", "W"), peak="float",
+         fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv_transpose", "X", "W"), cycles=0, peak="float",
          builders=["conv_transpose2d"], doc="Transposed convolution."),
     dict(name="Where", id="where", minor=5, tensors=["Cond", "A", "B", "Y"], fw_attrs="QuantAttrs", attrs="NoAttrs",
-         cost=("per_output",), peak=None, builders=["where"], doc="Y = Cond ? A : B, elementwise."),
+         cost=("per_output",), cycles=1, peak=None, builders=["where"], doc="Y = Cond ? A : B, elementwise."),
 ]

@@ -55,7 +55,7 @@ cmake -S "$root" -B "$build" -G Ninja --toolchain "$root/cmake/aarch64-linux-gnu
   -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g0 -DNDEBUG" \
   -DTPUHAL_WERROR=ON -DTPUHAL_BUILD_PYTHON=OFF -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON \
   -Ddnnl_DIR="$extra/usr/lib/aarch64-linux-gnu/cmake/dnnl" -DONNX_DIR="$extra/usr/lib/aarch64-linux-gnu/cmake/ONNX" >/dev/null
-targets=(sim_tensor_isa_test ops_test hal_conformance tpuhal_cli)
+targets=(sim_tensor_isa_test ops_test hal_conformance hal_timing tpuhal_cli)
 grep -q '^build onnx_node_test:' "$build/build.ninja" && targets+=(onnx_node_test)
 grep -q '^build runtime_compile:' "$build/build.ninja" && targets+=(runtime_compile)
 [[ ${TPUHAL_ARM64_CONFIGURE_ONLY:-} ]] && exit 0
@@ -65,11 +65,12 @@ cmake --build "$build" --target "${targets[@]}"
 # one simulated board (sim:tiny) rather than every device. At the top level
 # (neon): the engine's kernel tests (every level, in one process), the
 # cross-level and thread-count determinism tests, the op tests, the ONNX
-# node tests, the runtime tests and the conformance suite. At the portable
+# node tests, the runtime tests, the conformance suite and the timing
+# model's pinned figures (the same integers as on x86). At the portable
 # level (generic): the op tests of the products, the only ops whose code
 # differs between the levels.
 (cd "$build" && TPUHAL_MAX_ISA=neon ctest --output-on-failure -j "$(nproc)" \
-  -R '^(TensorIsa|OpsIsa|OpsDeterminism|Devices/Ops\..*/sim_tiny|OnnxNode|Runtime|Devices/Conformance\..*/sim_tiny)' "$@")
+  -R '^(TensorIsa|OpsIsa|OpsDeterminism|Devices/Ops\..*/sim_tiny|OnnxNode|Runtime|Devices/Conformance\..*/sim_tiny|Timing)' "$@")
 echo "tpuhal arm64: the products' op tests at TPUHAL_MAX_ISA=generic" >&2
 (cd "$build" && TPUHAL_MAX_ISA=generic ctest --output-on-failure -j "$(nproc)" \
   -R '^Devices/Ops\.(MatMul|Conv|QLinear|IntegerProducts).*/sim_tiny' "$@")

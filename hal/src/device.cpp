@@ -163,6 +163,20 @@ const Properties& Device::properties() const { return checked(impl_).backend().p
 MemoryStats Device::memory_stats() const { return checked(impl_).backend().memory_stats(); }
 DeviceStatus Device::status() const { return checked(impl_).backend().status(); }
 Telemetry Device::telemetry() const { return checked(impl_).backend().telemetry(); }
+std::optional<ModelledTime> Device::modelled(const Op& op) const {
+  auto& dev = checked(impl_);
+  OpAccess::check(op);
+  if (OpAccess::device(op) != impl_)
+    throw Error(Status::InvalidArgument, "modelled: the op was built for another device than " + dev.uri());
+  return dev.backend().model_op(*OpAccess::desc(op));
+}
+std::optional<ModelledTime> Device::modelled_copy(std::uint64_t bytes, Memory from, Memory to) const {
+  return checked(impl_).backend().model_transfer(bytes, from, to);
+}
+std::optional<std::uint64_t> Device::modelled_decode_ns(Codec codec, FrameType type, std::uint32_t width,
+                                                        std::uint32_t height) const {
+  return checked(impl_).backend().model_decode_ns(codec, type, width, height);
+}
 WaitPolicy Device::wait_policy() const { return checked(impl_).wait_policy(); }
 void Device::set_wait_policy(const WaitPolicy& policy) { checked(impl_).set_wait_policy(policy); }
 void Device::reset() {

@@ -45,6 +45,12 @@ Telemetry DeviceBackend::telemetry() const {
   throw Error(Status::Unsupported, properties().uri + ": this device reports no telemetry (caps.telemetry is false)");
 }
 
+std::optional<ModelledTime> DeviceBackend::model_op(const OpDesc&) const { return std::nullopt; }
+std::optional<ModelledTime> DeviceBackend::model_transfer(std::uint64_t, Memory, Memory) const { return std::nullopt; }
+std::optional<std::uint64_t> DeviceBackend::model_decode_ns(Codec, FrameType, std::uint32_t, std::uint32_t) const {
+  return std::nullopt;
+}
+
 std::shared_ptr<BufferBackend> DeviceBackend::import_host(void*, std::uint64_t) {
   throw Error(Status::Unsupported, properties().uri +
                                        ": this device cannot import host memory "

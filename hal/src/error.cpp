@@ -35,6 +35,24 @@ const char* to_string(Engine engine) noexcept {
   return "unknown";
 }
 
+const char* to_string(FrameType type) noexcept {
+  switch (type) {
+    case FrameType::Intra: return "I";
+    case FrameType::Predicted: return "P";
+    case FrameType::Bidirectional: return "B";
+  }
+  return "unknown";
+}
+
+const char* to_string(ModelledTime::Bound bound) noexcept {
+  switch (bound) {
+    case ModelledTime::Bound::Compute: return "compute";
+    case ModelledTime::Bound::Memory: return "memory";
+    case ModelledTime::Bound::Overhead: return "overhead";
+  }
+  return "unknown";
+}
+
 const char* to_string(Codec codec) noexcept {
   switch (codec) {
     case Codec::H264: return "h264";

@@ -96,6 +96,7 @@ struct DeviceTrace {
   std::string uri;
   std::int64_t pid = 0;
   bool timestamps = false;
+  bool modelled = false;  // the board's clock is a timing model's (caps.modelled_time)
   std::atomic<std::uint64_t> stamped{0}, unstamped{0};
   std::mutex mu;  // the clock bounds
   std::int64_t lo = INT64_MIN, hi = INT64_MAX;
@@ -440,6 +441,7 @@ std::shared_ptr<DeviceTrace> device_trace(Session& s, const std::shared_ptr<Devi
   // trace (Linux pids are below 2^22).
   d->pid = s.pid + (static_cast<std::int64_t>(s.devices.size()) + 1) * (std::int64_t{1} << 22);
   d->timestamps = device->backend().properties().caps.timestamps;
+  d->modelled = device->backend().properties().caps.modelled_time;
   s.devices.push_back(d);
   return d;
 }
@@ -558,6 +560,14 @@ std::int64_t fold_bounds(QueueTrace& q, const Pending& p) {
   const auto lo = static_cast<std::int64_t>(p.st.back() - p.seen_at);
   std::lock_guard lock(q.dev->mu);
   q.dev->hi = std::min(q.dev->hi, hi);
+  if (q.dev->modelled) {
+    // A modelled board's work ends when its model says, which may be after
+    // the host saw it (docs/timing.md): only "it started after it was
+    // submitted" bounds its clock. Its TIME is the host's since reset, so
+    // the bound closes on the true offset from above.
+    q.dev->lo = q.dev->hi;
+    return q.dev->hi;
+  }
   q.dev->lo = std::max(q.dev->lo, lo);
   if (q.dev->lo > q.dev->hi) {  // the clocks moved apart: start again from this one
     q.dev->lo = lo;
@@ -614,8 +624,9 @@ void emit_completed(Session& s, QueueTrace& q, const Pending& p, Waited&& waited
   }
   name_queue(s, q);
   device_slice(s, q, "submission", {}, start, end - start,
-               fmt::format("\"value\":{},\"commands\":{},\"correlation\":{},\"seen_ts\":{}.{:03}", p.value, p.commands,
-                           p.correlation, seen_at / 1000, seen_at % 1000));
+               fmt::format("\"value\":{},\"commands\":{},\"correlation\":{},\"seen_ts\":{}.{:03}{}", p.value,
+                           p.commands, p.correlation, seen_at / 1000, seen_at % 1000,
+                           q.dev->modelled ? ",\"board_clock\":\"modelled\"" : ""));
   flow_end(s, q, start, p.correlation);
   for (std::size_t i = 0; i < at.size(); ++i) {
     const CmdInfo& c = p.cmds[i];
@@ -1368,6 +1379,7 @@ Summary stop() {
       std::lock_guard dl(d->mu);
       unstamped += d->unstamped.load();
       s->out += fmt::format("{{\"pid\":{},\"board_timestamps\":{}", d->pid, d->timestamps);
+      if (d->modelled) s->out += ",\"board_clock\":\"modelled\"";
       if (!d->timestamps) s->out += ",\"note\":\"the device keeps no board timestamps: only the host side is traced\"";
       s->out += fmt::format(",\"stamped_submissions\":{},\"unstamped_submissions\":{}", d->stamped.load(),
                             d->unstamped.load());

@@ -676,9 +676,50 @@ Profile Instance::profile(unsigned iterations) {
   p.runs_kept = static_cast<unsigned>(kept.size());
   p.device_ns = static_cast<std::uint64_t>(std::llround(mean_of(t.device)));
   p.run_ns = median(t.runs);
-  p.host_overhead_ns = p.run_ns > p.device_ns ? p.run_ns - p.device_ns : 0;
+  p.modelled = props.caps.modelled_time;
+  p.host_overhead_ns = !p.modelled && p.run_ns > p.device_ns ? p.run_ns - p.device_ns : 0;
   add_layers(p, m, s.ops, props, t, mean_of);
+  if (const auto run = modelled())
+    for (std::size_t i = 0; i < p.layers.size() && i < run->layers.size(); ++i)
+      p.layers[i].bound = to_string(run->layers[i].bound);
   return p;
+}
+
+std::optional<ModelledRun> Instance::modelled() const {
+  const auto& s = need(state_);
+  const auto& m = *s.model;
+  const Device& dev = m.device;
+  ModelledRun r;
+  std::map<std::string, std::size_t> at;
+  std::vector<std::uint64_t> longest;
+  for (std::size_t i = 0; i < s.ops.size(); ++i) {
+    const auto t = dev.modelled(s.ops[i]);
+    if (!t) return std::nullopt;
+    const detail::DOp& op = m.graph.ops[i];
+    auto [it, fresh] = at.try_emplace(op.node, r.layers.size());
+    if (fresh) {
+      r.layers.emplace_back();
+      r.layers.back().node = op.node;
+      longest.push_back(0);
+    }
+    ModelledLayer& l = r.layers[it->second];
+    if (("+" + l.ops + "+").find("+" + op.kind + "+") == std::string::npos)
+      l.ops += (l.ops.empty() ? "" : "+") + op.kind;
+    l.ns += t->ns;
+    l.compute_ns += t->compute_ns;
+    l.memory_ns += t->memory_ns;
+    l.overhead_ns += t->overhead_ns;
+    if (t->ns >= longest[it->second]) {
+      longest[it->second] = t->ns;
+      l.bound = t->bound;
+    }
+    r.ns += t->ns;
+  }
+  for (const auto& in : m.inputs)
+    if (auto t = dev.modelled_copy(in.bytes(), Memory::HostPinned, Memory::Device)) r.input_copy_ns += t->ns;
+  for (const auto& out : m.outputs)
+    if (auto t = dev.modelled_copy(out.bytes(), Memory::Device, Memory::HostPinned)) r.output_copy_ns += t->ns;
+  return r;
 }
 
 Model Instance::model() const { return detail::Access::wrap(need(state_).model); }

@@ -66,6 +66,24 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
   std::memcpy(board_name.data(), profile.model.data(), std::min(profile.model.size(), board_name.size() - 1));
   reset_time_ns.store(base::monotonic_ns());
   status.store(fw::kStatusReady);
+  // The clock (docs/timing.md): modelled if the profile has a model, unless
+  // TPUHAL_SIM_CLOCK=host; TPUHAL_SIM_PACE=1 paces commands to it.
+  if (const char* clock = std::getenv("TPUHAL_SIM_CLOCK"); clock && *clock) {
+    const std::string_view c = clock;
+    if (c != "model" && c != "host")
+      throw ProfileError("TPUHAL_SIM_CLOCK: \"" + std::string(c) + "\" is not \"model\" or \"host\"");
+    if (c == "model" && !profile.timing)
+      throw ProfileError("TPUHAL_SIM_CLOCK=model: board profile '" + profile.name +
+                         "' has no timing.model (docs/timing.md)");
+    if (c == "model") timing = &*profile.timing;
+  } else if (profile.timing) {
+    timing = &*profile.timing;
+  }
+  if (const char* pace_env = std::getenv("TPUHAL_SIM_PACE"); pace_env && *pace_env) {
+    const std::string_view v = pace_env;
+    if (v != "0" && v != "1") throw ProfileError("TPUHAL_SIM_PACE: \"" + std::string(v) + "\" is not 0 or 1");
+    pace = v == "1" && timing;
+  }
   // Faults for every board of this process, e.g. "hang:queue=0:after=3".
   if (const char* env = std::getenv("TPUHAL_SIM_FAULTS")) {
     std::vector<Fault> faults;
@@ -193,7 +211,7 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
              // offered to a host on the far side of a cable.
              (profile.decode_channels && !dma.port() ? fw::kCapVideoDecode : 0) |
              (profile.aperture_bytes ? fw::kCapHostAperture : 0) | (profile.bus == "soc" ? fw::kCapUnifiedMemory : 0) |
-             fw::kCapTelemetry;
+             fw::kCapTelemetry | (timing ? fw::kCapModelledTime : 0) | (profile.timing ? fw::kCapTimingModel : 0);
     case kFirmwareVersion: return profile.firmware_version;
     case kDramSizeLo: return lo(profile.dram_bytes);
     case kDramSizeHi: return hi(profile.dram_bytes);
@@ -421,8 +439,28 @@ void Board::Impl::reset_board() {
     std::lock_guard lock(mbox_mu);
     mbox_status = static_cast<std::uint32_t>(fw::MboxStatus::kIdle);
   }
+  reset_model();
   reset_time_ns.store(base::monotonic_ns());
   status.store(fw::kStatusReady);
+}
+
+void Board::Impl::reset_model() noexcept {
+  for (auto& q : queues) q->model_ns.store(0, std::memory_order_relaxed);
+  for (auto& u : unit_free) u.store(0, std::memory_order_relaxed);
+  std::lock_guard lock(signal_mu);
+  signals.clear();
+}
+
+void Board::Impl::signalled(std::uint64_t address, std::uint64_t model_ns) {
+  std::lock_guard lock(signal_mu);
+  if (signals.size() >= kMaxSignals && !signals.count(address)) signals.clear();
+  signals[address] = model_ns;
+}
+
+std::optional<std::uint64_t> Board::Impl::signal_time(std::uint64_t address) {
+  std::lock_guard lock(signal_mu);
+  if (auto it = signals.find(address); it != signals.end()) return it->second;
+  return std::nullopt;
 }
 
 void Board::Impl::run_mailbox(std::uint32_t cmd) {
@@ -450,6 +488,19 @@ void Board::Impl::run_mailbox(std::uint32_t cmd) {
         ok = false;
         res0 = static_cast<std::uint64_t>(p.status);
       }
+      break;
+    }
+    case fw::MboxCmd::kTimingModel: {
+      const std::uint64_t arg1 = join(mbox_args[2], mbox_args[3]);
+      fw::Problem p{fw::CmdStatus::kInvalidOpcode, fw::Problem::kNoField, 0, 0};  // a board with no model
+      if (profile.timing && arg1 < sizeof(fw::TimingModel)) {
+        p = {fw::CmdStatus::kBadArgument, 1, arg1, sizeof(fw::TimingModel)};
+      } else if (profile.timing) {
+        DmaContext ctx(iommu);
+        p = dma.write(ctx, arg0, &*profile.timing, sizeof(fw::TimingModel), 0);
+      }
+      ok = p.status == fw::CmdStatus::kOk;
+      res0 = ok ? sizeof(fw::TimingModel) : static_cast<std::uint64_t>(p.status);
       break;
     }
     default:
@@ -484,11 +535,8 @@ std::uint64_t Board::Impl::engine_busy_ns(fw::EngineType e, std::uint64_t now) n
 }
 
 void Board::Impl::count_dma(std::uint64_t src, std::uint64_t dst, std::uint64_t bytes, bool fill) noexcept {
-  const bool from_host = !fill && fw::is_host_address(src);
-  const bool to_host = fw::is_host_address(dst);
-  const fw::DmaDirection d = from_host
-                                 ? (to_host ? fw::DmaDirection::kHostToHost : fw::DmaDirection::kHostToDevice)
-                                 : (to_host ? fw::DmaDirection::kDeviceToHost : fw::DmaDirection::kDeviceToDevice);
+  // A fill has no source: it writes from the board.
+  const fw::DmaDirection d = fw::dma_direction(fill ? 0 : src, dst);
   dma_bytes[static_cast<std::uint32_t>(d)].fetch_add(bytes, std::memory_order_relaxed);
 }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "dma_engine.h"
@@ -20,6 +21,7 @@
 #include "tpuhal/fw/command.h"
 #include "tpuhal/fw/regs.h"
 #include "tpuhal/fw/telemetry.h"
+#include "tpuhal/fw/timing.h"
 #include "tpuhal/sim/board.h"
 #include "tpuhal/sim/power.h"
 
@@ -47,6 +49,10 @@ struct QueueState {
   std::atomic<std::uint32_t> progress{0};
   std::atomic<std::uint64_t> busy_ns{0};
   std::atomic<std::uint64_t> retired{0};
+  // The queue's modelled clock (board ns): where its next command may start.
+  // Kept across queue resets, so that its track never goes back; zeroed by
+  // a board reset. Written by its command processor.
+  std::atomic<std::uint64_t> model_ns{0};
   std::atomic<std::uint64_t> failures{0};  // commands that failed (telemetry)
 
   // Injected kInterruptLost: interrupts still to drop (kAllLost: every one).
@@ -80,9 +86,33 @@ struct Board::Impl {
 
   std::atomic<CommandObserver*> observer{nullptr};  // Board::set_command_observer
 
-  std::uint64_t board_time_ns() const noexcept {
+  // ns since the board's reset on the host's clock: also the board's "now"
+  // (the TIME registers, the uptime), which the host's clock estimates read.
+  // With a timing model, command stamps keep the model's time instead
+  // (CommandProcessor::clock()); a board modelled slower than the host
+  // stamps ahead of its "now" (docs/timing.md).
+  std::uint64_t host_time_ns() const noexcept {
     return base::monotonic_ns() - reset_time_ns.load(std::memory_order_relaxed);
   }
+  std::uint64_t board_time_ns() const noexcept { return host_time_ns(); }
+
+  // The timing model (docs/timing.md): the profile's, unless
+  // TPUHAL_SIM_CLOCK=host; null: the board keeps the host's time.
+  const fw::TimingModel* timing = nullptr;
+  bool pace = false;  // TPUHAL_SIM_PACE=1: a command completes no earlier than its modelled end
+  // The units queues share: a command on one starts when the unit is free.
+  enum class Unit : std::uint32_t { kNone = 0, kTensor = 1, kDma = 2 };
+  std::array<std::atomic<std::uint64_t>, 3> unit_free{};  // by Unit: modelled time it is next free
+  // When (modelled) each address a command processor signalled (fences,
+  // kWriteValue) was last written, so that a queue waiting on it starts no
+  // earlier. Bounded: cleared when it grows past kMaxSignals.
+  std::mutex signal_mu;
+  std::unordered_map<std::uint64_t, std::uint64_t> signals;  // guarded by signal_mu
+  static constexpr std::size_t kMaxSignals = 4096;
+  void signalled(std::uint64_t address, std::uint64_t model_ns);
+  std::optional<std::uint64_t> signal_time(std::uint64_t address);
+  // A board reset: every modelled clock back to 0.
+  void reset_model() noexcept;
 
   void write_queue_reg(std::uint32_t q, std::uint32_t r, std::uint32_t value);
   std::uint32_t read_queue_reg(std::uint32_t q, std::uint32_t r) const noexcept;
@@ -264,6 +294,24 @@ class CommandProcessor {
     return stop_.load(std::memory_order_relaxed) || board_.halted.load(std::memory_order_relaxed);
   }
   fw::Problem complete(const fw::Command& cmd);
+  // The modelled clock (docs/timing.md): the time the queue's next command
+  // may start (with no model, the host's board time).
+  std::uint64_t clock() const noexcept {
+    return board_.timing ? q_.model_ns.load(std::memory_order_relaxed) : board_.board_time_ns();
+  }
+  // What the executing command costs; execute() charges it once the
+  // command succeeded.
+  struct Charge {
+    fw::CommandTime time;
+    Board::Impl::Unit unit = Board::Impl::Unit::kNone;
+  };
+  // Advances the queue's clock by a command's cost on its unit; with
+  // pacing, returns no earlier than the host reaches its end.
+  void charge(const Charge& c);
+  // Work the host submitted at host time `at` starts no earlier.
+  void catch_up(std::uint64_t at) noexcept;
+  // A copy of `bytes` succeeded: counted, and charged at its ends' bandwidth.
+  void copied(std::uint64_t src, std::uint64_t dst, std::uint64_t bytes);
   // A 64-bit store into the queue's status page (host memory); false on a fault.
   bool store_status(std::size_t offset, std::uint64_t value);
   void fail(const fw::CommandDescriptor& d, const fw::Problem& p);
@@ -277,6 +325,7 @@ class CommandProcessor {
   std::atomic<bool> stop_{false};
   std::uint64_t last_fence_ = 0;
   tensor::TensorEngine* engine_ = nullptr;  // set once this processor has used it
+  Charge* charge_ = nullptr;                // the innermost command execute() runs
   QueueThread& thread_;
 };
 

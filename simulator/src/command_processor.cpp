@@ -153,6 +153,9 @@ void CommandProcessor::run_loop() {
       fail(none, {fw::CmdStatus::kRingConfig, fw::Problem::kFieldSequence, tail, head});
       return;
     }
+    // Work starts no earlier than the board picks it up, on the host's
+    // clock: a board never runs what it has not been given.
+    catch_up(board_.host_time_ns());
     q_.status.fetch_or(fw::kQueueStatusBusy, std::memory_order_relaxed);
     const std::uint64_t start = base::monotonic_ns();
     board_.engine_begin(q_.engine, start);
@@ -186,7 +189,8 @@ void CommandProcessor::run_loop() {
         problem = {fw::CmdStatus::kBadArgument, 1, slots, tail - head};
       } else if ((problem = injected(*decoded, head)).status == fw::CmdStatus::kOk) {
         CommandObserver* observer = board_.observer.load(std::memory_order_acquire);
-        const std::uint64_t began = observer ? board_.board_time_ns() : 0;
+        const std::uint64_t began = observer ? clock() : 0;
+        const std::uint64_t host_began = observer ? board_.host_time_ns() : 0;
         problem = execute(*decoded, ring_source, head);
         if (problem.status == fw::CmdStatus::kOk) {
           if (head + slots == tail) {
@@ -202,7 +206,9 @@ void CommandProcessor::run_loop() {
           r.opcode = d.opcode;
           r.fence_value = d.fence_value;
           r.start_ns = began;
-          r.end_ns = board_.board_time_ns();
+          r.end_ns = clock();
+          r.host_start_ns = host_began;
+          r.host_end_ns = board_.host_time_ns();
           r.epoch_ns = board_.reset_time_ns.load(std::memory_order_relaxed);
           r.status = static_cast<std::uint32_t>(problem.status);
           if (const auto* c = std::get_if<fw::CopyArgs>(&decoded->args))
@@ -246,7 +252,7 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
     fw::Problem operator()(const fw::NopArgs&) const { return {}; }
     fw::Problem operator()(const fw::CopyArgs& a) const {
       auto p = cp.board_.dma.copy(cp.ctx_, a.src, a.dst, a.size, 0, 1, cp.hooks_);
-      if (p.status == fw::CmdStatus::kOk) cp.board_.count_dma(a.src, a.dst, a.size, false);
+      if (p.status == fw::CmdStatus::kOk) cp.copied(a.src, a.dst, a.size);
       return p;
     }
     fw::Problem operator()(const fw::CopySgArgs& a) const {
@@ -269,7 +275,7 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
           if (total > a.total) return {fw::CmdStatus::kBadArgument, 2, a.total, total};
           p = cp.board_.dma.copy(cp.ctx_, seg->src, seg->dst, seg->size, 0, 1, cp.hooks_);
           if (p.status != fw::CmdStatus::kOk) return p;
-          cp.board_.count_dma(seg->src, seg->dst, seg->size, false);
+          cp.copied(seg->src, seg->dst, seg->size);
         }
       }
       if (total != a.total) return {fw::CmdStatus::kBadArgument, 2, a.total, total};
@@ -277,17 +283,26 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
     }
     fw::Problem operator()(const fw::FillArgs& a) const {
       auto p = cp.board_.dma.fill(cp.ctx_, a.dst, a.size, a.pattern, a.pattern_bytes, 0, cp.hooks_);
-      if (p.status == fw::CmdStatus::kOk) cp.board_.count_dma(0, a.dst, a.size, true);
+      if (p.status == fw::CmdStatus::kOk) {
+        cp.board_.count_dma(0, a.dst, a.size, true);
+        if (cp.board_.timing) *cp.charge_ = {fw::fill_time(*cp.board_.timing, a.size), Board::Impl::Unit::kDma};
+      }
       return p;
     }
     fw::Problem operator()(const fw::WaitValueArgs& a) const { return cp.wait_value(a); }
     fw::Problem operator()(const fw::WriteValueArgs& a) const {
       auto p = cp.board_.dma.store64(cp.ctx_, a.address, a.value, 0);
-      if (p.status == fw::CmdStatus::kOk) cp.board_.memory_written.notify();
+      if (p.status == fw::CmdStatus::kOk) {
+        if (cp.board_.timing) cp.board_.signalled(a.address, cp.clock() + cp.charge_->time.ns);
+        cp.board_.memory_written.notify();
+      }
       return p;
     }
     fw::Problem operator()(const fw::TimestampArgs& a) const {
-      return cp.board_.dma.store64(cp.ctx_, a.address, cp.board_.board_time_ns(), 0);
+      // Free in the model: the stamp is the time the processor reaches it,
+      // so that stamps around an op measure the op alone.
+      *cp.charge_ = {};
+      return cp.board_.dma.store64(cp.ctx_, a.address, cp.clock(), 0);
     }
     fw::Problem operator()(const fw::TensorOpArgs& a) const {
       std::vector<std::byte> block;
@@ -311,9 +326,16 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
   // A command the host cannot find memory for fails, and the board goes
   // on: in the daemon, one client's oversized request must not end every
   // client's boards.
+  Charge charge;
+  if (board_.timing) charge.time = fw::command_time(*board_.timing);
+  Charge* const outer = std::exchange(charge_, &charge);
   try {
-    return std::visit(Visitor{*this, source, position}, cmd.args);
+    auto p = std::visit(Visitor{*this, source, position}, cmd.args);
+    charge_ = outer;
+    if (p.status == fw::CmdStatus::kOk && board_.timing) this->charge(charge);
+    return p;
   } catch (const std::bad_alloc&) {
+    charge_ = outer;
     if ((board_.driver_version.load() & 0xFFFF) < fw::kMinorOutOfMemory)
       return {fw::CmdStatus::kBadArgument, fw::Problem::kNoField, 0, 0};  // 1.7's nearest
     return {fw::CmdStatus::kOutOfMemory, fw::Problem::kNoField, 0, fw::kMemoryHost};
@@ -348,6 +370,13 @@ fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
             static_cast<std::uint64_t>(fw::Opcode::kTensorOp), static_cast<std::uint64_t>(q_.engine)};
   auto op = fw::decode_op(block);
   if (!op) return op.problem();
+  if (board_.timing) {
+    // Costed before it runs: a command the model cannot cost fails, naming
+    // its kind, rather than taking no time.
+    auto t = fw::op_time(*board_.timing, *op);
+    if (!t) return t.problem();
+    *charge_ = {*t, Board::Impl::Unit::kTensor};
+  }
   // Resolve every tensor to host memory for the whole op: DRAM, or host
   // memory the IOMMU maps with the access the op needs. Nothing outside
   // the tensors' own bytes is ever touched.
@@ -477,7 +506,56 @@ fw::Problem CommandProcessor::wait_value(const fw::WaitValueArgs& a) {
     backoff_ns = backoff_ns * 2 > 1'000'000 ? 1'000'000 : backoff_ns * 2;
   }
   if (waiting) q_.status.fetch_and(~fw::kQueueStatusWaiting, std::memory_order_relaxed);
+  if (board_.timing && result.status == fw::CmdStatus::kOk) {
+    // The wait ends no earlier than the modelled write it waited for; a
+    // write from the host (not one of the board's) ends it at the host's
+    // time, if the queue had to wait for it.
+    if (const auto at = board_.signal_time(a.address))
+      q_.model_ns.store(std::max(q_.model_ns.load(std::memory_order_relaxed), *at), std::memory_order_relaxed);
+    else if (waiting)
+      catch_up(board_.host_time_ns());
+  }
   return result;
+}
+
+void CommandProcessor::copied(std::uint64_t src, std::uint64_t dst, std::uint64_t bytes) {
+  board_.count_dma(src, dst, bytes, false);
+  if (!board_.timing) return;
+  // A scatter-gather list's segments add up, each at its ends' bandwidth.
+  const auto t = fw::copy_time(*board_.timing, bytes, fw::dma_direction(src, dst));
+  if (charge_->unit == Board::Impl::Unit::kDma) {
+    charge_->time.memory_ns += t.memory_ns;
+    charge_->time.ns += t.memory_ns;
+  } else {
+    *charge_ = {t, Board::Impl::Unit::kDma};
+  }
+}
+
+void CommandProcessor::charge(const Charge& c) {
+  std::uint64_t start = q_.model_ns.load(std::memory_order_relaxed);
+  if (c.unit != Board::Impl::Unit::kNone) {
+    // The unit is the queues': the command starts when both are free.
+    auto& unit = board_.unit_free[static_cast<std::uint32_t>(c.unit)];
+    std::uint64_t free = unit.load(std::memory_order_relaxed);
+    std::uint64_t begin;
+    do {
+      begin = std::max(start, free);
+    } while (!unit.compare_exchange_weak(free, begin + c.time.ns, std::memory_order_acq_rel));
+    start = begin;
+  }
+  const std::uint64_t end = start + c.time.ns;
+  q_.model_ns.store(end, std::memory_order_relaxed);
+  // Pacing: the host's clock reaches the command's modelled end first.
+  while (board_.pace && !halted()) {
+    const std::uint64_t host = board_.host_time_ns();
+    if (host >= end) break;
+    std::this_thread::sleep_for(std::chrono::nanoseconds(std::min<std::uint64_t>(end - host, 10'000'000)));
+  }
+}
+
+void CommandProcessor::catch_up(std::uint64_t at) noexcept {
+  if (!board_.timing) return;
+  if (q_.model_ns.load(std::memory_order_relaxed) < at) q_.model_ns.store(at, std::memory_order_relaxed);
 }
 
 fw::Problem CommandProcessor::injected(const fw::Command& cmd, std::uint32_t head) {
@@ -535,7 +613,8 @@ bool CommandProcessor::store_status(std::size_t offset, std::uint64_t value) {
 
 fw::Problem CommandProcessor::complete(const fw::Command& cmd) {
   if (!(cmd.flags & fw::kFlagFence)) return {};
-  const std::uint64_t now = board_.board_time_ns();
+  const std::uint64_t now = clock();
+  if (board_.timing) board_.signalled(config_.status_page + offsetof(fw::QueueStatusPage, fence.value), now);
   if (board_.dma.port()) {
     // A remote host: the same stores, in the same order, as messages.
     const std::size_t slot =
@@ -592,7 +671,7 @@ void CommandProcessor::fail(const fw::CommandDescriptor& d, const fw::Problem& p
                        .write(ctx_, config_.status_page + offsetof(fw::QueueStatusPage, fence) + first, bytes + first,
                               offsetof(fw::FenceRecord, reserved1) - first, 0)
                        .status == fw::CmdStatus::kOk &&
-               store_status(offsetof(fw::QueueStatusPage, fence.timestamp_ns), board_.board_time_ns()) &&
+               store_status(offsetof(fw::QueueStatusPage, fence.timestamp_ns), clock()) &&
                store_status(offsetof(fw::QueueStatusPage, fence.value), last_fence_ | fw::kTimelineFailed);
   } else {
     DmaAccess access(ctx_);
@@ -606,7 +685,7 @@ void CommandProcessor::fail(const fw::CommandDescriptor& d, const fw::Problem& p
       rec->error_sequence = d.sequence;
       rec->error_value = p.value;
       rec->error_detail = p.detail;
-      std::atomic_ref<std::uint64_t>(rec->timestamp_ns).store(board_.board_time_ns(), std::memory_order_relaxed);
+      std::atomic_ref<std::uint64_t>(rec->timestamp_ns).store(clock(), std::memory_order_relaxed);
       std::atomic_ref<std::uint64_t>(rec->value).store(last_fence_ | fw::kTimelineFailed, std::memory_order_seq_cst);
       recorded = true;
     }

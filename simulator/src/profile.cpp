@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 
 #include "tpuhal/base/units.h"
 #include "tpuhal/fw/command.h"
@@ -163,6 +164,89 @@ void validate(const BoardProfile& p, const Parser& ps) {
   if (p.clock_mhz == 0 || p.clock_mhz > 100'000) ps.fail("power.clock_mhz", "must be 1 to 100000");
 }
 
+// timing.model: every field present, positive, and sensible together
+// (fw::check_timing), each named in full when it is not.
+fw::TimingModel timing_model(const Parser& ps, const json& j) {
+  const std::string at = "timing.model.";
+  if (!j.is_object()) ps.fail("timing.model", "must be an object");
+  fw::TimingModel m;
+  auto u32 = [&](const char* key) { return ps.u32(ps.member(j, key, at), at + key); };
+  auto u64 = [&](const char* key) { return ps.u64(ps.member(j, key, at), at + key); };
+  // {"int8": ..., "fp16": ..., "fp32": ...}, or {"h264", "h265", "jpeg"}.
+  auto each = [&](const char* key, std::initializer_list<const char*> names, auto* out) {
+    const json& o = ps.member(j, key, at);
+    const std::string field = at + key;
+    if (!o.is_object()) ps.fail(field, "must be an object with " + std::to_string(names.size()) + " entries");
+    for (auto it = o.begin(); it != o.end(); ++it)
+      if (std::find_if(names.begin(), names.end(), [&](const char* n) { return it.key() == n; }) == names.end())
+        ps.fail(field + "." + it.key(), "is not one of the entries this takes");
+    std::size_t i = 0;
+    for (const char* n : names) {
+      const auto v = ps.u64(ps.member(o, n, field + "."), field + "." + n);
+      if (v > UINT32_MAX && sizeof(out[0]) == 4) ps.fail(field + "." + n, "must be below 2^32");
+      out[i++] = static_cast<std::remove_reference_t<decltype(out[0])>>(v);
+    }
+  };
+  m.clock_mhz = u32("clock_mhz");
+  m.lanes = u32("lanes");
+  m.lane_memory_kib = u32("lane_memory_kib");
+  m.l2_kib = u32("l2_kib");
+  each("macs_per_lane_cycle", {"int8", "fp16", "fp32"}, m.macs_per_lane_cycle);
+  each("channel_tile", {"int8", "fp16", "fp32"}, m.channel_tile);
+  each("mac_efficiency_pct", {"int8", "fp16", "fp32"}, m.mac_efficiency_pct);
+  each("vector_lane_elems", {"int8", "fp16", "fp32"}, m.vector_lane_elems);
+  m.command_ns = u32("command_ns");
+  m.op_ns = u32("op_ns");
+  m.dram_mbps = u64("dram_mbps");
+  m.host_mbps = u64("host_mbps");
+  m.d2d_mbps = u64("d2d_mbps");
+  each("decode_pixels_per_s", {"h264", "h265", "jpeg"}, m.decode_pixels_per_s);
+  m.intra_pct = u32("intra_pct");
+  m.bidir_pct = u32("bidir_pct");
+  static constexpr const char* kKnown[] = {"clock_mhz",
+                                           "lanes",
+                                           "lane_memory_kib",
+                                           "l2_kib",
+                                           "macs_per_lane_cycle",
+                                           "channel_tile",
+                                           "mac_efficiency_pct",
+                                           "vector_lane_elems",
+                                           "command_ns",
+                                           "op_ns",
+                                           "dram_mbps",
+                                           "host_mbps",
+                                           "d2d_mbps",
+                                           "decode_pixels_per_s",
+                                           "intra_pct",
+                                           "bidir_pct"};
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown))
+      ps.fail(at + it.key(), "is not a timing parameter (docs/timing.md lists them)");
+  const char* why = nullptr;
+  if (const char* bad = fw::check_timing(m, &why)) ps.fail(at + bad, why);
+  return m;
+}
+
+// The peaks the host reads (tensor.*) and the model's array are one board:
+// each stated peak within 10 % of lanes * macs_per_lane_cycle * clock * 2.
+void check_peaks(const BoardProfile& p, const Parser& ps) {
+  const struct {
+    double stated;
+    fw::MacPrecision precision;
+    const char* field;
+  } peaks[] = {{p.int8_tops, fw::MacPrecision::kInt8, "int8"},
+               {p.fp16_tflops, fw::MacPrecision::kF16, "fp16"},
+               {p.fp32_tflops, fw::MacPrecision::kF32, "fp32"}};
+  for (const auto& k : peaks) {
+    if (k.stated <= 0) continue;
+    const double model = 2e-12 * static_cast<double>(p.timing->peak_macs_per_s(k.precision));
+    if (model < 0.9 * k.stated || model > 1.1 * k.stated)
+      ps.fail(std::string("timing.model.macs_per_lane_cycle.") + k.field,
+              "gives a peak of " + std::to_string(model) + " T/s, but tensor states " + std::to_string(k.stated) +
+                  " (they must agree within 10 %)");
+  }
+}
+
 }  // namespace
 
 std::uint32_t BoardProfile::total_queues() const noexcept {
@@ -282,6 +366,10 @@ BoardProfile parse_profile(std::string_view text, std::string_view source) {
   if (auto it = doc.find("timing"); it != doc.end()) {
     if (!it->is_object()) ps.fail("timing", "must be an object");
     if (auto c = it->find("idle_spin_us"); c != it->end()) p.idle_spin_us = ps.u32(*c, "timing.idle_spin_us");
+    if (auto c = it->find("model"); c != it->end()) {
+      p.timing = timing_model(ps, *c);
+      check_peaks(p, ps);
+    }
   }
   if (auto it = doc.find("power"); it != doc.end()) {
     if (!it->is_object()) ps.fail("power", "must be an object");

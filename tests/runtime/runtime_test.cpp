@@ -728,10 +728,81 @@ TEST(Runtime, GivenACompiledModelWhenProfiledThenEveryLayerIsTimedAndNamedAsTheR
   EXPECT_GT(p.device_ns, 0u);
   EXPECT_LE(std::max(sum, p.device_ns) - std::min(sum, p.device_ns), p.layers.size());
   EXPECT_GT(p.run_ns, 0u);
-  EXPECT_EQ(p.host_overhead_ns, p.run_ns > p.device_ns ? p.run_ns - p.device_ns : 0);
+  // A modelled board's time and the host's are different clocks: no overhead
+  // is their difference.
+  EXPECT_EQ(p.modelled, dev.properties().caps.modelled_time);
+  EXPECT_EQ(p.host_overhead_ns, !p.modelled && p.run_ns > p.device_ns ? p.run_ns - p.device_ns : 0);
   // Profiling leaves the instance as it was: a run still gives the reference.
   const Vec x = random(2 * 48, 522);
   EXPECT_LE(max_rel_error(run(inst, x), net.reference(x)), tolerance(Precision::F32));
+}
+
+TEST(Runtime, GivenAModelledBoardWhenAModelIsProfiledThenEachLayerTakesExactlyItsModelledTime) {
+  const Residual net;
+  const CompileResult r =
+      compile_onnx(net.onnx(), options(Precision::F32, NdArray{{2, 3, 4, 4}, random(2 * 48, 530)}), "residual.onnx");
+  Device dev = open("sim:bm1684x");
+  ASSERT_TRUE(dev.properties().caps.modelled_time);
+  Model m = Model::load(dev, r.model);
+  Instance inst = m.instance();
+  run(inst, random(2 * 48, 531));
+  const auto modelled = inst.modelled();
+  ASSERT_TRUE(modelled.has_value());
+  // The same figures from the ops alone and from the board's stamps, run
+  // after run: the board's clock is the model's, whatever the host did.
+  const Profile a = inst.profile(3), b = inst.profile(2);
+  ASSERT_EQ(a.layers.size(), modelled->layers.size());
+  ASSERT_EQ(b.layers.size(), modelled->layers.size());
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < a.layers.size(); ++i) {
+    SCOPED_TRACE(a.layers[i].node);
+    EXPECT_EQ(a.layers[i].node, modelled->layers[i].node);
+    EXPECT_EQ(a.layers[i].device_ns, modelled->layers[i].ns);
+    EXPECT_EQ(b.layers[i].device_ns, modelled->layers[i].ns);
+    EXPECT_EQ(a.layers[i].bound, to_string(modelled->layers[i].bound));
+    sum += modelled->layers[i].ns;
+  }
+  EXPECT_EQ(modelled->ns, sum);
+  EXPECT_EQ(a.device_ns, modelled->ns);
+  EXPECT_TRUE(a.modelled);
+  EXPECT_EQ(a.host_overhead_ns, 0u);
+  EXPECT_GT(modelled->input_copy_ns, 0u);
+  EXPECT_GT(modelled->output_copy_ns, 0u);
+}
+
+TEST(Runtime, GivenTheCliWhenItPlansStreamsThenTheBindingUnitAndTheTimelineAgree) {
+  const fs::path dir = fs::temp_directory_path() / ("tpuhal_rt_plan_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const Residual net;
+  write_model_file(
+      dir / "r.tpm",
+      compile_onnx(net.onnx(), options(Precision::F32, NdArray{{2, 3, 4, 4}, random(96, 532)}), "r").model);
+  const std::string model = (dir / "r.tpm").string();
+  auto r = test::run("plan " + model + " --stream 1920x1080@25:h264 -d sim:bm1684x --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  // A tiny network: the video unit binds, at 32 streams of 1080p25 (the
+  // BM1684X's published decode capacity, I frame every 50).
+  EXPECT_EQ(j["bound_by"], "video unit");
+  EXPECT_EQ(j["streams"], 32);
+  EXPECT_GT(j["utilisation"]["video"].get<double>(), 0.95);
+  EXPECT_LE(j["utilisation"]["video"].get<double>(), 1.0);
+  // On the board's timeline every frame meets its deadline at 32 streams,
+  // and with one more some do not.
+  EXPECT_EQ(j["timeline"]["planned"]["late"], 0);
+  EXPECT_GT(j["timeline"]["planned"]["frames"].get<int>(), 0);
+  EXPECT_GT(j["timeline"]["one_more"]["late"].get<int>(), 0);
+  r = test::run("plan " + model + " --stream 1920x1080@25:h264 -d sim:bm1684x");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("streams one board serves: 32 (bound by the video unit)"), std::string::npos) << r.out;
+  // Bad input: a stream it cannot read, a board without a model.
+  r = test::run("plan " + model + " --stream 1920x1080:h264 -d sim:bm1684x");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("WIDTHxHEIGHT@FPS:CODEC"), std::string::npos) << r.out;
+  r = test::run("plan " + model + " --stream 1920x1080@25:h264 -d sim:bm1684x", "TPUHAL_SIM_CLOCK=bogus");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("TPUHAL_SIM_CLOCK"), std::string::npos) << r.out;
+  fs::remove_all(dir);
 }
 
 TEST(Runtime, GivenTheCliWhenItProfilesAModelThenEveryLayerIsPrintedAndJsonParses) {
@@ -755,6 +826,22 @@ TEST(Runtime, GivenTheCliWhenItProfilesAModelThenEveryLayerIsPrintedAndJsonParse
   ASSERT_TRUE(j["layers"].is_array());
   EXPECT_EQ(j["layers"][0]["node"], "");  // the input's conversion to f16 runs first
   EXPECT_EQ(j["layers"][1]["node"], "branch_a");
+  // sim:0 keeps modelled time: the run's and each layer's, and what bounds it.
+  EXPECT_EQ(j["board_clock"], "modelled");
+  EXPECT_GT(j["modelled_ms"].get<double>(), 0.0);
+  EXPECT_TRUE(j["layers"][1].contains("modelled_ms"));
+  EXPECT_TRUE(j["layers"][1].contains("bound_by"));
+  // --modelled runs nothing and gives the same layers.
+  r = test::run("profile " + model + " -d sim:0 --modelled --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto mj = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(mj["layers"].size(), j["layers"].size());
+  EXPECT_DOUBLE_EQ(mj["modelled_ms"].get<double>(), j["modelled_ms"].get<double>());
+  r = test::run("profile " + model + " -d sim:0 --modelled", "TPUHAL_SIM_CLOCK=host");
+  EXPECT_EQ(r.code, 0) << r.out;  // the model stays available on the host's clock
+  r = test::run("profile " + model + " -n 2 -d sim:0 --json", "TPUHAL_SIM_CLOCK=host");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out.substr(r.out.find('{')))["board_clock"], "measured");
   r = test::run("profile " + (dir / "none.tpm").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("none.tpm"), std::string::npos) << r.out;

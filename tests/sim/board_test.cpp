@@ -317,7 +317,8 @@ TEST_F(SimBoard, IdentityRegistersDescribeTheTinyProfile) {
   EXPECT_EQ(r64(reg::kSerialLo), 1u);
   EXPECT_EQ(r(reg::kFirmwareVersion), 0x010000u);
   EXPECT_EQ(r(reg::kCaps), fw::kCapCopySg | fw::kCapFill | fw::kCapWaitValue | fw::kCapTimestamp |
-                               fw::kCapHostAperture | fw::kCapTensor | fw::kCapVideoDecode | fw::kCapTelemetry);
+                               fw::kCapHostAperture | fw::kCapTensor | fw::kCapVideoDecode | fw::kCapTelemetry |
+                               fw::kCapModelledTime | fw::kCapTimingModel);
   EXPECT_EQ(r(reg::kDecodeChannels), 2u);
   EXPECT_EQ(r(reg::kVideoCodecs), 1u << 1 | 1u << 2 | 1u << 3);  // h264, h265, jpeg
   EXPECT_EQ(r64(reg::kDramSizeLo), 64ull << 20);

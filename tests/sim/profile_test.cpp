@@ -177,6 +177,19 @@ struct BrokenCase {
   std::vector<std::string> message_parts;  // all must appear in the error
 };
 
+// Each case is refused, with a message that names its source first and
+// holds every part.
+void expect_refused(const std::vector<BrokenCase>& cases) {
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string msg = error_of(c.text);
+    ASSERT_FALSE(msg.empty()) << "accepted";
+    EXPECT_EQ(msg.rfind("board profile 'test.json': ", 0), 0u) << msg;
+    for (const auto& part : c.message_parts)
+      EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
+  }
+}
+
 TEST(SimProfile, BrokenDocumentsAreRejectedNamingTheField) {
   const std::string v = kValidProfile;
   const std::vector<BrokenCase> cases = {
@@ -254,15 +267,83 @@ TEST(SimProfile, BrokenDocumentsAreRejectedNamingTheField) {
       {"idle spin too long", replace(v, R"("idle_spin_us": 10)", R"("idle_spin_us": 20000)"), {"timing.idle_spin_us:"}},
       {"model not printable", replace(v, R"("Unit test board")", R"("Unit\ttest")"), {"model:", "printable ASCII"}},
   };
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.what);
-    const std::string msg = error_of(c.text);
-    ASSERT_FALSE(msg.empty()) << "accepted";
-    // Every message names its source first.
-    EXPECT_EQ(msg.rfind("board profile 'test.json': ", 0), 0u) << msg;
-    for (const auto& part : c.message_parts)
-      EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
-  }
+  expect_refused(cases);
+}
+
+// kValidProfile with a timing model (tiny's, for a board with no tensor
+// peaks stated).
+std::string with_model(const std::string& model) {
+  return replace(kValidProfile, R"("timing": { "idle_spin_us": 10 })",
+                 R"("timing": { "idle_spin_us": 10, "model": )" + model + "}");
+}
+const char* const kModel = R"({
+  "clock_mhz": 500, "lanes": 8, "lane_memory_kib": 64, "l2_kib": 1024,
+  "macs_per_lane_cycle": { "int8": 125, "fp16": 62, "fp32": 16 },
+  "channel_tile": { "int8": 16, "fp16": 8, "fp32": 1 },
+  "mac_efficiency_pct": { "int8": 50, "fp16": 50, "fp32": 50 },
+  "vector_lane_elems": { "int8": 32, "fp16": 16, "fp32": 8 },
+  "command_ns": 200, "op_ns": 2000,
+  "dram_mbps": 16000, "host_mbps": 8000, "d2d_mbps": 8000,
+  "decode_pixels_per_s": { "h264": 100000000, "h265": 100000000, "jpeg": 100000000 },
+  "intra_pct": 150, "bidir_pct": 110
+})";
+
+TEST(SimProfile, ATimingModelIsReadWhole) {
+  const BoardProfile p = parse_profile(with_model(kModel), "test.json");
+  ASSERT_TRUE(p.timing.has_value());
+  EXPECT_EQ(p.timing->clock_mhz, 500u);
+  EXPECT_EQ(p.timing->lanes, 8u);
+  EXPECT_EQ(p.timing->macs_per_lane_cycle[1], 62u);
+  EXPECT_EQ(p.timing->channel_tile[0], 16u);
+  EXPECT_EQ(p.timing->dram_mbps, 16000u);
+  EXPECT_EQ(p.timing->decode_pixels_per_s[2], 100000000u);
+  EXPECT_EQ(p.timing->bidir_pct, 110u);
+  // Without one the board keeps the host's time.
+  EXPECT_FALSE(parse_profile(kValidProfile, "test.json").timing.has_value());
+  // Every built-in board has one.
+  for (const auto& name : builtin_profile_names()) EXPECT_TRUE(load_profile(name).timing.has_value()) << name;
+}
+
+TEST(SimProfile, AMissingOrImpossibleTimingParameterIsRefusedNamingIt) {
+  const std::string m = kModel;
+  const std::vector<BrokenCase> cases = {
+      {"missing", with_model(replace(m, R"("lanes": 8, )", "")), {"timing.model.lanes: missing"}},
+      {"missing precision", with_model(replace(m, R"("int8": 16, )", "")), {"timing.model.channel_tile.int8: missing"}},
+      {"zero",
+       with_model(replace(m, R"("clock_mhz": 500)", R"("clock_mhz": 0)")),
+       {"timing.model.clock_mhz:", "positive"}},
+      {"over 100 %",
+       with_model(replace(m, R"("fp16": 50, "fp32": 50 })", R"("fp16": 150, "fp32": 50 })")),
+       {"timing.model.mac_efficiency_pct.fp16:", "percentage"}},
+      {"I frames cheaper than P",
+       with_model(replace(m, R"("intra_pct": 150)", R"("intra_pct": 50)")),
+       {"timing.model.intra_pct:", "100 to 1000"}},
+      {"no bandwidth",
+       with_model(replace(m, R"("dram_mbps": 16000)", R"("dram_mbps": 0)")),
+       {"timing.model.dram_mbps:", "positive"}},
+      {"unknown parameter",
+       with_model(replace(m, R"("op_ns": 2000,)", R"("op_ns": 2000, "warp_speed": 9,)")),
+       {"timing.model.warp_speed:", "not a timing parameter"}},
+      {"unknown precision",
+       with_model(replace(m, R"("fp32": 8 })", R"("fp32": 8, "fp64": 1 })")),
+       {"timing.model.vector_lane_elems.fp64:"}},
+      {"not an object", with_model("12"), {"timing.model:", "must be an object"}},
+      {"negative", with_model(replace(m, R"("op_ns": 2000)", R"("op_ns": -1)")), {"timing.model.op_ns:", "negative"}},
+  };
+  expect_refused(cases);
+}
+
+TEST(SimProfile, ATimingModelWhosePeaksAreNotTheStatedOnesIsRefused) {
+  // tiny's array gives 1.0, 0.496 and 0.128 T/s; a board stating 4 TOPS int8
+  // is another board.
+  const std::string text = replace(with_model(kModel), R"("max_ring_entries": 256,)",
+                                   R"("max_ring_entries": 256, "tensor": { "int8_tops": 4 },)");
+  const std::string msg = error_of(text);
+  EXPECT_NE(msg.find("timing.model.macs_per_lane_cycle.int8"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("within 10 %"), std::string::npos) << msg;
+  EXPECT_TRUE(error_of(replace(with_model(kModel), R"("max_ring_entries": 256,)",
+                               R"("max_ring_entries": 256, "tensor": { "int8_tops": 1 },)"))
+                  .empty());
 }
 
 TEST(SimProfile, TooManyRegionsIsRejected) {

@@ -103,7 +103,10 @@ inline std::vector<std::string> check_trace(const nlohmann::json& t) {
       if (e.value("name", "") == "submission" && e.contains("args") && e["args"].contains("correlation")) {
         const std::uint64_t c = e["args"]["correlation"];
         submission_span[c] = {ts, end};
-        if (e["args"].contains("seen_ts")) seen_at[c] = e["args"]["seen_ts"];
+        // A modelled board's slices end when the model says, which a host
+        // faster than the board sees before (docs/timing.md).
+        if (e["args"].contains("seen_ts") && e["args"].value("board_clock", "") != "modelled")
+          seen_at[c] = e["args"]["seen_ts"];
       }
     } else if (ph == "s") {
       auto& f = flows[e.value("id", std::uint64_t{0})];

@@ -33,6 +33,7 @@ int cmd_stress(const std::vector<std::string>& args);
 int cmd_compile(const std::vector<std::string>& args);
 int cmd_model_info(const std::vector<std::string>& args);
 int cmd_profile(const std::vector<std::string>& args);
+int cmd_plan(const std::vector<std::string>& args);
 int cmd_sim(const std::vector<std::string>& args);
 int cmd_trace(const std::vector<std::string>& args);
 

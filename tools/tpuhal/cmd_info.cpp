@@ -46,7 +46,9 @@ nlohmann::json properties_json(const Properties& p) {
             {"wait_value", p.caps.wait_value},
             {"timestamps", p.caps.timestamps},
             {"tensor", p.caps.tensor},
-            {"video_decode", p.caps.video_decode}}}};
+            {"video_decode", p.caps.video_decode},
+            {"telemetry", p.caps.telemetry},
+            {"modelled_time", p.caps.modelled_time}}}};
 }
 
 int cmd_info(const std::vector<std::string>& args) {
@@ -112,7 +114,10 @@ int cmd_info(const std::vector<std::string>& args) {
   cap(p.caps.timestamps, "timestamps");
   cap(p.caps.tensor, "tensor");
   cap(p.caps.video_decode, "video_decode");
+  cap(p.caps.telemetry, "telemetry");
+  cap(p.caps.modelled_time, "modelled_time");
   row("Capabilities", caps);
+  if (p.caps.modelled_time) row("Board clock", "modelled (the board's timing model; docs/timing.md)");
   const WaitPolicy w = dev.wait_policy();
   row("Wait policy", std::string(to_string(w.mode)) + ", spin " + std::to_string(w.spin.count() / 1000) +
                          " us, timeout " + std::to_string(w.timeout.count() / 1'000'000) + " ms");

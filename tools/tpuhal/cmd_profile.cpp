@@ -10,25 +10,77 @@
 #include "tpuhal/rt/model.hpp"
 
 namespace tpuhal::cli {
+namespace {
+
+double ms(std::uint64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+int print_modelled(const std::string& path, const Device& dev, const rt::Model& m, const rt::Instance& inst,
+                   bool json) {
+  const auto run = inst.modelled();
+  if (!run) throw Error(Status::Unsupported, dev.uri() + " has no timing model (docs/timing.md; sim:bm1684x has one)");
+  if (json) {
+    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+    for (const auto& l : run->layers)
+      layers.push_back({{"node", l.node},
+                        {"ops", l.ops},
+                        {"modelled_ms", ms(l.ns)},
+                        {"compute_ms", ms(l.compute_ns)},
+                        {"memory_ms", ms(l.memory_ns)},
+                        {"overhead_ms", ms(l.overhead_ns)},
+                        {"bound_by", to_string(l.bound)}});
+    nlohmann::ordered_json j;
+    j["model"] = path;
+    j["device"] = dev.uri();
+    j["precision"] = rt::to_string(m.precision());
+    j["layers"] = std::move(layers);
+    j["modelled_ms"] = ms(run->ns);
+    j["input_copy_ms"] = ms(run->input_copy_ns);
+    j["output_copy_ms"] = ms(run->output_copy_ns);
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%s (%s) on %s, in the board's timing model (nothing ran)\n\n", path.c_str(),
+              rt::to_string(m.precision()), dev.uri().c_str());
+  int width = 12;
+  for (const auto& l : run->layers) width = std::max(width, std::min(48, static_cast<int>(l.node.size())));
+  std::printf("  %-*s %-22s %10s %10s %10s %10s  %s\n", width, "layer", "ops", "time", "compute", "memory", "overhead",
+              "bound by");
+  for (const auto& l : run->layers)
+    std::printf("  %-*s %-22s %8.3fms %8.3fms %8.3fms %8.3fms  %s\n", width,
+                l.node.empty() ? "(conversions)" : l.node.c_str(), l.ops.c_str(), ms(l.ns), ms(l.compute_ns),
+                ms(l.memory_ns), ms(l.overhead_ns), to_string(l.bound));
+  std::printf("\n  board time of a run  %10.3f ms (modelled)\n", ms(run->ns));
+  std::printf("  inputs to the board  %10.3f ms, outputs back %.3f ms\n", ms(run->input_copy_ns),
+              ms(run->output_copy_ns));
+  return 0;
+}
+
+}  // namespace
 
 int cmd_profile(const std::vector<std::string>& args) {
   po::options_description opts("Options");
   opts.add_options()("model", po::value<std::string>(), "the compiled model (.tpm)")(
       "device,d", po::value<std::string>(), "device to run it on (default: the first one)")(
       "iterations,n", po::value<unsigned>()->default_value(10), "runs to time (the middle half count)")(
-      "json", po::bool_switch(), "print JSON");
+      "json", po::bool_switch(), "print JSON")(
+      "modelled", po::bool_switch(),
+      "do not run: the board's timing model's time per layer, computed from the ops (docs/timing.md)");
   po::positional_options_description pos;
   pos.add("model", 1);
   po::variables_map vm;
   int rc = 0;
   const char* usage =
-      "Usage: tpuhal profile FILE.tpm [--device URI] [--iterations N] [--json]\n\n"
+      "Usage: tpuhal profile FILE.tpm [--device URI] [--iterations N] [--modelled] [--json]\n\n"
       "Runs a compiled model on random inputs (uniform in [-1, 1], the same every time) and prints, per\n"
       "layer (ONNX node, as compile --report names it), the device ops, the output, the board time (the\n"
       "mean over the middle half of N runs by their board time, from board timestamps between ops), its\n"
       "share, the operations and the rate achieved\n"
       "against the board's peak for the layer's precision; then the board time of a whole run, the host\n"
-      "time of a run as Instance::run submits it, and the difference: the host's overhead.";
+      "time of a run as Instance::run submits it, and the difference: the host's overhead. Where the\n"
+      "board's clock is modelled (a simulated board with a timing model, docs/timing.md) the board times\n"
+      "are modelled, the same on every host, and each layer says what bounds it: compute, memory or\n"
+      "overhead. --modelled runs nothing: it prints the timing model's time per layer, with its\n"
+      "compute, memory and overhead parts, and the copies of the inputs and outputs.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
   if (!vm.count("model")) {
     std::fprintf(stderr, "tpuhal profile: name the compiled model\n%s\n", usage);
@@ -38,6 +90,7 @@ int cmd_profile(const std::vector<std::string>& args) {
   Device dev = open(pick_device(vm));
   const rt::Model m = rt::Model::load(dev, rt::read_model_file(path), path);
   rt::Instance inst = m.instance();
+  if (vm["modelled"].as<bool>()) return print_modelled(path, dev, m, inst, vm["json"].as<bool>());
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<std::vector<float>> in(m.inputs().size()), out(m.outputs().size());
@@ -65,8 +118,8 @@ int cmd_profile(const std::vector<std::string>& args) {
               dev.uri().c_str(), p.runs_kept, p.iterations);
   int width = 12;  // the layer column: the longest name, within reason
   for (const auto& l : p.layers) width = std::max(width, std::min(48, static_cast<int>(l.node.size())));
-  std::printf("  %-*s %-22s %-22s %10s %6s %10s %12s %7s\n", width, "layer", "ops", "output", "time", "share", "ops",
-              "rate", "of peak");
+  std::printf("  %-*s %-22s %-22s %10s %6s %10s %12s %7s %s\n", width, "layer", "ops", "output", "time", "share", "ops",
+              "rate", "of peak", p.layers.empty() || p.layers[0].bound.empty() ? "" : " bound by");
   auto rate = [](double per_s) {
     char b[32];
     if (per_s >= 1e12)
@@ -91,13 +144,17 @@ int cmd_profile(const std::vector<std::string>& args) {
     char peak[16] = "";
     if (l.peak > 0) std::snprintf(peak, sizeof peak, "%6.1f%%", 100.0 * l.achieved / l.peak);
     const std::string name = l.node.empty() ? "(conversions)" : l.node;
-    std::printf("  %-*s %-22s %-22s %8.3fms %5.1f%% %10s %12s %7s\n", width, name.c_str(), l.ops.c_str(),
+    std::printf("  %-*s %-22s %-22s %8.3fms %5.1f%% %10s %12s %7s  %s\n", width, name.c_str(), l.ops.c_str(),
                 l.shape.c_str(), static_cast<double>(l.device_ns) / 1e6, 100.0 * l.share, count(l.flops).c_str(),
-                rate(l.achieved).c_str(), peak);
+                rate(l.achieved).c_str(), peak, l.bound.c_str());
   }
-  std::printf("\n  board time of a run  %10.3f ms\n", static_cast<double>(p.device_ns) / 1e6);
+  std::printf("\n  board time of a run  %10.3f ms%s\n", static_cast<double>(p.device_ns) / 1e6,
+              p.modelled ? " (modelled: the board's timing model, docs/timing.md)" : "");
   std::printf("  host time of a run   %10.3f ms (submit to fence)\n", static_cast<double>(p.run_ns) / 1e6);
-  std::printf("  host overhead        %10.3f ms\n", static_cast<double>(p.host_overhead_ns) / 1e6);
+  if (p.modelled)
+    std::printf("  host overhead        n/a (the board's time is modelled, the host's measured)\n");
+  else
+    std::printf("  host overhead        %10.3f ms\n", static_cast<double>(p.host_overhead_ns) / 1e6);
   return 0;
 }
 

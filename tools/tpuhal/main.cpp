@@ -40,6 +40,7 @@ const Entry kCommands[] = {
     {"compile", cmd_compile, "compile an ONNX model for the board in fp32, fp16, bf16 or calibrated int8"},
     {"model-info", cmd_model_info, "check a compiled model and print its inputs, outputs, precision, report"},
     {"profile", cmd_profile, "time a compiled model per layer on the board's clock"},
+    {"plan", cmd_plan, "how many camera streams one board serves with a model (the board's timing model)"},
     {"trace", cmd_trace, "run a program with tracing on and write a Chrome trace (-o FILE -- CMD ...)"},
     {"sim", cmd_sim, "`sim serve --socket PATH`: serve simulated boards to other processes (simd:PATH#N)"},
 };

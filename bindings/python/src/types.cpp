@@ -216,6 +216,8 @@ void bind_types(py::module_& m) {
       .def_readonly("tensor", &Capabilities::tensor, "A tensor engine.")
       .def_readonly("video_decode", &Capabilities::video_decode, "Video decoding.")
       .def_readonly("telemetry", &Capabilities::telemetry, "Device.telemetry().")
+      .def_readonly("modelled_time", &Capabilities::modelled_time,
+                    "The board's clock is a timing model's (a simulated board; docs/timing.md).")
       .def("__repr__", [](const Capabilities& c) {
         std::string s = "Capabilities(";
         bool first = true;
@@ -231,6 +233,7 @@ void bind_types(py::module_& m) {
         add("tensor", c.tensor);
         add("video_decode", c.video_decode);
         add("telemetry", c.telemetry);
+        add("modelled_time", c.modelled_time);
         return s + ")";
       });
 

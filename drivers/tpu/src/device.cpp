@@ -12,6 +12,7 @@
 #include "device_impl.h"
 #include "tpuhal/base/hex.h"
 #include "tpuhal/fw/telemetry.h"
+#include "tpuhal/fw/timing.h"
 #include "tpuhal/tpu/telemetry.h"
 #include "tpuhal/fw/video.h"
 #include "encode.h"
@@ -275,6 +276,7 @@ void TpuDevice::read_properties() {
   if (props_.caps.tensor) props_.dtypes = {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32};
   props_.caps.video_decode = (caps_ & fw::kCapVideoDecode) && agreed_minor_ >= 2 && props_.decode_channels > 0;
   props_.caps.telemetry = (caps_ & fw::kCapTelemetry) && agreed_minor_ >= 6;
+  props_.caps.modelled_time = (caps_ & fw::kCapModelledTime) && agreed_minor_ >= 9;
   if (props_.caps.video_decode) {
     const std::uint32_t codecs = t.read32(fw::reg::kVideoCodecs);
     if (codecs & 1u << static_cast<int>(fw::VideoCodec::kH264)) props_.codecs.push_back(Codec::H264);
@@ -632,47 +634,132 @@ DeviceStatus TpuDevice::status() const {
 
 // ---- Telemetry -------------------------------------------------------------------
 
-Telemetry TpuDevice::telemetry() const {
-  if (!props_.caps.telemetry) return DeviceBackend::telemetry();
-  if (health() == Health::kLost) throw health_error("telemetry");
+void TpuDevice::map_mailbox_page_locked() const {
+  if (telemetry_iova_) return;
+  auto* self = const_cast<TpuDevice*>(this);
+  const std::uint64_t bytes =
+      std::max<std::uint64_t>(fw::telemetry_bytes(static_cast<std::uint32_t>(hw_queues_.size()),
+                                                  props_.caps.video_decode ? props_.decode_channels : 0),
+                              sizeof(fw::TimingModel));
+  try {
+    telemetry_page_ = transport_->allocate_host(bytes);
+  } catch (const std::system_error& e) {
+    throw Error(Status::OutOfMemory, props_.uri + ": cannot allocate the mailbox buffer: " + e.what());
+  }
+  telemetry_iova_ = self->map_host(telemetry_page_.data(), telemetry_page_.size(), /*imported=*/true, &telemetry_page_);
+}
+
+std::uint64_t TpuDevice::mailbox_locked(fw::MboxCmd cmd, const char* what) const {
   auto* self = const_cast<TpuDevice*>(this);
   Transport& t = *transport_;
-  std::lock_guard lock(telemetry_mu_);
-  if (!telemetry_iova_) {
-    const std::uint64_t bytes = fw::telemetry_bytes(static_cast<std::uint32_t>(hw_queues_.size()),
-                                                    props_.caps.video_decode ? props_.decode_channels : 0);
-    try {
-      telemetry_page_ = t.allocate_host(bytes);
-    } catch (const std::system_error& e) {
-      throw Error(Status::OutOfMemory, props_.uri + ": cannot allocate the telemetry buffer: " + e.what());
-    }
-    telemetry_iova_ =
-        self->map_host(telemetry_page_.data(), telemetry_page_.size(), /*imported=*/true, &telemetry_page_);
-  }
+  map_mailbox_page_locked();
   // The mailbox: arguments, then the command; done when its sequence moves.
   const std::uint32_t seq = t.read32(fw::reg::kMboxSeq);
   t.write32(fw::reg::kMboxArg0Lo, static_cast<std::uint32_t>(telemetry_iova_));
   t.write32(fw::reg::kMboxArg0Hi, static_cast<std::uint32_t>(telemetry_iova_ >> 32));
   t.write32(fw::reg::kMboxArg1Lo, static_cast<std::uint32_t>(telemetry_page_.size()));
   t.write32(fw::reg::kMboxArg1Hi, static_cast<std::uint32_t>(std::uint64_t{telemetry_page_.size()} >> 32));
-  t.write32(fw::reg::kMboxCmd, static_cast<std::uint32_t>(fw::MboxCmd::kTelemetry));
+  t.write32(fw::reg::kMboxCmd, static_cast<std::uint32_t>(cmd));
   const std::uint64_t deadline = base::monotonic_ns() + 1'000'000'000ull;
   while (t.read32(fw::reg::kMboxSeq) == seq) {
-    if (self->check_health() != Health::kOk) throw health_error("telemetry");
+    if (self->check_health() != Health::kOk) throw health_error(what);
     if (base::monotonic_ns() > deadline)
-      throw Error(Status::Timeout, props_.uri + ": the board did not answer the telemetry request within 1 s");
+      throw Error(Status::Timeout, props_.uri + ": the board did not answer the " + what + " request within 1 s");
     std::this_thread::yield();
   }
   const auto status = static_cast<fw::MboxStatus>(t.read32(fw::reg::kMboxStatus));
   const std::uint64_t res0 = read64(fw::reg::kMboxRes0Lo);
   if (status != fw::MboxStatus::kDone)
-    throw Error(Status::DeviceFault, props_.uri + ": the board refused the telemetry request: " +
-                                         fw::to_string(static_cast<fw::CmdStatus>(res0)));
+    throw Error(Status::DeviceFault, props_.uri + ": the board refused the " + what +
+                                         " request: " + fw::to_string(static_cast<fw::CmdStatus>(res0)));
+  return res0;
+}
 
+Telemetry TpuDevice::telemetry() const {
+  if (!props_.caps.telemetry) return DeviceBackend::telemetry();
+  if (health() == Health::kLost) throw health_error("telemetry");
+  std::lock_guard lock(telemetry_mu_);
+  const std::uint64_t res0 = mailbox_locked(fw::MboxCmd::kTelemetry, "telemetry");
   std::vector<Engine> engines;
   for (const auto& e : props_.engines) engines.push_back(e.engine);
   return decode_telemetry({telemetry_page_.data(), std::min<std::size_t>(res0, telemetry_page_.size())}, engines,
                           props_.uri);
+}
+
+// ---- The timing model ------------------------------------------------------------
+
+const fw::TimingModel* TpuDevice::timing_model() const {
+  std::lock_guard lock(telemetry_mu_);
+  if (!timing_read_ && (caps_ & fw::kCapTimingModel) && agreed_minor_ >= 9) {
+    const std::uint64_t n = mailbox_locked(fw::MboxCmd::kTimingModel, "timing model");
+    fw::TimingModel m;
+    if (n != sizeof m)
+      throw Error(Status::DeviceFault, props_.uri + ": the board's timing model is " + std::to_string(n) +
+                                           " bytes, not " + std::to_string(sizeof m));
+    std::memcpy(&m, telemetry_page_.data(), sizeof m);
+    const char* why = nullptr;
+    if (const char* bad = fw::check_timing(m, &why))
+      throw Error(Status::DeviceFault, props_.uri + ": the board's timing model is not usable: " + bad + " " + why);
+    timing_ = m;
+  }
+  timing_read_ = true;
+  return timing_ ? &*timing_ : nullptr;
+}
+
+namespace {
+ModelledTime modelled(const fw::CommandTime& t) {
+  ModelledTime m;
+  m.ns = t.ns;
+  m.compute_ns = t.compute_ns;
+  m.memory_ns = t.memory_ns;
+  m.overhead_ns = t.overhead_ns;
+  m.bound = t.bound == fw::Bound::kCompute  ? ModelledTime::Bound::Compute
+            : t.bound == fw::Bound::kMemory ? ModelledTime::Bound::Memory
+                                            : ModelledTime::Bound::Overhead;
+  return m;
+}
+}  // namespace
+
+std::optional<ModelledTime> TpuDevice::model_op(const driver::OpDesc& op) const {
+  const fw::TimingModel* m = timing_model();
+  if (!m) return std::nullopt;
+  // The board costs the parameter block it would run: the same bytes.
+  const std::vector<std::byte> block = encode_op(op);
+  auto decoded = fw::decode_op(block);
+  if (!decoded)
+    throw Error(Status::InvalidArgument,
+                props_.uri + ": modelled: the board would refuse this " + std::string(to_string(op.kind)) + ": " +
+                    fw::describe(decoded.problem(), static_cast<std::uint16_t>(fw::Opcode::kTensorOp)));
+  auto t = fw::op_time(*m, *decoded);
+  if (!t)
+    throw Error(Status::Unsupported, props_.uri + ": the board's timing model cannot cost a " +
+                                         std::string(to_string(op.kind)) + " in " +
+                                         fw::to_string(static_cast<fw::MacPrecision>(t.problem().detail)));
+  return modelled(*t);
+}
+
+std::optional<ModelledTime> TpuDevice::model_transfer(std::uint64_t bytes, Memory from, Memory to) const {
+  const fw::TimingModel* m = timing_model();
+  if (!m) return std::nullopt;
+  if (from == Memory::Device && to == Memory::Device) return modelled(fw::fill_time(*m, bytes));
+  const bool from_host = from == Memory::HostPinned, to_host = to == Memory::HostPinned;
+  const fw::DmaDirection d = from_host
+                                 ? (to_host ? fw::DmaDirection::kHostToHost : fw::DmaDirection::kHostToDevice)
+                                 : (to_host ? fw::DmaDirection::kDeviceToHost : fw::DmaDirection::kDeviceToDevice);
+  return modelled(fw::copy_time(*m, bytes, d));
+}
+
+std::optional<std::uint64_t> TpuDevice::model_decode_ns(Codec codec, FrameType type, std::uint32_t width,
+                                                        std::uint32_t height) const {
+  const fw::TimingModel* m = timing_model();
+  if (!m) return std::nullopt;
+  const auto c = codec == Codec::H264   ? fw::VideoCodec::kH264
+                 : codec == Codec::H265 ? fw::VideoCodec::kH265
+                                        : fw::VideoCodec::kJpeg;
+  const auto f = type == FrameType::Intra       ? fw::FrameType::kIntra
+                 : type == FrameType::Predicted ? fw::FrameType::kPredicted
+                                                : fw::FrameType::kBidirectional;
+  return fw::decode_ns(*m, c, f, width, height);
 }
 
 // ---- Interrupts ------------------------------------------------------------------

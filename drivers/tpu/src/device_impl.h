@@ -13,6 +13,7 @@
 #include "tpuhal/base/mapping.h"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/fw/command.h"
+#include "tpuhal/fw/timing.h"
 #include "tpuhal/fw/regs.h"
 #include "tpuhal/tpu/device.h"
 #include "tpuhal/base/range_allocator.h"
@@ -61,6 +62,10 @@ class TpuDevice final : public driver::DeviceBackend, public std::enable_shared_
   MemoryStats memory_stats() const override;
   DeviceStatus status() const override;
   Telemetry telemetry() const override;
+  std::optional<ModelledTime> model_op(const driver::OpDesc& op) const override;
+  std::optional<ModelledTime> model_transfer(std::uint64_t bytes, Memory from, Memory to) const override;
+  std::optional<std::uint64_t> model_decode_ns(Codec codec, FrameType type, std::uint32_t width,
+                                               std::uint32_t height) const override;
   std::shared_ptr<driver::BufferBackend> allocate(std::uint64_t size, Memory memory,
                                                   const AllocOptions& options) override;
   std::shared_ptr<driver::BufferBackend> import_host(void* ptr, std::uint64_t size) override;
@@ -135,6 +140,15 @@ class TpuDevice final : public driver::DeviceBackend, public std::enable_shared_
   mutable std::mutex telemetry_mu_;
   mutable base::Mapping telemetry_page_;
   mutable std::uint64_t telemetry_iova_ = 0;
+  // The mailbox page (telemetry_page_), made on first use; telemetry_mu_ held.
+  void map_mailbox_page_locked() const;
+  // Runs `cmd` with the page as its buffer: res0, or throws naming `what`.
+  std::uint64_t mailbox_locked(fw::MboxCmd cmd, const char* what) const;
+  // The board's timing model (MboxCmd::kTimingModel, 1.9), read on first
+  // use; null where the board has none.
+  const fw::TimingModel* timing_model() const;
+  mutable bool timing_read_ = false;               // guarded by telemetry_mu_
+  mutable std::optional<fw::TimingModel> timing_;  // written once, under telemetry_mu_
 
   std::mutex video_mu_;
   std::vector<bool> decoder_channels_;     // open channels; guarded by video_mu_

@@ -262,6 +262,17 @@ class TPUHAL_API Device {
   // from any thread while the board runs, as often as wanted.
   Telemetry telemetry() const;
 
+  // The board's timing model (docs/timing.md), where the device has one (a
+  // simulated board whose profile gives timing.model; nullopt elsewhere):
+  // what `op` costs in board time, what a copy of `bytes` from one memory
+  // to another costs (a fill: from == to == Memory::Device), and what the
+  // video unit spends on one decoded frame. Pure arithmetic on the command:
+  // nothing runs, and the answer is the same on every host.
+  std::optional<ModelledTime> modelled(const Op& op) const;
+  std::optional<ModelledTime> modelled_copy(std::uint64_t bytes, Memory from, Memory to) const;
+  std::optional<std::uint64_t> modelled_decode_ns(Codec codec, FrameType type, std::uint32_t width,
+                                                  std::uint32_t height) const;
+
   // Allocates `size` bytes (> 0). Out of memory throws OutOfMemory saying what
   // is used and free in the heap and the largest block that would fit.
   Buffer allocate(std::uint64_t size, Memory memory = Memory::Device, const AllocOptions& options = {});

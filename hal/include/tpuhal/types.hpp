@@ -32,8 +32,26 @@ enum class Codec : std::uint8_t { H264, H265, Jpeg };
 // NV12: a Y plane, then one plane of interleaved U/V at half resolution.
 // I420: Y, U and V planes; chroma at half resolution, rounded up.
 enum class PixelFormat : std::uint8_t { NV12, I420 };
-TPUHAL_API const char* to_string(Codec codec) noexcept;         // "h264", "h265", "jpeg"
-TPUHAL_API const char* to_string(PixelFormat format) noexcept;  // "nv12", "i420"
+TPUHAL_API const char* to_string(Codec codec) noexcept;  // "h264", "h265", "jpeg"
+// What kind of frame a decoder made: a decoder's time depends on it.
+enum class FrameType : std::uint8_t { Intra, Predicted, Bidirectional };
+TPUHAL_API const char* to_string(FrameType type) noexcept;  // "I", "P", "B"
+
+// A command's time in the board's timing model (Device::modelled,
+// docs/timing.md): board nanoseconds computed from the command alone, the
+// same on every host.
+struct ModelledTime {
+  // What bounds it: the engine's arithmetic, memory, or the fixed cost of a
+  // command and an op.
+  enum class Bound : std::uint8_t { Compute, Memory, Overhead };
+  std::uint64_t ns = 0;  // max(compute, memory) + overhead
+  std::uint64_t compute_ns = 0;
+  std::uint64_t memory_ns = 0;
+  std::uint64_t overhead_ns = 0;
+  Bound bound = Bound::Overhead;
+};
+TPUHAL_API const char* to_string(ModelledTime::Bound bound) noexcept;  // "compute", "memory", "overhead"
+TPUHAL_API const char* to_string(PixelFormat format) noexcept;         // "nv12", "i420"
 
 struct VideoDecoderOptions {
   Codec codec = Codec::H264;
@@ -77,6 +95,10 @@ struct Capabilities {
   bool tensor = false;                      // tensor engine ops
   bool video_decode = false;                // VideoDecoder
   bool telemetry = false;                   // Device::telemetry()
+  // The board's clock (timestamps, Fence::timestamp_ns()) is a timing
+  // model's, not measured: a simulated board with a timing model
+  // (docs/timing.md).
+  bool modelled_time = false;
 };
 
 struct Properties {

@@ -138,6 +138,8 @@ inline constexpr std::uint32_t kCapUnifiedMemory = 1u << 5;  // SoC: all DRAM ho
 inline constexpr std::uint32_t kCapTensor = 1u << 6;         // tensor engine opcodes
 inline constexpr std::uint32_t kCapVideoDecode = 1u << 7;    // video engine opcodes
 inline constexpr std::uint32_t kCapTelemetry = 1u << 8;      // MboxCmd::kTelemetry (telemetry.h)
+inline constexpr std::uint32_t kCapModelledTime = 1u << 9;   // 1.9: the clock is a timing model's (timing.h)
+inline constexpr std::uint32_t kCapTimingModel = 1u << 10;   // 1.9: MboxCmd::kTimingModel (timing.h)
 
 // Global control and status (reg::kControl, reg::kStatus).
 inline constexpr std::uint32_t kControlEnable = 1u << 0;
@@ -170,11 +172,12 @@ const char* to_string(EngineType engine) noexcept;
 
 enum class MboxCmd : std::uint32_t {
   kNone = 0,
-  kPing = 1,        // res0 = ~arg0
-  kGetUptime = 2,   // res0 = ns since the last reset
-  kGetBuildId = 3,  // res0 = firmware build identifier
-  kQueueStats = 4,  // arg0 = queue; res0 = busy ns, res1 = descriptors retired
-  kTelemetry = 5,   // 1.6: arg0 = host address, arg1 = bytes; writes the block (telemetry.h)
+  kPing = 1,         // res0 = ~arg0
+  kGetUptime = 2,    // res0 = ns since the last reset
+  kGetBuildId = 3,   // res0 = firmware build identifier
+  kQueueStats = 4,   // arg0 = queue; res0 = busy ns, res1 = descriptors retired
+  kTelemetry = 5,    // 1.6: arg0 = host address, arg1 = bytes; writes the block (telemetry.h)
+  kTimingModel = 6,  // 1.9: arg0 = host address, arg1 = bytes; writes the TimingModel (timing.h), res0 = its bytes
 };
 enum class MboxStatus : std::uint32_t { kIdle = 0, kBusy = 1, kDone = 2, kError = 3 };
 

@@ -37,8 +37,10 @@ struct Version {
 // status kOutOfMemory (status.h), with the codec unit's bounds
 // (video.h: kMaxVideoPendingPackets). A board speaking to an older driver
 // reports what 1.8 calls kOutOfMemory as kBadArgument (a command) or
-// kCorruptStream (a frame record).
-inline constexpr Version kInterfaceVersion{1, 8};
+// kCorruptStream (a frame record). 1.9 the modelled board clock
+// (kCapModelledTime: timestamps and the TIME registers keep the board's
+// timing model's time, timing.h).
+inline constexpr Version kInterfaceVersion{1, 9};
 inline constexpr std::uint16_t kMinorOutOfMemory = 8;
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a

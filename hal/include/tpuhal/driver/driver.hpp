@@ -200,6 +200,13 @@ class TPUHAL_API DeviceBackend {
   virtual DeviceStatus status() const = 0;
   // Device::telemetry(). Default: Unsupported.
   virtual Telemetry telemetry() const;
+  // The board's timing model (Device::modelled, docs/timing.md): what an
+  // op, a copy (or, with from == to == Device, a fill) and a decoded frame
+  // cost. Default: no model (nullopt).
+  virtual std::optional<ModelledTime> model_op(const OpDesc& op) const;
+  virtual std::optional<ModelledTime> model_transfer(std::uint64_t bytes, Memory from, Memory to) const;
+  virtual std::optional<std::uint64_t> model_decode_ns(Codec codec, FrameType type, std::uint32_t width,
+                                                       std::uint32_t height) const;
   virtual std::shared_ptr<BufferBackend> allocate(std::uint64_t size, Memory memory, const AllocOptions& options) = 0;
   virtual std::shared_ptr<BufferBackend> import_host(void* ptr, std::uint64_t size);
   // Records `commands` (no WaitFence) for replay. Default: Unsupported.

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -66,6 +67,26 @@ struct LayerProfile {
   double flops = 0;             // operations per run (a multiply-add counts 2)
   double achieved = 0;          // flops per second of device time
   double peak = 0;              // the board's peak for the ops' precision, per second (0: unknown)
+  // What bounds the layer in the board's timing model (its longest op's
+  // bound: "compute", "memory" or "overhead"); empty where the device has
+  // no timing model (Device::modelled).
+  std::string bound;
+};
+
+// One run of a model in the board's timing model (Instance::modelled,
+// docs/timing.md): computed from the ops alone, nothing runs.
+struct ModelledLayer {
+  std::string node;  // as LayerProfile names it
+  std::string ops;
+  std::uint64_t ns = 0;  // the layer's ops, each max(compute, memory) + overhead
+  std::uint64_t compute_ns = 0, memory_ns = 0, overhead_ns = 0;
+  ModelledTime::Bound bound = ModelledTime::Bound::Overhead;  // its longest op's
+};
+struct ModelledRun {
+  std::vector<ModelledLayer> layers;  // in the order they run
+  std::uint64_t ns = 0;               // the ops of a run, one after another (the profile's device_ns)
+  std::uint64_t input_copy_ns = 0;    // the inputs from host memory to the board
+  std::uint64_t output_copy_ns = 0;   // the outputs back
 };
 
 // Where a run's time goes, by the board's own clock (docs/runtime.md).
@@ -75,13 +96,19 @@ struct Profile {
   unsigned runs_kept = 0;              // the middle half of the runs by board time, whose means these are
   std::uint64_t device_ns = 0;         // mean board time from the first op's start to the last op's end
   std::uint64_t run_ns = 0;            // median host time of submit() to the fence, without timestamps
-  std::uint64_t host_overhead_ns = 0;  // run_ns - device_ns, or 0
+  std::uint64_t host_overhead_ns = 0;  // run_ns - device_ns, or 0 (and 0 where modelled)
+  // The board's clock is a timing model's (caps.modelled_time, a simulated
+  // board; docs/timing.md): device_ns here and in the layers are modelled
+  // board time, the same on every host; run_ns stays the host's.
+  bool modelled = false;
 };
 // The profile as JSON text, the one form `tpuhal profile --json` and
 // Python's Instance.profile() give: {"layers": [{"node", "ops", "output"
 // (LayerProfile::shape), "device_ns", "share", "flops", "achieved_per_s",
 // "peak_per_s"}, ...], "iterations", "runs_kept", "device_ns", "run_ns",
-// "host_overhead_ns"}, keys in that order; names escaped as JSON escapes them.
+// "host_overhead_ns", "board_clock" ("modelled" or "measured")}, keys in
+// that order, and where the clock is modelled, "modelled_ms" (device_ns in
+// ms) at the top and in each layer; names escaped as JSON escapes them.
 std::string to_json(const Profile& p);
 
 class Instance;
@@ -152,6 +179,9 @@ class Instance {
   // add up to the run (to within a nanosecond per layer). Unsupported
   // on a device without board timestamps (Properties::caps.timestamps).
   Profile profile(unsigned iterations = 10);
+  // One run in the board's timing model, per layer, without running it;
+  // nullopt where the device has no timing model.
+  std::optional<ModelledRun> modelled() const;
 
   Model model() const;
   explicit operator bool() const noexcept { return state_ != nullptr; }

@@ -113,8 +113,10 @@ struct CommandRecord {
   std::uint32_t queue = 0;
   std::uint16_t opcode = 0;       // fw::Opcode
   std::uint64_t fence_value = 0;  // the timeline value of its submission
-  std::uint64_t start_ns = 0;     // board time (ns since the board's reset)
+  std::uint64_t start_ns = 0;     // board time (ns since the board's reset): modelled, with a timing model
   std::uint64_t end_ns = 0;
+  std::uint64_t host_start_ns = 0;  // host time since the board's reset the simulator spent on it
+  std::uint64_t host_end_ns = 0;
   std::uint64_t epoch_ns = 0;  // the board's reset on CLOCK_MONOTONIC: host time = board time + epoch
   std::uint64_t bytes = 0;     // what a copy or fill moved
   std::uint32_t status = 0;    // fw::CmdStatus: 0 when it succeeded

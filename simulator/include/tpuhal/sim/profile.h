@@ -8,12 +8,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tpuhal/fw/regs.h"
+#include "tpuhal/fw/timing.h"
 
 namespace tpuhal::sim {
 
@@ -74,6 +76,10 @@ struct BoardProfile {
 
   // Model timing: how long an idle command processor spins before sleeping.
   std::uint32_t idle_spin_us = 20;
+  // The board's timing model (timing.model, docs/timing.md): with one, the
+  // board keeps modelled time (fence timestamps, kTimestamp, the TIME
+  // registers); without one, or with TPUHAL_SIM_CLOCK=host, the host's.
+  std::optional<fw::TimingModel> timing;
 
   // The power and thermal model behind the board's telemetry
   // (docs/simulator.md): power grows linearly from idle to peak with the

@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""The BM1684X timing model against SOPHGO's published figures
+(docs/timing.md).
+
+    /usr/bin/python3 scripts/timing/calibrate.py [--build build/dev] [--work DIR] [--device sim:bm1684x]
+        [--check] [--json FILE] [--png FILE]
+
+Exports ResNet-50 and YOLOv5s (scripts/timing/models.py) at batch 1 and 4,
+compiles each precision the references name with the build's `tpuhal
+compile` (int8 calibrated on 2 fixed random images), and asks `tpuhal
+profile --modelled --json` for the timing model's time of one run: nothing
+runs, so this takes seconds a model once compiled. Prints each reference
+beside the modelled time per image and the error; --check exits 1 when one
+is more than 20 % off. For int8 it also prints the time of the layers that
+multiply in int8 alone: tpuhal's int8 programs still dequantise to f32
+around element-wise adds and activations, which the programs SOPHGO timed
+do not (docs/timing.md). --png draws modelled against published (needs
+Debian's python3-matplotlib). Compiled models are kept in --work (default
+build/timing) and reused while their ONNX file is older.
+
+The device may be any simulated board whose profile has a timing model: a
+profile being fitted is used as sim:NAME with TPUHAL_PROFILE_PATH naming
+its folder (scripts/timing/fit.py does that).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# SOPHGO's bmrt_test "calculate time" on a BM1684X, ms per image:
+# (model, precision, batch, ms per image).
+PUBLISHED = [
+    ("resnet50", "fp32", 1, 8.84),
+    ("resnet50", "fp16", 1, 1.57),
+    ("resnet50", "int8", 1, 1.07),
+    ("resnet50", "int8", 4, 0.79),
+    ("yolov5s", "fp32", 1, 20.8),
+    ("yolov5s", "fp16", 1, 7.2),
+    ("yolov5s", "int8", 1, 3.5),
+    ("yolov5s", "int8", 4, 3.3),
+]
+SIZES = {"resnet50": 224, "yolov5s": 640}
+TOLERANCE = 0.20
+
+
+def run(cmd, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"calibrate.py: {' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    return r.stdout
+
+
+def compiled(tpuhal, work, model, precision, batch):
+    """The .tpm for (model, precision, batch), compiling it if needed."""
+    onnx = os.path.join(work, f"{model}_b{batch}.onnx")
+    if not os.path.exists(onnx):
+        run([sys.executable, os.path.join(HERE, "models.py"), work, "--models", model, "--batch", str(batch)])
+    tpm = os.path.join(work, f"{model}_b{batch}_{precision}.tpm")
+    if os.path.exists(tpm) and os.path.getmtime(tpm) > os.path.getmtime(onnx):
+        return tpm
+    cmd = [tpuhal, "compile", onnx, "-o", tpm, "--precision", precision, "--device", "sim:bm1684x"]
+    if precision == "int8":
+        import numpy as np  # Debian's python3-numpy, which torch needs anyway
+
+        npy = os.path.join(work, f"calibration_{model}_b{batch}.npy")
+        size = SIZES[model]
+        rng = np.random.default_rng(0)
+        np.save(npy, rng.random((2 * batch, 3, size, size), dtype=np.float32))
+        cmd += ["--calibration", npy]
+    run(cmd)
+    return tpm
+
+
+INTEGER_MACS = {"qlinear_conv", "qlinear_matmul", "conv_integer", "matmul_integer"}
+
+
+def modelled_ms(tpuhal, tpm, device, env=None):
+    """The whole run, and its layers that multiply in int8."""
+    out = json.loads(run([tpuhal, "profile", tpm, "--modelled", "--json", "--device", device], env))
+    macs = sum(l["modelled_ms"] for l in out["layers"] if INTEGER_MACS & set(l["ops"].split("+")))
+    return out["modelled_ms"], macs
+
+
+def evaluate(tpuhal, work, device, env=None):
+    rows = []
+    for model, precision, batch, published in PUBLISHED:
+        tpm = compiled(tpuhal, work, model, precision, batch)
+        whole, macs = modelled_ms(tpuhal, tpm, device, env)
+        per_image = whole / batch
+        rows.append(dict(model=model, precision=precision, batch=batch, published_ms=published,
+                         modelled_ms=round(per_image, 4), error=round(per_image / published - 1, 4),
+                         int8_mac_layers_ms=round(macs / batch, 4) if precision == "int8" else None))
+    return rows
+
+
+def draw(rows, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("calibrate.py: --png needs matplotlib: apt-get install python3-matplotlib")
+    fig, ax = plt.subplots(figsize=(6, 6))
+    xs = [r["published_ms"] for r in rows]
+    ys = [r["modelled_ms"] for r in rows]
+    lo, hi = min(xs + ys) / 1.5, max(xs + ys) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="gray", linewidth=1)
+    ax.fill_between([lo, hi], [lo * (1 - TOLERANCE), hi * (1 - TOLERANCE)], [lo * (1 + TOLERANCE), hi * (1 + TOLERANCE)],
+                    color="gray", alpha=0.15, label="within 20 %")
+    for r in rows:
+        marker = "o" if r["model"] == "resnet50" else "s"
+        ax.scatter(r["published_ms"], r["modelled_ms"], marker=marker)
+        ax.annotate(f"{r['model']} {r['precision']} b{r['batch']}", (r["published_ms"], r["modelled_ms"]),
+                    fontsize=7, xytext=(4, -10), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("published, ms per image (SOPHGO bmrt_test, BM1684X)")
+    ax.set_ylabel("modelled, ms per image (tpuhal, sim:bm1684x)")
+    ax.set_title("tpuhal's BM1684X timing model")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build", "dev"))
+    ap.add_argument("--work", default=os.path.join(ROOT, "build", "timing"))
+    ap.add_argument("--device", default="sim:bm1684x")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--png")
+    a = ap.parse_args(argv)
+    tpuhal = os.path.join(a.build, "bin", "tpuhal")
+    if not os.path.exists(tpuhal):
+        sys.exit(f"calibrate.py: {tpuhal} is missing: build it first (cmake --build {a.build})")
+    os.makedirs(a.work, exist_ok=True)
+    rows = evaluate(tpuhal, a.work, a.device)
+    print(f"{'model':10} {'precision':9} {'batch':>5} {'published':>11} {'modelled':>11} {'error':>8}"
+          f"   {'int8 MAC layers':>15}")
+    for r in rows:
+        macs = r["int8_mac_layers_ms"]
+        extra = f"   {macs:13.3f}ms {100 * (macs / r['published_ms'] - 1):+6.1f}%" if macs is not None else ""
+        print(f"{r['model']:10} {r['precision']:9} {r['batch']:5d} {r['published_ms']:9.3f}ms {r['modelled_ms']:9.3f}ms"
+              f" {100 * r['error']:+7.1f}%{extra}")
+    worst = max(abs(r["error"]) for r in rows)
+    print(f"worst error {100 * worst:.1f} % (target: within {100 * TOLERANCE:.0f} %)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    if a.png:
+        draw(rows, a.png)
+    if a.check and worst > TOLERANCE:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

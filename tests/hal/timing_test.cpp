@@ -1,0 +1,203 @@
+// The board's timing model (docs/timing.md): what commands cost, pinned per
+// profile, and the simulated board keeping that time on its clock.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "support/error_of.hpp"
+#include "tpuhal/driver/driver.hpp"
+#include "tpuhal/skeleton/skeleton.h"
+#include "tpuhal/tpuhal.hpp"
+
+namespace tpuhal {
+namespace {
+
+using test::error_of;
+
+// Buffers and the ops the tests cost: a 3x3 convolution of 3 channels into
+// 16 (8x8, padded), a [64, 128] x [128, 256] product, a 1024-element add.
+struct Work {
+  Device dev;
+  Buffer x, w, y, a, b, c, u, v, s;
+  Op conv, matmul, add;
+  explicit Work(const char* uri) : dev(open(uri)) {
+    x = dev.allocate(3 * 64 * 4);
+    w = dev.allocate(16 * 27 * 4);
+    y = dev.allocate(16 * 64 * 4);
+    a = dev.allocate(64 * 128 * 4);
+    b = dev.allocate(128 * 256 * 4);
+    c = dev.allocate(64 * 256 * 4);
+    u = dev.allocate(1024 * 4);
+    v = dev.allocate(1024 * 4);
+    s = dev.allocate(1024 * 4);
+    for (Buffer* buf : {&x, &w, &a, &b, &u, &v}) dev.queue().batch().fill(*buf, 0, buf->size(), 0).submit().wait();
+    ops::Conv2dOptions o;
+    o.pads = {1, 1, 1, 1};
+    conv = ops::conv2d(Tensor(x, DType::F32, {1, 3, 8, 8}), Tensor(w, DType::F32, {16, 3, 3, 3}),
+                       Tensor(y, DType::F32, {1, 16, 8, 8}), o);
+    matmul = ops::matmul(Tensor(a, DType::F32, {64, 128}), Tensor(b, DType::F32, {128, 256}),
+                         Tensor(c, DType::F32, {64, 256}));
+    add = ops::add(Tensor(u, DType::F32, {1024}), Tensor(v, DType::F32, {1024}), Tensor(s, DType::F32, {1024}));
+  }
+  std::uint64_t ns(const Op& op) const { return dev.modelled(op).value().ns; }
+};
+
+TEST(Timing, GivenTinyWhenOpsAreCostedThenEachIsItsRooflinePlusFixedCosts) {
+  // tiny: 500 MHz, 8 lanes, fp32 16 MACs per lane and cycle at 50 %: 32e9
+  // MAC/s; vector unit 8 fp32 elements per lane and cycle: 32e9/s; DRAM
+  // 16000 MB/s; op_ns 2000 + command_ns 200. Activations up to a quarter
+  // of the local memory (8 lanes x 64 KiB / 4 = 128 KiB) stay on chip;
+  // weights stream from DRAM.
+  Work t("sim:tiny");
+  // conv: 16 x 64 outputs x 3 x 9 taps = 27648 MACs (16 channels fill
+  // 2 x 8 lanes; fp32 tiles are 1 channel): 864 ns. W's 1728 bytes: 108 ns.
+  // The fixed 2200 ns exceed both.
+  const ModelledTime conv = t.dev.modelled(t.conv).value();
+  EXPECT_EQ(conv.compute_ns, 864u);
+  EXPECT_EQ(conv.memory_ns, 108u);
+  EXPECT_EQ(conv.overhead_ns, 2200u);
+  EXPECT_EQ(conv.ns, 864u + 2200u);
+  EXPECT_EQ(conv.bound, ModelledTime::Bound::Overhead);
+  // matmul: 64 x 256 x 128 = 2097152 MACs: 65536 ns; A, B and Y (32, 128
+  // and 64 KiB) all fit on chip.
+  const ModelledTime mm = t.dev.modelled(t.matmul).value();
+  EXPECT_EQ(mm.compute_ns, 65536u);
+  EXPECT_EQ(mm.memory_ns, 0u);
+  EXPECT_EQ(mm.ns, 65536u + 2200u);
+  EXPECT_EQ(mm.bound, ModelledTime::Bound::Compute);
+  // add: 1024 elements at one cycle each: 32 ns, on chip.
+  const ModelledTime add = t.dev.modelled(t.add).value();
+  EXPECT_EQ(add.compute_ns, 32u);
+  EXPECT_EQ(add.memory_ns, 0u);
+  EXPECT_EQ(add.ns, 32u + 2200u);
+  // An activation past the local memory's share streams from DRAM: the
+  // matmul's output at 512 KiB (a [512, 256] product).
+  Buffer big_a = t.dev.allocate(512 * 128 * 4), big_y = t.dev.allocate(512 * 256 * 4);
+  const Op big = ops::matmul(Tensor(big_a, DType::F32, {512, 128}), Tensor(t.b, DType::F32, {128, 256}),
+                             Tensor(big_y, DType::F32, {512, 256}));
+  // A's 256 KiB and Y's 512 KiB: 786432 bytes at 16000 MB/s.
+  EXPECT_EQ(t.dev.modelled(big).value().memory_ns, 49152u);
+}
+
+TEST(Timing, GivenEveryBuiltInProfileWhenTheSameOpsAreCostedThenTheFiguresArePinned) {
+  // Integer arithmetic on the descriptor: these hold on every host, ISA
+  // level (scripts/test.sh runs this at each) and under qemu-aarch64.
+  struct Pinned {
+    const char* uri;
+    std::uint64_t conv, matmul, add;
+  };
+  for (const Pinned& p : {Pinned{"sim:tiny", 3064, 67736, 2232}, Pinned{"sim:edge-soc", 4516, 20684, 4310},
+                          Pinned{"sim:bm1684x", 671, 4630, 451}}) {
+    SCOPED_TRACE(p.uri);
+    const Work t(p.uri);
+    EXPECT_EQ(t.ns(t.conv), p.conv);
+    EXPECT_EQ(t.ns(t.matmul), p.matmul);
+    EXPECT_EQ(t.ns(t.add), p.add);
+  }
+}
+
+TEST(Timing, GivenFewInputChannelsOrDepthwiseWhenCostedThenTheyFillFewTilesOfEachLane) {
+  Device dev = open("sim:bm1684x");  // fp16: tiles of 16 input channels, 64 lanes
+  Buffer x = dev.allocate(64 * 32 * 32 * 2), y = dev.allocate(64 * 32 * 32 * 2);
+  Buffer wd = dev.allocate(64 * 9 * 2), wf = dev.allocate(64 * 64 * 9 * 2);
+  ops::Conv2dOptions o;
+  o.pads = {1, 1, 1, 1};
+  const Tensor xt(x, DType::F16, {1, 64, 32, 32}), yt(y, DType::F16, {1, 64, 32, 32});
+  const Op full = ops::conv2d(xt, Tensor(wf, DType::F16, {64, 64, 3, 3}), yt, o);
+  o.groups = 64;
+  const Op depthwise = ops::conv2d(xt, Tensor(wd, DType::F16, {64, 1, 3, 3}), yt, o);
+  // 64 times the multiply-adds, but the depthwise one pads its 1 input
+  // channel to a tile of 16: its array time is a quarter of the full one's.
+  const ModelledTime f = dev.modelled(full).value(), d = dev.modelled(depthwise).value();
+  EXPECT_NEAR(static_cast<double>(f.compute_ns) / static_cast<double>(d.compute_ns), 4.0, 0.01);
+}
+
+TEST(Timing, GivenCopiesFillsAndFramesWhenCostedThenTheyGoAtTheirUnitsRates) {
+  Device dev = open("sim:bm1684x");
+  // The bus: 3500 MB/s each way, 200 ns a command.
+  EXPECT_EQ(dev.modelled_copy(1'000'000, Memory::HostPinned, Memory::Device).value().ns, 285'715u + 200u);
+  EXPECT_EQ(dev.modelled_copy(1'000'000, Memory::Device, Memory::HostPinned).value().ns, 285'715u + 200u);
+  EXPECT_EQ(dev.modelled_copy(1'000'000, Memory::Device, Memory::DeviceHostVisible).value().bound,
+            ModelledTime::Bound::Memory);
+  // 1080p at 1.7 Gpixel/s; an I frame 150 %, a B frame 110 %; JPEG at its own rate.
+  const std::uint64_t p = dev.modelled_decode_ns(Codec::H264, FrameType::Predicted, 1920, 1080).value();
+  EXPECT_EQ(p, 1'219'765u);
+  EXPECT_EQ(dev.modelled_decode_ns(Codec::H264, FrameType::Intra, 1920, 1080).value(), 1'829'648u);
+  EXPECT_EQ(dev.modelled_decode_ns(Codec::H265, FrameType::Bidirectional, 1920, 1080).value(), 1'341'742u);
+  // 600 frames of 1080p a second.
+  EXPECT_EQ(dev.modelled_decode_ns(Codec::Jpeg, FrameType::Intra, 1920, 1080).value(), 1'666'667u);
+}
+
+TEST(Timing, GivenABatchWhenItRunsThenItsStampsDifferByExactlyTheModelledCosts) {
+  Work t("sim:tiny");
+  ASSERT_TRUE(t.dev.properties().caps.modelled_time);
+  Buffer stamps = t.dev.allocate(4 * 8, Memory::HostPinned);
+  for (int round = 0; round < 3; ++round) {
+    t.dev.queue()
+        .batch()
+        .timestamp(stamps, 0)
+        .run(t.conv)
+        .timestamp(stamps, 8)
+        .run(t.matmul)
+        .timestamp(stamps, 16)
+        .run(t.add)
+        .timestamp(stamps, 24)
+        .submit()
+        .wait();
+    std::uint64_t s[4];
+    std::memcpy(s, stamps.map().data(), sizeof s);
+    EXPECT_EQ(s[1] - s[0], t.ns(t.conv)) << "round " << round;
+    EXPECT_EQ(s[2] - s[1], t.ns(t.matmul)) << "round " << round;
+    EXPECT_EQ(s[3] - s[2], t.ns(t.add)) << "round " << round;
+  }
+}
+
+TEST(Timing, GivenTwoComputeQueuesWhenBothRunOnTheTensorEngineThenTheirOpsDoNotOverlap) {
+  Work t("sim:tiny");
+  Queue q0 = t.dev.queue(), q1 = t.dev.queue();
+  const std::uint64_t m = t.ns(t.matmul);
+  for (int round = 0; round < 3; ++round) {
+    Fence f0 = q0.batch().run(t.matmul).submit();
+    Fence f1 = q1.batch().run(t.matmul).submit();
+    f0.wait();
+    f1.wait();
+    const std::uint64_t a = f0.timestamp_ns().value(), b = f1.timestamp_ns().value();
+    EXPECT_GE(a > b ? a - b : b - a, m) << "the two products shared the engine, round " << round;
+  }
+}
+
+TEST(Timing, GivenAQueueWaitingOnAnotherWhenItGoesOnThenItStartsAfterTheOthersModelledFence) {
+  Work t("sim:tiny");
+  Queue q0 = t.dev.queue(), q1 = t.dev.queue();
+  Buffer stamp = t.dev.allocate(8, Memory::HostPinned);
+  Batch slow = q0.batch();
+  for (int i = 0; i < 20; ++i) slow.run(t.matmul);
+  const Fence f0 = slow.submit();
+  q1.batch().wait(f0).timestamp(stamp, 0).submit().wait();
+  std::uint64_t s = 0;
+  std::memcpy(&s, stamp.map().data(), sizeof s);
+  EXPECT_GE(s, f0.timestamp_ns().value());
+}
+
+TEST(Timing, GivenABoardWithoutATimingModelWhenAskedThenThereIsNoModelledTime) {
+  // The skeleton driver's board keeps no model; neither does a profile
+  // without timing.model (tests/sim/profile_test.cpp).
+  driver::register_provider(skeleton::make_provider());
+  Device dev = open("skeleton:0");
+  EXPECT_FALSE(dev.properties().caps.modelled_time);
+  EXPECT_FALSE(dev.modelled_copy(1, Memory::HostPinned, Memory::Device).has_value());
+  EXPECT_FALSE(dev.modelled_decode_ns(Codec::H264, FrameType::Intra, 64, 64).has_value());
+}
+
+TEST(Timing, GivenAnOpOfAnotherDeviceWhenCostedThenItIsRefusedByName) {
+  const Work t("sim:tiny");
+  Device other = open("sim:bm1684x");
+  EXPECT_EQ(error_of([&] { (void)other.modelled(t.conv); }).status(), Status::InvalidArgument);
+  EXPECT_EQ(error_of([&] { (void)other.modelled(Op{}); }).status(), Status::InvalidArgument);
+}
+
+}  // namespace
+}  // namespace tpuhal
