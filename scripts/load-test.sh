@@ -17,9 +17,12 @@
 #   --jobs N      ctest -j (default: twice the cores)
 #   --repeat N    until-fail count of the sensitive families (default 3)
 #   --only REGEX  only the tests ctest -R selects, each until it fails
+#   --skipped     print the regular expression of the tests a run leaves
+#                 out (below) and exit
 #
-# Run by scripts/test.sh (CI) once, after the quiet pass. Logs of failed
-# runs stay in DIR/load-test/.
+# Run by scripts/test.sh (CI) once: its main pass, with the left-out tests
+# run quietly before it. Logs of failed runs stay in DIR/load-test/, and
+# a failed single run prints its log.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$root/build/sanitize
@@ -28,6 +31,7 @@ hogs=$(nproc)
 jobs=$((2 * $(nproc)))
 repeat=3
 only=
+print_skipped=
 while (($#)); do
   case $1 in
     --build) build=$(cd "$2" && pwd); shift 2 ;;
@@ -36,7 +40,8 @@ while (($#)); do
     --jobs) jobs=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --skipped) print_skipped=1; shift ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "load-test: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
 done
@@ -48,6 +53,10 @@ done
 # scripts/test.sh also runs once per level), and the QEMU guests, which
 # emulate a whole machine and would take 5 minutes here alone.
 skip='^(Format\.|Install\.|Python\.Install$|ModelZoo\.|Python\.model_zoo$|TensorIsa\.|Qemu\.)'
+if [[ -n $print_skipped ]]; then
+  echo "$skip"
+  exit 0
+fi
 # The families run again until they fail (ctest -R).
 families='^(Python\.(video|gstreamer|live_video|fleet|trace|Examples\.VideoPipeline)|Simd\.|Devices/Conformance|Devices/ConformanceErrors|Trace\.|Cli\.Trace|Examples\.VideoPipeline)'
 
@@ -107,6 +116,7 @@ for ((run = 1; run <= runs; ++run)); do
   done
   if ((status)); then
     echo "load-test: run $run: ${#fails[@]} failed (log: $log)" >&2
+    if ((runs == 1)); then cat "$log" >&2; fi
     grep -E '\*\*\*(Failed|Timeout|Exception)' "$log" | sed 's/^/  /' >&2 || true
   else
     echo "load-test: run $run: every test passed" >&2
