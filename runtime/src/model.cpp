@@ -614,29 +614,53 @@ std::vector<std::size_t> middle_half(const std::vector<std::uint64_t>& device) {
   return {order.begin() + static_cast<std::ptrdiff_t>(drop), order.end() - static_cast<std::ptrdiff_t>(drop)};
 }
 
-// The layers, by node in the order each first runs: their ops, output
-// shape, time (`mean_of` each op's), share, work and peak.
+// The layers of a graph's first `n` ops, by node in the order each first
+// runs: each op's layer, and each layer's node and its ops' kinds
+// ("conv+relu"). A profile and a modelled run group their ops alike.
+struct Layers {
+  std::vector<std::size_t> of_op;
+  std::vector<std::string> node, kinds;
+};
+
+Layers layers_of(const detail::DeviceGraph& g, std::size_t n) {
+  Layers r;
+  std::map<std::string, std::size_t> at;
+  for (std::size_t i = 0; i < n; ++i) {
+    const detail::DOp& op = g.ops[i];
+    auto [it, fresh] = at.try_emplace(op.node, r.node.size());
+    if (fresh) {
+      r.node.push_back(op.node);
+      r.kinds.emplace_back();
+    }
+    std::string& kinds = r.kinds[it->second];
+    if (("+" + kinds + "+").find("+" + op.kind + "+") == std::string::npos)
+      kinds += (kinds.empty() ? "" : "+") + op.kind;
+    r.of_op.push_back(it->second);
+  }
+  return r;
+}
+
+// The layers (layers_of): their ops, output shape, time (`mean_of` each
+// op's), share, work and peak.
 template <typename Mean>
 void add_layers(Profile& p, const detail::ModelState& m, const std::vector<Op>& ops, const Properties& props,
                 const Timings& t, Mean mean_of) {
   const std::size_t n = t.per_op.size();
-  std::map<std::string, std::size_t> at;
-  std::vector<long double> exact(n, 0.0L);
+  const Layers layers = layers_of(m.graph, n);
+  p.layers.resize(layers.node.size());
+  for (std::size_t i = 0; i < p.layers.size(); ++i) {
+    p.layers[i].node = layers.node[i];
+    p.layers[i].ops = layers.kinds[i];
+  }
+  std::vector<long double> exact(p.layers.size(), 0.0L);
   for (std::size_t i = 0; i < n; ++i) {
     const detail::DOp& op = m.graph.ops[i];
-    auto [it, fresh] = at.try_emplace(op.node, p.layers.size());
-    if (fresh) {
-      p.layers.emplace_back();
-      p.layers.back().node = op.node;
-    }
-    LayerProfile& l = p.layers[it->second];
-    if (("+" + l.ops + "+").find("+" + op.kind + "+") == std::string::npos)
-      l.ops += (l.ops.empty() ? "" : "+") + op.kind;
+    LayerProfile& l = p.layers[layers.of_op[i]];
     if (const auto y = output_of(op); y >= 0) {
       const auto& tensor = m.graph.tensors.at(static_cast<std::size_t>(y));
       l.shape = TensorSpec{"", tensor.dtype, tensor.shape}.describe().substr(1);
     }
-    exact[it->second] += mean_of(t.per_op[i]);
+    exact[layers.of_op[i]] += mean_of(t.per_op[i]);
     const OpCost cost = ops[i].cost();  // the HAL's count, as in traces
     l.flops += cost.flops;
     l.peak = std::max(l.peak, cost.peak_rate(props));
@@ -690,27 +714,24 @@ std::optional<ModelledRun> Instance::modelled() const {
   const auto& m = *s.model;
   const Device& dev = m.device;
   ModelledRun r;
-  std::map<std::string, std::size_t> at;
-  std::vector<std::uint64_t> longest;
+  const Layers layers = layers_of(m.graph, s.ops.size());
+  r.layers.resize(layers.node.size());
+  for (std::size_t i = 0; i < r.layers.size(); ++i) {
+    r.layers[i].node = layers.node[i];
+    r.layers[i].ops = layers.kinds[i];
+  }
+  std::vector<std::uint64_t> longest(r.layers.size(), 0);
   for (std::size_t i = 0; i < s.ops.size(); ++i) {
     const auto t = dev.modelled(s.ops[i]);
     if (!t) return std::nullopt;
-    const detail::DOp& op = m.graph.ops[i];
-    auto [it, fresh] = at.try_emplace(op.node, r.layers.size());
-    if (fresh) {
-      r.layers.emplace_back();
-      r.layers.back().node = op.node;
-      longest.push_back(0);
-    }
-    ModelledLayer& l = r.layers[it->second];
-    if (("+" + l.ops + "+").find("+" + op.kind + "+") == std::string::npos)
-      l.ops += (l.ops.empty() ? "" : "+") + op.kind;
+    const std::size_t at = layers.of_op[i];
+    ModelledLayer& l = r.layers[at];
     l.ns += t->ns;
     l.compute_ns += t->compute_ns;
     l.memory_ns += t->memory_ns;
     l.overhead_ns += t->overhead_ns;
-    if (t->ns >= longest[it->second]) {
-      longest[it->second] = t->ns;
+    if (t->ns >= longest[at]) {
+      longest[at] = t->ns;
       l.bound = t->bound;
     }
     r.ns += t->ns;
