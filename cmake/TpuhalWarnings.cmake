@@ -5,6 +5,13 @@ target_compile_options(tpuhal_warnings INTERFACE
   -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align
   -Wunused -Woverloaded-virtual -Wimplicit-fallthrough
   -Wformat=2)
+# A unity build includes each .cpp into a batch file, so GCC takes the
+# classes a .cpp defines for a header's and warns that their members'
+# types are in an anonymous namespace; they are not shared with any other
+# translation unit.
+if(CMAKE_UNITY_BUILD AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  target_compile_options(tpuhal_warnings INTERFACE -Wno-subobject-linkage)
+endif()
 if(TPUHAL_WERROR)
   target_compile_options(tpuhal_warnings INTERFACE -Werror)
 endif()

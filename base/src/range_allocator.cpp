@@ -1,10 +1,8 @@
 #include "tpuhal/base/range_allocator.h"
 
-namespace tpuhal::base {
+#include "tpuhal/base/mapping.h"
 
-namespace {
-std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
-}  // namespace
+namespace tpuhal::base {
 
 RangeAllocator::RangeAllocator(std::uint64_t base, std::uint64_t size, std::uint64_t granule)
     : base_(base), size_(size), granule_(granule) {

@@ -12,17 +12,9 @@
 
 #include "tpuhal/base/mapping.h"
 #include "tpuhal/base/wait.h"
-#include "tpuhal/bench/bench.h"
+#include "results.h"
 
 namespace tpuhal::bench {
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-}  // namespace
 
 struct MemcpyFloor::Buffers {
   base::Mapping a, b;

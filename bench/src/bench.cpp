@@ -5,27 +5,27 @@
 #include "tpuhal/base/units.h"
 #include "tpuhal/base/wait.h"
 #include "raw_cuda.h"
-#include "tpuhal/bench/bench.h"
+#include "results.h"
 
 namespace tpuhal::bench {
-namespace {
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+void emit(std::vector<Result>& out, Result r, const Options& o) {
+  if (r.ratio == 0) r.ratio = r.baseline > 0 ? r.value / r.baseline : 0;
+  if (o.on_result) o.on_result(r);
+  out.push_back(std::move(r));
+}
+
+namespace {
+
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   if (v.empty()) return 0;
   return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
-}
-
-// `ratio` < 0: value / baseline.
-void emit(std::vector<Result>& out, Result r, const Options& o, double ratio = -1) {
-  r.ratio = ratio >= 0 ? ratio : r.baseline > 0 ? r.value / r.baseline : 0;
-  if (o.on_result) o.on_result(r);
-  out.push_back(std::move(r));
 }
 
 std::string json_escape(const std::string& s) {
@@ -133,12 +133,14 @@ std::vector<Result> run_dma(Device& device, const Options& o) {
         res.baseline = median(direct);
         res.baseline_name = "raw cuMemcpyAsync";
         res.extra = {{"memcpy", median(cpu)}, {"vs_memcpy", median(paired)}};
-        emit(out, std::move(res), o, median(vs_direct));
+        res.ratio = median(vs_direct);
+        emit(out, std::move(res), o);
         continue;
       }
       res.baseline = median(cpu);
       res.baseline_name = "memcpy";
-      emit(out, std::move(res), o, median(paired));
+      res.ratio = median(paired);
+      emit(out, std::move(res), o);
     }
   }
   return out;

@@ -14,18 +14,13 @@
 #include <memory>
 
 #include "tpuhal/base/wait.h"
-#include "tpuhal/bench/bench.h"
+#include "results.h"
 
 namespace tpuhal::bench {
 namespace {
 
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // The threads the simulated engine computes with: the board's cores, bounded
 // by this machine's and by TPUHAL_SIM_THREADS (the same rule the simulator
@@ -102,12 +97,6 @@ void run_n(Queue& q, const Op& op, int n) {
   Fence last;
   for (int i = 0; i < n; ++i) last = q.run(op).submit();
   last.wait();
-}
-
-void emit(std::vector<Result>& out, Result r, const Options& o) {
-  if (r.ratio == 0) r.ratio = r.baseline > 0 ? r.value / r.baseline : 0;
-  if (o.on_result) o.on_result(r);
-  out.push_back(std::move(r));
 }
 
 // The ISA oneDNN runs its kernels at in this process.

@@ -16,12 +16,6 @@
 namespace tpuhal::python {
 namespace {
 
-std::uint64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
 // Microseconds per iteration of `body`, one entry per iteration.
 template <class F>
 std::vector<double> time_each(int iterations, F&& body) {

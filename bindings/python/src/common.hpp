@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -68,6 +69,16 @@ class PythonFramesKept {
  private:
   bool kept_ = false;
 };
+
+// CLOCK_MONOTONIC in nanoseconds: what the benchmarks time with.
+inline std::uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// The name of a Python object's type, for error messages.
+inline std::string type_name(const py::handle& h) { return py::str(h.get_type().attr("__name__")); }
 
 // Runs `f` with the GIL released if this thread holds it; as is otherwise.
 template <class F>

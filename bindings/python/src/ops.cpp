@@ -31,8 +31,6 @@ struct PyProgram {
   std::vector<Keep> keep;
 };
 
-std::string type_name(const py::handle& h) { return py::str(h.get_type().attr("__name__")); }
-
 std::vector<std::int64_t> int_list(const py::handle& h, const char* what) {
   if (py::isinstance<py::int_>(h)) return {h.cast<std::int64_t>()};
   try {
@@ -180,13 +178,7 @@ ops::ColorConvertOptions color_options(const std::array<float, 3>& mean, const s
   return o;
 }
 
-std::uint64_t now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-constexpr auto self = py::return_value_policy::reference;  // the same Batch object, for chaining
+constexpr auto chain = py::return_value_policy::reference;  // the same Batch object, for chaining
 
 PyBatch& run_op(PyBatch& b, const PyOp& op) {
   b.recording("run").run(op.op);
@@ -610,8 +602,8 @@ void bind_ops(py::module_& m) {
   bind_builders(ops);
 
   auto batch = py::reinterpret_borrow<py::class_<PyBatch>>(m.attr("Batch"));
-  batch.def("run", &run_op, py::arg("op"), self, "Runs a tensor op (tpuhal.ops) on this queue's device.")
-      .def("run", &run_program, py::arg("program"), self, "Replays a recorded Program (Device.record()).");
+  batch.def("run", &run_op, py::arg("op"), chain, "Runs a tensor op (tpuhal.ops) on this queue's device.")
+      .def("run", &run_program, py::arg("program"), chain, "Replays a recorded Program (Device.record()).");
 
   auto queue_cls = py::reinterpret_borrow<py::class_<PyQueue, QueueRef>>(m.attr("Queue"));
   queue_cls

@@ -228,16 +228,16 @@ void bind_queue(py::module_& m) {
       });
 
   auto batch = py::reinterpret_borrow<py::class_<PyBatch>>(m.attr("Batch"));
-  constexpr auto self = py::return_value_policy::reference;  // the same Batch object, for chaining
+  constexpr auto chain = py::return_value_policy::reference;  // the same Batch object, for chaining
   batch
       .def("copy", &copy, py::arg("src"), py::arg("dst"), py::kw_only(), py::arg("src_offset") = 0,
-           py::arg("dst_offset") = 0, py::arg("size") = py::none(), self, kCopyDoc)
+           py::arg("dst_offset") = 0, py::arg("size") = py::none(), chain, kCopyDoc)
       .def("fill", &fill, py::arg("dst"), py::arg("value"), py::kw_only(), py::arg("offset") = 0,
-           py::arg("size") = py::none(), py::arg("width") = 1, self, kFillDoc)
-      .def("wait", &wait_fence, py::arg("fence"), self, kWaitDoc)
-      .def("wait_value", &wait_value, py::arg("buffer"), py::arg("offset"), py::arg("value"), self, kWaitValueDoc)
-      .def("write_value", &write_value, py::arg("buffer"), py::arg("offset"), py::arg("value"), self, kWriteValueDoc)
-      .def("timestamp", &timestamp, py::arg("buffer"), py::arg("offset"), self, kTimestampDoc)
+           py::arg("size") = py::none(), py::arg("width") = 1, chain, kFillDoc)
+      .def("wait", &wait_fence, py::arg("fence"), chain, kWaitDoc)
+      .def("wait_value", &wait_value, py::arg("buffer"), py::arg("offset"), py::arg("value"), chain, kWaitValueDoc)
+      .def("write_value", &write_value, py::arg("buffer"), py::arg("offset"), py::arg("value"), chain, kWriteValueDoc)
+      .def("timestamp", &timestamp, py::arg("buffer"), py::arg("offset"), chain, kTimestampDoc)
       .def("submit", &submit, py::arg("max_wait") = py::none(),
            "Submits what was recorded and empties the batch; returns its Fence. If the queue's ring is full, "
            "waits (without the GIL) for room while the queue makes progress, up to the device's wait "

@@ -17,8 +17,6 @@
 namespace tpuhal::python {
 namespace {
 
-std::string type_name(const py::handle& h) { return py::str(h.get_type().attr("__name__")); }
-
 // tpuhal.VideoDecoder: a channel of the codec unit until close().
 struct PyDecoder {
   explicit PyDecoder(VideoDecoder d) : decoder(std::move(d)), channel(decoder.channel()), uri(decoder.device().uri()) {}

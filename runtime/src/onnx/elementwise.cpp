@@ -20,12 +20,6 @@ std::string lower_case(const std::string& op) {
   return kind;
 }
 
-Value infer_binary(Importer& im, Node& n) {
-  Value out;
-  out.shape = im.broadcast(n, im.in(n, 0).shape, im.in(n, 1).shape);
-  return out;
-}
-
 Value fold_arithmetic(Importer& im, Node& n) {
   const BinaryFold b = binary_operands(im, n);
   const std::string& op = n.op;

@@ -14,6 +14,13 @@ struct BinaryFold {
   bool integer = false;             // both operands integers
 };
 
+// The output of an elementwise op of two inputs: their broadcast shape.
+inline Value infer_binary(Importer& im, Node& n) {
+  Value out;
+  out.shape = im.broadcast(n, im.in(n, 0).shape, im.in(n, 1).shape);
+  return out;
+}
+
 inline BinaryFold binary_operands(Importer& im, Node& n) {
   const Value& x = im.in(n, 0);
   const Value& y = im.in(n, 1);

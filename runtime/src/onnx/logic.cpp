@@ -10,12 +10,6 @@
 namespace tpuhal::rt::detail {
 namespace {
 
-Value infer_binary(Importer& im, Node& n) {
-  Value out;
-  out.shape = im.broadcast(n, im.in(n, 0).shape, im.in(n, 1).shape);
-  return out;
-}
-
 Value fold_compare_or_logic(Importer& im, Node& n) {
   const std::string& op = n.op;
   return fold_each(binary_operands(im, n), true, [&](double p, double q) -> double {

@@ -54,14 +54,14 @@ float float_unary(const fw::ElementwiseAttrs& at, float x) {
 // Casts one element: to float types round to nearest even; float to integer
 // rounds toward zero and saturates (NaN: 0); integer to narrower integer
 // saturates.
-void cast_one(const std::byte* src, fw::DType st, std::byte* dst, fw::DType dt) {
-  if (is_float(dt)) {
-    store_float(dst, dt, is_float(st) ? load_float(src, st) : static_cast<float>(load_int(src, st)));
+void cast_one(const std::byte* src, fw::DType st, std::byte* dst, fw::DType to) {
+  if (is_float(to)) {
+    store_float(dst, to, is_float(st) ? load_float(src, st) : static_cast<float>(load_int(src, st)));
     return;
   }
-  const std::int64_t v = is_float(st) ? truncate_saturate(load_float(src, st), int_min(dt), int_max(dt))
-                                      : std::clamp<std::int64_t>(load_int(src, st), int_min(dt), int_max(dt));
-  store_int_wrap(dst, dt, v);
+  const std::int64_t v = is_float(st) ? truncate_saturate(load_float(src, st), int_min(to), int_max(to))
+                                      : std::clamp<std::int64_t>(load_int(src, st), int_min(to), int_max(to));
+  store_int_wrap(dst, to, v);
 }
 
 // Float maps with every view f32 (the common case), a row at a time: the

@@ -34,7 +34,7 @@ dnnl::memory::dims plain_strides(const dnnl::memory::dims& d) {
   return s;
 }
 
-dt dnnl_type(fw::DType t) {
+dt matmul_dnnl_type(fw::DType t) {
   switch (t) {
     case fw::DType::kF32: return dt::f32;
     case fw::DType::kF16: return dt::f16;
@@ -64,7 +64,7 @@ bool dnnl_desc(const View& v, bool transpose, dnnl::memory::desc& out) {
     std::swap(strides[r - 2], strides[r - 1]);
   }
   try {
-    out = dnnl::memory::desc(dims, dnnl_type(v.dtype), strides);
+    out = dnnl::memory::desc(dims, matmul_dnnl_type(v.dtype), strides);
   } catch (const dnnl::error&) {
     return false;
   }
