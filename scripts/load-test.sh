@@ -9,6 +9,7 @@
 # it failed in. Exits 1 if any test failed.
 #
 #   scripts/load-test.sh [--build DIR] [--runs N] [--hogs N] [--jobs N] [--repeat N] [--only REGEX]
+#                        [--alongside CMD]
 #
 #   --build DIR   a configured and built tree (default build/sanitize, what
 #                 scripts/test.sh builds)
@@ -17,6 +18,13 @@
 #   --jobs N      ctest -j (default: twice the cores)
 #   --repeat N    until-fail count of the sensitive families (default 3)
 #   --only REGEX  only the tests ctest -R selects, each until it fails
+#   --alongside CMD  in the first run, the busy work is CMD (a shell
+#                 command that keeps about as many processes busy, such as
+#                 a build at -j cores) until it ends, and the busy
+#                 processes only after; the run waits for CMD, whose
+#                 output goes to DIR/load-test/alongside.log, and fails if
+#                 it fails. scripts/test.sh builds its ThreadSanitizer,
+#                 fuzzing and arm64 trees so, in place of spinning.
 #   --skipped     print the regular expression of the tests a run leaves
 #                 out (below) and exit
 #
@@ -32,6 +40,7 @@ jobs=$((2 * $(nproc)))
 repeat=3
 only=
 print_skipped=
+alongside=
 while (($#)); do
   case $1 in
     --build) build=$(cd "$2" && pwd); shift 2 ;;
@@ -41,7 +50,8 @@ while (($#)); do
     --repeat) repeat=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --skipped) print_skipped=1; shift ;;
-    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --alongside) alongside=$2; shift 2 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "load-test: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
 done
@@ -74,7 +84,32 @@ stop_hogs() {
   fi
   busy=()
 }
-trap stop_hogs EXIT
+# --alongside: CMD, then busy processes until the run ends, in a session of
+# their own (so that an interrupted run stops the whole of it).
+along_pid=
+start_alongside() {
+  rm -f "$logs/alongside.status"
+  setsid bash -c '
+    st=0
+    bash -c "$1" || st=$?
+    echo "$st" >"$2.status"
+    for ((i = 0; i < $3; ++i)); do bash -c "while :; do :; done" & done
+    wait' alongside "$alongside" "$logs/alongside" "$hogs" >"$logs/alongside.log" 2>&1 &
+  along_pid=$!
+}
+# Waits for CMD (not for the busy processes after it), then stops the
+# session; returns CMD's status.
+stop_alongside() {
+  [[ -n $along_pid ]] || return 0
+  while [[ ! -f $logs/alongside.status ]] && kill -0 "$along_pid" 2>/dev/null; do sleep 1; done
+  kill -- -"$along_pid" 2>/dev/null || true
+  wait "$along_pid" 2>/dev/null || true
+  along_pid=
+  local st
+  st=$(cat "$logs/alongside.status" 2>/dev/null || echo 1)
+  return "$st"
+}
+trap 'stop_hogs; [[ -z $along_pid ]] || kill -- -"$along_pid" 2>/dev/null || true' EXIT
 
 # The sanitizers' settings scripts/test.sh runs with.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
@@ -101,7 +136,7 @@ for ((run = 1; run <= runs; ++run)); do
   : >"$log"
   fails=()
   status=0
-  start_hogs
+  if [[ -n $alongside ]] && ((run == 1)); then start_alongside; else start_hogs; fi
   if [[ -n $only ]]; then
     pass --repeat until-fail:"$repeat" -R "$only" || status=1
   else
@@ -110,6 +145,14 @@ for ((run = 1; run <= runs; ++run)); do
     pass --repeat until-fail:"$repeat" -R "$families" || status=1
   fi
   stop_hogs
+  if [[ -n $along_pid ]]; then
+    echo "load-test: waiting for what ran alongside (log: $logs/alongside.log)" >&2
+    if ! stop_alongside; then
+      echo "load-test: what ran alongside failed: $alongside" >&2
+      tail -n 100 "$logs/alongside.log" >&2
+      any_failed=1
+    fi
+  fi
   for t in "${fails[@]}"; do
     failed[$t]=$((${failed[$t]:-0} + 1))
     any_failed=1
@@ -128,6 +171,8 @@ if ((!any_failed)); then
   echo "load-test: no test failed" >&2
   exit 0
 fi
-echo "load-test: failures per test (runs failed of $runs):" >&2
-for t in "${!failed[@]}"; do printf '  %3d  %s\n' "${failed[$t]}" "$t"; done | sort -rn >&2
+if ((${#failed[@]})); then
+  echo "load-test: failures per test (runs failed of $runs):" >&2
+  for t in "${!failed[@]}"; do printf '  %3d  %s\n' "${failed[$t]}" "$t"; done | sort -rn >&2
+fi
 exit 1

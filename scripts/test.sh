@@ -13,10 +13,22 @@ step=$SECONDS
 # reports and call sites, and about half the compile time of -O2 -g.
 san_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
   "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
-cmake -S "$root" -B "$build" -G Ninja "${san_flags[@]}" \
+# A unity build (CMake batches each library's files into a few units):
+# about half the compile time, most of it in the headers every file
+# includes. scripts/fuzz.sh's build stays file by file, so that a file
+# that does not include what it uses still fails CI.
+cmake -S "$root" -B "$build" -G Ninja "${san_flags[@]}" -DCMAKE_UNITY_BUILD=ON \
   -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON >/dev/null
 cmake --build "$build"
 took "the sanitizer build"
+# The other trees the steps after the tests use: ThreadSanitizer's, the
+# fuzz targets' and arm64's. Without a filter they build alongside the
+# tests under load, as the busy work those run beside
+# (scripts/load-test.sh --alongside), in place of processes that only spin.
+arm64() { [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; }
+other_builds="scripts/tsan.sh --build-only && scripts/fuzz.sh --build-only"
+if arm64; then other_builds+=" && scripts/arm64.sh --build-only"; fi
+built=0
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 if (($# > 0)) || [[ -n ${TPUHAL_SKIP_LOAD:-} ]]; then
@@ -33,8 +45,9 @@ else
   # guests, which do not depend on timing and would only be slow there.
   (cd "$build" && ctest --output-on-failure -j "$(nproc)" -R "$("$root/scripts/load-test.sh" --build "$build" --skipped)")
   took "the quiet tests"
-  "$root/scripts/load-test.sh" --build "$build"
-  took "every other test under load"
+  (cd "$root" && scripts/load-test.sh --build "$build" --alongside "$other_builds")
+  built=1
+  took "every other test under load, the other trees building alongside"
 fi
 
 # The tensor engine at every instruction-set level below this CPU's own (the
@@ -65,48 +78,28 @@ if (($# == 0)); then
   took "the tensor tests at every instruction-set level"
 fi
 
-# ThreadSanitizer over the tests where threads meet: the conformance suite,
-# the driver, thread and validation-layer tests, the simulator daemon, the
-# CUDA shim on its stand-in driver, and a short soak (build/tsan/). Skipped when ctest was given a filter, so that
-# `scripts/test.sh -R Foo` stays quick.
+# ThreadSanitizer over the tests where threads meet (scripts/tsan.sh,
+# build/tsan/), fuzzing, and arm64. Skipped when ctest was given a filter,
+# so that `scripts/test.sh -R Foo` stays quick.
 if (($# == 0)); then
-  tsan="$root/build/tsan"
-  cmake -S "$root" -B "$tsan" -G Ninja "${san_flags[@]}" \
-    -DTPUHAL_SANITIZE=thread -DTPUHAL_WERROR=ON >/dev/null
-  # The CUDA shim's tests where the toolkit's headers were found.
-  cuda_targets=()
-  if grep -q '^build cuda_shim_test:' "$tsan/build.ninja"; then cuda_targets=(cuda_shim_test tpuhal_fake_cuda cuda_gpu_test); fi
-  cmake --build "$tsan" --target hal_threads tpu_driver hal_conformance sim_board_test tpuhal_cli hal_validation \
-    hal_trace hal_telemetry simd_test tpuhal_simd simd_client tpu_usb_test "${cuda_targets[@]}"
-  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
-  # One tensor-engine thread: its parallel loops are OpenMP regions, and
-  # OpenMP's runtime is not instrumented, so ThreadSanitizer cannot see
-  # their synchronisation. Results do not depend on the thread count.
-  export TPUHAL_SIM_THREADS=1
-  (cd "$tsan" && ctest --output-on-failure -j "$(nproc)" -R '^(Threads|TpuDriver|Devices/Conformance|Devices/TelemetryTest|SimBoard|Validation|Trace|Simd|Cuda|UsbTransport|UsbSim|UsbLoader|UsbFunction)')
-  # The soak test (docs/faults.md): every thread, queue and process path at
-  # once, for 10 s, with a fixed seed so that a failure can be replayed.
-  TPUHAL_LOG=error "$tsan/bin/tpuhal" stress --device sim:tiny --seconds 10 --threads 4 --processes 2 --seed 1
-  # The same traced (docs/tracing.md): every thread and process writing
-  # events while the trace's writers drain them.
-  TPUHAL_LOG=error "$tsan/bin/tpuhal" trace -o "$tsan/stress-trace.json" -- \
-    "$tsan/bin/tpuhal" stress --device sim:tiny --seconds 5 --threads 4 --processes 2 --seed 2
-  took "ThreadSanitizer (build and tests)"
+  ((built)) || "$root/scripts/tsan.sh" --build-only
+  "$root/scripts/tsan.sh" --no-build
+  took "ThreadSanitizer"
 fi
 
 # Fuzzing: each fuzz target for 20 s on its committed corpus, one per core
 # at a time, in a clang build (build/fuzz/, docs/fuzzing.md), with a fixed
-# seed so that a CI failure can be replayed. Skipped, like the step above,
-# when ctest was given a filter.
+# seed so that a CI failure can be replayed.
 if (($# == 0)); then
-  "$root/scripts/fuzz.sh" --seconds 20 --parallel "$(nproc)" -- -seed=1
-  took "fuzzing (build and runs)"
+  ((built)) || "$root/scripts/fuzz.sh" --build-only
+  "$root/scripts/fuzz.sh" --no-build --seconds 20 --parallel "$(nproc)" -- -seed=1
+  took "fuzzing"
 fi
 
 # arm64: the cross build and the tensor and conformance tests under
-# qemu-aarch64 (scripts/arm64.sh, README). Skipped when ctest was given a
-# filter, or with TPUHAL_SKIP_ARM64=1.
-if (($# == 0)) && [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; then
-  "$root/scripts/arm64.sh"
+# qemu-aarch64 (scripts/arm64.sh, README). Skipped with TPUHAL_SKIP_ARM64=1.
+if (($# == 0)) && arm64; then
+  ((built)) || "$root/scripts/arm64.sh" --build-only
+  "$root/scripts/arm64.sh" --no-build
   took "arm64"
 fi
