@@ -41,6 +41,9 @@ CompileResult compile_bytes(std::span<const std::byte>, const CompileOptions&, s
 
 }  // namespace
 
+std::vector<std::string> supported_onnx_ops() { return {}; }
+std::vector<std::string> foldable_onnx_ops() { return {}; }
+
 #else
 
 namespace {

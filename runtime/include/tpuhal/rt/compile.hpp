@@ -135,6 +135,7 @@ CompileResult compile_onnx(const std::filesystem::path& onnx, const CompileOptio
 // The ONNX ops (default domain) the compiler takes, and those of them it
 // can fold to constants at compile time, each sorted by name: its table of
 // op handlers (docs/runtime.md, What is compiled; `tpuhal compile --list-ops`).
+// Both empty in a build without ONNX, which compiles nothing.
 std::vector<std::string> supported_onnx_ops();
 std::vector<std::string> foldable_onnx_ops();
 CompileResult compile_onnx(std::span<const std::byte> onnx_bytes, const CompileOptions& options,
