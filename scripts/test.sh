@@ -13,10 +13,10 @@ step=$SECONDS
 # reports and call sites, and about half the compile time of -O2 -g.
 san_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
   "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
-# A unity build (CMake batches each library's files into a few units):
-# about half the compile time, most of it in the headers every file
-# includes. scripts/fuzz.sh's build stays file by file, so that a file
-# that does not include what it uses still fails CI.
+# A unity build (CMake batches each library's files into a few units), so
+# that the headers every file includes are compiled once per batch rather
+# than once per file. scripts/fuzz.sh's build stays file by file, so that a
+# file that does not include what it uses still fails CI.
 cmake -S "$root" -B "$build" -G Ninja "${san_flags[@]}" -DCMAKE_UNITY_BUILD=ON \
   -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON >/dev/null
 cmake --build "$build"
@@ -37,8 +37,8 @@ if (($# > 0)) || [[ -n ${TPUHAL_SKIP_LOAD:-} ]]; then
   took "ctest"
 else
   # Every test once, on a busy machine, as shared CI runners are
-  # (scripts/load-test.sh): a busy process on each core at normal priority
-  # and ctest at twice the cores, the families most sensitive to timing
+  # (scripts/load-test.sh): the other trees building (then a busy process
+  # per core) at normal priority and ctest at twice the cores, the families most sensitive to timing
   # repeated until they fail, 3 times (`--runs 10` there for a longer
   # hunt). First, quietly, the few it leaves out: checks of the tree, the
   # model zoo's numerics, the integer kernels at every level and the QEMU
