@@ -490,6 +490,11 @@ TEST(TensorIsa, IntegerLoopsAndRequantisationMatchTheScalarRulesAtEveryLevel) {
     mul[i] = i % 5 == 0 ? 0.5f : i % 7 == 0 ? 8.0f : scale(rng);
     if (i % 11 == 0) q_acc[i] = static_cast<std::int32_t>(i) - 2000;  // small values, many ties at 0.5
   }
+  // Biases: small ones, and a few that wrap the int32 sum around.
+  std::vector<std::int32_t> q_bias(m);
+  for (std::size_t i = 0; i < m; ++i)
+    q_bias[i] =
+        i % 13 == 0 ? INT32_MAX - static_cast<std::int32_t>(i) : static_cast<std::int32_t>(rng() % 20001) - 10000;
   struct Range {
     std::int32_t zero, lo, hi;
   };
@@ -504,17 +509,23 @@ TEST(TensorIsa, IntegerLoopsAndRequantisationMatchTheScalarRulesAtEveryLevel) {
     std::vector<std::int32_t> out(acc);
     k.add_i32(out.data(), add.data(), n);
     ASSERT_EQ(out, want_sum);
-    for (const Range r : {Range{128, 0, 255}, Range{-3, -128, 127}}) {
-      std::vector<std::uint8_t> got(m);
-      k.requantize_u8(q_acc.data(), mul.data(), got.data(), m, r.zero, r.lo, r.hi);
-      for (std::size_t i = 0; i < m; ++i) {
-        volatile float product = static_cast<float>(q_acc[i]) * mul[i];
-        const float v = std::min(std::max(static_cast<float>(product), -4194304.0f), 4194304.0f);
-        const auto rounded = static_cast<std::int32_t>(std::nearbyint(v));  // half to even
-        const std::int32_t want = std::min(std::max(rounded + r.zero, r.lo), r.hi);
-        ASSERT_EQ(got[i], static_cast<std::uint8_t>(want)) << q_acc[i] << " * " << mul[i] << ", zero " << r.zero;
+    for (const Range r : {Range{128, 0, 255}, Range{-3, -128, 127}})
+      for (const bool with_bias : {false, true}) {
+        std::vector<std::uint8_t> got(m);
+        k.requantize_u8(q_acc.data(), with_bias ? q_bias.data() : nullptr, mul.data(), got.data(), m, r.zero, r.lo,
+                        r.hi);
+        for (std::size_t i = 0; i < m; ++i) {
+          const auto a = with_bias ? static_cast<std::int32_t>(static_cast<std::uint32_t>(q_acc[i]) +
+                                                               static_cast<std::uint32_t>(q_bias[i]))
+                                   : q_acc[i];
+          volatile float product = static_cast<float>(a) * mul[i];
+          const float v = std::min(std::max(static_cast<float>(product), -4194304.0f), 4194304.0f);
+          const auto rounded = static_cast<std::int32_t>(std::nearbyint(v));  // half to even
+          const std::int32_t want = std::min(std::max(rounded + r.zero, r.lo), r.hi);
+          ASSERT_EQ(got[i], static_cast<std::uint8_t>(want))
+              << a << " * " << mul[i] << ", zero " << r.zero << (with_bias ? ", with a bias" : "");
+        }
       }
-    }
   }
 }
 

@@ -139,9 +139,12 @@ inline float rne(float v) {
 //   y = saturate(round_half_even(acc * multiplier) + zero_y)
 // with multiplier = (scale_a * scale_b) / scale_y formed in f32. The
 // multiplier varies along at most one axis: element i uses
-// multipliers[(i / div) % multipliers.size()].
+// multipliers[(i / div) % multipliers.size()]. A bias (null, or one per
+// multiplier, indexed alike) is added to the accumulator first, in int32,
+// wrapping.
 void requantize(TensorEngine& e, std::span<const std::int32_t> acc, const View& y,
-                const std::vector<float>& multipliers, std::uint64_t div, std::int32_t zero_y) {
+                const std::vector<float>& multipliers, std::uint64_t div, std::int32_t zero_y,
+                const std::int32_t* bias = nullptr) {
   const std::int32_t lo = int_min(y.dtype), hi = int_max(y.dtype);
   const std::uint64_t period = multipliers.size();
   const bool dense = y.contiguous();
@@ -155,7 +158,10 @@ void requantize(TensorEngine& e, std::span<const std::int32_t> acc, const View& 
       }
     };
     auto q = [&](std::uint64_t i) {
-      const float v = static_cast<float>(acc[i]) * multipliers[idx];
+      const std::int32_t a =
+          bias ? static_cast<std::int32_t>(static_cast<std::uint32_t>(acc[i]) + static_cast<std::uint32_t>(bias[idx]))
+               : acc[i];
+      const float v = static_cast<float>(a) * multipliers[idx];
       const std::int32_t r = static_cast<std::int32_t>(rne(v)) + zero_y;
       return std::min(std::max(r, lo), hi);
     };
@@ -168,7 +174,7 @@ void requantize(TensorEngine& e, std::span<const std::int32_t> acc, const View& 
         next();
       }
       for (; i + period <= end; i += period)
-        simd::requantize_u8(&acc[i], multipliers.data(), &out[i], period, zero_y, lo, hi);
+        simd::requantize_u8(&acc[i], bias, multipliers.data(), &out[i], period, zero_y, lo, hi);
       for (; i < end; ++i) {
         out[i] = static_cast<std::uint8_t>(q(i));
         next();
@@ -312,19 +318,13 @@ fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
       if (!v[8].present() && qlinear_conv_fused(*this, at, v[0], v[3], &v[2], &v[5], y, mult, y_zero)) break;
       Accumulators acc(*this, v[9], false);
       conv_integer(*this, at, v[0], v[3], &v[2], &v[5], acc.data);
+      std::vector<std::int32_t> bias;
       if (v[8].present()) {
-        std::vector<std::uint32_t> bias(c);
+        bias.resize(c);
         for (std::uint64_t o = 0; o < c; ++o)
-          bias[o] = static_cast<std::uint32_t>(load_int(v[8].at(o * v[8].strides[0]), fw::DType::kI32));
-        for (std::uint64_t i = 0, o = 0, k = 0; i < acc.size; ++i) {
-          acc.data[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(acc.data[i]) + bias[o]);
-          if (++k == hw) {
-            k = 0;
-            if (++o == c) o = 0;
-          }
-        }
+          bias[o] = static_cast<std::int32_t>(load_int(v[8].at(o * v[8].strides[0]), fw::DType::kI32));
       }
-      requantize(*this, acc.span(), y, mult, hw, y_zero);
+      requantize(*this, acc.span(), y, mult, hw, y_zero, bias.empty() ? nullptr : bias.data());
       break;
     }
     case fw::OpKind::kResize: resize(*this, std::get<fw::ResizeAttrs>(op.attrs), v); break;

@@ -25,11 +25,12 @@ void add_abs_i8(std::uint32_t* sums, const std::int8_t* row, std::size_t n);
 // sum of |v[i]| (v s8).
 std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n);
 
-// out[i] = clamp(round_half_even(acc[i] * mul[i]) + zero, lo, hi) as a byte
-// (u8, or i8 two's complement), for |acc[i] * mul[i]| up to 2^22 (beyond,
-// the result saturates).
-void requantize_u8(const std::int32_t* acc, const float* mul, std::uint8_t* out, std::size_t n, std::int32_t zero,
-                   std::int32_t lo, std::int32_t hi);
+// out[i] = clamp(round_half_even(a * mul[i]) + zero, lo, hi) as a byte
+// (u8, or i8 two's complement), for |a * mul[i]| up to 2^22 (beyond, the
+// result saturates), where a = acc[i] + bias[i] in int32, wrapping (bias
+// may be null: a = acc[i]).
+void requantize_u8(const std::int32_t* acc, const std::int32_t* bias, const float* mul, std::uint8_t* out,
+                   std::size_t n, std::int32_t zero, std::int32_t lo, std::int32_t hi);
 
 // Pooling's per-tap steps over a row of outputs: in[i * stride] into out[i].
 // max: the larger, a NaN in either kept (in's when in is NaN); add: +=.
