@@ -244,5 +244,27 @@ TEST_P(Ops, TransposeAnyPermutationUpToRank6) {
   }
 }
 
+TEST_P(Ops, TransposeBetweenNchwAndNhwcAcrossTilesIsExact) {
+  // The compiler's layout changes (NCHW <-> NHWC), which the engine copies
+  // in square tiles: sizes past one tile and not a multiple of it, each
+  // element type size, a batch of more than one.
+  struct Case {
+    Shape s;
+    std::vector<std::size_t> perm;
+  };
+  const Case cases[] = {{{2, 67, 9, 35}, {0, 2, 3, 1}}, {{2, 9, 35, 67}, {0, 3, 1, 2}}, {{1, 33, 1, 1}, {0, 2, 3, 1}},
+                        {{1, 256, 7, 7}, {0, 2, 3, 1}}, {{1, 7, 7, 256}, {0, 3, 1, 2}}, {{3, 40, 65}, {0, 2, 1}}};
+  for (const Case& c : cases)
+    for (DType dt : {DType::F32, DType::F16, DType::U8}) {
+      const Host x = is_float(dt) ? rand(dt, c.s, -100, 100) : rand_int(rng_, dt, c.s);
+      const Host want = permuted(x, c.perm);
+      const Tensor y = lab().output(dt, want.shape);
+      const Host got = lab().run(ops::transpose(lab().upload(x), y, c.perm), y);
+      std::string p;
+      for (auto v : c.perm) p += std::to_string(v);
+      expect_exact("transpose " + std::string(to_string(dt)) + " " + dims(c.s) + " perm " + p, got, want.v);
+    }
+}
+
 }  // namespace
 }  // namespace tpuhal::ops_test

@@ -180,9 +180,31 @@ bool f32_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const View& a, co
   return true;
 }
 
+// Copies n elements of `es` bytes, `sy` and `sa` elements apart.
+void strided_copy(std::byte* y, std::uint64_t sy, const std::byte* a, std::uint64_t sa, std::uint64_t n,
+                  std::uint64_t es) {
+  auto typed = [&](auto t) {
+    using T = decltype(t);
+    auto* yt = reinterpret_cast<T*>(y);
+    const auto* at = reinterpret_cast<const T*>(a);
+    for (std::uint64_t i = 0; i < n; ++i) yt[i * sy] = at[i * sa];
+  };
+  switch (es) {
+    case 1: typed(std::uint8_t{}); return;
+    case 2: typed(std::uint16_t{}); return;
+    case 4: typed(std::uint32_t{}); return;
+    case 8: typed(std::uint64_t{}); return;
+    default:
+      for (std::uint64_t i = 0; i < n; ++i) std::memcpy(y + i * sy * es, a + i * sa * es, es);
+  }
+}
+
 // A copy between views of one dtype (a strided copy such as a Concat's
 // slice, or a transpose): rows of the merged dims, each a memcpy where both
-// are dense along it, else element by element.
+// are dense along it, else element by element; a transpose of the last two
+// merged dims (y dense along the last, a along the one before: NCHW <->
+// NHWC) in square tiles, so that both sides are read and written a cache
+// line at a time.
 void same_type_copy(TensorEngine& e, const View& a, const View& y) {
   const View* views[2] = {&y, &a};
   const Rows r = merged(views, 2);
@@ -190,6 +212,28 @@ void same_type_copy(TensorEngine& e, const View& a, const View& y) {
   const std::uint64_t sy = r.strides[0][r.rank - 1], sa = r.strides[1][r.rank - 1];
   std::uint64_t rows = 1;
   for (std::uint32_t d = 0; d + 1 < r.rank; ++d) rows *= r.shape[d];
+  if (r.rank >= 2 && sy == 1 && sa != 1 && r.strides[1][r.rank - 2] == 1) {
+    constexpr std::uint64_t kTile = 32;
+    const std::uint64_t inner = r.shape[r.rank - 2], syr = r.strides[0][r.rank - 2];
+    const std::uint64_t row_tiles = (inner + kTile - 1) / kTile, planes = rows / inner;
+    e.pool().parallel_for(
+        planes * row_tiles,
+        [&](std::uint64_t begin, std::uint64_t end) {
+          for (std::uint64_t t = begin; t < end; ++t) {
+            std::uint64_t off[3];
+            row_offsets(r, t / row_tiles * inner, off);  // the plane's first row
+            const std::uint64_t i0 = t % row_tiles * kTile, i1 = std::min(inner, i0 + kTile);
+            for (std::uint64_t j0 = 0; j0 < len; j0 += kTile) {
+              const std::uint64_t j1 = std::min(len, j0 + kTile);
+              for (std::uint64_t i = i0; i < i1; ++i)
+                strided_copy(y.data + (off[0] + i * syr + j0) * es, 1, a.data + (off[1] + i + j0 * sa) * es, sa,
+                             j1 - j0, es);
+            }
+          }
+        },
+        std::max<std::uint64_t>(1, kGrain / (kTile * std::max<std::uint64_t>(1, len))));
+    return;
+  }
   e.pool().parallel_for(
       rows,
       [&](std::uint64_t begin, std::uint64_t end) {
@@ -201,7 +245,7 @@ void same_type_copy(TensorEngine& e, const View& a, const View& y) {
           if (sy == 1 && sa == 1) {
             std::memmove(yr, ar, len * es);
           } else {
-            for (std::uint64_t i = 0; i < len; ++i) std::memcpy(yr + i * sy * es, ar + i * sa * es, es);
+            strided_copy(yr, sy, ar, sa, len, es);
           }
         }
       },
@@ -326,12 +370,39 @@ void softmax(TensorEngine& e, const fw::SoftmaxAttrs& at, const View* v) {
   });
 }
 
+namespace {
+
+// Whether a view broadcast over y's shape is one value (every stride 0).
+bool one_value(const View& v) {
+  for (std::uint32_t d = 0; d < v.rank; ++d)
+    if (v.shape[d] > 1 && v.strides[d] != 0) return false;
+  return true;
+}
+
+}  // namespace
+
 // y = saturate(round_half_even(x / scale) + zero_point), in f32.
 void quantize(TensorEngine& e, const View* v) {
   const View &x = v[0], &scale = v[1], &zp = v[2], &y = v[3];
   const View zero{};
   const View* views[4] = {&y, &x, &scale, zp.present() ? &zp : &zero};
   const std::int32_t lo = int_min(y.dtype), hi = int_max(y.dtype);
+  if (x.dtype == fw::DType::kF32 && (y.dtype == fw::DType::kU8 || y.dtype == fw::DType::kI8) && x.contiguous() &&
+      y.contiguous() && one_value(scale) && (!zp.present() || one_value(zp))) {
+    // One scale and zero point over dense f32 (the compiler's conversions):
+    // the same arithmetic as below, without walking indices.
+    const auto* in = reinterpret_cast<const float*>(x.data);
+    auto* out = reinterpret_cast<std::uint8_t*>(y.data);
+    const float s = load_float(scale.data, fw::DType::kF32);
+    const std::int32_t z = zp.present() ? static_cast<std::int32_t>(load_int(zp.data, zp.dtype)) : 0;
+    e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
+      for (std::uint64_t i = begin; i < end; ++i) {
+        const std::int32_t q = round_saturate(in[i] / s, INT32_MIN / 2, INT32_MAX / 2) + z;
+        out[i] = static_cast<std::uint8_t>(std::min(std::max(q, lo), hi));
+      }
+    });
+    return;
+  }
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
       const float xv =
@@ -349,6 +420,23 @@ void dequantize(TensorEngine& e, const View* v) {
   const View &x = v[0], &scale = v[1], &zp = v[2], &y = v[3];
   const View zero{};
   const View* views[4] = {&y, &x, &scale, zp.present() ? &zp : &zero};
+  if (y.dtype == fw::DType::kF32 && (x.dtype == fw::DType::kU8 || x.dtype == fw::DType::kI8) && x.contiguous() &&
+      y.contiguous() && one_value(scale) && (!zp.present() || one_value(zp))) {
+    // One scale and zero point over dense bytes: the same arithmetic as
+    // below, without walking indices.
+    const auto* in = reinterpret_cast<const std::uint8_t*>(x.data);
+    auto* out = reinterpret_cast<float*>(y.data);
+    const float s = load_float(scale.data, fw::DType::kF32);
+    const std::int64_t z = zp.present() ? load_int(zp.data, zp.dtype) : 0;
+    const bool is_signed = x.dtype == fw::DType::kI8;
+    e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
+      for (std::uint64_t i = begin; i < end; ++i) {
+        const std::int64_t xv = is_signed ? static_cast<std::int8_t>(in[i]) : in[i];
+        out[i] = static_cast<float>(xv - z) * s;
+      }
+    });
+    return;
+  }
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
       const std::int64_t z = zp.present() ? load_int(zp.at(off[3]), zp.dtype) : 0;
