@@ -383,5 +383,62 @@ TEST_P(Ops, QLinearConvWithS8WeightsNoWeightZeroPointAndNoBiasRoundsTheSame) {
       }
 }
 
+TEST_P(Ops, QLinearConvShapedLikeAnInt8ResNetLayerIsExact) {
+  // What the compiler's int8 layers hand the engine (runtime/src/onnx/
+  // int8.cpp): u8 NHWC activations, s8 per-channel weights with zero
+  // points 0, an i32 bias (some large enough to wrap the int32 sum), at
+  // ResNet's shapes (3x3 over 256 channels: K past several exact blocks;
+  // 1x1 with stride 2; the 7x7 stem; a Gemm as a 1x1 over 2048), with odd
+  // sizes, an input zero point of 0 and not, with and without a bias.
+  struct Case {
+    std::int64_t c, h, w, o, k, stride, pad;
+  };
+  const Case cases[] = {{256, 7, 9, 67, 3, 1, 1},
+                        {64, 15, 13, 257, 1, 2, 0},
+                        {3, 17, 19, 64, 7, 2, 3},
+                        {2048, 1, 1, 10, 1, 1, 0},
+                        {33, 5, 6, 31, 3, 2, 1}};
+  for (const Case& k : cases)
+    for (const std::int64_t x_zero : {0, 131})
+      for (const bool with_bias : {false, true}) {
+        ConvGeom g;
+        g.layout = Layout::NHWC;
+        g.strides = {static_cast<std::uint32_t>(k.stride), static_cast<std::uint32_t>(k.stride)};
+        const auto p = static_cast<std::uint32_t>(k.pad);
+        g.pads = {p, p, p, p};
+        const Host x = rand_int(rng_, DType::U8, img_shape(g.layout, 1, k.c, k.h, k.w));
+        const Host w = rand_host(rng_, DType::I8, {k.o, k.c, k.k, k.k}, -127, 127);
+        Host xz(DType::U8, {}), wz(DType::I8, {k.o});  // weight zero points 0
+        xz.v = {static_cast<double>(x_zero)};
+        const Host xs = rand(DType::F32, {}, 1e-3, 0.05), ws = rand(DType::F32, {k.o}, 1e-4, 0.01);
+        const Host ysc = rand(DType::F32, {}, 0.05, 1), yz = rand_int(rng_, DType::U8, {});
+        Host bias = rand_host(rng_, DType::I32, {k.o}, -100000, 100000);
+        bias.v[0] = 2147483000;  // wraps the sums of channel 0 that pass 647
+        const Shape ys = conv_out_shape(x, w.shape, g);
+        const auto acc = ref_conv_int(x, w, g, x_zero, {}, ys);
+        std::vector<double> want(acc.size());
+        for_each_output(ys, g.layout, [&](std::int64_t, std::int64_t oc, std::int64_t, std::int64_t, std::int64_t lin) {
+          const auto ol = static_cast<std::size_t>(oc);
+          const std::int64_t sum =
+              wrap32(acc[static_cast<std::size_t>(lin)] + (with_bias ? static_cast<std::int64_t>(bias.v[ol]) : 0));
+          want[static_cast<std::size_t>(lin)] =
+              requantize(sum, xs.v[0], ws.v[ol], ysc.v[0], static_cast<std::int64_t>(yz.v[0]), DType::U8);
+        });
+        Conv2dOptions opt = g.options();
+        if (with_bias) opt.bias = lab().upload(bias);
+        const Tensor y = lab().output(DType::U8, ys);
+        const std::string what = "qlinear_conv u8 x " + dims(x.shape) + " s8 w " + dims(w.shape) + " " + g.text() +
+                                 " x zero point " + std::to_string(x_zero) + (with_bias ? " with a bias" : "");
+        // Twice: a second run with the same weights must give the same bytes.
+        for (int run = 0; run < 2; ++run)
+          expect_exact(what + " run " + std::to_string(run),
+                       lab().run(ops::qlinear_conv(lab().upload(x), lab().upload(xs), lab().upload(xz), lab().upload(w),
+                                                   lab().upload(ws), lab().upload(wz), lab().upload(ysc),
+                                                   lab().upload(yz), y, opt),
+                                 y),
+                       want);
+      }
+}
+
 }  // namespace
 }  // namespace tpuhal::ops_test

@@ -531,6 +531,35 @@ void depthwise_integer(TensorEngine& e, const Geometry& g, const View& x, const 
   });
 }
 
+// The weights of group `gi` as the GEMM's B (NHWC: columns along (ky, kx,
+// c)), packed: from the engine's cache where they were packed before from
+// the same bytes, else packed now (and kept, where dense and there is room).
+const float* packed_weights(TensorEngine& e, const igemm::Kernels& kern, const Geometry& g, const View& w,
+                            const std::vector<std::int16_t>& w_zero, std::uint64_t gi) {
+  const std::uint64_t og = g.o / g.groups, k = g.c / g.groups * g.kh * g.kw;
+  WeightLines wl(g, w, gi);
+  wl.is_signed = w.dtype == fw::DType::kI8;
+  wl.zero_per_line = w_zero.data() + gi * og;
+  const std::uint64_t floats = igemm::packed_b_floats(kern, og, k);
+  if (w.contiguous()) {
+    // Where the weights are and everything their packing depends on.
+    PackedCache::Key key{reinterpret_cast<std::intptr_t>(w.data), reinterpret_cast<std::intptr_t>(&kern)};
+    for (const std::uint64_t v :
+         {static_cast<std::uint64_t>(w.dtype), std::uint64_t{g.nhwc}, gi, g.groups, g.o, g.c, g.kh, g.kw})
+      key.push_back(static_cast<std::int64_t>(v));
+    key.insert(key.end(), wl.zero_per_line, wl.zero_per_line + og);
+    const std::size_t bytes = w.elements() * w.esize;
+    if (const float* hit = e.packed_cache().find(key, w.data, bytes)) return hit;
+    if (float* bp = e.packed_cache().insert(std::move(key), w.data, bytes, floats)) {
+      igemm::pack_b(e, kern, og, k, wl, false, bp);
+      return bp;
+    }
+  }
+  float* bp = e.scratch_f32(floats);
+  igemm::pack_b(e, kern, og, k, wl, false, bp);
+  return bp;
+}
+
 // conv_integer on the engine's own kernels: exact on every ISA.
 void conv_integer_exact(TensorEngine& e, const Geometry& g, const View& x, const View& w, std::int32_t x_zero,
                         const std::vector<std::int16_t>& w_zero, std::int32_t* acc) {
@@ -548,7 +577,8 @@ void conv_integer_exact(TensorEngine& e, const Geometry& g, const View& x, const
       Im2colRows xr(g, x, gi);
       xr.is_signed = x.dtype == fw::DType::kI8;
       xr.zero = static_cast<std::int16_t>(x_zero);
-      igemm::gemm(e, kern, g.n * g.oh * g.ow, og, k, xr, wl, false, acc + gi * og, g.o);
+      igemm::gemm_packed(e, kern, g.n * g.oh * g.ow, og, k, xr, packed_weights(e, kern, g, w, w_zero, gi),
+                         acc + gi * og, g.o);
     } else {
       for (std::uint64_t ni = 0; ni < g.n; ++ni) {
         Im2colLines xl(g, x, ni, gi);

@@ -14,6 +14,7 @@
 
 #include "cpu_share.h"
 #include "isa.h"
+#include "packed_cache.h"
 #include "tpuhal/fw/decode.h"
 
 namespace tpuhal::sim::tensor {
@@ -108,6 +109,8 @@ class TensorEngine {
     if (packed_.size() < n) packed_.resize(n);
     return reinterpret_cast<std::int32_t*>(packed_.data());
   }
+  // Packed weights kept from op to op (packed_cache.h).
+  PackedCache& packed_cache() { return packed_cache_; }
 
  private:
   std::mutex mu_;  // one op at a time: the engine is shared by all queues
@@ -116,6 +119,7 @@ class TensorEngine {
   std::unique_ptr<DnnlState> dnnl_;
   std::vector<std::int32_t> scratch_;
   std::vector<float> packed_;
+  PackedCache packed_cache_;
 };
 
 // Kernels (one file each); all take the engine for its pool and oneDNN.

@@ -18,17 +18,13 @@ std::size_t MatrixLines::segments(std::uint64_t line, std::uint64_t from, std::u
   return 1;
 }
 
-void gemm(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, std::uint64_t kdim, const Lines& a,
-          const Lines& b, bool b_rows, std::int32_t* c, std::uint64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (kdim == 0) {
-    for (std::uint64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0);
-    return;
-  }
+std::uint64_t packed_b_floats(const Kernels& k, std::uint64_t n, std::uint64_t kdim) {
+  return (n + k.nr - 1) / k.nr * kdim * k.nr;
+}
+
+void pack_b(TensorEngine& e, const Kernels& k, std::uint64_t n, std::uint64_t kdim, const Lines& b, bool b_rows,
+            float* bp) {
   const std::uint64_t nr = k.nr, panels = (n + nr - 1) / nr, panel_floats = kdim * nr;
-  // B, packed once for every block of A, into memory kept from call to call
-  // (the engine runs one op at a time).
-  float* const bp = e.scratch_f32(panels * panel_floats);
   if (b_rows) {
     e.pool().parallel_for(kdim, [&](std::uint64_t k0, std::uint64_t k1) {
       std::vector<float> line(n);
@@ -43,6 +39,12 @@ void gemm(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, s
       k.pack_b_cols(b, kdim, n0, n1, bp, panel_floats, line.data(), segs.data());
     });
   }
+}
+
+void gemm_packed(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, std::uint64_t kdim,
+                 const Lines& a, const float* bp, std::int32_t* c, std::uint64_t ldc) {
+  if (m == 0) return;
+  const std::uint64_t nr = k.nr;
   gemm::multiply(
       e, m, n, kdim, k.mr, nr, kMaxKc, bp,
       [&](std::uint64_t m0, std::uint64_t mc, std::uint64_t k0, std::uint64_t kc, float* block) {
@@ -53,6 +55,20 @@ void gemm(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, s
       [&](std::uint64_t kc, const float* ap, const float* panel, std::uint64_t row, std::uint64_t q, unsigned rows,
           unsigned cols,
           bool accumulate) { k.kernel(kc, ap, panel, c + row * ldc + q * nr, ldc, rows, cols, accumulate); });
+}
+
+void gemm(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, std::uint64_t kdim, const Lines& a,
+          const Lines& b, bool b_rows, std::int32_t* c, std::uint64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (kdim == 0) {
+    for (std::uint64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0);
+    return;
+  }
+  // B, packed once for every block of A, into memory kept from call to call
+  // (the engine runs one op at a time).
+  float* const bp = e.scratch_f32(packed_b_floats(k, n, kdim));
+  pack_b(e, k, n, kdim, b, b_rows, bp);
+  gemm_packed(e, k, m, n, kdim, a, bp, c, ldc);
 }
 
 }  // namespace tpuhal::sim::tensor::igemm
