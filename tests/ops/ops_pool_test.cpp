@@ -16,6 +16,27 @@ TEST_P(Ops, MaxPoolIsExactForEveryDtype) {
     }
 }
 
+// NHWC byte pooling steps over all the channels of a pixel at once (int8
+// models' max pools): channel counts past a vector's width, padding on
+// both sides, windows that overlap.
+TEST_P(Ops, MaxPoolOfBytesNhwcIsExactAcrossManyChannels) {
+  for (DType dt : {DType::U8, DType::I8})
+    for (const std::int64_t ch : {std::int64_t{67}, std::int64_t{256}}) {
+      PoolCase c;
+      c.o.layout = Layout::NHWC;
+      c.o.kernel = {3, 3};
+      c.o.strides = {2, 2};
+      c.o.pads = {1, 1, 1, 1};
+      c.xs = {2, 9, 8, ch};
+      c.ys = {2, window_out(9, 3, 2, 1, 1, 1, false), window_out(8, 3, 2, 1, 1, 1, false), ch};
+      const Host x = rand_int(rng_, dt, c.xs);
+      const Tensor y = lab().output(dt, c.ys);
+      const Host got = lab().run(ops::max_pool2d(lab().upload(x), y, c.o), y);
+      expect_exact("max_pool2d " + std::string(to_string(dt)) + " x " + dims(c.xs) + " " + pool_text(c.o), got,
+                   ref_pool(x, c.o, true, c.ys).v);
+    }
+}
+
 TEST_P(Ops, AvgPoolDividesAsDocumented) {
   std::vector<PoolCase> cases;
   // ceil_mode windows that run past the end padding, with and without

@@ -529,6 +529,52 @@ TEST(TensorIsa, IntegerLoopsAndRequantisationMatchTheScalarRulesAtEveryLevel) {
   }
 }
 
+// Quantize and dequantize with one scale: the scalar rules of the ops
+// (numerics.h's round_saturate, ties to even, NaN as 0) for values around
+// every tie, past the byte's range and past 2^22, infinities and NaN, at
+// lengths that leave every vector tail.
+TEST(TensorIsa, QuantizeAndDequantizeLoopsMatchTheScalarRulesAtEveryLevel) {
+  std::mt19937 rng(43);
+  std::uniform_real_distribution<float> wide(-400.0f, 400.0f);
+  std::vector<float> in;
+  for (int k = -300; k <= 300; ++k) in.push_back(static_cast<float>(k) * 0.5f);  // every half: ties
+  for (float v : {0.0f, -0.0f, 4194303.5f, 4194304.5f, -4194305.0f, 1e30f, -1e30f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()})
+    in.push_back(v);
+  while (in.size() < 2053) in.push_back(wide(rng));
+  struct Case {
+    float scale;
+    std::int32_t zero, lo, hi;
+  };
+  std::vector<std::uint8_t> bytes(in.size());
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(rng());
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const simd::Kernels& k = simd::kernels(isa);
+    for (const Case c :
+         {Case{0.5f, 128, 0, 255}, Case{1.0f, 0, 0, 255}, Case{0.0371f, -5, -128, 127}, Case{3.0f, 255, 0, 255}})
+      for (const std::size_t n : {in.size(), std::size_t{1}, std::size_t{7}, std::size_t{33}}) {
+        std::vector<std::uint8_t> got(n, 0xAA);
+        k.quantize_f32(in.data(), got.data(), n, c.scale, c.zero, c.lo, c.hi);
+        for (std::size_t i = 0; i < n; ++i) {
+          volatile float quotient = in[i] / c.scale;
+          const std::int32_t q = round_saturate(quotient, INT32_MIN / 2, INT32_MAX / 2) + c.zero;
+          ASSERT_EQ(got[i], static_cast<std::uint8_t>(std::min(std::max(q, c.lo), c.hi)))
+              << in[i] << " / " << c.scale << " + " << c.zero;
+        }
+        for (const bool is_signed : {false, true}) {
+          std::vector<float> f(n);
+          k.dequantize_8(bytes.data(), f.data(), n, is_signed, c.scale, c.zero);
+          for (std::size_t i = 0; i < n; ++i) {
+            const std::int64_t x = is_signed ? static_cast<std::int8_t>(bytes[i]) : bytes[i];
+            ASSERT_EQ(f[i], static_cast<float>(x - c.zero) * c.scale) << int(bytes[i]) << (is_signed ? " i8" : " u8");
+          }
+        }
+      }
+  }
+}
+
 // The versions the entry points run follow the level, not the CPU alone:
 // capped at the lowest level every entry point runs its baseline version,
 // at the top its top one, and at each level between the version that level
@@ -556,7 +602,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 18u);
+  ASSERT_EQ(simd::entry_points().size(), 20u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

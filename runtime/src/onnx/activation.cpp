@@ -60,8 +60,14 @@ Value infer_clip(Importer& im, Node& n) {
   return out;
 }
 
-// In the activation type, or f32 in an int8 model.
+// In the activation type, or f32 in an int8 model (NHWC between NHWC values).
 void lower_as(Lowerer& l, const Node& n, const ActivationParams& p) {
+  if (l.nhwc_island(n, {n.inputs[0]})) {
+    const auto x = l.get_nhwc_f32(n.inputs[0]);
+    l.op("activation", n.name, {{"x", x}, {"y", l.produce_nhwc_f32(n.output, l.shape_of(n.output))}},
+         {{"activation", act_json(p)}});
+    return;
+  }
   const DType t = l.float_type();
   const auto x = l.get(n.inputs[0], t);
   l.op("activation", n.name, {{"x", x}, {"y", l.produce(n.output, t, l.shape_of(n.output))}},

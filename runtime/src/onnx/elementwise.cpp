@@ -36,6 +36,11 @@ Value fold_arithmetic(Importer& im, Node& n) {
 }
 
 void lower_binary(Lowerer& l, const Node& n) {
+  if (l.nhwc_island(n, {n.inputs[0], n.inputs[1]})) {
+    const auto a = l.get_nhwc_f32(n.inputs[0]), b = l.get_nhwc_f32(n.inputs[1]);
+    l.op(lower_case(n.op), n.name, {{"a", a}, {"b", b}, {"y", l.produce_nhwc_f32(n.output, l.shape_of(n.output))}});
+    return;
+  }
   const DType t = l.float_type();
   const auto x = l.get(n.inputs[0], t), y2 = l.get(n.inputs[1], t);
   l.op(lower_case(n.op), n.name, {{"a", x}, {"b", y2}, {"y", l.produce(n.output, t, l.shape_of(n.output))}});

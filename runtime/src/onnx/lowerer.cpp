@@ -129,7 +129,7 @@ std::int64_t Lowerer::get_bool(const Node& n, const std::string& v) {
 }
 
 void Lowerer::alias(const std::string& v, const std::string& of, const std::vector<std::int64_t>& shape) {
-  if (reps.at(of).primary_nhwc) get(of, DType::U8);  // a view needs the NCHW bytes
+  get_nchw(of);  // a view needs the NCHW bytes
   Rep& from = reps.at(of);
   auto& held = from.by_dtype.at(from.primary);
   if (!dg().tensors[static_cast<std::size_t>(held)].strides.empty()) {  // a strided view: reshaped as a copy
@@ -157,18 +157,19 @@ void Lowerer::ensure_q_tensors(Rep& r) {
   }
 }
 
-// A value held u8 NHWC, back to NCHW: u8 by a transpose, floats dequantized first.
+// A value held NHWC, back to NCHW: u8 by a transpose of the u8 form
+// (quantized from the f32 one if need be), floats by a transpose of the f32
+// form (dequantized from the u8 one if need be), then cast.
 std::int64_t Lowerer::from_nhwc(Rep& r, const std::string& v, DType t) {
   const auto shape = g.value(v).shape;
   const std::vector<std::size_t> back{0, 3, 1, 2};
   std::int64_t id;
   if (t == DType::U8) {
+    const auto u = get_nhwc(v);
     id = dg().add_arena("", DType::U8, shape);
-    op("transpose", "", {{"x", r.nhwc}, {"y", id}}, {{"perm", back}});
+    op("transpose", "", {{"x", u}, {"y", id}}, {{"perm", back}});
   } else {
-    ensure_q_tensors(r);
-    const auto f = dg().add_arena("", DType::F32, to_nhwc(shape));
-    op("dequantize", "", {{"x", r.nhwc}, {"scale", r.q_scale}, {"zero_point", r.q_zero}, {"y", f}}, {{"axis", 1}});
+    const auto f = get_nhwc_f32(v);
     id = dg().add_arena("", DType::F32, shape);
     op("transpose", "", {{"x", f}, {"y", id}}, {{"perm", back}});
     if (t != DType::F32) {
@@ -235,11 +236,54 @@ std::int64_t Lowerer::get(const std::string& v, DType t) {
 std::int64_t Lowerer::get_nhwc(const std::string& v) {
   Rep* r = reps.count(v) ? &reps.at(v) : nullptr;
   if (r && r->nhwc >= 0) return r->nhwc;
+  if (r && r->nhwc_f32 >= 0) {  // quantized where it is, NHWC
+    r->q = range_q(v);
+    ensure_q_tensors(*r);
+    r->nhwc = dg().add_arena("", DType::U8, to_nhwc(g.value(v).shape));
+    op("quantize", "", {{"x", r->nhwc_f32}, {"scale", r->q_scale}, {"zero_point", r->q_zero}, {"y", r->nhwc}},
+       {{"axis", 1}});
+    return r->nhwc;
+  }
   const auto u = get(v, DType::U8);
   r = &reps.at(v);
   r->nhwc = dg().add_arena("", DType::U8, to_nhwc(g.value(v).shape));
   op("transpose", "", {{"x", u}, {"y", r->nhwc}}, {{"perm", std::vector<std::size_t>{0, 2, 3, 1}}});
   return r->nhwc;
+}
+
+std::int64_t Lowerer::get_nchw(const std::string& v) {
+  Rep& r = reps.at(v);
+  return r.primary_nhwc ? get(v, r.primary) : r.by_dtype.at(r.primary);
+}
+
+bool Lowerer::nhwc_island(const Node& n, const std::vector<std::string>& xs) const {
+  if (!int8() || shape_of(n.output).size() != 4) return false;
+  return std::all_of(xs.begin(), xs.end(), [&](const std::string& x) {
+    const auto it = reps.find(x);
+    // Only a form that holds the value exactly: the one it was produced in.
+    return !g.value(x).data && it != reps.end() && it->second.primary_nhwc && !it->second.boolean &&
+           shape_of(x) == shape_of(n.output);
+  });
+}
+
+std::int64_t Lowerer::get_nhwc_f32(const std::string& v) {
+  Rep& r = reps.at(v);
+  if (r.nhwc_f32 >= 0) return r.nhwc_f32;
+  ensure_q_tensors(r);
+  r.nhwc_f32 = dg().add_arena("", DType::F32, to_nhwc(g.value(v).shape));
+  op("dequantize", "", {{"x", r.nhwc}, {"scale", r.q_scale}, {"zero_point", r.q_zero}, {"y", r.nhwc_f32}},
+     {{"axis", 1}});
+  return r.nhwc_f32;
+}
+
+std::int64_t Lowerer::produce_nhwc_f32(const std::string& v, const std::vector<std::int64_t>& shape) {
+  const auto id = dg().add_arena(v, DType::F32, to_nhwc(shape));
+  Rep r;
+  r.primary = DType::F32;
+  r.primary_nhwc = true;
+  r.nhwc_f32 = id;
+  reps[v] = r;
+  return id;
 }
 
 void Lowerer::lower_node(const Node& n) {

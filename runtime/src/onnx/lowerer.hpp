@@ -6,8 +6,8 @@
 // first and the outputs cast back last. int8: Conv, Gemm and MatMul by a
 // constant as qlinear_conv over u8 activations (4-D ones NHWC) and
 // per-output-channel i8 weights, MaxPool and reshapes on u8 as they are,
-// everything else in f32 between a dequantize and a quantize
-// (docs/runtime.md).
+// everything else in f32 between a dequantize and a quantize; element-wise
+// ops between NHWC values stay NHWC, in f32 (docs/runtime.md).
 #pragma once
 
 #include <cstdint>
@@ -28,16 +28,22 @@ std::vector<std::int64_t> to_nhwc(const std::vector<std::int64_t>& s);
 // How a value is held. by_dtype: tensors in the value's own (ONNX, NCHW)
 // shape. In int8, 4-D u8 activations live NHWC (`nhwc`), where the
 // engine's integer convolution and pooling are fast; the NCHW forms are
-// made from it only where something needs them.
+// made from it only where something needs them. An element-wise op whose
+// activation inputs are all held NHWC with its output's shape runs on f32
+// NHWC tensors (`nhwc_f32`): the same bits as in NCHW, element by element,
+// without the transposes.
 struct Rep {
   std::map<DType, std::int64_t> by_dtype;
   DType primary = DType::F32;
-  std::int64_t nhwc = -1;     // the u8 NHWC tensor, if any
-  bool primary_nhwc = false;  // the value is produced as `nhwc`
+  std::int64_t nhwc = -1;      // the u8 NHWC tensor, if any
+  std::int64_t nhwc_f32 = -1;  // the f32 NHWC tensor, if any
+  bool primary_nhwc = false;   // produced NHWC: as `nhwc` (primary u8) or `nhwc_f32` (primary f32)
   QParams q;
   std::int64_t q_scale = -1, q_zero = -1;  // weights tensors holding q
   bool boolean = false;                    // u8 1 or 0 (a comparison's or logic's result), never quantised
-  std::int64_t primary_tensor() const { return primary_nhwc ? nhwc : by_dtype.at(primary); }
+  std::int64_t primary_tensor() const {
+    return !primary_nhwc ? by_dtype.at(primary) : primary == DType::U8 ? nhwc : nhwc_f32;
+  }
 };
 
 struct Lowerer {
@@ -89,6 +95,16 @@ struct Lowerer {
   std::int64_t get(const std::string& v, DType t);
   // 4-D value `v` as a u8 NHWC tensor.
   std::int64_t get_nhwc(const std::string& v);
+  // Value `v` in its primary type and NCHW, made from its NHWC form if
+  // that is all there is.
+  std::int64_t get_nchw(const std::string& v);
+  // int8: whether element-wise node `n` runs NHWC in f32: every one of
+  // `xs` an activation held NHWC with the output's (4-D) shape.
+  bool nhwc_island(const Node& n, const std::vector<std::string>& xs) const;
+  // 4-D value `v`, held NHWC, as an f32 NHWC tensor (dequantized once).
+  std::int64_t get_nhwc_f32(const std::string& v);
+  // A new f32 NHWC arena tensor holding 4-D value `v` (`shape` NCHW).
+  std::int64_t produce_nhwc_f32(const std::string& v, const std::vector<std::int64_t>& shape);
   void ensure_q_tensors(Rep& r);
 
   // int8 layers (int8.cpp): whether their bias fits, and the layer itself.

@@ -216,10 +216,10 @@ Value infer_transpose(Importer& im, Node& n) {
 
 void lower_transpose(Lowerer& l, const Node& n) {
   if (!l.reps.count(n.inputs[0])) l.get(n.inputs[0], l.float_type());
-  if (l.reps.at(n.inputs[0]).primary_nhwc) l.get(n.inputs[0], DType::U8);
+  l.get_nchw(n.inputs[0]);
   Rep src = l.reps.at(n.inputs[0]);
   src.primary_nhwc = false;
-  src.nhwc = -1;
+  src.nhwc = src.nhwc_f32 = -1;
   const auto x = src.by_dtype.at(src.primary);
   const auto y = l.dg().add_arena(n.output, src.primary, l.shape_of(n.output));
   Rep r = src;

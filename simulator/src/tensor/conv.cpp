@@ -577,8 +577,8 @@ void conv_integer_exact(TensorEngine& e, const Geometry& g, const View& x, const
       Im2colRows xr(g, x, gi);
       xr.is_signed = x.dtype == fw::DType::kI8;
       xr.zero = static_cast<std::int16_t>(x_zero);
-      igemm::gemm_packed(e, kern, g.n * g.oh * g.ow, og, k, xr, packed_weights(e, kern, g, w, w_zero, gi),
-                         acc + gi * og, g.o);
+      const float* bp = k && og ? packed_weights(e, kern, g, w, w_zero, gi) : nullptr;  // none to pack
+      igemm::gemm_packed(e, kern, g.n * g.oh * g.ow, og, k, xr, bp, acc + gi * og, g.o);
     } else {
       for (std::uint64_t ni = 0; ni < g.n; ++ni) {
         Im2colLines xl(g, x, ni, gi);

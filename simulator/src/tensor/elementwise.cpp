@@ -7,6 +7,7 @@
 
 #include "engine.h"
 #include "numerics.h"
+#include "simd.h"
 
 namespace tpuhal::sim::tensor {
 namespace {
@@ -396,10 +397,7 @@ void quantize(TensorEngine& e, const View* v) {
     const float s = load_float(scale.data, fw::DType::kF32);
     const std::int32_t z = zp.present() ? static_cast<std::int32_t>(load_int(zp.data, zp.dtype)) : 0;
     e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
-      for (std::uint64_t i = begin; i < end; ++i) {
-        const std::int32_t q = round_saturate(in[i] / s, INT32_MIN / 2, INT32_MAX / 2) + z;
-        out[i] = static_cast<std::uint8_t>(std::min(std::max(q, lo), hi));
-      }
+      simd::quantize_f32(in + begin, out + begin, end - begin, s, z, lo, hi);
     });
     return;
   }
@@ -427,13 +425,10 @@ void dequantize(TensorEngine& e, const View* v) {
     const auto* in = reinterpret_cast<const std::uint8_t*>(x.data);
     auto* out = reinterpret_cast<float*>(y.data);
     const float s = load_float(scale.data, fw::DType::kF32);
-    const std::int64_t z = zp.present() ? load_int(zp.data, zp.dtype) : 0;
+    const auto z = zp.present() ? static_cast<std::int32_t>(load_int(zp.data, zp.dtype)) : 0;
     const bool is_signed = x.dtype == fw::DType::kI8;
     e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
-      for (std::uint64_t i = begin; i < end; ++i) {
-        const std::int64_t xv = is_signed ? static_cast<std::int8_t>(in[i]) : in[i];
-        out[i] = static_cast<float>(xv - z) * s;
-      }
+      simd::dequantize_8(in + begin, out + begin, end - begin, is_signed, s, z);
     });
     return;
   }

@@ -43,7 +43,11 @@ void pack_b(TensorEngine& e, const Kernels& k, std::uint64_t n, std::uint64_t kd
 
 void gemm_packed(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, std::uint64_t kdim,
                  const Lines& a, const float* bp, std::int32_t* c, std::uint64_t ldc) {
-  if (m == 0) return;
+  if (m == 0 || n == 0) return;
+  if (kdim == 0) {  // nothing packed: every sum is empty
+    for (std::uint64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0);
+    return;
+  }
   const std::uint64_t nr = k.nr;
   gemm::multiply(
       e, m, n, kdim, k.mr, nr, kMaxKc, bp,
@@ -59,11 +63,7 @@ void gemm_packed(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64
 
 void gemm(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, std::uint64_t kdim, const Lines& a,
           const Lines& b, bool b_rows, std::int32_t* c, std::uint64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (kdim == 0) {
-    for (std::uint64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0);
-    return;
-  }
+  if (m == 0 || n == 0 || kdim == 0) return gemm_packed(e, k, m, n, kdim, a, nullptr, c, ldc);
   // B, packed once for every block of A, into memory kept from call to call
   // (the engine runs one op at a time).
   float* const bp = e.scratch_f32(packed_b_floats(k, n, kdim));

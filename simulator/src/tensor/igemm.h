@@ -102,8 +102,9 @@ void gemm(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, s
           const Lines& b, bool b_rows, std::int32_t* c, std::uint64_t ldc);
 
 // gemm() in two steps, for a B used again: packed_b_floats(k, n, kdim)
-// floats at `bp` filled by pack_b(), then any number of gemm_packed().
-// n and kdim are at least 1.
+// floats at `bp` filled by pack_b(), then any number of gemm_packed() (`bp`
+// unused, and may be null, where n or kdim is 0). pack_b: n and kdim are
+// at least 1.
 std::uint64_t packed_b_floats(const Kernels& k, std::uint64_t n, std::uint64_t kdim);
 void pack_b(TensorEngine& e, const Kernels& k, std::uint64_t n, std::uint64_t kdim, const Lines& b, bool b_rows,
             float* bp);

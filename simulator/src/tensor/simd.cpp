@@ -113,6 +113,13 @@ void requantize_u8(const std::int32_t* acc, const std::int32_t* bias, const floa
                    std::size_t n, std::int32_t zero, std::int32_t lo, std::int32_t hi) {
   active().requantize_u8(acc, bias, mul, out, n, zero, lo, hi);
 }
+void quantize_f32(const float* in, std::uint8_t* out, std::size_t n, float scale, std::int32_t zero, std::int32_t lo,
+                  std::int32_t hi) {
+  active().quantize_f32(in, out, n, scale, zero, lo, hi);
+}
+void dequantize_8(const std::uint8_t* in, float* out, std::size_t n, bool is_signed, float scale, std::int32_t zero) {
+  active().dequantize_8(in, out, n, is_signed, scale, zero);
+}
 void max_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride) {
   active().max_strided_f32(out, in, n, stride);
 }

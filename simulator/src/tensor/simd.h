@@ -32,6 +32,15 @@ std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n);
 void requantize_u8(const std::int32_t* acc, const std::int32_t* bias, const float* mul, std::uint8_t* out,
                    std::size_t n, std::int32_t zero, std::int32_t lo, std::int32_t hi);
 
+// Quantize and dequantize with one scale and zero point, the rules of the
+// quantize and dequantize ops: out[i] = clamp(round_half_even(in[i] /
+// scale) + zero, lo, hi) as a byte (u8, or i8 two's complement), NaN
+// quantizing as 0 before the zero point is added; and out[i] = (in[i] -
+// zero) * scale in f32, in[i] a u8 or (is_signed) an i8.
+void quantize_f32(const float* in, std::uint8_t* out, std::size_t n, float scale, std::int32_t zero, std::int32_t lo,
+                  std::int32_t hi);
+void dequantize_8(const std::uint8_t* in, float* out, std::size_t n, bool is_signed, float scale, std::int32_t zero);
+
 // Pooling's per-tap steps over a row of outputs: in[i * stride] into out[i].
 // max: the larger, a NaN in either kept (in's when in is NaN); add: +=.
 void max_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride);
@@ -80,6 +89,8 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(add_abs_i8)                     \
   X(sum_abs_i8)                     \
   X(requantize_u8)                  \
+  X(quantize_f32)                   \
+  X(dequantize_8)                   \
   X(max_strided_f32)                \
   X(add_strided_f32)                \
   X(madd_strided_f32)               \

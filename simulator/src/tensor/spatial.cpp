@@ -1,5 +1,6 @@
 // Pooling, resizing and colour conversion: the image-shaped ops.
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 
@@ -44,6 +45,49 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
     const std::int64_t k1 = start >= len ? 0 : std::min(k, (len - start + dil - 1) / dil);
     return std::pair{k0, std::max(k0, k1)};
   };
+  if (max && nhwc && x.dtype == y.dtype && (x.dtype == fw::DType::kU8 || x.dtype == fw::DType::kI8) && x.contiguous() &&
+      y.contiguous()) {
+    // Byte max pooling NHWC (int8 models): each tap a step over all the
+    // channels at once. Integer max is exact in any order; a window with
+    // no tap inside the input gives 0, as below.
+    const auto* xp = reinterpret_cast<const std::uint8_t*>(x.data);
+    auto* yp = reinterpret_cast<std::uint8_t*>(y.data);
+    const bool is_signed = x.dtype == fw::DType::kI8;
+    e.pool().parallel_for(n * oh, [&](std::uint64_t begin, std::uint64_t end) {
+      for (std::uint64_t row = begin; row < end; ++row) {
+        const std::uint64_t ni = row / oh, r = row % oh;
+        const std::int64_t h0 = static_cast<std::int64_t>(r) * sh - pt;
+        const auto [a0, a1] = taps(h0, dh, kh, h);
+        for (std::uint64_t col = 0; col < ow; ++col) {
+          const std::int64_t w0 = static_cast<std::int64_t>(col) * sw - pl;
+          const auto [b0, b1] = taps(w0, dw, kw, w);
+          std::uint8_t* out = yp + (row * ow + col) * c;
+          if (a0 == a1 || b0 == b1) {
+            std::memset(out, 0, c);
+            continue;
+          }
+          bool first = true;
+          for (std::int64_t a = a0; a < a1; ++a)
+            for (std::int64_t b = b0; b < b1; ++b) {
+              const auto ih = static_cast<std::uint64_t>(h0 + a * dh), iw = static_cast<std::uint64_t>(w0 + b * dw);
+              const std::uint8_t* in =
+                  xp + ((ni * static_cast<std::uint64_t>(h) + ih) * static_cast<std::uint64_t>(w) + iw) * c;
+              if (first) {
+                std::memcpy(out, in, c);
+                first = false;
+              } else if (is_signed) {
+                for (std::uint64_t k = 0; k < c; ++k)
+                  out[k] = static_cast<std::uint8_t>(
+                      std::max(static_cast<std::int8_t>(out[k]), static_cast<std::int8_t>(in[k])));
+              } else {
+                for (std::uint64_t k = 0; k < c; ++k) out[k] = std::max(out[k], in[k]);
+              }
+            }
+        }
+      }
+    });
+    return;
+  }
   if (x.dtype == fw::DType::kF32 && y.dtype == fw::DType::kF32) {
     // The same loops on f32 pointers, over the taps inside the input: each
     // output is formed exactly as below (the same values in the same order;
