@@ -180,6 +180,18 @@ ops::ColorConvertOptions color_options(const std::array<float, 3>& mean, const s
 
 constexpr auto chain = py::return_value_policy::reference;  // the same Batch object, for chaining
 
+// A timing model's answer as a dict (None without a model).
+py::object modelled_dict(const std::optional<ModelledTime>& t) {
+  if (!t) return py::none();
+  py::dict d;
+  d["ns"] = t->ns;
+  d["compute_ns"] = t->compute_ns;
+  d["memory_ns"] = t->memory_ns;
+  d["overhead_ns"] = t->overhead_ns;
+  d["bound"] = to_string(t->bound);
+  return d;
+}
+
 PyBatch& run_op(PyBatch& b, const PyOp& op) {
   b.recording("run").run(op.op);
   b.keep.insert(b.keep.end(), op.keep.begin(), op.keep.end());
@@ -655,7 +667,40 @@ void bind_ops(py::module_& m) {
       "timestamps and ops (batch.run(op); no waits on fences), then uploads the commands to the device and "
       "returns a Program to replay with queue.run(program). Raises tpuhal.Unsupported where the device "
       "cannot record programs, tpuhal.InvalidArgument if the body recorded nothing; an exception the body "
-      "raises propagates.");
+      "raises propagates.")
+      .def(
+          "modelled", [](const PyDevice& d, const PyOp& op) { return modelled_dict(d.get().modelled(op.op)); },
+          py::arg("op"),
+          "What `op` costs in the board's timing model (docs/timing.md), without running it: a dict with "
+          "'ns' (max(compute, memory) + overhead), 'compute_ns', 'memory_ns', 'overhead_ns' and 'bound' "
+          "('compute', 'memory' or 'overhead'); the same on every host. None where the device has no timing "
+          "model (a simulated board whose profile gives one has: sim:bm1684x).")
+      .def(
+          "modelled_copy",
+          [](const PyDevice& d, std::uint64_t bytes, py::handle from, py::handle to) {
+            return modelled_dict(d.get().modelled_copy(bytes, to_memory(from), to_memory(to)));
+          },
+          py::arg("bytes"), py::arg("src") = "host_pinned", py::arg("dst") = "device",
+          "What a copy of `bytes` from `src` memory to `dst` costs in the board's timing model (a fill: "
+          "'device' to 'device'), as modelled() gives it; None without a timing model.")
+      .def(
+          "modelled_decode_ns",
+          [](const PyDevice& d, py::handle codec, const std::string& frame_type, std::uint32_t width,
+             std::uint32_t height) -> std::optional<std::uint64_t> {
+            FrameType t;
+            if (frame_type == "I")
+              t = FrameType::Intra;
+            else if (frame_type == "P")
+              t = FrameType::Predicted;
+            else if (frame_type == "B")
+              t = FrameType::Bidirectional;
+            else
+              throw Error(Status::InvalidArgument, "frame_type must be 'I', 'P' or 'B', not '" + frame_type + "'");
+            return d.get().modelled_decode_ns(to_codec(codec), t, width, height);
+          },
+          py::arg("codec"), py::arg("frame_type"), py::arg("width"), py::arg("height"),
+          "Board nanoseconds the video unit spends decoding one frame of `frame_type` ('I', 'P' or 'B') at "
+          "width x height in the board's timing model; None without a timing model.");
 
   m.def(
       "_bench_run_wait",

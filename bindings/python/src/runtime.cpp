@@ -353,6 +353,37 @@ void bind_runtime(py::module_& m) {
           "'runs_kept', 'device_ns' (a whole run on the board, over the same runs: the layers add up to it), "
           "'run_ns' (the median host time of a run, submit to fence) and 'host_overhead_ns'. Raises "
           "tpuhal.Unsupported on a device without board timestamps.")
+      .def(
+          "modelled",
+          [](PyInstance& i) -> py::object {
+            const auto run = [&] {
+              std::lock_guard lock(i.mu);
+              return i.instance.modelled();
+            }();
+            if (!run) return py::none();
+            py::list layers;
+            for (const auto& l : run->layers) {
+              py::dict d;
+              d["node"] = l.node;
+              d["ops"] = l.ops;
+              d["ns"] = l.ns;
+              d["compute_ns"] = l.compute_ns;
+              d["memory_ns"] = l.memory_ns;
+              d["overhead_ns"] = l.overhead_ns;
+              d["bound"] = to_string(l.bound);
+              layers.append(std::move(d));
+            }
+            py::dict r;
+            r["layers"] = std::move(layers);
+            r["ns"] = run->ns;
+            r["input_copy_ns"] = run->input_copy_ns;
+            r["output_copy_ns"] = run->output_copy_ns;
+            return r;
+          },
+          "One run in the board's timing model (docs/timing.md), computed from the ops without running "
+          "anything: a dict with 'layers' (node, ops, ns, compute_ns, memory_ns, overhead_ns and bound, as "
+          "profile() names and groups them), 'ns' (the layers one after another), 'input_copy_ns' and "
+          "'output_copy_ns'. None where the device has no timing model (sim:bm1684x has one).")
       .def_property_readonly("model", [](const PyInstance& i) { return i.instance.model(); });
 
   m.def(

@@ -1,7 +1,9 @@
 """Tensor ops and programs, compared with NumPy."""
 import gc
+import json
 import math
 import mmap
+import pathlib
 
 import numpy as np
 import pytest
@@ -246,3 +248,31 @@ def test_op_keeps_imported_operands_alive(dev, queue):
     gc.collect()
     queue.run(op).submit().wait()
     assert (y.download() == -3.0).all()
+
+
+def test_the_timing_model_costs_ops_copies_and_frames_without_running_them(dev, tmp_path):
+    # sim:tiny's model: the same integers tests/hal/timing_test.cpp pins
+    # (a 3x3 convolution whose fixed costs exceed its arithmetic and data).
+    conv = ops.conv2d(dev.tensor((1, 3, 8, 8), "f32"), dev.tensor((16, 3, 3, 3), "f32"), dev.tensor((1, 16, 8, 8), "f32"),
+                      pads=1)
+    assert dev.modelled(conv) == {"ns": 3064, "compute_ns": 864, "memory_ns": 108, "overhead_ns": 2200,
+                                  "bound": "overhead"}
+    mm = ops.matmul(dev.tensor((64, 128), "f32"), dev.tensor((128, 256), "f32"), dev.tensor((64, 256), "f32"))
+    assert dev.modelled(mm)["ns"] == 67736
+    copy = dev.modelled_copy(1 << 20, "host_pinned", "device")
+    assert copy["ns"] == max(copy["compute_ns"], copy["memory_ns"]) + copy["overhead_ns"] > 0
+    assert dev.modelled_copy(1 << 21)["ns"] > copy["ns"]
+    assert dev.modelled_decode_ns("h264", "I", 1920, 1080) > 0
+    with pytest.raises(tpuhal.InvalidArgument, match="frame_type must be 'I', 'P' or 'B', not 'X'"):
+        dev.modelled_decode_ns("h264", "X", 1920, 1080)
+    # The same board without timing.model in its profile has no model.
+    profile = json.loads((pathlib.Path(__file__).parents[3] / "simulator/profiles/tiny.json").read_text())
+    del profile["timing"]
+    path = tmp_path / "untimed.json"
+    path.write_text(json.dumps(profile))
+    with tpuhal.open(f"sim:{path}") as untimed:
+        x = untimed.tensor((1, 3, 8, 8), "f32")
+        op = ops.conv2d(x, untimed.tensor((16, 3, 3, 3), "f32"), untimed.tensor((1, 16, 8, 8), "f32"), pads=1)
+        assert untimed.modelled(op) is None
+        assert untimed.modelled_copy(1 << 20) is None
+        assert untimed.modelled_decode_ns("h264", "I", 1920, 1080) is None

@@ -288,6 +288,20 @@ def test_profile_times_every_layer_by_node_name(dev, cnn):
     np.testing.assert_allclose(inst.run(x)[0], reference(x), rtol=1e-4, atol=1e-5)
 
 
+def test_the_timing_model_gives_a_run_per_layer_without_running_it(dev, cnn):
+    onnx_bytes, _ = cnn
+    inst = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 1, 8, 8)}, device=dev.uri)).instance()
+    m = inst.modelled()
+    # Named and grouped as profile() does; the layers one after another.
+    assert [l["node"] for l in m["layers"] if l["node"]] == ["conv", "pool", "fc"]
+    assert m["ns"] == sum(l["ns"] for l in m["layers"])
+    conv = m["layers"][0]
+    assert conv["ops"] == "conv2d" and conv["bound"] in ("compute", "memory", "overhead")
+    assert conv["ns"] == max(conv["compute_ns"], conv["memory_ns"]) + conv["overhead_ns"]
+    assert m["input_copy_ns"] > 0 and m["output_copy_ns"] > 0
+    assert inst.modelled() == m  # arithmetic on the ops: the same every time
+
+
 def test_outputs_can_be_given_and_are_filled_in_place(dev, mlp):
     onnx_bytes, reference = mlp
     model = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 16)}, device=dev.uri))
