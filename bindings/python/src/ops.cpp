@@ -638,36 +638,36 @@ void bind_ops(py::module_& m) {
 
   auto dev = py::reinterpret_borrow<py::class_<PyDevice, std::shared_ptr<PyDevice>>>(m.attr("Device"));
   dev.def(
-      "record",
-      [](const PyDevice& d, const py::function& body) {
-        Device device = d.get();
-        py::object holder;  // the Batch object the body sees
-        PyBatch* recording = nullptr;
-        std::vector<Keep> keep;
-        // The upload (and the driver's work) runs without the GIL; the body
-        // takes it back to run.
-        Program p = without_gil([&] {
-          return device.record([&](Batch& b) {
-            py::gil_scoped_acquire gil;
-            auto owned = std::make_unique<PyBatch>(b);
-            recording = owned.get();
-            holder = py::cast(std::move(owned));
-            struct Close {  // the batch is record()'s: unusable once the body returns
-              PyBatch* r;
-              ~Close() { r->batch = nullptr; }
-            } close{recording};
-            body(holder);
-            keep = std::move(recording->keep);
-          });
-        });
-        return PyProgram{std::move(p), std::move(keep)};
-      },
-      py::arg("body"),
-      "Records a program: calls body(batch) once, where batch records copies, fills, value writes, "
-      "timestamps and ops (batch.run(op); no waits on fences), then uploads the commands to the device and "
-      "returns a Program to replay with queue.run(program). Raises tpuhal.Unsupported where the device "
-      "cannot record programs, tpuhal.InvalidArgument if the body recorded nothing; an exception the body "
-      "raises propagates.")
+         "record",
+         [](const PyDevice& d, const py::function& body) {
+           Device device = d.get();
+           py::object holder;  // the Batch object the body sees
+           PyBatch* recording = nullptr;
+           std::vector<Keep> keep;
+           // The upload (and the driver's work) runs without the GIL; the body
+           // takes it back to run.
+           Program p = without_gil([&] {
+             return device.record([&](Batch& b) {
+               py::gil_scoped_acquire gil;
+               auto owned = std::make_unique<PyBatch>(b);
+               recording = owned.get();
+               holder = py::cast(std::move(owned));
+               struct Close {  // the batch is record()'s: unusable once the body returns
+                 PyBatch* r;
+                 ~Close() { r->batch = nullptr; }
+               } close{recording};
+               body(holder);
+               keep = std::move(recording->keep);
+             });
+           });
+           return PyProgram{std::move(p), std::move(keep)};
+         },
+         py::arg("body"),
+         "Records a program: calls body(batch) once, where batch records copies, fills, value writes, "
+         "timestamps and ops (batch.run(op); no waits on fences), then uploads the commands to the device and "
+         "returns a Program to replay with queue.run(program). Raises tpuhal.Unsupported where the device "
+         "cannot record programs, tpuhal.InvalidArgument if the body recorded nothing; an exception the body "
+         "raises propagates.")
       .def(
           "modelled", [](const PyDevice& d, const PyOp& op) { return modelled_dict(d.get().modelled(op.op)); },
           py::arg("op"),
