@@ -543,7 +543,7 @@ TEST(TensorIsa, QuantizeAndDequantizeLoopsMatchTheScalarRulesAtEveryLevel) {
                   std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()})
     in.push_back(v);
   while (in.size() < 2053) in.push_back(wide(rng));
-  struct Case {
+  struct Scale {
     float scale;
     std::int32_t zero, lo, hi;
   };
@@ -552,8 +552,8 @@ TEST(TensorIsa, QuantizeAndDequantizeLoopsMatchTheScalarRulesAtEveryLevel) {
   for (Isa isa : levels_here()) {
     SCOPED_TRACE(std::string(isa_name(isa)));
     const simd::Kernels& k = simd::kernels(isa);
-    for (const Case c :
-         {Case{0.5f, 128, 0, 255}, Case{1.0f, 0, 0, 255}, Case{0.0371f, -5, -128, 127}, Case{3.0f, 255, 0, 255}})
+    for (const Scale c :
+         {Scale{0.5f, 128, 0, 255}, Scale{1.0f, 0, 0, 255}, Scale{0.0371f, -5, -128, 127}, Scale{3.0f, 255, 0, 255}})
       for (const std::size_t n : {in.size(), std::size_t{1}, std::size_t{7}, std::size_t{33}}) {
         std::vector<std::uint8_t> got(n, 0xAA);
         k.quantize_f32(in.data(), got.data(), n, c.scale, c.zero, c.lo, c.hi);
