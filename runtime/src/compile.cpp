@@ -144,9 +144,9 @@ ModelFile pack(const Graph& g, const Lowered& l, Precision p, const CompileOptio
       {"ops", std::to_string(l.graph.ops.size())},
   };
   if (p == Precision::Int8) {
-    meta["calibration"] = method_text(o);
+    meta["calibration"] = g.qdq ? "qdq (the model's QuantizeLinear / DequantizeLinear)" : method_text(o);
     std::uint64_t n = 1;
-    if (!o.calibration.empty() && !g.inputs.empty()) {
+    if (!g.qdq && !o.calibration.empty() && !g.inputs.empty()) {
       const auto& s = g.value(g.inputs[0]).shape;
       for (std::size_t d = 1; d < s.size(); ++d) n *= static_cast<std::uint64_t>(s[d]);
       meta["calibration_samples"] = std::to_string(o.calibration[0].values.size() / std::max<std::uint64_t>(n, 1));
@@ -543,6 +543,24 @@ void precision_notes(const Graph& g, const Lowered& reduced, const std::set<std:
   }
 }
 
+// Where a Q/DQ model's layers run in int8: from the model's own scales,
+// or fp32 and why; with strict_qdq, a layer in fp32 is an error.
+void qdq_notes(const Lowered& reduced, const CompileOptions& options, std::string_view name,
+               std::vector<std::string>& notes) {
+  std::string list;
+  for (const auto& [layer, why] : reduced.qdq_float) list += (list.empty() ? "" : "; ") + ("'" + layer + "': " + why);
+  if (options.strict_qdq && !reduced.qdq_float.empty())
+    throw Error(Status::InvalidArgument, std::string(name) + ": " + std::to_string(reduced.qdq_float.size()) +
+                                             " layer(s) would run in fp32, not in int8 from the model's Q/DQ "
+                                             "(strict Q/DQ): " +
+                                             list);
+  notes.push_back(std::to_string(reduced.qdq_int8.size()) +
+                  " layer(s) in int8 from the model's Q/DQ (its own scales and zero points; no calibration)");
+  if (!reduced.qdq_float.empty())
+    notes.push_back(std::to_string(reduced.qdq_float.size()) +
+                    " layer(s) in fp32, not covered by the model's Q/DQ: " + list);
+}
+
 // Shares the arena, packs the model and runs the loader's checks on it.
 void finish(CompileResult& result, const Graph& g, const Lowered& reduced, const CompileOptions& options,
             std::string_view name, const json* report, Device& dev) {
@@ -581,11 +599,19 @@ CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const Compile
   std::map<std::string, Range> ranges;
   Batches batches;
   Device dev;
-  if (int8 || options.report) {
+  // A Q/DQ model's int8 comes from its own scales: no calibration.
+  const bool calibrated = int8 && !g.qdq;
+  if (int8 && g.qdq && options.target_snr_db > 0)
+    throw Error(Status::InvalidArgument,
+                std::string(name) +
+                    ": the model quantizes with QuantizeLinear / DequantizeLinear, so its int8 "
+                    "layers are the model's; a target SNR (which moves calibrated layers to fp16) "
+                    "does not apply");
+  if (calibrated || options.report) {
     batches = calibration_batches(g, options, name, int8 ? "int8" : "the precision report");
     dev = tpuhal::open(options.device);
   }
-  if (int8) {
+  if (calibrated) {
     ranges = calibrate(dev, g, f32, batches, options);
     result.notes.push_back("calibrated " + std::to_string(ranges.size()) + " activations on " +
                            std::to_string(batches.samples) + " samples (" + method_text(options) + ") on " +
@@ -599,6 +625,7 @@ CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const Compile
     errors = keep_until(dev, g, f32, ranges, batches, options.target_snr_db, keep, reduced, result.notes);
   }
   precision_notes(g, reduced, keep, ranges, int8, result.notes);
+  if (int8 && g.qdq) qdq_notes(reduced, options, name, result.notes);
   json report;
   if (options.report) {
     result.report = errors.empty() ? measure(dev, g, f32, reduced, batches) : errors;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -27,10 +28,25 @@ inline std::uint64_t elements_of(const std::vector<std::int64_t>& shape) {
   return n;
 }
 
+// A constant that a DequantizeLinear made of 8-bit integers (Q/DQ
+// weights): those integers less their zero point, and the scale of each
+// slice along `axis` (one scale: per tensor). The constant's data is
+// exactly (q - zero point) * scale; an int8 layer uses q and the scales
+// themselves, not a requantisation of the floats.
+struct QuantizedConstant {
+  std::vector<std::int32_t> q;
+  std::vector<float> scales;
+  std::int64_t axis = 0;
+};
+
 struct Value {
   std::vector<std::int64_t> shape;
   std::optional<std::vector<float>> data;  // a constant (initializer, Constant node, folded)
   std::vector<std::int64_t> ints;          // an int64 constant's values (Reshape shapes)
+  // An 8-bit constant's ONNX element type (INT8, UINT8), or a value that a
+  // QuantizeLinear makes; 0 for every other value.
+  int int8_type = 0;
+  std::shared_ptr<const QuantizedConstant> quantized;  // see QuantizedConstant
   std::uint64_t elements() const { return elements_of(shape); }
 };
 
@@ -66,6 +82,7 @@ struct Graph {
   std::vector<std::string> inputs;                           // graph inputs (not constants)
   std::vector<std::pair<std::string, std::string>> outputs;  // ONNX output name, value holding it
   int opset = 0;
+  bool qdq = false;  // the model quantises with QuantizeLinear / DequantizeLinear (explicit int8)
   std::vector<std::string> notes;
   const Value& value(const std::string& name) const;
 };
@@ -110,6 +127,11 @@ struct Lowered {
   // int8: Conv and Gemm layers left in fp32 because their bias, in units
   // of the input scale times the weight scale, would not fit int32.
   std::vector<std::string> fp32_for_bias;
+  // int8 of a Q/DQ model: the layers that run in int8 with the model's
+  // scales, and those that run in fp32 with why ("its output is not
+  // quantized by the model").
+  std::vector<std::string> qdq_int8;
+  std::vector<std::pair<std::string, std::string>> qdq_float;
 };
 
 // Lowers onto tpuhal ops. Int8 needs `ranges` for every value; the nodes

@@ -78,6 +78,7 @@ bool fp16_holds(const Node& n, const std::map<std::string, Range>& ranges) {
 Lowered lower(const Graph& g, Precision precision, const std::map<std::string, Range>* ranges,
               const std::set<std::string>& keep_fp16) {
   Lowerer l{g, precision, ranges, keep_fp16};
+  if (precision == Precision::Int8 && g.qdq) l.fixed_q = qdq_params(g);
   l.run();
   return std::move(l.out);
 }

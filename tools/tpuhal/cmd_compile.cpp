@@ -69,6 +69,9 @@ int cmd_compile(const std::vector<std::string>& args) {
       "DB: int8 with mixed precision: move the layers that lose the most signal to fp16 until every output's "
       "signal-to-noise ratio against fp32 on the calibration data reaches DB")(
       "report", po::bool_switch(), "measure each layer's error against fp32 on the calibration data")(
+      "strict-qdq", po::bool_switch(),
+      "int8 of a model with QuantizeLinear/DequantizeLinear pairs: refuse it where a layer would run in fp32 "
+      "because the model's Q/DQ does not cover it (without this, the notes name such layers)")(
       "max-constant-bytes", po::value<std::string>(),
       "SIZE (e.g. 4GiB): the largest constant the compiler computes when it folds Expand, Where, broadcasting "
       "arithmetic, Gather, Concat, ConstantOfShape or Range on constants (default: 1 GiB, or the model's "
@@ -85,14 +88,16 @@ int cmd_compile(const std::vector<std::string>& args) {
   const char* usage =
       "Usage: tpuhal compile MODEL.onnx -o OUT.tpm [--shape NAME=DIMS]... [--precision fp32|fp16|bf16|int8]\n"
       "                      [--calibration FILE.npy]... [--calibration-method minmax|percentile[:P]|entropy]\n"
-      "                      [--keep-fp16 LAYER]... [--target-snr DB] [--report] [--max-constant-bytes SIZE]\n"
+      "                      [--keep-fp16 LAYER]... [--target-snr DB] [--report] [--strict-qdq]\n"
+      "                      [--max-constant-bytes SIZE]\n"
       "       tpuhal compile --list-ops\n\n"
       "Compiles an ONNX model for a fixed input shape and a precision into a compiled model that\n"
       "'tpuhal model-info' describes and the runtime loads on any device. Inputs and outputs stay\n"
       "float32; fp16 and bf16 run every layer in that type; int8 quantises Conv and Gemm layers with\n"
       "per-channel weight scales and activation ranges calibrated on --calibration samples, and\n"
       "runs the layers --keep-fp16 names (or --target-snr chooses) in fp16 (fp32 where fp16 cannot\n"
-      "hold their values).\n"
+      "hold their values). A model with QuantizeLinear/DequantizeLinear pairs (quantization-aware\n"
+      "training) compiles to int8 with its own scales and zero points, without calibration.\n"
       "Unsupported ops are all listed in one error. A model the loader would refuse (attributes out of range,\n"
       "constants larger than their data) is refused here, and no file is written. See docs/runtime.md.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
@@ -110,6 +115,7 @@ int cmd_compile(const std::vector<std::string>& args) {
   o.precision = rt::parse_precision(vm["precision"].as<std::string>());
   o.device = vm["device"].as<std::string>();
   o.report = vm["report"].as<bool>();
+  o.strict_qdq = vm["strict-qdq"].as<bool>();
   if (vm.count("shape"))
     for (const auto& s : vm["shape"].as<std::vector<std::string>>()) o.shapes.insert(parse_shape(s));
   if (vm.count("calibration"))

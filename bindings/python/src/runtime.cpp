@@ -54,7 +54,8 @@ rt::NdArray to_ndarray(const py::handle& obj, const std::string& what) {
 
 PyCompiled compile_model(const py::object& source, const std::string& precision, const py::object& shapes,
                          const py::object& calibration, const std::string& method, double percentile, bool report,
-                         const std::string& device, const std::vector<std::string>& keep_fp16, double target_snr_db) {
+                         const std::string& device, const std::vector<std::string>& keep_fp16, double target_snr_db,
+                         bool strict_qdq) {
   rt::CompileOptions o;
   o.precision = rt::parse_precision(precision);
   if (method == "percentile") {
@@ -69,6 +70,7 @@ PyCompiled compile_model(const py::object& source, const std::string& precision,
   }
   o.keep_fp16 = keep_fp16;
   o.target_snr_db = target_snr_db;
+  o.strict_qdq = strict_qdq;
   o.percentile = percentile;
   o.report = report;
   o.device = device;
@@ -265,7 +267,7 @@ void bind_runtime(py::module_& m) {
   m.def("compile", &compile_model, py::arg("onnx"), py::arg("precision") = "fp32", py::arg("shapes") = py::none(),
         py::arg("calibration") = py::none(), py::arg("method") = "percentile", py::arg("percentile") = 99.99,
         py::arg("report") = false, py::arg("device") = "sim:0", py::arg("keep_fp16") = std::vector<std::string>{},
-        py::arg("target_snr_db") = 0.0,
+        py::arg("target_snr_db") = 0.0, py::arg("strict_qdq") = false,
         "Compiles an ONNX model (a path, or the file's bytes) for fixed input shapes and a precision "
         "('fp32', 'fp16', 'bf16', 'int8'), as `tpuhal compile` does. shapes: {input name: shape} for "
         "inputs with symbolic dimensions. calibration (int8 and the report): one array of real samples per "
@@ -273,7 +275,9 @@ void bind_runtime(py::module_& m) {
         "(ranges cut at `percentile`), 'minmax' or 'entropy' (ranges cut where quantising loses least "
         "information). keep_fp16 (int8): ONNX node names that run in fp16 (fp32 where their calibrated "
         "values are beyond fp16's range); target_snr_db (int8): move the layers that lose the most signal "
-        "to fp16 until every output reaches this SNR against fp32 on the calibration data. report=True measures each "
+        "to fp16 until every output reaches this SNR against fp32 on the calibration data. A model with "
+        "QuantizeLinear/DequantizeLinear pairs compiles to int8 with its own scales, without calibration; "
+        "strict_qdq=True refuses it where a layer would run in fp32 instead. report=True measures each "
         "layer's error against fp32. "
         "Calibration and the report run on `device`. Returns a CompiledModel; raises tpuhal.Unsupported "
         "listing every unsupported op by node, tpuhal.InvalidArgument for bad models, shapes or data.");

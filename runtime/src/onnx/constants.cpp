@@ -24,7 +24,9 @@ std::size_t raw_element_size(int data_type) {
     case onnx::TensorProto::INT32: return 4;
     case onnx::TensorProto::DOUBLE:
     case onnx::TensorProto::INT64: return 8;
-    case onnx::TensorProto::BOOL: return 1;
+    case onnx::TensorProto::BOOL:
+    case onnx::TensorProto::INT8:
+    case onnx::TensorProto::UINT8: return 1;
     default: return 0;
   }
 }
@@ -65,6 +67,18 @@ void decode_values(const onnx::TensorProto& t, std::string_view raw, std::uint64
         f[i] = static_cast<float>(v.ints[i]);
       }
       break;
+    case onnx::TensorProto::INT8:  // Q/DQ weights and zero points: as int32_data, or one byte each
+    case onnx::TensorProto::UINT8: {
+      const bool is_signed = t.data_type() == onnx::TensorProto::INT8;
+      v.ints.resize(n);
+      v.int8_type = t.data_type();
+      for (std::uint64_t i = 0; i < n; ++i) {
+        const auto byte = static_cast<unsigned char>(raw.empty() ? t.int32_data(static_cast<int>(i)) : raw[i]);
+        v.ints[i] = is_signed ? static_cast<std::int64_t>(static_cast<signed char>(byte)) : byte;
+        f[i] = static_cast<float>(v.ints[i]);
+      }
+      break;
+    }
     case onnx::TensorProto::BOOL:  // as int32_data, or one byte each
       v.ints.resize(n);
       for (std::uint64_t i = 0; i < n; ++i) {
@@ -92,7 +106,7 @@ Value Importer::tensor_value(const onnx::TensorProto& t, const std::string& what
   const std::size_t esize = raw_element_size(t.data_type());
   if (esize == 0)
     fail(Status::Unsupported, what + " has ONNX element type " + std::to_string(t.data_type()) +
-                                  "; the compiler reads float, double, int64, int32 and bool constants");
+                                  "; the compiler reads float, double, int64, int32, int8, uint8 and bool constants");
   // The data must fill the shape exactly, checked before any memory is
   // taken for the values: a few bytes of model that declare 2^31 elements
   // are refused, not zero-filled.
@@ -105,7 +119,7 @@ Value Importer::tensor_value(const onnx::TensorProto& t, const std::string& what
   const int typed = t.data_type() == onnx::TensorProto::FLOAT    ? t.float_data_size()
                     : t.data_type() == onnx::TensorProto::DOUBLE ? t.double_data_size()
                     : t.data_type() == onnx::TensorProto::INT64  ? t.int64_data_size()
-                                                                 : t.int32_data_size();  // INT32, BOOL
+                                                                 : t.int32_data_size();  // INT32, BOOL, INT8, UINT8
   if (!raw.empty() && raw.size() != n * esize)
     fail(Status::InvalidArgument, what + " holds " + std::to_string(raw.size()) + " bytes of data; its shape " +
                                       dims_text(v.shape) + " of " + std::to_string(esize) + "-byte elements needs " +

@@ -43,11 +43,13 @@ void lower_conv(Lowerer& l, const Node& n) {
   const auto o = onnx_attrs::conv_options(n.attr<ConvAttrs>(), l.shape_of(n.inputs[0]), w.shape);
   const bool has_bias = n.inputs.size() > 2 && !n.inputs[2].empty();
   const std::vector<float> bias = has_bias ? *l.g.value(n.inputs[2]).data : std::vector<float>{};
-  if (l.int8() && l.int8_bias_fits(n, n.inputs[0], *w.data, static_cast<std::size_t>(w.shape[0]), bias)) {
+  const QuantizedConstant* wq = w.quantized.get();
+  if (l.int8() && l.qdq_int8(n, n.inputs[0], wq) &&
+      l.int8_bias_fits(n, n.inputs[0], *w.data, static_cast<std::size_t>(w.shape[0]), bias, wq)) {
     const auto xu = l.get_nhwc(n.inputs[0]);
     ops::Conv2dOptions on = o;
     on.layout = Layout::NHWC;
-    l.qconv(n, xu, n.inputs[0], *w.data, w.shape, bias, on, shape, {});
+    l.qconv(n, xu, n.inputs[0], *w.data, w.shape, bias, on, shape, {}, wq);
     return;
   }
   std::map<std::string, std::int64_t> operands{{"x", l.get(n.inputs[0], l.act)}, {"w", l.get(n.inputs[1], l.act)}};

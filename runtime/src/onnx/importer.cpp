@@ -167,7 +167,9 @@ void Importer::emit(Node n, const onnx::NodeProto& proto) {
   g.values[n.output] = std::move(v);
   if (!n.output2.empty()) {  // TopK's indices: the values' shape
     if (g.values.count(n.output2)) fail_node(n, "output '" + n.output2 + "' is defined twice");
-    g.values[n.output2] = Value{g.values[n.output].shape, std::nullopt, {}};
+    Value indices;
+    indices.shape = g.values[n.output].shape;
+    g.values[n.output2] = std::move(indices);
   }
   if (g.values[n.output].data) {
     g.notes.push_back("folded " + n.op + " '" + n.name + "' of a constant");
@@ -358,6 +360,8 @@ Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& option
     throw Error(Status::InvalidArgument, std::string(name) + ": not an ONNX model (it does not parse as a ModelProto)");
   Importer im{std::string(name), options, external_dir};
   im.import(model);
+  finish_qdq(im);
+  fold_scales(im);
   fold_batch_norm(im);
   fuse_activations(im);
   fuse_gated(im);

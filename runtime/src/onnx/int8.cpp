@@ -22,7 +22,53 @@ std::vector<float> weight_scales(const std::vector<float>& w, std::size_t cout) 
   return scales;
 }
 
+// Whether quantizing to `q` applies activation `a` (the int8 layer's
+// requantisation clamps to u8 and applies nothing else): none, a Relu
+// whose zero point is 0, a Clip whose bounds quantize to 0 and 255 or
+// beyond. Calibrated ranges do by construction (the activation's output
+// is what was calibrated), so only Q/DQ models are checked.
+bool applied_by_range(const ActivationParams& a, const QParams& q) {
+  const auto level = [&](float v) { return std::nearbyint(v / q.scale) + static_cast<float>(q.zero_point); };
+  switch (a.kind) {
+    case Activation::None: return true;
+    case Activation::Relu: return q.zero_point == 0;
+    case Activation::Clip: return level(a.alpha) <= 0 && level(a.beta) >= 255;
+    default: return false;
+  }
+}
+
+// The scale of each output channel of a Q/DQ model's weights.
+std::vector<float> model_scales(const QuantizedConstant& wq, std::size_t cout) {
+  return wq.scales.size() == 1 ? std::vector<float>(cout, wq.scales[0]) : wq.scales;
+}
+
 }  // namespace
+
+bool Lowerer::qdq_int8(const Node& n, const std::string& x, const QuantizedConstant* wq) {
+  if (!g.qdq) return true;
+  const char* why = nullptr;
+  auto held = reps.find(x);
+  const bool x_u8 =
+      fixed_q.count(x) || (held != reps.end() && held->second.primary == DType::U8 && !held->second.boolean);
+  if (!wq)
+    why = "its weights are not dequantized from int8 by the model";
+  else if (wq->axis != 0 && wq->scales.size() != 1)
+    why = "its weights are not quantized per output channel";
+  else if (std::any_of(wq->q.begin(), wq->q.end(), [](std::int32_t q) { return q < -128 || q > 127; }))
+    why = "its weights less their zero point do not fit int8";
+  else if (!x_u8)
+    why = "its input is not quantized by the model (no per-tensor QuantizeLinear / DequantizeLinear pair)";
+  else if (!fixed_q.count(n.output))
+    why = "its output is not quantized by the model (no per-tensor QuantizeLinear / DequantizeLinear pair)";
+  else if (n.act.kind != Activation::None && n.act.kind != Activation::Relu && n.act.kind != Activation::Clip)
+    why = "its fused activation is not a Relu or Clip";
+  if (!why) {
+    out.qdq_int8.push_back(n.name);
+    return true;
+  }
+  out.qdq_float.emplace_back(n.name, why);
+  return false;
+}
 
 // Whether every bias of an int8 layer reading `x` fits int32 in units of
 // x's scale times its channel's weight scale. Where activations are many
@@ -30,9 +76,9 @@ std::vector<float> weight_scales(const std::vector<float>& w, std::size_t cout) 
 // shrink towards 1e-10), it would saturate and the layer be wrong: such a
 // layer runs in fp32, noted in `fp32_for_bias`.
 bool Lowerer::int8_bias_fits(const Node& n, const std::string& x, const std::vector<float>& w, std::size_t cout,
-                             const std::vector<float>& bias) {
+                             const std::vector<float>& bias, const QuantizedConstant* wq) {
   if (bias.empty()) return true;
-  const auto scales = weight_scales(w, cout);
+  const auto scales = wq ? model_scales(*wq, cout) : weight_scales(w, cout);
   const double xs = range_q(x).scale;
   for (std::size_t c = 0; c < cout; ++c)
     if (std::fabs(std::nearbyint(bias[c] / (xs * scales[c]))) > 2147483647.0) {
@@ -47,20 +93,22 @@ bool Lowerer::int8_bias_fits(const Node& n, const std::string& x, const std::vec
 // 4-D value held NHWC (`yview` empty), else (Gemm) as the view `yview`.
 void Lowerer::qconv(const Node& n, std::int64_t xv, const std::string& x, const std::vector<float>& w,
                     std::vector<std::int64_t> wshape, const std::vector<float>& bias, const ops::Conv2dOptions& o,
-                    const std::vector<std::int64_t>& yshape, const std::vector<std::int64_t>& yview) {
+                    const std::vector<std::int64_t>& yshape, const std::vector<std::int64_t>& yview,
+                    const QuantizedConstant* wq) {
   Rep& xr = reps.at(x);
   ensure_q_tensors(xr);
   const QParams xq = xr.q;
   const auto xs = xr.q_scale, xz = xr.q_zero;
   const auto cout = static_cast<std::size_t>(wshape[0]);
   const std::size_t per = w.size() / cout;
-  const std::vector<float> scales = weight_scales(w, cout);
+  const std::vector<float> scales = wq ? model_scales(*wq, cout) : weight_scales(w, cout);
   std::vector<std::int8_t> qw(w.size());
   std::vector<std::int32_t> qb(cout);
   for (std::size_t c = 0; c < cout; ++c) {
     for (std::size_t k = 0; k < per; ++k)
       qw[c * per + k] =
-          static_cast<std::int8_t>(std::clamp(std::nearbyint(w[c * per + k] / scales[c]), -127.0f, 127.0f));
+          wq ? static_cast<std::int8_t>(wq->q[c * per + k])
+             : static_cast<std::int8_t>(std::clamp(std::nearbyint(w[c * per + k] / scales[c]), -127.0f, 127.0f));
     const double b = bias.empty() ? 0.0 : bias[c];
     qb[c] = static_cast<std::int32_t>(
         std::clamp(std::nearbyint(b / (static_cast<double>(xq.scale) * scales[c])), -2147483647.0, 2147483647.0));
@@ -73,10 +121,16 @@ void Lowerer::qconv(const Node& n, std::int64_t xv, const std::string& x, const 
   // No bias operand where it is all zero: the engine has a faster path without one.
   const bool has_bias = std::any_of(qb.begin(), qb.end(), [](std::int32_t b) { return b != 0; });
   const auto bid = has_bias ? add_raw(DType::I32, {cs}, qb.data(), qb.size() * 4) : -1;
-  const std::int64_t yv = yview.empty() ? produce_nhwc(n.output, yshape, range_q(n.output))
-                                        : dg().add_view(produce(n.output, DType::U8, yshape), yview);
+  std::int64_t yv = yview.empty() ? produce_nhwc(n.output, yshape, range_q(n.output))
+                                  : dg().add_view(produce(n.output, DType::U8, yshape), yview);
   Rep& yr = reps[n.output];
   ensure_q_tensors(yr);
+  // A fused Relu or Clip that the output's u8 range does not apply by
+  // itself (a zero point above 0: int8 from a Q/DQ model): the sums go to a
+  // scratch tensor, then the activation's bounds as u8 levels clamp them.
+  const std::int64_t y_final = yv;
+  const bool clamp = g.qdq && !applied_by_range(n.act, yr.q);
+  if (clamp) yv = dg().add_arena("", DType::U8, dg().tensors[static_cast<std::size_t>(y_final)].shape);
   op("qlinear_conv", n.name,
      {{"x", xv},
       {"x_scale", xs},
@@ -90,6 +144,18 @@ void Lowerer::qconv(const Node& n, std::int64_t xv, const std::string& x, const 
      conv_attrs(o));
   if (has_bias) dg().ops.back().operands["bias"] = bid;
   out.quant["weights"][n.name] = {{"scales", scales}};
+  if (clamp) {
+    const auto level = [&](float v) {
+      return static_cast<std::int32_t>(
+          std::clamp(std::nearbyint(v / yr.q.scale) + static_cast<float>(yr.q.zero_point), 0.0f, 255.0f));
+    };
+    const bool upper = n.act.kind == Activation::Clip;
+    const auto lo = scalar_u8(n.act.kind == Activation::Relu ? yr.q.zero_point : level(n.act.alpha));
+    const std::int64_t mid =
+        upper ? dg().add_arena("", DType::U8, dg().tensors[static_cast<std::size_t>(yv)].shape) : y_final;
+    op("max", n.name, {{"a", yv}, {"b", lo}, {"y", mid}});
+    if (upper) op("min", n.name, {{"a", mid}, {"b", scalar_u8(level(n.act.beta))}, {"y", y_final}});
+  }
 }
 
 }  // namespace tpuhal::rt::detail

@@ -67,6 +67,7 @@ std::int64_t Lowerer::op(std::string kind, const std::string& node, std::map<std
 }
 
 QParams Lowerer::range_q(const std::string& v) const {
+  if (auto f = fixed_q.find(v); f != fixed_q.end()) return f->second;
   if (!ranges) throw Error(Status::Internal, "compiler: int8 lowering without ranges");
   auto it = ranges->find(v);
   if (it == ranges->end()) throw Error(Status::Internal, "compiler: no calibrated range for '" + v + "'");

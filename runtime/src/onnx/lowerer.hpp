@@ -60,6 +60,7 @@ struct Lowerer {
   std::map<std::string, Rep> reps;
   std::map<std::pair<std::string, DType>, std::int64_t> const_cache;
   std::map<std::string, Placement> placements;  // plan_concats
+  std::map<std::string, QParams> fixed_q;       // int8 of a Q/DQ model: qdq_params
   std::set<std::string> placed;                 // values produced in their part of their Concat's output
 
   DeviceGraph& dg() { return out.graph; }
@@ -108,11 +109,20 @@ struct Lowerer {
   void ensure_q_tensors(Rep& r);
 
   // int8 layers (int8.cpp): whether their bias fits, and the layer itself.
+  // `wq`: the weights' own integers and scales (a Q/DQ model), else null:
+  // symmetric per-channel ones made from `w`.
   bool int8_bias_fits(const Node& n, const std::string& x, const std::vector<float>& w, std::size_t cout,
-                      const std::vector<float>& bias);
+                      const std::vector<float>& bias, const QuantizedConstant* wq = nullptr);
   void qconv(const Node& n, std::int64_t xv, const std::string& x, const std::vector<float>& w,
              std::vector<std::int64_t> wshape, const std::vector<float>& bias, const ops::Conv2dOptions& o,
-             const std::vector<std::int64_t>& yshape, const std::vector<std::int64_t>& yview);
+             const std::vector<std::int64_t>& yshape, const std::vector<std::int64_t>& yview,
+             const QuantizedConstant* wq = nullptr);
+  // In a Q/DQ model, whether layer `n` (reading `x`) runs in int8 with the
+  // model's parameters: its input and output quantized by pairs
+  // (fixed_q), its weights `wq` a DequantizeLinear's integers that fit int8.
+  // Where not, it runs in fp32 and the reason is kept (Lowered::qdq_float).
+  // Always true in a calibrated model.
+  bool qdq_int8(const Node& n, const std::string& x, const QuantizedConstant* wq);
 
   void lower_node(const Node& n);
   void run();

@@ -1,6 +1,8 @@
 // Gemm (constant B) and MatMul (batched, broadcasting): matmul with the
 // activation fused into it; in int8, by a constant 2-D B, a 1x1
 // qlinear_conv.
+#include <optional>
+
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 
@@ -70,12 +72,26 @@ bool gemm_int8(Lowerer& l, const Node& n) {
     for (std::int64_t i = 0; i < k; ++i)
       w[static_cast<std::size_t>(o * k + i)] =
           a.alpha * (*b.data)[static_cast<std::size_t>(tb ? o * k + i : i * nn + o)];
-  if (!l.int8_bias_fits(n, n.inputs[0], w, static_cast<std::size_t>(nn), bias)) return false;
+  // A Q/DQ model's weights as [nn, k] integers: per tensor, or per output
+  // (axis 0 of B transposed, else axis 1).
+  std::optional<QuantizedConstant> wq;
+  if (const QuantizedConstant* bq = b.quantized.get();
+      bq && a.alpha == 1.0f && (bq->scales.size() == 1 || bq->axis == (tb ? 0 : 1))) {
+    wq.emplace();
+    wq->scales = bq->scales;
+    wq->q.resize(w.size());
+    for (std::int64_t o = 0; o < nn; ++o)
+      for (std::int64_t i = 0; i < k; ++i)
+        wq->q[static_cast<std::size_t>(o * k + i)] = bq->q[static_cast<std::size_t>(tb ? o * k + i : i * nn + o)];
+  }
+  const QuantizedConstant* wp = wq ? &*wq : nullptr;
+  if (!l.qdq_int8(n, n.inputs[0], wp) || !l.int8_bias_fits(n, n.inputs[0], w, static_cast<std::size_t>(nn), bias, wp))
+    return false;
   const auto xu = l.get(n.inputs[0], DType::U8);
   const auto xv = l.dg().add_view(xu, {m, 1, 1, k});  // NHWC with H = W = 1: the same bytes as [m, k]
   ops::Conv2dOptions o;
   o.layout = Layout::NHWC;
-  l.qconv(n, xv, n.inputs[0], w, {nn, k, 1, 1}, bias, o, {m, nn}, {m, 1, 1, nn});
+  l.qconv(n, xv, n.inputs[0], w, {nn, k, 1, 1}, bias, o, {m, nn}, {m, 1, 1, nn}, wp);
   return true;
 }
 

@@ -81,12 +81,14 @@ void batch_norm_as_conv(Importer& im, Node& bn) {
   g.notes.push_back("BatchNormalization '" + bn.name + "' runs as a depthwise 1x1 Conv");
 }
 
-// BatchNormalization `bn` folded into Conv `conv`, its only input's producer.
-void fold_into_conv(Importer& im, Node& conv, const Node& bn) {
-  Graph& g = im.g;
+// Conv `conv`'s output channel c multiplied by s[c] and shifted, as new
+// weights and bias named for `by`: weights w * s[c], bias (b - less[c]) *
+// s[c] + plus[c] (empty `less` and `plus`: 0). Weights that a DequantizeLinear made keep their
+// integers, their scales multiplied (one per output channel).
+void rescale_conv(Graph& g, Node& conv, const std::vector<double>& s, const std::vector<float>& less,
+                  const std::vector<float>& plus, const std::string& by) {
   const auto& w = g.value(conv.inputs[1]);
   const auto cout = static_cast<std::size_t>(w.shape[0]);
-  const auto [gamma, beta, mean, var, eps] = batch_norm(im, bn, cout);
   Value nw = w, nb;
   nb.shape = {static_cast<std::int64_t>(cout)};
   nb.data = std::vector<float>(cout, 0.0f);
@@ -94,18 +96,37 @@ void fold_into_conv(Importer& im, Node& conv, const Node& bn) {
       conv.inputs.size() > 2 && !conv.inputs[2].empty() ? &*g.value(conv.inputs[2]).data : nullptr;
   const std::size_t per = w.elements() / cout;
   for (std::size_t c = 0; c < cout; ++c) {
-    const double s = gamma[c] / std::sqrt(static_cast<double>(var[c]) + eps);
-    for (std::size_t k = 0; k < per; ++k) (*nw.data)[c * per + k] = static_cast<float>((*w.data)[c * per + k] * s);
-    (*nb.data)[c] = static_cast<float>(((bias ? (*bias)[c] : 0.0f) - mean[c]) * s + beta[c]);
+    for (std::size_t k = 0; k < per; ++k) (*nw.data)[c * per + k] = static_cast<float>((*w.data)[c * per + k] * s[c]);
+    const float b = (bias ? (*bias)[c] : 0.0f) - (less.empty() ? 0.0f : less[c]);
+    (*nb.data)[c] = static_cast<float>(b * s[c] + (plus.empty() ? 0.0 : static_cast<double>(plus[c])));
   }
-  const std::string wn = conv.name + "/weights+" + bn.name, bname = conv.name + "/bias+" + bn.name;
+  nw.quantized = nullptr;
+  if (w.quantized && (w.quantized->axis == 0 || w.quantized->scales.size() == 1)) {
+    auto q = std::make_shared<QuantizedConstant>(*w.quantized);
+    q->axis = 0;
+    q->scales.resize(cout);
+    for (std::size_t c = 0; c < cout; ++c)
+      q->scales[c] = static_cast<float>(w.quantized->scales[w.quantized->scales.size() == 1 ? 0 : c] * s[c]);
+    nw.quantized = std::move(q);
+  }
+  const std::string wn = conv.name + "/weights+" + by, bname = conv.name + "/bias+" + by;
   g.values[wn] = std::move(nw);
   g.values[bname] = std::move(nb);
   conv.inputs.resize(3);
   conv.inputs[1] = wn;
   conv.inputs[2] = bname;
+}
+
+// BatchNormalization `bn` folded into Conv `conv`, its only input's producer.
+void fold_into_conv(Importer& im, Node& conv, const Node& bn) {
+  Graph& g = im.g;
+  const auto cout = static_cast<std::size_t>(g.value(conv.inputs[1]).shape[0]);
+  const auto [gamma, beta, mean, var, eps] = batch_norm(im, bn, cout);
+  std::vector<double> s(cout);
+  for (std::size_t c = 0; c < cout; ++c) s[c] = gamma[c] / std::sqrt(static_cast<double>(var[c]) + eps);
+  rescale_conv(g, conv, s, mean, beta, bn.name);
   conv.output = bn.output;
-  conv.fused = "BatchNormalization '" + bn.name + "'";
+  conv.fused += (conv.fused.empty() ? "" : ", ") + std::string("BatchNormalization '") + bn.name + "'";
   g.notes.push_back("folded BatchNormalization '" + bn.name + "' into Conv '" + conv.name + "'");
 }
 
@@ -122,6 +143,43 @@ void fold_batch_norm(Importer& im) {
       continue;
     }
     fold_into_conv(im, g.nodes[*p], bn);
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    --i;
+  }
+}
+
+void fold_scales(Importer& im) {
+  Graph& g = im.g;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& m = g.nodes[i];
+    if ((m.op != "Mul" && m.op != "Div") || m.inputs.size() != 2) continue;
+    const Value& f = g.value(m.inputs[1]);
+    if (!f.data || f.elements() == 0) continue;
+    auto p = sole_producer(g, i, [&](const Node& n) {
+      return n.op == "Conv" && n.act.kind == Activation::None && g.value(n.inputs[1]).quantized;
+    });
+    if (!p) continue;
+    Node& conv = g.nodes[*p];
+    const auto& ys = g.value(conv.output).shape;
+    const auto cout = static_cast<std::size_t>(ys[1]);
+    // One factor, or one per channel: [C, 1, 1] or [1, C, 1, 1].
+    const bool per_channel = f.elements() == cout && f.shape.size() >= 3 && f.shape.size() <= 4 &&
+                             f.shape[f.shape.size() - 3] == ys[1] && f.shape[f.shape.size() - 1] == 1 &&
+                             f.shape[f.shape.size() - 2] == 1;
+    if (f.elements() != 1 && !per_channel) continue;
+    if (g.value(m.output).shape != ys) continue;
+    std::vector<double> s(cout);
+    bool finite = true;
+    for (std::size_t c = 0; c < cout; ++c) {
+      const double v = (*f.data)[f.elements() == 1 ? 0 : c];
+      s[c] = m.op == "Mul" ? v : 1.0 / v;
+      finite = finite && std::isfinite(s[c]) && v != 0;
+    }
+    if (!finite) continue;
+    rescale_conv(g, conv, s, {}, {}, m.name);
+    conv.output = m.output;
+    conv.fused += (conv.fused.empty() ? "" : ", ") + m.op + " '" + m.name + "'";
+    g.notes.push_back("folded " + m.op + " '" + m.name + "' by a constant into Conv '" + conv.name + "'");
     g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
     --i;
   }

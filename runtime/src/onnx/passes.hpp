@@ -17,6 +17,25 @@ namespace tpuhal::rt::detail {
 
 struct Importer;
 
+// Q/DQ (quantize.cpp): every QuantizeLinear left after the pairs were made
+// must have had DequantizeLinear readers only; it is then removed (the
+// pairs read what it quantized). Else the model is refused, naming the
+// reader.
+void finish_qdq(Importer& im);
+// Whether `n` is a QuantizeLinear + DequantizeLinear pair.
+bool is_qdq_pair(const Node& n);
+// int8 of a Q/DQ model: the u8 parameters the pairs give values: each
+// pair's output, and the value it quantizes where all of that value's
+// readers are pairs of the same parameters. Per-tensor pairs only.
+std::map<std::string, QParams> qdq_params(const Graph& g);
+
+// A Mul or Div by a constant that is the only reader of the output of a
+// Conv whose weights a DequantizeLinear made, one factor per output channel
+// (or one for all), folds into the Conv's weights and bias, the weights'
+// integers kept: quantization-aware training's exports divide each
+// convolution by its BatchNormalization's scale.
+void fold_scales(Importer& im);
+
 // Each BatchNormalization that is the only reader of a Conv's output (one
 // with no activation yet) folds into it: weights and bias rescaled. One on
 // another 4-D value becomes a depthwise 1x1 Conv (weight gamma / sqrt(var +

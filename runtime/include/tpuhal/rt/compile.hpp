@@ -68,6 +68,12 @@ struct CompileOptions {
   // signal first, until every output's signal-to-noise ratio against fp32
   // on the calibration data reaches this many dB (or no layer is left).
   double target_snr_db = 0;
+  // int8 of a model with QuantizeLinear / DequantizeLinear pairs (Q/DQ,
+  // explicit quantization): its layers run in int8 with the model's own
+  // scales and zero points, and need no calibration; a layer the model's
+  // pairs do not cover runs in fp32, and the notes say why. With
+  // strict_qdq, such a layer is an error instead (docs/runtime.md).
+  bool strict_qdq = false;
   // The device that runs calibration and the report, and on which the
   // compiled program is checked as Model::load checks it (its ops built over
   // memory allocated, never written) before compile_onnx returns it.
