@@ -146,7 +146,8 @@ void expand_quantize(Importer& im, Node& n, const onnx::NodeProto&) {
 void fold_dequantize(Importer& im, Node& n, const Value& x) {
   const auto& p = n.attr<QuantAttrs>().params;
   if (x.int8_type == 0)
-    im.unsupported(n, "its input is a constant of 32-bit integers; the compiler dequantizes int8 and uint8");
+    im.unsupported(n, "its input '" + n.inputs[0] +
+                          "' is a constant that is neither int8 nor uint8; the compiler dequantizes int8 and uint8");
   Value out;
   out.shape = x.shape;
   out.data = std::vector<float>(x.elements());
