@@ -19,9 +19,10 @@ def fake_quant(v, scale, zero, lo, hi):
     return (np.clip(np.rint(v / scale) + zero, lo, hi) - zero) * scale
 
 
-def qdq_conv(out_quantized=True, out_reader="DequantizeLinear"):
-    """pytorch-quantization's style: int8 symmetric activations, per-channel int8 weights, a Relu, the
-    output quantized again. Returns the model's bytes, the input and a float64 reference."""
+def qdq_conv(out_quantized=True, out_reader="DequantizeLinear", act="Relu"):
+    """pytorch-quantization's style: int8 symmetric activations, per-channel int8 weights, a Relu (or a
+    Clip to [0, 6]), the output quantized again. Returns the model's bytes, the input and a float64
+    reference."""
     c, k, h = 16, 32, 12
     x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
     w = (RNG.standard_normal((k, c, 3, 3)) * 0.2).astype(np.float32)
@@ -30,12 +31,13 @@ def qdq_conv(out_quantized=True, out_reader="DequantizeLinear"):
     sw = (np.abs(w).reshape(k, -1).max(1) / 127).astype(np.float32)
     wq = np.clip(np.rint(w / sw[:, None, None, None]), -128, 127).astype(np.int8)
     consts = [("sx", np.array(sx)), ("zx", np.array(0, np.int8)), ("wq", wq), ("sw", sw),
-              ("zw", np.zeros(k, np.int8)), ("b", b), ("sy", np.array(sy)), ("zy", np.array(0, np.int8))]
+              ("zw", np.zeros(k, np.int8)), ("b", b), ("sy", np.array(sy)), ("zy", np.array(0, np.int8)),
+              ("lo", np.array(0, np.float32)), ("hi", np.array(6, np.float32))]
     nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
              helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"], axis=0),
              helper.make_node("Conv", ["xd", "wd", "b"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"] if out_quantized else ["y"])]
+             helper.make_node(act, ["c"] if act == "Relu" else ["c", "lo", "hi"], ["r"] if out_quantized else ["y"])]
     if out_quantized:
         nodes += [helper.make_node("QuantizeLinear", ["r", "sy", "zy"], ["yq"]),
                   helper.make_node(out_reader, ["yq", "sy", "zy"] if out_reader == "DequantizeLinear" else ["yq"],
@@ -50,7 +52,7 @@ def qdq_conv(out_quantized=True, out_reader="DequantizeLinear"):
     wd = wq.astype(np.float64) * sw[:, None, None, None]
     conv = torch.nn.functional.conv2d(torch.from_numpy(xd), torch.from_numpy(wd), torch.from_numpy(b.astype(np.float64)),
                                       padding=1).numpy()
-    ref = np.maximum(conv, 0)
+    ref = np.maximum(conv, 0) if act == "Relu" else np.clip(conv, 0, 6)
     if out_quantized:
         ref = fake_quant(ref, np.float64(sy), 0, -128, 127)
     return m.SerializeToString(), x, ref, float(sy)
@@ -61,8 +63,9 @@ def run(dev, model, precision, x, **kw):
     return dev.load_model(compiled).instance().run([x])[0], compiled.notes
 
 
-def test_a_qdq_convolution_runs_the_models_arithmetic_in_every_precision(dev):
-    model, x, ref, step = qdq_conv()
+@pytest.mark.parametrize("act", ["Relu", "Clip"])
+def test_a_qdq_convolution_runs_the_models_arithmetic_in_every_precision(dev, act):
+    model, x, ref, step = qdq_conv(act=act)
     got, _ = run(dev, model, "fp32", x)
     assert np.abs(got - ref).max() <= 1e-4 * step
     got, notes = run(dev, model, "int8", x)  # no calibration data: the model's scales
@@ -72,8 +75,11 @@ def test_a_qdq_convolution_runs_the_models_arithmetic_in_every_precision(dev):
     # value at a tie the other way.
     assert steps.max() <= 1.0 + 1e-5
     assert (steps > 0.5).mean() <= 0.01
-    # The Relu after a signed (zero point 128 as u8) output is applied.
+    # The Relu or Clip after a signed (zero point 128 as u8) output is
+    # applied: the int8 range holds -6.4 to 6.35.
     assert got.min() >= 0
+    if act == "Clip":
+        assert got.max() <= 6 and ref.max() == pytest.approx(6, abs=step)
     got, _ = run(dev, model, "fp16", x)
     assert np.abs(got - ref).max() <= step * 1.01
 

@@ -22,19 +22,19 @@ std::vector<float> weight_scales(const std::vector<float>& w, std::size_t cout) 
   return scales;
 }
 
-// Whether quantizing to `q` applies activation `a` (the int8 layer's
-// requantisation clamps to u8 and applies nothing else): none, a Relu
-// whose zero point is 0, a Clip whose bounds quantize to 0 and 255 or
-// beyond. Calibrated ranges do by construction (the activation's output
-// is what was calibrated), so only Q/DQ models are checked.
+// Whether quantizing to `q` applies activation `a`, none, a Relu or a Clip
+// (the int8 layer's requantisation clamps to u8 and applies nothing else):
+// where the activation's bounds quantize to 0 and 255 or beyond. Calibrated ranges do by construction (the activation's
+// output is what was calibrated), so only Q/DQ models are checked. The u8 level that `v` quantizes to in `q`, before
+// saturation.
+float u8_level(float v, const QParams& q) { return std::nearbyint(v / q.scale) + static_cast<float>(q.zero_point); }
+
+// The bounds of a Relu or Clip (int8 fuses no other activation).
+float lower_bound(const ActivationParams& a) { return a.kind == Activation::Relu ? 0.0f : a.alpha; }
+
 bool applied_by_range(const ActivationParams& a, const QParams& q) {
-  const auto level = [&](float v) { return std::nearbyint(v / q.scale) + static_cast<float>(q.zero_point); };
-  switch (a.kind) {
-    case Activation::None: return true;
-    case Activation::Relu: return q.zero_point == 0;
-    case Activation::Clip: return level(a.alpha) <= 0 && level(a.beta) >= 255;
-    default: return false;
-  }
+  if (a.kind == Activation::None) return true;
+  return u8_level(lower_bound(a), q) <= 0 && (a.kind == Activation::Relu || u8_level(a.beta, q) >= 255);
 }
 
 // The scale of each output channel of a Q/DQ model's weights.
@@ -60,8 +60,6 @@ bool Lowerer::qdq_int8(const Node& n, const std::string& x, const QuantizedConst
     why = "its input is not quantized by the model (no per-tensor QuantizeLinear / DequantizeLinear pair)";
   else if (!fixed_q.count(n.output))
     why = "its output is not quantized by the model (no per-tensor QuantizeLinear / DequantizeLinear pair)";
-  else if (n.act.kind != Activation::None && n.act.kind != Activation::Relu && n.act.kind != Activation::Clip)
-    why = "its fused activation is not a Relu or Clip";
   if (!why) {
     out.qdq_int8.push_back(n.name);
     return true;
@@ -145,12 +143,9 @@ void Lowerer::qconv(const Node& n, std::int64_t xv, const std::string& x, const 
   if (has_bias) dg().ops.back().operands["bias"] = bid;
   out.quant["weights"][n.name] = {{"scales", scales}};
   if (clamp) {
-    const auto level = [&](float v) {
-      return static_cast<std::int32_t>(
-          std::clamp(std::nearbyint(v / yr.q.scale) + static_cast<float>(yr.q.zero_point), 0.0f, 255.0f));
-    };
+    const auto level = [&](float v) { return static_cast<std::int32_t>(std::clamp(u8_level(v, yr.q), 0.0f, 255.0f)); };
     const bool upper = n.act.kind == Activation::Clip;
-    const auto lo = scalar_u8(n.act.kind == Activation::Relu ? yr.q.zero_point : level(n.act.alpha));
+    const auto lo = scalar_u8(level(lower_bound(n.act)));
     const std::int64_t mid =
         upper ? dg().add_arena("", DType::U8, dg().tensors[static_cast<std::size_t>(yv)].shape) : y_final;
     op("max", n.name, {{"a", yv}, {"b", lo}, {"y", mid}});
