@@ -9,6 +9,14 @@ rtsp://127.0.0.1:PORT/NAME, from its first frame for every client, and ends
 the stream (RTCP BYE) when the clip ends. Prints "serving PORT" once it
 listens; stops on SIGTERM or SIGINT. With --drop-every N, every Nth RTP
 packet of every stream is dropped before it is sent (a lossy network).
+
+Like a camera, it announces no stop time (Range: npt=0-): clients end the
+stream on the BYE alone. A stop time would let GStreamer 1.22's
+rtpjitterbuffer deadlock at the end of the stream when the client falls
+behind the clip's own pace (a busy machine): it sets an end-of-stream timer
+after its timer thread has gone idle, then waits at EOS for that thread to
+clear it, and neither wakes (rtspsrc ! ... hangs with all frames but the
+last few and no EOS).
 """
 import argparse
 import signal
@@ -27,6 +35,25 @@ def launch_line(clip):
     # parser hands the payloader what it takes (rtph265pay needs it), and
     # config-interval=-1 sends the parameter sets before every keyframe.
     return f"( filesrc location={clip} ! qtdemux ! {codec}parse ! rtp{codec}pay name=pay0 pt=96 config-interval=-1 )"
+
+
+def hide_stop_time(media):
+    """No duration or segment stop upstream of the payloader, so the media's
+    range is open (npt=0-), as a live camera's is."""
+    pad = media.get_element().get_by_name("pay0").get_static_pad("src")
+
+    def probe(_pad, info):
+        kind = info.get_query().type
+        return Gst.PadProbeReturn.DROP if kind in (Gst.QueryType.DURATION, Gst.QueryType.SEGMENT) \
+            else Gst.PadProbeReturn.OK
+
+    pad.add_probe(Gst.PadProbeType.QUERY_UPSTREAM, probe)
+
+
+def configure(media, drop_every):
+    hide_stop_time(media)
+    if drop_every:
+        drop_packets(media, drop_every)
 
 
 def drop_packets(media, every):
@@ -55,8 +82,7 @@ def main():
         factory = GstRtspServer.RTSPMediaFactory()
         factory.set_launch(launch_line(clip))
         factory.set_shared(False)  # every client from the first frame
-        if args.drop_every:
-            factory.connect("media-configure", lambda f, media: drop_packets(media, args.drop_every))
+        factory.connect("media-configure", lambda f, media: configure(media, args.drop_every))
         server.get_mount_points().add_factory("/" + name, factory)
     if server.attach(None) == 0:
         print(f"cannot listen on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
