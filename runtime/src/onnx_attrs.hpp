@@ -123,18 +123,31 @@ inline std::array<std::uint32_t, 4> conv_pads(const WindowAttrs& a, std::int64_t
 }
 
 // Conv / ConvInteger / QLinearConv options for a 4-D input x [N, C, H, W]
-// and weights [Cout, Cin/groups, kh, kw] (no bias, no activation).
+// and weights [Cout, Cin/groups, kh, kw], or a 3-D one (x [N, C, L],
+// weights [Cout, Cin/groups, k]: the 2-D one with H = 1, its strides and
+// dilations led by 1, its pads by 0 at each end). No bias, no activation.
 inline ops::Conv2dOptions conv_options(const WindowAttrs& at, const std::vector<std::int64_t>& x,
                                        const std::vector<std::int64_t>& w) {
+  const bool one_d = x.size() == 3;
+  auto lead = [&](std::vector<std::int64_t> v) {
+    if (one_d && v.size() == 1) v.insert(v.begin(), 1);
+    return v;
+  };
   ops::Conv2dOptions o;
-  auto strides = at.strides.value_or(std::vector<std::int64_t>{1, 1});
-  auto dil = at.dilations.value_or(std::vector<std::int64_t>{1, 1});
+  auto strides = lead(at.strides.value_or(std::vector<std::int64_t>{1, 1}));
+  auto dil = lead(at.dilations.value_or(std::vector<std::int64_t>{1, 1}));
   if (strides.size() != 2) strides = {1, 1};
   if (dil.size() != 2) dil = {1, 1};
   o.strides = {u32(strides[0]), u32(strides[1])};
   o.dilations = {u32(dil[0]), u32(dil[1])};
   o.groups = u32(at.groups());
-  o.pads = conv_pads(at, x[2], x[3], w[2], w[3], strides, dil);
+  if (one_d) {
+    WindowAttrs a = at;
+    if (a.pads && a.pads->size() == 2) a.pads = std::vector<std::int64_t>{0, (*a.pads)[0], 0, (*a.pads)[1]};
+    o.pads = conv_pads(a, 1, x[2], 1, w.size() > 2 ? w[2] : 1, strides, dil);
+  } else {
+    o.pads = conv_pads(at, x[2], x[3], w[2], w[3], strides, dil);
+  }
   return o;
 }
 inline ops::Conv2dOptions conv_options(const Attrs& at, const std::vector<std::int64_t>& x,

@@ -685,3 +685,143 @@ def test_logic_on_a_number_computed_on_the_device_is_refused_clearly(dev):
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Not", ["r"], ["y"])]
     with pytest.raises(tpuhal.Unsupported, match="input 'r' is not a boolean the device computed"):
         tpuhal.compile(model(nodes, {"x": x.shape}, "y"), "fp32", device=dev.uri)
+
+
+def log_softmax(x, axis):
+    m = x.astype(np.float64).max(axis=axis, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+
+
+@pytest.mark.parametrize("shape,axis,opset", [((2, 3, 5), -1, 13), ((2, 4, 3), 1, 13), ((2, 3, 4), 1, 11)])
+def test_log_softmax(dev, shape, axis, opset):
+    # Logits far apart: log(softmax(x)) would underflow to -inf where these stay finite.
+    x = randn(*shape) * 40
+    node = helper.make_node("LogSoftmax", ["x"], ["y"], axis=axis)
+    m = model([node], {"x": x.shape}, "y", opset=opset)
+    if opset >= 13:
+        reference = lambda x: log_softmax(x, axis)  # noqa: E731
+    else:  # over the dimensions from `axis` on, flattened
+        reference = lambda x: log_softmax(x.reshape(*x.shape[:axis], -1), -1).reshape(x.shape)  # noqa: E731
+    check(dev, m, {"x": x}, reference)
+    assert np.isfinite(run(dev, m, "fp32", {"x": x})).all()
+
+
+def conv1d_reference(x, w, b, stride, pads, dilation, group):
+    """ONNX's 1-D Conv in float64: [N, C, L] by [Cout, C/group, k]."""
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[1])))
+    cout, cin_g, k = w.shape
+    length = (xp.shape[2] - dilation * (k - 1) - 1) // stride + 1
+    y = np.zeros((x.shape[0], cout, length))
+    for o in range(cout):
+        g = o // (cout // group)
+        for i in range(length):
+            taps = xp[:, g * cin_g:(g + 1) * cin_g, i * stride:i * stride + dilation * (k - 1) + 1:dilation]
+            y[:, o, i] = (taps * w[o]).sum(axis=(1, 2))
+    return y + (0 if b is None else b.reshape(1, -1, 1))
+
+
+@pytest.mark.parametrize("stride,pads,dilation,group,relu", [(1, (0, 0), 1, 1, False), (2, (1, 2), 1, 2, True),
+                                                             (3, (2, 0), 2, 1, False)])
+def test_conv_1d(dev, stride, pads, dilation, group, relu):
+    x, w, b = randn(2, 4, 23), randn(6, 4 // group, 5), randn(6)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], strides=[stride], pads=list(pads),
+                              dilations=[dilation], group=group, kernel_shape=[5])]
+    if relu:  # fused into the convolution, as in 2-D
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    m = model(nodes, {"x": x.shape}, "y", initializers=[("w", w), ("b", b)])
+
+    def reference(x):
+        y = conv1d_reference(x, w, b, stride, pads, dilation, group)
+        return np.maximum(y, 0) if relu else y
+
+    check(dev, m, {"x": x}, reference)
+
+
+def test_conv_1d_same_padding_and_in_an_int8_model(dev):
+    x, w = randn(1, 3, 17), randn(4, 3, 4)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[2], auto_pad="SAME_UPPER")
+    m = model([node], {"x": x.shape}, "y", initializers=[("w", w)])
+    # SAME_UPPER: ceil(17 / 2) = 9 outputs, total padding 2 * 8 + 4 - 17 = 3, 1 at the start and 2 at the end.
+    check(dev, m, {"x": x}, lambda x: conv1d_reference(x, w, None, 2, (1, 2), 1, 1))
+    # int8: a 1-D convolution runs in float (f32) within the int8 model.
+    compiled = tpuhal.compile(m, "int8", shapes={"x": x.shape}, device=dev.uri, calibration=[x])
+    got = dev.load_model(compiled).instance().run({"x": x})[0]
+    want = conv1d_reference(x, w, None, 2, (1, 2), 1, 1)
+    assert float(np.abs(got - want).max()) <= TOLERANCE["fp32"] * float(np.abs(want).max())
+
+
+@pytest.mark.parametrize("op,attrs", [("MaxPool", dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
+                                      ("MaxPool", dict(kernel_shape=[2], strides=[2], ceil_mode=1)),
+                                      ("AveragePool", dict(kernel_shape=[3], strides=[1], pads=[1, 0])),
+                                      ("AveragePool", dict(kernel_shape=[4], strides=[3], pads=[2, 2],
+                                                           count_include_pad=1)),
+                                      ("GlobalAveragePool", {})])
+def test_pools_1d(dev, op, attrs):
+    x = randn(2, 3, 11)
+    m = model([helper.make_node(op, ["x"], ["y"], **attrs)], {"x": x.shape}, "y")
+
+    def reference(x):
+        if op == "GlobalAveragePool":
+            return x.astype(np.float64).mean(axis=2, keepdims=True)
+        k, s = attrs["kernel_shape"][0], attrs["strides"][0]
+        p0, p1 = attrs.get("pads", [0, 0])
+        length = x.shape[2] + p0 + p1 - k
+        out = (-(-length // s) if attrs.get("ceil_mode") else length // s) + 1
+        if attrs.get("ceil_mode") and (out - 1) * s >= x.shape[2] + p0:
+            out -= 1
+        fill = -np.inf if op == "MaxPool" else np.nan
+        xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p0, p1 + k)), constant_values=fill)
+        windows = np.stack([xp[:, :, i * s:i * s + k] for i in range(out)], axis=2)
+        if op == "MaxPool":
+            return windows.max(axis=3)
+        if attrs.get("count_include_pad"):  # the pads count as zeros; past them, nothing
+            inside = np.stack([np.pad(np.ones(x.shape[2]), (p0, p1 + k))[i * s:i * s + k] for i in range(out)])
+            within = np.stack([np.pad(np.ones(x.shape[2] + p0 + p1), (0, k))[i * s:i * s + k] for i in range(out)])
+            return np.nansum(windows, axis=3) / within.sum(axis=1) * (inside.sum(axis=1) > 0)
+        return np.nanmean(windows, axis=3)
+
+    check(dev, m, {"x": x}, reference)
+
+
+def test_a_3d_convolution_is_refused_naming_what_the_compiler_takes(dev):
+    x, w = randn(1, 2, 4, 5, 6), randn(3, 2, 2, 2, 2)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"])], {"x": x.shape}, "y", initializers=[("w", w)])
+    with pytest.raises(tpuhal.Unsupported, match="3-D convolution; the compiler takes 1-D and 2-D"):
+        run(dev, m, "fp32", {"x": x})
+
+
+def test_an_m5_audio_network_as_pytorch_exports_it(dev, tmp_path):
+    """M5 (Dai et al., the torchaudio tutorial's keyword spotter): 1-D convolutions, BatchNorm, 1-D pools, a
+    Linear and LogSoftmax, on 8000 samples."""
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed (scripts/setup.sh installs it)")
+    nn, fn = torch.nn, torch.nn.functional
+
+    class M5(nn.Module):
+        def __init__(self):
+            super().__init__()
+            widths = [(1, 32, 80, 16), (32, 32, 3, 1), (32, 64, 3, 1), (64, 64, 3, 1)]
+            self.convs = nn.ModuleList(nn.Conv1d(i, o, k, stride=s) for i, o, k, s in widths)
+            self.norms = nn.ModuleList(nn.BatchNorm1d(o) for _, o, _, _ in widths)
+            self.fc = nn.Linear(64, 35)
+
+        def forward(self, x):
+            for conv, norm in zip(self.convs, self.norms):
+                x = fn.max_pool1d(fn.relu(norm(conv(x))), 4)
+            x = fn.avg_pool1d(x, int(x.shape[-1])).permute(0, 2, 1)
+            return fn.log_softmax(self.fc(x), dim=2)
+
+    torch.manual_seed(0)
+    net = M5().eval()
+    with torch.no_grad():
+        for norm in net.norms:
+            norm.running_mean.uniform_(-0.5, 0.5)
+            norm.running_var.uniform_(0.5, 2.0)
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.2, 0.2)
+    x = randn(1, 1, 8000)
+    path = tmp_path / "m5.onnx"
+    torch.onnx.export(net, torch.from_numpy(x), str(path), opset_version=13, input_names=["audio"],
+                      output_names=["logp"])
+    with torch.no_grad():
+        want = net(torch.from_numpy(x)).numpy().astype(np.float64)
+    check(dev, path.read_bytes(), {"audio": x}, lambda x: want)

@@ -149,3 +149,36 @@ def test_an_fx_qat_resnet18_runs_every_layer_in_int8_from_its_own_scales(dev):
     got32, _ = run(dev, model, "fp32", x)
     steps = np.abs(got32 - want) / step
     assert steps.max() <= 3.01 and steps.mean() <= 1.0
+
+
+def test_a_1d_convolution_between_pairs_runs_in_float_and_says_so(dev):
+    x = RNG.standard_normal((1, 4, 20)).astype(np.float32)
+    w = (RNG.standard_normal((6, 4, 3)) * 0.2).astype(np.float32)
+    sx, sy = np.float32(0.03), np.float32(0.05)
+    sw = (np.abs(w).reshape(6, -1).max(1) / 127).astype(np.float32)
+    wq = np.clip(np.rint(w / sw[:, None, None]), -128, 127).astype(np.int8)
+    consts = [("sx", np.array(sx)), ("z", np.array(0, np.int8)), ("wq", wq), ("sw", sw), ("zw", np.zeros(6, np.int8)),
+              ("sy", np.array(sy))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "sy", "z"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "sy", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq_conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(a, n) for n, a in consts])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    model = m.SerializeToString()
+    got, notes = run(dev, model, "int8", x)
+    text = " ".join(notes)
+    assert "1 layer(s) in fp32, not covered by the model's Q/DQ" in text, text
+    assert "1-D convolutions run in float" in text, text
+    xd = np.pad(fake_quant(x, sx, 0, -128, 127).astype(np.float64), ((0, 0), (0, 0), (1, 1)))
+    wd = wq.astype(np.float64) * sw[:, None, None]
+    conv = np.stack([np.einsum("ck,ock->o", xd[0, :, i:i + 3], wd) for i in range(20)], axis=1)[None]
+    ref = fake_quant(conv, np.float64(sy), 0, -128, 127)
+    assert np.abs(got - ref).max() <= sy * 1.001  # at most one step, where rounding meets a tie
+    with pytest.raises(tpuhal.InvalidArgument, match="would run in fp32"):
+        tpuhal.compile(model, "int8", device=dev.uri, strict_qdq=True)

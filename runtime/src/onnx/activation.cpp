@@ -1,6 +1,6 @@
 // Relu, Clip, Sigmoid, Tanh, LeakyRelu, HardSigmoid, HardSwish: the
 // activation op (or fused into the Conv, Gemm or MatMul before them,
-// passes.hpp). Softmax: softmax.
+// passes.hpp). Softmax, LogSoftmax: softmax (its log flag for LogSoftmax).
 #include <cfloat>
 
 #include "onnx/importer.hpp"
@@ -81,7 +81,11 @@ struct SoftmaxAttrs {
   static SoftmaxAttrs read(const Attrs& a) { return {a.opt_i("axis")}; }
 };
 
+// Softmax and LogSoftmax (the model file's `log_softmax`: the same op with
+// its log flag; a reader that predates it refuses the kind rather than
+// computing a softmax).
 void lower_softmax(Lowerer& l, const Node& n) {
+  const char* kind = n.op == "LogSoftmax" ? "log_softmax" : "softmax";
   const DType t = l.float_type();
   const auto& shape = l.shape_of(n.output);
   const auto x = l.get(n.inputs[0], t);
@@ -91,11 +95,11 @@ void lower_softmax(Lowerer& l, const Node& n) {
   std::int64_t axis = n.attr<SoftmaxAttrs>().axis.value_or(opset >= 13 ? -1 : 1);
   if (axis < 0) axis += rank;
   if (opset >= 13 || axis == rank - 1) {
-    l.op("softmax", n.name, {{"x", x}, {"y", y}}, {{"axis", axis}});
+    l.op(kind, n.name, {{"x", x}, {"y", y}}, {{"axis", axis}});
   } else {  // before opset 13: over the flattened dimensions from `axis` on
     std::int64_t outer = 1, inner = 1;
     for (std::int64_t i = 0; i < rank; ++i) (i < axis ? outer : inner) *= shape[static_cast<std::size_t>(i)];
-    l.op("softmax", n.name, {{"x", l.dg().add_view(x, {outer, inner})}, {"y", l.dg().add_view(y, {outer, inner})}},
+    l.op(kind, n.name, {{"x", l.dg().add_view(x, {outer, inner})}, {"y", l.dg().add_view(y, {outer, inner})}},
          {{"axis", 1}});
   }
 }
@@ -133,7 +137,7 @@ std::span<const OpHandler> activation_handlers() {
        .writes_fresh = true,
        .activation = clip,
        .fuse = Fuse::Always},
-      {.ops = {"Softmax"},
+      {.ops = {"Softmax", "LogSoftmax"},
        .read = read_attrs<SoftmaxAttrs>,
        .infer = infer_same_shape,
        .lower = lower_softmax,

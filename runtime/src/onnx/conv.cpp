@@ -1,6 +1,7 @@
 // Conv (2-D, NCHW, constant weights): conv2d with the activation fused
-// into it, or qlinear_conv in int8. ConvTranspose (1-D and 2-D):
-// conv_transpose2d, in float in every precision.
+// into it, or qlinear_conv in int8. A 1-D Conv ([N, C, L]) is conv2d on
+// views with H = 1, in float in every precision. ConvTranspose (1-D and
+// 2-D): conv_transpose2d, in float in every precision.
 #include "onnx/attrs.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
@@ -13,38 +14,46 @@ Value infer_conv(Importer& im, Node& n) {
   const auto& a = n.attr<ConvAttrs>();
   const auto& x = im.in(n, 0).shape;
   const auto& w = im.constant(n, 1, "weights").shape;
-  if (x.size() != 4 || w.size() != 4)
-    im.unsupported(n, std::to_string(x.size() - 2) + "-D convolution; the compiler takes 2-D (NCHW) convolutions");
+  const bool one_d = x.size() == 3 && w.size() == 3;  // [N, C, L]: lowered as H = 1
+  if (!one_d && (x.size() != 4 || w.size() != 4))
+    im.unsupported(n, std::to_string(x.size() - 2) + "-D convolution; the compiler takes 1-D and 2-D (NCHW) ones");
   const auto unknown =
       Attrs::first_unknown(a.present, {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"});
   if (!unknown.empty()) im.unsupported(n, "attribute " + unknown);
   if (im.has(n, 2)) im.constant(n, 2, "bias");
-  check_window(im, n, a, 2);
-  if (w[2] < 1 || w[3] < 1 || w[2] > 0x7fffffff || w[3] > 0x7fffffff)
+  check_window(im, n, a, one_d ? 1 : 2);
+  // The kernel as [kh, kw] (kh = 1 in 1-D).
+  const std::array<std::int64_t, 2> k = one_d ? std::array<std::int64_t, 2>{1, w[2]} : std::array{w[2], w[3]};
+  if (k[0] < 1 || k[1] < 1 || k[0] > 0x7fffffff || k[1] > 0x7fffffff)
     im.fail_node(n, "weights of shape " + dims_text(w) + " make no kernel");
-  if (a.kernel_shape && *a.kernel_shape != std::vector<std::int64_t>{w[2], w[3]})
+  const std::vector<std::int64_t> kernel(w.begin() + 2, w.end());
+  if (a.kernel_shape && *a.kernel_shape != kernel)
     im.fail_node(n, "kernel_shape " + dims_text(*a.kernel_shape) + " is not that of its weights " + dims_text(w));
   const auto o = onnx_attrs::conv_options(a, x, w);
   if (o.groups == 0 || x[1] != w[1] * o.groups || w[0] % o.groups != 0)
     im.fail_node(n, "input " + dims_text(x) + " and weights " + dims_text(w) + " do not match with group " +
                         std::to_string(o.groups));
+  const std::int64_t h = one_d ? 1 : x[2], wd = x.back();
+  const std::int64_t oh =
+      pool_out(h, static_cast<std::uint32_t>(k[0]), o.strides[0], o.dilations[0], o.pads[0], o.pads[2], false);
+  const std::int64_t ow =
+      pool_out(wd, static_cast<std::uint32_t>(k[1]), o.strides[1], o.dilations[1], o.pads[1], o.pads[3], false);
   Value out;
-  out.shape = {
-      x[0], w[0],
-      pool_out(x[2], static_cast<std::uint32_t>(w[2]), o.strides[0], o.dilations[0], o.pads[0], o.pads[2], false),
-      pool_out(x[3], static_cast<std::uint32_t>(w[3]), o.strides[1], o.dilations[1], o.pads[1], o.pads[3], false)};
-  check_window_fits(im, n, x, out.shape, std::to_string(w[2]) + "x" + std::to_string(w[3]) + " kernel");
+  out.shape = one_d ? std::vector<std::int64_t>{x[0], w[0], ow} : std::vector<std::int64_t>{x[0], w[0], oh, ow};
+  check_window_fits(im, n, x, out.shape, dims_text(kernel) + " kernel");
   return out;
 }
 
 void lower_conv(Lowerer& l, const Node& n) {
   const auto& shape = l.shape_of(n.output);
+  const auto& xs = l.shape_of(n.inputs[0]);
   const Value& w = l.g.value(n.inputs[1]);
-  const auto o = onnx_attrs::conv_options(n.attr<ConvAttrs>(), l.shape_of(n.inputs[0]), w.shape);
+  const auto o = onnx_attrs::conv_options(n.attr<ConvAttrs>(), xs, w.shape);
   const bool has_bias = n.inputs.size() > 2 && !n.inputs[2].empty();
+  const bool one_d = xs.size() == 3;
   const std::vector<float> bias = has_bias ? *l.g.value(n.inputs[2]).data : std::vector<float>{};
   const QuantizedConstant* wq = w.quantized.get();
-  if (l.int8() && l.qdq_int8(n, n.inputs[0], wq) &&
+  if (!one_d && l.int8() && l.qdq_int8(n, n.inputs[0], wq) &&
       l.int8_bias_fits(n, n.inputs[0], *w.data, static_cast<std::size_t>(w.shape[0]), bias, wq)) {
     const auto xu = l.get_nhwc(n.inputs[0]);
     ops::Conv2dOptions on = o;
@@ -52,9 +61,16 @@ void lower_conv(Lowerer& l, const Node& n) {
     l.qconv(n, xu, n.inputs[0], *w.data, w.shape, bias, on, shape, {}, wq);
     return;
   }
-  std::map<std::string, std::int64_t> operands{{"x", l.get(n.inputs[0], l.act)}, {"w", l.get(n.inputs[1], l.act)}};
+  if (one_d) l.qdq_float(n, "1-D convolutions run in float");
+  const DType t = l.act;
+  std::map<std::string, std::int64_t> operands{{"x", l.get(n.inputs[0], t)}, {"w", l.get(n.inputs[1], t)}};
   if (has_bias) operands["bias"] = l.get(n.inputs[2], DType::F32);
-  operands["y"] = l.produce(n.output, l.act, shape);
+  operands["y"] = l.produce(n.output, t, shape);
+  if (one_d) {  // the 2-D op on views with H = 1
+    operands["x"] = l.dg().add_view(operands["x"], {xs[0], xs[1], 1, xs[2]});
+    operands["w"] = l.dg().add_view(operands["w"], {w.shape[0], w.shape[1], 1, w.shape[2]});
+    operands["y"] = l.dg().add_view(operands["y"], {shape[0], shape[1], 1, shape[2]});
+  }
   nlohmann::json at = conv_attrs(o);
   at["activation"] = act_json(n.act);
   l.op("conv2d", n.name, operands, at);

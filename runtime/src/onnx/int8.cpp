@@ -68,6 +68,10 @@ bool Lowerer::qdq_int8(const Node& n, const std::string& x, const QuantizedConst
   return false;
 }
 
+void Lowerer::qdq_float(const Node& n, const char* why) {
+  if (int8() && g.qdq) out.qdq_float.emplace_back(n.name, why);
+}
+
 // Whether every bias of an int8 layer reading `x` fits int32 in units of
 // x's scale times its channel's weight scale. Where activations are many
 // orders of magnitude below the bias (random-weight networks whose values

@@ -123,6 +123,9 @@ struct Lowerer {
   // Where not, it runs in fp32 and the reason is kept (Lowered::qdq_float).
   // Always true in a calibrated model.
   bool qdq_int8(const Node& n, const std::string& x, const QuantizedConstant* wq);
+  // A layer of an int8 Q/DQ model that runs in float whatever its pairs
+  // say (a 1-D convolution): kept with the reason, as qdq_int8 keeps it.
+  void qdq_float(const Node& n, const char* why);
 
   void lower_node(const Node& n);
   void run();

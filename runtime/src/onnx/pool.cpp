@@ -1,6 +1,6 @@
-// MaxPool, AveragePool, GlobalAveragePool (4-D): max_pool2d and
-// avg_pool2d; in int8, a MaxPool of a u8 value stays u8 (NHWC), the max of
-// u8 values keeping their scale.
+// MaxPool, AveragePool, GlobalAveragePool (4-D, or 3-D as H = 1):
+// max_pool2d and avg_pool2d; in int8, a 4-D MaxPool of a u8 value stays u8
+// (NHWC), the max of u8 values keeping their scale.
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 #include "onnx/window.hpp"
@@ -13,12 +13,14 @@ using PoolAttrs = onnx_attrs::WindowAttrs;
 Value infer_pool(Importer& im, Node& n) {
   const auto& a = n.attr<PoolAttrs>();
   const auto& x = im.in(n, 0).shape;
-  if (x.size() != 4)
-    im.unsupported(n, "input of rank " + std::to_string(x.size()) + "; the compiler pools 4-D (NCHW) tensors");
+  const bool one_d = x.size() == 3;  // [N, C, L]: pooled as H = 1
+  if (!one_d && x.size() != 4)
+    im.unsupported(
+        n, "input of rank " + std::to_string(x.size()) + "; the compiler pools 3-D (NCL) and 4-D (NCHW) tensors");
   if (a.storage_order != 0) im.fail(Status::Unsupported, "node '" + n.name + "' (MaxPool): storage_order 1");
   if (!a.global) {
     if (!a.kernel_shape) im.fail_node(n, "no kernel_shape");
-    check_window(im, n, a, 2);
+    check_window(im, n, a, one_d ? 1 : 2);
   }
   const auto o = onnx_attrs::pool_options(a, x);
   for (int k = 0; k < 2; ++k) {  // what the pooling ops take
@@ -27,19 +29,29 @@ Value infer_pool(Importer& im, Node& n) {
       im.fail_node(n, "pads (" + std::to_string(o.pads[k]) + ", " + std::to_string(o.pads[k + 2]) +
                           ") must be smaller than the window (" + std::to_string(window) + ")");
   }
+  const std::int64_t ow =
+      pool_out(x.back(), o.kernel[1], o.strides[1], o.dilations[1], o.pads[1], o.pads[3], o.ceil_mode);
   Value out;
-  out.shape = {x[0], x[1], pool_out(x[2], o.kernel[0], o.strides[0], o.dilations[0], o.pads[0], o.pads[2], o.ceil_mode),
-               pool_out(x[3], o.kernel[1], o.strides[1], o.dilations[1], o.pads[1], o.pads[3], o.ceil_mode)};
-  check_window_fits(im, n, x, out.shape, std::to_string(o.kernel[0]) + "x" + std::to_string(o.kernel[1]) + " window");
+  out.shape =
+      one_d ? std::vector<std::int64_t>{x[0], x[1], ow}
+            : std::vector<std::int64_t>{
+                  x[0], x[1],
+                  pool_out(x[2], o.kernel[0], o.strides[0], o.dilations[0], o.pads[0], o.pads[2], o.ceil_mode), ow};
+  check_window_fits(
+      im, n, x, out.shape,
+      (one_d ? std::to_string(o.kernel[1]) : std::to_string(o.kernel[0]) + "x" + std::to_string(o.kernel[1])) +
+          " window");
   return out;
 }
 
 void lower_pool(Lowerer& l, const Node& n) {
   const auto& shape = l.shape_of(n.output);
-  const auto o = onnx_attrs::pool_options(n.attr<PoolAttrs>(), l.shape_of(n.inputs[0]));
-  const bool max = n.op == "MaxPool";
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const auto o = onnx_attrs::pool_options(n.attr<PoolAttrs>(), xs);
+  const bool max = n.op == "MaxPool", one_d = xs.size() == 3;
   DType t = l.float_type();
-  if (l.int8() && max && l.reps.count(n.inputs[0]) && l.reps.at(n.inputs[0]).primary == DType::U8) t = DType::U8;
+  if (!one_d && l.int8() && max && l.reps.count(n.inputs[0]) && l.reps.at(n.inputs[0]).primary == DType::U8)
+    t = DType::U8;
   std::int64_t x, y;
   if (t == DType::U8) {  // NHWC; the max of u8 values keeps their scale
     x = l.get_nhwc(n.inputs[0]);
@@ -47,6 +59,10 @@ void lower_pool(Lowerer& l, const Node& n) {
   } else {
     x = l.get(n.inputs[0], t);
     y = l.produce(n.output, t, shape);
+    if (one_d) {  // the 2-D op on views with H = 1
+      x = l.dg().add_view(x, {xs[0], xs[1], 1, xs[2]});
+      y = l.dg().add_view(y, {shape[0], shape[1], 1, shape[2]});
+    }
   }
   l.op(max ? "max_pool2d" : "avg_pool2d", n.name, {{"x", x}, {"y", y}},
        {{"kernel", o.kernel},

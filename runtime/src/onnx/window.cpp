@@ -31,9 +31,13 @@ void check_window(const Importer& im, const Node& n, const onnx_attrs::WindowAtt
 
 void check_window_fits(const Importer& im, const Node& n, const std::vector<std::int64_t>& x,
                        const std::vector<std::int64_t>& out, const std::string& window) {
-  if (out[2] < 1 || out[3] < 1)
-    im.fail_node(n, "its " + window + " does not fit the padded " + std::to_string(x[2]) + "x" + std::to_string(x[3]) +
-                        " input");
+  std::string extent;
+  bool fits = true;
+  for (std::size_t d = 2; d < out.size() && d < x.size(); ++d) {
+    fits = fits && out[d] >= 1;
+    extent += (d > 2 ? "x" : "") + std::to_string(x[d]);
+  }
+  if (!fits) im.fail_node(n, "its " + window + " does not fit the padded " + extent + " input");
 }
 
 std::int64_t pool_out(std::int64_t in, std::uint32_t k, std::uint32_t s, std::uint32_t d, std::uint32_t pb,

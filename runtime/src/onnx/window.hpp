@@ -15,7 +15,7 @@ namespace tpuhal::rt::detail {
 // dilations and group from 1 to 2^31 - 1, pads and output_padding from 0 to
 // 65536 (the most the ops take), auto_pad one of ONNX's four.
 void check_window(const Importer& im, const Node& n, const onnx_attrs::WindowAttrs& a, std::size_t spatial);
-// A window's output extents (out[2], out[3]), each at least 1.
+// A window's output extents (out[2] on: L, or H and W), each at least 1.
 void check_window_fits(const Importer& im, const Node& n, const std::vector<std::int64_t>& x,
                        const std::vector<std::int64_t>& out, const std::string& window);
 // The output extent of a window of `k` taps (dilation `d`, stride `s`) over
