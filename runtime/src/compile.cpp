@@ -429,7 +429,7 @@ double output_snr(const Graph& g, const std::vector<LayerError>& errors) {
 }
 
 // Automatic mixed precision: while an output's SNR against fp32 is below
-// `target` dB, the int8 layers that lose the most signal (their output's
+// `target` dB, the layers running in int8 that lose the most signal (their output's
 // SNR below their input's) move to fp16, an eighth of those left at a
 // time; a move that costs the outputs more than 1 dB (values fp16 cannot
 // hold) is undone and those layers stay int8. Returns the report of the
@@ -443,9 +443,16 @@ std::vector<LayerError> keep_until(Device& dev, const Graph& g, const Lowered& f
   while (output_snr(g, errors) < target) {
     std::map<std::string, double> snr;  // by value
     for (const auto& e : errors) snr[e.output] = e.snr_db;
+    // Only layers that run in int8: a layer of an int8 kind left in f32
+    // (a 1-D convolution, a bias that would not fit) would lose precision.
+    std::set<std::string> in_int8;
+    for (const auto& op : reduced.graph.ops)
+      if (op.kind == "qlinear_conv") in_int8.insert(op.node);
     std::vector<std::pair<double, std::string> > lost;  // dB lost, node
     for (const auto& n : g.nodes) {
-      if (!n.handler->int8_layer || keep.count(n.name) || tried.count(n.name) || !snr.count(n.output)) continue;
+      if (!n.handler->int8_layer || !in_int8.count(n.name) || keep.count(n.name) || tried.count(n.name) ||
+          !snr.count(n.output))
+        continue;
       const auto in = snr.find(n.inputs.at(0));
       const double before = in == snr.end() ? 200.0 : std::min(in->second, 200.0);
       lost.emplace_back(before - std::min(snr[n.output], 200.0), n.name);

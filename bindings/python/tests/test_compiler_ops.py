@@ -825,3 +825,25 @@ def test_an_m5_audio_network_as_pytorch_exports_it(dev, tmp_path):
     with torch.no_grad():
         want = net(torch.from_numpy(x)).numpy().astype(np.float64)
     check(dev, path.read_bytes(), {"audio": x}, lambda x: want)
+
+
+def test_mixed_precision_leaves_a_1d_convolution_in_f32(dev):
+    # The target SNR search moves the layers that run in int8 to fp16. A 1-D convolution already runs in f32:
+    # with small integers (exact in fp16, so moving it would cost nothing) it would otherwise be moved too, once
+    # the MatMul after it has gone to fp16 and the output is still short of an unreachable target.
+    x = RNG.integers(-4, 5, (4, 3, 32)).astype(np.float32)
+    w = RNG.integers(-2, 3, (8, 3, 5)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), helper.make_node("Flatten", ["c"], ["f"]),
+             helper.make_node("MatMul", ["f", "m"], ["y"], name="matmul")]
+    m = model(nodes, {"x": (1, 3, 32)}, "y", initializers=[("w", w), ("m", randn(224, 6))])
+    compiled = tpuhal.compile(m, "int8", shapes={"x": (1, 3, 32)}, calibration=x, target_snr_db=200,
+                              device=dev.uri)
+    assert "1 layer(s) in fp16: matmul" in compiled.notes, compiled.notes
+    assert any("no int8 layer left that helps" in n for n in compiled.notes), compiled.notes
+
+
+def test_a_convolution_whose_weights_and_input_disagree_in_rank_is_refused(dev):
+    x, w = randn(1, 2, 9), randn(3, 2, 3, 3)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"])], {"x": x.shape}, "y", initializers=[("w", w)])
+    with pytest.raises(tpuhal.InvalidArgument, match="weights of rank 4 for an input of rank 3"):
+        run(dev, m, "fp32", {"x": x})

@@ -14,9 +14,14 @@ Value infer_conv(Importer& im, Node& n) {
   const auto& a = n.attr<ConvAttrs>();
   const auto& x = im.in(n, 0).shape;
   const auto& w = im.constant(n, 1, "weights").shape;
-  const bool one_d = x.size() == 3 && w.size() == 3;  // [N, C, L]: lowered as H = 1
-  if (!one_d && (x.size() != 4 || w.size() != 4))
+  const bool one_d = x.size() == 3;  // [N, C, L]: lowered as H = 1
+  if (x.size() < 3)
+    im.fail_node(n, "input of rank " + std::to_string(x.size()) + "; a convolution takes [N, C, spatial...]");
+  if (x.size() > 4)
     im.unsupported(n, std::to_string(x.size() - 2) + "-D convolution; the compiler takes 1-D and 2-D (NCHW) ones");
+  if (w.size() != x.size())
+    im.fail_node(n, "weights of rank " + std::to_string(w.size()) + " for an input of rank " +
+                        std::to_string(x.size()) + " (" + dims_text(w) + " and " + dims_text(x) + ")");
   const auto unknown =
       Attrs::first_unknown(a.present, {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"});
   if (!unknown.empty()) im.unsupported(n, "attribute " + unknown);
@@ -40,7 +45,8 @@ Value infer_conv(Importer& im, Node& n) {
       pool_out(wd, static_cast<std::uint32_t>(k[1]), o.strides[1], o.dilations[1], o.pads[1], o.pads[3], false);
   Value out;
   out.shape = one_d ? std::vector<std::int64_t>{x[0], w[0], ow} : std::vector<std::int64_t>{x[0], w[0], oh, ow};
-  check_window_fits(im, n, x, out.shape, dims_text(kernel) + " kernel");
+  check_window_fits(im, n, x, out.shape,
+                    (one_d ? std::to_string(k[1]) : std::to_string(k[0]) + "x" + std::to_string(k[1])) + " kernel");
   return out;
 }
 
