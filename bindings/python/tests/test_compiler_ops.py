@@ -737,6 +737,15 @@ def test_conv_1d(dev, stride, pads, dilation, group, relu):
     check(dev, m, {"x": x}, reference)
 
 
+@pytest.mark.parametrize("auto_pad,pads", [("SAME_LOWER", (2, 1)), ("VALID", (0, 0))])
+def test_conv_1d_auto_pad(dev, auto_pad, pads):
+    x, w = randn(1, 3, 17), randn(4, 3, 4)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], strides=[2], dilations=[1], auto_pad=auto_pad)],
+              {"x": x.shape}, "y", initializers=[("w", w)])
+    # SAME_LOWER puts the odd one of the 3 padding positions at the start.
+    check(dev, m, {"x": x}, lambda x: conv1d_reference(x, w, None, 2, pads, 1, 1))
+
+
 def test_conv_1d_same_padding_and_in_an_int8_model(dev):
     x, w = randn(1, 3, 17), randn(4, 3, 4)
     node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[2], auto_pad="SAME_UPPER")
@@ -755,6 +764,8 @@ def test_conv_1d_same_padding_and_in_an_int8_model(dev):
                                       ("AveragePool", dict(kernel_shape=[3], strides=[1], pads=[1, 0])),
                                       ("AveragePool", dict(kernel_shape=[4], strides=[3], pads=[2, 2],
                                                            count_include_pad=1)),
+                                      ("MaxPool", dict(kernel_shape=[3], strides=[1], dilations=[2])),
+                                      ("MaxPool", dict(kernel_shape=[3], strides=[2], auto_pad="SAME_UPPER")),
                                       ("GlobalAveragePool", {})])
 def test_pools_1d(dev, op, attrs):
     x = randn(2, 3, 11)
@@ -763,15 +774,19 @@ def test_pools_1d(dev, op, attrs):
     def reference(x):
         if op == "GlobalAveragePool":
             return x.astype(np.float64).mean(axis=2, keepdims=True)
-        k, s = attrs["kernel_shape"][0], attrs["strides"][0]
+        k, s, d = attrs["kernel_shape"][0], attrs["strides"][0], attrs.get("dilations", [1])[0]
         p0, p1 = attrs.get("pads", [0, 0])
-        length = x.shape[2] + p0 + p1 - k
+        if attrs.get("auto_pad") == "SAME_UPPER":  # ceil(L / s) outputs, the odd padding position at the end
+            total = max((-(-x.shape[2] // s) - 1) * s + (k - 1) * d + 1 - x.shape[2], 0)
+            p0, p1 = total // 2, total - total // 2
+        span = (k - 1) * d + 1
+        length = x.shape[2] + p0 + p1 - span
         out = (-(-length // s) if attrs.get("ceil_mode") else length // s) + 1
         if attrs.get("ceil_mode") and (out - 1) * s >= x.shape[2] + p0:
             out -= 1
         fill = -np.inf if op == "MaxPool" else np.nan
-        xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p0, p1 + k)), constant_values=fill)
-        windows = np.stack([xp[:, :, i * s:i * s + k] for i in range(out)], axis=2)
+        xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p0, p1 + span)), constant_values=fill)
+        windows = np.stack([xp[:, :, i * s:i * s + span:d] for i in range(out)], axis=2)
         if op == "MaxPool":
             return windows.max(axis=3)
         if attrs.get("count_include_pad"):  # the pads count as zeros; past them, nothing
