@@ -31,8 +31,7 @@ Value infer_conv(Importer& im, Node& n) {
   const std::array<std::int64_t, 2> k = one_d ? std::array<std::int64_t, 2>{1, w[2]} : std::array{w[2], w[3]};
   if (k[0] < 1 || k[1] < 1 || k[0] > 0x7fffffff || k[1] > 0x7fffffff)
     im.fail_node(n, "weights of shape " + dims_text(w) + " make no kernel");
-  const std::vector<std::int64_t> kernel(w.begin() + 2, w.end());
-  if (a.kernel_shape && *a.kernel_shape != kernel)
+  if (a.kernel_shape && *a.kernel_shape != std::vector<std::int64_t>(w.begin() + 2, w.end()))
     im.fail_node(n, "kernel_shape " + dims_text(*a.kernel_shape) + " is not that of its weights " + dims_text(w));
   const auto o = onnx_attrs::conv_options(a, x, w);
   if (o.groups == 0 || x[1] != w[1] * o.groups || w[0] % o.groups != 0)
@@ -72,11 +71,7 @@ void lower_conv(Lowerer& l, const Node& n) {
   std::map<std::string, std::int64_t> operands{{"x", l.get(n.inputs[0], t)}, {"w", l.get(n.inputs[1], t)}};
   if (has_bias) operands["bias"] = l.get(n.inputs[2], DType::F32);
   operands["y"] = l.produce(n.output, t, shape);
-  if (one_d) {  // the 2-D op on views with H = 1
-    operands["x"] = l.dg().add_view(operands["x"], {xs[0], xs[1], 1, xs[2]});
-    operands["w"] = l.dg().add_view(operands["w"], {w.shape[0], w.shape[1], 1, w.shape[2]});
-    operands["y"] = l.dg().add_view(operands["y"], {shape[0], shape[1], 1, shape[2]});
-  }
+  if (one_d) l.as_2d(operands, {{"x", &xs}, {"w", &w.shape}, {"y", &shape}});
   nlohmann::json at = conv_attrs(o);
   at["activation"] = act_json(n.act);
   l.op("conv2d", n.name, operands, at);
@@ -119,11 +114,7 @@ void lower_conv_transpose(Lowerer& l, const Node& n) {
   std::map<std::string, std::int64_t> operands{{"x", l.get(n.inputs[0], t)}, {"w", l.get(n.inputs[1], t)}};
   if (n.inputs.size() > 2 && !n.inputs[2].empty()) operands["bias"] = l.get(n.inputs[2], DType::F32);
   operands["y"] = l.produce(n.output, t, shape);
-  if (xs.size() == 3) {  // 1-D: the 2-D op on views with H = 1
-    operands["x"] = l.dg().add_view(operands["x"], {xs[0], xs[1], 1, xs[2]});
-    operands["w"] = l.dg().add_view(operands["w"], {w.shape[0], w.shape[1], 1, w.shape[2]});
-    operands["y"] = l.dg().add_view(operands["y"], {shape[0], shape[1], 1, shape[2]});
-  }
+  if (xs.size() == 3) l.as_2d(operands, {{"x", &xs}, {"w", &w.shape}, {"y", &shape}});
   nlohmann::json at = conv_attrs(geo.options);
   at["activation"] = act_json(n.act);
   l.op("conv_transpose2d", n.name, operands, at);

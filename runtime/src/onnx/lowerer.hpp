@@ -64,6 +64,13 @@ struct Lowerer {
   std::set<std::string> placed;                 // values produced in their part of their Concat's output
 
   DeviceGraph& dg() { return out.graph; }
+  // A 1-D op runs as the 2-D one with H = 1: each operand of shape [A, B, L]
+  // (the name of its device value, and its shape) becomes a view [A, B, 1, L].
+  void as_2d(std::map<std::string, std::int64_t>& operands,
+             std::initializer_list<std::pair<const char*, const std::vector<std::int64_t>*>> shapes) {
+    for (const auto& [name, s] : shapes)
+      operands[name] = dg().add_view(operands.at(name), {(*s)[0], (*s)[1], 1, (*s)[2]});
+  }
   bool int8() const { return precision == Precision::Int8; }
   // The type of float ops: the activation type, f32 in an int8 model.
   DType float_type() const { return int8() ? DType::F32 : act; }

@@ -52,19 +52,16 @@ void lower_pool(Lowerer& l, const Node& n) {
   DType t = l.float_type();
   if (!one_d && l.int8() && max && l.reps.count(n.inputs[0]) && l.reps.at(n.inputs[0]).primary == DType::U8)
     t = DType::U8;
-  std::int64_t x, y;
+  std::map<std::string, std::int64_t> operands;
   if (t == DType::U8) {  // NHWC; the max of u8 values keeps their scale
-    x = l.get_nhwc(n.inputs[0]);
-    y = l.produce_nhwc(n.output, shape, l.reps.at(n.inputs[0]).q);
+    operands["x"] = l.get_nhwc(n.inputs[0]);
+    operands["y"] = l.produce_nhwc(n.output, shape, l.reps.at(n.inputs[0]).q);
   } else {
-    x = l.get(n.inputs[0], t);
-    y = l.produce(n.output, t, shape);
-    if (one_d) {  // the 2-D op on views with H = 1
-      x = l.dg().add_view(x, {xs[0], xs[1], 1, xs[2]});
-      y = l.dg().add_view(y, {shape[0], shape[1], 1, shape[2]});
-    }
+    operands["x"] = l.get(n.inputs[0], t);
+    operands["y"] = l.produce(n.output, t, shape);
+    if (one_d) l.as_2d(operands, {{"x", &xs}, {"y", &shape}});
   }
-  l.op(max ? "max_pool2d" : "avg_pool2d", n.name, {{"x", x}, {"y", y}},
+  l.op(max ? "max_pool2d" : "avg_pool2d", n.name, operands,
        {{"kernel", o.kernel},
         {"strides", o.strides},
         {"dilations", o.dilations},
