@@ -55,6 +55,12 @@ API_TYPES = [
     "tpuhal/monitor.hpp",
 ]
 
+# The firmware interface's pure headers: header only, no dependencies, facts
+# the board and the host must agree on (the window shape rule, the f16/bf16
+# rounding). The layers above that may not use the rest of the interface
+# include these, through tpuhal_fw's include folder; none links its code.
+FW_PURE = ["tpuhal/fw/window.h", "tpuhal/fw/half.h"]
+
 # Targets every folder may link: build settings, not layers.
 FREE_TARGETS = {"tpuhal_warnings"}
 
@@ -79,8 +85,8 @@ RULES = [
     Rule("firmware_iface", "firmware_iface depends on nothing", [FW], []),
     Rule("base", "base is below everything", [BASE], []),
     Rule("simulator", "the simulator never sees a driver or the HAL", [SIM, FW, BASE], ["tpuhal_fw", "tpuhal_base"]),
-    Rule("hal", "the HAL knows drivers only through the driver interface", [API, DRIVER, BASE],
-         ["tpuhal_headers", "tpuhal_api", "tpuhal_base", "tpuhal_providers"]),
+    Rule("hal", "the HAL knows drivers only through the driver interface", [API, DRIVER, BASE] + FW_PURE,
+         ["tpuhal_headers", "tpuhal_api", "tpuhal_base", "tpuhal_providers", "tpuhal_fw"]),
     Rule("drivers/tpu", "the driver reaches the board only through a Transport", [TPU, FW, DRIVER, BASE, API],
          ["tpuhal_api", "tpuhal_fw", "tpuhal_base"]),
     # Every transport folder: the generic rule, or its own below.
@@ -102,7 +108,8 @@ RULES = [
          ["tpuhal_api", "tpuhal_base"]),
     Rule("drivers/skeleton", "the skeleton shows what a new driver stands on: the driver interface",
          [SKELETON, DRIVER, BASE] + API_TYPES, ["tpuhal_api", "tpuhal_base"]),
-    Rule("runtime", "the runtime stands on the public API only", [RT, API], ["tpuhal_headers", "tpuhal"]),
+    Rule("runtime", "the runtime stands on the public API only", [RT, API] + FW_PURE,
+         ["tpuhal_headers", "tpuhal", "tpuhal_fw"]),
     Rule("bench", "benchmarks measure through the public API", [BENCH, API, BASE], ["tpuhal", "tpuhal_base"]),
     Rule("examples", "examples use the public API, the runtime and the pipeline only", [API, RT, PIPELINE],
          ["tpuhal", "tpuhal_runtime", "tpuhal_pipeline"]),
@@ -407,6 +414,9 @@ PLANTS = [
      {"hal/src/layering_probe.cpp": '#include "tpuhal/rt/model.hpp"\n'},
      ["hal/src/layering_probe.cpp:1 includes tpuhal/rt/model.hpp", "hal may not include tpuhal/rt/",
       "the HAL knows drivers only through the driver interface"]),
+    ("hal includes the firmware interface beyond its pure headers",
+     {"hal/src/layering_probe.cpp": '#include "tpuhal/fw/window.h"\n#include "tpuhal/fw/tensor.h"\n'},
+     ["hal/src/layering_probe.cpp:2 includes tpuhal/fw/tensor.h", "hal may not include tpuhal/fw/"]),
     ("base includes the CUDA shim (from an .inc)",
      {"base/src/layering_probe.inc": '// a table\n#include <tpuhal/cuda/cuda_provider.h>\n'},
      ["base/src/layering_probe.inc:2 includes tpuhal/cuda/cuda_provider.h", "base may not include tpuhal/cuda/",

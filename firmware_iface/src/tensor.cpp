@@ -75,21 +75,6 @@ std::uint64_t first_empty_window(std::uint64_t in, std::uint64_t out, std::uint6
   return UINT64_MAX;
 }
 
-std::uint64_t window_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride, std::uint64_t dilation,
-                            std::uint64_t pad_begin, std::uint64_t pad_end, bool ceil_mode) noexcept {
-  if (kernel == 0 || stride == 0 || dilation == 0) return 0;
-  const std::uint64_t padded = in + pad_begin + pad_end;
-  const std::uint64_t window = dilation * (kernel - 1) + 1;
-  if (padded < window) return 0;
-  std::uint64_t out = (padded - window) / stride + 1;
-  if (ceil_mode && (padded - window) % stride != 0) {
-    ++out;
-    // The last window must start inside the input or the begin padding.
-    if ((out - 1) * stride >= in + pad_begin) --out;
-  }
-  return out;
-}
-
 namespace {
 
 struct Check {

@@ -11,6 +11,7 @@
 #include "impl.hpp"
 #include "op_cost.hpp"
 #include "tpuhal/driver/op_desc.hpp"
+#include "tpuhal/fw/window.h"
 #include "tpuhal/tpuhal.hpp"
 
 namespace tpuhal {
@@ -382,14 +383,9 @@ std::array<std::int64_t, 2> window_out(Builder& b, std::int64_t h, std::int64_t 
   auto one = [&](std::int64_t in, std::int64_t k, std::uint32_t stride, std::uint32_t dil, std::uint32_t p0,
                  std::uint32_t p1) -> std::int64_t {
     if (stride == 0 || dil == 0) b.fail(Status::InvalidArgument, "strides and dilations must be at least 1");
-    const std::int64_t padded = in + p0 + p1, window = std::int64_t{dil} * (k - 1) + 1;
-    if (k < 1 || padded < window) return 0;
-    std::int64_t out = (padded - window) / stride + 1;
-    if (ceil && (padded - window) % stride) {
-      ++out;
-      if ((out - 1) * stride >= in + p0) --out;
-    }
-    return out;
+    if (in < 0 || k < 1) return 0;
+    return static_cast<std::int64_t>(
+        fw::window_output(static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(k), stride, dil, p0, p1, ceil));
   };
   return {one(h, kh, s[0], d[0], p[0], p[2]), one(w, kw, s[1], d[1], p[1], p[3])};
 }

@@ -16,6 +16,7 @@
 #include "ir.hpp"
 #include "model_internal.hpp"
 #include "onnx/handler.hpp"
+#include "tpuhal/fw/half.h"
 #endif
 
 namespace tpuhal::rt {
@@ -185,12 +186,12 @@ float element(const std::vector<std::byte>& arena, const DTensor& t, std::uint64
     case DType::F16: {
       std::uint16_t h;
       std::memcpy(&h, p, 2);
-      return from_f16(h);
+      return fw::f16_to_f32(h);
     }
     case DType::BF16: {
       std::uint16_t h;
       std::memcpy(&h, p, 2);
-      return from_bf16(h);
+      return fw::bf16_to_f32(h);
     }
     case DType::U8:
       return (static_cast<float>(static_cast<std::uint8_t>(*p)) - static_cast<float>(q.zero_point)) * q.scale;

@@ -146,10 +146,4 @@ Lowered lower(const Graph& g, Precision precision, const std::map<std::string, R
 // activations shrink layer by layer; above, near its overflow.
 bool fp16_holds(const Node& n, const std::map<std::string, Range>& ranges);
 
-// Host conversions to the reduced float types, rounding to nearest even.
-std::uint16_t to_f16(float f);
-float from_f16(std::uint16_t h);
-std::uint16_t to_bf16(float f);
-float from_bf16(std::uint16_t h);
-
 }  // namespace tpuhal::rt::detail

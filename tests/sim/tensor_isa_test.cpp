@@ -234,12 +234,12 @@ TEST(TensorIsa, VectorConversionsMatchTheScalarRulesAtEveryLevel) {
     SCOPED_TRACE(std::string(isa_name(isa)));
     simd::kernels(isa).widen_f16(halves.data(), wide.data(), halves.size());
     for (std::uint32_t i = 0; i < halves.size(); ++i) {
-      const float want = half_to_float(halves[i]);
+      const float want = fw::f16_to_f32(halves[i]);
       ASSERT_EQ(std::memcmp(&wide[i], &want, 4), 0) << "f16 0x" << std::hex << i;
     }
     simd::kernels(isa).widen_bf16(halves.data(), wide.data(), halves.size());
     for (std::uint32_t i = 0; i < halves.size(); ++i) {
-      const float want = bf16_to_float(halves[i]);
+      const float want = fw::bf16_to_f32(halves[i]);
       ASSERT_EQ(std::memcmp(&wide[i], &want, 4), 0) << "bf16 0x" << std::hex << i;
     }
   }
@@ -253,8 +253,8 @@ TEST(TensorIsa, VectorConversionsMatchTheScalarRulesAtEveryLevel) {
     floats.push_back(f);
   }
   for (std::uint32_t h = 0; h < 0x7C00; ++h) {  // every finite half, and the f32 values just around its halfway points
-    const float lo = half_to_float(static_cast<std::uint16_t>(h)),
-                hi = half_to_float(static_cast<std::uint16_t>(h + 1));
+    const float lo = fw::f16_to_f32(static_cast<std::uint16_t>(h)),
+                hi = fw::f16_to_f32(static_cast<std::uint16_t>(h + 1));
     float mid = lo + (hi - lo) / 2;
     std::uint32_t bits;
     std::memcpy(&bits, &mid, 4);
@@ -272,9 +272,9 @@ TEST(TensorIsa, VectorConversionsMatchTheScalarRulesAtEveryLevel) {
   for (Isa isa : levels_here()) {
     SCOPED_TRACE(std::string(isa_name(isa)));
     simd::kernels(isa).narrow_bf16(floats.data(), narrow.data(), floats.size());
-    for (std::size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(narrow[i], float_to_bf16(floats[i])) << floats[i];
+    for (std::size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(narrow[i], fw::f32_to_bf16(floats[i])) << floats[i];
     simd::kernels(isa).narrow_f16(floats.data(), narrow.data(), floats.size());
-    for (std::size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(narrow[i], float_to_half(floats[i])) << floats[i];
+    for (std::size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(narrow[i], fw::f32_to_f16(floats[i])) << floats[i];
   }
 }
 

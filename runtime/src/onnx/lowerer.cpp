@@ -7,6 +7,7 @@
 
 #include "onnx/handler.hpp"
 #include "tpuhal/error.hpp"
+#include "tpuhal/fw/half.h"
 
 namespace tpuhal::rt::detail {
 
@@ -43,7 +44,7 @@ std::int64_t Lowerer::add_weight(const std::vector<float>& v, DType t, std::vect
     case DType::F16:
     case DType::BF16: {
       std::vector<std::uint16_t> h(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) h[i] = t == DType::F16 ? to_f16(v[i]) : to_bf16(v[i]);
+      for (std::size_t i = 0; i < v.size(); ++i) h[i] = t == DType::F16 ? fw::f32_to_f16(v[i]) : fw::f32_to_bf16(v[i]);
       return add_raw(t, std::move(shape), h.data(), h.size() * 2);
     }
     default: throw Error(Status::Internal, "compiler: add_weight of an integer type");

@@ -1,6 +1,8 @@
 // Window attributes, checked (window.hpp).
 #include "onnx/window.hpp"
 
+#include "tpuhal/fw/window.h"
+
 namespace tpuhal::rt::detail {
 
 void check_window(const Importer& im, const Node& n, const onnx_attrs::WindowAttrs& a, std::size_t spatial) {
@@ -42,12 +44,8 @@ void check_window_fits(const Importer& im, const Node& n, const std::vector<std:
 
 std::int64_t pool_out(std::int64_t in, std::uint32_t k, std::uint32_t s, std::uint32_t d, std::uint32_t pb,
                       std::uint32_t pe, bool ceil) {
-  const std::int64_t eff = static_cast<std::int64_t>(d) * (k - 1) + 1;
-  const std::int64_t num = in + pb + pe - eff;
-  if (num < 0 || s == 0) return 0;
-  std::int64_t out = (ceil ? (num + s - 1) / s : num / s) + 1;
-  if (ceil && (out - 1) * static_cast<std::int64_t>(s) >= in + pb) --out;
-  return out;
+  if (in < 0) return 0;
+  return static_cast<std::int64_t>(fw::window_output(static_cast<std::uint64_t>(in), k, s, d, pb, pe, ceil));
 }
 
 }  // namespace tpuhal::rt::detail

@@ -7,73 +7,10 @@
 #include <cstring>
 #include <limits>
 
+#include "tpuhal/fw/half.h"
 #include "tpuhal/fw/tensor.h"
 
 namespace tpuhal::sim::tensor {
-
-// IEEE binary16 <-> binary32, round to nearest even.
-inline float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-  std::uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      do {
-        ++e;
-        man <<= 1;
-      } while (!(man & 0x400));
-      bits = sign | static_cast<std::uint32_t>(127 - 15 - e) << 23 | (man & 0x3FF) << 13;
-    }
-  } else if (exp == 0x1F) {
-    bits = sign | 0x7F800000 | man << 13;  // inf / nan
-  } else {
-    bits = sign | (exp + 127 - 15) << 23 | man << 13;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline std::uint16_t float_to_half(float f) {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const std::uint16_t sign = static_cast<std::uint16_t>((x >> 16) & 0x8000);
-  const std::uint32_t abs = x & 0x7FFFFFFF;
-  if (abs > 0x7F800000) return sign | 0x7E00;   // nan
-  if (abs >= 0x477FF000) return sign | 0x7C00;  // rounds to inf
-  if (abs < 0x33000001) return sign;            // rounds to zero
-  std::uint32_t exp = abs >> 23;
-  if (exp < 113) {  // subnormal half
-    const std::uint32_t man = (abs & 0x7FFFFF) | 0x800000;
-    const std::uint32_t shift = 126 - exp;  // 14..24
-    std::uint32_t h = man >> shift;
-    const std::uint32_t rem = man & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (h & 1))) ++h;
-    return static_cast<std::uint16_t>(sign | h);
-  }
-  std::uint32_t h = ((exp - 112) << 10) | ((abs >> 13) & 0x3FF);
-  const std::uint32_t rem = abs & 0x1FFF;
-  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
-  return static_cast<std::uint16_t>(sign | h);
-}
-
-inline float bf16_to_float(std::uint16_t b) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline std::uint16_t float_to_bf16(float f) {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7FFFFFFF) > 0x7F800000) return static_cast<std::uint16_t>((x >> 16) | 0x40);  // quiet nan
-  const std::uint32_t rounding = 0x7FFF + ((x >> 16) & 1);
-  return static_cast<std::uint16_t>((x + rounding) >> 16);
-}
 
 // Round half to even, then saturate to [lo, hi]; NaN gives 0.
 inline std::int32_t round_saturate(float v, std::int32_t lo, std::int32_t hi) {
@@ -110,12 +47,12 @@ inline float load_float(const std::byte* p, fw::DType t) {
     case fw::DType::kF16: {
       std::uint16_t v;
       std::memcpy(&v, p, 2);
-      return half_to_float(v);
+      return fw::f16_to_f32(v);
     }
     case fw::DType::kBF16: {
       std::uint16_t v;
       std::memcpy(&v, p, 2);
-      return bf16_to_float(v);
+      return fw::bf16_to_f32(v);
     }
     case fw::DType::kI8: return static_cast<float>(static_cast<std::int8_t>(*p));
     case fw::DType::kU8: return static_cast<float>(static_cast<std::uint8_t>(*p));
@@ -148,12 +85,12 @@ inline void store_float(std::byte* p, fw::DType t, float v) {
   switch (t) {
     case fw::DType::kF32: std::memcpy(p, &v, 4); return;
     case fw::DType::kF16: {
-      const std::uint16_t h = float_to_half(v);
+      const std::uint16_t h = fw::f32_to_f16(v);
       std::memcpy(p, &h, 2);
       return;
     }
     case fw::DType::kBF16: {
-      const std::uint16_t h = float_to_bf16(v);
+      const std::uint16_t h = fw::f32_to_bf16(v);
       std::memcpy(p, &h, 2);
       return;
     }

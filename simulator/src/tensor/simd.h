@@ -74,8 +74,8 @@ void leaky_relu_f32(float* p, std::size_t n, float alpha);
 void hard_sigmoid_f32(float* p, std::size_t n, float alpha, float beta);
 void hard_swish_f32(float* p, std::size_t n, float alpha, float beta);
 
-// Conversions between f16 / bf16 and f32, exactly as numerics.h's
-// half_to_float, bf16_to_float, float_to_half and float_to_bf16 convert
+// Conversions between f16 / bf16 and f32, exactly as fw/half.h's
+// f16_to_f32, bf16_to_f32, f32_to_f16 and f32_to_bf16 convert
 // (round to nearest even; NaN as those give it).
 void widen_f16(const std::uint16_t* in, float* out, std::size_t n);
 void widen_bf16(const std::uint16_t* in, float* out, std::size_t n);

@@ -17,6 +17,7 @@
 #include "tpuhal/fw/result.h"
 #include "tpuhal/fw/tensor.h"
 #include "tpuhal/fw/video.h"
+#include "tpuhal/fw/window.h"  // window_output
 
 namespace tpuhal::fw {
 
@@ -179,13 +180,6 @@ constexpr std::uint16_t attr_field(std::size_t byte_offset) {
 }
 inline constexpr std::uint16_t kFieldOpKind = 0x107;
 inline constexpr std::uint16_t kFieldOpHeader = 0x108;
-
-// Output size of a convolution or pooling window along one axis:
-// floor or ceil((in + pads - dilation * (kernel - 1) - 1) / stride) + 1, or 0
-// if the window never fits. With ceil, a last window that would start in
-// the end padding is dropped (as ONNX and PyTorch do).
-std::uint64_t window_output(std::uint64_t in, std::uint64_t kernel, std::uint64_t stride, std::uint64_t dilation,
-                            std::uint64_t pad_begin, std::uint64_t pad_end, bool ceil_mode) noexcept;
 
 // The first of `out` windows along one axis none of whose taps lands in the
 // input (all in the padding, or straddling it), or UINT64_MAX if none.
