@@ -129,9 +129,12 @@ def op_seeds():
         struct.pack("<IIff", 1, 0, 0.0, 0.0))
     o["clip"] = op_block(OP["elementwise"], [tensor(k, F16, [16]), NONE_TENSOR, tensor(2 * k, F16, [16])],
                          struct.pack("<IIff", 7, 2, 0.0, 6.0))
-    # erf (elementwise mode 13, interface 1.3), the last mode.
+    # erf (elementwise mode 13, interface 1.3).
     o["erf"] = op_block(OP["elementwise"], [tensor(k, BF16, [3, 5]), NONE_TENSOR, tensor(2 * k, BF16, [3, 5])],
                         struct.pack("<IIff", 13, 0, 0.0, 0.0))
+    # round (elementwise mode 25, interface 1.10), the last mode.
+    o["round"] = op_block(OP["elementwise"], [tensor(k, F16, [4, 6]), NONE_TENSOR, tensor(2 * k, F16, [4, 6])],
+                          struct.pack("<IIff", 25, 0, 0.0, 0.0))
     # A comparison (elementwise mode 15, less, interface 1.7): i32 in, u8 out, B broadcast.
     o["less"] = op_block(OP["elementwise"], [tensor(k, I32, [3, 5]), tensor(3 * k, I32, [3, 5], [0, 1]),
                                              tensor(2 * k, U8, [3, 5])], struct.pack("<IIff", 15, 0, 0.0, 0.0))

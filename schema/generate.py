@@ -71,6 +71,9 @@ def check_schema():
     for enum_name, table in ops.VECTOR_CYCLES.items():
         known = {v[0] for v in enum(enum_name)["values"]}
         problems += [f"VECTOR_CYCLES: {enum_name} has no value {v}" for v in table if v not in known]
+    known_families = {"arith"} | {f for f, _, _ in FAMILIES}
+    problems += [f"ElementwiseOp: {v[0]} has an unknown family {v[5]}" for v in enum("ElementwiseOp")["values"]
+                 if v[5] not in known_families]
     for e in ops.ENUMS:
         names = [v[1] for v in e["values"]]
         if len(set(names)) != len(names):
@@ -120,6 +123,22 @@ def comment_block(text, indent=""):
     return "".join(f"{indent}// {l}\n" for l in lines)
 
 
+FAMILIES = (("float", "is_float_only", "Takes floats only (f32, f16, bf16)."),
+            ("comparison", "is_comparison", "Compares A and B into u8 1 or 0."),
+            ("logic", "is_logical", "Logic on u8 operands into u8 1 or 0."))
+
+
+def family_predicates(ew, prefix):
+    """One predicate per family of ElementwiseOp values (schema/ops.py)."""
+    out = []
+    for family, fn, doc in FAMILIES:
+        members = [v[0] for v in ew["values"] if v[5] == family]
+        out.append(f"// {doc}\nconstexpr bool {fn}(ElementwiseOp op) {{\n  switch (op) {{\n")
+        out.append("".join(f"    case ElementwiseOp::{prefix}{m}:\n" for m in members))
+        out.append("      return true;\n    default:\n      return false;\n  }\n}\n")
+    return "".join(out)
+
+
 def fw_op_enums():
     out = [BANNER, "// The enumerations of op attributes on the wire (uint32 words of the\n"
            "// attribute structs), included by fw/tensor.h in tpuhal::fw. kMax<Enum> is\n"
@@ -135,11 +154,7 @@ def fw_op_enums():
         out.append("};\n")
         out.append(f"inline constexpr std::uint32_t kMax{e['name']} = {len(e['values']) - 1};\n")
     ew = enum("ElementwiseOp")
-    for family, fn in (("comparison", "is_comparison"), ("logic", "is_logical")):
-        members = [v[0] for v in ew["values"] if v[5] == family]
-        out.append(f"constexpr bool {fn}(ElementwiseOp op) {{\n  switch (op) {{\n")
-        out.append("".join(f"    case ElementwiseOp::k{m}:\n" for m in members))
-        out.append("      return true;\n    default:\n      return false;\n  }\n}\n")
+    out.append(family_predicates(ew, "k"))
     out.append("// Reads B as well as A.\nconstexpr bool is_binary(ElementwiseOp op) {\n  switch (op) {\n")
     out.append("".join(f"    case ElementwiseOp::k{v[0]}:\n" for v in ew["values"] if v[4] == 2))
     out.append("      return true;\n    default:\n      return false;\n  }\n}\n")
@@ -279,6 +294,8 @@ def driver_op_enums():
             out.append(f"constexpr const char* to_string({e['name']} v) noexcept {{\n"
                        f"  for (const auto& [name, value] : k{e['name']}Names)\n"
                        f"    if (value == v) return name;\n  return \"?\";\n}}\n")
+            if e["name"] == "ElementwiseOp":
+                out.append(family_predicates(e, ""))
     for e in ops.ENUMS:
         if "driver" not in e["layers"] and "hal" not in e["layers"]:
             continue

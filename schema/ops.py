@@ -52,7 +52,9 @@ ENUMS = [
         doc="The map of an elementwise op. Unary maps read A only; binary ones A and B. "
         "Comparisons take A and B of one dtype and give u8 1 or 0 (a NaN compares false: "
         "unequal, neither less nor greater); logic reads u8 operands (nonzero is true) into u8 1 or 0.",
-        # (Name, "name", minor, comment, arity, family)
+        # (Name, "name", minor, comment, arity, family). Families: "arith" takes any
+        # dtype, "float" floats only (f32, f16, bf16), "comparison" and "logic" as
+        # the doc says; each is one generated predicate (is_float_only, ...).
         values=[
             ("Identity", "identity", 1, "Y = A: copy, cast (A and Y dtypes differ), transpose (A strided)", 1, "arith"),
             ("Add", "add", 1, "", 2, "arith"),
@@ -61,13 +63,13 @@ ENUMS = [
             ("Div", "div", 1, "", 2, "arith"),
             ("Max", "max", 1, "", 2, "arith"),
             ("Min", "min", 1, "", 2, "arith"),
-            ("Activation", "activation", 1, "Y = activation(A), the attributes' activation", 1, "arith"),
+            ("Activation", "activation", 1, "Y = activation(A), the attributes' activation", 1, "float"),
             ("Abs", "abs", 1, "", 1, "arith"),
             ("Neg", "neg", 1, "", 1, "arith"),
-            ("Exp", "exp", 1, "", 1, "arith"),
-            ("Log", "log", 1, "", 1, "arith"),
-            ("Sqrt", "sqrt", 1, "", 1, "arith"),
-            ("Erf", "erf", 3, "", 1, "arith"),
+            ("Exp", "exp", 1, "", 1, "float"),
+            ("Log", "log", 1, "", 1, "float"),
+            ("Sqrt", "sqrt", 1, "", 1, "float"),
+            ("Erf", "erf", 3, "", 1, "float"),
             ("Equal", "equal", 7, "", 2, "comparison"),
             ("Less", "less", 7, "", 2, "comparison"),
             ("LessOrEqual", "less_or_equal", 7, "", 2, "comparison"),
@@ -77,6 +79,9 @@ ENUMS = [
             ("Or", "or", 7, "", 2, "logic"),
             ("Xor", "xor", 7, "", 2, "logic"),
             ("Not", "not", 7, "", 1, "logic"),
+            ("Ceil", "ceil", 10, "", 1, "float"),
+            ("Floor", "floor", 10, "", 1, "float"),
+            ("Round", "round", 10, "to the nearest integer, halves to even (ONNX Round)", 1, "float"),
         ],
     ),
     dict(
@@ -172,7 +177,7 @@ KINDS = [
          attrs="ElementwiseAttrs", cost=("per_output",), cycles="elementwise", peak=None,
          builders=["add", "sub", "mul", "div", "max", "min", "activation", "relu", "abs", "neg", "exp", "log", "sqrt",
                    "erf", "cast", "transpose", "equal", "less", "less_equal", "greater", "greater_equal",
-                   "logical_and", "logical_or", "logical_xor", "logical_not"],
+                   "logical_and", "logical_or", "logical_xor", "logical_not", "ceil", "floor", "round"],
          doc="Unary and binary maps, including cast and transpose (B absent for unary maps)."),
     dict(name="Softmax", id="softmax", minor=1, tensors=["X", "Y"], fw_attrs="SoftmaxAttrs", attrs="SoftmaxAttrs",
          cost=("per_output",), cycles=160, peak=None, builders=["softmax"], doc="Softmax or log-softmax along one axis."),

@@ -386,12 +386,10 @@ bool check_elementwise(Check& c, const OpBlock& b, const ElementwiseAttrs& at) {
   } else if (!expect_attr(c, offsetof(ElementwiseAttrs, activation), at.activation == 0, at.activation, 0)) {
     return false;
   }
-  const bool float_only = op == ElementwiseOp::kActivation || op == ElementwiseOp::kExp || op == ElementwiseOp::kLog ||
-                          op == ElementwiseOp::kSqrt || op == ElementwiseOp::kErf;
   if (op == ElementwiseOp::kIdentity) return true;  // any dtype to any dtype
   if (is_comparison(op)) return expect_dtype(c, b, 2, ty == DType::kU8);
   if (is_logical(op)) return expect_dtype(c, b, 0, ta == DType::kU8) && expect_dtype(c, b, 2, ty == DType::kU8);
-  return expect_dtype(c, b, 0, !float_only || is_float(ta)) && expect_dtype(c, b, 2, ty == ta);
+  return expect_dtype(c, b, 0, !is_float_only(op) || is_float(ta)) && expect_dtype(c, b, 2, ty == ta);
 }
 
 bool check_softmax(Check& c, const OpBlock& b, const SoftmaxAttrs& at) {

@@ -487,11 +487,9 @@ std::pair<TensorArg, TensorArg> matmul_views(Builder& bd, const Tensor& a, const
 Op elementwise(driver::ElementwiseOp op, const char* name, const Tensor& a, const Tensor* b, const Tensor& y,
                ActivationParams act = {}) {
   Builder bd(driver::OpKind::Elementwise, name);
-  const bool floats_only = op == driver::ElementwiseOp::Activation || op == driver::ElementwiseOp::Exp ||
-                           op == driver::ElementwiseOp::Log || op == driver::ElementwiseOp::Sqrt ||
-                           op == driver::ElementwiseOp::Erf;
-  const bool compare = op >= driver::ElementwiseOp::Equal && op <= driver::ElementwiseOp::GreaterOrEqual;
-  const bool logic = op >= driver::ElementwiseOp::And;
+  const bool floats_only = driver::is_float_only(op);
+  const bool compare = driver::is_comparison(op);
+  const bool logic = driver::is_logical(op);
   if (op != driver::ElementwiseOp::Identity) {
     if (floats_only) bd.dtype_in(a, "x", kFloats);
     if (logic) bd.dtype_in(a, b ? "a" : "x", {DType::U8});
@@ -691,6 +689,9 @@ Op exp(const Tensor& x, const Tensor& y) { return elementwise(driver::Elementwis
 Op log(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Log, "log", x, nullptr, y); }
 Op sqrt(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Sqrt, "sqrt", x, nullptr, y); }
 Op erf(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Erf, "erf", x, nullptr, y); }
+Op ceil(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Ceil, "ceil", x, nullptr, y); }
+Op floor(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Floor, "floor", x, nullptr, y); }
+Op round(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Round, "round", x, nullptr, y); }
 Op cast(const Tensor& x, const Tensor& y) {
   return elementwise(driver::ElementwiseOp::Identity, "cast", x, nullptr, y);
 }

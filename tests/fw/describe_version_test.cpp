@@ -161,7 +161,7 @@ TEST(FwVersion, PackAndUnpack) {
   EXPECT_EQ((Version{1, 0}.packed()), 0x00010000u);
   EXPECT_EQ((Version{0xABCD, 0x1234}.packed()), 0xABCD1234u);
   EXPECT_EQ(Version::unpack(0xABCD1234), (Version{0xABCD, 0x1234}));
-  EXPECT_EQ(kInterfaceVersion, (Version{1, 9}));
+  EXPECT_EQ(kInterfaceVersion, (Version{1, 10}));
 }
 
 TEST(FwVersion, NegotiatePicksTheSmallerMinorOfTheSameMajor) {

@@ -203,38 +203,46 @@ TEST(FwTensorOp, AttributesAreValidated) {
   EXPECT_EQ(problem_of(b).status, CmdStatus::kBadArgument);
 }
 
-// erf: floats in, the same dtype out, no B.
-TEST(FwTensorOp, ElementwiseErfTakesFloatsOnly) {
+// erf (1.3), ceil, floor and round (1.10): floats in, the same dtype out, no B.
+TEST(FwTensorOp, ElementwiseFloatMapsTakeFloatsOnly) {
   ElementwiseAttrs a{};
-  a.op = static_cast<std::uint32_t>(ElementwiseOp::kErf);
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
-    EXPECT_TRUE(
-        decode_op(block(OpKind::kElementwise, {tensor(0x1000, t, {2, 8}), TensorRef{}, tensor(0x2000, t, {2, 8})}, a))
-            .ok())
-        << to_string(t);
-  auto b = block(OpKind::kElementwise,
-                 {tensor(0x1000, DType::kI32, {2, 8}), TensorRef{}, tensor(0x2000, DType::kI32, {2, 8})}, a);
-  EXPECT_EQ(problem_of(b).field, tensor_field(0, TensorAspect::kDType));
-  b = block(OpKind::kElementwise,
-            {tensor(0x1000, DType::kF32, {2, 8}), TensorRef{}, tensor(0x2000, DType::kF16, {2, 8})}, a);
-  EXPECT_EQ(problem_of(b).field, tensor_field(2, TensorAspect::kDType));
-  b = block(
-      OpKind::kElementwise,
-      {tensor(0x1000, DType::kF32, {2, 8}), tensor(0x3000, DType::kF32, {2, 8}), tensor(0x2000, DType::kF32, {2, 8})},
-      a);
-  EXPECT_EQ(problem_of(b).field, tensor_field(1, TensorAspect::kDType));
+  for (ElementwiseOp op : {ElementwiseOp::kErf, ElementwiseOp::kCeil, ElementwiseOp::kFloor, ElementwiseOp::kRound}) {
+    SCOPED_TRACE(static_cast<int>(op));
+    EXPECT_TRUE(is_float_only(op));
+    a.op = static_cast<std::uint32_t>(op);
+    for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
+      EXPECT_TRUE(
+          decode_op(block(OpKind::kElementwise, {tensor(0x1000, t, {2, 8}), TensorRef{}, tensor(0x2000, t, {2, 8})}, a))
+              .ok())
+          << to_string(t);
+    for (DType t : {DType::kI32, DType::kU8, DType::kI8}) {
+      auto b = block(OpKind::kElementwise, {tensor(0x1000, t, {2, 8}), TensorRef{}, tensor(0x2000, t, {2, 8})}, a);
+      EXPECT_EQ(problem_of(b).field, tensor_field(0, TensorAspect::kDType)) << to_string(t);
+    }
+    auto b = block(OpKind::kElementwise,
+                   {tensor(0x1000, DType::kF32, {2, 8}), TensorRef{}, tensor(0x2000, DType::kF16, {2, 8})}, a);
+    EXPECT_EQ(problem_of(b).field, tensor_field(2, TensorAspect::kDType));
+    b = block(
+        OpKind::kElementwise,
+        {tensor(0x1000, DType::kF32, {2, 8}), tensor(0x3000, DType::kF32, {2, 8}), tensor(0x2000, DType::kF32, {2, 8})},
+        a);
+    EXPECT_EQ(problem_of(b).field, tensor_field(1, TensorAspect::kDType));
+  }
+  // abs and neg take every dtype.
+  EXPECT_FALSE(is_float_only(ElementwiseOp::kAbs));
   a.op = kMaxElementwiseOp + 1;
-  b = block(OpKind::kElementwise,
-            {tensor(0x1000, DType::kF32, {2, 8}), TensorRef{}, tensor(0x2000, DType::kF32, {2, 8})}, a);
+  auto b = block(OpKind::kElementwise,
+                 {tensor(0x1000, DType::kF32, {2, 8}), TensorRef{}, tensor(0x2000, DType::kF32, {2, 8})}, a);
   auto p = problem_of(b);
   EXPECT_EQ(p.field, attr_field(offsetof(ElementwiseAttrs, op)));
   EXPECT_EQ(p.value, kMaxElementwiseOp + 1);
 }
 
-// Comparisons (interface 1.7): A and B of one dtype, any; Y u8. Logic, the
-// last modes: u8 in and out, Not without B.
+// Comparisons (interface 1.7): A and B of one dtype, any; Y u8. Logic: u8
+// in and out, Not without B.
 TEST(FwTensorOp, ElementwiseComparisonsGiveU8AndLogicTakesU8) {
-  EXPECT_EQ(static_cast<std::uint32_t>(ElementwiseOp::kNot), kMaxElementwiseOp);
+  EXPECT_TRUE(is_logical(ElementwiseOp::kNot) && !is_logical(ElementwiseOp::kCeil));
+  EXPECT_TRUE(is_comparison(ElementwiseOp::kLess) && !is_comparison(ElementwiseOp::kRound));
   ElementwiseAttrs a{};
   auto binary = [&](DType in, DType out) {
     return block(OpKind::kElementwise,

@@ -166,6 +166,25 @@ TEST_P(Ops, ElementwiseUnaryOps) {
     }
 }
 
+// ceil, floor and round (interface 1.10): exact in every float type, with
+// halves (round: to even), signed zeros, infinities, NaN and values too large
+// to have a fraction.
+TEST_P(Ops, ElementwiseRoundingMaps) {
+  const std::vector<double> sp = {0,   -0.0, 0.5,  -0.5, 1.5,   2.5,  -2.5, 3.5, -3.5,  0.49,    -0.51,
+                                  1e6, -1e6, 1e30, kInf, -kInf, kNaN, 7,    -7,  255.5, -1024.25};
+  for (DType dt : {DType::F32, DType::F16, DType::BF16})
+    for (int which = 0; which < 3; ++which) {
+      Host x = rand(dt, {4, 13}, -300, 300);
+      for (std::size_t i = 0; i < sp.size(); ++i) x.v[i] = round_to(dt, sp[i]);
+      const Tensor tx = lab().upload(x), y = lab().output(dt, x.shape);
+      const Op op = which == 0 ? ops::ceil(tx, y) : which == 1 ? ops::floor(tx, y) : ops::round(tx, y);
+      const Host got = lab().run(op, y);
+      std::vector<double> want;
+      for (double v : x.v) want.push_back(which == 0 ? std::ceil(v) : which == 1 ? std::floor(v) : std::nearbyint(v));
+      expect_exact(std::string(which == 0 ? "ceil " : which == 1 ? "floor " : "round ") + to_string(dt), got, want);
+    }
+}
+
 TEST_P(Ops, ElementwiseActivations) {
   for (DType dt : {DType::F32, DType::F16, DType::BF16})
     for (const ActivationParams& act : all_activations(rng_)) {

@@ -349,9 +349,9 @@ void bind_builders(py::module_& ops) {
       py::arg("x"), py::arg("y"), "y = not x elementwise on u8 (nonzero is true) into u8 1 or 0.");
 
   using Unary = Op (*)(const Tensor&, const Tensor&);
-  const std::pair<const char*, Unary> unaries[] = {{"relu", &ops::relu}, {"abs", &ops::abs}, {"neg", &ops::neg},
-                                                   {"exp", &ops::exp},   {"log", &ops::log}, {"sqrt", &ops::sqrt},
-                                                   {"erf", &ops::erf}};
+  const std::pair<const char*, Unary> unaries[] = {
+      {"relu", &ops::relu}, {"abs", &ops::abs}, {"neg", &ops::neg},   {"exp", &ops::exp},     {"log", &ops::log},
+      {"sqrt", &ops::sqrt}, {"erf", &ops::erf}, {"ceil", &ops::ceil}, {"floor", &ops::floor}, {"round", &ops::round}};
   for (auto [name, f] : unaries)
     ops.def(
         name,

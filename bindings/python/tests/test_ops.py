@@ -122,6 +122,23 @@ def test_unary_maps_match_math(dev, queue):
         ops.erf(dev.tensor((4,), "i32"), dev.tensor((4,), "i32"))
 
 
+def test_rounding_maps_are_exact(dev, queue):
+    x = np.array([-2.5, -1.5, -0.5, -0.49, 0, 0.5, 1.5, 2.5, 2.51, 1e7 + 0.5, 3e38, np.inf, -np.inf, np.nan],
+                 np.float32)
+    for dtype in ("f32", "f16"):
+        xs = x.astype(np.float16) if dtype == "f16" else x
+        tx = tpuhal.Tensor(dev.upload(xs))
+        for name, ref in [("ceil", np.ceil), ("floor", np.floor), ("round", np.round)]:  # np.round: halves to even
+            y = dev.tensor(x.shape, dtype)
+            op = getattr(ops, name)(tx, y)
+            assert op.name == name
+            queue.run(op).submit().wait()
+            with np.errstate(invalid="ignore"):
+                np.testing.assert_array_equal(y.download(), ref(xs))
+    with pytest.raises(tpuhal.InvalidArgument, match="round: x is i32"):
+        ops.round(dev.tensor((4,), "i32"), dev.tensor((4,), "i32"))
+
+
 def test_softmax_and_views(dev, queue):
     x = np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32)
     tx = tpuhal.Tensor(dev.upload(x))

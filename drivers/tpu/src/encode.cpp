@@ -33,13 +33,14 @@ static_assert(driver::kOpKindCount == fw::kMaxOpKind,
               "a firmware op kind (fw/op_kinds.inc) has no HAL kind (driver/op_kinds.inc)");
 // Attribute enumerations are copied by number: both layers' enums are
 // generated from one list (schema/ops.py), so they end at the same value.
-static_assert(static_cast<std::uint32_t>(driver::ElementwiseOp::Not) == fw::kMaxElementwiseOp &&
-              static_cast<std::uint32_t>(Activation::HardSwish) == fw::kMaxActivation &&
-              static_cast<std::uint32_t>(ResizeMode::Linear) == fw::kMaxResizeMode &&
-              static_cast<std::uint32_t>(CoordinateMode::TfHalfPixelForNn) == fw::kMaxCoordinateMode &&
-              static_cast<std::uint32_t>(NearestMode::Ceil) == fw::kMaxNearestMode &&
-              static_cast<std::uint32_t>(ColorFormat::I420) == fw::kMaxColorFormat &&
-              static_cast<std::uint32_t>(Layout::NHWC) == fw::kMaxLayout);
+// Each layer's last value is its table's last entry.
+static_assert(driver::kElementwiseOpNames.back().second == static_cast<driver::ElementwiseOp>(fw::kMaxElementwiseOp) &&
+              kActivationNames.back().second == static_cast<Activation>(fw::kMaxActivation) &&
+              kResizeModeNames.back().second == static_cast<ResizeMode>(fw::kMaxResizeMode) &&
+              kCoordinateModeNames.back().second == static_cast<CoordinateMode>(fw::kMaxCoordinateMode) &&
+              kNearestModeNames.back().second == static_cast<NearestMode>(fw::kMaxNearestMode) &&
+              kColorFormatNames.back().second == static_cast<ColorFormat>(fw::kMaxColorFormat) &&
+              kLayoutNames.back().second == static_cast<Layout>(fw::kMaxLayout));
 
 fw::OpKind to_fw(driver::OpKind k) {
   switch (k) {

@@ -215,6 +215,11 @@ TPUHAL_API Op log(const Tensor& x, const Tensor& y);
 TPUHAL_API Op sqrt(const Tensor& x, const Tensor& y);
 // y = erf(x), the Gauss error function (ONNX Erf); floats, computed in f32.
 TPUHAL_API Op erf(const Tensor& x, const Tensor& y);
+// y = ceil(x), floor(x), or x rounded to the nearest integer with halves to
+// even (ONNX Ceil, Floor, Round); floats, exact (firmware interface 1.10).
+TPUHAL_API Op ceil(const Tensor& x, const Tensor& y);
+TPUHAL_API Op floor(const Tensor& x, const Tensor& y);
+TPUHAL_API Op round(const Tensor& x, const Tensor& y);
 // y = x converted to y's dtype (x broadcast to y's shape): floats round to
 // nearest even, float to integer rounds toward zero and saturates.
 TPUHAL_API Op cast(const Tensor& x, const Tensor& y);

@@ -48,6 +48,9 @@ float float_unary(const fw::ElementwiseAttrs& at, float x) {
     case fw::ElementwiseOp::kLog: return std::log(x);
     case fw::ElementwiseOp::kSqrt: return std::sqrt(x);
     case fw::ElementwiseOp::kErf: return std::erf(x);
+    case fw::ElementwiseOp::kCeil: return std::ceil(x);
+    case fw::ElementwiseOp::kFloor: return std::floor(x);
+    case fw::ElementwiseOp::kRound: return std::nearbyint(x);  // the default mode: ties to even
     default: return x;
   }
 }

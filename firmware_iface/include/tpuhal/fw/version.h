@@ -39,8 +39,9 @@ struct Version {
 // reports what 1.8 calls kOutOfMemory as kBadArgument (a command) or
 // kCorruptStream (a frame record). 1.9 the modelled board clock
 // (kCapModelledTime: timestamps and the TIME registers keep the board's
-// timing model's time, timing.h).
-inline constexpr Version kInterfaceVersion{1, 9};
+// timing model's time, timing.h). 1.10 the elementwise modes
+// ElementwiseOp::kCeil, kFloor and kRound (tensor.h).
+inline constexpr Version kInterfaceVersion{1, 10};
 inline constexpr std::uint16_t kMinorOutOfMemory = 8;
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a
