@@ -256,13 +256,12 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
       {"logical_or", ops::logical_or},
       {"logical_xor", ops::logical_xor}};
   if (auto it = binary.find(k); it != binary.end()) return it->second(in("a"), in("b"), in("y"));
-  static const std::map<std::string, Op (*)(const Tensor&, const Tensor&)> unary = {{"sqrt", ops::sqrt},
-                                                                                    {"exp", ops::exp},
-                                                                                    {"log", ops::log},
-                                                                                    {"abs", ops::abs},
-                                                                                    {"neg", ops::neg},
-                                                                                    {"erf", ops::erf},
-                                                                                    {"logical_not", ops::logical_not}};
+  static const std::map<std::string, Op (*)(const Tensor&, const Tensor&)> unary = {
+      {"sqrt", ops::sqrt},   {"exp", ops::exp},
+      {"log", ops::log},     {"abs", ops::abs},
+      {"neg", ops::neg},     {"erf", ops::erf},
+      {"ceil", ops::ceil},   {"floor", ops::floor},
+      {"round", ops::round}, {"logical_not", ops::logical_not}};
   if (auto it = unary.find(k); it != unary.end()) return it->second(in("x"), in("y"));
   if (k == "resize") return ops::resize(in("x"), in("y"), resize_opts(r));
   if (k == "activation") return ops::activation(in("x"), in("y"), r.activation());

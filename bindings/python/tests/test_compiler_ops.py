@@ -4,7 +4,7 @@ with NumPy (or PyTorch, where it defines the op the way exporters write it).
 
 Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
-Pow, variadic Min and Max, Resize, and LayerNorm as PyTorch exports it at
+Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, and LayerNorm as PyTorch exports it at
 opset 13."""
 import math
 
@@ -862,3 +862,44 @@ def test_a_convolution_whose_weights_and_input_disagree_in_rank_is_refused(dev):
     m = model([helper.make_node("Conv", ["x", "w"], ["y"])], {"x": x.shape}, "y", initializers=[("w", w)])
     with pytest.raises(tpuhal.InvalidArgument, match="weights of rank 4 for an input of rank 3"):
         run(dev, m, "fp32", {"x": x})
+
+
+@pytest.mark.parametrize("op,ref", [("Ceil", np.ceil), ("Floor", np.floor), ("Round", np.round)])
+def test_rounding_maps(dev, op, ref):
+    # Halves of both signs (Round: to even, as np.round), integers, and values between.
+    x = np.concatenate([np.arange(-4.5, 5, 0.5), randn(3 * 7 - 19) * 6]).astype(np.float32).reshape(1, 3, 7)
+    m = model([helper.make_node("Mul", ["x", "two"], ["x2"]), helper.make_node(op, ["x2"], ["y"])], {"x": x.shape},
+              "y", initializers=[("two", np.float32(2.0))])
+    check(dev, m, {"x": x}, lambda x: ref(x.astype(np.float64) * 2))
+    # Exact in fp32 and fp16 alike on inputs fp16 holds (multiples of 1/4).
+    xe = np.arange(-2.5, 2.75, 0.25, dtype=np.float32).reshape(1, 3, 7)
+    for precision in ("fp32", "fp16"):
+        np.testing.assert_array_equal(run(dev, m, precision, {"x": xe}), ref(xe * 2))
+
+
+@pytest.mark.parametrize("shape,repeats", [((2, 3), (1, 2)), ((2, 3), (3, 1)), ((1, 2, 3, 4), (1, 2, 1, 3)),
+                                           ((2, 1, 3, 5), (2, 2, 1, 1)), ((4,), (3,))])
+def test_tile(dev, shape, repeats):
+    x = randn(*shape)
+    m = model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Tile", ["r", "reps"], ["y"])],
+              {"x": x.shape}, "y", initializers=[("reps", i64(repeats))])
+    check(dev, m, {"x": x}, lambda x: np.tile(np.maximum(x, 0), repeats))
+
+
+def test_tile_of_constants_folds_and_bad_repeats_are_refused(dev):
+    # Tile of a constant is folded: the graph's only device op is the Add.
+    c = np.arange(6, dtype=np.float32).reshape(2, 3)
+    m = model([helper.make_node("Tile", ["c", "reps"], ["t"]), helper.make_node("Add", ["x", "t"], ["y"])],
+              {"x": (4, 6)}, "y", initializers=[("c", c), ("reps", i64([2, 2]))])
+    x = randn(4, 6)
+    np.testing.assert_allclose(run(dev, m, "fp32", {"x": x}), x + np.tile(c, (2, 2)), rtol=1e-6)
+    for reps, why in [([2], "repeats \\[2\\] for an input of rank 2"), ([0, 1], "has an entry below 1")]:
+        bad = model([helper.make_node("Tile", ["x", "reps"], ["y"])], {"x": (2, 3)}, "y",
+                    initializers=[("reps", i64(reps))])
+        with pytest.raises(tpuhal.InvalidArgument, match=why):
+            tpuhal.compile(bad, "fp32", shapes={"x": (2, 3)}, device=dev.uri)
+    # Repeats on four axes apart need a view of rank 8: refused, naming why.
+    wide = model([helper.make_node("Tile", ["x", "reps"], ["y"])], {"x": (2, 3, 4, 5)}, "y",
+                 initializers=[("reps", i64([2, 2, 2, 2]))])
+    with pytest.raises(tpuhal.Unsupported, match="rank above 6"):
+        tpuhal.compile(wide, "fp32", shapes={"x": (2, 3, 4, 5)}, device=dev.uri)

@@ -1,5 +1,5 @@
 // Arithmetic with broadcasting (Add, Sub, Mul, Div; Min and Max,
-// variadic), the unary maps (Sqrt, Exp, Log, Abs, Neg, Erf, Reciprocal) and
+// variadic), the unary maps (Sqrt, Exp, Log, Abs, Neg, Erf, Ceil, Floor, Round, Reciprocal) and
 // Pow by one constant exponent: the tpuhal op of the same name, folded on
 // constants. Mod only folds (shape computations).
 #include <algorithm>
@@ -100,13 +100,16 @@ Value fold_unary(Importer& im, Node& n) {
   std::vector<double> r = values_of(x);
   const std::string& op = n.op;
   for (auto& v : r)
-    v = op == "Sqrt"  ? std::sqrt(v)
-        : op == "Exp" ? std::exp(v)
-        : op == "Log" ? std::log(v)
-        : op == "Abs" ? std::fabs(v)
-        : op == "Neg" ? -v
-        : op == "Erf" ? std::erf(v)
-                      : 1.0 / v;  // Reciprocal
+    v = op == "Sqrt"    ? std::sqrt(v)
+        : op == "Exp"   ? std::exp(v)
+        : op == "Log"   ? std::log(v)
+        : op == "Abs"   ? std::fabs(v)
+        : op == "Neg"   ? -v
+        : op == "Erf"   ? std::erf(v)
+        : op == "Ceil"  ? std::ceil(v)
+        : op == "Floor" ? std::floor(v)
+        : op == "Round" ? std::nearbyint(v)  // halves to even in the default rounding mode
+                        : 1.0 / v;           // Reciprocal
   return make_constant(x.shape, r, false);
 }
 
@@ -212,7 +215,7 @@ std::span<const OpHandler> elementwise_handlers() {
        .writes_fresh = true},
       {.ops = {"Mod"}, .read = read_attrs<ModAttrs>, .fold = fold_mod, .folds = Fold::ConstantsOnly},
       {.ops = {"Min", "Max"}, .infer = infer_variadic, .lower = lower_variadic, .writes_fresh = true},
-      {.ops = {"Sqrt", "Exp", "Log", "Abs", "Neg", "Erf"},
+      {.ops = {"Sqrt", "Exp", "Log", "Abs", "Neg", "Erf", "Ceil", "Floor", "Round"},
        .infer = infer_unary,
        .fold = fold_unary,
        .folds = Fold::IfConstant,

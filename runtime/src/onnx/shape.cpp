@@ -1,6 +1,6 @@
 // Shapes and views: Reshape (constant shape), Flatten, Unsqueeze, Squeeze
 // and Cast to float on device data are views of another shape; Transpose
-// is transpose; Expand a copy from a view with stride 0. Shape gives the
+// is transpose; Expand and Tile copies from a view with stride 0. Shape gives the
 // fixed shape; on constants each of these folds. Identity and Dropout are
 // removed, Constant is a weight.
 #include <algorithm>
@@ -239,14 +239,21 @@ std::vector<std::int64_t> expanded(Importer& im, const Node& n) {
   return shape;
 }
 
-Value fold_expand(Importer& im, Node& n) {
+// A constant of `shape` whose element i is input 0's element from(i).
+template <class From>
+Value fold_by_index(Importer& im, const Node& n, const std::vector<std::int64_t>& shape, From from) {
   const Value& x = im.in(n, 0);
   const auto vals = values_of(x);
-  const auto shape = expanded(im, n);
   im.check_folded(n, shape);
   std::vector<double> r(elements_of(shape));
-  for (std::uint64_t i = 0; i < r.size(); ++i) r[i] = vals[broadcast_index(shape, x.shape, i)];
+  for (std::uint64_t i = 0; i < r.size(); ++i) r[i] = vals[from(i)];
   return make_constant(shape, r, is_integer(x));
+}
+
+Value fold_expand(Importer& im, Node& n) {
+  const auto shape = expanded(im, n);
+  const auto& xs = im.in(n, 0).shape;
+  return fold_by_index(im, n, shape, [&](std::uint64_t i) { return broadcast_index(shape, xs, i); });
 }
 
 Value infer_expand(Importer& im, Node& n) {
@@ -267,6 +274,82 @@ void lower_expand(Lowerer& l, const Node& n) {
     if (xs[d - off] != 1) strides[d] = xst[d - off];
   const auto view = l.dg().add_subview(l.get(n.inputs[0], t), shape, strides, 0);
   l.op("cast", n.name, {{"x", view}, {"y", l.produce(n.output, t, shape)}});
+}
+
+// Tile: y [x0*r0, x1*r1, ...] as row-major [r0, x0, r1, x1, ...], which is
+// x viewed with stride 0 along each repeat. Repeats of 1 add no dimension,
+// and neighbouring dimensions of x with no repeat between them merge, so a
+// view stays within kMaxRank for the usual tiles (one or two repeated axes).
+struct TileView {
+  std::vector<std::int64_t> shape, strides;
+};
+
+TileView tile_view(const std::vector<std::int64_t>& x, const std::vector<std::int64_t>& reps) {
+  const auto xst = row_major_strides(x);
+  TileView v;
+  bool last_is_x = false;  // the last dimension pushed is one of x's, mergeable with the next
+  for (std::size_t d = 0; d < x.size(); ++d) {
+    if (reps[d] != 1) {
+      v.shape.push_back(reps[d]);
+      v.strides.push_back(0);
+      last_is_x = false;
+    }
+    if (last_is_x) {
+      v.shape.back() *= x[d];
+      v.strides.back() = xst[d];
+    } else {
+      v.shape.push_back(x[d]);
+      v.strides.push_back(xst[d]);
+      last_is_x = true;
+    }
+  }
+  return v;
+}
+
+// The repeats, checked; and the output shape.
+std::vector<std::int64_t> tiled(Importer& im, const Node& n, std::vector<std::int64_t>* reps_out = nullptr) {
+  const auto& x = im.in(n, 0).shape;
+  const Value& r = im.constant(n, 1, "repeats");
+  if (!is_integer(r)) im.fail_node(n, "its repeats are not integers");
+  if (r.ints.size() != x.size())
+    im.fail_node(n, "repeats " + dims_text(r.ints) + " for an input of rank " + std::to_string(x.size()));
+  std::vector<std::int64_t> shape(x.size());
+  for (std::size_t d = 0; d < x.size(); ++d) {
+    if (r.ints[d] < 1) im.fail_node(n, "repeats " + dims_text(r.ints) + " has an entry below 1");
+    shape[d] = x[d] * r.ints[d];
+  }
+  if (reps_out) *reps_out = r.ints;
+  return shape;
+}
+
+Value fold_tile(Importer& im, Node& n) {
+  const auto shape = tiled(im, n);
+  const auto& xs = im.in(n, 0).shape;
+  const auto xst = row_major_strides(xs), yst = row_major_strides(shape);
+  return fold_by_index(im, n, shape, [&](std::uint64_t i) {
+    std::uint64_t from = 0;
+    for (std::size_t d = 0; d < shape.size(); ++d) from += (i / yst[d] % shape[d]) % xs[d] * xst[d];
+    return from;
+  });
+}
+
+Value infer_tile(Importer& im, Node& n) {
+  std::vector<std::int64_t> reps;
+  Value out;
+  out.shape = tiled(im, n, &reps);
+  if (tile_view(im.in(n, 0).shape, reps).shape.size() > kMaxRank)
+    im.unsupported(n, "repeats " + dims_text(reps) + " on " + std::to_string(reps.size()) +
+                          " axes apart take a view of rank above 6");
+  return out;
+}
+
+void lower_tile(Lowerer& l, const Node& n) {
+  const DType t = l.float_type();
+  const auto& shape = l.shape_of(n.output);
+  const auto v = tile_view(l.shape_of(n.inputs[0]), l.g.value(n.inputs[1]).ints);
+  const auto x = l.dg().add_subview(l.get(n.inputs[0], t), v.shape, v.strides, 0);
+  const auto y = l.dg().add_view(l.produce(n.output, t, shape), v.shape);
+  l.op("cast", n.name, {{"x", x}, {"y", y}});
 }
 
 struct ShapeAttrs {
@@ -332,6 +415,7 @@ std::span<const OpHandler> shape_handlers() {
        .folds = Fold::IfConstant,
        .lower = lower_transpose},
       {.ops = {"Expand"}, .infer = infer_expand, .fold = fold_expand, .folds = Fold::IfConstant, .lower = lower_expand},
+      {.ops = {"Tile"}, .infer = infer_tile, .fold = fold_tile, .folds = Fold::IfConstant, .lower = lower_tile},
       {.ops = {"Shape"}, .read = read_attrs<ShapeAttrs>, .fold = fold_shape, .folds = Fold::Always},
       {.ops = {"Identity", "Dropout"}, .expand = expand_identity},
       {.ops = {"Constant"}, .read = read_attrs<ConstantAttrs>, .expand = expand_constant},
