@@ -4,7 +4,7 @@ with NumPy (or PyTorch, where it defines the op the way exporters write it).
 
 Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
-Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, and LayerNorm as PyTorch exports it at
+Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, and LayerNorm as PyTorch exports it at
 opset 13."""
 import math
 
@@ -298,6 +298,7 @@ REDUCTIONS = {
     "ReduceMax": lambda x, axes, keep: x.max(axis=axes, keepdims=keep),
     "ReduceMin": lambda x, axes, keep: x.min(axis=axes, keepdims=keep),
     "ReduceL2": lambda x, axes, keep: np.sqrt((x.astype(np.float64) ** 2).sum(axis=axes, keepdims=keep)),
+    "ReduceProd": lambda x, axes, keep: x.prod(axis=axes, keepdims=keep),
 }
 
 
@@ -306,7 +307,9 @@ REDUCTIONS = {
                                              ((2, 3, 4, 5), [1], 1), ((2, 3, 4, 5), [0, 2], 0),
                                              ((2, 3, 4, 5), None, 1), ((2, 3, 1, 1), [2, 3], 0)])
 def test_reductions_over_any_axes(dev, op, shape, axes, keep):
-    x = randn(*shape)
+    # Products of values near 1 stay near 1 however many there are; fp16 and
+    # bf16 products are tested exactly below.
+    x = 1 + randn(*shape) * 0.05 if op == "ReduceProd" else randn(*shape)
     attrs = {"keepdims": keep}
     inputs = ["x"]
     initializers = []
@@ -320,7 +323,31 @@ def test_reductions_over_any_axes(dev, op, shape, axes, keep):
                        initializers=initializers)
     numpy_axes = tuple(range(4)) if axes is None else tuple(a % 4 for a in axes)
     check(dev, onnx_bytes, {"x": x}, lambda x: REDUCTIONS[op](x.astype(np.float64), numpy_axes, bool(keep)),
-          scale=float(np.abs(x).max()))
+          scale=float(np.abs(x).max()), precisions=("fp32",) if op == "ReduceProd" else ("fp32", "fp16", "bf16"))
+
+
+@pytest.mark.parametrize("inner", [1, 2, 3, 5, 8, 13])
+def test_reduce_prod_is_exact_on_powers_of_two(dev, inner):
+    # Products of +-1/2, +-1 and +-2 are exact in every precision: the tree
+    # of products gives NumPy's product whatever the row's length.
+    x = RNG.choice(np.float32([-2, -1, -0.5, 0.5, 1, 2]), size=(3, inner, 4))
+    m = model([helper.make_node("ReduceProd", ["x"], ["y"], axes=[1], keepdims=0)], {"x": x.shape}, "y")
+    for precision in ("fp32", "fp16", "bf16"):
+        np.testing.assert_array_equal(run(dev, m, precision, {"x": x}), x.prod(axis=1), err_msg=precision)
+
+
+def test_reductions_of_constants_fold(dev):
+    # ReduceProd of a shape (as torchvision's detectors compute a count) and
+    # ReduceSum of a weight: folded, so the graph's only device op is the Add.
+    c = np.float32([[1, 2, 3], [4, 5, 6]])
+    nodes = [helper.make_node("ReduceProd", ["c"], ["p"], axes=[1], keepdims=0),
+             helper.make_node("ReduceSum", ["c", "axes"], ["s"], keepdims=0),
+             helper.make_node("Add", ["p", "s"], ["ps"]), helper.make_node("Add", ["x", "ps"], ["y"])]
+    m = model(nodes, {"x": (2,)}, "y", initializers=[("c", c), ("axes", i64([1]))])
+    x = randn(2)
+    np.testing.assert_allclose(run(dev, m, "fp32", {"x": x}), x + c.prod(axis=1) + c.sum(axis=1), rtol=1e-6)
+    compiled = tpuhal.compile(m, "fp32", shapes={"x": (2,)}, device=dev.uri)
+    assert [layer["ops"] for layer in dev.load_model(compiled).instance().profile(1)["layers"]] == ["add"]
 
 
 def hard_sigmoid(x, alpha=0.2, beta=0.5):
@@ -893,6 +920,8 @@ def test_tile_of_constants_folds_and_bad_repeats_are_refused(dev):
               {"x": (4, 6)}, "y", initializers=[("c", c), ("reps", i64([2, 2]))])
     x = randn(4, 6)
     np.testing.assert_allclose(run(dev, m, "fp32", {"x": x}), x + np.tile(c, (2, 2)), rtol=1e-6)
+    compiled = tpuhal.compile(m, "fp32", shapes={"x": (4, 6)}, device=dev.uri)
+    assert [layer["ops"] for layer in dev.load_model(compiled).instance().profile(1)["layers"]] == ["add"]
     for reps, why in [([2], "repeats \\[2\\] for an input of rank 2"), ([0, 1], "has an entry below 1")]:
         bad = model([helper.make_node("Tile", ["x", "reps"], ["y"])], {"x": (2, 3)}, "y",
                     initializers=[("reps", i64(reps))])

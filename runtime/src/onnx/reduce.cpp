@@ -1,8 +1,11 @@
-// ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceL2 over any axes,
-// keepdims or not: a pool over the innermost dimension of x viewed as [1,
-// 1, outer, inner], the reduced axes moved last first where they are not
-// already.
+// ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceL2, ReduceProd over
+// any axes, keepdims or not: a pool over the innermost dimension of x
+// viewed as [1, 1, outer, inner] (ReduceProd: a tree of products over
+// halves of it), the reduced axes moved last first where they are not
+// already. On constants each folds.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
@@ -48,8 +51,63 @@ Value infer_reduce(Importer& im, Node& n) {
   return out;
 }
 
+// Folded: each output the reduction of the elements that map to it, in
+// double.
+Value fold_reduce(Importer& im, Node& n) {
+  const Value out = infer_reduce(im, n);
+  im.check_folded(n, out.shape);
+  const Value& x = im.in(n, 0);
+  const auto vals = values_of(x);
+  std::vector<std::int64_t> kept = x.shape;  // the output with keepdims
+  for (auto d : n.attr<ReduceAttrs>().reduced) kept[d] = 1;
+  const auto xst = row_major_strides(x.shape), kst = row_major_strides(kept);
+  const std::string& op = n.op;
+  const double init = op == "ReduceProd"  ? 1.0
+                      : op == "ReduceMax" ? -std::numeric_limits<double>::infinity()
+                      : op == "ReduceMin" ? std::numeric_limits<double>::infinity()
+                                          : 0.0;
+  std::vector<double> r(elements_of(kept), init);
+  for (std::uint64_t i = 0; i < vals.size(); ++i) {
+    std::uint64_t o = 0;
+    for (std::size_t d = 0; d < kept.size(); ++d)
+      if (kept[d] != 1) o += i / xst[d] % x.shape[d] * kst[d];
+    const double v = vals[i];
+    double& acc = r[o];
+    acc = op == "ReduceProd"  ? acc * v
+          : op == "ReduceMax" ? std::max(acc, v)
+          : op == "ReduceMin" ? std::min(acc, v)
+          : op == "ReduceL2"  ? acc + v * v
+                              : acc + v;
+  }
+  const double count = r.empty() ? 1.0 : static_cast<double>(vals.size() / r.size());
+  for (auto& v : r) v = op == "ReduceMean" ? v / count : op == "ReduceL2" ? std::sqrt(v) : v;
+  return make_constant(out.shape, r, is_integer(x) && op != "ReduceMean" && op != "ReduceL2");
+}
+
+// y [outer] = the product of each row of x [outer, inner] (views of them),
+// as a tree: each round multiplies the first half of the row by the second,
+// carrying an odd last column, until one column is left in y.
+void lower_product(Lowerer& l, const Node& n, DType t, std::int64_t x, std::int64_t y, std::int64_t outer,
+                   std::int64_t inner) {
+  std::int64_t cur = x, width = inner;
+  auto part = [&](std::int64_t of, std::int64_t cols, std::int64_t row, std::int64_t col0) {
+    return l.dg().add_subview(of, {outer, cols}, {row, 1}, static_cast<std::uint64_t>(col0) * size_of(t));
+  };
+  while (width > 1) {
+    const std::int64_t half = width / 2, next_width = half + width % 2;
+    const std::int64_t next = next_width == 1 ? y : l.dg().add_arena("", t, {outer, next_width});
+    l.op("mul", n.name,
+         {{"a", part(cur, half, width, 0)},
+          {"b", part(cur, half, width, half)},
+          {"y", part(next, half, next_width, 0)}});
+    if (width % 2) l.op("cast", n.name, {{"x", part(cur, 1, width, 2 * half)}, {"y", part(next, 1, next_width, half)}});
+    cur = next;
+    width = next_width;
+  }
+}
+
 // Mean and max directly, min as -max(-x), sum as mean * n, L2 as
-// sqrt(sum(x * x)).
+// sqrt(sum(x * x)), product as a tree of products.
 void lower_reduce(Lowerer& l, const Node& n) {
   const DType t = l.float_type();
   const std::string& op_type = n.op;
@@ -95,6 +153,8 @@ void lower_reduce(Lowerer& l, const Node& n) {
   const std::vector<std::int64_t> flat{outer, inner}, flat_out{outer};
   if (op_type == "ReduceMean" || op_type == "ReduceMax") {
     pool(op_type == "ReduceMax", x, y);
+  } else if (op_type == "ReduceProd") {
+    lower_product(l, n, t, l.dg().add_view(x, flat), l.dg().add_view(y, {outer, 1}), outer, inner);
   } else if (op_type == "ReduceMin") {
     const auto nx = l.dg().add_arena("", t, flat), m = l.dg().add_arena("", t, flat_out);
     l.op("neg", n.name, {{"x", l.dg().add_view(x, flat)}, {"y", nx}});
@@ -123,9 +183,11 @@ void lower_reduce(Lowerer& l, const Node& n) {
 
 std::span<const OpHandler> reduce_handlers() {
   static const OpHandler h[] = {
-      {.ops = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2"},
+      {.ops = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceProd"},
        .read = read_attrs<ReduceAttrs>,
        .infer = infer_reduce,
+       .fold = fold_reduce,
+       .folds = Fold::IfConstant,
        .lower = lower_reduce},
   };
   return h;
