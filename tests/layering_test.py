@@ -79,6 +79,9 @@ class Rule:
     links: list
     # Reasons more precise than `why` for some refused prefixes.
     why_not: dict = field(default_factory=dict)
+    # Targets whose include folders it may take ($<TARGET_PROPERTY:T,
+    # INTERFACE_INCLUDE_DIRECTORIES>) without linking them.
+    include_targets: list = field(default_factory=list)
 
 
 RULES = [
@@ -86,7 +89,7 @@ RULES = [
     Rule("base", "base is below everything", [BASE], []),
     Rule("simulator", "the simulator never sees a driver or the HAL", [SIM, FW, BASE], ["tpuhal_fw", "tpuhal_base"]),
     Rule("hal", "the HAL knows drivers only through the driver interface", [API, DRIVER, BASE] + FW_PURE,
-         ["tpuhal_headers", "tpuhal_api", "tpuhal_base", "tpuhal_providers", "tpuhal_fw"]),
+         ["tpuhal_headers", "tpuhal_api", "tpuhal_base", "tpuhal_providers"], include_targets=["tpuhal_fw"]),
     Rule("drivers/tpu", "the driver reaches the board only through a Transport", [TPU, FW, DRIVER, BASE, API],
          ["tpuhal_api", "tpuhal_fw", "tpuhal_base"]),
     # Every transport folder: the generic rule, or its own below.
@@ -108,8 +111,8 @@ RULES = [
          ["tpuhal_api", "tpuhal_base"]),
     Rule("drivers/skeleton", "the skeleton shows what a new driver stands on: the driver interface",
          [SKELETON, DRIVER, BASE] + API_TYPES, ["tpuhal_api", "tpuhal_base"]),
-    Rule("runtime", "the runtime stands on the public API only", [RT, API] + FW_PURE,
-         ["tpuhal_headers", "tpuhal", "tpuhal_fw"]),
+    Rule("runtime", "the runtime stands on the public API (and the firmware interface's pure headers) only",
+         [RT, API] + FW_PURE, ["tpuhal_headers", "tpuhal"], include_targets=["tpuhal_fw"]),
     Rule("bench", "benchmarks measure through the public API", [BENCH, API, BASE], ["tpuhal", "tpuhal_base"]),
     Rule("examples", "examples use the public API, the runtime and the pipeline only", [API, RT, PIPELINE],
          ["tpuhal", "tpuhal_runtime", "tpuhal_pipeline"]),
@@ -347,7 +350,7 @@ def parse_targets(root):
                         elif mode == "LIBS":
                             libs.append(a)
                     rest = srcs
-                    t.uses += [(lib, cm, line) for lib in libs if lib not in KEYWORDS]
+                    t.uses += [(lib, cm, line, "links") for lib in libs if lib not in KEYWORDS]
                 for a in rest:
                     d = source_dir(cmake_dir, a)
                     if d is not None and d not in t.sources:
@@ -360,11 +363,11 @@ def parse_targets(root):
                         t.sources.append(d)
             elif name == "target_link_libraries":
                 t = targets.setdefault(args[0], Target(args[0], cm))
-                t.uses += [(a, cm, line) for a in args[1:] if a not in KEYWORDS]
+                t.uses += [(a, cm, line, "links") for a in args[1:] if a not in KEYWORDS]
             elif name == "target_include_directories":
                 t = targets.setdefault(args[0], Target(args[0], cm))
                 for a in args[1:]:
-                    t.uses += [(m, cm, line) for m in TARGET_PROPERTY.findall(a)]
+                    t.uses += [(m, cm, line, "takes the include folders of") for m in TARGET_PROPERTY.findall(a)]
     return targets, aliases
 
 
@@ -386,11 +389,13 @@ def check_links(root, problems):
             continue
         for rule in rules_of(t):
             own = {o.name for o in targets.values() if rule in rules_of(o)}
-            for used, cm, line in t.uses:
+            for used, cm, line, how in t.uses:
                 used = aliases.get(used, used)
                 if used not in known or used in FREE_TARGETS or used in own or used in rule.links:
                     continue
-                problems.append(f"layering: {cm}:{line}: {t.name} links {used}: {rule.folder} may not link {used} "
+                if how != "links" and used in rule.include_targets:
+                    continue
+                problems.append(f"layering: {cm}:{line}: {t.name} {how} {used}: {rule.folder} may not link {used} "
                                 f"({rule.why})")
 
 
@@ -429,6 +434,9 @@ PLANTS = [
      {"base/CMakeLists.txt": "target_link_libraries(tpuhal_base PRIVATE tpuhal_api)\n"},
      ["base/CMakeLists.txt:", "tpuhal_base links tpuhal_api", "base may not link tpuhal_api",
       "base is below everything"]),
+    ("the HAL links the firmware interface, whose pure headers alone it may take",
+     {"hal/CMakeLists.txt": "target_link_libraries(tpuhal_hal PRIVATE tpuhal_fw)\n"},
+     ["tpuhal_hal links tpuhal_fw", "hal may not link tpuhal_fw"]),
     ("the simulator links a driver's transport",
      {"simulator/CMakeLists.txt": "target_link_libraries(tpuhal_sim PUBLIC\n  tpuhal_tpu_sim)\n"},
      ["tpuhal_sim links tpuhal_tpu_sim", "simulator may not link tpuhal_tpu_sim",

@@ -224,7 +224,7 @@ namespace tpuhal::sim::tensor {
 namespace {
 
 // The vectorised conversions give the same bits as the scalar rules of
-// numerics.h: every binary16 value, and f32 values around every rounding
+// fw/half.h: every binary16 value, and f32 values around every rounding
 // boundary, infinities and NaNs.
 TEST(TensorIsa, VectorConversionsMatchTheScalarRulesAtEveryLevel) {
   std::vector<std::uint16_t> halves(65536);

@@ -336,6 +336,12 @@ TEST(TpuDriver, AnOpNewerThanTheBoardsInterfaceIsRefusedBeforeItReachesTheBoard)
     logic.attrs = driver::ElementwiseAttrs{op, {}};
     EXPECT_EQ(tpu::required_minor(logic), 7u) << static_cast<int>(op);
   }
+  for (auto op : {driver::ElementwiseOp::Ceil, driver::ElementwiseOp::Floor, driver::ElementwiseOp::Round}) {
+    driver::OpDesc rounding;
+    rounding.kind = driver::OpKind::Elementwise;
+    rounding.attrs = driver::ElementwiseAttrs{op, {}};
+    EXPECT_EQ(tpu::required_minor(rounding), 10u) << static_cast<int>(op);
+  }
   // The queue refused the op without failing: it still runs what the board has.
   EXPECT_FALSE(q->timeline().failed);
 }

@@ -336,6 +336,37 @@ def test_reduce_prod_is_exact_on_powers_of_two(dev, inner):
         np.testing.assert_array_equal(run(dev, m, precision, {"x": x}), x.prod(axis=1), err_msg=precision)
 
 
+@pytest.mark.parametrize("op", sorted(REDUCTIONS))
+@pytest.mark.parametrize("axes,keep", [([0, 2], 1), ([1], 0), (None, 1)])
+def test_every_reduction_of_a_constant_folds(dev, op, axes, keep):
+    c = RNG.uniform(0.5, 1.5, (2, 3, 4)).astype(np.float32)
+    c[1, 2, 3] = np.nan if op in ("ReduceMax", "ReduceMin") else c[1, 2, 3]  # NaN propagates, as in NumPy
+    attrs, inputs, initializers = {"keepdims": keep}, ["c"], [("c", c)]
+    if axes is not None and op == "ReduceSum":
+        inputs.append("axes")
+        initializers.append(("axes", i64(axes)))
+    elif axes is not None:
+        attrs["axes"] = axes
+    want = REDUCTIONS[op](c.astype(np.float64), None if axes is None else tuple(axes), bool(keep))
+    nodes = [helper.make_node(op, inputs, ["r"], **attrs), helper.make_node("Add", ["x", "r"], ["y"])]
+    m = model(nodes, {"x": want.shape}, "y", initializers=initializers)
+    x = randn(*want.shape)
+    compiled = tpuhal.compile(m, "fp32", shapes={"x": want.shape}, device=dev.uri)
+    assert [layer["ops"] for layer in dev.load_model(compiled).instance().profile(1)["layers"]] == ["add"]
+    np.testing.assert_allclose(dev.load_model(compiled).instance().run({"x": x})[0], x + want, rtol=1e-6)
+
+
+def test_integer_reductions_of_constants_stay_integers(dev):
+    # A shape computed by reductions (as exporters write them) must stay an
+    # integer tensor for Reshape: ReduceMean truncates toward zero, as ONNX.
+    dims = i64([[2, 7], [3, 5]])  # mean of each row: 4.5 -> 4, 4
+    nodes = [helper.make_node("ReduceMean", ["d"], ["m"], axes=[1], keepdims=0),
+             helper.make_node("Reshape", ["x", "m"], ["y"])]
+    m = model(nodes, {"x": (16,)}, "y", initializers=[("d", dims)])
+    x = randn(16)
+    np.testing.assert_array_equal(run(dev, m, "fp32", {"x": x}), x.reshape(4, 4))
+
+
 def test_reductions_of_constants_fold(dev):
     # ReduceProd of a shape (as torchvision's detectors compute a count) and
     # ReduceSum of a weight: folded, so the graph's only device op is the Add.
@@ -922,7 +953,8 @@ def test_tile_of_constants_folds_and_bad_repeats_are_refused(dev):
     np.testing.assert_allclose(run(dev, m, "fp32", {"x": x}), x + np.tile(c, (2, 2)), rtol=1e-6)
     compiled = tpuhal.compile(m, "fp32", shapes={"x": (4, 6)}, device=dev.uri)
     assert [layer["ops"] for layer in dev.load_model(compiled).instance().profile(1)["layers"]] == ["add"]
-    for reps, why in [([2], "repeats \\[2\\] for an input of rank 2"), ([0, 1], "has an entry below 1")]:
+    for reps, why in [([2], "repeats \\[2\\] for an input of rank 2"), ([0, 1], "has an entry below 1"),
+                      ([1 << 62, 1], "a dimension of 2\\^32 or more")]:
         bad = model([helper.make_node("Tile", ["x", "reps"], ["y"])], {"x": (2, 3)}, "y",
                     initializers=[("reps", i64(reps))])
         with pytest.raises(tpuhal.InvalidArgument, match=why):

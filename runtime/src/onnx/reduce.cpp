@@ -52,12 +52,15 @@ Value infer_reduce(Importer& im, Node& n) {
 }
 
 // Folded: each output the reduction of the elements that map to it, in
-// double.
+// double; NaN propagates through max and min. Of integers (shape
+// arithmetic), an integer, as ONNX keeps the type: a mean or L2 norm
+// truncated toward zero.
 Value fold_reduce(Importer& im, Node& n) {
   const Value out = infer_reduce(im, n);
   im.check_folded(n, out.shape);
   const Value& x = im.in(n, 0);
   const auto vals = values_of(x);
+  if (vals.empty() && elements_of(out.shape) != 0) im.fail_node(n, "reduces an empty axis");
   std::vector<std::int64_t> kept = x.shape;  // the output with keepdims
   for (auto d : n.attr<ReduceAttrs>().reduced) kept[d] = 1;
   const auto xst = row_major_strides(x.shape), kst = row_major_strides(kept);
@@ -73,15 +76,23 @@ Value fold_reduce(Importer& im, Node& n) {
       if (kept[d] != 1) o += i / xst[d] % x.shape[d] * kst[d];
     const double v = vals[i];
     double& acc = r[o];
-    acc = op == "ReduceProd"  ? acc * v
-          : op == "ReduceMax" ? std::max(acc, v)
-          : op == "ReduceMin" ? std::min(acc, v)
-          : op == "ReduceL2"  ? acc + v * v
-                              : acc + v;
+    acc = std::isnan(acc) || std::isnan(v) ? (op == "ReduceMax" || op == "ReduceMin" ? std::nan("") : acc + v)
+          : op == "ReduceProd"             ? acc * v
+          : op == "ReduceMax"              ? std::max(acc, v)
+          : op == "ReduceMin"              ? std::min(acc, v)
+          : op == "ReduceL2"               ? acc + v * v
+                                           : acc + v;
   }
   const double count = r.empty() ? 1.0 : static_cast<double>(vals.size() / r.size());
-  for (auto& v : r) v = op == "ReduceMean" ? v / count : op == "ReduceL2" ? std::sqrt(v) : v;
-  return make_constant(out.shape, r, is_integer(x) && op != "ReduceMean" && op != "ReduceL2");
+  const bool integer = is_integer(x);
+  for (auto& v : r) {
+    v = op == "ReduceMean" ? v / count : op == "ReduceL2" ? std::sqrt(v) : v;
+    if (integer) {
+      if (!(std::fabs(v) < 0x1p63)) im.fail_node(n, "its integer result is outside int64");
+      v = std::trunc(v);
+    }
+  }
+  return make_constant(out.shape, r, integer);
 }
 
 // y [outer] = the product of each row of x [outer, inner] (views of them),

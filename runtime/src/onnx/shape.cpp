@@ -316,7 +316,8 @@ std::vector<std::int64_t> tiled(Importer& im, const Node& n, std::vector<std::in
   std::vector<std::int64_t> shape(x.size());
   for (std::size_t d = 0; d < x.size(); ++d) {
     if (r.ints[d] < 1) im.fail_node(n, "repeats " + dims_text(r.ints) + " has an entry below 1");
-    shape[d] = x[d] * r.ints[d];
+    if (__builtin_mul_overflow(x[d], r.ints[d], &shape[d]) || shape[d] >= (std::int64_t{1} << 32))
+      im.fail_node(n, "repeats " + dims_text(r.ints) + " make a dimension of 2^32 or more");
   }
   if (reps_out) *reps_out = r.ints;
   return shape;
@@ -324,6 +325,7 @@ std::vector<std::int64_t> tiled(Importer& im, const Node& n, std::vector<std::in
 
 Value fold_tile(Importer& im, Node& n) {
   const auto shape = tiled(im, n);
+  im.check_folded(n, shape);
   const auto& xs = im.in(n, 0).shape;
   const auto xst = row_major_strides(xs), yst = row_major_strides(shape);
   return fold_by_index(im, n, shape, [&](std::uint64_t i) {
