@@ -33,7 +33,7 @@ static_assert(driver::kOpKindCount == fw::kMaxOpKind,
               "a firmware op kind (fw/op_kinds.inc) has no HAL kind (driver/op_kinds.inc)");
 // Attribute enumerations are copied by number: both layers' enums are
 // generated from one list (schema/ops.py), so they end at the same value.
-// Each layer's last value is its table's last entry.
+// The HAL's table of each enumeration ends at the firmware's kMax<Enum>.
 static_assert(driver::kElementwiseOpNames.back().second == static_cast<driver::ElementwiseOp>(fw::kMaxElementwiseOp) &&
               kActivationNames.back().second == static_cast<Activation>(fw::kMaxActivation) &&
               kResizeModeNames.back().second == static_cast<ResizeMode>(fw::kMaxResizeMode) &&

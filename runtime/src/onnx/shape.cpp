@@ -307,7 +307,7 @@ TileView tile_view(const std::vector<std::int64_t>& x, const std::vector<std::in
 }
 
 // The repeats, checked; and the output shape.
-std::vector<std::int64_t> tiled(Importer& im, const Node& n, std::vector<std::int64_t>* reps_out = nullptr) {
+std::vector<std::int64_t> tiled(Importer& im, const Node& n) {
   const auto& x = im.in(n, 0).shape;
   const Value& r = im.constant(n, 1, "repeats");
   if (!is_integer(r)) im.fail_node(n, "its repeats are not integers");
@@ -319,7 +319,6 @@ std::vector<std::int64_t> tiled(Importer& im, const Node& n, std::vector<std::in
     if (__builtin_mul_overflow(x[d], r.ints[d], &shape[d]) || shape[d] >= (std::int64_t{1} << 32))
       im.fail_node(n, "repeats " + dims_text(r.ints) + " make a dimension of 2^32 or more");
   }
-  if (reps_out) *reps_out = r.ints;
   return shape;
 }
 
@@ -336,9 +335,9 @@ Value fold_tile(Importer& im, Node& n) {
 }
 
 Value infer_tile(Importer& im, Node& n) {
-  std::vector<std::int64_t> reps;
   Value out;
-  out.shape = tiled(im, n, &reps);
+  out.shape = tiled(im, n);
+  const auto& reps = im.constant(n, 1, "repeats").ints;
   if (tile_view(im.in(n, 0).shape, reps).shape.size() > kMaxRank)
     im.unsupported(n, "repeats " + dims_text(reps) + " on " + std::to_string(reps.size()) +
                           " axes apart take a view of rank above 6");
