@@ -188,6 +188,8 @@ def op_seeds():
     o["where"] = op_block(OP["where"], [
         tensor(k, U8, [2, 3], [0, 1]), tensor(2 * k, F32, [2, 3]), tensor(3 * k, F32, [2, 3], [0, 0]),
         tensor(4 * k, F32, [2, 3])], quant)
+    o["gather"] = op_block(OP["gather"], [tensor(k, BF16, [3, 10, 4]), tensor(2 * k, I32, [2, 5]),
+                                          tensor(3 * k, BF16, [3, 2, 5, 4])], struct.pack("<4I", 1, 0, 0, 0))
     return o
 
 

@@ -310,6 +310,25 @@ void check_rules(const fw::OpBlock& b) {
       RULE(t[0].dtype == 5 && t[1].dtype == y.dtype && t[2].dtype == y.dtype);
       RULE(same_shape(t[0], y) && same_shape(t[1], y) && same_shape(t[2], y));
       break;
+    case fw::OpKind::kGather: {
+      // X, Indices (i32), Y in X's dtype: X's dimensions before the axis,
+      // then Indices' dimensions, then X's after it.
+      const auto& at = std::get<fw::GatherAttrs>(b.attrs);
+      const fw::TensorRef &x = t[0], &idx = t[1];
+      RULE(at.reserved[0] == 0 && at.reserved[1] == 0 && at.reserved[2] == 0);
+      RULE(idx.dtype == 6 && y.dtype == x.dtype && at.axis < x.rank && y.rank + 1 == x.rank + idx.rank);
+      std::uint64_t want[2 * fw::kMaxRank] = {};
+      std::uint32_t n = 0;
+      for (std::uint32_t d = 0; d < x.rank; ++d) {
+        if (d != at.axis) {
+          want[n++] = x.shape[d];
+          continue;
+        }
+        for (std::uint32_t i = 0; i < idx.rank; ++i) want[n++] = idx.shape[i];
+      }
+      for (std::uint32_t d = 0; d < y.rank; ++d) RULE(y.shape[d] == want[d]);
+      break;
+    }
     case fw::OpKind::kInvalid: RULE(false);
   }
 }

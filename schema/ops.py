@@ -215,4 +215,7 @@ KINDS = [
          builders=["conv_transpose2d"], doc="Transposed convolution."),
     dict(name="Where", id="where", minor=5, tensors=["Cond", "A", "B", "Y"], fw_attrs="QuantAttrs", attrs="NoAttrs",
          cost=("per_output",), cycles=1, peak=None, builders=["where"], doc="Y = Cond ? A : B, elementwise."),
+    dict(name="Gather", id="gather", minor=11, tensors=["X", "Indices", "Y"], fw_attrs="GatherAttrs",
+         attrs="GatherAttrs", cost=("per_output",), cycles=1, peak=None, builders=["gather"],
+         doc="Y = X indexed along one axis by Indices (i32; negative counts from the end)."),
 ]

@@ -121,6 +121,8 @@ std::string field_name(std::uint16_t opcode, std::uint16_t field) {
   }
   if (field >= kFieldAttrBase && field < kFieldAttrBase + kMaxParamBytes / 4)
     return "attribute word " + std::to_string(field - kFieldAttrBase);
+  if (field >= kFieldTensorDataBase && field < kFieldTensorDataBase + kMaxOpTensors)
+    return "tensor " + std::to_string(field - kFieldTensorDataBase) + " data";
   switch (field) {
     default: return arg_name(opcode, field);
   }
@@ -177,6 +179,10 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
       if (field == Problem::kFieldLength) return "descriptor of " + dec(value) + " bytes, expected " + dec(detail);
       if (field >= kFieldTensorBase && field < kFieldAttrBase && (field - kFieldTensorBase) % 16 == 15)
         return op + ": output " + what.substr(0, what.find(' ', 7)) + " overlaps input tensor " + dec(value);
+      if (field >= kFieldTensorDataBase && field < kFieldTensorDataBase + kMaxOpTensors)
+        return op + ": tensor " + dec(field - kFieldTensorDataBase) + " holds the index " +
+               std::to_string(static_cast<std::int64_t>(value)) + ", outside [-" + dec(detail) + ", " + dec(detail) +
+               ") (the length of the indexed axis)";
       if (field >= kFieldTensorBase && field < kFieldAttrBase)
         return op + ": " + what + " = " + dec(value) + " is not valid" +
                (detail ? " (expected " + dec(detail) + ")" : std::string{});

@@ -511,6 +511,31 @@ bool check_where(Check& c, const OpBlock& b, const QuantAttrs& at) {
          expect_same_shape(c, b, 1, 3) && expect_same_shape(c, b, 2, 3);
 }
 
+// X, Indices (i32), Y: see GatherAttrs. Y is X's shape with the axis
+// replaced by Indices' shape, in X's dtype. Which indices are in range is
+// the kernel's question (it reads them).
+bool check_gather(Check& c, const OpBlock& b, const GatherAttrs& at) {
+  const TensorRef &x = b.tensors[0], &idx = b.tensors[1];
+  for (std::uint32_t i = 0; i < 3; ++i)
+    if (at.reserved[i])
+      return c.fail(CmdStatus::kReservedNotZero, attr_field(offsetof(GatherAttrs, reserved)), at.reserved[i]);
+  if (!expect_dtype(c, b, 1, dt(idx) == DType::kI32) || !expect_dtype(c, b, 2, dt(b.tensors[2]) == dt(x)) ||
+      !expect_attr(c, offsetof(GatherAttrs, axis), x.rank > 0 && at.axis < x.rank, at.axis, x.rank))
+    return false;
+  const std::uint32_t rank = x.rank - 1 + idx.rank;
+  if (rank > kMaxRank)
+    return c.fail(CmdStatus::kBadArgument, tensor_field(1, A::kRank), idx.rank, kMaxRank + 1 - x.rank);
+  if (!expect_rank(c, b, 2, rank)) return false;
+  std::uint32_t d = 0;
+  for (std::uint32_t i = 0; i < at.axis; ++i)
+    if (!expect_dim(c, b, 2, d++, x.shape[i])) return false;
+  for (std::uint32_t i = 0; i < idx.rank; ++i)
+    if (!expect_dim(c, b, 2, d++, idx.shape[i])) return false;
+  for (std::uint32_t i = at.axis + 1; i < x.rank; ++i)
+    if (!expect_dim(c, b, 2, d++, x.shape[i])) return false;
+  return true;
+}
+
 bool check_color(Check& c, const OpBlock& b, const ColorConvertAttrs& at) {
   if (!expect_attr(c, offsetof(ColorConvertAttrs, format), at.format <= 1, at.format, 1) ||
       !expect_attr(c, offsetof(ColorConvertAttrs, reserved0), at.reserved0 == 0, at.reserved0, 0))
@@ -656,6 +681,7 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
     case OpKind::kTopK: ok = check_top_k(c, b, std::get<TopKAttrs>(b.attrs)); break;
     case OpKind::kConvTranspose2d: ok = check_conv_transpose(c, b, std::get<ConvAttrs>(b.attrs)); break;
     case OpKind::kWhere: ok = check_where(c, b, std::get<QuantAttrs>(b.attrs)); break;
+    case OpKind::kGather: ok = check_gather(c, b, std::get<GatherAttrs>(b.attrs)); break;
     case OpKind::kInvalid: break;
   }
   if (!ok) return c.failed ? c.problem : Problem{CmdStatus::kBadArgument, kFieldOpKind, h.kind};

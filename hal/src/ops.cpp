@@ -762,6 +762,28 @@ Op where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& y) 
   return bd.finish(std::move(t));
 }
 
+Op gather(const Tensor& x, const Tensor& indices, const Tensor& y, std::int64_t axis) {
+  Builder b(driver::OpKind::Gather, "gather");
+  b.dtype_in(indices, "indices", {DType::I32});
+  b.same_dtype(y, "y", x, "x");
+  const auto rank = static_cast<std::int64_t>(x.rank());
+  if (rank == 0 || axis < -rank || axis >= rank)
+    b.fail(Status::InvalidArgument,
+           "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
+  const auto ax = static_cast<std::size_t>(axis < 0 ? axis + rank : axis);
+  const auto& xs = x.shape();
+  std::vector<std::int64_t> want(xs.begin(), xs.begin() + static_cast<std::ptrdiff_t>(ax));
+  want.insert(want.end(), indices.shape().begin(), indices.shape().end());
+  want.insert(want.end(), xs.begin() + static_cast<std::ptrdiff_t>(ax) + 1, xs.end());
+  if (want.size() > kMaxRank)
+    b.fail(Status::InvalidArgument, "y would have rank " + std::to_string(want.size()) +
+                                        " (x's rank - 1 + indices' rank); ops take up to " + std::to_string(kMaxRank));
+  b.shape_is(y, "y", want, "x's shape with axis " + std::to_string(ax) + " replaced by indices' shape");
+  std::vector<TensorArg> t{b.arg(x, "x"), b.arg(indices, "indices"), b.arg(y, "y")};
+  b.desc().attrs = driver::GatherAttrs{static_cast<std::uint32_t>(ax)};
+  return b.finish(std::move(t));
+}
+
 namespace {
 Op top_k_op(const char* name, const Tensor& x, const std::optional<Tensor>& values, const Tensor& indices,
             const TopKOptions& o, bool arg) {

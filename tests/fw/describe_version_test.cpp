@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -157,11 +158,25 @@ TEST(FwDescribe, ArgNames) {
 
 // ---- Versions ------------------------------------------------------------------
 
+TEST(FwDescribe, AnIndexOutsideItsAxisIsNamedWithTheAxisLength) {
+  const Problem p{CmdStatus::kBadArgument, tensor_data_field(1), static_cast<std::uint64_t>(std::int64_t{-9}), 5};
+  EXPECT_EQ(describe(p.status, static_cast<std::uint16_t>(Opcode::kTensorOp), p.field, p.value, p.detail),
+            "tensor_op: tensor 1 holds the index -9, outside [-5, 5) (the length of the indexed axis)");
+}
+
 TEST(FwVersion, PackAndUnpack) {
   EXPECT_EQ((Version{1, 0}.packed()), 0x00010000u);
   EXPECT_EQ((Version{0xABCD, 0x1234}.packed()), 0xABCD1234u);
   EXPECT_EQ(Version::unpack(0xABCD1234), (Version{0xABCD, 0x1234}));
-  EXPECT_EQ(kInterfaceVersion, (Version{1, 10}));
+}
+
+// The interface's minor is at least the newest kind's (schema/ops.py): a new
+// kind raises it; the test itself names no version.
+TEST(FwVersion, TheInterfaceMinorCoversEveryKind) {
+  EXPECT_EQ(kInterfaceVersion.major, 1);
+  std::uint16_t newest = 0;
+  for (const auto& k : kOpKinds) newest = std::max(newest, k.minor);
+  EXPECT_GE(kInterfaceVersion.minor, newest);
 }
 
 TEST(FwVersion, NegotiatePicksTheSmallerMinorOfTheSameMajor) {

@@ -273,6 +273,41 @@ TEST(FwTensorOp, ElementwiseComparisonsGiveU8AndLogicTakesU8) {
   EXPECT_EQ(problem_of(binary(DType::kU8, DType::kU8)).field, tensor_field(1, TensorAspect::kDType));
 }
 
+TEST(FwTensorOp, GatherTakesI32IndicesAndGivesXsShapeWithTheAxisReplaced) {
+  GatherAttrs a{};
+  a.axis = 1;
+  auto gather = [&](DType idx, DType y, std::vector<std::uint64_t> ys) {
+    return block(OpKind::kGather,
+                 {tensor(0x1000, DType::kBF16, {3, 10, 4}), tensor(0x2000, idx, {2, 5}), tensor(0x3000, y, ys)}, a);
+  };
+  EXPECT_TRUE(decode_op(gather(DType::kI32, DType::kBF16, {3, 2, 5, 4})).ok());
+  EXPECT_EQ(problem_of(gather(DType::kI8, DType::kBF16, {3, 2, 5, 4})).field, tensor_field(1, TensorAspect::kDType));
+  EXPECT_EQ(problem_of(gather(DType::kI32, DType::kF32, {3, 2, 5, 4})).field, tensor_field(2, TensorAspect::kDType));
+  EXPECT_EQ(problem_of(gather(DType::kI32, DType::kBF16, {3, 10, 4})).field, tensor_field(2, TensorAspect::kRank));
+  const Problem p = problem_of(gather(DType::kI32, DType::kBF16, {3, 2, 4, 4}));
+  EXPECT_EQ(p.field, tensor_field(2, TensorAspect::kShape, 2));
+  EXPECT_EQ(p.value, 4u);
+  EXPECT_EQ(p.detail, 5u);
+  a.axis = 3;
+  EXPECT_EQ(problem_of(gather(DType::kI32, DType::kBF16, {3, 2, 5, 4})).field, attr_field(offsetof(GatherAttrs, axis)));
+  a.axis = 1;
+  a.reserved[2] = 7;
+  EXPECT_EQ(problem_of(gather(DType::kI32, DType::kBF16, {3, 2, 5, 4})).status, CmdStatus::kReservedNotZero);
+  a.reserved[2] = 0;
+  // A scalar index drops the axis; y's rank is at most kMaxRank.
+  EXPECT_TRUE(decode_op(block(OpKind::kGather,
+                              {tensor(0x1000, DType::kI32, {7}), tensor(0x2000, DType::kI32, {}),
+                               tensor(0x3000, DType::kI32, {})},
+                              GatherAttrs{}))
+                  .ok());
+  EXPECT_EQ(problem_of(block(OpKind::kGather,
+                             {tensor(0x1000, DType::kF32, {2, 2, 2, 2}), tensor(0x2000, DType::kI32, {1, 1, 1, 1}),
+                              tensor(0x3000, DType::kF32, {2, 1, 1, 1, 1, 2})},
+                             GatherAttrs{}))
+                .field,
+            tensor_field(1, TensorAspect::kRank));
+}
+
 TEST(FwTensorOp, ConvolutionOutputSizeIsChecked) {
   ConvAttrs a{};
   a.groups = 1;

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -187,9 +188,10 @@ using BuildOutputs =
 
 struct Lowering {
   Build build;
-  std::set<int> host_only;          // inputs read on the host (scales, sizes, bounds), not uploaded
-  BuildOutputs build_outputs = {};  // instead of `build`, for a node of several outputs
-  bool int64_as_i32 = false;        // int64 outputs (indices) are computed in i32 and compared by value
+  std::set<int> host_only;                 // inputs read on the host (scales, sizes, bounds), not uploaded
+  BuildOutputs build_outputs = {};         // instead of `build`, for a node of several outputs
+  bool int64_as_i32 = false;               // int64 outputs (indices) are computed in i32 and compared by value
+  std::set<int> int64_inputs_as_i32 = {};  // int64 inputs (indices) uploaded as i32 (the values fit)
 };
 using LowerResult = std::variant<Lowering, std::string>;  // or the reason it is skipped
 
@@ -229,6 +231,14 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
   if (op == "Where") {
     return Lowering{
         [](const Inputs& in, const Tensor& out, const auto&) { return ops::where(*in[0], *in[1], *in[2], out); }, {}};
+  }
+  if (op == "Gather") {
+    const std::int64_t axis = a.i("axis", 0);
+    Lowering l{
+        [axis](const Inputs& in, const Tensor& out, const auto&) { return ops::gather(*in[0], *in[1], out, axis); },
+        {}};
+    l.int64_inputs_as_i32 = {1};
+    return l;
   }
   if (op == "ConvTranspose") {
     const auto unknown = a.unknown(
@@ -617,6 +627,22 @@ std::optional<std::string> run_case(const Case& c, const std::string& device, st
       return "output type " + std::to_string(e.onnx_type) + " is not an engine dtype";
   }
 
+  for (const int i : lowered.int64_inputs_as_i32) {
+    HostTensor& h = host[static_cast<std::size_t>(i)];
+    if (h.onnx_type != onnx::TensorProto::INT64) continue;
+    std::vector<std::byte> narrow(h.elements() * 4);
+    for (std::uint64_t k = 0; k < h.elements(); ++k) {
+      std::int64_t v;
+      std::memcpy(&v, &h.bytes[k * 8], 8);
+      if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max())
+        return "an int64 index outside int32";
+      const auto n = static_cast<std::int32_t>(v);
+      std::memcpy(&narrow[k * 4], &n, 4);
+    }
+    h.onnx_type = onnx::TensorProto::INT32;
+    h.dtype = DType::I32;
+    h.bytes = std::move(narrow);
+  }
   Inputs in(host.size());
   for (std::size_t i = 0; i < host.size(); ++i) {
     if (!given[i] || lowered.host_only.count(static_cast<int>(i))) continue;
@@ -700,34 +726,12 @@ TEST(OnnxNodeCoverage, DevicesNotTestedSayWhy) {
 TEST(OnnxNodeCoverage, EveryOpFamilyTheEngineClaimsHasTests) {
   std::map<std::string, int> per_op;
   for (const auto& c : catalogue().supported) ++per_op[c.node.op_type()];
-  for (const char* op : {"Gemm",
-                         "MatMul",
-                         "Conv",
-                         "MaxPool",
-                         "AveragePool",
-                         "Relu",
-                         "Softmax",
-                         "Add",
-                         "Mul",
-                         "Sub",
-                         "Sigmoid",
-                         "LeakyRelu",
-                         "Clip",
-                         "Transpose",
-                         "Cast",
-                         "QuantizeLinear",
-                         "DequantizeLinear",
-                         "MatMulInteger",
-                         "ConvInteger",
-                         "QLinearMatMul",
-                         "QLinearConv",
-                         "Resize",
-                         "Where",
-                         "Equal",
-                         "Less",
-                         "Greater",
-                         "And",
-                         "Not"})
+  for (const char* op : {"Gemm",           "MatMul",           "Conv",          "MaxPool",     "AveragePool",
+                         "Relu",           "Softmax",          "Add",           "Mul",         "Sub",
+                         "Sigmoid",        "LeakyRelu",        "Clip",          "Transpose",   "Cast",
+                         "QuantizeLinear", "DequantizeLinear", "MatMulInteger", "ConvInteger", "QLinearMatMul",
+                         "QLinearConv",    "Resize",           "Where",         "Gather",      "Equal",
+                         "Less",           "Greater",          "And",           "Not"})
     EXPECT_GT(per_op[op], 0) << op << " has no ONNX node test left in the catalogue";
   EXPECT_GE(catalogue().supported.size(), 150u);
 }

@@ -147,6 +147,10 @@ class OpKinds : public ::testing::TestWithParam<OpKind> {
         Tensor y = output(f, {4});
         return {ops::where(input(u8, {4}, 1), input(f, {4}, 2), input(f, {4}, 3), y), y};
       }
+      case OpKind::Gather: {
+        Tensor y = output(f, {2, 2});
+        return {ops::gather(input(f, {3, 2}, 1), input(DType::I32, {2}, 2), y), y};
+      }
     }
     ADD_FAILURE() << "no sample op of kind " << static_cast<int>(k);
     return {};
@@ -167,6 +171,8 @@ TEST_P(OpKinds, BuildEncodeDecodeAndRunOnTheSimulator) {
   EXPECT_EQ(desc->kind, GetParam());
   EXPECT_EQ(desc->tensors.size(), kind.tensors);
   EXPECT_EQ(desc->attrs.index(), kind.attrs_index);
+  // The driver sends it to a board that speaks the kind's minor, no older.
+  EXPECT_EQ(tpu::required_minor(*desc), kind.minor);
 
   // Encoded and decoded: the firmware kind of the same name, the block
   // accepted by the board's validator.

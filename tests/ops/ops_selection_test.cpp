@@ -1,5 +1,6 @@
-// top_k (argmax, argmin), where and conv_transpose2d against the reference.
-// top_k and where copy elements, so they are checked exactly; the
+// top_k (argmax, argmin), where, gather and conv_transpose2d against the
+// reference. top_k, where and gather copy elements, so they are checked
+// exactly; the
 // transposed convolution against the f32 sum bound (ops_reference.hpp).
 #include "ops_reference.hpp"
 
@@ -124,6 +125,95 @@ TEST_P(Ops, WhereBroadcastsConditionAndBothBranches) {
   }
 }
 
+// The message of the tpuhal::Error `f` throws.
+template <class F>
+std::string message_of(F&& f) {
+  return error_of(std::forward<F>(f)).what();
+}
+
+// y = x indexed along `axis` by idx (negative indices from the end), y's
+// elements in row-major order.
+std::vector<double> ref_gather(const Host& x, const Host& idx, std::size_t axis) {
+  Shape ys(x.shape.begin(), x.shape.begin() + static_cast<std::ptrdiff_t>(axis));
+  ys.insert(ys.end(), idx.shape.begin(), idx.shape.end());
+  ys.insert(ys.end(), x.shape.begin() + static_cast<std::ptrdiff_t>(axis) + 1, x.shape.end());
+  std::vector<double> want(static_cast<std::size_t>(numel(ys)));
+  for_each_index(ys, [&](const Shape& yi, std::int64_t lin) {
+    Shape ii(yi.begin() + static_cast<std::ptrdiff_t>(axis),
+             yi.begin() + static_cast<std::ptrdiff_t>(axis + idx.shape.size()));
+    auto i = static_cast<std::int64_t>(idx.at(ii));
+    if (i < 0) i += x.shape[axis];
+    Shape xi(yi.begin(), yi.begin() + static_cast<std::ptrdiff_t>(axis));
+    xi.push_back(i);
+    xi.insert(xi.end(), yi.begin() + static_cast<std::ptrdiff_t>(axis + idx.shape.size()), yi.end());
+    want[static_cast<std::size_t>(lin)] = x.at(xi);
+  });
+  return want;
+}
+
+TEST_P(Ops, GatherEveryDtypeAxisAndIndexRankWithNegativeIndices) {
+  for (DType dt : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32})
+    for (int round = 0; round < 6; ++round) {
+      const auto rank = static_cast<std::size_t>(rng_.integer(1, 4));
+      Shape s(rank);
+      for (auto& d : s) d = rng_.integer(1, 5);
+      const auto axis = static_cast<std::size_t>(rng_.integer(0, static_cast<std::int64_t>(rank) - 1));
+      s[axis] = rng_.integer(1, 12);
+      // Indices of rank 0 to 2 (y's rank at most 6), repeats allowed.
+      Shape is(
+          static_cast<std::size_t>(rng_.integer(0, std::min<std::int64_t>(2, 7 - static_cast<std::int64_t>(rank)))));
+      for (auto& d : is) d = rng_.integer(1, 4);
+      Host idx(DType::I32, is);
+      for (auto& v : idx.v) v = static_cast<double>(rng_.integer(-s[axis], s[axis] - 1));
+      const Host x = is_float(dt) ? rand(dt, s, -9, 9) : rand_int(rng_, dt, s);
+      Shape ys(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(axis));
+      ys.insert(ys.end(), is.begin(), is.end());
+      ys.insert(ys.end(), s.begin() + static_cast<std::ptrdiff_t>(axis) + 1, s.end());
+      const Tensor y = lab().output(dt, ys);
+      // x transposed in memory (a strided view) every other round.
+      Tensor xt = lab().upload(x);
+      if (round % 2) {
+        Shape st(rank);
+        std::int64_t step = 1;
+        for (std::size_t d = 0; d < rank; ++d) st[d] = step, step *= s[d];  // column-major
+        xt = lab().upload_view(x, st, 3);
+      }
+      const std::int64_t ax = rng_.coin() ? static_cast<std::int64_t>(axis) - static_cast<std::int64_t>(rank)
+                                          : static_cast<std::int64_t>(axis);
+      lab().run(ops::gather(xt, lab().upload(idx), y, ax));
+      expect_exact(std::string("gather ") + to_string(dt) + " x " + dims(s) + " axis " + std::to_string(axis) +
+                       " indices " + dims(is) + (round % 2 ? " (x strided)" : ""),
+                   lab().download(y), ref_gather(x, idx, axis));
+    }
+}
+
+// An index outside the axis fails the op when it runs, names the index and
+// the axis's length, and leaves y unwritten; a new queue goes on (a board
+// may have only one compute queue: the failed one is released first).
+TEST_P(Ops, GatherIndexOutsideTheAxisFailsTheOpAndWritesNothing) {
+  Host x(DType::F32, {5, 3});
+  for (std::size_t i = 0; i < x.size(); ++i) x.v[i] = static_cast<double>(i);
+  for (const std::int32_t bad : {5, -6, 1 << 30}) {
+    Host idx(DType::I32, {3});
+    idx.v = {1, static_cast<double>(bad), 0};
+    const Tensor y = lab().output(DType::F32, {3, 3});
+    const Op op = ops::gather(lab().upload(x), lab().upload(idx), y);
+    const std::string msg = message_of([&] { lab().q.run(op).submit().wait(); });
+    lab().q = Queue();
+    lab().q = lab().dev.queue(Engine::Compute);
+    EXPECT_THAT(msg, HasSubstr("failed at command 1 of 1 (a gather op, ring position"));
+    EXPECT_THAT(msg, HasSubstr("holds the index " + std::to_string(bad) + ", outside [-5, 5)"));
+    const auto raw = lab().bytes(y.buffer());
+    EXPECT_TRUE(std::all_of(raw.begin(), raw.begin() + 36, [](std::byte b) { return b == std::byte{0xA5}; }))
+        << "y was written by a gather that failed";
+  }
+  Host idx(DType::I32, {2});
+  idx.v = {-1, 2};
+  const Tensor y = lab().output(DType::F32, {5, 2});
+  lab().run(ops::gather(lab().upload(x), lab().upload(idx), y, 1));
+  expect_exact("gather after failed ones", lab().download(y), {2, 2, 5, 5, 8, 8, 11, 11, 14, 14});
+}
+
 // y[n, o, r, c] = bias[o] + sum over the taps (ci, a, b) of its group with
 // r = ih * stride - pad_top + a * dilation (likewise c) of x * w.
 Ref ref_conv_transpose(const Host& x, const Host& w, const std::optional<Host>& bias, const ConvGeom& g,
@@ -202,12 +292,6 @@ TEST_P(Ops, ConvTransposeEveryGeometryDtypeAndLayout) {
   }
 }
 
-// The message of the tpuhal::Error `f` throws.
-template <class F>
-std::string message_of(F&& f) {
-  return error_of(std::forward<F>(f)).what();
-}
-
 TEST_P(Ops, SelectionOpsRefuseBadOperandsByName) {
   auto t = [&](DType d, const Shape& s) { return lab().output(d, s); };
   EXPECT_THAT(message_of([&] {
@@ -243,6 +327,27 @@ TEST_P(Ops, SelectionOpsRefuseBadOperandsByName) {
   EXPECT_THAT(
       message_of([&] { ops::where(t(DType::U8, {4}), t(DType::F32, {3}), t(DType::F32, {3}), t(DType::F32, {3})); }),
       HasSubstr("where: cond has shape [4], which does not broadcast to [3]"));
+  EXPECT_THAT(message_of([&] {
+                ops::gather(t(DType::F32, {4, 3}), t(DType::I8, {2}), t(DType::F32, {2, 3}));
+              }),
+              HasSubstr("gather: indices is i8; supported: i32"));
+  EXPECT_THAT(message_of([&] {
+                ops::gather(t(DType::F32, {4, 3}), t(DType::I32, {2}), t(DType::F16, {2, 3}));
+              }),
+              HasSubstr("gather: y is f16 but x is f32"));
+  EXPECT_THAT(message_of([&] {
+                ops::gather(t(DType::F32, {4, 3}), t(DType::I32, {2}), t(DType::F32, {2, 3}), 2);
+              }),
+              HasSubstr("gather: axis 2 is out of range for rank 2"));
+  EXPECT_THAT(message_of([&] {
+                ops::gather(t(DType::F32, {4, 3}), t(DType::I32, {2, 2}), t(DType::F32, {4, 2, 3}), -1);
+              }),
+              HasSubstr("gather: y has shape [4, 2, 3]; expected [4, 2, 2]"));
+  EXPECT_THAT(
+      message_of([&] {
+        ops::gather(t(DType::F32, {2, 2, 2, 2}), t(DType::I32, {1, 1, 1, 1}), t(DType::F32, {2, 1, 1, 1, 1, 2}));
+      }),
+      HasSubstr("gather: y would have rank 7 (x's rank - 1 + indices' rank); ops take up to 6"));
   Conv2dOptions o;
   o.strides = {2, 2};
   EXPECT_THAT(

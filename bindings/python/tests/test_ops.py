@@ -211,6 +211,39 @@ def test_top_k_argmax_and_where(dev, queue):
         ops.where(tx, tx, tx, y)
 
 
+def test_gather_takes_along_an_axis_and_refuses_an_index_outside_it(dev):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((4, 6, 3)).astype(np.float32)
+    idx = np.array([[5, -1, 0], [2, 2, -6]], np.int32)
+    tx, ti = tpuhal.Tensor(dev.upload(x)), tpuhal.Tensor(dev.upload(idx))
+    y = dev.tensor((4, 2, 3, 3), "f32")
+    queue = dev.queue("compute")
+    queue.run(ops.gather(tx, ti, y, axis=1)).submit().wait()
+    np.testing.assert_array_equal(y.download(), np.take(x, idx, axis=1))
+    table = np.arange(20, dtype=np.int32).reshape(10, 2)
+    ids = np.array(7, np.int32)  # a scalar index: y loses the axis
+    row = dev.tensor((2,), "i32")
+    queue.run(ops.gather(tpuhal.Tensor(dev.upload(table)), tpuhal.Tensor(dev.upload(ids)), row)).submit().wait()
+    np.testing.assert_array_equal(row.download(), table[7])
+    with pytest.raises(tpuhal.InvalidArgument, match="gather: indices is f32; supported: i32"):
+        ops.gather(tx, tx, y)
+    bad = tpuhal.Tensor(dev.upload(np.array([[0, 6, 0], [0, 0, 0]], np.int32)))
+    failing = dev.queue("compute")
+    with pytest.raises(tpuhal.Error, match=r"holds the index 6, outside \[-6, 6\)"):
+        failing.run(ops.gather(tx, bad, y, axis=1)).submit().wait()
+
+
+def test_every_op_has_its_stub():
+    import ast
+    import pathlib
+
+    stubs = ast.parse((pathlib.Path(tpuhal.__file__).parent / "ops.pyi").read_text())
+    stubbed = {n.name for n in stubs.body if isinstance(n, ast.FunctionDef)}
+    public = {name for name in dir(ops) if not name.startswith("_") and callable(getattr(ops, name))}
+    assert public - stubbed == set(), "tpuhal.ops functions without a stub in ops.pyi"
+    assert stubbed - public == set(), "stubs in ops.pyi of no tpuhal.ops function"
+
+
 def test_conv_transpose2d_doubles_the_size(dev, queue):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 2, 3, 3)).astype(np.float32)

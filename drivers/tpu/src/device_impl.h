@@ -196,6 +196,7 @@ class TpuQueue final : public driver::QueueBackend {
     std::uint64_t value;
     std::uint32_t index;  // position of the command in its submission
     std::uint32_t count;  // commands in the submission
+    const char* op;       // a tensor op's kind, or null
   };
   // Reserves `n` ring slots, waiting up to max_wait for the board to free
   // them. Caller holds submit_mu_.

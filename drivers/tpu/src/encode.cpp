@@ -152,6 +152,11 @@ std::vector<std::byte> encode_op(const driver::OpDesc& op) {
       a.last_index = t.last_index;
       append_bytes(out, a);
     }
+    void operator()(const driver::GatherAttrs& g) const {
+      fw::GatherAttrs a{};
+      a.axis = g.axis;
+      append_bytes(out, a);
+    }
   };
   std::visit(AttrVisitor{attrs}, op.attrs);
   h.attr_bytes = static_cast<std::uint32_t>(attrs.size());
@@ -263,7 +268,8 @@ void encode(const driver::Command& command, std::uint32_t index, const std::stri
   };
   std::vector<std::byte> block;
   std::visit(Visitor{d, uri, self, allow_fence_wait, interface_minor, &block, addr}, command);
-  out.push_back({d, true, index});
+  const auto* run = std::get_if<driver::cmd::Run>(&command);
+  out.push_back({d, true, index, run && run->op ? driver::to_string(run->op->kind) : nullptr});
   for (std::size_t off = 0; off < block.size(); off += sizeof(fw::CommandDescriptor)) {
     Slot s{};
     s.command = index;

@@ -17,7 +17,8 @@ class TpuQueue;
 struct Slot {
   fw::CommandDescriptor d;
   bool descriptor;
-  std::uint32_t command;  // index of the command it belongs to
+  std::uint32_t command;     // index of the command it belongs to
+  const char* op = nullptr;  // a tensor op's kind ("gather"), for its errors
 };
 
 // Appends the slots for `command` (the command-th of its submission). `uri`

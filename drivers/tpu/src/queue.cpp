@@ -163,12 +163,15 @@ Error TpuQueue::failure() const {
     return Error(Status::DeviceLost, name() + ": the board reported a failure with an invalid record (status " +
                                          hex(failure.problem().value) + "); reset the device");
   const fw::Failure& f = *failure;
-  std::string where = "command";
-  // The shadow ring says which of the submission's commands it was; the slot
-  // is intact because the board halted there.
+  std::string where = "command", op;
+  // The shadow ring says which of the submission's commands it was, and
+  // which op a tensor op was; the slot is intact because the board halted
+  // there.
   const Shadow& sh = shadow_[f.sequence & (entries_ - 1)];
-  if (sh.value == f.fence && sh.count > 0)
+  if (sh.value == f.fence && sh.count > 0) {
     where = "command " + std::to_string(sh.index + 1) + " of " + std::to_string(sh.count);
+    if (sh.op) op = std::string("a ") + sh.op + " op, ";
+  }
   const Status status = f.status == fw::CmdStatus::kFirmwareFault ? Status::DeviceLost
                         : f.status == fw::CmdStatus::kOutOfMemory ? Status::ResourceExhausted
                                                                   : Status::DeviceFault;
@@ -180,9 +183,9 @@ Error TpuQueue::failure() const {
         waited = " (the timeline of " + device_->uri() + " " + fw::to_string(device_->hw_queue(q).engine) + " queue " +
                  std::to_string(q) + ", a fence this queue was told to wait for)";
   }
-  return Error(status, name() + ": submission " + std::to_string(f.fence) + " failed at " + where + " (ring position " +
-                           std::to_string(f.sequence) + "): " + fw::to_string(f.status) + ": " + fw::describe(f) +
-                           waited);
+  return Error(status, name() + ": submission " + std::to_string(f.fence) + " failed at " + where + " (" + op +
+                           "ring position " + std::to_string(f.sequence) + "): " + fw::to_string(f.status) + ": " +
+                           fw::describe(f) + waited);
 }
 
 void TpuQueue::block(std::uint64_t value, std::chrono::nanoseconds max) {
@@ -258,7 +261,7 @@ std::uint64_t TpuQueue::publish(std::span<Slot> slots) {
       if (i == last_descriptor) d.flags |= fw::kFlagFence | fw::kFlagInterrupt;
     }
     std::memcpy(static_cast<void*>(&ring_[(tail_ + i) & mask]), &d, sizeof d);
-    shadow_[(tail_ + i) & mask] = {value, slots[i].command, commands};
+    shadow_[(tail_ + i) & mask] = {value, slots[i].command, commands, slots[i].op};
   }
   Transport& t = device_->transport();
   if (!t.aperture_coherent()) {  // the slots written, in at most two pieces (the ring wraps)

@@ -146,6 +146,8 @@ void color_convert(TensorEngine& e, const fw::ColorConvertAttrs& a, const View* 
 void top_k(TensorEngine& e, const fw::TopKAttrs& a, const View* v);
 void conv_transpose2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v);
 void where(TensorEngine& e, const View* v);
+// Refuses (kBadArgument, Indices' data field) an index outside the axis.
+fw::Problem gather(TensorEngine& e, const fw::GatherAttrs& a, const View* v);
 float activate(fw::Activation act, float alpha, float beta, float x);
 // activate() over p[0, n) in place.
 void activate_span(fw::Activation act, float alpha, float beta, float* p, std::uint64_t n);

@@ -140,7 +140,7 @@ std::string arg_name(std::uint16_t opcode, std::uint16_t index);
 // ---- Tensor ops ---------------------------------------------------------------
 
 using OpAttrs = std::variant<MatMulAttrs, ConvAttrs, PoolAttrs, ElementwiseAttrs, SoftmaxAttrs, QuantAttrs, ResizeAttrs,
-                             ColorConvertAttrs, TopKAttrs>;
+                             ColorConvertAttrs, TopKAttrs, GatherAttrs>;
 
 // A validated parameter block: dtypes, ranks, shapes and strides agree with
 // the op's rules (docs/ops.md), extents do not overflow, outputs do not
@@ -177,6 +177,13 @@ constexpr std::uint16_t tensor_field(std::uint32_t tensor, TensorAspect aspect, 
 }
 constexpr std::uint16_t attr_field(std::size_t byte_offset) {
   return static_cast<std::uint16_t>(kFieldAttrBase + byte_offset / 4);
+}
+// A value in a tensor's data that the op refuses when it runs (1.11: an
+// index of gather outside its axis; Problem::value the index as int64,
+// Problem::detail the axis's length).
+inline constexpr std::uint16_t kFieldTensorDataBase = 0x400;
+constexpr std::uint16_t tensor_data_field(std::uint32_t tensor) {
+  return static_cast<std::uint16_t>(kFieldTensorDataBase + tensor);
 }
 inline constexpr std::uint16_t kFieldOpKind = 0x107;
 inline constexpr std::uint16_t kFieldOpHeader = 0x108;

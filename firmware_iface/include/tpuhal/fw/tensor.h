@@ -174,6 +174,18 @@ struct TopKAttrs {
 };
 static_assert(sizeof(TopKAttrs) == 16);
 
+// Y = X indexed along `axis` by Indices (i32, any rank; -dim <= index <
+// dim, a negative one counting from the end): Y's shape is X's with the
+// axis replaced by Indices' shape (rank X.rank - 1 + Indices.rank <=
+// kMaxRank), Y of X's dtype. An index outside that range fails the op
+// with kBadArgument (the Indices tensor's field, the index, the axis's
+// length), and Y is not written.
+struct GatherAttrs {
+  std::uint32_t axis;  // < X's rank
+  std::uint32_t reserved[3];
+};
+static_assert(sizeof(GatherAttrs) == 16);
+
 // YUV (BT.601, limited range) -> RGB in [0, 255], then per channel
 // (value - mean) * scale. Luma is [H, W]; NV12 chroma is [H/2, W/2, 2];
 // I420 chroma U and V are [H/2, W/2] each; Y is [3, H, W] (planar RGB).

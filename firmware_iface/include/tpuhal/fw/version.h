@@ -40,8 +40,9 @@ struct Version {
 // kCorruptStream (a frame record). 1.9 the modelled board clock
 // (kCapModelledTime: timestamps and the TIME registers keep the board's
 // timing model's time, timing.h). 1.10 the elementwise modes
-// ElementwiseOp::kCeil, kFloor and kRound (tensor.h).
-inline constexpr Version kInterfaceVersion{1, 10};
+// ElementwiseOp::kCeil, kFloor and kRound (tensor.h). 1.11 the op kind
+// kGather (op_kinds.inc, GatherAttrs in tensor.h).
+inline constexpr Version kInterfaceVersion{1, 11};
 inline constexpr std::uint16_t kMinorOutOfMemory = 8;
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a

@@ -95,8 +95,12 @@ struct TopKAttrs {
   bool last_index = false;  // ties: the higher index first
 };
 
+struct GatherAttrs {
+  std::uint32_t axis = 0;
+};
+
 using OpAttrs = std::variant<NoAttrs, MatMulAttrs, ConvAttrs, PoolAttrs, ElementwiseAttrs, SoftmaxAttrs, ResizeAttrs,
-                             ColorConvertAttrs, TopKAttrs>;
+                             ColorConvertAttrs, TopKAttrs, GatherAttrs>;
 
 struct OpDesc {
   OpKind kind = OpKind::MatMul;
