@@ -214,6 +214,7 @@ std::optional<Op> build_layer(const std::string& k, const OpReader& r, const Ope
     return ops::top_k(in("x"), in.opt("values"), in("indices"),
                       {r.integer("axis"), r.flag("largest"), r.flag("last_index")});
   if (k == "where") return ops::where(in("cond"), in("a"), in("b"), in("y"));
+  if (k == "gather") return ops::gather(in("x"), in("indices"), in("y"), r.integer("axis"));
   if (k == "qlinear_conv") {
     ops::Conv2dOptions o = conv_opts(r);
     o.bias = in.opt("bias");
@@ -315,19 +316,22 @@ void place(const ModelState& m, const Buffer& arena, std::vector<Tensor>& tensor
   }
 }
 
+bool failed(const Queue& q) {
+  try {
+    q.last_fence().is_complete();
+    return false;
+  } catch (const Error&) {
+    return true;
+  }
+}
+
 // One compute queue per device for every model on it. A queue that failed
 // (a fault, a reset) is not handed out again: the next model claims a new one.
 std::shared_ptr<Queue> shared_queue(Device& dev) {
   static std::mutex mutex;
   static std::map<std::string, std::weak_ptr<Queue>> queues;
   std::lock_guard lock(mutex);
-  if (auto q = queues[dev.uri()].lock()) {
-    try {
-      q->last_fence().is_complete();
-      return q;
-    } catch (const Error&) {
-    }
-  }
+  if (auto q = queues[dev.uri()].lock(); q && !failed(*q)) return q;
   auto q = std::make_shared<Queue>(dev.queue(Engine::Compute));
   queues[dev.uri()] = q;
   return q;
@@ -339,11 +343,17 @@ Buffer staging(Device& dev, std::uint64_t bytes) {
 
 }  // namespace
 
+std::shared_ptr<Queue> live_queue(ModelState& m) {
+  std::lock_guard lock(m.queue_mu);
+  if (failed(*m.queue)) m.queue = shared_queue(m.device);
+  return m.queue;
+}
+
 std::vector<std::byte> read_arena(const Instance& instance) {
   InstanceState& s = Access::instance(instance);
   Device dev = s.model->device;
   Buffer host = staging(dev, s.arena.size());
-  s.model->queue->copy(s.arena, 0, host, 0, s.arena.size()).submit().wait();
+  live_queue(*s.model)->copy(s.arena, 0, host, 0, s.arena.size()).submit().wait();
   auto view = host.map();
   return {view.begin(), view.begin() + static_cast<std::ptrdiff_t>(s.arena.size())};
 }
@@ -513,7 +523,8 @@ void Instance::run(std::span<const HostArray> inputs, std::span<const HostArray>
   auto in_map = s.staging_in.map();
   for (std::size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].bytes) std::memcpy(in_map.data() + s.in_offsets[i], inputs[i].data, inputs[i].bytes);
-  Batch b = m.queue->batch();
+  const auto queue = live_queue(*s.model);
+  Batch b = queue->batch();
   for (std::size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].bytes) b.copy(s.staging_in, s.in_offsets[i], s.arena, s.inputs[i].offset(), inputs[i].bytes);
   record_body(s, b);
@@ -559,7 +570,6 @@ struct Timings {
 };
 
 Timings time_runs(detail::InstanceState& s, Device& dev, unsigned iterations) {
-  const auto& m = *s.model;
   const std::size_t n = s.ops.size();
   Buffer stamps = dev.allocate(std::max<std::uint64_t>((n + 1) * 8, 64), Memory::HostPinned);
   // One program where the device records them, else one batch per run.
@@ -578,8 +588,9 @@ Timings time_runs(detail::InstanceState& s, Device& dev, unsigned iterations) {
   }
   Timings t;
   t.per_op.resize(n);
+  const auto queue = live_queue(*s.model);
   for (unsigned it = 0; it < iterations; ++it) {
-    Batch b = m.queue->batch();
+    Batch b = queue->batch();
     if (timed.size() > 0)
       b.run(timed);
     else
@@ -593,7 +604,7 @@ Timings time_runs(detail::InstanceState& s, Device& dev, unsigned iterations) {
   }
   for (unsigned it = 0; it < iterations; ++it) {
     const auto t0 = std::chrono::steady_clock::now();
-    Batch b = m.queue->batch();
+    Batch b = queue->batch();
     record_body(s, b);
     b.submit().wait();
     t.runs.push_back(static_cast<std::uint64_t>(

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,8 +24,16 @@ struct ModelState {
   Buffer weights;
   // The compute queue run() submits to: one per device, shared by every
   // model on it (boards have few hardware queues), released with the last.
+  // Read it through live_queue().
   std::shared_ptr<Queue> queue;
+  std::mutex queue_mu;  // guards `queue`
 };
+
+// The model's queue for the next submission: a queue that failed (a run
+// refused by the board, an index outside its axis; a fault) is replaced by
+// a new one, so that later runs go on. A run in flight on the queue when
+// another fails it fails too.
+std::shared_ptr<Queue> live_queue(ModelState& m);
 
 struct InstanceState {
   std::shared_ptr<ModelState> model;

@@ -4,8 +4,8 @@ with NumPy (or PyTorch, where it defines the op the way exporters write it).
 
 Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
-Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, and LayerNorm as PyTorch exports it at
-opset 13."""
+Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, Gather by indices computed on the
+device, Cast to integers, and LayerNorm as PyTorch exports it at opset 13."""
 import math
 
 import numpy as np
@@ -964,3 +964,54 @@ def test_tile_of_constants_folds_and_bad_repeats_are_refused(dev):
                  initializers=[("reps", i64([2, 2, 2, 2]))])
     with pytest.raises(tpuhal.Unsupported, match="rank above 6"):
         tpuhal.compile(wide, "fp32", shapes={"x": (2, 3, 4, 5)}, device=dev.uri)
+
+
+def test_gather_by_indices_computed_on_the_device(dev):
+    # ArgMax's indices pick rows of a constant table: the board's gather.
+    table = randn(5, 3)
+    x = randn(4, 5)
+    m = model([helper.make_node("ArgMax", ["x"], ["i"], axis=1, keepdims=0),
+               helper.make_node("Gather", ["t", "i"], ["y"], axis=0)],
+              {"x": x.shape}, "y", initializers=[("t", table)])
+    check(dev, m, {"x": x}, lambda x: table[np.argmax(x, axis=1)])
+    compiled = tpuhal.compile(m, "fp32", shapes={"x": x.shape}, device=dev.uri)
+    ops = [layer["ops"] for layer in dev.load_model(compiled).instance().profile(1)["layers"]]
+    assert "gather" in ops, ops
+
+
+def test_token_ids_cast_inside_the_model_look_up_an_embedding(dev):
+    # Float ids cast to int64 inside the model (rounded toward zero, as ONNX
+    # casts), then an embedding lookup and a layer on top: a language model's
+    # first layers. A negative id counts from the end.
+    emb, w = randn(10, 8), randn(8, 4)
+    ids = np.array([[0, 9.7, 3, -1.5], [2, 2, 5.2, 7]], np.float32)
+    m = model([helper.make_node("Cast", ["ids"], ["i"], to=TensorProto.INT64),
+               helper.make_node("Gather", ["emb", "i"], ["e"]),
+               helper.make_node("MatMul", ["e", "w"], ["y"])],
+              {"ids": ids.shape}, "y", initializers=[("emb", emb), ("w", w)])
+    check(dev, m, {"ids": ids}, lambda ids: emb[np.trunc(ids).astype(np.int64)] @ w)
+
+
+def test_cast_to_integers_on_the_device_rounds_toward_zero(dev):
+    # Values whose fp16 and bf16 forms round toward zero to the same integers.
+    x = np.array([[-2.7, -0.5, 0.5, 2.7], [3.0, -3.0, 100.25, -7.9]], np.float32)
+    m = model([helper.make_node("Cast", ["x"], ["i"], to=TensorProto.INT32),
+               helper.make_node("Cast", ["i"], ["y"], to=TensorProto.FLOAT)], {"x": x.shape}, "y")
+    for precision in ("fp32", "fp16", "bf16"):
+        np.testing.assert_array_equal(run(dev, m, precision, {"x": x}), np.trunc(x), err_msg=precision)
+    bad = model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.UINT16)], {"x": (2,)}, "y")
+    with pytest.raises(tpuhal.Unsupported, match="to ONNX type 4 on data computed on the device"):
+        tpuhal.compile(bad, "fp32", shapes={"x": (2,)}, device=dev.uri)
+
+
+def test_an_index_outside_the_axis_fails_the_run_and_the_model_runs_again(dev):
+    emb = randn(6, 2)
+    m = model([helper.make_node("Cast", ["ids"], ["i"], to=TensorProto.INT64),
+               helper.make_node("Gather", ["emb", "i"], ["y"])],
+              {"ids": (3,)}, "y", initializers=[("emb", emb)])
+    compiled = tpuhal.compile(m, "fp32", shapes={"ids": (3,)}, device=dev.uri)
+    loaded = dev.load_model(compiled)
+    with pytest.raises(tpuhal.Error, match=r"holds the index 6, outside \[-6, 6\)"):
+        loaded.instance().run({"ids": np.array([1, 6, 0], np.float32)})
+    good = loaded.instance().run({"ids": np.array([1, -6, 5], np.float32)})[0]
+    np.testing.assert_array_equal(good, emb[[1, -6, 5]])

@@ -1,6 +1,8 @@
-// Gather with constant indices: on device data a cast per run of
+// Gather. With constant indices: on device data a cast per run of
 // consecutive indices, from a view of the input into a view of the output;
-// on constants folded.
+// on constants folded. With indices computed on the device (an ArgMax's,
+// a Cast's of token ids): the board's gather, which checks each index
+// when it runs.
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 
@@ -12,7 +14,8 @@ struct GatherAttrs {
   // Resolved by its shape rule: the axis, and the indices made non-negative.
   std::size_t resolved = 0;
   std::vector<std::int64_t> indices;
-  static GatherAttrs read(const Attrs& a) { return {a.i("axis", 0), 0, {}}; }
+  bool on_device = false;  // the indices are device data: the board's gather
+  static GatherAttrs read(const Attrs& a) { return {a.i("axis", 0), 0, {}, false}; }
 };
 
 // x's shape with the axis replaced by idx's shape.
@@ -53,12 +56,11 @@ Value fold_gather(Importer& im, Node& n) {
   return make_constant(shape, r, is_integer(x));
 }
 
-// Device data, constant indices.
+// Device data or device indices.
 Value infer_gather(Importer& im, Node& n) {
   auto& a = n.attr<GatherAttrs>();
   const auto& x = im.in(n, 0).shape;
-  const Value& idx = im.constant(n, 1, "indices");
-  if (!is_integer(idx)) im.fail_node(n, "its indices are not integers");
+  const Value& idx = im.in(n, 1);
   const auto rank = static_cast<std::int64_t>(x.size());
   if (rank == 0) im.fail_node(n, "gathers from a scalar");
   const auto axis = im.axis_of(n, a.axis, rank);
@@ -67,6 +69,12 @@ Value infer_gather(Importer& im, Node& n) {
   out.shape = gathered(x, axis, idx.shape);
   if (out.shape.size() > kMaxRank) im.unsupported(n, "rank above 6");
   a.resolved = static_cast<std::size_t>(axis);
+  if (!idx.data) {  // the board checks each index as it runs
+    if (dim > 0x7FFF'FFFF) im.unsupported(n, "an axis of more than 2^31 - 1 elements with indices on the device");
+    a.on_device = true;
+    return out;
+  }
+  if (!is_integer(idx)) im.fail_node(n, "its indices are not integers");
   for (auto i : idx.ints) {
     if (i < -dim || i >= dim) index_outside(im, n, i, dim);
     a.indices.push_back(i < 0 ? i + dim : i);
@@ -74,10 +82,17 @@ Value infer_gather(Importer& im, Node& n) {
   return out;
 }
 
-// A copy per run of consecutive indices.
+// The board's gather, or a copy per run of consecutive constant indices.
 void lower_gather(Lowerer& l, const Node& n) {
   const DType t = l.float_type();
   const auto& a = n.attr<GatherAttrs>();
+  if (a.on_device) {
+    const auto idx = l.get(n.inputs[1], DType::I32);
+    l.op("gather", n.name,
+         {{"x", l.get(n.inputs[0], t)}, {"indices", idx}, {"y", l.produce(n.output, t, l.shape_of(n.output))}},
+         {{"axis", a.resolved}});
+    return;
+  }
   const auto& xs = l.shape_of(n.inputs[0]);
   const auto axis = a.resolved;
   const auto& idx = a.indices;

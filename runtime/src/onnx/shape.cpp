@@ -140,11 +140,13 @@ struct CastAttrs {
   static CastAttrs read(const Attrs& a) { return {a.i("to", 0)}; }
 };
 
+bool to_integer(std::int64_t to) { return to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32; }
+
 Value fold_cast(Importer& im, Node& n) {
   const Value& x = im.in(n, 0);
   const auto to = n.attr<CastAttrs>().to;
   const bool boolean = to == onnx::TensorProto::BOOL;
-  const bool integer = to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32 || boolean;
+  const bool integer = to_integer(to) || boolean;
   if (!integer && to != onnx::TensorProto::FLOAT && to != onnx::TensorProto::DOUBLE)
     im.unsupported(n, "to ONNX type " + std::to_string(to) +
                           "; the compiler casts constants to float, double, int64, int32 and bool");
@@ -153,17 +155,33 @@ Value fold_cast(Importer& im, Node& n) {
   return make_constant(x.shape, r, integer);
 }
 
-// Device data: float stays float, a view.
+// Device data: to float a view; to int32 or int64 an i32 tensor, each
+// value rounded toward zero (the board's cast), as ONNX's Cast does.
 Value infer_cast(Importer& im, Node& n) {
   const auto to = n.attr<CastAttrs>().to;
-  if (to != onnx::TensorProto::FLOAT && to != onnx::TensorProto::DOUBLE)
+  if (!to_integer(to) && to != onnx::TensorProto::FLOAT && to != onnx::TensorProto::DOUBLE)
     im.unsupported(n, "to ONNX type " + std::to_string(to) +
-                          " on data computed on the device; the compiler keeps device data float");
+                          " on data computed on the device; the compiler casts device data to float, double, "
+                          "int64 and int32");
   Value out;
   out.shape = im.in(n, 0).shape;
-  n.inputs.resize(1);
-  n.op = "Reshape";
+  if (!to_integer(to)) {
+    n.inputs.resize(1);
+    n.op = "Reshape";
+  }
   return out;
+}
+
+// To an integer type: i32 on the device (int64 values beyond int32's range
+// saturate, the one difference from ONNX, docs/runtime.md); a value held
+// as i32 already is only viewed.
+void lower_cast(Lowerer& l, const Node& n) {
+  if (!to_integer(n.attr<CastAttrs>().to)) return lower_view(l, n);
+  const std::string& x = n.inputs[0];
+  if (auto it = l.reps.find(x); it != l.reps.end() && it->second.primary == DType::I32 && !it->second.primary_nhwc)
+    return l.alias(n.output, x, l.shape_of(n.output));
+  const auto from = l.get(x, l.float_type());
+  l.op("cast", n.name, {{"x", from}, {"y", l.produce(n.output, DType::I32, l.shape_of(n.output))}});
 }
 
 // ---- Transpose, Expand, Shape
@@ -408,7 +426,7 @@ std::span<const OpHandler> shape_handlers() {
        .infer = infer_cast,
        .fold = fold_cast,
        .folds = Fold::IfConstant,
-       .lower = lower_view},
+       .lower = lower_cast},
       {.ops = {"Transpose"},
        .read = read_attrs<TransposeAttrs>,
        .infer = infer_transpose,
