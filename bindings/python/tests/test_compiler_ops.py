@@ -5,7 +5,7 @@ with NumPy (or PyTorch, where it defines the op the way exporters write it).
 Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
 Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, Gather by indices computed on the
-device, Cast to integers, and LayerNorm as PyTorch exports it at opset 13."""
+device, GatherND, Cast to integers, and LayerNorm as PyTorch exports it at opset 13."""
 import math
 
 import numpy as np
@@ -1015,3 +1015,67 @@ def test_an_index_outside_the_axis_fails_the_run_and_the_model_runs_again(dev):
         loaded.instance().run({"ids": np.array([1, 6, 0], np.float32)})
     good = loaded.instance().run({"ids": np.array([1, -6, 5], np.float32)})[0]
     np.testing.assert_array_equal(good, emb[[1, -6, 5]])
+
+
+def gather_nd(data, indices, batch_dims=0):
+    """ONNX GatherND, written from its definition."""
+    indices = np.asarray(indices, np.int64)
+    b = batch_dims
+    batch = int(np.prod(data.shape[:b], dtype=np.int64))
+    d = data.reshape((batch,) + data.shape[b:])
+    i = indices.reshape((batch,) + indices.shape[b:])
+    k = indices.shape[-1]
+    out = []
+    for n in range(batch):
+        tuples = i[n].reshape(-1, k)
+        out.append(np.stack([d[n][tuple(t)] for t in tuples]).reshape(i[n].shape[:-1] + data.shape[b + k:]))
+    return np.stack(out).reshape(indices.shape[:-1] + data.shape[b + k:])
+
+
+@pytest.mark.parametrize("data_shape,indices,batch_dims", [
+    ((3, 4, 5), [[0, 1], [2, -1], [-3, 3]], 0),
+    ((3, 4, 5), [[[1, 2, 3]], [[0, 0, -1]]], 0),
+    ((4, 6), [1, -2], 0),
+    ((2, 3, 4), [[1], [0]], 1),
+    ((2, 3, 4, 2), [[[2, 1], [0, -1], [1, 3]], [[0, 0], [2, 2], [-1, 1]]], 1),
+])
+def test_gather_nd_with_constant_and_device_indices(dev, data_shape, indices, batch_dims):
+    x = randn(*data_shape)
+    want = gather_nd(x, indices, batch_dims)
+    # Constant indices, device data.
+    m = model([helper.make_node("Relu", ["x"], ["r"]),
+               helper.make_node("GatherND", ["r", "i"], ["y"], batch_dims=batch_dims)],
+              {"x": x.shape}, "y", initializers=[("i", i64(indices))])
+    check(dev, m, {"x": x}, lambda x: gather_nd(np.maximum(x, 0), indices, batch_dims))
+    # Indices computed on the device (float ids cast inside), a constant table.
+    ids = np.asarray(indices, np.float32)
+    m = model([helper.make_node("Cast", ["ids"], ["i"], to=TensorProto.INT64),
+               helper.make_node("GatherND", ["t", "i"], ["y"], batch_dims=batch_dims)],
+              {"ids": ids.shape}, "y", initializers=[("t", x)])
+    check(dev, m, {"ids": ids}, lambda ids: want)
+
+
+def test_gather_nd_folds_on_constants_and_refuses_indices_outside(dev):
+    c = np.arange(12, dtype=np.float32).reshape(3, 4)
+    m = model([helper.make_node("GatherND", ["c", "i"], ["t"]), helper.make_node("Add", ["x", "t"], ["y"])],
+              {"x": (2,)}, "y", initializers=[("c", c), ("i", i64([[2, 1], [0, -1]]))])
+    compiled = tpuhal.compile(m, "fp32", shapes={"x": (2,)}, device=dev.uri)
+    assert [layer["ops"] for layer in dev.load_model(compiled).instance().profile(1)["layers"]] == ["add"]
+    np.testing.assert_array_equal(run(dev, m, "fp32", {"x": np.zeros(2, np.float32)}), [9, 3])
+    bad = model([helper.make_node("GatherND", ["x", "i"], ["y"])], {"x": (3, 4)}, "y",
+                initializers=[("i", i64([[0, 4]]))])
+    with pytest.raises(tpuhal.InvalidArgument, match=r"index 4 outside \[-4, 4\)"):
+        tpuhal.compile(bad, "fp32", shapes={"x": (3, 4)}, device=dev.uri)
+    deep = model([helper.make_node("GatherND", ["x", "i"], ["y"])], {"x": (3, 4)}, "y",
+                 initializers=[("i", i64([[0, 1, 2]]))])
+    with pytest.raises(tpuhal.InvalidArgument, match="index tuples of length 3 into 2 dimensions"):
+        tpuhal.compile(deep, "fp32", shapes={"x": (3, 4)}, device=dev.uri)
+    # On the device, an index outside its dimension fails the run (the tuple
+    # (1, 4) would otherwise name row 2's first element).
+    emb = randn(3, 4)
+    dyn = model([helper.make_node("Cast", ["ids"], ["i"], to=TensorProto.INT64),
+                 helper.make_node("GatherND", ["t", "i"], ["y"])], {"ids": (1, 2)}, "y", initializers=[("t", emb)])
+    loaded = dev.load_model(tpuhal.compile(dyn, "fp32", shapes={"ids": (1, 2)}, device=dev.uri))
+    with pytest.raises(tpuhal.Error, match=r"holds the index 4, outside \[-4, 4\)"):
+        loaded.instance().run({"ids": np.array([[1, 4]], np.float32)})
+    np.testing.assert_array_equal(loaded.instance().run({"ids": np.array([[1, 3]], np.float32)})[0], emb[1, 3:4])

@@ -2,7 +2,8 @@
 // consecutive indices, from a view of the input into a view of the output;
 // on constants folded. With indices computed on the device (an ArgMax's,
 // a Cast's of token ids): the board's gather, which checks each index
-// when it runs.
+// when it runs. GatherND: each index tuple made one index into the data
+// viewed with its indexed dimensions flattened, then the board's gather.
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 
@@ -115,6 +116,169 @@ void lower_gather(Lowerer& l, const Node& n) {
   }
 }
 
+// ---- GatherND: Y[b.., m..] = X[b.., I[b.., m.., 0], .., I[b.., m.., k-1], rest..]
+
+struct GatherNdAttrs {
+  std::int64_t batch_dims = 0;
+  std::int64_t k = 0;              // the tuples' length: indices' last dimension
+  std::vector<std::int32_t> rows;  // constant indices: each tuple's row (flat_rows)
+  static GatherNdAttrs read(const Attrs& a) { return {a.i("batch_dims", 0), 0, {}}; }
+};
+
+// Checks the operands; returns Y's shape: indices' shape without its last
+// dimension, then X's dimensions after the b + k indexed ones.
+std::vector<std::int64_t> gather_nd_shape(Importer& im, Node& n) {
+  auto& a = n.attr<GatherNdAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  const auto& idx = im.in(n, 1).shape;
+  const auto r = static_cast<std::int64_t>(x.size()), q = static_cast<std::int64_t>(idx.size()), b = a.batch_dims;
+  if (r < 1 || q < 1) im.fail_node(n, "its data and indices must have rank 1 or more");
+  if (b < 0 || b >= std::min(r, q))
+    im.fail_node(n, "batch_dims " + std::to_string(b) + " is outside [0, " + std::to_string(std::min(r, q)) + ")");
+  for (std::int64_t d = 0; d < b; ++d)
+    if (x[static_cast<std::size_t>(d)] != idx[static_cast<std::size_t>(d)])
+      im.fail_node(n, "batch dimension " + std::to_string(d) + " is " + std::to_string(x[static_cast<std::size_t>(d)]) +
+                          " in the data and " + std::to_string(idx[static_cast<std::size_t>(d)]) + " in the indices");
+  a.k = idx.back();
+  if (a.k < 1 || a.k > r - b)
+    im.fail_node(n, "index tuples of length " + std::to_string(a.k) + " into " + std::to_string(r - b) +
+                        " dimensions after the batch ones");
+  std::vector<std::int64_t> y(idx.begin(), idx.end() - 1);
+  y.insert(y.end(), x.begin() + b + a.k, x.end());
+  if (y.size() > kMaxRank) im.unsupported(n, "rank above 6");
+  return y;
+}
+
+// The flat row of X viewed as [prod(X[:b + k]), X[b + k:]..] that each
+// tuple of constant indices names; an index outside its dimension fails.
+std::vector<std::int64_t> flat_rows(Importer& im, const Node& n, const std::vector<std::int64_t>& x, const Value& idx) {
+  const auto& a = n.attr<GatherNdAttrs>();
+  const auto b = static_cast<std::size_t>(a.batch_dims), k = static_cast<std::size_t>(a.k);
+  std::int64_t per_batch = 1;
+  for (std::size_t d = b; d < b + k; ++d) per_batch *= x[d];
+  std::int64_t tuples_per_batch = 1;
+  for (std::size_t d = b; d + 1 < idx.shape.size(); ++d) tuples_per_batch *= idx.shape[d];
+  std::vector<std::int64_t> rows(idx.ints.size() / k);
+  for (std::size_t t = 0; t < rows.size(); ++t) {
+    std::int64_t within = 0;  // the tuple's row in its batch: row-major over the k dimensions
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::int64_t dim = x[b + j];
+      std::int64_t i = idx.ints[t * k + j];
+      if (i < -dim || i >= dim) index_outside(im, n, i, dim);
+      within = within * dim + (i < 0 ? i + dim : i);
+    }
+    rows[t] = static_cast<std::int64_t>(t) / tuples_per_batch * per_batch + within;
+  }
+  return rows;
+}
+
+Value fold_gather_nd(Importer& im, Node& n) {
+  const auto shape = gather_nd_shape(im, n);
+  const Value& x = im.in(n, 0);
+  const Value& idx = im.in(n, 1);
+  if (!is_integer(idx)) im.fail_node(n, "its indices are not integers");
+  im.check_folded(n, shape);
+  const auto& a = n.attr<GatherNdAttrs>();
+  std::int64_t inner = 1;
+  for (std::size_t d = static_cast<std::size_t>(a.batch_dims + a.k); d < x.shape.size(); ++d) inner *= x.shape[d];
+  const auto vals = values_of(x);
+  std::vector<double> r;
+  for (auto row : flat_rows(im, n, x.shape, idx))
+    for (std::int64_t i = 0; i < inner; ++i) r.push_back(vals[static_cast<std::size_t>(row * inner + i)]);
+  return make_constant(shape, r, is_integer(x));
+}
+
+Value infer_gather_nd(Importer& im, Node& n) {
+  Value out;
+  out.shape = gather_nd_shape(im, n);
+  const auto& a = n.attr<GatherNdAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  std::int64_t rows = 1;
+  for (std::size_t d = 0; d < static_cast<std::size_t>(a.batch_dims + a.k); ++d) rows *= x[d];
+  if (rows > 0x7FFF'FFFF) im.unsupported(n, "more than 2^31 - 1 index tuples' worth of data rows");
+  const Value& idx = im.in(n, 1);
+  if (!idx.data) return out;
+  if (!is_integer(idx)) im.fail_node(n, "its indices are not integers");
+  auto& a_rows = n.attr<GatherNdAttrs>().rows;
+  a_rows.clear();
+  for (auto row : flat_rows(im, n, x, idx)) a_rows.push_back(static_cast<std::int32_t>(row));
+  return out;
+}
+
+// Tensor `id` (of value shape `shape`) dense in row-major order: a strided
+// view (a part of a Concat's output) is copied.
+std::int64_t dense(Lowerer& l, std::int64_t id, DType t, const std::vector<std::int64_t>& shape) {
+  if (l.dg().tensors[static_cast<std::size_t>(id)].strides.empty()) return id;
+  const auto copy = l.dg().add_arena("", t, shape);
+  l.op("cast", "", {{"x", id}, {"y", copy}});
+  return copy;
+}
+
+// X viewed as [rows, X[b + k:]..] and one gather of rows. Constant tuples
+// give the rows as a weight; tuples on the device are made rows there: each
+// index through a gather from [0, dim) (which checks it and counts a
+// negative one from the end), times its stride, summed, plus each batch's
+// first row.
+void lower_gather_nd(Lowerer& l, const Node& n) {
+  const DType t = l.float_type();
+  const auto& a = n.attr<GatherNdAttrs>();
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const Value& idx = l.g.value(n.inputs[1]);
+  const auto b = static_cast<std::size_t>(a.batch_dims), k = static_cast<std::size_t>(a.k);
+  std::vector<std::int64_t> xv{1};
+  for (std::size_t d = 0; d < b + k; ++d) xv[0] *= xs[d];
+  xv.insert(xv.end(), xs.begin() + static_cast<std::ptrdiff_t>(b + k), xs.end());
+  const std::vector<std::int64_t> tuples(idx.shape.begin(), idx.shape.end() - 1);
+  std::int64_t rows;
+  if (idx.data) {
+    rows = l.add_raw(DType::I32, tuples, a.rows.data(), a.rows.size() * 4);
+  } else {
+    const auto all = dense(l, l.get(n.inputs[1], DType::I32), DType::I32, idx.shape);
+    const auto tst = row_major_strides(idx.shape);
+    std::vector<std::int64_t> view_strides(tst.begin(), tst.end() - 1);
+    std::int64_t acc = -1, stride = 1;
+    for (std::size_t j = k; j-- > 0;) {
+      const std::int64_t dim = xs[b + j];
+      std::vector<std::int32_t> range(static_cast<std::size_t>(dim));
+      for (std::size_t i = 0; i < range.size(); ++i) range[i] = static_cast<std::int32_t>(i);
+      const auto part = l.dg().add_subview(all, tuples, view_strides, j * 4);
+      const auto checked = l.dg().add_arena("", DType::I32, tuples);
+      l.op("gather", n.name,
+           {{"x", l.add_raw(DType::I32, {dim}, range.data(), range.size() * 4)}, {"indices", part}, {"y", checked}},
+           {{"axis", 0}});
+      auto term = checked;
+      if (stride != 1) {
+        const std::int32_t s32 = static_cast<std::int32_t>(stride);
+        term = l.dg().add_arena("", DType::I32, tuples);
+        l.op("mul", n.name, {{"a", checked}, {"b", l.add_raw(DType::I32, {}, &s32, 4)}, {"y", term}});
+      }
+      if (acc >= 0) {
+        const auto sum = l.dg().add_arena("", DType::I32, tuples);
+        l.op("add", n.name, {{"a", acc}, {"b", term}, {"y", sum}});
+        acc = sum;
+      } else {
+        acc = term;
+      }
+      stride *= dim;
+    }
+    if (b > 0) {  // each batch's first row, along the tuples' batch dimensions
+      std::int64_t per = 1;
+      for (std::size_t d = b; d < tuples.size(); ++d) per *= tuples[d];
+      std::vector<std::int32_t> first(static_cast<std::size_t>(elements_of(tuples)));
+      for (std::size_t i = 0; i < first.size(); ++i)
+        first[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) / per * stride);
+      const auto sum = l.dg().add_arena("", DType::I32, tuples);
+      l.op("add", n.name,
+           {{"a", acc}, {"b", l.add_raw(DType::I32, tuples, first.data(), first.size() * 4)}, {"y", sum}});
+      acc = sum;
+    }
+    rows = acc;
+  }
+  const auto x = l.dg().add_view(dense(l, l.get(n.inputs[0], t), t, xs), xv);
+  l.op("gather", n.name, {{"x", x}, {"indices", rows}, {"y", l.produce(n.output, t, l.shape_of(n.output))}},
+       {{"axis", 0}});
+}
+
 }  // namespace
 
 std::span<const OpHandler> gather_handlers() {
@@ -125,6 +289,13 @@ std::span<const OpHandler> gather_handlers() {
        .fold = fold_gather,
        .folds = Fold::IfConstant,
        .lower = lower_gather},
+      {.ops = {"GatherND"},
+       .opsets = {.first = 11, .refusal = "GatherND before opset 11"},
+       .read = read_attrs<GatherNdAttrs>,
+       .infer = infer_gather_nd,
+       .fold = fold_gather_nd,
+       .folds = Fold::IfConstant,
+       .lower = lower_gather_nd},
   };
   return h;
 }
