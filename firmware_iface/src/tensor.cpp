@@ -518,7 +518,7 @@ bool check_gather(Check& c, const OpBlock& b, const GatherAttrs& at) {
   const TensorRef &x = b.tensors[0], &idx = b.tensors[1];
   for (std::uint32_t i = 0; i < 3; ++i)
     if (at.reserved[i])
-      return c.fail(CmdStatus::kReservedNotZero, attr_field(offsetof(GatherAttrs, reserved)), at.reserved[i]);
+      return c.fail(CmdStatus::kReservedNotZero, attr_field(offsetof(GatherAttrs, reserved) + 4 * i), at.reserved[i]);
   if (!expect_dtype(c, b, 1, dt(idx) == DType::kI32) || !expect_dtype(c, b, 2, dt(b.tensors[2]) == dt(x)) ||
       !expect_attr(c, offsetof(GatherAttrs, axis), x.rank > 0 && at.axis < x.rank, at.axis, x.rank))
     return false;

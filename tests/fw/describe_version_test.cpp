@@ -162,6 +162,10 @@ TEST(FwDescribe, AnIndexOutsideItsAxisIsNamedWithTheAxisLength) {
   const Problem p{CmdStatus::kBadArgument, tensor_data_field(1), static_cast<std::uint64_t>(std::int64_t{-9}), 5};
   EXPECT_EQ(describe(p.status, static_cast<std::uint16_t>(Opcode::kTensorOp), p.field, p.value, p.detail),
             "tensor_op: tensor 1 holds the index -9, outside [-5, 5) (the length of the indexed axis)");
+  // The field has a name of its own, apart from the attribute words.
+  EXPECT_EQ(
+      describe(CmdStatus::kReservedNotZero, static_cast<std::uint16_t>(Opcode::kTensorOp), tensor_data_field(2), 5, 0),
+      "tensor_op: unused tensor 2 data is 0x5, must be zero");
 }
 
 TEST(FwVersion, PackAndUnpack) {

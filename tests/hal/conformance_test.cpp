@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -248,6 +249,25 @@ TEST_P(Conformance, CopiesRoundTripThroughEveryMemoryKind) {
     q.copy(src, dev).copy(dev, dev2).copy(dev2, vis).copy(vis, dst).submit().wait();
     ASSERT_EQ(std::memcmp(src.map().data(), dst.map().data(), n), 0) << n << " bytes";
   }
+}
+
+// A program recorded before any queue is claimed (its command list maybe
+// the first thing in its heap) runs like any other.
+TEST_P(Conformance, AProgramRecordedBeforeAnyQueueIsClaimedRuns) {
+  SKIP_IF_LACKING(kMemory | kQueues);
+  Buffer h = host(4096);
+  Buffer d = dev_.allocate(4096);
+  Program p;
+  try {
+    p = dev_.record([&](Batch& b) { b.fill(d, 0, 4096, 0x5A).copy(d, h); });
+  } catch (const Error& e) {
+    if (e.status() != Status::Unsupported) throw;
+    GTEST_SKIP() << "no programs: " << e.what();
+  }
+  std::memset(h.map().data(), 0, 4096);
+  free_queue().run(p).submit().wait();
+  const auto m = h.map();
+  EXPECT_TRUE(std::all_of(m.begin(), m.end(), [](std::byte b) { return b == std::byte{0x5A}; }));
 }
 
 TEST_P(Conformance, CopyMovesExactlyTheRangeAsked) {

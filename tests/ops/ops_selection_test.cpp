@@ -170,17 +170,22 @@ TEST_P(Ops, GatherEveryDtypeAxisAndIndexRankWithNegativeIndices) {
       ys.insert(ys.end(), is.begin(), is.end());
       ys.insert(ys.end(), s.begin() + static_cast<std::ptrdiff_t>(axis) + 1, s.end());
       const Tensor y = lab().output(dt, ys);
-      // x transposed in memory (a strided view) every other round.
-      Tensor xt = lab().upload(x);
-      if (round % 2) {
-        Shape st(rank);
+      // x and the indices transposed in memory (strided views) every other
+      // round.
+      auto column_major = [](const Shape& shape) {
+        Shape st(shape.size());
         std::int64_t step = 1;
-        for (std::size_t d = 0; d < rank; ++d) st[d] = step, step *= s[d];  // column-major
-        xt = lab().upload_view(x, st, 3);
+        for (std::size_t d = 0; d < shape.size(); ++d) st[d] = step, step *= shape[d];
+        return st;
+      };
+      Tensor xt = lab().upload(x), it = lab().upload(idx);
+      if (round % 2) {
+        xt = lab().upload_view(x, column_major(s), 3);
+        it = lab().upload_view(idx, column_major(is), 1);
       }
       const std::int64_t ax = rng_.coin() ? static_cast<std::int64_t>(axis) - static_cast<std::int64_t>(rank)
                                           : static_cast<std::int64_t>(axis);
-      lab().run(ops::gather(xt, lab().upload(idx), y, ax));
+      lab().run(ops::gather(xt, it, y, ax));
       expect_exact(std::string("gather ") + to_string(dt) + " x " + dims(s) + " axis " + std::to_string(axis) +
                        " indices " + dims(is) + (round % 2 ? " (x strided)" : ""),
                    lab().download(y), ref_gather(x, idx, axis));
@@ -201,17 +206,19 @@ TEST_P(Ops, GatherIndexOutsideTheAxisFailsTheOpAndWritesNothing) {
     const std::string msg = message_of([&] { lab().q.run(op).submit().wait(); });
     lab().q = Queue();
     lab().q = lab().dev.queue(Engine::Compute);
-    EXPECT_THAT(msg, HasSubstr("failed at command 1 of 1 (a gather op, ring position"));
+    EXPECT_THAT(msg, HasSubstr("failed at command 1 of 1 (gather, ring position"));
     EXPECT_THAT(msg, HasSubstr("holds the index " + std::to_string(bad) + ", outside [-5, 5)"));
     const auto raw = lab().bytes(y.buffer());
     EXPECT_TRUE(std::all_of(raw.begin(), raw.begin() + 36, [](std::byte b) { return b == std::byte{0xA5}; }))
         << "y was written by a gather that failed";
   }
-  Host idx(DType::I32, {2});
-  idx.v = {-1, 2};
-  const Tensor y = lab().output(DType::F32, {5, 2});
-  lab().run(ops::gather(lab().upload(x), lab().upload(idx), y, 1));
-  expect_exact("gather after failed ones", lab().download(y), {2, 2, 5, 5, 8, 8, 11, 11, 14, 14});
+  // Indices broadcast (stride 0) along their first dimension.
+  Host idx(DType::I32, {2, 2});
+  idx.v = {-1, 2, -1, 2};
+  const Tensor y = lab().output(DType::F32, {5, 2, 2});
+  lab().run(ops::gather(lab().upload(x), lab().upload_view(idx, {0, 1}, 0), y, 1));
+  expect_exact("gather of broadcast indices after failed ones", lab().download(y),
+               {2, 2, 2, 2, 5, 5, 5, 5, 8, 8, 8, 8, 11, 11, 11, 11, 14, 14, 14, 14});
 }
 
 // y[n, o, r, c] = bias[o] + sum over the taps (ci, a, b) of its group with

@@ -386,7 +386,7 @@ std::uint64_t TpuDevice::read64(std::uint32_t lo_offset) const {
 // ---- Memory --------------------------------------------------------------------
 
 std::pair<std::size_t, std::uint64_t> TpuDevice::allocate_device(std::uint64_t size, Memory memory,
-                                                                 const AllocOptions& options) {
+                                                                 const AllocOptions& options, bool not_null) {
   const std::uint64_t alignment = options.alignment ? options.alignment : kDeviceAlignment;
   std::lock_guard lock(mem_mu_);
   std::size_t pick = heaps_.size();
@@ -410,6 +410,11 @@ std::pair<std::size_t, std::uint64_t> TpuDevice::allocate_device(std::uint64_t s
   }
   Heap& heap = heaps_[pick];
   auto address = heap.allocator.allocate(size, alignment);
+  if (address && *address == 0 && not_null) {  // the next block, and the first given back
+    auto next = heap.allocator.allocate(size, alignment);
+    heap.allocator.free(0);
+    address = next;
+  }
   if (!address) {
     const auto s = heap.allocator.stats();
     throw Error(Status::OutOfMemory, uri() + ": cannot allocate " + format_bytes(size) + " (" + std::to_string(size) +
@@ -596,7 +601,9 @@ std::shared_ptr<driver::ProgramBackend> TpuDevice::create_program(std::span<cons
   AllocOptions options;
   options.alignment = 4096;
   const std::uint64_t bytes = slots.size() * sizeof(fw::CommandDescriptor);
-  auto [heap, address] = allocate_device(bytes, Memory::DeviceHostVisible, options);
+  // Not at address 0, which a call reads as "no list": the first thing in
+  // its heap when recorded before any queue is claimed.
+  auto [heap, address] = allocate_device(bytes, Memory::DeviceHostVisible, options, true);
   auto* list = reinterpret_cast<fw::CommandDescriptor*>(aperture_.data() + address);
   for (std::size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].descriptor) slots[i].d.sequence = static_cast<std::uint32_t>(i);

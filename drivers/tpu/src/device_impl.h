@@ -93,7 +93,10 @@ class TpuDevice final : public driver::DeviceBackend, public std::enable_shared_
   std::span<std::byte> aperture() const noexcept { return aperture_; }
 
   // Device memory: returns {heap index, address}.
-  std::pair<std::size_t, std::uint64_t> allocate_device(std::uint64_t size, Memory memory, const AllocOptions& options);
+  // `not_null`: never at device address 0, which means "none" on the wire
+  // (a call's command list).
+  std::pair<std::size_t, std::uint64_t> allocate_device(std::uint64_t size, Memory memory, const AllocOptions& options,
+                                                        bool not_null = false);
   void free_device(std::size_t heap, std::uint64_t address) noexcept;
   // Host memory mapped for DMA: returns the IOVA. `memory` is the
   // transport's allocation behind ptr, or null for imported memory.

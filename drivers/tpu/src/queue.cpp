@@ -170,7 +170,7 @@ Error TpuQueue::failure() const {
   const Shadow& sh = shadow_[f.sequence & (entries_ - 1)];
   if (sh.value == f.fence && sh.count > 0) {
     where = "command " + std::to_string(sh.index + 1) + " of " + std::to_string(sh.count);
-    if (sh.op) op = std::string("a ") + sh.op + " op, ";
+    if (sh.op) op = std::string(sh.op) + ", ";
   }
   const Status status = f.status == fw::CmdStatus::kFirmwareFault ? Status::DeviceLost
                         : f.status == fw::CmdStatus::kOutOfMemory ? Status::ResourceExhausted

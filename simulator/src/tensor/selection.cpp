@@ -91,41 +91,36 @@ fw::Problem gather(TensorEngine& e, const fw::GatherAttrs& at, const View* v) {
   const View &x = v[0], &idx = v[1], &y = v[2];
   const std::uint32_t axis = at.axis;
   const auto dim = static_cast<std::int64_t>(x.shape[axis]);
-  // Every index read and checked before Y is written: a bad one leaves Y
-  // as it was.
-  const View* iviews[1] = {&idx};
-  std::vector<std::uint64_t> rows(idx.elements());
-  std::uint64_t n = 0;
-  fw::Problem bad;
-  for_each_index(idx.shape, idx.rank, iviews, 0, rows.size(), [&](const std::uint64_t* off) {
+  auto index = [&](std::uint64_t off) {
     std::int32_t i;
-    std::memcpy(&i, idx.at(off[0]), 4);
+    std::memcpy(&i, idx.at(off), 4);
+    return std::int64_t{i};
+  };
+  // Every index checked before Y is written: a bad one leaves Y as it was.
+  const View* iviews[1] = {&idx};
+  fw::Problem bad;
+  for_each_index(idx.shape, idx.rank, iviews, 0, idx.elements(), [&](const std::uint64_t* off) {
+    const std::int64_t i = index(off[0]);
     if ((i < -dim || i >= dim) && bad.status == fw::CmdStatus::kOk)
-      bad = {fw::CmdStatus::kBadArgument, fw::tensor_data_field(1), static_cast<std::uint64_t>(std::int64_t{i}),
+      bad = {fw::CmdStatus::kBadArgument, fw::tensor_data_field(1), static_cast<std::uint64_t>(i),
              static_cast<std::uint64_t>(dim)};
-    rows[n++] = static_cast<std::uint64_t>(i < 0 ? i + dim : i);
   });
   if (bad.status != fw::CmdStatus::kOk) return bad;
   // Y's index space over three views: X's offset without the axis, the
-  // position in `rows` (row-major over Indices' dimensions), and Y.
-  View xv, rv;
-  xv.rank = rv.rank = y.rank;
-  std::uint32_t d = 0;
-  for (std::uint32_t i = 0; i < axis; ++i, ++d) xv.strides[d] = x.strides[i];
-  std::uint64_t step = 1;
-  for (std::uint32_t i = idx.rank; i-- > 0;) {
-    rv.strides[axis + i] = step;
-    step *= idx.shape[i];
-  }
-  d += idx.rank;
-  for (std::uint32_t i = axis + 1; i < x.rank; ++i, ++d) xv.strides[d] = x.strides[i];
-  const View* views[3] = {&xv, &rv, &y};
+  // index's offset in Indices, and Y.
+  View xv, iv;
+  xv.rank = iv.rank = y.rank;
+  for (std::uint32_t i = 0; i < axis; ++i) xv.strides[i] = x.strides[i];
+  for (std::uint32_t i = 0; i < idx.rank; ++i) iv.strides[axis + i] = idx.strides[i];
+  for (std::uint32_t i = axis + 1; i < x.rank; ++i) xv.strides[i - 1 + idx.rank] = x.strides[i];
+  const View* views[3] = {&xv, &iv, &y};
   const std::uint64_t along = x.strides[axis];
   e.pool().parallel_for(
       y.elements(),
       [&](std::uint64_t begin, std::uint64_t end) {
         for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
-          std::memcpy(y.at(off[2]), x.at(off[0] + rows[off[1]] * along), y.esize);
+          const std::int64_t i = index(off[1]);
+          std::memcpy(y.at(off[2]), x.at(off[0] + static_cast<std::uint64_t>(i < 0 ? i + dim : i) * along), y.esize);
         });
       },
       16384);

@@ -181,7 +181,7 @@ constexpr std::uint16_t attr_field(std::size_t byte_offset) {
 // A value in a tensor's data that the op refuses when it runs (1.11: an
 // index of gather outside its axis; Problem::value the index as int64,
 // Problem::detail the axis's length).
-inline constexpr std::uint16_t kFieldTensorDataBase = 0x400;
+inline constexpr std::uint16_t kFieldTensorDataBase = 0x700;  // past the attribute words (0x300 + 1024)
 constexpr std::uint16_t tensor_data_field(std::uint32_t tensor) {
   return static_cast<std::uint16_t>(kFieldTensorDataBase + tensor);
 }
