@@ -133,7 +133,8 @@ ModelFile pack(const Graph& g, const Lowered& l, Precision p, const CompileOptio
                const json* report) {
   std::vector<TensorSpec> inputs, outputs;
   for (std::size_t i = 0; i < g.inputs.size(); ++i)
-    inputs.push_back({g.inputs[i], DType::F32, g.value(g.inputs[i]).shape});
+    inputs.push_back(
+        {g.inputs[i], g.integer_inputs.count(g.inputs[i]) ? DType::I32 : DType::F32, g.value(g.inputs[i]).shape});
   for (std::size_t i = 0; i < g.outputs.size(); ++i)
     outputs.push_back(
         {g.outputs[i].first, DType::F32, l.graph.tensors[static_cast<std::size_t>(l.graph.outputs[i])].shape});
@@ -223,7 +224,23 @@ void run_batches(Device& dev, const Graph& g, const Lowered& l, const Batches& b
   for (std::uint64_t i = 0; i < b.count(); ++i) {
     auto in = b.batch(i);
     std::vector<HostArray> ins, os;
-    for (auto& x : in) ins.push_back(host(x));
+    std::vector<std::vector<std::int32_t> > ints;  // the integer inputs' samples, as i32
+    ints.reserve(in.size());
+    for (std::size_t k = 0; k < in.size(); ++k) {
+      if (m.inputs()[k].dtype != DType::I32) {
+        ins.push_back(host(in[k]));
+        continue;
+      }
+      auto& v = ints.emplace_back();
+      for (float f : in[k]) {
+        if (!(f >= -2147483648.0f && f < 2147483648.0f) || f != std::trunc(f))
+          throw Error(Status::InvalidArgument, "calibration array " + std::to_string(k) + " holds " +
+                                                   std::to_string(f) + " for integer input '" + m.inputs()[k].name +
+                                                   "'; give integers within int32");
+        v.push_back(static_cast<std::int32_t>(f));
+      }
+      ins.push_back(host(v));
+    }
     for (auto& y : outs) os.push_back(host(y));
     inst.run(ins, os);
     visit(read_arena(inst));

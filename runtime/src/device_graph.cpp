@@ -326,9 +326,13 @@ DeviceGraph decode_graph(std::span<const std::byte> bytes, std::uint64_t weight_
     auto& list = std::string(key) == "inputs" ? g.inputs : g.outputs;
     for (const auto& v : r.array(j, key, "the graph")) {
       const auto t = index(v, std::string("an entry of ") + key);
-      if (g.tensors[static_cast<std::size_t>(t)].storage != Storage::Arena ||
-          g.tensors[static_cast<std::size_t>(t)].dtype != DType::F32)
-        damaged(name, "graph", std::string("an entry of ") + key + " is not an f32 tensor in the arena");
+      // f32 (inputs also i32: a model's integer inputs), in the arena.
+      const DTensor& dt = g.tensors[static_cast<std::size_t>(t)];
+      const bool typed = dt.dtype == DType::F32 || (dt.dtype == DType::I32 && &list == &g.inputs);
+      if (dt.storage != Storage::Arena || !typed)
+        damaged(name, "graph",
+                std::string("an entry of ") + key + " is not an f32" + (&list == &g.inputs ? " or i32" : "") +
+                    " tensor in the arena");
       list.push_back(t);
     }
   }
@@ -358,7 +362,9 @@ void decode_io(std::span<const std::byte> bytes, std::string_view name, std::vec
       s.name = r.text(a[i], "name", where);
       s.dtype = r.dtype(a[i], where);
       s.shape = r.shape(a[i], where);
-      if (s.dtype != DType::F32) damaged(name, "io", where + " is " + to_string(s.dtype) + ", not f32");
+      // Inputs are f32, or i32 for a model's integer inputs (token ids); outputs f32.
+      if (s.dtype != DType::F32 && (s.dtype != DType::I32 || &list == &outputs))
+        damaged(name, "io", where + " is " + to_string(s.dtype) + ", not f32" + (&list == &inputs ? " or i32" : ""));
       list.push_back(std::move(s));
     }
   }

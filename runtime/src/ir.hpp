@@ -80,6 +80,7 @@ struct Graph {
   std::map<std::string, Value> values;
   std::vector<Node> nodes;
   std::vector<std::string> inputs;                           // graph inputs (not constants)
+  std::set<std::string> integer_inputs;                      // ONNX int32 and int64 inputs: i32 on host and device
   std::vector<std::pair<std::string, std::string>> outputs;  // ONNX output name, value holding it
   int opset = 0;
   bool qdq = false;  // the model quantises with QuantizeLinear / DequantizeLinear (explicit int8)

@@ -325,14 +325,14 @@ bool failed(const Queue& q) {
   }
 }
 
-// One compute queue per device for every model on it. A queue that failed
-// (a fault, a reset) is not handed out again: the next model claims a new one.
-std::shared_ptr<Queue> shared_queue(Device& dev) {
+// One compute queue per device for every model on it, claimed when first
+// used (live_queue).
+std::shared_ptr<SharedQueue> shared_queue(Device& dev) {
   static std::mutex mutex;
-  static std::map<std::string, std::weak_ptr<Queue>> queues;
+  static std::map<std::string, std::weak_ptr<SharedQueue>> queues;
   std::lock_guard lock(mutex);
-  if (auto q = queues[dev.uri()].lock(); q && !failed(*q)) return q;
-  auto q = std::make_shared<Queue>(dev.queue(Engine::Compute));
+  if (auto q = queues[dev.uri()].lock()) return q;
+  auto q = std::make_shared<SharedQueue>();
   queues[dev.uri()] = q;
   return q;
 }
@@ -344,9 +344,11 @@ Buffer staging(Device& dev, std::uint64_t bytes) {
 }  // namespace
 
 std::shared_ptr<Queue> live_queue(ModelState& m) {
-  std::lock_guard lock(m.queue_mu);
-  if (failed(*m.queue)) m.queue = shared_queue(m.device);
-  return m.queue;
+  SharedQueue& s = *m.queue;
+  std::lock_guard lock(s.mu);
+  if (s.queue && failed(*s.queue)) s.queue.reset();  // released (and the hardware queue reset) before the claim
+  if (!s.queue) s.queue = std::make_shared<Queue>(m.device.queue(Engine::Compute));
+  return s.queue;
 }
 
 std::vector<std::byte> read_arena(const Instance& instance) {
@@ -388,11 +390,14 @@ std::shared_ptr<ModelState> decode_model(const ModelFile& file, std::string_view
       throw Error(Status::InvalidArgument, m->name + ": the graph section is damaged: it has " +
                                                std::to_string(ids.size()) + " " + what + "s; the io section " +
                                                std::to_string(specs.size()));
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      if (m->graph.tensors[static_cast<std::size_t>(ids[i])].shape != specs[i].shape)
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const DTensor& t = m->graph.tensors[static_cast<std::size_t>(ids[i])];
+      if (t.shape != specs[i].shape || t.dtype != specs[i].dtype)
         throw Error(Status::InvalidArgument, m->name + ": the graph section is damaged: " + what + " " +
-                                                 std::to_string(i) + " does not have the shape of " +
+                                                 std::to_string(i) + " does not have the " +
+                                                 (t.shape != specs[i].shape ? "shape" : "dtype") + " of " +
                                                  specs[i].describe());
+    }
   };
   check_io(m->inputs, m->graph.inputs, "input");
   check_io(m->outputs, m->graph.outputs, "output");
@@ -430,7 +435,7 @@ Model Model::load(Device& device, const ModelFile& file, std::string_view name) 
   if (!weights.empty()) {
     Buffer host = detail::staging(device, weights.size());
     std::memcpy(host.map().data(), weights.data(), weights.size());
-    m->queue->copy(host, 0, m->weights, 0, weights.size()).submit().wait();
+    detail::live_queue(*m)->copy(host, 0, m->weights, 0, weights.size()).submit().wait();
   }
   detail::build_all(device, *m);
   Model model;

@@ -14,6 +14,12 @@
 
 namespace tpuhal::rt::detail {
 
+// The one compute queue of a device that every model on it submits to.
+struct SharedQueue {
+  std::mutex mu;  // guards `queue`
+  std::shared_ptr<Queue> queue;
+};
+
 struct ModelState {
   Device device;
   std::string name;
@@ -25,14 +31,13 @@ struct ModelState {
   // The compute queue run() submits to: one per device, shared by every
   // model on it (boards have few hardware queues), released with the last.
   // Read it through live_queue().
-  std::shared_ptr<Queue> queue;
-  std::mutex queue_mu;  // guards `queue`
+  std::shared_ptr<SharedQueue> queue;
 };
 
-// The model's queue for the next submission: a queue that failed (a run
-// refused by the board, an index outside its axis; a fault) is replaced by
-// a new one, so that later runs go on. A run in flight on the queue when
-// another fails it fails too.
+// The device's queue for a model's next submission: a queue that failed (a
+// run refused by the board, an index outside its axis; a fault) is released
+// and replaced by a new one, for every model on the device, so that later
+// runs go on. A run in flight on the queue when another fails it fails too.
 std::shared_ptr<Queue> live_queue(ModelState& m);
 
 struct InstanceState {

@@ -59,13 +59,18 @@ NdArray read_npy(const std::filesystem::path& path) {
   const std::string order = dict_value(header, "fortran_order");
   const std::string shape_text = dict_value(header, "shape");
   std::size_t esize = 0;
+  bool integer = false;  // int32 or int64 (token ids): exact as floats up to 2^24
   if (descr == "'<f4'" || descr == "'f4'")
     esize = 4;
   else if (descr == "'<f8'" || descr == "'f8'")
     esize = 8;
+  else if (descr == "'<i4'" || descr == "'i4'")
+    esize = 4, integer = true;
+  else if (descr == "'<i8'" || descr == "'i8'")
+    esize = 8, integer = true;
   else
     bad(path, "element type " + (descr.empty() ? std::string("(none)") : descr) +
-                  " is not supported; use float32 (<f4) or float64 (<f8)");
+                  " is not supported; use float32 (<f4), float64 (<f8), int32 (<i4) or int64 (<i8)");
   if (order != "False") bad(path, "the array is in Fortran order; save it in C order (np.ascontiguousarray)");
   if (shape_text.empty() || shape_text.front() != '(') bad(path, "the header has no shape");
   NdArray a;
@@ -88,7 +93,19 @@ NdArray read_npy(const std::filesystem::path& path) {
         "holds " + std::to_string((data.size() - body) / esize) + " values; its shape needs " + std::to_string(n));
   a.values.resize(n);
   for (std::uint64_t i = 0; i < n; ++i) {
-    if (esize == 4) {
+    if (integer) {
+      std::int64_t v = 0;
+      if (esize == 4) {
+        std::int32_t w;
+        std::memcpy(&w, data.data() + body + i * 4, 4);
+        v = w;
+      } else {
+        std::memcpy(&v, data.data() + body + i * 8, 8);
+      }
+      if (v > (std::int64_t{1} << 24) || v < -(std::int64_t{1} << 24))
+        bad(path, "holds the integer " + std::to_string(v) + "; integer arrays hold values within +-2^24");
+      a.values[i] = static_cast<float>(v);
+    } else if (esize == 4) {
       std::memcpy(&a.values[i], data.data() + body + i * 4, 4);
     } else {
       double d;

@@ -857,6 +857,38 @@ TEST(Runtime, GivenAnArrayWhenWrittenAsNpyThenItReadsBack) {
   EXPECT_EQ(b.values, a.values);
   fs::remove(p);
   EXPECT_THROW(read_npy(p), Error);
+  // Integer arrays (token ids) read as floats, within +-2^24.
+  auto write_ints = [&](const char* descr, const std::vector<std::int64_t>& v) {
+    const std::string header = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" +
+                               std::to_string(v.size()) + ",), }\n";
+    std::ofstream npy(p, std::ios::binary);
+    npy.write("\x93NUMPY\x01\x00", 8);
+    const char len[2] = {static_cast<char>(header.size()), 0};
+    npy.write(len, 2);
+    npy << header;
+    for (auto x : v) {
+      if (descr[2] == '8') {
+        npy.write(reinterpret_cast<const char*>(&x), 8);
+      } else {
+        const auto w = static_cast<std::int32_t>(x);
+        npy.write(reinterpret_cast<const char*>(&w), 4);
+      }
+    }
+  };
+  write_ints("<i8", {101, -1, 1 << 24});
+  EXPECT_EQ(read_npy(p).values, (std::vector<float>{101, -1, 16777216}));
+  write_ints("<i4", {7, 30000});
+  EXPECT_EQ(read_npy(p).values, (std::vector<float>{7, 30000}));
+  write_ints("<i8", {(1 << 24) + 1});
+  try {
+    read_npy(p);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds the integer 16777217; integer arrays hold values within +-2^24"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove(p);
 }
 
 TEST(Runtime, GivenTheCliWhenItCompilesInInt8ThenModelInfoDescribesTheModelAndItsReport) {

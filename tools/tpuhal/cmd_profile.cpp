@@ -71,7 +71,8 @@ int cmd_profile(const std::vector<std::string>& args) {
   int rc = 0;
   const char* usage =
       "Usage: tpuhal profile FILE.tpm [--device URI] [--iterations N] [--modelled] [--json]\n\n"
-      "Runs a compiled model on random inputs (uniform in [-1, 1], the same every time) and prints, per\n"
+      "Runs a compiled model on random inputs (uniform in [-1, 1], the same every time; an i32 input, such as\n"
+      "token ids, all 0) and prints, per\n"
       "layer (ONNX node, as compile --report names it), the device ops, the output, the board time (the\n"
       "mean over the middle half of N runs by their board time, from board timestamps between ops), its\n"
       "share, the operations and the rate achieved\n"
@@ -96,8 +97,9 @@ int cmd_profile(const std::vector<std::string>& args) {
   std::vector<std::vector<float>> in(m.inputs().size()), out(m.outputs().size());
   std::vector<rt::HostArray> hin, hout;
   for (std::size_t i = 0; i < in.size(); ++i) {
-    in[i].resize(m.inputs()[i].elements());
-    for (auto& v : in[i]) v = dist(rng);
+    in[i].resize(m.inputs()[i].elements());  // an i32 input (token ids) stays 0, an index every table has
+    if (m.inputs()[i].dtype == DType::F32)
+      for (auto& v : in[i]) v = dist(rng);
     hin.push_back(rt::host(in[i]));
   }
   for (std::size_t i = 0; i < out.size(); ++i) {

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <limits>
 #include <mutex>
 
 #include "arrays.hpp"
@@ -125,9 +126,29 @@ py::tuple spec_shape(const rt::TensorSpec& s) {
   return t;
 }
 
+// Integers (any integer or bool array) as int32 in C order, for an i32
+// input (token ids): floats and values outside int32 are refused.
+py::array int32_input(const py::array& a, const std::string& what) {
+  const char kind = a.dtype().kind();
+  if (kind != 'i' && kind != 'u' && kind != 'b')
+    fail(Status::InvalidArgument,
+         what + " takes integers (i32); the array holds " + py::str(a.dtype()).cast<std::string>() + " values");
+  py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> wide(a);
+  py::array_t<std::int32_t> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+  const std::int64_t* src = wide.data();
+  std::int32_t* dst = out.mutable_data();
+  for (py::ssize_t i = 0; i < wide.size(); ++i) {
+    if (src[i] < std::numeric_limits<std::int32_t>::min() || src[i] > std::numeric_limits<std::int32_t>::max())
+      fail(Status::InvalidArgument, what + " holds " + std::to_string(src[i]) + ", outside int32");
+    dst[i] = static_cast<std::int32_t>(src[i]);
+  }
+  return out;
+}
+
 // The arrays of one run, checked against the model's specs: inputs by
-// position (a list or tuple) or by name (a dict).
-std::vector<py::array_t<float>> inputs_of(const rt::Model& model, const py::object& given) {
+// position (a list or tuple) or by name (a dict); f32 inputs as float32,
+// i32 ones as int32.
+std::vector<py::array> inputs_of(const rt::Model& model, const py::object& given) {
   const auto& specs = model.inputs();
   std::vector<py::object> items(specs.size());
   if (py::isinstance<py::dict>(given)) {
@@ -155,7 +176,7 @@ std::vector<py::array_t<float>> inputs_of(const rt::Model& model, const py::obje
                                         std::to_string(list.size()) + " given");
     for (std::size_t i = 0; i < specs.size(); ++i) items[i] = list[i];
   }
-  std::vector<py::array_t<float>> out;
+  std::vector<py::array> out;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const std::string what = "run: input '" + specs[i].name + "'";
     py::array a = device_array(items[i], what.c_str());
@@ -164,7 +185,10 @@ std::vector<py::array_t<float>> inputs_of(const rt::Model& model, const py::obje
     if (shape != specs[i].shape)
       fail(Status::InvalidArgument,
            what + " has shape " + shape_string(shape) + "; the model was compiled for " + shape_string(specs[i].shape));
-    out.push_back(py::array_t<float, py::array::c_style | py::array::forcecast>(a));
+    if (specs[i].dtype == DType::I32)
+      out.push_back(int32_input(a, what));
+    else
+      out.push_back(py::array_t<float, py::array::c_style | py::array::forcecast>(a));
   }
   return out;
 }
@@ -198,7 +222,7 @@ py::list run(PyInstance& self, const py::object& inputs, const py::object& outpu
   }
   std::vector<rt::HostArray> hin, hout;
   for (auto& a : in)
-    hin.push_back({reinterpret_cast<std::byte*>(const_cast<float*>(a.data())), static_cast<std::uint64_t>(a.nbytes())});
+    hin.push_back({reinterpret_cast<std::byte*>(const_cast<void*>(a.data())), static_cast<std::uint64_t>(a.nbytes())});
   for (auto& a : out)
     hout.push_back({reinterpret_cast<std::byte*>(a.mutable_data()), static_cast<std::uint64_t>(a.nbytes())});
   // The arrays stay referenced here (and NumPy cannot free them) while the
@@ -319,7 +343,8 @@ void bind_runtime(py::module_& m) {
       .def("run", &run, py::arg("inputs"), py::arg("outputs") = py::none(),
            "Runs one batch and waits for it (without the GIL). inputs: one array per model input, in order "
            "(a list, or the array itself for a one-input model) or a dict by input name; each must have the "
-           "shape the model was compiled for and is converted to float32. Returns a list of float32 arrays, "
+           "shape the model was compiled for and is converted to float32 (to int32 for an i32 input, such as "
+           "token ids: integers only, within int32). Returns a list of float32 arrays, "
            "one per output, or fills `outputs` (float32 arrays of the outputs' shapes) and returns them.")
       .def_property_readonly(
           "input_tensors", [](const PyInstance& i) { return tensors_of(i.instance.input_tensors()); },

@@ -6,7 +6,10 @@ Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
 Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, Gather by indices computed on the
 device, GatherND, Cast to integers, and LayerNorm as PyTorch exports it at opset 13."""
+import json
 import math
+import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -982,14 +985,89 @@ def test_gather_by_indices_computed_on_the_device(dev):
 def test_token_ids_cast_inside_the_model_look_up_an_embedding(dev):
     # Float ids cast to int64 inside the model (rounded toward zero, as ONNX
     # casts), then an embedding lookup and a layer on top: a language model's
-    # first layers. A negative id counts from the end.
-    emb, w = randn(10, 8), randn(8, 4)
-    ids = np.array([[0, 9.7, 3, -1.5], [2, 2, 5.2, 7]], np.float32)
+    # first layers. A negative id counts from the end; ids beyond 256 and
+    # 2048 (where bf16 and fp16 stop holding integers) stay exact in every
+    # precision, since the cast reads f32.
+    emb, w = randn(3000, 8), randn(8, 4)
+    ids = np.array([[0, 2999.7, 257, -1.5], [2049, 1001, 5.2, 2990]], np.float32)
     m = model([helper.make_node("Cast", ["ids"], ["i"], to=TensorProto.INT64),
                helper.make_node("Gather", ["emb", "i"], ["e"]),
                helper.make_node("MatMul", ["e", "w"], ["y"])],
               {"ids": ids.shape}, "y", initializers=[("emb", emb), ("w", w)])
     check(dev, m, {"ids": ids}, lambda ids: emb[np.trunc(ids).astype(np.int64)] @ w)
+
+
+def test_integer_model_inputs_take_token_ids(dev, tmp_path):
+    # A language model's inputs as exporters write them: int64 token ids
+    # (and int32 positions), an embedding lookup of each, summed.
+    tok, pos, w = randn(3000, 6), randn(16, 6), randn(6, 3)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["tok", "ids"], ["t"]), helper.make_node("Gather", ["pos", "p"], ["q"]),
+         helper.make_node("Add", ["t", "q"], ["e"]), helper.make_node("MatMul", ["e", "w"], ["y"])],
+        "lm", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5]),
+               helper.make_tensor_value_info("p", TensorProto.INT32, [2, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(a, n) for n, a in [("tok", tok), ("pos", pos), ("w", w)]])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx_bytes = m.SerializeToString()
+    ids = np.array([[101, 2999, 7, 0, 2048], [257, -1, 5, 5, 1999]], np.int64)
+    p = np.tile(np.arange(5, dtype=np.int32), (2, 1))
+    want = (tok[ids] + pos[p]) @ w
+    for precision in ("fp32", "fp16", "bf16"):
+        compiled = tpuhal.compile(onnx_bytes, precision, device=dev.uri)
+        loaded = dev.load_model(compiled)
+        assert [(s.name, str(s.dtype)) for s in loaded.inputs] == [("ids", "i32"), ("p", "i32")], precision
+        got = loaded.instance().run({"ids": ids, "p": p})[0]
+        err = float(np.abs(got - want).max()) / float(np.abs(want).max())
+        assert err <= TOLERANCE[precision], f"{precision}: error {err:.3g}"
+    inst = loaded.instance()
+    with pytest.raises(tpuhal.InvalidArgument, match="input 'ids' takes integers \\(i32\\); the array holds float32"):
+        inst.run({"ids": ids.astype(np.float32), "p": p})
+    with pytest.raises(tpuhal.InvalidArgument, match="input 'ids' holds 4294967296, outside int32"):
+        inst.run({"ids": np.full((2, 5), 1 << 32, np.int64), "p": p})
+    # `tpuhal profile` fills an i32 input with 0, an index every table has.
+    tpuhal_cli = os.path.join(os.environ.get("TPUHAL_BIN_DIR", ""), "tpuhal")
+    if os.path.exists(tpuhal_cli):
+        path = tmp_path / "lm.tpm"
+        compiled.save(str(path))
+        out = subprocess.run([tpuhal_cli, "profile", "--device", dev.uri, "--iterations", "2", "--json", str(path)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert [layer["ops"] for layer in json.loads(out.stdout)["layers"]][:2] == ["gather", "gather"]
+    # int8, calibrated on ids: the calibration arrays hold integers.
+    calib = [np.concatenate([ids, ids[::-1]]), np.concatenate([p, p])]
+    q = tpuhal.compile(onnx_bytes, "int8", calibration=calib, device=dev.uri)
+    got = dev.load_model(q).instance().run({"ids": ids, "p": p})[0]
+    assert float(np.abs(got - want).max()) <= 0.05 * float(np.abs(want).max())
+
+
+def test_models_on_one_device_run_again_after_one_of_them_was_refused(dev):
+    emb = randn(6, 2)
+    m = model([helper.make_node("Cast", ["ids"], ["i"], to=TensorProto.INT64),
+               helper.make_node("Gather", ["emb", "i"], ["y"])],
+              {"ids": (3,)}, "y", initializers=[("emb", emb)])
+    compiled = tpuhal.compile(m, "fp32", shapes={"ids": (3,)}, device=dev.uri)
+    a, b = dev.load_model(compiled), dev.load_model(compiled)
+    ia, ib = a.instance(), b.instance()
+    for _ in range(2):
+        with pytest.raises(tpuhal.Error, match="holds the index 6"):
+            ia.run({"ids": np.array([1, 6, 0], np.float32)})
+    good = np.array([1, -6, 5], np.float32)
+    np.testing.assert_array_equal(ia.run({"ids": good})[0], emb[[1, -6, 5]])
+    np.testing.assert_array_equal(ib.run({"ids": good})[0], emb[[1, -6, 5]])
+
+
+def test_argmax_cast_to_int64_then_gather_reads_the_indices_as_they_are(dev):
+    # ArgMax's indices are i32 already: the Cast only views them.
+    table, x = randn(7, 3), randn(2, 7)
+    m = model([helper.make_node("ArgMax", ["x"], ["a"], axis=1, keepdims=0),
+               helper.make_node("Cast", ["a"], ["i"], to=TensorProto.INT64),
+               helper.make_node("Gather", ["t", "i"], ["y"])], {"x": x.shape}, "y", initializers=[("t", table)])
+    check(dev, m, {"x": x}, lambda x: table[np.argmax(x, axis=1)])
+    compiled = tpuhal.compile(m, "fp32", shapes={"x": x.shape}, device=dev.uri)
+    ops = [layer["ops"] for layer in dev.load_model(compiled).instance().profile(1)["layers"]]
+    assert not any("cast" in o for o in ops), ops
 
 
 def test_cast_to_integers_on_the_device_rounds_toward_zero(dev):

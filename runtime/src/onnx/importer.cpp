@@ -236,9 +236,10 @@ Value Importer::input_value(const onnx::ValueInfoProto& input) const {
   Value v;
   auto given = options.shapes.find(input.name());
   const auto& tt = input.type().tensor_type();
-  if (tt.elem_type() != onnx::TensorProto::FLOAT)
+  if (tt.elem_type() != onnx::TensorProto::FLOAT && tt.elem_type() != onnx::TensorProto::INT64 &&
+      tt.elem_type() != onnx::TensorProto::INT32)
     fail(Status::Unsupported, "input '" + input.name() + "' has ONNX element type " + std::to_string(tt.elem_type()) +
-                                  "; model inputs must be float32");
+                                  "; model inputs must be float32, int64 or int32");
   if (given != options.shapes.end()) {
     v.shape = given->second;
     if (tt.has_shape() && tt.shape().dim_size() != static_cast<int>(v.shape.size()))
@@ -276,6 +277,12 @@ void Importer::read_inputs(const onnx::GraphProto& graph, const std::set<std::st
     if (initializers.count(input.name())) continue;
     g.values[input.name()] = input_value(input);
     g.inputs.push_back(input.name());
+    const int type = input.type().tensor_type().elem_type();
+    if (type == onnx::TensorProto::INT64 || type == onnx::TensorProto::INT32) {
+      g.integer_inputs.insert(input.name());
+      if (type == onnx::TensorProto::INT64)
+        g.notes.push_back("input '" + input.name() + "' (int64) is taken as i32: values outside int32 are refused");
+    }
   }
   for (const auto& [name, _] : options.shapes)
     if (std::find(g.inputs.begin(), g.inputs.end(), name) == g.inputs.end())

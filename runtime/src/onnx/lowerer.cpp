@@ -348,10 +348,11 @@ void Lowerer::describe_values() {
 void Lowerer::run() {
   act = precision == Precision::F16 ? DType::F16 : precision == Precision::BF16 ? DType::BF16 : DType::F32;
   for (const auto& in : g.inputs) {
-    const auto id = dg().add_arena(in, DType::F32, g.value(in).shape);
+    const DType t = g.integer_inputs.count(in) ? DType::I32 : DType::F32;
+    const auto id = dg().add_arena(in, t, g.value(in).shape);
     Rep r;
-    r.primary = DType::F32;
-    r.by_dtype[DType::F32] = id;
+    r.primary = t;
+    r.by_dtype[t] = id;
     reps[in] = r;
     dg().inputs.push_back(id);
   }

@@ -180,7 +180,9 @@ void lower_cast(Lowerer& l, const Node& n) {
   const std::string& x = n.inputs[0];
   if (auto it = l.reps.find(x); it != l.reps.end() && it->second.primary == DType::I32 && !it->second.primary_nhwc)
     return l.alias(n.output, x, l.shape_of(n.output));
-  const auto from = l.get(x, l.float_type());
+  // From f32 in every precision: fp16 holds integers exactly only to 2048,
+  // bf16 to 256, and ids beyond them must not round first.
+  const auto from = l.get(x, DType::F32);
   l.op("cast", n.name, {{"x", from}, {"y", l.produce(n.output, DType::I32, l.shape_of(n.output))}});
 }
 

@@ -23,8 +23,8 @@ namespace tpuhal::rt {
 
 // A host array of float32 values with its shape (a calibration set, a test
 // batch). read_npy takes NumPy's .npy files of little-endian f4 or f8 in C
-// order; errors name the path and what is wrong (what they quote of the
-// header escaped: escape_text).
+// order, or i4 or i8 (token ids) holding values within +-2^24; errors name the path and what is wrong (what they quote
+// of the header escaped: escape_text).
 struct NdArray {
   std::vector<std::int64_t> shape;
   std::vector<float> values;
