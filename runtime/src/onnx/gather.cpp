@@ -205,15 +205,6 @@ Value infer_gather_nd(Importer& im, Node& n) {
   return out;
 }
 
-// Tensor `id` (of value shape `shape`) dense in row-major order: a strided
-// view (a part of a Concat's output) is copied.
-std::int64_t dense(Lowerer& l, std::int64_t id, DType t, const std::vector<std::int64_t>& shape) {
-  if (l.dg().tensors[static_cast<std::size_t>(id)].strides.empty()) return id;
-  const auto copy = l.dg().add_arena("", t, shape);
-  l.op("cast", "", {{"x", id}, {"y", copy}});
-  return copy;
-}
-
 // X viewed as [rows, X[b + k:]..] and one gather of rows. Constant tuples
 // give the rows as a weight; tuples on the device are made rows there: each
 // index through a gather from [0, dim) (which checks it and counts a
@@ -233,7 +224,7 @@ void lower_gather_nd(Lowerer& l, const Node& n) {
   if (idx.data) {
     rows = l.add_raw(DType::I32, tuples, a.rows.data(), a.rows.size() * 4);
   } else {
-    const auto all = dense(l, l.get(n.inputs[1], DType::I32), DType::I32, idx.shape);
+    const auto all = l.dense(l.get(n.inputs[1], DType::I32), DType::I32, idx.shape);
     const auto tst = row_major_strides(idx.shape);
     std::vector<std::int64_t> view_strides(tst.begin(), tst.end() - 1);
     std::int64_t acc = -1, stride = 1;
@@ -274,7 +265,7 @@ void lower_gather_nd(Lowerer& l, const Node& n) {
     }
     rows = acc;
   }
-  const auto x = l.dg().add_view(dense(l, l.get(n.inputs[0], t), t, xs), xv);
+  const auto x = l.dg().add_view(l.dense(l.get(n.inputs[0], t), t, xs), xv);
   l.op("gather", n.name, {{"x", x}, {"indices", rows}, {"y", l.produce(n.output, t, l.shape_of(n.output))}},
        {{"axis", 0}});
 }

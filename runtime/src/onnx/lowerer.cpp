@@ -130,15 +130,18 @@ std::int64_t Lowerer::get_bool(const Node& n, const std::string& v) {
   return it->second.by_dtype.at(DType::U8);
 }
 
+std::int64_t Lowerer::dense(std::int64_t id, DType t, const std::vector<std::int64_t>& shape) {
+  if (dg().tensors[static_cast<std::size_t>(id)].strides.empty()) return id;
+  const auto copy = dg().add_arena("", t, shape);
+  op("cast", "", {{"x", id}, {"y", copy}});
+  return copy;
+}
+
 void Lowerer::alias(const std::string& v, const std::string& of, const std::vector<std::int64_t>& shape) {
   get_nchw(of);  // a view needs the NCHW bytes
   Rep& from = reps.at(of);
   auto& held = from.by_dtype.at(from.primary);
-  if (!dg().tensors[static_cast<std::size_t>(held)].strides.empty()) {  // a strided view: reshaped as a copy
-    const auto copy = dg().add_arena("", from.primary, g.value(of).shape);
-    op("cast", "", {{"x", held}, {"y", copy}});
-    held = copy;
-  }
+  held = dense(held, from.primary, g.value(of).shape);  // a strided view is reshaped as a copy
   const Rep& src = from;
   const auto id = dg().add_view(src.by_dtype.at(src.primary), shape);
   dg().tensors[static_cast<std::size_t>(id)].value = v;

@@ -97,6 +97,9 @@ struct Lowerer {
   // Boolean value `v` (a constant, or a comparison's or logic's result) as
   // u8 1 or 0.
   std::int64_t get_bool(const Node& n, const std::string& v);
+  // Tensor `id` (dtype `t`, value shape `shape`) dense in row-major order:
+  // a strided view (a part of a Concat's output) is copied.
+  std::int64_t dense(std::int64_t id, DType t, const std::vector<std::int64_t>& shape);
   // Value `v` in a view of another shape: same bytes, same quantisation.
   void alias(const std::string& v, const std::string& of, const std::vector<std::int64_t>& shape);
   // Value `v` as a tensor of type `t`, converting on the device if needed.
