@@ -244,9 +244,16 @@ struct UsbFunction::Impl final : HostPort {
         if (!checked) return fw_status(m, checked.problem());
         if (checked->crc32c != m.arg[0])
           return fw_status(m, {fw::CmdStatus::kBadArgument, fw::kFieldImageChecksum, m.arg[0], checked->crc32c});
-        fw_status(m, {});
+        const std::uint64_t verdict = send(fw::UsbType::kFwStatus, m.tag, 0, 0);  // accepted
         base::logger("sim")->info("usb function: firmware {:#x} accepted ({} bytes)", checked->firmware_version,
                                   image.size());
+        // The verdict must reach the host before the front end detaches:
+        // a detach with it still queued reads, on the host, as a board
+        // that went away during the upload.
+        if (verdict != 0) {
+          wait_handed(verdict);
+          if (!gone.load() && !ep.flush_in()) lose();
+        }
         if (options.on_firmware) options.on_firmware(std::move(image));
         image.clear();
         return;

@@ -359,11 +359,19 @@ struct HostCable final : sim::FunctionEndpoints {
     return n > 0 ? static_cast<std::size_t>(n) : 0;
   }
   bool write_in(std::span<const std::byte> data) override {
+    in_bytes += data.size();
     return ::send(board_bulk.get(), data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
   }
   bool write_irq(std::span<const std::byte> data) override {
     return ::send(board_irq.get(), data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
   }
+  // A socket's send returns once the bytes are queued, as FunctionFS's AIO
+  // does: this notes how much had been written at the last flush.
+  bool flush_in() override {
+    flushed = in_bytes.load();
+    return true;
+  }
+  std::atomic<std::uint64_t> in_bytes{0}, flushed{0};
   void unplug() {
     ::shutdown(board_bulk.get(), SHUT_RDWR);
     ::shutdown(board_irq.get(), SHUT_RDWR);
@@ -430,7 +438,14 @@ TEST(UsbLoader, TakesOnlyAnImageForItsBoardAndHandsItOnAfterAnsweringOk) {
   auto future = handed.get_future();
   sim::UsbFunctionOptions o;
   o.loader = true;
-  o.on_firmware = [&](std::vector<std::byte> image) { handed.set_value(std::move(image)); };
+  // What the host had been sent, and what flushed, when the image was
+  // handed on: a front end detaches then, so the verdict must be out.
+  std::uint64_t written_at_handoff = 0, flushed_at_handoff = 0;
+  o.on_firmware = [&](std::vector<std::byte> image) {
+    written_at_handoff = cable.in_bytes.load();
+    flushed_at_handoff = cable.flushed.load();
+    handed.set_value(std::move(image));
+  };
   auto fn = std::make_unique<sim::UsbFunction>(sim::load_profile("tiny"), cable, o);
   const fw::UsbIdentity id = fn->identity();
   EXPECT_EQ(id.mode, static_cast<std::uint32_t>(fw::UsbMode::kLoader));
@@ -481,6 +496,8 @@ TEST(UsbLoader, TakesOnlyAnImageForItsBoardAndHandsItOnAfterAnsweringOk) {
   EXPECT_EQ(a->arg[0], 0u);
   ASSERT_EQ(future.wait_for(5s), std::future_status::ready);
   EXPECT_EQ(future.get(), good);
+  EXPECT_EQ(written_at_handoff, cable.in_bytes.load()) << "the verdict was written before the hand-off";
+  EXPECT_EQ(flushed_at_handoff, written_at_handoff) << "and flushed to the host";
   cable.unplug();
   fn.reset();
 }

@@ -171,6 +171,14 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
   }
   bool write_irq(std::span<const std::byte> data) override { return write_all(irq_, data); }
 
+  // Every IN request queued so far has completed: the host has read it.
+  bool flush_in() override {
+    std::lock_guard lock(write_mu_);
+    for (Slot& s : writes_)
+      if (s.queued && (!reap(in_ctx_, writes_, s) || s.result != static_cast<ssize_t>(s.length))) return false;
+    return true;
+  }
+
   // Ends the session: every endpoint call returns (0 or false) from now on.
   void close() {
     closed_.store(true);
@@ -199,6 +207,7 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
   // only track the requests). A transfer of whole packets gets its last
   // byte apart so that the host's transfer ends (a short packet).
   bool write_parts(std::span<const std::span<const std::byte>> parts) {
+    std::lock_guard lock(write_mu_);
     std::array<iovec, 4> v{};  // a request gathers from every part at most
     if (parts.size() > v.size()) return false;
     std::size_t left = 0;
@@ -296,7 +305,8 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
   int out_, in_, irq_;
   aio_context_t out_ctx_ = 0, in_ctx_ = 0;
   std::array<Slot, kDepth> reads_;   // the OUT thread's (peek_out, release_out, read_out)
-  std::array<Slot, kDepth> writes_;  // write_in's thread's
+  std::array<Slot, kDepth> writes_;  // guarded by write_mu_ (write_in's thread, and flush_in's)
+  std::mutex write_mu_;
   std::size_t read_head_ = 0, write_next_ = 0;
   bool reads_started_ = false;
   std::atomic<bool> closed_{false};
@@ -449,8 +459,9 @@ class Gadget {
   }
 
   // The loader took an image: detach, come back as the application device.
+  // The function calls on_firmware once the host has read its verdict
+  // (UsbFunctionOptions::on_firmware), so the detach cannot overtake it.
   void reenumerate() {
-    std::this_thread::sleep_for(100ms);  // the verdict reaches the host first
     write_file(dir_ / "UDC", "\n");
     end_session();
     loader_ = false;

@@ -258,7 +258,10 @@ class LibusbLink final : public UsbLink {
     std::unique_lock lock(mu_);
     start_in_locked();
     cv_.wait(lock, [&] { return !bulk_ready_.empty() || ended_; });
-    if (ended_) return {};
+    // What came before the board went away is still read: a loader's
+    // verdict, say, sent just before it detaches to re-enumerate. After
+    // shutdown() nothing is.
+    if (bulk_ready_.empty() || closing_) return {};
     // The front transfer stays out of libusb's hands until release_in, so
     // its buffer may be read without the lock.
     libusb_transfer* t = bulk_ready_.front();
@@ -276,7 +279,7 @@ class LibusbLink final : public UsbLink {
     std::unique_lock lock(mu_);
     start_in_locked();
     cv_.wait(lock, [&] { return !irq_ready_.empty() || ended_; });
-    if (ended_) return 0;
+    if (irq_ready_.empty() || closing_) return 0;  // as peek_in
     libusb_transfer* t = irq_ready_.front();
     const std::size_t n = std::min(out.size(), static_cast<std::size_t>(t->actual_length));
     std::memcpy(out.data(), t->buffer, n);
@@ -448,11 +451,11 @@ class LibusbLink final : public UsbLink {
                      : std::string("a transfer ended with ") + libusb_error_name(t->status));
     }
     cv_.notify_all();
-    if (is_out || ended_) {
+    if (is_out || !ok || closing_) {
       idle_.push_back(t);
       return;
     }
-    if (t->actual_length > 0) {
+    if (t->actual_length > 0) {  // read even if the link has ended since (peek_in)
       (t->endpoint == ep_irq_ ? irq_ready_ : bulk_ready_).push_back(t);  // to the reader, then back
       return;
     }

@@ -54,6 +54,12 @@ class FunctionEndpoints {
   virtual std::span<const std::byte> peek_out();
   virtual void release_out();
 
+  // Waits until every bulk IN transfer written so far has been taken by the
+  // host; false once the host is gone. An endpoint whose writes return only
+  // when the host has the bytes (the default) has nothing to wait for; one
+  // that queues them (the FunctionFS front end's AIO) waits for its queue.
+  virtual bool flush_in() { return true; }
+
  private:
   std::vector<std::byte> out_stage_, in_stage_;
   std::size_t out_staged_ = 0;
@@ -68,8 +74,9 @@ struct UsbFunctionOptions {
   // (fw-begin, fw-data, fw-commit), checks the image as the host did
   // (fw::decode_image, check_image_for its board ID and the interface it
   // implements) and answers fw-status; an accepted image is handed to
-  // on_firmware, from the function's thread, after the answer is queued:
-  // the front end then re-enumerates as the application device.
+  // on_firmware, from the function's thread, once the host has taken the
+  // answer (FunctionEndpoints::flush_in) or is gone: the front end may then
+  // detach at once and re-enumerate as the application device.
   bool loader = false;
   std::function<void(std::vector<std::byte> image)> on_firmware;
 };
