@@ -189,6 +189,7 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
       return op + ": " + what + " = " + dec(value) + " is out of range" +
              (detail ? " (limit " + dec(detail) + ")" : std::string{});
     case CmdStatus::kBadAlignment:
+      if (value == 0) return op + ": " + what + " is 0, which is never valid";  // a call to address 0, say
       return op + ": " + what + " = " + hex(value) + " is not a multiple of " + dec(detail);
     case CmdStatus::kDmaFault:
       if (detail == kAccessBusError)

@@ -58,6 +58,8 @@ TEST(FwDescribe, DecodedProblemsRoundTripIntoMessages) {
       {desc(Opcode::kWaitValue, 0x1000, 0, 5), {"wait_value: mode = 5 is out of range"}},
       {desc(Opcode::kWriteValue, 0x1004, 0, 0), {"write_value: address = 0x1004"}},
       {desc(Opcode::kTimestamp, 0x1000, 1, 0), {"timestamp: unused arg1 is 0x1"}},
+      {desc(Opcode::kCall, 0x1010, 1, 0), {"call: command list = 0x1010", "multiple of 64"}},
+      {desc(Opcode::kCall, 0, 1, 0), {"call: command list is 0, which is never valid"}},
   };
   for (const auto& c : cases) {
     auto r = decode_command(c.d);
