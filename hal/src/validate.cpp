@@ -46,9 +46,31 @@ std::string module_path(const void* pc) {
   return ec ? std::string(info.dli_fname) : p.string();
 }
 
+// A demangled function's qualified name, without the return type that a
+// function template's name starts with ("void std::_Construct<...>(...)").
+std::string_view qualified_name(std::string_view fn) {
+  constexpr std::string_view kAnonymous = "(anonymous namespace)";
+  std::size_t start = 0;
+  int depth = 0;
+  for (std::size_t i = 0; i < fn.size(); ++i) {
+    if (fn.substr(i, kAnonymous.size()) == kAnonymous) {
+      i += kAnonymous.size() - 1;
+      continue;
+    }
+    const char c = fn[i];
+    if (c == '<') ++depth;
+    if (c == '>' && depth > 0) --depth;
+    if (depth > 0) continue;
+    if (c == '(') break;
+    if (c == ' ') start = i + 1;
+  }
+  return fn.substr(start);
+}
+
 // The library's own frames: its namespaces by name, and, when it is a shared
 // library, anything in it (its internal functions have no exported names).
 bool internal_frame(std::string_view fn, const void* pc) {
+  fn = qualified_name(fn);
   static const std::string self = [] {
     auto here = module_path(reinterpret_cast<const void*>(&internal_frame));
     std::error_code ec;

@@ -26,7 +26,7 @@ pcdir=$(dirname "$(find "$work/prefix" -name tpuhal.pc | head -n1)")
 export PKG_CONFIG_PATH="$pcdir"
 libdir=$(pkg-config --variable=libdir tpuhal)
 # shellcheck disable=SC2046,SC2086
-c++ -std=c++20 $flags "$source/consumer/main.cpp" $(pkg-config --cflags --libs tpuhal) -Wl,-rpath,"$libdir" -o "$work/pc-consumer"
+"${CXX:-c++}" -std=c++20 $flags "$source/consumer/main.cpp" $(pkg-config --cflags --libs tpuhal) -Wl,-rpath,"$libdir" -o "$work/pc-consumer"
 "$work/pc-consumer"
 
 # The installed CLI runs from its prefix.

@@ -38,6 +38,7 @@ export PATH=/bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm  # as on any system: LLVM's OpenMP registers itself there
 mode=sysfs
 grep -q tpuhal_mode=vfio /proc/cmdline && mode=vfio
 load() { insmod /lib/modules/$1.ko || echo "insmod $1 failed"; }

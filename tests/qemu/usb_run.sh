@@ -44,6 +44,7 @@ export PATH=/bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm  # as on any system: LLVM's OpenMP registers itself there
 load() { insmod /lib/modules/$1.ko $2 || echo "insmod $1 failed"; }
 for m in usb-common usbcore udc-core configfs libcomposite usb_f_fs usb_f_ss_lb; do load $m; done
 load dummy_hcd num=2

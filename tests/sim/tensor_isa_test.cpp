@@ -48,7 +48,7 @@ std::uint32_t mix(std::uint64_t x) {
 // through runs of stride 1 and of stride 3, from two copies of the data.
 class MixedLines final : public igemm::Lines {
  public:
-  MixedLines(std::uint64_t lines, std::uint64_t len, std::uint32_t seed) : lines_(lines), len_(len), seed_(seed) {
+  MixedLines(std::uint64_t lines, std::uint64_t len, std::uint32_t seed) : len_(len), seed_(seed) {
     std::mt19937 rng(seed);
     dense_.resize(lines * len);
     for (auto& v : dense_) v = static_cast<std::uint8_t>(rng());
@@ -80,7 +80,7 @@ class MixedLines final : public igemm::Lines {
   }
 
  private:
-  std::uint64_t lines_, len_;
+  std::uint64_t len_;
   std::uint32_t seed_;
   std::vector<std::uint8_t> dense_, wide_;
 };

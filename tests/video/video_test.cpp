@@ -626,7 +626,8 @@ class ManyChannels : public ::testing::TestWithParam<std::tuple<std::string, std
 };
 
 TEST_P(ManyChannels, DecodeEveryFrameExactlyInBoundedMemory) {
-  const auto& [clip, channels] = GetParam();
+  const std::string& clip = std::get<0>(GetParam());
+  const std::uint32_t channels = std::get<1>(GetParam());  // a variable, which lambdas capture
   const std::string path = path_of(clip);
   const auto want = ffmpeg_md5(path);
   ASSERT_FALSE(want.empty());

@@ -347,7 +347,7 @@ void bind_builders(py::module_& ops) {
   for (auto [name, f, doc] : binaries)
     ops.def(
         name,
-        [f](T a, T b, T y) {
+        [f = f](T a, T b, T y) {
           return finish(f(a.tensor, b.tensor, y.tensor), {&a, &b, &y});
         },
         py::arg("a"), py::arg("b"), py::arg("y"), (std::string("y = ") + name + doc).c_str());
@@ -365,7 +365,7 @@ void bind_builders(py::module_& ops) {
   for (auto [name, f] : unaries)
     ops.def(
         name,
-        [f](T x, T y) {
+        [f = f](T x, T y) {
           return finish(f(x.tensor, y.tensor), {&x, &y});
         },
         py::arg("x"), py::arg("y"), (std::string("y = ") + name + "(x) elementwise.").c_str());

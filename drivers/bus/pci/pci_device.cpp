@@ -77,7 +77,7 @@ bool has_ipc_lock() {
 thread_local std::jmp_buf* t_libpci_jump = nullptr;
 thread_local char t_libpci_error[512];
 
-extern "C" void libpci_error(char* msg, ...) {
+extern "C" __attribute__((noreturn, format(printf, 1, 2))) void libpci_error(char* msg, ...) {
   va_list ap;
   va_start(ap, msg);
   std::vsnprintf(t_libpci_error, sizeof t_libpci_error, msg, ap);

@@ -168,10 +168,14 @@ void float_product(TensorEngine& e, const View& a, const View& b, bool ta, bool 
   const fgemm::Kernels& kern = fgemm::kernels(e.isa());
   const Indexer ia{a, ta}, ib{b, tb};
   const auto S = [](std::uint64_t v) { return static_cast<std::int64_t>(v); };
+  // An empty operand (K = 0) may have no memory at all: no offset from null.
+  const auto base = [&](const View& v, const Indexer& ix, std::uint64_t bi) {
+    return v.data ? v.at(ix.batch_offset(bi, y)) : nullptr;
+  };
   for (std::uint64_t bi = 0; bi < nb; ++bi) {
-    const fgemm::Matrix ma{a.at(ia.batch_offset(bi, y)), S(ta ? a.strides[r - 1] : a.strides[r - 2]),
+    const fgemm::Matrix ma{base(a, ia, bi), S(ta ? a.strides[r - 1] : a.strides[r - 2]),
                            S(ta ? a.strides[r - 2] : a.strides[r - 1]), float_type(a.dtype)};
-    const fgemm::Matrix mb{b.at(ib.batch_offset(bi, y)), S(tb ? b.strides[r - 1] : b.strides[r - 2]),
+    const fgemm::Matrix mb{base(b, ib, bi), S(tb ? b.strides[r - 1] : b.strides[r - 2]),
                            S(tb ? b.strides[r - 2] : b.strides[r - 1]), float_type(b.dtype)};
     fgemm::gemm(e, kern, m, n, k, ma, mb, out + bi * m * n, n);
   }
