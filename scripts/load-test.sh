@@ -23,8 +23,9 @@
 #                 a build at -j cores) until it ends, and the busy
 #                 processes only after; the run waits for CMD, whose
 #                 output goes to DIR/load-test/alongside.log, and fails if
-#                 it fails. scripts/test.sh builds its ThreadSanitizer,
-#                 fuzzing and arm64 trees so, in place of spinning.
+#                 it fails. scripts/test.sh builds and runs its
+#                 ThreadSanitizer, fuzzing and arm64 steps so, in place of
+#                 spinning.
 #   --skipped     print the regular expression of the tests a run leaves
 #                 out (below) and exit
 #

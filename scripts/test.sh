@@ -17,18 +17,38 @@ san_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-
 # that the headers every file includes are compiled once per batch rather
 # than once per file. scripts/fuzz.sh's build stays file by file, so that a
 # file that does not include what it uses still fails CI.
-cmake -S "$root" -B "$build" -G Ninja "${san_flags[@]}" -DCMAKE_UNITY_BUILD=ON \
+# clang: with the sanitizers it compiles this tree in about 60 % of GCC's
+# time. GCC builds the ThreadSanitizer and arm64 trees, also with -Werror,
+# so CI meets both compilers' warnings. (TPUHAL_SANITIZE_CXX=g++
+# TPUHAL_SANITIZE_CC=gcc builds this tree with GCC.) A tree configured with
+# another compiler is configured afresh.
+san_cc=$(command -v "${TPUHAL_SANITIZE_CC:-clang}")
+san_cxx=$(command -v "${TPUHAL_SANITIZE_CXX:-clang++}")
+if [[ -f $build/CMakeCache.txt ]] && ! grep -qx "CMAKE_CXX_COMPILER:FILEPATH=$san_cxx" "$build/CMakeCache.txt"; then
+  rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
+fi
+CC=$san_cc CXX=$san_cxx cmake -S "$root" -B "$build" -G Ninja "${san_flags[@]}" -DCMAKE_UNITY_BUILD=ON \
   -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON >/dev/null
 cmake --build "$build"
 took "the sanitizer build"
-# The other trees the steps after the tests use: ThreadSanitizer's, the
-# fuzz targets' and arm64's. Without a filter they build alongside the
-# tests under load, as the busy work those run beside
-# (scripts/load-test.sh --alongside), in place of processes that only spin.
+# The other steps' trees and tests: ThreadSanitizer's, the fuzz targets' and
+# arm64's. Without a filter they build and run alongside the tests under
+# load, as the busy work those run beside (scripts/load-test.sh
+# --alongside), in place of processes that only spin: the machine is as
+# busy, and the CI run is shorter by what those steps took after it.
 arm64() { [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; }
-other_builds="scripts/tsan.sh --build-only && scripts/fuzz.sh --build-only"
-if arm64; then other_builds+=" && scripts/arm64.sh --build-only"; fi
-built=0
+# Each step says how long it took, in the alongside log and on stderr.
+timed() { local s=$SECONDS; "$@"; echo "tpuhal test: $* took $((SECONDS - s)) s" >&2; }
+alongside_steps() {
+  timed scripts/tsan.sh --build-only
+  timed scripts/fuzz.sh --build-only
+  if arm64; then timed scripts/arm64.sh --build-only; fi
+  timed scripts/tsan.sh --no-build
+  timed scripts/fuzz.sh --no-build --seconds 20 --parallel "$(nproc)" -- -seed=1
+  if arm64; then timed scripts/arm64.sh --no-build; fi
+}
+export -f arm64 timed alongside_steps
+done_alongside=0
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 if (($# > 0)) || [[ -n ${TPUHAL_SKIP_LOAD:-} ]]; then
@@ -37,17 +57,18 @@ if (($# > 0)) || [[ -n ${TPUHAL_SKIP_LOAD:-} ]]; then
   took "ctest"
 else
   # Every test once, on a busy machine, as shared CI runners are
-  # (scripts/load-test.sh): the other trees building (then a busy process
-  # per core) at normal priority and ctest at twice the cores, the families most sensitive to timing
-  # repeated until they fail, 3 times (`--runs 10` there for a longer
-  # hunt). First, quietly, the few it leaves out: checks of the tree, the
+  # (scripts/load-test.sh): the steps above building and running (then a
+  # busy process per core) at normal priority and ctest at twice the cores,
+  # the families most sensitive to timing repeated until they fail, 3 times
+  # (`--runs 10` there for a longer hunt). First, quietly, the few it leaves out: checks of the tree, the
   # model zoo's numerics, the integer kernels at every level and the QEMU
   # guests, which do not depend on timing and would only be slow there.
   (cd "$build" && ctest --output-on-failure -j "$(nproc)" -R "$("$root/scripts/load-test.sh" --build "$build" --skipped)")
   took "the quiet tests"
-  (cd "$root" && scripts/load-test.sh --build "$build" --alongside "$other_builds")
-  built=1
-  took "every other test under load, the other trees building alongside"
+  (cd "$root" && scripts/load-test.sh --build "$build" --alongside "set -euo pipefail; alongside_steps")
+  done_alongside=1
+  grep '^tpuhal test: ' "$build/load-test/alongside.log" >&2 || true
+  took "every other test under load, with ThreadSanitizer, fuzzing and arm64 alongside"
 fi
 
 # The tensor engine at every instruction-set level below this CPU's own (the
@@ -79,27 +100,15 @@ if (($# == 0)); then
 fi
 
 # ThreadSanitizer over the tests where threads meet (scripts/tsan.sh,
-# build/tsan/), fuzzing, and arm64. Skipped when ctest was given a filter,
-# so that `scripts/test.sh -R Foo` stays quick.
-if (($# == 0)); then
-  ((built)) || "$root/scripts/tsan.sh" --build-only
-  "$root/scripts/tsan.sh" --no-build
-  took "ThreadSanitizer"
-fi
-
-# Fuzzing: each fuzz target for 20 s on its committed corpus, one per core
-# at a time, in a clang build (build/fuzz/, docs/fuzzing.md), with a fixed
-# seed so that a CI failure can be replayed.
-if (($# == 0)); then
-  ((built)) || "$root/scripts/fuzz.sh" --build-only
-  "$root/scripts/fuzz.sh" --no-build --seconds 20 --parallel "$(nproc)" -- -seed=1
-  took "fuzzing"
-fi
-
-# arm64: the cross build and the tensor and conformance tests under
-# qemu-aarch64 (scripts/arm64.sh, README). Skipped with TPUHAL_SKIP_ARM64=1.
-if (($# == 0)) && arm64; then
-  ((built)) || "$root/scripts/arm64.sh" --build-only
-  "$root/scripts/arm64.sh" --no-build
-  took "arm64"
+# build/tsan/), fuzzing (each fuzz target for 20 s on its committed corpus,
+# one per core at a time, in a clang build, build/fuzz/, docs/fuzzing.md,
+# with a fixed seed so that a CI failure can be replayed) and arm64 (the
+# cross build and the tensor and conformance tests under qemu-aarch64,
+# scripts/arm64.sh; skipped with TPUHAL_SKIP_ARM64=1). They ran alongside
+# the load pass above; with TPUHAL_SKIP_LOAD=1 they run here, quietly.
+# Skipped when ctest was given a filter, so that `scripts/test.sh -R Foo`
+# stays quick.
+if (($# == 0)) && ((!done_alongside)); then
+  (cd "$root"; alongside_steps)
+  took "ThreadSanitizer, fuzzing and arm64"
 fi
