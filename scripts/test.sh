@@ -22,9 +22,10 @@ san_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-
 # so CI meets both compilers' warnings. (TPUHAL_SANITIZE_CXX=g++
 # TPUHAL_SANITIZE_CC=gcc builds this tree with GCC.) A tree configured with
 # another compiler is configured afresh.
-san_cc=$(command -v "${TPUHAL_SANITIZE_CC:-clang}")
-san_cxx=$(command -v "${TPUHAL_SANITIZE_CXX:-clang++}")
-if [[ -f $build/CMakeCache.txt ]] && ! grep -qx "CMAKE_CXX_COMPILER:FILEPATH=$san_cxx" "$build/CMakeCache.txt"; then
+san_cc=$(command -v "${TPUHAL_SANITIZE_CC:-clang}") || { echo "tpuhal test: no ${TPUHAL_SANITIZE_CC:-clang} (scripts/setup.sh installs clang)" >&2; exit 1; }
+san_cxx=$(command -v "${TPUHAL_SANITIZE_CXX:-clang++}") || { echo "tpuhal test: no ${TPUHAL_SANITIZE_CXX:-clang++}" >&2; exit 1; }
+if [[ -f $build/CMakeCache.txt ]] && ! { grep -qxF "CMAKE_CXX_COMPILER:FILEPATH=$san_cxx" "$build/CMakeCache.txt" &&
+  grep -qxF "CMAKE_C_COMPILER:FILEPATH=$san_cc" "$build/CMakeCache.txt"; }; then
   rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
 fi
 CC=$san_cc CXX=$san_cxx cmake -S "$root" -B "$build" -G Ninja "${san_flags[@]}" -DCMAKE_UNITY_BUILD=ON \

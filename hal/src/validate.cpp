@@ -47,22 +47,47 @@ std::string module_path(const void* pc) {
 }
 
 // A demangled function's qualified name, without the return type that a
-// function template's name starts with ("void std::_Construct<...>(...)").
+// function template's name starts with ("void std::_Construct<...>(...)",
+// "decltype(auto) std::__do_visit<...>(...)", "void (*ns::f<int>())(int)").
+// It ends at the parameter list or at an operator's name.
 std::string_view qualified_name(std::string_view fn) {
   constexpr std::string_view kAnonymous = "(anonymous namespace)";
   std::size_t start = 0;
-  int depth = 0;
+  int angle = 0, paren = 0, brace = 0;  // nesting: template arguments, parentheses, {lambda(...)#1}
   for (std::size_t i = 0; i < fn.size(); ++i) {
     if (fn.substr(i, kAnonymous.size()) == kAnonymous) {
       i += kAnonymous.size() - 1;
       continue;
     }
     const char c = fn[i];
-    if (c == '<') ++depth;
-    if (c == '>' && depth > 0) --depth;
-    if (depth > 0) continue;
-    if (c == '(') break;
-    if (c == ' ') start = i + 1;
+    const bool top = angle == 0 && paren == 0 && brace == 0;
+    if (top && fn.substr(i, 8) == "operator" && i > 0 && fn[i - 1] == ':') break;  // ns::operator<<, operator bool
+    if (c == '{' || c == '}') {
+      brace += c == '{' ? 1 : (brace > 0 ? -1 : 0);
+      continue;
+    }
+    if (brace > 0) continue;
+    if (c == '(') {
+      if (angle == 0 && paren == 0) {
+        if (i + 1 < fn.size() && fn[i + 1] == '*') {  // a function pointer's declarator: the name follows
+          start = ++i + 1;
+          continue;
+        }
+        std::string_view head = fn.substr(0, i);
+        while (!head.empty() && head.back() == ' ') head.remove_suffix(1);
+        if (!(head.size() >= 8 && head.substr(head.size() - 8) == "decltype")) break;  // the parameter list
+      }
+      ++paren;
+      continue;
+    }
+    if (c == ')') {
+      paren -= paren > 0 ? 1 : 0;
+      continue;
+    }
+    if (paren > 0) continue;
+    if (c == '<') ++angle;
+    if (c == '>' && angle > 0) --angle;
+    if (c == ' ' && angle == 0) start = i + 1;
   }
   return fn.substr(start);
 }

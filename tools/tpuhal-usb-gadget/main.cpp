@@ -37,6 +37,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <system_error>
@@ -109,6 +110,9 @@ constexpr std::size_t kPacketMultiple = 64;
 constexpr std::size_t kDepth = 16;
 constexpr std::size_t kRequestBytes = 256u << 10;
 
+// How long flush_in waits for a host to read what was written.
+constexpr std::chrono::seconds kFlushLimit{30};
+
 // The function's endpoint files, for one session. Bulk transfers go
 // through Linux AIO (FunctionFS queues each iocb as a USB request), several
 // at a time each way, as the kernel's own functions queue requests: one
@@ -172,10 +176,13 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
   bool write_irq(std::span<const std::byte> data) override { return write_all(irq_, data); }
 
   // Every IN request queued so far has completed: the host has read it.
+  // A host that stops reading is given kFlushLimit, as a board's own
+  // firmware would not wait on it for ever either: then false.
   bool flush_in() override {
     std::lock_guard lock(write_mu_);
+    const auto until = std::chrono::steady_clock::now() + kFlushLimit;
     for (Slot& s : writes_)
-      if (s.queued && (!reap(in_ctx_, writes_, s) || s.result != static_cast<ssize_t>(s.length))) return false;
+      if (s.queued && (!reap(in_ctx_, writes_, s, until) || s.result != static_cast<ssize_t>(s.length))) return false;
     return true;
   }
 
@@ -260,13 +267,24 @@ class FfsEndpoints final : public tpuhal::sim::FunctionEndpoints {
   }
 
   // Collects completions until `want`'s has come (requests on one endpoint
-  // complete in the order they were queued).
+  // complete in the order they were queued); false if the endpoints closed
+  // or `until` passed first.
   template <std::size_t N>
-  bool reap(aio_context_t ctx, std::array<Slot, N>& slots, Slot& want) {
+  bool reap(aio_context_t ctx, std::array<Slot, N>& slots, Slot& want,
+            std::optional<std::chrono::steady_clock::time_point> until = std::nullopt) {
     while (!want.done) {
       io_event ev[N];
-      const ssize_t got = io(
-          [&] { return static_cast<ssize_t>(::syscall(SYS_io_getevents, ctx, 1, static_cast<long>(N), ev, nullptr)); });
+      const ssize_t got = io([&] {
+        timespec left{};
+        if (until) {
+          const auto ns = std::max<std::int64_t>(
+              0,
+              std::chrono::duration_cast<std::chrono::nanoseconds>(*until - std::chrono::steady_clock::now()).count());
+          left = {static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+        }
+        return static_cast<ssize_t>(
+            ::syscall(SYS_io_getevents, ctx, 1, static_cast<long>(N), ev, until ? &left : nullptr));
+      });
       if (got <= 0) return false;
       for (ssize_t i = 0; i < got; ++i) {
         Slot& s = slots[ev[i].data];

@@ -450,13 +450,17 @@ class LibusbLink final : public UsbLink {
                      ? "the board was disconnected"
                      : std::string("a transfer ended with ") + libusb_error_name(t->status));
     }
+    // After an IN transfer fails, nothing later on its endpoint is read:
+    // bytes after a gap would join a message cut by it.
+    const bool is_irq = t->endpoint == ep_irq_;
+    if (!ok && !is_out) (is_irq ? irq_gap_ : bulk_gap_) = true;
     cv_.notify_all();
-    if (is_out || !ok || closing_) {
+    if (is_out || !ok || closing_ || (is_irq ? irq_gap_ : bulk_gap_)) {
       idle_.push_back(t);
       return;
     }
-    if (t->actual_length > 0) {  // read even if the link has ended since (peek_in)
-      (t->endpoint == ep_irq_ ? irq_ready_ : bulk_ready_).push_back(t);  // to the reader, then back
+    if (t->actual_length > 0) {                          // read even if the link has ended since (peek_in)
+      (is_irq ? irq_ready_ : bulk_ready_).push_back(t);  // to the reader, then back
       return;
     }
     resubmit_locked(t);  // nothing came (a zero-length packet)
@@ -526,6 +530,7 @@ class LibusbLink final : public UsbLink {
   int in_flight_ = 0, out_in_flight_ = 0;                       // guarded
   std::vector<libusb_transfer*> unstarted_in_;                  // until the first read; guarded
   bool ended_ = false, closing_ = false, stop_events_ = false;  // guarded
+  bool bulk_gap_ = false, irq_gap_ = false;                     // an IN transfer on that endpoint failed; guarded
   std::thread events_;
 };
 
