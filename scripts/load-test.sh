@@ -9,7 +9,7 @@
 # it failed in. Exits 1 if any test failed.
 #
 #   scripts/load-test.sh [--build DIR] [--runs N] [--hogs N] [--jobs N] [--repeat N] [--only REGEX]
-#                        [--alongside CMD]
+#                        [--alongside CMD] [--then CMD]
 #
 #   --build DIR   a configured and built tree (default build/sanitize, what
 #                 scripts/test.sh builds)
@@ -26,6 +26,12 @@
 #                 it fails. scripts/test.sh builds and runs its
 #                 ThreadSanitizer, fuzzing and arm64 steps so, in place of
 #                 spinning.
+#   --then CMD    in the first run, after the tests and before waiting for
+#                 --alongside's CMD, run this one (a shell command; its
+#                 output goes to stderr), and fail if it fails: work that
+#                 does not depend on timing fills the time the alongside
+#                 work still needs. scripts/test.sh runs the tensor tests
+#                 at every instruction-set level so.
 #   --skipped     print the regular expression of the tests a run leaves
 #                 out (below) and exit
 #
@@ -42,6 +48,7 @@ repeat=3
 only=
 print_skipped=
 alongside=
+then=
 while (($#)); do
   case $1 in
     --build) build=$(cd "$2" && pwd); shift 2 ;;
@@ -52,6 +59,7 @@ while (($#)); do
     --only) only=$2; shift 2 ;;
     --skipped) print_skipped=1; shift ;;
     --alongside) alongside=$2; shift 2 ;;
+    --then) then=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "load-test: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
@@ -146,6 +154,13 @@ for ((run = 1; run <= runs; ++run)); do
     pass --repeat until-fail:"$repeat" -R "$families" || status=1
   fi
   stop_hogs
+  if [[ -n $then ]] && ((run == 1)); then
+    echo "load-test: then: $then" >&2
+    if ! bash -c "$then" >&2; then
+      echo "load-test: failed: $then" >&2
+      any_failed=1
+    fi
+  fi
   if [[ -n $along_pid ]]; then
     echo "load-test: waiting for what ran alongside (log: $logs/alongside.log)" >&2
     if ! stop_alongside; then

@@ -18,18 +18,12 @@ san_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-
 # than once per file. scripts/fuzz.sh's build stays file by file, so that a
 # file that does not include what it uses still fails CI.
 # clang: with the sanitizers it compiles this tree in about 60 % of GCC's
-# time. GCC builds the ThreadSanitizer and arm64 trees, also with -Werror,
-# so CI meets both compilers' warnings. (TPUHAL_SANITIZE_CXX=g++
-# TPUHAL_SANITIZE_CC=gcc builds this tree with GCC.) A tree configured with
-# another compiler is configured afresh.
-san_cc=$(command -v "${TPUHAL_SANITIZE_CC:-clang}") || { echo "tpuhal test: no ${TPUHAL_SANITIZE_CC:-clang} (scripts/setup.sh installs clang)" >&2; exit 1; }
-san_cxx=$(command -v "${TPUHAL_SANITIZE_CXX:-clang++}") || { echo "tpuhal test: no ${TPUHAL_SANITIZE_CXX:-clang++}" >&2; exit 1; }
-if [[ -f $build/CMakeCache.txt ]] && ! { grep -qxF "CMAKE_CXX_COMPILER:FILEPATH=$san_cxx" "$build/CMakeCache.txt" &&
-  grep -qxF "CMAKE_C_COMPILER:FILEPATH=$san_cc" "$build/CMakeCache.txt"; }; then
-  rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
-fi
-CC=$san_cc CXX=$san_cxx cmake -S "$root" -B "$build" -G Ninja "${san_flags[@]}" -DCMAKE_UNITY_BUILD=ON \
-  -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON >/dev/null
+# time (and its ThreadSanitizer tree in a third). GCC builds the arm64 tree,
+# also with -Werror, so CI meets both compilers' warnings.
+# (TPUHAL_SANITIZE_CXX=g++ TPUHAL_SANITIZE_CC=gcc builds this tree with GCC.)
+source "$root/scripts/lib/configure.bash"
+configure_with "${TPUHAL_SANITIZE_CC:-clang}" "${TPUHAL_SANITIZE_CXX:-clang++}" "$build" "${san_flags[@]}" \
+  -DCMAKE_UNITY_BUILD=ON -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON
 cmake --build "$build"
 took "the sanitizer build"
 # The other steps' trees and tests: ThreadSanitizer's, the fuzz targets' and
@@ -38,48 +32,17 @@ took "the sanitizer build"
 # --alongside), in place of processes that only spin: the machine is as
 # busy, and the CI run is shorter by what those steps took after it.
 arm64() { [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; }
-# Each step says how long it took, in the alongside log and on stderr.
-timed() { local s=$SECONDS; "$@"; echo "tpuhal test: $* took $((SECONDS - s)) s" >&2; }
-alongside_steps() {
-  timed scripts/tsan.sh --build-only
-  timed scripts/fuzz.sh --build-only
-  if arm64; then timed scripts/arm64.sh --build-only; fi
-  timed scripts/tsan.sh --no-build
-  timed scripts/fuzz.sh --no-build --seconds 20 --parallel "$(nproc)" -- -seed=1
-  if arm64; then timed scripts/arm64.sh --no-build; fi
-}
-export -f arm64 timed alongside_steps
-done_alongside=0
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
-export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-if (($# > 0)) || [[ -n ${TPUHAL_SKIP_LOAD:-} ]]; then
-  # A filter (or TPUHAL_SKIP_LOAD=1): the tests it selects, on a quiet machine.
-  (cd "$build" && ctest --output-on-failure -j "$(nproc)" "$@")
-  took "ctest"
-else
-  # Every test once, on a busy machine, as shared CI runners are
-  # (scripts/load-test.sh): the steps above building and running (then a
-  # busy process per core) at normal priority and ctest at twice the cores,
-  # the families most sensitive to timing repeated until they fail, 3 times
-  # (`--runs 10` there for a longer hunt). First, quietly, the few it leaves out: checks of the tree, the
-  # model zoo's numerics, the integer kernels at every level and the QEMU
-  # guests, which do not depend on timing and would only be slow there.
-  (cd "$build" && ctest --output-on-failure -j "$(nproc)" -R "$("$root/scripts/load-test.sh" --build "$build" --skipped)")
-  took "the quiet tests"
-  (cd "$root" && scripts/load-test.sh --build "$build" --alongside "set -euo pipefail; alongside_steps")
-  done_alongside=1
-  grep '^tpuhal test: ' "$build/load-test/alongside.log" >&2 || true
-  took "every other test under load, with ThreadSanitizer, fuzzing and arm64 alongside"
-fi
-
 # The tensor engine at every instruction-set level below this CPU's own (the
-# run above covered that one; docs/ops.md): the op, ONNX node and runtime
+# load pass covers that one; docs/ops.md): the op, ONNX node and runtime
 # tests again with TPUHAL_MAX_ISA and oneDNN's cap set, so that a machine
-# with AVX-512 also tests what an AVX2 or SSE machine runs. Skipped, like
-# the steps below, when ctest was given a filter.
-if (($# == 0)); then
+# with AVX-512 also tests what an AVX2 or SSE machine runs. They do not
+# depend on timing: the load pass runs them after its tests, while the
+# steps alongside it finish. Skipped, like those steps, when ctest was
+# given a filter.
+isa_levels() {
+  local top level onednn levels
   top=$(TPUHAL_LOG=error "$build/bin/tpuhal" info sim:tiny --json | sed -n 's/.*"tensor_isa": "\([a-z0-9_]*\)".*/\1/p')
-  [[ -n $top ]] || { echo "tpuhal test: tpuhal info did not name the tensor engine's instruction set" >&2; exit 1; }
+  [[ -n $top ]] || { echo "tpuhal test: tpuhal info did not name the tensor engine's instruction set" >&2; return 1; }
   case $(uname -m) in
     x86_64) levels=(sse2 sse41 avx2 avx512 avx512_vnni) ;;
     aarch64) levels=(generic neon) ;;
@@ -97,7 +60,41 @@ if (($# == 0)); then
     (cd "$build" && TPUHAL_MAX_ISA=$level ONEDNN_MAX_CPU_ISA=$onednn \
       ctest --output-on-failure -j "$(nproc)" -R '^(Devices/Ops\..*/sim_tiny|OpsDeterminism|OpsIsa|TensorIsa|OnnxNode|Runtime|Timing)')
   done
-  took "the tensor tests at every instruction-set level"
+}
+# Each step says how long it took, in the alongside log and on stderr.
+timed() { local s=$SECONDS; "$@"; echo "tpuhal test: $* took $((SECONDS - s)) s" >&2; }
+alongside_steps() {
+  timed scripts/tsan.sh --build-only
+  timed scripts/fuzz.sh --build-only
+  if arm64; then timed scripts/arm64.sh --build-only; fi
+  timed scripts/tsan.sh --no-build
+  timed scripts/fuzz.sh --no-build --seconds 20 --parallel "$(nproc)" -- -seed=1
+  if arm64; then timed scripts/arm64.sh --no-build; fi
+}
+export -f arm64 timed alongside_steps isa_levels
+export build
+done_alongside=0
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+if (($# > 0)) || [[ -n ${TPUHAL_SKIP_LOAD:-} ]]; then
+  # A filter (or TPUHAL_SKIP_LOAD=1): the tests it selects, on a quiet machine.
+  (cd "$build" && ctest --output-on-failure -j "$(nproc)" "$@")
+  took "ctest"
+else
+  # Every test once, on a busy machine, as shared CI runners are
+  # (scripts/load-test.sh): the steps above building and running (then a
+  # busy process per core) at normal priority and ctest at twice the cores,
+  # the families most sensitive to timing repeated until they fail, 3 times
+  # (`--runs 10` there for a longer hunt). First, quietly, the few it leaves out: checks of the tree, the
+  # model zoo's numerics, the integer kernels at every level and the QEMU
+  # guests, which do not depend on timing and would only be slow there.
+  (cd "$build" && ctest --output-on-failure -j "$(nproc)" -R "$("$root/scripts/load-test.sh" --build "$build" --skipped)")
+  took "the quiet tests"
+  (cd "$root" && scripts/load-test.sh --build "$build" --alongside "set -euo pipefail; alongside_steps" \
+    --then "set -euo pipefail; timed isa_levels")
+  done_alongside=1
+  grep '^tpuhal test: ' "$build/load-test/alongside.log" >&2 || true
+  took "every other test under load, then at every instruction-set level, with ThreadSanitizer, fuzzing and arm64 alongside"
 fi
 
 # ThreadSanitizer over the tests where threads meet (scripts/tsan.sh,
@@ -110,6 +107,8 @@ fi
 # Skipped when ctest was given a filter, so that `scripts/test.sh -R Foo`
 # stays quick.
 if (($# == 0)) && ((!done_alongside)); then
+  timed isa_levels
+  took "the tensor tests at every instruction-set level"
   (cd "$root"; alongside_steps)
   took "ThreadSanitizer, fuzzing and arm64"
 fi

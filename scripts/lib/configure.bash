@@ -1,0 +1,17 @@
+# Sourced by scripts/test.sh and scripts/tsan.sh.
+#
+#   configure_with CC CXX BUILD [CMAKE_ARGS...]
+#
+# Configures BUILD with Ninja and the compilers CC and CXX (names on PATH,
+# or paths). A tree configured before with other compilers is configured
+# afresh: CMake keeps the compilers of its cache and would ignore CC/CXX.
+configure_with() {
+  local cc cxx build=$3
+  cc=$(command -v "$1") || { echo "tpuhal: no $1 (scripts/setup.sh installs clang and gcc)" >&2; return 1; }
+  cxx=$(command -v "$2") || { echo "tpuhal: no $2 (scripts/setup.sh installs clang and g++)" >&2; return 1; }
+  if [[ -f $build/CMakeCache.txt ]] && ! { grep -qxF "CMAKE_CXX_COMPILER:FILEPATH=$cxx" "$build/CMakeCache.txt" &&
+    grep -qxF "CMAKE_C_COMPILER:FILEPATH=$cc" "$build/CMakeCache.txt"; }; then
+    rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
+  fi
+  CC=$cc CXX=$cxx cmake -S "$root" -B "$build" -G Ninja "${@:4}" >/dev/null
+}
