@@ -190,6 +190,11 @@ def op_seeds():
         tensor(4 * k, F32, [2, 3])], quant)
     o["gather"] = op_block(OP["gather"], [tensor(k, BF16, [3, 10, 4]), tensor(2 * k, I32, [2, 5]),
                                           tensor(3 * k, BF16, [3, 2, 5, 4])], struct.pack("<4I", 1, 0, 0, 0))
+    o["qlinear_add"] = op_block(OP["qlinear_add"], [
+        tensor(k, U8, [2, 3, 4]), tensor(2 * k, F32, [2, 3, 4], [0, 0, 0]), tensor(3 * k, U8, [2, 3, 4], [0, 0, 0]),
+        tensor(4 * k, I8, [2, 3, 4], [0, 4, 1]), tensor(5 * k, F32, [2, 3, 4], [0, 0, 0]),
+        tensor(6 * k, I8, [2, 3, 4], [0, 0, 0]), tensor(7 * k, F32, [2, 3, 4], [0, 0, 0]),
+        tensor(8 * k, U8, [2, 3, 4], [0, 0, 0]), tensor(9 * k, U8, [2, 3, 4])], quant)
     return o
 
 

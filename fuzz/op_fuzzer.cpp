@@ -310,6 +310,20 @@ void check_rules(const fw::OpBlock& b) {
       RULE(t[0].dtype == 5 && t[1].dtype == y.dtype && t[2].dtype == y.dtype);
       RULE(same_shape(t[0], y) && same_shape(t[1], y) && same_shape(t[2], y));
       break;
+    case fw::OpKind::kQLinearAdd: {
+      // A, AScale, AZp, B, BScale, BZp, YScale, YZp, Y: bytes in and out,
+      // everything in Y's shape, each scale (f32) and zero point (its
+      // tensor's dtype) one value: stride 0 wherever its extent is not 1.
+      const auto& at = std::get<fw::QuantAttrs>(b.attrs);
+      RULE(at.reserved[0] == 0 && at.reserved[1] == 0 && at.reserved[2] == 0 && at.reserved[3] == 0);
+      RULE(is_int8(t[0].dtype) && is_int8(t[3].dtype) && is_int8(y.dtype));
+      RULE(t[1].dtype == 1 && t[4].dtype == 1 && t[6].dtype == 1);
+      RULE(t[2].dtype == t[0].dtype && t[5].dtype == t[3].dtype && t[7].dtype == y.dtype);
+      for (std::uint32_t i = 0; i < 8; ++i) RULE(same_shape(t[i], y));
+      for (const std::uint32_t i : {1u, 2u, 4u, 5u, 6u, 7u})
+        for (std::uint32_t d = 0; d < y.rank; ++d) RULE(t[i].shape[d] <= 1 || t[i].strides[d] == 0);
+      break;
+    }
     case fw::OpKind::kGather: {
       // X, Indices (i32), Y in X's dtype: X's dimensions before the axis,
       // then Indices' dimensions, then X's after it.

@@ -511,6 +511,27 @@ bool check_where(Check& c, const OpBlock& b, const QuantAttrs& at) {
          expect_same_shape(c, b, 1, 3) && expect_same_shape(c, b, 2, 3);
 }
 
+// A, AScale, AZeroPoint, B, BScale, BZeroPoint, YScale, YZeroPoint, Y:
+// A, B and Y int8 (u8 or i8, each its own), A and B broadcast to Y's shape
+// by their strides; each scale one f32 and each zero point one value of its
+// tensor's dtype (stride 0 along every dimension).
+bool check_qlinear_add(Check& c, const OpBlock& b, const QuantAttrs& at) {
+  for (std::uint32_t i = 0; i < 4; ++i)
+    if (at.reserved[i])
+      return c.fail(CmdStatus::kReservedNotZero, attr_field(offsetof(QuantAttrs, reserved) + 4 * i), at.reserved[i]);
+  const TensorRef& y = b.tensors[8];
+  const std::uint32_t all = (1u << y.rank) - 1;
+  if (!expect_dtype(c, b, 8, is_int8(dt(y))) || !expect_dtype(c, b, 0, is_int8(dt(b.tensors[0]))) ||
+      !expect_dtype(c, b, 3, is_int8(dt(b.tensors[3]))) || !expect_same_shape(c, b, 0, 8) ||
+      !expect_same_shape(c, b, 3, 8))
+    return false;
+  for (const std::uint32_t s : {1u, 4u, 6u})
+    if (!expect_dtype(c, b, s, dt(b.tensors[s]) == DType::kF32) || !expect_param(c, b, s, 8, all)) return false;
+  for (const auto& [z, of] : {std::pair{2u, 0u}, {5u, 3u}, {7u, 8u}})
+    if (!expect_dtype(c, b, z, dt(b.tensors[z]) == dt(b.tensors[of])) || !expect_param(c, b, z, 8, all)) return false;
+  return true;
+}
+
 // X, Indices (i32), Y: see GatherAttrs. Y is X's shape with the axis
 // replaced by Indices' shape, in X's dtype. Which indices are in range is
 // the kernel's question (it reads them).
@@ -682,6 +703,7 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
     case OpKind::kConvTranspose2d: ok = check_conv_transpose(c, b, std::get<ConvAttrs>(b.attrs)); break;
     case OpKind::kWhere: ok = check_where(c, b, std::get<QuantAttrs>(b.attrs)); break;
     case OpKind::kGather: ok = check_gather(c, b, std::get<GatherAttrs>(b.attrs)); break;
+    case OpKind::kQLinearAdd: ok = check_qlinear_add(c, b, std::get<QuantAttrs>(b.attrs)); break;
     case OpKind::kInvalid: break;
   }
   if (!ok) return c.failed ? c.problem : Problem{CmdStatus::kBadArgument, kFieldOpKind, h.kind};

@@ -933,18 +933,34 @@ Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y, const std::op
                    conv_param(b, w_zero_point, "w_zero_point", w, true), b.arg(y, "y")});
 }
 
+namespace {
+
+// An operand of a qlinear op with its scale and zero point.
+struct Quantized {
+  const Tensor& t;
+  const Tensor& scale;
+  const Tensor& zero_point;
+  const char* role;
+};
+
+// The types every qlinear op takes, in this order: each operand i8 or u8,
+// each scale f32 ("<role>_scale"), each zero point of its operand's type
+// ("<role>_zero_point").
+void quantized_types(Builder& b, std::initializer_list<Quantized> operands) {
+  for (const Quantized& q : operands) b.dtype_in(q.t, q.role, kInt8);
+  for (const Quantized& q : operands) b.dtype_in(q.scale, (std::string(q.role) + "_scale").c_str(), {DType::F32});
+  for (const Quantized& q : operands)
+    b.same_dtype(q.zero_point, (std::string(q.role) + "_zero_point").c_str(), q.t, q.role);
+}
+
+}  // namespace
+
 Op qlinear_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point, const Tensor& b,
                   const Tensor& b_scale, const Tensor& b_zero_point, const Tensor& y_scale, const Tensor& y_zero_point,
                   const Tensor& y) {
   Builder bd(driver::OpKind::QLinearMatMul, "qlinear_matmul");
-  bd.dtype_in(a, "a", kInt8);
-  bd.dtype_in(b, "b", kInt8);
-  bd.dtype_in(y, "y", kInt8);
-  for (auto [t, role] : {std::pair{&a_scale, "a_scale"}, {&b_scale, "b_scale"}, {&y_scale, "y_scale"}})
-    bd.dtype_in(*t, role, {DType::F32});
-  bd.same_dtype(a_zero_point, "a_zero_point", a, "a");
-  bd.same_dtype(b_zero_point, "b_zero_point", b, "b");
-  bd.same_dtype(y_zero_point, "y_zero_point", y, "y");
+  quantized_types(bd,
+                  {{a, a_scale, a_zero_point, "a"}, {b, b_scale, b_zero_point, "b"}, {y, y_scale, y_zero_point, "y"}});
   auto [va, vb] = matmul_views(bd, a, b, y, false, false);
   TensorArg as = matmul_param(bd, a_scale, "a_scale", va, true);
   TensorArg az = matmul_param(bd, a_zero_point, "a_zero_point", va, true);
@@ -959,18 +975,38 @@ Op qlinear_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_p
   return bd.finish({va, as, az, vb, bs, bz, ys, yz, bd.arg(y, "y")});
 }
 
+Op qlinear_add(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point, const Tensor& b,
+               const Tensor& b_scale, const Tensor& b_zero_point, const Tensor& y_scale, const Tensor& y_zero_point,
+               const Tensor& y) {
+  Builder bd(driver::OpKind::QLinearAdd, "qlinear_add");
+  quantized_types(bd,
+                  {{a, a_scale, a_zero_point, "a"}, {b, b_scale, b_zero_point, "b"}, {y, y_scale, y_zero_point, "y"}});
+  const std::vector<std::int64_t> zeros(y.rank(), 0);
+  const auto scalar = [&](const Tensor& t, const char* role) {
+    if (t.elements() != 1)
+      bd.fail(Status::InvalidArgument, std::string(role) + " must be one value, not " + dims_text(t.shape()));
+    return bd.arg(t, role, y.shape(), zeros);
+  };
+  std::vector<TensorArg> t;
+  t.push_back(bd.broadcast(a, "a", y.shape()));
+  t.push_back(scalar(a_scale, "a_scale"));
+  t.push_back(scalar(a_zero_point, "a_zero_point"));
+  t.push_back(bd.broadcast(b, "b", y.shape()));
+  t.push_back(scalar(b_scale, "b_scale"));
+  t.push_back(scalar(b_zero_point, "b_zero_point"));
+  t.push_back(scalar(y_scale, "y_scale"));
+  t.push_back(scalar(y_zero_point, "y_zero_point"));
+  t.push_back(bd.arg(y, "y"));
+  bd.desc().attrs = driver::NoAttrs{};
+  return bd.finish(std::move(t));
+}
+
 Op qlinear_conv(const Tensor& x, const Tensor& x_scale, const Tensor& x_zero_point, const Tensor& w,
                 const Tensor& w_scale, const Tensor& w_zero_point, const Tensor& y_scale, const Tensor& y_zero_point,
                 const Tensor& y, const Conv2dOptions& o) {
   Builder b(driver::OpKind::QLinearConv, "qlinear_conv");
-  b.dtype_in(x, "x", kInt8);
-  b.dtype_in(w, "w", kInt8);
-  b.dtype_in(y, "y", kInt8);
-  for (auto [t, role] : {std::pair{&x_scale, "x_scale"}, {&w_scale, "w_scale"}, {&y_scale, "y_scale"}})
-    b.dtype_in(*t, role, {DType::F32});
-  b.same_dtype(x_zero_point, "x_zero_point", x, "x");
-  b.same_dtype(w_zero_point, "w_zero_point", w, "w");
-  b.same_dtype(y_zero_point, "y_zero_point", y, "y");
+  quantized_types(b,
+                  {{x, x_scale, x_zero_point, "x"}, {w, w_scale, w_zero_point, "w"}, {y, y_scale, y_zero_point, "y"}});
   if (o.activation.kind != Activation::None) b.fail(Status::InvalidArgument, "takes no activation");
   check_conv(b, x, w, y, o);
   TensorArg bias = b.absent();

@@ -273,6 +273,38 @@ TEST(FwTensorOp, ElementwiseComparisonsGiveU8AndLogicTakesU8) {
   EXPECT_EQ(problem_of(binary(DType::kU8, DType::kU8)).field, tensor_field(1, TensorAspect::kDType));
 }
 
+// qlinear_add (interface 1.12): bytes in and out, each its own signedness;
+// every scale f32 and every zero point of its tensor's dtype, one value
+// each (stride 0); A and B in Y's shape.
+TEST(FwTensorOp, QLinearAddTakesBytesAndOneScaleAndZeroPointEach) {
+  QuantAttrs a{};
+  auto param = [](std::uint64_t address, DType t) {
+    TensorRef r = tensor(address, t, {2, 8});
+    r.strides[0] = r.strides[1] = 0;
+    return r;
+  };
+  std::vector<TensorRef> t{
+      tensor(0x1000, DType::kU8, {2, 8}), param(0x5000, DType::kF32), param(0x5100, DType::kU8),
+      tensor(0x2000, DType::kI8, {2, 8}), param(0x5200, DType::kF32), param(0x5300, DType::kI8),
+      param(0x5400, DType::kF32),         param(0x5500, DType::kU8),  tensor(0x3000, DType::kU8, {2, 8})};
+  EXPECT_TRUE(decode_op(block(OpKind::kQLinearAdd, t, a)).ok());
+  auto broken = [&](std::size_t i, TensorRef r) {
+    auto c = t;
+    c[i] = r;
+    return problem_of(block(OpKind::kQLinearAdd, c, a));
+  };
+  EXPECT_EQ(broken(0, tensor(0x1000, DType::kF32, {2, 8})).field, tensor_field(0, TensorAspect::kDType));
+  EXPECT_EQ(broken(8, tensor(0x3000, DType::kI32, {2, 8})).field, tensor_field(8, TensorAspect::kDType));
+  EXPECT_EQ(broken(3, tensor(0x2000, DType::kI8, {2, 7})).field, tensor_field(3, TensorAspect::kShape, 1));
+  EXPECT_EQ(broken(4, param(0x5200, DType::kF16)).field, tensor_field(4, TensorAspect::kDType));
+  EXPECT_EQ(broken(5, param(0x5300, DType::kU8)).field, tensor_field(5, TensorAspect::kDType));  // not B's dtype
+  EXPECT_EQ(broken(7, param(0x5500, DType::kI8)).field, tensor_field(7, TensorAspect::kDType));  // not Y's
+  EXPECT_EQ(broken(6, tensor(0x5400, DType::kF32, {2, 8})).field, tensor_field(6, TensorAspect::kStride, 0));
+  EXPECT_EQ(broken(2, TensorRef{}).field, tensor_field(2, TensorAspect::kDType));  // zero points are required
+  a.reserved[1] = 1;
+  EXPECT_EQ(problem_of(block(OpKind::kQLinearAdd, t, a)).status, CmdStatus::kReservedNotZero);
+}
+
 TEST(FwTensorOp, GatherTakesI32IndicesAndGivesXsShapeWithTheAxisReplaced) {
   GatherAttrs a{};
   a.axis = 1;

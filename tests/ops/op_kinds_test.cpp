@@ -151,6 +151,12 @@ class OpKinds : public ::testing::TestWithParam<OpKind> {
         Tensor y = output(f, {2, 2});
         return {ops::gather(input(f, {3, 2}, 1), input(DType::I32, {2}, 2), y), y};
       }
+      case OpKind::QLinearAdd: {
+        Tensor y = output(u8, {4});
+        return {ops::qlinear_add(input(u8, {4}, 3), one(f, 1), one(u8, 1), input(u8, {4}, 4), one(f, 1), one(u8, 0),
+                                 one(f, 1), one(u8, 1), y),
+                y};
+      }
     }
     ADD_FAILURE() << "no sample op of kind " << static_cast<int>(k);
     return {};

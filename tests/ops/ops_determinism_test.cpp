@@ -297,6 +297,14 @@ TEST(OpsIsa, IntegerOpsAreBitIdenticalAtEveryInstructionSetLevel) {
                      o.pads = {1, 1, 1, 1};
                      return ops::qlinear_conv(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y, o);
                    }});
+  cases.push_back({"qlinear_add u8 + i8 -> u8, a length with a tail",
+                   {I(DType::U8, {3, 1001}), scalar(DType::F32, 0.013), scalar(DType::U8, 128), I(DType::I8, {3, 1001}),
+                    scalar(DType::F32, 0.125), scalar(DType::I8, -5), qsy, scalar(DType::U8, 100)},
+                   DType::U8,
+                   {3, 1001},
+                   [](const std::vector<Tensor>& in, const Tensor& y) {
+                     return ops::qlinear_add(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y);
+                   }});
   for (const Case& c : cases) {
     std::vector<std::vector<std::byte>> results;
     for (auto& l : labs) {

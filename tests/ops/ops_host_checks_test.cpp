@@ -82,6 +82,34 @@ TEST_P(Ops, HostChecksNameTheOperandAndTheShape) {
        Status::InvalidArgument,
        {"qlinear_matmul: y_scale and y_zero_point must be scalars"}},
       {[&] {
+         ops::qlinear_add(t(DType::U8, {2, 3}), t(DType::F32, {}), t(DType::U8, {}), t(DType::I8, {3}),
+                          t(DType::F32, {}), t(DType::I8, {}), t(DType::F32, {2}), t(DType::U8, {}),
+                          t(DType::U8, {2, 3}));
+       },
+       Status::InvalidArgument,
+       {"qlinear_add: y_scale must be one value, not [2]"}},
+      {[&] {
+         ops::qlinear_add(t(DType::U8, {2, 3}), t(DType::F32, {}), t(DType::I8, {}), t(DType::U8, {2, 3}),
+                          t(DType::F32, {}), t(DType::U8, {}), t(DType::F32, {}), t(DType::U8, {}),
+                          t(DType::U8, {2, 3}));
+       },
+       Status::InvalidArgument,
+       {"qlinear_add: a_zero_point", "i8", "u8"}},
+      {[&] {
+         ops::qlinear_add(t(DType::F32, {2, 3}), t(DType::F32, {}), t(DType::F32, {}), t(DType::U8, {2, 3}),
+                          t(DType::F32, {}), t(DType::U8, {}), t(DType::F32, {}), t(DType::U8, {}),
+                          t(DType::U8, {2, 3}));
+       },
+       Status::InvalidArgument,
+       {"qlinear_add: a is f32"}},
+      {[&] {
+         ops::qlinear_add(t(DType::U8, {2, 3}), t(DType::F32, {}), t(DType::U8, {}), t(DType::U8, {4}),
+                          t(DType::F32, {}), t(DType::U8, {}), t(DType::F32, {}), t(DType::U8, {}),
+                          t(DType::U8, {2, 3}));
+       },
+       Status::InvalidArgument,
+       {"qlinear_add: b"}},
+      {[&] {
          ops::quantize(t(DType::F32, {2, 3}), t(DType::F32, {2}), std::nullopt, t(DType::U8, {2, 3}), 1);
        },
        Status::InvalidArgument,

@@ -91,5 +91,44 @@ TEST_P(Ops, DequantizePerTensorAndPerAxis) {
       }
 }
 
+// qlinear_add: the bits of dequantize, an f32 add and quantize in a row,
+// for every signedness of a, b and y; dense operands (the vector kernel,
+// lengths with tails), b broadcast and a strided (one element at a time).
+TEST_P(Ops, QLinearAddIsDequantizeAddQuantizeInF32) {
+  for (DType at : {DType::U8, DType::I8})
+    for (DType bt : {DType::U8, DType::I8})
+      for (DType yt : {DType::U8, DType::I8})
+        for (int variant = 0; variant < 3; ++variant) {
+          const Shape ys{rng_.integer(1, 4), rng_.integer(1, 70)};
+          const Shape bs = variant == 1 ? Shape{1, ys[1]} : ys;
+          const Host a = rand_int(rng_, at, ys), b = rand_int(rng_, bt, bs);
+          // Powers of two make exact ties; then any scales.
+          auto scale = [&] {
+            return rng_.coin() ? std::ldexp(1.0, static_cast<int>(rng_.integer(-6, 1))) : f32(rng_.uniform(0.002, 0.3));
+          };
+          Host sa(DType::F32, {}), sb(DType::F32, {}), sy(DType::F32, {});
+          sa.v = {scale()};
+          sb.v = {scale()};
+          sy.v = {scale()};
+          const Host za = rand_int(rng_, at, {}), zb = rand_int(rng_, bt, {}), zy = rand_int(rng_, yt, {});
+          std::vector<double> want;
+          for_each_index(ys, [&](const Shape& idx, std::int64_t lin) {
+            const double av = a.v[static_cast<std::size_t>(lin)];
+            const double bv = b.v[static_cast<std::size_t>(variant == 1 ? idx[1] : lin)];
+            const double fa = f32((av - za.v[0]) * sa.v[0]), fb = f32((bv - zb.v[0]) * sb.v[0]);
+            want.push_back(quantize_ref(f32(fa + fb), DType::F32, sy.v[0], static_cast<std::int64_t>(zy.v[0]), yt));
+          });
+          const Tensor ta = variant == 2 ? lab().upload_view(a, {1, ys[0]}, 3) : lab().upload(a);
+          const Tensor y = lab().output(yt, ys);
+          const Host got =
+              lab().run(ops::qlinear_add(ta, lab().upload(sa), lab().upload(za), lab().upload(b), lab().upload(sb),
+                                         lab().upload(zb), lab().upload(sy), lab().upload(zy), y),
+                        y);
+          expect_exact("qlinear_add " + std::string(to_string(at)) + " + " + to_string(bt) + " -> " + to_string(yt) +
+                           " " + dims(ys) + " variant " + std::to_string(variant),
+                       got, want);
+        }
+}
+
 }  // namespace
 }  // namespace tpuhal::ops_test

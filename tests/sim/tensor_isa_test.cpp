@@ -575,6 +575,42 @@ TEST(TensorIsa, QuantizeAndDequantizeLoopsMatchTheScalarRulesAtEveryLevel) {
   }
 }
 
+// qadd_8 (the qlinear_add op): dequantize, add and quantize with the
+// scalar rules, each step one f32 operation, at every level, for every
+// signedness and lengths with tails; every pair of bytes in the first run.
+TEST(TensorIsa, QuantizedAddLoopMatchesTheScalarRulesAtEveryLevel) {
+  std::vector<std::uint8_t> a, b;
+  for (int x = 0; x < 256; ++x)
+    for (int y = 0; y < 256; ++y) {
+      a.push_back(static_cast<std::uint8_t>(x));
+      b.push_back(static_cast<std::uint8_t>(y));
+    }
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const simd::Kernels& k = simd::kernels(isa);
+    // Powers of two give exact ties; 0.0371 and 0.013 do not.
+    for (const simd::QAddParams p : {simd::QAddParams{false, false, 0.5f, 0.25f, 1.0f, 128, 3, 7, 0, 255},
+                                     simd::QAddParams{true, false, 0.0371f, 0.013f, 0.05f, -5, 128, 0, 0, 255},
+                                     simd::QAddParams{false, true, 0.02f, 0.125f, 0.0625f, 0, -128, -3, -128, 127},
+                                     simd::QAddParams{true, true, 3.0f, 2.0f, 0.5f, 127, -128, 100, -128, 127}})
+      for (const std::size_t n : {a.size(), std::size_t{1}, std::size_t{7}, std::size_t{33}}) {
+        std::vector<std::uint8_t> got(n, 0xAA);
+        k.qadd_8(a.data(), b.data(), got.data(), n, p);
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::int32_t x = p.a_signed ? static_cast<std::int8_t>(a[i]) : a[i];
+          const std::int32_t y = p.b_signed ? static_cast<std::int8_t>(b[i]) : b[i];
+          volatile float fa = static_cast<float>(x - p.a_zero) * p.a_scale;
+          volatile float fb = static_cast<float>(y - p.b_zero) * p.b_scale;
+          volatile float sum = fa + fb;
+          volatile float quotient = sum / p.y_scale;
+          const std::int32_t q = round_saturate(quotient, INT32_MIN / 2, INT32_MAX / 2) + p.y_zero;
+          ASSERT_EQ(got[i], static_cast<std::uint8_t>(std::min(std::max(q, p.lo), p.hi)))
+              << x << " and " << y << " (" << i << " of " << n << ")";
+        }
+      }
+  }
+}
+
 // The versions the entry points run follow the level, not the CPU alone:
 // capped at the lowest level every entry point runs its baseline version,
 // at the top its top one, and at each level between the version that level
@@ -602,7 +638,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 20u);
+  ASSERT_EQ(simd::entry_points().size(), 21u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

@@ -233,6 +233,38 @@ def test_gather_takes_along_an_axis_and_refuses_an_index_outside_it(dev):
         failing.run(ops.gather(tx, bad, y, axis=1)).submit().wait()
 
 
+def qlinear_add_ref(a, sa, za, b, sb, zb, sy, zy, dtype):
+    """dequantize, add and quantize, each step in float32 (halves to even)."""
+    f32 = np.float32
+    fa = (a.astype(np.int32) - za).astype(f32) * f32(sa)
+    fb = (b.astype(np.int32) - zb).astype(f32) * f32(sb)
+    q = np.rint((fa + fb) / f32(sy)).astype(np.int64) + zy
+    info = np.iinfo(dtype)
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+def test_qlinear_add_is_dequantize_add_quantize_in_f32(dev, queue):
+    rng = np.random.default_rng(12)
+    a = rng.integers(0, 256, (2, 5, 7, 3), dtype=np.uint8)
+    b = rng.integers(-128, 128, (1, 1, 7, 3), dtype=np.int8)  # broadcast over N and H
+    sa, za, sb, zb, sy, zy = 0.05, 128, 0.02, -3, 0.07, 10
+
+    def scalar(v, dtype):
+        return tpuhal.Tensor(dev.upload(np.array(v, dtype)))
+
+    for out in (np.uint8, np.int8):
+        y = dev.tensor(a.shape, "u8" if out is np.uint8 else "i8")
+        queue.run(ops.qlinear_add(tpuhal.Tensor(dev.upload(a)), scalar(sa, np.float32), scalar(za, np.uint8),
+                                  tpuhal.Tensor(dev.upload(b)), scalar(sb, np.float32), scalar(zb, np.int8),
+                                  scalar(sy, np.float32), scalar(zy, out), y)).submit().wait()
+        np.testing.assert_array_equal(y.download(), qlinear_add_ref(a, sa, za, b, sb, zb, sy, zy, out))
+    y = dev.tensor(a.shape, "u8")
+    with pytest.raises(tpuhal.InvalidArgument, match="qlinear_add: a_scale must be one value"):
+        ops.qlinear_add(tpuhal.Tensor(dev.upload(a)), tpuhal.Tensor(dev.upload(np.ones(3, np.float32))),
+                        scalar(za, np.uint8), tpuhal.Tensor(dev.upload(b)), scalar(sb, np.float32),
+                        scalar(zb, np.int8), scalar(sy, np.float32), scalar(zy, np.uint8), y)
+
+
 def test_every_op_has_its_stub():
     import ast
     import pathlib

@@ -445,4 +445,42 @@ void dequantize(TensorEngine& e, const View* v) {
   });
 }
 
+void qlinear_add(TensorEngine& e, const View* v) {
+  const View &a = v[0], &b = v[3], &y = v[8];
+  // Every scale and zero point is one value (the decoder's rule).
+  simd::QAddParams p{};
+  p.a_signed = a.dtype == fw::DType::kI8;
+  p.b_signed = b.dtype == fw::DType::kI8;
+  p.a_scale = load_float(v[1].data, fw::DType::kF32);
+  p.b_scale = load_float(v[4].data, fw::DType::kF32);
+  p.y_scale = load_float(v[6].data, fw::DType::kF32);
+  p.a_zero = static_cast<std::int32_t>(load_int(v[2].data, v[2].dtype));
+  p.b_zero = static_cast<std::int32_t>(load_int(v[5].data, v[5].dtype));
+  p.y_zero = static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype));
+  p.lo = int_min(y.dtype);
+  p.hi = int_max(y.dtype);
+  const auto* pa = reinterpret_cast<const std::uint8_t*>(a.data);
+  const auto* pb = reinterpret_cast<const std::uint8_t*>(b.data);
+  auto* py = reinterpret_cast<std::uint8_t*>(y.data);
+  if (a.contiguous() && b.contiguous() && y.contiguous()) {
+    e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
+      simd::qadd_8(pa + begin, pb + begin, py + begin, end - begin, p);
+    });
+    return;
+  }
+  // Broadcast or strided operands: one element at a time, the same
+  // arithmetic (the kernel's, on one element).
+  const View* views[3] = {&y, &a, &b};
+  e.pool().parallel_for(
+      y.elements(),
+      [&](std::uint64_t begin, std::uint64_t end) {
+        for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
+          simd::qadd_8(reinterpret_cast<const std::uint8_t*>(a.at(off[1])),
+                       reinterpret_cast<const std::uint8_t*>(b.at(off[2])),
+                       reinterpret_cast<std::uint8_t*>(y.at(off[0])), 1, p);
+        });
+      },
+      16384);
+}
+
 }  // namespace tpuhal::sim::tensor

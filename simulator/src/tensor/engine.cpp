@@ -333,6 +333,7 @@ fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
     case fw::OpKind::kConvTranspose2d: conv_transpose2d(*this, std::get<fw::ConvAttrs>(op.attrs), v); break;
     case fw::OpKind::kWhere: where(*this, v); break;
     case fw::OpKind::kGather: return gather(*this, std::get<fw::GatherAttrs>(op.attrs), v);
+    case fw::OpKind::kQLinearAdd: qlinear_add(*this, v); break;
     case fw::OpKind::kInvalid: return {fw::CmdStatus::kBadArgument, fw::kFieldOpKind, 0};
   }
   return {};

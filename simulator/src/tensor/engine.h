@@ -141,6 +141,9 @@ void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& a, const View* v);
 void softmax(TensorEngine& e, const fw::SoftmaxAttrs& a, const View* v);
 void quantize(TensorEngine& e, const View* v);
 void dequantize(TensorEngine& e, const View* v);
+// A, AScale, AZeroPoint, B, BScale, BZeroPoint, YScale, YZeroPoint, Y: the
+// bits of dequantize, an f32 add and quantize in a row, at every level.
+void qlinear_add(TensorEngine& e, const View* v);
 void resize(TensorEngine& e, const fw::ResizeAttrs& a, const View* v);
 void color_convert(TensorEngine& e, const fw::ColorConvertAttrs& a, const View* v);
 void top_k(TensorEngine& e, const fw::TopKAttrs& a, const View* v);

@@ -120,6 +120,9 @@ void quantize_f32(const float* in, std::uint8_t* out, std::size_t n, float scale
 void dequantize_8(const std::uint8_t* in, float* out, std::size_t n, bool is_signed, float scale, std::int32_t zero) {
   active().dequantize_8(in, out, n, is_signed, scale, zero);
 }
+void qadd_8(const std::uint8_t* a, const std::uint8_t* b, std::uint8_t* out, std::size_t n, const QAddParams& p) {
+  active().qadd_8(a, b, out, n, p);
+}
 void max_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride) {
   active().max_strided_f32(out, in, n, stride);
 }

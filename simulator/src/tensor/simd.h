@@ -41,6 +41,16 @@ void quantize_f32(const float* in, std::uint8_t* out, std::size_t n, float scale
                   std::int32_t hi);
 void dequantize_8(const std::uint8_t* in, float* out, std::size_t n, bool is_signed, float scale, std::int32_t zero);
 
+// The qlinear_add op over dense bytes: each of a and b dequantized as
+// dequantize_8 does, the two added in f32, the sum quantized as
+// quantize_f32 does: the bits of those three ops in a row.
+struct QAddParams {
+  bool a_signed, b_signed;
+  float a_scale, b_scale, y_scale;
+  std::int32_t a_zero, b_zero, y_zero, lo, hi;
+};
+void qadd_8(const std::uint8_t* a, const std::uint8_t* b, std::uint8_t* out, std::size_t n, const QAddParams& p);
+
 // Pooling's per-tap steps over a row of outputs: in[i * stride] into out[i].
 // max: the larger, a NaN in either kept (in's when in is NaN); add: +=.
 void max_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride);
@@ -91,6 +101,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(requantize_u8)                  \
   X(quantize_f32)                   \
   X(dequantize_8)                   \
+  X(qadd_8)                         \
   X(max_strided_f32)                \
   X(add_strided_f32)                \
   X(madd_strided_f32)               \

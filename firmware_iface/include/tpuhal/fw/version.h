@@ -41,8 +41,9 @@ struct Version {
 // (kCapModelledTime: timestamps and the TIME registers keep the board's
 // timing model's time, timing.h). 1.10 the elementwise modes
 // ElementwiseOp::kCeil, kFloor and kRound (tensor.h). 1.11 the op kind
-// kGather (op_kinds.inc, GatherAttrs in tensor.h).
-inline constexpr Version kInterfaceVersion{1, 11};
+// kGather (op_kinds.inc, GatherAttrs in tensor.h). 1.12 the op kind
+// kQLinearAdd (op_kinds.inc).
+inline constexpr Version kInterfaceVersion{1, 12};
 inline constexpr std::uint16_t kMinorOutOfMemory = 8;
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a
