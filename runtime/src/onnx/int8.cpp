@@ -157,4 +157,41 @@ void Lowerer::qconv(const Node& n, std::int64_t xv, const std::string& x, const 
   }
 }
 
+bool Lowerer::qadd(const Node& n) {
+  if (!int8() || n.op != "Add" || !nhwc_island(n, {n.inputs[0], n.inputs[1]})) return false;
+  for (const auto& x : n.inputs)
+    if (reps.at(x).primary != DType::U8) return false;  // an f32 island's value: exact only there
+  const auto has_q = [&](const std::string& v) { return fixed_q.count(v) || (ranges && ranges->count(v)); };
+  // A Relu that is the sum's only consumer: quantized to the Relu's range,
+  // which applies it (its lower bound quantizes to level 0).
+  const Node* relu = nullptr;
+  std::size_t uses = 0;
+  for (const auto& c : g.nodes)
+    for (const auto& x : c.inputs)
+      if (x == n.output) ++uses, relu = &c;
+  for (const auto& o : g.outputs) uses += o.second == n.output;
+  if (uses != 1 || relu->op != "Relu" || keep_fp16.count(relu->name) || !has_q(relu->output) ||
+      !applied_by_range(ActivationParams::relu(), range_q(relu->output)))
+    relu = nullptr;
+  const std::string& sum = relu ? relu->output : n.output;
+  if (!has_q(sum)) return false;
+  for (const auto& x : n.inputs) ensure_q_tensors(reps.at(x));
+  const Rep &a = reps.at(n.inputs[0]), &b = reps.at(n.inputs[1]);
+  const auto y = produce_nhwc(sum, shape_of(sum), range_q(sum));
+  Rep& r = reps.at(sum);
+  ensure_q_tensors(r);
+  op("qlinear_add", n.name,
+     {{"a", a.nhwc},
+      {"a_scale", a.q_scale},
+      {"a_zero_point", a.q_zero},
+      {"b", b.nhwc},
+      {"b_scale", b.q_scale},
+      {"b_zero_point", b.q_zero},
+      {"y_scale", r.q_scale},
+      {"y_zero_point", r.q_zero},
+      {"y", y}});
+  if (relu) fused_into_producer.insert(relu->name);
+  return true;
+}
+
 }  // namespace tpuhal::rt::detail

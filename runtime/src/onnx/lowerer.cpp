@@ -292,6 +292,7 @@ std::int64_t Lowerer::produce_nhwc_f32(const std::string& v, const std::vector<s
 }
 
 void Lowerer::lower_node(const Node& n) {
+  if (fused_into_producer.count(n.name)) return;
   if (precision == Precision::Int8 && keep_fp16.count(n.name)) {  // as in an fp16 model, or fp32
     const DType saved = act;
     const bool f16 = !ranges || fp16_holds(n, *ranges);

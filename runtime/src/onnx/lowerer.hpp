@@ -6,6 +6,7 @@
 // first and the outputs cast back last. int8: Conv, Gemm and MatMul by a
 // constant as qlinear_conv over u8 activations (4-D ones NHWC) and
 // per-output-channel i8 weights, MaxPool and reshapes on u8 as they are,
+// an Add of two u8 NHWC values as qlinear_add (with a Relu after it),
 // everything else in f32 between a dequantize and a quantize; element-wise
 // ops between NHWC values stay NHWC, in f32 (docs/runtime.md).
 #pragma once
@@ -136,6 +137,12 @@ struct Lowerer {
   // A layer of an int8 Q/DQ model that runs in float whatever its pairs
   // say (a 1-D convolution): kept with the reason, as qdq_int8 keeps it.
   void qdq_float(const Node& n, const char* why);
+
+  // int8: Add `n` of two activations held u8 NHWC as qlinear_add into u8
+  // NHWC, with the Relu after it (its only consumer) applied by the Relu's
+  // range; false (nothing emitted) where it does not apply (int8.cpp).
+  bool qadd(const Node& n);
+  std::set<std::string> fused_into_producer;  // nodes qadd lowered with their producer
 
   void lower_node(const Node& n);
   void run();
