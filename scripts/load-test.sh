@@ -26,12 +26,13 @@
 #                 it fails. scripts/test.sh builds and runs its
 #                 ThreadSanitizer, fuzzing and arm64 steps so, in place of
 #                 spinning.
-#   --then CMD    in the first run, after the tests and before waiting for
-#                 --alongside's CMD, run this one (a shell command; its
-#                 output goes to stderr), and fail if it fails: work that
-#                 does not depend on timing fills the time the alongside
-#                 work still needs. scripts/test.sh runs the tensor tests
-#                 at every instruction-set level so.
+#   --then CMD    in the first run, after the tests, run this one (a shell
+#                 command; its output goes to stderr) beside what still runs
+#                 --alongside, whose busy processes stop as soon as that is
+#                 done, and fail if it fails: work that does not depend on
+#                 timing fills the time the alongside work still needs.
+#                 scripts/test.sh runs the tensor tests at every
+#                 instruction-set level so.
 #   --skipped     print the regular expression of the tests a run leaves
 #                 out (below) and exit
 #
@@ -118,7 +119,8 @@ stop_alongside() {
   st=$(cat "$logs/alongside.status" 2>/dev/null || echo 1)
   return "$st"
 }
-trap 'stop_hogs; [[ -z $along_pid ]] || kill -- -"$along_pid" 2>/dev/null || true' EXIT
+then_pid=
+trap 'stop_hogs; [[ -z $along_pid ]] || kill -- -"$along_pid" 2>/dev/null || true; [[ -z $then_pid ]] || kill "$then_pid" 2>/dev/null || true' EXIT
 
 # The sanitizers' settings scripts/test.sh runs with.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
@@ -154,12 +156,13 @@ for ((run = 1; run <= runs; ++run)); do
     pass --repeat until-fail:"$repeat" -R "$families" || status=1
   fi
   stop_hogs
+  # --then's CMD beside what still runs alongside, whose busy processes are
+  # stopped as soon as it is done (below), so that CMD finishes quietly.
+  then_pid=
   if [[ -n $then ]] && ((run == 1)); then
     echo "load-test: then: $then" >&2
-    if ! bash -c "$then" >&2; then
-      echo "load-test: failed: $then" >&2
-      any_failed=1
-    fi
+    bash -c "$then" >&2 &
+    then_pid=$!
   fi
   if [[ -n $along_pid ]]; then
     echo "load-test: waiting for what ran alongside (log: $logs/alongside.log)" >&2
@@ -168,6 +171,14 @@ for ((run = 1; run <= runs; ++run)); do
       tail -n 100 "$logs/alongside.log" >&2
       any_failed=1
     fi
+  fi
+  if [[ -n $then_pid ]]; then
+    if ! wait "$then_pid"; then
+      echo "load-test: failed: $then" >&2
+      any_failed=1
+      status=1
+    fi
+    then_pid=
   fi
   for t in "${fails[@]}"; do
     failed[$t]=$((${failed[$t]:-0} + 1))
