@@ -325,12 +325,13 @@ void check_rules(const fw::OpBlock& b) {
       break;
     }
     case fw::OpKind::kGather: {
-      // X, Indices (i32), Y in X's dtype: X's dimensions before the axis,
+      // X, Indices (i32, u8 or i8), Y in X's dtype: X's dimensions before the axis,
       // then Indices' dimensions, then X's after it.
       const auto& at = std::get<fw::GatherAttrs>(b.attrs);
       const fw::TensorRef &x = t[0], &idx = t[1];
       RULE(at.reserved[0] == 0 && at.reserved[1] == 0 && at.reserved[2] == 0);
-      RULE(idx.dtype == 6 && y.dtype == x.dtype && at.axis < x.rank && y.rank + 1 == x.rank + idx.rank);
+      RULE((idx.dtype == 6 || is_int8(idx.dtype)) && y.dtype == x.dtype && at.axis < x.rank &&
+           y.rank + 1 == x.rank + idx.rank);
       std::uint64_t want[2 * fw::kMaxRank] = {};
       std::uint32_t n = 0;
       for (std::uint32_t d = 0; d < x.rank; ++d) {

@@ -217,7 +217,7 @@ KINDS = [
          cost=("per_output",), cycles=1, peak=None, builders=["where"], doc="Y = Cond ? A : B, elementwise."),
     dict(name="Gather", id="gather", minor=11, tensors=["X", "Indices", "Y"], fw_attrs="GatherAttrs",
          attrs="GatherAttrs", cost=("per_output",), cycles=1, peak=None, builders=["gather"],
-         doc="Y = X indexed along one axis by Indices (i32; negative counts from the end)."),
+         doc="Y = X indexed along one axis by Indices (i32, u8 or i8; negative counts from the end)."),
     dict(name="QLinearAdd", id="qlinear_add", minor=12,
          tensors=["A", "AScale", "AZeroPoint", "B", "BScale", "BZeroPoint", "YScale", "YZeroPoint", "Y"],
          fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("per_output",), cycles=4, peak=None, builders=["qlinear_add"],

@@ -532,15 +532,16 @@ bool check_qlinear_add(Check& c, const OpBlock& b, const QuantAttrs& at) {
   return true;
 }
 
-// X, Indices (i32), Y: see GatherAttrs. Y is X's shape with the axis
-// replaced by Indices' shape, in X's dtype. Which indices are in range is
+// X, Indices (i32, or since 1.12 u8 or i8), Y: see GatherAttrs. Y is X's
+// shape with the axis replaced by Indices' shape, in X's dtype. Which indices are in range is
 // the kernel's question (it reads them).
 bool check_gather(Check& c, const OpBlock& b, const GatherAttrs& at) {
   const TensorRef &x = b.tensors[0], &idx = b.tensors[1];
   for (std::uint32_t i = 0; i < 3; ++i)
     if (at.reserved[i])
       return c.fail(CmdStatus::kReservedNotZero, attr_field(offsetof(GatherAttrs, reserved) + 4 * i), at.reserved[i]);
-  if (!expect_dtype(c, b, 1, dt(idx) == DType::kI32) || !expect_dtype(c, b, 2, dt(b.tensors[2]) == dt(x)) ||
+  if (!expect_dtype(c, b, 1, dt(idx) == DType::kI32 || is_int8(dt(idx))) ||
+      !expect_dtype(c, b, 2, dt(b.tensors[2]) == dt(x)) ||
       !expect_attr(c, offsetof(GatherAttrs, axis), x.rank > 0 && at.axis < x.rank, at.axis, x.rank))
     return false;
   const std::uint32_t rank = x.rank - 1 + idx.rank;

@@ -764,7 +764,7 @@ Op where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& y) 
 
 Op gather(const Tensor& x, const Tensor& indices, const Tensor& y, std::int64_t axis) {
   Builder b(driver::OpKind::Gather, "gather");
-  b.dtype_in(indices, "indices", {DType::I32});
+  b.dtype_in(indices, "indices", {DType::I32, DType::U8, DType::I8});
   b.same_dtype(y, "y", x, "x");
   const auto rank = static_cast<std::int64_t>(x.rank());
   if (rank == 0 || axis < -rank || axis >= rank)

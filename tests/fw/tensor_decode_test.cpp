@@ -305,7 +305,7 @@ TEST(FwTensorOp, QLinearAddTakesBytesAndOneScaleAndZeroPointEach) {
   EXPECT_EQ(problem_of(block(OpKind::kQLinearAdd, t, a)).status, CmdStatus::kReservedNotZero);
 }
 
-TEST(FwTensorOp, GatherTakesI32IndicesAndGivesXsShapeWithTheAxisReplaced) {
+TEST(FwTensorOp, GatherTakesI32OrByteIndicesAndGivesXsShapeWithTheAxisReplaced) {
   GatherAttrs a{};
   a.axis = 1;
   auto gather = [&](DType idx, DType y, std::vector<std::uint64_t> ys) {
@@ -313,7 +313,11 @@ TEST(FwTensorOp, GatherTakesI32IndicesAndGivesXsShapeWithTheAxisReplaced) {
                  {tensor(0x1000, DType::kBF16, {3, 10, 4}), tensor(0x2000, idx, {2, 5}), tensor(0x3000, y, ys)}, a);
   };
   EXPECT_TRUE(decode_op(gather(DType::kI32, DType::kBF16, {3, 2, 5, 4})).ok());
-  EXPECT_EQ(problem_of(gather(DType::kI8, DType::kBF16, {3, 2, 5, 4})).field, tensor_field(1, TensorAspect::kDType));
+  // Byte indices (1.12): a table lookup.
+  EXPECT_TRUE(decode_op(gather(DType::kI8, DType::kBF16, {3, 2, 5, 4})).ok());
+  EXPECT_TRUE(decode_op(gather(DType::kU8, DType::kBF16, {3, 2, 5, 4})).ok());
+  EXPECT_EQ(problem_of(gather(DType::kF32, DType::kBF16, {3, 2, 5, 4})).field, tensor_field(1, TensorAspect::kDType));
+  EXPECT_EQ(problem_of(gather(DType::kF16, DType::kBF16, {3, 2, 5, 4})).field, tensor_field(1, TensorAspect::kDType));
   EXPECT_EQ(problem_of(gather(DType::kI32, DType::kF32, {3, 2, 5, 4})).field, tensor_field(2, TensorAspect::kDType));
   EXPECT_EQ(problem_of(gather(DType::kI32, DType::kBF16, {3, 10, 4})).field, tensor_field(2, TensorAspect::kRank));
   const Problem p = problem_of(gather(DType::kI32, DType::kBF16, {3, 2, 4, 4}));

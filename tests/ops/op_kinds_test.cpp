@@ -16,6 +16,7 @@
 #include "impl.hpp"  // hal/src: OpAccess
 #include "tpuhal/driver/op_desc.hpp"
 #include "tpuhal/fw/decode.h"
+#include "tpuhal/fw/version.h"
 #include "tpuhal/tpuhal.hpp"
 
 // A kind added to the table without its sample below does not build.
@@ -273,6 +274,19 @@ std::vector<OpKind> all_kinds() {
   std::vector<OpKind> kinds;
   for (const auto& k : driver::kOpKinds) kinds.push_back(k.kind);
   return kinds;
+}
+
+// A gather by byte indices (a table lookup) came in 1.12, after the kind:
+// the driver asks that minor of the board for it, and the kind's for i32.
+TEST_F(OpKinds, GatherByByteIndicesNeedsTheMinorTheyCameIn) {
+  Tensor y = output(DType::F32, {2});
+  for (DType t : {DType::U8, DType::I8, DType::I32}) {
+    const Op op = ops::gather(input(DType::F32, {3}, 1), input(t, {2}, 1), y);
+    EXPECT_EQ(tpu::required_minor(*OpAccess::desc(op)),
+              t == DType::I32 ? driver::op_kind_info(OpKind::Gather).minor : fw::kMinorGatherByteIndices)
+        << to_string(t);
+  }
+  EXPECT_GT(fw::kMinorGatherByteIndices, driver::op_kind_info(OpKind::Gather).minor);
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, OpKinds, ::testing::ValuesIn(all_kinds()),

@@ -163,8 +163,10 @@ TEST_P(Ops, GatherEveryDtypeAxisAndIndexRankWithNegativeIndices) {
       Shape is(
           static_cast<std::size_t>(rng_.integer(0, std::min<std::int64_t>(2, 7 - static_cast<std::int64_t>(rank)))));
       for (auto& d : is) d = rng_.integer(1, 4);
-      Host idx(DType::I32, is);
-      for (auto& v : idx.v) v = static_cast<double>(rng_.integer(-s[axis], s[axis] - 1));
+      // i32, u8 (from 0: a u8 index is never negative) and i8 indices in turn.
+      const DType it_dt = round % 3 == 0 ? DType::I32 : round % 3 == 1 ? DType::U8 : DType::I8;
+      Host idx(it_dt, is);
+      for (auto& v : idx.v) v = static_cast<double>(rng_.integer(it_dt == DType::U8 ? 0 : -s[axis], s[axis] - 1));
       const Host x = is_float(dt) ? rand(dt, s, -9, 9) : rand_int(rng_, dt, s);
       Shape ys(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(axis));
       ys.insert(ys.end(), is.begin(), is.end());
@@ -187,9 +189,36 @@ TEST_P(Ops, GatherEveryDtypeAxisAndIndexRankWithNegativeIndices) {
                                           : static_cast<std::int64_t>(axis);
       lab().run(ops::gather(xt, it, y, ax));
       expect_exact(std::string("gather ") + to_string(dt) + " x " + dims(s) + " axis " + std::to_string(axis) +
-                       " indices " + dims(is) + (round % 2 ? " (x strided)" : ""),
+                       " indices " + to_string(it_dt) + dims(is) + (round % 2 ? " (x strided)" : ""),
                    lab().download(y), ref_gather(x, idx, axis));
     }
+}
+
+// Byte indices into a table (interface 1.12): every u8 into 256 entries,
+// i8 ones as two's complement (-1 the last entry) into 256 and 300 entries,
+// dense (the engine's lookup loop) and strided; a u8 index past a short
+// table fails as any index outside the axis does.
+TEST_P(Ops, GatherByByteIndicesIsATableLookup) {
+  for (const std::int64_t entries : {256, 300})
+    for (DType it_dt : {DType::U8, DType::I8})
+      for (const bool strided : {false, true}) {
+        if (it_dt == DType::U8 && entries != 256) continue;
+        const Host table = rand_int(rng_, DType::U8, {entries});
+        const Host idx = rand_int(rng_, it_dt, {3, 701});
+        const Tensor y = lab().output(DType::U8, {3, 701});
+        const Tensor ti = strided ? lab().upload_view(idx, {1, 3}, 2) : lab().upload(idx);
+        lab().run(ops::gather(lab().upload(table), ti, y));
+        expect_exact("gather u8[" + std::to_string(entries) + "] by " + to_string(it_dt) + (strided ? " strided" : ""),
+                     lab().download(y), ref_gather(table, idx, 0));
+      }
+  Host idx(DType::U8, {2});
+  idx.v = {3, 200};
+  const Tensor y = lab().output(DType::F32, {2});
+  const Op op = ops::gather(lab().upload(rand(DType::F32, {10})), lab().upload(idx), y);
+  const std::string msg = message_of([&] { lab().q.run(op).submit().wait(); });
+  lab().q = Queue();
+  lab().q = lab().dev.queue(Engine::Compute);
+  EXPECT_THAT(msg, HasSubstr("holds the index 200, outside [-10, 10)"));
 }
 
 // An index outside the axis fails the op when it runs, names the index and
@@ -335,9 +364,9 @@ TEST_P(Ops, SelectionOpsRefuseBadOperandsByName) {
       message_of([&] { ops::where(t(DType::U8, {4}), t(DType::F32, {3}), t(DType::F32, {3}), t(DType::F32, {3})); }),
       HasSubstr("where: cond has shape [4], which does not broadcast to [3]"));
   EXPECT_THAT(message_of([&] {
-                ops::gather(t(DType::F32, {4, 3}), t(DType::I8, {2}), t(DType::F32, {2, 3}));
+                ops::gather(t(DType::F32, {4, 3}), t(DType::F16, {2}), t(DType::F32, {2, 3}));
               }),
-              HasSubstr("gather: indices is i8; supported: i32"));
+              HasSubstr("gather: indices is f16; supported: i32, u8, i8"));
   EXPECT_THAT(message_of([&] {
                 ops::gather(t(DType::F32, {4, 3}), t(DType::I32, {2}), t(DType::F16, {2, 3}));
               }),

@@ -294,7 +294,8 @@ void bind_builders(py::module_& ops) {
         return finish(ops::gather(x.tensor, indices.tensor, y.tensor, axis), {&x, &indices, &y});
       },
       py::arg("x"), py::arg("indices"), py::arg("y"), py::kw_only(), py::arg("axis") = 0,
-      "y = x indexed along axis by indices (i32), as numpy.take: y has x's shape with that axis replaced by "
+      "y = x indexed along axis by indices (i32, u8 or i8: a table lookup), as numpy.take: y has x's shape with that "
+      "axis replaced by "
       "indices' shape, in x's dtype (any). Each index lies in [-n, n) for the axis's length n (negative "
       "ones count from the end); the board checks them when the op runs, and one outside fails the "
       "submission without writing y.");

@@ -225,7 +225,12 @@ def test_gather_takes_along_an_axis_and_refuses_an_index_outside_it(dev):
     row = dev.tensor((2,), "i32")
     queue.run(ops.gather(tpuhal.Tensor(dev.upload(table)), tpuhal.Tensor(dev.upload(ids)), row)).submit().wait()
     np.testing.assert_array_equal(row.download(), table[7])
-    with pytest.raises(tpuhal.InvalidArgument, match="gather: indices is f32; supported: i32"):
+    lut = np.arange(255, -1, -1, dtype=np.uint8)  # a table lookup by byte indices
+    codes = np.array([[0, 7, 255], [128, 1, 2]], np.uint8)
+    looked = dev.tensor(codes.shape, "u8")
+    queue.run(ops.gather(tpuhal.Tensor(dev.upload(lut)), tpuhal.Tensor(dev.upload(codes)), looked)).submit().wait()
+    np.testing.assert_array_equal(looked.download(), lut[codes])
+    with pytest.raises(tpuhal.InvalidArgument, match="gather: indices is f32; supported: i32, u8, i8"):
         ops.gather(tx, tx, y)
     bad = tpuhal.Tensor(dev.upload(np.array([[0, 6, 0], [0, 0, 0]], np.int32)))
     failing = dev.queue("compute")

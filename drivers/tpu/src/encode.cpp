@@ -5,6 +5,7 @@
 
 #include "device_impl.h"
 #include "tpuhal/fw/tensor.h"
+#include "tpuhal/fw/version.h"
 
 namespace tpuhal::tpu {
 namespace {
@@ -196,6 +197,7 @@ std::uint16_t required_minor(const driver::OpDesc& op) {
     at_least(driver::introduced_in(r->nearest));
   }
   if (const auto* c = std::get_if<driver::ColorConvertAttrs>(&op.attrs)) at_least(driver::introduced_in(c->format));
+  if (op.kind == driver::OpKind::Gather && op.tensors[1].dtype != DType::I32) at_least(fw::kMinorGatherByteIndices);
   return need;
 }
 

@@ -247,7 +247,8 @@ TPUHAL_API Op where(const Tensor& cond, const Tensor& a, const Tensor& b, const 
 
 // y = x indexed along `axis` by indices (ONNX Gather, NumPy's take): y's
 // shape is x's with that axis replaced by indices' shape, in x's dtype
-// (any). indices are i32, each in [-n, n) for the axis's length n, a
+// (any). indices are i32, u8 or i8 (bytes: a table lookup; an i8 index is
+// signed, -1 the last entry), each in [-n, n) for the axis's length n, a
 // negative one counting from the end. The board reads them when the op
 // runs: one outside that range fails the op (the batch's error names the
 // index and n), and y is not written.

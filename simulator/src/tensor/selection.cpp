@@ -91,11 +91,26 @@ fw::Problem gather(TensorEngine& e, const fw::GatherAttrs& at, const View* v) {
   const View &x = v[0], &idx = v[1], &y = v[2];
   const std::uint32_t axis = at.axis;
   const auto dim = static_cast<std::int64_t>(x.shape[axis]);
-  auto index = [&](std::uint64_t off) {
-    std::int32_t i;
-    std::memcpy(&i, idx.at(off), 4);
-    return std::int64_t{i};
-  };
+  auto index = [&](std::uint64_t off) { return load_int(idx.at(off), idx.dtype); };  // i32, u8 or i8
+  // A table lookup: dense u8 indices into a dense 1-D table of at least
+  // 256 byte-sized entries, each index in range by its type; i8 ones read
+  // as two's complement bytes index the same entries (-1 is entry 255).
+  if (x.rank == 1 && dim >= 256 && x.esize == 1 && (idx.dtype == fw::DType::kU8 || idx.dtype == fw::DType::kI8) &&
+      x.contiguous() && idx.contiguous() && y.contiguous()) {
+    const auto* table = reinterpret_cast<const std::uint8_t*>(x.data);
+    const auto* in = reinterpret_cast<const std::uint8_t*>(idx.data);
+    auto* out = reinterpret_cast<std::uint8_t*>(y.data);
+    const std::uint64_t last = static_cast<std::uint64_t>(dim) - 256;  // i8: -1 is entry dim - 1
+    const bool is_signed = idx.dtype == fw::DType::kI8;
+    e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
+      if (!is_signed || last == 0) {
+        for (std::uint64_t i = begin; i < end; ++i) out[i] = table[in[i]];
+      } else {
+        for (std::uint64_t i = begin; i < end; ++i) out[i] = table[in[i] + (in[i] >= 128 ? last : 0)];
+      }
+    });
+    return {};
+  }
   // Every index checked before Y is written: a bad one leaves Y as it was.
   const View* iviews[1] = {&idx};
   fw::Problem bad;

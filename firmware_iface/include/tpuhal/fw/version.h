@@ -42,9 +42,11 @@ struct Version {
 // timing model's time, timing.h). 1.10 the elementwise modes
 // ElementwiseOp::kCeil, kFloor and kRound (tensor.h). 1.11 the op kind
 // kGather (op_kinds.inc, GatherAttrs in tensor.h). 1.12 the op kind
-// kQLinearAdd (op_kinds.inc).
+// kQLinearAdd (op_kinds.inc), and u8 and i8 indices for kGather (a table
+// lookup: each byte picks one of 256 entries).
 inline constexpr Version kInterfaceVersion{1, 12};
 inline constexpr std::uint16_t kMinorOutOfMemory = 8;
+inline constexpr std::uint16_t kMinorGatherByteIndices = 12;
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a
 // board advertising `board` agree on, or kBadArgument with field
