@@ -60,8 +60,10 @@ Value infer_clip(Importer& im, Node& n) {
   return out;
 }
 
-// In the activation type, or f32 in an int8 model (NHWC between NHWC values).
+// In the activation type; in an int8 model a table lookup over bytes held
+// NHWC (Lowerer::qtable), else f32 (NHWC between NHWC values).
 void lower_as(Lowerer& l, const Node& n, const ActivationParams& p) {
+  if (l.qtable(n, p)) return;
   if (l.nhwc_island(n, {n.inputs[0]})) {
     const auto x = l.get_nhwc_f32(n.inputs[0]);
     l.op("activation", n.name, {{"x", x}, {"y", l.produce_nhwc_f32(n.output, l.shape_of(n.output))}},

@@ -3,6 +3,7 @@
 // qlinear_conv over u8 NHWC activations (Conv, and Gemm and MatMul by a
 // constant as 1x1 convolutions).
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "onnx/lowerer.hpp"
@@ -157,21 +158,25 @@ void Lowerer::qconv(const Node& n, std::int64_t xv, const std::string& x, const 
   }
 }
 
+const Node* Lowerer::sole_consumer(const std::string& v) const {
+  const Node* only = nullptr;
+  std::size_t uses = 0;
+  for (const auto& c : g.nodes)
+    for (const auto& x : c.inputs)
+      if (x == v) ++uses, only = &c;
+  for (const auto& o : g.outputs) uses += o.second == v;
+  return uses == 1 ? only : nullptr;
+}
+
 bool Lowerer::qadd(const Node& n) {
   if (!int8() || n.op != "Add" || !nhwc_island(n, {n.inputs[0], n.inputs[1]})) return false;
   for (const auto& x : n.inputs)
     if (reps.at(x).primary != DType::U8) return false;  // an f32 island's value: exact only there
-  const auto has_q = [&](const std::string& v) { return fixed_q.count(v) || (ranges && ranges->count(v)); };
   // A Relu that is the sum's only consumer: quantized to the Relu's range,
   // which applies it (its lower bound quantizes to level 0).
-  const Node* relu = nullptr;
-  std::size_t uses = 0;
-  for (const auto& c : g.nodes)
-    for (const auto& x : c.inputs)
-      if (x == n.output) ++uses, relu = &c;
-  for (const auto& o : g.outputs) uses += o.second == n.output;
-  if (uses != 1 || relu->op != "Relu" || keep_fp16.count(relu->name) || !has_q(relu->output) ||
-      !applied_by_range(ActivationParams::relu(), range_q(relu->output)))
+  const Node* relu = sole_consumer(n.output);
+  if (relu && (relu->op != "Relu" || keep_fp16.count(relu->name) || !has_q(relu->output) ||
+               !applied_by_range(ActivationParams::relu(), range_q(relu->output))))
     relu = nullptr;
   const std::string& sum = relu ? relu->output : n.output;
   if (!has_q(sum)) return false;
@@ -191,6 +196,57 @@ bool Lowerer::qadd(const Node& n) {
       {"y_zero_point", r.q_zero},
       {"y", y}});
   if (relu) fused_into_producer.insert(relu->name);
+  return true;
+}
+
+namespace {
+
+double activated(const ActivationParams& p, double x) {
+  const auto clamp01 = [](double v) { return std::clamp(v, 0.0, 1.0); };
+  switch (p.kind) {
+    case Activation::None: return x;
+    case Activation::Relu: return std::max(x, 0.0);
+    case Activation::Clip: return std::clamp(x, static_cast<double>(p.alpha), static_cast<double>(p.beta));
+    case Activation::Sigmoid: return 1 / (1 + std::exp(-x));
+    case Activation::Silu: return x / (1 + std::exp(-x));
+    case Activation::LeakyRelu: return x < 0 ? p.alpha * x : x;
+    case Activation::Tanh: return std::tanh(x);
+    case Activation::HardSigmoid: return clamp01(p.alpha * x + p.beta);
+    case Activation::HardSwish: return x * clamp01(p.alpha * x + p.beta);
+  }
+  return x;
+}
+
+}  // namespace
+
+bool Lowerer::qtable(const Node& n, const ActivationParams& p) {
+  if (!int8() || !nhwc_island(n, {n.inputs[0]})) return false;
+  const std::string& x = n.inputs[0];
+  if (reps.at(x).primary != DType::U8) return false;
+  ActivationParams f = p;
+  // x * Sigmoid(x): the SiLU, one table into the Mul's output.
+  const Node* mul = p.kind == Activation::Sigmoid ? sole_consumer(n.output) : nullptr;
+  if (mul &&
+      (mul->op != "Mul" || keep_fp16.count(mul->name) || !has_q(mul->output) ||
+       !((mul->inputs[0] == x && mul->inputs[1] == n.output) || (mul->inputs[1] == x && mul->inputs[0] == n.output))))
+    mul = nullptr;
+  if (mul) f = ActivationParams::silu();
+  const std::string& result = mul ? mul->output : n.output;
+  if (!has_q(result)) return false;
+  // Each level of x dequantized (as the board does, in f32), activated in
+  // double, rounded to f32 and quantized as the board's quantize does.
+  const QParams in = reps.at(x).q, to = range_q(result);
+  std::array<std::uint8_t, 256> table{};
+  for (int level = 0; level < 256; ++level) {
+    const float v = static_cast<float>(level - in.zero_point) * in.scale;
+    const auto y = static_cast<float>(activated(f, v));
+    const float q = std::nearbyint(y / to.scale) + static_cast<float>(to.zero_point);
+    table[static_cast<std::size_t>(level)] = static_cast<std::uint8_t>(std::clamp(q, 0.0f, 255.0f));
+  }
+  const auto t = add_raw(DType::U8, {256}, table.data(), table.size());
+  const auto y = produce_nhwc(result, shape_of(result), to);
+  op("gather", n.name, {{"x", t}, {"indices", reps.at(x).nhwc}, {"y", y}}, {{"axis", 0}});
+  if (mul) fused_into_producer.insert(mul->name);
   return true;
 }
 

@@ -6,7 +6,8 @@
 // first and the outputs cast back last. int8: Conv, Gemm and MatMul by a
 // constant as qlinear_conv over u8 activations (4-D ones NHWC) and
 // per-output-channel i8 weights, MaxPool and reshapes on u8 as they are,
-// an Add of two u8 NHWC values as qlinear_add (with a Relu after it),
+// an Add of two u8 NHWC values as qlinear_add (with a Relu after it), an
+// activation of one as a table lookup (gather by its bytes),
 // everything else in f32 between a dequantize and a quantize; element-wise
 // ops between NHWC values stay NHWC, in f32 (docs/runtime.md).
 #pragma once
@@ -142,6 +143,16 @@ struct Lowerer {
   // NHWC, with the Relu after it (its only consumer) applied by the Relu's
   // range; false (nothing emitted) where it does not apply (int8.cpp).
   bool qadd(const Node& n);
+  // int8: activation `p` of node `n` over a value held u8 NHWC as a table
+  // lookup (gather by byte indices) into u8 NHWC: each of the 256 levels
+  // dequantized, activated in double and quantized to the output's range.
+  // A Sigmoid whose only consumer multiplies it by its input is the SiLU
+  // the two make. False (nothing emitted) where it does not apply.
+  bool qtable(const Node& n, const ActivationParams& p);
+  // The node that is the only consumer of value `v` (not a graph output), or null.
+  const Node* sole_consumer(const std::string& v) const;
+  // Whether value `v` has int8 parameters: a Q/DQ pair's or a calibrated range.
+  bool has_q(const std::string& v) const { return fixed_q.count(v) || (ranges && ranges->count(v)); }
   std::set<std::string> fused_into_producer;  // nodes qadd lowered with their producer
 
   void lower_node(const Node& n);
