@@ -266,11 +266,6 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
   }
 }
 
-// An integer convolution on oneDNN into the dense int32 `acc`, exact: oneDNN
-// passes its s32 sums through f32 on the way out, exact only below 2^24, so
-// a reduction that could reach that runs over slices of the input channels
-// (groups == 1), each short enough, and the slices add here in int32.
-// `amax` bounds |x| (|x - zero point| with src_zero); weights are s8.
 // Whether every sum of a convolution with s8 weights `wt` stays within
 // 2^24 in magnitude, |x| being at most `amax`: by the worst case, or by
 // amax times the largest sum of |w| over one output channel's taps
@@ -300,35 +295,12 @@ bool sums_within_2_24(const Geometry& g, const View& wt, const void* wdata, std:
   return amax * wsum_max < kExact;
 }
 
-bool dnnl_conv_exact(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
-                     const View& y, std::int32_t* acc, std::uint64_t amax, const std::int32_t* src_zero = nullptr) {
-  constexpr std::uint64_t kExact = std::uint64_t{1} << 24;
-  const std::uint64_t taps = g.kh * g.kw, per_tap = amax * 128;
-  if (sums_within_2_24(g, wt, wdata, amax))
-    return dnnl_conv(e, g, x, xt, wt, wdata, dt::s8, nullptr, y, dt::s32, acc, src_zero);
-  if (g.groups != 1 || taps * per_tap > kExact) return false;
-  const std::uint64_t chunk = kExact / (taps * per_tap);
-  const int cdim = g.nhwc ? 3 : 1;
-  std::vector<std::int32_t> part;
-  const std::uint64_t total = g.n * g.o * g.oh * g.ow;
-  for (std::uint64_t c0 = 0; c0 < g.c; c0 += chunk) {
-    const std::uint64_t cc = std::min(chunk, g.c - c0);
-    View xs = x, ws = wt;
-    xs.shape[cdim] = cc;
-    xs.data = x.data + c0 * x.strides[cdim] * x.esize;
-    ws.shape[1] = cc;
-    Geometry gs = g;
-    gs.c = cc;
-    if (c0 != 0) part.resize(total);
-    std::int32_t* out = c0 == 0 ? acc : part.data();
-    if (!dnnl_conv(e, gs, xs, xt, ws, static_cast<const std::int8_t*>(wdata) + c0 * wt.strides[1], dt::s8, nullptr, y,
-                   dt::s32, out, src_zero))
-      return false;
-    if (c0 != 0)
-      for (std::uint64_t i = 0; i < total; ++i)
-        acc[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(acc[i]) + static_cast<std::uint32_t>(part[i]));
-  }
-  return true;
+// An integer convolution on oneDNN into the dense int32 `acc` (s8 weights),
+// exact where sums_within_2_24() says so: oneDNN passes its s32 sums
+// through f32 on the way out.
+bool dnnl_conv_s32(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
+                   const View& y, std::int32_t* acc, const std::int32_t* src_zero = nullptr) {
+  return dnnl_conv(e, g, x, xt, wt, wdata, dt::s8, nullptr, y, dt::s32, acc, src_zero);
 }
 
 // ---- exact integer convolution on the engine's own kernels (igemm.h) ----------------------------------------
@@ -798,12 +770,12 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   auto w_zero = [&](std::uint64_t oi) -> std::int64_t {
     return wz ? load_int(wz->at(oi * wz->strides[0]), wz->dtype) : 0;
   };
-  if (!onednn_int8_exact(e.isa())) {
+  auto own_kernels = [&] {
     std::vector<std::int16_t> wzs(g.o);
     for (std::uint64_t oi = 0; oi < g.o; ++oi) wzs[oi] = static_cast<std::int16_t>(w_zero(oi));
     conv_integer_exact(e, g, x, w, static_cast<std::int32_t>(x_zero), wzs, acc);
-    return;
-  }
+  };
+  if (!onednn_int8_exact(e.isa())) return own_kernels();
   auto dense = [&](std::uint64_t ni, std::uint64_t oi, std::uint64_t r, std::uint64_t col) {
     return nhwc ? ((ni * g.oh + r) * g.ow + col) * g.o + oi : ((ni * g.o + oi) * g.oh + r) * g.ow + col;
   };
@@ -828,15 +800,22 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
     ws.strides[1] = g.kh * g.kw;
     ws.strides[0] = cg * g.kh * g.kw;
   }
+  // oneDNN is exact only where every sum stays within 2^24 (|x - zero
+  // point| <= 255 on every path below); elsewhere the engine's own exact
+  // kernels run it. Slicing the reduction over input channels would keep
+  // it on oneDNN, but a channel slice of an NHWC tensor is a strided view
+  // that oneDNN runs slowly (ResNet-50's 3x3 convolutions at 14x14 and
+  // 7x7: 300 ms each, against 5 on the engine's kernels).
+  if (!sums_within_2_24(g, ws, wdata, 255)) return own_kernels();
   // Weights with no zero points: oneDNN subtracts the input's zero point
   // itself and nothing is left to correct.
   bool any_wz = false;
   for (std::uint64_t oi = 0; oi < g.o && wz; ++oi) any_wz = any_wz || w_zero(oi) != 0;
   if (w.dtype == fw::DType::kI8 && !any_wz && x_zero != 0) {
     const auto zero = static_cast<std::int32_t>(x_zero);
-    if (dnnl_conv_exact(e, g, x, dnnl_type(x.dtype), w, w.data, y, acc, 255, &zero)) return;
+    if (dnnl_conv_s32(e, g, x, dnnl_type(x.dtype), w, w.data, y, acc, &zero)) return;
   }
-  bool onednn = dnnl_conv_exact(e, g, x, dnnl_type(x.dtype), ws, wdata, y, acc, x.dtype == fw::DType::kU8 ? 255 : 128);
+  bool onednn = dnnl_conv_s32(e, g, x, dnnl_type(x.dtype), ws, wdata, y, acc);
   // oneDNN refuses some s8 inputs (see dnnl_conv()); as u8, x + 128 with
   // the zero point moved by as much, they give the same differences.
   View xin = x;  // the input as the sums below read it
@@ -849,7 +828,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
     View u = x;
     u.dtype = fw::DType::kU8;
     u.data = flipped.data();
-    if (dnnl_conv_exact(e, g, u, dnnl::memory::data_type::u8, ws, wdata, y, acc, 255)) {
+    if (dnnl_conv_s32(e, g, u, dnnl::memory::data_type::u8, ws, wdata, y, acc)) {
       onednn = true;
       xin = u;
       x_zero += 128;
