@@ -266,67 +266,65 @@ def test_an_int8_layer_whose_bias_would_not_fit_int32_runs_in_fp32(dev):
     np.testing.assert_allclose(y, ref, rtol=0, atol=1e-6)
 
 
+def three_conv_bytes(nodes, name):
+    """An ONNX model x[N, 4, 8, 8] -> `nodes` -> y[N, 4, 8, 8]; the nodes' 3x3 weights are wa, wb and wc."""
+    w = [RNG.standard_normal((4, 4, 3, 3)).astype(np.float32) * 0.3 for _ in range(3)]
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 4, 8, 8])],
+                              [numpy_helper.from_array(v, n) for v, n in zip(w, ["wa", "wb", "wc"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def conv3(x, w, y, name):
+    return helper.make_node("Conv", [x, w], [y], name=name, pads=[1, 1, 1, 1])
+
+
+def run_int8_against_fp32(dev, onnx_bytes, compiled, x):
+    """The int8 model's output (within a tenth of fp32's largest) and its layers' ops by node."""
+    inst = dev.load_model(compiled).instance()
+    (y,) = inst.run(x)
+    layers = {l["node"]: l["ops"] for l in inst.profile(iterations=1)["layers"] if l["node"]}
+    (ref,) = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).instance().run(x)
+    assert np.abs(y - ref).max() <= 0.1 * np.abs(ref).max()
+    return layers
+
+
 @pytest.mark.parametrize("tail", ["relu_conv", "output"])
 def test_an_int8_residual_add_and_its_relu_run_as_one_qlinear_add(dev, tail):
     # x -> Conv a, Conv b; Add(a, b) -> Relu -> Conv c: the Add of two int8
     # layers' outputs runs on bytes, quantized to the Relu's range. Or the
     # Add's sum is the model's output, quantized to its own range.
-    w = [RNG.standard_normal((4, 4, 3, 3)).astype(np.float32) * 0.3 for _ in range(3)]
-    nodes = [
-        helper.make_node("Conv", ["x", "wa"], ["a"], name="conv_a", pads=[1, 1, 1, 1]),
-        helper.make_node("Conv", ["x", "wb"], ["b"], name="conv_b", pads=[1, 1, 1, 1]),
-        helper.make_node("Add", ["a", "b"], ["s" if tail == "relu_conv" else "y"], name="add"),
-    ]
+    nodes = [conv3("x", "wa", "a", "conv_a"), conv3("x", "wb", "b", "conv_b"),
+             helper.make_node("Add", ["a", "b"], ["s" if tail == "relu_conv" else "y"], name="add")]
     if tail == "relu_conv":
-        nodes += [helper.make_node("Relu", ["s"], ["r"], name="relu"),
-                  helper.make_node("Conv", ["r", "wc"], ["y"], name="conv_c", pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 4, 8, 8])],
-                              [numpy_helper.from_array(v, n) for v, n in zip(w, ["wa", "wb", "wc"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx_bytes = model.SerializeToString()
+        nodes += [helper.make_node("Relu", ["s"], ["r"], name="relu"), conv3("r", "wc", "y", "conv_c")]
+    onnx_bytes = three_conv_bytes(nodes, "residual")
     calib = RNG.standard_normal((16, 4, 8, 8)).astype(np.float32)
     compiled = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax", device=dev.uri)
     convs = 3 if tail == "relu_conv" else 2
     assert any(n.startswith(f"{convs} layers run in int8 (qlinear_conv), and 1 additions (qlinear_add)")
                for n in compiled.notes), compiled.notes
-    x = calib[:BATCH]
-    inst = dev.load_model(compiled).instance()
-    (y,) = inst.run(x)
-    layers = {l["node"]: l["ops"] for l in inst.profile(iterations=1)["layers"] if l["node"]}
+    layers = run_int8_against_fp32(dev, onnx_bytes, compiled, calib[:BATCH])
     assert layers["add"] == "qlinear_add" and "relu" not in layers, layers
-    (ref,) = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).instance().run(x)
-    assert np.abs(y - ref).max() <= 0.1 * np.abs(ref).max()
 
 
 def test_int8_activations_run_as_table_lookups_and_a_sigmoid_gate_as_one_silu(dev):
     # x -> Conv a -> Sigmoid -> Mul(a, sigmoid) (YOLO's SiLU) -> Conv b -> Tanh -> Conv c: each activation
     # of an int8 layer's bytes is a lookup in a 256-entry table (gather by byte indices).
-    w = [RNG.standard_normal((4, 4, 3, 3)).astype(np.float32) * 0.3 for _ in range(3)]
-    nodes = [
-        helper.make_node("Conv", ["x", "wa"], ["a"], name="conv_a", pads=[1, 1, 1, 1]),
+    onnx_bytes = three_conv_bytes([
+        conv3("x", "wa", "a", "conv_a"),
         helper.make_node("Sigmoid", ["a"], ["g"], name="gate"),
         helper.make_node("Mul", ["a", "g"], ["s"], name="silu"),
-        helper.make_node("Conv", ["s", "wb"], ["b"], name="conv_b", pads=[1, 1, 1, 1]),
+        conv3("s", "wb", "b", "conv_b"),
         helper.make_node("Tanh", ["b"], ["t"], name="tanh"),
-        helper.make_node("Conv", ["t", "wc"], ["y"], name="conv_c", pads=[1, 1, 1, 1]),
-    ]
-    graph = helper.make_graph(nodes, "gated", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 4, 8, 8])],
-                              [numpy_helper.from_array(v, n) for v, n in zip(w, ["wa", "wb", "wc"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx_bytes = model.SerializeToString()
+        conv3("t", "wc", "y", "conv_c"),
+    ], "gated")
     calib = RNG.standard_normal((16, 4, 8, 8)).astype(np.float32)
-    x = calib[:BATCH]
-    inst = dev.load_model(tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax",
-                                         device=dev.uri)).instance()
-    (y,) = inst.run(x)
-    layers = {l["node"]: l["ops"] for l in inst.profile(iterations=1)["layers"] if l["node"]}
+    compiled = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax", device=dev.uri)
+    layers = run_int8_against_fp32(dev, onnx_bytes, compiled, calib[:BATCH])
     assert layers["gate"] == "gather" and layers["tanh"] == "gather" and "silu" not in layers, layers
-    (ref,) = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).instance().run(x)
-    assert np.abs(y - ref).max() <= 0.1 * np.abs(ref).max()
 
 
 def test_profile_times_every_layer_by_node_name(dev, cnn):
