@@ -84,7 +84,7 @@ if ((build_it)); then
   CC=${FUZZ_CC:-clang} CXX=${FUZZ_CXX:-clang++} cmake -S "$root" -B "$build" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \
     "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" -DCMAKE_DISABLE_FIND_PACKAGE_ONNX=ON \
-    -DTPUHAL_FUZZ=ON -DTPUHAL_BUILD_TESTS=OFF >/dev/null
+    -DCMAKE_UNITY_BUILD=ON -DTPUHAL_FUZZ=ON -DTPUHAL_BUILD_TESTS=OFF >/dev/null
   cmake --build "$build" --target fuzz
   echo "fuzz.sh: built in $((SECONDS - start)) s"
 fi
