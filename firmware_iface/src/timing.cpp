@@ -27,16 +27,26 @@ std::uint32_t weight_tensors(OpKind kind);
 
 // What the op moves through device memory: each tensor once, the bytes it
 // spans (a broadcast operand, stride 0, only what it holds), except
-// activations that fit the local memory's share for one tensor (a quarter
-// of all lanes' local memory): a compiler keeps those on chip between the
-// layers of a group. Weights always stream from device memory.
+// activations whose slice fits the local memory's share for one tensor (a
+// quarter of all lanes' local memory): a compiler keeps those on chip
+// between the layers of a group, running the group slice by slice along the
+// output's first dimension (the images of a batch, the rows of a matrix).
+// A tensor is sliced with the output where its first dimension is the
+// output's, and a slice is what one index of that dimension spans (of a
+// strided view, not the stride); one that is not (a matrix product's B) is
+// needed whole.
+// Weights always stream from device memory.
 std::uint64_t tensor_bytes(const TimingModel& m, const OpBlock& op) noexcept {
   const std::uint64_t local = std::uint64_t{m.lanes} * m.lane_memory_kib * 1024 / 4;
   const std::uint32_t weights = weight_tensors(op.kind);
+  const TensorRef& y = output(op);
+  const std::uint64_t rows = y.rank >= 2 ? std::max<std::uint64_t>(dim(y, 0), 1) : 1;
   std::uint64_t bytes = 0;
   for (std::uint32_t i = 0; i < op.num_tensors; ++i) {
-    if (static_cast<DType>(op.tensors[i].dtype) == DType::kNone) continue;
-    if (!(weights >> i & 1) && op.extent[i] <= local) continue;
+    TensorRef slice = op.tensors[i];
+    if (static_cast<DType>(slice.dtype) == DType::kNone) continue;
+    if (slice.rank >= 2 && dim(slice, 0) == rows) slice.shape[0] = 1;
+    if (!(weights >> i & 1) && (rows > 1 ? tensor_extent(slice) : op.extent[i]) <= local) continue;
     bytes = clamp64(u128{bytes} + op.extent[i]);
   }
   return bytes;

@@ -73,13 +73,34 @@ TEST(Timing, GivenTinyWhenOpsAreCostedThenEachIsItsRooflinePlusFixedCosts) {
   EXPECT_EQ(add.compute_ns, 32u);
   EXPECT_EQ(add.memory_ns, 0u);
   EXPECT_EQ(add.ns, 32u + 2200u);
-  // An activation past the local memory's share streams from DRAM: the
-  // matmul's output at 512 KiB (a [512, 256] product).
-  Buffer big_a = t.dev.allocate(512 * 128 * 4), big_y = t.dev.allocate(512 * 256 * 4);
-  const Op big = ops::matmul(Tensor(big_a, DType::F32, {512, 128}), Tensor(t.b, DType::F32, {128, 256}),
-                             Tensor(big_y, DType::F32, {512, 256}));
-  // A's 256 KiB and Y's 512 KiB: 786432 bytes at 16000 MB/s.
-  EXPECT_EQ(t.dev.modelled(big).value().memory_ns, 49152u);
+  // An activation whose slice along the output's first dimension (what a
+  // compiler runs a group of layers by: an image, a row) passes the local
+  // memory's share streams from DRAM: a batch of two [512, 256] products,
+  // each image's A 256 KiB and Y 512 KiB. B (128 KiB) stays on chip.
+  Buffer big_a = t.dev.allocate(2 * 512 * 128 * 4), big_y = t.dev.allocate(2 * 512 * 256 * 4);
+  const Op batch = ops::matmul(Tensor(big_a, DType::F32, {2, 512, 128}), Tensor(t.b, DType::F32, {128, 256}),
+                               Tensor(big_y, DType::F32, {2, 512, 256}));
+  // A's 512 KiB and Y's 1 MiB: 1572864 bytes at 16000 MB/s.
+  EXPECT_EQ(t.dev.modelled(batch).value().memory_ns, 98304u);
+  // The same numbers as one [1024, 256] product: its slices are rows of
+  // 512 and 1024 bytes, all on chip.
+  const Op rows = ops::matmul(Tensor(big_a, DType::F32, {1024, 128}), Tensor(t.b, DType::F32, {128, 256}),
+                              Tensor(big_y, DType::F32, {1024, 256}));
+  EXPECT_EQ(t.dev.modelled(rows).value().memory_ns, 0u);
+  // A matrix product's B is needed whole by every row: [128, 2048] is
+  // 1 MiB, 65536 ns, though A and Y are two rows.
+  Buffer wide_b = t.dev.allocate(128 * 2048 * 4), wide_y = t.dev.allocate(2 * 2048 * 4);
+  const Op wide = ops::matmul(Tensor(big_a, DType::F32, {2, 128}), Tensor(wide_b, DType::F32, {128, 2048}),
+                              Tensor(wide_y, DType::F32, {2, 2048}));
+  EXPECT_EQ(t.dev.modelled(wide).value().memory_ns, 65536u);
+  // A slice of a strided view is what one image of the view spans: a copy
+  // into the first 32 of 64 channels of a [2, 64, 32, 32] tensor (a
+  // Concat's part) writes 128 KiB per image, on chip, though the view
+  // spans 384 KiB from its first image to its last.
+  Buffer part = t.dev.allocate(2 * 32 * 32 * 32 * 4), whole = t.dev.allocate(2 * 64 * 32 * 32 * 4);
+  const Op into = ops::cast(Tensor(part, DType::F32, {2, 32, 32, 32}),
+                            Tensor(whole, DType::F32, {2, 32, 32, 32}, {64 * 32 * 32, 32 * 32, 32, 1}, 0));
+  EXPECT_EQ(t.dev.modelled(into).value().memory_ns, 0u);
 }
 
 TEST(Timing, GivenEveryBuiltInProfileWhenTheSameOpsAreCostedThenTheFiguresArePinned) {
