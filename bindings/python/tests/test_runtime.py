@@ -327,6 +327,42 @@ def test_int8_activations_run_as_table_lookups_and_a_sigmoid_gate_as_one_silu(de
     assert layers["gate"] == "gather" and layers["tanh"] == "gather" and "silu" not in layers, layers
 
 
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_int8_split_concat_and_nearest_upsampling_move_bytes(dev, mode):
+    # YOLO's neck: x -> Conv a -> Split (s0, s1); x -> Conv b; Concat(s1, b,
+    # s0) -> Resize x2 -> Conv c. On an int8 layer's bytes the Split's parts
+    # and a whole-factor nearest upsample are copies of bytes, and the
+    # Concat copies each part in, through a requantisation table where its
+    # range is not the Concat's (b's). A linear resize stays in f32.
+    w = {"wa": RNG.standard_normal((4, 4, 3, 3)), "wb": RNG.standard_normal((4, 4, 3, 3)),
+         "wc": RNG.standard_normal((4, 8, 3, 3)) * 0.5}
+    graph = helper.make_graph(
+        [conv3("x", "wa", "a", "conv_a"), conv3("x", "wb", "b", "conv_b"),
+         helper.make_node("Split", ["a"], ["s0", "s1"], name="split", axis=1),
+         helper.make_node("Concat", ["s1", "b", "s0"], ["c"], name="concat", axis=1),
+         helper.make_node("Resize", ["c", "", "scales"], ["u"], name="up", mode=mode,
+                          coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+         conv3("u", "wc", "y", "conv_c")],
+        "neck", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 4, 16, 16])],
+        [numpy_helper.from_array(v.astype(np.float32), n) for n, v in w.items()] +
+        [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx_bytes = model.SerializeToString()
+    calib = RNG.standard_normal((16, 4, 8, 8)).astype(np.float32)
+    compiled = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax", device=dev.uri)
+    layers = run_int8_against_fp32(dev, onnx_bytes, compiled, calib[:BATCH])
+    assert layers["split/0"] == layers["split/1"] == "cast", layers
+    assert set(layers["concat"].split("+")) == {"cast", "gather"}, layers
+    assert layers["up"] == ("cast" if mode == "nearest" else "resize"), layers
+    # What they write is bytes, NHWC (a part of the output, for the copies
+    # into one); a linear resize's output is f32, NCHW.
+    outputs = {l["node"]: l["output"] for l in dev.load_model(compiled).instance().profile(iterations=1)["layers"]}
+    assert outputs["split/0"] == f"u8[{BATCH}, 8, 8, 2]" and outputs["concat"].startswith("u8["), outputs
+    assert outputs["up"] == (f"u8[{BATCH}, 8, 8, 8]" if mode == "nearest" else f"f32[{BATCH}, 8, 16, 16]"), outputs
+
+
 def test_profile_times_every_layer_by_node_name(dev, cnn):
     onnx_bytes, reference = cnn
     x = RNG.standard_normal((BATCH, 1, 8, 8)).astype(np.float32)

@@ -61,9 +61,10 @@ Value infer_concat(Importer& im, Node& n) {
 // Each input not already produced in its part of the output (placements)
 // is copied there.
 void lower_concat(Lowerer& l, const Node& n) {
+  const auto axis = n.attr<ConcatAttrs>().resolved;
+  if (l.qconcat(n, axis)) return;
   const DType t = l.float_type();
   const auto& shape = l.shape_of(n.output);
-  const auto axis = n.attr<ConcatAttrs>().resolved;
   std::int64_t y;
   if (auto it = l.reps.find(n.output); it != l.reps.end() && it->second.by_dtype.count(t))
     y = it->second.by_dtype.at(t);

@@ -219,6 +219,20 @@ double activated(const ActivationParams& p, double x) {
 
 }  // namespace
 
+// A 256-entry u8 table: each level of `in` dequantized (as the board does,
+// in f32), activated in double, rounded to f32 and quantized to `to` as
+// the board's quantize does.
+std::int64_t Lowerer::level_table(const QParams& in, const QParams& to, const ActivationParams& f) {
+  std::array<std::uint8_t, 256> table{};
+  for (int level = 0; level < 256; ++level) {
+    const float v = static_cast<float>(level - in.zero_point) * in.scale;
+    const auto y = static_cast<float>(activated(f, v));
+    const float q = std::nearbyint(y / to.scale) + static_cast<float>(to.zero_point);
+    table[static_cast<std::size_t>(level)] = static_cast<std::uint8_t>(std::clamp(q, 0.0f, 255.0f));
+  }
+  return add_raw(DType::U8, {256}, table.data(), table.size());
+}
+
 bool Lowerer::qtable(const Node& n, const ActivationParams& p) {
   if (!int8() || !nhwc_island(n, {n.inputs[0]})) return false;
   const std::string& x = n.inputs[0];
@@ -233,20 +247,93 @@ bool Lowerer::qtable(const Node& n, const ActivationParams& p) {
   if (mul) f = ActivationParams::silu();
   const std::string& result = mul ? mul->output : n.output;
   if (!has_q(result)) return false;
-  // Each level of x dequantized (as the board does, in f32), activated in
-  // double, rounded to f32 and quantized as the board's quantize does.
-  const QParams in = reps.at(x).q, to = range_q(result);
-  std::array<std::uint8_t, 256> table{};
-  for (int level = 0; level < 256; ++level) {
-    const float v = static_cast<float>(level - in.zero_point) * in.scale;
-    const auto y = static_cast<float>(activated(f, v));
-    const float q = std::nearbyint(y / to.scale) + static_cast<float>(to.zero_point);
-    table[static_cast<std::size_t>(level)] = static_cast<std::uint8_t>(std::clamp(q, 0.0f, 255.0f));
-  }
-  const auto t = add_raw(DType::U8, {256}, table.data(), table.size());
+  const QParams to = range_q(result);
+  const auto t = level_table(reps.at(x).q, to, f);
   const auto y = produce_nhwc(result, shape_of(result), to);
   op("gather", n.name, {{"x", t}, {"indices", reps.at(x).nhwc}, {"y", y}}, {{"axis", 0}});
   if (mul) fused_into_producer.insert(mul->name);
+  return true;
+}
+
+namespace {
+
+// The NHWC dimension of NCHW dimension `d`.
+std::size_t nhwc_dim(std::size_t d) {
+  static constexpr std::size_t kTo[] = {0, 3, 1, 2};
+  return kTo[d];
+}
+
+// A 4-D value held u8 NHWC (not a boolean).
+bool held_u8_nhwc(const std::map<std::string, Rep>& reps, const std::string& v) {
+  auto it = reps.find(v);
+  return it != reps.end() && it->second.primary == DType::U8 && it->second.nhwc >= 0 && !it->second.boolean;
+}
+
+}  // namespace
+
+bool Lowerer::qslice(const Node& n, const std::vector<std::int64_t>& lo, const std::vector<std::int64_t>& step) {
+  const std::string& x = n.inputs[0];
+  if (!int8() || keep_fp16.count(n.name) || shape_of(x).size() != 4 || !held_u8_nhwc(reps, x)) return false;
+  if (std::any_of(step.begin(), step.end(), [](std::int64_t s) { return s <= 0; })) return false;
+  const Rep& r = reps.at(x);
+  const auto st = row_major_strides(to_nhwc(shape_of(x)));
+  std::vector<std::int64_t> strides(4);
+  std::uint64_t first = 0;
+  for (std::size_t d = 0; d < 4; ++d) {
+    const std::size_t h = nhwc_dim(d);
+    first += static_cast<std::uint64_t>(lo[d] * st[h]);
+    strides[h] = st[h] * step[d];
+  }
+  const auto& shape = shape_of(n.output);
+  const auto view = dg().add_subview(r.nhwc, to_nhwc(shape), strides, first);
+  const QParams q = r.q;  // r is invalidated by produce_nhwc
+  op("cast", n.name, {{"x", view}, {"y", produce_nhwc(n.output, shape, q)}});
+  return true;
+}
+
+bool Lowerer::qrepeat(const Node& n, std::int64_t fh, std::int64_t fw) {
+  const std::string& x = n.inputs[0];
+  if (!int8() || keep_fp16.count(n.name) || shape_of(x).size() != 4 || !held_u8_nhwc(reps, x)) return false;
+  const std::int64_t xv = reps.at(x).nhwc;
+  const QParams q = reps.at(x).q;
+  const auto xs = to_nhwc(shape_of(x));
+  const auto y = produce_nhwc(n.output, shape_of(n.output), q);
+  const auto st = row_major_strides(to_nhwc(shape_of(n.output)));
+  // Y[n, h * fh + i, w * fw + j, c] = X[n, h, w, c]: one copy per (i, j).
+  for (std::int64_t i = 0; i < fh; ++i)
+    for (std::int64_t j = 0; j < fw; ++j) {
+      const auto part = dg().add_subview(y, xs, {st[0], st[1] * fh, st[2] * fw, st[3]},
+                                         static_cast<std::uint64_t>(i * st[1] + j * st[2]));
+      op("cast", n.name, {{"x", xv}, {"y", part}});
+    }
+  return true;
+}
+
+bool Lowerer::qconcat(const Node& n, std::int64_t axis) {
+  const auto& shape = shape_of(n.output);
+  if (!int8() || keep_fp16.count(n.name) || shape.size() != 4 || !has_q(n.output)) return false;
+  for (const auto& x : n.inputs)
+    if (!held_u8_nhwc(reps, x)) return false;
+  const QParams to = range_q(n.output);
+  const auto y = produce_nhwc(n.output, shape, to);
+  const auto st = row_major_strides(to_nhwc(shape));
+  const std::size_t ax = nhwc_dim(static_cast<std::size_t>(axis));
+  std::int64_t at = 0;
+  for (const auto& x : n.inputs) {
+    const Rep& r = reps.at(x);
+    const auto xs = to_nhwc(shape_of(x));
+    const auto part = dg().add_subview(y, xs, st, static_cast<std::uint64_t>(at * st[ax]));
+    at += xs[ax];
+    std::int64_t from = r.nhwc;
+    if (r.q.scale != to.scale || r.q.zero_point != to.zero_point) {
+      // Requantized by table into a dense tensor (the lookup's fast
+      // path), then copied into the part.
+      from = dg().add_arena("", DType::U8, xs);
+      op("gather", n.name, {{"x", level_table(r.q, to, ActivationParams{})}, {"indices", r.nhwc}, {"y", from}},
+         {{"axis", 0}});
+    }
+    op("cast", n.name, {{"x", from}, {"y", part}});
+  }
   return true;
 }
 

@@ -7,7 +7,9 @@
 // constant as qlinear_conv over u8 activations (4-D ones NHWC) and
 // per-output-channel i8 weights, MaxPool and reshapes on u8 as they are,
 // an Add of two u8 NHWC values as qlinear_add (with a Relu after it), an
-// activation of one as a table lookup (gather by its bytes),
+// activation of one as a table lookup (gather by its bytes), Slice, Split,
+// Concat and whole-factor nearest Resize of them as copies of bytes (a
+// Concat's inputs requantized by table where their ranges differ),
 // everything else in f32 between a dequantize and a quantize; element-wise
 // ops between NHWC values stay NHWC, in f32 (docs/runtime.md).
 #pragma once
@@ -149,6 +151,23 @@ struct Lowerer {
   // A Sigmoid whose only consumer multiplies it by its input is the SiLU
   // the two make. False (nothing emitted) where it does not apply.
   bool qtable(const Node& n, const ActivationParams& p);
+  // A 256-entry u8 table of each level of `in` dequantized, activated by
+  // `f` and quantized to `to` (int8.cpp).
+  std::int64_t level_table(const QParams& in, const QParams& to, const ActivationParams& f);
+  // int8: Slice `n` (lo and step per NCHW dimension) of a 4-D value held
+  // u8 NHWC, copied into u8 NHWC with the input's quantisation (the same
+  // bytes); false (nothing emitted) where it does not apply.
+  bool qslice(const Node& n, const std::vector<std::int64_t>& lo, const std::vector<std::int64_t>& step);
+  // int8: Concat `n` (along NCHW axis `axis`) of 4-D values held u8 NHWC
+  // into u8 NHWC at the output's range: each input copied into its part,
+  // through a 256-entry table where its quantisation differs (each level
+  // dequantized and quantized again, the bits of doing so in f32). False
+  // (nothing emitted) where it does not apply.
+  bool qconcat(const Node& n, std::int64_t axis);
+  // int8: a nearest Resize `n` that repeats each element `fh` times along H
+  // and `fw` times along W, of a value held u8 NHWC: fh * fw strided copies
+  // into u8 NHWC with the input's quantisation. False where it does not apply.
+  bool qrepeat(const Node& n, std::int64_t fh, std::int64_t fw);
   // The node that is the only consumer of value `v` (not a graph output), or null.
   const Node* sole_consumer(const std::string& v) const;
   // Whether value `v` has int8 parameters: a Q/DQ pair's or a calibrated range.

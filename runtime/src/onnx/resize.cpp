@@ -1,6 +1,7 @@
 // Resize (opset 10 on) and Upsample: nearest and linear, every coordinate
 // mode but tf_crop_and_resize, every nearest rounding; scales or sizes on H
 // and W of 4-D (NCHW) tensors: resize.
+#include <algorithm>
 #include <cmath>
 
 #include "onnx/importer.hpp"
@@ -60,10 +61,51 @@ Value infer_resize(Importer& im, Node& n) {
   return out;
 }
 
+// Whether nearest resizing by `o` maps every output index along an axis
+// (in_len -> out_len, at `scale`) to index / factor: a whole-factor
+// upsample that repeats each element. The ONNX coordinate and rounding
+// rules, in f32 as the engine computes them.
+bool repeats(const ops::ResizeOptions& o, std::int64_t in_len, std::int64_t out_len, float scale,
+             std::int64_t& factor) {
+  if (o.mode != ResizeMode::Nearest || in_len <= 0 || out_len % in_len != 0) return false;
+  factor = out_len / in_len;
+  const float resized = static_cast<float>(in_len) * scale;
+  for (std::int64_t i = 0; i < out_len; ++i) {
+    const auto f = static_cast<float>(i);
+    float x = f / scale;
+    switch (o.coordinate) {
+      case CoordinateMode::HalfPixel: x = (f + 0.5f) / scale - 0.5f; break;
+      case CoordinateMode::Asymmetric: break;
+      case CoordinateMode::AlignCorners:
+        x = resized == 1.0f ? 0.0f : f * static_cast<float>(in_len - 1) / (resized - 1.0f);
+        break;
+      case CoordinateMode::PytorchHalfPixel: x = resized > 1.0f ? (f + 0.5f) / scale - 0.5f : 0.0f; break;
+      case CoordinateMode::TfHalfPixelForNn: x = (f + 0.5f) / scale; break;
+    }
+    const bool half = x == std::floor(x) + 0.5f;
+    float r = std::floor(x);
+    switch (o.nearest) {
+      case NearestMode::RoundPreferFloor: r = half ? std::floor(x) : std::round(x); break;
+      case NearestMode::RoundPreferCeil: r = half ? std::ceil(x) : std::round(x); break;
+      case NearestMode::Floor: break;
+      case NearestMode::Ceil: r = std::ceil(x); break;
+    }
+    const auto at = std::clamp(static_cast<std::int64_t>(r), std::int64_t{0}, in_len - 1);
+    if (at != i / factor) return false;
+  }
+  return true;
+}
+
 void lower_resize(Lowerer& l, const Node& n) {
-  const DType t = l.float_type();
   const auto& a = n.attr<ResizeAttrs>();
   const auto o = onnx_attrs::resize_options(a.given, l.g.opset);
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const auto& ys = l.shape_of(n.output);
+  std::int64_t fh = 0, fw = 0;
+  if (repeats(o, xs[2], ys[2], static_cast<float>(a.scales[0]), fh) &&
+      repeats(o, xs[3], ys[3], static_cast<float>(a.scales[1]), fw) && l.qrepeat(n, fh, fw))
+    return;
+  const DType t = l.float_type();
   const auto x = l.get(n.inputs[0], t);
   l.op("resize", n.name, {{"x", x}, {"y", l.produce(n.output, t, l.shape_of(n.output))}},
        {{"mode", o.mode == ResizeMode::Linear ? "linear" : "nearest"},

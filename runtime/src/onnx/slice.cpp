@@ -94,8 +94,9 @@ Value infer_slice(Importer& im, Node& n) {
 }
 
 void lower_slice(Lowerer& l, const Node& n) {
-  const DType t = l.float_type();
   const auto& a = n.attr<SliceAttrs>();
+  if (l.qslice(n, a.lo, a.step)) return;
+  const DType t = l.float_type();
   const auto x = l.get(n.inputs[0], t);
   const auto& xs = l.shape_of(n.inputs[0]);
   const auto st = row_major_strides(xs);
