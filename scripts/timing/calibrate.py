@@ -11,10 +11,10 @@ compile` (int8 calibrated on 2 fixed random images), and asks `tpuhal
 profile --modelled --json` for the timing model's time of one run: nothing
 runs, so this takes seconds a model once compiled. Prints each reference
 beside the modelled time per image and the error; --check exits 1 when one
-is more than 20 % off. For int8 it also prints the time of the layers that
-multiply in int8 alone: tpuhal's int8 programs still dequantise to f32
-around element-wise adds and activations, which the programs SOPHGO timed
-do not (docs/timing.md). --png draws modelled against published (needs
+is more than 20 % off (25 % for the held-out ones). For int8 it also prints the time of the layers that
+multiply in int8 alone. Then the same for HELD_OUT, networks from
+SOPHGO's other tables that the model was never fitted to (within 25 %).
+--png draws modelled against published (needs
 Debian's python3-matplotlib). Compiled models are kept in --work (default
 build/timing) and reused while their ONNX file is older.
 
@@ -44,7 +44,25 @@ PUBLISHED = [
     ("yolov5s", "int8", 1, 3.5),
     ("yolov5s", "int8", 4, 3.3),
 ]
-SIZES = {"resnet50": 224, "yolov5s": 640}
+# Networks from SOPHGO's other published tables, checked with the
+# parameters fitted above and never fitted to (sophgo/sophon-demo c7c94bb,
+# sample/YOLOv8_det/README.md and sample/YOLOX/README.md, "calculate time"
+# per image; their int8 models keep a few layers in fp16 by a quantize
+# table, tpuhal's are int8 throughout).
+HELD_OUT = [
+    ("yolov8s", "fp32", 1, 29.20),
+    ("yolov8s", "fp16", 1, 5.48),
+    ("yolov8s", "int8", 1, 3.32),
+    ("yolov8s", "int8", 4, 3.33),
+    ("yoloxs", "fp32", 1, 27.92),
+    ("yoloxs", "fp32", 4, 25.63),
+    ("yoloxs", "fp16", 1, 6.27),
+    ("yoloxs", "fp16", 4, 6.15),
+    ("yoloxs", "int8", 1, 4.55),
+    ("yoloxs", "int8", 4, 4.28),
+]
+HELD_OUT_TOLERANCE = 0.25
+SIZES = {"resnet50": 224, "yolov5s": 640, "yolov8s": 640, "yoloxs": 640}
 TOLERANCE = 0.20
 
 
@@ -86,9 +104,9 @@ def modelled_ms(tpuhal, tpm, device, env=None):
     return out["modelled_ms"], macs
 
 
-def evaluate(tpuhal, work, device, env=None):
+def evaluate(tpuhal, work, device, env=None, references=None):
     rows = []
-    for model, precision, batch, published in PUBLISHED:
+    for model, precision, batch, published in PUBLISHED if references is None else references:
         tpm = compiled(tpuhal, work, model, precision, batch)
         whole, macs = modelled_ms(tpuhal, tpm, device, env)
         per_image = whole / batch
@@ -113,18 +131,27 @@ def draw(rows, path):
     ax.plot([lo, hi], [lo, hi], color="gray", linewidth=1)
     ax.fill_between([lo, hi], [lo * (1 - TOLERANCE), hi * (1 - TOLERANCE)], [lo * (1 + TOLERANCE), hi * (1 + TOLERANCE)],
                     color="gray", alpha=0.15, label="within 20 %")
+    markers = {"resnet50": "o", "yolov5s": "s", "yolov8s": "^", "yoloxs": "D"}
+    labelled = set()
     for r in rows:
-        marker = "o" if r["model"] == "resnet50" else "s"
-        ax.scatter(r["published_ms"], r["modelled_ms"], marker=marker)
-        ax.annotate(f"{r['model']} {r['precision']} b{r['batch']}", (r["published_ms"], r["modelled_ms"]),
-                    fontsize=7, xytext=(4, -10), textcoords="offset points")
+        # Filled: fitted to; hollow: held out.
+        held = r.get("held_out", False)
+        label = f"{r['model']} (held out)" if held else None
+        if label in labelled:
+            label = None
+        labelled.add(label)
+        ax.scatter(r["published_ms"], r["modelled_ms"], marker=markers.get(r["model"], "o"),
+                   facecolors="none" if held else "C0", edgecolors="C1" if held else "C0", label=label)
+        text = f"{r['precision']} b{r['batch']}" if held else f"{r['model']} {r['precision']} b{r['batch']}"
+        ax.annotate(text, (r["published_ms"], r["modelled_ms"]), fontsize=6 if held else 7,
+                    color="C1" if held else "black", xytext=(4, 3 if held else -10), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("published, ms per image (SOPHGO bmrt_test, BM1684X)")
     ax.set_ylabel("modelled, ms per image (tpuhal, sim:bm1684x)")
-    ax.set_title("tpuhal's BM1684X timing model")
+    ax.set_title("tpuhal's BM1684X timing model (hollow: held out)")
     ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -143,22 +170,31 @@ def main(argv):
     if not os.path.exists(tpuhal):
         sys.exit(f"calibrate.py: {tpuhal} is missing: build it first (cmake --build {a.build})")
     os.makedirs(a.work, exist_ok=True)
-    rows = evaluate(tpuhal, a.work, a.device)
-    print(f"{'model':10} {'precision':9} {'batch':>5} {'published':>11} {'modelled':>11} {'error':>8}"
-          f"   {'int8 MAC layers':>15}")
-    for r in rows:
-        macs = r["int8_mac_layers_ms"]
-        extra = f"   {macs:13.3f}ms {100 * (macs / r['published_ms'] - 1):+6.1f}%" if macs is not None else ""
-        print(f"{r['model']:10} {r['precision']:9} {r['batch']:5d} {r['published_ms']:9.3f}ms {r['modelled_ms']:9.3f}ms"
-              f" {100 * r['error']:+7.1f}%{extra}")
-    worst = max(abs(r["error"]) for r in rows)
-    print(f"worst error {100 * worst:.1f} % (target: within {100 * TOLERANCE:.0f} %)")
+    failed = False
+    everything = []
+    for title, references, tolerance in (("fitted to", PUBLISHED, TOLERANCE),
+                                         ("held out (never fitted to)", HELD_OUT, HELD_OUT_TOLERANCE)):
+        rows = evaluate(tpuhal, a.work, a.device, references=references)
+        for r in rows:
+            r["held_out"] = references is HELD_OUT
+        everything += rows
+        print(f"{title}:")
+        print(f"{'model':10} {'precision':9} {'batch':>5} {'published':>11} {'modelled':>11} {'error':>8}"
+              f"   {'int8 MAC layers':>15}")
+        for r in rows:
+            macs = r["int8_mac_layers_ms"]
+            extra = f"   {macs:13.3f}ms {100 * (macs / r['published_ms'] - 1):+6.1f}%" if macs is not None else ""
+            print(f"{r['model']:10} {r['precision']:9} {r['batch']:5d} {r['published_ms']:9.3f}ms "
+                  f"{r['modelled_ms']:9.3f}ms {100 * r['error']:+7.1f}%{extra}")
+        worst = max(abs(r["error"]) for r in rows)
+        print(f"worst error {100 * worst:.1f} % (target: within {100 * tolerance:.0f} %)\n")
+        failed = failed or worst > tolerance
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump(everything, f, indent=2)
     if a.png:
-        draw(rows, a.png)
-    if a.check and worst > TOLERANCE:
+        draw(everything, a.png)
+    if a.check and failed:
         sys.exit(1)
 
 

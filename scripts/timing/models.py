@@ -5,16 +5,23 @@
     /usr/bin/python3 scripts/timing/models.py OUT_DIR [--batch 1,4] [--models resnet50,yolov5s]
 
 Writes OUT_DIR/MODEL_bN.onnx for each model and batch, at opset 13, with
-random weights (torch.manual_seed(0)): time does not depend on weights.
+random weights (torch.manual_seed(0)): time does not depend on weights,
+though which layers an int8 compile keeps in fp32 does (unit_scale).
 
   resnet50  torchvision's ResNet-50, 3x224x224, the 1000 logits out.
   yolov5s   YOLOv5s v6.1 at 3x640x640, written here from its published
             architecture (depth 0.33, width 0.50: the 6x6 stem, C3 blocks
             with 1, 2, 3, 1 bottlenecks, SPPF, the PAN neck), its Conv
             blocks (convolution, batch norm, SiLU) fused for inference, and
-            its Detect head's three 1x1 convolutions with the sigmoid, the
-            way SOPHGO's samples export it: the box decoding and NMS run
-            after the network.
+            its Detect head's three 1x1 convolutions, each output viewed as
+            [N, 3, H, W, 85], the way SOPHGO's samples export it ("3output",
+            docs/YOLOv5_Export_Guide.md there): the sigmoid, the box
+            decoding and NMS run after the network.
+  yolov8s   YOLOv8s (ultralytics) at 3x640x640, written here the same way,
+            its head decoding the boxes into [N, 84, 8400]: NMS after it.
+  yoloxs    YOLOX-s at 3x640x640, its decoupled head's sigmoids applied
+            and the boxes not decoded, [N, 8400, 85], as YOLOX's own ONNX
+            export gives it.
 
 Needs Debian's python3-torch and python3-torchvision (exit status 77
 without them).
@@ -47,9 +54,12 @@ class Conv(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    def __init__(self, c, shortcut=True):
+    """YOLOv5's bottleneck (a 1x1 then a 3x3 convolution); YOLOv8's has two
+    3x3 ones (k1=3)."""
+
+    def __init__(self, c, shortcut=True, k1=1):
         super().__init__()
-        self.cv1 = Conv(c, c, 1)
+        self.cv1 = Conv(c, c, k1)
         self.cv2 = Conv(c, c, 3)
         self.add = shortcut
 
@@ -110,6 +120,7 @@ class YOLOv5s(nn.Module):
         self.h21 = Conv(256, 256, 3, 2)
         self.h23 = C3(512, 512, 1, False)
         self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.anchors = anchors
         no = anchors * (classes + 5)
         self.detect = nn.ModuleList(nn.Conv2d(c, no, 1) for c in (128, 256, 512))
 
@@ -122,7 +133,180 @@ class YOLOv5s(nn.Module):
         small = self.h17(torch.cat((self.up(h14), p4), 1))
         medium = self.h20(torch.cat((self.h18(small), h14), 1))
         large = self.h23(torch.cat((self.h21(medium), h10), 1))
-        return tuple(torch.sigmoid(d(f)) for d, f in zip(self.detect, (small, medium, large)))
+        # SOPHGO's "3output" export: each head's outputs as [N, 3, H, W, 85],
+        # the sigmoid and box decoding left to the host.
+        outs = []
+        for d, f in zip(self.detect, (small, medium, large)):
+            y = d(f)
+            n, _, h, w = y.shape
+            outs.append(y.view(n, self.anchors, -1, h, w).permute(0, 1, 3, 4, 2).contiguous())
+        return tuple(outs)
+
+
+class C2f(nn.Module):
+    """YOLOv8's C2f: a 1x1 convolution split in two halves, n bottlenecks
+    on the second, every part concatenated into a 1x1 convolution."""
+
+    def __init__(self, c1, c2, n=1, shortcut=False):
+        super().__init__()
+        self.c = c2 // 2
+        self.cv1 = Conv(c1, 2 * self.c, 1)
+        self.cv2 = Conv((2 + n) * self.c, c2, 1)
+        self.m = nn.ModuleList(Bottleneck(self.c, shortcut, k1=3) for _ in range(n))
+
+    def forward(self, x):
+        y = list(self.cv1(x).split((self.c, self.c), 1))
+        y.extend(m(y[-1]) for m in self.m)
+        return self.cv2(torch.cat(y, 1))
+
+
+class YOLOv8s(nn.Module):
+    """YOLOv8s (ultralytics yolov8s.yaml, depth 0.33, width 0.50): 80
+    classes; its Detect head decodes the boxes (distribution focal loss
+    integral, anchor points, strides) into [N, 84, 8400] as the exported
+    model does, so only NMS runs after it."""
+
+    def __init__(self, classes=80, size=640, reg_max=16):
+        super().__init__()
+        self.b0 = Conv(3, 32, 3, 2)
+        self.b1 = Conv(32, 64, 3, 2)
+        self.b2 = C2f(64, 64, 1, True)
+        self.b3 = Conv(64, 128, 3, 2)
+        self.b4 = C2f(128, 128, 2, True)
+        self.b5 = Conv(128, 256, 3, 2)
+        self.b6 = C2f(256, 256, 2, True)
+        self.b7 = Conv(256, 512, 3, 2)
+        self.b8 = C2f(512, 512, 1, True)
+        self.b9 = SPPF(512, 512, 5)
+        self.h12 = C2f(768, 256)
+        self.h15 = C2f(384, 128)
+        self.h16 = Conv(128, 128, 3, 2)
+        self.h18 = C2f(384, 256)
+        self.h19 = Conv(256, 256, 3, 2)
+        self.h21 = C2f(768, 512)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.classes, self.reg_max = classes, reg_max
+        c2, c3 = max(16, 128 // 4, reg_max * 4), max(128, min(classes, 100))
+        self.box = nn.ModuleList(
+            nn.Sequential(Conv(c, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * reg_max, 1)) for c in (128, 256, 512))
+        self.cls = nn.ModuleList(
+            nn.Sequential(Conv(c, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, classes, 1)) for c in (128, 256, 512))
+        self.dfl = nn.Conv2d(reg_max, 1, 1, bias=False)
+        self.dfl.weight.data[:] = torch.arange(reg_max, dtype=torch.float32).view(1, reg_max, 1, 1)
+        points, strides = [], []
+        for stride in (8, 16, 32):
+            n = size // stride
+            ys, xs = torch.meshgrid(torch.arange(n) + 0.5, torch.arange(n) + 0.5, indexing="ij")
+            points.append(torch.stack((xs, ys), 0).reshape(2, -1))
+            strides.append(torch.full((1, n * n), float(stride)))
+        self.register_buffer("anchors", torch.cat(points, 1).unsqueeze(0))
+        self.register_buffer("strides", torch.cat(strides, 1).unsqueeze(0))
+
+    def forward(self, x):
+        p4 = self.b4(self.b3(self.b2(self.b1(self.b0(x)))))
+        p6 = self.b6(self.b5(p4))
+        p9 = self.b9(self.b8(self.b7(p6)))
+        h12 = self.h12(torch.cat((self.up(p9), p6), 1))
+        small = self.h15(torch.cat((self.up(h12), p4), 1))
+        medium = self.h18(torch.cat((self.h16(small), h12), 1))
+        large = self.h21(torch.cat((self.h19(medium), p9), 1))
+        n = x.shape[0]
+        feats = [torch.cat((b(f), c(f)), 1).view(n, 4 * self.reg_max + self.classes, -1)
+                 for b, c, f in zip(self.box, self.cls, (small, medium, large))]
+        box, cls = torch.cat(feats, 2).split((4 * self.reg_max, self.classes), 1)
+        a = box.shape[2]
+        dist = self.dfl(box.view(n, 4, self.reg_max, a).transpose(2, 1).softmax(1)).view(n, 4, a)
+        lt, rb = dist.chunk(2, 1)
+        x1y1, x2y2 = self.anchors - lt, self.anchors + rb
+        boxes = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
+        return torch.cat((boxes, cls.sigmoid()), 1)
+
+
+class Focus(nn.Module):
+    """YOLOX's stem: space to depth by slicing, then a 3x3 convolution."""
+
+    def __init__(self, c1, c2):
+        super().__init__()
+        self.conv = Conv(4 * c1, c2, 3)
+
+    def forward(self, x):
+        return self.conv(torch.cat((x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]), 1))
+
+
+class SPP(nn.Module):
+    """YOLOX's SPP bottleneck: max pools of 5, 9 and 13 side by side."""
+
+    def __init__(self, c1, c2):
+        super().__init__()
+        c = c1 // 2
+        self.cv1 = Conv(c1, c, 1)
+        self.cv2 = Conv(c * 4, c2, 1)
+        self.m = nn.ModuleList(nn.MaxPool2d(k, 1, k // 2) for k in (5, 9, 13))
+
+    def forward(self, x):
+        x = self.cv1(x)
+        return self.cv2(torch.cat([x] + [m(x) for m in self.m], 1))
+
+
+class YOLOXs(nn.Module):
+    """YOLOX-s (depth 0.33, width 0.50): CSPDarknet with the Focus stem and
+    SPP, the PAFPN neck of C3 blocks ("CSPLayer"), and the decoupled head
+    (a 1x1 stem, two 3x3 convolutions each for classes and for boxes, the
+    objectness beside the boxes), exported as the official ONNX export
+    does: sigmoids applied, boxes not decoded, [N, 8400, 85]."""
+
+    def __init__(self, classes=80):
+        super().__init__()
+        self.stem = Focus(3, 32)
+        self.d2 = nn.Sequential(Conv(32, 64, 3, 2), C3(64, 64, 1))
+        self.d3 = nn.Sequential(Conv(64, 128, 3, 2), C3(128, 128, 3))
+        self.d4 = nn.Sequential(Conv(128, 256, 3, 2), C3(256, 256, 3))
+        self.d5 = nn.Sequential(Conv(256, 512, 3, 2), SPP(512, 512), C3(512, 512, 1, False))
+        self.lateral0 = Conv(512, 256, 1)
+        self.c3_p4 = C3(512, 256, 1, False)
+        self.reduce1 = Conv(256, 128, 1)
+        self.c3_p3 = C3(256, 128, 1, False)
+        self.bu2 = Conv(128, 128, 3, 2)
+        self.c3_n3 = C3(256, 256, 1, False)
+        self.bu1 = Conv(256, 256, 3, 2)
+        self.c3_n4 = C3(512, 512, 1, False)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.stems = nn.ModuleList(Conv(c, 128, 1) for c in (128, 256, 512))
+        self.cls_convs = nn.ModuleList(nn.Sequential(Conv(128, 128, 3), Conv(128, 128, 3)) for _ in range(3))
+        self.reg_convs = nn.ModuleList(nn.Sequential(Conv(128, 128, 3), Conv(128, 128, 3)) for _ in range(3))
+        self.cls_preds = nn.ModuleList(nn.Conv2d(128, classes, 1) for _ in range(3))
+        self.reg_preds = nn.ModuleList(nn.Conv2d(128, 4, 1) for _ in range(3))
+        self.obj_preds = nn.ModuleList(nn.Conv2d(128, 1, 1) for _ in range(3))
+
+    def forward(self, x):
+        x3 = self.d3(self.d2(self.stem(x)))
+        x4 = self.d4(x3)
+        x5 = self.d5(x4)
+        f0 = self.lateral0(x5)
+        f1 = self.reduce1(self.c3_p4(torch.cat((self.up(f0), x4), 1)))
+        p3 = self.c3_p3(torch.cat((self.up(f1), x3), 1))
+        p4 = self.c3_n3(torch.cat((self.bu2(p3), f1), 1))
+        p5 = self.c3_n4(torch.cat((self.bu1(p4), f0), 1))
+        outs = []
+        for i, f in enumerate((p3, p4, p5)):
+            f = self.stems[i](f)
+            c, r = self.cls_convs[i](f), self.reg_convs[i](f)
+            y = torch.cat((self.reg_preds[i](r), self.obj_preds[i](r).sigmoid(), self.cls_preds[i](c).sigmoid()), 1)
+            outs.append(y.flatten(2))
+        return torch.cat(outs, 2).permute(0, 2, 1)
+
+
+def unit_scale(model):
+    """Random weights that keep activations near unit scale through the
+    network's depth, as trained weights do: He-normal convolutions in the
+    Conv blocks. PyTorch's default initialisation shrinks activations by
+    about half a layer after layer, until after fifty layers an int8
+    layer's bias no longer fits int32 in units of its tiny input scale and
+    the compiler runs it in fp32, which a trained network never needs."""
+    for m in model.modules():
+        if isinstance(m, Conv):
+            nn.init.kaiming_normal_(m.conv.weight, nonlinearity="relu")
+    return model
 
 
 def fuse(model):
@@ -142,7 +326,9 @@ def fuse(model):
 
 MODELS = {
     "resnet50": (lambda: torchvision.models.resnet50(weights=None), 224, ["logits"]),
-    "yolov5s": (lambda: fuse(YOLOv5s()), 640, ["p3", "p4", "p5"]),
+    "yolov5s": (lambda: fuse(unit_scale(YOLOv5s())), 640, ["p3", "p4", "p5"]),
+    "yolov8s": (lambda: fuse(unit_scale(YOLOv8s())), 640, ["output0"]),
+    "yoloxs": (lambda: fuse(unit_scale(YOLOXs())), 640, ["output"]),
 }
 
 
