@@ -71,7 +71,7 @@ alongside_steps() {
   timed scripts/fuzz.sh --build-only
   if arm64; then timed scripts/arm64.sh --build-only; fi
   timed scripts/tsan.sh --no-build
-  timed scripts/fuzz.sh --no-build --seconds 20 --parallel "$(nproc)" -- -seed=1
+  timed scripts/fuzz.sh --no-build --seconds 10 --parallel "$(nproc)" -- -seed=1
   if arm64; then timed scripts/arm64.sh --no-build; fi
 }
 export -f arm64 timed alongside_steps isa_levels
@@ -101,7 +101,7 @@ else
 fi
 
 # ThreadSanitizer over the tests where threads meet (scripts/tsan.sh,
-# build/tsan/), fuzzing (each fuzz target for 20 s on its committed corpus,
+# build/tsan/), fuzzing (each fuzz target for 10 s on its committed corpus,
 # one per core at a time, in a clang build, build/fuzz/, docs/fuzzing.md,
 # with a fixed seed so that a CI failure can be replayed) and arm64 (the
 # cross build and the tensor and conformance tests under qemu-aarch64,
