@@ -103,10 +103,16 @@ fw::Problem gather(TensorEngine& e, const fw::GatherAttrs& at, const View* v) {
     const std::uint64_t last = static_cast<std::uint64_t>(dim) - 256;  // i8: -1 is entry dim - 1
     const bool is_signed = idx.dtype == fw::DType::kI8;
     e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
-      if (!is_signed || last == 0) {
-        for (std::uint64_t i = begin; i < end; ++i) out[i] = table[in[i]];
+      // The pointers as locals: a byte store may alias anything, so through
+      // the captures the loop would load them again for every element.
+      const std::uint8_t* const t = table;
+      const std::uint8_t* const src = in;
+      std::uint8_t* const dst = out;
+      const std::uint64_t top = last;
+      if (!is_signed || top == 0) {
+        for (std::uint64_t i = begin; i < end; ++i) dst[i] = t[src[i]];
       } else {
-        for (std::uint64_t i = begin; i < end; ++i) out[i] = table[in[i] + (in[i] >= 128 ? last : 0)];
+        for (std::uint64_t i = begin; i < end; ++i) dst[i] = t[src[i] + (src[i] >= 128 ? top : 0)];
       }
     });
     return {};
