@@ -31,11 +31,32 @@ std::uint32_t weight_tensors(OpKind kind);
 // quarter of all lanes' local memory): a compiler keeps those on chip
 // between the layers of a group, running the group slice by slice along the
 // output's first dimension (the images of a batch, the rows of a matrix).
-// A tensor is sliced with the output where its first dimension is the
-// output's, and a slice is what one index of that dimension spans (of a
-// strided view, not the stride); one that is not (a matrix product's B) is
-// needed whole.
-// Weights always stream from device memory.
+// A tensor is sliced with the output where each slice of the output reads
+// only the same slice of it (sliced_with_output), and a slice is what one
+// index of that dimension spans (of a strided view, not the stride); any
+// other tensor is needed whole. Weights always stream from device memory.
+bool sliced_with_output(const OpBlock& op, std::uint32_t i, std::uint64_t rows) noexcept {
+  const TensorRef& t = op.tensors[i];
+  const TensorRef& y = output(op);
+  if (t.rank < 2 || dim(t, 0) != rows) return false;
+  switch (op.kind) {
+    case OpKind::kMatMul:
+    case OpKind::kMatMulInteger:
+    case OpKind::kQLinearMatMul: {
+      // B [K, N] serves every row; a batch of matrices [..., K, N] slices
+      // with the batch.
+      const std::uint32_t b = op.kind == OpKind::kQLinearMatMul ? 3 : 1;
+      return i != b || (t.rank >= 3 && t.rank == y.rank);
+    }
+    case OpKind::kGather:  // along axis 0 each output row reads any row of X
+      return !(i == 0 && std::get<GatherAttrs>(op.attrs).axis == 0);
+    case OpKind::kSoftmax:  // along axis 0 a row of the output reads the whole column
+      return std::get<SoftmaxAttrs>(op.attrs).axis != 0;
+    case OpKind::kTopK: return std::get<TopKAttrs>(op.attrs).axis != 0;
+    default: return true;
+  }
+}
+
 std::uint64_t tensor_bytes(const TimingModel& m, const OpBlock& op) noexcept {
   const std::uint64_t local = std::uint64_t{m.lanes} * m.lane_memory_kib * 1024 / 4;
   const std::uint32_t weights = weight_tensors(op.kind);
@@ -45,7 +66,7 @@ std::uint64_t tensor_bytes(const TimingModel& m, const OpBlock& op) noexcept {
   for (std::uint32_t i = 0; i < op.num_tensors; ++i) {
     TensorRef slice = op.tensors[i];
     if (static_cast<DType>(slice.dtype) == DType::kNone) continue;
-    if (slice.rank >= 2 && dim(slice, 0) == rows) slice.shape[0] = 1;
+    if (sliced_with_output(op, i, rows)) slice.shape[0] = 1;
     if (!(weights >> i & 1) && (rows > 1 ? tensor_extent(slice) : op.extent[i]) <= local) continue;
     bytes = clamp64(u128{bytes} + op.extent[i]);
   }

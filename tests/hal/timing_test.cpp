@@ -87,12 +87,27 @@ TEST(Timing, GivenTinyWhenOpsAreCostedThenEachIsItsRooflinePlusFixedCosts) {
   const Op rows = ops::matmul(Tensor(big_a, DType::F32, {1024, 128}), Tensor(t.b, DType::F32, {128, 256}),
                               Tensor(big_y, DType::F32, {1024, 256}));
   EXPECT_EQ(t.dev.modelled(rows).value().memory_ns, 0u);
-  // A matrix product's B is needed whole by every row: [128, 2048] is
-  // 1 MiB, 65536 ns, though A and Y are two rows.
-  Buffer wide_b = t.dev.allocate(128 * 2048 * 4), wide_y = t.dev.allocate(2 * 2048 * 4);
-  const Op wide = ops::matmul(Tensor(big_a, DType::F32, {2, 128}), Tensor(wide_b, DType::F32, {128, 2048}),
-                              Tensor(wide_y, DType::F32, {2, 2048}));
-  EXPECT_EQ(t.dev.modelled(wide).value().memory_ns, 65536u);
+  // A batch of four images of 64 KiB: 256 KiB each operand, but one image
+  // of each fits, so all stay on chip.
+  Buffer p = t.dev.allocate(4 * 16 * 32 * 32 * 4), q = t.dev.allocate(4 * 16 * 32 * 32 * 4),
+         r = t.dev.allocate(4 * 16 * 32 * 32 * 4);
+  const Op images = ops::add(Tensor(p, DType::F32, {4, 16, 32, 32}), Tensor(q, DType::F32, {4, 16, 32, 32}),
+                             Tensor(r, DType::F32, {4, 16, 32, 32}));
+  EXPECT_EQ(t.dev.modelled(images).value().memory_ns, 0u);
+  // A matrix product's B is needed whole by every row, even where its
+  // first dimension (K) is as long as A's rows: [256, 2048] is 2 MiB,
+  // 131072 ns, while A's and Y's rows (1 and 8 KiB) stay on chip.
+  Buffer sq_a = t.dev.allocate(256 * 256 * 4), wide_b = t.dev.allocate(256 * 2048 * 4),
+         wide_y = t.dev.allocate(256 * 2048 * 4);
+  const Op wide = ops::matmul(Tensor(sq_a, DType::F32, {256, 256}), Tensor(wide_b, DType::F32, {256, 2048}),
+                              Tensor(wide_y, DType::F32, {256, 2048}));
+  EXPECT_EQ(t.dev.modelled(wide).value().memory_ns, 131072u);
+  // So is a gather's table along axis 0: each output row reads any of its
+  // rows. [2048, 64] is 512 KiB, 32768 ns.
+  Buffer table = t.dev.allocate(2048 * 64 * 4), rows_of = t.dev.allocate(2048 * 4), got = t.dev.allocate(2048 * 64 * 4);
+  const Op lookup = ops::gather(Tensor(table, DType::F32, {2048, 64}), Tensor(rows_of, DType::I32, {2048}),
+                                Tensor(got, DType::F32, {2048, 64}), 0);
+  EXPECT_EQ(t.dev.modelled(lookup).value().memory_ns, 32768u);
   // A slice of a strided view is what one image of the view spans: a copy
   // into the first 32 of 64 channels of a [2, 64, 32, 32] tensor (a
   // Concat's part) writes 128 KiB per image, on chip, though the view
