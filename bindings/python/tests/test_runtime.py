@@ -327,13 +327,18 @@ def test_int8_activations_run_as_table_lookups_and_a_sigmoid_gate_as_one_silu(de
     assert layers["gate"] == "gather" and layers["tanh"] == "gather" and "silu" not in layers, layers
 
 
-@pytest.mark.parametrize("mode", ["nearest", "linear"])
-def test_int8_split_concat_and_nearest_upsampling_move_bytes(dev, mode):
+@pytest.mark.parametrize("mode,coordinate,nearest", [("nearest", "asymmetric", "floor"),
+                                                     ("nearest", "half_pixel", "round_prefer_floor"),
+                                                     ("nearest", "half_pixel", "floor"),
+                                                     ("linear", "asymmetric", "floor")])
+def test_int8_split_concat_and_nearest_upsampling_move_bytes(dev, mode, coordinate, nearest):
     # YOLO's neck: x -> Conv a -> Split (s0, s1); x -> Conv b; Concat(s1, b,
     # s0) -> Resize x2 -> Conv c. On an int8 layer's bytes the Split's parts
     # and a whole-factor nearest upsample are copies of bytes, and the
     # Concat copies each part in, through a requantisation table where its
-    # range is not the Concat's (b's). A linear resize stays in f32.
+    # range is not the Concat's (b's). A linear resize, and a nearest one
+    # whose rounding does not repeat each element (half_pixel with floor
+    # shifts by one), stay in f32.
     w = {"wa": RNG.standard_normal((4, 4, 3, 3)), "wb": RNG.standard_normal((4, 4, 3, 3)),
          "wc": RNG.standard_normal((4, 8, 3, 3)) * 0.5}
     graph = helper.make_graph(
@@ -341,26 +346,28 @@ def test_int8_split_concat_and_nearest_upsampling_move_bytes(dev, mode):
          helper.make_node("Split", ["a"], ["s0", "s1"], name="split", axis=1),
          helper.make_node("Concat", ["s1", "b", "s0"], ["c"], name="concat", axis=1),
          helper.make_node("Resize", ["c", "", "scales"], ["u"], name="up", mode=mode,
-                          coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+                          coordinate_transformation_mode=coordinate, nearest_mode=nearest),
          conv3("u", "wc", "y", "conv_c")],
-        "neck", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 4, 16, 16])],
+        "neck", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 4, 12, 12])],
         [numpy_helper.from_array(v.astype(np.float32), n) for n, v in w.items()] +
         [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx_bytes = model.SerializeToString()
-    calib = RNG.standard_normal((16, 4, 8, 8)).astype(np.float32)
+    calib = RNG.standard_normal((16, 4, 6, 6)).astype(np.float32)
     compiled = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax", device=dev.uri)
     layers = run_int8_against_fp32(dev, onnx_bytes, compiled, calib[:BATCH])
     assert layers["split/0"] == layers["split/1"] == "cast", layers
     assert set(layers["concat"].split("+")) == {"cast", "gather"}, layers
-    assert layers["up"] == ("cast" if mode == "nearest" else "resize"), layers
+    repeats = mode == "nearest" and (coordinate == "asymmetric" or nearest != "floor")
+    assert layers["up"] == ("cast" if repeats else "resize"), layers
     # What they write is bytes, NHWC (a part of the output, for the copies
-    # into one); a linear resize's output is f32, NCHW.
+    # into one); a resize's output is f32, NCHW.
     outputs = {l["node"]: l["output"] for l in dev.load_model(compiled).instance().profile(iterations=1)["layers"]}
-    assert outputs["split/0"] == f"u8[{BATCH}, 8, 8, 2]" and outputs["concat"].startswith("u8["), outputs
-    assert outputs["up"] == (f"u8[{BATCH}, 8, 8, 8]" if mode == "nearest" else f"f32[{BATCH}, 8, 16, 16]"), outputs
+    assert outputs["split/0"] == f"u8[{BATCH}, 6, 6, 2]", outputs
+    assert outputs["concat"] in (f"u8[{BATCH}, 6, 6, 2]", f"u8[{BATCH}, 6, 6, 4]"), outputs
+    assert outputs["up"] == (f"u8[{BATCH}, 6, 6, 8]" if repeats else f"f32[{BATCH}, 8, 12, 12]"), outputs
 
 
 def test_profile_times_every_layer_by_node_name(dev, cnn):

@@ -82,7 +82,10 @@ bool Lowerer::int8_bias_fits(const Node& n, const std::string& x, const std::vec
                              const std::vector<float>& bias, const QuantizedConstant* wq) {
   if (bias.empty()) return true;
   const auto scales = wq ? model_scales(*wq, cout) : weight_scales(w, cout);
-  const double xs = range_q(x).scale;
+  // The scale x is held at, which qconv uses: a Slice's or MaxPool's output
+  // keeps its input's, not its own calibrated range's.
+  auto held = reps.find(x);
+  const double xs = held != reps.end() && held->second.primary == DType::U8 ? held->second.q.scale : range_q(x).scale;
   for (std::size_t c = 0; c < cout; ++c)
     if (std::fabs(std::nearbyint(bias[c] / (xs * scales[c]))) > 2147483647.0) {
       out.fp32_for_bias.push_back(n.name);
@@ -286,7 +289,7 @@ bool Lowerer::qslice(const Node& n, const std::vector<std::int64_t>& lo, const s
   }
   const auto& shape = shape_of(n.output);
   const auto view = dg().add_subview(r.nhwc, to_nhwc(shape), strides, first);
-  const QParams q = r.q;  // r is invalidated by produce_nhwc
+  const QParams q = r.q;  // produce_nhwc replaces the output's Rep, not x's; a copy keeps it plain
   op("cast", n.name, {{"x", view}, {"y", produce_nhwc(n.output, shape, q)}});
   return true;
 }
