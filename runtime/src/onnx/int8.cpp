@@ -162,13 +162,10 @@ void Lowerer::qconv(const Node& n, std::int64_t xv, const std::string& x, const 
 }
 
 const Node* Lowerer::sole_consumer(const std::string& v) const {
-  const Node* only = nullptr;
-  std::size_t uses = 0;
+  if (consumers(g, v) != 1) return nullptr;
   for (const auto& c : g.nodes)
-    for (const auto& x : c.inputs)
-      if (x == v) ++uses, only = &c;
-  for (const auto& o : g.outputs) uses += o.second == v;
-  return uses == 1 ? only : nullptr;
+    if (std::find(c.inputs.begin(), c.inputs.end(), v) != c.inputs.end()) return &c;
+  return nullptr;  // its one use is as a graph output
 }
 
 bool Lowerer::qadd(const Node& n) {

@@ -10,7 +10,6 @@
 #include "onnx/importer.hpp"
 
 namespace tpuhal::rt::detail {
-namespace {
 
 std::size_t consumers(const Graph& g, const std::string& v) {
   std::size_t c = 0;
@@ -19,6 +18,8 @@ std::size_t consumers(const Graph& g, const std::string& v) {
   for (const auto& o : g.outputs) c += o.second == v;
   return c;
 }
+
+namespace {
 
 // The node (index) whose only consumer is node `i`'s first input, if `fits` it.
 template <typename Fits>

@@ -7,6 +7,7 @@
 // take an activation, which are activations, which write a fresh tensor.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -57,6 +58,10 @@ void fuse_gated(Importer& im);
 
 // Where a value is written straight into its Concat's output: the Concat's
 // output value and the byte offset of the value's part.
+// How many times value `v` is used: as a node's input (once per input
+// slot) or as a graph output.
+std::size_t consumers(const Graph& g, const std::string& v);
+
 struct Placement {
   std::string concat;
   std::uint64_t offset = 0;
