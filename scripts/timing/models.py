@@ -96,6 +96,31 @@ class SPPF(nn.Module):
         return self.cv2(torch.cat((x, y1, y2, self.m(y2)), 1))
 
 
+class PAN(nn.Module):
+    """The neck YOLOv5 and YOLOX share (a PAFPN of C3 blocks): top-down from
+    the deepest feature, then bottom-up; the three scales out, finest first."""
+
+    def __init__(self):
+        super().__init__()
+        self.lateral = Conv(512, 256, 1)
+        self.top4 = C3(512, 256, 1, False)
+        self.reduce = Conv(256, 128, 1)
+        self.top3 = C3(256, 128, 1, False)
+        self.down3 = Conv(128, 128, 3, 2)
+        self.out4 = C3(256, 256, 1, False)
+        self.down4 = Conv(256, 256, 3, 2)
+        self.out5 = C3(512, 512, 1, False)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+
+    def forward(self, p3, p4, p5):
+        f0 = self.lateral(p5)
+        f1 = self.reduce(self.top4(torch.cat((self.up(f0), p4), 1)))
+        small = self.top3(torch.cat((self.up(f1), p3), 1))
+        medium = self.out4(torch.cat((self.down3(small), f1), 1))
+        large = self.out5(torch.cat((self.down4(medium), f0), 1))
+        return small, medium, large
+
+
 class YOLOv5s(nn.Module):
     """YOLOv5s v6.1 (yolov5s.yaml): 80 classes, 3 anchors per scale."""
 
@@ -111,15 +136,7 @@ class YOLOv5s(nn.Module):
         self.b7 = Conv(256, 512, 3, 2)
         self.b8 = C3(512, 512, 1)
         self.b9 = SPPF(512, 512, 5)
-        self.h10 = Conv(512, 256, 1)
-        self.h13 = C3(512, 256, 1, False)
-        self.h14 = Conv(256, 128, 1)
-        self.h17 = C3(256, 128, 1, False)
-        self.h18 = Conv(128, 128, 3, 2)
-        self.h20 = C3(256, 256, 1, False)
-        self.h21 = Conv(256, 256, 3, 2)
-        self.h23 = C3(512, 512, 1, False)
-        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.neck = PAN()
         self.anchors = anchors
         no = anchors * (classes + 5)
         self.detect = nn.ModuleList(nn.Conv2d(c, no, 1) for c in (128, 256, 512))
@@ -127,12 +144,7 @@ class YOLOv5s(nn.Module):
     def forward(self, x):
         p4 = self.b4(self.b3(self.b2(self.b1(self.b0(x)))))
         p6 = self.b6(self.b5(p4))
-        x = self.b9(self.b8(self.b7(p6)))
-        h10 = self.h10(x)
-        h14 = self.h14(self.h13(torch.cat((self.up(h10), p6), 1)))
-        small = self.h17(torch.cat((self.up(h14), p4), 1))
-        medium = self.h20(torch.cat((self.h18(small), h14), 1))
-        large = self.h23(torch.cat((self.h21(medium), h10), 1))
+        small, medium, large = self.neck(p4, p6, self.b9(self.b8(self.b7(p6))))
         # SOPHGO's "3output" export: each head's outputs as [N, 3, H, W, 85],
         # the sigmoid and box decoding left to the host.
         outs = []
@@ -262,15 +274,7 @@ class YOLOXs(nn.Module):
         self.d3 = nn.Sequential(Conv(64, 128, 3, 2), C3(128, 128, 3))
         self.d4 = nn.Sequential(Conv(128, 256, 3, 2), C3(256, 256, 3))
         self.d5 = nn.Sequential(Conv(256, 512, 3, 2), SPP(512, 512), C3(512, 512, 1, False))
-        self.lateral0 = Conv(512, 256, 1)
-        self.c3_p4 = C3(512, 256, 1, False)
-        self.reduce1 = Conv(256, 128, 1)
-        self.c3_p3 = C3(256, 128, 1, False)
-        self.bu2 = Conv(128, 128, 3, 2)
-        self.c3_n3 = C3(256, 256, 1, False)
-        self.bu1 = Conv(256, 256, 3, 2)
-        self.c3_n4 = C3(512, 512, 1, False)
-        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.neck = PAN()
         self.stems = nn.ModuleList(Conv(c, 128, 1) for c in (128, 256, 512))
         self.cls_convs = nn.ModuleList(nn.Sequential(Conv(128, 128, 3), Conv(128, 128, 3)) for _ in range(3))
         self.reg_convs = nn.ModuleList(nn.Sequential(Conv(128, 128, 3), Conv(128, 128, 3)) for _ in range(3))
@@ -281,14 +285,8 @@ class YOLOXs(nn.Module):
     def forward(self, x):
         x3 = self.d3(self.d2(self.stem(x)))
         x4 = self.d4(x3)
-        x5 = self.d5(x4)
-        f0 = self.lateral0(x5)
-        f1 = self.reduce1(self.c3_p4(torch.cat((self.up(f0), x4), 1)))
-        p3 = self.c3_p3(torch.cat((self.up(f1), x3), 1))
-        p4 = self.c3_n3(torch.cat((self.bu2(p3), f1), 1))
-        p5 = self.c3_n4(torch.cat((self.bu1(p4), f0), 1))
         outs = []
-        for i, f in enumerate((p3, p4, p5)):
+        for i, f in enumerate(self.neck(x3, x4, self.d5(x4))):
             f = self.stems[i](f)
             c, r = self.cls_convs[i](f), self.reg_convs[i](f)
             y = torch.cat((self.reg_preds[i](r), self.obj_preds[i](r).sigmoid(), self.cls_preds[i](c).sigmoid()), 1)
