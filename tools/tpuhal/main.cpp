@@ -8,7 +8,27 @@
 
 namespace tpuhal::cli {
 
-#ifndef TPUHAL_HAVE_PROMETHEUS
+#if defined(TPUHAL_CLI_DEVICE_ONLY)
+// A build with the device commands only (-DTPUHAL_CLI_DEVICE_ONLY=ON, as
+// scripts/tsan.sh builds it): the others name what left them out.
+namespace {
+int left_out(const char* name) {
+  std::fprintf(stderr,
+               "tpuhal %s: this build of tpuhal has its device commands only (configured with "
+               "-DTPUHAL_CLI_DEVICE_ONLY=ON); configure without it for this command\n",
+               name);
+  return 1;
+}
+}  // namespace
+int cmd_demo(const std::vector<std::string>&) { return left_out("demo"); }
+int cmd_decode(const std::vector<std::string>&) { return left_out("decode"); }
+int cmd_compile(const std::vector<std::string>&) { return left_out("compile"); }
+int cmd_model_info(const std::vector<std::string>&) { return left_out("model-info"); }
+int cmd_profile(const std::vector<std::string>&) { return left_out("profile"); }
+int cmd_plan(const std::vector<std::string>&) { return left_out("plan"); }
+int cmd_cdi(const std::vector<std::string>&) { return left_out("cdi"); }
+int cmd_exporter(const std::vector<std::string>&) { return left_out("exporter"); }
+#elif !defined(TPUHAL_HAVE_PROMETHEUS)
 int cmd_exporter(const std::vector<std::string>&) {
   std::fprintf(stderr,
                "tpuhal exporter: this build has no Prometheus support; install prometheus-cpp-dev "
