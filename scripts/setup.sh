@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config clang clang-format  # clang-format: scripts/format.sh
+  lld                                           # the clang trees' linker (scripts/lib/configure.bash)
   libclang-rt-14-dev libomp-dev                 # clang's libFuzzer and sanitizer runtimes, its OpenMP (scripts/fuzz.sh)
   libboost-dev libboost-program-options-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev
