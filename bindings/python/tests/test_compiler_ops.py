@@ -859,11 +859,110 @@ def test_pools_1d(dev, op, attrs):
     check(dev, m, {"x": x}, reference)
 
 
-def test_a_3d_convolution_is_refused_naming_what_the_compiler_takes(dev):
-    x, w = randn(1, 2, 4, 5, 6), randn(3, 2, 2, 2, 2)
+def conv3d_reference(x, w, b, strides, pads, dilations, group):
+    """ONNX's 3-D Conv in float64: [N, C, D, H, W] by [Cout, C/group, kd, kh, kw]; pads (front, top, left, back,
+    bottom, right)."""
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[3]), (pads[1], pads[4]), (pads[2], pads[5])))
+    cout, cin_g = w.shape[:2]
+    k = w.shape[2:]
+    out = [(xp.shape[2 + i] - dilations[i] * (k[i] - 1) - 1) // strides[i] + 1 for i in range(3)]
+    y = np.zeros((x.shape[0], cout, *out))
+    for o in range(cout):
+        g = o // (cout // group)
+        for d in range(out[0]):
+            for h in range(out[1]):
+                for v in range(out[2]):
+                    at = [(d, h, v)[i] * strides[i] for i in range(3)]
+                    taps = xp[:, g * cin_g:(g + 1) * cin_g, at[0]:at[0] + dilations[0] * (k[0] - 1) + 1:dilations[0],
+                              at[1]:at[1] + dilations[1] * (k[1] - 1) + 1:dilations[1],
+                              at[2]:at[2] + dilations[2] * (k[2] - 1) + 1:dilations[2]]
+                    y[:, o, d, h, v] = (taps * w[o]).sum(axis=(1, 2, 3, 4))
+    return y + (0 if b is None else b.reshape(1, -1, 1, 1, 1))
+
+
+# Depth padding at both ends (taps that land in it read zeros), strides and dilations that differ per axis,
+# groups, a kernel one deep (one output depth per input depth) and one as deep as the input (one output depth).
+@pytest.mark.parametrize("kernel,strides,pads,dilations,group,relu", [
+    ((3, 3, 3), (1, 1, 1), (1, 1, 1, 1, 1, 1), (1, 1, 1), 1, False),
+    ((3, 2, 3), (2, 1, 2), (2, 0, 1, 1, 1, 0), (1, 2, 1), 2, True),
+    ((2, 3, 1), (1, 2, 1), (0, 1, 0, 3, 1, 0), (3, 1, 1), 1, False),
+    ((1, 3, 3), (1, 1, 1), (0, 1, 1, 0, 1, 1), (1, 1, 1), 1, True),
+    ((5, 1, 1), (1, 1, 1), (0, 0, 0, 0, 0, 0), (1, 1, 1), 1, False)])
+def test_conv_3d(dev, kernel, strides, pads, dilations, group, relu):
+    x, w, b = randn(2, 4, 5, 6, 7), randn(6, 4 // group, *kernel), randn(6)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], strides=list(strides), pads=list(pads),
+                              dilations=list(dilations), group=group, kernel_shape=list(kernel))]
+    if relu:  # fused into the convolution, as in 2-D
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    m = model(nodes, {"x": x.shape}, "y", initializers=[("w", w), ("b", b)])
+
+    def reference(x):
+        y = conv3d_reference(x, w, b, strides, pads, dilations, group)
+        return np.maximum(y, 0) if relu else y
+
+    check(dev, m, {"x": x}, reference)
+
+
+def test_conv_3d_same_padding_and_in_an_int8_model(dev):
+    x, w = randn(1, 3, 7, 6, 5), randn(4, 3, 3, 2, 3)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2, 1], auto_pad="SAME_UPPER")
+    m = model([node], {"x": x.shape}, "y", initializers=[("w", w)])
+    # SAME_UPPER: ceil(7 / 2) = 4 deep, padding 2 * 3 + 3 - 7 = 2, 1 at each end; ceil(6 / 2) = 3 high, padding
+    # 2 * 2 + 2 - 6 = 0; 5 wide, padding 2, 1 at each end.
+    want = conv3d_reference(x, w, None, (2, 2, 1), (1, 0, 1, 1, 0, 1), (1, 1, 1), 1)
+    check(dev, m, {"x": x}, lambda x: want)
+    # int8: a 3-D convolution runs in float (f32) within the int8 model.
+    compiled = tpuhal.compile(m, "int8", shapes={"x": x.shape}, device=dev.uri, calibration=[x])
+    got = dev.load_model(compiled).instance().run({"x": x})[0]
+    assert float(np.abs(got - want).max()) <= TOLERANCE["fp32"] * float(np.abs(want).max())
+
+
+def test_global_average_pool_3d(dev):
+    x = randn(2, 3, 4, 5, 6)
+    m = model([helper.make_node("GlobalAveragePool", ["x"], ["y"])], {"x": x.shape}, "y")
+    check(dev, m, {"x": x}, lambda x: x.astype(np.float64).mean(axis=(2, 3, 4), keepdims=True))
+
+
+def test_a_4d_convolution_and_a_windowed_3d_pool_are_refused_naming_what_the_compiler_takes(dev):
+    x, w = randn(1, 2, 3, 3, 3, 3), randn(2, 2, 2, 2, 2, 2)
     m = model([helper.make_node("Conv", ["x", "w"], ["y"])], {"x": x.shape}, "y", initializers=[("w", w)])
-    with pytest.raises(tpuhal.Unsupported, match="3-D convolution; the compiler takes 1-D and 2-D"):
+    with pytest.raises(tpuhal.Unsupported, match="4-D convolution; the compiler takes 1-D, 2-D .NCHW. and 3-D"):
         run(dev, m, "fp32", {"x": x})
+    x = randn(1, 2, 4, 4, 4)
+    m = model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2])], {"x": x.shape}, "y")
+    with pytest.raises(tpuhal.Unsupported, match="input of rank 5; the compiler pools .* 5-D ones globally"):
+        run(dev, m, "fp32", {"x": x})
+
+
+def test_a_3d_convolution_whose_pads_are_not_six_is_refused(dev):
+    x, w = randn(1, 2, 4, 5, 6), randn(3, 2, 2, 2, 2)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": x.shape}, "y",
+              initializers=[("w", w)])
+    with pytest.raises(tpuhal.InvalidArgument, match="pads .* has 4 entries; 3-D windows take 6"):
+        run(dev, m, "fp32", {"x": x})
+
+
+def test_r3d_18_a_video_network_as_torchvision_builds_it(tmp_path):
+    """torchvision's R3D-18 (Tran et al., 3-D ResNet for action recognition): 3-D convolutions with BatchNorm
+    folded in, residual adds, a global 3-D average pool and a Linear, on 4 frames of 32x32. Its 33 million
+    weights need a board with more memory than sim:tiny."""
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed (scripts/setup.sh installs it)")
+    video = pytest.importorskip("torchvision.models.video", reason="python3-torchvision is not installed")
+    torch.manual_seed(0)
+    net = video.r3d_18(num_classes=16).eval()
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm3d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 2.0)
+    x = randn(1, 3, 4, 32, 32)
+    path = tmp_path / "r3d_18.onnx"
+    torch.onnx.export(net, torch.from_numpy(x), str(path), opset_version=13, input_names=["clip"],
+                      output_names=["logits"])
+    with torch.no_grad():
+        want = net(torch.from_numpy(x)).numpy().astype(np.float64)
+    with tpuhal.open("sim:0") as board:
+        check(board, path.read_bytes(), {"clip": x}, lambda x: want, precisions=("fp32",), scale=1.0)
 
 
 def test_an_m5_audio_network_as_pytorch_exports_it(dev, tmp_path):

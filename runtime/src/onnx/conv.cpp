@@ -1,7 +1,9 @@
 // Conv (2-D, NCHW, constant weights): conv2d with the activation fused
 // into it, or qlinear_conv in int8. A 1-D Conv ([N, C, L]) is conv2d on
-// views with H = 1, in float in every precision. ConvTranspose (1-D and
-// 2-D): conv_transpose2d, in float in every precision.
+// views with H = 1, in float in every precision. A 3-D Conv ([N, C, D, H,
+// W]) is one conv2d over (H, W) whose input channels hold the depth taps
+// side by side, in float in every precision (lower_conv3d). ConvTranspose
+// (1-D and 2-D): conv_transpose2d, in float in every precision.
 #include "onnx/attrs.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
@@ -10,6 +12,64 @@
 namespace tpuhal::rt::detail {
 namespace {
 
+// A 3-D convolution (x [N, C, D, H, W], weights [M, C/group, kd, kh, kw])
+// as its depth window and the 2-D convolution over (H, W) it becomes.
+struct Conv3d {
+  std::int64_t kd = 1, stride = 1, dilation = 1, pad_front = 0, pad_back = 0;
+  ops::Conv2dOptions plane;
+};
+
+Conv3d conv3d_geometry(const ConvAttrs& a, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>& w) {
+  const auto three = [](const std::optional<std::vector<std::int64_t>>& v, std::int64_t fill) {
+    return v && v->size() == 3 ? *v : std::vector<std::int64_t>(3, fill);
+  };
+  const auto s = three(a.strides, 1), d = three(a.dilations, 1);
+  std::array<std::int64_t, 6> p{};  // front, top, left, back, bottom, right
+  if (a.auto_pad == "SAME_UPPER" || a.auto_pad == "SAME_LOWER") {
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto pp = ops::same_pads(onnx_attrs::u32(x[2 + i]), onnx_attrs::u32(w[2 + i]), onnx_attrs::u32(s[i]),
+                                     onnx_attrs::u32(d[i]), a.auto_pad == "SAME_LOWER");
+      p[i] = pp[0];
+      p[3 + i] = pp[1];
+    }
+  } else if (a.auto_pad != "VALID" && a.pads && a.pads->size() == 6) {
+    std::copy(a.pads->begin(), a.pads->end(), p.begin());
+  }
+  Conv3d c;
+  c.kd = w[2];
+  c.stride = s[0];
+  c.dilation = d[0];
+  c.pad_front = p[0];
+  c.pad_back = p[3];
+  c.plane.strides = {onnx_attrs::u32(s[1]), onnx_attrs::u32(s[2])};
+  c.plane.dilations = {onnx_attrs::u32(d[1]), onnx_attrs::u32(d[2])};
+  c.plane.pads = {onnx_attrs::u32(p[1]), onnx_attrs::u32(p[2]), onnx_attrs::u32(p[4]), onnx_attrs::u32(p[5])};
+  c.plane.groups = onnx_attrs::u32(a.groups());
+  return c;
+}
+
+Value infer_conv3d(Importer& im, Node& n, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>& w) {
+  const auto& a = n.attr<ConvAttrs>();
+  check_window(im, n, a, 3);
+  for (std::size_t i = 2; i < 5; ++i)
+    if (w[i] < 1 || w[i] > 0x7fffffff) im.fail_node(n, "weights of shape " + dims_text(w) + " make no kernel");
+  if (a.kernel_shape && *a.kernel_shape != std::vector<std::int64_t>(w.begin() + 2, w.end()))
+    im.fail_node(n, "kernel_shape " + dims_text(*a.kernel_shape) + " is not that of its weights " + dims_text(w));
+  const Conv3d c = conv3d_geometry(a, x, w);
+  const auto& o = c.plane;
+  if (o.groups == 0 || x[1] != w[1] * o.groups || w[0] % o.groups != 0)
+    im.fail_node(n, "input " + dims_text(x) + " and weights " + dims_text(w) + " do not match with group " +
+                        std::to_string(o.groups));
+  const auto u = [](std::int64_t v) { return static_cast<std::uint32_t>(v); };
+  Value out;
+  out.shape = {x[0], w[0], pool_out(x[2], u(c.kd), u(c.stride), u(c.dilation), u(c.pad_front), u(c.pad_back), false),
+               pool_out(x[3], u(w[3]), o.strides[0], o.dilations[0], o.pads[0], o.pads[2], false),
+               pool_out(x[4], u(w[4]), o.strides[1], o.dilations[1], o.pads[1], o.pads[3], false)};
+  check_window_fits(im, n, x, out.shape,
+                    std::to_string(w[2]) + "x" + std::to_string(w[3]) + "x" + std::to_string(w[4]) + " kernel");
+  return out;
+}
+
 Value infer_conv(Importer& im, Node& n) {
   const auto& a = n.attr<ConvAttrs>();
   const auto& x = im.in(n, 0).shape;
@@ -17,8 +77,9 @@ Value infer_conv(Importer& im, Node& n) {
   const bool one_d = x.size() == 3;  // [N, C, L]: lowered as H = 1
   if (x.size() < 3)
     im.fail_node(n, "input of rank " + std::to_string(x.size()) + "; a convolution takes [N, C, spatial...]");
-  if (x.size() > 4)
-    im.unsupported(n, std::to_string(x.size() - 2) + "-D convolution; the compiler takes 1-D and 2-D (NCHW) ones");
+  if (x.size() > 5)
+    im.unsupported(
+        n, std::to_string(x.size() - 2) + "-D convolution; the compiler takes 1-D, 2-D (NCHW) and 3-D (NCDHW) ones");
   if (w.size() != x.size())
     im.fail_node(n, "weights of rank " + std::to_string(w.size()) + " for an input of rank " +
                         std::to_string(x.size()) + " (" + dims_text(w) + " and " + dims_text(x) + ")");
@@ -26,6 +87,7 @@ Value infer_conv(Importer& im, Node& n) {
       Attrs::first_unknown(a.present, {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"});
   if (!unknown.empty()) im.unsupported(n, "attribute " + unknown);
   if (im.has(n, 2)) im.constant(n, 2, "bias");
+  if (x.size() == 5) return infer_conv3d(im, n, x, w);
   check_window(im, n, a, one_d ? 1 : 2);
   // The kernel as [kh, kw] (kh = 1 in 1-D).
   const std::array<std::int64_t, 2> k = one_d ? std::array<std::int64_t, 2>{1, w[2]} : std::array{w[2], w[3]};
@@ -49,9 +111,94 @@ Value infer_conv(Importer& im, Node& n) {
   return out;
 }
 
+// x [N, C, D, H, W] and weights [M, Cg, kd, kh, kw] (C = groups * Cg):
+// the input's depth taps go side by side into the channels of a scratch
+// [N * OD, groups * kd * Cg, H, W] (tap t of output depth o is x's depth
+// o * stride + t * dilation - pad_front; zero where that lies in the
+// padding), and one conv2d with the weights reordered to [M, kd * Cg, kh,
+// kw] gives [N * OD, M, OH, OW], which a strided copy turns into [N, M,
+// OD, OH, OW]. The scratch is kd times the input; the products are the 3-D
+// convolution's own, in one call.
+void lower_conv3d(Lowerer& l, const Node& n) {
+  const auto& shape = l.shape_of(n.output);
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const Value& w = l.g.value(n.inputs[1]);
+  const Conv3d c = conv3d_geometry(n.attr<ConvAttrs>(), xs, w.shape);
+  l.qdq_float(n, "3-D convolutions run in float");
+  const DType t = l.act;
+  const std::int64_t batch = xs[0], channels = xs[1], depth = xs[2], plane = xs[3] * xs[4];
+  const std::int64_t m = w.shape[0], cg = w.shape[1], kd = w.shape[2], taps = w.shape[3] * w.shape[4];
+  const std::int64_t groups = c.plane.groups, od = shape[2], out_plane = shape[3] * shape[4];
+  const auto es = static_cast<std::uint64_t>(size_of(t));
+
+  // Weights [M, Cg, kd, kh, kw] as [M, kd * Cg, kh, kw]: input channel
+  // t * Cg + ci of its group holds depth tap t of channel ci.
+  const auto& wd = *w.data;
+  std::vector<float> reordered(wd.size());
+  for (std::int64_t o = 0; o < m; ++o)
+    for (std::int64_t ci = 0; ci < cg; ++ci)
+      for (std::int64_t t_ = 0; t_ < kd; ++t_)
+        std::copy_n(wd.begin() + ((o * cg + ci) * kd + t_) * taps, taps,
+                    reordered.begin() + ((o * kd + t_) * cg + ci) * taps);
+  const auto weights = l.add_weight(reordered, t, {m, kd * cg, w.shape[3], w.shape[4]});
+
+  auto x = l.dense(l.get(n.inputs[0], t), t, xs);
+  if (l.dg().tensors[static_cast<std::size_t>(x)].storage !=
+      Storage::Arena) {  // a constant input: views need the arena
+    const auto copy = l.dg().add_arena("", t, xs);
+    l.op("cast", n.name, {{"x", x}, {"y", copy}});
+    x = copy;
+  }
+  const auto col = l.dg().add_arena("", t, {batch * od, groups * kd * cg, xs[3], xs[4]});
+  // col as [N, OD, groups, Cg, H * W] for tap t: its strides, and x's for
+  // the same indices with depth o * stride.
+  const std::vector<std::int64_t> col_st{od * groups * kd * cg * plane, groups * kd * cg * plane, kd * cg * plane,
+                                         plane, 1};
+  const std::vector<std::int64_t> x_st{channels * depth * plane, c.stride * plane, cg * depth * plane, depth * plane,
+                                       1};
+  const auto col_part = [&](std::int64_t tap, std::int64_t from, std::int64_t to) {
+    return l.dg().add_subview(col, {batch, to - from, groups, cg, plane}, col_st,
+                              static_cast<std::uint64_t>((from * groups * kd + tap) * cg * plane) * es);
+  };
+  const auto zero = l.add_weight({0.0f}, t, {});
+  for (std::int64_t tap = 0; tap < kd; ++tap) {
+    // The output depths o whose tap lands inside x: 0 <= o * stride + shift < depth.
+    const std::int64_t shift = tap * c.dilation - c.pad_front;
+    const std::int64_t lo = std::min(od, shift >= 0 ? 0 : (-shift + c.stride - 1) / c.stride);
+    const std::int64_t hi = std::clamp(depth - shift <= 0 ? 0 : (depth - shift - 1) / c.stride + 1, lo, od);
+    if (lo > 0) l.op("cast", n.name, {{"x", zero}, {"y", col_part(tap, 0, lo)}});
+    if (hi < od) l.op("cast", n.name, {{"x", zero}, {"y", col_part(tap, hi, od)}});
+    if (hi > lo)
+      l.op("cast", n.name,
+           {{"x", l.dg().add_subview(x, {batch, hi - lo, groups, cg, plane}, x_st,
+                                     static_cast<std::uint64_t>((lo * c.stride + shift) * plane) * es)},
+            {"y", col_part(tap, lo, hi)}});
+  }
+
+  std::map<std::string, std::int64_t> operands{{"x", col}, {"w", weights}};
+  if (n.inputs.size() > 2 && !n.inputs[2].empty()) operands["bias"] = l.get(n.inputs[2], DType::F32);
+  const auto y = l.produce(n.output, t, shape);
+  const std::vector<std::int64_t> flat{batch * od, m, shape[3], shape[4]};
+  // One output depth: [N, M, 1, OH, OW] has the bytes of [N, M, OH, OW].
+  const auto y2 = od == 1 ? l.dg().add_view(y, flat) : l.dg().add_arena("", t, flat);
+  operands["y"] = y2;
+  nlohmann::json at = conv_attrs(c.plane);
+  at["activation"] = act_json(n.act);
+  l.op("conv2d", n.name, operands, at);
+  if (od > 1)
+    l.op(
+        "cast", n.name,
+        {{"x", l.dg().add_subview(y2, {batch, m, od, out_plane}, {od * m * out_plane, out_plane, m * out_plane, 1}, 0)},
+         {"y", l.dg().add_view(y, {batch, m, od, out_plane})}});
+}
+
 void lower_conv(Lowerer& l, const Node& n) {
   const auto& shape = l.shape_of(n.output);
   const auto& xs = l.shape_of(n.inputs[0]);
+  if (xs.size() == 5) {
+    lower_conv3d(l, n);
+    return;
+  }
   const Value& w = l.g.value(n.inputs[1]);
   const auto o = onnx_attrs::conv_options(n.attr<ConvAttrs>(), xs, w.shape);
   const bool has_bias = n.inputs.size() > 2 && !n.inputs[2].empty();

@@ -14,9 +14,14 @@ Value infer_pool(Importer& im, Node& n) {
   const auto& a = n.attr<PoolAttrs>();
   const auto& x = im.in(n, 0).shape;
   const bool one_d = x.size() == 3;  // [N, C, L]: pooled as H = 1
+  if (a.global && x.size() == 5) {   // [N, C, D, H, W]: pooled as [N, C, 1, D * H * W]
+    Value out;
+    out.shape = {x[0], x[1], 1, 1, 1};
+    return out;
+  }
   if (!one_d && x.size() != 4)
-    im.unsupported(
-        n, "input of rank " + std::to_string(x.size()) + "; the compiler pools 3-D (NCL) and 4-D (NCHW) tensors");
+    im.unsupported(n, "input of rank " + std::to_string(x.size()) +
+                          "; the compiler pools 3-D (NCL) and 4-D (NCHW) tensors, and 5-D ones globally");
   if (a.storage_order != 0) im.fail(Status::Unsupported, "node '" + n.name + "' (MaxPool): storage_order 1");
   if (!a.global) {
     if (!a.kernel_shape) im.fail_node(n, "no kernel_shape");
@@ -44,9 +49,35 @@ Value infer_pool(Importer& im, Node& n) {
   return out;
 }
 
+nlohmann::json pool_json(const ops::Pool2dOptions& o, Layout layout) {
+  return {{"kernel", o.kernel},
+          {"strides", o.strides},
+          {"dilations", o.dilations},
+          {"pads", o.pads},
+          {"ceil_mode", o.ceil_mode},
+          {"count_include_pad", o.count_include_pad},
+          {"layout", layout == Layout::NHWC ? "nhwc" : "nchw"}};
+}
+
+// A global pool of [N, C, D, H, W]: the 2-D one of its [N, C, 1, D * H * W] view.
+void lower_global_pool_5d(Lowerer& l, const Node& n) {
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const std::vector<std::int64_t> flat{xs[0], xs[1], 1, xs[2] * xs[3] * xs[4]}, pooled{xs[0], xs[1], 1, 1};
+  const auto o = onnx_attrs::pool_options(n.attr<PoolAttrs>(), flat);
+  const DType t = l.float_type();
+  const auto x = l.dense(l.get(n.inputs[0], t), t, xs);
+  const auto y = l.produce(n.output, t, l.shape_of(n.output));
+  l.op("avg_pool2d", n.name, {{"x", l.dg().add_view(x, flat)}, {"y", l.dg().add_view(y, pooled)}},
+       pool_json(o, Layout::NCHW));
+}
+
 void lower_pool(Lowerer& l, const Node& n) {
   const auto& shape = l.shape_of(n.output);
   const auto& xs = l.shape_of(n.inputs[0]);
+  if (xs.size() == 5) {
+    lower_global_pool_5d(l, n);
+    return;
+  }
   const auto o = onnx_attrs::pool_options(n.attr<PoolAttrs>(), xs);
   const bool max = n.op == "MaxPool", one_d = xs.size() == 3;
   DType t = l.float_type();
@@ -61,14 +92,7 @@ void lower_pool(Lowerer& l, const Node& n) {
     operands["y"] = l.produce(n.output, t, shape);
     if (one_d) l.as_2d(operands, {{"x", &xs}, {"y", &shape}});
   }
-  l.op(max ? "max_pool2d" : "avg_pool2d", n.name, operands,
-       {{"kernel", o.kernel},
-        {"strides", o.strides},
-        {"dilations", o.dilations},
-        {"pads", o.pads},
-        {"ceil_mode", o.ceil_mode},
-        {"count_include_pad", o.count_include_pad},
-        {"layout", t == DType::U8 ? "nhwc" : "nchw"}});
+  l.op(max ? "max_pool2d" : "avg_pool2d", n.name, operands, pool_json(o, t == DType::U8 ? Layout::NHWC : Layout::NCHW));
 }
 
 }  // namespace
