@@ -5,7 +5,9 @@ with NumPy (or PyTorch, where it defines the op the way exporters write it).
 Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
 Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, Gather by indices computed on the
-device, GatherND, Cast to integers, and LayerNorm as PyTorch exports it at opset 13."""
+device, GatherND, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions and
+pools, and the networks that use them (M5 audio, R3D-18 video)."""
+import itertools
 import json
 import math
 import os
@@ -923,14 +925,68 @@ def test_global_average_pool_3d(dev):
     check(dev, m, {"x": x}, lambda x: x.astype(np.float64).mean(axis=(2, 3, 4), keepdims=True))
 
 
-def test_a_4d_convolution_and_a_windowed_3d_pool_are_refused_naming_what_the_compiler_takes(dev):
+def pool_nd_reference(x, op, kernel, strides, pads, dilations, ceil_mode=False, count_include_pad=False):
+    """ONNX's MaxPool or AveragePool over the last len(kernel) axes in float64, window by window; pads (begins,
+    then ends). With count_include_pad an average divides by the window's positions inside the padded input
+    (the pads count as zeros; past them, nothing)."""
+    x = x.astype(np.float64)
+    dims = len(kernel)
+    size = x.shape[-dims:]
+    out = []
+    for i in range(dims):
+        span = (kernel[i] - 1) * dilations[i] + 1
+        length = size[i] + pads[i] + pads[dims + i] - span
+        o = (-(-length // strides[i]) if ceil_mode else length // strides[i]) + 1
+        if ceil_mode and (o - 1) * strides[i] >= size[i] + pads[i]:
+            o -= 1
+        out.append(o)
+    y = np.zeros(x.shape[:-dims] + tuple(out))
+    for at in itertools.product(*(range(o) for o in out)):
+        axes = [[at[i] * strides[i] - pads[i] + j * dilations[i] for j in range(kernel[i])] for i in range(dims)]
+        inside = [[p for p in a if 0 <= p < size[i]] for i, a in enumerate(axes)]
+        window = x[(...,) + np.ix_(*inside)].reshape(x.shape[:-dims] + (-1,))
+        if op == "MaxPool":
+            y[(...,) + at] = window.max(axis=-1)
+        else:
+            padded = np.prod([sum(-pads[i] <= p < size[i] + pads[dims + i] for p in a) for i, a in enumerate(axes)])
+            y[(...,) + at] = window.sum(axis=-1) / (padded if count_include_pad else window.shape[-1])
+    return y
+
+
+# Padding at either end of each axis, strides and dilations that differ per axis, ceil mode, both divisors of an
+# average, SAME padding, and a 1 x kh x kw window (no depth step).
+@pytest.mark.parametrize("op,attrs", [
+    ("MaxPool", dict(kernel_shape=[2, 3, 3], strides=[2, 2, 2], pads=[1, 1, 0, 0, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[3, 2, 2], strides=[1, 2, 1], dilations=[2, 1, 2], ceil_mode=1)),
+    ("MaxPool", dict(kernel_shape=[1, 3, 3], strides=[1, 2, 2], pads=[0, 1, 1, 0, 1, 1])),
+    ("AveragePool", dict(kernel_shape=[3, 3, 2], strides=[2, 1, 2], pads=[1, 0, 1, 1, 2, 0])),
+    ("AveragePool", dict(kernel_shape=[3, 2, 3], strides=[2, 2, 2], pads=[1, 1, 1, 2, 1, 1], count_include_pad=1,
+                         ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2], auto_pad="SAME_UPPER"))])
+def test_pools_3d(dev, op, attrs):
+    x = randn(2, 3, 5, 6, 7)
+    m = model([helper.make_node(op, ["x"], ["y"], **attrs)], {"x": x.shape}, "y")
+    kernel = attrs["kernel_shape"]
+    pads = attrs.get("pads", [0] * 6)
+    if attrs.get("auto_pad") == "SAME_UPPER":  # ceil(size / 2) outputs, the odd padding position at the end
+        total = [max((-(-size // 2) - 1) * 2 + k - size, 0) for size, k in zip(x.shape[2:], kernel)]
+        pads = [t // 2 for t in total] + [t - t // 2 for t in total]
+    want = pool_nd_reference(x, op, kernel, attrs["strides"], pads, attrs.get("dilations", [1] * 3),
+                             attrs.get("ceil_mode", 0), attrs.get("count_include_pad", 0))
+    check(dev, m, {"x": x}, lambda x: want)
+    # int8: a 3-D pool runs in float (f32) within the int8 model.
+    compiled = tpuhal.compile(m, "int8", shapes={"x": x.shape}, device=dev.uri, calibration=[x])
+    got = dev.load_model(compiled).instance().run({"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_4d_convolution_and_pool_are_refused_naming_what_the_compiler_takes(dev):
     x, w = randn(1, 2, 3, 3, 3, 3), randn(2, 2, 2, 2, 2, 2)
     m = model([helper.make_node("Conv", ["x", "w"], ["y"])], {"x": x.shape}, "y", initializers=[("w", w)])
     with pytest.raises(tpuhal.Unsupported, match="4-D convolution; the compiler takes 1-D, 2-D .NCHW. and 3-D"):
         run(dev, m, "fp32", {"x": x})
-    x = randn(1, 2, 4, 4, 4)
-    m = model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2])], {"x": x.shape}, "y")
-    with pytest.raises(tpuhal.Unsupported, match="input of rank 5; the compiler pools .* 5-D ones globally"):
+    m = model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2, 2])], {"x": x.shape}, "y")
+    with pytest.raises(tpuhal.Unsupported, match="input of rank 6; the compiler pools .* and 5-D .NCDHW. tensors"):
         run(dev, m, "fp32", {"x": x})
 
 
@@ -940,6 +996,26 @@ def test_a_3d_convolution_whose_pads_are_not_six_is_refused(dev):
               initializers=[("w", w)])
     with pytest.raises(tpuhal.InvalidArgument, match="pads .* has 4 entries; 3-D windows take 6"):
         run(dev, m, "fp32", {"x": x})
+
+
+def test_a_c3d_style_network_as_pytorch_exports_it(dev, tmp_path):
+    """C3D's pattern (Tran et al.): 3x3x3 convolutions, a first MaxPool3d that keeps the frames (1x2x2), later
+    ones that halve them (2x2x2, one with ceil_mode), an AvgPool3d, and a Linear, on 8 frames of 24x24."""
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed (scripts/setup.sh installs it)")
+    nn = torch.nn
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv3d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool3d((1, 2, 2)),
+        nn.Conv3d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool3d(2),
+        nn.Conv3d(16, 16, 3, padding=1), nn.ReLU(), nn.MaxPool3d(2, ceil_mode=True),
+        nn.AvgPool3d((2, 3, 3)), nn.Flatten(), nn.Linear(16, 10)).eval()
+    x = randn(1, 3, 8, 24, 24)
+    path = tmp_path / "c3d.onnx"
+    torch.onnx.export(net, torch.from_numpy(x), str(path), opset_version=13, input_names=["clip"],
+                      output_names=["logits"])
+    with torch.no_grad():
+        want = net(torch.from_numpy(x)).numpy().astype(np.float64)
+    check(dev, path.read_bytes(), {"clip": x}, lambda x: want)
 
 
 def test_r3d_18_a_video_network_as_torchvision_builds_it(tmp_path):

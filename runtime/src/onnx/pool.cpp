@@ -1,6 +1,6 @@
-// MaxPool, AveragePool, GlobalAveragePool (4-D, or 3-D as H = 1):
-// max_pool2d and avg_pool2d; in int8, a 4-D MaxPool of a u8 value stays u8
-// (NHWC), the max of u8 values keeping their scale.
+// MaxPool, AveragePool, GlobalAveragePool (4-D, 3-D as H = 1, 5-D as two
+// 2-D pools): max_pool2d and avg_pool2d; in int8, a 4-D MaxPool of a u8
+// value stays u8 (NHWC), the max of u8 values keeping their scale.
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 #include "onnx/window.hpp"
@@ -9,6 +9,78 @@ namespace tpuhal::rt::detail {
 namespace {
 
 using PoolAttrs = onnx_attrs::WindowAttrs;
+
+// A 3-D pool of [N, C, D, H, W] as two 2-D ones: `plane` over (H, W) of
+// the [N, C * D, H, W] view, then `depth` (a kd x 1 window) over the
+// [N * C, 1, D, OH * OW] view of its result. Both kinds separate so: the
+// max of the planes' maxima is the window's, and an average's divisor (the
+// window's positions inside the input, or inside the padded input with
+// count_include_pad) is the product of the axes' own.
+struct Pool3d {
+  ops::Pool2dOptions plane, depth;
+};
+
+Pool3d pool3d_options(const PoolAttrs& a, const std::vector<std::int64_t>& x) {
+  const auto three = [](const std::optional<std::vector<std::int64_t>>& v, std::int64_t fill) {
+    return v && v->size() == 3 ? *v : std::vector<std::int64_t>(3, fill);
+  };
+  const auto k = three(a.kernel_shape, 1), s = three(a.strides, 1), d = three(a.dilations, 1);
+  const auto u = [](std::int64_t v) { return onnx_attrs::u32(v); };
+  std::array<std::uint32_t, 6> p{};  // front, top, left, back, bottom, right
+  if (a.auto_pad == "SAME_UPPER" || a.auto_pad == "SAME_LOWER") {
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto pp = ops::same_pads(u(x[2 + i]), u(k[i]), u(s[i]), u(d[i]), a.auto_pad == "SAME_LOWER");
+      p[i] = pp[0];
+      p[3 + i] = pp[1];
+    }
+  } else if (a.auto_pad == "NOTSET" && a.pads && a.pads->size() == 6) {
+    for (std::size_t i = 0; i < 6; ++i) p[i] = u((*a.pads)[i]);
+  }
+  Pool3d o;
+  for (ops::Pool2dOptions* q : {&o.plane, &o.depth}) {
+    q->ceil_mode = a.ceil_mode;
+    q->count_include_pad = a.count_include_pad;
+  }
+  o.plane.kernel = {u(k[1]), u(k[2])};
+  o.plane.strides = {u(s[1]), u(s[2])};
+  o.plane.dilations = {u(d[1]), u(d[2])};
+  o.plane.pads = {p[1], p[2], p[4], p[5]};
+  o.depth.kernel = {u(k[0]), 1};
+  o.depth.strides = {u(s[0]), 1};
+  o.depth.dilations = {u(d[0]), 1};
+  o.depth.pads = {p[0], 0, p[3], 0};
+  return o;
+}
+
+// What the pooling ops take: each pad smaller than its window.
+void check_pads(const Importer& im, const Node& n, const ops::Pool2dOptions& o) {
+  for (int k = 0; k < 2; ++k) {
+    const std::uint64_t window = std::uint64_t{o.dilations[k]} * (o.kernel[k] - 1) + 1;
+    if (o.pads[k] >= window || o.pads[k + 2] >= window)
+      im.fail_node(n, "pads (" + std::to_string(o.pads[k]) + ", " + std::to_string(o.pads[k + 2]) +
+                          ") must be smaller than the window (" + std::to_string(window) + ")");
+  }
+}
+
+std::int64_t pooled(std::int64_t in, const ops::Pool2dOptions& o, int axis) {
+  const auto a = static_cast<std::size_t>(axis);
+  return pool_out(in, o.kernel[a], o.strides[a], o.dilations[a], o.pads[a], o.pads[a + 2], o.ceil_mode);
+}
+
+Value infer_pool3d(Importer& im, Node& n, const std::vector<std::int64_t>& x) {
+  const auto& a = n.attr<PoolAttrs>();
+  if (!a.kernel_shape) im.fail_node(n, "no kernel_shape");
+  check_window(im, n, a, 3);
+  const Pool3d o = pool3d_options(a, x);
+  check_pads(im, n, o.depth);
+  check_pads(im, n, o.plane);
+  Value out;
+  out.shape = {x[0], x[1], pooled(x[2], o.depth, 0), pooled(x[3], o.plane, 0), pooled(x[4], o.plane, 1)};
+  check_window_fits(im, n, x, out.shape,
+                    std::to_string(o.depth.kernel[0]) + "x" + std::to_string(o.plane.kernel[0]) + "x" +
+                        std::to_string(o.plane.kernel[1]) + " window");
+  return out;
+}
 
 Value infer_pool(Importer& im, Node& n) {
   const auto& a = n.attr<PoolAttrs>();
@@ -19,21 +91,17 @@ Value infer_pool(Importer& im, Node& n) {
     out.shape = {x[0], x[1], 1, 1, 1};
     return out;
   }
-  if (!one_d && x.size() != 4)
+  if (!one_d && x.size() != 4 && x.size() != 5)
     im.unsupported(n, "input of rank " + std::to_string(x.size()) +
-                          "; the compiler pools 3-D (NCL) and 4-D (NCHW) tensors, and 5-D ones globally");
+                          "; the compiler pools 3-D (NCL), 4-D (NCHW) and 5-D (NCDHW) tensors");
   if (a.storage_order != 0) im.fail(Status::Unsupported, "node '" + n.name + "' (MaxPool): storage_order 1");
+  if (x.size() == 5) return infer_pool3d(im, n, x);
   if (!a.global) {
     if (!a.kernel_shape) im.fail_node(n, "no kernel_shape");
     check_window(im, n, a, one_d ? 1 : 2);
   }
   const auto o = onnx_attrs::pool_options(a, x);
-  for (int k = 0; k < 2; ++k) {  // what the pooling ops take
-    const std::uint64_t window = std::uint64_t{o.dilations[k]} * (o.kernel[k] - 1) + 1;
-    if (o.pads[k] >= window || o.pads[k + 2] >= window)
-      im.fail_node(n, "pads (" + std::to_string(o.pads[k]) + ", " + std::to_string(o.pads[k + 2]) +
-                          ") must be smaller than the window (" + std::to_string(window) + ")");
-  }
+  check_pads(im, n, o);
   const std::int64_t ow =
       pool_out(x.back(), o.kernel[1], o.strides[1], o.dilations[1], o.pads[1], o.pads[3], o.ceil_mode);
   Value out;
@@ -62,20 +130,57 @@ nlohmann::json pool_json(const ops::Pool2dOptions& o, Layout layout) {
 // A global pool of [N, C, D, H, W]: the 2-D one of its [N, C, 1, D * H * W] view.
 void lower_global_pool_5d(Lowerer& l, const Node& n) {
   const auto& xs = l.shape_of(n.inputs[0]);
-  const std::vector<std::int64_t> flat{xs[0], xs[1], 1, xs[2] * xs[3] * xs[4]}, pooled{xs[0], xs[1], 1, 1};
+  const std::vector<std::int64_t> flat{xs[0], xs[1], 1, xs[2] * xs[3] * xs[4]}, one{xs[0], xs[1], 1, 1};
   const auto o = onnx_attrs::pool_options(n.attr<PoolAttrs>(), flat);
   const DType t = l.float_type();
   const auto x = l.dense(l.get(n.inputs[0], t), t, xs);
   const auto y = l.produce(n.output, t, l.shape_of(n.output));
-  l.op("avg_pool2d", n.name, {{"x", l.dg().add_view(x, flat)}, {"y", l.dg().add_view(y, pooled)}},
+  l.op("avg_pool2d", n.name, {{"x", l.dg().add_view(x, flat)}, {"y", l.dg().add_view(y, one)}},
        pool_json(o, Layout::NCHW));
+}
+
+// A 3-D MaxPool or AveragePool (pool3d_options), in float in every
+// precision. A step whose window is one element with stride 1 and no
+// padding (the depth step of a 1 x kh x kw window, as video networks'
+// stems have) is left out.
+void lower_pool3d(Lowerer& l, const Node& n) {
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const auto& shape = l.shape_of(n.output);
+  const Pool3d o = pool3d_options(n.attr<PoolAttrs>(), xs);
+  const char* kind = n.op == "MaxPool" ? "max_pool2d" : "avg_pool2d";
+  const auto none = [](const ops::Pool2dOptions& q) {
+    return q.kernel == std::array<std::uint32_t, 2>{1, 1} && q.strides == std::array<std::uint32_t, 2>{1, 1} &&
+           q.pads == std::array<std::uint32_t, 4>{};
+  };
+  const bool plane = !none(o.plane), depth = !none(o.depth);
+  const DType t = l.float_type();
+  const auto x = l.dense(l.get(n.inputs[0], t), t, xs);
+  const auto y = l.produce(n.output, t, shape);
+  // The plane step's result, [N, C * D, OH, OW]: y itself without a depth step.
+  const std::vector<std::int64_t> mid_shape{xs[0], xs[1] * xs[2], shape[3], shape[4]};
+  std::int64_t mid = x;
+  if (plane || !depth) {
+    mid = depth ? l.dg().add_arena("", t, mid_shape) : l.dg().add_view(y, mid_shape);
+    l.op(kind, n.name, {{"x", l.dg().add_view(x, {xs[0], xs[1] * xs[2], xs[3], xs[4]})}, {"y", mid}},
+         pool_json(o.plane, Layout::NCHW));
+  }
+  if (depth) {
+    const std::int64_t planes = xs[0] * xs[1], area = shape[3] * shape[4];
+    l.op(
+        kind, n.name,
+        {{"x", l.dg().add_view(mid, {planes, 1, xs[2], area})}, {"y", l.dg().add_view(y, {planes, 1, shape[2], area})}},
+        pool_json(o.depth, Layout::NCHW));
+  }
 }
 
 void lower_pool(Lowerer& l, const Node& n) {
   const auto& shape = l.shape_of(n.output);
   const auto& xs = l.shape_of(n.inputs[0]);
   if (xs.size() == 5) {
-    lower_global_pool_5d(l, n);
+    if (n.attr<PoolAttrs>().global)
+      lower_global_pool_5d(l, n);
+    else
+      lower_pool3d(l, n);
     return;
   }
   const auto o = onnx_attrs::pool_options(n.attr<PoolAttrs>(), xs);
