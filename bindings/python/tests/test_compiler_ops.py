@@ -55,6 +55,14 @@ def check(dev, onnx_bytes, feeds, reference, precisions=("fp32", "fp16", "bf16")
         assert err <= TOLERANCE[precision], f"{precision}: error {err:.3g} of the largest value"
 
 
+def exported(torch, net, x, path, input_name):
+    """`net` exported to ONNX at `path` (opset 13) with one input, and its float64 output for `x` in PyTorch."""
+    torch.onnx.export(net, torch.from_numpy(x), str(path), opset_version=13, input_names=[input_name],
+                      output_names=["y"])
+    with torch.no_grad():
+        return path.read_bytes(), net(torch.from_numpy(x)).numpy().astype(np.float64)
+
+
 def randn(*shape):
     return RNG.standard_normal(shape).astype(np.float32)
 
@@ -1010,12 +1018,8 @@ def test_a_c3d_style_network_as_pytorch_exports_it(dev, tmp_path):
         nn.Conv3d(16, 16, 3, padding=1), nn.ReLU(), nn.MaxPool3d(2, ceil_mode=True),
         nn.AvgPool3d((2, 3, 3)), nn.Flatten(), nn.Linear(16, 10)).eval()
     x = randn(1, 3, 8, 24, 24)
-    path = tmp_path / "c3d.onnx"
-    torch.onnx.export(net, torch.from_numpy(x), str(path), opset_version=13, input_names=["clip"],
-                      output_names=["logits"])
-    with torch.no_grad():
-        want = net(torch.from_numpy(x)).numpy().astype(np.float64)
-    check(dev, path.read_bytes(), {"clip": x}, lambda x: want)
+    onnx_bytes, want = exported(torch, net, x, tmp_path / "c3d.onnx", "clip")
+    check(dev, onnx_bytes, {"clip": x}, lambda x: want)
 
 
 def test_r3d_18_a_video_network_as_torchvision_builds_it(tmp_path):
@@ -1032,13 +1036,9 @@ def test_r3d_18_a_video_network_as_torchvision_builds_it(tmp_path):
                 m.running_mean.uniform_(-0.2, 0.2)
                 m.running_var.uniform_(0.5, 2.0)
     x = randn(1, 3, 4, 32, 32)
-    path = tmp_path / "r3d_18.onnx"
-    torch.onnx.export(net, torch.from_numpy(x), str(path), opset_version=13, input_names=["clip"],
-                      output_names=["logits"])
-    with torch.no_grad():
-        want = net(torch.from_numpy(x)).numpy().astype(np.float64)
+    onnx_bytes, want = exported(torch, net, x, tmp_path / "r3d_18.onnx", "clip")
     with tpuhal.open("sim:0") as board:
-        check(board, path.read_bytes(), {"clip": x}, lambda x: want, precisions=("fp32",), scale=1.0)
+        check(board, onnx_bytes, {"clip": x}, lambda x: want, precisions=("fp32",), scale=1.0)
 
 
 def test_an_m5_audio_network_as_pytorch_exports_it(dev, tmp_path):
@@ -1070,12 +1070,8 @@ def test_an_m5_audio_network_as_pytorch_exports_it(dev, tmp_path):
             norm.weight.uniform_(0.5, 1.5)
             norm.bias.uniform_(-0.2, 0.2)
     x = randn(1, 1, 8000)
-    path = tmp_path / "m5.onnx"
-    torch.onnx.export(net, torch.from_numpy(x), str(path), opset_version=13, input_names=["audio"],
-                      output_names=["logp"])
-    with torch.no_grad():
-        want = net(torch.from_numpy(x)).numpy().astype(np.float64)
-    check(dev, path.read_bytes(), {"audio": x}, lambda x: want)
+    onnx_bytes, want = exported(torch, net, x, tmp_path / "m5.onnx", "audio")
+    check(dev, onnx_bytes, {"audio": x}, lambda x: want)
 
 
 def test_mixed_precision_leaves_a_1d_convolution_in_f32(dev):
