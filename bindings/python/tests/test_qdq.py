@@ -182,3 +182,38 @@ def test_a_1d_convolution_between_pairs_runs_in_float_and_says_so(dev):
     assert np.abs(got - ref).max() <= sy * 1.001  # at most one step, where rounding meets a tie
     with pytest.raises(tpuhal.InvalidArgument, match="would run in fp32"):
         tpuhal.compile(model, "int8", device=dev.uri, strict_qdq=True)
+
+
+@pytest.mark.parametrize("factor_shape,folded", [((4, 1, 1, 1), True), ((4, 1, 1), False)])
+def test_a_3d_convolution_between_pairs_runs_in_float_and_a_factor_folds_only_per_channel(dev, factor_shape,
+                                                                                          folded):
+    # x is [1, C, D, H, W] with C = D = 4: a factor [C, 1, 1, 1] scales channels and folds into the weights; one
+    # of [4, 1, 1] lines up with D (broadcasting from the right) and must stay a Mul.
+    x = RNG.standard_normal((1, 4, 4, 5, 5)).astype(np.float32)
+    w = (RNG.standard_normal((4, 4, 3, 3, 3)) * 0.2).astype(np.float32)
+    f = RNG.uniform(0.5, 2.0, factor_shape).astype(np.float32)
+    sx = np.float32(0.03)
+    sw = (np.abs(w).reshape(4, -1).max(1) / 127).astype(np.float32)
+    wq = np.clip(np.rint(w / sw[:, None, None, None, None]), -128, 127).astype(np.int8)
+    consts = [("sx", np.array(sx)), ("z", np.array(0, np.int8)), ("wq", wq), ("sw", sw), ("zw", np.zeros(4, np.int8)),
+              ("f", f)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1] * 6, name="conv"),
+             helper.make_node("Mul", ["c", "f"], ["y"], name="scale")]
+    graph = helper.make_graph(nodes, "qdq_conv3d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(a, n) for n, a in consts])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    torch = pytest.importorskip("torch")
+    xd = fake_quant(x, sx, 0, -128, 127).astype(np.float64)
+    wd = wq.astype(np.float64) * sw[:, None, None, None, None]
+    ref = torch.nn.functional.conv3d(torch.from_numpy(xd), torch.from_numpy(wd), padding=1).numpy() * f
+    for precision in ("fp32", "int8"):
+        got, notes = run(dev, m.SerializeToString(), precision, x)
+        text = " ".join(notes)
+        assert ("folded Mul 'scale'" in text) == folded, text
+        assert np.abs(got - ref).max() <= 1e-4 * float(np.abs(ref).max()), precision
+    assert "3-D convolutions run in float" in text, text

@@ -163,10 +163,12 @@ void fold_scales(Importer& im) {
     Node& conv = g.nodes[*p];
     const auto& ys = g.value(conv.output).shape;
     const auto cout = static_cast<std::size_t>(ys[1]);
-    // One factor, or one per channel: [C, 1, 1] or [1, C, 1, 1].
-    const bool per_channel = f.elements() == cout && f.shape.size() >= 3 && f.shape.size() <= 4 &&
-                             f.shape[f.shape.size() - 3] == ys[1] && f.shape[f.shape.size() - 1] == 1 &&
-                             f.shape[f.shape.size() - 2] == 1;
+    // One factor, or one per channel: broadcast against [N, C, spatial...]
+    // (right-aligned), C at the channel axis and 1 elsewhere ([C, 1, 1] or
+    // [1, C, 1, 1] for a 2-D convolution, [C, 1, 1, 1] for a 3-D one).
+    const std::size_t rank = ys.size(), k = f.shape.size();
+    bool per_channel = f.elements() == cout && k + 1 >= rank && k <= rank;
+    for (std::size_t d = 0; per_channel && d < k; ++d) per_channel = f.shape[d] == (d + rank - k == 1 ? ys[1] : 1);
     if (f.elements() != 1 && !per_channel) continue;
     if (g.value(m.output).shape != ys) continue;
     std::vector<double> s(cout);
