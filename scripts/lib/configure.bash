@@ -14,11 +14,11 @@ configure_with() {
     rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
   fi
   # clang links with lld: the sanitizer trees link a hundred large test
-  # programs, and lld links the largest in a third of GNU ld's time.
-  local lld=()
-  if [[ $($cxx --version) == *clang* ]] && command -v ld.lld >/dev/null; then
-    lld=(-DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld -DCMAKE_SHARED_LINKER_FLAGS=-fuse-ld=lld
-      -DCMAKE_MODULE_LINKER_FLAGS=-fuse-ld=lld)
-  fi
-  CC=$cc CXX=$cxx cmake -S "$root" -B "$build" -G Ninja "${lld[@]}" "${@:4}" >/dev/null
+  # programs, and lld links the largest in a third of GNU ld's time. Set
+  # either way, so that a tree configured before with lld does not keep it
+  # where there is none.
+  local ld=
+  if [[ $($cxx --version) == *clang* ]] && command -v ld.lld >/dev/null; then ld=-fuse-ld=lld; fi
+  CC=$cc CXX=$cxx cmake -S "$root" -B "$build" -G Ninja "-DCMAKE_EXE_LINKER_FLAGS=$ld" \
+    "-DCMAKE_SHARED_LINKER_FLAGS=$ld" "-DCMAKE_MODULE_LINKER_FLAGS=$ld" "${@:4}" >/dev/null
 }
