@@ -837,7 +837,7 @@ def test_conv_1d_same_padding_and_in_an_int8_model(dev):
                                                            count_include_pad=1)),
                                       ("MaxPool", dict(kernel_shape=[3], strides=[1], dilations=[2])),
                                       ("MaxPool", dict(kernel_shape=[3], strides=[2], auto_pad="SAME_UPPER")),
-                                      ("GlobalAveragePool", {})])
+                                      ("GlobalAveragePool", {}), ("GlobalMaxPool", {})])
 def test_pools_1d(dev, op, attrs):
     x = randn(2, 3, 11)
     m = model([helper.make_node(op, ["x"], ["y"], **attrs)], {"x": x.shape}, "y")
@@ -845,6 +845,8 @@ def test_pools_1d(dev, op, attrs):
     def reference(x):
         if op == "GlobalAveragePool":
             return x.astype(np.float64).mean(axis=2, keepdims=True)
+        if op == "GlobalMaxPool":
+            return x.astype(np.float64).max(axis=2, keepdims=True)
         k, s, d = attrs["kernel_shape"][0], attrs["strides"][0], attrs.get("dilations", [1])[0]
         p0, p1 = attrs.get("pads", [0, 0])
         if attrs.get("auto_pad") == "SAME_UPPER":  # ceil(L / s) outputs, the odd padding position at the end
@@ -927,10 +929,27 @@ def test_conv_3d_same_padding_and_in_an_int8_model(dev):
     assert float(np.abs(got - want).max()) <= TOLERANCE["fp32"] * float(np.abs(want).max())
 
 
-def test_global_average_pool_3d(dev):
-    x = randn(2, 3, 4, 5, 6)
-    m = model([helper.make_node("GlobalAveragePool", ["x"], ["y"])], {"x": x.shape}, "y")
-    check(dev, m, {"x": x}, lambda x: x.astype(np.float64).mean(axis=(2, 3, 4), keepdims=True))
+@pytest.mark.parametrize("rank", [4, 5])
+@pytest.mark.parametrize("op,reduce", [("GlobalAveragePool", np.mean), ("GlobalMaxPool", np.max)])
+def test_global_pools_2d_and_3d(dev, rank, op, reduce):
+    x = randn(*(2, 3, 4, 5, 6)[5 - rank:])
+    m = model([helper.make_node(op, ["x"], ["y"])], {"x": x.shape}, "y")
+    axes = tuple(range(2, rank))
+    check(dev, m, {"x": x}, lambda x: reduce(x.astype(np.float64), axis=axes, keepdims=True))
+
+
+def test_an_int8_global_max_pool_after_an_int8_convolution_matches_fp32(dev):
+    # Conv + Relu in int8 leave a u8 NHWC value; GlobalMaxPool takes the max of its u8 values, which keep
+    # their scale (as MaxPool's do), within a quantization step of the fp32 model's.
+    x, w = randn(2, 3, 9, 9), randn(8, 3, 3, 3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalMaxPool", ["r"], ["y"], name="gmp")]
+    m = model(nodes, {"x": x.shape}, "y", initializers=[("w", w)])
+    compiled = tpuhal.compile(m, "int8", shapes={"x": x.shape}, device=dev.uri, calibration=[x])
+    (got,) = dev.load_model(compiled).instance().run({"x": x})
+    want = run(dev, m, "fp32", {"x": x})
+    assert got.shape == want.shape == (2, 8, 1, 1)
+    assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()
 
 
 def pool_nd_reference(x, op, kernel, strides, pads, dilations, ceil_mode=False, count_include_pad=False):

@@ -1,6 +1,7 @@
-// MaxPool, AveragePool, GlobalAveragePool (4-D, 3-D as H = 1, 5-D as two
-// 2-D pools): max_pool2d and avg_pool2d; in int8, a 4-D MaxPool of a u8
-// value stays u8 (NHWC), the max of u8 values keeping their scale.
+// MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (4-D, 3-D as
+// H = 1, 5-D as two 2-D pools): max_pool2d and avg_pool2d; in int8, a 4-D
+// max of a u8 value stays u8 (NHWC), the max of u8 values keeping their
+// scale.
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 #include "onnx/window.hpp"
@@ -117,6 +118,8 @@ Value infer_pool(Importer& im, Node& n) {
   return out;
 }
 
+bool is_max(const Node& n) { return n.op == "MaxPool" || n.op == "GlobalMaxPool"; }
+
 nlohmann::json pool_json(const ops::Pool2dOptions& o, Layout layout) {
   return {{"kernel", o.kernel},
           {"strides", o.strides},
@@ -135,8 +138,8 @@ void lower_global_pool_5d(Lowerer& l, const Node& n) {
   const DType t = l.float_type();
   const auto x = l.dense(l.get(n.inputs[0], t), t, xs);
   const auto y = l.produce(n.output, t, l.shape_of(n.output));
-  l.op("avg_pool2d", n.name, {{"x", l.dg().add_view(x, flat)}, {"y", l.dg().add_view(y, one)}},
-       pool_json(o, Layout::NCHW));
+  l.op(is_max(n) ? "max_pool2d" : "avg_pool2d", n.name,
+       {{"x", l.dg().add_view(x, flat)}, {"y", l.dg().add_view(y, one)}}, pool_json(o, Layout::NCHW));
 }
 
 // A 3-D MaxPool or AveragePool (pool3d_options), in float in every
@@ -147,7 +150,7 @@ void lower_pool3d(Lowerer& l, const Node& n) {
   const auto& xs = l.shape_of(n.inputs[0]);
   const auto& shape = l.shape_of(n.output);
   const Pool3d o = pool3d_options(n.attr<PoolAttrs>(), xs);
-  const char* kind = n.op == "MaxPool" ? "max_pool2d" : "avg_pool2d";
+  const char* kind = is_max(n) ? "max_pool2d" : "avg_pool2d";
   const auto none = [](const ops::Pool2dOptions& q) {
     return q.kernel == std::array<std::uint32_t, 2>{1, 1} && q.strides == std::array<std::uint32_t, 2>{1, 1} &&
            q.pads == std::array<std::uint32_t, 4>{};
@@ -184,7 +187,7 @@ void lower_pool(Lowerer& l, const Node& n) {
     return;
   }
   const auto o = onnx_attrs::pool_options(n.attr<PoolAttrs>(), xs);
-  const bool max = n.op == "MaxPool", one_d = xs.size() == 3;
+  const bool max = is_max(n), one_d = xs.size() == 3;
   DType t = l.float_type();
   if (!one_d && l.int8() && max && l.reps.count(n.inputs[0]) && l.reps.at(n.inputs[0]).primary == DType::U8)
     t = DType::U8;
@@ -204,7 +207,7 @@ void lower_pool(Lowerer& l, const Node& n) {
 
 std::span<const OpHandler> pool_handlers() {
   static const OpHandler h[] = {
-      {.ops = {"MaxPool", "AveragePool", "GlobalAveragePool"},
+      {.ops = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"},
        .read = read_attrs<PoolAttrs>,
        .infer = infer_pool,
        .lower = lower_pool,
