@@ -893,15 +893,17 @@ def conv3d_reference(x, w, b, strides, pads, dilations, group):
 
 
 # Depth padding at both ends (taps that land in it read zeros), strides and dilations that differ per axis,
-# groups, a kernel one deep (one output depth per input depth) and one as deep as the input (one output depth).
+# groups, a depthwise one whose depth stride passes its kernel, a kernel one deep (one output depth per input
+# depth) and one as deep as the input (one output depth).
 @pytest.mark.parametrize("kernel,strides,pads,dilations,group,relu", [
     ((3, 3, 3), (1, 1, 1), (1, 1, 1, 1, 1, 1), (1, 1, 1), 1, False),
     ((3, 2, 3), (2, 1, 2), (2, 0, 1, 1, 1, 0), (1, 2, 1), 2, True),
     ((2, 3, 1), (1, 2, 1), (0, 1, 0, 3, 1, 0), (3, 1, 1), 1, False),
     ((1, 3, 3), (1, 1, 1), (0, 1, 1, 0, 1, 1), (1, 1, 1), 1, True),
+    ((2, 3, 3), (3, 1, 2), (1, 1, 1, 0, 1, 1), (1, 1, 1), 4, False),
     ((5, 1, 1), (1, 1, 1), (0, 0, 0, 0, 0, 0), (1, 1, 1), 1, False)])
 def test_conv_3d(dev, kernel, strides, pads, dilations, group, relu):
-    x, w, b = randn(2, 4, 5, 6, 7), randn(6, 4 // group, *kernel), randn(6)
+    x, w, b = randn(2, 4, 5, 6, 7), randn(8, 4 // group, *kernel), randn(8)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], strides=list(strides), pads=list(pads),
                               dilations=list(dilations), group=group, kernel_shape=list(kernel))]
     if relu:  # fused into the convolution, as in 2-D
@@ -915,13 +917,14 @@ def test_conv_3d(dev, kernel, strides, pads, dilations, group, relu):
     check(dev, m, {"x": x}, reference)
 
 
-def test_conv_3d_same_padding_and_in_an_int8_model(dev):
-    x, w = randn(1, 3, 7, 6, 5), randn(4, 3, 3, 2, 3)
-    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2, 1], auto_pad="SAME_UPPER")
+@pytest.mark.parametrize("auto_pad,front,back", [("SAME_UPPER", 1, 2), ("SAME_LOWER", 2, 1)])
+def test_conv_3d_same_padding_and_in_an_int8_model(dev, auto_pad, front, back):
+    x, w = randn(1, 3, 7, 6, 5), randn(4, 3, 4, 2, 3)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2, 1], auto_pad=auto_pad)
     m = model([node], {"x": x.shape}, "y", initializers=[("w", w)])
-    # SAME_UPPER: ceil(7 / 2) = 4 deep, padding 2 * 3 + 3 - 7 = 2, 1 at each end; ceil(6 / 2) = 3 high, padding
-    # 2 * 2 + 2 - 6 = 0; 5 wide, padding 2, 1 at each end.
-    want = conv3d_reference(x, w, None, (2, 2, 1), (1, 0, 1, 1, 0, 1), (1, 1, 1), 1)
+    # ceil(7 / 2) = 4 deep, padding 3 * 2 + 4 - 7 = 3, the odd one at the end (UPPER) or the front (LOWER);
+    # ceil(6 / 2) = 3 high, padding 2 * 2 + 2 - 6 = 0; 5 wide, padding 2, 1 at each end.
+    want = conv3d_reference(x, w, None, (2, 2, 1), (front, 0, 1, back, 0, 1), (1, 1, 1), 1)
     check(dev, m, {"x": x}, lambda x: want)
     # int8: a 3-D convolution runs in float (f32) within the int8 model.
     compiled = tpuhal.compile(m, "int8", shapes={"x": x.shape}, device=dev.uri, calibration=[x])
