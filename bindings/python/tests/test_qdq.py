@@ -19,6 +19,16 @@ def fake_quant(v, scale, zero, lo, hi):
     return (np.clip(np.rint(v / scale) + zero, lo, hi) - zero) * scale
 
 
+def qdq_model(nodes, name, x_shape, consts):
+    """An opset-13 model's bytes: float input x, float output y, `consts` [(name, array)] as initializers."""
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(a, n) for n, a in consts])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
 def qdq_conv(out_quantized=True, out_reader="DequantizeLinear", act="Relu"):
     """pytorch-quantization's style: int8 symmetric activations, per-channel int8 weights, a Relu (or a
     Clip to [0, 6]), the output quantized again. Returns the model's bytes, the input and a float64
@@ -42,11 +52,7 @@ def qdq_conv(out_quantized=True, out_reader="DequantizeLinear", act="Relu"):
         nodes += [helper.make_node("QuantizeLinear", ["r", "sy", "zy"], ["yq"]),
                   helper.make_node(out_reader, ["yq", "sy", "zy"] if out_reader == "DequantizeLinear" else ["yq"],
                                    ["y"])]
-    graph = helper.make_graph(nodes, "qdq_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(a, n) for n, a in consts])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
+    model = qdq_model(nodes, "qdq_conv", x.shape, consts)
     torch = pytest.importorskip("torch")
     xd = fake_quant(x, sx, 0, -128, 127).astype(np.float64)
     wd = wq.astype(np.float64) * sw[:, None, None, None]
@@ -55,7 +61,7 @@ def qdq_conv(out_quantized=True, out_reader="DequantizeLinear", act="Relu"):
     ref = np.maximum(conv, 0) if act == "Relu" else np.clip(conv, 0, 6)
     if out_quantized:
         ref = fake_quant(ref, np.float64(sy), 0, -128, 127)
-    return m.SerializeToString(), x, ref, float(sy)
+    return model, x, ref, float(sy)
 
 
 def run(dev, model, precision, x, **kw):
@@ -165,12 +171,7 @@ def test_a_1d_convolution_between_pairs_runs_in_float_and_says_so(dev):
              helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1]),
              helper.make_node("QuantizeLinear", ["c", "sy", "z"], ["cq"]),
              helper.make_node("DequantizeLinear", ["cq", "sy", "z"], ["y"])]
-    graph = helper.make_graph(nodes, "qdq_conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(a, n) for n, a in consts])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    model = m.SerializeToString()
+    model = qdq_model(nodes, "qdq_conv1d", x.shape, consts)
     got, notes = run(dev, model, "int8", x)
     text = " ".join(notes)
     assert "1 layer(s) in fp32, not covered by the model's Q/DQ" in text, text
@@ -202,17 +203,13 @@ def test_a_3d_convolution_between_pairs_runs_in_float_and_a_factor_folds_only_pe
              helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"], axis=0),
              helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1] * 6, name="conv"),
              helper.make_node("Mul", ["c", "f"], ["y"], name="scale")]
-    graph = helper.make_graph(nodes, "qdq_conv3d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(a, n) for n, a in consts])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
+    model = qdq_model(nodes, "qdq_conv3d", x.shape, consts)
     torch = pytest.importorskip("torch")
     xd = fake_quant(x, sx, 0, -128, 127).astype(np.float64)
     wd = wq.astype(np.float64) * sw[:, None, None, None, None]
     ref = torch.nn.functional.conv3d(torch.from_numpy(xd), torch.from_numpy(wd), padding=1).numpy() * f
     for precision in ("fp32", "int8"):
-        got, notes = run(dev, m.SerializeToString(), precision, x)
+        got, notes = run(dev, model, precision, x)
         text = " ".join(notes)
         assert ("folded Mul 'scale'" in text) == folded, text
         assert np.abs(got - ref).max() <= 1e-4 * float(np.abs(ref).max()), precision

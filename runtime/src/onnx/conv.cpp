@@ -20,30 +20,17 @@ struct Conv3d {
 };
 
 Conv3d conv3d_geometry(const ConvAttrs& a, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>& w) {
-  const auto three = [](const std::optional<std::vector<std::int64_t>>& v, std::int64_t fill) {
-    return v && v->size() == 3 ? *v : std::vector<std::int64_t>(3, fill);
-  };
-  const auto s = three(a.strides, 1), d = three(a.dilations, 1);
-  std::array<std::int64_t, 6> p{};  // front, top, left, back, bottom, right
-  if (a.auto_pad == "SAME_UPPER" || a.auto_pad == "SAME_LOWER") {
-    for (std::size_t i = 0; i < 3; ++i) {
-      const auto pp = ops::same_pads(onnx_attrs::u32(x[2 + i]), onnx_attrs::u32(w[2 + i]), onnx_attrs::u32(s[i]),
-                                     onnx_attrs::u32(d[i]), a.auto_pad == "SAME_LOWER");
-      p[i] = pp[0];
-      p[3 + i] = pp[1];
-    }
-  } else if (a.auto_pad != "VALID" && a.pads && a.pads->size() == 6) {
-    std::copy(a.pads->begin(), a.pads->end(), p.begin());
-  }
+  const Window3d win = window_3d(a, x, {w[2], w[3], w[4]});
+  const auto& p = win.pads;
   Conv3d c;
   c.kd = w[2];
-  c.stride = s[0];
-  c.dilation = d[0];
+  c.stride = win.strides[0];
+  c.dilation = win.dilations[0];
   c.pad_front = p[0];
   c.pad_back = p[3];
-  c.plane.strides = {onnx_attrs::u32(s[1]), onnx_attrs::u32(s[2])};
-  c.plane.dilations = {onnx_attrs::u32(d[1]), onnx_attrs::u32(d[2])};
-  c.plane.pads = {onnx_attrs::u32(p[1]), onnx_attrs::u32(p[2]), onnx_attrs::u32(p[4]), onnx_attrs::u32(p[5])};
+  c.plane.strides = {win.strides[1], win.strides[2]};
+  c.plane.dilations = {win.dilations[1], win.dilations[2]};
+  c.plane.pads = {p[1], p[2], p[4], p[5]};
   c.plane.groups = onnx_attrs::u32(a.groups());
   return c;
 }

@@ -22,33 +22,27 @@ struct Pool3d {
 };
 
 Pool3d pool3d_options(const PoolAttrs& a, const std::vector<std::int64_t>& x) {
-  const auto three = [](const std::optional<std::vector<std::int64_t>>& v, std::int64_t fill) {
-    return v && v->size() == 3 ? *v : std::vector<std::int64_t>(3, fill);
-  };
-  const auto k = three(a.kernel_shape, 1), s = three(a.strides, 1), d = three(a.dilations, 1);
+  const bool given = a.kernel_shape && a.kernel_shape->size() == 3;
+  const std::array<std::int64_t, 3> k =
+      given ? std::array{(*a.kernel_shape)[0], (*a.kernel_shape)[1], (*a.kernel_shape)[2]}
+            : std::array<std::int64_t, 3>{1, 1, 1};
+  const Window3d win = window_3d(a, x, k);
+  const auto& s = win.strides;
+  const auto& d = win.dilations;
+  const auto& p = win.pads;
   const auto u = [](std::int64_t v) { return onnx_attrs::u32(v); };
-  std::array<std::uint32_t, 6> p{};  // front, top, left, back, bottom, right
-  if (a.auto_pad == "SAME_UPPER" || a.auto_pad == "SAME_LOWER") {
-    for (std::size_t i = 0; i < 3; ++i) {
-      const auto pp = ops::same_pads(u(x[2 + i]), u(k[i]), u(s[i]), u(d[i]), a.auto_pad == "SAME_LOWER");
-      p[i] = pp[0];
-      p[3 + i] = pp[1];
-    }
-  } else if (a.auto_pad == "NOTSET" && a.pads && a.pads->size() == 6) {
-    for (std::size_t i = 0; i < 6; ++i) p[i] = u((*a.pads)[i]);
-  }
   Pool3d o;
   for (ops::Pool2dOptions* q : {&o.plane, &o.depth}) {
     q->ceil_mode = a.ceil_mode;
     q->count_include_pad = a.count_include_pad;
   }
   o.plane.kernel = {u(k[1]), u(k[2])};
-  o.plane.strides = {u(s[1]), u(s[2])};
-  o.plane.dilations = {u(d[1]), u(d[2])};
+  o.plane.strides = {s[1], s[2]};
+  o.plane.dilations = {d[1], d[2]};
   o.plane.pads = {p[1], p[2], p[4], p[5]};
   o.depth.kernel = {u(k[0]), 1};
-  o.depth.strides = {u(s[0]), 1};
-  o.depth.dilations = {u(d[0]), 1};
+  o.depth.strides = {s[0], 1};
+  o.depth.dilations = {d[0], 1};
   o.depth.pads = {p[0], 0, p[3], 0};
   return o;
 }

@@ -42,6 +42,27 @@ void check_window_fits(const Importer& im, const Node& n, const std::vector<std:
   if (!fits) im.fail_node(n, "its " + window + " does not fit the padded " + extent + " input");
 }
 
+Window3d window_3d(const onnx_attrs::WindowAttrs& a, const std::vector<std::int64_t>& x,
+                   const std::array<std::int64_t, 3>& kernel) {
+  using onnx_attrs::u32;
+  Window3d w;
+  for (std::size_t i = 0; i < 3; ++i) {
+    if (a.strides && a.strides->size() == 3) w.strides[i] = u32((*a.strides)[i]);
+    if (a.dilations && a.dilations->size() == 3) w.dilations[i] = u32((*a.dilations)[i]);
+  }
+  if (a.auto_pad == "SAME_UPPER" || a.auto_pad == "SAME_LOWER") {
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto p =
+          ops::same_pads(u32(x[2 + i]), u32(kernel[i]), w.strides[i], w.dilations[i], a.auto_pad == "SAME_LOWER");
+      w.pads[i] = p[0];
+      w.pads[3 + i] = p[1];
+    }
+  } else if (a.auto_pad == "NOTSET" && a.pads && a.pads->size() == 6) {
+    for (std::size_t i = 0; i < 6; ++i) w.pads[i] = u32((*a.pads)[i]);
+  }
+  return w;
+}
+
 std::int64_t pool_out(std::int64_t in, std::uint32_t k, std::uint32_t s, std::uint32_t d, std::uint32_t pb,
                       std::uint32_t pe, bool ceil) {
   if (in < 0) return 0;
