@@ -35,7 +35,7 @@ if ((build_it)); then
   cuda_targets=()
   if grep -q '^build cuda_shim_test:' "$build/build.ninja"; then cuda_targets=(cuda_shim_test tpuhal_fake_cuda cuda_gpu_test); fi
   cmake --build "$build" --target hal_threads tpu_driver hal_conformance sim_board_test tpuhal_cli hal_validation \
-    hal_trace hal_telemetry simd_test tpuhal_simd simd_client tpu_usb_test "${cuda_targets[@]}"
+    hal_trace hal_telemetry simd_test tpuhal_simd simd_client tpu_usb_test tpu_libusb_link_test "${cuda_targets[@]}"
 fi
 ((test_it)) || exit 0
 
@@ -45,7 +45,7 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 # their synchronisation. Results do not depend on the thread count.
 export TPUHAL_SIM_THREADS=1
 (cd "$build" && ctest --output-on-failure -j "$(nproc)" \
-  -R '^(Threads|TpuDriver|Devices/Conformance|Devices/TelemetryTest|SimBoard|Validation|Trace|Simd|Cuda|UsbTransport|UsbSim|UsbLoader|UsbFunction)' "$@")
+  -R '^(Threads|TpuDriver|Devices/Conformance|Devices/TelemetryTest|SimBoard|Validation|Trace|Simd|Cuda|UsbTransport|UsbSim|UsbLoader|UsbFunction|LibusbLink)' "$@")
 (($# == 0)) || exit 0
 # The soak test (docs/faults.md): every thread, queue and process path at
 # once, for 10 s, with a fixed seed so that a failure can be replayed.

@@ -119,11 +119,13 @@ class LibusbLink final : public UsbLink {
     libusb_get_device_descriptor(found, &dd);
     ids_ = dd;
     int rc = libusb_open(found, &handle_);
-    if (rc == LIBUSB_ERROR_ACCESS)
-      throw Error(Status::PermissionDenied, "usb " + location + ": no permission to open /dev/bus/usb/" +
-                                                std::to_string(libusb_get_bus_number(found)) + "/" +
-                                                std::to_string(libusb_get_device_address(found)) +
+    if (rc == LIBUSB_ERROR_ACCESS) {
+      char node[32];  // usbfs names them with three digits: /dev/bus/usb/001/005
+      std::snprintf(node, sizeof node, "/dev/bus/usb/%03u/%03u", libusb_get_bus_number(found),
+                    libusb_get_device_address(found));
+      throw Error(Status::PermissionDenied, "usb " + location + ": no permission to open " + node +
                                                 " (run as root, or add a udev rule granting it; docs/usb.md)");
+    }
     if (rc != 0) throw Error(Status::DeviceLost, "usb " + location + ": cannot open: " + usb_error(rc));
     try {
       find_endpoints(found);
@@ -257,7 +259,7 @@ class LibusbLink final : public UsbLink {
   std::span<const std::byte> peek_in() override {
     std::unique_lock lock(mu_);
     start_in_locked();
-    cv_.wait(lock, [&] { return !bulk_ready_.empty() || ended_; });
+    cv_.wait(lock, [&] { return !bulk_ready_.empty() || drained_locked(ep_in_); });
     // What came before the board went away is still read: a loader's
     // verdict, say, sent just before it detaches to re-enumerate. After
     // shutdown() nothing is.
@@ -278,7 +280,7 @@ class LibusbLink final : public UsbLink {
   std::size_t interrupt_in(std::span<std::byte> out) override {
     std::unique_lock lock(mu_);
     start_in_locked();
-    cv_.wait(lock, [&] { return !irq_ready_.empty() || ended_; });
+    cv_.wait(lock, [&] { return !irq_ready_.empty() || drained_locked(ep_irq_); });
     if (irq_ready_.empty() || closing_) return 0;  // as peek_in
     libusb_transfer* t = irq_ready_.front();
     const std::size_t n = std::min(out.size(), static_cast<std::size_t>(t->actual_length));
@@ -414,6 +416,16 @@ class LibusbLink final : public UsbLink {
     return true;
   }
 
+  // Nothing more will be read from IN endpoint `ep` (mu_ held): the link
+  // has ended and each of the endpoint's transfers has come back. A
+  // transfer the board answered just before it went away may still be on
+  // its way to completed(), behind the failed submission that ended the
+  // link: the loader's verdict, when it detaches to re-enumerate at once.
+  // After shutdown() nothing is read, so nothing is waited for.
+  bool drained_locked(std::uint8_t ep) const {
+    return ended_ && (closing_ || (ep == ep_irq_ ? irq_in_flight_ : bulk_in_flight_) == 0);
+  }
+
   // Gives the front received transfer back to libusb (mu_ held).
   void release_locked(std::deque<libusb_transfer*>& ready) {
     libusb_transfer* t = ready.front();
@@ -429,9 +441,12 @@ class LibusbLink final : public UsbLink {
       return;
     }
     t->length = static_cast<int>(info_[t].bytes);
+    int& reading = t->endpoint == ep_irq_ ? irq_in_flight_ : bulk_in_flight_;
     ++in_flight_;
+    ++reading;
     if (const int rc = libusb_submit_transfer(t); rc != 0) {
       --in_flight_;
+      --reading;
       idle_.push_back(t);
       end_locked("an IN transfer could not be submitted: " + submit_error(rc));
     }
@@ -441,26 +456,34 @@ class LibusbLink final : public UsbLink {
 
   void completed(libusb_transfer* t) {
     const bool is_out = t->endpoint == ep_out_;
+    const bool is_irq = t->endpoint == ep_irq_;
     std::unique_lock lock(mu_);
     --in_flight_;
     if (is_out) --out_in_flight_;
+    if (!is_out) --(is_irq ? irq_in_flight_ : bulk_in_flight_);
     const bool ok = t->status == LIBUSB_TRANSFER_COMPLETED;
     if (!ok && !ended_) {
       end_locked(t->status == LIBUSB_TRANSFER_NO_DEVICE
                      ? "the board was disconnected"
                      : std::string("a transfer ended with ") + libusb_error_name(t->status));
     }
-    // After an IN transfer fails, nothing later on its endpoint is read:
-    // bytes after a gap would join a message cut by it.
-    const bool is_irq = t->endpoint == ep_irq_;
-    if (!ok && !is_out) (is_irq ? irq_gap_ : bulk_gap_) = true;
+    // What an IN transfer received is read even if the link has ended
+    // since (peek_in), and even if the transfer was cancelled as it ended:
+    // the board may have answered it before the end (libusb then reports
+    // the cancellation with the bytes). After an IN transfer fails, nothing
+    // later on its endpoint is read: bytes after a gap would join a message
+    // cut by it.
+    bool& gap = is_irq ? irq_gap_ : bulk_gap_;
+    const bool keep =
+        !is_out && !closing_ && !gap && t->actual_length > 0 && (ok || t->status == LIBUSB_TRANSFER_CANCELLED);
+    if (!ok && !is_out) gap = true;
     cv_.notify_all();
-    if (is_out || !ok || closing_ || (is_irq ? irq_gap_ : bulk_gap_)) {
-      idle_.push_back(t);
+    if (keep) {
+      (is_irq ? irq_ready_ : bulk_ready_).push_back(t);  // to the reader, then back
       return;
     }
-    if (t->actual_length > 0) {                          // read even if the link has ended since (peek_in)
-      (is_irq ? irq_ready_ : bulk_ready_).push_back(t);  // to the reader, then back
+    if (is_out || !ok || closing_ || gap) {
+      idle_.push_back(t);
       return;
     }
     resubmit_locked(t);  // nothing came (a zero-length packet)
@@ -528,6 +551,7 @@ class LibusbLink final : public UsbLink {
   std::size_t bulk_offset_ = 0;
   bool device_memory_ = true;                                   // usbfs may have some to give; guarded
   int in_flight_ = 0, out_in_flight_ = 0;                       // guarded
+  int bulk_in_flight_ = 0, irq_in_flight_ = 0;                  // IN transfers in flight, by endpoint; guarded
   std::vector<libusb_transfer*> unstarted_in_;                  // until the first read; guarded
   bool ended_ = false, closing_ = false, stop_events_ = false;  // guarded
   bool bulk_gap_ = false, irq_gap_ = false;                     // an IN transfer on that endpoint failed; guarded
