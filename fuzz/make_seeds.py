@@ -273,6 +273,28 @@ compiled_graph = (b'{"arena_bytes": 128, "weight_bytes": 80, "tensors": ['
                   b' "inputs": [0], "outputs": [3]}')
 
 
+
+
+def conv_graph(batch):
+    """compiled_graph's convolution for `batch` samples, as an object's text."""
+    x = batch * 64
+    return (b'{"arena_bytes": %d, "weight_bytes": 80, "tensors": ['
+            b'{"dtype": "f32", "shape": [%d, 4, 2, 2], "storage": "arena", "offset": 0, "value": "x"},'
+            b'{"dtype": "f32", "shape": [4, 4, 1, 1], "storage": "weights", "offset": 0},'
+            b'{"dtype": "f32", "shape": [4], "storage": "weights", "offset": 64},'
+            b'{"dtype": "f32", "shape": [%d, 4, 2, 2], "storage": "arena", "offset": %d, "value": "y"}],'
+            b' "ops": [{"op": "conv2d", "node": "conv", "operands": {"x": 0, "w": 1, "bias": 2, "y": 3},'
+            b' "attrs": {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "groups": 1,'
+            b' "activation": {"kind": "relu", "alpha": 0, "beta": 0}}}],'
+            b' "inputs": [0], "outputs": [3]}') % (2 * x, batch, batch, x)
+
+
+# The same compiled for batches 1 to 3 (--max-batch 3): the graph runs 3,
+# the stages 1 and 2.
+stages_io = compiled_io.replace(b"[1, 4, 2, 2]", b"[3, 4, 2, 2]")
+stages_json = b'{"stages": [{"batch": 1, "graph": %s}, {"batch": 2, "graph": %s}]}' % (conv_graph(1), conv_graph(2))
+
+
 def model_file_seeds():
     meta = b"producer=tpuhal compile\nprecision=int8\n"
     weights = bytes(range(256)) * 5
@@ -287,6 +309,9 @@ def model_file_seeds():
         "compiled": model_file([(1, False, b"precision=fp32\n"), (2, False, compiled_io), (3, False, compiled_graph),
                                 (4, False, bytes(64 + 16))]),
         "graph_json": compiled_graph,  # straight to the section decoders
+        "stages": model_file([(1, False, b"precision=fp32\n"), (2, False, stages_io), (3, False, conv_graph(3)),
+                              (4, False, bytes(64 + 16)), (7, True, stages_json)], version=2),
+        "stages_json": stages_json,
     }
 
 

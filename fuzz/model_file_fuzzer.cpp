@@ -7,9 +7,9 @@
 //     printable sentence naming the file;
 //   - a model it returns re-encodes to bytes that decode to the same
 //     sections, and re-encoding that is a fixed point;
-//   - its io and graph sections (docs/model-format.md) either decode or are
-//     refused with InvalidArgument and a message naming the file, as
-//     Model::load does before it builds any op.
+//   - its io, graph and stages sections (docs/model-format.md) either
+//     decode or are refused with InvalidArgument and a message naming the
+//     file, as Model::load does before it builds any op.
 #include <algorithm>
 
 #include "device_graph.hpp"
@@ -29,8 +29,17 @@ bool same(const rt::ModelFile& a, const rt::ModelFile& b) {
          });
 }
 
-// The io and graph decoders on `io` and `graph` (either may be empty).
-void decode_sections(std::span<const std::byte> io, std::span<const std::byte> graph, std::uint64_t weights) {
+// Every tensor of a decoded graph lies inside its storage.
+void check_placed(const rt::detail::DeviceGraph& g, std::uint64_t weights) {
+  for (const auto& t : g.tensors) {
+    const std::uint64_t limit = t.storage == rt::detail::Storage::Weights ? weights : g.arena_bytes;
+    FUZZ_CHECK(t.offset <= limit && t.bytes() <= limit - t.offset, "a decoded tensor lies outside its storage");
+  }
+}
+
+// The io, graph and stages decoders on those sections (any may be empty).
+void decode_sections(std::span<const std::byte> io, std::span<const std::byte> graph, std::span<const std::byte> stages,
+                     std::uint64_t weights) {
   auto refused_properly = [](const tpuhal::Error& e) {
     const std::string msg = e.what();
     FUZZ_CHECK(e.status() == tpuhal::Status::InvalidArgument, "section decoder status %d: %s",
@@ -47,11 +56,14 @@ void decode_sections(std::span<const std::byte> io, std::span<const std::byte> g
   }
   if (!graph.empty()) {
     try {
-      const auto g = rt::detail::decode_graph(graph, weights, "fuzz.tpm");
-      for (const auto& t : g.tensors) {
-        const std::uint64_t limit = t.storage == rt::detail::Storage::Weights ? weights : g.arena_bytes;
-        FUZZ_CHECK(t.offset <= limit && t.bytes() <= limit - t.offset, "a decoded tensor lies outside its storage");
-      }
+      check_placed(rt::detail::decode_graph(graph, weights, "fuzz.tpm"), weights);
+    } catch (const tpuhal::Error& e) {
+      refused_properly(e);
+    }
+  }
+  if (!stages.empty()) {
+    try {
+      for (const auto& st : rt::detail::decode_stages(stages, weights, "fuzz.tpm")) check_placed(st.graph, weights);
     } catch (const tpuhal::Error& e) {
       refused_properly(e);
     }
@@ -64,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
   // Text that starts like JSON also goes to the section decoders directly:
   // the container's checksums would keep mutations from reaching them.
-  if (size > 0 && data[0] == '{') decode_sections(bytes, bytes, 80);
+  if (size > 0 && data[0] == '{') decode_sections(bytes, bytes, bytes, 80);
   rt::ModelFile model;
   try {
     model = rt::decode(bytes, "fuzz.tpm");
@@ -82,7 +94,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(rt::encode(back) == again, "encode is not a fixed point");
 
   auto section = [&](rt::SectionKind k) { return model.has(k) ? model.get(k) : std::span<const std::byte>(); };
-  decode_sections(section(rt::SectionKind::Io), section(rt::SectionKind::Graph),
+  decode_sections(section(rt::SectionKind::Io), section(rt::SectionKind::Graph), section(rt::SectionKind::Stages),
                   section(rt::SectionKind::Weights).size());
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <unordered_map>
 
 #include "tpuhal/error.hpp"
 
@@ -589,6 +590,20 @@ void qdq_notes(const Lowered& reduced, const CompileOptions& options, std::strin
                     " layer(s) in fp32, not covered by the model's Q/DQ: " + list);
 }
 
+// The loader's own checks on what was made, so that no model comes out
+// that Model::load (and `tpuhal model-info`) would refuse.
+void check_loads(const ModelFile& model, const CompileOptions& options, std::string_view name, Device& dev) {
+  if (!dev) dev = tpuhal::open(options.device);
+  try {
+    check_model(dev, model, name);
+  } catch (const Error& e) {
+    std::string why = e.what();
+    if (why.rfind(std::string(name) + ": ", 0) == 0) why.erase(0, name.size() + 2);
+    throw Error(e.status(), std::string(name) + ": the compiled model would not load (checked on " + options.device +
+                                "), so none is made; the loader says: " + why);
+  }
+}
+
 // Shares the arena, packs the model and runs the loader's checks on it.
 void finish(CompileResult& result, const Graph& g, const Lowered& reduced, const CompileOptions& options,
             std::string_view name, const json* report, Device& dev) {
@@ -600,26 +615,129 @@ void finish(CompileResult& result, const Graph& g, const Lowered& reduced, const
   result.notes.push_back("activation memory per instance: " + std::to_string(shared.graph.arena_bytes) +
                          " bytes, shared by lifetime (" + std::to_string(unshared) + " without sharing)");
   result.model = pack(g, shared, options.precision, options, name, report);
-  // The loader's own checks on what was made, so that no model comes out
-  // that Model::load (and `tpuhal model-info`) would refuse.
-  if (!dev) dev = tpuhal::open(options.device);
-  try {
-    check_model(dev, result.model, name);
-  } catch (const Error& e) {
-    std::string why = e.what();
-    if (why.rfind(std::string(name) + ": ", 0) == 0) why.erase(0, name.size() + 2);
-    throw Error(e.status(), std::string(name) + ": the compiled model would not load (checked on " + options.device +
-                                "), so none is made; the loader says: " + why);
+  check_loads(result.model, options, name, dev);
+}
+
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  return TensorSpec{"", DType::F32, s}.describe().substr(1);
+}
+
+// A model compiled for batches 1 to options.max_batch: the graph is the
+// largest; each smaller batch gets a program of its own in the Stages
+// section, lowered with the same calibration and layer choices as the
+// graph, its weights shared with the graph's where they are the same
+// bytes (they are, unless a constant was folded over the batch).
+void add_stages(CompileResult& result, std::span<const std::byte> onnx_bytes, const std::filesystem::path& dir,
+                const CompileOptions& options, std::string_view name, const Graph& graph_at_most,
+                const Lowered& largest, const std::map<std::string, Range>& ranges, const std::set<std::string>& keep,
+                Device& dev) {
+  const auto given = result.model.get(SectionKind::Weights);
+  std::vector<std::byte> weights(given.begin(), given.end());
+  auto hash = [](const std::byte* p, std::uint64_t n) {
+    return std::hash<std::string_view>{}(std::string_view(reinterpret_cast<const char*>(p), n));
+  };
+  std::unordered_multimap<std::size_t, std::pair<std::uint64_t, std::uint64_t> > known;  // -> offset, bytes
+  for (const DTensor& t : largest.graph.tensors)
+    if (t.storage == Storage::Weights)
+      known.emplace(hash(weights.data() + t.offset, t.span()), std::pair{t.offset, t.span()});
+  auto place = [&](const std::vector<std::byte>& from, const DTensor& t) {
+    const std::byte* p = from.data() + t.offset;
+    const std::uint64_t n = t.span();
+    const std::size_t h = hash(p, n);
+    for (auto [it, end] = known.equal_range(h); it != end; ++it)
+      if (it->second.second == n && std::memcmp(weights.data() + it->second.first, p, n) == 0) return it->second.first;
+    const std::uint64_t at = align64(weights.size());
+    weights.resize(at + n);
+    std::memcpy(weights.data() + at, p, n);
+    known.emplace(h, std::pair{at, n});
+    return at;
+  };
+  // Every output follows the batch, so that a run of b samples reads the
+  // first b rows of each: its shape at batch b is its shape at the largest
+  // with b first.
+  auto check_outputs = [&](const Graph& g, const DeviceGraph& at, std::int64_t b) {
+    for (std::size_t i = 0; i < at.outputs.size(); ++i) {
+      const auto& most = largest.graph.tensors[static_cast<std::size_t>(largest.graph.outputs[i])].shape;
+      const auto& got = at.tensors[static_cast<std::size_t>(at.outputs[i])].shape;
+      auto want = most;
+      if (!want.empty()) want[0] = b;
+      if (!most.empty() && most[0] == options.max_batch && got == want) continue;
+      const std::string output = i < g.outputs.size() ? g.outputs[i].first : std::to_string(i);
+      throw Error(
+          Status::InvalidArgument,
+          std::string(name) + ": output '" + output + "' is " + shape_text(most) + " at batch " +
+              std::to_string(options.max_batch) +
+              (b == options.max_batch ? std::string() : " and " + shape_text(got) + " at batch " + std::to_string(b)) +
+              "; compiling for several batch sizes needs every output's first dimension to be the batch");
+    }
+  };
+  const bool int8 = options.precision == Precision::Int8;
+  std::vector<Stage> stages;
+  check_outputs(graph_at_most, largest.graph, options.max_batch);
+  for (std::int64_t b = 1; b < options.max_batch; ++b) {
+    Lowered l;
+    try {
+      const Graph g = import_onnx(onnx_bytes, options, name, dir, b);
+      l = options.precision == Precision::F32 ? lower(g, Precision::F32, nullptr)
+                                              : lower(g, options.precision, int8 ? &ranges : nullptr, keep);
+      check_outputs(g, l.graph, b);
+    } catch (const Error& e) {
+      std::string why = e.what();
+      if (why.rfind(std::string(name) + ": ", 0) == 0) why.erase(0, name.size() + 2);
+      throw Error(e.status(), std::string(name) + ": compiling for batches 1 to " + std::to_string(options.max_batch) +
+                                  ", at batch " + std::to_string(b) + ": " + why);
+    }
+    l.graph.share_arena();
+    for (DTensor& t : l.graph.tensors)
+      if (t.storage == Storage::Weights) t.offset = place(l.weights, t);
+    stages.push_back({b, std::move(l.graph)});
   }
+  for (Stage& s : stages) s.graph.weight_bytes = weights.size();
+  // The graph as packed, with the weights section's new size (edited as
+  // JSON: decoding would make its names printable).
+  const auto packed = result.model.get(SectionKind::Graph);
+  json graph = json::parse(reinterpret_cast<const char*>(packed.data()),
+                           reinterpret_cast<const char*>(packed.data()) + packed.size());
+  graph["weight_bytes"] = weights.size();
+  const std::string text = graph.dump(1);
+  ModelFile file;
+  for (const Section& s : result.model.sections()) {
+    if (s.kind == SectionKind::Graph)
+      file.add(s.kind,
+               std::vector<std::byte>(reinterpret_cast<const std::byte*>(text.data()),
+                                      reinterpret_cast<const std::byte*>(text.data()) + text.size()),
+               s.optional);
+    else if (s.kind == SectionKind::Weights)
+      file.add(s.kind, weights, s.optional);
+    else
+      file.add(s.kind, s.bytes, s.optional);
+  }
+  // Optional: a reader from before stages runs the largest batch only.
+  file.add(SectionKind::Stages, encode_stages(stages), true);
+  std::uint64_t arena = graph["arena_bytes"].get<std::uint64_t>();
+  for (const Stage& s : stages) arena = std::max(arena, s.graph.arena_bytes);
+  result.notes.push_back("compiled for batches 1 to " + std::to_string(options.max_batch) + " (a program each; " +
+                         std::to_string(weights.size() - given.size()) +
+                         " bytes of weights the batches do not share; " + "activation memory per instance " +
+                         std::to_string(arena) + " bytes)");
+  result.model = std::move(file);
+  check_loads(result.model, options, name, dev);
 }
 
 CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const CompileOptions& options, std::string_view name,
                             const std::filesystem::path& external_dir) {
+  if (options.max_batch > static_cast<std::int64_t>(kMaxStages))
+    throw Error(Status::InvalidArgument, std::string(name) + ": a maximum batch of " +
+                                             std::to_string(options.max_batch) + " is above the " +
+                                             std::to_string(kMaxStages) + " a model can be compiled for");
+  if (options.max_batch < 0)
+    throw Error(Status::InvalidArgument,
+                std::string(name) + ": a maximum batch of " + std::to_string(options.max_batch) + " is not a batch");
   if (options.precision == Precision::Int8 && options.method == CalibrationMethod::Percentile &&
       !(options.percentile > 50.0 && options.percentile <= 100.0))
     throw Error(Status::InvalidArgument,
                 "calibration percentile " + std::to_string(options.percentile) + " is not in (50, 100]");
-  const Graph g = import_onnx(onnx_bytes, options, name, external_dir);
+  const Graph g = import_onnx(onnx_bytes, options, name, external_dir, options.max_batch);
   CompileResult result;
   result.notes = g.notes;
   const Lowered f32 = lower(g, Precision::F32, nullptr);
@@ -660,6 +778,7 @@ CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const Compile
     report = report_json(result.report, options.precision, batches.samples);
   }
   finish(result, g, reduced, options, name, options.report ? &report : nullptr, dev);
+  if (options.max_batch > 0) add_stages(result, onnx_bytes, external_dir, options, name, g, reduced, ranges, keep, dev);
   return result;
 }
 

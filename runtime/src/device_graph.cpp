@@ -35,49 +35,50 @@ json parse(std::span<const std::byte> bytes, std::string_view name, const std::s
 struct Reader {
   std::string_view name;
   std::string section;
+  std::string lead;  // what each message starts with ("the stage for batch 2: ")
   const json& field(const json& o, const std::string& key, const std::string& where) const {
-    if (!o.is_object()) damaged(name, section, where + " is not an object");
+    if (!o.is_object()) damaged(name, section, lead + where + " is not an object");
     auto it = o.find(key);
-    if (it == o.end()) damaged(name, section, where + " has no '" + key + "'");
+    if (it == o.end()) damaged(name, section, lead + where + " has no '" + key + "'");
     return *it;
   }
   std::int64_t integer(const json& o, const std::string& key, const std::string& where) const {
     const json& v = field(o, key, where);
-    if (!v.is_number_integer()) damaged(name, section, where + "." + key + " is not an integer");
+    if (!v.is_number_integer()) damaged(name, section, lead + where + "." + key + " is not an integer");
     return v.get<std::int64_t>();
   }
   std::uint64_t count(const json& o, const std::string& key, const std::string& where) const {
     const json& v = field(o, key, where);
-    if (!v.is_number_unsigned()) damaged(name, section, where + "." + key + " is not a non-negative integer");
+    if (!v.is_number_unsigned()) damaged(name, section, lead + where + "." + key + " is not a non-negative integer");
     return v.get<std::uint64_t>();
   }
   std::string text(const json& o, const std::string& key, const std::string& where) const {
     const json& v = field(o, key, where);
-    if (!v.is_string()) damaged(name, section, where + "." + key + " is not a string");
+    if (!v.is_string()) damaged(name, section, lead + where + "." + key + " is not a string");
     return v.get<std::string>();
   }
   const json& array(const json& o, const std::string& key, const std::string& where) const {
     const json& v = field(o, key, where);
-    if (!v.is_array()) damaged(name, section, where + "." + key + " is not an array");
+    if (!v.is_array()) damaged(name, section, lead + where + "." + key + " is not an array");
     return v;
   }
   DType dtype(const json& o, const std::string& where) const {
     const std::string t = text(o, "dtype", where);
     for (DType d : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32})
       if (t == to_string(d)) return d;
-    damaged(name, section, where + " has dtype '" + printable(t) + "'");
+    damaged(name, section, lead + where + " has dtype '" + printable(t) + "'");
   }
   std::vector<std::int64_t> shape(const json& o, const std::string& where) const {
     const json& a = array(o, "shape", where);
-    if (a.size() > kMaxRank) damaged(name, section, where + " has rank " + std::to_string(a.size()));
+    if (a.size() > kMaxRank) damaged(name, section, lead + where + " has rank " + std::to_string(a.size()));
     std::vector<std::int64_t> s;
     std::uint64_t n = 1;
     for (const auto& d : a) {
       if (!d.is_number_unsigned() || d.get<std::uint64_t>() >= kMaxDim)
-        damaged(name, section, where + " has a dimension that is not an integer in [0, 2^32)");
+        damaged(name, section, lead + where + " has a dimension that is not an integer in [0, 2^32)");
       s.push_back(d.get<std::int64_t>());
       n *= d.get<std::uint64_t>();
-      if (n >= (std::uint64_t{1} << 40)) damaged(name, section, where + " has more than 2^40 elements");
+      if (n >= (std::uint64_t{1} << 40)) damaged(name, section, lead + where + " has more than 2^40 elements");
     }
     return s;
   }
@@ -231,7 +232,9 @@ std::int64_t DeviceGraph::add_subview(std::int64_t of, std::vector<std::int64_t>
   return static_cast<std::int64_t>(tensors.size() - 1);
 }
 
-std::vector<std::byte> encode_graph(const DeviceGraph& g) {
+namespace {
+
+json graph_json(const DeviceGraph& g) {
   json j;
   j["arena_bytes"] = g.arena_bytes;
   j["weight_bytes"] = g.weight_bytes;
@@ -259,54 +262,51 @@ std::vector<std::byte> encode_graph(const DeviceGraph& g) {
   j["ops"] = std::move(os);
   j["inputs"] = g.inputs;
   j["outputs"] = g.outputs;
-  return to_bytes(j);
+  return j;
 }
 
-DeviceGraph decode_graph(std::span<const std::byte> bytes, std::uint64_t weight_bytes, std::string_view name) {
-  const json j = parse(bytes, name, "graph");
-  const Reader r{name, "graph"};
+DeviceGraph graph_from_json(const json& j, std::uint64_t weight_bytes, std::string_view name,
+                            const std::string& section, const std::string& lead) {
+  const Reader r{name, section, lead};
+  auto bad = [&](const std::string& what) { damaged(name, section, lead + what); };
   DeviceGraph g;
   g.arena_bytes = r.count(j, "arena_bytes", "the graph");
   g.weight_bytes = r.count(j, "weight_bytes", "the graph");
-  if (g.arena_bytes > (std::uint64_t{1} << 40)) damaged(name, "graph", "the arena size is over 1 TiB");
+  if (g.arena_bytes > (std::uint64_t{1} << 40)) bad("the arena size is over 1 TiB");
   if (g.weight_bytes != weight_bytes)
-    damaged(name, "graph",
-            "it expects " + std::to_string(g.weight_bytes) + " bytes of weights; the weights section has " +
-                std::to_string(weight_bytes));
+    bad("it expects " + std::to_string(g.weight_bytes) + " bytes of weights; the weights section has " +
+        std::to_string(weight_bytes));
   const json& ts = r.array(j, "tensors", "the graph");
-  if (ts.size() > kMaxTensors) damaged(name, "graph", "it has " + std::to_string(ts.size()) + " tensors");
+  if (ts.size() > kMaxTensors) bad("it has " + std::to_string(ts.size()) + " tensors");
   for (std::size_t i = 0; i < ts.size(); ++i) {
     const std::string where = "tensor " + std::to_string(i);
     DTensor t;
     t.dtype = r.dtype(ts[i], where);
     t.shape = r.shape(ts[i], where);
     const std::string storage = r.text(ts[i], "storage", where);
-    if (storage != "weights" && storage != "arena")
-      damaged(name, "graph", where + " has storage '" + printable(storage) + "'");
+    if (storage != "weights" && storage != "arena") bad(where + " has storage '" + printable(storage) + "'");
     t.storage = storage == "weights" ? Storage::Weights : Storage::Arena;
     t.offset = r.count(ts[i], "offset", where);
     if (ts[i].contains("value")) t.value = r.text(ts[i], "value", where);
     if (ts[i].contains("strides")) {
       const json& st = ts[i]["strides"];
-      if (!st.is_array() || st.size() != t.shape.size())
-        damaged(name, "graph", where + " has strides that are not one per dimension");
+      if (!st.is_array() || st.size() != t.shape.size()) bad(where + " has strides that are not one per dimension");
       for (const auto& v : st) {
         if (!v.is_number_unsigned() || v.get<std::uint64_t>() >= (std::uint64_t{1} << 32))
-          damaged(name, "graph", where + " has a stride that is not an integer in [0, 2^32)");
+          bad(where + " has a stride that is not an integer in [0, 2^32)");
         t.strides.push_back(v.get<std::int64_t>());
       }
     }
     const std::uint64_t limit = t.storage == Storage::Weights ? weight_bytes : g.arena_bytes;
-    if (t.offset % element_bytes(t.dtype) != 0) damaged(name, "graph", where + " is misaligned");
+    if (t.offset % element_bytes(t.dtype) != 0) bad(where + " is misaligned");
     if (t.offset > limit || t.span() > limit - t.offset)
-      damaged(name, "graph",
-              where + " (" + std::to_string(t.span()) + " bytes at offset " + std::to_string(t.offset) +
-                  ") lies outside the " + storage + " (" + std::to_string(limit) + " bytes)");
+      bad(where + " (" + std::to_string(t.span()) + " bytes at offset " + std::to_string(t.offset) +
+          ") lies outside the " + storage + " (" + std::to_string(limit) + " bytes)");
     g.tensors.push_back(std::move(t));
   }
   auto index = [&](const json& v, const std::string& where) {
     if (!v.is_number_unsigned() || v.get<std::uint64_t>() >= g.tensors.size())
-      damaged(name, "graph", where + " names no tensor (there are " + std::to_string(g.tensors.size()) + ")");
+      bad(where + " names no tensor (there are " + std::to_string(g.tensors.size()) + ")");
     return v.get<std::int64_t>();
   };
   const json& os = r.array(j, "ops", "the graph");
@@ -316,10 +316,10 @@ DeviceGraph decode_graph(std::span<const std::byte> bytes, std::uint64_t weight_
     op.kind = printable(r.text(os[i], "op", where));
     if (os[i].contains("node")) op.node = printable(r.text(os[i], "node", where));
     const json& operands = r.field(os[i], "operands", where);
-    if (!operands.is_object()) damaged(name, "graph", where + ".operands is not an object");
+    if (!operands.is_object()) bad(where + ".operands is not an object");
     for (const auto& [role, v] : operands.items()) op.operands[role] = index(v, where + " operand " + printable(role));
     op.attrs = r.field(os[i], "attrs", where);
-    if (!op.attrs.is_object()) damaged(name, "graph", where + ".attrs is not an object");
+    if (!op.attrs.is_object()) bad(where + ".attrs is not an object");
     g.ops.push_back(std::move(op));
   }
   for (const char* key : {"inputs", "outputs"}) {
@@ -330,13 +330,43 @@ DeviceGraph decode_graph(std::span<const std::byte> bytes, std::uint64_t weight_
       const DTensor& dt = g.tensors[static_cast<std::size_t>(t)];
       const bool typed = dt.dtype == DType::F32 || (dt.dtype == DType::I32 && &list == &g.inputs);
       if (dt.storage != Storage::Arena || !typed)
-        damaged(name, "graph",
-                std::string("an entry of ") + key + " is not an f32" + (&list == &g.inputs ? " or i32" : "") +
-                    " tensor in the arena");
+        bad(std::string("an entry of ") + key + " is not an f32" + (&list == &g.inputs ? " or i32" : "") +
+            " tensor in the arena");
       list.push_back(t);
     }
   }
   return g;
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_graph(const DeviceGraph& g) { return to_bytes(graph_json(g)); }
+
+DeviceGraph decode_graph(std::span<const std::byte> bytes, std::uint64_t weight_bytes, std::string_view name) {
+  return graph_from_json(parse(bytes, name, "graph"), weight_bytes, name, "graph", "");
+}
+
+std::vector<std::byte> encode_stages(const std::vector<Stage>& stages) {
+  json a = json::array();
+  for (const Stage& s : stages) a.push_back({{"batch", s.batch}, {"graph", graph_json(s.graph)}});
+  return to_bytes(json{{"stages", std::move(a)}});
+}
+
+std::vector<Stage> decode_stages(std::span<const std::byte> bytes, std::uint64_t weight_bytes, std::string_view name) {
+  const json j = parse(bytes, name, "stages");
+  const Reader r{name, "stages", ""};
+  std::vector<Stage> out;
+  const json& a = r.array(j, "stages", "the stages section");
+  if (a.size() > kMaxStages) damaged(name, "stages", "it has " + std::to_string(a.size()) + " stages");
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::string where = "stage " + std::to_string(i);
+    Stage s;
+    s.batch = r.integer(a[i], "batch", where);
+    const std::string lead = "the stage for batch " + std::to_string(s.batch) + ": ";
+    s.graph = graph_from_json(r.field(a[i], "graph", where), weight_bytes, name, "stages", lead);
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 std::vector<std::byte> encode_io(const std::vector<TensorSpec>& inputs, const std::vector<TensorSpec>& outputs) {
@@ -352,7 +382,7 @@ std::vector<std::byte> encode_io(const std::vector<TensorSpec>& inputs, const st
 void decode_io(std::span<const std::byte> bytes, std::string_view name, std::vector<TensorSpec>& inputs,
                std::vector<TensorSpec>& outputs) {
   const json j = parse(bytes, name, "io");
-  const Reader r{name, "io"};
+  const Reader r{name, "io", ""};
   for (const char* key : {"inputs", "outputs"}) {
     auto& list = std::string(key) == "inputs" ? inputs : outputs;
     const json& a = r.array(j, key, "the io section");

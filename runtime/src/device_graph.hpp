@@ -75,6 +75,20 @@ DeviceGraph decode_graph(std::span<const std::byte> bytes, std::uint64_t weight_
 void decode_io(std::span<const std::byte> bytes, std::string_view name, std::vector<TensorSpec>& inputs,
                std::vector<TensorSpec>& outputs);
 
+// A program for a batch below the graph's (the Stages section, a model
+// compiled for several batch sizes): its inputs and outputs are the
+// graph's with that first dimension.
+struct Stage {
+  std::int64_t batch = 0;
+  DeviceGraph graph;
+};
+inline constexpr std::size_t kMaxStages = 256;
+std::vector<std::byte> encode_stages(const std::vector<Stage>& stages);
+// Each stage's graph is checked as decode_graph checks the graph; errors
+// are InvalidArgument "NAME: the stages section is damaged: the stage for
+// batch B: ...". The batches themselves are the caller's to check.
+std::vector<Stage> decode_stages(std::span<const std::byte> bytes, std::uint64_t weight_bytes, std::string_view name);
+
 const char* dtype_name(DType t) noexcept;  // "f32", ...
 // Text from a file made fit for a message: printable ASCII, at most 64
 // characters.

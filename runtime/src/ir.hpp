@@ -90,9 +90,11 @@ struct Graph {
 
 // Parses, checks and simplifies an ONNX model (compile.hpp's errors).
 // External data files are read relative to `external_dir`; empty: a model
-// with external data is refused.
+// with external data is refused. `batch` above 0: every input's first
+// dimension is that (CompileOptions::max_batch), and must be symbolic in
+// the model.
 Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& options, std::string_view name,
-                  const std::filesystem::path& external_dir);
+                  const std::filesystem::path& external_dir, std::int64_t batch = 0);
 
 // A calibrated range of one value.
 struct Range {

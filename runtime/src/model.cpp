@@ -286,18 +286,29 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
          "; a model compiled by a newer tpuhal needs that version's runtime)");
 }
 
-std::string op_where(std::string_view name, std::size_t i, const DOp& op) {
-  return std::string(name) + ": the graph section is damaged: op " + std::to_string(i) + " (" + op.kind +
+// What a message about a damaged tensor or op of `g` starts with: "NAME:
+// the graph section is damaged: ", or the stage's, as decode_stages says.
+std::string damaged_in(const ModelState& m, const DeviceGraph& g) {
+  for (const Stage& s : m.stages)
+    if (&s.graph == &g)
+      return m.name + ": the stages section is damaged: the stage for batch " + std::to_string(s.batch) + ": ";
+  return m.name + ": the graph section is damaged: ";
+}
+
+std::string op_where(const std::string& damaged, std::size_t i, const DOp& op) {
+  return damaged + "op " + std::to_string(i) + " (" + op.kind +
          (op.node.empty() ? std::string() : ", node '" + op.node + "'") + ")";
 }
 
 // Places every tensor and builds every op over `arena`. A damaged graph that
 // slipped past decode_graph's checks is refused here by the ops' own checks.
-void place(const ModelState& m, const Buffer& arena, std::vector<Tensor>& tensors, std::vector<Op>& ops) {
+void place(const ModelState& m, const DeviceGraph& g, const Buffer& arena, std::vector<Tensor>& tensors,
+           std::vector<Op>& ops) {
   tensors.clear();
   ops.clear();
-  for (std::size_t i = 0; i < m.graph.tensors.size(); ++i) {
-    const auto& d = m.graph.tensors[i];
+  const std::string damaged = damaged_in(m, g);
+  for (std::size_t i = 0; i < g.tensors.size(); ++i) {
+    const auto& d = g.tensors[i];
     try {
       const Buffer& storage = d.storage == Storage::Weights ? m.weights : arena;
       if (d.strides.empty())
@@ -305,13 +316,12 @@ void place(const ModelState& m, const Buffer& arena, std::vector<Tensor>& tensor
       else
         tensors.emplace_back(storage, d.dtype, d.shape, d.strides, d.offset);
     } catch (const Error& e) {
-      throw Error(Status::InvalidArgument,
-                  m.name + ": the graph section is damaged: tensor " + std::to_string(i) + ": " + e.what());
+      throw Error(Status::InvalidArgument, damaged + "tensor " + std::to_string(i) + ": " + e.what());
     }
   }
-  for (std::size_t i = 0; i < m.graph.ops.size(); ++i) {
-    const DOp& op = m.graph.ops[i];
-    const std::string where = op_where(m.name, i, op);
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    const DOp& op = g.ops[i];
+    const std::string where = op_where(damaged, i, op);
     try {
       ops.push_back(build_op(op, tensors, where));
     } catch (const Error& e) {
@@ -346,7 +356,33 @@ Buffer staging(Device& dev, std::uint64_t bytes) {
   return dev.allocate(std::max<std::uint64_t>(bytes, 64), Memory::HostPinned);
 }
 
+// The graph and every stage, smallest batch first.
+std::vector<const DeviceGraph*> programs_of(const ModelState& m) {
+  std::vector<const DeviceGraph*> out;
+  for (const Stage& s : m.stages) out.push_back(&s.graph);
+  out.push_back(&m.graph);
+  return out;
+}
+
+std::uint64_t arena_of(const ModelState& m) {
+  std::uint64_t bytes = 0;
+  for (const DeviceGraph* g : programs_of(m)) bytes = std::max(bytes, g->arena_bytes);
+  return bytes;
+}
+
 }  // namespace
+
+void record(Device& dev, Placed& p) {
+  if (p.recorded) return;
+  p.recorded = true;
+  try {
+    p.program = dev.record([&](Batch& b) {
+      for (const auto& op : p.ops) b.run(op);
+    });
+  } catch (const Error& e) {
+    if (e.status() != Status::Unsupported) throw;
+  }
+}
 
 std::shared_ptr<Queue> live_queue(ModelState& m) {
   SharedQueue& s = *m.queue;
@@ -372,6 +408,50 @@ Model Model::load(Device& device, const std::filesystem::path& path) {
 }
 
 namespace detail {
+
+namespace {
+
+// A model compiled for several batch sizes: every input and output has the
+// largest batch as its first dimension, and there is a stage for every
+// smaller batch, whose inputs and outputs are the same with its batch.
+void decode_stages_of(ModelState& m, std::span<const std::byte> bytes, std::uint64_t weight_bytes) {
+  auto bad = [&](const std::string& what) {
+    throw Error(Status::InvalidArgument, m.name + ": the stages section is damaged: " + what);
+  };
+  m.stages = decode_stages(bytes, weight_bytes, m.name);
+  if (m.inputs.empty() || m.inputs[0].shape.empty()) bad("the model's first input has no batch dimension");
+  m.max_batch = m.inputs[0].shape[0];
+  for (const auto* specs : {&m.inputs, &m.outputs})
+    for (const TensorSpec& s : *specs)
+      if (s.shape.empty() || s.shape[0] != m.max_batch)
+        bad(s.describe() + " does not have the batch " + std::to_string(m.max_batch) + " as its first dimension");
+  if (m.max_batch < 1 || static_cast<std::uint64_t>(m.max_batch) > kMaxStages ||
+      m.stages.size() != static_cast<std::size_t>(m.max_batch - 1))
+    bad("it has " + std::to_string(m.stages.size()) + " stages for a largest batch of " + std::to_string(m.max_batch));
+  for (std::size_t i = 0; i < m.stages.size(); ++i) {
+    const Stage& st = m.stages[i];
+    const std::string lead = "the stage for batch " + std::to_string(st.batch) + ": ";
+    if (st.batch != static_cast<std::int64_t>(i + 1))
+      bad("stage " + std::to_string(i) + " is for batch " + std::to_string(st.batch) + ", not " +
+          std::to_string(i + 1));
+    auto check = [&](const std::vector<TensorSpec>& specs, const std::vector<std::int64_t>& ids, const char* what) {
+      if (specs.size() != ids.size())
+        bad(lead + "it has " + std::to_string(ids.size()) + " " + what + "s; the io section " +
+            std::to_string(specs.size()));
+      for (std::size_t k = 0; k < ids.size(); ++k) {
+        TensorSpec want = specs[k];
+        want.shape[0] = st.batch;
+        const DTensor& t = st.graph.tensors[static_cast<std::size_t>(ids[k])];
+        if (t.shape != want.shape || t.dtype != want.dtype)
+          bad(lead + what + " " + std::to_string(k) + " is not " + want.describe());
+      }
+    };
+    check(m.inputs, st.graph.inputs, "input");
+    check(m.outputs, st.graph.outputs, "output");
+  }
+}
+
+}  // namespace
 
 std::shared_ptr<ModelState> decode_model(const ModelFile& file, std::string_view name) {
   auto m = std::make_shared<ModelState>();
@@ -406,6 +486,7 @@ std::shared_ptr<ModelState> decode_model(const ModelFile& file, std::string_view
   };
   check_io(m->inputs, m->graph.inputs, "input");
   check_io(m->outputs, m->graph.outputs, "output");
+  if (file.has(SectionKind::Stages)) decode_stages_of(*m, file.get(SectionKind::Stages), weights.size());
   return m;
 }
 
@@ -414,10 +495,10 @@ namespace {
 // Builds every op once over an arena allocated for it, so that a graph the
 // ops refuse is refused before anything runs.
 void build_all(Device& device, const ModelState& m) {
-  Buffer arena = device.allocate(std::max<std::uint64_t>(m.graph.arena_bytes, 64));
+  Buffer arena = device.allocate(std::max<std::uint64_t>(arena_of(m), 64));
   std::vector<Tensor> tensors;
   std::vector<Op> ops;
-  place(m, arena, tensors, ops);
+  for (const DeviceGraph* g : programs_of(m)) place(m, *g, arena, tensors, ops);
 }
 
 }  // namespace
@@ -460,7 +541,8 @@ const std::vector<TensorSpec>& Model::outputs() const { return need(state_).outp
 Precision Model::precision() const { return need(state_).precision; }
 const std::map<std::string, std::string>& Model::meta() const { return need(state_).meta; }
 std::uint64_t Model::weight_bytes() const { return need(state_).graph.weight_bytes; }
-std::uint64_t Model::activation_bytes() const { return need(state_).graph.arena_bytes; }
+std::uint64_t Model::activation_bytes() const { return detail::arena_of(need(state_)); }
+std::int64_t Model::max_batch() const { return need(state_).max_batch; }
 Device Model::device() const { return need(state_).device; }
 
 Instance Model::instance() const {
@@ -468,10 +550,15 @@ Instance Model::instance() const {
   auto s = std::make_shared<detail::InstanceState>();
   s->model = state_;
   Device dev = m.device;
-  s->arena = dev.allocate(std::max<std::uint64_t>(m.graph.arena_bytes, 64));
-  detail::place(m, s->arena, s->tensors, s->ops);
-  for (auto id : m.graph.inputs) s->inputs.push_back(s->tensors[static_cast<std::size_t>(id)]);
-  for (auto id : m.graph.outputs) s->outputs.push_back(s->tensors[static_cast<std::size_t>(id)]);
+  s->arena = dev.allocate(std::max<std::uint64_t>(detail::arena_of(m), 64));
+  for (const detail::DeviceGraph* g : detail::programs_of(m)) {
+    detail::Placed& p = s->programs.emplace_back();
+    p.graph = g;
+    detail::place(m, *g, s->arena, p.tensors, p.ops);
+    for (auto id : g->inputs) p.inputs.push_back(p.tensors[static_cast<std::size_t>(id)]);
+    for (auto id : g->outputs) p.outputs.push_back(p.tensors[static_cast<std::size_t>(id)]);
+  }
+  detail::record(dev, s->largest());  // the others when first run
   std::uint64_t in_bytes = 0, out_bytes = 0;
   for (const auto& spec : m.inputs) {
     s->in_offsets.push_back(in_bytes);
@@ -483,13 +570,6 @@ Instance Model::instance() const {
   }
   s->staging_in = detail::staging(dev, in_bytes);
   s->staging_out = detail::staging(dev, out_bytes);
-  try {
-    s->program = dev.record([&](Batch& b) {
-      for (const auto& op : s->ops) b.run(op);
-    });
-  } catch (const Error& e) {
-    if (e.status() != Status::Unsupported) throw;
-  }
   Instance inst;
   inst.state_ = std::move(s);
   return inst;
@@ -502,24 +582,82 @@ detail::InstanceState& need(const std::shared_ptr<detail::InstanceState>& s) {
   return *s;
 }
 
-void record_body(detail::InstanceState& s, Batch& b) {
-  if (s.program.size() > 0 || s.ops.empty()) {
-    if (s.program.size() > 0) b.run(s.program);
+void record_body(const detail::Placed& p, Batch& b) {
+  if (p.program.size() > 0 || p.ops.empty()) {
+    if (p.program.size() > 0) b.run(p.program);
     return;
   }
-  for (const auto& op : s.ops) b.run(op);
+  for (const auto& op : p.ops) b.run(op);
 }
+
+// The program for `batch` samples (0: the largest), refusing a batch the
+// model was not compiled for.
+detail::Placed& program_for(detail::InstanceState& s, std::int64_t batch) {
+  const auto& m = *s.model;
+  if (batch == 0 || batch == m.max_batch) return s.largest();
+  if (m.max_batch == 0)
+    throw Error(Status::InvalidArgument, m.name + ": a batch of " + std::to_string(batch) +
+                                             " was asked for; the model was compiled for its inputs' fixed shapes "
+                                             "only (compile it with a maximum batch to run others)");
+  if (batch < 1 || batch > m.max_batch)
+    throw Error(Status::InvalidArgument, m.name + ": a batch of " + std::to_string(batch) +
+                                             " was asked for; the model runs 1 to " + std::to_string(m.max_batch) +
+                                             " samples");
+  return s.programs[static_cast<std::size_t>(batch - 1)];
+}
+
+// The batch a run's arrays hold, for a model compiled for several batch
+// sizes: each array's bytes a whole number of its samples, 1 to max_batch,
+// the same number in every array. InvalidArgument naming the array that
+// does not fit.
+std::int64_t batch_of(const detail::ModelState& m, std::span<const HostArray> inputs,
+                      std::span<const HostArray> outputs) {
+  std::int64_t batch = 0;
+  std::string first;
+  for (const auto& [given, specs, what] : {std::tuple{inputs, &m.inputs, "input"}, {outputs, &m.outputs, "output"}}) {
+    for (std::size_t i = 0; i < specs->size() && i < given.size(); ++i) {
+      const TensorSpec& spec = (*specs)[i];
+      const std::uint64_t per = spec.bytes() / static_cast<std::uint64_t>(m.max_batch);
+      if (per == 0) continue;  // an empty sample says nothing
+      const std::string name = std::string(what) + " " + std::to_string(i) + " ('" + spec.name + "')";
+      const std::uint64_t n = given[i].bytes / per;
+      if (given[i].bytes % per != 0 || n < 1 || n > static_cast<std::uint64_t>(m.max_batch)) {
+        TensorSpec sample = spec;
+        sample.shape.erase(sample.shape.begin());
+        throw Error(Status::InvalidArgument, m.name + ": " + name + " is " + std::to_string(given[i].bytes) +
+                                                 " bytes; it takes 1 to " + std::to_string(m.max_batch) +
+                                                 " samples of " + sample.describe().substr(sample.name.size() + 1) +
+                                                 ", " + std::to_string(per) + " bytes each");
+      }
+      if (batch == 0) {
+        batch = static_cast<std::int64_t>(n);
+        first = name;
+      } else if (static_cast<std::int64_t>(n) != batch) {
+        throw Error(Status::InvalidArgument, m.name + ": " + first + " holds " + std::to_string(batch) +
+                                                 " samples and " + name + " " + std::to_string(n) +
+                                                 "; every array of a run holds the same batch");
+      }
+    }
+  }
+  return batch == 0 ? m.max_batch : batch;
+}
+
 }  // namespace
 
 void Instance::run(std::span<const HostArray> inputs, std::span<const HostArray> outputs) {
   auto& s = need(state_);
   const auto& m = *s.model;
+  const std::int64_t batch = m.max_batch > 0 ? batch_of(m, inputs, outputs) : 0;
+  // A spec's bytes at the run's batch.
+  auto bytes_of = [&](const TensorSpec& spec) {
+    return batch == 0 ? spec.bytes() : spec.bytes() / static_cast<std::uint64_t>(m.max_batch) * batch;
+  };
   auto check = [&](std::span<const HostArray> given, const std::vector<TensorSpec>& specs, const char* what) {
     if (given.size() != specs.size())
       throw Error(Status::InvalidArgument, m.name + ": " + std::to_string(given.size()) + " " + what +
                                                "s given; the model has " + std::to_string(specs.size()));
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      if (given[i].bytes != specs[i].bytes())
+      if (given[i].bytes != bytes_of(specs[i]))
         throw Error(Status::InvalidArgument, m.name + ": " + what + " " + std::to_string(i) + " ('" + specs[i].name +
                                                  "') is " + std::to_string(given[i].bytes) + " bytes; " +
                                                  specs[i].describe() + " takes " + std::to_string(specs[i].bytes()));
@@ -530,29 +668,32 @@ void Instance::run(std::span<const HostArray> inputs, std::span<const HostArray>
   };
   check(inputs, m.inputs, "input");
   check(outputs, m.outputs, "output");
+  detail::Placed& p = program_for(s, batch);
+  Device dev = m.device;
+  detail::record(dev, p);
   auto in_map = s.staging_in.map();
   for (std::size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].bytes) std::memcpy(in_map.data() + s.in_offsets[i], inputs[i].data, inputs[i].bytes);
   const auto queue = live_queue(*s.model);
   Batch b = queue->batch();
   for (std::size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].bytes) b.copy(s.staging_in, s.in_offsets[i], s.arena, s.inputs[i].offset(), inputs[i].bytes);
-  record_body(s, b);
+    if (inputs[i].bytes) b.copy(s.staging_in, s.in_offsets[i], s.arena, p.inputs[i].offset(), inputs[i].bytes);
+  record_body(p, b);
   for (std::size_t i = 0; i < outputs.size(); ++i)
-    if (outputs[i].bytes) b.copy(s.arena, s.outputs[i].offset(), s.staging_out, s.out_offsets[i], outputs[i].bytes);
+    if (outputs[i].bytes) b.copy(s.arena, p.outputs[i].offset(), s.staging_out, s.out_offsets[i], outputs[i].bytes);
   b.submit().wait();
   auto out_map = s.staging_out.map();
   for (std::size_t i = 0; i < outputs.size(); ++i)
     if (outputs[i].bytes) std::memcpy(outputs[i].data, out_map.data() + s.out_offsets[i], outputs[i].bytes);
 }
 
-const std::vector<Tensor>& Instance::input_tensors() const { return need(state_).inputs; }
-const std::vector<Tensor>& Instance::output_tensors() const { return need(state_).outputs; }
+const std::vector<Tensor>& Instance::input_tensors() const { return need(state_).largest().inputs; }
+const std::vector<Tensor>& Instance::output_tensors() const { return need(state_).largest().outputs; }
 
 Fence Instance::submit(Queue& queue) {
   auto& s = need(state_);
   Batch b = queue.batch();
-  record_body(s, b);
+  record_body(s.largest(), b);
   if (b.size() == 0) return queue.submit();
   return b.submit();
 }
@@ -579,14 +720,14 @@ struct Timings {
   std::vector<std::uint64_t> device, runs;
 };
 
-Timings time_runs(detail::InstanceState& s, Device& dev, unsigned iterations) {
-  const std::size_t n = s.ops.size();
+Timings time_runs(detail::InstanceState& s, const detail::Placed& p, Device& dev, unsigned iterations) {
+  const std::size_t n = p.ops.size();
   Buffer stamps = dev.allocate(std::max<std::uint64_t>((n + 1) * 8, 64), Memory::HostPinned);
   // One program where the device records them, else one batch per run.
   auto body = [&](Batch& b) {
     b.timestamp(stamps, 0);
     for (std::size_t i = 0; i < n; ++i) {
-      b.run(s.ops[i]);
+      b.run(p.ops[i]);
       b.timestamp(stamps, 8 * (i + 1));
     }
   };
@@ -615,7 +756,7 @@ Timings time_runs(detail::InstanceState& s, Device& dev, unsigned iterations) {
   for (unsigned it = 0; it < iterations; ++it) {
     const auto t0 = std::chrono::steady_clock::now();
     Batch b = queue->batch();
-    record_body(s, b);
+    record_body(p, b);
     b.submit().wait();
     t.runs.push_back(static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()));
@@ -664,10 +805,10 @@ Layers layers_of(const detail::DeviceGraph& g, std::size_t n) {
 // The layers (layers_of): their ops, output shape, time (`mean_of` each
 // op's), share, work and peak.
 template <typename Mean>
-void add_layers(Profile& p, const detail::ModelState& m, const std::vector<Op>& ops, const Properties& props,
+void add_layers(Profile& p, const detail::DeviceGraph& g, const std::vector<Op>& ops, const Properties& props,
                 const Timings& t, Mean mean_of) {
   const std::size_t n = t.per_op.size();
-  const Layers layers = layers_of(m.graph, n);
+  const Layers layers = layers_of(g, n);
   p.layers.resize(layers.node.size());
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
     p.layers[i].node = layers.node[i];
@@ -675,10 +816,10 @@ void add_layers(Profile& p, const detail::ModelState& m, const std::vector<Op>& 
   }
   std::vector<long double> exact(p.layers.size(), 0.0L);
   for (std::size_t i = 0; i < n; ++i) {
-    const detail::DOp& op = m.graph.ops[i];
+    const detail::DOp& op = g.ops[i];
     LayerProfile& l = p.layers[layers.of_op[i]];
     if (const auto y = output_of(op); y >= 0) {
-      const auto& tensor = m.graph.tensors.at(static_cast<std::size_t>(y));
+      const auto& tensor = g.tensors.at(static_cast<std::size_t>(y));
       l.shape = TensorSpec{"", tensor.dtype, tensor.shape}.describe().substr(1);
     }
     exact[layers.of_op[i]] += mean_of(t.per_op[i]);
@@ -700,16 +841,18 @@ void add_layers(Profile& p, const detail::ModelState& m, const std::vector<Op>& 
 
 }  // namespace
 
-Profile Instance::profile(unsigned iterations) {
+Profile Instance::profile(unsigned iterations, std::int64_t batch) {
   auto& s = need(state_);
   const auto& m = *s.model;
+  detail::Placed& placed = program_for(s, batch);
   Device dev = m.device;
+  detail::record(dev, placed);
   const Properties props = dev.properties();
   if (!props.caps.timestamps)
     throw Error(Status::Unsupported,
                 m.name + ": " + dev.uri() + " keeps no board timestamps, which a profile is measured with");
   iterations = std::max(1u, iterations);
-  const Timings t = time_runs(s, dev, iterations);
+  const Timings t = time_runs(s, placed, dev, iterations);
   const std::vector<std::size_t> kept = middle_half(t.device);
   auto mean_of = [&](const std::vector<std::uint64_t>& v) {
     long double sum = 0;
@@ -723,27 +866,28 @@ Profile Instance::profile(unsigned iterations) {
   p.run_ns = median(t.runs);
   p.modelled = props.caps.modelled_time;
   p.host_overhead_ns = !p.modelled && p.run_ns > p.device_ns ? p.run_ns - p.device_ns : 0;
-  add_layers(p, m, s.ops, props, t, mean_of);
-  if (const auto run = modelled())
+  add_layers(p, *placed.graph, placed.ops, props, t, mean_of);
+  if (const auto run = modelled(batch))
     for (std::size_t i = 0; i < p.layers.size() && i < run->layers.size(); ++i)
       p.layers[i].bound = to_string(run->layers[i].bound);
   return p;
 }
 
-std::optional<ModelledRun> Instance::modelled() const {
-  const auto& s = need(state_);
+std::optional<ModelledRun> Instance::modelled(std::int64_t batch) const {
+  auto& s = need(state_);
   const auto& m = *s.model;
+  const detail::Placed& placed = program_for(s, batch);
   const Device& dev = m.device;
   ModelledRun r;
-  const Layers layers = layers_of(m.graph, s.ops.size());
+  const Layers layers = layers_of(*placed.graph, placed.ops.size());
   r.layers.resize(layers.node.size());
   for (std::size_t i = 0; i < r.layers.size(); ++i) {
     r.layers[i].node = layers.node[i];
     r.layers[i].ops = layers.kinds[i];
   }
   std::vector<std::uint64_t> longest(r.layers.size(), 0);
-  for (std::size_t i = 0; i < s.ops.size(); ++i) {
-    const auto t = dev.modelled(s.ops[i]);
+  for (std::size_t i = 0; i < placed.ops.size(); ++i) {
+    const auto t = dev.modelled(placed.ops[i]);
     if (!t) return std::nullopt;
     const std::size_t at = layers.of_op[i];
     ModelledLayer& l = r.layers[at];
@@ -757,10 +901,12 @@ std::optional<ModelledRun> Instance::modelled() const {
     }
     r.ns += t->ns;
   }
-  for (const auto& in : m.inputs)
-    if (auto t = dev.modelled_copy(in.bytes(), Memory::HostPinned, Memory::Device)) r.input_copy_ns += t->ns;
-  for (const auto& out : m.outputs)
-    if (auto t = dev.modelled_copy(out.bytes(), Memory::Device, Memory::HostPinned)) r.output_copy_ns += t->ns;
+  for (const Tensor& in : placed.inputs)
+    if (auto t = dev.modelled_copy(in.elements() * size_of(in.dtype()), Memory::HostPinned, Memory::Device))
+      r.input_copy_ns += t->ns;
+  for (const Tensor& out : placed.outputs)
+    if (auto t = dev.modelled_copy(out.elements() * size_of(out.dtype()), Memory::Device, Memory::HostPinned))
+      r.output_copy_ns += t->ns;
   return r;
 }
 

@@ -45,7 +45,7 @@ void store(std::byte* p, T v) {
   for (std::size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
 }
 
-bool known(std::uint32_t kind) { return kind >= 1 && kind <= static_cast<std::uint32_t>(SectionKind::Report); }
+bool known(std::uint32_t kind) { return kind >= 1 && kind <= static_cast<std::uint32_t>(SectionKind::Stages); }
 
 std::uint64_t align_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
@@ -68,6 +68,7 @@ const char* to_string(SectionKind kind) noexcept {
     case SectionKind::Weights: return "weights";
     case SectionKind::Quant: return "quant";
     case SectionKind::Report: return "report";
+    case SectionKind::Stages: return "stages";
   }
   return "unknown";
 }

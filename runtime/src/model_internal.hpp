@@ -26,7 +26,12 @@ struct ModelState {
   std::vector<TensorSpec> inputs, outputs;
   std::map<std::string, std::string> meta;
   Precision precision = Precision::F32;
-  DeviceGraph graph;
+  DeviceGraph graph;  // the program; for a model compiled for several batch sizes, the largest batch's
+  // A model compiled for batches 1 to max_batch (its inputs' and outputs'
+  // first dimension): the programs for batches 1 to max_batch - 1, in
+  // order. max_batch is 0 for a model of fixed shapes.
+  std::vector<Stage> stages;
+  std::int64_t max_batch = 0;
   Buffer weights;
   // The compute queue run() submits to: one per device, shared by every
   // model on it (boards have few hardware queues), released with the last.
@@ -40,13 +45,24 @@ struct ModelState {
 // runs go on. A run in flight on the queue when another fails it fails too.
 std::shared_ptr<Queue> live_queue(ModelState& m);
 
-struct InstanceState {
-  std::shared_ptr<ModelState> model;
-  Buffer arena;
-  std::vector<Tensor> tensors;  // graph.tensors, placed
+// One program of a model placed over an instance's arena.
+struct Placed {
+  const DeviceGraph* graph = nullptr;  // the model's graph, or a stage's
+  std::vector<Tensor> tensors;         // graph->tensors, placed
   std::vector<Tensor> inputs, outputs;
   std::vector<Op> ops;
-  Program program;  // empty where the device cannot record: ops run one by one
+  Program program;        // empty where the device cannot record: ops run one by one
+  bool recorded = false;  // record() has been (a stage's program, when first run)
+};
+// Records `p`'s program once (where the device records programs).
+void record(Device& dev, Placed& p);
+struct InstanceState {
+  std::shared_ptr<ModelState> model;
+  Buffer arena;  // planned for the largest program
+  // The model's programs: for batches 1 to max_batch, in order, where it
+  // has stages; else the graph's alone. back() is the graph's.
+  std::vector<Placed> programs;
+  Placed& largest() { return programs.back(); }
   Buffer staging_in, staging_out;
   std::vector<std::uint64_t> in_offsets, out_offsets;  // into the staging buffers
 };

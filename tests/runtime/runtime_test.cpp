@@ -855,6 +855,218 @@ TEST(Runtime, GivenTheCliWhenItProfilesAModelThenEveryLayerIsPrintedAndJsonParse
   fs::remove_all(dir);
 }
 
+// ---- Batch chosen at run time ---------------------------------------------
+
+CompileOptions batched(Precision p, std::int64_t max_batch) {
+  CompileOptions o = options(p, NdArray{{8, 1, 8, 8}, random(8 * 64, 811)});
+  o.max_batch = max_batch;
+  return o;
+}
+
+// Runs `n` samples of `x` (64 floats each) through `inst`.
+Vec run_batch(Instance& inst, const Vec& x, std::int64_t n) {
+  Vec in(x.begin(), x.begin() + n * 64), out(static_cast<std::size_t>(n) * 10);
+  inst.run({host(in)}, {host(out)});
+  return out;
+}
+
+TEST(Runtime, GivenAMaximumBatchWhenCompiledThenEveryBatchUpToItRunsAsItsOwnFixedCompile) {
+  const Cnn net;
+  const Vec x = random(4 * 64, 812);
+  Device dev = open("sim:0");
+  const CompileResult r = compile_onnx(net.onnx(), batched(Precision::F32, 4), "cnn.onnx");
+  EXPECT_TRUE(r.model.has(SectionKind::Stages));
+  Model m = Model::load(dev, r.model);
+  EXPECT_EQ(m.max_batch(), 4);
+  EXPECT_EQ(m.inputs().at(0).shape, (std::vector<std::int64_t>{4, 1, 8, 8}));
+  Instance inst = m.instance();
+  for (std::int64_t n = 1; n <= 4; ++n) {
+    // The program for n samples is the one a compile for n makes: the same bits.
+    CompileOptions fixed = options(Precision::F32, NdArray{{8, 1, 8, 8}, random(8 * 64, 811)});
+    fixed.shapes["image"] = {n, 1, 8, 8};
+    Instance alone = Model::load(dev, compile_onnx(net.onnx(), fixed).model).instance();
+    const Vec want = run(alone, Vec(x.begin(), x.begin() + n * 64));
+    EXPECT_EQ(run_batch(inst, x, n), want) << n << " samples";
+    EXPECT_LT(max_rel_error(want, net.reference(Vec(x.begin(), x.begin() + n * 64), n)), tolerance(Precision::F32));
+  }
+  // Memory is planned for the largest batch; the model's own time grows with the batch.
+  EXPECT_GE(m.activation_bytes(), Model::load(dev, compile_onnx(net.onnx(),
+                                                                [] {
+                                                                  CompileOptions o;
+                                                                  o.shapes["image"] = {4, 1, 8, 8};
+                                                                  return o;
+                                                                }())
+                                                       .model)
+                                      .activation_bytes());
+  const auto one = inst.modelled(1), four = inst.modelled(4);
+  ASSERT_TRUE(one && four);
+  EXPECT_LT(one->ns, four->ns);
+}
+
+TEST(Runtime, GivenAnInt8ModelWithAMaximumBatchWhenRunAtEachBatchThenEverySampleGetsTheSameBits) {
+  const Cnn net;
+  const Vec x = random(3 * 64, 813);
+  Device dev = open("sim:0");
+  CompileOptions o = batched(Precision::Int8, 3);
+  o.calibration = {NdArray{{3, 1, 8, 8}, x}};
+  Instance inst = Model::load(dev, compile_onnx(net.onnx(), o, "cnn.onnx").model).instance();
+  const Vec all = run_batch(inst, x, 3);
+  EXPECT_LT(max_rel_error(all, net.reference(x, 3)), tolerance(Precision::Int8));
+  // One calibration for every batch: a sample's result does not depend on
+  // the batch it runs in.
+  for (std::int64_t n = 1; n < 3; ++n) EXPECT_EQ(run_batch(inst, x, n), Vec(all.begin(), all.begin() + n * 10)) << n;
+}
+
+TEST(Runtime, GivenAModelWithAMaximumBatchWhenRunOutsideItThenTheErrorNamesTheRangeAndTheInstanceStillRuns) {
+  const Cnn net;
+  Device dev = open("sim:0");
+  Model m = Model::load(dev, compile_onnx(net.onnx(), batched(Precision::F32, 2), "cnn.onnx").model, "cnn.tpm");
+  Instance inst = m.instance();
+  auto error = [&](std::size_t in_floats, std::size_t out_floats) {
+    Vec in(in_floats), out(out_floats);
+    try {
+      inst.run({host(in)}, {host(out)});
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(3 * 64, 30),
+            "cnn.tpm: input 0 ('image') is 768 bytes; it takes 1 to 2 samples of f32[1, 8, 8], 256 bytes each");
+  EXPECT_EQ(error(64 + 1, 10),
+            "cnn.tpm: input 0 ('image') is 260 bytes; it takes 1 to 2 samples of f32[1, 8, 8], 256 bytes each");
+  EXPECT_EQ(error(0, 10),
+            "cnn.tpm: input 0 ('image') is 0 bytes; it takes 1 to 2 samples of f32[1, 8, 8], 256 bytes each");
+  EXPECT_EQ(error(2 * 64, 10),
+            "cnn.tpm: input 0 ('image') holds 2 samples and output 0 ('probs') 1; every array of a run holds the "
+            "same batch");
+  EXPECT_THROW(inst.profile(1, 3), Error);
+  EXPECT_THROW(inst.modelled(3), Error);
+  const Vec x = random(2 * 64, 814);
+  EXPECT_LT(max_rel_error(run_batch(inst, x, 1), net.reference(Vec(x.begin(), x.begin() + 64), 1)), 1e-5);
+}
+
+TEST(Runtime, GivenAModelThatCannotRunSeveralBatchesWhenCompiledForAMaximumThenTheErrorSaysWhy) {
+  auto error = [](const std::vector<std::byte>& onnx, std::int64_t max_batch) {
+    CompileOptions o;
+    o.max_batch = max_batch;
+    try {
+      compile_onnx(onnx, o, "m.onnx");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // The batch written into the model.
+  EXPECT_NE(error(Residual{}.onnx(), 4)
+                .find("input 'x' has its batch (dimension 0) fixed at 2 in the model; "
+                      "compiling for several batch sizes needs it symbolic"),
+            std::string::npos);
+  // An output whose first dimension is not the batch.
+  OnnxBuilder b;
+  b.input("x", {-1, 4});
+  auto* t = b.node("Transpose", {"x"}, "y", "turn");
+  OnnxBuilder::ints(t, "perm", {1, 0});
+  b.output("y");
+  EXPECT_EQ(error(b.bytes(), 3),
+            "m.onnx: output 'y' is f32[4, 3] at batch 3; compiling for several batch sizes "
+            "needs every output's first dimension to be the batch");
+  EXPECT_EQ(error(b.bytes(), 1),
+            "m.onnx: output 'y' is f32[4, 1] at batch 1; compiling for several batch sizes "
+            "needs every output's first dimension to be the batch");
+  // A model whose reshape has its batch written into it: the batch that
+  // cannot be compiled is named.
+  OnnxBuilder r;
+  r.input("x", {-1, 4});
+  r.init_i64("shape", {4, 1, 4});
+  r.node("Reshape", {"x", "shape"}, "y", "reshape");
+  r.output("y");
+  const std::string fixed = error(r.bytes(), 4);
+  EXPECT_EQ(fixed.rfind("m.onnx: compiling for batches 1 to 4, at batch 1: node 'reshape' (Reshape): ", 0), 0u)
+      << fixed;
+  EXPECT_NE(error(Cnn{}.onnx(), 257).find("a maximum batch of 257 is above the 256"), std::string::npos);
+}
+
+TEST(Runtime, GivenADamagedStagesSectionWhenLoadedThenInvalidArgumentNamesTheStage) {
+  const ModelFile good = compile_onnx(Cnn{}.onnx(), batched(Precision::F32, 3)).model;
+  Device dev = open("sim:0");
+  const auto st = good.get(SectionKind::Stages);
+  const nlohmann::json stages = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(st.data()), st.size()));
+  auto edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = stages;
+    edit(j);
+    const std::string text = j.dump();
+    ModelFile f;
+    for (const auto& s : good.sections()) {
+      if (s.kind != SectionKind::Stages) {
+        f.add(s.kind, s.bytes, s.optional);
+        continue;
+      }
+      std::vector<std::byte> bytes(text.size());
+      std::memcpy(bytes.data(), text.data(), text.size());
+      f.add(s.kind, std::move(bytes), true);
+    }
+    try {
+      Model::load(dev, f, "net.tpm");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(edited([](auto&) {}), "no error");
+  EXPECT_EQ(edited([](auto& j) { j["stages"].erase(1); }),
+            "net.tpm: the stages section is damaged: it has 1 stages for a largest batch of 3");
+  EXPECT_EQ(edited([](auto& j) { j["stages"][1]["batch"] = 1; }),
+            "net.tpm: the stages section is damaged: stage 1 is for batch 1, not 2");
+  EXPECT_EQ(edited([](auto& j) {
+              auto& g = j["stages"][0]["graph"];
+              g["tensors"][g["inputs"][0].template get<int>()]["shape"][0] = 2;
+            }),
+            "net.tpm: the stages section is damaged: the stage for batch 1: input 0 is not image f32[1, 1, 8, 8]");
+  const std::string outside = edited([](auto& j) { j["stages"][1]["graph"]["tensors"][0]["offset"] = 1u << 30; });
+  EXPECT_NE(outside.find("net.tpm: the stages section is damaged: the stage for batch 2: tensor 0 ("),
+            std::string::npos)
+      << outside;
+  // The ops' own checks, naming the stage.
+  const std::string op = edited([](auto& j) { j["stages"][0]["graph"]["ops"][0]["attrs"].erase("pads"); });
+  EXPECT_NE(op.find("net.tpm: the stages section is damaged: the stage for batch 1: op 0 ("), std::string::npos) << op;
+}
+
+TEST(Runtime, GivenTheCliWhenItCompilesForAMaximumBatchThenModelInfoAndProfileSpeakOfTheBatch) {
+  const fs::path dir = fs::temp_directory_path() / ("tpuhal_rt_batch_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto onnx = Cnn{}.onnx();
+  std::ofstream(dir / "cnn.onnx", std::ios::binary)
+      .write(reinterpret_cast<const char*>(onnx.data()), static_cast<std::streamsize>(onnx.size()));
+  const std::string model = (dir / "cnn.tpm").string();
+  auto r = test::run("compile " + (dir / "cnn.onnx").string() + " -o " + model +
+                     " --shape image=Nx1x8x8 --max-batch 3 -d sim:0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("compiled for batches 1 to 3"), std::string::npos) << r.out;
+  r = test::run("model-info " + model + " -d sim:0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("batch   1 to 3 samples"), std::string::npos) << r.out;
+  r = test::run("model-info " + model + " -d sim:0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out.substr(r.out.find('{')))["max_batch"], 3);
+  r = test::run("profile " + model + " -n 2 -d sim:0 --batch 1 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double one = nlohmann::json::parse(r.out.substr(r.out.find('{')))["device_ns"].get<double>();
+  r = test::run("profile " + model + " -n 2 -d sim:0 --batch 3 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_LT(one, nlohmann::json::parse(r.out.substr(r.out.find('{')))["device_ns"].get<double>());
+  r = test::run("profile " + model + " -d sim:0 --batch 4");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--batch 4: " + model + " runs 1 to 3 samples"), std::string::npos) << r.out;
+  r = test::run("compile " + (dir / "cnn.onnx").string() + " -o " + model + " --max-batch 0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--max-batch 0: expected 1 or more"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 TEST(Runtime, GivenAnArrayWhenWrittenAsNpyThenItReadsBack) {
   const fs::path p = fs::temp_directory_path() / ("tpuhal_rt_" + std::to_string(::getpid()) + ".npy");
   const NdArray a{{2, 3}, {1, 2, 3, 4, 5, 6.5f}};

@@ -14,20 +14,26 @@ namespace tpuhal::cli {
 namespace {
 
 // "image=1x1x28x28" -> {"image", {1, 1, 28, 28}}
-std::pair<std::string, std::vector<std::int64_t>> parse_shape(const std::string& text) {
+// NAME=DIMS; with a maximum batch, the first dimension may be N (it is the
+// batch, whatever is given).
+std::pair<std::string, std::vector<std::int64_t>> parse_shape(const std::string& text, bool batched) {
   const auto eq = text.rfind('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
     throw Error(Status::InvalidArgument, "--shape '" + text + "': expected NAME=DIMS, e.g. image=1x1x28x28");
   std::vector<std::int64_t> dims;
   std::string num;
-  for (char c : text.substr(eq + 1) + "x") {
+  std::string given = text.substr(eq + 1);
+  if (batched && !given.empty() && given[0] == 'N' && (given.size() == 1 || given[1] == 'x' || given[1] == ','))
+    given[0] = '1';
+  for (char c : given + "x") {
     if (c >= '0' && c <= '9') {
       num += c;
     } else if ((c == 'x' || c == ',') && !num.empty() && num.size() < 10) {
       dims.push_back(std::stoll(num));
       num.clear();
     } else {
-      throw Error(Status::InvalidArgument, "--shape '" + text + "': dimensions are positive integers joined by x");
+      throw Error(Status::InvalidArgument, "--shape '" + text + "': dimensions are positive integers joined by x" +
+                                               (batched ? " (the first may be N, the batch)" : ""));
     }
   }
   return {text.substr(0, eq), dims};
@@ -54,8 +60,12 @@ int cmd_compile(const std::vector<std::string>& args) {
   opts.add_options()("model", po::value<std::string>(), "the ONNX model")("output,o", po::value<std::string>(),
                                                                           "the compiled model to write (.tpm)")(
       "shape", po::value<std::vector<std::string>>()->composing(),
-      "NAME=DIMS: fixed shape of an input with symbolic dimensions, e.g. image=8x1x28x28 (repeatable)")(
-      "precision,p", po::value<std::string>()->default_value("fp32"), "fp32, fp16, bf16 or int8")(
+      "NAME=DIMS: fixed shape of an input with symbolic dimensions, e.g. image=8x1x28x28 (repeatable); with "
+      "--max-batch the first dimension is the batch, written N: image=Nx1x28x28")(
+      "max-batch", po::value<std::int64_t>(),
+      "N: the model runs any batch from 1 to N without compiling again (a program for each; inputs' first "
+      "dimension symbolic in the model; at most 256)")("precision,p", po::value<std::string>()->default_value("fp32"),
+                                                       "fp32, fp16, bf16 or int8")(
       "calibration", po::value<std::vector<std::string>>()->composing(),
       "FILE.npy: calibration samples for int8 and --report, one file per input in input order, the first "
       "dimension the sample count (float32 or float64)")(
@@ -89,15 +99,17 @@ int cmd_compile(const std::vector<std::string>& args) {
       "Usage: tpuhal compile MODEL.onnx -o OUT.tpm [--shape NAME=DIMS]... [--precision fp32|fp16|bf16|int8]\n"
       "                      [--calibration FILE.npy]... [--calibration-method minmax|percentile[:P]|entropy]\n"
       "                      [--keep-fp16 LAYER]... [--target-snr DB] [--report] [--strict-qdq]\n"
-      "                      [--max-constant-bytes SIZE]\n"
+      "                      [--max-constant-bytes SIZE] [--max-batch N]\n"
       "       tpuhal compile --list-ops\n\n"
-      "Compiles an ONNX model for a fixed input shape and a precision into a compiled model that\n"
+      "Compiles an ONNX model for fixed input shapes and a precision into a compiled model that\n"
       "'tpuhal model-info' describes and the runtime loads on any device. Inputs and outputs stay\n"
       "float32; fp16 and bf16 run every layer in that type; int8 quantises Conv and Gemm layers with\n"
       "per-channel weight scales and activation ranges calibrated on --calibration samples, and\n"
       "runs the layers --keep-fp16 names (or --target-snr chooses) in fp16 (fp32 where fp16 cannot\n"
       "hold their values). A model with QuantizeLinear/DequantizeLinear pairs (quantization-aware\n"
       "training) compiles to int8 with its own scales and zero points, without calibration.\n"
+      "With --max-batch N the model runs any batch from 1 to N: its inputs' first dimension is the\n"
+      "batch, and memory is planned for N.\n"
       "Unsupported ops are all listed in one error. A model the loader would refuse (attributes out of range,\n"
       "constants larger than their data) is refused here, and no file is written. See docs/runtime.md.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
@@ -116,8 +128,13 @@ int cmd_compile(const std::vector<std::string>& args) {
   o.device = vm["device"].as<std::string>();
   o.report = vm["report"].as<bool>();
   o.strict_qdq = vm["strict-qdq"].as<bool>();
+  if (vm.count("max-batch")) {
+    o.max_batch = vm["max-batch"].as<std::int64_t>();
+    if (o.max_batch < 1)
+      throw Error(Status::InvalidArgument, "--max-batch " + std::to_string(o.max_batch) + ": expected 1 or more");
+  }
   if (vm.count("shape"))
-    for (const auto& s : vm["shape"].as<std::vector<std::string>>()) o.shapes.insert(parse_shape(s));
+    for (const auto& s : vm["shape"].as<std::vector<std::string>>()) o.shapes.insert(parse_shape(s, o.max_batch > 0));
   if (vm.count("calibration"))
     for (const auto& f : vm["calibration"].as<std::vector<std::string>>()) o.calibration.push_back(rt::read_npy(f));
   const std::string method = vm["calibration-method"].as<std::string>();

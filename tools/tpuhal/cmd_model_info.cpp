@@ -45,6 +45,7 @@ int cmd_model_info(const std::vector<std::string>& args) {
     j["precision"] = rt::to_string(m.precision());
     j["weight_bytes"] = m.weight_bytes();
     j["activation_bytes"] = m.activation_bytes();
+    j["max_batch"] = m.max_batch();
     j["meta"] = m.meta();
     for (const auto* list : {&m.inputs(), &m.outputs()})
       for (const auto& s : *list)
@@ -59,6 +60,9 @@ int cmd_model_info(const std::vector<std::string>& args) {
   std::printf("%s: %s model, %s of weights, %s of activations per instance (checked on %s)\n", path.c_str(),
               rt::to_string(m.precision()), bytes(m.weight_bytes()).c_str(), bytes(m.activation_bytes()).c_str(),
               dev.uri().c_str());
+  if (m.max_batch() > 0)
+    std::printf("  batch   1 to %lld samples (each input's and output's first dimension; shapes below at %lld)\n",
+                static_cast<long long>(m.max_batch()), static_cast<long long>(m.max_batch()));
   for (const auto& s : m.inputs()) std::printf("  input   %s\n", s.describe().c_str());
   for (const auto& s : m.outputs()) std::printf("  output  %s\n", s.describe().c_str());
   // Names and metadata come from the file: escaped for the terminal.

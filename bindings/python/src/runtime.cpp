@@ -56,7 +56,7 @@ rt::NdArray to_ndarray(const py::handle& obj, const std::string& what) {
 PyCompiled compile_model(const py::object& source, const std::string& precision, const py::object& shapes,
                          const py::object& calibration, const std::string& method, double percentile, bool report,
                          const std::string& device, const std::vector<std::string>& keep_fp16, double target_snr_db,
-                         bool strict_qdq) {
+                         bool strict_qdq, std::int64_t max_batch) {
   rt::CompileOptions o;
   o.precision = rt::parse_precision(precision);
   if (method == "percentile") {
@@ -72,6 +72,7 @@ PyCompiled compile_model(const py::object& source, const std::string& precision,
   o.keep_fp16 = keep_fp16;
   o.target_snr_db = target_snr_db;
   o.strict_qdq = strict_qdq;
+  o.max_batch = max_batch;
   o.percentile = percentile;
   o.report = report;
   o.device = device;
@@ -145,10 +146,18 @@ py::array int32_input(const py::array& a, const std::string& what) {
   return out;
 }
 
+// A spec's shape for a run of `batch` samples (0: as compiled).
+std::vector<std::int64_t> shape_at(const rt::TensorSpec& spec, std::int64_t batch) {
+  std::vector<std::int64_t> s = spec.shape;
+  if (batch > 0 && !s.empty()) s[0] = batch;
+  return s;
+}
+
 // The arrays of one run, checked against the model's specs: inputs by
 // position (a list or tuple) or by name (a dict); f32 inputs as float32,
-// i32 ones as int32.
-std::vector<py::array> inputs_of(const rt::Model& model, const py::object& given) {
+// i32 ones as int32. A model compiled for several batch sizes takes 1 to
+// max_batch samples, the same in every input; `batch` is set to it.
+std::vector<py::array> inputs_of(const rt::Model& model, const py::object& given, std::int64_t& batch) {
   const auto& specs = model.inputs();
   std::vector<py::object> items(specs.size());
   if (py::isinstance<py::dict>(given)) {
@@ -182,7 +191,19 @@ std::vector<py::array> inputs_of(const rt::Model& model, const py::object& given
     py::array a = device_array(items[i], what.c_str());
     if (a.dtype().kind() == 'c') fail(Status::InvalidArgument, what + ": complex values; give real numbers");
     std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
-    if (shape != specs[i].shape)
+    const std::int64_t most = model.max_batch();
+    const bool earlier = batch > 0;  // the batch came from an input before this one
+    if (most > 0 && batch == 0 && !shape.empty() && shape.size() == specs[i].shape.size() && shape[0] >= 1 &&
+        shape[0] <= most)
+      batch = shape[0];
+    if (most > 0 && shape != shape_at(specs[i], batch)) {
+      std::string sample = shape_string(specs[i].shape);
+      sample = "(N" + sample.substr(sample.find_first_of(",)"));
+      fail(Status::InvalidArgument, what + " has shape " + shape_string(shape) + "; the model takes " + sample +
+                                        ", N from 1 to " + std::to_string(most) +
+                                        (earlier ? " (" + std::to_string(batch) + " as the inputs before it)" : ""));
+    }
+    if (most == 0 && shape != specs[i].shape)
       fail(Status::InvalidArgument,
            what + " has shape " + shape_string(shape) + "; the model was compiled for " + shape_string(specs[i].shape));
     if (specs[i].dtype == DType::I32)
@@ -195,11 +216,12 @@ std::vector<py::array> inputs_of(const rt::Model& model, const py::object& given
 
 py::list run(PyInstance& self, const py::object& inputs, const py::object& outputs) {
   const rt::Model model = self.instance.model();
-  auto in = inputs_of(model, inputs);
+  std::int64_t batch = 0;
+  auto in = inputs_of(model, inputs, batch);
   const auto& specs = model.outputs();
   std::vector<py::array_t<float>> out;
   if (outputs.is_none()) {
-    for (const auto& s : specs) out.emplace_back(s.shape);
+    for (const auto& s : specs) out.emplace_back(shape_at(s, batch));
   } else {
     std::size_t i = 0;
     for (auto item : outputs) {
@@ -210,9 +232,9 @@ py::list run(PyInstance& self, const py::object& inputs, const py::object& outpu
         fail(Status::InvalidArgument, what + " must be a writable C-contiguous float32 numpy array");
       auto a = item.cast<py::array_t<float>>();
       std::vector<std::int64_t> shape(a.shape(), a.shape() + a.ndim());
-      if (shape != specs[i].shape)
-        fail(Status::InvalidArgument,
-             what + " has shape " + shape_string(shape) + "; the model gives " + shape_string(specs[i].shape));
+      if (shape != shape_at(specs[i], batch))
+        fail(Status::InvalidArgument, what + " has shape " + shape_string(shape) + "; the model gives " +
+                                          shape_string(shape_at(specs[i], batch)));
       out.push_back(a);
       ++i;
     }
@@ -245,7 +267,9 @@ py::list tensors_of(const std::vector<Tensor>& tensors) {
 }  // namespace
 
 void bind_runtime(py::module_& m) {
-  py::class_<rt::TensorSpec>(m, "TensorSpec", "A model input or output: its name, dtype and fixed shape.")
+  py::class_<rt::TensorSpec>(m, "TensorSpec",
+                             "A model input or output: its name, dtype and fixed shape (the largest batch's, for "
+                             "a model with a max_batch).")
       .def_readonly("name", &rt::TensorSpec::name)
       .def_property_readonly("dtype", [](const rt::TensorSpec& s) { return from_dtype(s.dtype); })
       .def_property_readonly("shape", &spec_shape)
@@ -291,8 +315,9 @@ void bind_runtime(py::module_& m) {
   m.def("compile", &compile_model, py::arg("onnx"), py::arg("precision") = "fp32", py::arg("shapes") = py::none(),
         py::arg("calibration") = py::none(), py::arg("method") = "percentile", py::arg("percentile") = 99.99,
         py::arg("report") = false, py::arg("device") = "sim:0", py::arg("keep_fp16") = std::vector<std::string>{},
-        py::arg("target_snr_db") = 0.0, py::arg("strict_qdq") = false,
-        "Compiles an ONNX model (a path, or the file's bytes) for fixed input shapes and a precision "
+        py::arg("target_snr_db") = 0.0, py::arg("strict_qdq") = false, py::arg("max_batch") = 0,
+        "Compiles an ONNX model (a path, or the file's bytes) for fixed input shapes (or any batch up to "
+        "max_batch) and a precision "
         "('fp32', 'fp16', 'bf16', 'int8'), as `tpuhal compile` does. shapes: {input name: shape} for "
         "inputs with symbolic dimensions. calibration (int8 and the report): one array of real samples per "
         "input (a single array for a one-input model), samples along the first axis. method: 'percentile' "
@@ -302,7 +327,9 @@ void bind_runtime(py::module_& m) {
         "to fp16 until every output reaches this SNR against fp32 on the calibration data. A model with "
         "QuantizeLinear/DequantizeLinear pairs compiles to int8 with its own scales, without calibration; "
         "strict_qdq=True refuses it where a layer would run in fp32 instead. report=True measures each "
-        "layer's error against fp32. "
+        "layer's error against fp32. max_batch=N: the model runs any batch from 1 to N (its inputs' "
+        "first dimension, symbolic in the model) without compiling again; run() takes the batch from the "
+        "arrays. "
         "Calibration and the report run on `device`. Returns a CompiledModel; raises tpuhal.Unsupported "
         "listing every unsupported op by node, tpuhal.InvalidArgument for bad models, shapes or data.");
 
@@ -316,6 +343,9 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("meta", &rt::Model::meta,
                              "The model's metadata: producer, source, precision, calibration.")
       .def_property_readonly("weight_bytes", &rt::Model::weight_bytes, "Device memory the weights take.")
+      .def_property_readonly("max_batch", &rt::Model::max_batch,
+                             "A model compiled with max_batch runs 1 to this many samples (the first dimension "
+                             "of its inputs and outputs); 0 for fixed shapes.")
       .def_property_readonly("activation_bytes", &rt::Model::activation_bytes,
                              "Device memory each Instance takes for activations (shared by lifetime).")
       .def(
@@ -343,9 +373,11 @@ void bind_runtime(py::module_& m) {
       .def("run", &run, py::arg("inputs"), py::arg("outputs") = py::none(),
            "Runs one batch and waits for it (without the GIL). inputs: one array per model input, in order "
            "(a list, or the array itself for a one-input model) or a dict by input name; each must have the "
-           "shape the model was compiled for and is converted to float32 (to int32 for an i32 input, such as "
+           "shape the model was compiled for (for a model with a max_batch, any first dimension from 1 to it, "
+           "the same in every input) and is converted to float32 (to int32 for an i32 input, such as "
            "token ids: integers only, within int32). Returns a list of float32 arrays, "
-           "one per output, or fills `outputs` (float32 arrays of the outputs' shapes) and returns them.")
+           "one per output, or fills `outputs` (float32 arrays of the outputs' shapes at the run's batch) and "
+           "returns them.")
       .def_property_readonly(
           "input_tensors", [](const PyInstance& i) { return tensors_of(i.instance.input_tensors()); },
           "The device tensors the program reads its inputs from (for device-side pipelines).")
@@ -367,27 +399,28 @@ void bind_runtime(py::module_& m) {
           "hold; returns its Fence, after which output_tensors hold the result.")
       .def(
           "profile",
-          [](PyInstance& i, unsigned iterations) {
+          [](PyInstance& i, unsigned iterations, std::int64_t batch) {
             const rt::Profile p = without_gil([&] {
               std::lock_guard lock(i.mu);
-              return i.instance.profile(iterations);
+              return i.instance.profile(iterations, batch);
             });
             // The runtime's one JSON form of a profile, as a dict.
             return py::module_::import("json").attr("loads")(rt::to_json(p));
           },
-          py::arg("iterations") = 10,
+          py::arg("iterations") = 10, py::arg("batch") = 0,
           "Times the program per layer on the board's clock over whatever input_tensors hold (run() once "
-          "first to put inputs there): a dict with 'layers' (node, ops, output, device_ns: the mean over the "
+          "first to put inputs there; for a model with a max_batch, `batch` picks the program for that many "
+          "samples, 0 the largest): a dict with 'layers' (node, ops, output, device_ns: the mean over the "
           "middle half of `iterations` runs by board time, share, flops, achieved_per_s, peak_per_s), "
           "'runs_kept', 'device_ns' (a whole run on the board, over the same runs: the layers add up to it), "
           "'run_ns' (the median host time of a run, submit to fence) and 'host_overhead_ns'. Raises "
           "tpuhal.Unsupported on a device without board timestamps.")
       .def(
           "modelled",
-          [](PyInstance& i) -> py::object {
+          [](PyInstance& i, std::int64_t batch) -> py::object {
             const auto run = [&] {
               std::lock_guard lock(i.mu);
-              return i.instance.modelled();
+              return i.instance.modelled(batch);
             }();
             if (!run) return py::none();
             py::list layers;
@@ -409,8 +442,10 @@ void bind_runtime(py::module_& m) {
             r["output_copy_ns"] = run->output_copy_ns;
             return r;
           },
+          py::arg("batch") = 0,
           "One run in the board's timing model (docs/timing.md), computed from the ops without running "
-          "anything: a dict with 'layers' (node, ops, ns, compute_ns, memory_ns, overhead_ns and bound, as "
+          "anything (`batch` as profile()'s): a dict with 'layers' (node, ops, ns, compute_ns, memory_ns, overhead_ns "
+          "and bound, as "
           "profile() names and groups them), 'ns' (the layers one after another), 'input_copy_ns' and "
           "'output_copy_ns'. None where the device has no timing model (sim:bm1684x has one).")
       .def_property_readonly("model", [](const PyInstance& i) { return i.instance.model(); });

@@ -473,6 +473,40 @@ def test_bad_inputs_raise_clear_errors_and_the_instance_still_works(dev, mlp):
     np.testing.assert_allclose(inst.run(x)[0], reference(x), rtol=1e-4, atol=1e-5)
 
 
+def test_a_model_compiled_for_a_maximum_batch_runs_any_batch_up_to_it(dev, mlp, tmp_path):
+    onnx_bytes, reference = mlp
+    compiled = tpuhal.compile(onnx_bytes, "fp32", max_batch=BATCH, device=dev.uri)
+    assert any(f"batches 1 to {BATCH}" in n for n in compiled.notes)
+    compiled.save(tmp_path / "mlp.tpm")
+    model = dev.load_model(tmp_path / "mlp.tpm")
+    assert model.max_batch == BATCH
+    assert model.inputs[0].shape == (BATCH, 16)  # the specs give the largest batch
+    inst = model.instance()
+    x = RNG.standard_normal((BATCH, 16)).astype(np.float32)
+    for n in range(1, BATCH + 1):
+        (probs,) = inst.run(x[:n])
+        assert probs.shape == (n, 10)
+        np.testing.assert_allclose(probs, reference(x[:n]), rtol=1e-4, atol=1e-5)
+        filled = np.zeros((n, 10), np.float32)
+        assert inst.run({"x": x[:n]}, outputs=[filled])[0] is filled
+        np.testing.assert_array_equal(filled, probs)
+    assert inst.profile(2, batch=1)["device_ns"] > 0
+    with pytest.raises(tpuhal.InvalidArgument, match=r"shape \(5, 16\); the model takes \(N, 16\), N from 1 to 4"):
+        inst.run(np.zeros((BATCH + 1, 16), np.float32))
+    with pytest.raises(tpuhal.InvalidArgument, match=r"shape \(0, 16\); the model takes \(N, 16\)"):
+        inst.run(np.zeros((0, 16), np.float32))
+    with pytest.raises(tpuhal.InvalidArgument, match=r"output 'probs' has shape \(3, 10\); the model gives \(2, 10\)"):
+        inst.run(x[:2], outputs=[np.zeros((3, 10), np.float32)])
+    with pytest.raises(tpuhal.InvalidArgument, match="runs 1 to 4 samples"):
+        inst.profile(1, batch=BATCH + 1)
+    np.testing.assert_allclose(inst.run(x[:3])[0], reference(x[:3]), rtol=1e-4, atol=1e-5)
+    # A model of fixed shapes runs its own batch only.
+    fixed = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 16)}, device=dev.uri))
+    assert fixed.max_batch == 0
+    with pytest.raises(tpuhal.InvalidArgument, match=r"compiled for \(4, 16\)"):
+        fixed.instance().run(x[:2])
+
+
 def test_compile_errors_name_the_problem(dev, mlp):
     onnx_bytes, _ = mlp
     with pytest.raises(tpuhal.InvalidArgument, match="unknown precision 'fp8'"):

@@ -240,8 +240,25 @@ Value Importer::input_value(const onnx::ValueInfoProto& input) const {
       tt.elem_type() != onnx::TensorProto::INT32)
     fail(Status::Unsupported, "input '" + input.name() + "' has ONNX element type " + std::to_string(tt.elem_type()) +
                                   "; model inputs must be float32, int64 or int32");
+  // Compiled for several batch sizes: the first dimension is the batch
+  // being compiled, whatever was given for it, and the model's own must
+  // be symbolic, for a model exported for one batch may have it written
+  // into its reshapes.
+  if (batch > 0 && tt.has_shape() && tt.shape().dim_size() > 0) {
+    const auto& d = tt.shape().dim(0);
+    if (d.has_dim_value() && d.dim_value() > 0)
+      fail(Status::InvalidArgument,
+           "input '" + input.name() + "' has its batch (dimension 0) fixed at " + std::to_string(d.dim_value()) +
+               " in the model; compiling for several batch sizes needs it symbolic: export the model with a "
+               "dynamic batch axis (torch.onnx.export(..., dynamic_axes={'" +
+               input.name() + "': {0: 'batch'}}))");
+  }
+  auto batched = [&](std::vector<std::int64_t> shape) {
+    if (batch > 0 && !shape.empty()) shape[0] = batch;
+    return shape;
+  };
   if (given != options.shapes.end()) {
-    v.shape = given->second;
+    v.shape = batched(given->second);
     if (tt.has_shape() && tt.shape().dim_size() != static_cast<int>(v.shape.size()))
       fail(Status::InvalidArgument, "input '" + input.name() + "' has rank " + std::to_string(tt.shape().dim_size()) +
                                         "; the shape given for it, " + dims_text(v.shape) + ", has rank " +
@@ -258,6 +275,10 @@ Value Importer::input_value(const onnx::ValueInfoProto& input) const {
                                         input.name() + "=1x3x224x224)");
     for (int i = 0; i < tt.shape().dim_size(); ++i) {
       const auto& d = tt.shape().dim(i);
+      if (i == 0 && batch > 0) {
+        v.shape.push_back(batch);
+        continue;
+      }
       if (!d.has_dim_value() || d.dim_value() <= 0)
         fail(Status::InvalidArgument, "input '" + input.name() + "' has a symbolic dimension " + std::to_string(i) +
                                           (d.dim_param().empty() ? std::string() : " ('" + d.dim_param() + "')") +
@@ -265,6 +286,9 @@ Value Importer::input_value(const onnx::ValueInfoProto& input) const {
       v.shape.push_back(d.dim_value());
     }
   }
+  if (batch > 0 && v.shape.empty())
+    fail(Status::InvalidArgument,
+         "input '" + input.name() + "' is a scalar, with no batch dimension to compile several batch sizes for");
   for (auto d : v.shape)
     if (d <= 0 || d > (std::int64_t{1} << 31))
       fail(Status::InvalidArgument, "input '" + input.name() + "' has shape " + dims_text(v.shape));
@@ -355,7 +379,7 @@ const Value& Graph::value(const std::string& name) const {
 }
 
 Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& options, std::string_view name,
-                  const std::filesystem::path& external_dir) {
+                  const std::filesystem::path& external_dir, std::int64_t batch) {
   onnx::ModelProto model;
   if (bytes.size() > static_cast<std::size_t>(INT32_MAX))
     throw Error(Status::InvalidArgument,
@@ -366,6 +390,7 @@ Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& option
   if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
     throw Error(Status::InvalidArgument, std::string(name) + ": not an ONNX model (it does not parse as a ModelProto)");
   Importer im{std::string(name), options, external_dir};
+  im.batch = batch;
   im.import(model);
   finish_qdq(im);
   fold_scales(im);

@@ -51,6 +51,7 @@ struct Importer {
   Graph g;
   std::map<std::string, std::string> alias;  // Identity / Dropout outputs -> their input
   std::uint64_t constant_limit = 0;          // bytes: the largest constant folding may make
+  std::int64_t batch = 0;                    // above 0: every input's first dimension (import_onnx)
 
   // Errors: "MODEL: what"; a node's: "MODEL: node 'N' (OP): what".
   [[noreturn]] void fail(Status s, const std::string& what) const { throw Error(s, model_name + ": " + what); }

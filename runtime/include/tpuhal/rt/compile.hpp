@@ -1,4 +1,4 @@
-// The compiler: an ONNX model and fixed input shapes in, a compiled model
+// The compiler: an ONNX model and fixed input shapes (or a maximum batch) in, a compiled model
 // (model_file.hpp) out, in fp32, fp16, bf16 or int8 (docs/runtime.md).
 //
 //   rt::CompileOptions o;
@@ -50,6 +50,15 @@ struct CompileOptions {
   // Fixed shape for each input with a symbolic or missing dimension, by
   // name; the batch dimension is usually the one given here.
   std::map<std::string, std::vector<std::int64_t>> shapes;
+  // Above 0: the model runs any batch from 1 to this many samples without
+  // compiling again (Instance::run takes the batch from the arrays given).
+  // Every input's first dimension is the batch: symbolic in the model,
+  // whatever `shapes` gives for it; every output's first dimension must
+  // follow it. The compiler makes a program for each batch size, sharing
+  // the weights and one calibration (int8 and the report run at this
+  // batch), and an instance's activation memory is planned for the
+  // largest. At most 256. 0: the shapes are fixed.
+  std::int64_t max_batch = 0;
   // int8 and the report: samples of real inputs, one array per model
   // input in input order, the first dimension the sample count and the
   // rest the input's shape without its batch dimension. They run in

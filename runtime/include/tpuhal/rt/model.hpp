@@ -35,7 +35,8 @@ const char* to_string(Precision p) noexcept;  // "fp32", "fp16", "bf16", "int8"
 // Parses "fp32", "fp16", "bf16", "int8"; InvalidArgument naming the text.
 Precision parse_precision(std::string_view text);
 
-// A model input or output: its ONNX name, dtype and fixed shape.
+// A model input or output: its ONNX name, dtype and fixed shape (the
+// largest batch's, for a model with a Model::max_batch()).
 struct TensorSpec {
   std::string name;
   DType dtype = DType::F32;
@@ -134,8 +135,13 @@ class Model {
   const std::map<std::string, std::string>& meta() const;
   std::uint64_t weight_bytes() const;  // device memory the weights take
   // Device memory each Instance takes for its activations (tensors share it
-  // where their lifetimes allow).
+  // where their lifetimes allow; planned for the largest batch).
   std::uint64_t activation_bytes() const;
+  // A model compiled for several batch sizes (CompileOptions::max_batch)
+  // runs 1 to this many samples, its inputs' and outputs' first dimension
+  // (inputs() and outputs() give the largest batch's shapes); 0 for a model
+  // of fixed shapes.
+  std::int64_t max_batch() const;
   Device device() const;
 
   // A new instance: allocates its activation buffers and records its
@@ -155,7 +161,10 @@ class Instance {
 
   // Runs one batch: copies `inputs` (in the order of Model::inputs(), each
   // exactly its spec's bytes) to the device, runs the program, copies the
-  // outputs back into `outputs`, and waits. InvalidArgument naming the
+  // outputs back into `outputs`, and waits. A model with a max_batch()
+  // runs as many samples as the arrays hold (1 to max_batch(), the same in
+  // every input and output; the specs' bytes divided by max_batch() per
+  // sample) on the program for that batch. InvalidArgument naming the
   // input or output whose size is wrong; device errors as Fence::wait.
   void run(std::span<const HostArray> inputs, std::span<const HostArray> outputs);
   // The same with inputs given as const memory.
@@ -165,7 +174,8 @@ class Instance {
   }
 
   // Device-side use: the tensors the program reads its inputs from and
-  // writes its outputs to. Fill the inputs (copies, or a previous op on the
+  // writes its outputs to (the largest batch's, for a model with a
+  // max_batch()). Fill the inputs (copies, or a previous op on the
   // same device), then submit() on any compute queue of the model's device;
   // the outputs hold the result once its fence is reached.
   const std::vector<Tensor>& input_tensors() const;
@@ -178,10 +188,13 @@ class Instance {
   // over the same runs, the middle half by board time, so that the layers
   // add up to the run (to within a nanosecond per layer). Unsupported
   // on a device without board timestamps (Properties::caps.timestamps).
-  Profile profile(unsigned iterations = 10);
+  // `batch`: the program for that many samples of a model with a
+  // max_batch() (InvalidArgument outside 1 to max_batch()), over the
+  // inputs a run() of that batch left in its own tensors; 0, the largest.
+  Profile profile(unsigned iterations = 10, std::int64_t batch = 0);
   // One run in the board's timing model, per layer, without running it;
-  // nullopt where the device has no timing model.
-  std::optional<ModelledRun> modelled() const;
+  // nullopt where the device has no timing model. `batch` as profile's.
+  std::optional<ModelledRun> modelled(std::int64_t batch = 0) const;
 
   Model model() const;
   explicit operator bool() const noexcept { return state_ != nullptr; }

@@ -30,11 +30,12 @@ inline constexpr std::uint32_t kModelFormatVersion = 2;
 // unless the section is marked optional.
 enum class SectionKind : std::uint32_t {
   Meta = 1,     // producer, source model, precision: key=value lines (UTF-8)
-  Io = 2,       // the model's inputs and outputs: names, dtypes, fixed shapes
+  Io = 2,       // the model's inputs and outputs: names, dtypes, fixed shapes (the largest batch's)
   Graph = 3,    // the compiled program: ops, their operands and attributes
   Weights = 4,  // constant tensors, laid out for the device
   Quant = 5,    // quantisation parameters and calibration ranges
   Report = 6,   // the precision report, per layer (optional to readers)
+  Stages = 7,   // programs for the batch sizes below the graph's (optional to readers)
 };
 const char* to_string(SectionKind kind) noexcept;  // "weights"; "unknown" for others
 
