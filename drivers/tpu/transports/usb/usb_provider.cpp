@@ -159,6 +159,13 @@ void upload_usb_firmware(const std::string& location, std::span<const std::byte>
   auto decoded = fw::decode_image(image);
   if (!decoded) throw Error(Status::InvalidArgument, who + ": " + fw::describe_image_problem(decoded.problem()));
   std::vector<std::byte> buf;
+  // The board left after the whole image was sent, before its verdict was
+  // read: a loader that took the image detaches at once to come back as
+  // the application, and its verdict can be lost with the link (the host
+  // sees the detach before the transfer that holds it). Coming back as the
+  // application is then the verdict.
+  bool left_after_commit = false;
+  std::optional<fw::UsbMessage> verdict;
   {
     auto link = open_libusb_link(location);
     std::byte raw[sizeof(fw::UsbIdentity)];
@@ -187,7 +194,6 @@ void upload_usb_firmware(const std::string& location, std::span<const std::byte>
       timed_out = true;
       link->shutdown();
     });
-    std::optional<fw::UsbMessage> verdict;
     std::exception_ptr failed;
     try {
       verdict = await_status(*link, buf, who);
@@ -203,7 +209,16 @@ void upload_usb_firmware(const std::string& location, std::span<const std::byte>
     if (!verdict && timed_out)
       throw Error(Status::Timeout,
                   who + ": the loader did not answer the upload within " + std::to_string(timeout.count()) + " ms");
-    if (failed) std::rethrow_exception(failed);
+    if (failed) {
+      try {
+        std::rethrow_exception(failed);
+      } catch (const Error& e) {
+        if (e.status() != Status::DeviceLost) throw;
+        left_after_commit = true;
+      }
+    }
+  }
+  if (!left_after_commit) {
     if (verdict->type == fw::UsbType::kError)
       throw Error(Status::DeviceFault, who + ": the loader refused a " +
                                            fw::to_string(static_cast<fw::UsbType>(verdict->arg[1])) + " message (" +
@@ -233,6 +248,11 @@ void upload_usb_firmware(const std::string& location, std::span<const std::byte>
     }
     std::this_thread::sleep_for(50ms);
   }
+  if (left_after_commit)
+    throw Error(Status::DeviceLost, who +
+                                        ": the board went away after the image was sent, before its verdict was read, "
+                                        "and did not come back in application mode within " +
+                                        std::to_string(timeout.count()) + " ms; upload again");
   throw Error(Status::Timeout, who + ": the board took the firmware but did not come back in application mode within " +
                                    std::to_string(timeout.count()) + " ms");
 }
