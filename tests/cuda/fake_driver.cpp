@@ -24,7 +24,9 @@
 //
 // Test controls (extern "C"): tpuhal_fake_cuda_fail(code) makes the next
 // stream operation any stream runs fail with `code`;
-// tpuhal_fake_cuda_reset() disarms that; tpuhal_fake_cuda_live_allocations()
+// tpuhal_fake_cuda_reset() disarms that; tpuhal_fake_cuda_refuse_modules(1)
+// makes cuModuleLoadData fail (0 again: load);
+// tpuhal_fake_cuda_live_allocations()
 // counts what is allocated and not yet given back (host allocations and
 // registrations, physical chunks, address reservations, graphs, cuMemAlloc
 // blocks, modules).
@@ -103,6 +105,11 @@ struct Op {
   std::shared_ptr<const std::vector<Op>> graph;  // Launch
 };
 
+// What a kernel does when the stand-in runs it (Op::flags of a Kernel): the
+// shim's clock kernels (drivers/cuda/src/clock.cpp) write the host's
+// CLOCK_MONOTONIC as the board time; every other kernel does nothing.
+enum KernelKind : unsigned { Empty, Stamp, FenceStamp };
+
 struct Stream;
 
 struct State {
@@ -119,6 +126,7 @@ struct State {
   std::set<CUgraphExec> execs;
   std::atomic<unsigned long long> live{0};
   std::atomic<int> armed{0};
+  std::atomic<bool> refuse_modules{false};  // cuModuleLoadData fails (tpuhal_fake_cuda_refuse_modules)
 
   // What stream work may touch: read-locked while an operation runs, so a
   // range cannot be unmapped under it.
@@ -278,7 +286,29 @@ CUresult run(const Op& op) {
           .store(op.value, std::memory_order_release);
       return CUDA_SUCCESS;
     }
-    case Op::Kernel: return CUDA_SUCCESS;  // the only kernels here are empty ones
+    case Op::Kernel: {
+      // The kernels whose work the stand-in knows by name (Function::kind);
+      // any other does nothing. A bad address faults as on a GPU: when
+      // the kernel runs, not when it is launched.
+      if (op.flags == KernelKind::Empty) return CUDA_SUCCESS;
+      std::shared_lock lock(s.memory_mu);
+      const std::uint64_t bytes = op.flags == KernelKind::Stamp ? 8 : 16;
+      if (op.dst % 8 != 0 || !reachable(s, op.dst, bytes)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+      auto word = [](std::uint64_t at) {
+        return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(at));
+      };
+      const auto now = static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+              .count());
+      if (op.flags == KernelKind::Stamp) {
+        word(op.dst).store(now, std::memory_order_release);
+      } else {
+        word(op.dst).store(0, std::memory_order_release);
+        word(op.dst + 8).store(now, std::memory_order_release);
+        word(op.dst).store(op.value, std::memory_order_release);
+      }
+      return CUDA_SUCCESS;
+    }
     case Op::Launch:
       for (const Op& o : *op.graph)
         if (CUresult r = run(o); r != CUDA_SUCCESS) return r;
@@ -915,22 +945,29 @@ struct Module;
 struct Function {
   Module* module;
   std::string name;
+  KernelKind kind = KernelKind::Empty;
 };
 struct Module {
   std::vector<std::unique_ptr<Function>> entries;
 };
 
-// Takes PTX text only, and finds its .entry names; the kernels do nothing.
+// Takes PTX text only, and finds its .entry names (KernelKind says
+// what each does when it runs).
 CUresult fake_cuModuleLoadData(CUmodule* out, const void* image) {
   if (CUresult r = need_context()) return r;
   if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
+  if (state().refuse_modules) return CUDA_ERROR_NO_BINARY_FOR_GPU;
   const std::string ptx(static_cast<const char*>(image));
   if (ptx.find(".version") == std::string::npos) return CUDA_ERROR_INVALID_IMAGE;
   auto m = std::make_unique<Module>();
   for (std::size_t at = ptx.find(".entry"); at != std::string::npos; at = ptx.find(".entry", at + 6)) {
     std::size_t b = ptx.find_first_not_of(" \t", at + 6), e = ptx.find_first_of("( \t\n", b);
     if (b == std::string::npos || e == std::string::npos) return CUDA_ERROR_INVALID_PTX;
-    m->entries.push_back(std::make_unique<Function>(Function{m.get(), ptx.substr(b, e - b)}));
+    const std::string name = ptx.substr(b, e - b);
+    const KernelKind kind = name == "tpuhal_stamp"         ? KernelKind::Stamp
+                            : name == "tpuhal_fence_stamp" ? KernelKind::FenceStamp
+                                                           : KernelKind::Empty;
+    m->entries.push_back(std::make_unique<Function>(Function{m.get(), name, kind}));
   }
   State& s = state();
   std::lock_guard lock(s.mu);
@@ -977,8 +1014,15 @@ CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz
   if (!gx || !gy || !gz || !bx || !by || !bz || std::uint64_t{bx} * by * bz > 1024 || shared > 48 * 1024 ||
       (params && extra))
     return CUDA_ERROR_INVALID_VALUE;
+  const auto* fn = reinterpret_cast<const Function*>(f);
   Op op;
   op.kind = Op::Kernel;
+  op.flags = fn->kind;
+  if (fn->kind != KernelKind::Empty) {
+    if (!params || !params[0] || (fn->kind == KernelKind::FenceStamp && !params[1])) return CUDA_ERROR_INVALID_VALUE;
+    std::memcpy(&op.dst, params[0], 8);
+    if (fn->kind == KernelKind::FenceStamp) std::memcpy(&op.value, params[1], 8);
+  }
   return submit(stream, std::move(op), 0, 0);
 }
 
@@ -1036,6 +1080,10 @@ __attribute__((visibility("default"))) CUresult CUDAAPI cuGetProcAddress_v2(cons
 __attribute__((visibility("default"))) void tpuhal_fake_cuda_fail(int code) { state().armed.store(code); }
 
 __attribute__((visibility("default"))) void tpuhal_fake_cuda_reset() { state().armed.store(0); }
+
+__attribute__((visibility("default"))) void tpuhal_fake_cuda_refuse_modules(int refuse) {
+  state().refuse_modules.store(refuse != 0);
+}
 
 __attribute__((visibility("default"))) unsigned long long tpuhal_fake_cuda_live_allocations() {
   return state().live.load();

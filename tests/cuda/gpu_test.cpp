@@ -1,6 +1,7 @@
 // The CUDA shim's risks that only a real GPU can answer (docs/cuda.md): stream
 // memory operations captured into graphs, queues that may share one of the
-// GPU's hardware connections, overlapping copies, large backed allocations.
+// GPU's hardware connections, overlapping copies, large backed allocations,
+// the board clock.
 // It runs on whatever driver the shim loads: the real libcuda.so.1 on a
 // machine with a GPU, the stand-in where CMake points TPUHAL_CUDA_LIBRARY at
 // it, and it skips, saying why, where there is neither.
@@ -213,6 +214,35 @@ TEST_F(CudaGpu, LargeAllocationsAreBackedAndHoldTheirData) {
   EXPECT_EQ(static_cast<int>(first.map()[3]), 1);
   EXPECT_EQ(std::memcmp(last.map().data(), h.map().data(), 1 << 20), 0);
   EXPECT_GE(dev_.memory_stats().device_used, 2 * big);
+}
+
+// The board clock (the GPU's global timer, written by the shim's clock
+// kernels): in stream order on one queue, across queues that wait on each
+// other, inside a program, and for each fence; a copy between two stamps
+// moves it on.
+TEST_F(CudaGpu, BoardTimeFollowsStreamOrderWithinAndAcrossQueuesAndPrograms) {
+  ASSERT_TRUE(dev_.properties().caps.timestamps);
+  const std::uint64_t n = 64 << 20;
+  Buffer stamps = host(4096), a = dev_.allocate(n), b = dev_.allocate(n);
+  std::memset(stamps.map().data(), 0, 4096);
+  Queue q1 = dev_.queue(), q2 = dev_.queue();
+  Fence f1 = q1.batch().timestamp(stamps, 0).copy(a, b).timestamp(stamps, 8).submit();
+  Program p = dev_.record([&](Batch& r) { r.timestamp(stamps, 16).fill(a, 0, 4096, 1).timestamp(stamps, 24); });
+  Fence f2 = q2.batch().wait(f1).run(p).submit();
+  f2.wait();
+  const std::uint64_t s0 = word(stamps, 0).load(), s1 = word(stamps, 1).load(), s2 = word(stamps, 2).load(),
+                      s3 = word(stamps, 3).load();
+  EXPECT_GT(s0, 0u);
+  EXPECT_LT(s0, s1) << "a 64 MiB copy lies between them";
+  const auto t1 = f1.timestamp_ns(), t2 = f2.timestamp_ns();
+  ASSERT_TRUE(t1 && t2);
+  EXPECT_LE(s1, *t1);
+  EXPECT_LE(*t1, s2) << "q2 waited for f1";
+  EXPECT_LE(s2, s3);
+  EXPECT_LE(s3, *t2);
+  // Replayed, the program stamps again, later.
+  q2.run(p).submit().wait();
+  EXPECT_GT(word(stamps, 2).load(), s3);
 }
 
 }  // namespace

@@ -32,6 +32,7 @@ const bool configured = [] {
 // loaded (RTLD_NOLOAD: never a second one).
 struct Fake {
   void (*fail)(int) = nullptr;
+  void (*refuse_modules)(int) = nullptr;
   void (*reset)() = nullptr;
   unsigned long long (*live)() = nullptr;
   PFN_cuCtxPushCurrent_v4000 push = nullptr;
@@ -47,6 +48,7 @@ const Fake& fake() {
     if (!lib) return x;
     x.fail = reinterpret_cast<void (*)(int)>(dlsym(lib, "tpuhal_fake_cuda_fail"));
     x.reset = reinterpret_cast<void (*)()>(dlsym(lib, "tpuhal_fake_cuda_reset"));
+    x.refuse_modules = reinterpret_cast<void (*)(int)>(dlsym(lib, "tpuhal_fake_cuda_refuse_modules"));
     x.live = reinterpret_cast<unsigned long long (*)()>(dlsym(lib, "tpuhal_fake_cuda_live_allocations"));
     auto get = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(lib, "cuGetProcAddress_v2"));
     auto resolve = [&](const char* name) {
@@ -108,7 +110,8 @@ TEST_F(CudaShim, PropertiesComeFromTheDriver) {
   EXPECT_GE(p.heaps[0].size, p.memory_bytes);
   EXPECT_TRUE(p.caps.wait_value);
   EXPECT_TRUE(p.caps.import_host_memory);
-  EXPECT_FALSE(p.caps.tensor) << "no CUDA kernels yet";
+  EXPECT_TRUE(p.caps.timestamps) << "the clock kernels loaded";
+  EXPECT_FALSE(p.caps.tensor) << "no tensor kernels yet";
   EXPECT_FALSE(p.caps.map_device_memory);
   EXPECT_FALSE(p.caps.host_visible_device_memory);
 }
@@ -175,6 +178,84 @@ TEST_F(CudaShim, ProgramsReplayAsGraphs) {
     EXPECT_EQ(static_cast<int>(dst.map()[n - 1]), round + 1);
   }
   EXPECT_EQ(*reinterpret_cast<std::uint64_t*>(words.map().data()), 9u);
+}
+
+// Each fence keeps the board time it was reached at (the fence-stamp kernel
+// before the timeline write), for the queue's last 128 values; a timestamp
+// command writes the time in stream order, in a batch or a program.
+TEST_F(CudaShim, EachFenceKeepsItsBoardTimeForTheLast128Values) {
+  Device dev = open("cuda:0");
+  ASSERT_TRUE(dev.properties().caps.timestamps);
+  Queue q = dev.queue();
+  const int n = 200;
+  Buffer stamps = dev.allocate(n * 8, Memory::HostPinned);
+  std::vector<Fence> fences;
+  for (int i = 0; i < n; ++i) fences.push_back(q.batch().timestamp(stamps, 8 * i).submit());
+  fences.back().wait();
+  const auto* written = reinterpret_cast<const std::uint64_t*>(stamps.map().data());
+  std::uint64_t last = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto t = fences[i].timestamp_ns();
+    if (i < n - 128) {
+      EXPECT_FALSE(t.has_value()) << "fence " << i << " is older than the last 128";
+      continue;
+    }
+    ASSERT_TRUE(t.has_value()) << "fence " << i;
+    EXPECT_LE(written[i], *t) << "fence " << i << ": its batch's stamp comes first";
+    EXPECT_LE(last, *t) << "fence " << i;
+    last = *t;
+  }
+  // Not yet reached: no time.
+  Buffer gate = dev.allocate(4096, Memory::HostPinned);
+  std::atomic_ref<std::uint64_t> open_gate(*reinterpret_cast<std::uint64_t*>(gate.map().data()));
+  open_gate.store(0);
+  Fence held = q.batch().wait_value(gate, 0, 1).submit();
+  EXPECT_FALSE(held.timestamp_ns().has_value());
+  open_gate.store(1);
+  held.wait();
+  ASSERT_TRUE(held.timestamp_ns().has_value());
+  EXPECT_LE(last, *held.timestamp_ns());
+  // In a program: each replay stamps again.
+  Program p = dev.record([&](Batch& b) { b.timestamp(stamps, 0); });
+  q.run(p).submit().wait();
+  const std::uint64_t first = written[0];
+  q.run(p).submit().wait();
+  EXPECT_LE(first, written[0]);
+  EXPECT_LE(*held.timestamp_ns(), first);
+}
+
+// A driver that cannot load the clock kernels leaves a device that works,
+// without timestamps, and says so up front.
+TEST_F(CudaShim, WithoutTheClockKernelsTheDeviceWorksWithoutTimestamps) {
+  fake().refuse_modules(1);
+  Device dev = open("cuda:1");
+  fake().refuse_modules(0);
+  EXPECT_FALSE(dev.properties().caps.timestamps);
+  Buffer h = dev.allocate(4096, Memory::HostPinned), d = dev.allocate(4096);
+  Queue q = dev.queue();
+  Error e = error_of([&] { q.batch().timestamp(h, 0).submit(); });
+  EXPECT_EQ(e.status(), Status::Unsupported);
+  EXPECT_THAT(e.what(), HasSubstr("timestamp"));
+  std::memset(h.map().data(), 5, 4096);
+  Fence f = q.batch().copy(h, d).fill(h, 0, 4096, 0).copy(d, h).submit();
+  f.wait();
+  EXPECT_EQ(static_cast<int>(h.map()[100]), 5);
+  EXPECT_FALSE(f.timestamp_ns().has_value());
+}
+
+// TPUHAL_CUDA_TIMESTAMPS=commands: Batch::timestamp still writes the board
+// time, but submissions no longer pay for a fence stamp.
+TEST_F(CudaShim, WithCommandStampsOnlyFencesKeepNoTime) {
+  setenv("TPUHAL_CUDA_TIMESTAMPS", "commands", 1);
+  Device dev = open("cuda:0");
+  unsetenv("TPUHAL_CUDA_TIMESTAMPS");
+  EXPECT_TRUE(dev.properties().caps.timestamps);
+  Buffer stamps = dev.allocate(4096, Memory::HostPinned);
+  std::memset(stamps.map().data(), 0, 4096);
+  Fence f = dev.queue().batch().timestamp(stamps, 8).submit();
+  f.wait();
+  EXPECT_NE(reinterpret_cast<const std::uint64_t*>(stamps.map().data())[1], 0u);
+  EXPECT_FALSE(f.timestamp_ns().has_value());
 }
 
 TEST_F(CudaShim, SmallAllocationsShareAChunkAndLargeOnesSpanSeveral) {

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <charconv>
 #include <fstream>
 #include <thread>
@@ -95,6 +96,28 @@ CudaDevice::CudaDevice(const Api& api, std::string uri, int ordinal) : api_(api)
     throw;
   }
   props_.heaps = {HeapInfo{"device", Memory::Device, heap_->base(), heap_->size(), true}};
+  // The board clock: without its kernels the device works, untimed.
+  // TPUHAL_CUDA_TIMESTAMPS (docs/cuda.md, Timestamps): unset or 1, every
+  // fence is stamped, a kernel launch per submission; "commands", only
+  // Batch::timestamp stamps; 0, no clock kernels at all.
+  const char* env = std::getenv("TPUHAL_CUDA_TIMESTAMPS");
+  const std::string_view mode = env ? env : "";
+  if (!mode.empty() && mode != "0" && mode != "1" && mode != "commands")
+    log()->warn("{}: TPUHAL_CUDA_TIMESTAMPS={} is not 0, 1 or commands; taken as 1", props_.uri, mode);
+  if (mode == "0") {
+    log()->info("{}: no timestamps (TPUHAL_CUDA_TIMESTAMPS=0)", props_.uri);
+  } else {
+    stamp_fences_ = mode != "commands";
+    std::string why;
+    try {
+      ScopedContext scope(api_, ctx_);
+      clock_ = Clock::load(api_, &why);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    if (!clock_) log()->warn("{}: no timestamps: the clock kernels did not load: {}", props_.uri, why);
+  }
+  props_.caps.timestamps = clock_ != nullptr;
   for (std::uint32_t i = 0; i < kComputeQueues; ++i) slots_.push_back({Engine::Compute, i});
   for (std::uint32_t i = 0; i < kCopyQueues; ++i) slots_.push_back({Engine::Copy, kComputeQueues + i});
   log()->info("{}: {} ({}), {} of memory, CUDA driver {}", props_.uri, props_.board, props_.bus, format_bytes(total),
@@ -126,10 +149,18 @@ CudaDevice::~CudaDevice() {
     static auto* abandoned = new std::vector<std::shared_ptr<void>>;
     std::lock_guard a(abandoned_mu);
     abandoned->push_back(std::shared_ptr<void>(heap_.release(), [](void*) {}));
+    abandoned->push_back(std::shared_ptr<void>(clock_.release(), [](void*) {}));
     abandoned->push_back(std::make_shared<std::vector<Retired>>(std::move(retired_)));
     return;
   }
   heap_.reset();
+  try {
+    ScopedContext scope(api_, ctx_);
+    clock_.reset();
+  } catch (const Error& e) {
+    log()->error("{}: unloading the clock kernels: {}", uri(), e.what());
+    (void)clock_.release();  // no context to unload them in: left with it
+  }
   api_.cuDevicePrimaryCtxRelease(dev_);
 }
 

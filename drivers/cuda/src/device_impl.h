@@ -34,6 +34,9 @@ constexpr std::uint32_t kCopyQueues = 2;
 constexpr std::uint32_t kDefaultRingEntries = 1024;
 constexpr std::uint32_t kMinRingEntries = 16;
 constexpr std::uint32_t kMaxRingEntries = 1u << 20;
+// Fence values whose board time a queue keeps (Fence::timestamp_ns), as a
+// TPU board's status page does.
+constexpr std::uint32_t kStampSlots = 128;
 
 const std::shared_ptr<spdlog::logger>& log();  // device.cpp
 
@@ -46,11 +49,34 @@ class CudaQueue;
 // the scratch blocks of overlapping copies.
 using Keep = std::vector<std::shared_ptr<const void>>;
 
+// The board clock (clock.cpp): the kernels that write the GPU's global timer
+// in stream order, loaded once per device. Null where the driver cannot load
+// them; the device then has no timestamps.
+class Clock {
+ public:
+  static std::unique_ptr<Clock> load(const Api& api, std::string* why);
+  ~Clock();
+  Clock(const Clock&) = delete;
+  Clock& operator=(const Clock&) = delete;
+
+  // Writes the board time (ns) at `at` when the stream gets there.
+  CUresult stamp(CUstream stream, CUdeviceptr at) const;
+  // Records `value`'s board time in a stamp slot (TimelineWord::slot).
+  CUresult fence_stamp(CUstream stream, CUdeviceptr slot, std::uint64_t value) const;
+
+ private:
+  explicit Clock(const Api& api) : api_(api) {}
+  const Api& api_;
+  CUmodule module_ = nullptr;
+  CUfunction stamp_ = nullptr, fence_stamp_ = nullptr;
+};
+
 // A queue's timeline: a 64-bit word in pinned host memory that its stream
-// writes after each submission and other streams wait on. Shared by the
-// queue and by every submission that waits on it, so it outlives each
-// stream that may read it; it holds no reference to the device (which
-// outlives it), so no cycle keeps a device open.
+// writes after each submission and other streams wait on, and beside it the
+// stamp slots, {value, board time} of the last kStampSlots fence values.
+// Shared by the queue and by every submission that waits on it, so it
+// outlives each stream that may read or write it; it holds no reference to
+// the device (which outlives it), so no cycle keeps a device open.
 class TimelineWord {
  public:
   TimelineWord(const Api& api, CUcontext ctx, const std::string& what);
@@ -61,7 +87,13 @@ class TimelineWord {
   std::uint64_t read() const { return std::atomic_ref<std::uint64_t>(*host_).load(std::memory_order_acquire); }
   CUdeviceptr address() const { return address_; }
 
+  // The device address of value's stamp slot.
+  CUdeviceptr slot(std::uint64_t value) const { return address_ + kSlotsAt + (value % kStampSlots) * 16; }
+  // Value's board time while its slot still holds it.
+  std::optional<std::uint64_t> stamp(std::uint64_t value) const;
+
  private:
+  static constexpr std::uint64_t kSlotsAt = 64;  // the word has a cache line of its own
   const Api& api_;
   CUcontext ctx_;
   std::uint64_t* host_ = nullptr;
@@ -129,6 +161,11 @@ class CudaDevice final : public driver::DeviceBackend, public std::enable_shared
   CUcontext context() const { return ctx_; }
   const std::string& uri() const { return props_.uri; }
   DeviceHeap& heap() { return *heap_; }
+  // The board clock; null where the device has no timestamps.
+  const Clock* clock() const { return clock_.get(); }
+  // Whether each submission records its fence's board time
+  // (Fence::timestamp_ns; TPUHAL_CUDA_TIMESTAMPS=commands leaves it out).
+  bool stamps_fences() const { return clock_ && stamp_fences_; }
 
   // Host memory accounting (buffers call these as they come and go).
   void count_host(std::int64_t bytes, std::int64_t allocations, bool imported) {
@@ -172,6 +209,8 @@ class CudaDevice final : public driver::DeviceBackend, public std::enable_shared
   Properties props_;
   std::uint64_t opened_ns_ = base::monotonic_ns();
   std::unique_ptr<DeviceHeap> heap_;
+  std::unique_ptr<Clock> clock_;
+  bool stamp_fences_ = false;
 
   mutable std::mutex stats_mu_;
   std::uint64_t pinned_bytes_ = 0, pinned_allocations_ = 0, imported_bytes_ = 0;
@@ -248,6 +287,7 @@ class CudaQueue final : public driver::QueueBackend {
 
   void block(std::uint64_t value, std::chrono::nanoseconds max) override;
   void abort() override;
+  std::optional<std::uint64_t> timestamp_ns(std::uint64_t value) const override;
   QueueStatus status() const override;
   std::string diagnose() const override;
 

@@ -1,6 +1,7 @@
 // Queues of the CUDA shim: a stream and a 64-bit timeline word in pinned host
 // memory that the stream itself writes after each submission
-// (cuStreamWriteValue64); a wait for another queue's fence is
+// (cuStreamWriteValue64), just after the board time of that value goes to
+// the word's stamp slots (clock.cpp); a wait for another queue's fence is
 // cuStreamWaitValue64 on that queue's word, so the host never blocks for it.
 // The host reads the word to see completion. The "ring" bounds submissions
 // in flight the way a board's ring does.
@@ -20,10 +21,11 @@ namespace tpuhal::cuda {
 TimelineWord::TimelineWord(const Api& api, CUcontext ctx, const std::string& what) : api_(api), ctx_(ctx) {
   ScopedContext scope(api_, ctx_);
   void* host = nullptr;
-  check(api_, api_.cuMemHostAlloc(&host, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
+  constexpr std::uint64_t bytes = kSlotsAt + kStampSlots * 16;
+  check(api_, api_.cuMemHostAlloc(&host, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
         what + ": the timeline word");
   host_ = static_cast<std::uint64_t*>(host);
-  *host_ = 0;
+  std::fill_n(host_, bytes / 8, 0);
   if (CUresult r = api_.cuMemHostGetDevicePointer(&address_, host, 0); r != CUDA_SUCCESS) {
     api_.cuMemFreeHost(host);
     check(api_, r, what + ": the timeline word's device address");
@@ -37,6 +39,19 @@ TimelineWord::~TimelineWord() {
   } catch (const Error& e) {
     log()->error("freeing a timeline word: {}", e.what());
   }
+}
+
+std::optional<std::uint64_t> TimelineWord::stamp(std::uint64_t value) const {
+  // The slot as the fence-stamp kernel writes it (clock.cpp): value word
+  // 0, time, value word. Whoever reads `value` before and after the time
+  // has the time written for it; a slot being rewritten for a later value
+  // reads otherwise.
+  std::uint64_t* slot = host_ + (kSlotsAt + (value % kStampSlots) * 16) / 8;
+  auto load = [](std::uint64_t& w) { return std::atomic_ref<std::uint64_t>(w).load(std::memory_order_acquire); };
+  if (load(slot[0]) != value) return std::nullopt;
+  const std::uint64_t ns = load(slot[1]);
+  if (load(slot[0]) != value) return std::nullopt;
+  return ns;
 }
 
 // ---- Commands ------------------------------------------------------------------
@@ -127,7 +142,10 @@ CUresult enqueue(CudaDevice& dev, CUstream stream, const driver::Command& c, Kee
           auto* p = static_cast<CudaProgram*>(cmd.program);
           return api.cuGraphLaunch(p->exec(), stream);
         } else if constexpr (std::is_same_v<T, driver::cmd::Timestamp>) {
-          throw Error(Status::Unsupported, uri + ": timestamps are not supported (caps.timestamps is false)");
+          if (!dev.clock())
+            throw Error(Status::Unsupported, uri + ": timestamps are not supported (caps.timestamps is false)");
+          what = "cuLaunchKernel (tpuhal_stamp)";
+          return dev.clock()->stamp(stream, address_of(cmd.location));
         } else {
           static_assert(std::is_same_v<T, driver::cmd::Run>);
           throw Error(Status::Unsupported, uri + ": no tensor ops on this device (caps.tensor is false)");
@@ -179,6 +197,11 @@ void CudaQueue::abort() {
   std::lock_guard lock(submit_mu_);
   if (timeline().completed < submitted())
     fail(Error(Status::FailedPrecondition, name() + ": aborted with work unfinished"));
+}
+
+std::optional<std::uint64_t> CudaQueue::timestamp_ns(std::uint64_t value) const {
+  if (!dev_->stamps_fences() || value == 0 || value > timeline().completed) return std::nullopt;
+  return word_->stamp(value);
 }
 
 QueueStatus CudaQueue::status() const {
@@ -250,7 +273,8 @@ void CudaQueue::reserve(std::uint32_t n, std::chrono::nanoseconds max_wait) {
 }
 
 std::uint64_t CudaQueue::submit(std::span<const driver::Command> commands, std::chrono::nanoseconds max_wait) {
-  // One ring entry per command and one for the timeline write.
+  // One ring entry per command and one for the timeline write (and its
+  // stamp).
   const std::size_t n = commands.size() + 1;
   if (n >= entries_)
     throw Error(Status::InvalidArgument, name() + ": a batch of " + std::to_string(commands.size()) +
@@ -272,6 +296,12 @@ std::uint64_t CudaQueue::submit(std::span<const driver::Command> commands, std::
                                      std::to_string(s.value) + ": " + what + ": " + describe(api_, r)));
         break;
       }
+    }
+    // The board time the value is reached at, then the value.
+    if (!timeline().failed && dev_->stamps_fences()) {
+      if (CUresult r = dev_->clock()->fence_stamp(stream_, word_->slot(s.value), s.value); r != CUDA_SUCCESS)
+        fail(Error(status_of(r), name() + ": stamping timeline value " + std::to_string(s.value) +
+                                     ": cuLaunchKernel (tpuhal_fence_stamp): " + describe(api_, r)));
     }
     if (!timeline().failed) {
       if (CUresult r = api_.cuStreamWriteValue64(stream_, word_->address(), s.value, CU_STREAM_WRITE_VALUE_DEFAULT);
