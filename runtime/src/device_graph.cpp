@@ -117,6 +117,21 @@ const char* dtype_name(DType t) noexcept { return to_string(t); }
 
 std::uint64_t DTensor::elements() const { return product(shape); }
 std::uint64_t DTensor::bytes() const { return elements() * element_bytes(dtype); }
+
+namespace {
+// Whether its elements lie in row-major order with no gaps (the stride of
+// an axis of one element does not matter).
+bool row_major(const DTensor& t) {
+  if (t.strides.empty()) return true;
+  if (t.strides.size() != t.shape.size()) return false;
+  std::int64_t expected = 1;
+  for (std::size_t i = t.shape.size(); i-- > 0;) {
+    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
+    expected *= t.shape[i];
+  }
+  return true;
+}
+}  // namespace
 std::uint64_t DTensor::span() const {
   if (strides.empty() || elements() == 0) return bytes();
   // Saturates at UINT64_MAX: any shape and strides a damaged file holds
@@ -332,6 +347,10 @@ DeviceGraph graph_from_json(const json& j, std::uint64_t weight_bytes, std::stri
       if (dt.storage != Storage::Arena || !typed)
         bad(std::string("an entry of ") + key + " is not an f32" + (&list == &g.inputs ? " or i32" : "") +
             " tensor in the arena");
+      // The caller's bytes go in and come out as one row-major block.
+      if (!row_major(dt))
+        bad(std::string("an entry of ") + key + " (tensor " + std::to_string(t) +
+            ") is a strided view; inputs and outputs are whole row-major tensors");
       list.push_back(t);
     }
   }

@@ -631,6 +631,15 @@ TEST(Runtime, GivenADamagedGraphSectionWhenLoadedThenInvalidArgumentNamesWhat) {
               j["tensors"][0]["shape"][0] = 1;
             }).find("input 0 does not have the shape of x f32[2, 3, 4, 4]"),
             std::string::npos);
+  // An input that is a view with the same bytes in another order: the
+  // caller's row-major array would be read transposed.
+  const std::string strided = edited([](auto& j) {
+    j["tensors"][j["inputs"][0].template get<int>()]["strides"] = {1, 2, 6, 24};
+  });
+  EXPECT_NE(strided.find("net.tpm: the graph section is damaged: an entry of inputs (tensor 0) is a strided view; "
+                         "inputs and outputs are whole row-major tensors"),
+            std::string::npos)
+      << strided;
 }
 
 TEST(Runtime, GivenACorruptedOrNewerFileWhenLoadedThenTheErrorSaysWhich) {
