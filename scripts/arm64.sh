@@ -6,8 +6,10 @@
 # neon; below). Installs what it needs with apt-get (as root, or through
 # sudo). Extra arguments go to ctest.
 #
-#   scripts/arm64.sh [--build-only | --no-build] [CTEST_ARGS...]
+#   scripts/arm64.sh [--install-only | --build-only | --no-build] [CTEST_ARGS...]
 #
+#   --install-only  install the cross compiler and the arm64 libraries, and
+#                 nothing more (scripts/test.sh does so while it builds)
 #   --build-only  install, configure and build, and run no test
 #                 (scripts/test.sh builds while other tests run)
 #   --no-build    run the tests in build/arm64/ as it is
@@ -15,7 +17,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_it=1
 test_it=1
+install_only=0
 case ${1:-} in
+  --install-only) install_only=1; test_it=0; shift ;;
   --build-only) test_it=0; shift ;;
   --no-build) build_it=0; shift ;;
   -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -24,6 +28,10 @@ build="$root/build/arm64"
 extra="$build/extra"  # arm64 -dev packages that cannot be installed beside the amd64 ones
 
 if ((build_it)); then
+  # One installer at a time: scripts/test.sh may have one running already.
+  mkdir -p "$root/build"
+  exec 8>"$root/build/.arm64-install.lock"
+  flock 8
   if [[ $(id -u) -eq 0 ]]; then sudo=(); else sudo=(sudo); fi
   export DEBIAN_FRONTEND=noninteractive
   if ! dpkg --print-foreign-architectures | grep -qx arm64; then
@@ -64,6 +72,8 @@ if ((build_it)); then
     ln -sf libonnx_proto.so.1 "$extra/usr/lib/aarch64-linux-gnu/libonnx_proto.so"
     touch "$extra/.done"
   fi
+  flock -u 8
+  ((!install_only)) || exit 0
 
   cmake -S "$root" -B "$build" -G Ninja --toolchain "$root/cmake/aarch64-linux-gnu.cmake" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g0 -DNDEBUG" \

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Installs what tpuhal needs to build and test on Debian 12, with apt-get,
 # only if something is missing. Safe to run again.
+#
+#   scripts/setup.sh [--build | --test]
+#
+#   --build  only what configuring and building needs
+#   --test   only what the tests need beyond that (scripts/test.sh installs
+#            these while it builds)
 set -euo pipefail
 
-packages=(
+build_packages=(
   build-essential cmake ninja-build pkg-config clang clang-format  # clang-format: scripts/format.sh
   lld                                           # the clang trees' linker (scripts/lib/configure.bash)
   libclang-rt-14-dev libomp-dev                 # clang's libFuzzer and sanitizer runtimes, its OpenMP (scripts/fuzz.sh)
@@ -13,17 +19,31 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev ocl-icd-opencl-dev                # the simulated tensor engine's kernels (its CMake package requires OpenCL)
   libonnx-dev libprotobuf-dev libonnx-testdata  # ONNX's node tests
-  libavcodec-dev libavformat-dev libavutil-dev ffmpeg  # the simulated codec unit, demuxing, clips for the tests
-  pybind11-dev python3-dev python3-numpy python3-pytest python3-onnx  # the Python package (bindings/python; ONNX builds its runtime tests' models)
+  libavcodec-dev libavformat-dev libavutil-dev  # the simulated codec unit, demuxing
+  pybind11-dev python3-dev python3-numpy        # the Python package (bindings/python)
+  prometheus-cpp-dev                            # `tpuhal exporter`
+  libgrpc++-dev protobuf-compiler protobuf-compiler-grpc  # tpuhal-device-plugin
+  libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev  # libgsttpuhal.so
+)
+test_packages=(
+  ffmpeg                                        # clips for the video tests, and their reference MD5s
+  python3-pytest python3-onnx                   # the Python tests (ONNX builds the runtime tests' models)
   python3-torch python3-torchvision             # the model zoo test (examples/model_zoo)
   qemu-system-x86 busybox-static cpio           # the PCIe transport's test on QEMU's edu device (tests/qemu/run.sh)
-  prometheus-cpp-dev prometheus                 # `tpuhal exporter`; promtool and a real Prometheus in its test
+  prometheus                                    # promtool and a real Prometheus in the exporter's test
   podman runc python3-jsonschema                # `tpuhal cdi`: a real container given a board; the CDI schema check
   golang-github-container-orchestrated-devices-container-device-interface-dev  # the CDI specification's JSON schema
-  libgrpc++-dev protobuf-compiler protobuf-compiler-grpc python3-grpcio  # tpuhal-device-plugin; its kubelet stand-in
+  python3-grpcio                                # the device plugin's kubelet stand-in
   gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-good gstreamer1.0-plugins-bad  # a real RTSP server for the live-video tests
-  libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-tools gstreamer1.0-plugins-base  # libgsttpuhal.so; gst-launch-1.0 in its tests
+  gstreamer1.0-tools gstreamer1.0-plugins-base  # gst-launch-1.0 in the plugin's tests
 )
+case ${1:-} in
+  --build) packages=("${build_packages[@]}") ;;
+  --test) packages=("${test_packages[@]}") ;;
+  "") packages=("${build_packages[@]}" "${test_packages[@]}") ;;
+  -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) echo "tpuhal setup: unknown argument $1 (--help)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

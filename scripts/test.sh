@@ -4,11 +4,36 @@
 # (e.g. -R Conformance).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$root/scripts/setup.sh"
 build="$root/build/sanitize"
 # How long each step took, for the CI log (CI's whole run must stay under 40 minutes).
 took() { echo "tpuhal test: $1 took $((SECONDS - step)) s" >&2; step=$SECONDS; }
 step=$SECONDS
+arm64() { [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; }
+# What the build needs, first; what only the tests need (the model zoo's
+# PyTorch, QEMU, podman, Prometheus, GStreamer's plugins, and for the arm64
+# step its cross compiler and libraries) installs while the build runs: on
+# a fresh machine that is minutes of downloading the build no longer waits
+# for. The tests wait for it.
+"$root/scripts/setup.sh" --build
+took "installing what the build needs"
+mkdir -p "$root/build"
+installing_log="$root/build/setup-tests.log"
+(
+  s=$SECONDS
+  "$root/scripts/setup.sh" --test
+  if (($# == 0)) && arm64; then "$root/scripts/arm64.sh" --install-only; fi
+  echo "tpuhal test: installing what the tests need took $((SECONDS - s)) s, beside the build"
+) >"$installing_log" 2>&1 &
+installing=$!
+# Waits for that install; fails with its log if it failed.
+installed() {
+  if ! wait "$installing"; then
+    echo "tpuhal test: installing what the tests need failed:" >&2
+    cat "$installing_log" >&2
+    exit 1
+  fi
+  tail -n 1 "$installing_log" >&2
+}
 # -O1 with line tables only (-g1): what the sanitizers need for exact
 # reports and call sites, and about half the compile time of -O2 -g.
 san_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
@@ -27,12 +52,12 @@ configure_with "${TPUHAL_SANITIZE_CC:-clang}" "${TPUHAL_SANITIZE_CXX:-clang++}" 
   -DCMAKE_UNITY_BUILD=ON -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON
 cmake --build "$build"
 took "the sanitizer build"
+installed
 # The other steps' trees and tests: ThreadSanitizer's, the fuzz targets' and
 # arm64's. Without a filter they build and run alongside the tests under
 # load, as the busy work those run beside (scripts/load-test.sh
 # --alongside), in place of processes that only spin: the machine is as
 # busy, and the CI run is shorter by what those steps took after it.
-arm64() { [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; }
 # The tensor engine at every instruction-set level below this CPU's own (the
 # load pass covers that one; docs/ops.md): the op, ONNX node and runtime
 # tests again with TPUHAL_MAX_ISA and oneDNN's cap set, so that a machine
@@ -71,7 +96,7 @@ alongside_steps() {
   timed scripts/fuzz.sh --build-only
   if arm64; then timed scripts/arm64.sh --build-only; fi
   timed scripts/tsan.sh --no-build
-  timed scripts/fuzz.sh --no-build --seconds 10 --parallel "$(nproc)" -- -seed=1
+  timed scripts/fuzz.sh --no-build --seconds 5 --parallel "$(nproc)" -- -seed=1
   if arm64; then timed scripts/arm64.sh --no-build; fi
 }
 export -f arm64 timed alongside_steps isa_levels
@@ -87,13 +112,13 @@ else
   # Every test once, on a busy machine, as shared CI runners are
   # (scripts/load-test.sh): the steps above building and running (then a
   # busy process per core) at normal priority and ctest at twice the cores,
-  # the families most sensitive to timing repeated until they fail, 3 times
-  # (`--runs 10` there for a longer hunt). First, quietly, the few it leaves out: checks of the tree, the
+  # the families most sensitive to timing run twice (`--repeat 3 --runs 10`
+  # there for a longer hunt; a third round took CI about 100 s more). First, quietly, the few it leaves out: checks of the tree, the
   # model zoo's numerics, the integer kernels at every level and the QEMU
   # guests, which do not depend on timing and would only be slow there.
   (cd "$build" && ctest --output-on-failure -j "$(nproc)" -R "$("$root/scripts/load-test.sh" --build "$build" --skipped)")
   took "the quiet tests"
-  (cd "$root" && scripts/load-test.sh --build "$build" --alongside "set -euo pipefail; alongside_steps" \
+  (cd "$root" && scripts/load-test.sh --build "$build" --repeat 2 --alongside "set -euo pipefail; alongside_steps" \
     --then "set -euo pipefail; timed isa_levels")
   done_alongside=1
   grep '^tpuhal test: ' "$build/load-test/alongside.log" >&2 || true
@@ -101,7 +126,7 @@ else
 fi
 
 # ThreadSanitizer over the tests where threads meet (scripts/tsan.sh,
-# build/tsan/), fuzzing (each fuzz target for 10 s on its committed corpus,
+# build/tsan/), fuzzing (each fuzz target for 5 s on its committed corpus,
 # one per core at a time, in a clang build, build/fuzz/, docs/fuzzing.md,
 # with a fixed seed so that a CI failure can be replayed) and arm64 (the
 # cross build and the tensor and conformance tests under qemu-aarch64,
