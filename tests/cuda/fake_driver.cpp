@@ -24,8 +24,8 @@
 //
 // Test controls (extern "C"): tpuhal_fake_cuda_fail(code) makes the next
 // stream operation any stream runs fail with `code`;
-// tpuhal_fake_cuda_reset() disarms that; tpuhal_fake_cuda_refuse_modules(1)
-// makes cuModuleLoadData fail (0 again: load);
+// tpuhal_fake_cuda_refuse_modules(1) makes cuModuleLoadData fail (0 again:
+// load); tpuhal_fake_cuda_reset() disarms both;
 // tpuhal_fake_cuda_live_allocations()
 // counts what is allocated and not yet given back (host allocations and
 // registrations, physical chunks, address reservations, graphs, cuMemAlloc
@@ -1079,7 +1079,10 @@ __attribute__((visibility("default"))) CUresult CUDAAPI cuGetProcAddress_v2(cons
 
 __attribute__((visibility("default"))) void tpuhal_fake_cuda_fail(int code) { state().armed.store(code); }
 
-__attribute__((visibility("default"))) void tpuhal_fake_cuda_reset() { state().armed.store(0); }
+__attribute__((visibility("default"))) void tpuhal_fake_cuda_reset() {
+  state().armed.store(0);
+  state().refuse_modules.store(false);
+}
 
 __attribute__((visibility("default"))) void tpuhal_fake_cuda_refuse_modules(int refuse) {
   state().refuse_modules.store(refuse != 0);

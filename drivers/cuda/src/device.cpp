@@ -97,17 +97,15 @@ CudaDevice::CudaDevice(const Api& api, std::string uri, int ordinal) : api_(api)
   }
   props_.heaps = {HeapInfo{"device", Memory::Device, heap_->base(), heap_->size(), true}};
   // The board clock: without its kernels the device works, untimed.
-  // TPUHAL_CUDA_TIMESTAMPS (docs/cuda.md, Timestamps): unset or 1, every
-  // fence is stamped, a kernel launch per submission; "commands", only
-  // Batch::timestamp stamps; 0, no clock kernels at all.
+  // TPUHAL_CUDA_TIMESTAMPS=0 leaves them out on purpose: each submission
+  // is then a kernel launch cheaper (docs/cuda.md, Timestamps).
   const char* env = std::getenv("TPUHAL_CUDA_TIMESTAMPS");
   const std::string_view mode = env ? env : "";
-  if (!mode.empty() && mode != "0" && mode != "1" && mode != "commands")
-    log()->warn("{}: TPUHAL_CUDA_TIMESTAMPS={} is not 0, 1 or commands; taken as 1", props_.uri, mode);
+  if (!mode.empty() && mode != "0" && mode != "1")
+    log()->warn("{}: TPUHAL_CUDA_TIMESTAMPS={} is neither 0 nor 1; taken as 1", props_.uri, mode);
   if (mode == "0") {
     log()->info("{}: no timestamps (TPUHAL_CUDA_TIMESTAMPS=0)", props_.uri);
   } else {
-    stamp_fences_ = mode != "commands";
     std::string why;
     try {
       ScopedContext scope(api_, ctx_);

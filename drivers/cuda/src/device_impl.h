@@ -163,9 +163,6 @@ class CudaDevice final : public driver::DeviceBackend, public std::enable_shared
   DeviceHeap& heap() { return *heap_; }
   // The board clock; null where the device has no timestamps.
   const Clock* clock() const { return clock_.get(); }
-  // Whether each submission records its fence's board time
-  // (Fence::timestamp_ns; TPUHAL_CUDA_TIMESTAMPS=commands leaves it out).
-  bool stamps_fences() const { return clock_ && stamp_fences_; }
 
   // Host memory accounting (buffers call these as they come and go).
   void count_host(std::int64_t bytes, std::int64_t allocations, bool imported) {
@@ -210,7 +207,6 @@ class CudaDevice final : public driver::DeviceBackend, public std::enable_shared
   std::uint64_t opened_ns_ = base::monotonic_ns();
   std::unique_ptr<DeviceHeap> heap_;
   std::unique_ptr<Clock> clock_;
-  bool stamp_fences_ = false;
 
   mutable std::mutex stats_mu_;
   std::uint64_t pinned_bytes_ = 0, pinned_allocations_ = 0, imported_bytes_ = 0;

@@ -200,7 +200,7 @@ void CudaQueue::abort() {
 }
 
 std::optional<std::uint64_t> CudaQueue::timestamp_ns(std::uint64_t value) const {
-  if (!dev_->stamps_fences() || value == 0 || value > timeline().completed) return std::nullopt;
+  if (!dev_->clock() || value == 0 || value > timeline().completed) return std::nullopt;
   return word_->stamp(value);
 }
 
@@ -298,7 +298,7 @@ std::uint64_t CudaQueue::submit(std::span<const driver::Command> commands, std::
       }
     }
     // The board time the value is reached at, then the value.
-    if (!timeline().failed && dev_->stamps_fences()) {
+    if (!timeline().failed && dev_->clock()) {
       if (CUresult r = dev_->clock()->fence_stamp(stream_, word_->slot(s.value), s.value); r != CUDA_SUCCESS)
         fail(Error(status_of(r), name() + ": stamping timeline value " + std::to_string(s.value) +
                                      ": cuLaunchKernel (tpuhal_fence_stamp): " + describe(api_, r)));

@@ -95,7 +95,8 @@ class TPUHAL_API Fence {
   void wait(std::chrono::nanoseconds timeout) const;
   void wait(const WaitPolicy& policy) const;
 
-  // Board time (ns since the board's reset) at which this value was reached,
+  // Board time (ns on the board's clock: since its reset on a TPU board, the
+  // GPU's global timer on cuda:N) at which this value was reached,
   // while the board still keeps it (its last 128 values per queue); nullopt
   // otherwise or before completion.
   std::optional<std::uint64_t> timestamp_ns() const;
