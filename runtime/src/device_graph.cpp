@@ -120,14 +120,16 @@ std::uint64_t DTensor::bytes() const { return elements() * element_bytes(dtype);
 
 namespace {
 // Whether its elements lie in row-major order with no gaps (the stride of
-// an axis of one element does not matter).
+// an axis of one element does not matter, nor any of a tensor of none).
+// Unsigned: the shape of a tensor of elements was checked against its
+// span, and a product that wraps only makes a stride differ.
 bool row_major(const DTensor& t) {
-  if (t.strides.empty()) return true;
+  if (t.strides.empty() || t.elements() == 0) return true;
   if (t.strides.size() != t.shape.size()) return false;
-  std::int64_t expected = 1;
+  std::uint64_t expected = 1;
   for (std::size_t i = t.shape.size(); i-- > 0;) {
-    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
-    expected *= t.shape[i];
+    if (t.shape[i] != 1 && static_cast<std::uint64_t>(t.strides[i]) != expected) return false;
+    expected *= static_cast<std::uint64_t>(t.shape[i]);
   }
   return true;
 }

@@ -640,6 +640,14 @@ TEST(Runtime, GivenADamagedGraphSectionWhenLoadedThenInvalidArgumentNamesWhat) {
                          "inputs and outputs are whole row-major tensors"),
             std::string::npos)
       << strided;
+  const std::string strided_out = edited([](auto& j) {
+    auto& t = j["tensors"][j["outputs"][0].template get<int>()];
+    const std::size_t rank = t["shape"].size();
+    std::vector<std::int64_t> strides(rank, 1);  // every axis on the same elements
+    t["strides"] = strides;
+  });
+  EXPECT_NE(strided_out.find("an entry of outputs (tensor "), std::string::npos) << strided_out;
+  EXPECT_NE(strided_out.find(") is a strided view"), std::string::npos) << strided_out;
 }
 
 TEST(Runtime, GivenACorruptedOrNewerFileWhenLoadedThenTheErrorSaysWhich) {
