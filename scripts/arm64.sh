@@ -35,8 +35,8 @@ if ((build_it)); then
   if [[ $(id -u) -eq 0 ]]; then sudo=(); else sudo=(sudo); fi
   export DEBIAN_FRONTEND=noninteractive
   if ! dpkg --print-foreign-architectures | grep -qx arm64; then
-    "${sudo[@]}" dpkg --add-architecture arm64
-    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" dpkg --add-architecture arm64 8>&-
+    "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=900 update -qq 8>&-
   fi
   packages=(
     crossbuild-essential-arm64 qemu-user-static
@@ -51,8 +51,8 @@ if ((build_it)); then
   done
   if ((${#missing[@]})); then
     echo "tpuhal arm64: installing ${missing[*]}" >&2
-    "${sudo[@]}" apt-get update -qq
-    "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=900 update -qq 8>&-
+    "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends "${missing[@]}" 8>&-
   fi
 
   # oneDNN's and ONNX's -dev packages for arm64 share paths with the amd64 ones

@@ -25,9 +25,16 @@ installing_log="$root/build/setup-tests.log"
   echo "tpuhal test: installing what the tests need took $((SECONDS - s)) s, beside the build"
 ) >"$installing_log" 2>&1 &
 installing=$!
+# A failed configure or build leaves the install to finish, not to be cut
+# off halfway through dpkg, and says if it failed.
+trap 'if [[ -n ${installing:-} ]] && ! wait "$installing" 2>/dev/null; then
+  echo "tpuhal test: installing what the tests need failed (log: $installing_log)" >&2; fi' EXIT
 # Waits for that install; fails with its log if it failed.
 installed() {
-  if ! wait "$installing"; then
+  local st=0
+  wait "$installing" || st=$?
+  installing=
+  if ((st)); then
     echo "tpuhal test: installing what the tests need failed:" >&2
     cat "$installing_log" >&2
     exit 1
