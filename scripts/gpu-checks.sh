@@ -13,7 +13,7 @@
 #           cuda_gpu_test of a release build (docs/cuda.md, Testing)
 #   OUT     where the logs and the trace go
 #
-# About three minutes on an H100; no step may take more than its timeout.
+# 143 s on an H200; no step may take more than its timeout.
 set -uo pipefail
 if [[ $# -ne 2 || ${1:-} == -h || ${1:-} == --help ]]; then
   sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'

@@ -5,8 +5,8 @@
 #include <spdlog/spdlog.h>
 
 #include <cctype>
-#include <cstdlib>
 #include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 

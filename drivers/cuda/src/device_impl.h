@@ -88,11 +88,18 @@ class TimelineWord {
   CUdeviceptr address() const { return address_; }
 
   // The device address of value's stamp slot.
-  CUdeviceptr slot(std::uint64_t value) const { return address_ + kSlotsAt + (value % kStampSlots) * 16; }
+  CUdeviceptr slot(std::uint64_t value) const {
+    return address_ + kSlotsAt + (value % kStampSlots) * sizeof(StampSlot);
+  }
   // Value's board time while its slot still holds it.
   std::optional<std::uint64_t> stamp(std::uint64_t value) const;
 
  private:
+  // What the fence-stamp kernel writes (clock.cpp): value, then time.
+  struct StampSlot {
+    std::uint64_t value;
+    std::uint64_t ns;
+  };
   static constexpr std::uint64_t kSlotsAt = 64;  // the word has a cache line of its own
   const Api& api_;
   CUcontext ctx_;

@@ -21,7 +21,7 @@ namespace tpuhal::cuda {
 TimelineWord::TimelineWord(const Api& api, CUcontext ctx, const std::string& what) : api_(api), ctx_(ctx) {
   ScopedContext scope(api_, ctx_);
   void* host = nullptr;
-  constexpr std::uint64_t bytes = kSlotsAt + kStampSlots * 16;
+  constexpr std::uint64_t bytes = kSlotsAt + kStampSlots * sizeof(StampSlot);
   check(api_, api_.cuMemHostAlloc(&host, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
         what + ": the timeline word");
   host_ = static_cast<std::uint64_t*>(host);
@@ -46,11 +46,11 @@ std::optional<std::uint64_t> TimelineWord::stamp(std::uint64_t value) const {
   // 0, time, value word. Whoever reads `value` before and after the time
   // has the time written for it; a slot being rewritten for a later value
   // reads otherwise.
-  std::uint64_t* slot = host_ + (kSlotsAt + (value % kStampSlots) * 16) / 8;
+  auto* slot = reinterpret_cast<StampSlot*>(reinterpret_cast<std::byte*>(host_) + kSlotsAt) + value % kStampSlots;
   auto load = [](std::uint64_t& w) { return std::atomic_ref<std::uint64_t>(w).load(std::memory_order_acquire); };
-  if (load(slot[0]) != value) return std::nullopt;
-  const std::uint64_t ns = load(slot[1]);
-  if (load(slot[0]) != value) return std::nullopt;
+  if (load(slot->value) != value) return std::nullopt;
+  const std::uint64_t ns = load(slot->ns);
+  if (load(slot->value) != value) return std::nullopt;
   return ns;
 }
 
