@@ -18,12 +18,13 @@
 #                    uses one per core)
 #   --update-corpus  afterwards, merge the new inputs that add coverage into
 #                    fuzz/corpus/NAME/ (to be committed)
-#   --no-build       use build/fuzz/ as it is
-#   --build-only     build, and run nothing (scripts/test.sh builds while
-#                    other tests run, and fuzzes later with --no-build)
+#   --no-build       use build/fuzz/ (or --build's DIR) as it is
+#   --build-only     build, and run nothing
 #   --build DIR      build and work in DIR instead of build/fuzz/ (one
-#                    fuzz.sh at a time per directory: a long run in its own
-#                    directory leaves build/fuzz/ to scripts/test.sh)
+#                    fuzz.sh at a time per directory). With --no-build, DIR
+#                    may be any tree configured with TPUHAL_FUZZ=ON:
+#                    scripts/test.sh fuzzes in its sanitizer tree,
+#                    build/sanitize/.
 #
 # New inputs go to build/fuzz/work/NAME/corpus/ (emptied first), never into
 # the committed corpus unless --update-corpus. A finding stops that target,
