@@ -330,6 +330,128 @@ def hal_op_cost():
     return "".join(out)
 
 
+# ---- the elementwise maps' builders ------------------------------------------
+
+
+def maps():
+    """(family, arity, its MAP_FAMILIES entry, [(code, value)]) per family, in
+    MAP_FAMILIES order, each family's maps in code order."""
+    ew = enum("ElementwiseOp")
+    out = []
+    for (family, arity), f in ops.MAP_FAMILIES.items():
+        members = [(code, v) for code, v in enumerate(ew["values"]) if v[6] and v[5] == family and v[4] == arity]
+        out.append((family, arity, f, members))
+    return out
+
+
+def map_params(arity):
+    return ["a", "b", "y"] if arity == 2 else ["x", "y"]
+
+
+def group_minor(members):
+    """The interface minor every map of a family came in, or None."""
+    minors = {v[2] for _, v in members}
+    return minors.pop() if len(minors) == 1 else None
+
+
+def group_note(members):
+    m = group_minor(members)
+    return f" (interface 1.{m})" if m and m > 1 else ""
+
+
+def map_note(v, members):
+    """A map's own words: its comment, and the interface minor it came in
+    where its family's maps came in different ones."""
+    minor = f"interface 1.{v[2]}" if v[2] > 1 and group_minor(members) is None else ""
+    if v[3] and minor:
+        return f"{v[3]} ({minor})"
+    return v[3] or minor
+
+
+def hal_map_decls():
+    out = [BANNER, """// The elementwise maps that have a builder of their own (schema/ops.py:
+// ElementwiseOp's builder column and MAP_FAMILIES), included by
+// tpuhal/ops.hpp in namespace tpuhal::ops. Each builder checks its operands
+// against its family's dtypes and broadcasting and throws tpuhal::Error
+// naming the op, the operand and the value.
+"""]
+    for family, arity, f, members in maps():
+        names = ", ".join(v[6] for _, v in members)
+        out.append("\n" + comment_block(f"{names} ({f['operands']}): {f['computes']}. {f['dtypes']}"
+                                         f"{group_note(members)}."))
+        for _, v in members:
+            note = map_note(v, members)
+            if note:
+                out.append(comment_block(f"{v[6]}: {note}."))
+            args = ", ".join(f"const Tensor& {p}" for p in map_params(arity))
+            out.append(f"TPUHAL_API Op {v[6]}({args});\n")
+    return "".join(out)
+
+
+def hal_map_defs():
+    out = [BANNER, """// The builders of hal/include/tpuhal/op_maps.inc, included by hal/src/ops.cpp
+// in namespace tpuhal::ops after elementwise(), which checks each map's
+// operands by its family (driver::is_float_only and the others).
+"""]
+    for family, arity, f, members in maps():
+        out.append("\n")
+        for _, v in members:
+            params = map_params(arity)
+            args = ", ".join(f"const Tensor& {p}" for p in params)
+            b = "&b" if arity == 2 else "nullptr"
+            out.append(f"Op {v[6]}({args}) {{\n  return elementwise(driver::ElementwiseOp::{v[0]}, \"{v[6]}\", "
+                       f"{params[0]}, {b}, y);\n}}\n")
+    return "".join(out)
+
+
+def map_doc(v, f, members):
+    note = map_note(v, members)
+    return (f"y = {v[6]}({', '.join(map_params(v[4])[:-1])}): {f['computes']}{'; ' + note if note else ''}. "
+            f"{f['dtypes']}{group_note(members)}.")
+
+
+def py_map_table():
+    out = [BANNER, """// The elementwise maps' Python functions (tpuhal.ops), included by
+// bindings/python/src/ops.cpp: TPUHAL_PY_MAP(name, arity, "docstring"), each
+// calling ops::name.
+"""]
+    for family, arity, f, members in maps():
+        for _, v in members:
+            out.append(f"TPUHAL_PY_MAP({v[6]}, {arity}, \"{map_doc(v, f, members)}\")\n")
+    return "".join(out)
+
+
+def pyi_maps():
+    out = []
+    for family, arity, f, members in maps():
+        for _, v in members:
+            args = ", ".join(f"{p}: Tensor" for p in map_params(arity))
+            out.append(f"def {v[6]}({args}) -> Op: ...\n")
+    return "".join(out)
+
+
+def test_map_samples():
+    out = [BANNER, """// Every elementwise map with a builder of its own, for tests/ops/op_maps_test.cpp:
+//   TPUHAL_TEST_MAP(builder, Name, arity, Family)
+// builder is ops::builder, Name the driver::ElementwiseOp it makes, Family
+// its family in the schema (arith, float, comparison, logic) capitalised.
+"""]
+    for family, arity, f, members in maps():
+        for _, v in members:
+            out.append(f"TPUHAL_TEST_MAP({v[6]}, {v[0]}, {arity}, {family.capitalize()})\n")
+    return "".join(out)
+
+
+def doc_maps():
+    rows = []
+    for family, arity, f, members in maps():
+        ops_ = ", ".join(f"`{v[6]}`" for _, v in members)
+        notes = "; ".join(f"`{v[6]}`: {map_note(v, members)}" for _, v in members if map_note(v, members))
+        rows.append(f"| {ops_} ({f['operands']}) | {f['computes']}{'; ' + notes if notes else ''}"
+                    f"{group_note(members)} | {f['dtypes']} |")
+    return "\n".join(rows) + "\n"
+
+
 # ---- docs ---------------------------------------------------------------------
 
 
@@ -360,11 +482,20 @@ OUTPUTS = [
     ("hal/include/tpuhal/op_enums.inc", hal_op_enums, None),
     ("hal/src/op_cost.inc", hal_op_cost, None),
     ("docs/firmware-interface.md", doc_kinds, "op kinds"),
+    ("hal/include/tpuhal/op_maps.inc", hal_map_decls, None),
+    ("hal/src/op_map_builders.inc", hal_map_defs, None),
+    ("bindings/python/src/op_maps.inc", py_map_table, None),
+    ("bindings/python/tpuhal/ops.pyi", pyi_maps, "elementwise maps"),
+    ("tests/ops/op_maps.inc", test_map_samples, None),
+    ("docs/ops.md", doc_maps, "elementwise maps"),
 ]
 
 
 def with_region(old, region, body, path):
-    begin, end = f"<!-- generated: {region} (schema/generate.py) -->\n", f"<!-- end generated: {region} -->\n"
+    if path.endswith(".md"):
+        begin, end = f"<!-- generated: {region} (schema/generate.py) -->\n", f"<!-- end generated: {region} -->\n"
+    else:
+        begin, end = f"# generated: {region} (schema/generate.py)\n", f"# end generated: {region}\n"
     if old.count(begin) != 1 or old.count(end) != 1:
         sys.exit(f"schema/generate.py: {path} lacks one '{begin.strip()}' ... '{end.strip()}' pair")
     head, rest = old.split(begin)

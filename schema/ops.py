@@ -52,36 +52,40 @@ ENUMS = [
         doc="The map of an elementwise op. Unary maps read A only; binary ones A and B. "
         "Comparisons take A and B of one dtype and give u8 1 or 0 (a NaN compares false: "
         "unequal, neither less nor greater); logic reads u8 operands (nonzero is true) into u8 1 or 0.",
-        # (Name, "name", minor, comment, arity, family). Families: "arith" takes any
-        # dtype, "float" floats only (f32, f16, bf16), "comparison" and "logic" as
-        # the doc says; each is one generated predicate (is_float_only, ...).
+        # (Name, "name", minor, comment, arity, family, builder). Families:
+        # "arith" takes any dtype, "float" floats only (f32, f16, bf16),
+        # "comparison" and "logic" as the doc says; each is one generated
+        # predicate (is_float_only, ...). builder: the ops:: function (and
+        # Python's tpuhal.ops function) that makes the map alone, generated
+        # with its declaration, definition, binding, stub and test sample
+        # (MAP_FAMILIES below); None where a hand-written builder makes it.
         values=[
-            ("Identity", "identity", 1, "Y = A: copy, cast (A and Y dtypes differ), transpose (A strided)", 1, "arith"),
-            ("Add", "add", 1, "", 2, "arith"),
-            ("Sub", "sub", 1, "", 2, "arith"),
-            ("Mul", "mul", 1, "", 2, "arith"),
-            ("Div", "div", 1, "", 2, "arith"),
-            ("Max", "max", 1, "", 2, "arith"),
-            ("Min", "min", 1, "", 2, "arith"),
-            ("Activation", "activation", 1, "Y = activation(A), the attributes' activation", 1, "float"),
-            ("Abs", "abs", 1, "", 1, "arith"),
-            ("Neg", "neg", 1, "", 1, "arith"),
-            ("Exp", "exp", 1, "", 1, "float"),
-            ("Log", "log", 1, "", 1, "float"),
-            ("Sqrt", "sqrt", 1, "", 1, "float"),
-            ("Erf", "erf", 3, "", 1, "float"),
-            ("Equal", "equal", 7, "", 2, "comparison"),
-            ("Less", "less", 7, "", 2, "comparison"),
-            ("LessOrEqual", "less_or_equal", 7, "", 2, "comparison"),
-            ("Greater", "greater", 7, "", 2, "comparison"),
-            ("GreaterOrEqual", "greater_or_equal", 7, "", 2, "comparison"),
-            ("And", "and", 7, "", 2, "logic"),
-            ("Or", "or", 7, "", 2, "logic"),
-            ("Xor", "xor", 7, "", 2, "logic"),
-            ("Not", "not", 7, "", 1, "logic"),
-            ("Ceil", "ceil", 10, "", 1, "float"),
-            ("Floor", "floor", 10, "", 1, "float"),
-            ("Round", "round", 10, "to the nearest integer, halves to even (ONNX Round)", 1, "float"),
+            ("Identity", "identity", 1, "Y = A: copy, cast (A and Y dtypes differ), transpose (A strided)", 1, "arith", None),
+            ("Add", "add", 1, "", 2, "arith", "add"),
+            ("Sub", "sub", 1, "", 2, "arith", "sub"),
+            ("Mul", "mul", 1, "", 2, "arith", "mul"),
+            ("Div", "div", 1, "", 2, "arith", "div"),
+            ("Max", "max", 1, "NaN where either is NaN", 2, "arith", "max"),
+            ("Min", "min", 1, "NaN where either is NaN", 2, "arith", "min"),
+            ("Activation", "activation", 1, "Y = activation(A), the attributes' activation", 1, "float", None),
+            ("Abs", "abs", 1, "", 1, "arith", "abs"),
+            ("Neg", "neg", 1, "", 1, "arith", "neg"),
+            ("Exp", "exp", 1, "", 1, "float", "exp"),
+            ("Log", "log", 1, "", 1, "float", "log"),
+            ("Sqrt", "sqrt", 1, "", 1, "float", "sqrt"),
+            ("Erf", "erf", 3, "the Gauss error function (ONNX Erf), computed in f32 and rounded to the output's dtype", 1, "float", "erf"),
+            ("Equal", "equal", 7, "", 2, "comparison", "equal"),
+            ("Less", "less", 7, "", 2, "comparison", "less"),
+            ("LessOrEqual", "less_or_equal", 7, "", 2, "comparison", "less_equal"),
+            ("Greater", "greater", 7, "", 2, "comparison", "greater"),
+            ("GreaterOrEqual", "greater_or_equal", 7, "", 2, "comparison", "greater_equal"),
+            ("And", "and", 7, "", 2, "logic", "logical_and"),
+            ("Or", "or", 7, "", 2, "logic", "logical_or"),
+            ("Xor", "xor", 7, "", 2, "logic", "logical_xor"),
+            ("Not", "not", 7, "", 1, "logic", "logical_not"),
+            ("Ceil", "ceil", 10, "exact", 1, "float", "ceil"),
+            ("Floor", "floor", 10, "exact", 1, "float", "floor"),
+            ("Round", "round", 10, "to the nearest integer, halves to even (ONNX Round); exact", 1, "float", "round"),
         ],
     ),
     dict(
@@ -147,6 +151,28 @@ ENUMS = [
 #             decides its speed)
 #   builders  the ops:: functions that make it (ops.hpp, Python's tpuhal.ops)
 #   doc       what it computes, in one line
+# The elementwise maps that have a builder of their own (ElementwiseOp's
+# builder above), by (family, arity): the operands, what the map computes
+# and the dtypes it takes. Each map gets, generated from this and its value:
+# its declaration in tpuhal/ops.hpp, its definition (hal/src/ops.cpp), its
+# Python function and stub, its row in docs/ops.md and its sample in the
+# ops tests (tests/ops/op_maps_test.cpp checks each against its family).
+MAP_FAMILIES = {
+    ("arith", 2): dict(operands="a, b, y", computes="elementwise, a and b broadcast to y's shape as in NumPy; "
+                       "integers wrap, integer division rounds toward zero and division by zero gives 0", dtypes="a, b and y one dtype, any"),
+    ("arith", 1): dict(operands="x, y", computes="elementwise, x broadcast to y's shape as in NumPy; integers wrap",
+                       dtypes="x and y one dtype, any"),
+    ("float", 1): dict(operands="x, y", computes="elementwise, x broadcast to y's shape as in NumPy",
+                       dtypes="x and y one dtype, a float (f32, f16, bf16)"),
+    ("comparison", 2): dict(operands="a, b, y", computes="1 where the comparison holds, else 0, a and b broadcast "
+                            "to y's shape as in NumPy; a NaN compares false (equal to nothing, neither less nor "
+                            "greater); f16 and bf16 compare as f32", dtypes="a and b one dtype, any; y u8"),
+    ("logic", 2): dict(operands="a, b, y", computes="logic on ONNX's bool as u8 (nonzero is true) into 1 or 0, "
+                       "a and b broadcast to y's shape as in NumPy", dtypes="u8"),
+    ("logic", 1): dict(operands="x, y", computes="logic on ONNX's bool as u8 (nonzero is true) into 1 or 0, "
+                       "x broadcast to y's shape as in NumPy", dtypes="u8"),
+}
+
 # Vector-unit cycles per element beyond the one every element takes, for
 # the kinds whose cycles are "elementwise": by ElementwiseOp value and by
 # Activation value (a fused activation of matmul and convolution costs its
@@ -164,6 +190,9 @@ VECTOR_CYCLES = {
 # from device memory, where activations small enough stay in local memory.
 WEIGHT_ROLES = ("W", "Bias", "WScale", "WZeroPoint")
 
+# The builders of the maps (ElementwiseOp's builder column), in code order.
+MAP_BUILDERS = [v[6] for e in ENUMS if e["name"] == "ElementwiseOp" for v in e["values"] if v[6]]
+
 KINDS = [
     dict(name="MatMul", id="matmul", minor=1, tensors=["A", "B", "C?", "Y"], fw_attrs="MatMulAttrs",
          attrs="MatMulAttrs", cost=("matmul", "A"), cycles=0, peak="float", builders=["matmul"],
@@ -175,9 +204,7 @@ KINDS = [
          cost=("pool",), cycles=1, peak=None, builders=["max_pool2d", "avg_pool2d"], doc="Max or average pooling."),
     dict(name="Elementwise", id="elementwise", minor=1, tensors=["A", "B?", "Y"], fw_attrs="ElementwiseAttrs",
          attrs="ElementwiseAttrs", cost=("per_output",), cycles="elementwise", peak=None,
-         builders=["add", "sub", "mul", "div", "max", "min", "activation", "relu", "abs", "neg", "exp", "log", "sqrt",
-                   "erf", "cast", "transpose", "equal", "less", "less_equal", "greater", "greater_equal",
-                   "logical_and", "logical_or", "logical_xor", "logical_not", "ceil", "floor", "round"],
+         builders=["activation", "relu", "cast", "transpose"] + MAP_BUILDERS,
          doc="Unary and binary maps, including cast and transpose (B absent for unary maps)."),
     dict(name="Softmax", id="softmax", minor=1, tensors=["X", "Y"], fw_attrs="SoftmaxAttrs", attrs="SoftmaxAttrs",
          cost=("per_output",), cycles=160, peak=None, builders=["softmax"], doc="Softmax or log-softmax along one axis."),

@@ -52,6 +52,7 @@ API_TYPES = [
     "tpuhal/status.inc",
     "tpuhal/ops.hpp",
     "tpuhal/op_enums.inc",
+    "tpuhal/op_maps.inc",
     "tpuhal/monitor.hpp",
 ]
 

@@ -661,66 +661,14 @@ Op conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& y, const Con
 Op max_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& o) { return pool(true, x, y, o); }
 Op avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& o) { return pool(false, x, y, o); }
 
-Op add(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Add, "add", a, &b, y);
-}
-Op sub(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Sub, "sub", a, &b, y);
-}
-Op mul(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Mul, "mul", a, &b, y);
-}
-Op div(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Div, "div", a, &b, y);
-}
-Op max(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Max, "max", a, &b, y);
-}
-Op min(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Min, "min", a, &b, y);
-}
+#include "op_map_builders.inc"  // add, sub, ... logical_not: the schema's maps
+
 Op activation(const Tensor& x, const Tensor& y, const ActivationParams& act) {
   return elementwise(driver::ElementwiseOp::Activation, "activation", x, nullptr, y, act);
 }
 Op relu(const Tensor& x, const Tensor& y) { return activation(x, y, ActivationParams::relu()); }
-Op abs(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Abs, "abs", x, nullptr, y); }
-Op neg(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Neg, "neg", x, nullptr, y); }
-Op exp(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Exp, "exp", x, nullptr, y); }
-Op log(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Log, "log", x, nullptr, y); }
-Op sqrt(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Sqrt, "sqrt", x, nullptr, y); }
-Op erf(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Erf, "erf", x, nullptr, y); }
-Op ceil(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Ceil, "ceil", x, nullptr, y); }
-Op floor(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Floor, "floor", x, nullptr, y); }
-Op round(const Tensor& x, const Tensor& y) { return elementwise(driver::ElementwiseOp::Round, "round", x, nullptr, y); }
 Op cast(const Tensor& x, const Tensor& y) {
   return elementwise(driver::ElementwiseOp::Identity, "cast", x, nullptr, y);
-}
-Op equal(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Equal, "equal", a, &b, y);
-}
-Op less(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Less, "less", a, &b, y);
-}
-Op less_equal(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::LessOrEqual, "less_equal", a, &b, y);
-}
-Op greater(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Greater, "greater", a, &b, y);
-}
-Op greater_equal(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::GreaterOrEqual, "greater_equal", a, &b, y);
-}
-Op logical_and(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::And, "logical_and", a, &b, y);
-}
-Op logical_or(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Or, "logical_or", a, &b, y);
-}
-Op logical_xor(const Tensor& a, const Tensor& b, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Xor, "logical_xor", a, &b, y);
-}
-Op logical_not(const Tensor& x, const Tensor& y) {
-  return elementwise(driver::ElementwiseOp::Not, "logical_not", x, nullptr, y);
 }
 
 Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm) {

@@ -323,53 +323,31 @@ void bind_builders(py::module_& ops) {
       py::arg("dilations") = 1, py::arg("ceil_mode") = false, py::arg("count_include_pad") = false,
       py::arg("layout") = "nchw", "Window mean over H and W (strides default to the kernel). Floats.");
 
-  using Binary = Op (*)(const Tensor&, const Tensor&, const Tensor&);
-  const char* arithmetic =
-      "(a, b) elementwise, a and b broadcast to y's shape as in NumPy; a, b and y of one dtype. Integers wrap; "
-      "integer division rounds toward zero and division by zero gives 0.";
-  const char* comparison =
-      "(a, b) elementwise into u8 (1 or 0), a and b (one dtype, any) broadcast to y's shape as in NumPy; a NaN "
-      "compares false.";
-  const char* logic = "(a, b) elementwise on u8 (nonzero is true) into u8 1 or 0, broadcast to y's shape as in NumPy.";
-  const std::tuple<const char*, Binary, const char*> binaries[] = {{"add", &ops::add, arithmetic},
-                                                                   {"sub", &ops::sub, arithmetic},
-                                                                   {"mul", &ops::mul, arithmetic},
-                                                                   {"div", &ops::div, arithmetic},
-                                                                   {"max", &ops::max, arithmetic},
-                                                                   {"min", &ops::min, arithmetic},
-                                                                   {"equal", &ops::equal, comparison},
-                                                                   {"less", &ops::less, comparison},
-                                                                   {"less_equal", &ops::less_equal, comparison},
-                                                                   {"greater", &ops::greater, comparison},
-                                                                   {"greater_equal", &ops::greater_equal, comparison},
-                                                                   {"logical_and", &ops::logical_and, logic},
-                                                                   {"logical_or", &ops::logical_or, logic},
-                                                                   {"logical_xor", &ops::logical_xor, logic}};
-  for (auto [name, f, doc] : binaries)
+  // The schema's elementwise maps (op_maps.inc, generated): add, sub, ...
+  const auto binary = [&](const char* name, Op (*f)(const Tensor&, const Tensor&, const Tensor&), const char* doc) {
     ops.def(
         name,
-        [f = f](T a, T b, T y) {
+        [f](T a, T b, T y) {
           return finish(f(a.tensor, b.tensor, y.tensor), {&a, &b, &y});
         },
-        py::arg("a"), py::arg("b"), py::arg("y"), (std::string("y = ") + name + doc).c_str());
-  ops.def(
-      "logical_not",
-      [](T x, T y) {
-        return finish(ops::logical_not(x.tensor, y.tensor), {&x, &y});
-      },
-      py::arg("x"), py::arg("y"), "y = not x elementwise on u8 (nonzero is true) into u8 1 or 0.");
-
-  using Unary = Op (*)(const Tensor&, const Tensor&);
-  const std::pair<const char*, Unary> unaries[] = {
-      {"relu", &ops::relu}, {"abs", &ops::abs}, {"neg", &ops::neg},   {"exp", &ops::exp},     {"log", &ops::log},
-      {"sqrt", &ops::sqrt}, {"erf", &ops::erf}, {"ceil", &ops::ceil}, {"floor", &ops::floor}, {"round", &ops::round}};
-  for (auto [name, f] : unaries)
+        py::arg("a"), py::arg("b"), py::arg("y"), doc);
+  };
+  const auto unary = [&](const char* name, Op (*f)(const Tensor&, const Tensor&), const char* doc) {
     ops.def(
         name,
-        [f = f](T x, T y) {
+        [f](T x, T y) {
           return finish(f(x.tensor, y.tensor), {&x, &y});
         },
-        py::arg("x"), py::arg("y"), (std::string("y = ") + name + "(x) elementwise.").c_str());
+        py::arg("x"), py::arg("y"), doc);
+  };
+#define TPUHAL_PY_MAP(name, arity, doc) TPUHAL_PY_MAP_##arity(name, doc);
+#define TPUHAL_PY_MAP_2(name, doc) binary(#name, &ops::name, doc)
+#define TPUHAL_PY_MAP_1(name, doc) unary(#name, &ops::name, doc)
+#include "op_maps.inc"
+#undef TPUHAL_PY_MAP_1
+#undef TPUHAL_PY_MAP_2
+#undef TPUHAL_PY_MAP
+  unary("relu", &ops::relu, "y = relu(x) elementwise: activation(x, y, 'relu'). Floats.");
   ops.def(
       "activation",
       [](T x, T y, const py::object& act) {

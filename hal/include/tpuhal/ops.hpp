@@ -199,47 +199,20 @@ struct Pool2dOptions {
 TPUHAL_API Op max_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& options);
 TPUHAL_API Op avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& options);
 
-// Elementwise, NumPy broadcasting of a and b to y's shape; all one dtype.
-TPUHAL_API Op add(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op sub(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op mul(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op div(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op max(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op min(const Tensor& a, const Tensor& b, const Tensor& y);
+// The elementwise maps with a builder of their own: add, sub, mul, div, max,
+// min, abs, neg, exp, log, sqrt, erf, ceil, floor, round, the comparisons and
+// logic (generated from the op schema, schema/ops.py).
+#include "tpuhal/op_maps.inc"
+
+// y = activation(x) elementwise; floats. relu is activation with Relu.
 TPUHAL_API Op activation(const Tensor& x, const Tensor& y, const ActivationParams& act);
 TPUHAL_API Op relu(const Tensor& x, const Tensor& y);
-TPUHAL_API Op abs(const Tensor& x, const Tensor& y);
-TPUHAL_API Op neg(const Tensor& x, const Tensor& y);
-TPUHAL_API Op exp(const Tensor& x, const Tensor& y);
-TPUHAL_API Op log(const Tensor& x, const Tensor& y);
-TPUHAL_API Op sqrt(const Tensor& x, const Tensor& y);
-// y = erf(x), the Gauss error function (ONNX Erf); floats, computed in f32.
-TPUHAL_API Op erf(const Tensor& x, const Tensor& y);
-// y = ceil(x), floor(x), or x rounded to the nearest integer with halves to
-// even (ONNX Ceil, Floor, Round); floats, exact (firmware interface 1.10).
-TPUHAL_API Op ceil(const Tensor& x, const Tensor& y);
-TPUHAL_API Op floor(const Tensor& x, const Tensor& y);
-TPUHAL_API Op round(const Tensor& x, const Tensor& y);
 // y = x converted to y's dtype (x broadcast to y's shape): floats round to
 // nearest even, float to integer rounds toward zero and saturates.
 TPUHAL_API Op cast(const Tensor& x, const Tensor& y);
 // y = x with dimensions permuted: y dim i is x dim perm[i].
 TPUHAL_API Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm);
 TPUHAL_API Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis = -1, bool log = false);
-
-// Comparisons, NumPy broadcasting of a and b (one dtype, any) to y's shape;
-// y u8, 1 where the comparison holds, else 0. A NaN compares false (equal
-// to nothing, neither less nor greater); f16 and bf16 compare as f32.
-TPUHAL_API Op equal(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op less(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op less_equal(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op greater(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op greater_equal(const Tensor& a, const Tensor& b, const Tensor& y);
-// Logic on u8 (ONNX's bool: nonzero is true), broadcast as above; y u8, 1 or 0.
-TPUHAL_API Op logical_and(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op logical_or(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op logical_xor(const Tensor& a, const Tensor& b, const Tensor& y);
-TPUHAL_API Op logical_not(const Tensor& x, const Tensor& y);
 
 // y = cond ? a : b, elementwise with NumPy broadcasting of cond, a and b to
 // y's shape. cond is u8 (nonzero is true); a, b and y one dtype, any.
