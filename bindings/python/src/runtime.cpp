@@ -358,8 +358,9 @@ void bind_runtime(py::module_& m) {
           "A new Instance: its own activation buffers and recorded program. Raises tpuhal.OutOfMemory when "
           "the device has no room.")
       .def("__repr__", [](const rt::Model& mo) {
-        std::string s =
-            "<tpuhal.Model " + std::string(rt::to_string(mo.precision())) + " on " + mo.device().uri() + ":";
+        std::string s = "<tpuhal.Model " + std::string(rt::to_string(mo.precision())) + " on " + mo.device().uri();
+        if (mo.max_batch() > 0) s += ", batch 1 to " + std::to_string(mo.max_batch());
+        s += ":";
         for (const auto& i : mo.inputs()) s += " " + i.describe();
         s += " ->";
         for (const auto& o : mo.outputs()) s += " " + o.describe();

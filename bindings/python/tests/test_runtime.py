@@ -481,6 +481,7 @@ def test_a_model_compiled_for_a_maximum_batch_runs_any_batch_up_to_it(dev, mlp, 
     model = dev.load_model(tmp_path / "mlp.tpm")
     assert model.max_batch == BATCH
     assert model.inputs[0].shape == (BATCH, 16)  # the specs give the largest batch
+    assert f", batch 1 to {BATCH}:" in repr(model)
     inst = model.instance()
     x = RNG.standard_normal((BATCH, 16)).astype(np.float32)
     for n in range(1, BATCH + 1):
@@ -503,6 +504,7 @@ def test_a_model_compiled_for_a_maximum_batch_runs_any_batch_up_to_it(dev, mlp, 
     # A model of fixed shapes runs its own batch only.
     fixed = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (BATCH, 16)}, device=dev.uri))
     assert fixed.max_batch == 0
+    assert "batch 1 to" not in repr(fixed)
     with pytest.raises(tpuhal.InvalidArgument, match=r"compiled for \(4, 16\)"):
         fixed.instance().run(x[:2])
 
