@@ -330,6 +330,28 @@ def hal_op_cost():
     return "".join(out)
 
 
+# ---- the simulated board's tensor engine ------------------------------------
+
+
+def engine_kinds():
+    out = [BANNER, """// Each op kind's entry point in the simulated board's tensor engine,
+// expanded by engine.h (the declarations) and engine.cpp (TensorEngine::run's
+// dispatch, one case per kind):
+//
+//   TPUHAL_ENGINE_KIND(Name, id, Attrs)
+//     fw::Problem run_<id>(TensorEngine& e, const fw::Attrs& a, const View* v)
+//
+// defined in the kind's kernel file: v holds the kind's tensors in order
+// (an absent optional one is not present()), a its attribute struct. A
+// kind without its entry point does not link. It returns {} or the problem
+// the board reports for what the decoder could not see (a kernel that
+// reads its data, as gather reads its indices).
+"""]
+    for k in ops.KINDS:
+        out.append(f"TPUHAL_ENGINE_KIND({k['name']}, {k['id']}, {k['fw_attrs']})\n")
+    return "".join(out)
+
+
 # ---- the elementwise maps' builders ------------------------------------------
 
 
@@ -482,6 +504,7 @@ OUTPUTS = [
     ("hal/include/tpuhal/op_enums.inc", hal_op_enums, None),
     ("hal/src/op_cost.inc", hal_op_cost, None),
     ("docs/firmware-interface.md", doc_kinds, "op kinds"),
+    ("simulator/src/tensor/engine_kinds.inc", engine_kinds, None),
     ("hal/include/tpuhal/op_maps.inc", hal_map_decls, None),
     ("hal/src/op_map_builders.inc", hal_map_defs, None),
     ("bindings/python/src/op_maps.inc", py_map_table, None),

@@ -985,4 +985,10 @@ bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& at, const View& x,
                    x_zero != 0 ? &x_zero : nullptr, &rq);
 }
 
+// The op kinds' entry points (engine_kinds.inc).
+fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v) {
+  conv2d(e, a, v);
+  return {};
+}
+
 }  // namespace tpuhal::sim::tensor

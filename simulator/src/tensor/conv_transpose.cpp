@@ -72,4 +72,10 @@ void conv_transpose2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
   });
 }
 
+// The op kinds' entry points (engine_kinds.inc).
+fw::Problem run_conv_transpose2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v) {
+  conv_transpose2d(e, a, v);
+  return {};
+}
+
 }  // namespace tpuhal::sim::tensor

@@ -483,4 +483,26 @@ void qlinear_add(TensorEngine& e, const View* v) {
       16384);
 }
 
+// The op kinds' entry points (engine_kinds.inc).
+fw::Problem run_elementwise(TensorEngine& e, const fw::ElementwiseAttrs& a, const View* v) {
+  elementwise(e, a, v);
+  return {};
+}
+fw::Problem run_softmax(TensorEngine& e, const fw::SoftmaxAttrs& a, const View* v) {
+  softmax(e, a, v);
+  return {};
+}
+fw::Problem run_quantize(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
+  quantize(e, v);
+  return {};
+}
+fw::Problem run_dequantize(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
+  dequantize(e, v);
+  return {};
+}
+fw::Problem run_qlinear_add(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
+  qlinear_add(e, v);
+  return {};
+}
+
 }  // namespace tpuhal::sim::tensor

@@ -230,112 +230,105 @@ void store_acc(const Accumulators& acc, const View& y) {
 fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
   std::lock_guard lock(mu_);
   dnnl_->threads = static_cast<int>(pool_.begin_op());
-  // One case per kind and no default: a kind without its kernel does not build.
+  // One case per kind (engine_kinds.inc) and no default.
   switch (op.kind) {
-    case fw::OpKind::kMatMul: matmul(*this, std::get<fw::MatMulAttrs>(op.attrs), v); break;
-    case fw::OpKind::kConv2d: conv2d(*this, std::get<fw::ConvAttrs>(op.attrs), v); break;
-    case fw::OpKind::kPool2d: pool2d(*this, std::get<fw::PoolAttrs>(op.attrs), v); break;
-    case fw::OpKind::kElementwise: elementwise(*this, std::get<fw::ElementwiseAttrs>(op.attrs), v); break;
-    case fw::OpKind::kSoftmax: softmax(*this, std::get<fw::SoftmaxAttrs>(op.attrs), v); break;
-    case fw::OpKind::kQuantize: quantize(*this, v); break;
-    case fw::OpKind::kDequantize: dequantize(*this, v); break;
-    case fw::OpKind::kMatMulInteger: {
-      Accumulators acc(*this, v[4], true);
-      matmul_integer(*this, v[0], v[1], v[2].present() ? &v[2] : nullptr, v[3].present() ? &v[3] : nullptr, acc.data);
-      store_acc(acc, v[4]);
-      break;
-    }
-    case fw::OpKind::kConvInteger: {
-      // conv_integer writes y's logical order densely: direct only for NCHW
-      // y already dense, which the layout-independent scratch also covers.
-      Accumulators acc(*this, v[4], true);
-      conv_integer(*this, std::get<fw::ConvAttrs>(op.attrs), v[0], v[1], v[2].present() ? &v[2] : nullptr,
-                   v[3].present() ? &v[3] : nullptr, acc.data);
-      store_acc(acc, v[4]);
-      break;
-    }
-    case fw::OpKind::kQLinearMatMul: {
-      // A, AScale, AZp, B, BScale, BZp, YScale, YZp, Y
-      Accumulators acc(*this, v[8], false);
-      matmul_integer(*this, v[0], v[3], &v[2], &v[5], acc.data);
-      const View &as = v[1], &bs = v[4], &y = v[8];
-      const std::uint32_t r = y.rank;
-      const std::uint64_t m = y.shape[r - 2], n = y.shape[r - 1];
-      const float ys = load_float(v[6].data, fw::DType::kF32);
-      if (v[0].shape[r - 1] == 0) {  // K = 0: every sum is 0 and y is its zero point
-        requantize(*this, acc.span(), y, std::vector<float>{0.0f}, 1,
-                   static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype)));
-        break;
-      }
-      // The scales are views over A [.., M, K] and B [.., K, N], constant
-      // along K; the decoder allows them to vary along M and N only when
-      // batch dims do not broadcast them differently, so one of three
-      // patterns holds: scalar, per column, per row.
-      bool batch_varies = false;
-      for (std::uint32_t d = 0; d + 2 < r; ++d) batch_varies = batch_varies || as.strides[d] || bs.strides[d];
-      std::vector<float> mult;
-      std::uint64_t div = 1;
-      if (batch_varies || (as.strides[r - 2] && bs.strides[r - 1])) {
-        mult.resize(acc.size);  // general: one multiplier per element
-        for (std::uint64_t i = 0; i < acc.size; ++i) {
-          std::uint64_t rem = i / (m * n), ia = 0, ib = 0;
-          for (std::uint32_t d = r - 2; d-- > 0;) {
-            const std::uint64_t idx = rem % y.shape[d];
-            rem /= y.shape[d];
-            ia += idx * as.strides[d];
-            ib += idx * bs.strides[d];
-          }
-          ia += (i / n % m) * as.strides[r - 2];
-          ib += (i % n) * bs.strides[r - 1];
-          mult[i] = load_float(as.at(ia), fw::DType::kF32) * load_float(bs.at(ib), fw::DType::kF32) / ys;
-        }
-      } else if (as.strides[r - 2]) {  // per row
-        for (std::uint64_t i = 0; i < m; ++i)
-          mult.push_back(load_float(as.at(i * as.strides[r - 2]), fw::DType::kF32) *
-                         load_float(bs.data, fw::DType::kF32) / ys);
-        div = n;
-      } else {  // per column (or scalar)
-        for (std::uint64_t j = 0; j < n; ++j)
-          mult.push_back(load_float(as.data, fw::DType::kF32) *
-                         load_float(bs.at(j * bs.strides[r - 1]), fw::DType::kF32) / ys);
-      }
-      requantize(*this, acc.span(), y, mult, div, static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype)));
-      break;
-    }
-    case fw::OpKind::kQLinearConv: {
-      // X, XScale, XZp, W, WScale, WZp, YScale, YZp, Bias, Y
-      const auto& at = std::get<fw::ConvAttrs>(op.attrs);
-      const View& y = v[9];
-      const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
-      const std::uint64_t c = nhwc ? y.shape[3] : y.shape[1];
-      const std::uint64_t hw = nhwc ? 1 : y.shape[2] * y.shape[3];
-      const float xs = load_float(v[1].data, fw::DType::kF32), ys = load_float(v[6].data, fw::DType::kF32);
-      std::vector<float> mult(c);
-      for (std::uint64_t o = 0; o < c; ++o)
-        mult[o] = xs * load_float(v[4].at(o * v[4].strides[0]), fw::DType::kF32) / ys;
-      const auto y_zero = static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype));
-      // One pass where oneDNN's fused requantisation gives the same bytes.
-      if (!v[8].present() && qlinear_conv_fused(*this, at, v[0], v[3], &v[2], &v[5], y, mult, y_zero)) break;
-      Accumulators acc(*this, v[9], false);
-      conv_integer(*this, at, v[0], v[3], &v[2], &v[5], acc.data);
-      std::vector<std::int32_t> bias;
-      if (v[8].present()) {
-        bias.resize(c);
-        for (std::uint64_t o = 0; o < c; ++o)
-          bias[o] = static_cast<std::int32_t>(load_int(v[8].at(o * v[8].strides[0]), fw::DType::kI32));
-      }
-      requantize(*this, acc.span(), y, mult, hw, y_zero, bias.empty() ? nullptr : bias.data());
-      break;
-    }
-    case fw::OpKind::kResize: resize(*this, std::get<fw::ResizeAttrs>(op.attrs), v); break;
-    case fw::OpKind::kColorConvert: color_convert(*this, std::get<fw::ColorConvertAttrs>(op.attrs), v); break;
-    case fw::OpKind::kTopK: top_k(*this, std::get<fw::TopKAttrs>(op.attrs), v); break;
-    case fw::OpKind::kConvTranspose2d: conv_transpose2d(*this, std::get<fw::ConvAttrs>(op.attrs), v); break;
-    case fw::OpKind::kWhere: where(*this, v); break;
-    case fw::OpKind::kGather: return gather(*this, std::get<fw::GatherAttrs>(op.attrs), v);
-    case fw::OpKind::kQLinearAdd: qlinear_add(*this, v); break;
+#define TPUHAL_ENGINE_KIND(Name, id, Attrs) \
+  case fw::OpKind::k##Name:                 \
+    return run_##id(*this, std::get<fw::Attrs>(op.attrs), v);
+#include "engine_kinds.inc"
+#undef TPUHAL_ENGINE_KIND
     case fw::OpKind::kInvalid: return {fw::CmdStatus::kBadArgument, fw::kFieldOpKind, 0};
   }
+  return {};
+}
+
+// The integer products' entry points: accumulators, then requantisation.
+fw::Problem run_matmul_integer(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
+  Accumulators acc(e, v[4], true);
+  matmul_integer(e, v[0], v[1], v[2].present() ? &v[2] : nullptr, v[3].present() ? &v[3] : nullptr, acc.data);
+  store_acc(acc, v[4]);
+  return {};
+}
+
+fw::Problem run_conv_integer(TensorEngine& e, const fw::ConvAttrs& a, const View* v) {
+  // conv_integer writes y's logical order densely: direct only for NCHW
+  // y already dense, which the layout-independent scratch also covers.
+  Accumulators acc(e, v[4], true);
+  conv_integer(e, a, v[0], v[1], v[2].present() ? &v[2] : nullptr, v[3].present() ? &v[3] : nullptr, acc.data);
+  store_acc(acc, v[4]);
+  return {};
+}
+
+fw::Problem run_qlinear_matmul(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
+  // A, AScale, AZp, B, BScale, BZp, YScale, YZp, Y
+  Accumulators acc(e, v[8], false);
+  matmul_integer(e, v[0], v[3], &v[2], &v[5], acc.data);
+  const View &as = v[1], &bs = v[4], &y = v[8];
+  const std::uint32_t r = y.rank;
+  const std::uint64_t m = y.shape[r - 2], n = y.shape[r - 1];
+  const float ys = load_float(v[6].data, fw::DType::kF32);
+  if (v[0].shape[r - 1] == 0) {  // K = 0: every sum is 0 and y is its zero point
+    requantize(e, acc.span(), y, std::vector<float>{0.0f}, 1,
+               static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype)));
+    return {};
+  }
+  // The scales are views over A [.., M, K] and B [.., K, N], constant
+  // along K; the decoder allows them to vary along M and N only when
+  // batch dims do not broadcast them differently, so one of three
+  // patterns holds: scalar, per column, per row.
+  bool batch_varies = false;
+  for (std::uint32_t d = 0; d + 2 < r; ++d) batch_varies = batch_varies || as.strides[d] || bs.strides[d];
+  std::vector<float> mult;
+  std::uint64_t div = 1;
+  if (batch_varies || (as.strides[r - 2] && bs.strides[r - 1])) {
+    mult.resize(acc.size);  // general: one multiplier per element
+    for (std::uint64_t i = 0; i < acc.size; ++i) {
+      std::uint64_t rem = i / (m * n), ia = 0, ib = 0;
+      for (std::uint32_t d = r - 2; d-- > 0;) {
+        const std::uint64_t idx = rem % y.shape[d];
+        rem /= y.shape[d];
+        ia += idx * as.strides[d];
+        ib += idx * bs.strides[d];
+      }
+      ia += (i / n % m) * as.strides[r - 2];
+      ib += (i % n) * bs.strides[r - 1];
+      mult[i] = load_float(as.at(ia), fw::DType::kF32) * load_float(bs.at(ib), fw::DType::kF32) / ys;
+    }
+  } else if (as.strides[r - 2]) {  // per row
+    for (std::uint64_t i = 0; i < m; ++i)
+      mult.push_back(load_float(as.at(i * as.strides[r - 2]), fw::DType::kF32) * load_float(bs.data, fw::DType::kF32) /
+                     ys);
+    div = n;
+  } else {  // per column (or scalar)
+    for (std::uint64_t j = 0; j < n; ++j)
+      mult.push_back(load_float(as.data, fw::DType::kF32) * load_float(bs.at(j * bs.strides[r - 1]), fw::DType::kF32) /
+                     ys);
+  }
+  requantize(e, acc.span(), y, mult, div, static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype)));
+  return {};
+}
+
+fw::Problem run_qlinear_conv(TensorEngine& e, const fw::ConvAttrs& a, const View* v) {
+  // X, XScale, XZp, W, WScale, WZp, YScale, YZp, Bias, Y
+  const View& y = v[9];
+  const bool nhwc = a.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
+  const std::uint64_t c = nhwc ? y.shape[3] : y.shape[1];
+  const std::uint64_t hw = nhwc ? 1 : y.shape[2] * y.shape[3];
+  const float xs = load_float(v[1].data, fw::DType::kF32), ys = load_float(v[6].data, fw::DType::kF32);
+  std::vector<float> mult(c);
+  for (std::uint64_t o = 0; o < c; ++o) mult[o] = xs * load_float(v[4].at(o * v[4].strides[0]), fw::DType::kF32) / ys;
+  const auto y_zero = static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype));
+  // One pass where oneDNN's fused requantisation gives the same bytes.
+  if (!v[8].present() && qlinear_conv_fused(e, a, v[0], v[3], &v[2], &v[5], y, mult, y_zero)) return {};
+  Accumulators acc(e, v[9], false);
+  conv_integer(e, a, v[0], v[3], &v[2], &v[5], acc.data);
+  std::vector<std::int32_t> bias;
+  if (v[8].present()) {
+    bias.resize(c);
+    for (std::uint64_t o = 0; o < c; ++o)
+      bias[o] = static_cast<std::int32_t>(load_int(v[8].at(o * v[8].strides[0]), fw::DType::kI32));
+  }
+  requantize(e, acc.span(), y, mult, hw, y_zero, bias.empty() ? nullptr : bias.data());
   return {};
 }
 

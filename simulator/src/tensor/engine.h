@@ -151,6 +151,13 @@ void conv_transpose2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v);
 void where(TensorEngine& e, const View* v);
 // Refuses (kBadArgument, Indices' data field) an index outside the axis.
 fw::Problem gather(TensorEngine& e, const fw::GatherAttrs& a, const View* v);
+
+// Each op kind's entry point, run_<id>(e, attrs, views), defined in the
+// kind's kernel file and called by TensorEngine::run (engine_kinds.inc,
+// generated from the op schema).
+#define TPUHAL_ENGINE_KIND(Name, id, Attrs) fw::Problem run_##id(TensorEngine& e, const fw::Attrs& a, const View* v);
+#include "engine_kinds.inc"
+#undef TPUHAL_ENGINE_KIND
 float activate(fw::Activation act, float alpha, float beta, float x);
 // activate() over p[0, n) in place.
 void activate_span(fw::Activation act, float alpha, float beta, float* p, std::uint64_t n);

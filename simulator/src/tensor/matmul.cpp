@@ -466,4 +466,10 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
   }
 }
 
+// The op kinds' entry points (engine_kinds.inc).
+fw::Problem run_matmul(TensorEngine& e, const fw::MatMulAttrs& a, const View* v) {
+  matmul(e, a, v);
+  return {};
+}
+
 }  // namespace tpuhal::sim::tensor

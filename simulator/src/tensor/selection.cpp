@@ -148,4 +148,15 @@ fw::Problem gather(TensorEngine& e, const fw::GatherAttrs& at, const View* v) {
   return {};
 }
 
+// The op kinds' entry points (engine_kinds.inc).
+fw::Problem run_top_k(TensorEngine& e, const fw::TopKAttrs& a, const View* v) {
+  top_k(e, a, v);
+  return {};
+}
+fw::Problem run_where(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
+  where(e, v);
+  return {};
+}
+fw::Problem run_gather(TensorEngine& e, const fw::GatherAttrs& a, const View* v) { return gather(e, a, v); }
+
 }  // namespace tpuhal::sim::tensor

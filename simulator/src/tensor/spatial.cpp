@@ -372,4 +372,18 @@ void color_convert(TensorEngine& e, const fw::ColorConvertAttrs& at, const View*
   });
 }
 
+// The op kinds' entry points (engine_kinds.inc).
+fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& a, const View* v) {
+  pool2d(e, a, v);
+  return {};
+}
+fw::Problem run_resize(TensorEngine& e, const fw::ResizeAttrs& a, const View* v) {
+  resize(e, a, v);
+  return {};
+}
+fw::Problem run_color_convert(TensorEngine& e, const fw::ColorConvertAttrs& a, const View* v) {
+  color_convert(e, a, v);
+  return {};
+}
+
 }  // namespace tpuhal::sim::tensor
