@@ -4,8 +4,9 @@
 // feeds bytes from "the other side" to a decoder and checks properties of
 // what comes back; a property that does not hold is a finding, reported
 // through FUZZ_CHECK, which prints it and aborts (libFuzzer then saves the
-// input). The same files run under libFuzzer (clang, build/fuzz/) and under
-// replay_main.cpp in the ordinary sanitized test build.
+// input). The same files run under libFuzzer (clang: build/fuzz/, and the
+// sanitizer tree scripts/test.sh builds) and under replay_main.cpp in the
+// ordinary sanitized test build.
 #pragma once
 
 #include <cstdarg>

@@ -72,6 +72,11 @@ def check_schema():
         known = {v[0] for v in enum(enum_name)["values"]}
         problems += [f"VECTOR_CYCLES: {enum_name} has no value {v}" for v in table if v not in known]
     known_families = {"arith"} | {f for f, _, _ in FAMILIES}
+    for v in enum("ElementwiseOp")["values"]:
+        if v[6] and (v[5], v[4]) not in ops.MAP_FAMILIES:
+            problems.append(f"ElementwiseOp: {v[0]} has a builder but MAP_FAMILIES has no ({v[5]!r}, {v[4]}) entry")
+    builders = [b for k in ops.KINDS for b in k["builders"]]
+    problems += [f"builder '{b}' is named twice" for b in sorted({b for b in builders if builders.count(b) > 1})]
     problems += [f"ElementwiseOp: {v[0]} has an unknown family {v[5]}" for v in enum("ElementwiseOp")["values"]
                  if v[5] not in known_families]
     for e in ops.ENUMS:
@@ -439,7 +444,8 @@ def py_map_table():
 """]
     for family, arity, f, members in maps():
         for _, v in members:
-            out.append(f"TPUHAL_PY_MAP({v[6]}, {arity}, \"{map_doc(v, f, members)}\")\n")
+            doc = map_doc(v, f, members).replace("\\", "\\\\").replace('"', '\\"')
+            out.append(f"TPUHAL_PY_MAP({v[6]}, {arity}, \"{doc}\")\n")
     return "".join(out)
 
 
@@ -465,7 +471,7 @@ def test_map_samples():
 
 
 def doc_maps():
-    rows = []
+    rows = ["| op | computes | dtypes |", "| --- | --- | --- |"]
     for family, arity, f, members in maps():
         ops_ = ", ".join(f"`{v[6]}`" for _, v in members)
         notes = "; ".join(f"`{v[6]}`: {map_note(v, members)}" for _, v in members if map_note(v, members))
@@ -519,7 +525,7 @@ def with_region(old, region, body, path):
         begin, end = f"<!-- generated: {region} (schema/generate.py) -->\n", f"<!-- end generated: {region} -->\n"
     else:
         begin, end = f"# generated: {region} (schema/generate.py)\n", f"# end generated: {region}\n"
-    if old.count(begin) != 1 or old.count(end) != 1:
+    if old.count(begin) != 1 or old.count(end) != 1 or old.index(begin) > old.index(end):
         sys.exit(f"schema/generate.py: {path} lacks one '{begin.strip()}' ... '{end.strip()}' pair")
     head, rest = old.split(begin)
     _, tail = rest.split(end)
@@ -527,6 +533,9 @@ def with_region(old, region, body, path):
 
 
 def main(argv):
+    if any(a != "--check" for a in argv):
+        print(__doc__.strip().split("\n\n")[1])
+        return 0 if argv in (["-h"], ["--help"]) else 2
     check = "--check" in argv
     check_schema()
     stale = []

@@ -26,7 +26,8 @@
 #                    scripts/test.sh fuzzes in its sanitizer tree,
 #                    build/sanitize/.
 #
-# New inputs go to build/fuzz/work/NAME/corpus/ (emptied first), never into
+# New inputs go to build/fuzz/work/NAME/corpus/ (emptied first; DIR/work/
+# with --build DIR), never into
 # the committed corpus unless --update-corpus. A finding stops that target,
 # leaves its input in build/fuzz/work/NAME/ (crash-*, timeout-*, ...) and
 # makes the script fail; fix it and keep the input as a regression test in
@@ -77,6 +78,11 @@ if ! flock -n 9; then
 fi
 
 if ((build_it)); then
+  # A tree that builds the tests (scripts/test.sh's) keeps its own settings.
+  if grep -q '^TPUHAL_BUILD_TESTS:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
+    echo "fuzz.sh: $build builds the tests; configure the fuzz targets elsewhere (--build DIR), or run its own with --no-build" >&2
+    exit 2
+  fi
   "$root/scripts/setup.sh"
   start=$SECONDS
   # OSS-Fuzz's flags for sanitized fuzzing (-O1, line tables only): half

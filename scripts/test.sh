@@ -63,7 +63,8 @@ fuzz_here=OFF
 [[ ${san_cxx##*/} == clang++* ]] && fuzz_here=ON
 source "$root/scripts/lib/configure.bash"
 configure_with "${TPUHAL_SANITIZE_CC:-clang}" "$san_cxx" "$build" "${san_flags[@]}" \
-  -DCMAKE_UNITY_BUILD=ON -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON -DTPUHAL_FUZZ=$fuzz_here
+  -DCMAKE_UNITY_BUILD=ON -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON -DTPUHAL_FUZZ=$fuzz_here \
+  -DTPUHAL_BUILD_TESTS=ON
 cmake --build "$build"
 took "the sanitizer build"
 installed

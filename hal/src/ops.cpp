@@ -491,7 +491,7 @@ Op elementwise(driver::ElementwiseOp op, const char* name, const Tensor& a, cons
   const bool compare = driver::is_comparison(op);
   const bool logic = driver::is_logical(op);
   if (op != driver::ElementwiseOp::Identity) {
-    if (floats_only) bd.dtype_in(a, "x", kFloats);
+    if (floats_only) bd.dtype_in(a, b ? "a" : "x", kFloats);
     if (logic) bd.dtype_in(a, b ? "a" : "x", {DType::U8});
     if (compare || logic)
       bd.dtype_in(y, "y", {DType::U8});
