@@ -335,6 +335,73 @@ def hal_op_cost():
     return "".join(out)
 
 
+# ---- attribute structs ---------------------------------------------------------
+
+
+def attr_alternatives(key, first=()):
+    """Every kind's attribute struct of one layer, each once, in the order
+    of the kinds (the variant's alternatives; `first` leads)."""
+    out = list(first)
+    for k in ops.KINDS:
+        if k[key] not in out:
+            out.append(k[key])
+    return out
+
+
+def fw_op_attrs():
+    out = [BANNER, """// The attribute structs written from the op schema (ATTR_STRUCTS: plain
+// uint32 words, then reserved words, zero, to a multiple of 16 bytes) and
+// OpAttrs, the decoded block's attributes: one alternative per struct the
+// kinds carry. Included at the end of fw/tensor.h in tpuhal::fw, after the
+// hand-written structs.
+"""]
+    for st in ops.ATTR_STRUCTS:
+        out.append("\n" + comment_block(st["doc"]) + f"struct {st['name']} {{\n")
+        for name, typ, _, comment in st["fields"]:
+            note = comment if typ == "u32" else ("0 or 1" + (f"; {comment}" if comment else ""))
+            out.append(f"  std::uint32_t {name};{'  // ' + note if note else ''}\n")
+        n = len(st["fields"])
+        pad = (-n) % 4
+        if pad:
+            out.append(f"  std::uint32_t reserved[{pad}];\n" if pad > 1 else "  std::uint32_t reserved;\n")
+        out.append(f"}};\nstatic_assert(sizeof({st['name']}) == {4 * (n + pad)});\n")
+    alts = ", ".join(attr_alternatives("fw_attrs"))
+    out.append(f"\nusing OpAttrs = std::variant<{alts}>;\n")
+    return "".join(out)
+
+
+def hal_op_attrs():
+    out = [BANNER, """// The attribute structs written from the op schema (ATTR_STRUCTS) and
+// OpAttrs, an OpDesc's attributes: one alternative per struct the kinds
+// carry, NoAttrs first. Included by driver/op_desc.hpp in tpuhal::driver,
+// after the hand-written structs. The TPU driver encodes the generated ones
+// field by field (drivers/tpu/src/encode_attrs.inc).
+"""]
+    for st in ops.ATTR_STRUCTS:
+        out.append(f"\nstruct {st['name']} {{\n")
+        for name, typ, default, comment in st["fields"]:
+            ctype = "std::uint32_t" if typ == "u32" else "bool"
+            out.append(f"  {ctype} {name} = {default};{'  // ' + comment if comment else ''}\n")
+        out.append("};\n")
+    alts = ", ".join(attr_alternatives("attrs", first=("NoAttrs",)))
+    out.append(f"\nusing OpAttrs = std::variant<{alts}>;\n")
+    return "".join(out)
+
+
+def encode_attrs():
+    out = [BANNER, """// The TPU driver's encoding of the attribute structs written from the op
+// schema (ATTR_STRUCTS): each HAL field into its wire word. Included in
+// encode_op's AttrVisitor (drivers/tpu/src/encode.cpp).
+"""]
+    for st in ops.ATTR_STRUCTS:
+        out.append(f"void operator()(const driver::{st['name']}& from) const {{\n  fw::{st['name']} a{{}};\n")
+        for name, typ, _, _ in st["fields"]:
+            value = f"from.{name}" if typ == "u32" else f"from.{name} ? 1u : 0u"
+            out.append(f"  a.{name} = {value};\n")
+        out.append("  append_bytes(out, a);\n}\n")
+    return "".join(out)
+
+
 # ---- the simulated board's tensor engine ------------------------------------
 
 
@@ -510,6 +577,9 @@ OUTPUTS = [
     ("hal/include/tpuhal/op_enums.inc", hal_op_enums, None),
     ("hal/src/op_cost.inc", hal_op_cost, None),
     ("docs/firmware-interface.md", doc_kinds, "op kinds"),
+    ("firmware_iface/include/tpuhal/fw/op_attrs.inc", fw_op_attrs, None),
+    ("hal/include/tpuhal/driver/op_attrs.inc", hal_op_attrs, None),
+    ("drivers/tpu/src/encode_attrs.inc", encode_attrs, None),
     ("simulator/src/tensor/engine_kinds.inc", engine_kinds, None),
     ("hal/include/tpuhal/op_maps.inc", hal_map_decls, None),
     ("hal/src/op_map_builders.inc", hal_map_defs, None),

@@ -173,6 +173,33 @@ MAP_FAMILIES = {
                        "x broadcast to y's shape as in NumPy", dtypes="u8"),
 }
 
+# Attribute structs written from the schema, for kinds whose attributes
+# are plain words (the others, and their encoding, are hand-written in
+# fw/tensor.h, driver/op_desc.hpp and drivers/tpu/src/encode.cpp). One
+# entry per struct, named as a kind's fw_attrs and attrs name it; fields in
+# wire order, each (name, type, default, comment) with type "u32" (a count
+# or an index; std::uint32_t in both layers) or "bool" (a uint32 0 or 1 on
+# the wire, bool in the HAL). On the wire the fields are followed by
+# reserved words (zero) up to a multiple of 16 bytes. Never reorder fields
+# of a struct a board already takes; a new field goes at the end, in a
+# reserved word, with the interface minor that reads it.
+ATTR_STRUCTS = [
+    dict(name="SoftmaxAttrs", doc="Softmax or log-softmax along one axis.",
+         fields=[("axis", "u32", "0", "< rank"), ("log", "bool", "false", "log-softmax")]),
+    dict(name="TopKAttrs",
+         doc="TopK: Indices (I32) has X's shape but k (1 <= k <= X's length) along `axis`; Values, when "
+         "present, Indices' shape and X's dtype. Order: largest first (smallest with largest == 0), NaN "
+         "before every number either way, ties by index, lower first (higher first with last_index == 1).",
+         fields=[("axis", "u32", "0", "< rank"), ("largest", "bool", "true", ""),
+                 ("last_index", "bool", "false", "ties: the higher index first")]),
+    dict(name="GatherAttrs",
+         doc="Y = X indexed along `axis` by Indices (i32, any rank; -dim <= index < dim, a negative one "
+         "counting from the end): Y's shape is X's with the axis replaced by Indices' shape (rank X.rank - 1 "
+         "+ Indices.rank <= kMaxRank), Y of X's dtype. An index outside that range fails the op with "
+         "kBadArgument (the Indices tensor's field, the index, the axis's length), and Y is not written.",
+         fields=[("axis", "u32", "0", "< X's rank")]),
+]
+
 # Vector-unit cycles per element beyond the one every element takes, for
 # the kinds whose cycles are "elementwise": by ElementwiseOp value and by
 # Activation value (a fused activation of matmul and convolution costs its

@@ -121,12 +121,6 @@ std::vector<std::byte> encode_op(const driver::OpDesc& op) {
       if (e.op == driver::ElementwiseOp::Activation) a.activation = to_fw(e.activation, a.alpha, a.beta);
       append_bytes(out, a);
     }
-    void operator()(const driver::SoftmaxAttrs& s) const {
-      fw::SoftmaxAttrs a{};
-      a.axis = s.axis;
-      a.log = s.log;
-      append_bytes(out, a);
-    }
     void operator()(const driver::ResizeAttrs& r) const {
       fw::ResizeAttrs a{};
       a.mode = static_cast<std::uint32_t>(r.mode);
@@ -146,18 +140,7 @@ std::vector<std::byte> encode_op(const driver::OpDesc& op) {
       }
       append_bytes(out, a);
     }
-    void operator()(const driver::TopKAttrs& t) const {
-      fw::TopKAttrs a{};
-      a.axis = t.axis;
-      a.largest = t.largest;
-      a.last_index = t.last_index;
-      append_bytes(out, a);
-    }
-    void operator()(const driver::GatherAttrs& g) const {
-      fw::GatherAttrs a{};
-      a.axis = g.axis;
-      append_bytes(out, a);
-    }
+#include "encode_attrs.inc"  // the op schema's structs, field by field
   };
   std::visit(AttrVisitor{attrs}, op.attrs);
   h.attr_bytes = static_cast<std::uint32_t>(attrs.size());

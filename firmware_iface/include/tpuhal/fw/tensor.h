@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <variant>
 
 namespace tpuhal::fw {
 
@@ -137,13 +138,6 @@ struct ElementwiseAttrs {
 };
 static_assert(sizeof(ElementwiseAttrs) == 16);
 
-struct SoftmaxAttrs {
-  std::uint32_t axis;  // < rank
-  std::uint32_t log;   // 1: log-softmax
-  std::uint32_t reserved[2];
-};
-static_assert(sizeof(SoftmaxAttrs) == 16);
-
 // Quantize / Dequantize: the axis Scale and ZeroPoint vary along is implied
 // by their strides; nothing else is needed.
 struct QuantAttrs {
@@ -162,30 +156,6 @@ struct ResizeAttrs {
 };
 static_assert(sizeof(ResizeAttrs) == 32);
 
-// TopK: Indices (I32) has X's shape but k (1 <= k <= X's length) along
-// `axis`; Values, when present, Indices' shape and X's dtype. Order: largest
-// first (smallest with largest == 0), NaN before every number either way,
-// ties by index, lower first (higher first with last_index == 1).
-struct TopKAttrs {
-  std::uint32_t axis;        // < rank
-  std::uint32_t largest;     // 0 or 1
-  std::uint32_t last_index;  // 0 or 1
-  std::uint32_t reserved;
-};
-static_assert(sizeof(TopKAttrs) == 16);
-
-// Y = X indexed along `axis` by Indices (i32, any rank; -dim <= index <
-// dim, a negative one counting from the end): Y's shape is X's with the
-// axis replaced by Indices' shape (rank X.rank - 1 + Indices.rank <=
-// kMaxRank), Y of X's dtype. An index outside that range fails the op
-// with kBadArgument (the Indices tensor's field, the index, the axis's
-// length), and Y is not written.
-struct GatherAttrs {
-  std::uint32_t axis;  // < X's rank
-  std::uint32_t reserved[3];
-};
-static_assert(sizeof(GatherAttrs) == 16);
-
 // YUV (BT.601, limited range) -> RGB in [0, 255], then per channel
 // (value - mean) * scale. Luma is [H, W]; NV12 chroma is [H/2, W/2, 2];
 // I420 chroma U and V are [H/2, W/2] each; Y is [3, H, W] (planar RGB).
@@ -197,6 +167,9 @@ struct ColorConvertAttrs {
   std::uint32_t reserved[6];
 };
 static_assert(sizeof(ColorConvertAttrs) == 56);
+
+// SoftmaxAttrs, TopKAttrs, GatherAttrs and OpAttrs, from the op schema.
+#include "tpuhal/fw/op_attrs.inc"
 
 inline constexpr std::uint32_t kMaxParamBytes = 4096;
 

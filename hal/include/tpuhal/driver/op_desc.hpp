@@ -72,10 +72,6 @@ struct ElementwiseAttrs {
   ElementwiseOp op = ElementwiseOp::Identity;
   ActivationParams activation;  // for ElementwiseOp::Activation
 };
-struct SoftmaxAttrs {
-  std::uint32_t axis = 0;
-  bool log = false;
-};
 struct NoAttrs {};
 struct ResizeAttrs {
   ResizeMode mode = ResizeMode::Nearest;
@@ -89,18 +85,8 @@ struct ColorConvertAttrs {
   std::array<float, 3> mean{}, scale{};
 };
 
-struct TopKAttrs {
-  std::uint32_t axis = 0;
-  bool largest = true;
-  bool last_index = false;  // ties: the higher index first
-};
-
-struct GatherAttrs {
-  std::uint32_t axis = 0;
-};
-
-using OpAttrs = std::variant<NoAttrs, MatMulAttrs, ConvAttrs, PoolAttrs, ElementwiseAttrs, SoftmaxAttrs, ResizeAttrs,
-                             ColorConvertAttrs, TopKAttrs, GatherAttrs>;
+// SoftmaxAttrs, TopKAttrs, GatherAttrs and OpAttrs, from the op schema.
+#include "tpuhal/driver/op_attrs.inc"
 
 struct OpDesc {
   OpKind kind = OpKind::MatMul;
