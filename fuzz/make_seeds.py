@@ -6,7 +6,7 @@ with scripts/fuzz.sh --update-corpus stay).
 
     fuzz/make_seeds.py [--out DIR]
 
-Layouts follow firmware_iface/include/tpuhal/fw/command.h and tensor.h, and
+Layouts follow firmware_iface/include/tpuhal/fw/command.h, tensor.h and op_attrs.inc, and
 the header comments of the fuzz targets.
 """
 import argparse

@@ -3,7 +3,7 @@
 // tensor engine touches any tensor.
 //
 // Input: the block's bytes (OpHeader, TensorRefs, attributes). Properties,
-// checked here independently of tensor.cpp, from the rules in fw/tensor.h,
+// checked here independently of tensor.cpp, from the rules in fw/tensor.h and fw/op_attrs.inc,
 // docs/firmware-interface.md and docs/ops.md:
 //   - a block outside [32, 4096] bytes, with a bad magic, kind, tensor count,
 //     attribute size or a non-zero reserved header word is refused;

@@ -75,6 +75,24 @@ def check_schema():
     for v in enum("ElementwiseOp")["values"]:
         if v[6] and (v[5], v[4]) not in ops.MAP_FAMILIES:
             problems.append(f"ElementwiseOp: {v[0]} has a builder but MAP_FAMILIES has no ({v[5]!r}, {v[4]}) entry")
+    structs = {st["name"]: st for st in ops.ATTR_STRUCTS}
+    for st in ops.ATTR_STRUCTS:
+        names = [f[0] for f in st["fields"]]
+        if len(set(names)) != len(names) or "reserved" in names:
+            problems.append(f"{st['name']}: field names must differ and not be 'reserved'")
+        for name, typ, default, _ in st["fields"]:
+            if typ not in ("u32", "bool"):
+                problems.append(f"{st['name']}.{name}: type {typ!r}; ATTR_STRUCTS fields are 'u32' or 'bool'")
+            elif typ == "bool" and default not in ("true", "false"):
+                problems.append(f"{st['name']}.{name}: a bool's default is true or false, not {default!r}")
+            elif typ == "u32" and not default.isdigit():
+                problems.append(f"{st['name']}.{name}: a u32's default is a number, not {default!r}")
+        if not any(k["fw_attrs"] == st["name"] for k in ops.KINDS):
+            problems.append(f"{st['name']}: no kind carries it")
+    for k in ops.KINDS:
+        if (k["fw_attrs"] in structs or k["attrs"] in structs) and k["attrs"] != k["fw_attrs"]:
+            problems.append(f"{k['name']}: a generated attribute struct is the same in both layers "
+                            f"(fw_attrs {k['fw_attrs']}, attrs {k['attrs']})")
     builders = [b for k in ops.KINDS for b in k["builders"]]
     problems += [f"builder '{b}' is named twice" for b in sorted({b for b in builders if builders.count(b) > 1})]
     problems += [f"ElementwiseOp: {v[0]} has an unknown family {v[5]}" for v in enum("ElementwiseOp")["values"]
@@ -350,10 +368,8 @@ def attr_alternatives(key, first=()):
 
 def fw_op_attrs():
     out = [BANNER, """// The attribute structs written from the op schema (ATTR_STRUCTS: plain
-// uint32 words, then reserved words, zero, to a multiple of 16 bytes) and
-// OpAttrs, the decoded block's attributes: one alternative per struct the
-// kinds carry. Included at the end of fw/tensor.h in tpuhal::fw, after the
-// hand-written structs.
+// uint32 words, then reserved words, zero, to a multiple of 16 bytes).
+// Included by fw/tensor.h in tpuhal::fw, after the hand-written structs.
 """]
     for st in ops.ATTR_STRUCTS:
         out.append("\n" + comment_block(st["doc"]) + f"struct {st['name']} {{\n")
@@ -365,9 +381,14 @@ def fw_op_attrs():
         if pad:
             out.append(f"  std::uint32_t reserved[{pad}];\n" if pad > 1 else "  std::uint32_t reserved;\n")
         out.append(f"}};\nstatic_assert(sizeof({st['name']}) == {4 * (n + pad)});\n")
-    alts = ", ".join(attr_alternatives("fw_attrs"))
-    out.append(f"\nusing OpAttrs = std::variant<{alts}>;\n")
     return "".join(out)
+
+
+def fw_op_attrs_variant():
+    alts = ", ".join(attr_alternatives("fw_attrs"))
+    return (BANNER + "// OpAttrs, a decoded block's attributes: one alternative per struct the\n"
+            "// kinds carry (schema/ops.py), in the order of the kinds. Included by\n"
+            f"// fw/decode.h in tpuhal::fw.\nusing OpAttrs = std::variant<{alts}>;\n")
 
 
 def hal_op_attrs():
@@ -578,6 +599,7 @@ OUTPUTS = [
     ("hal/src/op_cost.inc", hal_op_cost, None),
     ("docs/firmware-interface.md", doc_kinds, "op kinds"),
     ("firmware_iface/include/tpuhal/fw/op_attrs.inc", fw_op_attrs, None),
+    ("firmware_iface/include/tpuhal/fw/op_attrs_variant.inc", fw_op_attrs_variant, None),
     ("hal/include/tpuhal/driver/op_attrs.inc", hal_op_attrs, None),
     ("drivers/tpu/src/encode_attrs.inc", encode_attrs, None),
     ("simulator/src/tensor/engine_kinds.inc", engine_kinds, None),
@@ -603,7 +625,10 @@ def with_region(old, region, body, path):
 
 
 def main(argv):
-    if any(a != "--check" for a in argv):
+    unknown = [a for a in argv if a != "--check"]
+    if unknown:
+        if argv not in (["-h"], ["--help"]):
+            print(f"schema/generate.py: unknown option {unknown[0]}", file=sys.stderr)
         print(__doc__.strip().split("\n\n")[1])
         return 0 if argv in (["-h"], ["--help"]) else 2
     check = "--check" in argv

@@ -132,7 +132,7 @@ ENUMS = [
 #   id        to_string of both kinds: messages, traces, the tools
 #   minor     the interface minor the kind came in
 #   tensors   roles in order, output last; "?" marks an optional tensor
-#   fw_attrs  the firmware's attribute struct (fw/tensor.h); QuantAttrs is
+#   fw_attrs  the firmware's attribute struct (fw/tensor.h, or ATTR_STRUCTS); QuantAttrs is
 #             16 reserved bytes, for kinds with nothing to say
 #   attrs     the HAL's alternative of driver::OpAttrs (driver/op_desc.hpp)
 #   cost      how its operations are counted (hal/src/op_cost.cpp), one of

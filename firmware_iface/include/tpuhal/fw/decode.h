@@ -139,8 +139,8 @@ std::string arg_name(std::uint16_t opcode, std::uint16_t index);
 
 // ---- Tensor ops ---------------------------------------------------------------
 
-// OpAttrs, the variant of every kind's attribute struct, is in fw/tensor.h
-// (generated from the op schema, fw/op_attrs.inc).
+// OpAttrs: every kind's attribute struct, from the op schema.
+#include "tpuhal/fw/op_attrs_variant.inc"
 
 // A validated parameter block: dtypes, ranks, shapes and strides agree with
 // the op's rules (docs/ops.md), extents do not overflow, outputs do not

@@ -15,7 +15,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <variant>
 
 namespace tpuhal::fw {
 
@@ -168,7 +167,7 @@ struct ColorConvertAttrs {
 };
 static_assert(sizeof(ColorConvertAttrs) == 56);
 
-// SoftmaxAttrs, TopKAttrs, GatherAttrs and OpAttrs, from the op schema.
+// SoftmaxAttrs, TopKAttrs and GatherAttrs, from the op schema.
 #include "tpuhal/fw/op_attrs.inc"
 
 inline constexpr std::uint32_t kMaxParamBytes = 4096;

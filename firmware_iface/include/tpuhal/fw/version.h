@@ -41,7 +41,7 @@ struct Version {
 // (kCapModelledTime: timestamps and the TIME registers keep the board's
 // timing model's time, timing.h). 1.10 the elementwise modes
 // ElementwiseOp::kCeil, kFloor and kRound (tensor.h). 1.11 the op kind
-// kGather (op_kinds.inc, GatherAttrs in tensor.h). 1.12 the op kind
+// kGather (op_kinds.inc, GatherAttrs in op_attrs.inc). 1.12 the op kind
 // kQLinearAdd (op_kinds.inc), and u8 and i8 indices for kGather (a table
 // lookup: each byte picks one of 256 entries).
 inline constexpr Version kInterfaceVersion{1, 12};
