@@ -9,15 +9,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstring>
 #include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "impl.hpp"  // hal/src: OpAccess
+#include "ops_reference.hpp"
 #include "tpuhal/driver/op_desc.hpp"
 #include "tpuhal/tpuhal.hpp"
 
@@ -26,7 +25,6 @@
 namespace tpuhal {
 namespace {
 
-using namespace std::chrono_literals;
 using driver::ElementwiseOp;
 
 enum class Family { Arith, Float, Comparison, Logic };
@@ -93,61 +91,14 @@ std::optional<double> reference(ElementwiseOp op, double a, double b) {
 
 class OpMaps : public ::testing::TestWithParam<MapCase> {
  protected:
-  void SetUp() override {
-    dev_ = open("sim:tiny");
-    WaitPolicy p = dev_.wait_policy();
-    p.timeout = 20s;
-    dev_.set_wait_policy(p);
-    q_ = dev_.queue(Engine::Compute);
-  }
+  ops_test::Lab lab_{open("sim:tiny")};
 
-  Tensor upload(DType t, const std::vector<double>& v) {
-    const std::uint32_t es = size_of(t);
-    Buffer staging = dev_.allocate(v.size() * es, Memory::HostPinned);
-    {
-      auto m = staging.map();
-      for (std::size_t i = 0; i < v.size(); ++i) {
-        std::byte* p = m.data() + i * es;
-        if (t == DType::F32) {
-          const float f = static_cast<float>(v[i]);
-          std::memcpy(p, &f, 4);
-        } else if (t == DType::I32) {
-          const auto n = static_cast<std::int32_t>(v[i]);
-          std::memcpy(p, &n, 4);
-        } else {
-          *p = static_cast<std::byte>(static_cast<std::uint8_t>(v[i]));
-        }
-      }
-    }
-    Buffer buf = dev_.allocate(v.size() * es);
-    q_.copy(staging, buf).submit().wait();
-    return Tensor(buf, t, {static_cast<std::int64_t>(v.size())});
+  // values as a 1-D tensor of dtype t on the device.
+  Tensor upload(DType t, const std::vector<double>& values) {
+    ops_test::Host h(t, {static_cast<std::int64_t>(values.size())});
+    h.v = values;
+    return lab_.upload(h);
   }
-
-  std::vector<double> download(const Tensor& y) {
-    Buffer staging = dev_.allocate(y.buffer().size(), Memory::HostPinned);
-    q_.copy(y.buffer(), staging).submit().wait();
-    auto m = staging.map();
-    std::vector<double> out;
-    for (std::uint64_t i = 0; i < y.elements(); ++i) {
-      const std::byte* p = m.data() + i * size_of(y.dtype());
-      if (y.dtype() == DType::F32) {
-        float f;
-        std::memcpy(&f, p, 4);
-        out.push_back(f);
-      } else if (y.dtype() == DType::I32) {
-        std::int32_t n;
-        std::memcpy(&n, p, 4);
-        out.push_back(n);
-      } else {
-        out.push_back(static_cast<double>(static_cast<std::uint8_t>(*p)));
-      }
-    }
-    return out;
-  }
-
-  Device dev_;
-  Queue q_;
 };
 
 // The dtypes a map of each family takes (inputs, output), and one it
@@ -201,26 +152,23 @@ TEST_P(OpMaps, BuildsItsMapRefusesOtherDtypesAndComputesOnTheBoard) {
   {
     const bool on_y = std::string(d.refused_operand) == "y";
     Tensor bad = upload(d.refused, std::vector<double>(a.size(), 1));
-    try {
+    const Error e = test::error_of([&] {
       if (on_y)
         m.build(ta, m.arity == 2 ? &tb : nullptr, bad);
       else
         m.build(bad, m.arity == 2 ? &bad : nullptr, bad);
-      ADD_FAILURE() << m.name << " took " << to_string(d.refused) << " for " << d.refused_operand;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.status(), Status::InvalidArgument);
-      const std::string what = e.what();
-      EXPECT_NE(what.find(m.name), std::string::npos) << what;
-      const std::string operand = on_y ? "y" : (m.arity == 2 ? "a" : "x");
-      // The family's list of dtypes, or (arith, which takes any) y's match.
-      const std::string rule = m.family == Family::Arith ? " but " : "; supported: ";
-      EXPECT_NE(what.find(operand + " is " + to_string(d.refused) + rule), std::string::npos) << what;
-    }
+    });
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+    const std::string what = e.what();
+    EXPECT_NE(what.find(m.name), std::string::npos) << what;
+    const std::string operand = on_y ? "y" : (m.arity == 2 ? "a" : "x");
+    // The family's list of dtypes, or (arith, which takes any) y's match.
+    const std::string rule = m.family == Family::Arith ? " but " : "; supported: ";
+    EXPECT_NE(what.find(operand + " is " + to_string(d.refused) + rule), std::string::npos) << what;
   }
 
   // Computed on the board as the reference says.
-  q_.run(op).submit().wait();
-  const std::vector<double> got = download(y);
+  const std::vector<double> got = lab_.run(op, y).v;
   for (std::size_t i = 0; i < a.size(); ++i) {
     const std::optional<double> want = reference(m.op, a[i], b[i]);
     ASSERT_TRUE(want.has_value()) << m.name << " has no reference";

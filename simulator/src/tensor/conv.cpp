@@ -638,7 +638,7 @@ bool grouped_f32(TensorEngine& e, const Geometry& g, const View& x, const View& 
 
 }  // namespace
 
-void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
+fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
   const View &x0 = v[0], &w0 = v[1], &bias = v[2], &y = v[3];
   const Geometry g(at, x0, w0, y);
   const auto act = static_cast<fw::Activation>(at.activation);
@@ -712,7 +712,7 @@ void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
           },
           16384);
     }
-    return;
+    return {};
   }
   // Finish from the f32 scratch (dense, y's layout): activation, conversion.
   if (y.contiguous() && (y.dtype == fw::DType::kBF16 || y.dtype == fw::DType::kF16)) {
@@ -725,7 +725,7 @@ void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
       else
         simd::narrow_f16(scratch.data() + begin, dst + begin, end - begin);
     });
-    return;
+    return {};
   }
   const View* views[1] = {&y};
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
@@ -734,6 +734,7 @@ void conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
       store_float(y.at(off[0]), y.dtype, activate(act, at.act_alpha, at.act_beta, scratch[i++]));
     });
   });
+  return {};
 }
 
 // acc (y's shape, dense) = sum over valid taps of (x - xz)(w - wz), exact in
@@ -983,12 +984,6 @@ bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& at, const View& x,
   const FusedRequant rq{&multipliers, y_zero};
   return dnnl_conv(e, g, x, dnnl_type(x.dtype), w, w.data, dt::s8, nullptr, y, dnnl_type(y.dtype), y.data,
                    x_zero != 0 ? &x_zero : nullptr, &rq);
-}
-
-// The op kinds' entry points (engine_kinds.inc).
-fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v) {
-  conv2d(e, a, v);
-  return {};
 }
 
 }  // namespace tpuhal::sim::tensor

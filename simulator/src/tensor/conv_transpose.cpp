@@ -10,7 +10,7 @@
 
 namespace tpuhal::sim::tensor {
 
-void conv_transpose2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
+fw::Problem run_conv_transpose2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
   const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
   const std::uint32_t dc = nhwc ? 3 : 1, dh = nhwc ? 1 : 2, dw = nhwc ? 2 : 3;
   // f16 and bf16 operands widen (exactly) to f32 first.
@@ -70,11 +70,6 @@ void conv_transpose2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
                       activate(act, at.act_alpha, at.act_beta, acc[r * ow + c] + bias[o]));
     }
   });
-}
-
-// The op kinds' entry points (engine_kinds.inc).
-fw::Problem run_conv_transpose2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v) {
-  conv_transpose2d(e, a, v);
   return {};
 }
 

@@ -298,7 +298,7 @@ void compare_or_logic(TensorEngine& e, fw::ElementwiseOp op, const View& a, cons
 
 }  // namespace
 
-void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, const View* v) {
+fw::Problem run_elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, const View* v) {
   const View &a = v[0], &b = v[1], &y = v[2];
   const auto op = static_cast<fw::ElementwiseOp>(at.op);
   const bool binary = fw::is_binary(op);
@@ -307,17 +307,17 @@ void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, const View* v)
   // Dense same-dtype copies go straight through memcpy.
   if (op == fw::ElementwiseOp::kIdentity && a.dtype == y.dtype && a.contiguous() && y.contiguous()) {
     std::memcpy(y.data, a.data, y.elements() * y.esize);
-    return;
+    return {};
   }
   if (op == fw::ElementwiseOp::kIdentity && a.dtype == y.dtype) {
     same_type_copy(e, a, y);
-    return;
+    return {};
   }
   if (fw::is_comparison(op) || fw::is_logical(op)) {
     compare_or_logic(e, op, a, b, y);
-    return;
+    return {};
   }
-  if (f32_rows(e, at, a, b, y)) return;
+  if (f32_rows(e, at, a, b, y)) return {};
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     if (op == fw::ElementwiseOp::kIdentity) {
       for_each_index(y.shape, y.rank, unary_views, begin, end,
@@ -343,9 +343,10 @@ void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, const View* v)
       });
     }
   });
+  return {};
 }
 
-void softmax(TensorEngine& e, const fw::SoftmaxAttrs& at, const View* v) {
+fw::Problem run_softmax(TensorEngine& e, const fw::SoftmaxAttrs& at, const View* v) {
   const View &x = v[0], &y = v[1];
   const std::uint32_t axis = at.axis;
   const std::uint64_t len = x.shape[axis];
@@ -372,6 +373,7 @@ void softmax(TensorEngine& e, const fw::SoftmaxAttrs& at, const View* v) {
       }
     });
   });
+  return {};
 }
 
 namespace {
@@ -386,7 +388,7 @@ bool one_value(const View& v) {
 }  // namespace
 
 // y = saturate(round_half_even(x / scale) + zero_point), in f32.
-void quantize(TensorEngine& e, const View* v) {
+fw::Problem run_quantize(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
   const View &x = v[0], &scale = v[1], &zp = v[2], &y = v[3];
   const View zero{};
   const View* views[4] = {&y, &x, &scale, zp.present() ? &zp : &zero};
@@ -402,7 +404,7 @@ void quantize(TensorEngine& e, const View* v) {
     e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
       simd::quantize_f32(in + begin, out + begin, end - begin, s, z, lo, hi);
     });
-    return;
+    return {};
   }
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
@@ -414,10 +416,11 @@ void quantize(TensorEngine& e, const View* v) {
       store_int_wrap(y.at(off[0]), y.dtype, std::min(std::max(q, lo), hi));
     });
   });
+  return {};
 }
 
 // y = (x - zero_point) * scale, in f32.
-void dequantize(TensorEngine& e, const View* v) {
+fw::Problem run_dequantize(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
   const View &x = v[0], &scale = v[1], &zp = v[2], &y = v[3];
   const View zero{};
   const View* views[4] = {&y, &x, &scale, zp.present() ? &zp : &zero};
@@ -433,7 +436,7 @@ void dequantize(TensorEngine& e, const View* v) {
     e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
       simd::dequantize_8(in + begin, out + begin, end - begin, is_signed, s, z);
     });
-    return;
+    return {};
   }
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
@@ -443,9 +446,12 @@ void dequantize(TensorEngine& e, const View* v) {
       store_float(y.at(off[0]), y.dtype, r);
     });
   });
+  return {};
 }
 
-void qlinear_add(TensorEngine& e, const View* v) {
+// A, AScale, AZeroPoint, B, BScale, BZeroPoint, YScale, YZeroPoint, Y: the
+// bits of dequantize, an f32 add and quantize in a row, at every level.
+fw::Problem run_qlinear_add(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
   const View &a = v[0], &b = v[3], &y = v[8];
   // Every scale and zero point is one value (the decoder's rule).
   simd::QAddParams p{};
@@ -466,7 +472,7 @@ void qlinear_add(TensorEngine& e, const View* v) {
     e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
       simd::qadd_8(pa + begin, pb + begin, py + begin, end - begin, p);
     });
-    return;
+    return {};
   }
   // Broadcast or strided operands: one element at a time, the same
   // arithmetic (the kernel's, on one element).
@@ -481,27 +487,6 @@ void qlinear_add(TensorEngine& e, const View* v) {
         });
       },
       16384);
-}
-
-// The op kinds' entry points (engine_kinds.inc).
-fw::Problem run_elementwise(TensorEngine& e, const fw::ElementwiseAttrs& a, const View* v) {
-  elementwise(e, a, v);
-  return {};
-}
-fw::Problem run_softmax(TensorEngine& e, const fw::SoftmaxAttrs& a, const View* v) {
-  softmax(e, a, v);
-  return {};
-}
-fw::Problem run_quantize(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
-  quantize(e, v);
-  return {};
-}
-fw::Problem run_dequantize(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
-  dequantize(e, v);
-  return {};
-}
-fw::Problem run_qlinear_add(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
-  qlinear_add(e, v);
   return {};
 }
 

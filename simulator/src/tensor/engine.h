@@ -122,12 +122,19 @@ class TensorEngine {
   PackedCache packed_cache_;
 };
 
-// Kernels (one file each); all take the engine for its pool and oneDNN.
-void matmul(TensorEngine& e, const fw::MatMulAttrs& a, const View* v);
+// Kernels (one file per family); all take the engine for its pool and
+// oneDNN. Each op kind's kernel is its entry point, run_<id>(e, attrs,
+// views), defined in its family's file and called by TensorEngine::run
+// (engine_kinds.inc, generated from the op schema); it returns the problem
+// the board reports for what the decoder could not see, or {}. gather's
+// refuses (kBadArgument, Indices' data field) an index outside the axis.
+#define TPUHAL_ENGINE_KIND(Name, id, Attrs) fw::Problem run_##id(TensorEngine& e, const fw::Attrs& a, const View* v);
+#include "engine_kinds.inc"
+#undef TPUHAL_ENGINE_KIND
+
 // Integer products write int32 accumulators, dense in the output's
 // row-major order, into `acc` (sized by the caller: the output's elements).
 void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* az, const View* bz, std::int32_t* acc);
-void conv2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v);
 void conv_integer(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz, const View* wz,
                   std::int32_t* acc);
 // QLinearConv with the requantisation fused into oneDNN's convolution where
@@ -136,28 +143,6 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const 
 // output channel); false (nothing written) otherwise.
 bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz,
                         const View* wz, const View& y, const std::vector<float>& multipliers, std::int32_t y_zero);
-void pool2d(TensorEngine& e, const fw::PoolAttrs& a, const View* v);
-void elementwise(TensorEngine& e, const fw::ElementwiseAttrs& a, const View* v);
-void softmax(TensorEngine& e, const fw::SoftmaxAttrs& a, const View* v);
-void quantize(TensorEngine& e, const View* v);
-void dequantize(TensorEngine& e, const View* v);
-// A, AScale, AZeroPoint, B, BScale, BZeroPoint, YScale, YZeroPoint, Y: the
-// bits of dequantize, an f32 add and quantize in a row, at every level.
-void qlinear_add(TensorEngine& e, const View* v);
-void resize(TensorEngine& e, const fw::ResizeAttrs& a, const View* v);
-void color_convert(TensorEngine& e, const fw::ColorConvertAttrs& a, const View* v);
-void top_k(TensorEngine& e, const fw::TopKAttrs& a, const View* v);
-void conv_transpose2d(TensorEngine& e, const fw::ConvAttrs& a, const View* v);
-void where(TensorEngine& e, const View* v);
-// Refuses (kBadArgument, Indices' data field) an index outside the axis.
-fw::Problem gather(TensorEngine& e, const fw::GatherAttrs& a, const View* v);
-
-// Each op kind's entry point, run_<id>(e, attrs, views), defined in the
-// kind's kernel file and called by TensorEngine::run (engine_kinds.inc,
-// generated from the op schema).
-#define TPUHAL_ENGINE_KIND(Name, id, Attrs) fw::Problem run_##id(TensorEngine& e, const fw::Attrs& a, const View* v);
-#include "engine_kinds.inc"
-#undef TPUHAL_ENGINE_KIND
 float activate(fw::Activation act, float alpha, float beta, float x);
 // activate() over p[0, n) in place.
 void activate_span(fw::Activation act, float alpha, float beta, float* p, std::uint64_t n);

@@ -183,13 +183,13 @@ void float_product(TensorEngine& e, const View& a, const View& b, bool ta, bool 
 
 }  // namespace
 
-void matmul(TensorEngine& e, const fw::MatMulAttrs& at, const View* v) {
+fw::Problem run_matmul(TensorEngine& e, const fw::MatMulAttrs& at, const View* v) {
   const View &a = v[0], &b = v[1], &c = v[2], &y = v[3];
   const bool plain = at.alpha == 1.0f && !c.present() && at.activation == 0;
   // The common case straight into y: f32 out, dense, nothing to add.
   if (plain && y.dtype == fw::DType::kF32 && y.contiguous()) {
     float_product(e, a, b, at.trans_a, at.trans_b, y, reinterpret_cast<float*>(y.data));
-    return;
+    return {};
   }
   std::vector<float> acc(y.elements());
   float_product(e, a, b, at.trans_a, at.trans_b, y, acc.data());
@@ -208,6 +208,7 @@ void matmul(TensorEngine& e, const fw::MatMulAttrs& at, const View* v) {
     else
       for_each_index(y.shape, y.rank, y_only, begin, end, [&](const std::uint64_t* off) { finish(off[0], 0.0f); });
   });
+  return {};
 }
 
 // Integer product with zero points, exact in int32 (two's complement
@@ -464,12 +465,6 @@ void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* a
       }
     }
   }
-}
-
-// The op kinds' entry points (engine_kinds.inc).
-fw::Problem run_matmul(TensorEngine& e, const fw::MatMulAttrs& a, const View* v) {
-  matmul(e, a, v);
-  return {};
 }
 
 }  // namespace tpuhal::sim::tensor

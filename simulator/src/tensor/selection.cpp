@@ -11,14 +11,14 @@
 
 namespace tpuhal::sim::tensor {
 
-void top_k(TensorEngine& e, const fw::TopKAttrs& at, const View* v) {
+fw::Problem run_top_k(TensorEngine& e, const fw::TopKAttrs& at, const View* v) {
   const View &x = v[0], &values = v[1], &idx = v[2];
   const std::uint32_t axis = at.axis;
   const std::uint64_t len = x.shape[axis], k = idx.shape[axis];
   std::uint64_t outer = 1, inner = 1;
   for (std::uint32_t d = 0; d < axis; ++d) outer *= x.shape[d];
   for (std::uint32_t d = axis + 1; d < x.rank; ++d) inner *= x.shape[d];
-  if (outer == 0 || inner == 0) return;
+  if (outer == 0 || inner == 0) return {};
   const bool floats = is_float(x.dtype), largest = at.largest != 0, last = at.last_index != 0;
   // The lane's offset (in elements) in a view, from the lane's number:
   // outer and inner indices unfolded over the dimensions around the axis.
@@ -70,9 +70,10 @@ void top_k(TensorEngine& e, const fw::TopKAttrs& at, const View* v) {
         }
       },
       std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, len)));
+  return {};
 }
 
-void where(TensorEngine& e, const View* v) {
+fw::Problem run_where(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
   const View &cond = v[0], &a = v[1], &b = v[2], &y = v[3];
   const View* views[4] = {&cond, &a, &b, &y};
   const std::uint32_t esize = y.esize;
@@ -85,9 +86,10 @@ void where(TensorEngine& e, const View* v) {
         });
       },
       16384);
+  return {};
 }
 
-fw::Problem gather(TensorEngine& e, const fw::GatherAttrs& at, const View* v) {
+fw::Problem run_gather(TensorEngine& e, const fw::GatherAttrs& at, const View* v) {
   const View &x = v[0], &idx = v[1], &y = v[2];
   const std::uint32_t axis = at.axis;
   const auto dim = static_cast<std::int64_t>(x.shape[axis]);
@@ -147,16 +149,5 @@ fw::Problem gather(TensorEngine& e, const fw::GatherAttrs& at, const View* v) {
       16384);
   return {};
 }
-
-// The op kinds' entry points (engine_kinds.inc).
-fw::Problem run_top_k(TensorEngine& e, const fw::TopKAttrs& a, const View* v) {
-  top_k(e, a, v);
-  return {};
-}
-fw::Problem run_where(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
-  where(e, v);
-  return {};
-}
-fw::Problem run_gather(TensorEngine& e, const fw::GatherAttrs& a, const View* v) { return gather(e, a, v); }
 
 }  // namespace tpuhal::sim::tensor

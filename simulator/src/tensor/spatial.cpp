@@ -19,7 +19,7 @@ std::uint64_t at4(const View& v, bool nhwc, std::uint64_t n, std::uint64_t c, st
 
 }  // namespace
 
-void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
+fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
   const View &x = v[0], &y = v[1];
   const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
   const bool max = at.kind == static_cast<std::uint32_t>(fw::PoolKind::kMax);
@@ -86,7 +86,7 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
         }
       }
     });
-    return;
+    return {};
   }
   if (x.dtype == fw::DType::kF32 && y.dtype == fw::DType::kF32) {
     // The same loops on f32 pointers, over the taps inside the input: each
@@ -133,7 +133,7 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
             }
           },
           std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, kBlock * static_cast<std::uint64_t>(kh * kw))));
-      return;
+      return {};
     }
     e.pool().parallel_for(
         n * c,
@@ -184,7 +184,7 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
           }
         },
         std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, oh * ow * static_cast<std::uint64_t>(kh * kw))));
-    return;
+    return {};
   }
   e.pool().parallel_for(n * c, [&](std::uint64_t begin, std::uint64_t end) {
     for (std::uint64_t nc = begin; nc < end; ++nc) {
@@ -231,6 +231,7 @@ void pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
       }
     }
   });
+  return {};
 }
 
 namespace {
@@ -266,7 +267,7 @@ std::int64_t nearest_index(fw::NearestMode mode, float x) {
 
 }  // namespace
 
-void resize(TensorEngine& e, const fw::ResizeAttrs& at, const View* v) {
+fw::Problem run_resize(TensorEngine& e, const fw::ResizeAttrs& at, const View* v) {
   const View &x = v[0], &y = v[1];
   const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
   const auto mode = static_cast<fw::CoordinateMode>(at.coordinate);
@@ -335,6 +336,7 @@ void resize(TensorEngine& e, const fw::ResizeAttrs& at, const View* v) {
       }
     }
   });
+  return {};
 }
 
 // BT.601 limited range:
@@ -342,7 +344,7 @@ void resize(TensorEngine& e, const fw::ResizeAttrs& at, const View* v) {
 //   G = 1.164 (Y - 16) - 0.813 (V - 128) - 0.391 (U - 128)
 //   B = 1.164 (Y - 16) + 2.018 (U - 128)
 // clamped to [0, 255], then (value - mean) * scale per channel.
-void color_convert(TensorEngine& e, const fw::ColorConvertAttrs& at, const View* v) {
+fw::Problem run_color_convert(TensorEngine& e, const fw::ColorConvertAttrs& at, const View* v) {
   const View &luma = v[0], &c1 = v[1], &c2 = v[2], &y = v[3];
   const bool nv12 = at.format == static_cast<std::uint32_t>(fw::ColorFormat::kNV12);
   const std::uint64_t h = luma.shape[0], w = luma.shape[1];
@@ -370,19 +372,6 @@ void color_convert(TensorEngine& e, const fw::ColorConvertAttrs& at, const View*
       }
     }
   });
-}
-
-// The op kinds' entry points (engine_kinds.inc).
-fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& a, const View* v) {
-  pool2d(e, a, v);
-  return {};
-}
-fw::Problem run_resize(TensorEngine& e, const fw::ResizeAttrs& a, const View* v) {
-  resize(e, a, v);
-  return {};
-}
-fw::Problem run_color_convert(TensorEngine& e, const fw::ColorConvertAttrs& a, const View* v) {
-  color_convert(e, a, v);
   return {};
 }
 
