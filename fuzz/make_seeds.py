@@ -59,15 +59,16 @@ F32, F16, BF16, I8, U8, I32 = range(1, 7)
 OP_MAGIC = 0x31504F54  # "TOP1"
 
 
-def op_kinds():
-    """Op kind codes by name ("matmul": 1, ...), from the op schema."""
+def schema():
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schema"))
     sys.dont_write_bytecode = True
     import ops  # schema/ops.py
-    return {k["id"]: code for code, k in enumerate(ops.KINDS, start=1)}
+    return ops
 
 
-OP = op_kinds()
+SCHEMA = schema()
+# Op kind codes by name ("matmul": 1, ...), from the op schema.
+OP = {k["id"]: code for code, k in enumerate(SCHEMA.KINDS, start=1)}
 NONE_TENSOR = bytes(128)
 
 
@@ -195,6 +196,29 @@ def op_seeds():
         tensor(4 * k, I8, [2, 3, 4], [0, 4, 1]), tensor(5 * k, F32, [2, 3, 4], [0, 0, 0]),
         tensor(6 * k, I8, [2, 3, 4], [0, 0, 0]), tensor(7 * k, F32, [2, 3, 4], [0, 0, 0]),
         tensor(8 * k, U8, [2, 3, 4], [0, 0, 0]), tensor(9 * k, U8, [2, 3, 4])], quant)
+    o.update(rule_samples())
+    return o
+
+
+def rule_samples():
+    """The sample block of each kind the schema gives rules (schema/ops.py:
+    sample): its tensors 64 KiB apart, its attribute words, then reserved
+    zero words to a multiple of 16 bytes."""
+    codes = {"f32": F32, "f16": F16, "bf16": BF16, "i8": I8, "u8": U8, "i32": I32}
+    structs = {st["name"]: st for st in SCHEMA.ATTR_STRUCTS}
+    o = {}
+    for kind in SCHEMA.KINDS:
+        if "sample" not in kind:
+            continue
+        s = kind["sample"]
+        roles = [r.rstrip("?") for r in kind["tensors"]]
+        tensors = [tensor((i + 1) * 0x10000, codes[s["dtypes"][r]], s["shapes"][r]) for i, r in enumerate(roles)]
+        words = []
+        for name, typ, default, _ in structs[kind["fw_attrs"]]["fields"]:
+            v = s.get("attrs", {}).get(name, default)
+            words.append(1 if v in (True, "true") else 0 if v in (False, "false") else int(v))
+        words += [0] * (-len(words) % 4)
+        o[kind["id"]] = op_block(OP[kind["id"]], tensors, struct.pack(f"<{len(words)}I", *words))
     return o
 
 

@@ -324,6 +324,14 @@ void check_rules(const fw::OpBlock& b) {
         for (std::uint32_t d = 0; d < y.rank; ++d) RULE(t[i].shape[d] <= 1 || t[i].strides[d] == 0);
       break;
     }
+    case fw::OpKind::kCumSum: {
+      // X, Y: Y of X's dtype (a float or i32) and shape; the axis one of X's.
+      const auto& at = std::get<fw::CumSumAttrs>(b.attrs);
+      RULE(at.reserved == 0 && at.exclusive <= 1 && at.reverse <= 1);
+      RULE((is_float(t[0].dtype) || t[0].dtype == 6) && y.dtype == t[0].dtype && same_shape(t[0], y));
+      RULE(at.axis < t[0].rank);
+      break;
+    }
     case fw::OpKind::kGather: {
       // X, Indices (i32, u8 or i8), Y in X's dtype: X's dimensions before the axis,
       // then Indices' dimensions, then X's after it.

@@ -93,6 +93,14 @@ def check_schema():
         if (k["fw_attrs"] in structs or k["attrs"] in structs) and k["attrs"] != k["fw_attrs"]:
             problems.append(f"{k['name']}: a generated attribute struct is the same in both layers "
                             f"(fw_attrs {k['fw_attrs']}, attrs {k['attrs']})")
+    for k in ops.KINDS:
+        problems += check_rule(k, structs)
+    minors = [m for m, _, _ in ops.MINORS]
+    if minors != list(range(1, len(minors) + 1)):
+        problems.append(f"MINORS: minors {minors}; they run from 1 without gaps")
+    used = [(k["name"], k["minor"]) for k in ops.KINDS] + [(f"{e['name']}.{v[0]}", v[2]) for e in ops.ENUMS
+                                                          for v in e["values"]]
+    problems += [f"{what}: minor {m}, which MINORS does not list" for what, m in used if not 1 <= m <= len(minors)]
     builders = [b for k in ops.KINDS for b in k["builders"]]
     problems += [f"builder '{b}' is named twice" for b in sorted({b for b in builders if builders.count(b) > 1})]
     problems += [f"ElementwiseOp: {v[0]} has an unknown family {v[5]}" for v in enum("ElementwiseOp")["values"]
@@ -103,6 +111,375 @@ def check_schema():
             problems.append(f"{e['name']}: two values share a name")
     if problems:
         sys.exit("schema/ops.py: " + "; ".join(problems))
+
+
+# ---- kinds with rules (a kind's "rule" and "sample") -------------------------
+
+DTYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "i8": "I8", "u8": "U8", "i32": "I32"}  # wire codes 1..6
+
+
+def ruled():
+    return [k for k in ops.KINDS if "rule" in k]
+
+
+def role_names(k):
+    return [r.rstrip("?") for r in k["tensors"]]
+
+
+def param_name(role):
+    """A role's parameter name: X -> x, AScale -> a_scale."""
+    out = ""
+    for i, ch in enumerate(role):
+        if ch.isupper() and i and (role[i - 1].islower() or (i + 1 < len(role) and role[i + 1].islower())):
+            out += "_"
+        out += ch.lower()
+    return out
+
+
+def rule_struct(k):
+    return next((st for st in ops.ATTR_STRUCTS if st["name"] == k["attrs"]), None)
+
+
+def rule_dtypes(k, role):
+    """The dtypes a role takes (following a "same as" link)."""
+    d = k["rule"]["dtypes"][role]
+    return d if isinstance(d, list) else rule_dtypes(k, d)
+
+
+def check_rule(k, structs):
+    if "rule" not in k:
+        return [f"{k['name']}: a sample without a rule"] if "sample" in k else []
+    name, rule, roles_ = k["name"], k["rule"], role_names(k)
+    problems = []
+    if k["builders"] != [k["id"]]:
+        problems.append(f"{name}: a kind with a rule has one builder, named as its id ({k['id']})")
+    if any(t.endswith("?") for t in k["tensors"]):
+        problems.append(f"{name}: rules for optional tensors are not generated; write the kind by hand")
+    st = structs.get(k["attrs"])
+    if st is None or k["fw_attrs"] != k["attrs"]:
+        return problems + [f"{name}: a kind with a rule takes an ATTR_STRUCTS struct in both layers"]
+    unknown = set(rule) - {"dtypes", "shapes", "axes"}
+    if unknown:
+        problems.append(f"{name}: rule has unknown keys {sorted(unknown)}")
+    dts, shapes, axes = rule.get("dtypes", {}), rule.get("shapes", {}), rule.get("axes", {})
+    for r in roles_:
+        d = dts.get(r)
+        if d is None:
+            problems.append(f"{name}: rule gives tensor {r} no dtypes")
+        elif isinstance(d, list):
+            problems += [f"{name}: {r} takes unknown dtype {x!r}" for x in d if x not in DTYPES]
+        elif d not in roles_ or d == r or not isinstance(dts.get(d), list):
+            problems.append(f"{name}: {r}'s dtype names {d!r}, which is not another tensor with a dtype list")
+    for r, like in shapes.items():
+        if r not in roles_ or like not in roles_ or r == like or like in shapes:
+            problems.append(f"{name}: shapes: {r} like {like}: both must be tensors of the kind, and {like} "
+                            "one with no shape rule of its own")
+    locals_ = {"op", "attrs", "ops", "finish"}  # the generated builder's and binding's own names
+    clash = [r for r in roles_ if param_name(r) in locals_] + [f[0] for f in st["fields"] if f[0] in locals_]
+    problems += [f"{name}: {c} is named as a local of the generated code ({sorted(locals_)})" for c in clash]
+    if roles_[-1] not in shapes:
+        problems.append(f"{name}: rule does not give the output {roles_[-1]} a shape")
+    fields = {f[0]: f for f in st["fields"]}
+    for field, of in axes.items():
+        if field not in fields or fields[field][1] != "u32" or of not in roles_:
+            problems.append(f"{name}: axes: {field} of {of}: a u32 field of {st['name']} and a tensor")
+    problems += [f"{name}: {st['name']}.{f[0]} is a u32 but not an axis; rules give no other ranges"
+                 for f in st["fields"] if f[1] == "u32" and f[0] not in axes]
+    sample = k.get("sample")
+    if not sample:
+        return problems + [f"{name}: a kind with a rule needs a sample"]
+    sd, ss, sa = sample.get("dtypes", {}), sample.get("shapes", {}), sample.get("attrs", {})
+    if set(sd) != set(roles_) or set(ss) != set(roles_):
+        return problems + [f"{name}: sample needs a dtype and a shape for each of {roles_}"]
+    problems += [f"{name}: sample sets unknown field {f}" for f in sa if f not in fields]
+    if problems:
+        return problems
+    for r in roles_:
+        if sd[r] not in rule_dtypes(k, r) or (not isinstance(dts[r], list) and sd[r] != sd[dts[r]]):
+            problems.append(f"{name}: sample's {r} is {sd[r]}, against the rule")
+    for r, like in shapes.items():
+        if ss[r] != ss[like]:
+            problems.append(f"{name}: sample's {r} has shape {ss[r]}, not {like}'s")
+    for field, of in axes.items():
+        if not 0 <= int(sa.get(field, fields[field][2])) < len(ss[of]):
+            problems.append(f"{name}: sample's {field} is not an axis of {of}")
+    for r in roles_:  # tests and seeds place the tensors 64 KiB apart
+        n = 1
+        for d in ss[r]:
+            n *= d
+        if not ss[r] or n > 4096:
+            problems.append(f"{name}: sample's {r} has {n} elements; a sample has rank 1 or more and at most 4096")
+    return problems
+
+
+def rule_text(k):
+    """The rule in words: "x: f32, f16, bf16 or i32; y: x's dtype and shape"."""
+    rule, out = k["rule"], []
+    for r in role_names(k):
+        d, like = rule["dtypes"][r], rule.get("shapes", {}).get(r)
+        if isinstance(d, list):
+            text = ", ".join(d[:-1]) + (" or " if len(d) > 1 else "") + d[-1]
+            if like:
+                text += f", {param_name(like)}'s shape"
+        elif like == d:
+            text = f"{param_name(d)}'s dtype and shape"
+        else:
+            text = f"{param_name(d)}'s dtype" + (f", {param_name(like)}'s shape" if like else "")
+        out.append(f"{param_name(r)}: {text}")
+    return "; ".join(out)
+
+
+def rule_attr_params(k):
+    """(C++ type, name, C++ default, Python type, Python default) per field."""
+    out = []
+    for name, typ, default, _ in rule_struct(k)["fields"]:
+        if typ == "u32":
+            out.append(("std::int64_t", name, default, "int", default))
+        else:
+            out.append(("bool", name, default, "bool", default.capitalize()))
+    return out
+
+
+def rule_computes(k):
+    st = rule_struct(k)
+    fields = "; ".join(f"{f[0]}: {f[3]}" for f in st["fields"] if f[3])
+    return f"{st['doc']}{' (' + fields + ')' if fields else ''}"
+
+
+def rule_doc(k):
+    return f"{rule_computes(k)} {rule_text(k)}{minor_note(k['minor'])}."
+
+
+def fw_rule_checks():
+    out = [BANNER, """// The board's checks of the kinds the schema gives rules (schema/ops.py:
+// rule), included by firmware_iface/src/tensor.cpp before decode_op; their
+// cases are op_rule_cases.inc. Each refusal names the tensor's dtype, rank
+// or dimension, or the attribute word, as the hand-written checks do.
+"""]
+    for k in ruled():
+        st, rule = rule_struct(k), k["rule"]
+        idx = {r: i for i, r in enumerate(role_names(k))}
+        out.append(f"\n// {k['id']}: {rule_text(k)}.\n")
+        out.append(f"bool check_{k['id']}(Check& c, const OpBlock& b, const {st['name']}& at) {{\n")
+        pad = (-len(st["fields"])) % 4
+        if pad == 1:
+            out.append(f"  if (at.reserved)\n    return c.fail(CmdStatus::kReservedNotZero, "
+                       f"attr_field(offsetof({st['name']}, reserved)), at.reserved);\n")
+        elif pad:
+            out.append(f"  for (std::uint32_t i = 0; i < {pad}; ++i)\n    if (at.reserved[i])\n"
+                       f"      return c.fail(CmdStatus::kReservedNotZero,\n"
+                       f"                    attr_field(offsetof({st['name']}, reserved) + 4 * i), at.reserved[i]);\n")
+        conds = []
+        for r, i in idx.items():
+            d = rule["dtypes"][r]
+            if isinstance(d, list):
+                ok = " || ".join(f"dt(b.tensors[{i}]) == DType::k{DTYPES[x]}" for x in d)
+                conds.append(f"expect_dtype(c, b, {i}, {ok})")
+        for r, i in idx.items():
+            d = rule["dtypes"][r]
+            if not isinstance(d, list):
+                conds.append(f"expect_dtype(c, b, {i}, dt(b.tensors[{i}]) == dt(b.tensors[{idx[d]}]))")
+        for r, like in rule.get("shapes", {}).items():
+            conds.append(f"expect_same_shape(c, b, {idx[r]}, {idx[like]})")
+        for field, of in rule.get("axes", {}).items():
+            t = f"b.tensors[{idx[of]}]"
+            conds.append(f"expect_attr(c, offsetof({st['name']}, {field}), {t}.rank > 0 && at.{field} < {t}.rank, "
+                         f"at.{field}, {t}.rank)")
+        for name, typ, _, _ in st["fields"]:
+            if typ == "bool":
+                conds.append(f"expect_attr(c, offsetof({st['name']}, {name}), at.{name} <= 1, at.{name}, 1)")
+        out.append("  return " + " &&\n         ".join(conds) + ";\n}\n")
+    return "".join(out)
+
+
+def fw_rule_cases():
+    out = [BANNER, "// decode_op's cases for the kinds the schema gives rules (op_rules.inc),\n"
+           "// included in its switch (firmware_iface/src/tensor.cpp).\n"]
+    for k in ruled():
+        out.append(f"case OpKind::k{k['name']}:\n  ok = check_{k['id']}(c, b, std::get<{k['fw_attrs']}>(b.attrs));\n"
+                   "  break;\n")
+    return "".join(out)
+
+
+def hal_rule_signature(k, defaults):
+    tensors = [f"const Tensor& {param_name(r)}" for r in role_names(k)]
+    attrs = [f"{t} {n}{' = ' + d if defaults else ''}" for t, n, d, _, _ in rule_attr_params(k)]
+    return ", ".join(tensors + attrs)
+
+
+def hal_rule_decls():
+    out = [BANNER, """// The builders of the kinds the schema gives rules (schema/ops.py: rule),
+// included by tpuhal/ops.hpp in namespace tpuhal::ops. Each checks its
+// operands by the kind's rule and throws tpuhal::Error naming the op, the
+// operand and the value; an axis may count from the end (-1 is the last).
+"""]
+    for k in ruled():
+        out.append("\n" + comment_block(f"{k['id']}: {rule_doc(k)}"))
+        out.append(f"TPUHAL_API Op {k['id']}({hal_rule_signature(k, True)});\n")
+    return "".join(out)
+
+
+def hal_rule_defs():
+    out = [BANNER, """// The builders of hal/include/tpuhal/op_kind_builders.inc, included by
+// hal/src/ops.cpp in namespace tpuhal::ops: the checks of each kind's rule
+// (schema/ops.py), in the order the board's decoder makes them.
+"""]
+    for k in ruled():
+        st, rule = rule_struct(k), k["rule"]
+        roles_ = role_names(k)
+        out.append(f"\nOp {k['id']}({hal_rule_signature(k, False)}) {{\n")
+        out.append(f"  Builder op(driver::OpKind::{k['name']}, \"{k['id']}\");\n")
+        for r in roles_:
+            d = rule["dtypes"][r]
+            if isinstance(d, list):
+                out.append(f"  op.dtype_in({param_name(r)}, \"{param_name(r)}\", "
+                           f"{{{', '.join('DType::' + DTYPES[x] for x in d)}}});\n")
+        for r in roles_:
+            d = rule["dtypes"][r]
+            if not isinstance(d, list):
+                out.append(f"  op.same_dtype({param_name(r)}, \"{param_name(r)}\", {param_name(d)}, "
+                           f"\"{param_name(d)}\");\n")
+        for r, like in rule.get("shapes", {}).items():
+            out.append(f"  op.shape_is({param_name(r)}, \"{param_name(r)}\", {param_name(like)}.shape(), "
+                       f"\"the shape of {param_name(like)}\");\n")
+        out.append(f"  driver::{st['name']} attrs;\n")
+        for name, typ, _, _ in st["fields"]:
+            if typ == "u32":
+                out.append(f"  attrs.{name} = op.axis({name}, {param_name(rule['axes'][name])});\n")
+            else:
+                out.append(f"  attrs.{name} = {name};\n")
+        out.append("  op.desc().attrs = attrs;\n")
+        args = ", ".join(f"op.arg({param_name(r)}, \"{param_name(r)}\")" for r in roles_)
+        out.append(f"  return op.finish({{{args}}});\n}}\n")
+    return "".join(out)
+
+
+def py_rule_table():
+    out = [BANNER, """// The Python functions (tpuhal.ops) of the kinds the schema gives rules,
+// included by bindings/python/src/ops.cpp in its module function (T, finish
+// and ops are its names): tensors positional, attributes keyword-only.
+"""]
+    for k in ruled():
+        roles_ = [param_name(r) for r in role_names(k)]
+        attrs = rule_attr_params(k)
+        params = ", ".join([f"T {r}" for r in roles_] + [f"{t} {n}" for t, n, _, _, _ in attrs])
+        call = ", ".join([f"{r}.tensor" for r in roles_] + [n for _, n, _, _, _ in attrs])
+        keep = ", ".join(f"&{r}" for r in roles_)
+        pyargs = ", ".join([f"py::arg(\"{r}\")" for r in roles_] + ["py::kw_only()"] * bool(attrs) +
+                           [f"py::arg(\"{n}\") = {d}" for _, n, d, _, _ in attrs])
+        doc = rule_doc(k).replace("\\", "\\\\").replace('"', '\\"')
+        out.append(f"ops.def(\n    \"{k['id']}\",\n    []({params}) {{ return finish(ops::{k['id']}({call}), {{{keep}}}); }},\n"
+                   f"    {pyargs},\n    \"{doc}\");\n")
+    return "".join(out)
+
+
+def pyi_rules():
+    out = []
+    for k in ruled():
+        roles_ = [f"{param_name(r)}: Tensor" for r in role_names(k)]
+        attrs = [f"{n}: {pt} = {pd}" for _, n, _, pt, pd in rule_attr_params(k)]
+        out.append(f"def {k['id']}({', '.join(roles_ + (['*'] + attrs if attrs else []))}) -> Op: ...\n")
+    return "".join(out)
+
+
+def cpp_shape(v):
+    return "{" + ", ".join(str(x) for x in v) + "}"
+
+
+def sample_words(k):
+    """The sample's attribute words, in field order."""
+    out = []
+    for name, typ, default, _ in rule_struct(k)["fields"]:
+        v = k["sample"].get("attrs", {}).get(name, default)
+        out.append(1 if v in (True, "true") else 0 if v in (False, "false") else int(v))
+    return out
+
+
+def test_rule_samples():
+    out = [BANNER, """// The sample op of each kind the schema gives rules (schema/ops.py:
+// sample), cases of OpKinds::sample's switch (tests/ops/op_kinds_test.cpp):
+// inputs hold 1s, the output 0xA5 bytes until the op writes it.
+"""]
+    for k in ruled():
+        s, roles_ = k["sample"], role_names(k)
+        y = roles_[-1]
+        args = [f"input(DType::{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][r])}, 1)" for r in roles_[:-1]]
+        args.append("y")
+        args += [str(w) if t[0] == "std::int64_t" else ("true" if w else "false")
+                 for w, t in zip(sample_words(k), rule_attr_params(k))]
+        out.append(f"case OpKind::{k['name']}: {{\n  Tensor y = output(DType::{DTYPES[s['dtypes'][y]]}, "
+                   f"{cpp_shape(s['shapes'][y])});\n  return {{ops::{k['id']}({', '.join(args)}), y}};\n}}\n")
+    return "".join(out)
+
+
+def test_rule_table():
+    out = [BANNER, """// The rules of the kinds the schema gives them, for the decoder's rule test
+// (tests/fw/op_rules_test.cpp), one RuledKind each:
+//   {"Name", OpKind::kName, sizeof(Attrs), {tensors}, {attribute words}, {rules}},
+// tensors: the sample's {dtype, shape} per role; attribute words: the
+// sample's; rules: each one the board must refuse when it is broken:
+//   {Rule::kDTypeIn, i, mask}   tensor i's dtype is in mask (bit k: fw::DType k)
+//   {Rule::kSameDType, i, j}    tensor i has tensor j's dtype
+//   {Rule::kSameShape, i, j}    tensor i has tensor j's shape
+//   {Rule::kAxis, w, i}         attribute word w < tensor i's rank
+//   {Rule::kBool, w, 0}         attribute word w is 0 or 1
+"""]
+    codes = {x: i + 1 for i, x in enumerate(DTYPES)}
+    for k in ruled():
+        s, rule, roles_ = k["sample"], k["rule"], role_names(k)
+        st = rule_struct(k)
+        idx = {r: i for i, r in enumerate(roles_)}
+        words = {f[0]: i for i, f in enumerate(st["fields"])}
+        tensors = ", ".join(f"{{fw::DType::k{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][r])}}}" for r in roles_)
+        rules = []
+        for r in roles_:
+            d = rule["dtypes"][r]
+            if isinstance(d, list):
+                rules.append(f"{{Rule::kDTypeIn, {idx[r]}, 0x{sum(1 << codes[x] for x in d):x}}}")
+            else:
+                rules.append(f"{{Rule::kSameDType, {idx[r]}, {idx[d]}}}")
+        for r, like in rule.get("shapes", {}).items():
+            rules.append(f"{{Rule::kSameShape, {idx[r]}, {idx[like]}}}")
+        for field, of in rule.get("axes", {}).items():
+            rules.append(f"{{Rule::kAxis, {words[field]}, {idx[of]}}}")
+        for name, typ, _, _ in st["fields"]:
+            if typ == "bool":
+                rules.append(f"{{Rule::kBool, {words[name]}, 0}}")
+        out.append(f"{{\"{k['name']}\", OpKind::k{k['name']}, sizeof({st['name']}), {{{tensors}}}, "
+                   f"{{{', '.join(str(w) for w in sample_words(k))}}},\n"
+                   f" {{{', '.join(rules)}}}}},\n")
+    return "".join(out)
+
+
+def model_rule_ops():
+    out = [BANNER, """// The model file's ops of the kinds the schema gives rules: operands by
+// their roles' names, attributes by their fields' names (docs/model-format.md).
+// Included by runtime/src/model.cpp in build_layer.
+"""]
+    for k in ruled():
+        args = [f"in(\"{param_name(r)}\")" for r in role_names(k)]
+        args += [f"r.integer(\"{n}\")" if t == "std::int64_t" else f"r.flag(\"{n}\")"
+                 for t, n, _, _, _ in rule_attr_params(k)]
+        out.append(f"if (k == \"{k['id']}\") return ops::{k['id']}({', '.join(args)});\n")
+    return "".join(out)
+
+
+def doc_model_rules():
+    items = []
+    for k in ruled():
+        attrs = ", ".join(n for _, n, _, _, _ in rule_attr_params(k))
+        items.append(f"`{k['id']}` ({', '.join(param_name(r) for r in role_names(k))}{'; ' + attrs if attrs else ''})")
+    return f"- The kinds with rules ([ops.md](ops.md#kinds-with-rules)): {', '.join(items)}.\n"
+
+
+def doc_rules():
+    rows = ["| op | computes | dtypes and shapes | since |", "| --- | --- | --- | --- |"]
+    for k in ruled():
+        params = ", ".join(param_name(r) for r in role_names(k))
+        attrs = ", ".join(f"{n}={pd}" for _, n, _, _, pd in rule_attr_params(k))
+        rows.append(f"| `{k['id']}({params}{', ' + attrs if attrs else ''})` | {rule_computes(k)} | "
+                    f"{rule_text(k)} | 1.{k['minor']} |")
+    return "\n".join(rows) + "\n"
 
 
 # ---- firmware_iface ---------------------------------------------------------
@@ -207,6 +584,20 @@ def fw_op_timing():
         mask = sum(1 << i for i, r in enumerate(k["tensors"]) if r.rstrip("?") in ops.WEIGHT_ROLES)
         out.append(f"    case OpKind::k{k['name']}:\n      return {hex(mask)}u;\n")
     out.append("  }\n  return 0;\n}\n\n")
+    out.append("// Whether tensor i of a kind the schema gives rules slices with the output\n"
+               "// along dimension 0 (sliced_with_output): a tensor of the output's shape\n"
+               "// does, unless an axis attribute is 0 (along it each output row reads every\n"
+               "// row); any other needs all of it. std::nullopt for the other kinds.\n")
+    out.append("std::optional<bool> sliced_by_rule(const OpBlock& op, std::uint32_t i) noexcept {\n"
+               "  switch (op.kind) {\n")
+    for k in ruled():
+        roles_, shapes = role_names(k), k["rule"].get("shapes", {})
+        root = shapes[roles_[-1]]
+        mask = sum(1 << i for i, r in enumerate(roles_) if r == root or shapes.get(r) == root)
+        conds = [f"({hex(mask)}u >> i & 1)"]
+        conds += [f"std::get<{k['fw_attrs']}>(op.attrs).{a} != 0" for a in k["rule"].get("axes", {})]
+        out.append(f"    case OpKind::k{k['name']}:\n      return {' && '.join(conds)};\n")
+    out.append("    default:\n      return std::nullopt;\n  }\n}\n\n")
     out.append("OpWork kind_work(const TimingModel& m, const OpBlock& op) {\n  switch (op.kind) {\n")
     out.append("    case OpKind::kInvalid:\n      break;\n")
     for k in ops.KINDS:
@@ -217,6 +608,22 @@ def fw_op_timing():
         out.append(f"    case OpKind::k{k['name']}:\n      return {cls}_work(m, op{args}, {cycles});\n")
     out.append("  }\n  return {};\n}\n")
     return "".join(out)
+
+
+def fw_version():
+    out = [BANNER, "// The interface this tree implements, and what each of its minors added\n"
+           "// (schema/ops.py: MINORS). Included by fw/version.h in tpuhal::fw.\n//\n"]
+    for minor, added, _ in ops.MINORS:
+        out.append(comment_block(f"1.{minor}: {added}."))
+    out.append(f"inline constexpr Version kInterfaceVersion{{1, {ops.MINORS[-1][0]}}};\n")
+    return "".join(out)
+
+
+def doc_minors():
+    last = ops.MINORS[-1][0]
+    lacks = ", ".join(f"no {lack} (1.{minor})" for minor, _, lack in ops.MINORS[:-1])
+    return (f"This tree implements interface 1.{last}. A 1.0 board works with this driver; it just has {lacks}, "
+            f"and no {ops.MINORS[-1][2]} (1.{last}).\n")
 
 
 # ---- the HAL ------------------------------------------------------------------
@@ -609,6 +1016,19 @@ OUTPUTS = [
     ("bindings/python/tpuhal/ops.pyi", pyi_maps, "elementwise maps"),
     ("tests/ops/op_maps.inc", test_map_samples, None),
     ("docs/ops.md", doc_maps, "elementwise maps"),
+    ("firmware_iface/include/tpuhal/fw/version.inc", fw_version, None),
+    ("docs/firmware-interface.md", doc_minors, "interface minors"),
+    ("firmware_iface/src/op_rules.inc", fw_rule_checks, None),
+    ("firmware_iface/src/op_rule_cases.inc", fw_rule_cases, None),
+    ("hal/include/tpuhal/op_kind_builders.inc", hal_rule_decls, None),
+    ("hal/src/op_kind_builders.inc", hal_rule_defs, None),
+    ("bindings/python/src/op_kinds.inc", py_rule_table, None),
+    ("bindings/python/tpuhal/ops.pyi", pyi_rules, "kinds with rules"),
+    ("tests/ops/op_kind_samples.inc", test_rule_samples, None),
+    ("tests/fw/op_rules.inc", test_rule_table, None),
+    ("docs/ops.md", doc_rules, "kinds with rules"),
+    ("runtime/src/model_rule_ops.inc", model_rule_ops, None),
+    ("docs/model-format.md", doc_model_rules, "kinds with rules"),
 ]
 
 

@@ -6,8 +6,39 @@
 #
 # Kinds and enumeration values are part of the versioned firmware
 # interface: never renumber or reuse a code, add new ones at the end, and
-# give each the interface minor it came in (firmware_iface's version.h says
-# what each minor added).
+# give each the interface minor it came in (MINORS below says what each
+# minor added).
+
+# ---- interface minors ------------------------------------------------------
+#
+# What each minor of the firmware interface added, in order from 1.1; the
+# last is the interface this tree implements (fw::kInterfaceVersion). A new
+# kind or attribute value names its minor below; a minor that adds none
+# (a register, a status) is a line here too. The generator writes
+# fw/version.inc and the list in docs/firmware-interface.md from this, and
+# refuses a kind or value of a minor not listed. (minor, what it added,
+# what a board of the minor before lacks).
+MINORS = [
+    (1, "tensor ops and calls (kTensorOp, kCall, kCapTensor)", "tensor ops"),
+    (2, "the video engine (video.h: kVideoOpen, kVideoDecode, kVideoClose, reg::kVideoDoorbell, kCapVideoDecode)",
+     "video decoder"),
+    (3, "the elementwise mode ElementwiseOp::kErf (op_enums.inc)", "elementwise erf"),
+    (4, "the activation Activation::kHardSwish (op_enums.inc)", "hard swish activation"),
+    (5, "the op kinds kTopK, kConvTranspose2d and kWhere (op_kinds.inc)", "top_k, conv_transpose2d or where"),
+    (6, "the telemetry block (telemetry.h: MboxCmd::kTelemetry, kCapTelemetry)", "telemetry block"),
+    (7, "the elementwise comparisons and logic, ElementwiseOp::kEqual to kNot (op_enums.inc)",
+     "elementwise comparisons or logic"),
+    (8, "the status kOutOfMemory (status.h), with the codec unit's bounds (video.h: kMaxVideoPendingPackets); "
+     "a board speaking to an older driver reports what 1.8 calls kOutOfMemory as kBadArgument (a command) or "
+     "kCorruptStream (a frame record)", "out-of-memory status"),
+    (9, "the modelled board clock (kCapModelledTime: timestamps and the TIME registers keep the board's timing "
+     "model's time, timing.h)", "modelled board clock"),
+    (10, "the elementwise modes ElementwiseOp::kCeil, kFloor and kRound (op_enums.inc)", "elementwise ceil, floor or round"),
+    (11, "the op kind kGather (op_kinds.inc, GatherAttrs in op_attrs.inc)", "gather"),
+    (12, "the op kind kQLinearAdd (op_kinds.inc), and u8 and i8 indices for kGather (a table lookup: each byte "
+     "picks one of 256 entries)", "qlinear_add or gather by byte indices"),
+    (13, "the op kind kCumSum (op_kinds.inc, CumSumAttrs in op_attrs.inc)", "cumsum"),
+]
 
 # ---- enumerations of op attributes ----------------------------------------
 #
@@ -151,6 +182,23 @@ ENUMS = [
 #             decides its speed)
 #   builders  the ops:: functions that make it (ops.hpp, Python's tpuhal.ops)
 #   doc       what it computes, in one line
+#   rule      (optional) the kind's rules, from which the generator writes
+#             the board's decoder check, the ops:: builder with its host
+#             checks, its Python function and stub, its row in docs/ops.md
+#             and the decoder's rule test (tests/fw/op_rules_test.cpp):
+#               dtypes  per tensor role, the dtypes it takes ["f32", ...],
+#                       or another role's name: that tensor's dtype
+#               shapes  per tensor role, another role's name: that
+#                       tensor's shape (the output needs one)
+#               axes    per u32 attribute field, the role whose axis it is
+#                       (< its rank; the builder takes -rank..rank-1)
+#             Every tensor needs its dtype; every u32 field must be an
+#             axis; bool fields are 0 or 1. Optional tensors and other
+#             shape rules are not generated yet: such kinds are written
+#             by hand (docs/adding-an-op.md).
+#   sample    (with rule) a small valid op: dtypes and shapes per role,
+#             attribute values (others take their default). Tests, the
+#             fuzzer's seed and the docs use it; inputs hold 1s.
 # The elementwise maps that have a builder of their own (ElementwiseOp's
 # builder above), by (family, arity): the operands, what the map computes
 # and the dtypes it takes. Each map gets, generated from this and its value:
@@ -192,6 +240,12 @@ ATTR_STRUCTS = [
          "before every number either way, ties by index, lower first (higher first with last_index == 1).",
          fields=[("axis", "u32", "0", "< rank"), ("largest", "bool", "true", ""),
                  ("last_index", "bool", "false", "ties: the higher index first")]),
+    dict(name="CumSumAttrs",
+         doc="Y[i] along `axis` = X[0] + ... + X[i] (X[0] + ... + X[i - 1] with exclusive, 0 first; from the "
+         "last index down with reverse). Floats add in f32, in index order along the axis, and each sum is "
+         "rounded to Y's dtype; i32 wraps.",
+         fields=[("axis", "u32", "0", "< X's rank"), ("exclusive", "bool", "false", "leave X[i] itself out"),
+                 ("reverse", "bool", "false", "sum from the last index down")]),
     dict(name="GatherAttrs",
          doc="Y = X indexed along `axis` by Indices (i32, any rank; -dim <= index < dim, a negative one "
          "counting from the end): Y's shape is X's with the axis replaced by Indices' shape (rank X.rank - 1 "
@@ -276,4 +330,9 @@ KINDS = [
          tensors=["A", "AScale", "AZeroPoint", "B", "BScale", "BZeroPoint", "YScale", "YZeroPoint", "Y"],
          fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("per_output",), cycles=4, peak=None, builders=["qlinear_add"],
          doc="Quantized addition: A and B dequantized, added and quantized to Y's scale, in f32."),
+    dict(name="CumSum", id="cumsum", minor=13, tensors=["X", "Y"], fw_attrs="CumSumAttrs", attrs="CumSumAttrs",
+         cost=("per_output",), cycles=1, peak=None, builders=["cumsum"],
+         doc="Running sums along one axis (ONNX CumSum).",
+         rule=dict(dtypes={"X": ["f32", "f16", "bf16", "i32"], "Y": "X"}, shapes={"Y": "X"}, axes={"axis": "X"}),
+         sample=dict(dtypes={"X": "f32", "Y": "f32"}, shapes={"X": [2, 3], "Y": [2, 3]}, attrs={"axis": 1})),
 ]

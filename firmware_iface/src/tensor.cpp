@@ -591,6 +591,8 @@ bool check_color(Check& c, const OpBlock& b, const ColorConvertAttrs& at) {
          expect_dim(c, b, 3, 0, 3) && expect_dim(c, b, 3, 1, h) && expect_dim(c, b, 3, 2, w);
 }
 
+#include "op_rules.inc"  // check_<id> of the kinds with rules (schema/ops.py)
+
 template <class T>
 bool read_attrs(Check& c, std::span<const std::byte> bytes, OpAttrs& out) {
   if (bytes.size() != sizeof(T)) return c.fail(CmdStatus::kBadArgument, kFieldOpHeader, bytes.size(), sizeof(T));
@@ -705,6 +707,7 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
     case OpKind::kWhere: ok = check_where(c, b, std::get<QuantAttrs>(b.attrs)); break;
     case OpKind::kGather: ok = check_gather(c, b, std::get<GatherAttrs>(b.attrs)); break;
     case OpKind::kQLinearAdd: ok = check_qlinear_add(c, b, std::get<QuantAttrs>(b.attrs)); break;
+#include "op_rule_cases.inc"  // the kinds with rules (schema/ops.py)
     case OpKind::kInvalid: break;
   }
   if (!ok) return c.failed ? c.problem : Problem{CmdStatus::kBadArgument, kFieldOpKind, h.kind};

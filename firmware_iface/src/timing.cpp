@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 #include <variant>
 
 namespace tpuhal::fw {
@@ -24,6 +25,8 @@ const TensorRef& output(const OpBlock& op) noexcept { return op.tensors[op.num_t
 std::uint64_t dim(const TensorRef& t, std::uint32_t i) noexcept { return i < t.rank ? t.shape[i] : 1; }
 
 std::uint32_t weight_tensors(OpKind kind);
+
+std::optional<bool> sliced_by_rule(const OpBlock& op, std::uint32_t i) noexcept;  // op_timing.inc
 
 // What the op moves through device memory: each tensor once, the bytes it
 // spans (a broadcast operand, stride 0, only what it holds), except
@@ -53,7 +56,7 @@ bool sliced_with_output(const OpBlock& op, std::uint32_t i, std::uint64_t rows) 
     case OpKind::kSoftmax:  // along axis 0 a row of the output reads the whole column
       return std::get<SoftmaxAttrs>(op.attrs).axis != 0;
     case OpKind::kTopK: return std::get<TopKAttrs>(op.attrs).axis != 0;
-    default: return true;
+    default: return sliced_by_rule(op, i).value_or(true);
   }
 }
 

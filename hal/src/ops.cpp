@@ -310,6 +310,15 @@ class Builder {
       fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t.shape()) + "; expected " +
                                         dims_text(want) + " (" + why + ")");
   }
+  // An axis of `of`, -rank..rank-1 (negative counts from the end), as the
+  // board takes it: 0..rank-1.
+  std::uint32_t axis(std::int64_t value, const Tensor& of) const {
+    const auto rank = static_cast<std::int64_t>(of.rank());
+    if (rank == 0 || value < -rank || value >= rank)
+      fail(Status::InvalidArgument,
+           "axis " + std::to_string(value) + " is out of range for rank " + std::to_string(rank));
+    return static_cast<std::uint32_t>(value < 0 ? value + rank : value);
+  }
   void activation(const ActivationParams& a) {
     if (!std::isfinite(a.alpha) || !std::isfinite(a.beta))
       fail(Status::InvalidArgument, "activation parameters must be finite");
@@ -661,7 +670,8 @@ Op conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& y, const Con
 Op max_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& o) { return pool(true, x, y, o); }
 Op avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& o) { return pool(false, x, y, o); }
 
-#include "op_map_builders.inc"  // add, sub, ... logical_not: the schema's maps
+#include "op_map_builders.inc"   // add, sub, ... logical_not: the schema's maps
+#include "op_kind_builders.inc"  // cumsum, ...: the kinds with rules
 
 Op activation(const Tensor& x, const Tensor& y, const ActivationParams& act) {
   return elementwise(driver::ElementwiseOp::Activation, "activation", x, nullptr, y, act);

@@ -231,6 +231,7 @@ std::optional<Op> build_layer(const std::string& k, const OpReader& r, const Ope
     o.activation = r.activation();
     return ops::matmul(in("a"), in("b"), in("y"), o);
   }
+#include "model_rule_ops.inc"  // cumsum, ...: the kinds with rules
   if (k == "max_pool2d") return ops::max_pool2d(in("x"), in("y"), pool_opts(r));
   if (k == "avg_pool2d") return ops::avg_pool2d(in("x"), in("y"), pool_opts(r));
   return std::nullopt;

@@ -158,6 +158,8 @@ class OpKinds : public ::testing::TestWithParam<OpKind> {
                                  one(f, 1), one(u8, 1), y),
                 y};
       }
+      // The kinds with rules: their samples come from the schema.
+#include "op_kind_samples.inc"
     }
     ADD_FAILURE() << "no sample op of kind " << static_cast<int>(k);
     return {};

@@ -1,7 +1,8 @@
 // The firmware interface version this tree speaks, as the tools and the
 // board's messages print it ("1.8"). Tests compare against it, not against a
-// literal, so that raising the minor (firmware_iface's version.h, when the
-// op schema adds a kind) breaks no test that is not about versions.
+// literal, so that raising the minor (a line of the op schema's MINORS, from
+// which fw/version.inc is generated) breaks no test that is not about
+// versions.
 #pragma once
 
 #include <string>

@@ -347,6 +347,8 @@ void bind_builders(py::module_& ops) {
 #undef TPUHAL_PY_MAP_1
 #undef TPUHAL_PY_MAP_2
 #undef TPUHAL_PY_MAP
+  // The kinds with rules (op_kinds.inc, generated): cumsum, ...
+#include "op_kinds.inc"
   unary("relu", &ops::relu, "y = relu(x) elementwise: activation(x, y, 'relu'). Floats.");
   ops.def(
       "activation",

@@ -4,6 +4,7 @@ import json
 import math
 import mmap
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -363,3 +364,76 @@ def test_the_timing_model_costs_ops_copies_and_frames_without_running_them(dev, 
         assert untimed.modelled(op) is None
         assert untimed.modelled_copy(1 << 20) is None
         assert untimed.modelled_decode_ns("h264", "I", 1920, 1080) is None
+
+
+def op_schema():
+    """schema/ops.py of this checkout: the kinds whose functions it generates."""
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parents[3] / "schema" / "ops.py"
+    spec = importlib.util.spec_from_file_location("tpuhal_op_schema", path)
+    schema = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(schema)
+    return schema
+
+
+NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8, "i32": np.int32}
+
+
+def filled(dev, dtype, shape, value):
+    """A tensor of `dtype` (a schema name) holding `value`; bf16 from f32, by the board."""
+    if dtype in NUMPY_DTYPES:
+        return tpuhal.Tensor(dev.upload(np.full(shape, value, NUMPY_DTYPES[dtype])))
+    y = dev.tensor(shape, dtype)
+    queue = dev.queue("compute")
+    queue.run(ops.cast(filled(dev, "f32", shape, value), y)).submit().wait(timeout=10)
+    return y
+
+
+def test_every_kind_with_rules_runs_its_sample_and_refuses_other_dtypes(dev, queue):
+    # The generated functions (schema/ops.py: a kind's rule and sample):
+    # tensors positional, attributes by keyword, the op named as the kind.
+    kinds = [k for k in op_schema().KINDS if "rule" in k]
+    assert kinds
+    for kind in kinds:
+        sample, roles = kind["sample"], [r.rstrip("?") for r in kind["tensors"]]
+        build = getattr(ops, kind["id"])
+        tensors = [filled(dev, sample["dtypes"][r], sample["shapes"][r], 1) for r in roles[:-1]]
+        out = roles[-1]
+        y = filled(dev, sample["dtypes"][out], sample["shapes"][out], 77)
+        before = y.download()
+        op = build(*tensors, y, **sample.get("attrs", {}))
+        assert op.name == kind["id"]
+        queue.run(op).submit().wait(timeout=10)
+        assert (y.download() != before).any(), f"{kind['id']} left its output as it was"
+        # The first tensor with a dtype list, in a dtype outside it.
+        i, role = next((i, r) for i, r in enumerate(roles) if isinstance(kind["rule"]["dtypes"][r], list))
+        other = next(d for d in NUMPY_DTYPES if d not in kind["rule"]["dtypes"][role])
+        tensors.append(y)
+        tensors[i] = filled(dev, other, sample["shapes"][role], 1)
+        name = re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", role).lower()  # AScale: a_scale
+        with pytest.raises(tpuhal.InvalidArgument, match=f"{kind['id']}: {name} is {other}; supported"):
+            build(*tensors)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_cumsum_matches_numpy(dev, queue, dtype):
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((3, 5, 4)) * 100).astype(dtype)
+    tx = tpuhal.Tensor(dev.upload(x))
+    for axis in (0, 1, -1):
+        for exclusive in (False, True):
+            for reverse in (False, True):
+                y = dev.tensor(x.shape, dtype)
+                queue.run(ops.cumsum(tx, y, axis=axis, exclusive=exclusive, reverse=reverse)).submit().wait()
+                # numpy adds float32 in order, in float32: the same bits.
+                src = np.flip(x, axis) if reverse else x
+                want = np.cumsum(src, axis=axis, dtype=dtype)
+                if exclusive:
+                    want = np.concatenate([np.zeros_like(np.take(want, [0], axis)),
+                                           np.delete(want, -1, axis)], axis)
+                if reverse:
+                    want = np.flip(want, axis)
+                np.testing.assert_array_equal(y.download(), want, err_msg=f"axis {axis} {exclusive} {reverse}")
+    with pytest.raises(tpuhal.InvalidArgument, match="cumsum: axis 3 is out of range for rank 3"):
+        ops.cumsum(tx, dev.tensor(x.shape, dtype), axis=3)

@@ -204,6 +204,9 @@ TPUHAL_API Op avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& 
 // logic (generated from the op schema, schema/ops.py).
 #include "tpuhal/op_maps.inc"
 
+// The kinds whose rules the schema gives (generated): cumsum, ...
+#include "tpuhal/op_kind_builders.inc"
+
 // y = activation(x) elementwise; floats. relu is activation with Relu.
 TPUHAL_API Op activation(const Tensor& x, const Tensor& y, const ActivationParams& act);
 TPUHAL_API Op relu(const Tensor& x, const Tensor& y);

@@ -376,6 +376,45 @@ fw::Problem run_softmax(TensorEngine& e, const fw::SoftmaxAttrs& at, const View*
   return {};
 }
 
+// Y[i] along the axis = X[0] + ... + X[i] (to X[i - 1] with exclusive, 0
+// first; from the last index down with reverse). Each line along the axis
+// is summed in order by one thread, so the result does not depend on the
+// thread count: floats in f32, each sum rounded to Y's dtype; i32 wraps.
+fw::Problem run_cumsum(TensorEngine& e, const fw::CumSumAttrs& at, const View* v) {
+  const View &x = v[0], &y = v[1];
+  const std::uint32_t axis = at.axis;
+  const std::uint64_t len = x.shape[axis];
+  View xs = x, ys = y;  // every line's first element: the axis collapsed to 1
+  xs.shape[axis] = 1;
+  ys.shape[axis] = 1;
+  const View* views[2] = {&xs, &ys};
+  const bool integer = x.dtype == fw::DType::kI32;
+  const bool exclusive = at.exclusive != 0, reverse = at.reverse != 0;
+  e.pool().parallel_for(xs.elements(), [&](std::uint64_t begin, std::uint64_t end) {
+    for_each_index(xs.shape, xs.rank, views, begin, end, [&](const std::uint64_t* off) {
+      float fsum = 0;
+      std::uint32_t isum = 0;  // wraps
+      for (std::uint64_t n = 0; n < len; ++n) {
+        const std::uint64_t i = reverse ? len - 1 - n : n;
+        const std::byte* in = x.at(off[0] + i * x.strides[axis]);
+        std::byte* out = y.at(off[1] + i * y.strides[axis]);
+        if (integer) {
+          const auto value = static_cast<std::uint32_t>(load_int(in, x.dtype));
+          if (!exclusive) isum += value;
+          store_int_wrap(out, y.dtype, static_cast<std::int32_t>(isum));
+          if (exclusive) isum += value;
+        } else {
+          const float value = load_float(in, x.dtype);
+          if (!exclusive) fsum += value;
+          store_float(out, y.dtype, fsum);
+          if (exclusive) fsum += value;
+        }
+      }
+    });
+  });
+  return {};
+}
+
 namespace {
 
 // Whether a view broadcast over y's shape is one value (every stride 0).

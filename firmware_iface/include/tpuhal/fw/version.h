@@ -26,25 +26,9 @@ struct Version {
   friend constexpr bool operator==(Version, Version) = default;
 };
 
-// The interface this header set describes. 1.1 added tensor ops and calls
-// (kTensorOp, kCall, kCapTensor); 1.2 the video engine (video.h: kVideoOpen,
-// kVideoDecode, kVideoClose, reg::kVideoDoorbell, kCapVideoDecode); 1.3 the
-// elementwise mode ElementwiseOp::kErf (tensor.h); 1.4 the activation
-// Activation::kHardSwish (tensor.h); 1.5 the op kinds kTopK,
-// kConvTranspose2d and kWhere (op_kinds.inc); 1.6 the telemetry block
-// (telemetry.h: MboxCmd::kTelemetry, kCapTelemetry); 1.7 the elementwise
-// comparisons and logic, ElementwiseOp::kEqual to kNot (tensor.h); 1.8 the
-// status kOutOfMemory (status.h), with the codec unit's bounds
-// (video.h: kMaxVideoPendingPackets). A board speaking to an older driver
-// reports what 1.8 calls kOutOfMemory as kBadArgument (a command) or
-// kCorruptStream (a frame record). 1.9 the modelled board clock
-// (kCapModelledTime: timestamps and the TIME registers keep the board's
-// timing model's time, timing.h). 1.10 the elementwise modes
-// ElementwiseOp::kCeil, kFloor and kRound (tensor.h). 1.11 the op kind
-// kGather (op_kinds.inc, GatherAttrs in op_attrs.inc). 1.12 the op kind
-// kQLinearAdd (op_kinds.inc), and u8 and i8 indices for kGather (a table
-// lookup: each byte picks one of 256 entries).
-inline constexpr Version kInterfaceVersion{1, 12};
+// The interface this header set describes, and what each minor added:
+// generated from the op schema (schema/ops.py: MINORS).
+#include "tpuhal/fw/version.inc"
 inline constexpr std::uint16_t kMinorOutOfMemory = 8;
 inline constexpr std::uint16_t kMinorGatherByteIndices = 12;
 

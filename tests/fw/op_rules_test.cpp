@@ -1,0 +1,220 @@
+// The board's checks of the kinds whose rules the op schema gives
+// (schema/ops.py: rule; firmware_iface/src/op_rules.inc): for each such
+// kind, its sample block decodes, every dtype its rule takes decodes, and
+// each rule broken, one at a time, is refused naming the tensor's aspect or
+// the attribute word and the offending value. The rules come from the
+// schema (tests/fw/op_rules.inc); what the board does with them is the
+// decoder's code.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <initializer_list>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tpuhal/fw/decode.h"
+
+namespace tpuhal::fw {
+namespace {
+
+enum class Rule { kDTypeIn, kSameDType, kSameShape, kAxis, kBool };
+
+struct RuleOf {
+  Rule rule;
+  std::uint32_t a, b;  // see op_rules.inc
+};
+
+struct TensorOf {
+  DType dtype;
+  std::vector<std::uint64_t> shape;
+};
+
+struct RuledKind {
+  const char* name;
+  OpKind kind;
+  std::size_t attr_bytes;
+  std::vector<TensorOf> tensors;
+  std::vector<std::uint32_t> words;
+  std::vector<RuleOf> rules;
+};
+
+// gtest prints a parameter by its name.
+void PrintTo(const RuledKind& k, std::ostream* os) { *os << k.name; }
+
+const std::vector<RuledKind>& ruled_kinds() {
+  static const std::vector<RuledKind> kinds{
+#include "op_rules.inc"
+  };
+  return kinds;
+}
+
+// A block of the kind: tensors contiguous, 64 KiB apart; attribute words,
+// then zero reserved words.
+struct Block {
+  OpHeader header{};
+  std::vector<TensorRef> tensors;
+  std::vector<std::uint32_t> attrs;
+
+  explicit Block(const RuledKind& k) {
+    header.magic = kOpMagic;
+    header.kind = static_cast<std::uint32_t>(k.kind);
+    header.num_tensors = static_cast<std::uint32_t>(k.tensors.size());
+    header.attr_bytes = static_cast<std::uint32_t>(k.attr_bytes);
+    for (std::size_t i = 0; i < k.tensors.size(); ++i) {
+      TensorRef t{};
+      t.address = 0x10000 * (i + 1);
+      t.dtype = static_cast<std::uint32_t>(k.tensors[i].dtype);
+      set_shape(t, k.tensors[i].shape);
+      tensors.push_back(t);
+    }
+    attrs.assign(k.attr_bytes / 4, 0);
+    std::copy(k.words.begin(), k.words.end(), attrs.begin());
+  }
+
+  static void set_shape(TensorRef& t, const std::vector<std::uint64_t>& shape) {
+    t.rank = static_cast<std::uint32_t>(shape.size());
+    std::uint64_t step = 1;
+    for (std::uint32_t d = kMaxRank; d-- > 0;) {
+      t.shape[d] = d < shape.size() ? shape[d] : 0;
+      t.strides[d] = d < shape.size() ? step : 0;
+      if (d < shape.size()) step *= shape[d];
+    }
+  }
+
+  std::vector<std::byte> bytes() const {
+    std::vector<std::byte> out(sizeof header + tensors.size() * sizeof(TensorRef) + attrs.size() * 4);
+    std::memcpy(out.data(), &header, sizeof header);
+    std::memcpy(out.data() + sizeof header, tensors.data(), tensors.size() * sizeof(TensorRef));
+    std::memcpy(out.data() + sizeof header + tensors.size() * sizeof(TensorRef), attrs.data(), attrs.size() * 4);
+    return out;
+  }
+};
+
+std::string text(const Problem& p) { return describe(p, static_cast<std::uint16_t>(Opcode::kTensorOp)); }
+
+void expect_accepted(const Block& b, const std::string& what) {
+  const auto bytes = b.bytes();
+  auto r = decode_op(bytes);
+  EXPECT_TRUE(r.ok()) << what << ": " << (r.ok() ? "" : text(r.problem()));
+}
+
+void expect_refused(const Block& b, CmdStatus status, std::uint16_t field, std::uint64_t value,
+                    const std::string& what) {
+  const auto bytes = b.bytes();
+  auto r = decode_op(bytes);
+  ASSERT_FALSE(r.ok()) << what << ": the board took it";
+  EXPECT_EQ(r.problem().status, status) << what << ": " << text(r.problem());
+  EXPECT_EQ(r.problem().field, field) << what << ": " << text(r.problem());
+  EXPECT_EQ(r.problem().value, value) << what << ": " << text(r.problem());
+}
+
+// The tensors whose dtype follows tensor i's (Rule::kSameDType).
+std::vector<std::uint32_t> followers(const RuledKind& k, std::uint32_t i) {
+  std::vector<std::uint32_t> out;
+  for (const auto& r : k.rules)
+    if (r.rule == Rule::kSameDType && r.b == i) out.push_back(r.a);
+  return out;
+}
+
+class RuledKinds : public ::testing::TestWithParam<RuledKind> {};
+
+TEST_P(RuledKinds, TheSampleAndEveryDTypeOfTheRuleDecode) {
+  const RuledKind& k = GetParam();
+  const Block good(k);
+  const auto bytes = good.bytes();
+  auto r = decode_op(bytes);
+  ASSERT_TRUE(r.ok()) << text(r.problem());
+  EXPECT_EQ(r->kind, k.kind);
+  for (const auto& rule : k.rules) {
+    if (rule.rule != Rule::kDTypeIn) continue;
+    for (std::uint32_t code = 1; code <= kMaxDType; ++code) {
+      if (!(rule.b >> code & 1)) continue;
+      Block b = good;
+      b.tensors[rule.a].dtype = code;
+      for (auto f : followers(k, rule.a)) b.tensors[f].dtype = code;
+      expect_accepted(b, "tensor " + std::to_string(rule.a) + " of dtype " + to_string(static_cast<DType>(code)));
+    }
+  }
+}
+
+TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
+  const RuledKind& k = GetParam();
+  const Block good(k);
+  std::size_t checked = 0;
+  for (const auto& rule : k.rules) {
+    switch (rule.rule) {
+      case Rule::kDTypeIn:
+        for (std::uint32_t code = 1; code <= kMaxDType; ++code) {
+          if (rule.b >> code & 1) continue;
+          Block b = good;
+          b.tensors[rule.a].dtype = code;
+          for (auto f : followers(k, rule.a)) b.tensors[f].dtype = code;
+          expect_refused(b, CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kDType), code,
+                         "tensor " + std::to_string(rule.a) + " of dtype " + to_string(static_cast<DType>(code)));
+          ++checked;
+        }
+        break;
+      case Rule::kSameDType: {
+        Block b = good;
+        const std::uint32_t like = good.tensors[rule.b].dtype;
+        b.tensors[rule.a].dtype = like == 1 ? 2 : 1;
+        expect_refused(b, CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kDType), b.tensors[rule.a].dtype,
+                       "tensor " + std::to_string(rule.a) + " not of tensor " + std::to_string(rule.b) + "'s dtype");
+        ++checked;
+        break;
+      }
+      case Rule::kSameShape: {
+        std::vector<std::uint64_t> shape = k.tensors[rule.b].shape;
+        ASSERT_FALSE(shape.empty()) << "the sample's tensor " << rule.b << " has rank 0";
+        Block b = good;
+        shape[0] += 1;
+        Block::set_shape(b.tensors[rule.a], shape);
+        expect_refused(b, CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kShape, 0), shape[0],
+                       "tensor " + std::to_string(rule.a) + " longer than tensor " + std::to_string(rule.b));
+        shape.push_back(1);
+        Block::set_shape(b.tensors[rule.a], shape);
+        expect_refused(b, CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kRank), shape.size(),
+                       "tensor " + std::to_string(rule.a) + " of another rank than tensor " + std::to_string(rule.b));
+        checked += 2;
+        break;
+      }
+      case Rule::kAxis: {
+        const auto rank = static_cast<std::uint32_t>(k.tensors[rule.b].shape.size());
+        Block b = good;
+        b.attrs[rule.a] = rank - 1;
+        expect_accepted(b, "attribute word " + std::to_string(rule.a) + " the last axis");
+        b.attrs[rule.a] = rank;
+        expect_refused(b, CmdStatus::kBadArgument, attr_field(4 * rule.a), rank,
+                       "attribute word " + std::to_string(rule.a) + " an axis past the rank");
+        ++checked;
+        break;
+      }
+      case Rule::kBool: {
+        Block b = good;
+        b.attrs[rule.a] = 1;
+        expect_accepted(b, "attribute word " + std::to_string(rule.a) + " 1");
+        b.attrs[rule.a] = 2;
+        expect_refused(b, CmdStatus::kBadArgument, attr_field(4 * rule.a), 2,
+                       "attribute word " + std::to_string(rule.a) + " 2");
+        ++checked;
+        break;
+      }
+    }
+  }
+  // Reserved words, after the attribute words: zero on the wire.
+  for (std::size_t w = k.words.size(); w < good.attrs.size(); ++w) {
+    Block b = good;
+    b.attrs[w] = 0x5A;
+    expect_refused(b, CmdStatus::kReservedNotZero, attr_field(4 * w), 0x5A,
+                   "reserved attribute word " + std::to_string(w));
+    ++checked;
+  }
+  EXPECT_GT(checked, 0u) << "the rule of " << k.name << " refused nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(Schema, RuledKinds, ::testing::ValuesIn(ruled_kinds()),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+}  // namespace
+}  // namespace tpuhal::fw
