@@ -232,6 +232,14 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
     return Lowering{
         [](const Inputs& in, const Tensor& out, const auto&) { return ops::where(*in[0], *in[1], *in[2], out); }, {}};
   }
+  if (op == "CumSum") {
+    const bool exclusive = a.i("exclusive", 0) != 0, reverse = a.i("reverse", 0) != 0;
+    return Lowering{[exclusive, reverse](const Inputs& in, const Tensor& out, const auto& host) {
+                      const auto axis = static_cast<std::int64_t>(host[1].values().at(0));
+                      return ops::cumsum(*in[0], out, axis, exclusive, reverse);
+                    },
+                    {1}};
+  }
   if (op == "Gather") {
     const std::int64_t axis = a.i("axis", 0);
     Lowering l{

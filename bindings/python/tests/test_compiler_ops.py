@@ -4,7 +4,7 @@ with NumPy (or PyTorch, where it defines the op the way exporters write it).
 
 Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
-Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, Gather by indices computed on the
+Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, CumSum, Gather by indices computed on the
 device, GatherND, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions and
 pools, and the networks that use them (M5 audio, R3D-18 video)."""
 import itertools
@@ -392,6 +392,62 @@ def test_reductions_of_constants_fold(dev):
     np.testing.assert_allclose(run(dev, m, "fp32", {"x": x}), x + c.prod(axis=1) + c.sum(axis=1), rtol=1e-6)
     compiled = tpuhal.compile(m, "fp32", shapes={"x": (2,)}, device=dev.uri)
     assert [layer["ops"] for layer in dev.load_model(compiled).instance().profile(1)["layers"]] == ["add"]
+
+
+def cumsum_ref(x, axis, exclusive, reverse):
+    x = np.asarray(x, np.float64)
+    src = np.flip(x, axis) if reverse else x
+    y = np.cumsum(src, axis=axis)
+    if exclusive:
+        y = y - src
+    return np.flip(y, axis) if reverse else y
+
+
+@pytest.mark.parametrize("axis,exclusive,reverse", [(0, 0, 0), (1, 1, 0), (-1, 0, 1), (2, 1, 1)])
+def test_cumsum_of_device_data(dev, axis, exclusive, reverse):
+    # CumSum after a Relu (device data), its axis a constant input.
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("CumSum", ["r", "axis"], ["y"], exclusive=exclusive, reverse=reverse)]
+    m = model(nodes, {"x": (2, 3, 5)}, "y", initializers=[("axis", np.int64(axis))], opset=14)
+    check(dev, m, {"x": randn(2, 3, 5)}, lambda x: cumsum_ref(np.maximum(x, 0), axis, exclusive, reverse),
+          scale=1.0)
+
+
+def test_cumsum_of_a_constant_folds_and_a_computed_axis_is_refused(dev):
+    c = np.float32([[1, 2, 3], [4, 5, 6]])
+    nodes = [helper.make_node("CumSum", ["c", "axis"], ["s"], reverse=1), helper.make_node("Add", ["x", "s"], ["y"])]
+    m = model(nodes, {"x": (2, 3)}, "y", initializers=[("c", c), ("axis", np.int32(1))], opset=14)
+    x = randn(2, 3)
+    np.testing.assert_allclose(run(dev, m, "fp32", {"x": x}), x + cumsum_ref(c, 1, 0, 1), rtol=1e-6)
+    compiled = tpuhal.compile(m, "fp32", shapes={"x": (2, 3)}, device=dev.uri)
+    assert [layer["ops"] for layer in dev.load_model(compiled).instance().profile(1)["layers"]] == ["add"]
+    # The axis must be known when compiling: an input is refused, naming it.
+    computed = model([helper.make_node("CumSum", ["x", "a"], ["y"])], {"x": (2, 3), "a": ()}, "y", opset=14)
+    with pytest.raises(tpuhal.Unsupported, match=r"node '.*' \(CumSum\): .*axis"):
+        tpuhal.compile(computed, "fp32", shapes={"x": (2, 3), "a": ()}, device=dev.uri)
+
+
+def test_cumsum_of_an_integer_mask_counts_positions_exactly(dev):
+    # Positions counted from an attention mask (an exclusive CumSum: 0 for
+    # the first token), then a lookup: in i32, exact in every precision,
+    # also past 2048, where fp16 stops holding integers.
+    table = randn(4096, 3)
+    graph = helper.make_graph(
+        [helper.make_node("CumSum", ["mask", "axis"], ["p"], exclusive=1),
+         helper.make_node("Gather", ["table", "p"], ["y"])],
+        "positions", [helper.make_tensor_value_info("mask", TensorProto.INT64, [2, 3000])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(a, n) for n, a in [("table", table), ("axis", np.int64(1))]])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    m.ir_version = 8
+    mask = np.ones((2, 3000), np.int64)
+    mask[1, :7] = 0  # left padding
+    want = table[np.cumsum(mask, axis=1) - mask]
+    for precision in ("fp32", "fp16"):
+        got = dev.load_model(tpuhal.compile(m.SerializeToString(), precision, device=dev.uri)).instance().run(
+            {"mask": mask})[0]
+        tol = 0 if precision == "fp32" else 1e-3
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=precision)
 
 
 def hard_sigmoid(x, alpha=0.2, beta=0.5):

@@ -2,7 +2,8 @@
 // any axes, keepdims or not: a pool over the innermost dimension of x
 // viewed as [1, 1, outer, inner] (ReduceProd: a tree of products over
 // halves of it), the reduced axes moved last first where they are not
-// already. On constants each folds.
+// already. CumSum along a constant axis: the board's cumsum. On constants
+// each folds.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -190,6 +191,61 @@ void lower_reduce(Lowerer& l, const Node& n) {
   }
 }
 
+struct CumSumAttrs {
+  bool exclusive = false, reverse = false;
+  std::size_t axis = 0;  // from the constant axis input, resolved by its shape rule
+  static CumSumAttrs read(const Attrs& a) { return {a.i("exclusive", 0) != 0, a.i("reverse", 0) != 0, 0}; }
+};
+
+// x's shape; the axis (input 1) one constant integer of x's rank.
+Value infer_cumsum(Importer& im, Node& n) {
+  auto& a = n.attr<CumSumAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  const auto rank = static_cast<std::int64_t>(x.size());
+  if (rank == 0) im.fail_node(n, "a scalar input");
+  const Value& axis = im.constant(n, 1, "axis");
+  if (axis.ints.size() != 1) im.fail_node(n, "its axis is not one integer");
+  a.axis = static_cast<std::size_t>(im.axis_of(n, axis.ints[0], rank));
+  n.inputs.resize(1);  // the axis is read
+  Value out;
+  out.shape = x;
+  return out;
+}
+
+// Folded in double (integers stay integers, as ONNX keeps the type).
+Value fold_cumsum(Importer& im, Node& n) {
+  const Value out = infer_cumsum(im, n);
+  im.check_folded(n, out.shape);
+  const auto& a = n.attr<CumSumAttrs>();
+  const Value& x = im.in(n, 0);
+  const auto vals = values_of(x);
+  const std::int64_t len = x.shape[a.axis];
+  std::int64_t inner = 1;
+  for (std::size_t d = a.axis + 1; d < x.shape.size(); ++d) inner *= x.shape[d];
+  std::vector<double> r(vals.size());
+  for (std::int64_t o = 0; len && inner && o < static_cast<std::int64_t>(vals.size()) / (len * inner); ++o)
+    for (std::int64_t k = 0; k < inner; ++k) {
+      double sum = 0;
+      for (std::int64_t s = 0; s < len; ++s) {
+        const auto at = static_cast<std::size_t>((o * len + (a.reverse ? len - 1 - s : s)) * inner + k);
+        if (!a.exclusive) sum += vals[at];
+        r[at] = sum;
+        if (a.exclusive) sum += vals[at];
+      }
+    }
+  return make_constant(out.shape, r, is_integer(x));
+}
+
+// In the model's float type, or in i32 where the model holds the input as
+// integers (positions counted from an attention mask): exact at any length.
+void lower_cumsum(Lowerer& l, const Node& n) {
+  const auto& a = n.attr<CumSumAttrs>();
+  const auto held = l.reps.find(n.inputs[0]);
+  const DType t = held != l.reps.end() && held->second.primary == DType::I32 ? DType::I32 : l.float_type();
+  l.op("cumsum", n.name, {{"x", l.get(n.inputs[0], t)}, {"y", l.produce(n.output, t, l.shape_of(n.output))}},
+       {{"axis", a.axis}, {"exclusive", a.exclusive}, {"reverse", a.reverse}});
+}
+
 }  // namespace
 
 std::span<const OpHandler> reduce_handlers() {
@@ -200,6 +256,14 @@ std::span<const OpHandler> reduce_handlers() {
        .fold = fold_reduce,
        .folds = Fold::IfConstant,
        .lower = lower_reduce},
+      {.ops = {"CumSum"},
+       .opsets = {.first = 11, .refusal = "CumSum before opset 11"},
+       .read = read_attrs<CumSumAttrs>,
+       .infer = infer_cumsum,
+       .fold = fold_cumsum,
+       .folds = Fold::IfConstant,
+       .lower = lower_cumsum,
+       .writes_fresh = true},
   };
   return h;
 }
