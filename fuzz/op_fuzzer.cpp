@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdlib>
+#include <cstring>
 #include <span>
 #include <type_traits>
 #include <variant>
@@ -154,6 +155,16 @@ void check_rules(const fw::OpBlock& b) {
   const fw::OpKind kind = b.kind;
   const auto& t = b.tensors;
   const fw::TensorRef& y = t[b.num_tensors - 1];
+  // Every attribute struct's reserved words are zero.
+  std::visit(
+      [&](const auto& at) {
+        if constexpr (requires { at.reserved; }) {
+          std::uint32_t words[sizeof at.reserved / 4];
+          std::memcpy(words, &at.reserved, sizeof words);
+          for (const std::uint32_t w : words) RULE(w == 0);
+        }
+      },
+      b.attrs);
   switch (kind) {
     case fw::OpKind::kMatMul: {
       const auto& at = std::get<fw::MatMulAttrs>(b.attrs);

@@ -4,6 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <variant>
+#include <type_traits>
+#include <set>
+#include <iterator>
+#include <fstream>
+#include <filesystem>
 #include <random>
 #include <vector>
 
@@ -107,6 +113,43 @@ TEST(FwTensorOp, HeaderRulesAreEnforced) {
 // Every kind of op_kinds.inc has its name, tensor count and attribute size
 // in the decoder: a block of that shape gets past the header and is judged
 // on its tensors (here all absent, so the first required one is named).
+// Reserved attribute words are zero, in every struct of every kind: each
+// word of each seed's struct (fuzz/corpus/op, valid blocks of every kind)
+// set, one at a time, is refused naming that word.
+TEST(FwTensorOp, EveryKindRefusesANonZeroReservedAttributeWord) {
+  std::set<OpKind> kinds;
+  std::size_t words = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(TPUHAL_OP_SEEDS)) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::byte> block(raw.size());
+    std::memcpy(block.data(), raw.data(), raw.size());
+    const auto good = decode_op(block);
+    ASSERT_TRUE(good.ok()) << entry.path() << ": " << describe(good.problem(), 0);
+    kinds.insert(good->kind);
+    const std::size_t attrs = sizeof(OpHeader) + good->num_tensors * sizeof(TensorRef);
+    std::visit(
+        [&](const auto& at) {
+          using T = std::decay_t<decltype(at)>;
+          if constexpr (requires { at.reserved; }) {
+            for (std::size_t w = 0; w < sizeof at.reserved / 4; ++w) {
+              std::vector<std::byte> bad = block;
+              const std::uint32_t one = 0x100 + static_cast<std::uint32_t>(w);
+              std::memcpy(bad.data() + attrs + offsetof(T, reserved) + 4 * w, &one, 4);
+              const Problem p = problem_of(bad);
+              EXPECT_EQ(p.status, CmdStatus::kReservedNotZero) << entry.path() << " word " << w;
+              EXPECT_EQ(p.field, attr_field(offsetof(T, reserved) + 4 * w)) << entry.path() << " word " << w;
+              EXPECT_EQ(p.value, one) << entry.path();
+              ++words;
+            }
+          }
+        },
+        good->attrs);
+  }
+  EXPECT_EQ(kinds.size(), kMaxOpKind) << "a kind has no seed in " << TPUHAL_OP_SEEDS;
+  EXPECT_GT(words, 0u);
+}
+
 TEST(FwTensorOp, EveryKindOfTheTableIsKnownToTheDecoder) {
   for (std::uint32_t k = 1; k <= kMaxOpKind; ++k) {
     const OpKindInfo& info = kOpKinds[k];
