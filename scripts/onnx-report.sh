@@ -18,6 +18,7 @@ ran=$(comm -23 <(sort <<<"$supported") <(cut -d: -f1 <<<"$skipped" | sort))
   echo "($(dpkg-query -W -f='${Version}' libonnx-testdata 2>/dev/null || echo unknown)). \`tests/onnx/onnx_node_test.cpp\` lowers each"
   echo "one-node model onto tpuhal ops and runs it on every device with a tensor engine,"
   echo "comparing with ONNX's expected output (relative 1e-3, absolute 1e-7; integers exact)."
+  echo "float64 data is computed in f32 (the engine has no f64), except by Cast and CastLike."
   echo
   echo "## Run: $(wc -l <<<"$ran") tests"
   echo
