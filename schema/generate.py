@@ -445,6 +445,25 @@ def test_rule_table():
     return "".join(out)
 
 
+def model_map_ops():
+    out = [BANNER, """// The model file's ops of the elementwise maps that have a builder
+// (docs/model-format.md), included by runtime/src/model.cpp in build_op:
+//   TPUHAL_MODEL_BINARY(builder)   operands a, b, y
+//   TPUHAL_MODEL_UNARY(builder)    operands x, y
+"""]
+    for family, arity, f, members in maps():
+        for _, v in members:
+            out.append(f"TPUHAL_MODEL_{'BINARY' if arity == 2 else 'UNARY'}({v[6]})\n")
+    return "".join(out)
+
+
+def doc_model_maps():
+    binary = [v[6] for _, arity, _, members in maps() if arity == 2 for _, v in members]
+    unary = [v[6] for _, arity, _, members in maps() if arity == 1 for _, v in members]
+    return ("- The elementwise maps ([ops.md](ops.md#elementwise-maps)): "
+            f"{', '.join(f'`{b}`' for b in binary)} (a, b, y); {', '.join(f'`{u}`' for u in unary)} (x, y).\n")
+
+
 def model_rule_ops():
     out = [BANNER, """// The model file's ops of the kinds the schema gives rules: operands by
 // their roles' names, attributes by their fields' names (docs/model-format.md).
@@ -1022,6 +1041,8 @@ OUTPUTS = [
     ("tests/fw/op_rules.inc", test_rule_table, None),
     ("docs/ops.md", doc_rules, "kinds with rules"),
     ("runtime/src/model_rule_ops.inc", model_rule_ops, None),
+    ("runtime/src/model_map_ops.inc", model_map_ops, None),
+    ("docs/model-format.md", doc_model_maps, "elementwise maps"),
     ("docs/model-format.md", doc_model_rules, "kinds with rules"),
 ]
 

@@ -242,28 +242,22 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
   const Operands in{op, t, r};
   const std::string& k = op.kind;
   if (auto layer = build_layer(k, r, in)) return std::move(*layer);
+  // The elementwise maps with a builder (model_map_ops.inc, generated).
   static const std::map<std::string, Op (*)(const Tensor&, const Tensor&, const Tensor&)> binary = {
-      {"add", ops::add},
-      {"sub", ops::sub},
-      {"mul", ops::mul},
-      {"div", ops::div},
-      {"max", ops::max},
-      {"min", ops::min},
-      {"equal", ops::equal},
-      {"less", ops::less},
-      {"less_equal", ops::less_equal},
-      {"greater", ops::greater},
-      {"greater_equal", ops::greater_equal},
-      {"logical_and", ops::logical_and},
-      {"logical_or", ops::logical_or},
-      {"logical_xor", ops::logical_xor}};
+#define TPUHAL_MODEL_BINARY(name) {#name, ops::name},
+#define TPUHAL_MODEL_UNARY(name)
+#include "model_map_ops.inc"
+#undef TPUHAL_MODEL_UNARY
+#undef TPUHAL_MODEL_BINARY
+  };
   if (auto it = binary.find(k); it != binary.end()) return it->second(in("a"), in("b"), in("y"));
   static const std::map<std::string, Op (*)(const Tensor&, const Tensor&)> unary = {
-      {"sqrt", ops::sqrt},   {"exp", ops::exp},
-      {"log", ops::log},     {"abs", ops::abs},
-      {"neg", ops::neg},     {"erf", ops::erf},
-      {"ceil", ops::ceil},   {"floor", ops::floor},
-      {"round", ops::round}, {"logical_not", ops::logical_not}};
+#define TPUHAL_MODEL_BINARY(name)
+#define TPUHAL_MODEL_UNARY(name) {#name, ops::name},
+#include "model_map_ops.inc"
+#undef TPUHAL_MODEL_UNARY
+#undef TPUHAL_MODEL_BINARY
+  };
   if (auto it = unary.find(k); it != unary.end()) return it->second(in("x"), in("y"));
   if (k == "resize") return ops::resize(in("x"), in("y"), resize_opts(r));
   if (k == "activation") return ops::activation(in("x"), in("y"), r.activation());
