@@ -38,6 +38,7 @@ MINORS = [
     (12, "the op kind kQLinearAdd (op_kinds.inc), and u8 and i8 indices for kGather (a table lookup: each byte "
      "picks one of 256 entries)", "qlinear_add or gather by byte indices"),
     (13, "the op kind kCumSum (op_kinds.inc, CumSumAttrs in op_attrs.inc)", "cumsum"),
+    (14, "the elementwise modes ElementwiseOp::kMod and kFmod (op_enums.inc)", "elementwise mod or fmod"),
 ]
 
 # ---- enumerations of op attributes ----------------------------------------
@@ -117,6 +118,10 @@ ENUMS = [
             ("Ceil", "ceil", 10, "exact", 1, "float", "ceil"),
             ("Floor", "floor", 10, "exact", 1, "float", "floor"),
             ("Round", "round", 10, "to the nearest integer, halves to even (ONNX Round); exact", 1, "float", "round"),
+            ("Mod", "mod", 14, "a - floor(a / b) * b, the divisor's sign (ONNX Mod, numpy.mod); a mod 0 is 0 for "
+             "integers, NaN for floats", 2, "arith", "mod"),
+            ("Fmod", "fmod", 14, "a - trunc(a / b) * b, the dividend's sign (ONNX Mod with fmod 1, C's fmod); "
+             "exact; a fmod 0 is 0 for integers, NaN for floats", 2, "arith", "fmod"),
         ],
     ),
     dict(
@@ -263,7 +268,7 @@ ATTR_STRUCTS = [
 # elements per lane and cycle, which is what makes YOLOv5s in fp32 and fp16
 # 4 ms slower than its convolutions alone (docs/timing.md).
 VECTOR_CYCLES = {
-    "ElementwiseOp": {"Div": 40, "Exp": 150, "Log": 150, "Sqrt": 40, "Erf": 200, "Activation": "activation"},
+    "ElementwiseOp": {"Div": 40, "Mod": 42, "Fmod": 42, "Exp": 150, "Log": 150, "Sqrt": 40, "Erf": 200, "Activation": "activation"},
     "Activation": {"None": 0, "Sigmoid": 150, "Silu": 160, "Tanh": 150, "HardSigmoid": 2, "HardSwish": 3},
 }
 

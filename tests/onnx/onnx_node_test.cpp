@@ -233,6 +233,13 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
     return Lowering{
         [](const Inputs& in, const Tensor& out, const auto&) { return ops::where(*in[0], *in[1], *in[2], out); }, {}};
   }
+  if (op == "Mod") {
+    const bool fmod = a.i("fmod", 0) != 0;
+    return Lowering{[fmod](const Inputs& in, const Tensor& out, const auto&) {
+                      return fmod ? ops::fmod(*in[0], *in[1], out) : ops::mod(*in[0], *in[1], out);
+                    },
+                    {}};
+  }
   if (op == "CumSum") {
     const bool exclusive = a.i("exclusive", 0) != 0, reverse = a.i("reverse", 0) != 0;
     return Lowering{[exclusive, reverse](const Inputs& in, const Tensor& out, const auto& host) {

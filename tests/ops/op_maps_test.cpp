@@ -85,6 +85,11 @@ std::optional<double> reference(ElementwiseOp op, double a, double b) {
     case ElementwiseOp::Ceil: return std::ceil(a);
     case ElementwiseOp::Floor: return std::floor(a);
     case ElementwiseOp::Round: return std::nearbyint(a);  // halves to even
+    case ElementwiseOp::Fmod: return std::fmod(a, b);     // the dividend's sign
+    case ElementwiseOp::Mod: {                            // the divisor's sign
+      const double r = std::fmod(a, b);
+      return r != 0 && (r < 0) != (b < 0) ? r + b : r;
+    }
   }
   return std::nullopt;
 }

@@ -7,7 +7,7 @@ namespace {
 
 TEST_P(Ops, ElementwiseBinaryOpsBroadcastAndRoundAsF32) {
   for (DType dt : {DType::F32, DType::F16, DType::BF16})
-    for (Bin op : {Bin::Add, Bin::Sub, Bin::Mul, Bin::Div, Bin::Max, Bin::Min})
+    for (Bin op : {Bin::Add, Bin::Sub, Bin::Mul, Bin::Div, Bin::Max, Bin::Min, Bin::Mod, Bin::Fmod})
       for (const auto& [as, bs, ys] : kBroadcasts) {
         const Host a = with_specials(rng_, rand(dt, as, -8, 8), dt);
         const Host b = with_specials(rng_, rand(dt, bs, -8, 8), dt);
@@ -25,11 +25,11 @@ TEST_P(Ops, ElementwiseBinaryOpsBroadcastAndRoundAsF32) {
 
 TEST_P(Ops, ElementwiseIntegerOpsWrapAndDivideTowardZero) {
   for (DType dt : {DType::I8, DType::U8, DType::I32})
-    for (Bin op : {Bin::Add, Bin::Sub, Bin::Mul, Bin::Div, Bin::Max, Bin::Min})
+    for (Bin op : {Bin::Add, Bin::Sub, Bin::Mul, Bin::Div, Bin::Max, Bin::Min, Bin::Mod, Bin::Fmod})
       for (const auto& [as, bs, ys] : kBroadcasts) {
         Host a = with_specials(rng_, rand_int(rng_, dt, as), dt);
         Host b = with_specials(rng_, rand_int(rng_, dt, bs), dt);
-        if (op == Bin::Div)
+        if (op == Bin::Div || op == Bin::Mod || op == Bin::Fmod)
           for (auto& v : b.v)
             if (rng_.coin(0.2)) v = rng_.coin() ? 0.0 : (dt == DType::U8 ? 1.0 : -1.0);  // x / 0 and MIN / -1
         const Tensor y = lab().output(dt, ys);

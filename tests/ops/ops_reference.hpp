@@ -939,9 +939,9 @@ inline std::string pool_text(const Pool2dOptions& o) {
 
 // ---- elementwise --------------------------------------------------------------------------------
 
-enum class Bin { Add, Sub, Mul, Div, Max, Min };
+enum class Bin { Add, Sub, Mul, Div, Max, Min, Mod, Fmod };
 inline const char* bin_name(Bin b) {
-  static const char* const names[] = {"add", "sub", "mul", "div", "max", "min"};
+  static const char* const names[] = {"add", "sub", "mul", "div", "max", "min", "mod", "fmod"};
   return names[static_cast<int>(b)];
 }
 inline Op bin_op(Bin op, const Tensor& a, const Tensor& b, const Tensor& y) {
@@ -952,6 +952,8 @@ inline Op bin_op(Bin op, const Tensor& a, const Tensor& b, const Tensor& y) {
     case Bin::Div: return ops::div(a, b, y);
     case Bin::Max: return ops::max(a, b, y);
     case Bin::Min: return ops::min(a, b, y);
+    case Bin::Mod: return ops::mod(a, b, y);
+    case Bin::Fmod: return ops::fmod(a, b, y);
   }
   return {};
 }
@@ -966,6 +968,11 @@ inline double float_bin(Bin op, double a, double b, DType t) {
     case Bin::Div: r = a / b; break;
     case Bin::Max: r = std::isnan(a) || std::isnan(b) ? kNaN : std::max(a, b); break;
     case Bin::Min: r = std::isnan(a) || std::isnan(b) ? kNaN : std::min(a, b); break;
+    case Bin::Fmod: r = std::fmod(a, b); break;  // exact
+    case Bin::Mod:                               // numpy.mod: the divisor's sign, a zero too
+      r = std::fmod(a, b);
+      r = r == 0 ? std::copysign(0.0, b) : (r < 0) != (b < 0) ? r + b : r;
+      break;
   }
   return round_to(t, f32(r));
 }
@@ -978,6 +985,11 @@ inline double int_bin(Bin op, std::int64_t a, std::int64_t b, DType t) {
     case Bin::Div: r = b == 0 ? 0 : a / b; break;  // toward zero; x / 0 = 0
     case Bin::Max: r = std::max(a, b); break;
     case Bin::Min: r = std::min(a, b); break;
+    case Bin::Fmod: r = b == 0 ? 0 : a % b; break;  // the dividend's sign; x fmod 0 = 0
+    case Bin::Mod:                                  // the divisor's sign; x mod 0 = 0
+      r = b == 0 ? 0 : a % b;
+      if (r != 0 && (r < 0) != (b < 0)) r += b;
+      break;
   }
   return static_cast<double>(wrap(t, r));
 }

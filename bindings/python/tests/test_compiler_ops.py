@@ -563,6 +563,18 @@ UNARY = {
 }
 
 
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_mod_of_device_data_broadcast(dev, fmod):
+    # Mod after a Mul (device data), the divisor a broadcast constant of
+    # both signs: the divisor's sign (fmod 0) or the dividend's (fmod 1).
+    b = np.float32([3, -3, 2.5, -0.75])
+    nodes = [helper.make_node("Mul", ["x", "two"], ["m"]), helper.make_node("Mod", ["m", "b"], ["y"], fmod=fmod)]
+    m = model(nodes, {"x": (3, 4)}, "y", initializers=[("two", np.float32(2)), ("b", b)])
+    x = randn(3, 4) * 4
+    want = np.fmod(2 * x, b) if fmod else np.mod(2 * x, b)
+    np.testing.assert_allclose(run(dev, m, "fp32", {"x": x}), want, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("op", sorted(UNARY))
 def test_unary_maps(dev, op):
     fn, domain = UNARY[op]

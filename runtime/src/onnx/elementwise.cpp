@@ -1,7 +1,8 @@
 // Arithmetic with broadcasting (Add, Sub, Mul, Div; Min and Max,
 // variadic), the unary maps (Sqrt, Exp, Log, Abs, Neg, Erf, Ceil, Floor, Round, Reciprocal) and
 // Pow by one constant exponent: the tpuhal op of the same name, folded on
-// constants. Mod only folds (shape computations).
+// constants. Mod: mod (fmod 0, the divisor's sign) or fmod (fmod 1, the
+// dividend's), folded on constants.
 #include <algorithm>
 #include <bit>
 #include <cctype>
@@ -63,6 +64,15 @@ Value fold_mod(Importer& im, Node& n) {
     if (!fmod && r != 0 && ((r < 0) != (q < 0))) r += q;  // the divisor's sign
     return r;
   });
+}
+
+// On device data in the model's float type, as the other arithmetic:
+// integers held as floats are exact below 2^24 (fp32).
+void lower_mod(Lowerer& l, const Node& n) {
+  const DType t = l.float_type();
+  const auto a = l.get(n.inputs[0], t), b = l.get(n.inputs[1], t);
+  l.op(n.attr<ModAttrs>().fmod ? "fmod" : "mod", n.name,
+       {{"a", a}, {"b", b}, {"y", l.produce(n.output, t, l.shape_of(n.output))}});
 }
 
 Value infer_variadic(Importer& im, Node& n) {
@@ -214,7 +224,13 @@ std::span<const OpHandler> elementwise_handlers() {
        .folds = Fold::IfFirstTwoConstant,
        .lower = lower_binary,
        .writes_fresh = true},
-      {.ops = {"Mod"}, .read = read_attrs<ModAttrs>, .fold = fold_mod, .folds = Fold::ConstantsOnly},
+      {.ops = {"Mod"},
+       .read = read_attrs<ModAttrs>,
+       .infer = infer_binary,
+       .fold = fold_mod,
+       .folds = Fold::IfFirstTwoConstant,
+       .lower = lower_mod,
+       .writes_fresh = true},
       {.ops = {"Min", "Max"}, .infer = infer_variadic, .lower = lower_variadic, .writes_fresh = true},
       {.ops = {"Sqrt", "Exp", "Log", "Abs", "Neg", "Erf", "Ceil", "Floor", "Round"},
        .infer = infer_unary,

@@ -17,7 +17,13 @@ std::int64_t int_binary(fw::ElementwiseOp op, std::int64_t a, std::int64_t b) {
     case fw::ElementwiseOp::kAdd: return a + b;
     case fw::ElementwiseOp::kSub: return a - b;
     case fw::ElementwiseOp::kMul: return a * b;
-    case fw::ElementwiseOp::kDiv: return b == 0 ? 0 : a / b;  // toward zero; x / 0 = 0
+    case fw::ElementwiseOp::kDiv: return b == 0 ? 0 : a / b;   // toward zero; x / 0 = 0
+    case fw::ElementwiseOp::kFmod: return b == 0 ? 0 : a % b;  // the dividend's sign; x fmod 0 = 0
+    case fw::ElementwiseOp::kMod: {                            // the divisor's sign; x mod 0 = 0
+      if (b == 0) return 0;
+      const std::int64_t r = a % b;
+      return r != 0 && (r < 0) != (b < 0) ? r + b : r;
+    }
     case fw::ElementwiseOp::kMax: return std::max(a, b);
     case fw::ElementwiseOp::kMin: return std::min(a, b);
     default: return a;
@@ -30,6 +36,11 @@ float float_binary(fw::ElementwiseOp op, float a, float b) {
     case fw::ElementwiseOp::kSub: return a - b;
     case fw::ElementwiseOp::kMul: return a * b;
     case fw::ElementwiseOp::kDiv: return a / b;
+    case fw::ElementwiseOp::kFmod: return std::fmod(a, b);  // exact
+    case fw::ElementwiseOp::kMod: {  // as numpy.mod: fmod moved to the divisor's sign; a zero takes b's sign
+      const float r = std::fmod(a, b);
+      return r == 0 ? std::copysign(0.0f, b) : (r < 0) != (b < 0) ? r + b : r;
+    }
     case fw::ElementwiseOp::kMax:
       return std::isnan(a) || std::isnan(b) ? std::numeric_limits<float>::quiet_NaN() : std::max(a, b);
     case fw::ElementwiseOp::kMin:
