@@ -701,11 +701,7 @@ Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis, bool log_softmax
   b.dtype_in(x, "x", kFloats);
   b.same_dtype(y, "y", x, "x");
   b.shape_is(y, "y", x.shape(), "the shape of x");
-  const auto rank = static_cast<std::int64_t>(x.rank());
-  if (axis < -rank || axis >= rank || rank == 0)
-    b.fail(Status::InvalidArgument,
-           "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
-  b.desc().attrs = driver::SoftmaxAttrs{static_cast<std::uint32_t>(axis < 0 ? axis + rank : axis), log_softmax};
+  b.desc().attrs = driver::SoftmaxAttrs{b.axis(axis, x), log_softmax};
   return b.finish({b.arg(x, "x"), b.arg(y, "y")});
 }
 
@@ -724,11 +720,7 @@ Op gather(const Tensor& x, const Tensor& indices, const Tensor& y, std::int64_t 
   Builder b(driver::OpKind::Gather, "gather");
   b.dtype_in(indices, "indices", {DType::I32, DType::U8, DType::I8});
   b.same_dtype(y, "y", x, "x");
-  const auto rank = static_cast<std::int64_t>(x.rank());
-  if (rank == 0 || axis < -rank || axis >= rank)
-    b.fail(Status::InvalidArgument,
-           "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
-  const auto ax = static_cast<std::size_t>(axis < 0 ? axis + rank : axis);
+  const std::size_t ax = b.axis(axis, x);
   const auto& xs = x.shape();
   std::vector<std::int64_t> want(xs.begin(), xs.begin() + static_cast<std::ptrdiff_t>(ax));
   want.insert(want.end(), indices.shape().begin(), indices.shape().end());
@@ -747,11 +739,7 @@ Op top_k_op(const char* name, const Tensor& x, const std::optional<Tensor>& valu
             const TopKOptions& o, bool arg) {
   Builder b(driver::OpKind::TopK, name);
   b.dtype_in(indices, "indices", {DType::I32});
-  const auto rank = static_cast<std::int64_t>(x.rank());
-  if (rank == 0 || o.axis < -rank || o.axis >= rank)
-    b.fail(Status::InvalidArgument,
-           "axis " + std::to_string(o.axis) + " is out of range for rank " + std::to_string(rank));
-  const auto axis = static_cast<std::size_t>(o.axis < 0 ? o.axis + rank : o.axis);
+  const std::size_t axis = b.axis(o.axis, x);
   const auto& xs = x.shape();
   auto want = xs;
   want[axis] = indices.rank() == x.rank() && !arg ? indices.shape()[axis] : 1;

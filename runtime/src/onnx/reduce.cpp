@@ -222,8 +222,9 @@ Value fold_cumsum(Importer& im, Node& n) {
   const std::int64_t len = x.shape[a.axis];
   std::int64_t inner = 1;
   for (std::size_t d = a.axis + 1; d < x.shape.size(); ++d) inner *= x.shape[d];
+  const std::int64_t outer = len * inner != 0 ? static_cast<std::int64_t>(vals.size()) / (len * inner) : 0;
   std::vector<double> r(vals.size());
-  for (std::int64_t o = 0; len && inner && o < static_cast<std::int64_t>(vals.size()) / (len * inner); ++o)
+  for (std::int64_t o = 0; o < outer; ++o)
     for (std::int64_t k = 0; k < inner; ++k) {
       double sum = 0;
       for (std::int64_t s = 0; s < len; ++s) {
