@@ -24,6 +24,7 @@
 // TPUHAL_FUZZ_VERBOSE=1 prints how each input was judged.
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <span>
@@ -341,6 +342,17 @@ void check_rules(const fw::OpBlock& b) {
       RULE(at.reserved == 0 && at.exclusive <= 1 && at.reverse <= 1);
       RULE((is_float(t[0].dtype) || t[0].dtype == 6) && y.dtype == t[0].dtype && same_shape(t[0], y));
       RULE(at.axis < t[0].rank);
+      break;
+    }
+    case fw::OpKind::kNms: {
+      // Boxes [B, N, 4], Scores [B, N, C], Y [B, M, 6], one float dtype; the
+      // IoU threshold a finite number from 0 to 1, the score threshold finite.
+      const auto& at = std::get<fw::NmsAttrs>(b.attrs);
+      RULE(at.center <= 1 && at.class_agnostic <= 1);
+      RULE(is_float(t[0].dtype) && t[1].dtype == t[0].dtype && y.dtype == t[0].dtype);
+      RULE(t[0].rank == 3 && t[1].rank == 3 && y.rank == 3 && t[0].shape[2] == 4 && y.shape[2] == 6);
+      RULE(t[1].shape[0] == t[0].shape[0] && y.shape[0] == t[0].shape[0] && t[1].shape[1] == t[0].shape[1]);
+      RULE(at.iou_threshold >= 0 && at.iou_threshold <= 1 && std::isfinite(at.score_threshold));
       break;
     }
     case fw::OpKind::kGather: {

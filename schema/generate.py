@@ -12,7 +12,9 @@ file says so in its first line; a generated region of a hand-written file
 sits between "generated: <what>" markers (docs). Edit the schema, not them.
 """
 
+import math
 import os
+import struct
 import sys
 
 sys.dont_write_bytecode = True
@@ -44,6 +46,14 @@ def enum(name):
     return next(e for e in ops.ENUMS if e["name"] == name)
 
 
+def is_decimal(text):
+    """A finite decimal number, written as C++ and Python both read it."""
+    try:
+        return math.isfinite(float(text)) and "e" not in text.lower() and text.lstrip("-")[:1].isdigit()
+    except ValueError:
+        return False
+
+
 def check_schema():
     """What a compiler cannot see in the generated code: facts of the schema
     that must hold across entries."""
@@ -62,7 +72,7 @@ def check_schema():
         for operand in k["cost"][1:]:
             if operand not in role_names:
                 problems.append(f"{k['name']}: cost names tensor {operand}, which it does not have")
-        if k["cost"][0] not in ("matmul", "conv", "conv_transpose", "pool", "per_output"):
+        if k["cost"][0] not in ("matmul", "conv", "conv_transpose", "pool", "per_output", "scan"):
             problems.append(f"{k['name']}: unknown cost class {k['cost'][0]}")
         if not (isinstance(k.get("cycles"), int) and k["cycles"] >= 0) and k.get("cycles") != "elementwise":
             problems.append(f"{k['name']}: cycles must be a count or \"elementwise\"")
@@ -81,12 +91,14 @@ def check_schema():
         if len(set(names)) != len(names) or "reserved" in names:
             problems.append(f"{st['name']}: field names must differ and not be 'reserved'")
         for name, typ, default, _ in st["fields"]:
-            if typ not in ("u32", "bool"):
-                problems.append(f"{st['name']}.{name}: type {typ!r}; ATTR_STRUCTS fields are 'u32' or 'bool'")
+            if typ not in ("u32", "bool", "f32"):
+                problems.append(f"{st['name']}.{name}: type {typ!r}; ATTR_STRUCTS fields are 'u32', 'bool' or 'f32'")
             elif typ == "bool" and default not in ("true", "false"):
                 problems.append(f"{st['name']}.{name}: a bool's default is true or false, not {default!r}")
             elif typ == "u32" and not default.isdigit():
                 problems.append(f"{st['name']}.{name}: a u32's default is a number, not {default!r}")
+            elif typ == "f32" and not is_decimal(default):
+                problems.append(f"{st['name']}.{name}: an f32's default is a finite decimal number, not {default!r}")
         if not any(k["fw_attrs"] == st["name"] for k in ops.KINDS):
             problems.append(f"{st['name']}: no kind carries it")
     for k in ops.KINDS:
@@ -158,10 +170,11 @@ def check_rule(k, structs):
     st = structs.get(k["attrs"])
     if st is None or k["fw_attrs"] != k["attrs"]:
         return problems + [f"{name}: a kind with a rule takes an ATTR_STRUCTS struct in both layers"]
-    unknown = set(rule) - {"dtypes", "shapes", "axes"}
+    unknown = set(rule) - {"dtypes", "shapes", "axes", "dims", "ranges"}
     if unknown:
         problems.append(f"{name}: rule has unknown keys {sorted(unknown)}")
     dts, shapes, axes = rule.get("dtypes", {}), rule.get("shapes", {}), rule.get("axes", {})
+    dims, ranges = rule.get("dims", {}), rule.get("ranges", {})
     for r in roles_:
         d = dts.get(r)
         if d is None:
@@ -177,7 +190,13 @@ def check_rule(k, structs):
     locals_ = {"op", "attrs", "ops", "finish"}  # the generated builder's and binding's own names
     clash = [r for r in roles_ if param_name(r) in locals_] + [f[0] for f in st["fields"] if f[0] in locals_]
     problems += [f"{name}: {c} is named as a local of the generated code ({sorted(locals_)})" for c in clash]
-    if roles_[-1] not in shapes:
+    for r, pattern in dims.items():
+        if r not in roles_ or r in shapes or r in shapes.values():
+            problems.append(f"{name}: dims: {r} must be a tensor of the kind with no shapes link to or from it")
+        elif not pattern or len(pattern) > 8 or not all(
+                (isinstance(d, int) and d >= 1) or (isinstance(d, str) and d.isidentifier()) for d in pattern):
+            problems.append(f"{name}: dims: {r}'s pattern {pattern} is not 1 to 8 numbers >= 1 or names")
+    if roles_[-1] not in shapes and roles_[-1] not in dims:
         problems.append(f"{name}: rule does not give the output {roles_[-1]} a shape")
     fields = {f[0]: f for f in st["fields"]}
     for field, of in axes.items():
@@ -185,6 +204,13 @@ def check_rule(k, structs):
             problems.append(f"{name}: axes: {field} of {of}: a u32 field of {st['name']} and a tensor")
     problems += [f"{name}: {st['name']}.{f[0]} is a u32 but not an axis; rules give no other ranges"
                  for f in st["fields"] if f[1] == "u32" and f[0] not in axes]
+    for field, bounds in ranges.items():
+        if field not in fields or fields[field][1] != "f32" or not isinstance(bounds, tuple) or len(bounds) != 2 or \
+                not all(b is None or (isinstance(b, (int, float)) and math.isfinite(b)) for b in bounds) or \
+                (None not in bounds and bounds[0] > bounds[1]):
+            problems.append(f"{name}: ranges: {field}: an f32 field of {st['name']} and (low, high), low <= high")
+    problems += [f"{name}: {st['name']}.{f[0]} is an f32 without a range" for f in st["fields"]
+                 if f[1] == "f32" and f[0] not in ranges]
     sample = k.get("sample")
     if not sample:
         return problems + [f"{name}: a kind with a rule needs a sample"]
@@ -203,6 +229,15 @@ def check_rule(k, structs):
     for field, of in axes.items():
         if not 0 <= int(sa.get(field, fields[field][2])) < len(ss[of]):
             problems.append(f"{name}: sample's {field} is not an axis of {of}")
+    bound = {}
+    for r, pattern in dims.items():
+        if len(ss[r]) != len(pattern) or any(
+                (isinstance(p, int) and p != d) or bound.setdefault(p, d) != d for p, d in zip(pattern, ss[r])):
+            problems.append(f"{name}: sample's {r} has shape {ss[r]}, against {pattern}")
+    for field, (lo, hi) in ranges.items():
+        v = float(sa.get(field, fields[field][2]))
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            problems.append(f"{name}: sample's {field} is outside its range")
     for r in roles_:  # tests and seeds place the tensors 64 KiB apart
         n = 1
         for d in ss[r]:
@@ -225,8 +260,35 @@ def rule_text(k):
             text = f"{param_name(d)}'s dtype and shape"
         else:
             text = f"{param_name(d)}'s dtype" + (f", {param_name(like)}'s shape" if like else "")
+        if r in rule.get("dims", {}):
+            text += f", [{', '.join(str(x) for x in rule['dims'][r])}]"
         out.append(f"{param_name(r)}: {text}")
     return "; ".join(out)
+
+
+def range_text(bounds):
+    lo, hi = bounds
+    if lo is None and hi is None:
+        return "finite"
+    if lo is None:
+        return f"at most {hi}"
+    return f"at least {lo}" if hi is None else f"{lo} to {hi}"
+
+
+def dim_links(k):
+    """Per dims rule: (role index, dimension, what it must be): an int, or
+    (role index, dimension) of the dimension that named it first."""
+    idx = {r: i for i, r in enumerate(role_names(k))}
+    first, out, dims = {}, [], k["rule"].get("dims", {})
+    for r in (r for r in role_names(k) if r in dims):
+        for d, p in enumerate(dims[r]):
+            if isinstance(p, int):
+                out.append((idx[r], d, p))
+            elif p in first:
+                out.append((idx[r], d, first[p]))
+            else:
+                first[p] = (idx[r], d)
+    return out
 
 
 def rule_attr_params(k):
@@ -235,14 +297,17 @@ def rule_attr_params(k):
     for name, typ, default, _ in rule_struct(k)["fields"]:
         if typ == "u32":
             out.append(("std::int64_t", name, default, "int", default))
+        elif typ == "f32":
+            out.append(("float", name, cpp_float(default), "float", default))
         else:
             out.append(("bool", name, default, "bool", default.capitalize()))
     return out
 
 
 def rule_computes(k):
-    st = rule_struct(k)
-    fields = "; ".join(f"{f[0]}: {f[3]}" for f in st["fields"] if f[3])
+    st, ranges = rule_struct(k), k["rule"].get("ranges", {})
+    fields = "; ".join(f"{f[0]}: {f[3]}" + (f" ({range_text(ranges[f[0]])})" if f[0] in ranges else "")
+                       for f in st["fields"] if f[3])
     return f"{st['doc']}{' (' + fields + ')' if fields else ''}"
 
 
@@ -273,6 +338,12 @@ def fw_rule_checks():
             d = rule["dtypes"][r]
             if not isinstance(d, list):
                 conds.append(f"expect_dtype(c, b, {i}, dt(b.tensors[{i}]) == dt(b.tensors[{idx[d]}]))")
+        links = dim_links(k)
+        for r, pattern in ((r, rule["dims"][r]) for r in idx if r in rule.get("dims", {})):
+            conds.append(f"expect_rank(c, b, {idx[r]}, {len(pattern)})")
+            for i, d, want in (x for x in links if x[0] == idx[r]):
+                w = str(want) if isinstance(want, int) else f"b.tensors[{want[0]}].shape[{want[1]}]"
+                conds.append(f"expect_dim(c, b, {i}, {d}, {w})")
         for r, like in rule.get("shapes", {}).items():
             conds.append(f"expect_same_shape(c, b, {idx[r]}, {idx[like]})")
         for field, of in rule.get("axes", {}).items():
@@ -282,6 +353,11 @@ def fw_rule_checks():
         for name, typ, _, _ in st["fields"]:
             if typ == "bool":
                 conds.append(f"expect_attr(c, offsetof({st['name']}, {name}), at.{name} <= 1, at.{name}, 1)")
+        for field, (lo, hi) in rule.get("ranges", {}).items():
+            ok = [f"std::isfinite(at.{field})"] + [f"at.{field} >= {cpp_float(lo)}"] * (lo is not None) + \
+                 [f"at.{field} <= {cpp_float(hi)}"] * (hi is not None)
+            conds.append(f"expect_attr(c, offsetof({st['name']}, {field}), {' && '.join(ok)}, "
+                         f"float_bits(at.{field}))")
         out.append("  return " + " &&\n         ".join(conds) + ";\n}\n")
     return "".join(out)
 
@@ -333,13 +409,29 @@ def hal_rule_defs():
             if not isinstance(d, list):
                 out.append(f"  op.same_dtype({param_name(r)}, \"{param_name(r)}\", {param_name(d)}, "
                            f"\"{param_name(d)}\");\n")
+        links, names = dim_links(k), {i: param_name(r) for i, r in enumerate(roles_)}
+        for r, pattern in ((r, rule["dims"][r]) for r in roles_ if r in rule.get("dims", {})):
+            i = roles_.index(r)
+            out.append(f"  op.rank_is({names[i]}, \"{names[i]}\", {len(pattern)});\n")
+            for _, d, want in (x for x in links if x[0] == i):
+                if isinstance(want, int):
+                    out.append(f"  op.dim_is({names[i]}, \"{names[i]}\", {d}, {want}, \"\");\n")
+                else:
+                    out.append(f"  op.dim_is({names[i]}, \"{names[i]}\", {d}, {names[want[0]]}.shape()[{want[1]}], "
+                               f"\"dimension {want[1]} of {names[want[0]]}\");\n")
         for r, like in rule.get("shapes", {}).items():
             out.append(f"  op.shape_is({param_name(r)}, \"{param_name(r)}\", {param_name(like)}.shape(), "
                        f"\"the shape of {param_name(like)}\");\n")
         out.append(f"  driver::{st['name']} attrs;\n")
+        inf = "std::numeric_limits<float>::infinity()"
         for name, typ, _, _ in st["fields"]:
             if typ == "u32":
                 out.append(f"  attrs.{name} = op.axis({name}, {param_name(rule['axes'][name])});\n")
+            elif typ == "f32":
+                lo, hi = rule["ranges"][name]
+                out.append(f"  attrs.{name} = op.in_range({name}, \"{name}\", "
+                           f"{'-' + inf if lo is None else cpp_float(lo)}, {inf if hi is None else cpp_float(hi)}, "
+                           f"\"{range_text((lo, hi))}\");\n")
             else:
                 out.append(f"  attrs.{name} = {name};\n")
         out.append("  op.desc().attrs = attrs;\n")
@@ -380,13 +472,30 @@ def cpp_shape(v):
     return "{" + ", ".join(str(x) for x in v) + "}"
 
 
-def sample_words(k):
-    """The sample's attribute words, in field order."""
+def sample_values(k):
+    """The sample's attribute values, in field order: ints, bools and floats."""
     out = []
     for name, typ, default, _ in rule_struct(k)["fields"]:
         v = k["sample"].get("attrs", {}).get(name, default)
-        out.append(1 if v in (True, "true") else 0 if v in (False, "false") else int(v))
+        if typ == "f32":
+            out.append(float(v))
+        elif typ == "bool":
+            out.append(v in (True, "true"))
+        else:
+            out.append(int(v))
     return out
+
+
+def sample_words(k):
+    """The sample's attribute words, in field order."""
+    return [struct.unpack("<I", struct.pack("<f", v))[0] if isinstance(v, float) else int(v)
+            for v in sample_values(k)]
+
+
+def cpp_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return cpp_float(repr(v)) if isinstance(v, float) else str(v)
 
 
 def test_rule_samples():
@@ -399,8 +508,7 @@ def test_rule_samples():
         y = roles_[-1]
         args = [f"input(DType::{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][r])}, 1)" for r in roles_[:-1]]
         args.append("y")
-        args += [str(w) if t[0] == "std::int64_t" else ("true" if w else "false")
-                 for w, t in zip(sample_words(k), rule_attr_params(k))]
+        args += [cpp_value(v) for v in sample_values(k)]
         out.append(f"case OpKind::{k['name']}: {{\n  Tensor y = output(DType::{DTYPES[s['dtypes'][y]]}, "
                    f"{cpp_shape(s['shapes'][y])});\n  return {{ops::{k['id']}({', '.join(args)}), y}};\n}}\n")
     return "".join(out)
@@ -417,6 +525,9 @@ def test_rule_table():
 //   {Rule::kSameShape, i, j}    tensor i has tensor j's shape
 //   {Rule::kAxis, w, i}         attribute word w < tensor i's rank
 //   {Rule::kBool, w, 0}         attribute word w is 0 or 1
+//   {Rule::kRank, i, r}         tensor i has rank r
+//   {Rule::kDim, i, d}          dimension d of tensor i is fixed, or set by another's
+//   {Rule::kRange, w, 0, lo, hi} attribute word w is a finite f32 in [lo, hi]
 """]
     codes = {x: i + 1 for i, x in enumerate(DTYPES)}
     for k in ruled():
@@ -432,6 +543,9 @@ def test_rule_table():
                 rules.append(f"{{Rule::kDTypeIn, {idx[r]}, 0x{sum(1 << codes[x] for x in d):x}}}")
             else:
                 rules.append(f"{{Rule::kSameDType, {idx[r]}, {idx[d]}}}")
+        for r, pattern in ((r, rule["dims"][r]) for r in roles_ if r in rule.get("dims", {})):
+            rules.append(f"{{Rule::kRank, {idx[r]}, {len(pattern)}}}")
+        rules += [f"{{Rule::kDim, {i}, {d}}}" for i, d, _ in dim_links(k)]
         for r, like in rule.get("shapes", {}).items():
             rules.append(f"{{Rule::kSameShape, {idx[r]}, {idx[like]}}}")
         for field, of in rule.get("axes", {}).items():
@@ -439,6 +553,9 @@ def test_rule_table():
         for name, typ, _, _ in st["fields"]:
             if typ == "bool":
                 rules.append(f"{{Rule::kBool, {words[name]}, 0}}")
+        for field, (lo, hi) in rule.get("ranges", {}).items():
+            rules.append(f"{{Rule::kRange, {words[field]}, 0, {'-INFINITY' if lo is None else cpp_float(lo)}, "
+                         f"{'INFINITY' if hi is None else cpp_float(hi)}}}")
         out.append(f"{{\"{k['name']}\", OpKind::k{k['name']}, sizeof({st['name']}), {{{tensors}}}, "
                    f"{{{', '.join(str(w) for w in sample_words(k))}}},\n"
                    f" {{{', '.join(rules)}}}}},\n")
@@ -471,8 +588,8 @@ def model_rule_ops():
 """]
     for k in ruled():
         args = [f"in(\"{param_name(r)}\")" for r in role_names(k)]
-        args += [f"r.integer(\"{n}\")" if t == "std::int64_t" else f"r.flag(\"{n}\")"
-                 for t, n, _, _, _ in rule_attr_params(k)]
+        reader = {"std::int64_t": "integer", "float": "real", "bool": "flag"}
+        args += [f"r.{reader[t]}(\"{n}\")" for t, n, _, _, _ in rule_attr_params(k)]
         out.append(f"if (k == \"{k['id']}\") return ops::{k['id']}({', '.join(args)});\n")
     return "".join(out)
 
@@ -604,9 +721,13 @@ def fw_op_timing():
     out.append("std::optional<bool> sliced_by_rule(const OpBlock& op, std::uint32_t i) noexcept {\n"
                "  switch (op.kind) {\n")
     for k in ruled():
-        roles_, shapes = role_names(k), k["rule"].get("shapes", {})
-        root = shapes[roles_[-1]]
-        mask = sum(1 << i for i, r in enumerate(roles_) if r == root or shapes.get(r) == root)
+        roles_, shapes, dims = role_names(k), k["rule"].get("shapes", {}), k["rule"].get("dims", {})
+        if roles_[-1] in dims:  # the tensors whose first dimension is named as the output's
+            lead = dims[roles_[-1]][0]
+            mask = sum(1 << i for i, r in enumerate(roles_) if isinstance(lead, str) and dims.get(r, [None])[0] == lead)
+        else:
+            root = shapes[roles_[-1]]
+            mask = sum(1 << i for i, r in enumerate(roles_) if r == root or shapes.get(r) == root)
         conds = [f"({hex(mask)}u >> i & 1)"]
         conds += [f"std::get<{k['fw_attrs']}>(op.attrs).{a} != 0" for a in k["rule"].get("axes", {})]
         out.append(f"    case OpKind::k{k['name']}:\n      return {' && '.join(conds)};\n")
@@ -776,6 +897,12 @@ def hal_op_cost():
 # ---- attribute structs ---------------------------------------------------------
 
 
+def cpp_float(text):
+    """A decimal as a C++ float literal: 0.45 -> 0.45f, 1 -> 1.0f."""
+    text = str(text)
+    return (text if "." in text else text + ".0") + "f"
+
+
 def attr_alternatives(key, first=()):
     """Every kind's attribute struct of one layer, each once, in the order
     of the kinds (the variant's alternatives; `first` leads)."""
@@ -794,8 +921,9 @@ def fw_op_attrs():
     for st in ops.ATTR_STRUCTS:
         out.append("\n" + comment_block(st["doc"]) + f"struct {st['name']} {{\n")
         for name, typ, _, comment in st["fields"]:
-            note = comment if typ == "u32" else ("0 or 1" + (f"; {comment}" if comment else ""))
-            out.append(f"  std::uint32_t {name};{'  // ' + note if note else ''}\n")
+            note = comment if typ != "bool" else ("0 or 1" + (f"; {comment}" if comment else ""))
+            ctype = "float" if typ == "f32" else "std::uint32_t"
+            out.append(f"  {ctype} {name};{'  // ' + note if note else ''}\n")
         n = len(st["fields"])
         pad = (-n) % 4
         if pad:
@@ -821,8 +949,9 @@ def hal_op_attrs():
     for st in ops.ATTR_STRUCTS:
         out.append(f"\nstruct {st['name']} {{\n")
         for name, typ, default, comment in st["fields"]:
-            ctype = "std::uint32_t" if typ == "u32" else "bool"
-            out.append(f"  {ctype} {name} = {default};{'  // ' + comment if comment else ''}\n")
+            ctype = {"u32": "std::uint32_t", "bool": "bool", "f32": "float"}[typ]
+            value = cpp_float(default) if typ == "f32" else default
+            out.append(f"  {ctype} {name} = {value};{'  // ' + comment if comment else ''}\n")
         out.append("};\n")
     alts = ", ".join(attr_alternatives("attrs", first=("NoAttrs",)))
     out.append(f"\nusing OpAttrs = std::variant<{alts}>;\n")
@@ -837,7 +966,7 @@ def encode_attrs():
     for st in ops.ATTR_STRUCTS:
         out.append(f"void operator()(const driver::{st['name']}& from) const {{\n  fw::{st['name']} a{{}};\n")
         for name, typ, _, _ in st["fields"]:
-            value = f"from.{name}" if typ == "u32" else f"from.{name} ? 1u : 0u"
+            value = f"from.{name} ? 1u : 0u" if typ == "bool" else f"from.{name}"
             out.append(f"  a.{name} = {value};\n")
         out.append("  append_bytes(out, a);\n}\n")
     return "".join(out)

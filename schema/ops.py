@@ -39,6 +39,7 @@ MINORS = [
      "picks one of 256 entries)", "qlinear_add or gather by byte indices"),
     (13, "the op kind kCumSum (op_kinds.inc, CumSumAttrs in op_attrs.inc)", "cumsum"),
     (14, "the elementwise modes ElementwiseOp::kMod and kFmod (op_enums.inc)", "elementwise mod or fmod"),
+    (15, "the op kind kNms (op_kinds.inc, NmsAttrs in op_attrs.inc)", "nms"),
 ]
 
 # ---- enumerations of op attributes ----------------------------------------
@@ -177,6 +178,8 @@ ENUMS = [
 #               ("conv_transpose", X, W) 2 * X's elements * W's [1] * kh * kw
 #               ("pool",)               outputs * kernel taps
 #               ("per_output",)         one per output element
+#               ("scan", T)             one per element of T or of the output,
+#                                       whichever has more
 #   cycles    vector-unit cycles per output element (pool: per window tap)
 #             in the board's timing model (fw/timing.h, docs/timing.md):
 #             an int, or "elementwise" (by the op's ElementwiseOp and
@@ -197,10 +200,17 @@ ENUMS = [
 #                       tensor's shape (the output needs one)
 #               axes    per u32 attribute field, the role whose axis it is
 #                       (< its rank; the builder takes -rank..rank-1)
+#               dims    per tensor role without a shapes link, its shape
+#                       as a pattern: each dimension a number, or a name
+#                       that every dimension of that name shares (the
+#                       first one met, in role order, sets it)
+#               ranges  per f32 attribute field, (low, high), inclusive;
+#                       None for no bound (the value is finite either way)
 #             Every tensor needs its dtype; every u32 field must be an
-#             axis; bool fields are 0 or 1. Optional tensors and other
-#             shape rules are not generated yet: such kinds are written
-#             by hand (docs/adding-an-op.md).
+#             axis, every f32 field have a range; bool fields are 0 or 1.
+#             Optional tensors, broadcasting and shapes computed from
+#             attributes are not generated yet: such kinds are written by
+#             hand (docs/adding-an-op.md).
 #   sample    (with rule) a small valid op: dtypes and shapes per role,
 #             attribute values (others take their default). Tests, the
 #             fuzzer's seed and the docs use it; inputs hold 1s.
@@ -231,8 +241,9 @@ MAP_FAMILIES = {
 # fw/tensor.h, driver/op_desc.hpp and drivers/tpu/src/encode.cpp). One
 # entry per struct, named as a kind's fw_attrs and attrs name it; fields in
 # wire order, each (name, type, default, comment) with type "u32" (a count
-# or an index; std::uint32_t in both layers) or "bool" (a uint32 0 or 1 on
-# the wire, bool in the HAL). On the wire the fields are followed by
+# or an index; std::uint32_t in both layers), "bool" (a uint32 0 or 1 on
+# the wire, bool in the HAL) or "f32" (an IEEE binary32 word, float in both
+# layers; its default a decimal number). On the wire the fields are followed by
 # reserved words (zero) up to a multiple of 16 bytes. Never reorder fields
 # of a struct a board already takes; a new field goes at the end, in a
 # reserved word, with the interface minor that reads it.
@@ -257,6 +268,19 @@ ATTR_STRUCTS = [
          "+ Indices.rank <= kMaxRank), Y of X's dtype. An index outside that range fails the op with "
          "kBadArgument (the Indices tensor's field, the index, the axis's length), and Y is not written.",
          fields=[("axis", "u32", "0", "< X's rank")]),
+    dict(name="NmsAttrs",
+         doc="Non-maximum suppression of scored boxes, each batch on its own. A box's score is its best class's "
+         "(the lowest class index among equals; NaN scores never win); a box is a candidate when its score is above "
+         "score_threshold. Candidates are taken by score, highest first, ties by box index, lower first; one is kept "
+         "unless a kept box (of its class, or of any class with class_agnostic) overlaps it by an IoU above "
+         "iou_threshold, until Y's M rows are full. IoU is intersection / (area + area - intersection) in f32 on the "
+         "corners (x1, y1, x2, y2), as torchvision's nms computes it. Y's rows: x1, y1, x2, y2, score, class, best "
+         "first; the rows after the last kept box are 0, 0, 0, 0, 0, -1. The class index is exact below 2^24 in f32, "
+         "2049 in f16, 257 in bf16.",
+         fields=[("iou_threshold", "f32", "0.45", "boxes overlapping a kept one by more are dropped"),
+                 ("score_threshold", "f32", "0.25", "candidates score above it"),
+                 ("center", "bool", "true", "Boxes are (cx, cy, w, h); else (x1, y1, x2, y2)"),
+                 ("class_agnostic", "bool", "false", "a kept box suppresses boxes of every class")]),
 ]
 
 # Vector-unit cycles per element beyond the one every element takes, for
@@ -340,4 +364,13 @@ KINDS = [
          doc="Running sums along one axis (ONNX CumSum).",
          rule=dict(dtypes={"X": ["f32", "f16", "bf16", "i32"], "Y": "X"}, shapes={"Y": "X"}, axes={"axis": "X"}),
          sample=dict(dtypes={"X": "f32", "Y": "f32"}, shapes={"X": [2, 3], "Y": [2, 3]}, attrs={"axis": 1})),
+    dict(name="Nms", id="nms", minor=15, tensors=["Boxes", "Scores", "Y"], fw_attrs="NmsAttrs", attrs="NmsAttrs",
+         cost=("scan", "Scores"), cycles=2, peak=None, builders=["nms"],
+         doc="Non-maximum suppression: a detector's boxes and class scores to its detections.",
+         rule=dict(dtypes={"Boxes": ["f32", "f16", "bf16"], "Scores": "Boxes", "Y": "Boxes"},
+                   dims={"Boxes": ["B", "N", 4], "Scores": ["B", "N", "C"], "Y": ["B", "M", 6]},
+                   ranges={"iou_threshold": (0, 1), "score_threshold": (None, None)}),
+         sample=dict(dtypes={"Boxes": "f32", "Scores": "f32", "Y": "f32"},
+                     shapes={"Boxes": [1, 4, 4], "Scores": [1, 4, 2], "Y": [1, 3, 6]},
+                     attrs={"iou_threshold": 0.5, "score_threshold": 0.5})),
 ]

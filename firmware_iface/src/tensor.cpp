@@ -184,6 +184,13 @@ bool expect_attr(Check& c, std::size_t offset, bool ok, std::uint64_t value, std
   return ok || c.fail(CmdStatus::kBadArgument, attr_field(offset), value, limit);
 }
 
+// An f32 attribute word as the problem reports it: its bits.
+std::uint32_t float_bits(float f) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
 bool check_activation(Check& c, std::size_t offset, std::uint32_t act, float alpha, float beta) {
   if (!expect_attr(c, offset, act <= kMaxActivation, act, kMaxActivation)) return false;
   if (!std::isfinite(alpha) || !std::isfinite(beta)) return c.fail(CmdStatus::kBadArgument, attr_field(offset + 4), 0);

@@ -173,6 +173,14 @@ OpWork per_output_work(const TimingModel& m, const OpBlock& op, std::uint64_t cy
   return w;
 }
 
+// Every element of tensor t (nms: its scores) or of the output, whichever
+// has more, once through the vector unit.
+OpWork scan_work(const TimingModel& m, const OpBlock& op, std::uint32_t t, std::uint64_t cycles) {
+  OpWork w = base_work(m, op, vector_precision(op));
+  w.vector_cycles = mul(std::max(tensor_elements(tensor(op, t)), tensor_elements(output(op))), cycles);
+  return w;
+}
+
 #include "op_timing.inc"
 
 // ns for `amount` at `per_s` a second.

@@ -1,5 +1,6 @@
 #include "op_cost.hpp"
 
+#include <algorithm>
 #include <cstddef>
 
 namespace tpuhal::detail {
@@ -39,6 +40,11 @@ double pool_flops(const driver::OpDesc& op) {
   return outputs(op) * a.kernel[0] * a.kernel[1];
 }
 double per_output_flops(const driver::OpDesc& op) { return outputs(op); }
+// One per element of the tensor the kind scans (nms: its scores), or of the
+// output where that has more.
+double scan_flops(const driver::OpDesc& op, std::size_t t_index) {
+  return std::max(elements(op.tensors[t_index]), outputs(op));
+}
 
 #include "op_cost.inc"
 

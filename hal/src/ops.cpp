@@ -2,11 +2,15 @@
 // names the op, the operand and the value, before anything reaches a device.
 #include "tpuhal/ops.hpp"
 
+#include <spdlog/fmt/fmt.h>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <numeric>
+#include <string_view>
 
 #include "impl.hpp"
 #include "op_cost.hpp"
@@ -309,6 +313,29 @@ class Builder {
     if (t.shape() != want)
       fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t.shape()) + "; expected " +
                                         dims_text(want) + " (" + why + ")");
+  }
+  void rank_is(const Tensor& t, const char* role, std::size_t rank) {
+    if (t.rank() != rank)
+      fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t.shape()) + ", rank " +
+                                        std::to_string(t.rank()) + "; expected rank " + std::to_string(rank));
+  }
+  // Dimension d of t (its rank checked) is `want`, which `why` names (empty:
+  // a fixed number).
+  void dim_is(const Tensor& t, const char* role, std::size_t d, std::int64_t want, const std::string& why) {
+    if (t.shape()[d] == want) return;
+    const std::string value = std::to_string(want);
+    fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t.shape()) + "; expected " +
+                                      (why.empty() ? value : why + " (" + value + ")") + " as its dimension " +
+                                      std::to_string(d));
+  }
+  // A finite float from lo to hi (either may be infinite: no bound); `range`
+  // says so in words.
+  float in_range(float value, const char* name, float lo, float hi, const char* range) const {
+    if (!std::isfinite(value) || value < lo || value > hi)
+      fail(Status::InvalidArgument, std::string(name) + " is " + fmt::format("{}", value) +
+                                        "; expected a finite number" +
+                                        (std::string_view(range) == "finite" ? "" : std::string(", ") + range));
+    return value;
   }
   // An axis of `of`, -rank..rank-1 (negative counts from the end), as the
   // board takes it: 0..rank-1.

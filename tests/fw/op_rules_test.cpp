@@ -7,6 +7,8 @@
 // decoder's code.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <initializer_list>
 #include <ostream>
@@ -18,11 +20,12 @@
 namespace tpuhal::fw {
 namespace {
 
-enum class Rule { kDTypeIn, kSameDType, kSameShape, kAxis, kBool };
+enum class Rule { kDTypeIn, kSameDType, kSameShape, kAxis, kBool, kRank, kDim, kRange };
 
 struct RuleOf {
   Rule rule;
-  std::uint32_t a, b;  // see op_rules.inc
+  std::uint32_t a, b;    // see op_rules.inc
+  float lo = 0, hi = 0;  // kRange
 };
 
 struct TensorOf {
@@ -188,6 +191,54 @@ TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
         expect_refused(b, CmdStatus::kBadArgument, attr_field(4 * rule.a), rank,
                        "attribute word " + std::to_string(rule.a) + " an axis past the rank");
         ++checked;
+        break;
+      }
+      case Rule::kRank: {
+        std::vector<std::uint64_t> shape = k.tensors[rule.a].shape;
+        ASSERT_EQ(shape.size(), rule.b) << "the sample's tensor " << rule.a << " against its rank rule";
+        Block b = good;
+        shape.push_back(1);
+        Block::set_shape(b.tensors[rule.a], shape);
+        expect_refused(b, CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kRank), shape.size(),
+                       "tensor " + std::to_string(rule.a) + " of rank " + std::to_string(shape.size()));
+        ++checked;
+        break;
+      }
+      case Rule::kDim: {
+        std::vector<std::uint64_t> shape = k.tensors[rule.a].shape;
+        ASSERT_LT(rule.b, shape.size());
+        Block b = good;
+        shape[rule.b] += 1;
+        Block::set_shape(b.tensors[rule.a], shape);
+        expect_refused(b, CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kShape, rule.b), shape[rule.b],
+                       "tensor " + std::to_string(rule.a) + "'s dimension " + std::to_string(rule.b) + " one longer");
+        ++checked;
+        break;
+      }
+      case Rule::kRange: {
+        auto with = [&](float v) {
+          Block b = good;
+          b.attrs[rule.a] = std::bit_cast<std::uint32_t>(v);
+          return b;
+        };
+        const std::string word = "attribute word " + std::to_string(rule.a);
+        const float inside = std::isfinite(rule.lo) ? rule.lo : std::isfinite(rule.hi) ? rule.hi : 0.0f;
+        expect_accepted(with(inside), word + " " + std::to_string(inside));
+        std::vector<float> outside{std::nanf(""), INFINITY, -INFINITY};
+        if (std::isfinite(rule.lo)) {
+          expect_accepted(with(rule.lo), word + " at its low bound");
+          outside.push_back(std::nextafter(rule.lo, -INFINITY));
+        }
+        if (std::isfinite(rule.hi)) {
+          expect_accepted(with(rule.hi), word + " at its high bound");
+          outside.push_back(std::nextafter(rule.hi, INFINITY));
+        }
+        for (float v : outside) {
+          const Block b = with(v);
+          expect_refused(b, CmdStatus::kBadArgument, attr_field(4 * rule.a), b.attrs[rule.a],
+                         word + " " + std::to_string(v));
+          ++checked;
+        }
         break;
       }
       case Rule::kBool: {

@@ -337,6 +337,17 @@ inline std::uint64_t test_seed() {
 
 using test::error_of;
 
+// A builder's refusals: each call throws InvalidArgument whose message is
+// exactly its text.
+using Refusals = std::vector<std::pair<std::function<void()>, std::string>>;
+inline void expect_refusals(const Refusals& cases) {
+  for (const auto& [f, says] : cases) {
+    const Error e = error_of(f);
+    EXPECT_EQ(e.status(), Status::InvalidArgument) << says;
+    EXPECT_STREQ(e.what(), says.c_str());
+  }
+}
+
 // ---- A device to run ops on ----------------------------------------------------------
 
 struct Lab {
