@@ -1084,6 +1084,42 @@ TEST(Runtime, GivenTheCliWhenItCompilesForAMaximumBatchThenModelInfoAndProfileSp
   fs::remove_all(dir);
 }
 
+TEST(Runtime, GivenTheCliWhenItCompilesADetectorThenTheModelGivesDetectionsAndOptionsAreChecked) {
+  const fs::path dir = fs::temp_directory_path() / ("tpuhal_rt_detect_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  OnnxBuilder b;  // a YOLOv8-style head of 2 classes over 20 anchors: [1, 6, 20]
+  b.input("head", {1, 6, 20});
+  b.node("Relu", {"head"}, "output0", "relu");
+  b.output("output0");
+  const auto onnx = b.bytes();
+  std::ofstream(dir / "head.onnx", std::ios::binary)
+      .write(reinterpret_cast<const char*>(onnx.data()), static_cast<std::streamsize>(onnx.size()));
+  const std::string in = (dir / "head.onnx").string(), model = (dir / "head.tpm").string();
+  auto r = test::run("compile " + in + " -o " + model + " --detect yolov8 --max-boxes 5 --score 0.1 --iou 0.6");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--detect yolov8: output 'output0' (20 boxes, 2 classes) ends in NMS on the board"),
+            std::string::npos)
+      << r.out;
+  r = test::run("model-info " + model + " -d sim:0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto info = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(info["outputs"][0]["name"], "detections") << info.dump();
+  EXPECT_EQ(info["outputs"][0]["shape"], nlohmann::json({1, 5, 6})) << info.dump();
+  r = test::run("profile " + model + " -n 1 -d sim:0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("detect"), std::string::npos) << r.out;
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--score 0.3", "--score, --iou, --max-boxes and --agnostic go with --detect"},
+           {"--detect yolov9", "--detect: unknown head 'yolov9' (yolov8 or yolov5)"},
+           {"--detect yolov8 --iou 2", "--detect: the IoU threshold 2 is not from 0 to 1"},
+           {"--detect yolov8 --max-boxes 0", "--detect: 0 boxes; from 1 to 65536 per image"}}) {
+    r = test::run("compile " + in + " -o " + model + " " + args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.out.find(says), std::string::npos) << args << ": " << r.out;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Runtime, GivenAnArrayWhenWrittenAsNpyThenItReadsBack) {
   const fs::path p = fs::temp_directory_path() / ("tpuhal_rt_" + std::to_string(::getpid()) + ".npy");
   const NdArray a{{2, 3}, {1, 2, 3, 4, 5, 6.5f}};

@@ -86,6 +86,15 @@ int cmd_compile(const std::vector<std::string>& args) {
       "SIZE (e.g. 4GiB): the largest constant the compiler computes when it folds Expand, Where, broadcasting "
       "arithmetic, Gather, Concat, ConstantOfShape or Range on constants (default: 1 GiB, or the model's "
       "initializers as float32 if more)")(
+      "detect", po::value<std::string>(),
+      "yolov8 or yolov5: end the model in box decoding and non-maximum suppression on the board; its one "
+      "output becomes 'detections' [batch, max-boxes, 6] (x1, y1, x2, y2, score, class; class -1 after the "
+      "last box)")("score", po::value<float>()->default_value(0.25f, "0.25"),
+                   "T: with --detect, a box is a candidate when its best class scores above T")(
+      "iou", po::value<float>()->default_value(0.45f, "0.45"),
+      "T: with --detect, boxes overlapping a kept box of their class by an IoU above T are dropped")(
+      "max-boxes", po::value<std::int64_t>()->default_value(100), "N: with --detect, the most boxes per image")(
+      "agnostic", po::bool_switch(), "with --detect, a kept box suppresses boxes of every class")(
       "device,d", po::value<std::string>()->default_value("sim:0"),
       "device that runs calibration and the report, and on which the compiled model is checked as the loader "
       "checks it")("list-ops", po::bool_switch(),
@@ -100,6 +109,7 @@ int cmd_compile(const std::vector<std::string>& args) {
       "                      [--calibration FILE.npy]... [--calibration-method minmax|percentile[:P]|entropy]\n"
       "                      [--keep-fp16 LAYER]... [--target-snr DB] [--report] [--strict-qdq]\n"
       "                      [--max-constant-bytes SIZE] [--max-batch N]\n"
+      "                      [--detect yolov8|yolov5 [--score T] [--iou T] [--max-boxes N] [--agnostic]]\n"
       "       tpuhal compile --list-ops\n\n"
       "Compiles an ONNX model for fixed input shapes and a precision into a compiled model that\n"
       "'tpuhal model-info' describes and the runtime loads on any device. Inputs and outputs stay\n"
@@ -110,6 +120,8 @@ int cmd_compile(const std::vector<std::string>& args) {
       "training) compiles to int8 with its own scales and zero points, without calibration.\n"
       "With --max-batch N the model runs any batch from 1 to N: its inputs' first dimension is the\n"
       "batch, and memory is planned for N.\n"
+      "With --detect, a YOLO detector's output is decoded and reduced by non-maximum suppression on\n"
+      "the board, and the compiled model gives its detections.\n"
       "Unsupported ops are all listed in one error. A model the loader would refuse (attributes out of range,\n"
       "constants larger than their data) is refused here, and no file is written. See docs/runtime.md.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
@@ -128,6 +140,16 @@ int cmd_compile(const std::vector<std::string>& args) {
   o.device = vm["device"].as<std::string>();
   o.report = vm["report"].as<bool>();
   o.strict_qdq = vm["strict-qdq"].as<bool>();
+  if (vm.count("detect")) {
+    o.detect.head = vm["detect"].as<std::string>();
+    o.detect.score_threshold = vm["score"].as<float>();
+    o.detect.iou_threshold = vm["iou"].as<float>();
+    o.detect.max_boxes = vm["max-boxes"].as<std::int64_t>();
+    o.detect.class_agnostic = vm["agnostic"].as<bool>();
+  } else if (!vm["score"].defaulted() || !vm["iou"].defaulted() || !vm["max-boxes"].defaulted() ||
+             vm["agnostic"].as<bool>()) {
+    throw Error(Status::InvalidArgument, "--score, --iou, --max-boxes and --agnostic go with --detect");
+  }
   if (vm.count("max-batch")) {
     o.max_batch = vm["max-batch"].as<std::int64_t>();
     if (o.max_batch < 1)

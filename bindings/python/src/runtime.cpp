@@ -53,11 +53,42 @@ rt::NdArray to_ndarray(const py::handle& obj, const std::string& what) {
   return out;
 }
 
+// compile(detect=...): None, a head's name, or a dict of "head" and any of
+// "score", "iou", "max_boxes" and "agnostic".
+rt::DetectOptions detect_options(const py::object& detect) {
+  rt::DetectOptions d;
+  if (detect.is_none()) return d;
+  if (py::isinstance<py::str>(detect)) {
+    d.head = detect.cast<std::string>();
+    return d;
+  }
+  if (!py::isinstance<py::dict>(detect))
+    fail(Status::InvalidArgument, "detect is a head's name ('yolov8', 'yolov5') or a dict with 'head'");
+  for (const auto& [key, value] : detect.cast<py::dict>()) {
+    const auto k = key.cast<std::string>();
+    if (k == "head")
+      d.head = value.cast<std::string>();
+    else if (k == "score")
+      d.score_threshold = value.cast<float>();
+    else if (k == "iou")
+      d.iou_threshold = value.cast<float>();
+    else if (k == "max_boxes")
+      d.max_boxes = value.cast<std::int64_t>();
+    else if (k == "agnostic")
+      d.class_agnostic = value.cast<bool>();
+    else
+      fail(Status::InvalidArgument, "detect: unknown key '" + k + "' (head, score, iou, max_boxes, agnostic)");
+  }
+  if (d.head.empty()) fail(Status::InvalidArgument, "detect: the dict names no 'head'");
+  return d;
+}
+
 PyCompiled compile_model(const py::object& source, const std::string& precision, const py::object& shapes,
                          const py::object& calibration, const std::string& method, double percentile, bool report,
                          const std::string& device, const std::vector<std::string>& keep_fp16, double target_snr_db,
-                         bool strict_qdq, std::int64_t max_batch) {
+                         bool strict_qdq, std::int64_t max_batch, const py::object& detect) {
   rt::CompileOptions o;
+  o.detect = detect_options(detect);
   o.precision = rt::parse_precision(precision);
   if (method == "percentile") {
     o.method = rt::CalibrationMethod::Percentile;
@@ -316,6 +347,7 @@ void bind_runtime(py::module_& m) {
         py::arg("calibration") = py::none(), py::arg("method") = "percentile", py::arg("percentile") = 99.99,
         py::arg("report") = false, py::arg("device") = "sim:0", py::arg("keep_fp16") = std::vector<std::string>{},
         py::arg("target_snr_db") = 0.0, py::arg("strict_qdq") = false, py::arg("max_batch") = 0,
+        py::arg("detect") = py::none(),
         "Compiles an ONNX model (a path, or the file's bytes) for fixed input shapes (or any batch up to "
         "max_batch) and a precision "
         "('fp32', 'fp16', 'bf16', 'int8'), as `tpuhal compile` does. shapes: {input name: shape} for "
@@ -329,7 +361,10 @@ void bind_runtime(py::module_& m) {
         "strict_qdq=True refuses it where a layer would run in fp32 instead. report=True measures each "
         "layer's error against fp32. max_batch=N: the model runs any batch from 1 to N (its inputs' "
         "first dimension, symbolic in the model) without compiling again; run() takes the batch from the "
-        "arrays. "
+        "arrays. detect='yolov8' or 'yolov5' (or a dict: {'head': 'yolov8', 'score': 0.25, 'iou': 0.45, "
+        "'max_boxes': 100, 'agnostic': False}) ends a YOLO detector in box decoding and non-maximum "
+        "suppression on the board: its one output becomes 'detections' [batch, max_boxes, 6] (x1, y1, x2, y2, "
+        "score, class; class -1 after the last box). "
         "Calibration and the report run on `device`. Returns a CompiledModel; raises tpuhal.Unsupported "
         "listing every unsupported op by node, tpuhal.InvalidArgument for bad models, shapes or data.");
 

@@ -397,6 +397,7 @@ Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& option
   fold_batch_norm(im);
   fuse_activations(im);
   fuse_gated(im);
+  add_detect(im);
   return std::move(im.g);
 }
 

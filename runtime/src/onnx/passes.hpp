@@ -56,6 +56,11 @@ void fuse_activations(Importer& im);
 // own).
 void fuse_gated(Importer& im);
 
+// CompileOptions::detect: the model's one output ends in a Detect node (a
+// YOLO head's boxes and scores through NMS, onnx/detect.cpp), whose
+// output is the graph's; refuses heads and options it cannot take.
+void add_detect(Importer& im);
+
 // Where a value is written straight into its Concat's output: the Concat's
 // output value and the byte offset of the value's part.
 // How many times value `v` is used: as a node's input (once per input

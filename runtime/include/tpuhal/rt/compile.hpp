@@ -45,6 +45,25 @@ enum class CalibrationMethod : std::uint32_t {
 // initializers take less.
 inline constexpr std::uint64_t kDefaultMaxConstantBytes = std::uint64_t{1} << 30;  // 1 GiB
 
+// Post-processing the compiler appends to a detector (docs/runtime.md,
+// "Detectors"): the model's one output decoded into boxes and scores, and
+// non-maximum suppression (ops::nms) on the board, so that the compiled
+// model's one output is `detections` [batch, max_boxes, 6]: rows of x1, y1,
+// x2, y2, score, class, best first, rows after the last box 0, 0, 0, 0, 0,
+// -1.
+struct DetectOptions {
+  // "" (none); "yolov8": an output [batch, 4 + classes, anchors] of boxes
+  // (cx, cy, w, h) then class scores, as ultralytics exports YOLOv8;
+  // "yolov5": [batch, anchors, 5 + classes] of boxes, objectness and class
+  // scores, as YOLOv5's export.py writes it (a class's score is its
+  // objectness times its class score).
+  std::string head;
+  float score_threshold = 0.25f;  // a box is a candidate when its best class scores above it (finite)
+  float iou_threshold = 0.45f;    // boxes overlapping a kept one by more are dropped (0 to 1)
+  std::int64_t max_boxes = 100;   // per image, 1 to 65536
+  bool class_agnostic = false;    // a kept box suppresses boxes of every class
+};
+
 struct CompileOptions {
   Precision precision = Precision::F32;
   // Fixed shape for each input with a symbolic or missing dimension, by
@@ -100,6 +119,8 @@ struct CompileOptions {
   // model file's directory when compiling from a path; when compiling from
   // bytes, a model with external data is refused unless this is set.
   std::filesystem::path external_data_dir;
+  // A detector's post-processing on the board (DetectOptions); none by default.
+  DetectOptions detect;
 };
 
 // One line of the precision report: a layer's output in the compiled

@@ -1,0 +1,219 @@
+"""Detectors end to end (compile(detect=...), docs/runtime.md "Detectors"):
+a YOLOv8-style network, written from its published architecture
+(scripts/timing/models.py) at a small input size, compiled with box
+decoding and non-maximum suppression on the board, against PyTorch and
+torchvision's nms; a YOLOv5-style head; batches; and what is refused."""
+import io
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import tpuhal
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts", "timing"))
+import models  # noqa: E402  (the YOLO networks)
+
+SIZE, CLASSES, BATCH = 128, 6, 2
+
+
+@pytest.fixture(scope="module")
+def dev():
+    # The BM1684X-class board: a YOLOv8s holds 45 MB of fp32 weights.
+    with tpuhal.open("sim:0") as d:
+        yield d
+
+
+def export(model, x, names=("output0",)):
+    buf = io.BytesIO()
+    with torch.no_grad():
+        torch.onnx.export(model, x, buf, opset_version=13, input_names=["images"], output_names=list(names))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def yolov8():
+    torch.manual_seed(0)
+    model = models.fuse(models.unit_scale(models.YOLOv8s(classes=CLASSES, size=SIZE))).eval()
+    x = torch.rand(BATCH, 3, SIZE, SIZE)
+    with torch.no_grad():
+        head = model(x).numpy()
+    return export(model, x), x.numpy(), head
+
+
+def nms_reference(boxes, scores, iou, score, max_boxes, agnostic):
+    """torchvision's nms per class (its CPU kernel on each class's boxes),
+    the kept boxes best first (ties: lower index first). boxes [A, 4] xyxy,
+    scores [A, C]; returns rows [K, 6] of x1, y1, x2, y2, score, class."""
+    boxes, scores = torch.as_tensor(boxes), torch.as_tensor(scores)
+    conf, cls = scores.max(1)
+    index = torch.nonzero(conf > score).flatten()
+    kept = []
+    for c in [None] if agnostic else cls[index].unique().tolist():
+        part = index if c is None else index[cls[index] == c]
+        kept.append(part[torchvision.ops.nms(boxes[part], conf[part], iou)])
+    kept = torch.cat(kept).numpy() if kept else np.zeros(0, np.int64)
+    kept = kept[np.lexsort((kept, -conf.numpy()[kept]))][:max_boxes]
+    return np.concatenate([boxes.numpy()[kept], conf.numpy()[kept, None], cls.numpy()[kept, None]], 1)
+
+
+def yolov8_reference(head, iou=0.45, score=0.25, max_boxes=100, agnostic=False):
+    out = []
+    for p in torch.as_tensor(head):
+        p = p.T  # [A, 4 + C]
+        boxes = torchvision.ops.box_convert(p[:, :4], "cxcywh", "xyxy")
+        out.append(nms_reference(boxes, p[:, 4:], iou, score, max_boxes, agnostic))
+    return out
+
+
+def detections(rows):
+    """One image's rows [M, 6] without the padding (class -1)."""
+    assert np.all(rows[rows[:, 5] < 0] == [0, 0, 0, 0, 0, -1]), "padding rows are 0, 0, 0, 0, 0, -1"
+    count = int(np.sum(rows[:, 5] >= 0))
+    assert np.all(rows[:count, 5] >= 0), "the kept rows come first"
+    return rows[:count]
+
+
+def run(compiled, dev, x):
+    model = tpuhal.load_model(dev, compiled)
+    return model.instance().run([x])
+
+
+def iou(a, b):
+    """IoU of each box of a [N, 4] with each of b [K, 4], xyxy."""
+    return torchvision.ops.box_iou(torch.as_tensor(a), torch.as_tensor(b)).numpy()
+
+
+def found_again(want, got, at_least):
+    """The share of `want`'s boxes that `got` has: same class, IoU >= at_least."""
+    if len(want) == 0:
+        return 1.0
+    if len(got) == 0:
+        return 0.0
+    overlap = iou(want[:, :4], got[:, :4]) * (want[:, None, 5] == got[None, :, 5])
+    return float(np.mean(overlap.max(1) >= at_least))
+
+
+class Head(torch.nn.Module):
+    """A model whose output is its input [B, K, L, 1] as [B, K, L]: a head
+    the test writes, so that NMS is all the board computes."""
+
+    def forward(self, x):
+        return torch.flatten(x, 2)
+
+
+def synthetic_head(rng, batch, anchors, v8=True):
+    """Boxes (cx, cy, w, h) in a 128-pixel image, clustered so that many
+    overlap, and scores in (0, 1); [B, 4 + C, A] (v8) or [B, A, 5 + C]."""
+    boxes = np.concatenate([rng.uniform(0, 128, (batch, anchors, 2)), rng.uniform(4, 48, (batch, anchors, 2))], 2)
+    scores = rng.uniform(0, 1, (batch, anchors, CLASSES + (0 if v8 else 1))) ** 2
+    head = np.concatenate([boxes, scores], 2).astype(np.float32)
+    return head.transpose(0, 2, 1).copy() if v8 else head
+
+
+def test_detections_are_torchvisions_nms_of_the_same_head_bit_for_bit(dev):
+    rng = np.random.default_rng(0)
+    head = synthetic_head(rng, BATCH, 500)
+    onnx_bytes = export(Head(), torch.as_tensor(head[..., None]))
+    for opts in ({"head": "yolov8"}, {"head": "yolov8", "iou": 0.3, "score": 0.5, "max_boxes": 7},
+                 {"head": "yolov8", "agnostic": True, "max_boxes": 300}, {"head": "yolov8", "iou": 0.0}):
+        compiled = tpuhal.compile(onnx_bytes, device=dev.uri, detect=opts)
+        (got,) = run(compiled, dev, head[..., None])
+        assert got.shape == (BATCH, opts.get("max_boxes", 100), 6)
+        want = yolov8_reference(head, opts.get("iou", 0.45), opts.get("score", 0.25), opts.get("max_boxes", 100),
+                                opts.get("agnostic", False))
+        for b in range(BATCH):
+            np.testing.assert_array_equal(detections(got[b]), want[b], err_msg=f"image {b}, {opts}")
+        assert all(len(w) > 1 for w in want), "the test's boxes survive NMS"
+
+
+def test_yolov8_fp32_finds_pytorchs_boxes_and_int8_most_of_them(dev, yolov8):
+    onnx_bytes, x, head = yolov8
+    want = yolov8_reference(head)
+    (f32,) = run(tpuhal.compile(onnx_bytes, device=dev.uri, detect="yolov8"), dev, x)
+    for b in range(BATCH):
+        got = detections(f32[b])
+        assert len(got) == len(want[b])
+        assert found_again(want[b], got, 0.99) == 1.0, f"image {b}"
+        assert found_again(got, want[b], 0.99) == 1.0, f"image {b}"
+    compiled = tpuhal.compile(onnx_bytes, "int8", calibration=x, device=dev.uri, detect="yolov8")
+    (q,) = run(compiled, dev, x)
+    share = np.mean([found_again(detections(f32[b]), detections(q[b]), 0.5) for b in range(BATCH)])
+    assert share >= 0.9, f"int8 finds {share:.0%} of fp32's boxes"
+
+
+def test_yolov5_scores_are_objectness_times_class(dev):
+    # YOLOv5's export.py output: [B, A, 5 + C], boxes then objectness and
+    # class scores after their sigmoid.
+    head = synthetic_head(np.random.default_rng(1), BATCH, 400, v8=False)
+    onnx_bytes = export(Head(), torch.as_tensor(head[..., None]))
+    (got,) = run(tpuhal.compile(onnx_bytes, device=dev.uri, detect={"head": "yolov5", "score": 0.2}), dev,
+                 head[..., None])
+    for b in range(BATCH):
+        p = torch.as_tensor(head[b])
+        boxes = torchvision.ops.box_convert(p[:, :4], "cxcywh", "xyxy")
+        want = nms_reference(boxes, p[:, 5:] * p[:, 4:5], 0.45, 0.2, 100, False)
+        assert len(want) > 1
+        np.testing.assert_array_equal(detections(got[b]), want, err_msg=f"image {b}")
+
+
+def test_a_model_for_several_batches_detects_at_each(dev):
+    head = synthetic_head(np.random.default_rng(2), 3, 300)[..., None]
+    dynamic = io.BytesIO()
+    torch.onnx.export(Head(), torch.as_tensor(head), dynamic, opset_version=13, input_names=["images"],
+                      output_names=["output0"], dynamic_axes={"images": {0: "n"}, "output0": {0: "n"}})
+    compiled = tpuhal.compile(dynamic.getvalue(), device=dev.uri, max_batch=3, detect="yolov8",
+                              shapes={"images": [3, 4 + CLASSES, 300, 1]})
+    instance = tpuhal.load_model(dev, compiled).instance()
+    want = yolov8_reference(head[..., 0])
+    for n in (1, 2, 3):
+        (got,) = instance.run([head[:n]])
+        assert got.shape == (n, 100, 6)
+        for b in range(n):
+            np.testing.assert_array_equal(detections(got[b]), want[b], err_msg=f"image {b} of a batch of {n}")
+
+
+@pytest.mark.parametrize("detect, says", [
+    ("yolov7", "unknown head 'yolov7' (yolov8 or yolov5)"),
+    ({"head": "yolov8", "iou": 1.5}, "the IoU threshold 1.5 is not from 0 to 1"),
+    ({"head": "yolov8", "score": float("nan")}, "the score threshold is not a finite number"),
+    ({"head": "yolov8", "max_boxes": 0}, "0 boxes; from 1 to 65536 per image"),
+    ({"iou": 0.5}, "detect: the dict names no 'head'"),
+    ({"head": "yolov8", "nms": 0.5}, "detect: unknown key 'nms'"),
+])
+def test_a_head_or_option_it_cannot_take_is_refused_by_name(dev, detect, says):
+    torch.manual_seed(0)
+    # [2, 10, 256]: a YOLOv8 head of 6 classes over 256 anchors.
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4 + CLASSES, 1), torch.nn.Flatten(2))
+    onnx_bytes = export(model, torch.rand(BATCH, 3, 16, 16))
+    with pytest.raises(tpuhal.InvalidArgument) as e:
+        tpuhal.compile(onnx_bytes, device=dev.uri, detect=detect)
+    assert says in str(e.value)
+
+
+@pytest.mark.parametrize("head, says", [
+    ("yolov8", "--detect yolov8 takes an output of shape [batch, 4 + classes, anchors]; output 'output0' is "
+     "[2, 4, 5]"),
+    ("yolov5", "--detect yolov5 takes an output of shape [batch, anchors, 5 + classes]; output 'output0' is "
+     "[2, 4, 5]"),
+])
+def test_an_output_of_another_shape_is_refused_naming_both(dev, head, says):
+    # [2, 4, 5]: four channels (no class for yolov8), five (none for yolov5).
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Flatten(2))
+    onnx_bytes = export(model, torch.rand(BATCH, 3, 1, 5))
+    with pytest.raises(tpuhal.InvalidArgument) as e:
+        tpuhal.compile(onnx_bytes, device=dev.uri, detect=head)
+    assert says in str(e.value)
+
+
+def test_a_model_of_two_outputs_is_refused(dev):
+    class Two(torch.nn.Module):
+        def forward(self, x):
+            return x.flatten(2), x.flatten(2) * 2
+
+    onnx_bytes = export(Two(), torch.rand(1, 10, 4, 4), names=("a", "b"))
+    with pytest.raises(tpuhal.InvalidArgument, match="takes a model of one output; this one has 2"):
+        tpuhal.compile(onnx_bytes, device=dev.uri, detect="yolov8")
