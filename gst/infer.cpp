@@ -1,6 +1,10 @@
 // tpuhalinfer: runs a compiled model (.tpm) on tpuhalconvert's tensors and
 // attaches its top-k classes to each buffer, as a TpuhalClassMeta and as an
-// element message "tpuhal-inference" on the bus.
+// element message "tpuhal-inference" on the bus. A detector compiled with
+// --detect (its first output `detections`, [B, M, 6]) gives each buffer its
+// boxes instead: a GstVideoRegionOfInterestMeta per box (roi type
+// "class-N", a "detection" param with the class and score; pixels of the
+// model's input) and an element message "tpuhal-detection".
 //
 // Buffers are gathered into batches of batch-size (by default the model's
 // own batch dimension): with a funnel in front, one tpuhalinfer batches
@@ -9,6 +13,7 @@
 // came. The model's first input must be f32 [B, 3, H, W]; its first output
 // [B, K] (or [B, K, 1, 1]) scores K classes.
 #include <gst/base/gstbasetransform.h>
+#include <gst/video/gstvideometa.h>
 
 #include <algorithm>
 #include <atomic>
@@ -42,6 +47,7 @@ struct InferImpl {
   tg::SharedQueue queue;
   tpuhal::Buffer host;  // the first output, read back
   std::int64_t batch = 1, height = 0, width = 0, classes = 0;
+  std::int64_t boxes = 0;           // a detector's rows per frame (its output `detections`); 0: a classifier
   std::vector<GstBuffer*> pending;  // gathered for the next batch
   std::deque<GstBuffer*> ready;     // run, waiting to be pushed
   std::atomic<guint64> batches{0};  // read by get_property from any thread
@@ -107,6 +113,7 @@ gboolean infer_start(GstBaseTransform* t) {
     if (out.shape.empty() || out.shape[0] != in.shape[0] || out.dtype != tpuhal::DType::F32)
       throw Error(tpuhal::Status::InvalidArgument,
                   path + ": the model's first output is " + out.describe() + ", not f32[B, K] scores");
+    s.boxes = out.name == "detections" && out.shape.size() == 3 && out.shape[2] == 6 ? out.shape[1] : 0;
     s.batch = in.shape[0];
     s.height = in.shape[2];
     s.width = in.shape[3];
@@ -122,9 +129,9 @@ gboolean infer_start(GstBaseTransform* t) {
     GST_ELEMENT_ERROR(t, RESOURCE, OPEN_READ, ("cannot load the model \"%s\"", path.c_str()), ("%s", e.what()));
     return FALSE;
   }
-  GST_INFO_OBJECT(t, "%s: input %lldx%lld, batches of %lld, %lld classes", path.c_str(),
-                  static_cast<long long>(s.width), static_cast<long long>(s.height), static_cast<long long>(s.batch),
-                  static_cast<long long>(s.classes));
+  GST_INFO_OBJECT(t, "%s: input %lldx%lld, batches of %lld, %lld %s", path.c_str(), static_cast<long long>(s.width),
+                  static_cast<long long>(s.height), static_cast<long long>(s.batch),
+                  static_cast<long long>(s.boxes ? s.boxes : s.classes), s.boxes ? "boxes" : "classes");
   return TRUE;
 }
 
@@ -158,6 +165,43 @@ GstCaps* infer_transform_caps(GstBaseTransform* t, GstPadDirection, GstCaps* cap
     result = both;
   }
   return result;
+}
+
+// A detector's rows for buffer `b` (x1, y1, x2, y2, score, class; class -1
+// after the last box): a region-of-interest meta per box, in the model
+// input's pixels, and a "tpuhal-detection" message.
+void attach_detections(GstBaseTransform* t, const InferImpl& s, GstBuffer* b, const tg::Payload& p, const float* rows,
+                       bool messages) {
+  std::string text;
+  guint count = 0;
+  for (std::int64_t r = 0; r < s.boxes; ++r) {
+    const float* d = rows + r * 6;
+    if (d[5] < 0) break;
+    const auto clamp = [](float v, std::int64_t hi) {
+      return static_cast<guint>(std::clamp(v, 0.0f, static_cast<float>(hi)));
+    };
+    const guint x1 = clamp(d[0], s.width), y1 = clamp(d[1], s.height);
+    const guint x2 = std::max(x1, clamp(d[2], s.width)), y2 = std::max(y1, clamp(d[3], s.height));
+    const int cls = static_cast<int>(d[5]);
+    const std::string type = "class-" + std::to_string(cls);
+    GstVideoRegionOfInterestMeta* m =
+        gst_buffer_add_video_region_of_interest_meta(b, type.c_str(), x1, y1, x2 - x1, y2 - y1);
+    m->id = static_cast<gint>(count);
+    gst_video_region_of_interest_meta_add_param(
+        m, gst_structure_new("detection", "class", G_TYPE_INT, cls, "score", G_TYPE_DOUBLE, static_cast<double>(d[4]),
+                             "channel", G_TYPE_UINT, p.channel, nullptr));
+    char item[160];
+    std::snprintf(item, sizeof item, "%s%d:%.9g:%.9g,%.9g,%.9g,%.9g", count ? ";" : "", cls, static_cast<double>(d[4]),
+                  static_cast<double>(d[0]), static_cast<double>(d[1]), static_cast<double>(d[2]),
+                  static_cast<double>(d[3]));
+    text += item;
+    ++count;
+  }
+  if (!messages) return;
+  GstStructure* st = gst_structure_new("tpuhal-detection", "channel", G_TYPE_UINT, p.channel, "frame", G_TYPE_UINT64,
+                                       p.index, "pts", G_TYPE_UINT64, GST_BUFFER_PTS(b), "count", G_TYPE_UINT, count,
+                                       "boxes", G_TYPE_STRING, text.c_str(), nullptr);
+  gst_element_post_message(GST_ELEMENT(t), gst_message_new_element(GST_OBJECT(t), st));
 }
 
 // Runs the gathered buffers as one batch (slots past them keep what they
@@ -202,6 +246,19 @@ GstFlowReturn run_batch(GstBaseTransform* t) {
   }
   ++s.batches;
   const auto* scores = reinterpret_cast<const float*>(s.host.map().data());
+  if (s.boxes) {
+    GST_OBJECT_LOCK(t);
+    const bool messages = s.messages;
+    GST_OBJECT_UNLOCK(t);
+    for (std::size_t i = 0; i < s.pending.size(); ++i) {
+      GstBuffer* b = gst_buffer_make_writable(s.pending[i]);
+      s.pending[i] = nullptr;
+      attach_detections(t, s, b, *payloads[i], scores + i * static_cast<std::size_t>(s.boxes) * 6, messages);
+      s.ready.push_back(b);
+    }
+    s.pending.clear();
+    return GST_FLOW_OK;
+  }
   GST_OBJECT_LOCK(t);
   const guint k = std::min<guint>({s.top_k, 16u, static_cast<guint>(s.classes)});
   const bool messages = s.messages;
@@ -375,7 +432,8 @@ static void tpuhal_infer_class_init(TpuhalInferClass* klass) {
   gst_element_class_add_static_pad_template(e, &sink_template);
   gst_element_class_add_static_pad_template(e, &src_template);
   gst_element_class_set_static_metadata(e, "tpuhal inference", "Filter/Analyzer/Video/Hardware",
-                                        "Runs a compiled model on a tpuhal board and attaches its top-k classes",
+                                        "Runs a compiled model on a tpuhal board and attaches its top-k classes, or a "
+                                        "detector's boxes (region-of-interest metas)",
                                         "tpuhal");
   auto* b = GST_BASE_TRANSFORM_CLASS(klass);
   b->start = infer_start;

@@ -9,12 +9,16 @@ the build tree (GST_PLUGIN_PATH, a registry of the test's own).
   same steps through the Python API do, frame by frame;
 - a funnel of two streams into one tpuhalinfer runs them in batches of two,
   with the same results;
+- a detector compiled with --detect gives each frame the boxes the Python
+  API gives, as messages and as region-of-interest metas;
 - a corrupt stream and a bad model are errors naming the element (and the
   channel); the pipeline stops cleanly;
 - GStreamer's leaks tracer finds no buffer, memory, caps or element left
   alive at exit.
 In the sanitizer build the tools run with the sanitizer runtimes preloaded
 (the test environment's LD_PRELOAD), so the plugin runs under them."""
+import io
+import json
 import os
 import re
 import shutil
@@ -353,6 +357,108 @@ def test_rtsp_to_inference_classifies_each_frame_as_the_api_does(env, clips, mod
     got = inference_messages(r.stdout)
     assert len(got) == 1, got
     check_against(ref, next(iter(got.values())))
+
+
+DETECT_CLASSES = 3
+
+
+@pytest.fixture(scope="module")
+def detector_path(tmp_path_factory):
+    """A small YOLOv8-style detector over the SIZE x SIZE input, compiled
+    with --detect: [1, 4 + classes, 64] boxes in the input's pixels."""
+    torch = pytest.importorskip("torch")
+
+    class Detector(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4 + DETECT_CLASSES, 3, stride=8, padding=1)
+
+        def forward(self, x):
+            y = torch.flatten(self.conv(x), 2)
+            return torch.cat((y[:, :2].sigmoid() * SIZE, y[:, 2:4].sigmoid() * (SIZE / 3), y[:, 4:].sigmoid()), 1)
+
+    torch.manual_seed(0)
+    buf = io.BytesIO()
+    torch.onnx.export(Detector().eval(), torch.rand(1, 3, SIZE, SIZE), buf, opset_version=13,
+                      input_names=["x"], output_names=["head"])
+    path = tmp_path_factory.mktemp("detector") / "det.tpm"
+    tpuhal.compile(buf.getvalue(), device="sim:0", detect={"head": "yolov8", "score": 0.3, "max_boxes": 20}).save(path)
+    return path
+
+
+def detection_messages(output):
+    """channel -> frame -> [(class, score, x1, y1, x2, y2)] from gst-launch-1.0 -m."""
+    got = {}
+    for line in output.splitlines():
+        if "tpuhal-detection" not in line:
+            continue
+        frame = int(re.search(r"frame=\(guint64\)(\d+)", line).group(1))
+        channel = int(re.search(r"channel=\(uint\)(\d+)", line).group(1))
+        count = int(re.search(r"count=\(uint\)(\d+)", line).group(1))
+        text = re.search(r'boxes=\(string\)"([^"]*)"', line).group(1).replace("\\", "")
+        boxes = []
+        for item in filter(None, text.split(";")):
+            cls, score, corners = item.split(":")
+            boxes.append((int(cls), float(score), *(float(v) for v in corners.split(","))))
+        assert len(boxes) == count, line
+        got.setdefault(channel, {})[frame] = boxes
+    return got
+
+
+def test_a_detector_gives_each_frames_boxes_as_the_api_does(env, clips, detector_path):
+    ref = reference(clips["h264"], detector_path)
+    r = launch(env, f"filesrc location={clips['h264']} ! qtdemux ! h264parse ! tpuhaldec ! "
+                    f"tpuhalconvert mean={MEAN} scale={SCALE} ! tpuhalinfer model={detector_path} ! fakesink", "-m")
+    got = detection_messages(r.stdout)
+    assert list(got) == [0], got
+    assert sorted(got[0]) == list(range(len(ref)))
+    boxes = 0
+    for i, rows in enumerate(ref):
+        want = [(int(d[5]), *(float(np.float32(v)) for v in (d[4], *d[:4]))) for d in rows if d[5] >= 0]
+        assert [(c, np.float32(s), *np.float32(b)) for c, s, *b in got[0][i]] == \
+            [(c, np.float32(s), *np.float32(b)) for c, s, *b in want], f"frame {i}"
+        boxes += len(want)
+    assert boxes > len(ref), "the test's frames have boxes"
+    # The region-of-interest metas, read by a pad probe in a process of its own.
+    script = f"""
+import gi, json
+gi.require_version("Gst", "1.0"); gi.require_version("GstVideo", "1.0")
+from gi.repository import GLib, Gst, GstVideo
+Gst.init(None)
+p = Gst.parse_launch("filesrc location={clips['h264']} ! qtdemux ! h264parse ! tpuhaldec ! "
+                     "tpuhalconvert mean={MEAN} scale={SCALE} ! tpuhalinfer model={detector_path} messages=false ! "
+                     "fakesink name=sink signal-handoffs=true")
+frames = []
+def handoff(sink, buf, pad):
+    rois, k = [], 0
+    while True:
+        m = GstVideo.buffer_get_video_region_of_interest_meta_id(buf, k)
+        if m is None:
+            break
+        d = m.get_param("detection")
+        rois.append([GLib.quark_to_string(m.roi_type), m.x, m.y, m.w, m.h, d.get_value("class"),
+                     d.get_value("score")])
+        k += 1
+    frames.append(rois)
+p.get_by_name("sink").connect("handoff", handoff)
+p.set_state(Gst.State.PLAYING)
+msg = p.get_bus().timed_pop_filtered(120 * Gst.SECOND, Gst.MessageType.EOS | Gst.MessageType.ERROR)
+p.set_state(Gst.State.NULL)
+assert msg and msg.type == Gst.MessageType.EOS, msg and msg.parse_error()
+print(json.dumps(frames))
+"""
+    out = subprocess.run(["/usr/bin/python3", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    metas = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(metas) == len(ref)
+    for i, rows in enumerate(ref):
+        want = []
+        for d in (d for d in rows if d[5] >= 0):
+            x1, y1 = (int(min(max(v, 0), SIZE)) for v in d[:2])
+            x2, y2 = (int(min(max(v, 0), SIZE)) for v in d[2:4])
+            want.append([f"class-{int(d[5])}", x1, y1, max(x2, x1) - x1, max(y2, y1) - y1, int(d[5]),
+                         pytest.approx(float(d[4]), rel=1e-7)])
+        assert metas[i] == want, f"frame {i}"
 
 
 def test_two_streams_batched_in_one_infer(env, clips, model_path):
