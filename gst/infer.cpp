@@ -177,8 +177,8 @@ void attach_detections(GstBaseTransform* t, const InferImpl& s, GstBuffer* b, co
   for (std::int64_t r = 0; r < s.boxes; ++r) {
     const float* d = rows + r * 6;
     if (d[5] < 0) break;
-    const auto clamp = [](float v, std::int64_t hi) {
-      return static_cast<guint>(std::clamp(v, 0.0f, static_cast<float>(hi)));
+    const auto clamp = [](float v, std::int64_t hi) {  // NaN: 0
+      return v > 0 ? static_cast<guint>(std::min(v, static_cast<float>(hi))) : 0u;
     };
     const guint x1 = clamp(d[0], s.width), y1 = clamp(d[1], s.height);
     const guint x2 = std::max(x1, clamp(d[2], s.width)), y2 = std::max(y1, clamp(d[3], s.height));

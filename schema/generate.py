@@ -206,8 +206,7 @@ def check_rule(k, structs):
                  for f in st["fields"] if f[1] == "u32" and f[0] not in axes]
     for field, bounds in ranges.items():
         if field not in fields or fields[field][1] != "f32" or not isinstance(bounds, tuple) or len(bounds) != 2 or \
-                not all(b is None or (isinstance(b, (int, float)) and math.isfinite(b)) for b in bounds) or \
-                (None not in bounds and bounds[0] > bounds[1]):
+                not all(b is None or is_f32(b) for b in bounds) or (None not in bounds and bounds[0] > bounds[1]):
             problems.append(f"{name}: ranges: {field}: an f32 field of {st['name']} and (low, high), low <= high")
     problems += [f"{name}: {st['name']}.{f[0]} is an f32 without a range" for f in st["fields"]
                  if f[1] == "f32" and f[0] not in ranges]
@@ -236,8 +235,10 @@ def check_rule(k, structs):
             problems.append(f"{name}: sample's {r} has shape {ss[r]}, against {pattern}")
     for field, (lo, hi) in ranges.items():
         v = float(sa.get(field, fields[field][2]))
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            problems.append(f"{name}: sample's {field} is outside its range")
+        if not is_f32(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+            problems.append(f"{name}: sample's {field} is not a finite f32 in its range")
+        if not is_f32(float(fields[field][2])):
+            problems.append(f"{name}: {field}'s default is beyond an f32")
     for r in roles_:  # tests and seeds place the tensors 64 KiB apart
         n = 1
         for d in ss[r]:
@@ -346,18 +347,18 @@ def fw_rule_checks():
                 conds.append(f"expect_dim(c, b, {i}, {d}, {w})")
         for r, like in rule.get("shapes", {}).items():
             conds.append(f"expect_same_shape(c, b, {idx[r]}, {idx[like]})")
-        for field, of in rule.get("axes", {}).items():
-            t = f"b.tensors[{idx[of]}]"
-            conds.append(f"expect_attr(c, offsetof({st['name']}, {field}), {t}.rank > 0 && at.{field} < {t}.rank, "
-                         f"at.{field}, {t}.rank)")
-        for name, typ, _, _ in st["fields"]:
-            if typ == "bool":
-                conds.append(f"expect_attr(c, offsetof({st['name']}, {name}), at.{name} <= 1, at.{name}, 1)")
-        for field, (lo, hi) in rule.get("ranges", {}).items():
-            ok = [f"std::isfinite(at.{field})"] + [f"at.{field} >= {cpp_float(lo)}"] * (lo is not None) + \
-                 [f"at.{field} <= {cpp_float(hi)}"] * (hi is not None)
-            conds.append(f"expect_attr(c, offsetof({st['name']}, {field}), {' && '.join(ok)}, "
-                         f"float_bits(at.{field}))")
+        for field, typ, _, _ in st["fields"]:  # in field order, as the builder checks them
+            where = f"offsetof({st['name']}, {field})"
+            if typ == "u32":
+                t = f"b.tensors[{idx[rule['axes'][field]]}]"
+                conds.append(f"expect_attr(c, {where}, {t}.rank > 0 && at.{field} < {t}.rank, at.{field}, {t}.rank)")
+            elif typ == "bool":
+                conds.append(f"expect_attr(c, {where}, at.{field} <= 1, at.{field}, 1)")
+            else:
+                lo, hi = rule["ranges"][field]
+                ok = [f"std::isfinite(at.{field})"] + [f"at.{field} >= {cpp_float(lo)}"] * (lo is not None) + \
+                     [f"at.{field} <= {cpp_float(hi)}"] * (hi is not None)
+                conds.append(f"expect_attr(c, {where}, {' && '.join(ok)}, float_bits(at.{field}))")
         out.append("  return " + " &&\n         ".join(conds) + ";\n}\n")
     return "".join(out)
 
@@ -898,9 +899,17 @@ def hal_op_cost():
 
 
 def cpp_float(text):
-    """A decimal as a C++ float literal: 0.45 -> 0.45f, 1 -> 1.0f."""
+    """A number as a C++ float literal: 0.45 -> 0.45f, 1 -> 1.0f, 1e-05 -> 1e-05f."""
     text = str(text)
-    return (text if "." in text else text + ".0") + "f"
+    return (text if "." in text or "e" in text.lower() else text + ".0") + "f"
+
+
+F32_MAX = 3.4028234663852886e38
+
+
+def is_f32(v):
+    """A finite number an f32 holds without overflowing."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) <= F32_MAX
 
 
 def attr_alternatives(key, first=()):

@@ -274,7 +274,7 @@ ATTR_STRUCTS = [
          "score_threshold. Candidates are taken by score, highest first, ties by box index, lower first; one is kept "
          "unless a kept box (of its class, or of any class with class_agnostic) overlaps it by an IoU above "
          "iou_threshold, until Y's M rows are full. IoU is intersection / (area + area - intersection) in f32 on the "
-         "corners (x1, y1, x2, y2), as torchvision's nms computes it. Y's rows: x1, y1, x2, y2, score, class, best "
+         "corners (x1, y1, x2, y2), as torchvision's nms computes it, and both thresholds are compared as f32. Y's rows: x1, y1, x2, y2, score, class, best "
          "first; the rows after the last kept box are 0, 0, 0, 0, 0, -1. The class index is exact below 2^24 in f32, "
          "2049 in f16, 257 in bf16.",
          fields=[("iou_threshold", "f32", "0.45", "boxes overlapping a kept one by more are dropped"),

@@ -438,12 +438,18 @@ std::vector<LayerError> measure(Device& dev, const Graph& g, const Lowered& f32,
   return out;
 }
 
-// The lowest signal-to-noise ratio of the graph's outputs in a report.
+// The lowest signal-to-noise ratio of the graph's outputs in a report. A
+// detector's output is its Detect layer's input, the head: NMS rows shift
+// whole when one box comes or goes, and say nothing of the network's signal.
 double output_snr(const Graph& g, const std::vector<LayerError>& errors) {
   double worst = INFINITY;
-  for (const auto& [_, v] : g.outputs)
+  for (const auto& [_, out] : g.outputs) {
+    std::string v = out;
+    for (const Node& n : g.nodes)
+      if (n.op == "Detect" && n.output == out) v = n.inputs.at(0);
     for (const auto& e : errors)
       if (e.output == v) worst = std::min(worst, e.snr_db);
+  }
   return worst;
 }
 

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <sstream>
 
@@ -106,7 +108,10 @@ struct OpReader {
   float real(const char* key) const {
     const json& v = get(key);
     if (!v.is_number()) fail(std::string("attribute '") + key + "' is not a number");
-    return v.get<float>();
+    const double d = v.get<double>();
+    if (std::isfinite(d) && std::abs(d) > std::numeric_limits<float>::max())
+      fail(std::string("attribute '") + key + "' is beyond the range of a float");
+    return static_cast<float>(d);
   }
   template <std::size_t N>
   std::array<std::uint32_t, N> u32s(const char* key) const {

@@ -1105,14 +1105,17 @@ TEST(Runtime, GivenTheCliWhenItCompilesADetectorThenTheModelGivesDetectionsAndOp
   const auto info = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   EXPECT_EQ(info["outputs"][0]["name"], "detections") << info.dump();
   EXPECT_EQ(info["outputs"][0]["shape"], nlohmann::json({1, 5, 6})) << info.dump();
-  r = test::run("profile " + model + " -n 1 -d sim:0");
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("detect"), std::string::npos) << r.out;
+  r = test::run("profile " + model + " -n 1 -d sim:0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto profile = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  ASSERT_FALSE(profile["layers"].empty()) << r.out;
+  EXPECT_EQ(profile["layers"].back()["node"], "detect") << r.out;
   for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
            {"--score 0.3", "--score, --iou, --max-boxes and --agnostic go with --detect"},
            {"--detect yolov9", "--detect: unknown head 'yolov9' (yolov8 or yolov5)"},
            {"--detect yolov8 --iou 2", "--detect: the IoU threshold 2 is not from 0 to 1"},
-           {"--detect yolov8 --max-boxes 0", "--detect: 0 boxes; from 1 to 65536 per image"}}) {
+           {"--detect yolov8 --max-boxes 0", "--detect: 0 boxes; from 1 to 65536 per image"},
+           {"--detect ''", "--detect takes yolov8 or yolov5"}}) {
     r = test::run("compile " + in + " -o " + model + " " + args);
     EXPECT_NE(r.code, 0) << args;
     EXPECT_NE(r.out.find(says), std::string::npos) << args << ": " << r.out;

@@ -142,6 +142,7 @@ int cmd_compile(const std::vector<std::string>& args) {
   o.strict_qdq = vm["strict-qdq"].as<bool>();
   if (vm.count("detect")) {
     o.detect.head = vm["detect"].as<std::string>();
+    if (o.detect.head.empty()) throw Error(Status::InvalidArgument, "--detect takes yolov8 or yolov5");
     o.detect.score_threshold = vm["score"].as<float>();
     o.detect.iou_threshold = vm["iou"].as<float>();
     o.detect.max_boxes = vm["max-boxes"].as<std::int64_t>();

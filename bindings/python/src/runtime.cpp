@@ -60,24 +60,33 @@ rt::DetectOptions detect_options(const py::object& detect) {
   if (detect.is_none()) return d;
   if (py::isinstance<py::str>(detect)) {
     d.head = detect.cast<std::string>();
+    if (d.head.empty()) fail(Status::InvalidArgument, "detect: a head's name ('yolov8', 'yolov5'), not ''");
     return d;
   }
   if (!py::isinstance<py::dict>(detect))
     fail(Status::InvalidArgument, "detect is a head's name ('yolov8', 'yolov5') or a dict with 'head'");
   for (const auto& [key, value] : detect.cast<py::dict>()) {
-    const auto k = key.cast<std::string>();
-    if (k == "head")
-      d.head = value.cast<std::string>();
-    else if (k == "score")
-      d.score_threshold = value.cast<float>();
-    else if (k == "iou")
-      d.iou_threshold = value.cast<float>();
-    else if (k == "max_boxes")
-      d.max_boxes = value.cast<std::int64_t>();
-    else if (k == "agnostic")
-      d.class_agnostic = value.cast<bool>();
-    else
-      fail(Status::InvalidArgument, "detect: unknown key '" + k + "' (head, score, iou, max_boxes, agnostic)");
+    const auto k = py::str(key).cast<std::string>();
+    const char* want = k == "head"        ? "a string"
+                       : k == "max_boxes" ? "an integer"
+                       : k == "agnostic"  ? "a bool"
+                                          : "a number";
+    try {
+      if (k == "head")
+        d.head = value.cast<std::string>();
+      else if (k == "score")
+        d.score_threshold = value.cast<float>();
+      else if (k == "iou")
+        d.iou_threshold = value.cast<float>();
+      else if (k == "max_boxes")
+        d.max_boxes = value.cast<std::int64_t>();
+      else if (k == "agnostic")
+        d.class_agnostic = value.cast<bool>();
+      else
+        fail(Status::InvalidArgument, "detect: unknown key '" + k + "' (head, score, iou, max_boxes, agnostic)");
+    } catch (const py::cast_error&) {
+      fail(Status::InvalidArgument, "detect: '" + k + "' is " + py::repr(value).cast<std::string>() + ", not " + want);
+    }
   }
   if (d.head.empty()) fail(Status::InvalidArgument, "detect: the dict names no 'head'");
   return d;

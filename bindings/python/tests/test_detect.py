@@ -134,11 +134,14 @@ def test_yolov8_fp32_finds_pytorchs_boxes_and_int8_most_of_them(dev, yolov8):
     onnx_bytes, x, head = yolov8
     want = yolov8_reference(head)
     (f32,) = run(tpuhal.compile(onnx_bytes, device=dev.uri, detect="yolov8"), dev, x)
+    # The same boxes on this host (docs/runtime.md has YOLOv8s at 640: all
+    # found again); an NCHW convolution's last bits differ between hosts
+    # (docs/ops.md, determinism), so a box at a threshold may come or go.
     for b in range(BATCH):
         got = detections(f32[b])
-        assert len(got) == len(want[b])
-        assert found_again(want[b], got, 0.99) == 1.0, f"image {b}"
-        assert found_again(got, want[b], 0.99) == 1.0, f"image {b}"
+        assert abs(len(got) - len(want[b])) <= max(1, len(want[b]) // 20), f"image {b}"
+        assert found_again(want[b], got, 0.99) >= 0.95, f"image {b}"
+        assert found_again(got, want[b], 0.99) >= 0.95, f"image {b}"
     compiled = tpuhal.compile(onnx_bytes, "int8", calibration=x, device=dev.uri, detect="yolov8")
     (q,) = run(compiled, dev, x)
     share = np.mean([found_again(detections(f32[b]), detections(q[b]), 0.5) for b in range(BATCH)])
@@ -183,6 +186,8 @@ def test_a_model_for_several_batches_detects_at_each(dev):
     ({"head": "yolov8", "max_boxes": 0}, "0 boxes; from 1 to 65536 per image"),
     ({"iou": 0.5}, "detect: the dict names no 'head'"),
     ({"head": "yolov8", "nms": 0.5}, "detect: unknown key 'nms'"),
+    ({"head": "yolov8", "score": "high"}, "detect: 'score' is 'high', not a number"),
+    ("", "detect: a head's name ('yolov8', 'yolov5'), not ''"),
 ])
 def test_a_head_or_option_it_cannot_take_is_refused_by_name(dev, detect, says):
     torch.manual_seed(0)

@@ -6,6 +6,8 @@
 // though no ONNX op makes it.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <iomanip>
 #include <sstream>
 #include <string>
 
@@ -36,9 +38,14 @@ Head read_head(const Importer& im, const DetectOptions& d, const std::string& ou
   return {s[0], s[v8 ? 2 : 1], channels - fixed};
 }
 
+// As few digits as read back as the same float.
 std::string number(float v) {
   std::ostringstream os;
-  os << v;
+  for (int digits = 6; digits <= 9; ++digits) {
+    os.str("");
+    os << std::setprecision(digits) << v;
+    if (std::strtof(os.str().c_str(), nullptr) == v) break;
+  }
   return os.str();
 }
 
@@ -54,7 +61,8 @@ void lower_detect(Lowerer& l, const Node& n) {
   const auto& s = l.shape_of(n.inputs[0]);
   const bool v8 = d.head == "yolov8";
   const std::int64_t b = s[0], a = v8 ? s[2] : s[1], ch = v8 ? s[1] : s[2];
-  // The head in f32 (an fp16 model's boxes lose a pixel in f16 above 1024),
+  // The head in f32, so that the boxes' corners, areas and IoUs are
+  // computed as torchvision computes them whatever the model's precision;
   // dense, so that its parts are views of it.
   const std::int64_t head = l.dense(l.get(n.inputs[0], DType::F32), DType::F32, s);
   auto part = [&](std::int64_t channel, std::int64_t count, bool broadcast) {
