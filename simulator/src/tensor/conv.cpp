@@ -642,27 +642,27 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
   const View &x0 = v[0], &w0 = v[1], &bias = v[2], &y = v[3];
   const Geometry g(at, x0, w0, y);
   const auto act = static_cast<fw::Activation>(at.activation);
-  std::vector<float> xs, wsv, bsv;
+
   // Floats oneDNN has no kernel for here are widened to f32 (exact): f16
   // always, bf16 on CPUs without AVX-512.
   const bool f16 = x0.dtype == fw::DType::kF16 || (x0.dtype == fw::DType::kBF16 && !onednn_has_bf16());
-  const View x = f16 ? widened(e, x0, xs) : x0;
-  const View w = f16 ? widened(e, w0, wsv) : w0;
+  const View x = f16 ? widened(e, x0, Staged::kX) : x0;
+  const View w = f16 ? widened(e, w0, Staged::kW) : w0;
   View b = bias;
   if (bias.present() && (bias.dtype == fw::DType::kF16 || (bias.dtype != x.dtype && bias.dtype != fw::DType::kF32)))
-    b = widened(e, bias, bsv);
+    b = widened(e, bias, Staged::kBias);
 
   // oneDNN writes straight into y when y is f32/bf16 and no activation
   // follows, or y is dense f32 (the activation then runs in place);
   // otherwise into an f32 scratch that the loop below finishes.
   const bool in_place_act = y.dtype == fw::DType::kF32 && y.contiguous();
   const bool direct = !f16 && (act == fw::Activation::kNone || in_place_act);
-  std::vector<float> scratch;
+  float* scratch = nullptr;  // every element written by oneDNN or the loop below
   void* out = y.data;
   dt yt = dnnl_type(y.dtype);
   if (!direct) {
-    scratch.assign(g.n * g.o * g.oh * g.ow, 0.0f);
-    out = scratch.data();
+    scratch = e.staged(Staged::kY, g.n * g.o * g.oh * g.ow);
+    out = scratch;
     yt = dt::f32;
   }
   const dt xt = dnnl_type(x.dtype);
@@ -671,8 +671,8 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
   if (!done) {
     // Reference: direct loops, f32 accumulation in (c, kh, kw) order.
     if (direct) {
-      scratch.assign(g.n * g.o * g.oh * g.ow, 0.0f);
-      out = scratch.data();
+      scratch = e.staged(Staged::kY, g.n * g.o * g.oh * g.ow);
+      out = scratch;
     }
     const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
     e.pool().parallel_for(g.n * g.o, [&](std::uint64_t begin, std::uint64_t end) {
@@ -719,11 +719,11 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
     auto* dst = reinterpret_cast<std::uint16_t*>(y.data);
     const bool bf16 = y.dtype == fw::DType::kBF16;
     e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
-      activate_span(act, at.act_alpha, at.act_beta, scratch.data() + begin, end - begin);
+      activate_span(act, at.act_alpha, at.act_beta, scratch + begin, end - begin);
       if (bf16)
-        simd::narrow_bf16(scratch.data() + begin, dst + begin, end - begin);
+        simd::narrow_bf16(scratch + begin, dst + begin, end - begin);
       else
-        simd::narrow_f16(scratch.data() + begin, dst + begin, end - begin);
+        simd::narrow_f16(scratch + begin, dst + begin, end - begin);
     });
     return {};
   }

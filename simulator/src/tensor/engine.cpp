@@ -333,16 +333,17 @@ fw::Problem run_qlinear_conv(TensorEngine& e, const fw::ConvAttrs& a, const View
 }
 
 // Dense f32 copy of a float view (for f16 and bf16 where oneDNN lacks them).
-View widened(TensorEngine& e, const View& v, std::vector<float>& store) {
-  store.resize(v.elements());
+View widened(TensorEngine& e, const View& v, Staged slot) {
+  const std::uint64_t n = v.elements();
+  float* store = e.staged(slot, n);
   if (v.contiguous() && (v.dtype == fw::DType::kBF16 || v.dtype == fw::DType::kF16)) {
     const auto* src = reinterpret_cast<const std::uint16_t*>(v.data);
     const bool bf16 = v.dtype == fw::DType::kBF16;
-    e.pool().parallel_for(store.size(), [&](std::uint64_t begin, std::uint64_t end) {
+    e.pool().parallel_for(n, [&](std::uint64_t begin, std::uint64_t end) {
       if (bf16)
-        simd::widen_bf16(src + begin, store.data() + begin, end - begin);
+        simd::widen_bf16(src + begin, store + begin, end - begin);
       else
-        simd::widen_f16(src + begin, store.data() + begin, end - begin);
+        simd::widen_f16(src + begin, store + begin, end - begin);
     });
   } else {
     const View* views[1] = {&v};
@@ -351,7 +352,7 @@ View widened(TensorEngine& e, const View& v, std::vector<float>& store) {
                    [&](const std::uint64_t* off) { store[i++] = load_float(v.at(off[0]), v.dtype); });
   }
   View out = v;
-  out.data = reinterpret_cast<std::byte*>(store.data());
+  out.data = reinterpret_cast<std::byte*>(store);
   out.dtype = fw::DType::kF32;
   out.esize = 4;
   std::uint64_t step = 1;

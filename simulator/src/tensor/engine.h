@@ -72,6 +72,9 @@ class WorkerPool {
 
 struct DnnlState;  // oneDNN engine and stream
 
+// The engine's staging buffers (TensorEngine::staged), one per role.
+enum class Staged : std::uint8_t { kX, kW, kBias, kY, kCount };
+
 class TensorEngine {
  public:
   // `isa`: the level the engine's own kernels run at (isa_from_env()); it
@@ -100,6 +103,14 @@ class TensorEngine {
     if (scratch_.size() < n) scratch_.resize(n);
     return scratch_.data();
   }
+  // f32 staging of an op's operands and result (widened f16 operands, a
+  // convolution's f32 result before it narrows): one buffer per slot, kept
+  // like the scratch above; a kernel writes every element before reading.
+  float* staged(Staged slot, std::size_t n) {
+    auto& v = staged_[static_cast<std::size_t>(slot)];
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  }
   // Likewise for the GEMMs' packed operands (not the same memory).
   float* scratch_f32(std::size_t n) {
     if (packed_.size() < n) packed_.resize(n);
@@ -119,6 +130,7 @@ class TensorEngine {
   std::unique_ptr<DnnlState> dnnl_;
   std::vector<std::int32_t> scratch_;
   std::vector<float> packed_;
+  std::vector<float> staged_[static_cast<std::size_t>(Staged::kCount)];
   PackedCache packed_cache_;
 };
 
@@ -173,8 +185,9 @@ void for_each_index(const std::uint64_t* shape, std::uint32_t rank, const View* 
   }
 }
 
-// A dense f32 copy of a float view in `store` (for the precisions oneDNN
-// has no kernel for on this CPU; widening is exact).
-View widened(TensorEngine& e, const View& v, std::vector<float>& store);
+// A dense f32 copy of a float view, in the engine's staging memory `slot`
+// (TensorEngine::staged; for the precisions oneDNN has no kernel for on
+// this CPU; widening is exact).
+View widened(TensorEngine& e, const View& v, Staged slot);
 
 }  // namespace tpuhal::sim::tensor

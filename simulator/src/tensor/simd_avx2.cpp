@@ -1,6 +1,8 @@
 // The tensor engine's innermost loops (simd.h) for AVX2 (built with FMA and
 // F16C as the level has them; products and sums stay separate): the code
 // is written once, in simd_kernels.inc.
+#include <immintrin.h>
+
 #include <cstring>
 
 #include "simd.h"

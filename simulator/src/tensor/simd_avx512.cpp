@@ -1,5 +1,7 @@
 // The tensor engine's innermost loops (simd.h) for AVX-512 (F, BW, DQ, VL): the code is
 // written once, in simd_kernels.inc.
+#include <immintrin.h>
+
 #include <cstring>
 
 #include "simd.h"
