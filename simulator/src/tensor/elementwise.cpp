@@ -153,45 +153,81 @@ void binary_row(fw::ElementwiseOp op, float* y, const float* a, std::uint64_t sa
   }
 }
 
-bool f32_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const View& a, const View& b, const View& y) {
+// One chunk of a map over f32 rows: y[i] = op(a[i * sa], b[i * sb]).
+void map_row(const fw::ElementwiseAttrs& at, float* yr, const float* ar, std::uint64_t sa, const float* br,
+             std::uint64_t sb, std::uint64_t n) {
+  const auto op = static_cast<fw::ElementwiseOp>(at.op);
+  if (fw::is_binary(op)) {
+    binary_row(op, yr, ar, sa, br, sb, n);
+  } else if (op == fw::ElementwiseOp::kActivation && sa == 1) {
+    if (yr != ar) std::memmove(yr, ar, n * sizeof(float));
+    activate_span(static_cast<fw::Activation>(at.activation), at.alpha, at.beta, yr, n);
+  } else {
+    for (std::uint64_t i = 0; i < n; ++i) yr[i] = float_unary(at, ar[i * sa]);
+  }
+}
+
+// n elements of an f16 or bf16 row, `stride` apart, as f32 (exact).
+void widen_row(fw::DType t, const std::uint16_t* in, std::uint64_t stride, float* out, std::uint64_t n) {
+  if (stride == 1) {
+    if (t == fw::DType::kF16)
+      simd::widen_f16(in, out, n);
+    else
+      simd::widen_bf16(in, out, n);
+    return;
+  }
+  for (std::uint64_t i = 0; i < n; ++i) out[i] = load_float(reinterpret_cast<const std::byte*>(in + i * stride), t);
+}
+
+// A float map whose operands and result are one float dtype, over rows of
+// the merged dimensions, the result dense along them. f16 and bf16 go
+// through f32 a stretch at a time (widened exactly, computed as in f32,
+// rounded once), the same bits as element by element.
+bool float_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const View& a, const View& b, const View& y) {
   const auto op = static_cast<fw::ElementwiseOp>(at.op);
   const bool binary = fw::is_binary(op);
-  if (y.dtype != fw::DType::kF32 || a.dtype != fw::DType::kF32 || (binary && b.dtype != fw::DType::kF32) ||
-      op == fw::ElementwiseOp::kIdentity)
-    return false;
+  const fw::DType t = y.dtype;
+  if (!is_float(t) || a.dtype != t || (binary && b.dtype != t) || op == fw::ElementwiseOp::kIdentity) return false;
   const View* views[3] = {&y, &a, &b};
   const Rows r = merged(views, binary ? 3 : 2);
   const std::uint64_t len = r.shape[r.rank - 1];
   if (r.strides[0][r.rank - 1] != 1) return false;
   std::uint64_t rows = 1;  // every dim but the last
   for (std::uint32_t d = 0; d + 1 < r.rank; ++d) rows *= r.shape[d];
-  auto* yp = reinterpret_cast<float*>(y.data);
-  const auto* ap = reinterpret_cast<const float*>(a.data);
-  const auto* bp = binary ? reinterpret_cast<const float*>(b.data) : nullptr;
   const std::uint64_t sa = r.strides[1][r.rank - 1], sb = r.strides[2][r.rank - 1];
   // Split long single rows too, so that both threads work on a dense map.
   const std::uint64_t chunk = rows >= e.threads() ? len : (len + e.threads() - 1) / e.threads();
   const std::uint64_t per_row = (len + chunk - 1) / chunk;
-  e.pool().parallel_for(
-      rows * per_row,
-      [&](std::uint64_t begin, std::uint64_t end) {
-        std::uint64_t off[3];
-        for (std::uint64_t k = begin; k < end; ++k) {
-          row_offsets(r, k / per_row, off);
-          const std::uint64_t lo = k % per_row * chunk, n = std::min(chunk, len - lo);
-          float* yr = yp + off[0] + lo;
-          const float* ar = ap + off[1] + lo * sa;
-          if (binary) {
-            binary_row(op, yr, ar, sa, bp + off[2] + lo * sb, sb, n);
-          } else if (op == fw::ElementwiseOp::kActivation && sa == 1) {
-            if (yr != ar) std::memmove(yr, ar, n * sizeof(float));
-            activate_span(static_cast<fw::Activation>(at.activation), at.alpha, at.beta, yr, n);
-          } else {
-            for (std::uint64_t i = 0; i < n; ++i) yr[i] = float_unary(at, ar[i * sa]);
-          }
-        }
-      },
-      std::max<std::uint64_t>(1, kGrain / chunk));
+  auto body = [&](std::uint64_t begin, std::uint64_t end) {
+    std::uint64_t off[3];
+    constexpr std::uint64_t kStage = 512;  // f16 and bf16: floats staged at a time, on the stack
+    float ys[kStage], as[kStage], bs[kStage];
+    for (std::uint64_t k = begin; k < end; ++k) {
+      row_offsets(r, k / per_row, off);
+      const std::uint64_t lo = k % per_row * chunk, n = std::min(chunk, len - lo);
+      if (t == fw::DType::kF32) {
+        map_row(at, reinterpret_cast<float*>(y.data) + off[0] + lo,
+                reinterpret_cast<const float*>(a.data) + off[1] + lo * sa, sa,
+                binary ? reinterpret_cast<const float*>(b.data) + off[2] + lo * sb : nullptr, sb, n);
+        continue;
+      }
+      auto* yh = reinterpret_cast<std::uint16_t*>(y.data) + off[0] + lo;
+      const auto* ah = reinterpret_cast<const std::uint16_t*>(a.data) + off[1] + lo * sa;
+      const auto* bh = binary ? reinterpret_cast<const std::uint16_t*>(b.data) + off[2] + lo * sb : nullptr;
+      for (std::uint64_t s = 0; s < n; s += kStage) {
+        const std::uint64_t m = std::min(kStage, n - s);
+        // A broadcast operand (stride 0) is one value: widened once.
+        widen_row(t, ah + s * sa, sa, as, sa == 0 ? 1 : m);
+        if (binary) widen_row(t, bh + s * sb, sb, bs, sb == 0 ? 1 : m);
+        map_row(at, ys, as, sa == 0 ? 0 : 1, bs, sb == 0 ? 0 : 1, m);
+        if (t == fw::DType::kF16)
+          simd::narrow_f16(ys, yh + s, m);
+        else
+          simd::narrow_bf16(ys, yh + s, m);
+      }
+    }
+  };
+  e.pool().parallel_for(rows * per_row, body, std::max<std::uint64_t>(1, kGrain / chunk));
   return true;
 }
 
@@ -324,11 +360,25 @@ fw::Problem run_elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, con
     same_type_copy(e, a, y);
     return {};
   }
+  // Dense casts between f32 and f16 or bf16 (a model's input and output
+  // conversions): the vector conversions, the same bits as cast_one.
+  if (op == fw::ElementwiseOp::kIdentity && a.contiguous() && y.contiguous()) {
+    const bool half_y = y.dtype == fw::DType::kF16 || y.dtype == fw::DType::kBF16;
+    const bool half_a = a.dtype == fw::DType::kF16 || a.dtype == fw::DType::kBF16;
+    if (a.dtype == fw::DType::kF32 && half_y) {
+      narrow_into(e, a, y);
+      return {};
+    }
+    if (half_a && y.dtype == fw::DType::kF32) {
+      widened(e, a, Staged::kX, reinterpret_cast<float*>(y.data));
+      return {};
+    }
+  }
   if (fw::is_comparison(op) || fw::is_logical(op)) {
     compare_or_logic(e, op, a, b, y);
     return {};
   }
-  if (f32_rows(e, at, a, b, y)) return {};
+  if (float_rows(e, at, a, b, y)) return {};
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     if (op == fw::ElementwiseOp::kIdentity) {
       for_each_index(y.shape, y.rank, unary_views, begin, end,

@@ -333,9 +333,9 @@ fw::Problem run_qlinear_conv(TensorEngine& e, const fw::ConvAttrs& a, const View
 }
 
 // Dense f32 copy of a float view (for f16 and bf16 where oneDNN lacks them).
-View widened(TensorEngine& e, const View& v, Staged slot) {
+View widened(TensorEngine& e, const View& v, Staged slot, float* into) {
   const std::uint64_t n = v.elements();
-  float* store = e.staged(slot, n);
+  float* store = into ? into : e.staged(slot, n);
   if (v.contiguous() && (v.dtype == fw::DType::kBF16 || v.dtype == fw::DType::kF16)) {
     const auto* src = reinterpret_cast<const std::uint16_t*>(v.data);
     const bool bf16 = v.dtype == fw::DType::kBF16;
@@ -351,8 +351,12 @@ View widened(TensorEngine& e, const View& v, Staged slot) {
     for_each_index(v.shape, v.rank, views, 0, v.elements(),
                    [&](const std::uint64_t* off) { store[i++] = load_float(v.at(off[0]), v.dtype); });
   }
+  return staged_like(e, v, slot, store);
+}
+
+View staged_like(TensorEngine& e, const View& v, Staged slot, float* data) {
   View out = v;
-  out.data = reinterpret_cast<std::byte*>(store);
+  out.data = reinterpret_cast<std::byte*>(data ? data : e.staged(slot, v.elements()));
   out.dtype = fw::DType::kF32;
   out.esize = 4;
   std::uint64_t step = 1;
@@ -361,6 +365,25 @@ View widened(TensorEngine& e, const View& v, Staged slot) {
     step *= v.shape[d];
   }
   return out;
+}
+
+void narrow_into(TensorEngine& e, const View& from, const View& to) {
+  const auto* src = reinterpret_cast<const float*>(from.data);
+  if (to.contiguous() && (to.dtype == fw::DType::kBF16 || to.dtype == fw::DType::kF16)) {
+    auto* dst = reinterpret_cast<std::uint16_t*>(to.data);
+    const bool bf16 = to.dtype == fw::DType::kBF16;
+    e.pool().parallel_for(to.elements(), [&](std::uint64_t begin, std::uint64_t end) {
+      if (bf16)
+        simd::narrow_bf16(src + begin, dst + begin, end - begin);
+      else
+        simd::narrow_f16(src + begin, dst + begin, end - begin);
+    });
+    return;
+  }
+  const View* views[1] = {&to};
+  std::uint64_t i = 0;
+  for_each_index(to.shape, to.rank, views, 0, to.elements(),
+                 [&](const std::uint64_t* off) { store_float(to.at(off[0]), to.dtype, src[i++]); });
 }
 
 }  // namespace tpuhal::sim::tensor

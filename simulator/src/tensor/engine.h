@@ -188,6 +188,11 @@ void for_each_index(const std::uint64_t* shape, std::uint32_t rank, const View* 
 // A dense f32 copy of a float view, in the engine's staging memory `slot`
 // (TensorEngine::staged; for the precisions oneDNN has no kernel for on
 // this CPU; widening is exact).
-View widened(TensorEngine& e, const View& v, Staged slot);
+// `into`: write the floats there instead (a dense f32 tensor of v's shape).
+View widened(TensorEngine& e, const View& v, Staged slot, float* into = nullptr);
+// A dense f32 view of v's shape over `data`, or over staging memory `slot`.
+View staged_like(TensorEngine& e, const View& v, Staged slot, float* data = nullptr);
+// Dense f32 `from` (to's shape) into float view `to`, each value rounded once.
+void narrow_into(TensorEngine& e, const View& from, const View& to);
 
 }  // namespace tpuhal::sim::tensor

@@ -21,6 +21,14 @@ std::uint64_t at4(const View& v, bool nhwc, std::uint64_t n, std::uint64_t c, st
 
 fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
   const View &x = v[0], &y = v[1];
+  if (x.dtype == y.dtype && (x.dtype == fw::DType::kF16 || x.dtype == fw::DType::kBF16)) {
+    // Through the f32 loops below: widened exactly, each output formed in
+    // f32 as the element loop at the end forms it, then rounded once.
+    const View f32[2] = {widened(e, x, Staged::kX), staged_like(e, y, Staged::kY)};
+    run_pool2d(e, at, f32);
+    narrow_into(e, f32[1], y);
+    return {};
+  }
   const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
   const bool max = at.kind == static_cast<std::uint32_t>(fw::PoolKind::kMax);
   const std::uint64_t n = x.shape[0], c = nhwc ? x.shape[3] : x.shape[1];
