@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <optional>
 #include <random>
 #include <string>
@@ -675,6 +677,29 @@ TEST(TensorIsa, VectorEntryPointsRunTheLevelTpuhalMaxIsaGives) {
   const Isa level = isa_from_env();
   for (std::string_view e : simd::entry_points())
     EXPECT_EQ(version_name(simd::version(e)), isa_name(own_version(level))) << e;
+}
+
+// A kernel's part that throws (memory for its working set, say) on one of
+// the engine's threads: the exception reaches the caller, which the board
+// turns into its out-of-memory status, once every part has ended; thrown
+// out of the OpenMP region it would end the process.
+TEST(TensorEngine, AnExceptionThrownInAParallelPartReachesTheCaller) {
+  ::setenv("TPUHAL_SIM_FIXED_THREADS", "1", 1);  // no shrinking of the team under load
+  WorkerPool pool(2);
+  ::unsetenv("TPUHAL_SIM_FIXED_THREADS");
+  pool.begin_op();
+  std::atomic<unsigned> parts{0};
+  EXPECT_THROW(pool.parallel_for(1000,
+                                 [&](std::uint64_t, std::uint64_t) {
+                                   parts.fetch_add(1);
+                                   throw std::bad_alloc();
+                                 }),
+               std::bad_alloc);
+  EXPECT_EQ(parts.load(), pool.threads());
+  // The pool works on afterwards.
+  std::atomic<std::uint64_t> sum{0};
+  pool.parallel_for(1000, [&](std::uint64_t begin, std::uint64_t end) { sum.fetch_add(end - begin); });
+  EXPECT_EQ(sum.load(), 1000u);
 }
 
 }  // namespace

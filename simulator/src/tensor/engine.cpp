@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <span>
 
 #include "dnnl_state.h"
@@ -50,6 +52,11 @@ void WorkerPool::parallel_for(std::uint64_t n, const std::function<void(std::uin
   const bool sample = parts == team_ && share_.sample_due(start);
   std::atomic<std::uint64_t> waited_ppm{0};
   std::atomic<unsigned> read{0};
+  // An exception may not leave an OpenMP region (the process would end): a
+  // part's (memory for a kernel's working set, say) is kept and rethrown
+  // here, where the board reports it as its out-of-memory status.
+  std::mutex failed_mu;
+  std::exception_ptr failed;
 #pragma omp parallel num_threads(parts)
   {
     if (sample) {
@@ -62,8 +69,16 @@ void WorkerPool::parallel_for(std::uint64_t n, const std::function<void(std::uin
     const auto i = static_cast<std::uint64_t>(omp_get_thread_num());
     const auto t = static_cast<std::uint64_t>(omp_get_num_threads());
     const std::uint64_t begin = n * i / t, end = n * (i + 1) / t;
-    if (begin < end) fn(begin, end);
+    if (begin < end) {
+      try {
+        fn(begin, end);
+      } catch (...) {
+        const std::lock_guard lock(failed_mu);
+        if (!failed) failed = std::current_exception();
+      }
+    }
   }
+  if (failed) std::rethrow_exception(failed);
   if (!sample) return;
   const unsigned got = read.load();
   if (got == 0) return;

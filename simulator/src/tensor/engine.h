@@ -61,7 +61,8 @@ class WorkerPool {
   // Calls fn(begin, end) over [0, n) split into contiguous parts, one per
   // thread of the team, each at least `grain` items (work too small to
   // share runs on the calling thread: a parallel region costs a barrier).
-  // Returns when all are done.
+  // Returns when all are done; an exception a part throws is rethrown
+  // here (the first, if several), after every part has ended.
   void parallel_for(std::uint64_t n, const std::function<void(std::uint64_t, std::uint64_t)>& fn,
                     std::uint64_t grain = 1);
 

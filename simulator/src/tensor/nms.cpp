@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <exception>
 #include <limits>
-#include <mutex>
 #include <vector>
 
 #include "engine.h"
@@ -45,13 +43,7 @@ fw::Problem run_nms(TensorEngine& e, const fw::NmsAttrs& at, const View* v) {
   auto put = [&](std::uint64_t b, std::uint64_t row, std::uint64_t k, float value) {
     store_float(y.at(b * y.strides[0] + row * y.strides[1] + k * y.strides[2]), y.dtype, value);
   };
-  // A failure on a worker (memory for N candidates: N may be near 2^32 over
-  // a stride-0 view) is rethrown on the calling thread, which reports it as
-  // the board's out-of-memory status; thrown inside the parallel region it
-  // would end the process.
-  std::mutex failed_mu;
-  std::exception_ptr failed;
-  auto run_part = [&](std::uint64_t begin, std::uint64_t end) {
+  e.pool().parallel_for(batches, [&](std::uint64_t begin, std::uint64_t end) {
     std::vector<Candidate> candidates, kept;
     for (std::uint64_t b = begin; b < end; ++b) {
       candidates.clear();
@@ -106,16 +98,7 @@ fw::Problem run_nms(TensorEngine& e, const fw::NmsAttrs& at, const View* v) {
         }
       }
     }
-  };
-  e.pool().parallel_for(batches, [&](std::uint64_t begin, std::uint64_t end) {
-    try {
-      run_part(begin, end);
-    } catch (...) {
-      const std::lock_guard lock(failed_mu);
-      if (!failed) failed = std::current_exception();
-    }
   });
-  if (failed) std::rethrow_exception(failed);
   return {};
 }
 
