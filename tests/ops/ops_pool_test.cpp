@@ -67,6 +67,72 @@ TEST_P(Ops, AvgPoolDividesAsDocumented) {
     }
 }
 
+// f32 pooling NHWC (fp32 models' pools) steps over a position's channels
+// at once; each output still meets its taps in (row, column) order, so the
+// bits are those of the same pool in NCHW.
+TEST_P(Ops, FloatPoolNhwcGivesTheBitsOfNchw) {
+  for (bool max : {true, false})
+    for (bool include : {false, true}) {
+      Pool2dOptions o;
+      o.kernel = {3, 2};
+      o.strides = {2, 1};
+      o.pads = {1, 0, 1, 1};
+      o.count_include_pad = include;
+      const std::int64_t n = 2, ch = 67, h = 9, w = 8;
+      const std::int64_t oh = window_out(h, 3, 2, 1, 1, 1, false), ow = window_out(w, 2, 1, 1, 0, 1, false);
+      const Host x = rand(DType::F32, {n, ch, h, w}, -4, 4);
+      Host xt(DType::F32, {n, h, w, ch});
+      for (std::int64_t a = 0; a < n; ++a)
+        for (std::int64_t c = 0; c < ch; ++c)
+          for (std::int64_t r = 0; r < h; ++r)
+            for (std::int64_t q = 0; q < w; ++q)
+              xt.v[static_cast<std::size_t>(((a * h + r) * w + q) * ch + c)] = x.at({a, c, r, q});
+      const Tensor y = lab().output(DType::F32, {n, ch, oh, ow});
+      const Host want =
+          lab().run(max ? ops::max_pool2d(lab().upload(x), y, o) : ops::avg_pool2d(lab().upload(x), y, o), y);
+      o.layout = Layout::NHWC;
+      const Tensor yt = lab().output(DType::F32, {n, oh, ow, ch});
+      const Host got =
+          lab().run(max ? ops::max_pool2d(lab().upload(xt), yt, o) : ops::avg_pool2d(lab().upload(xt), yt, o), yt);
+      std::vector<double> back(got.size());
+      for (std::int64_t a = 0; a < n; ++a)
+        for (std::int64_t c = 0; c < ch; ++c)
+          for (std::int64_t r = 0; r < oh; ++r)
+            for (std::int64_t q = 0; q < ow; ++q)
+              back[static_cast<std::size_t>(((a * ch + c) * oh + r) * ow + q)] = got.at({a, r, q, c});
+      Host as_nchw(DType::F32, {n, ch, oh, ow});
+      as_nchw.v = back;
+      expect_exact(std::string(max ? "max_pool2d" : "avg_pool2d") + " NHWC against NCHW " + pool_text(o), as_nchw,
+                   want.v);
+    }
+}
+
+// A window of one row across the width (ReduceMean over the last axis, as
+// LayerNorm exports it) sums each row in column order from 0, in f32, then
+// divides: rows of several lengths, with padding at both ends counted or
+// not.
+TEST_P(Ops, AvgPoolOverWholeRowsSumsEachRowInOrder) {
+  for (const std::int64_t w : {std::int64_t{5}, std::int64_t{96}, std::int64_t{1000}})
+    for (const std::int64_t pad : {std::int64_t{0}, std::int64_t{1}})
+      for (bool include : {false, true}) {
+        Pool2dOptions o;
+        o.kernel = {1, static_cast<std::uint32_t>(w + 2 * pad)};
+        o.pads = {0, static_cast<std::uint32_t>(pad), 0, static_cast<std::uint32_t>(pad)};
+        o.count_include_pad = include;
+        const std::int64_t rows = 37;
+        const Host x = rand(DType::F32, {2, 3, rows, w}, -4, 4);
+        const Tensor y = lab().output(DType::F32, {2, 3, rows, 1});
+        const Host got = lab().run(ops::avg_pool2d(lab().upload(x), y, o), y);
+        std::vector<double> want(got.size());
+        for (std::int64_t i = 0; i < 2 * 3 * rows; ++i) {
+          float sum = 0.0f;
+          for (std::int64_t b = 0; b < w; ++b) sum += static_cast<float>(x.v[static_cast<std::size_t>(i * w + b)]);
+          want[static_cast<std::size_t>(i)] = sum / static_cast<float>(include ? w + 2 * pad : w);
+        }
+        expect_exact("avg_pool2d x [2, 3, 37, " + std::to_string(w) + "] " + pool_text(o), got, want);
+      }
+}
+
 TEST_P(Ops, PoolRefusesWindowsMadeOnlyOfPadding) {
   // Kernel 1x2 with dilation 2 and one column of padding each side over a
   // 1-column input: the window is 3 wide, so pads of 1 pass the "pads

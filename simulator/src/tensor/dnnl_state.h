@@ -33,6 +33,7 @@ struct DnnlState {
   struct Reordered {
     std::vector<std::byte> source;  // the weights as they were
     dnnl::memory memory;
+    std::size_t memory_bytes = 0;  // memory's size
   };
   // `key` names the weights' address and layouts; `bytes` is the weights'
   // dense span. Returns the cached memory or null.
@@ -43,14 +44,19 @@ struct DnnlState {
       return nullptr;
     return &it->second.memory;
   }
+  // Weights past kWeightCacheBytes (the source bytes and the reordered
+  // ones) are not kept: the first ones a model runs stay, where clearing
+  // the cache would make a model larger than it miss on every layer.
   void remember_weights(const std::string& key, const std::byte* bytes, std::size_t size, dnnl::memory m) {
-    if (size > kWeightCacheBytes / 4) return;  // too big to keep
-    if (cached_bytes + size > kWeightCacheBytes) {
-      weights.clear();
-      cached_bytes = 0;
-    }
     auto& e = weights[key];
-    cached_bytes += size - e.source.size();
+    const std::size_t kept = e.source.size() + e.memory_bytes;
+    const std::size_t reordered = m.get_desc().get_size();
+    if (cached_bytes - kept + size + reordered > kWeightCacheBytes) {
+      if (e.source.empty()) weights.erase(key);
+      return;
+    }
+    cached_bytes = cached_bytes - kept + size + reordered;
+    e.memory_bytes = reordered;
     e.source.assign(bytes, bytes + size);
     e.memory = std::move(m);
   }
@@ -80,7 +86,9 @@ struct DnnlState {
     for (auto it = convs.begin(); it != convs.end();) it = it->second.maker == me ? convs.erase(it) : std::next(it);
   }
 
-  static constexpr std::size_t kWeightCacheBytes = 64u << 20;
+  // ResNet-50's f32 weights, and those reordered for oneDNN's NHWC
+  // kernels, take about 200 MB.
+  static constexpr std::size_t kWeightCacheBytes = std::size_t{320} << 20;
   std::unordered_map<std::string, Reordered> weights;
   std::size_t cached_bytes = 0;
 };

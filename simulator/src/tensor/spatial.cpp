@@ -102,6 +102,40 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
     // max keeps the first of equal values and turns NaN once one is met).
     const std::uint32_t hd = nhwc ? 1 : 2, wd = nhwc ? 2 : 3, cd = nhwc ? 3 : 1;
     const auto xh = static_cast<std::int64_t>(x.strides[hd]), xw = static_cast<std::int64_t>(x.strides[wd]);
+    if (!max && !nhwc && ow == 1 && kh == 1 && dw == 1 && pt == 0 && pb == 0 && oh > 1 && x.strides[3] == 1) {
+      // One window per row (ReduceMean over the last axis, LayerNorm's):
+      // the loop below would take each tap as a call over one column.
+      // Here eight rows' sums go on side by side, each still 0 plus its
+      // taps in column order, as below.
+      const std::int64_t w0 = -pl;
+      const auto cols = taps(w0, dw, kw, w);
+      const std::int64_t b0 = cols.first, b1 = cols.second;
+      const std::int64_t div = divisor(0, w0, b1 - b0);
+      const std::uint64_t rows = n * c * oh;
+      e.pool().parallel_for((rows + 7) / 8,
+                            [&](std::uint64_t begin, std::uint64_t end) {
+                              for (std::uint64_t g = begin; g < end; ++g) {
+                                const std::uint64_t first = g * 8, count = std::min<std::uint64_t>(8, rows - first);
+                                const float* in[8];
+                                float* out[8];
+                                float acc[8] = {};
+                                for (std::uint64_t k = 0; k < count; ++k) {
+                                  const std::uint64_t i = first + k, r = i % oh, nc = i / oh, ni = nc / c, ci = nc % c;
+                                  // Row r * sh (no padding above or below), from its column 0.
+                                  in[k] = reinterpret_cast<const float*>(x.data) + ni * x.strides[0] +
+                                          ci * x.strides[1] + r * static_cast<std::uint64_t>(sh) * x.strides[2];
+                                  out[k] = reinterpret_cast<float*>(y.data) + ni * y.strides[0] + ci * y.strides[1] +
+                                           r * y.strides[2];
+                                }
+                                for (std::int64_t b = b0; b < b1; ++b)
+                                  for (std::uint64_t k = 0; k < count; ++k) acc[k] += in[k][w0 + b];
+                                for (std::uint64_t k = 0; k < count; ++k)
+                                  *out[k] = div ? acc[k] / static_cast<float>(div) : 0.0f;
+                              }
+                            },
+                            std::max<std::uint64_t>(1, 2048 / std::max<std::int64_t>(1, kw)));
+      return {};
+    }
     if (oh == 1 && ow == 1) {
       // One window per channel (global pooling): the loop below would take
       // its taps one call at a time. Here each tap is one step over a block
@@ -141,6 +175,44 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
             }
           },
           std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, kBlock * static_cast<std::uint64_t>(kh * kw))));
+      return {};
+    }
+    if (nhwc && x.strides[3] == 1 && y.strides[3] == 1) {
+      // NHWC (fp32 models): each tap one step over all the channels of a
+      // position; every output still meets its taps in (row, column) order.
+      e.pool().parallel_for(
+          n * oh,
+          [&](std::uint64_t begin, std::uint64_t end) {
+            std::vector<float> acc(c);
+            for (std::uint64_t nr = begin; nr < end; ++nr) {
+              const std::uint64_t ni = nr / oh, r = nr % oh;
+              const std::int64_t h0 = static_cast<std::int64_t>(r) * sh - pt;
+              const auto [a0, a1] = taps(h0, dh, kh, h);
+              const float* xp = reinterpret_cast<const float*>(x.data) + ni * x.strides[0];
+              float* yr = reinterpret_cast<float*>(y.data) + ni * y.strides[0] + r * y.strides[1];
+              for (std::uint64_t col = 0; col < ow; ++col) {
+                const std::int64_t w0 = static_cast<std::int64_t>(col) * sw - pl;
+                const auto [b0, b1] = taps(w0, dw, kw, w);
+                std::fill(acc.begin(), acc.end(), max ? -std::numeric_limits<float>::infinity() : 0.0f);
+                for (std::int64_t a = a0; a < a1; ++a)
+                  for (std::int64_t b = b0; b < b1; ++b) {
+                    const float* in = xp + (h0 + a * dh) * xh + (w0 + b * dw) * xw;
+                    if (max)
+                      simd::max_strided_f32(acc.data(), in, c, 1);
+                    else
+                      simd::add_strided_f32(acc.data(), in, c, 1);
+                  }
+                float* out = yr + col * y.strides[2];
+                const std::int64_t div = max ? 1 : divisor(h0, w0, (a1 - a0) * (b1 - b0));
+                for (std::uint64_t k = 0; k < c; ++k) {
+                  const float got = acc[k];
+                  out[k] = max ? (got != got ? std::numeric_limits<float>::quiet_NaN() : got)
+                               : (div ? got / static_cast<float>(div) : 0.0f);
+                }
+              }
+            }
+          },
+          std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, ow * c * static_cast<std::uint64_t>(kh * kw))));
       return {};
     }
     e.pool().parallel_for(
