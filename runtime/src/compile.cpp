@@ -413,12 +413,15 @@ std::vector<LayerError> measure(Device& dev, const Graph& g, const Lowered& f32,
     if (fi == f32.values.end() || ri == reduced.values.end()) continue;
     const DTensor& ft = f32.graph.tensors[static_cast<std::size_t>(fi->second.tensor)];
     const DTensor& rt = reduced.graph.tensors[static_cast<std::size_t>(ri->second.tensor)];
+    // Element i of the value in ONNX's (NCHW) order, in either model's layout.
+    const auto& shape = g.value(n.output).shape;
+    const auto at = [&](const ValueInfo& held, std::uint64_t i) { return held.nhwc ? nchw_to_nhwc(shape, i) : i; };
     double max_abs = 0, err = 0, sig = 0;
     std::uint64_t count = 0;
     for (std::size_t k = 0; k < ref.size(); ++k)
       for (std::uint64_t i = 0; i < ft.elements(); ++i) {
-        const double x = element(ref[k], ft, i, fi->second.q);
-        const double y = element(red[k], rt, ri->second.nhwc ? nchw_to_nhwc(ft.shape, i) : i, ri->second.q);
+        const double x = element(ref[k], ft, at(fi->second, i), fi->second.q);
+        const double y = element(red[k], rt, at(ri->second, i), ri->second.q);
         max_abs = std::max(max_abs, std::fabs(y - x));
         err += (y - x) * (y - x);
         sig += x * x;

@@ -600,6 +600,11 @@ TEST(Runtime, GivenADamagedGraphSectionWhenLoadedThenInvalidArgumentNamesWhat) {
   EXPECT_NE(error(text.substr(0, text.size() / 2)).find("net.tpm: the graph section is damaged: not a JSON object"),
             std::string::npos);
   const nlohmann::json graph = nlohmann::json::parse(text);
+  // The first convolution (branch_a's; the input's transpose to NHWC
+  // comes before it).
+  std::size_t conv = 0;
+  while (graph["ops"][conv]["op"] != "conv2d") ++conv;
+  const std::string at = "op " + std::to_string(conv) + " (";
   auto edited = [&](const std::function<void(nlohmann::json&)>& edit) {
     nlohmann::json j = graph;
     edit(j);
@@ -611,20 +616,24 @@ TEST(Runtime, GivenADamagedGraphSectionWhenLoadedThenInvalidArgumentNamesWhat) {
             std::string::npos);
   EXPECT_NE(edited([](auto& j) { j["tensors"][1]["shape"] = "[1]"; }).find("tensor 1.shape is not an array"),
             std::string::npos);
-  const std::string unknown = edited([](auto& j) { j["ops"][0]["op"] = "conv9d"; });
-  EXPECT_NE(unknown.find("op 0 (conv9d, node 'branch_a'): unknown op 'conv9d' (this runtime is tpuhal "),
+  const std::string unknown = edited([&](auto& j) { j["ops"][conv]["op"] = "conv9d"; });
+  EXPECT_NE(unknown.find(at + "conv9d, node 'branch_a'): unknown op 'conv9d' (this runtime is tpuhal "),
             std::string::npos)
       << unknown;
   EXPECT_NE(unknown.find("a model compiled by a newer tpuhal needs that version's runtime"), std::string::npos)
       << unknown;
-  EXPECT_NE(edited([](auto& j) { j["ops"][0]["operands"]["x"] = 9999; }).find("op 0 operand x names no tensor"),
+  EXPECT_NE(edited([&](auto& j) {
+              j["ops"][conv]["operands"]["x"] = 9999;
+            }).find("op " + std::to_string(conv) + " operand x names no tensor"),
             std::string::npos);
-  EXPECT_NE(edited([](auto& j) { j["ops"][0]["attrs"].erase("pads"); }).find("attribute 'pads' is missing"),
+  EXPECT_NE(edited([&](auto& j) { j["ops"][conv]["attrs"].erase("pads"); }).find("attribute 'pads' is missing"),
             std::string::npos);
   // The ops' own checks catch what is well-formed but does not fit.
-  auto weights_shape = [](auto& j) { j["tensors"][j["ops"][0]["operands"]["w"].template get<int>()]["shape"][1] = 2; };
+  auto weights_shape = [&](auto& j) {
+    j["tensors"][j["ops"][conv]["operands"]["w"].template get<int>()]["shape"][1] = 2;
+  };
   EXPECT_NE(
-      edited(weights_shape).find("net.tpm: the graph section is damaged: op 0 (conv2d, node 'branch_a'): conv2d: "),
+      edited(weights_shape).find("net.tpm: the graph section is damaged: " + at + "conv2d, node 'branch_a'): conv2d: "),
       std::string::npos)
       << edited(weights_shape);
   EXPECT_NE(edited([](auto& j) {

@@ -106,8 +106,10 @@ def test_nested_concats_and_a_concat_feeding_a_convolution(dev):
 
     onnx_bytes = model(nodes, {"x": x.shape}, "y", initializers=[("w", w)])
     check(dev, onnx_bytes, {"x": x}, reference)
-    # Batch 1: Relu, Neg and Abs write into the outer Concat's output; no copies.
-    assert dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).meta["ops"] == "4"
+    # Batch 1: Relu, Neg and Abs write into the outer Concat's output; no
+    # copies. The convolution runs NHWC, between a transpose of the Concat's
+    # output and one of its own.
+    assert dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).meta["ops"] == "6"
     # Batch 2: the parts are strided; each is copied.
     x2 = randn(2, 2, 5, 5)
     check(dev, model(nodes, {"x": x2.shape}, "y", initializers=[("w", w)]), {"x": x2}, reference)
@@ -497,8 +499,9 @@ def test_hard_swish_fuses_into_the_convolution_before_it(dev, precision):
     fused = [n for n in compiled.notes if n.startswith("fused")]
     assert any(n.startswith("fused HardSwish (HardSigmoid 'HardSigmoid #1', Mul 'Mul #2')") for n in fused), fused
     assert any(n.startswith("fused HardSwish 'HardSwish #4'") for n in fused), fused
-    # Two convolutions (and, in fp16 and bf16, the input's and output's conversions).
-    assert dev.load_model(compiled).meta["ops"] == ("2" if precision == "fp32" else "4")
+    # Two convolutions and the input's and output's conversions: casts in
+    # fp16 and bf16, transposes to and from NHWC in fp32.
+    assert dev.load_model(compiled).meta["ops"] == "4"
     check(dev, onnx_bytes, {"x": x}, reference, precisions=(precision,))
 
 

@@ -370,6 +370,164 @@ def test_int8_split_concat_and_nearest_upsampling_move_bytes(dev, mode, coordina
     assert outputs["up"] == (f"u8[{BATCH}, 6, 6, 8]" if repeats else f"f32[{BATCH}, 8, 12, 12]"), outputs
 
 
+def residual_bytes():
+    """A ResNet-style fp32 network of the ops that stay NHWC between
+    convolutions: x[N, 3, 10, 12] -> Conv 3x3 (5) -> Relu -> MaxPool 3x3 s2
+    pad 1 -> two 3x3 Convs -> Add of the pooled value -> Relu -> Concat
+    with a 1x1 Conv (7) along channels -> Mul by a per-channel constant
+    [1, 12, 1, 1], Add of a [12, 1, 1] one -> Sigmoid -> GlobalAveragePool
+    -> Flatten -> Gemm (12 -> 6). H, W and C differ, so a layout mix-up
+    cannot pass."""
+    w = {name: RNG.standard_normal(shape).astype(np.float32) * 0.3 for name, shape in
+         (("w0", (5, 3, 3, 3)), ("b0", (5,)), ("w1", (5, 5, 3, 3)), ("w2", (5, 5, 3, 3)), ("b2", (5,)),
+          ("w3", (7, 5, 1, 1)), ("scale", (1, 12, 1, 1)), ("shift", (12, 1, 1)), ("wf", (6, 12)), ("bf", (6,)))}
+    conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", **conv),
+        helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+        helper.make_node("MaxPool", ["r0"], ["p"], name="pool", kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["p", "w1"], ["c1"], name="conv1", **conv),
+        helper.make_node("Conv", ["c1", "w2", "b2"], ["c2"], name="conv2", **conv),
+        helper.make_node("Add", ["c2", "p"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w3"], ["c3"], name="conv3", kernel_shape=[1, 1]),
+        helper.make_node("Concat", ["r", "c3"], ["cat"], name="concat", axis=1),
+        helper.make_node("Mul", ["cat", "scale"], ["m"], name="mul"),
+        helper.make_node("Add", ["m", "shift"], ["a"], name="shift"),
+        helper.make_node("Sigmoid", ["a"], ["g"], name="sigmoid"),
+        helper.make_node("GlobalAveragePool", ["g"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["f"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 3, 10, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 6])],
+        [numpy_helper.from_array(v, n) for n, v in w.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+
+    def conv2d(x, k, b=None, pad=1):
+        n, c, h, wd = x.shape
+        xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        kh, kw = k.shape[2:]
+        y = np.zeros((n, k.shape[0], h + 2 * pad - kh + 1, wd + 2 * pad - kw + 1))
+        for i in range(kh):
+            for j in range(kw):
+                y += np.einsum("nchw,oc->nohw", xp[:, :, i:i + y.shape[2], j:j + y.shape[3]], k[:, :, i, j])
+        return y if b is None else y + b.reshape(1, -1, 1, 1)
+
+    def reference(x):
+        r0 = np.maximum(conv2d(x, w["w0"], w["b0"]), 0)
+        rp = np.pad(r0, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+        p = np.stack([rp[:, :, i:i + 10:2, j:j + 12:2] for i in range(3) for j in range(3)]).max(axis=0)
+        r = np.maximum(conv2d(conv2d(p, w["w1"]), w["w2"], w["b2"]) + p, 0)
+        cat = np.concatenate([r, conv2d(r, w["w3"], pad=0)], axis=1)
+        g = 1 / (1 + np.exp(-(cat * w["scale"] + w["shift"])))
+        return g.mean(axis=(2, 3)) @ w["wf"].T.astype(np.float64) + w["bf"]
+
+    return model.SerializeToString(), reference
+
+
+def fp32_layers(dev, network, shape):
+    """network() compiled in fp32 and run on a random input of `shape`,
+    checked against its reference; the input and the profile's layers."""
+    onnx_bytes, reference = network()
+    x = RNG.standard_normal(shape).astype(np.float32)
+    inst = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).instance()
+    np.testing.assert_allclose(inst.run(x)[0], reference(x), rtol=1e-4, atol=1e-5)
+    return x, inst.profile(iterations=1)["layers"]
+
+
+def test_an_fp32_network_runs_nhwc_from_its_first_convolution_to_its_last_pool(dev):
+    x, layers = fp32_layers(dev, residual_bytes, (BATCH, 3, 10, 12))
+    outputs = {l["node"]: l["output"] for l in layers if l["node"]}
+    # Every layer from the first convolution to the global pool writes
+    # [N, H, W, C]; the Relus fuse into the convolutions before them, the
+    # Sigmoid is a layer of its own. The Concat's last op copies its second
+    # input into its part.
+    for node, shape in (("conv0", (10, 12, 5)), ("pool", (5, 6, 5)), ("conv1", (5, 6, 5)), ("conv2", (5, 6, 5)),
+                        ("add", (5, 6, 5)), ("conv3", (5, 6, 7)), ("concat", (5, 6, 7)), ("mul", (5, 6, 12)),
+                        ("shift", (5, 6, 12)), ("sigmoid", (5, 6, 12)), ("gap", (1, 1, 12))):
+        assert outputs[node] == f"f32[{BATCH}, {', '.join(map(str, shape))}]", (node, outputs)
+    # One transpose, in the layer of conversions: the input's, an element
+    # each (flops). The pooled [N, 1, 1, C] is read as [N, C, 1, 1] in place.
+    transposes = [l for l in layers if "transpose" in l["ops"].split("+")]
+    assert [(l["node"], l["ops"], l["output"]) for l in transposes] == [("", "transpose", f"f32[{BATCH}, 10, 12, 3]")]
+    assert transposes[0]["flops"] == x.size, layers
+
+
+def channels_last_bytes():
+    """The other ops an fp32 network keeps NHWC: x[N, 4, 6, 8] -> Conv 1x1
+    (6) -> Slice of channels 1..4 -> nearest Resize x2 -> Conv 3x3 (4) ->
+    ShuffleNet's channel shuffle in 2 groups -> Transpose (0, 2, 3, 1) ->
+    LayerNorm's mean and centring over the last axis -> MatMul (4 -> 5) ->
+    Transpose (0, 3, 1, 2) -> Conv 1x1 (3)."""
+    w = {name: RNG.standard_normal(shape).astype(np.float32) * 0.4 for name, shape in
+         (("w0", (6, 4, 1, 1)), ("w1", (4, 4, 3, 3)), ("m", (4, 5)), ("w2", (3, 5, 1, 1)))}
+    consts = [numpy_helper.from_array(v, n) for n, v in w.items()] + [
+        numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+        (("starts", [1]), ("ends", [5]), ("axes", [1]), ("groups", [BATCH, 2, 2, 12, 16]),
+         ("whole", [BATCH, 4, 12, 16]))] + [
+        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", kernel_shape=[1, 1]),
+        helper.make_node("Slice", ["c0", "starts", "ends", "axes"], ["s"], name="slice"),
+        helper.make_node("Resize", ["s", "", "scales"], ["u"], name="up", mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+        helper.make_node("Conv", ["u", "w1"], ["c1"], name="conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["c1", "groups"], ["g"], name="shuffle"),
+        helper.make_node("Transpose", ["g"], ["gt"], name="shuffle_t", perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["gt", "whole"], ["sh"], name="shuffle_back"),
+        helper.make_node("Transpose", ["sh"], ["t"], name="to_last", perm=[0, 2, 3, 1]),
+        helper.make_node("ReduceMean", ["t"], ["mean"], name="mean", axes=[-1], keepdims=1),
+        helper.make_node("Sub", ["t", "mean"], ["d"], name="centre"),
+        helper.make_node("MatMul", ["d", "m"], ["l"], name="linear"),
+        helper.make_node("Transpose", ["l"], ["back"], name="to_first", perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["back", "w2"], ["y"], name="conv2", kernel_shape=[1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes, "channels_last", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 6, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 3, 12, 16])], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+
+    def reference(x):
+        x = x.astype(np.float64)
+        c0 = np.einsum("nchw,oc->nohw", x, w["w0"][:, :, 0, 0])
+        u = c0[:, 1:5].repeat(2, axis=2).repeat(2, axis=3)
+        up = np.pad(u, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        c1 = sum(np.einsum("nchw,oc->nohw", up[:, :, i:i + 12, j:j + 16], w["w1"][:, :, i, j])
+                 for i in range(3) for j in range(3))
+        sh = c1.reshape(BATCH, 2, 2, 12, 16).transpose(0, 2, 1, 3, 4).reshape(BATCH, 4, 12, 16)
+        t = sh.transpose(0, 2, 3, 1)
+        back = ((t - t.mean(axis=-1, keepdims=True)) @ w["m"]).transpose(0, 3, 1, 2)
+        return np.einsum("nchw,oc->nohw", back, w["w2"][:, :, 0, 0])
+
+    return model.SerializeToString(), reference
+
+
+def test_an_fp32_network_keeps_slices_upsampling_and_channels_last_blocks_nhwc(dev):
+    x, layers = fp32_layers(dev, channels_last_bytes, (BATCH, 4, 6, 8))
+    outputs = {l["node"]: (l["ops"], l["output"]) for l in layers if l["node"]}
+    # Slice and upsampling copy NHWC elements; the convolution after them
+    # reads them where they are.
+    assert outputs["slice"] == ("cast", f"f32[{BATCH}, 6, 8, 4]"), outputs
+    assert outputs["up"][1] == f"f32[{BATCH}, 6, 8, 4]" and set(outputs["up"][0].split("+")) == {"cast"}, outputs
+    assert outputs["conv1"] == ("conv2d", f"f32[{BATCH}, 12, 16, 4]"), outputs
+    # The channel shuffle is one copy within each position's channels.
+    assert outputs["shuffle"] == ("cast", f"f32[{BATCH * 12 * 16}, 2, 2]"), outputs
+    assert "shuffle_t" not in outputs and "shuffle_back" not in outputs, outputs
+    # The permutes into and out of the channels-last block are views.
+    assert "to_last" not in outputs and "to_first" not in outputs, outputs
+    assert outputs["conv2"] == ("conv2d", f"f32[{BATCH}, 12, 16, 3]"), outputs
+    # Two transposes, both in the layer of conversions (node ""): the
+    # input's to NHWC and the output's back, an element each (flops).
+    transposes = [l for l in layers if "transpose" in l["ops"].split("+")]
+    assert [(l["node"], l["ops"]) for l in transposes] == [("", "transpose")], layers
+    assert transposes[0]["flops"] == x.size + BATCH * 3 * 12 * 16, layers
+
+
 def test_profile_times_every_layer_by_node_name(dev, cnn):
     onnx_bytes, reference = cnn
     x = RNG.standard_normal((BATCH, 1, 8, 8)).astype(np.float32)
@@ -379,8 +537,9 @@ def test_profile_times_every_layer_by_node_name(dev, cnn):
     assert p["iterations"] == 3
     # The Relu fuses into the convolution; Flatten is a view.
     assert [l["node"] for l in p["layers"] if l["node"]] == ["conv", "pool", "fc"]
-    conv = p["layers"][0]
-    assert conv["ops"] == "conv2d" and conv["output"] == f"f32[{BATCH}, 4, 8, 8]"
+    conv = next(l for l in p["layers"] if l["node"] == "conv")
+    # fp32 convolutions run NHWC ([N, H, W, C]).
+    assert conv["ops"] == "conv2d" and conv["output"] == f"f32[{BATCH}, 8, 8, 4]"
     assert conv["flops"] == 2 * BATCH * 4 * 8 * 8 * 9
     assert all(l["device_ns"] > 0 for l in p["layers"])
     assert abs(sum(l["share"] for l in p["layers"]) - 1) < 1e-9

@@ -58,11 +58,37 @@ Value infer_concat(Importer& im, Node& n) {
   return out;
 }
 
+// fp32: a 4-D Concat with an input held NHWC is made NHWC, each input
+// copied into its part (along the NHWC form of the axis).
+bool nhwc_concat(Lowerer& l, const Node& n, std::int64_t axis) {
+  const auto& shape = l.shape_of(n.output);
+  if (!l.float_nhwc || shape.size() != 4) return false;
+  const bool any = std::any_of(n.inputs.begin(), n.inputs.end(), [&](const std::string& x) {
+    const auto it = l.reps.find(x);
+    return it != l.reps.end() && it->second.primary_nhwc;
+  });
+  if (!any) return false;
+  for (const auto& x : n.inputs)
+    if (auto it = l.reps.find(x); !l.g.value(x).data && (it == l.reps.end() || it->second.boolean)) return false;
+  const auto y = l.produce_nhwc_f32(n.output, shape);
+  const auto st = row_major_strides(to_nhwc(shape));
+  const std::size_t ax = static_cast<std::size_t>(axis == 0 ? 0 : axis == 1 ? 3 : axis - 1);
+  std::int64_t at = 0;
+  for (const auto& x : n.inputs) {
+    const auto xs = to_nhwc(l.shape_of(x));
+    const auto part = l.dg().add_subview(y, xs, st, static_cast<std::uint64_t>(at * st[ax]) * 4);
+    at += xs[ax];
+    l.op("cast", n.name, {{"x", l.get_nhwc_f32(x)}, {"y", part}});
+  }
+  return true;
+}
+
 // Each input not already produced in its part of the output (placements)
 // is copied there.
 void lower_concat(Lowerer& l, const Node& n) {
   const auto axis = n.attr<ConcatAttrs>().resolved;
   if (l.qconcat(n, axis)) return;
+  if (nhwc_concat(l, n, axis)) return;
   const DType t = l.float_type();
   const auto& shape = l.shape_of(n.output);
   std::int64_t y;

@@ -271,10 +271,22 @@ bool held_u8_nhwc(const std::map<std::string, Rep>& reps, const std::string& v) 
 
 }  // namespace
 
+namespace {
+
+// fp32 (float_nhwc): a 4-D value produced f32 NHWC.
+bool held_f32_nhwc(const Lowerer& l, const std::string& v) {
+  const auto it = l.reps.find(v);
+  return l.float_nhwc && !l.int8() && l.shape_of(v).size() == 4 && it != l.reps.end() && it->second.primary_nhwc &&
+         it->second.primary == DType::F32 && it->second.nhwc_f32 >= 0 && !it->second.boolean;
+}
+
+}  // namespace
+
 bool Lowerer::qslice(const Node& n, const std::vector<std::int64_t>& lo, const std::vector<std::int64_t>& step) {
   const std::string& x = n.inputs[0];
-  if (!int8() || keep_fp16.count(n.name) || shape_of(x).size() != 4 || !held_u8_nhwc(reps, x)) return false;
   if (std::any_of(step.begin(), step.end(), [](std::int64_t s) { return s <= 0; })) return false;
+  const bool f32 = held_f32_nhwc(*this, x);  // fp32: the same copy of f32 elements
+  if (!f32 && (!int8() || keep_fp16.count(n.name) || shape_of(x).size() != 4 || !held_u8_nhwc(reps, x))) return false;
   const Rep& r = reps.at(x);
   const auto st = row_major_strides(to_nhwc(shape_of(x)));
   std::vector<std::int64_t> strides(4);
@@ -285,25 +297,27 @@ bool Lowerer::qslice(const Node& n, const std::vector<std::int64_t>& lo, const s
     strides[h] = st[h] * step[d];
   }
   const auto& shape = shape_of(n.output);
-  const auto view = dg().add_subview(r.nhwc, to_nhwc(shape), strides, first);
+  const auto view = dg().add_subview(f32 ? r.nhwc_f32 : r.nhwc, to_nhwc(shape), strides, first * (f32 ? 4 : 1));
   const QParams q = r.q;  // produce_nhwc replaces the output's Rep, not x's; a copy keeps it plain
-  op("cast", n.name, {{"x", view}, {"y", produce_nhwc(n.output, shape, q)}});
+  op("cast", n.name, {{"x", view}, {"y", f32 ? produce_nhwc_f32(n.output, shape) : produce_nhwc(n.output, shape, q)}});
   return true;
 }
 
 bool Lowerer::qrepeat(const Node& n, std::int64_t fh, std::int64_t fw) {
   const std::string& x = n.inputs[0];
-  if (!int8() || keep_fp16.count(n.name) || shape_of(x).size() != 4 || !held_u8_nhwc(reps, x)) return false;
-  const std::int64_t xv = reps.at(x).nhwc;
+  const bool f32 = held_f32_nhwc(*this, x);  // fp32: the same copies of f32 elements
+  if (!f32 && (!int8() || keep_fp16.count(n.name) || shape_of(x).size() != 4 || !held_u8_nhwc(reps, x))) return false;
+  const std::int64_t xv = f32 ? reps.at(x).nhwc_f32 : reps.at(x).nhwc;
   const QParams q = reps.at(x).q;
   const auto xs = to_nhwc(shape_of(x));
-  const auto y = produce_nhwc(n.output, shape_of(n.output), q);
+  const auto y = f32 ? produce_nhwc_f32(n.output, shape_of(n.output)) : produce_nhwc(n.output, shape_of(n.output), q);
   const auto st = row_major_strides(to_nhwc(shape_of(n.output)));
+  const std::uint64_t bytes = f32 ? 4 : 1;
   // Y[n, h * fh + i, w * fw + j, c] = X[n, h, w, c]: one copy per (i, j).
   for (std::int64_t i = 0; i < fh; ++i)
     for (std::int64_t j = 0; j < fw; ++j) {
       const auto part = dg().add_subview(y, xs, {st[0], st[1] * fh, st[2] * fw, st[3]},
-                                         static_cast<std::uint64_t>(i * st[1] + j * st[2]));
+                                         static_cast<std::uint64_t>(i * st[1] + j * st[2]) * bytes);
       op("cast", n.name, {{"x", xv}, {"y", part}});
     }
   return true;

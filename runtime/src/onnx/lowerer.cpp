@@ -25,6 +25,8 @@ json conv_attrs(const ops::Conv2dOptions& o) {
 
 std::vector<std::int64_t> to_nhwc(const std::vector<std::int64_t>& s) { return {s[0], s[2], s[3], s[1]}; }
 
+bool nhwc_is_nchw(const std::vector<std::int64_t>& s) { return s[1] == 1 || (s[2] == 1 && s[3] == 1); }
+
 std::int64_t Lowerer::add_raw(DType t, std::vector<std::int64_t> shape, const void* data, std::size_t bytes) {
   DTensor d;
   d.dtype = t;
@@ -173,6 +175,8 @@ std::int64_t Lowerer::from_nhwc(Rep& r, const std::string& v, DType t) {
     const auto u = get_nhwc(v);
     id = dg().add_arena("", DType::U8, shape);
     op("transpose", "", {{"x", u}, {"y", id}}, {{"perm", back}});
+  } else if (float_nhwc && nhwc_is_nchw(shape) && r.nhwc_f32 >= 0) {
+    id = dg().add_view(r.nhwc_f32, shape);
   } else {
     const auto f = get_nhwc_f32(v);
     id = dg().add_arena("", DType::F32, shape);
@@ -262,7 +266,22 @@ std::int64_t Lowerer::get_nchw(const std::string& v) {
 }
 
 bool Lowerer::nhwc_island(const Node& n, const std::vector<std::string>& xs) const {
-  if (!int8() || shape_of(n.output).size() != 4) return false;
+  if (shape_of(n.output).size() != 4) return false;
+  if (float_nhwc && !int8()) {
+    bool any = false;
+    for (const auto& x : xs) {
+      const Value& val = g.value(x);
+      if (val.data) {
+        if (val.shape.size() > 4) return false;
+        continue;
+      }
+      const auto it = reps.find(x);
+      if (it == reps.end() || it->second.boolean || val.shape.size() != 4) return false;
+      any = any || (it->second.primary_nhwc && val.shape == shape_of(n.output));
+    }
+    return any;
+  }
+  if (!int8()) return false;
   return std::all_of(xs.begin(), xs.end(), [&](const std::string& x) {
     const auto it = reps.find(x);
     // Only a form that holds the value exactly: the one it was produced in.
@@ -272,8 +291,35 @@ bool Lowerer::nhwc_island(const Node& n, const std::vector<std::string>& xs) con
 }
 
 std::int64_t Lowerer::get_nhwc_f32(const std::string& v) {
+  const Value& val = g.value(v);
+  if (val.data) {  // [.., C, H, W] padded to 4-D, its data permuted to NHWC
+    const auto key = std::make_pair(v + "\x01nhwc", DType::F32);
+    if (auto it = const_cache.find(key); it != const_cache.end()) return it->second;
+    std::vector<std::int64_t> s4(4 - val.shape.size(), 1);
+    s4.insert(s4.end(), val.shape.begin(), val.shape.end());
+    const auto from = row_major_strides(s4);
+    std::vector<float> data(val.data->size());
+    std::size_t i = 0;
+    for (std::int64_t a = 0; a < s4[0]; ++a)
+      for (std::int64_t h = 0; h < s4[2]; ++h)
+        for (std::int64_t w = 0; w < s4[3]; ++w)
+          for (std::int64_t c = 0; c < s4[1]; ++c)
+            data[i++] = (*val.data)[static_cast<std::size_t>(a * from[0] + c * from[1] + h * from[2] + w * from[3])];
+    return const_cache[key] = add_weight(data, DType::F32, to_nhwc(s4));
+  }
   Rep& r = reps.at(v);
   if (r.nhwc_f32 >= 0) return r.nhwc_f32;
+  if (r.nhwc < 0) {  // held NCHW (float_nhwc): transposed once, or viewed where that moves nothing
+    const auto& shape = val.shape;
+    const auto x = dense(get(v, DType::F32), DType::F32, shape);
+    if (nhwc_is_nchw(shape)) {
+      r.nhwc_f32 = dg().add_view(x, to_nhwc(shape));
+    } else {
+      r.nhwc_f32 = dg().add_arena("", DType::F32, to_nhwc(shape));
+      op("transpose", "", {{"x", x}, {"y", r.nhwc_f32}}, {{"perm", std::vector<std::size_t>{0, 2, 3, 1}}});
+    }
+    return r.nhwc_f32;
+  }
   ensure_q_tensors(r);
   r.nhwc_f32 = dg().add_arena("", DType::F32, to_nhwc(g.value(v).shape));
   op("dequantize", "", {{"x", r.nhwc}, {"scale", r.q_scale}, {"zero_point", r.q_zero}, {"y", r.nhwc_f32}},
@@ -360,7 +406,11 @@ void Lowerer::run() {
     reps[in] = r;
     dg().inputs.push_back(id);
   }
-  if (precision != Precision::Int8) placements = plan_concats(g, act);  // int8 values are u8 NHWC: Concats copy
+  float_nhwc = precision == Precision::F32;
+  // int8 values are u8 NHWC: Concats copy. In fp32 a value made NHWC is
+  // not made in its part (produce_nhwc_f32), and a Concat with one copies
+  // (lower_concat).
+  if (precision != Precision::Int8) placements = plan_concats(g, act);
   for (const auto& n : g.nodes) lower_node(n);
   lower_outputs();
   describe_values();

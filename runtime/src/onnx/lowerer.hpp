@@ -28,6 +28,9 @@ namespace tpuhal::rt::detail {
 nlohmann::json act_json(const ActivationParams& a);
 nlohmann::json conv_attrs(const ops::Conv2dOptions& o);
 std::vector<std::int64_t> to_nhwc(const std::vector<std::int64_t>& s);
+// Whether NCHW `s` and its NHWC form hold the same bytes: one channel, or
+// H = W = 1 (a squeeze-and-excitation gate, a global pool's output).
+bool nhwc_is_nchw(const std::vector<std::int64_t>& s);
 
 // How a value is held. by_dtype: tensors in the value's own (ONNX, NCHW)
 // shape. In int8, 4-D u8 activations live NHWC (`nhwc`), where the
@@ -76,6 +79,11 @@ struct Lowerer {
       operands[name] = dg().add_view(operands.at(name), {(*s)[0], (*s)[1], 1, (*s)[2]});
   }
   bool int8() const { return precision == Precision::Int8; }
+  // An fp32 model: 2-D convolutions run NHWC (oneDNN's direct kernels; in
+  // NCHW it has only a GEMM-based one, with an im2col per layer), and so do
+  // the pooling and element-wise ops between them (nhwc_island); a value
+  // held NHWC is transposed to NCHW only where an op needs that.
+  bool float_nhwc = false;
   // The type of float ops: the activation type, f32 in an int8 model.
   DType float_type() const { return int8() ? DType::F32 : act; }
   const std::vector<std::int64_t>& shape_of(const std::string& v) const { return g.value(v).shape; }
@@ -113,10 +121,15 @@ struct Lowerer {
   // Value `v` in its primary type and NCHW, made from its NHWC form if
   // that is all there is.
   std::int64_t get_nchw(const std::string& v);
-  // int8: whether element-wise node `n` runs NHWC in f32: every one of
-  // `xs` an activation held NHWC with the output's (4-D) shape.
+  // Whether element-wise node `n` runs NHWC in f32. int8: every one of
+  // `xs` an activation held NHWC with the output's (4-D) shape. float_nhwc:
+  // a 4-D output and at least one of `xs` held NHWC with its shape; the
+  // others 4-D activations (a [N, C, 1, 1] one is the same bytes in both
+  // layouts) or constants (permuted when the model is compiled).
   bool nhwc_island(const Node& n, const std::vector<std::string>& xs) const;
-  // 4-D value `v`, held NHWC, as an f32 NHWC tensor (dequantized once).
+  // 4-D value `v` as an f32 NHWC tensor: dequantized once from its u8 NHWC
+  // form, or (float_nhwc) transposed once from its NCHW form; a constant
+  // of rank 4 or less, as the NHWC form of its 4-D broadcast shape.
   std::int64_t get_nhwc_f32(const std::string& v);
   // A new f32 NHWC arena tensor holding 4-D value `v` (`shape` NCHW).
   std::int64_t produce_nhwc_f32(const std::string& v, const std::vector<std::int64_t>& shape);
@@ -156,7 +169,8 @@ struct Lowerer {
   std::int64_t level_table(const QParams& in, const QParams& to, const ActivationParams& f);
   // int8: Slice `n` (lo and step per NCHW dimension) of a 4-D value held
   // u8 NHWC, copied into u8 NHWC with the input's quantisation (the same
-  // bytes); false (nothing emitted) where it does not apply.
+  // bytes); fp32 (float_nhwc): of one held f32 NHWC, into f32 NHWC. False
+  // (nothing emitted) where it does not apply.
   bool qslice(const Node& n, const std::vector<std::int64_t>& lo, const std::vector<std::int64_t>& step);
   // int8: Concat `n` (along NCHW axis `axis`) of 4-D values held u8 NHWC
   // into u8 NHWC at the output's range: each input copied into its part,
@@ -166,7 +180,8 @@ struct Lowerer {
   bool qconcat(const Node& n, std::int64_t axis);
   // int8: a nearest Resize `n` that repeats each element `fh` times along H
   // and `fw` times along W, of a value held u8 NHWC: fh * fw strided copies
-  // into u8 NHWC with the input's quantisation. False where it does not apply.
+  // into u8 NHWC with the input's quantisation; fp32 (float_nhwc): of one
+  // held f32 NHWC, into f32 NHWC. False where it does not apply.
   bool qrepeat(const Node& n, std::int64_t fh, std::int64_t fw);
   // The node that is the only consumer of value `v` (not a graph output), or null.
   const Node* sole_consumer(const std::string& v) const;

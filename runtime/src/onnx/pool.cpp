@@ -186,15 +186,22 @@ void lower_pool(Lowerer& l, const Node& n) {
   if (!one_d && l.int8() && max && l.reps.count(n.inputs[0]) && l.reps.at(n.inputs[0]).primary == DType::U8)
     t = DType::U8;
   std::map<std::string, std::int64_t> operands;
+  // fp32: NHWC where the input is held so (the same bits: each output
+  // meets its taps in the same order).
+  const bool f32_nhwc = !one_d && l.float_nhwc && l.reps.count(n.inputs[0]) && l.reps.at(n.inputs[0]).primary_nhwc;
   if (t == DType::U8) {  // NHWC; the max of u8 values keeps their scale
     operands["x"] = l.get_nhwc(n.inputs[0]);
     operands["y"] = l.produce_nhwc(n.output, shape, l.reps.at(n.inputs[0]).q);
+  } else if (f32_nhwc) {
+    operands["x"] = l.get_nhwc_f32(n.inputs[0]);
+    operands["y"] = l.produce_nhwc_f32(n.output, shape);
   } else {
     operands["x"] = l.get(n.inputs[0], t);
     operands["y"] = l.produce(n.output, t, shape);
     if (one_d) l.as_2d(operands, {{"x", &xs}, {"y", &shape}});
   }
-  l.op(max ? "max_pool2d" : "avg_pool2d", n.name, operands, pool_json(o, t == DType::U8 ? Layout::NHWC : Layout::NCHW));
+  l.op(max ? "max_pool2d" : "avg_pool2d", n.name, operands,
+       pool_json(o, t == DType::U8 || f32_nhwc ? Layout::NHWC : Layout::NCHW));
 }
 
 }  // namespace

@@ -82,7 +82,42 @@ Value infer_reshape(Importer& im, Node& n) {
   return out;
 }
 
+struct TransposeAttrs {
+  std::vector<std::int64_t> perm;  // as given, then checked and completed by its shape rule
+  static TransposeAttrs read(const Attrs& a) { return {a.ints("perm")}; }
+};
+
+// fp32 (float_nhwc): ShuffleNet's channel shuffle of a value held NHWC
+// (Reshape [N, C, H, W] to [N, G, C/G, H, W], Transpose (0, 2, 1, 3, 4),
+// Reshape back to [N, C, H, W], the middle values used by nothing else)
+// is one strided copy within each position's channels, into NHWC: output
+// channel c * G + g is input channel g * C/G + c.
+bool channel_shuffle(Lowerer& l, const Node& n) {
+  const std::string& x = n.inputs[0];
+  const auto it = l.reps.find(x);
+  if (!l.float_nhwc || l.int8() || n.op != "Reshape" || it == l.reps.end() || it->second.boolean ||
+      it->second.primary != DType::F32 || !it->second.primary_nhwc || it->second.nhwc_f32 < 0)
+    return false;
+  const auto& xs = l.shape_of(x);
+  const auto& rs = l.shape_of(n.output);
+  if (xs.size() != 4 || rs.size() != 5 || rs[0] != xs[0] || rs[1] * rs[2] != xs[1] || rs[3] != xs[2] || rs[4] != xs[3])
+    return false;
+  const Node* t = l.sole_consumer(n.output);
+  if (!t || t->op != "Transpose" || t->attr<TransposeAttrs>().perm != std::vector<std::int64_t>{0, 2, 1, 3, 4})
+    return false;
+  const Node* back = l.sole_consumer(t->output);
+  if (!back || back->op != "Reshape" || l.shape_of(back->output) != xs) return false;
+  const std::int64_t groups = rs[1], per = rs[2], pixels = xs[0] * xs[2] * xs[3];
+  const auto from = l.dg().add_subview(it->second.nhwc_f32, {pixels, per, groups}, {xs[1], 1, per}, 0);
+  const auto y = l.produce_nhwc_f32(back->output, xs);
+  l.op("cast", n.name, {{"x", from}, {"y", l.dg().add_view(y, {pixels, per, groups})}});
+  l.fused_into_producer.insert(t->name);
+  l.fused_into_producer.insert(back->name);
+  return true;
+}
+
 void lower_view(Lowerer& l, const Node& n) {
+  if (channel_shuffle(l, n)) return;
   if (!l.reps.count(n.inputs[0])) l.get(n.inputs[0], l.float_type());
   l.alias(n.output, n.inputs[0], l.shape_of(n.output));
 }
@@ -188,11 +223,6 @@ void lower_cast(Lowerer& l, const Node& n) {
 
 // ---- Transpose, Expand, Shape
 
-struct TransposeAttrs {
-  std::vector<std::int64_t> perm;  // as given, then checked and completed by its shape rule
-  static TransposeAttrs read(const Attrs& a) { return {a.ints("perm")}; }
-};
-
 // Transpose's permutation, checked (reversed where none is given).
 const std::vector<std::int64_t>& permutation(Importer& im, Node& n) {
   const auto& x = im.in(n, 0).shape;
@@ -234,7 +264,36 @@ Value infer_transpose(Importer& im, Node& n) {
   return out;
 }
 
+// fp32 (float_nhwc): the permutes around a channels-last block (ConvNeXt's
+// LayerNorm and Linears, Swin's) move no bytes. A value held NHWC,
+// permuted (0, 2, 3, 1), is its NHWC bytes read in ONNX's order; a
+// [N, H, W, C] value permuted (0, 3, 1, 2) is its own bytes held NHWC.
+bool transpose_as_view(Lowerer& l, const Node& n) {
+  const std::string& x = n.inputs[0];
+  const auto it = l.reps.find(x);
+  if (!l.float_nhwc || l.int8() || l.shape_of(x).size() != 4 || it == l.reps.end() || it->second.boolean ||
+      it->second.primary != DType::F32)
+    return false;
+  const auto& perm = n.attr<TransposeAttrs>().perm;
+  const std::vector<std::int64_t> to_last{0, 2, 3, 1}, to_first{0, 3, 1, 2};
+  Rep r;
+  r.primary = DType::F32;
+  if (perm == to_last && it->second.primary_nhwc && it->second.nhwc_f32 >= 0) {
+    r.by_dtype[DType::F32] = l.dg().add_view(it->second.nhwc_f32, l.shape_of(n.output));
+  } else if (perm == to_first && !it->second.primary_nhwc) {
+    const auto src = l.dense(it->second.by_dtype.at(DType::F32), DType::F32, l.shape_of(x));
+    r.primary_nhwc = true;
+    r.nhwc_f32 = l.dg().add_view(src, l.shape_of(x));
+  } else {
+    return false;
+  }
+  l.dg().tensors[static_cast<std::size_t>(r.primary_tensor())].value = n.output;
+  l.reps[n.output] = r;
+  return true;
+}
+
 void lower_transpose(Lowerer& l, const Node& n) {
+  if (transpose_as_view(l, n)) return;
   if (!l.reps.count(n.inputs[0])) l.get(n.inputs[0], l.float_type());
   l.get_nchw(n.inputs[0]);
   Rep src = l.reps.at(n.inputs[0]);
