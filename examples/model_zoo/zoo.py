@@ -35,6 +35,13 @@ thread count. --check exits 1 when a model that compiled misses its bound
 named in --expect-compile does not compile; torch-int8 rows are a
 reference, never checked.
 
+--ort DIR (with --bench) adds ONNX Runtime's CPU execution provider beside
+PyTorch: the same ONNX file, input and thread count, timed by
+ort_bench.mjs under Node.js with the onnxruntime-node package installed in
+DIR (npm install --ignore-scripts onnxruntime-node; ort_bench.mjs says how),
+and its output checked against PyTorch's as fp32's is (the "ort err"
+column). "ort ratio" is tpuhal's images per second over ONNX Runtime's.
+
 Needs the tpuhal package on PYTHONPATH (build/<dir>/python) and Debian's
 python3-torch and python3-torchvision (exit status 77 without them).
 """
@@ -45,6 +52,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -253,6 +261,26 @@ def torch_images_per_s(torch, net, x, batch, seconds):
     return max(rates)
 
 
+ORT_BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ort_bench.mjs")
+
+
+def ort_images_per_s(args, path, x, ref, folder):
+    """ONNX Runtime's images per second on the ONNX file at path (the better
+    of IEEE arithmetic and flushed denormals, as for PyTorch) and its
+    output's max error / range against PyTorch's ref."""
+    xin, yout = os.path.join(folder, "ort-input.bin"), os.path.join(folder, "ort-output.bin")
+    x.tofile(xin)
+    done = subprocess.run(["node", ORT_BENCH, "--modules", args.ort, "--model", path, "--input", xin,
+                           "--output", yout, "--shape", "x".join(map(str, x.shape)),
+                           "--threads", str(args.threads), "--seconds", str(args.seconds)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError("ONNX Runtime: " + (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    out = np.fromfile(yout, dtype=np.float32)
+    return result["images_per_s"], errors(ref, out)[0], result["version"]
+
+
 def fp16_out_of_range(ref, inside=0.0):
     """Why fp16 cannot hold PyTorch's output ref, or an activation on the way
     there (`inside`, the largest magnitude a module's output reached), or
@@ -380,6 +408,7 @@ def run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
         return all_rows("export failed: " + first_line(e), str(e))
 
     torch_rate = None
+    ort = None  # (images per second, max error / range): once per model
     for row in rows:
         precision = row["precision"]
         if precision == TORCH_INT8:
@@ -427,6 +456,16 @@ def run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
                 row["images_per_s"] = rate(lambda: instance.run(x, outputs=[out]), args.batch, args.seconds)
                 row["pytorch_images_per_s"] = torch_rate
                 row["ratio"] = row["images_per_s"] / torch_rate
+                if args.ort:
+                    if ort is None:
+                        try:
+                            ort = ort_images_per_s(args, path, x, ref, folder)[:2]
+                        except Exception as e:  # noqa: BLE001 - ONNX Runtime's failure is its row's note
+                            ort = (None, None)
+                            row["ort_message"] = str(e)
+                    row["ort_images_per_s"], row["ort_max_error_over_range"] = ort
+                    if ort[0]:
+                        row["ort_ratio"] = row["images_per_s"] / ort[0]
             row["status"] = "ok"
             if precision == "fp16" and fp16_out_of_range(ref, inside):
                 row["note"] = fp16_out_of_range(ref, inside)
@@ -445,7 +484,7 @@ def number(value, fmt):
     return format(value, fmt)
 
 
-def print_row(row, bench, status_width):
+def print_row(row, bench, status_width, ort=False):
     status = row["status"]
     if row.get("note"):
         status += " (all zero)" if row["precision"] == TORCH_INT8 else " (unchecked)"
@@ -454,6 +493,9 @@ def print_row(row, bench, status_width):
     if bench:
         line += (f" {number(row.get('images_per_s'), '.1f'):>9} {number(row.get('pytorch_images_per_s'), '.1f'):>9}"
                  f" {number(row.get('ratio'), '.2f'):>6}")
+    if ort:
+        line += (f" {number(row.get('ort_images_per_s'), '.1f'):>9} {number(row.get('ort_max_error_over_range'), '.1e'):>8}"
+                 f" {number(row.get('ort_ratio'), '.2f'):>9}")
     print(line, flush=True)
 
 
@@ -509,6 +551,9 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="threads for the simulated tensor engine and for PyTorch alike (default: every CPU)")
     ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per --bench entry (default 2)")
+    ap.add_argument("--ort", metavar="DIR",
+                    help="with --bench: also time ONNX Runtime (npm's onnxruntime-node installed in DIR) "
+                         "on the same file, input and threads")
     ap.add_argument("--json", metavar="FILE", help="also write the rows to FILE as JSON")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 if a model that compiled misses its precision's bound, or a model in "
@@ -517,6 +562,13 @@ def main():
                     help="comma-separated models that must compile (with --check; added to --models)")
     args = ap.parse_args()
     args.precisions = [p for item in args.precisions for p in comma_list(item)]
+    if args.ort:
+        if not args.bench:
+            ap.error("--ort times ONNX Runtime beside tpuhal: give --bench with it")
+        if not os.path.isdir(os.path.join(args.ort, "node_modules", "onnxruntime-node")):
+            ap.error(f"--ort: {args.ort} has no node_modules/onnxruntime-node (see {ORT_BENCH})")
+        if shutil.which("node") is None:
+            ap.error("--ort: no node on PATH (Debian: nodejs)")
     for p in args.precisions:
         if p not in PRECISIONS:
             ap.error(f"unknown precision '{p}' (expected some of {', '.join(PRECISIONS)})")
@@ -561,6 +613,8 @@ def main():
     header = f"{'model':<30} {'prec':<10} {'status':<{status_width}} {'err/range':>10} {'SNR dB':>7}"
     if args.bench:
         header += f" {'ours/s':>9} {'torch/s':>9} {'ratio':>6}"
+    if args.ort:
+        header += f" {'ort/s':>9} {'ort err':>8} {'ort ratio':>9}"
     print(f"{len(chosen)} model(s), input {args.batch}x3x{args.size}x{args.size}, on {args.device}; "
           f"PyTorch {torch.__version__}, torchvision {torchvision.__version__}"
           + (f", {args.threads} thread(s), {args.seconds:g} s per entry" if args.bench else "")
@@ -575,7 +629,7 @@ def main():
             builder, is_segmentation = models[name]
             for row in run_model(tpuhal, dev, name, builder, is_segmentation, args, tmp):
                 rows.append(row)
-                print_row(row, args.bench, status_width)
+                print_row(row, args.bench, status_width, bool(args.ort))
                 if args.layer_report:
                     print_layer_report(row, args.layer_report)
 
