@@ -749,7 +749,10 @@ CompileResult compile_bytes(std::span<const std::byte> onnx_bytes, const Compile
   const Graph g = import_onnx(onnx_bytes, options, name, external_dir, options.max_batch);
   CompileResult result;
   result.notes = g.notes;
-  const Lowered f32 = lower(g, Precision::F32, nullptr);
+  // The fp32 model, or the fp32 reference another precision is calibrated
+  // and measured against: NCHW there, so that int8's calibrated ranges
+  // (and its bits) are what they were before fp32 models ran NHWC.
+  const Lowered f32 = lower(g, Precision::F32, nullptr, {}, options.precision != Precision::F32);
   const bool int8 = options.precision == Precision::Int8;
   std::map<std::string, Range> ranges;
   Batches batches;

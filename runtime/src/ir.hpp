@@ -139,9 +139,11 @@ struct Lowered {
 
 // Lowers onto tpuhal ops. Int8 needs `ranges` for every value; the nodes
 // named in `keep_fp16` then run in fp16, or in fp32 where fp16 cannot hold
-// their calibrated values (fp16_holds).
+// their calibrated values (fp16_holds). `nchw`: an fp32 model whose
+// convolutions run NCHW (the reference an int8 model is calibrated on,
+// whose ranges, and so whose int8 bits, stay as they were), else NHWC.
 Lowered lower(const Graph& g, Precision precision, const std::map<std::string, Range>* ranges,
-              const std::set<std::string>& keep_fp16 = {});
+              const std::set<std::string>& keep_fp16 = {}, bool nchw = false);
 
 // Whether fp16 holds node `n`'s first input and its output as calibrated:
 // each one's largest magnitude within [2^-6, 2^14] (or 0). Below, most of

@@ -36,8 +36,9 @@ bool fp16_holds(const Node& n, const std::map<std::string, Range>& ranges) {
 }
 
 Lowered lower(const Graph& g, Precision precision, const std::map<std::string, Range>* ranges,
-              const std::set<std::string>& keep_fp16) {
+              const std::set<std::string>& keep_fp16, bool nchw) {
   Lowerer l{g, precision, ranges, keep_fp16};
+  l.nchw_only = nchw;
   if (precision == Precision::Int8 && g.qdq) l.fixed_q = qdq_params(g);
   l.run();
   return std::move(l.out);

@@ -175,12 +175,14 @@ std::int64_t Lowerer::from_nhwc(Rep& r, const std::string& v, DType t) {
     const auto u = get_nhwc(v);
     id = dg().add_arena("", DType::U8, shape);
     op("transpose", "", {{"x", u}, {"y", id}}, {{"perm", back}});
-  } else if (float_nhwc && nhwc_is_nchw(shape) && r.nhwc_f32 >= 0) {
-    id = dg().add_view(r.nhwc_f32, shape);
   } else {
     const auto f = get_nhwc_f32(v);
-    id = dg().add_arena("", DType::F32, shape);
-    op("transpose", "", {{"x", f}, {"y", id}}, {{"perm", back}});
+    if (float_nhwc && nhwc_is_nchw(shape)) {
+      id = dg().add_view(f, shape);
+    } else {
+      id = dg().add_arena("", DType::F32, shape);
+      op("transpose", "", {{"x", f}, {"y", id}}, {{"perm", back}});
+    }
     if (t != DType::F32) {
       r.by_dtype[DType::F32] = id;
       const auto c = dg().add_arena("", t, shape);
@@ -406,7 +408,7 @@ void Lowerer::run() {
     reps[in] = r;
     dg().inputs.push_back(id);
   }
-  float_nhwc = precision == Precision::F32;
+  float_nhwc = precision == Precision::F32 && !nchw_only;
   // int8 values are u8 NHWC: Concats copy. In fp32 a value made NHWC is
   // not made in its part (produce_nhwc_f32), and a Concat with one copies
   // (lower_concat).

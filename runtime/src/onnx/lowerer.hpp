@@ -84,6 +84,7 @@ struct Lowerer {
   // the pooling and element-wise ops between them (nhwc_island); a value
   // held NHWC is transposed to NCHW only where an op needs that.
   bool float_nhwc = false;
+  bool nchw_only = false;  // an fp32 model without float_nhwc (lower()'s `nchw`)
   // The type of float ops: the activation type, f32 in an int8 model.
   DType float_type() const { return int8() ? DType::F32 : act; }
   const std::vector<std::int64_t>& shape_of(const std::string& v) const { return g.value(v).shape; }

@@ -2,6 +2,7 @@
 // the thread count its OpenMP regions use. Internal to the simulator.
 #pragma once
 
+#include <cstdint>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
@@ -34,29 +35,47 @@ struct DnnlState {
     std::vector<std::byte> source;  // the weights as they were
     dnnl::memory memory;
     std::size_t memory_bytes = 0;  // memory's size
+    std::uint64_t used = 0;        // `lookups` when last served or stored
   };
   // `key` names the weights' address and layouts; `bytes` is the weights'
   // dense span. Returns the cached memory or null.
-  const dnnl::memory* cached_weights(const std::string& key, const std::byte* bytes, std::size_t size) const {
+  const dnnl::memory* cached_weights(const std::string& key, const std::byte* bytes, std::size_t size) {
+    ++lookups;
     auto it = weights.find(key);
     if (it == weights.end() || it->second.source.size() != size ||
         std::memcmp(it->second.source.data(), bytes, size) != 0)
       return nullptr;
+    it->second.used = lookups;
     return &it->second.memory;
   }
   // Weights past kWeightCacheBytes (the source bytes and the reordered
-  // ones) are not kept: the first ones a model runs stay, where clearing
-  // the cache would make a model larger than it miss on every layer.
+  // ones) are kept only in room that idle entries leave: those no lookup
+  // has served for 4 * (entries + 256) lookups (a model run no more, or
+  // weights freed). Otherwise the first ones a model runs stay, where
+  // emptying the cache would make a model larger than it miss on every
+  // layer of every run.
   void remember_weights(const std::string& key, const std::byte* bytes, std::size_t size, dnnl::memory m) {
-    auto& e = weights[key];
-    const std::size_t kept = e.source.size() + e.memory_bytes;
     const std::size_t reordered = m.get_desc().get_size();
-    if (cached_bytes - kept + size + reordered > kWeightCacheBytes) {
-      if (e.source.empty()) weights.erase(key);
-      return;
+    const auto fits = [&] {
+      const auto it = weights.find(key);
+      const std::size_t kept = it == weights.end() ? 0 : it->second.source.size() + it->second.memory_bytes;
+      return cached_bytes - kept + size + reordered <= kWeightCacheBytes;
+    };
+    if (!fits()) {
+      const std::uint64_t idle = 4 * (weights.size() + 256);
+      for (auto it = weights.begin(); it != weights.end();)
+        if (it->first != key && lookups - it->second.used > idle) {
+          cached_bytes -= it->second.source.size() + it->second.memory_bytes;
+          it = weights.erase(it);
+        } else {
+          ++it;
+        }
+      if (!fits()) return;
     }
-    cached_bytes = cached_bytes - kept + size + reordered;
+    auto& e = weights[key];
+    cached_bytes = cached_bytes - (e.source.size() + e.memory_bytes) + size + reordered;
     e.memory_bytes = reordered;
+    e.used = lookups;
     e.source.assign(bytes, bytes + size);
     e.memory = std::move(m);
   }
@@ -91,6 +110,7 @@ struct DnnlState {
   static constexpr std::size_t kWeightCacheBytes = std::size_t{320} << 20;
   std::unordered_map<std::string, Reordered> weights;
   std::size_t cached_bytes = 0;
+  std::uint64_t lookups = 0;  // cached_weights calls so far
 };
 
 }  // namespace tpuhal::sim::tensor
