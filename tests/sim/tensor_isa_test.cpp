@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dnnl_state.h"
 #include "engine.h"
 #include "igemm.h"
 #include "isa.h"
@@ -700,6 +701,37 @@ TEST(TensorEngine, AnExceptionThrownInAParallelPartReachesTheCaller) {
   std::atomic<std::uint64_t> sum{0};
   pool.parallel_for(1000, [&](std::uint64_t begin, std::uint64_t end) { sum.fetch_add(end - begin); });
   EXPECT_EQ(sum.load(), 1000u);
+}
+
+// The cache of weights reordered for oneDNN: when full, the weights a model
+// ran first stay (emptying it would make a model larger than it miss on
+// every layer of every run), and room comes only from entries no lookup
+// has served for 4 * (entries + 256) lookups.
+TEST(TensorEngine, TheWeightCacheKeepsTheFirstWeightsWhenFullAndMakesRoomFromIdleOnes) {
+  DnnlState d(1);
+  const dnnl::memory::desc desc({256}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);  // 1 KiB
+  const std::vector<std::byte> a(1024, std::byte{1}), b(1024, std::byte{2}), c(1024, std::byte{3});
+  d.capacity = 4096;  // two entries: 1 KiB of source and 1 KiB reordered each
+  d.remember_weights("a", a.data(), a.size(), dnnl::memory(desc, d.engine));
+  d.remember_weights("b", b.data(), b.size(), dnnl::memory(desc, d.engine));
+  d.remember_weights("c", c.data(), c.size(), dnnl::memory(desc, d.engine));
+  EXPECT_NE(d.cached_weights("a", a.data(), a.size()), nullptr);
+  EXPECT_NE(d.cached_weights("b", b.data(), b.size()), nullptr);
+  EXPECT_EQ(d.cached_weights("c", c.data(), c.size()), nullptr) << "a full cache made room by dropping used weights";
+  EXPECT_EQ(d.cached_bytes, 4096u);
+  // Bytes that changed in place are a miss.
+  const std::vector<std::byte> a2(1024, std::byte{9});
+  EXPECT_EQ(d.cached_weights("a", a2.data(), a2.size()), nullptr);
+  // "b" stays in use; "a" goes idle while other weights are looked up.
+  for (int i = 0; i < 4 * (2 + 256) + 1; ++i) {
+    ASSERT_NE(d.cached_weights("b", b.data(), b.size()), nullptr);
+    EXPECT_EQ(d.cached_weights("c", c.data(), c.size()), nullptr);
+  }
+  d.remember_weights("c", c.data(), c.size(), dnnl::memory(desc, d.engine));
+  EXPECT_NE(d.cached_weights("c", c.data(), c.size()), nullptr) << "an idle entry was not dropped to make room";
+  EXPECT_NE(d.cached_weights("b", b.data(), b.size()), nullptr);
+  EXPECT_EQ(d.cached_weights("a", a.data(), a.size()), nullptr);
+  EXPECT_EQ(d.cached_bytes, 4096u);
 }
 
 }  // namespace

@@ -62,17 +62,14 @@ Value infer_concat(Importer& im, Node& n) {
 // copied into its part (along the NHWC form of the axis).
 bool nhwc_concat(Lowerer& l, const Node& n, std::int64_t axis) {
   const auto& shape = l.shape_of(n.output);
-  if (!l.float_nhwc || shape.size() != 4) return false;
-  const bool any = std::any_of(n.inputs.begin(), n.inputs.end(), [&](const std::string& x) {
-    const auto it = l.reps.find(x);
-    return it != l.reps.end() && it->second.primary_nhwc;
-  });
-  if (!any) return false;
+  if (shape.size() != 4 ||
+      std::none_of(n.inputs.begin(), n.inputs.end(), [&](const std::string& x) { return l.held_f32_nhwc(x); }))
+    return false;
   for (const auto& x : n.inputs)
     if (auto it = l.reps.find(x); !l.g.value(x).data && (it == l.reps.end() || it->second.boolean)) return false;
   const auto y = l.produce_nhwc_f32(n.output, shape);
   const auto st = row_major_strides(to_nhwc(shape));
-  const std::size_t ax = static_cast<std::size_t>(axis == 0 ? 0 : axis == 1 ? 3 : axis - 1);
+  const std::size_t ax = nhwc_dim(static_cast<std::size_t>(axis));
   std::int64_t at = 0;
   for (const auto& x : n.inputs) {
     const auto xs = to_nhwc(l.shape_of(x));

@@ -257,12 +257,6 @@ bool Lowerer::qtable(const Node& n, const ActivationParams& p) {
 
 namespace {
 
-// The NHWC dimension of NCHW dimension `d`.
-std::size_t nhwc_dim(std::size_t d) {
-  static constexpr std::size_t kTo[] = {0, 3, 1, 2};
-  return kTo[d];
-}
-
 // A 4-D value held u8 NHWC (not a boolean).
 bool held_u8_nhwc(const std::map<std::string, Rep>& reps, const std::string& v) {
   auto it = reps.find(v);
@@ -271,21 +265,10 @@ bool held_u8_nhwc(const std::map<std::string, Rep>& reps, const std::string& v) 
 
 }  // namespace
 
-namespace {
-
-// fp32 (float_nhwc): a 4-D value produced f32 NHWC.
-bool held_f32_nhwc(const Lowerer& l, const std::string& v) {
-  const auto it = l.reps.find(v);
-  return l.float_nhwc && !l.int8() && l.shape_of(v).size() == 4 && it != l.reps.end() && it->second.primary_nhwc &&
-         it->second.primary == DType::F32 && it->second.nhwc_f32 >= 0 && !it->second.boolean;
-}
-
-}  // namespace
-
 bool Lowerer::qslice(const Node& n, const std::vector<std::int64_t>& lo, const std::vector<std::int64_t>& step) {
   const std::string& x = n.inputs[0];
   if (std::any_of(step.begin(), step.end(), [](std::int64_t s) { return s <= 0; })) return false;
-  const bool f32 = held_f32_nhwc(*this, x);  // fp32: the same copy of f32 elements
+  const bool f32 = held_f32_nhwc(x);  // fp32: the same copy of f32 elements
   if (!f32 && (!int8() || keep_fp16.count(n.name) || shape_of(x).size() != 4 || !held_u8_nhwc(reps, x))) return false;
   const Rep& r = reps.at(x);
   const auto st = row_major_strides(to_nhwc(shape_of(x)));
@@ -305,7 +288,7 @@ bool Lowerer::qslice(const Node& n, const std::vector<std::int64_t>& lo, const s
 
 bool Lowerer::qrepeat(const Node& n, std::int64_t fh, std::int64_t fw) {
   const std::string& x = n.inputs[0];
-  const bool f32 = held_f32_nhwc(*this, x);  // fp32: the same copies of f32 elements
+  const bool f32 = held_f32_nhwc(x);  // fp32: the same copies of f32 elements
   if (!f32 && (!int8() || keep_fp16.count(n.name) || shape_of(x).size() != 4 || !held_u8_nhwc(reps, x))) return false;
   const std::int64_t xv = f32 ? reps.at(x).nhwc_f32 : reps.at(x).nhwc;
   const QParams q = reps.at(x).q;

@@ -267,9 +267,15 @@ std::int64_t Lowerer::get_nchw(const std::string& v) {
   return r.primary_nhwc ? get(v, r.primary) : r.by_dtype.at(r.primary);
 }
 
+bool Lowerer::held_f32_nhwc(const std::string& v) const {
+  const auto it = reps.find(v);
+  return float_nhwc && shape_of(v).size() == 4 && it != reps.end() && it->second.primary_nhwc &&
+         it->second.primary == DType::F32 && it->second.nhwc_f32 >= 0 && !it->second.boolean;
+}
+
 bool Lowerer::nhwc_island(const Node& n, const std::vector<std::string>& xs) const {
   if (shape_of(n.output).size() != 4) return false;
-  if (float_nhwc && !int8()) {
+  if (float_nhwc) {
     bool any = false;
     for (const auto& x : xs) {
       const Value& val = g.value(x);
@@ -279,7 +285,7 @@ bool Lowerer::nhwc_island(const Node& n, const std::vector<std::string>& xs) con
       }
       const auto it = reps.find(x);
       if (it == reps.end() || it->second.boolean || val.shape.size() != 4) return false;
-      any = any || (it->second.primary_nhwc && val.shape == shape_of(n.output));
+      any = any || (held_f32_nhwc(x) && val.shape == shape_of(n.output));
     }
     return any;
   }

@@ -14,6 +14,7 @@
 // ops between NHWC values stay NHWC, in f32 (docs/runtime.md).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -31,6 +32,11 @@ std::vector<std::int64_t> to_nhwc(const std::vector<std::int64_t>& s);
 // Whether NCHW `s` and its NHWC form hold the same bytes: one channel, or
 // H = W = 1 (a squeeze-and-excitation gate, a global pool's output).
 bool nhwc_is_nchw(const std::vector<std::int64_t>& s);
+// The NHWC dimension of NCHW dimension `d`.
+inline std::size_t nhwc_dim(std::size_t d) {
+  static constexpr std::size_t kTo[] = {0, 3, 1, 2};
+  return kTo[d];
+}
 
 // How a value is held. by_dtype: tensors in the value's own (ONNX, NCHW)
 // shape. In int8, 4-D u8 activations live NHWC (`nhwc`), where the
@@ -134,6 +140,8 @@ struct Lowerer {
   std::int64_t get_nhwc_f32(const std::string& v);
   // A new f32 NHWC arena tensor holding 4-D value `v` (`shape` NCHW).
   std::int64_t produce_nhwc_f32(const std::string& v, const std::vector<std::int64_t>& shape);
+  // float_nhwc: whether 4-D value `v` was produced f32 NHWC.
+  bool held_f32_nhwc(const std::string& v) const;
   void ensure_q_tensors(Rep& r);
 
   // int8 layers (int8.cpp): whether their bias fits, and the layer itself.

@@ -188,7 +188,7 @@ void lower_pool(Lowerer& l, const Node& n) {
   std::map<std::string, std::int64_t> operands;
   // fp32: NHWC where the input is held so (the same bits: each output
   // meets its taps in the same order).
-  const bool f32_nhwc = !one_d && l.float_nhwc && l.reps.count(n.inputs[0]) && l.reps.at(n.inputs[0]).primary_nhwc;
+  const bool f32_nhwc = !one_d && l.held_f32_nhwc(n.inputs[0]);
   if (t == DType::U8) {  // NHWC; the max of u8 values keeps their scale
     operands["x"] = l.get_nhwc(n.inputs[0]);
     operands["y"] = l.produce_nhwc(n.output, shape, l.reps.at(n.inputs[0]).q);

@@ -94,21 +94,17 @@ struct TransposeAttrs {
 // channel c * G + g is input channel g * C/G + c.
 bool channel_shuffle(Lowerer& l, const Node& n) {
   const std::string& x = n.inputs[0];
-  const auto it = l.reps.find(x);
-  if (!l.float_nhwc || l.int8() || n.op != "Reshape" || it == l.reps.end() || it->second.boolean ||
-      it->second.primary != DType::F32 || !it->second.primary_nhwc || it->second.nhwc_f32 < 0)
-    return false;
+  if (n.op != "Reshape" || !l.held_f32_nhwc(x)) return false;
   const auto& xs = l.shape_of(x);
   const auto& rs = l.shape_of(n.output);
-  if (xs.size() != 4 || rs.size() != 5 || rs[0] != xs[0] || rs[1] * rs[2] != xs[1] || rs[3] != xs[2] || rs[4] != xs[3])
-    return false;
+  if (rs.size() != 5 || rs[0] != xs[0] || rs[1] * rs[2] != xs[1] || rs[3] != xs[2] || rs[4] != xs[3]) return false;
   const Node* t = l.sole_consumer(n.output);
   if (!t || t->op != "Transpose" || t->attr<TransposeAttrs>().perm != std::vector<std::int64_t>{0, 2, 1, 3, 4})
     return false;
   const Node* back = l.sole_consumer(t->output);
   if (!back || back->op != "Reshape" || l.shape_of(back->output) != xs) return false;
   const std::int64_t groups = rs[1], per = rs[2], pixels = xs[0] * xs[2] * xs[3];
-  const auto from = l.dg().add_subview(it->second.nhwc_f32, {pixels, per, groups}, {xs[1], 1, per}, 0);
+  const auto from = l.dg().add_subview(l.reps.at(x).nhwc_f32, {pixels, per, groups}, {xs[1], 1, per}, 0);
   const auto y = l.produce_nhwc_f32(back->output, xs);
   l.op("cast", n.name, {{"x", from}, {"y", l.dg().add_view(y, {pixels, per, groups})}});
   l.fused_into_producer.insert(t->name);
@@ -271,14 +267,14 @@ Value infer_transpose(Importer& im, Node& n) {
 bool transpose_as_view(Lowerer& l, const Node& n) {
   const std::string& x = n.inputs[0];
   const auto it = l.reps.find(x);
-  if (!l.float_nhwc || l.int8() || l.shape_of(x).size() != 4 || it == l.reps.end() || it->second.boolean ||
+  if (!l.float_nhwc || l.shape_of(x).size() != 4 || it == l.reps.end() || it->second.boolean ||
       it->second.primary != DType::F32)
     return false;
   const auto& perm = n.attr<TransposeAttrs>().perm;
   const std::vector<std::int64_t> to_last{0, 2, 3, 1}, to_first{0, 3, 1, 2};
   Rep r;
   r.primary = DType::F32;
-  if (perm == to_last && it->second.primary_nhwc && it->second.nhwc_f32 >= 0) {
+  if (perm == to_last && l.held_f32_nhwc(x)) {
     r.by_dtype[DType::F32] = l.dg().add_view(it->second.nhwc_f32, l.shape_of(n.output));
   } else if (perm == to_first && !it->second.primary_nhwc) {
     const auto src = l.dense(it->second.by_dtype.at(DType::F32), DType::F32, l.shape_of(x));

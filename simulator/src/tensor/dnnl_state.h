@@ -48,7 +48,7 @@ struct DnnlState {
     it->second.used = lookups;
     return &it->second.memory;
   }
-  // Weights past kWeightCacheBytes (the source bytes and the reordered
+  // Weights past `capacity` (the source bytes and the reordered
   // ones) are kept only in room that idle entries leave: those no lookup
   // has served for 4 * (entries + 256) lookups (a model run no more, or
   // weights freed). Otherwise the first ones a model runs stay, where
@@ -59,7 +59,7 @@ struct DnnlState {
     const auto fits = [&] {
       const auto it = weights.find(key);
       const std::size_t kept = it == weights.end() ? 0 : it->second.source.size() + it->second.memory_bytes;
-      return cached_bytes - kept + size + reordered <= kWeightCacheBytes;
+      return cached_bytes - kept + size + reordered <= capacity;
     };
     if (!fits()) {
       const std::uint64_t idle = 4 * (weights.size() + 256);
@@ -108,6 +108,7 @@ struct DnnlState {
   // ResNet-50's f32 weights, and those reordered for oneDNN's NHWC
   // kernels, take about 200 MB.
   static constexpr std::size_t kWeightCacheBytes = std::size_t{320} << 20;
+  std::size_t capacity = kWeightCacheBytes;
   std::unordered_map<std::string, Reordered> weights;
   std::size_t cached_bytes = 0;
   std::uint64_t lookups = 0;  // cached_weights calls so far
