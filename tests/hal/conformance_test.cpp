@@ -691,9 +691,12 @@ std::string device_name(const ::testing::TestParamInfo<std::string>& p) { return
 // Every device, and the skeleton driver's board ("skeleton:0"): a device with
 // no memory, no queues and no optional capability, on which the suite checks
 // the refusals and skips the rest. A new driver starts from it.
-std::vector<std::string> devices_and_skeleton() {
-  driver::register_provider(skeleton::make_provider());
-  return testing::conformance_devices();
+const std::vector<std::string>& devices_and_skeleton() {
+  static const std::vector<std::string> uris = [] {
+    driver::register_provider(skeleton::make_provider());
+    return testing::find_conformance_devices();
+  }();
+  return uris;
 }
 // ---- Tracing ----------------------------------------------------------------------
 

@@ -14,12 +14,22 @@
 
 namespace tpuhal::testing {
 
-inline std::vector<std::string> conformance_devices() {
+// What enumerate() finds, plus the simulated boards above.
+inline std::vector<std::string> find_conformance_devices() {
   std::vector<std::string> uris;
   for (auto& d : tpuhal::enumerate()) uris.push_back(d.uri);
   uris.push_back("sim:tiny");
   uris.push_back("sim:edge-soc");
   uris.push_back("usb-sim:tiny");
+  return uris;
+}
+
+// The same, found once per process: gtest evaluates a suite's parameter
+// generator once per TEST_P, and each enumerate() scans the buses
+// (libusb's udev scan alone takes milliseconds), which cost every test
+// process of a large suite about a second before its test began.
+inline const std::vector<std::string>& conformance_devices() {
+  static const std::vector<std::string> uris = find_conformance_devices();
   return uris;
 }
 
