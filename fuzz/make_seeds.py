@@ -189,10 +189,10 @@ def op_seeds():
     o["conv_transpose2d"] = op_block(OP["conv_transpose2d"], [
         tensor(k, F32, [1, 4, 3, 3]), tensor(2 * k, F32, [4, 3, 3, 3]), tensor(3 * k, F32, [6]),
         tensor(4 * k, F32, [1, 6, 8, 7])], conv_attrs(groups=2, stride=(2, 2), pad=(0, 1, 0, 0)))
-    o["where"] = op_block(OP["where"], [
+    o["where_broadcast"] = op_block(OP["where"], [
         tensor(k, U8, [2, 3], [0, 1]), tensor(2 * k, F32, [2, 3]), tensor(3 * k, F32, [2, 3], [0, 0]),
         tensor(4 * k, F32, [2, 3])], quant)
-    o["gather"] = op_block(OP["gather"], [tensor(k, BF16, [3, 10, 4]), tensor(2 * k, I32, [2, 5]),
+    o["gather_bf16"] = op_block(OP["gather"], [tensor(k, BF16, [3, 10, 4]), tensor(2 * k, I32, [2, 5]),
                                           tensor(3 * k, BF16, [3, 2, 5, 4])], struct.pack("<4I", 1, 0, 0, 0))
     o["qlinear_add"] = op_block(OP["qlinear_add"], [
         tensor(k, U8, [2, 3, 4]), tensor(2 * k, F32, [2, 3, 4], [0, 0, 0]), tensor(3 * k, U8, [2, 3, 4], [0, 0, 0]),
@@ -217,10 +217,14 @@ def rule_samples():
         roles = [r.rstrip("?") for r in kind["tensors"]]
         tensors = [tensor((i + 1) * 0x10000, codes[s["dtypes"][r]], s["shapes"][r]) for i, r in enumerate(roles)]
         words = []
-        for name, typ, default, _ in structs[kind["fw_attrs"]]["fields"]:
+        fields = structs[kind["fw_attrs"]]["fields"] if kind["fw_attrs"] in structs else []  # QuantAttrs: none
+        for name, typ, default, _ in fields:
             v = s.get("attrs", {}).get(name, default)
-            words.append(1 if v in (True, "true") else 0 if v in (False, "false") else int(v))
-        words += [0] * (-len(words) % 4)
+            if typ == "f32":
+                words.append(struct.unpack("<I", struct.pack("<f", float(v)))[0])
+            else:
+                words.append(1 if v in (True, "true") else 0 if v in (False, "false") else int(v))
+        words += [0] * (-len(words) % 4 or (0 if words else 4))
         o[kind["id"]] = op_block(OP[kind["id"]], tensors, struct.pack(f"<{len(words)}I", *words))
     return o
 

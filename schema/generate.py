@@ -138,6 +138,11 @@ def role_names(k):
     return [r.rstrip("?") for r in k["tensors"]]
 
 
+def possessive(name):
+    """x -> x's, indices -> indices'."""
+    return name + ("'" if name.endswith("s") else "'s")
+
+
 def param_name(role):
     """A role's parameter name: X -> x, AScale -> a_scale."""
     out = ""
@@ -148,8 +153,31 @@ def param_name(role):
     return out
 
 
+NO_ATTRS = ("QuantAttrs", "NoAttrs")  # (fw_attrs, attrs) of a kind without attributes
+
+
+def no_attrs(k):
+    return (k["fw_attrs"], k["attrs"]) == NO_ATTRS
+
+
 def rule_struct(k):
+    """The kind's attribute struct; a kind without attributes has an empty
+    one (16 reserved bytes on the wire), described by the kind's doc."""
+    if no_attrs(k):
+        return dict(name=k["fw_attrs"], doc=k["doc"].rstrip("."), fields=[])
     return next((st for st in ops.ATTR_STRUCTS if st["name"] == k["attrs"]), None)
+
+
+def rule_shaped(k):
+    """The roles whose shape a rule fixes: by a shapes link, a dims pattern
+    or a splice, or as the target inputs broadcast to."""
+    rule = k["rule"]
+    return set(rule.get("shapes", {})) | set(rule.get("dims", {})) | set(rule.get("splice", {})) | \
+        set(rule.get("broadcast", {}).values())
+
+
+def all_dtypes(d):
+    return isinstance(d, list) and set(d) == set(DTYPES)
 
 
 def rule_dtypes(k, role):
@@ -167,14 +195,16 @@ def check_rule(k, structs):
         problems.append(f"{name}: a kind with a rule has one builder, named as its id ({k['id']})")
     if any(t.endswith("?") for t in k["tensors"]):
         problems.append(f"{name}: rules for optional tensors are not generated; write the kind by hand")
-    st = structs.get(k["attrs"])
-    if st is None or k["fw_attrs"] != k["attrs"]:
-        return problems + [f"{name}: a kind with a rule takes an ATTR_STRUCTS struct in both layers"]
-    unknown = set(rule) - {"dtypes", "shapes", "axes", "dims", "ranges"}
+    st = rule_struct(k) if no_attrs(k) else structs.get(k["attrs"])
+    if st is None or (k["fw_attrs"] != k["attrs"] and not no_attrs(k)):
+        return problems + [f"{name}: a kind with a rule takes an ATTR_STRUCTS struct in both layers, or "
+                           f"{NO_ATTRS[0]} and {NO_ATTRS[1]} (no attributes)"]
+    unknown = set(rule) - {"dtypes", "shapes", "axes", "dims", "ranges", "broadcast", "splice"}
     if unknown:
         problems.append(f"{name}: rule has unknown keys {sorted(unknown)}")
     dts, shapes, axes = rule.get("dtypes", {}), rule.get("shapes", {}), rule.get("axes", {})
     dims, ranges = rule.get("dims", {}), rule.get("ranges", {})
+    bcast, splice = rule.get("broadcast", {}), rule.get("splice", {})
     for r in roles_:
         d = dts.get(r)
         if d is None:
@@ -196,9 +226,20 @@ def check_rule(k, structs):
         elif not pattern or len(pattern) > 8 or not all(
                 (isinstance(d, int) and d >= 1) or (isinstance(d, str) and d.isidentifier()) for d in pattern):
             problems.append(f"{name}: dims: {r}'s pattern {pattern} is not 1 to 8 numbers >= 1 or names")
-    if roles_[-1] not in shapes and roles_[-1] not in dims:
-        problems.append(f"{name}: rule does not give the output {roles_[-1]} a shape")
+    for r, to in bcast.items():
+        if r not in roles_[:-1] or to not in roles_ or r == to or r in shapes or r in dims or r in splice or \
+                to in bcast:
+            problems.append(f"{name}: broadcast: {r} to {to}: an input with no other shape rule, to another "
+                            "tensor that is not broadcast itself")
     fields = {f[0]: f for f in st["fields"]}
+    for r, spec in splice.items():
+        if not (isinstance(spec, tuple) and len(spec) == 3) or r not in roles_ or r in shapes or r in dims or \
+                spec[0] not in roles_ or spec[2] not in roles_ or len({r, spec[0], spec[2]}) != 3 or \
+                axes.get(spec[1]) != spec[0] or r in shapes.values():
+            problems.append(f"{name}: splice: {r}: (tensor, its axis field, tensor), three tensors, the axis "
+                            "one of the first's (axes), no other shape rule for it")
+    if roles_[-1] not in rule_shaped(k):
+        problems.append(f"{name}: rule does not give the output {roles_[-1]} a shape")
     for field, of in axes.items():
         if field not in fields or fields[field][1] != "u32" or of not in roles_:
             problems.append(f"{name}: axes: {field} of {of}: a u32 field of {st['name']} and a tensor")
@@ -225,9 +266,16 @@ def check_rule(k, structs):
     for r, like in shapes.items():
         if ss[r] != ss[like]:
             problems.append(f"{name}: sample's {r} has shape {ss[r]}, not {like}'s")
+    for r, to in bcast.items():  # the decoder sees a broadcast input in its target's shape
+        if ss[r] != ss[to]:
+            problems.append(f"{name}: sample's {r} has shape {ss[r]}, not {to}'s (write broadcasts in full)")
     for field, of in axes.items():
         if not 0 <= int(sa.get(field, fields[field][2])) < len(ss[of]):
             problems.append(f"{name}: sample's {field} is not an axis of {of}")
+    for r, (into, field, part) in splice.items():
+        ax = int(sa.get(field, fields[field][2]))
+        if ss[r] != ss[into][:ax] + ss[part] + ss[into][ax + 1:]:
+            problems.append(f"{name}: sample's {r} has shape {ss[r]}, not {into}'s with {field} replaced by {part}'s")
     bound = {}
     for r, pattern in dims.items():
         if len(ss[r]) != len(pattern) or any(
@@ -253,7 +301,11 @@ def rule_text(k):
     rule, out = k["rule"], []
     for r in role_names(k):
         d, like = rule["dtypes"][r], rule.get("shapes", {}).get(r)
-        if isinstance(d, list):
+        if all_dtypes(d):
+            text = "any dtype"
+            if like:
+                text += f", {param_name(like)}'s shape"
+        elif isinstance(d, list):
             text = ", ".join(d[:-1]) + (" or " if len(d) > 1 else "") + d[-1]
             if like:
                 text += f", {param_name(like)}'s shape"
@@ -263,6 +315,12 @@ def rule_text(k):
             text = f"{param_name(d)}'s dtype" + (f", {param_name(like)}'s shape" if like else "")
         if r in rule.get("dims", {}):
             text += f", [{', '.join(str(x) for x in rule['dims'][r])}]"
+        if r in rule.get("broadcast", {}):
+            text += f", broadcast to {possessive(param_name(rule['broadcast'][r]))} shape as in NumPy"
+        if r in rule.get("splice", {}):
+            into, field, part = rule["splice"][r]
+            text += f", {possessive(param_name(into))} shape with dimension {field} replaced by " \
+                    f"{possessive(param_name(part))} shape"
         out.append(f"{param_name(r)}: {text}")
     return "; ".join(out)
 
@@ -313,7 +371,7 @@ def rule_computes(k):
 
 
 def rule_doc(k):
-    return f"{rule_computes(k)} {rule_text(k)}{minor_note(k['minor'])}."
+    return f"{rule_computes(k).rstrip('.')}. {rule_text(k)}{minor_note(k['minor'])}."
 
 
 def fw_rule_checks():
@@ -347,6 +405,8 @@ def fw_rule_checks():
                 conds.append(f"expect_dim(c, b, {i}, {d}, {w})")
         for r, like in rule.get("shapes", {}).items():
             conds.append(f"expect_same_shape(c, b, {idx[r]}, {idx[like]})")
+        for r, to in rule.get("broadcast", {}).items():  # on the wire: the target's shape, stride 0 where broadcast
+            conds.append(f"expect_same_shape(c, b, {idx[r]}, {idx[to]})")
         for field, typ, _, _ in st["fields"]:  # in field order, as the builder checks them
             where = f"offsetof({st['name']}, {field})"
             if typ == "u32":
@@ -359,6 +419,8 @@ def fw_rule_checks():
                 ok = [f"std::isfinite(at.{field})"] + [f"at.{field} >= {cpp_float(lo)}"] * (lo is not None) + \
                      [f"at.{field} <= {cpp_float(hi)}"] * (hi is not None)
                 conds.append(f"expect_attr(c, {where}, {' && '.join(ok)}, float_bits(at.{field}))")
+        for r, (into, field, part) in rule.get("splice", {}).items():
+            conds.append(f"expect_spliced(c, b, {idx[r]}, {idx[into]}, at.{field}, {idx[part]})")
         out.append("  return " + " &&\n         ".join(conds) + ";\n}\n")
     return "".join(out)
 
@@ -402,7 +464,7 @@ def hal_rule_defs():
         out.append(f"  Builder op(driver::OpKind::{k['name']}, \"{k['id']}\");\n")
         for r in roles_:
             d = rule["dtypes"][r]
-            if isinstance(d, list):
+            if isinstance(d, list) and not all_dtypes(d):  # a tensor's dtype is always one of them
                 out.append(f"  op.dtype_in({param_name(r)}, \"{param_name(r)}\", "
                            f"{{{', '.join('DType::' + DTYPES[x] for x in d)}}});\n")
         for r in roles_:
@@ -423,7 +485,7 @@ def hal_rule_defs():
         for r, like in rule.get("shapes", {}).items():
             out.append(f"  op.shape_is({param_name(r)}, \"{param_name(r)}\", {param_name(like)}.shape(), "
                        f"\"the shape of {param_name(like)}\");\n")
-        out.append(f"  driver::{st['name']} attrs;\n")
+        out.append(f"  driver::{k['attrs']} attrs;\n")
         inf = "std::numeric_limits<float>::infinity()"
         for name, typ, _, _ in st["fields"]:
             if typ == "u32":
@@ -435,8 +497,15 @@ def hal_rule_defs():
                            f"\"{range_text((lo, hi))}\");\n")
             else:
                 out.append(f"  attrs.{name} = {name};\n")
+        for r, (into, field, part) in rule.get("splice", {}).items():
+            n, i, p = param_name(r), param_name(into), param_name(part)
+            out.append(f"  op.shape_is({n}, \"{n}\", op.spliced({i}, \"{i}\", attrs.{field}, {p}, \"{p}\", \"{n}\"),\n"
+                       f"             \"{possessive(i)} shape with axis \" + std::to_string(attrs.{field}) + "
+                       f"\" replaced by {possessive(p)} shape\");\n")
         out.append("  op.desc().attrs = attrs;\n")
-        args = ", ".join(f"op.arg({param_name(r)}, \"{param_name(r)}\")" for r in roles_)
+        bcast = rule.get("broadcast", {})
+        args = ", ".join(f"op.broadcast({param_name(r)}, \"{param_name(r)}\", {param_name(bcast[r])}.shape())"
+                         if r in bcast else f"op.arg({param_name(r)}, \"{param_name(r)}\")" for r in roles_)
         out.append(f"  return op.finish({{{args}}});\n}}\n")
     return "".join(out)
 
@@ -547,10 +616,13 @@ def test_rule_table():
         for r, pattern in ((r, rule["dims"][r]) for r in roles_ if r in rule.get("dims", {})):
             rules.append(f"{{Rule::kRank, {idx[r]}, {len(pattern)}}}")
         rules += [f"{{Rule::kDim, {i}, {d}}}" for i, d, _ in dim_links(k)]
-        for r, like in rule.get("shapes", {}).items():
+        for r, like in list(rule.get("shapes", {}).items()) + list(rule.get("broadcast", {}).items()):
             rules.append(f"{{Rule::kSameShape, {idx[r]}, {idx[like]}}}")
         for field, of in rule.get("axes", {}).items():
             rules.append(f"{{Rule::kAxis, {words[field]}, {idx[of]}}}")
+        for r in rule.get("splice", {}):  # every dimension of the result is set by the others
+            rules.append(f"{{Rule::kRank, {idx[r]}, {len(s['shapes'][r])}}}")
+            rules += [f"{{Rule::kDim, {idx[r]}, {d}}}" for d in range(len(s["shapes"][r]))]
         for name, typ, _, _ in st["fields"]:
             if typ == "bool":
                 rules.append(f"{{Rule::kBool, {words[name]}, 0}}")
@@ -726,9 +798,11 @@ def fw_op_timing():
         if roles_[-1] in dims:  # the tensors whose first dimension is named as the output's
             lead = dims[roles_[-1]][0]
             mask = sum(1 << i for i, r in enumerate(roles_) if isinstance(lead, str) and dims.get(r, [None])[0] == lead)
-        else:
-            root = shapes[roles_[-1]]
-            mask = sum(1 << i for i, r in enumerate(roles_) if r == root or shapes.get(r) == root)
+        else:  # the output, what it has the shape of, and what has that shape or broadcasts to it
+            y, bcast, splice = roles_[-1], k["rule"].get("broadcast", {}), k["rule"].get("splice", {})
+            root = shapes.get(y) or (splice[y][0] if y in splice else y)
+            mask = sum(1 << i for i, r in enumerate(roles_)
+                       if r in (y, root) or shapes.get(r) == root or bcast.get(r) in (y, root))
         conds = [f"({hex(mask)}u >> i & 1)"]
         conds += [f"std::get<{k['fw_attrs']}>(op.attrs).{a} != 0" for a in k["rule"].get("axes", {})]
         out.append(f"    case OpKind::k{k['name']}:\n      return {' && '.join(conds)};\n")

@@ -194,8 +194,9 @@ ENUMS = [
 #             the board's decoder check, the ops:: builder with its host
 #             checks, its Python function and stub, its row in docs/ops.md
 #             and the decoder's rule test (tests/fw/op_rules_test.cpp):
-#               dtypes  per tensor role, the dtypes it takes ["f32", ...],
-#                       or another role's name: that tensor's dtype
+#               dtypes  per tensor role, the dtypes it takes ["f32", ...]
+#                       (ANY: every dtype), or another role's name: that
+#                       tensor's dtype
 #               shapes  per tensor role, another role's name: that
 #                       tensor's shape (the output needs one)
 #               axes    per u32 attribute field, the role whose axis it is
@@ -206,11 +207,17 @@ ENUMS = [
 #                       first one met, in role order, sets it)
 #               ranges  per f32 attribute field, (low, high), inclusive;
 #                       None for no bound (the value is finite either way)
+#               broadcast  per input role, the role it broadcasts to as in
+#                       NumPy (the builder's view; the board sees the
+#                       target's shape with stride 0 where broadcast)
+#               splice  per tensor role, (into, axis field, part): into's
+#                       shape with that axis replaced by part's whole
+#                       shape (Gather), at most kMaxRank dimensions
 #             Every tensor needs its dtype; every u32 field must be an
 #             axis, every f32 field have a range; bool fields are 0 or 1.
-#             Optional tensors, broadcasting and shapes computed from
-#             attributes are not generated yet: such kinds are written by
-#             hand (docs/adding-an-op.md).
+#             A kind without attributes has fw_attrs QuantAttrs and attrs
+#             NoAttrs. Optional tensors are not generated yet: such kinds
+#             are written by hand (docs/adding-an-op.md).
 #   sample    (with rule) a small valid op: dtypes and shapes per role,
 #             attribute values (others take their default). Tests, the
 #             fuzzer's seed and the docs use it; inputs hold 1s.
@@ -263,9 +270,10 @@ ATTR_STRUCTS = [
          fields=[("axis", "u32", "0", "< X's rank"), ("exclusive", "bool", "false", "leave X[i] itself out"),
                  ("reverse", "bool", "false", "sum from the last index down")]),
     dict(name="GatherAttrs",
-         doc="Y = X indexed along `axis` by Indices (i32, any rank; -dim <= index < dim, a negative one "
+         doc="Y = X indexed along `axis` by Indices (ONNX Gather, NumPy's take; i32, u8 or i8, any rank: bytes are "
+         "a table lookup, an i8 index is signed, -1 the last entry, since interface 1.12; -dim <= index < dim, a negative one "
          "counting from the end): Y's shape is X's with the axis replaced by Indices' shape (rank X.rank - 1 "
-         "+ Indices.rank <= kMaxRank), Y of X's dtype. An index outside that range fails the op with "
+         "+ Indices.rank <= kMaxRank; a scalar index drops the axis), Y of X's dtype. An index outside that range fails the op with "
          "kBadArgument (the Indices tensor's field, the index, the axis's length), and Y is not written.",
          fields=[("axis", "u32", "0", "< X's rank")]),
     dict(name="NmsAttrs",
@@ -299,6 +307,10 @@ VECTOR_CYCLES = {
 # Tensor roles that hold a layer's weights: in the timing model they stream
 # from device memory, where activations small enough stay in local memory.
 WEIGHT_ROLES = ("W", "Bias", "WScale", "WZeroPoint")
+
+# Every dtype a tensor can have: a rule's "dtypes" entry for a role that
+# takes any.
+ANY = ["f32", "f16", "bf16", "i8", "u8", "i32"]
 
 # The builders of the maps (ElementwiseOp's builder column), in code order.
 MAP_BUILDERS = [v[6] for e in ENUMS if e["name"] == "ElementwiseOp" for v in e["values"] if v[6]]
@@ -351,10 +363,18 @@ KINDS = [
          fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv_transpose", "X", "W"), cycles=0, peak="float",
          builders=["conv_transpose2d"], doc="Transposed convolution."),
     dict(name="Where", id="where", minor=5, tensors=["Cond", "A", "B", "Y"], fw_attrs="QuantAttrs", attrs="NoAttrs",
-         cost=("per_output",), cycles=1, peak=None, builders=["where"], doc="Y = Cond ? A : B, elementwise."),
+         cost=("per_output",), cycles=1, peak=None, builders=["where"],
+         doc="Y = Cond ? A : B, elementwise (Cond nonzero is true).",
+         rule=dict(dtypes={"Cond": ["u8"], "A": ANY, "B": "A", "Y": "A"}, broadcast={"Cond": "Y", "A": "Y", "B": "Y"}),
+         sample=dict(dtypes={"Cond": "u8", "A": "f32", "B": "f32", "Y": "f32"},
+                     shapes={"Cond": [2, 3], "A": [2, 3], "B": [2, 3], "Y": [2, 3]})),
     dict(name="Gather", id="gather", minor=11, tensors=["X", "Indices", "Y"], fw_attrs="GatherAttrs",
          attrs="GatherAttrs", cost=("per_output",), cycles=1, peak=None, builders=["gather"],
-         doc="Y = X indexed along one axis by Indices (i32, u8 or i8; negative counts from the end)."),
+         doc="Y = X indexed along one axis by Indices (i32, u8 or i8; negative counts from the end).",
+         rule=dict(dtypes={"X": ANY, "Indices": ["i32", "u8", "i8"], "Y": "X"}, axes={"axis": "X"},
+                   splice={"Y": ("X", "axis", "Indices")}),
+         sample=dict(dtypes={"X": "f32", "Indices": "i32", "Y": "f32"},
+                     shapes={"X": [3, 4], "Indices": [2, 2], "Y": [3, 2, 2]}, attrs={"axis": 1})),
     dict(name="QLinearAdd", id="qlinear_add", minor=12,
          tensors=["A", "AScale", "AZeroPoint", "B", "BScale", "BZeroPoint", "YScale", "YZeroPoint", "Y"],
          fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("per_output",), cycles=4, peak=None, builders=["qlinear_add"],

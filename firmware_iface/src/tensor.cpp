@@ -509,15 +509,6 @@ bool check_top_k(Check& c, const OpBlock& b, const TopKAttrs& at) {
   return true;
 }
 
-// Cond (u8, nonzero is true), A, B, Y: all Y's shape (broadcast operands
-// have stride 0); A, B and Y one dtype.
-bool check_where(Check& c, const OpBlock& b) {
-  const DType ty = dt(b.tensors[3]);
-  return expect_dtype(c, b, 0, dt(b.tensors[0]) == DType::kU8) && expect_dtype(c, b, 1, dt(b.tensors[1]) == ty) &&
-         expect_dtype(c, b, 2, dt(b.tensors[2]) == ty) && expect_same_shape(c, b, 0, 3) &&
-         expect_same_shape(c, b, 1, 3) && expect_same_shape(c, b, 2, 3);
-}
-
 // A, AScale, AZeroPoint, B, BScale, BZeroPoint, YScale, YZeroPoint, Y:
 // A, B and Y int8 (u8 or i8, each its own), A and B broadcast to Y's shape
 // by their strides; each scale one f32 and each zero point one value of its
@@ -536,26 +527,23 @@ bool check_qlinear_add(Check& c, const OpBlock& b) {
   return true;
 }
 
-// X, Indices (i32, or since 1.12 u8 or i8), Y: see GatherAttrs. Y is X's
-// shape with the axis replaced by Indices' shape, in X's dtype. Which indices are in range is
-// the kernel's question (it reads them).
-bool check_gather(Check& c, const OpBlock& b, const GatherAttrs& at) {
-  const TensorRef &x = b.tensors[0], &idx = b.tensors[1];
-  if (!expect_dtype(c, b, 1, dt(idx) == DType::kI32 || is_int8(dt(idx))) ||
-      !expect_dtype(c, b, 2, dt(b.tensors[2]) == dt(x)) ||
-      !expect_attr(c, offsetof(GatherAttrs, axis), x.rank > 0 && at.axis < x.rank, at.axis, x.rank))
-    return false;
-  const std::uint32_t rank = x.rank - 1 + idx.rank;
+// Tensor `out` has tensor `into`'s shape with dimension `axis` (checked:
+// < into's rank) replaced by tensor `part`'s whole shape (a splice rule,
+// schema/ops.py: Gather). A result past kMaxRank is the part's rank's fault.
+bool expect_spliced(Check& c, const OpBlock& b, std::uint32_t out, std::uint32_t into, std::uint32_t axis,
+                    std::uint32_t part) {
+  const TensorRef &x = b.tensors[into], &p = b.tensors[part];
+  const std::uint32_t rank = x.rank - 1 + p.rank;
   if (rank > kMaxRank)
-    return c.fail(CmdStatus::kBadArgument, tensor_field(1, A::kRank), idx.rank, kMaxRank + 1 - x.rank);
-  if (!expect_rank(c, b, 2, rank)) return false;
+    return c.fail(CmdStatus::kBadArgument, tensor_field(part, A::kRank), p.rank, kMaxRank + 1 - x.rank);
+  if (!expect_rank(c, b, out, rank)) return false;
   std::uint32_t d = 0;
-  for (std::uint32_t i = 0; i < at.axis; ++i)
-    if (!expect_dim(c, b, 2, d++, x.shape[i])) return false;
-  for (std::uint32_t i = 0; i < idx.rank; ++i)
-    if (!expect_dim(c, b, 2, d++, idx.shape[i])) return false;
-  for (std::uint32_t i = at.axis + 1; i < x.rank; ++i)
-    if (!expect_dim(c, b, 2, d++, x.shape[i])) return false;
+  for (std::uint32_t i = 0; i < axis; ++i)
+    if (!expect_dim(c, b, out, d++, x.shape[i])) return false;
+  for (std::uint32_t i = 0; i < p.rank; ++i)
+    if (!expect_dim(c, b, out, d++, p.shape[i])) return false;
+  for (std::uint32_t i = axis + 1; i < x.rank; ++i)
+    if (!expect_dim(c, b, out, d++, x.shape[i])) return false;
   return true;
 }
 
@@ -711,8 +699,6 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
     case OpKind::kColorConvert: ok = check_color(c, b, std::get<ColorConvertAttrs>(b.attrs)); break;
     case OpKind::kTopK: ok = check_top_k(c, b, std::get<TopKAttrs>(b.attrs)); break;
     case OpKind::kConvTranspose2d: ok = check_conv_transpose(c, b, std::get<ConvAttrs>(b.attrs)); break;
-    case OpKind::kWhere: ok = check_where(c, b); break;
-    case OpKind::kGather: ok = check_gather(c, b, std::get<GatherAttrs>(b.attrs)); break;
     case OpKind::kQLinearAdd: ok = check_qlinear_add(c, b); break;
 #include "op_rule_cases.inc"  // the kinds with rules (schema/ops.py)
     case OpKind::kInvalid: break;

@@ -222,6 +222,9 @@ using driver::TensorArg;
 
 // Collects an op's operands: checks each belongs to one device, keeps their
 // buffers alive, and builds the driver's description.
+// "x" -> "x's", "indices" -> "indices'".
+std::string possessive(std::string_view name) { return std::string(name) + (name.ends_with('s') ? "'" : "'s"); }
+
 class Builder {
  public:
   Builder(driver::OpKind kind, const char* name) {
@@ -327,6 +330,20 @@ class Builder {
     fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t.shape()) + "; expected " +
                                       (why.empty() ? value : why + " (" + value + ")") + " as its dimension " +
                                       std::to_string(d));
+  }
+  // `into`'s shape with dimension `axis` replaced by `part`'s whole shape
+  // (Gather's output), the result named `out`; at most kMaxRank dimensions.
+  std::vector<std::int64_t> spliced(const Tensor& into, const char* into_role, std::size_t axis, const Tensor& part,
+                                    const char* part_role, const char* out) const {
+    const auto& xs = into.shape();
+    std::vector<std::int64_t> want(xs.begin(), xs.begin() + static_cast<std::ptrdiff_t>(axis));
+    want.insert(want.end(), part.shape().begin(), part.shape().end());
+    want.insert(want.end(), xs.begin() + static_cast<std::ptrdiff_t>(axis) + 1, xs.end());
+    if (want.size() > kMaxRank)
+      fail(Status::InvalidArgument, std::string(out) + " would have rank " + std::to_string(want.size()) + " (" +
+                                        possessive(into_role) + " rank - 1 + " + possessive(part_role) +
+                                        " rank); ops take up to " + std::to_string(kMaxRank));
+    return want;
   }
   // A finite float from lo to hi (either may be infinite: no bound); `range`
   // says so in words.
@@ -730,35 +747,6 @@ Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis, bool log_softmax
   b.shape_is(y, "y", x.shape(), "the shape of x");
   b.desc().attrs = driver::SoftmaxAttrs{b.axis(axis, x), log_softmax};
   return b.finish({b.arg(x, "x"), b.arg(y, "y")});
-}
-
-Op where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& y) {
-  Builder bd(driver::OpKind::Where, "where");
-  bd.dtype_in(cond, "cond", {DType::U8});
-  bd.same_dtype(b, "b", a, "a");
-  bd.same_dtype(y, "y", a, "a");
-  std::vector<TensorArg> t{bd.broadcast(cond, "cond", y.shape()), bd.broadcast(a, "a", y.shape()),
-                           bd.broadcast(b, "b", y.shape()), bd.arg(y, "y")};
-  bd.desc().attrs = driver::NoAttrs{};
-  return bd.finish(std::move(t));
-}
-
-Op gather(const Tensor& x, const Tensor& indices, const Tensor& y, std::int64_t axis) {
-  Builder b(driver::OpKind::Gather, "gather");
-  b.dtype_in(indices, "indices", {DType::I32, DType::U8, DType::I8});
-  b.same_dtype(y, "y", x, "x");
-  const std::size_t ax = b.axis(axis, x);
-  const auto& xs = x.shape();
-  std::vector<std::int64_t> want(xs.begin(), xs.begin() + static_cast<std::ptrdiff_t>(ax));
-  want.insert(want.end(), indices.shape().begin(), indices.shape().end());
-  want.insert(want.end(), xs.begin() + static_cast<std::ptrdiff_t>(ax) + 1, xs.end());
-  if (want.size() > kMaxRank)
-    b.fail(Status::InvalidArgument, "y would have rank " + std::to_string(want.size()) +
-                                        " (x's rank - 1 + indices' rank); ops take up to " + std::to_string(kMaxRank));
-  b.shape_is(y, "y", want, "x's shape with axis " + std::to_string(ax) + " replaced by indices' shape");
-  std::vector<TensorArg> t{b.arg(x, "x"), b.arg(indices, "indices"), b.arg(y, "y")};
-  b.desc().attrs = driver::GatherAttrs{static_cast<std::uint32_t>(ax)};
-  return b.finish(std::move(t));
 }
 
 namespace {

@@ -218,8 +218,6 @@ std::optional<Op> build_layer(const std::string& k, const OpReader& r, const Ope
   if (k == "top_k")
     return ops::top_k(in("x"), in.opt("values"), in("indices"),
                       {r.integer("axis"), r.flag("largest"), r.flag("last_index")});
-  if (k == "where") return ops::where(in("cond"), in("a"), in("b"), in("y"));
-  if (k == "gather") return ops::gather(in("x"), in("indices"), in("y"), r.integer("axis"));
   if (k == "qlinear_conv") {
     ops::Conv2dOptions o = conv_opts(r);
     o.bias = in.opt("bias");

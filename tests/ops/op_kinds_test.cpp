@@ -144,14 +144,6 @@ class OpKinds : public ::testing::TestWithParam<OpKind> {
         Tensor y = output(f, {1, 1, 3, 3});
         return {ops::conv_transpose2d(input(f, {1, 1, 2, 2}, 1), input(f, {1, 1, 2, 2}, 1), y), y};
       }
-      case OpKind::Where: {
-        Tensor y = output(f, {4});
-        return {ops::where(input(u8, {4}, 1), input(f, {4}, 2), input(f, {4}, 3), y), y};
-      }
-      case OpKind::Gather: {
-        Tensor y = output(f, {2, 2});
-        return {ops::gather(input(f, {3, 2}, 1), input(DType::I32, {2}, 2), y), y};
-      }
       case OpKind::QLinearAdd: {
         Tensor y = output(u8, {4});
         return {ops::qlinear_add(input(u8, {4}, 3), one(f, 1), one(u8, 1), input(u8, {4}, 4), one(f, 1), one(u8, 0),

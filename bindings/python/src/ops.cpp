@@ -282,24 +282,6 @@ void bind_builders(py::module_& ops) {
       py::arg("x"), py::arg("indices"), py::kw_only(), py::arg("axis") = -1, py::arg("last_index") = false,
       "Index (i32) of the smallest element along axis; indices has x's shape with 1 along the axis.");
   ops.def(
-      "where",
-      [](T cond, T a, T b, T y) {
-        return finish(ops::where(cond.tensor, a.tensor, b.tensor, y.tensor), {&cond, &a, &b, &y});
-      },
-      py::arg("cond"), py::arg("a"), py::arg("b"), py::arg("y"),
-      "y = a where cond (u8, nonzero) else b; cond, a and b broadcast to y's shape as in NumPy.");
-  ops.def(
-      "gather",
-      [](T x, T indices, T y, std::int64_t axis) {
-        return finish(ops::gather(x.tensor, indices.tensor, y.tensor, axis), {&x, &indices, &y});
-      },
-      py::arg("x"), py::arg("indices"), py::arg("y"), py::kw_only(), py::arg("axis") = 0,
-      "y = x indexed along axis by indices (i32, u8 or i8: a table lookup), as numpy.take: y has x's shape with that "
-      "axis replaced by "
-      "indices' shape, in x's dtype (any). Each index lies in [-n, n) for the axis's length n (negative "
-      "ones count from the end); the board checks them when the op runs, and one outside fails the "
-      "submission without writing y.");
-  ops.def(
       "max_pool2d",
       [](T x, T y, const py::object& kernel, const py::object& strides, const py::object& pads,
          const py::object& dilations, bool ceil_mode, const py::object& layout) {

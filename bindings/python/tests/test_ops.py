@@ -406,9 +406,9 @@ def test_every_kind_with_rules_runs_its_sample_and_refuses_other_dtypes(dev, que
         assert op.name == kind["id"]
         queue.run(op).submit().wait(timeout=10)
         assert (y.download() != before).any(), f"{kind['id']} left its output as it was"
-        # The first tensor with a dtype list, in a dtype outside it.
-        i, role = next((i, r) for i, r in enumerate(roles) if isinstance(kind["rule"]["dtypes"][r], list))
-        other = next(d for d in NUMPY_DTYPES if d not in kind["rule"]["dtypes"][role])
+        # The first tensor whose dtype list leaves a dtype out, in that dtype.
+        i, role, other = next((i, r, d) for i, r in enumerate(roles) for d in NUMPY_DTYPES
+                              if isinstance(kind["rule"]["dtypes"][r], list) and d not in kind["rule"]["dtypes"][r])
         tensors.append(y)
         tensors[i] = filled(dev, other, sample["shapes"][role], 1)
         name = re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", role).lower()  # AScale: a_scale

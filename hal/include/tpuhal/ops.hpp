@@ -217,19 +217,6 @@ TPUHAL_API Op cast(const Tensor& x, const Tensor& y);
 TPUHAL_API Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm);
 TPUHAL_API Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis = -1, bool log = false);
 
-// y = cond ? a : b, elementwise with NumPy broadcasting of cond, a and b to
-// y's shape. cond is u8 (nonzero is true); a, b and y one dtype, any.
-TPUHAL_API Op where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& y);
-
-// y = x indexed along `axis` by indices (ONNX Gather, NumPy's take): y's
-// shape is x's with that axis replaced by indices' shape, in x's dtype
-// (any). indices are i32, u8 or i8 (bytes: a table lookup; an i8 index is
-// signed, -1 the last entry), each in [-n, n) for the axis's length n, a
-// negative one counting from the end. The board reads them when the op
-// runs: one outside that range fails the op (the batch's error names the
-// index and n), and y is not written.
-TPUHAL_API Op gather(const Tensor& x, const Tensor& indices, const Tensor& y, std::int64_t axis = 0);
-
 struct TopKOptions {
   std::int64_t axis = -1;
   bool largest = true;      // false: the smallest
