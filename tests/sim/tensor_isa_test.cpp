@@ -314,6 +314,27 @@ TEST(TensorIsa, PoolingStepsMatchTheScalarRuleAtEveryStrideAndLevel) {
       }
 }
 
+TEST(TensorIsa, ByteMaxPoolingStepsMatchTheScalarRuleAtEveryLevel) {
+  // Every byte against every other over 256 x 256 pairs, and lengths
+  // around the vector widths; u8 compares as unsigned, i8 as signed.
+  std::mt19937 rng(13);
+  for (Isa isa : levels_here())
+    for (const bool is_signed : {false, true})
+      for (std::size_t n : {0u, 1u, 31u, 64u, 65u, 65536u}) {
+        SCOPED_TRACE(std::string(isa_name(isa)) + (is_signed ? " i8" : " u8"));
+        std::vector<std::uint8_t> in(n), out(n), want(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          in[i] = static_cast<std::uint8_t>(n == 65536 ? i : rng());
+          out[i] = static_cast<std::uint8_t>(n == 65536 ? i >> 8 : rng());
+          want[i] = is_signed ? static_cast<std::uint8_t>(
+                                    std::max(static_cast<std::int8_t>(in[i]), static_cast<std::int8_t>(out[i])))
+                              : std::max(in[i], out[i]);
+        }
+        simd::kernels(isa).max_8(out.data(), in.data(), n, is_signed);
+        for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], want[i]) << "element " << i;
+      }
+}
+
 TEST(TensorIsa, ConvolutionTapStepRoundsTheProductThenAddsAtEveryLevel) {
   // out[i] += w * in[i * stride], product and sum each rounded once: the
   // same bits as the scalar rule, at every level.
@@ -641,7 +662,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 21u);
+  ASSERT_EQ(simd::entry_points().size(), 22u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

@@ -266,14 +266,15 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
   }
 }
 
-// Whether every sum of a convolution with s8 weights `wt` stays within
-// 2^24 in magnitude, |x| being at most `amax`: by the worst case, or by
-// amax times the largest sum of |w| over one output channel's taps
-// (weights dense s8 or with their own strides; read as the view says).
-bool sums_within_2_24(const Geometry& g, const View& wt, const void* wdata, std::uint64_t amax) {
+// The largest sum of |w| over one output channel's taps of a convolution
+// with s8 weights `wt` (dense s8 or with their own strides; read as the
+// view says), or its worst case where that already keeps every sum within
+// 2^24 for |x| up to 255. Every sum stays within 2^24 in magnitude, |x|
+// being at most amax, where amax times it is below 2^24 (sums_within_2_24).
+std::uint64_t weight_abs_sum_max(const Geometry& g, const View& wt, const void* wdata) {
   constexpr std::uint64_t kExact = std::uint64_t{1} << 24;
   const std::uint64_t cg = g.c / g.groups, per_o = cg * g.kh * g.kw;
-  if (per_o * amax * 128 <= kExact) return true;
+  if (per_o * 255 * 128 < kExact) return per_o * 128;
   const auto* wbytes = static_cast<const std::int8_t*>(wdata);
   const bool dense =
       wt.strides[3] == 1 && wt.strides[2] == g.kw && wt.strides[1] == g.kh * g.kw && wt.strides[0] == per_o;
@@ -292,7 +293,11 @@ bool sums_within_2_24(const Geometry& g, const View& wt, const void* wdata, std:
     }
     wsum_max = std::max(wsum_max, s);
   }
-  return amax * wsum_max < kExact;
+  return wsum_max;
+}
+
+bool sums_within_2_24(std::uint64_t weight_abs_sum, std::uint64_t amax) {
+  return amax * weight_abs_sum < (std::uint64_t{1} << 24);
 }
 
 // An integer convolution on oneDNN into the dense int32 `acc` (s8 weights),
@@ -301,6 +306,60 @@ bool sums_within_2_24(const Geometry& g, const View& wt, const void* wdata, std:
 bool dnnl_conv_s32(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
                    const View& y, std::int32_t* acc, const std::int32_t* src_zero = nullptr) {
   return dnnl_conv(e, g, x, xt, wt, wdata, dt::s8, nullptr, y, dt::s32, acc, src_zero);
+}
+
+// The same for u8 `u` where the sums pass 2^24 but those of u's nibbles do
+// not (sums_within_2_24() with 15): u = 16 * hi + lo, so the sums are
+// 16 * conv(hi, w) + conv(lo, w), each exact on oneDNN, added in int32
+// (wrapping as any int32 accumulator does; the sums themselves are exact).
+// Two convolutions at oneDNN's speed against one on the engine's own
+// kernels, 3 to 10 times slower at ResNet-50's 3x3 layers over 256 and 512
+// channels. The nibbles are dense copies in u's layout, so the same
+// primitive and reordered weights serve both.
+bool dnnl_conv_s32_nibbles(TensorEngine& e, const Geometry& g, const View& u, const View& wt, const void* wdata,
+                           const View& y, std::int32_t* acc) {
+  View hi = u, lo = u;
+  std::uint64_t step = 1;
+  for (std::uint32_t d = u.rank; d-- > 0;) {
+    hi.strides[d] = lo.strides[d] = step;
+    step *= u.shape[d];
+  }
+  const std::uint64_t n = u.elements();
+  std::vector<std::uint8_t> high(n), low(n);
+  hi.data = reinterpret_cast<std::byte*>(high.data());
+  lo.data = reinterpret_cast<std::byte*>(low.data());
+  const bool dense = u.contiguous();
+  const View* views[1] = {&u};
+  e.pool().parallel_for(
+      n,
+      [&](std::uint64_t begin, std::uint64_t end) {
+        auto split = [&](std::uint64_t i, std::uint8_t v) {
+          high[i] = static_cast<std::uint8_t>(v >> 4);
+          low[i] = static_cast<std::uint8_t>(v & 15);
+        };
+        if (dense) {
+          const auto* src = reinterpret_cast<const std::uint8_t*>(u.data);
+          for (std::uint64_t i = begin; i < end; ++i) split(i, src[i]);
+          return;
+        }
+        std::uint64_t i = begin;
+        for_each_index(u.shape, u.rank, views, begin, end,
+                       [&](const std::uint64_t* off) { split(i++, static_cast<std::uint8_t>(*u.at(off[0]))); });
+      },
+      65536);
+  std::vector<std::int32_t> sums_low(y.elements());
+  if (!dnnl_conv_s32(e, g, hi, dt::u8, wt, wdata, y, acc) ||
+      !dnnl_conv_s32(e, g, lo, dt::u8, wt, wdata, y, sums_low.data()))
+    return false;
+  e.pool().parallel_for(
+      y.elements(),
+      [&](std::uint64_t begin, std::uint64_t end) {
+        for (std::uint64_t i = begin; i < end; ++i)
+          acc[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(acc[i]) * 16u +
+                                             static_cast<std::uint32_t>(sums_low[i]));
+      },
+      65536);
+  return true;
 }
 
 // ---- exact integer convolution on the engine's own kernels (igemm.h) ----------------------------------------
@@ -802,21 +861,25 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
     ws.strides[0] = cg * g.kh * g.kw;
   }
   // oneDNN is exact only where every sum stays within 2^24 (|x - zero
-  // point| <= 255 on every path below); elsewhere the engine's own exact
-  // kernels run it. Slicing the reduction over input channels would keep
-  // it on oneDNN, but a channel slice of an NHWC tensor is a strided view
-  // that oneDNN runs slowly (ResNet-50's 3x3 convolutions at 14x14 and
-  // 7x7: 300 ms each, against 5 on the engine's kernels).
-  if (!sums_within_2_24(g, ws, wdata, 255)) return own_kernels();
+  // point| <= 255 on every path below). Past that, the input's nibbles
+  // (dnnl_conv_s32_nibbles) keep it there while their sums stay within
+  // 2^24; past that too, the engine's own exact kernels run it. (Slicing
+  // the reduction over input channels instead makes an NHWC input a
+  // strided view that oneDNN runs slowly: ResNet-50's 3x3 convolutions at
+  // 14x14 and 7x7 took 300 ms each.)
+  const std::uint64_t wsum = weight_abs_sum_max(g, ws, wdata);
+  const bool direct = sums_within_2_24(wsum, 255);
+  if (!direct && !sums_within_2_24(wsum, 15)) return own_kernels();
   // Weights with no zero points: oneDNN subtracts the input's zero point
   // itself and nothing is left to correct.
   bool any_wz = false;
   for (std::uint64_t oi = 0; oi < g.o && wz; ++oi) any_wz = any_wz || w_zero(oi) != 0;
-  if (w.dtype == fw::DType::kI8 && !any_wz && x_zero != 0) {
+  if (direct && w.dtype == fw::DType::kI8 && !any_wz && x_zero != 0) {
     const auto zero = static_cast<std::int32_t>(x_zero);
     if (dnnl_conv_s32(e, g, x, dnnl_type(x.dtype), w, w.data, y, acc, &zero)) return;
   }
-  bool onednn = dnnl_conv_s32(e, g, x, dnnl_type(x.dtype), ws, wdata, y, acc);
+  bool onednn = direct ? dnnl_conv_s32(e, g, x, dnnl_type(x.dtype), ws, wdata, y, acc)
+                       : x.dtype == fw::DType::kU8 && dnnl_conv_s32_nibbles(e, g, x, ws, wdata, y, acc);
   // oneDNN refuses some s8 inputs (see dnnl_conv()); as u8, x + 128 with
   // the zero point moved by as much, they give the same differences.
   View xin = x;  // the input as the sums below read it
@@ -829,12 +892,14 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
     View u = x;
     u.dtype = fw::DType::kU8;
     u.data = flipped.data();
-    if (dnnl_conv_s32(e, g, u, dnnl::memory::data_type::u8, ws, wdata, y, acc)) {
+    if (direct ? dnnl_conv_s32(e, g, u, dnnl::memory::data_type::u8, ws, wdata, y, acc)
+               : dnnl_conv_s32_nibbles(e, g, u, ws, wdata, y, acc)) {
       onednn = true;
       xin = u;
       x_zero += 128;
     }
   }
+  if (!onednn && !direct) return own_kernels();
   if (!onednn) {
     // Reference: the definition, directly.
     e.pool().parallel_for(g.n * g.o, [&](std::uint64_t begin, std::uint64_t end) {
@@ -979,7 +1044,7 @@ bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& at, const View& x,
     if (load_int(wz->at(oi * wz->strides[0]), wz->dtype) != 0) return false;
   // |x - zero point| <= 255: the sums must stay within 2^24 for the f32
   // conversion before scaling to be exact, in oneDNN as in requantize().
-  if (!sums_within_2_24(g, w, w.data, 255)) return false;
+  if (!sums_within_2_24(weight_abs_sum_max(g, w, w.data), 255)) return false;
   const std::int32_t x_zero = xz ? static_cast<std::int32_t>(load_int(xz->data, xz->dtype)) : 0;
   const FusedRequant rq{&multipliers, y_zero};
   return dnnl_conv(e, g, x, dnnl_type(x.dtype), w, w.data, dt::s8, nullptr, y, dnnl_type(y.dtype), y.data,

@@ -25,6 +25,10 @@ void add_abs_i8(std::uint32_t* sums, const std::int8_t* row, std::size_t n);
 // sum of |v[i]| (v s8).
 std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n);
 
+// out[i] = max(out[i], in[i]) over bytes: u8, or (is_signed) i8 two's
+// complement. Byte max pooling's step over the channels of one tap.
+void max_8(std::uint8_t* out, const std::uint8_t* in, std::size_t n, bool is_signed);
+
 // out[i] = clamp(round_half_even(a * mul[i]) + zero, lo, hi) as a byte
 // (u8, or i8 two's complement), for |a * mul[i]| up to 2^22 (beyond, the
 // result saturates), where a = acc[i] + bias[i] in int32, wrapping (bias
@@ -98,6 +102,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(add_i32)                        \
   X(add_abs_i8)                     \
   X(sum_abs_i8)                     \
+  X(max_8)                          \
   X(requantize_u8)                  \
   X(quantize_f32)                   \
   X(dequantize_8)                   \

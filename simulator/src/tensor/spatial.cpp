@@ -83,12 +83,8 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
               if (first) {
                 std::memcpy(out, in, c);
                 first = false;
-              } else if (is_signed) {
-                for (std::uint64_t k = 0; k < c; ++k)
-                  out[k] = static_cast<std::uint8_t>(
-                      std::max(static_cast<std::int8_t>(out[k]), static_cast<std::int8_t>(in[k])));
               } else {
-                for (std::uint64_t k = 0; k < c; ++k) out[k] = std::max(out[k], in[k]);
+                simd::max_8(out, in, c, is_signed);
               }
             }
         }
