@@ -304,15 +304,15 @@ def rule_text(k):
         if all_dtypes(d):
             text = "any dtype"
             if like:
-                text += f", {param_name(like)}'s shape"
+                text += f", {possessive(param_name(like))} shape"
         elif isinstance(d, list):
             text = ", ".join(d[:-1]) + (" or " if len(d) > 1 else "") + d[-1]
             if like:
-                text += f", {param_name(like)}'s shape"
+                text += f", {possessive(param_name(like))} shape"
         elif like == d:
-            text = f"{param_name(d)}'s dtype and shape"
+            text = f"{possessive(param_name(d))} dtype and shape"
         else:
-            text = f"{param_name(d)}'s dtype" + (f", {param_name(like)}'s shape" if like else "")
+            text = f"{possessive(param_name(d))} dtype" + (f", {possessive(param_name(like))} shape" if like else "")
         if r in rule.get("dims", {}):
             text += f", [{', '.join(str(x) for x in rule['dims'][r])}]"
         if r in rule.get("broadcast", {}):
