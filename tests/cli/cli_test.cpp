@@ -15,6 +15,7 @@
 #include "run_cli.h"
 #include "support/trace_check.hpp"
 #include "support/interface_version.hpp"
+#include "support/temp_path.hpp"
 
 namespace {
 
@@ -324,7 +325,7 @@ TEST(Cli, FirmwareUploadRefusesWhatCannotTakeIt) {
   EXPECT_EQ(missing_file.code, 1);
   EXPECT_THAT(missing_file.out, HasSubstr("cannot open the image file '/nonexistent/board.tpfw'"));
   // A simulated board boots its own firmware.
-  const std::string image = ::testing::TempDir() + "cli_firmware.tpfw";
+  const std::string image = tpuhal::test::temp_path("cli_firmware.tpfw");
   { std::ofstream(image) << "not an image"; }
   Output sim = run("firmware sim:0 " + image);
   EXPECT_EQ(sim.code, 1);

@@ -20,6 +20,7 @@
 #include "tpuhal/tpu/sim_provider.h"
 #include "tpuhal/trace.hpp"
 #include "tpuhal/tpuhal.hpp"
+#include "support/temp_path.hpp"
 
 namespace tpuhal {
 namespace {
@@ -164,7 +165,7 @@ TEST_F(Faults, TelemetryCountsFaultsByKindAndResetsClearNothing) {
 // and the error still numbers the caller's commands, not the trace's
 // timestamps between them.
 TEST_F(Faults, ATraceShowsTheFaultOnItsQueuesTrackAndTheReset) {
-  const std::string path = ::testing::TempDir() + "fault_trace.json";
+  const std::string path = test::temp_path("fault_trace.json");
   trace::start(path);
   {
     Queue q = dev.queue(Engine::Compute);

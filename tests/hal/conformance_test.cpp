@@ -20,6 +20,7 @@
 #include "tpuhal/skeleton/skeleton.h"
 #include "tpuhal/tpuhal.hpp"
 #include "tpuhal/trace.hpp"
+#include "support/temp_path.hpp"
 
 namespace tpuhal {
 namespace {
@@ -708,7 +709,7 @@ const std::vector<std::string>& devices_and_skeleton() {
 // format (support/trace_check.hpp).
 TEST_P(Conformance, ATraceShowsEachCommandOfAKnownWorkload) {
   SKIP_IF_LACKING(kMemory | kQueues);
-  const std::string path = ::testing::TempDir() + "conformance_" + testing::param_name(GetParam()) + ".json";
+  const std::string path = test::temp_path("conformance_" + testing::param_name(GetParam()) + ".json");
   const Properties& props = dev_.properties();
   const bool stamps = props.caps.timestamps;
   trace::start(path);

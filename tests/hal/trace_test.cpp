@@ -16,6 +16,7 @@
 #include "support/trace_check.hpp"
 #include "tpuhal/trace.hpp"
 #include "tpuhal/tpuhal.hpp"
+#include "support/temp_path.hpp"
 
 namespace tpuhal {
 namespace {
@@ -24,7 +25,7 @@ using test::error_of;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-std::string temp(const std::string& name) { return ::testing::TempDir() + name; }
+std::string temp(const std::string& name) { return test::temp_path(name); }
 
 TEST(Trace, AFileThatCannotBeCreatedIsRefusedWithTheSystemsReason) {
   Error e = error_of([] { trace::start("/nonexistent-directory/trace.json"); });
