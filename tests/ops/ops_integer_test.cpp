@@ -162,6 +162,10 @@ TEST_P(Ops, ConvIntegerAccumulatesExactlyInInt32) {
       {DType::I8, DType::I8, 127, 127, 1041, true},    // with a zero point of 0 given
       {DType::U8, DType::U8, 255, 255, 35000, false},  // 2.28e9: wraps
       {DType::I8, DType::I8, -128, -128, 140000, false},
+      // Within 2^24, but each pair of products passes 2^15: what
+      // vpmaddubsw (oneDNN without VNNI) saturates.
+      {DType::U8, DType::I8, 255, 127, 64, false},  // 2072640
+      {DType::U8, DType::I8, 255, -128, 64, false},
   };
   for (const Case& c : cases)
     for (Layout layout : {Layout::NCHW, Layout::NHWC}) {

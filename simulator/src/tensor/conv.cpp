@@ -835,7 +835,9 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
     for (std::uint64_t oi = 0; oi < g.o; ++oi) wzs[oi] = static_cast<std::int16_t>(w_zero(oi));
     conv_integer_exact(e, g, x, w, static_cast<std::int32_t>(x_zero), wzs, acc);
   };
-  if (!onednn_int8_exact(e.isa())) return own_kernels();
+  // Without VNNI, oneDNN is exact only on the input's nibbles.
+  const bool whole_bytes = onednn_int8_exact(e.isa());
+  if (!whole_bytes && !onednn_int8_exact_on_nibbles(e.isa())) return own_kernels();
   auto dense = [&](std::uint64_t ni, std::uint64_t oi, std::uint64_t r, std::uint64_t col) {
     return nhwc ? ((ni * g.oh + r) * g.ow + col) * g.o + oi : ((ni * g.o + oi) * g.oh + r) * g.ow + col;
   };
@@ -868,7 +870,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   // strided view that oneDNN runs slowly: ResNet-50's 3x3 convolutions at
   // 14x14 and 7x7 took 300 ms each.)
   const std::uint64_t wsum = weight_abs_sum_max(g, ws, wdata);
-  const bool direct = sums_within_2_24(wsum, 255);
+  const bool direct = whole_bytes && sums_within_2_24(wsum, 255);
   if (!direct && !sums_within_2_24(wsum, 15)) return own_kernels();
   // Weights with no zero points: oneDNN subtracts the input's zero point
   // itself and nothing is left to correct.

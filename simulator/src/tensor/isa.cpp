@@ -116,6 +116,17 @@ bool onednn_int8_exact(Isa isa) {
 #endif
 }
 
+bool onednn_int8_exact_on_nibbles(Isa isa) {
+#if defined(__x86_64__)
+  if (isa != Isa::kAvx2 && isa != Isa::kAvx512) return onednn_int8_exact(isa);
+  const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx2);
+  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & want) == want;
+#else
+  (void)isa;
+  return false;
+#endif
+}
+
 bool onednn_has_native_bf16() {
 #if defined(__x86_64__)
   const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);

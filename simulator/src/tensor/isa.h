@@ -45,6 +45,10 @@ void cap_onednn(Isa isa);
 // (vpdpbusd). Without VNNI oneDNN multiplies with vpmaddubsw, whose 16-bit
 // pair sums saturate.
 bool onednn_int8_exact(Isa isa);
+// Whether oneDNN's int8 kernels are exact here for u8 inputs of at most 15
+// (an input's nibbles): with VNNI, and on AVX2 and AVX-512 without it,
+// where vpmaddubsw's pair sums of such products stay within 2 * 15 * 128.
+bool onednn_int8_exact_on_nibbles(Isa isa);
 // Whether oneDNN has bf16 kernels on this CPU, emulated on AVX-512 or
 // native (else bf16 is widened to f32, which is exact).
 bool onednn_has_bf16();
