@@ -150,9 +150,6 @@ def op_seeds():
     o["log_softmax_3d"] = op_block(OP["softmax"], [tensor(k, BF16, [2, 3, 4]), tensor(2 * k, BF16, [2, 3, 4])],
                                    struct.pack("<4I", 0, 1, 0, 0))
     quant = bytes(16)
-    o["quantize"] = op_block(OP["quantize"], [
-        tensor(k, F32, [2, 4]), tensor(2 * k, F32, [2, 4], [0, 0]), tensor(3 * k, U8, [2, 4], [0, 0]),
-        tensor(4 * k, U8, [2, 4])], quant)
     o["dequantize_per_axis"] = op_block(OP["dequantize"], [
         tensor(k, I8, [2, 4]), tensor(2 * k, F32, [2, 4], [0, 1]), tensor(3 * k, I8, [2, 4], [0, 1]),
         tensor(4 * k, F32, [2, 4])], quant)
@@ -215,7 +212,9 @@ def rule_samples():
             continue
         s = kind["sample"]
         roles = [r.rstrip("?") for r in kind["tensors"]]
-        tensors = [tensor((i + 1) * 0x10000, codes[s["dtypes"][r]], s["shapes"][r]) for i, r in enumerate(roles)]
+        along = kind["rule"].get("per_axis", {})  # a per-axis tensor in its target's shape, as the builder sends it
+        tensors = [tensor((i + 1) * 0x10000, codes[s["dtypes"][r]], s["shapes"][along.get(r, r)])
+                   for i, r in enumerate(roles)]
         words = []
         fields = structs[kind["fw_attrs"]]["fields"] if kind["fw_attrs"] in structs else []  # QuantAttrs: none
         for name, typ, default, _ in fields:

@@ -138,6 +138,20 @@ def role_names(k):
     return [r.rstrip("?") for r in k["tensors"]]
 
 
+def optional_roles(k):
+    """The roles a block may leave absent (written "Name?" in tensors)."""
+    return {r.rstrip("?") for r in k["tensors"] if r.endswith("?")}
+
+
+def per_axis(k):
+    """Per role, the tensor it runs along: a scalar, or 1-D along the
+    builder's `axis` argument of that tensor (rule part per_axis)."""
+    return k.get("rule", {}).get("per_axis", {})
+
+
+PER_AXIS_DEFAULT = 1  # the builder's axis when per_axis is given (ONNX's)
+
+
 def possessive(name):
     """x -> x's, indices -> indices'."""
     return name + ("'" if name.endswith("s") else "'s")
@@ -193,18 +207,19 @@ def check_rule(k, structs):
     problems = []
     if k["builders"] != [k["id"]]:
         problems.append(f"{name}: a kind with a rule has one builder, named as its id ({k['id']})")
-    if any(t.endswith("?") for t in k["tensors"]):
-        problems.append(f"{name}: rules for optional tensors are not generated; write the kind by hand")
+    opt = optional_roles(k)
+    if k["tensors"][-1].endswith("?"):
+        problems.append(f"{name}: an optional output is not generated (a second output); write the kind by hand")
     st = rule_struct(k) if no_attrs(k) else structs.get(k["attrs"])
     if st is None or (k["fw_attrs"] != k["attrs"] and not no_attrs(k)):
         return problems + [f"{name}: a kind with a rule takes an ATTR_STRUCTS struct in both layers, or "
                            f"{NO_ATTRS[0]} and {NO_ATTRS[1]} (no attributes)"]
-    unknown = set(rule) - {"dtypes", "shapes", "axes", "dims", "ranges", "broadcast", "splice"}
+    unknown = set(rule) - {"dtypes", "shapes", "axes", "dims", "ranges", "broadcast", "splice", "per_axis"}
     if unknown:
         problems.append(f"{name}: rule has unknown keys {sorted(unknown)}")
     dts, shapes, axes = rule.get("dtypes", {}), rule.get("shapes", {}), rule.get("axes", {})
     dims, ranges = rule.get("dims", {}), rule.get("ranges", {})
-    bcast, splice = rule.get("broadcast", {}), rule.get("splice", {})
+    bcast, splice, along = rule.get("broadcast", {}), rule.get("splice", {}), rule.get("per_axis", {})
     for r in roles_:
         d = dts.get(r)
         if d is None:
@@ -217,7 +232,9 @@ def check_rule(k, structs):
         if r not in roles_ or like not in roles_ or r == like or like in shapes:
             problems.append(f"{name}: shapes: {r} like {like}: both must be tensors of the kind, and {like} "
                             "one with no shape rule of its own")
-    locals_ = {"op", "attrs", "ops", "finish"}  # the generated builder's and binding's own names
+    locals_ = {"op", "attrs", "ops", "finish", "opt", "along"}  # the generated builder's and binding's own names
+    if along:
+        locals_.add("axis")  # the builder's argument
     clash = [r for r in roles_ if param_name(r) in locals_] + [f[0] for f in st["fields"] if f[0] in locals_]
     problems += [f"{name}: {c} is named as a local of the generated code ({sorted(locals_)})" for c in clash]
     for r, pattern in dims.items():
@@ -231,6 +248,20 @@ def check_rule(k, structs):
                 to in bcast:
             problems.append(f"{name}: broadcast: {r} to {to}: an input with no other shape rule, to another "
                             "tensor that is not broadcast itself")
+    for r, to in along.items():
+        if r not in roles_[:-1] or to not in roles_ or r == to or r in shapes or r in dims or r in splice or \
+                r in bcast or to in along or to in opt or len(set(along.values())) != 1:
+            problems.append(f"{name}: per_axis: {r} along {to}: an input with no other shape rule, along one "
+                            "required tensor that is not per_axis itself (the same for every such input)")
+    # An optional tensor may follow others (its dtype, its shape, broadcast
+    # or per_axis to another); nothing may follow it.
+    followed = {d for d in dts.values() if isinstance(d, str)} | set(shapes.values()) | set(bcast.values()) | \
+        set(along.values()) | {x for spec in splice.values() if isinstance(spec, tuple) for x in spec[::2]} | \
+        set(axes.values())
+    for r in sorted(opt):
+        if r in followed or r in dims or r in splice:
+            problems.append(f"{name}: optional {r} has a rule others follow, a dims pattern or a splice; "
+                            "an optional tensor may only follow others")
     fields = {f[0]: f for f in st["fields"]}
     for r, spec in splice.items():
         if not (isinstance(spec, tuple) and len(spec) == 3) or r not in roles_ or r in shapes or r in dims or \
@@ -269,6 +300,9 @@ def check_rule(k, structs):
     for r, to in bcast.items():  # the decoder sees a broadcast input in its target's shape
         if ss[r] != ss[to]:
             problems.append(f"{name}: sample's {r} has shape {ss[r]}, not {to}'s (write broadcasts in full)")
+    for r, to in along.items():  # a scalar to the builder; the decoder sees it in the target's shape
+        if any(d != 1 for d in ss[r]):
+            problems.append(f"{name}: sample's {r} has shape {ss[r]}; per_axis samples are scalars ([1])")
     for field, of in axes.items():
         if not 0 <= int(sa.get(field, fields[field][2])) < len(ss[of]):
             problems.append(f"{name}: sample's {field} is not an axis of {of}")
@@ -321,7 +355,9 @@ def rule_text(k):
             into, field, part = rule["splice"][r]
             text += f", {possessive(param_name(into))} shape with dimension {field} replaced by " \
                     f"{possessive(param_name(part))} shape"
-        out.append(f"{param_name(r)}: {text}")
+        if r in per_axis(k):
+            text += f", a scalar or 1-D along axis of {param_name(per_axis(k)[r])}"
+        out.append(f"{param_name(r)}{' (optional)' if r in optional_roles(k) else ''}: {text}")
     return "; ".join(out)
 
 
@@ -367,6 +403,9 @@ def rule_computes(k):
     st, ranges = rule_struct(k), k["rule"].get("ranges", {})
     fields = "; ".join(f"{f[0]}: {f[3]}" + (f" ({range_text(ranges[f[0]])})" if f[0] in ranges else "")
                        for f in st["fields"] if f[3])
+    if per_axis(k):
+        fields = "; ".join(x for x in (fields, f"axis: the axis per-axis tensors run along, "
+                                       f"default {PER_AXIS_DEFAULT}") if x)
     return f"{st['doc']}{' (' + fields + ')' if fields else ''}"
 
 
@@ -387,16 +426,19 @@ def fw_rule_checks():
         out.append(f"\n// {k['id']}: {rule_text(k)}.\n")
         at = "at" if st["fields"] else "/*at*/"
         out.append(f"bool check_{k['id']}(Check& c, const OpBlock& b, const {st['name']}& {at}) {{\n")
-        conds = []
+        conds, opt = [], optional_roles(k)
+
+        def when(r, cond):  # an optional tensor's rule holds where it is absent
+            return f"(!present(b.tensors[{idx[r]}]) || {cond})" if r in opt else cond
         for r, i in idx.items():
             d = rule["dtypes"][r]
             if isinstance(d, list):
                 ok = " || ".join(f"dt(b.tensors[{i}]) == DType::k{DTYPES[x]}" for x in d)
-                conds.append(f"expect_dtype(c, b, {i}, {ok})")
+                conds.append(when(r, f"expect_dtype(c, b, {i}, {ok})"))
         for r, i in idx.items():
             d = rule["dtypes"][r]
             if not isinstance(d, list):
-                conds.append(f"expect_dtype(c, b, {i}, dt(b.tensors[{i}]) == dt(b.tensors[{idx[d]}]))")
+                conds.append(when(r, f"expect_dtype(c, b, {i}, dt(b.tensors[{i}]) == dt(b.tensors[{idx[d]}]))"))
         links = dim_links(k)
         for r, pattern in ((r, rule["dims"][r]) for r in idx if r in rule.get("dims", {})):
             conds.append(f"expect_rank(c, b, {idx[r]}, {len(pattern)})")
@@ -404,9 +446,10 @@ def fw_rule_checks():
                 w = str(want) if isinstance(want, int) else f"b.tensors[{want[0]}].shape[{want[1]}]"
                 conds.append(f"expect_dim(c, b, {i}, {d}, {w})")
         for r, like in rule.get("shapes", {}).items():
-            conds.append(f"expect_same_shape(c, b, {idx[r]}, {idx[like]})")
-        for r, to in rule.get("broadcast", {}).items():  # on the wire: the target's shape, stride 0 where broadcast
-            conds.append(f"expect_same_shape(c, b, {idx[r]}, {idx[to]})")
+            conds.append(when(r, f"expect_same_shape(c, b, {idx[r]}, {idx[like]})"))
+        # Broadcast and per-axis inputs, on the wire: the target's shape, stride 0 where they repeat.
+        for r, to in list(rule.get("broadcast", {}).items()) + list(per_axis(k).items()):
+            conds.append(when(r, f"expect_same_shape(c, b, {idx[r]}, {idx[to]})"))
         for field, typ, _, _ in st["fields"]:  # in field order, as the builder checks them
             where = f"offsetof({st['name']}, {field})"
             if typ == "u32":
@@ -435,8 +478,11 @@ def fw_rule_cases():
 
 
 def hal_rule_signature(k, defaults):
-    tensors = [f"const Tensor& {param_name(r)}" for r in role_names(k)]
+    opt = optional_roles(k)
+    tensors = [f"const {'std::optional<Tensor>' if r in opt else 'Tensor'}& {param_name(r)}" for r in role_names(k)]
     attrs = [f"{t} {n}{' = ' + d if defaults else ''}" for t, n, d, _, _ in rule_attr_params(k)]
+    if per_axis(k):
+        attrs.append(f"std::int64_t axis{' = ' + str(PER_AXIS_DEFAULT) if defaults else ''}")
     return ", ".join(tensors + attrs)
 
 
@@ -459,19 +505,25 @@ def hal_rule_defs():
 """]
     for k in ruled():
         st, rule = rule_struct(k), k["rule"]
-        roles_ = role_names(k)
+        roles_, opt = role_names(k), optional_roles(k)
+
+        def t(r):  # the tensor of a role, dereferenced where optional
+            return f"*{param_name(r)}" if r in opt else param_name(r)
+
+        def when(r, stmt):  # an optional tensor's checks run where it is given
+            return f"  if ({param_name(r)}) {stmt}" if r in opt else f"  {stmt}"
         out.append(f"\nOp {k['id']}({hal_rule_signature(k, False)}) {{\n")
         out.append(f"  Builder op(driver::OpKind::{k['name']}, \"{k['id']}\");\n")
         for r in roles_:
             d = rule["dtypes"][r]
             if isinstance(d, list) and not all_dtypes(d):  # a tensor's dtype is always one of them
-                out.append(f"  op.dtype_in({param_name(r)}, \"{param_name(r)}\", "
-                           f"{{{', '.join('DType::' + DTYPES[x] for x in d)}}});\n")
+                out.append(when(r, f"op.dtype_in({t(r)}, \"{param_name(r)}\", "
+                                f"{{{', '.join('DType::' + DTYPES[x] for x in d)}}});\n"))
         for r in roles_:
             d = rule["dtypes"][r]
             if not isinstance(d, list):
-                out.append(f"  op.same_dtype({param_name(r)}, \"{param_name(r)}\", {param_name(d)}, "
-                           f"\"{param_name(d)}\");\n")
+                out.append(when(r, f"op.same_dtype({t(r)}, \"{param_name(r)}\", {param_name(d)}, "
+                                f"\"{param_name(d)}\");\n"))
         links, names = dim_links(k), {i: param_name(r) for i, r in enumerate(roles_)}
         for r, pattern in ((r, rule["dims"][r]) for r in roles_ if r in rule.get("dims", {})):
             i = roles_.index(r)
@@ -483,8 +535,8 @@ def hal_rule_defs():
                     out.append(f"  op.dim_is({names[i]}, \"{names[i]}\", {d}, {names[want[0]]}.shape()[{want[1]}], "
                                f"\"dimension {want[1]} of {names[want[0]]}\");\n")
         for r, like in rule.get("shapes", {}).items():
-            out.append(f"  op.shape_is({param_name(r)}, \"{param_name(r)}\", {param_name(like)}.shape(), "
-                       f"\"the shape of {param_name(like)}\");\n")
+            out.append(when(r, f"op.shape_is({t(r)}, \"{param_name(r)}\", {param_name(like)}.shape(), "
+                            f"\"the shape of {param_name(like)}\");\n"))
         out.append(f"  driver::{k['attrs']} attrs;\n")
         inf = "std::numeric_limits<float>::infinity()"
         for name, typ, _, _ in st["fields"]:
@@ -503,10 +555,21 @@ def hal_rule_defs():
                        f"             \"{possessive(i)} shape with axis \" + std::to_string(attrs.{field}) + "
                        f"\" replaced by {possessive(p)} shape\");\n")
         out.append("  op.desc().attrs = attrs;\n")
-        bcast = rule.get("broadcast", {})
-        args = ", ".join(f"op.broadcast({param_name(r)}, \"{param_name(r)}\", {param_name(bcast[r])}.shape())"
-                         if r in bcast else f"op.arg({param_name(r)}, \"{param_name(r)}\")" for r in roles_)
-        out.append(f"  return op.finish({{{args}}});\n}}\n")
+        bcast, along = rule.get("broadcast", {}), per_axis(k)
+        if along:
+            of = param_name(next(iter(along.values())))
+            out.append(f"  const std::int64_t along = axis < 0 ? axis + static_cast<std::int64_t>({of}.rank()) : axis;\n")
+
+        def arg(r):
+            n = param_name(r)
+            if r in bcast:
+                a = f"op.broadcast({t(r)}, \"{n}\", {param_name(bcast[r])}.shape())"
+            elif r in along:
+                a = f"op.per_axis({t(r)}, \"{n}\", {param_name(along[r])}.shape(), along)"
+            else:
+                a = f"op.arg({t(r)}, \"{n}\")"
+            return f"{n} ? {a} : op.absent()" if r in opt else a
+        out.append(f"  return op.finish({{{', '.join(arg(r) for r in roles_)}}});\n}}\n")
     return "".join(out)
 
 
@@ -516,11 +579,13 @@ def py_rule_table():
 // and ops are its names): tensors positional, attributes keyword-only.
 """]
     for k in ruled():
+        opt = {param_name(r) for r in optional_roles(k)}
         roles_ = [param_name(r) for r in role_names(k)]
-        attrs = rule_attr_params(k)
-        params = ", ".join([f"T {r}" for r in roles_] + [f"{t} {n}" for t, n, _, _, _ in attrs])
-        call = ", ".join([f"{r}.tensor" for r in roles_] + [n for _, n, _, _, _ in attrs])
-        keep = ", ".join(f"&{r}" for r in roles_)
+        attrs = rule_attr_params(k) + [("std::int64_t", "axis", str(PER_AXIS_DEFAULT), "int", str(PER_AXIS_DEFAULT))
+                                       ] * bool(per_axis(k))
+        params = ", ".join([f"{'Opt' if r in opt else 'T'} {r}" for r in roles_] + [f"{t} {n}" for t, n, _, _, _ in attrs])
+        call = ", ".join([f"opt({r})" if r in opt else f"{r}.tensor" for r in roles_] + [n for _, n, _, _, _ in attrs])
+        keep = ", ".join(r if r in opt else f"&{r}" for r in roles_)
         pyargs = ", ".join([f"py::arg(\"{r}\")" for r in roles_] + ["py::kw_only()"] * bool(attrs) +
                            [f"py::arg(\"{n}\") = {d}" for _, n, d, _, _ in attrs])
         doc = rule_doc(k).replace("\\", "\\\\").replace('"', '\\"')
@@ -532,8 +597,10 @@ def py_rule_table():
 def pyi_rules():
     out = []
     for k in ruled():
-        roles_ = [f"{param_name(r)}: Tensor" for r in role_names(k)]
+        opt = optional_roles(k)
+        roles_ = [f"{param_name(r)}: {'Optional[Tensor]' if r in opt else 'Tensor'}" for r in role_names(k)]
         attrs = [f"{n}: {pt} = {pd}" for _, n, _, pt, pd in rule_attr_params(k)]
+        attrs += [f"axis: int = {PER_AXIS_DEFAULT}"] * bool(per_axis(k))
         out.append(f"def {k['id']}({', '.join(roles_ + (['*'] + attrs if attrs else []))}) -> Op: ...\n")
     return "".join(out)
 
@@ -598,6 +665,8 @@ def test_rule_table():
 //   {Rule::kRank, i, r}         tensor i has rank r
 //   {Rule::kDim, i, d}          dimension d of tensor i is fixed, or set by another's
 //   {Rule::kRange, w, 0, lo, hi} attribute word w is a finite f32 in [lo, hi]
+//   {Rule::kOptional, i, 0}     tensor i may be absent
+// A per-axis tensor is given in its target's shape, as the builder's view is.
 """]
     codes = {x: i + 1 for i, x in enumerate(DTYPES)}
     for k in ruled():
@@ -605,8 +674,10 @@ def test_rule_table():
         st = rule_struct(k)
         idx = {r: i for i, r in enumerate(roles_)}
         words = {f[0]: i for i, f in enumerate(st["fields"])}
-        tensors = ", ".join(f"{{fw::DType::k{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][r])}}}" for r in roles_)
-        rules = []
+        along = per_axis(k)
+        tensors = ", ".join(f"{{fw::DType::k{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][along.get(r, r)])}}}"
+                            for r in roles_)
+        rules = [f"{{Rule::kOptional, {idx[r]}, 0}}" for r in roles_ if r in optional_roles(k)]
         for r in roles_:
             d = rule["dtypes"][r]
             if isinstance(d, list):
@@ -616,7 +687,8 @@ def test_rule_table():
         for r, pattern in ((r, rule["dims"][r]) for r in roles_ if r in rule.get("dims", {})):
             rules.append(f"{{Rule::kRank, {idx[r]}, {len(pattern)}}}")
         rules += [f"{{Rule::kDim, {i}, {d}}}" for i, d, _ in dim_links(k)]
-        for r, like in list(rule.get("shapes", {}).items()) + list(rule.get("broadcast", {}).items()):
+        for r, like in list(rule.get("shapes", {}).items()) + list(rule.get("broadcast", {}).items()) + \
+                list(along.items()):
             rules.append(f"{{Rule::kSameShape, {idx[r]}, {idx[like]}}}")
         for field, of in rule.get("axes", {}).items():
             rules.append(f"{{Rule::kAxis, {words[field]}, {idx[of]}}}")
@@ -660,9 +732,11 @@ def model_rule_ops():
 // Included by runtime/src/model.cpp in build_layer.
 """]
     for k in ruled():
-        args = [f"in(\"{param_name(r)}\")" for r in role_names(k)]
+        opt = optional_roles(k)
+        args = [f"in{'.opt' if r in opt else ''}(\"{param_name(r)}\")" for r in role_names(k)]
         reader = {"std::int64_t": "integer", "float": "real", "bool": "flag"}
         args += [f"r.{reader[t]}(\"{n}\")" for t, n, _, _, _ in rule_attr_params(k)]
+        args += ["r.integer(\"axis\")"] * bool(per_axis(k))
         out.append(f"if (k == \"{k['id']}\") return ops::{k['id']}({', '.join(args)});\n")
     return "".join(out)
 
@@ -670,7 +744,7 @@ def model_rule_ops():
 def doc_model_rules():
     items = []
     for k in ruled():
-        attrs = ", ".join(n for _, n, _, _, _ in rule_attr_params(k))
+        attrs = ", ".join([n for _, n, _, _, _ in rule_attr_params(k)] + ["axis"] * bool(per_axis(k)))
         items.append(f"`{k['id']}` ({', '.join(param_name(r) for r in role_names(k))}{'; ' + attrs if attrs else ''})")
     return f"- The kinds with rules ([ops.md](ops.md#kinds-with-rules)): {', '.join(items)}.\n"
 
@@ -679,7 +753,8 @@ def doc_rules():
     rows = ["| op | computes | dtypes and shapes | since |", "| --- | --- | --- | --- |"]
     for k in ruled():
         params = ", ".join(param_name(r) for r in role_names(k))
-        attrs = ", ".join(f"{n}={pd}" for _, n, _, _, pd in rule_attr_params(k))
+        attrs = ", ".join([f"{n}={pd}" for _, n, _, _, pd in rule_attr_params(k)] +
+                          [f"axis={PER_AXIS_DEFAULT}"] * bool(per_axis(k)))
         rows.append(f"| `{k['id']}({params}{', ' + attrs if attrs else ''})` | {rule_computes(k)} | "
                     f"{rule_text(k)} | 1.{k['minor']} |")
     return "\n".join(rows) + "\n"
@@ -798,11 +873,12 @@ def fw_op_timing():
         if roles_[-1] in dims:  # the tensors whose first dimension is named as the output's
             lead = dims[roles_[-1]][0]
             mask = sum(1 << i for i, r in enumerate(roles_) if isinstance(lead, str) and dims.get(r, [None])[0] == lead)
-        else:  # the output, what it has the shape of, and what has that shape or broadcasts to it
+        else:  # the output, what it has the shape of, and what has that shape, broadcasts to it or runs along it
             y, bcast, splice = roles_[-1], k["rule"].get("broadcast", {}), k["rule"].get("splice", {})
             root = shapes.get(y) or (splice[y][0] if y in splice else y)
             mask = sum(1 << i for i, r in enumerate(roles_)
-                       if r in (y, root) or shapes.get(r) == root or bcast.get(r) in (y, root))
+                       if r in (y, root) or shapes.get(r) == root or bcast.get(r) in (y, root) or
+                       per_axis(k).get(r) in (y, root))
         conds = [f"({hex(mask)}u >> i & 1)"]
         conds += [f"std::get<{k['fw_attrs']}>(op.attrs).{a} != 0" for a in k["rule"].get("axes", {})]
         out.append(f"    case OpKind::k{k['name']}:\n      return {' && '.join(conds)};\n")

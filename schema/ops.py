@@ -213,11 +213,21 @@ ENUMS = [
 #               splice  per tensor role, (into, axis field, part): into's
 #                       shape with that axis replaced by part's whole
 #                       shape (Gather), at most kMaxRank dimensions
+#               per_axis  per input role, the tensor it runs along: a
+#                       scalar (any shape of one element) or 1-D along the
+#                       builder's argument `axis` (default 1, negative from
+#                       the end; not on the wire: the board sees the
+#                       target's shape, stride 0 where it repeats); one
+#                       target for all such roles; samples give [1]
 #             Every tensor needs its dtype; every u32 field must be an
 #             axis, every f32 field have a range; bool fields are 0 or 1.
 #             A kind without attributes has fw_attrs QuantAttrs and attrs
-#             NoAttrs. Optional tensors are not generated yet: such kinds
-#             are written by hand (docs/adding-an-op.md).
+#             NoAttrs. An optional input ("Name?") is checked by its rules
+#             where it is given and may only follow other tensors (its
+#             dtype, shape, broadcast or axis); nothing may follow it. An
+#             optional output (a second output, top_k's values) is not
+#             generated yet: such kinds are written by hand
+#             (docs/adding-an-op.md).
 #   sample    (with rule) a small valid op: dtypes and shapes per role,
 #             attribute values (others take their default). Tests, the
 #             fuzzer's seed and the docs use it; inputs hold 1s.
@@ -332,10 +342,18 @@ KINDS = [
          cost=("per_output",), cycles=160, peak=None, builders=["softmax"], doc="Softmax or log-softmax along one axis."),
     dict(name="Quantize", id="quantize", minor=1, tensors=["X", "Scale", "ZeroPoint?", "Y"], fw_attrs="QuantAttrs",
          attrs="NoAttrs", cost=("per_output",), cycles=2, peak=None, builders=["quantize"],
-         doc="QuantizeLinear; Scale and ZeroPoint broadcast to X."),
+         doc="y = saturate(round_half_even(x / scale) + zero_point), in f32 (ONNX QuantizeLinear; no zero point: 0)",
+         rule=dict(dtypes={"X": ["f32", "f16", "bf16", "i32"], "Scale": ["f32"], "ZeroPoint": "Y", "Y": ["u8", "i8"]},
+                   shapes={"Y": "X"}, per_axis={"Scale": "X", "ZeroPoint": "X"}),
+         sample=dict(dtypes={"X": "f32", "Scale": "f32", "ZeroPoint": "u8", "Y": "u8"},
+                     shapes={"X": [2, 3], "Scale": [1], "ZeroPoint": [1], "Y": [2, 3]})),
     dict(name="Dequantize", id="dequantize", minor=1, tensors=["X", "Scale", "ZeroPoint?", "Y"],
          fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("per_output",), cycles=2, peak=None, builders=["dequantize"],
-         doc="DequantizeLinear; Scale and ZeroPoint broadcast to X."),
+         doc="y = (x - zero_point) * scale, in f32 (ONNX DequantizeLinear; no zero point: 0)",
+         rule=dict(dtypes={"X": ["u8", "i8", "i32"], "Scale": ["f32"], "ZeroPoint": "X", "Y": ["f32", "f16", "bf16"]},
+                   shapes={"Y": "X"}, per_axis={"Scale": "X", "ZeroPoint": "X"}),
+         sample=dict(dtypes={"X": "u8", "Scale": "f32", "ZeroPoint": "u8", "Y": "f32"},
+                     shapes={"X": [2, 3], "Scale": [1], "ZeroPoint": [1], "Y": [2, 3]})),
     dict(name="MatMulInteger", id="matmul_integer", minor=1, tensors=["A", "B", "AZeroPoint?", "BZeroPoint?", "Y"],
          fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("matmul", "A"), cycles=0, peak="int8", builders=["matmul_integer"],
          doc="Integer matrix product with zero points, int32 accumulation."),

@@ -410,21 +410,6 @@ bool check_softmax(Check& c, const OpBlock& b, const SoftmaxAttrs& at) {
          expect_attr(c, offsetof(SoftmaxAttrs, log), at.log <= 1, at.log, 1);
 }
 
-bool check_quant(Check& c, const OpBlock& b, bool quantize) {
-  // X, Scale, ZeroPoint (opt), Y; Scale and ZeroPoint broadcast to X.
-  const DType tx = dt(b.tensors[0]), tz = dt(b.tensors[2]), ty = dt(b.tensors[3]);
-  if (!expect_same_shape(c, b, 3, 0) || !expect_param(c, b, 1, 0, 0) ||
-      !expect_dtype(c, b, 1, dt(b.tensors[1]) == DType::kF32))
-    return false;
-  if (present(b.tensors[2]) && !expect_param(c, b, 2, 0, 0)) return false;
-  if (quantize) {
-    return expect_dtype(c, b, 0, is_float(tx) || tx == DType::kI32) && expect_dtype(c, b, 3, is_int8(ty)) &&
-           expect_dtype(c, b, 2, !present(b.tensors[2]) || tz == ty);
-  }
-  return expect_dtype(c, b, 0, is_int8(tx) || tx == DType::kI32) && expect_dtype(c, b, 3, is_float(ty)) &&
-         expect_dtype(c, b, 2, !present(b.tensors[2]) || tz == tx);
-}
-
 // Zero points and scales of the integer matmuls must not vary along K.
 bool check_integer_matmul(Check& c, const OpBlock& b, std::uint32_t ia, std::uint32_t ib, std::uint32_t iy,
                           std::uint32_t iaz, std::uint32_t ibz) {
@@ -659,8 +644,6 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
     case OpKind::kPool2d: ok = check_pool(c, b, std::get<PoolAttrs>(b.attrs)); break;
     case OpKind::kElementwise: ok = check_elementwise(c, b, std::get<ElementwiseAttrs>(b.attrs)); break;
     case OpKind::kSoftmax: ok = check_softmax(c, b, std::get<SoftmaxAttrs>(b.attrs)); break;
-    case OpKind::kQuantize:
-    case OpKind::kDequantize: ok = check_quant(c, b, b.kind == OpKind::kQuantize); break;
     case OpKind::kMatMulInteger:
       ok = expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kI32) && check_integer_matmul(c, b, 0, 1, 4, 2, 3);
       break;

@@ -793,40 +793,6 @@ Op argmin(const Tensor& x, const Tensor& indices, std::int64_t axis, bool last_i
   return top_k_op("argmin", x, std::nullopt, indices, {axis, false, last_index}, true);
 }
 
-Op quantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point, const Tensor& y,
-            std::int64_t axis) {
-  Builder b(driver::OpKind::Quantize, "quantize");
-  b.dtype_in(x, "x", {DType::F32, DType::F16, DType::BF16, DType::I32});
-  b.dtype_in(scale, "scale", {DType::F32});
-  b.dtype_in(y, "y", kInt8);
-  if (zero_point) b.same_dtype(*zero_point, "zero_point", y, "y");
-  b.shape_is(y, "y", x.shape(), "the shape of x");
-  const auto r = static_cast<std::int64_t>(x.rank());
-  const std::int64_t ax = axis < 0 ? axis + r : axis;
-  std::vector<TensorArg> t{b.arg(x, "x"), b.per_axis(scale, "scale", x.shape(), ax),
-                           zero_point ? b.per_axis(*zero_point, "zero_point", x.shape(), ax) : b.absent(),
-                           b.arg(y, "y")};
-  b.desc().attrs = driver::NoAttrs{};
-  return b.finish(std::move(t));
-}
-
-Op dequantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point, const Tensor& y,
-              std::int64_t axis) {
-  Builder b(driver::OpKind::Dequantize, "dequantize");
-  b.dtype_in(x, "x", {DType::U8, DType::I8, DType::I32});
-  b.dtype_in(scale, "scale", {DType::F32});
-  b.dtype_in(y, "y", kFloats);
-  if (zero_point) b.same_dtype(*zero_point, "zero_point", x, "x");
-  b.shape_is(y, "y", x.shape(), "the shape of x");
-  const auto r = static_cast<std::int64_t>(x.rank());
-  const std::int64_t ax = axis < 0 ? axis + r : axis;
-  std::vector<TensorArg> t{b.arg(x, "x"), b.per_axis(scale, "scale", x.shape(), ax),
-                           zero_point ? b.per_axis(*zero_point, "zero_point", x.shape(), ax) : b.absent(),
-                           b.arg(y, "y")};
-  b.desc().attrs = driver::NoAttrs{};
-  return b.finish(std::move(t));
-}
-
 namespace {
 
 // A zero point or scale of an integer matmul operand [.., R, C]: a scalar,

@@ -274,8 +274,6 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
     for (const auto& v : p) perm.push_back(r.u32(v, "perm"));
     return ops::transpose(in("x"), in("y"), perm);
   }
-  if (k == "quantize") return ops::quantize(in("x"), in("scale"), in.opt("zero_point"), in("y"), r.integer("axis"));
-  if (k == "dequantize") return ops::dequantize(in("x"), in("scale"), in.opt("zero_point"), in("y"), r.integer("axis"));
   if (k == "qlinear_add")
     return ops::qlinear_add(in("a"), in("a_scale"), in("a_zero_point"), in("b"), in("b_scale"), in("b_zero_point"),
                             in("y_scale"), in("y_zero_point"), in("y"));

@@ -1,12 +1,14 @@
 // The board's checks of the kinds whose rules the op schema gives
 // (schema/ops.py: rule; firmware_iface/src/op_rules.inc): for each such
-// kind, its sample block decodes, every dtype its rule takes decodes, and
-// each rule broken, one at a time, is refused naming the tensor's aspect or
-// the attribute word and the offending value. The rules come from the
+// kind, its sample block decodes, every dtype its rule takes decodes, an
+// optional tensor may be absent (and a required one may not), and each rule
+// broken, one at a time, is refused naming the tensor's aspect or the
+// attribute word and the offending value. The rules come from the
 // schema (tests/fw/op_rules.inc); what the board does with them is the
 // decoder's code.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -20,7 +22,7 @@
 namespace tpuhal::fw {
 namespace {
 
-enum class Rule { kDTypeIn, kSameDType, kSameShape, kAxis, kBool, kRank, kDim, kRange };
+enum class Rule { kDTypeIn, kSameDType, kSameShape, kAxis, kBool, kRank, kDim, kRange, kOptional };
 
 struct RuleOf {
   Rule rule;
@@ -237,6 +239,24 @@ TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
           const Block b = with(v);
           expect_refused(b, CmdStatus::kBadArgument, attr_field(4 * rule.a), b.attrs[rule.a],
                          word + " " + std::to_string(v));
+          ++checked;
+        }
+        break;
+      }
+      case Rule::kOptional: {
+        // Absent, the tensor's rules do not apply; a tensor that is not
+        // optional is refused absent.
+        Block b = good;
+        b.tensors[rule.a] = TensorRef{};
+        expect_accepted(b, "tensor " + std::to_string(rule.a) + " absent");
+        for (std::uint32_t i = 0; i < k.tensors.size(); ++i) {
+          if (std::any_of(k.rules.begin(), k.rules.end(),
+                          [&](const RuleOf& r) { return r.rule == Rule::kOptional && r.a == i; }))
+            continue;
+          Block without = good;
+          without.tensors[i] = TensorRef{};
+          expect_refused(without, CmdStatus::kBadArgument, tensor_field(i, TensorAspect::kDType), 0,
+                         "required tensor " + std::to_string(i) + " absent");
           ++checked;
         }
         break;

@@ -98,14 +98,6 @@ class OpKinds : public ::testing::TestWithParam<OpKind> {
         Tensor y = output(f, {2, 3});
         return {ops::softmax(input(f, {2, 3}, 1), y), y};
       }
-      case OpKind::Quantize: {
-        Tensor y = output(u8, {4});
-        return {ops::quantize(input(f, {4}, 1), one(f, 1), one(u8, 2), y), y};
-      }
-      case OpKind::Dequantize: {
-        Tensor y = output(f, {4});
-        return {ops::dequantize(input(u8, {4}, 3), one(f, 1), one(u8, 2), y), y};
-      }
       case OpKind::MatMulInteger: {
         Tensor y = output(DType::I32, {2, 2});
         return {ops::matmul_integer(input(u8, {2, 3}, 2), input(u8, {3, 2}, 2), y), y};

@@ -361,23 +361,6 @@ void bind_builders(py::module_& ops) {
       py::arg("x"), py::arg("y"), py::kw_only(), py::arg("axis") = -1, py::arg("log") = false,
       "exp(x - max) / sum(exp(x - max)) along `axis` (its log with log=True). Floats.");
   ops.def(
-      "quantize",
-      [](T x, T scale, Opt zero_point, T y, std::int64_t axis) {
-        return finish(ops::quantize(x.tensor, scale.tensor, opt(zero_point), y.tensor, axis),
-                      {&x, &scale, zero_point, &y});
-      },
-      py::arg("x"), py::arg("scale"), py::arg("zero_point"), py::arg("y"), py::kw_only(), py::arg("axis") = 1,
-      "y = saturate(round_half_even(x / scale) + zero_point); scale (f32) and zero_point (i8/u8, or None: u8 "
-      "zero) scalars or 1-D along `axis`.");
-  ops.def(
-      "dequantize",
-      [](T x, T scale, Opt zero_point, T y, std::int64_t axis) {
-        return finish(ops::dequantize(x.tensor, scale.tensor, opt(zero_point), y.tensor, axis),
-                      {&x, &scale, zero_point, &y});
-      },
-      py::arg("x"), py::arg("scale"), py::arg("zero_point"), py::arg("y"), py::kw_only(), py::arg("axis") = 1,
-      "y = (x - zero_point) * scale.");
-  ops.def(
       "matmul_integer",
       [](T a, T b, T y, Opt a_zero_point, Opt b_zero_point) {
         return finish(ops::matmul_integer(a.tensor, b.tensor, y.tensor, opt(a_zero_point), opt(b_zero_point)),

@@ -234,13 +234,6 @@ TPUHAL_API Op top_k(const Tensor& x, const std::optional<Tensor>& values, const 
 TPUHAL_API Op argmax(const Tensor& x, const Tensor& indices, std::int64_t axis = -1, bool last_index = false);
 TPUHAL_API Op argmin(const Tensor& x, const Tensor& indices, std::int64_t axis = -1, bool last_index = false);
 
-// y = saturate(round_half_even(x / scale) + zero_point). scale (f32) and
-// zero_point (u8/i8, or none: u8 zero) are scalars, or 1-D along `axis`.
-TPUHAL_API Op quantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point, const Tensor& y,
-                       std::int64_t axis = 1);
-// y = (x - zero_point) * scale.
-TPUHAL_API Op dequantize(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point, const Tensor& y,
-                         std::int64_t axis = 1);
 // y (i32) = (a - a_zero_point) @ (b - b_zero_point). a's zero point is a
 // scalar or one per row of a [M]; b's a scalar or one per column [N].
 TPUHAL_API Op matmul_integer(const Tensor& a, const Tensor& b, const Tensor& y,
