@@ -36,6 +36,7 @@ test_packages=(
   python3-grpcio                                # the device plugin's kubelet stand-in
   gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-good gstreamer1.0-plugins-bad  # a real RTSP server for the live-video tests
   gstreamer1.0-tools gstreamer1.0-plugins-base  # gst-launch-1.0 in the plugin's tests
+  universal-ctags                               # function lengths (tests/function_length_test.py)
 )
 case ${1:-} in
   --build) packages=("${build_packages[@]}") ;;

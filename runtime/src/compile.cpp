@@ -631,86 +631,96 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
   return TensorSpec{"", DType::F32, s}.describe().substr(1);
 }
 
-// A model compiled for batches 1 to options.max_batch: the graph is the
-// largest; each smaller batch gets a program of its own in the Stages
-// section, lowered with the same calibration and layer choices as the
-// graph, its weights shared with the graph's where they are the same
-// bytes (they are, unless a constant was folded over the batch).
-void add_stages(CompileResult& result, std::span<const std::byte> onnx_bytes, const std::filesystem::path& dir,
-                const CompileOptions& options, std::string_view name, const Graph& graph_at_most,
-                const Lowered& largest, const std::map<std::string, Range>& ranges, const std::set<std::string>& keep,
-                Device& dev) {
-  const auto given = result.model.get(SectionKind::Weights);
-  std::vector<std::byte> weights(given.begin(), given.end());
-  auto hash = [](const std::byte* p, std::uint64_t n) {
-    return std::hash<std::string_view>{}(std::string_view(reinterpret_cast<const char*>(p), n));
-  };
-  std::unordered_multimap<std::size_t, std::pair<std::uint64_t, std::uint64_t> > known;  // -> offset, bytes
-  for (const DTensor& t : largest.graph.tensors)
-    if (t.storage == Storage::Weights)
-      known.emplace(hash(weights.data() + t.offset, t.span()), std::pair{t.offset, t.span()});
-  auto place = [&](const std::vector<std::byte>& from, const DTensor& t) {
+// The weights section of a model compiled for several batches: the
+// largest batch's weights, and each smaller batch's where they are not the
+// same bytes as one already there.
+class SharedWeights {
+ public:
+  SharedWeights(std::span<const std::byte> given, const DeviceGraph& largest) : bytes_(given.begin(), given.end()) {
+    for (const DTensor& t : largest.tensors)
+      if (t.storage == Storage::Weights)
+        known_.emplace(hash(bytes_.data() + t.offset, t.span()), Span{t.offset, t.span()});
+  }
+
+  // The offset of t's bytes (in `from`, a lowered graph's weights) here.
+  std::uint64_t place(const std::vector<std::byte>& from, const DTensor& t) {
     const std::byte* p = from.data() + t.offset;
     const std::uint64_t n = t.span();
     const std::size_t h = hash(p, n);
-    for (auto [it, end] = known.equal_range(h); it != end; ++it)
-      if (it->second.second == n && std::memcmp(weights.data() + it->second.first, p, n) == 0) return it->second.first;
-    const std::uint64_t at = align64(weights.size());
-    weights.resize(at + n);
-    std::memcpy(weights.data() + at, p, n);
-    known.emplace(h, std::pair{at, n});
+    for (auto [it, end] = known_.equal_range(h); it != end; ++it)
+      if (it->second.bytes == n && std::memcmp(bytes_.data() + it->second.offset, p, n) == 0) return it->second.offset;
+    const std::uint64_t at = align64(bytes_.size());
+    bytes_.resize(at + n);
+    std::memcpy(bytes_.data() + at, p, n);
+    known_.emplace(h, Span{at, n});
     return at;
-  };
-  // Every output follows the batch, so that a run of b samples reads the
-  // first b rows of each: its shape at batch b is its shape at the largest
-  // with b first.
-  auto check_outputs = [&](const Graph& g, const DeviceGraph& at, std::int64_t b) {
-    for (std::size_t i = 0; i < at.outputs.size(); ++i) {
-      const auto& most = largest.graph.tensors[static_cast<std::size_t>(largest.graph.outputs[i])].shape;
-      const auto& got = at.tensors[static_cast<std::size_t>(at.outputs[i])].shape;
-      auto want = most;
-      if (!want.empty()) want[0] = b;
-      if (!most.empty() && most[0] == options.max_batch && got == want) continue;
-      const std::string output = i < g.outputs.size() ? g.outputs[i].first : std::to_string(i);
-      throw Error(
-          Status::InvalidArgument,
-          std::string(name) + ": output '" + output + "' is " + shape_text(most) + " at batch " +
-              std::to_string(options.max_batch) +
-              (b == options.max_batch ? std::string() : " and " + shape_text(got) + " at batch " + std::to_string(b)) +
-              "; compiling for several batch sizes needs every output's first dimension to be the batch");
-    }
-  };
-  const bool int8 = options.precision == Precision::Int8;
-  std::vector<Stage> stages;
-  check_outputs(graph_at_most, largest.graph, options.max_batch);
-  for (std::int64_t b = 1; b < options.max_batch; ++b) {
-    Lowered l;
-    try {
-      const Graph g = import_onnx(onnx_bytes, options, name, dir, b);
-      l = options.precision == Precision::F32 ? lower(g, Precision::F32, nullptr)
-                                              : lower(g, options.precision, int8 ? &ranges : nullptr, keep);
-      check_outputs(g, l.graph, b);
-    } catch (const Error& e) {
-      std::string why = e.what();
-      if (why.rfind(std::string(name) + ": ", 0) == 0) why.erase(0, name.size() + 2);
-      throw Error(e.status(), std::string(name) + ": compiling for batches 1 to " + std::to_string(options.max_batch) +
-                                  ", at batch " + std::to_string(b) + ": " + why);
-    }
-    l.graph.share_arena();
-    for (DTensor& t : l.graph.tensors)
-      if (t.storage == Storage::Weights) t.offset = place(l.weights, t);
-    stages.push_back({b, std::move(l.graph)});
   }
-  for (Stage& s : stages) s.graph.weight_bytes = weights.size();
-  // The graph as packed, with the weights section's new size (edited as
-  // JSON: decoding would make its names printable).
-  const auto packed = result.model.get(SectionKind::Graph);
+
+  const std::vector<std::byte>& bytes() const { return bytes_; }
+
+ private:
+  struct Span {
+    std::uint64_t offset, bytes;
+  };
+  static std::size_t hash(const std::byte* p, std::uint64_t n) {
+    return std::hash<std::string_view>{}(std::string_view(reinterpret_cast<const char*>(p), n));
+  }
+  std::vector<std::byte> bytes_;
+  std::unordered_multimap<std::size_t, Span> known_;
+};
+
+// Every output follows the batch, so that a run of b samples reads the
+// first b rows of each: its shape at batch b (graph `at`, imported as g) is
+// its shape at the largest with b first.
+void check_batch_outputs(const Graph& g, const DeviceGraph& at, std::int64_t b, const DeviceGraph& largest,
+                         std::int64_t max_batch, std::string_view name) {
+  for (std::size_t i = 0; i < at.outputs.size(); ++i) {
+    const auto& most = largest.tensors[static_cast<std::size_t>(largest.outputs[i])].shape;
+    const auto& got = at.tensors[static_cast<std::size_t>(at.outputs[i])].shape;
+    auto want = most;
+    if (!want.empty()) want[0] = b;
+    if (!most.empty() && most[0] == max_batch && got == want) continue;
+    const std::string output = i < g.outputs.size() ? g.outputs[i].first : std::to_string(i);
+    throw Error(Status::InvalidArgument,
+                std::string(name) + ": output '" + output + "' is " + shape_text(most) + " at batch " +
+                    std::to_string(max_batch) +
+                    (b == max_batch ? std::string() : " and " + shape_text(got) + " at batch " + std::to_string(b)) +
+                    "; compiling for several batch sizes needs every output's first dimension to be the batch");
+  }
+}
+
+// The program for batch b of a model compiled for several, lowered with the
+// largest batch's calibration and layer choices; errors name the batch.
+Lowered lower_batch(std::span<const std::byte> onnx_bytes, const std::filesystem::path& dir,
+                    const CompileOptions& options, std::string_view name, std::int64_t b, const DeviceGraph& largest,
+                    const std::map<std::string, Range>& ranges, const std::set<std::string>& keep) {
+  try {
+    const Graph g = import_onnx(onnx_bytes, options, name, dir, b);
+    Lowered l = options.precision == Precision::F32
+                    ? lower(g, Precision::F32, nullptr)
+                    : lower(g, options.precision, options.precision == Precision::Int8 ? &ranges : nullptr, keep);
+    check_batch_outputs(g, l.graph, b, largest, options.max_batch, name);
+    return l;
+  } catch (const Error& e) {
+    std::string why = e.what();
+    if (why.rfind(std::string(name) + ": ", 0) == 0) why.erase(0, name.size() + 2);
+    throw Error(e.status(), std::string(name) + ": compiling for batches 1 to " + std::to_string(options.max_batch) +
+                                ", at batch " + std::to_string(b) + ": " + why);
+  }
+}
+
+// `model` with the weights section `weights`, its graph's weight_bytes
+// set to match (edited as JSON: decoding would make its names printable),
+// and the Stages section; returns the largest arena of them all in `arena`.
+ModelFile with_stages(const ModelFile& model, const std::vector<std::byte>& weights, const std::vector<Stage>& stages,
+                      std::uint64_t& arena) {
+  const auto packed = model.get(SectionKind::Graph);
   json graph = json::parse(reinterpret_cast<const char*>(packed.data()),
                            reinterpret_cast<const char*>(packed.data()) + packed.size());
   graph["weight_bytes"] = weights.size();
   const std::string text = graph.dump(1);
   ModelFile file;
-  for (const Section& s : result.model.sections()) {
+  for (const Section& s : model.sections()) {
     if (s.kind == SectionKind::Graph)
       file.add(s.kind,
                std::vector<std::byte>(reinterpret_cast<const std::byte*>(text.data()),
@@ -723,13 +733,38 @@ void add_stages(CompileResult& result, std::span<const std::byte> onnx_bytes, co
   }
   // Optional: a reader from before stages runs the largest batch only.
   file.add(SectionKind::Stages, encode_stages(stages), true);
-  std::uint64_t arena = graph["arena_bytes"].get<std::uint64_t>();
+  arena = graph["arena_bytes"].get<std::uint64_t>();
   for (const Stage& s : stages) arena = std::max(arena, s.graph.arena_bytes);
+  return file;
+}
+
+// A model compiled for batches 1 to options.max_batch: the graph is the
+// largest; each smaller batch gets a program of its own in the Stages
+// section, lowered with the same calibration and layer choices as the
+// graph, its weights shared with the graph's where they are the same
+// bytes (they are, unless a constant was folded over the batch).
+void add_stages(CompileResult& result, std::span<const std::byte> onnx_bytes, const std::filesystem::path& dir,
+                const CompileOptions& options, std::string_view name, const Graph& graph_at_most,
+                const Lowered& largest, const std::map<std::string, Range>& ranges, const std::set<std::string>& keep,
+                Device& dev) {
+  const auto given = result.model.get(SectionKind::Weights);
+  SharedWeights weights(given, largest.graph);
+  check_batch_outputs(graph_at_most, largest.graph, options.max_batch, largest.graph, options.max_batch, name);
+  std::vector<Stage> stages;
+  for (std::int64_t b = 1; b < options.max_batch; ++b) {
+    Lowered l = lower_batch(onnx_bytes, dir, options, name, b, largest.graph, ranges, keep);
+    l.graph.share_arena();
+    for (DTensor& t : l.graph.tensors)
+      if (t.storage == Storage::Weights) t.offset = weights.place(l.weights, t);
+    stages.push_back({b, std::move(l.graph)});
+  }
+  for (Stage& s : stages) s.graph.weight_bytes = weights.bytes().size();
+  std::uint64_t arena = 0;
+  result.model = with_stages(result.model, weights.bytes(), stages, arena);
   result.notes.push_back("compiled for batches 1 to " + std::to_string(options.max_batch) + " (a program each; " +
-                         std::to_string(weights.size() - given.size()) +
+                         std::to_string(weights.bytes().size() - given.size()) +
                          " bytes of weights the batches do not share; " + "activation memory per instance " +
                          std::to_string(arena) + " bytes)");
-  result.model = std::move(file);
   check_loads(result.model, options, name, dev);
 }
 

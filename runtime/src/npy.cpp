@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <utility>
 
 #include "tpuhal/error.hpp"
 #include "tpuhal/rt/compile.hpp"
@@ -32,12 +33,8 @@ std::string dict_value(const std::string& header, const std::string& key) {
   return header.substr(p, e == std::string::npos ? std::string::npos : e - p);
 }
 
-}  // namespace
-
-NdArray read_npy(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) bad(path, "cannot open the file");
-  const std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+// Where the header's dict lies in the file: {offset, length}.
+std::pair<std::size_t, std::size_t> header_at(const std::filesystem::path& path, const std::vector<char>& data) {
   if (data.size() < 10 || std::memcmp(data.data(), "\x93NUMPY", 6) != 0) bad(path, "not a NumPy .npy file");
   const int major = static_cast<unsigned char>(data[6]);
   std::size_t header_len = 0, start = 0;
@@ -54,6 +51,16 @@ NdArray read_npy(const std::filesystem::path& path) {
     bad(path, ".npy format version " + std::to_string(major) + " is not supported");
   }
   if (header_len > data.size() - start) bad(path, "the .npy header is cut short");
+  return {start, header_len};
+}
+
+}  // namespace
+
+NdArray read_npy(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) bad(path, "cannot open the file");
+  const std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto [start, header_len] = header_at(path, data);
   const std::string header(data.data() + start, header_len);
   const std::string descr = dict_value(header, "descr");
   const std::string order = dict_value(header, "fortran_order");
