@@ -128,16 +128,22 @@ TEST(Trace, EveryEventIsWrittenOrCountedAsDropped) {
 }
 
 // Threads submitting on their own queues while the writer drains: the
-// trace obeys the format and holds every submission on its own track.
+// trace obeys the format and holds every submission on its own track. The
+// queues are all claimed before any thread starts and held until all are
+// done: a queue released early is claimed again by the next thread, whose
+// work then shares its track (a thread that ran all its submissions before
+// the next one started did just that on a loaded machine).
 TEST(Trace, ThreadsSubmittingAtOnceEachGetTheirTrack) {
   const std::string path = temp("submitters.json");
   Device dev = open("sim:0");
   trace::start(path);
   constexpr int kThreads = 3, kEach = 200;
+  std::vector<Queue> queues;
+  for (int i = 0; i < kThreads; ++i) queues.push_back(dev.queue(Engine::Compute));
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i)
-    threads.emplace_back([&] {
-      Queue q = dev.queue(Engine::Compute);
+    threads.emplace_back([&, i] {
+      Queue& q = queues[static_cast<std::size_t>(i)];
       Buffer a = dev.allocate(4096, Memory::HostPinned), b = dev.allocate(4096);
       for (int k = 0; k < kEach; ++k) q.copy(a, b).fill(b, 0, 64, k & 0xff).submit().wait();
     });
