@@ -309,7 +309,8 @@ bool dnnl_conv_s32(TensorEngine& e, const Geometry& g, const View& x, dt xt, con
 }
 
 // The same for u8 `u` where the sums pass 2^24 but those of u's nibbles do
-// not (sums_within_2_24() with 15): u = 16 * hi + lo, so the sums are
+// not (sums_within_2_24() with 15), or without VNNI, where oneDNN is exact
+// only on nibbles (onednn_int8_exact_on_nibbles): u = 16 * hi + lo, so the sums are
 // 16 * conv(hi, w) + conv(lo, w), each exact on oneDNN, added in int32
 // (wrapping as any int32 accumulator does; the sums themselves are exact).
 // Two convolutions at oneDNN's speed against one on the engine's own
@@ -863,7 +864,8 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
     ws.strides[0] = cg * g.kh * g.kw;
   }
   // oneDNN is exact only where every sum stays within 2^24 (|x - zero
-  // point| <= 255 on every path below). Past that, the input's nibbles
+  // point| <= 255 on every path below), and without VNNI only on the
+  // input's nibbles. Past 2^24, the input's nibbles
   // (dnnl_conv_s32_nibbles) keep it there while their sums stay within
   // 2^24; past that too, the engine's own exact kernels run it. (Slicing
   // the reduction over input channels instead makes an NHWC input a

@@ -105,11 +105,19 @@ void cap_onednn(Isa isa) {
   });
 }
 
+#if defined(__x86_64__)
+namespace {
+// Whether oneDNN, under its cap, runs this CPU's `want` instructions.
+bool onednn_runs(dnnl::cpu_isa want) {
+  const auto w = static_cast<unsigned>(want);
+  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & w) == w;
+}
+}  // namespace
+#endif
+
 bool onednn_int8_exact(Isa isa) {
 #if defined(__x86_64__)
-  if (isa != Isa::kAvx512Vnni) return false;
-  const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_vnni);
-  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & want) == want;
+  return isa == Isa::kAvx512Vnni && onednn_runs(dnnl::cpu_isa::avx512_core_vnni);
 #else
   (void)isa;
   return false;
@@ -119,8 +127,7 @@ bool onednn_int8_exact(Isa isa) {
 bool onednn_int8_exact_on_nibbles(Isa isa) {
 #if defined(__x86_64__)
   if (isa != Isa::kAvx2 && isa != Isa::kAvx512) return onednn_int8_exact(isa);
-  const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx2);
-  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & want) == want;
+  return onednn_runs(dnnl::cpu_isa::avx2);
 #else
   (void)isa;
   return false;
@@ -129,8 +136,7 @@ bool onednn_int8_exact_on_nibbles(Isa isa) {
 
 bool onednn_has_native_bf16() {
 #if defined(__x86_64__)
-  const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
-  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & want) == want;
+  return onednn_runs(dnnl::cpu_isa::avx512_core_bf16);
 #else
   return false;
 #endif
@@ -138,8 +144,7 @@ bool onednn_has_native_bf16() {
 
 bool onednn_has_bf16() {
 #if defined(__x86_64__)
-  const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
-  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & want) == want;
+  return onednn_runs(dnnl::cpu_isa::avx512_core);
 #else
   return false;
 #endif
