@@ -1,5 +1,6 @@
-// The video-analytics pipeline (tpuhal/pipeline/pipeline.hpp): the classifier
-// recorded once per channel, and the channels run from their own threads.
+// The video-analytics pipeline (tpuhal/pipeline/pipeline.hpp): a network
+// per channel (a compiled model's instance, or the built-in classifier
+// recorded once), and the channels run from their own threads.
 #include "tpuhal/pipeline/pipeline.hpp"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -69,7 +71,99 @@ struct Classifier {
   }
 };
 
+// What a channel runs on each frame: the input tensor the frame is resized
+// into, the network's ops, and its output read back into host memory.
+class ChannelNetwork {
+ public:
+  // The built-in classifier.
+  ChannelNetwork(Device& dev, Queue& q)
+      : builtin_(std::make_unique<Classifier>(dev, q)),
+        input_(builtin_->input, DType::F32, {1, 3, 64, 64}),
+        output_(builtin_->probs, DType::F32, {1, 10}),
+        kind_(NetworkKind::Classifier),
+        result_(dev.allocate(output_bytes(), Memory::HostPinned)) {}
+  // A compiled model, checked (check_model).
+  ChannelNetwork(Device& dev, const rt::Model& model, NetworkKind kind)
+      : instance_(model.instance()),
+        input_(instance_.input_tensors()[0]),
+        output_(instance_.output_tensors()[0]),
+        kind_(kind),
+        result_(dev.allocate(output_bytes(), Memory::HostPinned)) {}
+
+  const Tensor& input() const { return input_; }
+
+  // The network's ops and the copy of its output back.
+  Batch& record(Batch& b) {
+    if (builtin_)
+      b.run(builtin_->program);
+    else
+      instance_.record(b);
+    return b.copy(output_.buffer(), output_.offset(), result_, 0, output_bytes());
+  }
+
+  // Reads the output of the last run into `r`, a frame of r.width x r.height.
+  void read(FrameResult& r) const {
+    const auto* out = reinterpret_cast<const float*>(result_.map().data());
+    const auto& shape = output_.shape();
+    if (kind_ == NetworkKind::Classifier) {
+      const auto* best = std::max_element(out, out + shape[1]);
+      r.cls = static_cast<int>(best - out);
+      r.score = *best;
+      return;
+    }
+    const auto& in = input_.shape();
+    const float sx = static_cast<float>(r.width) / static_cast<float>(in[3]);
+    const float sy = static_cast<float>(r.height) / static_cast<float>(in[2]);
+    const auto clamp = [](float v, std::uint32_t hi) {  // NaN: 0
+      return v > 0 ? std::min(v, static_cast<float>(hi)) : 0.0f;
+    };
+    for (std::int64_t i = 0; i < shape[1]; ++i) {
+      const float* row = out + i * 6;
+      if (!(row[5] >= 0)) break;  // the rows after the last box have class -1
+      Detection d;
+      d.x1 = clamp(row[0] * sx, r.width);
+      d.y1 = clamp(row[1] * sy, r.height);
+      d.x2 = std::max(d.x1, clamp(row[2] * sx, r.width));
+      d.y2 = std::max(d.y1, clamp(row[3] * sy, r.height));
+      d.score = row[4];
+      d.cls = static_cast<int>(row[5]);
+      r.detections.push_back(d);
+    }
+  }
+
+ private:
+  std::uint64_t output_bytes() const { return output_.elements() * 4; }
+
+  std::unique_ptr<Classifier> builtin_;
+  rt::Instance instance_;
+  Tensor input_, output_;
+  NetworkKind kind_;
+  Buffer result_;
+};
+
 }  // namespace
+
+NetworkKind check_model(const Device& dev, const rt::Model& model) {
+  const auto refuse = [](const std::string& why) { throw Error(Status::InvalidArgument, "pipeline: " + why); };
+  if (!model) refuse("the model is empty (rt::Model::load gives one)");
+  if (model.device().uri() != dev.uri())
+    refuse("the model is loaded on " + model.device().uri() + "; the pipeline runs on " + dev.uri());
+  const rt::TensorSpec& in = model.inputs().at(0);
+  if (in.dtype != DType::F32 || in.shape.size() != 4 || in.shape[0] != 1 || in.shape[1] != 3)
+    refuse("a frame goes into a first input of f32[1, 3, H, W] (planar RGB); the model's first input is " +
+           in.describe());
+  const rt::TensorSpec& out = model.outputs().at(0);
+  if (out.dtype == DType::F32 && out.name == "detections" && out.shape.size() == 3 && out.shape[0] == 1 &&
+      out.shape[2] == 6)
+    return NetworkKind::Detector;
+  if (out.dtype == DType::F32 && out.shape.size() == 2 && out.shape[0] == 1 && out.shape[1] > 0)
+    return NetworkKind::Classifier;
+  refuse(
+      "a first output of a classifier's scores f32[1, K] or a detector's detections f32[1, M, 6] (tpuhal "
+      "compile --detect) is read per frame; the model's first output is " +
+      out.describe());
+  return NetworkKind::Classifier;  // not reached
+}
 
 VideoDecoderOptions decoder_options(const Demuxer& source, VideoDecoderOptions base) {
   const std::uint32_t floor_w = source.live() ? 1920 : 16, floor_h = source.live() ? 1088 : 16;
@@ -94,6 +188,7 @@ std::string make_test_clip(const std::string& dir, const std::string& size, int 
 
 PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources, const PipelineOptions& options) {
   const std::size_t n = sources.size();
+  const NetworkKind kind = options.model ? check_model(dev, options.model) : NetworkKind::Classifier;
   PipelineResult r;
   r.channels.resize(n);
   // Compute queues are shared by the channels (a queue takes batches from
@@ -137,14 +232,12 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
         VideoDecoderOptions o = decoder_options(in);
         VideoDecoder dec = dev.open_decoder(o);
         Queue& q = queues[c % queues.size()];
-        Classifier net(dev, q);
-        Buffer result = dev.allocate(10 * 4, Memory::HostPinned);
+        ChannelNetwork net = options.model ? ChannelNetwork(dev, options.model, kind) : ChannelNetwork(dev, q);
         Buffer rgb;
         std::uint32_t rgb_w = 0, rgb_h = 0;
-        Tensor small(net.input, DType::F32, {1, 3, 64, 64});
-        ops::ColorConvertOptions cc;  // ImageNet-style normalisation
-        cc.mean = {123.7f, 116.3f, 103.5f};
-        cc.scale = {1 / 58.4f, 1 / 57.1f, 1 / 57.4f};
+        ops::ColorConvertOptions cc;
+        cc.mean = options.mean;
+        cc.scale = options.scale;
         ops::ResizeOptions rs;
         rs.mode = ResizeMode::Linear;
         // When each packet since the decoder's last reset was read, by its
@@ -164,16 +257,21 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
             rgb_h = f.height();
           }
           const Tensor rgb_t(rgb, DType::F32, {1, 3, f.height(), f.width()});
-          q.batch()
-              .run(ops::nv12_to_rgb(f.luma(), f.chroma(), rgb_t.reshape({3, f.height(), f.width()}), cc))
-              .run(ops::resize(rgb_t, small, rs))
-              .run(net.program)
-              .copy(net.probs, result)
-              .submit()
-              .wait();  // the frame's buffer goes back to the channel
-          const auto* probs = reinterpret_cast<const float*>(result.map().data());
-          st.last_class = static_cast<int>(std::max_element(probs, probs + 10) - probs);
+          Batch b = q.batch();
+          b.run(ops::nv12_to_rgb(f.luma(), f.chroma(), rgb_t.reshape({3, f.height(), f.width()}), cc))
+              .run(ops::resize(rgb_t, net.input(), rs));
+          net.record(b).submit().wait();  // the frame's buffer goes back to the channel
+          FrameResult fr;
+          fr.channel = c;
+          fr.frame = st.frames;
+          fr.pts = f.pts();
+          fr.width = f.width();
+          fr.height = f.height();
+          net.read(fr);
+          st.last_class = fr.cls;
+          st.detections += fr.detections.size();
           ++st.frames;
+          if (options.on_frame) options.on_frame(fr);
         };
         auto drain = [&] {
           for (;;) {

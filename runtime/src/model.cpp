@@ -694,6 +694,11 @@ Fence Instance::submit(Queue& queue) {
   return b.submit();
 }
 
+Batch& Instance::record(Batch& batch) {
+  record_body(need(state_).largest(), batch);
+  return batch;
+}
+
 namespace {
 
 std::uint64_t median(std::vector<std::uint64_t> v) {

@@ -443,6 +443,22 @@ void bind_runtime(py::module_& m) {
           "Runs the program on `queue` (a compute queue of the model's device) over whatever input_tensors "
           "hold; returns its Fence, after which output_tensors hold the result.")
       .def(
+          "record",
+          [](py::object self, PyBatch& b) -> PyBatch& {
+            auto& i = self.cast<PyInstance&>();
+            Batch& batch = b.recording("record");
+            {
+              std::lock_guard lock(i.mu);
+              i.instance.record(batch);
+            }
+            b.keep.push_back(keep_object(std::move(self)));
+            return b;
+          },
+          py::arg("batch"), py::return_value_policy::reference,
+          "Appends the program to `batch` (a Batch of a compute queue of the model's device), after the "
+          "commands that fill input_tensors and before those that read output_tensors, so that all go in "
+          "one submission; returns the batch, for chaining.")
+      .def(
           "profile",
           [](PyInstance& i, unsigned iterations, std::int64_t batch) {
             const rt::Profile p = without_gil([&] {

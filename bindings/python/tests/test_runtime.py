@@ -586,6 +586,14 @@ def test_device_side_submit_reads_input_tensors_and_writes_output_tensors(dev, q
     xin.upload(x)
     inst.submit(queue).wait(timeout=30)
     np.testing.assert_allclose(yout.download(), reference(x), rtol=1e-4, atol=1e-5)
+    # The same in one batch of the caller's: fill the input, the program, copy the output.
+    x2 = RNG.standard_normal((BATCH, 16)).astype(np.float32)
+    src, dst = dev.alloc(x2.nbytes), dev.alloc(BATCH * 10 * 4)
+    src.upload(x2)
+    b = queue.batch().copy(src, xin.buffer, dst_offset=xin.offset, size=x2.nbytes)
+    assert inst.record(b) is b
+    b.copy(yout.buffer, dst, src_offset=yout.offset, size=dst.size).submit().wait(timeout=30)
+    np.testing.assert_allclose(dst.download(np.float32, (BATCH, 10)), reference(x2), rtol=1e-4, atol=1e-5)
 
 
 def test_instances_of_one_model_run_in_parallel_threads(dev, cnn):

@@ -181,6 +181,10 @@ class Instance {
   const std::vector<Tensor>& input_tensors() const;
   const std::vector<Tensor>& output_tensors() const;
   Fence submit(Queue& queue);
+  // The same program appended to a batch of the caller's, after the ops
+  // that fill the inputs and before those that read the outputs, so that
+  // all of them go in one submission (the video pipeline does so per frame).
+  Batch& record(Batch& batch);
 
   // Runs the program `iterations` times (at least 1) on the data in
   // input_tensors() with a board timestamp between ops, and as it runs
