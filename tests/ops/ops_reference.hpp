@@ -809,6 +809,33 @@ class Ops : public ::testing::TestWithParam<std::string> {
     r.tol.assign(want.size(), 0.0);
     expect(what, got, r);
   }
+  // conv_integer of x (zero point xz, a scalar) and i8 w, exact; then
+  // qlinear_conv of the same, its sums scaled by 0.5 * 0.25 / y_scale (powers
+  // of two: exact ties) into x's dtype with no zero point, exact too.
+  void expect_conv_integer_and_requantised(const std::string& what, const Host& x, const Host& w, const Host& xz,
+                                           const ConvGeom& g, double y_scale) {
+    const Shape ys = conv_out_shape(x, w.shape, g);
+    const auto acc = ref_conv_int(x, w, g, static_cast<std::int64_t>(xz.v.at(0)), {}, ys);
+    const Tensor y = lab().output(DType::I32, ys);
+    expect_exact(
+        "conv_integer " + what,
+        lab().run(ops::conv_integer(lab().upload(x), lab().upload(w), y, lab().upload(xz), std::nullopt, g.options()),
+                  y),
+        std::vector<double>(acc.begin(), acc.end()));
+    Host xs(DType::F32, {}), ws(DType::F32, {}), ysc(DType::F32, {}), yz(x.dtype, {});
+    xs.v = {0.5};
+    ws.v = {0.25};
+    ysc.v = {y_scale};
+    std::vector<double> want(acc.size());
+    for (std::size_t i = 0; i < acc.size(); ++i) want[i] = requantize(acc[i], 0.5, 0.25, y_scale, 0, x.dtype);
+    const Tensor yq = lab().output(x.dtype, ys);
+    expect_exact("qlinear_conv " + what,
+                 lab().run(ops::qlinear_conv(lab().upload(x), lab().upload(xs), lab().upload(xz), lab().upload(w),
+                                             lab().upload(ws), lab().upload(Host(DType::I8, {})), lab().upload(ysc),
+                                             lab().upload(yz), yq, g.options()),
+                           yq),
+                 want);
+  }
   // An integer output of a float computation: any value between the
   // rounding of want - tol and of want + tol (saturated) is right.
   void expect_rounded(const std::string& what, const Host& got, const Ref& want) {

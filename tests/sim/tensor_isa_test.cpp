@@ -533,6 +533,18 @@ TEST(TensorIsa, IntegerLoopsAndRequantisationMatchTheScalarRulesAtEveryLevel) {
     std::vector<std::int32_t> out(acc);
     k.add_i32(out.data(), add.data(), n);
     ASSERT_EQ(out, want_sum);
+    // An input's nibbles, and sums over them put back together.
+    std::vector<std::uint8_t> high(n), low(n);
+    const auto* u = reinterpret_cast<const std::uint8_t*>(bytes.data());
+    k.split_nibbles(u, high.data(), low.data(), n);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(std::make_pair(high[i], low[i]),
+                std::make_pair(static_cast<std::uint8_t>(u[i] / 16), static_cast<std::uint8_t>(u[i] % 16)))
+          << "byte " << i;
+    out = acc;
+    k.join_nibble_sums(out.data(), add.data(), n);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(out[i], static_cast<std::int32_t>(static_cast<std::int64_t>(acc[i]) * 16 + add[i])) << "element " << i;
     for (const Range r : {Range{128, 0, 255}, Range{-3, -128, 127}})
       for (const bool with_bias : {false, true}) {
         std::vector<std::uint8_t> got(m);
@@ -662,7 +674,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 22u);
+  ASSERT_EQ(simd::entry_points().size(), 24u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

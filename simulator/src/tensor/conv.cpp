@@ -103,10 +103,12 @@ struct FusedRequant {
 // the primitive prefers. Returns false if oneDNN has no implementation (or,
 // with `requant`, only a reference one). `src_zero`, when given, is
 // subtracted from x with oneDNN's zero-point attribute (its padding then
-// contributes 0, as ONNX defines).
+// contributes 0, as ONNX defines). `depthwise_kernel`: only one of
+// oneDNN's depthwise kernels (jit, weights blocked by group alone), which
+// widen int8 to 32 bits before multiplying (onednn_int8_depthwise_exact).
 bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata, dt wtype,
                const View* bias, const View& y, dt yt, void* ydata, const std::int32_t* src_zero = nullptr,
-               const FusedRequant* requant = nullptr) {
+               const FusedRequant* requant = nullptr, bool depthwise_kernel = false) {
   try {
     const auto D = [](std::uint64_t v) { return static_cast<dnnl::memory::dim>(v); };
     const dnnl::memory::desc xd = act_desc(x, g.nhwc, xt);
@@ -157,6 +159,7 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
         conv_key.append(",").append(std::to_string(dsc->data.format_desc.blocking.strides[i]));
     if (bias) conv_key.append(",").append(std::to_string(bias->strides[0]));
     if (dst_blocked) conv_key.append("|blocked");
+    if (depthwise_kernel) conv_key.append("|dw");
     // oneDNN sizes a primitive's work split by the threads when it is made,
     // and the engine's team changes with the CPU it gets (CpuShare).
     conv_key.append("|t").append(std::to_string(e.dnnl().threads));
@@ -198,7 +201,10 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       // every sum of a channel off by the same constant), so it runs only
       // on u8 inputs without a zero point, where there is nothing to
       // compensate; conv_integer() shifts s8 inputs to u8 for it.
-      if ((requant && impl.starts_with("ref")) ||
+      const auto& wblk = made.weights_desc().data.format_desc.blocking;
+      const bool dw_kernel = impl.starts_with("jit") && made.weights_desc().data.format_kind == dnnl_blocked &&
+                             wblk.inner_nblks == 1 && wblk.inner_idxs[0] == 0;
+      if ((requant && impl.starts_with("ref")) || (depthwise_kernel && !dw_kernel) ||
           (g.groups > 1 && impl.find("gemm_s8") != std::string_view::npos && (xt == dt::s8 || src_zero))) {
         e.dnnl().refused.insert(conv_key);
         return false;
@@ -304,8 +310,9 @@ bool sums_within_2_24(std::uint64_t weight_abs_sum, std::uint64_t amax) {
 // exact where sums_within_2_24() says so: oneDNN passes its s32 sums
 // through f32 on the way out.
 bool dnnl_conv_s32(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
-                   const View& y, std::int32_t* acc, const std::int32_t* src_zero = nullptr) {
-  return dnnl_conv(e, g, x, xt, wt, wdata, dt::s8, nullptr, y, dt::s32, acc, src_zero);
+                   const View& y, std::int32_t* acc, const std::int32_t* src_zero = nullptr,
+                   bool depthwise_kernel = false) {
+  return dnnl_conv(e, g, x, xt, wt, wdata, dt::s8, nullptr, y, dt::s32, acc, src_zero, nullptr, depthwise_kernel);
 }
 
 // The same for u8 `u` where the sums pass 2^24 but those of u's nibbles do
@@ -326,38 +333,37 @@ bool dnnl_conv_s32_nibbles(TensorEngine& e, const Geometry& g, const View& u, co
     step *= u.shape[d];
   }
   const std::uint64_t n = u.elements();
-  std::vector<std::uint8_t> high(n), low(n);
-  hi.data = reinterpret_cast<std::byte*>(high.data());
-  lo.data = reinterpret_cast<std::byte*>(low.data());
+  // In the engine's scratch (nothing else of an integer convolution's uses
+  // it): no fresh pages to fault in and zero on every op.
+  auto* const high = reinterpret_cast<std::uint8_t*>(e.staged(Staged::kX, (2 * n + 3) / 4));
+  auto* const low = high + n;
+  std::int32_t* const sums_low = e.scratch_packed_i32(y.elements());
+  hi.data = reinterpret_cast<std::byte*>(high);
+  lo.data = reinterpret_cast<std::byte*>(low);
   const bool dense = u.contiguous();
   const View* views[1] = {&u};
   e.pool().parallel_for(
       n,
       [&](std::uint64_t begin, std::uint64_t end) {
-        auto split = [&](std::uint64_t i, std::uint8_t v) {
-          high[i] = static_cast<std::uint8_t>(v >> 4);
-          low[i] = static_cast<std::uint8_t>(v & 15);
-        };
         if (dense) {
-          const auto* src = reinterpret_cast<const std::uint8_t*>(u.data);
-          for (std::uint64_t i = begin; i < end; ++i) split(i, src[i]);
+          simd::split_nibbles(reinterpret_cast<const std::uint8_t*>(u.data) + begin, high + begin, low + begin,
+                              end - begin);
           return;
         }
         std::uint64_t i = begin;
-        for_each_index(u.shape, u.rank, views, begin, end,
-                       [&](const std::uint64_t* off) { split(i++, static_cast<std::uint8_t>(*u.at(off[0]))); });
+        for_each_index(u.shape, u.rank, views, begin, end, [&](const std::uint64_t* off) {
+          const auto v = static_cast<std::uint8_t>(*u.at(off[0]));
+          high[i] = static_cast<std::uint8_t>(v >> 4);
+          low[i++] = static_cast<std::uint8_t>(v & 15);
+        });
       },
       65536);
-  std::vector<std::int32_t> sums_low(y.elements());
-  if (!dnnl_conv_s32(e, g, hi, dt::u8, wt, wdata, y, acc) ||
-      !dnnl_conv_s32(e, g, lo, dt::u8, wt, wdata, y, sums_low.data()))
+  if (!dnnl_conv_s32(e, g, hi, dt::u8, wt, wdata, y, acc) || !dnnl_conv_s32(e, g, lo, dt::u8, wt, wdata, y, sums_low))
     return false;
   e.pool().parallel_for(
       y.elements(),
       [&](std::uint64_t begin, std::uint64_t end) {
-        for (std::uint64_t i = begin; i < end; ++i)
-          acc[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(acc[i]) * 16u +
-                                             static_cast<std::uint32_t>(sums_low[i]));
+        simd::join_nibble_sums(acc + begin, sums_low + begin, end - begin);
       },
       65536);
   return true;
@@ -836,9 +842,12 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
     for (std::uint64_t oi = 0; oi < g.o; ++oi) wzs[oi] = static_cast<std::int16_t>(w_zero(oi));
     conv_integer_exact(e, g, x, w, static_cast<std::int32_t>(x_zero), wzs, acc);
   };
-  // Without VNNI, oneDNN is exact only on the input's nibbles.
+  // Without VNNI, oneDNN is exact only on the input's nibbles, or in its
+  // depthwise kernels.
   const bool whole_bytes = onednn_int8_exact(e.isa());
-  if (!whole_bytes && !onednn_int8_exact_on_nibbles(e.isa())) return own_kernels();
+  const bool depthwise_whole =
+      !whole_bytes && g.groups > 1 && cg == 1 && og == 1 && onednn_int8_depthwise_exact(e.isa());
+  if (!whole_bytes && !depthwise_whole && !onednn_int8_exact_on_nibbles(e.isa())) return own_kernels();
   auto dense = [&](std::uint64_t ni, std::uint64_t oi, std::uint64_t r, std::uint64_t col) {
     return nhwc ? ((ni * g.oh + r) * g.ow + col) * g.o + oi : ((ni * g.o + oi) * g.oh + r) * g.ow + col;
   };
@@ -872,18 +881,30 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   // strided view that oneDNN runs slowly: ResNet-50's 3x3 convolutions at
   // 14x14 and 7x7 took 300 ms each.)
   const std::uint64_t wsum = weight_abs_sum_max(g, ws, wdata);
-  const bool direct = whole_bytes && sums_within_2_24(wsum, 255);
-  if (!direct && !sums_within_2_24(wsum, 15)) return own_kernels();
+  const bool within = sums_within_2_24(wsum, 255), direct = whole_bytes && within;
+  // oneDNN 2.6's depthwise kernels take an s8 input wrongly at the borders
+  // (NHWC) and with a zero point: those run as u8, flipped below.
+  const bool depthwise_direct = depthwise_whole && within;
+  const bool nibbles = !direct && onednn_int8_exact_on_nibbles(e.isa()) && sums_within_2_24(wsum, 15);
+  if (!direct && !depthwise_direct && !nibbles) return own_kernels();
   // Weights with no zero points: oneDNN subtracts the input's zero point
   // itself and nothing is left to correct.
   bool any_wz = false;
   for (std::uint64_t oi = 0; oi < g.o && wz; ++oi) any_wz = any_wz || w_zero(oi) != 0;
-  if (direct && w.dtype == fw::DType::kI8 && !any_wz && x_zero != 0) {
+  if ((direct || (depthwise_direct && x.dtype == fw::DType::kU8)) && w.dtype == fw::DType::kI8 && !any_wz &&
+      x_zero != 0) {
     const auto zero = static_cast<std::int32_t>(x_zero);
-    if (dnnl_conv_s32(e, g, x, dnnl_type(x.dtype), w, w.data, y, acc, &zero)) return;
+    if (dnnl_conv_s32(e, g, x, dnnl_type(x.dtype), w, w.data, y, acc, &zero, depthwise_direct)) return;
   }
-  bool onednn = direct ? dnnl_conv_s32(e, g, x, dnnl_type(x.dtype), ws, wdata, y, acc)
-                       : x.dtype == fw::DType::kU8 && dnnl_conv_s32_nibbles(e, g, x, ws, wdata, y, acc);
+  // Whole bytes where they are exact; else (or where oneDNN chose no
+  // depthwise kernel) a u8 input's nibbles.
+  const auto on_onednn = [&](const View& in) {
+    if ((direct || (depthwise_direct && in.dtype == fw::DType::kU8)) &&
+        dnnl_conv_s32(e, g, in, dnnl_type(in.dtype), ws, wdata, y, acc, nullptr, depthwise_direct))
+      return true;
+    return nibbles && in.dtype == fw::DType::kU8 && dnnl_conv_s32_nibbles(e, g, in, ws, wdata, y, acc);
+  };
+  bool onednn = on_onednn(x);
   // oneDNN refuses some s8 inputs (see dnnl_conv()); as u8, x + 128 with
   // the zero point moved by as much, they give the same differences.
   View xin = x;  // the input as the sums below read it
@@ -896,14 +917,13 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
     View u = x;
     u.dtype = fw::DType::kU8;
     u.data = flipped.data();
-    if (direct ? dnnl_conv_s32(e, g, u, dnnl::memory::data_type::u8, ws, wdata, y, acc)
-               : dnnl_conv_s32_nibbles(e, g, u, ws, wdata, y, acc)) {
+    if (on_onednn(u)) {
       onednn = true;
       xin = u;
       x_zero += 128;
     }
   }
-  if (!onednn && !direct) return own_kernels();
+  if (!onednn && !direct) return own_kernels();  // the reference loop below only where VNNI is
   if (!onednn) {
     // Reference: the definition, directly.
     e.pool().parallel_for(g.n * g.o, [&](std::uint64_t begin, std::uint64_t end) {
@@ -1036,13 +1056,17 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
 
 bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const View& w, const View* xz,
                         const View* wz, const View& y, const std::vector<float>& multipliers, std::int32_t y_zero) {
-  if (!onednn_int8_exact(e.isa())) return false;  // its int8 kernels are exact only with VNNI
+  const Geometry g(at, x, w, y);
+  // Its int8 kernels are exact with VNNI, and without it only its
+  // depthwise ones, on u8 inputs (see conv_integer()).
+  const bool depthwise_kernel = !onednn_int8_exact(e.isa()) && g.groups > 1 && g.c == g.groups && g.o == g.groups &&
+                                x.dtype == fw::DType::kU8 && onednn_int8_depthwise_exact(e.isa());
+  if (!onednn_int8_exact(e.isa()) && !depthwise_kernel) return false;
   if (w.dtype != fw::DType::kI8 || (x.dtype != fw::DType::kU8 && x.dtype != fw::DType::kI8) ||
       (y.dtype != fw::DType::kU8 && y.dtype != fw::DType::kI8))
     return false;
   for (float m : multipliers)
     if (!std::isfinite(m)) return false;
-  const Geometry g(at, x, w, y);
   if (g.n * g.o * g.oh * g.ow == 0 || multipliers.size() != g.o) return false;
   for (std::uint64_t oi = 0; wz && oi < g.o; ++oi)
     if (load_int(wz->at(oi * wz->strides[0]), wz->dtype) != 0) return false;
@@ -1052,7 +1076,7 @@ bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& at, const View& x,
   const std::int32_t x_zero = xz ? static_cast<std::int32_t>(load_int(xz->data, xz->dtype)) : 0;
   const FusedRequant rq{&multipliers, y_zero};
   return dnnl_conv(e, g, x, dnnl_type(x.dtype), w, w.data, dt::s8, nullptr, y, dnnl_type(y.dtype), y.data,
-                   x_zero != 0 ? &x_zero : nullptr, &rq);
+                   x_zero != 0 ? &x_zero : nullptr, &rq, depthwise_kernel);
 }
 
 }  // namespace tpuhal::sim::tensor

@@ -134,6 +134,8 @@ bool onednn_int8_exact_on_nibbles(Isa isa) {
 #endif
 }
 
+bool onednn_int8_depthwise_exact(Isa isa) { return onednn_int8_exact_on_nibbles(isa); }
+
 bool onednn_has_native_bf16() {
 #if defined(__x86_64__)
   return onednn_runs(dnnl::cpu_isa::avx512_core_bf16);

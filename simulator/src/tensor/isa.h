@@ -49,6 +49,13 @@ bool onednn_int8_exact(Isa isa);
 // (an input's nibbles): with VNNI, and on AVX2 and AVX-512 without it,
 // where vpmaddubsw's pair sums of such products stay within 2 * 15 * 128.
 bool onednn_int8_exact_on_nibbles(Isa isa);
+// Whether oneDNN's depthwise int8 kernels (weights blocked by group only)
+// are exact here on whole u8 bytes: with VNNI, and on AVX2 and AVX-512
+// without it, where they widen each byte to 32 bits before multiplying
+// instead of pairing products in 16 bits (dnnl_conv() checks that oneDNN
+// chose such a kernel). Not on s8 inputs, which oneDNN 2.6 gets wrong at
+// the borders (NHWC) and with a zero point: the engine flips them to u8.
+bool onednn_int8_depthwise_exact(Isa isa);
 // Whether oneDNN has bf16 kernels on this CPU, emulated on AVX-512 or
 // native (else bf16 is widened to f32, which is exact).
 bool onednn_has_bf16();

@@ -25,6 +25,12 @@ void add_abs_i8(std::uint32_t* sums, const std::int8_t* row, std::size_t n);
 // sum of |v[i]| (v s8).
 std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n);
 
+// hi[i] = v[i] >> 4 and lo[i] = v[i] & 15 (u8): an input's nibbles.
+void split_nibbles(const std::uint8_t* v, std::uint8_t* hi, std::uint8_t* lo, std::size_t n);
+// out[i] = out[i] * 16 + lo[i] (int32, wrapping): the sums over an input's
+// high nibbles (out) and low nibbles put together.
+void join_nibble_sums(std::int32_t* out, const std::int32_t* lo, std::size_t n);
+
 // out[i] = max(out[i], in[i]) over bytes: u8, or (is_signed) i8 two's
 // complement. Byte max pooling's step over the channels of one tap.
 void max_8(std::uint8_t* out, const std::uint8_t* in, std::size_t n, bool is_signed);
@@ -102,6 +108,8 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(add_i32)                        \
   X(add_abs_i8)                     \
   X(sum_abs_i8)                     \
+  X(split_nibbles)                  \
+  X(join_nibble_sums)               \
   X(max_8)                          \
   X(requantize_u8)                  \
   X(quantize_f32)                   \
