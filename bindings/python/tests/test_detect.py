@@ -222,3 +222,66 @@ def test_a_model_of_two_outputs_is_refused(dev):
     onnx_bytes = export(Two(), torch.rand(1, 10, 4, 4), names=("a", "b"))
     with pytest.raises(tpuhal.InvalidArgument, match="takes a model of one output; this one has 2"):
         tpuhal.compile(onnx_bytes, device=dev.uri, detect="yolov8")
+
+
+def test_the_python_pipeline_example_gives_each_frames_boxes_as_the_model_does(dev, tmp_path):
+    """examples/python/video_pipeline.py --model with a small detector: each
+    printed frame's boxes against the same decode, conversion, resize and
+    model run here through the API, scaled to the frame."""
+    import re
+    import shutil
+    import subprocess
+    from tpuhal import ops
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("the clip is made with ffmpeg")
+    clip = tmp_path / "clip.mp4"
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=96x64:rate=25", "-frames:v",
+                    "8", "-c:v", "libx264", "-pix_fmt", "yuv420p", str(clip)], check=True)
+    side = 32
+
+    class Detector(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4 + 3, 8, stride=8)
+
+        def forward(self, x):
+            y = torch.flatten(self.conv(x), 2)
+            return torch.cat((y[:, :2].sigmoid() * side, y[:, 2:4].sigmoid() * (side / 3), y[:, 4:].sigmoid()), 1)
+
+    torch.manual_seed(3)
+    path = tmp_path / "det.tpm"
+    tpuhal.compile(export(Detector().eval(), torch.rand(1, 3, side, side)), device=dev.uri,
+                   detect={"head": "yolov8", "score": 0.5, "max_boxes": 10}).save(path)
+    # The reference, frame by frame.
+    model = dev.load_model(str(path))
+    inst, q = model.instance(), dev.queue("compute")
+    demux = tpuhal.Demuxer(str(clip))
+    w, h = demux.width, demux.height
+    rgb, small = dev.tensor((3, h, w), "f32"), dev.tensor((1, 3, side, side), "f32")
+    want = []
+    with dev.open_decoder(demux.codec, format="nv12", max_width=w, max_height=h) as dec:
+        for frame in dec.decode(demux):
+            q.batch().run(ops.nv12_to_rgb(frame.luma(), frame.chroma(), rgb, mean=(0, 0, 0), scale=(1 / 255,) * 3)) \
+                .run(ops.resize(rgb.reshape(1, 3, h, w), small, mode="linear")).submit().wait(timeout=60)
+            (rows,) = inst.run(small.download())
+            sx, sy = np.float32(w / side), np.float32(h / side)  # the frame's pixels over the model input's
+            want.append([(int(c), float(s), float(np.clip(x1 * sx, 0, w)), float(np.clip(y1 * sy, 0, h)),
+                          float(np.clip(x2 * sx, 0, w)), float(np.clip(y2 * sy, 0, h)))
+                         for x1, y1, x2, y2, s, c in rows[0] if c >= 0])
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "python", "video_pipeline.py")
+    r = subprocess.run([sys.executable, example, str(clip), "--model", str(path), "--mean", "0", "--scale",
+                        str(1 / 255), "--print", "--seconds", "120", "--frames", str(len(want))],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = {}
+    for frame, boxes in re.findall(r"^channel 0 frame (\d+): (.*)$", r.stdout, re.M):
+        got[int(frame)] = [(int(c), float(s), float(x1), float(y1), float(x2), float(y2)) for c, s, x1, y1, x2, y2 in
+                           re.findall(r"\[class (\d+) ([\d.]+) at ([\d.]+),([\d.]+)-([\d.]+),([\d.]+)\]", boxes)]
+    assert sorted(got)[:len(want)] == list(range(len(want))), r.stdout
+    total = 0
+    for i, rows in enumerate(want):
+        # As printed: scores to 3 places, corners to 1.
+        assert got[i] == [(c, round(s, 3), round(x1, 1), round(y1, 1), round(x2, 1), round(y2, 1))
+                          for c, s, x1, y1, x2, y2 in rows], f"frame {i}"
+        total += len(rows)
+    assert total > len(want), "the test's frames have boxes"
