@@ -58,9 +58,11 @@ class Network:
 
     def __init__(self, model, mean, scale):
         self.instance = model.instance()
-        (self.input,) = self.instance.input_tensors[:1]
+        self.input = self.instance.input_tensors[0]
         self.output = self.instance.output_tensors[0]
         spec, out = model.inputs[0], model.outputs[0]
+        if len(model.inputs) != 1:
+            sys.exit(f"video_pipeline.py: a frame is a model's one input; the model has {len(model.inputs)}")
         if spec.dtype != "f32" or len(spec.shape) != 4 or tuple(spec.shape[:2]) != (1, 3):
             sys.exit(f"video_pipeline.py: a frame goes into a first input of f32[1, 3, H, W]; the model's is "
                      f"{spec.dtype}{list(spec.shape)}")

@@ -148,6 +148,8 @@ NetworkKind check_model(const Device& dev, const rt::Model& model) {
   if (!model) refuse("the model is empty (rt::Model::load gives one)");
   if (model.device().uri() != dev.uri())
     refuse("the model is loaded on " + model.device().uri() + "; the pipeline runs on " + dev.uri());
+  if (model.inputs().size() != 1)
+    refuse("a frame is a model's one input; the model has " + std::to_string(model.inputs().size()));
   const rt::TensorSpec& in = model.inputs().at(0);
   if (in.dtype != DType::F32 || in.shape.size() != 4 || in.shape[0] != 1 || in.shape[1] != 3)
     refuse("a frame goes into a first input of f32[1, 3, H, W] (planar RGB); the model's first input is " +

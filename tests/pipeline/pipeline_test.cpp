@@ -285,6 +285,25 @@ TEST_F(Pipeline, AModelItCannotFeedOrReadIsRefusedBeforeAnyChannelStarts) {
     }
     EXPECT_FALSE(ran);
   }
+  {  // two inputs: the pipeline would leave the second unfilled
+    OnnxBuilder b;
+    b.input("x", {1, 3, 4, 4});
+    b.input("z", {1, 3, 4, 4});
+    b.node("Add", {"x", "z"}, "s", "add");
+    b.init_i64("flat", {1, -1});
+    b.node("Reshape", {"s", "flat"}, "y", "flatten");
+    b.output("y");
+    PipelineOptions o;
+    o.model = load(dev, b);
+    try {
+      run_pipeline(dev, {clip_}, o);
+      ADD_FAILURE() << "a model of two inputs was not refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("pipeline: a frame is a model's one input; the model has 2"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   // The same model then runs.
   const auto got = run(dev, yolo_style(classifier(dev)), 1);
   EXPECT_EQ(got[0].size(), static_cast<std::size_t>(kFrames));

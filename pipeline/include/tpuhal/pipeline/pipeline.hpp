@@ -48,7 +48,7 @@ struct PipelineOptions {
   double seconds = 0;
   // The network every frame goes through: a compiled model loaded on the
   // pipeline's device (rt::Model::load), shared by the channels, each of
-  // which runs its own rt::Instance. Its first input is f32 [1, 3, H, W]
+  // which runs its own rt::Instance. Its one input is f32 [1, 3, H, W]
   // (planar RGB; the frame is resized to W x H); its first output either a
   // classifier's scores [1, K] or a detector's `detections` [1, M, 6]
   // (tpuhal compile --detect; docs/runtime.md). Empty: the built-in
@@ -103,8 +103,9 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
 enum class NetworkKind { Classifier, Detector };
 // Checks that the pipeline can run `model` on `dev` and says how it reads
 // its output; InvalidArgument naming what does not fit: a model loaded on
-// another device, a first input other than f32 [1, 3, H, W], or a first
-// output neither [1, K] nor a detector's `detections` [1, M, 6].
+// another device, more than one input, an input other than f32
+// [1, 3, H, W], or a first output neither [1, K] nor a detector's
+// `detections` [1, M, 6].
 NetworkKind check_model(const Device& dev, const rt::Model& model);
 
 // How a decoder for a demuxed source is sized, for every user of the video
