@@ -3,7 +3,7 @@
 // statistics.
 //
 //   video_pipeline [--device URI] [--seconds S] [--transport auto|tcp|udp]
-//                  [--model M.tpm [--mean R,G,B] [--scale R,G,B] [--print]] [SOURCE...]
+//                  [--model M.tpm [--mean R,G,B] [--scale R,G,B] [--letterbox] [--print]] [SOURCE...]
 //
 // A SOURCE is a file or a URL (rtsp://, http://, udp://); no sources: two
 // channels of a test clip made with ffmpeg. Live sources run until --seconds
@@ -12,7 +12,8 @@
 // classifier, or a detector compiled with `tpuhal compile --detect`)
 // instead of the built-in classifier; --mean and --scale normalise the RGB
 // values it sees ((rgb - mean) * scale; ImageNet's by default, a YOLO
-// detector takes --mean 0 --scale 0.00392157); --print prints each
+// detector takes --mean 0 --scale 0.00392157); --letterbox keeps the
+// frame's aspect, padded with grey 114, as YOLO's training does; --print prints each
 // frame's class or boxes. Exit status 1 if a channel failed or decoded
 // nothing.
 #include <array>
@@ -30,7 +31,7 @@ namespace {
 
 const char kUsage[] =
     "usage: video_pipeline [--device URI] [--seconds S] [--transport auto|tcp|udp]\n"
-    "                      [--model M.tpm [--mean R,G,B] [--scale R,G,B] [--print]] [SOURCE...]\n";
+    "                      [--model M.tpm [--mean R,G,B] [--scale R,G,B] [--letterbox] [--print]] [SOURCE...]\n";
 
 // "R,G,B", or one number for all three.
 bool parse_triple(const char* text, std::array<float, 3>& out) {
@@ -77,6 +78,8 @@ int main(int argc, char** argv) {
       model_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--print")) {
       print = true;
+    } else if (!std::strcmp(argv[i], "--letterbox")) {
+      options.letterbox = true;
     } else if ((!std::strcmp(argv[i], "--mean") || !std::strcmp(argv[i], "--scale")) && more) {
       const char* name = argv[i];
       if (!parse_triple(argv[++i], name[2] == 'm' ? options.mean : options.scale)) {

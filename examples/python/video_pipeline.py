@@ -9,7 +9,8 @@ and the total.
 
     /usr/bin/python3 examples/python/video_pipeline.py [SOURCE ...] [--channels N] [--seconds S] [--frames F]
                                                        [--uri URI] [--transport auto|tcp|udp]
-                                                       [--model M.tpm [--mean R,G,B] [--scale R,G,B] [--print]]
+                                                       [--model M.tpm [--mean R,G,B] [--scale R,G,B] [--letterbox]
+                                                        [--print]]
 
 Each SOURCE (a file, or an rtsp://, http:// or udp:// URL) is one channel;
 files loop and live streams run until --seconds pass, or until each channel
@@ -17,13 +18,15 @@ has F frames with --frames (a stream that stalls, drops or ends is opened
 again); --channels N repeats the sources round-robin up to N channels. With no sources it makes a 2-second 320x240 H.264 clip
 with ffmpeg in a temporary directory. --mean and --scale normalise what the
 model sees, (rgb - mean) * scale, three values or one (ImageNet's by
-default; a YOLO takes --mean 0 --scale 0.00392157); --print prints each
+default; a YOLO takes --mean 0 --scale 0.00392157); --letterbox keeps the
+frame's aspect, padded with grey 114, as YOLO's training does; --print prints each
 frame's class or boxes (in the frame's pixels), as
 "channel C frame F: class K (score)" or "channel C frame F: [class K score at x1,y1-x2,y2] ...".
 """
 import argparse
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -56,7 +59,7 @@ class Network:
     the frame resized into its input in the same batch, and its first output
     read back as a classifier's best class or a detector's boxes."""
 
-    def __init__(self, model, mean, scale):
+    def __init__(self, model, mean, scale, letterbox=False, pad=114):
         self.instance = model.instance()
         self.input = self.instance.input_tensors[0]
         self.output = self.instance.output_tensors[0]
@@ -70,23 +73,46 @@ class Network:
         if not self.detector and (len(out.shape) != 2 or out.shape[0] != 1):
             sys.exit(f"video_pipeline.py: the model's first output {out.dtype}{list(out.shape)} is neither a "
                      "classifier's [1, K] nor a detector's detections [1, M, 6] (tpuhal compile --detect)")
-        self.mean, self.scale = mean, scale
+        self.mean, self.scale, self.letterbox, self.pad = mean, scale, letterbox, pad
+
+    def place(self, w, h):
+        """Where a w x h frame goes in the input: x, y, width, height (the
+        whole input when stretched; letterboxed, scaled by the one factor
+        that fits and centred, offsets rounded down)."""
+        ih, iw = self.input.shape[2:]
+        if not self.letterbox:
+            return 0, 0, iw, ih
+        fit = min(iw / w, ih / h)
+        pw, ph = min(max(int(w * fit + 0.5), 1), iw), min(max(int(h * fit + 0.5), 1), ih)  # halves up, as C++
+        return (iw - pw) // 2, (ih - ph) // 2, pw, ph
 
     def run(self, q, frame, rgb):
         """The frame (in `rgb`'s buffer, converted on the device), resized and run; its class or boxes."""
         convert = ops.nv12_to_rgb(frame.luma(), frame.chroma(), rgb, mean=self.mean, scale=self.scale)
-        resize = ops.resize(rgb.reshape(1, 3, frame.height, frame.width), self.input, mode="linear")
-        self.instance.record(q.batch().run(convert).run(resize)).submit().wait(timeout=60)
+        b = q.batch().run(convert)
+        x, y, pw, ph = self.place(frame.width, frame.height)
+        target = self.input
+        if self.letterbox:
+            ih, iw = self.input.shape[2:]
+            plane = iw * ih * 4
+            for c in range(3):
+                value = np.float32((self.pad - self.mean[c]) * self.scale[c])
+                b.fill(self.input.buffer, struct.unpack("<I", value.tobytes())[0], offset=self.input.offset + c * plane,
+                       size=plane, width=4)
+            target = tpuhal.Tensor(self.input.buffer, "f32", (1, 3, ph, pw), (3 * iw * ih, iw * ih, iw, 1),
+                                   self.input.offset + (y * iw + x) * 4)
+        b.run(ops.resize(rgb.reshape(1, 3, frame.height, frame.width), target, mode="linear"))
+        self.instance.record(b).submit().wait(timeout=60)
         out = self.output.download()
         if not self.detector:
             return int(out[0].argmax()), float(out[0].max())
-        sx, sy = frame.width / self.input.shape[3], frame.height / self.input.shape[2]
+        sx, sy = np.float32(frame.width) / np.float32(pw), np.float32(frame.height) / np.float32(ph)
         boxes = []
         for x1, y1, x2, y2, score, cls in out[0]:
             if not cls >= 0:
                 break  # the rows after the last box have class -1
-            x1, x2 = (float(np.clip(v * np.float32(sx), 0, frame.width)) for v in (x1, x2))
-            y1, y2 = (float(np.clip(v * np.float32(sy), 0, frame.height)) for v in (y1, y2))
+            x1, x2 = (float(np.clip((v - np.float32(x)) * sx, 0, frame.width)) for v in (x1, x2))
+            y1, y2 = (float(np.clip((v - np.float32(y)) * sy, 0, frame.height)) for v in (y1, y2))
             boxes.append((int(cls), float(score), x1, y1, max(x1, x2), max(y1, y2)))
         return boxes
 
@@ -192,6 +218,8 @@ def main():
     parser.add_argument("--model", help="a compiled model (.tpm) to run on every frame: a classifier or a detector")
     parser.add_argument("--mean", type=triple, default=MEAN, help="R,G,B or one value: subtracted (default ImageNet's)")
     parser.add_argument("--scale", type=triple, default=SCALE, help="R,G,B or one value: then multiplied")
+    parser.add_argument("--letterbox", action="store_true",
+                        help="keep the frame's aspect, padded with grey 114, as YOLO's training does (with --model)")
     parser.add_argument("--print", action="store_true", help="print each frame's class or boxes (with --model)")
     args = parser.parse_args()
 
@@ -210,7 +238,8 @@ def main():
                         print(f"channel {c} frame {frame}: {describe(result)}", flush=True)
                 return print_frame if args.print else None
             threads = [threading.Thread(target=channel, args=(dev, p, args.seconds, args.frames, args.transport, r,
-                                                              model and Network(model, args.mean, args.scale),
+                                                              model and Network(model, args.mean, args.scale,
+                                                                                args.letterbox),
                                                               printer(c)))
                        for c, (p, r) in enumerate(zip(paths, results))]
             start = time.perf_counter()

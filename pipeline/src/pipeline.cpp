@@ -8,7 +8,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -76,21 +78,64 @@ struct Classifier {
 class ChannelNetwork {
  public:
   // The built-in classifier.
-  ChannelNetwork(Device& dev, Queue& q)
-      : builtin_(std::make_unique<Classifier>(dev, q)),
+  ChannelNetwork(Device& dev, Queue& q, bool letterbox)
+      : letterbox_(letterbox),
+        builtin_(std::make_unique<Classifier>(dev, q)),
         input_(builtin_->input, DType::F32, {1, 3, 64, 64}),
         output_(builtin_->probs, DType::F32, {1, 10}),
         kind_(NetworkKind::Classifier),
         result_(dev.allocate(output_bytes(), Memory::HostPinned)) {}
   // A compiled model, checked (check_model).
-  ChannelNetwork(Device& dev, const rt::Model& model, NetworkKind kind)
-      : instance_(model.instance()),
+  ChannelNetwork(Device& dev, const rt::Model& model, NetworkKind kind, bool letterbox)
+      : letterbox_(letterbox),
+        instance_(model.instance()),
         input_(instance_.input_tensors()[0]),
         output_(instance_.output_tensors()[0]),
         kind_(kind),
         result_(dev.allocate(output_bytes(), Memory::HostPinned)) {}
 
   const Tensor& input() const { return input_; }
+
+  // Where a frame of w x h goes in the input: the region (offset x, y and
+  // size), and the frame's pixels per input pixel.
+  struct Placement {
+    std::int64_t x = 0, y = 0, w = 0, h = 0;
+    float sx = 1, sy = 1;
+  };
+  Placement place(std::uint32_t w, std::uint32_t h) const {
+    const std::int64_t iw = input_.shape()[3], ih = input_.shape()[2];
+    Placement p{
+        0, 0, iw, ih, static_cast<float>(w) / static_cast<float>(iw), static_cast<float>(h) / static_cast<float>(ih)};
+    if (!letterbox_) return p;
+    const double fit = std::min(static_cast<double>(iw) / w, static_cast<double>(ih) / h);
+    p.w = std::clamp<std::int64_t>(std::llround(w * fit), 1, iw);
+    p.h = std::clamp<std::int64_t>(std::llround(h * fit), 1, ih);
+    p.x = (iw - p.w) / 2;
+    p.y = (ih - p.h) / 2;
+    p.sx = static_cast<float>(w) / static_cast<float>(p.w);
+    p.sy = static_cast<float>(h) / static_cast<float>(p.h);
+    return p;
+  }
+
+  // The frame (planar RGB f32 [1, 3, h, w] on the device) resized into the
+  // input: stretched, or letterboxed over a fill of the pad value.
+  Batch& resize_into(Batch& b, const Tensor& rgb, std::uint32_t w, std::uint32_t h, const PipelineOptions& o) const {
+    ops::ResizeOptions rs;
+    rs.mode = ResizeMode::Linear;
+    if (!letterbox_) return b.run(ops::resize(rgb, input_, rs));
+    const Placement p = place(w, h);
+    const std::int64_t iw = input_.shape()[3], ih = input_.shape()[2];
+    const std::uint64_t plane = static_cast<std::uint64_t>(iw * ih) * 4;
+    for (std::uint64_t c = 0; c < 3; ++c) {
+      const float v = (o.pad - o.mean[c]) * o.scale[c];
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &v, 4);
+      b.fill(input_.buffer(), input_.offset() + c * plane, plane, bits, 4);
+    }
+    const Tensor region(input_.buffer(), DType::F32, {1, 3, p.h, p.w}, {3 * iw * ih, iw * ih, iw, 1},
+                        input_.offset() + static_cast<std::uint64_t>(p.y * iw + p.x) * 4);
+    return b.run(ops::resize(rgb, region, rs));
+  }
 
   // The network's ops and the copy of its output back.
   Batch& record(Batch& b) {
@@ -111,20 +156,20 @@ class ChannelNetwork {
       r.score = *best;
       return;
     }
-    const auto& in = input_.shape();
-    const float sx = static_cast<float>(r.width) / static_cast<float>(in[3]);
-    const float sy = static_cast<float>(r.height) / static_cast<float>(in[2]);
+    const Placement at = place(r.width, r.height);
     const auto clamp = [](float v, std::uint32_t hi) {  // NaN: 0
       return v > 0 ? std::min(v, static_cast<float>(hi)) : 0.0f;
     };
+    const auto fx = [&](float v) { return (v - static_cast<float>(at.x)) * at.sx; };
+    const auto fy = [&](float v) { return (v - static_cast<float>(at.y)) * at.sy; };
     for (std::int64_t i = 0; i < shape[1]; ++i) {
       const float* row = out + i * 6;
       if (!(row[5] >= 0)) break;  // the rows after the last box have class -1
       Detection d;
-      d.x1 = clamp(row[0] * sx, r.width);
-      d.y1 = clamp(row[1] * sy, r.height);
-      d.x2 = std::max(d.x1, clamp(row[2] * sx, r.width));
-      d.y2 = std::max(d.y1, clamp(row[3] * sy, r.height));
+      d.x1 = clamp(fx(row[0]), r.width);
+      d.y1 = clamp(fy(row[1]), r.height);
+      d.x2 = std::max(d.x1, clamp(fx(row[2]), r.width));
+      d.y2 = std::max(d.y1, clamp(fy(row[3]), r.height));
       d.score = row[4];
       d.cls = static_cast<int>(row[5]);
       r.detections.push_back(d);
@@ -134,6 +179,7 @@ class ChannelNetwork {
  private:
   std::uint64_t output_bytes() const { return output_.elements() * 4; }
 
+  bool letterbox_;
   std::unique_ptr<Classifier> builtin_;
   rt::Instance instance_;
   Tensor input_, output_;
@@ -234,14 +280,13 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
         VideoDecoderOptions o = decoder_options(in);
         VideoDecoder dec = dev.open_decoder(o);
         Queue& q = queues[c % queues.size()];
-        ChannelNetwork net = options.model ? ChannelNetwork(dev, options.model, kind) : ChannelNetwork(dev, q);
+        ChannelNetwork net = options.model ? ChannelNetwork(dev, options.model, kind, options.letterbox)
+                                           : ChannelNetwork(dev, q, options.letterbox);
         Buffer rgb;
         std::uint32_t rgb_w = 0, rgb_h = 0;
         ops::ColorConvertOptions cc;
         cc.mean = options.mean;
         cc.scale = options.scale;
-        ops::ResizeOptions rs;
-        rs.mode = ResizeMode::Linear;
         // When each packet since the decoder's last reset was read, by its
         // index there (Frame::packet()); frames come out a few packets late.
         std::array<std::uint64_t, 256> arrival{};
@@ -260,8 +305,8 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
           }
           const Tensor rgb_t(rgb, DType::F32, {1, 3, f.height(), f.width()});
           Batch b = q.batch();
-          b.run(ops::nv12_to_rgb(f.luma(), f.chroma(), rgb_t.reshape({3, f.height(), f.width()}), cc))
-              .run(ops::resize(rgb_t, net.input(), rs));
+          b.run(ops::nv12_to_rgb(f.luma(), f.chroma(), rgb_t.reshape({3, f.height(), f.width()}), cc));
+          net.resize_into(b, rgb_t, f.width(), f.height(), options);
           net.record(b).submit().wait();  // the frame's buffer goes back to the channel
           FrameResult fr;
           fr.channel = c;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -110,7 +111,12 @@ class Pipeline : public ::testing::Test {
     rt::Instance inst = model.instance();
     const auto& spec = model.inputs()[0];
     Buffer x = dev.allocate(spec.bytes()), host = dev.allocate(spec.bytes(), Memory::HostPinned);
-    const Tensor xt(x, DType::F32, spec.shape);
+    Tensor xt(x, DType::F32, spec.shape);
+    std::vector<float> padded;  // letterboxed: the input filled with the pad value, normalised
+    if (o.letterbox) {
+      const auto plane = static_cast<std::size_t>(kSize * kSize);
+      for (std::size_t c = 0; c < 3; ++c) padded.insert(padded.end(), plane, (o.pad - o.mean[c]) * o.scale[c]);
+    }
     ops::ColorConvertOptions cc;
     cc.mean = o.mean;
     cc.scale = o.scale;
@@ -121,6 +127,12 @@ class Pipeline : public ::testing::Test {
       while (auto f = dec.receive()) {
         Buffer rgb = dev.allocate(3ull * f->width() * f->height() * 4);
         const Tensor rgb_t(rgb, DType::F32, {1, 3, f->height(), f->width()});
+        if (o.letterbox) {  // the frame's 96 x 64 scaled by 1/3 to 32 x 21, 5 rows down
+          ASSERT_EQ(std::make_pair(f->width(), f->height()), std::make_pair(96u, 64u));
+          std::memcpy(host.map().data(), padded.data(), spec.bytes());
+          q.copy(host, x).submit().wait();
+          xt = Tensor(x, DType::F32, {1, 3, 21, kSize}, {3 * kSize * kSize, kSize * kSize, kSize, 1}, 5 * kSize * 4);
+        }
         q.batch()
             .run(ops::nv12_to_rgb(f->luma(), f->chroma(), rgb_t.reshape({3, f->height(), f->width()}), cc))
             .run(ops::resize(rgb_t, xt, rs))
@@ -162,15 +174,20 @@ class Pipeline : public ::testing::Test {
     return got;
   }
 
+  void expect_detections_as_the_model_gives(bool letterbox);
+
   fs::path dir_;
   std::string clip_;
 };
 
-TEST_F(Pipeline, ADetectorGivesEachFramesBoxesAsTheModelDoes) {
+// The detector's boxes, the frames stretched to its input or letterboxed
+// into it (as YOLO's training does).
+void Pipeline::expect_detections_as_the_model_gives(bool letterbox) {
   Device dev = open("sim:0");
   const rt::Model model = detector(dev);
   ASSERT_EQ(check_model(dev, model), NetworkKind::Detector);
-  const PipelineOptions o = yolo_style(model);
+  PipelineOptions o = yolo_style(model);
+  o.letterbox = letterbox;
   const auto want = reference(dev, model, o);
   ASSERT_EQ(want.size(), static_cast<std::size_t>(kFrames));
   PipelineResult r;
@@ -186,15 +203,17 @@ TEST_F(Pipeline, ADetectorGivesEachFramesBoxesAsTheModelDoes) {
       EXPECT_EQ(f.cls, -1);
       ASSERT_EQ(f.width, want[i].width);
       ASSERT_EQ(f.height, want[i].height);
-      // The model's rows in its input's pixels, scaled to the frame's.
-      const float sx = static_cast<float>(f.width) / kSize, sy = static_cast<float>(f.height) / kSize;
+      // The model's rows in its input's pixels, mapped to the frame's:
+      // stretched, or letterboxed (32 x 21 at 0, 5).
+      const float sx = static_cast<float>(f.width) / kSize;
+      const float sy = static_cast<float>(f.height) / (letterbox ? 21 : kSize), top = letterbox ? 5 : 0;
       std::vector<Detection> expect;
       for (std::size_t row = 0; row < want[i].out.size() / 6; ++row) {
         const float* d = &want[i].out[row * 6];
         if (d[5] < 0) break;
         const auto in = [](float v, std::uint32_t hi) { return std::clamp(v, 0.0f, static_cast<float>(hi)); };
-        expect.push_back({in(d[0] * sx, f.width), in(d[1] * sy, f.height), in(d[2] * sx, f.width),
-                          in(d[3] * sy, f.height), d[4], static_cast<int>(d[5])});
+        expect.push_back({in(d[0] * sx, f.width), in((d[1] - top) * sy, f.height), in(d[2] * sx, f.width),
+                          in((d[3] - top) * sy, f.height), d[4], static_cast<int>(d[5])});
       }
       ASSERT_EQ(f.detections.size(), expect.size()) << "frame " << i;
       for (std::size_t k = 0; k < expect.size(); ++k) {
@@ -213,6 +232,10 @@ TEST_F(Pipeline, ADetectorGivesEachFramesBoxesAsTheModelDoes) {
   }
   EXPECT_GT(boxes, 2u * kFrames) << "the test's frames have boxes";
 }
+
+TEST_F(Pipeline, ADetectorGivesEachFramesBoxesAsTheModelDoes) { expect_detections_as_the_model_gives(false); }
+
+TEST_F(Pipeline, ALetterboxedDetectorGivesEachFramesBoxesAsTheModelDoes) { expect_detections_as_the_model_gives(true); }
 
 TEST_F(Pipeline, AClassifierModelGivesEachFramesClassAsTheModelDoes) {
   Device dev = open("sim:0");

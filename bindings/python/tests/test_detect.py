@@ -225,9 +225,10 @@ def test_a_model_of_two_outputs_is_refused(dev):
 
 
 def test_the_python_pipeline_example_gives_each_frames_boxes_as_the_model_does(dev, tmp_path):
-    """examples/python/video_pipeline.py --model with a small detector: each
-    printed frame's boxes against the same decode, conversion, resize and
-    model run here through the API, scaled to the frame."""
+    """examples/python/video_pipeline.py --model with a small detector, its
+    frames stretched and letterboxed: each printed frame's boxes against the
+    same decode, conversion, resize and model run here through the API,
+    mapped back to the frame."""
     import re
     import shutil
     import subprocess
@@ -252,36 +253,46 @@ def test_the_python_pipeline_example_gives_each_frames_boxes_as_the_model_does(d
     path = tmp_path / "det.tpm"
     tpuhal.compile(export(Detector().eval(), torch.rand(1, 3, side, side)), device=dev.uri,
                    detect={"head": "yolov8", "score": 0.5, "max_boxes": 10}).save(path)
-    # The reference, frame by frame.
     model = dev.load_model(str(path))
-    inst, q = model.instance(), dev.queue("compute")
-    demux = tpuhal.Demuxer(str(clip))
-    w, h = demux.width, demux.height
-    rgb, small = dev.tensor((3, h, w), "f32"), dev.tensor((1, 3, side, side), "f32")
-    want = []
-    with dev.open_decoder(demux.codec, format="nv12", max_width=w, max_height=h) as dec:
-        for frame in dec.decode(demux):
-            q.batch().run(ops.nv12_to_rgb(frame.luma(), frame.chroma(), rgb, mean=(0, 0, 0), scale=(1 / 255,) * 3)) \
-                .run(ops.resize(rgb.reshape(1, 3, h, w), small, mode="linear")).submit().wait(timeout=60)
-            (rows,) = inst.run(small.download())
-            sx, sy = np.float32(w / side), np.float32(h / side)  # the frame's pixels over the model input's
-            want.append([(int(c), float(s), float(np.clip(x1 * sx, 0, w)), float(np.clip(y1 * sy, 0, h)),
-                          float(np.clip(x2 * sx, 0, w)), float(np.clip(y2 * sy, 0, h)))
-                         for x1, y1, x2, y2, s, c in rows[0] if c >= 0])
     example = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "python", "video_pipeline.py")
-    r = subprocess.run([sys.executable, example, str(clip), "--model", str(path), "--mean", "0", "--scale",
-                        str(1 / 255), "--print", "--seconds", "120", "--frames", str(len(want))],
-                       capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
-    got = {}
-    for frame, boxes in re.findall(r"^channel 0 frame (\d+): (.*)$", r.stdout, re.M):
-        got[int(frame)] = [(int(c), float(s), float(x1), float(y1), float(x2), float(y2)) for c, s, x1, y1, x2, y2 in
-                           re.findall(r"\[class (\d+) ([\d.]+) at ([\d.]+),([\d.]+)-([\d.]+),([\d.]+)\]", boxes)]
-    assert sorted(got)[:len(want)] == list(range(len(want))), r.stdout
-    total = 0
-    for i, rows in enumerate(want):
-        # As printed: scores to 3 places, corners to 1.
-        assert got[i] == [(c, round(s, 3), round(x1, 1), round(y1, 1), round(x2, 1), round(y2, 1))
-                          for c, s, x1, y1, x2, y2 in rows], f"frame {i}"
-        total += len(rows)
-    assert total > len(want), "the test's frames have boxes"
+    for letterbox in (False, True):
+        # The reference, frame by frame; letterboxed, the 96 x 64 frame is
+        # scaled by 1/3 to 32 x 21, 5 rows down, over grey 114.
+        inst, q = model.instance(), dev.queue("compute")
+        demux = tpuhal.Demuxer(str(clip))
+        w, h = demux.width, demux.height
+        assert (w, h) == (96, 64)
+        rgb, small = dev.tensor((3, h, w), "f32"), dev.tensor((1, 3, side, side), "f32")
+        top, rows_in = (5, 21) if letterbox else (0, side)
+        target = tpuhal.Tensor(small.buffer, "f32", (1, 3, rows_in, side), (3 * side * side, side * side, side, 1),
+                               top * side * 4)
+        want = []
+        with dev.open_decoder(demux.codec, format="nv12", max_width=w, max_height=h) as dec:
+            for frame in dec.decode(demux):
+                small.upload(np.full((1, 3, side, side), np.float32(114 / 255)))
+                q.batch().run(ops.nv12_to_rgb(frame.luma(), frame.chroma(), rgb, mean=(0, 0, 0), scale=(1 / 255,) * 3)) \
+                    .run(ops.resize(rgb.reshape(1, 3, h, w), target, mode="linear")).submit().wait(timeout=60)
+                (rows,) = inst.run(small.download())
+                # The frame's pixels over the model input's.
+                sx, sy = np.float32(w) / np.float32(side), np.float32(h) / np.float32(rows_in)
+                t = np.float32(top)
+                want.append([(int(c), float(s), float(np.clip(x1 * sx, 0, w)), float(np.clip((y1 - t) * sy, 0, h)),
+                              float(np.clip(x2 * sx, 0, w)), float(np.clip((y2 - t) * sy, 0, h)))
+                             for x1, y1, x2, y2, s, c in rows[0] if c >= 0])
+        r = subprocess.run([sys.executable, example, str(clip), "--model", str(path), "--mean", "0", "--scale",
+                            str(1 / 255), "--print", "--seconds", "120", "--frames", str(len(want))] +
+                           (["--letterbox"] if letterbox else []), capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        got = {}
+        for frame, boxes in re.findall(r"^channel 0 frame (\d+): (.*)$", r.stdout, re.M):
+            got[int(frame)] = [(int(c), float(s), float(x1), float(y1), float(x2), float(y2)) for c, s, x1, y1, x2, y2
+                               in re.findall(r"\[class (\d+) ([\d.]+) at ([\d.]+),([\d.]+)-([\d.]+),([\d.]+)\]",
+                                             boxes)]
+        assert sorted(got)[:len(want)] == list(range(len(want))), r.stdout
+        total = 0
+        for i, rows in enumerate(want):
+            # As printed: scores to 3 places, corners to 1.
+            assert got[i] == [(c, round(s, 3), round(x1, 1), round(y1, 1), round(x2, 1), round(y2, 1))
+                              for c, s, x1, y1, x2, y2 in rows], f"frame {i}, letterbox {letterbox}"
+            total += len(rows)
+        assert total > len(want), "the test's frames have boxes"

@@ -20,8 +20,8 @@
 namespace tpuhal::pipeline {
 
 // A box a detector found in a frame: corners in the frame's pixels (the
-// model's boxes, in its input's pixels, scaled by frame size over input
-// size and clamped to the frame), its score and class.
+// model's boxes, in its input's pixels, mapped back through the resize,
+// or the letterbox, and clamped to the frame), its score and class.
 struct Detection {
   float x1 = 0, y1 = 0, x2 = 0, y2 = 0;
   float score = 0;
@@ -58,6 +58,12 @@ struct PipelineOptions {
   // ImageNet's by default; a YOLO detector takes mean 0, scale 1/255.
   std::array<float, 3> mean{123.7f, 116.3f, 103.5f};
   std::array<float, 3> scale{1 / 58.4f, 1 / 57.1f, 1 / 57.4f};
+  // Keep the frame's aspect, as YOLO's training does: the frame is resized
+  // by the one factor that fits it in the input, centred (offsets rounded
+  // down), and the rest of the input is `pad` (an RGB value, normalised
+  // like the pixels; YOLO's 114). Off: the frame is stretched to the input.
+  bool letterbox = false;
+  float pad = 114;
   // Called after each frame with what the network made of it, from the
   // frame's channel thread: concurrently for different channels, in frame
   // order within one. An exception it throws stops its channel (the
