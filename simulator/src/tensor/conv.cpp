@@ -53,6 +53,8 @@ struct Geometry {
     pb = a.pad[2];
     pr = a.pad[3];
   }
+  // One input and one output channel per group: oneDNN's depthwise kernels.
+  bool depthwise() const { return groups > 1 && c == groups && o == groups; }
   // Element offsets in NCHW logical order for an NCHW or NHWC view.
   std::uint64_t act(const View& v, std::uint64_t ni, std::uint64_t ci, std::uint64_t hi, std::uint64_t wi) const {
     return nhwc ? ni * v.strides[0] + hi * v.strides[1] + wi * v.strides[2] + ci * v.strides[3]
@@ -309,6 +311,15 @@ bool sums_within_2_24(std::uint64_t weight_abs_sum, std::uint64_t amax) {
 // An integer convolution on oneDNN into the dense int32 `acc` (s8 weights),
 // exact where sums_within_2_24() says so: oneDNN passes its s32 sums
 // through f32 on the way out.
+// Without VNNI: whether an integer convolution of an input of dtype `xt`
+// runs exactly on whole bytes in oneDNN's depthwise kernels
+// (onednn_int8_depthwise_exact). u8 only: oneDNN 2.6's depthwise kernels
+// take an s8 input wrongly at the borders (NHWC) and with a zero point, so
+// conv_integer() flips s8 inputs to u8 for them.
+bool depthwise_whole_bytes(Isa isa, const Geometry& g, fw::DType xt) {
+  return !onednn_int8_exact(isa) && g.depthwise() && xt == fw::DType::kU8 && onednn_int8_depthwise_exact(isa);
+}
+
 bool dnnl_conv_s32(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
                    const View& y, std::int32_t* acc, const std::int32_t* src_zero = nullptr,
                    bool depthwise_kernel = false) {
@@ -842,12 +853,11 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
     for (std::uint64_t oi = 0; oi < g.o; ++oi) wzs[oi] = static_cast<std::int16_t>(w_zero(oi));
     conv_integer_exact(e, g, x, w, static_cast<std::int32_t>(x_zero), wzs, acc);
   };
-  // Without VNNI, oneDNN is exact only on the input's nibbles, or in its
-  // depthwise kernels.
+  // Without VNNI, oneDNN is exact only on the input's nibbles, or on a u8
+  // input's whole bytes in its depthwise kernels (an s8 one goes as u8).
   const bool whole_bytes = onednn_int8_exact(e.isa());
-  const bool depthwise_whole =
-      !whole_bytes && g.groups > 1 && cg == 1 && og == 1 && onednn_int8_depthwise_exact(e.isa());
-  if (!whole_bytes && !depthwise_whole && !onednn_int8_exact_on_nibbles(e.isa())) return own_kernels();
+  const bool depthwise = depthwise_whole_bytes(e.isa(), g, fw::DType::kU8);
+  if (!whole_bytes && !depthwise && !onednn_int8_exact_on_nibbles(e.isa())) return own_kernels();
   auto dense = [&](std::uint64_t ni, std::uint64_t oi, std::uint64_t r, std::uint64_t col) {
     return nhwc ? ((ni * g.oh + r) * g.ow + col) * g.o + oi : ((ni * g.o + oi) * g.oh + r) * g.ow + col;
   };
@@ -882,26 +892,23 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   // 14x14 and 7x7 took 300 ms each.)
   const std::uint64_t wsum = weight_abs_sum_max(g, ws, wdata);
   const bool within = sums_within_2_24(wsum, 255), direct = whole_bytes && within;
-  // oneDNN 2.6's depthwise kernels take an s8 input wrongly at the borders
-  // (NHWC) and with a zero point: those run as u8, flipped below.
-  const bool depthwise_direct = depthwise_whole && within;
   const bool nibbles = !direct && onednn_int8_exact_on_nibbles(e.isa()) && sums_within_2_24(wsum, 15);
-  if (!direct && !depthwise_direct && !nibbles) return own_kernels();
+  if (!direct && !(depthwise && within) && !nibbles) return own_kernels();
+  // Whether oneDNN takes input `in` on whole bytes (depthwise: on its
+  // depthwise kernels only).
+  const auto whole = [&](const View& in) { return direct || (within && depthwise_whole_bytes(e.isa(), g, in.dtype)); };
   // Weights with no zero points: oneDNN subtracts the input's zero point
   // itself and nothing is left to correct.
   bool any_wz = false;
   for (std::uint64_t oi = 0; oi < g.o && wz; ++oi) any_wz = any_wz || w_zero(oi) != 0;
-  if ((direct || (depthwise_direct && x.dtype == fw::DType::kU8)) && w.dtype == fw::DType::kI8 && !any_wz &&
-      x_zero != 0) {
+  if (whole(x) && w.dtype == fw::DType::kI8 && !any_wz && x_zero != 0) {
     const auto zero = static_cast<std::int32_t>(x_zero);
-    if (dnnl_conv_s32(e, g, x, dnnl_type(x.dtype), w, w.data, y, acc, &zero, depthwise_direct)) return;
+    if (dnnl_conv_s32(e, g, x, dnnl_type(x.dtype), w, w.data, y, acc, &zero, !direct)) return;
   }
   // Whole bytes where they are exact; else (or where oneDNN chose no
   // depthwise kernel) a u8 input's nibbles.
   const auto on_onednn = [&](const View& in) {
-    if ((direct || (depthwise_direct && in.dtype == fw::DType::kU8)) &&
-        dnnl_conv_s32(e, g, in, dnnl_type(in.dtype), ws, wdata, y, acc, nullptr, depthwise_direct))
-      return true;
+    if (whole(in) && dnnl_conv_s32(e, g, in, dnnl_type(in.dtype), ws, wdata, y, acc, nullptr, !direct)) return true;
     return nibbles && in.dtype == fw::DType::kU8 && dnnl_conv_s32_nibbles(e, g, in, ws, wdata, y, acc);
   };
   bool onednn = on_onednn(x);
@@ -1058,9 +1065,8 @@ bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& at, const View& x,
                         const View* wz, const View& y, const std::vector<float>& multipliers, std::int32_t y_zero) {
   const Geometry g(at, x, w, y);
   // Its int8 kernels are exact with VNNI, and without it only its
-  // depthwise ones, on u8 inputs (see conv_integer()).
-  const bool depthwise_kernel = !onednn_int8_exact(e.isa()) && g.groups > 1 && g.c == g.groups && g.o == g.groups &&
-                                x.dtype == fw::DType::kU8 && onednn_int8_depthwise_exact(e.isa());
+  // depthwise ones, on u8 inputs.
+  const bool depthwise_kernel = depthwise_whole_bytes(e.isa(), g, x.dtype);
   if (!onednn_int8_exact(e.isa()) && !depthwise_kernel) return false;
   if (w.dtype != fw::DType::kI8 || (x.dtype != fw::DType::kU8 && x.dtype != fw::DType::kI8) ||
       (y.dtype != fw::DType::kU8 && y.dtype != fw::DType::kI8))
