@@ -58,6 +58,7 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
     if (!options.doorbells.empty()) {
       state->tail = options.doorbells[q].tail;
       state->sleeping = options.doorbells[q].sleeping;
+      state->doorbell_net = options.doorbell_net;
       state->tail->store(0);
       state->sleeping->store(0);
     }

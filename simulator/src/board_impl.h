@@ -3,6 +3,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -40,6 +41,7 @@ struct QueueState {
   alignas(64) std::atomic<std::uint32_t> tail_word{0};
   std::atomic<std::uint32_t>* tail = &tail_word;   // or a shadow doorbell (BoardOptions)
   std::atomic<std::uint32_t>* sleeping = nullptr;  // shadow doorbells: 1 while the processor sleeps
+  std::chrono::milliseconds doorbell_net{0};       // shadow doorbells: BoardOptions::doorbell_net
   base::EventCount doorbell;                       // notified on every TAIL register write
 
   // Written by the command processor.

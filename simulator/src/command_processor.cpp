@@ -98,10 +98,11 @@ void CommandProcessor::idle_wait(std::uint32_t head) {
     base::cpu_relax();
   }
   // Asleep, only the register (or a halt or stop, which ring it too) wakes
-  // us. The one-second net bounds a lost wake-up; it is long so that a host
-  // that stores the shadow without ringing is seen to be wrong.
+  // us, or the net for a lost wake-up (BoardOptions::doorbell_net).
   q_.sleeping->store(1, std::memory_order_seq_cst);
-  base::spin_then_block(ready, q_.doorbell, std::chrono::microseconds(0), 1s, base::monotonic_ns() + 1'000'000'000ull);
+  const auto net = std::chrono::duration_cast<std::chrono::nanoseconds>(q_.doorbell_net);
+  base::spin_then_block(ready, q_.doorbell, std::chrono::microseconds(0), net,
+                        base::monotonic_ns() + static_cast<std::uint64_t>(net.count()));
   q_.sleeping->store(0, std::memory_order_seq_cst);
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -101,6 +102,11 @@ struct BoardOptions {
     std::atomic<std::uint32_t>* sleeping = nullptr;
   };
   std::vector<ShadowDoorbell> doorbells;
+
+  // How long a processor asleep on a shadow doorbell waits for the register
+  // before it looks at the shadow anyway: a net for a lost wake-up, long so
+  // that a host that stores the shadow without ringing is seen to be wrong.
+  std::chrono::milliseconds doorbell_net{1000};
 
   // Host memory through messages (see HostPort); must outlive the board.
   // Such a board offers no video decoding yet: the codec unit's channel
