@@ -65,8 +65,8 @@ Value infer_clip(Importer& im, Node& n) {
 void lower_as(Lowerer& l, const Node& n, const ActivationParams& p) {
   if (l.qtable(n, p)) return;
   if (l.nhwc_island(n, {n.inputs[0]})) {
-    const auto x = l.get_nhwc_f32(n.inputs[0]);
-    l.op("activation", n.name, {{"x", x}, {"y", l.produce_nhwc_f32(n.output, l.shape_of(n.output))}},
+    const auto x = l.get_nhwc_float(n.inputs[0]);
+    l.op("activation", n.name, {{"x", x}, {"y", l.produce_nhwc_float(n.output, l.shape_of(n.output))}},
          {{"activation", act_json(p)}});
     return;
   }

@@ -63,11 +63,11 @@ Value infer_concat(Importer& im, Node& n) {
 bool nhwc_concat(Lowerer& l, const Node& n, std::int64_t axis) {
   const auto& shape = l.shape_of(n.output);
   if (shape.size() != 4 ||
-      std::none_of(n.inputs.begin(), n.inputs.end(), [&](const std::string& x) { return l.held_f32_nhwc(x); }))
+      std::none_of(n.inputs.begin(), n.inputs.end(), [&](const std::string& x) { return l.held_float_nhwc(x); }))
     return false;
   for (const auto& x : n.inputs)
     if (auto it = l.reps.find(x); !l.g.value(x).data && (it == l.reps.end() || it->second.boolean)) return false;
-  const auto y = l.produce_nhwc_f32(n.output, shape);
+  const auto y = l.produce_nhwc_float(n.output, shape);
   const auto st = row_major_strides(to_nhwc(shape));
   const std::size_t ax = nhwc_dim(static_cast<std::size_t>(axis));
   std::int64_t at = 0;
@@ -75,7 +75,7 @@ bool nhwc_concat(Lowerer& l, const Node& n, std::int64_t axis) {
     const auto xs = to_nhwc(l.shape_of(x));
     const auto part = l.dg().add_subview(y, xs, st, static_cast<std::uint64_t>(at * st[ax]) * 4);
     at += xs[ax];
-    l.op("cast", n.name, {{"x", l.get_nhwc_f32(x)}, {"y", part}});
+    l.op("cast", n.name, {{"x", l.get_nhwc_float(x)}, {"y", part}});
   }
   return true;
 }

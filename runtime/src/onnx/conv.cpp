@@ -203,10 +203,10 @@ void lower_conv(Lowerer& l, const Node& n) {
   if (one_d) l.qdq_float(n, "1-D convolutions run in float");
   const DType t = l.act;
   const bool nhwc = l.float_nhwc && !one_d;
-  std::map<std::string, std::int64_t> operands{{"x", nhwc ? l.get_nhwc_f32(n.inputs[0]) : l.get(n.inputs[0], t)},
+  std::map<std::string, std::int64_t> operands{{"x", nhwc ? l.get_nhwc_float(n.inputs[0]) : l.get(n.inputs[0], t)},
                                                {"w", l.get(n.inputs[1], t)}};
   if (has_bias) operands["bias"] = l.get(n.inputs[2], DType::F32);
-  operands["y"] = nhwc ? l.produce_nhwc_f32(n.output, shape) : l.produce(n.output, t, shape);
+  operands["y"] = nhwc ? l.produce_nhwc_float(n.output, shape) : l.produce(n.output, t, shape);
   if (one_d) l.as_2d(operands, {{"x", &xs}, {"w", &w.shape}, {"y", &shape}});
   ops::Conv2dOptions on = o;
   if (nhwc) on.layout = Layout::NHWC;

@@ -268,7 +268,7 @@ bool held_u8_nhwc(const std::map<std::string, Rep>& reps, const std::string& v) 
 bool Lowerer::qslice(const Node& n, const std::vector<std::int64_t>& lo, const std::vector<std::int64_t>& step) {
   const std::string& x = n.inputs[0];
   if (std::any_of(step.begin(), step.end(), [](std::int64_t s) { return s <= 0; })) return false;
-  const bool f32 = held_f32_nhwc(x);  // fp32: the same copy of f32 elements
+  const bool f32 = held_float_nhwc(x);  // a float model: the same copy of float elements
   if (!f32 && (!int8() || keep_fp16.count(n.name) || shape_of(x).size() != 4 || !held_u8_nhwc(reps, x))) return false;
   const Rep& r = reps.at(x);
   const auto st = row_major_strides(to_nhwc(shape_of(x)));
@@ -280,22 +280,24 @@ bool Lowerer::qslice(const Node& n, const std::vector<std::int64_t>& lo, const s
     strides[h] = st[h] * step[d];
   }
   const auto& shape = shape_of(n.output);
-  const auto view = dg().add_subview(f32 ? r.nhwc_f32 : r.nhwc, to_nhwc(shape), strides, first * (f32 ? 4 : 1));
+  const auto view =
+      dg().add_subview(f32 ? r.nhwc_float : r.nhwc, to_nhwc(shape), strides, first * (f32 ? size_of(nhwc_type) : 1));
   const QParams q = r.q;  // produce_nhwc replaces the output's Rep, not x's; a copy keeps it plain
-  op("cast", n.name, {{"x", view}, {"y", f32 ? produce_nhwc_f32(n.output, shape) : produce_nhwc(n.output, shape, q)}});
+  op("cast", n.name,
+     {{"x", view}, {"y", f32 ? produce_nhwc_float(n.output, shape) : produce_nhwc(n.output, shape, q)}});
   return true;
 }
 
 bool Lowerer::qrepeat(const Node& n, std::int64_t fh, std::int64_t fw) {
   const std::string& x = n.inputs[0];
-  const bool f32 = held_f32_nhwc(x);  // fp32: the same copies of f32 elements
+  const bool f32 = held_float_nhwc(x);  // a float model: the same copies of float elements
   if (!f32 && (!int8() || keep_fp16.count(n.name) || shape_of(x).size() != 4 || !held_u8_nhwc(reps, x))) return false;
-  const std::int64_t xv = f32 ? reps.at(x).nhwc_f32 : reps.at(x).nhwc;
+  const std::int64_t xv = f32 ? reps.at(x).nhwc_float : reps.at(x).nhwc;
   const QParams q = reps.at(x).q;
   const auto xs = to_nhwc(shape_of(x));
-  const auto y = f32 ? produce_nhwc_f32(n.output, shape_of(n.output)) : produce_nhwc(n.output, shape_of(n.output), q);
+  const auto y = f32 ? produce_nhwc_float(n.output, shape_of(n.output)) : produce_nhwc(n.output, shape_of(n.output), q);
   const auto st = row_major_strides(to_nhwc(shape_of(n.output)));
-  const std::uint64_t bytes = f32 ? 4 : 1;
+  const std::uint64_t bytes = f32 ? size_of(nhwc_type) : 1;
   // Y[n, h * fh + i, w * fw + j, c] = X[n, h, w, c]: one copy per (i, j).
   for (std::int64_t i = 0; i < fh; ++i)
     for (std::int64_t j = 0; j < fw; ++j) {

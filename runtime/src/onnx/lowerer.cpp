@@ -27,6 +27,10 @@ std::vector<std::int64_t> to_nhwc(const std::vector<std::int64_t>& s) { return {
 
 bool nhwc_is_nchw(const std::vector<std::int64_t>& s) { return s[1] == 1 || (s[2] == 1 && s[3] == 1); }
 
+namespace {
+bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+}  // namespace
+
 std::int64_t Lowerer::add_raw(DType t, std::vector<std::int64_t> shape, const void* data, std::size_t bytes) {
   DTensor d;
   d.dtype = t;
@@ -165,8 +169,8 @@ void Lowerer::ensure_q_tensors(Rep& r) {
 }
 
 // A value held NHWC, back to NCHW: u8 by a transpose of the u8 form
-// (quantized from the f32 one if need be), floats by a transpose of the f32
-// form (dequantized from the u8 one if need be), then cast.
+// (quantized from the float one if need be), floats by a transpose of the
+// float form (dequantized from the u8 one if need be), then cast.
 std::int64_t Lowerer::from_nhwc(Rep& r, const std::string& v, DType t) {
   const auto shape = g.value(v).shape;
   const std::vector<std::size_t> back{0, 3, 1, 2};
@@ -176,15 +180,23 @@ std::int64_t Lowerer::from_nhwc(Rep& r, const std::string& v, DType t) {
     id = dg().add_arena("", DType::U8, shape);
     op("transpose", "", {{"x", u}, {"y", id}}, {{"perm", back}});
   } else {
-    const auto f = get_nhwc_f32(v);
+    const auto f = get_nhwc_float(v);
     if (float_nhwc && nhwc_is_nchw(shape)) {
       id = dg().add_view(f, shape);
+    } else if (t != nhwc_type && is_float(t)) {
+      // Converted and transposed in one cast, reading the NHWC bytes in
+      // NCHW's order (an fp16 model's f32 output).
+      const std::int64_t c = shape[1], h = shape[2], w = shape[3];
+      id = dg().add_arena("", t, shape);
+      op("cast", "", {{"x", dg().add_subview(f, shape, {h * w * c, 1, w * c, c}, 0)}, {"y", id}});
+      r.by_dtype[t] = id;
+      return id;
     } else {
-      id = dg().add_arena("", DType::F32, shape);
+      id = dg().add_arena("", nhwc_type, shape);
       op("transpose", "", {{"x", f}, {"y", id}}, {{"perm", back}});
     }
-    if (t != DType::F32) {
-      r.by_dtype[DType::F32] = id;
+    if (t != nhwc_type) {
+      r.by_dtype[nhwc_type] = id;
       const auto c = dg().add_arena("", t, shape);
       op("cast", "", {{"x", id}, {"y", c}});
       id = c;
@@ -247,11 +259,11 @@ std::int64_t Lowerer::get(const std::string& v, DType t) {
 std::int64_t Lowerer::get_nhwc(const std::string& v) {
   Rep* r = reps.count(v) ? &reps.at(v) : nullptr;
   if (r && r->nhwc >= 0) return r->nhwc;
-  if (r && r->nhwc_f32 >= 0) {  // quantized where it is, NHWC
+  if (r && r->nhwc_float >= 0) {  // quantized where it is, NHWC
     r->q = range_q(v);
     ensure_q_tensors(*r);
     r->nhwc = dg().add_arena("", DType::U8, to_nhwc(g.value(v).shape));
-    op("quantize", "", {{"x", r->nhwc_f32}, {"scale", r->q_scale}, {"zero_point", r->q_zero}, {"y", r->nhwc}},
+    op("quantize", "", {{"x", r->nhwc_float}, {"scale", r->q_scale}, {"zero_point", r->q_zero}, {"y", r->nhwc}},
        {{"axis", 1}});
     return r->nhwc;
   }
@@ -267,10 +279,10 @@ std::int64_t Lowerer::get_nchw(const std::string& v) {
   return r.primary_nhwc ? get(v, r.primary) : r.by_dtype.at(r.primary);
 }
 
-bool Lowerer::held_f32_nhwc(const std::string& v) const {
+bool Lowerer::held_float_nhwc(const std::string& v) const {
   const auto it = reps.find(v);
   return float_nhwc && shape_of(v).size() == 4 && it != reps.end() && it->second.primary_nhwc &&
-         it->second.primary == DType::F32 && it->second.nhwc_f32 >= 0 && !it->second.boolean;
+         it->second.primary == nhwc_type && it->second.nhwc_float >= 0 && !it->second.boolean;
 }
 
 bool Lowerer::nhwc_island(const Node& n, const std::vector<std::string>& xs) const {
@@ -285,7 +297,7 @@ bool Lowerer::nhwc_island(const Node& n, const std::vector<std::string>& xs) con
       }
       const auto it = reps.find(x);
       if (it == reps.end() || it->second.boolean || val.shape.size() != 4) return false;
-      any = any || (held_f32_nhwc(x) && val.shape == shape_of(n.output));
+      any = any || (held_float_nhwc(x) && val.shape == shape_of(n.output));
     }
     return any;
   }
@@ -298,10 +310,10 @@ bool Lowerer::nhwc_island(const Node& n, const std::vector<std::string>& xs) con
   });
 }
 
-std::int64_t Lowerer::get_nhwc_f32(const std::string& v) {
+std::int64_t Lowerer::get_nhwc_float(const std::string& v) {
   const Value& val = g.value(v);
   if (val.data) {  // [.., C, H, W] padded to 4-D, its data permuted to NHWC
-    const auto key = std::make_pair(v + "\x01nhwc", DType::F32);
+    const auto key = std::make_pair(v + "\x01nhwc", nhwc_type);
     if (auto it = const_cache.find(key); it != const_cache.end()) return it->second;
     std::vector<std::int64_t> s4(4 - val.shape.size(), 1);
     s4.insert(s4.end(), val.shape.begin(), val.shape.end());
@@ -313,34 +325,44 @@ std::int64_t Lowerer::get_nhwc_f32(const std::string& v) {
         for (std::int64_t w = 0; w < s4[3]; ++w)
           for (std::int64_t c = 0; c < s4[1]; ++c)
             data[i++] = (*val.data)[static_cast<std::size_t>(a * from[0] + c * from[1] + h * from[2] + w * from[3])];
-    return const_cache[key] = add_weight(data, DType::F32, to_nhwc(s4));
+    return const_cache[key] = add_weight(data, nhwc_type, to_nhwc(s4));
   }
   Rep& r = reps.at(v);
-  if (r.nhwc_f32 >= 0) return r.nhwc_f32;
+  if (r.nhwc_float >= 0) return r.nhwc_float;
   if (r.nhwc < 0) {  // held NCHW (float_nhwc): transposed once, or viewed where that moves nothing
     const auto& shape = val.shape;
-    const auto x = dense(get(v, DType::F32), DType::F32, shape);
-    if (nhwc_is_nchw(shape)) {
-      r.nhwc_f32 = dg().add_view(x, to_nhwc(shape));
-    } else {
-      r.nhwc_f32 = dg().add_arena("", DType::F32, to_nhwc(shape));
-      op("transpose", "", {{"x", x}, {"y", r.nhwc_f32}}, {{"perm", std::vector<std::size_t>{0, 2, 3, 1}}});
+    if (!nhwc_is_nchw(shape) && !r.by_dtype.count(nhwc_type) && r.primary != nhwc_type && is_float(r.primary)) {
+      // In another float type (an fp16 model's f32 input): converted and
+      // transposed in one cast, reading the NCHW bytes in NHWC's order.
+      const auto x = dense(r.by_dtype.at(r.primary), r.primary, shape);
+      const std::int64_t c = shape[1], h = shape[2], w = shape[3];
+      const auto in_nhwc_order = dg().add_subview(x, to_nhwc(shape), {c * h * w, w, 1, h * w}, 0);
+      r.nhwc_float = dg().add_arena("", nhwc_type, to_nhwc(shape));
+      op("cast", "", {{"x", in_nhwc_order}, {"y", r.nhwc_float}});
+      return r.nhwc_float;
     }
-    return r.nhwc_f32;
+    const auto x = dense(get(v, nhwc_type), nhwc_type, shape);
+    if (nhwc_is_nchw(shape)) {
+      r.nhwc_float = dg().add_view(x, to_nhwc(shape));
+    } else {
+      r.nhwc_float = dg().add_arena("", nhwc_type, to_nhwc(shape));
+      op("transpose", "", {{"x", x}, {"y", r.nhwc_float}}, {{"perm", std::vector<std::size_t>{0, 2, 3, 1}}});
+    }
+    return r.nhwc_float;
   }
   ensure_q_tensors(r);
-  r.nhwc_f32 = dg().add_arena("", DType::F32, to_nhwc(g.value(v).shape));
-  op("dequantize", "", {{"x", r.nhwc}, {"scale", r.q_scale}, {"zero_point", r.q_zero}, {"y", r.nhwc_f32}},
+  r.nhwc_float = dg().add_arena("", DType::F32, to_nhwc(g.value(v).shape));
+  op("dequantize", "", {{"x", r.nhwc}, {"scale", r.q_scale}, {"zero_point", r.q_zero}, {"y", r.nhwc_float}},
      {{"axis", 1}});
-  return r.nhwc_f32;
+  return r.nhwc_float;
 }
 
-std::int64_t Lowerer::produce_nhwc_f32(const std::string& v, const std::vector<std::int64_t>& shape) {
-  const auto id = dg().add_arena(v, DType::F32, to_nhwc(shape));
+std::int64_t Lowerer::produce_nhwc_float(const std::string& v, const std::vector<std::int64_t>& shape) {
+  const auto id = dg().add_arena(v, nhwc_type, to_nhwc(shape));
   Rep r;
-  r.primary = DType::F32;
+  r.primary = nhwc_type;
   r.primary_nhwc = true;
-  r.nhwc_f32 = id;
+  r.nhwc_float = id;
   reps[v] = r;
   return id;
 }
@@ -414,9 +436,10 @@ void Lowerer::run() {
     reps[in] = r;
     dg().inputs.push_back(id);
   }
-  float_nhwc = precision == Precision::F32 && !nchw_only;
+  float_nhwc = precision != Precision::Int8 && !nchw_only;
+  nhwc_type = precision == Precision::Int8 ? DType::F32 : act;
   // int8 values are u8 NHWC: Concats copy. In fp32 a value made NHWC is
-  // not made in its part (produce_nhwc_f32), and a Concat with one copies
+  // not made in its part (produce_nhwc_float), and a Concat with one copies
   // (lower_concat).
   if (precision != Precision::Int8) placements = plan_concats(g, act);
   for (const auto& n : g.nodes) lower_node(n);

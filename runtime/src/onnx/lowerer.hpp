@@ -43,19 +43,19 @@ inline std::size_t nhwc_dim(std::size_t d) {
 // engine's integer convolution and pooling are fast; the NCHW forms are
 // made from it only where something needs them. An element-wise op whose
 // activation inputs are all held NHWC with its output's shape runs on f32
-// NHWC tensors (`nhwc_f32`): the same bits as in NCHW, element by element,
+// NHWC tensors (`nhwc_float`): the same bits as in NCHW, element by element,
 // without the transposes.
 struct Rep {
   std::map<DType, std::int64_t> by_dtype;
   DType primary = DType::F32;
-  std::int64_t nhwc = -1;      // the u8 NHWC tensor, if any
-  std::int64_t nhwc_f32 = -1;  // the f32 NHWC tensor, if any
-  bool primary_nhwc = false;   // produced NHWC: as `nhwc` (primary u8) or `nhwc_f32` (primary f32)
+  std::int64_t nhwc = -1;        // the u8 NHWC tensor, if any
+  std::int64_t nhwc_float = -1;  // the f32 NHWC tensor, if any
+  bool primary_nhwc = false;     // produced NHWC: as `nhwc` (primary u8) or `nhwc_float` (primary f32)
   QParams q;
   std::int64_t q_scale = -1, q_zero = -1;  // weights tensors holding q
   bool boolean = false;                    // u8 1 or 0 (a comparison's or logic's result), never quantised
   std::int64_t primary_tensor() const {
-    return !primary_nhwc ? by_dtype.at(primary) : primary == DType::U8 ? nhwc : nhwc_f32;
+    return !primary_nhwc ? by_dtype.at(primary) : primary == DType::U8 ? nhwc : nhwc_float;
   }
 };
 
@@ -91,6 +91,9 @@ struct Lowerer {
   // held NHWC is transposed to NCHW only where an op needs that.
   bool float_nhwc = false;
   bool nchw_only = false;  // an fp32 model without float_nhwc (lower()'s `nchw`)
+  // The type of float values held NHWC (nhwc_float): an fp16 or bf16
+  // model's own, else f32 (an int8 model's dequantized activations).
+  DType nhwc_type = DType::F32;
   // The type of float ops: the activation type, f32 in an int8 model.
   DType float_type() const { return int8() ? DType::F32 : act; }
   const std::vector<std::int64_t>& shape_of(const std::string& v) const { return g.value(v).shape; }
@@ -137,11 +140,11 @@ struct Lowerer {
   // 4-D value `v` as an f32 NHWC tensor: dequantized once from its u8 NHWC
   // form, or (float_nhwc) transposed once from its NCHW form; a constant
   // of rank 4 or less, as the NHWC form of its 4-D broadcast shape.
-  std::int64_t get_nhwc_f32(const std::string& v);
+  std::int64_t get_nhwc_float(const std::string& v);
   // A new f32 NHWC arena tensor holding 4-D value `v` (`shape` NCHW).
-  std::int64_t produce_nhwc_f32(const std::string& v, const std::vector<std::int64_t>& shape);
+  std::int64_t produce_nhwc_float(const std::string& v, const std::vector<std::int64_t>& shape);
   // float_nhwc: whether 4-D value `v` was produced f32 NHWC.
-  bool held_f32_nhwc(const std::string& v) const;
+  bool held_float_nhwc(const std::string& v) const;
   void ensure_q_tensors(Rep& r);
 
   // int8 layers (int8.cpp): whether their bias fits, and the layer itself.

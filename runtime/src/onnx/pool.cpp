@@ -188,13 +188,13 @@ void lower_pool(Lowerer& l, const Node& n) {
   std::map<std::string, std::int64_t> operands;
   // fp32: NHWC where the input is held so (the same bits: each output
   // meets its taps in the same order).
-  const bool f32_nhwc = !one_d && l.held_f32_nhwc(n.inputs[0]);
+  const bool f32_nhwc = !one_d && l.held_float_nhwc(n.inputs[0]);
   if (t == DType::U8) {  // NHWC; the max of u8 values keeps their scale
     operands["x"] = l.get_nhwc(n.inputs[0]);
     operands["y"] = l.produce_nhwc(n.output, shape, l.reps.at(n.inputs[0]).q);
   } else if (f32_nhwc) {
-    operands["x"] = l.get_nhwc_f32(n.inputs[0]);
-    operands["y"] = l.produce_nhwc_f32(n.output, shape);
+    operands["x"] = l.get_nhwc_float(n.inputs[0]);
+    operands["y"] = l.produce_nhwc_float(n.output, shape);
   } else {
     operands["x"] = l.get(n.inputs[0], t);
     operands["y"] = l.produce(n.output, t, shape);

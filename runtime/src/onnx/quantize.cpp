@@ -232,7 +232,7 @@ void lower_pair(Lowerer& l, const Node& n) {
     }
     // Quantized once, into the u8 form the int8 layers after it read.
     const bool nhwc = shape.size() == 4 && it != l.reps.end() && it->second.primary_nhwc;
-    const auto xf = nhwc ? l.get_nhwc_f32(x) : l.get(x, DType::F32);
+    const auto xf = nhwc ? l.get_nhwc_float(x) : l.get(x, DType::F32);
     const auto y = nhwc ? l.produce_nhwc(n.output, shape, q) : l.produce(n.output, DType::U8, shape);
     Rep& r = l.reps.at(n.output);
     l.ensure_q_tensors(r);

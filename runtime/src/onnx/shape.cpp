@@ -94,7 +94,7 @@ struct TransposeAttrs {
 // channel c * G + g is input channel g * C/G + c.
 bool channel_shuffle(Lowerer& l, const Node& n) {
   const std::string& x = n.inputs[0];
-  if (n.op != "Reshape" || !l.held_f32_nhwc(x)) return false;
+  if (n.op != "Reshape" || !l.held_float_nhwc(x)) return false;
   const auto& xs = l.shape_of(x);
   const auto& rs = l.shape_of(n.output);
   if (rs.size() != 5 || rs[0] != xs[0] || rs[1] * rs[2] != xs[1] || rs[3] != xs[2] || rs[4] != xs[3]) return false;
@@ -104,8 +104,8 @@ bool channel_shuffle(Lowerer& l, const Node& n) {
   const Node* back = l.sole_consumer(t->output);
   if (!back || back->op != "Reshape" || l.shape_of(back->output) != xs) return false;
   const std::int64_t groups = rs[1], per = rs[2], pixels = xs[0] * xs[2] * xs[3];
-  const auto from = l.dg().add_subview(l.reps.at(x).nhwc_f32, {pixels, per, groups}, {xs[1], 1, per}, 0);
-  const auto y = l.produce_nhwc_f32(back->output, xs);
+  const auto from = l.dg().add_subview(l.reps.at(x).nhwc_float, {pixels, per, groups}, {xs[1], 1, per}, 0);
+  const auto y = l.produce_nhwc_float(back->output, xs);
   l.op("cast", n.name, {{"x", from}, {"y", l.dg().add_view(y, {pixels, per, groups})}});
   l.fused_into_producer.insert(t->name);
   l.fused_into_producer.insert(back->name);
@@ -267,19 +267,19 @@ Value infer_transpose(Importer& im, Node& n) {
 bool transpose_as_view(Lowerer& l, const Node& n) {
   const std::string& x = n.inputs[0];
   const auto it = l.reps.find(x);
-  if (!l.float_nhwc || l.shape_of(x).size() != 4 || it == l.reps.end() || it->second.boolean ||
-      it->second.primary != DType::F32)
+  const DType t = l.nhwc_type;
+  if (!l.float_nhwc || l.shape_of(x).size() != 4 || it == l.reps.end() || it->second.boolean || it->second.primary != t)
     return false;
   const auto& perm = n.attr<TransposeAttrs>().perm;
   const std::vector<std::int64_t> to_last{0, 2, 3, 1}, to_first{0, 3, 1, 2};
   Rep r;
-  r.primary = DType::F32;
-  if (perm == to_last && l.held_f32_nhwc(x)) {
-    r.by_dtype[DType::F32] = l.dg().add_view(it->second.nhwc_f32, l.shape_of(n.output));
+  r.primary = t;
+  if (perm == to_last && l.held_float_nhwc(x)) {
+    r.by_dtype[t] = l.dg().add_view(it->second.nhwc_float, l.shape_of(n.output));
   } else if (perm == to_first && !it->second.primary_nhwc) {
-    const auto src = l.dense(it->second.by_dtype.at(DType::F32), DType::F32, l.shape_of(x));
+    const auto src = l.dense(it->second.by_dtype.at(t), t, l.shape_of(x));
     r.primary_nhwc = true;
-    r.nhwc_f32 = l.dg().add_view(src, l.shape_of(x));
+    r.nhwc_float = l.dg().add_view(src, l.shape_of(x));
   } else {
     return false;
   }
@@ -294,7 +294,7 @@ void lower_transpose(Lowerer& l, const Node& n) {
   l.get_nchw(n.inputs[0]);
   Rep src = l.reps.at(n.inputs[0]);
   src.primary_nhwc = false;
-  src.nhwc = src.nhwc_f32 = -1;
+  src.nhwc = src.nhwc_float = -1;
   const auto x = src.by_dtype.at(src.primary);
   const auto y = l.dg().add_arena(n.output, src.primary, l.shape_of(n.output));
   Rep r = src;

@@ -108,9 +108,12 @@ struct FusedRequant {
 // contributes 0, as ONNX defines). `depthwise_kernel`: only one of
 // oneDNN's depthwise kernels (jit, weights blocked by group alone), which
 // widen int8 to 32 bits before multiplying (onednn_int8_depthwise_exact).
+// `weights_reused`: wdata holds the floats it held when last given here
+// (widened_weights' `reused`), so that weights oneDNN reordered from them
+// before are taken without comparing their bytes again.
 bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata, dt wtype,
                const View* bias, const View& y, dt yt, void* ydata, const std::int32_t* src_zero = nullptr,
-               const FusedRequant* requant = nullptr, bool depthwise_kernel = false) {
+               const FusedRequant* requant = nullptr, bool depthwise_kernel = false, bool weights_reused = false) {
   try {
     const auto D = [](std::uint64_t v) { return static_cast<dnnl::memory::dim>(v); };
     const dnnl::memory::desc xd = act_desc(x, g.nhwc, xt);
@@ -246,7 +249,7 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
                             std::to_string(std::hash<std::string>{}(std::string(
                                 reinterpret_cast<const char*>(&preferred.data), sizeof(dnnl_memory_desc_t))));
       const auto* src = static_cast<const std::byte*>(wdata);
-      const dnnl::memory* hit = dense_w ? e.dnnl().cached_weights(k, src, wbytes) : nullptr;
+      const dnnl::memory* hit = dense_w ? e.dnnl().cached_weights(k, src, wbytes, weights_reused) : nullptr;
       if (hit) {
         wmem = *hit;
       } else {
@@ -724,7 +727,8 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
   // always, bf16 on CPUs without AVX-512.
   const bool f16 = x0.dtype == fw::DType::kF16 || (x0.dtype == fw::DType::kBF16 && !onednn_has_bf16());
   const View x = f16 ? widened(e, x0, Staged::kX) : x0;
-  const View w = f16 ? widened(e, w0, Staged::kW) : w0;
+  bool reused = false;
+  const View w = f16 ? widened_weights(e, w0, Staged::kW, &reused) : w0;
   View b = bias;
   if (bias.present() && (bias.dtype == fw::DType::kF16 || (bias.dtype != x.dtype && bias.dtype != fw::DType::kF32)))
     b = widened(e, bias, Staged::kBias);
@@ -743,8 +747,9 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
     yt = dt::f32;
   }
   const dt xt = dnnl_type(x.dtype);
-  bool done = grouped_f32(e, g, x, w, b.present() ? &b : nullptr, y, out) ||
-              dnnl_conv(e, g, x, xt, w, w.data, xt, b.present() ? &b : nullptr, y, yt, out);
+  bool done =
+      grouped_f32(e, g, x, w, b.present() ? &b : nullptr, y, out) ||
+      dnnl_conv(e, g, x, xt, w, w.data, xt, b.present() ? &b : nullptr, y, yt, out, nullptr, nullptr, false, reused);
   if (!done) {
     // Reference: direct loops, f32 accumulation in (c, kh, kw) order.
     if (direct) {

@@ -15,7 +15,7 @@ fw::Problem run_conv_transpose2d(TensorEngine& e, const fw::ConvAttrs& at, const
   const std::uint32_t dc = nhwc ? 3 : 1, dh = nhwc ? 1 : 2, dw = nhwc ? 2 : 3;
   // f16 and bf16 operands widen (exactly) to f32 first.
   const View x = v[0].dtype == fw::DType::kF32 ? v[0] : widened(e, v[0], Staged::kX);
-  const View w = v[1].dtype == fw::DType::kF32 ? v[1] : widened(e, v[1], Staged::kW);
+  const View w = v[1].dtype == fw::DType::kF32 ? v[1] : widened_weights(e, v[1], Staged::kW);
   const View& y = v[3];
   const std::uint64_t n = x.shape[0], cin = x.shape[dc], h = x.shape[dh], wd = x.shape[dw];
   const std::uint64_t cout = y.shape[dc], oh = y.shape[dh], ow = y.shape[dw];

@@ -369,6 +369,23 @@ View widened(TensorEngine& e, const View& v, Staged slot, float* into) {
   return staged_like(e, v, slot, store);
 }
 
+View widened_weights(TensorEngine& e, const View& v, Staged slot, bool* reused) {
+  if (reused) *reused = false;
+  if (!v.contiguous()) return widened(e, v, slot);
+  const std::uint64_t n = v.elements();
+  const std::size_t bytes = n * v.esize;
+  // The packed cache's keys: what an entry is for, then its parameters.
+  constexpr std::int64_t kWidenedFloats = 0x5744;  // "WD"
+  PackedCache::Key key{kWidenedFloats, static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(v.data)),
+                       static_cast<std::int64_t>(n), static_cast<std::int64_t>(v.dtype)};
+  if (const float* hit = e.packed_cache().find(key, v.data, bytes)) {
+    if (reused) *reused = true;
+    return staged_like(e, v, slot, const_cast<float*>(hit));
+  }
+  if (float* kept = e.packed_cache().insert(std::move(key), v.data, bytes, n)) return widened(e, v, slot, kept);
+  return widened(e, v, slot);
+}
+
 View staged_like(TensorEngine& e, const View& v, Staged slot, float* data) {
   View out = v;
   out.data = reinterpret_cast<std::byte*>(data ? data : e.staged(slot, v.elements()));

@@ -191,6 +191,14 @@ void for_each_index(const std::uint64_t* shape, std::uint32_t rank, const View* 
 // this CPU; widening is exact).
 // `into`: write the floats there instead (a dense f32 tensor of v's shape).
 View widened(TensorEngine& e, const View& v, Staged slot, float* into = nullptr);
+// widened() for an operand a model runs with again and again (weights): the
+// floats are kept in the engine's packed cache while v holds the same
+// bytes, so that they are widened once per model rather than once per run,
+// and stay at one address (oneDNN's reordered weights are kept by address).
+// Falls back to widened() into `slot` where v has gaps or the cache is full.
+// `reused`, if given, is set when the floats are the ones this address held
+// when last returned (the cache's entry served again, not written now).
+View widened_weights(TensorEngine& e, const View& v, Staged slot, bool* reused = nullptr);
 // A dense f32 view of v's shape over `data`, or over staging memory `slot`.
 View staged_like(TensorEngine& e, const View& v, Staged slot, float* data = nullptr);
 // Dense f32 `from` (to's shape) into float view `to`, each value rounded once.
