@@ -243,6 +243,31 @@ TEST_P(Ops, CastBroadcastsItsInput) {
   expect_exact("cast f32 [3, 1] -> i8 [2, 3, 4]", got, want);
 }
 
+// A cast between f32 and f16 or bf16 of a strided view: an fp16 model's
+// f32 input read in NHWC's order, its NHWC output read back in NCHW's.
+TEST_P(Ops, CastOfATransposedViewBetweenF32AndHalfFloats) {
+  const std::int64_t n = 2, c = 37, h = 5, w = 33;
+  for (DType half : {DType::F16, DType::BF16})
+    for (bool to_half : {true, false}) {
+      const DType from = to_half ? DType::F32 : half, to = to_half ? half : DType::F32;
+      // x held NCHW read as NHWC, or held NHWC read as NCHW.
+      const Shape held = to_half ? Shape{n, c, h, w} : Shape{n, h, w, c};
+      const Shape read = to_half ? Shape{n, h, w, c} : Shape{n, c, h, w};
+      const Shape strides = to_half ? Shape{c * h * w, w, 1, h * w} : Shape{h * w * c, 1, w * c, c};
+      const std::vector<std::size_t> perm =
+          to_half ? std::vector<std::size_t>{0, 2, 3, 1} : std::vector<std::size_t>{0, 3, 1, 2};
+      Host x = rand(from, held, -300, 300);
+      x.v[3] = std::ldexp(1.0, -20);  // below f16's normal range
+      const Tensor held_t = lab().upload(x);
+      const Tensor view(held_t.buffer(), from, read, strides, 0);
+      const Tensor y = lab().output(to, read);
+      const Host got = lab().run(ops::cast(view, y), y);
+      std::vector<double> want;
+      for (double v : permuted(x, perm).v) want.push_back(cast_ref(v, from, to));
+      expect_exact(std::string("cast of a transposed view ") + to_string(from) + " -> " + to_string(to), got, want);
+    }
+}
+
 TEST_P(Ops, TransposeAnyPermutationUpToRank6) {
   const std::vector<DType> all{DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32};
   for (int trial = 0; trial < 18; ++trial) {

@@ -361,18 +361,26 @@ fw::Problem run_elementwise(TensorEngine& e, const fw::ElementwiseAttrs& at, con
     return {};
   }
   // Dense casts between f32 and f16 or bf16 (a model's input and output
-  // conversions): the vector conversions, the same bits as cast_one.
-  if (op == fw::ElementwiseOp::kIdentity && a.contiguous() && y.contiguous()) {
-    const bool half_y = y.dtype == fw::DType::kF16 || y.dtype == fw::DType::kBF16;
-    const bool half_a = a.dtype == fw::DType::kF16 || a.dtype == fw::DType::kBF16;
-    if (a.dtype == fw::DType::kF32 && half_y) {
-      narrow_into(e, a, y);
-      return {};
+  // conversions): the vector conversions, the same bits as cast_one. A
+  // strided input (an fp16 model's input read in NHWC's order, an output
+  // in NCHW's) is first copied dense as it is, in tiles where that is a
+  // transpose.
+  const bool half_y = y.dtype == fw::DType::kF16 || y.dtype == fw::DType::kBF16;
+  const bool half_a = a.dtype == fw::DType::kF16 || a.dtype == fw::DType::kBF16;
+  if (op == fw::ElementwiseOp::kIdentity && y.contiguous() &&
+      ((a.dtype == fw::DType::kF32 && half_y) || (half_a && y.dtype == fw::DType::kF32))) {
+    View from = a;
+    if (!a.contiguous()) {
+      from = staged_like(e, y, Staged::kW, e.staged(Staged::kW, (y.elements() * a.esize + 3) / 4));
+      from.dtype = a.dtype;
+      from.esize = a.esize;
+      same_type_copy(e, a, from);
     }
-    if (half_a && y.dtype == fw::DType::kF32) {
-      widened(e, a, Staged::kX, reinterpret_cast<float*>(y.data));
-      return {};
-    }
+    if (half_y)
+      narrow_into(e, from, y);
+    else
+      widened(e, from, Staged::kX, reinterpret_cast<float*>(y.data));
+    return {};
   }
   if (fw::is_comparison(op) || fw::is_logical(op)) {
     compare_or_logic(e, op, a, b, y);
