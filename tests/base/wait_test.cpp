@@ -66,7 +66,7 @@ TEST(BaseEventCount, NotifyWithoutWaitersDoesNotWakeALaterTicket) {
 // as a wait that ran to its deadline.
 TEST(BaseEventCount, PingPongAcrossThreadsNeverLosesAWakeUp) {
   constexpr std::uint32_t kRounds = 5000;
-  constexpr auto kWaitTimeout = 3s;
+  constexpr auto kWaitTimeout = 30s;   // long: a thread descheduled for seconds is no lost wake-up
   std::atomic<std::uint32_t> turn{0};  // even: ping's turn, odd: pong's turn
   EventCount ec;
   std::atomic<std::uint32_t> timeouts{0};
@@ -140,9 +140,9 @@ TEST(BaseSpinThenBlock, WakesWhenAnotherThreadMakesThePredicateTrue) {
       // A zero spin forces the sleeping path and the slice is longer than
       // the deadline, so a lost notification shows as a wait that ran to its
       // deadline.
-      const std::uint64_t deadline = monotonic_ns() + 3 * kSecond;
+      const std::uint64_t deadline = monotonic_ns() + 30 * kSecond;
       const bool ok =
-          spin_then_block([&] { return value.load(std::memory_order_acquire) >= i; }, ec, 0ns, 10s, deadline);
+          spin_then_block([&] { return value.load(std::memory_order_acquire) >= i; }, ec, 0ns, 60s, deadline);
       if (!ok || monotonic_ns() >= deadline) failures.fetch_add(1);
     }
   });

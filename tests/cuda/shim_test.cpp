@@ -276,8 +276,14 @@ TEST_F(CudaShim, AQueueReleasedWhileItsStreamWaitsKeepsItsMemoryUntilTheStreamMo
   // queue release reaps it.
   EXPECT_GT(dev.memory_stats().device_used, 0u);
   std::atomic_ref<std::uint64_t>(*word).store(1);
-  std::this_thread::sleep_for(50ms);
-  dev.queue().submit().wait();
+  // The stream moves on its own thread, however late: each queue released
+  // after it has reaps the memory.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (;;) {
+    dev.queue().submit().wait();
+    if (dev.memory_stats().device_used == 0 || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(1ms);
+  }
   EXPECT_EQ(dev.memory_stats().device_used, 0u);
 }
 

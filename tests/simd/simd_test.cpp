@@ -688,8 +688,10 @@ TEST(Simd, AKilledClientLeavesNoVfAndNoDeviceMemory) {
 // every reply, including while a VF is being made or torn down.
 TEST(Simd, GivenClientsComingAndGoingWhenMonitoredThenEveryReplyCountsItsVfsOnce) {
   // Both VFs to this process: one thread's device may open while the
-  // other's is still closing.
-  Daemon d({"--board", "tiny", "--vfs", "2", "--max-vfs-per-process", "0"});
+  // other's is still closing. No request rate limit: the monitor below
+  // connects as fast as it can, which on a fast machine passes the
+  // default 2000 connections a second.
+  Daemon d({"--board", "tiny", "--vfs", "2", "--max-vfs-per-process", "0", "--max-requests-per-second", "0"});
   std::atomic<bool> done{false};
   std::atomic<int> cycles{0};
   std::vector<std::thread> clients;
@@ -1267,13 +1269,21 @@ TEST(Simd, UnderAttackAWellBehavedClientStillRunsBenchDma) {
     return;
   }
   // The handed connections, used by this process: charged to it, past its
-  // quota they are closed.
-  int handed_refused = 0;
+  // quota (16, the default) they are closed. Some may have been closed
+  // already for the 1 s they sat idle (on a busy machine the attackers take
+  // longer than that to connect), so what holds whatever the timing is that
+  // this process, which holds the attackers' connections too, is not served
+  // on 16 of them. (AConnectionHandedToAnotherProcessIsChargedToIt checks
+  // the quota exactly, without an idle timeout.)
+  int handed_served = 0, handed_refused = 0;
   for (auto& fd : handed) {
     simd::Message m;
     if (simd::send_message(fd.get(), simd::MsgType::kList, {}) != 0 || simd::receive_message(fd.get(), m, 30000ms) != 0)
       continue;
-    handed_refused += m.header.type == simd::MsgType::kError;
+    handed_served += m.header.type == simd::MsgType::kBoards;
+    handed_refused +=
+        m.header.type == simd::MsgType::kError &&
+        simd::get_field(m.as<simd::ErrorReply>()->message).find("max-connections-per-process") != std::string::npos;
   }
   // And the rest of this process's connections, hoarded.
   std::vector<std::unique_ptr<RawClient>> hoard;
@@ -1296,15 +1306,15 @@ TEST(Simd, UnderAttackAWellBehavedClientStillRunsBenchDma) {
   const double seconds = std::chrono::duration<double>(Clock::now() - attack_start).count();
   std::printf(
       "bench dma --quick: %.3f s quiet, %.3f s under attack for %.0f s (%d requests flooded, %d maps refused, %d "
-      "decoder floods refused, %d attach/detach, %d handed connections refused); daemon resident %.0f MiB before, "
-      "%.0f MiB at most\n",
+      "decoder floods refused, %d attach/detach, %d of %zu handed connections served and %d refused); daemon "
+      "resident %.0f MiB before, %.0f MiB at most\n",
       quiet, attacked, seconds, floods.load(), refused_maps.load(), decoder_refusals.load(), churns.load(),
-      handed_refused, resident_before / 1048576.0, resident_peak.load() / 1048576.0);
+      handed_served, handed.size(), handed_refused, resident_before / 1048576.0, resident_peak.load() / 1048576.0);
   EXPECT_GT(refused_maps.load(), 0);
   EXPECT_GT(floods.load(), 100);
   EXPECT_GT(closed_idle.load(), 0);
   EXPECT_GT(churns.load(), 0);
-  EXPECT_GT(handed_refused, 0);
+  EXPECT_LT(handed_served, 16);
   if (!packets.empty()) {
     EXPECT_GT(decoder_refusals.load(), 0);
   }
@@ -1484,7 +1494,9 @@ TEST(Simd, AVfHandedToAProcessAtItsQuotaIsRefusedToItAndFreed) {
 // processes could not connect. At the user's quota, the oldest connection
 // without a VF now makes way, told why.
 TEST(Simd, IdleConnectionsMakeWayForAnotherProcessOfTheirUser) {
-  Daemon d({"--board", "tiny", "--vfs", "2", "--max-connections-per-user", "4"});
+  // No idle timeout: the other process may take longer than its 30 s on a
+  // busy machine, and the idle connections must stay until it connects.
+  Daemon d({"--board", "tiny", "--vfs", "2", "--max-connections-per-user", "4", "--idle-seconds", "0"});
   std::vector<std::unique_ptr<RawClient>> idle;
   for (int i = 0; i < 4; ++i) {
     idle.push_back(std::make_unique<RawClient>(d.socket));
