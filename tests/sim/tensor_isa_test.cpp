@@ -765,6 +765,12 @@ TEST(TensorEngine, TheWeightCacheKeepsTheFirstWeightsWhenFullAndMakesRoomFromIdl
   EXPECT_NE(d.cached_weights("b", b.data(), b.size()), nullptr);
   EXPECT_EQ(d.cached_weights("a", a.data(), a.size()), nullptr);
   EXPECT_EQ(d.cached_bytes, 4096u);
+  // Other weights under a key that do not fit take its old entry with
+  // them: a lookup that does not compare bytes must not get the old ones.
+  const std::vector<std::byte> big(2048, std::byte{7});
+  d.remember_weights("b", big.data(), big.size(), dnnl::memory(desc, d.engine));
+  EXPECT_EQ(d.cached_weights("b", b.data(), b.size(), /*unchanged=*/true), nullptr);
+  EXPECT_EQ(d.cached_bytes, 2048u);
 }
 
 }  // namespace

@@ -311,9 +311,6 @@ bool sums_within_2_24(std::uint64_t weight_abs_sum, std::uint64_t amax) {
   return amax * weight_abs_sum < (std::uint64_t{1} << 24);
 }
 
-// An integer convolution on oneDNN into the dense int32 `acc` (s8 weights),
-// exact where sums_within_2_24() says so: oneDNN passes its s32 sums
-// through f32 on the way out.
 // Without VNNI: whether an integer convolution of an input of dtype `xt`
 // runs exactly on whole bytes in oneDNN's depthwise kernels
 // (onednn_int8_depthwise_exact). u8 only: oneDNN 2.6's depthwise kernels
@@ -323,6 +320,9 @@ bool depthwise_whole_bytes(Isa isa, const Geometry& g, fw::DType xt) {
   return !onednn_int8_exact(isa) && g.depthwise() && xt == fw::DType::kU8 && onednn_int8_depthwise_exact(isa);
 }
 
+// An integer convolution on oneDNN into the dense int32 `acc` (s8 weights),
+// exact where sums_within_2_24() says so: oneDNN passes its s32 sums
+// through f32 on the way out.
 bool dnnl_conv_s32(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata,
                    const View& y, std::int32_t* acc, const std::int32_t* src_zero = nullptr,
                    bool depthwise_kernel = false) {

@@ -74,7 +74,15 @@ struct DnnlState {
         } else {
           ++it;
         }
-      if (!fits()) return;
+      if (!fits()) {
+        // Not kept: nor may an entry kept from other bytes under this key
+        // stay, for a lookup that does not compare them (`unchanged`).
+        if (const auto it = weights.find(key); it != weights.end()) {
+          cached_bytes -= it->second.source.size() + it->second.memory_bytes;
+          weights.erase(it);
+        }
+        return;
+      }
     }
     auto& e = weights[key];
     cached_bytes = cached_bytes - (e.source.size() + e.memory_bytes) + size + reordered;
