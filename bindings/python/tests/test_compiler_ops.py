@@ -71,6 +71,35 @@ def i64(values):
     return np.asarray(values, np.int64)
 
 
+def test_values_held_nhwc_between_convolutions_match_in_every_precision(dev, tmp_path):
+    """fp32, fp16 and bf16 models hold 4-D values NHWC, in the model's own
+    type, between convolutions (docs/runtime.md): concatenations along the
+    channels and along the height, pooling, upsampling, channel slices and
+    elementwise maps of such values, against PyTorch."""
+    torch = pytest.importorskip("torch")
+    nn, F = torch.nn, torch.nn.functional
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2a, self.c2b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 1), nn.Conv2d(8, 4, 1)
+            self.c3, self.c4, self.fc = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(12, 6, 1), nn.Linear(6, 5)
+
+        def forward(self, x):
+            a = F.relu(self.c1(x))
+            b = torch.cat((self.c2a(a), self.c2b(a)), 1)
+            u = F.interpolate(F.relu(self.c3(F.max_pool2d(b, 2))), scale_factor=2.0, mode="nearest")
+            y, z = torch.split(u, 4, 1)
+            t = self.c4(torch.cat((y * torch.sigmoid(z), a), 1))
+            h = torch.cat((t, F.avg_pool2d(t, 3, 1, 1)), 2)
+            return self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1))
+
+    torch.manual_seed(5)
+    x = np.random.default_rng(5).standard_normal((2, 3, 8, 8)).astype(np.float32)  # RNG's sequence left as it was
+    onnx_bytes, want = exported(torch, Net().eval(), x, tmp_path / "net.onnx", "x")
+    check(dev, onnx_bytes, {"x": x}, lambda _: want)
+
+
 @pytest.mark.parametrize("shape,axis", [((1, 3, 4, 4), 1), ((2, 3, 4, 4), 1), ((2, 3, 4, 5), 3), ((1, 6, 2), -1)])
 def test_concat_of_device_values_on_any_axis(dev, shape, axis):
     # a's Relu writes straight into the output where the parts are contiguous;

@@ -58,7 +58,7 @@ Value infer_concat(Importer& im, Node& n) {
   return out;
 }
 
-// fp32: a 4-D Concat with an input held NHWC is made NHWC, each input
+// fp32, fp16 and bf16: a 4-D Concat with an input held NHWC is made NHWC, each input
 // copied into its part (along the NHWC form of the axis).
 bool nhwc_concat(Lowerer& l, const Node& n, std::int64_t axis) {
   const auto& shape = l.shape_of(n.output);
@@ -73,7 +73,7 @@ bool nhwc_concat(Lowerer& l, const Node& n, std::int64_t axis) {
   std::int64_t at = 0;
   for (const auto& x : n.inputs) {
     const auto xs = to_nhwc(l.shape_of(x));
-    const auto part = l.dg().add_subview(y, xs, st, static_cast<std::uint64_t>(at * st[ax]) * 4);
+    const auto part = l.dg().add_subview(y, xs, st, static_cast<std::uint64_t>(at * st[ax]) * size_of(l.nhwc_type));
     at += xs[ax];
     l.op("cast", n.name, {{"x", l.get_nhwc_float(x)}, {"y", part}});
   }
