@@ -436,6 +436,10 @@ std::vector<LayerError> measure(Device& dev, const Graph& g, const Lowered& f32,
     const double sig_rms = count ? std::sqrt(sig / static_cast<double>(count)) : 0;
     e.rel_rms = sig_rms > 0 ? e.rms / sig_rms : 0;
     e.snr_db = err > 0 ? 10.0 * std::log10(sig / err) : INFINITY;
+    if (!std::isfinite(err)) {  // an infinity or NaN in the reduced values: nothing of the signal is left
+      e.max_abs = e.rms = e.rel_rms = INFINITY;
+      e.snr_db = -INFINITY;
+    }
     out.push_back(e);
   }
   return out;
@@ -518,7 +522,9 @@ json report_json(const std::vector<LayerError>& r, Precision p, std::uint64_t sa
                       {"max_abs", e.max_abs},
                       {"rms", e.rms},
                       {"rel_rms", e.rel_rms},
-                      {"snr_db", std::isfinite(e.snr_db) ? json(e.snr_db) : json(nullptr)}});
+                      {"snr_db", std::isfinite(e.snr_db) ? json(e.snr_db)
+                                 : e.snr_db > 0          ? json(nullptr)
+                                                         : json("-inf")}});
   return {{"precision", to_string(p)}, {"reference", "fp32"}, {"samples", samples}, {"layers", std::move(layers)}};
 }
 

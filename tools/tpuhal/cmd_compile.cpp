@@ -49,7 +49,7 @@ void print_precision_report(const std::vector<rt::LayerError>& report) {
     if (std::isfinite(e.snr_db))
       std::snprintf(snr, sizeof snr, "%9.1f", e.snr_db);
     else
-      std::snprintf(snr, sizeof snr, "%9s", "exact");
+      std::snprintf(snr, sizeof snr, "%9s", e.snr_db > 0 ? "exact" : "-inf");
     std::printf("  %-24s %-20s %12.4g %12.4g %9.4f %s\n", rt::escape_text(e.node).c_str(),
                 rt::escape_text(e.op).c_str(), e.max_abs, e.rms, e.rel_rms, snr);
   }

@@ -155,6 +155,25 @@ def test_int8_is_calibrated_close_to_fp32_identical_run_to_run_and_reports_each_
     assert np.abs(a - ref).max() <= 0.1 * np.abs(ref).max()
 
 
+def test_a_layer_that_loses_everything_to_infinities_is_reported_so_not_as_exact(dev):
+    # fp16 holds no 1e5 * x for x above 0.66: a = inf, and a - a NaN, where
+    # fp32 gives 0. Both layers lose the whole signal.
+    scale = numpy_helper.from_array(np.asarray([1e5], np.float32), "scale")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "scale"], ["a"], name="big"),
+         helper.make_node("Sub", ["a", "a"], ["y"], name="none")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    calib = np.full((2, 4), 2.0, np.float32)
+    compiled = tpuhal.compile(model.SerializeToString(), "fp16", calibration=calib, report=True, device=dev.uri)
+    layers = {e.node: e for e in compiled.report}
+    for name in ("big", "none"):
+        e = layers[name]
+        assert e.snr_db == -np.inf and e.max_abs == np.inf and e.rel_rms == np.inf, e
+
+
 def outlier_bytes():
     """x[N, 4, 8, 8] -> Conv 1x1 (4 -> 4) -> Relu -> Conv 1x1 (4 -> 2): two int8 layers."""
     w1 = (np.eye(4, dtype=np.float32) + 0.1 * RNG.standard_normal((4, 4)).astype(np.float32)).reshape(4, 4, 1, 1)

@@ -133,7 +133,8 @@ struct LayerError {
   double max_abs = 0;  // max |reduced - fp32|
   double rms = 0;      // root mean square of the difference
   double rel_rms = 0;  // rms / rms(fp32 values)
-  double snr_db = 0;   // 10 log10(signal power / error power)
+  double snr_db = 0;   // 10 log10(signal power / error power); -inf (and the errors inf) where the
+                       // reduced layer gave an infinity or NaN
 };
 
 struct CompileResult {
