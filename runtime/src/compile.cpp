@@ -531,6 +531,9 @@ json report_json(const std::vector<LayerError>& r, Precision p, std::uint64_t sa
 // The layers --keep-fp16 names, checked against the graph's.
 std::set<std::string> layers_kept(const Graph& g, const CompileOptions& options, std::string_view name, bool int8) {
   std::set<std::string> keep;
+  if (int8)
+    for (const auto& n : g.nodes)
+      if (g.fp16_in_int8.count(n.name)) keep.insert(n.name);
   if (options.keep_fp16.empty() && !(options.target_snr_db > 0)) return keep;
   if (!int8)
     throw Error(Status::InvalidArgument, std::string(name) + ": layers kept in fp16 (" +

@@ -84,6 +84,10 @@ struct Graph {
   std::vector<std::pair<std::string, std::string>> outputs;  // ONNX output name, value holding it
   int opset = 0;
   bool qdq = false;  // the model quantises with QuantizeLinear / DequantizeLinear (explicit int8)
+  // Layers of the compiler's own that an int8 model runs in fp16, as if
+  // --keep-fp16 named them: YOLOv5's box decoding (onnx/detect.cpp), whose
+  // pixel coordinates one int8 scale would step by pixels.
+  std::set<std::string> fp16_in_int8;
   std::vector<std::string> notes;
   const Value& value(const std::string& name) const;
 };

@@ -1053,7 +1053,12 @@ TEST(Runtime, GivenTheCliWhenItCompilesADetectorThenTheModelGivesDetectionsAndOp
   ASSERT_FALSE(profile["layers"].empty()) << r.out;
   EXPECT_EQ(profile["layers"].back()["node"], "detect") << r.out;
   for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
-           {"--score 0.3", "--score, --iou, --max-boxes and --agnostic go with --detect"},
+           {"--score 0.3", "--score, --iou, --max-boxes, --agnostic and --anchors go with --detect"},
+           {"--anchors 10,13", "--score, --iou, --max-boxes, --agnostic and --anchors go with --detect"},
+           {"--detect yolov5 --anchors 10,x", "--anchors '10,x': expected numbers joined by commas"},
+           {"--detect yolov5 --anchors 10,,13", "--anchors '10,,13': expected numbers joined by commas"},
+           {"--detect yolov8 --anchors 10,13",
+            "--anchors: only for --detect yolov5 of a model of one output per level"},
            {"--detect yolov9", "--detect: unknown head 'yolov9' (yolov8 or yolov5)"},
            {"--detect yolov8 --iou 2", "--detect: the IoU threshold 2 is not from 0 to 1"},
            {"--detect yolov8 --max-boxes 0", "--detect: 0 boxes; from 1 to 65536 per image"},

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli.h"
 #include "tpuhal/base/units.h"
@@ -37,6 +38,25 @@ std::pair<std::string, std::vector<std::int64_t>> parse_shape(const std::string&
     }
   }
   return {text.substr(0, eq), dims};
+}
+
+// "10,13,16,30" -> {10, 13, 16, 30}: numbers joined by commas (the
+// compiler checks what they say).
+std::vector<float> parse_anchors(const std::string& text) {
+  std::vector<float> v;
+  std::size_t at = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', at);
+    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    char* end = nullptr;
+    const float f = std::strtof(item.c_str(), &end);
+    if (item.empty() || end != item.c_str() + item.size())
+      throw Error(Status::InvalidArgument,
+                  "--anchors '" + text + "': expected numbers joined by commas, e.g. 10,13,16,30");
+    v.push_back(f);
+    if (comma == std::string::npos) return v;
+    at = comma + 1;
+  }
 }
 
 }  // namespace
@@ -95,6 +115,9 @@ int cmd_compile(const std::vector<std::string>& args) {
       "T: with --detect, boxes overlapping a kept box of their class by an IoU above T are dropped")(
       "max-boxes", po::value<std::int64_t>()->default_value(100), "N: with --detect, the most boxes per image")(
       "agnostic", po::bool_switch(), "with --detect, a kept box suppresses boxes of every class")(
+      "anchors", po::value<std::string>(),
+      "W,H,W,H,...: with --detect yolov5 of a model of one output per level, each level's anchors in input "
+      "pixels, the finest level first, as many per level (default: YOLOv5's own for 3 or 4 levels)")(
       "device,d", po::value<std::string>()->default_value("sim:0"),
       "device that runs calibration and the report, and on which the compiled model is checked as the loader "
       "checks it")("list-ops", po::bool_switch(),
@@ -109,7 +132,8 @@ int cmd_compile(const std::vector<std::string>& args) {
       "                      [--calibration FILE.npy]... [--calibration-method minmax|percentile[:P]|entropy]\n"
       "                      [--keep-fp16 LAYER]... [--target-snr DB] [--report] [--strict-qdq]\n"
       "                      [--max-constant-bytes SIZE] [--max-batch N]\n"
-      "                      [--detect yolov8|yolov5 [--score T] [--iou T] [--max-boxes N] [--agnostic]]\n"
+      "                      [--detect yolov8|yolov5 [--score T] [--iou T] [--max-boxes N] [--agnostic]\n"
+      "                                              [--anchors W,H,...]]\n"
       "       tpuhal compile --list-ops\n\n"
       "Compiles an ONNX model for fixed input shapes and a precision into a compiled model that\n"
       "'tpuhal model-info' describes and the runtime loads on any device. Inputs and outputs stay\n"
@@ -121,7 +145,8 @@ int cmd_compile(const std::vector<std::string>& args) {
       "With --max-batch N the model runs any batch from 1 to N: its inputs' first dimension is the\n"
       "batch, and memory is planned for N.\n"
       "With --detect, a YOLO detector's output is decoded and reduced by non-maximum suppression on\n"
-      "the board, and the compiled model gives its detections.\n"
+      "the board, and the compiled model gives its detections. A YOLOv5 exported without its Detect\n"
+      "layer (one output per level, as SOPHGO's \"3output\" models) is decoded as that layer does.\n"
       "Unsupported ops are all listed in one error. A model the loader would refuse (attributes out of range,\n"
       "constants larger than their data) is refused here, and no file is written. See docs/runtime.md.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
@@ -147,9 +172,10 @@ int cmd_compile(const std::vector<std::string>& args) {
     o.detect.iou_threshold = vm["iou"].as<float>();
     o.detect.max_boxes = vm["max-boxes"].as<std::int64_t>();
     o.detect.class_agnostic = vm["agnostic"].as<bool>();
+    if (vm.count("anchors")) o.detect.anchors = parse_anchors(vm["anchors"].as<std::string>());
   } else if (!vm["score"].defaulted() || !vm["iou"].defaulted() || !vm["max-boxes"].defaulted() ||
-             vm["agnostic"].as<bool>()) {
-    throw Error(Status::InvalidArgument, "--score, --iou, --max-boxes and --agnostic go with --detect");
+             vm["agnostic"].as<bool>() || vm.count("anchors")) {
+    throw Error(Status::InvalidArgument, "--score, --iou, --max-boxes, --agnostic and --anchors go with --detect");
   }
   if (vm.count("max-batch")) {
     o.max_batch = vm["max-batch"].as<std::int64_t>();

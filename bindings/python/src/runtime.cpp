@@ -54,7 +54,7 @@ rt::NdArray to_ndarray(const py::handle& obj, const std::string& what) {
 }
 
 // compile(detect=...): None, a head's name, or a dict of "head" and any of
-// "score", "iou", "max_boxes" and "agnostic".
+// "score", "iou", "max_boxes", "agnostic" and "anchors".
 rt::DetectOptions detect_options(const py::object& detect) {
   rt::DetectOptions d;
   if (detect.is_none()) return d;
@@ -70,6 +70,7 @@ rt::DetectOptions detect_options(const py::object& detect) {
     const char* want = k == "head"        ? "a string"
                        : k == "max_boxes" ? "an integer"
                        : k == "agnostic"  ? "a bool"
+                       : k == "anchors"   ? "a list of numbers"
                                           : "a number";
     try {
       if (k == "head")
@@ -82,8 +83,11 @@ rt::DetectOptions detect_options(const py::object& detect) {
         d.max_boxes = value.cast<std::int64_t>();
       else if (k == "agnostic")
         d.class_agnostic = value.cast<bool>();
+      else if (k == "anchors")
+        d.anchors = value.cast<std::vector<float>>();
       else
-        fail(Status::InvalidArgument, "detect: unknown key '" + k + "' (head, score, iou, max_boxes, agnostic)");
+        fail(Status::InvalidArgument,
+             "detect: unknown key '" + k + "' (head, score, iou, max_boxes, agnostic, anchors)");
     } catch (const py::cast_error&) {
       fail(Status::InvalidArgument, "detect: '" + k + "' is " + py::repr(value).cast<std::string>() + ", not " + want);
     }
@@ -373,7 +377,9 @@ void bind_runtime(py::module_& m) {
         "arrays. detect='yolov8' or 'yolov5' (or a dict: {'head': 'yolov8', 'score': 0.25, 'iou': 0.45, "
         "'max_boxes': 100, 'agnostic': False}) ends a YOLO detector in box decoding and non-maximum "
         "suppression on the board: its one output becomes 'detections' [batch, max_boxes, 6] (x1, y1, x2, y2, "
-        "score, class; class -1 after the last box). "
+        "score, class; class -1 after the last box). A YOLOv5 without its Detect layer (one output per level) "
+        "is decoded as that layer does, with YOLOv5's anchors or 'anchors': [w, h, ...] in input pixels, the "
+        "finest level first. "
         "Calibration and the report run on `device`. Returns a CompiledModel; raises tpuhal.Unsupported "
         "listing every unsupported op by node, tpuhal.InvalidArgument for bad models, shapes or data.");
 

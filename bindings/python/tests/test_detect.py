@@ -179,6 +179,151 @@ def test_a_model_for_several_batches_detects_at_each(dev):
             np.testing.assert_array_equal(detections(got[b]), want[b], err_msg=f"image {b} of a batch of {n}")
 
 
+YOLOV5_ANCHORS = [[10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119], [116, 90, 156, 198, 373, 326]]
+
+
+def yolov5_decode(levels, strides, anchors):
+    """YOLOv5's Detect layer (v6.1, as its export runs it) on the levels'
+    raw outputs [B, A, H, W, 5 + C]: [B, A * H * W summed, 5 + C]."""
+    z = []
+    for x, s, a in zip(levels, strides, anchors):
+        x = torch.as_tensor(x)
+        b, na, h, w, k = x.shape
+        yv, xv = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        grid = torch.stack((xv, yv), 2).view(1, 1, h, w, 2).float() - 0.5
+        anchor_grid = torch.tensor(a, dtype=torch.float32).view(1, na, 1, 1, 2)
+        xy, wh, conf = x.sigmoid().split((2, 2, k - 4), 4)
+        xy = (xy * 2 + grid) * s
+        wh = (wh * 2) ** 2 * anchor_grid
+        z.append(torch.cat((xy, wh, conf), 4).view(b, na * h * w, k))
+    return torch.cat(z, 1)
+
+
+def yolov5_reference(head, iou=0.45, score=0.25, max_boxes=100):
+    out = []
+    for p in torch.as_tensor(head):
+        boxes = torchvision.ops.box_convert(p[:, :4], "cxcywh", "xyxy")
+        out.append(nms_reference(boxes, p[:, 5:] * p[:, 4:5], iou, score, max_boxes, False))
+    return out
+
+
+def same_boxes(want, got):
+    """fp32 on the board and in PyTorch: the same boxes, but for one coming
+    or going at a threshold (their sigmoids and convolutions may differ in
+    the last bit)."""
+    for b, (w, g) in enumerate(zip(want, got)):
+        g = detections(g)
+        assert len(w) > 1, f"image {b}: the test's boxes survive NMS"
+        assert abs(len(g) - len(w)) <= max(1, len(w) // 20), f"image {b}"
+        assert found_again(w, g, 0.99) >= 0.95, f"image {b}"
+        assert found_again(g, w, 0.99) >= 0.95, f"image {b}"
+
+
+class Levels(torch.nn.Module):
+    """Three levels of a YOLOv5 head without its Detect layer: the input
+    pooled to strides 8, 16 and 32 and a 1x1 convolution each, as
+    [B, 3, H, W, 5 + C] (SOPHGO's "3output") or, `split`, the convolutions'
+    [B, 3 * (5 + C), H, W]."""
+
+    def __init__(self, split, strides=(8, 16, 32)):
+        super().__init__()
+        self.split, self.strides = split, strides
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(3, 3 * (5 + CLASSES), 1) for _ in strides)
+
+    def forward(self, x):
+        outs = []
+        for conv, s in zip(self.convs, self.strides):
+            y = conv(torch.nn.functional.avg_pool2d(x, s)) * 3
+            n, _, h, w = y.shape
+            outs.append(y if self.split else y.view(n, 3, 5 + CLASSES, h, w).permute(0, 1, 3, 4, 2).contiguous())
+        return tuple(outs)
+
+
+def as_levels(outs):
+    """[B, 3 * K, H, W] outputs viewed as [B, 3, H, W, K]."""
+    return [o if o.ndim == 5 else o.reshape(o.shape[0], 3, -1, *o.shape[2:]).transpose(0, 1, 3, 4, 2) for o in outs]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["3output", "convolutions"])
+def test_a_yolov5_without_its_detect_layer_is_decoded_as_that_layer_does(dev, split):
+    torch.manual_seed(3)
+    model = Levels(split).eval()
+    x = torch.rand(BATCH, 3, SIZE, SIZE)
+    with torch.no_grad():
+        outs = [o.numpy() for o in model(x)]
+    onnx_bytes = export(model, x, names=("p3", "p4", "p5"))
+    compiled = tpuhal.compile(onnx_bytes, device=dev.uri, detect="yolov5")
+    assert any("outputs 'p3' (stride 8), 'p4' (stride 16), 'p5' (stride 32) decoded as YOLOv5's Detect" in n
+               for n in compiled.notes)
+    (got,) = run(compiled, dev, x.numpy())
+    want = yolov5_reference(yolov5_decode(as_levels(outs), (8, 16, 32), YOLOV5_ANCHORS))
+    same_boxes(want, got)
+    # Anchors of the user's own (here YOLOv7's), and outputs in another order.
+    anchors = [[12, 16, 19, 36, 40, 28], [36, 75, 76, 55, 72, 146], [142, 110, 192, 243, 459, 401]]
+    class Reordered(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            p3, p4, p5 = self.inner(x)
+            return p5, p3, p4
+
+    compiled = tpuhal.compile(export(Reordered(model), x, names=("p5", "p3", "p4")), device=dev.uri,
+                              detect={"head": "yolov5", "anchors": sum(anchors, [])})
+    (got,) = run(compiled, dev, x.numpy())
+    same_boxes(yolov5_reference(yolov5_decode(as_levels(outs), (8, 16, 32), anchors)), got)
+
+
+def test_yolov5s_as_sophgo_exports_it_finds_pytorchs_boxes_in_fp32_and_int8_most_of_them(dev):
+    """YOLOv5s (scripts/timing/models.py) with SOPHGO's three outputs: the
+    decoding on the board, against PyTorch's Detect layer and torchvision."""
+    torch.manual_seed(0)
+    model = models.fuse(models.unit_scale(models.YOLOv5s(classes=CLASSES))).eval()
+    x = torch.rand(BATCH, 3, SIZE, SIZE)
+    with torch.no_grad():
+        outs = [o.numpy() for o in model(x)]
+    onnx_bytes = export(model, x, names=("p3", "p4", "p5"))
+    (f32,) = run(tpuhal.compile(onnx_bytes, device=dev.uri, detect="yolov5"), dev, x.numpy())
+    same_boxes(yolov5_reference(yolov5_decode(outs, (8, 16, 32), YOLOV5_ANCHORS)), f32)
+    compiled = tpuhal.compile(onnx_bytes, "int8", calibration=x.numpy(), device=dev.uri, detect="yolov5")
+    (q,) = run(compiled, dev, x.numpy())
+    share = np.mean([found_again(detections(f32[b]), detections(q[b]), 0.5) for b in range(BATCH)])
+    assert share >= 0.9, f"int8 finds {share:.0%} of fp32's boxes"
+
+
+@pytest.mark.parametrize("strides, detect, says", [
+    ((8, 16), "yolov5", "the model has 2 outputs; YOLOv5's own anchors are for 3 levels or 4, so give --anchors"),
+    ((8, 16, 32), {"head": "yolov5", "anchors": [10, 13, 16]},
+     "--anchors: 3 values for 3 levels; give (width, height) pairs, as many per level"),
+    ((8, 16, 32), {"head": "yolov5", "anchors": [10, 13, 16, 30, 33, -23]},
+     "--anchors: -23 is not a positive size in pixels"),
+    ((8, 8, 32), "yolov5", "outputs 'p3' and 'p4' are both of stride 8; each level has its own"),
+    ((8, 16, 32), {"head": "yolov5", "anchors": [10, 13, 16, 30, 33, 23, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                                   13, 14, 15, 16, 17, 18]},
+     "takes one output [batch, anchors, 5 + classes], or one per level, [batch, 4, height, width, 5 + classes] or "
+     "[batch, 4 * (5 + classes), height, width] (of one batch and class count); output 'p3' is [2, 3, 16, 16, 11]"),
+    ((8, 16, 32), {"head": "yolov8", "anchors": [10, 13]}, "takes a model of one output; this one has 3"),
+])
+def test_levels_or_anchors_it_cannot_take_are_refused_by_name(dev, strides, detect, says):
+    onnx_bytes = export(Levels(False, strides), torch.rand(BATCH, 3, SIZE, SIZE),
+                        names=("p3", "p4", "p5")[:len(strides)])
+    with pytest.raises(tpuhal.InvalidArgument) as e:
+        tpuhal.compile(onnx_bytes, device=dev.uri, detect=detect)
+    assert says in str(e.value)
+
+
+def test_anchors_are_refused_where_no_level_needs_them(dev):
+    onnx_bytes = export(Head(), torch.rand(BATCH, 400, 5 + CLASSES, 1))
+    with pytest.raises(tpuhal.InvalidArgument, match="--anchors: only for --detect yolov5 of a model of one output"):
+        tpuhal.compile(onnx_bytes, device=dev.uri, detect={"head": "yolov5", "anchors": [10, 13]})
+    # A grid that does not divide the input into square cells.
+    onnx_bytes = export(Levels(False, (8, 16, 32)), torch.rand(1, 3, SIZE, SIZE + 8), names=("p3", "p4", "p5"))
+    with pytest.raises(tpuhal.InvalidArgument, match=r"output 'p4' is a grid of 8x8, which does not divide the "
+                                                     r"input's 128x136 into square cells"):
+        tpuhal.compile(onnx_bytes, device=dev.uri, detect="yolov5")
+
+
 @pytest.mark.parametrize("detect, says", [
     ("yolov7", "unknown head 'yolov7' (yolov8 or yolov5)"),
     ({"head": "yolov8", "iou": 1.5}, "the IoU threshold 1.5 is not from 0 to 1"),

@@ -56,8 +56,16 @@ struct DetectOptions {
   // (cx, cy, w, h) then class scores, as ultralytics exports YOLOv8;
   // "yolov5": [batch, anchors, 5 + classes] of boxes, objectness and class
   // scores, as YOLOv5's export.py writes it (a class's score is its
-  // objectness times its class score).
+  // objectness times its class score); or, a model whose Detect layer was
+  // left out, one output per level, [batch, A, height, width, 5 + classes]
+  // (SOPHGO's "3output" export) or [batch, A * (5 + classes), height, width]
+  // (the head's convolutions), which the compiler decodes as Detect does.
   std::string head;
+  // yolov5 of one output per level: each level's anchors, (width, height)
+  // pairs in the input's pixels, the finest level (the largest grid)
+  // first, A pairs per level. Empty: YOLOv5's own, for 3 levels (P3 to P5)
+  // or 4 (P3 to P6).
+  std::vector<float> anchors;
   float score_threshold = 0.25f;  // a box is a candidate when its best class scores above it (finite)
   float iou_threshold = 0.45f;    // boxes overlapping a kept one by more are dropped (0 to 1)
   std::int64_t max_boxes = 100;   // per image, 1 to 65536
