@@ -81,7 +81,7 @@ std::string level_shapes(std::int64_t a) {
 
 // The model's outputs as YOLOv5's levels of `a` anchors each, finest first,
 // checked against one another and against the input's size.
-std::vector<Level> read_levels(const Importer& im, std::int64_t a, std::int64_t& batch, std::int64_t& channels) {
+std::vector<Level> read_levels(const Importer& im, std::int64_t a, std::int64_t& channels) {
   const Graph& g = im.g;
   if (g.inputs.size() != 1 || g.value(g.inputs[0]).shape.size() != 4)
     im.fail(Status::InvalidArgument,
@@ -89,7 +89,8 @@ std::vector<Level> read_levels(const Importer& im, std::int64_t a, std::int64_t&
             "from which each level's stride follows");
   const auto& in = g.value(g.inputs[0]).shape;
   std::vector<Level> levels;
-  batch = channels = 0;
+  std::int64_t batch = 0;
+  channels = 0;
   for (const auto& [output, value] : g.outputs) {
     const Value& v = g.value(value);
     const auto& s = v.shape;
@@ -229,8 +230,8 @@ std::pair<std::string, std::string> decode_yolov5_levels(Importer& im, const Det
                 std::to_string(g.opset));
   const std::vector<float> anchors = anchors_for(im, d, g.outputs.size());
   const auto a = static_cast<std::int64_t>(anchors.size() / (2 * g.outputs.size()));
-  std::int64_t batch = 0, k = 0;
-  const std::vector<Level> levels = read_levels(im, a, batch, k);
+  std::int64_t k = 0;
+  const std::vector<Level> levels = read_levels(im, a, k);
   std::vector<std::string> rows;
   std::string text;
   std::int64_t boxes = 0;
