@@ -2,6 +2,8 @@
 // has, whatever TPUHAL_MAX_ISA says (the kernels are called directly):
 // exact, wrapping int32 results against an int64 reference, for every
 // operand type, zero-point form, operand layout, padding and edge tile.
+// Its float GEMM, by each of its routes, against the one chain of
+// multiply-adds per element that fgemm.h promises.
 // Likewise the innermost loops (simd.h) against their scalar rules, and
 // which level's version each of their entry points runs.
 #include <gtest/gtest.h>
@@ -22,6 +24,7 @@
 
 #include "dnnl_state.h"
 #include "engine.h"
+#include "fgemm.h"
 #include "igemm.h"
 #include "isa.h"
 #include "numerics.h"
@@ -193,6 +196,77 @@ TEST(TensorIsa, IntegerProductsWrapInInt32AndNothingSaturates) {
               << "at [" << i << ", " << j << "], zero points " << zeros;
         }
     }
+  }
+}
+
+// fgemm.h's contract, bit for bit: every element of C is one chain of
+// multiply-adds in k order from 0, fused where the level has FMA, else each
+// product rounded before it is added. Shapes reach each route of
+// fgemm::gemm (a few rows by B read in place, a few rows by B packed a
+// panel at a time, the blocked product), with B by rows and by columns,
+// in f32, f16 and bf16, K across the kernels' blocks, C with a row stride
+// past its width (not written there).
+TEST(TensorIsa, FloatProductsAreOneMultiplyAddChainPerElementAtEveryLevel) {
+  TensorEngine e(3, isa_detected());
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  const std::uint64_t shapes[][3] = {{1, 1000, 600}, {2, 257, 300}, {4, 130, 77}, {1, 5, 1},
+                                     {5, 130, 513},  {40, 70, 300}, {130, 33, 40}};
+  for (Isa isa : levels_here()) {
+    const fgemm::Kernels& k = fgemm::kernels(isa);
+    for (const auto& sh : shapes)
+      for (const fgemm::Type type : {fgemm::Type::kF32, fgemm::Type::kF16, fgemm::Type::kBF16})
+        for (const bool b_rows : {true, false}) {
+          const std::uint64_t m = sh[0], n = sh[1], kd = sh[2];
+          SCOPED_TRACE(std::string(isa_name(isa)) + " m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
+                       std::to_string(kd) + " type " + std::to_string(static_cast<int>(type)) +
+                       (b_rows ? " B by rows" : " B by columns"));
+          // Values as the type holds them, and their bits in it.
+          auto make = [&](std::uint64_t count, std::vector<float>& values, std::vector<std::uint16_t>& halves) {
+            values.resize(count);
+            halves.resize(count);
+            for (std::uint64_t i = 0; i < count; ++i) {
+              const float f = dist(rng);
+              halves[i] = type == fgemm::Type::kF16 ? fw::f32_to_f16(f) : fw::f32_to_bf16(f);
+              values[i] = type == fgemm::Type::kF32   ? f
+                          : type == fgemm::Type::kF16 ? fw::f16_to_f32(halves[i])
+                                                      : fw::bf16_to_f32(halves[i]);
+            }
+          };
+          std::vector<float> av, bv;
+          std::vector<std::uint16_t> ah, bh;
+          make(m * kd, av, ah);
+          make(kd * n, bv, bh);
+          auto base = [&](const std::vector<float>& f, const std::vector<std::uint16_t>& h) {
+            return type == fgemm::Type::kF32 ? reinterpret_cast<const std::byte*>(f.data())
+                                             : reinterpret_cast<const std::byte*>(h.data());
+          };
+          // A row-major; B [k, n] by rows (element (kk, j) at kk * n + j) or
+          // by columns (at j * kd + kk).
+          const fgemm::Matrix a{base(av, ah), static_cast<std::int64_t>(kd), 1, type};
+          const fgemm::Matrix b{base(bv, bh), b_rows ? static_cast<std::int64_t>(n) : 1,
+                                b_rows ? 1 : static_cast<std::int64_t>(kd), type};
+          const std::uint64_t ldc = n + 3;
+          std::vector<float> got(m * ldc, -7.0f);
+          fgemm::gemm(e, k, m, n, kd, a, b, got.data(), ldc);
+          for (std::uint64_t i = 0; i < m; ++i) {
+            for (std::uint64_t j = 0; j < n; ++j) {
+              float want = 0.0f;
+              for (std::uint64_t kk = 0; kk < kd; ++kk) {
+                const float x = av[i * kd + kk], y = bv[b_rows ? kk * n + j : j * kd + kk];
+                if (k.fma) {
+                  want = std::fma(x, y, want);
+                } else {
+                  volatile float product = x * y;  // rounded on its own
+                  want = want + product;
+                }
+              }
+              ASSERT_EQ(std::memcmp(&got[i * ldc + j], &want, 4), 0)
+                  << "at [" << i << ", " << j << "]: " << got[i * ldc + j] << " against " << want;
+            }
+            for (std::uint64_t j = n; j < ldc; ++j) ASSERT_EQ(got[i * ldc + j], -7.0f) << "written past column " << n;
+          }
+        }
   }
 }
 

@@ -49,6 +49,12 @@ struct Kernels {
   // followed by kc multiply-adds of an A micro-panel and a B panel's rows.
   void (*kernel)(std::uint64_t kc, const float* a, const float* b, float* c, std::uint64_t ldc, unsigned mr,
                  unsigned nr, bool accumulate);
+  // C[i, j] for j in [n0, n1) = row i of A (`arow`: its kdim elements,
+  // widened) times B, whose rows are dense (cs == 1), read where they are:
+  // one chain of multiply-adds in k order from 0 per element, as above.
+  void (*row)(const float* arow, const Matrix& b, std::uint64_t kdim, std::uint64_t n0, std::uint64_t n1, float* c);
+  // arow = row i of A, widened.
+  void (*load_row)(const Matrix& a, std::uint64_t i, std::uint64_t kdim, float* arow);
 };
 
 inline constexpr std::uint64_t kMaxKc = 256;

@@ -29,6 +29,13 @@ struct NextPanel {
   }
 };
 
+// Whether multiply() splits A's micro-panels among the threads (each
+// taking every panel of B), rather than B's panels (each taking all of A).
+inline bool by_rows(TensorEngine& e, std::uint64_t m, std::uint64_t n, std::uint64_t mr, std::uint64_t nr) {
+  const std::uint64_t panels = (n + nr - 1) / nr, mpanels = (m + mr - 1) / mr;
+  return mpanels >= 2 * static_cast<std::uint64_t>(e.threads()) || panels == 1;
+}
+
 // C = A * B with B already packed at `bp` (panels of nr columns, each
 // kdim x nr floats), blocked as BLIS does: per block of kMC rows of A, A is
 // packed `max_kc` columns at a time (pack_a(m0, mc, k0, kc, block)) and each
@@ -43,12 +50,12 @@ void multiply(TensorEngine& e, std::uint64_t m, std::uint64_t n, std::uint64_t k
               std::uint64_t max_kc, const float* bp, PackA&& pack_a, Kernel&& kernel) {
   const std::uint64_t panels = (n + nr - 1) / nr, panel_floats = kdim * nr, mpanels = (m + mr - 1) / mr;
   const std::uint64_t kblocks = (kdim + max_kc - 1) / max_kc, kblock = (kdim + kblocks - 1) / kblocks;
-  const bool by_rows = mpanels >= 2 * static_cast<std::uint64_t>(e.threads()) || panels == 1;
-  e.pool().parallel_for(by_rows ? mpanels : panels, [&](std::uint64_t u0, std::uint64_t u1) {
+  const bool rows_split = by_rows(e, m, n, mr, nr);
+  e.pool().parallel_for(rows_split ? mpanels : panels, [&](std::uint64_t u0, std::uint64_t u1) {
     thread_local std::vector<float> block;  // each thread's block of A, kept for its next call
     if (block.size() < kMC * max_kc) block.resize(kMC * max_kc);
-    const std::uint64_t r_begin = by_rows ? u0 * mr : 0, r_end = by_rows ? std::min(m, u1 * mr) : m;
-    const std::uint64_t q0 = by_rows ? 0 : u0, q1 = by_rows ? panels : u1;
+    const std::uint64_t r_begin = rows_split ? u0 * mr : 0, r_end = rows_split ? std::min(m, u1 * mr) : m;
+    const std::uint64_t q0 = rows_split ? 0 : u0, q1 = rows_split ? panels : u1;
     for (std::uint64_t m0 = r_begin; m0 < r_end; m0 += kMC) {
       const std::uint64_t mc = std::min(kMC, r_end - m0);
       for (std::uint64_t k0 = 0; k0 < kdim; k0 += kblock) {
