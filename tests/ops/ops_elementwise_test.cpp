@@ -297,7 +297,8 @@ TEST_P(Ops, TransposeBetweenNchwAndNhwcAcrossTilesIsExact) {
     std::vector<std::size_t> perm;
   };
   const Case cases[] = {{{2, 67, 9, 35}, {0, 2, 3, 1}}, {{2, 9, 35, 67}, {0, 3, 1, 2}}, {{1, 33, 1, 1}, {0, 2, 3, 1}},
-                        {{1, 256, 7, 7}, {0, 2, 3, 1}}, {{1, 7, 7, 256}, {0, 3, 1, 2}}, {{3, 40, 65}, {0, 2, 1}}};
+                        {{1, 256, 7, 7}, {0, 2, 3, 1}}, {{1, 7, 7, 256}, {0, 3, 1, 2}}, {{3, 40, 65}, {0, 2, 1}},
+                        {{2, 3, 50, 37}, {0, 2, 3, 1}}};  // an image's three channels
   for (const Case& c : cases)
     for (DType dt : {DType::F32, DType::F16, DType::U8}) {
       const Host x = is_float(dt) ? rand(dt, c.s, -100, 100) : rand_int(rng_, dt, c.s);

@@ -231,23 +231,46 @@ bool float_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const View& a, 
   return true;
 }
 
+// Calls f(T{}) with T the unsigned integer of `es` bytes; false where there
+// is none (the caller copies bytes).
+template <class F>
+bool with_element_type(std::uint64_t es, F&& f) {
+  switch (es) {
+    case 1: f(std::uint8_t{}); return true;
+    case 2: f(std::uint16_t{}); return true;
+    case 4: f(std::uint32_t{}); return true;
+    case 8: f(std::uint64_t{}); return true;
+    default: return false;
+  }
+}
+
 // Copies n elements of `es` bytes, `sy` and `sa` elements apart.
 void strided_copy(std::byte* y, std::uint64_t sy, const std::byte* a, std::uint64_t sa, std::uint64_t n,
                   std::uint64_t es) {
-  auto typed = [&](auto t) {
+  const bool typed = with_element_type(es, [&](auto t) {
     using T = decltype(t);
     auto* yt = reinterpret_cast<T*>(y);
     const auto* at = reinterpret_cast<const T*>(a);
     for (std::uint64_t i = 0; i < n; ++i) yt[i * sy] = at[i * sa];
-  };
-  switch (es) {
-    case 1: typed(std::uint8_t{}); return;
-    case 2: typed(std::uint16_t{}); return;
-    case 4: typed(std::uint32_t{}); return;
-    case 8: typed(std::uint64_t{}); return;
-    default:
-      for (std::uint64_t i = 0; i < n; ++i) std::memcpy(y + i * sy * es, a + i * sa * es, es);
-  }
+  });
+  if (!typed)
+    for (std::uint64_t i = 0; i < n; ++i) std::memcpy(y + i * sy * es, a + i * sa * es, es);
+}
+
+// One tile of a transpose: y[i * syr + j] = a[i + j * sa] for i < ni and
+// j < nj (both tiles fit in L1), without a call per line: NCHW to NHWC of
+// an image's three channels is a line of three elements per pixel.
+void transpose_tile(std::byte* y, std::uint64_t syr, const std::byte* a, std::uint64_t sa, std::uint64_t ni,
+                    std::uint64_t nj, std::uint64_t es) {
+  const bool typed = with_element_type(es, [&](auto t) {
+    using T = decltype(t);
+    auto* yt = reinterpret_cast<T*>(y);
+    const auto* at = reinterpret_cast<const T*>(a);
+    for (std::uint64_t j = 0; j < nj; ++j)
+      for (std::uint64_t i = 0; i < ni; ++i) yt[i * syr + j] = at[i + j * sa];
+  });
+  if (!typed)
+    for (std::uint64_t i = 0; i < ni; ++i) strided_copy(y + i * syr * es, 1, a + i * es, sa, nj, es);
 }
 
 // A copy between views of one dtype (a strided copy such as a Concat's
@@ -274,12 +297,9 @@ void same_type_copy(TensorEngine& e, const View& a, const View& y) {
             std::uint64_t off[3];
             row_offsets(r, t / row_tiles * inner, off);  // the plane's first row
             const std::uint64_t i0 = t % row_tiles * kTile, i1 = std::min(inner, i0 + kTile);
-            for (std::uint64_t j0 = 0; j0 < len; j0 += kTile) {
-              const std::uint64_t j1 = std::min(len, j0 + kTile);
-              for (std::uint64_t i = i0; i < i1; ++i)
-                strided_copy(y.data + (off[0] + i * syr + j0) * es, 1, a.data + (off[1] + i + j0 * sa) * es, sa,
-                             j1 - j0, es);
-            }
+            for (std::uint64_t j0 = 0; j0 < len; j0 += kTile)
+              transpose_tile(y.data + (off[0] + i0 * syr + j0) * es, syr, a.data + (off[1] + i0 + j0 * sa) * es, sa,
+                             i1 - i0, std::min(len, j0 + kTile) - j0, es);
           }
         },
         std::max<std::uint64_t>(1, kGrain / (kTile * std::max<std::uint64_t>(1, len))));
