@@ -214,9 +214,19 @@ def check_rule(k, structs):
     if st is None or (k["fw_attrs"] != k["attrs"] and not no_attrs(k)):
         return problems + [f"{name}: a kind with a rule takes an ATTR_STRUCTS struct in both layers, or "
                            f"{NO_ATTRS[0]} and {NO_ATTRS[1]} (no attributes)"]
-    unknown = set(rule) - {"dtypes", "shapes", "axes", "dims", "ranges", "broadcast", "splice", "per_axis"}
+    unknown = set(rule) - {"dtypes", "shapes", "axes", "dims", "ranges", "broadcast", "splice", "per_axis",
+                           "defaults", "variant"}
     if unknown:
         problems.append(f"{name}: rule has unknown keys {sorted(unknown)}")
+    field_types = {f[0]: f[1] for f in st["fields"]}
+    for field, v in rule.get("defaults", {}).items():
+        if field_types.get(field) != "u32" or not isinstance(v, int) or v >= 0:
+            problems.append(f"{name}: defaults: {field}: a u32 axis field, and a default counting from the end (< 0)")
+    variant = rule.get("variant")
+    if variant is not None and (not isinstance(variant, tuple) or len(variant) != 2 or
+                                field_types.get(variant[0]) != "bool" or not str(variant[1]).isidentifier() or
+                                variant[1] == k["id"]):
+        problems.append(f"{name}: variant: (a bool field, the op's name where it is set)")
     dts, shapes, axes = rule.get("dtypes", {}), rule.get("shapes", {}), rule.get("axes", {})
     dims, ranges = rule.get("dims", {}), rule.get("ranges", {})
     bcast, splice, along = rule.get("broadcast", {}), rule.get("splice", {}), rule.get("per_axis", {})
@@ -387,9 +397,12 @@ def dim_links(k):
 
 
 def rule_attr_params(k):
-    """(C++ type, name, C++ default, Python type, Python default) per field."""
-    out = []
+    """(C++ type, name, C++ default, Python type, Python default) per field
+    (the builder's: rule part defaults where it gives one)."""
+    out, given = [], k["rule"].get("defaults", {})
     for name, typ, default, _ in rule_struct(k)["fields"]:
+        if name in given:
+            default = str(given[name])
         if typ == "u32":
             out.append(("std::int64_t", name, default, "int", default))
         elif typ == "f32":
@@ -513,7 +526,9 @@ def hal_rule_defs():
         def when(r, stmt):  # an optional tensor's checks run where it is given
             return f"  if ({param_name(r)}) {stmt}" if r in opt else f"  {stmt}"
         out.append(f"\nOp {k['id']}({hal_rule_signature(k, False)}) {{\n")
-        out.append(f"  Builder op(driver::OpKind::{k['name']}, \"{k['id']}\");\n")
+        variant = rule.get("variant")
+        label = f"{variant[0]} ? \"{variant[1]}\" : \"{k['id']}\"" if variant else f"\"{k['id']}\""
+        out.append(f"  Builder op(driver::OpKind::{k['name']}, {label});\n")
         for r in roles_:
             d = rule["dtypes"][r]
             if isinstance(d, list) and not all_dtypes(d):  # a tensor's dtype is always one of them
@@ -735,17 +750,23 @@ def model_rule_ops():
         opt = optional_roles(k)
         args = [f"in{'.opt' if r in opt else ''}(\"{param_name(r)}\")" for r in role_names(k)]
         reader = {"std::int64_t": "integer", "float": "real", "bool": "flag"}
-        args += [f"r.{reader[t]}(\"{n}\")" for t, n, _, _, _ in rule_attr_params(k)]
-        args += ["r.integer(\"axis\")"] * bool(per_axis(k))
-        out.append(f"if (k == \"{k['id']}\") return ops::{k['id']}({', '.join(args)});\n")
+        variant = k["rule"].get("variant")
+        attrs = [f"r.{reader[t]}(\"{n}\")" if not variant or n != variant[0] else f"k == \"{variant[1]}\""
+                 for t, n, _, _, _ in rule_attr_params(k)]
+        args += attrs + ["r.integer(\"axis\")"] * bool(per_axis(k))
+        names = " || ".join(f"k == \"{x}\"" for x in [k["id"]] + ([variant[1]] if variant else []))
+        out.append(f"if ({names}) return ops::{k['id']}({', '.join(args)});\n")
     return "".join(out)
 
 
 def doc_model_rules():
     items = []
     for k in ruled():
-        attrs = ", ".join([n for _, n, _, _, _ in rule_attr_params(k)] + ["axis"] * bool(per_axis(k)))
-        items.append(f"`{k['id']}` ({', '.join(param_name(r) for r in role_names(k))}{'; ' + attrs if attrs else ''})")
+        variant = k["rule"].get("variant")
+        attrs = ", ".join([n for _, n, _, _, _ in rule_attr_params(k) if not variant or n != variant[0]] +
+                          ["axis"] * bool(per_axis(k)))
+        ops_ = f"`{k['id']}`" + (f" and `{variant[1]}` (its {variant[0]} set)" if variant else "")
+        items.append(f"{ops_} ({', '.join(param_name(r) for r in role_names(k))}{'; ' + attrs if attrs else ''})")
     return f"- The kinds with rules ([ops.md](ops.md#kinds-with-rules)): {', '.join(items)}.\n"
 
 

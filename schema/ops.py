@@ -213,6 +213,15 @@ ENUMS = [
 #               splice  per tensor role, (into, axis field, part): into's
 #                       shape with that axis replaced by part's whole
 #                       shape (Gather), at most kMaxRank dimensions
+#               defaults  per attribute field, the builder's default
+#                       where it is not the wire's (an axis may count
+#                       from the end: -1, the last)
+#               variant  (bool field, name): the op's name where that
+#                       field is set (errors, traces, profiles), and the
+#                       model file's op of that name, which sets it (the
+#                       kind's own name clears it; neither op takes the
+#                       field as an attribute: a reader that predates the
+#                       variant refuses it rather than run the kind)
 #               per_axis  per input role, the tensor it runs along: a
 #                       scalar (any shape of one element) or 1-D along the
 #                       builder's argument `axis` (default 1, negative from
@@ -265,7 +274,8 @@ MAP_FAMILIES = {
 # of a struct a board already takes; a new field goes at the end, in a
 # reserved word, with the interface minor that reads it.
 ATTR_STRUCTS = [
-    dict(name="SoftmaxAttrs", doc="Softmax or log-softmax along one axis.",
+    dict(name="SoftmaxAttrs", doc="Y = exp(X - max) / sum(exp(X - max)) along `axis`; with log, its log, "
+         "X - max - log(sum(exp(X - max))), finite where a log of the softmax would underflow.",
          fields=[("axis", "u32", "0", "< rank"), ("log", "bool", "false", "log-softmax")]),
     dict(name="TopKAttrs",
          doc="TopK: Indices (I32) has X's shape but k (1 <= k <= X's length) along `axis`; Values, when "
@@ -339,7 +349,10 @@ KINDS = [
          builders=["activation", "relu", "cast", "transpose"] + MAP_BUILDERS,
          doc="Unary and binary maps, including cast and transpose (B absent for unary maps)."),
     dict(name="Softmax", id="softmax", minor=1, tensors=["X", "Y"], fw_attrs="SoftmaxAttrs", attrs="SoftmaxAttrs",
-         cost=("per_output",), cycles=160, peak=None, builders=["softmax"], doc="Softmax or log-softmax along one axis."),
+         cost=("per_output",), cycles=160, peak=None, builders=["softmax"], doc="Softmax or log-softmax along one axis.",
+         rule=dict(dtypes={"X": ["f32", "f16", "bf16"], "Y": "X"}, shapes={"Y": "X"}, axes={"axis": "X"},
+                   defaults={"axis": -1}, variant=("log", "log_softmax")),
+         sample=dict(dtypes={"X": "f32", "Y": "f32"}, shapes={"X": [2, 3], "Y": [2, 3]}, attrs={"axis": 1})),
     dict(name="Quantize", id="quantize", minor=1, tensors=["X", "Scale", "ZeroPoint?", "Y"], fw_attrs="QuantAttrs",
          attrs="NoAttrs", cost=("per_output",), cycles=2, peak=None, builders=["quantize"],
          doc="y = saturate(round_half_even(x / scale) + zero_point), in f32 (ONNX QuantizeLinear; no zero point: 0)",

@@ -401,15 +401,6 @@ bool check_elementwise(Check& c, const OpBlock& b, const ElementwiseAttrs& at) {
   return expect_dtype(c, b, 0, !is_float_only(op) || is_float(ta)) && expect_dtype(c, b, 2, ty == ta);
 }
 
-bool check_softmax(Check& c, const OpBlock& b, const SoftmaxAttrs& at) {
-  if (!expect_dtype(c, b, 0, is_float(dt(b.tensors[0]))) ||
-      !expect_dtype(c, b, 1, dt(b.tensors[1]) == dt(b.tensors[0])) || !expect_same_shape(c, b, 1, 0))
-    return false;
-  return expect_attr(c, offsetof(SoftmaxAttrs, axis), b.tensors[0].rank > 0 && at.axis < b.tensors[0].rank, at.axis,
-                     b.tensors[0].rank) &&
-         expect_attr(c, offsetof(SoftmaxAttrs, log), at.log <= 1, at.log, 1);
-}
-
 // Zero points and scales of the integer matmuls must not vary along K.
 bool check_integer_matmul(Check& c, const OpBlock& b, std::uint32_t ia, std::uint32_t ib, std::uint32_t iy,
                           std::uint32_t iaz, std::uint32_t ibz) {
@@ -643,7 +634,6 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
     case OpKind::kConv2d: ok = check_conv(c, b, std::get<ConvAttrs>(b.attrs)); break;
     case OpKind::kPool2d: ok = check_pool(c, b, std::get<PoolAttrs>(b.attrs)); break;
     case OpKind::kElementwise: ok = check_elementwise(c, b, std::get<ElementwiseAttrs>(b.attrs)); break;
-    case OpKind::kSoftmax: ok = check_softmax(c, b, std::get<SoftmaxAttrs>(b.attrs)); break;
     case OpKind::kMatMulInteger:
       ok = expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kI32) && check_integer_matmul(c, b, 0, 1, 4, 2, 3);
       break;

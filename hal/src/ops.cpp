@@ -740,15 +740,6 @@ Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& p
   return b.finish({b.arg(view, "x"), b.absent(), b.arg(y, "y")});
 }
 
-Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis, bool log_softmax) {
-  Builder b(driver::OpKind::Softmax, log_softmax ? "log_softmax" : "softmax");
-  b.dtype_in(x, "x", kFloats);
-  b.same_dtype(y, "y", x, "x");
-  b.shape_is(y, "y", x.shape(), "the shape of x");
-  b.desc().attrs = driver::SoftmaxAttrs{b.axis(axis, x), log_softmax};
-  return b.finish({b.arg(x, "x"), b.arg(y, "y")});
-}
-
 namespace {
 Op top_k_op(const char* name, const Tensor& x, const std::optional<Tensor>& values, const Tensor& indices,
             const TopKOptions& o, bool arg) {

@@ -264,8 +264,6 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
   if (auto it = unary.find(k); it != unary.end()) return it->second(in("x"), in("y"));
   if (k == "resize") return ops::resize(in("x"), in("y"), resize_opts(r));
   if (k == "activation") return ops::activation(in("x"), in("y"), r.activation());
-  if (k == "softmax" || k == "log_softmax")
-    return ops::softmax(in("x"), in("y"), r.integer("axis"), k == "log_softmax");
   if (k == "cast") return ops::cast(in("x"), in("y"));
   if (k == "transpose") {
     const json& p = r.get("perm");

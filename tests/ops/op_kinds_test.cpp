@@ -94,10 +94,6 @@ class OpKinds : public ::testing::TestWithParam<OpKind> {
         Tensor y = output(f, {4});
         return {ops::add(input(f, {4}, 1), input(f, {4}, 1), y), y};
       }
-      case OpKind::Softmax: {
-        Tensor y = output(f, {2, 3});
-        return {ops::softmax(input(f, {2, 3}, 1), y), y};
-      }
       case OpKind::MatMulInteger: {
         Tensor y = output(DType::I32, {2, 2});
         return {ops::matmul_integer(input(u8, {2, 3}, 2), input(u8, {3, 2}, 2), y), y};

@@ -354,13 +354,6 @@ void bind_builders(py::module_& ops) {
       },
       py::arg("x"), py::arg("y"), py::arg("perm"), "y = x with dimensions permuted: y dim i is x dim perm[i].");
   ops.def(
-      "softmax",
-      [](T x, T y, std::int64_t axis, bool log) {
-        return finish(ops::softmax(x.tensor, y.tensor, axis, log), {&x, &y});
-      },
-      py::arg("x"), py::arg("y"), py::kw_only(), py::arg("axis") = -1, py::arg("log") = false,
-      "exp(x - max) / sum(exp(x - max)) along `axis` (its log with log=True). Floats.");
-  ops.def(
       "matmul_integer",
       [](T a, T b, T y, Opt a_zero_point, Opt b_zero_point) {
         return finish(ops::matmul_integer(a.tensor, b.tensor, y.tensor, opt(a_zero_point), opt(b_zero_point)),

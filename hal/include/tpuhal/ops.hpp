@@ -215,7 +215,6 @@ TPUHAL_API Op relu(const Tensor& x, const Tensor& y);
 TPUHAL_API Op cast(const Tensor& x, const Tensor& y);
 // y = x with dimensions permuted: y dim i is x dim perm[i].
 TPUHAL_API Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm);
-TPUHAL_API Op softmax(const Tensor& x, const Tensor& y, std::int64_t axis = -1, bool log = false);
 
 struct TopKOptions {
   std::int64_t axis = -1;
