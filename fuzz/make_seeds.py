@@ -191,7 +191,7 @@ def op_seeds():
         tensor(4 * k, F32, [2, 3])], quant)
     o["gather_bf16"] = op_block(OP["gather"], [tensor(k, BF16, [3, 10, 4]), tensor(2 * k, I32, [2, 5]),
                                           tensor(3 * k, BF16, [3, 2, 5, 4])], struct.pack("<4I", 1, 0, 0, 0))
-    o["qlinear_add"] = op_block(OP["qlinear_add"], [
+    o["qlinear_add_broadcast"] = op_block(OP["qlinear_add"], [
         tensor(k, U8, [2, 3, 4]), tensor(2 * k, F32, [2, 3, 4], [0, 0, 0]), tensor(3 * k, U8, [2, 3, 4], [0, 0, 0]),
         tensor(4 * k, I8, [2, 3, 4], [0, 4, 1]), tensor(5 * k, F32, [2, 3, 4], [0, 0, 0]),
         tensor(6 * k, I8, [2, 3, 4], [0, 0, 0]), tensor(7 * k, F32, [2, 3, 4], [0, 0, 0]),
@@ -213,7 +213,9 @@ def rule_samples():
         s = kind["sample"]
         roles = [r.rstrip("?") for r in kind["tensors"]]
         along = kind["rule"].get("per_axis", {})  # a per-axis tensor in its target's shape, as the builder sends it
-        tensors = [tensor((i + 1) * 0x10000, codes[s["dtypes"][r]], s["shapes"][along.get(r, r)])
+        one = kind["rule"].get("scalars", {})  # likewise a scalar, stride 0 throughout
+        tensors = [tensor((i + 1) * 0x10000, codes[s["dtypes"][r]], s["shapes"][one.get(r, along.get(r, r))],
+                          [0] * len(s["shapes"][one[r]]) if r in one else None)
                    for i, r in enumerate(roles)]
         words = []
         fields = structs[kind["fw_attrs"]]["fields"] if kind["fw_attrs"] in structs else []  # QuantAttrs: none

@@ -152,6 +152,12 @@ def per_axis(k):
 PER_AXIS_DEFAULT = 1  # the builder's axis when per_axis is given (ONNX's)
 
 
+def scalars(k):
+    """Per role, the tensor whose shape its one value spans (rule part
+    scalars; on the wire: that shape, stride 0 along every dimension)."""
+    return k.get("rule", {}).get("scalars", {})
+
+
 def possessive(name):
     """x -> x's, indices -> indices'."""
     return name + ("'" if name.endswith("s") else "'s")
@@ -215,7 +221,7 @@ def check_rule(k, structs):
         return problems + [f"{name}: a kind with a rule takes an ATTR_STRUCTS struct in both layers, or "
                            f"{NO_ATTRS[0]} and {NO_ATTRS[1]} (no attributes)"]
     unknown = set(rule) - {"dtypes", "shapes", "axes", "dims", "ranges", "broadcast", "splice", "per_axis",
-                           "defaults", "variant"}
+                           "defaults", "variant", "scalars"}
     if unknown:
         problems.append(f"{name}: rule has unknown keys {sorted(unknown)}")
     field_types = {f[0]: f[1] for f in st["fields"]}
@@ -263,10 +269,15 @@ def check_rule(k, structs):
                 r in bcast or to in along or to in opt or len(set(along.values())) != 1:
             problems.append(f"{name}: per_axis: {r} along {to}: an input with no other shape rule, along one "
                             "required tensor that is not per_axis itself (the same for every such input)")
+    for r, to in rule.get("scalars", {}).items():
+        if r not in roles_[:-1] or to not in roles_ or r == to or r in shapes or r in dims or r in splice or \
+                r in bcast or r in along or r in opt or to in rule.get("scalars", {}):
+            problems.append(f"{name}: scalars: {r} over {to}: a required input with no other shape rule, over "
+                            "a tensor that is not a scalar itself")
     # An optional tensor may follow others (its dtype, its shape, broadcast
     # or per_axis to another); nothing may follow it.
     followed = {d for d in dts.values() if isinstance(d, str)} | set(shapes.values()) | set(bcast.values()) | \
-        set(along.values()) | {x for spec in splice.values() if isinstance(spec, tuple) for x in spec[::2]} | \
+        set(along.values()) | set(rule.get("scalars", {}).values()) | {x for spec in splice.values() if isinstance(spec, tuple) for x in spec[::2]} | \
         set(axes.values())
     for r in sorted(opt):
         if r in followed or r in dims or r in splice:
@@ -310,9 +321,9 @@ def check_rule(k, structs):
     for r, to in bcast.items():  # the decoder sees a broadcast input in its target's shape
         if ss[r] != ss[to]:
             problems.append(f"{name}: sample's {r} has shape {ss[r]}, not {to}'s (write broadcasts in full)")
-    for r, to in along.items():  # a scalar to the builder; the decoder sees it in the target's shape
+    for r, to in list(along.items()) + list(rule.get("scalars", {}).items()):  # one value to the builder
         if any(d != 1 for d in ss[r]):
-            problems.append(f"{name}: sample's {r} has shape {ss[r]}; per_axis samples are scalars ([1])")
+            problems.append(f"{name}: sample's {r} has shape {ss[r]}; per_axis and scalars samples are [1]")
     for field, of in axes.items():
         if not 0 <= int(sa.get(field, fields[field][2])) < len(ss[of]):
             problems.append(f"{name}: sample's {field} is not an axis of {of}")
@@ -367,6 +378,8 @@ def rule_text(k):
                     f"{possessive(param_name(part))} shape"
         if r in per_axis(k):
             text += f", a scalar or 1-D along axis of {param_name(per_axis(k)[r])}"
+        if r in scalars(k):
+            text += ", one value"
         out.append(f"{param_name(r)}{' (optional)' if r in optional_roles(k) else ''}: {text}")
     return "; ".join(out)
 
@@ -463,6 +476,8 @@ def fw_rule_checks():
         # Broadcast and per-axis inputs, on the wire: the target's shape, stride 0 where they repeat.
         for r, to in list(rule.get("broadcast", {}).items()) + list(per_axis(k).items()):
             conds.append(when(r, f"expect_same_shape(c, b, {idx[r]}, {idx[to]})"))
+        for r, to in scalars(k).items():  # one value: stride 0 along every dimension
+            conds.append(f"expect_param(c, b, {idx[r]}, {idx[to]}, (1u << b.tensors[{idx[to]}].rank) - 1)")
         for field, typ, _, _ in st["fields"]:  # in field order, as the builder checks them
             where = f"offsetof({st['name']}, {field})"
             if typ == "u32":
@@ -581,6 +596,8 @@ def hal_rule_defs():
                 a = f"op.broadcast({t(r)}, \"{n}\", {param_name(bcast[r])}.shape())"
             elif r in along:
                 a = f"op.per_axis({t(r)}, \"{n}\", {param_name(along[r])}.shape(), along)"
+            elif r in scalars(k):
+                a = f"op.scalar({t(r)}, \"{n}\", {param_name(scalars(k)[r])}.shape())"
             else:
                 a = f"op.arg({t(r)}, \"{n}\")"
             return f"{n} ? {a} : op.absent()" if r in opt else a
@@ -681,7 +698,9 @@ def test_rule_table():
 //   {Rule::kDim, i, d}          dimension d of tensor i is fixed, or set by another's
 //   {Rule::kRange, w, 0, lo, hi} attribute word w is a finite f32 in [lo, hi]
 //   {Rule::kOptional, i, 0}     tensor i may be absent
-// A per-axis tensor is given in its target's shape, as the builder's view is.
+//   {Rule::kScalar, i, j}       tensor i is one value over tensor j's shape (stride 0)
+// A per-axis or scalar tensor is given in its target's shape, as the
+// builder's view is.
 """]
     codes = {x: i + 1 for i, x in enumerate(DTYPES)}
     for k in ruled():
@@ -689,7 +708,7 @@ def test_rule_table():
         st = rule_struct(k)
         idx = {r: i for i, r in enumerate(roles_)}
         words = {f[0]: i for i, f in enumerate(st["fields"])}
-        along = per_axis(k)
+        along = {**per_axis(k), **scalars(k)}
         tensors = ", ".join(f"{{fw::DType::k{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][along.get(r, r)])}}}"
                             for r in roles_)
         rules = [f"{{Rule::kOptional, {idx[r]}, 0}}" for r in roles_ if r in optional_roles(k)]
@@ -705,6 +724,7 @@ def test_rule_table():
         for r, like in list(rule.get("shapes", {}).items()) + list(rule.get("broadcast", {}).items()) + \
                 list(along.items()):
             rules.append(f"{{Rule::kSameShape, {idx[r]}, {idx[like]}}}")
+        rules += [f"{{Rule::kScalar, {idx[r]}, {idx[to]}}}" for r, to in scalars(k).items()]
         for field, of in rule.get("axes", {}).items():
             rules.append(f"{{Rule::kAxis, {words[field]}, {idx[of]}}}")
         for r in rule.get("splice", {}):  # every dimension of the result is set by the others

@@ -213,6 +213,10 @@ ENUMS = [
 #               splice  per tensor role, (into, axis field, part): into's
 #                       shape with that axis replaced by part's whole
 #                       shape (Gather), at most kMaxRank dimensions
+#               scalars  per input role, the tensor whose shape its one
+#                       value spans: any shape of one element to the
+#                       builder; on the wire that tensor's shape with
+#                       stride 0 along every dimension; samples give [1]
 #               defaults  per attribute field, the builder's default
 #                       where it is not the wire's (an axis may count
 #                       from the end: -1, the last)
@@ -409,7 +413,18 @@ KINDS = [
     dict(name="QLinearAdd", id="qlinear_add", minor=12,
          tensors=["A", "AScale", "AZeroPoint", "B", "BScale", "BZeroPoint", "YScale", "YZeroPoint", "Y"],
          fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("per_output",), cycles=4, peak=None, builders=["qlinear_add"],
-         doc="Quantized addition: A and B dequantized, added and quantized to Y's scale, in f32."),
+         doc="Y = saturate(round_half_even(((A - AZeroPoint) * AScale + (B - BZeroPoint) * BScale) / YScale) + "
+         "YZeroPoint), each step one f32 operation: the bits of dequantize, add and quantize in a row (ONNX's "
+         "com.microsoft QLinearAdd).",
+         rule=dict(dtypes={"A": ["u8", "i8"], "AScale": ["f32"], "AZeroPoint": "A", "B": ["u8", "i8"],
+                           "BScale": ["f32"], "BZeroPoint": "B", "YScale": ["f32"], "YZeroPoint": "Y", "Y": ["u8", "i8"]},
+                   broadcast={"A": "Y", "B": "Y"},
+                   scalars={"AScale": "Y", "AZeroPoint": "Y", "BScale": "Y", "BZeroPoint": "Y", "YScale": "Y",
+                            "YZeroPoint": "Y"}),
+         sample=dict(dtypes={"A": "u8", "AScale": "f32", "AZeroPoint": "u8", "B": "i8", "BScale": "f32",
+                             "BZeroPoint": "i8", "YScale": "f32", "YZeroPoint": "u8", "Y": "u8"},
+                     shapes={"A": [2, 3], "AScale": [1], "AZeroPoint": [1], "B": [2, 3], "BScale": [1],
+                             "BZeroPoint": [1], "YScale": [1], "YZeroPoint": [1], "Y": [2, 3]})),
     dict(name="CumSum", id="cumsum", minor=13, tensors=["X", "Y"], fw_attrs="CumSumAttrs", attrs="CumSumAttrs",
          cost=("per_output",), cycles=1, peak=None, builders=["cumsum"],
          doc="Running sums along one axis (ONNX CumSum).",

@@ -485,24 +485,6 @@ bool check_top_k(Check& c, const OpBlock& b, const TopKAttrs& at) {
   return true;
 }
 
-// A, AScale, AZeroPoint, B, BScale, BZeroPoint, YScale, YZeroPoint, Y:
-// A, B and Y int8 (u8 or i8, each its own), A and B broadcast to Y's shape
-// by their strides; each scale one f32 and each zero point one value of its
-// tensor's dtype (stride 0 along every dimension).
-bool check_qlinear_add(Check& c, const OpBlock& b) {
-  const TensorRef& y = b.tensors[8];
-  const std::uint32_t all = (1u << y.rank) - 1;
-  if (!expect_dtype(c, b, 8, is_int8(dt(y))) || !expect_dtype(c, b, 0, is_int8(dt(b.tensors[0]))) ||
-      !expect_dtype(c, b, 3, is_int8(dt(b.tensors[3]))) || !expect_same_shape(c, b, 0, 8) ||
-      !expect_same_shape(c, b, 3, 8))
-    return false;
-  for (const std::uint32_t s : {1u, 4u, 6u})
-    if (!expect_dtype(c, b, s, dt(b.tensors[s]) == DType::kF32) || !expect_param(c, b, s, 8, all)) return false;
-  for (const auto& [z, of] : {std::pair{2u, 0u}, {5u, 3u}, {7u, 8u}})
-    if (!expect_dtype(c, b, z, dt(b.tensors[z]) == dt(b.tensors[of])) || !expect_param(c, b, z, 8, all)) return false;
-  return true;
-}
-
 // Tensor `out` has tensor `into`'s shape with dimension `axis` (checked:
 // < into's rank) replaced by tensor `part`'s whole shape (a splice rule,
 // schema/ops.py: Gather). A result past kMaxRank is the part's rank's fault.
@@ -672,7 +654,6 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
     case OpKind::kColorConvert: ok = check_color(c, b, std::get<ColorConvertAttrs>(b.attrs)); break;
     case OpKind::kTopK: ok = check_top_k(c, b, std::get<TopKAttrs>(b.attrs)); break;
     case OpKind::kConvTranspose2d: ok = check_conv_transpose(c, b, std::get<ConvAttrs>(b.attrs)); break;
-    case OpKind::kQLinearAdd: ok = check_qlinear_add(c, b); break;
 #include "op_rule_cases.inc"  // the kinds with rules (schema/ops.py)
     case OpKind::kInvalid: break;
   }

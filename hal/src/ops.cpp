@@ -298,6 +298,13 @@ class Builder {
     return arg(t, role, like_shape, strides);
   }
 
+  // One value (any shape of one element) over like_shape, stride 0.
+  TensorArg scalar(const Tensor& t, const char* role, const std::vector<std::int64_t>& like_shape) {
+    if (t.elements() != 1)
+      fail(Status::InvalidArgument, std::string(role) + " must be one value, not " + dims_text(t.shape()));
+    return arg(t, role, like_shape, std::vector<std::int64_t>(like_shape.size(), 0));
+  }
+
   TensorArg absent() { return TensorArg{}; }
 
   void dtype_in(const Tensor& t, const char* role, std::initializer_list<DType> ok) {
@@ -891,32 +898,6 @@ Op qlinear_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_p
   TensorArg yz = bd.arg(y_zero_point, "y_zero_point", y.shape(), zeros);
   bd.desc().attrs = driver::NoAttrs{};
   return bd.finish({va, as, az, vb, bs, bz, ys, yz, bd.arg(y, "y")});
-}
-
-Op qlinear_add(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point, const Tensor& b,
-               const Tensor& b_scale, const Tensor& b_zero_point, const Tensor& y_scale, const Tensor& y_zero_point,
-               const Tensor& y) {
-  Builder bd(driver::OpKind::QLinearAdd, "qlinear_add");
-  quantized_types(bd,
-                  {{a, a_scale, a_zero_point, "a"}, {b, b_scale, b_zero_point, "b"}, {y, y_scale, y_zero_point, "y"}});
-  const std::vector<std::int64_t> zeros(y.rank(), 0);
-  const auto scalar = [&](const Tensor& t, const char* role) {
-    if (t.elements() != 1)
-      bd.fail(Status::InvalidArgument, std::string(role) + " must be one value, not " + dims_text(t.shape()));
-    return bd.arg(t, role, y.shape(), zeros);
-  };
-  std::vector<TensorArg> t;
-  t.push_back(bd.broadcast(a, "a", y.shape()));
-  t.push_back(scalar(a_scale, "a_scale"));
-  t.push_back(scalar(a_zero_point, "a_zero_point"));
-  t.push_back(bd.broadcast(b, "b", y.shape()));
-  t.push_back(scalar(b_scale, "b_scale"));
-  t.push_back(scalar(b_zero_point, "b_zero_point"));
-  t.push_back(scalar(y_scale, "y_scale"));
-  t.push_back(scalar(y_zero_point, "y_zero_point"));
-  t.push_back(bd.arg(y, "y"));
-  bd.desc().attrs = driver::NoAttrs{};
-  return bd.finish(std::move(t));
 }
 
 Op qlinear_conv(const Tensor& x, const Tensor& x_scale, const Tensor& x_zero_point, const Tensor& w,

@@ -272,9 +272,6 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
     for (const auto& v : p) perm.push_back(r.u32(v, "perm"));
     return ops::transpose(in("x"), in("y"), perm);
   }
-  if (k == "qlinear_add")
-    return ops::qlinear_add(in("a"), in("a_scale"), in("a_zero_point"), in("b"), in("b_scale"), in("b_zero_point"),
-                            in("y_scale"), in("y_zero_point"), in("y"));
   // A newer tpuhal may have written an op this runtime does not know.
   r.fail("unknown op '" + k + "' (this runtime is tpuhal " + std::string(tpuhal::version()) +
          "; a model compiled by a newer tpuhal needs that version's runtime)");

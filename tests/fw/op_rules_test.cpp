@@ -22,7 +22,7 @@
 namespace tpuhal::fw {
 namespace {
 
-enum class Rule { kDTypeIn, kSameDType, kSameShape, kAxis, kBool, kRank, kDim, kRange, kOptional };
+enum class Rule { kDTypeIn, kSameDType, kSameShape, kAxis, kBool, kRank, kDim, kRange, kOptional, kScalar };
 
 struct RuleOf {
   Rule rule;
@@ -75,6 +75,8 @@ struct Block {
     }
     attrs.assign(k.attr_bytes / 4, 0);
     std::copy(k.words.begin(), k.words.end(), attrs.begin());
+    for (const auto& r : k.rules)  // one value over its target's shape
+      if (r.rule == Rule::kScalar) std::fill(std::begin(tensors[r.a].strides), std::end(tensors[r.a].strides), 0);
   }
 
   static void set_shape(TensorRef& t, const std::vector<std::uint64_t>& shape) {
@@ -259,6 +261,20 @@ TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
                          "required tensor " + std::to_string(i) + " absent");
           ++checked;
         }
+        break;
+      }
+      case Rule::kScalar: {
+        // Stride 0 along every dimension; the tensor's own dense strides
+        // (several values) are refused at the first dimension longer than 1.
+        Block b = good;
+        Block::set_shape(b.tensors[rule.a], k.tensors[rule.b].shape);
+        std::uint32_t d = 0;
+        while (b.tensors[rule.a].shape[d] <= 1) ++d;
+        expect_refused(b, CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kStride, d),
+                       b.tensors[rule.a].strides[d],
+                       "tensor " + std::to_string(rule.a) + " of more than one value over tensor " +
+                           std::to_string(rule.b) + "'s shape");
+        ++checked;
         break;
       }
       case Rule::kBool: {

@@ -132,12 +132,6 @@ class OpKinds : public ::testing::TestWithParam<OpKind> {
         Tensor y = output(f, {1, 1, 3, 3});
         return {ops::conv_transpose2d(input(f, {1, 1, 2, 2}, 1), input(f, {1, 1, 2, 2}, 1), y), y};
       }
-      case OpKind::QLinearAdd: {
-        Tensor y = output(u8, {4});
-        return {ops::qlinear_add(input(u8, {4}, 3), one(f, 1), one(u8, 1), input(u8, {4}, 4), one(f, 1), one(u8, 0),
-                                 one(f, 1), one(u8, 1), y),
-                y};
-      }
       // The kinds with rules: their samples come from the schema.
 #include "op_kind_samples.inc"
     }

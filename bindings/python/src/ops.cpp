@@ -386,17 +386,6 @@ void bind_builders(py::module_& ops) {
       py::arg("b_zero_point"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("y"),
       "Requantised matmul_integer (ONNX QLinearMatMul); i8/u8 operands, f32 scales.");
   ops.def(
-      "qlinear_add",
-      [](T a, T a_scale, T a_zero_point, T b, T b_scale, T b_zero_point, T y_scale, T y_zero_point, T y) {
-        return finish(ops::qlinear_add(a.tensor, a_scale.tensor, a_zero_point.tensor, b.tensor, b_scale.tensor,
-                                       b_zero_point.tensor, y_scale.tensor, y_zero_point.tensor, y.tensor),
-                      {&a, &a_scale, &a_zero_point, &b, &b_scale, &b_zero_point, &y_scale, &y_zero_point, &y});
-      },
-      py::arg("a"), py::arg("a_scale"), py::arg("a_zero_point"), py::arg("b"), py::arg("b_scale"),
-      py::arg("b_zero_point"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("y"),
-      "Quantized add (ONNX QLinearAdd): a and b dequantized, added and quantized to y's scale, in f32; "
-      "i8/u8 operands broadcast to y, one f32 scale and one zero point each.");
-  ops.def(
       "qlinear_conv",
       [](T x, T x_scale, T x_zero_point, T w, T w_scale, T w_zero_point, T y_scale, T y_zero_point, T y,
          const py::object& strides, const py::object& pads, const py::object& dilations, std::uint32_t groups, Opt bias,

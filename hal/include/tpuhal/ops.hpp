@@ -246,13 +246,6 @@ TPUHAL_API Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y, co
 TPUHAL_API Op qlinear_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point, const Tensor& b,
                              const Tensor& b_scale, const Tensor& b_zero_point, const Tensor& y_scale,
                              const Tensor& y_zero_point, const Tensor& y);
-// y = saturate(round_half_even(((a - az) * a_scale + (b - bz) * b_scale) / y_scale) + y_zero_point), each
-// step in f32 (the bits of dequantize, add and quantize in a row): ONNX's (com.microsoft) QLinearAdd. a, b
-// and y are i8 or u8, each its own; a and b broadcast to y's shape; every scale (f32) and zero point (of
-// its tensor's dtype) is one value.
-TPUHAL_API Op qlinear_add(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point, const Tensor& b,
-                          const Tensor& b_scale, const Tensor& b_zero_point, const Tensor& y_scale,
-                          const Tensor& y_zero_point, const Tensor& y);
 TPUHAL_API Op qlinear_conv(const Tensor& x, const Tensor& x_scale, const Tensor& x_zero_point, const Tensor& w,
                            const Tensor& w_scale, const Tensor& w_zero_point, const Tensor& y_scale,
                            const Tensor& y_zero_point, const Tensor& y, const Conv2dOptions& options = {});
