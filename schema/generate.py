@@ -236,6 +236,7 @@ def check_rule(k, structs):
     dts, shapes, axes = rule.get("dtypes", {}), rule.get("shapes", {}), rule.get("axes", {})
     dims, ranges = rule.get("dims", {}), rule.get("ranges", {})
     bcast, splice, along = rule.get("broadcast", {}), rule.get("splice", {}), rule.get("per_axis", {})
+    one = rule.get("scalars", {})
     for r in roles_:
         d = dts.get(r)
         if d is None:
@@ -269,15 +270,16 @@ def check_rule(k, structs):
                 r in bcast or to in along or to in opt or len(set(along.values())) != 1:
             problems.append(f"{name}: per_axis: {r} along {to}: an input with no other shape rule, along one "
                             "required tensor that is not per_axis itself (the same for every such input)")
-    for r, to in rule.get("scalars", {}).items():
+    for r, to in one.items():
         if r not in roles_[:-1] or to not in roles_ or r == to or r in shapes or r in dims or r in splice or \
-                r in bcast or r in along or r in opt or to in rule.get("scalars", {}):
+                r in bcast or r in along or r in opt or to in one:
             problems.append(f"{name}: scalars: {r} over {to}: a required input with no other shape rule, over "
                             "a tensor that is not a scalar itself")
     # An optional tensor may follow others (its dtype, its shape, broadcast
     # or per_axis to another); nothing may follow it.
     followed = {d for d in dts.values() if isinstance(d, str)} | set(shapes.values()) | set(bcast.values()) | \
-        set(along.values()) | set(rule.get("scalars", {}).values()) | {x for spec in splice.values() if isinstance(spec, tuple) for x in spec[::2]} | \
+        set(along.values()) | set(one.values()) | \
+        {x for spec in splice.values() if isinstance(spec, tuple) for x in spec[::2]} | \
         set(axes.values())
     for r in sorted(opt):
         if r in followed or r in dims or r in splice:
@@ -321,7 +323,7 @@ def check_rule(k, structs):
     for r, to in bcast.items():  # the decoder sees a broadcast input in its target's shape
         if ss[r] != ss[to]:
             problems.append(f"{name}: sample's {r} has shape {ss[r]}, not {to}'s (write broadcasts in full)")
-    for r, to in list(along.items()) + list(rule.get("scalars", {}).items()):  # one value to the builder
+    for r, to in list(along.items()) + list(one.items()):  # one value to the builder
         if any(d != 1 for d in ss[r]):
             problems.append(f"{name}: sample's {r} has shape {ss[r]}; per_axis and scalars samples are [1]")
     for field, of in axes.items():

@@ -269,7 +269,8 @@ TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
         Block b = good;
         Block::set_shape(b.tensors[rule.a], k.tensors[rule.b].shape);
         std::uint32_t d = 0;
-        while (b.tensors[rule.a].shape[d] <= 1) ++d;
+        while (d < b.tensors[rule.a].rank && b.tensors[rule.a].shape[d] <= 1) ++d;
+        ASSERT_LT(d, b.tensors[rule.a].rank) << "the sample's tensor " << rule.b << " holds one element";
         expect_refused(b, CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kStride, d),
                        b.tensors[rule.a].strides[d],
                        "tensor " + std::to_string(rule.a) + " of more than one value over tensor " +

@@ -49,8 +49,8 @@ void few_rows(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t 
 // the compiler lays them out, [K, N]): B is read in place, once per row of
 // A and block of columns (from cache after the first row), and nothing is
 // packed. Each element is the same chain as the kernels' (Kernels::row).
-void by_row(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, std::uint64_t kdim, const Matrix& a,
-            const Matrix& b, float* c, std::uint64_t ldc) {
+void rows_in_place(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, std::uint64_t kdim,
+                   const Matrix& a, const Matrix& b, float* c, std::uint64_t ldc) {
   float* const arows = e.scratch_f32(m * kdim);
   for (std::uint64_t i = 0; i < m; ++i) k.load_row(a, i, kdim, arows + i * kdim);
   constexpr std::uint64_t kBlock = 128;  // columns per part: a multiple of every level's row width
@@ -74,7 +74,7 @@ void gemm(TensorEngine& e, const Kernels& k, std::uint64_t m, std::uint64_t n, s
   const std::uint64_t nr = k.nr, panels = (n + nr - 1) / nr, panel_floats = kdim * nr;
   // Rows of A that would fill a third of the kernel's at most: the kernel
   // computes all of its rows whatever the tile holds.
-  if (b.cs == 1 && m * 3 <= k.mr) return by_row(e, k, m, n, kdim, a, b, c, ldc);
+  if (b.cs == 1 && m * 3 <= k.mr) return rows_in_place(e, k, m, n, kdim, a, b, c, ldc);
   if (m <= gemm::kMC && !gemm::by_rows(e, m, n, k.mr, nr)) return few_rows(e, k, m, n, kdim, a, b, c, ldc);
   // B, packed once for every block of A, into memory kept from call to call
   // (the engine runs one op at a time).
