@@ -153,16 +153,9 @@ def op_seeds():
     o["dequantize_per_axis"] = op_block(OP["dequantize"], [
         tensor(k, I8, [2, 4]), tensor(2 * k, F32, [2, 4], [0, 1]), tensor(3 * k, I8, [2, 4], [0, 1]),
         tensor(4 * k, F32, [2, 4])], quant)
-    o["matmul_integer"] = op_block(OP["matmul_integer"], [
-        tensor(k, U8, [3, 5]), tensor(2 * k, I8, [5, 2]), tensor(3 * k, U8, [3, 5], [1, 0]),
-        tensor(4 * k, I8, [5, 2], [0, 1]), tensor(5 * k, I32, [3, 2])], quant)
     o["conv_integer"] = op_block(OP["conv_integer"], [
         tensor(k, U8, [1, 2, 5, 5]), tensor(2 * k, I8, [3, 2, 3, 3]), tensor(3 * k, U8, [1, 2, 5, 5], [0, 0, 0, 0]),
         tensor(4 * k, I8, [3, 2, 3, 3], [1, 0, 0, 0]), tensor(5 * k, I32, [1, 3, 3, 3])], conv_attrs())
-    o["qlinear_matmul"] = op_block(OP["qlinear_matmul"], [
-        tensor(k, U8, [2, 4]), tensor(2 * k, F32, [2, 4], [0, 0]), tensor(3 * k, U8, [2, 4], [0, 0]),
-        tensor(4 * k, I8, [4, 3]), tensor(5 * k, F32, [4, 3], [0, 0]), tensor(6 * k, I8, [4, 3], [0, 0]),
-        tensor(7 * k, F32, [2, 3], [0, 0]), tensor(8 * k, U8, [2, 3], [0, 0]), tensor(9 * k, U8, [2, 3])], quant)
     o["qlinear_conv"] = op_block(OP["qlinear_conv"], [
         tensor(k, U8, [1, 1, 4, 4]), tensor(2 * k, F32, [1, 1, 4, 4], [0, 0, 0, 0]),
         tensor(3 * k, U8, [1, 1, 4, 4], [0, 0, 0, 0]), tensor(4 * k, U8, [2, 1, 3, 3]),
@@ -214,8 +207,15 @@ def rule_samples():
         roles = [r.rstrip("?") for r in kind["tensors"]]
         along = kind["rule"].get("per_axis", {})  # a per-axis tensor in its target's shape, as the builder sends it
         one = kind["rule"].get("scalars", {})  # likewise a scalar, stride 0 throughout
-        tensors = [tensor((i + 1) * 0x10000, codes[s["dtypes"][r]], s["shapes"][one.get(r, along.get(r, r))],
-                          [0] * len(s["shapes"][one[r]]) if r in one else None)
+        # A per-row or per-column tensor of an [M, K] or [K, N] sample: its
+        # matrix's shape, one value per row (strides [1, 0]) or column ([0, 1]).
+        rows, columns = kind["rule"].get("per_row", {}), kind["rule"].get("per_column", {})
+        like = {**along, **one, **rows, **columns}
+
+        def strides(r):
+            return [0] * len(s["shapes"][one[r]]) if r in one else [1, 0] if r in rows else [0, 1] if r in columns \
+                else None
+        tensors = [tensor((i + 1) * 0x10000, codes[s["dtypes"][r]], s["shapes"][like.get(r, r)], strides(r))
                    for i, r in enumerate(roles)]
         words = []
         fields = structs[kind["fw_attrs"]]["fields"] if kind["fw_attrs"] in structs else []  # QuantAttrs: none

@@ -158,6 +158,26 @@ def scalars(k):
     return k.get("rule", {}).get("scalars", {})
 
 
+def matmul(k):
+    """(A, B, Y) of a matrix product's rule, or None (rule part matmul)."""
+    return k.get("rule", {}).get("matmul")
+
+
+def lines(k):
+    """Per role that runs along a matmul operand's rows or columns: (the
+    operand, True for rows) (rule parts per_row and per_column)."""
+    rule = k.get("rule", {})
+    return {**{r: (to, True) for r, to in rule.get("per_row", {}).items()},
+            **{r: (to, False) for r, to in rule.get("per_column", {}).items()}}
+
+
+def builder_roles(k):
+    """The roles in the order the builder takes them: role order, with the
+    trailing optional inputs moved after the output."""
+    trailing = k.get("rule", {}).get("trailing", [])
+    return [r for r in role_names(k) if r not in trailing] + list(trailing)
+
+
 def possessive(name):
     """x -> x's, indices -> indices'."""
     return name + ("'" if name.endswith("s") else "'s")
@@ -193,7 +213,7 @@ def rule_shaped(k):
     or a splice, or as the target inputs broadcast to."""
     rule = k["rule"]
     return set(rule.get("shapes", {})) | set(rule.get("dims", {})) | set(rule.get("splice", {})) | \
-        set(rule.get("broadcast", {}).values())
+        set(rule.get("broadcast", {}).values()) | set(rule.get("matmul") or ())
 
 
 def all_dtypes(d):
@@ -221,7 +241,7 @@ def check_rule(k, structs):
         return problems + [f"{name}: a kind with a rule takes an ATTR_STRUCTS struct in both layers, or "
                            f"{NO_ATTRS[0]} and {NO_ATTRS[1]} (no attributes)"]
     unknown = set(rule) - {"dtypes", "shapes", "axes", "dims", "ranges", "broadcast", "splice", "per_axis",
-                           "defaults", "variant", "scalars"}
+                           "defaults", "variant", "scalars", "matmul", "per_row", "per_column", "trailing"}
     if unknown:
         problems.append(f"{name}: rule has unknown keys {sorted(unknown)}")
     field_types = {f[0]: f[1] for f in st["fields"]}
@@ -237,6 +257,20 @@ def check_rule(k, structs):
     dims, ranges = rule.get("dims", {}), rule.get("ranges", {})
     bcast, splice, along = rule.get("broadcast", {}), rule.get("splice", {}), rule.get("per_axis", {})
     one = rule.get("scalars", {})
+    mm, along_lines, trailing = rule.get("matmul"), lines(k), rule.get("trailing", [])
+    if mm is not None and (not isinstance(mm, tuple) or len(mm) != 3 or len(set(mm)) != 3 or
+                           mm[2] != roles_[-1] or not all(r in roles_ and r not in opt for r in mm) or
+                           any(r in shapes or r in dims or r in splice or r in bcast for r in mm)):
+        problems.append(f"{name}: matmul: (A, B, Y), three required tensors, Y the output, with no other shape rule")
+    for r, (to, _) in along_lines.items():
+        if mm is None or to not in mm[:2] or r not in roles_[:-1] or r in mm or r in shapes or r in dims or \
+                r in splice or r in bcast or r in along or r in one or \
+                (r in rule.get("per_row", {}) and r in rule.get("per_column", {})):
+            problems.append(f"{name}: per_row/per_column: {r} along {to}: an input with no other shape rule, "
+                            "along the matmul's A or B")
+    if not isinstance(trailing, list) or trailing != [r for r in roles_ if r in trailing] or \
+            any(r not in opt for r in trailing):
+        problems.append(f"{name}: trailing: a list of optional inputs, in role order")
     for r in roles_:
         d = dts.get(r)
         if d is None:
@@ -278,7 +312,7 @@ def check_rule(k, structs):
     # An optional tensor may follow others (its dtype, its shape, broadcast
     # or per_axis to another); nothing may follow it.
     followed = {d for d in dts.values() if isinstance(d, str)} | set(shapes.values()) | set(bcast.values()) | \
-        set(along.values()) | set(one.values()) | \
+        set(along.values()) | set(one.values()) | {to for to, _ in along_lines.values()} | set(mm or ()) | \
         {x for spec in splice.values() if isinstance(spec, tuple) for x in spec[::2]} | \
         set(axes.values())
     for r in sorted(opt):
@@ -323,9 +357,14 @@ def check_rule(k, structs):
     for r, to in bcast.items():  # the decoder sees a broadcast input in its target's shape
         if ss[r] != ss[to]:
             problems.append(f"{name}: sample's {r} has shape {ss[r]}, not {to}'s (write broadcasts in full)")
-    for r, to in list(along.items()) + list(one.items()):  # one value to the builder
+    for r in list(along) + list(one) + list(along_lines):  # one value to the builder
         if any(d != 1 for d in ss[r]):
-            problems.append(f"{name}: sample's {r} has shape {ss[r]}; per_axis and scalars samples are [1]")
+            problems.append(f"{name}: sample's {r} has shape {ss[r]}; per_axis, scalars, per_row and per_column "
+                            "samples are [1]")
+    if mm:
+        a, b, y = (ss[r] for r in mm)
+        if len(a) != 2 or len(b) != 2 or y != [a[0], b[1]] or a[1] != b[0] or a[1] < 2:
+            problems.append(f"{name}: sample's matmul is not [M, K] @ [K, N] -> [M, N] with K >= 2")
     for field, of in axes.items():
         if not 0 <= int(sa.get(field, fields[field][2])) < len(ss[of]):
             problems.append(f"{name}: sample's {field} is not an axis of {of}")
@@ -382,6 +421,12 @@ def rule_text(k):
             text += f", a scalar or 1-D along axis of {param_name(per_axis(k)[r])}"
         if r in scalars(k):
             text += ", one value"
+        if matmul(k) and r in matmul(k):
+            text += ", " + ("[..., M, K]", "[..., K, N]",
+                            "[..., M, N], the batch dimensions of both broadcast as in NumPy")[matmul(k).index(r)]
+        if r in lines(k):
+            to, row = lines(k)[r]
+            text += f", a scalar or one per {'row' if row else 'column'} of {param_name(to)}"
         out.append(f"{param_name(r)}{' (optional)' if r in optional_roles(k) else ''}: {text}")
     return "; ".join(out)
 
@@ -480,6 +525,12 @@ def fw_rule_checks():
             conds.append(when(r, f"expect_same_shape(c, b, {idx[r]}, {idx[to]})"))
         for r, to in scalars(k).items():  # one value: stride 0 along every dimension
             conds.append(f"expect_param(c, b, {idx[r]}, {idx[to]}, (1u << b.tensors[{idx[to]}].rank) - 1)")
+        if matmul(k):  # the batch dimensions as the output's: the builder broadcast them
+            a, bb, y = (idx[r] for r in matmul(k))
+            conds.append(f"check_matmul_shapes(c, b, {a}, {bb}, {y}, false, false)")
+        for r, (to, row) in lines(k).items():  # stride 0 along the operand's K
+            conds.append(when(r, f"expect_param(c, b, {idx[r]}, {idx[to]}, 1u << (b.tensors[{idx[to]}].rank - "
+                                 f"{1 if row else 2}))"))
         for field, typ, _, _ in st["fields"]:  # in field order, as the builder checks them
             where = f"offsetof({st['name']}, {field})"
             if typ == "u32":
@@ -508,8 +559,9 @@ def fw_rule_cases():
 
 
 def hal_rule_signature(k, defaults):
-    opt = optional_roles(k)
-    tensors = [f"const {'std::optional<Tensor>' if r in opt else 'Tensor'}& {param_name(r)}" for r in role_names(k)]
+    opt, trailing = optional_roles(k), k["rule"].get("trailing", [])
+    tensors = [f"const {'std::optional<Tensor>' if r in opt else 'Tensor'}& {param_name(r)}"
+               f"{' = std::nullopt' if defaults and r in trailing else ''}" for r in builder_roles(k)]
     attrs = [f"{t} {n}{' = ' + d if defaults else ''}" for t, n, d, _, _ in rule_attr_params(k)]
     if per_axis(k):
         attrs.append(f"std::int64_t axis{' = ' + str(PER_AXIS_DEFAULT) if defaults else ''}")
@@ -587,6 +639,9 @@ def hal_rule_defs():
                        f"             \"{possessive(i)} shape with axis \" + std::to_string(attrs.{field}) + "
                        f"\" replaced by {possessive(p)} shape\");\n")
         out.append("  op.desc().attrs = attrs;\n")
+        if matmul(k):
+            a, b, y = (param_name(r) for r in matmul(k))
+            out.append(f"  const auto [{a}_view, {b}_view] = op.matmul({a}, \"{a}\", {b}, \"{b}\", {y});\n")
         bcast, along = rule.get("broadcast", {}), per_axis(k)
         if along:
             of = param_name(next(iter(along.values())))
@@ -600,6 +655,11 @@ def hal_rule_defs():
                 a = f"op.per_axis({t(r)}, \"{n}\", {param_name(along[r])}.shape(), along)"
             elif r in scalars(k):
                 a = f"op.scalar({t(r)}, \"{n}\", {param_name(scalars(k)[r])}.shape())"
+            elif matmul(k) and r in matmul(k)[:2]:
+                a = f"{n}_view"
+            elif r in lines(k):
+                to, row = lines(k)[r]
+                a = f"op.matmul_param({t(r)}, \"{n}\", {param_name(to)}_view, {'true' if row else 'false'})"
             else:
                 a = f"op.arg({t(r)}, \"{n}\")"
             return f"{n} ? {a} : op.absent()" if r in opt else a
@@ -614,13 +674,16 @@ def py_rule_table():
 """]
     for k in ruled():
         opt = {param_name(r) for r in optional_roles(k)}
-        roles_ = [param_name(r) for r in role_names(k)]
+        trailing = [param_name(r) for r in k["rule"].get("trailing", [])]
+        roles_ = [param_name(r) for r in builder_roles(k)]
         attrs = rule_attr_params(k) + [("std::int64_t", "axis", str(PER_AXIS_DEFAULT), "int", str(PER_AXIS_DEFAULT))
                                        ] * bool(per_axis(k))
         params = ", ".join([f"{'Opt' if r in opt else 'T'} {r}" for r in roles_] + [f"{t} {n}" for t, n, _, _, _ in attrs])
         call = ", ".join([f"opt({r})" if r in opt else f"{r}.tensor" for r in roles_] + [n for _, n, _, _, _ in attrs])
         keep = ", ".join(r if r in opt else f"&{r}" for r in roles_)
-        pyargs = ", ".join([f"py::arg(\"{r}\")" for r in roles_] + ["py::kw_only()"] * bool(attrs) +
+        pyargs = ", ".join([f"py::arg(\"{r}\")" for r in roles_ if r not in trailing] +
+                           ["py::kw_only()"] * bool(attrs or trailing) +
+                           [f"py::arg(\"{r}\") = py::none()" for r in trailing] +
                            [f"py::arg(\"{n}\") = {d}" for _, n, d, _, _ in attrs])
         doc = rule_doc(k).replace("\\", "\\\\").replace('"', '\\"')
         out.append(f"ops.def(\n    \"{k['id']}\",\n    []({params}) {{ return finish(ops::{k['id']}({call}), {{{keep}}}); }},\n"
@@ -631,9 +694,11 @@ def py_rule_table():
 def pyi_rules():
     out = []
     for k in ruled():
-        opt = optional_roles(k)
-        roles_ = [f"{param_name(r)}: {'Optional[Tensor]' if r in opt else 'Tensor'}" for r in role_names(k)]
-        attrs = [f"{n}: {pt} = {pd}" for _, n, _, pt, pd in rule_attr_params(k)]
+        opt, trailing = optional_roles(k), k["rule"].get("trailing", [])
+        roles_ = [f"{param_name(r)}: {'Optional[Tensor]' if r in opt else 'Tensor'}" for r in builder_roles(k)
+                  if r not in trailing]
+        attrs = [f"{param_name(r)}: Optional[Tensor] = None" for r in trailing]
+        attrs += [f"{n}: {pt} = {pd}" for _, n, _, pt, pd in rule_attr_params(k)]
         attrs += [f"axis: int = {PER_AXIS_DEFAULT}"] * bool(per_axis(k))
         out.append(f"def {k['id']}({', '.join(roles_ + (['*'] + attrs if attrs else []))}) -> Op: ...\n")
     return "".join(out)
@@ -675,10 +740,9 @@ def test_rule_samples():
 // inputs hold 1s, the output 0xA5 bytes until the op writes it.
 """]
     for k in ruled():
-        s, roles_ = k["sample"], role_names(k)
-        y = roles_[-1]
-        args = [f"input(DType::{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][r])}, 1)" for r in roles_[:-1]]
-        args.append("y")
+        s, y = k["sample"], role_names(k)[-1]
+        args = [f"input(DType::{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][r])}, 1)" if r != y else "y"
+                for r in builder_roles(k)]
         args += [cpp_value(v) for v in sample_values(k)]
         out.append(f"case OpKind::{k['name']}: {{\n  Tensor y = output(DType::{DTYPES[s['dtypes'][y]]}, "
                    f"{cpp_shape(s['shapes'][y])});\n  return {{ops::{k['id']}({', '.join(args)}), y}};\n}}\n")
@@ -701,8 +765,9 @@ def test_rule_table():
 //   {Rule::kRange, w, 0, lo, hi} attribute word w is a finite f32 in [lo, hi]
 //   {Rule::kOptional, i, 0}     tensor i may be absent
 //   {Rule::kScalar, i, j}       tensor i is one value over tensor j's shape (stride 0)
-// A per-axis or scalar tensor is given in its target's shape, as the
-// builder's view is.
+//   {Rule::kStrideZero, i, d}   tensor i repeats along dimension d (stride 0 there)
+// A per-axis, scalar, per-row or per-column tensor is given in its target's
+// shape, as the builder's view is.
 """]
     codes = {x: i + 1 for i, x in enumerate(DTYPES)}
     for k in ruled():
@@ -710,7 +775,7 @@ def test_rule_table():
         st = rule_struct(k)
         idx = {r: i for i, r in enumerate(roles_)}
         words = {f[0]: i for i, f in enumerate(st["fields"])}
-        along = {**per_axis(k), **scalars(k)}
+        along = {**per_axis(k), **scalars(k), **{r: to for r, (to, _) in lines(k).items()}}
         tensors = ", ".join(f"{{fw::DType::k{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][along.get(r, r)])}}}"
                             for r in roles_)
         rules = [f"{{Rule::kOptional, {idx[r]}, 0}}" for r in roles_ if r in optional_roles(k)]
@@ -727,6 +792,11 @@ def test_rule_table():
                 list(along.items()):
             rules.append(f"{{Rule::kSameShape, {idx[r]}, {idx[like]}}}")
         rules += [f"{{Rule::kScalar, {idx[r]}, {idx[to]}}}" for r, to in scalars(k).items()]
+        if matmul(k):  # [M, K] @ [K, N] -> [M, N]: ranks, M, K and N as the output and A set them
+            a, b, _ = (idx[r] for r in matmul(k))
+            rules += [f"{{Rule::kRank, {a}, 2}}", f"{{Rule::kRank, {b}, 2}}", f"{{Rule::kDim, {a}, 0}}",
+                      f"{{Rule::kDim, {b}, 0}}", f"{{Rule::kDim, {b}, 1}}"]
+        rules += [f"{{Rule::kStrideZero, {idx[r]}, {1 if row else 0}}}" for r, (_, row) in lines(k).items()]
         for field, of in rule.get("axes", {}).items():
             rules.append(f"{{Rule::kAxis, {words[field]}, {idx[of]}}}")
         for r in rule.get("splice", {}):  # every dimension of the result is set by the others
@@ -770,7 +840,7 @@ def model_rule_ops():
 """]
     for k in ruled():
         opt = optional_roles(k)
-        args = [f"in{'.opt' if r in opt else ''}(\"{param_name(r)}\")" for r in role_names(k)]
+        args = [f"in{'.opt' if r in opt else ''}(\"{param_name(r)}\")" for r in builder_roles(k)]
         reader = {"std::int64_t": "integer", "float": "real", "bool": "flag"}
         variant = k["rule"].get("variant")
         attrs = [f"r.{reader[t]}(\"{n}\")" if not variant or n != variant[0] else f"k == \"{variant[1]}\""
@@ -788,15 +858,17 @@ def doc_model_rules():
         attrs = ", ".join([n for _, n, _, _, _ in rule_attr_params(k) if not variant or n != variant[0]] +
                           ["axis"] * bool(per_axis(k)))
         ops_ = f"`{k['id']}`" + (f" and `{variant[1]}` (its {variant[0]} set)" if variant else "")
-        items.append(f"{ops_} ({', '.join(param_name(r) for r in role_names(k))}{'; ' + attrs if attrs else ''})")
+        items.append(f"{ops_} ({', '.join(param_name(r) for r in builder_roles(k))}{'; ' + attrs if attrs else ''})")
     return f"- The kinds with rules ([ops.md](ops.md#kinds-with-rules)): {', '.join(items)}.\n"
 
 
 def doc_rules():
     rows = ["| op | computes | dtypes and shapes | since |", "| --- | --- | --- | --- |"]
     for k in ruled():
-        params = ", ".join(param_name(r) for r in role_names(k))
-        attrs = ", ".join([f"{n}={pd}" for _, n, _, _, pd in rule_attr_params(k)] +
+        trailing = k["rule"].get("trailing", [])
+        params = ", ".join(param_name(r) for r in builder_roles(k) if r not in trailing)
+        attrs = ", ".join([f"{param_name(r)}=None" for r in trailing] +
+                          [f"{n}={pd}" for _, n, _, _, pd in rule_attr_params(k)] +
                           [f"axis={PER_AXIS_DEFAULT}"] * bool(per_axis(k)))
         rows.append(f"| `{k['id']}({params}{', ' + attrs if attrs else ''})` | {rule_computes(k)} | "
                     f"{rule_text(k)} | 1.{k['minor']} |")
@@ -908,10 +980,11 @@ def fw_op_timing():
     out.append("// Whether tensor i of a kind the schema gives rules slices with the output\n"
                "// along dimension 0 (sliced_with_output): a tensor of the output's shape\n"
                "// does, unless an axis attribute is 0 (along it each output row reads every\n"
-               "// row); any other needs all of it. std::nullopt for the other kinds.\n")
+               "// row); any other needs all of it. std::nullopt for the other kinds, and\n"
+               "// for matrix products, which timing.cpp slices as it does matmul.\n")
     out.append("std::optional<bool> sliced_by_rule(const OpBlock& op, std::uint32_t i) noexcept {\n"
                "  switch (op.kind) {\n")
-    for k in ruled():
+    for k in (k for k in ruled() if not matmul(k)):
         roles_, shapes, dims = role_names(k), k["rule"].get("shapes", {}), k["rule"].get("dims", {})
         if roles_[-1] in dims:  # the tensors whose first dimension is named as the output's
             lead = dims[roles_[-1]][0]

@@ -232,6 +232,22 @@ ENUMS = [
 #                       the end; not on the wire: the board sees the
 #                       target's shape, stride 0 where it repeats); one
 #                       target for all such roles; samples give [1]
+#               matmul  (A, B, Y): Y = A @ B over the last two dimensions,
+#                       A [..., M, K], B [..., K, N], Y [..., M, N], rank 2
+#                       or more, batch dimensions broadcast as NumPy's
+#                       matmul (the builder's views: the board sees A and
+#                       B with Y's batch dimensions, stride 0 where they
+#                       repeat)
+#               per_row  per input role, the matmul operand (A or B role)
+#                       it runs along: a scalar (any shape of one element)
+#                       or one value per row of it, 1-D; on the wire the
+#                       operand's shape, stride 0 along its last
+#                       dimension; samples give [1]
+#               per_column  the same, one value per column: stride 0
+#                       along the operand's next-to-last dimension
+#               trailing  optional inputs the builder takes after the
+#                       output, in this order, each defaulting to none
+#                       (keyword-only in Python)
 #             Every tensor needs its dtype; every u32 field must be an
 #             axis, every f32 field have a range; bool fields are 0 or 1.
 #             A kind without attributes has fw_attrs QuantAttrs and attrs
@@ -373,14 +389,30 @@ KINDS = [
                      shapes={"X": [2, 3], "Scale": [1], "ZeroPoint": [1], "Y": [2, 3]})),
     dict(name="MatMulInteger", id="matmul_integer", minor=1, tensors=["A", "B", "AZeroPoint?", "BZeroPoint?", "Y"],
          fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("matmul", "A"), cycles=0, peak="int8", builders=["matmul_integer"],
-         doc="Integer matrix product with zero points, int32 accumulation."),
+         doc="Y = (A - AZeroPoint) @ (B - BZeroPoint), summed exactly in int32, wrapping (ONNX MatMulInteger; no "
+         "zero point: 0)",
+         rule=dict(dtypes={"A": ["u8", "i8"], "B": ["u8", "i8"], "AZeroPoint": "A", "BZeroPoint": "B", "Y": ["i32"]},
+                   matmul=("A", "B", "Y"), per_row={"AZeroPoint": "A"}, per_column={"BZeroPoint": "B"},
+                   trailing=["AZeroPoint", "BZeroPoint"]),
+         sample=dict(dtypes={"A": "u8", "B": "i8", "AZeroPoint": "u8", "BZeroPoint": "i8", "Y": "i32"},
+                     shapes={"A": [2, 3], "B": [3, 4], "AZeroPoint": [1], "BZeroPoint": [1], "Y": [2, 4]})),
     dict(name="ConvInteger", id="conv_integer", minor=1, tensors=["X", "W", "XZeroPoint?", "WZeroPoint?", "Y"],
          fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv", "W"), cycles=0, peak="int8", builders=["conv_integer"],
          doc="Integer convolution with zero points, int32 accumulation."),
     dict(name="QLinearMatMul", id="qlinear_matmul", minor=1,
          tensors=["A", "AScale", "AZeroPoint", "B", "BScale", "BZeroPoint", "YScale", "YZeroPoint", "Y"],
          fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("matmul", "A"), cycles=0, peak="int8", builders=["qlinear_matmul"],
-         doc="Quantized matrix product, requantised to Y's scale."),
+         doc="Y = saturate(round_half_even(float(acc) * m) + YZeroPoint), where acc = (A - AZeroPoint) @ "
+         "(B - BZeroPoint) is summed exactly in int32 (wrapping) and m = AScale * BScale / YScale is formed in f32, "
+         "the product rounded to f32 once (ONNX QLinearMatMul)",
+         rule=dict(dtypes={"A": ["u8", "i8"], "AScale": ["f32"], "AZeroPoint": "A", "B": ["u8", "i8"],
+                           "BScale": ["f32"], "BZeroPoint": "B", "YScale": ["f32"], "YZeroPoint": "Y", "Y": ["u8", "i8"]},
+                   matmul=("A", "B", "Y"), per_row={"AScale": "A", "AZeroPoint": "A"},
+                   per_column={"BScale": "B", "BZeroPoint": "B"}, scalars={"YScale": "Y", "YZeroPoint": "Y"}),
+         sample=dict(dtypes={"A": "u8", "AScale": "f32", "AZeroPoint": "u8", "B": "i8", "BScale": "f32",
+                             "BZeroPoint": "i8", "YScale": "f32", "YZeroPoint": "u8", "Y": "u8"},
+                     shapes={"A": [2, 3], "AScale": [1], "AZeroPoint": [1], "B": [3, 4], "BScale": [1],
+                             "BZeroPoint": [1], "YScale": [1], "YZeroPoint": [1], "Y": [2, 4]})),
     dict(name="QLinearConv", id="qlinear_conv", minor=1,
          tensors=["X", "XScale", "XZeroPoint", "W", "WScale", "WZeroPoint", "YScale", "YZeroPoint", "Bias?", "Y"],
          fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv", "W"), cycles=0, peak="int8", builders=["qlinear_conv"],

@@ -401,22 +401,6 @@ bool check_elementwise(Check& c, const OpBlock& b, const ElementwiseAttrs& at) {
   return expect_dtype(c, b, 0, !is_float_only(op) || is_float(ta)) && expect_dtype(c, b, 2, ty == ta);
 }
 
-// Zero points and scales of the integer matmuls must not vary along K.
-bool check_integer_matmul(Check& c, const OpBlock& b, std::uint32_t ia, std::uint32_t ib, std::uint32_t iy,
-                          std::uint32_t iaz, std::uint32_t ibz) {
-  if (!expect_dtype(c, b, ia, is_int8(dt(b.tensors[ia]))) || !expect_dtype(c, b, ib, is_int8(dt(b.tensors[ib]))))
-    return false;
-  if (!check_matmul_shapes(c, b, ia, ib, iy, false, false)) return false;
-  const std::uint32_t r = b.tensors[iy].rank;
-  if (present(b.tensors[iaz]) && (!expect_dtype(c, b, iaz, dt(b.tensors[iaz]) == dt(b.tensors[ia])) ||
-                                  !expect_param(c, b, iaz, ia, 1u << (r - 1))))
-    return false;
-  if (present(b.tensors[ibz]) && (!expect_dtype(c, b, ibz, dt(b.tensors[ibz]) == dt(b.tensors[ib])) ||
-                                  !expect_param(c, b, ibz, ib, 1u << (r - 2))))
-    return false;
-  return true;
-}
-
 bool check_integer_conv(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix, std::uint32_t iw,
                         std::uint32_t iy, std::uint32_t ixz, std::uint32_t iwz) {
   if (!expect_attr(c, offsetof(ConvAttrs, activation), at.activation == 0, at.activation, 0)) return false;
@@ -616,25 +600,10 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
     case OpKind::kConv2d: ok = check_conv(c, b, std::get<ConvAttrs>(b.attrs)); break;
     case OpKind::kPool2d: ok = check_pool(c, b, std::get<PoolAttrs>(b.attrs)); break;
     case OpKind::kElementwise: ok = check_elementwise(c, b, std::get<ElementwiseAttrs>(b.attrs)); break;
-    case OpKind::kMatMulInteger:
-      ok = expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kI32) && check_integer_matmul(c, b, 0, 1, 4, 2, 3);
-      break;
     case OpKind::kConvInteger:
       ok = expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kI32) &&
            check_integer_conv(c, b, std::get<ConvAttrs>(b.attrs), 0, 1, 4, 2, 3);
       break;
-    case OpKind::kQLinearMatMul: {
-      // A, AScale, AZp, B, BScale, BZp, YScale, YZp, Y
-      ok = expect_dtype(c, b, 8, is_int8(dt(b.tensors[8]))) && check_integer_matmul(c, b, 0, 3, 8, 2, 5);
-      if (!ok) break;
-      const std::uint32_t r = b.tensors[8].rank;
-      ok = expect_dtype(c, b, 1, dt(b.tensors[1]) == DType::kF32) && expect_param(c, b, 1, 0, 1u << (r - 1)) &&
-           expect_dtype(c, b, 4, dt(b.tensors[4]) == DType::kF32) && expect_param(c, b, 4, 3, 1u << (r - 2)) &&
-           expect_dtype(c, b, 6, dt(b.tensors[6]) == DType::kF32) && expect_param(c, b, 6, 8, (1u << r) - 1) &&
-           expect_dtype(c, b, 7, dt(b.tensors[7]) == dt(b.tensors[8])) && expect_param(c, b, 7, 8, (1u << r) - 1) &&
-           expect_dtype(c, b, 2, present(b.tensors[2])) && expect_dtype(c, b, 5, present(b.tensors[5]));
-      break;
-    }
     case OpKind::kQLinearConv: {
       // X, XScale, XZp, W, WScale, WZp, YScale, YZp, Bias (opt), Y
       ok = expect_dtype(c, b, 9, is_int8(dt(b.tensors[9]))) &&

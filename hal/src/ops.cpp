@@ -307,6 +307,16 @@ class Builder {
 
   TensorArg absent() { return TensorArg{}; }
 
+  // A matrix product's operands a [..., M, K] and b [..., K, N] as views
+  // with y's batch dimensions, which they broadcast to (NumPy's matmul),
+  // y [..., M, N] checked (matmul_views).
+  std::pair<TensorArg, TensorArg> matmul(const Tensor& a, const char* a_role, const Tensor& b, const char* b_role,
+                                         const Tensor& y);
+  // A zero point or scale of a matrix product's operand `of` [..., R, C]:
+  // a scalar, or one per row (along R, `per_row`) or per column (along C),
+  // viewed in of's shape.
+  TensorArg matmul_param(const Tensor& t, const char* role, const TensorArg& of, bool per_row);
+
   void dtype_in(const Tensor& t, const char* role, std::initializer_list<DType> ok) {
     for (auto d : ok)
       if (t.dtype() == d) return;
@@ -542,6 +552,25 @@ std::pair<TensorArg, TensorArg> matmul_views(Builder& bd, const Tensor& a, const
     return bd.arg(t, role, shape, strides);
   };
   return {view(a, an, as[as.size() - 2], as[as.size() - 1]), view(b, bn, bs[bs.size() - 2], bs[bs.size() - 1])};
+}
+
+std::pair<TensorArg, TensorArg> Builder::matmul(const Tensor& a, const char* a_role, const Tensor& b,
+                                                const char* b_role, const Tensor& y) {
+  return matmul_views(*this, a, b, y, false, false, a_role, b_role);
+}
+
+TensorArg Builder::matmul_param(const Tensor& t, const char* role, const TensorArg& of, bool per_row) {
+  std::vector<std::int64_t> shape(of.rank);
+  for (std::uint32_t i = 0; i < of.rank; ++i) shape[i] = static_cast<std::int64_t>(of.shape[i]);
+  std::vector<std::int64_t> strides(of.rank, 0);
+  if (t.elements() == 1) return arg(t, role, shape, strides);
+  const std::uint32_t dim = per_row ? of.rank - 2 : of.rank - 1;
+  if (t.rank() != 1 || t.shape()[0] != shape[dim])
+    fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t.shape()) +
+                                      "; expected a scalar or [" + std::to_string(shape[dim]) + "] (one per " +
+                                      (per_row ? "row" : "column") + ")");
+  strides[dim] = t.strides()[0];
+  return arg(t, role, shape, strides);
 }
 
 Op elementwise(driver::ElementwiseOp op, const char* name, const Tensor& a, const Tensor* b, const Tensor& y,
@@ -793,24 +822,6 @@ Op argmin(const Tensor& x, const Tensor& indices, std::int64_t axis, bool last_i
 
 namespace {
 
-// A zero point or scale of an integer matmul operand [.., R, C]: a scalar,
-// or one per row (along dim R, `per_row`) or per column (along C).
-TensorArg matmul_param(Builder& b, const std::optional<Tensor>& t, const char* role, const TensorArg& of,
-                       bool per_row) {
-  if (!t) return b.absent();
-  std::vector<std::int64_t> shape(of.rank);
-  for (std::uint32_t i = 0; i < of.rank; ++i) shape[i] = static_cast<std::int64_t>(of.shape[i]);
-  std::vector<std::int64_t> strides(of.rank, 0);
-  if (t->elements() == 1) return b.arg(*t, role, shape, strides);
-  const std::uint32_t dim = per_row ? of.rank - 2 : of.rank - 1;
-  if (t->rank() != 1 || t->shape()[0] != shape[dim])
-    b.fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t->shape()) +
-                                        "; expected a scalar or [" + std::to_string(shape[dim]) + "] (one per " +
-                                        (per_row ? "row" : "column") + ")");
-  strides[dim] = t->strides()[0];
-  return b.arg(*t, role, shape, strides);
-}
-
 // A conv zero point or scale: for x a scalar; for w a scalar or one per
 // output channel; for y a scalar.
 TensorArg conv_param(Builder& b, const std::optional<Tensor>& t, const char* role, const Tensor& of, bool per_channel) {
@@ -826,21 +837,6 @@ TensorArg conv_param(Builder& b, const std::optional<Tensor>& t, const char* rol
 }
 
 }  // namespace
-
-Op matmul_integer(const Tensor& a, const Tensor& b, const Tensor& y, const std::optional<Tensor>& a_zero_point,
-                  const std::optional<Tensor>& b_zero_point) {
-  Builder bd(driver::OpKind::MatMulInteger, "matmul_integer");
-  bd.dtype_in(a, "a", kInt8);
-  bd.dtype_in(b, "b", kInt8);
-  bd.dtype_in(y, "y", {DType::I32});
-  if (a_zero_point) bd.same_dtype(*a_zero_point, "a_zero_point", a, "a");
-  if (b_zero_point) bd.same_dtype(*b_zero_point, "b_zero_point", b, "b");
-  auto [va, vb] = matmul_views(bd, a, b, y, false, false);
-  TensorArg az = matmul_param(bd, a_zero_point, "a_zero_point", va, true);
-  TensorArg bz = matmul_param(bd, b_zero_point, "b_zero_point", vb, false);
-  bd.desc().attrs = driver::NoAttrs{};
-  return bd.finish({va, vb, az, bz, bd.arg(y, "y")});
-}
 
 Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y, const std::optional<Tensor>& x_zero_point,
                 const std::optional<Tensor>& w_zero_point, const Conv2dOptions& o) {
@@ -879,26 +875,6 @@ void quantized_types(Builder& b, std::initializer_list<Quantized> operands) {
 }
 
 }  // namespace
-
-Op qlinear_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point, const Tensor& b,
-                  const Tensor& b_scale, const Tensor& b_zero_point, const Tensor& y_scale, const Tensor& y_zero_point,
-                  const Tensor& y) {
-  Builder bd(driver::OpKind::QLinearMatMul, "qlinear_matmul");
-  quantized_types(bd,
-                  {{a, a_scale, a_zero_point, "a"}, {b, b_scale, b_zero_point, "b"}, {y, y_scale, y_zero_point, "y"}});
-  auto [va, vb] = matmul_views(bd, a, b, y, false, false);
-  TensorArg as = matmul_param(bd, a_scale, "a_scale", va, true);
-  TensorArg az = matmul_param(bd, a_zero_point, "a_zero_point", va, true);
-  TensorArg bs = matmul_param(bd, b_scale, "b_scale", vb, false);
-  TensorArg bz = matmul_param(bd, b_zero_point, "b_zero_point", vb, false);
-  if (y_scale.elements() != 1 || y_zero_point.elements() != 1)
-    bd.fail(Status::InvalidArgument, "y_scale and y_zero_point must be scalars");
-  const std::vector<std::int64_t> zeros(y.rank(), 0);
-  TensorArg ys = bd.arg(y_scale, "y_scale", y.shape(), zeros);
-  TensorArg yz = bd.arg(y_zero_point, "y_zero_point", y.shape(), zeros);
-  bd.desc().attrs = driver::NoAttrs{};
-  return bd.finish({va, as, az, vb, bs, bz, ys, yz, bd.arg(y, "y")});
-}
 
 Op qlinear_conv(const Tensor& x, const Tensor& x_scale, const Tensor& x_zero_point, const Tensor& w,
                 const Tensor& w_scale, const Tensor& w_zero_point, const Tensor& y_scale, const Tensor& y_zero_point,

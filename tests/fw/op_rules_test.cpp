@@ -22,7 +22,19 @@
 namespace tpuhal::fw {
 namespace {
 
-enum class Rule { kDTypeIn, kSameDType, kSameShape, kAxis, kBool, kRank, kDim, kRange, kOptional, kScalar };
+enum class Rule {
+  kDTypeIn,
+  kSameDType,
+  kSameShape,
+  kAxis,
+  kBool,
+  kRank,
+  kDim,
+  kRange,
+  kOptional,
+  kScalar,
+  kStrideZero
+};
 
 struct RuleOf {
   Rule rule;
@@ -75,8 +87,11 @@ struct Block {
     }
     attrs.assign(k.attr_bytes / 4, 0);
     std::copy(k.words.begin(), k.words.end(), attrs.begin());
-    for (const auto& r : k.rules)  // one value over its target's shape
-      if (r.rule == Rule::kScalar) std::fill(std::begin(tensors[r.a].strides), std::end(tensors[r.a].strides), 0);
+    for (const auto& r : k.rules) {
+      if (r.rule == Rule::kScalar)  // one value over its target's shape
+        std::fill(std::begin(tensors[r.a].strides), std::end(tensors[r.a].strides), 0);
+      if (r.rule == Rule::kStrideZero) tensors[r.a].strides[r.b] = 0;  // repeating along dimension b
+    }
   }
 
   static void set_shape(TensorRef& t, const std::vector<std::uint64_t>& shape) {
@@ -275,6 +290,18 @@ TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
                        b.tensors[rule.a].strides[d],
                        "tensor " + std::to_string(rule.a) + " of more than one value over tensor " +
                            std::to_string(rule.b) + "'s shape");
+        ++checked;
+        break;
+      }
+      case Rule::kStrideZero: {
+        // A stride along the dimension it repeats along is refused; the
+        // sample has more than one index there.
+        Block b = good;
+        ASSERT_LT(rule.b, b.tensors[rule.a].rank);
+        ASSERT_GT(b.tensors[rule.a].shape[rule.b], 1u) << "the sample's tensor " << rule.a << " along " << rule.b;
+        b.tensors[rule.a].strides[rule.b] = 1;
+        expect_refused(b, CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kStride, rule.b), 1,
+                       "tensor " + std::to_string(rule.a) + " not repeating along dimension " + std::to_string(rule.b));
         ++checked;
         break;
       }

@@ -94,21 +94,11 @@ class OpKinds : public ::testing::TestWithParam<OpKind> {
         Tensor y = output(f, {4});
         return {ops::add(input(f, {4}, 1), input(f, {4}, 1), y), y};
       }
-      case OpKind::MatMulInteger: {
-        Tensor y = output(DType::I32, {2, 2});
-        return {ops::matmul_integer(input(u8, {2, 3}, 2), input(u8, {3, 2}, 2), y), y};
-      }
       case OpKind::ConvInteger: {
         Tensor y = output(DType::I32, {1, 1, 2, 2});
         return {
             ops::conv_integer(input(u8, {1, 1, 3, 3}, 2), input(u8, {1, 1, 2, 2}, 2), y, std::nullopt, std::nullopt),
             y};
-      }
-      case OpKind::QLinearMatMul: {
-        Tensor y = output(u8, {2, 2});
-        return {ops::qlinear_matmul(input(u8, {2, 3}, 2), one(f, 1), one(u8, 0), input(u8, {3, 2}, 2), one(f, 1),
-                                    one(u8, 0), one(f, 1), one(u8, 1), y),
-                y};
       }
       case OpKind::QLinearConv: {
         Tensor y = output(u8, {1, 1, 2, 2});

@@ -80,7 +80,7 @@ TEST_P(Ops, HostChecksNameTheOperandAndTheShape) {
                              t(DType::U8, {2, 4}));
        },
        Status::InvalidArgument,
-       {"qlinear_matmul: y_scale and y_zero_point must be scalars"}},
+       {"qlinear_matmul: y_scale must be one value, not [4]"}},
       {[&] {
          ops::qlinear_add(t(DType::U8, {2, 3}), t(DType::F32, {}), t(DType::U8, {}), t(DType::I8, {3}),
                           t(DType::F32, {}), t(DType::I8, {}), t(DType::F32, {2}), t(DType::U8, {}),

@@ -354,16 +354,6 @@ void bind_builders(py::module_& ops) {
       },
       py::arg("x"), py::arg("y"), py::arg("perm"), "y = x with dimensions permuted: y dim i is x dim perm[i].");
   ops.def(
-      "matmul_integer",
-      [](T a, T b, T y, Opt a_zero_point, Opt b_zero_point) {
-        return finish(ops::matmul_integer(a.tensor, b.tensor, y.tensor, opt(a_zero_point), opt(b_zero_point)),
-                      {&a, &b, &y, a_zero_point, b_zero_point});
-      },
-      py::arg("a"), py::arg("b"), py::arg("y"), py::kw_only(), py::arg("a_zero_point") = none,
-      py::arg("b_zero_point") = none,
-      "y (i32) = (a - a_zero_point) @ (b - b_zero_point); a, b i8 or u8; a's zero point a scalar or one per "
-      "row, b's a scalar or one per column.");
-  ops.def(
       "conv_integer",
       [](T x, T w, T y, Opt x_zero_point, Opt w_zero_point, const py::object& strides, const py::object& pads,
          const py::object& dilations, std::uint32_t groups, const py::object& layout) {
@@ -375,16 +365,6 @@ void bind_builders(py::module_& ops) {
       py::arg("w_zero_point") = none, py::arg("strides") = 1, py::arg("pads") = 0, py::arg("dilations") = 1,
       py::arg("groups") = 1, py::arg("layout") = "nchw",
       "y (i32) = conv2d(x - x_zero_point, w - w_zero_point); x, w i8 or u8.");
-  ops.def(
-      "qlinear_matmul",
-      [](T a, T a_scale, T a_zero_point, T b, T b_scale, T b_zero_point, T y_scale, T y_zero_point, T y) {
-        return finish(ops::qlinear_matmul(a.tensor, a_scale.tensor, a_zero_point.tensor, b.tensor, b_scale.tensor,
-                                          b_zero_point.tensor, y_scale.tensor, y_zero_point.tensor, y.tensor),
-                      {&a, &a_scale, &a_zero_point, &b, &b_scale, &b_zero_point, &y_scale, &y_zero_point, &y});
-      },
-      py::arg("a"), py::arg("a_scale"), py::arg("a_zero_point"), py::arg("b"), py::arg("b_scale"),
-      py::arg("b_zero_point"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("y"),
-      "Requantised matmul_integer (ONNX QLinearMatMul); i8/u8 operands, f32 scales.");
   ops.def(
       "qlinear_conv",
       [](T x, T x_scale, T x_zero_point, T w, T w_scale, T w_zero_point, T y_scale, T y_zero_point, T y,

@@ -392,28 +392,35 @@ def filled(dev, dtype, shape, value):
 
 def test_every_kind_with_rules_runs_its_sample_and_refuses_other_dtypes(dev, queue):
     # The generated functions (schema/ops.py: a kind's rule and sample):
-    # tensors positional, attributes by keyword, the op named as the kind.
+    # tensors positional, but those the rule takes after the output
+    # ("trailing") by keyword, as attributes are; the op named as the kind.
     kinds = [k for k in op_schema().KINDS if "rule" in k]
     assert kinds
+    snake = lambda role: re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", role).lower()  # AScale: a_scale
+
+    def call(build, kind, given):
+        trailing = kind["rule"].get("trailing", [])
+        positional = [given[r] for r in given if r not in trailing]
+        return build(*positional, **{snake(r): given[r] for r in trailing}, **kind["sample"].get("attrs", {}))
+
     for kind in kinds:
         sample, roles = kind["sample"], [r.rstrip("?") for r in kind["tensors"]]
         build = getattr(ops, kind["id"])
-        tensors = [filled(dev, sample["dtypes"][r], sample["shapes"][r], 1) for r in roles[:-1]]
+        given = {r: filled(dev, sample["dtypes"][r], sample["shapes"][r], 1) for r in roles[:-1]}
         out = roles[-1]
         y = filled(dev, sample["dtypes"][out], sample["shapes"][out], 77)
         before = y.download()
-        op = build(*tensors, y, **sample.get("attrs", {}))
+        op = call(build, kind, {**given, out: y})
         assert op.name == kind["id"]
         queue.run(op).submit().wait(timeout=10)
         assert (y.download() != before).any(), f"{kind['id']} left its output as it was"
         # The first tensor whose dtype list leaves a dtype out, in that dtype.
-        i, role, other = next((i, r, d) for i, r in enumerate(roles) for d in NUMPY_DTYPES
-                              if isinstance(kind["rule"]["dtypes"][r], list) and d not in kind["rule"]["dtypes"][r])
-        tensors.append(y)
-        tensors[i] = filled(dev, other, sample["shapes"][role], 1)
-        name = re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", role).lower()  # AScale: a_scale
-        with pytest.raises(tpuhal.InvalidArgument, match=f"{kind['id']}: {name} is {other}; supported"):
-            build(*tensors)
+        role, other = next((r, d) for r in roles for d in NUMPY_DTYPES
+                           if isinstance(kind["rule"]["dtypes"][r], list) and d not in kind["rule"]["dtypes"][r])
+        given[out] = y
+        given[role] = filled(dev, other, sample["shapes"][role], 1)
+        with pytest.raises(tpuhal.InvalidArgument, match=f"{kind['id']}: {snake(role)} is {other}; supported"):
+            call(build, kind, given)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])

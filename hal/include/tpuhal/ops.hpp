@@ -233,19 +233,10 @@ TPUHAL_API Op top_k(const Tensor& x, const std::optional<Tensor>& values, const 
 TPUHAL_API Op argmax(const Tensor& x, const Tensor& indices, std::int64_t axis = -1, bool last_index = false);
 TPUHAL_API Op argmin(const Tensor& x, const Tensor& indices, std::int64_t axis = -1, bool last_index = false);
 
-// y (i32) = (a - a_zero_point) @ (b - b_zero_point). a's zero point is a
-// scalar or one per row of a [M]; b's a scalar or one per column [N].
-TPUHAL_API Op matmul_integer(const Tensor& a, const Tensor& b, const Tensor& y,
-                             const std::optional<Tensor>& a_zero_point = std::nullopt,
-                             const std::optional<Tensor>& b_zero_point = std::nullopt);
 // y (i32) = conv(x - x_zero_point, w - w_zero_point); w's zero point a
 // scalar or one per output channel.
 TPUHAL_API Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y, const std::optional<Tensor>& x_zero_point,
                            const std::optional<Tensor>& w_zero_point, const Conv2dOptions& options = {});
-// y = saturate(round_half_even(((a - az) @ (b - bz)) * a_scale * b_scale / y_scale) + y_zero_point).
-TPUHAL_API Op qlinear_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& a_zero_point, const Tensor& b,
-                             const Tensor& b_scale, const Tensor& b_zero_point, const Tensor& y_scale,
-                             const Tensor& y_zero_point, const Tensor& y);
 TPUHAL_API Op qlinear_conv(const Tensor& x, const Tensor& x_scale, const Tensor& x_zero_point, const Tensor& w,
                            const Tensor& w_scale, const Tensor& w_zero_point, const Tensor& y_scale,
                            const Tensor& y_zero_point, const Tensor& y, const Conv2dOptions& options = {});
