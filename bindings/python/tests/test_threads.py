@@ -1,4 +1,5 @@
 """Several Python threads calling into one device at once."""
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,11 @@ def test_shared_queue_from_many_threads_keeps_every_submission():
 
 
 def test_transfers_let_other_threads_run():
+    # With a switch interval too long to ever force a switch, a thread holds
+    # the GIL until it gives it up: the counter gives it up at every tick
+    # (sleep(0)), a transfer only if it releases it. So the counter moves
+    # while this thread is inside a download only if downloads release the
+    # GIL; held, it cannot move at all (no timing in the test).
     with tpuhal.open("sim:tiny") as dev:
         data = np.ones(24 << 20, np.uint8)
         buf = dev.upload(data)
@@ -62,23 +68,22 @@ def test_transfers_let_other_threads_run():
             nonlocal ticks
             while not stop.is_set():
                 ticks += 1
+                time.sleep(0)
 
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1000.0)
         t = threading.Thread(target=count)
         t.start()
+        moved = 0
         try:
-            t0, n0 = time.perf_counter(), ticks
-            time.sleep(0.05)  # the counter alone
-            rate = (ticks - n0) / (time.perf_counter() - t0)
-            t0, n0 = time.perf_counter(), ticks
-            for _ in range(4):
+            for _ in range(200):  # until the counter has run inside a download
+                before = ticks
                 buf.download(out=data)
-            seconds, during = time.perf_counter() - t0, ticks - n0
+                moved += ticks - before
+                if moved:
+                    break
         finally:
             stop.set()
             t.join()
-        assert seconds > 0.02
-        # Holding the GIL through the transfers would leave the counter only
-        # the interpreter's switch points between calls (a few 5 ms slices,
-        # under 2% of the time here); released, it runs for much of it. The
-        # bound is loose because a loaded machine slows the counter too.
-        assert during > 0.1 * rate * seconds, (during, rate, seconds)
+            sys.setswitchinterval(interval)
+        assert moved > 0, "the counter never ran while a download was in progress: downloads hold the GIL"
