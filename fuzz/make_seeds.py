@@ -221,7 +221,10 @@ def rule_samples():
         fields = structs[kind["fw_attrs"]]["fields"] if kind["fw_attrs"] in structs else []  # QuantAttrs: none
         for name, typ, default, _ in fields:
             v = s.get("attrs", {}).get(name, default)
-            if typ == "f32":
+            enum = next((e for e in SCHEMA.ENUMS if e["name"] == typ), None)
+            if enum:  # a value's name: its code
+                words.append([x[1] for x in enum["values"]].index(v))
+            elif typ == "f32":
                 words.append(struct.unpack("<I", struct.pack("<f", float(v)))[0])
             else:
                 words.append(1 if v in (True, "true") else 0 if v in (False, "false") else int(v))

@@ -375,6 +375,18 @@ void check_rules(const fw::OpBlock& b) {
       for (std::uint32_t d = 0; d < y.rank; ++d) RULE(y.shape[d] == want[d]);
       break;
     }
+    case fw::OpKind::kScatterElements: {
+      // X, Indices (i32), Updates, Y: Updates and Y of X's dtype, Y of X's
+      // shape and Updates of Indices'; Indices of X's rank and at most its
+      // length in every dimension but the axis; one of five reductions.
+      const auto& at = std::get<fw::ScatterElementsAttrs>(b.attrs);
+      const fw::TensorRef &x = t[0], &idx = t[1];
+      RULE(at.reserved[0] == 0 && at.reserved[1] == 0 && at.reduction <= 4);
+      RULE(x.dtype != 0 && idx.dtype == 6 && t[2].dtype == x.dtype && y.dtype == x.dtype);
+      RULE(same_shape(y, x) && same_shape(t[2], idx) && at.axis < x.rank && idx.rank == x.rank);
+      for (std::uint32_t d = 0; d < x.rank; ++d) RULE(d == at.axis || idx.shape[d] <= x.shape[d]);
+      break;
+    }
     case fw::OpKind::kInvalid: RULE(false);
   }
 }

@@ -46,6 +46,17 @@ def enum(name):
     return next(e for e in ops.ENUMS if e["name"] == name)
 
 
+def field_enum(typ):
+    """The enumeration an attribute field of that type holds, or None (a
+    u32, bool or f32 field)."""
+    return next((e for e in ops.ENUMS if e["name"] == typ), None)
+
+
+def enum_value(e, name):
+    """The value of enumeration e called `name` ("none"): its entry."""
+    return next(v for v in e["values"] if v[1] == name)
+
+
 def is_decimal(text):
     """A finite decimal number, written as C++ and Python both read it."""
     try:
@@ -91,8 +102,15 @@ def check_schema():
         if len(set(names)) != len(names) or "reserved" in names:
             problems.append(f"{st['name']}: field names must differ and not be 'reserved'")
         for name, typ, default, _ in st["fields"]:
-            if typ not in ("u32", "bool", "f32"):
-                problems.append(f"{st['name']}.{name}: type {typ!r}; ATTR_STRUCTS fields are 'u32', 'bool' or 'f32'")
+            e = field_enum(typ)
+            if e is not None:
+                if set(e["layers"]) != {"fw", "hal"}:
+                    problems.append(f"{st['name']}.{name}: enumeration {typ} is declared in fw and hal alone")
+                elif default not in [v[1] for v in e["values"]]:
+                    problems.append(f"{st['name']}.{name}: its default {default!r} is not a value of {typ}")
+            elif typ not in ("u32", "bool", "f32"):
+                problems.append(f"{st['name']}.{name}: type {typ!r}; ATTR_STRUCTS fields are 'u32', 'bool', 'f32' "
+                                "or an enumeration of ENUMS")
             elif typ == "bool" and default not in ("true", "false"):
                 problems.append(f"{st['name']}.{name}: a bool's default is true or false, not {default!r}")
             elif typ == "u32" and not default.isdigit():
@@ -241,7 +259,7 @@ def check_rule(k, structs):
         return problems + [f"{name}: a kind with a rule takes an ATTR_STRUCTS struct in both layers, or "
                            f"{NO_ATTRS[0]} and {NO_ATTRS[1]} (no attributes)"]
     unknown = set(rule) - {"dtypes", "shapes", "axes", "dims", "ranges", "broadcast", "splice", "per_axis",
-                           "defaults", "variant", "scalars", "matmul", "per_row", "per_column", "trailing"}
+                           "defaults", "variant", "scalars", "matmul", "per_row", "per_column", "trailing", "within"}
     if unknown:
         problems.append(f"{name}: rule has unknown keys {sorted(unknown)}")
     field_types = {f[0]: f[1] for f in st["fields"]}
@@ -268,6 +286,13 @@ def check_rule(k, structs):
                 (r in rule.get("per_row", {}) and r in rule.get("per_column", {})):
             problems.append(f"{name}: per_row/per_column: {r} along {to}: an input with no other shape rule, "
                             "along the matmul's A or B")
+    within = rule.get("within", {})
+    for r, spec in within.items():
+        if not (isinstance(spec, tuple) and len(spec) == 2) or r not in roles_ or spec[0] not in roles_ or \
+                r == spec[0] or r in opt or spec[0] in opt or r in dims or r in splice or r in bcast or \
+                r in shapes or axes.get(spec[1]) != spec[0]:
+            problems.append(f"{name}: within: {r}: (like, its axis field), two required tensors, the axis one of "
+                            "like's (axes), no other shape rule for it")
     if not isinstance(trailing, list) or trailing != [r for r in roles_ if r in trailing] or \
             any(r not in opt for r in trailing):
         problems.append(f"{name}: trailing: a list of optional inputs, in role order")
@@ -313,6 +338,7 @@ def check_rule(k, structs):
     # or per_axis to another); nothing may follow it.
     followed = {d for d in dts.values() if isinstance(d, str)} | set(shapes.values()) | set(bcast.values()) | \
         set(along.values()) | set(one.values()) | {to for to, _ in along_lines.values()} | set(mm or ()) | \
+        {x for spec in within.values() for x in spec[:1]} | \
         {x for spec in splice.values() if isinstance(spec, tuple) for x in spec[::2]} | \
         set(axes.values())
     for r in sorted(opt):
@@ -368,6 +394,16 @@ def check_rule(k, structs):
     for field, of in axes.items():
         if not 0 <= int(sa.get(field, fields[field][2])) < len(ss[of]):
             problems.append(f"{name}: sample's {field} is not an axis of {of}")
+    for r, (like, field) in within.items():
+        ax = int(sa.get(field, fields[field][2]))
+        if len(ss[r]) != len(ss[like]) or len(ss[r]) < 2 or \
+                any(d > n for i, (d, n) in enumerate(zip(ss[r], ss[like])) if i != ax):
+            problems.append(f"{name}: sample's {r} has shape {ss[r]}: not of rank 2 or more, or not within "
+                            f"{like}'s but along {field}")
+    for field, typ, _, _ in st["fields"]:
+        e = field_enum(typ)
+        if e is not None and field in sa and sa[field] not in [v[1] for v in e["values"]]:
+            problems.append(f"{name}: sample's {field} {sa[field]!r} is not a value of {typ}")
     for r, (into, field, part) in splice.items():
         ax = int(sa.get(field, fields[field][2]))
         if ss[r] != ss[into][:ax] + ss[part] + ss[into][ax + 1:]:
@@ -424,6 +460,9 @@ def rule_text(k):
         if matmul(k) and r in matmul(k):
             text += ", " + ("[..., M, K]", "[..., K, N]",
                             "[..., M, N], the batch dimensions of both broadcast as in NumPy")[matmul(k).index(r)]
+        if r in rule.get("within", {}):
+            like, field = rule["within"][r]
+            text += f", {possessive(param_name(like))} rank, at most its length in each dimension but {field}"
         if r in lines(k):
             to, row = lines(k)[r]
             text += f", a scalar or one per {'row' if row else 'column'} of {param_name(to)}"
@@ -463,7 +502,9 @@ def rule_attr_params(k):
     for name, typ, default, _ in rule_struct(k)["fields"]:
         if name in given:
             default = str(given[name])
-        if typ == "u32":
+        if field_enum(typ):
+            out.append((typ, name, f"{typ}::{enum_value(field_enum(typ), default)[0]}", "str", f'"{default}"'))
+        elif typ == "u32":
             out.append(("std::int64_t", name, default, "int", default))
         elif typ == "f32":
             out.append(("float", name, cpp_float(default), "float", default))
@@ -474,7 +515,11 @@ def rule_attr_params(k):
 
 def rule_computes(k):
     st, ranges = rule_struct(k), k["rule"].get("ranges", {})
-    fields = "; ".join(f"{f[0]}: {f[3]}" + (f" ({range_text(ranges[f[0]])})" if f[0] in ranges else "")
+    def values(typ):
+        names = [v[1] for v in field_enum(typ)["values"]]
+        return ", ".join(names[:-1]) + " or " + names[-1]
+    fields = "; ".join(f"{f[0]}: {f[3]}" + (f" ({range_text(ranges[f[0]])})" if f[0] in ranges else "") +
+                       (f" ({values(f[1])})" if field_enum(f[1]) else "")
                        for f in st["fields"] if f[3])
     if per_axis(k):
         fields = "; ".join(x for x in (fields, f"axis: the axis per-axis tensors run along, "
@@ -538,6 +583,8 @@ def fw_rule_checks():
                 conds.append(f"expect_attr(c, {where}, {t}.rank > 0 && at.{field} < {t}.rank, at.{field}, {t}.rank)")
             elif typ == "bool":
                 conds.append(f"expect_attr(c, {where}, at.{field} <= 1, at.{field}, 1)")
+            elif field_enum(typ):
+                conds.append(f"expect_attr(c, {where}, at.{field} <= kMax{typ}, at.{field}, kMax{typ})")
             else:
                 lo, hi = rule["ranges"][field]
                 ok = [f"std::isfinite(at.{field})"] + [f"at.{field} >= {cpp_float(lo)}"] * (lo is not None) + \
@@ -545,6 +592,8 @@ def fw_rule_checks():
                 conds.append(f"expect_attr(c, {where}, {' && '.join(ok)}, float_bits(at.{field}))")
         for r, (into, field, part) in rule.get("splice", {}).items():
             conds.append(f"expect_spliced(c, b, {idx[r]}, {idx[into]}, at.{field}, {idx[part]})")
+        for r, (like, field) in rule.get("within", {}).items():
+            conds.append(f"expect_within(c, b, {idx[r]}, {idx[like]}, at.{field})")
         out.append("  return " + " &&\n         ".join(conds) + ";\n}\n")
     return "".join(out)
 
@@ -638,6 +687,9 @@ def hal_rule_defs():
             out.append(f"  op.shape_is({n}, \"{n}\", op.spliced({i}, \"{i}\", attrs.{field}, {p}, \"{p}\", \"{n}\"),\n"
                        f"             \"{possessive(i)} shape with axis \" + std::to_string(attrs.{field}) + "
                        f"\" replaced by {possessive(p)} shape\");\n")
+        for r, (like, field) in rule.get("within", {}).items():
+            out.append(f"  op.within({param_name(r)}, \"{param_name(r)}\", {param_name(like)}, \"{param_name(like)}\", "
+                       f"attrs.{field});\n")
         out.append("  op.desc().attrs = attrs;\n")
         if matmul(k):
             a, b, y = (param_name(r) for r in matmul(k))
@@ -678,13 +730,16 @@ def py_rule_table():
         roles_ = [param_name(r) for r in builder_roles(k)]
         attrs = rule_attr_params(k) + [("std::int64_t", "axis", str(PER_AXIS_DEFAULT), "int", str(PER_AXIS_DEFAULT))
                                        ] * bool(per_axis(k))
-        params = ", ".join([f"{'Opt' if r in opt else 'T'} {r}" for r in roles_] + [f"{t} {n}" for t, n, _, _, _ in attrs])
-        call = ", ".join([f"opt({r})" if r in opt else f"{r}.tensor" for r in roles_] + [n for _, n, _, _, _ in attrs])
+        # An enumeration by its value's name ("add"), as parse takes it.
+        params = ", ".join([f"{'Opt' if r in opt else 'T'} {r}" for r in roles_] +
+                           [f"{'const py::object&' if field_enum(t) else t} {n}" for t, n, _, _, _ in attrs])
+        call = ", ".join([f"opt({r})" if r in opt else f"{r}.tensor" for r in roles_] +
+                         [f"parse({n}, \"{n}\", tpuhal::k{t}Names)" if field_enum(t) else n for t, n, _, _, _ in attrs])
         keep = ", ".join(r if r in opt else f"&{r}" for r in roles_)
         pyargs = ", ".join([f"py::arg(\"{r}\")" for r in roles_ if r not in trailing] +
                            ["py::kw_only()"] * bool(attrs or trailing) +
                            [f"py::arg(\"{r}\") = py::none()" for r in trailing] +
-                           [f"py::arg(\"{n}\") = {d}" for _, n, d, _, _ in attrs])
+                           [f"py::arg(\"{n}\") = {pd if field_enum(t) else d}" for t, n, d, _, pd in attrs])
         doc = rule_doc(k).replace("\\", "\\\\").replace('"', '\\"')
         out.append(f"ops.def(\n    \"{k['id']}\",\n    []({params}) {{ return finish(ops::{k['id']}({call}), {{{keep}}}); }},\n"
                    f"    {pyargs},\n    \"{doc}\");\n")
@@ -713,7 +768,9 @@ def sample_values(k):
     out = []
     for name, typ, default, _ in rule_struct(k)["fields"]:
         v = k["sample"].get("attrs", {}).get(name, default)
-        if typ == "f32":
+        if field_enum(typ):  # its code
+            out.append(field_enum(typ)["values"].index(enum_value(field_enum(typ), v)))
+        elif typ == "f32":
             out.append(float(v))
         elif typ == "bool":
             out.append(v in (True, "true"))
@@ -743,7 +800,8 @@ def test_rule_samples():
         s, y = k["sample"], role_names(k)[-1]
         args = [f"input(DType::{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][r])}, 1)" if r != y else "y"
                 for r in builder_roles(k)]
-        args += [cpp_value(v) for v in sample_values(k)]
+        args += [f"static_cast<{f[1]}>({v})" if field_enum(f[1]) else cpp_value(v)
+                 for f, v in zip(rule_struct(k)["fields"], sample_values(k))]
         out.append(f"case OpKind::{k['name']}: {{\n  Tensor y = output(DType::{DTYPES[s['dtypes'][y]]}, "
                    f"{cpp_shape(s['shapes'][y])});\n  return {{ops::{k['id']}({', '.join(args)}), y}};\n}}\n")
     return "".join(out)
@@ -766,6 +824,9 @@ def test_rule_table():
 //   {Rule::kOptional, i, 0}     tensor i may be absent
 //   {Rule::kScalar, i, j}       tensor i is one value over tensor j's shape (stride 0)
 //   {Rule::kStrideZero, i, d}   tensor i repeats along dimension d (stride 0 there)
+//   {Rule::kEnum, w, max}       attribute word w is a code from 0 to max
+//   {Rule::kWithin, i, j, 0, 0, d} tensor i has tensor j's rank and at most its length
+//                               in dimension d (not the axis)
 // A per-axis, scalar, per-row or per-column tensor is given in its target's
 // shape, as the builder's view is.
 """]
@@ -805,6 +866,12 @@ def test_rule_table():
         for name, typ, _, _ in st["fields"]:
             if typ == "bool":
                 rules.append(f"{{Rule::kBool, {words[name]}, 0}}")
+            if field_enum(typ):
+                rules.append(f"{{Rule::kEnum, {words[name]}, {len(field_enum(typ)['values']) - 1}}}")
+        for r, (like, field) in rule.get("within", {}).items():  # a dimension other than the axis
+            ax = sample_values(k)[words[field]]
+            d = next(i for i in range(len(s["shapes"][r])) if i != ax)
+            rules.append(f"{{Rule::kWithin, {idx[r]}, {idx[like]}, 0, 0, {d}}}")
         for field, (lo, hi) in rule.get("ranges", {}).items():
             rules.append(f"{{Rule::kRange, {words[field]}, 0, {'-INFINITY' if lo is None else cpp_float(lo)}, "
                          f"{'INFINITY' if hi is None else cpp_float(hi)}}}")
@@ -843,7 +910,8 @@ def model_rule_ops():
         args = [f"in{'.opt' if r in opt else ''}(\"{param_name(r)}\")" for r in builder_roles(k)]
         reader = {"std::int64_t": "integer", "float": "real", "bool": "flag"}
         variant = k["rule"].get("variant")
-        attrs = [f"r.{reader[t]}(\"{n}\")" if not variant or n != variant[0] else f"k == \"{variant[1]}\""
+        attrs = [f"k == \"{variant[1]}\"" if variant and n == variant[0] else
+                 f"r.name<{t}>(\"{n}\")" if field_enum(t) else f"r.{reader[t]}(\"{n}\")"
                  for t, n, _, _, _ in rule_attr_params(k)]
         args += attrs + ["r.integer(\"axis\")"] * bool(per_axis(k))
         names = " || ".join(f"k == \"{x}\"" for x in [k["id"]] + ([variant[1]] if variant else []))
@@ -1197,6 +1265,8 @@ def fw_op_attrs():
         out.append("\n" + comment_block(st["doc"]) + f"struct {st['name']} {{\n")
         for name, typ, _, comment in st["fields"]:
             note = comment if typ != "bool" else ("0 or 1" + (f"; {comment}" if comment else ""))
+            if field_enum(typ):
+                note = typ + (f"; {comment}" if comment else "")
             ctype = "float" if typ == "f32" else "std::uint32_t"
             out.append(f"  {ctype} {name};{'  // ' + note if note else ''}\n")
         n = len(st["fields"])
@@ -1224,8 +1294,9 @@ def hal_op_attrs():
     for st in ops.ATTR_STRUCTS:
         out.append(f"\nstruct {st['name']} {{\n")
         for name, typ, default, comment in st["fields"]:
-            ctype = {"u32": "std::uint32_t", "bool": "bool", "f32": "float"}[typ]
-            value = cpp_float(default) if typ == "f32" else default
+            e = field_enum(typ)
+            ctype = typ if e else {"u32": "std::uint32_t", "bool": "bool", "f32": "float"}[typ]
+            value = cpp_float(default) if typ == "f32" else f"{typ}::{enum_value(e, default)[0]}" if e else default
             out.append(f"  {ctype} {name} = {value};{'  // ' + comment if comment else ''}\n")
         out.append("};\n")
     alts = ", ".join(attr_alternatives("attrs", first=("NoAttrs",)))
@@ -1241,7 +1312,8 @@ def encode_attrs():
     for st in ops.ATTR_STRUCTS:
         out.append(f"void operator()(const driver::{st['name']}& from) const {{\n  fw::{st['name']} a{{}};\n")
         for name, typ, _, _ in st["fields"]:
-            value = f"from.{name} ? 1u : 0u" if typ == "bool" else f"from.{name}"
+            value = f"from.{name} ? 1u : 0u" if typ == "bool" else \
+                f"static_cast<std::uint32_t>(from.{name})" if field_enum(typ) else f"from.{name}"
             out.append(f"  a.{name} = {value};\n")
         out.append("  append_bytes(out, a);\n}\n")
     return "".join(out)

@@ -40,6 +40,8 @@ MINORS = [
     (13, "the op kind kCumSum (op_kinds.inc, CumSumAttrs in op_attrs.inc)", "cumsum"),
     (14, "the elementwise modes ElementwiseOp::kMod and kFmod (op_enums.inc)", "elementwise mod or fmod"),
     (15, "the op kind kNms (op_kinds.inc, NmsAttrs in op_attrs.inc)", "nms"),
+    (16, "the op kind kScatterElements (op_kinds.inc, ScatterElementsAttrs in op_attrs.inc, ScatterReduction in "
+     "op_enums.inc)", "scatter_elements"),
 ]
 
 # ---- enumerations of op attributes ----------------------------------------
@@ -155,6 +157,18 @@ ENUMS = [
         ],
     ),
     dict(
+        name="ScatterReduction",
+        layers=("fw", "hal"),
+        doc="How ScatterElements combines an update with the element it lands on: ONNX's reduction.",
+        values=[
+            ("None", "none", 16, "the update replaces it"),
+            ("Add", "add", 16, ""),
+            ("Mul", "mul", 16, ""),
+            ("Max", "max", 16, "NaN where either is NaN"),
+            ("Min", "min", 16, "NaN where either is NaN"),
+        ],
+    ),
+    dict(
         name="ColorFormat",
         layers=("fw", "hal"),
         doc="The YUV layout ColorConvert reads.",
@@ -245,11 +259,16 @@ ENUMS = [
 #                       dimension; samples give [1]
 #               per_column  the same, one value per column: stride 0
 #                       along the operand's next-to-last dimension
+#               within  per tensor role, (like, axis field): like's rank,
+#                       and at most like's length in every dimension but
+#                       the one the axis field names (ScatterElements'
+#                       indices)
 #               trailing  optional inputs the builder takes after the
 #                       output, in this order, each defaulting to none
 #                       (keyword-only in Python)
 #             Every tensor needs its dtype; every u32 field must be an
-#             axis, every f32 field have a range; bool fields are 0 or 1.
+#             axis, every f32 field have a range; bool fields are 0 or 1,
+#             enumeration fields one of its codes.
 #             A kind without attributes has fw_attrs QuantAttrs and attrs
 #             NoAttrs. An optional input ("Name?") is checked by its rules
 #             where it is given and may only follow other tensors (its
@@ -288,8 +307,10 @@ MAP_FAMILIES = {
 # entry per struct, named as a kind's fw_attrs and attrs name it; fields in
 # wire order, each (name, type, default, comment) with type "u32" (a count
 # or an index; std::uint32_t in both layers), "bool" (a uint32 0 or 1 on
-# the wire, bool in the HAL) or "f32" (an IEEE binary32 word, float in both
-# layers; its default a decimal number). On the wire the fields are followed by
+# the wire, bool in the HAL), "f32" (an IEEE binary32 word, float in both
+# layers; its default a decimal number) or the name of an enumeration of
+# ENUMS declared in both layers (its code a uint32 on the wire, the HAL's
+# enum in the HAL; its default a value's "name"). On the wire the fields are followed by
 # reserved words (zero) up to a multiple of 16 bytes. Never reorder fields
 # of a struct a board already takes; a new field goes at the end, in a
 # reserved word, with the interface minor that reads it.
@@ -329,6 +350,15 @@ ATTR_STRUCTS = [
                  ("score_threshold", "f32", "0.25", "candidates score above it"),
                  ("center", "bool", "true", "Boxes are (cx, cy, w, h); else (x1, y1, x2, y2)"),
                  ("class_agnostic", "bool", "false", "a kept box suppresses boxes of every class")]),
+    dict(name="ScatterElementsAttrs",
+         doc="Y = X, then for each element of Indices in row-major order, the element of Y at its position with the "
+         "coordinate along `axis` replaced by the index (-dim <= index < dim, a negative one counting from the end) "
+         "becomes the matching element of Updates, or that combined with it by `reduction` (ONNX ScatterElements). "
+         "Floats combine in f32 and round to Y's dtype at each step; integers wrap; where indices repeat, the later "
+         "update comes later (the last one wins without a reduction). An index outside that range fails the op with "
+         "kBadArgument (the Indices tensor's field, the index, the axis's length), and Y is not written.",
+         fields=[("axis", "u32", "0", "< X's rank"),
+                 ("reduction", "ScatterReduction", "none", "how an update combines with the element")]),
 ]
 
 # Vector-unit cycles per element beyond the one every element takes, for
@@ -471,4 +501,14 @@ KINDS = [
          sample=dict(dtypes={"Boxes": "f32", "Scores": "f32", "Y": "f32"},
                      shapes={"Boxes": [1, 4, 4], "Scores": [1, 4, 2], "Y": [1, 3, 6]},
                      attrs={"iou_threshold": 0.5, "score_threshold": 0.5})),
+    dict(name="ScatterElements", id="scatter_elements", minor=16, tensors=["X", "Indices", "Updates", "Y"],
+         fw_attrs="ScatterElementsAttrs", attrs="ScatterElementsAttrs", cost=("scan", "Updates"), cycles=1, peak=None,
+         builders=["scatter_elements"],
+         doc="Y = X with Updates written, or combined, at the positions Indices gives along one axis (ONNX "
+         "ScatterElements).",
+         rule=dict(dtypes={"X": ANY, "Indices": ["i32"], "Updates": "X", "Y": "X"},
+                   shapes={"Y": "X", "Updates": "Indices"}, axes={"axis": "X"}, within={"Indices": ("X", "axis")}),
+         sample=dict(dtypes={"X": "f32", "Indices": "i32", "Updates": "f32", "Y": "f32"},
+                     shapes={"X": [3, 4], "Indices": [2, 3], "Updates": [2, 3], "Y": [3, 4]},
+                     attrs={"axis": 0, "reduction": "add"})),
 ]

@@ -489,6 +489,18 @@ bool expect_spliced(Check& c, const OpBlock& b, std::uint32_t out, std::uint32_t
   return true;
 }
 
+// Tensor i has tensor `like`'s rank and at most its length in every
+// dimension but `axis` (checked: < like's rank): a within rule,
+// schema/ops.py (ScatterElements' indices).
+bool expect_within(Check& c, const OpBlock& b, std::uint32_t i, std::uint32_t like, std::uint32_t axis) {
+  const TensorRef &t = b.tensors[i], &l = b.tensors[like];
+  if (!expect_rank(c, b, i, l.rank)) return false;
+  for (std::uint32_t d = 0; d < l.rank; ++d)
+    if (d != axis && t.shape[d] > l.shape[d])
+      return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kShape, d), t.shape[d], l.shape[d]);
+  return true;
+}
+
 bool check_color(Check& c, const OpBlock& b, const ColorConvertAttrs& at) {
   if (!expect_attr(c, offsetof(ColorConvertAttrs, format), at.format <= 1, at.format, 1) ||
       !expect_attr(c, offsetof(ColorConvertAttrs, reserved0), at.reserved0 == 0, at.reserved0, 0))

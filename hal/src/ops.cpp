@@ -362,6 +362,17 @@ class Builder {
                                         " rank); ops take up to " + std::to_string(kMaxRank));
     return want;
   }
+  // t has like's rank and at most its length in every dimension but `axis`
+  // (ScatterElements' indices against its data).
+  void within(const Tensor& t, const char* role, const Tensor& like, const char* like_role, std::size_t axis) const {
+    bool ok = t.rank() == like.rank();
+    for (std::size_t d = 0; ok && d < t.rank(); ++d) ok = d == axis || t.shape()[d] <= like.shape()[d];
+    if (!ok)
+      fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t.shape()) + "; expected " +
+                                        possessive(like_role) + " rank and at most " + possessive(like_role) +
+                                        " length " + dims_text(like.shape()) + " in every dimension but axis " +
+                                        std::to_string(axis));
+  }
   // A finite float from lo to hi (either may be infinite: no bound); `range`
   // says so in words.
   float in_range(float value, const char* name, float lo, float hi, const char* range) const {

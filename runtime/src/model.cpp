@@ -113,6 +113,15 @@ struct OpReader {
       fail(std::string("attribute '") + key + "' is beyond the range of a float");
     return static_cast<float>(d);
   }
+  // An enumeration's value by its name ("add": tpuhal/op_enums.inc).
+  template <class E>
+  E name(const char* key) const {
+    const json& v = get(key);
+    if (!v.is_string()) fail(std::string("attribute '") + key + "' is not a name");
+    const auto value = parse_enum<E>(v.get<std::string>());
+    if (!value) fail(std::string("attribute '") + key + "' has an unknown value '" + v.get<std::string>() + "'");
+    return *value;
+  }
   template <std::size_t N>
   std::array<std::uint32_t, N> u32s(const char* key) const {
     const json& v = get(key);

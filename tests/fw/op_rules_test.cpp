@@ -33,13 +33,16 @@ enum class Rule {
   kRange,
   kOptional,
   kScalar,
-  kStrideZero
+  kStrideZero,
+  kEnum,
+  kWithin
 };
 
 struct RuleOf {
   Rule rule;
   std::uint32_t a, b;    // see op_rules.inc
   float lo = 0, hi = 0;  // kRange
+  std::uint32_t d = 0;   // kWithin: the dimension (not the axis)
 };
 
 struct TensorOf {
@@ -129,6 +132,14 @@ void expect_refused(const Block& b, CmdStatus status, std::uint16_t field, std::
   EXPECT_EQ(r.problem().status, status) << what << ": " << text(r.problem());
   EXPECT_EQ(r.problem().field, field) << what << ": " << text(r.problem());
   EXPECT_EQ(r.problem().value, value) << what << ": " << text(r.problem());
+}
+
+// The tensors whose shape follows tensor i's (Rule::kSameShape).
+std::vector<std::uint32_t> shape_followers(const RuledKind& k, std::uint32_t i) {
+  std::vector<std::uint32_t> out;
+  for (const auto& r : k.rules)
+    if (r.rule == Rule::kSameShape && r.b == i) out.push_back(r.a);
+  return out;
 }
 
 // The tensors whose dtype follows tensor i's (Rule::kSameDType).
@@ -303,6 +314,42 @@ TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
         expect_refused(b, CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kStride, rule.b), 1,
                        "tensor " + std::to_string(rule.a) + " not repeating along dimension " + std::to_string(rule.b));
         ++checked;
+        break;
+      }
+      case Rule::kEnum: {
+        Block b = good;
+        b.attrs[rule.a] = rule.b;
+        expect_accepted(b, "attribute word " + std::to_string(rule.a) + " its highest code");
+        b.attrs[rule.a] = rule.b + 1;
+        expect_refused(b, CmdStatus::kBadArgument, attr_field(4 * rule.a), rule.b + 1,
+                       "attribute word " + std::to_string(rule.a) + " past its highest code");
+        ++checked;
+        break;
+      }
+      case Rule::kWithin: {
+        // Tensor a (and what has its shape) as long as tensor b along
+        // dimension d is taken; one longer, or of another rank, is refused.
+        auto with = [&](std::vector<std::uint64_t> shape) {
+          Block b = good;
+          Block::set_shape(b.tensors[rule.a], shape);
+          for (auto f : shape_followers(k, rule.a)) Block::set_shape(b.tensors[f], shape);
+          return b;
+        };
+        std::vector<std::uint64_t> shape = k.tensors[rule.a].shape;
+        ASSERT_LT(rule.d, shape.size());
+        shape[rule.d] = k.tensors[rule.b].shape[rule.d];
+        expect_accepted(with(shape), "tensor " + std::to_string(rule.a) + " as long as tensor " +
+                                         std::to_string(rule.b) + " along " + std::to_string(rule.d));
+        shape[rule.d] += 1;
+        expect_refused(with(shape), CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kShape, rule.d),
+                       shape[rule.d],
+                       "tensor " + std::to_string(rule.a) + " longer than tensor " + std::to_string(rule.b) +
+                           " along " + std::to_string(rule.d));
+        shape[rule.d] -= 1;
+        shape.push_back(1);
+        expect_refused(with(shape), CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kRank), shape.size(),
+                       "tensor " + std::to_string(rule.a) + " of another rank than tensor " + std::to_string(rule.b));
+        checked += 2;
         break;
       }
       case Rule::kBool: {

@@ -256,6 +256,18 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
     l.int64_inputs_as_i32 = {1};
     return l;
   }
+  if (op == "ScatterElements" || op == "Scatter") {
+    const std::int64_t axis = a.i("axis", 0);
+    const std::string name = a.s("reduction", "none");
+    const auto reduction = parse_enum<ScatterReduction>(name);
+    if (!reduction) return "reduction " + name;
+    Lowering l{[axis, r = *reduction](const Inputs& in, const Tensor& out, const auto&) {
+                 return ops::scatter_elements(*in[0], *in[1], *in[2], out, axis, r);
+               },
+               {}};
+    l.int64_inputs_as_i32 = {1};
+    return l;
+  }
   if (op == "ConvTranspose") {
     const auto unknown = a.unknown(
         {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"});

@@ -1,6 +1,7 @@
-// top_k (argmax, argmin), where, gather and conv_transpose2d against the
-// reference. top_k, where and gather copy elements, so they are checked
-// exactly; the
+// top_k (argmax, argmin), where, gather, scatter_elements and
+// conv_transpose2d against the reference. top_k, where, gather and
+// scatter_elements copy (or combine one pair of) elements, so they are
+// checked exactly; the
 // transposed convolution against the f32 sum bound (ops_reference.hpp).
 #include "ops_reference.hpp"
 
@@ -403,6 +404,124 @@ TEST_P(Ops, SelectionOpsRefuseBadOperandsByName) {
         ops::conv_transpose2d(t(DType::F32, {1, 2, 3, 3}), t(DType::F32, {2, 4, 3, 3}), t(DType::F32, {1, 4, 7, 7}), o);
       }),
       HasSubstr("conv_transpose2d: groups 3 must divide the input channels (2)"));
+}
+
+// Y = X, then each update at its index along the axis, in the indices'
+// row-major order (docs/ops.md): floats combine in f32 and round to the
+// dtype at each step (a sum or product of two f32 values in double, rounded
+// once to f32, is f32's), integers wrap.
+std::vector<double> ref_scatter(const Host& x, const Host& idx, const Host& upd, std::size_t axis, ScatterReduction r) {
+  std::vector<double> y = x.v;
+  const std::int64_t dim = x.shape[axis];
+  const bool fl = is_float(x.dtype);
+  for_each_index(idx.shape, [&](const Shape& at, std::int64_t lin) {
+    Shape to = at;
+    const auto i = static_cast<std::int64_t>(idx.v[static_cast<std::size_t>(lin)]);
+    to[axis] = i < 0 ? i + dim : i;
+    std::int64_t off = 0;
+    for (std::size_t d = 0; d < to.size(); ++d) off = off * x.shape[d] + to[d];
+    double& v = y[static_cast<std::size_t>(off)];
+    const double u = upd.v[static_cast<std::size_t>(lin)];
+    const bool nan = std::isnan(v) || std::isnan(u);
+    const auto vi = static_cast<std::int64_t>(v), ui = static_cast<std::int64_t>(u);
+    switch (r) {
+      case ScatterReduction::None: v = u; break;
+      case ScatterReduction::Add:
+        v = fl ? round_to(x.dtype, f32(v + u)) : static_cast<double>(wrap(x.dtype, vi + ui));
+        break;
+      case ScatterReduction::Mul:
+        v = fl ? round_to(x.dtype, f32(v * u)) : static_cast<double>(wrap(x.dtype, vi * ui));
+        break;
+      case ScatterReduction::Max: v = nan ? std::nan("") : std::max(v, u); break;
+      case ScatterReduction::Min: v = nan ? std::nan("") : std::min(v, u); break;
+    }
+  });
+  return y;
+}
+
+TEST_P(Ops, ScatterElementsEveryDtypeAxisAndReductionWithRepeatedAndNegativeIndices) {
+  for (DType dt : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32})
+    for (ScatterReduction r : {ScatterReduction::None, ScatterReduction::Add, ScatterReduction::Mul,
+                               ScatterReduction::Max, ScatterReduction::Min})
+      for (int round = 0; round < 2; ++round) {
+        const auto rank = static_cast<std::size_t>(rng_.integer(1, 3));
+        Shape s(rank), is(rank);
+        for (auto& d : s) d = rng_.integer(1, 5);
+        const auto axis = static_cast<std::size_t>(rng_.integer(0, static_cast<std::int64_t>(rank) - 1));
+        // Along the axis any count (indices repeat); elsewhere at most x's.
+        for (std::size_t d = 0; d < rank; ++d) is[d] = d == axis ? rng_.integer(1, 7) : rng_.integer(1, s[d]);
+        Host idx(DType::I32, is);
+        for (auto& v : idx.v) v = static_cast<double>(rng_.integer(-s[axis], s[axis] - 1));
+        const Host x = is_float(dt) ? rand(dt, s, -2, 2) : rand_int(rng_, dt, s);
+        const Host upd = is_float(dt) ? rand(dt, is, -2, 2) : rand_int(rng_, dt, is);
+        const Tensor y = lab().output(dt, s);
+        // x transposed in memory (a strided view) every other round.
+        Shape cm(rank);
+        std::int64_t step = 1;
+        for (std::size_t d = 0; d < rank; ++d) cm[d] = step, step *= s[d];
+        const Tensor xt = round ? lab().upload_view(x, cm, 2) : lab().upload(x);
+        const std::int64_t ax = rng_.coin() ? static_cast<std::int64_t>(axis) - static_cast<std::int64_t>(rank)
+                                            : static_cast<std::int64_t>(axis);
+        lab().run(ops::scatter_elements(xt, lab().upload(idx), lab().upload(upd), y, ax, r));
+        expect_exact(std::string("scatter_elements ") + to_string(dt) + " " + to_string(r) + " x " + dims(s) +
+                         " axis " + std::to_string(axis) + " indices " + dims(is) + (round ? " (x strided)" : ""),
+                     lab().download(y), ref_scatter(x, idx, upd, axis, r));
+      }
+}
+
+// An index outside the axis fails the op when it runs, names it and the
+// axis's length, and leaves y unwritten.
+TEST_P(Ops, ScatterElementsIndexOutsideTheAxisFailsTheOpAndWritesNothing) {
+  const Host x = rand(DType::F32, {4, 3});
+  for (const std::int32_t bad : {4, -5}) {
+    Host idx(DType::I32, {2, 3});
+    idx.v = {0, 1, 2, 3, static_cast<double>(bad), -1};
+    const Tensor y = lab().output(DType::F32, {4, 3});
+    const Op op = ops::scatter_elements(lab().upload(x), lab().upload(idx), lab().upload(rand(DType::F32, {2, 3})), y);
+    const std::string msg = message_of([&] { lab().q.run(op).submit().wait(); });
+    lab().q = Queue();
+    lab().q = lab().dev.queue(Engine::Compute);
+    EXPECT_THAT(msg, HasSubstr("failed at command 1 of 1 (scatter_elements, ring position"));
+    EXPECT_THAT(msg, HasSubstr("holds the index " + std::to_string(bad) + ", outside [-4, 4)"));
+    const auto raw = lab().bytes(y.buffer());
+    EXPECT_TRUE(std::all_of(raw.begin(), raw.begin() + 48, [](std::byte b) { return b == std::byte{0xA5}; }))
+        << "y was written by a scatter_elements that failed";
+  }
+}
+
+TEST_P(Ops, ScatterElementsRefusesBadOperandsByName) {
+  auto t = [&](DType d, const Shape& s) { return lab().output(d, s); };
+  EXPECT_THAT(message_of([&] {
+                ops::scatter_elements(t(DType::F32, {4, 3}), t(DType::I32, {2, 4}), t(DType::F32, {2, 4}),
+                                      t(DType::F32, {4, 3}));
+              }),
+              HasSubstr("scatter_elements: indices has shape [2, 4]; expected x's rank and at most x's length [4, 3] "
+                        "in every dimension but axis 0"));
+  EXPECT_THAT(
+      message_of([&] {
+        ops::scatter_elements(t(DType::F32, {4, 3}), t(DType::I32, {2}), t(DType::F32, {2}), t(DType::F32, {4, 3}));
+      }),
+      HasSubstr("scatter_elements: indices has shape [2]; expected x's rank"));
+  EXPECT_THAT(message_of([&] {
+                ops::scatter_elements(t(DType::F32, {4, 3}), t(DType::I32, {2, 3}), t(DType::F32, {3, 2}),
+                                      t(DType::F32, {4, 3}));
+              }),
+              HasSubstr("scatter_elements: updates has shape [3, 2]; expected [2, 3] (the shape of indices)"));
+  EXPECT_THAT(message_of([&] {
+                ops::scatter_elements(t(DType::F32, {4, 3}), t(DType::I8, {2, 3}), t(DType::F32, {2, 3}),
+                                      t(DType::F32, {4, 3}));
+              }),
+              HasSubstr("scatter_elements: indices is i8; supported: i32"));
+  EXPECT_THAT(message_of([&] {
+                ops::scatter_elements(t(DType::F32, {4, 3}), t(DType::I32, {2, 3}), t(DType::F16, {2, 3}),
+                                      t(DType::F32, {4, 3}));
+              }),
+              HasSubstr("scatter_elements: updates is f16 but x is f32"));
+  EXPECT_THAT(message_of([&] {
+                ops::scatter_elements(t(DType::F32, {4, 3}), t(DType::I32, {2, 3}), t(DType::F32, {2, 3}),
+                                      t(DType::F32, {4, 3}), 2);
+              }),
+              HasSubstr("scatter_elements: axis 2 is out of range for rank 2"));
 }
 
 }  // namespace

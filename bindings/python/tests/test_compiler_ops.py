@@ -5,7 +5,7 @@ with NumPy (or PyTorch, where it defines the op the way exporters write it).
 Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
 Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, CumSum, Gather by indices computed on the
-device, GatherND, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions and
+device, GatherND, ScatterElements, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions and
 pools, and the networks that use them (M5 audio, R3D-18 video)."""
 import itertools
 import json
@@ -479,6 +479,69 @@ def test_cumsum_of_an_integer_mask_counts_positions_exactly(dev):
             {"mask": mask})[0]
         tol = 0 if precision == "fp32" else 1e-3
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=precision)
+
+
+def scatter_ref(x, idx, upd, axis, reduction):
+    """ONNX ScatterElements: the updates in the indices' row-major order."""
+    y = np.array(x, np.float64)
+    axis %= x.ndim
+    for pos in np.ndindex(*idx.shape):
+        to = list(pos)
+        to[axis] = idx[pos] % x.shape[axis]
+        to = tuple(to)
+        u = upd[pos]
+        y[to] = {"none": u, "add": y[to] + u, "mul": y[to] * u, "max": max(y[to], u), "min": min(y[to], u)}[reduction]
+    return y
+
+
+@pytest.mark.parametrize("axis,reduction", [(0, "none"), (1, "add"), (-1, "mul"), (0, "max"), (1, "min")])
+def test_scatter_elements_of_device_data_with_repeated_and_negative_indices(dev, axis, reduction):
+    # ScatterElements into a Relu's output (device data) of updates computed
+    # on the device, the indices constants that repeat and count from the end.
+    idx = i64([[0, -1, 2], [2, 1, -3]]) if axis != 1 else i64([[0, 3, -1, 3], [1, 1, 2, 0]])
+    shape, upd_shape = (3, 4), idx.shape
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["u"], ["n"]),
+             helper.make_node("ScatterElements", ["r", "i", "n"], ["y"], axis=axis, reduction=reduction)]
+    m = model(nodes, {"x": shape, "u": upd_shape}, "y", initializers=[("i", idx)], opset=18)
+    check(dev, m, {"x": randn(*shape), "u": randn(*upd_shape)},
+          lambda x, u: scatter_ref(np.maximum(x, 0), idx, -u, axis, reduction))
+
+
+def test_scatter_elements_by_indices_the_model_takes_and_its_refusals(dev):
+    # Indices given at run time (an int64 input): the board checks each; an
+    # index outside the axis fails the run, naming it.
+    graph = helper.make_graph(
+        [helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=1)], "scatter",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, [2, 2]),
+         helper.make_tensor_value_info("u", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    inst = dev.load_model(tpuhal.compile(m.SerializeToString(), "fp32", device=dev.uri)).instance()
+    x, u = randn(2, 5), randn(2, 2)
+    idx = i64([[4, -5], [0, 0]])
+    np.testing.assert_array_equal(inst.run({"x": x, "i": idx, "u": u})[0], scatter_ref(x, idx, u, 1, "none"))
+    with pytest.raises(tpuhal.Error, match="holds the index 5, outside \\[-5, 5\\)"):
+        inst.run({"x": x, "i": i64([[1, 5], [0, 0]]), "u": u})
+    # Of constants, folded; a constant index outside the axis, or an unknown
+    # reduction, refused when compiling, naming the node.
+    c, ci, cu = np.float32([[1, 2], [3, 4]]), i64([[1, 0]]), np.float32([[10, 20]])
+    nodes = [helper.make_node("ScatterElements", ["c", "ci", "cu"], ["s"], reduction="add"),
+             helper.make_node("Add", ["x", "s"], ["y"])]
+    m = model(nodes, {"x": (2, 2)}, "y", initializers=[("c", c), ("ci", ci), ("cu", cu)], opset=16)
+    compiled = tpuhal.compile(m, "fp32", shapes={"x": (2, 2)}, device=dev.uri)
+    assert [layer["ops"] for layer in dev.load_model(compiled).instance().profile(1)["layers"]] == ["add"]
+    xs = randn(2, 2)
+    np.testing.assert_allclose(run(dev, m, "fp32", {"x": xs}), xs + np.float32([[1, 22], [13, 4]]), rtol=1e-6)
+    bad = model([helper.make_node("ScatterElements", ["x", "ci", "cu"], ["y"])], {"x": (2, 2)}, "y",
+                initializers=[("ci", i64([[2, 0]])), ("cu", cu)], opset=13)
+    with pytest.raises(tpuhal.Error, match=r"node '.*' \(ScatterElements\): index 2 outside \[-2, 2\)"):
+        tpuhal.compile(bad, "fp32", shapes={"x": (2, 2)}, device=dev.uri)
+    odd = model([helper.make_node("ScatterElements", ["x", "ci", "cu"], ["y"], reduction="sum")], {"x": (2, 2)},
+                "y", initializers=[("ci", ci), ("cu", cu)], opset=16)
+    with pytest.raises(tpuhal.Error, match=r"node '.*' \(ScatterElements\): unknown reduction 'sum'"):
+        tpuhal.compile(odd, "fp32", shapes={"x": (2, 2)}, device=dev.uri)
 
 
 def hard_sigmoid(x, alpha=0.2, beta=0.5):

@@ -77,7 +77,7 @@ class TPUHAL_API Tensor {
   std::shared_ptr<const detail::TensorState> state_;
 };
 
-// Activation, Layout, ResizeMode, CoordinateMode, NearestMode and ColorFormat,
+// Activation, Layout, ResizeMode, CoordinateMode, NearestMode, ScatterReduction and ColorFormat,
 // with each value's name (to_string, parse_enum<E>, names_of<E>): generated
 // from the op schema (schema/ops.py).
 #include "tpuhal/op_enums.inc"

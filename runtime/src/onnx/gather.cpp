@@ -4,6 +4,9 @@
 // a Cast's of token ids): the board's gather, which checks each index
 // when it runs. GatherND: each index tuple made one index into the data
 // viewed with its indexed dimensions flattened, then the board's gather.
+// ScatterElements: the board's scatter_elements; on constants folded.
+#include <cmath>
+
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 
@@ -270,6 +273,106 @@ void lower_gather_nd(Lowerer& l, const Node& n) {
        {{"axis", 0}});
 }
 
+// ---- ScatterElements: Y = data, then each update written (or combined) at
+// its index along the axis, in the indices' row-major order.
+
+struct ScatterAttrs {
+  std::int64_t axis = 0;           // as given
+  std::string reduction = "none";  // none, add, mul, max or min (the board's ScatterReduction)
+  std::size_t resolved = 0;        // the axis, resolved by its shape rule
+  static ScatterAttrs read(const Attrs& a) { return {a.i("axis", 0), a.s("reduction", "none"), 0}; }
+};
+
+// Checks the operands (indices of the data's rank, at most its length but
+// along the axis; updates of the indices' shape; constant indices within
+// the axis) and resolves the axis; the output has the data's shape.
+Value infer_scatter_elements(Importer& im, Node& n) {
+  auto& a = n.attr<ScatterAttrs>();
+  if (!parse_enum<ScatterReduction>(a.reduction)) im.fail_node(n, "unknown reduction '" + a.reduction + "'");
+  const auto& x = im.in(n, 0).shape;
+  const Value& idx = im.in(n, 1);
+  const auto& upd = im.in(n, 2).shape;
+  const auto rank = static_cast<std::int64_t>(x.size());
+  if (rank == 0) im.fail_node(n, "scatters into a scalar");
+  const auto axis = im.axis_of(n, a.axis, rank);
+  a.resolved = static_cast<std::size_t>(axis);
+  if (idx.shape.size() != x.size() || upd != idx.shape)
+    im.fail_node(n, "its indices " + dims_text(idx.shape) + " and updates " + dims_text(upd) +
+                        " must have one shape, of the data's rank " + std::to_string(rank));
+  for (std::size_t d = 0; d < x.size(); ++d)
+    if (d != a.resolved && idx.shape[d] > x[d])
+      im.fail_node(n, "its indices " + dims_text(idx.shape) + " are longer than the data " + dims_text(x) +
+                          " in dimension " + std::to_string(d));
+  const auto dim = x[a.resolved];
+  if (dim > 0x7FFF'FFFF) im.unsupported(n, "an axis of more than 2^31 - 1 elements");
+  if (idx.data) {
+    if (!is_integer(idx)) im.fail_node(n, "its indices are not integers");
+    for (auto i : idx.ints)
+      if (i < -dim || i >= dim) index_outside(im, n, i, dim);
+  }
+  Value out;
+  out.shape = x;
+  return out;
+}
+
+// In double, updates applied in order (integers stay integers).
+Value fold_scatter_elements(Importer& im, Node& n) {
+  const Value out = infer_scatter_elements(im, n);
+  im.check_folded(n, out.shape);
+  const auto& a = n.attr<ScatterAttrs>();
+  const Value& x = im.in(n, 0);
+  const Value& idx = im.in(n, 1);
+  if (!idx.data) im.fail_node(n, "its indices are not constants");
+  auto r = values_of(x);
+  const auto upd = values_of(im.in(n, 2));
+  const auto xst = row_major_strides(x.shape), ist = row_major_strides(idx.shape);
+  const auto dim = x.shape[a.resolved];
+  const auto reduction = *parse_enum<ScatterReduction>(a.reduction);
+  for (std::size_t j = 0; j < idx.ints.size(); ++j) {
+    std::int64_t at = 0;
+    for (std::size_t d = 0; d < x.shape.size(); ++d) {
+      const std::int64_t pos = static_cast<std::int64_t>(j) / ist[d] % idx.shape[d];
+      const std::int64_t i = idx.ints[j];
+      at += (d == a.resolved ? (i < 0 ? i + dim : i) : pos) * xst[d];
+    }
+    double& v = r[static_cast<std::size_t>(at)];
+    const double u = upd[j];
+    switch (reduction) {
+      case ScatterReduction::None: v = u; break;
+      case ScatterReduction::Add: v += u; break;
+      case ScatterReduction::Mul: v *= u; break;
+      case ScatterReduction::Max: v = std::isnan(v) || std::isnan(u) ? NAN : std::max(v, u); break;
+      case ScatterReduction::Min: v = std::isnan(v) || std::isnan(u) ? NAN : std::min(v, u); break;
+    }
+  }
+  return make_constant(out.shape, r, is_integer(x));
+}
+
+// The board's scatter_elements, in the model's float type, or in i32 where
+// the model holds the data as integers.
+void lower_scatter_elements(Lowerer& l, const Node& n) {
+  const auto& a = n.attr<ScatterAttrs>();
+  const auto held = l.reps.find(n.inputs[0]);
+  const DType t = held != l.reps.end() && held->second.primary == DType::I32 ? DType::I32 : l.float_type();
+  l.op("scatter_elements", n.name,
+       {{"x", l.get(n.inputs[0], t)},
+        {"indices", l.get(n.inputs[1], DType::I32)},
+        {"updates", l.get(n.inputs[2], t)},
+        {"y", l.produce(n.output, t, l.shape_of(n.output))}},
+       {{"axis", a.resolved}, {"reduction", a.reduction}});
+}
+
+OpHandler scatter_handler(std::string_view op, OpsetRange opsets) {
+  return {.ops = {op},
+          .opsets = opsets,
+          .read = read_attrs<ScatterAttrs>,
+          .infer = infer_scatter_elements,
+          .fold = fold_scatter_elements,
+          .folds = Fold::IfConstant,
+          .lower = lower_scatter_elements,
+          .writes_fresh = true};
+}
+
 }  // namespace
 
 std::span<const OpHandler> gather_handlers() {
@@ -287,6 +390,11 @@ std::span<const OpHandler> gather_handlers() {
        .fold = fold_gather_nd,
        .folds = Fold::IfConstant,
        .lower = lower_gather_nd},
+      scatter_handler("ScatterElements", {.first = 11, .refusal = "ScatterElements before opset 11"}),
+      // Its name before opset 11, without reductions.
+      scatter_handler(
+          "Scatter",
+          {.first = 9, .last = 10, .refusal = "Scatter at opset {opset}; from opset 11 it is ScatterElements"}),
   };
   return h;
 }

@@ -3,6 +3,7 @@
 #include "onnx/lowerer.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "onnx/handler.hpp"
@@ -55,6 +56,21 @@ std::int64_t Lowerer::add_weight(const std::vector<float>& v, DType t, std::vect
     }
     default: throw Error(Status::Internal, "compiler: add_weight of an integer type");
   }
+}
+
+// An integer constant (indices) as i32, each value exact: one that is not
+// an integer within int32's range is refused.
+std::int64_t Lowerer::add_i32(const std::string& name, const Value& val) {
+  std::vector<std::int32_t> w(val.elements());
+  const bool ints = val.ints.size() == w.size();
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    const double x = ints ? static_cast<double>(val.ints[i]) : static_cast<double>((*val.data)[i]);
+    if (x != std::trunc(x) || std::abs(x) > 2147483647.0)
+      throw Error(Status::Unsupported, "constant '" + name + "' holds " + std::to_string(x) +
+                                           ", which is not a 32-bit integer; the board takes it as i32");
+    w[i] = static_cast<std::int32_t>(x);
+  }
+  return add_raw(DType::I32, val.shape, w.data(), w.size() * 4);
 }
 
 std::int64_t Lowerer::scalar_u8(std::int32_t v) {
@@ -240,6 +256,7 @@ std::int64_t Lowerer::get(const std::string& v, DType t) {
     if (t == DType::U8) throw Error(Status::Internal, "compiler: a constant as u8 activation");
     auto key = std::make_pair(v, t);
     if (auto it = const_cache.find(key); it != const_cache.end()) return it->second;
+    if (t == DType::I32) return const_cache[key] = add_i32(v, val);
     return const_cache[key] = add_weight(*val.data, t, val.shape);
   }
   auto rit = reps.find(v);

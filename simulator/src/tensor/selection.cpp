@@ -1,9 +1,11 @@
 // Ops that pick elements rather than compute them: top_k (and argmax),
-// where and gather. They copy bits, so they are exact on every host and ISA
-// level.
+// where, gather and scatter_elements. They copy bits (scatter_elements'
+// reductions combine one pair at a time, in a fixed order), so they are
+// exact on every host and ISA level.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "engine.h"
@@ -147,6 +149,86 @@ fw::Problem run_gather(TensorEngine& e, const fw::GatherAttrs& at, const View* v
         });
       },
       16384);
+  return {};
+}
+
+namespace {
+
+// The element at p combined with the update at u by `r` (ScatterElementsAttrs):
+// floats in f32, rounded to t; integers wrapping.
+void scatter_combine(std::byte* p, const std::byte* u, fw::DType t, std::uint32_t esize, fw::ScatterReduction r) {
+  using R = fw::ScatterReduction;
+  if (r == R::kNone) {
+    std::memcpy(p, u, esize);
+    return;
+  }
+  if (is_float(t)) {
+    const float a = load_float(p, t), b = load_float(u, t);
+    const bool nan = std::isnan(a) || std::isnan(b);
+    float out = a;
+    switch (r) {
+      case R::kAdd: out = a + b; break;
+      case R::kMul: out = a * b; break;
+      case R::kMax: out = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(a, b); break;
+      case R::kMin: out = nan ? std::numeric_limits<float>::quiet_NaN() : std::min(a, b); break;
+      case R::kNone: break;
+    }
+    store_float(p, t, out);
+    return;
+  }
+  const std::int64_t a = load_int(p, t), b = load_int(u, t);  // |a|, |b| <= 2^31: a * b fits
+  std::int64_t out = a;
+  switch (r) {
+    case R::kAdd: out = a + b; break;
+    case R::kMul: out = a * b; break;
+    case R::kMax: out = std::max(a, b); break;
+    case R::kMin: out = std::min(a, b); break;
+    case R::kNone: break;
+  }
+  store_int_wrap(p, t, out);
+}
+
+}  // namespace
+
+fw::Problem run_scatter_elements(TensorEngine& e, const fw::ScatterElementsAttrs& at, const View* v) {
+  const View &x = v[0], &idx = v[1], &upd = v[2], &y = v[3];
+  const std::uint32_t axis = at.axis;
+  const auto dim = static_cast<std::int64_t>(x.shape[axis]);
+  // Every index checked before Y is written: a bad one leaves Y as it was.
+  const View* iviews[1] = {&idx};
+  fw::Problem bad;
+  for_each_index(idx.shape, idx.rank, iviews, 0, idx.elements(), [&](const std::uint64_t* off) {
+    const std::int64_t i = load_int(idx.at(off[0]), idx.dtype);
+    if ((i < -dim || i >= dim) && bad.status == fw::CmdStatus::kOk)
+      bad = {fw::CmdStatus::kBadArgument, fw::tensor_data_field(1), static_cast<std::uint64_t>(i),
+             static_cast<std::uint64_t>(dim)};
+  });
+  if (bad.status != fw::CmdStatus::kOk) return bad;
+  // Y = X, unless Y is X itself (an update in place).
+  const bool in_place = x.data == y.data && std::equal(x.strides, x.strides + x.rank, y.strides);
+  if (!in_place) {
+    const View* copy[2] = {&x, &y};
+    e.pool().parallel_for(
+        y.elements(),
+        [&](std::uint64_t begin, std::uint64_t end) {
+          for_each_index(y.shape, y.rank, copy, begin, end,
+                         [&](const std::uint64_t* off) { std::memcpy(y.at(off[1]), x.at(off[0]), y.esize); });
+        },
+        16384);
+  }
+  // The updates one at a time, in Indices' row-major order: where indices
+  // repeat, the later one lands later. Y's offset of each position without
+  // its coordinate along the axis, which the index gives.
+  View yv;
+  yv.rank = idx.rank;
+  for (std::uint32_t d = 0; d < idx.rank; ++d) yv.strides[d] = d == axis ? 0 : y.strides[d];
+  const View* views[3] = {&idx, &upd, &yv};
+  const auto reduction = static_cast<fw::ScatterReduction>(at.reduction);
+  for_each_index(idx.shape, idx.rank, views, 0, idx.elements(), [&](const std::uint64_t* off) {
+    const std::int64_t i = load_int(idx.at(off[0]), idx.dtype);
+    const auto at_axis = static_cast<std::uint64_t>(i < 0 ? i + dim : i);
+    scatter_combine(y.at(off[2] + at_axis * y.strides[axis]), upd.at(off[1]), y.dtype, y.esize, reduction);
+  });
   return {};
 }
 
