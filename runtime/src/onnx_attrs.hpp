@@ -166,6 +166,28 @@ struct ConvTransposeGeometry {
   std::array<std::int64_t, 2> out{};
 };
 
+// One dimension of a transposed convolution: `in` inputs, a kernel of `k`
+// taps, the pads given, or worked out from the output length wanted
+// (output_shape, or auto_pad SAME: `want`, -1 for none) as ONNX says: the
+// pads at both ends and the output's length. A wanted length beyond the
+// full output is output padding at the end.
+struct TransposeExtent {
+  std::int64_t begin = 0, end = 0, out = 0;
+};
+inline TransposeExtent transpose_extent(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t dilation,
+                                        std::int64_t output_padding, std::int64_t begin, std::int64_t end,
+                                        std::int64_t want, bool upper) {
+  const std::int64_t full = stride * (in - 1) + output_padding + (k - 1) * dilation + 1;
+  std::int64_t extra = 0;
+  if (want >= 0) {
+    const std::int64_t total = full - want;
+    begin = total < 0 ? 0 : upper ? total / 2 : total - total / 2;
+    end = total < 0 ? 0 : upper ? total - total / 2 : total / 2;
+    extra = total < 0 ? -total : 0;
+  }
+  return {begin, end, full - begin - end + extra};
+}
+
 inline ConvTransposeGeometry conv_transpose_options(const WindowAttrs& at, const std::vector<std::int64_t>& x,
                                                     const std::vector<std::int64_t>& w) {
   // A 1-D one (x [N, C, L], weights [Cin, Cout/groups, k]) is the 2-D one
@@ -194,25 +216,59 @@ inline ConvTransposeGeometry conv_transpose_options(const WindowAttrs& at, const
   if (one_d && pads.size() == 2) pads = {0, pads[0], 0, pads[1]};
   const auto output_shape = lead(at.output_shape.value_or(std::vector<std::int64_t>{}), 1);
   for (std::size_t k = 0; k < 2; ++k) {
-    const std::int64_t full = strides[k] * (x4[2 + k] - 1) + opad[k] + (w4[2 + k] - 1) * dil[k] + 1;
-    std::int64_t begin = pads.size() == 4 ? pads[k] : 0, end = pads.size() == 4 ? pads[k + 2] : 0;
     std::int64_t want = -1;
     if (output_shape.size() >= 2)
       want = output_shape[output_shape.size() - 2 + k];
     else if (at.auto_pad == "SAME_UPPER" || at.auto_pad == "SAME_LOWER")
       want = x4[2 + k] * strides[k];
-    std::int64_t extra = 0;  // an output_shape beyond the full output: output padding at the end
-    if (want >= 0) {
-      const std::int64_t total = full - want;
-      const bool upper = at.auto_pad == "SAME_UPPER";
-      begin = total < 0 ? 0 : upper ? total / 2 : total - total / 2;
-      end = total < 0 ? 0 : upper ? total - total / 2 : total / 2;
-      extra = total < 0 ? -total : 0;
-    }
-    o.pads[k] = static_cast<std::uint32_t>(begin);
-    o.pads[k + 2] = static_cast<std::uint32_t>(end);
-    g.out[k] = full - begin - end + extra;
+    const TransposeExtent e =
+        transpose_extent(x4[2 + k], w4[2 + k], strides[k], dil[k], opad[k], pads.size() == 4 ? pads[k] : 0,
+                         pads.size() == 4 ? pads[k + 2] : 0, want, at.auto_pad == "SAME_UPPER");
+    o.pads[k] = static_cast<std::uint32_t>(e.begin);
+    o.pads[k + 2] = static_cast<std::uint32_t>(e.end);
+    g.out[k] = e.out;
   }
+  return g;
+}
+
+// ConvTranspose for a 5-D input x [N, C, D, H, W] and weights [Cin,
+// Cout/groups, kd, kh, kw]: the 2-D geometry over (H, W), as above, and
+// the depth's own.
+struct ConvTranspose3dGeometry {
+  ConvTransposeGeometry plane;
+  std::int64_t stride = 1, dilation = 1, pad_front = 0, out_depth = 0;
+};
+
+inline ConvTranspose3dGeometry conv_transpose3d_options(const WindowAttrs& at, const std::vector<std::int64_t>& x,
+                                                        const std::vector<std::int64_t>& w) {
+  // Each attribute's last three values (an output_shape may be the whole
+  // shape; pads are six) split into the depth's and those of H and W.
+  auto tail = [](const std::optional<std::vector<std::int64_t>>& v) -> std::optional<std::vector<std::int64_t>> {
+    if (!v || v->size() < 3) return std::nullopt;
+    return std::vector<std::int64_t>{(*v)[v->size() - 2], (*v)[v->size() - 1]};
+  };
+  auto first = [](const std::optional<std::vector<std::int64_t>>& v, std::int64_t def) {
+    return v && v->size() >= 3 ? (*v)[v->size() - 3] : def;
+  };
+  WindowAttrs hw = at;
+  hw.strides = tail(at.strides);
+  hw.dilations = tail(at.dilations);
+  hw.output_padding = tail(at.output_padding);
+  hw.output_shape = tail(at.output_shape);
+  const bool six = at.pads && at.pads->size() == 6;
+  hw.pads = six ? std::optional<std::vector<std::int64_t>>({(*at.pads)[1], (*at.pads)[2], (*at.pads)[4], (*at.pads)[5]})
+                : std::nullopt;
+  ConvTranspose3dGeometry g;
+  g.plane = conv_transpose_options(hw, {x[0], x[1], x[3], x[4]}, {w[0], w[1], w[3], w[4]});
+  g.stride = first(at.strides, 1);
+  g.dilation = first(at.dilations, 1);
+  std::int64_t want = first(at.output_shape, -1);
+  if (want < 0 && (at.auto_pad == "SAME_UPPER" || at.auto_pad == "SAME_LOWER")) want = x[2] * g.stride;
+  const TransposeExtent e =
+      transpose_extent(x[2], w[2], g.stride, g.dilation, first(at.output_padding, 0), six ? (*at.pads)[0] : 0,
+                       six ? (*at.pads)[3] : 0, want, at.auto_pad == "SAME_UPPER");
+  g.pad_front = e.begin;
+  g.out_depth = e.out;
   return g;
 }
 inline ConvTransposeGeometry conv_transpose_options(const Attrs& at, const std::vector<std::int64_t>& x,

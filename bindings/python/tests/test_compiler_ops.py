@@ -5,8 +5,8 @@ with NumPy (or PyTorch, where it defines the op the way exporters write it).
 Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
 Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, CumSum, Gather by indices computed on the
-device, GatherND, ScatterElements, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions and
-pools, and the networks that use them (M5 audio, R3D-18 video)."""
+device, GatherND, ScatterElements, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions,
+3-D transposed convolutions and pools, and the networks that use them (M5 audio, R3D-18 video)."""
 import itertools
 import json
 import math
@@ -1093,6 +1093,51 @@ def test_conv_3d_same_padding_and_in_an_int8_model(dev, auto_pad, front, back):
     compiled = tpuhal.compile(m, "int8", shapes={"x": x.shape}, device=dev.uri, calibration=[x])
     got = dev.load_model(compiled).instance().run({"x": x})[0]
     assert float(np.abs(got - want).max()) <= TOLERANCE["fp32"] * float(np.abs(want).max())
+
+
+def conv_transpose3d_reference(x, w, b, strides, pads, dilations, group, out):
+    """ONNX's 3-D ConvTranspose in float64: [N, C, D, H, W] by [C, Cout/group, kd, kh, kw]; each input element
+    scatters x * w to output (i * stride - pad_begin + t * dilation) per axis; `out` the output's D, H, W."""
+    n, c = x.shape[:2]
+    mg = w.shape[1]
+    cg = c // group
+    y = np.zeros((n, mg * group, *out))
+    for ci, d, h, v in np.ndindex(c, *x.shape[2:]):
+        g = ci // cg
+        for t in np.ndindex(*w.shape[2:]):
+            o = [(d, h, v)[i] * strides[i] - pads[i] + t[i] * dilations[i] for i in range(3)]
+            if all(0 <= o[i] < out[i] for i in range(3)):
+                y[:, g * mg:(g + 1) * mg, o[0], o[1], o[2]] += x[:, ci, d, h, v, None] * w[ci, :, t[0], t[1], t[2]]
+    return y + (0 if b is None else b.reshape(1, -1, 1, 1, 1))
+
+
+# Strides, dilations and pads that differ per axis, groups, output padding (depths that only the bias reaches),
+# a depth stride past the kernel (output depths no input lands on), and output_shape instead of pads.
+@pytest.mark.parametrize("kernel,strides,pads,dilations,group,out_pad,out_shape", [
+    ((3, 3, 3), (1, 1, 1), (1, 1, 1, 1, 1, 1), (1, 1, 1), 1, None, None),
+    ((2, 3, 2), (2, 1, 2), (1, 0, 1, 0, 1, 0), (1, 2, 1), 2, (1, 0, 1), None),
+    ((1, 2, 2), (3, 2, 1), (0, 0, 0, 0, 0, 0), (1, 1, 2), 2, None, None),
+    ((2, 2, 3), (2, 2, 1), None, (1, 1, 1), 1, None, (7, 8, 5))])
+def test_conv_transpose_3d(dev, kernel, strides, pads, dilations, group, out_pad, out_shape):
+    x, w, b = randn(2, 4, 3, 4, 3), randn(4, 6 // group, *kernel), randn(6)
+    attrs = dict(strides=list(strides), dilations=list(dilations), group=group, kernel_shape=list(kernel))
+    if pads is not None:
+        attrs["pads"] = list(pads)
+    if out_pad is not None:
+        attrs["output_padding"] = list(out_pad)
+    if out_shape is not None:
+        attrs["output_shape"] = list(out_shape)
+    m = model([helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)], {"x": x.shape}, "y",
+              initializers=[("w", w), ("b", b)])
+    full = [strides[i] * (x.shape[2 + i] - 1) + (out_pad or (0, 0, 0))[i] + (kernel[i] - 1) * dilations[i] + 1
+            for i in range(3)]
+    if out_shape is None:
+        begin, out = pads[:3], [full[i] - pads[i] - pads[3 + i] for i in range(3)]
+    else:  # ONNX: the pads that give output_shape, the odd one at the front (no auto_pad: not SAME_UPPER)
+        out = list(out_shape)
+        begin = [(full[i] - out[i]) - (full[i] - out[i]) // 2 for i in range(3)]
+    want = conv_transpose3d_reference(x, w, b, strides, begin, dilations, group, out)
+    check(dev, m, {"x": x}, lambda x: want)
 
 
 @pytest.mark.parametrize("rank", [4, 5])

@@ -3,7 +3,9 @@
 // views with H = 1, in float in every precision. A 3-D Conv ([N, C, D, H,
 // W]) is one conv2d over (H, W) whose input channels hold the depth taps
 // side by side, in float in every precision (lower_conv3d). ConvTranspose
-// (1-D and 2-D): conv_transpose2d, in float in every precision.
+// (1-D and 2-D): conv_transpose2d, in float in every precision; a 3-D one
+// is one conv_transpose2d whose input channels hold, for each output
+// depth, the input depths that land there (lower_conv_transpose3d).
 #include "onnx/attrs.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
@@ -98,6 +100,30 @@ Value infer_conv(Importer& im, Node& n) {
   return out;
 }
 
+// Value x (dense, of shape xs) where views of it may be taken: in the
+// arena; a constant is copied there first.
+std::int64_t viewable(Lowerer& l, const Node& n, std::int64_t x, DType t, const std::vector<std::int64_t>& xs) {
+  if (l.dg().tensors[static_cast<std::size_t>(x)].storage == Storage::Arena) return x;
+  const auto copy = l.dg().add_arena("", t, xs);
+  l.op("cast", n.name, {{"x", x}, {"y", copy}});
+  return copy;
+}
+
+// A 3-D op's output y [N, M, OD, OH, OW] computed by a 2-D op over
+// [N * OD, M, OH, OW]: what that op writes (y itself where OD is 1), and
+// after it the strided copy into y (depths_into).
+std::int64_t depths_flat(Lowerer& l, std::int64_t y, DType t, const std::vector<std::int64_t>& shape) {
+  const std::vector<std::int64_t> flat{shape[0] * shape[2], shape[1], shape[3], shape[4]};
+  return shape[2] == 1 ? l.dg().add_view(y, flat) : l.dg().add_arena("", t, flat);
+}
+void depths_into(Lowerer& l, const Node& n, std::int64_t flat, std::int64_t y, const std::vector<std::int64_t>& shape) {
+  const std::int64_t batch = shape[0], m = shape[1], od = shape[2], plane = shape[3] * shape[4];
+  if (od == 1) return;
+  l.op("cast", n.name,
+       {{"x", l.dg().add_subview(flat, {batch, m, od, plane}, {od * m * plane, plane, m * plane, 1}, 0)},
+        {"y", l.dg().add_view(y, {batch, m, od, plane})}});
+}
+
 // x [N, C, D, H, W] and weights [M, Cg, kd, kh, kw] (C = groups * Cg):
 // the input's depth taps go side by side into the channels of a scratch
 // [N * OD, groups * kd * Cg, H, W] (tap t of output depth o is x's depth
@@ -115,7 +141,7 @@ void lower_conv3d(Lowerer& l, const Node& n) {
   const DType t = l.act;
   const std::int64_t batch = xs[0], channels = xs[1], depth = xs[2], plane = xs[3] * xs[4];
   const std::int64_t m = w.shape[0], cg = w.shape[1], kd = w.shape[2], taps = w.shape[3] * w.shape[4];
-  const std::int64_t groups = c.plane.groups, od = shape[2], out_plane = shape[3] * shape[4];
+  const std::int64_t groups = c.plane.groups, od = shape[2];
   const auto es = static_cast<std::uint64_t>(size_of(t));
 
   // Weights [M, Cg, kd, kh, kw] as [M, kd * Cg, kh, kw]: input channel
@@ -129,13 +155,7 @@ void lower_conv3d(Lowerer& l, const Node& n) {
                     reordered.begin() + ((o * kd + t_) * cg + ci) * taps);
   const auto weights = l.add_weight(reordered, t, {m, kd * cg, w.shape[3], w.shape[4]});
 
-  auto x = l.dense(l.get(n.inputs[0], t), t, xs);
-  if (l.dg().tensors[static_cast<std::size_t>(x)].storage !=
-      Storage::Arena) {  // a constant input: views need the arena
-    const auto copy = l.dg().add_arena("", t, xs);
-    l.op("cast", n.name, {{"x", x}, {"y", copy}});
-    x = copy;
-  }
+  const auto x = viewable(l, n, l.dense(l.get(n.inputs[0], t), t, xs), t, xs);
   const auto col = l.dg().add_arena("", t, {batch * od, groups * kd * cg, xs[3], xs[4]});
   // col as [N, OD, groups, Cg, H * W] for tap t: its strides, and x's for
   // the same indices with depth o * stride.
@@ -165,18 +185,11 @@ void lower_conv3d(Lowerer& l, const Node& n) {
   std::map<std::string, std::int64_t> operands{{"x", col}, {"w", weights}};
   if (n.inputs.size() > 2 && !n.inputs[2].empty()) operands["bias"] = l.get(n.inputs[2], DType::F32);
   const auto y = l.produce(n.output, t, shape);
-  const std::vector<std::int64_t> flat{batch * od, m, shape[3], shape[4]};
-  // One output depth: [N, M, 1, OH, OW] has the bytes of [N, M, OH, OW].
-  const auto y2 = od == 1 ? l.dg().add_view(y, flat) : l.dg().add_arena("", t, flat);
-  operands["y"] = y2;
+  operands["y"] = depths_flat(l, y, t, shape);
   nlohmann::json at = conv_attrs(c.plane);
   at["activation"] = act_json(n.act);
   l.op("conv2d", n.name, operands, at);
-  if (od > 1)
-    l.op(
-        "cast", n.name,
-        {{"x", l.dg().add_subview(y2, {batch, m, od, out_plane}, {od * m * out_plane, out_plane, m * out_plane, 1}, 0)},
-         {"y", l.dg().add_view(y, {batch, m, od, out_plane})}});
+  depths_into(l, n, operands["y"], y, shape);
 }
 
 void lower_conv(Lowerer& l, const Node& n) {
@@ -220,30 +233,109 @@ Value infer_conv_transpose(Importer& im, Node& n) {
   const auto& x = im.in(n, 0).shape;
   const auto& w = im.constant(n, 1, "weights").shape;
   const bool one_d = x.size() == 3 && w.size() == 3;  // [N, C, L]: lowered as H = 1
-  if (!one_d && (x.size() != 4 || w.size() != 4))
-    im.unsupported(
-        n, std::to_string(x.size() - 2) + "-D transposed convolution; the compiler takes 1-D and 2-D (NCHW) ones");
+  const bool three_d = x.size() == 5 && w.size() == 5;
+  if (!one_d && !three_d && (x.size() != 4 || w.size() != 4))
+    im.unsupported(n, std::to_string(x.size() - 2) +
+                          "-D transposed convolution; the compiler takes 1-D, 2-D (NCHW) and 3-D (NCDHW) ones");
   const auto unknown = Attrs::first_unknown(a.present, {"auto_pad", "dilations", "group", "kernel_shape",
                                                         "output_padding", "output_shape", "pads", "strides"});
   if (!unknown.empty()) im.unsupported(n, "attribute " + unknown);
   if (im.has(n, 2)) im.constant(n, 2, "bias");
-  check_window(im, n, a, one_d ? 1 : 2);
-  const auto geo = onnx_attrs::conv_transpose_options(a, x, w);
+  check_window(im, n, a, one_d ? 1 : three_d ? 3 : 2);
+  const auto geo3 = three_d ? onnx_attrs::conv_transpose3d_options(a, x, w) : onnx_attrs::ConvTranspose3dGeometry{};
+  const auto geo = three_d ? geo3.plane : onnx_attrs::conv_transpose_options(a, x, w);
   const auto groups = static_cast<std::int64_t>(geo.options.groups);
   if (groups == 0 || x[1] != w[0] || x[1] % groups != 0)
     im.fail_node(n, "input " + dims_text(x) + " and weights " + dims_text(w) + " do not match with group " +
                         std::to_string(groups));
   for (auto p : geo.options.pads)
     if (p > 65536) im.fail_node(n, "pad " + std::to_string(p) + " is above 65536");
-  if (geo.out[0] < 1 || geo.out[1] < 1) im.fail_node(n, "its pads leave an empty output");
+  if (geo.out[0] < 1 || geo.out[1] < 1 || (three_d && geo3.out_depth < 1))
+    im.fail_node(n, "its pads leave an empty output");
   Value out;
   out.shape = one_d ? std::vector<std::int64_t>{x[0], w[1] * groups, geo.out[1]}
                     : std::vector<std::int64_t>{x[0], w[1] * groups, geo.out[0], geo.out[1]};
+  if (three_d) {
+    if (geo3.stride < 1 || geo3.dilation < 1 || geo3.pad_front > 65536 || x[2] < 1 || w[2] < 1)
+      im.fail_node(n, "its depth's stride, dilation, pads or kernel make no transposed convolution");
+    out.shape.insert(out.shape.begin() + 2, geo3.out_depth);
+  }
   return out;
+}
+
+// x [N, C, D, H, W] and weights [C, Mg, kd, kh, kw] (C = groups * Cg):
+// input depth i with depth tap t lands on output depth o = i * stride +
+// t * dilation - pad_front. A scratch [N * OD, groups * kd * Cg, H, W]
+// holds, for each output depth o, in channel (g * kd + t) * Cg + ci, the
+// input depth that lands on o with tap t (zero where none does), and one
+// conv_transpose2d with the weights reordered to [groups * kd * Cg, Mg,
+// kh, kw] gives [N * OD, M, OH, OW], which a strided copy turns into [N,
+// M, OD, OH, OW]. The bias is added once per output, as ONNX does.
+void lower_conv_transpose3d(Lowerer& l, const Node& n) {
+  const auto& shape = l.shape_of(n.output);
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const Value& w = l.g.value(n.inputs[1]);
+  const auto g3 = onnx_attrs::conv_transpose3d_options(n.attr<ConvAttrs>(), xs, w.shape);
+  const DType t = l.float_type();
+  const std::int64_t batch = xs[0], channels = xs[1], depth = xs[2], plane = xs[3] * xs[4];
+  const std::int64_t mg = w.shape[1], kd = w.shape[2], taps = w.shape[3] * w.shape[4];
+  const std::int64_t groups = g3.plane.options.groups, cg = channels / groups;
+  const std::int64_t od = shape[2];
+  const auto es = static_cast<std::uint64_t>(size_of(t));
+
+  const auto& wd = *w.data;
+  std::vector<float> reordered(wd.size());
+  for (std::int64_t gi = 0; gi < groups; ++gi)
+    for (std::int64_t tap = 0; tap < kd; ++tap)
+      for (std::int64_t ci = 0; ci < cg; ++ci)
+        for (std::int64_t mo = 0; mo < mg; ++mo)
+          std::copy_n(wd.begin() + (((gi * cg + ci) * mg + mo) * kd + tap) * taps, taps,
+                      reordered.begin() + (((gi * kd + tap) * cg + ci) * mg + mo) * taps);
+  const auto weights = l.add_weight(reordered, t, {groups * kd * cg, mg, w.shape[3], w.shape[4]});
+
+  const auto x = viewable(l, n, l.dense(l.get(n.inputs[0], t), t, xs), t, xs);
+  const std::int64_t width = groups * kd * cg;  // the scratch's channels
+  const auto col = l.dg().add_arena("", t, {batch * od, width, xs[3], xs[4]});
+  l.op("cast", n.name, {{"x", l.add_weight({0.0f}, t, {})}, {"y", col}});
+  for (std::int64_t tap = 0; tap < kd; ++tap) {
+    // The input depths i whose output depth i * stride + shift is inside [0, OD).
+    const std::int64_t shift = tap * g3.dilation - g3.pad_front, s = g3.stride;
+    const std::int64_t lo = std::min(depth, shift >= 0 ? 0 : (-shift + s - 1) / s);
+    const std::int64_t hi = std::clamp(od - shift <= 0 ? 0 : (od - shift - 1) / s + 1, lo, depth);
+    if (hi <= lo) continue;
+    // A copy for the whole batch where its output depths nest within one
+    // image's (the board refuses an output whose dimensions interleave);
+    // else one per image.
+    const bool whole = batch == 1 || (hi - lo) * s <= od;
+    const std::int64_t images = whole ? batch : 1;
+    const std::vector<std::int64_t> part{images, hi - lo, groups, cg, plane};
+    for (std::int64_t b = 0; b < batch; b += images) {
+      const auto from =
+          l.dg().add_subview(x, part, {channels * depth * plane, plane, cg * depth * plane, depth * plane, 1},
+                             static_cast<std::uint64_t>((b * channels * depth + lo) * plane) * es);
+      const auto to =
+          l.dg().add_subview(col, part, {od * width * plane, s * width * plane, kd * cg * plane, plane, 1},
+                             static_cast<std::uint64_t>(((b * od + lo * s + shift) * width + tap * cg) * plane) * es);
+      l.op("cast", n.name, {{"x", from}, {"y", to}});
+    }
+  }
+
+  std::map<std::string, std::int64_t> operands{{"x", col}, {"w", weights}};
+  if (n.inputs.size() > 2 && !n.inputs[2].empty()) operands["bias"] = l.get(n.inputs[2], DType::F32);
+  const auto y = l.produce(n.output, t, shape);
+  operands["y"] = depths_flat(l, y, t, shape);
+  nlohmann::json at = conv_attrs(g3.plane.options);
+  at["activation"] = act_json(n.act);
+  l.op("conv_transpose2d", n.name, operands, at);
+  depths_into(l, n, operands["y"], y, shape);
 }
 
 // In float in every precision (int8: f32).
 void lower_conv_transpose(Lowerer& l, const Node& n) {
+  if (l.shape_of(n.inputs[0]).size() == 5) {
+    lower_conv_transpose3d(l, n);
+    return;
+  }
   const auto& shape = l.shape_of(n.output);
   const DType t = l.float_type();
   const Value& w = l.g.value(n.inputs[1]);
