@@ -5,7 +5,7 @@ with NumPy (or PyTorch, where it defines the op the way exporters write it).
 Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
 Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, CumSum, Gather by indices computed on the
-device, GatherND, ScatterElements, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions,
+device, GatherND, ScatterElements, ScatterND, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions,
 3-D transposed convolutions and pools, and the networks that use them (M5 audio, R3D-18 video)."""
 import itertools
 import json
@@ -542,6 +542,68 @@ def test_scatter_elements_by_indices_the_model_takes_and_its_refusals(dev):
                 "y", initializers=[("ci", ci), ("cu", cu)], opset=16)
     with pytest.raises(tpuhal.Error, match=r"node '.*' \(ScatterElements\): unknown reduction 'sum'"):
         tpuhal.compile(odd, "fp32", shapes={"x": (2, 2)}, device=dev.uri)
+
+
+def scatter_nd_ref(x, idx, upd, reduction="none"):
+    """ONNX ScatterND: each update slice at its index tuple, in the tuples' row-major order."""
+    y = np.array(x, np.float64)
+    for t in np.ndindex(*idx.shape[:-1]):
+        at = tuple(idx[t])
+        y[at] = {"none": upd[t], "add": y[at] + upd[t], "mul": y[at] * upd[t]}[reduction]
+    return y
+
+
+# Whole elements (k = the rank) and slices (k = 1, 2), repeated tuples combined by a reduction, negative
+# indices; the data computed on the device, the updates too.
+@pytest.mark.parametrize("idx,reduction", [
+    (i64([[0, 1, 2], [2, 3, 1], [-1, 0, 0]]), "none"),
+    (i64([[1], [0], [1]]), "add"),
+    (i64([[[0, 2], [2, -1]], [[1, 0], [0, 2]]]), "mul")])
+def test_scatter_nd_of_device_data(dev, idx, reduction):
+    shape = (3, 4, 5)
+    upd_shape = idx.shape[:-1] + shape[idx.shape[-1]:]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["u"], ["n"]),
+             helper.make_node("ScatterND", ["r", "i", "n"], ["y"], **({} if reduction == "none" else
+                                                                      {"reduction": reduction}))]
+    m = model(nodes, {"x": shape, "u": upd_shape}, "y", initializers=[("i", idx)], opset=16)
+    check(dev, m, {"x": randn(*shape), "u": randn(*upd_shape)},
+          lambda x, u: scatter_nd_ref(np.maximum(x, 0), idx % np.array(shape[:idx.shape[-1]]), -u, reduction))
+
+
+def test_scatter_nd_by_tuples_the_model_takes_folding_and_refusals(dev):
+    # Tuples given at run time (an int64 input): each index checked on the board.
+    graph = helper.make_graph(
+        [helper.make_node("ScatterND", ["x", "i", "u"], ["y"])], "scatter_nd",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3, 2]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, [2, 2]),
+         helper.make_tensor_value_info("u", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3, 2])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    inst = dev.load_model(tpuhal.compile(m.SerializeToString(), "fp32", device=dev.uri)).instance()
+    x, u = randn(4, 3, 2), randn(2, 2)
+    idx = i64([[3, -1], [0, 1]])
+    np.testing.assert_array_equal(inst.run({"x": x, "i": idx, "u": u})[0], scatter_nd_ref(x, idx % [4, 3], u))
+    with pytest.raises(tpuhal.Error, match="holds the index 3, outside \\[-3, 3\\)"):
+        inst.run({"x": x, "i": i64([[0, 3], [0, 0]]), "u": u})
+    # Of constants, folded.
+    c, ci, cu = np.float32([[1, 2], [3, 4]]), i64([[1], [1]]), np.float32([[10, 20], [1, 1]])
+    nodes = [helper.make_node("ScatterND", ["c", "ci", "cu"], ["s"], reduction="add"),
+             helper.make_node("Add", ["x", "s"], ["y"])]
+    m = model(nodes, {"x": (2, 2)}, "y", initializers=[("c", c), ("ci", ci), ("cu", cu)], opset=16)
+    compiled = tpuhal.compile(m, "fp32", shapes={"x": (2, 2)}, device=dev.uri)
+    assert [layer["ops"] for layer in dev.load_model(compiled).instance().profile(1)["layers"]] == ["add"]
+    xs = randn(2, 2)
+    np.testing.assert_allclose(run(dev, m, "fp32", {"x": xs}), xs + np.float32([[1, 2], [14, 25]]), rtol=1e-6)
+    # Updates of another shape than the tuples' slices, and a tuple outside the data, refused when compiling.
+    bad = model([helper.make_node("ScatterND", ["x", "ci", "cu"], ["y"])], {"x": (2, 3)}, "y",
+                initializers=[("ci", ci), ("cu", cu)], opset=13)
+    with pytest.raises(tpuhal.Error, match=r"node '.*' \(ScatterND\): its updates \[2, 2\] are not \[2, 3\]"):
+        tpuhal.compile(bad, "fp32", shapes={"x": (2, 3)}, device=dev.uri)
+    outside = model([helper.make_node("ScatterND", ["x", "oi", "cu"], ["y"])], {"x": (2, 2)}, "y",
+                    initializers=[("oi", i64([[2], [0]])), ("cu", cu)], opset=13)
+    with pytest.raises(tpuhal.Error, match=r"node '.*' \(ScatterND\): index 2 outside \[-2, 2\)"):
+        tpuhal.compile(outside, "fp32", shapes={"x": (2, 2)}, device=dev.uri)
 
 
 def hard_sigmoid(x, alpha=0.2, beta=0.5):

@@ -5,6 +5,8 @@
 // when it runs. GatherND: each index tuple made one index into the data
 // viewed with its indexed dimensions flattened, then the board's gather.
 // ScatterElements: the board's scatter_elements; on constants folded.
+// ScatterND: the data viewed as rows, GatherND's rows of the index tuples,
+// and one scatter_elements of rows.
 #include <cmath>
 
 #include "onnx/importer.hpp"
@@ -154,9 +156,8 @@ std::vector<std::int64_t> gather_nd_shape(Importer& im, Node& n) {
 
 // The flat row of X viewed as [prod(X[:b + k]), X[b + k:]..] that each
 // tuple of constant indices names; an index outside its dimension fails.
-std::vector<std::int64_t> flat_rows(Importer& im, const Node& n, const std::vector<std::int64_t>& x, const Value& idx) {
-  const auto& a = n.attr<GatherNdAttrs>();
-  const auto b = static_cast<std::size_t>(a.batch_dims), k = static_cast<std::size_t>(a.k);
+std::vector<std::int64_t> flat_rows(Importer& im, const Node& n, const std::vector<std::int64_t>& x, const Value& idx,
+                                    std::size_t b, std::size_t k) {
   std::int64_t per_batch = 1;
   for (std::size_t d = b; d < b + k; ++d) per_batch *= x[d];
   std::int64_t tuples_per_batch = 1;
@@ -186,7 +187,7 @@ Value fold_gather_nd(Importer& im, Node& n) {
   for (std::size_t d = static_cast<std::size_t>(a.batch_dims + a.k); d < x.shape.size(); ++d) inner *= x.shape[d];
   const auto vals = values_of(x);
   std::vector<double> r;
-  for (auto row : flat_rows(im, n, x.shape, idx))
+  for (auto row : flat_rows(im, n, x.shape, idx, static_cast<std::size_t>(a.batch_dims), static_cast<std::size_t>(a.k)))
     for (std::int64_t i = 0; i < inner; ++i) r.push_back(vals[static_cast<std::size_t>(row * inner + i)]);
   return make_constant(shape, r, is_integer(x));
 }
@@ -204,15 +205,64 @@ Value infer_gather_nd(Importer& im, Node& n) {
   if (!is_integer(idx)) im.fail_node(n, "its indices are not integers");
   auto& a_rows = n.attr<GatherNdAttrs>().rows;
   a_rows.clear();
-  for (auto row : flat_rows(im, n, x, idx)) a_rows.push_back(static_cast<std::int32_t>(row));
+  for (auto row : flat_rows(im, n, x, idx, static_cast<std::size_t>(a.batch_dims), static_cast<std::size_t>(a.k)))
+    a_rows.push_back(static_cast<std::int32_t>(row));
   return out;
 }
 
+// The rows of X viewed as [rows, X[b + k:]..] that index tuples on the
+// device (input `indices`, [tuples.., k]) name, as an i32 tensor of the
+// tuples' shape: each index through a gather from [0, dim) (which checks
+// it and counts a negative one from the end), times its stride, summed,
+// plus each batch's first row.
+std::int64_t device_rows(Lowerer& l, const Node& n, const std::string& indices, const std::vector<std::int64_t>& xs,
+                         std::size_t b, std::size_t k) {
+  const Value& idx = l.g.value(indices);
+  const std::vector<std::int64_t> tuples(idx.shape.begin(), idx.shape.end() - 1);
+  const auto all = l.dense(l.get(indices, DType::I32), DType::I32, idx.shape);
+  const auto tst = row_major_strides(idx.shape);
+  std::vector<std::int64_t> view_strides(tst.begin(), tst.end() - 1);
+  std::int64_t acc = -1, stride = 1;
+  for (std::size_t j = k; j-- > 0;) {
+    const std::int64_t dim = xs[b + j];
+    std::vector<std::int32_t> range(static_cast<std::size_t>(dim));
+    for (std::size_t i = 0; i < range.size(); ++i) range[i] = static_cast<std::int32_t>(i);
+    const auto part = l.dg().add_subview(all, tuples, view_strides, j * 4);
+    const auto checked = l.dg().add_arena("", DType::I32, tuples);
+    l.op("gather", n.name,
+         {{"x", l.add_raw(DType::I32, {dim}, range.data(), range.size() * 4)}, {"indices", part}, {"y", checked}},
+         {{"axis", 0}});
+    auto term = checked;
+    if (stride != 1) {
+      const std::int32_t s32 = static_cast<std::int32_t>(stride);
+      term = l.dg().add_arena("", DType::I32, tuples);
+      l.op("mul", n.name, {{"a", checked}, {"b", l.add_raw(DType::I32, {}, &s32, 4)}, {"y", term}});
+    }
+    if (acc >= 0) {
+      const auto sum = l.dg().add_arena("", DType::I32, tuples);
+      l.op("add", n.name, {{"a", acc}, {"b", term}, {"y", sum}});
+      acc = sum;
+    } else {
+      acc = term;
+    }
+    stride *= dim;
+  }
+  if (b > 0) {  // each batch's first row, along the tuples' batch dimensions
+    std::int64_t per = 1;
+    for (std::size_t d = b; d < tuples.size(); ++d) per *= tuples[d];
+    std::vector<std::int32_t> first(static_cast<std::size_t>(elements_of(tuples)));
+    for (std::size_t i = 0; i < first.size(); ++i)
+      first[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) / per * stride);
+    const auto sum = l.dg().add_arena("", DType::I32, tuples);
+    l.op("add", n.name, {{"a", acc}, {"b", l.add_raw(DType::I32, tuples, first.data(), first.size() * 4)}, {"y", sum}});
+    acc = sum;
+  }
+  return acc;
+}
+
 // X viewed as [rows, X[b + k:]..] and one gather of rows. Constant tuples
-// give the rows as a weight; tuples on the device are made rows there: each
-// index through a gather from [0, dim) (which checks it and counts a
-// negative one from the end), times its stride, summed, plus each batch's
-// first row.
+// give the rows as a weight; tuples on the device are made rows there
+// (device_rows).
 void lower_gather_nd(Lowerer& l, const Node& n) {
   const DType t = l.float_type();
   const auto& a = n.attr<GatherNdAttrs>();
@@ -223,51 +273,8 @@ void lower_gather_nd(Lowerer& l, const Node& n) {
   for (std::size_t d = 0; d < b + k; ++d) xv[0] *= xs[d];
   xv.insert(xv.end(), xs.begin() + static_cast<std::ptrdiff_t>(b + k), xs.end());
   const std::vector<std::int64_t> tuples(idx.shape.begin(), idx.shape.end() - 1);
-  std::int64_t rows;
-  if (idx.data) {
-    rows = l.add_raw(DType::I32, tuples, a.rows.data(), a.rows.size() * 4);
-  } else {
-    const auto all = l.dense(l.get(n.inputs[1], DType::I32), DType::I32, idx.shape);
-    const auto tst = row_major_strides(idx.shape);
-    std::vector<std::int64_t> view_strides(tst.begin(), tst.end() - 1);
-    std::int64_t acc = -1, stride = 1;
-    for (std::size_t j = k; j-- > 0;) {
-      const std::int64_t dim = xs[b + j];
-      std::vector<std::int32_t> range(static_cast<std::size_t>(dim));
-      for (std::size_t i = 0; i < range.size(); ++i) range[i] = static_cast<std::int32_t>(i);
-      const auto part = l.dg().add_subview(all, tuples, view_strides, j * 4);
-      const auto checked = l.dg().add_arena("", DType::I32, tuples);
-      l.op("gather", n.name,
-           {{"x", l.add_raw(DType::I32, {dim}, range.data(), range.size() * 4)}, {"indices", part}, {"y", checked}},
-           {{"axis", 0}});
-      auto term = checked;
-      if (stride != 1) {
-        const std::int32_t s32 = static_cast<std::int32_t>(stride);
-        term = l.dg().add_arena("", DType::I32, tuples);
-        l.op("mul", n.name, {{"a", checked}, {"b", l.add_raw(DType::I32, {}, &s32, 4)}, {"y", term}});
-      }
-      if (acc >= 0) {
-        const auto sum = l.dg().add_arena("", DType::I32, tuples);
-        l.op("add", n.name, {{"a", acc}, {"b", term}, {"y", sum}});
-        acc = sum;
-      } else {
-        acc = term;
-      }
-      stride *= dim;
-    }
-    if (b > 0) {  // each batch's first row, along the tuples' batch dimensions
-      std::int64_t per = 1;
-      for (std::size_t d = b; d < tuples.size(); ++d) per *= tuples[d];
-      std::vector<std::int32_t> first(static_cast<std::size_t>(elements_of(tuples)));
-      for (std::size_t i = 0; i < first.size(); ++i)
-        first[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) / per * stride);
-      const auto sum = l.dg().add_arena("", DType::I32, tuples);
-      l.op("add", n.name,
-           {{"a", acc}, {"b", l.add_raw(DType::I32, tuples, first.data(), first.size() * 4)}, {"y", sum}});
-      acc = sum;
-    }
-    rows = acc;
-  }
+  const std::int64_t rows = idx.data ? l.add_raw(DType::I32, tuples, a.rows.data(), a.rows.size() * 4)
+                                     : device_rows(l, n, n.inputs[1], xs, b, k);
   const auto x = l.dg().add_view(l.dense(l.get(n.inputs[0], t), t, xs), xv);
   l.op("gather", n.name, {{"x", x}, {"indices", rows}, {"y", l.produce(n.output, t, l.shape_of(n.output))}},
        {{"axis", 0}});
@@ -315,6 +322,18 @@ Value infer_scatter_elements(Importer& im, Node& n) {
   return out;
 }
 
+// An update u combined with what is there, v, in double.
+double combined(double v, double u, ScatterReduction r) {
+  switch (r) {
+    case ScatterReduction::None: return u;
+    case ScatterReduction::Add: return v + u;
+    case ScatterReduction::Mul: return v * u;
+    case ScatterReduction::Max: return std::isnan(v) || std::isnan(u) ? NAN : std::max(v, u);
+    case ScatterReduction::Min: return std::isnan(v) || std::isnan(u) ? NAN : std::min(v, u);
+  }
+  return u;
+}
+
 // In double, updates applied in order (integers stay integers).
 Value fold_scatter_elements(Importer& im, Node& n) {
   const Value out = infer_scatter_elements(im, n);
@@ -336,14 +355,7 @@ Value fold_scatter_elements(Importer& im, Node& n) {
       at += (d == a.resolved ? (i < 0 ? i + dim : i) : pos) * xst[d];
     }
     double& v = r[static_cast<std::size_t>(at)];
-    const double u = upd[j];
-    switch (reduction) {
-      case ScatterReduction::None: v = u; break;
-      case ScatterReduction::Add: v += u; break;
-      case ScatterReduction::Mul: v *= u; break;
-      case ScatterReduction::Max: v = std::isnan(v) || std::isnan(u) ? NAN : std::max(v, u); break;
-      case ScatterReduction::Min: v = std::isnan(v) || std::isnan(u) ? NAN : std::min(v, u); break;
-    }
+    v = combined(v, upd[j], reduction);
   }
   return make_constant(out.shape, r, is_integer(x));
 }
@@ -360,6 +372,98 @@ void lower_scatter_elements(Lowerer& l, const Node& n) {
         {"updates", l.get(n.inputs[2], t)},
         {"y", l.produce(n.output, t, l.shape_of(n.output))}},
        {{"axis", a.resolved}, {"reduction", a.reduction}});
+}
+
+// ---- ScatterND: Y = data, then each update (a slice of the data's
+// dimensions after the k indexed) written, or combined, at the position its
+// index tuple names, in the tuples' row-major order. On the board: the
+// data viewed as [rows, data[k:]..] and one scatter_elements along the
+// rows, each tuple's row (GatherND's) repeated along the slice.
+
+struct ScatterNdAttrs {
+  std::string reduction = "none";
+  std::size_t k = 0;               // the tuples' length: indices' last dimension
+  std::vector<std::int32_t> rows;  // constant indices: each tuple's row (flat_rows)
+  static ScatterNdAttrs read(const Attrs& a) { return {a.s("reduction", "none"), 0, {}}; }
+};
+
+// Checks the operands: indices [tuples.., k] with 1 <= k <= the data's
+// rank, updates [tuples.., data[k:]..], constant tuples within the data.
+Value infer_scatter_nd(Importer& im, Node& n) {
+  auto& a = n.attr<ScatterNdAttrs>();
+  if (!parse_enum<ScatterReduction>(a.reduction)) im.fail_node(n, "unknown reduction '" + a.reduction + "'");
+  const auto& x = im.in(n, 0).shape;
+  const Value& idx = im.in(n, 1);
+  const auto& upd = im.in(n, 2).shape;
+  if (x.empty() || idx.shape.empty()) im.fail_node(n, "its data and indices must have rank 1 or more");
+  const std::int64_t k = idx.shape.back();
+  if (k < 1 || k > static_cast<std::int64_t>(x.size()))
+    im.fail_node(n,
+                 "index tuples of length " + std::to_string(k) + " into " + std::to_string(x.size()) + " dimensions");
+  a.k = static_cast<std::size_t>(k);
+  std::vector<std::int64_t> want(idx.shape.begin(), idx.shape.end() - 1);
+  want.insert(want.end(), x.begin() + k, x.end());
+  if (upd != want)
+    im.fail_node(n, "its updates " + dims_text(upd) + " are not " + dims_text(want) +
+                        " (the indices' tuples, then the data's dimensions after the indexed ones)");
+  std::int64_t rows = 1;
+  for (std::size_t d = 0; d < a.k; ++d) rows *= x[d];
+  if (rows > 0x7FFF'FFFF) im.unsupported(n, "more than 2^31 - 1 index tuples' worth of data rows");
+  if (idx.data) {
+    if (!is_integer(idx)) im.fail_node(n, "its indices are not integers");
+    a.rows.clear();
+    for (auto row : flat_rows(im, n, x, idx, 0, a.k)) a.rows.push_back(static_cast<std::int32_t>(row));
+  }
+  Value out;
+  out.shape = x;
+  return out;
+}
+
+Value fold_scatter_nd(Importer& im, Node& n) {
+  const Value out = infer_scatter_nd(im, n);
+  im.check_folded(n, out.shape);
+  const auto& a = n.attr<ScatterNdAttrs>();
+  auto r = values_of(im.in(n, 0));
+  const auto upd = values_of(im.in(n, 2));
+  std::size_t inner = 1;
+  for (std::size_t d = a.k; d < out.shape.size(); ++d) inner *= static_cast<std::size_t>(out.shape[d]);
+  const auto reduction = *parse_enum<ScatterReduction>(a.reduction);
+  for (std::size_t t = 0; t < a.rows.size(); ++t)
+    for (std::size_t i = 0; i < inner; ++i) {
+      double& v = r[static_cast<std::size_t>(a.rows[t]) * inner + i];
+      v = combined(v, upd[t * inner + i], reduction);
+    }
+  return make_constant(out.shape, r, is_integer(im.in(n, 0)));
+}
+
+void lower_scatter_nd(Lowerer& l, const Node& n) {
+  const auto& a = n.attr<ScatterNdAttrs>();
+  const auto held = l.reps.find(n.inputs[0]);
+  const DType t = held != l.reps.end() && held->second.primary == DType::I32 ? DType::I32 : l.float_type();
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const Value& idx = l.g.value(n.inputs[1]);
+  const std::vector<std::int64_t> tuples(idx.shape.begin(), idx.shape.end() - 1);
+  std::vector<std::int64_t> view{1}, updates{static_cast<std::int64_t>(elements_of(tuples))}, along{1};
+  for (std::size_t d = 0; d < a.k; ++d) view[0] *= xs[d];
+  view.insert(view.end(), xs.begin() + static_cast<std::ptrdiff_t>(a.k), xs.end());
+  updates.insert(updates.end(), view.begin() + 1, view.end());
+  along.resize(view.size(), 0);  // each tuple's row repeated along its slice
+  std::int64_t rows;
+  if (idx.data) {  // the rows, each repeated along its slice
+    const auto slice = static_cast<std::size_t>(elements_of(updates)) / std::max<std::size_t>(a.rows.size(), 1);
+    std::vector<std::int32_t> each(a.rows.size() * slice);
+    for (std::size_t i = 0; i < each.size(); ++i) each[i] = a.rows[i / slice];
+    rows = l.add_raw(DType::I32, updates, each.data(), each.size() * 4);
+  } else {
+    rows = l.dg().add_subview(device_rows(l, n, n.inputs[1], xs, 0, a.k), updates, along, 0);
+  }
+  const auto y = l.produce(n.output, t, xs);
+  l.op("scatter_elements", n.name,
+       {{"x", l.dg().add_view(l.dense(l.get(n.inputs[0], t), t, xs), view)},
+        {"indices", rows},
+        {"updates", l.dg().add_view(l.dense(l.get(n.inputs[2], t), t, l.shape_of(n.inputs[2])), updates)},
+        {"y", l.dg().add_view(y, view)}},
+       {{"axis", 0}, {"reduction", a.reduction}});
 }
 
 OpHandler scatter_handler(std::string_view op, OpsetRange opsets) {
@@ -395,6 +499,14 @@ std::span<const OpHandler> gather_handlers() {
       scatter_handler(
           "Scatter",
           {.first = 9, .last = 10, .refusal = "Scatter at opset {opset}; from opset 11 it is ScatterElements"}),
+      {.ops = {"ScatterND"},
+       .opsets = {.first = 11, .refusal = "ScatterND before opset 11"},
+       .read = read_attrs<ScatterNdAttrs>,
+       .infer = infer_scatter_nd,
+       .fold = fold_scatter_nd,
+       .folds = Fold::IfConstant,
+       .lower = lower_scatter_nd,
+       .writes_fresh = true},
   };
   return h;
 }

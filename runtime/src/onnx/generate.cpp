@@ -1,6 +1,7 @@
 // Shape computations that exist only to make constants, evaluated at compile
-// time (every input must be a constant): ConstantOfShape, Range, ScatterND
-// (the attention masks Swin Transformer builds from shapes).
+// time (every input must be a constant): ConstantOfShape, Range (the
+// attention masks Swin Transformer builds from shapes, with ScatterND,
+// gather.cpp).
 #include <algorithm>
 #include <cmath>
 
@@ -42,39 +43,6 @@ Value fold_range(Importer& im, Node& n) {
                        is_integer(im.in(n, 0)) && is_integer(im.in(n, 1)) && is_integer(im.in(n, 2)));
 }
 
-struct ScatterNdAttrs {
-  std::string reduction = "none";
-  static ScatterNdAttrs read(const Attrs& a) { return {a.s("reduction", "none")}; }
-};
-
-Value fold_scatter_nd(Importer& im, Node& n) {
-  const Value &data = im.in(n, 0), &idx = im.in(n, 1), &upd = im.in(n, 2);
-  if (!is_integer(idx) || idx.shape.empty()) im.fail_node(n, "its indices are not an integer tensor");
-  const std::string& reduction = n.attr<ScatterNdAttrs>().reduction;
-  if (reduction != "none") im.unsupported(n, "reduction '" + reduction + "'");
-  const auto k = static_cast<std::size_t>(idx.shape.back());
-  if (k == 0 || k > data.shape.size()) im.fail_node(n, "index tuples of " + std::to_string(k));
-  std::uint64_t slab = 1;
-  for (std::size_t d = k; d < data.shape.size(); ++d) slab *= static_cast<std::uint64_t>(data.shape[d]);
-  const std::uint64_t tuples = idx.elements() / k;
-  if (upd.elements() != tuples * slab) im.fail_node(n, "updates of " + std::to_string(upd.elements()) + " elements");
-  auto r = values_of(data);
-  const auto uv = values_of(upd);
-  const auto st = row_major_strides(data.shape);
-  for (std::uint64_t t = 0; t < tuples; ++t) {
-    std::int64_t at = 0;
-    for (std::size_t d = 0; d < k; ++d) {
-      std::int64_t i = idx.ints[t * k + d];
-      const auto dim = data.shape[d];
-      if (i < -dim || i >= dim)
-        im.fail_node(n, "index " + std::to_string(i) + " for a dimension of " + std::to_string(dim));
-      at += (i < 0 ? i + dim : i) * st[d];
-    }
-    std::copy_n(uv.begin() + static_cast<std::ptrdiff_t>(t * slab), slab, r.begin() + static_cast<std::ptrdiff_t>(at));
-  }
-  return make_constant(data.shape, r, is_integer(data) && is_integer(upd));
-}
-
 }  // namespace
 
 std::span<const OpHandler> generate_handlers() {
@@ -84,7 +52,6 @@ std::span<const OpHandler> generate_handlers() {
        .fold = fold_constant_of_shape,
        .folds = Fold::ConstantsOnly},
       {.ops = {"Range"}, .fold = fold_range, .folds = Fold::ConstantsOnly},
-      {.ops = {"ScatterND"}, .read = read_attrs<ScatterNdAttrs>, .fold = fold_scatter_nd, .folds = Fold::ConstantsOnly},
   };
   return h;
 }
