@@ -800,7 +800,7 @@ def test_rule_samples():
         s, y = k["sample"], role_names(k)[-1]
         args = [f"input(DType::{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][r])}, 1)" if r != y else "y"
                 for r in builder_roles(k)]
-        args += [f"static_cast<{f[1]}>({v})" if field_enum(f[1]) else cpp_value(v)
+        args += [f"{f[1]}::{field_enum(f[1])['values'][v][0]}" if field_enum(f[1]) else cpp_value(v)
                  for f, v in zip(rule_struct(k)["fields"], sample_values(k))]
         out.append(f"case OpKind::{k['name']}: {{\n  Tensor y = output(DType::{DTYPES[s['dtypes'][y]]}, "
                    f"{cpp_shape(s['shapes'][y])});\n  return {{ops::{k['id']}({', '.join(args)}), y}};\n}}\n")

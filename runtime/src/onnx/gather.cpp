@@ -284,18 +284,26 @@ void lower_gather_nd(Lowerer& l, const Node& n) {
 // its index along the axis, in the indices' row-major order.
 
 struct ScatterAttrs {
-  std::int64_t axis = 0;           // as given
-  std::string reduction = "none";  // none, add, mul, max or min (the board's ScatterReduction)
-  std::size_t resolved = 0;        // the axis, resolved by its shape rule
+  std::int64_t axis = 0;                           // as given
+  std::string reduction = "none";                  // none, add, mul, max or min (the board's ScatterReduction)
+  std::size_t resolved = 0;                        // the axis, resolved by its shape rule
+  ScatterReduction mode = ScatterReduction::None;  // the reduction, resolved likewise
   static ScatterAttrs read(const Attrs& a) { return {a.i("axis", 0), a.s("reduction", "none"), 0}; }
 };
+
+// A Scatter node's reduction by its name; an unknown one fails the node.
+ScatterReduction reduction_of(const Importer& im, const Node& n, const std::string& name) {
+  const auto r = parse_enum<ScatterReduction>(name);
+  if (!r) im.fail_node(n, "unknown reduction '" + name + "'");
+  return *r;
+}
 
 // Checks the operands (indices of the data's rank, at most its length but
 // along the axis; updates of the indices' shape; constant indices within
 // the axis) and resolves the axis; the output has the data's shape.
 Value infer_scatter_elements(Importer& im, Node& n) {
   auto& a = n.attr<ScatterAttrs>();
-  if (!parse_enum<ScatterReduction>(a.reduction)) im.fail_node(n, "unknown reduction '" + a.reduction + "'");
+  a.mode = reduction_of(im, n, a.reduction);
   const auto& x = im.in(n, 0).shape;
   const Value& idx = im.in(n, 1);
   const auto& upd = im.in(n, 2).shape;
@@ -346,7 +354,6 @@ Value fold_scatter_elements(Importer& im, Node& n) {
   const auto upd = values_of(im.in(n, 2));
   const auto xst = row_major_strides(x.shape), ist = row_major_strides(idx.shape);
   const auto dim = x.shape[a.resolved];
-  const auto reduction = *parse_enum<ScatterReduction>(a.reduction);
   for (std::size_t j = 0; j < idx.ints.size(); ++j) {
     std::int64_t at = 0;
     for (std::size_t d = 0; d < x.shape.size(); ++d) {
@@ -355,7 +362,7 @@ Value fold_scatter_elements(Importer& im, Node& n) {
       at += (d == a.resolved ? (i < 0 ? i + dim : i) : pos) * xst[d];
     }
     double& v = r[static_cast<std::size_t>(at)];
-    v = combined(v, upd[j], reduction);
+    v = combined(v, upd[j], a.mode);
   }
   return make_constant(out.shape, r, is_integer(x));
 }
@@ -364,14 +371,13 @@ Value fold_scatter_elements(Importer& im, Node& n) {
 // the model holds the data as integers.
 void lower_scatter_elements(Lowerer& l, const Node& n) {
   const auto& a = n.attr<ScatterAttrs>();
-  const auto held = l.reps.find(n.inputs[0]);
-  const DType t = held != l.reps.end() && held->second.primary == DType::I32 ? DType::I32 : l.float_type();
+  const DType t = l.held_type(n.inputs[0]);
   l.op("scatter_elements", n.name,
        {{"x", l.get(n.inputs[0], t)},
         {"indices", l.get(n.inputs[1], DType::I32)},
         {"updates", l.get(n.inputs[2], t)},
         {"y", l.produce(n.output, t, l.shape_of(n.output))}},
-       {{"axis", a.resolved}, {"reduction", a.reduction}});
+       {{"axis", a.resolved}, {"reduction", to_string(a.mode)}});
 }
 
 // ---- ScatterND: Y = data, then each update (a slice of the data's
@@ -382,16 +388,17 @@ void lower_scatter_elements(Lowerer& l, const Node& n) {
 
 struct ScatterNdAttrs {
   std::string reduction = "none";
-  std::size_t k = 0;               // the tuples' length: indices' last dimension
-  std::vector<std::int32_t> rows;  // constant indices: each tuple's row (flat_rows)
-  static ScatterNdAttrs read(const Attrs& a) { return {a.s("reduction", "none"), 0, {}}; }
+  ScatterReduction mode = ScatterReduction::None;  // the reduction, resolved by the shape rule
+  std::size_t k = 0;                               // the tuples' length: indices' last dimension
+  std::vector<std::int32_t> rows;                  // constant indices: each tuple's row (flat_rows)
+  static ScatterNdAttrs read(const Attrs& a) { return {a.s("reduction", "none"), ScatterReduction::None, 0, {}}; }
 };
 
 // Checks the operands: indices [tuples.., k] with 1 <= k <= the data's
 // rank, updates [tuples.., data[k:]..], constant tuples within the data.
 Value infer_scatter_nd(Importer& im, Node& n) {
   auto& a = n.attr<ScatterNdAttrs>();
-  if (!parse_enum<ScatterReduction>(a.reduction)) im.fail_node(n, "unknown reduction '" + a.reduction + "'");
+  a.mode = reduction_of(im, n, a.reduction);
   const auto& x = im.in(n, 0).shape;
   const Value& idx = im.in(n, 1);
   const auto& upd = im.in(n, 2).shape;
@@ -427,19 +434,17 @@ Value fold_scatter_nd(Importer& im, Node& n) {
   const auto upd = values_of(im.in(n, 2));
   std::size_t inner = 1;
   for (std::size_t d = a.k; d < out.shape.size(); ++d) inner *= static_cast<std::size_t>(out.shape[d]);
-  const auto reduction = *parse_enum<ScatterReduction>(a.reduction);
   for (std::size_t t = 0; t < a.rows.size(); ++t)
     for (std::size_t i = 0; i < inner; ++i) {
       double& v = r[static_cast<std::size_t>(a.rows[t]) * inner + i];
-      v = combined(v, upd[t * inner + i], reduction);
+      v = combined(v, upd[t * inner + i], a.mode);
     }
   return make_constant(out.shape, r, is_integer(im.in(n, 0)));
 }
 
 void lower_scatter_nd(Lowerer& l, const Node& n) {
   const auto& a = n.attr<ScatterNdAttrs>();
-  const auto held = l.reps.find(n.inputs[0]);
-  const DType t = held != l.reps.end() && held->second.primary == DType::I32 ? DType::I32 : l.float_type();
+  const DType t = l.held_type(n.inputs[0]);
   const auto& xs = l.shape_of(n.inputs[0]);
   const Value& idx = l.g.value(n.inputs[1]);
   const std::vector<std::int64_t> tuples(idx.shape.begin(), idx.shape.end() - 1);
@@ -463,7 +468,7 @@ void lower_scatter_nd(Lowerer& l, const Node& n) {
         {"indices", rows},
         {"updates", l.dg().add_view(l.dense(l.get(n.inputs[2], t), t, l.shape_of(n.inputs[2])), updates)},
         {"y", l.dg().add_view(y, view)}},
-       {{"axis", 0}, {"reduction", a.reduction}});
+       {{"axis", 0}, {"reduction", to_string(a.mode)}});
 }
 
 OpHandler scatter_handler(std::string_view op, OpsetRange opsets) {

@@ -96,6 +96,12 @@ struct Lowerer {
   DType nhwc_type = DType::F32;
   // The type of float ops: the activation type, f32 in an int8 model.
   DType float_type() const { return int8() ? DType::F32 : act; }
+  // The type an op computes value v in: i32 where the model holds it as
+  // integers (positions, indices), else the model's float type.
+  DType held_type(const std::string& v) const {
+    const auto it = reps.find(v);
+    return it != reps.end() && it->second.primary == DType::I32 ? DType::I32 : float_type();
+  }
   const std::vector<std::int64_t>& shape_of(const std::string& v) const { return g.value(v).shape; }
 
   // Weights: raw bytes, floats converted to `t`, scalars.

@@ -241,8 +241,7 @@ Value fold_cumsum(Importer& im, Node& n) {
 // integers (positions counted from an attention mask): exact at any length.
 void lower_cumsum(Lowerer& l, const Node& n) {
   const auto& a = n.attr<CumSumAttrs>();
-  const auto held = l.reps.find(n.inputs[0]);
-  const DType t = held != l.reps.end() && held->second.primary == DType::I32 ? DType::I32 : l.float_type();
+  const DType t = l.held_type(n.inputs[0]);
   l.op("cumsum", n.name, {{"x", l.get(n.inputs[0], t)}, {"y", l.produce(n.output, t, l.shape_of(n.output))}},
        {{"axis", a.axis}, {"exclusive", a.exclusive}, {"reverse", a.reverse}});
 }

@@ -204,7 +204,9 @@ fw::Problem run_scatter_elements(TensorEngine& e, const fw::ScatterElementsAttrs
              static_cast<std::uint64_t>(dim)};
   });
   if (bad.status != fw::CmdStatus::kOk) return bad;
-  // Y = X, unless Y is X itself (an update in place).
+  // Y = X, unless Y is X itself: the HAL's builder refuses that, but the
+  // board does not check a block's output against its inputs, and a copy
+  // onto itself would be memcpy of overlapping bytes.
   const bool in_place = x.data == y.data && std::equal(x.strides, x.strides + x.rank, y.strides);
   if (!in_place) {
     const View* copy[2] = {&x, &y};
