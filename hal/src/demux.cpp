@@ -36,33 +36,54 @@ bool is_url(const std::string& s) { return s.find("://") != std::string::npos; }
 
 std::string ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
 
-// RTP packet loss: libavformat's RTP depacketiser has no statistics API,
-// but it logs every sequence-number gap it finds ("RTP: missed N packets")
-// against the demuxer's AVFormatContext. A log callback counts those for
-// the live Demuxers it knows, and hands every message to libav's default.
-struct LossCounters {
-  std::mutex mu;
-  std::unordered_map<const void*, std::atomic<std::uint64_t>*> by_context;
+// What libavformat tells of a live source only in its log. Its RTP
+// depacketiser has no statistics API, but it logs every sequence-number gap
+// it finds ("RTP: missed N packets") and every RTCP BYE ("Received BYE for
+// stream ...", at debug level) against the demuxer's AVFormatContext. A log
+// callback notes both for the live Demuxers it knows, and hands every
+// message to libav's default (which filters by level).
+struct Heard {
+  std::atomic<std::uint64_t> lost{0};  // packets
+  std::atomic<bool> bye{false};        // the server ended the stream
 };
-LossCounters& loss_counters() {
-  static auto* c = new LossCounters;  // used by log calls until the process ends
+struct HeardByContext {
+  std::mutex mu;
+  std::unordered_map<const void*, Heard*> by_context;
+};
+HeardByContext& heard_by_context() {
+  static auto* c = new HeardByContext;  // used by log calls until the process ends
   return *c;
 }
 
-void count_losses(void* avcl, int level, const char* fmt, va_list vl) {
+void listen_to_libav(void* avcl, int level, const char* fmt, va_list vl) {
   static constexpr char kMissed[] = "RTP: missed %d packets";
-  if (avcl && fmt && std::strncmp(fmt, kMissed, sizeof kMissed - 1) == 0) {
-    va_list args;
-    va_copy(args, vl);
-    const int n = va_arg(args, int);
-    va_end(args);
-    LossCounters& c = loss_counters();
+  static constexpr char kBye[] = "Received BYE for stream";
+  const bool missed = avcl && fmt && std::strncmp(fmt, kMissed, sizeof kMissed - 1) == 0;
+  const bool bye = avcl && fmt && std::strncmp(fmt, kBye, sizeof kBye - 1) == 0;
+  if (missed || bye) {
+    int n = 0;
+    if (missed) {
+      va_list args;
+      va_copy(args, vl);
+      n = va_arg(args, int);
+      va_end(args);
+    }
+    HeardByContext& c = heard_by_context();
     std::lock_guard lock(c.mu);
-    if (auto it = c.by_context.find(avcl); it != c.by_context.end() && n > 0)
-      it->second->fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);
+    if (auto it = c.by_context.find(avcl); it != c.by_context.end()) {
+      if (missed && n > 0) it->second->lost.fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);
+      if (bye) it->second->bye.store(true, std::memory_order_relaxed);
+    }
   }
   av_log_default_callback(avcl, level, fmt, vl);
 }
+
+// libavformat's parser hands a unit out once the next one begins. When a
+// read fails it flushes what it holds as a last unit and closes itself: a
+// unit that comes with the parser gone was handed out that way. The source
+// ended (an RTSP server's BYE: the unit is whole), or it dropped or stalled,
+// perhaps inside the unit.
+bool flushed_by_a_failed_read(AVStream* st, bool had_parser) { return had_parser && !av_stream_get_parser(st); }
 
 }  // namespace
 
@@ -70,6 +91,7 @@ struct Demuxer::State {
   std::string path;
   DemuxerOptions options;
   bool live = false;
+  bool rtsp = false;  // live over RTSP, whose BYE says that a stream ended
   AVFormatContext* fmt = nullptr;
   AVBSFContext* bsf = nullptr;  // length-prefixed H.264/H.265 -> Annex B
   AVPacket* pkt = nullptr;
@@ -80,7 +102,7 @@ struct Demuxer::State {
   bool eof = false;         // the file is exhausted; the filter is being drained
   bool new_stream = false;  // the next packet is the first since a reconnect
   std::uint64_t reconnects = 0;
-  std::atomic<std::uint64_t> lost{0};  // count_losses() adds RTP gaps from its thread
+  Heard heard;  // listen_to_libav() writes it from libav's thread
 
   // Bounds every blocking libavformat call on a live source: the callback
   // below ends it once `deadline_ns` passes or interrupt() was called.
@@ -101,7 +123,7 @@ struct Demuxer::State {
 
   void close() {
     if (fmt && live) {
-      LossCounters& c = loss_counters();
+      HeardByContext& c = heard_by_context();
       std::lock_guard lock(c.mu);
       c.by_context.erase(fmt);
     }
@@ -124,10 +146,11 @@ void Demuxer::State::open() {
   fmt = avformat_alloc_context();
   if (!fmt) throw Error(Status::OutOfMemory, path + ": cannot allocate a demuxer");
   fmt->interrupt_callback = {&State::interrupted, this};
+  heard.bye.store(false);
   if (live) {
-    LossCounters& c = loss_counters();
+    HeardByContext& c = heard_by_context();
     std::lock_guard lock(c.mu);
-    c.by_context[fmt] = &lost;
+    c.by_context[fmt] = &heard;
   }
   AVDictionary* opts = nullptr;
   if (live) {
@@ -146,7 +169,7 @@ void Demuxer::State::open() {
   av_dict_free(&opts);
   if (r < 0) {
     if (live) {
-      LossCounters& c = loss_counters();
+      HeardByContext& c = heard_by_context();
       std::lock_guard lock(c.mu);
       c.by_context.erase(context);
     }
@@ -201,11 +224,12 @@ Demuxer::Demuxer(const std::string& path, const DemuxerOptions& options) : s_(st
   s_->path = path;
   s_->options = options;
   s_->live = is_url(path);
+  s_->rtsp = path.rfind("rtsp://", 0) == 0;
   if (s_->live) {
     static std::once_flag network;
     std::call_once(network, [] {
       avformat_network_init();
-      av_log_set_callback(count_losses);
+      av_log_set_callback(listen_to_libav);
     });
     if (options.timeout.count() <= 0 || options.initial_backoff.count() <= 0 ||
         options.max_backoff < options.initial_backoff)
@@ -231,7 +255,7 @@ std::uint32_t Demuxer::height() const { return s_->height; }
 const std::string& Demuxer::path() const { return s_->path; }
 bool Demuxer::live() const { return s_->live; }
 std::uint64_t Demuxer::reconnects() const { return s_->reconnects; }
-std::uint64_t Demuxer::packets_lost() const { return s_->lost.load(std::memory_order_relaxed); }
+std::uint64_t Demuxer::packets_lost() const { return s_->heard.lost.load(std::memory_order_relaxed); }
 
 void Demuxer::interrupt() noexcept {
   {
@@ -248,7 +272,7 @@ std::optional<Demuxer::Packet> Demuxer::next() {
     out.data.assign(reinterpret_cast<const std::byte*>(p->data), reinterpret_cast<const std::byte*>(p->data) + p->size);
     out.pts = p->pts != AV_NOPTS_VALUE ? p->pts : p->dts != AV_NOPTS_VALUE ? p->dts : s.frames;
     out.keyframe = (p->flags & AV_PKT_FLAG_KEY) != 0;
-    if (p->flags & AV_PKT_FLAG_CORRUPT) s.lost.fetch_add(1, std::memory_order_relaxed);  // MPEG-TS continuity
+    if (p->flags & AV_PKT_FLAG_CORRUPT) s.heard.lost.fetch_add(1, std::memory_order_relaxed);  // MPEG-TS continuity
     out.new_stream = std::exchange(s.new_stream, false);
     out.arrival_ns = base::monotonic_ns();
     ++s.frames;
@@ -299,6 +323,7 @@ std::optional<Demuxer::Packet> Demuxer::next() {
     }
     if (s.eof) return std::nullopt;
     s.arm();
+    const bool had_parser = av_stream_get_parser(s.fmt->streams[s.stream]) != nullptr;
     const int r = av_read_frame(s.fmt, s.pkt);
     if (r < 0 && s.live && !s.stop.load() && s.options.reconnect) {
       // Stalled (our deadline), dropped, or ended (an RTSP server's BYE):
@@ -319,6 +344,16 @@ std::optional<Demuxer::Packet> Demuxer::next() {
       throw Error(s.live ? Status::Unavailable : Status::InvalidArgument,
                   s.path + ": " + (r == AVERROR_EXIT ? "no data for " + ms(s.options.timeout) : av_error(r)));
     if (s.pkt->stream_index != s.stream) {
+      av_packet_unref(s.pkt);
+      continue;
+    }
+    if (s.rtsp && flushed_by_a_failed_read(s.fmt->streams[s.stream], had_parser) && !s.heard.bye.load()) {
+      // The connection dropped or stalled with a unit in flight, which
+      // may be cut short: the decoder would take what came for a corrupt
+      // frame. It counts as lost; the next read fails and reconnects.
+      base::logger("hal")->warn("{}: the stream broke off inside a frame; its {} bytes are dropped", s.path,
+                                s.pkt->size);
+      s.heard.lost.fetch_add(1, std::memory_order_relaxed);
       av_packet_unref(s.pkt);
       continue;
     }

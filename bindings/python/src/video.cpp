@@ -455,7 +455,8 @@ void bind_video(py::module_& m) {
           "reconnects", [](PyDemuxer& d) { return d.demuxer->reconnects(); }, "Times a live source was opened again.")
       .def_property_readonly(
           "packets_lost", [](PyDemuxer& d) { return d.demuxer->packets_lost(); },
-          "Packets the network lost (RTP over UDP, MPEG-TS); 0 over TCP.")
+          "Packets lost: RTP gaps over UDP, MPEG-TS continuity errors, and the unit an RTSP connection broke "
+          "off inside (dropped, not handed on cut short).")
       .def(
           "interrupt", [](PyDemuxer& d) { d.demuxer->interrupt(); },
           "From any thread: ends a read blocked on a live source soon (StopIteration), and every later one.")

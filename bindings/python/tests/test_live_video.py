@@ -4,7 +4,9 @@ Debian's gir1.2-gst-rtsp-server-1.0), serving H.264 and H.265 clips made at
 test time with ffmpeg. Every frame is checked against `ffmpeg -f framemd5`
 of the clip; a stream that ends, and a server that stops and comes back,
 are reconnected; a server that never comes back makes the decode give up
-after the attempts it was given."""
+after the attempts it was given. A camera that breaks off inside a frame is
+a stand-in (tests/video/rtsp_standin.py): GStreamer's server cannot stop at
+a chosen RTP packet."""
 import os
 import re
 import shutil
@@ -477,3 +479,48 @@ def test_a_stream_back_with_another_codec_and_size_gets_a_new_channel(clips, tmp
             p.kill()
             p.communicate()
         server.stop()
+
+
+# -- a camera that breaks off inside a frame ----------------------------------
+
+def standin_units(tmp_path, frames):
+    """Access units of an H.264 stream, one slice per frame, no B-frames
+    (the stand-in's RTP timestamps follow decode order)."""
+    if FFMPEG is None:
+        pytest.fail("ffmpeg is missing (scripts/setup.sh installs it)")
+    import rtsp_standin
+    raw = tmp_path / "cam.h264"
+    subprocess.run([FFMPEG, "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=320x240:rate=25", "-frames:v",
+                    str(frames), "-c:v", "libx264", "-g", "10", "-bf", "0", "-threads", "1", "-pix_fmt", "yuv420p",
+                    "-f", "h264", str(raw)], check=True)
+    return rtsp_standin.access_units(raw.read_bytes())
+
+
+@pytest.mark.parametrize("ending", ["bye", "cut"])
+def test_a_frame_the_connection_broke_off_inside_is_lost_not_handed_on(tmp_path, ending):
+    # libavformat hands its parser's last unit on when a read fails, whole
+    # or not; only the server's BYE says it is whole. Cut short, it would
+    # reach the decoder as a corrupt frame (tpuhal decode: "packet N does
+    # not decode", exit 1).
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "video"))
+    import rtsp_standin
+    import tpuhal
+    units = standin_units(tmp_path, 100)
+    cut = 75 if ending == "cut" else None
+    assert len(units) == 100 and len(rtsp_standin.payloads(units[75])) > 1, "unit 75 goes in several RTP packets"
+    camera = rtsp_standin.Camera(units, cut_inside=cut)
+    try:
+        d = tpuhal.Demuxer(camera.url, transport="tcp", timeout=5.0, initial_backoff=0.05)
+        packets = []
+        for p in d:
+            if p.new_stream:  # the Demuxer opened the camera again: the first connection is over
+                break
+            packets.append(p)
+    finally:
+        camera.close()
+    got = [rtsp_standin.split_nal_units(p.data) for p in packets]
+    whole = cut if cut is not None else len(units)
+    assert got == units[:whole], f"{len(got)} packets; the first {whole} units whole, nothing more"
+    assert d.packets_lost == (1 if cut is not None else 0)
+    assert d.reconnects == 1

@@ -188,13 +188,15 @@ class TPUHAL_API Demuxer {
   const std::string& path() const;
   bool live() const;                 // a URL, not a file
   std::uint64_t reconnects() const;  // times a live source was opened again
-  // Packets the network lost, as far as the transport can tell: RTP over
-  // UDP (the sequence-number gaps libavformat reports, which need not be
-  // all of them) and MPEG-TS (continuity errors); 0 over TCP, which loses
-  // nothing. Counting RTP losses installs
-  // a libav log callback (av_log_set_callback) that passes every message on
-  // to libav's default one; an application that installs its own after
-  // opening a live Demuxer turns this count off.
+  // Packets lost, as far as the transport can tell: RTP over UDP (the
+  // sequence-number gaps libavformat reports, which need not be all of
+  // them), MPEG-TS (continuity errors), and the unit an RTSP connection
+  // broke off inside (it drops or stalls without the server's BYE): that
+  // unit is dropped, not handed on cut short. TCP itself loses nothing.
+  // Counting installs a libav log callback (av_log_set_callback) that
+  // passes every message on to libav's default one; an application that
+  // installs its own after opening a live Demuxer turns the count off, and
+  // then every RTSP stream's last unit counts as broken off.
   std::uint64_t packets_lost() const;
 
   // The next packet of the video stream; nullopt at the end of a file, or
