@@ -4,7 +4,9 @@ with NumPy (or PyTorch, where it defines the op the way exporters write it).
 
 Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
-Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, CumSum, Gather by indices computed on the
+Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, ReduceL1, ReduceSumSquare, ReduceLogSum,
+ReduceLogSumExp, CumSum, PRelu, Elu, Selu, Celu, ThresholdedRelu, Softplus, Softsign, Shrink, Sum, Mean,
+DepthToSpace, SpaceToDepth, Trilu, Gather by indices computed on the
 device, GatherND, ScatterElements, ScatterND, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions,
 3-D transposed convolutions and pools, and the networks that use them (M5 audio, R3D-18 video)."""
 import itertools
@@ -343,6 +345,10 @@ REDUCTIONS = {
     "ReduceMin": lambda x, axes, keep: x.min(axis=axes, keepdims=keep),
     "ReduceL2": lambda x, axes, keep: np.sqrt((x.astype(np.float64) ** 2).sum(axis=axes, keepdims=keep)),
     "ReduceProd": lambda x, axes, keep: x.prod(axis=axes, keepdims=keep),
+    "ReduceL1": lambda x, axes, keep: np.abs(x).sum(axis=axes, keepdims=keep),
+    "ReduceSumSquare": lambda x, axes, keep: (x ** 2).sum(axis=axes, keepdims=keep),
+    "ReduceLogSum": lambda x, axes, keep: np.log(x.sum(axis=axes, keepdims=keep)),
+    "ReduceLogSumExp": lambda x, axes, keep: np.log(np.exp(x).sum(axis=axes, keepdims=keep)),
 }
 
 
@@ -353,7 +359,10 @@ REDUCTIONS = {
 def test_reductions_over_any_axes(dev, op, shape, axes, keep):
     # Products of values near 1 stay near 1 however many there are; fp16 and
     # bf16 products are tested exactly below.
-    x = 1 + randn(*shape) * 0.05 if op == "ReduceProd" else randn(*shape)
+    # LogSum takes positive sums; LogSumExp values whose exp overflows f32
+    # (and f16 from 11.1): the largest is taken out before exp.
+    x = (1 + randn(*shape) * 0.05 if op == "ReduceProd" else np.abs(randn(*shape)) + 0.1 if op == "ReduceLogSum"
+         else randn(*shape) * 40 + 60 if op == "ReduceLogSumExp" else randn(*shape))
     attrs = {"keepdims": keep}
     inputs = ["x"]
     initializers = []
@@ -934,6 +943,7 @@ def quarters(*shape):
 def test_where_with_a_condition_computed_on_the_device(dev):
     # c = (0.1 < x < 2 and not x == 0.5) or x <= -1, with a broadcast threshold; y = c ? x : -2x.
     x = quarters(2, 3, 4)
+    x[0, 0, :3] = [0.5, -1.5, 1.25]  # each branch taken, whatever the draws before
     lo = np.array([0.1, 0.1, 0.1, 0.1], np.float32)
     nodes = [helper.make_node("Greater", ["x", "lo"], ["g"]),
              helper.make_node("Less", ["x", "two"], ["l"]),
@@ -1620,3 +1630,81 @@ def test_gather_nd_folds_on_constants_and_refuses_indices_outside(dev):
     with pytest.raises(tpuhal.Error, match=r"holds the index 4, outside \[-4, 4\)"):
         loaded.instance().run({"ids": np.array([[1, 4]], np.float32)})
     np.testing.assert_array_equal(loaded.instance().run({"ids": np.array([[1, 3]], np.float32)})[0], emb[1, 3:4])
+
+
+def elu(x, alpha):
+    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
+
+
+# Compositions of the elementwise maps: (attributes, reference).
+COMPOSITES = {
+    "Elu": ({"alpha": 0.7}, lambda x: elu(x, 0.7)),
+    "Selu": ({}, lambda x: 1.05070102214813232421875 * elu(x, 1.67326319217681884765625)),
+    "Celu": ({"alpha": 2.0}, lambda x: np.maximum(x, 0) + np.minimum(0, 2.0 * np.expm1(np.minimum(x, 0) / 2.0))),
+    "ThresholdedRelu": ({"alpha": 0.4}, lambda x: np.where(x > 0.4, x, 0)),
+    # Large x: log(1 + exp(x)) would overflow exp; the lowering does not.
+    "Softplus": ({}, lambda x: np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))),
+    "Softsign": ({}, lambda x: x / (1 + np.abs(x))),
+    "Shrink": ({"lambd": 0.6, "bias": 0.25}, lambda x: np.where(x < -0.6, x + 0.25, np.where(x > 0.6, x - 0.25, 0))),
+}
+
+
+@pytest.mark.parametrize("op", sorted(COMPOSITES))
+def test_activations_composed_of_maps(dev, op):
+    attrs, reference = COMPOSITES[op]
+    x = randn(2, 3, 4, 5) * 3
+    x[0, 0, 0, :3] = [200.0, -200.0, 0.0]
+    onnx_bytes = model([helper.make_node(op, ["x"], ["y"], **attrs)], {"x": x.shape}, "y")
+    check(dev, onnx_bytes, {"x": x}, lambda x: reference(x.astype(np.float64)))
+
+
+@pytest.mark.parametrize("slope_shape", [(3, 1, 1), (1,), (5,)])
+def test_prelu_with_a_slope_per_channel_or_broadcast(dev, slope_shape):
+    x = randn(2, 3, 4, 5)
+    slope = RNG.uniform(0.05, 0.5, slope_shape).astype(np.float32)
+    onnx_bytes = model([helper.make_node("PRelu", ["x", "slope"], ["y"])], {"x": x.shape}, "y",
+                       initializers=[("slope", slope)])
+    check(dev, onnx_bytes, {"x": x}, lambda x: np.where(x < 0, x * slope, x).astype(np.float64))
+    for shape, why in [((4,), "shapes \\[2, 3, 4, 5\\] and \\[1, 1, 1, 4\\] do not broadcast"),
+                       ((2, 1, 1, 1, 1), "its slope \\[2, 1, 1, 1, 1\\] does not broadcast to x \\[2, 3, 4, 5\\]")]:
+        bad = model([helper.make_node("PRelu", ["x", "slope"], ["y"])], {"x": x.shape}, "y",
+                    initializers=[("slope", np.ones(shape, np.float32))])
+        with pytest.raises(tpuhal.InvalidArgument, match=why):
+            tpuhal.compile(bad, "fp32")
+
+
+@pytest.mark.parametrize("op", ["Sum", "Mean"])
+def test_sum_and_mean_of_several_broadcast_inputs(dev, op):
+    a, b, c = randn(2, 3, 4), randn(3, 1), randn(4)
+    onnx_bytes = model([helper.make_node(op, ["a", "b", "c"], ["y"])], {"a": a.shape, "b": b.shape, "c": c.shape}, "y")
+    check(dev, onnx_bytes, {"a": a, "b": b, "c": c},
+          lambda a, b, c: (a.astype(np.float64) + b + c) / (3 if op == "Mean" else 1))
+
+
+def depth_to_space(x, b, crd):
+    n, c, h, w = x.shape
+    if crd:
+        return x.reshape(n, c // b // b, b, b, h, w).transpose(0, 1, 4, 2, 5, 3).reshape(n, c // b // b, h * b, w * b)
+    return x.reshape(n, b, b, c // b // b, h, w).transpose(0, 3, 4, 1, 5, 2).reshape(n, c // b // b, h * b, w * b)
+
+
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_depth_to_space_and_back(dev, mode):
+    x = randn(2, 8, 3, 5)
+    onnx_bytes = model([helper.make_node("DepthToSpace", ["x"], ["y"], blocksize=2, mode=mode)], {"x": x.shape}, "y")
+    check(dev, onnx_bytes, {"x": x}, lambda x: depth_to_space(x, 2, mode == "CRD"))
+    s = randn(2, 3, 6, 4)
+    onnx_bytes = model([helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2)], {"x": s.shape}, "y")
+    check(dev, onnx_bytes, {"x": s}, lambda s: s.reshape(2, 3, 3, 2, 2, 2).transpose(0, 3, 5, 1, 2, 4).reshape(2, 12, 3, 2))
+    odd = model([helper.make_node("DepthToSpace", ["x"], ["y"], blocksize=2)], {"x": (1, 6, 2, 2)}, "y")
+    with pytest.raises(tpuhal.InvalidArgument, match="C of \\[1, 6, 2, 2\\] is not a multiple of 4"):
+        tpuhal.compile(odd, "fp32")
+
+
+@pytest.mark.parametrize("upper,k", [(1, 0), (0, 0), (1, 2), (0, -1)])
+def test_trilu_keeps_a_triangle_of_the_last_two_dimensions(dev, upper, k):
+    x = randn(2, 4, 6)
+    x[(0, 3, 0) if upper else (0, 0, 5)] = np.inf  # outside the triangle: zeroed, not multiplied by 0
+    onnx_bytes = model([helper.make_node("Trilu", ["x", "k"], ["y"], upper=upper)], {"x": x.shape}, "y",
+                       initializers=[("k", np.int64(k))], opset=14)
+    check(dev, onnx_bytes, {"x": x}, lambda x: (np.triu(x, k) if upper else np.tril(x, k)).astype(np.float64))

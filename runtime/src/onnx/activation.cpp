@@ -1,6 +1,8 @@
 // Relu, Clip, Sigmoid, Tanh, LeakyRelu, HardSigmoid, HardSwish: the
 // activation op (or fused into the Conv, Gemm or MatMul before them,
 // passes.hpp). Softmax, LogSoftmax: softmax (its log flag for LogSoftmax).
+// PRelu, Elu, Selu, Celu, ThresholdedRelu, Softplus, Softsign, Shrink:
+// compositions of the elementwise maps.
 #include <cfloat>
 
 #include "onnx/importer.hpp"
@@ -78,6 +80,90 @@ void lower_as(Lowerer& l, const Node& n, const ActivationParams& p) {
 void lower_activation(Lowerer& l, const Node& n) { lower_as(l, n, n.handler->activation(l.g, n)); }
 void lower_leaky_relu(Lowerer& l, const Node& n) { lower_as(l, n, leaky_relu(l.g, n)); }
 
+struct CompositeAttrs {
+  float alpha = 1, gamma = 0, lambd = 0, bias = 0;
+  static CompositeAttrs read(const Attrs& a) {
+    const std::string& op = a.node.op_type();
+    return {a.f("alpha", op == "Selu" ? 1.67326319217681884765625f : 1.0f), a.f("gamma", 1.05070102214813232421875f),
+            a.f("lambd", 0.5f), a.f("bias", 0.0f)};
+  }
+};
+
+// PRelu's slope broadcasts to x (ONNX: one way, x keeps its shape).
+Value infer_prelu(Importer& im, Node& n) {
+  Value out;
+  out.shape = im.in(n, 0).shape;
+  if (im.broadcast(n, out.shape, im.in(n, 1).shape) != out.shape)
+    im.fail_node(n, "its slope " + dims_text(im.in(n, 1).shape) + " does not broadcast to x " + dims_text(out.shape));
+  return out;
+}
+
+// Each composition in the model's float type, its intermediates in the
+// arena; the last map writes the output.
+struct Composer {
+  Lowerer& l;
+  const Node& n;
+  DType t;
+  std::vector<std::int64_t> shape;
+  std::int64_t out = -1;  // the output, once written
+
+  std::int64_t fresh(DType d) { return l.dg().add_arena("", d, shape); }
+  std::int64_t scalar(float v) { return l.add_weight({v}, t, {}); }
+  std::int64_t unary(const char* kind, std::int64_t x, bool last = false) {
+    const auto y = last ? output() : fresh(t);
+    l.op(kind, n.name, {{"x", x}, {"y", y}});
+    return y;
+  }
+  std::int64_t binary(const char* kind, std::int64_t a, std::int64_t b, bool last = false) {
+    const bool compare = std::string_view(kind) == "greater" || std::string_view(kind) == "less";
+    const auto y = last ? output() : fresh(compare ? DType::U8 : t);
+    l.op(kind, n.name, {{"a", a}, {"b", b}, {"y", y}});
+    return y;
+  }
+  std::int64_t where(std::int64_t cond, std::int64_t a, std::int64_t b, bool last = false) {
+    const auto y = last ? output() : fresh(t);
+    l.op("where", n.name, {{"cond", cond}, {"a", a}, {"b", b}, {"y", y}});
+    return y;
+  }
+  std::int64_t output() { return out = l.produce(n.output, t, shape); }
+};
+
+// alpha * (exp(x) - 1) where x <= 0, else x (inf - 1 where x is large: not taken).
+std::int64_t elu(Composer& c, std::int64_t x, float alpha, bool last) {
+  const auto e = c.binary("sub", c.unary("exp", x), c.scalar(1));
+  return c.where(c.binary("greater", x, c.scalar(0)), x, c.binary("mul", e, c.scalar(alpha)), last);
+}
+
+void lower_composite(Lowerer& l, const Node& n) {
+  const auto& a = n.attr<CompositeAttrs>();
+  const DType t = l.float_type();
+  Composer c{l, n, t, l.shape_of(n.output)};
+  const auto x = l.get(n.inputs[0], t);
+  const std::string& op = n.op;
+  if (op == "PRelu") {
+    c.where(c.binary("less", x, c.scalar(0)), c.binary("mul", x, l.get(n.inputs[1], t)), x, true);
+  } else if (op == "Elu") {
+    elu(c, x, a.alpha, true);
+  } else if (op == "Selu") {
+    c.binary("mul", elu(c, x, a.alpha, false), c.scalar(a.gamma), true);
+  } else if (op == "Celu") {  // max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
+    const auto e = c.binary("sub", c.unary("exp", c.binary("div", x, c.scalar(a.alpha))), c.scalar(1));
+    const auto neg = c.binary("min", c.binary("mul", e, c.scalar(a.alpha)), c.scalar(0));
+    c.binary("add", c.binary("max", x, c.scalar(0)), neg, true);
+  } else if (op == "ThresholdedRelu") {
+    c.where(c.binary("greater", x, c.scalar(a.alpha)), x, c.scalar(0), true);
+  } else if (op == "Softplus") {  // max(x, 0) + log(1 + exp(-|x|)): no exp overflows
+    const auto e = c.unary("exp", c.unary("neg", c.unary("abs", x)));
+    c.binary("add", c.binary("max", x, c.scalar(0)), c.unary("log", c.binary("add", e, c.scalar(1))), true);
+  } else if (op == "Softsign") {
+    c.binary("div", x, c.binary("add", c.unary("abs", x), c.scalar(1)), true);
+  } else {  // Shrink: x + bias below -lambd, x - bias above lambd, else 0
+    const auto above =
+        c.where(c.binary("greater", x, c.scalar(a.lambd)), c.binary("sub", x, c.scalar(a.bias)), c.scalar(0));
+    c.where(c.binary("less", x, c.scalar(-a.lambd)), c.binary("add", x, c.scalar(a.bias)), above, true);
+  }
+}
+
 struct SoftmaxAttrs {
   std::optional<std::int64_t> axis;
   static SoftmaxAttrs read(const Attrs& a) { return {a.opt_i("axis")}; }
@@ -139,6 +225,16 @@ std::span<const OpHandler> activation_handlers() {
        .writes_fresh = true,
        .activation = clip,
        .fuse = Fuse::Always},
+      {.ops = {"PRelu"},
+       .read = read_attrs<CompositeAttrs>,
+       .infer = infer_prelu,
+       .lower = lower_composite,
+       .writes_fresh = true},
+      {.ops = {"Elu", "Selu", "Celu", "ThresholdedRelu", "Softplus", "Softsign", "Shrink"},
+       .read = read_attrs<CompositeAttrs>,
+       .infer = infer_same_shape,
+       .lower = lower_composite,
+       .writes_fresh = true},
       {.ops = {"Softmax", "LogSoftmax"},
        .read = read_attrs<SoftmaxAttrs>,
        .infer = infer_same_shape,

@@ -83,21 +83,31 @@ Value infer_variadic(Importer& im, Node& n) {
   return out;
 }
 
-// Min and Max of several inputs: a chain of the binary op.
+// Min, Max and Sum of several inputs: a chain of the binary op, in input
+// order. Mean: their sum times 1 / n.
 void lower_variadic(Lowerer& l, const Node& n) {
   const DType t = l.float_type();
   const auto& shape = l.shape_of(n.output);
-  const std::string kind = n.op == "Min" ? "min" : "max";
+  const std::string kind = n.op == "Min" ? "min" : n.op == "Max" ? "max" : "add";
+  const bool mean = n.op == "Mean";
+  const auto out = [&](bool last) {
+    return last && !mean ? l.produce(n.output, t, shape) : l.dg().add_arena("", t, shape);
+  };
   std::int64_t acc = l.get(n.inputs[0], t);
   if (n.inputs.size() == 1) {
     l.op("cast", n.name, {{"x", acc}, {"y", l.produce(n.output, t, shape)}});
     return;
   }
   for (std::size_t i = 1; i < n.inputs.size(); ++i) {
-    const auto y = i + 1 == n.inputs.size() ? l.produce(n.output, t, shape) : l.dg().add_arena("", t, shape);
+    const auto y = out(i + 1 == n.inputs.size());
     l.op(kind, n.name, {{"a", acc}, {"b", l.get(n.inputs[i], t)}, {"y", y}});
     acc = y;
   }
+  if (mean)
+    l.op("mul", n.name,
+         {{"a", acc},
+          {"b", l.add_weight({1.0f / static_cast<float>(n.inputs.size())}, t, {})},
+          {"y", l.produce(n.output, t, shape)}});
 }
 
 Value infer_unary(Importer& im, Node& n) {
@@ -231,7 +241,7 @@ std::span<const OpHandler> elementwise_handlers() {
        .folds = Fold::IfFirstTwoConstant,
        .lower = lower_mod,
        .writes_fresh = true},
-      {.ops = {"Min", "Max"}, .infer = infer_variadic, .lower = lower_variadic, .writes_fresh = true},
+      {.ops = {"Min", "Max", "Sum", "Mean"}, .infer = infer_variadic, .lower = lower_variadic, .writes_fresh = true},
       {.ops = {"Sqrt", "Exp", "Log", "Abs", "Neg", "Erf", "Ceil", "Floor", "Round"},
        .infer = infer_unary,
        .fold = fold_unary,

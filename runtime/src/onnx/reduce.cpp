@@ -1,11 +1,12 @@
-// ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceL2, ReduceProd over
-// any axes, keepdims or not: a pool over the innermost dimension of x
-// viewed as [1, 1, outer, inner] (ReduceProd: a tree of products over
-// halves of it), the reduced axes moved last first where they are not
-// already. CumSum along a constant axis: the board's cumsum. On constants
-// each folds.
+// ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceL1, ReduceL2,
+// ReduceSumSquare, ReduceLogSum, ReduceLogSumExp, ReduceProd over any axes,
+// keepdims or not: a pool over the innermost dimension of x viewed as
+// [1, 1, outer, inner] (ReduceProd: a tree of products over halves of it),
+// the reduced axes moved last first where they are not already. CumSum along a constant axis: the board's cumsum. On
+// constants each folds.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "onnx/importer.hpp"
@@ -81,13 +82,18 @@ Value fold_reduce(Importer& im, Node& n) {
           : op == "ReduceProd"             ? acc * v
           : op == "ReduceMax"              ? std::max(acc, v)
           : op == "ReduceMin"              ? std::min(acc, v)
-          : op == "ReduceL2"               ? acc + v * v
-                                           : acc + v;
+          : op == "ReduceL2" || op == "ReduceSumSquare" ? acc + v * v
+          : op == "ReduceL1"                            ? acc + std::fabs(v)
+          : op == "ReduceLogSumExp"                     ? acc + std::exp(v)
+                                                        : acc + v;
   }
   const double count = r.empty() ? 1.0 : static_cast<double>(vals.size() / r.size());
   const bool integer = is_integer(x);
   for (auto& v : r) {
-    v = op == "ReduceMean" ? v / count : op == "ReduceL2" ? std::sqrt(v) : v;
+    v = op == "ReduceMean"                                ? v / count
+        : op == "ReduceL2"                                ? std::sqrt(v)
+        : op == "ReduceLogSum" || op == "ReduceLogSumExp" ? std::log(v)
+                                                          : v;
     if (integer) {
       if (!(std::fabs(v) < 0x1p63)) im.fail_node(n, "its integer result is outside int64");
       v = std::trunc(v);
@@ -118,8 +124,63 @@ void lower_product(Lowerer& l, const Node& n, DType t, std::int64_t x, std::int6
   }
 }
 
-// Mean and max directly, min as -max(-x), sum as mean * n, L2 as
-// sqrt(sum(x * x)), product as a tree of products.
+// Each element alone (nothing to reduce): what the reduction makes of one.
+void lower_unreduced(Lowerer& l, const Node& n, std::int64_t x, std::int64_t y) {
+  const std::string& op = n.op;
+  if (op == "ReduceSumSquare")
+    l.op("mul", n.name, {{"a", x}, {"b", x}, {"y", y}});
+  else
+    l.op(op == "ReduceL2" || op == "ReduceL1" ? "abs"
+         : op == "ReduceLogSum"               ? "log"
+                                              : "cast",
+         n.name, {{"x", x}, {"y", y}});
+}
+
+// The sums: sum(f(x)) as mean(f(x)) * n, f the identity, |x|, x * x, or
+// exp(x - max) with the row's max taken first; then sqrt (L2), log
+// (LogSum), or log plus the max (LogSumExp: no exp overflows).
+void lower_sum(Lowerer& l, const Node& n, DType t, std::int64_t x, std::int64_t y, std::int64_t outer,
+               std::int64_t inner, const std::function<void(bool, std::int64_t, std::int64_t)>& pool) {
+  const std::string& op = n.op;
+  const std::vector<std::int64_t> flat{outer, inner}, flat_out{outer}, column{outer, 1};
+  std::int64_t src = l.dg().add_view(x, flat), top = -1;
+  if (op == "ReduceL2" || op == "ReduceSumSquare") {
+    src = l.dg().add_arena("", t, flat);
+    l.op("mul", n.name, {{"a", l.dg().add_view(x, flat)}, {"b", l.dg().add_view(x, flat)}, {"y", src}});
+  } else if (op == "ReduceL1") {
+    src = l.dg().add_arena("", t, flat);
+    l.op("abs", n.name, {{"x", l.dg().add_view(x, flat)}, {"y", src}});
+  } else if (op == "ReduceLogSumExp") {
+    top = l.dg().add_arena("", t, flat_out);
+    pool(true, x, top);
+    const auto shifted = l.dg().add_arena("", t, flat);
+    l.op("sub", n.name, {{"a", l.dg().add_view(x, flat)}, {"b", l.dg().add_view(top, column)}, {"y", shifted}});
+    src = l.dg().add_arena("", t, flat);
+    l.op("exp", n.name, {{"x", shifted}, {"y", src}});
+  }
+  const auto m = l.dg().add_arena("", t, flat_out);
+  pool(false, src, m);
+  const auto count = l.add_weight({static_cast<float>(inner)}, t, {});
+  const auto out = l.dg().add_view(y, flat_out);
+  if (op == "ReduceSum" || op == "ReduceL1" || op == "ReduceSumSquare") {
+    l.op("mul", n.name, {{"a", m}, {"b", count}, {"y", out}});
+    return;
+  }
+  const auto sum = l.dg().add_arena("", t, flat_out);
+  l.op("mul", n.name, {{"a", m}, {"b", count}, {"y", sum}});
+  if (op == "ReduceL2") {
+    l.op("sqrt", n.name, {{"x", sum}, {"y", out}});
+  } else if (op == "ReduceLogSum") {
+    l.op("log", n.name, {{"x", sum}, {"y", out}});
+  } else {  // ReduceLogSumExp
+    const auto log_sum = l.dg().add_arena("", t, flat_out);
+    l.op("log", n.name, {{"x", sum}, {"y", log_sum}});
+    l.op("add", n.name, {{"a", log_sum}, {"b", top}, {"y", out}});
+  }
+}
+
+// Mean and max directly, min as -max(-x), the sums by lower_sum, product
+// as a tree of products.
 void lower_reduce(Lowerer& l, const Node& n) {
   const DType t = l.float_type();
   const std::string& op_type = n.op;
@@ -136,7 +197,7 @@ void lower_reduce(Lowerer& l, const Node& n) {
   std::int64_t x = l.get(n.inputs[0], t);
   const auto y = l.produce(n.output, t, shape);
   if (inner == 1 || outer == 0) {  // nothing to reduce (or nothing to reduce into): each element alone
-    l.op(op_type == "ReduceL2" ? "abs" : "cast", n.name, {{"x", l.dg().add_view(x, shape)}, {"y", y}});
+    lower_unreduced(l, n, l.dg().add_view(x, shape), y);
     return;
   }
   // Only dimensions larger than 1 decide whether the order changes.
@@ -172,22 +233,8 @@ void lower_reduce(Lowerer& l, const Node& n) {
     l.op("neg", n.name, {{"x", l.dg().add_view(x, flat)}, {"y", nx}});
     pool(true, nx, m);
     l.op("neg", n.name, {{"x", m}, {"y", l.dg().add_view(y, flat_out)}});
-  } else {  // ReduceSum, ReduceL2
-    std::int64_t src = x;
-    if (op_type == "ReduceL2") {
-      src = l.dg().add_arena("", t, flat);
-      l.op("mul", n.name, {{"a", l.dg().add_view(x, flat)}, {"b", l.dg().add_view(x, flat)}, {"y", src}});
-    }
-    const auto m = l.dg().add_arena("", t, flat_out);
-    pool(false, src, m);
-    const auto count = l.add_weight({static_cast<float>(inner)}, t, {});
-    if (op_type == "ReduceSum") {
-      l.op("mul", n.name, {{"a", m}, {"b", count}, {"y", l.dg().add_view(y, flat_out)}});
-    } else {
-      const auto s2 = l.dg().add_arena("", t, flat_out);
-      l.op("mul", n.name, {{"a", m}, {"b", count}, {"y", s2}});
-      l.op("sqrt", n.name, {{"x", s2}, {"y", l.dg().add_view(y, flat_out)}});
-    }
+  } else {
+    lower_sum(l, n, t, x, y, outer, inner, pool);
   }
 }
 
@@ -250,7 +297,8 @@ void lower_cumsum(Lowerer& l, const Node& n) {
 
 std::span<const OpHandler> reduce_handlers() {
   static const OpHandler h[] = {
-      {.ops = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceProd"},
+      {.ops = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2", "ReduceSumSquare",
+               "ReduceLogSum", "ReduceLogSumExp", "ReduceProd"},
        .read = read_attrs<ReduceAttrs>,
        .infer = infer_reduce,
        .fold = fold_reduce,

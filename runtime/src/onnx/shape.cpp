@@ -446,6 +446,102 @@ Value fold_shape(Importer& im, Node& n) {
   return make_constant({static_cast<std::int64_t>(dims.size())}, dims, true);
 }
 
+// Size: the number of x's elements, an int64 scalar (shapes are fixed).
+Value fold_size(Importer& im, Node& n) {
+  return make_constant({}, {static_cast<double>(elements_of(im.in(n, 0).shape))}, true);
+}
+
+// ---- DepthToSpace, SpaceToDepth, Trilu
+
+struct BlockAttrs {
+  std::int64_t block = 0;
+  bool crd = false;  // DepthToSpace's mode: CRD (column, row, depth), else DCR
+  static BlockAttrs read(const Attrs& a) { return {a.i("blocksize", 0), a.s("mode", "DCR") == "CRD"}; }
+};
+
+// DepthToSpace: [N, C, H, W] to [N, C / b^2, H * b, W * b]; SpaceToDepth
+// the other way. Both are a transpose of a 6-D view: `from` the input's,
+// `perm` its order in the output.
+struct BlockMove {
+  std::vector<std::int64_t> from;
+  std::vector<std::size_t> perm;
+};
+BlockMove block_move(const Node& n, const std::vector<std::int64_t>& x) {
+  const auto& a = n.attr<BlockAttrs>();
+  const std::int64_t b = a.block, N = x[0], C = x[1], H = x[2], W = x[3];
+  if (n.op == "SpaceToDepth") return {{N, C, H / b, b, W / b, b}, {0, 3, 5, 1, 2, 4}};
+  if (a.crd) return {{N, C / (b * b), b, b, H, W}, {0, 1, 4, 2, 5, 3}};
+  return {{N, b, b, C / (b * b), H, W}, {0, 3, 4, 1, 5, 2}};
+}
+
+Value infer_block(Importer& im, Node& n) {
+  const auto& a = n.attr<BlockAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  if (x.size() != 4) im.fail_node(n, "x of rank " + std::to_string(x.size()) + "; it takes [N, C, H, W]");
+  const std::int64_t b = a.block;
+  if (b < 1) im.fail_node(n, "blocksize " + std::to_string(b) + "; it must be at least 1");
+  Value out;
+  if (n.op == "SpaceToDepth") {
+    if (x[2] % b || x[3] % b)
+      im.fail_node(n, "H and W of " + dims_text(x) + " are not multiples of " + std::to_string(b));
+    out.shape = {x[0], x[1] * b * b, x[2] / b, x[3] / b};
+  } else {
+    if (x[1] % (b * b)) im.fail_node(n, "C of " + dims_text(x) + " is not a multiple of " + std::to_string(b * b));
+    out.shape = {x[0], x[1] / (b * b), x[2] * b, x[3] * b};
+  }
+  return out;
+}
+
+void lower_block(Lowerer& l, const Node& n) {
+  const DType t = l.float_type();
+  const auto move = block_move(n, l.shape_of(n.inputs[0]));
+  std::vector<std::int64_t> to;
+  for (auto d : move.perm) to.push_back(move.from[d]);
+  const auto y = l.produce(n.output, t, l.shape_of(n.output));
+  l.op("transpose", n.name, {{"x", l.dg().add_view(l.get(n.inputs[0], t), move.from)}, {"y", l.dg().add_view(y, to)}},
+       {{"perm", move.perm}});
+}
+
+struct TriluAttrs {
+  bool upper = true;
+  std::int64_t k = 0;  // from the constant input, by its shape rule
+  static TriluAttrs read(const Attrs& a) { return {a.i("upper", 1) != 0, 0}; }
+};
+
+Value infer_trilu(Importer& im, Node& n) {
+  auto& a = n.attr<TriluAttrs>();
+  Value out;
+  out.shape = im.in(n, 0).shape;
+  if (out.shape.size() < 2)
+    im.fail_node(n, "x of rank " + std::to_string(out.shape.size()) + "; it takes rank 2 or more");
+  if (im.has(n, 1)) {
+    const auto k = values_of(im.constant(n, 1, "k"));
+    if (k.size() != 1) im.fail_node(n, "its k is not one integer");
+    a.k = static_cast<std::int64_t>(k[0]);
+  }
+  n.inputs.resize(1);  // k is read
+  return out;
+}
+
+// x where the last two dimensions' (row, column) is on or above the k-th
+// diagonal (column - row >= k; on or below with upper = 0), else 0: a
+// where over a constant mask of the last two dimensions.
+void lower_trilu(Lowerer& l, const Node& n) {
+  const auto& a = n.attr<TriluAttrs>();
+  const DType t = l.float_type();
+  const auto& shape = l.shape_of(n.output);
+  const std::int64_t rows = shape[shape.size() - 2], cols = shape.back();
+  std::vector<std::uint8_t> mask(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j)
+      mask[static_cast<std::size_t>(i * cols + j)] = (a.upper ? j - i >= a.k : j - i <= a.k) ? 1 : 0;
+  l.op("where", n.name,
+       {{"cond", l.add_raw(DType::U8, {rows, cols}, mask.data(), mask.size())},
+        {"a", l.get(n.inputs[0], t)},
+        {"b", l.add_weight({0.0f}, t, {})},
+        {"y", l.produce(n.output, t, shape)}});
+}
+
 // ---- Identity, Dropout, Constant
 
 // Removed: their output is their input (inference).
@@ -493,6 +589,18 @@ std::span<const OpHandler> shape_handlers() {
       {.ops = {"Expand"}, .infer = infer_expand, .fold = fold_expand, .folds = Fold::IfConstant, .lower = lower_expand},
       {.ops = {"Tile"}, .infer = infer_tile, .fold = fold_tile, .folds = Fold::IfConstant, .lower = lower_tile},
       {.ops = {"Shape"}, .read = read_attrs<ShapeAttrs>, .fold = fold_shape, .folds = Fold::Always},
+      {.ops = {"Size"}, .fold = fold_size, .folds = Fold::Always},
+      {.ops = {"DepthToSpace", "SpaceToDepth"},
+       .read = read_attrs<BlockAttrs>,
+       .infer = infer_block,
+       .lower = lower_block,
+       .writes_fresh = true},
+      {.ops = {"Trilu"},
+       .opsets = {.first = 14, .refusal = "Trilu before opset 14"},
+       .read = read_attrs<TriluAttrs>,
+       .infer = infer_trilu,
+       .lower = lower_trilu,
+       .writes_fresh = true},
       {.ops = {"Identity", "Dropout"}, .expand = expand_identity},
       {.ops = {"Constant"}, .read = read_attrs<ConstantAttrs>, .expand = expand_constant},
   };
