@@ -7,7 +7,7 @@ HardSwish (also fused into the convolution before them), the unary maps,
 Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, ReduceL1, ReduceSumSquare, ReduceLogSum,
 ReduceLogSumExp, CumSum, PRelu, Elu, Selu, Celu, ThresholdedRelu, Softplus, Softsign, Shrink, Sum, Mean,
 DepthToSpace, SpaceToDepth, Trilu, Gather by indices computed on the
-device, GatherND, ScatterElements, ScatterND, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions,
+device, GatherND, GatherElements, ScatterElements, ScatterND, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions,
 3-D transposed convolutions and pools, and the networks that use them (M5 audio, R3D-18 video)."""
 import itertools
 import json
@@ -1708,3 +1708,47 @@ def test_trilu_keeps_a_triangle_of_the_last_two_dimensions(dev, upper, k):
     onnx_bytes = model([helper.make_node("Trilu", ["x", "k"], ["y"], upper=upper)], {"x": x.shape}, "y",
                        initializers=[("k", np.int64(k))], opset=14)
     check(dev, onnx_bytes, {"x": x}, lambda x: (np.triu(x, k) if upper else np.tril(x, k)).astype(np.float64))
+
+
+@pytest.mark.parametrize("axis,indices", [
+    (1, [[[0, 2], [-1, 1]], [[1, 1], [2, -3]]]),   # shorter than the data in dimension 2
+    (0, [[[1, 0, 1], [0, 1, 0]]]),
+    (-1, [[[2], [0]], [[-1], [1]]]),
+])
+def test_gather_elements_with_constant_and_device_indices(dev, axis, indices):
+    x = randn(2, 3, 4)
+    idx = np.asarray(indices)
+    # NumPy's take_along_axis needs the indices as long as the data but along the axis; ONNX's may be shorter.
+    part = x[tuple(slice(None) if d == axis % 3 else slice(0, s) for d, s in enumerate(idx.shape))]
+    want = np.take_along_axis(part.astype(np.float64), np.where(idx < 0, idx + x.shape[axis], idx), axis=axis)
+    m = model([helper.make_node("Relu", ["x"], ["r"]),
+               helper.make_node("GatherElements", ["r", "i"], ["y"], axis=axis)],
+              {"x": x.shape}, "y", initializers=[("i", i64(idx))])
+    check(dev, m, {"x": x}, lambda x: np.maximum(want, 0))
+    ids = idx.astype(np.float32)
+    m = model([helper.make_node("Cast", ["ids"], ["i"], to=TensorProto.INT64),
+               helper.make_node("GatherElements", ["t", "i"], ["y"], axis=axis)],
+              {"ids": ids.shape}, "y", initializers=[("t", x)], opset=13)
+    check(dev, m, {"ids": ids}, lambda ids: want)
+
+
+def test_gather_elements_refuses_indices_outside_and_a_device_index_outside_fails_the_run(dev):
+    bad = model([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1)], {"x": (2, 3)}, "y",
+                initializers=[("i", i64([[0, 3]]))])
+    with pytest.raises(tpuhal.InvalidArgument, match=r"index 3 outside \[-3, 3\)"):
+        tpuhal.compile(bad, "fp32", shapes={"x": (2, 3)}, device=dev.uri)
+    wide = model([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1)], {"x": (2, 3)}, "y",
+                 initializers=[("i", i64([[0], [1], [2]]))])
+    with pytest.raises(tpuhal.InvalidArgument, match=r"longer than the data \[2, 3\] in dimension 0"):
+        tpuhal.compile(wide, "fp32", shapes={"x": (2, 3)}, device=dev.uri)
+    # On the device, an index outside its axis fails the run (flat, the index
+    # 3 of row 0 would otherwise name row 1's first element).
+    t = randn(2, 3)
+    dyn = model([helper.make_node("Cast", ["ids"], ["i"], to=TensorProto.INT64),
+                 helper.make_node("GatherElements", ["t", "i"], ["y"], axis=1)], {"ids": (2, 1)}, "y",
+                initializers=[("t", t)])
+    loaded = dev.load_model(tpuhal.compile(dyn, "fp32", shapes={"ids": (2, 1)}, device=dev.uri))
+    with pytest.raises(tpuhal.Error, match=r"holds the index 3, outside \[-3, 3\)"):
+        loaded.instance().run({"ids": np.array([[3], [0]], np.float32)})
+    np.testing.assert_array_equal(loaded.instance().run({"ids": np.array([[2], [-1]], np.float32)})[0],
+                                  [[t[0, 2]], [t[1, 2]]])

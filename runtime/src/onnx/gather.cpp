@@ -4,7 +4,9 @@
 // a Cast's of token ids): the board's gather, which checks each index
 // when it runs. GatherND: each index tuple made one index into the data
 // viewed with its indexed dimensions flattened, then the board's gather.
-// ScatterElements: the board's scatter_elements; on constants folded.
+// GatherElements: each index made one into the data flattened, then the
+// board's gather. ScatterElements: the board's scatter_elements; on
+// constants folded.
 // ScatterND: the data viewed as rows, GatherND's rows of the index tuples,
 // and one scatter_elements of rows.
 #include <cmath>
@@ -280,6 +282,106 @@ void lower_gather_nd(Lowerer& l, const Node& n) {
        {{"axis", 0}});
 }
 
+// ---- GatherElements: Y[i..] = X[i.. with the axis's coordinate replaced
+// by I[i..]]; Y has I's shape (of X's rank, at most X's length but along
+// the axis).
+
+struct GatherElementsAttrs {
+  std::int64_t axis = 0;
+  std::size_t resolved = 0;        // by its shape rule
+  std::vector<std::int32_t> flat;  // constant indices: the elements of X flattened they name
+  static GatherElementsAttrs read(const Attrs& a) { return {a.i("axis", 0), 0, {}}; }
+};
+
+// Of each position of I (shape `is`), the flat offset in X (shape `xs`) of
+// its coordinates but along the axis.
+std::vector<std::int64_t> element_bases(const std::vector<std::int64_t>& xs, const std::vector<std::int64_t>& is,
+                                        std::size_t axis) {
+  const auto xst = row_major_strides(xs), ist = row_major_strides(is);
+  std::vector<std::int64_t> base(elements_of(is));
+  for (std::size_t i = 0; i < base.size(); ++i)
+    for (std::size_t d = 0; d < is.size(); ++d)
+      if (d != axis) base[i] += static_cast<std::int64_t>(i / ist[d] % static_cast<std::uint64_t>(is[d]) * xst[d]);
+  return base;
+}
+
+Value infer_gather_elements(Importer& im, Node& n) {
+  auto& a = n.attr<GatherElementsAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  const Value& idx = im.in(n, 1);
+  const auto rank = static_cast<std::int64_t>(x.size());
+  if (rank == 0) im.fail_node(n, "gathers from a scalar");
+  a.resolved = static_cast<std::size_t>(im.axis_of(n, a.axis, rank));
+  if (idx.shape.size() != x.size())
+    im.fail_node(n, "its indices " + dims_text(idx.shape) + " are not of the data's rank " + std::to_string(rank));
+  for (std::size_t d = 0; d < x.size(); ++d)
+    if (d != a.resolved && idx.shape[d] > x[d])
+      im.fail_node(n, "its indices " + dims_text(idx.shape) + " are longer than the data " + dims_text(x) +
+                          " in dimension " + std::to_string(d));
+  if (elements_of(x) > 0x7FFF'FFFF) im.unsupported(n, "data of more than 2^31 - 1 elements");
+  a.flat.clear();
+  if (idx.data) {
+    if (!is_integer(idx)) im.fail_node(n, "its indices are not integers");
+    const auto dim = x[a.resolved];
+    const auto stride = row_major_strides(x)[a.resolved];
+    const auto base = element_bases(x, idx.shape, a.resolved);
+    for (std::size_t i = 0; i < idx.ints.size(); ++i) {
+      const auto v = idx.ints[i];
+      if (v < -dim || v >= dim) index_outside(im, n, v, dim);
+      a.flat.push_back(static_cast<std::int32_t>(base[i] + (v < 0 ? v + dim : v) * static_cast<std::int64_t>(stride)));
+    }
+  }
+  Value out;
+  out.shape = idx.shape;
+  return out;
+}
+
+Value fold_gather_elements(Importer& im, Node& n) {
+  const Value out = infer_gather_elements(im, n);
+  im.check_folded(n, out.shape);
+  const Value& x = im.in(n, 0);
+  const auto vals = values_of(x);
+  std::vector<double> r;
+  for (auto f : n.attr<GatherElementsAttrs>().flat) r.push_back(vals[static_cast<std::size_t>(f)]);
+  return make_constant(out.shape, r, is_integer(x));
+}
+
+// X flattened and one gather. Constant indices are flat at compile time;
+// indices on the device are made flat there: each through a gather from
+// [0, dim) (which checks it and counts a negative one from the end), times
+// the axis's stride, plus its position's offset.
+void lower_gather_elements(Lowerer& l, const Node& n) {
+  const auto& a = n.attr<GatherElementsAttrs>();
+  const DType t = l.held_type(n.inputs[0]);
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const Value& idx = l.g.value(n.inputs[1]);
+  std::int64_t flat = -1;
+  if (idx.data) {
+    flat = l.add_raw(DType::I32, idx.shape, a.flat.data(), a.flat.size() * 4);
+  } else {
+    const std::int64_t dim = xs[a.resolved];
+    std::vector<std::int32_t> range(static_cast<std::size_t>(dim));
+    for (std::size_t i = 0; i < range.size(); ++i) range[i] = static_cast<std::int32_t>(i);
+    const auto checked = l.dg().add_arena("", DType::I32, idx.shape);
+    l.op("gather", n.name,
+         {{"x", l.add_raw(DType::I32, {dim}, range.data(), range.size() * 4)},
+          {"indices", l.get(n.inputs[1], DType::I32)},
+          {"y", checked}},
+         {{"axis", 0}});
+    const auto s32 = static_cast<std::int32_t>(row_major_strides(xs)[a.resolved]);
+    const auto scaled = l.dg().add_arena("", DType::I32, idx.shape);
+    l.op("mul", n.name, {{"a", checked}, {"b", l.add_raw(DType::I32, {}, &s32, 4)}, {"y", scaled}});
+    std::vector<std::int32_t> base;
+    for (auto b : element_bases(xs, idx.shape, a.resolved)) base.push_back(static_cast<std::int32_t>(b));
+    flat = l.dg().add_arena("", DType::I32, idx.shape);
+    l.op("add", n.name,
+         {{"a", scaled}, {"b", l.add_raw(DType::I32, idx.shape, base.data(), base.size() * 4)}, {"y", flat}});
+  }
+  const auto x = l.dg().add_view(l.dense(l.get(n.inputs[0], t), t, xs), {static_cast<std::int64_t>(elements_of(xs))});
+  l.op("gather", n.name, {{"x", x}, {"indices", flat}, {"y", l.produce(n.output, t, l.shape_of(n.output))}},
+       {{"axis", 0}});
+}
+
 // ---- ScatterElements: Y = data, then each update written (or combined) at
 // its index along the axis, in the indices' row-major order.
 
@@ -499,6 +601,13 @@ std::span<const OpHandler> gather_handlers() {
        .fold = fold_gather_nd,
        .folds = Fold::IfConstant,
        .lower = lower_gather_nd},
+      {.ops = {"GatherElements"},
+       .opsets = {.first = 11, .refusal = "GatherElements before opset 11"},
+       .read = read_attrs<GatherElementsAttrs>,
+       .infer = infer_gather_elements,
+       .fold = fold_gather_elements,
+       .folds = Fold::IfConstant,
+       .lower = lower_gather_elements},
       scatter_handler("ScatterElements", {.first = 11, .refusal = "ScatterElements before opset 11"}),
       // Its name before opset 11, without reductions.
       scatter_handler(
