@@ -1752,3 +1752,60 @@ def test_gather_elements_refuses_indices_outside_and_a_device_index_outside_fail
         loaded.instance().run({"ids": np.array([[3], [0]], np.float32)})
     np.testing.assert_array_equal(loaded.instance().run({"ids": np.array([[2], [-1]], np.float32)})[0],
                                   [[t[0, 2]], [t[1, 2]]])
+
+
+def test_integer_bool_and_narrow_float_inputs(dev):
+    # An 8-bit image and a bool mask come in as i32; a float16 input as
+    # float32. uint8 / uint8 divides as integers (toward zero).
+    image = RNG.integers(0, 256, (2, 3), dtype=np.uint8)
+    step = RNG.integers(1, 9, (2, 3), dtype=np.uint8)
+    mask = RNG.integers(0, 2, (2, 3)).astype(bool)
+    scale = randn(2, 3).astype(np.float16)
+    graph = helper.make_graph(
+        [helper.make_node("Div", ["image", "step"], ["q"]),
+         helper.make_node("Cast", ["q"], ["qf"], to=TensorProto.FLOAT),
+         helper.make_node("Cast", ["scale"], ["sf"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["qf", "sf"], ["m"]),
+         helper.make_node("Where", ["mask", "m", "qf"], ["y"])], "inputs",
+        [helper.make_tensor_value_info("image", TensorProto.UINT8, [2, 3]),
+         helper.make_tensor_value_info("step", TensorProto.UINT8, [2, 3]),
+         helper.make_tensor_value_info("mask", TensorProto.BOOL, [2, 3]),
+         helper.make_tensor_value_info("scale", TensorProto.FLOAT16, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    compiled = tpuhal.compile(m.SerializeToString(), "fp32")
+    loaded = dev.load_model(compiled)
+    assert [i.dtype for i in loaded.inputs] == ["i32", "i32", "i32", "f32"]
+    got = loaded.instance().run({"image": image, "step": step, "mask": mask, "scale": scale.astype(np.float32)})[0]
+    q = (image // step).astype(np.float32)
+    np.testing.assert_allclose(got, np.where(mask, q * scale.astype(np.float32), q), rtol=1e-6)
+
+
+def test_a_dropout_in_training_mode_is_refused_and_one_in_inference_removed(dev):
+    def dropout(training):
+        return model([helper.make_node("Dropout", ["x", "ratio", "training"], ["y"])], {"x": (2, 3)}, "y",
+                     initializers=[("ratio", np.float32(0.5)), ("training", np.bool_(training))], opset=13)
+    with pytest.raises(tpuhal.Unsupported, match="training mode"):
+        tpuhal.compile(dropout(True), "fp32")
+    x = randn(2, 3)
+    np.testing.assert_array_equal(run(dev, dropout(False), "fp32", {"x": x}), x)
+
+
+def test_integers_cast_to_float_divide_as_floats(dev):
+    # Div of two int64 inputs rounds toward zero; of their Casts to float it
+    # does not, though the device holds both as i32.
+    a, b = np.array([[7, -7, 9]], np.int64), np.array([[2, 2, 4]], np.int64)
+    def divide(cast):
+        nodes = ([helper.make_node("Cast", ["a"], ["fa"], to=TensorProto.FLOAT),
+                  helper.make_node("Cast", ["b"], ["fb"], to=TensorProto.FLOAT),
+                  helper.make_node("Div", ["fa", "fb"], ["y"])] if cast else
+                 [helper.make_node("Div", ["a", "b"], ["q"]), helper.make_node("Cast", ["q"], ["y"], to=TensorProto.FLOAT)])
+        graph = helper.make_graph(nodes, "div", [helper.make_tensor_value_info("a", TensorProto.INT64, [1, 3]),
+                                                 helper.make_tensor_value_info("b", TensorProto.INT64, [1, 3])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        m.ir_version = 8
+        return dev.load_model(tpuhal.compile(m.SerializeToString(), "fp32")).instance().run({"a": a, "b": b})[0]
+    np.testing.assert_array_equal(divide(False), [[3, -3, 2]])
+    np.testing.assert_allclose(divide(True), [[3.5, -3.5, 2.25]])

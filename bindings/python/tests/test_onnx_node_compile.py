@@ -50,9 +50,17 @@ def tensors(data_set, kind):
     return [numpy_helper.to_array(onnx.load_tensor(p)) for p in paths]
 
 
+def as_values(arrays, infos):
+    """bfloat16 data come as their bits (uint16): their values, as float32."""
+    import numpy as np
+    from onnx import TensorProto
+    return [(a.astype(np.uint32) << 16).view(np.float32) if i.type.tensor_type.elem_type == TensorProto.BFLOAT16
+            else a for a, i in zip(arrays, infos)]
+
+
 def compile_node_test(name):
-    """(compiled model, inputs, expected outputs), or (None, reason, None)
-    where the compiler refuses the model or its data are not tensors."""
+    """(compiled model, inputs by name, expected outputs), or (None, reason,
+    None) where the compiler refuses the model or its data are not tensors."""
     import onnx
     import tpuhal
     from onnx import numpy_helper
@@ -63,19 +71,20 @@ def compile_node_test(name):
     except (ValueError, TypeError) as e:  # sequences and optionals: the compiler takes tensors only
         return None, f"data not tensors ({e})", None
     model = onnx.load(os.path.join(d, "model.onnx"))
+    g = model.graph
+    fed = [i for i in g.input if i.name not in {t.name for t in g.initializer}]
+    outs = as_values(outs, g.output)
     try:
-        return tpuhal.compile(model.SerializeToString()), ins, outs
+        return tpuhal.compile(model.SerializeToString()), dict(zip([i.name for i in fed], as_values(ins, fed))), outs
     except tpuhal.Error as e:
         if "not a constant" not in str(e):
             return None, str(e), None
-    g = model.graph
-    fed = [i for i in g.input if i.name not in {t.name for t in g.initializer}]
     for i, value in zip(fed[1:], ins[1:]):
         g.initializer.append(numpy_helper.from_array(value, i.name))
     del g.input[:]
     g.input.extend(fed[:1])
     try:
-        return tpuhal.compile(model.SerializeToString()), ins[:1], outs
+        return tpuhal.compile(model.SerializeToString()), dict(zip([fed[0].name], as_values(ins[:1], fed))), outs
     except tpuhal.Error as e:
         return None, str(e), None
 
@@ -83,12 +92,19 @@ def compile_node_test(name):
 @pytest.mark.parametrize("name", node_tests())
 def test_node_test_compiles_and_matches_onnx(device, name):
     import numpy as np
+    import tpuhal
     compiled, ins, outs = compile_node_test(name)
     if compiled is None:
         assert name not in listed(), f"{name} is listed as compiling, and now: {ins}"
         return
     model = device.load_model(compiled)
-    got = model.instance().run(ins)
+    try:
+        got = model.instance().run(ins)
+    except tpuhal.InvalidArgument as e:
+        # A test whose data contradict the shapes its model declares (an
+        # input read only for its type): nothing to compare.
+        assert "the model was compiled for" in str(e) and name not in listed(), str(e)
+        return
     assert len(got) == len(outs)
     for i, (g, want) in enumerate(zip(got, outs)):
         assert g.shape == want.shape, f"output {i}: shape {g.shape}, expected {want.shape}"

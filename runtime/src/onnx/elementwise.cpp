@@ -43,7 +43,14 @@ void lower_binary(Lowerer& l, const Node& n) {
     l.op(lower_case(n.op), n.name, {{"a", a}, {"b", b}, {"y", l.produce_nhwc_float(n.output, l.shape_of(n.output))}});
     return;
   }
-  const DType t = l.float_type();
+  // Integers (integer model inputs, integer constants) stay integers in
+  // i32: a division rounds toward zero, as ONNX's of integers does. (A
+  // value held as i32 is not enough: a Cast to float of one is a view.)
+  auto integral = [&](const std::string& v) {
+    const Value& val = l.g.value(v);
+    return val.data ? is_integer(val) : l.g.integer_inputs.count(v) > 0;
+  };
+  const DType t = integral(n.inputs[0]) && integral(n.inputs[1]) ? DType::I32 : l.float_type();
   const auto x = l.get(n.inputs[0], t), y2 = l.get(n.inputs[1], t);
   l.op(lower_case(n.op), n.name, {{"a", x}, {"b", y2}, {"y", l.produce(n.output, t, l.shape_of(n.output))}});
 }

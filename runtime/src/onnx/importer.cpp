@@ -231,15 +231,37 @@ std::uint64_t Importer::read_initializers(const onnx::GraphProto& graph) {
   return own;
 }
 
+namespace {
+// The model inputs the runtime takes as float32: float16 and bfloat16
+// values exactly, float64 rounded.
+bool float_input(int type) {
+  return type == onnx::TensorProto::FLOAT || type == onnx::TensorProto::FLOAT16 ||
+         type == onnx::TensorProto::BFLOAT16 || type == onnx::TensorProto::DOUBLE;
+}
+// And as int32 (exactly; int64 within int32's range): ids, masks, images.
+bool integer_input(int type) {
+  switch (type) {
+    case onnx::TensorProto::INT64:
+    case onnx::TensorProto::INT32:
+    case onnx::TensorProto::INT16:
+    case onnx::TensorProto::INT8:
+    case onnx::TensorProto::UINT16:
+    case onnx::TensorProto::UINT8:
+    case onnx::TensorProto::BOOL: return true;
+    default: return false;
+  }
+}
+}  // namespace
+
 // A graph input's fixed shape: given, or the model's own.
 Value Importer::input_value(const onnx::ValueInfoProto& input) const {
   Value v;
   auto given = options.shapes.find(input.name());
   const auto& tt = input.type().tensor_type();
-  if (tt.elem_type() != onnx::TensorProto::FLOAT && tt.elem_type() != onnx::TensorProto::INT64 &&
-      tt.elem_type() != onnx::TensorProto::INT32)
+  if (!float_input(tt.elem_type()) && !integer_input(tt.elem_type()))
     fail(Status::Unsupported, "input '" + input.name() + "' has ONNX element type " + std::to_string(tt.elem_type()) +
-                                  "; model inputs must be float32, int64 or int32");
+                                  "; model inputs must be floats (float32, float16, bfloat16, float64), integers "
+                                  "(int64, int32, int16, int8, uint16, uint8) or bool");
   // Compiled for several batch sizes: the first dimension is the batch
   // being compiled, whatever was given for it, and the model's own must
   // be symbolic, for a model exported for one batch may have it written
@@ -302,11 +324,13 @@ void Importer::read_inputs(const onnx::GraphProto& graph, const std::set<std::st
     g.values[input.name()] = input_value(input);
     g.inputs.push_back(input.name());
     const int type = input.type().tensor_type().elem_type();
-    if (type == onnx::TensorProto::INT64 || type == onnx::TensorProto::INT32) {
+    if (integer_input(type)) {
       g.integer_inputs.insert(input.name());
       if (type == onnx::TensorProto::INT64)
         g.notes.push_back("input '" + input.name() + "' (int64) is taken as i32: values outside int32 are refused");
     }
+    if (type == onnx::TensorProto::DOUBLE)
+      g.notes.push_back("input '" + input.name() + "' (float64) is taken as float32");
   }
   for (const auto& [name, _] : options.shapes)
     if (std::find(g.inputs.begin(), g.inputs.end(), name) == g.inputs.end())

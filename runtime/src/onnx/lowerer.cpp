@@ -146,9 +146,19 @@ std::int64_t Lowerer::get_bool(const Node& n, const std::string& v) {
     return const_cache[key] = add_raw(DType::U8, val.shape, bits.data(), bits.size());
   }
   auto it = reps.find(v);
+  if (it != reps.end() && !it->second.boolean && g.integer_inputs.count(v)) {
+    // A bool model input, held as i32 (0 or 1): true above 0.
+    Rep& r = it->second;
+    const auto b = dg().add_arena("", DType::U8, val.shape);
+    const std::int32_t zero = 0;
+    op("greater", "", {{"a", r.by_dtype.at(DType::I32)}, {"b", add_raw(DType::I32, {}, &zero, 4)}, {"y", b}});
+    r.by_dtype[DType::U8] = b;
+    return b;
+  }
   if (it == reps.end() || !it->second.boolean)
     throw Error(Status::Unsupported, "node '" + n.name + "' (" + n.op + "): input '" + v +
-                                         "' is not a boolean the device computed (a comparison or logic)");
+                                         "' is not a boolean the device computed (a comparison or logic) or a model "
+                                         "input");
   return it->second.by_dtype.at(DType::U8);
 }
 

@@ -547,6 +547,13 @@ void lower_trilu(Lowerer& l, const Node& n) {
 // Removed: their output is their input (inference).
 void expand_identity(Importer& im, Node& n, const onnx::NodeProto&) {
   im.in(n, 0);
+  // A Dropout in training mode (opset 12 on: its third input) drops at
+  // random; only inference's, which passes x on, is taken.
+  if (n.op == "Dropout" && im.has(n, 2)) {
+    const Value& training = im.in(n, 2);
+    if (!training.data) im.unsupported(n, "a training_mode computed on the device");
+    if (values_of(training).at(0) != 0) im.unsupported(n, "training mode (it drops at random)");
+  }
   im.alias[n.output] = n.inputs[0];
   im.g.notes.push_back("removed " + n.op + " '" + n.name + "'");
 }
