@@ -6,7 +6,7 @@ Concat, Pad, Slice on device data, the reductions, HardSigmoid and
 HardSwish (also fused into the convolution before them), the unary maps,
 Pow, variadic Min and Max, Resize, Ceil, Floor, Round, Tile, ReduceProd, ReduceL1, ReduceSumSquare, ReduceLogSum,
 ReduceLogSumExp, CumSum, PRelu, Elu, Selu, Celu, ThresholdedRelu, Softplus, Softsign, Shrink, Sum, Mean,
-DepthToSpace, SpaceToDepth, Trilu, Gather by indices computed on the
+DepthToSpace, SpaceToDepth, Trilu, IsNaN, IsInf, Sign, Gather by indices computed on the
 device, GatherND, GatherElements, ScatterElements, ScatterND, Cast to integers, LayerNorm as PyTorch exports it at opset 13, 1-D and 3-D convolutions,
 3-D transposed convolutions and pools, and the networks that use them (M5 audio, R3D-18 video)."""
 import itertools
@@ -1809,3 +1809,23 @@ def test_integers_cast_to_float_divide_as_floats(dev):
         return dev.load_model(tpuhal.compile(m.SerializeToString(), "fp32")).instance().run({"a": a, "b": b})[0]
     np.testing.assert_array_equal(divide(False), [[3, -3, 2]])
     np.testing.assert_allclose(divide(True), [[3.5, -3.5, 2.25]])
+
+
+@pytest.mark.parametrize("op,attrs,reference", [
+    ("IsNaN", {}, np.isnan),
+    ("IsInf", {}, np.isinf),
+    ("IsInf", {"detect_negative": 0}, np.isposinf),
+    ("IsInf", {"detect_positive": 0}, np.isneginf),
+    ("IsInf", {"detect_positive": 0, "detect_negative": 0}, lambda x: np.zeros(x.shape, bool)),
+    ("Sign", {}, np.sign),
+])
+def test_nan_inf_and_sign_tests(dev, op, attrs, reference):
+    x = randn(2, 7)
+    x[0, :5] = [np.nan, np.inf, -np.inf, 0.0, -0.0]
+    onnx_bytes = model([helper.make_node(op, ["x"], ["y"], **attrs)], {"x": x.shape}, "y")
+    want = reference(x).astype(np.float32)
+    for precision in ("fp32", "fp16", "bf16"):
+        got = run(dev, onnx_bytes, precision, {"x": x})
+        if op == "Sign":  # away from the special values, the signs of rounded values
+            np.testing.assert_array_equal(got[0, :5], [np.nan, 1, -1, 0, 0], err_msg=precision)
+        np.testing.assert_array_equal(got, want, err_msg=precision)

@@ -1,7 +1,9 @@
 // Comparisons (Equal, Less, LessOrEqual, Greater, GreaterOrEqual) into u8
 // booleans (1 or 0); logic (And, Or, Xor, Not) of booleans the device
 // computed or constants; Where, its condition such a boolean. Each folded
-// on constants (the masks models build from shapes).
+// on constants (the masks models build from shapes). IsNaN, IsInf and
+// Sign by comparisons.
+#include <limits>
 #include <map>
 
 #include "onnx/fold.hpp"
@@ -72,6 +74,52 @@ void lower_not(Lowerer& l, const Node& n) {
        {{"x", l.get_bool(n, n.inputs[0])}, {"y", l.produce_bool(n.output, l.shape_of(n.output))}});
 }
 
+struct IsInfAttrs {
+  bool positive = true, negative = true;
+  static IsInfAttrs read(const Attrs& a) { return {a.i("detect_positive", 1) != 0, a.i("detect_negative", 1) != 0}; }
+};
+
+// IsNaN: not x == x (a NaN equals nothing). IsInf: x == inf, x == -inf, or
+// both (neither: x == NaN, false everywhere). Sign: 1 above 0, -1 below, x
+// * 0 else (0 for zeros, NaN for NaN). In the model's float type.
+void lower_float_test(Lowerer& l, const Node& n) {
+  const DType t = l.float_type();
+  const auto& shape = l.shape_of(n.output);
+  const auto x = l.get(n.inputs[0], t);
+  auto scalar = [&](float v) { return l.add_weight({v}, t, {}); };
+  auto compare = [&](const char* kind, std::int64_t b, std::int64_t y = -1) {
+    if (y < 0) y = l.dg().add_arena("", DType::U8, shape);
+    l.op(kind, n.name, {{"a", x}, {"b", b}, {"y", y}});
+    return y;
+  };
+  if (n.op == "IsNaN") {
+    l.op("logical_not", n.name, {{"x", compare("equal", x)}, {"y", l.produce_bool(n.output, shape)}});
+  } else if (n.op == "IsInf") {
+    const auto& a = n.attr<IsInfAttrs>();
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    if (a.positive && a.negative)
+      l.op("logical_or", n.name,
+           {{"a", compare("equal", scalar(inf))},
+            {"b", compare("equal", scalar(-inf))},
+            {"y", l.produce_bool(n.output, shape)}});
+    else
+      compare("equal",
+              scalar(a.positive   ? inf
+                     : a.negative ? -inf
+                                  : std::numeric_limits<float>::quiet_NaN()),
+              l.produce_bool(n.output, shape));
+  } else {  // Sign
+    const auto zeroed = l.dg().add_arena("", t, shape), below = l.dg().add_arena("", t, shape);
+    l.op("mul", n.name, {{"a", x}, {"b", scalar(0)}, {"y", zeroed}});
+    l.op("where", n.name, {{"cond", compare("less", scalar(0))}, {"a", scalar(-1)}, {"b", zeroed}, {"y", below}});
+    l.op("where", n.name,
+         {{"cond", compare("greater", scalar(0))},
+          {"a", scalar(1)},
+          {"b", below},
+          {"y", l.produce(n.output, t, shape)}});
+  }
+}
+
 // Device data: a condition, constant or computed, selecting between values.
 Value infer_where(Importer& im, Node& n) {
   const Value& c = im.in(n, 0);
@@ -117,6 +165,12 @@ std::span<const OpHandler> logic_handlers() {
        .folds = Fold::IfConstant,
        .lower = lower_logic},
       {.ops = {"Not"}, .infer = infer_not, .fold = fold_not, .folds = Fold::IfConstant, .lower = lower_not},
+      {.ops = {"IsNaN", "Sign"}, .infer = infer_not, .lower = lower_float_test},
+      {.ops = {"IsInf"},
+       .opsets = {.first = 10, .refusal = "IsInf before opset 10"},
+       .read = read_attrs<IsInfAttrs>,
+       .infer = infer_not,
+       .lower = lower_float_test},
       {.ops = {"Where"}, .infer = infer_where, .fold = fold_where, .folds = Fold::IfConstant, .lower = lower_where},
   };
   return h;
