@@ -156,7 +156,7 @@ void Demuxer::State::open() {
   if (live) {
     const auto us = std::to_string(static_cast<std::int64_t>(options.timeout.count()) * 1000);
     av_dict_set(&opts, "timeout", us.c_str(), 0);  // RTSP, HTTP and UDP sockets, in µs
-    if (path.rfind("rtsp://", 0) == 0) {
+    if (rtsp) {
       if (options.transport == DemuxerOptions::Transport::Tcp) av_dict_set(&opts, "rtsp_transport", "tcp", 0);
       if (options.transport == DemuxerOptions::Transport::Udp) av_dict_set(&opts, "rtsp_transport", "udp", 0);
       av_dict_set(&opts, "allowed_media_types", "video", 0);
@@ -348,12 +348,17 @@ std::optional<Demuxer::Packet> Demuxer::next() {
       continue;
     }
     if (s.rtsp && flushed_by_a_failed_read(s.fmt->streams[s.stream], had_parser) && !s.heard.bye.load()) {
-      // The connection dropped or stalled with a unit in flight, which
-      // may be cut short: the decoder would take what came for a corrupt
-      // frame. It counts as lost; the next read fails and reconnects.
-      base::logger("hal")->warn("{}: the stream broke off inside a frame; its {} bytes are dropped", s.path,
-                                s.pkt->size);
-      s.heard.lost.fetch_add(1, std::memory_order_relaxed);
+      // The connection dropped or stalled without a BYE: the last unit may
+      // be cut short, and the decoder would take what came for a corrupt
+      // frame. It counts as lost (unless interrupt() ended the read); the
+      // next read fails and reconnects.
+      if (!s.stop.load()) {
+        base::logger("hal")->warn(
+            "{}: the stream broke off without its server's BYE; its last frame ({} bytes, "
+            "perhaps cut short) is dropped",
+            s.path, s.pkt->size);
+        s.heard.lost.fetch_add(1, std::memory_order_relaxed);
+      }
       av_packet_unref(s.pkt);
       continue;
     }

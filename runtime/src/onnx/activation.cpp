@@ -105,7 +105,6 @@ struct Composer {
   const Node& n;
   DType t;
   std::vector<std::int64_t> shape;
-  std::int64_t out = -1;  // the output, once written
 
   std::int64_t fresh(DType d) { return l.dg().add_arena("", d, shape); }
   std::int64_t scalar(float v) { return l.add_weight({v}, t, {}); }
@@ -125,7 +124,7 @@ struct Composer {
     l.op("where", n.name, {{"cond", cond}, {"a", a}, {"b", b}, {"y", y}});
     return y;
   }
-  std::int64_t output() { return out = l.produce(n.output, t, shape); }
+  std::int64_t output() { return l.produce(n.output, t, shape); }
 };
 
 // alpha * (exp(x) - 1) where x <= 0, else x (inf - 1 where x is large: not taken).
