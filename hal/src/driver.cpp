@@ -60,4 +60,6 @@ std::shared_ptr<BufferBackend> DeviceBackend::import_host(void*, std::uint64_t) 
 
 std::string Provider::unavailable_reason() const { return {}; }
 
+std::string Provider::protocol() const { return {}; }
+
 }  // namespace tpuhal::driver

@@ -160,4 +160,12 @@ BoardView observe(std::string_view uri) {
 
 const char* version() noexcept { return TPUHAL_VERSION_STRING; }
 
+std::vector<std::pair<std::string, std::string>> protocol_versions() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& p : detail::registry().snapshot())
+    if (auto protocol = p->protocol(); !protocol.empty()) out.emplace_back(p->scheme(), std::move(protocol));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 }  // namespace tpuhal

@@ -57,6 +57,24 @@ TEST(Cli, ListWithNoBoardsSaysSo) {
   EXPECT_EQ(parse_json(run("list --json", "TPUHAL_SIM_BOARDS=").out), json::array());
 }
 
+// The program, the library it loaded and what each driver speaks, so that a
+// user with packages of two releases can tell which is which.
+TEST(Cli, VersionNamesTheProgramTheLibraryAndEachDriversProtocol) {
+  Output r = run("--version");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string project = TPUHAL_PROJECT_VERSION;
+  EXPECT_THAT(r.out, ::testing::StartsWith("tpuhal " + project + "\nlibtpuhal " + project + "\n"));
+  const std::string interface = "firmware interface " + tpuhal::test::interface_version_text();
+  EXPECT_THAT(r.out, HasSubstr("  sim:     " + interface + "\n"));
+  EXPECT_THAT(r.out, HasSubstr("  pcie:    " + interface + "\n"));
+  EXPECT_THAT(r.out, HasSubstr("  simd:    simulator daemon protocol " + std::to_string(TPUHAL_SIMD_PROTOCOL) + ", " +
+                               interface + "\n"));
+  json j = parse_json(run("info --json sim:tiny").out);
+  EXPECT_EQ(j["library_version"], project);
+  EXPECT_EQ(j["protocol"], interface);
+  EXPECT_THAT(run("info sim:tiny").out, HasSubstr("Library                libtpuhal " + project + ", " + interface));
+}
+
 TEST(Cli, InfoDescribesADevice) {
   Output r = run("info sim:tiny");
   ASSERT_EQ(r.code, 0) << r.out;

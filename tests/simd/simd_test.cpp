@@ -533,6 +533,117 @@ TEST(Simd, ABadMessageGetsAnErrorAndTheDaemonKeepsServing) {
   EXPECT_EQ(stats.vfs.size(), 2u);
 }
 
+// A client and a daemon of other protocol versions (packages of two
+// releases, libtpuhal0 and tpuhal-simd): each side names both versions and
+// the package to upgrade, and the daemon goes on serving.
+TEST(Simd, AClientOfAnotherProtocolVersionIsToldBothVersionsAndWhatToUpgrade) {
+  Daemon d;
+  RawClient raw(d.socket);
+  simd::Header h;
+  h.version = simd::kVersion - 1;
+  ASSERT_EQ(::send(raw.sock.get(), &h, sizeof h, 0), static_cast<ssize_t>(sizeof h));
+  simd::Message m = raw.reply();
+  ASSERT_EQ(m.header.type, simd::MsgType::kError);
+  ASSERT_NE(m.as<simd::ErrorReply>(), nullptr);
+  EXPECT_EQ(m.as<simd::ErrorReply>()->status, static_cast<std::uint32_t>(Status::VersionMismatch));
+  const std::string old_client = simd::get_field(m.as<simd::ErrorReply>()->message);
+  EXPECT_THAT(old_client, HasSubstr("client speaks simulator daemon protocol " + std::to_string(simd::kVersion - 1)));
+  EXPECT_THAT(old_client, HasSubstr("this daemon (tpuhal-simd) speaks " + std::to_string(simd::kVersion)));
+  EXPECT_THAT(old_client, HasSubstr("upgrade the client's libtpuhal0"));
+  h.version = simd::kVersion + 1;
+  ASSERT_EQ(::send(raw.sock.get(), &h, sizeof h, 0), static_cast<ssize_t>(sizeof h));
+  EXPECT_THAT(raw.error_reply(), HasSubstr("upgrade the daemon's tpuhal-simd"));
+  Device dev = open(d.uri());
+  Buffer buf = dev.allocate(4096, Memory::HostPinned);
+  dev.queue().fill(buf, 0, 4096, 0x17).submit().wait(10s);
+  EXPECT_EQ(buf.map()[0], std::byte{0x17});
+}
+
+TEST(Simd, ADaemonOfAnotherProtocolVersionIsAClearErrorNotACrash) {
+  char tmpl[] = "/tmp/tpuhal-simd-test-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(tmpl);
+  const std::string path = (dir / "simd.sock").string();
+  base::UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener.get(), 4), 0);
+  for (const std::uint16_t theirs : {std::uint16_t(simd::kVersion + 1), std::uint16_t(simd::kVersion - 1)}) {
+    // A daemon of that version: it reads the request and answers in its own
+    // version that it cannot read this one.
+    std::thread other([&] {
+      pollfd p{listener.get(), POLLIN, 0};
+      if (::poll(&p, 1, 60000) != 1) return;  // the client failed before it connected: its error says why
+      base::UniqueFd c(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      char request[simd::kMaxMessageBytes];
+      (void)::recv(c.get(), request, sizeof request, 0);
+      struct {
+        simd::Header h;
+        simd::ErrorReply e;
+      } reply{};
+      reply.h.version = theirs;
+      reply.h.type = simd::MsgType::kError;
+      reply.h.body_bytes = sizeof reply.e;
+      reply.e.status = static_cast<std::uint32_t>(Status::InvalidArgument);
+      simd::set_field(reply.e.message, "cannot read protocol version " + std::to_string(simd::kVersion));
+      (void)::send(c.get(), &reply, sizeof reply, 0);
+      char drain[16];
+      (void)::recv(c.get(), drain, sizeof drain, 0);  // until the client hangs up
+    });
+    const auto e = error_of([&] { (void)open("simd:" + path + "#0"); });
+    other.join();
+    EXPECT_EQ(e.status(), Status::VersionMismatch);
+    EXPECT_THAT(e.what(), HasSubstr("the simulator daemon (tpuhal-simd) speaks protocol " + std::to_string(theirs) +
+                                    " and this library (libtpuhal) speaks " + std::to_string(simd::kVersion)));
+    EXPECT_THAT(e.what(), HasSubstr(theirs > simd::kVersion ? "upgrade the client's libtpuhal0"
+                                                            : "upgrade the daemon's tpuhal-simd"));
+    EXPECT_THAT(e.what(), HasSubstr("the daemon says: cannot read protocol version"));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// Socket activation, as the tpuhal-simd package's socket unit does it:
+// systemd-socket-activate (systemd's own tool for it) holds the socket, and
+// starts the daemon on the first connection with the socket as descriptor 3.
+TEST(Simd, SocketActivationStartsTheDaemonOnTheFirstClientAndLeavesTheSocket) {
+  const char* activate = "/usr/bin/systemd-socket-activate";
+  ASSERT_EQ(::access(activate, X_OK), 0) << activate << " (Debian's systemd; scripts/setup.sh --test installs it)";
+  char tmpl[] = "/tmp/tpuhal-simd-test-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(tmpl);
+  const std::string path = (dir / "simd.sock").string();
+  Process p({activate, "--seqpacket", "-l", path, TPUHAL_SIMD_BIN, "--board", "tiny"});
+  const auto exe = [&] { return std::filesystem::read_symlink("/proc/" + std::to_string(p.pid) + "/exe").string(); };
+  const auto deadline = Clock::now() + 30s;
+  while (!std::filesystem::exists(path) && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(std::filesystem::exists(path)) << "systemd-socket-activate made no socket";
+  EXPECT_THAT(exe(), HasSubstr("systemd-socket-activate"));  // no daemon before a client
+  {
+    Device dev = open("simd:" + path + "#0");
+    EXPECT_THAT(p.read_line(), HasSubstr("serving 1 board(s) on " + path));
+    EXPECT_THAT(exe(), HasSubstr("tpuhal-simd"));
+    Buffer buf = dev.allocate(4096, Memory::HostPinned);
+    dev.queue().fill(buf, 0, 4096, 0x5a).submit().wait(10s);
+    EXPECT_EQ(buf.map()[4095], std::byte{0x5a});
+  }
+  ::kill(p.pid, SIGTERM);
+  const int status = p.wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(std::filesystem::exists(path)) << "the daemon removed the socket its activator owns";
+
+  // Two sockets handed over is refused, naming the count.
+  const std::string second = (dir / "second.sock").string();
+  std::filesystem::remove(path);
+  Process two({activate, "--seqpacket", "-l", path, "-l", second, TPUHAL_SIMD_BIN});
+  while (!std::filesystem::exists(path) && Clock::now() < deadline + 30s) std::this_thread::sleep_for(10ms);
+  RawClient raw(path);  // wakes it
+  const int refused = two.wait();
+  EXPECT_TRUE(WIFEXITED(refused) && WEXITSTATUS(refused) == 2) << refused;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 // A client that asks and never reads the answers fills its socket; the
 // daemon's thread for it then blocks sending, and must hold up no one else.
 TEST(Simd, AClientThatReadsNoRepliesHoldsUpNoOtherClient) {

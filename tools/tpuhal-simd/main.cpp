@@ -3,14 +3,18 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <stdexcept>
+#include <string>
 
 #include "server.h"
+#include "tpuhal/simd/protocol.h"
 
 namespace {
 
@@ -35,7 +39,31 @@ constexpr const char* kUsage =
     "nothing else changes for anyone (docs/simd.md: quotas and the threat model).\n"
     "Quotas are charged to the process and user that send on a connection, as the\n"
     "kernel reports them, wherever the connection was opened.\n\n"
+    "Started by systemd's socket activation (a socket unit with\n"
+    "ListenSequentialPacket=PATH; LISTEN_FDS=1), it serves the socket it is handed\n"
+    "and leaves it in place when it stops: the unit's SocketMode= and SocketGroup=\n"
+    "say who may connect, and --socket, --group and --mode are not needed\n"
+    "(docs/packages.md).\n\n"
     "Options";
+
+// The listening socket systemd's socket activation passed (sd_listen_fds(3):
+// LISTEN_PID is this process, LISTEN_FDS the count, from descriptor 3), or
+// -1. The variables are removed so that no child takes them for its own.
+int inherited_socket() {
+  const char* pid = std::getenv("LISTEN_PID");
+  const char* fds = std::getenv("LISTEN_FDS");
+  if (!pid || !fds) return -1;
+  const bool ours = std::strtol(pid, nullptr, 10) == static_cast<long>(::getpid());
+  const long count = std::strtol(fds, nullptr, 10);
+  ::unsetenv("LISTEN_PID");
+  ::unsetenv("LISTEN_FDS");
+  ::unsetenv("LISTEN_FDNAMES");
+  if (!ours) return -1;
+  if (count != 1)
+    throw std::invalid_argument("systemd passed " + std::to_string(count) +
+                                " sockets (LISTEN_FDS); the daemon serves exactly one");
+  return 3;  // SD_LISTEN_FDS_START
+}
 
 }  // namespace
 
@@ -44,9 +72,10 @@ int main(int argc, char** argv) {
   tpuhal::simd::ServerOptions options;
   tpuhal::simd::Quotas& q = options.quotas;
   po::options_description desc(kUsage);
-  desc.add_options()("help,h", "show this help")(
+  desc.add_options()("help,h", "show this help")("version", "print the daemon's version and protocol, then exit")(
       "resources", "list every resource a client can make the daemon hold, and what bounds it, then exit")(
-      "socket", po::value<std::string>(&options.socket_path)->required(), "the Unix socket to serve on")(
+      "socket", po::value<std::string>(&options.socket_path),
+      "the Unix socket to serve on (not needed when systemd hands the daemon its socket)")(
       "board", po::value<std::vector<std::string>>(&options.boards),
       "a board to serve: a built-in profile (bm1684x, tiny, edge-soc) or a profile .json; "
       "repeat for several (board N is the Nth; default: one bm1684x)")(
@@ -97,11 +126,19 @@ int main(int argc, char** argv) {
       std::cout << desc << "\n";
       return 0;
     }
+    if (vm.count("version")) {
+      std::printf("tpuhal-simd %s, simulator daemon protocol %u\n", TPUHAL_VERSION_STRING,
+                  static_cast<unsigned>(tpuhal::simd::kVersion));
+      return 0;
+    }
     if (vm.count("resources")) {
       for (const auto& r : tpuhal::simd::bounded_resources()) std::printf("%-18s %s\n", r.name, r.bound);
       return 0;
     }
     po::notify(vm);
+    options.listen_fd = inherited_socket();
+    if (options.listen_fd < 0 && options.socket_path.empty())
+      throw std::invalid_argument("--socket PATH is required (unless systemd hands the daemon its socket)");
     const std::string mode = vm["mode"].as<std::string>();
     char* end = nullptr;
     const unsigned long bits = std::strtoul(mode.c_str(), &end, 8);
@@ -135,7 +172,7 @@ int main(int argc, char** argv) {
     signal(SIGPIPE, SIG_IGN);
     // Tests and scripts wait for this line: the socket accepts from now on.
     std::printf("tpuhal-simd: serving %zu board(s) on %s\n",
-                options.boards.empty() ? std::size_t{1} : options.boards.size(), options.socket_path.c_str());
+                options.boards.empty() ? std::size_t{1} : options.boards.size(), server.socket_path().c_str());
     std::fflush(stdout);
     server.run();
     g_server.store(nullptr);

@@ -323,6 +323,9 @@ struct Server::Client {
 
 Server::Server(ServerOptions options) : options_(std::move(options)) {
   if (options_.boards.empty()) options_.boards.push_back("bm1684x");
+  // An inherited socket's path and mode are read from it, before the quotas
+  // that depend on who may connect.
+  if (options_.listen_fd >= 0) adopt_socket();
   Quotas& q = options_.quotas;
   if (q.mapped_bytes_per_client == 0) q.mapped_bytes_per_client = physical_memory() / 4;
   if (q.mapped_bytes_per_user == 0) q.mapped_bytes_per_user = physical_memory();
@@ -336,10 +339,10 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {
   max_mappings_ = mapping_budget();
   if (options_.mode & ~0777u)
     throw std::runtime_error("--mode " + hex(options_.mode) + " is not a permission mode (0600, 0660, ...)");
-  if (!(options_.mode & 0600) || (options_.mode & 0600) != 0600)
+  if (options_.listen_fd < 0 && (options_.mode & 0600) != 0600)
     throw std::runtime_error("--mode must let the daemon's owner read and write the socket (0600 at least)");
   gid_t gid = static_cast<gid_t>(-1);
-  if (!options_.group.empty()) {
+  if (options_.listen_fd < 0 && !options_.group.empty()) {
     std::vector<char> buf(16384);
     group gr{};
     group* found = nullptr;
@@ -366,6 +369,42 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {
   if (!options_.trace_path.empty()) trace_ = std::make_unique<BoardTrace>(options_.trace_path);
   stop_ = base::make_eventfd();
 
+  if (options_.listen_fd < 0) bind_socket(gid);
+}
+
+void Server::adopt_socket() {
+  listen_.reset(options_.listen_fd);
+  const int fd = listen_.get();
+  int type = 0, domain = 0, listening = 0;
+  socklen_t len = sizeof type;
+  const bool is_socket = ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0;
+  len = sizeof domain;
+  ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len);
+  len = sizeof listening;
+  ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len);
+  if (!is_socket || domain != AF_UNIX || type != SOCK_SEQPACKET || !listening)
+    throw std::runtime_error("the inherited socket (descriptor " + std::to_string(fd) +
+                             ") is not a listening Unix sequential-packet socket (a socket unit needs "
+                             "ListenSequentialPacket=PATH)");
+  sockaddr_un addr{};
+  len = sizeof addr;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || len <= sizeof(sa_family_t) ||
+      addr.sun_path[0] == '\0')
+    throw std::runtime_error("the inherited socket has no path in the file system");
+  const std::string path(addr.sun_path, ::strnlen(addr.sun_path, len - sizeof(sa_family_t)));
+  if (!options_.socket_path.empty() && options_.socket_path != path)
+    throw std::runtime_error("--socket " + options_.socket_path + ", but the inherited socket is " + path);
+  options_.socket_path = path;
+  // Who may connect is the socket's mode (the socket unit's SocketMode=).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw std::runtime_error("stat " + path + ": " + errno_text(errno));
+  options_.mode = st.st_mode & 0777;
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on);
+}
+
+void Server::bind_socket(gid_t gid) {
   const std::string& path = options_.socket_path;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -425,7 +464,8 @@ Server::~Server() {
     ::shutdown(c->sock.get(), SHUT_RDWR);
     if (c->thread.joinable()) c->thread.join();
   }
-  ::unlink(options_.socket_path.c_str());
+  // An inherited socket is its owner's (systemd keeps it for the next start).
+  if (options_.listen_fd < 0) ::unlink(options_.socket_path.c_str());
   if (trace_) trace_->finish();
 }
 
@@ -798,7 +838,10 @@ void Server::serve(Client& client) {
     if (err == EPROTO) {
       protocol_errors_.fetch_add(1);
       log->warn("client pid {}: {}", client.pid, why);
-      send_error(client.sock.get(), ErrorStatus::InvalidArgument, "the simulator daemon cannot read " + why);
+      if (is_other_version(m))
+        send_error(client.sock.get(), ErrorStatus::VersionMismatch, version_mismatch(m.header.version, true));
+      else
+        send_error(client.sock.get(), ErrorStatus::InvalidArgument, "the simulator daemon cannot read " + why);
       continue;
     }
     if (err) break;  // hung up, or died

@@ -5,6 +5,8 @@
 // domain and interrupts.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -81,6 +83,11 @@ struct ServerOptions {
   std::uint32_t mode = 0600;        // the socket's permission bits
   std::string trace_path;           // --trace: every client's commands as a Chrome trace ("": none)
   Quotas quotas;
+  // A listening socket to serve instead of binding socket_path, as systemd's
+  // socket activation hands one over (LISTEN_FDS); the Server owns it. Its
+  // path and mode are read from it (socket_path, when set, must match);
+  // group is not used.
+  int listen_fd = -1;
 };
 
 // The profile of one VF of `board` when it is divided into `vfs`: DRAM,
@@ -110,10 +117,14 @@ class Server {
   void serve_socket(base::UniqueFd sock);
   // Thread- and async-signal-safe.
   void stop() noexcept;
+  // The socket served (an inherited one's path, read from it).
+  const std::string& socket_path() const noexcept { return options_.socket_path; }
 
  private:
   struct BoardSlot;
   struct Client;
+  void adopt_socket();          // options_.listen_fd
+  void bind_socket(gid_t gid);  // options_.socket_path, mode and group
   void serve(Client& client);
   void handle(Client& client, Message& m);
   void attach(Client& client, const Message& m);

@@ -66,8 +66,17 @@ int cmd_info(const std::vector<std::string>& args) {
     return rc;
   Device dev = open(pick_device(vm));
   const Properties& p = dev.properties();
+  // What this library speaks to the board (its driver's protocol), beside
+  // what the board says it runs.
+  std::string protocol;
+  const std::string scheme = p.uri.substr(0, p.uri.find(':'));
+  for (const auto& [s, text] : tpuhal::protocol_versions())
+    if (s == scheme) protocol = text;
   if (vm.count("json")) {
-    std::cout << properties_json(p).dump(2) << "\n";
+    nlohmann::json j = properties_json(p);
+    j["library_version"] = tpuhal::version();
+    j["protocol"] = protocol;
+    std::cout << j.dump(2) << "\n";
     return 0;
   }
   auto row = [](const char* k, const std::string& v) { std::printf("  %-22s %s\n", k, v.c_str()); };
@@ -81,6 +90,7 @@ int cmd_info(const std::vector<std::string>& args) {
   row("Serial", p.serial);
   row("Firmware", p.firmware_version);
   row("Interface", p.interface_version);
+  row("Library", std::string("libtpuhal ") + tpuhal::version() + (protocol.empty() ? "" : ", " + protocol));
   row("Memory", bytes(p.memory_bytes) + " (" + bytes(p.host_visible_bytes) + " host-visible)");
   row("Allocation alignment", std::to_string(p.min_alignment) + " bytes");
   std::printf("  Heaps\n");

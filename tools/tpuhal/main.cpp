@@ -143,7 +143,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (name == "--version" || name == "version") {
-    std::printf("tpuhal %s\n", tpuhal::version());
+    // This program's version, the library it loaded (libtpuhal0 and
+    // tpuhal-tools may be upgraded apart) and what its drivers speak.
+    std::printf("tpuhal %s\nlibtpuhal %s\n", TPUHAL_VERSION_STRING, tpuhal::version());
+    for (const auto& [scheme, protocol] : tpuhal::protocol_versions())
+      std::printf("  %-8s %s\n", (scheme + ":").c_str(), protocol.c_str());
     return 0;
   }
   std::vector<std::string> args(argv + 2, argv + argc);

@@ -121,6 +121,10 @@ class HostBuffer final : public driver::BufferBackend {
 
 }  // namespace
 
+std::string interface_protocol() {
+  return "firmware interface " + std::to_string(kDriverMax.major) + "." + std::to_string(kDriverMax.minor);
+}
+
 std::shared_ptr<driver::DeviceBackend> open_device(std::unique_ptr<Transport> transport, std::string uri,
                                                    std::string driver_name) {
   auto dev = std::make_shared<TpuDevice>(std::move(transport), std::move(uri), std::move(driver_name));

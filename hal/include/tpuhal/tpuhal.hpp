@@ -324,6 +324,12 @@ class TPUHAL_API Device {
 
 // Library version, "0.1.0".
 TPUHAL_API const char* version() noexcept;
+// What each driver of this library speaks to its boards, by URI scheme, for
+// the drivers that talk to something of ours: {"sim", "firmware interface
+// 1.16"}, {"simd", "simulator daemon protocol 5, firmware interface 1.16"}.
+// A board or daemon of another version is refused with VersionMismatch,
+// naming both (`tpuhal --version` prints these).
+TPUHAL_API std::vector<std::pair<std::string, std::string>> protocol_versions();
 
 }  // namespace tpuhal
 

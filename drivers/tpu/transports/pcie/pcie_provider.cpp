@@ -70,6 +70,7 @@ class PcieProvider final : public driver::Provider {
  public:
   explicit PcieProvider(PciRoots roots) : roots_(std::move(roots)) {}
   std::string_view scheme() const override { return "pcie"; }
+  std::string protocol() const override { return interface_protocol(); }
 
   std::vector<DeviceInfo> enumerate() override {
     const auto boards = known_boards();

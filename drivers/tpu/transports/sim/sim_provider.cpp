@@ -53,6 +53,7 @@ OpenBoards& open_boards() {
 class SimProvider final : public driver::Provider {
  public:
   std::string_view scheme() const override { return "sim"; }
+  std::string protocol() const override { return interface_protocol(); }
 
   std::vector<DeviceInfo> enumerate() override {
     std::vector<DeviceInfo> out;

@@ -151,6 +151,13 @@ simd::Message request(int sock, simd::MsgType type, std::span<const std::byte> b
   if (err == ETIMEDOUT)
     throw Error(Status::DeviceLost, who + ": the simulator daemon did not answer " + simd::to_string(type) +
                                         " within " + std::to_string(kReplyTimeout.count()) + " s");
+  if (err == EPROTO && simd::is_other_version(reply)) {
+    // An error reply keeps its layout in every version: the daemon's words
+    // say what it could not read.
+    const auto* e = reply.header.type == simd::MsgType::kError ? reply.as<simd::ErrorReply>() : nullptr;
+    throw Error(Status::VersionMismatch, who + ": " + simd::version_mismatch(reply.header.version, false) +
+                                             (e ? " (the daemon says: " + simd::get_field(e->message) + ")" : ""));
+  }
   if (err == EPROTO) throw Error(Status::DeviceLost, who + ": the simulator daemon sent " + why);
   if (err) throw Error(Status::DeviceLost, who + ": receiving from the simulator daemon: " + errno_text(err));
   if (reply.header.type == simd::MsgType::kError) {
@@ -487,6 +494,9 @@ std::vector<std::string> configured_daemons() {
 class SimdProvider final : public driver::Provider {
  public:
   std::string_view scheme() const override { return "simd"; }
+  std::string protocol() const override {
+    return "simulator daemon protocol " + std::to_string(simd::kVersion) + ", " + interface_protocol();
+  }
 
   std::vector<DeviceInfo> enumerate() override {
     std::vector<DeviceInfo> out;

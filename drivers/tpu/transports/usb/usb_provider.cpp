@@ -70,6 +70,7 @@ std::vector<Found> scan(const std::vector<KnownUsbBoard>& known) {
 class UsbProvider final : public driver::Provider {
  public:
   std::string_view scheme() const override { return "usb"; }
+  std::string protocol() const override { return interface_protocol(); }
 
   std::vector<DeviceInfo> enumerate() override {
     const auto known = known_usb_boards();

@@ -131,6 +131,7 @@ std::shared_ptr<Cable> cable_of(std::string_view uri) {
 class UsbSimProvider final : public driver::Provider {
  public:
   std::string_view scheme() const override { return "usb-sim"; }
+  std::string protocol() const override { return interface_protocol(); }
 
   std::vector<DeviceInfo> enumerate() override {
     std::vector<DeviceInfo> out;

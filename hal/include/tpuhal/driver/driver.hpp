@@ -241,6 +241,10 @@ class TPUHAL_API Provider {
   // observable() says whether it can; observe() default: Unsupported.
   virtual bool observable(std::string_view uri) const;
   virtual BoardView observe(std::string_view uri);
+  // What this provider speaks to its boards, with the version, for
+  // tpuhal::protocol_versions() ("firmware interface 1.16"); empty (the
+  // default) when there is nothing of ours on the other side to agree with.
+  virtual std::string protocol() const;
 };
 
 // Adds a provider to the process-wide registry (the built-in ones are

@@ -125,14 +125,30 @@ int receive_message(int sock, Message& out, std::chrono::milliseconds timeout, s
     std::snprintf(hex, sizeof hex, "0x%08x", out.header.magic);
     return fail(std::string("a message with magic ") + hex + " (not a tpuhal-simd message)");
   }
-  if (out.header.version != kVersion)
-    return fail("protocol version " + std::to_string(out.header.version) + " (this side speaks " +
-                std::to_string(kVersion) + ")");
   if (out.header.body_bytes != static_cast<std::size_t>(n) - sizeof(Header))
     return fail("a header announcing " + std::to_string(out.header.body_bytes) + " body bytes, with " +
                 std::to_string(static_cast<std::size_t>(n) - sizeof(Header)) + " sent");
   out.body.assign(buf + sizeof(Header), buf + n);
+  if (out.header.version != kVersion)
+    return fail("protocol version " + std::to_string(out.header.version) + " (this side speaks " +
+                std::to_string(kVersion) + ")");
   return 0;
+}
+
+bool is_other_version(const Message& m) noexcept {
+  return m.header.magic == kMagic && m.header.version != kVersion && m.header.body_bytes == m.body.size();
+}
+
+std::string version_mismatch(std::uint16_t theirs, bool daemon) {
+  const std::string mine = std::to_string(kVersion), other = std::to_string(theirs);
+  const std::string versions =
+      daemon ? "the client speaks simulator daemon protocol " + other + " and this daemon (tpuhal-simd) speaks " + mine
+             : "the simulator daemon (tpuhal-simd) speaks protocol " + other + " and this library (libtpuhal) speaks " +
+                   mine;
+  return versions + ": install the packages libtpuhal0 and tpuhal-simd of one version (upgrade the " +
+         (theirs < kVersion ? (daemon ? "client's libtpuhal0" : "daemon's tpuhal-simd")
+                            : (daemon ? "daemon's tpuhal-simd" : "client's libtpuhal0")) +
+         ")";
 }
 
 std::string to_string(MsgType type) {

@@ -31,6 +31,9 @@ inline constexpr std::uint32_t kMagic = 0x44534854;  // "THSD"
 // 2: shadow doorbells in the channel; 3: BoardInfo::tensor_isa, VfStats::uid;
 // 4: StatsRequest pages, VfStats' process name, queues, regions and
 //    telemetry; kTelemetry
+// Header and ErrorReply keep their layout in every version, so that each
+// side can tell a peer of another version why they cannot talk
+// (version_mismatch below).
 inline constexpr std::uint16_t kVersion = 5;
 inline constexpr std::size_t kMaxMessageBytes = 4096;
 inline constexpr std::size_t kMaxFds = 64;
@@ -271,7 +274,15 @@ int send_error(int sock, ErrorStatus status, const std::string& message);
 // Returns 0, ETIMEDOUT, ECONNRESET when the peer closed, EPROTO for a
 // message that is not one of ours (wrong size, magic or version; `why`
 // says which), or another errno value.
+// A message of another protocol version (right magic, its size as its
+// header says) is EPROTO too, with its header and body left in `out`:
+// is_other_version(out) tells, and an error reply in it can be read.
 int receive_message(int sock, Message& out, std::chrono::milliseconds timeout, std::string* why = nullptr);
+bool is_other_version(const Message& m) noexcept;
+// What a side tells a user whose peer speaks protocol `theirs`: both
+// versions and the packages to bring to one version. `daemon`: this side
+// is the daemon (its peer the client library), else the client.
+std::string version_mismatch(std::uint16_t theirs, bool daemon);
 
 std::string to_string(MsgType type);
 
