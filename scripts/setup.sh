@@ -2,11 +2,12 @@
 # Installs what tpuhal needs to build and test on Debian 12, with apt-get,
 # only if something is missing. Safe to run again.
 #
-#   scripts/setup.sh [--build | --test]
+#   scripts/setup.sh [--build | --test | --package]
 #
-#   --build  only what configuring and building needs
-#   --test   only what the tests need beyond that (scripts/test.sh installs
-#            these while it builds)
+#   --build    only what configuring and building needs
+#   --test     only what the tests need beyond that (scripts/test.sh installs
+#              these while it builds)
+#   --package  only what scripts/package.sh needs beyond the build's
 set -euo pipefail
 
 build_packages=(
@@ -25,6 +26,11 @@ build_packages=(
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc  # tpuhal-device-plugin
   libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev  # libgsttpuhal.so
 )
+package_packages=(
+  dpkg-dev help2man lintian                     # dpkg-shlibdeps, manual pages from --help, the packages' check
+  patchelf python3-wheel python3-venv           # the wheel: its module's RPATH, `wheel pack`; its test's venv
+  debootstrap                                   # a fresh Debian 12 root to install them in (--test)
+)
 test_packages=(
   ffmpeg                                        # clips for the video tests, and their reference MD5s
   python3-pytest python3-onnx                   # the Python tests (ONNX builds the runtime tests' models)
@@ -37,10 +43,13 @@ test_packages=(
   gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-good gstreamer1.0-plugins-bad  # a real RTSP server for the live-video tests
   gstreamer1.0-tools gstreamer1.0-plugins-base  # gst-launch-1.0 in the plugin's tests
   universal-ctags                               # function lengths (tests/function_length_test.py)
+  systemd                                       # systemd-socket-activate: the daemon's socket activation test
+  "${package_packages[@]}"                      # the packages' test in a fresh Debian root (scripts/package.sh --test)
 )
 case ${1:-} in
   --build) packages=("${build_packages[@]}") ;;
   --test) packages=("${test_packages[@]}") ;;
+  --package) packages=("${package_packages[@]}") ;;
   "") packages=("${build_packages[@]}" "${test_packages[@]}") ;;
   -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
   *) echo "tpuhal setup: unknown argument $1 (--help)" >&2; exit 2 ;;

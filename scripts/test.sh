@@ -111,6 +111,15 @@ isa_levels() {
 # Each step says how long it took, in the alongside log and on stderr.
 timed() { local s=$SECONDS; "$@"; echo "tpuhal test: $* took $((SECONDS - s)) s" >&2; }
 fuzz_tree() { if [[ $fuzz_here == ON ]]; then echo "$build"; else echo "$root/build/fuzz"; fi; }
+# The Debian packages (docs/packages.md): built, checked by lintian, then
+# installed, used and removed in a fresh Debian root, which needs root.
+packages() {
+  if [[ $(id -u) -eq 0 ]]; then
+    timed scripts/package.sh --test
+  else
+    echo "tpuhal test: the packages' test needs root (debootstrap, chroot): not run" >&2
+  fi
+}
 alongside_steps() {
   timed scripts/tsan.sh --build-only
   [[ $fuzz_here == ON ]] || timed scripts/fuzz.sh --build-only
@@ -118,8 +127,9 @@ alongside_steps() {
   timed scripts/tsan.sh --no-build
   timed scripts/fuzz.sh --build "$(fuzz_tree)" --no-build --seconds 5 --parallel "$(nproc)" -- -seed=1
   if arm64; then timed scripts/arm64.sh --no-build; fi
+  packages
 }
-export -f arm64 timed alongside_steps isa_levels fuzz_tree
+export -f arm64 timed alongside_steps isa_levels fuzz_tree packages
 export build root fuzz_here isa_independent
 done_alongside=0
 # OpenMP's worker threads (the tensor engine's and oneDNN's in LLVM's
