@@ -29,7 +29,7 @@ build_packages=(
 package_packages=(
   dpkg-dev help2man lintian                     # dpkg-shlibdeps, manual pages from --help, the packages' check
   patchelf python3-wheel python3-venv           # the wheel: its module's RPATH, `wheel pack`; its test's venv
-  debootstrap                                   # a fresh Debian 12 root to install them in (--test)
+  debootstrap systemd-container                 # a fresh Debian 12 root to install them in, booted with systemd (--test)
 )
 test_packages=(
   ffmpeg                                        # clips for the video tests, and their reference MD5s

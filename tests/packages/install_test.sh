@@ -8,7 +8,9 @@
 #   - systemd-analyze verify on the units;
 #   - the simulator daemon as its socket unit runs it: started on the first
 #     client, as its own user, a member of the group tpuhal let in and
-#     another user kept out;
+#     another user kept out; with systemd-socket-activate, then (where
+#     systemd-nspawn can boot the root) under systemd itself, with the
+#     exporter's service;
 # then `apt-get purge` and a check that no file of the packages is left.
 #
 #   tests/packages/install_test.sh DEBS_DIR
@@ -58,10 +60,19 @@ bind() {
   mount --bind "$1" "$root$2"
   mounts+=("$root$2")
 }
-mount -t proc proc "$root/proc" && mounts+=("$root/proc")
-bind /dev /dev
-bind /dev/pts /dev/pts
-bind /var/cache/apt/archives /var/cache/apt/archives
+# What chroot's commands need of the host; unmounted while systemd-nspawn
+# runs the root, which mounts its own.
+mount_host() {
+  mount -t proc proc "$root/proc" && mounts+=("$root/proc")
+  bind /dev /dev
+  bind /dev/pts /dev/pts
+  bind /var/cache/apt/archives /var/cache/apt/archives
+}
+unmount_host() {
+  for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}"; done
+  mounts=()
+}
+mount_host
 in_root() { chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
 apt_in_root() { in_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -o Dpkg::Use-Pty=0 -qq "$@"; }
 
@@ -73,11 +84,12 @@ apt_in_root update
 apt_in_root install -y --no-install-recommends g++ cmake make pkg-config gstreamer1.0-tools systemd passwd man-db \
   >/dev/null
 snapshot() {
-  # Every file and link, but state that apt, dpkg and the checks' users
-  # keep, and the backups of /etc's account files (passwd-, group-, ...)
-  # that adduser's tools write.
+  # Every file and link, but state that apt, dpkg, the checks' users and
+  # a boot keep (systemd's timer stamps), and the backups of /etc's account
+  # files (passwd-, group-, ...) that adduser's tools write.
   in_root find / -xdev \( -path /proc -o -path /dev -o -path /tmp -o -path /root -o -path /home \
-    -o -path /var/cache -o -path /var/lib/apt -o -path /var/lib/dpkg -o -path /var/log -o -path /run \) -prune \
+    -o -path /var/cache -o -path /var/lib/apt -o -path /var/lib/dpkg -o -path /var/log -o -path /run \
+    -o -path /var/lib/systemd/timers \) -prune \
     -o \( -type f -o -type l \) -print | grep -v -E '^/etc/(passwd|group|shadow|gshadow|subuid|subgid)-$' | sort
 }
 snapshot >"$root/tmp/before.txt"
@@ -150,6 +162,39 @@ mallory=$(in_root setpriv --reuid=mallory --regid=mallory --init-groups env TPUH
 grep -q -i 'permission denied' <<<"$mallory" || fail "mallory was kept out without saying why: $mallory"
 kill "$daemon"
 wait "$daemon" || fail "the daemon did not stop cleanly on SIGTERM: $(cat "$root/tmp/simd.log")"
+
+# Then systemd itself, where it can boot the root as a container
+# (systemd-nspawn): the socket unit listening as root:tpuhal 0660, the
+# service started by the first client as tpuhal-simd, stopped and started
+# again, the exporter's service watching the daemon's board
+# (tests/packages/boot/boot_test.sh says what exactly). Where systemd-nspawn
+# cannot run a container, the test says so and goes on.
+boot_dir=/var/tmp/tpuhal-boot-test
+unmount_host
+if systemd-nspawn -q --register=no --keep-unit --private-network -D "$root" --pipe /bin/true >"$root/tmp/nspawn.log" 2>&1
+then
+  say "the units under systemd (systemd-nspawn --boot)"
+  rm -rf "$root$boot_dir" && mkdir -p "$root$boot_dir"
+  cp "$here/boot/boot_test.sh" "$root$boot_dir/"
+  cp "$here/boot/tpuhal-boot-test.service" "$root/etc/systemd/system/"
+  ln -sf /etc/systemd/system/tpuhal-boot-test.service "$root/etc/systemd/system/multi-user.target.wants/"
+  # The exporter would be the first client at boot; the test starts it later.
+  rm -f "$root/etc/systemd/system/multi-user.target.wants/tpuhal-exporter.service"
+  timeout 300 systemd-nspawn -q --register=no --keep-unit --private-network --console=passive -D "$root" --boot \
+    >"$root/tmp/nspawn.log" 2>&1 || true
+  mount_host
+  result=$(cat "$root$boot_dir/result" 2>/dev/null || echo "no result (the container did not run the test)")
+  [[ $result == ok ]] || {
+    cat "$root$boot_dir/log" "$root/tmp/nspawn.log" >&2 2>/dev/null
+    fail "under systemd: $result"
+  }
+  rm -rf "$root$boot_dir" "$root/etc/systemd/system/tpuhal-boot-test.service" \
+    "$root/etc/systemd/system/multi-user.target.wants/tpuhal-boot-test.service"
+  ln -s /lib/systemd/system/tpuhal-exporter.service "$root/etc/systemd/system/multi-user.target.wants/"
+else
+  mount_host
+  say "systemd cannot boot the root here (systemd-nspawn: $(tail -n 1 "$root/tmp/nspawn.log")): the units were checked by systemd-analyze and systemd-socket-activate only"
+fi
 in_root userdel alice
 in_root userdel mallory
 
