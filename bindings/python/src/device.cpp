@@ -54,6 +54,11 @@ void bind_device(py::module_& m) {
   m.def(
       "unavailable_drivers", [] { return without_gil([] { return unavailable_drivers(); }); },
       "Drivers that found nothing because something is missing, as (driver, reason) pairs.");
+  m.def(
+      "protocol_versions", [] { return protocol_versions(); },
+      "What each driver speaks to its boards, with the version, as (URI scheme, protocol) pairs: "
+      "('sim', 'firmware interface 1.16'), ('simd', 'simulator daemon protocol 5, firmware interface "
+      "1.16'). A board or daemon of another version is refused with tpuhal.VersionMismatch.");
   m.def("open", &open_device, py::arg("uri"),
         "Opens a device by URI: 'sim:0' (the first simulated board), 'sim:tiny' (a board of the "
         "built-in profile 'tiny'), 'sim:/path/board.json'. Returns a Device, usable as a context "

@@ -1,5 +1,6 @@
 """Devices, properties and errors as exceptions."""
 import gc
+import re
 
 import pytest
 
@@ -119,6 +120,15 @@ def test_wait_policy_round_trips(dev):
 def test_version():
     assert tpuhal.version() == tpuhal.__version__
     assert tpuhal.__version__.count(".") == 2
+
+
+def test_protocol_versions_name_what_each_driver_speaks():
+    versions = dict(tpuhal.protocol_versions())
+    assert re.fullmatch(r"firmware interface \d+\.\d+", versions["sim"]), versions
+    assert versions["pcie"] == versions["sim"]
+    assert re.fullmatch(r"simulator daemon protocol \d+, " + re.escape(versions["sim"]), versions["simd"]), versions
+    # Only drivers with something of ours on the other side: not cuda.
+    assert "cuda" not in versions
 
 
 def test_telemetry_counts_a_known_workload_and_gives_utilisation(dev, queue):

@@ -111,6 +111,7 @@ from ._tpuhal import (
     load_model,
     open,
     ops,
+    protocol_versions,
     trace,
     unavailable_drivers,
     utilisation,
@@ -126,7 +127,7 @@ __all__ = [
     "OutOfRange", "Packet", "PermissionDenied", "PixelFormat", "Program", "Properties", "Queue", "QueueFull",
     "QueueStatus", "QueueTelemetry", "ResourceExhausted", "Status", "Telemetry", "Tensor", "TensorSpec", "Timeout",
     "Unavailable", "Unsupported", "Utilisation", "VersionMismatch", "VideoDecoder", "WaitMode", "WaitPolicy",
-    "__version__", "compile", "devices", "from_dlpack", "load_model", "open", "ops", "trace",
+    "__version__", "compile", "devices", "from_dlpack", "load_model", "open", "ops", "protocol_versions", "trace",
     "unavailable_drivers", "utilisation", "validation", "version", "wait_all",
 ]
 
