@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the simulator service image (docs/packages.md#the-simulator-service-image):
-# a Debian 12 root made by debootstrap from this host's apt mirror, with
+# a Debian 12 root made by debootstrap from this host's apt mirror
+# (scripts/lib/debian-root.bash; TPUHAL_DEBIAN_BASE: a copy of one), with
 # the tpuhal-simd, libtpuhal0 and tpuhal-tools packages that
 # scripts/package.sh made installed by apt, imported into podman. No
 # registry is used.
@@ -45,12 +46,12 @@ cleanup() {
 }
 trap cleanup EXIT
 root="$work/root"
-mirror=$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)
-[[ -n $mirror ]] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
-mirror=${mirror:-http://deb.debian.org/debian}
-say "debootstrap bookworm from $mirror"
-# Documentation, manual pages and translations stay out of the image, now
-# and in whatever is installed into it later (as Debian's slim images do).
+mkdir "$root"
+source "$root_dir/scripts/lib/debian-root.bash"
+debian_root "$root"
+# Documentation, manual pages and translations stay out of the image, in
+# what is installed into it (and later, as in Debian's slim images), and
+# are removed from what debootstrap unpacked below.
 mkdir -p "$root/etc/dpkg/dpkg.cfg.d"
 cat >"$root/etc/dpkg/dpkg.cfg.d/excludes" <<'EOF'
 path-exclude=/usr/share/doc/*
@@ -61,11 +62,6 @@ path-exclude=/usr/share/locale/*
 path-include=/usr/share/locale/locale.alias
 path-exclude=/usr/share/lintian/*
 EOF
-debootstrap --variant=minbase bookworm "$root" "$mirror" >"$work/debootstrap.log" 2>&1 ||
-  { cat "$work/debootstrap.log" >&2; exit 1; }
-rm -f "$root/etc/apt/sources.list"
-cp -a /etc/apt/sources.list* "$root/etc/apt/" 2>/dev/null || true
-cp /etc/resolv.conf "$root/etc/resolv.conf"
 mount -t proc proc "$root/proc" && mounts+=("$root/proc")
 mkdir -p "$root/var/cache/apt/archives"
 mount --bind /var/cache/apt/archives "$root/var/cache/apt/archives" && mounts+=("$root/var/cache/apt/archives")
@@ -81,7 +77,7 @@ mkdir -p "$root/run/tpuhal"
 chroot "$root" chown tpuhal-simd:tpuhal /run/tpuhal
 for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}"; done
 mounts=()
-# What debootstrap unpacked before the excludes applied, and what apt keeps.
+# What debootstrap unpacked, and what apt keeps.
 find "$root/usr/share/doc" -mindepth 1 ! -name copyright ! -type d -delete
 find "$root/usr/share/doc" -mindepth 1 -type d -empty -delete
 rm -rf "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/usr/share/lintian

@@ -52,6 +52,17 @@ took "making the packages and the wheel"
 lintian --fail-on error,warning "$out"/*.deb
 took "lintian"
 if ((test)); then
+  # One fresh Debian root for the run, copied for each use (the packages'
+  # test and the image), made by debootstrap once (or given: scripts/test.sh
+  # makes it while it builds).
+  if [[ -z ${TPUHAL_DEBIAN_BASE:-} ]]; then
+    TPUHAL_DEBIAN_BASE=$(mktemp -d /tmp/tpuhal-debian-base-XXXXXX)
+    trap 'rm -rf --one-file-system "$TPUHAL_DEBIAN_BASE"' EXIT
+    base=$TPUHAL_DEBIAN_BASE
+    TPUHAL_DEBIAN_BASE='' bash -c 'source "$1/scripts/lib/debian-root.bash" && debian_root "$2"' _ "$root" "$base"
+    took "a fresh Debian root (debootstrap)"
+  fi
+  export TPUHAL_DEBIAN_BASE
   "$root/tests/packages/install_test.sh" "$out"
   took "the packages' test in a fresh Debian root"
   "$root/tests/packages/wheel_test.sh" "$out"/tpuhal-*.whl

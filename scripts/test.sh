@@ -113,14 +113,31 @@ timed() { local s=$SECONDS; "$@"; echo "tpuhal test: $* took $((SECONDS - s)) s"
 fuzz_tree() { if [[ $fuzz_here == ON ]]; then echo "$build"; else echo "$root/build/fuzz"; fi; }
 # The Debian packages (docs/packages.md): built, checked by lintian, then
 # installed, used and removed in a fresh Debian root, which needs root.
+# Its fresh Debian root is mostly downloading: debootstrap runs from the
+# start of the steps alongside, beside the builds.
+debian_base_start() {
+  [[ $(id -u) -eq 0 ]] || return 0
+  debian_base=$(mktemp -d /tmp/tpuhal-debian-base-XXXXXX)
+  (source scripts/lib/debian-root.bash && TPUHAL_DEBIAN_BASE='' debian_root "$debian_base") >"$debian_base.log" 2>&1 &
+  debian_base_pid=$!
+}
 packages() {
   if [[ $(id -u) -eq 0 ]]; then
-    timed scripts/package.sh --test
+    local st=0
+    wait "$debian_base_pid" || st=$?
+    if ((st)); then
+      cat "$debian_base.log" >&2
+      echo "tpuhal test: a fresh Debian root for the packages' test failed" >&2
+      return 1
+    fi
+    TPUHAL_DEBIAN_BASE=$debian_base timed scripts/package.sh --test
+    rm -rf --one-file-system "$debian_base" "$debian_base.log"
   else
     echo "tpuhal test: the packages' test needs root (debootstrap, chroot): not run" >&2
   fi
 }
 alongside_steps() {
+  debian_base_start
   timed scripts/tsan.sh --build-only
   [[ $fuzz_here == ON ]] || timed scripts/fuzz.sh --build-only
   if arm64; then timed scripts/arm64.sh --build-only; fi
@@ -129,7 +146,7 @@ alongside_steps() {
   if arm64; then timed scripts/arm64.sh --no-build; fi
   packages
 }
-export -f arm64 timed alongside_steps isa_levels fuzz_tree packages
+export -f arm64 timed alongside_steps isa_levels fuzz_tree packages debian_base_start
 export build root fuzz_here isa_independent
 done_alongside=0
 # OpenMP's worker threads (the tensor engine's and oneDNN's in LLVM's

@@ -32,29 +32,17 @@ compgen -G "$debs/*.deb" >/dev/null || fail "no .deb files in $debs"
 
 keep=${TPUHAL_DEBOOTSTRAP_ROOT:-}
 root=${keep:-$(mktemp -d /tmp/tpuhal-debian-root-XXXXXX)}
-chmod 0755 "$root"  # a root directory every user may enter, as /
 mounts=()
 cleanup() {
-
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
   [[ -n $keep ]] || rm -rf --one-file-system "$root"
 }
 trap cleanup EXIT
 
-# The mirror the host's apt uses (deb822 or one-line sources).
-mirror=$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)
-[[ -n $mirror ]] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
-mirror=${mirror:-http://deb.debian.org/debian}
+source "$source_dir/scripts/lib/debian-root.bash"
 if [[ ! -x $root/usr/bin/apt-get ]]; then
-  say "debootstrap bookworm from $mirror into $root"
-  debootstrap --variant=minbase bookworm "$root" "$mirror" >"$root.debootstrap.log" 2>&1 ||
-    { cat "$root.debootstrap.log" >&2; fail "debootstrap"; }
-  rm -f "$root.debootstrap.log"
+  debian_root "$root" || fail "a fresh Debian root"
 fi
-# The host's sources (its security and updates suites too) and resolver.
-rm -f "$root/etc/apt/sources.list"
-cp -a /etc/apt/sources.list* "$root/etc/apt/" 2>/dev/null || true
-cp /etc/resolv.conf "$root/etc/resolv.conf"
 bind() {
   mkdir -p "$root$2"
   mount --bind "$1" "$root$2"
@@ -102,7 +90,9 @@ in_root sh -c 'cd /tmp/debs && DEBIAN_FRONTEND=noninteractive apt-get -o Dpkg::U
 packages=$(for d in "$debs"/*.deb; do dpkg-deb -f "$d" Package; done | xargs)
 
 say "tpuhal --version, tpuhal list"
-in_root tpuhal --version | tee /dev/stderr | grep -q '^libtpuhal ' || fail "tpuhal --version"
+version=$(in_root tpuhal --version) || fail "tpuhal --version"
+echo "$version" >&2
+grep -q '^libtpuhal ' <<<"$version" || fail "tpuhal --version names no library: $version"
 in_root env TPUHAL_LOG=error tpuhal list | grep -q '^sim:0 ' || fail "tpuhal list shows no sim:0"
 
 say "a consumer built with CMake and with pkg-config"
