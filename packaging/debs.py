@@ -198,6 +198,16 @@ def shlib_depends(pkg, root, libdir, version):
     return [d.strip() for d in m.group(1).split(",")] if m else []
 
 
+def shlibs_line(version):
+    """What a program built against this libtpuhal0 depends on. While the
+    major version is 0 the SONAME stays libtpuhal.so.0 and the ABI may
+    change with the minor, so a program asks for this minor series: at
+    least this version, below the next minor."""
+    major, minor = (int(x) for x in version.split(".")[:2])
+    upper = f"{major}.{minor + 1}~" if major == 0 else f"{major + 1}~"
+    return f"libtpuhal {major} libtpuhal{major} (>= {version}), libtpuhal{major} (<< {upper})\n"
+
+
 def md5sums(root):
     lines = []
     for path in sorted(root.rglob("*")):
@@ -267,7 +277,7 @@ def build_package(pkg, build, out, version, arch, maintainer, date, libdir_of):
     (debian / "control").write_text(control(pkg, root, version, arch, maintainer, libdir_of))
     (debian / "md5sums").write_text(md5sums(root))
     if pkg.name == "libtpuhal0":
-        (debian / "shlibs").write_text(f"libtpuhal 0 libtpuhal0 (>= {version})\n")
+        (debian / "shlibs").write_text(shlibs_line(version))
         (debian / "triggers").write_text("activate-noawait ldconfig\n")
     if pkg.defaults:
         (debian / "conffiles").write_text(f"/etc/default/{pkg.defaults}\n")
