@@ -58,8 +58,8 @@ if ((test)); then
   if [[ -z ${TPUHAL_DEBIAN_BASE:-} ]]; then
     TPUHAL_DEBIAN_BASE=$(mktemp -d /tmp/tpuhal-debian-base-XXXXXX)
     trap 'rm -rf --one-file-system "$TPUHAL_DEBIAN_BASE"' EXIT
-    base=$TPUHAL_DEBIAN_BASE
-    TPUHAL_DEBIAN_BASE='' bash -c 'source "$1/scripts/lib/debian-root.bash" && debian_root "$2"' _ "$root" "$base"
+    source "$root/scripts/lib/debian-root.bash"
+    TPUHAL_DEBIAN_BASE='' debian_root "$TPUHAL_DEBIAN_BASE"
     took "a fresh Debian root (debootstrap)"
   fi
   export TPUHAL_DEBIAN_BASE

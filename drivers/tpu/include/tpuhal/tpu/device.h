@@ -26,15 +26,15 @@ class TpuDevice;
 std::shared_ptr<driver::DeviceBackend> open_device(std::unique_ptr<Transport> transport, std::string uri,
                                                    std::string driver_name);
 
+// "firmware interface MAJOR.MINOR": the interface this driver encodes for
+// (fw::kInterfaceVersion), what a TPU transport's Provider::protocol() says.
+std::string interface_protocol();
+
 // Raw ring access for conformance tests and board bring-up tools: submits
 // hand-built descriptors (sequence numbers are filled in) to the queue
 // behind `queue`, bypassing the HAL's checks. The last descriptor gets
 // kFlagFence | kFlagInterrupt and the submission's timeline value. Returns
 // that value.
-// "firmware interface MAJOR.MINOR": the interface this driver encodes for
-// (fw::kInterfaceVersion), what a TPU transport's Provider::protocol() says.
-std::string interface_protocol();
-
 std::uint64_t submit_raw(driver::QueueBackend& queue, std::span<const fw::CommandDescriptor> descriptors);
 
 // Device address of a queue's timeline word (for hand-built kWaitValue).

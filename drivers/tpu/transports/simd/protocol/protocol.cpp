@@ -145,10 +145,10 @@ std::string version_mismatch(std::uint16_t theirs, bool daemon) {
       daemon ? "the client speaks simulator daemon protocol " + other + " and this daemon (tpuhal-simd) speaks " + mine
              : "the simulator daemon (tpuhal-simd) speaks protocol " + other + " and this library (libtpuhal) speaks " +
                    mine;
+  // The older side is the one to upgrade: the peer if it is older, else this side.
+  const bool upgrade_daemon = (theirs < kVersion) != daemon;
   return versions + ": install the packages libtpuhal0 and tpuhal-simd of one version (upgrade the " +
-         (theirs < kVersion ? (daemon ? "client's libtpuhal0" : "daemon's tpuhal-simd")
-                            : (daemon ? "daemon's tpuhal-simd" : "client's libtpuhal0")) +
-         ")";
+         (upgrade_daemon ? "daemon's tpuhal-simd" : "client's libtpuhal0") + ")";
 }
 
 std::string to_string(MsgType type) {
