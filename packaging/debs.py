@@ -12,7 +12,9 @@ the project's version), libtpuhal-dev, tpuhal-tools, tpuhal-simd,
 tpuhal-exporter, python3-tpuhal, gstreamer1.0-tpuhal and, where the build
 has it, tpuhal-device-plugin. Every package's library dependencies come
 from dpkg-shlibdeps; the package version is the project's (CMakeLists.txt's
-project(VERSION)), the one place the SONAME comes from too.
+project(VERSION)), the one place the SONAME comes from too. libtpuhal0
+recommends the FFmpeg libraries it loads at run time for video, so that an
+image without video can leave them out (--no-install-recommends).
 """
 
 import argparse
@@ -198,6 +200,24 @@ def shlib_depends(pkg, root, libdir, version):
     return [d.strip() for d in m.group(1).split(",")] if m else []
 
 
+def loaded_libraries(build, multiarch):
+    """What libtpuhal loads at run time rather than links (FFmpeg, for video:
+    base/src/ffmpeg.cpp), named as dpkg-shlibdeps names a linked library:
+    from the shlibs file of the package that ships each soname. The build
+    says which sonames (TPUHAL_FFMPEG_SONAMES, from the headers' majors)."""
+    out = []
+    for soname in cache_value(build, "TPUHAL_FFMPEG_SONAMES").split(";"):
+        name, major = soname.split(".so.")
+        owner = run(["dpkg-query", "-S", f"/usr/lib/{multiarch}/{soname}"], capture_output=True).stdout.split(": ")[0]
+        shlibs = run(["dpkg-query", "--control-show", owner, "shlibs"], capture_output=True).stdout
+        lines = [line.split(None, 2) for line in shlibs.splitlines()]
+        found = [f[2] for f in lines if len(f) == 3 and f[:2] == [name, major]]
+        if not found:
+            sys.exit(f"debs: {owner}'s shlibs name no {name} {major}")
+        out.append(found[0])
+    return out
+
+
 def shlibs_line(version):
     """What a program built against this libtpuhal0 depends on. While the
     major version is 0 the SONAME stays libtpuhal.so.0 and the ABI may
@@ -234,7 +254,7 @@ def merge_depends(*lists):
     return out
 
 
-def control(pkg, root, version, arch, maintainer, libdir):
+def control(pkg, root, version, arch, maintainer, libdir, loaded):
     fields = {
         "Package": pkg.name,
         "Source": "tpuhal",
@@ -250,8 +270,9 @@ def control(pkg, root, version, arch, maintainer, libdir):
         depends = [d for d in depends if not d.startswith("libtpuhal0")]
     if depends:
         fields["Depends"] = ", ".join(depends)
-    if pkg.recommends:
-        fields["Recommends"] = ", ".join(r.format(v=version) for r in pkg.recommends)
+    recommends = [r.format(v=version) for r in pkg.recommends] + loaded
+    if recommends:
+        fields["Recommends"] = ", ".join(recommends)
     if pkg.suggests:
         fields["Suggests"] = ", ".join(pkg.suggests)
     fields["Section"] = pkg.section
@@ -260,7 +281,7 @@ def control(pkg, root, version, arch, maintainer, libdir):
     return "".join(f"{k}: {v}\n" for k, v in fields.items())
 
 
-def build_package(pkg, build, out, version, arch, maintainer, date, libdir_of):
+def build_package(pkg, build, out, version, arch, maintainer, date, libdir_of, loaded):
     root = out / "stage" / pkg.name
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -274,7 +295,7 @@ def build_package(pkg, build, out, version, arch, maintainer, date, libdir_of):
     strip_and_set_modes(root)
     debian = root / "DEBIAN"
     debian.mkdir()
-    (debian / "control").write_text(control(pkg, root, version, arch, maintainer, libdir_of))
+    (debian / "control").write_text(control(pkg, root, version, arch, maintainer, libdir_of, loaded))
     (debian / "md5sums").write_text(md5sums(root))
     if pkg.name == "libtpuhal0":
         (debian / "shlibs").write_text(shlibs_line(version))
@@ -318,7 +339,8 @@ def main():
     os.environ["TPUHAL_STAGED_LIBDIR"] = str(libdir)
     made = []
     for pkg in PACKAGES:
-        deb = build_package(pkg, build, out, version, arch, args.maintainer, date, libdir)
+        loaded = loaded_libraries(build, multiarch) if pkg.name == "libtpuhal0" else []
+        deb = build_package(pkg, build, out, version, arch, args.maintainer, date, libdir, loaded)
         if deb:
             made.append(deb)
             print(f"debs: {deb.name}")

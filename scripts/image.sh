@@ -4,24 +4,30 @@
 # (scripts/lib/debian-root.bash; TPUHAL_DEBIAN_BASE: a copy of one), with
 # the tpuhal-simd, libtpuhal0 and tpuhal-tools packages that
 # scripts/package.sh made installed by apt, imported into podman. No
-# registry is used.
+# registry is used. Without --video the image has no FFmpeg, and its boards
+# no video decoder (libtpuhal0 only recommends FFmpeg: the daemon's log says
+# what is missing); --video installs what libtpuhal0 recommends.
 #
-#   scripts/image.sh [--packages DIR] [--tag NAME] [--output FILE]
+#   scripts/image.sh [--packages DIR] [--tag NAME] [--output FILE] [--video]
 #
 #   --packages DIR  the .deb files (default: build/packages)
-#   --tag NAME      the image's name (default: localhost/tpuhal-simd:VERSION)
+#   --tag NAME      the image's name (default: localhost/tpuhal-simd:VERSION,
+#                   with --video localhost/tpuhal-simd:VERSION-video)
 #   --output FILE   also write the image as an OCI archive (podman save)
+#   --video         boards that decode video: FFmpeg in the image (about
+#                   200 MB more)
 #
 # Needs root (debootstrap, chroot).
 set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 packages="$root_dir/build/packages"
-tag='' output=''
+tag='' output='' video=0
 while (($#)); do
   case $1 in
     --packages) packages=$(realpath "$2"); shift ;;
     --tag) tag=$2; shift ;;
     --output) output=$(realpath -m "$2"); shift ;;
+    --video) video=1 ;;
     -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "tpuhal image: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
@@ -35,7 +41,13 @@ for p in tpuhal-simd libtpuhal0 tpuhal-tools; do
   debs+=("$f")
 done
 version=$(dpkg-deb -f "${debs[0]}" Version)
-tag=${tag:-localhost/tpuhal-simd:$version}
+# With --video, the libraries libtpuhal0 recommends (FFmpeg's), by name.
+extra='' suffix=''
+if ((video)); then
+  extra=$(dpkg-deb -f "${debs[1]}" Recommends | tr ',' '\n' | sed 's/(.*)//; s/ //g' | tr '\n' ' ')
+  suffix=-video
+fi
+tag=${tag:-localhost/tpuhal-simd:$version$suffix}
 
 work=$(mktemp -d /tmp/tpuhal-image-XXXXXX)
 chmod 0755 "$work"
@@ -69,7 +81,8 @@ mkdir -p "$root/tmp/debs"
 cp "${debs[@]}" "$root/tmp/debs/"
 say "apt-get install ${debs[*]##*/}"
 chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive sh -c \
-  'apt-get -qq update && cd /tmp/debs && apt-get -qq install -y --no-install-recommends ./*.deb' >"$work/apt.log" 2>&1 ||
+  "apt-get -qq update && cd /tmp/debs && apt-get -qq install -y --no-install-recommends ./*.deb $extra" \
+  >"$work/apt.log" 2>&1 ||
   { cat "$work/apt.log" >&2; exit 1; }
 # The daemon's socket folder, for a volume: the daemon's user makes the
 # socket there, members of the group tpuhal may use it.

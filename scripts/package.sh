@@ -9,8 +9,9 @@
 #   --test      then install the .debs in a fresh Debian 12 root, use them
 #               and remove them (tests/packages/install_test.sh), the wheel
 #               in a fresh venv (tests/packages/wheel_test.sh), and build
-#               the simulator service image and run it as a daemon for
-#               another container given a board through CDI
+#               the simulator service images (without and with video) and
+#               run one as a daemon for another container given a board
+#               through CDI
 #               (scripts/image.sh, tests/packages/image_test.sh); needs root
 #   --no-build  package the tree as it is (after an earlier run)
 set -euo pipefail
@@ -69,10 +70,11 @@ if ((test)); then
   took "the wheel's test in a fresh venv"
   image=localhost/tpuhal-simd-test:$$
   "$root/scripts/image.sh" --packages "$out" --tag "$image"
-  took "the simulator service image"
+  "$root/scripts/image.sh" --packages "$out" --tag "$image-video" --video
+  took "the simulator service images, without and with video"
   status=0
-  "$root/tests/packages/image_test.sh" "$image" || status=$?
-  podman rmi -f "$image" >/dev/null 2>&1 || true
+  "$root/tests/packages/image_test.sh" "$image" "$image-video" || status=$?
+  podman rmi -f "$image" "$image-video" >/dev/null 2>&1 || true
   ((status == 0)) || exit "$status"
-  took "the image's test in two containers"
+  took "the images' test in containers"
 fi

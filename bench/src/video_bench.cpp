@@ -8,11 +8,9 @@
 #include <filesystem>
 #include <thread>
 
-extern "C" {
-#include <libavcodec/avcodec.h>
-#include <libavutil/log.h>
-}
+extern "C" {}
 
+#include "tpuhal/base/ffmpeg.h"
 #include "tpuhal/bench/bench.h"
 
 namespace tpuhal::bench {
@@ -98,28 +96,29 @@ double device_fps(Device& dev, const Clip& clip, std::uint32_t channels, std::ui
 // in turn, kDepth packets each, as the device's host threads keep kDepth in
 // flight per channel: both sides decode the same interleaved schedule of
 // concurrent streams (and so keep as many decoders' reference frames hot).
-double libavcodec_fps(const Clip& clip, std::uint32_t channels, std::uint32_t loops, std::uint32_t threads) {
-  const AVCodec* codec = avcodec_find_decoder(clip.codec == Codec::H264 ? AV_CODEC_ID_H264 : AV_CODEC_ID_HEVC);
+double libavcodec_fps(const base::ffmpeg::Api& av, const Clip& clip, std::uint32_t channels, std::uint32_t loops,
+                      std::uint32_t threads) {
+  const AVCodec* codec = av.avcodec_find_decoder(clip.codec == Codec::H264 ? AV_CODEC_ID_H264 : AV_CODEC_ID_HEVC);
   std::atomic<std::uint64_t> frames{0};
   threads = std::min(threads, channels);
   // Decoders made before the clock starts, as the device's are.
   std::vector<AVCodecContext*> contexts(channels);
   for (auto& ctx : contexts) {
-    ctx = avcodec_alloc_context3(codec);
+    ctx = av.avcodec_alloc_context3(codec);
     ctx->thread_count = 1;
-    avcodec_open2(ctx, codec, nullptr);
+    av.avcodec_open2(ctx, codec, nullptr);
   }
   const auto start = Clock::now();
   std::vector<std::thread> pool;
   for (std::uint32_t t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {
-      AVPacket* pkt = av_packet_alloc();
-      AVFrame* frame = av_frame_alloc();
+      AVPacket* pkt = av.av_packet_alloc();
+      AVFrame* frame = av.av_frame_alloc();
       std::uint64_t n = 0;
       auto drain = [&](AVCodecContext* ctx) {
-        while (avcodec_receive_frame(ctx, frame) == 0) {
+        while (av.avcodec_receive_frame(ctx, frame) == 0) {
           ++n;
-          av_frame_unref(frame);
+          av.av_frame_unref(frame);
         }
       };
       const std::uint64_t total = std::uint64_t{loops} * clip.packets.size();
@@ -130,20 +129,20 @@ double libavcodec_fps(const Clip& clip, std::uint32_t channels, std::uint32_t lo
             pkt->data = reinterpret_cast<std::uint8_t*>(const_cast<std::byte*>(p.data.data()));
             pkt->size = static_cast<int>(p.data.size());
             pkt->pts = p.pts;
-            avcodec_send_packet(contexts[c], pkt);
+            av.avcodec_send_packet(contexts[c], pkt);
             drain(contexts[c]);
           }
       for (std::uint32_t c = t; c < channels; c += threads) {
-        avcodec_send_packet(contexts[c], nullptr);
+        av.avcodec_send_packet(contexts[c], nullptr);
         drain(contexts[c]);
       }
-      av_frame_free(&frame);
-      av_packet_free(&pkt);
+      av.av_frame_free(&frame);
+      av.av_packet_free(&pkt);
       frames += n;
     });
   for (auto& th : pool) th.join();
   const double s = std::chrono::duration<double>(Clock::now() - start).count();
-  for (auto& ctx : contexts) avcodec_free_context(&ctx);
+  for (auto& ctx : contexts) av.avcodec_free_context(&ctx);
   const std::uint64_t expected = std::uint64_t{channels} * loops * clip.packets.size();
   if (frames.load() != expected)
     throw Error(Status::Internal, "tpuhal bench video: libavcodec decoded " + std::to_string(frames.load()) +
@@ -156,7 +155,10 @@ double libavcodec_fps(const Clip& clip, std::uint32_t channels, std::uint32_t lo
 std::vector<Result> run_video(Device& device, const Options& options) {
   std::vector<Result> out;
   if (!device.properties().caps.video_decode) return out;
-  av_log_set_level(AV_LOG_FATAL);
+  std::string why;
+  const base::ffmpeg::Api* av = base::ffmpeg::load(base::ffmpeg::Part::kDecode, &why);
+  if (!av) throw Error(Status::Unsupported, "tpuhal bench video: the reference decoder needs FFmpeg: " + why);
+  av->av_log_set_level(AV_LOG_FATAL);
   const fs::path dir = fs::temp_directory_path() / ("tpuhal-bench-video-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   struct Cleanup {
@@ -199,7 +201,7 @@ std::vector<Result> run_video(Device& device, const Options& options) {
     double dev_fps = 0, ref_fps = 0;
     for (int round = 0; round < (options.quick ? 1 : 3); ++round) {
       dev_fps = std::max(dev_fps, device_fps(device, *k.clip, k.channels, loops));
-      ref_fps = std::max(ref_fps, libavcodec_fps(*k.clip, k.channels, loops, threads));
+      ref_fps = std::max(ref_fps, libavcodec_fps(*av, *k.clip, k.channels, loops, threads));
     }
     Result r;
     r.bench = "video_decode";

@@ -11,13 +11,7 @@
 #include <unordered_map>
 #include <utility>
 
-extern "C" {
-#include <libavcodec/avcodec.h>
-#include <libavcodec/bsf.h>
-#include <libavformat/avformat.h>
-#include <libavutil/error.h>
-}
-
+#include "tpuhal/base/ffmpeg.h"
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/tpuhal.hpp"
@@ -26,9 +20,18 @@ namespace tpuhal {
 
 namespace {
 
+// FFmpeg, loaded by the first Demuxer (which throws if it cannot be): every
+// use below runs on behalf of one.
+const base::ffmpeg::Api& av() { return *base::ffmpeg::load(base::ffmpeg::Part::kDemux, nullptr); }
+
+void load_ffmpeg(const std::string& path) {
+  if (std::string why; !base::ffmpeg::load(base::ffmpeg::Part::kDemux, &why))
+    throw Error(Status::Unsupported, path + ": reading video needs FFmpeg: " + why);
+}
+
 std::string av_error(int code) {
   char buf[AV_ERROR_MAX_STRING_SIZE] = {};
-  av_strerror(code, buf, sizeof buf);
+  av().av_strerror(code, buf, sizeof buf);
   return buf;
 }
 
@@ -75,7 +78,7 @@ void listen_to_libav(void* avcl, int level, const char* fmt, va_list vl) {
       if (bye) it->second->bye.store(true, std::memory_order_relaxed);
     }
   }
-  av_log_default_callback(avcl, level, fmt, vl);
+  av().av_log_default_callback(avcl, level, fmt, vl);
 }
 
 // libavformat's parser hands a unit out once the next one begins. When a
@@ -83,7 +86,7 @@ void listen_to_libav(void* avcl, int level, const char* fmt, va_list vl) {
 // unit that comes with the parser gone was handed out that way. The source
 // ended (an RTSP server's BYE: the unit is whole), or it dropped or stalled,
 // perhaps inside the unit.
-bool flushed_by_a_failed_read(AVStream* st, bool had_parser) { return had_parser && !av_stream_get_parser(st); }
+bool flushed_by_a_failed_read(AVStream* st, bool had_parser) { return had_parser && !av().av_stream_get_parser(st); }
 
 }  // namespace
 
@@ -127,8 +130,8 @@ struct Demuxer::State {
       std::lock_guard lock(c.mu);
       c.by_context.erase(fmt);
     }
-    av_bsf_free(&bsf);
-    avformat_close_input(&fmt);
+    av().av_bsf_free(&bsf);
+    av().avformat_close_input(&fmt);
     stream = -1;
     eof = false;
   }
@@ -136,14 +139,14 @@ struct Demuxer::State {
   void open();
 
   ~State() {
-    av_packet_free(&pkt);
+    av().av_packet_free(&pkt);
     close();
   }
 };
 
 void Demuxer::State::open() {
   close();
-  fmt = avformat_alloc_context();
+  fmt = av().avformat_alloc_context();
   if (!fmt) throw Error(Status::OutOfMemory, path + ": cannot allocate a demuxer");
   fmt->interrupt_callback = {&State::interrupted, this};
   heard.bye.store(false);
@@ -155,18 +158,18 @@ void Demuxer::State::open() {
   AVDictionary* opts = nullptr;
   if (live) {
     const auto us = std::to_string(static_cast<std::int64_t>(options.timeout.count()) * 1000);
-    av_dict_set(&opts, "timeout", us.c_str(), 0);  // RTSP, HTTP and UDP sockets, in µs
+    av().av_dict_set(&opts, "timeout", us.c_str(), 0);  // RTSP, HTTP and UDP sockets, in µs
     if (rtsp) {
-      if (options.transport == DemuxerOptions::Transport::Tcp) av_dict_set(&opts, "rtsp_transport", "tcp", 0);
-      if (options.transport == DemuxerOptions::Transport::Udp) av_dict_set(&opts, "rtsp_transport", "udp", 0);
-      av_dict_set(&opts, "allowed_media_types", "video", 0);
+      if (options.transport == DemuxerOptions::Transport::Tcp) av().av_dict_set(&opts, "rtsp_transport", "tcp", 0);
+      if (options.transport == DemuxerOptions::Transport::Udp) av().av_dict_set(&opts, "rtsp_transport", "udp", 0);
+      av().av_dict_set(&opts, "allowed_media_types", "video", 0);
     }
   }
   arm();
   const std::uint64_t started = base::monotonic_ns();
   const void* context = fmt;
-  int r = avformat_open_input(&fmt, path.c_str(), nullptr, &opts);  // frees fmt when it fails
-  av_dict_free(&opts);
+  int r = av().avformat_open_input(&fmt, path.c_str(), nullptr, &opts);  // frees fmt when it fails
+  av().av_dict_free(&opts);
   if (r < 0) {
     if (live) {
       HeardByContext& c = heard_by_context();
@@ -184,7 +187,7 @@ void Demuxer::State::open() {
     throw Error(Status::InvalidArgument, path + ": not a media file libavformat can read (" + av_error(r) + ")");
   }
   arm();
-  r = avformat_find_stream_info(fmt, nullptr);
+  r = av().avformat_find_stream_info(fmt, nullptr);
   if (r < 0)
     throw Error(live ? Status::Unavailable : Status::InvalidArgument,
                 path + ": cannot read stream information (" + av_error(r) + ")");
@@ -209,18 +212,20 @@ void Demuxer::State::open() {
   // sets out of band: the filter turns them into an Annex B byte stream
   // (and passes Annex B input through unchanged).
   if (codec != Codec::Jpeg) {
-    const AVBitStreamFilter* f = av_bsf_get_by_name(codec == Codec::H264 ? "h264_mp4toannexb" : "hevc_mp4toannexb");
-    if (!f || av_bsf_alloc(f, &bsf) < 0)
+    const AVBitStreamFilter* f =
+        av().av_bsf_get_by_name(codec == Codec::H264 ? "h264_mp4toannexb" : "hevc_mp4toannexb");
+    if (!f || av().av_bsf_alloc(f, &bsf) < 0)
       throw Error(Status::Unavailable, path + ": libavcodec lacks the Annex B filter");
-    avcodec_parameters_copy(bsf->par_in, st->codecpar);
+    av().avcodec_parameters_copy(bsf->par_in, st->codecpar);
     bsf->time_base_in = st->time_base;
-    r = av_bsf_init(bsf);
+    r = av().av_bsf_init(bsf);
     if (r < 0)
       throw Error(Status::InvalidArgument, path + ": cannot convert the stream to Annex B (" + av_error(r) + ")");
   }
 }
 
-Demuxer::Demuxer(const std::string& path, const DemuxerOptions& options) : s_(std::make_unique<State>()) {
+Demuxer::Demuxer(const std::string& path, const DemuxerOptions& options)
+    : s_((load_ffmpeg(path), std::make_unique<State>())) {
   s_->path = path;
   s_->options = options;
   s_->live = is_url(path);
@@ -228,8 +233,8 @@ Demuxer::Demuxer(const std::string& path, const DemuxerOptions& options) : s_(st
   if (s_->live) {
     static std::once_flag network;
     std::call_once(network, [] {
-      avformat_network_init();
-      av_log_set_callback(listen_to_libav);
+      av().avformat_network_init();
+      av().av_log_set_callback(listen_to_libav);
     });
     if (options.timeout.count() <= 0 || options.initial_backoff.count() <= 0 ||
         options.max_backoff < options.initial_backoff)
@@ -240,7 +245,7 @@ Demuxer::Demuxer(const std::string& path, const DemuxerOptions& options) : s_(st
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) throw Error(Status::NotFound, path + ": no such file");
   }
-  s_->pkt = av_packet_alloc();
+  s_->pkt = av().av_packet_alloc();
   if (!s_->pkt) throw Error(Status::OutOfMemory, path + ": cannot allocate a packet");
   s_->open();
 }
@@ -276,7 +281,7 @@ std::optional<Demuxer::Packet> Demuxer::next() {
     out.new_stream = std::exchange(s.new_stream, false);
     out.arrival_ns = base::monotonic_ns();
     ++s.frames;
-    av_packet_unref(p);
+    av().av_packet_unref(p);
     return out;
   };
   // A live source that failed (`why`, naming it): open it again, backing
@@ -308,10 +313,10 @@ std::optional<Demuxer::Packet> Demuxer::next() {
   for (;;) {
     if (s.stop.load()) return std::nullopt;
     if (s.bsf) {
-      const int r = av_bsf_receive_packet(s.bsf, s.pkt);
+      const int r = av().av_bsf_receive_packet(s.bsf, s.pkt);
       if (r == 0) {
         if (s.pkt->size == 0) {
-          av_packet_unref(s.pkt);
+          av().av_packet_unref(s.pkt);
           continue;
         }
         return take(s.pkt);
@@ -323,8 +328,8 @@ std::optional<Demuxer::Packet> Demuxer::next() {
     }
     if (s.eof) return std::nullopt;
     s.arm();
-    const bool had_parser = av_stream_get_parser(s.fmt->streams[s.stream]) != nullptr;
-    const int r = av_read_frame(s.fmt, s.pkt);
+    const bool had_parser = av().av_stream_get_parser(s.fmt->streams[s.stream]) != nullptr;
+    const int r = av().av_read_frame(s.fmt, s.pkt);
     if (r < 0 && s.live && !s.stop.load() && s.options.reconnect) {
       // Stalled (our deadline), dropped, or ended (an RTSP server's BYE):
       // a live source goes on with a new connection.
@@ -337,14 +342,14 @@ std::optional<Demuxer::Packet> Demuxer::next() {
     if (r < 0 && s.stop.load()) return std::nullopt;
     if (r == AVERROR_EOF) {
       s.eof = true;
-      if (s.bsf) av_bsf_send_packet(s.bsf, nullptr);
+      if (s.bsf) av().av_bsf_send_packet(s.bsf, nullptr);
       continue;
     }
     if (r < 0)
       throw Error(s.live ? Status::Unavailable : Status::InvalidArgument,
                   s.path + ": " + (r == AVERROR_EXIT ? "no data for " + ms(s.options.timeout) : av_error(r)));
     if (s.pkt->stream_index != s.stream) {
-      av_packet_unref(s.pkt);
+      av().av_packet_unref(s.pkt);
       continue;
     }
     if (s.rtsp && flushed_by_a_failed_read(s.fmt->streams[s.stream], had_parser) && !s.heard.bye.load()) {
@@ -359,19 +364,19 @@ std::optional<Demuxer::Packet> Demuxer::next() {
             s.path, s.pkt->size);
         s.heard.lost.fetch_add(1, std::memory_order_relaxed);
       }
-      av_packet_unref(s.pkt);
+      av().av_packet_unref(s.pkt);
       continue;
     }
     if (!s.bsf) {
       if (s.pkt->size == 0) {
-        av_packet_unref(s.pkt);
+        av().av_packet_unref(s.pkt);
         continue;
       }
       return take(s.pkt);
     }
-    const int b = av_bsf_send_packet(s.bsf, s.pkt);
+    const int b = av().av_bsf_send_packet(s.bsf, s.pkt);
     if (b < 0) {
-      av_packet_unref(s.pkt);
+      av().av_packet_unref(s.pkt);
       throw Error(Status::InvalidArgument, s.path + ": " + av_error(b));
     }
   }

@@ -64,6 +64,8 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
     }
     queues.push_back(std::move(state));
   }
+  if (profile.decode_channels && video_unavailable().empty())
+    av = base::ffmpeg::load(base::ffmpeg::Part::kDecode, nullptr);
   std::memcpy(board_name.data(), profile.model.data(), std::min(profile.model.size(), board_name.size() - 1));
   reset_time_ns.store(base::monotonic_ns());
   status.store(fw::kStatusReady);
@@ -127,7 +129,7 @@ tensor::TensorEngine* Board::Impl::tensor_engine() {
 }
 
 CodecUnit* Board::Impl::codec_unit() {
-  if (profile.decode_channels == 0) return nullptr;
+  if (!av) return nullptr;
   std::call_once(codec_once, [this] {
     // Decode threads shared by every channel: the profile's count (default:
     // this machine's cores); TPUHAL_SIM_VIDEO_THREADS lowers it.
@@ -138,7 +140,7 @@ CodecUnit* Board::Impl::codec_unit() {
       if (n >= 1) threads = std::min(threads, static_cast<unsigned>(n));
     }
     codec = std::make_unique<CodecUnit>(
-        dma, iommu, profile.decode_channels, threads, sim::decode_memory_bytes(profile),
+        *av, dma, iommu, profile.decode_channels, threads, sim::decode_memory_bytes(profile),
         [](void* board, std::uint32_t q) { static_cast<Board::Impl*>(board)->raise_if_unmasked(1u << q); }, this,
         halted, driver_version);
     codec_ptr.store(codec.get());
@@ -207,10 +209,7 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
     case kSerialHi: return hi(profile.serial);
     case kCaps:
       return fw::kCapCopySg | fw::kCapFill | fw::kCapWaitValue | fw::kCapTimestamp |
-             (profile.tensor_cores ? fw::kCapTensor : 0) |
-             // The codec unit's channel page is shared memory: not yet
-             // offered to a host on the far side of a cable.
-             (profile.decode_channels && !dma.port() ? fw::kCapVideoDecode : 0) |
+             (profile.tensor_cores ? fw::kCapTensor : 0) | (video_channels() ? fw::kCapVideoDecode : 0) |
              (profile.aperture_bytes ? fw::kCapHostAperture : 0) | (profile.bus == "soc" ? fw::kCapUnifiedMemory : 0) |
              fw::kCapTelemetry | (timing ? fw::kCapModelledTime : 0) | (profile.timing ? fw::kCapTimingModel : 0);
     case kFirmwareVersion: return profile.firmware_version;
@@ -238,7 +237,7 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
     case kTensorCores: return profile.tensor_cores;
     case kInt8Gops: return gops(profile.int8_tops);
     case kFp16Gflops: return gops(profile.fp16_tflops);
-    case kDecodeChannels: return profile.decode_channels;
+    case kDecodeChannels: return av ? profile.decode_channels : 0;
     case kVideoCodecs: {
       std::uint32_t bits = 0;
       for (const auto& c : profile.codecs)
@@ -246,7 +245,7 @@ std::uint32_t Board::Impl::read(std::uint32_t off) noexcept {
                 : c == "h265" ? 1u << static_cast<int>(fw::VideoCodec::kH265)
                 : c == "jpeg" ? 1u << static_cast<int>(fw::VideoCodec::kJpeg)
                               : 0u;
-      return profile.decode_channels ? bits : 0;
+      return av ? bits : 0;
     }
     case kMboxStatus: {
       std::lock_guard lock(mbox_mu);
@@ -542,8 +541,7 @@ void Board::Impl::count_dma(std::uint64_t src, std::uint64_t dst, std::uint64_t 
 }
 
 std::uint64_t Board::Impl::telemetry_total_bytes() const noexcept {
-  const bool video = profile.decode_channels && !dma.port();
-  return fw::telemetry_bytes(static_cast<std::uint32_t>(queues.size()), video ? profile.decode_channels : 0);
+  return fw::telemetry_bytes(static_cast<std::uint32_t>(queues.size()), video_channels());
 }
 
 fw::Problem Board::Impl::write_telemetry(std::uint64_t addr, std::uint64_t capacity, std::uint64_t& written,
@@ -561,9 +559,8 @@ fw::Problem Board::Impl::write_telemetry(std::uint64_t addr, std::uint64_t capac
 
 std::vector<std::byte> Board::Impl::telemetry_block(std::uint64_t capacity) {
   CodecUnit* unit = codec_ptr.load(std::memory_order_acquire);
-  const bool video = profile.decode_channels && !dma.port();
   const auto nq = static_cast<std::uint32_t>(queues.size());
-  const std::uint32_t nc = video ? profile.decode_channels : 0;
+  const std::uint32_t nc = video_channels();
   const std::uint64_t now = base::monotonic_ns();
   fw::TelemetryHeader h{};
   h.magic = fw::kTelemetryMagic;
@@ -699,6 +696,14 @@ const BoardProfile& Board::profile() const noexcept { return impl_->profile; }
 std::string Board::tensor_isa() const {
   if (impl_->profile.tensor_cores == 0) return {};
   return std::string(tensor::isa_name(impl_->tensor_isa));
+}
+
+std::string Board::video_unavailable() {
+  std::string why;
+  if (base::ffmpeg::load(base::ffmpeg::Part::kDecode, &why)) return {};
+  static std::once_flag warned;  // once per process, not per board
+  std::call_once(warned, [&] { base::logger("video")->warn("simulated boards have no video decoder: {}", why); });
+  return why;
 }
 
 std::string Board::tensor_isa_of(const BoardProfile& profile) {

@@ -17,6 +17,7 @@
 #include "tensor/engine.h"
 #include "video/codec_unit.h"
 #include "tpuhal/base/fd.h"
+#include "tpuhal/base/ffmpeg.h"
 #include "tpuhal/base/mapping.h"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/fw/command.h"
@@ -188,6 +189,13 @@ struct Board::Impl {
 
   // The video codec unit, made on first use; null if the board has none.
   CodecUnit* codec_unit();
+  // The decoders' library (FFmpeg, loaded at run time), or null: the profile
+  // has no decode channels, or FFmpeg is not installed and the board then
+  // offers no decoder (a warning says why).
+  const base::ffmpeg::Api* av = nullptr;
+  // Decode channels offered to the driver: none without the library, or to
+  // a host on the far side of a cable (the channel page is shared memory).
+  std::uint32_t video_channels() const noexcept { return av && !dma.port() ? profile.decode_channels : 0; }
   std::once_flag codec_once;
   std::unique_ptr<CodecUnit> codec;
   std::atomic<CodecUnit*> codec_ptr{nullptr};  // for the doorbell register

@@ -4,13 +4,17 @@
 # volume; the other is given a board through CDI (a spec that `tpuhal cdi
 # generate` wrote for the daemon's boards) and runs `tpuhal list` and a
 # copy through the board (`tpuhal demo`). A container not given the board
-# sees none.
+# sees none. The image has no FFmpeg: its boards offer no video decoder, the
+# daemon's log says why, and it weighs at most 150 MB. VIDEO_IMAGE, if
+# given (scripts/image.sh --video), is the same with FFmpeg: its boards
+# decode.
 #
-#   tests/packages/image_test.sh IMAGE
+#   tests/packages/image_test.sh IMAGE [VIDEO_IMAGE]
 #
 # Needs root (podman reads CDI specs from /etc/cdi and /var/run/cdi).
 set -euo pipefail
 image=$1
+video_image=${2:-}
 say() { echo "image test: $*" >&2; }
 fail() {
   say "FAILED: $*"
@@ -41,6 +45,8 @@ for _ in $(seq 1 600); do
 done
 podman logs "$daemon" 2>&1 | grep -q 'serving 2 board' || fail "the daemon did not start: $(podman logs "$daemon" 2>&1)"
 [[ $(podman inspect "$daemon" --format '{{.Config.User}}') == tpuhal-simd ]] || fail "the daemon does not run as tpuhal-simd"
+podman logs "$daemon" 2>&1 | grep -q "no video decoder: .*; install FFmpeg's" ||
+  fail "the daemon's log does not say why its boards decode no video: $(podman logs "$daemon" 2>&1)"
 
 # The socket as the host sees it, in the volume.
 sock=$(podman volume inspect "$volume" --format '{{.Mountpoint}}')/simd.sock
@@ -60,7 +66,17 @@ say "the client container lists: $listed"
 grep -q "^simd:$sock#1 " <<<"$listed" || fail "the client does not see board 1"
 grep -q "^simd:$sock#0 " <<<"$listed" && fail "the client sees board 0, which it was not given"
 "${client[@]}" demo --size 4MiB --device "simd:$sock#1" >/dev/null || fail "a copy through board 1 (tpuhal demo)"
+info=$("${client[@]}" info --json "simd:$sock#1") || fail "tpuhal info in the client container"
+grep -Eq '"video_decode": *false' <<<"$info" || fail "a board of the image without FFmpeg offers video decode: $info"
 none=$("${run[@]}" --rm --user root -e TPUHAL_LOG=error -e "TPUHAL_SIMD=$sock" --entrypoint tpuhal "$image" list 2>&1) || true
 grep -q "^simd:" <<<"$none" && fail "a container given no board sees one: $none"
 size=$(podman image inspect "$image" --format '{{.Size}}')
+((size <= 150000000)) || fail "$image weighs $((size / 1000000)) MB, more than 150 MB"
 say "ok ($image, $((size / 1000000)) MB)"
+if [[ -n $video_image ]]; then
+  info=$("${run[@]}" --rm -e TPUHAL_LOG=error --entrypoint tpuhal "$video_image" info --json sim:0) ||
+    fail "tpuhal info in $video_image"
+  grep -Eq '"video_decode": *true' <<<"$info" || fail "a board of $video_image offers no video decode: $info"
+  size=$(podman image inspect "$video_image" --format '{{.Size}}')
+  say "ok ($video_image decodes video, $((size / 1000000)) MB)"
+fi

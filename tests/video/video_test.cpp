@@ -811,5 +811,36 @@ TEST(VideoCaps, BoardsReportTheirCodecUnit) {
   EXPECT_EQ(dev.properties().codecs, (std::vector<Codec>{Codec::H264, Codec::H265, Codec::Jpeg}));
 }
 
+// FFmpeg is loaded at run time (base/src/ffmpeg.cpp). Without it (here:
+// TPUHAL_FFMPEG_DIR names an empty folder to load it from) a simulated
+// board offers no decoder and the log says why; reading a file names the
+// library and the packages to install; the rest of the board works.
+TEST_F(Video, WithoutFfmpegTheBoardHasNoDecoderAndReadingAFileNamesWhatToInstall) {
+  const fs::path empty = fs::temp_directory_path() / ("tpuhal-no-ffmpeg-" + std::to_string(::getpid()));
+  fs::create_directories(empty);
+  const std::string env = "TPUHAL_FFMPEG_DIR=" + empty.string() + " ";
+  int rc = -1;
+  std::string out = sh(env + "TPUHAL_LOG=warn " + TPUHAL_CLI + " info --json sim:0 2>&1", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_THAT(out, testing::ContainsRegex("\"video_decode\": *false"));
+  EXPECT_THAT(out, testing::ContainsRegex("simulated boards have no video decoder: libavutil\\.so\\.[0-9]+ could "
+                                          "not be loaded \\(.*\\); install FFmpeg's libavutil[0-9]+ "
+                                          "libavcodec[0-9]+"));
+  out = sh(
+      env + "TPUHAL_LOG=error " + TPUHAL_CLI + " decode --device sim:0 --md5 " + path_of("h264_bframes.mp4") + " 2>&1",
+      &rc);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_THAT(out, testing::ContainsRegex("h264_bframes\\.mp4: reading video needs FFmpeg: libavutil\\.so\\.[0-9]+ "
+                                          "could not be loaded .*; install FFmpeg's libavutil[0-9]+ "
+                                          "libavcodec[0-9]+ libavformat[0-9]+"));
+  // The board still copies and computes.
+  out = sh(env + "TPUHAL_LOG=error " + TPUHAL_CLI + " demo --device sim:0 --size 1MiB --channels 1 2>&1", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_THAT(out, HasSubstr("skipped: sim:0 has no video decoder"));
+  fs::remove_all(empty);
+  // In this process, with FFmpeg, the same board decodes.
+  EXPECT_TRUE(open("sim:0").properties().caps.video_decode);
+}
+
 }  // namespace
 }  // namespace tpuhal

@@ -366,6 +366,9 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {
     slot->started_ns = base::monotonic_ns();
     boards_.push_back(std::move(slot));
   }
+  // Said at start, not when the first client opens a board.
+  if (std::any_of(boards_.begin(), boards_.end(), [](const auto& b) { return b->profile.decode_channels > 0; }))
+    (void)sim::Board::video_unavailable();
   if (!options_.trace_path.empty()) trace_ = std::make_unique<BoardTrace>(options_.trace_path);
   stop_ = base::make_eventfd();
 

@@ -4,12 +4,8 @@
 #include <cstdio>
 #include <iostream>
 
-extern "C" {
-#include <libavutil/md5.h>
-#include <libavutil/mem.h>
-}
-
 #include "cli.h"
+#include "tpuhal/base/ffmpeg.h"
 #include "tpuhal/pipeline/pipeline.hpp"
 
 namespace tpuhal::cli {
@@ -18,17 +14,21 @@ namespace {
 // MD5 of the frame's planes Y, U, V packed tightly (I420), as ffmpeg's
 // framemd5 muxer hashes an 8-bit 4:2:0 frame.
 std::string frame_md5(const Frame& f, std::span<const std::byte> host) {
-  AVMD5* md5 = av_md5_alloc();
-  av_md5_init(md5);
+  std::string why;
+  const base::ffmpeg::Api* loaded = base::ffmpeg::load(base::ffmpeg::Part::kDecode, &why);
+  if (!loaded) throw Error(Status::Unsupported, "tpuhal decode --md5: hashing needs FFmpeg: " + why);
+  const base::ffmpeg::Api& av = *loaded;
+  AVMD5* md5 = av.av_md5_alloc();
+  av.av_md5_init(md5);
   const auto* base = reinterpret_cast<const std::uint8_t*>(host.data());
   const auto planes = f.planes();
   const Frame::Plane& y = planes[0];
   for (std::uint32_t r = 0; r < y.rows; ++r)
-    av_md5_update(md5, base + y.offset + std::uint64_t{r} * y.pitch, y.row_bytes);
+    av.av_md5_update(md5, base + y.offset + std::uint64_t{r} * y.pitch, y.row_bytes);
   if (f.format() == PixelFormat::I420) {
     for (int p = 1; p < 3; ++p)
       for (std::uint32_t r = 0; r < planes[p].rows; ++r)
-        av_md5_update(md5, base + planes[p].offset + std::uint64_t{r} * planes[p].pitch, planes[p].row_bytes);
+        av.av_md5_update(md5, base + planes[p].offset + std::uint64_t{r} * planes[p].pitch, planes[p].row_bytes);
   } else {  // NV12: separate the interleaved chroma
     const Frame::Plane& uv = planes[1];
     std::vector<std::uint8_t> row(uv.row_bytes / 2);
@@ -36,12 +36,12 @@ std::string frame_md5(const Frame& f, std::span<const std::byte> host) {
       for (std::uint32_t r = 0; r < uv.rows; ++r) {
         const std::uint8_t* in = base + uv.offset + std::uint64_t{r} * uv.pitch;
         for (std::size_t x = 0; x < row.size(); ++x) row[x] = in[2 * x + which];
-        av_md5_update(md5, row.data(), static_cast<int>(row.size()));
+        av.av_md5_update(md5, row.data(), static_cast<int>(row.size()));
       }
   }
   std::uint8_t digest[16];
-  av_md5_final(md5, digest);
-  av_free(md5);
+  av.av_md5_final(md5, digest);
+  av.av_free(md5);
   char hex[33];
   for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", digest[i]);
   return hex;

@@ -10,14 +10,10 @@
 #include <emmintrin.h>
 #endif
 
-extern "C" {
-#include <libavcodec/avcodec.h>
-#include <libavutil/log.h>
-}
-
 #include "../dma_engine.h"
 #include <spdlog/spdlog.h>
 
+#include "tpuhal/base/ffmpeg.h"
 #include "tpuhal/base/log.h"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/fw/status.h"
@@ -121,9 +117,10 @@ struct CodecUnit::Channel {
   std::atomic<std::uint64_t> t_packets{0}, t_frames{0}, t_errors{0}, t_busy_ns{0};
 
   void free_decoder() {
-    avcodec_free_context(&ctx);
-    av_packet_free(&pkt);
-    av_frame_free(&frame);
+    const base::ffmpeg::Api& av = unit->av_;
+    av.avcodec_free_context(&ctx);
+    av.av_packet_free(&pkt);
+    av.av_frame_free(&frame);
     frame_ready = false;
     outbox.clear();
     // Every buffer has come back with the context's pools.
@@ -133,10 +130,11 @@ struct CodecUnit::Channel {
   }
 };
 
-CodecUnit::CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads,
-                     std::uint64_t memory, Raise raise, void* board, const std::atomic<bool>& halted,
-                     const std::atomic<std::uint32_t>& driver_version)
-    : dma_(dma),
+CodecUnit::CodecUnit(const base::ffmpeg::Api& av, DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels,
+                     std::uint32_t threads, std::uint64_t memory, Raise raise, void* board,
+                     const std::atomic<bool>& halted, const std::atomic<std::uint32_t>& driver_version)
+    : av_(av),
+      dma_(dma),
       iommu_(iommu),
       raise_(raise),
       board_(board),
@@ -145,7 +143,7 @@ CodecUnit::CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels,
       memory_limit_(memory) {
   // libavcodec reports every damaged macroblock on stderr; the board reports
   // errors through its records instead.
-  if (!base::logger("video")->should_log(spdlog::level::debug)) av_log_set_level(AV_LOG_FATAL);
+  if (!base::logger("video")->should_log(spdlog::level::debug)) av_.av_log_set_level(AV_LOG_FATAL);
   channels_.reserve(channels);
   for (std::uint32_t i = 0; i < channels; ++i) {
     channels_.push_back(std::make_unique<Channel>());
@@ -189,10 +187,10 @@ fw::Problem CodecUnit::open(const fw::VideoOpenArgs& a, std::uint32_t queue, Dma
     store_release(hdr->waiting, std::uint32_t{0});
   }
   std::lock_guard work(c.work_mu);
-  const AVCodec* codec = avcodec_find_decoder(codec_id(a.codec));
-  c.ctx = codec ? avcodec_alloc_context3(codec) : nullptr;
-  c.pkt = av_packet_alloc();
-  c.frame = av_frame_alloc();
+  const AVCodec* codec = av_.avcodec_find_decoder(codec_id(a.codec));
+  c.ctx = codec ? av_.avcodec_alloc_context3(codec) : nullptr;
+  c.pkt = av_.av_packet_alloc();
+  c.frame = av_.av_frame_alloc();
   if (!c.ctx || !c.pkt || !c.frame) {
     c.free_decoder();
     return {fw::CmdStatus::kBadArgument, 1, static_cast<std::uint64_t>(a.codec), 0};
@@ -206,7 +204,7 @@ fw::Problem CodecUnit::open(const fw::VideoOpenArgs& a, std::uint32_t queue, Dma
   c.ctx->opaque = &c;
   c.ctx->get_buffer2 = &CodecUnit::get_buffer;
   c.ctx->max_pixels = std::int64_t{4} * a.max_width * a.max_height;
-  if (avcodec_open2(c.ctx, codec, nullptr) < 0) {
+  if (av_.avcodec_open2(c.ctx, codec, nullptr) < 0) {
     c.free_decoder();
     return {fw::CmdStatus::kBadArgument, 1, static_cast<std::uint64_t>(a.codec), 0};
   }
@@ -334,6 +332,7 @@ void CodecUnit::drop_pending(Channel& c) noexcept {
 namespace {
 // One frame buffer of a decoder, wrapped so that its release is counted.
 struct HeldBuffer {
+  const base::ffmpeg::Api* av;
   AVBufferRef* inner;
   std::uint64_t* live;
   std::uint64_t bytes;
@@ -341,14 +340,15 @@ struct HeldBuffer {
 void release_buffer(void* opaque, std::uint8_t*) {
   auto* h = static_cast<HeldBuffer*>(opaque);
   *h->live -= h->bytes;
-  av_buffer_unref(&h->inner);
+  h->av->av_buffer_unref(&h->inner);
   delete h;
 }
 }  // namespace
 
 int CodecUnit::get_buffer(AVCodecContext* s, AVFrame* f, int flags) {
   Channel& c = *static_cast<Channel*>(s->opaque);
-  const int r = avcodec_default_get_buffer2(s, f, flags);
+  const base::ffmpeg::Api& av = c.unit->av_;
+  const int r = av.avcodec_default_get_buffer2(s, f, flags);
   if (r < 0) return r;
   std::uint64_t bytes = 0;
   for (const AVBufferRef* b : f->buf)  // 4:2:0 has no extended_buf
@@ -357,7 +357,7 @@ int CodecUnit::get_buffer(AVCodecContext* s, AVFrame* f, int flags) {
   if (c.frames_live + bytes > c.frames_charged) {
     const std::uint64_t more = c.frames_live + bytes - c.frames_charged;
     if (!c.unit->charge(more)) {
-      av_frame_unref(f);
+      av.av_frame_unref(f);
       c.out_of_memory = true;
       return AVERROR(ENOMEM);
     }
@@ -365,11 +365,11 @@ int CodecUnit::get_buffer(AVCodecContext* s, AVFrame* f, int flags) {
   }
   for (AVBufferRef*& b : f->buf) {
     if (!b) continue;
-    auto* held = new (std::nothrow) HeldBuffer{b, &c.frames_live, static_cast<std::uint64_t>(b->size)};
-    AVBufferRef* outer = held ? av_buffer_create(b->data, b->size, release_buffer, held, 0) : nullptr;
+    auto* held = new (std::nothrow) HeldBuffer{&av, b, &c.frames_live, static_cast<std::uint64_t>(b->size)};
+    AVBufferRef* outer = held ? av.av_buffer_create(b->data, b->size, release_buffer, held, 0) : nullptr;
     if (!outer) {
       delete held;
-      av_frame_unref(f);  // the buffers wrapped so far are counted out again
+      av.av_frame_unref(f);  // the buffers wrapped so far are counted out again
       c.out_of_memory = true;
       return AVERROR(ENOMEM);
     }
@@ -565,15 +565,15 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
         break;
       }
       c.frame_ready = false;
-      av_frame_unref(c.frame);
+      av_.av_frame_unref(c.frame);
       continue;
     }
-    const int r = avcodec_receive_frame(c.ctx, c.frame);
+    const int r = av_.avcodec_receive_frame(c.ctx, c.frame);
     if (r == 0) {
       if (c.frame->decode_error_flags || (c.frame->flags & AV_FRAME_FLAG_CORRUPT)) {
         error(fw::CmdStatus::kCorruptStream, static_cast<std::uint64_t>(std::max<std::int64_t>(c.frame->pkt_pos, 0)),
               static_cast<std::uint32_t>(c.frame->decode_error_flags));
-        av_frame_unref(c.frame);
+        av_.av_frame_unref(c.frame);
       } else {
         c.frame_ready = true;
       }
@@ -584,7 +584,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
       eos.kind = static_cast<std::uint32_t>(fw::RecordKind::kEos);
       eos.packet = c.last_packet;
       c.outbox.push_back(eos);
-      avcodec_flush_buffers(c.ctx);
+      av_.avcodec_flush_buffers(c.ctx);
       continue;
     }
     if (r != AVERROR(EAGAIN)) {
@@ -605,7 +605,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     if (p.eos) {
       ++c.taken;
       uncharge(p.charged);  // an end-of-stream marker's data is not decoded
-      avcodec_send_packet(c.ctx, nullptr);
+      av_.avcodec_send_packet(c.ctx, nullptr);
       continue;
     }
     c.pkt->data = p.data.data();
@@ -613,7 +613,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
     c.pkt->pts = p.pts;
     c.pkt->dts = AV_NOPTS_VALUE;
     c.pkt->pos = static_cast<std::int64_t>(p.index);
-    const int s = avcodec_send_packet(c.ctx, c.pkt);
+    const int s = av_.avcodec_send_packet(c.ctx, c.pkt);
     ++c.taken;
     c.t_packets.fetch_add(1, std::memory_order_relaxed);
     p.data = {};

@@ -19,6 +19,10 @@
 struct AVCodecContext;
 struct AVFrame;
 
+namespace tpuhal::base::ffmpeg {
+struct Api;
+}
+
 namespace tpuhal::sim {
 
 class DmaEngine;
@@ -32,9 +36,10 @@ class CodecUnit {
   // `driver_version` is the interface the driver agreed on (reg
   // kDriverVersion): before 1.8 a refusal for memory is reported in 1.7's
   // terms.
+  // `av` is FFmpeg, loaded (base::ffmpeg::Part::kDecode).
   using Raise = void (*)(void* board, std::uint32_t queue);
-  CodecUnit(DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels, std::uint32_t threads, std::uint64_t memory,
-            Raise raise, void* board, const std::atomic<bool>& halted,
+  CodecUnit(const base::ffmpeg::Api& av, DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels,
+            std::uint32_t threads, std::uint64_t memory, Raise raise, void* board, const std::atomic<bool>& halted,
             const std::atomic<std::uint32_t>& driver_version);
   ~CodecUnit();  // closes every channel and joins the decode threads
 
@@ -86,6 +91,7 @@ class CodecUnit {
   // record. Runs with c.work_mu held.
   bool process(Channel& c, DmaContext& ctx);
 
+  const base::ffmpeg::Api& av_;
   DmaEngine& dma_;
   IommuDomain& iommu_;
   Raise raise_;

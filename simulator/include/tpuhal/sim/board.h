@@ -149,6 +149,11 @@ class Board {
   // The same for a board of `profile` made now (TPUHAL_MAX_ISA is read when
   // a board is made; a bad value throws ProfileError).
   static std::string tensor_isa_of(const BoardProfile& profile);
+  // Why a board of this process decodes no video though its profile has
+  // decode channels (FFmpeg, loaded at run time, is not installed: "libavutil.so.57
+  // could not be loaded (...); install FFmpeg's ..."), or empty if boards
+  // decode. The first call that finds it missing logs a warning saying so.
+  static std::string video_unavailable();
 
   // BAR0. Accesses that are misaligned, outside fw::kBar0Size or to a queue
   // the board does not have are counted in bad_mmio_accesses(); such reads
