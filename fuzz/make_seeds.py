@@ -136,9 +136,12 @@ def op_seeds():
     # round (elementwise mode 25, interface 1.10).
     o["round"] = op_block(OP["elementwise"], [tensor(k, F16, [4, 6]), NONE_TENSOR, tensor(2 * k, F16, [4, 6])],
                           struct.pack("<IIff", 25, 0, 0.0, 0.0))
-    # fmod (elementwise mode 27, interface 1.14), the last mode: i8, B broadcast.
+    # fmod (elementwise mode 27, interface 1.14): i8, B broadcast.
     o["fmod"] = op_block(OP["elementwise"], [tensor(k, I8, [2, 7]), tensor(3 * k, I8, [2, 7], [0, 1]),
                                              tensor(2 * k, I8, [2, 7])], struct.pack("<IIff", 27, 0, 0.0, 0.0))
+    # atanh (elementwise mode 38, interface 1.17), the last mode: f16.
+    o["atanh"] = op_block(OP["elementwise"], [tensor(k, F16, [3, 4]), NONE_TENSOR, tensor(2 * k, F16, [3, 4])],
+                          struct.pack("<IIff", 38, 0, 0.0, 0.0))
     # A comparison (elementwise mode 15, less, interface 1.7): i32 in, u8 out, B broadcast.
     o["less"] = op_block(OP["elementwise"], [tensor(k, I32, [3, 5]), tensor(3 * k, I32, [3, 5], [0, 1]),
                                              tensor(2 * k, U8, [3, 5])], struct.pack("<IIff", 15, 0, 0.0, 0.0))

@@ -233,12 +233,15 @@ void check_rules(const fw::OpBlock& b) {
       if (fw::is_logical(op)) RULE(t[0].dtype == static_cast<std::uint32_t>(fw::DType::kU8));
       if (op != fw::ElementwiseOp::kIdentity && !fw::is_comparison(op) && !fw::is_logical(op))
         RULE(y.dtype == t[0].dtype);
-      // Activations, exp, log, sqrt, erf, ceil, floor and round take floats
-      // only: written out here, not read from fw::is_float_only, so that the
-      // fuzzer checks the decoder against a rule of its own.
+      // Activations, exp, log, sqrt, erf, ceil, floor, round and the
+      // trigonometric and hyperbolic functions (sin to atanh) take floats
+      // only: written out here, not read from
+      // fw::is_float_only, so that the fuzzer checks the decoder against a
+      // rule of its own.
       if (op == fw::ElementwiseOp::kActivation || op == fw::ElementwiseOp::kExp || op == fw::ElementwiseOp::kLog ||
           op == fw::ElementwiseOp::kSqrt || op == fw::ElementwiseOp::kErf || op == fw::ElementwiseOp::kCeil ||
-          op == fw::ElementwiseOp::kFloor || op == fw::ElementwiseOp::kRound)
+          op == fw::ElementwiseOp::kFloor || op == fw::ElementwiseOp::kRound ||
+          (op >= fw::ElementwiseOp::kSin && op <= fw::ElementwiseOp::kAtanh))
         RULE(is_float(t[0].dtype));
       break;
     }

@@ -42,6 +42,8 @@ MINORS = [
     (15, "the op kind kNms (op_kinds.inc, NmsAttrs in op_attrs.inc)", "nms"),
     (16, "the op kind kScatterElements (op_kinds.inc, ScatterElementsAttrs in op_attrs.inc, ScatterReduction in "
      "op_enums.inc)", "scatter_elements"),
+    (17, "the elementwise modes ElementwiseOp::kSin to kAtanh, the trigonometric and hyperbolic functions and "
+     "their inverses (op_enums.inc)", "elementwise trigonometric or hyperbolic functions"),
 ]
 
 # ---- enumerations of op attributes ----------------------------------------
@@ -125,6 +127,17 @@ ENUMS = [
              "integers, NaN for floats", 2, "arith", "mod"),
             ("Fmod", "fmod", 14, "a - trunc(a / b) * b, the dividend's sign (ONNX Mod with fmod 1, C's fmod); "
              "exact; a fmod 0 is 0 for integers, NaN for floats", 2, "arith", "fmod"),
+            ("Sin", "sin", 17, "the sine, of radians, computed in f32 and rounded to the output's dtype", 1, "float", "sin"),
+            ("Cos", "cos", 17, "the cosine, of radians, computed in f32 and rounded to the output's dtype", 1, "float", "cos"),
+            ("Tan", "tan", 17, "the tangent, of radians, computed in f32 and rounded to the output's dtype", 1, "float", "tan"),
+            ("Asin", "asin", 17, "the arcsine, in radians; NaN outside [-1, 1], computed in f32 and rounded to the output's dtype", 1, "float", "asin"),
+            ("Acos", "acos", 17, "the arccosine, in radians; NaN outside [-1, 1], computed in f32 and rounded to the output's dtype", 1, "float", "acos"),
+            ("Atan", "atan", 17, "the arctangent, in radians, computed in f32 and rounded to the output's dtype", 1, "float", "atan"),
+            ("Sinh", "sinh", 17, "the hyperbolic sine, computed in f32 and rounded to the output's dtype", 1, "float", "sinh"),
+            ("Cosh", "cosh", 17, "the hyperbolic cosine, computed in f32 and rounded to the output's dtype", 1, "float", "cosh"),
+            ("Asinh", "asinh", 17, "the inverse hyperbolic sine, computed in f32 and rounded to the output's dtype", 1, "float", "asinh"),
+            ("Acosh", "acosh", 17, "the inverse hyperbolic cosine; NaN below 1, computed in f32 and rounded to the output's dtype", 1, "float", "acosh"),
+            ("Atanh", "atanh", 17, "the inverse hyperbolic tangent; NaN outside [-1, 1], infinite at -1 and 1, computed in f32 and rounded to the output's dtype", 1, "float", "atanh"),
         ],
     ),
     dict(
@@ -370,7 +383,9 @@ ATTR_STRUCTS = [
 # elements per lane and cycle, which is what makes YOLOv5s in fp32 and fp16
 # 4 ms slower than its convolutions alone (docs/timing.md).
 VECTOR_CYCLES = {
-    "ElementwiseOp": {"Div": 40, "Mod": 42, "Fmod": 42, "Exp": 150, "Log": 150, "Sqrt": 40, "Erf": 200, "Activation": "activation"},
+    "ElementwiseOp": {"Div": 40, "Mod": 42, "Fmod": 42, "Exp": 150, "Log": 150, "Sqrt": 40, "Erf": 200,
+                      "Activation": "activation", **{op: 150 for op in ("Sin", "Cos", "Tan", "Asin", "Acos", "Atan",
+                                                                        "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")}},
     "Activation": {"None": 0, "Sigmoid": 150, "Silu": 160, "Tanh": 150, "HardSigmoid": 2, "HardSwish": 3},
 }
 

@@ -246,10 +246,14 @@ TEST(FwTensorOp, AttributesAreValidated) {
   EXPECT_EQ(problem_of(b).status, CmdStatus::kBadArgument);
 }
 
-// erf (1.3), ceil, floor and round (1.10): floats in, the same dtype out, no B.
+// erf (1.3), ceil, floor and round (1.10), sin to atanh (1.17): floats in,
+// the same dtype out, no B.
 TEST(FwTensorOp, ElementwiseFloatMapsTakeFloatsOnly) {
   ElementwiseAttrs a{};
-  for (ElementwiseOp op : {ElementwiseOp::kErf, ElementwiseOp::kCeil, ElementwiseOp::kFloor, ElementwiseOp::kRound}) {
+  for (ElementwiseOp op : {ElementwiseOp::kErf, ElementwiseOp::kCeil, ElementwiseOp::kFloor, ElementwiseOp::kRound,
+                           ElementwiseOp::kSin, ElementwiseOp::kCos, ElementwiseOp::kTan, ElementwiseOp::kAsin,
+                           ElementwiseOp::kAcos, ElementwiseOp::kAtan, ElementwiseOp::kSinh, ElementwiseOp::kCosh,
+                           ElementwiseOp::kAsinh, ElementwiseOp::kAcosh, ElementwiseOp::kAtanh}) {
     SCOPED_TRACE(static_cast<int>(op));
     EXPECT_TRUE(is_float_only(op));
     a.op = static_cast<std::uint32_t>(op);

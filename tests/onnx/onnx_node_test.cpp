@@ -313,9 +313,12 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
     return Lowering{[fn](const Inputs& in, const Tensor& out, const auto&) { return fn(*in[0], *in[1], out); }, {}};
   }
   static const std::map<std::string, Op (*)(const Tensor&, const Tensor&)> kUnary = {
-      {"Relu", ops::relu}, {"Abs", ops::abs},     {"Neg", ops::neg},    {"Exp", ops::exp},
-      {"Log", ops::log},   {"Sqrt", ops::sqrt},   {"Erf", ops::erf},    {"Not", ops::logical_not},
-      {"Ceil", ops::ceil}, {"Floor", ops::floor}, {"Round", ops::round}};
+      {"Relu", ops::relu},   {"Abs", ops::abs},     {"Neg", ops::neg},     {"Exp", ops::exp},
+      {"Log", ops::log},     {"Sqrt", ops::sqrt},   {"Erf", ops::erf},     {"Not", ops::logical_not},
+      {"Ceil", ops::ceil},   {"Floor", ops::floor}, {"Round", ops::round}, {"Sin", ops::sin},
+      {"Cos", ops::cos},     {"Tan", ops::tan},     {"Asin", ops::asin},   {"Acos", ops::acos},
+      {"Atan", ops::atan},   {"Sinh", ops::sinh},   {"Cosh", ops::cosh},   {"Asinh", ops::asinh},
+      {"Acosh", ops::acosh}, {"Atanh", ops::atanh}};
   if (auto it = kUnary.find(op); it != kUnary.end()) {
     auto fn = it->second;
     return Lowering{[fn](const Inputs& in, const Tensor& out, const auto&) { return fn(*in[0], out); }, {}};

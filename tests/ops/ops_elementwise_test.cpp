@@ -185,6 +185,43 @@ TEST_P(Ops, ElementwiseRoundingMaps) {
     }
 }
 
+// sin to atanh (interface 1.17): the C library's f32 function of each
+// input, rounded once to the dtype, also where C gives a signed zero, an
+// infinity (atanh at -1 and 1, cosh and sinh past f32's range) or NaN
+// (outside the domain, of an infinity or of NaN).
+TEST_P(Ops, ElementwiseTrigonometricAndHyperbolicMaps) {
+  struct Map {
+    const char* name;
+    Op (*build)(const Tensor&, const Tensor&);
+    float (*f)(float);
+    double lo, hi;  // where the random inputs lie
+  };
+  const Map maps[] = {
+      {"sin", ops::sin, [](float v) { return std::sin(v); }, -10, 10},
+      {"cos", ops::cos, [](float v) { return std::cos(v); }, -10, 10},
+      {"tan", ops::tan, [](float v) { return std::tan(v); }, -1.5, 1.5},
+      {"asin", ops::asin, [](float v) { return std::asin(v); }, -1, 1},
+      {"acos", ops::acos, [](float v) { return std::acos(v); }, -1, 1},
+      {"atan", ops::atan, [](float v) { return std::atan(v); }, -50, 50},
+      {"sinh", ops::sinh, [](float v) { return std::sinh(v); }, -10, 10},
+      {"cosh", ops::cosh, [](float v) { return std::cosh(v); }, -10, 10},
+      {"asinh", ops::asinh, [](float v) { return std::asinh(v); }, -50, 50},
+      {"acosh", ops::acosh, [](float v) { return std::acosh(v); }, 1, 50},
+      {"atanh", ops::atanh, [](float v) { return std::atanh(v); }, -1, 1},
+  };
+  const std::vector<double> sp = {0, -0.0, 1, -1, 0.5, -0.5, 2, -2, 100, -100, kInf, -kInf, kNaN};
+  for (DType dt : {DType::F32, DType::F16, DType::BF16})
+    for (const Map& m : maps) {
+      Host x = rand(dt, {3, 17}, m.lo, m.hi);
+      for (std::size_t i = 0; i < sp.size(); ++i) x.v[i] = round_to(dt, sp[i]);
+      const Tensor y = lab().output(dt, x.shape);
+      const Host got = lab().run(m.build(lab().upload(x), y), y);
+      std::vector<double> want;
+      for (double v : x.v) want.push_back(round_to(dt, m.f(static_cast<float>(v))));
+      expect_exact(std::string(m.name) + " " + to_string(dt), got, want);
+    }
+}
+
 TEST_P(Ops, ElementwiseActivations) {
   for (DType dt : {DType::F32, DType::F16, DType::BF16})
     for (const ActivationParams& act : all_activations(rng_)) {

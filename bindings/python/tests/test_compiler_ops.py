@@ -726,6 +726,17 @@ UNARY = {
     "Neg": (np.negative, lambda x: x),
     "Reciprocal": (np.reciprocal, lambda x: np.abs(x) + 0.5),
     "Erf": (np.vectorize(math.erf), lambda x: x),
+    "Sin": (np.sin, lambda x: x * 2),
+    "Cos": (np.cos, lambda x: x * 2),
+    "Tan": (np.tan, lambda x: x * 0.3),  # away from the poles at +-pi/2
+    "Asin": (np.arcsin, lambda x: np.tanh(x) * 0.9),
+    "Acos": (np.arccos, lambda x: np.tanh(x) * 0.9),
+    "Atan": (np.arctan, lambda x: x * 2),
+    "Sinh": (np.sinh, lambda x: x),
+    "Cosh": (np.cosh, lambda x: x),
+    "Asinh": (np.arcsinh, lambda x: x * 2),
+    "Acosh": (np.arccosh, lambda x: np.abs(x) + 1.1),
+    "Atanh": (np.arctanh, lambda x: np.tanh(x) * 0.9),
 }
 
 

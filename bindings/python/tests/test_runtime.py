@@ -709,15 +709,16 @@ def test_compile_errors_name_the_problem(dev, mlp):
         tpuhal.compile(onnx_bytes, "fp32", shapes=[("x", (BATCH, 16))])
     # Every unsupported op is named, with its node.
     graph = helper.make_graph(
-        [helper.make_node("Sin", ["x"], ["s"], name="sine"), helper.make_node("Cos", ["s"], ["y"], name="cosine")],
-        "trig", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_node("Hardmax", ["x"], ["s"], name="hard"),
+         helper.make_node("LpNormalization", ["s"], ["y"], name="lpnorm")],
+        "refused", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
-    trig = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    trig.ir_version = 8
+    refused = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    refused.ir_version = 8
     with pytest.raises(tpuhal.Unsupported) as e:
-        tpuhal.compile(trig.SerializeToString(), "fp32")
-    assert "sine" in str(e.value) and "Sin" in str(e.value)
-    assert "cosine" in str(e.value) and "Cos" in str(e.value)
+        tpuhal.compile(refused.SerializeToString(), "fp32")
+    assert "hard" in str(e.value) and "Hardmax" in str(e.value)
+    assert "lpnorm" in str(e.value) and "LpNormalization" in str(e.value)
 
 
 def test_damaged_model_files_are_refused_and_the_device_stays_usable(dev, mlp, tmp_path):

@@ -1,5 +1,6 @@
 // Arithmetic with broadcasting (Add, Sub, Mul, Div; Min and Max,
-// variadic), the unary maps (Sqrt, Exp, Log, Abs, Neg, Erf, Ceil, Floor, Round, Reciprocal) and
+// variadic), the unary maps (Sqrt, Exp, Log, Abs, Neg, Erf, Ceil, Floor, Round, Reciprocal, and
+// the trigonometric and hyperbolic functions and their inverses, Sin to Atanh) and
 // Pow by one constant exponent: the tpuhal op of the same name, folded on
 // constants. Mod: mod (fmod 0, the divisor's sign) or fmod (fmod 1, the
 // dividend's), folded on constants.
@@ -123,21 +124,41 @@ Value infer_unary(Importer& im, Node& n) {
   return out;
 }
 
+// Each unary map as the compiler folds it on constants, in double.
+double (*unary_map(const std::string& op))(double) {
+  static const std::pair<const char*, double (*)(double)> kMaps[] = {
+      {"Sqrt", [](double v) { return std::sqrt(v); }},
+      {"Exp", [](double v) { return std::exp(v); }},
+      {"Log", [](double v) { return std::log(v); }},
+      {"Abs", [](double v) { return std::fabs(v); }},
+      {"Neg", [](double v) { return -v; }},
+      {"Erf", [](double v) { return std::erf(v); }},
+      {"Ceil", [](double v) { return std::ceil(v); }},
+      {"Floor", [](double v) { return std::floor(v); }},
+      {"Round", [](double v) { return std::nearbyint(v); }},  // halves to even in the default rounding mode
+      {"Reciprocal", [](double v) { return 1.0 / v; }},
+      {"Sin", [](double v) { return std::sin(v); }},
+      {"Cos", [](double v) { return std::cos(v); }},
+      {"Tan", [](double v) { return std::tan(v); }},
+      {"Asin", [](double v) { return std::asin(v); }},
+      {"Acos", [](double v) { return std::acos(v); }},
+      {"Atan", [](double v) { return std::atan(v); }},
+      {"Sinh", [](double v) { return std::sinh(v); }},
+      {"Cosh", [](double v) { return std::cosh(v); }},
+      {"Asinh", [](double v) { return std::asinh(v); }},
+      {"Acosh", [](double v) { return std::acosh(v); }},
+      {"Atanh", [](double v) { return std::atanh(v); }},
+  };
+  for (const auto& [name, f] : kMaps)
+    if (op == name) return f;
+  return nullptr;
+}
+
 Value fold_unary(Importer& im, Node& n) {
   const Value& x = im.in(n, 0);
   std::vector<double> r = values_of(x);
-  const std::string& op = n.op;
-  for (auto& v : r)
-    v = op == "Sqrt"    ? std::sqrt(v)
-        : op == "Exp"   ? std::exp(v)
-        : op == "Log"   ? std::log(v)
-        : op == "Abs"   ? std::fabs(v)
-        : op == "Neg"   ? -v
-        : op == "Erf"   ? std::erf(v)
-        : op == "Ceil"  ? std::ceil(v)
-        : op == "Floor" ? std::floor(v)
-        : op == "Round" ? std::nearbyint(v)  // halves to even in the default rounding mode
-                        : 1.0 / v;           // Reciprocal
+  double (*f)(double) = unary_map(n.op);
+  for (auto& v : r) v = f(v);
   return make_constant(x.shape, r, false);
 }
 
@@ -249,7 +270,8 @@ std::span<const OpHandler> elementwise_handlers() {
        .lower = lower_mod,
        .writes_fresh = true},
       {.ops = {"Min", "Max", "Sum", "Mean"}, .infer = infer_variadic, .lower = lower_variadic, .writes_fresh = true},
-      {.ops = {"Sqrt", "Exp", "Log", "Abs", "Neg", "Erf", "Ceil", "Floor", "Round"},
+      {.ops = {"Sqrt", "Exp", "Log",  "Abs",  "Neg",  "Erf",  "Ceil", "Floor", "Round", "Sin",
+               "Cos",  "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"},
        .infer = infer_unary,
        .fold = fold_unary,
        .folds = Fold::IfConstant,

@@ -62,6 +62,17 @@ float float_unary(const fw::ElementwiseAttrs& at, float x) {
     case fw::ElementwiseOp::kCeil: return std::ceil(x);
     case fw::ElementwiseOp::kFloor: return std::floor(x);
     case fw::ElementwiseOp::kRound: return std::nearbyint(x);  // the default mode: ties to even
+    case fw::ElementwiseOp::kSin: return std::sin(x);
+    case fw::ElementwiseOp::kCos: return std::cos(x);
+    case fw::ElementwiseOp::kTan: return std::tan(x);
+    case fw::ElementwiseOp::kAsin: return std::asin(x);
+    case fw::ElementwiseOp::kAcos: return std::acos(x);
+    case fw::ElementwiseOp::kAtan: return std::atan(x);
+    case fw::ElementwiseOp::kSinh: return std::sinh(x);
+    case fw::ElementwiseOp::kCosh: return std::cosh(x);
+    case fw::ElementwiseOp::kAsinh: return std::asinh(x);
+    case fw::ElementwiseOp::kAcosh: return std::acosh(x);
+    case fw::ElementwiseOp::kAtanh: return std::atanh(x);
     default: return x;
   }
 }
