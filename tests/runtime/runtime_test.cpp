@@ -478,7 +478,7 @@ TEST(Runtime, GivenUnsupportedOpsWhenCompiledThenOneErrorListsEveryOne) {
   b.input("x", {1, 4});
   b.node("LpNormalization", {"x"}, "e", "lpnorm_1");
   b.node("Relu", {"e"}, "r", "relu");
-  b.node("Hardmax", {"r"}, "h", "hardmax_2");
+  b.node("Det", {"r"}, "h", "det_2");
   b.output("h");
   try {
     compile_onnx(b.bytes(), CompileOptions{}, "bad.onnx");
@@ -488,7 +488,7 @@ TEST(Runtime, GivenUnsupportedOpsWhenCompiledThenOneErrorListsEveryOne) {
     const std::string m = e.what();
     EXPECT_NE(m.find("2 nodes"), std::string::npos) << m;
     EXPECT_NE(m.find("'lpnorm_1' (LpNormalization)"), std::string::npos) << m;
-    EXPECT_NE(m.find("'hardmax_2' (Hardmax)"), std::string::npos) << m;
+    EXPECT_NE(m.find("'det_2' (Det)"), std::string::npos) << m;
   }
 }
 
@@ -1548,9 +1548,9 @@ TEST(Runtime, GivenControlBytesInFilesWhenTheCliPrintsTheirTextThenTheyAreEscape
   // And in errors.
   OnnxBuilder bad;
   bad.input("x", {1, 4});
-  bad.node("Hardmax", {"x"}, "y", "hard\x1b[2J");
+  bad.node("Det", {"x"}, "y", "det\x1b[2J");
   bad.output("y");
-  expect_refused(bad.bytes(), Status::Unsupported, {"'hard\\x1b[2J' (Hardmax)"});
+  expect_refused(bad.bytes(), Status::Unsupported, {"'det\\x1b[2J' (Det)"});
   try {
     compile_onnx(bad.bytes(), CompileOptions{});
   } catch (const Error& e) {

@@ -760,6 +760,29 @@ def test_unary_maps(dev, op):
           lambda x: fn(x.astype(np.float64)))
 
 
+@pytest.mark.parametrize("axis", [1, -1, 0])
+def test_hardmax_is_one_at_the_first_maximum_along_its_axis(dev, axis):
+    # After a Mul (device data), values on a coarse grid so that maxima
+    # tie, the first taken; every precision holds the grid exactly.
+    x = (np.round(randn(3, 5, 4) * 2) / 2).astype(np.float32)
+    nodes = [helper.make_node("Mul", ["x", "one"], ["m"]), helper.make_node("Hardmax", ["m"], ["y"], axis=axis)]
+    onnx_bytes = model(nodes, {"x": x.shape}, "y", initializers=[("one", np.float32(1))])
+
+    def reference(x):
+        first = np.argmax(x, axis=axis)
+        return (np.arange(x.shape[axis]).reshape([-1 if d == axis % 3 else 1 for d in range(3)])
+                == np.expand_dims(first, axis)).astype(np.float64)
+    assert (reference(x).sum(axis=axis) == 1).all()
+    check(dev, onnx_bytes, {"x": x}, reference)
+
+
+def test_hardmax_before_opset_13_is_refused_clearly(dev):
+    # Before opset 13 Hardmax flattened the dimensions from its axis.
+    onnx_bytes = model([helper.make_node("Hardmax", ["x"], ["y"])], {"x": (2, 3)}, "y", opset=11)
+    with pytest.raises(tpuhal.Unsupported, match="opset below 13"):
+        tpuhal.compile(onnx_bytes, "fp32")
+
+
 @pytest.mark.parametrize("exponent", [2.0, 3.0, 5.0, -1.0, -2.0, 0.5, 1.0, 0.0, 1.7])
 def test_pow_by_a_constant(dev, exponent):
     x = (np.abs(randn(3, 8)) + 0.25).astype(np.float32)

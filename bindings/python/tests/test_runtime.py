@@ -709,7 +709,7 @@ def test_compile_errors_name_the_problem(dev, mlp):
         tpuhal.compile(onnx_bytes, "fp32", shapes=[("x", (BATCH, 16))])
     # Every unsupported op is named, with its node.
     graph = helper.make_graph(
-        [helper.make_node("Hardmax", ["x"], ["s"], name="hard"),
+        [helper.make_node("Det", ["x"], ["s"], name="det"),
          helper.make_node("LpNormalization", ["s"], ["y"], name="lpnorm")],
         "refused", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
@@ -717,7 +717,7 @@ def test_compile_errors_name_the_problem(dev, mlp):
     refused.ir_version = 8
     with pytest.raises(tpuhal.Unsupported) as e:
         tpuhal.compile(refused.SerializeToString(), "fp32")
-    assert "hard" in str(e.value) and "Hardmax" in str(e.value)
+    assert "det" in str(e.value) and "Det" in str(e.value)
     assert "lpnorm" in str(e.value) and "LpNormalization" in str(e.value)
 
 

@@ -123,14 +123,18 @@ std::vector<std::int64_t> Importer::int_list(const Node& n, std::size_t input, c
   return attribute;
 }
 
+void Importer::check_opset(const Node& n) const {
+  const OpHandler& h = *n.handler;
+  if (g.opset >= h.opsets.first && g.opset <= h.opsets.last) return;
+  std::string why = h.opsets.refusal ? h.opsets.refusal : "opset {opset}";
+  if (auto at = why.find("{opset}"); at != std::string::npos) why.replace(at, 7, std::to_string(g.opset));
+  unsupported(n, why);
+}
+
 // The handler's shape rule, or its fold; first the opset.
 Value Importer::infer(Node& n) {
   const OpHandler& h = *n.handler;
-  if (g.opset < h.opsets.first || g.opset > h.opsets.last) {
-    std::string why = h.opsets.refusal ? h.opsets.refusal : "opset {opset}";
-    if (auto at = why.find("{opset}"); at != std::string::npos) why.replace(at, 7, std::to_string(g.opset));
-    unsupported(n, why);
-  }
+  check_opset(n);
   if (h.fold && folds(h, n)) return h.fold(*this, n);
   if (!h.infer) fail_node(n, "no shape rule");
   return h.infer(*this, n);
@@ -353,6 +357,7 @@ void Importer::read_node(const onnx::NodeProto& p, int index) {
     emit(std::move(n), p);
     return;
   }
+  check_opset(n);
   if (n.handler->read) n.attrs = n.handler->read(Attrs{p});
   n.handler->expand(*this, n, p);
 }

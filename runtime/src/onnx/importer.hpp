@@ -106,6 +106,8 @@ struct Importer {
 
  private:
   Value infer(Node& n);
+  // Refuses a node whose handler does not take the model's opset.
+  void check_opset(const Node& n) const;
   bool folds(const OpHandler& h, const Node& n) const;
   std::string resolve(const std::string& v) const;
   void check_ops(const onnx::GraphProto& graph) const;

@@ -1,7 +1,7 @@
 // ArgMax, ArgMin (keepdims or not, select_last_index) and TopK (constant k;
 // values and indices): top_k, the indices i32 on the device (consumers and
 // outputs see them as floats, exact below 2^24), TopK's values in the
-// float type.
+// float type. Hardmax: the one-hot of ArgMax.
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 
@@ -73,6 +73,45 @@ void lower_top_k(Lowerer& l, const Node& n) {
   l.op("top_k", n.name, operands, {{"axis", axis}, {"largest", a.largest}, {"last_index", a.last_index}});
 }
 
+// Hardmax (opset 13: along one axis) as ArgMax (keepdims, the first of
+// equal maxima, as ONNX's Hardmax takes) compared with the axis' indices
+// 0..n-1, shaped to broadcast along it, and cast to float: 1 at the first
+// maximum, 0 elsewhere.
+struct HardmaxAttrs {
+  std::int64_t axis = -1;
+  static HardmaxAttrs read(const Attrs& a) { return {a.i("axis", -1)}; }
+};
+
+void set_int(onnx::NodeProto& p, const char* name, std::int64_t v) {
+  auto* a = p.add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(v);
+}
+
+void expand_hardmax(Importer& im, Node& n, const onnx::NodeProto&) {
+  const auto x = im.in(n, 0).shape;
+  const auto rank = static_cast<std::int64_t>(x.size());
+  if (rank == 0) im.fail_node(n, "a scalar input");
+  const std::int64_t axis = im.axis_of(n, n.attr<HardmaxAttrs>().axis, rank);
+  const std::int64_t length = x[static_cast<std::size_t>(axis)];
+  onnx::NodeProto p;
+  Node arg = im.derived(n, "argmax", "ArgMax", {n.inputs[0]}, n.name + "/argmax", p);
+  set_int(p, "axis", axis);
+  set_int(p, "keepdims", 1);
+  im.emit(std::move(arg), p);
+  std::vector<std::int64_t> shape(x.size(), 1);
+  shape[static_cast<std::size_t>(axis)] = length;
+  std::vector<double> indices(static_cast<std::size_t>(length));
+  for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<double>(i);
+  const std::string iota = im.add_constant(n.name + "/indices", shape, indices, true);
+  im.emit_derived(n, "equal", "Equal", {n.name + "/argmax", iota}, n.name + "/one_hot");
+  onnx::NodeProto c;
+  Node cast = im.derived(n, "cast", "Cast", {n.name + "/one_hot"}, n.output, c);
+  set_int(c, "to", onnx::TensorProto::FLOAT);
+  im.emit(std::move(cast), c);
+}
+
 }  // namespace
 
 std::span<const OpHandler> top_k_handlers() {
@@ -84,6 +123,10 @@ std::span<const OpHandler> top_k_handlers() {
        .infer = infer_top_k,
        .lower = lower_top_k,
        .outputs = 2},
+      {.ops = {"Hardmax"},
+       .opsets = {.first = 13, .refusal = "opset below 13 (Hardmax over the dimensions flattened from its axis)"},
+       .read = read_attrs<HardmaxAttrs>,
+       .expand = expand_hardmax},
   };
   return h;
 }
