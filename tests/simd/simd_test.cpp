@@ -604,6 +604,30 @@ TEST(Simd, ADaemonOfAnotherProtocolVersionIsAClearErrorNotACrash) {
   std::filesystem::remove_all(dir, ec);
 }
 
+// Whether a Unix socket is bound at `path` and listening, as the kernel's
+// table of Unix sockets says (the listening flag, __SO_ACCEPTCON, is
+// 0x10000). A socket's file appears at bind(), before listen(): a client
+// that connects in between is refused. Reading the table connects to
+// nothing, so it wakes no activator.
+bool listening(const std::string& path) {
+  std::ifstream table("/proc/net/unix");
+  std::string line;
+  std::getline(table, line);  // the header
+  while (std::getline(table, line)) {
+    std::istringstream fields(line);
+    std::string num, refs, protocol, flags, type, state, inode, name;
+    fields >> num >> refs >> protocol >> flags >> type >> state >> inode >> name;
+    if (name == path && (std::stoul(flags, nullptr, 16) & 0x10000u) != 0) return true;
+  }
+  return false;
+}
+
+bool wait_until_listening(const std::string& path, std::chrono::seconds timeout = 30s) {
+  const auto deadline = Clock::now() + timeout;
+  while (!listening(path) && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  return listening(path);
+}
+
 // Socket activation, as the tpuhal-simd package's socket unit does it:
 // systemd-socket-activate (systemd's own tool for it) holds the socket, and
 // starts the daemon on the first connection with the socket as descriptor 3.
@@ -615,9 +639,7 @@ TEST(Simd, SocketActivationStartsTheDaemonOnTheFirstClientAndLeavesTheSocket) {
   const std::string path = (dir / "simd.sock").string();
   Process p({activate, "--seqpacket", "-l", path, TPUHAL_SIMD_BIN, "--board", "tiny"});
   const auto exe = [&] { return std::filesystem::read_symlink("/proc/" + std::to_string(p.pid) + "/exe").string(); };
-  const auto deadline = Clock::now() + 30s;
-  while (!std::filesystem::exists(path) && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
-  ASSERT_TRUE(std::filesystem::exists(path)) << "systemd-socket-activate made no socket";
+  ASSERT_TRUE(wait_until_listening(path)) << "systemd-socket-activate made no socket";
   EXPECT_THAT(exe(), HasSubstr("systemd-socket-activate"));  // no daemon before a client
   {
     Device dev = open("simd:" + path + "#0");
@@ -636,7 +658,7 @@ TEST(Simd, SocketActivationStartsTheDaemonOnTheFirstClientAndLeavesTheSocket) {
   const std::string second = (dir / "second.sock").string();
   std::filesystem::remove(path);
   Process two({activate, "--seqpacket", "-l", path, "-l", second, TPUHAL_SIMD_BIN});
-  while (!std::filesystem::exists(path) && Clock::now() < deadline + 30s) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(wait_until_listening(path)) << "systemd-socket-activate made no socket";
   RawClient raw(path);  // wakes it
   const int refused = two.wait();
   EXPECT_TRUE(WIFEXITED(refused) && WEXITSTATUS(refused) == 2) << refused;
