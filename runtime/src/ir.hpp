@@ -46,6 +46,10 @@ struct Value {
   // An 8-bit constant's ONNX element type (INT8, UINT8), or a value that a
   // QuantizeLinear makes; 0 for every other value.
   int int8_type = 0;
+  // The ONNX element type of a model input or of a constant read from the
+  // model (an initializer, a Constant node); 0 for values the compiler
+  // computes (CastLike reads it).
+  int onnx_type = 0;
   std::shared_ptr<const QuantizedConstant> quantized;  // see QuantizedConstant
   std::uint64_t elements() const { return elements_of(shape); }
 };

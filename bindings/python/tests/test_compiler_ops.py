@@ -1589,6 +1589,25 @@ def test_cast_to_integers_on_the_device_rounds_toward_zero(dev):
         tpuhal.compile(bad, "fp32", shapes={"x": (2,)}, device=dev.uri)
 
 
+def test_castlike_casts_to_the_type_of_a_constant_and_refuses_a_computed_target(dev):
+    # CastLike to an int64 constant: Cast to int64 on the device, toward zero.
+    x = np.array([[-2.7, -0.5, 0.5, 2.7], [3.0, -3.0, 100.25, -7.9]], np.float32)
+    nodes = [helper.make_node("CastLike", ["x", "like"], ["i"]),
+             helper.make_node("Cast", ["i"], ["y"], to=TensorProto.FLOAT)]
+    m = model(nodes, {"x": x.shape}, "y", initializers=[("like", np.int64(0))], opset=15)
+    for precision in ("fp32", "fp16", "bf16"):
+        np.testing.assert_array_equal(run(dev, m, precision, {"x": x}), np.trunc(x), err_msg=precision)
+    # A target the model computes: its type is not known to the compiler.
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("CastLike", ["x", "r"], ["y"], name="cl")]
+    with pytest.raises(tpuhal.Unsupported, match=r"'cl' \(CastLike\): .*a target \('r'\) computed in the model"):
+        tpuhal.compile(model(nodes, {"x": (2,)}, "y", opset=15), "fp32", shapes={"x": (2,)}, device=dev.uri)
+    # Before opset 15 there is no CastLike.
+    nodes = [helper.make_node("CastLike", ["x", "like"], ["y"])]
+    with pytest.raises(tpuhal.Unsupported, match=r"opset 13 \(CastLike came in 15\)"):
+        tpuhal.compile(model(nodes, {"x": (2,)}, "y", initializers=[("like", np.float32(0))]), "fp32",
+                       shapes={"x": (2,)}, device=dev.uri)
+
+
 def test_an_index_outside_the_axis_fails_the_run_and_the_model_runs_again(dev):
     emb = randn(6, 2)
     m = model([helper.make_node("Cast", ["ids"], ["i"], to=TensorProto.INT64),

@@ -128,6 +128,7 @@ Value Importer::tensor_value(const onnx::TensorProto& t, const std::string& what
     fail(Status::InvalidArgument, what + " holds " + std::to_string(typed) + " values; its shape " +
                                       dims_text(v.shape) + " needs " + std::to_string(n));
   decode_values(t, raw, n, v);
+  v.onnx_type = t.data_type();
   return v;
 }
 

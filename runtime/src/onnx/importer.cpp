@@ -328,6 +328,7 @@ void Importer::read_inputs(const onnx::GraphProto& graph, const std::set<std::st
     g.values[input.name()] = input_value(input);
     g.inputs.push_back(input.name());
     const int type = input.type().tensor_type().elem_type();
+    g.values[input.name()].onnx_type = type;
     if (integer_input(type)) {
       g.integer_inputs.insert(input.name());
       if (type == onnx::TensorProto::INT64)

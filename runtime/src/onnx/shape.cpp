@@ -217,6 +217,24 @@ void lower_cast(Lowerer& l, const Node& n) {
   l.op("cast", n.name, {{"x", from}, {"y", l.produce(n.output, DType::I32, l.shape_of(n.output))}});
 }
 
+// CastLike (opset 15): Cast to the element type of its second input, which
+// the compiler knows for model inputs and constants read from the model.
+void expand_cast_like(Importer& im, Node& n, const onnx::NodeProto&) {
+  if (!im.has(n, 1)) im.fail_node(n, "no target input");
+  const int to = im.in(n, 1).onnx_type;
+  if (to == 0)
+    im.unsupported(n, "a target ('" + n.inputs[1] +
+                          "') computed in the model; the compiler knows the element type of model inputs and "
+                          "constants only");
+  onnx::NodeProto p;
+  Node cast = im.derived(n, "cast", "Cast", {n.inputs[0]}, n.output, p);
+  auto* a = p.add_attribute();
+  a->set_name("to");
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(to);
+  im.emit(std::move(cast), p);
+}
+
 // ---- Transpose, Expand, Shape
 
 // Transpose's permutation, checked (reversed where none is given).
@@ -587,6 +605,9 @@ std::span<const OpHandler> shape_handlers() {
        .fold = fold_cast,
        .folds = Fold::IfConstant,
        .lower = lower_cast},
+      {.ops = {"CastLike"},
+       .opsets = {.first = 15, .refusal = "opset {opset} (CastLike came in 15)"},
+       .expand = expand_cast_like},
       {.ops = {"Transpose"},
        .read = read_attrs<TransposeAttrs>,
        .infer = infer_transpose,
