@@ -418,9 +418,10 @@ void check_output_distinct(const fw::TensorRef& y) {
 void check_decoded(const fw::OpBlock& b, const std::uint8_t* data, std::size_t size) {
   FUZZ_CHECK(size >= kHeader && size <= fw::kMaxParamBytes, "a %zu-byte block accepted", size);
   const auto h = tpuhal::fuzz::load<fw::OpHeader>(data);
-  FUZZ_CHECK(
-      h.magic == fw::kOpMagic && h.kind >= 1 && h.kind <= fw::kMaxOpKind && h.reserved[0] == 0 && h.reserved[1] == 0,
-      "header magic %#x kind %u accepted", h.magic, h.kind);
+  FUZZ_CHECK(h.magic == fw::kOpMagic && h.kind >= 1 && h.kind <= fw::kMaxOpKind && h.reserved0 == 0 && h.reserved1 == 0,
+             "header magic %#x kind %u accepted", h.magic, h.kind);
+  // One flag bit is defined (kOpGlobal, bit 0); the others are reserved.
+  FUZZ_CHECK((h.flags & ~1u) == 0 && b.flags == h.flags, "header flags %#x accepted as %#x", h.flags, b.flags);
   const KindRule& rule = kRules[h.kind];
   FUZZ_CHECK(static_cast<std::uint32_t>(b.kind) == h.kind && b.num_tensors == rule.tensors &&
                  h.num_tensors == rule.tensors && h.attr_bytes == rule.attr_bytes &&

@@ -44,6 +44,9 @@ MINORS = [
      "op_enums.inc)", "scatter_elements"),
     (17, "the elementwise modes ElementwiseOp::kSin to kAtanh, the trigonometric and hyperbolic functions and "
      "their inverses (op_enums.inc)", "elementwise trigonometric or hyperbolic functions"),
+    (18, "OpHeader::flags with kOpGlobal (tensor.h): an op the program runs on its own, DDR to DDR; a placement "
+     "the timing model charges, which changes no result (a driver leaves the flags out for a board of 1.17, "
+     "which refuses them as reserved words)", "op flags"),
 ]
 
 # ---- enumerations of op attributes ----------------------------------------
@@ -379,14 +382,14 @@ ATTR_STRUCTS = [
 # Activation value (a fused activation of matmul and convolution costs its
 # Activation's entry). Values not listed take 1 (an activation "none": 0).
 # The transcendental ones are series of multiply-adds on the vector unit:
-# on the BM1684X, SiLU costs about 10 cycles per element and lane at 16
-# elements per lane and cycle, which is what makes YOLOv5s in fp32 and fp16
-# 4 ms slower than its convolutions alone (docs/timing.md).
+# on the BM1684X, SiLU costs about 8 cycles per element and lane at 16
+# elements per lane and cycle, fitted with YOLOv5s, YOLOv8s and YOLOX-s
+# together (docs/timing.md: 3.2 ms of YOLOv5s in fp32).
 VECTOR_CYCLES = {
     "ElementwiseOp": {"Div": 40, "Mod": 42, "Fmod": 42, "Exp": 150, "Log": 150, "Sqrt": 40, "Erf": 200,
                       "Activation": "activation", **{op: 150 for op in ("Sin", "Cos", "Tan", "Asin", "Acos", "Atan",
                                                                         "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")}},
-    "Activation": {"None": 0, "Sigmoid": 150, "Silu": 160, "Tanh": 150, "HardSigmoid": 2, "HardSwish": 3},
+    "Activation": {"None": 0, "Sigmoid": 150, "Silu": 128, "Tanh": 150, "HardSigmoid": 2, "HardSwish": 3},
 }
 
 # Tensor roles that hold a layer's weights: in the timing model they stream

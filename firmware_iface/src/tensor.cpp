@@ -574,9 +574,10 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
   std::memcpy(&h, block.data(), sizeof h);
   if (h.magic != kOpMagic) return Problem{CmdStatus::kBadArgument, kFieldOpHeader, h.magic, kOpMagic};
   if (h.kind == 0 || h.kind > kMaxOpKind) return Problem{CmdStatus::kBadArgument, kFieldOpKind, h.kind, kMaxOpKind};
-  if (h.reserved[0] || h.reserved[1])
-    return Problem{CmdStatus::kReservedNotZero, kFieldOpHeader, h.reserved[0] | h.reserved[1]};
+  if (h.reserved0 || h.reserved1 || (h.flags & ~kOpFlagsKnown))
+    return Problem{CmdStatus::kReservedNotZero, kFieldOpHeader, h.reserved0 | h.reserved1 | (h.flags & ~kOpFlagsKnown)};
   b.kind = static_cast<OpKind>(h.kind);
+  b.flags = h.flags;
   const std::uint32_t want = op_tensor_count(b.kind);
   if (h.num_tensors != want) return Problem{CmdStatus::kBadArgument, kFieldOpHeader, h.num_tensors, want};
   b.num_tensors = want;

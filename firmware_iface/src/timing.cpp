@@ -58,7 +58,27 @@ bool sliced_with_output(const OpBlock& op, std::uint32_t i, std::uint64_t rows) 
   }
 }
 
+// A global op (kOpGlobal) runs on its own, DDR to DDR: every tensor
+// streams from device memory, and one whose innermost dimension (its last
+// of more than one element) is not contiguous, the gathered side of a
+// permute, moves one element per DRAM burst.
+std::uint64_t global_bytes(const OpBlock& op) noexcept {
+  std::uint64_t bytes = 0;
+  for (std::uint32_t i = 0; i < op.num_tensors; ++i) {
+    const TensorRef& t = op.tensors[i];
+    if (static_cast<DType>(t.dtype) == DType::kNone) continue;
+    std::uint32_t d = t.rank;
+    while (d > 0 && t.shape[d - 1] == 1) --d;
+    const bool gathered = d > 0 && t.strides[d - 1] != 0 && t.strides[d - 1] != 1;
+    const std::uint64_t width = dtype_size(static_cast<DType>(t.dtype));
+    bytes =
+        clamp64(u128{bytes} + (gathered ? mul(tensor_elements(t), std::max(kDramBurstBytes, width)) : op.extent[i]));
+  }
+  return bytes;
+}
+
 std::uint64_t tensor_bytes(const TimingModel& m, const OpBlock& op) noexcept {
+  if (op.flags & kOpGlobal) return global_bytes(op);
   const std::uint64_t local = std::uint64_t{m.lanes} * m.lane_memory_kib * 1024 / 4;
   const std::uint32_t weights = weight_tensors(op.kind);
   const TensorRef& y = output(op);

@@ -215,6 +215,18 @@ Device Op::device() const {
 
 OpCost Op::cost() const { return desc_ ? detail::op_cost(*desc_) : OpCost{}; }
 
+Op& Op::set_global(bool global) {
+  if (!desc_) throw Error(Status::FailedPrecondition, "empty Op (build one with tpuhal::ops)");
+  if (desc_->global != global) {
+    auto d = std::make_shared<driver::OpDesc>(*desc_);
+    d->global = global;
+    desc_ = std::move(d);
+  }
+  return *this;
+}
+
+bool Op::global() const { return desc_ && desc_->global; }
+
 namespace ops {
 namespace {
 

@@ -274,6 +274,7 @@ json graph_json(const DeviceGraph& g) {
     if (!op.node.empty()) e["node"] = op.node;
     e["operands"] = op.operands;
     e["attrs"] = op.attrs;
+    if (op.global) e["global"] = true;
     os.push_back(std::move(e));
   }
   j["ops"] = std::move(os);
@@ -337,6 +338,9 @@ DeviceGraph graph_from_json(const json& j, std::uint64_t weight_bytes, std::stri
     for (const auto& [role, v] : operands.items()) op.operands[role] = index(v, where + " operand " + printable(role));
     op.attrs = r.field(os[i], "attrs", where);
     if (!op.attrs.is_object()) bad(where + ".attrs is not an object");
+    const json& global = os[i].contains("global") ? os[i]["global"] : json(false);
+    if (!global.is_boolean()) bad(where + ".global is not true or false");
+    op.global = global.get<bool>();
     g.ops.push_back(std::move(op));
   }
   for (const char* key : {"inputs", "outputs"}) {

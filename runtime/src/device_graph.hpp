@@ -39,6 +39,7 @@ struct DOp {
   std::string node;                              // the ONNX node it came from ("" for conversions)
   std::map<std::string, std::int64_t> operands;  // role ("x", "w", "y", ...) -> tensor index
   nlohmann::json attrs = nlohmann::json::object();
+  bool global = false;  // the board runs it on its own, DDR to DDR (Op::set_global)
 };
 
 struct DeviceGraph {

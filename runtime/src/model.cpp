@@ -323,7 +323,7 @@ void place(const ModelState& m, const DeviceGraph& g, const Buffer& arena, std::
     const DOp& op = g.ops[i];
     const std::string where = op_where(damaged, i, op);
     try {
-      ops.push_back(build_op(op, tensors, where));
+      ops.push_back(build_op(op, tensors, where).set_global(op.global));
     } catch (const Error& e) {
       if (std::string(e.what()).rfind(where, 0) == 0) throw Error(Status::InvalidArgument, e.what());
       throw Error(Status::InvalidArgument, where + ": " + e.what());

@@ -110,6 +110,33 @@ TEST(FwTensorOp, HeaderRulesAreEnforced) {
   EXPECT_EQ(problem_of(tiny).status, CmdStatus::kBadArgument);
 }
 
+// The header's flags (interface 1.18): kOpGlobal is taken and handed to
+// the timing model; any other bit, and the words after the flags, are
+// reserved and refused naming the header.
+TEST(FwTensorOp, TheGlobalFlagIsTakenAndOtherFlagBitsAreReserved) {
+  auto b = good_matmul();
+  auto r = decode_op(b);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->flags, 0u);
+  reinterpret_cast<OpHeader*>(b.data())->flags = kOpGlobal;
+  r = decode_op(b);
+  ASSERT_TRUE(r.ok()) << describe(r.problem(), static_cast<std::uint16_t>(Opcode::kTensorOp));
+  EXPECT_EQ(r->flags, kOpGlobal);
+  for (const std::uint32_t bit : {1u << 1, 1u << 31}) {
+    reinterpret_cast<OpHeader*>(b.data())->flags = kOpGlobal | bit;
+    const Problem p = problem_of(b);
+    EXPECT_EQ(p.status, CmdStatus::kReservedNotZero);
+    EXPECT_EQ(p.field, kFieldOpHeader);
+    EXPECT_EQ(p.value, bit);
+  }
+  b = good_matmul();
+  reinterpret_cast<OpHeader*>(b.data())->reserved0 = 5;
+  EXPECT_EQ(problem_of(b).status, CmdStatus::kReservedNotZero);
+  b = good_matmul();
+  reinterpret_cast<OpHeader*>(b.data())->reserved1 = 7;
+  EXPECT_EQ(problem_of(b).status, CmdStatus::kReservedNotZero);
+}
+
 // Every kind of op_kinds.inc has its name, tensor count and attribute size
 // in the decoder: a block of that shape gets past the header and is judged
 // on its tensors (here all absent, so the first required one is named).

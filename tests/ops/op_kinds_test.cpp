@@ -149,7 +149,7 @@ TEST_P(OpKinds, BuildEncodeDecodeAndRunOnTheSimulator) {
 
   // Encoded and decoded: the firmware kind of the same name, the block
   // accepted by the board's validator.
-  const std::vector<std::byte> block = tpu::encode_op(*desc);
+  const std::vector<std::byte> block = tpu::encode_op(*desc, fw::kInterfaceVersion.minor);
   auto decoded = fw::decode_op(block);
   ASSERT_TRUE(decoded.ok()) << fw::describe(decoded.problem(), static_cast<std::uint16_t>(fw::Opcode::kTensorOp));
   EXPECT_STREQ(fw::to_string(decoded->kind), kind.name);

@@ -561,6 +561,10 @@ TEST(Runtime, GivenADamagedGraphSectionWhenLoadedThenInvalidArgumentNamesWhat) {
             std::string::npos);
   EXPECT_NE(edited([&](auto& j) { j["ops"][conv]["attrs"].erase("pads"); }).find("attribute 'pads' is missing"),
             std::string::npos);
+  EXPECT_NE(edited([&](auto& j) {
+              j["ops"][conv]["global"] = 1;
+            }).find("op " + std::to_string(conv) + ".global is not true or false"),
+            std::string::npos);
   // The ops' own checks catch what is well-formed but does not fit.
   auto weights_shape = [&](auto& j) {
     j["tensors"][j["ops"][conv]["operands"]["w"].template get<int>()]["shape"][1] = 2;

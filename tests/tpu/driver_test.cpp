@@ -13,6 +13,7 @@
 #include "tpuhal/base/wait.h"
 #include "tpuhal/fw/command.h"
 #include "tpuhal/fw/regs.h"
+#include "tpuhal/fw/tensor.h"
 #include "tpuhal/fw/version.h"
 #include "tpuhal/sim/board.h"
 #include "tpuhal/tpu/device.h"
@@ -295,6 +296,26 @@ TEST(TpuDriver, BringUpRefusesBoardsItCannotDrive) {
   Error regions = open_error(fw::reg::kNumMemRegions, 99);
   EXPECT_EQ(regions.status(), Status::DeviceLost);
   EXPECT_THAT(regions.what(), HasSubstr("99 memory regions"));
+}
+
+// A placement flag changes no result: a board of 1.17, which would refuse
+// it as reserved, is not sent it; one of 1.18 is.
+TEST(TpuDriver, TheGlobalFlagIsLeftOutForABoardOlderThanItsInterfaceMinor) {
+  driver::OpDesc add;
+  add.kind = driver::OpKind::Elementwise;
+  add.name = "add";
+  add.attrs = driver::ElementwiseAttrs{driver::ElementwiseOp::Add, {}};
+  add.global = true;
+  auto flags = [&](std::uint16_t minor) {
+    const auto block = tpu::encode_op(add, minor);
+    fw::OpHeader h;
+    std::memcpy(&h, block.data(), sizeof h);
+    return h.flags;
+  };
+  EXPECT_EQ(flags(fw::kMinorOpFlags - 1), 0u);
+  EXPECT_EQ(flags(fw::kMinorOpFlags), fw::kOpGlobal);
+  add.global = false;
+  EXPECT_EQ(flags(fw::kMinorOpFlags), 0u);
 }
 
 TEST(TpuDriver, AnOpNewerThanTheBoardsInterfaceIsRefusedBeforeItReachesTheBoard) {

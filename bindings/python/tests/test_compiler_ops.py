@@ -1882,3 +1882,27 @@ def test_nan_inf_and_sign_tests(dev, op, attrs, reference):
         if op == "Sign":  # away from the special values, the signs of rounded values
             np.testing.assert_array_equal(got[0, :5], [np.nan, 1, -1, 0, 0], err_msg=precision)
         np.testing.assert_array_equal(got, want, err_msg=precision)
+
+
+def test_a_models_permute_runs_on_its_own_and_the_compilers_layout_changes_stay_grouped(dev):
+    # The board's compiler runs a model's permute DDR to DDR (docs/timing.md): costed by the board's
+    # timing model, both its tensors stream from device memory, the one read out of order a 32-byte
+    # burst per element. The compiler's own change of the convolution's output from NHWC back to NCHW
+    # stays in its group, on chip. The result is the model's either way.
+    x, w = randn(1, 3, 8, 8), randn(4, 3, 1, 1)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Transpose", ["c"], ["y"], perm=[0, 1, 3, 2], name="permute")]
+    m = model(nodes, {"x": x.shape}, "y", initializers=[("w", w)])
+    compiled = tpuhal.compile(m, "fp32", shapes={"x": x.shape}, device=dev.uri)
+    inst = dev.load_model(compiled).instance()
+    want = np.einsum("oc,nchw->nowh", w[:, :, 0, 0].astype(np.float64), x)
+    np.testing.assert_allclose(inst.run({"x": x})[0], want, rtol=1e-5, atol=1e-5)
+    layers = inst.modelled()["layers"]
+    permute = [l for l in layers if l["node"] == "permute"]
+    # [1, 4, 8, 8] f32: 256 elements read at 32 bytes each and 1024 bytes written, at the tiny board's
+    # 16000 MB/s.
+    assert len(permute) == 1 and permute[0]["ops"] == "transpose"
+    assert permute[0]["memory_ns"] == (256 * 32 + 1024) * 1000 // 16000
+    own = [l for l in layers if l["node"] == ""]
+    assert any("transpose" in l["ops"] for l in own)
+    assert all(l["memory_ns"] == 0 for l in own)

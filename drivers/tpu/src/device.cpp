@@ -735,7 +735,7 @@ std::optional<ModelledTime> TpuDevice::model_op(const driver::OpDesc& op) const 
   const fw::TimingModel* m = timing_model();
   if (!m) return std::nullopt;
   // The board costs the parameter block it would run: the same bytes.
-  const std::vector<std::byte> block = encode_op(op);
+  const std::vector<std::byte> block = encode_op(op, interface_minor());
   auto decoded = fw::decode_op(block);
   if (!decoded)
     throw Error(Status::InvalidArgument,

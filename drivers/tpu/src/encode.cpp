@@ -81,11 +81,12 @@ void append_bytes(std::vector<std::byte>& out, const T& value) {
 
 }  // namespace
 
-std::vector<std::byte> encode_op(const driver::OpDesc& op) {
+std::vector<std::byte> encode_op(const driver::OpDesc& op, std::uint16_t interface_minor) {
   std::vector<std::byte> block;
   fw::OpHeader h{};
   h.magic = fw::kOpMagic;
   h.kind = static_cast<std::uint32_t>(to_fw(op.kind));
+  if (op.global && interface_minor >= fw::kMinorOpFlags) h.flags = fw::kOpGlobal;
   h.num_tensors = static_cast<std::uint32_t>(op.tensors.size());
   std::vector<std::byte> attrs;
   struct AttrVisitor {
@@ -238,7 +239,7 @@ void encode(const driver::Command& command, std::uint32_t index, const std::stri
         throw Error(Status::Unsupported, uri + ": " + r.op->name + " needs firmware interface 1." +
                                              std::to_string(need) + "; the board speaks 1." +
                                              std::to_string(interface_minor) + " (update its firmware)");
-      *inline_block = encode_op(*r.op);
+      *inline_block = encode_op(*r.op, interface_minor);
       d.opcode = static_cast<std::uint16_t>(fw::Opcode::kTensorOp);
       d.args[0] = 0;  // inline
       d.args[1] = inline_block->size();

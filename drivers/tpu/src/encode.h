@@ -34,7 +34,9 @@ void encode(const driver::Command& command, std::uint32_t index, const std::stri
 // conv_transpose2d and where.
 std::uint16_t required_minor(const driver::OpDesc& op);
 
-// The parameter block for a tensor op (fw/tensor.h).
-std::vector<std::byte> encode_op(const driver::OpDesc& op);
+// The parameter block for a tensor op (fw/tensor.h), for a board of
+// `interface_minor`: its placement flags (kOpGlobal) from 1.18 on, left out
+// for an older board, which would refuse them (they change no result).
+std::vector<std::byte> encode_op(const driver::OpDesc& op, std::uint16_t interface_minor);
 
 }  // namespace tpuhal::tpu

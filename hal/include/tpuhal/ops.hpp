@@ -140,6 +140,15 @@ class TPUHAL_API Op {
   Device device() const;
   // What it costs (its kind's cost class, schema/ops.py).
   OpCost cost() const;
+  // Placement: whether the board runs this op on its own, reading and
+  // writing device memory (DDR to DDR), rather than in a group of ops whose
+  // activations may stay in its local memory (the default). It changes no
+  // result: the board's timing model charges it (docs/timing.md), and a
+  // board older than firmware interface 1.18 is not told. A compiler marks
+  // what the board's own compiler would run alone, such as a model's
+  // permute. On an empty Op, FailedPrecondition.
+  Op& set_global(bool global = true);
+  bool global() const;
 
  private:
   friend class Batch;

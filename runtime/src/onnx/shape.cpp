@@ -318,7 +318,11 @@ void lower_transpose(Lowerer& l, const Node& n) {
   Rep r = src;
   r.by_dtype = {{src.primary, y}};
   l.reps[n.output] = r;
-  l.op("transpose", n.name, {{"x", x}, {"y", y}}, {{"perm", n.attr<TransposeAttrs>().perm}});
+  // A model's permute that moves bytes runs on its own, DDR to DDR, as
+  // TPU-MLIR runs Permute on the BM1684X; tpuhal's own layout changes stay
+  // in their group (docs/timing.md).
+  const auto i = l.op("transpose", n.name, {{"x", x}, {"y", y}}, {{"perm", n.attr<TransposeAttrs>().perm}});
+  l.dg().ops[static_cast<std::size_t>(i)].global = true;
 }
 
 // Expand's output shape: the input broadcast with the shape input.

@@ -152,6 +152,7 @@ struct OpBlock {
   TensorRef tensors[kMaxOpTensors] = {};
   std::uint64_t extent[kMaxOpTensors] = {};  // bytes each tensor spans from its address
   OpAttrs attrs;
+  std::uint32_t flags = 0;  // OpHeader::flags (kOpGlobal)
 };
 Result<OpBlock> decode_op(std::span<const std::byte> block);
 

@@ -83,9 +83,22 @@ struct OpHeader {
   std::uint32_t kind;         // OpKind
   std::uint32_t num_tensors;  // op_tensor_count(kind)
   std::uint32_t attr_bytes;   // sizeof the kind's attribute struct
-  std::uint64_t reserved[2];  // zero
+  std::uint32_t flags;        // OpFlag bits (since 1.18; zero before)
+  std::uint32_t reserved0;    // zero
+  std::uint64_t reserved1;    // zero
 };
 static_assert(sizeof(OpHeader) == 32);
+
+// OpHeader::flags. They say how the program places the op, never what it
+// computes: a board may ignore them, and only the timing model reads them.
+//   kOpGlobal  the op runs on its own, DDR to DDR, outside any group of ops
+//              whose activations stay in local memory: how a board's
+//              compiler runs what it cannot tile, such as a model's permute
+//              (TPU-MLIR runs Permute on the BM1684X only as a global op).
+//              Every tensor streams from device memory, and a permuted read
+//              moves one element per DRAM burst (timing.h).
+inline constexpr std::uint32_t kOpGlobal = 1u << 0;
+inline constexpr std::uint32_t kOpFlagsKnown = kOpGlobal;
 
 // The enumerations the attribute structs below carry as uint32 words
 // (Activation, Layout, PoolKind, ElementwiseOp, ResizeMode, CoordinateMode,

@@ -18,6 +18,10 @@
 //     conversions, at `vector_lane_elems` elements per lane per cycle, times
 //     the cycles each element needs (an exponential costs more than an add);
 //   - device memory: every tensor read and written once, at `dram_mbps`.
+// An op the program runs on its own (kOpGlobal, tensor.h) streams every
+// tensor from device memory, and reads or writes a tensor whose innermost
+// dimension is not contiguous (a permute's gathered side) one element per
+// DRAM burst of kDramBurstBytes.
 // The op costs the larger of compute and memory, plus a fixed cost per op
 // and per command. Copies and fills cost their bytes at the bandwidth of
 // the memory at their ends; a decoded frame its pixels at the video unit's
@@ -48,6 +52,10 @@ constexpr DmaDirection dma_direction(std::uint64_t src, std::uint64_t dst) noexc
   if (from_host) return to_host ? DmaDirection::kHostToHost : DmaDirection::kHostToDevice;
   return to_host ? DmaDirection::kDeviceToHost : DmaDirection::kDeviceToDevice;
 }
+
+// Device memory's burst: what one element read or written out of order
+// costs (LPDDR4: a 16-bit channel, burst length 16).
+inline constexpr std::uint64_t kDramBurstBytes = 32;
 
 // Frame kinds a decoder's cost depends on.
 enum class FrameType : std::uint32_t { kIntra = 0, kPredicted = 1, kBidirectional = 2 };

@@ -31,6 +31,7 @@ struct Version {
 #include "tpuhal/fw/version.inc"
 inline constexpr std::uint16_t kMinorOutOfMemory = 8;
 inline constexpr std::uint16_t kMinorGatherByteIndices = 12;
+inline constexpr std::uint16_t kMinorOpFlags = 18;
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a
 // board advertising `board` agree on, or kBadArgument with field

@@ -93,6 +93,7 @@ struct OpDesc {
   std::string name;  // for messages: "matmul", "qlinear_conv", ...
   std::vector<TensorArg> tensors;
   OpAttrs attrs;
+  bool global = false;  // Op::set_global: run on its own, DDR to DDR (a placement; the result is the same)
 };
 
 // What each kind is (op_kinds.inc), indexed by the kind.
