@@ -22,6 +22,9 @@ though which layers an int8 compile keeps in fp32 does (unit_scale).
   yoloxs    YOLOX-s at 3x640x640, its decoupled head's sigmoids applied
             and the boxes not decoded, [N, 8400, 85], as YOLOX's own ONNX
             export gives it.
+  yolo11s   YOLO11s (ultralytics) at 3x640x640, written here the same way
+            (C3k2 blocks, C2PSA attention at 20x20), its head decoding the
+            boxes into [N, 84, 8400] as yolov8s's does.
 
 Needs Debian's python3-torch and python3-torchvision (exit status 77
 without them).
@@ -41,13 +44,14 @@ except ImportError as e:  # pragma: no cover
 
 
 class Conv(nn.Module):
-    """YOLOv5's Conv: convolution (no bias), batch norm, SiLU."""
+    """YOLOv5's Conv: convolution (no bias), batch norm, SiLU (none with
+    act=False); g groups (g = channels: YOLO11's depthwise DWConv)."""
 
-    def __init__(self, c1, c2, k=1, s=1, p=None):
+    def __init__(self, c1, c2, k=1, s=1, p=None, g=1, act=True):
         super().__init__()
-        self.conv = nn.Conv2d(c1, c2, k, s, k // 2 if p is None else p, bias=False)
+        self.conv = nn.Conv2d(c1, c2, k, s, k // 2 if p is None else p, groups=g, bias=False)
         self.bn = nn.BatchNorm2d(c2)
-        self.act = nn.SiLU()
+        self.act = nn.SiLU() if act else nn.Identity()
 
     def forward(self, x):
         return self.act(self.bn(self.conv(x)))
@@ -55,12 +59,12 @@ class Conv(nn.Module):
 
 class Bottleneck(nn.Module):
     """YOLOv5's bottleneck (a 1x1 then a 3x3 convolution); YOLOv8's has two
-    3x3 ones (k1=3)."""
+    3x3 ones (k1=3); YOLO11's C3k2 halves the channels between them (e)."""
 
-    def __init__(self, c, shortcut=True, k1=1):
+    def __init__(self, c, shortcut=True, k1=1, e=1.0):
         super().__init__()
-        self.cv1 = Conv(c, c, k1)
-        self.cv2 = Conv(c, c, 3)
+        self.cv1 = Conv(c, int(c * e), k1)
+        self.cv2 = Conv(int(c * e), c, 3)
         self.add = shortcut
 
     def forward(self, x):
@@ -69,13 +73,16 @@ class Bottleneck(nn.Module):
 
 
 class C3(nn.Module):
-    def __init__(self, c1, c2, n=1, shortcut=True):
+    """YOLOv5's C3; with k1=3 YOLO11's C3k, whose bottlenecks are two 3x3
+    convolutions."""
+
+    def __init__(self, c1, c2, n=1, shortcut=True, k1=1):
         super().__init__()
         c = c2 // 2
         self.cv1 = Conv(c1, c, 1)
         self.cv2 = Conv(c1, c, 1)
         self.cv3 = Conv(2 * c, c2, 1)
-        self.m = nn.Sequential(*(Bottleneck(c, shortcut) for _ in range(n)))
+        self.m = nn.Sequential(*(Bottleneck(c, shortcut, k1) for _ in range(n)))
 
     def forward(self, x):
         return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
@@ -172,11 +179,44 @@ class C2f(nn.Module):
         return self.cv2(torch.cat(y, 1))
 
 
+class Decode(nn.Module):
+    """YOLOv8's and YOLO11's Detect head after its branches: per scale, the
+    box branch's 4 x reg_max distribution and the class branch's scores
+    concatenated, then the boxes decoded (distribution focal loss integral,
+    anchor points, strides) into [N, 4 + classes, anchors] as the exported
+    model does, so only NMS runs after it."""
+
+    def __init__(self, box, cls, classes=80, size=640, reg_max=16):
+        super().__init__()
+        self.box, self.cls = box, cls
+        self.classes, self.reg_max = classes, reg_max
+        self.dfl = nn.Conv2d(reg_max, 1, 1, bias=False)
+        self.dfl.weight.data[:] = torch.arange(reg_max, dtype=torch.float32).view(1, reg_max, 1, 1)
+        points, strides = [], []
+        for stride in (8, 16, 32):
+            n = size // stride
+            ys, xs = torch.meshgrid(torch.arange(n) + 0.5, torch.arange(n) + 0.5, indexing="ij")
+            points.append(torch.stack((xs, ys), 0).reshape(2, -1))
+            strides.append(torch.full((1, n * n), float(stride)))
+        self.register_buffer("anchors", torch.cat(points, 1).unsqueeze(0))
+        self.register_buffer("strides", torch.cat(strides, 1).unsqueeze(0))
+
+    def forward(self, small, medium, large):
+        n = small.shape[0]
+        feats = [torch.cat((b(f), c(f)), 1).view(n, 4 * self.reg_max + self.classes, -1)
+                 for b, c, f in zip(self.box, self.cls, (small, medium, large))]
+        box, cls = torch.cat(feats, 2).split((4 * self.reg_max, self.classes), 1)
+        a = box.shape[2]
+        dist = self.dfl(box.view(n, 4, self.reg_max, a).transpose(2, 1).softmax(1)).view(n, 4, a)
+        lt, rb = dist.chunk(2, 1)
+        x1y1, x2y2 = self.anchors - lt, self.anchors + rb
+        boxes = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
+        return torch.cat((boxes, cls.sigmoid()), 1)
+
+
 class YOLOv8s(nn.Module):
     """YOLOv8s (ultralytics yolov8s.yaml, depth 0.33, width 0.50): 80
-    classes; its Detect head decodes the boxes (distribution focal loss
-    integral, anchor points, strides) into [N, 84, 8400] as the exported
-    model does, so only NMS runs after it."""
+    classes; its Detect head decodes the boxes into [N, 84, 8400]."""
 
     def __init__(self, classes=80, size=640, reg_max=16):
         super().__init__()
@@ -197,22 +237,12 @@ class YOLOv8s(nn.Module):
         self.h19 = Conv(256, 256, 3, 2)
         self.h21 = C2f(768, 512)
         self.up = nn.Upsample(scale_factor=2, mode="nearest")
-        self.classes, self.reg_max = classes, reg_max
         c2, c3 = max(16, 128 // 4, reg_max * 4), max(128, min(classes, 100))
-        self.box = nn.ModuleList(
+        box = nn.ModuleList(
             nn.Sequential(Conv(c, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * reg_max, 1)) for c in (128, 256, 512))
-        self.cls = nn.ModuleList(
+        cls = nn.ModuleList(
             nn.Sequential(Conv(c, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, classes, 1)) for c in (128, 256, 512))
-        self.dfl = nn.Conv2d(reg_max, 1, 1, bias=False)
-        self.dfl.weight.data[:] = torch.arange(reg_max, dtype=torch.float32).view(1, reg_max, 1, 1)
-        points, strides = [], []
-        for stride in (8, 16, 32):
-            n = size // stride
-            ys, xs = torch.meshgrid(torch.arange(n) + 0.5, torch.arange(n) + 0.5, indexing="ij")
-            points.append(torch.stack((xs, ys), 0).reshape(2, -1))
-            strides.append(torch.full((1, n * n), float(stride)))
-        self.register_buffer("anchors", torch.cat(points, 1).unsqueeze(0))
-        self.register_buffer("strides", torch.cat(strides, 1).unsqueeze(0))
+        self.detect = Decode(box, cls, classes, size, reg_max)
 
     def forward(self, x):
         p4 = self.b4(self.b3(self.b2(self.b1(self.b0(x)))))
@@ -222,16 +252,106 @@ class YOLOv8s(nn.Module):
         small = self.h15(torch.cat((self.up(h12), p4), 1))
         medium = self.h18(torch.cat((self.h16(small), h12), 1))
         large = self.h21(torch.cat((self.h19(medium), p9), 1))
-        n = x.shape[0]
-        feats = [torch.cat((b(f), c(f)), 1).view(n, 4 * self.reg_max + self.classes, -1)
-                 for b, c, f in zip(self.box, self.cls, (small, medium, large))]
-        box, cls = torch.cat(feats, 2).split((4 * self.reg_max, self.classes), 1)
-        a = box.shape[2]
-        dist = self.dfl(box.view(n, 4, self.reg_max, a).transpose(2, 1).softmax(1)).view(n, 4, a)
-        lt, rb = dist.chunk(2, 1)
-        x1y1, x2y2 = self.anchors - lt, self.anchors + rb
-        boxes = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
-        return torch.cat((boxes, cls.sigmoid()), 1)
+        return self.detect(small, medium, large)
+
+
+class C3k2(nn.Module):
+    """YOLO11's C3k2: YOLOv8's C2f with hidden channels c2 * e, its blocks
+    C3k (c3k) or bottlenecks that halve the channels between their two 3x3
+    convolutions."""
+
+    def __init__(self, c1, c2, n=1, c3k=False, e=0.5, shortcut=True):
+        super().__init__()
+        self.c = int(c2 * e)
+        self.cv1 = Conv(c1, 2 * self.c, 1)
+        self.cv2 = Conv((2 + n) * self.c, c2, 1)
+        self.m = nn.ModuleList(C3(self.c, self.c, 2, shortcut, k1=3) if c3k else Bottleneck(self.c, shortcut, 3, 0.5)
+                               for _ in range(n))
+
+    def forward(self, x):
+        y = list(self.cv1(x).split((self.c, self.c), 1))
+        y.extend(m(y[-1]) for m in self.m)
+        return self.cv2(torch.cat(y, 1))
+
+
+class Attention(nn.Module):
+    """YOLO11's position-sensitive attention over the H x W positions: q, k
+    and v from one 1x1 convolution, heads of 64 channels with keys of 32, a
+    depthwise 3x3 convolution of v added as the position encoding."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.key_dim = self.head_dim // 2
+        self.scale = self.key_dim**-0.5
+        self.qkv = Conv(dim, dim + 2 * self.key_dim * heads, 1, act=False)
+        self.proj = Conv(dim, dim, 1, act=False)
+        self.pe = Conv(dim, dim, 3, 1, g=dim, act=False)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(x).view(b, self.heads, 2 * self.key_dim + self.head_dim, h * w).split(
+            (self.key_dim, self.key_dim, self.head_dim), 2)
+        attn = ((q.transpose(-2, -1) @ k) * self.scale).softmax(-1)
+        x = (v @ attn.transpose(-2, -1)).view(b, c, h, w) + self.pe(v.reshape(b, c, h, w))
+        return self.proj(x)
+
+
+class C2PSA(nn.Module):
+    """YOLO11's C2PSA: half the channels through an attention block and a
+    feed-forward pair of 1x1 convolutions, each added to its input."""
+
+    def __init__(self, c1):
+        super().__init__()
+        self.c = c1 // 2
+        self.cv1 = Conv(c1, 2 * self.c, 1)
+        self.cv2 = Conv(2 * self.c, c1, 1)
+        self.attn = Attention(self.c, self.c // 64)
+        self.ffn = nn.Sequential(Conv(self.c, 2 * self.c, 1), Conv(2 * self.c, self.c, 1, act=False))
+
+    def forward(self, x):
+        a, b = self.cv1(x).split((self.c, self.c), 1)
+        b = b + self.attn(b)
+        b = b + self.ffn(b)
+        return self.cv2(torch.cat((a, b), 1))
+
+
+class YOLO11s(nn.Module):
+    """YOLO11s (ultralytics yolo11.yaml, depth 0.50, width 0.50): C3k2
+    blocks, SPPF and C2PSA, the PAN neck of C3k2 blocks, and the Detect
+    head whose class branch starts with depthwise convolutions; the boxes
+    decoded into [N, 84, 8400] as for YOLOv8s."""
+
+    def __init__(self, classes=80, size=640, reg_max=16):
+        super().__init__()
+        self.backbone = nn.Sequential(Conv(3, 32, 3, 2), Conv(32, 64, 3, 2), C3k2(64, 128, 1, False, 0.25),
+                                      Conv(128, 128, 3, 2), C3k2(128, 256, 1, False, 0.25))
+        self.b5 = nn.Sequential(Conv(256, 256, 3, 2), C3k2(256, 256, 1, True))
+        self.b7 = nn.Sequential(Conv(256, 512, 3, 2), C3k2(512, 512, 1, True), SPPF(512, 512, 5), C2PSA(512))
+        self.h13 = C3k2(768, 256, 1, False)
+        self.h16 = C3k2(512, 128, 1, False)
+        self.h17 = Conv(128, 128, 3, 2)
+        self.h19 = C3k2(384, 256, 1, False)
+        self.h20 = Conv(256, 256, 3, 2)
+        self.h22 = C3k2(768, 512, 1, True)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        c2, c3 = max(16, 128 // 4, reg_max * 4), max(128, min(classes, 100))
+        box = nn.ModuleList(
+            nn.Sequential(Conv(c, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * reg_max, 1)) for c in (128, 256, 512))
+        cls = nn.ModuleList(
+            nn.Sequential(Conv(c, c, 3, g=c), Conv(c, c3, 1), Conv(c3, c3, 3, g=c3), Conv(c3, c3, 1),
+                          nn.Conv2d(c3, classes, 1)) for c in (128, 256, 512))
+        self.detect = Decode(box, cls, classes, size, reg_max)
+
+    def forward(self, x):
+        p4 = self.backbone(x)
+        p6 = self.b5(p4)
+        p10 = self.b7(p6)
+        h13 = self.h13(torch.cat((self.up(p10), p6), 1))
+        small = self.h16(torch.cat((self.up(h13), p4), 1))
+        medium = self.h19(torch.cat((self.h17(small), h13), 1))
+        large = self.h22(torch.cat((self.h20(medium), p10), 1))
+        return self.detect(small, medium, large)
 
 
 class Focus(nn.Module):
@@ -314,7 +434,7 @@ def fuse(model):
         if isinstance(m, Conv):
             conv, bn = m.conv, m.bn
             fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
-                              bias=True)
+                              groups=conv.groups, bias=True)
             scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
             fused.weight.data = conv.weight.data * scale.reshape(-1, 1, 1, 1)
             fused.bias.data = bn.bias - bn.running_mean * scale
@@ -327,6 +447,7 @@ MODELS = {
     "yolov5s": (lambda: fuse(unit_scale(YOLOv5s())), 640, ["p3", "p4", "p5"]),
     "yolov8s": (lambda: fuse(unit_scale(YOLOv8s())), 640, ["output0"]),
     "yoloxs": (lambda: fuse(unit_scale(YOLOXs())), 640, ["output"]),
+    "yolo11s": (lambda: fuse(unit_scale(YOLO11s())), 640, ["output0"]),
 }
 
 
