@@ -237,6 +237,40 @@ def test_layers_kept_in_fp16_by_name_or_by_a_target_snr(dev):
         tpuhal.compile(onnx_bytes, "fp16", keep_fp16=["first"], device=dev.uri)
 
 
+def one_input_model(nodes, x_shape, weights, y_shape=None):
+    """An opset-13 ONNX model of `nodes` from float input x of `x_shape` to output y (of `y_shape`, or x's)."""
+    graph = helper.make_graph(
+        nodes, "case", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape or x_shape)],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_a_kept_layers_silu_runs_as_its_activation(dev):
+    # Conv, x * Sigmoid(x), Conv: with the first convolution kept in fp16 in an int8 model, the SiLU runs as
+    # that convolution's activation, as in an fp16 model, not as a Sigmoid and a Mul of their own.
+    w1 = (0.3 * RNG.standard_normal((8, 4, 3, 3))).astype(np.float32)
+    w2 = (0.3 * RNG.standard_normal((4, 8, 1, 1))).astype(np.float32)
+    onnx_bytes = one_input_model(
+        [helper.make_node("Conv", ["x", "w1"], ["c"], name="first", pads=[1, 1, 1, 1]),
+         helper.make_node("Sigmoid", ["c"], ["s"], name="gate"),
+         helper.make_node("Mul", ["c", "s"], ["m"], name="silu"),
+         helper.make_node("Conv", ["m", "w2"], ["y"], name="second")], [BATCH, 4, 8, 8], {"w1": w1, "w2": w2})
+    calib = RNG.standard_normal((16, 4, 8, 8)).astype(np.float32)
+    x = calib[:BATCH]
+    (ref,) = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).instance().run(x)
+    kept = tpuhal.compile(onnx_bytes, "int8", calibration=calib, keep_fp16=["first"], device=dev.uri)
+    assert "1 layer(s) in fp16: first" in kept.notes, kept.notes
+    inst = dev.load_model(kept).instance()
+    layers = {l["node"]: l["ops"] for l in inst.modelled()["layers"]}
+    assert layers["first"] == "conv2d" and "gate" not in layers and "silu" not in layers, layers
+    (y,) = inst.run(x)
+    # The second convolution in int8: within a few of its output steps.
+    assert float(np.abs(y - ref).max()) < 0.05 * float(np.abs(ref).max())
+
+
 def test_layers_kept_where_fp16_cannot_hold_their_values_run_in_fp32(dev):
     # Activations near 1e-6 (as in random-weight networks whose values
     # shrink layer by layer) are fp16 subnormals: kept layers run in fp32.
@@ -266,14 +300,8 @@ def test_an_int8_layer_whose_bias_would_not_fit_int32_runs_in_fp32(dev):
     # fp32 and the output keeps its bias.
     w = RNG.standard_normal((2, 4, 1, 1)).astype(np.float32)
     b = np.array([1.0, -0.5], np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="biased")], "bias",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 2, 8, 8])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx_bytes = model.SerializeToString()
+    onnx_bytes = one_input_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], name="biased")],
+                                 [BATCH, 4, 8, 8], {"w": w, "b": b}, y_shape=[BATCH, 2, 8, 8])
     calib = (1e-10 * RNG.standard_normal((16, 4, 8, 8))).astype(np.float32)
     x = calib[:BATCH]
     (ref,) = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).instance().run(x)

@@ -216,16 +216,28 @@ void lower_conv(Lowerer& l, const Node& n) {
   if (one_d) l.qdq_float(n, "1-D convolutions run in float");
   const DType t = l.act;
   const bool nhwc = l.float_nhwc && !one_d;
+  // A convolution an int8 model runs in float (kept in fp16, or its bias
+  // too large) takes the x * Sigmoid(x) after it as its activation, as a
+  // float model's does (fuse_gated), rather than running it as two ops.
+  const bool in_int8 = l.int8() || l.keep_fp16.count(n.name);  // a kept layer lowers at its own precision
+  const Node* silu = in_int8 && n.act.kind == Activation::None ? l.silu_of(n.output) : nullptr;
+  const std::string& out = silu ? silu->output : n.output;
   std::map<std::string, std::int64_t> operands{{"x", nhwc ? l.get_nhwc_float(n.inputs[0]) : l.get(n.inputs[0], t)},
                                                {"w", l.get(n.inputs[1], t)}};
   if (has_bias) operands["bias"] = l.get(n.inputs[2], DType::F32);
-  operands["y"] = nhwc ? l.produce_nhwc_float(n.output, shape) : l.produce(n.output, t, shape);
+  operands["y"] = nhwc ? l.produce_nhwc_float(out, shape) : l.produce(out, t, shape);
   if (one_d) l.as_2d(operands, {{"x", &xs}, {"w", &w.shape}, {"y", &shape}});
   ops::Conv2dOptions on = o;
   if (nhwc) on.layout = Layout::NHWC;
   nlohmann::json at = conv_attrs(on);
-  at["activation"] = act_json(n.act);
+  at["activation"] = act_json(silu ? ActivationParams::silu() : n.act);
   l.op("conv2d", n.name, operands, at);
+  if (silu) {
+    for (const auto& c : l.g.nodes)
+      if (c.output == silu->inputs[0] || c.output == silu->inputs[1])
+        if (c.op == "Sigmoid") l.fused_into_producer.insert(c.name);
+    l.fused_into_producer.insert(silu->name);
+  }
 }
 
 Value infer_conv_transpose(Importer& im, Node& n) {

@@ -168,6 +168,23 @@ const Node* Lowerer::sole_consumer(const std::string& v) const {
   return nullptr;  // its one use is as a graph output
 }
 
+const Node* Lowerer::silu_of(const std::string& x) const {
+  if (consumers(g, x) != 2) return nullptr;
+  const Node *sigmoid = nullptr, *mul = nullptr;
+  for (const auto& c : g.nodes) {
+    if (std::find(c.inputs.begin(), c.inputs.end(), x) == c.inputs.end()) continue;
+    if (c.op == "Sigmoid" && c.inputs.size() == 1)
+      sigmoid = &c;
+    else if (c.op == "Mul" && c.inputs.size() == 2)
+      mul = &c;
+  }
+  if (!sigmoid || !mul || sole_consumer(sigmoid->output) != mul || fused_into_producer.count(sigmoid->name))
+    return nullptr;
+  const bool pair = (mul->inputs[0] == x && mul->inputs[1] == sigmoid->output) ||
+                    (mul->inputs[1] == x && mul->inputs[0] == sigmoid->output);
+  return pair ? mul : nullptr;
+}
+
 bool Lowerer::qadd(const Node& n) {
   if (!int8() || n.op != "Add" || !nhwc_island(n, {n.inputs[0], n.inputs[1]})) return false;
   for (const auto& x : n.inputs)
