@@ -220,8 +220,8 @@ void lower_conv(Lowerer& l, const Node& n) {
   // too large) takes the x * Sigmoid(x) after it as its activation, as a
   // float model's does (fuse_gated), rather than running it as two ops.
   const bool in_int8 = l.int8() || l.keep_fp16.count(n.name);  // a kept layer lowers at its own precision
-  const Node* silu = in_int8 && n.act.kind == Activation::None ? l.silu_of(n.output) : nullptr;
-  const std::string& out = silu ? silu->output : n.output;
+  const auto silu = in_int8 && n.act.kind == Activation::None ? l.silu_of(n.output) : Lowerer::Silu{};
+  const std::string& out = silu.mul ? silu.mul->output : n.output;
   std::map<std::string, std::int64_t> operands{{"x", nhwc ? l.get_nhwc_float(n.inputs[0]) : l.get(n.inputs[0], t)},
                                                {"w", l.get(n.inputs[1], t)}};
   if (has_bias) operands["bias"] = l.get(n.inputs[2], DType::F32);
@@ -230,14 +230,9 @@ void lower_conv(Lowerer& l, const Node& n) {
   ops::Conv2dOptions on = o;
   if (nhwc) on.layout = Layout::NHWC;
   nlohmann::json at = conv_attrs(on);
-  at["activation"] = act_json(silu ? ActivationParams::silu() : n.act);
+  at["activation"] = act_json(silu.mul ? ActivationParams::silu() : n.act);
   l.op("conv2d", n.name, operands, at);
-  if (silu) {
-    for (const auto& c : l.g.nodes)
-      if (c.output == silu->inputs[0] || c.output == silu->inputs[1])
-        if (c.op == "Sigmoid") l.fused_into_producer.insert(c.name);
-    l.fused_into_producer.insert(silu->name);
-  }
+  if (silu.mul) l.fused_into_producer.insert({silu.sigmoid->name, silu.mul->name});
 }
 
 Value infer_conv_transpose(Importer& im, Node& n) {

@@ -168,8 +168,8 @@ const Node* Lowerer::sole_consumer(const std::string& v) const {
   return nullptr;  // its one use is as a graph output
 }
 
-const Node* Lowerer::silu_of(const std::string& x) const {
-  if (consumers(g, x) != 2) return nullptr;
+Lowerer::Silu Lowerer::silu_of(const std::string& x) const {
+  if (consumers(g, x) != 2) return {};
   const Node *sigmoid = nullptr, *mul = nullptr;
   for (const auto& c : g.nodes) {
     if (std::find(c.inputs.begin(), c.inputs.end(), x) == c.inputs.end()) continue;
@@ -178,11 +178,10 @@ const Node* Lowerer::silu_of(const std::string& x) const {
     else if (c.op == "Mul" && c.inputs.size() == 2)
       mul = &c;
   }
-  if (!sigmoid || !mul || sole_consumer(sigmoid->output) != mul || fused_into_producer.count(sigmoid->name))
-    return nullptr;
+  if (!sigmoid || !mul || sole_consumer(sigmoid->output) != mul || fused_into_producer.count(sigmoid->name)) return {};
   const bool pair = (mul->inputs[0] == x && mul->inputs[1] == sigmoid->output) ||
                     (mul->inputs[1] == x && mul->inputs[0] == sigmoid->output);
-  return pair ? mul : nullptr;
+  return pair ? Silu{sigmoid, mul} : Silu{};
 }
 
 bool Lowerer::qadd(const Node& n) {

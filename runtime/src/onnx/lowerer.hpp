@@ -204,9 +204,13 @@ struct Lowerer {
   bool qrepeat(const Node& n, std::int64_t fh, std::int64_t fw);
   // The node that is the only consumer of value `v` (not a graph output), or null.
   const Node* sole_consumer(const std::string& v) const;
-  // The Mul of x * Sigmoid(x) where that SiLU is all that reads value `x`
-  // (not a graph output), or null.
-  const Node* silu_of(const std::string& x) const;
+  // x * Sigmoid(x) where that SiLU is all that reads value `x` (not a
+  // graph output): its two nodes, or nulls.
+  struct Silu {
+    const Node* sigmoid = nullptr;
+    const Node* mul = nullptr;
+  };
+  Silu silu_of(const std::string& x) const;
   // Whether value `v` has int8 parameters: a Q/DQ pair's or a calibrated range.
   bool has_q(const std::string& v) const { return fixed_q.count(v) || (ranges && ranges->count(v)); }
   std::set<std::string> fused_into_producer;  // nodes qadd lowered with their producer
