@@ -271,6 +271,51 @@ def test_a_kept_layers_silu_runs_as_its_activation(dev):
     assert float(np.abs(y - ref).max()) < 0.05 * float(np.abs(ref).max())
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_a_squeeze_and_excitation_blocks_1x1_convolutions_run_as_matrix_products(dev, precision):
+    # GlobalAveragePool, Conv 1x1 + SiLU, Conv 1x1, Sigmoid, Mul: the two convolutions see a 1x1 image, so
+    # they run as matrix products (weights read row by row in place); a 1x1 convolution of a larger image,
+    # or one whose pads make its output larger, stays a convolution.
+    c, r = 8, 4
+    w1 = (0.5 * RNG.standard_normal((r, c, 1, 1))).astype(np.float32)
+    b1 = (0.1 * RNG.standard_normal(r)).astype(np.float32)
+    w2 = (0.5 * RNG.standard_normal((c, r, 1, 1))).astype(np.float32)
+    b2 = (0.1 * RNG.standard_normal(c)).astype(np.float32)
+    w3 = (0.5 * RNG.standard_normal((c, c, 1, 1))).astype(np.float32)
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"], name="squeeze"),
+             helper.make_node("Conv", ["p", "w1", "b1"], ["f1"], name="fc1"),
+             helper.make_node("Sigmoid", ["f1"], ["g1"], name="gate1"),
+             helper.make_node("Mul", ["f1", "g1"], ["s1"], name="silu1"),
+             helper.make_node("Conv", ["s1", "w2", "b2"], ["f2"], name="fc2"),
+             helper.make_node("Conv", ["p", "w3"], ["f3"], name="padded", pads=[1, 1, 1, 1]),
+             helper.make_node("ReduceMean", ["f3"], ["m3"], name="mean", axes=[2, 3], keepdims=1),
+             helper.make_node("Add", ["f2", "m3"], ["e"], name="add"),
+             helper.make_node("Sigmoid", ["e"], ["g"], name="excite"),
+             helper.make_node("Mul", ["x", "g"], ["z"], name="scale"),
+             helper.make_node("Conv", ["z", "w3"], ["y"], name="pointwise")]
+    onnx_bytes = one_input_model(nodes, [BATCH, c, 6, 6], {"w1": w1, "b1": b1, "w2": w2, "b2": b2, "w3": w3})
+    inst = dev.load_model(tpuhal.compile(onnx_bytes, precision, device=dev.uri)).instance()
+    layers = {l["node"]: l["ops"] for l in inst.modelled()["layers"]}
+    assert layers["fc1"] == "matmul" and layers["fc2"] == "matmul", layers
+    assert "gate1" not in layers and "silu1" not in layers, layers  # the SiLU is fc1's activation
+    assert layers["padded"] == "conv2d" and layers["pointwise"] == "conv2d", layers
+    x = RNG.standard_normal((BATCH, c, 6, 6)).astype(np.float32)
+    (y,) = inst.run(x)
+
+    def conv1x1(v, w, b=None):
+        out = np.einsum("nchw,kc->nkhw", v, w[:, :, 0, 0].astype(np.float64))
+        return out if b is None else out + b.astype(np.float64)[None, :, None, None]
+
+    sigmoid = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    p = x.astype(np.float64).mean(axis=(2, 3), keepdims=True)
+    f1 = conv1x1(p, w1, b1)
+    f3 = conv1x1(np.pad(p, ((0, 0), (0, 0), (1, 1), (1, 1))), w3)
+    z = x * sigmoid(conv1x1(f1 * sigmoid(f1), w2, b2) + f3.mean(axis=(2, 3), keepdims=True))
+    ref = conv1x1(z, w3)
+    tolerance = {"fp32": 1e-5, "fp16": 2e-2, "bf16": 1e-1}[precision]
+    assert float(np.abs(y - ref).max()) < tolerance * float(np.abs(ref).max())
+
+
 def test_layers_kept_where_fp16_cannot_hold_their_values_run_in_fp32(dev):
     # Activations near 1e-6 (as in random-weight networks whose values
     # shrink layer by layer) are fp16 subnormals: kept layers run in fp32.

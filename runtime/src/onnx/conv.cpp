@@ -192,6 +192,43 @@ void lower_conv3d(Lowerer& l, const Node& n) {
   depths_into(l, n, operands["y"], y, shape);
 }
 
+// A 1x1 convolution of a 1x1 image (a squeeze-and-excitation block's
+// two, or a classifier written as one) is a matrix product of x [N, C]
+// by the weights: lowered as matmul with the weights stored [C, K], so
+// that the device reads them row by row in place (fgemm's rows of A by a
+// B read as it lies) where a convolution would set up a whole window
+// machinery for one output position. x and y are the same bytes in NCHW
+// and NHWC at that size. False (nothing lowered) for any other
+// convolution, or where x is a strided view or y a part of a Concat.
+bool lower_as_matmul(Lowerer& l, const Node& n, const ops::Conv2dOptions& o, const std::string& out,
+                     const ActivationParams& act, DType t, bool nhwc) {
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const Value& w = l.g.value(n.inputs[1]);
+  if (xs.size() != 4 || xs[2] != 1 || xs[3] != 1 || w.shape.size() != 4 || w.shape[2] != 1 || w.shape[3] != 1 ||
+      o.groups != 1 || !w.data || o.pads != std::array<std::uint32_t, 4>{0, 0, 0, 0} || l.placements.count(out))
+    return false;
+  const std::int64_t x = nhwc ? l.get_nhwc_float(n.inputs[0]) : l.get(n.inputs[0], t);
+  if (!l.dg().tensors.at(static_cast<std::size_t>(x)).strides.empty()) return false;
+  const std::int64_t batch = xs[0], c = xs[1], k = w.shape[0];
+  const std::int64_t y =
+      nhwc ? l.produce_nhwc_float(out, l.shape_of(n.output)) : l.produce(out, t, l.shape_of(n.output));
+  std::vector<float> b(w.data->size());  // [C, K] from [K, C, 1, 1]
+  for (std::int64_t j = 0; j < k; ++j)
+    for (std::int64_t i = 0; i < c; ++i)
+      b[static_cast<std::size_t>(i * k + j)] = (*w.data)[static_cast<std::size_t>(j * c + i)];
+  std::map<std::string, std::int64_t> operands{
+      {"a", l.dg().add_view(x, {batch, c})}, {"b", l.add_weight(b, t, {c, k})}, {"y", l.dg().add_view(y, {batch, k})}};
+  const bool has_bias = n.inputs.size() > 2 && !n.inputs[2].empty();
+  if (has_bias) operands["c"] = l.get(n.inputs[2], DType::F32);
+  l.op("matmul", n.name, operands,
+       {{"transpose_a", false},
+        {"transpose_b", false},
+        {"alpha", 1.0},
+        {"beta", has_bias ? 1.0 : 0.0},
+        {"activation", act_json(act)}});
+  return true;
+}
+
 void lower_conv(Lowerer& l, const Node& n) {
   const auto& shape = l.shape_of(n.output);
   const auto& xs = l.shape_of(n.inputs[0]);
@@ -222,6 +259,10 @@ void lower_conv(Lowerer& l, const Node& n) {
   const bool in_int8 = l.int8() || l.keep_fp16.count(n.name);  // a kept layer lowers at its own precision
   const auto silu = in_int8 && n.act.kind == Activation::None ? l.silu_of(n.output) : Lowerer::Silu{};
   const std::string& out = silu.mul ? silu.mul->output : n.output;
+  if (!one_d && lower_as_matmul(l, n, o, out, silu.mul ? ActivationParams::silu() : n.act, t, nhwc)) {
+    if (silu.mul) l.fused_into_producer.insert({silu.sigmoid->name, silu.mul->name});
+    return;
+  }
   std::map<std::string, std::int64_t> operands{{"x", nhwc ? l.get_nhwc_float(n.inputs[0]) : l.get(n.inputs[0], t)},
                                                {"w", l.get(n.inputs[1], t)}};
   if (has_bias) operands["bias"] = l.get(n.inputs[2], DType::F32);
