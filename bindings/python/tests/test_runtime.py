@@ -316,6 +316,50 @@ def test_a_squeeze_and_excitation_blocks_1x1_convolutions_run_as_matrix_products
     assert float(np.abs(y - ref).max()) < tolerance * float(np.abs(ref).max())
 
 
+def graph_ops(compiled):
+    """The op kinds of a compiled model's program, from its graph section (docs/model-format.md)."""
+    import json
+    import struct
+    data = compiled.to_bytes()
+    (count,) = struct.unpack_from("<I", data, 24)
+    for i in range(count):
+        kind, _, offset, size = struct.unpack_from("<IIQQ", data, 32 + 32 * i)
+        if kind == 3:
+            return [op["op"] for op in json.loads(data[offset:offset + size])["ops"]]
+    raise AssertionError("no graph section")
+
+
+def test_an_int8_squeeze_and_excitation_block_stays_nhwc(dev):
+    # Conv, GlobalAveragePool, two 1x1 Convs, Sigmoid, Mul by the [N, C, 1, 1] gate, Conv: in int8 the
+    # pooling reads the convolution's activation dequantized in NHWC and the Mul broadcasts the gate over
+    # it in NHWC, so the only transposes are the model input's and output's.
+    c = 8
+    w0 = (0.3 * RNG.standard_normal((c, 4, 3, 3))).astype(np.float32)
+    w1 = (0.5 * RNG.standard_normal((4, c, 1, 1))).astype(np.float32)
+    w2 = (0.5 * RNG.standard_normal((c, 4, 1, 1))).astype(np.float32)
+    w3 = (0.3 * RNG.standard_normal((c, c, 1, 1))).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["r0"], ["p"], name="squeeze"),
+             helper.make_node("Conv", ["p", "w1"], ["f1"], name="fc1"),
+             helper.make_node("Relu", ["f1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["f2"], name="fc2"),
+             helper.make_node("Sigmoid", ["f2"], ["g"], name="excite"),
+             helper.make_node("Mul", ["r0", "g"], ["z"], name="scale"),
+             helper.make_node("Conv", ["z", "w3"], ["y"], name="pointwise")]
+    onnx_bytes = one_input_model(nodes, [BATCH, 4, 6, 6], {"w0": w0, "w1": w1, "w2": w2, "w3": w3},
+                                 [BATCH, c, 6, 6])
+    calib = RNG.standard_normal((16, 4, 6, 6)).astype(np.float32)
+    x = calib[:BATCH]
+    (ref,) = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).instance().run(x)
+    compiled = tpuhal.compile(onnx_bytes, "int8", calibration=calib, device=dev.uri)
+    ops = graph_ops(compiled)
+    assert ops.count("transpose") == 2, ops  # x to NHWC, y back to NCHW
+    assert ops.count("qlinear_conv") == 4 and ops.count("mul") == 1, ops
+    (y,) = dev.load_model(compiled).instance().run(x)
+    assert float(np.abs(y - ref).max()) < 0.05 * float(np.abs(ref).max())
+
+
 def test_layers_kept_where_fp16_cannot_hold_their_values_run_in_fp32(dev):
     # Activations near 1e-6 (as in random-weight networks whose values
     # shrink layer by layer) are fp16 subnormals: kept layers run in fp32.

@@ -312,7 +312,14 @@ bool Lowerer::held_float_nhwc(const std::string& v) const {
          it->second.primary == nhwc_type && it->second.nhwc_float >= 0 && !it->second.boolean;
 }
 
-bool Lowerer::nhwc_island(const Node& n, const std::vector<std::string>& xs) const {
+bool Lowerer::held_nhwc(const std::string& v) const {
+  const auto it = reps.find(v);
+  // Only a form that holds the value exactly: the one it was produced in.
+  return !g.value(v).data && it != reps.end() && it->second.primary_nhwc && !it->second.boolean &&
+         shape_of(v).size() == 4;
+}
+
+bool Lowerer::nhwc_island(const Node& n, const std::vector<std::string>& xs, bool gates) const {
   if (shape_of(n.output).size() != 4) return false;
   if (float_nhwc) {
     bool any = false;
@@ -329,12 +336,17 @@ bool Lowerer::nhwc_island(const Node& n, const std::vector<std::string>& xs) con
     return any;
   }
   if (!int8()) return false;
-  return std::all_of(xs.begin(), xs.end(), [&](const std::string& x) {
+  const auto& ys = shape_of(n.output);
+  auto whole = [&](const std::string& x) { return held_nhwc(x) && shape_of(x) == ys; };
+  if (!gates) return std::all_of(xs.begin(), xs.end(), whole);
+  auto gate = [&](const std::string& x) {
     const auto it = reps.find(x);
-    // Only a form that holds the value exactly: the one it was produced in.
-    return !g.value(x).data && it != reps.end() && it->second.primary_nhwc && !it->second.boolean &&
-           shape_of(x) == shape_of(n.output);
-  });
+    const auto& s = shape_of(x);
+    return !g.value(x).data && it != reps.end() && !it->second.boolean && s.size() == 4 && s[0] == ys[0] &&
+           s[1] == ys[1] && s[2] == 1 && s[3] == 1;
+  };
+  return std::any_of(xs.begin(), xs.end(), whole) &&
+         std::all_of(xs.begin(), xs.end(), [&](const std::string& x) { return whole(x) || gate(x); });
 }
 
 std::int64_t Lowerer::get_nhwc_float(const std::string& v) {

@@ -139,11 +139,18 @@ struct Lowerer {
   // that is all there is.
   std::int64_t get_nchw(const std::string& v);
   // Whether element-wise node `n` runs NHWC in f32. int8: every one of
-  // `xs` an activation held NHWC with the output's (4-D) shape. float_nhwc:
-  // a 4-D output and at least one of `xs` held NHWC with its shape; the
-  // others 4-D activations (a [N, C, 1, 1] one is the same bytes in both
-  // layouts) or constants (permuted when the model is compiled).
-  bool nhwc_island(const Node& n, const std::vector<std::string>& xs) const;
+  // `xs` an activation held NHWC with the output's (4-D) shape, or, with
+  // `gates`, at least one so and the others activations of shape [N, C,
+  // 1, 1] (a squeeze-and-excitation gate: the same bytes in both layouts,
+  // broadcast over H and W). float_nhwc: a 4-D output and at least one of
+  // `xs` held NHWC with its shape; the others 4-D activations (a [N, C, 1,
+  // 1] one is the same bytes in both layouts) or constants (permuted when
+  // the model is compiled).
+  bool nhwc_island(const Node& n, const std::vector<std::string>& xs, bool gates = false) const;
+  // int8: whether 4-D activation `v` is held in the form it was produced
+  // in, NHWC (u8, or f32 from an NHWC island), so that an op reading it
+  // NHWC needs no transpose.
+  bool held_nhwc(const std::string& v) const;
   // 4-D value `v` as an f32 NHWC tensor: dequantized once from its u8 NHWC
   // form, or (float_nhwc) transposed once from its NCHW form; a constant
   // of rank 4 or less, as the NHWC form of its 4-D broadcast shape.

@@ -187,8 +187,10 @@ void lower_pool(Lowerer& l, const Node& n) {
     t = DType::U8;
   std::map<std::string, std::int64_t> operands;
   // fp32: NHWC where the input is held so (the same bits: each output
-  // meets its taps in the same order).
-  const bool f32_nhwc = !one_d && l.held_float_nhwc(n.inputs[0]);
+  // meets its taps in the same order); int8: in f32 NHWC, dequantized from
+  // the u8 NHWC input, rather than transposed to NCHW (a squeeze-and-
+  // excitation block's global average over its whole activation).
+  const bool f32_nhwc = !one_d && (l.held_float_nhwc(n.inputs[0]) || (l.int8() && l.held_nhwc(n.inputs[0])));
   if (t == DType::U8) {  // NHWC; the max of u8 values keeps their scale
     operands["x"] = l.get_nhwc(n.inputs[0]);
     operands["y"] = l.produce_nhwc(n.output, shape, l.reps.at(n.inputs[0]).q);
