@@ -10,6 +10,7 @@
 
 #include "engine.h"
 #include "numerics.h"
+#include "simd.h"
 
 namespace tpuhal::sim::tensor {
 
@@ -114,7 +115,7 @@ fw::Problem run_gather(TensorEngine& e, const fw::GatherAttrs& at, const View* v
       std::uint8_t* const dst = out;
       const std::uint64_t top = last;
       if (!is_signed || top == 0) {
-        for (std::uint64_t i = begin; i < end; ++i) dst[i] = t[src[i]];
+        simd::lookup_u8(t, src + begin, dst + begin, end - begin);
       } else {
         for (std::uint64_t i = begin; i < end; ++i) dst[i] = t[src[i] + (src[i] >= 128 ? top : 0)];
       }

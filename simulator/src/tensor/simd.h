@@ -25,6 +25,10 @@ void add_abs_i8(std::uint32_t* sums, const std::int8_t* row, std::size_t n);
 // sum of |v[i]| (v s8).
 std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n);
 
+// out[i] = table[in[i]]: a lookup in a table of 256 bytes (an int8
+// model's activation as a table; AVX-512 with VBMI looks 64 up at once).
+void lookup_u8(const std::uint8_t* table, const std::uint8_t* in, std::uint8_t* out, std::size_t n);
+
 // hi[i] = v[i] >> 4 and lo[i] = v[i] & 15 (u8): an input's nibbles.
 void split_nibbles(const std::uint8_t* v, std::uint8_t* hi, std::uint8_t* lo, std::size_t n);
 // out[i] = out[i] * 16 + lo[i] (int32, wrapping): the sums over an input's
@@ -108,6 +112,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(add_i32)                        \
   X(add_abs_i8)                     \
   X(sum_abs_i8)                     \
+  X(lookup_u8)                      \
   X(split_nibbles)                  \
   X(join_nibble_sums)               \
   X(max_8)                          \

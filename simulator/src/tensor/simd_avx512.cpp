@@ -9,6 +9,36 @@
 namespace tpuhal::sim::tensor::simd_avx512 {
 namespace {
 
+// lookup_u8 on a CPU with AVX512_VBMI (Ice Lake, Zen 4 and later): the
+// table in four registers, 64 indices at a time, two two-register byte
+// permutes (index bits 0-6) and a blend by bit 7. False (nothing done)
+// without VBMI: the loop in simd_kernels.inc runs instead.
+#define TPUHAL_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+TPUHAL_VBMI inline __m512i look_up_64(__m512i idx, __m512i t0, __m512i t1, __m512i t2, __m512i t3) {
+  const __m512i lo = _mm512_permutex2var_epi8(t0, idx, t1), hi = _mm512_permutex2var_epi8(t2, idx, t3);
+  return _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), lo, hi);
+}
+
+TPUHAL_VBMI void lookup_vbmi(const std::uint8_t* table, const std::uint8_t* in, std::uint8_t* out, std::size_t n) {
+  const __m512i t0 = _mm512_loadu_si512(table), t1 = _mm512_loadu_si512(table + 64);
+  const __m512i t2 = _mm512_loadu_si512(table + 128), t3 = _mm512_loadu_si512(table + 192);
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) _mm512_storeu_si512(out + i, look_up_64(_mm512_loadu_si512(in + i), t0, t1, t2, t3));
+  if (i < n) {
+    const __mmask64 m = (std::uint64_t{1} << (n - i)) - 1;  // n - i < 64
+    _mm512_mask_storeu_epi8(out + i, m, look_up_64(_mm512_maskz_loadu_epi8(m, in + i), t0, t1, t2, t3));
+  }
+}
+#undef TPUHAL_VBMI
+
+bool lookup_if_vbmi(const std::uint8_t* table, const std::uint8_t* in, std::uint8_t* out, std::size_t n) {
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  if (!vbmi) return false;
+  lookup_vbmi(table, in, out, n);
+  return true;
+}
+#define TPUHAL_SIMD_LOOKUP_VBMI lookup_if_vbmi
+
 #include "simd_kernels.inc"
 
 }  // namespace
