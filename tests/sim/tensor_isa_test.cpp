@@ -594,6 +594,9 @@ TEST(TensorIsa, IntegerLoopsAndRequantisationMatchTheScalarRulesAtEveryLevel) {
     add[i] = static_cast<std::int32_t>(rng());
   }
   std::uint64_t want_total = 0;
+  std::int64_t want_signed = 0, want_signed_part = 0;
+  for (std::size_t i = 0; i < n; ++i) want_signed += bytes[i];
+  for (std::size_t i = 1; i <= 70000; ++i) want_signed_part += bytes[i];
   std::vector<std::int32_t> want_sum(n);
   std::vector<std::uint32_t> want_abs(n);
   for (std::size_t i = 0; i < n; ++i) {
@@ -625,6 +628,8 @@ TEST(TensorIsa, IntegerLoopsAndRequantisationMatchTheScalarRulesAtEveryLevel) {
     SCOPED_TRACE(std::string(isa_name(isa)));
     const simd::Kernels& k = simd::kernels(isa);
     EXPECT_EQ(k.sum_abs_i8(bytes.data(), n), want_total);
+    EXPECT_EQ(k.sum_i8(bytes.data(), n), want_signed);
+    EXPECT_EQ(k.sum_i8(bytes.data() + 1, 70000), want_signed_part);
     std::vector<std::uint32_t> sums(n);
     for (std::size_t i = 0; i < n; ++i) sums[i] = static_cast<std::uint32_t>(i);
     k.add_abs_i8(sums.data(), bytes.data(), n);
@@ -773,7 +778,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 25u);
+  ASSERT_EQ(simd::entry_points().size(), 26u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

@@ -24,6 +24,8 @@ void add_abs_i8(std::uint32_t* sums, const std::int8_t* row, std::size_t n);
 
 // sum of |v[i]| (v s8).
 std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n);
+// sum of v[i] (v s8).
+std::int64_t sum_i8(const std::int8_t* v, std::size_t n);
 
 // out[i] = table[in[i]]: a lookup in a table of 256 bytes (an int8
 // model's activation as a table; AVX-512 with VBMI looks 64 up at once).
@@ -112,6 +114,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(add_i32)                        \
   X(add_abs_i8)                     \
   X(sum_abs_i8)                     \
+  X(sum_i8)                         \
   X(lookup_u8)                      \
   X(split_nibbles)                  \
   X(join_nibble_sums)               \
