@@ -161,7 +161,12 @@ for ((run = 1; run <= runs; ++run)); do
   then_pid=
   if [[ -n $then ]] && ((run == 1)); then
     echo "load-test: then: $then" >&2
-    bash -c "$then" >&2 &
+    # Its status goes to a file, as CMD's alongside does: `wait PID` alone
+    # loses it where the PID is reused after the job ended (pid_max is
+    # 32768 here, and a CI run starts more processes than that), and says
+    # "not a child of this shell".
+    rm -f "$logs/then.status"
+    bash -c 'st=0; bash -c "$1" || st=$?; echo "$st" >"$2"' then "$then" "$logs/then.status" >&2 &
     then_pid=$!
   fi
   if [[ -n $along_pid ]]; then
@@ -173,7 +178,8 @@ for ((run = 1; run <= runs; ++run)); do
     fi
   fi
   if [[ -n $then_pid ]]; then
-    if ! wait "$then_pid"; then
+    wait "$then_pid" 2>/dev/null || true
+    if [[ $(cat "$logs/then.status" 2>/dev/null || echo 1) != 0 ]]; then
       echo "load-test: failed: $then" >&2
       any_failed=1
       status=1

@@ -18,7 +18,14 @@ arm64() { [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; }
 took "installing what the build needs"
 mkdir -p "$root/build"
 installing_log="$root/build/setup-tests.log"
+# The background jobs' statuses go to files, written as they exit:
+# `wait PID` loses a status once the PID is reused after the job ended
+# (pid_max is 32768 on these machines, and a CI run starts more processes
+# than that), and then says "not a child of this shell".
+installing_status="$root/build/setup-tests.status"
+rm -f "$installing_status"
 (
+  trap 'echo $? >"$installing_status"' EXIT
   s=$SECONDS
   "$root/scripts/setup.sh" --test
   if (($# == 0)) && arm64; then "$root/scripts/arm64.sh" --install-only; fi
@@ -27,12 +34,17 @@ installing_log="$root/build/setup-tests.log"
 installing=$!
 # A failed configure or build leaves the install to finish, not to be cut
 # off halfway through dpkg, and says if it failed.
-trap 'if [[ -n ${installing:-} ]] && ! wait "$installing" 2>/dev/null; then
+# The status of a background job that wrote it to FILE as it exited.
+job_status() {
+  wait "$1" 2>/dev/null || true
+  cat "$2" 2>/dev/null || echo 1
+}
+trap 'if [[ -n ${installing:-} ]] && [[ $(job_status "$installing" "$installing_status") != 0 ]]; then
   echo "tpuhal test: installing what the tests need failed (log: $installing_log)" >&2; fi' EXIT
 # Waits for that install; fails with its log if it failed.
 installed() {
-  local st=0
-  wait "$installing" || st=$?
+  local st
+  st=$(job_status "$installing" "$installing_status")
   installing=
   if ((st)); then
     echo "tpuhal test: installing what the tests need failed:" >&2
@@ -118,20 +130,23 @@ fuzz_tree() { if [[ $fuzz_here == ON ]]; then echo "$build"; else echo "$root/bu
 debian_base_start() {
   [[ $(id -u) -eq 0 ]] || return 0
   debian_base=$(mktemp -d /tmp/tpuhal-debian-base-XXXXXX)
-  (source scripts/lib/debian-root.bash && TPUHAL_DEBIAN_BASE='' debian_root "$debian_base") >"$debian_base.log" 2>&1 &
+  (
+    trap 'echo $? >"$debian_base.status"' EXIT
+    source scripts/lib/debian-root.bash && TPUHAL_DEBIAN_BASE='' debian_root "$debian_base"
+  ) >"$debian_base.log" 2>&1 &
   debian_base_pid=$!
 }
 packages() {
   if [[ $(id -u) -eq 0 ]]; then
-    local st=0
-    wait "$debian_base_pid" || st=$?
+    local st
+    st=$(job_status "$debian_base_pid" "$debian_base.status")
     if ((st)); then
       cat "$debian_base.log" >&2
       echo "tpuhal test: a fresh Debian root for the packages' test failed" >&2
       return 1
     fi
     TPUHAL_DEBIAN_BASE=$debian_base timed scripts/package.sh --test
-    rm -rf --one-file-system "$debian_base" "$debian_base.log"
+    rm -rf --one-file-system "$debian_base" "$debian_base.log" "$debian_base.status"
   else
     echo "tpuhal test: the packages' test needs root (debootstrap, chroot): not run" >&2
   fi
@@ -146,7 +161,7 @@ alongside_steps() {
   if arm64; then timed scripts/arm64.sh --no-build; fi
   packages
 }
-export -f arm64 timed alongside_steps isa_levels fuzz_tree packages debian_base_start
+export -f arm64 timed alongside_steps isa_levels fuzz_tree packages debian_base_start job_status
 export build root fuzz_here isa_independent
 done_alongside=0
 # OpenMP's worker threads (the tensor engine's and oneDNN's in LLVM's

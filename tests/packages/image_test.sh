@@ -38,15 +38,20 @@ run=(podman --runtime runc run --ulimit nofile=1024:1024 --ulimit nproc=1000:100
 podman volume create "$volume" >/dev/null
 "${run[@]}" -d --name "$daemon" -v "$volume:/run/tpuhal" "$image" \
   --socket /run/tpuhal/simd.sock --group tpuhal --mode 0660 --board bm1684x --board tiny >/dev/null
+# The log is read whole before it is searched: `podman logs | grep -q`
+# under pipefail fails when grep, done at an early line, closes the pipe
+# while podman still writes (SIGPIPE).
+logs() { podman logs "$daemon" 2>&1 || true; }
 for _ in $(seq 1 600); do
-  podman logs "$daemon" 2>&1 | grep -q 'serving 2 board' && break
+  grep -q 'serving 2 board' <<<"$(logs)" && break
   [[ $(podman inspect "$daemon" --format '{{.State.Running}}') == true ]] || break
   sleep 0.1
 done
-podman logs "$daemon" 2>&1 | grep -q 'serving 2 board' || fail "the daemon did not start: $(podman logs "$daemon" 2>&1)"
+log=$(logs)
+grep -q 'serving 2 board' <<<"$log" || fail "the daemon did not start: $log"
 [[ $(podman inspect "$daemon" --format '{{.Config.User}}') == tpuhal-simd ]] || fail "the daemon does not run as tpuhal-simd"
-podman logs "$daemon" 2>&1 | grep -q "no video decoder: .*; install FFmpeg's" ||
-  fail "the daemon's log does not say why its boards decode no video: $(podman logs "$daemon" 2>&1)"
+grep -q "no video decoder: .*; install FFmpeg's" <<<"$log" ||
+  fail "the daemon's log does not say why its boards decode no video: $log"
 
 # The socket as the host sees it, in the volume.
 sock=$(podman volume inspect "$volume" --format '{{.Mountpoint}}')/simd.sock

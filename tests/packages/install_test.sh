@@ -93,7 +93,10 @@ say "tpuhal --version, tpuhal list"
 version=$(in_root tpuhal --version) || fail "tpuhal --version"
 echo "$version" >&2
 grep -q '^libtpuhal ' <<<"$version" || fail "tpuhal --version names no library: $version"
-in_root env TPUHAL_LOG=error tpuhal list | grep -q '^sim:0 ' || fail "tpuhal list shows no sim:0"
+# Read whole before it is searched: under pipefail, `| grep -q` fails when
+# grep closes the pipe before the writer is done (SIGPIPE).
+listed=$(in_root env TPUHAL_LOG=error tpuhal list) || fail "tpuhal list"
+grep -q '^sim:0 ' <<<"$listed" || fail "tpuhal list shows no sim:0: $listed"
 
 say "a consumer built with CMake and with pkg-config"
 rm -rf "$root/tmp/consumer" && cp -r "$source_dir/tests/install/consumer" "$root/tmp/consumer"
