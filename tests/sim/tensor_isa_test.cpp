@@ -557,6 +557,62 @@ TEST(TensorIsa, ActivationLoopsMatchTheScalarRulesAtEveryLevel) {
   }
 }
 
+TEST(TensorIsa, ArithmeticRowsGiveTheScalarBitsApartInPlaceAndOverlapping) {
+  // + - * / over dense rows and single values, with NaN, infinities, zeros
+  // of both signs and subnormals among the values; y apart from a and b, y
+  // the same as a or as b (in place), and y overlapping a one element on.
+  std::mt19937 rng(23);
+  const std::size_t n = 1000;
+  std::vector<float> a(n + 1), b(n + 1);
+  std::uniform_real_distribution<float> any(-1e3f, 1e3f);
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -1e-40f, 3e38f};
+  for (std::size_t i = 0; i <= n; ++i) {
+    a[i] = i % 17 == 0 ? specials[i / 17 % 8] : any(rng);
+    b[i] = i % 13 == 0 ? specials[i / 13 % 8] : any(rng);
+  }
+  using simd::Arith;
+  auto scalar = [](Arith op, float u, float v) {
+    switch (op) {
+      case Arith::kAdd: return u + v;
+      case Arith::kSub: return u - v;
+      case Arith::kMul: return u * v;
+      case Arith::kDiv: return u / v;
+    }
+    return 0.0f;
+  };
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const simd::Kernels& k = simd::kernels(isa);
+    for (Arith op : {Arith::kAdd, Arith::kSub, Arith::kMul, Arith::kDiv})
+      for (std::size_t sa : {0u, 1u})
+        for (std::size_t sb : {0u, 1u}) {
+          std::vector<float> want(n);
+          for (std::size_t i = 0; i < n; ++i) want[i] = scalar(op, a[i * sa], b[i * sb]);
+          std::vector<float> y(n);
+          k.arith_f32(op, y.data(), a.data(), sa, b.data(), sb, n);
+          expect_same_bits(y, want, "apart");
+          if (sa == 1) {
+            std::vector<float> in_place(a.begin(), a.begin() + n);
+            k.arith_f32(op, in_place.data(), in_place.data(), 1, b.data(), sb, n);
+            expect_same_bits(in_place, want, "in place of a");
+          }
+          if (sb == 1) {
+            std::vector<float> in_place(b.begin(), b.begin() + n);
+            k.arith_f32(op, in_place.data(), a.data(), sa, in_place.data(), 1, n);
+            expect_same_bits(in_place, want, "in place of b");
+          }
+          if (sa == 1) {
+            // y one element before a, in the same buffer: each y[i] is
+            // written after a[i] (= the buffer's i + 1) is read.
+            std::vector<float> buf(a), shifted(n);
+            for (std::size_t i = 0; i < n; ++i) shifted[i] = scalar(op, a[i + 1], b[i * sb]);
+            k.arith_f32(op, buf.data(), buf.data() + 1, 1, b.data(), sb, n);
+            expect_same_bits(std::vector<float>(buf.begin(), buf.begin() + n), shifted, "overlapping");
+          }
+        }
+  }
+}
+
 TEST(TensorIsa, ATableLookupGivesEachBytesEntryAtEveryLevelAndEveryLength) {
   // Every index (0 to 255, so both halves of the table and bit 7), lengths
   // around the 64-byte blocks of the VBMI version, and offsets that leave
@@ -778,7 +834,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 26u);
+  ASSERT_EQ(simd::entry_points().size(), 27u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

@@ -155,6 +155,17 @@ void binary_row(float* y, const float* a, std::uint64_t sa, const float* b, std:
 
 void binary_row(fw::ElementwiseOp op, float* y, const float* a, std::uint64_t sa, const float* b, std::uint64_t sb,
                 std::uint64_t n) {
+  // The four arithmetic ops on dense or broadcast operands: the vector
+  // loops of the engine's level (the same bits).
+  if (sa <= 1 && sb <= 1) {
+    switch (op) {
+      case fw::ElementwiseOp::kAdd: return simd::arith_f32(simd::Arith::kAdd, y, a, sa, b, sb, n);
+      case fw::ElementwiseOp::kSub: return simd::arith_f32(simd::Arith::kSub, y, a, sa, b, sb, n);
+      case fw::ElementwiseOp::kMul: return simd::arith_f32(simd::Arith::kMul, y, a, sa, b, sb, n);
+      case fw::ElementwiseOp::kDiv: return simd::arith_f32(simd::Arith::kDiv, y, a, sa, b, sb, n);
+      default: break;
+    }
+  }
   switch (op) {
     case fw::ElementwiseOp::kAdd: return binary_row(y, a, sa, b, sb, n, [](float u, float v) { return u + v; });
     case fw::ElementwiseOp::kSub: return binary_row(y, a, sa, b, sb, n, [](float u, float v) { return u - v; });

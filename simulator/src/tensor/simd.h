@@ -67,6 +67,12 @@ struct QAddParams {
 };
 void qadd_8(const std::uint8_t* a, const std::uint8_t* b, std::uint8_t* out, std::size_t n, const QAddParams& p);
 
+// y[i] = a[i * sa] OP b[i * sb] in f32, OP one of + - * / (each rounded
+// once, as the scalar operation), sa and sb 0 (one value) or 1 (a dense
+// row). y may be a or b itself; any other overlap runs element by element.
+enum class Arith : unsigned { kAdd, kSub, kMul, kDiv };
+void arith_f32(Arith op, float* y, const float* a, std::size_t sa, const float* b, std::size_t sb, std::size_t n);
+
 // Pooling's per-tap steps over a row of outputs: in[i * stride] into out[i].
 // max: the larger, a NaN in either kept (in's when in is NaN); add: +=.
 void max_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride);
@@ -123,6 +129,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(quantize_f32)                   \
   X(dequantize_8)                   \
   X(qadd_8)                         \
+  X(arith_f32)                      \
   X(max_strided_f32)                \
   X(add_strided_f32)                \
   X(madd_strided_f32)               \
