@@ -404,9 +404,28 @@ TEST(TensorIsa, ByteMaxPoolingStepsMatchTheScalarRuleAtEveryLevel) {
                                     std::max(static_cast<std::int8_t>(in[i]), static_cast<std::int8_t>(out[i])))
                               : std::max(in[i], out[i]);
         }
-        simd::kernels(isa).max_8(out.data(), in.data(), n, is_signed);
+        simd::kernels(isa).max_8(out.data(), in.data(), n, 1, 0, is_signed);
         for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], want[i]) << "element " << i;
       }
+  // Blocks: 24 bytes each (ShuffleNet's channels), the inputs 48 apart (a
+  // stride of 2), the bytes between them untouched by the max.
+  for (Isa isa : levels_here())
+    for (const bool is_signed : {false, true}) {
+      SCOPED_TRACE(std::string(isa_name(isa)) + (is_signed ? " i8 blocks" : " u8 blocks"));
+      const std::size_t n = 24, blocks = 37, step = 48;
+      std::vector<std::uint8_t> in(blocks * step), out(blocks * n), want(blocks * n);
+      for (auto& v : in) v = static_cast<std::uint8_t>(rng());
+      for (auto& v : out) v = static_cast<std::uint8_t>(rng());
+      for (std::size_t r = 0; r < blocks; ++r)
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::uint8_t u = in[r * step + i], o = out[r * n + i];
+          want[r * n + i] =
+              is_signed ? static_cast<std::uint8_t>(std::max(static_cast<std::int8_t>(u), static_cast<std::int8_t>(o)))
+                        : std::max(u, o);
+        }
+      simd::kernels(isa).max_8(out.data(), in.data(), n, blocks, step, is_signed);
+      ASSERT_EQ(out, want);
+    }
 }
 
 TEST(TensorIsa, ConvolutionTapStepRoundsTheProductThenAddsAtEveryLevel) {

@@ -119,8 +119,9 @@ void split_nibbles(const std::uint8_t* v, std::uint8_t* hi, std::uint8_t* lo, st
 void join_nibble_sums(std::int32_t* out, const std::int32_t* lo, std::size_t n) {
   active().join_nibble_sums(out, lo, n);
 }
-void max_8(std::uint8_t* out, const std::uint8_t* in, std::size_t n, bool is_signed) {
-  active().max_8(out, in, n, is_signed);
+void max_8(std::uint8_t* out, const std::uint8_t* in, std::size_t n, std::size_t blocks, std::size_t in_step,
+           bool is_signed) {
+  active().max_8(out, in, n, blocks, in_step, is_signed);
 }
 void requantize_u8(const std::int32_t* acc, const std::int32_t* bias, const float* mul, std::uint8_t* out,
                    std::size_t n, std::int32_t zero, std::int32_t lo, std::int32_t hi) {

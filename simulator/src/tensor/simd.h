@@ -37,9 +37,12 @@ void split_nibbles(const std::uint8_t* v, std::uint8_t* hi, std::uint8_t* lo, st
 // high nibbles (out) and low nibbles put together.
 void join_nibble_sums(std::int32_t* out, const std::int32_t* lo, std::size_t n);
 
-// out[i] = max(out[i], in[i]) over bytes: u8, or (is_signed) i8 two's
-// complement. Byte max pooling's step over the channels of one tap.
-void max_8(std::uint8_t* out, const std::uint8_t* in, std::size_t n, bool is_signed);
+// out[r * n + i] = max(out[r * n + i], in[r * in_step + i]) for r <
+// blocks and i < n, over bytes: u8, or (is_signed) i8 two's complement.
+// Byte max pooling's step for one tap over a row of outputs, n channels
+// each, their inputs in_step apart.
+void max_8(std::uint8_t* out, const std::uint8_t* in, std::size_t n, std::size_t blocks, std::size_t in_step,
+           bool is_signed);
 
 // out[i] = clamp(round_half_even(a * mul[i]) + zero, lo, hi) as a byte
 // (u8, or i8 two's complement), for |a * mul[i]| up to 2^22 (beyond, the

@@ -55,38 +55,41 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
   };
   if (max && nhwc && x.dtype == y.dtype && (x.dtype == fw::DType::kU8 || x.dtype == fw::DType::kI8) && x.contiguous() &&
       y.contiguous()) {
-    // Byte max pooling NHWC (int8 models): each tap a step over all the
-    // channels at once. Integer max is exact in any order; a window with
-    // no tap inside the input gives 0, as below.
+    // Byte max pooling NHWC (int8 models): an output row at a time, each
+    // tap one step over every column it falls inside, all the channels of
+    // each (a call per tap and column took ShuffleNet's 24 channels 0.5
+    // ms). Integer max is exact in any order, so the row starts at the
+    // type's least value; a window with no tap inside the input gives 0,
+    // as below.
     const auto* xp = reinterpret_cast<const std::uint8_t*>(x.data);
     auto* yp = reinterpret_cast<std::uint8_t*>(y.data);
     const bool is_signed = x.dtype == fw::DType::kI8;
+    const auto ows = static_cast<std::int64_t>(ow);
     e.pool().parallel_for(n * oh, [&](std::uint64_t begin, std::uint64_t end) {
       for (std::uint64_t row = begin; row < end; ++row) {
         const std::uint64_t ni = row / oh, r = row % oh;
         const std::int64_t h0 = static_cast<std::int64_t>(r) * sh - pt;
         const auto [a0, a1] = taps(h0, dh, kh, h);
-        for (std::uint64_t col = 0; col < ow; ++col) {
-          const std::int64_t w0 = static_cast<std::int64_t>(col) * sw - pl;
-          const auto [b0, b1] = taps(w0, dw, kw, w);
-          std::uint8_t* out = yp + (row * ow + col) * c;
-          if (a0 == a1 || b0 == b1) {
-            std::memset(out, 0, c);
-            continue;
+        std::uint8_t* out = yp + row * ow * c;
+        std::memset(out, a0 == a1 || !is_signed ? 0 : 0x80, ow * c);
+        if (a0 == a1) continue;
+        for (std::int64_t a = a0; a < a1; ++a) {
+          const std::uint8_t* in = xp + (ni * static_cast<std::uint64_t>(h) + static_cast<std::uint64_t>(h0 + a * dh)) *
+                                            static_cast<std::uint64_t>(w) * c;
+          for (std::int64_t b = 0; b < kw; ++b) {
+            // Columns col with 0 <= col * sw + off < w.
+            const std::int64_t off = b * dw - pl;
+            const std::int64_t c0 = off >= 0 ? 0 : (-off + sw - 1) / sw;
+            const std::int64_t c1 = w - 1 - off < 0 ? 0 : std::min(ows, (w - 1 - off) / sw + 1);
+            if (c0 >= c1) continue;
+            simd::max_8(out + static_cast<std::uint64_t>(c0) * c, in + static_cast<std::uint64_t>(c0 * sw + off) * c, c,
+                        static_cast<std::uint64_t>(c1 - c0), static_cast<std::uint64_t>(sw) * c, is_signed);
           }
-          bool first = true;
-          for (std::int64_t a = a0; a < a1; ++a)
-            for (std::int64_t b = b0; b < b1; ++b) {
-              const auto ih = static_cast<std::uint64_t>(h0 + a * dh), iw = static_cast<std::uint64_t>(w0 + b * dw);
-              const std::uint8_t* in =
-                  xp + ((ni * static_cast<std::uint64_t>(h) + ih) * static_cast<std::uint64_t>(w) + iw) * c;
-              if (first) {
-                std::memcpy(out, in, c);
-                first = false;
-              } else {
-                simd::max_8(out, in, c, is_signed);
-              }
-            }
+        }
+        if (!is_signed) continue;  // u8: a window with no tap inside kept its 0
+        for (std::uint64_t col = 0; col < ow; ++col) {
+          const auto [b0, b1] = taps(static_cast<std::int64_t>(col) * sw - pl, dw, kw, w);
+          if (b0 == b1) std::memset(out + col * c, 0, c);
         }
       }
     });
