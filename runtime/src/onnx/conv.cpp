@@ -212,12 +212,9 @@ bool lower_as_matmul(Lowerer& l, const Node& n, const ops::Conv2dOptions& o, con
   const std::int64_t batch = xs[0], c = xs[1], k = w.shape[0];
   const std::int64_t y =
       nhwc ? l.produce_nhwc_float(out, l.shape_of(n.output)) : l.produce(out, t, l.shape_of(n.output));
-  std::vector<float> b(w.data->size());  // [C, K] from [K, C, 1, 1]
-  for (std::int64_t j = 0; j < k; ++j)
-    for (std::int64_t i = 0; i < c; ++i)
-      b[static_cast<std::size_t>(i * k + j)] = (*w.data)[static_cast<std::size_t>(j * c + i)];
-  std::map<std::string, std::int64_t> operands{
-      {"a", l.dg().add_view(x, {batch, c})}, {"b", l.add_weight(b, t, {c, k})}, {"y", l.dg().add_view(y, {batch, k})}};
+  std::map<std::string, std::int64_t> operands{{"a", l.dg().add_view(x, {batch, c})},
+                                               {"b", l.add_weight_transposed(*w.data, k, c, t)},  // [C, K]
+                                               {"y", l.dg().add_view(y, {batch, k})}};
   const bool has_bias = n.inputs.size() > 2 && !n.inputs[2].empty();
   if (has_bias) operands["c"] = l.get(n.inputs[2], DType::F32);
   l.op("matmul", n.name, operands,

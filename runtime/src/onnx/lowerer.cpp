@@ -58,6 +58,15 @@ std::int64_t Lowerer::add_weight(const std::vector<float>& v, DType t, std::vect
   }
 }
 
+std::int64_t Lowerer::add_weight_transposed(const std::vector<float>& m, std::int64_t rows, std::int64_t cols,
+                                            DType t) {
+  std::vector<float> w(m.size());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      w[static_cast<std::size_t>(c * rows + r)] = m[static_cast<std::size_t>(r * cols + c)];
+  return add_weight(w, t, {cols, rows});
+}
+
 // An integer constant (indices) as i32, each value exact: one that is not
 // an integer within int32's range is refused.
 std::int64_t Lowerer::add_i32(const std::string& name, const Value& val) {

@@ -107,6 +107,9 @@ struct Lowerer {
   // Weights: raw bytes, floats converted to `t`, scalars.
   std::int64_t add_raw(DType t, std::vector<std::int64_t> shape, const void* data, std::size_t bytes);
   std::int64_t add_weight(const std::vector<float>& v, DType t, std::vector<std::int64_t> shape);
+  // The row-major [rows, cols] matrix `m` stored as its transpose, [cols,
+  // rows], in `t` (weights the device then reads row by row in place).
+  std::int64_t add_weight_transposed(const std::vector<float>& m, std::int64_t rows, std::int64_t cols, DType t);
   std::int64_t add_i32(const std::string& name, const Value& val);
   std::int64_t scalar_f32(float v) { return add_raw(DType::F32, {}, &v, 4); }
   std::int64_t scalar_u8(std::int32_t v);

@@ -103,12 +103,7 @@ bool gemm_int8(Lowerer& l, const Node& n) {
 std::int64_t transposed_weights(Lowerer& l, const Node& n, const GemmAttrs& a, DType t) {
   const Value& b = l.g.value(n.inputs[1]);
   if (!a.trans_b || !b.data || b.shape.size() != 2) return -1;
-  const std::int64_t nn = b.shape[0], k = b.shape[1];
-  std::vector<float> w(b.data->size());
-  for (std::int64_t o = 0; o < nn; ++o)
-    for (std::int64_t i = 0; i < k; ++i)
-      w[static_cast<std::size_t>(i * nn + o)] = (*b.data)[static_cast<std::size_t>(o * k + i)];
-  return l.add_weight(w, t, {k, nn});
+  return l.add_weight_transposed(*b.data, b.shape[0], b.shape[1], t);
 }
 
 void lower_matmul(Lowerer& l, const Node& n) {
