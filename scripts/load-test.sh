@@ -69,10 +69,11 @@ done
 
 # Left out of the busy pass (they run in the quiet one): checks of the tree
 # (formatting, an installed consumer build), numerics that do not depend on
-# timing (the model zoo, the integer kernels at every level, which
-# scripts/test.sh also runs once per level), and the QEMU guests, which
-# emulate a whole machine and would take 5 minutes here alone.
-skip='^(Format\.|Install\.|Python\.Install$|ModelZoo\.|Python\.model_zoo$|TensorIsa\.|Qemu\.)'
+# timing (the model zoo and the speed table's script, the integer kernels
+# at every level, which scripts/test.sh also runs once per level), and the
+# QEMU guests, which emulate a whole machine and would take 5 minutes here
+# alone.
+skip='^(Format\.|Install\.|Python\.Install$|ModelZoo\.|Python\.model_zoo$|Python\.model_bench$|TensorIsa\.|Qemu\.)'
 if [[ -n $print_skipped ]]; then
   echo "$skip"
   exit 0

@@ -217,6 +217,64 @@ def export(net, x, path):
     return ref, peak[0]
 
 
+def qat_export(net, x, path, calibration, steps=3):
+    """The Q/DQ (explicitly quantised) form of net at path, as quantization-
+    aware training exports it: a copy through PyTorch's FX QAT
+    (prepare_qat_fx; FakeQuantize with per-tensor uint8 activations and
+    per-channel symmetric int8 weights, the pairs TensorRT and ONNX Runtime
+    run in int8), its observers fed `steps` slices of `calibration`, then
+    frozen and exported at opset 13. No training: the scales are the
+    observers' ranges, and the copy is prepared and observed in eval mode,
+    so that stochastic depth (EfficientNet's) is traced as the identity it
+    is at inference and batch norms keep their running statistics. Ops whose int8 form has fixed scales
+    (Hardsigmoid, Sigmoid, Softmax, Tanh) get those fixed scales, as in
+    PyTorch's default QAT mapping. Returns the frozen model's output on x."""
+    import copy
+
+    import onnx
+    import torch
+    from torch.ao import quantization as tq
+    from torch.ao.quantization.quantize_fx import prepare_qat_fx
+
+    qconfig = tq.QConfig(
+        activation=tq.FakeQuantize.with_args(observer=tq.MovingAverageMinMaxObserver, quant_min=0, quant_max=255,
+                                             dtype=torch.quint8),
+        weight=tq.FakeQuantize.with_args(observer=tq.MovingAveragePerChannelMinMaxObserver, quant_min=-128,
+                                         quant_max=127, dtype=torch.qint8, qscheme=torch.per_channel_symmetric))
+    tx = torch.from_numpy(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mapping = tq.QConfigMapping().set_global(qconfig)
+        for ops, observer in (((torch.nn.Hardsigmoid, torch.nn.functional.hardsigmoid, "hardsigmoid", "hardsigmoid_",
+                                torch.nn.Sigmoid, torch.sigmoid, "sigmoid", "sigmoid_", torch.nn.Softmax),
+                               tq.observer.default_fixed_qparams_range_0to1_observer),
+                              ((torch.nn.Tanh, torch.tanh, "tanh", "tanh_"),
+                               tq.observer.default_fixed_qparams_range_neg1to1_observer)):
+            fixed = tq.QConfig(activation=tq.FixedQParamsFakeQuantize.with_args(observer=observer),
+                               weight=qconfig.weight)
+            for op in ops:
+                mapping.set_object_type(op, fixed)
+        qat = prepare_qat_fx(copy.deepcopy(net).eval(), mapping, example_inputs=(tx,))
+        qat.eval()  # the prepared module starts in training mode; the observers run in either
+        with torch.no_grad():
+            for part in np.array_split(calibration, max(1, min(steps, len(calibration)))):
+                qat(torch.from_numpy(np.ascontiguousarray(part)))
+        qat.apply(tq.disable_observer)
+        with torch.no_grad():
+            ref = qat(tx).numpy()
+            torch.onnx.export(qat, tx, path, opset_version=13, input_names=["input"], output_names=["out"])
+    # PyTorch writes a per-tensor scale and zero point as [1], which opset 13
+    # reads as per-axis along axis 1; ONNX Runtime's QLinearAdd refuses it.
+    model = onnx.load(path)
+    per_tensor = {i for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+                  and not any(a.name == "axis" for a in n.attribute) for i in n.input[1:]}
+    for t in model.graph.initializer:
+        if t.name in per_tensor and list(t.dims) == [1]:
+            del t.dims[:]
+    onnx.save(model, path)
+    return ref
+
+
 def errors(ref, ours):
     """(max |error| / range of ref, SNR in dB of ours against ref)."""
     ours = ours.reshape(ref.shape).astype(np.float64)
