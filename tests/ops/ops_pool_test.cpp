@@ -107,6 +107,45 @@ TEST_P(Ops, FloatPoolNhwcGivesTheBitsOfNchw) {
     }
 }
 
+// f16 and bf16 global pooling NHWC (fp16 models' squeeze-and-excitation
+// pools) widens each tap's channels as it goes where there are blocks of
+// channels enough, and the whole input first where not (NCHW always): the
+// same bits either way. Channel counts of one block and of several, and a
+// batch.
+TEST_P(Ops, HalfGlobalPoolNhwcGivesTheBitsOfNchw) {
+  for (DType dt : {DType::F16, DType::BF16})
+    for (const std::array<std::int64_t, 2> nc : {std::array<std::int64_t, 2>{1, 300}, {4, 40}, {1, 40}})
+      for (bool max : {true, false}) {
+        Pool2dOptions o;
+        o.kernel = {6, 6};
+        const std::int64_t n = nc[0], ch = nc[1], h = 6, w = 6;
+        const Host x = rand(dt, {n, ch, h, w}, -4, 4);
+        Host xt(dt, {n, h, w, ch});
+        for (std::int64_t a = 0; a < n; ++a)
+          for (std::int64_t c = 0; c < ch; ++c)
+            for (std::int64_t r = 0; r < h; ++r)
+              for (std::int64_t q = 0; q < w; ++q)
+                xt.v[static_cast<std::size_t>(((a * h + r) * w + q) * ch + c)] = x.at({a, c, r, q});
+        const Tensor y = lab().output(dt, {n, ch, 1, 1});
+        const Host want =
+            lab().run(max ? ops::max_pool2d(lab().upload(x), y, o) : ops::avg_pool2d(lab().upload(x), y, o), y);
+        const Ref ref = ref_pool(x, o, max, {n, ch, 1, 1});
+        if (max)
+          expect_exact("max_pool2d against the reference " + dims(x.shape), want, ref.v);
+        else
+          expect("avg_pool2d against the reference " + dims(x.shape), want, ref);
+        o.layout = Layout::NHWC;
+        const Tensor yt = lab().output(dt, {n, 1, 1, ch});
+        const Host got =
+            lab().run(max ? ops::max_pool2d(lab().upload(xt), yt, o) : ops::avg_pool2d(lab().upload(xt), yt, o), yt);
+        Host as_nchw(dt, {n, ch, 1, 1});
+        as_nchw.v = got.v;  // [n, 1, 1, ch] and [n, ch, 1, 1] order their values alike
+        expect_exact(std::string(max ? "max_pool2d " : "avg_pool2d ") + std::string(to_string(dt)) + " NHWC " +
+                         dims(xt.shape) + " against NCHW " + pool_text(o),
+                     as_nchw, want.v);
+      }
+}
+
 // A window of one row across the width (ReduceMean over the last axis, as
 // LayerNorm exports it) sums each row in column order from 0, in f32, then
 // divides: rows of several lengths, with padding at both ends counted or

@@ -11,6 +11,9 @@
 namespace tpuhal::sim::tensor {
 namespace {
 
+// Global pooling's channels a thread takes at a time.
+constexpr std::uint64_t kChannelBlock = 64;
+
 // Element offset of (n, c, h, w) in a 4-D view of either layout.
 std::uint64_t at4(const View& v, bool nhwc, std::uint64_t n, std::uint64_t c, std::uint64_t h, std::uint64_t w) {
   return nhwc ? n * v.strides[0] + h * v.strides[1] + w * v.strides[2] + c * v.strides[3]
@@ -21,7 +24,22 @@ std::uint64_t at4(const View& v, bool nhwc, std::uint64_t n, std::uint64_t c, st
 
 fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) {
   const View &x = v[0], &y = v[1];
-  if (x.dtype == y.dtype && (x.dtype == fw::DType::kF16 || x.dtype == fw::DType::kBF16)) {
+  const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
+  const bool max = at.kind == static_cast<std::uint32_t>(fw::PoolKind::kMax);
+  const std::uint64_t n = x.shape[0], c = nhwc ? x.shape[3] : x.shape[1];
+  const std::int64_t h = static_cast<std::int64_t>(nhwc ? x.shape[1] : x.shape[2]);
+  const std::int64_t w = static_cast<std::int64_t>(nhwc ? x.shape[2] : x.shape[3]);
+  const std::uint64_t oh = nhwc ? y.shape[1] : y.shape[2], ow = nhwc ? y.shape[2] : y.shape[3];
+  const std::uint32_t cd = nhwc ? 3 : 1;  // the channels' dimension
+  // f16 and bf16 global pooling over dense channels widens each tap's
+  // channels as the loop below reaches them (a whole-tensor pass cost
+  // EfficientNet-B0's squeeze-and-excitation pools twice their f32 time),
+  // where there are blocks of channels enough to keep threads busy (with
+  // fewer, the widening pass is the part that runs in parallel).
+  const bool half = x.dtype == y.dtype && (x.dtype == fw::DType::kF16 || x.dtype == fw::DType::kBF16);
+  const bool half_global = half && oh == 1 && ow == 1 && x.strides[cd] == 1 && y.strides[cd] == 1 &&
+                           n * ((c + kChannelBlock - 1) / kChannelBlock) >= 4;
+  if (half && !half_global) {
     // Through the f32 loops below: widened exactly, each output formed in
     // f32 as the element loop at the end forms it, then rounded once.
     const View f32[2] = {widened(e, x, Staged::kX), staged_like(e, y, Staged::kY)};
@@ -29,12 +47,6 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
     narrow_into(e, f32[1], y);
     return {};
   }
-  const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
-  const bool max = at.kind == static_cast<std::uint32_t>(fw::PoolKind::kMax);
-  const std::uint64_t n = x.shape[0], c = nhwc ? x.shape[3] : x.shape[1];
-  const std::int64_t h = static_cast<std::int64_t>(nhwc ? x.shape[1] : x.shape[2]);
-  const std::int64_t w = static_cast<std::int64_t>(nhwc ? x.shape[2] : x.shape[3]);
-  const std::uint64_t oh = nhwc ? y.shape[1] : y.shape[2], ow = nhwc ? y.shape[2] : y.shape[3];
   const std::int64_t kh = at.kernel[0], kw = at.kernel[1], sh = at.stride[0], sw = at.stride[1];
   const std::int64_t dh = at.dilation[0], dw = at.dilation[1], pt = at.pad[0], pl = at.pad[1];
   const std::int64_t pb = at.pad[2], pr = at.pad[3];
@@ -95,13 +107,13 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
     });
     return {};
   }
-  if (x.dtype == fw::DType::kF32 && y.dtype == fw::DType::kF32) {
+  if ((x.dtype == fw::DType::kF32 && y.dtype == fw::DType::kF32) || half_global) {
     // The same loops on f32 pointers, over the taps inside the input: each
     // output is formed exactly as below (the same values in the same order;
     // max keeps the first of equal values and turns NaN once one is met).
-    const std::uint32_t hd = nhwc ? 1 : 2, wd = nhwc ? 2 : 3, cd = nhwc ? 3 : 1;
+    const std::uint32_t hd = nhwc ? 1 : 2, wd = nhwc ? 2 : 3;
     const auto xh = static_cast<std::int64_t>(x.strides[hd]), xw = static_cast<std::int64_t>(x.strides[wd]);
-    if (!max && !nhwc && ow == 1 && kh == 1 && dw == 1 && pt == 0 && pb == 0 && oh > 1 && x.strides[3] == 1) {
+    if (!half && !max && !nhwc && ow == 1 && kh == 1 && dw == 1 && pt == 0 && pb == 0 && oh > 1 && x.strides[3] == 1) {
       // One window per row (ReduceMean over the last axis, LayerNorm's):
       // the loop below would take each tap as a call over one column.
       // Here eight rows' sums go on side by side, each still 0 plus its
@@ -140,7 +152,7 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
       // its taps one call at a time. Here each tap is one step over a block
       // of channels; every output still meets its taps in (row, column)
       // order.
-      constexpr std::uint64_t kBlock = 64;
+      constexpr std::uint64_t kBlock = kChannelBlock;
       const std::uint64_t blocks = (c + kBlock - 1) / kBlock;
       const std::int64_t h0 = -pt, w0 = -pl;
       const auto rows = taps(h0, dh, kh, h), cols = taps(w0, dw, kw, w);
@@ -150,26 +162,51 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
           n * blocks,
           [&](std::uint64_t begin, std::uint64_t end) {
             float acc[kBlock];
+            // Halves as f32: a tap's block of channels at a time or, with
+            // one block and dense rows, a row's taps at once (a call per tap
+            // cost a 32-channel pool twice its f32 time).
+            const bool by_row = half && blocks == 1 && dw == 1 && xw == static_cast<std::int64_t>(c);
+            std::vector<float> wide(by_row ? static_cast<std::uint64_t>(b1 - b0) * c : kBlock);
+            auto widen = [&](std::uint64_t from, std::uint64_t count) {
+              const auto* hp = reinterpret_cast<const std::uint16_t*>(x.data) + from;
+              x.dtype == fw::DType::kF16 ? simd::widen_f16(hp, wide.data(), count)
+                                         : simd::widen_bf16(hp, wide.data(), count);
+            };
             for (std::uint64_t nb = begin; nb < end; ++nb) {
               const std::uint64_t ni = nb / blocks, c0 = nb % blocks * kBlock, cn = std::min(kBlock, c - c0);
-              const float* xp = reinterpret_cast<const float*>(x.data) + ni * x.strides[0] + c0 * x.strides[cd];
+              const std::uint64_t first = ni * x.strides[0] + c0 * x.strides[cd];
               std::fill(acc, acc + cn, max ? -std::numeric_limits<float>::infinity() : 0.0f);
-              for (std::int64_t a = a0; a < a1; ++a)
+              for (std::int64_t a = a0; a < a1; ++a) {
+                const auto row = static_cast<std::uint64_t>((h0 + a * dh) * xh + (w0 + b0 * dw) * xw);
+                if (by_row) widen(ni * x.strides[0] + row, wide.size());
                 for (std::int64_t b = b0; b < b1; ++b) {
-                  const float* in = xp + (h0 + a * dh) * xh + (w0 + b * dw) * xw;
+                  const std::uint64_t tap = first + static_cast<std::uint64_t>((h0 + a * dh) * xh + (w0 + b * dw) * xw);
+                  const float* in = reinterpret_cast<const float*>(x.data) + tap;
+                  if (by_row) {
+                    in = wide.data() + static_cast<std::uint64_t>(b - b0) * c + c0;
+                  } else if (half) {
+                    widen(tap, cn);
+                    in = wide.data();
+                  }
                   if (max)
-                    simd::max_strided_f32(acc, in, cn, x.strides[cd]);
+                    simd::max_strided_f32(acc, in, cn, half ? 1 : x.strides[cd]);
                   else
-                    simd::add_strided_f32(acc, in, cn, x.strides[cd]);
+                    simd::add_strided_f32(acc, in, cn, half ? 1 : x.strides[cd]);
                 }
-              float* yp = reinterpret_cast<float*>(y.data) + ni * y.strides[0] + c0 * y.strides[cd];
+              }
               for (std::uint64_t k = 0; k < cn; ++k) {
-                float out = acc[k];
                 if (max)
-                  out = out != out ? std::numeric_limits<float>::quiet_NaN() : out;
+                  acc[k] = acc[k] != acc[k] ? std::numeric_limits<float>::quiet_NaN() : acc[k];
                 else
-                  out = div ? out / static_cast<float>(div) : 0.0f;
-                yp[k * y.strides[cd]] = out;
+                  acc[k] = div ? acc[k] / static_cast<float>(div) : 0.0f;
+              }
+              const std::uint64_t out = ni * y.strides[0] + c0 * y.strides[cd];
+              if (half) {
+                auto* yp = reinterpret_cast<std::uint16_t*>(y.data) + out;
+                y.dtype == fw::DType::kF16 ? simd::narrow_f16(acc, yp, cn) : simd::narrow_bf16(acc, yp, cn);
+              } else {
+                for (std::uint64_t k = 0; k < cn; ++k)
+                  reinterpret_cast<float*>(y.data)[out + k * y.strides[cd]] = acc[k];
               }
             }
           },
