@@ -83,16 +83,24 @@ async function timed(ort, args, flush, profile) {
   return { rate: (runs * args.shape[0] * 1000) / elapsed, file };
 }
 
-const args = parse(process.argv.slice(2));
-const require = createRequire(join(resolve(args.modules), "node_modules", "_"));
-const ort = require("onnxruntime-node");
-const ieee = await timed(ort, args, false, args.profile);
-const flush = await timed(ort, args, true, null);
-const version = require("onnxruntime-node/package.json").version;
-console.log(JSON.stringify({
-  images_per_s: Math.max(ieee.rate, flush.rate),
-  ieee: ieee.rate,
-  flush: flush.rate,
-  version,
-  profile: ieee.file,
-}));
+// One line on stderr for any failure (a model ONNX Runtime refuses, a bad
+// argument), so that callers can quote it: Node's own report of an
+// uncaught error ends with its version, not the error.
+try {
+  const args = parse(process.argv.slice(2));
+  const require = createRequire(join(resolve(args.modules), "node_modules", "_"));
+  const ort = require("onnxruntime-node");
+  const ieee = await timed(ort, args, false, args.profile);
+  const flush = await timed(ort, args, true, null);
+  const version = require("onnxruntime-node/package.json").version;
+  console.log(JSON.stringify({
+    images_per_s: Math.max(ieee.rate, flush.rate),
+    ieee: ieee.rate,
+    flush: flush.rate,
+    version,
+    profile: ieee.file,
+  }));
+} catch (e) {
+  console.error(`ort_bench: ${String(e.message ?? e).split("\n")[0]}`);
+  process.exit(1);
+}

@@ -152,8 +152,7 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
       // its taps one call at a time. Here each tap is one step over a block
       // of channels; every output still meets its taps in (row, column)
       // order.
-      constexpr std::uint64_t kBlock = kChannelBlock;
-      const std::uint64_t blocks = (c + kBlock - 1) / kBlock;
+      const std::uint64_t blocks = (c + kChannelBlock - 1) / kChannelBlock;
       const std::int64_t h0 = -pt, w0 = -pl;
       const auto rows = taps(h0, dh, kh, h), cols = taps(w0, dw, kw, w);
       const std::int64_t a0 = rows.first, a1 = rows.second, b0 = cols.first, b1 = cols.second;
@@ -161,26 +160,28 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
       e.pool().parallel_for(
           n * blocks,
           [&](std::uint64_t begin, std::uint64_t end) {
-            float acc[kBlock];
+            float acc[kChannelBlock];
             // Halves as f32: a tap's block of channels at a time or, with
             // one block and dense rows, a row's taps at once (a call per tap
             // cost a 32-channel pool twice its f32 time).
             const bool by_row = half && blocks == 1 && dw == 1 && xw == static_cast<std::int64_t>(c);
-            std::vector<float> wide(by_row ? static_cast<std::uint64_t>(b1 - b0) * c : kBlock);
+            std::vector<float> wide(by_row ? static_cast<std::uint64_t>(b1 - b0) * c : kChannelBlock);
             auto widen = [&](std::uint64_t from, std::uint64_t count) {
               const auto* hp = reinterpret_cast<const std::uint16_t*>(x.data) + from;
               x.dtype == fw::DType::kF16 ? simd::widen_f16(hp, wide.data(), count)
                                          : simd::widen_bf16(hp, wide.data(), count);
             };
             for (std::uint64_t nb = begin; nb < end; ++nb) {
-              const std::uint64_t ni = nb / blocks, c0 = nb % blocks * kBlock, cn = std::min(kBlock, c - c0);
+              const std::uint64_t ni = nb / blocks, c0 = nb % blocks * kChannelBlock,
+                                  cn = std::min(kChannelBlock, c - c0);
               const std::uint64_t first = ni * x.strides[0] + c0 * x.strides[cd];
               std::fill(acc, acc + cn, max ? -std::numeric_limits<float>::infinity() : 0.0f);
               for (std::int64_t a = a0; a < a1; ++a) {
-                const auto row = static_cast<std::uint64_t>((h0 + a * dh) * xh + (w0 + b0 * dw) * xw);
-                if (by_row) widen(ni * x.strides[0] + row, wide.size());
+                const std::int64_t row = (h0 + a * dh) * xh;
+                if (by_row)
+                  widen(ni * x.strides[0] + static_cast<std::uint64_t>(row + (w0 + b0 * dw) * xw), wide.size());
                 for (std::int64_t b = b0; b < b1; ++b) {
-                  const std::uint64_t tap = first + static_cast<std::uint64_t>((h0 + a * dh) * xh + (w0 + b * dw) * xw);
+                  const std::uint64_t tap = first + static_cast<std::uint64_t>(row + (w0 + b * dw) * xw);
                   const float* in = reinterpret_cast<const float*>(x.data) + tap;
                   if (by_row) {
                     in = wide.data() + static_cast<std::uint64_t>(b - b0) * c + c0;
@@ -210,7 +211,8 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
               }
             }
           },
-          std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, kBlock * static_cast<std::uint64_t>(kh * kw))));
+          std::max<std::uint64_t>(
+              1, 16384 / std::max<std::uint64_t>(1, kChannelBlock * static_cast<std::uint64_t>(kh * kw))));
       return {};
     }
     if (nhwc && x.strides[3] == 1 && y.strides[3] == 1) {
