@@ -446,12 +446,15 @@ def test_an_int8_residual_add_and_its_relu_run_as_one_qlinear_add(dev, tail):
     assert layers["add"] == "qlinear_add" and "relu" not in layers, layers
 
 
-def test_int8_activations_run_as_table_lookups_and_a_sigmoid_gate_as_one_silu(dev):
-    # x -> Conv a -> Sigmoid -> Mul(a, sigmoid) (YOLO's SiLU) -> Conv b -> Tanh -> Conv c: each activation
-    # of an int8 layer's bytes is a lookup in a 256-entry table (gather by byte indices).
+@pytest.mark.parametrize("gate", ["Sigmoid", "HardSigmoid"])
+def test_int8_activations_run_as_table_lookups_and_a_gate_as_one_table(dev, gate):
+    # x -> Conv a -> Sigmoid -> Mul(a, sigmoid) (YOLO's SiLU; with HardSigmoid, MobileNetV3's HardSwish) ->
+    # Conv b -> Tanh -> Conv c: each activation of an int8 layer's bytes is a lookup in a 256-entry table
+    # (gather by byte indices), the gate and its Mul one table.
+    attrs = {"alpha": 1 / 6, "beta": 0.5} if gate == "HardSigmoid" else {}
     onnx_bytes = three_conv_bytes([
         conv3("x", "wa", "a", "conv_a"),
-        helper.make_node("Sigmoid", ["a"], ["g"], name="gate"),
+        helper.make_node(gate, ["a"], ["g"], name="gate", **attrs),
         helper.make_node("Mul", ["a", "g"], ["s"], name="silu"),
         conv3("s", "wb", "b", "conv_b"),
         helper.make_node("Tanh", ["b"], ["t"], name="tanh"),

@@ -254,8 +254,10 @@ bool Lowerer::qtable(const Node& n, const ActivationParams& p) {
   const std::string& x = n.inputs[0];
   if (reps.at(x).primary != DType::U8) return false;
   ActivationParams f = p;
-  // x * Sigmoid(x): the SiLU, one table into the Mul's output.
-  const Node* mul = p.kind == Activation::Sigmoid ? sole_consumer(n.output) : nullptr;
+  // x * Sigmoid(x) and x * HardSigmoid(x): the SiLU and the HardSwish, one
+  // table into the Mul's output.
+  const bool gate = p.kind == Activation::Sigmoid || p.kind == Activation::HardSigmoid;
+  const Node* mul = gate ? sole_consumer(n.output) : nullptr;
   if (mul &&
       (mul->op != "Mul" || keep_fp16.count(mul->name) || !has_q(mul->output) ||
        !((mul->inputs[0] == x && mul->inputs[1] == n.output) || (mul->inputs[1] == x && mul->inputs[0] == n.output))))

@@ -190,8 +190,8 @@ struct Lowerer {
   // int8: activation `p` of node `n` over a value held u8 NHWC as a table
   // lookup (gather by byte indices) into u8 NHWC: each of the 256 levels
   // dequantized, activated in double and quantized to the output's range.
-  // A Sigmoid whose only consumer multiplies it by its input is the SiLU
-  // the two make. False (nothing emitted) where it does not apply.
+  // A Sigmoid or HardSigmoid whose only consumer multiplies it by its input
+  // is the SiLU or HardSwish the two make. False (nothing emitted) where it does not apply.
   bool qtable(const Node& n, const ActivationParams& p);
   // A 256-entry u8 table of each level of `in` dequantized, activated by
   // `f` and quantized to `to` (int8.cpp).
