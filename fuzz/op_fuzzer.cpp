@@ -325,7 +325,8 @@ void check_rules(const fw::OpBlock& b) {
       RULE(t[0].dtype == 5 && t[1].dtype == y.dtype && t[2].dtype == y.dtype);
       RULE(same_shape(t[0], y) && same_shape(t[1], y) && same_shape(t[2], y));
       break;
-    case fw::OpKind::kQLinearAdd: {
+    case fw::OpKind::kQLinearAdd:
+    case fw::OpKind::kQLinearMul: {
       // A, AScale, AZp, B, BScale, BZp, YScale, YZp, Y: bytes in and out,
       // everything in Y's shape, each scale (f32) and zero point (its
       // tensor's dtype) one value: stride 0 wherever its extent is not 1.

@@ -47,6 +47,7 @@ MINORS = [
     (18, "OpHeader::flags with kOpGlobal (tensor.h): an op the program runs on its own, DDR to DDR; a placement "
      "the timing model charges, which changes no result (a driver leaves the flags out for a board of 1.17, "
      "which refuses them as reserved words)", "op flags"),
+    (19, "the op kind kQLinearMul (op_kinds.inc)", "qlinear_mul"),
 ]
 
 # ---- enumerations of op attributes ----------------------------------------
@@ -529,4 +530,19 @@ KINDS = [
          sample=dict(dtypes={"X": "f32", "Indices": "i32", "Updates": "f32", "Y": "f32"},
                      shapes={"X": [3, 4], "Indices": [2, 3], "Updates": [2, 3], "Y": [3, 4]},
                      attrs={"axis": 0, "reduction": "add"})),
+    dict(name="QLinearMul", id="qlinear_mul", minor=19,
+         tensors=["A", "AScale", "AZeroPoint", "B", "BScale", "BZeroPoint", "YScale", "YZeroPoint", "Y"],
+         fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("per_output",), cycles=4, peak=None, builders=["qlinear_mul"],
+         doc="Y = saturate(round_half_even(((A - AZeroPoint) * AScale * ((B - BZeroPoint) * BScale)) / YScale) + "
+         "YZeroPoint), each step one f32 operation: the bits of dequantize, mul and quantize in a row (ONNX's "
+         "com.microsoft QLinearMul).",
+         rule=dict(dtypes={"A": ["u8", "i8"], "AScale": ["f32"], "AZeroPoint": "A", "B": ["u8", "i8"],
+                           "BScale": ["f32"], "BZeroPoint": "B", "YScale": ["f32"], "YZeroPoint": "Y", "Y": ["u8", "i8"]},
+                   broadcast={"A": "Y", "B": "Y"},
+                   scalars={"AScale": "Y", "AZeroPoint": "Y", "BScale": "Y", "BZeroPoint": "Y", "YScale": "Y",
+                            "YZeroPoint": "Y"}),
+         sample=dict(dtypes={"A": "u8", "AScale": "f32", "AZeroPoint": "u8", "B": "i8", "BScale": "f32",
+                             "BZeroPoint": "i8", "YScale": "f32", "YZeroPoint": "u8", "Y": "u8"},
+                     shapes={"A": [2, 3], "AScale": [1], "AZeroPoint": [1], "B": [2, 3], "BScale": [1],
+                             "BZeroPoint": [1], "YScale": [1], "YZeroPoint": [1], "Y": [2, 3]})),
 ]

@@ -826,6 +826,58 @@ TEST(TensorIsa, QuantizedAddLoopMatchesTheScalarRulesAtEveryLevel) {
   }
 }
 
+// qmul_8 (the qlinear_mul op's step): a byte dequantized, times a float,
+// the product quantized, each step one f32 operation with the scalar
+// rules, at every level, for both signednesses and lengths with tails;
+// every byte against floats of every magnitude and sign, zeros, the
+// smallest normals, infinities and NaN (a product past f32 saturates, a
+// NaN quantizes as 0 before the zero point).
+TEST(TensorIsa, QuantizedMulLoopMatchesTheScalarRulesAtEveryLevel) {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> mag(-40.0f, 40.0f);
+  const float special[] = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           -1.0f,
+                           0.5f,
+                           1.17549435e-38f,
+                           3.0e38f,
+                           -3.0e38f,
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::quiet_NaN()};
+  std::vector<std::uint8_t> x;
+  std::vector<float> f;
+  for (int b = 0; b < 256; ++b)
+    for (int j = 0; j < 24; ++j) {
+      x.push_back(static_cast<std::uint8_t>(b));
+      f.push_back(j < 11 ? special[j] : std::ldexp(1.0f, static_cast<int>(mag(rng))) * mag(rng));
+    }
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const simd::Kernels& k = simd::kernels(isa);
+    // Powers of two give exact ties; 0.0371 and 0.013 do not.
+    for (const simd::QMulParams p :
+         {simd::QMulParams{false, 0.5f, 1.0f, 128, 3, 0, 255}, simd::QMulParams{true, 0.0371f, 0.013f, -5, 7, 0, 255},
+          simd::QMulParams{false, 0.125f, 0.0625f, 0, -3, -128, 127},
+          simd::QMulParams{true, 3.0f, 0.5f, 127, 100, -128, 127}})
+      for (const std::size_t n : {x.size(), std::size_t{1}, std::size_t{7}, std::size_t{33}, std::size_t{100}}) {
+        std::vector<std::uint8_t> got(n + 1, 0xAA);
+        k.qmul_8(x.data(), f.data(), got.data(), n, p);
+        ASSERT_EQ(got[n], 0xAA) << "written past " << n;
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::int32_t v = p.x_signed ? static_cast<std::int8_t>(x[i]) : x[i];
+          volatile float fx = static_cast<float>(v - p.x_zero) * p.x_scale;
+          volatile float product = fx * f[i];
+          volatile float quotient = product / p.y_scale;
+          const std::int32_t q = round_saturate(quotient, INT32_MIN / 2, INT32_MAX / 2) + p.y_zero;
+          ASSERT_EQ(got[i], static_cast<std::uint8_t>(std::min(std::max(q, p.lo), p.hi)))
+              << int(x[i]) << " times " << f[i] << " (" << i << " of " << n << ")";
+        }
+      }
+  }
+}
+
 // The versions the entry points run follow the level, not the CPU alone:
 // capped at the lowest level every entry point runs its baseline version,
 // at the top its top one, and at each level between the version that level
@@ -853,7 +905,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 27u);
+  ASSERT_EQ(simd::entry_points().size(), 28u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

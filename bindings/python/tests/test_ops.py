@@ -271,6 +271,78 @@ def test_qlinear_add_is_dequantize_add_quantize_in_f32(dev, queue):
                         scalar(zb, np.int8), scalar(sy, np.float32), scalar(zy, np.uint8), y)
 
 
+def qlinear_mul_ref(a, sa, za, b, sb, zb, sy, zy, dtype):
+    """dequantize, multiply and quantize, each step in float32 (halves to even)."""
+    f32 = np.float32
+    fa = (a.astype(np.int32) - za).astype(f32) * f32(sa)
+    fb = (b.astype(np.int32) - zb).astype(f32) * f32(sb)
+    with np.errstate(over="ignore"):
+        v = (fa * fb) / f32(sy)
+    q = np.rint(np.clip(v, -4194304, 4194304)).astype(np.int64) + zy
+    info = np.iinfo(dtype)
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+# Shapes of a and b (y: their broadcast): an SE block's gate on either side,
+# two dense operands, one value, a gate whose rows repeat past one stage of
+# the kernel's floats (4096), a long single row split across threads, a
+# operand that repeats only along H, and one value per row (a stride-0 last
+# dimension).
+@pytest.mark.parametrize("ashape,bshape", [((2, 6, 7, 5), (2, 1, 1, 5)), ((1, 1, 1, 48), (1, 9, 11, 48)),
+                                           ((3, 4, 5, 6), (3, 4, 5, 6)), ((2, 3, 4, 5), (1, 1, 1, 1)),
+                                           ((1, 70, 80, 3), (1, 1, 1, 3)), ((1, 1, 1, 9000), (1, 1, 1, 9000)),
+                                           ((1, 1, 1, 9000), (1,)), ((2, 5, 7, 3), (1, 1, 7, 3)),
+                                           ((2, 5, 7, 3), (2, 5, 7, 1))])
+def test_qlinear_mul_is_dequantize_mul_quantize_in_f32(dev, queue, ashape, bshape):
+    rng = np.random.default_rng(13)
+    a = rng.integers(0, 256, ashape, dtype=np.uint8)
+    b = rng.integers(-128, 128, bshape, dtype=np.int8)
+    yshape = np.broadcast_shapes(ashape, bshape)
+
+    def scalar(v, dtype):
+        return tpuhal.Tensor(dev.upload(np.array(v, dtype)))
+
+    for out, (sa, za, sb, zb, sy, zy) in ((np.uint8, (0.05, 128, 0.02, -3, 0.0007, 10)),
+                                          (np.int8, (0.3, 7, 0.9, 100, 0.01, -20)),
+                                          (np.uint8, (3e30, 0, 3e30, 0, 1e-30, 0))):  # products past f32
+        y = dev.tensor(yshape, "u8" if out is np.uint8 else "i8")
+        queue.run(ops.qlinear_mul(tpuhal.Tensor(dev.upload(a)), scalar(sa, np.float32), scalar(za, np.uint8),
+                                  tpuhal.Tensor(dev.upload(b)), scalar(sb, np.float32), scalar(zb, np.int8),
+                                  scalar(sy, np.float32), scalar(zy, out), y)).submit().wait()
+        np.testing.assert_array_equal(y.download(), qlinear_mul_ref(a, sa, za, b, sb, zb, sy, zy, out))
+
+
+def test_qlinear_mul_of_a_permuted_view_takes_its_elements_where_they_are(dev, queue):
+    # a seen through permute: not dense along the result's rows, so the op
+    # goes element by element, with the same arithmetic.
+    rng = np.random.default_rng(14)
+    a = rng.integers(0, 256, (5, 4, 3), dtype=np.uint8)
+    b = rng.integers(0, 256, (3, 4, 5), dtype=np.uint8)
+    y = dev.tensor((3, 4, 5), "u8")
+
+    def scalar(v, dtype):
+        return tpuhal.Tensor(dev.upload(np.array(v, dtype)))
+
+    queue.run(ops.qlinear_mul(tpuhal.Tensor(dev.upload(a)).permute(2, 1, 0), scalar(0.1, np.float32),
+                              scalar(3, np.uint8), tpuhal.Tensor(dev.upload(b)), scalar(0.2, np.float32),
+                              scalar(200, np.uint8), scalar(0.05, np.float32), scalar(128, np.uint8),
+                              y)).submit().wait()
+    np.testing.assert_array_equal(y.download(),
+                                  qlinear_mul_ref(a.transpose(2, 1, 0), 0.1, 3, b, 0.2, 200, 0.05, 128, np.uint8))
+
+
+def test_qlinear_mul_refuses_what_does_not_broadcast_and_scales_that_are_not_one_value(dev):
+    a = tpuhal.Tensor(dev.upload(np.zeros((2, 3, 4, 5), np.uint8)))
+    one = tpuhal.Tensor(dev.upload(np.array(1, np.float32)))
+    zero = tpuhal.Tensor(dev.upload(np.array(0, np.uint8)))
+    y = dev.tensor((2, 3, 4, 5), "u8")
+    with pytest.raises(tpuhal.InvalidArgument, match="qlinear_mul"):
+        ops.qlinear_mul(a, one, zero, tpuhal.Tensor(dev.upload(np.zeros((2, 3, 4, 4), np.uint8))), one, zero, one,
+                        zero, y)
+    with pytest.raises(tpuhal.InvalidArgument, match="qlinear_mul: b_scale must be one value"):
+        ops.qlinear_mul(a, one, zero, a, tpuhal.Tensor(dev.upload(np.ones(5, np.float32))), zero, one, zero, y)
+
+
 def test_every_op_has_its_stub():
     import ast
     import pathlib

@@ -599,22 +599,33 @@ fw::Problem run_dequantize(TensorEngine& e, const fw::QuantAttrs& /*a*/, const V
   return {};
 }
 
-// A, AScale, AZeroPoint, B, BScale, BZeroPoint, YScale, YZeroPoint, Y: the
-// bits of dequantize, an f32 add and quantize in a row, at every level.
-fw::Problem run_qlinear_add(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
-  const View &a = v[0], &b = v[3], &y = v[8];
-  // Every scale and zero point is one value (the decoder's rule).
+namespace {
+
+// The scales and zero points of a qlinear_add or qlinear_mul (A, AScale,
+// AZeroPoint, B, BScale, BZeroPoint, YScale, YZeroPoint, Y), each one
+// value (the decoder's rule).
+simd::QAddParams quantized_binary_params(const View* v) {
   simd::QAddParams p{};
-  p.a_signed = a.dtype == fw::DType::kI8;
-  p.b_signed = b.dtype == fw::DType::kI8;
+  p.a_signed = v[0].dtype == fw::DType::kI8;
+  p.b_signed = v[3].dtype == fw::DType::kI8;
   p.a_scale = load_float(v[1].data, fw::DType::kF32);
   p.b_scale = load_float(v[4].data, fw::DType::kF32);
   p.y_scale = load_float(v[6].data, fw::DType::kF32);
   p.a_zero = static_cast<std::int32_t>(load_int(v[2].data, v[2].dtype));
   p.b_zero = static_cast<std::int32_t>(load_int(v[5].data, v[5].dtype));
   p.y_zero = static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype));
-  p.lo = int_min(y.dtype);
-  p.hi = int_max(y.dtype);
+  p.lo = int_min(v[8].dtype);
+  p.hi = int_max(v[8].dtype);
+  return p;
+}
+
+}  // namespace
+
+// A, AScale, AZeroPoint, B, BScale, BZeroPoint, YScale, YZeroPoint, Y: the
+// bits of dequantize, an f32 add and quantize in a row, at every level.
+fw::Problem run_qlinear_add(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
+  const View &a = v[0], &b = v[3], &y = v[8];
+  const simd::QAddParams p = quantized_binary_params(v);
   const auto* pa = reinterpret_cast<const std::uint8_t*>(a.data);
   const auto* pb = reinterpret_cast<const std::uint8_t*>(b.data);
   auto* py = reinterpret_cast<std::uint8_t*>(y.data);
@@ -637,6 +648,117 @@ fw::Problem run_qlinear_add(TensorEngine& e, const fw::QuantAttrs& /*a*/, const 
         });
       },
       16384);
+  return {};
+}
+
+namespace {
+
+// qlinear_mul's operands as its kernel takes them: x, the dense one (its
+// dequantization in p), and f, the other, dequantized into floats first.
+struct QMulOperands {
+  simd::QMulParams p;
+  bool f_signed;
+  float f_scale;
+  std::int32_t f_zero;
+};
+
+constexpr std::uint64_t kQMulStage = 4096;  // floats of f at a time, on the stack
+
+// g rows of n elements, dense in x (sx 1, or 0: one value) and y; f's row
+// has stride sf (0: one value) and is the same for each of the g rows
+// (g > 1 only where g * n <= kQMulStage).
+void qmul_rows(const QMulOperands& o, const std::uint8_t* x, std::uint64_t sx, const std::uint8_t* f, std::uint64_t sf,
+               std::uint8_t* y, std::uint64_t n, std::uint64_t g) {
+  float buf[kQMulStage];
+  const std::uint64_t total = g * n;
+  if (sx == 0) {  // both one value along the row: one product
+    std::uint8_t out;
+    simd::dequantize_8(f, buf, 1, o.f_signed, o.f_scale, o.f_zero);
+    simd::qmul_8(x, buf, &out, 1, o.p);
+    std::memset(y, out, total);
+  } else if (sf == 0 || g > 1) {  // f's one value, or its one row repeated g times
+    const std::uint64_t m = std::min(total, kQMulStage), once = sf == 0 ? 1 : n;
+    simd::dequantize_8(f, buf, once, o.f_signed, o.f_scale, o.f_zero);
+    for (std::uint64_t i = once; i < m; i += once) std::memcpy(buf + i, buf, std::min(once, m - i) * sizeof(float));
+    for (std::uint64_t s = 0; s < total; s += m) simd::qmul_8(x + s, buf, y + s, std::min(m, total - s), o.p);
+  } else {
+    for (std::uint64_t s = 0; s < n; s += kQMulStage) {
+      const std::uint64_t m = std::min(kQMulStage, n - s);
+      simd::dequantize_8(f + s, buf, m, o.f_signed, o.f_scale, o.f_zero);
+      simd::qmul_8(x + s, buf, y + s, m, o.p);
+    }
+  }
+}
+
+}  // namespace
+
+// The same operands as qlinear_add, multiplied, over rows of the merged
+// dimensions where the result is dense along them and each operand is dense
+// or one value along them, else one element at a time. Where the operand
+// that is not the kernel's x repeats from row to row (an SE block's gate,
+// [n, 1, 1, c] against [n, h, w, c]: the same c values for every pixel),
+// rows are taken several at a time with its floats repeated, so that the
+// kernel sees long dense runs rather than rows of a few channels.
+fw::Problem run_qlinear_mul(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
+  const View &a = v[0], &b = v[3], &y = v[8];
+  const simd::QAddParams q = quantized_binary_params(v);
+  const View* views[3] = {&y, &a, &b};
+  const Rows r = merged(views, 3);
+  const std::uint32_t last = r.rank - 1;
+  const std::uint64_t len = r.shape[last];
+  // x: the operand dense along the rows, where one is; of two, the one
+  // that does not repeat from row to row (not a gate).
+  const bool a_dense = r.strides[1][last] == 1, b_dense = r.strides[2][last] == 1;
+  const bool x_is_a = a_dense ? !(b_dense && last > 0 && r.strides[1][last - 1] == 0) : !b_dense;
+  const int xt = x_is_a ? 1 : 2, ft = x_is_a ? 2 : 1;
+  const QMulOperands o{{x_is_a ? q.a_signed : q.b_signed, x_is_a ? q.a_scale : q.b_scale, q.y_scale,
+                        x_is_a ? q.a_zero : q.b_zero, q.y_zero, q.lo, q.hi},
+                       x_is_a ? q.b_signed : q.a_signed,
+                       x_is_a ? q.b_scale : q.a_scale,
+                       x_is_a ? q.b_zero : q.a_zero};
+  const auto* px = reinterpret_cast<const std::uint8_t*>((x_is_a ? a : b).data);
+  const auto* pf = reinterpret_cast<const std::uint8_t*>((x_is_a ? b : a).data);
+  auto* py = reinterpret_cast<std::uint8_t*>(y.data);
+  const std::uint64_t sx = r.strides[xt][last], sf = r.strides[ft][last];
+  if (r.strides[0][last] != 1 || sx > 1 || sf > 1) {
+    e.pool().parallel_for(
+        y.elements(),
+        [&](std::uint64_t begin, std::uint64_t end) {
+          for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
+            qmul_rows(o, px + off[xt], 1, pf + off[ft], 1, py + off[0], 1, 1);
+          });
+        },
+        16384);
+    return {};
+  }
+  std::uint64_t rows = 1;
+  for (std::uint32_t d = 0; d < last; ++d) rows *= r.shape[d];
+  const std::uint64_t inner = last > 0 ? r.shape[last - 1] : 1;
+  const bool repeats = last > 0 && sx == 1 && r.strides[ft][last - 1] == 0 && r.strides[0][last - 1] == len &&
+                       r.strides[xt][last - 1] == len;
+  // Items: g rows at a time where f repeats; else a row, long single rows
+  // split so that every thread works.
+  const std::uint64_t group = repeats ? std::clamp<std::uint64_t>(kQMulStage / len, 1, inner) : 1;
+  const std::uint64_t per_inner = (inner + group - 1) / group;
+  const std::uint64_t chunk = repeats || rows >= e.threads() ? len : (len + e.threads() - 1) / e.threads();
+  const std::uint64_t per_row = (len + chunk - 1) / chunk;
+  auto body = [&](std::uint64_t begin, std::uint64_t end) {
+    std::uint64_t off[3];
+    for (std::uint64_t k = begin; k < end; ++k) {
+      std::uint64_t row = k / per_row, lo = k % per_row * chunk, g = 1;
+      if (repeats) {
+        const std::uint64_t g0 = k % per_inner * group;
+        row = k / per_inner * inner + g0;
+        lo = 0;
+        g = std::min(group, inner - g0);
+      }
+      row_offsets(r, row, off);
+      qmul_rows(o, px + off[xt] + lo * sx, sx, pf + off[ft] + lo * sf, sf, py + off[0] + lo, std::min(chunk, len - lo),
+                g);
+    }
+  };
+  const std::uint64_t items = repeats ? rows / inner * per_inner : rows * per_row;
+  e.pool().parallel_for(items, body, std::max<std::uint64_t>(1, kGrain / (repeats ? group * len : chunk)));
   return {};
 }
 

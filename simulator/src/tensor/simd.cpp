@@ -137,6 +137,9 @@ void dequantize_8(const std::uint8_t* in, float* out, std::size_t n, bool is_sig
 void qadd_8(const std::uint8_t* a, const std::uint8_t* b, std::uint8_t* out, std::size_t n, const QAddParams& p) {
   active().qadd_8(a, b, out, n, p);
 }
+void qmul_8(const std::uint8_t* x, const float* f, std::uint8_t* out, std::size_t n, const QMulParams& p) {
+  active().qmul_8(x, f, out, n, p);
+}
 void arith_f32(Arith op, float* y, const float* a, std::size_t sa, const float* b, std::size_t sb, std::size_t n) {
   active().arith_f32(op, y, a, sa, b, sb, n);
 }

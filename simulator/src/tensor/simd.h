@@ -69,6 +69,17 @@ struct QAddParams {
   std::int32_t a_zero, b_zero, y_zero, lo, hi;
 };
 void qadd_8(const std::uint8_t* a, const std::uint8_t* b, std::uint8_t* out, std::size_t n, const QAddParams& p);
+// The qlinear_mul op's step over dense bytes: out[i] = x[i] dequantized as
+// dequantize_8 does (x_signed, x_scale, x_zero) times f[i], the other
+// operand already dequantized by dequantize_8, in f32, the product
+// quantized as quantize_f32 does (y_scale, y_zero, lo, hi). The product is
+// commutative in IEEE arithmetic: either operand may be x.
+struct QMulParams {
+  bool x_signed;
+  float x_scale, y_scale;
+  std::int32_t x_zero, y_zero, lo, hi;
+};
+void qmul_8(const std::uint8_t* x, const float* f, std::uint8_t* out, std::size_t n, const QMulParams& p);
 
 // y[i] = a[i * sa] OP b[i * sb] in f32, OP one of + - * / (each rounded
 // once, as the scalar operation), sa and sb 0 (one value) or 1 (a dense
@@ -132,6 +143,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(quantize_f32)                   \
   X(dequantize_8)                   \
   X(qadd_8)                         \
+  X(qmul_8)                         \
   X(arith_f32)                      \
   X(max_strided_f32)                \
   X(add_strided_f32)                \
