@@ -38,7 +38,7 @@ Value fold_arithmetic(Importer& im, Node& n) {
 }
 
 void lower_binary(Lowerer& l, const Node& n) {
-  if (l.qadd(n)) return;
+  if (l.qadd(n) || l.qmul(n)) return;
   if (l.nhwc_island(n, {n.inputs[0], n.inputs[1]}, true)) {
     const auto a = l.get_nhwc_float(n.inputs[0]), b = l.get_nhwc_float(n.inputs[1]);
     l.op(lower_case(n.op), n.name, {{"a", a}, {"b", b}, {"y", l.produce_nhwc_float(n.output, l.shape_of(n.output))}});

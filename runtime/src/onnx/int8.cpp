@@ -215,6 +215,31 @@ bool Lowerer::qadd(const Node& n) {
   return true;
 }
 
+bool Lowerer::qmul(const Node& n) {
+  if (!int8() || n.op != "Mul" || keep_fp16.count(n.name) || !nhwc_island(n, {n.inputs[0], n.inputs[1]}, true))
+    return false;
+  for (const auto& x : n.inputs)
+    if (reps.at(x).primary != DType::U8 || reps.at(x).nhwc < 0) return false;
+  if (!has_q(n.output)) return false;
+  for (const auto& x : n.inputs) ensure_q_tensors(reps.at(x));
+  const Rep &a = reps.at(n.inputs[0]), &b = reps.at(n.inputs[1]);
+  const auto y = produce_nhwc(n.output, shape_of(n.output), range_q(n.output));
+  Rep& r = reps.at(n.output);
+  ensure_q_tensors(r);
+  // A gate [n, c, 1, 1] is held [n, 1, 1, c]: the op broadcasts it.
+  op("qlinear_mul", n.name,
+     {{"a", a.nhwc},
+      {"a_scale", a.q_scale},
+      {"a_zero_point", a.q_zero},
+      {"b", b.nhwc},
+      {"b_scale", b.q_scale},
+      {"b_zero_point", b.q_zero},
+      {"y_scale", r.q_scale},
+      {"y_zero_point", r.q_zero},
+      {"y", y}});
+  return true;
+}
+
 namespace {
 
 double activated(const ActivationParams& p, double x) {
@@ -262,7 +287,7 @@ bool Lowerer::qtable(const Node& n, const ActivationParams& p) {
       (mul->op != "Mul" || keep_fp16.count(mul->name) || !has_q(mul->output) ||
        !((mul->inputs[0] == x && mul->inputs[1] == n.output) || (mul->inputs[1] == x && mul->inputs[0] == n.output))))
     mul = nullptr;
-  if (mul) f = ActivationParams::silu();
+  if (mul) f = p.kind == Activation::Sigmoid ? ActivationParams::silu() : ActivationParams::hard_swish(p.alpha, p.beta);
   const std::string& result = mul ? mul->output : n.output;
   if (!has_q(result)) return false;
   const QParams to = range_q(result);

@@ -187,6 +187,10 @@ struct Lowerer {
   // NHWC, with the Relu after it (its only consumer) applied by the Relu's
   // range; false (nothing emitted) where it does not apply (int8.cpp).
   bool qadd(const Node& n);
+  // int8: Mul `n` of two activations held u8 NHWC, or of one and a gate
+  // [n, c, 1, 1] (an SE block's), as qlinear_mul into u8 NHWC quantized to
+  // the product's range; false (nothing emitted) where it does not apply.
+  bool qmul(const Node& n);
   // int8: activation `p` of node `n` over a value held u8 NHWC as a table
   // lookup (gather by byte indices) into u8 NHWC: each of the 256 levels
   // dequantized, activated in double and quantized to the output's range.
