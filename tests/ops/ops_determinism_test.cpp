@@ -10,10 +10,13 @@ namespace {
 TEST(OpsDeterminism, ResultsAreBitIdenticalWhateverTheEngineThreadCount) {
   // Two boards of the same profile: the engine reads TPUHAL_SIM_THREADS
   // once, when it starts (the first op), and uses min(that, the profile's 8
-  // cores, this machine's cores) threads.
+  // cores, this machine's cores) threads. Every op may use them all, however
+  // small (TPUHAL_SIM_SERIAL_BELOW_NS=0): these cases are small.
   const TempDir dir("tpuhal-ops");
   std::vector<std::unique_ptr<Lab>> labs;
+  ::setenv("TPUHAL_SIM_SERIAL_BELOW_NS", "0", 1);
   for (const char* threads : {"1", "8"}) labs.push_back(fresh_lab(dir, "TPUHAL_SIM_THREADS", threads));
+  ::unsetenv("TPUHAL_SIM_SERIAL_BELOW_NS");
 
   Rng rng;
   const std::uint64_t seed = test_seed();

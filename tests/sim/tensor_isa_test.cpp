@@ -948,11 +948,43 @@ TEST(TensorIsa, VectorEntryPointsRunTheLevelTpuhalMaxIsaGives) {
 // the engine's threads: the exception reaches the caller, which the board
 // turns into its out-of-memory status, once every part has ended; thrown
 // out of the OpenMP region it would end the process.
+// An op estimated to take less than kSerialBelowNs on one thread runs on
+// one: a parallel region's start and barrier would cost more. Where
+// TPUHAL_SIM_SERIAL_BELOW_NS says otherwise (0: never), the pool follows
+// it; a value that is not a number keeps the default.
+TEST(TensorEngine, ASmallOpRunsOnOneThreadAndALargeOneOnTheTeam) {
+  ::setenv("TPUHAL_SIM_FIXED_THREADS", "1", 1);  // no shrinking of the team under load
+  struct Want {
+    const char* env;
+    std::uint64_t below;
+  };
+  for (const Want& w : {Want{nullptr, WorkerPool::kSerialBelowNs}, Want{"0", 0}, Want{"250000", 250000},
+                        Want{"fast", WorkerPool::kSerialBelowNs}, Want{"-5", WorkerPool::kSerialBelowNs}}) {
+    SCOPED_TRACE(w.env ? w.env : "unset");
+    if (w.env)
+      ::setenv("TPUHAL_SIM_SERIAL_BELOW_NS", w.env, 1);
+    else
+      ::unsetenv("TPUHAL_SIM_SERIAL_BELOW_NS");
+    WorkerPool pool(2);
+    if (w.below > 0) EXPECT_EQ(pool.begin_op(w.below - 1), 1u);
+    EXPECT_EQ(pool.threads(), w.below > 0 ? 1u : 2u);
+    EXPECT_EQ(pool.begin_op(w.below), 2u);
+    EXPECT_EQ(pool.begin_op(0), w.below > 0 ? 1u : 2u);
+    // One thread: parallel_for runs every part on the caller.
+    pool.begin_op(0);
+    std::atomic<unsigned> parts{0};
+    pool.parallel_for(1000, [&](std::uint64_t, std::uint64_t) { parts.fetch_add(1); });
+    EXPECT_EQ(parts.load(), w.below > 0 ? 1u : 2u);
+  }
+  ::unsetenv("TPUHAL_SIM_SERIAL_BELOW_NS");
+  ::unsetenv("TPUHAL_SIM_FIXED_THREADS");
+}
+
 TEST(TensorEngine, AnExceptionThrownInAParallelPartReachesTheCaller) {
   ::setenv("TPUHAL_SIM_FIXED_THREADS", "1", 1);  // no shrinking of the team under load
   WorkerPool pool(2);
   ::unsetenv("TPUHAL_SIM_FIXED_THREADS");
-  pool.begin_op();
+  pool.begin_op(WorkerPool::kSerialBelowNs);
   std::atomic<unsigned> parts{0};
   EXPECT_THROW(pool.parallel_for(1000,
                                  [&](std::uint64_t, std::uint64_t) {

@@ -28,14 +28,37 @@ namespace tpuhal::sim::tensor {
 
 // ---- WorkerPool ----------------------------------------------------------------
 
-WorkerPool::WorkerPool(unsigned threads)
-    : share_(threads, !std::getenv("TPUHAL_SIM_FIXED_THREADS") && CpuShare::available()), team_(share_.max_threads()) {}
+namespace {
 
-unsigned WorkerPool::begin_op() {
-  const unsigned before = team_;
-  team_ = share_.team(base::monotonic_ns());
-  if (team_ != before && team_ == share_.max_threads())
-    base::logger("sim")->debug("tensor engine: back to {} threads", team_);
+// TPUHAL_SIM_SERIAL_BELOW_NS, or kSerialBelowNs where it is unset or not a
+// number.
+std::uint64_t serial_below_from_env() {
+  const char* v = std::getenv("TPUHAL_SIM_SERIAL_BELOW_NS");
+  if (!v || !*v) return WorkerPool::kSerialBelowNs;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*end || *v == '-') {
+    base::logger("sim")->warn("TPUHAL_SIM_SERIAL_BELOW_NS='{}' is not a number of nanoseconds; using {}", v,
+                              WorkerPool::kSerialBelowNs);
+    return WorkerPool::kSerialBelowNs;
+  }
+  return n;
+}
+
+}  // namespace
+
+WorkerPool::WorkerPool(unsigned threads)
+    : share_(threads, !std::getenv("TPUHAL_SIM_FIXED_THREADS") && CpuShare::available()),
+      serial_below_ns_(serial_below_from_env()),
+      share_team_(share_.max_threads()),
+      team_(share_team_) {}
+
+unsigned WorkerPool::begin_op(std::uint64_t work_ns) {
+  const unsigned before = share_team_;
+  share_team_ = share_.team(base::monotonic_ns());
+  if (share_team_ != before && share_team_ == share_.max_threads())
+    base::logger("sim")->debug("tensor engine: back to {} threads", share_team_);
+  team_ = work_ns < serial_below_ns_ ? 1 : share_team_;
   return team_;
 }
 
@@ -242,9 +265,45 @@ void store_acc(const Accumulators& acc, const View& y) {
 
 }  // namespace
 
+namespace {
+
+// A rough estimate of an op's time on one host thread, in ns: its tensors'
+// bytes at 32 GB/s (in cache; the kernels stream at least that), plus its
+// multiply-adds (convolutions and products) at 16 per ns in float and 64
+// in int8. Small ops are most of a small network's: MobileNetV3-Small's
+// SE blocks and gates run on a few hundred bytes each.
+std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
+  std::uint64_t bytes = 0;
+  for (std::uint32_t i = 0; i < op.num_tensors; ++i)
+    if (v[i].present()) bytes += v[i].elements() * v[i].esize;
+  const View& y = v[op.num_tensors - 1];
+  std::uint64_t macs = 0;
+  const fw::DType in = v[0].dtype;
+  switch (op.kind) {
+    case fw::OpKind::kConv2d:
+    case fw::OpKind::kConvInteger:
+    case fw::OpKind::kConvTranspose2d:
+      if (v[1].shape[0]) macs = y.elements() * (v[1].elements() / v[1].shape[0]);
+      break;
+    case fw::OpKind::kQLinearConv:
+      if (v[3].shape[0]) macs = y.elements() * (v[3].elements() / v[3].shape[0]);
+      break;
+    case fw::OpKind::kMatMul:
+    case fw::OpKind::kMatMulInteger:
+    case fw::OpKind::kQLinearMatMul:
+      if (v[0].rank) macs = y.elements() * v[0].shape[v[0].rank - 1];
+      break;
+    default: break;
+  }
+  const bool int8 = in == fw::DType::kU8 || in == fw::DType::kI8;
+  return bytes / 32 + macs / (int8 ? 64 : 16);
+}
+
+}  // namespace
+
 fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
   std::lock_guard lock(mu_);
-  dnnl_->threads = static_cast<int>(pool_.begin_op());
+  dnnl_->threads = static_cast<int>(pool_.begin_op(op.num_tensors ? serial_estimate_ns(op, v) : 0));
   // One case per kind (engine_kinds.inc) and no default.
   switch (op.kind) {
 #define TPUHAL_ENGINE_KIND(Name, id, Attrs) \

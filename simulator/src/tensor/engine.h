@@ -48,12 +48,23 @@ struct View {
 // Parallel loops on the engine's threads. They run as OpenMP regions, the
 // same threads oneDNN's kernels use, so that the two never compete for the
 // board's cores. The team is as large as the CPU the threads get allows
-// (CpuShare): begin_op() sets it for the op that starts.
+// (CpuShare), or one thread for a small op: begin_op() sets it for the op
+// that starts.
 class WorkerPool {
  public:
   explicit WorkerPool(unsigned threads);
-  // The team for the op that starts now (CpuShare::team).
-  unsigned begin_op();
+  // The team for the op that starts now: CpuShare::team, or one thread
+  // for an op estimated (`work_ns`) to take less than kSerialBelowNs on
+  // one (TPUHAL_SIM_SERIAL_BELOW_NS, read when the pool is made, replaces
+  // it; 0: every op may use the whole team). Waking a second thread and
+  // meeting it at the barrier costs a few microseconds on a virtual
+  // machine: a 576-byte table lookup took 0.6 us on one thread and 4.8 us
+  // on two. A 301,056-element multiplication alone took 26 us on one and
+  // 18 us on two, but whole networks on a 2-core VM (docs/simulator.md)
+  // ran fastest at 100 us: MobileNetV3-Small int8 1.5 times as fast as at
+  // 0, ResNet-50 no slower.
+  static constexpr std::uint64_t kSerialBelowNs = 100'000;
+  unsigned begin_op(std::uint64_t work_ns);
   // The threads the current op runs on, and the most it may.
   unsigned threads() const { return team_; }
   unsigned max_threads() const { return share_.max_threads(); }
@@ -68,6 +79,8 @@ class WorkerPool {
 
  private:
   CpuShare share_;
+  std::uint64_t serial_below_ns_;
+  unsigned share_team_;  // what CpuShare allows
   unsigned team_;
 };
 
