@@ -404,6 +404,20 @@ ANY = ["f32", "f16", "bf16", "i8", "u8", "i32"]
 # The builders of the maps (ElementwiseOp's builder column), in code order.
 MAP_BUILDERS = [v[6] for e in ENUMS if e["name"] == "ElementwiseOp" for v in e["values"] if v[6]]
 
+# qlinear_add's and qlinear_mul's tensors, rules and sample: two u8 or i8
+# operands, each with one scale and zero point, broadcast to Y.
+QLINEAR_BINARY = dict(
+    tensors=["A", "AScale", "AZeroPoint", "B", "BScale", "BZeroPoint", "YScale", "YZeroPoint", "Y"],
+    rule=dict(dtypes={"A": ["u8", "i8"], "AScale": ["f32"], "AZeroPoint": "A", "B": ["u8", "i8"], "BScale": ["f32"],
+                      "BZeroPoint": "B", "YScale": ["f32"], "YZeroPoint": "Y", "Y": ["u8", "i8"]},
+              broadcast={"A": "Y", "B": "Y"},
+              scalars={"AScale": "Y", "AZeroPoint": "Y", "BScale": "Y", "BZeroPoint": "Y", "YScale": "Y",
+                       "YZeroPoint": "Y"}),
+    sample=dict(dtypes={"A": "u8", "AScale": "f32", "AZeroPoint": "u8", "B": "i8", "BScale": "f32", "BZeroPoint": "i8",
+                        "YScale": "f32", "YZeroPoint": "u8", "Y": "u8"},
+                shapes={"A": [2, 3], "AScale": [1], "AZeroPoint": [1], "B": [2, 3], "BScale": [1], "BZeroPoint": [1],
+                        "YScale": [1], "YZeroPoint": [1], "Y": [2, 3]}))
+
 KINDS = [
     dict(name="MatMul", id="matmul", minor=1, tensors=["A", "B", "C?", "Y"], fw_attrs="MatMulAttrs",
          attrs="MatMulAttrs", cost=("matmul", "A"), cycles=0, peak="float", builders=["matmul"],
@@ -492,20 +506,11 @@ KINDS = [
          sample=dict(dtypes={"X": "f32", "Indices": "i32", "Y": "f32"},
                      shapes={"X": [3, 4], "Indices": [2, 2], "Y": [3, 2, 2]}, attrs={"axis": 1})),
     dict(name="QLinearAdd", id="qlinear_add", minor=12,
-         tensors=["A", "AScale", "AZeroPoint", "B", "BScale", "BZeroPoint", "YScale", "YZeroPoint", "Y"],
          fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("per_output",), cycles=4, peak=None, builders=["qlinear_add"],
          doc="Y = saturate(round_half_even(((A - AZeroPoint) * AScale + (B - BZeroPoint) * BScale) / YScale) + "
          "YZeroPoint), each step one f32 operation: the bits of dequantize, add and quantize in a row (ONNX's "
          "com.microsoft QLinearAdd).",
-         rule=dict(dtypes={"A": ["u8", "i8"], "AScale": ["f32"], "AZeroPoint": "A", "B": ["u8", "i8"],
-                           "BScale": ["f32"], "BZeroPoint": "B", "YScale": ["f32"], "YZeroPoint": "Y", "Y": ["u8", "i8"]},
-                   broadcast={"A": "Y", "B": "Y"},
-                   scalars={"AScale": "Y", "AZeroPoint": "Y", "BScale": "Y", "BZeroPoint": "Y", "YScale": "Y",
-                            "YZeroPoint": "Y"}),
-         sample=dict(dtypes={"A": "u8", "AScale": "f32", "AZeroPoint": "u8", "B": "i8", "BScale": "f32",
-                             "BZeroPoint": "i8", "YScale": "f32", "YZeroPoint": "u8", "Y": "u8"},
-                     shapes={"A": [2, 3], "AScale": [1], "AZeroPoint": [1], "B": [2, 3], "BScale": [1],
-                             "BZeroPoint": [1], "YScale": [1], "YZeroPoint": [1], "Y": [2, 3]})),
+         **QLINEAR_BINARY),
     dict(name="CumSum", id="cumsum", minor=13, tensors=["X", "Y"], fw_attrs="CumSumAttrs", attrs="CumSumAttrs",
          cost=("per_output",), cycles=1, peak=None, builders=["cumsum"],
          doc="Running sums along one axis (ONNX CumSum).",
@@ -531,18 +536,9 @@ KINDS = [
                      shapes={"X": [3, 4], "Indices": [2, 3], "Updates": [2, 3], "Y": [3, 4]},
                      attrs={"axis": 0, "reduction": "add"})),
     dict(name="QLinearMul", id="qlinear_mul", minor=19,
-         tensors=["A", "AScale", "AZeroPoint", "B", "BScale", "BZeroPoint", "YScale", "YZeroPoint", "Y"],
          fw_attrs="QuantAttrs", attrs="NoAttrs", cost=("per_output",), cycles=4, peak=None, builders=["qlinear_mul"],
          doc="Y = saturate(round_half_even(((A - AZeroPoint) * AScale * ((B - BZeroPoint) * BScale)) / YScale) + "
          "YZeroPoint), each step one f32 operation: the bits of dequantize, mul and quantize in a row (ONNX's "
          "com.microsoft QLinearMul).",
-         rule=dict(dtypes={"A": ["u8", "i8"], "AScale": ["f32"], "AZeroPoint": "A", "B": ["u8", "i8"],
-                           "BScale": ["f32"], "BZeroPoint": "B", "YScale": ["f32"], "YZeroPoint": "Y", "Y": ["u8", "i8"]},
-                   broadcast={"A": "Y", "B": "Y"},
-                   scalars={"AScale": "Y", "AZeroPoint": "Y", "BScale": "Y", "BZeroPoint": "Y", "YScale": "Y",
-                            "YZeroPoint": "Y"}),
-         sample=dict(dtypes={"A": "u8", "AScale": "f32", "AZeroPoint": "u8", "B": "i8", "BScale": "f32",
-                             "BZeroPoint": "i8", "YScale": "f32", "YZeroPoint": "u8", "Y": "u8"},
-                     shapes={"A": [2, 3], "AScale": [1], "AZeroPoint": [1], "B": [2, 3], "BScale": [1],
-                             "BZeroPoint": [1], "YScale": [1], "YZeroPoint": [1], "Y": [2, 3]})),
+         **QLINEAR_BINARY),
 ]

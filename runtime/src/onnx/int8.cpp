@@ -196,21 +196,7 @@ bool Lowerer::qadd(const Node& n) {
     relu = nullptr;
   const std::string& sum = relu ? relu->output : n.output;
   if (!has_q(sum)) return false;
-  for (const auto& x : n.inputs) ensure_q_tensors(reps.at(x));
-  const Rep &a = reps.at(n.inputs[0]), &b = reps.at(n.inputs[1]);
-  const auto y = produce_nhwc(sum, shape_of(sum), range_q(sum));
-  Rep& r = reps.at(sum);
-  ensure_q_tensors(r);
-  op("qlinear_add", n.name,
-     {{"a", a.nhwc},
-      {"a_scale", a.q_scale},
-      {"a_zero_point", a.q_zero},
-      {"b", b.nhwc},
-      {"b_scale", b.q_scale},
-      {"b_zero_point", b.q_zero},
-      {"y_scale", r.q_scale},
-      {"y_zero_point", r.q_zero},
-      {"y", y}});
+  qbinary("qlinear_add", n, sum);
   if (relu) fused_into_producer.insert(relu->name);
   return true;
 }
@@ -221,13 +207,17 @@ bool Lowerer::qmul(const Node& n) {
   for (const auto& x : n.inputs)
     if (reps.at(x).primary != DType::U8 || reps.at(x).nhwc < 0) return false;
   if (!has_q(n.output)) return false;
+  qbinary("qlinear_mul", n, n.output);  // a gate [n, c, 1, 1] is held [n, 1, 1, c]: the op broadcasts it
+  return true;
+}
+
+void Lowerer::qbinary(const char* kind, const Node& n, const std::string& result) {
   for (const auto& x : n.inputs) ensure_q_tensors(reps.at(x));
   const Rep &a = reps.at(n.inputs[0]), &b = reps.at(n.inputs[1]);
-  const auto y = produce_nhwc(n.output, shape_of(n.output), range_q(n.output));
-  Rep& r = reps.at(n.output);
+  const auto y = produce_nhwc(result, shape_of(result), range_q(result));
+  Rep& r = reps.at(result);
   ensure_q_tensors(r);
-  // A gate [n, c, 1, 1] is held [n, 1, 1, c]: the op broadcasts it.
-  op("qlinear_mul", n.name,
+  op(kind, n.name,
      {{"a", a.nhwc},
       {"a_scale", a.q_scale},
       {"a_zero_point", a.q_zero},
@@ -237,7 +227,6 @@ bool Lowerer::qmul(const Node& n) {
       {"y_scale", r.q_scale},
       {"y_zero_point", r.q_zero},
       {"y", y}});
-  return true;
 }
 
 namespace {

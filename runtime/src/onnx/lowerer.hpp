@@ -191,6 +191,10 @@ struct Lowerer {
   // [n, c, 1, 1] (an SE block's), as qlinear_mul into u8 NHWC quantized to
   // the product's range; false (nothing emitted) where it does not apply.
   bool qmul(const Node& n);
+  // qadd's and qmul's op `kind` of n's two inputs (held u8 NHWC) into
+  // `result` (n's output, or the Relu's after it), u8 NHWC in its
+  // calibrated range.
+  void qbinary(const char* kind, const Node& n, const std::string& result);
   // int8: activation `p` of node `n` over a value held u8 NHWC as a table
   // lookup (gather by byte indices) into u8 NHWC: each of the 256 levels
   // dequantized, activated in double and quantized to the output's range.
