@@ -1,5 +1,7 @@
 // The same bits for any engine thread count, and the same integer results
 // at every instruction-set level.
+#include <tuple>
+
 #include "ops_reference.hpp"
 
 namespace tpuhal::ops_test {
@@ -134,6 +136,16 @@ TEST(OpsDeterminism, ResultsAreBitIdenticalWhateverTheEngineThreadCount) {
                      o.pads = {1, 1, 1, 1};
                      return ops::qlinear_conv(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y, o);
                    }});
+  // qlinear_mul: an SE gate's rows taken in groups, a long single row
+  // split across the threads, one value per row.
+  const auto qmul = [](Lab&, const std::vector<Tensor>& in, const Tensor& y) {
+    return ops::qlinear_mul(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y);
+  };
+  for (const auto& [name, as, bs] :
+       {std::tuple<const char*, Shape, Shape>{"qlinear_mul u8 SE gate", {2, 7, 7, 576}, {2, 1, 1, 576}},
+        {"qlinear_mul u8 one long row", {1, 1, 1, 9000}, {1, 1, 1, 9000}},
+        {"qlinear_mul u8 one value per row", {2, 5, 7, 3}, {2, 5, 7, 1}}})
+    cases.push_back({name, {R(DType::U8, as), qs, qz, R(DType::U8, bs), qs, qz, qsy, qz}, DType::U8, as, qmul});
   cases.push_back(
       {"matmul_integer i8 K 20000",
        {R(DType::I8, {16, 20000}), R(DType::I8, {20000, 16})},
@@ -308,6 +320,15 @@ TEST(OpsIsa, IntegerOpsAreBitIdenticalAtEveryInstructionSetLevel) {
                    [](const std::vector<Tensor>& in, const Tensor& y) {
                      return ops::qlinear_add(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y);
                    }});
+  cases.push_back(
+      {"qlinear_mul u8 x i8 -> u8, an SE gate",
+       {I(DType::U8, {2, 9, 9, 40}), scalar(DType::F32, 0.013), scalar(DType::U8, 128), I(DType::I8, {2, 1, 1, 40}),
+        scalar(DType::F32, 0.125), scalar(DType::I8, -5), qsy, scalar(DType::U8, 100)},
+       DType::U8,
+       {2, 9, 9, 40},
+       [](const std::vector<Tensor>& in, const Tensor& y) {
+         return ops::qlinear_mul(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y);
+       }});
   for (const Case& c : cases) {
     std::vector<std::vector<std::byte>> results;
     for (auto& l : labs) {

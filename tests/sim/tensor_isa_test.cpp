@@ -944,10 +944,6 @@ TEST(TensorIsa, VectorEntryPointsRunTheLevelTpuhalMaxIsaGives) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(own_version(level))) << e;
 }
 
-// A kernel's part that throws (memory for its working set, say) on one of
-// the engine's threads: the exception reaches the caller, which the board
-// turns into its out-of-memory status, once every part has ended; thrown
-// out of the OpenMP region it would end the process.
 // An op estimated to take less than kSerialBelowNs on one thread runs on
 // one: a parallel region's start and barrier would cost more. Where
 // TPUHAL_SIM_SERIAL_BELOW_NS says otherwise (0: never), the pool follows
@@ -980,6 +976,10 @@ TEST(TensorEngine, ASmallOpRunsOnOneThreadAndALargeOneOnTheTeam) {
   ::unsetenv("TPUHAL_SIM_FIXED_THREADS");
 }
 
+// A kernel's part that throws (memory for its working set, say) on one of
+// the engine's threads: the exception reaches the caller, which the board
+// turns into its out-of-memory status, once every part has ended; thrown
+// out of the OpenMP region it would end the process.
 TEST(TensorEngine, AnExceptionThrownInAParallelPartReachesTheCaller) {
   ::setenv("TPUHAL_SIM_FIXED_THREADS", "1", 1);  // no shrinking of the team under load
   WorkerPool pool(2);

@@ -679,7 +679,10 @@ void qmul_rows(const QMulOperands& o, const std::uint8_t* x, std::uint64_t sx, c
   } else if (sf == 0 || g > 1) {  // f's one value, or its one row repeated g times
     const std::uint64_t m = std::min(total, kQMulStage), once = sf == 0 ? 1 : n;
     simd::dequantize_8(f, buf, once, o.f_signed, o.f_scale, o.f_zero);
-    for (std::uint64_t i = once; i < m; i += once) std::memcpy(buf + i, buf, std::min(once, m - i) * sizeof(float));
+    if (once == 1)
+      std::fill_n(buf + 1, m - 1, buf[0]);
+    else
+      for (std::uint64_t i = once; i < m; i += once) std::memcpy(buf + i, buf, once * sizeof(float));
     for (std::uint64_t s = 0; s < total; s += m) simd::qmul_8(x + s, buf, y + s, std::min(m, total - s), o.p);
   } else {
     for (std::uint64_t s = 0; s < n; s += kQMulStage) {

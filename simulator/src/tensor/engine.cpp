@@ -268,22 +268,29 @@ void store_acc(const Accumulators& acc, const View& y) {
 namespace {
 
 // A rough estimate of an op's time on one host thread, in ns: its tensors'
-// bytes at 32 GB/s (in cache; the kernels stream at least that), plus its
-// multiply-adds (convolutions and products) at 16 per ns in float and 64
-// in int8. Small ops are most of a small network's: MobileNetV3-Small's
+// bytes (a broadcast dimension once) at 32 GB/s (in cache; the kernels
+// stream at least that), plus its multiply-adds (convolutions and
+// products) at 16 per ns in float and 64 in int8. Small ops are most of a small network's: MobileNetV3-Small's
 // SE blocks and gates run on a few hundred bytes each.
 std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
   std::uint64_t bytes = 0;
-  for (std::uint32_t i = 0; i < op.num_tensors; ++i)
-    if (v[i].present()) bytes += v[i].elements() * v[i].esize;
+  for (std::uint32_t i = 0; i < op.num_tensors; ++i) {
+    if (!v[i].present()) continue;
+    std::uint64_t stored = v[i].esize;  // a broadcast dimension (stride 0) is read once
+    for (std::uint32_t d = 0; d < v[i].rank; ++d)
+      if (v[i].strides[d] != 0) stored *= v[i].shape[d];
+    bytes += stored;
+  }
   const View& y = v[op.num_tensors - 1];
   std::uint64_t macs = 0;
   const fw::DType in = v[0].dtype;
   switch (op.kind) {
     case fw::OpKind::kConv2d:
     case fw::OpKind::kConvInteger:
-    case fw::OpKind::kConvTranspose2d:
       if (v[1].shape[0]) macs = y.elements() * (v[1].elements() / v[1].shape[0]);
+      break;
+    case fw::OpKind::kConvTranspose2d:  // W [Cin, Cout / groups, kh, kw]: its taps per input element
+      if (v[1].shape[0]) macs = v[0].elements() * (v[1].elements() / v[1].shape[0]);
       break;
     case fw::OpKind::kQLinearConv:
       if (v[3].shape[0]) macs = y.elements() * (v[3].elements() / v[3].shape[0]);
