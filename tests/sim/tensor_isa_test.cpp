@@ -962,7 +962,9 @@ TEST(TensorEngine, ASmallOpRunsOnOneThreadAndALargeOneOnTheTeam) {
     else
       ::unsetenv("TPUHAL_SIM_SERIAL_BELOW_NS");
     WorkerPool pool(2);
-    if (w.below > 0) EXPECT_EQ(pool.begin_op(w.below - 1), 1u);
+    if (w.below > 0) {
+      EXPECT_EQ(pool.begin_op(w.below - 1), 1u);
+    }
     EXPECT_EQ(pool.threads(), w.below > 0 ? 1u : 2u);
     EXPECT_EQ(pool.begin_op(w.below), 2u);
     EXPECT_EQ(pool.begin_op(0), w.below > 0 ? 1u : 2u);
