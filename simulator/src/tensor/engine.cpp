@@ -270,8 +270,9 @@ namespace {
 // A rough estimate of an op's time on one host thread, in ns: its tensors'
 // bytes (a broadcast dimension once) at 32 GB/s (in cache; the kernels
 // stream at least that), plus its multiply-adds (convolutions and
-// products) at 16 per ns in float and 64 in int8. Small ops are most of a small network's: MobileNetV3-Small's
-// SE blocks and gates run on a few hundred bytes each.
+// products) at 16 per ns in float and 64 in int8. Small ops are most of a
+// small network's: MobileNetV3-Small's SE blocks and gates run on a few
+// hundred bytes each.
 std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
   std::uint64_t bytes = 0;
   for (std::uint32_t i = 0; i < op.num_tensors; ++i) {
