@@ -328,14 +328,19 @@ TEST_P(Ops, TransposeAnyPermutationUpToRank6) {
 TEST_P(Ops, TransposeBetweenNchwAndNhwcAcrossTilesIsExact) {
   // The compiler's layout changes (NCHW <-> NHWC), which the engine copies
   // in square tiles: sizes past one tile and not a multiple of it, each
-  // element type size, a batch of more than one.
+  // element type size, a batch of more than one. Lines of 2 to 4 elements
+  // (an image's channels, a channel shuffle's groups: [P, G, C/G] to
+  // [P, C/G, G]) go in longer tiles, and many small planes in one call.
   struct Case {
     Shape s;
     std::vector<std::size_t> perm;
   };
-  const Case cases[] = {{{2, 67, 9, 35}, {0, 2, 3, 1}}, {{2, 9, 35, 67}, {0, 3, 1, 2}}, {{1, 33, 1, 1}, {0, 2, 3, 1}},
-                        {{1, 256, 7, 7}, {0, 2, 3, 1}}, {{1, 7, 7, 256}, {0, 3, 1, 2}}, {{3, 40, 65}, {0, 2, 1}},
-                        {{2, 3, 50, 37}, {0, 2, 3, 1}}};  // an image's three channels
+  const Case cases[] = {
+      {{2, 67, 9, 35}, {0, 2, 3, 1}}, {{2, 9, 35, 67}, {0, 3, 1, 2}}, {{1, 33, 1, 1}, {0, 2, 3, 1}},
+      {{1, 256, 7, 7}, {0, 2, 3, 1}}, {{1, 7, 7, 256}, {0, 3, 1, 2}}, {{3, 40, 65}, {0, 2, 1}},
+      {{2, 3, 50, 37}, {0, 2, 3, 1}},  // an image's three channels
+      {{37, 2, 24}, {0, 2, 1}},       {{37, 3, 24}, {0, 2, 1}},       {{19, 4, 7}, {0, 2, 1}},
+      {{11, 5, 9}, {0, 2, 1}},        {{3, 2, 700}, {0, 2, 1}},       {{2, 4, 3, 1100}, {0, 1, 3, 2}}};
   for (const Case& c : cases)
     for (DType dt : {DType::F32, DType::F16, DType::U8}) {
       const Host x = is_float(dt) ? rand(dt, c.s, -100, 100) : rand_int(rng_, dt, c.s);

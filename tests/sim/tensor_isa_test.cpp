@@ -390,11 +390,12 @@ TEST(TensorIsa, PoolingStepsMatchTheScalarRuleAtEveryStrideAndLevel) {
 
 TEST(TensorIsa, ByteMaxPoolingStepsMatchTheScalarRuleAtEveryLevel) {
   // Every byte against every other over 256 x 256 pairs, and lengths
-  // around the vector widths; u8 compares as unsigned, i8 as signed.
+  // around each chunk width (64, then 32, 16 and 8, then single bytes); u8
+  // compares as unsigned, i8 as signed.
   std::mt19937 rng(13);
   for (Isa isa : levels_here())
     for (const bool is_signed : {false, true})
-      for (std::size_t n : {0u, 1u, 31u, 64u, 65u, 65536u}) {
+      for (std::size_t n : {0u, 1u, 7u, 8u, 9u, 15u, 16u, 17u, 24u, 31u, 32u, 33u, 63u, 64u, 65u, 127u, 65536u}) {
         SCOPED_TRACE(std::string(isa_name(isa)) + (is_signed ? " i8" : " u8"));
         std::vector<std::uint8_t> in(n), out(n), want(n);
         for (std::size_t i = 0; i < n; ++i) {
@@ -407,25 +408,28 @@ TEST(TensorIsa, ByteMaxPoolingStepsMatchTheScalarRuleAtEveryLevel) {
         simd::kernels(isa).max_8(out.data(), in.data(), n, 1, 0, is_signed);
         for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], want[i]) << "element " << i;
       }
-  // Blocks: 24 bytes each (ShuffleNet's channels), the inputs 48 apart (a
-  // stride of 2), the bytes between them untouched by the max.
+  // Blocks: 24 bytes each (ShuffleNet's channels), and other widths, the
+  // inputs two blocks apart (a stride of 2), the bytes between them
+  // untouched by the max.
   for (Isa isa : levels_here())
-    for (const bool is_signed : {false, true}) {
-      SCOPED_TRACE(std::string(isa_name(isa)) + (is_signed ? " i8 blocks" : " u8 blocks"));
-      const std::size_t n = 24, blocks = 37, step = 48;
-      std::vector<std::uint8_t> in(blocks * step), out(blocks * n), want(blocks * n);
-      for (auto& v : in) v = static_cast<std::uint8_t>(rng());
-      for (auto& v : out) v = static_cast<std::uint8_t>(rng());
-      for (std::size_t r = 0; r < blocks; ++r)
-        for (std::size_t i = 0; i < n; ++i) {
-          const std::uint8_t u = in[r * step + i], o = out[r * n + i];
-          want[r * n + i] =
-              is_signed ? static_cast<std::uint8_t>(std::max(static_cast<std::int8_t>(u), static_cast<std::int8_t>(o)))
-                        : std::max(u, o);
-        }
-      simd::kernels(isa).max_8(out.data(), in.data(), n, blocks, step, is_signed);
-      ASSERT_EQ(out, want);
-    }
+    for (const bool is_signed : {false, true})
+      for (const std::size_t n : {3u, 12u, 24u, 40u, 72u}) {
+        SCOPED_TRACE(std::string(isa_name(isa)) + (is_signed ? " i8" : " u8") + " blocks of " + std::to_string(n));
+        const std::size_t blocks = 37, step = 2 * n;
+        std::vector<std::uint8_t> in(blocks * step), out(blocks * n), want(blocks * n);
+        for (auto& v : in) v = static_cast<std::uint8_t>(rng());
+        for (auto& v : out) v = static_cast<std::uint8_t>(rng());
+        for (std::size_t r = 0; r < blocks; ++r)
+          for (std::size_t i = 0; i < n; ++i) {
+            const std::uint8_t u = in[r * step + i], o = out[r * n + i];
+            want[r * n + i] =
+                is_signed
+                    ? static_cast<std::uint8_t>(std::max(static_cast<std::int8_t>(u), static_cast<std::int8_t>(o)))
+                    : std::max(u, o);
+          }
+        simd::kernels(isa).max_8(out.data(), in.data(), n, blocks, step, is_signed);
+        ASSERT_EQ(out, want);
+      }
 }
 
 TEST(TensorIsa, ConvolutionTapStepRoundsTheProductThenAddsAtEveryLevel) {

@@ -279,20 +279,42 @@ void strided_copy(std::byte* y, std::uint64_t sy, const std::byte* a, std::uint6
     for (std::uint64_t i = 0; i < n; ++i) std::memcpy(y + i * sy * es, a + i * sa * es, es);
 }
 
-// One tile of a transpose: y[i * syr + j] = a[i + j * sa] for i < ni and
-// j < nj (both tiles fit in L1), without a call per line: NCHW to NHWC of
-// an image's three channels is a line of three elements per pixel.
-void transpose_tile(std::byte* y, std::uint64_t syr, const std::byte* a, std::uint64_t sa, std::uint64_t ni,
-                    std::uint64_t nj, std::uint64_t es) {
+// transpose_tile's lines of J elements (a constant), y dense: the
+// compiler interleaves J inputs into whole vectors of y.
+template <std::uint64_t J, class T>
+void interleave(T* __restrict y, const T* __restrict a, std::uint64_t sa, std::uint64_t ni) {
+  for (std::uint64_t i = 0; i < ni; ++i)
+    for (std::uint64_t j = 0; j < J; ++j) y[i * J + j] = a[i + j * sa];
+}
+
+// Tiles of a transpose, `planes` of them py and pa elements apart (one
+// call for a run of small ones: a channel shuffle's pixels): y[i * syr + j]
+// = a[i + j * sa] for i < ni and j < nj (each tile fits in L1), without a
+// call per line: NCHW to NHWC of an image's three channels is a line of
+// three elements per pixel, and a channel shuffle's (ShuffleNet's) a line
+// of its two groups.
+void transpose_tiles(std::byte* y, std::uint64_t syr, const std::byte* a, std::uint64_t sa, std::uint64_t ni,
+                     std::uint64_t nj, std::uint64_t es, std::uint64_t planes = 1, std::uint64_t py = 0,
+                     std::uint64_t pa = 0) {
   const bool typed = with_element_type(es, [&](auto t) {
     using T = decltype(t);
-    auto* yt = reinterpret_cast<T*>(y);
-    const auto* at = reinterpret_cast<const T*>(a);
-    for (std::uint64_t j = 0; j < nj; ++j)
-      for (std::uint64_t i = 0; i < ni; ++i) yt[i * syr + j] = at[i + j * sa];
+    for (std::uint64_t p = 0; p < planes; ++p) {
+      auto* yt = reinterpret_cast<T*>(y) + p * py;
+      const auto* at = reinterpret_cast<const T*>(a) + p * pa;
+      if (syr == nj && nj >= 2 && nj <= 4) {
+        nj == 2   ? interleave<2>(yt, at, sa, ni)
+        : nj == 3 ? interleave<3>(yt, at, sa, ni)
+                  : interleave<4>(yt, at, sa, ni);
+        continue;
+      }
+      for (std::uint64_t j = 0; j < nj; ++j)
+        for (std::uint64_t i = 0; i < ni; ++i) yt[i * syr + j] = at[i + j * sa];
+    }
   });
   if (!typed)
-    for (std::uint64_t i = 0; i < ni; ++i) strided_copy(y + i * syr * es, 1, a + i * es, sa, nj, es);
+    for (std::uint64_t p = 0; p < planes; ++p)
+      for (std::uint64_t i = 0; i < ni; ++i)
+        strided_copy(y + (p * py + i * syr) * es, 1, a + (p * pa + i) * es, sa, nj, es);
 }
 
 // A copy between views of one dtype (a strided copy such as a Concat's
@@ -309,22 +331,30 @@ void same_type_copy(TensorEngine& e, const View& a, const View& y) {
   std::uint64_t rows = 1;
   for (std::uint32_t d = 0; d + 1 < r.rank; ++d) rows *= r.shape[d];
   if (r.rank >= 2 && sy == 1 && sa != 1 && r.strides[1][r.rank - 2] == 1) {
+    // Tiles of 32 lines of 32 elements; lines of a few elements, longer.
     constexpr std::uint64_t kTile = 32;
     const std::uint64_t inner = r.shape[r.rank - 2], syr = r.strides[0][r.rank - 2];
-    const std::uint64_t row_tiles = (inner + kTile - 1) / kTile, planes = rows / inner;
+    const std::uint64_t tile_i = len >= kTile ? kTile : std::max(kTile, kTile * kTile / len);
+    const std::uint64_t row_tiles = (inner + tile_i - 1) / tile_i, planes = rows / inner;
     e.pool().parallel_for(
         planes * row_tiles,
         [&](std::uint64_t begin, std::uint64_t end) {
+          if (r.rank == 3 && row_tiles == 1 && len < kTile) {  // planes of one tile, evenly apart
+            const std::uint64_t py = r.strides[0][0], pa = r.strides[1][0];
+            transpose_tiles(y.data + begin * py * es, syr, a.data + begin * pa * es, sa, inner, len, es, end - begin,
+                            py, pa);
+            return;
+          }
           for (std::uint64_t t = begin; t < end; ++t) {
             std::uint64_t off[3];
             row_offsets(r, t / row_tiles * inner, off);  // the plane's first row
-            const std::uint64_t i0 = t % row_tiles * kTile, i1 = std::min(inner, i0 + kTile);
+            const std::uint64_t i0 = t % row_tiles * tile_i, i1 = std::min(inner, i0 + tile_i);
             for (std::uint64_t j0 = 0; j0 < len; j0 += kTile)
-              transpose_tile(y.data + (off[0] + i0 * syr + j0) * es, syr, a.data + (off[1] + i0 + j0 * sa) * es, sa,
-                             i1 - i0, std::min(len, j0 + kTile) - j0, es);
+              transpose_tiles(y.data + (off[0] + i0 * syr + j0) * es, syr, a.data + (off[1] + i0 + j0 * sa) * es, sa,
+                              i1 - i0, std::min(len, j0 + kTile) - j0, es);
           }
         },
-        std::max<std::uint64_t>(1, kGrain / (kTile * std::max<std::uint64_t>(1, len))));
+        std::max<std::uint64_t>(1, kGrain / (std::min(inner, tile_i) * std::max<std::uint64_t>(1, len))));
     return;
   }
   e.pool().parallel_for(
