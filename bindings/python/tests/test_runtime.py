@@ -427,6 +427,18 @@ def run_int8_against_fp32(dev, onnx_bytes, compiled, x):
     return layers
 
 
+def int8_graph_against_fp32(dev, graph, calibration_shape):
+    """`graph` as an opset-13 model, compiled to int8 on random calibration
+    samples (min-max), and run_int8_against_fp32 of it: the compiled model
+    and its layers' ops by node."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx_bytes = model.SerializeToString()
+    calib = RNG.standard_normal(calibration_shape).astype(np.float32)
+    compiled = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax", device=dev.uri)
+    return compiled, run_int8_against_fp32(dev, onnx_bytes, compiled, calib[:BATCH])
+
+
 @pytest.mark.parametrize("tail", ["relu_conv", "output"])
 def test_an_int8_residual_add_and_its_relu_run_as_one_qlinear_add(dev, tail):
     # x -> Conv a, Conv b; Add(a, b) -> Relu -> Conv c: the Add of two int8
@@ -491,12 +503,7 @@ def test_int8_split_concat_and_nearest_upsampling_move_bytes(dev, mode, coordina
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 4, 12, 12])],
         [numpy_helper.from_array(v.astype(np.float32), n) for n, v in w.items()] +
         [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx_bytes = model.SerializeToString()
-    calib = RNG.standard_normal((16, 4, 6, 6)).astype(np.float32)
-    compiled = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax", device=dev.uri)
-    layers = run_int8_against_fp32(dev, onnx_bytes, compiled, calib[:BATCH])
+    compiled, layers = int8_graph_against_fp32(dev, graph, (16, 4, 6, 6))
     assert layers["split/0"] == layers["split/1"] == "cast", layers
     assert set(layers["concat"].split("+")) == {"cast", "gather"}, layers
     repeats = mode == "nearest" and (coordinate == "asymmetric" or nearest != "floor")
@@ -507,6 +514,40 @@ def test_int8_split_concat_and_nearest_upsampling_move_bytes(dev, mode, coordina
     assert outputs["split/0"] == f"u8[{BATCH}, 6, 6, 2]", outputs
     assert outputs["concat"] in (f"u8[{BATCH}, 6, 6, 2]", f"u8[{BATCH}, 6, 6, 4]"), outputs
     assert outputs["up"] == (f"u8[{BATCH}, 6, 6, 8]" if repeats else f"f32[{BATCH}, 8, 12, 12]"), outputs
+
+
+def test_int8_channel_shuffle_and_its_halves_move_bytes(dev):
+    # ShuffleNet's unit: x -> Conv a (8) -> channel shuffle in 2 groups
+    # (Reshape, Transpose, Reshape) -> Slice into halves; Conv b of the
+    # second -> Concat(first, b) -> Conv c. On an int8 layer's bytes the
+    # shuffle is one copy within each position's channels and the halves
+    # are copies of bytes, all NHWC: nothing between the convolutions
+    # dequantizes.
+    w = {"wa": RNG.standard_normal((8, 4, 3, 3)), "wb": RNG.standard_normal((4, 4, 3, 3)) * 0.5,
+         "wc": RNG.standard_normal((4, 8, 3, 3)) * 0.5}
+    ints = {"groups": [BATCH, 2, 4, 6, 6], "whole": [BATCH, 8, 6, 6], "axes": [1], "lo": [0], "mid": [4], "hi": [8]}
+    graph = helper.make_graph(
+        [conv3("x", "wa", "a", "conv_a"),
+         helper.make_node("Reshape", ["a", "groups"], ["g"], name="shuffle"),
+         helper.make_node("Transpose", ["g"], ["gt"], name="shuffle_t", perm=[0, 2, 1, 3, 4]),
+         helper.make_node("Reshape", ["gt", "whole"], ["sh"], name="shuffle_back"),
+         helper.make_node("Slice", ["sh", "lo", "mid", "axes"], ["s0"], name="first"),
+         helper.make_node("Slice", ["sh", "mid", "hi", "axes"], ["s1"], name="second"),
+         conv3("s1", "wb", "b", "conv_b"),
+         helper.make_node("Concat", ["s0", "b"], ["c"], name="concat", axis=1),
+         conv3("c", "wc", "y", "conv_c")],
+        "shuffle_unit", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 4, 6, 6])],
+        [numpy_helper.from_array(v.astype(np.float32), n) for n, v in w.items()] +
+        [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in ints.items()])
+    compiled, layers = int8_graph_against_fp32(dev, graph, (16, 4, 6, 6))
+    assert layers["shuffle"] == layers["first"] == layers["second"] == "cast", layers
+    assert "shuffle_t" not in layers and "shuffle_back" not in layers, layers
+    assert set(layers["concat"].split("+")) <= {"cast", "gather"}, layers
+    assert not any({"quantize", "dequantize"} & set(ops.split("+")) for ops in layers.values()), layers
+    outputs = {l["node"]: l["output"] for l in dev.load_model(compiled).instance().profile(iterations=1)["layers"]}
+    assert outputs["shuffle"] == f"u8[{BATCH * 6 * 6}, 4, 2]", outputs
+    assert outputs["first"] == outputs["second"] == f"u8[{BATCH}, 6, 6, 4]", outputs
 
 
 def residual_bytes():

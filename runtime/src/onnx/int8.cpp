@@ -287,15 +287,10 @@ bool Lowerer::qtable(const Node& n, const ActivationParams& p) {
   return true;
 }
 
-namespace {
-
-// A 4-D value held u8 NHWC (not a boolean).
 bool held_u8_nhwc(const std::map<std::string, Rep>& reps, const std::string& v) {
   auto it = reps.find(v);
   return it != reps.end() && it->second.primary == DType::U8 && it->second.nhwc >= 0 && !it->second.boolean;
 }
-
-}  // namespace
 
 bool Lowerer::qslice(const Node& n, const std::vector<std::int64_t>& lo, const std::vector<std::int64_t>& step) {
   const std::string& x = n.inputs[0];

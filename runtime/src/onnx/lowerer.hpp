@@ -59,6 +59,9 @@ struct Rep {
   }
 };
 
+// A 4-D value held u8 NHWC (not a boolean).
+bool held_u8_nhwc(const std::map<std::string, Rep>& reps, const std::string& v);
+
 struct Lowerer {
   Lowerer(const Graph& graph, Precision to, const std::map<std::string, Range>* calibrated,
           const std::set<std::string>& fp16_nodes)

@@ -87,25 +87,30 @@ struct TransposeAttrs {
   static TransposeAttrs read(const Attrs& a) { return {a.ints("perm")}; }
 };
 
-// fp32 (float_nhwc): ShuffleNet's channel shuffle of a value held NHWC
-// (Reshape [N, C, H, W] to [N, G, C/G, H, W], Transpose (0, 2, 1, 3, 4),
-// Reshape back to [N, C, H, W], the middle values used by nothing else)
-// is one strided copy within each position's channels, into NHWC: output
-// channel c * G + g is input channel g * C/G + c.
+// ShuffleNet's channel shuffle of a value held NHWC, f32 (float_nhwc) or
+// u8 (int8) (Reshape [N, C, H, W] to [N, G, C/G, H, W], Transpose (0, 2, 1,
+// 3, 4), Reshape back to [N, C, H, W], the middle values used by nothing
+// else) is one strided copy within each position's channels, into NHWC:
+// output channel c * G + g is input channel g * C/G + c. The u8 values keep
+// their input's scale (a permutation), as a Slice's do.
 bool channel_shuffle(Lowerer& l, const Node& n) {
   const std::string& x = n.inputs[0];
-  if (n.op != "Reshape" || !l.held_float_nhwc(x)) return false;
+  const bool f32 = l.held_float_nhwc(x);
+  if (n.op != "Reshape" || !(f32 || (l.int8() && !l.keep_fp16.count(n.name) && held_u8_nhwc(l.reps, x)))) return false;
   const auto& xs = l.shape_of(x);
   const auto& rs = l.shape_of(n.output);
-  if (rs.size() != 5 || rs[0] != xs[0] || rs[1] * rs[2] != xs[1] || rs[3] != xs[2] || rs[4] != xs[3]) return false;
+  if (xs.size() != 4 || rs.size() != 5 || rs[0] != xs[0] || rs[1] * rs[2] != xs[1] || rs[3] != xs[2] || rs[4] != xs[3])
+    return false;
   const Node* t = l.sole_consumer(n.output);
   if (!t || t->op != "Transpose" || t->attr<TransposeAttrs>().perm != std::vector<std::int64_t>{0, 2, 1, 3, 4})
     return false;
   const Node* back = l.sole_consumer(t->output);
   if (!back || back->op != "Reshape" || l.shape_of(back->output) != xs) return false;
   const std::int64_t groups = rs[1], per = rs[2], pixels = xs[0] * xs[2] * xs[3];
-  const auto from = l.dg().add_subview(l.reps.at(x).nhwc_float, {pixels, per, groups}, {xs[1], 1, per}, 0);
-  const auto y = l.produce_nhwc_float(back->output, xs);
+  const Rep& r = l.reps.at(x);
+  const QParams q = r.q;  // produce_nhwc replaces the output's Rep, not x's; a copy keeps it plain
+  const auto from = l.dg().add_subview(f32 ? r.nhwc_float : r.nhwc, {pixels, per, groups}, {xs[1], 1, per}, 0);
+  const auto y = f32 ? l.produce_nhwc_float(back->output, xs) : l.produce_nhwc(back->output, xs, q);
   l.op("cast", n.name, {{"x", from}, {"y", l.dg().add_view(y, {pixels, per, groups})}});
   l.fused_into_producer.insert(t->name);
   l.fused_into_producer.insert(back->name);
