@@ -772,7 +772,9 @@ TEST(TensorIsa, QuantizeAndDequantizeLoopsMatchTheScalarRulesAtEveryLevel) {
     SCOPED_TRACE(std::string(isa_name(isa)));
     const simd::Kernels& k = simd::kernels(isa);
     for (const Scale c :
-         {Scale{0.5f, 128, 0, 255}, Scale{1.0f, 0, 0, 255}, Scale{0.0371f, -5, -128, 127}, Scale{3.0f, 255, 0, 255}})
+         {Scale{0.5f, 128, 0, 255}, Scale{1.0f, 0, 0, 255}, Scale{0.0371f, -5, -128, 127}, Scale{3.0f, 255, 0, 255},
+          // bounds narrower than the type's, the zero point below or above them (NaN gives a bound)
+          Scale{0.25f, 10, 20, 200}, Scale{0.5f, 100, 0, 60}})
       for (const std::size_t n : {in.size(), std::size_t{1}, std::size_t{7}, std::size_t{33}}) {
         std::vector<std::uint8_t> got(n, 0xAA);
         k.quantize_f32(in.data(), got.data(), n, c.scale, c.zero, c.lo, c.hi);
