@@ -340,6 +340,22 @@ void check_rules(const fw::OpBlock& b) {
         for (std::uint32_t d = 0; d < y.rank; ++d) RULE(t[i].shape[d] <= 1 || t[i].strides[d] == 0);
       break;
     }
+    case fw::OpKind::kQLinearGlobalAvgPool: {
+      // X [N, H, W, C] bytes, XScale (f32), XZp (X's dtype), YScale (f32),
+      // YZp (Y's dtype), Y [N, 1, 1, C] bytes; each scale and zero point one
+      // value: stride 0 wherever its extent (its tensor's shape) is not 1.
+      const auto& at = std::get<fw::QuantAttrs>(b.attrs);
+      RULE(at.reserved[0] == 0 && at.reserved[1] == 0 && at.reserved[2] == 0 && at.reserved[3] == 0);
+      RULE(is_int8(t[0].dtype) && is_int8(y.dtype) && t[1].dtype == 1 && t[3].dtype == 1);
+      RULE(t[2].dtype == t[0].dtype && t[4].dtype == y.dtype);
+      RULE(t[0].rank == 4 && y.rank == 4 && y.shape[0] == t[0].shape[0] && y.shape[1] == 1 && y.shape[2] == 1 &&
+           y.shape[3] == t[0].shape[3]);
+      for (const std::uint32_t i : {1u, 2u}) RULE(same_shape(t[i], t[0]));
+      for (const std::uint32_t i : {3u, 4u}) RULE(same_shape(t[i], y));
+      for (const std::uint32_t i : {1u, 2u, 3u, 4u})
+        for (std::uint32_t d = 0; d < t[i].rank; ++d) RULE(t[i].shape[d] <= 1 || t[i].strides[d] == 0);
+      break;
+    }
     case fw::OpKind::kCumSum: {
       // X, Y: Y of X's dtype (a float or i32) and shape; the axis one of X's.
       const auto& at = std::get<fw::CumSumAttrs>(b.attrs);

@@ -48,6 +48,7 @@ MINORS = [
      "the timing model charges, which changes no result (a driver leaves the flags out for a board of 1.17, "
      "which refuses them as reserved words)", "op flags"),
     (19, "the op kind kQLinearMul (op_kinds.inc)", "qlinear_mul"),
+    (20, "the op kind kQLinearGlobalAvgPool (op_kinds.inc)", "qlinear_global_avg_pool"),
 ]
 
 # ---- enumerations of op attributes ----------------------------------------
@@ -541,4 +542,19 @@ KINDS = [
          "YZeroPoint), each step one f32 operation: the bits of dequantize, mul and quantize in a row (ONNX's "
          "com.microsoft QLinearMul).",
          **QLINEAR_BINARY),
+    dict(name="QLinearGlobalAvgPool", id="qlinear_global_avg_pool", minor=20,
+         tensors=["X", "XScale", "XZeroPoint", "YScale", "YZeroPoint", "Y"], fw_attrs="QuantAttrs", attrs="NoAttrs",
+         cost=("scan", "X"), cycles=2, peak=None, builders=["qlinear_global_avg_pool"],
+         doc="Y[n, 0, 0, c] = saturate(round_half_even(m / YScale) + YZeroPoint), m the mean over h and w of "
+         "(X[n, h, w, c] - XZeroPoint) * XScale, summed in f32 in (h, w) order and divided by H * W: the bits of "
+         "dequantize, a global average pool and quantize in a row, NHWC (ONNX's com.microsoft "
+         "QLinearGlobalAveragePool, channels last).",
+         rule=dict(dtypes={"X": ["u8", "i8"], "XScale": ["f32"], "XZeroPoint": "X", "YScale": ["f32"],
+                           "YZeroPoint": "Y", "Y": ["u8", "i8"]},
+                   dims={"X": ["N", "H", "W", "C"], "Y": ["N", 1, 1, "C"]},
+                   scalars={"XScale": "X", "XZeroPoint": "X", "YScale": "Y", "YZeroPoint": "Y"}),
+         sample=dict(dtypes={"X": "u8", "XScale": "f32", "XZeroPoint": "u8", "YScale": "f32", "YZeroPoint": "i8",
+                             "Y": "i8"},
+                     shapes={"X": [2, 3, 4, 5], "XScale": [1], "XZeroPoint": [1], "YScale": [1], "YZeroPoint": [1],
+                             "Y": [2, 1, 1, 5]})),
 ]

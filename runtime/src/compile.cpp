@@ -580,15 +580,17 @@ void precision_notes(const Graph& g, const Lowered& reduced, const std::set<std:
                     list);
   }
   if (int8) {
-    std::size_t q = 0, adds = 0, muls = 0;
+    std::size_t q = 0, adds = 0, muls = 0, pools = 0;
     for (const auto& op : reduced.graph.ops) {
       q += op.kind == "qlinear_conv";
       adds += op.kind == "qlinear_add";
       muls += op.kind == "qlinear_mul";
+      pools += op.kind == "qlinear_global_avg_pool";
     }
     notes.push_back(std::to_string(q) + " layers run in int8 (qlinear_conv), and " + std::to_string(adds) +
-                    " additions (qlinear_add), " + std::to_string(muls) +
-                    " products (qlinear_mul); the rest in f32 between dequantize and quantize");
+                    " additions (qlinear_add), " + std::to_string(muls) + " products (qlinear_mul), " +
+                    std::to_string(pools) +
+                    " global averages (qlinear_global_avg_pool); the rest in f32 between dequantize and quantize");
   }
 }
 

@@ -884,6 +884,45 @@ TEST(TensorIsa, QuantizedMulLoopMatchesTheScalarRulesAtEveryLevel) {
   }
 }
 
+// add_dequantized_8 (qlinear_global_avg_pool's sums): each byte
+// dequantized, (x - zero) * scale rounded, then added, rounded, row after
+// row: the bits of dequantize_8 and an f32 add per tap, at every level;
+// every byte in both signednesses, scales that overflow to infinity and
+// that underflow, row lengths that leave every vector tail, and nothing
+// touched past n.
+TEST(TensorIsa, DequantizedSumsMatchTheScalarStepsAtEveryLevel) {
+  std::mt19937 rng(22);
+  std::uniform_real_distribution<float> start(-1000.0f, 1000.0f);
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const simd::Kernels& k = simd::kernels(isa);
+    for (const bool is_signed : {false, true})
+      for (const float scale : {0.0371f, 0.5f, 3.0e37f, 1.0e-40f})
+        for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{16}, std::size_t{33}, std::size_t{64}})
+          for (const std::size_t rows : {std::size_t{1}, std::size_t{3}, std::size_t{300}}) {
+            const std::size_t stride = n + 5;
+            const std::int32_t zero = is_signed ? -7 : 131;
+            std::vector<std::uint8_t> x(rows * stride);
+            for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<std::uint8_t>(i * 37 + rows);
+            std::vector<float> acc(n + 1), want(n + 1);
+            for (std::size_t i = 0; i < n; ++i) acc[i] = want[i] = start(rng);
+            acc[n] = want[n] = 42.0f;
+            k.add_dequantized_8(acc.data(), x.data(), n, rows, stride, is_signed, scale, zero);
+            for (std::size_t r = 0; r < rows; ++r)
+              for (std::size_t i = 0; i < n; ++i) {
+                const std::uint8_t b = x[r * stride + i];
+                const std::int32_t v = is_signed ? static_cast<std::int8_t>(b) : b;
+                volatile float term = static_cast<float>(v - zero) * scale;
+                volatile float sum = want[i] + term;
+                want[i] = sum;
+              }
+            for (std::size_t i = 0; i <= n; ++i)
+              ASSERT_EQ(std::memcmp(&acc[i], &want[i], 4), 0)
+                  << acc[i] << " against " << want[i] << " at " << i << " of " << n << ", " << rows << " rows";
+          }
+  }
+}
+
 // The versions the entry points run follow the level, not the CPU alone:
 // capped at the lowest level every entry point runs its baseline version,
 // at the top its top one, and at each level between the version that level

@@ -343,6 +343,76 @@ def test_qlinear_mul_refuses_what_does_not_broadcast_and_scales_that_are_not_one
         ops.qlinear_mul(a, one, zero, a, tpuhal.Tensor(dev.upload(np.ones(5, np.float32))), zero, one, zero, y)
 
 
+def qlinear_global_avg_pool_ref(x, sx, zx, sy, zy, dtype):
+    """x [N, H, W, C] dequantized, summed in float32 tap by tap in (row, column) order, divided by H * W, and
+    quantized (halves to even)."""
+    f32 = np.float32
+    deq = (x.astype(np.int32) - zx).astype(f32) * f32(sx)
+    acc = np.zeros((x.shape[0], x.shape[3]), f32)
+    for h in range(x.shape[1]):
+        for w in range(x.shape[2]):
+            acc = acc + deq[:, h, w, :]
+    mean = acc / f32(x.shape[1] * x.shape[2])
+    q = np.rint(np.clip(mean / f32(sy), -4194304, 4194304)).astype(np.int64) + zy
+    info = np.iinfo(dtype)
+    return np.clip(q, info.min, info.max).astype(dtype).reshape(x.shape[0], 1, 1, x.shape[3])
+
+
+# x's dtype, its NHWC shape and how it is held: dense; its channels apart
+# (an NCHW tensor permuted to NHWC); rows not one after another (a slice of
+# W); channel blocks past one of 64. Scales that saturate the output too.
+@pytest.mark.parametrize("xdtype,shape,held", [(np.uint8, (2, 7, 9, 5), "dense"), (np.int8, (1, 14, 14, 200), "dense"),
+                                               (np.uint8, (2, 6, 5, 70), "nchw"), (np.int8, (3, 4, 6, 9), "slice"),
+                                               (np.uint8, (1, 112, 112, 32), "dense")])
+def test_qlinear_global_avg_pool_gives_the_bits_of_dequantize_pool_and_quantize(dev, queue, xdtype, shape, held):
+    rng = np.random.default_rng(15)
+    info = np.iinfo(xdtype)
+    n, h, w, c = shape
+
+    def scalar(v, dtype):
+        return tpuhal.Tensor(dev.upload(np.array(v, dtype)))
+
+    if held == "nchw":
+        full = rng.integers(info.min, info.max + 1, (n, c, h, w), dtype=xdtype)
+        x, tx = full.transpose(0, 2, 3, 1), tpuhal.Tensor(dev.upload(full)).permute(0, 2, 3, 1)
+    elif held == "slice":
+        full = rng.integers(info.min, info.max + 1, (n, h, w + 3, c), dtype=xdtype)
+        x = full[:, :, 1:w + 1, :]
+        tx = tpuhal.Tensor(dev.upload(full), "i8", shape, (h * (w + 3) * c, (w + 3) * c, c, 1), c)  # 1-byte elements
+    else:
+        x = rng.integers(info.min, info.max + 1, shape, dtype=xdtype)
+        tx = tpuhal.Tensor(dev.upload(x))
+    xz = 3 if xdtype is np.uint8 else -5
+    for out, (sx, sy, zy) in ((np.uint8, (0.05, 0.01, 128)), (np.int8, (0.3, 0.02, -7)), (np.uint8, (1.0, 1e-4, 0))):
+        odt = "u8" if out is np.uint8 else "i8"
+        y = dev.tensor((n, 1, 1, c), odt)
+        queue.run(ops.qlinear_global_avg_pool(tx, scalar(sx, np.float32), scalar(xz, xdtype), scalar(sy, np.float32),
+                                              scalar(zy, out), y)).submit().wait()
+        got = y.download()
+        np.testing.assert_array_equal(got, qlinear_global_avg_pool_ref(x, sx, xz, sy, zy, out))
+        # The three ops it stands for, on the board: the same bytes.
+        f = dev.tensor(shape, "f32")
+        pooled = dev.tensor((n, 1, 1, c), "f32")
+        q = dev.tensor((n, 1, 1, c), odt)
+        queue.run(ops.dequantize(tx, scalar(sx, np.float32), scalar(xz, xdtype), f)).run(
+            ops.avg_pool2d(f, pooled, kernel=(h, w), layout="nhwc")).run(
+            ops.quantize(pooled, scalar(sy, np.float32), scalar(zy, out), q)).submit().wait()
+        np.testing.assert_array_equal(got, q.download())
+
+
+def test_qlinear_global_avg_pool_refuses_a_pooled_shape_and_scales_that_are_not_one_value(dev):
+    x = tpuhal.Tensor(dev.upload(np.zeros((2, 3, 4, 5), np.uint8)))
+    one = tpuhal.Tensor(dev.upload(np.array(1, np.float32)))
+    zero = tpuhal.Tensor(dev.upload(np.array(0, np.uint8)))
+    with pytest.raises(tpuhal.InvalidArgument, match="qlinear_global_avg_pool"):
+        ops.qlinear_global_avg_pool(x, one, zero, one, zero, dev.tensor((2, 1, 1, 4), "u8"))
+    with pytest.raises(tpuhal.InvalidArgument, match="qlinear_global_avg_pool"):
+        ops.qlinear_global_avg_pool(x, one, zero, one, zero, dev.tensor((2, 3, 1, 5), "u8"))
+    with pytest.raises(tpuhal.InvalidArgument, match="qlinear_global_avg_pool: x_scale must be one value"):
+        ops.qlinear_global_avg_pool(x, tpuhal.Tensor(dev.upload(np.ones(5, np.float32))), zero, one, zero,
+                                    dev.tensor((2, 1, 1, 5), "u8"))
+
+
 def test_every_op_has_its_stub():
     import ast
     import pathlib

@@ -331,8 +331,9 @@ def graph_ops(compiled):
 
 def test_an_int8_squeeze_and_excitation_block_stays_nhwc(dev):
     # Conv, GlobalAveragePool, two 1x1 Convs, Sigmoid, Mul by the [N, C, 1, 1] gate, Conv: in int8 the
-    # pooling reads the convolution's activation dequantized in NHWC and the Mul broadcasts the gate over
-    # it in NHWC on bytes (qlinear_mul), so the only transposes are the model input's and output's.
+    # pooling reads the convolution's bytes in NHWC (qlinear_global_avg_pool) and the Mul broadcasts the
+    # gate over them in NHWC on bytes (qlinear_mul), so the only transposes are the model input's and
+    # output's, and the only conversions the input's quantize and the output's dequantize.
     c = 8
     w0 = (0.3 * RNG.standard_normal((c, 4, 3, 3))).astype(np.float32)
     w1 = (0.5 * RNG.standard_normal((4, c, 1, 1))).astype(np.float32)
@@ -356,6 +357,9 @@ def test_an_int8_squeeze_and_excitation_block_stays_nhwc(dev):
     ops = graph_ops(compiled)
     assert ops.count("transpose") == 2, ops  # x to NHWC, y back to NCHW
     assert ops.count("qlinear_conv") == 4 and ops.count("qlinear_mul") == 1 and "mul" not in ops, ops
+    assert ops.count("qlinear_global_avg_pool") == 1 and "avg_pool2d" not in ops, ops
+    assert ops.count("quantize") == 1 and ops.count("dequantize") == 1, ops
+    assert any(" 1 global averages (qlinear_global_avg_pool);" in n for n in compiled.notes), compiled.notes
     (y,) = dev.load_model(compiled).instance().run(x)
     assert float(np.abs(y - ref).max()) < 0.05 * float(np.abs(ref).max())
 

@@ -211,6 +211,26 @@ bool Lowerer::qmul(const Node& n) {
   return true;
 }
 
+bool Lowerer::qavgpool(const Node& n) {
+  const std::string& x = n.inputs[0];
+  if (!int8() || n.op != "GlobalAveragePool" || keep_fp16.count(n.name) || shape_of(x).size() != 4 ||
+      !held_u8_nhwc(reps, x) || !has_q(n.output))
+    return false;
+  Rep& xr = reps.at(x);
+  ensure_q_tensors(xr);
+  const auto y = produce_nhwc(n.output, shape_of(n.output), range_q(n.output));
+  Rep& r = reps.at(n.output);
+  ensure_q_tensors(r);
+  op("qlinear_global_avg_pool", n.name,
+     {{"x", xr.nhwc},
+      {"x_scale", xr.q_scale},
+      {"x_zero_point", xr.q_zero},
+      {"y_scale", r.q_scale},
+      {"y_zero_point", r.q_zero},
+      {"y", y}});
+  return true;
+}
+
 void Lowerer::qbinary(const char* kind, const Node& n, const std::string& result) {
   for (const auto& x : n.inputs) ensure_q_tensors(reps.at(x));
   const Rep &a = reps.at(n.inputs[0]), &b = reps.at(n.inputs[1]);

@@ -180,6 +180,7 @@ void lower_pool(Lowerer& l, const Node& n) {
       lower_pool3d(l, n);
     return;
   }
+  if (l.qavgpool(n)) return;
   const auto o = onnx_attrs::pool_options(n.attr<PoolAttrs>(), xs);
   const bool max = is_max(n), one_d = xs.size() == 3;
   DType t = l.float_type();
@@ -187,9 +188,9 @@ void lower_pool(Lowerer& l, const Node& n) {
     t = DType::U8;
   std::map<std::string, std::int64_t> operands;
   // fp32: NHWC where the input is held so (the same bits: each output
-  // meets its taps in the same order); int8: in f32 NHWC, dequantized from
-  // the u8 NHWC input, rather than transposed to NCHW (a squeeze-and-
-  // excitation block's global average over its whole activation).
+  // meets its taps in the same order); int8 (other than a global average,
+  // qavgpool's): in f32 NHWC, dequantized from the u8 NHWC input, rather
+  // than transposed to NCHW.
   const bool f32_nhwc = !one_d && (l.held_float_nhwc(n.inputs[0]) || (l.int8() && l.held_nhwc(n.inputs[0])));
   if (t == DType::U8) {  // NHWC; the max of u8 values keeps their scale
     operands["x"] = l.get_nhwc(n.inputs[0]);

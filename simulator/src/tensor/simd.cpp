@@ -134,6 +134,10 @@ void quantize_f32(const float* in, std::uint8_t* out, std::size_t n, float scale
 void dequantize_8(const std::uint8_t* in, float* out, std::size_t n, bool is_signed, float scale, std::int32_t zero) {
   active().dequantize_8(in, out, n, is_signed, scale, zero);
 }
+void add_dequantized_8(float* acc, const std::uint8_t* x, std::size_t n, std::size_t rows, std::size_t stride,
+                       bool is_signed, float scale, std::int32_t zero) {
+  active().add_dequantized_8(acc, x, n, rows, stride, is_signed, scale, zero);
+}
 void qadd_8(const std::uint8_t* a, const std::uint8_t* b, std::uint8_t* out, std::size_t n, const QAddParams& p) {
   active().qadd_8(a, b, out, n, p);
 }

@@ -60,6 +60,14 @@ void quantize_f32(const float* in, std::uint8_t* out, std::size_t n, float scale
                   std::int32_t hi);
 void dequantize_8(const std::uint8_t* in, float* out, std::size_t n, bool is_signed, float scale, std::int32_t zero);
 
+// acc[i] += (x[r * stride + i] - zero) * scale for i < n and r < rows, in
+// row order: each byte (u8, or is_signed i8) dequantized as dequantize_8
+// does, then added, each step rounded once. A quantized global average
+// pool's sums over its taps (qlinear_global_avg_pool), a vector of
+// channels per tap.
+void add_dequantized_8(float* acc, const std::uint8_t* x, std::size_t n, std::size_t rows, std::size_t stride,
+                       bool is_signed, float scale, std::int32_t zero);
+
 // The qlinear_add op over dense bytes: each of a and b dequantized as
 // dequantize_8 does, the two added in f32, the sum quantized as
 // quantize_f32 does: the bits of those three ops in a row.
@@ -142,6 +150,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(requantize_u8)                  \
   X(quantize_f32)                   \
   X(dequantize_8)                   \
+  X(add_dequantized_8)              \
   X(qadd_8)                         \
   X(qmul_8)                         \
   X(arith_f32)                      \

@@ -385,6 +385,44 @@ std::int64_t nearest_index(fw::NearestMode mode, float x) {
 
 }  // namespace
 
+fw::Problem run_qlinear_global_avg_pool(TensorEngine& e, const fw::QuantAttrs& /*a*/, const View* v) {
+  // X [N, H, W, C], XScale, XZeroPoint, YScale, YZeroPoint, Y [N, 1, 1, C].
+  // The steps of dequantize, the f32 global pool above and quantize: each
+  // byte dequantized, the sums over the taps in (row, column) order, the
+  // mean by a division, then quantized; only the bytes are read.
+  const View &x = v[0], &y = v[5];
+  const float xs = load_float(v[1].data, fw::DType::kF32), ys = load_float(v[3].data, fw::DType::kF32);
+  const auto xz = static_cast<std::int32_t>(load_int(v[2].data, v[2].dtype));
+  const auto yz = static_cast<std::int32_t>(load_int(v[4].data, v[4].dtype));
+  const bool x_signed = x.dtype == fw::DType::kI8;
+  const std::uint64_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3];
+  const std::uint64_t blocks = (c + kChannelBlock - 1) / kChannelBlock, taps = h * w;
+  // Rows one after another (a dense image): every tap in one call.
+  const bool even = x.strides[1] == w * x.strides[2];
+  const auto* xp = reinterpret_cast<const std::uint8_t*>(x.data);
+  e.pool().parallel_for(n * blocks, [&](std::uint64_t begin, std::uint64_t end) {
+    float acc[kChannelBlock];
+    std::uint8_t q[kChannelBlock];
+    for (std::uint64_t nb = begin; nb < end; ++nb) {
+      const std::uint64_t ni = nb / blocks, c0 = nb % blocks * kChannelBlock, cn = std::min(kChannelBlock, c - c0);
+      std::fill(acc, acc + cn, 0.0f);
+      // A vector of channels per tap, or (channels apart) one at a time.
+      const std::uint64_t lanes = x.strides[3] == 1 ? cn : 1;
+      for (std::uint64_t k = 0; k < cn; k += lanes) {
+        const std::uint8_t* first = xp + ni * x.strides[0] + (c0 + k) * x.strides[3];
+        for (std::uint64_t a = 0; a < (even ? std::min<std::uint64_t>(h, 1) : h); ++a)
+          simd::add_dequantized_8(acc + k, first + a * x.strides[1], lanes, even ? taps : w, x.strides[2], x_signed, xs,
+                                  xz);
+      }
+      for (std::uint64_t k = 0; k < cn; ++k) acc[k] = taps ? acc[k] / static_cast<float>(taps) : 0.0f;
+      simd::quantize_f32(acc, q, cn, ys, yz, int_min(y.dtype), int_max(y.dtype));
+      for (std::uint64_t k = 0; k < cn; ++k)
+        reinterpret_cast<std::uint8_t*>(y.data)[ni * y.strides[0] + (c0 + k) * y.strides[3]] = q[k];
+    }
+  });
+  return {};
+}
+
 fw::Problem run_resize(TensorEngine& e, const fw::ResizeAttrs& at, const View* v) {
   const View &x = v[0], &y = v[1];
   const bool nhwc = at.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
