@@ -400,6 +400,19 @@ def test_qlinear_global_avg_pool_gives_the_bits_of_dequantize_pool_and_quantize(
         np.testing.assert_array_equal(got, q.download())
 
 
+def test_qlinear_global_avg_pool_of_an_image_of_no_pixels_gives_the_zero_point(dev, queue):
+    # Each mean of nothing is 0 (as the f32 pool gives), quantized: the output's zero point. X, and its scale and
+    # zero point seen in X's shape, hold no bytes at all.
+    def scalar(v, dtype):
+        return tpuhal.Tensor(dev.upload(np.array(v, dtype)))
+
+    y = dev.tensor((2, 1, 1, 5), "i8")
+    queue.run(ops.qlinear_global_avg_pool(dev.tensor((2, 0, 3, 5), "u8"), scalar(0.5, np.float32),
+                                          scalar(3, np.uint8), scalar(0.25, np.float32), scalar(-7, np.int8),
+                                          y)).submit().wait()
+    np.testing.assert_array_equal(y.download(), np.full((2, 1, 1, 5), -7, np.int8))
+
+
 def test_qlinear_global_avg_pool_refuses_a_pooled_shape_and_scales_that_are_not_one_value(dev):
     x = tpuhal.Tensor(dev.upload(np.zeros((2, 3, 4, 5), np.uint8)))
     one = tpuhal.Tensor(dev.upload(np.array(1, np.float32)))

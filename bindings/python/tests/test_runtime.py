@@ -520,6 +520,24 @@ def test_int8_split_concat_and_nearest_upsampling_move_bytes(dev, mode, coordina
     assert outputs["up"] == (f"u8[{BATCH}, 6, 6, 8]" if repeats else f"f32[{BATCH}, 8, 12, 12]"), outputs
 
 
+def test_an_int8_global_average_that_is_a_model_output_keeps_its_f32_mean(dev):
+    # x -> Conv -> Relu -> GlobalAveragePool -> y (a feature extractor): the pool reads the convolution's bytes,
+    # but the model's output is the f32 mean, not one quantized to the pool's range.
+    w = (0.3 * RNG.standard_normal((8, 4, 3, 3))).astype(np.float32)
+    onnx_bytes = one_input_model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                                  helper.make_node("Relu", ["c"], ["r"], name="relu"),
+                                  helper.make_node("GlobalAveragePool", ["r"], ["y"], name="pool")],
+                                 [BATCH, 4, 6, 6], {"w": w}, y_shape=[BATCH, 8, 1, 1])
+    calib = RNG.standard_normal((16, 4, 6, 6)).astype(np.float32)
+    compiled = tpuhal.compile(onnx_bytes, "int8", calibration=calib, method="minmax", device=dev.uri)
+    ops = graph_ops(compiled)
+    assert "avg_pool2d" in ops and "qlinear_global_avg_pool" not in ops, ops
+    x = calib[:BATCH]
+    (y,) = dev.load_model(compiled).instance().run(x)
+    (ref,) = dev.load_model(tpuhal.compile(onnx_bytes, "fp32", device=dev.uri)).instance().run(x)
+    assert float(np.abs(y - ref).max()) < 0.05 * float(np.abs(ref).max())
+
+
 def test_int8_channel_shuffle_and_its_halves_move_bytes(dev):
     # ShuffleNet's unit: x -> Conv a (8) -> channel shuffle in 2 groups
     # (Reshape, Transpose, Reshape) -> Slice into halves; Conv b of the

@@ -216,6 +216,9 @@ bool Lowerer::qavgpool(const Node& n) {
   if (!int8() || n.op != "GlobalAveragePool" || keep_fp16.count(n.name) || shape_of(x).size() != 4 ||
       !held_u8_nhwc(reps, x) || !has_q(n.output))
     return false;
+  // A model output (a feature extractor's) keeps its f32 mean.
+  for (const auto& [name, value] : g.outputs)
+    if (value == n.output) return false;
   Rep& xr = reps.at(x);
   ensure_q_tensors(xr);
   const auto y = produce_nhwc(n.output, shape_of(n.output), range_q(n.output));

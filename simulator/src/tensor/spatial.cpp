@@ -391,12 +391,15 @@ fw::Problem run_qlinear_global_avg_pool(TensorEngine& e, const fw::QuantAttrs& /
   // byte dequantized, the sums over the taps in (row, column) order, the
   // mean by a division, then quantized; only the bytes are read.
   const View &x = v[0], &y = v[5];
-  const float xs = load_float(v[1].data, fw::DType::kF32), ys = load_float(v[3].data, fw::DType::kF32);
-  const auto xz = static_cast<std::int32_t>(load_int(v[2].data, v[2].dtype));
-  const auto yz = static_cast<std::int32_t>(load_int(v[4].data, v[4].dtype));
-  const bool x_signed = x.dtype == fw::DType::kI8;
   const std::uint64_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3];
   const std::uint64_t blocks = (c + kChannelBlock - 1) / kChannelBlock, taps = h * w;
+  // An image of no pixels (X, its scale and zero point empty, nothing to
+  // read): each mean is 0, as the f32 pool gives.
+  const float xs = taps ? load_float(v[1].data, fw::DType::kF32) : 0.0f;
+  const auto xz = taps ? static_cast<std::int32_t>(load_int(v[2].data, v[2].dtype)) : 0;
+  const float ys = load_float(v[3].data, fw::DType::kF32);
+  const auto yz = static_cast<std::int32_t>(load_int(v[4].data, v[4].dtype));
+  const bool x_signed = x.dtype == fw::DType::kI8;
   // Rows one after another (a dense image): every tap in one call.
   const bool even = x.strides[1] == w * x.strides[2];
   const auto* xp = reinterpret_cast<const std::uint8_t*>(x.data);
@@ -408,7 +411,7 @@ fw::Problem run_qlinear_global_avg_pool(TensorEngine& e, const fw::QuantAttrs& /
       std::fill(acc, acc + cn, 0.0f);
       // A vector of channels per tap, or (channels apart) one at a time.
       const std::uint64_t lanes = x.strides[3] == 1 ? cn : 1;
-      for (std::uint64_t k = 0; k < cn; k += lanes) {
+      for (std::uint64_t k = 0; taps && k < cn; k += lanes) {
         const std::uint8_t* first = xp + ni * x.strides[0] + (c0 + k) * x.strides[3];
         for (std::uint64_t a = 0; a < (even ? std::min<std::uint64_t>(h, 1) : h); ++a)
           simd::add_dequantized_8(acc + k, first + a * x.strides[1], lanes, even ? taps : w, x.strides[2], x_signed, xs,
