@@ -4,7 +4,7 @@
 // Input: the descriptor's bytes. Other lengths exercise the span overload's
 // length check. Properties:
 //   - the span and struct overloads agree;
-//   - a descriptor of opcodes 1-9 decodes exactly when
+//   - a descriptor of opcodes 1-9 and 13 decodes exactly when
 //     docs/firmware-interface.md says it is valid (spec_valid below is an
 //     independent reading of that table); a decoded one re-encodes to the
 //     same 64 bytes (nothing dropped or invented), occupies the slots the
@@ -29,8 +29,10 @@ namespace fw = tpuhal::fw;
 
 namespace {
 
-// The opcodes spec_valid and encode know: interface 1.1's.
+// The opcodes spec_valid and encode know: interface 1.1's, and 1.21's
+// wait_time.
 constexpr std::uint16_t kModelledOpcodes = 9;
+constexpr std::uint16_t kWaitTime = 13;
 
 bool no_wrap(std::uint64_t address, std::uint64_t size) { return address <= UINT64_MAX - size; }
 
@@ -81,6 +83,8 @@ bool spec_valid(const fw::CommandDescriptor& d) {
     case 9:  // call: list address (64-aligned, not 0), slots 1..2^24
       return args_zero_from(d, 2) && a[0] != 0 && a[0] % 64 == 0 && a[1] >= 1 && a[1] <= fw::kMaxCallSlots &&
              no_wrap(a[0], a[1] * 64);
+    case 13:  // wait_time: board time, at most 2^62
+      return args_zero_from(d, 1) && a[0] <= (1ull << 62);
     default: return false;
   }
 }
@@ -100,23 +104,24 @@ fw::CommandDescriptor encode(const fw::Command& c) {
   d.sequence = c.sequence;
   d.fence_value = c.fence_value;
   std::uint64_t* a = d.args;
-  std::visit(Overloaded{
-                 [](const fw::NopArgs&) {}, [&](const fw::CopyArgs& x) { a[0] = x.src, a[1] = x.dst, a[2] = x.size; },
-                 [&](const fw::CopySgArgs& x) { a[0] = x.list, a[1] = x.count, a[2] = x.total; },
-                 [&](const fw::FillArgs& x) {
-                   a[0] = x.dst, a[1] = x.size;
-                   a[2] = std::uint64_t{x.pattern} | std::uint64_t{x.pattern_bytes} << 32;
-                 },
-                 [&](const fw::WaitValueArgs& x) {
-                   a[0] = x.address, a[1] = x.value, a[2] = static_cast<std::uint64_t>(x.mode);
-                 },
-                 [&](const fw::WriteValueArgs& x) { a[0] = x.address, a[1] = x.value; },
-                 [&](const fw::TimestampArgs& x) { a[0] = x.address; },
-                 [&](const fw::TensorOpArgs& x) { a[0] = x.address, a[1] = x.bytes; },
-                 [&](const fw::CallArgs& x) { a[0] = x.address, a[1] = x.slots; },
-                 [](const auto&) {},  // opcodes after 1.1: not re-encoded
-             },
-             c.args);
+  std::visit(
+      Overloaded{
+          [](const fw::NopArgs&) {}, [&](const fw::CopyArgs& x) { a[0] = x.src, a[1] = x.dst, a[2] = x.size; },
+          [&](const fw::CopySgArgs& x) { a[0] = x.list, a[1] = x.count, a[2] = x.total; },
+          [&](const fw::FillArgs& x) {
+            a[0] = x.dst, a[1] = x.size;
+            a[2] = std::uint64_t{x.pattern} | std::uint64_t{x.pattern_bytes} << 32;
+          },
+          [&](const fw::WaitValueArgs& x) {
+            a[0] = x.address, a[1] = x.value, a[2] = static_cast<std::uint64_t>(x.mode);
+          },
+          [&](const fw::WriteValueArgs& x) { a[0] = x.address, a[1] = x.value; },
+          [&](const fw::TimestampArgs& x) { a[0] = x.address; },
+          [&](const fw::TensorOpArgs& x) { a[0] = x.address, a[1] = x.bytes; },
+          [&](const fw::CallArgs& x) { a[0] = x.address, a[1] = x.slots; },
+          [&](const fw::WaitTimeArgs& x) { a[0] = x.ns; }, [](const auto&) {},  // the video opcodes: not re-encoded
+      },
+      c.args);
   return d;
 }
 
@@ -143,7 +148,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto d = tpuhal::fuzz::load<fw::CommandDescriptor>(data);
   auto decoded = fw::decode_command(d);
   FUZZ_CHECK(decoded.ok() == from_span.ok(), "span and struct overloads disagree");
-  const bool modelled = d.opcode <= kModelledOpcodes;
+  const bool modelled = d.opcode <= kModelledOpcodes || d.opcode == kWaitTime;
   FUZZ_CHECK(!decoded.ok() || header_valid(d), "opcode %u flags %#x fence %#" PRIx64 " accepted", d.opcode, d.flags,
              d.fence_value);
   if (d.opcode == 0 || d.opcode > fw::kMaxOpcode)

@@ -17,6 +17,7 @@ import sys
 
 # ---- firmware interface constants (command.h, status.h) -------------------
 NOP, COPY, COPY_SG, FILL, WAIT_VALUE, WRITE_VALUE, TIMESTAMP, TENSOR_OP, CALL = range(1, 10)
+WAIT_TIME = 13
 FLAG_FENCE, FLAG_INTERRUPT = 1, 2
 HOST = 1 << 48
 FAILED = 1 << 63
@@ -501,6 +502,8 @@ def seeds():
     c["tensor_inline"] = desc(TENSOR_OP, 0, 200)
     c["tensor_addr"] = desc(TENSOR_OP, 0x8000, 1024)
     c["call"] = desc(CALL, 0x8000, 16, flags=FLAG_FENCE, fence=2)
+    c["wait_time"] = desc(WAIT_TIME, 40_000_000)
+    c["wait_time_max"] = desc(WAIT_TIME, 1 << 62, flags=FLAG_FENCE, fence=4)
 
     # ---- op: valid tensor op parameter blocks -------------------------------
     s["op"] = op_seeds()

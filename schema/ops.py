@@ -49,6 +49,9 @@ MINORS = [
      "which refuses them as reserved words)", "op flags"),
     (19, "the op kind kQLinearMul (op_kinds.inc)", "qlinear_mul"),
     (20, "the op kind kQLinearGlobalAvgPool (op_kinds.inc)", "qlinear_global_avg_pool"),
+    (21, "the opcode kWaitTime (command.h: a queue's next command starts no earlier than a board time), and the "
+     "board time the codec unit finished each frame in its kFrame record (video.h: frame_done_ns)",
+     "timed waits and frame times"),
 ]
 
 # ---- enumerations of op attributes ----------------------------------------

@@ -195,6 +195,12 @@ Result<Command> decode_command(const CommandDescriptor& d) {
       return c;
     }
 
+    case Opcode::kWaitTime:
+      if (!reserved_args_zero(d, 1, p)) return p;
+      if (d.args[0] > kMaxWaitTimeNs) return problem(CmdStatus::kBadArgument, 0, d.args[0], kMaxWaitTimeNs);
+      c.args = WaitTimeArgs{d.args[0]};
+      return c;
+
     case Opcode::kInvalid: break;
   }
   return problem(CmdStatus::kInvalidOpcode, Problem::kFieldOpcode, d.opcode);

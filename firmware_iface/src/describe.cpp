@@ -51,6 +51,7 @@ const char* to_string(Opcode op) noexcept {
     case Opcode::kVideoOpen: return "video_open";
     case Opcode::kVideoDecode: return "video_decode";
     case Opcode::kVideoClose: return "video_close";
+    case Opcode::kWaitTime: return "wait_time";
   }
   return "unknown";
 }
@@ -149,7 +150,9 @@ std::string arg_name(std::uint16_t opcode, std::uint16_t index) {
       /* video_decode */ {"channel", "packet", "packet bytes", "pts", "packet index", "packet flags"},
       /* video_close */ {"channel", nullptr, nullptr, nullptr, nullptr, nullptr},
   };
-  if (opcode >= static_cast<std::uint16_t>(Opcode::kVideoOpen) && opcode <= kMaxOpcode && index < 6 &&
+  if (opcode == static_cast<std::uint16_t>(Opcode::kWaitTime) && index == 0) return "board time";
+  if (opcode >= static_cast<std::uint16_t>(Opcode::kVideoOpen) &&
+      opcode <= static_cast<std::uint16_t>(Opcode::kVideoClose) && index < 6 &&
       kVideo[opcode - static_cast<std::uint16_t>(Opcode::kVideoOpen)][index])
     return kVideo[opcode - static_cast<std::uint16_t>(Opcode::kVideoOpen)][index];
   if (opcode <= static_cast<std::uint16_t>(Opcode::kCall) && index < 3 && kNames[opcode][index])

@@ -173,6 +173,11 @@ std::optional<ModelledTime> Device::modelled(const Op& op) const {
 std::optional<ModelledTime> Device::modelled_copy(std::uint64_t bytes, Memory from, Memory to) const {
   return checked(impl_).backend().model_transfer(bytes, from, to);
 }
+std::optional<std::uint64_t> Device::board_time_ns() const {
+  const auto& backend = checked(impl_).backend();
+  return backend.properties().caps.wait_time ? backend.board_time_ns() : std::nullopt;
+}
+
 std::optional<std::uint64_t> Device::modelled_decode_ns(Codec codec, FrameType type, std::uint32_t width,
                                                         std::uint32_t height) const {
   return checked(impl_).backend().model_decode_ns(codec, type, width, height);

@@ -380,6 +380,18 @@ Batch& Batch::timestamp(const Buffer& buf, std::uint64_t offset) {
   return *this;
 }
 
+Batch& Batch::wait_until(std::uint64_t board_ns) {
+  const auto guard = guard_of(state_, detail::validate::BatchCall::WaitUntil);
+  auto& s = live(state_);
+  if (!s.device->backend().properties().caps.wait_time)
+    throw Error(Status::Unsupported,
+                "wait_until: " + s.device->uri() + " cannot time work on its clock (caps.wait_time)");
+  if (board_ns > (1ull << 62))
+    throw Error(Status::InvalidArgument, "wait_until: board time " + std::to_string(board_ns) + " ns is past 2^62");
+  s.commands.push_back(driver::cmd::WaitTime{board_ns});
+  return *this;
+}
+
 Batch& Batch::run(const Op& op) {
   const auto guard = guard_of(state_, detail::validate::BatchCall::Run);
   auto& s = live(state_);

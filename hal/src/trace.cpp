@@ -501,6 +501,9 @@ CmdInfo describe(const driver::Command& c, const Properties& props) {
         } else if constexpr (std::is_same_v<T, driver::cmd::Call>) {
           info.name = "program";
           info.value = cmd.program->size();
+        } else if constexpr (std::is_same_v<T, driver::cmd::WaitTime>) {
+          info.name = "wait until";
+          info.value = cmd.ns;
         }
       },
       c);

@@ -507,11 +507,12 @@ const char* to_string(BatchCall call) noexcept {
     case BatchCall::Timestamp: return "timestamp";
     case BatchCall::Run: return "run";
     case BatchCall::Submit: return "submit";
+    case BatchCall::WaitUntil: return "wait_until";
   }
   return nullptr;
 }
 
-static_assert(static_cast<std::uintptr_t>(BatchCall::Submit) <= kCallBits, "a claim holds the call in its low bits");
+static_assert(static_cast<std::uintptr_t>(BatchCall::WaitUntil) <= kCallBits, "a claim holds the call in its low bits");
 
 Guard::Guard(std::atomic<std::uintptr_t>* claim, BatchCall call) {
   if (!claim || !on()) return;

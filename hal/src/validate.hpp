@@ -60,7 +60,7 @@ void record_program(const driver::ProgramBackend* program, std::span<const drive
 void forget_program(const driver::ProgramBackend* program);
 
 // The public calls of a Batch, as the wrong-thread report names them.
-enum class BatchCall : std::uint8_t { Copy = 1, Fill, Wait, WaitValue, WriteValue, Timestamp, Run, Submit };
+enum class BatchCall : std::uint8_t { Copy = 1, Fill, Wait, WaitValue, WriteValue, Timestamp, Run, Submit, WaitUntil };
 const char* to_string(BatchCall call) noexcept;
 
 // One Batch used by two threads at once: Guard marks the batch busy for the

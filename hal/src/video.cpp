@@ -14,6 +14,7 @@ struct FrameState {
   PixelFormat format = PixelFormat::NV12;
   std::int64_t pts = 0;
   std::uint64_t packet = 0, index = 0;
+  std::optional<std::uint64_t> done_ns;
   std::uint32_t channel = 0;
   std::vector<Frame::Plane> planes;
 };
@@ -41,6 +42,7 @@ class DecoderImpl {
     s->format = options_.format;
     s->pts = ev.pts;
     s->packet = ev.packet;
+    s->done_ns = ev.done_ns;
     s->index = received_++;
     s->channel = backend_->channel();
     tracing::frame(device_, s->channel, s->pts, s->index, s->width, s->height);
@@ -76,6 +78,7 @@ std::uint32_t Frame::height() const { return checked(s_).height; }
 PixelFormat Frame::format() const { return checked(s_).format; }
 std::int64_t Frame::pts() const { return checked(s_).pts; }
 std::uint64_t Frame::packet() const { return checked(s_).packet; }
+std::optional<std::uint64_t> Frame::decoded_ns() const { return checked(s_).done_ns; }
 std::uint64_t Frame::index() const { return checked(s_).index; }
 std::uint32_t Frame::channel() const { return checked(s_).channel; }
 std::span<const Frame::Plane> Frame::planes() const { return checked(s_).planes; }
@@ -141,24 +144,45 @@ std::uint32_t VideoDecoder::channel() const { return checked(impl_).backend_->ch
 const VideoDecoderOptions& VideoDecoder::options() const { return checked(impl_).options_; }
 Device VideoDecoder::device() const { return Device(checked(impl_).device_); }
 
-void VideoDecoder::send(std::span<const std::byte> packet, std::int64_t pts) {
-  auto& d = checked(impl_);
+namespace {
+void send_packet(detail::DecoderImpl& d, std::span<const std::byte> packet, std::int64_t pts,
+                 std::optional<std::uint64_t> arrival_ns) {
   std::lock_guard lock(d.mu_);
   if (d.flushed_)
     throw Error(Status::FailedPrecondition, d.name() + ": send() after flush(); reset() to start a new stream");
   if (packet.empty())
     throw Error(Status::InvalidArgument, d.name() + ": an empty packet (use flush() to end the stream)");
-  d.backend_->send(packet, pts, d.sent_, false);
+  d.backend_->send(packet, pts, d.sent_, false, arrival_ns);
   ++d.sent_;
+}
+}  // namespace
+
+void VideoDecoder::send(std::span<const std::byte> packet, std::int64_t pts) {
+  send_packet(checked(impl_), packet, pts, std::nullopt);
 }
 
 void VideoDecoder::send(std::span<const std::uint8_t> packet, std::int64_t pts) { send(std::as_bytes(packet), pts); }
+
+void VideoDecoder::send_at(std::uint64_t arrival_ns, std::span<const std::byte> packet, std::int64_t pts) {
+  auto& d = checked(impl_);
+  if (!d.device_->backend().properties().caps.wait_time)
+    throw Error(Status::Unsupported,
+                d.name() + ": send_at: the board cannot time packets on its clock (caps.wait_time)");
+  if (arrival_ns > (1ull << 62))
+    throw Error(Status::InvalidArgument,
+                d.name() + ": send_at: board time " + std::to_string(arrival_ns) + " ns is past 2^62");
+  send_packet(d, packet, pts, arrival_ns);
+}
+
+void VideoDecoder::send_at(std::uint64_t arrival_ns, std::span<const std::uint8_t> packet, std::int64_t pts) {
+  send_at(arrival_ns, std::as_bytes(packet), pts);
+}
 
 void VideoDecoder::flush() {
   auto& d = checked(impl_);
   std::lock_guard lock(d.mu_);
   if (d.flushed_) return;
-  d.backend_->send({}, 0, d.sent_, true);
+  d.backend_->send({}, 0, d.sent_, true, std::nullopt);
   d.flushed_ = true;
 }
 

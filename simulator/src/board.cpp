@@ -73,12 +73,13 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
   // TPUHAL_SIM_CLOCK=host; TPUHAL_SIM_PACE=1 paces commands to it.
   if (const char* clock = std::getenv("TPUHAL_SIM_CLOCK"); clock && *clock) {
     const std::string_view c = clock;
-    if (c != "model" && c != "host")
-      throw ProfileError("TPUHAL_SIM_CLOCK: \"" + std::string(c) + "\" is not \"model\" or \"host\"");
-    if (c == "model" && !profile.timing)
-      throw ProfileError("TPUHAL_SIM_CLOCK=model: board profile '" + profile.name +
+    if (c != "model" && c != "host" && c != "virtual")
+      throw ProfileError("TPUHAL_SIM_CLOCK: \"" + std::string(c) + "\" is not \"model\", \"virtual\" or \"host\"");
+    if (c != "host" && !profile.timing)
+      throw ProfileError("TPUHAL_SIM_CLOCK=" + std::string(c) + ": board profile '" + profile.name +
                          "' has no timing.model (docs/timing.md)");
-    if (c == "model") timing = &*profile.timing;
+    if (c != "host") timing = &*profile.timing;
+    virtual_clock = c == "virtual";
   } else if (profile.timing) {
     timing = &*profile.timing;
   }
@@ -86,6 +87,10 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
     const std::string_view v = pace_env;
     if (v != "0" && v != "1") throw ProfileError("TPUHAL_SIM_PACE: \"" + std::string(v) + "\" is not 0 or 1");
     pace = v == "1" && timing;
+    if (pace && virtual_clock)
+      throw ProfileError(
+          "TPUHAL_SIM_PACE=1 with TPUHAL_SIM_CLOCK=virtual: a virtual clock does not follow the host's, "
+          "so there is nothing to pace commands to");
   }
   // Faults for every board of this process, e.g. "hang:queue=0:after=3".
   if (const char* env = std::getenv("TPUHAL_SIM_FAULTS")) {
@@ -142,7 +147,9 @@ CodecUnit* Board::Impl::codec_unit() {
     codec = std::make_unique<CodecUnit>(
         *av, dma, iommu, profile.decode_channels, threads, sim::decode_memory_bytes(profile),
         [](void* board, std::uint32_t q) { static_cast<Board::Impl*>(board)->raise_if_unmasked(1u << q); }, this,
-        halted, driver_version);
+        halted, driver_version,
+        CodecUnit::Clock{timing, &unit_free[static_cast<std::uint32_t>(Unit::kVideo)],
+                         [](const void* board) { return static_cast<const Board::Impl*>(board)->board_time_ns(); }});
     codec_ptr.store(codec.get());
   });
   return codec.get();
@@ -449,6 +456,13 @@ void Board::Impl::reset_model() noexcept {
   for (auto& u : unit_free) u.store(0, std::memory_order_relaxed);
   std::lock_guard lock(signal_mu);
   signals.clear();
+}
+
+std::uint64_t Board::Impl::model_frontier_ns() const noexcept {
+  std::uint64_t t = 0;
+  for (const auto& q : queues) t = std::max(t, q->model_ns.load(std::memory_order_relaxed));
+  for (const auto& u : unit_free) t = std::max(t, u.load(std::memory_order_relaxed));
+  return t;
 }
 
 void Board::Impl::signalled(std::uint64_t address, std::uint64_t model_ns) {

@@ -97,15 +97,23 @@ struct Board::Impl {
   std::uint64_t host_time_ns() const noexcept {
     return base::monotonic_ns() - reset_time_ns.load(std::memory_order_relaxed);
   }
-  std::uint64_t board_time_ns() const noexcept { return host_time_ns(); }
+  // The board's "now": the host's time since reset, or on a virtual clock
+  // the furthest point the modelled clocks reached (every queue's and
+  // unit's).
+  std::uint64_t board_time_ns() const noexcept { return virtual_clock ? model_frontier_ns() : host_time_ns(); }
+  std::uint64_t model_frontier_ns() const noexcept;
 
   // The timing model (docs/timing.md): the profile's, unless
   // TPUHAL_SIM_CLOCK=host; null: the board keeps the host's time.
   const fw::TimingModel* timing = nullptr;
   bool pace = false;  // TPUHAL_SIM_PACE=1: a command completes no earlier than its modelled end
+  // TPUHAL_SIM_CLOCK=virtual: the modelled clocks never move up to the
+  // host's time; the board's time is the model's alone.
+  bool virtual_clock = false;
   // The units queues share: a command on one starts when the unit is free.
-  enum class Unit : std::uint32_t { kNone = 0, kTensor = 1, kDma = 2 };
-  std::array<std::atomic<std::uint64_t>, 3> unit_free{};  // by Unit: modelled time it is next free
+  // The codec unit's decoders share kVideo (CodecUnit::Clock).
+  enum class Unit : std::uint32_t { kNone = 0, kTensor = 1, kDma = 2, kVideo = 3 };
+  std::array<std::atomic<std::uint64_t>, 4> unit_free{};  // by Unit: modelled time it is next free
   // When (modelled) each address a command processor signalled (fences,
   // kWriteValue) was last written, so that a queue waiting on it starts no
   // earlier. Bounded: cleared when it grows past kMaxSignals.
@@ -318,6 +326,8 @@ class CommandProcessor {
   // Advances the queue's clock by a command's cost on its unit; with
   // pacing, returns no earlier than the host reaches its end.
   void charge(const Charge& c);
+  // kWaitTime: the queue's next command starts no earlier than a.ns.
+  fw::Problem wait_time(const fw::WaitTimeArgs& a);
   // Work the host submitted at host time `at` starts no earlier.
   void catch_up(std::uint64_t at) noexcept;
   // A copy of `bytes` succeeded: counted, and charged at its ends' bandwidth.

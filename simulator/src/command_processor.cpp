@@ -155,8 +155,9 @@ void CommandProcessor::run_loop() {
       return;
     }
     // Work starts no earlier than the board picks it up, on the host's
-    // clock: a board never runs what it has not been given.
-    catch_up(board_.host_time_ns());
+    // clock: a board never runs what it has not been given. (A virtual
+    // clock keeps the model's time alone.)
+    if (!board_.virtual_clock) catch_up(board_.host_time_ns());
     q_.status.fetch_or(fw::kQueueStatusBusy, std::memory_order_relaxed);
     const std::uint64_t start = base::monotonic_ns();
     board_.engine_begin(q_.engine, start);
@@ -317,8 +318,9 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
     }
     fw::Problem operator()(const fw::VideoDecodeArgs& a) const {
       CodecUnit* unit = cp.board_.codec_unit();
-      return unit ? unit->decode(a, cp.ctx_) : cp.no_video(fw::Opcode::kVideoDecode);
+      return unit ? unit->decode(a, cp.ctx_, cp.clock()) : cp.no_video(fw::Opcode::kVideoDecode);
     }
+    fw::Problem operator()(const fw::WaitTimeArgs& a) const { return cp.wait_time(a); }
     fw::Problem operator()(const fw::VideoCloseArgs& a) const {
       CodecUnit* unit = cp.board_.codec_unit();
       return unit ? unit->close(a.channel) : cp.no_video(fw::Opcode::kVideoClose);
@@ -513,7 +515,7 @@ fw::Problem CommandProcessor::wait_value(const fw::WaitValueArgs& a) {
     // time, if the queue had to wait for it.
     if (const auto at = board_.signal_time(a.address))
       q_.model_ns.store(std::max(q_.model_ns.load(std::memory_order_relaxed), *at), std::memory_order_relaxed);
-    else if (waiting)
+    else if (waiting && !board_.virtual_clock)
       catch_up(board_.host_time_ns());
   }
   return result;
@@ -552,6 +554,28 @@ void CommandProcessor::charge(const Charge& c) {
     if (host >= end) break;
     std::this_thread::sleep_for(std::chrono::nanoseconds(std::min<std::uint64_t>(end - host, 10'000'000)));
   }
+}
+
+fw::Problem CommandProcessor::wait_time(const fw::WaitTimeArgs& a) {
+  *charge_ = {};  // free: the next command starts at the time named
+  if (board_.timing) {
+    catch_up(a.ns);
+    return {};
+  }
+  // The host's clock: wait for it, as long as the queue runs.
+  bool waiting = false;
+  for (;;) {
+    const std::uint64_t now = board_.board_time_ns();
+    if (now >= a.ns) break;
+    if (halted()) return {fw::CmdStatus::kQueueReset, fw::Problem::kNoField, 0, 0};
+    if (!waiting) {
+      waiting = true;
+      q_.status.fetch_or(fw::kQueueStatusWaiting, std::memory_order_relaxed);
+    }
+    std::this_thread::sleep_for(std::chrono::nanoseconds(std::min<std::uint64_t>(a.ns - now, 10'000'000)));
+  }
+  if (waiting) q_.status.fetch_and(~fw::kQueueStatusWaiting, std::memory_order_relaxed);
+  return {};
 }
 
 void CommandProcessor::catch_up(std::uint64_t at) noexcept {

@@ -1,6 +1,7 @@
 // decode_command / decode_segment / decode_failure / engine_accepts: the
 // validating decoders on the host<->board boundary.
 #include "tpuhal/fw/decode.h"
+#include "tpuhal/fw/video.h"
 
 #include <gtest/gtest.h>
 
@@ -330,6 +331,34 @@ TEST(FwDecode, TimestampDecodesAndChecksAlignment) {
 
   expect_problem(decode_command(make(Opcode::kTimestamp, {0x2002})), CmdStatus::kBadAlignment, 0, 0x2002, 8);
   expect_problem(decode_command(make(Opcode::kTimestamp, {0x2000, 1})), CmdStatus::kReservedNotZero, 1, 1);
+}
+
+TEST(FwDecode, WaitTimeTakesABoardTimeUpTo2Pow62AndRunsOnEveryEngine) {
+  for (std::uint64_t ns : {std::uint64_t{0}, std::uint64_t{40'000'000}, kMaxWaitTimeNs}) {
+    auto r = decode_command(make(Opcode::kWaitTime, {ns}));
+    ASSERT_TRUE(r.ok()) << ns;
+    const auto* a = std::get_if<WaitTimeArgs>(&r->args);
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(a->ns, ns);
+  }
+  EXPECT_EQ(kMaxWaitTimeNs, 1ull << 62);
+  // Past it a modelled clock could overflow: refused, naming the time.
+  expect_problem(decode_command(make(Opcode::kWaitTime, {kMaxWaitTimeNs + 1})), CmdStatus::kBadArgument, 0,
+                 kMaxWaitTimeNs + 1, kMaxWaitTimeNs);
+  expect_problem(decode_command(make(Opcode::kWaitTime, {5, 0, 0, 7})), CmdStatus::kReservedNotZero, 3, 7);
+  for (EngineType e : {EngineType::kCompute, EngineType::kCopy, EngineType::kVideo})
+    EXPECT_TRUE(engine_accepts(e, Opcode::kWaitTime)) << static_cast<int>(e);
+  EXPECT_EQ(std::string(to_string(Opcode::kWaitTime)), "wait_time");
+  EXPECT_EQ(arg_name(static_cast<std::uint16_t>(Opcode::kWaitTime), 0), "board time");
+}
+
+TEST(FwVideo, AFrameRecordCarriesTheTimeItWasFinishedInItsUnusedErrorWords) {
+  FrameRecord r{};
+  r.kind = static_cast<std::uint32_t>(RecordKind::kFrame);
+  set_frame_done_ns(r, 0x1234'5678'9ABC'DEF0ull);
+  EXPECT_EQ(frame_done_ns(r), 0x1234'5678'9ABC'DEF0ull);
+  EXPECT_EQ(r.status, 0x9ABC'DEF0u);
+  EXPECT_EQ(r.detail, 0x1234'5678u);
 }
 
 // ---- Byte-span entry point -----------------------------------------------------

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -258,6 +259,98 @@ TEST(Timing, GivenAQueueWaitingOnAnotherWhenItGoesOnThenItStartsAfterTheOthersMo
   EXPECT_GE(s, f0.timestamp_ns().value());
 }
 
+// TPUHAL_SIM_CLOCK (and TPUHAL_SIM_PACE) for the boards opened while it lives.
+struct ClockEnv {
+  explicit ClockEnv(const char* clock, const char* pace = nullptr) {
+    ::setenv("TPUHAL_SIM_CLOCK", clock, 1);
+    if (pace) ::setenv("TPUHAL_SIM_PACE", pace, 1);
+  }
+  ~ClockEnv() {
+    ::unsetenv("TPUHAL_SIM_CLOCK");
+    ::unsetenv("TPUHAL_SIM_PACE");
+  }
+  ClockEnv(const ClockEnv&) = delete;
+  ClockEnv& operator=(const ClockEnv&) = delete;
+};
+
+// The board times a fresh sim:tiny on a virtual clock stamps around the same
+// work: a batch, then one waiting until 1 ms after it, then an empty one.
+std::vector<std::uint64_t> virtual_stamps() {
+  const ClockEnv env("virtual");
+  Work t("sim:tiny");
+  Queue q = t.dev.queue();
+  Buffer stamps = t.dev.allocate(5 * 8, Memory::HostPinned);
+  q.batch().timestamp(stamps, 0).run(t.conv).run(t.matmul).timestamp(stamps, 8).submit().wait();
+  std::uint64_t s[5];
+  std::memcpy(s, stamps.map().data(), 16);
+  q.batch().wait_until(s[1] + 1'000'000).timestamp(stamps, 16).run(t.add).timestamp(stamps, 24).submit().wait();
+  q.batch().timestamp(stamps, 32).submit().wait();
+  std::memcpy(s, stamps.map().data(), sizeof s);
+  return {s, s + 5};
+}
+
+TEST(Timing, GivenAVirtualClockWhenTheSameWorkRunsOnTwoBoardsThenEveryStampIsTheModelsAlone) {
+  // Model time alone: the host's time between and before batches counts
+  // for nothing, so two boards give the same stamps to the nanosecond (on
+  // the model's clock a batch starts no earlier than its submission on the
+  // host's, which differs run to run).
+  const std::vector<std::uint64_t> a = virtual_stamps(), b = virtual_stamps();
+  EXPECT_EQ(a, b);
+  const Work t("sim:tiny");
+  EXPECT_EQ(a[1] - a[0], t.ns(t.conv) + t.ns(t.matmul));
+  EXPECT_EQ(a[2], a[1] + 1'000'000);  // the wait moved the clock up to its time, and cost nothing
+  EXPECT_EQ(a[3] - a[2], t.ns(t.add));
+  EXPECT_EQ(a[4], a[3]);  // the next batch starts where the queue left off
+}
+
+TEST(Timing, GivenAVirtualClockWhenWorkWaitsSecondsOfBoardTimeThenTheBoardsNowIsWhereItsClocksReached) {
+  const ClockEnv env("virtual");
+  Work t("sim:tiny");
+  ASSERT_TRUE(t.dev.properties().caps.wait_time);
+  ASSERT_TRUE(t.dev.properties().caps.modelled_time);
+  const std::uint64_t t0 = t.dev.board_time_ns().value();
+  // Five seconds on the board, which no host waits for.
+  const std::uint64_t at = t0 + 5'000'000'000ull;
+  Buffer stamps = t.dev.allocate(2 * 8, Memory::HostPinned);
+  t.dev.queue().batch().wait_until(at).timestamp(stamps, 0).run(t.matmul).timestamp(stamps, 8).submit().wait();
+  std::uint64_t s[2];
+  std::memcpy(s, stamps.map().data(), sizeof s);
+  EXPECT_EQ(s[0], at);
+  EXPECT_EQ(s[1] - s[0], t.ns(t.matmul));
+  EXPECT_EQ(t.dev.board_time_ns().value(), s[1]);
+}
+
+TEST(Timing, GivenTheHostsClockWhenWorkWaitsUntilABoardTimeThenItStartsNoEarlier) {
+  const ClockEnv env("host");
+  Work t("sim:tiny");
+  ASSERT_TRUE(t.dev.properties().caps.wait_time);
+  EXPECT_FALSE(t.dev.properties().caps.modelled_time);
+  const std::uint64_t at = t.dev.board_time_ns().value() + 20'000'000;
+  Buffer stamp = t.dev.allocate(8, Memory::HostPinned);
+  Queue q = t.dev.queue();
+  q.batch().wait_until(at).timestamp(stamp, 0).submit().wait();
+  std::uint64_t s = 0;
+  std::memcpy(&s, stamp.map().data(), sizeof s);
+  EXPECT_GE(s, at);
+  // Bad input: past 2^62, refused before anything reaches the board; the
+  // queue goes on.
+  const Error e = error_of([&] { q.batch().wait_until((1ull << 62) + 1); });
+  EXPECT_EQ(e.status(), Status::InvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("2^62"), std::string::npos) << e.what();
+  q.batch().timestamp(stamp, 0).submit().wait();
+}
+
+TEST(Timing, GivenAVirtualClockWithPacingOrWithoutAModelWhenOpenedThenTheBoardIsRefusedSayingWhy) {
+  {
+    const ClockEnv env("virtual", "1");
+    const Error e = error_of([] { (void)open("sim:tiny"); });
+    EXPECT_NE(std::string(e.what()).find("TPUHAL_SIM_PACE"), std::string::npos) << e.what();
+  }
+  const ClockEnv env("bogus");
+  const Error e = error_of([] { (void)open("sim:tiny"); });
+  EXPECT_NE(std::string(e.what()).find("\"virtual\""), std::string::npos) << e.what();
+}
+
 TEST(Timing, GivenABoardWithoutATimingModelWhenAskedThenThereIsNoModelledTime) {
   // The skeleton driver's board keeps no model; neither does a profile
   // without timing.model (tests/sim/profile_test.cpp).
@@ -266,6 +359,10 @@ TEST(Timing, GivenABoardWithoutATimingModelWhenAskedThenThereIsNoModelledTime) {
   EXPECT_FALSE(dev.properties().caps.modelled_time);
   EXPECT_FALSE(dev.modelled_copy(1, Memory::HostPinned, Memory::Device).has_value());
   EXPECT_FALSE(dev.modelled_decode_ns(Codec::H264, FrameType::Intra, 64, 64).has_value());
+  // Nor work timed to its clock.
+  EXPECT_FALSE(dev.properties().caps.wait_time);
+  EXPECT_FALSE(dev.board_time_ns().has_value());
+  EXPECT_EQ(error_of([&] { dev.queue().batch().wait_until(1); }).status(), Status::Unsupported);
 }
 
 TEST(Timing, GivenAnOpOfAnotherDeviceWhenCostedThenItIsRefusedByName) {

@@ -48,6 +48,9 @@ const std::vector<Clip>& clips() {
       {"jpeg_odd.jpg", "-vf scale=321:241 -pix_fmt yuvj420p -frames:v 1", "320x240", 1},
       {"h264_360p.h264", "-c:v libx264 -preset veryfast -bf 2 -g 6 -pix_fmt yuv420p", "640x360", 8},
       {"h264_1080p.h264", "-c:v libx264 -preset veryfast -bf 2 -pix_fmt yuv420p", "1920x1080", 3},
+      // A camera's: no B frames, an I frame every 5.
+      {"h264_camera.h264", "-c:v libx264 -preset veryfast -bf 0 -g 5 -keyint_min 5 -sc_threshold 0 -pix_fmt yuv420p",
+       "320x240", 12},
   };
   return all;
 }
@@ -290,6 +293,63 @@ TEST_F(Video, OneChannelTooManyIsAClearErrorAndClosingFreesOne) {
   c.flush();
   drain();
   EXPECT_EQ(got, ffmpeg_md5(path));
+}
+
+TEST_F(Video, GivenAVirtualClockWhenPacketsArriveAtTheirTimesThenEachFrameIsDoneItsModelledDecodeLater) {
+  ::setenv("TPUHAL_SIM_CLOCK", "virtual", 1);
+  Device dev = open("sim:bm1684x");
+  ::unsetenv("TPUHAL_SIM_CLOCK");
+  ASSERT_TRUE(dev.properties().caps.wait_time);
+  const std::string path = path_of("h264_camera.h264");
+  const auto cost = [&](std::uint64_t frame) {
+    const FrameType type = frame % 5 == 0 ? FrameType::Intra : FrameType::Predicted;
+    return dev.modelled_decode_ns(Codec::H264, type, 320, 240).value();
+  };
+  // One camera at 25 fps: each frame is done its decode after its packet
+  // arrives (the unit is idle in between), on the model's clock alone.
+  {
+    VideoDecoder dec = dev.open_decoder({.max_width = 320, .max_height = 240});
+    Demuxer in(path);
+    const std::uint64_t t0 = dev.board_time_ns().value() + 1'000'000'000;
+    std::uint64_t k = 0, frames = 0;
+    auto drain = [&] {
+      while (auto f = dec.receive(std::chrono::seconds(30))) {
+        ASSERT_TRUE(f->decoded_ns());
+        EXPECT_EQ(*f->decoded_ns(), t0 + f->packet() * 40'000'000 + cost(f->index())) << "frame " << f->index();
+        ++frames;
+      }
+    };
+    while (auto p = in.next()) {
+      dec.send_at(t0 + k++ * 40'000'000, p->data, p->pts);
+      drain();
+    }
+    dec.flush();
+    drain();
+    EXPECT_EQ(frames, 12u);
+  }
+  // Two cameras whose packets arrive at once share the unit: one frame is
+  // done a decode after the other.
+  VideoDecoder a = dev.open_decoder({.max_width = 320, .max_height = 240});
+  VideoDecoder b = dev.open_decoder({.max_width = 320, .max_height = 240});
+  Demuxer in(path);
+  const auto first = in.next().value();
+  const std::uint64_t at = dev.board_time_ns().value() + 1'000'000'000;
+  a.send_at(at, first.data, 0);
+  b.send_at(at, first.data, 0);
+  const auto fa = a.receive(std::chrono::seconds(30)), fb = b.receive(std::chrono::seconds(30));
+  ASSERT_TRUE(fa && fb);
+  const std::uint64_t ta = fa->decoded_ns().value(), tb = fb->decoded_ns().value();
+  EXPECT_EQ(std::min(ta, tb), at + cost(0));
+  EXPECT_EQ(std::max(ta, tb), at + 2 * cost(0));
+  // Bad input: a time past 2^62 is refused, and the channel goes on.
+  try {
+    a.send_at((1ull << 62) + 1, first.data, 0);
+    FAIL() << "a packet timed past 2^62 was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidArgument);
+  }
+  a.send(first.data, 0);
+  EXPECT_TRUE(a.receive(std::chrono::seconds(30)));
 }
 
 TEST_F(Video, BadOptionsAreRefused) {

@@ -613,6 +613,11 @@ void bind_ops(py::module_& m) {
           "What a copy of `bytes` from `src` memory to `dst` costs in the board's timing model (a fill: "
           "'device' to 'device'), as modelled() gives it; None without a timing model.")
       .def(
+          "board_time_ns", [](const PyDevice& d) { return d.get().board_time_ns(); },
+          "The board's clock now (ns since its reset; a simulated board with TPUHAL_SIM_CLOCK=virtual: the "
+          "furthest its modelled clocks reached): the base for Batch.wait_until() and "
+          "VideoDecoder.send(arrival_ns=). None without caps.wait_time.")
+      .def(
           "modelled_decode_ns",
           [](const PyDevice& d, py::handle codec, const std::string& frame_type, std::uint32_t width,
              std::uint32_t height) -> std::optional<std::uint64_t> {

@@ -128,6 +128,11 @@ PyBatch& timestamp(PyBatch& b, const BufferRef& buf, std::uint64_t offset) {
   return b;
 }
 
+PyBatch& wait_until(PyBatch& b, std::uint64_t board_ns) {
+  b.recording("wait_until").wait_until(board_ns);
+  return b;
+}
+
 PyFence submit(PyBatch& b, const py::object& max_wait) {
   Batch& batch = b.recording("submit");
   if (!b.queue)
@@ -238,6 +243,10 @@ void bind_queue(py::module_& m) {
       .def("wait_value", &wait_value, py::arg("buffer"), py::arg("offset"), py::arg("value"), chain, kWaitValueDoc)
       .def("write_value", &write_value, py::arg("buffer"), py::arg("offset"), py::arg("value"), chain, kWriteValueDoc)
       .def("timestamp", &timestamp, py::arg("buffer"), py::arg("offset"), chain, kTimestampDoc)
+      .def("wait_until", &wait_until, py::arg("board_ns"), chain,
+           "The batch's next command starts no earlier than board time `board_ns` (ns since the board's "
+           "reset, as Fence.timestamp_ns and Device.board_time_ns() give it; caps.wait_time, at most 2**62). "
+           "A board on the host's clock waits for it; a modelled clock moves up to it (docs/timing.md).")
       .def("submit", &submit, py::arg("max_wait") = py::none(),
            "Submits what was recorded and empties the batch; returns its Fence. If the queue's ring is full, "
            "waits (without the GIL) for room while the queue makes progress, up to the device's wait "

@@ -218,6 +218,9 @@ void bind_types(py::module_& m) {
       .def_readonly("telemetry", &Capabilities::telemetry, "Device.telemetry().")
       .def_readonly("modelled_time", &Capabilities::modelled_time,
                     "The board's clock is a timing model's (a simulated board; docs/timing.md).")
+      .def_readonly("wait_time", &Capabilities::wait_time,
+                    "Work timed on the board's clock: Batch.wait_until(), VideoDecoder.send(arrival_ns=), "
+                    "Frame.decoded_ns and Device.board_time_ns().")
       .def("__repr__", [](const Capabilities& c) {
         std::string s = "Capabilities(";
         bool first = true;
@@ -234,6 +237,7 @@ void bind_types(py::module_& m) {
         add("video_decode", c.video_decode);
         add("telemetry", c.telemetry);
         add("modelled_time", c.modelled_time);
+        add("wait_time", c.wait_time);
         return s + ")";
       });
 

@@ -136,7 +136,8 @@ py::object try_receive(const DecoderRef& self) {
   return py::cast(std::make_shared<PyFrame>(std::move(*f)));
 }
 
-void send(const DecoderRef& self, const py::object& packet, const py::object& pts) {
+void send(const DecoderRef& self, const py::object& packet, const py::object& pts,
+          std::optional<std::uint64_t> arrival_ns) {
   VideoDecoder d = self->get("send");
   py::object data = packet;
   std::int64_t p = 0;
@@ -147,7 +148,12 @@ void send(const DecoderRef& self, const py::object& packet, const py::object& pt
   }
   if (!pts.is_none()) p = pts.cast<std::int64_t>();
   PacketBytes bytes(data);
-  without_gil([&] { d.send(bytes.span(), p); });
+  without_gil([&] {
+    if (arrival_ns)
+      d.send_at(*arrival_ns, bytes.span(), p);
+    else
+      d.send(bytes.span(), p);
+  });
 }
 
 // Frame.to_numpy(): the planes in one read of the bytes they span, then each
@@ -236,11 +242,14 @@ void bind_video(py::module_& m) {
       "memory, in display order. decode(packets) is the simple way to use it; send()/flush()/receive() "
       "the step-by-step one. Safe to use from several threads (calls on one decoder are serialised); "
       "a context manager that closes the channel at the end of the block.")
-      .def("send", &send, py::arg("packet"), py::arg("pts") = py::none(),
+      .def("send", &send, py::arg("packet"), py::arg("pts") = py::none(), py::kw_only(),
+           py::arg("arrival_ns") = py::none(),
            "Sends one packet: bytes or any C-contiguous buffer-protocol object holding Annex B data (an "
            "access unit, or any run of whole NAL units) for H.264 and H.265, a whole JPEG file for JPEG, or "
            "a tpuhal.Packet (whose pts is used unless `pts` is given). The bytes are copied before it "
-           "returns. `pts` (default 0) comes back on the frames the packet gives. Releases the GIL. Raises "
+           "returns. `pts` (default 0) comes back on the frames the packet gives. With `arrival_ns` (a board "
+           "time, caps.wait_time) the codec unit takes the packet no earlier, as a camera's frame arrives at "
+           "its time. Releases the GIL. Raises "
            "tpuhal.FailedPrecondition after flush() until reset(), tpuhal.ResourceExhausted when the caller "
            "holds every frame buffer while the board has frames waiting for one.")
       .def(
@@ -357,6 +366,10 @@ void bind_video(py::module_& m) {
           "Frames before it on its decoder since open or reset() (display order).")
       .def_property_readonly(
           "channel", [](const PyFrame& f) { return f.frame.channel(); }, "The decoder channel that made it.")
+      .def_property_readonly(
+          "decoded_ns", [](const PyFrame& f) { return f.frame.decoded_ns(); },
+          "Board time (ns since its reset) at which the codec unit finished it: on a modelled clock the "
+          "model's. None without caps.wait_time.")
       .def_property_readonly(
           "buffer", [](PyFrame& f) { return f.buffer(); },
           "The tpuhal.Buffer (device memory) holding its planes; see planes. Keeps the frame buffer held. "

@@ -25,6 +25,7 @@ CLIPS = {
     "h265.mp4": ("-c:v libx265 -x265-params log-level=none -pix_fmt yuv420p", "320x240", 12),
     "h264_odd.h264": ("-c:v libx264 -bf 2 -pix_fmt yuv420p", "322x182", 10),
     "image.jpg": ("-pix_fmt yuvj420p", "320x240", 1),
+    "camera.h264": ("-c:v libx264 -bf 0 -g 5 -pix_fmt yuv420p", "320x240", 5),  # no B frames
 }
 
 
@@ -432,3 +433,29 @@ def test_pipeline_decode_convert_on_device_matches_numpy(dev, clips, fmt):
             assert np.ptp(got) > 1  # a real picture, not a constant
             checked += 1
     assert checked == 20
+
+
+# ---- The board's clock ------------------------------------------------------
+
+
+def test_a_packet_timed_on_a_virtual_clock_is_done_its_modelled_decode_after_it_arrives(clips, monkeypatch):
+    # TPUHAL_SIM_CLOCK=virtual: the board keeps the timing model's time alone,
+    # so the frame's time is the model's to the nanosecond on any host.
+    monkeypatch.setenv("TPUHAL_SIM_CLOCK", "virtual")
+    with tpuhal.open("sim:bm1684x") as board:
+        assert board.properties.caps.wait_time
+        packet = next(iter(tpuhal.Demuxer(clips["camera.h264"])))
+        at = board.board_time_ns() + 2_000_000_000  # two seconds ahead: nobody waits for them
+        with board.open_decoder("h264", max_width=320, max_height=240) as dec:
+            dec.send(packet, arrival_ns=at)
+            frame = dec.receive(timeout=30)
+            assert frame.decoded_ns == at + board.modelled_decode_ns("h264", "I", 320, 240)
+            del frame
+        # Work after it waits for its time too, and the board's now follows.
+        q = board.queue()
+        stamp = board.alloc(8, "host_pinned")
+        q.batch().wait_until(at + 5_000_000).timestamp(stamp, 0).submit().wait()
+        assert int(stamp.map(np.uint64)[0]) == at + 5_000_000
+        assert board.board_time_ns() >= at + 5_000_000
+        with pytest.raises(tpuhal.InvalidArgument, match="2\\^62"):
+            q.batch().wait_until(2**62 + 1)

@@ -141,6 +141,8 @@ CUresult enqueue(CudaDevice& dev, CUstream stream, const driver::Command& c, Kee
           what = "cuGraphLaunch";
           auto* p = static_cast<CudaProgram*>(cmd.program);
           return api.cuGraphLaunch(p->exec(), stream);
+        } else if constexpr (std::is_same_v<T, driver::cmd::WaitTime>) {
+          throw Error(Status::Unsupported, uri + ": no timed waits on this device (caps.wait_time is false)");
         } else if constexpr (std::is_same_v<T, driver::cmd::Timestamp>) {
           if (!dev.clock())
             throw Error(Status::Unsupported, uri + ": timestamps are not supported (caps.timestamps is false)");

@@ -281,6 +281,7 @@ void TpuDevice::read_properties() {
   props_.caps.video_decode = (caps_ & fw::kCapVideoDecode) && agreed_minor_ >= 2 && props_.decode_channels > 0;
   props_.caps.telemetry = (caps_ & fw::kCapTelemetry) && agreed_minor_ >= 6;
   props_.caps.modelled_time = (caps_ & fw::kCapModelledTime) && agreed_minor_ >= 9;
+  props_.caps.wait_time = (caps_ & fw::kCapTimestamp) && agreed_minor_ >= fw::kMinorWaitTime;
   if (props_.caps.video_decode) {
     const std::uint32_t codecs = t.read32(fw::reg::kVideoCodecs);
     if (codecs & 1u << static_cast<int>(fw::VideoCodec::kH264)) props_.codecs.push_back(Codec::H264);
@@ -759,6 +760,8 @@ std::optional<ModelledTime> TpuDevice::model_transfer(std::uint64_t bytes, Memor
                                  : (to_host ? fw::DmaDirection::kDeviceToHost : fw::DmaDirection::kDeviceToDevice);
   return modelled(fw::copy_time(*m, bytes, d));
 }
+
+std::optional<std::uint64_t> TpuDevice::board_time_ns() const { return read64(fw::reg::kTimeLo); }
 
 std::optional<std::uint64_t> TpuDevice::model_decode_ns(Codec codec, FrameType type, std::uint32_t width,
                                                         std::uint32_t height) const {

@@ -64,6 +64,7 @@ class TpuDevice final : public driver::DeviceBackend, public std::enable_shared_
   Telemetry telemetry() const override;
   std::optional<ModelledTime> model_op(const driver::OpDesc& op) const override;
   std::optional<ModelledTime> model_transfer(std::uint64_t bytes, Memory from, Memory to) const override;
+  std::optional<std::uint64_t> board_time_ns() const override;
   std::optional<std::uint64_t> model_decode_ns(Codec codec, FrameType type, std::uint32_t width,
                                                std::uint32_t height) const override;
   std::shared_ptr<driver::BufferBackend> allocate(std::uint64_t size, Memory memory,

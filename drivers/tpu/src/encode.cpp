@@ -234,6 +234,14 @@ void encode(const driver::Command& command, std::uint32_t index, const std::stri
       d.opcode = static_cast<std::uint16_t>(fw::Opcode::kTimestamp);
       d.args[0] = address(c.location);
     }
+    void operator()(const driver::cmd::WaitTime& c) const {
+      if (interface_minor < fw::kMinorWaitTime)
+        throw Error(Status::Unsupported, uri + ": wait_until needs firmware interface 1." +
+                                             std::to_string(fw::kMinorWaitTime) + "; the board speaks 1." +
+                                             std::to_string(interface_minor) + " (update its firmware)");
+      d.opcode = static_cast<std::uint16_t>(fw::Opcode::kWaitTime);
+      d.args[0] = c.ns;
+    }
     void operator()(const driver::cmd::Run& r) const {
       if (const auto need = required_minor(*r.op); need > interface_minor)
         throw Error(Status::Unsupported, uri + ": " + r.op->name + " needs firmware interface 1." +

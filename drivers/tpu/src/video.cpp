@@ -12,6 +12,7 @@
 
 #include "device_impl.h"
 #include "tpuhal/fw/decode.h"
+#include "tpuhal/fw/version.h"
 #include "tpuhal/fw/video.h"
 
 namespace tpuhal::tpu {
@@ -183,9 +184,16 @@ class TpuDecoder final : public driver::DecoderBackend {
 
   std::uint32_t channel() const override { return ch_->number; }
 
-  void send(std::span<const std::byte> data, std::int64_t pts, std::uint64_t index, bool eos) override {
+  void send(std::span<const std::byte> data, std::int64_t pts, std::uint64_t index, bool eos,
+            std::optional<std::uint64_t> arrival_ns) override {
     check_queue();
-    fw::CommandDescriptor d{};
+    // A packet timed to the board's clock: a kWaitTime before it.
+    fw::CommandDescriptor timed[2]{};
+    if (arrival_ns) {
+      timed[0].opcode = static_cast<std::uint16_t>(fw::Opcode::kWaitTime);
+      timed[0].args[0] = *arrival_ns;
+    }
+    fw::CommandDescriptor& d = timed[1];
     d.opcode = static_cast<std::uint16_t>(fw::Opcode::kVideoDecode);
     d.args[0] = ch_->number;
     d.args[3] = static_cast<std::uint64_t>(pts);
@@ -203,7 +211,7 @@ class TpuDecoder final : public driver::DecoderBackend {
       d.args[1] = staging_->device_address() + at;
       d.args[2] = data.size();
     }
-    const std::uint64_t fence = submit(d);
+    const std::uint64_t fence = arrival_ns ? submit(timed) : submit(d);
     if (!eos) in_flight_.push_back({staging_end_, fence, index});
     ++sent_;
   }
@@ -318,9 +326,10 @@ class TpuDecoder final : public driver::DecoderBackend {
     return Error(e.status(), name() + ": " + packet + e.what());
   }
 
-  std::uint64_t submit(const fw::CommandDescriptor& d) {
+  std::uint64_t submit(const fw::CommandDescriptor& d) { return submit(std::span(&d, 1)); }
+  std::uint64_t submit(std::span<const fw::CommandDescriptor> d) {
     try {
-      return queue_->submit_raw({&d, 1});
+      return queue_->submit_raw(d);
     } catch (const Error& e) {
       throw queue_error(e);
     }
@@ -489,6 +498,7 @@ class TpuDecoder final : public driver::DecoderBackend {
         ev.width = rec->width;
         ev.height = rec->height;
         ev.pts = rec->pts;
+        if (dev_->interface_minor() >= fw::kMinorWaitTime) ev.done_ns = fw::frame_done_ns(*rec);
         const fw::PlaneLayout L = fw::plane_layout(rec->width, rec->height, ch_->open.layout);
         ev.planes = L.planes;
         for (std::uint32_t p = 0; p < L.planes; ++p) ev.plane[p] = {L.offset[p], L.pitch[p], L.row_bytes[p], L.rows[p]};

@@ -173,6 +173,13 @@ class TPUHAL_API Batch {
   Batch& write_value(const Buffer& buf, std::uint64_t offset, std::uint64_t value);
   // Writes the board time (ns) at `offset` (offset % 8 == 0).
   Batch& timestamp(const Buffer& buf, std::uint64_t offset);
+  // The batch's next command starts no earlier than board time `board_ns`
+  // (ns since the board's reset, as Fence::timestamp_ns() and
+  // Device::board_time_ns() give it; caps.wait_time): work timed to the
+  // board, such as a frame's ops after Frame::decoded_ns(). A board on the
+  // host's clock waits for it; a modelled clock (docs/timing.md) moves up
+  // to it. At most 2^62.
+  Batch& wait_until(std::uint64_t board_ns);
   // Runs a tensor op (ops.hpp) on this queue's device (caps.tensor).
   Batch& run(const Op& op);
   // Replays a recorded program (Device::record).
@@ -273,6 +280,11 @@ class TPUHAL_API Device {
   std::optional<ModelledTime> modelled_copy(std::uint64_t bytes, Memory from, Memory to) const;
   std::optional<std::uint64_t> modelled_decode_ns(Codec codec, FrameType type, std::uint32_t width,
                                                   std::uint32_t height) const;
+  // The board's clock now (ns since its reset; on a simulated board with a
+  // virtual clock, the furthest its modelled clocks reached): the base for
+  // Batch::wait_until() and VideoDecoder::send_at(). nullopt without
+  // caps.wait_time.
+  std::optional<std::uint64_t> board_time_ns() const;
 
   // Allocates `size` bytes (> 0). Out of memory throws OutOfMemory saying what
   // is used and free in the heap and the largest block that would fit.

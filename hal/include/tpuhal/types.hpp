@@ -99,6 +99,9 @@ struct Capabilities {
   // model's, not measured: a simulated board with a timing model
   // (docs/timing.md).
   bool modelled_time = false;
+  // Batch::wait_until(), VideoDecoder::send_at(), Frame::decoded_ns() and
+  // Device::board_time_ns(): work timed on the board's clock.
+  bool wait_time = false;
 };
 
 struct Properties {

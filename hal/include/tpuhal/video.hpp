@@ -56,6 +56,11 @@ class TPUHAL_API Frame {
   std::int64_t pts() const;      // the pts sent with the packet it came from
   std::uint64_t packet() const;  // index of that packet (0-based, in send order)
   std::uint64_t index() const;   // frames before it on this decoder since open or reset
+  // Board time (ns since its reset) at which the codec unit finished the
+  // frame: on a modelled clock, the model's (docs/timing.md). Work timed to
+  // the board starts after it (Batch::wait_until). nullopt without
+  // caps.wait_time.
+  std::optional<std::uint64_t> decoded_ns() const;
   std::uint32_t channel() const;
   std::span<const Plane> planes() const;  // NV12: Y, UV; I420: Y, U, V
 
@@ -90,6 +95,12 @@ class TPUHAL_API VideoDecoder {
   // board has frames waiting for one.
   void send(std::span<const std::byte> packet, std::int64_t pts = 0);
   void send(std::span<const std::uint8_t> packet, std::int64_t pts = 0);
+  // The same for a packet that arrives at board time `arrival_ns` (ns since
+  // the board's reset; Device::board_time_ns() says where the board's clock
+  // is): the codec unit takes it no earlier, as a camera's frame arrives at
+  // its time (caps.wait_time; Unsupported without). At most 2^62.
+  void send_at(std::uint64_t arrival_ns, std::span<const std::byte> packet, std::int64_t pts = 0);
+  void send_at(std::uint64_t arrival_ns, std::span<const std::uint8_t> packet, std::int64_t pts = 0);
 
   // End of stream: the frames the decoder still holds (reordering) come out,
   // then receive() returns nullopt and end_of_stream() is true.

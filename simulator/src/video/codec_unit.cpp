@@ -112,6 +112,10 @@ struct CodecUnit::Channel {
   std::uint64_t frames_live = 0;
   std::uint64_t frames_charged = 0;
   bool out_of_memory = false;  // get_buffer refused a frame since it was last reported
+  // The modelled clock (Clock): the latest arrival of a packet sent to the
+  // decoder, and the end of the channel's last frame.
+  std::uint64_t fed_ns = 0;
+  std::uint64_t done_ns = 0;
 
   // Telemetry since power-on (fw::TelemetryChannel): never reset.
   std::atomic<std::uint64_t> t_packets{0}, t_frames{0}, t_errors{0}, t_busy_ns{0};
@@ -132,7 +136,7 @@ struct CodecUnit::Channel {
 
 CodecUnit::CodecUnit(const base::ffmpeg::Api& av, DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels,
                      std::uint32_t threads, std::uint64_t memory, Raise raise, void* board,
-                     const std::atomic<bool>& halted, const std::atomic<std::uint32_t>& driver_version)
+                     const std::atomic<bool>& halted, const std::atomic<std::uint32_t>& driver_version, Clock clock)
     : av_(av),
       dma_(dma),
       iommu_(iommu),
@@ -140,6 +144,7 @@ CodecUnit::CodecUnit(const base::ffmpeg::Api& av, DmaEngine& dma, IommuDomain& i
       board_(board),
       halted_(halted),
       driver_version_(driver_version),
+      clock_(clock),
       memory_limit_(memory) {
   // libavcodec reports every damaged macroblock on stderr; the board reports
   // errors through its records instead.
@@ -209,6 +214,7 @@ fw::Problem CodecUnit::open(const fw::VideoOpenArgs& a, std::uint32_t queue, Dma
     return {fw::CmdStatus::kBadArgument, 1, static_cast<std::uint64_t>(a.codec), 0};
   }
   c.published = c.taken = c.last_packet = c.frames = 0;
+  c.fed_ns = c.done_ns = 0;
   std::lock_guard lock(c.mu);
   c.args = a;
   c.queue = queue;
@@ -222,7 +228,7 @@ fw::Problem CodecUnit::open(const fw::VideoOpenArgs& a, std::uint32_t queue, Dma
   return {};
 }
 
-fw::Problem CodecUnit::decode(const fw::VideoDecodeArgs& a, DmaContext& ctx) {
+fw::Problem CodecUnit::decode(const fw::VideoDecodeArgs& a, DmaContext& ctx, std::uint64_t arrival_ns) {
   if (a.channel >= channels_.size()) return {fw::CmdStatus::kBadArgument, 0, a.channel, channels_.size()};
   Channel& c = *channels_[a.channel];
   const fw::Problem closed{fw::CmdStatus::kBadArgument, 0, a.channel, channels_.size()};
@@ -242,6 +248,7 @@ fw::Problem CodecUnit::decode(const fw::VideoDecodeArgs& a, DmaContext& ctx) {
   Packet p;
   p.pts = a.pts;
   p.index = a.index;
+  p.arrival_ns = arrival_ns;
   p.eos = a.eos;
   if (a.bytes) {
     // The packet's memory is charged before it is taken: a client cannot
@@ -531,6 +538,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
 #endif
     fw::FrameRecord r{};
     r.kind = static_cast<std::uint32_t>(fw::RecordKind::kFrame);
+    fw::set_frame_done_ns(r, frame_done(c));
     r.slot = slot;
     r.packet = packet;
     r.pts = f.pts != AV_NOPTS_VALUE ? f.pts : f.best_effort_timestamp;
@@ -602,6 +610,7 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
       c.pending.pop_front();
     }
     c.last_packet = p.index;
+    c.fed_ns = std::max(c.fed_ns, p.arrival_ns);
     if (p.eos) {
       ++c.taken;
       uncharge(p.charged);  // an end-of-stream marker's data is not decoded
@@ -623,6 +632,27 @@ bool CodecUnit::process(Channel& c, DmaContext& ctx) {
   store_release(hdr->waiting, blocked ? 1u : 0u);
   if (raised) raise_(board_, c.queue);
   return !blocked;
+}
+
+std::uint64_t CodecUnit::frame_done(Channel& c) {
+  if (!clock_.timing) return clock_.now(board_);
+  const AVFrame& f = *c.frame;
+  const fw::FrameType type = f.pict_type == AV_PICTURE_TYPE_I   ? fw::FrameType::kIntra
+                             : f.pict_type == AV_PICTURE_TYPE_B ? fw::FrameType::kBidirectional
+                                                                : fw::FrameType::kPredicted;
+  const std::uint64_t cost = fw::decode_ns(*clock_.timing, c.args.codec, type, static_cast<std::uint32_t>(f.width),
+                                           static_cast<std::uint32_t>(f.height));
+  // The unit is the channels': the frame starts when both are ready. A
+  // frame that comes out after later packets (reordering) starts no
+  // earlier than the packet that let it out.
+  const std::uint64_t ready = std::max(c.fed_ns, c.done_ns);
+  std::uint64_t free = clock_.unit_free->load(std::memory_order_relaxed);
+  std::uint64_t begin;
+  do {
+    begin = std::max(ready, free);
+  } while (!clock_.unit_free->compare_exchange_weak(free, begin + cost, std::memory_order_acq_rel));
+  c.done_ns = begin + cost;
+  return c.done_ns;
 }
 
 void CodecUnit::telemetry(std::uint32_t channel, fw::TelemetryChannel& out) const noexcept {

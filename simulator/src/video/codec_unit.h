@@ -14,6 +14,7 @@
 
 #include "tpuhal/fw/decode.h"
 #include "tpuhal/fw/telemetry.h"
+#include "tpuhal/fw/timing.h"
 #include "tpuhal/sim/iommu.h"
 
 struct AVCodecContext;
@@ -38,18 +39,31 @@ class CodecUnit {
   // terms.
   // `av` is FFmpeg, loaded (base::ffmpeg::Part::kDecode).
   using Raise = void (*)(void* board, std::uint32_t queue);
+  // When the unit finishes each frame (fw::frame_done_ns, docs/timing.md).
+  // With a timing model, a frame occupies the video unit, which every
+  // channel shares, for its modelled time (fw::decode_ns), starting no
+  // earlier than the packet that gave it arrived, the channel's previous
+  // frame ended and the unit is free; `unit_free` is the unit's modelled
+  // free time, the board's. Without one, a frame is stamped with the board's
+  // time (`now`) when it is published.
+  struct Clock {
+    const fw::TimingModel* timing = nullptr;
+    std::atomic<std::uint64_t>* unit_free = nullptr;
+    std::uint64_t (*now)(const void* board) = nullptr;
+  };
   CodecUnit(const base::ffmpeg::Api& av, DmaEngine& dma, IommuDomain& iommu, std::uint32_t channels,
             std::uint32_t threads, std::uint64_t memory, Raise raise, void* board, const std::atomic<bool>& halted,
-            const std::atomic<std::uint32_t>& driver_version);
+            const std::atomic<std::uint32_t>& driver_version, Clock clock);
   ~CodecUnit();  // closes every channel and joins the decode threads
 
   std::uint32_t channels() const noexcept { return static_cast<std::uint32_t>(channels_.size()); }
   std::uint32_t threads() const noexcept { return static_cast<std::uint32_t>(workers_.size()); }
 
   // Command processor side, in each video queue's order. `ctx` is the
-  // calling command processor's DMA context.
+  // calling command processor's DMA context; `arrival_ns` the queue's
+  // clock when it hands the packet over.
   fw::Problem open(const fw::VideoOpenArgs& a, std::uint32_t queue, DmaContext& ctx);
-  fw::Problem decode(const fw::VideoDecodeArgs& a, DmaContext& ctx);
+  fw::Problem decode(const fw::VideoDecodeArgs& a, DmaContext& ctx, std::uint64_t arrival_ns);
   fw::Problem close(std::uint32_t channel);
 
   // reg::kVideoDoorbell: the host freed slots of `channel`.
@@ -74,8 +88,12 @@ class CodecUnit {
     std::uint64_t charged = 0;       // working memory it holds
     std::int64_t pts;
     std::uint64_t index;
+    std::uint64_t arrival_ns = 0;  // board time it was handed over
     bool eos;
   };
+  // The board time the frame in c.frame is finished (Clock); advances the
+  // unit's and the channel's modelled time. Runs with c.work_mu held.
+  std::uint64_t frame_done(Channel& c);
   // Takes `bytes` of the working memory; false (nothing taken) if they do
   // not fit.
   bool charge(std::uint64_t bytes) noexcept;
@@ -98,6 +116,7 @@ class CodecUnit {
   void* board_;
   const std::atomic<bool>& halted_;
   const std::atomic<std::uint32_t>& driver_version_;
+  const Clock clock_;
   const std::uint64_t memory_limit_;
   std::atomic<std::uint64_t> memory_used_{0};
   std::vector<std::unique_ptr<Channel>> channels_;

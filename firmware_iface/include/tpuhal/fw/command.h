@@ -49,10 +49,19 @@ enum class Opcode : std::uint16_t {
   kVideoOpen = 10,    // opens a decoder channel
   kVideoDecode = 11,  // hands the channel one packet (or its end of stream)
   kVideoClose = 12,   // closes a channel
+  // Interface 1.21:
+  kWaitTime = 13,  // args: board time (ns since reset): the queue's next
+                   // command starts no earlier (a packet's arrival, a frame
+                   // the codec unit finishes then). Every engine; costs
+                   // nothing. A board on the host's clock waits for it; a
+                   // modelled clock moves up to it (docs/timing.md).
 };
 inline constexpr std::uint16_t kMaxOpcodeV1_0 = 7;
 inline constexpr std::uint16_t kMaxOpcodeV1_1 = 9;
-inline constexpr std::uint16_t kMaxOpcode = 12;
+inline constexpr std::uint16_t kMaxOpcode = 13;
+// The latest board time a kWaitTime names (146 years after reset), so that
+// a modelled clock moved up to it cannot overflow.
+inline constexpr std::uint64_t kMaxWaitTimeNs = 1ull << 62;
 const char* to_string(Opcode op) noexcept;
 
 // Descriptor flags.

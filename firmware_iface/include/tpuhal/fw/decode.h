@@ -74,10 +74,13 @@ struct VideoDecodeArgs {
 struct VideoCloseArgs {
   std::uint32_t channel;
 };
+struct WaitTimeArgs {
+  std::uint64_t ns;  // board time
+};
 
 // Alternative i holds the arguments of opcode i + 1.
 using CommandArgs = std::variant<NopArgs, CopyArgs, CopySgArgs, FillArgs, WaitValueArgs, WriteValueArgs, TimestampArgs,
-                                 TensorOpArgs, CallArgs, VideoOpenArgs, VideoDecodeArgs, VideoCloseArgs>;
+                                 TensorOpArgs, CallArgs, VideoOpenArgs, VideoDecodeArgs, VideoCloseArgs, WaitTimeArgs>;
 
 struct Command {
   Opcode opcode = Opcode::kInvalid;

@@ -32,6 +32,7 @@ struct Version {
 inline constexpr std::uint16_t kMinorOutOfMemory = 8;
 inline constexpr std::uint16_t kMinorGatherByteIndices = 12;
 inline constexpr std::uint16_t kMinorOpFlags = 18;
+inline constexpr std::uint16_t kMinorWaitTime = 21;  // kWaitTime, frame_done_ns
 
 // The version a driver supporting [driver_min, driver_max] (same major) and a
 // board advertising `board` agree on, or kBadArgument with field

@@ -105,11 +105,24 @@ struct FrameRecord {
   std::uint32_t width, height;  // in the layout the channel was opened with
   std::uint32_t pitch[3];       // bytes per row of Y, then U/V (NV12: one chroma plane)
   std::uint32_t offset[3];      // plane offsets inside the slot
-  std::uint32_t status;         // kError: CmdStatus
+  std::uint32_t status;         // kError: CmdStatus; kFrame: see frame_done_ns
   std::uint32_t detail;         // kError: kCorruptStream: the decoder's own code;
                                 // kUnsupportedStream: kVideoDetail*
 };
 static_assert(sizeof(FrameRecord) == 64);
+
+// Interface 1.21: a kFrame record carries, in the words its kind leaves
+// unused, the board time (ns since reset) at which the codec unit finished
+// the frame: status | detail << 32. On a modelled clock that is the model's
+// time for the frame on the video unit (docs/timing.md). 0 from a board of
+// 1.20.
+constexpr std::uint64_t frame_done_ns(const FrameRecord& r) noexcept {
+  return r.status | std::uint64_t{r.detail} << 32;
+}
+constexpr void set_frame_done_ns(FrameRecord& r, std::uint64_t ns) noexcept {
+  r.status = static_cast<std::uint32_t>(ns);
+  r.detail = static_cast<std::uint32_t>(ns >> 32);
+}
 
 struct VideoChannelHeader {
   std::uint64_t published;     // board: records written (release)

@@ -83,9 +83,14 @@ struct Run {
 struct Call {
   ProgramBackend* program = nullptr;
 };
+// The queue's next command starts no earlier than board time `ns`
+// (caps.wait_time).
+struct WaitTime {
+  std::uint64_t ns = 0;
+};
 }  // namespace cmd
 using Command = std::variant<cmd::Copy, cmd::Fill, cmd::WaitFence, cmd::WaitValue, cmd::WriteValue, cmd::Timestamp,
-                             cmd::Run, cmd::Call>;
+                             cmd::Run, cmd::Call, cmd::WaitTime>;
 
 // A recorded command list, uploaded once, replayed by cmd::Call. The HAL
 // keeps the buffers it refers to alive as long as the program lives.
@@ -165,7 +170,8 @@ struct DecoderEvent {
   std::shared_ptr<BufferBackend> buffer;
   std::uint32_t width = 0, height = 0;
   std::int64_t pts = 0;
-  std::uint64_t packet = 0;  // the packet it came from (Error: the packet at fault)
+  std::uint64_t packet = 0;              // the packet it came from (Error: the packet at fault)
+  std::optional<std::uint64_t> done_ns;  // Frame: board time the unit finished it (caps.wait_time)
   std::uint32_t planes = 0;
   FramePlane plane[3];
   std::optional<Error> error;
@@ -175,9 +181,12 @@ class TPUHAL_API DecoderBackend {
   virtual ~DecoderBackend();
   virtual std::uint32_t channel() const = 0;
   // Hands the board one packet (copied before returning), or the end of the
-  // stream (`data` empty, `eos`). Throws ResourceExhausted when the caller
-  // holds every frame buffer and the board has packets it cannot finish.
-  virtual void send(std::span<const std::byte> data, std::int64_t pts, std::uint64_t index, bool eos) = 0;
+  // stream (`data` empty, `eos`). With `arrival_ns` (caps.wait_time), the
+  // board takes the packet no earlier than that board time. Throws
+  // ResourceExhausted when the caller holds every frame buffer and the board
+  // has packets it cannot finish.
+  virtual void send(std::span<const std::byte> data, std::int64_t pts, std::uint64_t index, bool eos,
+                    std::optional<std::uint64_t> arrival_ns) = 0;
   // The next event. When the caller holds every frame buffer and the board
   // has a frame for one: with config.frame_buffer_wait, waits that long for
   // a frame to be dropped (a zero `timeout` does not wait: Timeout), then
@@ -207,6 +216,8 @@ class TPUHAL_API DeviceBackend {
   virtual std::optional<ModelledTime> model_transfer(std::uint64_t bytes, Memory from, Memory to) const;
   virtual std::optional<std::uint64_t> model_decode_ns(Codec codec, FrameType type, std::uint32_t width,
                                                        std::uint32_t height) const;
+  // Device::board_time_ns(). Default: nullopt.
+  virtual std::optional<std::uint64_t> board_time_ns() const;
   virtual std::shared_ptr<BufferBackend> allocate(std::uint64_t size, Memory memory, const AllocOptions& options) = 0;
   virtual std::shared_ptr<BufferBackend> import_host(void* ptr, std::uint64_t size);
   // Records `commands` (no WaitFence) for replay. Default: Unsupported.
