@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -187,6 +188,66 @@ class ChannelNetwork {
   Buffer result_;
 };
 
+// PipelineOptions::board_clock: the channels' turns in the order their
+// packets arrive. Each channel waits for every other to be ready; then
+// the one whose next packet arrives first (the lower channel on a tie)
+// sends it and runs the frames it gives, and so on. A channel that ends
+// leaves the order.
+class Turns {
+ public:
+  Turns(std::size_t n, const Device& dev) : dev_(dev), next_(n, 0), ready_(n, false) {
+    for (std::size_t c = 0; c < n; ++c) next_[c] = static_cast<double>(c) / static_cast<double>(n);
+  }
+
+  // Channel c is ready to run; returns the board time the run starts at,
+  // read once every channel is ready (or has left).
+  std::uint64_t ready(std::size_t c) {
+    std::unique_lock lock(mu_);
+    ready_[c] = true;
+    start_if_ready();
+    cv_.wait(lock, [&] { return started_; });
+    return start_;
+  }
+  // Waits until channel c's next packet is the first to arrive.
+  void wait(std::size_t c) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return first() == c; });
+  }
+  // Channel c's next packet arrives at `at` (in periods).
+  void next(std::size_t c, double at) {
+    std::lock_guard lock(mu_);
+    next_[c] = at;
+    cv_.notify_all();
+  }
+  // Channel c ends (or failed before it was ready).
+  void leave(std::size_t c) {
+    std::lock_guard lock(mu_);
+    next_[c] = std::numeric_limits<double>::infinity();
+    ready_[c] = true;
+    start_if_ready();
+    cv_.notify_all();
+  }
+
+ private:
+  void start_if_ready() {
+    if (started_ || !std::all_of(ready_.begin(), ready_.end(), [](bool r) { return r; })) return;
+    start_ = dev_.board_time_ns().value_or(0);
+    started_ = true;
+    cv_.notify_all();
+  }
+  std::size_t first() const {
+    return static_cast<std::size_t>(std::min_element(next_.begin(), next_.end()) - next_.begin());
+  }
+
+  const Device& dev_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<double> next_;
+  std::vector<bool> ready_;
+  bool started_ = false;
+  std::uint64_t start_ = 0;
+};
+
 }  // namespace
 
 NetworkKind check_model(const Device& dev, const rt::Model& model) {
@@ -226,6 +287,17 @@ bool decoder_fits(const VideoDecoderOptions& options, const Demuxer& source) {
          source.height() <= options.max_height;
 }
 
+std::string make_camera_clip(const std::string& dir, const std::string& codec, const std::string& size, double fps,
+                             int gop, int frames) {
+  const std::string path = dir + "/camera-" + codec + "-" + size + ".mkv";
+  const std::string encoder = codec == "h265" ? "libx265 -x265-params log-level=error:bframes=0" : "libx264 -bf 0";
+  const std::string cmd = "ffmpeg -nostdin -loglevel error -y -f lavfi -i testsrc2=size=" + size +
+                          ":rate=" + std::to_string(fps) + " -frames:v " + std::to_string(frames) + " -c:v " + encoder +
+                          " -preset veryfast -g " + std::to_string(gop) + " -keyint_min " + std::to_string(gop) +
+                          " -sc_threshold 0 -pix_fmt yuv420p " + path + " >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0 ? path : std::string();
+}
+
 std::string make_test_clip(const std::string& dir, const std::string& size, int frames) {
   const std::string path = dir + "/camera-" + size + ".mp4";
   const std::string cmd = "ffmpeg -nostdin -loglevel error -y -f lavfi -i testsrc2=size=" + size +
@@ -237,6 +309,18 @@ std::string make_test_clip(const std::string& dir, const std::string& size, int 
 PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources, const PipelineOptions& options) {
   const std::size_t n = sources.size();
   const NetworkKind kind = options.model ? check_model(dev, options.model) : NetworkKind::Classifier;
+  const bool timed = options.board_clock;
+  if (timed) {
+    if (!dev.properties().caps.wait_time)
+      throw Error(Status::Unsupported,
+                  "pipeline: board_clock: " + dev.uri() + " cannot time work on its clock (caps.wait_time)");
+    if (!(options.arrival_fps > 0 && options.arrival_fps <= 1000))
+      throw Error(Status::InvalidArgument, "pipeline: board_clock needs arrival_fps, 0 to 1000");
+  }
+  if (!(options.deadline_ms >= 0)) throw Error(Status::InvalidArgument, "pipeline: deadline_ms must be 0 or more");
+  const double period_ns = timed ? 1e9 / options.arrival_fps : 0;
+  const auto deadline_ns = static_cast<std::uint64_t>(options.deadline_ms * 1e6);
+  Turns turns(n, dev);
   PipelineResult r;
   r.channels.resize(n);
   // Compute queues are shared by the channels (a queue takes batches from
@@ -262,6 +346,21 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
       st.source = sources[c];
       const auto t0 = std::chrono::steady_clock::now();
       double latency_sum_ms = 0;
+      struct Leave {
+        Turns* turns;  // null: the run is not timed
+        std::size_t c;
+        ~Leave() {
+          if (turns) turns->leave(c);
+        }
+      } leave{timed ? &turns : nullptr, c};
+      std::uint64_t start_ns = 0;  // board_clock: the board time packet 0 of channel 0 arrives
+      // board_clock: when packet k arrives, in periods and in board ns.
+      const auto period_at = [&](std::uint64_t k) {
+        return static_cast<double>(k) + static_cast<double>(c) / static_cast<double>(n);
+      };
+      const auto arrives_ns = [&](std::uint64_t k) {
+        return start_ns + static_cast<std::uint64_t>(std::llround(period_at(k) * period_ns));
+      };
       try {
         Demuxer in(sources[c], options.demuxer);
         {
@@ -287,17 +386,22 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
         ops::ColorConvertOptions cc;
         cc.mean = options.mean;
         cc.scale = options.scale;
-        // When each packet since the decoder's last reset was read, by its
-        // index there (Frame::packet()); frames come out a few packets late.
+        // When each packet since the decoder's last reset was read (or, on
+        // the board's clock, arrived), by its index there (Frame::packet());
+        // frames come out a few packets late.
         std::array<std::uint64_t, 256> arrival{};
+        auto latency = [&](std::uint64_t read, std::uint64_t now) {
+          const double ms = read && now > read ? static_cast<double>(now - read) / 1e6 : 0.0;
+          latency_sum_ms += ms;
+          st.latency_max_ms = std::max(st.latency_max_ms, ms);
+          if (deadline_ns && now - std::min(now, read) > deadline_ns) ++st.late;
+        };
         auto process = [&](const Frame& f) {
-          const auto now = static_cast<std::uint64_t>(
-              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-                  .count());
           const std::uint64_t read = arrival[f.packet() % arrival.size()];
-          const double latency = read && now > read ? static_cast<double>(now - read) / 1e6 : 0.0;
-          latency_sum_ms += latency;
-          st.latency_max_ms = std::max(st.latency_max_ms, latency);
+          if (!timed)
+            latency(read, static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                         std::chrono::steady_clock::now().time_since_epoch())
+                                                         .count()));
           if (f.width() != rgb_w || f.height() != rgb_h) {
             rgb = dev.allocate(3ull * f.width() * f.height() * 4);
             rgb_w = f.width();
@@ -305,9 +409,12 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
           }
           const Tensor rgb_t(rgb, DType::F32, {1, 3, f.height(), f.width()});
           Batch b = q.batch();
+          if (timed && f.decoded_ns()) b.wait_until(*f.decoded_ns());
           b.run(ops::nv12_to_rgb(f.luma(), f.chroma(), rgb_t.reshape({3, f.height(), f.width()}), cc));
           net.resize_into(b, rgb_t, f.width(), f.height(), options);
-          net.record(b).submit().wait();  // the frame's buffer goes back to the channel
+          const Fence done = net.record(b).submit();
+          done.wait();  // the frame's buffer goes back to the channel
+          if (timed) latency(read, done.timestamp_ns().value_or(read));
           FrameResult fr;
           fr.channel = c;
           fr.frame = st.frames;
@@ -335,8 +442,10 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
             process(*f);
           }
         };
+        if (timed) start_ns = turns.ready(c);
         try {
           while (auto p = in.next()) {
+            if (timed) turns.wait(c);
             if (p->new_stream) {
               // Reconnected: the old stream's frames leave first; then the
               // same channel starts over, or a new one takes another codec
@@ -350,15 +459,22 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
                 dec = dev.open_decoder(o);
               }
             }
-            arrival[dec.packets_sent() % arrival.size()] = p->arrival_ns;
-            dec.send(p->data, p->pts);
+            if (timed) {
+              arrival[dec.packets_sent() % arrival.size()] = arrives_ns(st.packets);
+              dec.send_at(arrives_ns(st.packets), p->data, p->pts);
+            } else {
+              arrival[dec.packets_sent() % arrival.size()] = p->arrival_ns;
+              dec.send(p->data, p->pts);
+            }
             ++st.packets;
             drain();
+            if (timed) turns.next(c, period_at(st.packets));
           }
         } catch (const Error& e) {
           if (e.status() != Status::Unavailable) throw;
           st.error = e.what();  // the source gave up; its frames so far count
         }
+        if (timed) turns.wait(c);  // the frames still inside, in turn
         dec.flush();
         drain();
         st.packets_lost = in.packets_lost();

@@ -201,10 +201,11 @@ struct Cnn {
 struct Residual {
   Vec wa = random(4 * 3, 11), wb = random(4 * 3 * 3 * 3, 12, -0.4f, 0.4f), bb = random(4, 13, -0.1f, 0.1f);
   Vec wg = random(4 * 5, 14), bg = random(5, 15, -0.1f, 0.1f);
+  std::int64_t batch = 2;  // of the ONNX input; reference() takes 2
 
   std::vector<std::byte> onnx() const {
     OnnxBuilder b;
-    b.input("x", {2, 3, 4, 4});
+    b.input("x", {batch, 3, 4, 4});
     b.init("wa", {4, 3, 1, 1}, wa);
     b.init("wb", {4, 3, 3, 3}, wb);
     b.init("bb", {4}, bb);
@@ -772,6 +773,59 @@ TEST(Runtime, GivenTheCliWhenItPlansStreamsThenTheBindingUnitAndTheTimelineAgree
   r = test::run("plan " + model + " --stream 1920x1080@25:h264 -d sim:bm1684x", "TPUHAL_SIM_CLOCK=bogus");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("TPUHAL_SIM_CLOCK"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+TEST(Runtime, GivenThePlanWhenTheVideoPipelineRunsOnTheBoardsClockThenItMeetsThePlannedCountAndNotOneMore) {
+  const fs::path dir = fs::temp_directory_path() / ("tpuhal_rt_plan_run_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  Residual net;
+  net.batch = 1;  // the pipeline feeds one frame at a time
+  write_model_file(
+      dir / "r.tpm",
+      compile_onnx(net.onnx(), options(Precision::F32, NdArray{{1, 3, 4, 4}, random(48, 533)}), "r").model);
+  const std::string model = (dir / "r.tpm").string();
+  // 360p cameras at 1000 fps: the video unit binds at 7 streams (7 x 1000
+  // frames of 137 us a second), and 0.1 s of them is 100 frames a stream.
+  const std::string plan = "plan " + model + " --stream 640x360@1000:h264 --seconds 0.1 -d sim:bm1684x";
+  auto r = test::run(plan + " --pipeline --json");
+  if (r.code != 0 && r.out.find("ffmpeg") != std::string::npos) GTEST_SKIP() << r.out;
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["bound_by"], "video unit");
+  const int streams = j["streams"];
+  EXPECT_EQ(streams, 7);
+  // The plan's own timeline and the pipeline itself, every frame decoded on
+  // the codec unit and run through the network on the modelled clock,
+  // agree: no frame late at the planned count, some with one stream more.
+  for (const char* which : {"timeline", "pipeline"}) {
+    SCOPED_TRACE(which);
+    const auto& t = j[which];
+    EXPECT_EQ(t["planned"]["streams"], streams);
+    EXPECT_EQ(t["planned"]["frames"], streams * 100);
+    EXPECT_EQ(t["planned"]["late"], 0);
+    EXPECT_GT(t["planned"]["worst_latency_ms"].get<double>(), 0.1);
+    EXPECT_EQ(t["one_more"]["streams"], streams + 1);
+    EXPECT_EQ(t["one_more"]["frames"], (streams + 1) * 100);
+    EXPECT_GT(t["one_more"]["late"].get<int>(), 0);
+    EXPECT_GT(t["one_more"]["worst_latency_ms"].get<double>(), 3.0);  // past the deadline of 3 frame periods
+  }
+  EXPECT_FALSE(j["pipeline"]["planned"].contains("error")) << j["pipeline"];
+  // Bad input: another clock asked for, a JPEG stream, a model of batch 2.
+  r = test::run(plan + " --pipeline", "TPUHAL_SIM_CLOCK=model");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("TPUHAL_SIM_CLOCK=virtual"), std::string::npos) << r.out;
+  r = test::run("plan " + model + " --stream 640x360@1000:jpeg -d sim:bm1684x --pipeline");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("h264 or h265"), std::string::npos) << r.out;
+  const Residual two;
+  write_model_file(
+      dir / "r2.tpm",
+      compile_onnx(two.onnx(), options(Precision::F32, NdArray{{2, 3, 4, 4}, random(96, 534)}), "r2").model);
+  r = test::run("plan " + (dir / "r2.tpm").string() +
+                " --stream 640x360@1000:h264 --seconds 0.1 -d sim:bm1684x --pipeline");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("batch 1"), std::string::npos) << r.out;
   fs::remove_all(dir);
 }
 

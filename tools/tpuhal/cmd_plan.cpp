@@ -3,16 +3,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <iostream>
 #include <regex>
 #include <vector>
 
+#include <unistd.h>
+
 #include "cli.h"
+#include "tpuhal/pipeline/pipeline.hpp"
 #include "tpuhal/rt/model.hpp"
 
 namespace tpuhal::cli {
 namespace {
+
+namespace fs = std::filesystem;
 
 struct Stream {
   std::uint32_t width = 0, height = 0;
@@ -81,6 +88,47 @@ Timeline simulate(const FrameWork& w, double fps, unsigned streams, double secon
   return t;
 }
 
+// --pipeline: the video pipeline itself (pipeline::run_pipeline) on
+// `streams` copies of a camera clip, timed on the board's clock.
+struct PipelineRun {
+  unsigned streams = 0;
+  std::uint64_t frames = 0, late = 0;
+  double worst_ms = 0;
+  std::string error;  // the first channel's that stopped early
+};
+PipelineRun run_streams(Device& dev, const rt::Model& m, const std::string& clip, unsigned streams, double fps,
+                        double deadline_ms) {
+  PipelineRun run;
+  run.streams = streams;
+  pipeline::PipelineOptions o;
+  o.model = m;
+  o.board_clock = true;
+  o.arrival_fps = fps;
+  o.deadline_ms = deadline_ms;
+  const auto r = pipeline::run_pipeline(dev, std::vector<std::string>(streams, clip), o);
+  for (const auto& c : r.channels) {
+    run.frames += c.frames;
+    run.late += c.late;
+    run.worst_ms = std::max(run.worst_ms, c.latency_max_ms);
+    if (run.error.empty() && !c.error.empty()) run.error = c.error;
+  }
+  return run;
+}
+
+// A simulated board for --pipeline keeps the model's time alone
+// (TPUHAL_SIM_CLOCK=virtual), whatever the host's speed.
+void virtual_clock_for(const std::string& uri) {
+  if (uri.rfind("sim:", 0) != 0)
+    throw Error(Status::InvalidArgument,
+                "--pipeline runs on a simulated board (sim:bm1684x), whose clock can be the model's alone; " + uri +
+                    " is not one");
+  const char* clock = std::getenv("TPUHAL_SIM_CLOCK");
+  if (clock && *clock && std::string_view(clock) != "virtual")
+    throw Error(Status::InvalidArgument,
+                std::string("--pipeline times the board with TPUHAL_SIM_CLOCK=virtual; it is \"") + clock + "\" here");
+  ::setenv("TPUHAL_SIM_CLOCK", "virtual", 1);
+}
+
 }  // namespace
 
 int cmd_plan(const std::vector<std::string>& args) {
@@ -92,22 +140,30 @@ int cmd_plan(const std::vector<std::string>& args) {
       "seconds", po::value<double>()->default_value(10), "length of the timeline check")(
       "deadline-ms", po::value<double>(), "a frame's deadline after it arrives (default: 3 frame periods)")(
       "device,d", po::value<std::string>(), "the board (default: the first one); it must have a timing model")(
+      "pipeline", po::bool_switch(),
+      "check the plan with the video pipeline itself on a simulated board, timed on its clock")(
       "json", po::bool_switch(), "print JSON");
   po::positional_options_description pos;
   pos.add("model", 1);
   po::variables_map vm;
   int rc = 0;
   const char* usage =
-      "Usage: tpuhal plan FILE.tpm --stream WxH@FPS:CODEC [--streams N] [--gop N] [--device URI] [--json]\n\n"
-      "Plans a video-analytics deployment from the board's timing model (docs/timing.md), without\n"
-      "running anything: each frame is decoded on the video unit (an I frame every --gop frames), then\n"
+      "Usage: tpuhal plan FILE.tpm --stream WxH@FPS:CODEC [--streams N] [--gop N] [--device URI] [--pipeline]\n"
+      "                  [--json]\n\n"
+      "Plans a video-analytics deployment from the board's timing model (docs/timing.md), running nothing\n"
+      "(but --pipeline): each frame is decoded on the video unit (an I frame every --gop frames), then\n"
       "converted from NV12 to planar RGB, resized to the model's input and inferred on the tensor\n"
       "engine (a run divided by the model's batch), and its outputs copied to the host. Prints each\n"
       "unit's time per frame, how many such streams one board serves and which unit binds (or the\n"
       "board's decoder channels), each unit's utilisation at that many streams (or --streams), and a\n"
       "check on the board's timeline: the streams' frames arriving at FPS for --seconds, every frame\n"
       "done within --deadline-ms of its arrival at the planned count, and some late with one stream\n"
-      "more. Needs a device with a timing model (a simulated board: sim:bm1684x).";
+      "more. Needs a device with a timing model (a simulated board: sim:bm1684x).\n\n"
+      "With --pipeline the same check runs the video pipeline itself (tpuhal::pipeline) on the planned\n"
+      "count of streams and on one more: a camera clip of the stream (ffmpeg, no B frames) decoded on the\n"
+      "board's codec unit, converted, resized and inferred, each packet arriving on the board's clock at\n"
+      "FPS. The simulated board keeps the timing model's time alone (TPUHAL_SIM_CLOCK=virtual), so this\n"
+      "holds on any host; the host takes as long as it takes. Needs a model of batch 1.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
   if (!vm.count("model") || !vm.count("stream")) {
     std::fprintf(stderr, "tpuhal plan: name the compiled model and --stream\n%s\n", usage);
@@ -118,7 +174,12 @@ int cmd_plan(const std::vector<std::string>& args) {
   const unsigned gop = std::max(1u, vm["gop"].as<unsigned>());
   const double seconds = vm["seconds"].as<double>();
   if (!(seconds > 0 && seconds <= 3600)) throw Error(Status::InvalidArgument, "--seconds: 0 to 3600");
-  Device dev = open(pick_device(vm));
+  const bool run_pipeline = vm["pipeline"].as<bool>();
+  if (run_pipeline && st.codec == Codec::Jpeg)
+    throw Error(Status::InvalidArgument, "--pipeline takes h264 or h265 camera streams");
+  const std::string uri = pick_device(vm);
+  if (run_pipeline) virtual_clock_for(uri);
+  Device dev = open(uri);
   if (!dev.modelled_copy(1, Memory::HostPinned, Memory::Device))
     throw Error(Status::Unsupported,
                 dev.uri() + " has no timing model to plan with (docs/timing.md; sim:bm1684x has one)");
@@ -181,6 +242,31 @@ int cmd_plan(const std::vector<std::string>& args) {
   const Timeline fits = capacity ? simulate(w, st.fps, capacity, seconds, deadline_ns) : Timeline{};
   const Timeline over = simulate(w, st.fps, capacity + 1, seconds, deadline_ns);
 
+  PipelineRun ran_fits, ran_over;
+  if (run_pipeline) {
+    if (batch != 1)
+      throw Error(Status::InvalidArgument,
+                  "--pipeline runs a model of batch 1; " + path + " has " + std::to_string(batch));
+    const fs::path dir = fs::temp_directory_path() / ("tpuhal-plan-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    struct Remove {
+      fs::path p;
+      ~Remove() {
+        std::error_code ec;
+        fs::remove_all(p, ec);
+      }
+    } remove{dir};
+    const std::string clip =
+        pipeline::make_camera_clip(dir.string(), st.codec == Codec::H265 ? "h265" : "h264",
+                                   std::to_string(st.width) + "x" + std::to_string(st.height), st.fps,
+                                   static_cast<int>(gop), static_cast<int>(std::ceil(seconds * st.fps)));
+    if (clip.empty())
+      throw Error(Status::Unavailable,
+                  "--pipeline makes its camera clip with ffmpeg, which failed or is not installed");
+    if (capacity) ran_fits = run_streams(dev, m, clip, capacity, st.fps, deadline_ms);
+    ran_over = run_streams(dev, m, clip, capacity + 1, st.fps, deadline_ms);
+  }
+
   const char* codec = to_string(st.codec);
   if (vm["json"].as<bool>()) {
     nlohmann::ordered_json j;
@@ -204,6 +290,15 @@ int cmd_plan(const std::vector<std::string>& args) {
                      {"deadline_ms", deadline_ms},
                      {"planned", timeline(capacity, fits)},
                      {"one_more", timeline(capacity + 1, over)}};
+    if (run_pipeline) {
+      auto ran = [&](const PipelineRun& p) {
+        nlohmann::ordered_json o{
+            {"streams", p.streams}, {"frames", p.frames}, {"late", p.late}, {"worst_latency_ms", p.worst_ms}};
+        if (!p.error.empty()) o["error"] = p.error;
+        return o;
+      };
+      j["pipeline"] = {{"planned", ran(ran_fits)}, {"one_more", ran(ran_over)}};
+    }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -226,6 +321,14 @@ int cmd_plan(const std::vector<std::string>& args) {
   std::printf("    %u streams: %llu of %llu frames late, worst latency %.3f ms\n", capacity + 1,
               static_cast<unsigned long long>(over.late), static_cast<unsigned long long>(over.frames),
               static_cast<double>(over.worst_ns) / 1e6);
+  if (run_pipeline) {
+    std::printf("\n  the video pipeline on %s, timed on the board's clock:\n", dev.uri().c_str());
+    for (const PipelineRun* p : {&ran_fits, &ran_over}) {
+      std::printf("    %u streams: %llu of %llu frames late, worst latency %.3f ms\n", p->streams,
+                  static_cast<unsigned long long>(p->late), static_cast<unsigned long long>(p->frames), p->worst_ms);
+      if (!p->error.empty()) std::printf("      a channel stopped: %s\n", p->error.c_str());
+    }
+  }
   return 0;
 }
 

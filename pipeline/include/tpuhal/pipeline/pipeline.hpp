@@ -64,6 +64,23 @@ struct PipelineOptions {
   // like the pixels; YOLO's 114). Off: the frame is stretched to the input.
   bool letterbox = false;
   float pad = 114;
+  // Time the run on the board's clock (caps.wait_time), as a deployment
+  // of live cameras would meet it: source c of n's packet k arrives at
+  // board time start + (k + c / n) / arrival_fps, where start is the
+  // board's time once every channel is ready (Device::board_time_ns()); the
+  // codec unit takes it no earlier (VideoDecoder::send_at), a frame's ops
+  // start no earlier than the unit finished it (Frame::decoded_ns), and the
+  // channels take turns in arrival order, so that the board's units see the
+  // frames in the order a board serving live cameras would. A frame's
+  // latency (ChannelStats) is then board time, from its packet's arrival to
+  // its output copied; frames past `deadline_ms` (0: none) count as late.
+  // On a simulated board with TPUHAL_SIM_CLOCK=virtual the board's time is
+  // the timing model's alone, so the run gives the board's own latencies
+  // on any host, however slow (docs/timing.md). `seconds` still counts the
+  // host's time.
+  bool board_clock = false;
+  double arrival_fps = 0;  // board_clock: each source's frame rate (> 0)
+  double deadline_ms = 0;
   // Called after each frame with what the network made of it, from the
   // frame's channel thread: concurrently for different channels, in frame
   // order within one. An exception it throws stops its channel (the
@@ -80,8 +97,12 @@ struct ChannelStats {
   std::uint64_t packets_lost = 0;    // by the network (Demuxer::packets_lost)
   std::uint64_t corrupt_frames = 0;  // packets that did not decode
   std::uint64_t reconnects = 0;      // of a live source
-  double latency_mean_ms = 0;        // packet read to frame decoded
+  // Packet read to frame decoded, on the host's clock; with
+  // PipelineOptions::board_clock, packet arrival to output copied, on the
+  // board's.
+  double latency_mean_ms = 0;
   double latency_max_ms = 0;
+  std::uint64_t late = 0;        // board_clock: frames past PipelineOptions::deadline_ms
   int last_class = -1;           // a classifier's best class for its last frame
   std::uint64_t detections = 0;  // a detector's boxes over all its frames
   std::string error;             // why it stopped early; empty when it ran to the end
@@ -129,5 +150,10 @@ bool decoder_fits(const VideoDecoderOptions& options, const Demuxer& source);
 // Makes a short H.264 test clip with ffmpeg (testsrc2); returns its path, or
 // an empty string if ffmpeg is not there.
 std::string make_test_clip(const std::string& dir, const std::string& size, int frames);
+// A camera's clip: `codec` ("h264" or "h265"), `size` ("1920x1080") at
+// `fps`, an I frame every `gop` frames and no B frames, as live cameras
+// send; the same fallback.
+std::string make_camera_clip(const std::string& dir, const std::string& codec, const std::string& size, double fps,
+                             int gop, int frames);
 
 }  // namespace tpuhal::pipeline
