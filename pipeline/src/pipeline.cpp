@@ -231,7 +231,11 @@ class Turns {
  private:
   void start_if_ready() {
     if (started_ || !std::all_of(ready_.begin(), ready_.end(), [](bool r) { return r; })) return;
-    start_ = dev_.board_time_ns().value_or(0);
+    try {
+      start_ = dev_.board_time_ns().value_or(0);
+    } catch (const Error&) {
+      start_ = 0;  // a board that went away: every channel's next call says so
+    }
     started_ = true;
     cv_.notify_all();
   }
@@ -294,7 +298,7 @@ std::string make_camera_clip(const std::string& dir, const std::string& codec, c
   const std::string cmd = "ffmpeg -nostdin -loglevel error -y -f lavfi -i testsrc2=size=" + size +
                           ":rate=" + std::to_string(fps) + " -frames:v " + std::to_string(frames) + " -c:v " + encoder +
                           " -preset veryfast -g " + std::to_string(gop) + " -keyint_min " + std::to_string(gop) +
-                          " -sc_threshold 0 -pix_fmt yuv420p " + path + " >/dev/null 2>&1";
+                          " -sc_threshold 0 -pix_fmt yuv420p '" + path + "' >/dev/null 2>&1";
   return std::system(cmd.c_str()) == 0 ? path : std::string();
 }
 
@@ -394,7 +398,7 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
           const double ms = read && now > read ? static_cast<double>(now - read) / 1e6 : 0.0;
           latency_sum_ms += ms;
           st.latency_max_ms = std::max(st.latency_max_ms, ms);
-          if (deadline_ns && now - std::min(now, read) > deadline_ns) ++st.late;
+          if (timed && deadline_ns && now - std::min(now, read) > deadline_ns) ++st.late;
         };
         auto process = [&](const Frame& f) {
           const std::uint64_t read = arrival[f.packet() % arrival.size()];
@@ -412,9 +416,9 @@ PipelineResult run_pipeline(Device& dev, const std::vector<std::string>& sources
           if (timed && f.decoded_ns()) b.wait_until(*f.decoded_ns());
           b.run(ops::nv12_to_rgb(f.luma(), f.chroma(), rgb_t.reshape({3, f.height(), f.width()}), cc));
           net.resize_into(b, rgb_t, f.width(), f.height(), options);
-          const Fence done = net.record(b).submit();
-          done.wait();  // the frame's buffer goes back to the channel
-          if (timed) latency(read, done.timestamp_ns().value_or(read));
+          const Fence ran = net.record(b).submit();
+          ran.wait();  // the frame's buffer goes back to the channel
+          if (timed) latency(read, ran.timestamp_ns().value_or(read));
           FrameResult fr;
           fr.channel = c;
           fr.frame = st.frames;

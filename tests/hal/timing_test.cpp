@@ -340,7 +340,7 @@ TEST(Timing, GivenTheHostsClockWhenWorkWaitsUntilABoardTimeThenItStartsNoEarlier
   q.batch().timestamp(stamp, 0).submit().wait();
 }
 
-TEST(Timing, GivenAVirtualClockWithPacingOrWithoutAModelWhenOpenedThenTheBoardIsRefusedSayingWhy) {
+TEST(Timing, GivenAVirtualClockWithPacingOrAClockItDoesNotKnowWhenOpenedThenTheBoardIsRefusedSayingWhy) {
   {
     const ClockEnv env("virtual", "1");
     const Error e = error_of([] { (void)open("sim:tiny"); });

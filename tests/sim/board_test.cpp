@@ -772,8 +772,8 @@ TEST_F(SimBoard, UnknownOpcodeIsAnInvalidOpcode) {
   EXPECT_EQ(rec.error_opcode, 99u);
   auto failure = fw::decode_failure(rec);
   ASSERT_TRUE(failure.ok());
-  EXPECT_EQ(fw::describe(*failure),
-            "unknown opcode 0x63 (interface " + test::interface_version_text() + " defines 1..12)");
+  EXPECT_EQ(fw::describe(*failure), "unknown opcode 0x63 (interface " + test::interface_version_text() +
+                                        " defines 1.." + std::to_string(fw::kMaxOpcode) + ")");
 }
 
 TEST_F(SimBoard, FenceValuesMustIncrease) {

@@ -48,7 +48,8 @@ nlohmann::json properties_json(const Properties& p) {
             {"tensor", p.caps.tensor},
             {"video_decode", p.caps.video_decode},
             {"telemetry", p.caps.telemetry},
-            {"modelled_time", p.caps.modelled_time}}}};
+            {"modelled_time", p.caps.modelled_time},
+            {"wait_time", p.caps.wait_time}}}};
 }
 
 int cmd_info(const std::vector<std::string>& args) {
@@ -126,6 +127,7 @@ int cmd_info(const std::vector<std::string>& args) {
   cap(p.caps.video_decode, "video_decode");
   cap(p.caps.telemetry, "telemetry");
   cap(p.caps.modelled_time, "modelled_time");
+  cap(p.caps.wait_time, "wait_time");
   row("Capabilities", caps);
   if (p.caps.modelled_time) row("Board clock", "modelled (the board's timing model; docs/timing.md)");
   const WaitPolicy w = dev.wait_policy();

@@ -163,7 +163,9 @@ int cmd_plan(const std::vector<std::string>& args) {
       "count of streams and on one more: a camera clip of the stream (ffmpeg, no B frames) decoded on the\n"
       "board's codec unit, converted, resized and inferred, each packet arriving on the board's clock at\n"
       "FPS. The simulated board keeps the timing model's time alone (TPUHAL_SIM_CLOCK=virtual), so this\n"
-      "holds on any host; the host takes as long as it takes. Needs a model of batch 1.";
+      "holds on any host; the host takes as long as it takes (ResNet-50 on 4 s of 21 1080p streams: minutes\n"
+      "on 2 cores; keep --seconds short). Where the decoder channels bind, the stream more finds no channel,\n"
+      "which the report says. Needs a model of batch 1.";
   if (!parse(args, opts, pos, vm, usage, &rc)) return rc;
   if (!vm.count("model") || !vm.count("stream")) {
     std::fprintf(stderr, "tpuhal plan: name the compiled model and --stream\n%s\n", usage);

@@ -498,7 +498,7 @@ class TpuDecoder final : public driver::DecoderBackend {
         ev.width = rec->width;
         ev.height = rec->height;
         ev.pts = rec->pts;
-        if (dev_->interface_minor() >= fw::kMinorWaitTime) ev.done_ns = fw::frame_done_ns(*rec);
+        if (dev_->properties().caps.wait_time) ev.done_ns = fw::frame_done_ns(*rec);
         const fw::PlaneLayout L = fw::plane_layout(rec->width, rec->height, ch_->open.layout);
         ev.planes = L.planes;
         for (std::uint32_t p = 0; p < L.planes; ++p) ev.plane[p] = {L.offset[p], L.pitch[p], L.row_bytes[p], L.rows[p]};

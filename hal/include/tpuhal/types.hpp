@@ -198,7 +198,10 @@ struct FaultCount {
   std::uint64_t count = 0;
 };
 struct Telemetry {
-  std::uint64_t time_ns = 0;             // board time when taken (DeviceStatus::uptime_ns's clock)
+  // Board time when taken: DeviceStatus::uptime_ns's clock, but the host's
+  // time since reset on a simulated board with a virtual clock
+  // (docs/timing.md), so that busy shares stay shares of the host's time.
+  std::uint64_t time_ns = 0;
   std::uint64_t uptime_ns = 0;           // since the board powered on
   std::uint64_t resets = 0;              // board resets since then
   std::vector<EngineTelemetry> engines;  // one per engine kind the board has

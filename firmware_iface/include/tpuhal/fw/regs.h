@@ -159,7 +159,7 @@ inline constexpr std::uint32_t kQueueControlEnable = 1u << 0;
 inline constexpr std::uint32_t kQueueControlReset = 1u << 1;  // self-clearing; drops the ring
 inline constexpr std::uint32_t kQueueStatusEnabled = 1u << 0;
 inline constexpr std::uint32_t kQueueStatusBusy = 1u << 1;
-inline constexpr std::uint32_t kQueueStatusWaiting = 1u << 2;  // blocked in kWaitValue
+inline constexpr std::uint32_t kQueueStatusWaiting = 1u << 2;  // blocked in kWaitValue or kWaitTime
 inline constexpr std::uint32_t kQueueStatusFaulted = 1u << 3;
 
 enum class EngineType : std::uint32_t {

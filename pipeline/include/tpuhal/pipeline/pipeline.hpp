@@ -76,8 +76,11 @@ struct PipelineOptions {
   // its output copied; frames past `deadline_ms` (0: none) count as late.
   // On a simulated board with TPUHAL_SIM_CLOCK=virtual the board's time is
   // the timing model's alone, so the run gives the board's own latencies
-  // on any host, however slow (docs/timing.md). `seconds` still counts the
-  // host's time.
+  // on any host, however slow (docs/timing.md); that is what it is for. On
+  // a board that keeps the host's time the turns serialise the channels'
+  // work, so the latencies are upper bounds, and a live source whose turn
+  // it is holds the others while it waits for its data. `seconds` still
+  // counts the host's time.
   bool board_clock = false;
   double arrival_fps = 0;  // board_clock: each source's frame rate (> 0)
   double deadline_ms = 0;
