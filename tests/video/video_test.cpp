@@ -296,13 +296,9 @@ TEST_F(Video, OneChannelTooManyIsAClearErrorAndClosingFreesOne) {
 }
 
 TEST_F(Video, GivenAVirtualClockWhenPacketsArriveAtTheirTimesThenEachFrameIsDoneItsModelledDecodeLater) {
-  // One decode thread: the unit takes the two cameras' frames below in the
-  // order their packets were handed over.
   ::setenv("TPUHAL_SIM_CLOCK", "virtual", 1);
-  ::setenv("TPUHAL_SIM_VIDEO_THREADS", "1", 1);
   Device dev = open("sim:bm1684x");
   ::unsetenv("TPUHAL_SIM_CLOCK");
-  ::unsetenv("TPUHAL_SIM_VIDEO_THREADS");
   ASSERT_TRUE(dev.properties().caps.wait_time);
   const std::string path = path_of("h264_camera.h264");
   const auto cost = [&](std::uint64_t frame) {
@@ -331,8 +327,11 @@ TEST_F(Video, GivenAVirtualClockWhenPacketsArriveAtTheirTimesThenEachFrameIsDone
     drain();
     EXPECT_EQ(frames, 12u);
   }
-  // Two cameras whose packets arrive at once share the unit: b's frame is
-  // done a decode after a's.
+  // Two cameras whose packets arrive at once share the unit: one frame is
+  // done a decode after the other. Which goes first is the order the
+  // unit's decode threads reach them; the second packet handed over
+  // arrives a command later (the video queue's cost of the first), so the
+  // first frame is done a decode after `at`, or after that command.
   VideoDecoder a = dev.open_decoder({.max_width = 320, .max_height = 240});
   VideoDecoder b = dev.open_decoder({.max_width = 320, .max_height = 240});
   Demuxer in(path);
@@ -343,8 +342,10 @@ TEST_F(Video, GivenAVirtualClockWhenPacketsArriveAtTheirTimesThenEachFrameIsDone
   const auto fa = a.receive(std::chrono::seconds(30)), fb = b.receive(std::chrono::seconds(30));
   ASSERT_TRUE(fa && fb);
   const std::uint64_t ta = fa->decoded_ns().value(), tb = fb->decoded_ns().value();
-  EXPECT_EQ(ta, at + cost(0));
-  EXPECT_EQ(tb, at + 2 * cost(0));
+  const std::uint64_t command = dev.modelled_copy(1, Memory::HostPinned, Memory::Device).value().overhead_ns;
+  const std::uint64_t sooner = std::min(ta, tb), later = std::max(ta, tb);
+  EXPECT_TRUE(sooner == at + cost(0) || sooner == at + command + cost(0)) << sooner - at << " after arrival";
+  EXPECT_EQ(later, sooner + cost(0));
   // Bad input: a time past 2^62 is refused, and the channel goes on.
   try {
     a.send_at((1ull << 62) + 1, first.data, 0);
