@@ -95,8 +95,9 @@ installed
 # through every level the CPU has by themselves, so here only the two that
 # check the cap run again. The compiler's tests that run no model's
 # arithmetic (refusals, parsing, folding shapes, memory plans, the CLI's
-# messages) are left out: they do the same at every level.
-isa_independent='^Runtime\.(PrecisionNamesParse|EveryOpTheCompilerTakes|GivenAnArrayWhenWrittenAsNpy|GivenTheWrongInputSize|GivenUnsupportedOps|GivenASymbolicBatchWithoutAShape|GivenADamaged|GivenACorrupted|GivenTheExportersFlattenChain|GivenSliceCastSqueeze|GivenShapeOpsOnDeviceData|GivenAChainOfLayers|GivenAnInitializerWhoseShape|GivenFoldingThatWould|GivenAnOutputShapeNo|GivenWindowAttributes|GivenAModelThatCannotRunSeveralBatches|GivenTheCliWhenACompileIsRefused|GivenControlBytes)'
+# messages) are left out: they do the same at every level; so is the
+# capacity plan's pipeline run, whose figures are the timing model's.
+isa_independent='^Runtime\.(PrecisionNamesParse|EveryOpTheCompilerTakes|GivenAnArrayWhenWrittenAsNpy|GivenTheWrongInputSize|GivenUnsupportedOps|GivenASymbolicBatchWithoutAShape|GivenADamaged|GivenACorrupted|GivenTheExportersFlattenChain|GivenSliceCastSqueeze|GivenShapeOpsOnDeviceData|GivenAChainOfLayers|GivenAnInitializerWhoseShape|GivenFoldingThatWould|GivenAnOutputShapeNo|GivenWindowAttributes|GivenAModelThatCannotRunSeveralBatches|GivenTheCliWhenACompileIsRefused|GivenControlBytes|GivenThePlanWhenTheVideoPipelineRuns)'
 isa_levels() {
   local top level onednn levels
   top=$(TPUHAL_LOG=error "$build/bin/tpuhal" info sim:tiny --json | sed -n 's/.*"tensor_isa": "\([a-z0-9_]*\)".*/\1/p')
