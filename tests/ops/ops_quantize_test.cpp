@@ -130,5 +130,75 @@ TEST_P(Ops, QLinearAddIsDequantizeAddQuantizeInF32) {
         }
 }
 
+// qlinear_mul: dequantize both, multiply and quantize, each step one f32
+// operation, as QLinearAdd above.
+TEST_P(Ops, QLinearMulIsDequantizeMulQuantizeInF32) {
+  for (DType at : {DType::U8, DType::I8})
+    for (DType yt : {DType::U8, DType::I8})
+      for (int variant = 0; variant < 2; ++variant) {
+        const DType bt = variant ? at : DType::U8;
+        const Shape ys{rng_.integer(1, 4), rng_.integer(1, 70)};
+        const Shape bs = variant == 1 ? Shape{1, ys[1]} : ys;
+        const Host a = rand_int(rng_, at, ys), b = rand_int(rng_, bt, bs);
+        auto scale = [&] {
+          return rng_.coin() ? std::ldexp(1.0, static_cast<int>(rng_.integer(-6, 1))) : f32(rng_.uniform(0.002, 0.3));
+        };
+        Host sa(DType::F32, {}), sb(DType::F32, {}), sy(DType::F32, {});
+        sa.v = {scale()};
+        sb.v = {scale()};
+        sy.v = {scale()};
+        const Host za = rand_int(rng_, at, {}), zb = rand_int(rng_, bt, {}), zy = rand_int(rng_, yt, {});
+        std::vector<double> want;
+        for_each_index(ys, [&](const Shape& idx, std::int64_t lin) {
+          const double av = a.v[static_cast<std::size_t>(lin)];
+          const double bv = b.v[static_cast<std::size_t>(variant == 1 ? idx[1] : lin)];
+          const double fa = f32((av - za.v[0]) * sa.v[0]), fb = f32((bv - zb.v[0]) * sb.v[0]);
+          want.push_back(quantize_ref(f32(fa * fb), DType::F32, sy.v[0], static_cast<std::int64_t>(zy.v[0]), yt));
+        });
+        const Tensor y = lab().output(yt, ys);
+        const Host got =
+            lab().run(ops::qlinear_mul(lab().upload(a), lab().upload(sa), lab().upload(za), lab().upload(b),
+                                       lab().upload(sb), lab().upload(zb), lab().upload(sy), lab().upload(zy), y),
+                      y);
+        expect_exact("qlinear_mul " + std::string(to_string(at)) + " * " + to_string(bt) + " -> " + to_string(yt) +
+                         " " + dims(ys) + " variant " + std::to_string(variant),
+                     got, want);
+      }
+}
+
+// qlinear_global_avg_pool (NHWC): the mean over h and w of the dequantized
+// x, summed in f32 in (h, w) order and divided by H * W, then quantized.
+TEST_P(Ops, QLinearGlobalAvgPoolSumsInRowOrderThenQuantizes) {
+  for (DType xt : {DType::U8, DType::I8})
+    for (DType yt : {DType::U8, DType::I8}) {
+      const std::int64_t n = rng_.integer(1, 2), h = rng_.integer(1, 9), w = rng_.integer(1, 9),
+                         c = rng_.integer(1, 40);
+      const Host x = rand_int(rng_, xt, {n, h, w, c});
+      Host sx(DType::F32, {}), sy(DType::F32, {});
+      sx.v = {f32(rng_.uniform(0.002, 0.3))};
+      sy.v = {rng_.coin() ? sx.v[0] : f32(rng_.uniform(0.002, 0.3))};
+      const Host zx = rand_int(rng_, xt, {}), zy = rand_int(rng_, yt, {});
+      std::vector<double> want;
+      for (std::int64_t in = 0; in < n; ++in)
+        for (std::int64_t ic = 0; ic < c; ++ic) {
+          double sum = 0;
+          for (std::int64_t ih = 0; ih < h; ++ih)
+            for (std::int64_t iw = 0; iw < w; ++iw) {
+              const double v = x.v[static_cast<std::size_t>(((in * h + ih) * w + iw) * c + ic)];
+              sum = f32(sum + f32((v - zx.v[0]) * sx.v[0]));
+            }
+          const double mean = f32(sum / static_cast<double>(h * w));
+          want.push_back(quantize_ref(mean, DType::F32, sy.v[0], static_cast<std::int64_t>(zy.v[0]), yt));
+        }
+      const Tensor y = lab().output(yt, {n, 1, 1, c});
+      const Host got = lab().run(ops::qlinear_global_avg_pool(lab().upload(x), lab().upload(sx), lab().upload(zx),
+                                                              lab().upload(sy), lab().upload(zy), y),
+                                 y);
+      expect_exact(
+          "qlinear_global_avg_pool " + std::string(to_string(xt)) + " -> " + to_string(yt) + " " + dims(x.shape), got,
+          want);
+    }
+}
+
 }  // namespace
 }  // namespace tpuhal::ops_test
