@@ -2,6 +2,7 @@
 
 #if TPUHAL_BENCH_CUDA
 
+#include <cublas_api.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
@@ -170,6 +171,99 @@ double RawCuda::launch_rate_mps(std::uint64_t n) {
   return static_cast<double>(n) / sec / 1e6;
 }
 
+namespace {
+
+// cuBLAS as an application opens it: its own dlopen, none of the shim's code.
+struct RawBlas {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasGetStatusName) status_name = nullptr;
+  cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*, const void*,
+                         cudaDataType, int, const void*, cudaDataType, int, const void*, void*, cudaDataType, int,
+                         cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+};
+
+const RawBlas* raw_blas(std::string* why) {
+  static const RawBlas* blas = []() -> const RawBlas* {
+    void* dl = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (!dl) dl = dlopen("libcublas.so.12", RTLD_NOW | RTLD_LOCAL);
+    if (!dl) return nullptr;
+    auto* b = new RawBlas;
+    b->create = reinterpret_cast<decltype(b->create)>(dlsym(dl, "cublasCreate_v2"));
+    b->destroy = reinterpret_cast<decltype(b->destroy)>(dlsym(dl, "cublasDestroy_v2"));
+    b->set_stream = reinterpret_cast<decltype(b->set_stream)>(dlsym(dl, "cublasSetStream_v2"));
+    b->status_name = reinterpret_cast<decltype(b->status_name)>(dlsym(dl, "cublasGetStatusName"));
+    b->gemm = reinterpret_cast<decltype(b->gemm)>(dlsym(dl, "cublasGemmEx"));
+    return b->create && b->destroy && b->set_stream && b->status_name && b->gemm ? b : nullptr;
+  }();
+  if (!blas) *why = "no usable libcublas.so.13 or .12";
+  return blas;
+}
+
+cudaDataType raw_type(const std::string& t) {
+  return t == "f16"    ? CUDA_R_16F
+         : t == "bf16" ? CUDA_R_16BF
+         : t == "i8"   ? CUDA_R_8I
+         : t == "i32"  ? CUDA_R_32I
+                       : CUDA_R_32F;
+}
+
+}  // namespace
+
+double RawCuda::gemm_seconds(const std::string& in, const std::string& out, std::int64_t n, const void* a,
+                             const void* b, int rounds, int reps, std::string* why) {
+  const RawBlas* blas = raw_blas(why);
+  if (!blas) return 0;
+  const Entries& cu = s_->cu;
+  State::Current current(*s_);
+  const std::uint64_t in_size = in == "f32" ? 4 : in == "i8" ? 1 : 2, out_size = out == "f16" || out == "bf16" ? 2 : 4;
+  const std::uint64_t elems = static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(n);
+  CUdeviceptr da = 0, db = 0, dy = 0;
+  cublasHandle_t h = nullptr;
+  double result = 0;
+  auto fail = [&](std::string text) { *why = std::move(text); };
+  if (cu.cuMemAlloc(&da, elems * in_size) != CUDA_SUCCESS || cu.cuMemAlloc(&db, elems * in_size) != CUDA_SUCCESS ||
+      cu.cuMemAlloc(&dy, elems * out_size) != CUDA_SUCCESS) {
+    fail("cuMemAlloc failed");
+  } else if (cublasStatus_t st = blas->create(&h); st != CUBLAS_STATUS_SUCCESS) {
+    fail(std::string("cublasCreate: ") + blas->status_name(st));
+  } else {
+    cu.cuMemcpyAsync(da, reinterpret_cast<CUdeviceptr>(a), elems * in_size, s_->stream);
+    cu.cuMemcpyAsync(db, reinterpret_cast<CUdeviceptr>(b), elems * in_size, s_->stream);
+    blas->set_stream(h, reinterpret_cast<cudaStream_t>(s_->stream));
+    const bool integer = in == "i8";
+    const float fa = 1, fb = 0;
+    const std::int32_t ia = 1, ib = 0;
+    const void* alpha = integer ? static_cast<const void*>(&ia) : &fa;
+    const void* beta = integer ? static_cast<const void*>(&ib) : &fb;
+    const auto ni = static_cast<int>(n);
+    auto run = [&] {
+      return blas->gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, alpha, reinterpret_cast<const void*>(db), raw_type(in),
+                        ni, reinterpret_cast<const void*>(da), raw_type(in), ni, beta, reinterpret_cast<void*>(dy),
+                        raw_type(out), ni, integer ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    };
+    if (cublasStatus_t ran = run(); ran != CUBLAS_STATUS_SUCCESS) {
+      fail(std::string("cublasGemmEx: ") + blas->status_name(ran));
+    } else {
+      cu.cuStreamSynchronize(s_->stream);
+      std::vector<double> t;
+      for (int r = 0; r < rounds; ++r) {
+        const auto t0 = base::monotonic_ns();
+        for (int i = 0; i < reps; ++i) run();
+        cu.cuStreamSynchronize(s_->stream);
+        t.push_back(static_cast<double>(base::monotonic_ns() - t0) * 1e-9 / reps);
+      }
+      std::sort(t.begin(), t.end());
+      result = t[t.size() / 2];
+    }
+  }
+  if (h) blas->destroy(h);
+  for (CUdeviceptr p : {da, db, dy})
+    if (p) cu.cuMemFree(p);
+  return result;
+}
+
 }  // namespace tpuhal::bench
 
 #else  // built without the CUDA toolkit
@@ -187,6 +281,11 @@ RawCuda::~RawCuda() = default;
 double RawCuda::copy_gbps(bool, std::uint64_t, int) { return 0; }
 double RawCuda::launch_round_trip_us() { return 0; }
 double RawCuda::launch_rate_mps(std::uint64_t) { return 0; }
+double RawCuda::gemm_seconds(const std::string&, const std::string&, std::int64_t, const void*, const void*, int, int,
+                             std::string* why) {
+  *why = "this build has no CUDA support";
+  return 0;
+}
 
 }  // namespace tpuhal::bench
 

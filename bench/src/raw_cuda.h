@@ -27,6 +27,14 @@ class RawCuda {
   double launch_round_trip_us();
   // Millions of empty kernels per second, `n` back to back, all completed.
   double launch_rate_mps(std::uint64_t n);
+  // Seconds per n x n x n matrix product through cuBLAS called directly
+  // (cublasGemmEx with its default workspace and algorithm), a and b
+  // uploaded from `a` and `b` (n * n elements of `in`), y of `out`: the
+  // median of `rounds` rounds of `reps` back-to-back products. `in` / `out`:
+  // "f32"/"f32", "f16"/"f16", "bf16"/"bf16" or "i8"/"i32". 0, with `why`,
+  // where cuBLAS cannot be loaded or fails.
+  double gemm_seconds(const std::string& in, const std::string& out, std::int64_t n, const void* a, const void* b,
+                      int rounds, int reps, std::string* why);
 
  private:
   struct State;

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "tpuhal/base/wait.h"
+#include "raw_cuda.h"
 #include "results.h"
 
 namespace tpuhal::bench {
@@ -174,11 +175,89 @@ Baseline baseline_matmul(const dnnl::engine& eng, std::int64_t n, dt din, dt dou
                {DNNL_ARG_DST, dnnl::memory(pd.dst_desc(), eng, base.y->data())}};
   return base;
 }
+// n x n operands of random data (the same every run) for a product of
+// `in` into `out`, in device memory filled through pinned staging, and the
+// op: matmul, or matmul_integer for int8.
+struct GemmOperands {
+  Buffer ha, hb, a, b, y;
+  Op op;
+};
+GemmOperands gemm_operands(Device& dev, Queue& q, std::int64_t n, DType in, DType out) {
+  const std::uint64_t in_bytes = static_cast<std::uint64_t>(n * n) * size_of(in);
+  const std::uint64_t out_bytes = static_cast<std::uint64_t>(n * n) * size_of(out);
+  GemmOperands g;
+  g.ha = dev.allocate(in_bytes, Memory::HostPinned);
+  g.hb = dev.allocate(in_bytes, Memory::HostPinned);
+  fill_random(g.ha.map(), in, 1);
+  fill_random(g.hb.map(), in, 2);
+  g.a = dev.allocate(in_bytes);
+  g.b = dev.allocate(in_bytes);
+  g.y = dev.allocate(out_bytes);
+  q.copy(g.ha, g.a).copy(g.hb, g.b).submit().wait();
+  const Tensor ta(g.a, in, {n, n}), tb(g.b, in, {n, n}), ty(g.y, out, {n, n});
+  g.op = in == DType::I8 ? ops::matmul_integer(ta, tb, ty) : ops::matmul(ta, tb, ty);
+  return g;
+}
+
+// A GPU's matrix products beside cuBLAS called directly on the same data
+// (raw_cuda.cpp), in alternating rounds, with the fraction of the GPU's
+// dense peak for the precision.
+std::vector<Result> run_gemm_gpu(Device& dev, const Options& o) {
+  std::vector<Result> out;
+  std::string why;
+  auto raw = RawCuda::open(dev.uri(), 4096, &why);
+  Queue q = dev.queue(Engine::Compute);
+  struct Type {
+    const char* name;
+    DType in, out;
+    const char *raw_in, *raw_out;
+    double peak;  // TFLOPS (TOPS) of the GPU for it
+  };
+  const Properties& p = dev.properties();
+  const Type types[] = {{"f32", DType::F32, DType::F32, "f32", "f32", p.peak_fp32_tflops},
+                        {"f16", DType::F16, DType::F16, "f16", "f16", p.peak_fp16_tflops},
+                        {"bf16", DType::BF16, DType::BF16, "bf16", "bf16", p.peak_fp16_tflops},
+                        {"int8", DType::I8, DType::I32, "i8", "i32", p.peak_int8_tops}};
+  for (std::int64_t n : {std::int64_t{1024}, std::int64_t{4096}, std::int64_t{8192}}) {
+    if (o.quick != (n == 1024)) continue;
+    for (const Type& t : types) {
+      const GemmOperands g = gemm_operands(dev, q, n, t.in, t.out);
+      const Op& op = g.op;
+      const int rounds = o.quick ? 1 : 5, reps = n >= 8192 ? 4 : n >= 4096 ? 16 : 4;
+      run_n(q, op, 1);
+      std::vector<double> td;
+      for (int r = 0; r < rounds; ++r) {
+        const auto t0 = base::monotonic_ns();
+        run_n(q, op, reps);
+        td.push_back(static_cast<double>(base::monotonic_ns() - t0) * 1e-9 / reps);
+      }
+      const double dev_s = median(td);
+      std::string raw_why = why;
+      const double raw_s =
+          raw ? raw->gemm_seconds(t.raw_in, t.raw_out, n, g.ha.map().data(), g.hb.map().data(), rounds, reps, &raw_why)
+              : 0;
+      const double ops_count = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+      Result r;
+      r.bench = "gemm";
+      r.params = {{"size", std::to_string(n)}, {"dtype", t.name}, {"gpu", p.board}};
+      r.value = ops_count / dev_s / 1e9;
+      r.unit = t.in == DType::I8 ? "GOPS" : "GFLOPS";
+      r.baseline = raw_s > 0 ? ops_count / raw_s / 1e9 : 0;
+      r.baseline_name = raw_s > 0 ? std::string("cuBLAS cublasGemmEx ") + t.raw_in : "none (" + raw_why + ")";
+      r.ratio = raw_s > 0 ? raw_s / dev_s : 0;
+      if (t.peak > 0) r.extra["peak_fraction"] = r.value / (t.peak * 1e3);
+      emit(out, std::move(r), o);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<Result> run_gemm(Device& dev, const Options& o) {
   std::vector<Result> out;
   if (!dev.properties().caps.tensor) return out;
+  if (dev.properties().driver == "cuda") return run_gemm_gpu(dev, o);
   const int threads = engine_threads(dev);
   Queue q = dev.queue(Engine::Compute);
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -197,16 +276,8 @@ std::vector<Result> run_gemm(Device& dev, const Options& o) {
   for (std::int64_t n : {std::int64_t{1024}, std::int64_t{2048}}) {
     if (o.quick && n > 1024) continue;
     for (const Type& t : types) {
-      const std::uint64_t in_bytes = static_cast<std::uint64_t>(n * n) * size_of(t.in);
-      const std::uint64_t out_bytes = static_cast<std::uint64_t>(n * n) * size_of(t.out);
-      // Device side: A, B, Y in device memory, filled through pinned staging.
-      Buffer ha = dev.allocate(in_bytes, Memory::HostPinned), hb = dev.allocate(in_bytes, Memory::HostPinned);
-      fill_random(ha.map(), t.in, 1);
-      fill_random(hb.map(), t.in, 2);
-      Buffer a = dev.allocate(in_bytes), b = dev.allocate(in_bytes), y = dev.allocate(out_bytes);
-      q.copy(ha, a).copy(hb, b).submit().wait();
-      const Tensor ta(a, t.in, {n, n}), tb(b, t.in, {n, n}), ty(y, t.out, {n, n});
-      const Op op = t.in == DType::I8 ? ops::matmul_integer(ta, tb, ty) : ops::matmul(ta, tb, ty);
+      const GemmOperands g = gemm_operands(dev, q, n, t.in, t.out);
+      const Op& op = g.op;
       const int rounds = o.quick ? 1 : 7, per = n > 1024 ? 2 : 8;
       // oneDNN alone on data of its own (f32 where it has no kernel for this
       // precision), same threads, in rounds alternating with the device's.

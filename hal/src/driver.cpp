@@ -48,6 +48,7 @@ Telemetry DeviceBackend::telemetry() const {
 std::optional<ModelledTime> DeviceBackend::model_op(const OpDesc&) const { return std::nullopt; }
 std::optional<ModelledTime> DeviceBackend::model_transfer(std::uint64_t, Memory, Memory) const { return std::nullopt; }
 std::optional<std::uint64_t> DeviceBackend::board_time_ns() const { return std::nullopt; }
+std::string DeviceBackend::refuse_op(const OpDesc&) const { return {}; }
 
 std::optional<std::uint64_t> DeviceBackend::model_decode_ns(Codec, FrameType, std::uint32_t, std::uint32_t) const {
   return std::nullopt;

@@ -399,8 +399,11 @@ Batch& Batch::run(const Op& op) {
   if (OpAccess::device(op) != s.device)
     throw Error(Status::InvalidArgument, "run: " + op.name() + "'s operands are on " + OpAccess::device(op)->uri() +
                                              " but the batch is for " + s.device->uri());
+  const std::string why = s.device->backend().refuse_op(*OpAccess::desc(op));
   if (!s.device->backend().properties().caps.tensor)
-    throw Error(Status::Unsupported, "run: " + s.device->uri() + " has no tensor engine (caps.tensor is false)");
+    throw Error(Status::Unsupported, "run: " + s.device->uri() + " has no tensor engine (caps.tensor is false)" +
+                                         (why.empty() ? "" : ": " + why));
+  if (!why.empty()) throw Error(Status::Unsupported, "run: " + s.device->uri() + " cannot run " + why);
   if (s.queue && s.queue->backend().engine() != Engine::Compute)
     throw Error(Status::Unsupported, "run: " + op.name() + " needs a compute queue; " + s.queue->name() + " is a " +
                                          to_string(s.queue->backend().engine()) + " queue");

@@ -26,10 +26,17 @@
 // stream operation any stream runs fail with `code`;
 // tpuhal_fake_cuda_refuse_modules(1) makes cuModuleLoadData fail (0 again:
 // load); tpuhal_fake_cuda_reset() disarms both;
+// tpuhal_fake_cuda_launch_host(stream, kernel, params) queues host work as
+// a kernel (the stand-in cuBLAS, fake_cublas.cpp, runs its products so);
 // tpuhal_fake_cuda_live_allocations()
 // counts what is allocated and not yet given back (host allocations and
 // registrations, physical chunks, address reservations, graphs, cuMemAlloc
 // blocks, modules).
+//
+// Kernels: the shim's clock kernels (PTX, known by name) and its tensor-op
+// kernels (a fatbin: drivers/cuda/kernels, whose host build this library
+// links) run on the host when their stream reaches them; any other kernel
+// does nothing.
 //
 // Simplifications: a sticky error stays with its stream rather than
 // poisoning the whole context, and a physical chunk's contents do not
@@ -55,6 +62,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "host_kernels.h"
 
 namespace {
 
@@ -102,13 +111,16 @@ struct Op {
   std::uint64_t dst = 0, src = 0, count = 0;  // count: bytes (Copy) or elements (Set*)
   std::uint64_t value = 0;
   unsigned flags = 0;
-  std::shared_ptr<const std::vector<Op>> graph;  // Launch
+  std::shared_ptr<const std::vector<Op>> graph;              // Launch
+  const tpuhal::cuda::k::HostKernel* host = nullptr;         // Kernel of KernelKind::Host
+  std::shared_ptr<const std::vector<unsigned char>> params;  // its parameters
 };
 
 // What a kernel does when the stand-in runs it (Op::flags of a Kernel): the
 // shim's clock kernels (drivers/cuda/src/clock.cpp) write the host's
 // CLOCK_MONOTONIC as the board time; every other kernel does nothing.
-enum KernelKind : unsigned { Empty, Stamp, FenceStamp };
+// A tensor-op kernel (KernelKind::Host) runs its host build over every item.
+enum KernelKind : unsigned { Empty, Stamp, FenceStamp, Host };
 
 struct Stream;
 
@@ -292,6 +304,10 @@ CUresult run(const Op& op) {
       // the kernel runs, not when it is launched.
       if (op.flags == KernelKind::Empty) return CUDA_SUCCESS;
       std::shared_lock lock(s.memory_mu);
+      if (op.flags == KernelKind::Host) {
+        op.host->run(op.params->data());
+        return CUDA_SUCCESS;
+      }
       const std::uint64_t bytes = op.flags == KernelKind::Stamp ? 8 : 16;
       if (op.dst % 8 != 0 || !reachable(s, op.dst, bytes)) return CUDA_ERROR_ILLEGAL_ADDRESS;
       auto word = [](std::uint64_t at) {
@@ -364,6 +380,8 @@ constexpr ErrorText kErrors[] = {
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU",
+     "no kernel image is available for execution on the device"},
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
     {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
@@ -946,20 +964,33 @@ struct Function {
   Module* module;
   std::string name;
   KernelKind kind = KernelKind::Empty;
+  const tpuhal::cuda::k::HostKernel* host = nullptr;
 };
 struct Module {
   std::vector<std::unique_ptr<Function>> entries;
 };
 
-// Takes PTX text only, and finds its .entry names (KernelKind says
+constexpr std::uint32_t kFatbinMagic = 0xba55ed50;  // the first word of an nvcc fatbin
+
+CUresult add_module(std::unique_ptr<Module> m, CUmodule* out);
+
+// Takes PTX text (and finds its .entry names) or the shim's fatbin (KernelKind says
 // what each does when it runs).
 CUresult fake_cuModuleLoadData(CUmodule* out, const void* image) {
   if (CUresult r = need_context()) return r;
   if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
   if (state().refuse_modules) return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  auto m = std::make_unique<Module>();
+  std::uint32_t magic = 0;
+  std::memcpy(&magic, image, sizeof magic);
+  if (magic == kFatbinMagic) {
+    // The shim's tensor-op kernels: their host build, by name.
+    for (const auto& k : tpuhal::cuda::k::host_kernels())
+      m->entries.push_back(std::make_unique<Function>(Function{m.get(), k.name, KernelKind::Host, &k}));
+    return add_module(std::move(m), out);
+  }
   const std::string ptx(static_cast<const char*>(image));
   if (ptx.find(".version") == std::string::npos) return CUDA_ERROR_INVALID_IMAGE;
-  auto m = std::make_unique<Module>();
   for (std::size_t at = ptx.find(".entry"); at != std::string::npos; at = ptx.find(".entry", at + 6)) {
     std::size_t b = ptx.find_first_not_of(" \t", at + 6), e = ptx.find_first_of("( \t\n", b);
     if (b == std::string::npos || e == std::string::npos) return CUDA_ERROR_INVALID_PTX;
@@ -969,6 +1000,10 @@ CUresult fake_cuModuleLoadData(CUmodule* out, const void* image) {
                                                            : KernelKind::Empty;
     m->entries.push_back(std::make_unique<Function>(Function{m.get(), name, kind}));
   }
+  return add_module(std::move(m), out);
+}
+
+CUresult add_module(std::unique_ptr<Module> m, CUmodule* out) {
   State& s = state();
   std::lock_guard lock(s.mu);
   for (auto& f : m->entries) s.functions.insert(f.get());
@@ -1020,8 +1055,14 @@ CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz
   op.flags = fn->kind;
   if (fn->kind != KernelKind::Empty) {
     if (!params || !params[0] || (fn->kind == KernelKind::FenceStamp && !params[1])) return CUDA_ERROR_INVALID_VALUE;
-    std::memcpy(&op.dst, params[0], 8);
-    if (fn->kind == KernelKind::FenceStamp) std::memcpy(&op.value, params[1], 8);
+    if (fn->kind == KernelKind::Host) {
+      const auto* p = static_cast<const unsigned char*>(params[0]);
+      op.host = fn->host;
+      op.params = std::make_shared<const std::vector<unsigned char>>(p, p + fn->host->params);
+    } else {
+      std::memcpy(&op.dst, params[0], 8);
+      if (fn->kind == KernelKind::FenceStamp) std::memcpy(&op.value, params[1], 8);
+    }
   }
   return submit(stream, std::move(op), 0, 0);
 }
@@ -1078,6 +1119,21 @@ __attribute__((visibility("default"))) CUresult CUDAAPI cuGetProcAddress_v2(cons
 }
 
 __attribute__((visibility("default"))) void tpuhal_fake_cuda_fail(int code) { state().armed.store(code); }
+
+// For the stand-in cuBLAS (fake_cublas.cpp): queues `kernel` with a copy of
+// its parameters on `stream` (or into its capture), as a kernel launch.
+__attribute__((visibility("default"))) CUresult tpuhal_fake_cuda_launch_host(CUstream stream,
+                                                                             const tpuhal::cuda::k::HostKernel* kernel,
+                                                                             const void* params) {
+  if (!kernel || !params) return CUDA_ERROR_INVALID_VALUE;
+  Op op;
+  op.kind = Op::Kernel;
+  op.flags = KernelKind::Host;
+  op.host = kernel;
+  const auto* p = static_cast<const unsigned char*>(params);
+  op.params = std::make_shared<const std::vector<unsigned char>>(p, p + kernel->params);
+  return submit(stream, std::move(op), 0, 0);
+}
 
 __attribute__((visibility("default"))) void tpuhal_fake_cuda_reset() {
   state().armed.store(0);

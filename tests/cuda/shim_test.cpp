@@ -111,7 +111,8 @@ TEST_F(CudaShim, PropertiesComeFromTheDriver) {
   EXPECT_TRUE(p.caps.wait_value);
   EXPECT_TRUE(p.caps.import_host_memory);
   EXPECT_TRUE(p.caps.timestamps) << "the clock kernels loaded";
-  EXPECT_FALSE(p.caps.tensor) << "no tensor kernels yet";
+  EXPECT_TRUE(p.caps.tensor) << "the tensor-op kernels loaded (their host build, on the stand-in)";
+  EXPECT_THAT(p.dtypes, ::testing::ElementsAre(DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32));
   EXPECT_FALSE(p.caps.map_device_memory);
   EXPECT_FALSE(p.caps.host_visible_device_memory);
 }
@@ -180,6 +181,48 @@ TEST_F(CudaShim, ProgramsReplayAsGraphs) {
   EXPECT_EQ(*reinterpret_cast<std::uint64_t*>(words.map().data()), 9u);
 }
 
+// An op that finds bad input while it runs (a gather index outside its
+// axis) fails its submission with the op and the values, in a batch or in
+// a program the batch calls; the queue stays failed, the program's fault
+// record is cleared for its next run, and a new queue works.
+TEST_F(CudaShim, AFaultAnOpRaisesFailsItsSubmissionInABatchOrAProgram) {
+  Device dev = open("cuda:0");
+  Buffer x = dev.allocate(64, Memory::HostPinned), idx = dev.allocate(64, Memory::HostPinned),
+         y = dev.allocate(64, Memory::HostPinned);
+  auto* xv = reinterpret_cast<float*>(x.map().data());
+  auto* iv = reinterpret_cast<std::int32_t*>(idx.map().data());
+  for (int i = 0; i < 4; ++i) xv[i] = static_cast<float>(10 + i);
+  const Op op = ops::gather(Tensor(x, DType::F32, {4}), Tensor(idx, DType::I32, {2}), Tensor(y, DType::F32, {2}));
+  const Program program = dev.record([&](Batch& b) { b.fill(y, 0, 8, 0).run(op); });
+  auto submit = [&](bool in_program, std::int32_t index) {
+    iv[0] = 1;
+    iv[1] = index;
+    std::memset(y.map().data(), 0xA5, 8);
+    Queue q = dev.queue();
+    Batch b = q.batch();
+    b.fill(x, 32, 4, 0);
+    if (in_program)
+      b.run(program);
+    else
+      b.run(op);
+    b.submit().wait();
+  };
+  auto run_once = [&](bool in_program, std::int32_t bad) { return error_of([&] { submit(in_program, bad); }); };
+  Error e = run_once(false, 7);
+  EXPECT_EQ(e.status(), Status::DeviceFault);
+  EXPECT_THAT(e.what(), HasSubstr("failed at command 2 of 2 (gather, ring position "));
+  EXPECT_THAT(e.what(), HasSubstr("gather: tensor 1 holds the index 7, outside [-4, 4)"));
+  EXPECT_EQ(y.map()[0], std::byte{0xA5}) << "a gather that failed wrote nothing";
+  e = run_once(true, -5);
+  EXPECT_EQ(e.status(), Status::DeviceFault);
+  EXPECT_THAT(e.what(), HasSubstr("failed at command 2 of 2 of the program called by command 2 (gather"));
+  EXPECT_THAT(e.what(), HasSubstr("holds the index -5, outside [-4, 4)"));
+  EXPECT_EQ(y.map()[4], std::byte{0}) << "the program's fill ran, its gather wrote nothing";
+  submit(true, -1);  // the program's record was cleared: it runs again
+  EXPECT_EQ(xv[1], 11.0f);
+  EXPECT_EQ(reinterpret_cast<const float*>(y.map().data())[1], 13.0f);
+}
+
 // Each fence keeps the board time it was reached at (the fence-stamp kernel
 // before the timeline write), for the queue's last 128 values; a timestamp
 // command writes the time in stream order, in a batch or a program.
@@ -233,11 +276,18 @@ TEST_F(CudaShim, WithoutTheClockKernelsTheDeviceWorksWithoutTimestamps) {
   Device dev = open("cuda:1");
   fake().refuse_modules(0);
   EXPECT_FALSE(dev.properties().caps.timestamps);
+  EXPECT_FALSE(dev.properties().caps.tensor) << "the tensor-op kernels did not load either";
   Buffer h = dev.allocate(4096, Memory::HostPinned), d = dev.allocate(4096);
   Queue q = dev.queue();
   Error e = error_of([&] { q.batch().timestamp(h, 0).submit(); });
   EXPECT_EQ(e.status(), Status::Unsupported);
   EXPECT_THAT(e.what(), HasSubstr("timestamp"));
+  const Tensor t(d, DType::U8, {16});
+  e = error_of([&] { q.batch().run(ops::where(t, t, t, Tensor(h, DType::U8, {16}))); });
+  EXPECT_EQ(e.status(), Status::Unsupported);
+  EXPECT_THAT(e.what(),
+              HasSubstr("cuda:1 has no tensor engine (caps.tensor is false): cuModuleLoadData (the "
+                        "tensor-op kernels, built for sm_80 and sm_90 with PTX): CUDA_ERROR_NO_BINARY_FOR_GPU"));
   std::memset(h.map().data(), 5, 4096);
   Fence f = q.batch().copy(h, d).fill(h, 0, 4096, 0).copy(d, h).submit();
   f.wait();

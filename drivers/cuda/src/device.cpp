@@ -116,6 +116,7 @@ CudaDevice::CudaDevice(const Api& api, std::string uri, int ordinal) : api_(api)
     if (!clock_) log()->warn("{}: no timestamps: the clock kernels did not load: {}", props_.uri, why);
   }
   props_.caps.timestamps = clock_ != nullptr;
+  load_kernels();
   for (std::uint32_t i = 0; i < kComputeQueues; ++i) slots_.push_back({Engine::Compute, i});
   for (std::uint32_t i = 0; i < kCopyQueues; ++i) slots_.push_back({Engine::Copy, kComputeQueues + i});
   log()->info("{}: {} ({}), {} of memory, CUDA driver {}", props_.uri, props_.board, props_.bus, format_bytes(total),
@@ -148,6 +149,8 @@ CudaDevice::~CudaDevice() {
     std::lock_guard a(abandoned_mu);
     abandoned->push_back(std::shared_ptr<void>(heap_.release(), [](void*) {}));
     abandoned->push_back(std::shared_ptr<void>(clock_.release(), [](void*) {}));
+    abandoned->push_back(std::shared_ptr<void>(kernels_.release(), [](void*) {}));
+    abandoned->push_back(std::shared_ptr<void>(blas_.release(), [](void*) {}));
     abandoned->push_back(std::make_shared<std::vector<Retired>>(std::move(retired_)));
     return;
   }
@@ -155,11 +158,80 @@ CudaDevice::~CudaDevice() {
   try {
     ScopedContext scope(api_, ctx_);
     clock_.reset();
+    blas_.reset();
+    kernels_.reset();
   } catch (const Error& e) {
     log()->error("{}: unloading the clock kernels: {}", uri(), e.what());
     (void)clock_.release();  // no context to unload them in: left with it
+    (void)kernels_.release();
+    (void)blas_.release();
   }
   api_.cuDevicePrimaryCtxRelease(dev_);
+}
+
+// The tensor-op kernels (ops.h): without them the device works, with no
+// caps.tensor; TPUHAL_CUDA_TENSOR=0 leaves them out on purpose.
+void CudaDevice::load_kernels() {
+  const char* env = std::getenv("TPUHAL_CUDA_TENSOR");
+  if (env && std::string_view(env) == "0") {
+    tensor_why_ = "TPUHAL_CUDA_TENSOR=0";
+  } else {
+    try {
+      ScopedContext scope(api_, ctx_);
+      kernels_ = Kernels::load(api_, &tensor_why_);
+    } catch (const Error& e) {
+      tensor_why_ = e.what();
+    }
+  }
+  if (!kernels_) {
+    log()->info("{}: no tensor ops: {}", props_.uri, tensor_why_);
+    return;
+  }
+  props_.caps.tensor = true;
+  props_.dtypes = {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32};
+  set_peaks();
+  std::string why;
+  try {
+    ScopedContext scope(api_, ctx_);
+    blas_ = Blas::load(&why);
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  if (blas_)
+    log()->info("{}: float matrix products on {}", props_.uri, blas_->describe());
+  else
+    log()->info("{}: float matrix products on the shim's own kernels: {}", props_.uri, why);
+}
+
+// The dense peaks at the GPU's highest clock, from its multiprocessors and
+// what one does per clock in each precision: Ampere (8.0) and Hopper (9.x)
+// tensor cores, f32 on the CUDA cores. Other GPUs report no peaks.
+void CudaDevice::set_peaks() {
+  auto attribute = [&](CUdevice_attribute a) {
+    int v = 0;
+    return api_.cuDeviceGetAttribute(&v, a, dev_) == CUDA_SUCCESS ? v : 0;
+  };
+  const int major = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  const int minor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  const double sms = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  const double ghz = attribute(CU_DEVICE_ATTRIBUTE_CLOCK_RATE) / 1e6;  // kHz
+  double f16 = 0, f32 = 0;                                             // per multiprocessor per clock
+  if (major == 9) {
+    f16 = 4096;
+    f32 = 256;
+  } else if (major == 8 && minor == 0) {
+    f16 = 2048;
+    f32 = 128;
+  }
+  props_.tensor_cores = static_cast<std::uint32_t>(sms) * 4;
+  props_.peak_fp16_tflops = sms * ghz * f16 / 1e3;
+  props_.peak_int8_tops = 2 * props_.peak_fp16_tflops;
+  props_.peak_fp32_tflops = sms * ghz * f32 / 1e3;
+}
+
+std::string CudaDevice::refuse_op(const driver::OpDesc& op) const {
+  if (!kernels_) return tensor_why_;
+  return cuda::refuse_op(op);
 }
 
 void CudaDevice::reap_locked(std::vector<std::function<void()>>& frees, Keep& drop) {

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "api.h"
+#include "blas.h"
+#include "ops.h"
 #include "tpuhal/base/range_allocator.h"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/cuda/cuda_provider.h"
@@ -94,13 +96,26 @@ class TimelineWord {
   // Value's board time while its slot still holds it.
   std::optional<std::uint64_t> stamp(std::uint64_t value) const;
 
+  // The fault record kernels report bad input in (kernels/kernel.h), and
+  // the value it names once one is published (0: none).
+  CUdeviceptr fault_address() const { return address_ + kFaultAt; }
+  std::uint64_t fault_value() const {
+    return std::atomic_ref<std::uint64_t>(fault_host()->value).load(std::memory_order_acquire);
+  }
+  k::FaultRecord fault() const { return *fault_host(); }
+
  private:
+  k::FaultRecord* fault_host() const {
+    return reinterpret_cast<k::FaultRecord*>(reinterpret_cast<std::byte*>(host_) + kFaultAt);
+  }
   // What the fence-stamp kernel writes (clock.cpp): value, then time.
   struct StampSlot {
     std::uint64_t value;
     std::uint64_t ns;
   };
   static constexpr std::uint64_t kSlotsAt = 64;  // the word has a cache line of its own
+  static constexpr std::uint64_t kFaultAt = kSlotsAt + kStampSlots * sizeof(StampSlot);
+  static constexpr std::uint64_t kBytes = kFaultAt + sizeof(k::FaultRecord);
   const Api& api_;
   CUcontext ctx_;
   std::uint64_t* host_ = nullptr;
@@ -163,6 +178,7 @@ class CudaDevice final : public driver::DeviceBackend, public std::enable_shared
   std::shared_ptr<driver::BufferBackend> import_host(void* ptr, std::uint64_t size) override;
   std::shared_ptr<driver::ProgramBackend> create_program(std::span<const driver::Command> commands) override;
   std::shared_ptr<driver::QueueBackend> create_queue(Engine engine, const QueueOptions& options) override;
+  std::string refuse_op(const driver::OpDesc& op) const override;
 
   const Api& api() const { return api_; }
   CUcontext context() const { return ctx_; }
@@ -170,6 +186,10 @@ class CudaDevice final : public driver::DeviceBackend, public std::enable_shared
   DeviceHeap& heap() { return *heap_; }
   // The board clock; null where the device has no timestamps.
   const Clock* clock() const { return clock_.get(); }
+  // The tensor-op kernels (ops.h); null where the device has no caps.tensor.
+  const Kernels* kernels() const { return kernels_.get(); }
+  // cuBLAS for float matrix products (blas.h); null where it did not load.
+  const Blas* blas() const { return blas_.get(); }
 
   // Host memory accounting (buffers call these as they come and go).
   void count_host(std::int64_t bytes, std::int64_t allocations, bool imported) {
@@ -193,6 +213,8 @@ class CudaDevice final : public driver::DeviceBackend, public std::enable_shared
   // Destroys released streams that are idle; once none is left, hands back
   // the frees that waited for them. Caller holds queues_mu_.
   void reap_locked(std::vector<std::function<void()>>& frees, Keep& drop);
+  void load_kernels();
+  void set_peaks();
 
   struct Slot {
     Engine engine;
@@ -214,6 +236,9 @@ class CudaDevice final : public driver::DeviceBackend, public std::enable_shared
   std::uint64_t opened_ns_ = base::monotonic_ns();
   std::unique_ptr<DeviceHeap> heap_;
   std::unique_ptr<Clock> clock_;
+  std::unique_ptr<Kernels> kernels_;
+  std::unique_ptr<Blas> blas_;
+  std::string tensor_why_;  // why kernels_ is null
 
   mutable std::mutex stats_mu_;
   std::uint64_t pinned_bytes_ = 0, pinned_allocations_ = 0, imported_bytes_ = 0;
@@ -255,17 +280,22 @@ class CudaProgram final : public driver::ProgramBackend {
  public:
   // `keep`: what the graph's commands use besides the HAL's buffers (the
   // scratch blocks of overlapping copies), for as long as the graph lives.
-  CudaProgram(std::shared_ptr<CudaDevice> dev, CUgraphExec exec, std::size_t size, Keep keep)
-      : dev_(std::move(dev)), exec_(exec), size_(size), keep_(std::move(keep)) {}
+  // `faults`: where its kernels report bad input (null: it runs no op that
+  // can); a queue that calls it moves a fault from there to its own.
+  CudaProgram(std::shared_ptr<CudaDevice> dev, CUgraphExec exec, std::size_t size, Keep keep,
+              std::shared_ptr<TimelineWord> faults)
+      : dev_(std::move(dev)), exec_(exec), size_(size), keep_(std::move(keep)), faults_(std::move(faults)) {}
   ~CudaProgram() override;
   std::size_t size() const override { return size_; }
   CUgraphExec exec() const { return exec_; }
+  const std::shared_ptr<TimelineWord>& faults() const { return faults_; }
 
  private:
   std::shared_ptr<CudaDevice> dev_;
   CUgraphExec exec_;
   std::size_t size_;
   Keep keep_;
+  std::shared_ptr<TimelineWord> faults_;
 };
 
 // ---- Queues (queue.cpp) --------------------------------------------------------
@@ -280,13 +310,19 @@ class CudaQueue final : public driver::QueueBackend {
 
   std::uint64_t submit(std::span<const driver::Command> commands, std::chrono::nanoseconds max_wait) override;
 
-  driver::Timeline timeline() const override { return {word_->read(), failed_.load(std::memory_order_acquire)}; }
+  // A fault a kernel published (kernels/kernel.h) fails its submission:
+  // the timeline stops short of it.
+  driver::Timeline timeline() const override {
+    driver::Timeline t{word_->read(), failed_.load(std::memory_order_acquire)};
+    if (const std::uint64_t v = word_->fault_value(); v != 0 && t.completed >= v) {
+      t.completed = v - 1;
+      t.failed = true;
+    }
+    return t;
+  }
   std::uint64_t submitted() const override { return submitted_.load(std::memory_order_acquire); }
   std::uint64_t progress() const override { return timeline().completed; }
-  Error failure() const override {
-    std::lock_guard lock(failure_mu_);
-    return failure_;
-  }
+  Error failure() const override;
 
   void block(std::uint64_t value, std::chrono::nanoseconds max) override;
   void abort() override;
@@ -325,6 +361,7 @@ class CudaQueue final : public driver::QueueBackend {
 
   std::mutex submit_mu_;
   std::uint64_t next_value_ = 1;
+  std::uint64_t ring_at_ = 0;  // entries submitted so far: the next one's ring position, modulo entries_
   std::uint32_t used_ = 0;
   std::deque<Submission> in_flight_;
   std::atomic<std::uint64_t> submitted_{0};
@@ -338,6 +375,12 @@ class CudaQueue final : public driver::QueueBackend {
 // program), adding what its stream reads beyond the HAL's buffers (the
 // timeline words of the queues it waits on, scratch blocks) to `keep`;
 // `what` names the CUDA call.
-CUresult enqueue(CudaDevice& dev, CUstream stream, const driver::Command& c, Keep& keep, std::string& what);
+// A queue's failure made of a published fault record.
+Error fault_error(const std::string& queue, const k::FaultRecord& r);
+
+// `fault`: where the command's kernels report bad input (kernels/kernel.h),
+// with the command's index filled in.
+CUresult enqueue(CudaDevice& dev, CUstream stream, const driver::Command& c, Keep& keep, std::string& what,
+                 k::Fault fault);
 
 }  // namespace tpuhal::cuda

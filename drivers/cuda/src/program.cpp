@@ -2,6 +2,7 @@
 // graph, replayed with cuGraphLaunch.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <variant>
 
 #include "device_impl.h"
@@ -36,13 +37,21 @@ std::shared_ptr<driver::ProgramBackend> CudaDevice::create_program(std::span<con
   std::string what;
   CUresult failed = CUDA_SUCCESS;
   std::size_t at = 0;
+  // Ops report bad input into the program's own fault record; the queue
+  // that calls it moves a fault on to its record (kernels/kernel.h).
+  std::shared_ptr<TimelineWord> faults;
+  if (kernels_ && std::any_of(commands.begin(), commands.end(),
+                              [](const driver::Command& c) { return std::holds_alternative<driver::cmd::Run>(c); }))
+    faults = std::make_shared<TimelineWord>(api_, ctx_, uri() + ": a program's fault record");
+  k::Fault fault{faults ? faults->fault_address() : 0, 0, 0, 0, static_cast<std::uint32_t>(commands.size())};
   for (; at < commands.size(); ++at) {
     if (std::holds_alternative<driver::cmd::WaitFence>(commands[at])) {
       failed = CUDA_ERROR_INVALID_VALUE;
       what = "a wait for a fence (programs cannot hold one)";
       break;
     }
-    failed = enqueue(*this, s, commands[at], keep, what);
+    fault.command = static_cast<std::uint32_t>(at);
+    failed = enqueue(*this, s, commands[at], keep, what, fault);
     if (failed != CUDA_SUCCESS) break;
   }
   CUgraph graph = nullptr;
@@ -56,7 +65,7 @@ std::shared_ptr<driver::ProgramBackend> CudaDevice::create_program(std::span<con
   const CUresult made = api_.cuGraphInstantiateWithFlags(&exec, graph, 0);
   api_.cuGraphDestroy(graph);
   check(api_, made, uri() + ": recording a program: cuGraphInstantiateWithFlags");
-  return std::make_shared<CudaProgram>(shared_from_this(), exec, commands.size(), std::move(keep));
+  return std::make_shared<CudaProgram>(shared_from_this(), exec, commands.size(), std::move(keep), std::move(faults));
 }
 
 }  // namespace tpuhal::cuda

@@ -21,7 +21,7 @@ namespace tpuhal::cuda {
 TimelineWord::TimelineWord(const Api& api, CUcontext ctx, const std::string& what) : api_(api), ctx_(ctx) {
   ScopedContext scope(api_, ctx_);
   void* host = nullptr;
-  constexpr std::uint64_t bytes = kSlotsAt + kStampSlots * sizeof(StampSlot);
+  constexpr std::uint64_t bytes = kBytes;
   check(api_, api_.cuMemHostAlloc(&host, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
         what + ": the timeline word");
   host_ = static_cast<std::uint64_t*>(host);
@@ -57,6 +57,43 @@ std::optional<std::uint64_t> TimelineWord::stamp(std::uint64_t value) const {
 // ---- Commands ------------------------------------------------------------------
 
 namespace {
+
+// What a fault record says, as a queue failure: "cuda:0 compute queue 0:
+// submission 3 failed at command 1 of 1 (gather, ring position 4): gather:
+// tensor 1 holds the index 5, outside [-5, 5) (the length of the indexed
+// axis)".
+Error fault_error_impl(const std::string& queue, const k::FaultRecord& r) {
+  const char* op = r.kind < driver::kOpKindCount ? driver::to_string(static_cast<driver::OpKind>(r.kind)) : "op";
+  std::string where = "command " + std::to_string(r.command + 1) + " of " + std::to_string(r.commands);
+  if (r.call) where += " of the program called by command " + std::to_string(r.call);
+  std::string what;
+  switch (r.code) {
+    case k::kFaultIndexOutOfRange:
+      what = std::string(op) + ": tensor " + std::to_string(r.tensor) + " holds the index " + std::to_string(r.a) +
+             ", outside [-" + std::to_string(r.b) + ", " + std::to_string(r.b) + ") (the length of the indexed axis)";
+      break;
+    default: what = std::string(op) + ": fault code " + std::to_string(r.code);
+  }
+  return Error(Status::DeviceFault, queue + ": submission " + std::to_string(r.value) + " failed at " + where + " (" +
+                                        op + ", ring position " + std::to_string(r.ring) + "): " + what);
+}
+
+// A block of `bytes` of the device heap that `keep` holds until the stream
+// is past it; 0 when the heap has none.
+std::function<std::uint64_t(std::uint64_t)> scratch_of(CudaDevice& dev, Keep& keep) {
+  return [&dev, &keep](std::uint64_t bytes) -> std::uint64_t {
+    std::uint64_t at = 0;
+    try {
+      at = dev.heap().allocate(dev.uri(), bytes, kMinAlignment);
+    } catch (const Error&) {
+      return 0;
+    }
+    keep.push_back(std::shared_ptr<const void>(reinterpret_cast<const void*>(at), [heap = &dev.heap()](const void* p) {
+      heap->free(reinterpret_cast<std::uint64_t>(p));
+    }));
+    return at;
+  };
+}
 
 // An overlapping copy taking more pieces than this goes through a scratch
 // block instead (see copy_as_memmove).
@@ -106,7 +143,10 @@ CUresult copy_as_memmove(CudaDevice& dev, CUstream stream, CUdeviceptr dst, CUde
 
 }  // namespace
 
-CUresult enqueue(CudaDevice& dev, CUstream stream, const driver::Command& c, Keep& keep, std::string& what) {
+Error fault_error(const std::string& queue, const k::FaultRecord& r) { return fault_error_impl(queue, r); }
+
+CUresult enqueue(CudaDevice& dev, CUstream stream, const driver::Command& c, Keep& keep, std::string& what,
+                 k::Fault fault) {
   const Api& api = dev.api();
   const std::string& uri = dev.uri();
   return std::visit(
@@ -140,7 +180,11 @@ CUresult enqueue(CudaDevice& dev, CUstream stream, const driver::Command& c, Kee
         } else if constexpr (std::is_same_v<T, driver::cmd::Call>) {
           what = "cuGraphLaunch";
           auto* p = static_cast<CudaProgram*>(cmd.program);
-          return api.cuGraphLaunch(p->exec(), stream);
+          if (CUresult r = api.cuGraphLaunch(p->exec(), stream); r != CUDA_SUCCESS || !p->faults()) return r;
+          what = "cuLaunchKernel (forward_fault)";
+          keep.push_back(p->faults());
+          return dev.kernels()->launch(stream, "forward_fault",
+                                       k::ForwardFaultParams{1, p->faults()->fault_address(), fault});
         } else if constexpr (std::is_same_v<T, driver::cmd::WaitTime>) {
           throw Error(Status::Unsupported, uri + ": no timed waits on this device (caps.wait_time is false)");
         } else if constexpr (std::is_same_v<T, driver::cmd::Timestamp>) {
@@ -150,7 +194,19 @@ CUresult enqueue(CudaDevice& dev, CUstream stream, const driver::Command& c, Kee
           return dev.clock()->stamp(stream, address_of(cmd.location));
         } else {
           static_assert(std::is_same_v<T, driver::cmd::Run>);
-          throw Error(Status::Unsupported, uri + ": no tensor ops on this device (caps.tensor is false)");
+          if (!dev.kernels())
+            throw Error(Status::Unsupported, uri + ": no tensor ops on this device (caps.tensor is false)");
+          if (std::string why = refuse_op(*cmd.op); !why.empty())
+            throw Error(Status::Unsupported, uri + ": cannot run " + why);
+          if ((cmd.op->kind == driver::OpKind::MatMul || cmd.op->kind == driver::OpKind::MatMulInteger) && dev.blas()) {
+            CUresult r = CUDA_SUCCESS;
+            what = "cuBLAS (" + cmd.op->name + ")";
+            if (run_matmul_on_blas(*dev.blas(), *dev.kernels(), stream, *cmd.op, scratch_of(dev, keep), &r, &what))
+              return r;
+          }
+          what = "cuLaunchKernel (" + cmd.op->name + ")";
+          fault.kind = static_cast<std::uint32_t>(cmd.op->kind);
+          return run_op(*dev.kernels(), stream, *cmd.op, fault);
         }
       },
       c);
@@ -226,6 +282,16 @@ std::string CudaQueue::diagnose() const {
          " submitted";
 }
 
+Error CudaQueue::failure() const {
+  {
+    std::lock_guard lock(failure_mu_);
+    if (failed_.load(std::memory_order_relaxed)) return failure_;
+  }
+  if (word_->fault_value() == 0)
+    return Error(Status::Internal, name() + ": failure() asked of a queue that has not failed");
+  return fault_error(name(), word_->fault());
+}
+
 void CudaQueue::fail(Error e) {
   std::lock_guard lock(failure_mu_);
   if (failed_.load(std::memory_order_relaxed)) return;
@@ -290,8 +356,11 @@ std::uint64_t CudaQueue::submit(std::span<const driver::Command> commands, std::
   {
     ScopedContext scope(api_, dev_->context());
     std::string what;
+    k::Fault fault{word_->fault_address(), s.value, ring_at_ % entries_, 0,
+                   static_cast<std::uint32_t>(commands.size())};
     for (std::size_t i = 0; i < commands.size(); ++i) {
-      if (CUresult r = enqueue(*dev_, stream_, commands[i], s.keep, what); r != CUDA_SUCCESS) {
+      fault.command = static_cast<std::uint32_t>(i);
+      if (CUresult r = enqueue(*dev_, stream_, commands[i], s.keep, what, fault); r != CUDA_SUCCESS) {
         // Earlier commands of the batch are queued already; the timeline
         // will not reach this value, and waits report why.
         fail(Error(status_of(r), name() + ": command " + std::to_string(i) + " of submission " +
@@ -313,6 +382,7 @@ std::uint64_t CudaQueue::submit(std::span<const driver::Command> commands, std::
     }
   }
   used_ += s.entries;
+  ring_at_ += s.entries;
   const std::uint64_t value = s.value;
   in_flight_.push_back(std::move(s));
   submitted_.store(value, std::memory_order_release);

@@ -218,6 +218,10 @@ class TPUHAL_API DeviceBackend {
                                                        std::uint32_t height) const;
   // Device::board_time_ns(). Default: nullopt.
   virtual std::optional<std::uint64_t> board_time_ns() const;
+  // Why this device cannot run `op` although it has caps.tensor ("conv2d
+  // in i8 (no integer convolution on this GPU)"), or empty when it can.
+  // Batch::run asks before it records the op. Default: empty.
+  virtual std::string refuse_op(const OpDesc& op) const;
   virtual std::shared_ptr<BufferBackend> allocate(std::uint64_t size, Memory memory, const AllocOptions& options) = 0;
   virtual std::shared_ptr<BufferBackend> import_host(void* ptr, std::uint64_t size);
   // Records `commands` (no WaitFence) for replay. Default: Unsupported.
