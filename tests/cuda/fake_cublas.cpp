@@ -10,6 +10,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -53,7 +54,10 @@ void store(cudaDataType t, std::uint64_t base, long long i, float v) {
   }
 }
 
+std::atomic<unsigned long long> gemms{0};  // products run (tpuhal_fake_cublas_gemms)
+
 void run_gemm(const void* raw) {
+  gemms.fetch_add(1);
   Gemm g;
   std::memcpy(&g, raw, sizeof g);
   const bool integer = g.at == CUDA_R_8I;
@@ -122,6 +126,9 @@ cublasStatus_t queue(cublasHandle_t h, Gemm g, const void* alpha, const void* be
 }  // namespace
 
 extern "C" {
+
+// For the tests: how many products the stand-in has run.
+__attribute__((visibility("default"))) unsigned long long tpuhal_fake_cublas_gemms() { return gemms.load(); }
 
 __attribute__((visibility("default"))) cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
   if (!launcher()) return CUBLAS_STATUS_NOT_INITIALIZED;

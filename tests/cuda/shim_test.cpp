@@ -21,9 +21,11 @@ namespace {
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 
-// Before anything loads the driver: the stand-in, with two devices.
+// Before anything loads the driver: the stand-in, with two devices, and
+// the stand-in cuBLAS.
 const bool configured = [] {
   setenv("TPUHAL_CUDA_LIBRARY", TPUHAL_FAKE_CUDA, 1);
+  setenv("TPUHAL_CUBLAS_LIBRARY", TPUHAL_FAKE_CUBLAS, 1);
   setenv("TPUHAL_FAKE_CUDA_DEVICES", "2", 1);
   return true;
 }();
@@ -227,6 +229,40 @@ TEST_F(CudaShim, AFaultAnOpRaisesFailsItsSubmissionInABatchOrAProgram) {
   submit(true, -1);  // the program's record was cleared: it runs again
   EXPECT_EQ(xv[1], 11.0f);
   EXPECT_EQ(reinterpret_cast<const float*>(y.map().data())[1], 13.0f);
+}
+
+// A matmul cuBLAS can take goes to cuBLAS (the stand-in counts its
+// products), and its c and activation follow in the epilogue: here into
+// f16, through an f32 scratch block, with b transposed and c broadcast.
+TEST_F(CudaShim, AMatrixProductGoesThroughCublasAndTheEpilogueAfterIt) {
+  if (!TPUHAL_CUDA_KERNELS) GTEST_SKIP() << "built without nvcc: no tensor-op kernels";
+  Device dev = open("cuda:0");
+  void* lib = dlopen(TPUHAL_FAKE_CUBLAS, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr) << "the shim loaded the stand-in cuBLAS";
+  auto gemms = reinterpret_cast<unsigned long long (*)()>(dlsym(lib, "tpuhal_fake_cublas_gemms"));
+  ASSERT_NE(gemms, nullptr);
+  Buffer h = dev.allocate(4096, Memory::HostPinned);
+  // a = [[1, 2, 3], [4, 5, 6]] and b^T = [[1, 0, -1], [2, 1, 0]] in f16; c = [1, -1] in f32.
+  const std::uint16_t a[] = {0x3C00, 0x4000, 0x4200, 0x4400, 0x4500, 0x4600};
+  const std::uint16_t bt[] = {0x3C00, 0x0000, 0xBC00, 0x4000, 0x3C00, 0x0000};
+  const float c[] = {1, -1};
+  std::memcpy(h.map().data(), a, sizeof a);
+  std::memcpy(h.map().data() + 32, bt, sizeof bt);
+  std::memcpy(h.map().data() + 64, c, sizeof c);
+  ops::MatMulOptions o;
+  o.transpose_b = true;
+  o.c = Tensor(h, DType::F32, {2, 2}, {0, 1}, 64);
+  o.activation = ActivationParams::relu();
+  const Tensor y(h, DType::F16, {2, 2}, 128);
+  const unsigned long long before = gemms();
+  dev.queue().run(ops::matmul(Tensor(h, DType::F16, {2, 3}), Tensor(h, DType::F16, {2, 3}, 32), y, o)).submit().wait();
+  EXPECT_EQ(gemms(), before + 1);
+  // relu(a @ bt^T + c) = relu([[-2, 4], [-2, 13]] + [1, -1]) = [[0, 3], [0, 12]], in f16.
+  const auto* out = reinterpret_cast<const std::uint16_t*>(h.map().data() + 128);
+  EXPECT_EQ(out[0], 0x0000);
+  EXPECT_EQ(out[1], 0x4200);
+  EXPECT_EQ(out[2], 0x0000);
+  EXPECT_EQ(out[3], 0x4a00);
 }
 
 // Each fence keeps the board time it was reached at (the fence-stamp kernel

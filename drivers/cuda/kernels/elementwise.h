@@ -155,17 +155,9 @@ TK_FN std::int32_t truncate_saturate(float v, std::uint32_t dtype) {
   return static_cast<std::int32_t>(v);
 }
 
-TK_FN bool compares(std::uint32_t op, float u, float v) {
-  switch (op) {
-    case kMapEqual: return u == v;
-    case kMapLess: return u < v;
-    case kMapLessOrEqual: return u <= v;
-    case kMapGreater: return u > v;
-    default: return u >= v;
-  }
-}
-
-TK_FN bool compares(std::uint32_t op, std::int32_t u, std::int32_t v) {
+// Floats compare as f32 (NaN false), integers as integers.
+template <class T>
+TK_FN bool compares(std::uint32_t op, T u, T v) {
   switch (op) {
     case kMapEqual: return u == v;
     case kMapLess: return u < v;

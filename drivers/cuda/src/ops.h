@@ -37,10 +37,6 @@ class Kernels {
     return launch_raw(stream, name, const_cast<P*>(&p), p.n);
   }
 
-  const Api& api() const { return api_; }
-  // What the streams of a device may use as scratch: the shim allocates
-  // none today; every kernel writes only its op's output.
-
  private:
   explicit Kernels(const Api& api) : api_(api) {}
   CUresult launch_raw(CUstream stream, const char* name, void* params, std::uint64_t n) const;
