@@ -14,6 +14,6 @@ else()
   set(_body "0")
 endif()
 file(WRITE "${OUT}.tmp" "// Generated from ${IN} by cmake/TpuhalEmbed.cmake: do not edit.\n"
-  "alignas(64) extern \"C\" const unsigned char ${NAME}[] = {\n${_body}\n};\n"
+  "extern \"C\" alignas(64) const unsigned char ${NAME}[] = {\n${_body}\n};\n"
   "extern \"C\" const unsigned long long ${NAME}_size = ${_bytes};\n")
 file(COPY_FILE "${OUT}.tmp" "${OUT}" ONLY_IF_DIFFERENT)
