@@ -176,8 +176,6 @@ def op_seeds():
     o["i420_to_rgb"] = op_block(OP["color_convert"], [
         tensor(k, U8, [4, 6]), tensor(2 * k, U8, [2, 3]), tensor(3 * k, U8, [2, 3]), tensor(4 * k, U8, [3, 4, 6])],
         color(1))
-    o["top_k"] = op_block(OP["top_k"], [tensor(k, F32, [2, 7]), tensor(2 * k, F32, [2, 3]), tensor(3 * k, I32, [2, 3])],
-                          struct.pack("<4I", 1, 1, 0, 0))
     o["argmin_last"] = op_block(OP["top_k"], [tensor(k, U8, [5, 4]), NONE_TENSOR, tensor(2 * k, I32, [1, 4])],
                                 struct.pack("<4I", 0, 0, 1, 0))
     o["conv_transpose2d"] = op_block(OP["conv_transpose2d"], [

@@ -189,6 +189,30 @@ def lines(k):
             **{r: (to, False) for r, to in rule.get("per_column", {}).items()}}
 
 
+def k_along(k):
+    """Per role, (of, axis field) of its k_along rule: of's shape with k
+    along that axis."""
+    return k.get("rule", {}).get("k_along", {})
+
+
+def outputs(k):
+    """The optional roles besides the last that the op writes (rule part
+    outputs)."""
+    return k.get("rule", {}).get("outputs", [])
+
+
+def options(k):
+    """The struct the builder takes its attributes in, or None (rule part
+    options)."""
+    return k.get("rule", {}).get("options")
+
+
+def shortcuts(k):
+    """The kind's further builders: name -> dict(set, absent, k, doc) (rule
+    part shortcuts)."""
+    return k.get("rule", {}).get("shortcuts", {})
+
+
 def builder_roles(k):
     """The roles in the order the builder takes them: role order, with the
     trailing optional inputs moved after the output."""
@@ -231,7 +255,7 @@ def rule_shaped(k):
     or a splice, or as the target inputs broadcast to."""
     rule = k["rule"]
     return set(rule.get("shapes", {})) | set(rule.get("dims", {})) | set(rule.get("splice", {})) | \
-        set(rule.get("broadcast", {}).values()) | set(rule.get("matmul") or ())
+        set(rule.get("broadcast", {}).values()) | set(rule.get("matmul") or ()) | set(rule.get("k_along", {}))
 
 
 def all_dtypes(d):
@@ -244,13 +268,27 @@ def rule_dtypes(k, role):
     return d if isinstance(d, list) else rule_dtypes(k, d)
 
 
+def check_k_along_and_outputs(k, roles_, opt, axes):
+    rule, name, problems = k["rule"], k["name"], []
+    for r, spec in rule.get("k_along", {}).items():
+        if not (isinstance(spec, tuple) and len(spec) == 2) or r not in roles_ or spec[0] not in roles_ or \
+                r == spec[0] or r in opt or spec[0] in opt or axes.get(spec[1]) != spec[0] or \
+                any(r in rule.get(part, {}) for part in ("shapes", "dims", "splice", "broadcast", "within")):
+            problems.append(f"{name}: k_along: {r}: (of, its axis field), two required tensors, the axis one of "
+                            "of's (axes), no other shape rule for it")
+    outs = rule.get("outputs", [])
+    if not isinstance(outs, list) or any(r not in opt or r == roles_[-1] for r in outs):
+        problems.append(f"{name}: outputs: a list of optional roles other than the last")
+    return problems
+
+
 def check_rule(k, structs):
     if "rule" not in k:
         return [f"{k['name']}: a sample without a rule"] if "sample" in k else []
     name, rule, roles_ = k["name"], k["rule"], role_names(k)
     problems = []
-    if k["builders"] != [k["id"]]:
-        problems.append(f"{name}: a kind with a rule has one builder, named as its id ({k['id']})")
+    if k["builders"] != [k["id"]] + list(rule.get("shortcuts", {})):
+        problems.append(f"{name}: a kind with a rule has a builder named as its id ({k['id']}), then its shortcuts")
     opt = optional_roles(k)
     if k["tensors"][-1].endswith("?"):
         problems.append(f"{name}: an optional output is not generated (a second output); write the kind by hand")
@@ -259,7 +297,8 @@ def check_rule(k, structs):
         return problems + [f"{name}: a kind with a rule takes an ATTR_STRUCTS struct in both layers, or "
                            f"{NO_ATTRS[0]} and {NO_ATTRS[1]} (no attributes)"]
     unknown = set(rule) - {"dtypes", "shapes", "axes", "dims", "ranges", "broadcast", "splice", "per_axis",
-                           "defaults", "variant", "scalars", "matmul", "per_row", "per_column", "trailing", "within"}
+                           "defaults", "variant", "scalars", "matmul", "per_row", "per_column", "trailing", "within",
+                           "k_along", "outputs", "options", "shortcuts"}
     if unknown:
         problems.append(f"{name}: rule has unknown keys {sorted(unknown)}")
     field_types = {f[0]: f[1] for f in st["fields"]}
@@ -296,6 +335,17 @@ def check_rule(k, structs):
     if not isinstance(trailing, list) or trailing != [r for r in roles_ if r in trailing] or \
             any(r not in opt for r in trailing):
         problems.append(f"{name}: trailing: a list of optional inputs, in role order")
+    problems += check_k_along_and_outputs(k, roles_, opt, axes)
+    if rule.get("options") is not None and (not str(rule["options"]).isidentifier() or "per_axis" in rule or
+                                            "variant" in rule):
+        problems.append(f"{name}: options: the name of the builder's attribute struct (not with per_axis or variant)")
+    for short, spec in rule.get("shortcuts", {}).items():
+        if not str(short).isidentifier() or set(spec) != {"set", "absent", "k", "doc"} or \
+                any(field_types.get(f) != "bool" or v not in ("true", "false") for f, v in spec["set"].items()) or \
+                any(r not in opt for r in spec["absent"]) or \
+                (spec["k"] is not None and not (rule.get("k_along") and isinstance(spec["k"], int) and spec["k"] >= 1)):
+            problems.append(f"{name}: shortcuts: {short}: dict(set={{field: value}}, absent=[optional roles], "
+                            "k=a k_along length or None, doc=a line)")
     for r in roles_:
         d = dts.get(r)
         if d is None:
@@ -308,7 +358,7 @@ def check_rule(k, structs):
         if r not in roles_ or like not in roles_ or r == like or like in shapes:
             problems.append(f"{name}: shapes: {r} like {like}: both must be tensors of the kind, and {like} "
                             "one with no shape rule of its own")
-    locals_ = {"op", "attrs", "ops", "finish", "opt", "along"}  # the generated builder's and binding's own names
+    locals_ = {"op", "attrs", "ops", "finish", "opt", "along", "name", "k", "options"}  # the generated code's names
     if along:
         locals_.add("axis")  # the builder's argument
     clash = [r for r in roles_ if param_name(r) in locals_] + [f[0] for f in st["fields"] if f[0] in locals_]
@@ -400,6 +450,11 @@ def check_rule(k, structs):
                 any(d > n for i, (d, n) in enumerate(zip(ss[r], ss[like])) if i != ax):
             problems.append(f"{name}: sample's {r} has shape {ss[r]}: not of rank 2 or more, or not within "
                             f"{like}'s but along {field}")
+    for r, (of, field) in k_along(k).items():
+        ax = int(sa.get(field, fields[field][2]))
+        if len(ss[r]) != len(ss[of]) or not 1 <= ss[r][ax] <= ss[of][ax] or \
+                any(d != n for i, (d, n) in enumerate(zip(ss[r], ss[of])) if i != ax):
+            problems.append(f"{name}: sample's {r} has shape {ss[r]}: not {of}'s with 1 to its length along {field}")
     for field, typ, _, _ in st["fields"]:
         e = field_enum(typ)
         if e is not None and field in sa and sa[field] not in [v[1] for v in e["values"]]:
@@ -466,7 +521,11 @@ def rule_text(k):
         if r in lines(k):
             to, row = lines(k)[r]
             text += f", a scalar or one per {'row' if row else 'column'} of {param_name(to)}"
-        out.append(f"{param_name(r)}{' (optional)' if r in optional_roles(k) else ''}: {text}")
+        if r in k_along(k):
+            of, field = k_along(k)[r]
+            text += f", {possessive(param_name(of))} shape with k (1 to its length) along {field}"
+        what = " (optional output)" if r in outputs(k) else " (optional)" if r in optional_roles(k) else ""
+        out.append(f"{param_name(r)}{what}: {text}")
     return "; ".join(out)
 
 
@@ -594,6 +653,10 @@ def fw_rule_checks():
             conds.append(f"expect_spliced(c, b, {idx[r]}, {idx[into]}, at.{field}, {idx[part]})")
         for r, (like, field) in rule.get("within", {}).items():
             conds.append(f"expect_within(c, b, {idx[r]}, {idx[like]}, at.{field})")
+        for r, (of, field) in k_along(k).items():
+            conds.append(f"expect_k_along(c, b, {idx[r]}, {idx[of]}, at.{field})")
+        for r in outputs(k):  # written too: as the last tensor is checked for every kind
+            conds.append(when(r, f"expect_output(c, b, {idx[r]})"))
         out.append("  return " + " &&\n         ".join(conds) + ";\n}\n")
     return "".join(out)
 
@@ -607,14 +670,50 @@ def fw_rule_cases():
     return "".join(out)
 
 
-def hal_rule_signature(k, defaults):
+def flat_signature(k, defaults, absent=(), fixed=()):
+    """The tensors (less `absent`) and each attribute (less `fixed`) as
+    parameters."""
     opt, trailing = optional_roles(k), k["rule"].get("trailing", [])
     tensors = [f"const {'std::optional<Tensor>' if r in opt else 'Tensor'}& {param_name(r)}"
-               f"{' = std::nullopt' if defaults and r in trailing else ''}" for r in builder_roles(k)]
-    attrs = [f"{t} {n}{' = ' + d if defaults else ''}" for t, n, d, _, _ in rule_attr_params(k)]
+               f"{' = std::nullopt' if defaults and r in trailing else ''}" for r in builder_roles(k) if r not in absent]
+    attrs = [f"{t} {n}{' = ' + d if defaults else ''}" for t, n, d, _, _ in rule_attr_params(k) if n not in fixed]
     if per_axis(k):
         attrs.append(f"std::int64_t axis{' = ' + str(PER_AXIS_DEFAULT) if defaults else ''}")
     return ", ".join(tensors + attrs)
+
+
+def hal_rule_signature(k, defaults):
+    """The builder's parameters: its attributes one by one, or in its
+    options struct."""
+    if not options(k):
+        return flat_signature(k, defaults)
+    opt = optional_roles(k)
+    tensors = [f"const {'std::optional<Tensor>' if r in opt else 'Tensor'}& {param_name(r)}" for r in builder_roles(k)]
+    return ", ".join(tensors + [f"const {options(k)}& options{' = {}' if defaults else ''}"])
+
+
+def indirect(k):
+    """Whether the builders call one function of the rule's checks (options
+    or shortcuts), named {id}_rule."""
+    return bool(options(k) or shortcuts(k))
+
+
+def options_struct(k):
+    """The options struct's declaration: the attributes, builder's defaults."""
+    fields = {f[0]: f for f in rule_struct(k)["fields"]}
+    out = f"struct {options(k)} {{\n"
+    for t, n, d, _, _ in rule_attr_params(k):
+        why = "an axis of " + param_name(k["rule"]["axes"][n]) + ", negative from the end" \
+            if n in k["rule"].get("axes", {}) else fields[n][3]
+        out += f"  {t} {n} = {d};{'  // ' + why if why else ''}\n"
+    return out + "};\n"
+
+
+def shortcut_doc(k, short, spec):
+    absent = ", ".join(param_name(r) for r in spec["absent"])
+    sets = ", ".join(f"{f} {v}" for f, v in spec["set"].items())
+    kk = f" and k = {spec['k']}" if spec["k"] is not None else ""
+    return f"{short}: {spec['doc']}: {k['id']} with {sets}{kk}{', without ' + absent if absent else ''}."
 
 
 def hal_rule_decls():
@@ -625,7 +724,12 @@ def hal_rule_decls():
 """]
     for k in ruled():
         out.append("\n" + comment_block(f"{k['id']}: {rule_doc(k)}"))
+        if options(k):
+            out.append(options_struct(k))
         out.append(f"TPUHAL_API Op {k['id']}({hal_rule_signature(k, True)});\n")
+        for short, spec in shortcuts(k).items():
+            out.append(comment_block(shortcut_doc(k, short, spec)))
+            out.append(f"TPUHAL_API Op {short}({flat_signature(k, True, spec['absent'], spec['set'])});\n")
     return "".join(out)
 
 
@@ -643,10 +747,17 @@ def hal_rule_defs():
 
         def when(r, stmt):  # an optional tensor's checks run where it is given
             return f"  if ({param_name(r)}) {stmt}" if r in opt else f"  {stmt}"
-        out.append(f"\nOp {k['id']}({hal_rule_signature(k, False)}) {{\n")
+        if indirect(k):
+            head = f"Op {k['id']}_rule(const char* name, {'std::int64_t k, ' * bool(k_along(k))}"
+            out.append(f"\nnamespace {{\n{head}{flat_signature(k, False)}) {{\n")
+        else:
+            out.append(f"\nOp {k['id']}({hal_rule_signature(k, False)}) {{\n")
         variant = rule.get("variant")
         label = f"{variant[0]} ? \"{variant[1]}\" : \"{k['id']}\"" if variant else f"\"{k['id']}\""
+        label = "name" if indirect(k) else label
         out.append(f"  Builder op(driver::OpKind::{k['name']}, {label});\n")
+        for r in outputs(k):  # checked as its operand is made, and against the others in finish
+            out.append(f"  op.writes(\"{param_name(r)}\");\n")
         for r in roles_:
             d = rule["dtypes"][r]
             if isinstance(d, list) and not all_dtypes(d):  # a tensor's dtype is always one of them
@@ -690,6 +801,9 @@ def hal_rule_defs():
         for r, (like, field) in rule.get("within", {}).items():
             out.append(f"  op.within({param_name(r)}, \"{param_name(r)}\", {param_name(like)}, \"{param_name(like)}\", "
                        f"attrs.{field});\n")
+        for r, (of, field) in k_along(k).items():
+            out.append(f"  op.k_along({param_name(r)}, \"{param_name(r)}\", {param_name(of)}, \"{param_name(of)}\", "
+                       f"attrs.{field}, {'k' if indirect(k) else '0'});\n")
         out.append("  op.desc().attrs = attrs;\n")
         if matmul(k):
             a, b, y = (param_name(r) for r in matmul(k))
@@ -716,7 +830,28 @@ def hal_rule_defs():
                 a = f"op.arg({t(r)}, \"{n}\")"
             return f"{n} ? {a} : op.absent()" if r in opt else a
         out.append(f"  return op.finish({{{', '.join(arg(r) for r in roles_)}}});\n}}\n")
+        if indirect(k):
+            out.append("}  // namespace\n" + rule_builders(k))
     return "".join(out)
+
+
+def rule_builders(k):
+    """The builders of a kind whose rule's checks are one function: its own
+    (attributes from its options) and its shortcuts'."""
+    k_arg = ["0"] * bool(k_along(k))
+    names = [n for _, n, _, _, _ in rule_attr_params(k)]
+    attrs = [f"options.{n}" for n in names] if options(k) else names
+    roles_ = [param_name(r) for r in builder_roles(k)]
+    out = f"\nOp {k['id']}({hal_rule_signature(k, False)}) {{\n" \
+          f"  return {k['id']}_rule({', '.join([chr(34) + k['id'] + chr(34)] + k_arg + roles_ + attrs)});\n}}\n"
+    for short, spec in shortcuts(k).items():
+        absent = {param_name(r) for r in spec["absent"]}
+        set_ = {n: cpp_value(v == "true") if v in ("true", "false") else str(v) for n, v in spec["set"].items()}
+        args = [f'"{short}"'] + [str(spec["k"] or 0)] * bool(k_along(k)) + \
+               ["std::nullopt" if r in absent else r for r in roles_] + [set_.get(n, n) for n in names]
+        out += f"Op {short}({flat_signature(k, False, spec['absent'], spec['set'])}) {{\n" \
+               f"  return {k['id']}_rule({', '.join(args)});\n}}\n"
+    return out
 
 
 def py_rule_table():
@@ -725,37 +860,54 @@ def py_rule_table():
 // and ops are its names): tensors positional, attributes keyword-only.
 """]
     for k in ruled():
-        opt = {param_name(r) for r in optional_roles(k)}
-        trailing = [param_name(r) for r in k["rule"].get("trailing", [])]
-        roles_ = [param_name(r) for r in builder_roles(k)]
-        attrs = rule_attr_params(k) + [("std::int64_t", "axis", str(PER_AXIS_DEFAULT), "int", str(PER_AXIS_DEFAULT))
-                                       ] * bool(per_axis(k))
-        # An enumeration by its value's name ("add"), as parse takes it.
-        params = ", ".join([f"{'Opt' if r in opt else 'T'} {r}" for r in roles_] +
-                           [f"{'const py::object&' if field_enum(t) else t} {n}" for t, n, _, _, _ in attrs])
-        call = ", ".join([f"opt({r})" if r in opt else f"{r}.tensor" for r in roles_] +
-                         [f"parse({n}, \"{n}\", tpuhal::k{t}Names)" if field_enum(t) else n for t, n, _, _, _ in attrs])
-        keep = ", ".join(r if r in opt else f"&{r}" for r in roles_)
-        pyargs = ", ".join([f"py::arg(\"{r}\")" for r in roles_ if r not in trailing] +
-                           ["py::kw_only()"] * bool(attrs or trailing) +
-                           [f"py::arg(\"{r}\") = py::none()" for r in trailing] +
-                           [f"py::arg(\"{n}\") = {pd if field_enum(t) else d}" for t, n, d, _, pd in attrs])
-        doc = rule_doc(k).replace("\\", "\\\\").replace('"', '\\"')
-        out.append(f"ops.def(\n    \"{k['id']}\",\n    []({params}) {{ return finish(ops::{k['id']}({call}), {{{keep}}}); }},\n"
-                   f"    {pyargs},\n    \"{doc}\");\n")
+        out.append(py_def(k, k["id"], (), (), rule_doc(k)))
+        for short, spec in shortcuts(k).items():
+            out.append(py_def(k, short, spec["absent"], spec["set"], shortcut_doc(k, short, spec)))
     return "".join(out)
+
+
+def py_attrs(k, fixed=()):
+    """(C++ type, name, C++ default, Python type, Python default) of each
+    keyword a builder takes."""
+    return [a for a in rule_attr_params(k) if a[1] not in fixed] + \
+        [("std::int64_t", "axis", str(PER_AXIS_DEFAULT), "int", str(PER_AXIS_DEFAULT))] * bool(per_axis(k))
+
+
+def py_def(k, fname, absent, fixed, doc):
+    """One Python function: builder `fname` of kind k, without the roles
+    `absent` and the attributes `fixed` (a shortcut's)."""
+    opt = {param_name(r) for r in optional_roles(k)}
+    trailing = [param_name(r) for r in k["rule"].get("trailing", [])]
+    roles_ = [param_name(r) for r in builder_roles(k) if r not in absent]
+    attrs = py_attrs(k, fixed)
+    # An enumeration by its value's name ("add"), as parse takes it.
+    params = ", ".join([f"{'Opt' if r in opt else 'T'} {r}" for r in roles_] +
+                       [f"{'const py::object&' if field_enum(t) else t} {n}" for t, n, _, _, _ in attrs])
+    values = [f"parse({n}, \"{n}\", tpuhal::k{t}Names)" if field_enum(t) else n for t, n, _, _, _ in attrs]
+    if options(k) and fname == k["id"]:
+        values = [f"ops::{options(k)}{{{', '.join(values)}}}"]
+    call = ", ".join([f"opt({r})" if r in opt else f"{r}.tensor" for r in roles_] + values)
+    keep = ", ".join(r if r in opt else f"&{r}" for r in roles_)
+    pyargs = ", ".join([f"py::arg(\"{r}\")" for r in roles_ if r not in trailing] +
+                       ["py::kw_only()"] * bool(attrs or trailing) +
+                       [f"py::arg(\"{r}\") = py::none()" for r in trailing] +
+                       [f"py::arg(\"{n}\") = {pd if field_enum(t) else d}" for t, n, d, _, pd in attrs])
+    doc = doc.replace("\\", "\\\\").replace('"', '\\"')
+    return f"ops.def(\n    \"{fname}\",\n    []({params}) {{ return finish(ops::{fname}({call}), {{{keep}}}); }},\n" \
+           f"    {pyargs},\n    \"{doc}\");\n"
 
 
 def pyi_rules():
     out = []
     for k in ruled():
-        opt, trailing = optional_roles(k), k["rule"].get("trailing", [])
-        roles_ = [f"{param_name(r)}: {'Optional[Tensor]' if r in opt else 'Tensor'}" for r in builder_roles(k)
-                  if r not in trailing]
-        attrs = [f"{param_name(r)}: Optional[Tensor] = None" for r in trailing]
-        attrs += [f"{n}: {pt} = {pd}" for _, n, _, pt, pd in rule_attr_params(k)]
-        attrs += [f"axis: int = {PER_AXIS_DEFAULT}"] * bool(per_axis(k))
-        out.append(f"def {k['id']}({', '.join(roles_ + (['*'] + attrs if attrs else []))}) -> Op: ...\n")
+        builders = [(k["id"], (), ())] + [(n, sp["absent"], sp["set"]) for n, sp in shortcuts(k).items()]
+        for fname, absent, fixed in builders:
+            opt, trailing = optional_roles(k), k["rule"].get("trailing", [])
+            roles_ = [f"{param_name(r)}: {'Optional[Tensor]' if r in opt else 'Tensor'}" for r in builder_roles(k)
+                      if r not in trailing and r not in absent]
+            attrs = [f"{param_name(r)}: Optional[Tensor] = None" for r in trailing]
+            attrs += [f"{n}: {pt} = {pd}" for _, n, _, pt, pd in py_attrs(k, fixed)]
+            out.append(f"def {fname}({', '.join(roles_ + (['*'] + attrs if attrs else []))}) -> Op: ...\n")
     return "".join(out)
 
 
@@ -800,8 +952,9 @@ def test_rule_samples():
         s, y = k["sample"], role_names(k)[-1]
         args = [f"input(DType::{DTYPES[s['dtypes'][r]]}, {cpp_shape(s['shapes'][r])}, 1)" if r != y else "y"
                 for r in builder_roles(k)]
-        args += [f"{f[1]}::{field_enum(f[1])['values'][v][0]}" if field_enum(f[1]) else cpp_value(v)
-                 for f, v in zip(rule_struct(k)["fields"], sample_values(k))]
+        values = [f"{f[1]}::{field_enum(f[1])['values'][v][0]}" if field_enum(f[1]) else cpp_value(v)
+                  for f, v in zip(rule_struct(k)["fields"], sample_values(k))]
+        args += [f"{{{', '.join(values)}}}"] if options(k) else values
         out.append(f"case OpKind::{k['name']}: {{\n  Tensor y = output(DType::{DTYPES[s['dtypes'][y]]}, "
                    f"{cpp_shape(s['shapes'][y])});\n  return {{ops::{k['id']}({', '.join(args)}), y}};\n}}\n")
     return "".join(out)
@@ -827,6 +980,10 @@ def test_rule_table():
 //   {Rule::kEnum, w, max}       attribute word w is a code from 0 to max
 //   {Rule::kWithin, i, j, 0, 0, d} tensor i has tensor j's rank and at most its length
 //                               in dimension d (not the axis)
+//   {Rule::kKAlong, i, j, 0, 0, d} tensor i has tensor j's shape but 1 to its length
+//                               along d (the axis)
+//   {Rule::kOutput, i, 0}       tensor i is written: it overlaps no other tensor and
+//                               no element of it twice
 // A per-axis, scalar, per-row or per-column tensor is given in its target's
 // shape, as the builder's view is.
 """]
@@ -872,6 +1029,9 @@ def test_rule_table():
             ax = sample_values(k)[words[field]]
             d = next(i for i in range(len(s["shapes"][r])) if i != ax)
             rules.append(f"{{Rule::kWithin, {idx[r]}, {idx[like]}, 0, 0, {d}}}")
+        for r, (of, field) in k_along(k).items():  # along the sample's axis
+            rules.append(f"{{Rule::kKAlong, {idx[r]}, {idx[of]}, 0, 0, {sample_values(k)[words[field]]}}}")
+        rules += [f"{{Rule::kOutput, {idx[r]}, 0}}" for r in outputs(k)]
         for field, (lo, hi) in rule.get("ranges", {}).items():
             rules.append(f"{{Rule::kRange, {words[field]}, 0, {'-INFINITY' if lo is None else cpp_float(lo)}, "
                          f"{'INFINITY' if hi is None else cpp_float(hi)}}}")
@@ -913,7 +1073,7 @@ def model_rule_ops():
         attrs = [f"k == \"{variant[1]}\"" if variant and n == variant[0] else
                  f"r.name<{t}>(\"{n}\")" if field_enum(t) else f"r.{reader[t]}(\"{n}\")"
                  for t, n, _, _, _ in rule_attr_params(k)]
-        args += attrs + ["r.integer(\"axis\")"] * bool(per_axis(k))
+        args += ([f"{{{', '.join(attrs)}}}"] if options(k) else attrs) + ["r.integer(\"axis\")"] * bool(per_axis(k))
         names = " || ".join(f"k == \"{x}\"" for x in [k["id"]] + ([variant[1]] if variant else []))
         out.append(f"if ({names}) return ops::{k['id']}({', '.join(args)});\n")
     return "".join(out)
@@ -940,6 +1100,11 @@ def doc_rules():
                           [f"axis={PER_AXIS_DEFAULT}"] * bool(per_axis(k)))
         rows.append(f"| `{k['id']}({params}{', ' + attrs if attrs else ''})` | {rule_computes(k)} | "
                     f"{rule_text(k)} | 1.{k['minor']} |")
+        for short, spec in shortcuts(k).items():
+            params = ", ".join(param_name(r) for r in builder_roles(k) if r not in trailing and r not in spec["absent"])
+            attrs = ", ".join(f"{n}={pd}" for _, n, _, _, pd in py_attrs(k, spec["set"]))
+            rows.append(f"| `{short}({params}{', ' + attrs if attrs else ''})` | {shortcut_doc(k, short, spec)} | "
+                        f"as `{k['id']}` | 1.{k['minor']} |")
     return "\n".join(rows) + "\n"
 
 
@@ -1059,9 +1224,9 @@ def fw_op_timing():
             mask = sum(1 << i for i, r in enumerate(roles_) if isinstance(lead, str) and dims.get(r, [None])[0] == lead)
         else:  # the output, what it has the shape of, and what has that shape, broadcasts to it or runs along it
             y, bcast, splice = roles_[-1], k["rule"].get("broadcast", {}), k["rule"].get("splice", {})
-            root = shapes.get(y) or (splice[y][0] if y in splice else y)
+            root = shapes.get(y) or (splice[y][0] if y in splice else k_along(k)[y][0] if y in k_along(k) else y)
             mask = sum(1 << i for i, r in enumerate(roles_)
-                       if r in (y, root) or shapes.get(r) == root or bcast.get(r) in (y, root) or
+                       if r in (y, root) or shapes.get(r) in (y, root) or bcast.get(r) in (y, root) or
                        per_axis(k).get(r) in (y, root))
         conds = [f"({hex(mask)}u >> i & 1)"]
         conds += [f"std::get<{k['fw_attrs']}>(op.attrs).{a} != 0" for a in k["rule"].get("axes", {})]

@@ -287,16 +287,31 @@ ENUMS = [
 #               trailing  optional inputs the builder takes after the
 #                       output, in this order, each defaulting to none
 #                       (keyword-only in Python)
+#               k_along  per tensor role, (of, axis field): of's shape
+#                       with k, 1 to of's length, along the axis the field
+#                       names (TopK's indices); of's length there at most
+#                       2^31 - 1, as i32 indices reach
+#               outputs  optional roles besides the last that the op also
+#                       writes: none may write an element twice or overlap
+#                       another tensor (TopK's values)
+#               options  the name of a struct of the attributes, with the
+#                       builder's defaults, that the builder takes in their
+#                       place (ops::TopKOptions); Python keeps keywords
+#               shortcuts  per further builder of the kind (ops::argmax),
+#                       dict(set={field: value}, absent=[optional roles],
+#                       k=the k_along length it fixes, doc=one line): the
+#                       kind with those fields set and roles absent, its
+#                       other attributes as parameters after the tensors;
+#                       errors, traces and profiles use its name
 #             Every tensor needs its dtype; every u32 field must be an
 #             axis, every f32 field have a range; bool fields are 0 or 1,
 #             enumeration fields one of its codes.
 #             A kind without attributes has fw_attrs QuantAttrs and attrs
 #             NoAttrs. An optional input ("Name?") is checked by its rules
 #             where it is given and may only follow other tensors (its
-#             dtype, shape, broadcast or axis); nothing may follow it. An
-#             optional output (a second output, top_k's values) is not
-#             generated yet: such kinds are written by hand
-#             (docs/adding-an-op.md).
+#             dtype, shape, broadcast or axis); nothing may follow it.
+#             An output other than the last is an optional role that
+#             outputs names (docs/adding-an-op.md).
 #   sample    (with rule) a small valid op: dtypes and shapes per role,
 #             attribute values (others take their default). Tests, the
 #             fuzzer's seed and the docs use it; inputs hold 1s.
@@ -343,8 +358,8 @@ ATTR_STRUCTS = [
          doc="TopK: Indices (I32) has X's shape but k (1 <= k <= X's length) along `axis`; Values, when "
          "present, Indices' shape and X's dtype. Order: largest first (smallest with largest == 0), NaN "
          "before every number either way, ties by index, lower first (higher first with last_index == 1).",
-         fields=[("axis", "u32", "0", "< rank"), ("largest", "bool", "true", ""),
-                 ("last_index", "bool", "false", "ties: the higher index first")]),
+         fields=[("axis", "u32", "0", "< rank"), ("largest", "bool", "true", "false: the smallest"),
+                 ("last_index", "bool", "false", "ties: the higher index first (ONNX select_last_index)")]),
     dict(name="CumSumAttrs",
          doc="Y[i] along `axis` = X[0] + ... + X[i] (X[0] + ... + X[i - 1] with exclusive, 0 first; from the "
          "last index down with reverse). Floats add in f32, in index order along the axis, and each sum is "
@@ -492,7 +507,16 @@ KINDS = [
          doc="NV12 / I420 -> planar RGB, normalised (ChromaU holds UV for NV12)."),
     dict(name="TopK", id="top_k", minor=5, tensors=["X", "Values?", "Indices"], fw_attrs="TopKAttrs",
          attrs="TopKAttrs", cost=("per_output",), cycles=4, peak=None, builders=["top_k", "argmax", "argmin"],
-         doc="The k largest (or smallest) along one axis, sorted."),
+         doc="The k largest (or smallest) along one axis, sorted.",
+         rule=dict(dtypes={"X": ANY, "Values": "X", "Indices": ["i32"]}, shapes={"Values": "Indices"},
+                   axes={"axis": "X"}, defaults={"axis": -1}, k_along={"Indices": ("X", "axis")},
+                   outputs=["Values"], options="TopKOptions",
+                   shortcuts={"argmax": dict(set={"largest": "true"}, absent=["Values"], k=1,
+                                             doc="the index of the largest element along axis"),
+                              "argmin": dict(set={"largest": "false"}, absent=["Values"], k=1,
+                                             doc="the index of the smallest element along axis")}),
+         sample=dict(dtypes={"X": "f32", "Values": "f32", "Indices": "i32"},
+                     shapes={"X": [2, 5], "Values": [2, 3], "Indices": [2, 3]}, attrs={"axis": 1})),
     dict(name="ConvTranspose2d", id="conv_transpose2d", minor=5, tensors=["X", "W", "Bias?", "Y"],
          fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv_transpose", "X", "W"), cycles=0, peak="float",
          builders=["conv_transpose2d"], doc="Transposed convolution."),

@@ -436,39 +436,6 @@ bool check_resize(Check& c, const OpBlock& b, const ResizeAttrs& at) {
   return expect_dim(c, b, 1, 0, b.tensors[0].shape[0]) && expect_dim(c, b, 1, dc, b.tensors[0].shape[dc]);
 }
 
-// X, Values (opt), Indices: see TopKAttrs. Values is an output too: it must
-// not write an element twice or overlap X or Indices.
-bool check_top_k(Check& c, const OpBlock& b, const TopKAttrs& at) {
-  const TensorRef &x = b.tensors[0], &idx = b.tensors[2];
-  const DType tx = dt(x);
-  if (!expect_dtype(c, b, 0, tx != DType::kNone) || !expect_dtype(c, b, 2, dt(idx) == DType::kI32) ||
-      !expect_attr(c, offsetof(TopKAttrs, axis), x.rank > 0 && at.axis < x.rank, at.axis, x.rank) ||
-      !expect_attr(c, offsetof(TopKAttrs, largest), at.largest <= 1, at.largest, 1) ||
-      !expect_attr(c, offsetof(TopKAttrs, last_index), at.last_index <= 1, at.last_index, 1) ||
-      !expect_rank(c, b, 2, x.rank))
-    return false;
-  for (std::uint32_t d = 0; d < x.rank; ++d) {
-    if (d != at.axis) {
-      if (!expect_dim(c, b, 2, d, x.shape[d])) return false;
-    } else if (idx.shape[d] < 1 || idx.shape[d] > x.shape[d]) {
-      return c.fail(CmdStatus::kBadArgument, tensor_field(2, A::kShape, d), idx.shape[d], x.shape[d]);
-    }
-  }
-  if (x.shape[at.axis] > 0x7FFF'FFFF)  // indices are i32
-    return c.fail(CmdStatus::kBadArgument, tensor_field(0, A::kShape, at.axis), x.shape[at.axis], 0x7FFF'FFFF);
-  if (!present(b.tensors[1])) return true;
-  if (!expect_dtype(c, b, 1, dt(b.tensors[1]) == tx) || !expect_same_shape(c, b, 1, 2) ||
-      !check_no_self_overlap(c, b.tensors[1], 1))
-    return false;
-  for (std::uint32_t i : {0u, 2u}) {
-    const TensorRef& v = b.tensors[1];
-    const TensorRef& o = b.tensors[i];
-    if (b.extent[1] && b.extent[i] && v.address < o.address + b.extent[i] && o.address < v.address + b.extent[1])
-      return c.fail(CmdStatus::kBadArgument, tensor_field(1, A::kOverlap), i, v.address);
-  }
-  return true;
-}
-
 // Tensor `out` has tensor `into`'s shape with dimension `axis` (checked:
 // < into's rank) replaced by tensor `part`'s whole shape (a splice rule,
 // schema/ops.py: Gather). A result past kMaxRank is the part's rank's fault.
@@ -498,6 +465,39 @@ bool expect_within(Check& c, const OpBlock& b, std::uint32_t i, std::uint32_t li
   for (std::uint32_t d = 0; d < l.rank; ++d)
     if (d != axis && t.shape[d] > l.shape[d])
       return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kShape, d), t.shape[d], l.shape[d]);
+  return true;
+}
+
+// Tensor i has tensor `of`'s shape but k, 1 to of's length, along `axis`
+// (checked: < of's rank): a k_along rule, schema/ops.py (TopK's indices).
+// Its indices are i32: of's length there is at most 2^31 - 1.
+bool expect_k_along(Check& c, const OpBlock& b, std::uint32_t i, std::uint32_t of, std::uint32_t axis) {
+  const TensorRef &t = b.tensors[i], &x = b.tensors[of];
+  if (!expect_rank(c, b, i, x.rank)) return false;
+  for (std::uint32_t d = 0; d < x.rank; ++d) {
+    if (d != axis) {
+      if (!expect_dim(c, b, i, d, x.shape[d])) return false;
+    } else if (t.shape[d] < 1 || t.shape[d] > x.shape[d]) {
+      return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kShape, d), t.shape[d], x.shape[d]);
+    }
+  }
+  if (x.shape[axis] > 0x7FFF'FFFF)
+    return c.fail(CmdStatus::kBadArgument, tensor_field(of, A::kShape, axis), x.shape[axis], 0x7FFF'FFFF);
+  return true;
+}
+
+// Tensor i is written besides the last (an outputs rule, schema/ops.py:
+// TopK's values): as decode_op checks the last, it must not write an element
+// twice or overlap any other tensor.
+bool expect_output(Check& c, const OpBlock& b, std::uint32_t i) {
+  if (!check_no_self_overlap(c, b.tensors[i], i)) return false;
+  const TensorRef& v = b.tensors[i];
+  for (std::uint32_t j = 0; j < b.num_tensors; ++j) {
+    const TensorRef& o = b.tensors[j];
+    if (j != i && b.extent[i] && b.extent[j] && v.address < o.address + b.extent[j] &&
+        o.address < v.address + b.extent[i])
+      return c.fail(CmdStatus::kBadArgument, tensor_field(i, A::kOverlap), j, v.address);
+  }
   return true;
 }
 
@@ -634,7 +634,6 @@ Result<OpBlock> decode_op(std::span<const std::byte> block) {
     }
     case OpKind::kResize: ok = check_resize(c, b, std::get<ResizeAttrs>(b.attrs)); break;
     case OpKind::kColorConvert: ok = check_color(c, b, std::get<ColorConvertAttrs>(b.attrs)); break;
-    case OpKind::kTopK: ok = check_top_k(c, b, std::get<TopKAttrs>(b.attrs)); break;
     case OpKind::kConvTranspose2d: ok = check_conv_transpose(c, b, std::get<ConvAttrs>(b.attrs)); break;
 #include "op_rule_cases.inc"  // the kinds with rules (schema/ops.py)
     case OpKind::kInvalid: break;

@@ -53,7 +53,6 @@ bool sliced_with_output(const OpBlock& op, std::uint32_t i, std::uint64_t rows) 
     }
     case OpKind::kGather:  // along axis 0 each output row reads any row of X
       return !(i == 0 && std::get<GatherAttrs>(op.attrs).axis == 0);
-    case OpKind::kTopK: return std::get<TopKAttrs>(op.attrs).axis != 0;
     default: return sliced_by_rule(op, i).value_or(true);
   }
 }

@@ -270,6 +270,11 @@ class Builder {
       a.shape[i] = static_cast<std::uint64_t>(shape[i]);
       a.strides[i] = static_cast<std::uint64_t>(strides[i]);
     }
+    if (written(role))  // an output besides the last must not write an element twice
+      for (std::uint32_t d = 0; d < a.rank; ++d)
+        if (a.shape[d] > 1 && a.strides[d] == 0)
+          fail(Status::InvalidArgument,
+               std::string("the output ") + role + " has stride 0 in dimension " + std::to_string(d));
     keep_->push_back(std::move(backend));
     spans_.push_back({impl.get(), s.offset, extent_bytes(s.dtype, shape, strides), role});
     return a;
@@ -421,6 +426,26 @@ class Builder {
                                         ") and [" + std::to_string(o.offset) + ", " +
                                         std::to_string(o.offset + o.bytes) + ") of the same buffer)");
   }
+  // The operand of `role` is an output too, besides the last (call before
+  // its arg()): it must not write an element twice, and finish() checks it
+  // overlaps no other operand.
+  void writes(const char* role) { writes_.push_back(role); }
+  // t has of's shape but k along `axis` (checked: < of's rank), any of 1 to
+  // of's length there where k is 0; of's length there fits i32 indices.
+  void k_along(const Tensor& t, const char* role, const Tensor& of, const char* of_role, std::size_t axis,
+               std::int64_t k) const {
+    auto want = of.shape();
+    const std::int64_t len = want[axis];
+    want[axis] = k == 0 && t.rank() == of.rank() ? t.shape()[axis] : k;
+    if (t.shape() != want || want[axis] < 1 || want[axis] > len)
+      fail(Status::InvalidArgument, std::string(role) + " has shape " + dims_text(t.shape()) + "; expected " +
+                                        possessive(of_role) + " shape " + dims_text(of.shape()) + " with " +
+                                        (k ? std::to_string(k) : "k (1 to " + std::to_string(len) + ")") +
+                                        " along axis " + std::to_string(axis));
+    if (len > 0x7FFF'FFFF)
+      fail(Status::InvalidArgument, std::string(of_role) + " has " + std::to_string(len) + " elements along axis " +
+                                        std::to_string(axis) + "; i32 indices reach 2^31 - 1");
+  }
 
   Op finish(std::vector<TensorArg> tensors) {
     // What the kind's line in op_kinds.inc promises every backend.
@@ -430,6 +455,11 @@ class Builder {
                                  std::to_string(desc_->attrs.index()) + " for a " + kind.name + " op, which takes " +
                                  std::to_string(kind.tensors) + " and #" + std::to_string(kind.attrs_index) +
                                  " (op_kinds.inc)");
+    // An output besides the last (writes()) overlaps no other operand.
+    for (std::size_t i = 0; i + 1 < spans_.size(); ++i)
+      if (written(spans_[i].role))
+        for (std::size_t j = 0; j < spans_.size(); ++j)
+          if (j != i) disjoint(i, j);
     // The output is the last operand; it may not overlap any input.
     const Span& out = spans_.back();
     for (std::size_t i = 0; i + 1 < spans_.size(); ++i) {
@@ -464,6 +494,11 @@ class Builder {
   std::shared_ptr<std::vector<std::shared_ptr<const void>>> keep_;
   std::shared_ptr<detail::DeviceImpl> device_;
   std::vector<Span> spans_;
+  std::vector<const char*> writes_;  // writes(): the roles of outputs besides the last
+
+  bool written(const char* role) const {
+    return std::any_of(writes_.begin(), writes_.end(), [&](const char* w) { return std::string_view(w) == role; });
+  }
 };
 
 const std::initializer_list<DType> kFloats = {DType::F32, DType::F16, DType::BF16};
@@ -797,50 +832,6 @@ Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& p
   b.shape_is(y, "y", view.shape(), "x's shape permuted");
   b.desc().attrs = driver::ElementwiseAttrs{driver::ElementwiseOp::Identity, {}};
   return b.finish({b.arg(view, "x"), b.absent(), b.arg(y, "y")});
-}
-
-namespace {
-Op top_k_op(const char* name, const Tensor& x, const std::optional<Tensor>& values, const Tensor& indices,
-            const TopKOptions& o, bool arg) {
-  Builder b(driver::OpKind::TopK, name);
-  b.dtype_in(indices, "indices", {DType::I32});
-  const std::size_t axis = b.axis(o.axis, x);
-  const auto& xs = x.shape();
-  auto want = xs;
-  want[axis] = indices.rank() == x.rank() && !arg ? indices.shape()[axis] : 1;
-  if (indices.shape() != want || want[axis] < 1 || want[axis] > xs[axis])
-    b.fail(Status::InvalidArgument, "indices has shape " + dims_text(indices.shape()) + "; expected x's shape " +
-                                        dims_text(xs) + " with " +
-                                        (arg ? std::string("1") : "k (1 to " + std::to_string(xs[axis]) + ")") +
-                                        " along axis " + std::to_string(axis));
-  if (xs[axis] > 0x7FFF'FFFF)
-    b.fail(Status::InvalidArgument, "x has " + std::to_string(xs[axis]) + " elements along axis " +
-                                        std::to_string(axis) + "; i32 indices reach 2^31 - 1");
-  TensorArg v = b.absent();
-  if (values) {
-    b.same_dtype(*values, "values", x, "x");
-    b.shape_is(*values, "values", want, "the shape of indices");
-    for (std::size_t d = 0; d < want.size(); ++d)
-      if (want[d] > 1 && values->strides()[d] == 0)
-        b.fail(Status::InvalidArgument, "the output values has stride 0 in dimension " + std::to_string(d));
-  }
-  TensorArg xa = b.arg(x, "x");
-  if (values) v = b.arg(*values, "values");
-  TensorArg ia = b.arg(indices, "indices");
-  if (values) b.disjoint(1, 0), b.disjoint(1, 2);
-  b.desc().attrs = driver::TopKAttrs{static_cast<std::uint32_t>(axis), o.largest, o.last_index};
-  return b.finish({xa, v, ia});
-}
-}  // namespace
-
-Op top_k(const Tensor& x, const std::optional<Tensor>& values, const Tensor& indices, const TopKOptions& o) {
-  return top_k_op("top_k", x, values, indices, o, false);
-}
-Op argmax(const Tensor& x, const Tensor& indices, std::int64_t axis, bool last_index) {
-  return top_k_op("argmax", x, std::nullopt, indices, {axis, true, last_index}, true);
-}
-Op argmin(const Tensor& x, const Tensor& indices, std::int64_t axis, bool last_index) {
-  return top_k_op("argmin", x, std::nullopt, indices, {axis, false, last_index}, true);
 }
 
 namespace {

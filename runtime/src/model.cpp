@@ -214,8 +214,8 @@ struct Operands {
   }
 };
 
-// The ops with options of their own: convolutions, matmul, pools, top_k,
-// where; nullopt for the others.
+// The ops with options of their own (convolutions, matmul, pools) and the
+// kinds with rules; nullopt for the others.
 std::optional<Op> build_layer(const std::string& k, const OpReader& r, const Operands& in) {
   if (k == "conv2d" || k == "conv_transpose2d") {
     ops::Conv2dOptions o = conv_opts(r);
@@ -224,9 +224,6 @@ std::optional<Op> build_layer(const std::string& k, const OpReader& r, const Ope
     return k == "conv2d" ? ops::conv2d(in("x"), in("w"), in("y"), o)
                          : ops::conv_transpose2d(in("x"), in("w"), in("y"), o);
   }
-  if (k == "top_k")
-    return ops::top_k(in("x"), in.opt("values"), in("indices"),
-                      {r.integer("axis"), r.flag("largest"), r.flag("last_index")});
   if (k == "qlinear_conv") {
     ops::Conv2dOptions o = conv_opts(r);
     o.bias = in.opt("bias");

@@ -35,14 +35,16 @@ enum class Rule {
   kScalar,
   kStrideZero,
   kEnum,
-  kWithin
+  kWithin,
+  kKAlong,
+  kOutput
 };
 
 struct RuleOf {
   Rule rule;
   std::uint32_t a, b;    // see op_rules.inc
   float lo = 0, hi = 0;  // kRange
-  std::uint32_t d = 0;   // kWithin: the dimension (not the axis)
+  std::uint32_t d = 0;   // kWithin: the dimension (not the axis); kKAlong: the axis
 };
 
 struct TensorOf {
@@ -103,7 +105,7 @@ struct Block {
     for (std::uint32_t d = kMaxRank; d-- > 0;) {
       t.shape[d] = d < shape.size() ? shape[d] : 0;
       t.strides[d] = d < shape.size() ? step : 0;
-      if (d < shape.size()) step *= shape[d];
+      if (d < shape.size()) step *= std::max<std::uint64_t>(shape[d], 1);  // an empty tensor stays dense
     }
   }
 
@@ -148,6 +150,14 @@ std::vector<std::uint32_t> followers(const RuledKind& k, std::uint32_t i) {
   for (const auto& r : k.rules)
     if (r.rule == Rule::kSameDType && r.b == i) out.push_back(r.a);
   return out;
+}
+
+// `good` with tensor i, and the tensors whose shape follows its, of `shape`.
+Block reshaped(const RuledKind& k, const Block& good, std::uint32_t i, const std::vector<std::uint64_t>& shape) {
+  Block b = good;
+  Block::set_shape(b.tensors[i], shape);
+  for (auto f : shape_followers(k, i)) Block::set_shape(b.tensors[f], shape);
+  return b;
 }
 
 class RuledKinds : public ::testing::TestWithParam<RuledKind> {};
@@ -329,12 +339,7 @@ TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
       case Rule::kWithin: {
         // Tensor a (and what has its shape) as long as tensor b along
         // dimension d is taken; one longer, or of another rank, is refused.
-        auto with = [&](std::vector<std::uint64_t> shape) {
-          Block b = good;
-          Block::set_shape(b.tensors[rule.a], shape);
-          for (auto f : shape_followers(k, rule.a)) Block::set_shape(b.tensors[f], shape);
-          return b;
-        };
+        auto with = [&](const std::vector<std::uint64_t>& shape) { return reshaped(k, good, rule.a, shape); };
         std::vector<std::uint64_t> shape = k.tensors[rule.a].shape;
         ASSERT_LT(rule.d, shape.size());
         shape[rule.d] = k.tensors[rule.b].shape[rule.d];
@@ -350,6 +355,65 @@ TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
         expect_refused(with(shape), CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kRank), shape.size(),
                        "tensor " + std::to_string(rule.a) + " of another rank than tensor " + std::to_string(rule.b));
         checked += 2;
+        break;
+      }
+      case Rule::kKAlong: {
+        // Tensor a (and what has its shape) with 1 to tensor b's length
+        // along the axis d is taken; 0 or one longer there, or another
+        // length elsewhere, or another rank, is refused.
+        auto with = [&](const std::vector<std::uint64_t>& shape) { return reshaped(k, good, rule.a, shape); };
+        const std::vector<std::uint64_t>& of = k.tensors[rule.b].shape;
+        ASSERT_LT(rule.d, of.size());
+        std::vector<std::uint64_t> shape = of;
+        for (std::uint64_t len : {std::uint64_t{1}, of[rule.d]}) {
+          shape[rule.d] = len;
+          expect_accepted(with(shape), "tensor " + std::to_string(rule.a) + " with " + std::to_string(len) + " along " +
+                                           std::to_string(rule.d));
+        }
+        for (std::uint64_t len : {std::uint64_t{0}, of[rule.d] + 1}) {
+          shape[rule.d] = len;
+          expect_refused(
+              with(shape), CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kShape, rule.d), len,
+              "tensor " + std::to_string(rule.a) + " with " + std::to_string(len) + " along " + std::to_string(rule.d));
+        }
+        shape = of;
+        const std::uint32_t other = rule.d == 0 ? 1 : 0;
+        ASSERT_LT(other, shape.size()) << "the sample's tensor " << rule.b << " has rank 1";
+        shape[other] += 1;
+        expect_refused(with(shape), CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kShape, other),
+                       shape[other],
+                       "tensor " + std::to_string(rule.a) + " longer than tensor " + std::to_string(rule.b) +
+                           " along " + std::to_string(other));
+        shape = of;
+        shape.push_back(1);
+        expect_refused(with(shape), CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kRank), shape.size(),
+                       "tensor " + std::to_string(rule.a) + " of another rank than tensor " + std::to_string(rule.b));
+        checked += 4;
+        break;
+      }
+      case Rule::kOutput: {
+        // Written: at the address of any other tensor, or with an element
+        // twice (stride 0 along a dimension longer than 1), it is refused
+        // (over the last tensor, the output every kind has, by that one's
+        // check, which comes first).
+        const auto last = static_cast<std::uint32_t>(k.tensors.size() - 1);
+        for (std::uint32_t j = 0; j < k.tensors.size(); ++j) {
+          if (j == rule.a) continue;
+          Block b = good;
+          b.tensors[rule.a].address = b.tensors[j].address;
+          expect_refused(b, CmdStatus::kBadArgument, tensor_field(j == last ? last : rule.a, TensorAspect::kOverlap),
+                         j == last ? rule.a : j,
+                         "tensor " + std::to_string(rule.a) + " over tensor " + std::to_string(j));
+          ++checked;
+        }
+        Block b = good;
+        std::uint32_t d = 0;
+        while (d < b.tensors[rule.a].rank && b.tensors[rule.a].shape[d] <= 1) ++d;
+        ASSERT_LT(d, b.tensors[rule.a].rank) << "the sample's tensor " << rule.a << " holds one element";
+        b.tensors[rule.a].strides[d] = 0;
+        expect_refused(b, CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kStride, d), 0,
+                       "tensor " + std::to_string(rule.a) + " writing an element twice");
+        ++checked;
         break;
       }
       case Rule::kBool: {

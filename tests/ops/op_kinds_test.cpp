@@ -114,10 +114,6 @@ class OpKinds : public ::testing::TestWithParam<OpKind> {
         Tensor y = output(f, {3, 2, 2});
         return {ops::nv12_to_rgb(input(u8, {2, 2}, 100), input(u8, {1, 1, 2}, 128), y), y};
       }
-      case OpKind::TopK: {
-        Tensor y = output(DType::I32, {2, 1});
-        return {ops::argmax(input(f, {2, 3}, 1), y, 1), y};
-      }
       case OpKind::ConvTranspose2d: {
         Tensor y = output(f, {1, 1, 3, 3});
         return {ops::conv_transpose2d(input(f, {1, 1, 2, 2}, 1), input(f, {1, 1, 2, 2}, 1), y), y};

@@ -355,6 +355,12 @@ TEST_P(Ops, SelectionOpsRefuseBadOperandsByName) {
                            Tensor(shared.buffer(), DType::I32, {2}, {1}, 4), {0});
               }),
               HasSubstr("top_k: the output values overlaps indices"));
+  EXPECT_THAT(message_of([&] {
+                ops::top_k(t(DType::F32, {3, 4}), Tensor(shared.buffer(), DType::F32, {3, 2}, {0, 1}, 0),
+                           t(DType::I32, {3, 2}), {1});
+              }),
+              HasSubstr("top_k: the output values has stride 0 in dimension 0"));
+  EXPECT_EQ(ops::argmin(t(DType::F32, {2, 5}), t(DType::I32, {2, 1}), 1).name(), "argmin");
   EXPECT_THAT(
       message_of([&] { ops::where(t(DType::F32, {3}), t(DType::F32, {3}), t(DType::F32, {3}), t(DType::F32, {3})); }),
       HasSubstr("where: cond is f32; supported: u8"));

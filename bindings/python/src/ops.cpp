@@ -257,31 +257,6 @@ void bind_builders(py::module_& ops) {
       "w [Cin, Cout/groups, kh, kw], bias [Cout]. Output size (in-1)*stride + (k-1)*dilation + 1 - pads + p "
       "with 0 <= p < max(stride, dilation) chosen by y's shape (ONNX's output_padding). f32, f16, bf16.");
   ops.def(
-      "top_k",
-      [](T x, Opt values, T indices, std::int64_t axis, bool largest, bool last_index) {
-        return finish(ops::top_k(x.tensor, opt(values), indices.tensor, {axis, largest, last_index}),
-                      {&x, values, &indices});
-      },
-      py::arg("x"), py::arg("values"), py::arg("indices"), py::kw_only(), py::arg("axis") = -1,
-      py::arg("largest") = true, py::arg("last_index") = false,
-      "The k largest (or smallest) elements of x along axis, sorted, and their indices: indices (i32) has x's "
-      "shape with k along the axis; values (or None) the same shape in x's dtype. NaN ranks first; equal "
-      "elements keep index order (reversed with last_index). Any dtype.");
-  ops.def(
-      "argmax",
-      [](T x, T indices, std::int64_t axis, bool last_index) {
-        return finish(ops::argmax(x.tensor, indices.tensor, axis, last_index), {&x, &indices});
-      },
-      py::arg("x"), py::arg("indices"), py::kw_only(), py::arg("axis") = -1, py::arg("last_index") = false,
-      "Index (i32) of the largest element along axis; indices has x's shape with 1 along the axis.");
-  ops.def(
-      "argmin",
-      [](T x, T indices, std::int64_t axis, bool last_index) {
-        return finish(ops::argmin(x.tensor, indices.tensor, axis, last_index), {&x, &indices});
-      },
-      py::arg("x"), py::arg("indices"), py::kw_only(), py::arg("axis") = -1, py::arg("last_index") = false,
-      "Index (i32) of the smallest element along axis; indices has x's shape with 1 along the axis.");
-  ops.def(
       "max_pool2d",
       [](T x, T y, const py::object& kernel, const py::object& strides, const py::object& pads,
          const py::object& dilations, bool ceil_mode, const py::object& layout) {

@@ -225,23 +225,6 @@ TPUHAL_API Op cast(const Tensor& x, const Tensor& y);
 // y = x with dimensions permuted: y dim i is x dim perm[i].
 TPUHAL_API Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm);
 
-struct TopKOptions {
-  std::int64_t axis = -1;
-  bool largest = true;      // false: the smallest
-  bool last_index = false;  // ties: the higher index first (ONNX select_last_index)
-};
-// The k largest (or smallest) elements of x along `axis`, sorted, and their
-// indices: indices (i32) has x's shape but k along the axis (1 <= k <=
-// x's length there); values, when given, indices' shape in x's dtype. NaN
-// ranks before every number (largest or smallest); equal elements keep
-// index order (reversed with last_index). x: any dtype.
-TPUHAL_API Op top_k(const Tensor& x, const std::optional<Tensor>& values, const Tensor& indices,
-                    const TopKOptions& options = {});
-// The index of the largest (smallest) element along `axis`, as top_k with
-// k = 1 and no values: indices has x's shape with 1 along the axis.
-TPUHAL_API Op argmax(const Tensor& x, const Tensor& indices, std::int64_t axis = -1, bool last_index = false);
-TPUHAL_API Op argmin(const Tensor& x, const Tensor& indices, std::int64_t axis = -1, bool last_index = false);
-
 // y (i32) = conv(x - x_zero_point, w - w_zero_point); w's zero point a
 // scalar or one per output channel.
 TPUHAL_API Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y, const std::optional<Tensor>& x_zero_point,
