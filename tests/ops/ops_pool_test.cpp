@@ -146,6 +146,41 @@ TEST_P(Ops, HalfGlobalPoolNhwcGivesTheBitsOfNchw) {
       }
 }
 
+// f32 global pooling NHWC (fp32 models' squeeze-and-excitation pools) sums
+// a block of channels over a row's taps, or every row's, in one step: the
+// bits of NCHW's tap by tap. Channel counts split into blocks of 16, 32 and
+// 64 (more blocks where fewer would leave a thread idle), a batch, and an
+// input whose rows are not evenly apart (a slice of a wider image).
+TEST_P(Ops, FloatGlobalPoolNhwcGivesTheBitsOfNchw) {
+  for (const std::array<std::int64_t, 3> ncx :
+       {std::array<std::int64_t, 3>{1, 32, 0}, {1, 40, 0}, {2, 300, 0}, {1, 1, 0}, {1, 48, 3}})
+    for (bool max : {false, true}) {
+      const std::int64_t n = ncx[0], ch = ncx[1], extra = ncx[2], h = 7, w = 9;
+      Pool2dOptions o;
+      o.kernel = {h, w};
+      const Host wide = rand(DType::F32, {n, h, w + extra, ch}, -4, 4);
+      Host x(DType::F32, {n, ch, h, w});
+      for (std::int64_t a = 0; a < n; ++a)
+        for (std::int64_t c = 0; c < ch; ++c)
+          for (std::int64_t r = 0; r < h; ++r)
+            for (std::int64_t q = 0; q < w; ++q)
+              x.v[static_cast<std::size_t>(((a * ch + c) * h + r) * w + q)] = wide.at({a, r, q, c});
+      const Tensor y = lab().output(DType::F32, {n, ch, 1, 1});
+      const Host want =
+          lab().run(max ? ops::max_pool2d(lab().upload(x), y, o) : ops::avg_pool2d(lab().upload(x), y, o), y);
+      o.layout = Layout::NHWC;
+      const Tensor all = lab().upload(wide);
+      const Tensor xt(all.buffer(), DType::F32, {n, h, w, ch}, {h * (w + extra) * ch, (w + extra) * ch, ch, 1}, 0);
+      const Tensor yt = lab().output(DType::F32, {n, 1, 1, ch});
+      const Host got = lab().run(max ? ops::max_pool2d(xt, yt, o) : ops::avg_pool2d(xt, yt, o), yt);
+      Host as_nchw(DType::F32, {n, ch, 1, 1});
+      as_nchw.v = got.v;  // [n, 1, 1, ch] and [n, ch, 1, 1] order their values alike
+      expect_exact(std::string(max ? "max_pool2d" : "avg_pool2d") + " NHWC " + dims({n, h, w, ch}) + " (rows " +
+                       std::to_string((w + extra) * ch) + " apart) against NCHW",
+                   as_nchw, want.v);
+    }
+}
+
 // A window of one row across the width (ReduceMean over the last axis, as
 // LayerNorm exports it) sums each row in column order from 0, in f32, then
 // divides: rows of several lengths, with padding at both ends counted or

@@ -1039,6 +1039,11 @@ inline const std::vector<std::array<Shape, 3>> kBroadcasts{
     {Shape{}, Shape{5}, Shape{5}},
     {Shape{2, 1, 3, 1}, Shape{4, 1, 2}, Shape{2, 4, 3, 2}},
     {Shape{37}, Shape{1}, Shape{37}},
+    // One operand the same row every time, the other dense: per-channel
+    // scales over pixels (staged side by side, more rows than one stage
+    // holds), either side.
+    {Shape{600, 7}, Shape{7}, Shape{600, 7}},
+    {Shape{1, 1, 33}, Shape{4, 3, 33}, Shape{4, 3, 33}},
 };
 
 // Special values planted among random ones.

@@ -923,6 +923,41 @@ TEST(TensorIsa, DequantizedSumsMatchTheScalarStepsAtEveryLevel) {
   }
 }
 
+// add_rows_f32 (the f32 global average pool's sums): row after row, each
+// element one f32 addition, the bits of add_strided_f32 tap by tap, at
+// every level; NaN, infinities of both signs (their sum a NaN), -0, values
+// that overflow and that lose their low bits, row lengths that leave every
+// vector tail, and nothing touched past n.
+TEST(TensorIsa, RowSumsMatchTheScalarStepsAtEveryLevel) {
+  std::mt19937 rng(23);
+  const float specials[] = {std::nanf(""), INFINITY, -INFINITY, -0.0f, 3.0e38f, 1.0e-40f, 16777217.0f};
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const simd::Kernels& k = simd::kernels(isa);
+    for (const std::size_t n : {1u, 7u, 16u, 33u, 64u, 100u})
+      for (const std::size_t rows : {1u, 3u, 300u}) {
+        const std::size_t stride = n + 5;
+        std::vector<float> x(rows * stride);
+        for (auto& v : x)
+          v = rng() % 11 == 0 ? specials[rng() % 7] : static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 7.0f;
+        std::vector<float> acc(n + 1), want(n + 1);
+        for (std::size_t i = 0; i < n; ++i) acc[i] = want[i] = static_cast<float>(rng() % 1000) / 3.0f;
+        acc[n] = want[n] = 42.0f;
+        k.add_rows_f32(acc.data(), x.data(), n, rows, stride);
+        for (std::size_t r = 0; r < rows; ++r)
+          for (std::size_t i = 0; i < n; ++i) {
+            volatile float sum = want[i] + x[r * stride + i];
+            want[i] = sum;
+          }
+        // A NaN's sign and payload are whichever operand the compiler put
+        // first (addition commutes); any NaN is the same value here.
+        for (std::size_t i = 0; i <= n; ++i)
+          ASSERT_TRUE(std::memcmp(&acc[i], &want[i], 4) == 0 || (std::isnan(acc[i]) && std::isnan(want[i])))
+              << acc[i] << " against " << want[i] << " at " << i << " of " << n << ", " << rows << " rows";
+      }
+  }
+}
+
 // The versions the entry points run follow the level, not the CPU alone:
 // capped at the lowest level every entry point runs its baseline version,
 // at the top its top one, and at each level between the version that level
@@ -950,7 +985,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 29u);
+  ASSERT_EQ(simd::entry_points().size(), 30u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

@@ -147,6 +147,9 @@ void qmul_8(const std::uint8_t* x, const float* f, std::uint8_t* out, std::size_
 void arith_f32(Arith op, float* y, const float* a, std::size_t sa, const float* b, std::size_t sb, std::size_t n) {
   active().arith_f32(op, y, a, sa, b, sb, n);
 }
+void add_rows_f32(float* acc, const float* x, std::size_t n, std::size_t rows, std::size_t stride) {
+  active().add_rows_f32(acc, x, n, rows, stride);
+}
 void max_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride) {
   active().max_strided_f32(out, in, n, stride);
 }

@@ -99,6 +99,10 @@ void arith_f32(Arith op, float* y, const float* a, std::size_t sa, const float* 
 // max: the larger, a NaN in either kept (in's when in is NaN); add: +=.
 void max_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride);
 void add_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride);
+// acc[i] += x[r * stride + i] for i < n and r < rows, in row order: a
+// global pool's sums over its taps (channels last), a vector of channels
+// per tap, each step one f32 addition, as add_strided_f32 tap by tap.
+void add_rows_f32(float* acc, const float* x, std::size_t n, std::size_t rows, std::size_t stride);
 
 // Convolution's per-tap step over a row of outputs: out[i] += w * in[i *
 // stride], the product rounded to f32, then added (never fused), so that
@@ -156,6 +160,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(arith_f32)                      \
   X(max_strided_f32)                \
   X(add_strided_f32)                \
+  X(add_rows_f32)                   \
   X(madd_strided_f32)               \
   X(sigmoid_f32)                    \
   X(silu_f32)                       \
