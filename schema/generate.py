@@ -291,7 +291,8 @@ def check_rule(k, structs):
         problems.append(f"{name}: a kind with a rule has a builder named as its id ({k['id']}), then its shortcuts")
     opt = optional_roles(k)
     if k["tensors"][-1].endswith("?"):
-        problems.append(f"{name}: an optional output is not generated (a second output); write the kind by hand")
+        problems.append(f"{name}: the last tensor, the output, is never optional; a second output is an optional "
+                        "role that outputs names")
     st = rule_struct(k) if no_attrs(k) else structs.get(k["attrs"])
     if st is None or (k["fw_attrs"] != k["attrs"] and not no_attrs(k)):
         return problems + [f"{name}: a kind with a rule takes an ATTR_STRUCTS struct in both layers, or "
@@ -687,9 +688,8 @@ def hal_rule_signature(k, defaults):
     options struct."""
     if not options(k):
         return flat_signature(k, defaults)
-    opt = optional_roles(k)
-    tensors = [f"const {'std::optional<Tensor>' if r in opt else 'Tensor'}& {param_name(r)}" for r in builder_roles(k)]
-    return ", ".join(tensors + [f"const {options(k)}& options{' = {}' if defaults else ''}"])
+    tensors = flat_signature(k, defaults, fixed=[n for _, n, _, _, _ in rule_attr_params(k)])
+    return f"{tensors}, const {options(k)}& options{' = {}' if defaults else ''}"
 
 
 def indirect(k):
@@ -842,13 +842,12 @@ def rule_builders(k):
     names = [n for _, n, _, _, _ in rule_attr_params(k)]
     attrs = [f"options.{n}" for n in names] if options(k) else names
     roles_ = [param_name(r) for r in builder_roles(k)]
-    out = f"\nOp {k['id']}({hal_rule_signature(k, False)}) {{\n" \
-          f"  return {k['id']}_rule({', '.join([chr(34) + k['id'] + chr(34)] + k_arg + roles_ + attrs)});\n}}\n"
+    own = [f'"{k["id"]}"'] + k_arg + roles_ + attrs
+    out = f"\nOp {k['id']}({hal_rule_signature(k, False)}) {{\n  return {k['id']}_rule({', '.join(own)});\n}}\n"
     for short, spec in shortcuts(k).items():
         absent = {param_name(r) for r in spec["absent"]}
-        set_ = {n: cpp_value(v == "true") if v in ("true", "false") else str(v) for n, v in spec["set"].items()}
         args = [f'"{short}"'] + [str(spec["k"] or 0)] * bool(k_along(k)) + \
-               ["std::nullopt" if r in absent else r for r in roles_] + [set_.get(n, n) for n in names]
+               ["std::nullopt" if r in absent else r for r in roles_] + [spec["set"].get(n, n) for n in names]
         out += f"Op {short}({flat_signature(k, False, spec['absent'], spec['set'])}) {{\n" \
                f"  return {k['id']}_rule({', '.join(args)});\n}}\n"
     return out
@@ -900,9 +899,9 @@ def py_def(k, fname, absent, fixed, doc):
 def pyi_rules():
     out = []
     for k in ruled():
+        opt, trailing = optional_roles(k), k["rule"].get("trailing", [])
         builders = [(k["id"], (), ())] + [(n, sp["absent"], sp["set"]) for n, sp in shortcuts(k).items()]
         for fname, absent, fixed in builders:
-            opt, trailing = optional_roles(k), k["rule"].get("trailing", [])
             roles_ = [f"{param_name(r)}: {'Optional[Tensor]' if r in opt else 'Tensor'}" for r in builder_roles(k)
                       if r not in trailing and r not in absent]
             attrs = [f"{param_name(r)}: Optional[Tensor] = None" for r in trailing]

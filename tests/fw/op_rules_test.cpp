@@ -160,6 +160,21 @@ Block reshaped(const RuledKind& k, const Block& good, std::uint32_t i, const std
   return b;
 }
 
+// Tensor i of `shape` but one longer along d is refused naming that
+// dimension; of `shape` and one more dimension, naming its rank (tensor
+// `like` sets its rank and its other lengths).
+void expect_longer_and_deeper_refused(const RuledKind& k, const Block& good, std::uint32_t i, std::uint32_t like,
+                                      std::vector<std::uint64_t> shape, std::uint32_t d) {
+  const std::string what = "tensor " + std::to_string(i);
+  shape[d] += 1;
+  expect_refused(reshaped(k, good, i, shape), CmdStatus::kBadArgument, tensor_field(i, TensorAspect::kShape, d),
+                 shape[d], what + " longer than tensor " + std::to_string(like) + " along " + std::to_string(d));
+  shape[d] -= 1;
+  shape.push_back(1);
+  expect_refused(reshaped(k, good, i, shape), CmdStatus::kBadArgument, tensor_field(i, TensorAspect::kRank),
+                 shape.size(), what + " of another rank than tensor " + std::to_string(like));
+}
+
 class RuledKinds : public ::testing::TestWithParam<RuledKind> {};
 
 TEST_P(RuledKinds, TheSampleAndEveryDTypeOfTheRuleDecode) {
@@ -345,15 +360,7 @@ TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
         shape[rule.d] = k.tensors[rule.b].shape[rule.d];
         expect_accepted(with(shape), "tensor " + std::to_string(rule.a) + " as long as tensor " +
                                          std::to_string(rule.b) + " along " + std::to_string(rule.d));
-        shape[rule.d] += 1;
-        expect_refused(with(shape), CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kShape, rule.d),
-                       shape[rule.d],
-                       "tensor " + std::to_string(rule.a) + " longer than tensor " + std::to_string(rule.b) +
-                           " along " + std::to_string(rule.d));
-        shape[rule.d] -= 1;
-        shape.push_back(1);
-        expect_refused(with(shape), CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kRank), shape.size(),
-                       "tensor " + std::to_string(rule.a) + " of another rank than tensor " + std::to_string(rule.b));
+        expect_longer_and_deeper_refused(k, good, rule.a, rule.b, shape, rule.d);
         checked += 2;
         break;
       }
@@ -376,18 +383,9 @@ TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
               with(shape), CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kShape, rule.d), len,
               "tensor " + std::to_string(rule.a) + " with " + std::to_string(len) + " along " + std::to_string(rule.d));
         }
-        shape = of;
         const std::uint32_t other = rule.d == 0 ? 1 : 0;
-        ASSERT_LT(other, shape.size()) << "the sample's tensor " << rule.b << " has rank 1";
-        shape[other] += 1;
-        expect_refused(with(shape), CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kShape, other),
-                       shape[other],
-                       "tensor " + std::to_string(rule.a) + " longer than tensor " + std::to_string(rule.b) +
-                           " along " + std::to_string(other));
-        shape = of;
-        shape.push_back(1);
-        expect_refused(with(shape), CmdStatus::kBadArgument, tensor_field(rule.a, TensorAspect::kRank), shape.size(),
-                       "tensor " + std::to_string(rule.a) + " of another rank than tensor " + std::to_string(rule.b));
+        ASSERT_LT(other, of.size()) << "the sample's tensor " << rule.b << " has rank 1";
+        expect_longer_and_deeper_refused(k, good, rule.a, rule.b, of, other);
         checked += 4;
         break;
       }

@@ -11,7 +11,7 @@
 namespace tpuhal::sim::tensor {
 namespace {
 
-// Global pooling's channels a thread takes at a time.
+// The most channels of a global pool a thread takes at a time.
 constexpr std::uint64_t kChannelBlock = 64;
 
 // A global pool's channels a thread takes at a time: kChannelBlock, or 32
@@ -163,6 +163,10 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
       // of channels; every output still meets its taps in (row, column)
       // order.
       const std::uint64_t block = half ? kChannelBlock : channel_block(e, n, c);
+      // f32 sums over dense channels: a row's taps (or every row's, where
+      // they are evenly apart) in one call, in (row, column) order; a call
+      // per tap cost the 32-channel squeeze 70 us.
+      const bool row_sums = !half && !max && x.strides[cd] == 1;
       const std::uint64_t blocks = (c + block - 1) / block;
       const std::int64_t h0 = -pt, w0 = -pl;
       const auto rows = taps(h0, dh, kh, h), cols = taps(w0, dw, kw, w);
@@ -186,10 +190,7 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
               const std::uint64_t ni = nb / blocks, c0 = nb % blocks * block, cn = std::min(block, c - c0);
               const std::uint64_t first = ni * x.strides[0] + c0 * x.strides[cd];
               std::fill(acc, acc + cn, max ? -std::numeric_limits<float>::infinity() : 0.0f);
-              if (!half && !max && x.strides[cd] == 1) {
-                // f32 sums over dense channels: a row's taps (or every row's,
-                // where they are evenly apart) in one call, in (row, column)
-                // order; a call per tap cost the 32-channel squeeze 70 us.
+              if (row_sums) {
                 const auto step = static_cast<std::uint64_t>(dw * xw), cols_n = static_cast<std::uint64_t>(b1 - b0);
                 auto row_start = [&](std::int64_t a) {
                   return reinterpret_cast<const float*>(x.data) + first +
@@ -200,7 +201,7 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
                 else
                   for (std::int64_t a = a0; a < a1; ++a) simd::add_rows_f32(acc, row_start(a), cn, cols_n, step);
               }
-              for (std::int64_t a = a0; a < a1 && (half || max || x.strides[cd] != 1); ++a) {
+              for (std::int64_t a = a0; !row_sums && a < a1; ++a) {
                 const std::int64_t row = (h0 + a * dh) * xh;
                 if (by_row)
                   widen(ni * x.strides[0] + static_cast<std::uint64_t>(row + (w0 + b0 * dw) * xw), wide.size());
