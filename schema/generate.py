@@ -57,12 +57,86 @@ def enum_value(e, name):
     return next(v for v in e["values"] if v[1] == name)
 
 
+SCALAR_TYPES = ("u32", "bool", "f32")
+
+
+def array_type(typ):
+    """("u32", 2) for "u32[2]"; None for a type that is not an array."""
+    if typ.endswith("]") and "[" in typ:
+        base, n = typ[:-1].split("[", 1)
+        if base in ("u32", "f32") and n.isdigit() and int(n) >= 1:
+            return base, int(n)
+    return None
+
+
+def attr_fields(st):
+    """A struct's fields as dicts: name, type, default, comment, hal (the
+    HAL's name), hal_bool (the value a HAL bool stands for, or None) and
+    words (how many wire words it takes)."""
+    out = []
+    for f in st["fields"]:
+        name, typ, default, comment = f[:4]
+        view = f[4] if len(f) > 4 else {}
+        arr = array_type(typ)
+        words = arr[1] if arr else 3 if typ == "activation" else 1
+        out.append(dict(name=name, type=typ, default=default, comment=comment, hal=view.get("hal", name),
+                        hal_bool=view.get("hal_bool"), view=view, words=words))
+    return out
+
+
+def struct_words(st):
+    """The wire words of a struct: its fields', then reserved words up to
+    `words`, or up to a multiple of 4 (16 bytes)."""
+    used = sum(f["words"] for f in attr_fields(st))
+    return used, st.get("words", used + (-used) % 4)
+
+
 def is_decimal(text):
     """A finite decimal number, written as C++ and Python both read it."""
     try:
         return math.isfinite(float(text)) and "e" not in text.lower() and text.lstrip("-")[:1].isdigit()
     except ValueError:
         return False
+
+
+def check_struct(st):
+    """An ATTR_STRUCTS entry's fields: known types, defaults of their type,
+    names that differ, and a size that holds them."""
+    problems, fields = [], attr_fields(st)
+    names = [f["name"] for f in fields] + [f["hal"] for f in fields if f["hal"] != f["name"]]
+    if len(set(names)) != len(names) or "reserved" in names:
+        problems.append(f"{st['name']}: field names must differ and not be 'reserved'")
+    for f in fields:
+        where, typ, default = f"{st['name']}.{f['name']}", f["type"], f["default"]
+        e, arr = field_enum(typ), array_type(typ)
+        if set(f["view"]) - {"hal", "hal_bool"}:
+            problems.append(f"{where}: a field's HAL view has hal and hal_bool only")
+        if f["hal_bool"] is not None and (e is None or len(e["values"]) != 2 or
+                                          f["hal_bool"] not in [v[1] for v in e["values"]]):
+            problems.append(f"{where}: hal_bool names a value of an enumeration of two")
+        base = arr[0] if arr else typ
+        if e is not None:
+            if set(e["layers"]) != {"fw", "hal"} and f["hal_bool"] is None:
+                problems.append(f"{where}: enumeration {typ} is declared in fw and hal alone")
+            elif default not in [v[1] for v in e["values"]]:
+                problems.append(f"{where}: its default {default!r} is not a value of {typ}")
+        elif typ in ("activation", "reserved"):
+            want = "none" if typ == "activation" else "0"
+            if default != want or f["view"]:
+                problems.append(f"{where}: a field of type {typ} takes the default {want} and no HAL view")
+        elif base not in SCALAR_TYPES:
+            problems.append(f"{where}: type {typ!r}; ATTR_STRUCTS fields are 'u32', 'bool', 'f32', 'u32[N]', "
+                            "'f32[N]', 'activation', 'reserved' or an enumeration of ENUMS")
+        elif base == "bool" and default not in ("true", "false"):
+            problems.append(f"{where}: a bool's default is true or false, not {default!r}")
+        elif base == "u32" and not default.isdigit():
+            problems.append(f"{where}: a u32's default is a number, not {default!r}")
+        elif base == "f32" and not is_decimal(default):
+            problems.append(f"{where}: an f32's default is a finite decimal number, not {default!r}")
+    used, words = struct_words(st)
+    if words < used:
+        problems.append(f"{st['name']}: {words} words do not hold its fields' {used}")
+    return problems
 
 
 def check_schema():
@@ -98,25 +172,7 @@ def check_schema():
             problems.append(f"ElementwiseOp: {v[0]} has a builder but MAP_FAMILIES has no ({v[5]!r}, {v[4]}) entry")
     structs = {st["name"]: st for st in ops.ATTR_STRUCTS}
     for st in ops.ATTR_STRUCTS:
-        names = [f[0] for f in st["fields"]]
-        if len(set(names)) != len(names) or "reserved" in names:
-            problems.append(f"{st['name']}: field names must differ and not be 'reserved'")
-        for name, typ, default, _ in st["fields"]:
-            e = field_enum(typ)
-            if e is not None:
-                if set(e["layers"]) != {"fw", "hal"}:
-                    problems.append(f"{st['name']}.{name}: enumeration {typ} is declared in fw and hal alone")
-                elif default not in [v[1] for v in e["values"]]:
-                    problems.append(f"{st['name']}.{name}: its default {default!r} is not a value of {typ}")
-            elif typ not in ("u32", "bool", "f32"):
-                problems.append(f"{st['name']}.{name}: type {typ!r}; ATTR_STRUCTS fields are 'u32', 'bool', 'f32' "
-                                "or an enumeration of ENUMS")
-            elif typ == "bool" and default not in ("true", "false"):
-                problems.append(f"{st['name']}.{name}: a bool's default is true or false, not {default!r}")
-            elif typ == "u32" and not default.isdigit():
-                problems.append(f"{st['name']}.{name}: a u32's default is a number, not {default!r}")
-            elif typ == "f32" and not is_decimal(default):
-                problems.append(f"{st['name']}.{name}: an f32's default is a finite decimal number, not {default!r}")
+        problems += check_struct(st)
         if not any(k["fw_attrs"] == st["name"] for k in ops.KINDS):
             problems.append(f"{st['name']}: no kind carries it")
     for k in ops.KINDS:
@@ -302,6 +358,9 @@ def check_rule(k, structs):
                            "k_along", "outputs", "options", "shortcuts"}
     if unknown:
         problems.append(f"{name}: rule has unknown keys {sorted(unknown)}")
+    wide = [f["name"] for f in attr_fields(st) if f["words"] != 1 or f["view"] or f["type"] == "reserved"]
+    if wide:
+        problems.append(f"{name}: a rule reads scalar fields without a HAL view; {st['name']} has {wide}")
     field_types = {f[0]: f[1] for f in st["fields"]}
     for field, v in rule.get("defaults", {}).items():
         if field_types.get(field) != "u32" or not isinstance(v, int) or v >= 0:
@@ -1420,24 +1479,36 @@ def attr_alternatives(key, first=()):
     return out
 
 
+def fw_field(f):
+    """A field's declaration in the firmware's struct."""
+    name, typ, comment = f["name"], f["type"], f["comment"]
+    arr, e = array_type(typ), field_enum(typ)
+    if typ == "activation":
+        return (f"  std::uint32_t {name};  // Activation{'; ' + comment if comment else ''}\n"
+                "  float act_alpha, act_beta;  // its parameters\n")
+    if typ == "reserved":
+        return f"  std::uint32_t {name};  // reserved, zero\n"
+    note = comment if typ != "bool" else ("0 or 1" + (f"; {comment}" if comment else ""))
+    if e:
+        note = typ + (f"; {comment}" if comment else "")
+    ctype = "float" if (arr[0] if arr else typ) == "f32" else "std::uint32_t"
+    return f"  {ctype} {name}{f'[{arr[1]}]' if arr else ''};{'  // ' + note if note else ''}\n"
+
+
 def fw_op_attrs():
-    out = [BANNER, """// The attribute structs written from the op schema (ATTR_STRUCTS: plain
-// uint32 words, then reserved words, zero, to a multiple of 16 bytes).
-// Included by fw/tensor.h in tpuhal::fw, after the hand-written structs.
+    out = [BANNER, """// The attribute structs written from the op schema (ATTR_STRUCTS: uint32
+// and float words, then reserved words, zero, to a multiple of 16 bytes or
+// the struct's own size). Included by fw/tensor.h in tpuhal::fw, after the
+// hand-written structs.
 """]
     for st in ops.ATTR_STRUCTS:
         out.append("\n" + comment_block(st["doc"]) + f"struct {st['name']} {{\n")
-        for name, typ, _, comment in st["fields"]:
-            note = comment if typ != "bool" else ("0 or 1" + (f"; {comment}" if comment else ""))
-            if field_enum(typ):
-                note = typ + (f"; {comment}" if comment else "")
-            ctype = "float" if typ == "f32" else "std::uint32_t"
-            out.append(f"  {ctype} {name};{'  // ' + note if note else ''}\n")
-        n = len(st["fields"])
-        pad = (-n) % 4
+        out += [fw_field(f) for f in attr_fields(st)]
+        used, words = struct_words(st)
+        pad = words - used
         if pad:
             out.append(f"  std::uint32_t reserved[{pad}];\n" if pad > 1 else "  std::uint32_t reserved;\n")
-        out.append(f"}};\nstatic_assert(sizeof({st['name']}) == {4 * (n + pad)});\n")
+        out.append(f"}};\nstatic_assert(sizeof({st['name']}) == {4 * words});\n")
     return "".join(out)
 
 
@@ -1446,6 +1517,25 @@ def fw_op_attrs_variant():
     return (BANNER + "// OpAttrs, a decoded block's attributes: one alternative per struct the\n"
             "// kinds carry (schema/ops.py), in the order of the kinds. Included by\n"
             f"// fw/decode.h in tpuhal::fw.\nusing OpAttrs = std::variant<{alts}>;\n")
+
+
+def hal_field(f):
+    """A field's declaration in the HAL's struct, with its default."""
+    typ, default, e, arr = f["type"], f["default"], field_enum(f["type"]), array_type(f["type"])
+    comment = f"  // {f['comment']}" if f["comment"] else ""
+    if typ == "reserved":
+        return ""
+    if typ == "activation":
+        return f"  ActivationParams {f['hal']};{comment}\n"
+    if f["hal_bool"] is not None:
+        return f"  bool {f['hal']} = {'true' if default == f['hal_bool'] else 'false'};{comment}\n"
+    if arr:
+        ctype = {"u32": "std::uint32_t", "f32": "float"}[arr[0]]
+        value = cpp_float(default) if arr[0] == "f32" else default
+        return f"  std::array<{ctype}, {arr[1]}> {f['hal']}{{{', '.join([value] * arr[1])}}};{comment}\n"
+    ctype = typ if e else {"u32": "std::uint32_t", "bool": "bool", "f32": "float"}[typ]
+    value = cpp_float(default) if typ == "f32" else f"{typ}::{enum_value(e, default)[0]}" if e else default
+    return f"  {ctype} {f['hal']} = {value};{comment}\n"
 
 
 def hal_op_attrs():
@@ -1457,29 +1547,62 @@ def hal_op_attrs():
 """]
     for st in ops.ATTR_STRUCTS:
         out.append(f"\nstruct {st['name']} {{\n")
-        for name, typ, default, comment in st["fields"]:
-            e = field_enum(typ)
-            ctype = typ if e else {"u32": "std::uint32_t", "bool": "bool", "f32": "float"}[typ]
-            value = cpp_float(default) if typ == "f32" else f"{typ}::{enum_value(e, default)[0]}" if e else default
-            out.append(f"  {ctype} {name} = {value};{'  // ' + comment if comment else ''}\n")
+        out += [hal_field(f) for f in attr_fields(st)]
         out.append("};\n")
     alts = ", ".join(attr_alternatives("attrs", first=("NoAttrs",)))
     out.append(f"\nusing OpAttrs = std::variant<{alts}>;\n")
     return "".join(out)
 
 
+def encode_field(f):
+    """The statements that set a field's wire words from the HAL's struct."""
+    name, typ, hal, e, arr = f["name"], f["type"], f["hal"], field_enum(f["type"]), array_type(f["type"])
+    if typ == "reserved":
+        return ""
+    if typ == "activation":
+        return (f"  a.{name} = static_cast<std::uint32_t>(from.{hal}.kind);\n"
+                f"  a.act_alpha = from.{hal}.alpha;\n  a.act_beta = from.{hal}.beta;\n")
+    if arr:
+        return f"  for (std::size_t i = 0; i < {arr[1]}; ++i) a.{name}[i] = from.{hal}[i];\n"
+    if f["hal_bool"] is not None:
+        codes = [v[1] for v in e["values"]]
+        yes = codes.index(f["hal_bool"])
+        return f"  a.{name} = from.{hal} ? {yes}u : {1 - yes}u;  // {typ}\n"
+    value = f"from.{hal} ? 1u : 0u" if typ == "bool" else \
+        f"static_cast<std::uint32_t>(from.{hal})" if e else f"from.{hal}"
+    return f"  a.{name} = {value};\n"
+
+
 def encode_attrs():
     out = [BANNER, """// The TPU driver's encoding of the attribute structs written from the op
-// schema (ATTR_STRUCTS): each HAL field into its wire word. Included in
+// schema (ATTR_STRUCTS): each HAL field into its wire words. Included in
 // encode_op's AttrVisitor (drivers/tpu/src/encode.cpp).
 """]
     for st in ops.ATTR_STRUCTS:
         out.append(f"void operator()(const driver::{st['name']}& from) const {{\n  fw::{st['name']} a{{}};\n")
-        for name, typ, _, _ in st["fields"]:
-            value = f"from.{name} ? 1u : 0u" if typ == "bool" else \
-                f"static_cast<std::uint32_t>(from.{name})" if field_enum(typ) else f"from.{name}"
-            out.append(f"  a.{name} = {value};\n")
+        out += [encode_field(f) for f in attr_fields(st)]
         out.append("  append_bytes(out, a);\n}\n")
+    return "".join(out)
+
+
+def attr_minors():
+    out = [BANNER, """// The interface minor each generated attribute struct needs for the
+// enumeration values it holds (introduced_in of each enumeration and
+// activation field; 1 where it holds none): members of required_minor's
+// AttrMinor visitor (drivers/tpu/src/encode.cpp).
+"""]
+    for st in ops.ATTR_STRUCTS:
+        terms = []
+        for f in attr_fields(st):
+            if f["type"] == "activation":
+                terms.append(f"driver::introduced_in(a.{f['hal']}.kind)")
+            elif field_enum(f["type"]) and f["hal_bool"] is None:
+                terms.append(f"driver::introduced_in(a.{f['hal']})")
+        if terms:
+            out.append(f"std::uint16_t operator()(const driver::{st['name']}& a) const {{\n"
+                       f"  return std::max<std::uint16_t>({{1, {', '.join(terms)}}});\n}}\n")
+        else:
+            out.append(f"std::uint16_t operator()(const driver::{st['name']}&) const {{ return 1; }}\n")
     return "".join(out)
 
 
@@ -1662,6 +1785,7 @@ OUTPUTS = [
     ("firmware_iface/include/tpuhal/fw/op_attrs_variant.inc", fw_op_attrs_variant, None),
     ("hal/include/tpuhal/driver/op_attrs.inc", hal_op_attrs, None),
     ("drivers/tpu/src/encode_attrs.inc", encode_attrs, None),
+    ("drivers/tpu/src/attr_minors.inc", attr_minors, None),
     ("simulator/src/tensor/engine_kinds.inc", engine_kinds, None),
     ("hal/include/tpuhal/op_maps.inc", hal_map_decls, None),
     ("hal/src/op_map_builders.inc", hal_map_defs, None),

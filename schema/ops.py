@@ -337,20 +337,69 @@ MAP_FAMILIES = {
                        "x broadcast to y's shape as in NumPy", dtypes="u8"),
 }
 
-# Attribute structs written from the schema, for kinds whose attributes
-# are plain words (the others, and their encoding, are hand-written in
-# fw/tensor.h, driver/op_desc.hpp and drivers/tpu/src/encode.cpp). One
-# entry per struct, named as a kind's fw_attrs and attrs name it; fields in
-# wire order, each (name, type, default, comment) with type "u32" (a count
-# or an index; std::uint32_t in both layers), "bool" (a uint32 0 or 1 on
-# the wire, bool in the HAL), "f32" (an IEEE binary32 word, float in both
-# layers; its default a decimal number) or the name of an enumeration of
-# ENUMS declared in both layers (its code a uint32 on the wire, the HAL's
-# enum in the HAL; its default a value's "name"). On the wire the fields are followed by
-# reserved words (zero) up to a multiple of 16 bytes. Never reorder fields
-# of a struct a board already takes; a new field goes at the end, in a
-# reserved word, with the interface minor that reads it.
+# Attribute structs written from the schema, for every kind but those
+# whose attributes are hand-written in fw/tensor.h, driver/op_desc.hpp and
+# drivers/tpu/src/encode.cpp (ElementwiseAttrs; QuantAttrs, 16 reserved
+# bytes). One entry per struct, named as a kind's fw_attrs and attrs name
+# it; fields in wire order, each (name, type, default, comment), or with a
+# fifth item, a dict of the HAL's view where it differs from the wire's:
+#   hal       the HAL's name of the field ("strides" for the wire's "stride")
+#   hal_bool  (an enumeration of two values) the HAL holds a bool named
+#             `hal`, true for this value ("max": PoolAttrs::max)
+# Types:
+#   "u32"     a count or an index; std::uint32_t in both layers
+#   "bool"    a uint32 0 or 1 on the wire, bool in the HAL
+#   "f32"     an IEEE binary32 word, float in both layers; its default a
+#             decimal number
+#   "u32[N]", "f32[N]"  N such words; std::array in the HAL, every element
+#             the default
+#   "activation"  three words, the Activation's code then its two f32
+#             parameters (`act_alpha`, `act_beta` on the wire);
+#             ActivationParams in the HAL; default "none"
+#   "reserved"  one reserved word (zero) in place, not in the HAL
+#   or the name of an enumeration of ENUMS declared in both layers (its
+#   code a uint32 on the wire, the HAL's enum in the HAL; its default a
+#   value's "name").
+# Rules (KINDS' rule) read structs of scalar fields only (u32, bool, f32,
+# an enumeration) without a HAL view. On the wire the fields are followed
+# by reserved words (zero) up to a multiple of 16 bytes, or up to `words`
+# words where the struct gives it. Never reorder fields of a struct a
+# board already takes; a new field goes at the end, in a reserved word,
+# with the interface minor that reads it.
 ATTR_STRUCTS = [
+    dict(name="MatMulAttrs", doc="Y = act(alpha * op(A) @ op(B) + beta * C), batched; op(A) is A with its last two "
+         "dimensions transposed where trans_a is set (B likewise).",
+         fields=[("trans_a", "bool", "false", "use A's last two dimensions transposed", {"hal": "transpose_a"}),
+                 ("trans_b", "bool", "false", "use B's last two dimensions transposed", {"hal": "transpose_b"}),
+                 ("alpha", "f32", "1", ""), ("beta", "f32", "1", "scales C; C absent: ignored"),
+                 ("activation", "activation", "none", "fused after")]),
+    dict(name="ConvAttrs", doc="Convolution geometry: pads are top, left, bottom, right. A transposed convolution "
+         "(kConvTranspose2d) takes W as [Cin, Cout/groups, kh, kw] and pads crop its output.",
+         fields=[("layout", "Layout", "nchw", "X's and Y's; W is always [Cout, Cin/groups, kh, kw]"),
+                 ("groups", "u32", "1", ""),
+                 ("stride", "u32[2]", "1", "along H, W", {"hal": "strides"}),
+                 ("dilation", "u32[2]", "1", "along H, W", {"hal": "dilations"}),
+                 ("pad", "u32[4]", "0", "top, left, bottom, right", {"hal": "pads"}),
+                 ("activation", "activation", "none", "float convolution only")]),
+    dict(name="PoolAttrs", doc="Max or average pooling over a window of H and W; pads are top, left, bottom, right.",
+         fields=[("kind", "PoolKind", "max", "", {"hal": "max", "hal_bool": "max"}),
+                 ("layout", "Layout", "nchw", ""),
+                 ("kernel", "u32[2]", "1", "along H, W"),
+                 ("stride", "u32[2]", "1", "along H, W", {"hal": "strides"}),
+                 ("dilation", "u32[2]", "1", "along H, W", {"hal": "dilations"}),
+                 ("pad", "u32[4]", "0", "top, left, bottom, right", {"hal": "pads"}),
+                 ("ceil_mode", "bool", "false", "output size rounds up"),
+                 ("count_include_pad", "bool", "false", "average: divide by the full window")]),
+    dict(name="ResizeAttrs", doc="Resize over H and W by ONNX's mode, coordinate_transformation_mode and "
+         "nearest_mode.",
+         fields=[("mode", "ResizeMode", "nearest", ""), ("coordinate", "CoordinateMode", "half_pixel", ""),
+                 ("nearest", "NearestMode", "round_prefer_floor", ""), ("layout", "Layout", "nchw", ""),
+                 ("scale", "f32[2]", "1", "output/input along H and W (> 0)", {"hal": "scales"})]),
+    dict(name="ColorConvertAttrs", doc="YUV (BT.601, limited range) -> RGB in [0, 255], then per channel (value - "
+         "mean) * scale. Luma is [H, W]; NV12 chroma is [H/2, W/2, 2]; I420 chroma U and V are [H/2, W/2] each; Y "
+         "is [3, H, W] (planar RGB).", words=14,
+         fields=[("format", "ColorFormat", "nv12", ""), ("reserved0", "reserved", "0", ""),
+                 ("mean", "f32[3]", "0", "subtracted from R, G, B"), ("scale", "f32[3]", "0", "then multiplied")]),
     dict(name="SoftmaxAttrs", doc="Y = exp(X - max) / sum(exp(X - max)) along `axis`; with log, its log, "
          "X - max - log(sum(exp(X - max))), finite where a log of the softmax would underflow.",
          fields=[("axis", "u32", "0", "< rank"), ("log", "bool", "false", "log-softmax")]),

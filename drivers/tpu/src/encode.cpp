@@ -60,19 +60,6 @@ std::uint32_t to_fw(const ActivationParams& a, float& alpha, float& beta) {
   return static_cast<std::uint32_t>(a.kind);  // same numbering (above)
 }
 
-fw::ConvAttrs conv_attrs(const driver::ConvAttrs& c) {
-  fw::ConvAttrs a{};
-  a.layout = c.layout == Layout::NHWC ? 1 : 0;
-  a.groups = c.groups;
-  for (int i = 0; i < 2; ++i) {
-    a.stride[i] = c.strides[i];
-    a.dilation[i] = c.dilations[i];
-  }
-  for (int i = 0; i < 4; ++i) a.pad[i] = c.pads[i];
-  a.activation = to_fw(c.activation, a.act_alpha, a.act_beta);
-  return a;
-}
-
 template <class T>
 void append_bytes(std::vector<std::byte>& out, const T& value) {
   const auto* p = reinterpret_cast<const std::byte*>(&value);
@@ -92,53 +79,10 @@ std::vector<std::byte> encode_op(const driver::OpDesc& op, std::uint16_t interfa
   struct AttrVisitor {
     std::vector<std::byte>& out;
     void operator()(const driver::NoAttrs&) const { append_bytes(out, fw::QuantAttrs{}); }
-    void operator()(const driver::MatMulAttrs& m) const {
-      fw::MatMulAttrs a{};
-      a.trans_a = m.transpose_a;
-      a.trans_b = m.transpose_b;
-      a.alpha = m.alpha;
-      a.beta = m.beta;
-      a.activation = to_fw(m.activation, a.act_alpha, a.act_beta);
-      append_bytes(out, a);
-    }
-    void operator()(const driver::ConvAttrs& c) const { append_bytes(out, conv_attrs(c)); }
-    void operator()(const driver::PoolAttrs& p) const {
-      fw::PoolAttrs a{};
-      a.kind = static_cast<std::uint32_t>(p.max ? fw::PoolKind::kMax : fw::PoolKind::kAverage);
-      a.layout = p.layout == Layout::NHWC ? 1 : 0;
-      for (int i = 0; i < 2; ++i) {
-        a.kernel[i] = p.kernel[i];
-        a.stride[i] = p.strides[i];
-        a.dilation[i] = p.dilations[i];
-      }
-      for (int i = 0; i < 4; ++i) a.pad[i] = p.pads[i];
-      a.ceil_mode = p.ceil_mode;
-      a.count_include_pad = p.count_include_pad;
-      append_bytes(out, a);
-    }
     void operator()(const driver::ElementwiseAttrs& e) const {
       fw::ElementwiseAttrs a{};
       a.op = static_cast<std::uint32_t>(e.op);  // same numbering
       if (e.op == driver::ElementwiseOp::Activation) a.activation = to_fw(e.activation, a.alpha, a.beta);
-      append_bytes(out, a);
-    }
-    void operator()(const driver::ResizeAttrs& r) const {
-      fw::ResizeAttrs a{};
-      a.mode = static_cast<std::uint32_t>(r.mode);
-      a.coordinate = static_cast<std::uint32_t>(r.coordinate);
-      a.nearest = static_cast<std::uint32_t>(r.nearest);
-      a.layout = r.layout == Layout::NHWC ? 1 : 0;
-      a.scale[0] = r.scales[0];
-      a.scale[1] = r.scales[1];
-      append_bytes(out, a);
-    }
-    void operator()(const driver::ColorConvertAttrs& c) const {
-      fw::ColorConvertAttrs a{};
-      a.format = static_cast<std::uint32_t>(c.format);
-      for (int i = 0; i < 3; ++i) {
-        a.mean[i] = c.mean[i];
-        a.scale[i] = c.scale[i];
-      }
       append_bytes(out, a);
     }
 #include "encode_attrs.inc"  // the op schema's structs, field by field
@@ -168,19 +112,16 @@ std::uint16_t required_minor(const driver::OpDesc& op) {
   // (both from schema/ops.py).
   std::uint16_t need = driver::op_kind_info(op.kind).minor;
   auto at_least = [&](std::uint16_t minor) { need = std::max(need, minor); };
-  auto act = [&](const ActivationParams& a) { at_least(driver::introduced_in(a.kind)); };
-  if (const auto* m = std::get_if<driver::MatMulAttrs>(&op.attrs)) act(m->activation);
-  if (const auto* c = std::get_if<driver::ConvAttrs>(&op.attrs)) act(c->activation);
-  if (const auto* e = std::get_if<driver::ElementwiseAttrs>(&op.attrs)) {
-    at_least(driver::introduced_in(e->op));
-    if (e->op == driver::ElementwiseOp::Activation) act(e->activation);
-  }
-  if (const auto* r = std::get_if<driver::ResizeAttrs>(&op.attrs)) {
-    at_least(driver::introduced_in(r->mode));
-    at_least(driver::introduced_in(r->coordinate));
-    at_least(driver::introduced_in(r->nearest));
-  }
-  if (const auto* c = std::get_if<driver::ColorConvertAttrs>(&op.attrs)) at_least(driver::introduced_in(c->format));
+  struct AttrMinor {
+    std::uint16_t operator()(const driver::NoAttrs&) const { return 1; }
+    std::uint16_t operator()(const driver::ElementwiseAttrs& e) const {
+      const std::uint16_t op = driver::introduced_in(e.op);
+      if (e.op != driver::ElementwiseOp::Activation) return op;
+      return std::max(op, driver::introduced_in(e.activation.kind));
+    }
+#include "attr_minors.inc"  // the op schema's structs, by their enumeration fields
+  };
+  at_least(std::visit(AttrMinor{}, op.attrs));
   if (op.kind == driver::OpKind::Gather && op.tensors[1].dtype != DType::I32) at_least(fw::kMinorGatherByteIndices);
   return need;
 }

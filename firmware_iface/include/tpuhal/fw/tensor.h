@@ -106,43 +106,6 @@ inline constexpr std::uint32_t kOpFlagsKnown = kOpGlobal;
 // is_binary, is_comparison and is_logical: generated from schema/ops.py.
 #include "tpuhal/fw/op_enums.inc"
 
-struct MatMulAttrs {
-  std::uint32_t trans_a, trans_b;  // 0 or 1: use the last two dims transposed
-  float alpha, beta;               // beta scales C; C absent: beta ignored
-  std::uint32_t activation;        // Activation
-  float act_alpha, act_beta;
-  std::uint32_t reserved;
-};
-static_assert(sizeof(MatMulAttrs) == 32);
-
-// Convolution geometry: pads are top, left, bottom, right. A transposed
-// convolution (kConvTranspose2d) takes W as [Cin, Cout/groups, kh, kw] and
-// pads crop its output.
-struct ConvAttrs {
-  std::uint32_t layout;  // Layout of X and Y; W is always [Cout, Cin/groups, kh, kw]
-  std::uint32_t groups;
-  std::uint32_t stride[2];
-  std::uint32_t dilation[2];
-  std::uint32_t pad[4];
-  std::uint32_t activation;  // Activation (float conv only)
-  float act_alpha, act_beta;
-  std::uint32_t reserved[3];
-};
-static_assert(sizeof(ConvAttrs) == 64);
-
-struct PoolAttrs {
-  std::uint32_t kind;    // PoolKind
-  std::uint32_t layout;  // Layout
-  std::uint32_t kernel[2];
-  std::uint32_t stride[2];
-  std::uint32_t dilation[2];
-  std::uint32_t pad[4];
-  std::uint32_t ceil_mode;          // output size rounds up
-  std::uint32_t count_include_pad;  // average: divide by the full window
-  std::uint32_t reserved[2];
-};
-static_assert(sizeof(PoolAttrs) == 64);
-
 struct ElementwiseAttrs {
   std::uint32_t op;          // ElementwiseOp
   std::uint32_t activation;  // Activation, for kActivation
@@ -157,30 +120,9 @@ struct QuantAttrs {
 };
 static_assert(sizeof(QuantAttrs) == 16);
 
-// Resizes the H and W dimensions of a 4-D tensor (N and C are kept).
-struct ResizeAttrs {
-  std::uint32_t mode;        // ResizeMode
-  std::uint32_t coordinate;  // CoordinateMode
-  std::uint32_t nearest;     // NearestMode
-  std::uint32_t layout;      // Layout
-  float scale[2];            // output/input along H and W (> 0)
-  std::uint32_t reserved[2];
-};
-static_assert(sizeof(ResizeAttrs) == 32);
-
-// YUV (BT.601, limited range) -> RGB in [0, 255], then per channel
-// (value - mean) * scale. Luma is [H, W]; NV12 chroma is [H/2, W/2, 2];
-// I420 chroma U and V are [H/2, W/2] each; Y is [3, H, W] (planar RGB).
-struct ColorConvertAttrs {
-  std::uint32_t format;  // ColorFormat
-  std::uint32_t reserved0;
-  float mean[3];
-  float scale[3];
-  std::uint32_t reserved[6];
-};
-static_assert(sizeof(ColorConvertAttrs) == 56);
-
-// SoftmaxAttrs, TopKAttrs and GatherAttrs, from the op schema.
+// The other attribute structs (MatMulAttrs, ConvAttrs, PoolAttrs,
+// ResizeAttrs, ColorConvertAttrs, SoftmaxAttrs, TopKAttrs, ...), from the op
+// schema (ATTR_STRUCTS in schema/ops.py).
 #include "tpuhal/fw/op_attrs.inc"
 
 inline constexpr std::uint32_t kMaxParamBytes = 4096;

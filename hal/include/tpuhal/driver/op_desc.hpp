@@ -49,43 +49,14 @@ enum class OpKind : std::uint8_t {
 // value of an attribute enumeration came in. Generated from schema/ops.py.
 #include "tpuhal/driver/op_enums.inc"
 
-struct MatMulAttrs {
-  bool transpose_a = false, transpose_b = false;
-  float alpha = 1, beta = 1;
-  ActivationParams activation;
-};
-struct ConvAttrs {
-  Layout layout = Layout::NCHW;
-  std::uint32_t groups = 1;
-  std::array<std::uint32_t, 2> strides{1, 1}, dilations{1, 1};
-  std::array<std::uint32_t, 4> pads{};
-  ActivationParams activation;
-};
-struct PoolAttrs {
-  bool max = true;
-  Layout layout = Layout::NCHW;
-  std::array<std::uint32_t, 2> kernel{1, 1}, strides{1, 1}, dilations{1, 1};
-  std::array<std::uint32_t, 4> pads{};
-  bool ceil_mode = false, count_include_pad = false;
-};
 struct ElementwiseAttrs {
   ElementwiseOp op = ElementwiseOp::Identity;
   ActivationParams activation;  // for ElementwiseOp::Activation
 };
 struct NoAttrs {};
-struct ResizeAttrs {
-  ResizeMode mode = ResizeMode::Nearest;
-  CoordinateMode coordinate = CoordinateMode::HalfPixel;
-  NearestMode nearest = NearestMode::RoundPreferFloor;
-  Layout layout = Layout::NCHW;
-  std::array<float, 2> scales{1, 1};
-};
-struct ColorConvertAttrs {
-  ColorFormat format = ColorFormat::NV12;
-  std::array<float, 3> mean{}, scale{};
-};
-
-// SoftmaxAttrs, TopKAttrs, GatherAttrs and OpAttrs, from the op schema.
+// The other attribute structs (MatMulAttrs, ConvAttrs, PoolAttrs,
+// ResizeAttrs, ColorConvertAttrs, SoftmaxAttrs, ...) and OpAttrs, from the
+// op schema (ATTR_STRUCTS in schema/ops.py).
 #include "tpuhal/driver/op_attrs.inc"
 
 struct OpDesc {
