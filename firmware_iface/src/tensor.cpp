@@ -57,26 +57,6 @@ std::uint64_t tensor_extent(const TensorRef& t) noexcept {
   return (last + 1) * size;
 }
 
-std::uint64_t first_empty_window(std::uint64_t in, std::uint64_t out, std::uint64_t kernel, std::uint64_t stride,
-                                 std::uint64_t dilation, std::uint64_t pad_begin) noexcept {
-  for (std::uint64_t o = 0; o < out; ++o) {
-    // Taps k with 0 <= o * stride + k * dilation - pad_begin < in.
-    const std::int64_t start = static_cast<std::int64_t>(o * stride) - static_cast<std::int64_t>(pad_begin);
-    if (stride != 0 && start >= 0 && start < static_cast<std::int64_t>(in)) {
-      // Its first tap is in the input, as is that of every window up to the
-      // first one starting past the input: go on from there (an input 2^32
-      // long must not cost 2^32 steps).
-      o = (in + pad_begin + stride - 1) / stride - 1;
-      continue;
-    }
-    const std::int64_t d = static_cast<std::int64_t>(dilation);
-    const std::int64_t kmin = start < 0 ? (-start + d - 1) / d : 0;
-    const std::int64_t last = static_cast<std::int64_t>(in) - 1 - start;
-    if (last < 0 || kmin > last / d || kmin >= static_cast<std::int64_t>(kernel)) return o;
-  }
-  return UINT64_MAX;
-}
-
 namespace {
 
 struct Check {
@@ -184,6 +164,12 @@ bool expect_attr(Check& c, std::size_t offset, bool ok, std::uint64_t value, std
   return ok || c.fail(CmdStatus::kBadArgument, attr_field(offset), value, limit);
 }
 
+// A window's stride, dilation, kernel or pad word: from `least` to
+// kMaxWindowValue (fw/window.h, which the host's checks also read).
+bool expect_window_value(Check& c, std::size_t offset, std::uint32_t value, std::uint32_t least) {
+  return expect_attr(c, offset, value >= least && value <= kMaxWindowValue, value, kMaxWindowValue);
+}
+
 // An f32 attribute word as the problem reports it: its bits.
 std::uint32_t float_bits(float f) {
   std::uint32_t u = 0;
@@ -241,14 +227,12 @@ bool check_conv_geometry(Check& c, const OpBlock& b, const ConvAttrs& at, std::u
                          std::uint32_t iy) {
   if (!expect_attr(c, offsetof(ConvAttrs, layout), at.layout <= 1, at.layout, 1)) return false;
   for (int k = 0; k < 2; ++k) {
-    if (!expect_attr(c, offsetof(ConvAttrs, stride) + 4 * k, at.stride[k] >= 1 && at.stride[k] <= 65536, at.stride[k],
-                     65536) ||
-        !expect_attr(c, offsetof(ConvAttrs, dilation) + 4 * k, at.dilation[k] >= 1 && at.dilation[k] <= 65536,
-                     at.dilation[k], 65536))
+    if (!expect_window_value(c, offsetof(ConvAttrs, stride) + 4 * k, at.stride[k], 1) ||
+        !expect_window_value(c, offsetof(ConvAttrs, dilation) + 4 * k, at.dilation[k], 1))
       return false;
   }
   for (int k = 0; k < 4; ++k)
-    if (!expect_attr(c, offsetof(ConvAttrs, pad) + 4 * k, at.pad[k] <= 65536, at.pad[k], 65536)) return false;
+    if (!expect_window_value(c, offsetof(ConvAttrs, pad) + 4 * k, at.pad[k], 0)) return false;
   return expect_rank(c, b, ix, 4) && expect_rank(c, b, iw, 4) && expect_rank(c, b, iy, 4);
 }
 
@@ -331,16 +315,13 @@ bool check_pool(Check& c, const OpBlock& b, const PoolAttrs& at) {
       !expect_attr(c, offsetof(PoolAttrs, count_include_pad), at.count_include_pad <= 1, at.count_include_pad, 1))
     return false;
   for (int k = 0; k < 2; ++k) {
-    if (!expect_attr(c, offsetof(PoolAttrs, kernel) + 4 * k, at.kernel[k] >= 1 && at.kernel[k] <= 65536, at.kernel[k],
-                     65536) ||
-        !expect_attr(c, offsetof(PoolAttrs, stride) + 4 * k, at.stride[k] >= 1 && at.stride[k] <= 65536, at.stride[k],
-                     65536) ||
-        !expect_attr(c, offsetof(PoolAttrs, dilation) + 4 * k, at.dilation[k] >= 1 && at.dilation[k] <= 65536,
-                     at.dilation[k], 65536))
+    if (!expect_window_value(c, offsetof(PoolAttrs, kernel) + 4 * k, at.kernel[k], 1) ||
+        !expect_window_value(c, offsetof(PoolAttrs, stride) + 4 * k, at.stride[k], 1) ||
+        !expect_window_value(c, offsetof(PoolAttrs, dilation) + 4 * k, at.dilation[k], 1))
       return false;
   }
   for (int k = 0; k < 4; ++k)
-    if (!expect_attr(c, offsetof(PoolAttrs, pad) + 4 * k, at.pad[k] <= 65536, at.pad[k], 65536)) return false;
+    if (!expect_window_value(c, offsetof(PoolAttrs, pad) + 4 * k, at.pad[k], 0)) return false;
   // A window made only of padding has nothing to pool.
   for (int k = 0; k < 2; ++k) {
     const std::uint64_t window = std::uint64_t{at.dilation[k]} * (at.kernel[k] - 1) + 1;

@@ -504,13 +504,13 @@ class Builder {
 const std::initializer_list<DType> kFloats = {DType::F32, DType::F16, DType::BF16};
 const std::initializer_list<DType> kInt8 = {DType::U8, DType::I8};
 
-// Output shape of a 2-D window over x (conv or pool).
-std::array<std::int64_t, 2> window_out(Builder& b, std::int64_t h, std::int64_t w, std::int64_t kh, std::int64_t kw,
+// Output shape of a 2-D window over x (conv or pool), strides and
+// dilations checked (check_window_values); 0 where it does not fit.
+std::array<std::int64_t, 2> window_out(std::int64_t h, std::int64_t w, std::int64_t kh, std::int64_t kw,
                                        const std::array<std::uint32_t, 2>& s, const std::array<std::uint32_t, 2>& d,
                                        const std::array<std::uint32_t, 4>& p, bool ceil) {
   auto one = [&](std::int64_t in, std::int64_t k, std::uint32_t stride, std::uint32_t dil, std::uint32_t p0,
                  std::uint32_t p1) -> std::int64_t {
-    if (stride == 0 || dil == 0) b.fail(Status::InvalidArgument, "strides and dilations must be at least 1");
     if (in < 0 || k < 1) return 0;
     return static_cast<std::int64_t>(
         fw::window_output(static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(k), stride, dil, p0, p1, ceil));
@@ -531,6 +531,18 @@ std::vector<std::int64_t> make_shape(Layout layout, std::int64_t n, std::int64_t
   return layout == Layout::NCHW ? std::vector<std::int64_t>{n, c, h, w} : std::vector<std::int64_t>{n, h, w, c};
 }
 
+// Strides and dilations from 1 to fw::kMaxWindowValue, pads at most that:
+// what the board's decoder takes (fw/window.h).
+void check_window_values(Builder& b, const std::array<std::uint32_t, 2>& strides,
+                         const std::array<std::uint32_t, 2>& dilations, const std::array<std::uint32_t, 4>& pads) {
+  const std::string most = std::to_string(fw::kMaxWindowValue);
+  for (int k = 0; k < 2; ++k)
+    if (strides[k] < 1 || dilations[k] < 1 || strides[k] > fw::kMaxWindowValue || dilations[k] > fw::kMaxWindowValue)
+      b.fail(Status::InvalidArgument, "strides and dilations must be 1 to " + most);
+  for (auto p : pads)
+    if (p > fw::kMaxWindowValue) b.fail(Status::InvalidArgument, "pad " + std::to_string(p) + " is above " + most);
+}
+
 // Checks x, w, y of a convolution; returns the expected y shape's text.
 void check_conv(Builder& b, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o) {
   const auto [n, c, h, wd] = nchw(b, x, o.layout, "x");
@@ -545,9 +557,8 @@ void check_conv(Builder& b, const Tensor& x, const Tensor& w, const Tensor& y, c
     b.fail(Status::InvalidArgument,
            "w has shape " + dims_text(ws) +
                "; its dimension 1 must be input channels / groups = " + std::to_string(c / o.groups));
-  for (auto p : o.pads)
-    if (p > 65536) b.fail(Status::InvalidArgument, "pad " + std::to_string(p) + " is above 65536");
-  const auto out = window_out(b, h, wd, ws[2], ws[3], o.strides, o.dilations, o.pads, false);
+  check_window_values(b, o.strides, o.dilations, o.pads);
+  const auto out = window_out(h, wd, ws[2], ws[3], o.strides, o.dilations, o.pads, false);
   if (out[0] == 0 || out[1] == 0)
     b.fail(Status::InvalidArgument, "a " + std::to_string(ws[2]) + "x" + std::to_string(ws[3]) +
                                         " kernel does not fit the padded " + std::to_string(h) + "x" +
@@ -663,28 +674,28 @@ Op pool(bool max, const Tensor& x, const Tensor& y, const Pool2dOptions& o) {
     b.dtype_in(x, "x", kFloats);
   b.same_dtype(y, "y", x, "x");
   const auto [n, c, h, w] = nchw(b, x, o.layout, "x");
+  check_window_values(b, o.strides, o.dilations, o.pads);
   for (int k = 0; k < 2; ++k) {
-    if (o.kernel[k] < 1 || o.strides[k] < 1 || o.dilations[k] < 1)
-      b.fail(Status::InvalidArgument, "kernel, strides and dilations must be at least 1");
+    if (o.kernel[k] < 1 || o.kernel[k] > fw::kMaxWindowValue)
+      b.fail(Status::InvalidArgument,
+             "kernel " + std::to_string(o.kernel[k]) + " must be 1 to " + std::to_string(fw::kMaxWindowValue));
     const std::uint64_t window = std::uint64_t{o.dilations[k]} * (o.kernel[k] - 1) + 1;
     if (o.pads[k] >= window || o.pads[k + 2] >= window)
       b.fail(Status::InvalidArgument, "pads (" + std::to_string(o.pads[k]) + ", " + std::to_string(o.pads[k + 2]) +
                                           ") must be smaller than the window (" + std::to_string(window) + ")");
   }
-  const auto out = window_out(b, h, w, o.kernel[0], o.kernel[1], o.strides, o.dilations, o.pads, o.ceil_mode);
+  const auto out = window_out(h, w, o.kernel[0], o.kernel[1], o.strides, o.dilations, o.pads, o.ceil_mode);
   if (out[0] == 0 || out[1] == 0) b.fail(Status::InvalidArgument, "the window does not fit the padded input");
   for (int k = 0; k < 2; ++k) {
     // Every window needs a tap inside x (dilated taps can straddle it).
-    const std::int64_t in = k == 0 ? h : w, d = o.dilations[k];
-    for (std::int64_t i = 0; i < static_cast<std::int64_t>(out[k]); ++i) {
-      const std::int64_t start = i * o.strides[k] - static_cast<std::int64_t>(o.pads[k]);
-      const std::int64_t kmin = start < 0 ? (-start + d - 1) / d : 0, last = in - 1 - start;
-      if (last < 0 || kmin > last / d || kmin >= o.kernel[k])
-        b.fail(Status::InvalidArgument, std::string("window ") + std::to_string(i) + (k == 0 ? " down" : " across") +
-                                            " x has no tap inside x (kernel " + std::to_string(o.kernel[k]) +
-                                            ", dilation " + std::to_string(d) + ", pad " + std::to_string(o.pads[k]) +
-                                            ", x extent " + std::to_string(in) + ")");
-    }
+    const std::int64_t in = k == 0 ? h : w;
+    const std::uint64_t i = fw::first_empty_window(static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(out[k]),
+                                                   o.kernel[k], o.strides[k], o.dilations[k], o.pads[k]);
+    if (i != UINT64_MAX)
+      b.fail(Status::InvalidArgument, std::string("window ") + std::to_string(i) + (k == 0 ? " down" : " across") +
+                                          " x has no tap inside x (kernel " + std::to_string(o.kernel[k]) +
+                                          ", dilation " + std::to_string(o.dilations[k]) + ", pad " +
+                                          std::to_string(o.pads[k]) + ", x extent " + std::to_string(in) + ")");
   }
   b.shape_is(y, "y", make_shape(o.layout, n, c, out[0], out[1]), "from x, kernel, strides, pads and ceil_mode");
   driver::PoolAttrs a;
@@ -774,11 +785,7 @@ Op conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& y, const Con
   if (ws[0] != c)
     b.fail(Status::InvalidArgument,
            "w has shape " + dims_text(ws) + "; its dimension 0 must be the input channels, " + std::to_string(c));
-  for (int k = 0; k < 2; ++k)
-    if (o.strides[k] < 1 || o.dilations[k] < 1 || o.strides[k] > 65536 || o.dilations[k] > 65536)
-      b.fail(Status::InvalidArgument, "strides and dilations must be 1 to 65536");
-  for (auto p : o.pads)
-    if (p > 65536) b.fail(Status::InvalidArgument, "pad " + std::to_string(p) + " is above 65536");
+  check_window_values(b, o.strides, o.dilations, o.pads);
   if (h == 0 || wd == 0 || ws[2] == 0 || ws[3] == 0)
     b.fail(Status::InvalidArgument, "x " + dims_text(x.shape()) + " and w " + dims_text(ws) + " must not be empty");
   const auto [yn, yc, yh, yw] = nchw(b, y, o.layout, "y");

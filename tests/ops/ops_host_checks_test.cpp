@@ -69,6 +69,48 @@ TEST_P(Ops, HostChecksNameTheOperandAndTheShape) {
        },
        Status::InvalidArgument,
        {"max_pool2d: pads (3, 0) must be smaller than the window (3)"}},
+      // Window values the board's decoder refuses (fw::kMaxWindowValue)
+      // are refused here first, by name.
+      {[&] {
+         Conv2dOptions o;
+         o.strides = {70000, 1};
+         ops::conv2d(t(DType::F32, {1, 2, 6, 6}), t(DType::F32, {4, 2, 3, 3}), t(DType::F32, {1, 4, 1, 4}), o);
+       },
+       Status::InvalidArgument,
+       {"conv2d: strides and dilations must be 1 to 65536"}},
+      {[&] {
+         Conv2dOptions o;
+         o.pads = {0, 65537, 0, 0};
+         ops::conv2d(t(DType::F32, {1, 2, 6, 6}), t(DType::F32, {4, 2, 3, 3}), t(DType::F32, {1, 4, 4, 4}), o);
+       },
+       Status::InvalidArgument,
+       {"conv2d: pad 65537 is above 65536"}},
+      {[&] {
+         Pool2dOptions o;
+         o.kernel = {70000, 1};
+         ops::max_pool2d(t(DType::F32, {1, 1, 6, 6}), t(DType::F32, {1, 1, 1, 6}), o);
+       },
+       Status::InvalidArgument,
+       {"max_pool2d: kernel 70000 must be 1 to 65536"}},
+      {[&] {
+         Pool2dOptions o;
+         o.kernel = {2, 2};
+         o.dilations = {1, 0};
+         ops::avg_pool2d(t(DType::F32, {1, 1, 6, 6}), t(DType::F32, {1, 1, 5, 5}), o);
+       },
+       Status::InvalidArgument,
+       {"avg_pool2d: strides and dilations must be 1 to 65536"}},
+      {[&] {
+         // Along H the one window's two taps, dilated by 3 from the top
+         // pad, land above and below a 2-row x.
+         Pool2dOptions o;
+         o.kernel = {2, 1};
+         o.dilations = {3, 1};
+         o.pads = {1, 0, 1, 0};
+         ops::max_pool2d(t(DType::F32, {1, 1, 2, 2}), t(DType::F32, {1, 1, 1, 2}), o);
+       },
+       Status::InvalidArgument,
+       {"max_pool2d: window 0 down x has no tap inside x (kernel 2, dilation 3, pad 1, x extent 2)"}},
       {[&] {
          ops::matmul_integer(t(DType::U8, {2, 3}), t(DType::U8, {3, 4}), t(DType::I32, {2, 4}), t(DType::U8, {3}));
        },

@@ -10,6 +10,7 @@
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 #include "onnx/window.hpp"
+#include "tpuhal/fw/window.h"
 
 namespace tpuhal::rt::detail {
 namespace {
@@ -294,14 +295,15 @@ Value infer_conv_transpose(Importer& im, Node& n) {
     im.fail_node(n, "input " + dims_text(x) + " and weights " + dims_text(w) + " do not match with group " +
                         std::to_string(groups));
   for (auto p : geo.options.pads)
-    if (p > 65536) im.fail_node(n, "pad " + std::to_string(p) + " is above 65536");
+    if (p > fw::kMaxWindowValue)
+      im.fail_node(n, "pad " + std::to_string(p) + " is above " + std::to_string(fw::kMaxWindowValue));
   if (geo.out[0] < 1 || geo.out[1] < 1 || (three_d && geo3.out_depth < 1))
     im.fail_node(n, "its pads leave an empty output");
   Value out;
   out.shape = one_d ? std::vector<std::int64_t>{x[0], w[1] * groups, geo.out[1]}
                     : std::vector<std::int64_t>{x[0], w[1] * groups, geo.out[0], geo.out[1]};
   if (three_d) {
-    if (geo3.stride < 1 || geo3.dilation < 1 || geo3.pad_front > 65536 || x[2] < 1 || w[2] < 1)
+    if (geo3.stride < 1 || geo3.dilation < 1 || geo3.pad_front > fw::kMaxWindowValue || x[2] < 1 || w[2] < 1)
       im.fail_node(n, "its depth's stride, dilation, pads or kernel make no transposed convolution");
     out.shape.insert(out.shape.begin() + 2, geo3.out_depth);
   }

@@ -6,7 +6,7 @@
 namespace tpuhal::rt::detail {
 
 void check_window(const Importer& im, const Node& n, const onnx_attrs::WindowAttrs& a, std::size_t spatial) {
-  constexpr std::int64_t kMaxStep = 0x7fffffff, kMaxPad = 65536;
+  constexpr std::int64_t kMaxStep = 0x7fffffff, kMaxPad = fw::kMaxWindowValue;
   auto each = [&](const char* attr, const std::optional<std::vector<std::int64_t>>& given, std::size_t count,
                   std::int64_t lo, std::int64_t hi) {
     if (!given) return;

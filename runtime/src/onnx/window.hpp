@@ -14,7 +14,8 @@ namespace tpuhal::rt::detail {
 
 // One entry per spatial dimension (pads two), kernel_shape, strides,
 // dilations and group from 1 to 2^31 - 1, pads and output_padding from 0 to
-// 65536 (the most the ops take), auto_pad one of ONNX's four.
+// fw::kMaxWindowValue, 65536 (the most the ops take), auto_pad one of
+// ONNX's four.
 void check_window(const Importer& im, const Node& n, const onnx_attrs::WindowAttrs& a, std::size_t spatial);
 // A window's output extents (out[2] on: L, or H and W), each at least 1.
 void check_window_fits(const Importer& im, const Node& n, const std::vector<std::int64_t>& x,

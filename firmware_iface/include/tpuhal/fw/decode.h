@@ -17,7 +17,7 @@
 #include "tpuhal/fw/result.h"
 #include "tpuhal/fw/tensor.h"
 #include "tpuhal/fw/video.h"
-#include "tpuhal/fw/window.h"  // window_output
+#include "tpuhal/fw/window.h"  // window_output, first_empty_window, kMaxWindowValue
 
 namespace tpuhal::fw {
 
@@ -191,11 +191,6 @@ constexpr std::uint16_t tensor_data_field(std::uint32_t tensor) {
 }
 inline constexpr std::uint16_t kFieldOpKind = 0x107;
 inline constexpr std::uint16_t kFieldOpHeader = 0x108;
-
-// The first of `out` windows along one axis none of whose taps lands in the
-// input (all in the padding, or straddling it), or UINT64_MAX if none.
-std::uint64_t first_empty_window(std::uint64_t in, std::uint64_t out, std::uint64_t kernel, std::uint64_t stride,
-                                 std::uint64_t dilation, std::uint64_t pad_begin) noexcept;
 
 // DMA access kinds carried in Problem::detail for kDmaFault.
 inline constexpr std::uint64_t kAccessRead = 1;
