@@ -94,9 +94,13 @@ fi
 # node tests, the runtime tests, the conformance suite and the timing
 # model's pinned figures (the same integers as on x86). At the portable
 # level (generic): the op tests of the products, the only ops whose code
-# differs between the levels.
+# differs between the levels. Left out, as at the x86 levels
+# (scripts/test.sh): the capacity plan's pipeline run, whose figures are
+# the timing model's (Timing pins those here), and which took 108 s of
+# emulation, a third of this step.
 (cd "$build" && TPUHAL_MAX_ISA=neon ctest --output-on-failure -j "$(nproc)" \
-  -R '^(TensorIsa|OpsIsa|OpsDeterminism|Devices/Ops\..*/sim_tiny|OnnxNode|Runtime|Devices/Conformance\..*/sim_tiny|Timing)' "$@")
+  -R '^(TensorIsa|OpsIsa|OpsDeterminism|Devices/Ops\..*/sim_tiny|OnnxNode|Runtime|Devices/Conformance\..*/sim_tiny|Timing)' \
+  -E '^Runtime\.GivenThePlanWhenTheVideoPipelineRuns' "$@")
 echo "tpuhal arm64: the products' op tests at TPUHAL_MAX_ISA=generic" >&2
 (cd "$build" && TPUHAL_MAX_ISA=generic ctest --output-on-failure -j "$(nproc)" \
   -R '^Devices/Ops\.(MatMul|Conv|QLinear|IntegerProducts).*/sim_tiny' "$@")
