@@ -375,6 +375,18 @@ void check_rules(const fw::OpBlock& b) {
       RULE(at.iou_threshold >= 0 && at.iou_threshold <= 1 && std::isfinite(at.score_threshold));
       break;
     }
+    case fw::OpKind::kRoiAlign: {
+      // X [N, C, H, W] and Rois [R, 4] of any float dtype, Y [R, C, OH, OW]
+      // of X's, BatchIndices [R] i32; mode avg or max, sampling_ratio at most
+      // 65536, spatial_scale finite and not negative, half_pixel 0 or 1.
+      const auto& at = std::get<fw::RoiAlignAttrs>(b.attrs);
+      RULE(at.mode <= 1 && at.sampling_ratio <= 65536 && at.half_pixel <= 1);
+      RULE(std::isfinite(at.spatial_scale) && at.spatial_scale >= 0);
+      RULE(is_float(t[0].dtype) && is_float(t[1].dtype) && t[2].dtype == 6 && y.dtype == t[0].dtype);
+      RULE(t[0].rank == 4 && t[1].rank == 2 && t[2].rank == 1 && y.rank == 4 && t[1].shape[1] == 4);
+      RULE(t[2].shape[0] == t[1].shape[0] && y.shape[0] == t[1].shape[0] && y.shape[1] == t[0].shape[1]);
+      break;
+    }
     case fw::OpKind::kGather: {
       // X, Indices (i32, u8 or i8), Y in X's dtype: X's dimensions before the axis,
       // then Indices' dimensions, then X's after it.

@@ -467,10 +467,16 @@ def check_rule(k, structs):
     for field, of in axes.items():
         if field not in fields or fields[field][1] != "u32" or of not in roles_:
             problems.append(f"{name}: axes: {field} of {of}: a u32 field of {st['name']} and a tensor")
-    problems += [f"{name}: {st['name']}.{f[0]} is a u32 but not an axis; rules give no other ranges"
-                 for f in st["fields"] if f[1] == "u32" and f[0] not in axes]
+    problems += [f"{name}: {st['name']}.{f[0]} is a u32 but neither an axis nor a count in a range"
+                 for f in st["fields"] if f[1] == "u32" and (f[0] in axes) == (f[0] in ranges)]
     for field, bounds in ranges.items():
-        if field not in fields or fields[field][1] != "f32" or not isinstance(bounds, tuple) or len(bounds) != 2 or \
+        typ = fields[field][1] if field in fields else None
+        if typ == "u32":
+            if not isinstance(bounds, tuple) or len(bounds) != 2 or \
+                    not all(type(b) is int and 0 <= b < 2**32 for b in bounds) or bounds[0] > bounds[1]:
+                problems.append(f"{name}: ranges: {field}: a u32 count of {st['name']} and (low, high), integers, "
+                                "0 <= low <= high < 2^32")
+        elif typ != "f32" or not isinstance(bounds, tuple) or len(bounds) != 2 or \
                 not all(b is None or is_f32(b) for b in bounds) or (None not in bounds and bounds[0] > bounds[1]):
             problems.append(f"{name}: ranges: {field}: an f32 field of {st['name']} and (low, high), low <= high")
     problems += [f"{name}: {st['name']}.{f[0]} is an f32 without a range" for f in st["fields"]
@@ -534,6 +540,8 @@ def check_rule(k, structs):
             problems.append(f"{name}: sample's {field} is not a finite f32 in its range")
         if not is_f32(float(fields[field][2])):
             problems.append(f"{name}: {field}'s default is beyond an f32")
+        if fields[field][1] == "u32" and not lo <= int(fields[field][2]) <= hi:
+            problems.append(f"{name}: {field}'s default is not in its range")
     for r in roles_:  # tests and seeds place the tensors 64 KiB apart
         n = 1
         for d in ss[r]:
@@ -697,7 +705,11 @@ def fw_rule_checks():
                                  f"{1 if row else 2}))"))
         for field, typ, _, _ in st["fields"]:  # in field order, as the builder checks them
             where = f"offsetof({st['name']}, {field})"
-            if typ == "u32":
+            if typ == "u32" and field in rule.get("ranges", {}):
+                lo, hi = rule["ranges"][field]
+                ok = [f"at.{field} >= {lo}u"] * (lo > 0) + [f"at.{field} <= {hi}u"]
+                conds.append(f"expect_attr(c, {where}, {' && '.join(ok)}, at.{field}, {hi})")
+            elif typ == "u32":
                 t = f"b.tensors[{idx[rule['axes'][field]]}]"
                 conds.append(f"expect_attr(c, {where}, {t}.rank > 0 && at.{field} < {t}.rank, at.{field}, {t}.rank)")
             elif typ == "bool":
@@ -843,7 +855,10 @@ def hal_rule_defs():
         out.append(f"  driver::{k['attrs']} attrs;\n")
         inf = "std::numeric_limits<float>::infinity()"
         for name, typ, _, _ in st["fields"]:
-            if typ == "u32":
+            if typ == "u32" and name in rule.get("ranges", {}):
+                lo, hi = rule["ranges"][name]
+                out.append(f"  attrs.{name} = op.count({name}, \"{name}\", {lo}, {hi});\n")
+            elif typ == "u32":
                 out.append(f"  attrs.{name} = op.axis({name}, {param_name(rule['axes'][name])});\n")
             elif typ == "f32":
                 lo, hi = rule["ranges"][name]
@@ -1032,6 +1047,7 @@ def test_rule_table():
 //   {Rule::kRank, i, r}         tensor i has rank r
 //   {Rule::kDim, i, d}          dimension d of tensor i is fixed, or set by another's
 //   {Rule::kRange, w, 0, lo, hi} attribute word w is a finite f32 in [lo, hi]
+//   {Rule::kCount, w, hi, lo}   attribute word w is a u32 count from lo to hi
 //   {Rule::kOptional, i, 0}     tensor i may be absent
 //   {Rule::kScalar, i, j}       tensor i is one value over tensor j's shape (stride 0)
 //   {Rule::kStrideZero, i, d}   tensor i repeats along dimension d (stride 0 there)
@@ -1091,6 +1107,9 @@ def test_rule_table():
             rules.append(f"{{Rule::kKAlong, {idx[r]}, {idx[of]}, 0, 0, {sample_values(k)[words[field]]}}}")
         rules += [f"{{Rule::kOutput, {idx[r]}, 0}}" for r in outputs(k)]
         for field, (lo, hi) in rule.get("ranges", {}).items():
+            if st["fields"][words[field]][1] == "u32":
+                rules.append(f"{{Rule::kCount, {words[field]}, {hi}, {cpp_float(lo)}}}")
+                continue
             rules.append(f"{{Rule::kRange, {words[field]}, 0, {'-INFINITY' if lo is None else cpp_float(lo)}, "
                          f"{'INFINITY' if hi is None else cpp_float(hi)}}}")
         out.append(f"{{\"{k['name']}\", OpKind::k{k['name']}, sizeof({st['name']}), {{{tensors}}}, "

@@ -52,6 +52,8 @@ MINORS = [
     (21, "the opcode kWaitTime (command.h: a queue's next command starts no earlier than a board time), and the "
      "board time the codec unit finished each frame in its kFrame record (video.h: frame_done_ns)",
      "timed waits and frame times"),
+    (22, "the op kind kRoiAlign (op_kinds.inc, RoiAlignAttrs in op_attrs.inc, RoiAlignMode in op_enums.inc)",
+     "roi_align"),
 ]
 
 # ---- enumerations of op attributes ----------------------------------------
@@ -190,6 +192,16 @@ ENUMS = [
         ],
     ),
     dict(
+        name="RoiAlignMode",
+        layers=("fw", "hal"),
+        doc="How RoiAlign pools a bin's samples: ONNX's mode.",
+        values=[
+            ("Average", "avg", 22, "the mean of the samples"),
+            ("Max", "max", 22, "the largest of the samples, each the largest of its four weighted corners (ONNX's "
+             "max mode, as ONNX Runtime computes it)"),
+        ],
+    ),
+    dict(
         name="ColorFormat",
         layers=("fw", "hal"),
         doc="The YUV layout ColorConvert reads.",
@@ -241,7 +253,9 @@ ENUMS = [
 #                       that every dimension of that name shares (the
 #                       first one met, in role order, sets it)
 #               ranges  per f32 attribute field, (low, high), inclusive;
-#                       None for no bound (the value is finite either way)
+#                       None for no bound (the value is finite either way);
+#                       per u32 field that is a count, not an axis, its
+#                       (low, high), integers, inclusive
 #               broadcast  per input role, the role it broadcasts to as in
 #                       NumPy (the builder's view; the board sees the
 #                       target's shape with stride 0 where broadcast)
@@ -304,8 +318,8 @@ ENUMS = [
 #                       other attributes as parameters after the tensors;
 #                       errors, traces and profiles use its name
 #             Every tensor needs its dtype; every u32 field must be an
-#             axis, every f32 field have a range; bool fields are 0 or 1,
-#             enumeration fields one of its codes.
+#             axis or a count with a range, every f32 field have a range;
+#             bool fields are 0 or 1, enumeration fields one of its codes.
 #             A kind without attributes has fw_attrs QuantAttrs and attrs
 #             NoAttrs. An optional input ("Name?") is checked by its rules
 #             where it is given and may only follow other tensors (its
@@ -435,6 +449,22 @@ ATTR_STRUCTS = [
                  ("score_threshold", "f32", "0.25", "candidates score above it"),
                  ("center", "bool", "true", "Boxes are (cx, cy, w, h); else (x1, y1, x2, y2)"),
                  ("class_agnostic", "bool", "false", "a kept box suppresses boxes of every class")]),
+    dict(name="RoiAlignAttrs",
+         doc="Y[r, c] = X[BatchIndices[r], c] pooled over region r of Rois (x1, y1, x2, y2, in X's pixels once "
+         "multiplied by spatial_scale) cut into Y's OH x OW bins (ONNX RoiAlign, NCHW). Each bin is the mean (or max) "
+         "of a grid of samples, sampling_ratio along each axis (0: the bin's extent rounded up), each sample "
+         "bilinear between its four nearest pixels; a sample more than one pixel outside X is 0, and a degenerate "
+         "region gives 0. Every step is one f32 operation in ONNX Runtime's order, rounded to Y's dtype at the end. "
+         "An empty X gives 0. A batch index counts from the end where negative, as gather's; one outside [-N, N) "
+         "fails the op with kBadArgument (BatchIndices' data field, the index, N); so does a region with a "
+         "coordinate not finite once scaled, or of more than 2^20 samples over its bins (Rois' row field, the "
+         "region, 0 or 2^20). Y is then not written.",
+         fields=[("mode", "RoiAlignMode", "avg", "how a bin pools its samples"),
+                 ("sampling_ratio", "u32", "0", "samples per bin along each axis; 0: ceil(region extent / bins)"),
+                 ("spatial_scale", "f32", "1", "multiplies the region's coordinates"),
+                 ("half_pixel", "bool", "true", "the region shifted by half a pixel, -0.5 (ONNX's half_pixel, "
+                  "torchvision's aligned); false: not shifted, each region at least 1 pixel wide and high "
+                  "(output_half_pixel, opset 10's)")]),
     dict(name="ScatterElementsAttrs",
          doc="Y = X, then for each element of Indices in row-major order, the element of Y at its position with the "
          "coordinate along `axis` replaced by the index (-dim <= index < dim, a negative one counting from the end) "
@@ -633,4 +663,16 @@ KINDS = [
                              "Y": "i8"},
                      shapes={"X": [2, 3, 4, 5], "XScale": [1], "XZeroPoint": [1], "YScale": [1], "YZeroPoint": [1],
                              "Y": [2, 1, 1, 5]})),
+    dict(name="RoiAlign", id="roi_align", minor=22, tensors=["X", "Rois", "BatchIndices", "Y"],
+         fw_attrs="RoiAlignAttrs", attrs="RoiAlignAttrs", cost=("per_output",), cycles=16, peak=None,
+         builders=["roi_align"],
+         doc="A detector's regions of interest pooled to a fixed size, bilinear (ONNX RoiAlign).",
+         rule=dict(dtypes={"X": ["f32", "f16", "bf16"], "Rois": ["f32", "f16", "bf16"], "BatchIndices": ["i32"],
+                           "Y": "X"},
+                   dims={"X": ["N", "C", "H", "W"], "Rois": ["R", 4], "BatchIndices": ["R"],
+                         "Y": ["R", "C", "OH", "OW"]},
+                   ranges={"sampling_ratio": (0, 65536), "spatial_scale": (0, None)}),
+         sample=dict(dtypes={"X": "f32", "Rois": "f32", "BatchIndices": "i32", "Y": "f32"},
+                     shapes={"X": [2, 2, 5, 5], "Rois": [3, 4], "BatchIndices": [3], "Y": [3, 2, 2, 2]},
+                     attrs={"sampling_ratio": 2, "spatial_scale": 0.5})),
 ]

@@ -124,6 +124,8 @@ std::string field_name(std::uint16_t opcode, std::uint16_t field) {
     return "attribute word " + std::to_string(field - kFieldAttrBase);
   if (field >= kFieldTensorDataBase && field < kFieldTensorDataBase + kMaxOpTensors)
     return "tensor " + std::to_string(field - kFieldTensorDataBase) + " data";
+  if (field >= kFieldTensorRowBase && field < kFieldTensorRowBase + kMaxOpTensors)
+    return "tensor " + std::to_string(field - kFieldTensorRowBase) + " row";
   switch (field) {
     default: return arg_name(opcode, field);
   }
@@ -186,6 +188,10 @@ std::string describe(CmdStatus status, std::uint16_t opcode, std::uint16_t field
         return op + ": tensor " + dec(field - kFieldTensorDataBase) + " holds the index " +
                std::to_string(static_cast<std::int64_t>(value)) + ", outside [-" + dec(detail) + ", " + dec(detail) +
                ") (the length of the indexed axis)";
+      if (field >= kFieldTensorRowBase && field < kFieldTensorRowBase + kMaxOpTensors)
+        return op + ": row " + dec(value) + " of tensor " + dec(field - kFieldTensorRowBase) +
+               (detail ? " asks for more than " + dec(detail) + " samples (the most one row may take)"
+                       : " holds a value that is not finite once scaled");
       if (field >= kFieldTensorBase && field < kFieldAttrBase)
         return op + ": " + what + " = " + dec(value) + " is not valid" +
                (detail ? " (expected " + dec(detail) + ")" : std::string{});

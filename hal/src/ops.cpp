@@ -399,6 +399,13 @@ class Builder {
                                         (std::string_view(range) == "finite" ? "" : std::string(", ") + range));
     return value;
   }
+  // A count from lo to hi (a sampling ratio), as the board takes it.
+  std::uint32_t count(std::int64_t value, const char* name, std::uint32_t lo, std::uint32_t hi) const {
+    if (value < lo || value > hi)
+      fail(Status::InvalidArgument, std::string(name) + " is " + std::to_string(value) + "; expected " +
+                                        std::to_string(lo) + " to " + std::to_string(hi));
+    return static_cast<std::uint32_t>(value);
+  }
   // An axis of `of`, -rank..rank-1 (negative counts from the end), as the
   // board takes it: 0..rank-1.
   std::uint32_t axis(std::int64_t value, const Tensor& of) const {

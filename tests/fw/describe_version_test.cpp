@@ -170,6 +170,16 @@ TEST(FwDescribe, AnIndexOutsideItsAxisIsNamedWithTheAxisLength) {
       "tensor_op: unused tensor 2 data is 0x5, must be zero");
 }
 
+TEST(FwDescribe, ARefusedRowIsNamedWithWhatIsWrongWithIt) {
+  const auto op = static_cast<std::uint16_t>(Opcode::kTensorOp);
+  EXPECT_EQ(describe(CmdStatus::kBadArgument, op, tensor_row_field(1), 3, 1u << 20),
+            "tensor_op: row 3 of tensor 1 asks for more than 1048576 samples (the most one row may take)");
+  EXPECT_EQ(describe(CmdStatus::kBadArgument, op, tensor_row_field(1), 0, 0),
+            "tensor_op: row 0 of tensor 1 holds a value that is not finite once scaled");
+  EXPECT_EQ(describe(CmdStatus::kReservedNotZero, op, tensor_row_field(9), 5, 0),
+            "tensor_op: unused tensor 9 row is 0x5, must be zero");
+}
+
 TEST(FwVersion, PackAndUnpack) {
   EXPECT_EQ((Version{1, 0}.packed()), 0x00010000u);
   EXPECT_EQ((Version{0xABCD, 0x1234}.packed()), 0xABCD1234u);

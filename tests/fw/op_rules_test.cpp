@@ -31,6 +31,7 @@ enum class Rule {
   kRank,
   kDim,
   kRange,
+  kCount,
   kOptional,
   kScalar,
   kStrideZero,
@@ -43,7 +44,7 @@ enum class Rule {
 struct RuleOf {
   Rule rule;
   std::uint32_t a, b;    // see op_rules.inc
-  float lo = 0, hi = 0;  // kRange
+  float lo = 0, hi = 0;  // kRange; kCount: lo
   std::uint32_t d = 0;   // kWithin: the dimension (not the axis); kKAlong: the axis
 };
 
@@ -292,6 +293,24 @@ TEST_P(RuledKinds, EachRuleBrokenIsRefusedNamingItsField) {
           const Block b = with(v);
           expect_refused(b, CmdStatus::kBadArgument, attr_field(4 * rule.a), b.attrs[rule.a],
                          word + " " + std::to_string(v));
+          ++checked;
+        }
+        break;
+      }
+      case Rule::kCount: {  // {kCount, word, hi, lo}
+        auto with = [&](std::uint32_t v) {
+          Block b = good;
+          b.attrs[rule.a] = v;
+          return b;
+        };
+        const std::string word = "attribute word " + std::to_string(rule.a);
+        const auto lo = static_cast<std::uint32_t>(rule.lo);
+        expect_accepted(with(lo), word + " at its low bound");
+        expect_accepted(with(rule.b), word + " at its high bound");
+        std::vector<std::uint32_t> outside{rule.b + 1, UINT32_MAX};
+        if (lo > 0) outside.push_back(lo - 1);
+        for (std::uint32_t v : outside) {
+          expect_refused(with(v), CmdStatus::kBadArgument, attr_field(4 * rule.a), v, word + " " + std::to_string(v));
           ++checked;
         }
         break;

@@ -337,6 +337,12 @@ inline std::uint64_t test_seed() {
 
 using test::error_of;
 
+// The message of the tpuhal::Error `f` throws.
+template <class F>
+std::string message_of(F&& f) {
+  return error_of(std::forward<F>(f)).what();
+}
+
 // A builder's refusals: each call throws InvalidArgument whose message is
 // exactly its text.
 using Refusals = std::vector<std::pair<std::function<void()>, std::string>>;

@@ -126,12 +126,6 @@ TEST_P(Ops, WhereBroadcastsConditionAndBothBranches) {
   }
 }
 
-// The message of the tpuhal::Error `f` throws.
-template <class F>
-std::string message_of(F&& f) {
-  return error_of(std::forward<F>(f)).what();
-}
-
 // y = x indexed along `axis` by idx (negative indices from the end), y's
 // elements in row-major order.
 std::vector<double> ref_gather(const Host& x, const Host& idx, std::size_t axis) {

@@ -426,6 +426,38 @@ def test_qlinear_global_avg_pool_refuses_a_pooled_shape_and_scales_that_are_not_
                                     dev.tensor((2, 1, 1, 5), "u8"))
 
 
+@pytest.mark.parametrize("aligned,ratio,scale", [(True, 2, 0.25), (False, 0, 0.5), (True, 0, 1.0)])
+def test_roi_align_matches_torchvision(dev, queue, aligned, ratio, scale):
+    """The average mode against torchvision.ops.roi_align, an implementation
+    of its own (aligned is ONNX's half_pixel; sampling_ratio 0 is its
+    adaptive grid), on a detector's feature map and regions in image pixels."""
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+    tv_ops = pytest.importorskip("torchvision.ops", reason="python3-torchvision is not installed")
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((2, 8, 20, 24)).astype(np.float32)
+    corners = rng.uniform(-10, 110, (30, 4)).astype(np.float32)
+    rois = np.concatenate([np.minimum(corners[:, :2], corners[:, 2:]), np.maximum(corners[:, :2], corners[:, 2:])], 1)
+    idx = rng.integers(0, 2, 30).astype(np.int32)
+    y = dev.tensor((30, 8, 7, 7), "f32")
+    queue.run(ops.roi_align(tpuhal.Tensor(dev.upload(x)), tpuhal.Tensor(dev.upload(rois)),
+                            tpuhal.Tensor(dev.upload(idx)), y, sampling_ratio=ratio, spatial_scale=scale,
+                            half_pixel=aligned)).submit().wait()
+    boxes = torch.from_numpy(np.concatenate([idx[:, None].astype(np.float32), rois], 1))
+    want = tv_ops.roi_align(torch.from_numpy(x), boxes, (7, 7), spatial_scale=scale, sampling_ratio=ratio,
+                            aligned=aligned).numpy()
+    np.testing.assert_allclose(y.download(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_roi_align_refuses_a_batch_index_outside_the_batch_when_it_runs(dev):
+    x = tpuhal.Tensor(dev.upload(np.ones((2, 1, 4, 4), np.float32)))
+    rois = tpuhal.Tensor(dev.upload(np.array([[0, 0, 2, 2]], np.float32)))
+    idx = tpuhal.Tensor(dev.upload(np.array([2], np.int32)))
+    with pytest.raises(tpuhal.InvalidArgument, match="roi_align: sampling_ratio is -1; expected 0 to 65536"):
+        ops.roi_align(x, rois, idx, dev.tensor((1, 1, 2, 2), "f32"), sampling_ratio=-1)
+    with pytest.raises(tpuhal.Error, match=r"holds the index 2, outside \[-2, 2\)"):
+        dev.queue("compute").run(ops.roi_align(x, rois, idx, dev.tensor((1, 1, 2, 2), "f32"))).submit().wait()
+
+
 def test_every_op_has_its_stub():
     import ast
     import pathlib

@@ -111,7 +111,8 @@ Family family_of(driver::OpKind kind) {
     case K::TopK:
     case K::Gather:
     case K::ScatterElements:
-    case K::Nms: return Family::Selection;
+    case K::Nms:
+    case K::RoiAlign: return Family::Selection;
   }
   return Family::Selection;
 }

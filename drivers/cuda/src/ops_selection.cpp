@@ -85,6 +85,7 @@ static_assert(static_cast<std::uint32_t>(ScatterReduction::None) == k::sel::kSca
 std::string refuse_selection(const driver::OpDesc& op) {
   using K = driver::OpKind;
   if (op.kind == K::TopK || op.kind == K::Gather || op.kind == K::ScatterElements || op.kind == K::Nms) return {};
+  if (op.kind == K::RoiAlign) return op.name + " (no GPU kernel yet: it runs on sim:N)";
   return op.name + " (not a selection op)";
 }
 

@@ -558,4 +558,156 @@ fw::Problem run_color_convert(TensorEngine& e, const fw::ColorConvertAttrs& at, 
   return {};
 }
 
+// ---- RoiAlign ---------------------------------------------------------------
+
+namespace {
+
+// The most samples one region may take over all its bins: a bound on the
+// work a region asks for (Mask R-CNN's 14x14 bins of 2x2 samples take 784;
+// a 200x200 feature map pooled to 7x7 with sampling_ratio 0, 41 thousand).
+constexpr std::uint64_t kMaxRoiSamples = std::uint64_t{1} << 20;
+
+// One region's geometry, as ONNX Runtime's RoiAlign computes it in f32.
+struct Region {
+  std::uint64_t batch = 0;
+  float start_h = 0, start_w = 0, bin_h = 0, bin_w = 0;
+  std::uint64_t grid_h = 0, grid_w = 0;  // samples per bin along each axis; 0: none
+  std::uint64_t count = 1;               // the divisor of a bin's mean: grid_h * grid_w, at least 1
+};
+
+// The sampling grid along one axis: the ratio, or the extent per bin rounded
+// up; a negative one (a degenerate region) samples nothing.
+std::uint64_t roi_grid(std::uint32_t ratio, float extent, std::uint64_t bins) {
+  if (ratio > 0) return ratio;
+  const float g = std::ceil(extent / static_cast<float>(bins));
+  if (!(g > 0)) return 0;
+  return g > static_cast<float>(kMaxRoiSamples) ? kMaxRoiSamples + 1 : static_cast<std::uint64_t>(g);
+}
+
+// Region r of Rois, checked: its batch index in [-N, N) (negative from the
+// end, as gather's), its coordinates finite once scaled, its samples at most
+// kMaxRoiSamples.
+fw::Problem read_region(const fw::RoiAlignAttrs& at, const View* v, std::uint64_t r, Region& out) {
+  const View &x = v[0], &rois = v[1], &idx = v[2], &y = v[3];
+  const std::int64_t b = load_int(idx.at(r * idx.strides[0]), idx.dtype);
+  const auto batches = static_cast<std::int64_t>(x.shape[0]);
+  if (b < -batches || b >= batches)
+    return {fw::CmdStatus::kBadArgument, fw::tensor_data_field(2), static_cast<std::uint64_t>(b), x.shape[0]};
+  const float offset = at.half_pixel ? 0.5f : 0.0f;
+  float c[4];
+  for (std::uint64_t k = 0; k < 4; ++k) {
+    c[k] = load_float(rois.at(r * rois.strides[0] + k * rois.strides[1]), rois.dtype) * at.spatial_scale - offset;
+    if (!std::isfinite(c[k])) return {fw::CmdStatus::kBadArgument, fw::tensor_row_field(1), r, 0};
+  }
+  float width = c[2] - c[0], height = c[3] - c[1];
+  if (!at.half_pixel) {  // output_half_pixel: a malformed region is made 1x1
+    width = std::max(width, 1.0f);
+    height = std::max(height, 1.0f);
+  }
+  const std::uint64_t oh = y.shape[2], ow = y.shape[3];
+  out.batch = static_cast<std::uint64_t>(b < 0 ? b + batches : b);
+  out.start_w = c[0];
+  out.start_h = c[1];
+  out.bin_h = height / static_cast<float>(oh);
+  out.bin_w = width / static_cast<float>(ow);
+  out.grid_h = roi_grid(at.sampling_ratio, height, oh);
+  out.grid_w = roi_grid(at.sampling_ratio, width, ow);
+  if (out.grid_h > kMaxRoiSamples || out.grid_w > kMaxRoiSamples ||
+      out.grid_h * out.grid_w > kMaxRoiSamples / (oh * ow))
+    return {fw::CmdStatus::kBadArgument, fw::tensor_row_field(1), r, kMaxRoiSamples};
+  out.count = std::max<std::uint64_t>(out.grid_h * out.grid_w, 1);
+  return {};
+}
+
+// A sample's place along one axis of X: its two pixels and their weights,
+// or outside (more than one pixel beyond X).
+struct Tap {
+  std::uint64_t low = 0, high = 0;
+  float l = 0, h = 0;
+  bool inside = false;
+};
+
+// The taps of every bin along one axis, bin-major: bins * grid of them.
+void roi_taps(std::vector<Tap>& taps, float start, float bin, std::uint64_t bins, std::uint64_t grid,
+              std::uint64_t size) {
+  taps.assign(bins * grid, Tap{});
+  for (std::uint64_t p = 0; p < bins; ++p)
+    for (std::uint64_t i = 0; i < grid; ++i) {
+      float at = start + static_cast<float>(p) * bin + (static_cast<float>(i) + 0.5f) * bin / static_cast<float>(grid);
+      Tap& t = taps[p * grid + i];
+      if (at < -1.0f || at > static_cast<float>(size)) continue;
+      if (at <= 0) at = 0.0f;
+      t.low = static_cast<std::uint64_t>(at);
+      if (t.low >= size - 1) {
+        t.low = t.high = size - 1;
+        at = static_cast<float>(t.low);
+      } else {
+        t.high = t.low + 1;
+      }
+      t.l = at - static_cast<float>(t.low);
+      t.h = 1.0f - t.l;
+      t.inside = true;
+    }
+}
+
+}  // namespace
+
+fw::Problem run_roi_align(TensorEngine& e, const fw::RoiAlignAttrs& at, const View* v) {
+  // X [N, C, H, W], Rois [R, 4], BatchIndices [R], Y [R, C, OH, OW]; every
+  // region checked before Y is written.
+  const View &x = v[0], &y = v[3];
+  const std::uint64_t regions = y.shape[0], channels = y.shape[1], oh = y.shape[2], ow = y.shape[3];
+  const std::uint64_t height = x.shape[2], width = x.shape[3];
+  if (y.elements() == 0) return {};
+  std::vector<Region> region(regions);
+  for (std::uint64_t r = 0; r < regions; ++r)
+    if (fw::Problem p = read_region(at, v, r, region[r]); p.status != fw::CmdStatus::kOk) return p;
+  const bool max = at.mode == static_cast<std::uint32_t>(fw::RoiAlignMode::kMax);
+  e.pool().parallel_for(regions * channels, [&](std::uint64_t begin, std::uint64_t end) {
+    std::vector<Tap> ty, tx;
+    std::uint64_t have = UINT64_MAX;  // the region whose taps ty and tx hold
+    for (std::uint64_t rc = begin; rc < end; ++rc) {
+      const std::uint64_t r = rc / channels, c = rc % channels;
+      const Region& g = region[r];
+      const std::byte* plane = x.at(g.batch * x.strides[0] + c * x.strides[1]);
+      auto value = [&](std::uint64_t h, std::uint64_t w) {
+        return load_float(plane + (h * x.strides[2] + w * x.strides[3]) * x.esize, x.dtype);
+      };
+      if (r != have && height > 0 && width > 0) {
+        roi_taps(ty, g.start_h, g.bin_h, oh, g.grid_h, height);
+        roi_taps(tx, g.start_w, g.bin_w, ow, g.grid_w, width);
+        have = r;
+      }
+      for (std::uint64_t ph = 0; ph < oh; ++ph)
+        for (std::uint64_t pw = 0; pw < ow; ++pw) {
+          float out = 0.0f;
+          bool first = true;
+          // An empty X: every sample is outside it, and pools to 0.
+          for (std::uint64_t iy = 0; height > 0 && width > 0 && iy < g.grid_h; ++iy)
+            for (std::uint64_t ix = 0; ix < g.grid_w; ++ix) {
+              const Tap& a = ty[ph * g.grid_h + iy];
+              const Tap& b = tx[pw * g.grid_w + ix];
+              // Outside X: four zero weights on the first pixel, as ONNX
+              // Runtime has it (a NaN or an infinity there still shows).
+              const bool in = a.inside && b.inside;
+              const float w1 = in ? a.h * b.h : 0.0f, w2 = in ? a.h * b.l : 0.0f;
+              const float w3 = in ? a.l * b.h : 0.0f, w4 = in ? a.l * b.l : 0.0f;
+              const float v1 = value(in ? a.low : 0, in ? b.low : 0), v2 = value(in ? a.low : 0, in ? b.high : 0);
+              const float v3 = value(in ? a.high : 0, in ? b.low : 0), v4 = value(in ? a.high : 0, in ? b.high : 0);
+              if (!max) {
+                out += w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4;
+              } else {
+                const float s = std::max(std::max(std::max(w1 * v1, w2 * v2), w3 * v3), w4 * v4);
+                out = first ? s : std::max(out, s);
+              }
+              first = false;
+            }
+          if (!max) out /= static_cast<float>(g.count);
+          store_float(y.at(r * y.strides[0] + c * y.strides[1] + ph * y.strides[2] + pw * y.strides[3]), y.dtype, out);
+        }
+    }
+  });
+  return {};
+}
+
 }  // namespace tpuhal::sim::tensor

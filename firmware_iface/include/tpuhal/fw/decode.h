@@ -189,6 +189,14 @@ inline constexpr std::uint16_t kFieldTensorDataBase = 0x700;  // past the attrib
 constexpr std::uint16_t tensor_data_field(std::uint32_t tensor) {
   return static_cast<std::uint16_t>(kFieldTensorDataBase + tensor);
 }
+// A row of a tensor's data that the op refuses when it runs (1.22: a region
+// of roi_align's Rois): Problem::value the row; Problem::detail the bound
+// on the work one row may ask for (samples) that the row asks more than, or
+// 0 where the row holds a value that is not finite.
+inline constexpr std::uint16_t kFieldTensorRowBase = 0x710;  // past the tensor data fields
+constexpr std::uint16_t tensor_row_field(std::uint32_t tensor) {
+  return static_cast<std::uint16_t>(kFieldTensorRowBase + tensor);
+}
 inline constexpr std::uint16_t kFieldOpKind = 0x107;
 inline constexpr std::uint16_t kFieldOpHeader = 0x108;
 
