@@ -256,6 +256,22 @@ LowerResult lower(const onnx::NodeProto& node, int opset) {
     l.int64_inputs_as_i32 = {1};
     return l;
   }
+  if (op == "RoiAlign") {
+    const std::string coordinates =
+        a.s("coordinate_transformation_mode", opset >= 16 ? "half_pixel" : "output_half_pixel");
+    if (coordinates != "half_pixel" && coordinates != "output_half_pixel")
+      return "RoiAlign with coordinate_transformation_mode " + coordinates;
+    const RoiAlignMode mode = a.s("mode", "avg") == "max" ? RoiAlignMode::Max : RoiAlignMode::Average;
+    const std::int64_t ratio = a.i("sampling_ratio", 0);
+    const float scale = a.f("spatial_scale", 1.0f);
+    const bool half = coordinates == "half_pixel";
+    Lowering l{[mode, ratio, scale, half](const Inputs& in, const Tensor& out, const auto&) {
+                 return ops::roi_align(*in[0], *in[1], *in[2], out, mode, ratio, scale, half);
+               },
+               {}};
+    l.int64_inputs_as_i32 = {2};
+    return l;
+  }
   if (op == "ScatterElements" || op == "Scatter") {
     const std::int64_t axis = a.i("axis", 0);
     const std::string name = a.s("reduction", "none");
@@ -782,7 +798,7 @@ TEST(OnnxNodeCoverage, EveryOpFamilyTheEngineClaimsHasTests) {
                          "Sigmoid",        "LeakyRelu",        "Clip",          "Transpose",   "Cast",
                          "QuantizeLinear", "DequantizeLinear", "MatMulInteger", "ConvInteger", "QLinearMatMul",
                          "QLinearConv",    "Resize",           "Where",         "Gather",      "Equal",
-                         "Less",           "Greater",          "And",           "Not"})
+                         "Less",           "Greater",          "And",           "Not",         "RoiAlign"})
     EXPECT_GT(per_op[op], 0) << op << " has no ONNX node test left in the catalogue";
   EXPECT_GE(catalogue().supported.size(), 150u);
 }

@@ -1377,6 +1377,41 @@ def test_r3d_18_a_video_network_as_torchvision_builds_it(tmp_path):
         check(board, onnx_bytes, {"clip": x}, lambda x: want, precisions=("fp32",), scale=1.0)
 
 
+@pytest.mark.parametrize("opset,aligned", [(11, False), (16, True)])
+def test_a_second_stage_detector_head_with_roi_align_as_torchvision_exports_it(dev, tmp_path, opset, aligned):
+    """A two-stage detector's box head: a convolution to a stride-2 feature map, torchvision's roi_align of
+    the regions (an input of [K, 5] rows, the batch index first, as torchvision keeps them) to 7x7, and a
+    Linear. torchvision exports the rows' split as Gather, Squeeze and Cast, then ONNX RoiAlign; aligned=False
+    only at opset 11 (torchvision 0.14 exports it at opset 16 without output_half_pixel, which ONNX then reads
+    as half_pixel)."""
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed (scripts/setup.sh installs it)")
+    tv_ops = pytest.importorskip("torchvision.ops", reason="python3-torchvision is not installed")
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)
+            self.fc = torch.nn.Linear(16 * 7 * 7, 10)
+
+        def forward(self, image, boxes):
+            f = torch.relu(self.conv(image))
+            r = tv_ops.roi_align(f, boxes, (7, 7), spatial_scale=0.5, sampling_ratio=2, aligned=aligned)
+            return self.fc(r.flatten(1))
+
+    torch.manual_seed(0)
+    net = Head().eval()
+    image = randn(2, 3, 64, 64)
+    corners = RNG.uniform(-4, 68, (6, 4)).astype(np.float32)
+    boxes = np.concatenate([RNG.integers(0, 2, (6, 1)).astype(np.float32), np.minimum(corners[:, :2], corners[:, 2:]),
+                            np.maximum(corners[:, :2], corners[:, 2:])], 1)
+    path = tmp_path / "head.onnx"
+    torch.onnx.export(net, (torch.from_numpy(image), torch.from_numpy(boxes)), str(path), opset_version=opset,
+                      input_names=["image", "boxes"], output_names=["y"])
+    with torch.no_grad():
+        want = net(torch.from_numpy(image), torch.from_numpy(boxes)).numpy().astype(np.float64)
+    check(dev, path.read_bytes(), {"image": image, "boxes": boxes}, lambda *_: want, precisions=("fp32",))
+
+
 def test_an_m5_audio_network_as_pytorch_exports_it(dev, tmp_path):
     """M5 (Dai et al., the torchaudio tutorial's keyword spotter): 1-D convolutions, BatchNorm, 1-D pools, a
     Linear and LogSoftmax, on 8000 samples."""

@@ -1,7 +1,8 @@
 // MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (4-D, 3-D as
 // H = 1, 5-D as two 2-D pools): max_pool2d and avg_pool2d; in int8, a 4-D
 // max of a u8 value stays u8 (NHWC), the max of u8 values keeping their
-// scale.
+// scale. RoiAlign: the board's roi_align, in the model's float type, the
+// regions in f32 (in fp16, a 1080p frame's coordinates would step by a pixel).
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 #include "onnx/window.hpp"
@@ -207,6 +208,61 @@ void lower_pool(Lowerer& l, const Node& n) {
        pool_json(o, t == DType::U8 || f32_nhwc ? Layout::NHWC : Layout::NCHW));
 }
 
+// RoiAlign's attributes. Opset 10 has no coordinate_transformation_mode and
+// maps as output_half_pixel; opset 16 added it, half_pixel by default.
+struct RoiAlignAttrs {
+  std::string mode, coordinates;  // coordinates: "" where the node gives none
+  std::int64_t height = 1, width = 1, sampling_ratio = 0;
+  float spatial_scale = 1.0f;
+  bool half_pixel = true;  // resolved by the opset
+  static RoiAlignAttrs read(const Attrs& a) {
+    return {a.s("mode", "avg"),       a.s("coordinate_transformation_mode", ""),
+            a.i("output_height", 1),  a.i("output_width", 1),
+            a.i("sampling_ratio", 0), a.f("spatial_scale", 1.0f)};
+  }
+};
+
+// X [N, C, H, W], rois [R, 4], batch_indices [R] -> [R, C, output_height,
+// output_width].
+Value infer_roi_align(Importer& im, Node& n) {
+  auto& a = n.attr<RoiAlignAttrs>();
+  const auto& x = im.in(n, 0).shape;
+  const auto& rois = im.in(n, 1).shape;
+  const auto& idx = im.in(n, 2).shape;
+  if (x.size() != 4) im.fail_node(n, "X has rank " + std::to_string(x.size()) + "; RoiAlign takes [N, C, H, W]");
+  if (rois.size() != 2 || rois[1] != 4 || idx.size() != 1 || idx[0] != rois[0])
+    im.fail_node(n, "rois " + dims_text(rois) + " and batch_indices " + dims_text(idx) + " must be [R, 4] and [R]");
+  if (a.mode != "avg" && a.mode != "max") im.fail_node(n, "mode '" + a.mode + "'; expected avg or max");
+  const std::string coordinates =
+      a.coordinates.empty() ? (im.g.opset >= 16 ? "half_pixel" : "output_half_pixel") : a.coordinates;
+  if (coordinates != "half_pixel" && coordinates != "output_half_pixel")
+    im.fail_node(n, "coordinate_transformation_mode '" + coordinates + "'; expected half_pixel or output_half_pixel");
+  a.half_pixel = coordinates == "half_pixel";
+  if (a.height < 1 || a.width < 1)
+    im.fail_node(n, "output " + std::to_string(a.height) + "x" + std::to_string(a.width) + "; both at least 1");
+  if (a.sampling_ratio < 0 || a.sampling_ratio > 65536)
+    im.fail_node(n, "sampling_ratio " + std::to_string(a.sampling_ratio) + "; expected 0 to 65536");
+  if (!std::isfinite(a.spatial_scale) || a.spatial_scale < 0)
+    im.fail_node(n, "spatial_scale " + std::to_string(a.spatial_scale) + "; expected a finite number, at least 0");
+  Value out;
+  out.shape = {rois[0], x[1], a.height, a.width};
+  return out;
+}
+
+void lower_roi_align(Lowerer& l, const Node& n) {
+  const auto& a = n.attr<RoiAlignAttrs>();
+  const DType t = l.float_type();
+  l.op("roi_align", n.name,
+       {{"x", l.get(n.inputs[0], t)},
+        {"rois", l.get(n.inputs[1], DType::F32)},
+        {"batch_indices", l.get(n.inputs[2], DType::I32)},
+        {"y", l.produce(n.output, t, l.shape_of(n.output))}},
+       {{"mode", a.mode},
+        {"sampling_ratio", a.sampling_ratio},
+        {"spatial_scale", a.spatial_scale},
+        {"half_pixel", a.half_pixel}});
+}
+
 }  // namespace
 
 std::span<const OpHandler> pool_handlers() {
@@ -215,6 +271,12 @@ std::span<const OpHandler> pool_handlers() {
        .read = read_attrs<PoolAttrs>,
        .infer = infer_pool,
        .lower = lower_pool,
+       .writes_fresh = true},
+      {.ops = {"RoiAlign"},
+       .opsets = {.first = 10, .refusal = "opset below 10 (no RoiAlign)"},
+       .read = read_attrs<RoiAlignAttrs>,
+       .infer = infer_roi_align,
+       .lower = lower_roi_align,
        .writes_fresh = true},
   };
   return h;
