@@ -458,6 +458,21 @@ def test_roi_align_refuses_a_batch_index_outside_the_batch_when_it_runs(dev):
         dev.queue("compute").run(ops.roi_align(x, rois, idx, dev.tensor((1, 1, 2, 2), "f32"))).submit().wait()
 
 
+def test_the_roi_align_benchmark_measures_both_sides_and_agrees_with_torchvision():
+    """scripts/roi-align-bench.py, small: its figures are not checked (benchmarks report them); that it
+    measures both sides and that they agree, is."""
+    pytest.importorskip("torchvision", reason="python3-torchvision is not installed")
+    import subprocess
+    import sys
+    script = pathlib.Path(__file__).resolve().parents[3] / "scripts" / "roi-align-bench.py"
+    run = subprocess.run([sys.executable, str(script), "--regions", "20", "--channels", "8", "--json"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    figures = json.loads(run.stdout)
+    assert figures["device_ms"] > 0 and figures["torchvision_ms"] > 0
+    assert figures["max_abs_difference"] <= 1e-5
+
+
 def test_every_op_has_its_stub():
     import ast
     import pathlib

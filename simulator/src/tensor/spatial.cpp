@@ -650,6 +650,56 @@ void roi_taps(std::vector<Tap>& taps, float start, float bin, std::uint64_t bins
     }
 }
 
+// One sample of a bin: the element offsets of its four pixels in an X
+// plane and their weights; outside X, four zero weights on the first
+// pixel, as ONNX Runtime has it (a NaN or an infinity there still shows).
+struct Sample {
+  std::uint64_t o[4];
+  float w[4];
+};
+
+// A region's samples, bin by bin (row-major), each bin's grid_h x grid_w
+// of them row-major, from the taps along each axis.
+void roi_samples(std::vector<Sample>& out, const std::vector<Tap>& ty, const std::vector<Tap>& tx, const Region& g,
+                 std::uint64_t oh, std::uint64_t ow, std::uint64_t sh, std::uint64_t sw) {
+  out.clear();
+  for (std::uint64_t ph = 0; ph < oh; ++ph)
+    for (std::uint64_t pw = 0; pw < ow; ++pw)
+      for (std::uint64_t iy = 0; iy < g.grid_h; ++iy)
+        for (std::uint64_t ix = 0; ix < g.grid_w; ++ix) {
+          const Tap& a = ty[ph * g.grid_h + iy];
+          const Tap& b = tx[pw * g.grid_w + ix];
+          if (!a.inside || !b.inside) {
+            out.push_back(Sample{{0, 0, 0, 0}, {0.0f, 0.0f, 0.0f, 0.0f}});
+            continue;
+          }
+          out.push_back(Sample{
+              {a.low * sh + b.low * sw, a.low * sh + b.high * sw, a.high * sh + b.low * sw, a.high * sh + b.high * sw},
+              {a.h * b.h, a.h * b.l, a.l * b.h, a.l * b.l}});
+        }
+}
+
+// Y's bins of one region and channel from its samples: the mean (each
+// sample's weighted corners summed, then added) or ONNX's max.
+template <class Load>
+void roi_bins(const std::vector<Sample>& samples, std::uint64_t per_bin, std::uint64_t count, bool max, Load value,
+              float* out, std::uint64_t bins) {
+  const Sample* s = samples.data();
+  for (std::uint64_t b = 0; b < bins; ++b) {
+    float acc = 0.0f;
+    for (std::uint64_t k = 0; k < per_bin; ++k, ++s) {
+      const float c0 = s->w[0] * value(s->o[0]), c1 = s->w[1] * value(s->o[1]);
+      const float c2 = s->w[2] * value(s->o[2]), c3 = s->w[3] * value(s->o[3]);
+      if (!max)
+        acc += c0 + c1 + c2 + c3;
+      else
+        acc = k == 0 ? std::max(std::max(std::max(c0, c1), c2), c3)
+                     : std::max(acc, std::max(std::max(std::max(c0, c1), c2), c3));
+    }
+    out[b] = max ? acc : acc / static_cast<float>(count);
+  }
+}
+
 }  // namespace
 
 fw::Problem run_roi_align(TensorEngine& e, const fw::RoiAlignAttrs& at, const View* v) {
@@ -663,48 +713,37 @@ fw::Problem run_roi_align(TensorEngine& e, const fw::RoiAlignAttrs& at, const Vi
   for (std::uint64_t r = 0; r < regions; ++r)
     if (fw::Problem p = read_region(at, v, r, region[r]); p.status != fw::CmdStatus::kOk) return p;
   const bool max = at.mode == static_cast<std::uint32_t>(fw::RoiAlignMode::kMax);
+  const bool empty = height == 0 || width == 0;  // every sample outside: each bin pools to 0
   e.pool().parallel_for(regions * channels, [&](std::uint64_t begin, std::uint64_t end) {
     std::vector<Tap> ty, tx;
-    std::uint64_t have = UINT64_MAX;  // the region whose taps ty and tx hold
+    std::vector<Sample> samples;
+    std::vector<float> bins(oh * ow);
+    std::uint64_t have = UINT64_MAX;  // the region whose samples `samples` holds
     for (std::uint64_t rc = begin; rc < end; ++rc) {
       const std::uint64_t r = rc / channels, c = rc % channels;
       const Region& g = region[r];
-      const std::byte* plane = x.at(g.batch * x.strides[0] + c * x.strides[1]);
-      auto value = [&](std::uint64_t h, std::uint64_t w) {
-        return load_float(plane + (h * x.strides[2] + w * x.strides[3]) * x.esize, x.dtype);
-      };
-      if (r != have && height > 0 && width > 0) {
+      const std::uint64_t per_bin = empty ? 0 : g.grid_h * g.grid_w;
+      if (r != have && per_bin > 0) {
         roi_taps(ty, g.start_h, g.bin_h, oh, g.grid_h, height);
         roi_taps(tx, g.start_w, g.bin_w, ow, g.grid_w, width);
+        roi_samples(samples, ty, tx, g, oh, ow, x.strides[2], x.strides[3]);
         have = r;
       }
-      for (std::uint64_t ph = 0; ph < oh; ++ph)
-        for (std::uint64_t pw = 0; pw < ow; ++pw) {
-          float out = 0.0f;
-          bool first = true;
-          // An empty X: every sample is outside it, and pools to 0.
-          for (std::uint64_t iy = 0; height > 0 && width > 0 && iy < g.grid_h; ++iy)
-            for (std::uint64_t ix = 0; ix < g.grid_w; ++ix) {
-              const Tap& a = ty[ph * g.grid_h + iy];
-              const Tap& b = tx[pw * g.grid_w + ix];
-              // Outside X: four zero weights on the first pixel, as ONNX
-              // Runtime has it (a NaN or an infinity there still shows).
-              const bool in = a.inside && b.inside;
-              const float w1 = in ? a.h * b.h : 0.0f, w2 = in ? a.h * b.l : 0.0f;
-              const float w3 = in ? a.l * b.h : 0.0f, w4 = in ? a.l * b.l : 0.0f;
-              const float v1 = value(in ? a.low : 0, in ? b.low : 0), v2 = value(in ? a.low : 0, in ? b.high : 0);
-              const float v3 = value(in ? a.high : 0, in ? b.low : 0), v4 = value(in ? a.high : 0, in ? b.high : 0);
-              if (!max) {
-                out += w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4;
-              } else {
-                const float s = std::max(std::max(std::max(w1 * v1, w2 * v2), w3 * v3), w4 * v4);
-                out = first ? s : std::max(out, s);
-              }
-              first = false;
-            }
-          if (!max) out /= static_cast<float>(g.count);
-          store_float(y.at(r * y.strides[0] + c * y.strides[1] + ph * y.strides[2] + pw * y.strides[3]), y.dtype, out);
-        }
+      const std::byte* plane = x.at(g.batch * x.strides[0] + c * x.strides[1]);
+      if (x.dtype == fw::DType::kF32) {
+        const auto* f = reinterpret_cast<const float*>(plane);
+        roi_bins(
+            samples, per_bin, g.count, max, [f](std::uint64_t o) { return f[o]; }, bins.data(), oh * ow);
+      } else {
+        const fw::DType t = x.dtype;
+        const std::uint64_t es = x.esize;
+        roi_bins(
+            samples, per_bin, g.count, max, [=](std::uint64_t o) { return load_float(plane + o * es, t); }, bins.data(),
+            oh * ow);
+      }
+      for (std::uint64_t b = 0; b < oh * ow; ++b)
+        store_float(y.at(r * y.strides[0] + c * y.strides[1] + b / ow * y.strides[2] + b % ow * y.strides[3]), y.dtype,
+                    bins[b]);
     }
   });
   return {};
