@@ -1546,8 +1546,9 @@ def hal_field(f):
         return ""
     if typ == "activation":
         return f"  ActivationParams {f['hal']};{comment}\n"
-    if f["hal_bool"] is not None:
-        return f"  bool {f['hal']} = {'true' if default == f['hal_bool'] else 'false'};{comment}\n"
+    if f["hal_bool"] is not None:  # say which value the bool stands for
+        stands = f"{typ} {f['hal_bool']}" + (f"; {f['comment']}" if f["comment"] else "")
+        return f"  bool {f['hal']} = {'true' if default == f['hal_bool'] else 'false'};  // true: {stands}\n"
     if arr:
         ctype = {"u32": "std::uint32_t", "f32": "float"}[arr[0]]
         value = cpp_float(default) if arr[0] == "f32" else default

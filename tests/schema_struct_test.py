@@ -66,7 +66,8 @@ def main(root):
     kind = generate.attr_fields(pool)[0]
     # PoolKind: Max is 0, Average 1; the HAL's max == true is Max.
     expect("hal_bool's encoding", generate.encode_field(kind).startswith("  a.kind = from.max ? 0u : 1u;"))
-    expect("hal_bool's declaration", generate.hal_field(kind).startswith("  bool max = true;"))
+    expect("hal_bool's declaration, saying what true stands for",
+           generate.hal_field(kind) == "  bool max = true;  // true: PoolKind max\n")
     color = next(st for st in ops.ATTR_STRUCTS if st["name"] == "ColorConvertAttrs")
     expect("a struct's own size", generate.struct_words(color) == (8, 14))
     expect("a reserved word is not in the HAL", generate.hal_field(generate.attr_fields(color)[1]) == "")
