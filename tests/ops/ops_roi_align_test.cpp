@@ -160,6 +160,10 @@ TEST_P(Ops, RoiAlignAveragesAndTakesTheLargestWeightedCornerByHand) {
   Host away(DType::F32, {1, 4});
   away.v = {-9, 0, -5, 3};
   expect_exact("outside", lab().run(ops::roi_align(tx, lab().upload(away), ti, y), y), {0});
+  // An empty X (no rows, or no columns): every sample outside it, 0.
+  for (const Shape& shape : {Shape{1, 1, 0, 4}, Shape{1, 1, 4, 0}})
+    for (const RoiAlignMode mode : {RoiAlignMode::Average, RoiAlignMode::Max})
+      expect_exact("empty x", lab().run(ops::roi_align(lab().output(DType::F32, shape), tr, ti, y, mode), y), {0});
 }
 
 TEST_P(Ops, RoiAlignReadsStridedViews) {

@@ -448,6 +448,16 @@ def test_roi_align_matches_torchvision(dev, queue, aligned, ratio, scale):
     np.testing.assert_allclose(y.download(), want, rtol=1e-5, atol=1e-6)
 
 
+def test_roi_align_of_an_empty_image_gives_zeros(dev, queue):
+    rois = tpuhal.Tensor(dev.upload(np.array([[0, 0, 2, 2], [1, 1, 3, 3]], np.float32)))
+    idx = tpuhal.Tensor(dev.upload(np.array([0, 0], np.int32)))
+    for shape in ((1, 2, 0, 4), (1, 2, 3, 0)):
+        for mode in ("avg", "max"):
+            y = dev.tensor((2, 2, 2, 2), "f32")
+            queue.run(ops.roi_align(dev.tensor(shape, "f32"), rois, idx, y, mode=mode)).submit().wait()
+            np.testing.assert_array_equal(y.download(), np.zeros((2, 2, 2, 2), np.float32))
+
+
 def test_roi_align_refuses_a_batch_index_outside_the_batch_when_it_runs(dev):
     x = tpuhal.Tensor(dev.upload(np.ones((2, 1, 4, 4), np.float32)))
     rois = tpuhal.Tensor(dev.upload(np.array([[0, 0, 2, 2]], np.float32)))

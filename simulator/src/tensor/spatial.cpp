@@ -729,7 +729,8 @@ fw::Problem run_roi_align(TensorEngine& e, const fw::RoiAlignAttrs& at, const Vi
         roi_samples(samples, ty, tx, g, oh, ow, x.strides[2], x.strides[3]);
         have = r;
       }
-      const std::byte* plane = x.at(g.batch * x.strides[0] + c * x.strides[1]);
+      // An empty X may have no data at all: nothing is read from it.
+      const std::byte* plane = empty ? x.data : x.at(g.batch * x.strides[0] + c * x.strides[1]);
       if (x.dtype == fw::DType::kF32) {
         const auto* f = reinterpret_cast<const float*>(plane);
         roi_bins(
