@@ -45,7 +45,7 @@ void store(std::byte* p, T v) {
   for (std::size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
 }
 
-bool known(std::uint32_t kind) { return kind >= 1 && kind <= static_cast<std::uint32_t>(SectionKind::Stages); }
+bool known(std::uint32_t kind) { return kind >= 1 && kind <= static_cast<std::uint32_t>(SectionKind::HostStage); }
 
 std::uint64_t align_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
@@ -69,6 +69,7 @@ const char* to_string(SectionKind kind) noexcept {
     case SectionKind::Quant: return "quant";
     case SectionKind::Report: return "report";
     case SectionKind::Stages: return "stages";
+    case SectionKind::HostStage: return "host stage";
   }
   return "unknown";
 }
@@ -117,7 +118,7 @@ std::vector<std::byte> encode(const ModelFile& model) {
   }
   std::byte* h = out.data();
   std::memcpy(h, kMagic, sizeof kMagic);
-  store<std::uint32_t>(h + kOffVersion, kModelFormatVersion);
+  store<std::uint32_t>(h + kOffVersion, model.has(SectionKind::HostStage) ? 3 : 2);
   store<std::uint32_t>(h + kOffHeaderBytes, kHeaderBytes);
   store<std::uint64_t>(h + kOffFileBytes, out.size());
   store<std::uint32_t>(h + kOffCount, static_cast<std::uint32_t>(sections.size()));
@@ -133,9 +134,10 @@ ModelFile decode(std::span<const std::byte> bytes, std::string_view name) {
             "not a compiled model (it does not start with the TPUHALMF signature; make one with "
             "`tpuhal compile`)");
   const auto version = load<std::uint32_t>(h + kOffVersion);
-  if (version != kModelFormatVersion)
+  if (version < kOldestModelFormatVersion || version > kModelFormatVersion)
     throw Error(Status::VersionMismatch, std::string(name) + ": written in model format version " +
-                                             std::to_string(version) + ", and this tpuhal reads version " +
+                                             std::to_string(version) + ", and this tpuhal reads versions " +
+                                             std::to_string(kOldestModelFormatVersion) + " to " +
                                              std::to_string(kModelFormatVersion) +
                                              ": compile the model again with this version's `tpuhal compile`");
   if (load<std::uint32_t>(h + kOffHeaderCrc) != crc32(h, kOffHeaderCrc))
@@ -193,6 +195,9 @@ ModelFile decode(std::span<const std::byte> bytes, std::string_view name) {
       corrupt(name, "section " + std::to_string(i) + " is of kind " + std::to_string(en.kind) +
                         ", which this tpuhal does not know and the file says it must");
     }
+    if (en.kind == static_cast<std::uint32_t>(SectionKind::HostStage) && version < 3)
+      corrupt(name, "section " + std::to_string(i) + " is a host stage, which a version " + std::to_string(version) +
+                        " file cannot hold");
     const std::byte* p = h + en.offset;
     if (crc32(p, en.size) != en.crc)
       corrupt(name, "the " + section_name(en.kind) + " section is damaged (checksum mismatch)");

@@ -102,8 +102,29 @@ TEST(ModelFile, AnotherFormatVersionIsAVersionMismatchNamingBoth) {
   EXPECT_EQ(e.status(), Status::VersionMismatch);
   EXPECT_NE(
       std::string(e.what()).find("net.tpm: written in model format version " + std::to_string(kModelFormatVersion + 1) +
-                                 ", and this tpuhal reads version " + std::to_string(kModelFormatVersion)),
+                                 ", and this tpuhal reads versions " + std::to_string(kOldestModelFormatVersion) +
+                                 " to " + std::to_string(kModelFormatVersion)),
       std::string::npos)
+      << e.what();
+}
+
+TEST(ModelFile, AFileIsWrittenInTheOldestVersionThatHoldsItsSections) {
+  auto b = encode(sample());
+  std::uint32_t version = 0;
+  std::memcpy(&version, b.data() + 8, 4);
+  EXPECT_EQ(version, 2u);  // a version-2 reader loads it
+  ModelFile staged = sample();
+  staged.add(SectionKind::HostStage, bytes_of("nodes"));
+  b = encode(staged);
+  std::memcpy(&version, b.data() + 8, 4);
+  EXPECT_EQ(version, 3u);
+  EXPECT_EQ(decode(b, "net.tpm").get(SectionKind::HostStage).size(), 5u);
+  // A host stage in a version-2 file is damage, not a section to run.
+  put32(b, 8, 2);
+  reseal_header(b);
+  const Error e = error_of(b);
+  EXPECT_EQ(e.status(), Status::InvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("is a host stage, which a version 2 file cannot hold"), std::string::npos)
       << e.what();
 }
 

@@ -21,21 +21,26 @@
 
 namespace tpuhal::rt {
 
-// The format version this library writes and reads. A file of another
-// version is refused with Status::VersionMismatch naming both. Version 2
-// added strided tensors (a graph tensor's "strides").
-inline constexpr std::uint32_t kModelFormatVersion = 2;
+// The format versions this library reads: kOldestModelFormatVersion to
+// kModelFormatVersion. A file of another version is refused with
+// Status::VersionMismatch naming both. Version 2 added strided tensors (a
+// graph tensor's "strides"); version 3 the host stage section, which older
+// readers must not skip: a file is written as version 3 only where it has
+// one, so that a model without one still loads in a version-2 reader.
+inline constexpr std::uint32_t kModelFormatVersion = 3;
+inline constexpr std::uint32_t kOldestModelFormatVersion = 2;
 
 // Section kinds. A reader refuses a file with a kind it does not know,
 // unless the section is marked optional.
 enum class SectionKind : std::uint32_t {
-  Meta = 1,     // producer, source model, precision: key=value lines (UTF-8)
-  Io = 2,       // the model's inputs and outputs: names, dtypes, fixed shapes (the largest batch's)
-  Graph = 3,    // the compiled program: ops, their operands and attributes
-  Weights = 4,  // constant tensors, laid out for the device
-  Quant = 5,    // quantisation parameters and calibration ranges
-  Report = 6,   // the precision report, per layer (optional to readers)
-  Stages = 7,   // programs for the batch sizes below the graph's (optional to readers)
+  Meta = 1,       // producer, source model, precision: key=value lines (UTF-8)
+  Io = 2,         // the model's inputs and outputs: names, dtypes, fixed shapes (the largest batch's)
+  Graph = 3,      // the compiled program: ops, their operands and attributes
+  Weights = 4,    // constant tensors, laid out for the device
+  Quant = 5,      // quantisation parameters and calibration ranges
+  Report = 6,     // the precision report, per layer (optional to readers)
+  Stages = 7,     // programs for the batch sizes below the graph's (optional to readers)
+  HostStage = 8,  // ONNX nodes the runtime evaluates on the host after the program (an ONNX model)
 };
 const char* to_string(SectionKind kind) noexcept;  // "weights"; "unknown" for others
 
