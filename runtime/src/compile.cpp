@@ -13,10 +13,12 @@
 
 #include "tpuhal/error.hpp"
 
+#include "model_internal.hpp"
+
 #ifdef TPUHAL_RT_HAVE_ONNX
 #include "ir.hpp"
-#include "model_internal.hpp"
 #include "onnx/handler.hpp"
+#include <onnx/onnx_pb.h>
 #include "tpuhal/fw/half.h"
 #endif
 
@@ -46,6 +48,24 @@ CompileResult compile_bytes(std::span<const std::byte>, const CompileOptions&, s
 std::vector<std::string> supported_onnx_ops() { return {}; }
 std::vector<std::string> foldable_onnx_ops() { return {}; }
 
+namespace detail {
+struct HostStage {};
+std::shared_ptr<const HostStage> decode_host_stage(std::span<const std::byte>, const std::vector<TensorSpec>&,
+                                                   const std::string& name) {
+  throw Error(Status::Unsupported, name +
+                                       ": the model has a host stage, which this tpuhal, built without ONNX "
+                                       "(libonnx-dev, libprotobuf-dev), cannot run");
+}
+const HostStageInfo& host_stage_info(const HostStage&) {
+  static const HostStageInfo none;
+  return none;
+}
+std::vector<Result> run_host_stage(const HostStage&, const std::vector<TensorSpec>&, std::vector<std::vector<float>>,
+                                   const std::string&) {
+  return {};
+}
+}  // namespace detail
+
 #else
 
 namespace {
@@ -55,17 +75,17 @@ using nlohmann::json;
 
 // The calibration set cut into batches of the model's input shapes.
 struct Batches {
-  std::vector<std::vector<float> > per_input;  // each input's samples, flat
+  std::vector<std::vector<float>> per_input;  // each input's samples, flat
   std::vector<std::uint64_t> sample_elems;
-  std::vector<std::vector<std::int64_t> > shapes;
+  std::vector<std::vector<std::int64_t>> shapes;
   std::uint64_t samples = 0;
   std::uint64_t count() const {
     const auto n = static_cast<std::uint64_t>(shapes.at(0).at(0));
     return (samples + n - 1) / n;
   }
   // Batch `b`: rows past the last sample wrap to the first ones.
-  std::vector<std::vector<float> > batch(std::uint64_t b) const {
-    std::vector<std::vector<float> > out;
+  std::vector<std::vector<float>> batch(std::uint64_t b) const {
+    std::vector<std::vector<float>> out;
     for (std::size_t i = 0; i < per_input.size(); ++i) {
       const auto n = static_cast<std::uint64_t>(shapes[i][0]);
       std::vector<float> x(n * sample_elems[i]);
@@ -168,6 +188,15 @@ ModelFile pack(const Graph& g, const Lowered& l, Precision p, const CompileOptio
     std::memcpy(b.data(), s.data(), s.size());
     f.add(SectionKind::Quant, std::move(b));
   }
+  if (g.host_stage) {
+    onnx::ModelProto stage = *g.host_stage;
+    for (auto& in : *stage.mutable_graph()->mutable_input())  // integers the program holds as i32
+      if (auto it = l.values.find(in.name()); it != l.values.end() && it->second.dtype == DType::I32)
+        in.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::INT64);
+    std::vector<std::byte> b(stage.ByteSizeLong());
+    stage.SerializeToArray(b.data(), static_cast<int>(b.size()));
+    f.add(SectionKind::HostStage, std::move(b));
+  }
   if (report) {
     const std::string s = report->dump(1);
     std::vector<std::byte> b(s.size());
@@ -220,12 +249,12 @@ template <typename Visit>
 void run_batches(Device& dev, const Graph& g, const Lowered& l, const Batches& b, Visit visit) {
   Model m = Model::load(dev, pack(g, l, Precision::F32, CompileOptions{}, "calibration model", nullptr));
   Instance inst = m.instance();
-  std::vector<std::vector<float> > outs;
+  std::vector<std::vector<float>> outs;
   for (const auto& spec : m.outputs()) outs.emplace_back(spec.elements());
   for (std::uint64_t i = 0; i < b.count(); ++i) {
     auto in = b.batch(i);
     std::vector<HostArray> ins, os;
-    std::vector<std::vector<std::int32_t> > ints;  // the integer inputs' samples, as i32
+    std::vector<std::vector<std::int32_t>> ints;  // the integer inputs' samples, as i32
     ints.reserve(in.size());
     for (std::size_t k = 0; k < in.size(); ++k) {
       if (m.inputs()[k].dtype != DType::I32) {
@@ -297,7 +326,7 @@ std::size_t entropy_cut(const std::vector<std::uint64_t>& hist, std::size_t leve
 void entropy_ranges(Device& dev, const Graph& g, const Lowered& f32, const Batches& b,
                     std::map<std::string, Range>& ranges) {
   constexpr std::size_t kBins = 2048;
-  std::map<std::string, std::vector<std::uint64_t> > hist;
+  std::map<std::string, std::vector<std::uint64_t>> hist;
   run_batches(dev, g, f32, b, [&](const std::vector<std::byte>& arena) {
     for (const auto& [v, info] : f32.values) {
       const DTensor& t = f32.graph.tensors[static_cast<std::size_t>(info.tensor)];
@@ -352,7 +381,7 @@ std::map<std::string, Range> calibrate(Device& dev, const Graph& g, const Lowere
     throw Error(Status::InvalidArgument,
                 "calibration percentile " + std::to_string(o.percentile) + " is not in (50, 100]");
   constexpr std::size_t kBins = 4096;
-  std::map<std::string, std::vector<std::uint64_t> > hist;
+  std::map<std::string, std::vector<std::uint64_t>> hist;
   run_batches(dev, g, f32, b, [&](const std::vector<std::byte>& arena) {
     for (const auto& [v, info] : f32.values) {
       const DTensor& t = f32.graph.tensors[static_cast<std::size_t>(info.tensor)];
@@ -403,7 +432,7 @@ std::map<std::string, Range> calibrate(Device& dev, const Graph& g, const Lowere
 std::vector<LayerError> measure(Device& dev, const Graph& g, const Lowered& f32, const Lowered& reduced,
                                 const Batches& b) {
   // Each model's arena after each batch, then compare layer by layer.
-  std::vector<std::vector<std::byte> > ref, red;
+  std::vector<std::vector<std::byte>> ref, red;
   run_batches(dev, g, f32, b, [&](const std::vector<std::byte>& a) { ref.push_back(a); });
   run_batches(dev, g, reduced, b, [&](const std::vector<std::byte>& a) { red.push_back(a); });
   std::vector<LayerError> out;
@@ -480,7 +509,7 @@ std::vector<LayerError> keep_until(Device& dev, const Graph& g, const Lowered& f
     std::set<std::string> in_int8;
     for (const auto& op : reduced.graph.ops)
       if (op.kind == "qlinear_conv") in_int8.insert(op.node);
-    std::vector<std::pair<double, std::string> > lost;  // dB lost, node
+    std::vector<std::pair<double, std::string>> lost;  // dB lost, node
     for (const auto& n : g.nodes) {
       if (!n.handler->int8_layer || !in_int8.count(n.name) || keep.count(n.name) || tried.count(n.name) ||
           !snr.count(n.output))

@@ -19,6 +19,10 @@
 #include "tpuhal/ops.hpp"
 #include "tpuhal/rt/compile.hpp"
 
+namespace onnx {
+class ModelProto;
+}
+
 namespace tpuhal::rt::detail {
 
 // The number of elements of a tensor of `shape`.
@@ -93,6 +97,13 @@ struct Graph {
   // pixel coordinates one int8 scale would step by pixels.
   std::set<std::string> fp16_in_int8;
   std::vector<std::string> notes;
+  // The host stage (onnx/host_stage.cpp, docs/runtime.md): the nodes from
+  // the first whose output's shape depends on the device's data (NonZero,
+  // NonMaxSuppression, an If on a computed condition) on, which the runtime
+  // evaluates on the host after the program, as an ONNX model whose inputs
+  // are the program's outputs (`outputs`) and whose outputs are the
+  // model's. Null where the program computes the model's outputs.
+  std::shared_ptr<const onnx::ModelProto> host_stage;
   const Value& value(const std::string& name) const;
 };
 

@@ -484,6 +484,11 @@ std::shared_ptr<ModelState> decode_model(const ModelFile& file, std::string_view
   check_io(m->inputs, m->graph.inputs, "input");
   check_io(m->outputs, m->graph.outputs, "output");
   if (file.has(SectionKind::Stages)) decode_stages_of(*m, file.get(SectionKind::Stages), weights.size());
+  if (file.has(SectionKind::HostStage)) {
+    if (m->max_batch > 0)
+      throw Error(Status::InvalidArgument, m->name + ": a model with a host stage is compiled for one batch");
+    m->host = decode_host_stage(file.get(SectionKind::HostStage), m->outputs, m->name);
+  }
   return m;
 }
 
@@ -541,6 +546,10 @@ std::uint64_t Model::weight_bytes() const { return need(state_).graph.weight_byt
 std::uint64_t Model::activation_bytes() const { return detail::arena_of(need(state_)); }
 std::int64_t Model::max_batch() const { return need(state_).max_batch; }
 Device Model::device() const { return need(state_).device; }
+const HostStageInfo* Model::host_stage() const {
+  const auto& m = need(state_);
+  return m.host ? &detail::host_stage_info(*m.host) : nullptr;
+}
 
 Instance Model::instance() const {
   const auto& m = need(state_);
@@ -682,6 +691,25 @@ void Instance::run(std::span<const HostArray> inputs, std::span<const HostArray>
   auto out_map = s.staging_out.map();
   for (std::size_t i = 0; i < outputs.size(); ++i)
     if (outputs[i].bytes) std::memcpy(outputs[i].data, out_map.data() + s.out_offsets[i], outputs[i].bytes);
+}
+
+std::vector<Result> Instance::run(std::span<const HostArray> inputs) {
+  const auto& m = *need(state_).model;
+  const std::int64_t batch = m.max_batch > 0 ? batch_of(m, inputs, {}) : 0;
+  std::vector<TensorSpec> specs = m.outputs;
+  std::vector<std::vector<float>> values;
+  std::vector<HostArray> outputs;
+  for (auto& spec : specs) {
+    if (batch > 0 && !spec.shape.empty()) spec.shape[0] = batch;
+    values.emplace_back(spec.elements());
+    outputs.push_back(host(values.back()));
+  }
+  run(inputs, outputs);
+  if (m.host) return detail::run_host_stage(*m.host, specs, std::move(values), m.name);
+  std::vector<Result> out;
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    out.push_back(Result{specs[i].name, specs[i].shape, false, std::move(values[i]), {}});
+  return out;
 }
 
 const std::vector<Tensor>& Instance::input_tensors() const { return need(state_).largest().inputs; }

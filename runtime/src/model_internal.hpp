@@ -20,6 +20,8 @@ struct SharedQueue {
   std::shared_ptr<Queue> queue;
 };
 
+struct HostStage;
+
 struct ModelState {
   Device device;
   std::string name;
@@ -37,7 +39,19 @@ struct ModelState {
   // model on it (boards have few hardware queues), released with the last.
   // Read it through live_queue().
   std::shared_ptr<SharedQueue> queue;
+  // The host stage (onnx/host_stage.cpp), or null.
+  std::shared_ptr<const HostStage> host;
 };
+
+// A model file's host stage section, checked against the program's
+// outputs it takes; Unsupported in a runtime built without ONNX.
+std::shared_ptr<const HostStage> decode_host_stage(std::span<const std::byte> bytes,
+                                                   const std::vector<TensorSpec>& outputs, const std::string& name);
+const HostStageInfo& host_stage_info(const HostStage& s);
+// Evaluates the stage on the program's outputs (`specs`, at the run's
+// batch, and their values).
+std::vector<Result> run_host_stage(const HostStage& s, const std::vector<TensorSpec>& specs,
+                                   std::vector<std::vector<float>> values, const std::string& name);
 
 // The device's queue for a model's next submission: a queue that failed (a
 // run refused by the board, an index outside its axis; a fault) is released

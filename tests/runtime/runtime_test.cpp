@@ -1052,6 +1052,268 @@ TEST(Runtime, GivenADamagedStagesSectionWhenLoadedThenInvalidArgumentNamesTheSta
   EXPECT_NE(op.find("net.tpm: the stages section is damaged: the stage for batch 1: op 0 ("), std::string::npos) << op;
 }
 
+// ---- The host stage ----------------------------------------------------------
+
+// x [2, 3] -> Greater(x, 0) -> NonZero -> its coordinates (int64 [2, n])
+// and x's positive values by GatherND over them (f32 [n]): shapes only the
+// data decide, so both run in the host stage.
+std::vector<std::byte> positives_model() {
+  OnnxBuilder b;
+  b.input("x", {2, 3});
+  b.init("zero", {}, {0.0f});
+  b.init_i64("perm", {1, 0});
+  b.node("Greater", {"x", "zero"}, "mask", "greater");
+  b.node("NonZero", {"mask"}, "where", "nonzero");
+  OnnxBuilder::ints(b.node("Transpose", {"where"}, "rows", "transpose"), "perm", {1, 0});
+  b.node("GatherND", {"x", "rows"}, "values", "gather");
+  b.output("where");
+  b.output("values");
+  return b.bytes();
+}
+
+TEST(Runtime, GivenNonZeroOnComputedValuesWhenCompiledThenItRunsInTheHostStageWithTheShapeTheDataGive) {
+  const CompileResult r = compile_onnx(positives_model(), CompileOptions{}, "pos.onnx");
+  EXPECT_TRUE(r.model.has(SectionKind::HostStage));
+  EXPECT_TRUE(std::any_of(r.notes.begin(), r.notes.end(), [](const std::string& n) {
+    return n.rfind("host stage: 3 nodes from 'nonzero' (NonZero) on", 0) == 0;
+  }));
+  Device dev = open("sim:0");
+  Model m = Model::load(dev, r.model);
+  ASSERT_NE(m.host_stage(), nullptr);
+  EXPECT_EQ(m.host_stage()->outputs, (std::vector<std::string>{"where", "values"}));
+  EXPECT_EQ(m.host_stage()->nodes, 3u);
+  // The program gives the stage the mask it computed on the device, and x.
+  ASSERT_EQ(m.outputs().size(), 2u);
+  EXPECT_EQ(m.outputs()[0].name, "mask");
+  EXPECT_EQ(m.outputs()[1].name, "x");
+  Instance inst = m.instance();
+  Vec x = {1.5f, -2.0f, 3.0f, -1.0f, 0.0f, 4.25f};
+  std::vector<Result> out = inst.run({host(x)});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].name, "where");
+  EXPECT_TRUE(out[0].integer);
+  EXPECT_EQ(out[0].shape, (Shape{2, 3}));
+  EXPECT_EQ(out[0].ints, (std::vector<std::int64_t>{0, 0, 1, 0, 2, 2}));
+  EXPECT_FALSE(out[1].integer);
+  EXPECT_EQ(out[1].shape, (Shape{3}));
+  EXPECT_EQ(out[1].floats, (Vec{1.5f, 3.0f, 4.25f}));
+  // Other data, other shapes; none positive gives empty outputs.
+  x = {-1, -1, -1, -1, -1, 7};
+  out = inst.run({host(x)});
+  EXPECT_EQ(out[0].shape, (Shape{2, 1}));
+  EXPECT_EQ(out[1].floats, (Vec{7}));
+  x.assign(6, -1.0f);
+  out = inst.run({host(x)});
+  EXPECT_EQ(out[0].shape, (Shape{2, 0}));
+  EXPECT_EQ(out[1].shape, (Shape{0}));
+  // The program's outputs stay available to run() with arrays of their own.
+  Vec mask(6), same(6);
+  x = {1, 0, 1, 0, 1, 0};
+  inst.run({host(x)}, {host(mask), host(same)});
+  EXPECT_EQ(mask, (Vec{1, 0, 1, 0, 1, 0}));
+  EXPECT_EQ(same, x);
+  // model-info names the program's outputs and the stage's.
+  const fs::path dir = fs::temp_directory_path() / ("tpuhal_host_stage_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "pos.tpm").string();
+  write_model_file(file, r.model);
+  const test::Output info = test::run("model-info " + file + " -d sim:0");
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_NE(info.out.find("  program output  mask f32[2, 3]\n"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("  host stage  3 nodes on the host after the program (1 GatherND, 1 NonZero, 1 Transpose)"),
+            std::string::npos)
+      << info.out;
+  EXPECT_NE(info.out.find("  output  values (its shape decided by the data)\n"), std::string::npos) << info.out;
+  const test::Output json = test::run("model-info " + file + " -d sim:0 --json");
+  ASSERT_EQ(json.code, 0) << json.out;
+  EXPECT_EQ(nlohmann::json::parse(json.out.substr(json.out.find('{')))["host_stage"]["outputs"],
+            (nlohmann::json{"where", "values"}));
+  fs::remove_all(dir);
+}
+
+// If on a computed condition (the sum of x above 0): x * 2, else x - 1.
+std::vector<std::byte> if_model() {
+  OnnxBuilder b;
+  b.input("x", {4});
+  b.init("zero", {}, {0.0f});
+  b.init("two", {}, {2.0f});
+  b.init("one", {}, {1.0f});
+  OnnxBuilder::integer(b.node("ReduceSum", {"x"}, "sum", "sum"), "keepdims", 0);
+  b.node("Greater", {"sum", "zero"}, "cond", "positive");
+  auto* n = b.node("If", {"cond"}, "y", "choose");
+  auto branch = [&](const char* name, const char* op, const char* by) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::GRAPH);
+    auto* g = a->mutable_g();
+    g->set_name(name);
+    auto* k = g->add_node();
+    k->set_op_type(op);
+    k->set_name(std::string(name) + "/op");
+    k->add_input("x");
+    k->add_input(by);
+    k->add_output(std::string(name) + "/y");
+    g->add_output()->set_name(std::string(name) + "/y");
+  };
+  branch("then_branch", "Mul", "two");
+  branch("else_branch", "Sub", "one");
+  b.output("y");
+  return b.bytes();
+}
+
+TEST(Runtime, GivenAnIfOnAComputedConditionWhenRunThenTheBranchTheDataChooseGivesTheOutput) {
+  const CompileResult r = compile_onnx(if_model(), CompileOptions{}, "if.onnx");
+  Device dev = open("sim:0");
+  Instance inst = Model::load(dev, r.model).instance();
+  Vec x = {1, 2, -0.5f, 3};
+  auto out = inst.run({host(x)});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].floats, (Vec{2, 4, -1, 6}));
+  x = {-1, 2, -0.5f, -3};
+  out = inst.run({host(x)});
+  EXPECT_EQ(out[0].floats, (Vec{-2, 1, -1.5f, -4}));
+  // On a constant condition the branch is compiled in its place.
+  onnx::ModelProto folded;
+  const auto bytes = if_model();
+  ASSERT_TRUE(folded.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())));
+  auto* g = folded.mutable_graph();
+  for (auto& node : *g->mutable_node())
+    if (node.op_type() == "If") node.set_input(0, "yes");
+  auto* t = g->add_initializer();
+  t->set_name("yes");
+  t->set_data_type(onnx::TensorProto::BOOL);
+  t->add_int32_data(1);
+  const std::string s = folded.SerializeAsString();
+  const CompileResult k = compile_onnx(std::as_bytes(std::span(s.data(), s.size())), CompileOptions{}, "if.onnx");
+  EXPECT_FALSE(k.model.has(SectionKind::HostStage));
+  Instance direct = Model::load(dev, k.model).instance();
+  Vec y(4);
+  direct.run({host(x)}, {host(y)});
+  EXPECT_EQ(y, (Vec{-2, 4, -1, -6}));  // x * 2 whatever x holds
+}
+
+TEST(Runtime, GivenADeviceLayerAfterADataDependentShapeWhenCompiledThenTheErrorNamesBoth) {
+  OnnxBuilder b;
+  b.input("x", {2, 3});
+  b.init("zero", {}, {0.0f});
+  b.node("Greater", {"x", "zero"}, "mask", "greater");
+  b.node("NonZero", {"mask"}, "where", "nonzero");
+  b.node("Cast", {"where"}, "f", "cast");
+  OnnxBuilder::integer(b.g->mutable_node(b.g->node_size() - 1), "to", onnx::TensorProto::FLOAT);
+  b.node("Relu", {"f"}, "y", "relu");
+  b.output("y");
+  try {
+    compile_onnx(b.bytes(), CompileOptions{}, "m.onnx");
+    FAIL() << "compiled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Unsupported);
+    EXPECT_NE(std::string(e.what()).find("m.onnx: node 'relu' (Relu): it needs values known only once the program "
+                                         "has run (after NonZero 'nonzero', whose output's shape depends on the "
+                                         "device's data), so it would run in the host stage, where Relu has no "
+                                         "evaluation"),
+              std::string::npos)
+        << e.what();
+  }
+  // A host stage runs after one program: not with several batch sizes.
+  OnnxBuilder batched;
+  batched.input("x", {-1, 3});
+  batched.init("zero", {}, {0.0f});
+  batched.node("Greater", {"x", "zero"}, "mask", "greater");
+  batched.node("NonZero", {"mask"}, "y", "nonzero");
+  batched.output("y");
+  CompileOptions o;
+  o.max_batch = 2;
+  try {
+    compile_onnx(batched.bytes(), o, "m.onnx");
+    FAIL() << "compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'nonzero' (NonZero) needs values the device computes to know its "
+                                         "output's shape, so it runs in a host stage after the program, which "
+                                         "--max-batch does not take"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Runtime, GivenADamagedHostStageSectionWhenLoadedThenInvalidArgumentSaysSo) {
+  const ModelFile good = compile_onnx(positives_model(), CompileOptions{}, "pos.onnx").model;
+  Device dev = open("sim:0");
+  auto load = [&](const std::string& stage) {
+    ModelFile f;
+    for (const auto& s : good.sections()) {
+      if (s.kind != SectionKind::HostStage) {
+        f.add(s.kind, s.bytes, s.optional);
+        continue;
+      }
+      std::vector<std::byte> bytes(stage.size());
+      std::memcpy(bytes.data(), stage.data(), stage.size());
+      f.add(s.kind, std::move(bytes));
+    }
+    try {
+      Model::load(dev, f, "pos.tpm");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::InvalidArgument) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto raw = good.get(SectionKind::HostStage);
+  onnx::ModelProto stage;
+  ASSERT_TRUE(stage.ParseFromArray(raw.data(), static_cast<int>(raw.size())));
+  EXPECT_EQ(load(stage.SerializeAsString()), "no error");
+  EXPECT_EQ(load("\xff\xff\xff"), "pos.tpm: the host stage section is damaged: it does not parse as an ONNX model");
+  onnx::ModelProto renamed = stage;
+  renamed.mutable_graph()->mutable_input(0)->set_name("other");
+  EXPECT_EQ(load(renamed.SerializeAsString()),
+            "pos.tpm: the host stage section is damaged: its input 0 is not the program's output 'mask'");
+  onnx::ModelProto more = stage;
+  more.mutable_graph()->add_input()->set_name("extra");
+  EXPECT_EQ(load(more.SerializeAsString()),
+            "pos.tpm: the host stage section is damaged: it takes 3 values; the program has 2 outputs");
+  // An op the host cannot evaluate, or data that the stage refuses, fail the run and name the node.
+  onnx::ModelProto relu = stage;
+  relu.mutable_graph()->mutable_node(0)->set_op_type("Relu");
+  Model m = Model::load(dev, [&] {
+    ModelFile f;
+    for (const auto& s : good.sections())
+      if (s.kind != SectionKind::HostStage) f.add(s.kind, s.bytes, s.optional);
+    const std::string t = relu.SerializeAsString();
+    std::vector<std::byte> bytes(t.size());
+    std::memcpy(bytes.data(), t.data(), t.size());
+    f.add(SectionKind::HostStage, std::move(bytes));
+    return f;
+  }());
+  Instance inst = m.instance();
+  Vec x(6, 1.0f);
+  try {
+    inst.run({host(x)});
+    FAIL() << "ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("host stage: node 'nonzero' (Relu) has no host evaluation"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Runtime, GivenAModelWithoutAHostStageWhenRunWholeThenItGivesTheProgramsOutputs) {
+  OnnxBuilder b;
+  b.input("x", {-1, 3});
+  b.init("two", {}, {2.0f});
+  b.node("Mul", {"x", "two"}, "y", "double");
+  b.output("y");
+  CompileOptions o;
+  o.max_batch = 4;
+  Device dev = open("sim:0");
+  Model m = Model::load(dev, compile_onnx(b.bytes(), o, "m.onnx").model);
+  EXPECT_EQ(m.host_stage(), nullptr);
+  Instance inst = m.instance();
+  Vec x = {1, 2, 3, 4, 5, 6};
+  auto out = inst.run({host(x)});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].name, "y");
+  EXPECT_EQ(out[0].shape, (Shape{2, 3}));  // the run's batch
+  EXPECT_EQ(out[0].floats, (Vec{2, 4, 6, 8, 10, 12}));
+}
+
 TEST(Runtime, GivenTheCliWhenItCompilesForAMaximumBatchThenModelInfoAndProfileSpeakOfTheBatch) {
   const fs::path dir = fs::temp_directory_path() / ("tpuhal_rt_batch_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -1682,7 +1944,7 @@ TEST(Runtime, EveryOpTheCompilerTakesIsDocumentedAndListed) {
   ASSERT_TRUE(std::is_sorted(ops.begin(), ops.end()));
   for (const auto& f : foldable) EXPECT_TRUE(std::binary_search(ops.begin(), ops.end(), f)) << f;
   EXPECT_TRUE(std::binary_search(foldable.begin(), foldable.end(), std::string("Shape")));
-  EXPECT_FALSE(std::binary_search(ops.begin(), ops.end(), std::string("NonZero")));
+  EXPECT_FALSE(std::binary_search(ops.begin(), ops.end(), std::string("Loop")));
 
   std::ifstream doc(TPUHAL_RUNTIME_DOC);
   ASSERT_TRUE(doc) << TPUHAL_RUNTIME_DOC;

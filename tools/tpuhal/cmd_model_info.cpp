@@ -51,6 +51,8 @@ int cmd_model_info(const std::vector<std::string>& args) {
       for (const auto& s : *list)
         j[list == &m.inputs() ? "inputs" : "outputs"].push_back(
             {{"name", s.name}, {"dtype", to_string(s.dtype)}, {"shape", s.shape}});
+    if (const rt::HostStageInfo* h = m.host_stage())
+      j["host_stage"] = {{"outputs", h->outputs}, {"nodes", h->nodes}, {"ops", h->ops}};
     if (!report.is_discarded() && !report.is_null()) j["report"] = report;
     // ASCII only: strings from the file are \u-escaped, bytes that are not
     // UTF-8 replaced (U+FFFD), so that nothing in it reaches the terminal raw.
@@ -64,7 +66,17 @@ int cmd_model_info(const std::vector<std::string>& args) {
     std::printf("  batch   1 to %lld samples (each input's and output's first dimension; shapes below at %lld)\n",
                 static_cast<long long>(m.max_batch()), static_cast<long long>(m.max_batch()));
   for (const auto& s : m.inputs()) std::printf("  input   %s\n", s.describe().c_str());
-  for (const auto& s : m.outputs()) std::printf("  output  %s\n", s.describe().c_str());
+  const rt::HostStageInfo* host = m.host_stage();
+  for (const auto& s : m.outputs())
+    std::printf("  %s  %s\n", host ? "program output" : "output", rt::escape_text(s.describe()).c_str());
+  if (host) {
+    std::string ops;
+    for (const auto& [op, n] : host->ops) ops += (ops.empty() ? "" : ", ") + std::to_string(n) + " " + op;
+    std::printf("  host stage  %zu nodes on the host after the program (%s)\n", host->nodes,
+                rt::escape_text(ops).c_str());
+    for (const auto& o : host->outputs)
+      std::printf("  output  %s (its shape decided by the data)\n", rt::escape_text(o).c_str());
+  }
   // Names and metadata come from the file: escaped for the terminal.
   for (const auto& [k, v] : m.meta())
     std::printf("  %-20s %s\n", rt::escape_text(k).c_str(), rt::escape_text(v).c_str());

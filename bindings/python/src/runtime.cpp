@@ -258,10 +258,42 @@ std::vector<py::array> inputs_of(const rt::Model& model, const py::object& given
   return out;
 }
 
+// A run of a model with a host stage: its ONNX outputs as new arrays,
+// float32 or int64, of the shapes the run gave them.
+py::list run_whole(PyInstance& self, const std::vector<py::array>& in) {
+  std::vector<rt::HostArray> hin;
+  for (auto& a : in)
+    hin.push_back({reinterpret_cast<std::byte*>(const_cast<void*>(a.data())), static_cast<std::uint64_t>(a.nbytes())});
+  std::vector<rt::Result> results = without_gil([&] {
+    std::lock_guard lock(self.mu);
+    return self.instance.run(hin);
+  });
+  py::list out;
+  for (auto& r : results) {
+    if (r.integer) {
+      py::array_t<std::int64_t> a(r.shape);
+      std::copy(r.ints.begin(), r.ints.end(), a.mutable_data());
+      out.append(a);
+    } else {
+      py::array_t<float> a(r.shape);
+      std::copy(r.floats.begin(), r.floats.end(), a.mutable_data());
+      out.append(a);
+    }
+  }
+  return out;
+}
+
 py::list run(PyInstance& self, const py::object& inputs, const py::object& outputs) {
   const rt::Model model = self.instance.model();
   std::int64_t batch = 0;
   auto in = inputs_of(model, inputs, batch);
+  if (model.host_stage()) {
+    if (!outputs.is_none())
+      fail(Status::InvalidArgument,
+           "run: the model has a host stage, whose outputs' shapes depend on the data; it returns new arrays "
+           "(outputs= is not taken)");
+    return run_whole(self, in);
+  }
   const auto& specs = model.outputs();
   std::vector<py::array_t<float>> out;
   if (outputs.is_none()) {
@@ -396,6 +428,21 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("max_batch", &rt::Model::max_batch,
                              "A model compiled with max_batch runs 1 to this many samples (the first dimension "
                              "of its inputs and outputs); 0 for fixed shapes.")
+      .def_property_readonly(
+          "host_stage",
+          [](const rt::Model& mo) -> py::object {
+            const rt::HostStageInfo* h = mo.host_stage();
+            if (!h) return py::none();
+            py::dict d;
+            d["outputs"] = h->outputs;
+            d["nodes"] = h->nodes;
+            d["ops"] = h->ops;
+            return d;
+          },
+          "None, or for a model with a host stage (ops whose output shape depends on the data, evaluated on "
+          "the host after the program: docs/runtime.md) a dict: 'outputs' (the model's ONNX outputs, which "
+          "run() returns; `outputs` above are then what the program gives the stage), 'nodes', 'ops' "
+          "(op type -> nodes).")
       .def_property_readonly("activation_bytes", &rt::Model::activation_bytes,
                              "Device memory each Instance takes for activations (shared by lifetime).")
       .def(
@@ -428,7 +475,8 @@ void bind_runtime(py::module_& m) {
            "the same in every input) and is converted to float32 (to int32 for an i32 input, such as "
            "token ids: integers only, within int32). Returns a list of float32 arrays, "
            "one per output, or fills `outputs` (float32 arrays of the outputs' shapes at the run's batch) and "
-           "returns them.")
+           "returns them. A model with a host_stage returns its ONNX outputs as new arrays, float32 or int64 "
+           "(labels, indices), of the shapes this run gave them.")
       .def_property_readonly(
           "input_tensors", [](const PyInstance& i) { return tensors_of(i.instance.input_tensors()); },
           "The device tensors the program reads its inputs from (for device-side pipelines).")

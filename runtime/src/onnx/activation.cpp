@@ -5,6 +5,9 @@
 // compositions of the elementwise maps.
 #include <cfloat>
 
+#include <algorithm>
+#include <cmath>
+
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 
@@ -60,6 +63,19 @@ Value infer_clip(Importer& im, Node& n) {
     if (im.has(n, 2)) im.constant(n, 2, "bounds");
   }
   return out;
+}
+
+// Clip of a constant: integers stay integers (bounds rounded toward the
+// range), floats clamped as f32.
+Value fold_clip(Importer& im, Node& n) {
+  const Value& x = im.in(n, 0);
+  const ActivationParams p = clip(im.g, n);
+  const bool integer = is_integer(x);
+  auto v = values_of(x);
+  for (auto& e : v)
+    e = std::min<double>(std::max<double>(e, integer ? std::ceil(p.alpha) : p.alpha),
+                         integer ? std::floor(p.beta) : p.beta);
+  return make_constant(x.shape, v, integer);
 }
 
 // In the activation type; in an int8 model a table lookup over bytes held
@@ -220,6 +236,8 @@ std::span<const OpHandler> activation_handlers() {
       {.ops = {"Clip"},
        .read = read_attrs<ActivationAttrs>,
        .infer = infer_clip,
+       .fold = fold_clip,
+       .folds = Fold::IfConstant,
        .lower = lower_activation,
        .writes_fresh = true,
        .activation = clip,

@@ -91,6 +91,29 @@ Value infer_variadic(Importer& im, Node& n) {
   return out;
 }
 
+// Min, Max, Sum and Mean of constants: the binary op chained in input
+// order, each step rounded to f32 unless every input is an integer; Mean
+// then divides by n.
+Value fold_variadic(Importer& im, Node& n) {
+  Value acc = im.in(n, 0);
+  bool integer = is_integer(acc);
+  for (std::size_t i = 1; i < n.inputs.size(); ++i) {
+    const Value& y = im.in(n, i);
+    BinaryFold b{acc, y, im.broadcast(n, acc.shape, y.shape)};
+    im.check_folded(n, b.shape);
+    b.integer = integer = integer && is_integer(y);
+    acc = fold_each(b, false, [&](double p, double q) {
+      return n.op == "Min" ? std::min(p, q) : n.op == "Max" ? std::max(p, q) : p + q;
+    });
+  }
+  if (n.op != "Mean") return acc;
+  auto v = values_of(acc);
+  for (auto& e : v)
+    e = integer ? std::trunc(e / static_cast<double>(n.inputs.size()))
+                : static_cast<float>(e / static_cast<double>(n.inputs.size()));
+  return make_constant(acc.shape, v, integer);
+}
+
 // Min, Max and Sum of several inputs: a chain of the binary op, in input
 // order. Mean: their sum times 1 / n.
 void lower_variadic(Lowerer& l, const Node& n) {
@@ -269,7 +292,12 @@ std::span<const OpHandler> elementwise_handlers() {
        .folds = Fold::IfFirstTwoConstant,
        .lower = lower_mod,
        .writes_fresh = true},
-      {.ops = {"Min", "Max", "Sum", "Mean"}, .infer = infer_variadic, .lower = lower_variadic, .writes_fresh = true},
+      {.ops = {"Min", "Max", "Sum", "Mean"},
+       .infer = infer_variadic,
+       .fold = fold_variadic,
+       .folds = Fold::IfConstant,
+       .lower = lower_variadic,
+       .writes_fresh = true},
       {.ops = {"Sqrt", "Exp", "Log",  "Abs",  "Neg",  "Erf",  "Ceil", "Floor", "Round", "Sin",
                "Cos",  "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"},
        .infer = infer_unary,

@@ -187,10 +187,9 @@ Value fold_gather_nd(Importer& im, Node& n) {
   const auto& a = n.attr<GatherNdAttrs>();
   std::int64_t inner = 1;
   for (std::size_t d = static_cast<std::size_t>(a.batch_dims + a.k); d < x.shape.size(); ++d) inner *= x.shape[d];
-  const auto vals = values_of(x);
   std::vector<double> r;
   for (auto row : flat_rows(im, n, x.shape, idx, static_cast<std::size_t>(a.batch_dims), static_cast<std::size_t>(a.k)))
-    for (std::int64_t i = 0; i < inner; ++i) r.push_back(vals[static_cast<std::size_t>(row * inner + i)]);
+    for (std::int64_t i = 0; i < inner; ++i) r.push_back(value_at(x, static_cast<std::size_t>(row * inner + i)));
   return make_constant(shape, r, is_integer(x));
 }
 

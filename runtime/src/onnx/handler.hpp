@@ -75,6 +75,10 @@ struct OpHandler {
   // expanded).
   void (*lower)(Lowerer& l, const Node& n) = nullptr;
 
+  // Its output's shape depends on its inputs' values (NonZero): on values
+  // the device computes, it starts the host stage (Graph::host_stage).
+  bool data_dependent = false;
+
   // What the passes need to know.
   int outputs = 1;                // outputs it defines: 1, 2 (TopK's indices), 0 for each one (Split)
   bool writes_fresh = false;      // its lowering writes a new tensor: a Concat may have it write in place

@@ -169,12 +169,14 @@ void Importer::emit(Node n, const onnx::NodeProto& proto) {
     fail_node(n, "its output of shape " + dims_text(v.shape) +
                      " is beyond what a compiled model holds (dimensions below 2^32, fewer than 2^40 elements)");
   g.values[n.output] = std::move(v);
-  if (!n.output2.empty()) {  // TopK's indices: the values' shape
+  if (!n.output2.empty()) {  // TopK's indices: folded, or the values' shape
     if (g.values.count(n.output2)) fail_node(n, "output '" + n.output2 + "' is defined twice");
     Value indices;
     indices.shape = g.values[n.output].shape;
+    if (g.values[n.output].data && folded_second) indices = std::move(*folded_second);
     g.values[n.output2] = std::move(indices);
   }
+  folded_second.reset();
   if (g.values[n.output].data) {
     g.notes.push_back("folded " + n.op + " '" + n.name + "' of a constant");
     return;
@@ -354,6 +356,7 @@ void Importer::read_node(const onnx::NodeProto& p, int index) {
   n.output = p.output(0);
   if (n.handler->outputs == 2 && p.output_size() > 1) n.output2 = p.output(1);
   if (g.values.count(n.output)) fail_node(n, "output '" + n.output + "' is defined twice");
+  if (to_host(p, n)) return;
   if (!n.handler->expand) {
     emit(std::move(n), p);
     return;
@@ -380,6 +383,7 @@ void Importer::check_outputs(const onnx::GraphProto& graph) {
   };
   for (const auto& n : g.nodes)
     for (const auto& x : n.inputs) check_used(x, "node '" + n.name + "'");
+  if (!host.nodes.empty()) return finish_host_stage(graph);
   for (const auto& o : graph.output()) {
     check_used(o.name(), "the graph's outputs");
     const std::string v = resolve(o.name());

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -30,6 +31,10 @@ Value make_constant(std::vector<std::int64_t> shape, const std::vector<double>& 
 bool is_integer(const Value& v);
 // A constant's values, as doubles.
 std::vector<double> values_of(const Value& v);
+// Element `i` of a constant, without copying the rest.
+inline double value_at(const Value& v, std::size_t i) {
+  return v.ints.empty() ? static_cast<double>((*v.data)[i]) : static_cast<double>(v.ints[i]);
+}
 // The flat position in a tensor of shape `s` of the element broadcast to
 // flat position `flat` of `shape`.
 std::size_t broadcast_index(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& s,
@@ -103,18 +108,41 @@ struct Importer {
 
   // The whole model (importer.cpp).
   void import(const onnx::ModelProto& model);
+  // Node `index` of a graph, through its handler (or into the host stage).
+  void read_node(const onnx::NodeProto& p, int index);
+  // The value an Identity's output stands for (itself if none).
+  std::string resolve(const std::string& v) const;
+  // A folded TopK's indices (its fold returns the values).
+  std::optional<Value> folded_second;
+
+  // The host stage (host_stage.cpp): the nodes that need values known only
+  // once the program has run, in order; those values; and what the nodes
+  // take from before them: the device's values (the program's outputs) and
+  // constants.
+  struct HostStage {
+    std::vector<onnx::NodeProto> nodes;
+    std::set<std::string> values;
+    std::vector<std::string> feeds;
+    std::set<std::string> constants;
+  } host;
+  // Whether node `n` (of `p`) belongs in the host stage; if so, adds it.
+  bool to_host(const onnx::NodeProto& p, const Node& n);
+  // The model's ONNX outputs once the nodes are read: the host stage's
+  // model (Graph::host_stage) where it has nodes, the program computing
+  // what it takes from the device.
+  void finish_host_stage(const onnx::GraphProto& graph);
+  // Runs a host stage's model on its inputs' values (host_stage.cpp).
+  void evaluate(const onnx::ModelProto& stage, std::vector<Value> inputs);
 
  private:
   Value infer(Node& n);
   // Refuses a node whose handler does not take the model's opset.
   void check_opset(const Node& n) const;
   bool folds(const OpHandler& h, const Node& n) const;
-  std::string resolve(const std::string& v) const;
   void check_ops(const onnx::GraphProto& graph) const;
   std::uint64_t read_initializers(const onnx::GraphProto& graph);
   void read_inputs(const onnx::GraphProto& graph, const std::set<std::string>& initializers);
   Value input_value(const onnx::ValueInfoProto& input) const;
-  void read_node(const onnx::NodeProto& p, int index);
   void check_outputs(const onnx::GraphProto& graph);
 
   // External data (constants.cpp).

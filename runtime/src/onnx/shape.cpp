@@ -62,9 +62,9 @@ std::vector<std::int64_t> flattened(Importer& im, const Node& n, const Value& x)
   const auto r = static_cast<std::int64_t>(x.shape.size());
   if (axis < 0) axis += r;
   if (axis < 0 || axis > r) im.fail_node(n, "axis " + std::to_string(given) + " for rank " + std::to_string(r));
-  std::int64_t outer = 1;
-  for (std::int64_t i = 0; i < axis; ++i) outer *= x.shape[static_cast<std::size_t>(i)];
-  return {outer, outer ? static_cast<std::int64_t>(x.elements()) / outer : 0};
+  std::int64_t outer = 1, inner = 1;  // each a product, so that an empty input keeps its other side
+  for (std::int64_t i = 0; i < r; ++i) (i < axis ? outer : inner) *= x.shape[static_cast<std::size_t>(i)];
+  return {outer, inner};
 }
 
 // Reshape and Flatten; a reshaped constant stays one.
@@ -600,8 +600,18 @@ void expand_constant(Importer& im, Node& n, const onnx::NodeProto&) {
 
 std::span<const OpHandler> shape_handlers() {
   static const OpHandler h[] = {
-      {.ops = {"Reshape"}, .read = read_attrs<ReshapeAttrs>, .infer = infer_reshape, .lower = lower_view},
-      {.ops = {"Flatten"}, .read = read_attrs<FlattenAttrs>, .infer = infer_reshape, .lower = lower_view},
+      {.ops = {"Reshape"},
+       .read = read_attrs<ReshapeAttrs>,
+       .infer = infer_reshape,
+       .fold = infer_reshape,
+       .folds = Fold::IfFirstTwoConstant,
+       .lower = lower_view},
+      {.ops = {"Flatten"},
+       .read = read_attrs<FlattenAttrs>,
+       .infer = infer_reshape,
+       .fold = infer_reshape,
+       .folds = Fold::IfConstant,
+       .lower = lower_view},
       {.ops = {"Unsqueeze", "Squeeze"},
        .read = read_attrs<SqueezeAttrs>,
        .infer = infer_squeeze,

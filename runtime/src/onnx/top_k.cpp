@@ -2,6 +2,10 @@
 // values and indices): top_k, the indices i32 on the device (consumers and
 // outputs see them as floats, exact below 2^24), TopK's values in the
 // float type. Hardmax: the one-hot of ArgMax.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 
@@ -29,7 +33,9 @@ std::int64_t k_of(Importer& im, Node& n, std::int64_t length) {
   const Value& kv = im.constant(n, 1, "k");
   if (kv.ints.size() != 1) im.fail_node(n, "k is not one integer");
   const std::int64_t k = kv.ints[0];
-  if (k < 1 || k > length) im.fail_node(n, "k " + std::to_string(k) + " for a length of " + std::to_string(length));
+  // 0 (an empty result) only where it folds: the device takes 1 to length.
+  const std::int64_t least = im.in(n, 0).data ? 0 : 1;
+  if (k < least || k > length) im.fail_node(n, "k " + std::to_string(k) + " for a length of " + std::to_string(length));
   if (!n.attr<TopKAttrs>().sorted)
     im.g.notes.push_back("TopK '" + n.name + "' runs sorted (sorted=0 leaves the order open)");
   return k;
@@ -53,6 +59,47 @@ Value infer_top_k(Importer& im, Node& n) {
   a.resolved = static_cast<std::size_t>(axis);
   n.inputs.resize(1);
   return out;
+}
+
+// TopK, ArgMax and ArgMin of a constant: along the axis, the k largest
+// (or smallest) best first, equal values in index order (the last index
+// first for an ArgMax with select_last_index); TopK's indices into
+// Importer::folded_second.
+Value fold_top_k(Importer& im, Node& n) {
+  Value shape = infer_top_k(im, n);
+  const auto& a = n.attr<TopKAttrs>();
+  const auto& xs = im.in(n, 0).shape;
+  const Value& x = im.in(n, 0);
+  const bool integer = is_integer(x);
+  const auto axis = a.resolved;
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t d = 0; d < axis; ++d) outer *= xs[d];
+  for (std::size_t d = axis + 1; d < xs.size(); ++d) inner *= xs[d];
+  const std::int64_t len = xs[axis];
+  const std::int64_t k = n.op == "TopK" ? shape.shape[axis] : 1;
+  std::vector<double> values(static_cast<std::size_t>(outer * k * inner)), indices(values.size());
+  std::vector<std::int64_t> order(static_cast<std::size_t>(len));
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t i = 0; i < inner; ++i) {
+      const auto at = [&](std::int64_t j) { return value_at(x, static_cast<std::size_t>((o * len + j) * inner + i)); };
+      std::iota(order.begin(), order.end(), 0);
+      // Best first (NaN largest); equal values by index (the last first with select_last_index).
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int64_t p, std::int64_t q) {
+        const double vp = at(p), vq = at(q);
+        const bool np = std::isnan(vp), nq = std::isnan(vq);  // NaN above every number, as torch.topk takes it
+        if (np != nq) return a.largest ? np : nq;
+        if (!np && vp != vq) return a.largest ? vp > vq : vp < vq;
+        return a.last_index ? p > q : p < q;
+      });
+      for (std::int64_t j = 0; j < k; ++j) {
+        const auto out = static_cast<std::size_t>((o * k + j) * inner + i);
+        values[out] = at(order[static_cast<std::size_t>(j)]);
+        indices[out] = static_cast<double>(order[static_cast<std::size_t>(j)]);
+      }
+    }
+  if (n.op != "TopK") return make_constant(shape.shape, indices, true);
+  im.folded_second = make_constant(shape.shape, indices, true);
+  return make_constant(shape.shape, values, integer);
 }
 
 void lower_top_k(Lowerer& l, const Node& n) {
@@ -116,11 +163,18 @@ void expand_hardmax(Importer& im, Node& n, const onnx::NodeProto&) {
 
 std::span<const OpHandler> top_k_handlers() {
   static const OpHandler h[] = {
-      {.ops = {"ArgMax", "ArgMin"}, .read = read_attrs<TopKAttrs>, .infer = infer_top_k, .lower = lower_top_k},
+      {.ops = {"ArgMax", "ArgMin"},
+       .read = read_attrs<TopKAttrs>,
+       .infer = infer_top_k,
+       .fold = fold_top_k,
+       .folds = Fold::IfConstant,
+       .lower = lower_top_k},
       {.ops = {"TopK"},
        .opsets = {.first = 10, .refusal = "opset below 10 (k as an attribute)"},
        .read = read_attrs<TopKAttrs>,
        .infer = infer_top_k,
+       .fold = fold_top_k,
+       .folds = Fold::IfConstant,
        .lower = lower_top_k,
        .outputs = 2},
       {.ops = {"Hardmax"},

@@ -112,6 +112,29 @@ struct Profile {
 // ms) at the top and in each layer; names escaped as JSON escapes them.
 std::string to_json(const Profile& p);
 
+// One ONNX output of a whole run (Instance::run(inputs)), of the shape
+// this run gave it: a float output in `floats`, an integer one (ONNX
+// int64, int32, bool: class labels, indices) in `ints`.
+struct Result {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  bool integer = false;
+  std::vector<float> floats;
+  std::vector<std::int64_t> ints;
+};
+
+// A model's host stage (docs/runtime.md): the ONNX nodes from the first
+// whose output's shape depends on the device's data (NonZero,
+// NonMaxSuppression, an If on a computed condition) on, which the runtime
+// evaluates on the host once the program has run. The program's outputs
+// (Model::outputs()) are then the values the stage takes, and the stage's
+// outputs the model's.
+struct HostStageInfo {
+  std::vector<std::string> outputs;  // the model's ONNX outputs, in order
+  std::size_t nodes = 0;
+  std::map<std::string, int> ops;  // ONNX op type -> nodes
+};
+
 class Instance;
 namespace detail {
 struct ModelState;
@@ -143,6 +166,8 @@ class Model {
   // of fixed shapes.
   std::int64_t max_batch() const;
   Device device() const;
+  // The host stage, or null for a model whose program computes its outputs.
+  const HostStageInfo* host_stage() const;
 
   // A new instance: allocates its activation buffers and records its
   // program. Throws OutOfMemory as Device::allocate does.
@@ -171,6 +196,16 @@ class Instance {
   void run(std::initializer_list<HostArray> inputs, std::initializer_list<HostArray> outputs) {
     run(std::span<const HostArray>(inputs.begin(), inputs.size()),
         std::span<const HostArray>(outputs.begin(), outputs.size()));
+  }
+
+  // Runs the whole model on `inputs` (as above): the program, then its
+  // host stage where it has one, and returns every ONNX output with the
+  // shape this run gave it (without a host stage: the program's outputs,
+  // as floats, at the run's batch). A host stage's errors (an index out of
+  // range in its data) are InvalidArgument naming the node.
+  std::vector<Result> run(std::span<const HostArray> inputs);
+  std::vector<Result> run(std::initializer_list<HostArray> inputs) {
+    return run(std::span<const HostArray>(inputs.begin(), inputs.size()));
   }
 
   // Device-side use: the tensors the program reads its inputs from and
