@@ -58,9 +58,10 @@ API_TYPES = [
 
 # The firmware interface's pure headers: header only, no dependencies, facts
 # the board and the host must agree on (the window shape rule, the f16/bf16
-# rounding). The layers above that may not use the rest of the interface
-# include these, through tpuhal_fw's include folder; none links its code.
-FW_PURE = ["tpuhal/fw/window.h", "tpuhal/fw/half.h"]
+# rounding, RoiAlign's sampling). The layers above that may not use the rest
+# of the interface include these, through tpuhal_fw's include folder; none
+# links its code.
+FW_PURE = ["tpuhal/fw/window.h", "tpuhal/fw/half.h", "tpuhal/fw/roi_align.h"]
 
 # Targets every folder may link: build settings, not layers.
 FREE_TARGETS = {"tpuhal_warnings"}

@@ -207,6 +207,45 @@ void lower_softmax(Lowerer& l, const Node& n) {
   }
 }
 
+// Softmax and LogSoftmax of a constant: each row's maximum, exponentials
+// and sum in double, each result rounded to f32 once.
+Value fold_softmax(Importer& im, Node& n) {
+  const Value& x = im.in(n, 0);
+  const auto rank = static_cast<std::int64_t>(x.shape.size());
+  std::int64_t axis = n.attr<SoftmaxAttrs>().axis.value_or(im.g.opset >= 13 ? -1 : 1);
+  axis = im.axis_of(n, axis, rank);
+  std::int64_t outer = 1, len = 1, inner = 1;  // before opset 13: the dimensions from axis on, flattened
+  for (std::int64_t i = 0; i < rank; ++i) {
+    const std::int64_t d = x.shape[static_cast<std::size_t>(i)];
+    if (i < axis)
+      outer *= d;
+    else if (i == axis || im.g.opset < 13)
+      len *= d;
+    else
+      inner *= d;
+  }
+  std::vector<double> y(x.elements());
+  const bool log = n.op == "LogSoftmax";
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t i = 0; i < inner; ++i) {
+      const auto at = [&](std::int64_t j) { return static_cast<std::size_t>((o * len + j) * inner + i); };
+      double most = -HUGE_VAL, sum = 0;
+      for (std::int64_t j = 0; j < len; ++j) most = std::max(most, value_at(x, at(j)));
+      for (std::int64_t j = 0; j < len; ++j) sum += std::exp(value_at(x, at(j)) - most);
+      for (std::int64_t j = 0; j < len; ++j)
+        y[at(j)] = log ? value_at(x, at(j)) - most - std::log(sum) : std::exp(value_at(x, at(j)) - most) / sum;
+    }
+  return make_constant(x.shape, y, false);
+}
+
+// Relu of a constant.
+Value fold_relu(Importer& im, Node& n) {
+  const Value& x = im.in(n, 0);
+  auto v = values_of(x);
+  for (auto& e : v) e = e > 0 ? e : 0.0;
+  return make_constant(x.shape, v, is_integer(x));
+}
+
 // An activation op's handler: fused as `fuse` says.
 OpHandler activation_op(std::string_view op, ActivationParams (*params)(const Graph&, const Node&), Fuse fuse) {
   return {.ops = {op},
@@ -222,7 +261,12 @@ OpHandler activation_op(std::string_view op, ActivationParams (*params)(const Gr
 
 std::span<const OpHandler> activation_handlers() {
   static const OpHandler h[] = {
-      activation_op("Relu", relu, Fuse::Always),
+      [] {
+        OpHandler r = activation_op("Relu", relu, Fuse::Always);
+        r.fold = fold_relu;
+        r.folds = Fold::IfConstant;
+        return r;
+      }(),
       activation_op("Sigmoid", sigmoid, Fuse::FloatOnly),
       activation_op("Tanh", tanh, Fuse::FloatOnly),
       activation_op("HardSigmoid", hard_sigmoid, Fuse::FloatOnly),
@@ -255,6 +299,8 @@ std::span<const OpHandler> activation_handlers() {
       {.ops = {"Softmax", "LogSoftmax"},
        .read = read_attrs<SoftmaxAttrs>,
        .infer = infer_same_shape,
+       .fold = fold_softmax,
+       .folds = Fold::IfConstant,
        .lower = lower_softmax,
        .writes_fresh = true},
   };

@@ -92,8 +92,8 @@ void check_host_ops(const Importer& im, const Node& n, const onnx::NodeProto& p)
                         "in the host stage, where " +
                         p.op_type() +
                         " has no evaluation (the host stage folds shape computations, indexing, comparisons, "
-                        "element-wise maps and NonMaxSuppression; a layer such as a convolution, Gemm or "
-                        "RoiAlign after it needs the device)");
+                        "element-wise arithmetic, Relu, Softmax, Gemm, RoiAlign, TopK and NonMaxSuppression; "
+                        "a convolution, pooling or another activation after it needs the device)");
 }
 
 }  // namespace

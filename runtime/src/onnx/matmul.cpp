@@ -1,6 +1,7 @@
 // Gemm (constant B) and MatMul (batched, broadcasting): matmul with the
 // activation fused into it; in int8, by a constant 2-D B, a 1x1
 // qlinear_conv.
+#include <algorithm>
 #include <optional>
 
 #include "onnx/importer.hpp"
@@ -46,6 +47,54 @@ Value infer_matmul(Importer& im, Node& n) {
   Value out;
   out.shape = batch;
   return out;
+}
+
+// A constant's values as floats (integers converted).
+std::vector<float> floats_of(const Value& v) {
+  if (v.ints.empty()) return *v.data;
+  return std::vector<float>(v.ints.begin(), v.ints.end());
+}
+
+// Gemm of constants (in the host stage, A the program's): alpha times each
+// dot product, summed in double and rounded once, plus beta times C.
+Value fold_gemm(Importer& im, Node& n) {
+  Value out = infer_gemm(im, n);
+  im.check_folded(n, out.shape);
+  const auto& a = n.attr<GemmAttrs>();
+  const Value& av = im.in(n, 0);
+  const std::int64_t m = out.shape[0], nn = out.shape[1];
+  const std::int64_t k = a.trans_a ? av.shape[0] : av.shape[1];
+  const std::vector<float> x = floats_of(av), w = floats_of(im.in(n, 1));
+  std::vector<double> y(static_cast<std::size_t>(m * nn)), row(static_cast<std::size_t>(nn));
+  for (std::int64_t i = 0; i < m; ++i) {
+    const auto xa = [&](std::int64_t j) {
+      return static_cast<double>(x[static_cast<std::size_t>(a.trans_a ? j * m + i : i * k + j)]);
+    };
+    if (a.trans_b) {  // B [N, K]: each output a dot product of two rows
+      for (std::int64_t j = 0; j < nn; ++j) {
+        double acc = 0;
+        const float* b = w.data() + j * k;
+        for (std::int64_t t = 0; t < k; ++t) acc += xa(t) * static_cast<double>(b[t]);
+        row[static_cast<std::size_t>(j)] = acc;
+      }
+    } else {
+      std::fill(row.begin(), row.end(), 0.0);
+      for (std::int64_t t = 0; t < k; ++t) {
+        const double v = xa(t);
+        const float* b = w.data() + t * nn;
+        for (std::int64_t j = 0; j < nn; ++j) row[static_cast<std::size_t>(j)] += v * static_cast<double>(b[j]);
+      }
+    }
+    for (std::int64_t j = 0; j < nn; ++j)
+      y[static_cast<std::size_t>(i * nn + j)] = a.alpha * row[static_cast<std::size_t>(j)];
+  }
+  if (im.has(n, 2)) {
+    const Value& c = im.in(n, 2);
+    for (std::uint64_t f = 0; f < y.size(); ++f)
+      y[f] = static_cast<float>(static_cast<float>(y[f]) +
+                                a.beta * static_cast<float>(value_at(c, broadcast_index(out.shape, c.shape, f))));
+  }
+  return make_constant(out.shape, y, false);
 }
 
 // Gemm / MatMul by a constant in int8, as a 1x1 convolution; false if it
@@ -130,6 +179,8 @@ std::span<const OpHandler> matmul_handlers() {
       {.ops = {"Gemm"},
        .read = read_attrs<GemmAttrs>,
        .infer = infer_gemm,
+       .fold = fold_gemm,
+       .folds = Fold::IfConstant,
        .lower = lower_matmul,
        .writes_fresh = true,
        .takes_activation = true,

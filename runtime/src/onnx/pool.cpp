@@ -3,9 +3,13 @@
 // max of a u8 value stays u8 (NHWC), the max of u8 values keeping their
 // scale. RoiAlign: the board's roi_align, in the model's float type, the
 // regions in f32 (in fp16, a 1080p frame's coordinates would step by a pixel).
+#include <algorithm>
+#include <cmath>
+
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 #include "onnx/window.hpp"
+#include "tpuhal/fw/roi_align.h"
 
 namespace tpuhal::rt::detail {
 namespace {
@@ -249,6 +253,78 @@ Value infer_roi_align(Importer& im, Node& n) {
   return out;
 }
 
+// RoiAlign of constants (the host stage's: regions from proposals the
+// data chose), as the device's roi_align computes it (ops.md), in f32.
+Value fold_roi_align(Importer& im, Node& n) {
+  Value out = infer_roi_align(im, n);
+  im.check_folded(n, out.shape);
+  const auto& a = n.attr<RoiAlignAttrs>();
+  const Value &x = im.in(n, 0), &rois = im.in(n, 1), &idx = im.in(n, 2);
+  const std::int64_t channels = x.shape[1], height = x.shape[2], width = x.shape[3];
+  const std::int64_t oh = a.height, ow = a.width;
+  std::vector<double> y(out.elements());
+  const float offset = a.half_pixel ? 0.5f : 0.0f;
+  const bool empty = height == 0 || width == 0;  // every sample outside: each bin pools to 0
+  for (std::int64_t r = 0; r < out.shape[0]; ++r) {
+    auto b = static_cast<std::int64_t>(value_at(idx, static_cast<std::size_t>(r)));
+    if (b < -x.shape[0] || b >= x.shape[0])
+      im.fail_node(n, "region " + std::to_string(r) + " has the batch index " + std::to_string(b) + ", outside [" +
+                          std::to_string(-x.shape[0]) + ", " + std::to_string(x.shape[0]) + ")");
+    if (b < 0) b += x.shape[0];
+    float c[4];
+    for (int k = 0; k < 4; ++k) {
+      c[k] = static_cast<float>(value_at(rois, static_cast<std::size_t>(r * 4 + k))) * a.spatial_scale - offset;
+      if (!std::isfinite(c[k])) im.fail_node(n, "region " + std::to_string(r) + " is not finite once scaled");
+    }
+    float rw = c[2] - c[0], rh = c[3] - c[1];
+    if (!a.half_pixel) rw = std::max(rw, 1.0f), rh = std::max(rh, 1.0f);
+    const float bin_h = rh / static_cast<float>(oh), bin_w = rw / static_cast<float>(ow);
+    const auto grid = [&](float extent, std::int64_t bins) -> std::int64_t {
+      if (a.sampling_ratio > 0) return a.sampling_ratio;
+      const float g = std::ceil(extent / static_cast<float>(bins));
+      return g > 0 ? static_cast<std::int64_t>(std::min(g, 1048576.0f)) : 0;
+    };
+    const std::int64_t gh = empty ? 0 : grid(rh, oh), gw = empty ? 0 : grid(rw, ow);
+    if (gh * gw > (std::int64_t{1} << 20) / (oh * ow))  // the device's bound on one region's work
+      im.fail_node(n, "region " + std::to_string(r) + " asks for more than 1048576 samples");
+    const float count = static_cast<float>(std::max<std::int64_t>(gh * gw, 1));
+    for (std::int64_t ch = 0; ch < channels; ++ch) {
+      const std::size_t plane = static_cast<std::size_t>((b * channels + ch) * height * width);
+      const auto px = [&](std::int64_t yy, std::int64_t xx) {
+        return static_cast<float>(value_at(x, plane + static_cast<std::size_t>(yy * width + xx)));
+      };
+      for (std::int64_t ph = 0; ph < oh; ++ph)
+        for (std::int64_t pw = 0; pw < ow; ++pw) {
+          float acc = 0.0f;
+          bool first = true;
+          for (std::int64_t iy = 0; iy < gh; ++iy)
+            for (std::int64_t ix = 0; ix < gw; ++ix) {
+              const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+              const fw::RoiTap ty = fw::roi_tap(c[1], bin_h, u(ph), u(iy), u(gh), u(height));
+              const fw::RoiTap tx = fw::roi_tap(c[0], bin_w, u(pw), u(ix), u(gw), u(width));
+              float c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+              if (ty.inside && tx.inside) {
+                const auto i = [](std::uint64_t v) { return static_cast<std::int64_t>(v); };
+                c0 = ty.h * tx.h * px(i(ty.low), i(tx.low));
+                c1 = ty.h * tx.l * px(i(ty.low), i(tx.high));
+                c2 = ty.l * tx.h * px(i(ty.high), i(tx.low));
+                c3 = ty.l * tx.l * px(i(ty.high), i(tx.high));
+              }
+              if (a.mode == "max") {
+                const float m = std::max(std::max(std::max(c0, c1), c2), c3);
+                acc = first ? m : std::max(acc, m);
+              } else {
+                acc += c0 + c1 + c2 + c3;
+              }
+              first = false;
+            }
+          y[static_cast<std::size_t>(((r * channels + ch) * oh + ph) * ow + pw)] = a.mode == "max" ? acc : acc / count;
+        }
+    }
+  }
+  return make_constant(out.shape, y, false);
+}
+
 void lower_roi_align(Lowerer& l, const Node& n) {
   const auto& a = n.attr<RoiAlignAttrs>();
   const DType t = l.float_type();
@@ -276,6 +352,8 @@ std::span<const OpHandler> pool_handlers() {
        .opsets = {.first = 10, .refusal = "opset below 10 (no RoiAlign)"},
        .read = read_attrs<RoiAlignAttrs>,
        .infer = infer_roi_align,
+       .fold = fold_roi_align,
+       .folds = Fold::IfConstant,
        .lower = lower_roi_align,
        .writes_fresh = true},
   };

@@ -7,6 +7,7 @@
 #include "engine.h"
 #include "numerics.h"
 #include "simd.h"
+#include "tpuhal/fw/roi_align.h"
 
 namespace tpuhal::sim::tensor {
 namespace {
@@ -619,35 +620,14 @@ fw::Problem read_region(const fw::RoiAlignAttrs& at, const View* v, std::uint64_
   return {};
 }
 
-// A sample's place along one axis of X: its two pixels and their weights,
-// or outside (more than one pixel beyond X).
-struct Tap {
-  std::uint64_t low = 0, high = 0;
-  float l = 0, h = 0;
-  bool inside = false;
-};
+using Tap = fw::RoiTap;
 
 // The taps of every bin along one axis, bin-major: bins * grid of them.
 void roi_taps(std::vector<Tap>& taps, float start, float bin, std::uint64_t bins, std::uint64_t grid,
               std::uint64_t size) {
   taps.assign(bins * grid, Tap{});
   for (std::uint64_t p = 0; p < bins; ++p)
-    for (std::uint64_t i = 0; i < grid; ++i) {
-      float at = start + static_cast<float>(p) * bin + (static_cast<float>(i) + 0.5f) * bin / static_cast<float>(grid);
-      Tap& t = taps[p * grid + i];
-      if (at < -1.0f || at > static_cast<float>(size)) continue;
-      if (at <= 0) at = 0.0f;
-      t.low = static_cast<std::uint64_t>(at);
-      if (t.low >= size - 1) {
-        t.low = t.high = size - 1;
-        at = static_cast<float>(t.low);
-      } else {
-        t.high = t.low + 1;
-      }
-      t.l = at - static_cast<float>(t.low);
-      t.h = 1.0f - t.l;
-      t.inside = true;
-    }
+    for (std::uint64_t i = 0; i < grid; ++i) taps[p * grid + i] = fw::roi_tap(start, bin, p, i, grid, size);
 }
 
 // One sample of a bin: the element offsets of its four pixels in an X
