@@ -160,16 +160,16 @@ packages() {
     echo "tpuhal test: the packages' test needs root (debootstrap, chroot): not run" >&2
   fi
 }
-# The trees first; then the packages' step in the background (its build,
-# then dpkg, lintian, a venv and podman, much of that on one core) beside
-# the runs, which keep the other core busy: run last and alone, it left a
-# core idle for minutes. Its output goes to build/packages.log, its timings
-# to stderr.
+# ThreadSanitizer's tree first; then the packages' step in the background
+# (its build, then dpkg, lintian, a venv and podman, much of that on one
+# core) beside the other builds and runs, which keep the other core busy.
+# Run last and alone, it left a core idle for minutes; started after the
+# arm64 build, it was still the last to end, its one-core part alone at the
+# tail for about ten minutes after the tests had ended. Its output goes to
+# build/packages.log, its timings to stderr.
 alongside_steps() {
   debian_base_start
   timed scripts/tsan.sh --build-only
-  [[ $fuzz_here == ON ]] || timed scripts/fuzz.sh --build-only
-  if arm64; then timed scripts/arm64.sh --build-only; fi
   local log="$root/build/packages.log" pid st
   rm -f "$log.status"
   (
@@ -177,6 +177,8 @@ alongside_steps() {
     packages
   ) >"$log" 2>&1 &
   pid=$!
+  [[ $fuzz_here == ON ]] || timed scripts/fuzz.sh --build-only
+  if arm64; then timed scripts/arm64.sh --build-only; fi
   timed scripts/tsan.sh --no-build
   timed scripts/fuzz.sh --build "$(fuzz_tree)" --no-build --seconds 5 --parallel "$(nproc)" -- -seed=1
   if arm64; then timed scripts/arm64.sh --no-build; fi

@@ -3,14 +3,11 @@ its data runs its program on the device, then the nodes from the first
 such one (NonZero, NonMaxSuppression, an If on a computed condition) on,
 evaluated on the host. A whole torchvision detector compiles and gives
 PyTorch's detections; the Python API returns the model's own outputs."""
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 import tpuhal
+from conftest import run_plain
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +108,7 @@ def test_torchvisions_whole_ssdlite_compiles_and_gives_pytorchs_detections(dev, 
     to box (torchvision's own initialisation leaves most equal, and equal scores may go in either order)."""
     pytest.importorskip("torch")
     pytest.importorskip("torchvision.models.detection", reason="python3-torchvision is not installed")
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
-    subprocess.run([sys.executable, "-c", SSDLITE, str(tmp_path)], env=env, check=True, capture_output=True,
-                   timeout=600)
+    run_plain(SSDLITE, tmp_path)
     want = np.load(tmp_path / "want.npz")
     cm = tpuhal.compile(str(tmp_path / "ssdlite.onnx"))
     model = dev.load_model(cm)

@@ -2,12 +2,12 @@
 pairs as quantization-aware training exports them, compiled to int8 with the
 model's own scales (no calibration) and run in float as the graph says
 (docs/runtime.md, "Q/DQ models")."""
-import io
 
 import numpy as np
 import pytest
 
 import tpuhal
+from conftest import run_plain
 
 onnx = pytest.importorskip("onnx", reason="python3-onnx is not installed (scripts/setup.sh installs it)")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -107,38 +107,50 @@ def test_quantized_integers_read_by_other_ops_are_refused_clearly(dev):
         tpuhal.compile(model, "fp32", device=dev.uri)
 
 
-def fx_qat_resnet18():
-    """torchvision's ResNet-18 through PyTorch's FX quantization-aware training (FakeQuantize observers:
-    per-tensor uint8 activations, per-channel symmetric int8 weights), exported at opset 13."""
-    torch = pytest.importorskip("torch")
-    torchvision = pytest.importorskip("torchvision")
-    from torch.ao import quantization as tq
-    from torch.ao.quantization.quantize_fx import prepare_qat_fx
-    torch.manual_seed(0)
-    qconfig = tq.QConfig(
-        activation=tq.FakeQuantize.with_args(observer=tq.MovingAverageMinMaxObserver, quant_min=0, quant_max=255,
-                                             dtype=torch.quint8),
-        weight=tq.FakeQuantize.with_args(observer=tq.MovingAveragePerChannelMinMaxObserver, quant_min=-128,
-                                         quant_max=127, dtype=torch.qint8, qscheme=torch.per_channel_symmetric))
-    model = torchvision.models.resnet18().train()
-    shape = (1, 3, 64, 64)
-    qat = prepare_qat_fx(model, tq.QConfigMapping().set_global(qconfig), example_inputs=(torch.randn(shape),))
-    with torch.no_grad():
-        for _ in range(3):
-            qat(torch.randn(2, *shape[1:]))
-    qat.eval()
-    qat.apply(tq.disable_observer)
-    x = torch.randn(shape)
-    with torch.no_grad():
-        y = qat(x).numpy()
-    buf = io.BytesIO()
-    torch.onnx.export(qat, x, buf, opset_version=13)
-    return buf.getvalue(), x.numpy(), y
+# torchvision's ResNet-18 through PyTorch's FX quantization-aware training
+# (FakeQuantize observers: per-tensor uint8 activations, per-channel
+# symmetric int8 weights), exported at opset 13 into argv[1]/qat.onnx, with
+# an input and the model's output on it in argv[1]/qat.npz.
+FX_QAT_RESNET18 = """
+import sys, warnings
+import numpy as np, torch, torchvision
+from torch.ao import quantization as tq
+from torch.ao.quantization.quantize_fx import prepare_qat_fx
+warnings.simplefilter("ignore")
+torch.manual_seed(0)
+qconfig = tq.QConfig(
+    activation=tq.FakeQuantize.with_args(observer=tq.MovingAverageMinMaxObserver, quant_min=0, quant_max=255,
+                                         dtype=torch.quint8),
+    weight=tq.FakeQuantize.with_args(observer=tq.MovingAveragePerChannelMinMaxObserver, quant_min=-128,
+                                     quant_max=127, dtype=torch.qint8, qscheme=torch.per_channel_symmetric))
+model = torchvision.models.resnet18().train()
+shape = (1, 3, 64, 64)
+qat = prepare_qat_fx(model, tq.QConfigMapping().set_global(qconfig), example_inputs=(torch.randn(shape),))
+with torch.no_grad():
+    for _ in range(3):
+        qat(torch.randn(2, *shape[1:]))
+qat.eval()
+qat.apply(tq.disable_observer)
+x = torch.randn(shape)
+with torch.no_grad():
+    y = qat(x).numpy()
+torch.onnx.export(qat, x, sys.argv[1] + "/qat.onnx", opset_version=13)
+np.savez(sys.argv[1] + "/qat.npz", x=x.numpy(), y=y)
+"""
+
+
+def fx_qat_resnet18(tmp_path):
+    """FX_QAT_RESNET18's model, input and output, made by an interpreter without the sanitizer runtime."""
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    run_plain(FX_QAT_RESNET18, tmp_path)
+    saved = np.load(tmp_path / "qat.npz")
+    return (tmp_path / "qat.onnx").read_bytes(), saved["x"], saved["y"]
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_an_fx_qat_resnet18_runs_every_layer_in_int8_from_its_own_scales(dev):
-    model, x, want = fx_qat_resnet18()
+def test_an_fx_qat_resnet18_runs_every_layer_in_int8_from_its_own_scales(dev, tmp_path):
+    model, x, want = fx_qat_resnet18(tmp_path)
     m = onnx.load_from_string(model)
     inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
     last = [n for n in m.graph.node if n.op_type == "DequantizeLinear"][-1]
