@@ -108,10 +108,10 @@ TEST_P(Ops, FloatPoolNhwcGivesTheBitsOfNchw) {
 }
 
 // f16 and bf16 global pooling NHWC (fp16 models' squeeze-and-excitation
-// pools) widens each tap's channels as it goes where there are blocks of
-// channels enough, and the whole input first where not (NCHW always): the
-// same bits either way. Channel counts of one block and of several, and a
-// batch.
+// pools) widens a row's taps as it goes, in one call where one block takes
+// every channel and a tap at a time where not; NCHW widens the whole input
+// first: the same bits either way. Channel counts of one block and of
+// several (the last one short), and a batch.
 TEST_P(Ops, HalfGlobalPoolNhwcGivesTheBitsOfNchw) {
   for (DType dt : {DType::F16, DType::BF16})
     for (const std::array<std::int64_t, 2> nc : {std::array<std::int64_t, 2>{1, 300}, {4, 40}, {1, 40}})

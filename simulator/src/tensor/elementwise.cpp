@@ -201,12 +201,14 @@ void widen_row(fw::DType t, const std::uint16_t* in, std::uint64_t stride, float
   for (std::uint64_t i = 0; i < n; ++i) out[i] = load_float(reinterpret_cast<const std::byte*>(in + i * stride), t);
 }
 
-// An f32 map of two operands over rows where one operand is the same row
+// A float map of two operands over rows where one operand is the same row
 // each time (a per-channel scale over every pixel: a squeeze-and-excitation
 // block's Mul) and the other and y are dense across rows: that row staged
-// side by side, so that one call takes many rows (a call per row of 32
-// channels cost EfficientNet-B0's first Mul 100 us). The same op on the
-// same pairs of elements. False where the rows are not so.
+// side by side (widened once, for f16 and bf16), so that one call takes
+// many rows (a call per row of 32 channels cost EfficientNet-B0's first Mul
+// 100 us; in f16, four times its f32 time). The same op on the same pairs
+// of elements; halves widened exactly and each result rounded once, as
+// float_rows does. False where the rows are not so.
 bool repeated_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const Rows& r, const View& a, const View& b,
                    const View& y) {
   constexpr std::uint64_t kStage = 4096;  // floats of the repeated row, on the stack
@@ -216,19 +218,33 @@ bool repeated_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const Rows& 
   const bool dense = ys[1] == 1 && as[1] == 1 && bs[1] == 1 && ys[0] == len;
   const bool a_repeats = dense && as[0] == 0 && bs[0] == len, b_repeats = dense && bs[0] == 0 && as[0] == len;
   if (rows < 2 || len > kStage / 2 || !(a_repeats || b_repeats)) return false;
+  const fw::DType t = y.dtype;
+  const bool half = t != fw::DType::kF32;
   const std::uint64_t group = kStage / len;  // rows per call
-  const auto* once = reinterpret_cast<const float*>((a_repeats ? a : b).data);
-  const auto* other = reinterpret_cast<const float*>((a_repeats ? b : a).data);
-  auto* yp = reinterpret_cast<float*>(y.data);
+  const std::byte* once = (a_repeats ? a : b).data;
+  const std::byte* other = (a_repeats ? b : a).data;
   e.pool().parallel_for((rows + group - 1) / group,
                         [&](std::uint64_t begin, std::uint64_t end) {
                           float stage[kStage];
-                          for (std::uint64_t i = 0; i < group; ++i)
-                            std::memcpy(stage + i * len, once, len * sizeof(float));
+                          if (half)
+                            widen_row(t, reinterpret_cast<const std::uint16_t*>(once), 1, stage, len);
+                          else
+                            std::memcpy(stage, once, len * sizeof(float));
+                          for (std::uint64_t i = 1; i < group; ++i)
+                            std::memcpy(stage + i * len, stage, len * sizeof(float));
                           for (std::uint64_t g = begin; g < end; ++g) {
                             const std::uint64_t first = g * group * len, n = std::min(group, rows - g * group) * len;
-                            map_row(at, yp + first, a_repeats ? stage : other + first, 1,
-                                    a_repeats ? other + first : stage, 1, n);
+                            if (!half) {
+                              const auto* o = reinterpret_cast<const float*>(other) + first;
+                              map_row(at, reinterpret_cast<float*>(y.data) + first, a_repeats ? stage : o, 1,
+                                      a_repeats ? o : stage, 1, n);
+                              continue;
+                            }
+                            float wide[kStage], out[kStage];
+                            widen_row(t, reinterpret_cast<const std::uint16_t*>(other) + first, 1, wide, n);
+                            map_row(at, out, a_repeats ? stage : wide, 1, a_repeats ? wide : stage, 1, n);
+                            auto* yh = reinterpret_cast<std::uint16_t*>(y.data) + first;
+                            t == fw::DType::kF16 ? simd::narrow_f16(out, yh, n) : simd::narrow_bf16(out, yh, n);
                           }
                         },
                         std::max<std::uint64_t>(1, kGrain / kStage));
@@ -251,7 +267,7 @@ bool float_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const View& a, 
   std::uint64_t rows = 1;  // every dim but the last
   for (std::uint32_t d = 0; d + 1 < r.rank; ++d) rows *= r.shape[d];
   const std::uint64_t sa = r.strides[1][r.rank - 1], sb = r.strides[2][r.rank - 1];
-  if (t == fw::DType::kF32 && binary && repeated_rows(e, at, r, a, b, y)) return true;
+  if (binary && repeated_rows(e, at, r, a, b, y)) return true;
   // Split long single rows too, so that both threads work on a dense map.
   const std::uint64_t chunk = rows >= e.threads() ? len : (len + e.threads() - 1) / e.threads();
   const std::uint64_t per_row = (len + chunk - 1) / chunk;

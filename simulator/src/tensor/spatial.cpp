@@ -42,14 +42,12 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
   const std::int64_t w = static_cast<std::int64_t>(nhwc ? x.shape[2] : x.shape[3]);
   const std::uint64_t oh = nhwc ? y.shape[1] : y.shape[2], ow = nhwc ? y.shape[2] : y.shape[3];
   const std::uint32_t cd = nhwc ? 3 : 1;  // the channels' dimension
-  // f16 and bf16 global pooling over dense channels widens each tap's
-  // channels as the loop below reaches them (a whole-tensor pass cost
-  // EfficientNet-B0's squeeze-and-excitation pools twice their f32 time),
-  // where there are blocks of channels enough to keep threads busy (with
-  // fewer, the widening pass is the part that runs in parallel).
+  // f16 and bf16 global pooling over dense channels widens a row's taps
+  // as the loop below reaches them, into memory that stays in cache: a
+  // whole-tensor pass (written, then read again) cost EfficientNet-B0's
+  // squeeze-and-excitation pools twice their f32 time.
   const bool half = x.dtype == y.dtype && (x.dtype == fw::DType::kF16 || x.dtype == fw::DType::kBF16);
-  const bool half_global = half && oh == 1 && ow == 1 && x.strides[cd] == 1 && y.strides[cd] == 1 &&
-                           n * ((c + kChannelBlock - 1) / kChannelBlock) >= 4;
+  const bool half_global = half && oh == 1 && ow == 1 && x.strides[cd] == 1 && y.strides[cd] == 1;
   if (half && !half_global) {
     // Through the f32 loops below: widened exactly, each output formed in
     // f32 as the element loop at the end forms it, then rounded once.
@@ -177,15 +175,16 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
           n * blocks,
           [&](std::uint64_t begin, std::uint64_t end) {
             float acc[kChannelBlock];
-            // Halves as f32: a tap's block of channels at a time or, with
-            // one block and dense rows, a row's taps at once (a call per tap
-            // cost a 32-channel pool twice its f32 time).
+            // Halves as f32, a row's taps side by side (cn floats each):
+            // widened in one call where the block is every channel of dense
+            // rows, else a tap at a time, then summed in one call (a call
+            // per tap cost a 32-channel pool twice its f32 time).
             const bool by_row = half && blocks == 1 && dw == 1 && xw == static_cast<std::int64_t>(c);
-            std::vector<float> wide(by_row ? static_cast<std::uint64_t>(b1 - b0) * c : kChannelBlock);
-            auto widen = [&](std::uint64_t from, std::uint64_t count) {
+            const auto row_taps = static_cast<std::uint64_t>(b1 - b0);
+            std::vector<float> wide(half ? row_taps * std::min(block, c) : 0);
+            auto widen = [&](std::uint64_t from, std::uint64_t count, float* into) {
               const auto* hp = reinterpret_cast<const std::uint16_t*>(x.data) + from;
-              x.dtype == fw::DType::kF16 ? simd::widen_f16(hp, wide.data(), count)
-                                         : simd::widen_bf16(hp, wide.data(), count);
+              x.dtype == fw::DType::kF16 ? simd::widen_f16(hp, into, count) : simd::widen_bf16(hp, into, count);
             };
             for (std::uint64_t nb = begin; nb < end; ++nb) {
               const std::uint64_t ni = nb / blocks, c0 = nb % blocks * block, cn = std::min(block, c - c0);
@@ -204,17 +203,23 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
               }
               for (std::int64_t a = a0; !row_sums && a < a1; ++a) {
                 const std::int64_t row = (h0 + a * dh) * xh;
-                if (by_row)
-                  widen(ni * x.strides[0] + static_cast<std::uint64_t>(row + (w0 + b0 * dw) * xw), wide.size());
-                for (std::int64_t b = b0; b < b1; ++b) {
-                  const std::uint64_t tap = first + static_cast<std::uint64_t>(row + (w0 + b * dw) * xw);
-                  const float* in = reinterpret_cast<const float*>(x.data) + tap;
-                  if (by_row) {
-                    in = wide.data() + static_cast<std::uint64_t>(b - b0) * c + c0;
-                  } else if (half) {
-                    widen(tap, cn);
-                    in = wide.data();
+                auto tap_at = [&](std::int64_t b) {
+                  return first + static_cast<std::uint64_t>(row + (w0 + b * dw) * xw);
+                };
+                if (half) {
+                  if (by_row)
+                    widen(tap_at(b0), row_taps * cn, wide.data());
+                  else
+                    for (std::int64_t b = b0; b < b1; ++b)
+                      widen(tap_at(b), cn, wide.data() + static_cast<std::uint64_t>(b - b0) * cn);
+                  if (!max) {
+                    simd::add_rows_f32(acc, wide.data(), cn, row_taps, cn);
+                    continue;
                   }
+                }
+                for (std::int64_t b = b0; b < b1; ++b) {
+                  const float* in = half ? wide.data() + static_cast<std::uint64_t>(b - b0) * cn
+                                         : reinterpret_cast<const float*>(x.data) + tap_at(b);
                   if (max)
                     simd::max_strided_f32(acc, in, cn, half ? 1 : x.strides[cd]);
                   else
