@@ -25,6 +25,41 @@ TEST_P(Ops, MatMulMatchesTheReferenceForRandomShapes) {
   }
 }
 
+// A bf16 product of fewer than 16 rows (a squeeze-and-excitation block's,
+// a classifier's) runs on the engine's own kernels even on a CPU that
+// multiplies bf16 in hardware (docs/ops.md, Determinism): each element one
+// chain of multiply-adds in k order from 0, fused where the level has FMA,
+// else each product rounded before it is added; the bits of every other
+// level. On boards that name their engine's instruction set (simulated ones).
+TEST_P(Ops, MatMulOfFewBf16RowsIsOneMultiplyAddChainPerElement) {
+  const std::string isa = lab().dev.properties().tensor_isa;
+  if (isa.empty()) GTEST_SKIP() << GetParam() << " does not name its tensor engine's instruction set";
+  const bool fma = isa != "sse2" && isa != "sse41";
+  for (const std::int64_t m : {std::int64_t{1}, std::int64_t{15}}) {
+    const std::int64_t k = 300, n = 70;
+    const Host a = rand(DType::BF16, {m, k}, -2, 2), b = rand(DType::BF16, {k, n}, -2, 2);
+    const Tensor y = lab().output(DType::F32, {m, n});
+    const Host got = lab().run(ops::matmul(lab().upload(a), lab().upload(b), y), y);
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        float want = 0.0f;
+        for (std::int64_t kk = 0; kk < k; ++kk) {
+          const auto x = static_cast<float>(a.v[static_cast<std::size_t>(i * k + kk)]);
+          const auto w = static_cast<float>(b.v[static_cast<std::size_t>(kk * n + j)]);
+          if (fma) {
+            want = std::fma(x, w, want);
+          } else {
+            volatile float product = x * w;  // rounded on its own
+            want = want + product;
+          }
+        }
+        const auto have = static_cast<float>(got.v[static_cast<std::size_t>(i * n + j)]);
+        ASSERT_EQ(std::memcmp(&have, &want, 4), 0)
+            << m << " rows at " << isa << ", [" << i << ", " << j << "]: " << have << " against " << want;
+      }
+  }
+}
+
 TEST_P(Ops, MatMulWithEmptyOutputsRunsNothing) {
   // Nothing to compute: the ops complete and the queue stays healthy.
   for (const auto& [as, bs, ys] : std::vector<std::array<Shape, 3>>{{Shape{0, 4}, Shape{4, 5}, Shape{0, 5}},

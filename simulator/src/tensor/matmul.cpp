@@ -100,18 +100,29 @@ fgemm::Type float_type(fw::DType t) {
   return t == fw::DType::kF16 ? fgemm::Type::kF16 : t == fw::DType::kBF16 ? fgemm::Type::kBF16 : fgemm::Type::kF32;
 }
 
+// Products of fewer rows than this (a squeeze-and-excitation block's or a
+// classifier's [1, K] x [K, N]) are bf16 on the engine's own kernels even
+// where the CPU multiplies bf16: each of native_bf16_product's tiles
+// describes and creates a oneDNN primitive, tens of microseconds, where
+// such a product takes a few. EfficientNet-B0's 33 took 2.7 times their
+// f32 time that way.
+constexpr std::uint64_t kNativeBf16MinRows = 16;
+
 // bf16 products on oneDNN where the CPU multiplies bf16 in hardware
 // (AVX512_BF16, AMX: twice to several times the f32 rate): out (f32, as
 // float_product) over fixed tiles of the output, each computed by one
 // thread with oneDNN held to that thread, so that the tiles, and every
 // element's sum, depend on the shapes alone and never on the thread count.
-// False (some tiles possibly written) if oneDNN cannot take the operands.
+// False (some tiles possibly written) if oneDNN cannot take the operands,
+// or before anything is written for fewer than kNativeBf16MinRows rows.
 bool native_bf16_product(TensorEngine& e, const View& a, const View& b, bool ta, bool tb, const View& y, float* out) {
   const std::uint32_t r = y.rank;
   auto describable = [r](const View& v) {  // oneDNN takes no broadcast row or column
     return !(v.strides[r - 2] == 0 && v.shape[r - 2] > 1) && !(v.strides[r - 1] == 0 && v.shape[r - 1] > 1);
   };
-  if (a.dtype != fw::DType::kBF16 || b.dtype != fw::DType::kBF16 || !describable(a) || !describable(b)) return false;
+  if (a.dtype != fw::DType::kBF16 || b.dtype != fw::DType::kBF16 || !describable(a) || !describable(b) ||
+      y.shape[r - 2] < kNativeBf16MinRows)
+    return false;
   const std::uint64_t m = y.shape[r - 2], n = y.shape[r - 1];
   const std::uint64_t k = ta ? a.shape[r - 2] : a.shape[r - 1];
   const std::uint64_t nb = batches(y);
