@@ -195,7 +195,9 @@ export build root fuzz_here isa_independent
 done_alongside=0
 # OpenMP's worker threads (the tensor engine's and oneDNN's in LLVM's
 # libomp, PyTorch's in GNU libgomp) spin after each parallel region before
-# they sleep: libomp for 200 ms (KMP_BLOCKTIME). On a shared CI runner, and
+# they sleep: libomp for 200 ms by default (KMP_BLOCKTIME; the tensor
+# engine's threads set 1 ms for their own teams where it is unset), libgomp
+# for its spin count. On a shared CI runner, and
 # in the load pass, which crowds the cores on purpose, that spinning takes
 # the cores the other tests and builds need: the convolution and matrix
 # product op tests beside two busy processes took 100 s as they were, 76 s

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "support/scoped_env.hpp"
+
 namespace tpuhal::sim {
 namespace {
 
@@ -361,30 +363,7 @@ TEST(SimProfile, TooManyRegionsIsRejected) {
   EXPECT_NE(msg.find("memory.regions: must list 1 to 8 regions"), std::string::npos) << msg;
 }
 
-// Sets an environment variable for one test and restores it afterwards.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) {
-      old_ = old;
-      had_ = true;
-    }
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
+using test::ScopedEnv;
 
 class SimProfileFiles : public ::testing::Test {
  protected:

@@ -45,6 +45,10 @@ bool CpuShare::sample_due(std::uint64_t now_ns) const {
   return sense_ && team_ > 1 && now_ns - window_start_ >= kWindowNs;
 }
 
+bool CpuShare::overdue(std::uint64_t now_ns) const {
+  return sense_ && team_ > 1 && now_ns - window_start_ >= 2 * kWindowNs;
+}
+
 void CpuShare::sampled(double waited, unsigned threads, std::uint64_t now_ns) {
   window_start_ = now_ns;
   last_waited_ = waited;

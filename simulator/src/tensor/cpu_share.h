@@ -18,6 +18,9 @@
 //   - each window (kWindowNs of wall time), the engine's threads' mean
 //     share of time spent waiting for a CPU, `waited`, is read in one of
 //     its own parallel regions (every thread of the team reads its own);
+//     where a second window passes without one (every op ran on one
+//     thread or in oneDNN's own regions), the thread that runs the ops
+//     reads its own when the next op begins;
 //   - above kShrinkAbove in kStrikes windows in a row (one is a moment's
 //     noise: a kernel thread, a page fault storm), the team shrinks in proportion to the CPU it got
 //     (round(team * (1 - waited)), at least 1), and stays so for a hold
@@ -54,6 +57,13 @@ class CpuShare {
   // Whether the next parallel region of the whole team should read the
   // threads' waits.
   bool sample_due(std::uint64_t now_ns) const;
+  // Whether a whole window more has passed with no region sampled: the
+  // ops ran on one thread or on oneDNN's threads, whose regions the engine
+  // does not enter. The thread that runs the ops then reads its own wait
+  // (sampled(), or restart() where it has no reading yet).
+  bool overdue(std::uint64_t now_ns) const;
+  // Starts the window afresh without a reading.
+  void restart(std::uint64_t now_ns) { window_start_ = now_ns; }
   // A region of `threads` threads (the whole team) read them: `waited` is
   // their mean share of wall time spent waiting for a CPU since each last
   // read.

@@ -28,7 +28,23 @@ namespace tpuhal::sim::tensor {
 
 // ---- WorkerPool ----------------------------------------------------------------
 
+// LLVM's libomp (a clang build's OpenMP runtime, which oneDNN's OpenMP
+// calls bind to as well) lets a thread set how long the workers of the
+// teams it forks spin after a region before they sleep. GNU libgomp has no
+// such call: null there.
+extern "C" void kmp_set_blocktime(int msec) __attribute__((weak));
+
 namespace {
+
+// Sets WorkerPool::kSpinMs for the teams the calling thread forks, where
+// the user has not said (KMP_BLOCKTIME, OMP_WAIT_POLICY); once per thread.
+void spin_briefly() {
+  thread_local bool set = false;
+  if (set) return;
+  set = true;
+  if (kmp_set_blocktime && !std::getenv("KMP_BLOCKTIME") && !std::getenv("OMP_WAIT_POLICY"))
+    kmp_set_blocktime(WorkerPool::kSpinMs);
+}
 
 // TPUHAL_SIM_SERIAL_BELOW_NS, or kSerialBelowNs where it is unset or not a
 // number.
@@ -54,10 +70,24 @@ WorkerPool::WorkerPool(unsigned threads)
       team_(share_team_) {}
 
 unsigned WorkerPool::begin_op(std::uint64_t work_ns) {
+  spin_briefly();
   const unsigned before = share_team_;
-  share_team_ = share_.team(base::monotonic_ns());
+  const std::uint64_t now = base::monotonic_ns();
+  share_team_ = share_.team(now);
   if (share_team_ != before && share_team_ == share_.max_threads())
     base::logger("sim")->debug("tensor engine: back to {} threads", share_team_);
+  if (share_.overdue(now)) {
+    // No region of the whole team read the waits for a window: this
+    // thread reads its own. oneDNN's threads wait at their barriers for a
+    // thread that lost its core as ours do, and this one shares the cores
+    // with them.
+    const double waited = CpuShare::thread_waited_since_last(now);
+    if (waited < 0)
+      share_.restart(now);  // its first reading, or one long ago: the next says how long it waited
+    else
+      sampled(waited, share_team_, now);
+    share_team_ = share_.team(now);
+  }
   team_ = work_ns < serial_below_ns_ ? 1 : share_team_;
   return team_;
 }
@@ -105,13 +135,16 @@ void WorkerPool::parallel_for(std::uint64_t n, const std::function<void(std::uin
   if (!sample) return;
   const unsigned got = read.load();
   if (got == 0) return;
-  const double waited = static_cast<double>(waited_ppm.load()) * 1e-6 / got;
+  sampled(static_cast<double>(waited_ppm.load()) * 1e-6 / got, parts, start);
+}
+
+void WorkerPool::sampled(double waited, unsigned threads, std::uint64_t now_ns) {
   const std::uint64_t shrinks = share_.shrinks();
-  share_.sampled(waited, parts, start);
+  share_.sampled(waited, threads, now_ns);
   if (share_.shrinks() != shrinks)
     base::logger("sim")->debug(
-        "tensor engine: its {} threads waited for a CPU {:.0f}% of the time: {} thread(s) for now", parts, waited * 100,
-        share_.team(start));
+        "tensor engine: its {} threads waited for a CPU {:.0f}% of the time: {} thread(s) for now", threads,
+        waited * 100, share_.team(now_ns));
 }
 
 // ---- TensorEngine --------------------------------------------------------------

@@ -65,6 +65,18 @@ class WorkerPool {
   // 0, ResNet-50 no slower.
   static constexpr std::uint64_t kSerialBelowNs = 100'000;
   unsigned begin_op(std::uint64_t work_ns);
+  // How long OpenMP's workers spin after a region before they sleep, in
+  // ms: begin_op() sets it for the teams its thread forks, where the user
+  // has not said (KMP_BLOCKTIME, OMP_WAIT_POLICY) and the runtime is LLVM's
+  // libomp (a clang build's; oneDNN's regions run on it too). libomp's own
+  // default, 200 ms, has a worker hold its core between the engine's ops,
+  // where a neighbour, or the engine's thread running a small op, wanted
+  // it. On a 2-core VM beside one busy process at nice 19, EfficientNet-B0
+  // int8 took 15 ms a run in most processes at 200, 20 or 5 ms, and 4.1 to
+  // 5.8 ms at 1 ms. Quiet, 1 ms ran as fast as 200 (EfficientNet-B0 fp32
+  // 7.3 ms, int8 4.0 ms; ResNet-50 fp32 30 ms), where sleeping at once (0)
+  // made them 1.1 to 1.4 times slower.
+  static constexpr int kSpinMs = 1;
   // The threads the current op runs on, and the most it may.
   unsigned threads() const { return team_; }
   unsigned max_threads() const { return share_.max_threads(); }
@@ -78,6 +90,9 @@ class WorkerPool {
                     std::uint64_t grain = 1);
 
  private:
+  // Gives CpuShare a reading of `threads` threads' wait, and logs a shrink.
+  void sampled(double waited, unsigned threads, std::uint64_t now_ns);
+
   CpuShare share_;
   std::uint64_t serial_below_ns_;
   unsigned share_team_;  // what CpuShare allows
