@@ -801,11 +801,17 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
     auto* dst = reinterpret_cast<std::uint16_t*>(y.data);
     const bool bf16 = y.dtype == fw::DType::kBF16;
     e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
-      activate_span(act, at.act_alpha, at.act_beta, scratch + begin, end - begin);
-      if (bf16)
-        simd::narrow_bf16(scratch + begin, dst + begin, end - begin);
-      else
-        simd::narrow_f16(scratch + begin, dst + begin, end - begin);
+      // A block at a time, narrowed while the activation's output is still
+      // in the first-level cache: one pass over the scratch, not two.
+      constexpr std::uint64_t kBlock = 2048;
+      for (std::uint64_t b0 = begin; b0 < end; b0 += kBlock) {
+        const std::uint64_t n = std::min(kBlock, end - b0);
+        activate_span(act, at.act_alpha, at.act_beta, scratch + b0, n);
+        if (bf16)
+          simd::narrow_bf16(scratch + b0, dst + b0, n);
+        else
+          simd::narrow_f16(scratch + b0, dst + b0, n);
+      }
     });
     return {};
   }
