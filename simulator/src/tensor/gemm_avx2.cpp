@@ -27,6 +27,14 @@ struct F {
   static reg bcast(const float* p) { return _mm256_set1_ps(*p); }
   static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   static __m256i to_int(reg r) { return _mm256_cvtps_epi32(r); }
+  // kLanes halves or bf16 words from p, widened (exact).
+  static reg load_f16(const std::uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static reg load_bf16(const std::uint16_t* p) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
 };
 constexpr unsigned FMR = 6, FNV = 2;
 #define TPUHAL_GEMM_F16C 1

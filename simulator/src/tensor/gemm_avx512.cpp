@@ -29,6 +29,14 @@ struct F {
   static __m512i to_int(reg r) {
     return _mm512_maskz_cvtps_epi32(0xFFFF, r);
   }  // maskz: no undefined lanes for GCC to warn of
+  // kLanes halves or bf16 words from p, widened (exact).
+  static reg load_f16(const std::uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static reg load_bf16(const std::uint16_t* p) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
 };
 constexpr unsigned FMR = 12, FNV = 2;
 #define TPUHAL_GEMM_F16C 1
