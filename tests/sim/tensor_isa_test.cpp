@@ -958,6 +958,41 @@ TEST(TensorIsa, RowSumsMatchTheScalarStepsAtEveryLevel) {
   }
 }
 
+// add_rows_f16 and add_rows_bf16 (a half or bf16 global average pool's
+// sums): each element widened by fw/half.h's rule, then the f32 steps of
+// add_rows_f32, at every level; every kind of half among the values (NaNs
+// signalling and quiet, infinities, subnormals), row lengths that leave
+// every vector tail, and nothing touched past n.
+TEST(TensorIsa, HalfRowSumsWidenThenMatchTheScalarStepsAtEveryLevel) {
+  std::mt19937 rng(29);
+  const std::uint16_t specials[] = {0x7C01, 0x7E00, 0xFC00, 0x7C00, 0x8000, 0x0001, 0x03FF, 0x7BFF};
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const simd::Kernels& k = simd::kernels(isa);
+    for (const bool bf16 : {false, true})
+      for (const std::size_t n : {1u, 7u, 8u, 16u, 33u, 64u, 100u})
+        for (const std::size_t rows : {1u, 3u, 300u}) {
+          SCOPED_TRACE((bf16 ? "bf16 n " : "f16 n ") + std::to_string(n) + " rows " + std::to_string(rows));
+          const std::size_t stride = n + 5;
+          std::vector<std::uint16_t> x(rows * stride);
+          for (auto& v : x) v = rng() % 13 == 0 ? specials[rng() % 8] : static_cast<std::uint16_t>(rng() & 0xFFFF);
+          std::vector<float> acc(n + 1), want(n + 1);
+          for (std::size_t i = 0; i < n; ++i) acc[i] = want[i] = static_cast<float>(rng() % 1000) / 3.0f;
+          acc[n] = want[n] = 42.0f;
+          (bf16 ? k.add_rows_bf16 : k.add_rows_f16)(acc.data(), x.data(), n, rows, stride);
+          for (std::size_t r = 0; r < rows; ++r)
+            for (std::size_t i = 0; i < n; ++i) {
+              const std::uint16_t h = x[r * stride + i];
+              volatile float sum = want[i] + (bf16 ? fw::bf16_to_f32(h) : fw::f16_to_f32(h));
+              want[i] = sum;
+            }
+          for (std::size_t i = 0; i <= n; ++i)
+            ASSERT_TRUE(std::memcmp(&acc[i], &want[i], 4) == 0 || (std::isnan(acc[i]) && std::isnan(want[i])))
+                << acc[i] << " against " << want[i] << " at " << i;
+        }
+  }
+}
+
 // The versions the entry points run follow the level, not the CPU alone:
 // capped at the lowest level every entry point runs its baseline version,
 // at the top its top one, and at each level between the version that level
@@ -985,7 +1020,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 30u);
+  ASSERT_EQ(simd::entry_points().size(), 32u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

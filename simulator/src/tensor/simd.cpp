@@ -150,6 +150,12 @@ void arith_f32(Arith op, float* y, const float* a, std::size_t sa, const float* 
 void add_rows_f32(float* acc, const float* x, std::size_t n, std::size_t rows, std::size_t stride) {
   active().add_rows_f32(acc, x, n, rows, stride);
 }
+void add_rows_f16(float* acc, const std::uint16_t* x, std::size_t n, std::size_t rows, std::size_t stride) {
+  active().add_rows_f16(acc, x, n, rows, stride);
+}
+void add_rows_bf16(float* acc, const std::uint16_t* x, std::size_t n, std::size_t rows, std::size_t stride) {
+  active().add_rows_bf16(acc, x, n, rows, stride);
+}
 void max_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride) {
   active().max_strided_f32(out, in, n, stride);
 }

@@ -103,6 +103,10 @@ void add_strided_f32(float* out, const float* in, std::size_t n, std::size_t str
 // global pool's sums over its taps (channels last), a vector of channels
 // per tap, each step one f32 addition, as add_strided_f32 tap by tap.
 void add_rows_f32(float* acc, const float* x, std::size_t n, std::size_t rows, std::size_t stride);
+// The same over halves or bf16 words, each widened exactly before it is
+// added (a NaN's payload aside, which a sum does not pin: addition commutes).
+void add_rows_f16(float* acc, const std::uint16_t* x, std::size_t n, std::size_t rows, std::size_t stride);
+void add_rows_bf16(float* acc, const std::uint16_t* x, std::size_t n, std::size_t rows, std::size_t stride);
 
 // Convolution's per-tap step over a row of outputs: out[i] += w * in[i *
 // stride], the product rounded to f32, then added (never fused), so that
@@ -161,6 +165,8 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(max_strided_f32)                \
   X(add_strided_f32)                \
   X(add_rows_f32)                   \
+  X(add_rows_f16)                   \
+  X(add_rows_bf16)                  \
   X(madd_strided_f32)               \
   X(sigmoid_f32)                    \
   X(silu_f32)                       \

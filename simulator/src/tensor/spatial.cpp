@@ -162,10 +162,11 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
       // of channels; every output still meets its taps in (row, column)
       // order.
       const std::uint64_t block = half ? kChannelBlock : channel_block(e, n, c);
-      // f32 sums over dense channels: a row's taps (or every row's, where
-      // they are evenly apart) in one call, in (row, column) order; a call
-      // per tap cost the 32-channel squeeze 70 us.
-      const bool row_sums = !half && !max && x.strides[cd] == 1;
+      // Sums over dense channels: a row's taps (or every row's, where they
+      // are evenly apart) in one call, in (row, column) order; a call per
+      // tap cost the 32-channel squeeze 70 us. Halves and bf16 words widen
+      // as they are added.
+      const bool row_sums = !max && x.strides[cd] == 1;
       const std::uint64_t blocks = (c + block - 1) / block;
       const std::int64_t h0 = -pt, w0 = -pl;
       const auto rows = taps(h0, dh, kh, h), cols = taps(w0, dw, kw, w);
@@ -175,13 +176,12 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
           n * blocks,
           [&](std::uint64_t begin, std::uint64_t end) {
             float acc[kChannelBlock];
-            // Halves as f32, a row's taps side by side (cn floats each):
-            // widened in one call where the block is every channel of dense
-            // rows, else a tap at a time, then summed in one call (a call
-            // per tap cost a 32-channel pool twice its f32 time).
+            // Max pooling's halves as f32, a row's taps side by side (cn
+            // floats each): widened in one call where the block is every
+            // channel of dense rows, else a tap at a time.
             const bool by_row = half && blocks == 1 && dw == 1 && xw == static_cast<std::int64_t>(c);
             const auto row_taps = static_cast<std::uint64_t>(b1 - b0);
-            std::vector<float> wide(half ? row_taps * std::min(block, c) : 0);
+            std::vector<float> wide(half && max ? row_taps * std::min(block, c) : 0);
             auto widen = [&](std::uint64_t from, std::uint64_t count, float* into) {
               const auto* hp = reinterpret_cast<const std::uint16_t*>(x.data) + from;
               x.dtype == fw::DType::kF16 ? simd::widen_f16(hp, into, count) : simd::widen_bf16(hp, into, count);
@@ -192,14 +192,21 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
               std::fill(acc, acc + cn, max ? -std::numeric_limits<float>::infinity() : 0.0f);
               if (row_sums) {
                 const auto step = static_cast<std::uint64_t>(dw * xw), cols_n = static_cast<std::uint64_t>(b1 - b0);
-                auto row_start = [&](std::int64_t a) {
-                  return reinterpret_cast<const float*>(x.data) + first +
-                         static_cast<std::uint64_t>((h0 + a * dh) * xh + (w0 + b0 * dw) * xw);
+                // The taps from row a's first, `count` of them `step` apart.
+                auto add_rows = [&](std::int64_t a, std::uint64_t count) {
+                  const std::uint64_t from =
+                      first + static_cast<std::uint64_t>((h0 + a * dh) * xh + (w0 + b0 * dw) * xw);
+                  if (x.dtype == fw::DType::kF32)
+                    simd::add_rows_f32(acc, reinterpret_cast<const float*>(x.data) + from, cn, count, step);
+                  else if (x.dtype == fw::DType::kF16)
+                    simd::add_rows_f16(acc, reinterpret_cast<const std::uint16_t*>(x.data) + from, cn, count, step);
+                  else
+                    simd::add_rows_bf16(acc, reinterpret_cast<const std::uint16_t*>(x.data) + from, cn, count, step);
                 };
                 if (a0 < a1 && static_cast<std::uint64_t>(dh * xh) == cols_n * step)
-                  simd::add_rows_f32(acc, row_start(a0), cn, static_cast<std::uint64_t>(a1 - a0) * cols_n, step);
+                  add_rows(a0, static_cast<std::uint64_t>(a1 - a0) * cols_n);
                 else
-                  for (std::int64_t a = a0; a < a1; ++a) simd::add_rows_f32(acc, row_start(a), cn, cols_n, step);
+                  for (std::int64_t a = a0; a < a1; ++a) add_rows(a, cols_n);
               }
               for (std::int64_t a = a0; !row_sums && a < a1; ++a) {
                 const std::int64_t row = (h0 + a * dh) * xh;
@@ -212,10 +219,6 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
                   else
                     for (std::int64_t b = b0; b < b1; ++b)
                       widen(tap_at(b), cn, wide.data() + static_cast<std::uint64_t>(b - b0) * cn);
-                  if (!max) {
-                    simd::add_rows_f32(acc, wide.data(), cn, row_taps, cn);
-                    continue;
-                  }
                 }
                 for (std::int64_t b = b0; b < b1; ++b) {
                   const float* in = half ? wide.data() + static_cast<std::uint64_t>(b - b0) * cn
