@@ -52,6 +52,9 @@ TEST_P(Ops, Conv2dSpecificGeometries) {
       {"kernel covers the input", {1, 3, 5, 4}, {2, 3, 5, 4}, geom({1, 1}, {1, 1}, {0, 0, 0, 0}, 1)},
       {"1x1 input, padded", {1, 2, 1, 1}, {3, 2, 3, 3}, geom({1, 1}, {1, 1}, {1, 1, 1, 1}, 1)},
       {"dilated, strided, asymmetric", {1, 4, 11, 9}, {6, 2, 3, 2}, geom({2, 3}, {2, 3}, {0, 3, 2, 1}, 2)},
+      // An f16 result finished (activated and narrowed) in several blocks
+      // per thread.
+      {"3x3 with many outputs", {1, 8, 40, 36}, {16, 8, 3, 3}, geom({1, 1}, {1, 1}, {1, 1, 1, 1}, 1)},
   };
   for (const Case& c : cases)
     for (Layout layout : {Layout::NCHW, Layout::NHWC})
