@@ -163,6 +163,9 @@ def check_schema():
             problems.append(f"{k['name']}: cycles must be a count or \"elementwise\"")
         if k["peak"] not in ("float", "int8", None):
             problems.append(f"{k['name']}: unknown peak {k['peak']}")
+        if ("rule" in k) == ("shape" in k) or k.get("shape", "window") not in ops.SHAPE_RULES:
+            problems.append(f"{k['name']}: a kind has a rule, or names its shape rule (shape: one of "
+                            f"{sorted(ops.SHAPE_RULES)}), not both")
     for enum_name, table in ops.VECTOR_CYCLES.items():
         known = {v[0] for v in enum(enum_name)["values"]}
         problems += [f"VECTOR_CYCLES: {enum_name} has no value {v}" for v in table if v not in known]
@@ -1775,11 +1778,17 @@ def doc_maps():
 
 
 def doc_kinds():
-    rows = ["| code | kind | tensors, output last | attributes | since | builders |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| code | kind | tensors, output last | attributes | since | builders | checks |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for code, k in enumerate(ops.KINDS, start=1):
         builders = ", ".join(f"`{b}`" for b in k["builders"])
-        rows.append(f"| {code} | `{k['id']}` | {roles(k)} | `{k['fw_attrs']}` | 1.{k['minor']} | {builders} |")
+        checks = "schema rule" if "rule" in k else f"{k['shape']} rule" if k["shape"] != "each layer" else "each layer"
+        rows.append(f"| {code} | `{k['id']}` | {roles(k)} | `{k['fw_attrs']}` | 1.{k['minor']} | {builders} | "
+                    f"{checks} |")
+    rows.append("")
+    rows += [f"- Checks, {'window rule' if name == 'window' else name}: {text}." for name, text in
+             ops.SHAPE_RULES.items()]
+    rows.append("- Checks, schema rule: generated from the kind's `rule` in `schema/ops.py` for both layers.")
     rows.append("")
     for e in ops.ENUMS:
         if "fw" not in e["layers"]:

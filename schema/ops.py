@@ -516,16 +516,24 @@ QLINEAR_BINARY = dict(
                 shapes={"A": [2, 3], "AScale": [1], "AZeroPoint": [1], "B": [2, 3], "BScale": [1], "BZeroPoint": [1],
                         "YScale": [1], "YZeroPoint": [1], "Y": [2, 3]}))
 
+# Where the shape rule of a kind without a `rule` lives: its board check
+# and its host check both read one function of a header that both layers
+# may include, or each layer writes its own.
+SHAPE_RULES = {
+    "window": "`fw/window.h` (`conv_shape`, `conv_transpose_shape`, `pool_shape`), read by both layers",
+    "each layer": "`check_<kind>` in `firmware_iface/src/tensor.cpp`, the builder in `hal/src/ops.cpp`",
+}
+
 KINDS = [
-    dict(name="MatMul", id="matmul", minor=1, tensors=["A", "B", "C?", "Y"], fw_attrs="MatMulAttrs",
+    dict(name="MatMul", id="matmul", shape="each layer", minor=1, tensors=["A", "B", "C?", "Y"], fw_attrs="MatMulAttrs",
          attrs="MatMulAttrs", cost=("matmul", "A"), cycles=0, peak="float", builders=["matmul"],
          doc="Y = act(alpha * op(A) @ op(B) + beta * C), batched."),
-    dict(name="Conv2d", id="conv2d", minor=1, tensors=["X", "W", "Bias?", "Y"], fw_attrs="ConvAttrs",
+    dict(name="Conv2d", id="conv2d", shape="window", minor=1, tensors=["X", "W", "Bias?", "Y"], fw_attrs="ConvAttrs",
          attrs="ConvAttrs", cost=("conv", "W"), cycles=0, peak="float", builders=["conv2d"],
          doc="Float convolution, NCHW or NHWC, groups, dilation."),
-    dict(name="Pool2d", id="pool2d", minor=1, tensors=["X", "Y"], fw_attrs="PoolAttrs", attrs="PoolAttrs",
+    dict(name="Pool2d", id="pool2d", shape="window", minor=1, tensors=["X", "Y"], fw_attrs="PoolAttrs", attrs="PoolAttrs",
          cost=("pool",), cycles=1, peak=None, builders=["max_pool2d", "avg_pool2d"], doc="Max or average pooling."),
-    dict(name="Elementwise", id="elementwise", minor=1, tensors=["A", "B?", "Y"], fw_attrs="ElementwiseAttrs",
+    dict(name="Elementwise", id="elementwise", shape="each layer", minor=1, tensors=["A", "B?", "Y"], fw_attrs="ElementwiseAttrs",
          attrs="ElementwiseAttrs", cost=("per_output",), cycles="elementwise", peak=None,
          builders=["activation", "relu", "cast", "transpose"] + MAP_BUILDERS,
          doc="Unary and binary maps, including cast and transpose (B absent for unary maps)."),
@@ -557,7 +565,7 @@ KINDS = [
                    trailing=["AZeroPoint", "BZeroPoint"]),
          sample=dict(dtypes={"A": "u8", "B": "i8", "AZeroPoint": "u8", "BZeroPoint": "i8", "Y": "i32"},
                      shapes={"A": [2, 3], "B": [3, 4], "AZeroPoint": [1], "BZeroPoint": [1], "Y": [2, 4]})),
-    dict(name="ConvInteger", id="conv_integer", minor=1, tensors=["X", "W", "XZeroPoint?", "WZeroPoint?", "Y"],
+    dict(name="ConvInteger", id="conv_integer", shape="window", minor=1, tensors=["X", "W", "XZeroPoint?", "WZeroPoint?", "Y"],
          fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv", "W"), cycles=0, peak="int8", builders=["conv_integer"],
          doc="Integer convolution with zero points, int32 accumulation."),
     dict(name="QLinearMatMul", id="qlinear_matmul", minor=1,
@@ -574,13 +582,13 @@ KINDS = [
                              "BZeroPoint": "i8", "YScale": "f32", "YZeroPoint": "u8", "Y": "u8"},
                      shapes={"A": [2, 3], "AScale": [1], "AZeroPoint": [1], "B": [3, 4], "BScale": [1],
                              "BZeroPoint": [1], "YScale": [1], "YZeroPoint": [1], "Y": [2, 4]})),
-    dict(name="QLinearConv", id="qlinear_conv", minor=1,
+    dict(name="QLinearConv", id="qlinear_conv", shape="window", minor=1,
          tensors=["X", "XScale", "XZeroPoint", "W", "WScale", "WZeroPoint", "YScale", "YZeroPoint", "Bias?", "Y"],
          fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv", "W"), cycles=0, peak="int8", builders=["qlinear_conv"],
          doc="Quantized convolution, requantised to Y's scale."),
-    dict(name="Resize", id="resize", minor=1, tensors=["X", "Y"], fw_attrs="ResizeAttrs", attrs="ResizeAttrs",
+    dict(name="Resize", id="resize", shape="each layer", minor=1, tensors=["X", "Y"], fw_attrs="ResizeAttrs", attrs="ResizeAttrs",
          cost=("per_output",), cycles=3, peak=None, builders=["resize"], doc="Nearest or bilinear over H and W."),
-    dict(name="ColorConvert", id="color_convert", minor=1, tensors=["Luma", "ChromaU", "ChromaV?", "Y"],
+    dict(name="ColorConvert", id="color_convert", shape="each layer", minor=1, tensors=["Luma", "ChromaU", "ChromaV?", "Y"],
          fw_attrs="ColorConvertAttrs", attrs="ColorConvertAttrs", cost=("per_output",), cycles=6, peak=None,
          builders=["nv12_to_rgb", "i420_to_rgb"],
          doc="NV12 / I420 -> planar RGB, normalised (ChromaU holds UV for NV12)."),
@@ -596,7 +604,7 @@ KINDS = [
                                              doc="the index of the smallest element along axis")}),
          sample=dict(dtypes={"X": "f32", "Values": "f32", "Indices": "i32"},
                      shapes={"X": [2, 5], "Values": [2, 3], "Indices": [2, 3]}, attrs={"axis": 1})),
-    dict(name="ConvTranspose2d", id="conv_transpose2d", minor=5, tensors=["X", "W", "Bias?", "Y"],
+    dict(name="ConvTranspose2d", id="conv_transpose2d", shape="window", minor=5, tensors=["X", "W", "Bias?", "Y"],
          fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv_transpose", "X", "W"), cycles=0, peak="float",
          builders=["conv_transpose2d"], doc="Transposed convolution."),
     dict(name="Where", id="where", minor=5, tensors=["Cond", "A", "B", "Y"], fw_attrs="QuantAttrs", attrs="NoAttrs",

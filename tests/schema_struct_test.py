@@ -2,7 +2,7 @@
 """The op schema's attribute structs (ATTR_STRUCTS in schema/ops.py): the
 generator refuses a struct it cannot write, naming the struct and field,
 and writes the wire and HAL views of each field type as docs/adding-an-op.md
-says.
+says. A kind without a rule names its shape rule (SHAPE_RULES).
 
   tests/schema_struct_test.py ROOT
 """
@@ -73,6 +73,22 @@ def main(root):
     expect("a reserved word is not in the HAL", generate.hal_field(generate.attr_fields(color)[1]) == "")
     expect("the default size, a multiple of 16 bytes",
            generate.struct_words(dict(name="T", fields=[("a", "u32[4]", "0", ""), ("b", "u32", "0", "")])) == (5, 8))
+
+    # A kind has a rule, or names where its shape rule lives; never both.
+    def schema_refuses(change, says):
+        kinds = ops.KINDS
+        ops.KINDS = [dict(k) for k in kinds]
+        change(ops.KINDS)
+        try:
+            generate.check_schema()
+            expect(f"a schema broken for {says!r} was taken", False)
+        except SystemExit as e:
+            expect(f"{e} does not say {says!r}", says in str(e))
+        finally:
+            ops.KINDS = kinds
+    schema_refuses(lambda ks: ks[1].pop("shape"), "Conv2d: a kind has a rule, or names its shape rule")
+    schema_refuses(lambda ks: ks[1].update(shape="stencil"), "Conv2d: a kind has a rule, or names its shape rule")
+    schema_refuses(lambda ks: ks[4].update(shape="window"), "Softmax: a kind has a rule, or names its shape rule")
 
     for f in failures:
         print(f"schema_struct_test: {f}", file=sys.stderr)

@@ -164,12 +164,6 @@ bool expect_attr(Check& c, std::size_t offset, bool ok, std::uint64_t value, std
   return ok || c.fail(CmdStatus::kBadArgument, attr_field(offset), value, limit);
 }
 
-// A window's stride, dilation, kernel or pad word: from `least` to
-// kMaxWindowValue (fw/window.h, which the host's checks also read).
-bool expect_window_value(Check& c, std::size_t offset, std::uint32_t value, std::uint32_t least) {
-  return expect_attr(c, offset, value >= least && value <= kMaxWindowValue, value, kMaxWindowValue);
-}
-
 // An f32 attribute word as the problem reports it: its bits.
 std::uint32_t float_bits(float f) {
   std::uint32_t u = 0;
@@ -221,39 +215,99 @@ bool check_matmul(Check& c, const OpBlock& b, const MatMulAttrs& at) {
   return check_matmul_shapes(c, b, 0, 1, 3, at.trans_a, at.trans_b);
 }
 
-// X [N,C,H,W] (or NHWC), W [Cout, Cin/groups, kh, kw], Y [N,Cout,OH,OW].
-// Layout, strides, dilations and pads in range; X, W and Y of rank 4.
-bool check_conv_geometry(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix, std::uint32_t iw,
-                         std::uint32_t iy) {
-  if (!expect_attr(c, offsetof(ConvAttrs, layout), at.layout <= 1, at.layout, 1)) return false;
-  for (int k = 0; k < 2; ++k) {
-    if (!expect_window_value(c, offsetof(ConvAttrs, stride) + 4 * k, at.stride[k], 1) ||
-        !expect_window_value(c, offsetof(ConvAttrs, dilation) + 4 * k, at.dilation[k], 1))
-      return false;
-  }
-  for (int k = 0; k < 4; ++k)
-    if (!expect_window_value(c, offsetof(ConvAttrs, pad) + 4 * k, at.pad[k], 0)) return false;
-  return expect_rank(c, b, ix, 4) && expect_rank(c, b, iw, 4) && expect_rank(c, b, iy, 4);
+// The window kinds' shape rule is fw/window.h's, which the host's builders
+// read too; these report what it finds as attribute words and tensor
+// dimensions. Shapes go to it in NCHW order.
+struct Nchw {
+  std::uint64_t s[4];
+};
+Nchw nchw(const TensorRef& t, bool nhwc) {
+  return nhwc ? Nchw{{t.shape[0], t.shape[3], t.shape[1], t.shape[2]}}
+              : Nchw{{t.shape[0], t.shape[1], t.shape[2], t.shape[3]}};
 }
 
+// The dimension of a layout's tensor that holds NCHW dimension d.
+std::uint32_t layout_dim(bool nhwc, std::uint32_t d) {
+  constexpr std::uint32_t kNhwc[4] = {0, 3, 1, 2};
+  return nhwc ? kNhwc[d] : d;
+}
+
+// ConvAttrs or PoolAttrs as the rule takes them.
+template <typename Attrs>
+Window window_of(const Attrs& at) {
+  Window w;
+  for (int k = 0; k < 2; ++k) {
+    w.stride[k] = at.stride[k];
+    w.dilation[k] = at.dilation[k];
+  }
+  for (int k = 0; k < 4; ++k) w.pad[k] = at.pad[k];
+  if constexpr (requires { at.groups; }) w.groups = at.groups;
+  if constexpr (requires { at.kernel; }) {
+    w.kernel[0] = at.kernel[0];
+    w.kernel[1] = at.kernel[1];
+    w.ceil_mode = at.ceil_mode != 0;
+  }
+  return w;
+}
+
+// Where the board reports a fault of fw/window.h's rule: the attribute
+// word, or a dimension of X (ix), W (iw) or Y (iy).
+struct WindowTensors {
+  std::uint32_t ix, iw, iy;
+  bool nhwc;
+};
+
+template <typename Attrs>
+bool fail_window(Check& c, const WindowVerdict& v, const Window& w, const WindowTensors& t) {
+  using F = WindowFault;
+  const auto attr = [&](std::size_t offset, std::uint64_t value) {
+    return c.fail(CmdStatus::kBadArgument, attr_field(offset), value, v.want);
+  };
+  switch (v.fault) {
+    case F::kNone: return true;
+    case F::kKernel:
+      if constexpr (requires(Attrs a) { a.kernel; }) return attr(offsetof(Attrs, kernel) + 4 * v.at, v.got);
+      break;
+    case F::kStride: return attr(offsetof(Attrs, stride) + 4 * v.at, v.got);
+    case F::kDilation: return attr(offsetof(Attrs, dilation) + 4 * v.at, v.got);
+    case F::kPad:
+    case F::kPadPastWindow: return attr(offsetof(Attrs, pad) + 4 * v.at, v.got);
+    case F::kGroups:
+      if constexpr (requires(Attrs a) { a.groups; }) return attr(offsetof(Attrs, groups), v.got);
+      break;
+    case F::kWeight: return c.fail(CmdStatus::kBadArgument, tensor_field(t.iw, A::kShape, v.at), v.got, v.want);
+    case F::kEmptyWindow:  // the dilation word, and the window
+      return c.fail(CmdStatus::kBadArgument, attr_field(offsetof(Attrs, dilation) + 4 * v.at), w.dilation[v.at], v.got);
+    case F::kEmptyInput:
+      return v.at == 0
+                 ? c.fail(CmdStatus::kBadArgument, tensor_field(t.ix, A::kShape, layout_dim(t.nhwc, 2 + v.axis)), 0, 1)
+                 : c.fail(CmdStatus::kBadArgument, tensor_field(t.iw, A::kShape, 2 + v.axis), 0, 1);
+    case F::kOutput:
+      return c.fail(CmdStatus::kBadArgument, tensor_field(t.iy, A::kShape, layout_dim(t.nhwc, v.at)), v.got, v.want);
+  }
+  return c.fail(CmdStatus::kBadArgument, 0, 0);  // a fault these attributes cannot have
+}
+
+// Y's dimensions as the verdict says, batch and channels first.
+template <typename Attrs>
+bool expect_window_output(Check& c, const OpBlock& b, const WindowVerdict& v, const Window& w, const WindowTensors& t) {
+  return fail_window<Attrs>(c, check_window_output(v, nchw(b.tensors[t.iy], t.nhwc).s), w, t);
+}
+
+// X [N,C,H,W] (or NHWC), W [Cout, Cin/groups, kh, kw], Y [N,Cout,OH,OW]
+// (transposed: W [Cin, Cout/groups, kh, kw]). Layout and window words in
+// range; X, W and Y of rank 4.
 bool check_conv_shapes(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix, std::uint32_t iw,
-                       std::uint32_t iy) {
-  if (!check_conv_geometry(c, b, at, ix, iw, iy)) return false;
+                       std::uint32_t iy, bool transposed = false) {
+  if (!expect_attr(c, offsetof(ConvAttrs, layout), at.layout <= 1, at.layout, 1)) return false;
   const bool nhwc = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
-  const TensorRef &x = b.tensors[ix], &w = b.tensors[iw];
-  const std::uint64_t n = x.shape[0], cin = nhwc ? x.shape[3] : x.shape[1];
-  const std::uint64_t h = nhwc ? x.shape[1] : x.shape[2], wd = nhwc ? x.shape[2] : x.shape[3];
-  const std::uint64_t cout = w.shape[0];
-  if (!expect_attr(c, offsetof(ConvAttrs, groups), at.groups >= 1 && cin % at.groups == 0 && cout % at.groups == 0,
-                   at.groups))
-    return false;
-  if (!expect_dim(c, b, iw, 1, cin / at.groups)) return false;
-  const std::uint64_t oh = window_output(h, w.shape[2], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], false);
-  const std::uint64_t ow = window_output(wd, w.shape[3], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], false);
-  if (!expect_dim(c, b, iy, 0, n) || !expect_dim(c, b, iy, nhwc ? 3 : 1, cout) ||
-      !expect_dim(c, b, iy, nhwc ? 1 : 2, oh) || !expect_dim(c, b, iy, nhwc ? 2 : 3, ow))
-    return false;
-  return true;
+  const Window w = window_of(at);
+  const WindowTensors t{ix, iw, iy, nhwc};
+  if (!fail_window<ConvAttrs>(c, window_values(w, false), w, t)) return false;
+  if (!expect_rank(c, b, ix, 4) || !expect_rank(c, b, iw, 4) || !expect_rank(c, b, iy, 4)) return false;
+  const Nchw x = nchw(b.tensors[ix], nhwc), wt = nchw(b.tensors[iw], false);
+  const WindowVerdict v = transposed ? conv_transpose_shape(w, x.s, wt.s) : conv_shape(w, x.s, wt.s);
+  return fail_window<ConvAttrs>(c, v, w, t) && expect_window_output<ConvAttrs>(c, b, v, w, t);
 }
 
 bool check_conv(Check& c, const OpBlock& b, const ConvAttrs& at) {
@@ -271,37 +325,14 @@ bool check_conv(Check& c, const OpBlock& b, const ConvAttrs& at) {
   return true;
 }
 
-// X [N,Cin,H,W] (or NHWC), W [Cin, Cout/groups, kh, kw], Y [N,Cout,OH,OW]
-// with OH = (H-1)*stride + (kh-1)*dilation + 1 - pad_top - pad_bottom + p,
-// 0 <= p < max(stride, dilation) (ONNX's output_padding), likewise OW.
 bool check_conv_transpose(Check& c, const OpBlock& b, const ConvAttrs& at) {
   if (!check_activation(c, offsetof(ConvAttrs, activation), at.activation, at.act_alpha, at.act_beta)) return false;
   const DType tx = dt(b.tensors[0]);
   if (!expect_dtype(c, b, 0, is_float(tx)) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == tx) ||
-      !expect_dtype(c, b, 3, dt(b.tensors[3]) == tx) || !check_conv_geometry(c, b, at, 0, 1, 3))
+      !expect_dtype(c, b, 3, dt(b.tensors[3]) == tx) || !check_conv_shapes(c, b, at, 0, 1, 3, true))
     return false;
-  const bool nhwc = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
-  const TensorRef &x = b.tensors[0], &w = b.tensors[1];
-  const std::uint32_t dc = nhwc ? 3 : 1, dh = nhwc ? 1 : 2, dw = nhwc ? 2 : 3;
-  const std::uint64_t cin = x.shape[dc];
-  if (!expect_attr(c, offsetof(ConvAttrs, groups), at.groups >= 1 && cin % at.groups == 0, at.groups) ||
-      !expect_dim(c, b, 1, 0, cin))
-    return false;
-  const std::uint64_t cout = w.shape[1] * at.groups;
-  if (!expect_dim(c, b, 3, 0, x.shape[0]) || !expect_dim(c, b, 3, dc, cout)) return false;
-  for (std::uint32_t k = 0; k < 2; ++k) {
-    const std::uint32_t d = k == 0 ? dh : dw;
-    const std::int64_t in = static_cast<std::int64_t>(x.shape[d]), kernel = static_cast<std::int64_t>(w.shape[2 + k]);
-    if (in == 0 || kernel == 0)
-      return c.fail(CmdStatus::kBadArgument, tensor_field(in == 0 ? 0 : 1, A::kShape, in == 0 ? d : 2 + k), 0, 1);
-    const std::int64_t base = (in - 1) * at.stride[k] + (kernel - 1) * at.dilation[k] + 1 - at.pad[k] - at.pad[k + 2];
-    const std::int64_t slack = std::max(at.stride[k], at.dilation[k]) - 1;
-    const auto out = static_cast<std::int64_t>(b.tensors[3].shape[d]);
-    if (out < 1 || out < base || out > base + slack)
-      return c.fail(CmdStatus::kBadArgument, tensor_field(3, A::kShape, d), b.tensors[3].shape[d],
-                    static_cast<std::uint64_t>(std::max<std::int64_t>(base, 0)));
-  }
   if (present(b.tensors[2])) {
+    const std::uint64_t cout = b.tensors[1].shape[1] * at.groups;
     if (!expect_dtype(c, b, 2, is_float(dt(b.tensors[2]))) || !expect_rank(c, b, 2, 1) || !expect_dim(c, b, 2, 0, cout))
       return false;
   }
@@ -314,49 +345,17 @@ bool check_pool(Check& c, const OpBlock& b, const PoolAttrs& at) {
       !expect_attr(c, offsetof(PoolAttrs, ceil_mode), at.ceil_mode <= 1, at.ceil_mode, 1) ||
       !expect_attr(c, offsetof(PoolAttrs, count_include_pad), at.count_include_pad <= 1, at.count_include_pad, 1))
     return false;
-  for (int k = 0; k < 2; ++k) {
-    if (!expect_window_value(c, offsetof(PoolAttrs, kernel) + 4 * k, at.kernel[k], 1) ||
-        !expect_window_value(c, offsetof(PoolAttrs, stride) + 4 * k, at.stride[k], 1) ||
-        !expect_window_value(c, offsetof(PoolAttrs, dilation) + 4 * k, at.dilation[k], 1))
-      return false;
-  }
-  for (int k = 0; k < 4; ++k)
-    if (!expect_window_value(c, offsetof(PoolAttrs, pad) + 4 * k, at.pad[k], 0)) return false;
-  // A window made only of padding has nothing to pool.
-  for (int k = 0; k < 2; ++k) {
-    const std::uint64_t window = std::uint64_t{at.dilation[k]} * (at.kernel[k] - 1) + 1;
-    if (!expect_attr(c, offsetof(PoolAttrs, pad) + 4 * k, at.pad[k] < window && at.pad[k + 2] < window, at.pad[k],
-                     window))
-      return false;
-  }
+  const bool nhwc = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
+  const Window w = window_of(at);
+  const WindowTensors t{0, 0, 1, nhwc};
+  if (!fail_window<PoolAttrs>(c, window_values(w, true), w, t) || !expect_rank(c, b, 0, 4)) return false;
+  const WindowVerdict v = pool_shape(w, nchw(b.tensors[0], nhwc).s);
+  if (!fail_window<PoolAttrs>(c, v, w, t)) return false;
   const DType tx = dt(b.tensors[0]);
   const bool avg = at.kind == static_cast<std::uint32_t>(PoolKind::kAverage);
-  if (!expect_rank(c, b, 0, 4)) return false;
-  {
-    // Nor has a window whose taps all miss the input (dilated taps can
-    // straddle a narrow input).
-    const bool nhwc_x = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
-    for (int k = 0; k < 2; ++k) {
-      const std::uint64_t in = b.tensors[0].shape[(nhwc_x ? 1 : 2) + k];
-      const std::uint64_t out =
-          window_output(in, at.kernel[k], at.stride[k], at.dilation[k], at.pad[k], at.pad[k + 2], at.ceil_mode);
-      const std::uint64_t empty = first_empty_window(in, out, at.kernel[k], at.stride[k], at.dilation[k], at.pad[k]);
-      if (!expect_attr(c, offsetof(PoolAttrs, dilation) + 4 * k, empty == UINT64_MAX, at.dilation[k], empty))
-        return false;
-    }
-  }
   if (!expect_dtype(c, b, 0, avg ? is_float(tx) : tx != DType::kI32) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == tx))
     return false;
-  if (!expect_rank(c, b, 0, 4) || !expect_rank(c, b, 1, 4)) return false;
-  const bool nhwc = at.layout == static_cast<std::uint32_t>(Layout::kNHWC);
-  const TensorRef& x = b.tensors[0];
-  const std::uint32_t dh = nhwc ? 1 : 2, dw = nhwc ? 2 : 3, dc = nhwc ? 3 : 1;
-  const std::uint64_t oh =
-      window_output(x.shape[dh], at.kernel[0], at.stride[0], at.dilation[0], at.pad[0], at.pad[2], at.ceil_mode);
-  const std::uint64_t ow =
-      window_output(x.shape[dw], at.kernel[1], at.stride[1], at.dilation[1], at.pad[1], at.pad[3], at.ceil_mode);
-  return expect_dim(c, b, 1, 0, x.shape[0]) && expect_dim(c, b, 1, dc, x.shape[dc]) && expect_dim(c, b, 1, dh, oh) &&
-         expect_dim(c, b, 1, dw, ow);
+  return expect_rank(c, b, 1, 4) && expect_window_output<PoolAttrs>(c, b, v, w, t);
 }
 
 bool check_elementwise(Check& c, const OpBlock& b, const ElementwiseAttrs& at) {

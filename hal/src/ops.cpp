@@ -511,20 +511,6 @@ class Builder {
 const std::initializer_list<DType> kFloats = {DType::F32, DType::F16, DType::BF16};
 const std::initializer_list<DType> kInt8 = {DType::U8, DType::I8};
 
-// Output shape of a 2-D window over x (conv or pool), strides and
-// dilations checked (check_window_values); 0 where it does not fit.
-std::array<std::int64_t, 2> window_out(std::int64_t h, std::int64_t w, std::int64_t kh, std::int64_t kw,
-                                       const std::array<std::uint32_t, 2>& s, const std::array<std::uint32_t, 2>& d,
-                                       const std::array<std::uint32_t, 4>& p, bool ceil) {
-  auto one = [&](std::int64_t in, std::int64_t k, std::uint32_t stride, std::uint32_t dil, std::uint32_t p0,
-                 std::uint32_t p1) -> std::int64_t {
-    if (in < 0 || k < 1) return 0;
-    return static_cast<std::int64_t>(
-        fw::window_output(static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(k), stride, dil, p0, p1, ceil));
-  };
-  return {one(h, kh, s[0], d[0], p[0], p[2]), one(w, kw, s[1], d[1], p[1], p[3])};
-}
-
 // x [N,C,H,W] or [N,H,W,C]; returns {N, C, H, W}.
 std::array<std::int64_t, 4> nchw(Builder& b, const Tensor& x, Layout layout, const char* role) {
   if (x.rank() != 4)
@@ -538,40 +524,107 @@ std::vector<std::int64_t> make_shape(Layout layout, std::int64_t n, std::int64_t
   return layout == Layout::NCHW ? std::vector<std::int64_t>{n, c, h, w} : std::vector<std::int64_t>{n, h, w, c};
 }
 
-// Strides and dilations from 1 to fw::kMaxWindowValue, pads at most that:
-// what the board's decoder takes (fw/window.h).
-void check_window_values(Builder& b, const std::array<std::uint32_t, 2>& strides,
-                         const std::array<std::uint32_t, 2>& dilations, const std::array<std::uint32_t, 4>& pads) {
-  const std::string most = std::to_string(fw::kMaxWindowValue);
-  for (int k = 0; k < 2; ++k)
-    if (strides[k] < 1 || dilations[k] < 1 || strides[k] > fw::kMaxWindowValue || dilations[k] > fw::kMaxWindowValue)
-      b.fail(Status::InvalidArgument, "strides and dilations must be 1 to " + most);
-  for (auto p : pads)
-    if (p > fw::kMaxWindowValue) b.fail(Status::InvalidArgument, "pad " + std::to_string(p) + " is above " + most);
+// The window kinds' shape rule is fw/window.h's, which the board's decoder
+// reads too; the host says what it finds in words.
+using Dims4 = std::uint64_t[4];
+
+void to_dims(const std::array<std::int64_t, 4>& from, Dims4& to) {
+  for (int i = 0; i < 4; ++i) to[i] = static_cast<std::uint64_t>(from[i]);
 }
 
-// Checks x, w, y of a convolution; returns the expected y shape's text.
+// x's (in NCHW order) and w's dimensions, as the rule takes them.
+struct ConvDims {
+  Dims4 x, w;
+};
+
+ConvDims conv_dims(const std::array<std::int64_t, 4>& xd, const Tensor& w) {
+  ConvDims d;
+  to_dims(xd, d.x);
+  to_dims({w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]}, d.w);
+  return d;
+}
+
+// Conv2dOptions or Pool2dOptions as the rule takes them.
+template <typename Options>
+fw::Window window_of(const Options& o) {
+  fw::Window w;
+  for (int k = 0; k < 2; ++k) {
+    w.stride[k] = o.strides[k];
+    w.dilation[k] = o.dilations[k];
+  }
+  for (int k = 0; k < 4; ++k) w.pad[k] = o.pads[k];
+  if constexpr (requires { o.groups; }) w.groups = o.groups;
+  if constexpr (requires { o.kernel; }) {
+    w.kernel[0] = o.kernel[0];
+    w.kernel[1] = o.kernel[1];
+    w.ceil_mode = o.ceil_mode;
+  }
+  return w;
+}
+
+// What a window op's operands are, for the words of its faults.
+struct WindowOperands {
+  const Tensor& x;
+  const Tensor* w;  // none for pooling
+  bool transposed;
+  std::array<std::int64_t, 4> xd;  // x's N, C, H, W
+};
+
+// Throws the host's words for the rule's fault, if any.
+void check_window(Builder& b, const fw::WindowVerdict& v, const fw::Window& win, const WindowOperands& op) {
+  using F = fw::WindowFault;
+  const std::string most = std::to_string(fw::kMaxWindowValue);
+  switch (v.fault) {
+    case F::kNone: return;
+    case F::kKernel: b.fail(Status::InvalidArgument, "kernel " + std::to_string(v.got) + " must be 1 to " + most);
+    case F::kStride:
+    case F::kDilation: b.fail(Status::InvalidArgument, "strides and dilations must be 1 to " + most);
+    case F::kPad: b.fail(Status::InvalidArgument, "pad " + std::to_string(v.got) + " is above " + most);
+    case F::kPadPastWindow:
+      b.fail(Status::InvalidArgument, "pads (" + std::to_string(win.pad[v.at]) + ", " +
+                                          std::to_string(win.pad[v.at + 2]) + ") must be smaller than the window (" +
+                                          std::to_string(v.want) + ")");
+    case F::kGroups:
+      b.fail(Status::InvalidArgument,
+             "groups " + std::to_string(win.groups) + " must divide the input channels (" + std::to_string(op.xd[1]) +
+                 ")" + (op.transposed ? "" : " and output channels (" + std::to_string(op.w->shape()[0]) + ")"));
+    case F::kWeight:
+      b.fail(Status::InvalidArgument, "w has shape " + dims_text(op.w->shape()) +
+                                          (op.transposed ? "; its dimension 0 must be the input channels, "
+                                                         : "; its dimension 1 must be input channels / groups = ") +
+                                          std::to_string(v.want));
+    case F::kEmptyInput:
+      b.fail(Status::InvalidArgument,
+             "x " + dims_text(op.x.shape()) + " and w " + dims_text(op.w->shape()) + " must not be empty");
+    case F::kOutput: b.fail(Status::InvalidArgument, "y has the wrong shape");  // each builder words its own
+    case F::kEmptyWindow: {
+      const std::uint32_t k = v.at;
+      b.fail(Status::InvalidArgument,
+             "window " + std::to_string(v.got) + (k == 0 ? " down" : " across") + " x has no tap inside x (kernel " +
+                 std::to_string(win.kernel[k]) + ", dilation " + std::to_string(win.dilation[k]) + ", pad " +
+                 std::to_string(win.pad[k]) + ", x extent " + std::to_string(op.xd[2 + k]) + ")");
+    }
+  }
+}
+
+// Checks x, w, y of a convolution.
 void check_conv(Builder& b, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o) {
-  const auto [n, c, h, wd] = nchw(b, x, o.layout, "x");
+  const auto xd = nchw(b, x, o.layout, "x");
   if (w.rank() != 4)
     b.fail(Status::InvalidArgument,
            "w has rank " + std::to_string(w.rank()) + "; expected 4 [Cout, Cin/groups, kh, kw]");
-  const auto& ws = w.shape();
-  if (o.groups == 0 || c % o.groups || ws[0] % o.groups)
-    b.fail(Status::InvalidArgument, "groups " + std::to_string(o.groups) + " must divide the input channels (" +
-                                        std::to_string(c) + ") and output channels (" + std::to_string(ws[0]) + ")");
-  if (ws[1] != c / o.groups)
-    b.fail(Status::InvalidArgument,
-           "w has shape " + dims_text(ws) +
-               "; its dimension 1 must be input channels / groups = " + std::to_string(c / o.groups));
-  check_window_values(b, o.strides, o.dilations, o.pads);
-  const auto out = window_out(h, wd, ws[2], ws[3], o.strides, o.dilations, o.pads, false);
-  if (out[0] == 0 || out[1] == 0)
-    b.fail(Status::InvalidArgument, "a " + std::to_string(ws[2]) + "x" + std::to_string(ws[3]) +
-                                        " kernel does not fit the padded " + std::to_string(h) + "x" +
-                                        std::to_string(wd) + " input");
-  b.shape_is(y, "y", make_shape(o.layout, n, ws[0], out[0], out[1]),
-             "from x " + dims_text(x.shape()) + ", w " + dims_text(ws) + ", strides, pads and dilations");
+  const fw::Window win = window_of(o);
+  const WindowOperands op{x, &w, false, xd};
+  const ConvDims d = conv_dims(xd, w);
+  const fw::WindowVerdict v = fw::conv_shape(win, d.x, d.w);
+  check_window(b, v, win, op);
+  check_window(b, fw::window_values(win, false), win, op);
+  if (v.out[2] == 0 || v.out[3] == 0)
+    b.fail(Status::InvalidArgument, "a " + std::to_string(d.w[2]) + "x" + std::to_string(d.w[3]) +
+                                        " kernel does not fit the padded " + std::to_string(xd[2]) + "x" +
+                                        std::to_string(xd[3]) + " input");
+  b.shape_is(y, "y", make_shape(o.layout, v.out[0], v.out[1], v.out[2], v.out[3]),
+             "from x " + dims_text(x.shape()) + ", w " + dims_text(w.shape()) + ", strides, pads and dilations");
 }
 
 driver::ConvAttrs conv_attrs(const Conv2dOptions& o) {
@@ -680,31 +733,18 @@ Op pool(bool max, const Tensor& x, const Tensor& y, const Pool2dOptions& o) {
   else
     b.dtype_in(x, "x", kFloats);
   b.same_dtype(y, "y", x, "x");
-  const auto [n, c, h, w] = nchw(b, x, o.layout, "x");
-  check_window_values(b, o.strides, o.dilations, o.pads);
-  for (int k = 0; k < 2; ++k) {
-    if (o.kernel[k] < 1 || o.kernel[k] > fw::kMaxWindowValue)
-      b.fail(Status::InvalidArgument,
-             "kernel " + std::to_string(o.kernel[k]) + " must be 1 to " + std::to_string(fw::kMaxWindowValue));
-    const std::uint64_t window = std::uint64_t{o.dilations[k]} * (o.kernel[k] - 1) + 1;
-    if (o.pads[k] >= window || o.pads[k + 2] >= window)
-      b.fail(Status::InvalidArgument, "pads (" + std::to_string(o.pads[k]) + ", " + std::to_string(o.pads[k + 2]) +
-                                          ") must be smaller than the window (" + std::to_string(window) + ")");
-  }
-  const auto out = window_out(h, w, o.kernel[0], o.kernel[1], o.strides, o.dilations, o.pads, o.ceil_mode);
-  if (out[0] == 0 || out[1] == 0) b.fail(Status::InvalidArgument, "the window does not fit the padded input");
-  for (int k = 0; k < 2; ++k) {
-    // Every window needs a tap inside x (dilated taps can straddle it).
-    const std::int64_t in = k == 0 ? h : w;
-    const std::uint64_t i = fw::first_empty_window(static_cast<std::uint64_t>(in), static_cast<std::uint64_t>(out[k]),
-                                                   o.kernel[k], o.strides[k], o.dilations[k], o.pads[k]);
-    if (i != UINT64_MAX)
-      b.fail(Status::InvalidArgument, std::string("window ") + std::to_string(i) + (k == 0 ? " down" : " across") +
-                                          " x has no tap inside x (kernel " + std::to_string(o.kernel[k]) +
-                                          ", dilation " + std::to_string(o.dilations[k]) + ", pad " +
-                                          std::to_string(o.pads[k]) + ", x extent " + std::to_string(in) + ")");
-  }
-  b.shape_is(y, "y", make_shape(o.layout, n, c, out[0], out[1]), "from x, kernel, strides, pads and ceil_mode");
+  const auto xd = nchw(b, x, o.layout, "x");
+  const fw::Window win = window_of(o);
+  const WindowOperands op{x, nullptr, false, xd};
+  check_window(b, fw::window_values(win, true), win, op);
+  Dims4 xs;
+  to_dims(xd, xs);
+  const fw::WindowVerdict v = fw::pool_shape(win, xs);
+  if (v.ok() && (v.out[2] == 0 || v.out[3] == 0))
+    b.fail(Status::InvalidArgument, "the window does not fit the padded input");
+  check_window(b, v, win, op);
+  b.shape_is(y, "y", make_shape(o.layout, v.out[0], v.out[1], v.out[2], v.out[3]),
+             "from x, kernel, strides, pads and ceil_mode");
   driver::PoolAttrs a;
   a.max = max;
   a.layout = o.layout;
@@ -781,34 +821,35 @@ Op conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& y, const Con
   b.same_dtype(w, "w", x, "x");
   b.same_dtype(y, "y", x, "x");
   b.activation(o.activation);
-  const auto [n, c, h, wd] = nchw(b, x, o.layout, "x");
+  const auto xd = nchw(b, x, o.layout, "x");
   if (w.rank() != 4)
     b.fail(Status::InvalidArgument,
            "w has rank " + std::to_string(w.rank()) + "; expected 4 [Cin, Cout/groups, kh, kw]");
-  const auto& ws = w.shape();
-  if (o.groups == 0 || c % o.groups)
+  const fw::Window win = window_of(o);
+  const WindowOperands op{x, &w, true, xd};
+  const ConvDims d = conv_dims(xd, w);
+  const fw::WindowVerdict v = fw::conv_transpose_shape(win, d.x, d.w);
+  check_window(b, v, win, op);
+  check_window(b, fw::window_values(win, false), win, op);
+  if (v.empty[0] || v.empty[1])
     b.fail(Status::InvalidArgument,
-           "groups " + std::to_string(o.groups) + " must divide the input channels (" + std::to_string(c) + ")");
-  if (ws[0] != c)
+           "x " + dims_text(x.shape()) + " and w " + dims_text(w.shape()) + " must not be empty");
+  Dims4 ys;
+  to_dims(nchw(b, y, o.layout, "y"), ys);
+  const fw::WindowVerdict out = fw::check_window_output(v, ys);
+  if (out.fault == fw::WindowFault::kOutput) {
+    const std::uint32_t k = out.at == 3 ? 1 : 0;  // the axis the expected shape shows
+    const auto least = [&](std::uint32_t dim) {
+      return static_cast<std::int64_t>(dim == 2 + k ? v.out[dim] : ys[dim]);
+    };
     b.fail(Status::InvalidArgument,
-           "w has shape " + dims_text(ws) + "; its dimension 0 must be the input channels, " + std::to_string(c));
-  check_window_values(b, o.strides, o.dilations, o.pads);
-  if (h == 0 || wd == 0 || ws[2] == 0 || ws[3] == 0)
-    b.fail(Status::InvalidArgument, "x " + dims_text(x.shape()) + " and w " + dims_text(ws) + " must not be empty");
-  const auto [yn, yc, yh, yw] = nchw(b, y, o.layout, "y");
-  const std::int64_t cout = ws[1] * o.groups;
-  const std::array<std::int64_t, 2> in{h, wd}, out{yh, yw};
-  for (int k = 0; k < 2; ++k) {
-    const std::int64_t base =
-        (in[k] - 1) * o.strides[k] + (ws[2 + k] - 1) * o.dilations[k] + 1 - o.pads[k] - o.pads[k + 2];
-    const std::int64_t slack = std::max(o.strides[k], o.dilations[k]) - 1;
-    if (yn != n || yc != cout || out[k] < 1 || out[k] < base || out[k] > base + slack)
-      b.fail(Status::InvalidArgument,
-             "y has shape " + dims_text(y.shape()) + "; expected " +
-                 dims_text(make_shape(o.layout, n, cout, k == 0 ? base : yh, k == 1 ? base : yw)) +
-                 (slack ? " (plus up to " + std::to_string(slack) + " output padding along H and W)" : "") +
-                 " from x " + dims_text(x.shape()) + ", w " + dims_text(ws) + ", strides, pads and dilations");
+           "y has shape " + dims_text(y.shape()) + "; expected " +
+               dims_text(make_shape(o.layout, v.out[0], v.out[1], least(2), least(3))) +
+               (v.slack[k] ? " (plus up to " + std::to_string(v.slack[k]) + " output padding along H and W)" : "") +
+               " from x " + dims_text(x.shape()) + ", w " + dims_text(w.shape()) + ", strides, pads and dilations");
   }
+  check_window(b, out, win, op);
+  const std::int64_t cout = v.out[1];
   TensorArg bias = b.absent();
   if (o.bias) {
     b.dtype_in(*o.bias, "bias", kFloats);

@@ -437,6 +437,113 @@ TEST(FwTensorOp, ConvolutionOutputSizeIsChecked) {
   EXPECT_EQ(p.detail, 8u);
 }
 
+// ---- where the board reports each fault of the window rule (fw/window.h) ----
+
+template <class Attrs>
+Problem problem(OpKind kind, std::vector<TensorRef> tensors, const Attrs& attrs) {
+  return problem_of(block(kind, std::move(tensors), attrs));
+}
+
+ConvAttrs conv_attrs(bool nhwc) {
+  ConvAttrs a{};
+  a.layout = nhwc ? 1 : 0;
+  a.groups = 1;
+  a.stride[0] = a.stride[1] = a.dilation[0] = a.dilation[1] = 1;
+  return a;
+}
+
+// A conv2d, NHWC: x [1, 6, 5, 2], w [3, 2, 3, 3], y [1, 4, 3, 3].
+Problem conv(const ConvAttrs& a, std::vector<std::uint64_t> w = {3, 2, 3, 3},
+             std::vector<std::uint64_t> y = {1, 4, 3, 3}) {
+  return problem(OpKind::kConv2d,
+                 {tensor(0x1000, DType::kF32, {1, 6, 5, 2}), tensor(0x10000, DType::kF32, w), TensorRef{},
+                  tensor(0x20000, DType::kF32, y)},
+                 a);
+}
+
+TEST(FwTensorOp, AConvolutionsWindowFaultsAreAttributeWordsAndDimensions) {
+  ConvAttrs a = conv_attrs(true);
+  a.dilation[1] = 0;
+  Problem p = conv(a);
+  EXPECT_EQ(p.field, attr_field(offsetof(ConvAttrs, dilation) + 4));
+  EXPECT_EQ(p.value, 0u);
+  EXPECT_EQ(p.detail, kMaxWindowValue);
+
+  a = conv_attrs(true);
+  a.pad[2] = kMaxWindowValue + 1;
+  EXPECT_EQ(conv(a).field, attr_field(offsetof(ConvAttrs, pad) + 8));
+
+  a = conv_attrs(true);
+  a.groups = 4;
+  p = conv(a);
+  EXPECT_EQ(p.field, attr_field(offsetof(ConvAttrs, groups)));
+  EXPECT_EQ(p.value, 4u);
+
+  p = conv(conv_attrs(true), {3, 1, 3, 3});
+  EXPECT_EQ(p.field, tensor_field(1, TensorAspect::kShape, 1));
+  EXPECT_EQ(p.value, 1u);
+  EXPECT_EQ(p.detail, 2u);
+
+  // NHWC: output channels are dimension 3, the width dimension 2.
+  p = conv(conv_attrs(true), {3, 2, 3, 3}, {1, 4, 3, 4});
+  EXPECT_EQ(p.field, tensor_field(3, TensorAspect::kShape, 3));
+  EXPECT_EQ(p.detail, 3u);
+  p = conv(conv_attrs(true), {3, 2, 3, 3}, {1, 4, 2, 3});
+  EXPECT_EQ(p.field, tensor_field(3, TensorAspect::kShape, 2));
+  EXPECT_EQ(p.value, 2u);
+  EXPECT_EQ(p.detail, 3u);
+}
+
+TEST(FwTensorOp, ATransposedConvolutionsEmptyInputAndOutputPaddingAreDimensions) {
+  ConvAttrs a = conv_attrs(false);
+  a.stride[0] = a.stride[1] = 2;
+  // x [1, 2, 3, 3], w [2, 4, 3, 3]: y from 7x7 to 8x8.
+  auto transposed = [&](std::vector<std::uint64_t> x, std::vector<std::uint64_t> w, std::vector<std::uint64_t> y) {
+    return problem(
+        OpKind::kConvTranspose2d,
+        {tensor(0x1000, DType::kF32, x), tensor(0x10000, DType::kF32, w), TensorRef{}, tensor(0x20000, DType::kF32, y)},
+        a);
+  };
+  Problem p = transposed({1, 2, 3, 3}, {2, 4, 3, 3}, {1, 4, 9, 8});
+  EXPECT_EQ(p.field, tensor_field(3, TensorAspect::kShape, 2));
+  EXPECT_EQ(p.value, 9u);
+  EXPECT_EQ(p.detail, 7u);
+  p = transposed({1, 2, 3, 0}, {2, 4, 3, 3}, {1, 4, 7, 1});
+  EXPECT_EQ(p.field, tensor_field(0, TensorAspect::kShape, 3));
+  EXPECT_EQ(p.detail, 1u);
+  p = transposed({1, 2, 3, 3}, {2, 4, 0, 3}, {1, 4, 7, 7});
+  EXPECT_EQ(p.field, tensor_field(1, TensorAspect::kShape, 2));
+}
+
+TEST(FwTensorOp, APoolingsKernelPadsAndEmptyWindowsAreAttributeWords) {
+  PoolAttrs a{};
+  a.kernel[0] = a.kernel[1] = 2;
+  a.stride[0] = a.stride[1] = a.dilation[0] = a.dilation[1] = 1;
+  auto pool = [&](std::vector<std::uint64_t> x, std::vector<std::uint64_t> y) {
+    return problem(OpKind::kPool2d, {tensor(0x1000, DType::kF32, x), tensor(0x10000, DType::kF32, y)}, a);
+  };
+  a.kernel[1] = 0;
+  Problem p = pool({1, 1, 4, 4}, {1, 1, 3, 3});
+  EXPECT_EQ(p.field, attr_field(offsetof(PoolAttrs, kernel) + 4));
+  EXPECT_EQ(p.value, 0u);
+
+  a.kernel[1] = 2;
+  a.pad[3] = 2;  // right, as wide as the window: reported at the left pad's word
+  p = pool({1, 1, 4, 4}, {1, 1, 3, 5});
+  EXPECT_EQ(p.field, attr_field(offsetof(PoolAttrs, pad) + 4));
+  EXPECT_EQ(p.value, 0u);
+  EXPECT_EQ(p.detail, 2u);
+
+  a.pad[3] = 0;
+  a.kernel[0] = 2;
+  a.dilation[0] = 3;
+  a.pad[0] = a.pad[2] = 1;
+  p = pool({1, 1, 2, 4}, {1, 1, 1, 3});
+  EXPECT_EQ(p.field, attr_field(offsetof(PoolAttrs, dilation)));
+  EXPECT_EQ(p.value, 3u);
+  EXPECT_EQ(p.detail, 0u);  // window 0
+}
+
 TEST(FwTensorOp, WindowOutputFollowsOnnxCeilRules) {
   EXPECT_EQ(window_output(4, 3, 2, 1, 0, 0, false), 1u);
   EXPECT_EQ(window_output(4, 3, 2, 1, 0, 0, true), 2u);

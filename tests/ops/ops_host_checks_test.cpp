@@ -111,6 +111,47 @@ TEST_P(Ops, HostChecksNameTheOperandAndTheShape) {
        },
        Status::InvalidArgument,
        {"max_pool2d: window 0 down x has no tap inside x (kernel 2, dilation 3, pad 1, x extent 2)"}},
+      // The rest of fw/window.h's rule, in the host's words.
+      {[&] {
+         Conv2dOptions o;
+         o.groups = 2;
+         ops::conv2d(t(DType::F32, {1, 4, 6, 6}), t(DType::F32, {4, 4, 3, 3}), t(DType::F32, {1, 4, 4, 4}), o);
+       },
+       Status::InvalidArgument,
+       {"conv2d: w has shape [4, 4, 3, 3]; its dimension 1 must be input channels / groups = 2"}},
+      {[&] {
+         Pool2dOptions o;
+         o.kernel = {3, 3};
+         o.pads = {1, 1, 1, 1};
+         ops::avg_pool2d(t(DType::F32, {1, 1, 0, 4}), t(DType::F32, {1, 1, 1, 4}), o);
+       },
+       Status::InvalidArgument,
+       {"avg_pool2d: the window does not fit the padded input"}},
+      {[&] {
+         ops::conv_transpose2d(t(DType::F32, {1, 2, 0, 3}), t(DType::F32, {2, 4, 3, 3}), t(DType::F32, {1, 4, 2, 5}));
+       },
+       Status::InvalidArgument,
+       {"conv_transpose2d: x [1, 2, 0, 3] and w [2, 4, 3, 3] must not be empty"}},
+      {[&] {
+         // The batch is wrong: the expected shape shows the least H.
+         Conv2dOptions o;
+         o.layout = Layout::NHWC;
+         o.strides = {2, 2};
+         ops::conv_transpose2d(t(DType::F32, {1, 3, 3, 2}), t(DType::F32, {2, 4, 3, 3}), t(DType::F32, {2, 8, 7, 4}),
+                               o);
+       },
+       Status::InvalidArgument,
+       {"conv_transpose2d: y has shape [2, 8, 7, 4]; expected [1, 7, 7, 4] (plus up to 1 output padding along H and "
+        "W) from x [1, 3, 3, 2], w [2, 4, 3, 3], strides, pads and dilations"}},
+      {[&] {
+         Conv2dOptions o;
+         o.pads = {2, 2, 2, 2};
+         ops::conv_transpose2d(t(DType::F32, {1, 2, 1, 1}), t(DType::F32, {2, 4, 3, 3}), t(DType::F32, {1, 4, 1, 1}),
+                               o);
+       },
+       Status::InvalidArgument,
+       {"conv_transpose2d: y has shape [1, 4, 1, 1]; expected [1, 4, -1, 1] from x [1, 2, 1, 1], w [2, 4, 3, 3], "
+        "strides, pads and dilations"}},
       {[&] {
          ops::matmul_integer(t(DType::U8, {2, 3}), t(DType::U8, {3, 4}), t(DType::I32, {2, 4}), t(DType::U8, {3}));
        },
