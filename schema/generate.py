@@ -109,21 +109,28 @@ def check_struct(st):
     for f in fields:
         where, typ, default = f"{st['name']}.{f['name']}", f["type"], f["default"]
         e, arr = field_enum(typ), array_type(typ)
-        if set(f["view"]) - {"hal", "hal_bool"}:
-            problems.append(f"{where}: a field's HAL view has hal and hal_bool only")
+        if set(f["view"]) - {"hal", "hal_bool", "params"}:
+            problems.append(f"{where}: a field's view has hal, hal_bool and params only")
         if f["hal_bool"] is not None and (e is None or len(e["values"]) != 2 or
                                           f["hal_bool"] not in [v[1] for v in e["values"]]):
             problems.append(f"{where}: hal_bool names a value of an enumeration of two")
         base = arr[0] if arr else typ
         if e is not None:
-            if set(e["layers"]) != {"fw", "hal"} and f["hal_bool"] is None:
-                problems.append(f"{where}: enumeration {typ} is declared in fw and hal alone")
+            if set(e["layers"]) not in ({"fw", "hal"}, {"fw", "driver"}) and f["hal_bool"] is None:
+                problems.append(f"{where}: enumeration {typ} is declared in fw and hal (or driver) alone")
             elif default not in [v[1] for v in e["values"]]:
                 problems.append(f"{where}: its default {default!r} is not a value of {typ}")
         elif typ in ("activation", "reserved"):
             want = "none" if typ == "activation" else "0"
-            if default != want or f["view"]:
-                problems.append(f"{where}: a field of type {typ} takes the default {want} and no HAL view")
+            params = f["view"].get("params")
+            if default != want or set(f["view"]) - ({"params"} if typ == "activation" else set()) or (
+                    params is not None and not (isinstance(params, tuple) and len(params) == 2 and
+                                                all(str(p).isidentifier() for p in params))):
+                problems.append(f"{where}: a field of type {typ} takes the default {want} and no HAL view"
+                                + (" (params: the wire names of its two parameter words)" if typ == "activation"
+                                   else ""))
+            if params is not None and typ == "activation":
+                names += list(params)
         elif base not in SCALAR_TYPES:
             problems.append(f"{where}: type {typ!r}; ATTR_STRUCTS fields are 'u32', 'bool', 'f32', 'u32[N]', "
                             "'f32[N]', 'activation', 'reserved' or an enumeration of ENUMS")
@@ -133,6 +140,8 @@ def check_struct(st):
             problems.append(f"{where}: a u32's default is a number, not {default!r}")
         elif base == "f32" and not is_decimal(default):
             problems.append(f"{where}: an f32's default is a finite decimal number, not {default!r}")
+    if len(set(names)) != len(names) and not any("field names must differ" in p for p in problems):
+        problems.append(f"{st['name']}: field names must differ and not be 'reserved'")
     used, words = struct_words(st)
     if words < used:
         problems.append(f"{st['name']}: {words} words do not hold its fields' {used}")
@@ -1501,13 +1510,19 @@ def attr_alternatives(key, first=()):
     return out
 
 
+def act_params(f):
+    """The wire names of an activation field's two parameter words."""
+    return f["view"].get("params", ("act_alpha", "act_beta"))
+
+
 def fw_field(f):
     """A field's declaration in the firmware's struct."""
     name, typ, comment = f["name"], f["type"], f["comment"]
     arr, e = array_type(typ), field_enum(typ)
     if typ == "activation":
+        alpha, beta = act_params(f)
         return (f"  std::uint32_t {name};  // Activation{'; ' + comment if comment else ''}\n"
-                "  float act_alpha, act_beta;  // its parameters\n")
+                f"  float {alpha}, {beta};  // its parameters\n")
     if typ == "reserved":
         return f"  std::uint32_t {name};  // reserved, zero\n"
     note = comment if typ != "bool" else ("0 or 1" + (f"; {comment}" if comment else ""))
@@ -1583,8 +1598,9 @@ def encode_field(f):
     if typ == "reserved":
         return ""
     if typ == "activation":
+        alpha, beta = act_params(f)
         return (f"  a.{name} = static_cast<std::uint32_t>(from.{hal}.kind);\n"
-                f"  a.act_alpha = from.{hal}.alpha;\n  a.act_beta = from.{hal}.beta;\n")
+                f"  a.{alpha} = from.{hal}.alpha;\n  a.{beta} = from.{hal}.beta;\n")
     if arr:
         return f"  for (std::size_t i = 0; i < {arr[1]}; ++i) a.{name}[i] = from.{hal}[i];\n"
     if f["hal_bool"] is not None:

@@ -352,14 +352,16 @@ MAP_FAMILIES = {
 }
 
 # Attribute structs written from the schema, for every kind but those
-# whose attributes are hand-written in fw/tensor.h, driver/op_desc.hpp and
-# drivers/tpu/src/encode.cpp (ElementwiseAttrs; QuantAttrs, 16 reserved
-# bytes). One entry per struct, named as a kind's fw_attrs and attrs name
-# it; fields in wire order, each (name, type, default, comment), or with a
-# fifth item, a dict of the HAL's view where it differs from the wire's:
+# without attributes (QuantAttrs, 16 reserved bytes, in fw/tensor.h;
+# NoAttrs in driver/op_desc.hpp). One entry per struct, named as a kind's
+# fw_attrs and attrs name it; fields in wire order, each (name, type,
+# default, comment), or with a fifth item, a dict of the views where they
+# differ from the defaults:
 #   hal       the HAL's name of the field ("strides" for the wire's "stride")
 #   hal_bool  (an enumeration of two values) the HAL holds a bool named
 #             `hal`, true for this value ("max": PoolAttrs::max)
+#   params    (an activation) the wire names of its two parameter words,
+#             act_alpha and act_beta unless given
 # Types:
 #   "u32"     a count or an index; std::uint32_t in both layers
 #   "bool"    a uint32 0 or 1 on the wire, bool in the HAL
@@ -381,6 +383,10 @@ MAP_FAMILIES = {
 # board already takes; a new field goes at the end, in a reserved word,
 # with the interface minor that reads it.
 ATTR_STRUCTS = [
+    dict(name="ElementwiseAttrs", doc="An elementwise map: `op`, and for ElementwiseOp activation the activation "
+         "with its parameters (none for every other op).",
+         fields=[("op", "ElementwiseOp", "identity", ""),
+                 ("activation", "activation", "none", "for op activation", {"params": ("alpha", "beta")})]),
     dict(name="MatMulAttrs", doc="Y = act(alpha * op(A) @ op(B) + beta * C), batched; op(A) is A with its last two "
          "dimensions transposed where trans_a is set (B likewise).",
          fields=[("trans_a", "bool", "false", "use A's last two dimensions transposed", {"hal": "transpose_a"}),

@@ -41,14 +41,17 @@ def main(root):
     refused([("a", "f32[3]", "1e5", "")], says="T.a: an f32's default")
     refused([("a", "bool", "1", "")], says="T.a: a bool's default")
     refused([("a", "Layout", "chw", "")], says="T.a: its default 'chw'")
-    refused([("a", "PoolKind", "max", "")], says="declared in fw and hal alone")
+    refused([("a", "PoolKind", "max", "")], says="declared in fw and hal (or driver) alone")
     refused([("a", "Layout", "nchw", "", {"hal_bool": "nchw", "hal": "b"}), ("b", "u32", "0", "")],
             says="field names must differ")
     refused([("a", "Activation", "none", "", {"hal": "b", "hal_bool": "relu"})],
             says="an enumeration of two")
     refused([("a", "activation", "relu", "")], says="T.a: a field of type activation takes the default none")
     refused([("a", "reserved", "0", "", {"hal": "b"})], says="T.a: a field of type reserved takes the default 0 and no HAL view")
-    refused([("a", "u32", "0", "", {"name": "b"})], says="hal and hal_bool only")
+    refused([("a", "u32", "0", "", {"name": "b"})], says="hal, hal_bool and params only")
+    refused([("a", "activation", "none", "", {"params": ("alpha",)})], says="the wire names of its two parameter")
+    refused([("a", "activation", "none", "", {"params": ("b", "c")}), ("b", "u32", "0", "")],
+            says="field names must differ")
     refused([("a", "u32[4]", "0", ""), ("b", "activation", "none", "")], words=6,
             says="6 words do not hold its fields' 7")
 
@@ -62,6 +65,14 @@ def main(root):
            generate.encode_field(fields["activation"]) ==
            "  a.activation = static_cast<std::uint32_t>(from.activation.kind);\n"
            "  a.act_alpha = from.activation.alpha;\n  a.act_beta = from.activation.beta;\n")
+    elementwise = {f["name"]: f for f in generate.attr_fields(
+        next(st for st in ops.ATTR_STRUCTS if st["name"] == "ElementwiseAttrs"))}
+    expect("an activation's parameter words named on the wire",
+           generate.fw_field(elementwise["activation"]).endswith("  float alpha, beta;  // its parameters\n") and
+           generate.encode_field(elementwise["activation"]).endswith(
+               "  a.alpha = from.activation.alpha;\n  a.beta = from.activation.beta;\n"))
+    expect("an enumeration declared in fw and driver", generate.hal_field(elementwise["op"]) ==
+           "  ElementwiseOp op = ElementwiseOp::Identity;\n")
     pool = next(st for st in ops.ATTR_STRUCTS if st["name"] == "PoolAttrs")
     kind = generate.attr_fields(pool)[0]
     # PoolKind: Max is 0, Average 1; the HAL's max == true is Max.

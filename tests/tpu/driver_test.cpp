@@ -318,6 +318,37 @@ TEST(TpuDriver, TheGlobalFlagIsLeftOutForABoardOlderThanItsInterfaceMinor) {
   EXPECT_EQ(flags(fw::kMinorOpFlags), 0u);
 }
 
+// ElementwiseAttrs from the op schema: the activation's kind and parameters
+// reach the board's words (alpha and beta on the wire), and its minor counts.
+TEST(TpuDriver, AnElementwiseActivationAndItsParametersAreEncoded) {
+  driver::OpDesc op;
+  op.kind = driver::OpKind::Elementwise;
+  op.name = "activation";
+  op.attrs = driver::ElementwiseAttrs{driver::ElementwiseOp::Activation, ActivationParams::leaky_relu(0.25f)};
+  auto words = [&] {
+    const auto block = tpu::encode_op(op, fw::kInterfaceVersion.minor);
+    fw::OpHeader h;
+    std::memcpy(&h, block.data(), sizeof h);
+    EXPECT_EQ(h.attr_bytes, sizeof(fw::ElementwiseAttrs));
+    fw::ElementwiseAttrs a;
+    std::memcpy(&a, block.data() + block.size() - sizeof a, sizeof a);
+    return a;
+  };
+  fw::ElementwiseAttrs a = words();
+  EXPECT_EQ(a.op, static_cast<std::uint32_t>(fw::ElementwiseOp::kActivation));
+  EXPECT_EQ(a.activation, static_cast<std::uint32_t>(fw::Activation::kLeakyRelu));
+  EXPECT_EQ(a.alpha, 0.25f);
+  EXPECT_EQ(a.beta, 0.0f);
+  op.attrs = driver::ElementwiseAttrs{driver::ElementwiseOp::Activation, ActivationParams::hard_swish()};
+  EXPECT_EQ(tpu::required_minor(op), 4u);
+  op.attrs = driver::ElementwiseAttrs{driver::ElementwiseOp::Add, {}};
+  a = words();
+  EXPECT_EQ(a.op, static_cast<std::uint32_t>(fw::ElementwiseOp::kAdd));
+  EXPECT_EQ(a.activation, 0u);
+  EXPECT_EQ(a.alpha, 0.0f);
+  EXPECT_EQ(tpu::required_minor(op), 1u);
+}
+
 TEST(TpuDriver, AnOpNewerThanTheBoardsInterfaceIsRefusedBeforeItReachesTheBoard) {
   // A board that advertises interface 1.4: the driver agrees on 1.4.
   auto board = std::make_shared<sim::Board>(sim::load_profile("tiny"));

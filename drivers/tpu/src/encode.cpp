@@ -54,12 +54,6 @@ fw::OpKind to_fw(driver::OpKind k) {
   return fw::OpKind::kInvalid;
 }
 
-std::uint32_t to_fw(const ActivationParams& a, float& alpha, float& beta) {
-  alpha = a.alpha;
-  beta = a.beta;
-  return static_cast<std::uint32_t>(a.kind);  // same numbering (above)
-}
-
 template <class T>
 void append_bytes(std::vector<std::byte>& out, const T& value) {
   const auto* p = reinterpret_cast<const std::byte*>(&value);
@@ -79,12 +73,6 @@ std::vector<std::byte> encode_op(const driver::OpDesc& op, std::uint16_t interfa
   struct AttrVisitor {
     std::vector<std::byte>& out;
     void operator()(const driver::NoAttrs&) const { append_bytes(out, fw::QuantAttrs{}); }
-    void operator()(const driver::ElementwiseAttrs& e) const {
-      fw::ElementwiseAttrs a{};
-      a.op = static_cast<std::uint32_t>(e.op);  // same numbering
-      if (e.op == driver::ElementwiseOp::Activation) a.activation = to_fw(e.activation, a.alpha, a.beta);
-      append_bytes(out, a);
-    }
 #include "encode_attrs.inc"  // the op schema's structs, field by field
   };
   std::visit(AttrVisitor{attrs}, op.attrs);
@@ -114,11 +102,6 @@ std::uint16_t required_minor(const driver::OpDesc& op) {
   auto at_least = [&](std::uint16_t minor) { need = std::max(need, minor); };
   struct AttrMinor {
     std::uint16_t operator()(const driver::NoAttrs&) const { return 1; }
-    std::uint16_t operator()(const driver::ElementwiseAttrs& e) const {
-      const std::uint16_t op = driver::introduced_in(e.op);
-      if (e.op != driver::ElementwiseOp::Activation) return op;
-      return std::max(op, driver::introduced_in(e.activation.kind));
-    }
 #include "attr_minors.inc"  // the op schema's structs, by their enumeration fields
   };
   at_least(std::visit(AttrMinor{}, op.attrs));

@@ -106,13 +106,6 @@ inline constexpr std::uint32_t kOpFlagsKnown = kOpGlobal;
 // is_binary, is_comparison and is_logical: generated from schema/ops.py.
 #include "tpuhal/fw/op_enums.inc"
 
-struct ElementwiseAttrs {
-  std::uint32_t op;          // ElementwiseOp
-  std::uint32_t activation;  // Activation, for kActivation
-  float alpha, beta;         // the activation's parameters
-};
-static_assert(sizeof(ElementwiseAttrs) == 16);
-
 // Quantize / Dequantize: the axis Scale and ZeroPoint vary along is implied
 // by their strides; nothing else is needed.
 struct QuantAttrs {
@@ -120,9 +113,9 @@ struct QuantAttrs {
 };
 static_assert(sizeof(QuantAttrs) == 16);
 
-// The other attribute structs (MatMulAttrs, ConvAttrs, PoolAttrs,
-// ResizeAttrs, ColorConvertAttrs, SoftmaxAttrs, TopKAttrs, ...), from the op
-// schema (ATTR_STRUCTS in schema/ops.py).
+// The other attribute structs (ElementwiseAttrs, MatMulAttrs, ConvAttrs,
+// PoolAttrs, ResizeAttrs, ColorConvertAttrs, SoftmaxAttrs, TopKAttrs, ...),
+// from the op schema (ATTR_STRUCTS in schema/ops.py).
 #include "tpuhal/fw/op_attrs.inc"
 
 inline constexpr std::uint32_t kMaxParamBytes = 4096;

@@ -49,14 +49,10 @@ enum class OpKind : std::uint8_t {
 // value of an attribute enumeration came in. Generated from schema/ops.py.
 #include "tpuhal/driver/op_enums.inc"
 
-struct ElementwiseAttrs {
-  ElementwiseOp op = ElementwiseOp::Identity;
-  ActivationParams activation;  // for ElementwiseOp::Activation
-};
 struct NoAttrs {};
-// The other attribute structs (MatMulAttrs, ConvAttrs, PoolAttrs,
-// ResizeAttrs, ColorConvertAttrs, SoftmaxAttrs, ...) and OpAttrs, from the
-// op schema (ATTR_STRUCTS in schema/ops.py).
+// The other attribute structs (ElementwiseAttrs, MatMulAttrs, ConvAttrs,
+// PoolAttrs, ResizeAttrs, ColorConvertAttrs, SoftmaxAttrs, ...) and
+// OpAttrs, from the op schema (ATTR_STRUCTS in schema/ops.py).
 #include "tpuhal/driver/op_attrs.inc"
 
 struct OpDesc {
