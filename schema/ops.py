@@ -522,16 +522,20 @@ QLINEAR_BINARY = dict(
                 shapes={"A": [2, 3], "AScale": [1], "AZeroPoint": [1], "B": [2, 3], "BScale": [1], "BZeroPoint": [1],
                         "YScale": [1], "YZeroPoint": [1], "Y": [2, 3]}))
 
-# Where the shape rule of a kind without a `rule` lives: its board check
-# and its host check both read one function of a header that both layers
-# may include, or each layer writes its own.
+# Where the shape rule of a kind without a `rule` lives: one function of a
+# header both layers may include, the helpers of a rule part (the host
+# makes the views, the board checks them), or each layer's own check.
 SHAPE_RULES = {
     "window": "`fw/window.h` (`conv_shape`, `conv_transpose_shape`, `pool_shape`), read by both layers",
+    "matmul": "the rule part matmul's helpers, with transposes: the host's `matmul_views` broadcasts the batch "
+              "dimensions, the board's `check_matmul_shapes` checks the views",
+    "broadcast": "the rule part broadcast's helpers: the host's `Builder::broadcast` makes views in Y's shape, "
+                 "the board's `expect_same_shape` checks them",
     "each layer": "`check_<kind>` in `firmware_iface/src/tensor.cpp`, the builder in `hal/src/ops.cpp`",
 }
 
 KINDS = [
-    dict(name="MatMul", id="matmul", shape="each layer", minor=1, tensors=["A", "B", "C?", "Y"], fw_attrs="MatMulAttrs",
+    dict(name="MatMul", id="matmul", shape="matmul", minor=1, tensors=["A", "B", "C?", "Y"], fw_attrs="MatMulAttrs",
          attrs="MatMulAttrs", cost=("matmul", "A"), cycles=0, peak="float", builders=["matmul"],
          doc="Y = act(alpha * op(A) @ op(B) + beta * C), batched."),
     dict(name="Conv2d", id="conv2d", shape="window", minor=1, tensors=["X", "W", "Bias?", "Y"], fw_attrs="ConvAttrs",
@@ -539,7 +543,7 @@ KINDS = [
          doc="Float convolution, NCHW or NHWC, groups, dilation."),
     dict(name="Pool2d", id="pool2d", shape="window", minor=1, tensors=["X", "Y"], fw_attrs="PoolAttrs", attrs="PoolAttrs",
          cost=("pool",), cycles=1, peak=None, builders=["max_pool2d", "avg_pool2d"], doc="Max or average pooling."),
-    dict(name="Elementwise", id="elementwise", shape="each layer", minor=1, tensors=["A", "B?", "Y"], fw_attrs="ElementwiseAttrs",
+    dict(name="Elementwise", id="elementwise", shape="broadcast", minor=1, tensors=["A", "B?", "Y"], fw_attrs="ElementwiseAttrs",
          attrs="ElementwiseAttrs", cost=("per_output",), cycles="elementwise", peak=None,
          builders=["activation", "relu", "cast", "transpose"] + MAP_BUILDERS,
          doc="Unary and binary maps, including cast and transpose (B absent for unary maps)."),
