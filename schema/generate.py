@@ -1798,12 +1798,11 @@ def doc_kinds():
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for code, k in enumerate(ops.KINDS, start=1):
         builders = ", ".join(f"`{b}`" for b in k["builders"])
-        checks = "schema rule" if "rule" in k else "each layer" if k["shape"] == "each layer" else f"{k['shape']} rule"
+        checks = "schema rule" if "rule" in k else f"{k['shape']} rule"
         rows.append(f"| {code} | `{k['id']}` | {roles(k)} | `{k['fw_attrs']}` | 1.{k['minor']} | {builders} | "
                     f"{checks} |")
     rows.append("")
-    rows += [f"- Checks, {name if name == 'each layer' else name + ' rule'}: {text}." for name, text in
-             ops.SHAPE_RULES.items()]
+    rows += [f"- Checks, {name} rule: {text}." for name, text in ops.SHAPE_RULES.items()]
     rows.append("- Checks, schema rule: generated from the kind's `rule` in `schema/ops.py` for both layers.")
     rows.append("")
     for e in ops.ENUMS:

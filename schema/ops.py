@@ -522,16 +522,17 @@ QLINEAR_BINARY = dict(
                 shapes={"A": [2, 3], "AScale": [1], "AZeroPoint": [1], "B": [2, 3], "BScale": [1], "BZeroPoint": [1],
                         "YScale": [1], "YZeroPoint": [1], "Y": [2, 3]}))
 
-# Where the shape rule of a kind without a `rule` lives: one function of a
-# header both layers may include, the helpers of a rule part (the host
-# makes the views, the board checks them), or each layer's own check.
+# Where the shape rule of a kind without a `rule` lives: functions of a
+# header both layers may include, or the helpers of a rule part (the host
+# makes the views, the board checks them).
 SHAPE_RULES = {
     "window": "`fw/window.h` (`conv_shape`, `conv_transpose_shape`, `pool_shape`), read by both layers",
     "matmul": "the rule part matmul's helpers, with transposes: the host's `matmul_views` broadcasts the batch "
               "dimensions, the board's `check_matmul_shapes` checks the views",
     "broadcast": "the rule part broadcast's helpers: the host's `Builder::broadcast` makes views in Y's shape, "
                  "the board's `expect_same_shape` checks them",
-    "each layer": "`check_<kind>` in `firmware_iface/src/tensor.cpp`, the builder in `hal/src/ops.cpp`",
+    "planes": "`fw/planes.h` (`luma_even`, `color_planes`; resize's `resize_scale_ok`, with Y keeping X's "
+              "batch and channels one comparison in each layer), read by both layers",
 }
 
 KINDS = [
@@ -596,9 +597,9 @@ KINDS = [
          tensors=["X", "XScale", "XZeroPoint", "W", "WScale", "WZeroPoint", "YScale", "YZeroPoint", "Bias?", "Y"],
          fw_attrs="ConvAttrs", attrs="ConvAttrs", cost=("conv", "W"), cycles=0, peak="int8", builders=["qlinear_conv"],
          doc="Quantized convolution, requantised to Y's scale."),
-    dict(name="Resize", id="resize", shape="each layer", minor=1, tensors=["X", "Y"], fw_attrs="ResizeAttrs", attrs="ResizeAttrs",
+    dict(name="Resize", id="resize", shape="planes", minor=1, tensors=["X", "Y"], fw_attrs="ResizeAttrs", attrs="ResizeAttrs",
          cost=("per_output",), cycles=3, peak=None, builders=["resize"], doc="Nearest or bilinear over H and W."),
-    dict(name="ColorConvert", id="color_convert", shape="each layer", minor=1, tensors=["Luma", "ChromaU", "ChromaV?", "Y"],
+    dict(name="ColorConvert", id="color_convert", shape="planes", minor=1, tensors=["Luma", "ChromaU", "ChromaV?", "Y"],
          fw_attrs="ColorConvertAttrs", attrs="ColorConvertAttrs", cost=("per_output",), cycles=6, peak=None,
          builders=["nv12_to_rgb", "i420_to_rgb"],
          doc="NV12 / I420 -> planar RGB, normalised (ChromaU holds UV for NV12)."),

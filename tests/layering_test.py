@@ -61,7 +61,7 @@ API_TYPES = [
 # rounding, RoiAlign's sampling). The layers above that may not use the rest
 # of the interface include these, through tpuhal_fw's include folder; none
 # links its code.
-FW_PURE = ["tpuhal/fw/window.h", "tpuhal/fw/half.h", "tpuhal/fw/roi_align.h"]
+FW_PURE = ["tpuhal/fw/window.h", "tpuhal/fw/planes.h", "tpuhal/fw/half.h", "tpuhal/fw/roi_align.h"]
 
 # Targets every folder may link: build settings, not layers.
 FREE_TARGETS = {"tpuhal_warnings"}

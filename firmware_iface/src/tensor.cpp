@@ -6,6 +6,7 @@
 #include <iterator>
 
 #include "tpuhal/fw/decode.h"
+#include "tpuhal/fw/planes.h"
 
 // Every op kind has its case in the switches over OpKind below.
 #pragma GCC diagnostic error "-Wswitch"
@@ -404,9 +405,7 @@ bool check_resize(Check& c, const OpBlock& b, const ResizeAttrs& at) {
       !expect_attr(c, offsetof(ResizeAttrs, layout), at.layout <= 1, at.layout, 1))
     return false;
   for (int k = 0; k < 2; ++k)
-    if (!expect_attr(c, offsetof(ResizeAttrs, scale) + 4 * k,
-                     std::isfinite(at.scale[k]) && at.scale[k] > 0 && at.scale[k] <= 65536.0f, 0))
-      return false;
+    if (!expect_attr(c, offsetof(ResizeAttrs, scale) + 4 * k, resize_scale_ok(at.scale[k]), 0)) return false;
   const DType tx = dt(b.tensors[0]);
   if (!expect_dtype(c, b, 0, tx != DType::kI32) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == tx) ||
       !expect_rank(c, b, 0, 4) || !expect_rank(c, b, 1, 4))
@@ -489,27 +488,28 @@ bool check_color(Check& c, const OpBlock& b, const ColorConvertAttrs& at) {
     if (!expect_attr(c, offsetof(ColorConvertAttrs, mean) + 4 * k,
                      std::isfinite(at.mean[k]) && std::isfinite(at.scale[k]), 0))
       return false;
+  // The planes' shapes are fw/planes.h's, which the host's checks read too.
   const bool nv12 = at.format == static_cast<std::uint32_t>(ColorFormat::kNV12);
   const TensorRef& luma = b.tensors[0];
   if (!expect_dtype(c, b, 0, dt(luma) == DType::kU8) || !expect_rank(c, b, 0, 2)) return false;
   const std::uint64_t h = luma.shape[0], w = luma.shape[1];
-  if (h % 2 || w % 2)  // 4:2:0 chroma needs even sizes
+  if (!luma_even(h, w))
     return c.fail(CmdStatus::kBadAlignment, tensor_field(0, A::kShape, h % 2 ? 0 : 1), h % 2 ? h : w, 2);
-  if (!expect_dtype(c, b, 1, dt(b.tensors[1]) == DType::kU8)) return false;
+  const ColorPlanes planes = color_planes(nv12, h, w);
+  if (!expect_dtype(c, b, 1, dt(b.tensors[1]) == DType::kU8) || !expect_rank(c, b, 1, planes.chroma_rank)) return false;
+  for (std::uint32_t d = 0; d < planes.chroma_rank; ++d)
+    if (!expect_dim(c, b, 1, d, planes.chroma[d])) return false;
   if (nv12) {
-    if (!expect_rank(c, b, 1, 3) || !expect_dim(c, b, 1, 0, h / 2) || !expect_dim(c, b, 1, 1, w / 2) ||
-        !expect_dim(c, b, 1, 2, 2))
-      return false;
     if (present(b.tensors[2]))
       return c.fail(CmdStatus::kBadArgument, tensor_field(2, A::kDType), b.tensors[2].dtype, 0);
-  } else {
-    if (!expect_rank(c, b, 1, 2) || !expect_dim(c, b, 1, 0, h / 2) || !expect_dim(c, b, 1, 1, w / 2) ||
-        !expect_dtype(c, b, 2, dt(b.tensors[2]) == DType::kU8) || !expect_same_shape(c, b, 2, 1))
-      return false;
+  } else if (!expect_dtype(c, b, 2, dt(b.tensors[2]) == DType::kU8) || !expect_same_shape(c, b, 2, 1)) {
+    return false;
   }
   const TensorRef& y = b.tensors[3];
-  return expect_dtype(c, b, 3, is_float(dt(y)) || dt(y) == DType::kU8) && expect_rank(c, b, 3, 3) &&
-         expect_dim(c, b, 3, 0, 3) && expect_dim(c, b, 3, 1, h) && expect_dim(c, b, 3, 2, w);
+  if (!expect_dtype(c, b, 3, is_float(dt(y)) || dt(y) == DType::kU8) || !expect_rank(c, b, 3, 3)) return false;
+  for (std::uint32_t d = 0; d < 3; ++d)
+    if (!expect_dim(c, b, 3, d, planes.y[d])) return false;
+  return true;
 }
 
 #include "op_rules.inc"  // check_<id> of the kinds with rules (schema/ops.py)

@@ -15,6 +15,7 @@
 #include "impl.hpp"
 #include "op_cost.hpp"
 #include "tpuhal/driver/op_desc.hpp"
+#include "tpuhal/fw/planes.h"
 #include "tpuhal/fw/window.h"
 #include "tpuhal/tpuhal.hpp"
 
@@ -986,7 +987,7 @@ Op resize(const Tensor& x, const Tensor& y, const ResizeOptions& o) {
   std::array<float, 2> scales = o.scales.value_or(std::array<float, 2>{static_cast<float>(yh) / static_cast<float>(h),
                                                                        static_cast<float>(yw) / static_cast<float>(w)});
   for (float s : scales)
-    if (!std::isfinite(s) || s <= 0 || s > 65536.0f)
+    if (!fw::resize_scale_ok(s))
       b.fail(Status::InvalidArgument, "scale " + std::to_string(s) + " must be positive and finite");
   driver::ResizeAttrs a;
   a.mode = o.mode;
@@ -1008,16 +1009,21 @@ Op color(ColorFormat format, const Tensor& luma, const Tensor& c1, const Tensor*
   b.dtype_in(y, "y", {DType::F32, DType::F16, DType::BF16, DType::U8});
   if (luma.rank() != 2)
     b.fail(Status::InvalidArgument, "luma has shape " + dims_text(luma.shape()) + "; expected [H, W]");
-  const std::int64_t h = luma.shape()[0], w = luma.shape()[1];
-  if (h % 2 || w % 2)
+  // The planes' shapes are fw/planes.h's, which the board's decoder reads too.
+  const auto h = static_cast<std::uint64_t>(luma.shape()[0]), w = static_cast<std::uint64_t>(luma.shape()[1]);
+  if (!fw::luma_even(h, w))
     b.fail(Status::InvalidArgument, "luma " + dims_text(luma.shape()) + " must have even height and width");
+  const fw::ColorPlanes planes = fw::color_planes(format == ColorFormat::NV12, h, w);
+  const auto shape = [](const std::uint64_t* dims, std::uint32_t rank) {
+    return std::vector<std::int64_t>(dims, dims + rank);
+  };
   if (format == ColorFormat::NV12)
-    b.shape_is(c1, "chroma", {h / 2, w / 2, 2}, "interleaved U and V at half resolution");
+    b.shape_is(c1, "chroma", shape(planes.chroma, planes.chroma_rank), "interleaved U and V at half resolution");
   else {
-    b.shape_is(c1, "u", {h / 2, w / 2}, "half resolution");
-    b.shape_is(*c2, "v", {h / 2, w / 2}, "half resolution");
+    b.shape_is(c1, "u", shape(planes.chroma, planes.chroma_rank), "half resolution");
+    b.shape_is(*c2, "v", shape(planes.chroma, planes.chroma_rank), "half resolution");
   }
-  b.shape_is(y, "y", {3, h, w}, "planar RGB");
+  b.shape_is(y, "y", shape(planes.y, 3), "planar RGB");
   for (int k = 0; k < 3; ++k)
     if (!std::isfinite(o.mean[k]) || !std::isfinite(o.scale[k]))
       b.fail(Status::InvalidArgument, "mean and scale must be finite");

@@ -1,8 +1,12 @@
-// The window kinds' shape rule (fw/window.h), which the board's decoder and
-// the host's builders share: each fault it finds (where the board reports
-// it: tensor_decode_test.cpp).
+// The shape rules the board's decoder and the host's builders share: the
+// window kinds' (fw/window.h), each fault it finds (where the board
+// reports it: tensor_decode_test.cpp), and resize's and color_convert's
+// (fw/planes.h).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "tpuhal/fw/planes.h"
 #include "tpuhal/fw/window.h"
 
 namespace tpuhal::fw {
@@ -130,6 +134,33 @@ TEST(FwWindowRule, APoolingWindowNeedsATapInTheInput) {
   EXPECT_EQ(ok.out[0], 2);
   EXPECT_EQ(ok.out[1], 5);
   EXPECT_EQ(ok.out[2], 3);
+}
+
+TEST(FwPlanes, ColorPlanesAreHalfTheLumaAndYIsPlanarRgb) {
+  EXPECT_TRUE(luma_even(4, 6));
+  EXPECT_FALSE(luma_even(3, 6));
+  EXPECT_FALSE(luma_even(4, 5));
+  const ColorPlanes nv12 = color_planes(true, 4, 6);
+  EXPECT_EQ(nv12.chroma_rank, 3u);
+  EXPECT_EQ(nv12.chroma[0], 2u);
+  EXPECT_EQ(nv12.chroma[1], 3u);
+  EXPECT_EQ(nv12.chroma[2], 2u);  // U and V interleaved
+  const ColorPlanes i420 = color_planes(false, 4, 6);
+  EXPECT_EQ(i420.chroma_rank, 2u);
+  EXPECT_EQ(i420.chroma[1], 3u);
+  EXPECT_EQ(i420.y[0], 3u);
+  EXPECT_EQ(i420.y[1], 4u);
+  EXPECT_EQ(i420.y[2], 6u);
+}
+
+TEST(FwPlanes, AResizeScaleIsFiniteAbove0AndAtMost65536) {
+  EXPECT_TRUE(resize_scale_ok(0.5f));
+  EXPECT_TRUE(resize_scale_ok(kMaxResizeScale));
+  EXPECT_FALSE(resize_scale_ok(65537.0f));
+  EXPECT_FALSE(resize_scale_ok(0.0f));
+  EXPECT_FALSE(resize_scale_ok(-1.0f));
+  EXPECT_FALSE(resize_scale_ok(INFINITY));
+  EXPECT_FALSE(resize_scale_ok(NAN));
 }
 
 }  // namespace
