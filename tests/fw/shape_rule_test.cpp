@@ -114,7 +114,11 @@ TEST(FwWindowRule, ATransposedConvolutionTakesAnOutputPaddingBelowItsStride) {
   EXPECT_EQ(e.fault, F::kEmptyInput);
   EXPECT_EQ(e.at, 0u);
   EXPECT_EQ(e.axis, 1u);
-  EXPECT_EQ(check_window_output(conv_transpose_shape(Window{}, {1, 2, 3, 3}, {2, 4, 0, 3}), {1, 4, 5, 5}).at, 1u);
+  const WindowVerdict no_kernel =
+      check_window_output(conv_transpose_shape(Window{}, {1, 2, 3, 3}, {2, 4, 0, 3}), {1, 4, 5, 5});
+  EXPECT_EQ(no_kernel.fault, F::kEmptyInput);
+  EXPECT_EQ(no_kernel.at, 1u);
+  EXPECT_EQ(no_kernel.axis, 0u);
 
   EXPECT_EQ(conv_transpose_shape(Window{}, {1, 2, 3, 3}, {3, 4, 3, 3}).fault, F::kWeight);
   w = Window{};

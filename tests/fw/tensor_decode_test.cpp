@@ -312,6 +312,25 @@ TEST(FwTensorOp, ElementwiseFloatMapsTakeFloatsOnly) {
   EXPECT_EQ(p.value, kMaxElementwiseOp + 1);
 }
 
+// The activation word is for ElementwiseOp::kActivation; any other map
+// with one set is refused, not run without it.
+TEST(FwTensorOp, AnElementwiseActivationIsForTheActivationMapOnly) {
+  ElementwiseAttrs a{};
+  a.op = static_cast<std::uint32_t>(ElementwiseOp::kActivation);
+  a.activation = static_cast<std::uint32_t>(Activation::kClip);
+  a.alpha = 0;
+  a.beta = 6;
+  const auto unary = [&] {
+    return block(OpKind::kElementwise,
+                 {tensor(0x1000, DType::kF32, {2, 8}), TensorRef{}, tensor(0x2000, DType::kF32, {2, 8})}, a);
+  };
+  EXPECT_TRUE(decode_op(unary()).ok());
+  a.op = static_cast<std::uint32_t>(ElementwiseOp::kNeg);
+  const Problem p = problem_of(unary());
+  EXPECT_EQ(p.field, attr_field(offsetof(ElementwiseAttrs, activation)));
+  EXPECT_EQ(p.value, static_cast<std::uint32_t>(Activation::kClip));
+}
+
 // Comparisons (interface 1.7): A and B of one dtype, any; Y u8. Logic: u8
 // in and out, Not without B.
 TEST(FwTensorOp, ElementwiseComparisonsGiveU8AndLogicTakesU8) {
@@ -439,9 +458,12 @@ TEST(FwTensorOp, ConvolutionOutputSizeIsChecked) {
 
 // ---- where the board reports each fault of the window rule (fw/window.h) ----
 
+// Every fault of the rule is a bad argument.
 template <class Attrs>
 Problem problem(OpKind kind, std::vector<TensorRef> tensors, const Attrs& attrs) {
-  return problem_of(block(kind, std::move(tensors), attrs));
+  const Problem p = problem_of(block(kind, std::move(tensors), attrs));
+  EXPECT_EQ(p.status, CmdStatus::kBadArgument);
+  return p;
 }
 
 ConvAttrs conv_attrs(bool nhwc) {

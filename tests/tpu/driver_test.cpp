@@ -347,6 +347,12 @@ TEST(TpuDriver, AnElementwiseActivationAndItsParametersAreEncoded) {
   EXPECT_EQ(a.activation, 0u);
   EXPECT_EQ(a.alpha, 0.0f);
   EXPECT_EQ(tpu::required_minor(op), 1u);
+  // An activation on a map that is not one is sent as it is, for the board
+  // to refuse (check_elementwise), not dropped.
+  op.attrs = driver::ElementwiseAttrs{driver::ElementwiseOp::Add, ActivationParams::clip(0, 6)};
+  a = words();
+  EXPECT_EQ(a.activation, static_cast<std::uint32_t>(fw::Activation::kClip));
+  EXPECT_EQ(a.beta, 6.0f);
 }
 
 TEST(TpuDriver, AnOpNewerThanTheBoardsInterfaceIsRefusedBeforeItReachesTheBoard) {

@@ -179,7 +179,11 @@ constexpr WindowVerdict check_window_output(const WindowVerdict& v, const std::u
     if (v.empty[k]) return {WindowFault::kEmptyInput, v.empty[k] - 1u, k, 0, 1};
     const std::int64_t least = v.out[2 + k];
     const auto got = static_cast<std::int64_t>(y[2 + k]);
-    const bool ok = v.transposed ? got >= 1 && got >= least && got <= least + v.slack[k] : got == least;
+    // got - least in unsigned words: no overflow, whatever the shapes.
+    const bool ok = v.transposed ? got >= 1 && got >= least &&
+                                       static_cast<std::uint64_t>(got) - static_cast<std::uint64_t>(least) <=
+                                           static_cast<std::uint64_t>(v.slack[k])
+                                 : got == least;
     if (!ok) return {WindowFault::kOutput, 2 + k, 0, y[2 + k], static_cast<std::uint64_t>(least > 0 ? least : 0)};
   }
   return {};
