@@ -65,7 +65,7 @@ constexpr std::size_t attr_index() {
 // struct (fw/op_kinds.inc); entry 0 is kInvalid.
 constexpr KindRule kRules[fw::kMaxOpKind + 1] = {
     {0, 0, 0, 0},
-#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs, minor) \
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, written, Attrs, minor) \
   {tensors, optional, sizeof(fw::Attrs), attr_index<fw::Attrs>()},
 #include "tpuhal/fw/op_kinds.inc"
 #undef TPUHAL_FW_OP

@@ -38,6 +38,15 @@ def optional_mask(tensors):
     return mask
 
 
+def written_mask(kind):
+    """The tensors the op writes: its last, and the roles `outputs` names."""
+    names = [t.rstrip("?") for t in kind["tensors"]]
+    mask = 1 << (len(names) - 1)
+    for r in kind.get("rule", {}).get("outputs", []):
+        mask |= 1 << names.index(r)
+    return mask
+
+
 def roles(kind):
     return ", ".join(t[:-1] + " (opt)" if t.endswith("?") else t for t in kind["tensors"])
 
@@ -1208,20 +1217,22 @@ def fw_op_kinds():
 // kind's work (the decoder's rules, the engine's kernels, the fuzzer's
 // rules) have no default and build only with a case for every line.
 //
-//   TPUHAL_FW_OP(Name, code, "name", tensors, optional, Attrs, minor)
+//   TPUHAL_FW_OP(Name, code, "name", tensors, optional, written, Attrs, minor)
 //     Name      the enumerator is OpKind::k<Name>
 //     code      its value on the wire, one above the line before
 //     "name"    to_string(OpKind), in messages and the tools
 //     tensors   how many TensorRefs follow the header, output last; the
 //               comment lists their roles in order
 //     optional  bit i set: tensor i may be absent (DType::kNone)
+//     written   bit i set: the op writes tensor i (the last, and any
+//               other output: the board reaches it for writing)
 //     Attrs     the attribute struct after the tensors (fw/tensor.h)
 //     minor     the interface minor the kind came in
 """]
     for code, k in enumerate(ops.KINDS, start=1):
         out.append(f"\n// {k['doc']}{minor_note(k['minor'])}\n//   {roles(k)}\n")
         out.append(f"TPUHAL_FW_OP({k['name']}, {code}, \"{k['id']}\", {len(k['tensors'])}, "
-                   f"0x{optional_mask(k['tensors']):x}u, {k['fw_attrs']}, {k['minor']})\n")
+                   f"0x{optional_mask(k['tensors']):x}u, 0x{written_mask(k):x}u, {k['fw_attrs']}, {k['minor']})\n")
     return "".join(out)
 
 
@@ -1799,7 +1810,10 @@ def doc_kinds():
     for code, k in enumerate(ops.KINDS, start=1):
         builders = ", ".join(f"`{b}`" for b in k["builders"])
         checks = "schema rule" if "rule" in k else f"{k['shape']} rule"
-        rows.append(f"| {code} | `{k['id']}` | {roles(k)} | `{k['fw_attrs']}` | 1.{k['minor']} | {builders} | "
+        tensors = roles(k)
+        for r in outputs(k):  # the board writes them too (op_kinds.inc's written mask)
+            tensors = tensors.replace(f"{r} (opt)", f"{r} (opt, an output)")
+        rows.append(f"| {code} | `{k['id']}` | {tensors} | `{k['fw_attrs']}` | 1.{k['minor']} | {builders} | "
                     f"{checks} |")
     rows.append("")
     rows += [f"- Checks, {name} rule: {text}." for name, text in ops.SHAPE_RULES.items()]

@@ -533,8 +533,8 @@ bool read_attrs(Check& c, std::span<const std::byte> bytes, OpAttrs& out) {
 
 bool read_kind_attrs(Check& c, OpKind kind, std::span<const std::byte> bytes, OpAttrs& out) {
   switch (kind) {
-#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs, minor) \
-  case OpKind::k##Name:                                                 \
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, written, Attrs, minor) \
+  case OpKind::k##Name:                                                          \
     return read_attrs<Attrs>(c, bytes, out);
 #include "tpuhal/fw/op_kinds.inc"
 #undef TPUHAL_FW_OP

@@ -386,9 +386,11 @@ fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
   std::optional<DmaAccess> access(std::in_place, ctx_);
   tensor::View views[fw::kMaxOpTensors];
   // Tensors in the memory of a remote host (HostPort) are read into bounce
-  // buffers first; the output is written back after the op.
+  // buffers first; the outputs are written back after the op. An op writes
+  // its last tensor and the other outputs its kind names (top_k's values).
   std::vector<std::byte> bounce[fw::kMaxOpTensors];
   const std::uint32_t out = op->num_tensors - 1;
+  const std::uint32_t written = fw::op_kind_info(op->kind).written;
   for (std::uint32_t i = 0; i < op->num_tensors; ++i) {
     const fw::TensorRef& t = op->tensors[i];
     tensor::View& v = views[i];
@@ -399,7 +401,7 @@ fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
     std::copy(std::begin(t.shape), std::end(t.shape), v.shape);
     std::copy(std::begin(t.strides), std::end(t.strides), v.strides);
     if (op->extent[i] == 0) continue;  // empty: no memory is touched
-    const std::uint32_t kind = i == out ? kIommuWrite : kIommuRead;
+    const std::uint32_t kind = (written >> i) & 1 ? kIommuWrite : kIommuRead;
     const fw::Problem denied{fw::CmdStatus::kDmaFault, fw::tensor_field(i, fw::TensorAspect::kAddress), t.address,
                              kind == kIommuWrite ? fw::kAccessWrite : fw::kAccessRead};
     if (board_.dma.remote(t.address)) {
@@ -417,15 +419,17 @@ fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
   // while waiting on the link (see DmaEngine::copy_remote).
   access.reset();
   for (std::uint32_t i = 0; i < out; ++i) {
-    if (bounce[i].empty()) continue;
+    if (bounce[i].empty() || ((written >> i) & 1)) continue;
     auto p = board_.dma.read(ctx_, op->tensors[i].address, bounce[i].data(), bounce[i].size(),
                              fw::tensor_field(i, fw::TensorAspect::kAddress));
     if (p.status != fw::CmdStatus::kOk) return p;
   }
   auto p = engine->run(*op, views);
-  if (p.status != fw::CmdStatus::kOk || bounce[out].empty()) return p;
-  return board_.dma.write(ctx_, op->tensors[out].address, bounce[out].data(), bounce[out].size(),
-                          fw::tensor_field(out, fw::TensorAspect::kAddress));
+  for (std::uint32_t i = 0; i <= out && p.status == fw::CmdStatus::kOk; ++i)
+    if (!bounce[i].empty() && ((written >> i) & 1))
+      p = board_.dma.write(ctx_, op->tensors[i].address, bounce[i].data(), bounce[i].size(),
+                           fw::tensor_field(i, fw::TensorAspect::kAddress));
+  return p;
 }
 
 fw::Problem CommandProcessor::call(const fw::CallArgs& a) {

@@ -81,6 +81,18 @@ TEST_P(Ops, TopKEveryDtypeAxisAndOrderWithTiesAndNaN) {
     }
 }
 
+// top_k writes two tensors: both must come back where they lie in host
+// memory, which a USB board reaches only through messages to the host.
+TEST_P(Ops, TopKWritesItsValuesAndIndicesInHostMemory) {
+  const Host x = rand(DType::F32, {3, 17}, -8, 8);
+  const TopKRef want = ref_top_k(x, 1, 5, true, false);
+  const Tensor vals = lab().output(DType::F32, {3, 5}, Memory::HostPinned);
+  const Tensor idx = lab().output(DType::I32, {3, 5}, Memory::HostPinned);
+  lab().run(ops::top_k(lab().upload(x, Memory::HostPinned), vals, idx, {1, true, false}));
+  expect_exact("top_k in host memory: values", lab().download(vals), want.values);
+  expect_exact("top_k in host memory: indices", lab().download(idx), want.indices);
+}
+
 TEST_P(Ops, ArgMaxAndArgMinPickTheFirstOrLastOfEqualElements) {
   Host x(DType::F32, {2, 5});
   x.v = {1, 7, 7, -2, 7, -3, 0, -3, 5, -3};

@@ -269,6 +269,56 @@ class LyingTransport : public tpu::Transport {
   std::uint32_t reg_, value_;
 };
 
+// A transport that lets the board only read the host windows of one size.
+class ReadOnlyWindows : public LyingTransport {
+ public:
+  ReadOnlyWindows(std::shared_ptr<sim::Board> board, std::uint64_t size)
+      : LyingTransport(std::move(board), ~0u, 0), size_(size) {}  // no register lies: offsets are below 2^32 - 1
+  void map_dma(std::uint64_t iova, void* host, std::uint64_t size, bool w) override {
+    LyingTransport::map_dma(iova, host, size, w && size != size_);
+  }
+
+ private:
+  std::uint64_t size_;
+};
+
+// top_k writes its values as well as its indices (an output other than the
+// last): the board reaches both for writing, so a window it may only read
+// is a DMA fault, never written.
+TEST(TpuDriver, AnOpsOtherOutputIsWrittenOnlyWhereTheBoardMayWrite) {
+  constexpr std::uint64_t kReadOnly = 3 * 4096;
+  auto board = std::make_shared<sim::Board>(sim::load_profile("tiny"));
+  auto dev = tpu::open_device(std::make_unique<ReadOnlyWindows>(board, kReadOnly), "test:ro", "tpu-sim");
+  auto q = dev->create_queue(Engine::Compute, {});
+  auto x = dev->allocate(4096, Memory::HostPinned, {});
+  auto values = dev->allocate(kReadOnly, Memory::HostPinned, {});
+  auto indices = dev->allocate(4096, Memory::HostPinned, {});
+  const float xs[4] = {1, 4, 2, 3};
+  std::memcpy(x->map().data(), xs, sizeof xs);
+  std::memset(values->map().data(), 0x5A, 16);
+  auto tensor = [](driver::BufferBackend* b, DType dt, std::uint64_t n) {
+    driver::TensorArg t;
+    t.buffer = b;
+    t.dtype = dt;
+    t.rank = 1;
+    t.shape[0] = n;
+    t.strides[0] = 1;
+    return t;
+  };
+  driver::OpDesc top_k;
+  top_k.kind = driver::OpKind::TopK;
+  top_k.name = "top_k";
+  top_k.attrs = driver::TopKAttrs{0, true, false};
+  top_k.tensors = {tensor(x.get(), DType::F32, 4), tensor(values.get(), DType::F32, 2),
+                   tensor(indices.get(), DType::I32, 2)};
+  const driver::Command run = driver::cmd::Run{&top_k};
+  const std::uint64_t v = q->submit(std::span<const driver::Command>(&run, 1), std::chrono::seconds(10));
+  ASSERT_TRUE(settle(*q, v).failed);
+  EXPECT_THAT(q->failure().what(), HasSubstr("is not mapped for DMA (write)"));
+  EXPECT_THAT(q->failure().what(), HasSubstr("tensor 1"));
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(values->map()[i], std::byte{0x5A}) << "values byte " << i;
+}
+
 Error open_error(std::uint32_t reg, std::uint32_t value) {
   auto board = std::make_shared<sim::Board>(sim::load_profile("tiny"));
   try {

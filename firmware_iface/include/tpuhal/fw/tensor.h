@@ -62,12 +62,12 @@ static_assert(sizeof(TensorRef) == 128);
 // there and docs/ops.md) and its attribute struct (kOpKinds, at the end).
 enum class OpKind : std::uint32_t {
   kInvalid = 0,
-#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs, minor) k##Name = code,
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, written, Attrs, minor) k##Name = code,
 #include "tpuhal/fw/op_kinds.inc"
 #undef TPUHAL_FW_OP
 };
 inline constexpr std::uint32_t kMaxOpKind = 0
-#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs, minor) +1
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, written, Attrs, minor) +1
 #include "tpuhal/fw/op_kinds.inc"
 #undef TPUHAL_FW_OP
     ;
@@ -127,28 +127,32 @@ struct OpKindInfo {
   const char* name;
   std::uint32_t tensors;     // TensorRefs after the header, output last
   std::uint32_t optional;    // bit i: tensor i may be absent
+  std::uint32_t written;     // bit i: the op writes tensor i (the last, and any other output)
   std::uint32_t attr_bytes;  // sizeof the kind's attribute struct
   std::uint16_t minor;       // the interface minor the kind came in
 };
 inline constexpr OpKindInfo kOpKinds[kMaxOpKind + 1] = {
-    {OpKind::kInvalid, "invalid", 0, 0, 0, 0},
-#define TPUHAL_FW_OP(Name, code, name, tensors, optional, Attrs, minor) \
-  {OpKind::k##Name, name, tensors, optional, sizeof(Attrs), minor},
+    {OpKind::kInvalid, "invalid", 0, 0, 0, 0, 0},
+#define TPUHAL_FW_OP(Name, code, name, tensors, optional, written, Attrs, minor) \
+  {OpKind::k##Name, name, tensors, optional, written, sizeof(Attrs), minor},
 #include "tpuhal/fw/op_kinds.inc"
 #undef TPUHAL_FW_OP
 };
 // The lines are in code order, one apart, and no kind has more tensors
-// than a block can carry or an optional output.
+// than a block can carry, an optional last output, or a written tensor it
+// does not have.
 static_assert(
     [] {
       for (std::uint32_t i = 0; i <= kMaxOpKind; ++i) {
         const OpKindInfo& k = kOpKinds[i];
         if (static_cast<std::uint32_t>(k.kind) != i || k.tensors > kMaxOpTensors) return false;
         if (i != 0 && (k.tensors == 0 || (k.optional >> (k.tensors - 1)) != 0)) return false;
+        if (i != 0 && ((k.written >> (k.tensors - 1)) != 1)) return false;
       }
       return true;
     }(),
-    "op_kinds.inc: codes must run 1, 2, 3, ... and each kind have 1 to kMaxOpTensors tensors, the last not optional");
+    "op_kinds.inc: codes must run 1, 2, 3, ... and each kind have 1 to kMaxOpTensors tensors, the last not optional "
+    "and written");
 
 // kOpKinds[k], or kOpKinds[0] (kInvalid) for a code no kind has.
 constexpr const OpKindInfo& op_kind_info(OpKind k) noexcept {
