@@ -39,7 +39,8 @@ Board::Impl::Impl(BoardProfile p, BoardOptions options)
       // kernel allows (a 12 GiB board costs nothing until used).
       dram(options.shared_dram ? base::Mapping::memfd("tpuhal-sim-dram", profile.dram_bytes, {.huge_pages = true})
                                : base::Mapping::anonymous(profile.dram_bytes, {.noreserve = true, .huge_pages = true})),
-      dma(dram.data(), profile.dram_bytes, iommu, options.host_port),
+      dram_writes(dram.data(), profile.dram_bytes, profile.aperture_bytes),
+      dma(dram.data(), profile.dram_bytes, iommu, dram_writes, options.host_port),
       power_on_ns(base::monotonic_ns()),
       thermal(profile, power_on_ns) {
   try {
@@ -128,7 +129,7 @@ tensor::TensorEngine* Board::Impl::tensor_engine() {
       const long n = std::strtol(env, nullptr, 10);
       if (n >= 1) threads = std::min(threads, static_cast<unsigned>(n));
     }
-    tensor = std::make_unique<tensor::TensorEngine>(threads, tensor_isa);
+    tensor = std::make_unique<tensor::TensorEngine>(threads, tensor_isa, &dram_writes);
   });
   return tensor.get();
 }

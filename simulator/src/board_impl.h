@@ -153,6 +153,9 @@ struct Board::Impl {
   BoardProfile profile;
   base::Mapping dram;
   IommuDomain iommu;
+  // When the board's engines wrote DRAM past the aperture (dram_writes.h):
+  // the tensor engine's kept weights are compared only after such a write.
+  DramWrites dram_writes;
   DmaEngine dma;
   std::vector<base::UniqueFd> vectors;
   std::vector<std::unique_ptr<QueueState>> queues;

@@ -71,7 +71,11 @@ fw::Problem DmaEngine::check_read(std::uint64_t addr, std::uint64_t size, std::u
 std::byte* DmaEngine::resolve(DmaAccess& access, std::uint64_t addr, std::uint64_t size,
                               std::uint32_t kind) const noexcept {
   if (size == 0) return nullptr;
-  if (addr < dram_size_) return size <= dram_size_ - addr ? dram_ + addr : nullptr;
+  if (addr < dram_size_) {
+    if (size > dram_size_ - addr) return nullptr;
+    if (kind & kIommuWrite) access.writes_dram(writes_, addr, size);
+    return dram_ + addr;
+  }
   if (fw::is_host_address(addr)) return access.translate(addr, size, kind);
   return nullptr;
 }
@@ -94,7 +98,9 @@ fw::Problem DmaEngine::copy_remote(DmaContext& ctx, std::uint64_t src, std::uint
   if (!s) {  // from the host: into DRAM directly, or through a bounce buffer
     std::vector<std::byte> bounce(d ? 0 : size);
     std::byte* to = d ? d : bounce.data();
-    if (!port_->read(src, to, size, ctx.abandon())) return fault(src_field, src, kIommuRead);
+    const bool read = port_->read(src, to, size, ctx.abandon());
+    if (d) writes_.wrote(dst, size);  // written after the access ended
+    if (!read) return fault(src_field, src, kIommuRead);
     if (d) return ok();
     s = bounce.data();
     return port_->write(dst, s, size) ? ok() : fault(dst_field, dst, kIommuWrite);

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "dram_writes.h"
 #include "tpuhal/fw/decode.h"
 #include "tpuhal/sim/board.h"
 #include "tpuhal/sim/iommu.h"
@@ -20,8 +21,9 @@ class DmaEngine {
  public:
   // `port`: host memory is reached through messages (BoardOptions::host_port)
   // instead of the IOMMU's pointers; nullptr for host memory in this process.
-  DmaEngine(std::byte* dram, std::uint64_t dram_size, IommuDomain& iommu, HostPort* port = nullptr)
-      : dram_(dram), dram_size_(dram_size), iommu_(iommu), port_(port) {}
+  // `writes`: where DRAM handed out for writing is stamped (dram_writes.h).
+  DmaEngine(std::byte* dram, std::uint64_t dram_size, IommuDomain& iommu, DramWrites& writes, HostPort* port = nullptr)
+      : dram_(dram), dram_size_(dram_size), iommu_(iommu), writes_(writes), port_(port) {}
 
   IommuDomain& iommu() const noexcept { return iommu_; }
   HostPort* port() const noexcept { return port_; }
@@ -31,6 +33,8 @@ class DmaEngine {
 
   // Host pointer for [addr, addr + size) inside one of DRAM or one IOMMU
   // mapping, valid while `access` lives; nullptr if not decoded or not mapped.
+  // DRAM resolved for writing is stamped in the write log as the pointer is
+  // handed out and when `access` ends: write through it only meanwhile.
   std::byte* resolve(DmaAccess& access, std::uint64_t addr, std::uint64_t size, std::uint32_t kind) const noexcept;
 
   // Transfers are split into chunks; after each, `progress` is incremented
@@ -75,6 +79,7 @@ class DmaEngine {
   std::byte* dram_;
   std::uint64_t dram_size_;
   IommuDomain& iommu_;
+  DramWrites& writes_;
   HostPort* port_;
   mutable std::mutex poison_mu_;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> poison_;  // [begin, end); guarded

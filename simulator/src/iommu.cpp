@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "dram_writes.h"
 #include "tpuhal/base/wait.h"
 #include "tpuhal/fw/command.h"
 
@@ -32,7 +33,22 @@ DmaAccess::DmaAccess(DmaContext& ctx) noexcept : ctx_(ctx) {
   }
 }
 
-DmaAccess::~DmaAccess() { ctx_.active_generation_.store(0, std::memory_order_release); }
+DmaAccess::~DmaAccess() {
+  ctx_.active_generation_.store(0, std::memory_order_release);
+  if (dram_log_) dram_log_->wrote(dram_begin_, dram_end_ - dram_begin_);
+}
+
+void DmaAccess::writes_dram(DramWrites& log, std::uint64_t address, std::uint64_t size) noexcept {
+  log.wrote(address, size);
+  if (!dram_log_) {
+    dram_log_ = &log;
+    dram_begin_ = address;
+    dram_end_ = address + size;
+    return;
+  }
+  dram_begin_ = std::min(dram_begin_, address);
+  dram_end_ = std::max(dram_end_, address + size);
+}
 
 const DmaContext::CacheEntry* DmaAccess::find(std::uint64_t iova, std::uint64_t size) {
   if (size == 0 || iova > UINT64_MAX - size) return nullptr;

@@ -148,6 +148,37 @@ TEST_P(Ops, ConvIntegerWithInputAndPerChannelWeightZeroPoints) {
       }
 }
 
+// As Conv2dTakesWeightsRewrittenInPlace (ops_conv_test.cpp), for the
+// integer convolution's kept weights (reordered for oneDNN, or packed for
+// the engine's own kernels): rewritten through the board, or by the host
+// in pinned memory, each run takes the weights as they are.
+TEST_P(Ops, ConvIntegerTakesWeightsRewrittenInPlace) {
+  for (const bool by_host : {false, true}) {
+    ConvGeom g;
+    g.layout = Layout::NHWC;
+    g.pads = {1, 1, 1, 1};
+    const Host x = rand_int(rng_, DType::U8, img_shape(g.layout, 1, 64, 7, 9));
+    const Host w1 = rand_host(rng_, DType::I8, {24, 64, 3, 3}, -127, 127);
+    const Host w2 = rand_host(rng_, DType::I8, {24, 64, 3, 3}, -127, 127);
+    const Tensor xt = lab().upload(x), w = lab().upload(w1, by_host ? Memory::HostPinned : Memory::Device);
+    const Shape ys = conv_out_shape(x, w1.shape, g);
+    int run = 0;
+    for (const Host* now : {&w1, &w1, &w2, &w2, &w1}) {
+      if (by_host) {
+        auto m = w.buffer().map();
+        for (std::size_t i = 0; i < now->size(); ++i) store(DType::I8, now->v[i], m.data() + i);
+      } else {
+        lab().q.copy(lab().upload(*now).buffer(), w.buffer()).submit().wait();
+      }
+      const Tensor y = lab().output(DType::I32, ys);
+      expect_exact(std::string("conv_integer, weights rewritten by ") + (by_host ? "the host" : "a copy") + ", run " +
+                       std::to_string(++run) + (now == &w1 ? " with the first weights" : " with the second weights"),
+                   lab().run(ops::conv_integer(xt, w, y, std::nullopt, std::nullopt, g.options()), y),
+                   as_doubles(ref_conv_int(x, *now, g, 0, {}, ys)));
+    }
+  }
+}
+
 TEST_P(Ops, ConvIntegerAccumulatesExactlyInInt32) {
   // Sums past 2^24 (exact in int32, not in f32) and past 2^31 (wrapping).
   struct Case {

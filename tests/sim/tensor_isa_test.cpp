@@ -1121,7 +1121,7 @@ TEST(TensorEngine, AnExceptionThrownInAParallelPartReachesTheCaller) {
 // every layer of every run), and room comes only from entries no lookup
 // has served for 4 * (entries + 256) lookups.
 TEST(TensorEngine, TheWeightCacheKeepsTheFirstWeightsWhenFullAndMakesRoomFromIdleOnes) {
-  DnnlState d(1);
+  DnnlState d(1, nullptr);
   const dnnl::memory::desc desc({256}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);  // 1 KiB
   const std::vector<std::byte> a(1024, std::byte{1}), b(1024, std::byte{2}), c(1024, std::byte{3});
   d.capacity = 4096;  // two entries: 1 KiB of source and 1 KiB reordered each
@@ -1151,6 +1151,57 @@ TEST(TensorEngine, TheWeightCacheKeepsTheFirstWeightsWhenFullAndMakesRoomFromIdl
   d.remember_weights("b", big.data(), big.size(), dnnl::memory(desc, d.engine));
   EXPECT_EQ(d.cached_weights("b", b.data(), b.size(), /*unchanged=*/true), nullptr);
   EXPECT_EQ(d.cached_bytes, 2048u);
+}
+
+// Kept weights and the board's DRAM write log (dram_writes.h): bytes past
+// the aperture that no write touched since they were last compared are
+// taken without reading them; anything else is compared byte for byte.
+TEST(TensorEngine, KeptWeightsAreComparedOnlyWhereTheBoardWroteThemOrTheHostCanWrite) {
+  constexpr std::size_t kDram = 1 << 20, kAperture = 128 << 10, kChunk = DramWrites::kChunk;
+  std::vector<std::byte> dram(kDram, std::byte{1});
+  DramWrites log(dram.data(), kDram, kAperture);
+  std::byte* past = dram.data() + 4 * kChunk;  // only the board writes here
+  KeptSource kept;
+  kept.keep(&log, past, 4096);
+  // A change no write announced (which the board cannot make) is not seen:
+  // the bytes were not read.
+  past[10] = std::byte{2};
+  EXPECT_TRUE(kept.holds(&log, past, 4096));
+  // A write the board makes anywhere in the weights' chunks makes the next
+  // lookup compare them.
+  log.wrote(4 * kChunk + kChunk - 1, 1);
+  EXPECT_FALSE(kept.holds(&log, past, 4096));
+  past[10] = std::byte{1};
+  EXPECT_TRUE(kept.holds(&log, past, 4096)) << "equal bytes compared equal";
+  past[11] = std::byte{3};
+  EXPECT_TRUE(kept.holds(&log, past, 4096)) << "compared equal, then no write: not compared again";
+  past[11] = std::byte{1};
+  // Writes to other chunks, and a write ending just below them, do not.
+  log.wrote(6 * kChunk, 100);
+  log.wrote(kChunk, 3 * kChunk);
+  past[12] = std::byte{4};
+  EXPECT_TRUE(kept.holds(&log, past, 4096));
+  past[12] = std::byte{1};
+  // Another size is never the kept weights.
+  EXPECT_FALSE(kept.holds(&log, past, 4095));
+  // In the aperture, across its end, outside DRAM and without a log: the
+  // host may have written them, so every lookup compares.
+  std::vector<std::byte> host(4096, std::byte{1});
+  for (std::byte* at : {dram.data() + kChunk, dram.data() + kAperture - 2048, host.data()})
+    for (const DramWrites* with : {static_cast<const DramWrites*>(&log), static_cast<const DramWrites*>(nullptr)}) {
+      KeptSource k;
+      k.keep(with, at, 4096);
+      EXPECT_TRUE(k.holds(with, at, 4096));
+      at[100] = std::byte{5};
+      EXPECT_FALSE(k.holds(with, at, 4096)) << "at offset " << (at - dram.data());
+      at[100] = std::byte{1};
+    }
+  // A board whose DRAM is all aperture (a SoC) logs nothing.
+  DramWrites soc(dram.data(), kDram, kDram);
+  KeptSource k;
+  k.keep(&soc, past, 4096);
+  past[0] = std::byte{6};
+  EXPECT_FALSE(k.holds(&soc, past, 4096));
 }
 
 }  // namespace

@@ -11,10 +11,14 @@
 #include <unordered_set>
 #include <vector>
 
+#include "../dram_writes.h"
+
 namespace tpuhal::sim::tensor {
 
 struct DnnlState {
-  explicit DnnlState(unsigned n) : threads(static_cast<int>(n)) {
+  // `writes`: the board's DRAM write log, or null (kept weights are
+  // compared on every lookup).
+  DnnlState(unsigned n, const DramWrites* writes) : threads(static_cast<int>(n)), dram_writes(writes) {
     // No VTune JIT profiling: otherwise each thread that generates its first
     // kernel tries to dlopen the profiler's libJitPI.so, and the failed
     // dlopen leaves glibc's per-thread error buffer behind (which
@@ -24,15 +28,17 @@ struct DnnlState {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   int threads;
+  const DramWrites* dram_writes;
   // oneDNN runs its loops on OpenMP threads of the calling thread; each
   // command processor sets its own team size before calling.
   void bind_threads() const;
 
   // Weights reordered into a primitive's preferred layout, reused while the
-  // bytes they came from are unchanged (checked byte for byte, so a model
-  // whose weights are rewritten in place is never served stale ones).
+  // bytes they came from are unchanged (checked byte for byte unless the
+  // DRAM write log shows no write since the last check, so a model whose
+  // weights are rewritten in place is never served stale ones).
   struct Reordered {
-    std::vector<std::byte> source;  // the weights as they were
+    KeptSource kept;  // the weights as they were
     dnnl::memory memory;
     std::size_t memory_bytes = 0;  // memory's size
     std::uint64_t used = 0;        // `lookups` when last served or stored
@@ -46,8 +52,8 @@ struct DnnlState {
                                      bool unchanged = false) {
     ++lookups;
     auto it = weights.find(key);
-    if (it == weights.end() || it->second.source.size() != size ||
-        (!unchanged && std::memcmp(it->second.source.data(), bytes, size) != 0))
+    if (it == weights.end() || it->second.kept.source.size() != size ||
+        (!unchanged && !it->second.kept.holds(dram_writes, bytes, size)))
       return nullptr;
     it->second.used = lookups;
     return &it->second.memory;
@@ -62,14 +68,14 @@ struct DnnlState {
     const std::size_t reordered = m.get_desc().get_size();
     const auto fits = [&] {
       const auto it = weights.find(key);
-      const std::size_t kept = it == weights.end() ? 0 : it->second.source.size() + it->second.memory_bytes;
+      const std::size_t kept = it == weights.end() ? 0 : it->second.kept.source.size() + it->second.memory_bytes;
       return cached_bytes - kept + size + reordered <= capacity;
     };
     if (!fits()) {
       const std::uint64_t idle = 4 * (weights.size() + 256);
       for (auto it = weights.begin(); it != weights.end();)
         if (it->first != key && lookups - it->second.used > idle) {
-          cached_bytes -= it->second.source.size() + it->second.memory_bytes;
+          cached_bytes -= it->second.kept.source.size() + it->second.memory_bytes;
           it = weights.erase(it);
         } else {
           ++it;
@@ -78,17 +84,17 @@ struct DnnlState {
         // Not kept: nor may an entry kept from other bytes under this key
         // stay, for a lookup that does not compare them (`unchanged`).
         if (const auto it = weights.find(key); it != weights.end()) {
-          cached_bytes -= it->second.source.size() + it->second.memory_bytes;
+          cached_bytes -= it->second.kept.source.size() + it->second.memory_bytes;
           weights.erase(it);
         }
         return;
       }
     }
     auto& e = weights[key];
-    cached_bytes = cached_bytes - (e.source.size() + e.memory_bytes) + size + reordered;
+    cached_bytes = cached_bytes - (e.kept.source.size() + e.memory_bytes) + size + reordered;
     e.memory_bytes = reordered;
     e.used = lookups;
-    e.source.assign(bytes, bytes + size);
+    e.kept.keep(dram_writes, bytes, size);
     e.memory = std::move(m);
   }
   // Convolution primitives by their full description: creating the

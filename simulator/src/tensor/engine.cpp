@@ -158,8 +158,11 @@ unsigned capped(Isa isa, unsigned threads) {
 }
 }  // namespace
 
-TensorEngine::TensorEngine(unsigned threads, Isa isa)
-    : isa_(isa), pool_(threads), dnnl_(std::make_unique<DnnlState>(capped(isa, threads))) {}
+TensorEngine::TensorEngine(unsigned threads, Isa isa, const DramWrites* writes)
+    : isa_(isa),
+      pool_(threads),
+      dnnl_(std::make_unique<DnnlState>(capped(isa, threads), writes)),
+      packed_cache_(writes) {}
 
 TensorEngine::~TensorEngine() = default;
 

@@ -107,8 +107,10 @@ enum class Staged : std::uint8_t { kX, kW, kBias, kY, kCount };
 class TensorEngine {
  public:
   // `isa`: the level the engine's own kernels run at (isa_from_env()); it
-  // caps oneDNN too when this is the process's first engine.
-  TensorEngine(unsigned threads, Isa isa);
+  // caps oneDNN too when this is the process's first engine. `writes`: the
+  // board's DRAM write log, by which kept weights are known unchanged
+  // without comparing them (dram_writes.h); null: always compared.
+  TensorEngine(unsigned threads, Isa isa, const DramWrites* writes = nullptr);
   ~TensorEngine();
   // The threads the current op runs on (the team), and the most it may.
   unsigned threads() const { return pool_.threads(); }

@@ -4,33 +4,38 @@
 // last stage: 49 positions, 2.4 M weights). Internal to the simulator.
 //
 // An entry is found by a key (where the operand is and how it is packed)
-// and used only while the operand still holds the bytes it was packed from:
-// a hit compares them (memcmp), so that weights rewritten in place, or new
-// weights at a freed address, are packed again. The engine runs one op at
-// a time, so the cache needs no lock; what the GEMM's threads read of an
-// entry is written before they start.
+// and used only while the operand still holds the bytes it was packed from,
+// so that weights rewritten in place, or new weights at a freed address,
+// are packed again: a hit compares them (memcmp) unless the board's DRAM
+// write log says nothing wrote them since they were last compared
+// (../dram_writes.h). The engine runs one op at a time, so the cache needs
+// no lock; what the GEMM's threads read of an entry is written before they
+// start.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <vector>
+
+#include "../dram_writes.h"
 
 namespace tpuhal::sim::tensor {
 
 class PackedCache {
  public:
+  // `writes`: the board's DRAM write log, or null (every hit compares).
+  explicit PackedCache(const DramWrites* writes = nullptr) : writes_(writes) {}
+
   // Everything the packed floats depend on besides the source bytes
   // (kernels, geometry, zero points, ...), compared whole.
   using Key = std::vector<std::int64_t>;
 
   // The floats packed for `key` from the `bytes` bytes now at `src`, or
   // null where there are none or the bytes differ.
-  const float* find(const Key& key, const std::byte* src, std::size_t bytes) const {
+  const float* find(const Key& key, const std::byte* src, std::size_t bytes) {
     for (const auto& e : entries_)
-      if (e->key == key && e->source.size() == bytes && std::memcmp(e->source.data(), src, bytes) == 0)
-        return e->packed.data();
+      if (e->key == key) return e->kept.holds(writes_, src, bytes) ? e->packed.data() : nullptr;
     return nullptr;
   }
 
@@ -42,7 +47,7 @@ class PackedCache {
   float* insert(Key key, const std::byte* src, std::size_t bytes, std::size_t floats) {
     for (auto it = entries_.begin(); it != entries_.end(); ++it)
       if ((*it)->key == key) {
-        bytes_ -= (*it)->source.size() + (*it)->packed.size() * sizeof(float);
+        bytes_ -= (*it)->kept.source.size() + (*it)->packed.size() * sizeof(float);
         entries_.erase(it);
         break;
       }
@@ -50,7 +55,7 @@ class PackedCache {
     if (bytes_ + cost > kMaxBytes) return nullptr;
     auto e = std::make_unique<Entry>();
     e->key = std::move(key);
-    e->source.assign(src, src + bytes);
+    e->kept.keep(writes_, src, bytes);
     e->packed.resize(floats);
     bytes_ += cost;
     entries_.push_back(std::move(e));
@@ -65,9 +70,10 @@ class PackedCache {
  private:
   struct Entry {
     Key key;
-    std::vector<std::byte> source;
+    KeptSource kept;
     std::vector<float> packed;
   };
+  const DramWrites* writes_;
   std::vector<std::unique_ptr<Entry>> entries_;
   std::size_t bytes_ = 0;
 };

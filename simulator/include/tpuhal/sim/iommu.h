@@ -26,6 +26,7 @@ inline constexpr std::uint32_t kIommuWrite = 2;
 inline constexpr std::uint64_t kIommuPage = 4096;
 
 class IommuDomain;
+class DramWrites;  // simulator/src/dram_writes.h
 
 // Per-thread (per DMA engine user) translation state. Not thread-safe: one
 // context per command processor.
@@ -77,12 +78,19 @@ class DmaAccess {
   // Whether one mapping covers [iova, iova + size) with `access` allowed.
   bool permits(std::uint64_t iova, std::uint64_t size, std::uint32_t access);
 
+  // The board's DRAM [address, address + size) is handed out through this
+  // access for writing: `log` stamps it now and again when the access ends,
+  // after the writes (the span of every range noted).
+  void writes_dram(DramWrites& log, std::uint64_t address, std::uint64_t size) noexcept;
+
  private:
   // The window covering [iova, iova + size), or nullptr.
   const DmaContext::CacheEntry* find(std::uint64_t iova, std::uint64_t size);
 
   DmaContext& ctx_;
   std::uint64_t generation_;
+  DramWrites* dram_log_ = nullptr;
+  std::uint64_t dram_begin_ = 0, dram_end_ = 0;
 };
 
 class IommuDomain {
