@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -144,33 +143,33 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
     dnnl::memory::desc bd;
     if (bias)
       bd = dnnl::memory::desc({D(g.o)}, dnnl_type(bias->dtype), {static_cast<dnnl::memory::dim>(bias->strides[0])});
-    // The primitive for this exact geometry, layouts and types, made once.
-    char sig[512];
-    std::snprintf(sig, sizeof sig,
-                  "%d|%d|%d|%d|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%llu|%d",
-                  static_cast<int>(xt), static_cast<int>(wtype), static_cast<int>(yt),
-                  bias ? static_cast<int>(bias->dtype) : -1, static_cast<unsigned long long>(g.n),
-                  static_cast<unsigned long long>(g.c), static_cast<unsigned long long>(g.h),
-                  static_cast<unsigned long long>(g.w), static_cast<unsigned long long>(g.o),
-                  static_cast<unsigned long long>(g.kh), static_cast<unsigned long long>(g.kw),
-                  static_cast<unsigned long long>(g.groups), static_cast<unsigned long long>(g.sh),
-                  static_cast<unsigned long long>(g.sw), static_cast<unsigned long long>(g.dh),
-                  static_cast<unsigned long long>(g.dw), static_cast<unsigned long long>(g.pt),
-                  static_cast<unsigned long long>(g.pl), static_cast<unsigned long long>(g.pb),
-                  static_cast<unsigned long long>(g.pr), src_zero ? 1 : 0);
-    std::string conv_key = sig;
+    // The primitive for this exact geometry, layouts and types, made once:
+    // its key holds each of them as 8 bytes, in a fixed order.
+    std::string conv_key;
+    conv_key.reserve(64 * 8 + (requant ? requant->scales->size() * sizeof(float) : 0));
+    const auto put = [&conv_key](auto v) {
+      const auto word = static_cast<std::int64_t>(v);
+      conv_key.append(reinterpret_cast<const char*>(&word), sizeof word);
+    };
+    for (const auto v : {static_cast<std::int64_t>(xt), static_cast<std::int64_t>(wtype), static_cast<std::int64_t>(yt),
+                         bias ? static_cast<std::int64_t>(bias->dtype) : -1})
+      put(v);
+    for (const std::uint64_t v :
+         {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.groups, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.pb, g.pr})
+      put(v);
+    put(src_zero ? 1 : 0);
     for (const dnnl::memory::desc* dsc : std::array<const dnnl::memory::desc*, 3>{&xd, &yd, &wd_user})
-      for (int i = 0; i < dsc->data.ndims; ++i)
-        conv_key.append(",").append(std::to_string(dsc->data.format_desc.blocking.strides[i]));
-    if (bias) conv_key.append(",").append(std::to_string(bias->strides[0]));
-    if (dst_blocked) conv_key.append("|blocked");
-    if (depthwise_kernel) conv_key.append("|dw");
+      for (int i = 0; i < dsc->data.ndims; ++i) put(dsc->data.format_desc.blocking.strides[i]);
+    put(bias ? bias->strides[0] : 0);
+    put(dst_blocked);
+    put(depthwise_kernel);
     // oneDNN sizes a primitive's work split by the threads when it is made,
     // and the engine's team changes with the CPU it gets (CpuShare).
-    conv_key.append("|t").append(std::to_string(e.dnnl().threads));
+    put(e.dnnl().threads);
+    put(requant != nullptr);
     if (requant) {
       // The scales and zero point are part of the primitive.
-      conv_key.append("|rq").append(std::to_string(requant->zero)).append(",");
+      put(requant->zero);
       conv_key.append(reinterpret_cast<const char*>(requant->scales->data()), requant->scales->size() * sizeof(float));
     }
     if (e.dnnl().refused.count(conv_key)) return false;
@@ -226,6 +225,10 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
         conv.to_user =
             dnnl::reorder(dnnl::reorder::primitive_desc(e.dnnl().engine, made.dst_desc(), e.dnnl().engine, yd));
       }
+      const dnnl::memory::desc preferred = made.weights_desc();
+      conv.reorders_weights = preferred != wd_user;
+      conv.weights_layout = std::hash<std::string_view>{}(
+          std::string_view(reinterpret_cast<const char*>(&preferred.data), sizeof(dnnl_memory_desc_t)));
       cached = e.dnnl().convs.emplace(conv_key, std::move(conv)).first;
     }
     const auto& pd = cached->second.pd;
@@ -234,20 +237,19 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
     auto& stream = e.dnnl().stream;
     dnnl::memory wuser(wd_user, eng, const_cast<void*>(wdata));
     dnnl::memory wmem = wuser;
-    if (pd.weights_desc() != wd_user) {
+    if (cached->second.reorders_weights) {
       // Reordering weights costs tens of microseconds; a network runs the
       // same weights again and again, so keep them reordered while their
       // bytes stay the same. Weights with gaps (strided) are not cached.
+      // The key: where they are, their dimensions and type, and the layout
+      // the primitive wants (8 bytes each).
       const std::size_t wbytes = wd_user.get_size();
       const bool dense_w = wbytes == g.o * (g.c / g.groups) * g.kh * g.kw * dnnl::memory::data_type_size(wtype);
-      char key[160];
-      std::snprintf(key, sizeof key, "%p/%llu/%llu/%llu/%llu/%d/%d", wdata, static_cast<unsigned long long>(g.o),
-                    static_cast<unsigned long long>(g.c), static_cast<unsigned long long>(g.kh),
-                    static_cast<unsigned long long>(g.kw), static_cast<int>(wtype), static_cast<int>(g.groups));
-      const dnnl::memory::desc preferred = pd.weights_desc();
-      const std::string k = std::string(key) + "/" +
-                            std::to_string(std::hash<std::string>{}(std::string(
-                                reinterpret_cast<const char*>(&preferred.data), sizeof(dnnl_memory_desc_t))));
+      std::string k;
+      for (const auto v :
+           {static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(wdata)), g.o, g.c, g.kh, g.kw,
+            static_cast<std::uint64_t>(wtype), g.groups, static_cast<std::uint64_t>(cached->second.weights_layout)})
+        k.append(reinterpret_cast<const char*>(&v), sizeof v);
       const auto* src = static_cast<const std::byte*>(wdata);
       const dnnl::memory* hit = dense_w ? e.dnnl().cached_weights(k, src, wbytes, weights_reused) : nullptr;
       if (hit) {
@@ -282,13 +284,27 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
 // view says), or its worst case where that already keeps every sum within
 // 2^24 for |x| up to 255. Every sum stays within 2^24 in magnitude, |x|
 // being at most amax, where amax times it is below 2^24 (sums_within_2_24).
-std::uint64_t weight_abs_sum_max(const Geometry& g, const View& wt, const void* wdata) {
+// Dense weights' sums are kept in the engine's packed cache while the
+// weights hold the same bytes (`keep`: wdata is the op's own weights, not a
+// copy made for this run), as a model's weights do from run to run.
+std::uint64_t weight_abs_sum_max(TensorEngine& e, const Geometry& g, const View& wt, const void* wdata, bool keep) {
   constexpr std::uint64_t kExact = std::uint64_t{1} << 24;
   const std::uint64_t cg = g.c / g.groups, per_o = cg * g.kh * g.kw;
   if (per_o * 255 * 128 < kExact) return per_o * 128;
   const auto* wbytes = static_cast<const std::int8_t*>(wdata);
   const bool dense =
       wt.strides[3] == 1 && wt.strides[2] == g.kw && wt.strides[1] == g.kh * g.kw && wt.strides[0] == per_o;
+  constexpr std::int64_t kAbsSums = 0x4153;  // "AS": the packed cache's key for these
+  PackedCache::Key key{kAbsSums, static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(wdata)),
+                       static_cast<std::int64_t>(g.o), static_cast<std::int64_t>(per_o)};
+  const auto* src = static_cast<const std::byte*>(wdata);
+  const std::size_t bytes = g.o * per_o;
+  if (keep && dense)
+    if (const float* hit = e.packed_cache().find(key, src, bytes)) {
+      std::uint64_t kept;
+      std::memcpy(&kept, hit, sizeof kept);
+      return kept;
+    }
   std::uint64_t wsum_max = 0;
   for (std::uint64_t oi = 0; oi < g.o; ++oi) {
     std::uint64_t s = 0;
@@ -304,6 +320,9 @@ std::uint64_t weight_abs_sum_max(const Geometry& g, const View& wt, const void* 
     }
     wsum_max = std::max(wsum_max, s);
   }
+  if (keep && dense)
+    if (float* slot = e.packed_cache().insert(std::move(key), src, bytes, sizeof wsum_max / sizeof(float)))
+      std::memcpy(slot, &wsum_max, sizeof wsum_max);
   return wsum_max;
 }
 
@@ -945,7 +964,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   // the reduction over input channels instead makes an NHWC input a
   // strided view that oneDNN runs slowly: ResNet-50's 3x3 convolutions at
   // 14x14 and 7x7 took 300 ms each.)
-  const std::uint64_t wsum = weight_abs_sum_max(g, ws, wdata);
+  const std::uint64_t wsum = weight_abs_sum_max(e, g, ws, wdata, wdata == w.data);
   const bool within = sums_within_2_24(wsum, 255), direct = whole_bytes && within;
   const bool nibbles = !direct && onednn_int8_exact_on_nibbles(e.isa()) && sums_within_2_24(wsum, 15);
   if (!direct && !(depthwise && within) && !nibbles) return own_kernels();
@@ -1122,7 +1141,7 @@ bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& at, const View& x,
     if (load_int(wz->at(oi * wz->strides[0]), wz->dtype) != 0) return false;
   // |x - zero point| <= 255: the sums must stay within 2^24 for the f32
   // conversion before scaling to be exact, in oneDNN as in requantize().
-  if (!sums_within_2_24(weight_abs_sum_max(g, w, w.data), 255)) return false;
+  if (!sums_within_2_24(weight_abs_sum_max(e, g, w, w.data, true), 255)) return false;
   const std::int32_t x_zero = xz ? static_cast<std::int32_t>(load_int(xz->data, xz->dtype)) : 0;
   const FusedRequant rq{&multipliers, y_zero};
   return dnnl_conv(e, g, x, dnnl_type(x.dtype), w, w.data, dt::s8, nullptr, y, dnnl_type(y.dtype), y.data,

@@ -112,6 +112,11 @@ struct DnnlState {
     // straight into the caller's), and the reorder into the caller's.
     dnnl::memory dst;
     dnnl::reorder to_user;
+    // Whether the primitive wants the weights in another layout than the
+    // caller's, and that layout's hash (part of the reordered weights' key),
+    // found at its first run.
+    bool reorders_weights = false;
+    std::size_t weights_layout = 0;
   };
   std::unordered_map<std::string, Conv> convs;
   // Convolutions that dnnl_conv() will not run on oneDNN's choice of
