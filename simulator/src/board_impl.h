@@ -298,6 +298,13 @@ class CommandProcessor {
   struct Source {
     virtual ~Source() = default;
     virtual fw::Problem slot(std::uint64_t position, fw::CommandDescriptor& out) = 0;
+    // `count` slots from `position` on, into out[0..count); a source whose
+    // slots lie one after another in memory reads them at once.
+    virtual fw::Problem slots(std::uint64_t position, std::uint64_t count, fw::CommandDescriptor* out) {
+      for (std::uint64_t i = 0; i < count; ++i)
+        if (auto p = slot(position + i, out[i]); p.status != fw::CmdStatus::kOk) return p;
+      return {};
+    }
   };
   // Executes one validated descriptor at `position` of `source` (whose
   // following slots hold an inline parameter block); kOk or the failure.

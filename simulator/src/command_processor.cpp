@@ -352,17 +352,16 @@ fw::Problem CommandProcessor::no_video(fw::Opcode op) const {
 
 fw::Problem CommandProcessor::read_block(const fw::TensorOpArgs& a, Source& source, std::uint64_t position,
                                          std::vector<std::byte>& block) {
-  block.resize(a.bytes);
-  if (a.address != 0) return board_.dma.read(ctx_, a.address, block.data(), a.bytes, 0);
-  // Inline: the slots right after the descriptor.
-  for (std::uint64_t i = 0; i < fw::inline_slots(a.bytes); ++i) {
-    fw::CommandDescriptor raw;
-    auto p = source.slot(position + 1 + i, raw);
-    if (p.status != fw::CmdStatus::kOk) return p;
-    const std::uint64_t n = std::min<std::uint64_t>(sizeof raw, a.bytes - i * sizeof raw);
-    std::memcpy(block.data() + i * sizeof raw, &raw, n);
+  if (a.address != 0) {
+    block.resize(a.bytes);
+    return board_.dma.read(ctx_, a.address, block.data(), a.bytes, 0);
   }
-  return {};
+  // Inline: the slots right after the descriptor.
+  const std::uint64_t n = fw::inline_slots(a.bytes);
+  block.resize(n * sizeof(fw::CommandDescriptor));
+  auto p = source.slots(position + 1, n, reinterpret_cast<fw::CommandDescriptor*>(block.data()));
+  block.resize(a.bytes);
+  return p;
 }
 
 fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
@@ -437,11 +436,15 @@ fw::Problem CommandProcessor::call(const fw::CallArgs& a) {
   // list, no fences or interrupts of their own, no nested calls.
   struct ListSource final : Source {
     CommandProcessor& cp;
-    std::uint64_t address, slots;
-    ListSource(CommandProcessor& c, std::uint64_t addr, std::uint64_t n) : cp(c), address(addr), slots(n) {}
+    std::uint64_t address, slots_;
+    ListSource(CommandProcessor& c, std::uint64_t addr, std::uint64_t n) : cp(c), address(addr), slots_(n) {}
     fw::Problem slot(std::uint64_t position, fw::CommandDescriptor& out) override {
-      if (position >= slots) return {fw::CmdStatus::kBadArgument, 1, position, slots};
-      return cp.board_.dma.read(cp.ctx_, address + position * sizeof out, &out, sizeof out, 0);
+      return this->slots(position, 1, &out);
+    }
+    fw::Problem slots(std::uint64_t position, std::uint64_t count, fw::CommandDescriptor* out) override {
+      if (position >= slots_ || count > slots_ - position)
+        return {fw::CmdStatus::kBadArgument, 1, std::max(position, slots_), slots_};
+      return cp.board_.dma.read(cp.ctx_, address + position * sizeof *out, out, count * sizeof *out, 0);
     }
   } list(*this, a.address, a.slots);
   for (std::uint64_t pos = 0; pos < a.slots;) {

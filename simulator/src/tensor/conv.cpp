@@ -172,9 +172,9 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       put(requant->zero);
       conv_key.append(reinterpret_cast<const char*>(requant->scales->data()), requant->scales->size() * sizeof(float));
     }
-    if (e.dnnl().refused.count(conv_key)) return false;
     auto cached = e.dnnl().convs.find(conv_key);
     if (cached == e.dnnl().convs.end()) {
+      if (e.dnnl().refused.count(conv_key)) return false;  // never in convs: looked up on a miss only
       const dnnl::memory::desc yd_made =
           dst_blocked ? dnnl::memory::desc({D(g.n), D(g.o), D(g.oh), D(g.ow)}, yt, dnnl::memory::format_tag::any) : yd;
       auto desc =
