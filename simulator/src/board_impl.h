@@ -357,6 +357,7 @@ class CommandProcessor {
   tensor::TensorEngine* engine_ = nullptr;  // set once this processor has used it
   Charge* charge_ = nullptr;                // the innermost command execute() runs
   QueueThread& thread_;
+  std::vector<std::byte> block_;  // the tensor op being run's parameter block (ops do not nest)
 };
 
 }  // namespace tpuhal::sim

@@ -307,9 +307,8 @@ fw::Problem CommandProcessor::execute(const fw::Command& cmd, Source& source, st
       return cp.board_.dma.store64(cp.ctx_, a.address, cp.clock(), 0);
     }
     fw::Problem operator()(const fw::TensorOpArgs& a) const {
-      std::vector<std::byte> block;
-      auto p = cp.read_block(a, source, position, block);
-      return p.status == fw::CmdStatus::kOk ? cp.tensor_op(block) : p;
+      auto p = cp.read_block(a, source, position, cp.block_);
+      return p.status == fw::CmdStatus::kOk ? cp.tensor_op(cp.block_) : p;
     }
     fw::Problem operator()(const fw::CallArgs& a) const { return cp.call(a); }
     fw::Problem operator()(const fw::VideoOpenArgs& a) const {

@@ -214,12 +214,11 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
         return false;
       }
       if (e.dnnl().convs.size() > 256) e.dnnl().release_thread();
-      DnnlState::Conv conv{made,
-                           dnnl::convolution_forward(made),
-                           dnnl::memory(made.scratchpad_desc(), e.dnnl().engine),
-                           std::this_thread::get_id(),
-                           {},
-                           {}};
+      DnnlState::Conv conv;
+      conv.pd = made;
+      conv.primitive = dnnl::convolution_forward(made);
+      conv.scratchpad = dnnl::memory(made.scratchpad_desc(), e.dnnl().engine);
+      conv.maker = std::this_thread::get_id();
       if (made.dst_desc() != yd) {  // dst_blocked, and oneDNN chose another layout
         conv.dst = dnnl::memory(made.dst_desc(), e.dnnl().engine);
         conv.to_user =
@@ -229,15 +228,36 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       conv.reorders_weights = preferred != wd_user;
       conv.weights_layout = std::hash<std::string_view>{}(
           std::string_view(reinterpret_cast<const char*>(&preferred.data), sizeof(dnnl_memory_desc_t)));
+      auto& eng = e.dnnl().engine;
+      conv.x = dnnl::memory(xd, eng, DNNL_MEMORY_NONE);
+      conv.y = dnnl::memory(yd, eng, DNNL_MEMORY_NONE);
+      conv.w_user = dnnl::memory(wd_user, eng, DNNL_MEMORY_NONE);
+      conv.args = {{DNNL_ARG_SRC, conv.x},
+                   {DNNL_ARG_WEIGHTS, conv.w_user},
+                   {DNNL_ARG_DST, conv.dst ? conv.dst : conv.y},
+                   {DNNL_ARG_SCRATCHPAD, conv.scratchpad}};
+      if (bias) {
+        conv.bias = dnnl::memory(bd, eng, DNNL_MEMORY_NONE);
+        conv.args.emplace(DNNL_ARG_BIAS, conv.bias);
+      }
+      if (src_zero) {
+        conv.src_zero = dnnl::memory({{1}, dt::s32, {1}}, eng, DNNL_MEMORY_NONE);
+        conv.args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, conv.src_zero);
+      }
       cached = e.dnnl().convs.emplace(conv_key, std::move(conv)).first;
     }
-    const auto& pd = cached->second.pd;
+    auto& c = cached->second;
     e.dnnl().bind_threads();
     auto& eng = e.dnnl().engine;
     auto& stream = e.dnnl().stream;
-    dnnl::memory wuser(wd_user, eng, const_cast<void*>(wdata));
-    dnnl::memory wmem = wuser;
-    if (cached->second.reorders_weights) {
+    // Where this run's operands are (the memory objects are the primitive's).
+    c.x.set_data_handle(x.data);
+    c.y.set_data_handle(ydata);
+    c.w_user.set_data_handle(const_cast<void*>(wdata));
+    if (bias) c.bias.set_data_handle(bias->data);
+    if (src_zero) c.src_zero.set_data_handle(const_cast<std::int32_t*>(src_zero));
+    dnnl::memory wmem = c.w_user;
+    if (c.reorders_weights) {
       // Reordering weights costs tens of microseconds; a network runs the
       // same weights again and again, so keep them reordered while their
       // bytes stay the same. Weights with gaps (strided) are not cached.
@@ -255,24 +275,17 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       if (hit) {
         wmem = *hit;
       } else {
-        wmem = dnnl::memory(pd.weights_desc(), eng);
-        dnnl::reorder(wuser, wmem).execute(stream, wuser, wmem);
+        wmem = dnnl::memory(c.pd.weights_desc(), eng);
+        dnnl::reorder(c.w_user, wmem).execute(stream, c.w_user, wmem);
         if (dense_w) e.dnnl().remember_weights(k, src, wbytes, wmem);
       }
     }
-    dnnl::memory xm(xd, eng, x.data), ym(yd, eng, ydata);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm},
-                                               {DNNL_ARG_WEIGHTS, wmem},
-                                               {DNNL_ARG_DST, ym},
-                                               {DNNL_ARG_SCRATCHPAD, cached->second.scratchpad}};
-    if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bd, eng, bias->data));
-    if (src_zero)
-      args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
-                   dnnl::memory({{1}, dt::s32, {1}}, eng, const_cast<std::int32_t*>(src_zero)));
-    if (cached->second.dst) args[DNNL_ARG_DST] = cached->second.dst;
-    cached->second.primitive.execute(stream, args);
-    if (cached->second.dst) cached->second.to_user.execute(stream, cached->second.dst, ym);
+    c.args[DNNL_ARG_WEIGHTS] = wmem;
+    c.primitive.execute(stream, c.args);
+    if (c.dst) c.to_user.execute(stream, c.dst, c.y);
     stream.wait();
+    // Nothing of this run stays in the arguments but the handles.
+    c.args[DNNL_ARG_WEIGHTS] = c.w_user;
     return true;
   } catch (const dnnl::error&) {
     return false;

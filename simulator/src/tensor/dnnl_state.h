@@ -117,6 +117,11 @@ struct DnnlState {
     // found at its first run.
     bool reorders_weights = false;
     std::size_t weights_layout = 0;
+    // The run's arguments, made with the primitive (oneDNN allocates for
+    // each memory object): a run sets where each one is and executes with
+    // `args`, which holds them (and the weights the run uses).
+    dnnl::memory x, y, w_user, bias, src_zero;
+    std::unordered_map<int, dnnl::memory> args;
   };
   std::unordered_map<std::string, Conv> convs;
   // Convolutions that dnnl_conv() will not run on oneDNN's choice of
