@@ -414,19 +414,30 @@ fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
   if (views[out].data == nullptr) return {};  // an empty output: nothing to compute
   if (!board_.dma.port()) return engine->run(*op, views);
   // With a remote host no view points at host memory, and no access is held
-  // while waiting on the link (see DmaEngine::copy_remote).
+  // while waiting on the link (see DmaEngine::copy_remote). An output is
+  // read too where it has gaps between its elements, so that writing its
+  // bounce buffer back leaves them as they were.
   access.reset();
-  for (std::uint32_t i = 0; i < out; ++i) {
-    if (bounce[i].empty() || ((written >> i) & 1)) continue;
+  for (std::uint32_t i = 0; i <= out; ++i) {
+    const bool output = (written >> i) & 1;
+    if (bounce[i].empty() || (output && fw::tensor_elements(op->tensors[i]) * views[i].esize == op->extent[i]))
+      continue;
     auto p = board_.dma.read(ctx_, op->tensors[i].address, bounce[i].data(), bounce[i].size(),
                              fw::tensor_field(i, fw::TensorAspect::kAddress));
     if (p.status != fw::CmdStatus::kOk) return p;
   }
   auto p = engine->run(*op, views);
-  for (std::uint32_t i = 0; i <= out && p.status == fw::CmdStatus::kOk; ++i)
-    if (!bounce[i].empty() && ((written >> i) & 1))
+  for (std::uint32_t i = 0; i <= out; ++i) {
+    if (!((written >> i) & 1) || op->extent[i] == 0) continue;
+    if (bounce[i].empty()) {
+      // Written in DRAM after the access that stamped it ended: the write
+      // log learns of it now (dram_writes.h).
+      board_.dram_writes.wrote(op->tensors[i].address, op->extent[i]);
+    } else if (p.status == fw::CmdStatus::kOk) {
       p = board_.dma.write(ctx_, op->tensors[i].address, bounce[i].data(), bounce[i].size(),
                            fw::tensor_field(i, fw::TensorAspect::kAddress));
+    }
+  }
   return p;
 }
 
@@ -443,7 +454,11 @@ fw::Problem CommandProcessor::call(const fw::CallArgs& a) {
     fw::Problem slots(std::uint64_t position, std::uint64_t count, fw::CommandDescriptor* out) override {
       if (position >= slots_ || count > slots_ - position)
         return {fw::CmdStatus::kBadArgument, 1, std::max(position, slots_), slots_};
-      return cp.board_.dma.read(cp.ctx_, address + position * sizeof *out, out, count * sizeof *out, 0);
+      auto p = cp.board_.dma.read(cp.ctx_, address + position * sizeof *out, out, count * sizeof *out, 0);
+      if (p.status == fw::CmdStatus::kOk || count == 1) return p;
+      // Slot by slot: slots in host memory may span two IOMMU windows, and
+      // a fault names the slot it is in.
+      return Source::slots(position, count, out);
     }
   } list(*this, a.address, a.slots);
   for (std::uint64_t pos = 0; pos < a.slots;) {

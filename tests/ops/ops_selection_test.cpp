@@ -82,7 +82,8 @@ TEST_P(Ops, TopKEveryDtypeAxisAndOrderWithTiesAndNaN) {
 }
 
 // top_k writes two tensors: both must come back where they lie in host
-// memory, which a USB board reaches only through messages to the host.
+// memory, which a USB board reaches only through messages to the host,
+// and outputs with gaps between their elements leave the gaps as they were.
 TEST_P(Ops, TopKWritesItsValuesAndIndicesInHostMemory) {
   const Host x = rand(DType::F32, {3, 17}, -8, 8);
   const TopKRef want = ref_top_k(x, 1, 5, true, false);
@@ -91,6 +92,29 @@ TEST_P(Ops, TopKWritesItsValuesAndIndicesInHostMemory) {
   lab().run(ops::top_k(lab().upload(x, Memory::HostPinned), vals, idx, {1, true, false}));
   expect_exact("top_k in host memory: values", lab().download(vals), want.values);
   expect_exact("top_k in host memory: indices", lab().download(idx), want.indices);
+  // Every other element of buffers filled with 0xA5 bytes.
+  const Tensor vals_wide = lab().output(DType::F32, {3, 10}, Memory::HostPinned);
+  const Tensor idx_wide = lab().output(DType::I32, {3, 10}, Memory::HostPinned);
+  const Tensor vals_gaps(vals_wide.buffer(), DType::F32, {3, 5}, {10, 2}, 0);
+  const Tensor idx_gaps(idx_wide.buffer(), DType::I32, {3, 5}, {10, 2}, 0);
+  lab().run(ops::top_k(lab().upload(x, Memory::HostPinned), vals_gaps, idx_gaps, {1, true, false}));
+  const auto vb = lab().bytes(vals_wide.buffer()), ib = lab().bytes(idx_wide.buffer());
+  for (std::size_t e = 0; e < 30; ++e) {
+    const bool gap = e % 2 == 1;
+    std::uint32_t v, i;
+    std::memcpy(&v, vb.data() + 4 * e, 4);
+    std::memcpy(&i, ib.data() + 4 * e, 4);
+    if (gap) {
+      EXPECT_EQ(v, 0xA5A5A5A5u) << GetParam() << ": values' gap element " << e << " was written";
+      EXPECT_EQ(i, 0xA5A5A5A5u) << GetParam() << ": indices' gap element " << e << " was written";
+    } else {
+      float f;
+      std::memcpy(&f, &v, 4);
+      EXPECT_EQ(f, want.values[e / 2]) << GetParam() << ": value " << e / 2;
+      EXPECT_EQ(static_cast<double>(static_cast<std::int32_t>(i)), want.indices[e / 2])
+          << GetParam() << ": index " << e / 2;
+    }
+  }
 }
 
 TEST_P(Ops, ArgMaxAndArgMinPickTheFirstOrLastOfEqualElements) {
