@@ -1202,6 +1202,33 @@ TEST(TensorEngine, KeptWeightsAreComparedOnlyWhereTheBoardWroteThemOrTheHostCanW
   k.keep(&soc, past, 4096);
   past[0] = std::byte{6};
   EXPECT_FALSE(k.holds(&soc, past, 4096));
+  past[0] = std::byte{1};
+
+  // Values computed from bytes, kept without a copy of them: only past the
+  // aperture, and only until a write to the bytes.
+  DerivedValues values(&log);
+  const DerivedValues::Key key{1, 2, 3, 4};
+  std::uint64_t at = values.now();
+  values.keep(key, past, 4096, 77, at);
+  ASSERT_EQ(values.find(key, past, 4096), std::optional<std::uint64_t>(77));
+  log.wrote(4 * kChunk + 100, 8);
+  EXPECT_EQ(values.find(key, past, 4096), std::nullopt) << "the bytes were written since";
+  at = values.now();
+  values.keep(key, past, 4096, 78, at);
+  EXPECT_EQ(values.find(key, past, 4096), std::optional<std::uint64_t>(78));
+  // A write during the computation: the value is not kept.
+  at = values.now();
+  log.wrote(4 * kChunk, 1);
+  values.keep(key, past, 4096, 79, at);
+  EXPECT_EQ(values.find(key, past, 4096), std::nullopt);
+  for (std::byte* where : {dram.data() + kChunk, host.data()}) {
+    at = values.now();
+    values.keep(key, where, 4096, 80, at);
+    EXPECT_EQ(values.find(key, where, 4096), std::nullopt) << "the host may write these bytes";
+  }
+  DerivedValues no_log;
+  no_log.keep(key, past, 4096, 81, no_log.now());
+  EXPECT_EQ(no_log.find(key, past, 4096), std::nullopt);
 }
 
 }  // namespace

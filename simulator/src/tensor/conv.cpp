@@ -297,9 +297,9 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
 // view says), or its worst case where that already keeps every sum within
 // 2^24 for |x| up to 255. Every sum stays within 2^24 in magnitude, |x|
 // being at most amax, where amax times it is below 2^24 (sums_within_2_24).
-// Dense weights' sums are kept in the engine's packed cache while the
-// weights hold the same bytes (`keep`: wdata is the op's own weights, not a
-// copy made for this run), as a model's weights do from run to run.
+// Dense weights' sums are kept (DerivedValues) while the weights hold the
+// same bytes (`keep`: wdata is the op's own weights, not a copy made for
+// this run), as a model's weights do from run to run.
 std::uint64_t weight_abs_sum_max(TensorEngine& e, const Geometry& g, const View& wt, const void* wdata, bool keep) {
   constexpr std::uint64_t kExact = std::uint64_t{1} << 24;
   const std::uint64_t cg = g.c / g.groups, per_o = cg * g.kh * g.kw;
@@ -307,17 +307,13 @@ std::uint64_t weight_abs_sum_max(TensorEngine& e, const Geometry& g, const View&
   const auto* wbytes = static_cast<const std::int8_t*>(wdata);
   const bool dense =
       wt.strides[3] == 1 && wt.strides[2] == g.kw && wt.strides[1] == g.kh * g.kw && wt.strides[0] == per_o;
-  constexpr std::int64_t kAbsSums = 0x4153;  // "AS": the packed cache's key for these
-  PackedCache::Key key{kAbsSums, static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(wdata)),
-                       static_cast<std::int64_t>(g.o), static_cast<std::int64_t>(per_o)};
-  const auto* src = static_cast<const std::byte*>(wdata);
+  constexpr std::int64_t kAbsSums = 0x4153;  // "AS"
+  const DerivedValues::Key key{kAbsSums, static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(wdata)),
+                               static_cast<std::int64_t>(g.o), static_cast<std::int64_t>(per_o)};
   const std::size_t bytes = g.o * per_o;
   if (keep && dense)
-    if (const float* hit = e.packed_cache().find(key, src, bytes)) {
-      std::uint64_t kept;
-      std::memcpy(&kept, hit, sizeof kept);
-      return kept;
-    }
+    if (const auto kept = e.derived_values().find(key, wdata, bytes)) return *kept;
+  const std::uint64_t at = e.derived_values().now();
   std::uint64_t wsum_max = 0;
   for (std::uint64_t oi = 0; oi < g.o; ++oi) {
     std::uint64_t s = 0;
@@ -333,9 +329,7 @@ std::uint64_t weight_abs_sum_max(TensorEngine& e, const Geometry& g, const View&
     }
     wsum_max = std::max(wsum_max, s);
   }
-  if (keep && dense)
-    if (float* slot = e.packed_cache().insert(std::move(key), src, bytes, sizeof wsum_max / sizeof(float)))
-      std::memcpy(slot, &wsum_max, sizeof wsum_max);
+  if (keep && dense) e.derived_values().keep(key, wdata, bytes, wsum_max, at);
   return wsum_max;
 }
 

@@ -162,7 +162,8 @@ TensorEngine::TensorEngine(unsigned threads, Isa isa, const DramWrites* writes)
     : isa_(isa),
       pool_(threads),
       dnnl_(std::make_unique<DnnlState>(capped(isa, threads), writes)),
-      packed_cache_(writes) {}
+      packed_cache_(writes),
+      derived_values_(writes) {}
 
 TensorEngine::~TensorEngine() = default;
 

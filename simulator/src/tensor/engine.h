@@ -151,8 +151,10 @@ class TensorEngine {
     if (packed_.size() < n) packed_.resize(n);
     return reinterpret_cast<std::int32_t*>(packed_.data());
   }
-  // Packed weights kept from op to op (packed_cache.h).
+  // Packed weights kept from op to op, and values computed from weights
+  // (packed_cache.h).
   PackedCache& packed_cache() { return packed_cache_; }
+  DerivedValues& derived_values() { return derived_values_; }
 
  private:
   std::mutex mu_;  // one op at a time: the engine is shared by all queues
@@ -163,6 +165,7 @@ class TensorEngine {
   std::vector<float> packed_;
   std::vector<float> staged_[static_cast<std::size_t>(Staged::kCount)];
   PackedCache packed_cache_;
+  DerivedValues derived_values_;
 };
 
 // Kernels (one file per family); all take the engine for its pool and

@@ -15,7 +15,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <array>
 #include <memory>
+#include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "../dram_writes.h"
@@ -76,6 +79,53 @@ class PackedCache {
   const DramWrites* writes_;
   std::vector<std::unique_ptr<Entry>> entries_;
   std::size_t bytes_ = 0;
+};
+
+// Values computed from an operand's bytes (the largest per-channel sum of
+// an int8 convolution's weights), kept without a copy of those bytes: one
+// serves only while the board's DRAM write log shows no write to the bytes
+// since it was computed, so only values of bytes past the aperture are
+// kept (recomputing one reads the bytes once, as comparing them would).
+class DerivedValues {
+ public:
+  // What the value is of: a tag, where the bytes are, and its parameters.
+  using Key = std::array<std::int64_t, 4>;
+
+  explicit DerivedValues(const DramWrites* writes = nullptr) : writes_(writes) {}
+
+  // The value kept for `key` from the `bytes` bytes at `src`, if they are
+  // unchanged since it was computed.
+  std::optional<std::uint64_t> find(const Key& key, const void* src, std::size_t bytes) const {
+    const auto it = values_.find(key);
+    if (it == values_.end() || !writes_ || !writes_->unchanged_since(src, bytes, it->second.at)) return std::nullopt;
+    return it->second.value;
+  }
+  // The write log's clock: read it before computing a value to keep.
+  std::uint64_t now() const { return writes_ ? writes_->now() : 0; }
+  // Keeps `value`, computed from the bytes at `src` from clock `at` on,
+  // where the write log can vouch for those bytes.
+  void keep(const Key& key, const void* src, std::size_t bytes, std::uint64_t value, std::uint64_t at) {
+    if (!writes_ || !writes_->unchanged_since(src, bytes, at)) return;
+    if (values_.size() >= kMaxValues) values_.clear();
+    values_[key] = {value, at};
+  }
+
+  static constexpr std::size_t kMaxValues = 4096;
+
+ private:
+  struct Hash {
+    std::size_t operator()(const Key& k) const noexcept {
+      std::size_t h = 0;
+      for (const std::int64_t v : k) h = h * 0x9E3779B97F4A7C15ull + static_cast<std::size_t>(v);
+      return h;
+    }
+  };
+  struct Entry {
+    std::uint64_t value;
+    std::uint64_t at;
+  };
+  const DramWrites* writes_;
+  std::unordered_map<Key, Entry, Hash> values_;
 };
 
 }  // namespace tpuhal::sim::tensor
