@@ -1372,11 +1372,13 @@ def hal_op_kinds():
 // same Name, fw/op_kinds.inc) and the walk of every kind through every layer
 // (tests/ops/op_kinds_test.cpp).
 //
-//   TPUHAL_OP_KIND(Name, "name", tensors, Attrs, minor)
+//   TPUHAL_OP_KIND(Name, "name", tensors, written, Attrs, minor)
 //     Name      the enumerator is OpKind::Name
 //     "name"    to_string(OpKind)
 //     tensors   TensorArgs in OpDesc::tensors, output last; the comment lists
 //               their roles in order
+//     written   bit i set: the op writes tensor i (the last, and any other
+//               output)
 //     Attrs     the alternative of OpDesc::attrs the kind carries
 //     minor     the board interface minor it needs at least
 //
@@ -1384,7 +1386,8 @@ def hal_op_kinds():
 """]
     for k in ops.KINDS:
         out.append(f"\n//   {roles(k)}\n")
-        out.append(f"TPUHAL_OP_KIND({k['name']}, \"{k['id']}\", {len(k['tensors'])}, {k['attrs']}, {k['minor']})\n")
+        out.append(f"TPUHAL_OP_KIND({k['name']}, \"{k['id']}\", {len(k['tensors'])}, 0x{written_mask(k):x}u, "
+                   f"{k['attrs']}, {k['minor']})\n")
     return "".join(out)
 
 

@@ -226,10 +226,11 @@ void expand(std::span<const driver::Command> commands, std::vector<Item>& out, i
             out.push_back(Access{cmd.location.buffer, cmd.location.offset, cmd.location.offset + 8, true, "timestamp"});
           } else if constexpr (std::is_same_v<T, driver::cmd::Run>) {
             const auto& tensors = cmd.op->tensors;
+            const std::uint32_t written = driver::op_kind_info(cmd.op->kind).written;
             for (std::size_t i = 0; i < tensors.size(); ++i) {
               const auto& t = tensors[i];
               if (!t.present()) continue;
-              const bool output = i + 1 == tensors.size();
+              const bool output = (written >> i) & 1;
               out.push_back(Access{t.buffer, t.offset, t.offset + extent_bytes(t), output, cmd.op->name.c_str()});
             }
           } else if constexpr (std::is_same_v<T, driver::cmd::Call>) {

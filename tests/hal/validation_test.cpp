@@ -222,6 +222,25 @@ TEST_F(Validation, AnOpAndAProgramAreLookedInto) {
   b.submit().wait();
 }
 
+// top_k writes its values as well as its indices: mapping either while
+// the op may still run is reported.
+TEST_F(Validation, EveryOutputOfAnOpIsAWrite) {
+  if (!dev_.properties().caps.tensor) GTEST_SKIP() << "no tensor engine";
+  Collector c;
+  Queue a = dev_.queue();
+  Gate g = gate();
+  Tensor x(dev_.allocate(64), DType::F32, {16});
+  Tensor values(dev_.allocate(64, Memory::DeviceHostVisible), DType::F32, {4});
+  Tensor indices(dev_.allocate(64), DType::I32, {4});
+  Fence fa = a.batch().wait_value(g.word, 0, 1).run(ops::top_k(x, values, indices, {0, true, false})).submit();
+  (void)values.buffer().map();
+  auto reports = c.take();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_NE(reports[0].message.find("(top_k) still writes bytes [0, 16)"), std::string::npos) << reports[0].message;
+  g.release();
+  fa.wait();
+}
+
 // ---- values going backwards -------------------------------------------------------
 
 TEST_F(Validation, AWordWrittenLowerThanItsLastValueIsReported) {

@@ -24,10 +24,11 @@ fw::DType to_fw(DType t) {
 
 // Each HAL kind is the firmware's kind of the same Name, with as many
 // tensors (hal's and fw's op_kinds.inc), and every firmware kind has one.
-#define TPUHAL_OP_KIND(Name, str, count, Attrs, since)                      \
-  static_assert(fw::op_kind_info(fw::OpKind::k##Name).tensors == (count) && \
-                    fw::op_kind_info(fw::OpKind::k##Name).minor == (since), \
-                "op_kinds.inc: " #Name " takes other tensors or minor in the HAL than on the board");
+#define TPUHAL_OP_KIND(Name, str, count, writes, Attrs, since)                   \
+  static_assert(fw::op_kind_info(fw::OpKind::k##Name).tensors == (count) &&      \
+                    fw::op_kind_info(fw::OpKind::k##Name).written == (writes) && \
+                    fw::op_kind_info(fw::OpKind::k##Name).minor == (since),      \
+                "op_kinds.inc: " #Name " takes other tensors, outputs or minor in the HAL than on the board");
 #include "tpuhal/driver/op_kinds.inc"
 #undef TPUHAL_OP_KIND
 static_assert(driver::kOpKindCount == fw::kMaxOpKind,
@@ -45,8 +46,8 @@ static_assert(driver::kElementwiseOpNames.back().second == static_cast<driver::E
 
 fw::OpKind to_fw(driver::OpKind k) {
   switch (k) {
-#define TPUHAL_OP_KIND(Name, str, count, Attrs, minor) \
-  case driver::OpKind::Name:                           \
+#define TPUHAL_OP_KIND(Name, str, count, written, Attrs, minor) \
+  case driver::OpKind::Name:                                    \
     return fw::OpKind::k##Name;
 #include "tpuhal/driver/op_kinds.inc"
 #undef TPUHAL_OP_KIND

@@ -114,7 +114,7 @@ struct DnnlState {
     dnnl::reorder to_user;
     // Whether the primitive wants the weights in another layout than the
     // caller's, and that layout's hash (part of the reordered weights' key),
-    // found at its first run.
+    // found when the primitive is made.
     bool reorders_weights = false;
     std::size_t weights_layout = 0;
     // The run's arguments, made with the primitive (oneDNN allocates for

@@ -13,9 +13,9 @@
 // start.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <array>
 #include <memory>
 #include <optional>
 #include <unordered_map>

@@ -40,7 +40,7 @@ struct TensorArg {
 };
 
 enum class OpKind : std::uint8_t {
-#define TPUHAL_OP_KIND(Name, name, tensors, Attrs, minor) Name,
+#define TPUHAL_OP_KIND(Name, name, tensors, written, Attrs, minor) Name,
 #include "tpuhal/driver/op_kinds.inc"
 #undef TPUHAL_OP_KIND
 };
@@ -68,6 +68,7 @@ struct OpKindInfo {
   OpKind kind;
   const char* name;
   std::uint32_t tensors;    // OpDesc::tensors, output last
+  std::uint32_t written;    // bit i: the op writes tensor i (the last, and any other output)
   std::size_t attrs_index;  // the alternative of OpAttrs it carries
   std::uint16_t minor;      // the board interface minor it needs at least
 };
@@ -82,8 +83,8 @@ constexpr std::size_t attrs_index() {
 }
 }  // namespace op_kind_detail
 inline constexpr OpKindInfo kOpKinds[] = {
-#define TPUHAL_OP_KIND(Name, name, tensors, Attrs, minor) \
-  {OpKind::Name, name, tensors, op_kind_detail::attrs_index<Attrs>(), minor},
+#define TPUHAL_OP_KIND(Name, name, tensors, written, Attrs, minor) \
+  {OpKind::Name, name, tensors, written, op_kind_detail::attrs_index<Attrs>(), minor},
 #include "tpuhal/driver/op_kinds.inc"
 #undef TPUHAL_OP_KIND
 };
