@@ -141,6 +141,8 @@ void check_matmul_shapes(fw::OpKind kind, const fw::TensorRef& a, const fw::Tens
 
 void check_conv_shapes(fw::OpKind kind, const fw::ConvAttrs& at, const fw::TensorRef& x, const fw::TensorRef& w,
                        const fw::TensorRef& y) {
+  // Only a float convolution accumulates into y (0 or 1); the integer ones not.
+  RULE(kind == fw::OpKind::kConv2d ? at.accumulate <= 1 : at.accumulate == 0);
   RULE(x.rank == 4 && w.rank == 4 && y.rank == 4 && at.layout <= 1);
   const bool nhwc = at.layout == 1;
   const std::uint64_t n = x.shape[0], c = x.shape[nhwc ? 3 : 1];
@@ -306,6 +308,7 @@ void check_rules(const fw::OpBlock& b) {
       // max(stride, dilation).
       const auto& at = std::get<fw::ConvAttrs>(b.attrs);
       const fw::TensorRef &x = t[0], &w = t[1];
+      RULE(at.accumulate == 0);
       RULE(is_float(x.dtype) && w.dtype == x.dtype && y.dtype == x.dtype);
       RULE(x.rank == 4 && w.rank == 4 && y.rank == 4 && at.layout <= 1);
       const bool nhwc = at.layout == 1;

@@ -118,8 +118,11 @@ def check_struct(st):
     for f in fields:
         where, typ, default = f"{st['name']}.{f['name']}", f["type"], f["default"]
         e, arr = field_enum(typ), array_type(typ)
-        if set(f["view"]) - {"hal", "hal_bool", "params"}:
-            problems.append(f"{where}: a field's view has hal, hal_bool and params only")
+        if set(f["view"]) - {"hal", "hal_bool", "params", "minor"}:
+            problems.append(f"{where}: a field's view has hal, hal_bool, params and minor only")
+        if "minor" in f["view"] and (typ != "bool" or not 1 < f["view"]["minor"] <= len(ops.MINORS)):
+            problems.append(f"{where}: minor (the interface minor a field came in) is for a bool field, "
+                            "a minor MINORS lists")
         if f["hal_bool"] is not None and (e is None or len(e["values"]) != 2 or
                                           f["hal_bool"] not in [v[1] for v in e["values"]]):
             problems.append(f"{where}: hal_bool names a value of an enumeration of two")
@@ -1641,7 +1644,8 @@ def encode_attrs():
 def attr_minors():
     out = [BANNER, """// The interface minor each generated attribute struct needs for the
 // enumeration values it holds (introduced_in of each enumeration and
-// activation field; 1 where it holds none): members of required_minor's
+// activation field) and the later fields it sets (a bool field's minor
+// where it is true; 1 where it holds none): members of required_minor's
 // AttrMinor visitor (drivers/tpu/src/encode.cpp).
 """]
     for st in ops.ATTR_STRUCTS:
@@ -1651,6 +1655,8 @@ def attr_minors():
                 terms.append(f"driver::introduced_in(a.{f['hal']}.kind)")
             elif field_enum(f["type"]) and f["hal_bool"] is None:
                 terms.append(f"driver::introduced_in(a.{f['hal']})")
+            elif "minor" in f["view"]:  # a bool field a later minor added: that minor where it is set
+                terms.append(f"static_cast<std::uint16_t>(a.{f['hal']} ? {f['view']['minor']} : 1)")
         if terms:
             out.append(f"std::uint16_t operator()(const driver::{st['name']}& a) const {{\n"
                        f"  return std::max<std::uint16_t>({{1, {', '.join(terms)}}});\n}}\n")

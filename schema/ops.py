@@ -54,6 +54,8 @@ MINORS = [
      "timed waits and frame times"),
     (22, "the op kind kRoiAlign (op_kinds.inc, RoiAlignAttrs in op_attrs.inc, RoiAlignMode in op_enums.inc)",
      "roi_align"),
+    (23, "ConvAttrs::accumulate (op_attrs.inc): a float kConv2d adds its result to what Y holds, before the "
+     "activation (a residual connection's Add fused into the convolution before it)", "accumulating convolutions"),
 ]
 
 # ---- enumerations of op attributes ----------------------------------------
@@ -400,7 +402,8 @@ ATTR_STRUCTS = [
                  ("stride", "u32[2]", "1", "along H, W", {"hal": "strides"}),
                  ("dilation", "u32[2]", "1", "along H, W", {"hal": "dilations"}),
                  ("pad", "u32[4]", "0", "top, left, bottom, right", {"hal": "pads"}),
-                 ("activation", "activation", "none", "float convolution only")]),
+                 ("activation", "activation", "none", "float convolution only"),
+                 ("accumulate", "bool", "false", "kConv2d only: Y = act(conv + bias + Y as it was)", {"minor": 23})]),
     dict(name="PoolAttrs", doc="Max or average pooling over a window of H and W; pads are top, left, bottom, right.",
          fields=[("kind", "PoolKind", "max", "", {"hal": "max", "hal_bool": "max"}),
                  ("layout", "Layout", "nchw", ""),
@@ -541,7 +544,7 @@ KINDS = [
          doc="Y = act(alpha * op(A) @ op(B) + beta * C), batched."),
     dict(name="Conv2d", id="conv2d", shape="window", minor=1, tensors=["X", "W", "Bias?", "Y"], fw_attrs="ConvAttrs",
          attrs="ConvAttrs", cost=("conv", "W"), cycles=0, peak="float", builders=["conv2d"],
-         doc="Float convolution, NCHW or NHWC, groups, dilation."),
+         doc="Float convolution, NCHW or NHWC, groups, dilation; Y read too where it accumulates."),
     dict(name="Pool2d", id="pool2d", shape="window", minor=1, tensors=["X", "Y"], fw_attrs="PoolAttrs", attrs="PoolAttrs",
          cost=("pool",), cycles=1, peak=None, builders=["max_pool2d", "avg_pool2d"], doc="Max or average pooling."),
     dict(name="Elementwise", id="elementwise", shape="broadcast", minor=1, tensors=["A", "B?", "Y"], fw_attrs="ElementwiseAttrs",

@@ -48,12 +48,19 @@ def main(root):
             says="an enumeration of two")
     refused([("a", "activation", "relu", "")], says="T.a: a field of type activation takes the default none")
     refused([("a", "reserved", "0", "", {"hal": "b"})], says="T.a: a field of type reserved takes the default 0 and no HAL view")
-    refused([("a", "u32", "0", "", {"name": "b"})], says="hal, hal_bool and params only")
+    refused([("a", "u32", "0", "", {"name": "b"})], says="hal, hal_bool, params and minor only")
+    refused([("a", "u32", "0", "", {"minor": 2})], says="T.a: minor (the interface minor a field came in) is for "
+            "a bool field")
+    refused([("a", "bool", "false", "", {"minor": len(ops.MINORS) + 1})], says="a minor MINORS lists")
     refused([("a", "activation", "none", "", {"params": ("alpha",)})], says="the wire names of its two parameter")
     refused([("a", "activation", "none", "", {"params": ("b", "c")}), ("b", "u32", "0", "")],
             says="field names must differ")
     refused([("a", "u32[4]", "0", ""), ("b", "activation", "none", "")], words=6,
             says="6 words do not hold its fields' 7")
+
+    # A bool field a later minor added: that minor where it is set.
+    expect("a later field's minor in required_minor",
+           "static_cast<std::uint16_t>(a.accumulate ? 23 : 1)" in generate.attr_minors())
 
     # The views each type gets.
     conv = next(st for st in ops.ATTR_STRUCTS if st["name"] == "ConvAttrs")

@@ -312,7 +312,9 @@ bool check_conv_shapes(Check& c, const OpBlock& b, const ConvAttrs& at, std::uin
 }
 
 bool check_conv(Check& c, const OpBlock& b, const ConvAttrs& at) {
-  if (!check_activation(c, offsetof(ConvAttrs, activation), at.activation, at.act_alpha, at.act_beta)) return false;
+  if (!check_activation(c, offsetof(ConvAttrs, activation), at.activation, at.act_alpha, at.act_beta) ||
+      !expect_attr(c, offsetof(ConvAttrs, accumulate), at.accumulate <= 1, at.accumulate, 1))
+    return false;
   const DType tx = dt(b.tensors[0]);
   if (!expect_dtype(c, b, 0, is_float(tx)) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == tx) ||
       !expect_dtype(c, b, 3, dt(b.tensors[3]) == tx))
@@ -326,8 +328,11 @@ bool check_conv(Check& c, const OpBlock& b, const ConvAttrs& at) {
   return true;
 }
 
+// Only a kConv2d accumulates into Y (ConvAttrs::accumulate).
 bool check_conv_transpose(Check& c, const OpBlock& b, const ConvAttrs& at) {
-  if (!check_activation(c, offsetof(ConvAttrs, activation), at.activation, at.act_alpha, at.act_beta)) return false;
+  if (!check_activation(c, offsetof(ConvAttrs, activation), at.activation, at.act_alpha, at.act_beta) ||
+      !expect_attr(c, offsetof(ConvAttrs, accumulate), at.accumulate == 0, at.accumulate, 0))
+    return false;
   const DType tx = dt(b.tensors[0]);
   if (!expect_dtype(c, b, 0, is_float(tx)) || !expect_dtype(c, b, 1, dt(b.tensors[1]) == tx) ||
       !expect_dtype(c, b, 3, dt(b.tensors[3]) == tx) || !check_conv_shapes(c, b, at, 0, 1, 3, true))
@@ -384,7 +389,9 @@ bool check_elementwise(Check& c, const OpBlock& b, const ElementwiseAttrs& at) {
 
 bool check_integer_conv(Check& c, const OpBlock& b, const ConvAttrs& at, std::uint32_t ix, std::uint32_t iw,
                         std::uint32_t iy, std::uint32_t ixz, std::uint32_t iwz) {
-  if (!expect_attr(c, offsetof(ConvAttrs, activation), at.activation == 0, at.activation, 0)) return false;
+  if (!expect_attr(c, offsetof(ConvAttrs, activation), at.activation == 0, at.activation, 0) ||
+      !expect_attr(c, offsetof(ConvAttrs, accumulate), at.accumulate == 0, at.accumulate, 0))
+    return false;
   if (!expect_dtype(c, b, ix, is_int8(dt(b.tensors[ix]))) || !expect_dtype(c, b, iw, is_int8(dt(b.tensors[iw]))))
     return false;
   if (!check_conv_shapes(c, b, at, ix, iw, iy)) return false;

@@ -28,6 +28,12 @@ std::uint32_t weight_tensors(OpKind kind);
 
 std::optional<bool> sliced_by_rule(const OpBlock& op, std::uint32_t i) noexcept;  // op_timing.inc
 
+// An output the op also reads (a convolution accumulating into it) moves
+// twice, in and out.
+std::uint64_t passes(const OpBlock& op, std::uint32_t i) noexcept {
+  return (read_mask(op) & op_kind_info(op.kind).written) >> i & 1 ? 2 : 1;
+}
+
 // What the op moves through device memory: each tensor once, the bytes it
 // spans (a broadcast operand, stride 0, only what it holds), except
 // activations whose slice fits the local memory's share for one tensor (a
@@ -70,8 +76,9 @@ std::uint64_t global_bytes(const OpBlock& op) noexcept {
     while (d > 0 && t.shape[d - 1] == 1) --d;
     const bool gathered = d > 0 && t.strides[d - 1] != 0 && t.strides[d - 1] != 1;
     const std::uint64_t width = dtype_size(static_cast<DType>(t.dtype));
-    bytes =
-        clamp64(u128{bytes} + (gathered ? mul(tensor_elements(t), std::max(kDramBurstBytes, width)) : op.extent[i]));
+    bytes = clamp64(u128{bytes} +
+                    u128{passes(op, i)} *
+                        (gathered ? mul(tensor_elements(t), std::max(kDramBurstBytes, width)) : op.extent[i]));
   }
   return bytes;
 }
@@ -88,7 +95,7 @@ std::uint64_t tensor_bytes(const TimingModel& m, const OpBlock& op) noexcept {
     if (static_cast<DType>(slice.dtype) == DType::kNone) continue;
     if (sliced_with_output(op, i, rows)) slice.shape[0] = 1;
     if (!(weights >> i & 1) && (rows > 1 ? tensor_extent(slice) : op.extent[i]) <= local) continue;
-    bytes = clamp64(u128{bytes} + op.extent[i]);
+    bytes = clamp64(u128{bytes} + u128{passes(op, i)} * op.extent[i]);
   }
   return bytes;
 }

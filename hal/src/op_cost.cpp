@@ -58,6 +58,9 @@ OpCost op_cost(const driver::OpDesc& op) {
   c.precision = op.tensors.front().dtype;
   for (const auto& t : op.tensors)
     if (t.present()) c.bytes += elements(t) * size_of(t.dtype);
+  // A convolution accumulating into y reads it too.
+  const auto* conv = std::get_if<driver::ConvAttrs>(&op.attrs);
+  if (conv && conv->accumulate) c.bytes += elements(op.tensors.back()) * size_of(op.tensors.back().dtype);
   return c;
 }
 

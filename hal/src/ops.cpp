@@ -636,7 +636,13 @@ driver::ConvAttrs conv_attrs(const Conv2dOptions& o) {
   a.dilations = o.dilations;
   a.pads = o.pads;
   a.activation = o.activation;
+  a.accumulate = o.accumulate;
   return a;
+}
+
+// Only conv2d accumulates into y.
+void refuse_accumulate(Builder& b, const Conv2dOptions& o) {
+  if (o.accumulate) b.fail(Status::InvalidArgument, "does not accumulate into y (conv2d does)");
 }
 
 // Checks a [..., M, K] @ b [..., K, N] -> y [..., M, N] and returns the
@@ -818,6 +824,7 @@ Op conv2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions
 
 Op conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& o) {
   Builder b(driver::OpKind::ConvTranspose2d, "conv_transpose2d");
+  refuse_accumulate(b, o);
   b.dtype_in(x, "x", kFloats);
   b.same_dtype(w, "w", x, "x");
   b.same_dtype(y, "y", x, "x");
@@ -911,6 +918,7 @@ TensorArg conv_param(Builder& b, const std::optional<Tensor>& t, const char* rol
 Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y, const std::optional<Tensor>& x_zero_point,
                 const std::optional<Tensor>& w_zero_point, const Conv2dOptions& o) {
   Builder b(driver::OpKind::ConvInteger, "conv_integer");
+  refuse_accumulate(b, o);
   b.dtype_in(x, "x", kInt8);
   b.dtype_in(w, "w", kInt8);
   b.dtype_in(y, "y", {DType::I32});
@@ -950,6 +958,7 @@ Op qlinear_conv(const Tensor& x, const Tensor& x_scale, const Tensor& x_zero_poi
                 const Tensor& w_scale, const Tensor& w_zero_point, const Tensor& y_scale, const Tensor& y_zero_point,
                 const Tensor& y, const Conv2dOptions& o) {
   Builder b(driver::OpKind::QLinearConv, "qlinear_conv");
+  refuse_accumulate(b, o);
   quantized_types(b,
                   {{x, x_scale, x_zero_point, "x"}, {w, w_scale, w_zero_point, "w"}, {y, y_scale, y_zero_point, "y"}});
   if (o.activation.kind != Activation::None) b.fail(Status::InvalidArgument, "takes no activation");

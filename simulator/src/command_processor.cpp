@@ -388,7 +388,7 @@ fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
   // its last tensor and the other outputs its kind names (top_k's values).
   std::vector<std::byte> bounce[fw::kMaxOpTensors];
   const std::uint32_t out = op->num_tensors - 1;
-  const std::uint32_t written = fw::op_kind_info(op->kind).written;
+  const std::uint32_t written = fw::op_kind_info(op->kind).written, read = fw::read_mask(*op);
   for (std::uint32_t i = 0; i < op->num_tensors; ++i) {
     const fw::TensorRef& t = op->tensors[i];
     tensor::View& v = views[i];
@@ -399,9 +399,9 @@ fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
     std::copy(std::begin(t.shape), std::end(t.shape), v.shape);
     std::copy(std::begin(t.strides), std::end(t.strides), v.strides);
     if (op->extent[i] == 0) continue;  // empty: no memory is touched
-    const std::uint32_t kind = (written >> i) & 1 ? kIommuWrite : kIommuRead;
+    const std::uint32_t kind = ((written >> i) & 1 ? kIommuWrite : 0) | ((read >> i) & 1 ? kIommuRead : 0);
     const fw::Problem denied{fw::CmdStatus::kDmaFault, fw::tensor_field(i, fw::TensorAspect::kAddress), t.address,
-                             kind == kIommuWrite ? fw::kAccessWrite : fw::kAccessRead};
+                             kind & kIommuWrite ? fw::kAccessWrite : fw::kAccessRead};
     if (board_.dma.remote(t.address)) {
       if (!access->permits(t.address, op->extent[i], kind)) return denied;
       bounce[i].resize(op->extent[i]);
@@ -416,12 +416,13 @@ fw::Problem CommandProcessor::tensor_op(std::span<const std::byte> block) {
   // With a remote host no view points at host memory, and no access is held
   // while waiting on the link (see DmaEngine::copy_remote). An output is
   // read too where it has gaps between its elements, so that writing its
-  // bounce buffer back leaves them as they were.
+  // bounce buffer back leaves them as they were; and where the op reads
+  // it (a convolution accumulating into it).
   access.reset();
   for (std::uint32_t i = 0; i <= out; ++i) {
-    const bool output = (written >> i) & 1;
-    if (bounce[i].empty() || (output && fw::tensor_elements(op->tensors[i]) * views[i].esize == op->extent[i]))
-      continue;
+    const bool dense_output =
+        ((written & ~read) >> i) & 1 && fw::tensor_elements(op->tensors[i]) * views[i].esize == op->extent[i];
+    if (bounce[i].empty() || dense_output) continue;
     auto p = board_.dma.read(ctx_, op->tensors[i].address, bounce[i].data(), bounce[i].size(),
                              fw::tensor_field(i, fw::TensorAspect::kAddress));
     if (p.status != fw::CmdStatus::kOk) return p;

@@ -516,6 +516,30 @@ TEST(FwTensorOp, AConvolutionsWindowFaultsAreAttributeWordsAndDimensions) {
   EXPECT_EQ(p.detail, 3u);
 }
 
+// ConvAttrs::accumulate (1.23): 0 or 1 on a conv2d; on the other kinds
+// that take ConvAttrs, 0 (they do not accumulate).
+TEST(FwTensorOp, OnlyAConv2dAccumulatesAndItsWordIsZeroOrOne) {
+  ConvAttrs a = conv_attrs(true);
+  a.accumulate = 2;
+  Problem p = conv(a);
+  EXPECT_EQ(p.field, attr_field(offsetof(ConvAttrs, accumulate)));
+  EXPECT_EQ(p.value, 2u);
+  EXPECT_EQ(p.detail, 1u);
+  a.accumulate = 1;
+  p = problem(OpKind::kConvTranspose2d,
+              {tensor(0x1000, DType::kF32, {1, 6, 5, 2}), tensor(0x10000, DType::kF32, {2, 3, 3, 3}), TensorRef{},
+               tensor(0x20000, DType::kF32, {1, 8, 7, 3})},
+              a);
+  EXPECT_EQ(p.field, attr_field(offsetof(ConvAttrs, accumulate)));
+  EXPECT_EQ(p.detail, 0u);
+  p = problem(OpKind::kConvInteger,
+              {tensor(0x1000, DType::kU8, {1, 6, 5, 2}), tensor(0x10000, DType::kI8, {3, 2, 3, 3}), TensorRef{},
+               TensorRef{}, tensor(0x20000, DType::kI32, {1, 4, 3, 3})},
+              a);
+  EXPECT_EQ(p.field, attr_field(offsetof(ConvAttrs, accumulate)));
+  EXPECT_EQ(p.value, 1u);
+}
+
 TEST(FwTensorOp, ATransposedConvolutionsEmptyInputAndOutputPaddingAreDimensions) {
   ConvAttrs a = conv_attrs(false);
   a.stride[0] = a.stride[1] = 2;

@@ -75,6 +75,95 @@ TEST_P(Ops, Conv2dSpecificGeometries) {
       }
 }
 
+// Conv2dOptions::accumulate: y = act(conv + bias + y as it was), in every
+// float type and layout, by each of the engine's routes: oneDNN writing y
+// (its sum post-op), the engine's own depthwise loop in NCHW, a scratch
+// finished afterwards (f16, an activation into bf16, a strided y).
+TEST_P(Ops, Conv2dAccumulatesIntoWhatYHolds) {
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    for (int i = 0; i < 8; ++i) {
+      const ConvCase c = random_conv(rng_);
+      const Host x = rand(dt, c.xs), w = rand(dt, c.ws);
+      const Shape ys = conv_out_shape(x, c.ws, c.g);
+      const Host prior = rand(dt, ys, -2, 2);
+      std::optional<Host> bias;
+      if (rng_.coin()) bias = rand(DType::F32, {c.ws[0]});
+      Conv2dOptions o = c.g.options();
+      o.activation = i % 2 ? ActivationParams::relu() : ActivationParams{};
+      o.accumulate = true;
+      if (bias) o.bias = lab().upload(*bias);
+      const Tensor y = lab().upload(prior);
+      expect("conv2d accumulating " + std::string(to_string(dt)) + " x " + dims(c.xs) + " w " + dims(c.ws) + " " +
+                 c.g.text() + (bias ? " bias" : "") + " " + act_name(o.activation),
+             lab().run(ops::conv2d(lab().upload(x), lab().upload(w), y, o), y),
+             ref_conv(x, w, bias, c.g, o.activation, dt, ys, &prior));
+    }
+    // y in pinned host memory: read by the board through the IOMMU (on a
+    // USB board, fetched from the host before the op).
+    {
+      ConvGeom g;
+      g.layout = Layout::NHWC;
+      g.pads = {1, 1, 1, 1};
+      const Host x = rand(dt, {1, 5, 6, 3}), w = rand(dt, {4, 3, 3, 3});
+      const Shape ys = conv_out_shape(x, w.shape, g);
+      const Host prior = rand(dt, ys, -2, 2);
+      Conv2dOptions o = g.options();
+      o.accumulate = true;
+      const Tensor y = lab().upload(prior, Memory::HostPinned);
+      expect(std::string("conv2d accumulating into host memory ") + to_string(dt),
+             lab().run(ops::conv2d(lab().upload(x), lab().upload(w), y, o), y),
+             ref_conv(x, w, std::nullopt, g, o.activation, dt, ys, &prior));
+    }
+    // A depthwise 3x3 and a three-channel one in NCHW (the engine's own
+    // loop; oneDNN's direct kernels), and an NHWC y with gaps between its
+    // pixels (a view of a wider tensor).
+    for (const bool depthwise : {true, false}) {
+      ConvGeom g;
+      g.pads = {1, 1, 1, 1};
+      g.groups = depthwise ? 6 : 1;
+      const Host x = rand(dt, {1, depthwise ? 6 : 3, 7, 8}), w = rand(dt, {6, depthwise ? 1 : 3, 3, 3});
+      const Shape ys = conv_out_shape(x, w.shape, g);
+      const Host prior = rand(dt, ys, -2, 2);
+      Conv2dOptions o = g.options();
+      o.accumulate = true;
+      const Tensor y = lab().upload(prior);
+      expect(std::string("conv2d accumulating ") + (depthwise ? "depthwise " : "three channels ") + to_string(dt),
+             lab().run(ops::conv2d(lab().upload(x), lab().upload(w), y, o), y),
+             ref_conv(x, w, std::nullopt, g, o.activation, dt, ys, &prior));
+    }
+    ConvGeom g;
+    g.layout = Layout::NHWC;
+    const Host x = rand(dt, {1, 5, 5, 4}), w = rand(dt, {3, 4, 1, 1});
+    const Host wide = rand(dt, {1, 5, 5, 8}, -2, 2);
+    Host prior(dt, {1, 5, 5, 3});
+    for (std::int64_t p = 0; p < 25; ++p)
+      for (std::int64_t ch = 0; ch < 3; ++ch)
+        prior.v[static_cast<std::size_t>(p * 3 + ch)] = wide.v[static_cast<std::size_t>(p * 8 + ch)];
+    const Tensor whole = lab().upload(wide);
+    const Tensor y(whole.buffer(), dt, {1, 5, 5, 3}, {200, 40, 8, 1}, 0);
+    Conv2dOptions o = g.options();
+    o.accumulate = true;
+    o.activation = ActivationParams::clip(-0.5f, 0.5f);
+    lab().run(ops::conv2d(lab().upload(x), lab().upload(w), y, o));
+    const Host after = lab().download(whole);
+    const Ref want = ref_conv(x, w, std::nullopt, g, o.activation, dt, {1, 5, 5, 3}, &prior);
+    Host in_y(dt, {1, 5, 5, 3}), gaps(dt, {1, 5, 5, 5});
+    std::vector<double> gaps_before;
+    for (std::int64_t p = 0; p < 25; ++p)
+      for (std::int64_t ch = 0; ch < 8; ++ch) {
+        const auto at = static_cast<std::size_t>(p * 8 + ch);
+        if (ch < 3) {
+          in_y.v[static_cast<std::size_t>(p * 3 + ch)] = after.v[at];
+        } else {
+          gaps.v[static_cast<std::size_t>(p * 5 + ch - 3)] = after.v[at];
+          gaps_before.push_back(wide.v[at]);
+        }
+      }
+    expect("conv2d accumulating into a strided y " + std::string(to_string(dt)), in_y, want);
+    expect_exact("the gaps of a strided y " + std::string(to_string(dt)), gaps, gaps_before);
+  }
+}
+
 // The engine keeps what it makes of a convolution's weights (f16 and bf16
 // widened, and reordered for oneDNN) while their bytes stay the same, as a
 // model's do from run to run: weights rewritten in place between runs are

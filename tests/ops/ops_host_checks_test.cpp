@@ -127,6 +127,32 @@ TEST_P(Ops, HostChecksNameTheOperandAndTheShape) {
        },
        Status::InvalidArgument,
        {"avg_pool2d: the window does not fit the padded input"}},
+      // Only conv2d accumulates into y.
+      {[&] {
+         Conv2dOptions o;
+         o.accumulate = true;
+         ops::conv_transpose2d(t(DType::F32, {1, 2, 3, 3}), t(DType::F32, {2, 4, 3, 3}), t(DType::F32, {1, 4, 5, 5}),
+                               o);
+       },
+       Status::InvalidArgument,
+       {"conv_transpose2d: does not accumulate into y (conv2d does)"}},
+      {[&] {
+         Conv2dOptions o;
+         o.accumulate = true;
+         ops::conv_integer(t(DType::U8, {1, 1, 3, 3}), t(DType::I8, {1, 1, 1, 1}), t(DType::I32, {1, 1, 3, 3}),
+                           std::nullopt, std::nullopt, o);
+       },
+       Status::InvalidArgument,
+       {"conv_integer: does not accumulate into y (conv2d does)"}},
+      {[&] {
+         Conv2dOptions o;
+         o.accumulate = true;
+         const Tensor s = t(DType::F32, {}), z = t(DType::U8, {}), wz = t(DType::I8, {});
+         ops::qlinear_conv(t(DType::U8, {1, 1, 3, 3}), s, z, t(DType::I8, {1, 1, 1, 1}), s, wz, s, z,
+                           t(DType::U8, {1, 1, 3, 3}), o);
+       },
+       Status::InvalidArgument,
+       {"qlinear_conv: does not accumulate into y (conv2d does)"}},
       {[&] {
          ops::conv_transpose2d(t(DType::F32, {1, 2, 0, 3}), t(DType::F32, {2, 4, 3, 3}), t(DType::F32, {1, 4, 2, 5}));
        },

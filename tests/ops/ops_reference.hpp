@@ -711,20 +711,25 @@ void for_each_output(const Shape& ys, Layout l, F&& fn) {
   });
 }
 
+// `prior`: what y held, added before the activation (Conv2dOptions::accumulate).
 inline Ref ref_conv(const Host& x, const Host& w, const std::optional<Host>& bias, const ConvGeom& g,
-                    const ActivationParams& act, DType ydt, const Shape& ys) {
+                    const ActivationParams& act, DType ydt, const Shape& ys, const Host* prior = nullptr) {
   Ref r;
-  const std::int64_t taps = w.shape[1] * w.shape[2] * w.shape[3];
-  for_each_output(ys, g.layout, [&](std::int64_t n, std::int64_t o, std::int64_t row, std::int64_t col, std::int64_t) {
-    double acc = bias ? bias->v[static_cast<std::size_t>(o)] : 0.0, mag = std::fabs(acc);
-    conv_taps(x, w, g, n, o, row, col, [&](double xv, double wv) {
-      acc += xv * wv;
-      mag += std::fabs(xv * wv);
-    });
-    const double err = mag * kU * static_cast<double>(taps + 3) + 1e-30;
-    const double out = act_ref(act, acc);
-    r.push(out, act_lipschitz(act) * err + act_eval_err(act, acc, out) + (ydt != DType::F32 ? ulp(ydt, out) : 0.0));
-  });
+  const std::int64_t taps = w.shape[1] * w.shape[2] * w.shape[3] + (prior ? 1 : 0);
+  for_each_output(
+      ys, g.layout, [&](std::int64_t n, std::int64_t o, std::int64_t row, std::int64_t col, std::int64_t lin) {
+        double acc = (bias ? bias->v[static_cast<std::size_t>(o)] : 0.0) +
+                     (prior ? prior->v[static_cast<std::size_t>(lin)] : 0.0);
+        double mag = std::fabs(bias ? bias->v[static_cast<std::size_t>(o)] : 0.0) +
+                     std::fabs(prior ? prior->v[static_cast<std::size_t>(lin)] : 0.0);
+        conv_taps(x, w, g, n, o, row, col, [&](double xv, double wv) {
+          acc += xv * wv;
+          mag += std::fabs(xv * wv);
+        });
+        const double err = mag * kU * static_cast<double>(taps + 3) + 1e-30;
+        const double out = act_ref(act, acc);
+        r.push(out, act_lipschitz(act) * err + act_eval_err(act, acc, out) + (ydt != DType::F32 ? ulp(ydt, out) : 0.0));
+      });
   return r;
 }
 

@@ -432,6 +432,16 @@ TEST(TpuDriver, AnOpNewerThanTheBoardsInterfaceIsRefusedBeforeItReachesTheBoard)
   ca.activation = ActivationParams::hard_swish();
   conv.attrs = ca;
   EXPECT_EQ(tpu::required_minor(conv), 4u);
+  ca.accumulate = true;  // reaches the board's words, and needs 1.23
+  conv.attrs = ca;
+  EXPECT_EQ(tpu::required_minor(conv), 23u);
+  {
+    const auto block = tpu::encode_op(conv, fw::kInterfaceVersion.minor);
+    fw::ConvAttrs wire;
+    std::memcpy(&wire, block.data() + block.size() - sizeof wire, sizeof wire);
+    EXPECT_EQ(wire.accumulate, 1u);
+    EXPECT_EQ(wire.reserved[0], 0u);
+  }
   driver::OpDesc erf;
   erf.kind = driver::OpKind::Elementwise;
   erf.attrs = driver::ElementwiseAttrs{driver::ElementwiseOp::Erf, {}};

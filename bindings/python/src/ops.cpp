@@ -231,17 +231,18 @@ void bind_builders(py::module_& ops) {
   ops.def(
       "conv2d",
       [](T x, T w, T y, const py::object& strides, const py::object& pads, const py::object& dilations,
-         std::uint32_t groups, Opt bias, const py::object& activation, const py::object& layout) {
-        return finish(ops::conv2d(x.tensor, w.tensor, y.tensor,
-                                  conv_options(layout, strides, dilations, pads, groups, bias, activation)),
-                      {&x, &w, &y, bias});
+         std::uint32_t groups, Opt bias, const py::object& activation, const py::object& layout, bool accumulate) {
+        ops::Conv2dOptions o = conv_options(layout, strides, dilations, pads, groups, bias, activation);
+        o.accumulate = accumulate;
+        return finish(ops::conv2d(x.tensor, w.tensor, y.tensor, o), {&x, &w, &y, bias});
       },
       py::arg("x"), py::arg("w"), py::arg("y"), py::kw_only(), py::arg("strides") = 1, py::arg("pads") = 0,
       py::arg("dilations") = 1, py::arg("groups") = 1, py::arg("bias") = none, py::arg("activation") = none,
-      py::arg("layout") = "nchw",
+      py::arg("layout") = "nchw", py::arg("accumulate") = false,
       "2-D cross-correlation. x [N, C, H, W] ('nchw') or [N, H, W, C] ('nhwc'), w [Cout, Cin/groups, kh, kw], "
       "bias [Cout]. strides and dilations: (h, w) or one int; pads: (top, left, bottom, right) or one int. "
-      "Output size floor((in + pads - dilation*(k-1) - 1) / stride) + 1. f32, f16, bf16.");
+      "Output size floor((in + pads - dilation*(k-1) - 1) / stride) + 1. f32, f16, bf16. accumulate: "
+      "y = activation(conv + bias + y as it was).");
   ops.def(
       "conv_transpose2d",
       [](T x, T w, T y, const py::object& strides, const py::object& pads, const py::object& dilations,

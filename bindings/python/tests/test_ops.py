@@ -66,6 +66,20 @@ def test_conv2d_matches_numpy(dev, queue):
     np.testing.assert_allclose(y.download(), conv2d_ref(x, w, bias, 2, 1), rtol=1e-4, atol=1e-4)
 
 
+def test_conv2d_accumulates_into_what_y_holds(dev, queue):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 3, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    prior = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    y = dev.tensor((1, 4, 5, 5), "f32")
+    y.upload(prior)
+    op = ops.conv2d(tpuhal.Tensor(dev.upload(x)), tpuhal.Tensor(dev.upload(w)), y, strides=2, pads=1,
+                    activation="relu", accumulate=True)
+    queue.run(op).submit().wait()
+    want = np.maximum(conv2d_ref(x, w, np.zeros(4, np.float32), 2, 1) + prior, 0)
+    np.testing.assert_allclose(y.download(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_elementwise_broadcast_and_cast(dev, queue):
     a = np.arange(12, dtype=np.int32).reshape(3, 4)
     b = np.array([10, 20, 30, 40], np.int32)

@@ -181,6 +181,10 @@ struct Conv2dOptions {
   std::uint32_t groups = 1;
   std::optional<Tensor> bias;   // [Cout]; i32 for qlinear_conv
   ActivationParams activation;  // float conv only
+  // conv2d only: y = activation(conv + bias + y as it was), each sum
+  // rounded once in f32 (a residual connection's add, fused; the board
+  // needs interface 1.23).
+  bool accumulate = false;
 };
 // Pads that give an output of ceil(input / stride) ("SAME_UPPER"; lower: the
 // extra pad goes first) for a kernel of `kernel` with `dilation`.

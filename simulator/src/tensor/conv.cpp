@@ -109,10 +109,13 @@ struct FusedRequant {
 // widen int8 to 32 bits before multiplying (onednn_int8_depthwise_exact).
 // `weights_reused`: wdata holds the floats it held when last given here
 // (widened_weights' `reused`), so that weights oneDNN reordered from them
-// before are taken without comparing their bytes again.
+// before are taken without comparing their bytes again. `sum`: the result
+// is added to what ydata holds (oneDNN's sum post-op, after the bias: each
+// output rounded once more, as a separate addition would round it).
 bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata, dt wtype,
                const View* bias, const View& y, dt yt, void* ydata, const std::int32_t* src_zero = nullptr,
-               const FusedRequant* requant = nullptr, bool depthwise_kernel = false, bool weights_reused = false) {
+               const FusedRequant* requant = nullptr, bool depthwise_kernel = false, bool weights_reused = false,
+               bool sum = false) {
   try {
     const auto D = [](std::uint64_t v) { return static_cast<dnnl::memory::dim>(v); };
     const dnnl::memory::desc xd = act_desc(x, g.nhwc, xt);
@@ -126,7 +129,7 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
     // reordered into y after (an exact copy); in y's own layout it has
     // only the GEMM-based one, several times slower.
     const bool dst_blocked =
-        !g.nhwc && g.groups == 1 && g.c <= 4 && xt == dt::f32 && yt == dt::f32 && !requant && !src_zero;
+        !g.nhwc && g.groups == 1 && g.c <= 4 && xt == dt::f32 && yt == dt::f32 && !requant && !src_zero && !sum;
     const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
     dnnl::memory::desc wd_user, wd_any;
     const auto ws = [&](int d) { return static_cast<dnnl::memory::dim>(wt.strides[d]); };
@@ -166,6 +169,7 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
     // oneDNN sizes a primitive's work split by the threads when it is made,
     // and the engine's team changes with the CPU it gets (CpuShare).
     put(e.dnnl().threads);
+    put(sum);
     put(requant != nullptr);
     if (requant) {
       // The scales and zero point are part of the primitive.
@@ -195,6 +199,10 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
         po.append_eltwise(1.0f, dnnl::algorithm::eltwise_round, 0.0f, 0.0f);
         attr.set_post_ops(po);
         attr.set_zero_points(DNNL_ARG_DST, 0, {requant->zero});
+      } else if (sum) {
+        dnnl::post_ops po;
+        po.append_sum(1.0f);
+        attr.set_post_ops(po);
       }
       e.dnnl().bind_threads();
       dnnl::convolution_forward::primitive_desc made(desc, attr, e.dnnl().engine);
@@ -684,7 +692,7 @@ constexpr std::uint64_t kOwnGroupedMaxChannels = 1;
 // product rounded and then added (never fused), then the bias added: the
 // same bits at every instruction-set level and thread count.
 bool grouped_f32(TensorEngine& e, const Geometry& g, const View& x, const View& w, const View* b, const View& y,
-                 void* out) {
+                 void* out, bool accumulate) {
   const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
   const bool to_y = out == y.data;
   if (g.nhwc || g.groups == 1 || cg > kOwnGroupedMaxChannels || g.sh != g.sw || g.oh == 0 || g.ow == 0 ||
@@ -730,7 +738,10 @@ bool grouped_f32(TensorEngine& e, const Geometry& g, const View& x, const View& 
             float* dst = to_y ? obase + ni * y.strides[0] + oi * y.strides[1] + r * y.strides[2]
                               : obase + ((ni * g.o + oi) * g.oh + r) * g.ow;
             const std::uint64_t step = to_y ? y.strides[3] : 1;
-            if (bbase) {
+            if (to_y && accumulate) {  // then what y held (the scratch's finish adds it otherwise)
+              for (std::uint64_t col = 0; col < g.ow; ++col)
+                dst[col * step] = (bbase ? src[col] + bias : src[col]) + dst[col * step];
+            } else if (bbase) {
               for (std::uint64_t col = 0; col < g.ow; ++col) dst[col * step] = src[col] + bias;
             } else {
               for (std::uint64_t col = 0; col < g.ow; ++col) dst[col * step] = src[col];
@@ -763,7 +774,14 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
   // follows, or y is dense f32 (the activation then runs in place);
   // otherwise into an f32 scratch that the loop below finishes.
   const bool in_place_act = y.dtype == fw::DType::kF32 && y.contiguous();
-  const bool direct = !f16 && (act == fw::Activation::kNone || in_place_act);
+  // oneDNN 2.6's brgconv drops the bias of an output whose window lies all
+  // in the padding when it adds y (its sum post-op): such a convolution
+  // accumulates while the scratch is finished instead.
+  const bool accumulate = at.accumulate != 0;
+  const bool empty_window = fw::first_empty_window(g.h, g.oh, g.kh, g.sh, g.dh, g.pt) != UINT64_MAX ||
+                            fw::first_empty_window(g.w, g.ow, g.kw, g.sw, g.dw, g.pl) != UINT64_MAX;
+  const bool direct =
+      !f16 && (act == fw::Activation::kNone || in_place_act) && !(accumulate && (empty_window || g.c == 0));
   float* scratch = nullptr;  // every element written by oneDNN or the loop below
   void* out = y.data;
   dt yt = dnnl_type(y.dtype);
@@ -773,9 +791,12 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
     yt = dt::f32;
   }
   const dt xt = dnnl_type(x.dtype);
-  bool done =
-      grouped_f32(e, g, x, w, b.present() ? &b : nullptr, y, out) ||
-      dnnl_conv(e, g, x, xt, w, w.data, xt, b.present() ? &b : nullptr, y, yt, out, nullptr, nullptr, false, reused);
+  // Accumulating (ConvAttrs::accumulate): what y holds is added after the
+  // bias, before the activation; by oneDNN or grouped_f32 where they write
+  // y, else when the scratch is finished below.
+  bool done = grouped_f32(e, g, x, w, b.present() ? &b : nullptr, y, out, accumulate) ||
+              dnnl_conv(e, g, x, xt, w, w.data, xt, b.present() ? &b : nullptr, y, yt, out, nullptr, nullptr, false,
+                        reused, accumulate && out == y.data);
   if (!done) {
     // Reference: direct loops, f32 accumulation in (c, kh, kw) order.
     if (direct) {
@@ -830,8 +851,16 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
       // A block at a time, narrowed while the activation's output is still
       // in the first-level cache: one pass over the scratch, not two.
       constexpr std::uint64_t kBlock = 2048;
+      float held[kBlock];
       for (std::uint64_t b0 = begin; b0 < end; b0 += kBlock) {
         const std::uint64_t n = std::min(kBlock, end - b0);
+        if (accumulate) {
+          if (bf16)
+            simd::widen_bf16(dst + b0, held, n);
+          else
+            simd::widen_f16(dst + b0, held, n);
+          for (std::uint64_t i = 0; i < n; ++i) scratch[b0 + i] += held[i];
+        }
         activate_span(act, at.act_alpha, at.act_beta, scratch + b0, n);
         if (bf16)
           simd::narrow_bf16(scratch + b0, dst + b0, n);
@@ -845,7 +874,8 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     std::uint64_t i = begin;
     for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
-      store_float(y.at(off[0]), y.dtype, activate(act, at.act_alpha, at.act_beta, scratch[i++]));
+      const float out_value = accumulate ? scratch[i++] + load_float(y.at(off[0]), y.dtype) : scratch[i++];
+      store_float(y.at(off[0]), y.dtype, activate(act, at.act_alpha, at.act_beta, out_value));
     });
   });
   return {};

@@ -159,6 +159,16 @@ struct OpBlock {
 };
 Result<OpBlock> decode_op(std::span<const std::byte> block);
 
+// The tensors `op` reads: each but its kind's outputs (OpKindInfo::written),
+// and its output too where it accumulates into it (a kConv2d with
+// ConvAttrs::accumulate). A bit per tensor, as OpKindInfo::written.
+inline std::uint32_t read_mask(const OpBlock& op) noexcept {
+  const std::uint32_t all = (1u << op.num_tensors) - 1, written = op_kind_info(op.kind).written;
+  const auto* conv = std::get_if<ConvAttrs>(&op.attrs);
+  const bool accumulates = op.kind == OpKind::kConv2d && conv && conv->accumulate;
+  return (all & ~written) | (accumulates ? written : 0u);
+}
+
 // Bytes from a tensor's address to the end of its last element (0 if empty);
 // UINT64_MAX if that overflows.
 std::uint64_t tensor_extent(const TensorRef& t) noexcept;
