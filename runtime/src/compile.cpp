@@ -180,6 +180,11 @@ ModelFile pack(const Graph& g, const Lowered& l, Precision p, const CompileOptio
   f.add(SectionKind::Io, encode_io(inputs, outputs));
   f.add(SectionKind::Graph, encode_graph(l.graph));
   f.add(SectionKind::Weights, l.weights);
+  // A convolution accumulating into its output: version 4, which older
+  // readers refuse rather than run it as a plain one.
+  if (std::any_of(l.graph.ops.begin(), l.graph.ops.end(),
+                  [](const DOp& op) { return op.attrs.value("accumulate", false); }))
+    f.require_version(4);
   if (p == Precision::Int8) {
     json q = l.quant;
     q["method"] = meta["calibration"];
@@ -447,6 +452,9 @@ std::vector<LayerError> measure(Device& dev, const Graph& g, const Lowered& f32,
     const auto at = [&](const ValueInfo& held, std::uint64_t i) { return held.nhwc ? nchw_to_nhwc(shape, i) : i; };
     double max_abs = 0, err = 0, sig = 0;
     std::uint64_t count = 0;
+    // A value a convolution accumulated into later holds that one's output
+    // by the end of a run: it is not measured.
+    if (f32.overwritten.count(n.output) || reduced.overwritten.count(n.output)) continue;
     for (std::size_t k = 0; k < ref.size(); ++k)
       for (std::uint64_t i = 0; i < ft.elements(); ++i) {
         const double x = element(ref[k], ft, at(fi->second, i), fi->second.q);

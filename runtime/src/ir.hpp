@@ -154,6 +154,9 @@ struct Lowered {
   // quantized by the model").
   std::vector<std::string> qdq_int8;
   std::vector<std::pair<std::string, std::string>> qdq_float;
+  // Values whose tensor a convolution later accumulated into (a residual
+  // Add, fused): by the end of a run it holds that convolution's output.
+  std::set<std::string> overwritten;
 };
 
 // Lowers onto tpuhal ops. Int8 needs `ranges` for every value; the nodes

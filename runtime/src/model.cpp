@@ -162,6 +162,7 @@ ops::Conv2dOptions conv_opts(const OpReader& r) {
   o.dilations = r.u32s<2>("dilations");
   o.pads = r.u32s<4>("pads");
   o.groups = r.u32("groups");
+  if (r.op.attrs.contains("accumulate")) o.accumulate = r.flag("accumulate");
   return o;
 }
 

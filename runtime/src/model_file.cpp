@@ -118,7 +118,8 @@ std::vector<std::byte> encode(const ModelFile& model) {
   }
   std::byte* h = out.data();
   std::memcpy(h, kMagic, sizeof kMagic);
-  store<std::uint32_t>(h + kOffVersion, model.has(SectionKind::HostStage) ? 3 : 2);
+  store<std::uint32_t>(h + kOffVersion,
+                       std::max(model.has(SectionKind::HostStage) ? 3u : 2u, model.required_version()));
   store<std::uint32_t>(h + kOffHeaderBytes, kHeaderBytes);
   store<std::uint64_t>(h + kOffFileBytes, out.size());
   store<std::uint32_t>(h + kOffCount, static_cast<std::uint32_t>(sections.size()));

@@ -126,6 +126,15 @@ TEST(ModelFile, AFileIsWrittenInTheOldestVersionThatHoldsItsSections) {
   EXPECT_EQ(e.status(), Status::InvalidArgument);
   EXPECT_NE(std::string(e.what()).find("is a host stage, which a version 2 file cannot hold"), std::string::npos)
       << e.what();
+  // What the sections hold may need more (a convolution accumulating into
+  // its output: version 4), whatever their kinds need.
+  ModelFile accumulating = sample();
+  accumulating.require_version(4);
+  accumulating.require_version(3);  // the larger stays
+  b = encode(accumulating);
+  std::memcpy(&version, b.data() + 8, 4);
+  EXPECT_EQ(version, 4u);
+  EXPECT_EQ(decode(b, "net.tpm").sections().size(), sample().sections().size());
 }
 
 TEST(ModelFile, DamageIsRefusedSayingWhat) {

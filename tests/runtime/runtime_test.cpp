@@ -550,8 +550,9 @@ TEST(Runtime, GivenADamagedGraphSectionWhenLoadedThenInvalidArgumentNamesWhat) {
             std::string::npos);
   EXPECT_NE(edited([](auto& j) { j["tensors"][1]["shape"] = "[1]"; }).find("tensor 1.shape is not an array"),
             std::string::npos);
+  // branch_b: branch_a, with the Add fused into it, runs at the Add's place.
   const std::string unknown = edited([&](auto& j) { j["ops"][conv]["op"] = "conv9d"; });
-  EXPECT_NE(unknown.find(at + "conv9d, node 'branch_a'): unknown op 'conv9d' (this runtime is tpuhal "),
+  EXPECT_NE(unknown.find(at + "conv9d, node 'branch_b'): unknown op 'conv9d' (this runtime is tpuhal "),
             std::string::npos)
       << unknown;
   EXPECT_NE(unknown.find("a model compiled by a newer tpuhal needs that version's runtime"), std::string::npos)
@@ -571,7 +572,7 @@ TEST(Runtime, GivenADamagedGraphSectionWhenLoadedThenInvalidArgumentNamesWhat) {
     j["tensors"][j["ops"][conv]["operands"]["w"].template get<int>()]["shape"][1] = 2;
   };
   EXPECT_NE(
-      edited(weights_shape).find("net.tpm: the graph section is damaged: " + at + "conv2d, node 'branch_a'): conv2d: "),
+      edited(weights_shape).find("net.tpm: the graph section is damaged: " + at + "conv2d, node 'branch_b'): conv2d: "),
       std::string::npos)
       << edited(weights_shape);
   EXPECT_NE(edited([](auto& j) {
@@ -668,12 +669,13 @@ TEST(Runtime, GivenACompiledModelWhenProfiledThenEveryLayerIsTimedAndNamedAsTheR
   run(inst, random(2 * 48, 521));
   const Profile p = inst.profile(5);
   EXPECT_EQ(p.iterations, 5u);
-  // The ONNX nodes left after fusion (the report's names), in order; the
-  // Relu after the Add is its own layer, the one after the Gemm fused.
+  // The ONNX nodes left after fusion (the report's names), in order: the
+  // Add and the Relu after it fused into branch_a, which accumulates into
+  // branch_b's output at the Add's place; the Relu after the Gemm fused.
   std::vector<std::string> nodes;
   for (const auto& l : p.layers)
     if (!l.node.empty()) nodes.push_back(l.node);
-  EXPECT_EQ(nodes, (std::vector<std::string>{"branch_a", "branch_b", "add", "relu", "gap", "fc"}));
+  EXPECT_EQ(nodes, (std::vector<std::string>{"branch_b", "branch_a", "gap", "fc"}));
   double share = 0;
   std::uint64_t sum = 0;
   for (const auto& l : p.layers) {
@@ -688,8 +690,8 @@ TEST(Runtime, GivenACompiledModelWhenProfiledThenEveryLayerIsTimedAndNamedAsTheR
       EXPECT_DOUBLE_EQ(l.peak, dev.properties().peak_fp32_tflops * 1e12);
       EXPECT_DOUBLE_EQ(l.achieved, l.flops / (static_cast<double>(l.device_ns) * 1e-9));
     }
-    if (l.node == "add") {
-      EXPECT_EQ(l.peak, 0.0) << "an elementwise op has no compute peak";
+    if (l.node == "gap") {
+      EXPECT_EQ(l.peak, 0.0) << "a pooling has no compute peak";
     }
   }
   EXPECT_NEAR(share, 1.0, 1e-9);
@@ -839,8 +841,9 @@ TEST(Runtime, GivenTheCliWhenItProfilesAModelThenEveryLayerIsPrintedAndJsonParse
   const std::string model = (dir / "r.tpm").string();
   auto r = test::run("profile " + model + " -n 3 -d sim:0");
   EXPECT_EQ(r.code, 0) << r.out;
-  for (const char* want : {"branch_a", "branch_b", "add", "relu", "gap", "fc", "mean of the middle 3 of 3 runs",
-                           "board time of a run", "host overhead"})
+  // The Add and its Relu are branch_a's (a residual fused into it).
+  for (const char* want :
+       {"branch_a", "branch_b", "gap", "fc", "mean of the middle 3 of 3 runs", "board time of a run", "host overhead"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << " in\n" << r.out;
   r = test::run("profile " + model + " -n 2 -d sim:0 --json");
   ASSERT_EQ(r.code, 0) << r.out;
@@ -849,7 +852,7 @@ TEST(Runtime, GivenTheCliWhenItProfilesAModelThenEveryLayerIsPrintedAndJsonParse
   EXPECT_EQ(j["iterations"], 2);
   ASSERT_TRUE(j["layers"].is_array());
   EXPECT_EQ(j["layers"][0]["node"], "");  // the input's conversion to f16 runs first
-  EXPECT_EQ(j["layers"][1]["node"], "branch_a");
+  EXPECT_EQ(j["layers"][1]["node"], "branch_b");
   // sim:0 keeps modelled time: the run's and each layer's, and what bounds it.
   EXPECT_EQ(j["board_clock"], "modelled");
   EXPECT_GT(j["modelled_ms"].get<double>(), 0.0);

@@ -645,11 +645,13 @@ def test_an_fp32_network_runs_nhwc_from_its_first_convolution_to_its_last_pool(d
     x, layers = fp32_layers(dev, residual_bytes, (BATCH, 3, 10, 12))
     outputs = {l["node"]: l["output"] for l in layers if l["node"]}
     # Every layer from the first convolution to the global pool writes
-    # [N, H, W, C]; the Relus fuse into the convolutions before them, the
-    # Sigmoid is a layer of its own. The Concat's last op copies its second
-    # input into its part.
+    # [N, H, W, C]; the Relus fuse into the convolutions before them (the
+    # Add too: conv2 accumulates into the pool's output), the Sigmoid is a
+    # layer of its own. The Concat's last op copies its second input into
+    # its part.
+    assert "add" not in outputs, outputs
     for node, shape in (("conv0", (10, 12, 5)), ("pool", (5, 6, 5)), ("conv1", (5, 6, 5)), ("conv2", (5, 6, 5)),
-                        ("add", (5, 6, 5)), ("conv3", (5, 6, 7)), ("concat", (5, 6, 7)), ("mul", (5, 6, 12)),
+                        ("conv3", (5, 6, 7)), ("concat", (5, 6, 7)), ("mul", (5, 6, 12)),
                         ("shift", (5, 6, 12)), ("sigmoid", (5, 6, 12)), ("gap", (1, 1, 12))):
         assert outputs[node] == f"f32[{BATCH}, {', '.join(map(str, shape))}]", (node, outputs)
     # One transpose, in the layer of conversions: the input's, an element

@@ -257,19 +257,26 @@ void lower_conv(Lowerer& l, const Node& n) {
   const bool in_int8 = l.int8() || l.keep_fp16.count(n.name);  // a kept layer lowers at its own precision
   const auto silu = in_int8 && n.act.kind == Activation::None ? l.silu_of(n.output) : Lowerer::Silu{};
   const std::string& out = silu.mul ? silu.mul->output : n.output;
-  if (!one_d && lower_as_matmul(l, n, o, out, silu.mul ? ActivationParams::silu() : n.act, t, nhwc)) {
+  // A residual Add fused into it (fuse_residual_adds): it accumulates into
+  // a tensor holding that value.
+  const std::string* residual = residual_of(n);
+  if (!one_d && !residual && lower_as_matmul(l, n, o, out, silu.mul ? ActivationParams::silu() : n.act, t, nhwc)) {
     if (silu.mul) l.fused_into_producer.insert({silu.sigmoid->name, silu.mul->name});
     return;
   }
   std::map<std::string, std::int64_t> operands{{"x", nhwc ? l.get_nhwc_float(n.inputs[0]) : l.get(n.inputs[0], t)},
                                                {"w", l.get(n.inputs[1], t)}};
   if (has_bias) operands["bias"] = l.get(n.inputs[2], DType::F32);
-  operands["y"] = nhwc ? l.produce_nhwc_float(out, shape) : l.produce(out, t, shape);
+  if (residual)
+    operands["y"] = l.accumulator(out, *residual, shape, nhwc, static_cast<std::size_t>(&n - l.g.nodes.data()));
+  else
+    operands["y"] = nhwc ? l.produce_nhwc_float(out, shape) : l.produce(out, t, shape);
   if (one_d) l.as_2d(operands, {{"x", &xs}, {"w", &w.shape}, {"y", &shape}});
   ops::Conv2dOptions on = o;
   if (nhwc) on.layout = Layout::NHWC;
   nlohmann::json at = conv_attrs(on);
   at["activation"] = act_json(silu.mul ? ActivationParams::silu() : n.act);
+  if (residual) at["accumulate"] = true;
   l.op("conv2d", n.name, operands, at);
   if (silu.mul) l.fused_into_producer.insert({silu.sigmoid->name, silu.mul->name});
 }

@@ -429,6 +429,7 @@ Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& option
   finish_qdq(im);
   fold_scales(im);
   fold_batch_norm(im);
+  fuse_residual_adds(im);
   fuse_activations(im);
   fuse_gated(im);
   add_detect(im);

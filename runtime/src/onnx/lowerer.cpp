@@ -415,6 +415,66 @@ std::int64_t Lowerer::produce_nhwc_float(const std::string& v, const std::vector
   return id;
 }
 
+std::int64_t Lowerer::accumulator(const std::string& v, const std::string& residual,
+                                  const std::vector<std::int64_t>& shape, bool nhwc, std::size_t at) {
+  const DType t = nhwc ? nhwc_type : act;
+  // Whether `value` is read by the convolution itself (but as its
+  // residual), by a later node, or as an output.
+  auto read_after = [&](const std::string& value) {
+    for (std::size_t i = at; i < g.nodes.size(); ++i) {
+      const auto& in = g.nodes[i].inputs;
+      for (std::size_t k = 0; k < in.size(); ++k)
+        if (in[k] == value && !(i == at && k == 3)) return true;
+    }
+    return std::any_of(g.outputs.begin(), g.outputs.end(), [&](const auto& o) { return o.second == value; });
+  };
+  std::int64_t held = -1;
+  if (auto it = reps.find(residual); it != reps.end()) {
+    if (nhwc) {
+      held = it->second.nhwc_float;
+    } else if (auto d = it->second.by_dtype.find(t); d != it->second.by_dtype.end()) {
+      held = d->second;
+    }
+  }
+  bool reuse = held >= 0 && !placements.count(v) && !read_after(residual);
+  if (reuse) {
+    const DTensor& h = dg().tensors[static_cast<std::size_t>(held)];
+    const auto is = [&](std::int64_t id) { return id == held; };
+    reuse = h.storage == Storage::Arena && h.strides.empty() && h.base < 0 && h.dtype == t &&
+            h.shape == (nhwc ? to_nhwc(shape) : shape) && std::none_of(dg().inputs.begin(), dg().inputs.end(), is) &&
+            std::none_of(dg().outputs.begin(), dg().outputs.end(), is);
+    // Another value in the same bytes (a view of them) read later keeps them.
+    for (const auto& [other, rep] : reps) {
+      if (!reuse) break;
+      if (other == residual) continue;
+      std::vector<std::int64_t> ids{rep.nhwc, rep.nhwc_float};
+      for (const auto& [_, id] : rep.by_dtype) ids.push_back(id);
+      for (std::int64_t id : ids) {
+        if (id < 0) continue;
+        const DTensor& o = dg().tensors[static_cast<std::size_t>(id)];
+        if (o.storage == Storage::Arena && (o.offset == h.offset || o.base == held) && read_after(other)) reuse = false;
+      }
+    }
+  }
+  if (reuse) {
+    Rep r;
+    r.primary = t;
+    if (nhwc) {
+      r.primary_nhwc = true;
+      r.nhwc_float = held;
+    } else {
+      r.by_dtype[t] = held;
+    }
+    reps[v] = r;
+    out.overwritten.insert(residual);
+    return held;
+  }
+  const std::int64_t from = nhwc ? get_nhwc_float(residual) : get(residual, t);
+  const std::int64_t y = nhwc ? produce_nhwc_float(v, shape) : produce(v, t, shape);
+  op("cast", "", {{"x", from}, {"y", y}});
+  return y;
+}
+
 void Lowerer::lower_node(const Node& n) {
   if (fused_into_producer.count(n.name)) return;
   if (precision == Precision::Int8 && keep_fp16.count(n.name)) {  // as in an fp16 model, or fp32

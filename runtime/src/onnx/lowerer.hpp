@@ -163,6 +163,14 @@ struct Lowerer {
   std::int64_t get_nhwc_float(const std::string& v);
   // A new f32 NHWC arena tensor holding 4-D value `v` (`shape` NCHW).
   std::int64_t produce_nhwc_float(const std::string& v, const std::vector<std::int64_t>& shape);
+  // The tensor a convolution producing `v` (of `shape`, NCHW; NHWC where
+  // `nhwc`) accumulates into, holding `residual` already
+  // (onnx/passes.hpp's fuse_residual_adds): `residual`'s own tensor where
+  // nothing reads it (or a value sharing its bytes) from node `at` on but
+  // as that node's residual, which then holds `v` (Lowered::overwritten);
+  // else a new one the residual is copied into first.
+  std::int64_t accumulator(const std::string& v, const std::string& residual, const std::vector<std::int64_t>& shape,
+                           bool nhwc, std::size_t at);
   // float_nhwc: whether 4-D value `v` was produced f32 NHWC.
   bool held_float_nhwc(const std::string& v) const;
   void ensure_q_tensors(Rep& r);

@@ -35,6 +35,13 @@ std::optional<std::size_t> sole_producer(const Graph& g, std::size_t i, Fits fit
 
 bool takes_activation(const Node& n) { return n.handler->takes_activation && n.act.kind == Activation::None; }
 
+// The node (index) that produces value `v`, if one does.
+std::optional<std::size_t> producer(const Graph& g, const std::string& v) {
+  for (std::size_t j = 0; j < g.nodes.size(); ++j)
+    if (g.nodes[j].output == v) return j;
+  return std::nullopt;
+}
+
 // A BatchNormalization's parameters, checked to be one per channel.
 struct BatchNorm {
   const std::vector<float>&gamma, &beta, &mean, &var;
@@ -188,6 +195,44 @@ void fold_scales(Importer& im) {
   }
 }
 
+const std::string* residual_of(const Node& n) {
+  return n.op == "Conv" && n.inputs.size() > 3 && !n.inputs[3].empty() ? &n.inputs[3] : nullptr;
+}
+
+void fuse_residual_adds(Importer& im) {
+  if (im.options.precision == Precision::Int8) return;
+  Graph& g = im.g;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& add = g.nodes[i];
+    if (add.op != "Add" || add.inputs.size() != 2 || add.inputs[0] == add.inputs[1]) continue;
+    // Of a 1x1 image a convolution is a matrix product (lower_as_matmul),
+    // which does not accumulate: a squeeze-and-excitation block's stays.
+    const auto& shape = g.value(add.output).shape;
+    if (shape.size() != 4 || (shape[2] == 1 && shape[3] == 1)) continue;
+    for (int side = 0; side < 2; ++side) {
+      const std::string &x = add.inputs[side], &r = add.inputs[1 - side];
+      const Value& rv = g.value(r);
+      const auto c = producer(g, x);
+      if (!c || *c > i || rv.data || rv.shape != shape || g.value(x).shape != shape || consumers(g, x) != 1) continue;
+      Node& conv = g.nodes[*c];
+      if (conv.op != "Conv" || !takes_activation(conv) || conv.inputs.size() > 3 ||
+          g.value(conv.inputs[0]).shape.size() != 4)
+        continue;
+      Node fused = std::move(conv);
+      fused.inputs.resize(4);  // no bias: ""
+      fused.inputs[3] = r;
+      fused.output = add.output;
+      fused.fused += (fused.fused.empty() ? "" : ", ") + std::string("Add '") + add.name + "'";
+      g.notes.push_back("fused Add '" + add.name + "' into Conv '" + fused.name + "' (it adds its result to " + r +
+                        ")");
+      g.nodes[i] = std::move(fused);  // the Add's place: every input is made by then
+      g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(*c));
+      --i;
+      break;
+    }
+  }
+}
+
 void fuse_activations(Importer& im) {
   Graph& g = im.g;
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
@@ -210,21 +255,16 @@ void fuse_activations(Importer& im) {
 void fuse_gated(Importer& im) {
   if (im.options.precision == Precision::Int8) return;
   Graph& g = im.g;
-  auto producer = [&](const std::string& v) -> std::optional<std::size_t> {
-    for (std::size_t j = 0; j < g.nodes.size(); ++j)
-      if (g.nodes[j].output == v) return j;
-    return std::nullopt;
-  };
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& m = g.nodes[i];
     if (m.op != "Mul" || m.inputs.size() != 2) continue;
     for (int side = 0; side < 2; ++side) {
       const std::string& x = m.inputs[side];
-      const auto s = producer(m.inputs[1 - side]);
+      const auto s = producer(g, m.inputs[1 - side]);
       if (!s || (g.nodes[*s].op != "Sigmoid" && g.nodes[*s].op != "HardSigmoid") || g.nodes[*s].inputs[0] != x ||
           consumers(g, m.inputs[1 - side]) != 1 || consumers(g, x) != 2)
         continue;
-      const auto c = producer(x);
+      const auto c = producer(g, x);
       if (!c || !takes_activation(g.nodes[*c])) continue;
       Node& conv = g.nodes[*c];
       const Node& gate = g.nodes[*s];

@@ -44,6 +44,17 @@ void fold_scales(Importer& im);
 // multiply and an add, and a Relu after it fuses.
 void fold_batch_norm(Importer& im);
 
+// A residual connection's Add of a 2-D Conv's output and another value of
+// the same 4-D shape (not a 1x1 image: a convolution of one is lowered as
+// a matrix product), where the Conv has no activation yet and the Add
+// alone reads its output, becomes that Conv accumulating into the other
+// value (its fourth input, Conv2dOptions::accumulate), at the Add's place
+// in the graph: the Relu after it then fuses as its activation. Float
+// models only (int8 has qlinear_add).
+void fuse_residual_adds(Importer& im);
+// A Conv's residual (the value a fused Add added to it), or null.
+const std::string* residual_of(const Node& n);
+
 // An activation whose handler says it fuses, after a Conv, Gemm or MatMul
 // whose output nothing else reads, becomes that layer's activation. In int8
 // only Relu and Clip do: convolutions apply them by their output's range.

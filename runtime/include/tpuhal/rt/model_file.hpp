@@ -11,6 +11,7 @@
 //   std::span<const std::byte> w = back.get(rt::SectionKind::Weights);
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -26,8 +27,11 @@ namespace tpuhal::rt {
 // Status::VersionMismatch naming both. Version 2 added strided tensors (a
 // graph tensor's "strides"); version 3 the host stage section, which older
 // readers must not skip: a file is written as version 3 only where it has
-// one, so that a model without one still loads in a version-2 reader.
-inline constexpr std::uint32_t kModelFormatVersion = 3;
+// one, so that a model without one still loads in a version-2 reader;
+// version 4 convolutions that accumulate into their output (a conv2d's
+// "accumulate" attribute, which an older reader would ignore), written
+// only where the graph has one (ModelFile::require_version).
+inline constexpr std::uint32_t kModelFormatVersion = 4;
 inline constexpr std::uint32_t kOldestModelFormatVersion = 2;
 
 // Section kinds. A reader refuses a file with a kind it does not know,
@@ -58,9 +62,15 @@ class ModelFile {
   // The section's bytes; NotFound naming the kind if there is none.
   std::span<const std::byte> get(SectionKind kind) const;
   const std::vector<Section>& sections() const noexcept { return sections_; }
+  // The oldest format version that holds what the sections hold, where
+  // their contents (not their kinds) need a newer one than 2: encode()
+  // writes the larger of this and what the kinds need.
+  void require_version(std::uint32_t version) noexcept { required_ = std::max(required_, version); }
+  std::uint32_t required_version() const noexcept { return required_; }
 
  private:
   std::vector<Section> sections_;
+  std::uint32_t required_ = kOldestModelFormatVersion;
 };
 
 // The file's bytes: header, section table, then each section at a 64-byte
