@@ -770,6 +770,7 @@ ModelFile with_stages(const ModelFile& model, const std::vector<std::byte>& weig
   graph["weight_bytes"] = weights.size();
   const std::string text = graph.dump(1);
   ModelFile file;
+  file.require_version(model.required_version());  // an accumulating convolution's 4
   for (const Section& s : model.sections()) {
     if (s.kind == SectionKind::Graph)
       file.add(s.kind,

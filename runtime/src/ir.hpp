@@ -154,8 +154,9 @@ struct Lowered {
   // quantized by the model").
   std::vector<std::string> qdq_int8;
   std::vector<std::pair<std::string, std::string>> qdq_float;
-  // Values whose tensor a convolution later accumulated into (a residual
-  // Add, fused): by the end of a run it holds that convolution's output.
+  // Values whose bytes a convolution later accumulated into (a residual
+  // Add, fused; the residual and its views): by the end of a run they hold
+  // that convolution's output.
   std::set<std::string> overwritten;
 };
 

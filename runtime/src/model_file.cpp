@@ -189,6 +189,7 @@ ModelFile decode(std::span<const std::byte> bytes, std::string_view name) {
     entries.push_back(en);
   }
   ModelFile model;
+  model.require_version(version);  // encoded again, it keeps what its contents needed
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const Entry& en = entries[i];
     if (!known(en.kind)) {

@@ -135,6 +135,10 @@ TEST(ModelFile, AFileIsWrittenInTheOldestVersionThatHoldsItsSections) {
   std::memcpy(&version, b.data() + 8, 4);
   EXPECT_EQ(version, 4u);
   EXPECT_EQ(decode(b, "net.tpm").sections().size(), sample().sections().size());
+  // A file read and written again keeps its version.
+  b = encode(decode(b, "net.tpm"));
+  std::memcpy(&version, b.data() + 8, 4);
+  EXPECT_EQ(version, 4u);
 }
 
 TEST(ModelFile, DamageIsRefusedSayingWhat) {

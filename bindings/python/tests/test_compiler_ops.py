@@ -733,6 +733,32 @@ def test_a_residual_that_is_the_convolutions_own_input_is_copied(dev):
         np.testing.assert_allclose(instance.run(x)[0], want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_residual_in_the_models_input_bytes_is_copied_not_overwritten(dev):
+    # y = x + Conv(Relu(Conv(x))) of a one-channel x: its NHWC form is a
+    # view of the input's bytes, which a program submitted again reads
+    # again. Compiled for batches 1 and 2, the file stays version 4.
+    rng = np.random.default_rng(5)  # its own: the module's RNG feeds later tests' data
+    w1 = (rng.standard_normal((2, 1, 3, 3)) * 0.5).astype(np.float32)
+    w2 = (rng.standard_normal((1, 2, 3, 3)) * 0.5).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "x"], ["y"])]
+    onnx_bytes = model(nodes, {"x": ("batch", 1, 6, 6)}, "y", initializers=[("w1", w1), ("w2", w2)])
+    compiled = tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (1, 1, 6, 6)}, device=dev.uri)
+    assert any(n.startswith("fused Add 'Add #3'") for n in compiled.notes), compiled.notes
+    x = rng.standard_normal((1, 1, 6, 6)).astype(np.float32)
+    want = conv3x3(np.maximum(conv3x3(x, w1), 0), w2) + x
+    instance = dev.load_model(compiled).instance()
+    instance.input_tensors[0].upload(x)
+    queue = dev.queue("compute")
+    for _ in range(2):  # the same input, submitted twice
+        instance.submit(queue).wait()
+        np.testing.assert_allclose(instance.output_tensors[0].download(), want, rtol=1e-5, atol=1e-5)
+    staged = tpuhal.compile(onnx_bytes, "fp32", shapes={"x": (2, 1, 6, 6)}, max_batch=2, device=dev.uri)
+    assert int.from_bytes(staged.to_bytes()[8:12], "little") == 4
+
+
 def conv3x3(x, w):
     n, _, h, wd = x.shape
     pad = np.pad(x, [(0, 0), (0, 0), (1, 1), (1, 1)])

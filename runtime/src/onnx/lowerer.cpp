@@ -437,22 +437,29 @@ std::int64_t Lowerer::accumulator(const std::string& v, const std::string& resid
     }
   }
   bool reuse = held >= 0 && !placements.count(v) && !read_after(residual);
+  std::set<std::string> sharing{residual};  // the values whose bytes the convolution overwrites
   if (reuse) {
     const DTensor& h = dg().tensors[static_cast<std::size_t>(held)];
-    const auto is = [&](std::int64_t id) { return id == held; };
+    // Tensors at one offset are one tensor and its views (before
+    // share_arena): an input's view (a one-channel input's NHWC form, a
+    // Reshape of it) is the input's bytes, which stay intact for the next
+    // run.
+    const auto same_bytes = [&](std::int64_t id) {
+      const DTensor& o = dg().tensors[static_cast<std::size_t>(id)];
+      return o.storage == Storage::Arena && (o.offset == h.offset || o.base == held);
+    };
     reuse = h.storage == Storage::Arena && h.strides.empty() && h.base < 0 && h.dtype == t &&
-            h.shape == (nhwc ? to_nhwc(shape) : shape) && std::none_of(dg().inputs.begin(), dg().inputs.end(), is) &&
-            std::none_of(dg().outputs.begin(), dg().outputs.end(), is);
-    // Another value in the same bytes (a view of them) read later keeps them.
+            h.shape == (nhwc ? to_nhwc(shape) : shape) &&
+            std::none_of(dg().inputs.begin(), dg().inputs.end(), same_bytes) &&
+            std::none_of(dg().outputs.begin(), dg().outputs.end(), same_bytes);
+    // Another value in the same bytes read later keeps them.
     for (const auto& [other, rep] : reps) {
-      if (!reuse) break;
-      if (other == residual) continue;
       std::vector<std::int64_t> ids{rep.nhwc, rep.nhwc_float};
       for (const auto& [_, id] : rep.by_dtype) ids.push_back(id);
       for (std::int64_t id : ids) {
-        if (id < 0) continue;
-        const DTensor& o = dg().tensors[static_cast<std::size_t>(id)];
-        if (o.storage == Storage::Arena && (o.offset == h.offset || o.base == held) && read_after(other)) reuse = false;
+        if (id < 0 || !same_bytes(id)) continue;
+        sharing.insert(other);
+        if (read_after(other)) reuse = false;
       }
     }
   }
@@ -466,7 +473,7 @@ std::int64_t Lowerer::accumulator(const std::string& v, const std::string& resid
       r.by_dtype[t] = held;
     }
     reps[v] = r;
-    out.overwritten.insert(residual);
+    out.overwritten.insert(sharing.begin(), sharing.end());
     return held;
   }
   const std::int64_t from = nhwc ? get_nhwc_float(residual) : get(residual, t);

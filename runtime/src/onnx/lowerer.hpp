@@ -167,7 +167,8 @@ struct Lowerer {
   // `nhwc`) accumulates into, holding `residual` already
   // (onnx/passes.hpp's fuse_residual_adds): `residual`'s own tensor where
   // nothing reads it (or a value sharing its bytes) from node `at` on but
-  // as that node's residual, which then holds `v` (Lowered::overwritten);
+  // as that node's residual, and its bytes are no input's, which then
+  // holds `v` (Lowered::overwritten names every value in those bytes);
   // else a new one the residual is copied into first.
   std::int64_t accumulator(const std::string& v, const std::string& residual, const std::vector<std::int64_t>& shape,
                            bool nhwc, std::size_t at);
