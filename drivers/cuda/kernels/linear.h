@@ -206,13 +206,14 @@ TK_FN Window window_of(const ConvGeom& g, const Nchw& x, const Nchw& y, const Te
 
 // conv2d(x, w, bias, y) in f32: each output the sum of its taps inside x
 // (padding adds nothing), in (input channel, kernel row, kernel column)
-// order, each product rounded and then added; then the bias and the
-// activation.
+// order, each product rounded and then added; then the bias, what y held
+// where it accumulates (ConvAttrs::accumulate), and the activation.
 struct ConvParams {
   std::uint64_t n;
   Tensor x, w, bias, y;
   ConvGeom g;
   Act act;
+  std::uint32_t accumulate;
 };
 TK_FN void conv_body(const ConvParams& p, std::uint64_t i) {
   const bool nhwc = p.g.nhwc != 0;
@@ -231,7 +232,9 @@ TK_FN void conv_body(const ConvParams& p, std::uint64_t i) {
     }
   }
   const float bias = p.bias.addr ? load_f(p.bias, static_cast<std::int64_t>(o.c) * p.bias.strides[0]) : 0.0f;
-  store_f(p.y, image_offset(y, o.n, o.c, o.h, o.w), activate(p.act, acc + bias));
+  const std::int64_t at = image_offset(y, o.n, o.c, o.h, o.w);
+  const float sum = acc + bias;
+  store_f(p.y, at, activate(p.act, p.accumulate ? sum + load_f(p.y, at) : sum));
 }
 
 // conv_integer and qlinear_conv: acc = sum over the taps inside x of

@@ -71,6 +71,7 @@ CUresult conv(const Kernels& kernels, CUstream stream, const driver::OpDesc& op)
   tensors_of(op, {&p.x, &p.w, &p.bias, &p.y});
   p.g = geom_of(at);
   p.act = act_of(at.activation);
+  p.accumulate = at.accumulate ? 1u : 0u;
   p.n = k::numel(p.y);
   return kernels.launch(stream, "linear_conv", p);
 }
