@@ -68,6 +68,20 @@ void fill_random(std::span<std::byte> bytes, DType t, std::uint32_t seed) {
   }
 }
 
+// LLVM's libomp (a clang build's OpenMP runtime, oneDNN's too): how long
+// the workers of the calling thread's teams spin after a region. Null
+// under GNU libgomp, which spins briefly of its own accord.
+extern "C" void kmp_set_blocktime(int msec) __attribute__((weak));
+
+// The baseline's OpenMP workers spin after its rounds as the simulated
+// engine's do after its ops (1 ms, docs/simulator.md), where the user has
+// not said (KMP_BLOCKTIME, OMP_WAIT_POLICY): at libomp's default of 200
+// ms they outlast the pause between the two sides and hold a core through
+// the device's round, which then ran at half speed in one run of two.
+void baseline_spins_like_the_engine() {
+  if (kmp_set_blocktime && !std::getenv("KMP_BLOCKTIME") && !std::getenv("OMP_WAIT_POLICY")) kmp_set_blocktime(1);
+}
+
 // The device and its baseline timed in alternating rounds (so that a slow
 // spell of the machine hits both): the median seconds per run of each, and
 // the median of the rounds' speed ratios (device / baseline).
@@ -76,6 +90,7 @@ struct Paired {
 };
 template <class D, class B>
 Paired time_paired(int rounds, int n, D&& dev, B&& base) {
+  baseline_spins_like_the_engine();
   dev(1);
   base(1);
   std::vector<double> td, tb, ratios;
