@@ -778,8 +778,8 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
   // in the padding when it adds y (its sum post-op): such a convolution
   // accumulates while the scratch is finished instead.
   const bool accumulate = at.accumulate != 0;
-  const bool empty_window = fw::first_empty_window(g.h, g.oh, g.kh, g.sh, g.dh, g.pt) != UINT64_MAX ||
-                            fw::first_empty_window(g.w, g.ow, g.kw, g.sw, g.dw, g.pl) != UINT64_MAX;
+  const bool empty_window = accumulate && (fw::first_empty_window(g.h, g.oh, g.kh, g.sh, g.dh, g.pt) != UINT64_MAX ||
+                                           fw::first_empty_window(g.w, g.ow, g.kw, g.sw, g.dw, g.pl) != UINT64_MAX);
   const bool direct =
       !f16 && (act == fw::Activation::kNone || in_place_act) && !(accumulate && (empty_window || g.c == 0));
   float* scratch = nullptr;  // every element written by oneDNN or the loop below
