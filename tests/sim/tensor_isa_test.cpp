@@ -388,6 +388,40 @@ TEST(TensorIsa, PoolingStepsMatchTheScalarRuleAtEveryStrideAndLevel) {
       }
 }
 
+TEST(TensorIsa, PoolingBlockStepsMatchTheScalarRuleAtEveryLevel) {
+  // NHWC pooling's step for one tap over a row of outputs: blocks of n
+  // channels, the inputs in_step apart (a stride of 2: ShuffleNet's 24
+  // channels; adjoining blocks: one run), with NaNs, infinities and signed
+  // zeros; the floats between the input blocks are not read into the sums.
+  std::mt19937 rng(14);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::infinity(), 0.0f, -0.0f};
+  for (Isa isa : levels_here())
+    for (const std::size_t n : {1u, 3u, 16u, 24u, 67u})
+      for (const std::size_t gap : {0u, 1u, 24u}) {
+        SCOPED_TRACE(std::string(isa_name(isa)) + " blocks of " + std::to_string(n) + ", gap " + std::to_string(gap));
+        const std::size_t blocks = 13, step = n + gap;
+        std::vector<float> in(blocks * step), out(blocks * n), sums(blocks * n);
+        for (auto& v : in)
+          v = rng() % 6 == 0 ? specials[rng() % 5] : static_cast<float>(static_cast<int>(rng() % 9) - 4);
+        for (auto& v : out)
+          v = rng() % 8 == 0 ? specials[rng() % 5] : static_cast<float>(static_cast<int>(rng() % 9) - 4);
+        for (auto& v : sums) v = static_cast<float>(rng() % 1000) / 7.0f;
+        std::vector<float> want = out, want_sums = sums;
+        for (std::size_t r = 0; r < blocks; ++r)
+          for (std::size_t i = 0; i < n; ++i) {
+            const float v = in[r * step + i];
+            float& m = want[r * n + i];
+            m = v > m || v != v ? v : m;
+            want_sums[r * n + i] += v;
+          }
+        simd::kernels(isa).max_blocks_f32(out.data(), in.data(), n, blocks, step);
+        simd::kernels(isa).add_blocks_f32(sums.data(), in.data(), n, blocks, step);
+        ASSERT_EQ(std::memcmp(out.data(), want.data(), out.size() * 4), 0) << "max";
+        ASSERT_EQ(std::memcmp(sums.data(), want_sums.data(), sums.size() * 4), 0) << "add";
+      }
+}
+
 TEST(TensorIsa, ByteMaxPoolingStepsMatchTheScalarRuleAtEveryLevel) {
   // Every byte against every other over 256 x 256 pairs, and lengths
   // around each chunk width (64, then 32, 16 and 8, then single bytes); u8

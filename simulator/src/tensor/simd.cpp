@@ -162,6 +162,12 @@ void max_strided_f32(float* out, const float* in, std::size_t n, std::size_t str
 void add_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride) {
   active().add_strided_f32(out, in, n, stride);
 }
+void max_blocks_f32(float* out, const float* in, std::size_t n, std::size_t blocks, std::size_t in_step) {
+  active().max_blocks_f32(out, in, n, blocks, in_step);
+}
+void add_blocks_f32(float* out, const float* in, std::size_t n, std::size_t blocks, std::size_t in_step) {
+  active().add_blocks_f32(out, in, n, blocks, in_step);
+}
 void madd_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride, float w) {
   active().madd_strided_f32(out, in, n, stride, w);
 }

@@ -99,6 +99,11 @@ void arith_f32(Arith op, float* y, const float* a, std::size_t sa, const float* 
 // max: the larger, a NaN in either kept (in's when in is NaN); add: +=.
 void max_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride);
 void add_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride);
+// The same over blocks: out[r * n + i] and in[r * in_step + i] for r <
+// blocks and i < n (NHWC pooling's step for one tap over a row of outputs,
+// n channels each, their inputs in_step apart).
+void max_blocks_f32(float* out, const float* in, std::size_t n, std::size_t blocks, std::size_t in_step);
+void add_blocks_f32(float* out, const float* in, std::size_t n, std::size_t blocks, std::size_t in_step);
 // acc[i] += x[r * stride + i] for i < n and r < rows, in row order: a
 // global pool's sums over its taps (channels last), a vector of channels
 // per tap, each step one f32 addition, as add_strided_f32 tap by tap.
@@ -164,6 +169,8 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(arith_f32)                      \
   X(max_strided_f32)                \
   X(add_strided_f32)                \
+  X(max_blocks_f32)                 \
+  X(add_blocks_f32)                 \
   X(add_rows_f32)                   \
   X(add_rows_f16)                   \
   X(add_rows_bf16)                  \
