@@ -379,6 +379,42 @@ def test_reductions_over_any_axes(dev, op, shape, axes, keep):
           scale=float(np.abs(x).max()), precisions=("fp32",) if op == "ReduceProd" else ("fp32", "fp16", "bf16"))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16", "int8"])
+@pytest.mark.parametrize("op,keep", [("ReduceMean", 0), ("ReduceMean", 1), ("ReduceMax", 1)])
+def test_a_reduction_over_h_and_w_of_a_convolutions_output_is_a_global_pool(dev, precision, op, keep):
+    # ShuffleNet's x.mean([2, 3]): the convolution's output is held NHWC, so
+    # the reduction is a global pool of it (each output's taps in (row,
+    # column) order, as the pool over rows of its NCHW transpose takes them),
+    # with no transpose back to NCHW.
+    # Its own generator: the module's sequence stays as the tests after it expect.
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((2, 3, 7, 5)).astype(np.float32)
+    w = (rng.standard_normal((6, 3, 3, 3)) * 0.5).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node(op, ["c"], ["y"], axes=[2, 3], keepdims=keep)]
+    onnx_bytes = model(nodes, {"x": x.shape}, "y", initializers=[("w", w)])
+
+    def reference(x):
+        return REDUCTIONS[op](conv3x3(x.astype(np.float64), w), (2, 3), bool(keep))
+
+    kwargs = {"calibration": x[None]} if precision == "int8" else {}
+    compiled = tpuhal.compile(onnx_bytes, precision, device=dev.uri, **kwargs)
+    inst = dev.load_model(compiled).instance()
+    got = inst.run({"x": x})[0]
+    want = reference(x)
+    assert got.shape == want.shape
+    tolerance = 0.05 if precision == "int8" else TOLERANCE[precision]
+    assert float(np.abs(got - want).max()) <= tolerance * float(np.abs(want).max()), precision
+    layers = inst.profile(2)["layers"]
+    pooled = [l for l in layers if l["node"] == f"{op} #1"]
+    assert len(pooled) == 1 and pooled[0]["ops"] == ("max_pool2d" if op == "ReduceMax" else "avg_pool2d"), layers
+    assert pooled[0]["output"].endswith("[2, 1, 1, 6]"), pooled[0]
+    # The compiler's own ops: one change of layout, the input's (a transpose, or a cast that also
+    # narrows it to f16 or bf16).
+    own = [o for l in layers if l["node"] == "" for o in l["ops"].split("+")]
+    assert own.count("transpose") + own.count("cast") == 1, [(l["node"], l["ops"]) for l in layers]
+
+
 @pytest.mark.parametrize("inner", [1, 2, 3, 5, 8, 13])
 def test_reduce_prod_is_exact_on_powers_of_two(dev, inner):
     # Products of +-1/2, +-1 and +-2 are exact in every precision: the tree

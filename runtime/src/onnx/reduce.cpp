@@ -179,6 +179,32 @@ void lower_sum(Lowerer& l, const Node& n, DType t, std::int64_t x, std::int64_t 
   }
 }
 
+// A pool's attributes for a window of kh x kw taps, each output's own
+// (stride 1, no padding), in `layout`.
+nlohmann::json window_pool(std::uint32_t kh, std::uint32_t kw, const char* layout) {
+  return {{"kernel", {kh, kw}}, {"strides", {1, 1}},          {"dilations", {1, 1}}, {"pads", {0, 0, 0, 0}},
+          {"ceil_mode", false}, {"count_include_pad", false}, {"layout", layout}};
+}
+
+// A mean or max over H and W of a 4-D activation held NHWC (ShuffleNet's
+// x.mean([2, 3])) as a global pool of the NHWC tensor: the bits of the
+// pool over rows lower_reduce would run on its NCHW transpose (each output
+// meets its taps in (row, column) order, a mean divided once), without the
+// transpose. False (nothing emitted) where it does not apply.
+bool spatial_pool(Lowerer& l, const Node& n, const std::vector<bool>& reduced) {
+  const auto& xs = l.shape_of(n.inputs[0]);
+  if ((n.op != "ReduceMean" && n.op != "ReduceMax") || xs.size() != 4 || reduced[0] || reduced[1] || !reduced[2] ||
+      !reduced[3] || xs[2] * xs[3] <= 1 || xs[0] * xs[1] == 0 ||
+      !(l.held_float_nhwc(n.inputs[0]) || (l.int8() && l.held_nhwc(n.inputs[0]))))
+    return false;
+  const auto y = l.produce(n.output, l.float_type(), l.shape_of(n.output));
+  const auto window = [&](std::size_t d) { return static_cast<std::uint32_t>(xs[d]); };
+  l.op(n.op == "ReduceMax" ? "max_pool2d" : "avg_pool2d", n.name,
+       {{"x", l.get_nhwc_float(n.inputs[0])}, {"y", l.dg().add_view(y, {xs[0], 1, 1, xs[1]})}},
+       window_pool(window(2), window(3), "nhwc"));
+  return true;
+}
+
 // Mean and max directly, min as -max(-x), the sums by lower_sum, product
 // as a tree of products.
 void lower_reduce(Lowerer& l, const Node& n) {
@@ -194,6 +220,7 @@ void lower_reduce(Lowerer& l, const Node& n) {
     if (!reduced[d]) perm.push_back(d), outer *= xs[d];
   for (std::size_t d = 0; d < xs.size(); ++d)
     if (reduced[d]) perm.push_back(d), inner *= xs[d];
+  if (spatial_pool(l, n, reduced)) return;
   std::int64_t x = l.get(n.inputs[0], t);
   const auto y = l.produce(n.output, t, shape);
   if (inner == 1 || outer == 0) {  // nothing to reduce (or nothing to reduce into): each element alone
@@ -215,13 +242,7 @@ void lower_reduce(Lowerer& l, const Node& n) {
   auto pool = [&](bool max, std::int64_t from, std::int64_t to) {
     l.op(max ? "max_pool2d" : "avg_pool2d", n.name,
          {{"x", l.dg().add_view(from, as_pool)}, {"y", l.dg().add_view(to, pooled)}},
-         {{"kernel", {1, static_cast<std::uint32_t>(inner)}},
-          {"strides", {1, 1}},
-          {"dilations", {1, 1}},
-          {"pads", {0, 0, 0, 0}},
-          {"ceil_mode", false},
-          {"count_include_pad", false},
-          {"layout", "nchw"}});
+         window_pool(1, static_cast<std::uint32_t>(inner), "nchw"));
   };
   const std::vector<std::int64_t> flat{outer, inner}, flat_out{outer};
   if (op_type == "ReduceMean" || op_type == "ReduceMax") {
