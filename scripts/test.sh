@@ -82,6 +82,9 @@ configure_with "${TPUHAL_SANITIZE_CC:-clang}" "$san_cxx" "$build" "${san_flags[@
   -DTPUHAL_BUILD_TESTS=ON -DCMAKE_DISABLE_FIND_PACKAGE_ONNX=OFF
 cmake --build "$build"
 took "the sanitizer build"
+# The trees built after this one (ThreadSanitizer's, the packages') take its
+# CUDA kernels rather than run nvcc again (configure_with passes it on).
+if [[ -f $build/drivers/cuda_kernels.fatbin ]]; then export TPUHAL_CUDA_FATBIN=$build/drivers/cuda_kernels.fatbin; fi
 installed
 # The other steps' trees and tests: ThreadSanitizer's, the fuzz targets' and
 # arm64's. Without a filter they build and run alongside the tests under

@@ -1,4 +1,4 @@
-# Sourced by scripts/test.sh and scripts/tsan.sh.
+# Sourced by scripts/test.sh, scripts/tsan.sh and scripts/package.sh.
 #
 #   configure_with CC CXX BUILD [CMAKE_ARGS...]
 #
@@ -16,9 +16,12 @@ configure_with() {
   # clang links with lld: the sanitizer trees link a hundred large test
   # programs, and lld links the largest in a third of GNU ld's time. Set
   # either way, so that a tree configured before with lld does not keep it
-  # where there is none.
+  # where there is none. TPUHAL_CUDA_FATBIN, when set, is the CUDA kernels'
+# fatbin another tree of these sources built (drivers/CMakeLists.txt); set
+# either way too.
   local ld=
   if [[ $($cxx --version) == *clang* ]] && command -v ld.lld >/dev/null; then ld=-fuse-ld=lld; fi
   CC=$cc CXX=$cxx cmake -S "$root" -B "$build" -G Ninja "-DCMAKE_EXE_LINKER_FLAGS=$ld" \
-    "-DCMAKE_SHARED_LINKER_FLAGS=$ld" "-DCMAKE_MODULE_LINKER_FLAGS=$ld" "${@:4}" >/dev/null
+    "-DCMAKE_SHARED_LINKER_FLAGS=$ld" "-DCMAKE_MODULE_LINKER_FLAGS=$ld" \
+    "-DTPUHAL_CUDA_FATBIN=${TPUHAL_CUDA_FATBIN:-}" "${@:4}" >/dev/null
 }

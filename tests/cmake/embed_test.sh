@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # cmake/TpuhalEmbed.cmake's output compiles, links and holds the bytes it
-# was given, 64-byte aligned, with every C++ compiler here: GCC builds the
-# demo's tree and clang the test trees, and the CUDA kernels' fatbin is
-# embedded this way in both.
+# was given (read by the assembler's .incbin), 64-byte aligned, with every
+# C++ compiler here: GCC builds the demo's tree and clang the test trees,
+# and the CUDA kernels' fatbin is embedded this way in both.
 #
 #   tests/cmake/embed_test.sh SOURCE_DIR
 set -euo pipefail
@@ -13,6 +13,11 @@ trap 'rm -rf "$work"' EXIT
 printf '\x00\x01\x7f\x80\xff%s' "$(head -c 100 /dev/zero | tr '\0' 'a')" >"$work/in.bin"
 cmake -DIN="$work/in.bin" -DOUT="$work/embedded.cpp" -DNAME=tpuhal_test_bytes -P "$src/cmake/TpuhalEmbed.cmake"
 cmake -DOUT="$work/empty.cpp" -DNAME=tpuhal_test_empty -P "$src/cmake/TpuhalEmbed.cmake"
+# A file that is not there is named, not embedded as nothing.
+if cmake -DIN="$work/missing.bin" -DOUT="$work/missing.cpp" -DNAME=x -P "$src/cmake/TpuhalEmbed.cmake" 2>"$work/err"; then
+  echo "an embed of a missing file succeeded"; exit 1
+fi
+grep -q "missing.bin does not exist" "$work/err" || { cat "$work/err"; echo "the error does not name the file"; exit 1; }
 cat >"$work/main.cpp" <<'CPP'
 #include <cstdint>
 #include <cstdio>
