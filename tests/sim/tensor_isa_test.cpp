@@ -29,6 +29,7 @@
 #include "isa.h"
 #include "numerics.h"
 #include "simd.h"
+#include "tpuhal/base/wait.h"
 
 namespace tpuhal::sim::tensor {
 namespace {
@@ -922,8 +923,9 @@ TEST(TensorIsa, QuantizedMulLoopMatchesTheScalarRulesAtEveryLevel) {
 // dequantized, (x - zero) * scale rounded, then added, rounded, row after
 // row: the bits of dequantize_8 and an f32 add per tap, at every level;
 // every byte in both signednesses, scales that overflow to infinity and
-// that underflow, row lengths that leave every vector tail, and nothing
-// touched past n.
+// that underflow, row lengths that leave every vector tail and take every
+// block of sums the kernel holds in registers (64, 16, 4 and 1 at a time),
+// and nothing touched past n.
 TEST(TensorIsa, DequantizedSumsMatchTheScalarStepsAtEveryLevel) {
   std::mt19937 rng(22);
   std::uniform_real_distribution<float> start(-1000.0f, 1000.0f);
@@ -932,7 +934,8 @@ TEST(TensorIsa, DequantizedSumsMatchTheScalarStepsAtEveryLevel) {
     const simd::Kernels& k = simd::kernels(isa);
     for (const bool is_signed : {false, true})
       for (const float scale : {0.0371f, 0.5f, 3.0e37f, 1.0e-40f})
-        for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{16}, std::size_t{33}, std::size_t{64}})
+        for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{16}, std::size_t{33}, std::size_t{64},
+                                    std::size_t{85}, std::size_t{150}})
           for (const std::size_t rows : {std::size_t{1}, std::size_t{3}, std::size_t{300}}) {
             const std::size_t stride = n + 5;
             const std::int32_t zero = is_signed ? -7 : 131;
@@ -1123,6 +1126,49 @@ TEST(TensorEngine, ASmallOpRunsOnOneThreadAndALargeOneOnTheTeam) {
     pool.parallel_for(1000, [&](std::uint64_t, std::uint64_t) { parts.fetch_add(1); });
     EXPECT_EQ(parts.load(), w.below > 0 ? 1u : 2u);
   }
+  ::unsetenv("TPUHAL_SIM_SERIAL_BELOW_NS");
+  ::unsetenv("TPUHAL_SIM_FIXED_THREADS");
+}
+
+// An int8 network's streaming op (quantisation, table lookups, the
+// quantized adds, multiplications and global pools) takes the team from
+// kSerialBelowNs / kStreamingShare while the pool's threads still spin
+// from its last region, and from the whole bound when they sleep (a fresh
+// pool, or kSpinMs after its last region); other ops always from the
+// whole bound. The times are given, so no sleep or load changes it.
+TEST(TensorEngine, AStreamingOpTakesTheTeamEarlierWhileItsThreadsSpin) {
+  ::setenv("TPUHAL_SIM_FIXED_THREADS", "1", 1);  // no shrinking of the team under load
+  ::unsetenv("TPUHAL_SIM_SERIAL_BELOW_NS");
+  constexpr std::uint64_t kBound = WorkerPool::kSerialBelowNs, kSmall = kBound / WorkerPool::kStreamingShare;
+  constexpr std::uint64_t kSpinNs = static_cast<std::uint64_t>(WorkerPool::kSpinMs) * 1'000'000;
+  static_assert(kSmall > 0 && kSmall < kBound);
+  WorkerPool pool(2);
+  const std::uint64_t start = tpuhal::base::monotonic_ns();
+  EXPECT_EQ(pool.begin_op_at(start, kSmall, true), 1u) << "a fresh pool's threads sleep";
+  EXPECT_EQ(pool.begin_op_at(start, kBound, true), 2u);
+  const std::uint64_t before = tpuhal::base::monotonic_ns();
+  std::atomic<unsigned> parts{0};
+  pool.parallel_for(1000, [&](std::uint64_t, std::uint64_t) { parts.fetch_add(1); });
+  ASSERT_EQ(parts.load(), 2u);
+  const std::uint64_t spinning = before + kSpinNs - 1;  // before the region ended + kSpinMs
+  EXPECT_EQ(pool.begin_op_at(spinning, kSmall, true), 2u);
+  EXPECT_EQ(pool.begin_op_at(spinning, kSmall - 1, true), 1u);
+  EXPECT_EQ(pool.begin_op_at(spinning, kSmall, false), 1u) << "not streaming: the whole bound";
+  EXPECT_EQ(pool.begin_op_at(spinning, kBound, false), 2u);
+  const std::uint64_t asleep = tpuhal::base::monotonic_ns() + kSpinNs + 1;
+  EXPECT_EQ(pool.begin_op_at(asleep, kSmall, true), 1u);
+  EXPECT_EQ(pool.begin_op_at(asleep, kBound, true), 2u);
+  // TPUHAL_SIM_SERIAL_BELOW_NS moves both bounds.
+  ::setenv("TPUHAL_SIM_SERIAL_BELOW_NS", "250000", 1);
+  WorkerPool moved(2);
+  constexpr std::uint64_t kMovedSmall = 250000 / WorkerPool::kStreamingShare;
+  const std::uint64_t moved_start = tpuhal::base::monotonic_ns();
+  EXPECT_EQ(moved.begin_op_at(moved_start, 250000 - 1, true), 1u);
+  EXPECT_EQ(moved.begin_op_at(moved_start, 250000, true), 2u);
+  moved.parallel_for(1000, [](std::uint64_t, std::uint64_t) {});
+  const std::uint64_t moved_spinning = moved_start + kSpinNs - 1;
+  EXPECT_EQ(moved.begin_op_at(moved_spinning, kMovedSmall, true), 2u);
+  EXPECT_EQ(moved.begin_op_at(moved_spinning, kMovedSmall - 1, true), 1u);
   ::unsetenv("TPUHAL_SIM_SERIAL_BELOW_NS");
   ::unsetenv("TPUHAL_SIM_FIXED_THREADS");
 }

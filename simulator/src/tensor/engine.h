@@ -64,7 +64,29 @@ class WorkerPool {
   // ran fastest at 100 us: MobileNetV3-Small int8 1.5 times as fast as at
   // 0, ResNet-50 no slower.
   static constexpr std::uint64_t kSerialBelowNs = 100'000;
-  unsigned begin_op(std::uint64_t work_ns);
+  // `streaming`: the op is one of an int8 network's streaming loops
+  // (quantisation, table lookups, the quantized adds, multiplications and
+  // global pools), which split into even runs that a spinning thread takes
+  // at once. While the pool's threads still spin from its last region
+  // (kSpinMs), the bound for those is kSerialBelowNs / kStreamingShare
+  // (5 us); asleep, a thread costs tens of microseconds to wake and then
+  // holds a core spinning, and the whole bound holds. So at batch 8, where
+  // the integer convolutions keep the team awake, an int8 network runs its
+  // gates, adds and pools on the team; at batch 1 they stay on one
+  // thread. On the 2-core VM (`tpuhal profile`, MobileNetV3-Small int8):
+  // at batch 8 a 113 KB quantized add took 6.2 us on one thread and 4.2 us
+  // on two, and the network 4.1 ms a run with the one bound, 3.5 ms so; at
+  // batch 1, woken for it, a 200 KB table lookup took 21.8 us on two and
+  // 3.5 us on one. Float networks' maps are not counted: so counted, they
+  // were no faster (ShuffleNetV2 fp32 at batch 8 5.3 against 5.5 ms a
+  // run, MobileNetV3-Small fp32 at batch 1 1.29 against 1.21 ms, within
+  // the VM's noise). Nor are products and convolutions, which gain far
+  // later: a 3x3 int8 convolution of 6.4 us on one thread took 10.4 us
+  // on two.
+  static constexpr std::uint64_t kStreamingShare = 20;
+  unsigned begin_op(std::uint64_t work_ns, bool streaming = false);
+  // The same at a given time (base::monotonic_ns's clock), for tests.
+  unsigned begin_op_at(std::uint64_t now_ns, std::uint64_t work_ns, bool streaming);
   // How long OpenMP's workers spin after a region before they sleep, in
   // ms: begin_op() sets it for the teams its thread forks, where the user
   // has not said (KMP_BLOCKTIME, OMP_WAIT_POLICY) and the runtime is LLVM's
@@ -97,6 +119,7 @@ class WorkerPool {
   std::uint64_t serial_below_ns_;
   unsigned share_team_;  // what CpuShare allows
   unsigned team_;
+  std::uint64_t awake_until_ns_ = 0;  // the team's threads spin until then (parallel_for's last region)
 };
 
 struct DnnlState;  // oneDNN engine and stream
