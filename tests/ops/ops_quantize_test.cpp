@@ -166,6 +166,35 @@ TEST_P(Ops, QLinearMulIsDequantizeMulQuantizeInF32) {
       }
 }
 
+// qlinear_mul as a squeeze-and-excitation block's gate: x [n, h, w, c]
+// times a gate [n, 1, 1, c], each image by its own gate's row. The images
+// hold many times the kernel's stage of floats (its gate row repeated), so
+// that a thread reuses the stage across an image's groups of rows and
+// fills it again at the next image.
+TEST_P(Ops, QLinearMulGatesEachImageByItsOwnRow) {
+  const std::int64_t n = 3, h = rng_.integer(30, 45), w = rng_.integer(30, 45), c = rng_.integer(3, 40);
+  const Shape xs{n, h, w, c}, gs{n, 1, 1, c};
+  const Host x = rand_int(rng_, DType::U8, xs), g = rand_int(rng_, DType::U8, gs);
+  Host sx(DType::F32, {}), sg(DType::F32, {}), sy(DType::F32, {});
+  sx.v = {f32(rng_.uniform(0.002, 0.3))};
+  sg.v = {f32(rng_.uniform(0.002, 0.01))};
+  sy.v = {f32(rng_.uniform(0.002, 0.3))};
+  const Host zx = rand_int(rng_, DType::U8, {}), zg = rand_int(rng_, DType::U8, {}), zy = rand_int(rng_, DType::U8, {});
+  std::vector<double> want;
+  for_each_index(xs, [&](const Shape& idx, std::int64_t lin) {
+    const double xv = x.v[static_cast<std::size_t>(lin)];
+    const double gv = g.v[static_cast<std::size_t>(idx[0] * c + idx[3])];
+    const double fx = f32((xv - zx.v[0]) * sx.v[0]), fg = f32((gv - zg.v[0]) * sg.v[0]);
+    want.push_back(quantize_ref(f32(fx * fg), DType::F32, sy.v[0], static_cast<std::int64_t>(zy.v[0]), DType::U8));
+  });
+  const Tensor y = lab().output(DType::U8, xs);
+  const Host got =
+      lab().run(ops::qlinear_mul(lab().upload(x), lab().upload(sx), lab().upload(zx), lab().upload(g), lab().upload(sg),
+                                 lab().upload(zg), lab().upload(sy), lab().upload(zy), y),
+                y);
+  expect_exact("qlinear_mul gate " + dims(xs), got, want);
+}
+
 // qlinear_global_avg_pool (NHWC): the mean over h and w of the dequantized
 // x, summed in f32 in (h, w) order and divided by H * W, then quantized.
 TEST_P(Ops, QLinearGlobalAvgPoolSumsInRowOrderThenQuantizes) {

@@ -745,25 +745,42 @@ struct QMulOperands {
 
 constexpr std::uint64_t kQMulStage = 4096;  // floats of f at a time, on the stack
 
+// A thread's floats of f: dequantized, then repeated. A gate's row is the
+// same for every row of its image, and a thread's items are mostly one
+// image's groups of rows: filled once for them, not per group (for 16
+// channels, refilling 16 KB for each 4 KB of x cost more than the
+// products).
+struct QMulStage {
+  float buf[kQMulStage];
+  const std::uint8_t* f = nullptr;  // what buf holds: f's first `once` values, repeated up to `filled`
+  std::uint64_t once = 0, filled = 0;
+};
+
 // g rows of n elements, dense in x (sx 1, or 0: one value) and y; f's row
 // has stride sf (0: one value) and is the same for each of the g rows
 // (g > 1 only where g * n <= kQMulStage).
-void qmul_rows(const QMulOperands& o, const std::uint8_t* x, std::uint64_t sx, const std::uint8_t* f, std::uint64_t sf,
-               std::uint8_t* y, std::uint64_t n, std::uint64_t g) {
-  float buf[kQMulStage];
+void qmul_rows(const QMulOperands& o, QMulStage& st, const std::uint8_t* x, std::uint64_t sx, const std::uint8_t* f,
+               std::uint64_t sf, std::uint8_t* y, std::uint64_t n, std::uint64_t g) {
+  float* const buf = st.buf;
   const std::uint64_t total = g * n;
   if (sx == 0) {  // both one value along the row: one product
     std::uint8_t out;
     simd::dequantize_8(f, buf, 1, o.f_signed, o.f_scale, o.f_zero);
+    st.f = nullptr;
     simd::qmul_8(x, buf, &out, 1, o.p);
     std::memset(y, out, total);
   } else if (sf == 0 || g > 1) {  // f's one value, or its one row repeated g times
     const std::uint64_t m = std::min(total, kQMulStage), once = sf == 0 ? 1 : n;
-    simd::dequantize_8(f, buf, once, o.f_signed, o.f_scale, o.f_zero);
-    if (once == 1)
-      std::fill_n(buf + 1, m - 1, buf[0]);
-    else
-      for (std::uint64_t i = once; i < m; i += once) std::memcpy(buf + i, buf, once * sizeof(float));
+    if (st.f != f || st.once != once || st.filled < m) {
+      simd::dequantize_8(f, buf, once, o.f_signed, o.f_scale, o.f_zero);
+      if (once == 1)
+        std::fill_n(buf + 1, m - 1, buf[0]);
+      else
+        for (std::uint64_t i = once; i < m; i += once) std::memcpy(buf + i, buf, once * sizeof(float));
+      st.f = f;
+      st.once = once;
+      st.filled = m;
+    }
     for (std::uint64_t s = 0; s < total; s += m) simd::qmul_8(x + s, buf, y + s, std::min(m, total - s), o.p);
   } else {
     for (std::uint64_t s = 0; s < n; s += kQMulStage) {
@@ -771,6 +788,7 @@ void qmul_rows(const QMulOperands& o, const std::uint8_t* x, std::uint64_t sx, c
       simd::dequantize_8(f + s, buf, m, o.f_signed, o.f_scale, o.f_zero);
       simd::qmul_8(x + s, buf, y + s, m, o.p);
     }
+    st.f = nullptr;
   }
 }
 
@@ -808,8 +826,9 @@ fw::Problem run_qlinear_mul(TensorEngine& e, const fw::QuantAttrs& /*a*/, const 
     e.pool().parallel_for(
         y.elements(),
         [&](std::uint64_t begin, std::uint64_t end) {
+          QMulStage st;
           for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
-            qmul_rows(o, px + off[xt], 1, pf + off[ft], 1, py + off[0], 1, 1);
+            qmul_rows(o, st, px + off[xt], 1, pf + off[ft], 1, py + off[0], 1, 1);
           });
         },
         16384);
@@ -828,6 +847,7 @@ fw::Problem run_qlinear_mul(TensorEngine& e, const fw::QuantAttrs& /*a*/, const 
   const std::uint64_t per_row = (len + chunk - 1) / chunk;
   auto body = [&](std::uint64_t begin, std::uint64_t end) {
     std::uint64_t off[3];
+    QMulStage st;
     for (std::uint64_t k = begin; k < end; ++k) {
       std::uint64_t row = k / per_row, lo = k % per_row * chunk, g = 1;
       if (repeats) {
@@ -837,8 +857,8 @@ fw::Problem run_qlinear_mul(TensorEngine& e, const fw::QuantAttrs& /*a*/, const 
         g = std::min(group, inner - g0);
       }
       row_offsets(r, row, off);
-      qmul_rows(o, px + off[xt] + lo * sx, sx, pf + off[ft] + lo * sf, sf, py + off[0] + lo, std::min(chunk, len - lo),
-                g);
+      qmul_rows(o, st, px + off[xt] + lo * sx, sx, pf + off[ft] + lo * sf, sf, py + off[0] + lo,
+                std::min(chunk, len - lo), g);
     }
   };
   const std::uint64_t items = repeats ? rows / inner * per_inner : rows * per_row;
