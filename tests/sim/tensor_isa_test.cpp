@@ -696,6 +696,30 @@ TEST(TensorIsa, ATableLookupGivesEachBytesEntryAtEveryLevelAndEveryLength) {
   }
 }
 
+// interleave_8 (a byte transpose's tile: NCHW planes into NHWC pixels):
+// out[i * lines + j] = in[i + j * stride] at every level, for 2, 3 and 4
+// lines (the shuffles) and 5 (the plain loop), lengths that leave every
+// vector tail, and nothing written past the n pixels.
+TEST(TensorIsa, ByteInterleavingGivesEachPlanesBytesInPixelOrderAtEveryLevel) {
+  std::mt19937 rng(31);
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const simd::Kernels& k = simd::kernels(isa);
+    for (const std::size_t lines : {std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{5}})
+      for (const std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{31}, std::size_t{64},
+                                  std::size_t{100}, std::size_t{341}}) {
+        const std::size_t stride = n + 9;
+        std::vector<std::uint8_t> in(lines * stride), out(lines * n + 7, 0xa5);
+        for (auto& b : in) b = static_cast<std::uint8_t>(rng());
+        k.interleave_8(out.data(), in.data(), stride, n, lines);
+        for (std::size_t i = 0; i < n; ++i)
+          for (std::size_t j = 0; j < lines; ++j)
+            ASSERT_EQ(out[i * lines + j], in[i + j * stride]) << "pixel " << i << " line " << j << " of " << lines;
+        for (std::size_t i = lines * n; i < out.size(); ++i) ASSERT_EQ(out[i], 0xa5) << "written past the end";
+      }
+  }
+}
+
 TEST(TensorIsa, IntegerLoopsAndRequantisationMatchTheScalarRulesAtEveryLevel) {
   std::mt19937 rng(15);
   const std::size_t n = 200003;  // past sum_abs_i8's blocks of 65536
@@ -1057,7 +1081,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 34u);
+  ASSERT_EQ(simd::entry_points().size(), 35u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "engine.h"
 #include "numerics.h"
@@ -352,6 +353,12 @@ void transpose_tiles(std::byte* y, std::uint64_t syr, const std::byte* a, std::u
     for (std::uint64_t p = 0; p < planes; ++p) {
       auto* yt = reinterpret_cast<T*>(y) + p * py;
       const auto* at = reinterpret_cast<const T*>(a) + p * pa;
+      if constexpr (std::is_same_v<T, std::uint8_t>) {
+        if (syr == nj && nj >= 2 && nj <= 4) {  // bytes: with the level's shuffles
+          simd::interleave_8(yt, at, sa, ni, nj);
+          continue;
+        }
+      }
       if (syr == nj && nj >= 2 && nj <= 4) {
         nj == 2   ? interleave<2>(yt, at, sa, ni)
         : nj == 3 ? interleave<3>(yt, at, sa, ni)

@@ -31,6 +31,12 @@ std::int64_t sum_i8(const std::int8_t* v, std::size_t n);
 // model's activation as a table; AVX-512 with VBMI looks 64 up at once).
 void lookup_u8(const std::uint8_t* table, const std::uint8_t* in, std::uint8_t* out, std::size_t n);
 
+// out[i * lines + j] = in[i + j * stride] for i < n and j < lines (2, 3
+// or 4): lines of bytes `stride` apart interleaved, an int8 image's NCHW
+// planes into NHWC pixels (a transpose's tile). With byte shuffles from
+// SSSE3 on; the baseline's bytes go one by one.
+void interleave_8(std::uint8_t* out, const std::uint8_t* in, std::size_t stride, std::size_t n, std::size_t lines);
+
 // hi[i] = v[i] >> 4 and lo[i] = v[i] & 15 (u8): an input's nibbles.
 void split_nibbles(const std::uint8_t* v, std::uint8_t* hi, std::uint8_t* lo, std::size_t n);
 // out[i] = out[i] * 16 + lo[i] (int32, wrapping): the sums over an input's
@@ -157,6 +163,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(sum_abs_i8)                     \
   X(sum_i8)                         \
   X(lookup_u8)                      \
+  X(interleave_8)                   \
   X(split_nibbles)                  \
   X(join_nibble_sums)               \
   X(max_8)                          \
