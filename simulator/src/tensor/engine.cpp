@@ -316,9 +316,11 @@ namespace {
 // A rough estimate of an op's time on one host thread, in ns: its tensors'
 // bytes (a broadcast dimension once) at 32 GB/s (in cache; the kernels
 // stream at least that), plus its multiply-adds (convolutions and
-// products) at 16 per ns in float and 64 in int8. Small ops are most of a
-// small network's: MobileNetV3-Small's SE blocks and gates run on a few
-// hundred bytes each.
+// products; a pool's taps likewise) at 16 per ns in float and 64 in int8
+// (counted by its bytes alone, ShuffleNet's int8 stem max pool at batch 8,
+// 3 MB, came to 94 us, and it ran on one thread for 1.3 ms). Small ops are
+// most of a small network's: MobileNetV3-Small's SE blocks and gates run
+// on a few hundred bytes each.
 std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
   std::uint64_t bytes = 0;
   for (std::uint32_t i = 0; i < op.num_tensors; ++i) {
@@ -347,6 +349,11 @@ std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
     case fw::OpKind::kQLinearMatMul:
       if (v[0].rank) macs = y.elements() * v[0].shape[v[0].rank - 1];
       break;
+    case fw::OpKind::kPool2d: {  // a step per tap of each output: as many as a depthwise convolution's
+      const auto& a = std::get<fw::PoolAttrs>(op.attrs);
+      macs = y.elements() * a.kernel[0] * a.kernel[1];
+      break;
+    }
     default: break;
   }
   const bool int8 = in == fw::DType::kU8 || in == fw::DType::kI8;
