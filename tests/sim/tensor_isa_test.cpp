@@ -394,11 +394,12 @@ TEST(TensorIsa, PoolingBlockStepsMatchTheScalarRuleAtEveryLevel) {
   // channels, the inputs in_step apart (a stride of 2: ShuffleNet's 24
   // channels; adjoining blocks: one run), with NaNs, infinities and signed
   // zeros; the floats between the input blocks are not read into the sums.
+  // Block lengths take every chunk the steps use (16, 8, 4, then single).
   std::mt19937 rng(14);
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::infinity(), 0.0f, -0.0f};
   for (Isa isa : levels_here())
-    for (const std::size_t n : {1u, 3u, 16u, 24u, 67u})
+    for (const std::size_t n : {1u, 3u, 12u, 16u, 24u, 29u, 67u})
       for (const std::size_t gap : {0u, 1u, 24u}) {
         SCOPED_TRACE(std::string(isa_name(isa)) + " blocks of " + std::to_string(n) + ", gap " + std::to_string(gap));
         const std::size_t blocks = 13, step = n + gap;
