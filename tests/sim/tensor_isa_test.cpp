@@ -697,27 +697,32 @@ TEST(TensorIsa, ATableLookupGivesEachBytesEntryAtEveryLevelAndEveryLength) {
   }
 }
 
-// interleave_8 (a byte transpose's tile: NCHW planes into NHWC pixels):
-// out[i * lines + j] = in[i + j * stride] at every level, for 2, 3 and 4
-// lines (the shuffles) and 5 (the plain loop), lengths that leave every
-// vector tail, and nothing written past the n pixels.
+// interleave_8 (a byte transpose's tiles: NCHW planes into NHWC pixels, a
+// channel shuffle's groups into each pixel's channels):
+// out[p * out_step + i * lines + j] = in[p * in_step + i + j * stride] at
+// every level, for 2, 3 and 4 lines (the shuffles) and 5 (the plain loop),
+// one plane or several, lengths that leave every vector tail, and nothing
+// written between the planes or past the last.
 TEST(TensorIsa, ByteInterleavingGivesEachPlanesBytesInPixelOrderAtEveryLevel) {
   std::mt19937 rng(31);
   for (Isa isa : levels_here()) {
     SCOPED_TRACE(std::string(isa_name(isa)));
     const simd::Kernels& k = simd::kernels(isa);
     for (const std::size_t lines : {std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{5}})
-      for (const std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{31}, std::size_t{64},
-                                  std::size_t{100}, std::size_t{341}}) {
-        const std::size_t stride = n + 9;
-        std::vector<std::uint8_t> in(lines * stride), out(lines * n + 7, 0xa5);
-        for (auto& b : in) b = static_cast<std::uint8_t>(rng());
-        k.interleave_8(out.data(), in.data(), stride, n, lines);
-        for (std::size_t i = 0; i < n; ++i)
-          for (std::size_t j = 0; j < lines; ++j)
-            ASSERT_EQ(out[i * lines + j], in[i + j * stride]) << "pixel " << i << " line " << j << " of " << lines;
-        for (std::size_t i = lines * n; i < out.size(); ++i) ASSERT_EQ(out[i], 0xa5) << "written past the end";
-      }
+      for (const std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{24}, std::size_t{31},
+                                  std::size_t{64}, std::size_t{100}, std::size_t{341}})
+        for (const std::size_t planes : {std::size_t{1}, std::size_t{5}}) {
+          const std::size_t stride = n + 9, in_step = lines * stride + 3, out_step = lines * n + 2;
+          std::vector<std::uint8_t> in(planes * in_step), out(planes * out_step + 7, 0xa5);
+          for (auto& b : in) b = static_cast<std::uint8_t>(rng());
+          k.interleave_8(out.data(), in.data(), stride, n, lines, planes, out_step, in_step);
+          std::vector<std::uint8_t> want(out.size(), 0xa5);
+          for (std::size_t p = 0; p < planes; ++p)
+            for (std::size_t i = 0; i < n; ++i)
+              for (std::size_t j = 0; j < lines; ++j)
+                want[p * out_step + i * lines + j] = in[p * in_step + i + j * stride];
+          ASSERT_EQ(out, want) << lines << " lines of " << n << ", " << planes << " planes";
+        }
   }
 }
 
@@ -1156,7 +1161,8 @@ TEST(TensorEngine, ASmallOpRunsOnOneThreadAndALargeOneOnTheTeam) {
 }
 
 // An int8 network's streaming op (quantisation, table lookups, the
-// quantized adds, multiplications and global pools) takes the team from
+// quantized adds, multiplications and global pools, byte copies and
+// transposes) takes the team from
 // kSerialBelowNs / kStreamingShare while the pool's threads still spin
 // from its last region, and from the whole bound when they sleep (a fresh
 // pool, or kSpinMs after its last region); other ops always from the

@@ -350,15 +350,16 @@ void transpose_tiles(std::byte* y, std::uint64_t syr, const std::byte* a, std::u
                      std::uint64_t pa = 0) {
   const bool typed = with_element_type(es, [&](auto t) {
     using T = decltype(t);
+    if constexpr (std::is_same_v<T, std::uint8_t>) {
+      if (syr == nj) {  // bytes: every plane in one call, with the level's shuffles
+        simd::interleave_8(reinterpret_cast<std::uint8_t*>(y), reinterpret_cast<const std::uint8_t*>(a), sa, ni, nj,
+                           planes, py, pa);
+        return;
+      }
+    }
     for (std::uint64_t p = 0; p < planes; ++p) {
       auto* yt = reinterpret_cast<T*>(y) + p * py;
       const auto* at = reinterpret_cast<const T*>(a) + p * pa;
-      if constexpr (std::is_same_v<T, std::uint8_t>) {
-        if (syr == nj && nj >= 2 && nj <= 4) {  // bytes: with the level's shuffles
-          simd::interleave_8(yt, at, sa, ni, nj);
-          continue;
-        }
-      }
       if (syr == nj && nj >= 2 && nj <= 4) {
         nj == 2   ? interleave<2>(yt, at, sa, ni)
         : nj == 3 ? interleave<3>(yt, at, sa, ni)

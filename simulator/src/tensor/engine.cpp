@@ -360,17 +360,17 @@ std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
   return bytes / 32 + macs / (int8 ? 64 : 16);
 }
 
-// Whether the kind is one of an int8 network's streaming loops
-// (WorkerPool::begin_op).
-bool streaming(fw::OpKind kind) {
+// Whether the op is one of an int8 network's streaming loops
+// (WorkerPool::begin_op): a float network's maps are not.
+bool streaming(fw::OpKind kind, const View* v) {
   switch (kind) {
+    case fw::OpKind::kElementwise: return v[0].esize == 1;  // its byte copies, casts and transposes
     case fw::OpKind::kQuantize:
     case fw::OpKind::kDequantize:
     case fw::OpKind::kGather:
     case fw::OpKind::kQLinearAdd:
     case fw::OpKind::kQLinearMul:
     case fw::OpKind::kQLinearGlobalAvgPool: return true;
-    case fw::OpKind::kElementwise:
     case fw::OpKind::kMatMul:
     case fw::OpKind::kConv2d:
     case fw::OpKind::kPool2d:
@@ -397,7 +397,8 @@ bool streaming(fw::OpKind kind) {
 
 fw::Problem TensorEngine::run(const fw::OpBlock& op, const View* v) {
   std::lock_guard lock(mu_);
-  dnnl_->threads = static_cast<int>(pool_.begin_op(op.num_tensors ? serial_estimate_ns(op, v) : 0, streaming(op.kind)));
+  dnnl_->threads =
+      static_cast<int>(pool_.begin_op(op.num_tensors ? serial_estimate_ns(op, v) : 0, streaming(op.kind, v)));
   // One case per kind (engine_kinds.inc) and no default.
   switch (op.kind) {
 #define TPUHAL_ENGINE_KIND(Name, id, Attrs) \

@@ -66,8 +66,8 @@ class WorkerPool {
   static constexpr std::uint64_t kSerialBelowNs = 100'000;
   // `streaming`: the op is one of an int8 network's streaming loops
   // (quantisation, table lookups, the quantized adds, multiplications and
-  // global pools), which split into even runs that a spinning thread takes
-  // at once. While the pool's threads still spin from its last region
+  // global pools, byte copies and transposes), which split into even runs
+  // that a spinning thread takes at once. While the pool's threads still spin from its last region
   // (kSpinMs), the bound for those is kSerialBelowNs / kStreamingShare
   // (5 us); asleep, a thread costs tens of microseconds to wake and then
   // holds a core spinning, and the whole bound holds. So at batch 8, where

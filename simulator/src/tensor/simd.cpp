@@ -113,8 +113,9 @@ std::int64_t sum_i8(const std::int8_t* v, std::size_t n) { return active().sum_i
 void lookup_u8(const std::uint8_t* table, const std::uint8_t* in, std::uint8_t* out, std::size_t n) {
   active().lookup_u8(table, in, out, n);
 }
-void interleave_8(std::uint8_t* out, const std::uint8_t* in, std::size_t stride, std::size_t n, std::size_t lines) {
-  active().interleave_8(out, in, stride, n, lines);
+void interleave_8(std::uint8_t* out, const std::uint8_t* in, std::size_t stride, std::size_t n, std::size_t lines,
+                  std::size_t planes, std::size_t out_step, std::size_t in_step) {
+  active().interleave_8(out, in, stride, n, lines, planes, out_step, in_step);
 }
 void split_nibbles(const std::uint8_t* v, std::uint8_t* hi, std::uint8_t* lo, std::size_t n) {
   active().split_nibbles(v, hi, lo, n);

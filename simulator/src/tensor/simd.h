@@ -31,11 +31,14 @@ std::int64_t sum_i8(const std::int8_t* v, std::size_t n);
 // model's activation as a table; AVX-512 with VBMI looks 64 up at once).
 void lookup_u8(const std::uint8_t* table, const std::uint8_t* in, std::uint8_t* out, std::size_t n);
 
-// out[i * lines + j] = in[i + j * stride] for i < n and j < lines (2, 3
-// or 4): lines of bytes `stride` apart interleaved, an int8 image's NCHW
-// planes into NHWC pixels (a transpose's tile). With byte shuffles from
-// SSSE3 on; the baseline's bytes go one by one.
-void interleave_8(std::uint8_t* out, const std::uint8_t* in, std::size_t stride, std::size_t n, std::size_t lines);
+// out[p * out_step + i * lines + j] = in[p * in_step + i + j * stride] for
+// p < planes, i < n and j < lines (2, 3 or 4 with the level's shuffles;
+// more, one at a time): lines of bytes `stride` apart interleaved, an int8
+// image's NCHW planes into NHWC pixels, or a channel shuffle's groups into
+// each pixel's channels (planes of it, one per pixel: ShuffleNet's are 48
+// bytes, a call each took longer than the bytes).
+void interleave_8(std::uint8_t* out, const std::uint8_t* in, std::size_t stride, std::size_t n, std::size_t lines,
+                  std::size_t planes, std::size_t out_step, std::size_t in_step);
 
 // hi[i] = v[i] >> 4 and lo[i] = v[i] & 15 (u8): an input's nibbles.
 void split_nibbles(const std::uint8_t* v, std::uint8_t* hi, std::uint8_t* lo, std::size_t n);
