@@ -27,7 +27,8 @@
 #                 ThreadSanitizer, fuzzing and arm64 steps so, in place of
 #                 spinning.
 #   --then CMD    in the first run, after the tests, run this one (a shell
-#                 command; its output goes to stderr) beside what still runs
+#                 command; its output goes to stderr and to
+#                 DIR/load-test/then.log) beside what still runs
 #                 --alongside, whose busy processes stop as soon as that is
 #                 done, and fail if it fails: work that does not depend on
 #                 timing fills the time the alongside work still needs.
@@ -37,8 +38,10 @@
 #                 out (below) and exit
 #
 # Run by scripts/test.sh (CI) once: its main pass, with the left-out tests
-# run quietly before it. Logs of failed runs stay in DIR/load-test/, and
-# a failed single run prints its log.
+# run quietly before it. Logs of failed runs stay in DIR/load-test/; a
+# failed single run prints its log, and then, last, why it failed: the
+# tail of what failed alongside or after it and every line there that
+# names a failure.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$root/build/sanitize
@@ -129,8 +132,16 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 logs=$build/load-test
 mkdir -p "$logs"
 declare -A failed=()
+all_causes=()
 any_failed=0
 started=$(date +%s)
+# The lines of a log that name a failure, and the steps' own headings,
+# which say where: ctest's failed, timed-out and crashed tests, gtest's
+# failed tests and assertions, and the tools' errors, each once, in order.
+failure_lines() {
+  grep -E '^tpuhal test: |\*\*\*(Failed|Timeout|Exception|Not Run)|^\[  FAILED  \]|: Failure$|Errors while running|ERROR|[Ff]atal error|error:|Killed' "$1" |
+    awk '!seen[$0]++' | tail -n 40 | sed 's/^/  ! /' || true
+}
 # One ctest pass; its failed tests are appended to `fails`.
 pass() {
   local st=0
@@ -147,16 +158,20 @@ for ((run = 1; run <= runs; ++run)); do
   log=$logs/run-$run.log
   : >"$log"
   fails=()
+  causes=()
+  cause_logs=()
   status=0
+  ctest_failed=0
   if [[ -n $alongside ]] && ((run == 1)); then start_alongside; else start_hogs; fi
   if [[ -n $only ]]; then
-    pass --repeat until-fail:"$repeat" -R "$only" || status=1
+    pass --repeat until-fail:"$repeat" -R "$only" || ctest_failed=1
   else
     # Everything else once, the families until they fail.
-    pass -E "$families|$skip" || status=1
-    pass --repeat until-fail:"$repeat" -R "$families" || status=1
+    pass -E "$families|$skip" || ctest_failed=1
+    pass --repeat until-fail:"$repeat" -R "$families" || ctest_failed=1
   fi
   stop_hogs
+  ((!ctest_failed)) || status=1
   # --then's CMD beside what still runs alongside, whose busy processes are
   # stopped as soon as it is done (below), so that CMD finishes quietly.
   then_pid=
@@ -166,35 +181,47 @@ for ((run = 1; run <= runs; ++run)); do
     # loses it where the PID is reused after the job ended (pid_max is
     # 32768 here, and a CI run starts more processes than that), and says
     # "not a child of this shell".
+    # Its output goes to then.log too: on a failure its failed tests are
+    # printed again at the end, where a CI log's tail shows them.
     rm -f "$logs/then.status"
-    bash -c 'st=0; bash -c "$1" || st=$?; echo "$st" >"$2"' then "$then" "$logs/then.status" >&2 &
+    bash -c 'st=0; bash -c "$1" > >(tee "$3" >&2) 2>&1 || st=$?; echo "$st" >"$2"' \
+      then "$then" "$logs/then.status" "$logs/then.log" &
     then_pid=$!
   fi
   if [[ -n $along_pid ]]; then
     echo "load-test: waiting for what ran alongside (log: $logs/alongside.log)" >&2
     if ! stop_alongside; then
-      echo "load-test: what ran alongside failed: $alongside" >&2
-      tail -n 100 "$logs/alongside.log" >&2
+      causes+=("what ran alongside failed: $alongside (log: $logs/alongside.log)")
+      cause_logs+=("$logs/alongside.log")
       any_failed=1
     fi
   fi
   if [[ -n $then_pid ]]; then
     wait "$then_pid" 2>/dev/null || true
     if [[ $(cat "$logs/then.status" 2>/dev/null || echo 1) != 0 ]]; then
-      echo "load-test: failed: $then" >&2
+      causes+=("failed: $then (log: $logs/then.log)")
+      cause_logs+=("$logs/then.log")
       any_failed=1
       status=1
     fi
     then_pid=
   fi
+  all_causes+=("${causes[@]}")
   for t in "${fails[@]}"; do
     failed[$t]=$((${failed[$t]:-0} + 1))
     any_failed=1
   done
-  if ((status)); then
+  if ((status)) || ((${#causes[@]})); then
+    # The run's own log first, then what failed beside it: the last lines
+    # say why the run failed, which is all a CI log's tail may show.
     echo "load-test: run $run: ${#fails[@]} failed (log: $log)" >&2
-    if ((runs == 1)); then cat "$log" >&2; fi
-    grep -E '\*\*\*(Failed|Timeout|Exception)' "$log" | sed 's/^/  /' >&2 || true
+    if ((runs == 1 && ctest_failed)); then cat "$log" >&2; fi
+    for ((i = 0; i < ${#causes[@]}; ++i)); do
+      echo "load-test: ${causes[i]}; its last lines and each line that names a failure:" >&2
+      tail -n 60 "${cause_logs[i]}" | sed 's/^/  | /' >&2
+      failure_lines "${cause_logs[i]}" >&2
+    done
+    ((!ctest_failed)) || failure_lines "$log" >&2
   else
     echo "load-test: run $run: every test passed" >&2
     rm -f "$log"
@@ -209,4 +236,5 @@ if ((${#failed[@]})); then
   echo "load-test: failures per test (runs failed of $runs):" >&2
   for t in "${!failed[@]}"; do printf '  %3d  %s\n' "${failed[$t]}" "$t"; done | sort -rn >&2
 fi
+for c in "${all_causes[@]}"; do echo "load-test: $c" >&2; done
 exit 1

@@ -17,8 +17,8 @@ configure_with() {
   # programs, and lld links the largest in a third of GNU ld's time. Set
   # either way, so that a tree configured before with lld does not keep it
   # where there is none. TPUHAL_CUDA_FATBIN, when set, is the CUDA kernels'
-# fatbin another tree of these sources built (drivers/CMakeLists.txt); set
-# either way too.
+  # fatbin another tree of these sources built (drivers/CMakeLists.txt); set
+  # either way too.
   local ld=
   if [[ $($cxx --version) == *clang* ]] && command -v ld.lld >/dev/null; then ld=-fuse-ld=lld; fi
   CC=$cc CXX=$cxx cmake -S "$root" -B "$build" -G Ninja "-DCMAKE_EXE_LINKER_FLAGS=$ld" \
