@@ -1055,6 +1055,10 @@ inline const std::vector<std::array<Shape, 3>> kBroadcasts{
     // holds), either side.
     {Shape{600, 7}, Shape{7}, Shape{600, 7}},
     {Shape{1, 1, 33}, Shape{4, 3, 33}, Shape{4, 3, 33}},
+    // The same over a batch, each image its own row (a squeeze-and-excitation
+    // gate at batch 3), and more rows per image than one stage holds.
+    {Shape{3, 5, 4, 7}, Shape{3, 1, 1, 7}, Shape{3, 5, 4, 7}},
+    {Shape{2, 1, 9}, Shape{2, 700, 9}, Shape{2, 700, 9}},
 };
 
 // Special values planted among random ones.

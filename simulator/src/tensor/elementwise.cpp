@@ -207,48 +207,62 @@ void widen_row(fw::DType t, const std::uint16_t* in, std::uint64_t stride, float
 // block's Mul) and the other and y are dense across rows: that row staged
 // side by side (widened once, for f16 and bf16), so that one call takes
 // many rows (a call per row of 32 channels cost EfficientNet-B0's first Mul
-// 100 us; in f16, four times its f32 time). The same op on the same pairs
-// of elements; halves widened exactly and each result rounded once, as
-// float_rows does. False where the rows are not so.
+// 100 us; in f16, four times its f32 time). Over a batch (an outer
+// dimension along which y and the other operand stay dense), each image's
+// row is staged in turn: at batch 8 the rows went one call each, and
+// MobileNetV3-Small's gates took as long as its expanding convolutions.
+// The same op on the same pairs of elements; halves widened exactly and
+// each result rounded once, as float_rows does. False where the rows are
+// not so.
 bool repeated_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const Rows& r, const View& a, const View& b,
                    const View& y) {
   constexpr std::uint64_t kStage = 4096;  // floats of the repeated row, on the stack
-  if (r.rank != 2) return false;
-  const std::uint64_t len = r.shape[1], rows = r.shape[0];
+  if (r.rank != 2 && r.rank != 3) return false;
+  const std::uint32_t d = r.rank - 2;  // the rows' dimension (1: after the images')
+  const std::uint64_t len = r.shape[d + 1], rows = r.shape[d], images = d ? r.shape[0] : 1;
   const auto &ys = r.strides[0], &as = r.strides[1], &bs = r.strides[2];
-  const bool dense = ys[1] == 1 && as[1] == 1 && bs[1] == 1 && ys[0] == len;
-  const bool a_repeats = dense && as[0] == 0 && bs[0] == len, b_repeats = dense && bs[0] == 0 && as[0] == len;
+  const bool dense = ys[d + 1] == 1 && as[d + 1] == 1 && bs[d + 1] == 1 && ys[d] == len;
+  const bool a_repeats = dense && as[d] == 0 && bs[d] == len, b_repeats = dense && bs[d] == 0 && as[d] == len;
   if (rows < 2 || len > kStage / 2 || !(a_repeats || b_repeats)) return false;
+  const auto &once_s = a_repeats ? as : bs, &other_s = a_repeats ? bs : as;
+  if (d && (ys[0] != rows * len || other_s[0] != rows * len)) return false;
   const fw::DType t = y.dtype;
   const bool half = t != fw::DType::kF32;
-  const std::uint64_t group = kStage / len;  // rows per call
+  const std::uint64_t group = kStage / len, per_image = (rows + group - 1) / group;  // rows per call
+  const std::uint64_t once_step = d ? once_s[0] * y.esize : 0;                       // bytes between images' rows
   const std::byte* once = (a_repeats ? a : b).data;
   const std::byte* other = (a_repeats ? b : a).data;
-  e.pool().parallel_for((rows + group - 1) / group,
-                        [&](std::uint64_t begin, std::uint64_t end) {
-                          float stage[kStage];
-                          if (half)
-                            widen_row(t, reinterpret_cast<const std::uint16_t*>(once), 1, stage, len);
-                          else
-                            std::memcpy(stage, once, len * sizeof(float));
-                          for (std::uint64_t i = 1; i < group; ++i)
-                            std::memcpy(stage + i * len, stage, len * sizeof(float));
-                          for (std::uint64_t g = begin; g < end; ++g) {
-                            const std::uint64_t first = g * group * len, n = std::min(group, rows - g * group) * len;
-                            if (!half) {
-                              const auto* o = reinterpret_cast<const float*>(other) + first;
-                              map_row(at, reinterpret_cast<float*>(y.data) + first, a_repeats ? stage : o, 1,
-                                      a_repeats ? o : stage, 1, n);
-                              continue;
-                            }
-                            float wide[kStage], out[kStage];
-                            widen_row(t, reinterpret_cast<const std::uint16_t*>(other) + first, 1, wide, n);
-                            map_row(at, out, a_repeats ? stage : wide, 1, a_repeats ? wide : stage, 1, n);
-                            auto* yh = reinterpret_cast<std::uint16_t*>(y.data) + first;
-                            t == fw::DType::kF16 ? simd::narrow_f16(out, yh, n) : simd::narrow_bf16(out, yh, n);
-                          }
-                        },
-                        std::max<std::uint64_t>(1, kGrain / kStage));
+  e.pool().parallel_for(
+      images * per_image,
+      [&](std::uint64_t begin, std::uint64_t end) {
+        float stage[kStage];
+        std::uint64_t staged = UINT64_MAX;  // the image whose row `stage` holds
+        for (std::uint64_t k = begin; k < end; ++k) {
+          const std::uint64_t image = k / per_image, g = k % per_image;
+          if (image != staged) {
+            const std::byte* row = once + image * once_step;
+            if (half)
+              widen_row(t, reinterpret_cast<const std::uint16_t*>(row), 1, stage, len);
+            else
+              std::memcpy(stage, row, len * sizeof(float));
+            for (std::uint64_t i = 1; i < group; ++i) std::memcpy(stage + i * len, stage, len * sizeof(float));
+            staged = image;
+          }
+          const std::uint64_t first = (image * rows + g * group) * len, n = std::min(group, rows - g * group) * len;
+          if (!half) {
+            const auto* o = reinterpret_cast<const float*>(other) + first;
+            map_row(at, reinterpret_cast<float*>(y.data) + first, a_repeats ? stage : o, 1, a_repeats ? o : stage, 1,
+                    n);
+            continue;
+          }
+          float wide[kStage], out[kStage];
+          widen_row(t, reinterpret_cast<const std::uint16_t*>(other) + first, 1, wide, n);
+          map_row(at, out, a_repeats ? stage : wide, 1, a_repeats ? wide : stage, 1, n);
+          auto* yh = reinterpret_cast<std::uint16_t*>(y.data) + first;
+          t == fw::DType::kF16 ? simd::narrow_f16(out, yh, n) : simd::narrow_bf16(out, yh, n);
+        }
+      },
+      std::max<std::uint64_t>(1, kGrain / kStage));
   return true;
 }
 
