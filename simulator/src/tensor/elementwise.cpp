@@ -255,11 +255,18 @@ bool repeated_rows(TensorEngine& e, const fw::ElementwiseAttrs& at, const Rows& 
                     n);
             continue;
           }
-          float wide[kStage], out[kStage];
-          widen_row(t, reinterpret_cast<const std::uint16_t*>(other) + first, 1, wide, n);
-          map_row(at, out, a_repeats ? stage : wide, 1, a_repeats ? wide : stage, 1, n);
+          // A block at a time, widened, mapped and rounded while it is in the
+          // first-level cache.
+          constexpr std::uint64_t kBlock = 1024;
+          float wide[kBlock], out[kBlock];
+          const auto* xh = reinterpret_cast<const std::uint16_t*>(other) + first;
           auto* yh = reinterpret_cast<std::uint16_t*>(y.data) + first;
-          t == fw::DType::kF16 ? simd::narrow_f16(out, yh, n) : simd::narrow_bf16(out, yh, n);
+          for (std::uint64_t s = 0; s < n; s += kBlock) {
+            const std::uint64_t m = std::min(kBlock, n - s);
+            widen_row(t, xh + s, 1, wide, m);
+            map_row(at, out, a_repeats ? stage + s : wide, 1, a_repeats ? wide : stage + s, 1, m);
+            t == fw::DType::kF16 ? simd::narrow_f16(out, yh + s, m) : simd::narrow_bf16(out, yh + s, m);
+          }
         }
       },
       std::max<std::uint64_t>(1, kGrain / kStage));
