@@ -181,10 +181,11 @@ for ((run = 1; run <= runs; ++run)); do
     # loses it where the PID is reused after the job ended (pid_max is
     # 32768 here, and a CI run starts more processes than that), and says
     # "not a child of this shell".
-    # Its output goes to then.log too: on a failure its failed tests are
+    # Its output goes to then.log too (through tee, which the status waits
+    # for): on a failure its failed tests are
     # printed again at the end, where a CI log's tail shows them.
     rm -f "$logs/then.status"
-    bash -c 'st=0; bash -c "$1" > >(tee "$3" >&2) 2>&1 || st=$?; echo "$st" >"$2"' \
+    bash -c 'bash -c "$1" 2>&1 | tee "$3" >&2; echo "${PIPESTATUS[0]}" >"$2"' \
       then "$then" "$logs/then.status" "$logs/then.log" &
     then_pid=$!
   fi

@@ -1162,8 +1162,7 @@ TEST(TensorEngine, ASmallOpRunsOnOneThreadAndALargeOneOnTheTeam) {
 
 // An int8 network's streaming op (quantisation, table lookups, the
 // quantized adds, multiplications and global pools, byte copies and
-// transposes) takes the team from
-// kSerialBelowNs / kStreamingShare while the pool's threads still spin
+// transposes) takes the team from kSerialBelowNs / kStreamingShare while the pool's threads still spin
 // from its last region, and from the whole bound when they sleep (a fresh
 // pool, or kSpinMs after its last region); other ops always from the
 // whole bound. The times are given, so no sleep or load changes it.

@@ -67,9 +67,9 @@ class WorkerPool {
   // `streaming`: the op is one of an int8 network's streaming loops
   // (quantisation, table lookups, the quantized adds, multiplications and
   // global pools, byte copies and transposes), which split into even runs
-  // that a spinning thread takes at once. While the pool's threads still spin from its last region
-  // (kSpinMs), the bound for those is kSerialBelowNs / kStreamingShare
-  // (5 us); asleep, a thread costs tens of microseconds to wake and then
+  // that a spinning thread takes at once. While the pool's threads still
+  // spin from its last region (kSpinMs), the bound for those is
+  // kSerialBelowNs / kStreamingShare (5 us); asleep, a thread costs tens of microseconds to wake and then
   // holds a core spinning, and the whole bound holds. So at batch 8, where
   // the integer convolutions keep the team awake, an int8 network runs its
   // gates, adds and pools on the team; at batch 1 they stay on one
