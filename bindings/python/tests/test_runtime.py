@@ -563,13 +563,14 @@ def test_int8_channel_shuffle_and_its_halves_move_bytes(dev):
         [numpy_helper.from_array(v.astype(np.float32), n) for n, v in w.items()] +
         [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in ints.items()])
     compiled, layers = int8_graph_against_fp32(dev, graph, (16, 4, 6, 6))
-    assert layers["shuffle"] == layers["first"] == layers["second"] == "cast", layers
-    assert "shuffle_t" not in layers and "shuffle_back" not in layers, layers
+    # Read only by the halves, the shuffled value is not made: each half is
+    # the shuffle's copy of its own channels.
+    assert layers["first"] == layers["second"] == "cast", layers
+    assert not {"shuffle", "shuffle_t", "shuffle_back"} & set(layers), layers
     assert set(layers["concat"].split("+")) <= {"cast", "gather"}, layers
     assert not any({"quantize", "dequantize"} & set(ops.split("+")) for ops in layers.values()), layers
     outputs = {l["node"]: l["output"] for l in dev.load_model(compiled).instance().profile(iterations=1)["layers"]}
-    assert outputs["shuffle"] == f"u8[{BATCH * 6 * 6}, 4, 2]", outputs
-    assert outputs["first"] == outputs["second"] == f"u8[{BATCH}, 6, 6, 4]", outputs
+    assert outputs["first"] == outputs["second"] == f"u8[{BATCH * 6 * 6}, 2, 2]", outputs
 
 
 def residual_bytes():
@@ -730,6 +731,70 @@ def test_an_fp32_network_keeps_slices_upsampling_and_channels_last_blocks_nhwc(d
     transposes = [l for l in layers if "transpose" in l["ops"].split("+")]
     assert [(l["node"], l["ops"]) for l in transposes] == [("", "transpose")], layers
     assert transposes[0]["flops"] == x.size + BATCH * 3 * 12 * 16, layers
+
+
+def shuffle_split_bytes(first_end):
+    """ShuffleNet's unit with 3 groups: x[N, 4, 6, 6] -> Conv 3x3 (12) ->
+    channel shuffle in 3 groups -> Slice of channels [0, first_end) and
+    [first_end, 12) -> Conv 1x1 of the second (5) -> Concat(first, it) ->
+    Conv 1x1 (4)."""
+    rest = 12 - first_end
+    w = {name: RNG.standard_normal(shape).astype(np.float32) * 0.4 for name, shape in
+         (("wa", (12, 4, 3, 3)), ("wb", (5, rest, 1, 1)), ("wc", (4, first_end + 5, 1, 1)))}
+    ints = {"groups": [BATCH, 3, 4, 6, 6], "whole": [BATCH, 12, 6, 6], "axes": [1], "lo": [0], "mid": [first_end],
+            "hi": [12]}
+    nodes = [
+        conv3("x", "wa", "a", "conv_a"),
+        helper.make_node("Reshape", ["a", "groups"], ["g"], name="shuffle"),
+        helper.make_node("Transpose", ["g"], ["gt"], name="shuffle_t", perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["gt", "whole"], ["sh"], name="shuffle_back"),
+        helper.make_node("Slice", ["sh", "lo", "mid", "axes"], ["s0"], name="first"),
+        helper.make_node("Slice", ["sh", "mid", "hi", "axes"], ["s1"], name="second"),
+        helper.make_node("Conv", ["s1", "wb"], ["b"], name="conv_b", kernel_shape=[1, 1]),
+        helper.make_node("Concat", ["s0", "b"], ["c"], name="concat", axis=1),
+        helper.make_node("Conv", ["c", "wc"], ["y"], name="conv_c", kernel_shape=[1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes, "shuffle_split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 4, 6, 6])],
+        [numpy_helper.from_array(v, n) for n, v in w.items()] +
+        [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in ints.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+
+    def reference(x):
+        x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+        a = sum(np.einsum("nchw,oc->nohw", x[:, :, i:i + 6, j:j + 6], w["wa"][:, :, i, j])
+                for i in range(3) for j in range(3))
+        sh = a.reshape(BATCH, 3, 4, 6, 6).transpose(0, 2, 1, 3, 4).reshape(BATCH, 12, 6, 6)
+        b = np.einsum("nchw,oc->nohw", sh[:, first_end:], w["wb"][:, :, 0, 0])
+        return np.einsum("nchw,oc->nohw", np.concatenate([sh[:, :first_end], b], axis=1), w["wc"][:, :, 0, 0])
+
+    return model.SerializeToString(), reference
+
+
+@pytest.mark.parametrize("first_end", [3, 4])
+def test_a_channel_shuffle_read_only_by_slices_of_whole_groups_is_copied_into_them(dev, first_end):
+    # Slices at whole groups of the 3 (channels 0..3 and 3..12): each is
+    # the shuffle's copy of its own channels, and the shuffled value is not
+    # made; the first, read only by the Concat, is copied into its part of
+    # the Concat's output, which then copies in conv_b's 5 channels alone.
+    # At channel 4 (not a whole group) the shuffle is made, then sliced, and
+    # the Concat copies both of its inputs.
+    x, layers = fp32_layers(dev, lambda: shuffle_split_bytes(first_end), (BATCH, 4, 6, 6))
+    outputs = {l["node"]: (l["ops"], l["output"]) for l in layers if l["node"]}
+    copied = {l["node"]: l["flops"] for l in layers if l["node"]}
+    assert "shuffle_t" not in outputs and "shuffle_back" not in outputs, outputs
+    if first_end == 3:
+        assert "shuffle" not in outputs, outputs
+        assert outputs["first"] == ("cast", f"f32[{BATCH * 6 * 6}, 1, 3]"), outputs
+        assert outputs["second"] == ("cast", f"f32[{BATCH * 6 * 6}, 3, 3]"), outputs
+        assert copied["concat"] == BATCH * 6 * 6 * 5, copied
+    else:
+        assert outputs["shuffle"] == ("cast", f"f32[{BATCH * 6 * 6}, 4, 3]"), outputs
+        assert outputs["first"] == ("cast", f"f32[{BATCH}, 6, 6, 4]"), outputs
+        assert outputs["second"] == ("cast", f"f32[{BATCH}, 6, 6, 8]"), outputs
+        assert copied["concat"] == BATCH * 6 * 6 * 9, copied
 
 
 def test_profile_times_every_layer_by_node_name(dev, cnn):

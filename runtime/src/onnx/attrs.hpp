@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "onnx/handler.hpp"
 
@@ -22,6 +23,15 @@ struct ConcatAttrs {
   std::optional<std::int64_t> axis;  // as given
   std::int64_t resolved = 0;         // made non-negative by its shape rule
   static ConcatAttrs read(const Attrs& a) { return {a.opt_i("axis"), 0}; }
+};
+
+// Slice (and Split, made Slices); a channel shuffle's lowering reads the
+// Slices after it (shape.cpp).
+struct SliceAttrs {
+  std::vector<std::int64_t> starts, ends;  // the attributes (the inputs from opset 10)
+  // Resolved by its shape rule: the start and step per dimension.
+  std::vector<std::int64_t> lo, step;
+  static SliceAttrs read(const Attrs& a) { return {a.ints("starts"), a.ints("ends"), {}, {}}; }
 };
 
 }  // namespace tpuhal::rt::detail

@@ -67,7 +67,11 @@ bool nhwc_concat(Lowerer& l, const Node& n, std::int64_t axis) {
     return false;
   for (const auto& x : n.inputs)
     if (auto it = l.reps.find(x); !l.g.value(x).data && (it == l.reps.end() || it->second.boolean)) return false;
-  const auto y = l.produce_nhwc_float(n.output, shape);
+  // The output is made already where an input was made in its part (a
+  // channel shuffle's Slice: shape.cpp's made_in_concat); that one is not copied.
+  const auto made = l.reps.find(n.output);
+  const auto y = made != l.reps.end() && made->second.primary_nhwc ? made->second.nhwc_float
+                                                                   : l.produce_nhwc_float(n.output, shape);
   const auto st = row_major_strides(to_nhwc(shape));
   const std::size_t ax = nhwc_dim(static_cast<std::size_t>(axis));
   std::int64_t at = 0;
@@ -75,6 +79,9 @@ bool nhwc_concat(Lowerer& l, const Node& n, std::int64_t axis) {
     const auto xs = to_nhwc(l.shape_of(x));
     const auto part = l.dg().add_subview(y, xs, st, static_cast<std::uint64_t>(at * st[ax]) * size_of(l.nhwc_type));
     at += xs[ax];
+    if (const auto r = l.reps.find(x); r != l.reps.end() && r->second.primary_nhwc && r->second.nhwc_float >= 0 &&
+                                       l.dg().tensors[static_cast<std::size_t>(r->second.nhwc_float)].base == y)
+      continue;
     l.op("cast", n.name, {{"x", l.get_nhwc_float(x)}, {"y", part}});
   }
   return true;
@@ -88,6 +95,9 @@ void lower_concat(Lowerer& l, const Node& n) {
   if (nhwc_concat(l, n, axis)) return;
   const DType t = l.float_type();
   const auto& shape = l.shape_of(n.output);
+  // An NHWC output made for an input made in its part (made_in_concat) is
+  // that input's storage alone: this output is made anew.
+  if (const auto it = l.reps.find(n.output); it != l.reps.end() && it->second.primary_nhwc) l.reps.erase(it);
   std::int64_t y;
   if (auto it = l.reps.find(n.output); it != l.reps.end() && it->second.by_dtype.count(t))
     y = it->second.by_dtype.at(t);

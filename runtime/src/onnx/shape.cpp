@@ -4,7 +4,9 @@
 // fixed shape; on constants each of these folds. Identity and Dropout are
 // removed, Constant is a weight.
 #include <algorithm>
+#include <optional>
 
+#include "onnx/attrs.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 
@@ -87,33 +89,120 @@ struct TransposeAttrs {
   static TransposeAttrs read(const Attrs& a) { return {a.ints("perm")}; }
 };
 
-// ShuffleNet's channel shuffle of a value held NHWC, f32 (float_nhwc) or
-// u8 (int8) (Reshape [N, C, H, W] to [N, G, C/G, H, W], Transpose (0, 2, 1,
-// 3, 4), Reshape back to [N, C, H, W], the middle values used by nothing
-// else) is one strided copy within each position's channels, into NHWC:
-// output channel c * G + g is input channel g * C/G + c. The u8 values keep
-// their input's scale (a permutation), as a Slice's do.
+// The Slices that are all that reads 4-D value `v`: each of whole groups of
+// `groups` channels (NCHW axis 1, step 1) and all of every other dimension.
+// Empty where anything else reads it (or it is a graph output).
+std::vector<const Node*> group_slices(const Lowerer& l, const std::string& v, std::int64_t groups) {
+  for (const auto& o : l.g.outputs)
+    if (o.second == v) return {};
+  const auto& vs = l.shape_of(v);
+  std::vector<const Node*> slices;
+  for (const auto& c : l.g.nodes) {
+    const auto uses = std::count(c.inputs.begin(), c.inputs.end(), v);
+    if (uses == 0) continue;
+    if (c.op != "Slice" || uses != 1 || c.inputs[0] != v || (l.int8() && l.keep_fp16.count(c.name))) return {};
+    const auto& a = c.attr<SliceAttrs>();
+    const auto& cs = l.shape_of(c.output);
+    if (a.lo.size() != 4 || cs.size() != 4 || cs[1] == 0 || cs[1] % groups != 0 || a.lo[1] % groups != 0) return {};
+    for (std::size_t d = 0; d < 4; ++d)
+      if (a.step[d] != 1 || (d != 1 && (a.lo[d] != 0 || cs[d] != vs[d]))) return {};
+    slices.push_back(&c);
+  }
+  return slices;
+}
+
+// ShuffleNet's channel shuffle begun by Reshape `n`: Reshape [N, C, H, W]
+// to [N, G, C/G, H, W], Transpose (0, 2, 1, 3, 4), Reshape back to [N, C,
+// H, W], the middle values used by nothing else. Output channel c * G + g
+// is input channel g * C/G + c.
+struct Shuffle {
+  const Node* transpose = nullptr;
+  const Node* back = nullptr;  // its output is the shuffled value
+  std::int64_t groups = 0, per = 0;
+};
+
+std::optional<Shuffle> shuffle_at(const Lowerer& l, const Node& n) {
+  if (n.op != "Reshape") return std::nullopt;
+  const auto& xs = l.shape_of(n.inputs[0]);
+  const auto& rs = l.shape_of(n.output);
+  if (xs.size() != 4 || rs.size() != 5 || rs[0] != xs[0] || rs[1] * rs[2] != xs[1] || rs[3] != xs[2] || rs[4] != xs[3])
+    return std::nullopt;
+  const Node* t = l.sole_consumer(n.output);
+  if (!t || t->op != "Transpose" || t->attr<TransposeAttrs>().perm != std::vector<std::int64_t>{0, 2, 1, 3, 4})
+    return std::nullopt;
+  const Node* back = l.sole_consumer(t->output);
+  if (!back || back->op != "Reshape" || l.shape_of(back->output) != xs) return std::nullopt;
+  return Shuffle{t, back, rs[1], rs[2]};
+}
+
+// fp32, fp16 and bf16: Slice `s` (of whole groups of `groups` channels)
+// read only by a Concat along channels is made in its part of the Concat's
+// output, which is made now (nhwc_concat copies the other inputs in, not
+// this one): returns that part viewed [pixels, channels / groups, groups]
+// for the shuffle's copy, `s` held there. -1 where it is not so.
+std::int64_t made_in_concat(Lowerer& l, const Node& s, std::int64_t groups) {
+  const Node* c = l.sole_consumer(s.output);
+  if (l.int8() || !c || c->op != "Concat" || c->attr<ConcatAttrs>().resolved != 1 ||
+      std::count(c->inputs.begin(), c->inputs.end(), s.output) != 1 || l.shape_of(c->output).size() != 4)
+    return -1;
+  const auto& cs = l.shape_of(c->output);
+  const auto& ss = l.shape_of(s.output);
+  std::int64_t at = 0;  // the part's first channel
+  for (std::size_t i = 0; c->inputs[i] != s.output; ++i) at += l.shape_of(c->inputs[i])[1];
+  const auto it = l.reps.find(c->output);
+  const std::int64_t y =
+      it != l.reps.end() && it->second.primary_nhwc ? it->second.nhwc_float : l.produce_nhwc_float(c->output, cs);
+  const auto offset = static_cast<std::uint64_t>(at) * size_of(l.nhwc_type);
+  const auto part = l.dg().add_subview(y, to_nhwc(ss), row_major_strides(to_nhwc(cs)), offset);
+  l.dg().tensors[static_cast<std::size_t>(part)].value = s.output;
+  Rep r;
+  r.primary = l.nhwc_type;
+  r.primary_nhwc = true;
+  r.nhwc_float = part;
+  l.reps[s.output] = r;
+  return l.dg().add_subview(y, {ss[0] * ss[2] * ss[3], ss[1] / groups, groups}, {cs[1], groups, 1}, offset);
+}
+
+// A channel shuffle of a value held NHWC, f32 (float_nhwc) or u8 (int8), is
+// one strided copy within each position's channels, into NHWC. Where the
+// shuffled value is read only by Slices of whole groups of channels
+// (ShuffleNet's split into halves), each Slice is that copy of its
+// channels alone, and the shuffled value is never made: one pass over the
+// bytes, not two; a Slice that only a Concat reads (the half a unit passes
+// on) is copied into its part of the Concat's output, not copied again.
+// The u8 values keep their input's scale (a permutation), as a Slice's do.
 bool channel_shuffle(Lowerer& l, const Node& n) {
   const std::string& x = n.inputs[0];
   const bool f32 = l.held_float_nhwc(x);
   if (n.op != "Reshape" || !(f32 || (l.int8() && !l.keep_fp16.count(n.name) && held_u8_nhwc(l.reps, x)))) return false;
+  const auto sh = shuffle_at(l, n);
+  if (!sh) return false;
   const auto& xs = l.shape_of(x);
-  const auto& rs = l.shape_of(n.output);
-  if (xs.size() != 4 || rs.size() != 5 || rs[0] != xs[0] || rs[1] * rs[2] != xs[1] || rs[3] != xs[2] || rs[4] != xs[3])
-    return false;
-  const Node* t = l.sole_consumer(n.output);
-  if (!t || t->op != "Transpose" || t->attr<TransposeAttrs>().perm != std::vector<std::int64_t>{0, 2, 1, 3, 4})
-    return false;
-  const Node* back = l.sole_consumer(t->output);
-  if (!back || back->op != "Reshape" || l.shape_of(back->output) != xs) return false;
-  const std::int64_t groups = rs[1], per = rs[2], pixels = xs[0] * xs[2] * xs[3];
+  const std::int64_t pixels = xs[0] * xs[2] * xs[3];
   const Rep& r = l.reps.at(x);
   const QParams q = r.q;  // produce_nhwc replaces the output's Rep, not x's; a copy keeps it plain
-  const auto from = l.dg().add_subview(f32 ? r.nhwc_float : r.nhwc, {pixels, per, groups}, {xs[1], 1, per}, 0);
-  const auto y = f32 ? l.produce_nhwc_float(back->output, xs) : l.produce_nhwc(back->output, xs, q);
-  l.op("cast", n.name, {{"x", from}, {"y", l.dg().add_view(y, {pixels, per, groups})}});
-  l.fused_into_producer.insert(t->name);
-  l.fused_into_producer.insert(back->name);
+  const std::int64_t src = f32 ? r.nhwc_float : r.nhwc;
+  const std::uint64_t esize = f32 ? size_of(l.nhwc_type) : 1;
+  // Shuffled channels [lo, lo + len) (whole groups) copied from x into
+  // `to`, value v viewed [pixels, len / G, G] (made here where `to` is -1).
+  auto shuffled = [&](const std::string& v, const std::string& node, std::int64_t lo, std::int64_t len,
+                      std::int64_t to) {
+    const auto& vs = l.shape_of(v);
+    const auto from = l.dg().add_subview(src, {pixels, len / sh->groups, sh->groups}, {xs[1], 1, sh->per},
+                                         static_cast<std::uint64_t>(lo / sh->groups) * esize);
+    if (to < 0)
+      to = l.dg().add_view(f32 ? l.produce_nhwc_float(v, vs) : l.produce_nhwc(v, vs, q),
+                           {pixels, len / sh->groups, sh->groups});
+    l.op("cast", node, {{"x", from}, {"y", to}});
+  };
+  const auto slices = group_slices(l, sh->back->output, sh->groups);
+  for (const Node* s : slices)
+    shuffled(s->output, s->name, s->attr<SliceAttrs>().lo[1], l.shape_of(s->output)[1],
+             f32 ? made_in_concat(l, *s, sh->groups) : -1);
+  if (slices.empty()) shuffled(sh->back->output, n.name, 0, xs[1], -1);
+  for (const Node* s : slices) l.fused_into_producer.insert(s->name);
+  l.fused_into_producer.insert(sh->transpose->name);
+  l.fused_into_producer.insert(sh->back->name);
   return true;
 }
 

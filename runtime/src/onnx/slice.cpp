@@ -3,18 +3,12 @@
 // output.
 #include <algorithm>
 
+#include "onnx/attrs.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/lowerer.hpp"
 
 namespace tpuhal::rt::detail {
 namespace {
-
-struct SliceAttrs {
-  std::vector<std::int64_t> starts, ends;  // the attributes (the inputs from opset 10)
-  // Resolved by its shape rule: the start and step per dimension.
-  std::vector<std::int64_t> lo, step;
-  static SliceAttrs read(const Attrs& a) { return {a.ints("starts"), a.ints("ends"), {}, {}}; }
-};
 
 // Slice's start and step per dimension and its output shape.
 struct SliceParams {
