@@ -415,6 +415,34 @@ def test_a_reduction_over_h_and_w_of_a_convolutions_output_is_a_global_pool(dev,
     assert own.count("transpose") + own.count("cast") == 1, [(l["node"], l["ops"]) for l in layers]
 
 
+@pytest.mark.parametrize("keep", [0, 1])
+def test_an_int8_mean_over_h_and_w_read_by_a_layer_is_a_global_pool_of_bytes(dev, keep):
+    # ShuffleNet's x.mean([2, 3]) before its classifier: in int8 the
+    # convolution's bytes are pooled as they are (qlinear_global_avg_pool),
+    # the same bits as a GlobalAveragePool and Flatten there, which pool so.
+    rng = np.random.default_rng(29)
+    x = rng.standard_normal((2, 3, 7, 5)).astype(np.float32)
+    w = (rng.standard_normal((6, 3, 3, 3)) * 0.5).astype(np.float32)
+    wf = (rng.standard_normal((4, 6)) * 0.5).astype(np.float32)
+    conv = helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])
+    gemm = helper.make_node("Gemm", ["m", "wf"], ["y"], transB=1)
+    mean = [helper.make_node("ReduceMean", ["c"], ["r" if keep else "m"], axes=[2, 3], keepdims=keep)]
+    if keep:
+        mean.append(helper.make_node("Flatten", ["r"], ["m"]))
+    pooled = [helper.make_node("GlobalAveragePool", ["c"], ["g"]), helper.make_node("Flatten", ["g"], ["m"])]
+    outputs = []
+    for nodes in ([conv, *mean, gemm], [conv, *pooled, gemm]):
+        onnx_bytes = model(nodes, {"x": x.shape}, "y", initializers=[("w", w), ("wf", wf)])
+        inst = dev.load_model(tpuhal.compile(onnx_bytes, "int8", device=dev.uri, calibration=x[None])).instance()
+        outputs.append(inst.run({"x": x})[0])
+        layers = {l["node"]: l["ops"] for l in inst.profile(1)["layers"]}
+        assert "qlinear_global_avg_pool" in layers.values(), layers
+        assert "dequantize" not in "+".join(ops for node, ops in layers.items() if node != ""), layers
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    want = (conv3x3(x.astype(np.float64), w).mean(axis=(2, 3))) @ wf.T
+    assert float(np.abs(outputs[0] - want).max()) <= 0.05 * float(np.abs(want).max())
+
+
 @pytest.mark.parametrize("inner", [1, 2, 3, 5, 8, 13])
 def test_reduce_prod_is_exact_on_powers_of_two(dev, inner):
     # Products of +-1/2, +-1 and +-2 are exact in every precision: the tree

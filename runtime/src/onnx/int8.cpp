@@ -213,15 +213,17 @@ bool Lowerer::qmul(const Node& n) {
 
 bool Lowerer::qavgpool(const Node& n) {
   const std::string& x = n.inputs[0];
-  if (!int8() || n.op != "GlobalAveragePool" || keep_fp16.count(n.name) || shape_of(x).size() != 4 ||
-      !held_u8_nhwc(reps, x) || !has_q(n.output))
-    return false;
+  const auto& xs = shape_of(x);
+  const auto& ys = shape_of(n.output);
+  if (!int8() || keep_fp16.count(n.name) || xs.size() != 4 || !held_u8_nhwc(reps, x) || !has_q(n.output)) return false;
   // A model output (a feature extractor's) keeps its f32 mean.
   for (const auto& [name, value] : g.outputs)
     if (value == n.output) return false;
   Rep& xr = reps.at(x);
   ensure_q_tensors(xr);
-  const auto y = produce_nhwc(n.output, shape_of(n.output), range_q(n.output));
+  // [N, C, 1, 1] held NHWC; a ReduceMean's [N, C] (keepdims 0): the same bytes.
+  const auto y = ys.size() == 4 ? produce_nhwc(n.output, ys, range_q(n.output))
+                                : dg().add_view(produce(n.output, DType::U8, ys), {xs[0], 1, 1, xs[1]});
   Rep& r = reps.at(n.output);
   ensure_q_tensors(r);
   op("qlinear_global_avg_pool", n.name,

@@ -203,11 +203,12 @@ struct Lowerer {
   // [n, c, 1, 1] (an SE block's), as qlinear_mul into u8 NHWC quantized to
   // the product's range; false (nothing emitted) where it does not apply.
   bool qmul(const Node& n);
-  // int8: GlobalAveragePool `n` of an activation held u8 NHWC, not a
-  // model output, as qlinear_global_avg_pool into u8 NHWC in its
-  // calibrated range (the bits of dequantize, the f32 pool and the
-  // quantize an int8 layer reading it would do); false (nothing emitted)
-  // where it does not apply.
+  // int8: GlobalAveragePool `n` (or a ReduceMean over H and W: reduce.cpp)
+  // of an activation held u8 NHWC, not a model output, as
+  // qlinear_global_avg_pool into u8 (NHWC where 4-D) in its calibrated
+  // range (the bits of dequantize, the f32 pool and the quantize an int8
+  // layer reading it would do); false (nothing emitted) where it does not
+  // apply.
   bool qavgpool(const Node& n);
   // qadd's and qmul's op `kind` of n's two inputs (held u8 NHWC) into
   // `result` (n's output, or the Relu's after it), u8 NHWC in its

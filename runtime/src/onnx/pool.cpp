@@ -185,7 +185,7 @@ void lower_pool(Lowerer& l, const Node& n) {
       lower_pool3d(l, n);
     return;
   }
-  if (l.qavgpool(n)) return;
+  if (n.op == "GlobalAveragePool" && l.qavgpool(n)) return;
   const auto o = onnx_attrs::pool_options(n.attr<PoolAttrs>(), xs);
   const bool max = is_max(n), one_d = xs.size() == 3;
   DType t = l.float_type();

@@ -190,13 +190,16 @@ nlohmann::json window_pool(std::uint32_t kh, std::uint32_t kw, const char* layou
 // x.mean([2, 3])) as a global pool of the NHWC tensor: the bits of the
 // pool over rows lower_reduce would run on its NCHW transpose (each output
 // meets its taps in (row, column) order, a mean divided once), without the
-// transpose. False (nothing emitted) where it does not apply.
+// transpose; in int8, a mean of bytes quantized to its range is
+// qlinear_global_avg_pool (qavgpool), as a GlobalAveragePool's is. False
+// (nothing emitted) where it does not apply.
 bool spatial_pool(Lowerer& l, const Node& n, const std::vector<bool>& reduced) {
   const auto& xs = l.shape_of(n.inputs[0]);
   if ((n.op != "ReduceMean" && n.op != "ReduceMax") || xs.size() != 4 || reduced[0] || reduced[1] || !reduced[2] ||
       !reduced[3] || xs[2] * xs[3] <= 1 || xs[0] * xs[1] == 0 ||
       !(l.held_float_nhwc(n.inputs[0]) || (l.int8() && l.held_nhwc(n.inputs[0]))))
     return false;
+  if (n.op == "ReduceMean" && l.qavgpool(n)) return true;  // int8: on the bytes
   const auto y = l.produce(n.output, l.float_type(), l.shape_of(n.output));
   const auto window = [&](std::size_t d) { return static_cast<std::uint32_t>(xs[d]); };
   l.op(n.op == "ReduceMax" ? "max_pool2d" : "avg_pool2d", n.name,
