@@ -67,12 +67,14 @@ TEST_P(Ops, AvgPoolDividesAsDocumented) {
     }
 }
 
-// f32 pooling NHWC (fp32 models' pools) steps a row of outputs at a time,
-// each tap over every column it falls inside (all the channels of each);
-// each output still meets its taps in (row, column) order, so the bits are
-// those of the same pool in NCHW. Windows that reach into the padding on
-// either side, strides and dilations that make a tap skip the first or
-// last columns, ceil_mode's extra window, NaNs and infinities.
+// Float pooling NHWC (fp32 models' pools) steps a row of outputs at a time,
+// each tap over every column it falls inside (all the channels of each;
+// f16 and bf16 widened an input row at a time, each output row rounded
+// once); each output still meets its taps in (row, column) order, so the
+// bits are those of the same pool in NCHW (where f16 and bf16 widen the
+// whole input first). Windows that reach into the padding on either side,
+// strides and dilations that make a tap skip the first or last columns,
+// ceil_mode's extra window, NaNs and infinities.
 TEST_P(Ops, FloatPoolNhwcGivesTheBitsOfNchw) {
   struct Geometry {
     std::array<std::uint32_t, 2> kernel, strides, dilations;
@@ -88,45 +90,36 @@ TEST_P(Ops, FloatPoolNhwcGivesTheBitsOfNchw) {
   };
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity()};
-  for (const Geometry& gm : geometries)
-    for (bool max : {true, false})
-      for (bool include : {false, true}) {
-        Pool2dOptions o;
-        o.kernel = gm.kernel;
-        o.strides = gm.strides;
-        o.dilations = gm.dilations;
-        o.pads = gm.pads;
-        o.ceil_mode = gm.ceil;
-        o.count_include_pad = include;
-        const std::int64_t n = 2, ch = 67, h = 9, w = 8;
-        const std::int64_t oh = window_out(h, o.kernel[0], o.strides[0], o.dilations[0], o.pads[0], o.pads[2], gm.ceil);
-        const std::int64_t ow = window_out(w, o.kernel[1], o.strides[1], o.dilations[1], o.pads[1], o.pads[3], gm.ceil);
-        Host x = rand(DType::F32, {n, ch, h, w}, -4, 4);
-        for (std::size_t i = 0; i < x.v.size(); i += 97) x.v[i] = specials[i / 97 % 3];
-        Host xt(DType::F32, {n, h, w, ch});
-        for (std::int64_t a = 0; a < n; ++a)
-          for (std::int64_t c = 0; c < ch; ++c)
-            for (std::int64_t r = 0; r < h; ++r)
-              for (std::int64_t q = 0; q < w; ++q)
-                xt.v[static_cast<std::size_t>(((a * h + r) * w + q) * ch + c)] = x.at({a, c, r, q});
-        const Tensor y = lab().output(DType::F32, {n, ch, oh, ow});
-        const Host want =
-            lab().run(max ? ops::max_pool2d(lab().upload(x), y, o) : ops::avg_pool2d(lab().upload(x), y, o), y);
-        o.layout = Layout::NHWC;
-        const Tensor yt = lab().output(DType::F32, {n, oh, ow, ch});
-        const Host got =
-            lab().run(max ? ops::max_pool2d(lab().upload(xt), yt, o) : ops::avg_pool2d(lab().upload(xt), yt, o), yt);
-        std::vector<double> back(got.size());
-        for (std::int64_t a = 0; a < n; ++a)
-          for (std::int64_t c = 0; c < ch; ++c)
-            for (std::int64_t r = 0; r < oh; ++r)
-              for (std::int64_t q = 0; q < ow; ++q)
-                back[static_cast<std::size_t>(((a * ch + c) * oh + r) * ow + q)] = got.at({a, r, q, c});
-        Host as_nchw(DType::F32, {n, ch, oh, ow});
-        as_nchw.v = back;
-        expect_exact(std::string(max ? "max_pool2d" : "avg_pool2d") + " NHWC against NCHW " + pool_text(o), as_nchw,
-                     want.v);
-      }
+  for (const DType dt : {DType::F32, DType::F16, DType::BF16})
+    for (const Geometry& gm : geometries)
+      for (bool max : {true, false})
+        for (bool include : {false, true}) {
+          Pool2dOptions o;
+          o.kernel = gm.kernel;
+          o.strides = gm.strides;
+          o.dilations = gm.dilations;
+          o.pads = gm.pads;
+          o.ceil_mode = gm.ceil;
+          o.count_include_pad = include;
+          const std::int64_t n = 2, ch = 67, h = 9, w = 8;
+          const std::int64_t oh =
+              window_out(h, o.kernel[0], o.strides[0], o.dilations[0], o.pads[0], o.pads[2], gm.ceil);
+          const std::int64_t ow =
+              window_out(w, o.kernel[1], o.strides[1], o.dilations[1], o.pads[1], o.pads[3], gm.ceil);
+          Host x = rand(dt, {n, ch, h, w}, -4, 4);
+          for (std::size_t i = 0; i < x.v.size(); i += 97) x.v[i] = specials[i / 97 % 3];
+          const Host xt = permuted(x, {0, 2, 3, 1});
+          const Tensor y = lab().output(dt, {n, ch, oh, ow});
+          const Host want =
+              lab().run(max ? ops::max_pool2d(lab().upload(x), y, o) : ops::avg_pool2d(lab().upload(x), y, o), y);
+          o.layout = Layout::NHWC;
+          const Tensor yt = lab().output(dt, {n, oh, ow, ch});
+          const Host got =
+              lab().run(max ? ops::max_pool2d(lab().upload(xt), yt, o) : ops::avg_pool2d(lab().upload(xt), yt, o), yt);
+          expect_exact(std::string(max ? "max_pool2d" : "avg_pool2d") + " " + std::string(to_string(dt)) +
+                           " NHWC against NCHW " + pool_text(o),
+                       permuted(got, {0, 3, 1, 2}), want.v);
+        }
 }
 
 // f16 and bf16 global pooling NHWC (fp16 models' squeeze-and-excitation
@@ -142,12 +135,7 @@ TEST_P(Ops, HalfGlobalPoolNhwcGivesTheBitsOfNchw) {
         o.kernel = {6, 6};
         const std::int64_t n = nc[0], ch = nc[1], h = 6, w = 6;
         const Host x = rand(dt, {n, ch, h, w}, -4, 4);
-        Host xt(dt, {n, h, w, ch});
-        for (std::int64_t a = 0; a < n; ++a)
-          for (std::int64_t c = 0; c < ch; ++c)
-            for (std::int64_t r = 0; r < h; ++r)
-              for (std::int64_t q = 0; q < w; ++q)
-                xt.v[static_cast<std::size_t>(((a * h + r) * w + q) * ch + c)] = x.at({a, c, r, q});
+        const Host xt = permuted(x, {0, 2, 3, 1});
         const Tensor y = lab().output(dt, {n, ch, 1, 1});
         const Host want =
             lab().run(max ? ops::max_pool2d(lab().upload(x), y, o) : ops::avg_pool2d(lab().upload(x), y, o), y);

@@ -48,7 +48,13 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
   // squeeze-and-excitation pools twice their f32 time.
   const bool half = x.dtype == y.dtype && (x.dtype == fw::DType::kF16 || x.dtype == fw::DType::kBF16);
   const bool half_global = half && oh == 1 && ow == 1 && x.strides[cd] == 1 && y.strides[cd] == 1;
-  if (half && !half_global) {
+  // Likewise NHWC pooling over dense rows (an fp16 or bf16 model's stem max
+  // pool): each input row is widened as the row loop below reaches it, and
+  // each output row rounded as it is done, in cache; widening the whole
+  // input first took ShuffleNet's stem pool at batch 8 twice its f32 time.
+  const bool half_rows =
+      half && !half_global && nhwc && x.strides[3] == 1 && x.strides[2] == c && y.strides[3] == 1 && y.strides[2] == c;
+  if (half && !half_global && !half_rows) {
     // Through the f32 loops below: widened exactly, each output formed in
     // f32 as the element loop at the end forms it, then rounded once.
     const View f32[2] = {widened(e, x, Staged::kX), staged_like(e, y, Staged::kY)};
@@ -116,7 +122,7 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
     });
     return {};
   }
-  if ((x.dtype == fw::DType::kF32 && y.dtype == fw::DType::kF32) || half_global) {
+  if ((x.dtype == fw::DType::kF32 && y.dtype == fw::DType::kF32) || half_global || half_rows) {
     // The same loops on f32 pointers, over the taps inside the input: each
     // output is formed exactly as below (the same values in the same order;
     // max keeps the first of equal values and turns NaN once one is met).
@@ -249,24 +255,34 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
       return {};
     }
     if (nhwc && x.strides[3] == 1 && y.strides[3] == 1) {
-      // NHWC (fp32 models): an output row at a time, each tap one step over
-      // every column it falls inside, all the channels of each (a call per
-      // tap and position took ShuffleNet's 24-channel stem pool 1.3 ms at
-      // batch 8); every output still meets its taps in (row, column) order.
+      // NHWC (fp32 models; f16 and bf16 ones a widened row at a time,
+      // half_rows): an output row at a time, each tap one step over every
+      // column it falls inside, all the channels of each (a call per tap
+      // and position took ShuffleNet's 24-channel stem pool 1.3 ms at batch
+      // 8); every output still meets its taps in (row, column) order.
       e.pool().parallel_for(
           n * oh,
           [&](std::uint64_t begin, std::uint64_t end) {
             std::vector<float> acc(ow * c);
+            std::vector<float> wide(half_rows ? static_cast<std::uint64_t>(w) * c : 0);  // a widened input row
             const auto ows = static_cast<std::int64_t>(ow);
             for (std::uint64_t nr = begin; nr < end; ++nr) {
               const std::uint64_t ni = nr / oh, r = nr % oh;
               const std::int64_t h0 = static_cast<std::int64_t>(r) * sh - pt;
               const auto [a0, a1] = taps(h0, dh, kh, h);
-              const float* xp = reinterpret_cast<const float*>(x.data) + ni * x.strides[0];
-              float* yr = reinterpret_cast<float*>(y.data) + ni * y.strides[0] + r * y.strides[1];
+              const std::uint64_t image = ni * x.strides[0];
+              float* yr =
+                  half_rows ? acc.data() : reinterpret_cast<float*>(y.data) + ni * y.strides[0] + r * y.strides[1];
               std::fill(acc.begin(), acc.end(), max ? -std::numeric_limits<float>::infinity() : 0.0f);
               for (std::int64_t a = a0; a < a1; ++a) {
-                const float* row = xp + (h0 + a * dh) * xh;
+                const auto from = image + static_cast<std::uint64_t>((h0 + a * dh) * xh);
+                const float* row = wide.data();
+                if (!half_rows)
+                  row = reinterpret_cast<const float*>(x.data) + from;
+                else if (x.dtype == fw::DType::kF16)
+                  simd::widen_f16(reinterpret_cast<const std::uint16_t*>(x.data) + from, wide.data(), wide.size());
+                else
+                  simd::widen_bf16(reinterpret_cast<const std::uint16_t*>(x.data) + from, wide.data(), wide.size());
                 for (std::int64_t b = 0; b < kw; ++b) {
                   // Columns col with 0 <= col * sw + off < w.
                   const std::int64_t off = b * dw - pl;
@@ -290,6 +306,11 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
                 for (std::uint64_t k = 0; k < c; ++k)
                   out[k] = max ? (got[k] != got[k] ? std::numeric_limits<float>::quiet_NaN() : got[k])
                                : (div ? got[k] / static_cast<float>(div) : 0.0f);
+              }
+              if (half_rows) {  // the row formed in place in acc, rounded once
+                auto* yp = reinterpret_cast<std::uint16_t*>(y.data) + ni * y.strides[0] + r * y.strides[1];
+                y.dtype == fw::DType::kF16 ? simd::narrow_f16(acc.data(), yp, ow * c)
+                                           : simd::narrow_bf16(acc.data(), yp, ow * c);
               }
             }
           },
