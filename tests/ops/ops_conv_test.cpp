@@ -98,6 +98,29 @@ TEST_P(Ops, Conv2dAccumulatesIntoWhatYHolds) {
              lab().run(ops::conv2d(lab().upload(x), lab().upload(w), y, o), y),
              ref_conv(x, w, bias, c.g, o.activation, dt, ys, &prior));
     }
+    // A depthwise NHWC convolution of 5 channels with a bias, strided,
+    // dilated and padded unevenly: oneDNN's SSE4.1 depthwise kernel with
+    // its sum post-op crashed on it (TPUHAL_MAX_ISA=sse41 runs it on the
+    // engine's loops instead).
+    {
+      ConvGeom g;
+      g.layout = Layout::NHWC;
+      g.groups = 5;
+      g.strides = {3, 3};
+      g.dilations = {2, 1};
+      g.pads = {2, 2, 1, 3};
+      const Host x = rand(dt, {1, 8, 8, 5}), w = rand(dt, {5, 1, 4, 3});
+      const Host bias = rand(DType::F32, {5});
+      const Shape ys = conv_out_shape(x, w.shape, g);
+      const Host prior = rand(dt, ys, -2, 2);
+      Conv2dOptions o = g.options();
+      o.accumulate = true;
+      o.bias = lab().upload(bias);
+      const Tensor y = lab().upload(prior);
+      expect(std::string("conv2d accumulating depthwise NHWC with a bias ") + to_string(dt),
+             lab().run(ops::conv2d(lab().upload(x), lab().upload(w), y, o), y),
+             ref_conv(x, w, bias, g, o.activation, dt, ys, &prior));
+    }
     // y in pinned host memory: read by the board through the IOMMU (on a
     // USB board, fetched from the host before the op).
     {
