@@ -75,6 +75,99 @@ TEST_P(Ops, Conv2dSpecificGeometries) {
       }
 }
 
+// The f16 and bf16 routes of CPUs where oneDNN has no kernel for the
+// type, over more than a few rows (the capped instruction-set runs take
+// them for bf16 too): a 1x1 convolution in bands of pixels (several, the
+// last one short), a depthwise one a row at a time (dilated rows kept
+// while later rows read them), each with x and y views of wider tensors
+// (pixels at a step of their own), with and without accumulating; and 3x3
+// ones in bands of output rows, each band with the padding it meets.
+TEST_P(Ops, Conv2dInBandsAndRowsMatchesTheReference) {
+  struct Case {
+    const char* name;
+    Shape x;  // N, H, W, C (NHWC)
+    Shape ws;
+    ConvGeom g;
+    bool every;  // f16 and bf16, with and without views and accumulating; else f16, plain and both
+  };
+  ConvGeom pointwise, dilated, strided, padded, uneven;
+  for (ConvGeom* g : {&pointwise, &dilated, &strided, &padded, &uneven}) g->layout = Layout::NHWC;
+  dilated.groups = 24;
+  dilated.dilations = {2, 2};
+  dilated.pads = {2, 2, 2, 2};
+  strided.groups = 20;
+  strided.strides = {2, 2};
+  strided.pads = {2, 1, 2, 2};
+  padded.pads = {1, 1, 1, 1};
+  uneven.strides = {2, 1};
+  uneven.dilations = {2, 1};
+  uneven.pads = {1, 0, 3, 1};
+  const std::vector<Case> cases{
+      {"1x1 in bands", {2, 40, 36, 8}, {16, 8, 1, 1}, pointwise, true},
+      {"depthwise 3x3 dilated 2", {2, 23, 19, 24}, {24, 1, 3, 3}, dilated, true},
+      {"depthwise 5x5 strided 2", {1, 17, 22, 20}, {20, 1, 5, 5}, strided, true},
+      // Three bands of 10 output rows each: the first in the top padding,
+      // the last in the bottom's.
+      {"3x3 in row bands", {1, 30, 64, 64}, {2, 64, 3, 3}, padded, false},
+      // Strided and dilated rows, padding uneven, a shorter last band.
+      {"3x3 strided 2 dilated 2 in row bands", {1, 50, 60, 48}, {2, 48, 3, 3}, uneven, false},
+  };
+  for (const Case& c : cases)
+    for (DType dt : {DType::F16, DType::BF16})
+      for (const bool views : {false, true})
+        for (const bool accumulate : {false, true}) {
+          if (!c.every && (dt != DType::F16 || views != accumulate)) continue;
+          const std::string what = std::string("conv2d ") + c.name + " " + to_string(dt) + (views ? " views" : "") +
+                                   (accumulate ? " accumulating" : "");
+          const Host x = rand(dt, c.x), w = rand(dt, c.ws), bias = rand(DType::F32, {c.ws[0]});
+          const Shape ys = conv_out_shape(x, c.ws, c.g);
+          ASSERT_FALSE(ys.empty()) << what;
+          const Host prior = rand(dt, ys, -2, 2);
+          // A view: the first channels of a tensor 3 channels wider, whose
+          // other channels must stay as they were.
+          const auto place = [&](const Host& h, Host& wide) {
+            Shape s = h.shape;
+            s[3] += 3;
+            wide = rand(dt, s);
+            for (std::int64_t p = 0; p < numel(h.shape) / h.shape[3]; ++p)
+              for (std::int64_t ch = 0; ch < h.shape[3]; ++ch)
+                wide.v[static_cast<std::size_t>(p * s[3] + ch)] = h.v[static_cast<std::size_t>(p * h.shape[3] + ch)];
+            const Tensor t = lab().upload(wide);
+            return Tensor(t.buffer(), dt, h.shape, {s[1] * s[2] * s[3], s[2] * s[3], s[3], 1}, 0);
+          };
+          Host xwide, ywide;
+          const Tensor xt = views ? place(x, xwide) : lab().upload(x);
+          const Tensor yt = views ? place(prior, ywide) : accumulate ? lab().upload(prior) : lab().output(dt, ys);
+          Conv2dOptions o = c.g.options();
+          o.bias = lab().upload(bias);
+          o.activation = ActivationParams::relu6();
+          o.accumulate = accumulate;
+          lab().run(ops::conv2d(xt, lab().upload(w), yt, o));
+          const Ref want = ref_conv(x, w, bias, c.g, o.activation, dt, ys, accumulate ? &prior : nullptr);
+          if (!views) {
+            expect(what, lab().download(yt), want);
+            continue;
+          }
+          const Host after = lab().download(Tensor(yt.buffer(), dt, ywide.shape));
+          Host got(dt, ys);
+          std::vector<double> gaps, gaps_before;
+          const std::int64_t wide_c = ywide.shape[3];
+          for (std::int64_t i = 0; i < numel(ywide.shape); ++i) {
+            const std::int64_t p = i / wide_c, ch = i % wide_c;
+            if (ch < ys[3]) {
+              got.v[static_cast<std::size_t>(p * ys[3] + ch)] = after.v[static_cast<std::size_t>(i)];
+            } else {
+              gaps.push_back(after.v[static_cast<std::size_t>(i)]);
+              gaps_before.push_back(ywide.v[static_cast<std::size_t>(i)]);
+            }
+          }
+          expect(what, got, want);
+          Host gap_host(dt, {static_cast<std::int64_t>(gaps.size())});
+          gap_host.v = gaps;
+          expect_exact(what + ": the channels beside y's", gap_host, gaps_before);
+        }
+}
+
 // Conv2dOptions::accumulate: y = act(conv + bias + y as it was), in every
 // float type and layout, by each of the engine's routes: oneDNN writing y
 // (its sum post-op), the engine's own depthwise loop in NCHW, a scratch

@@ -103,6 +103,18 @@ TEST(OpsDeterminism, ResultsAreBitIdenticalWhateverTheEngineThreadCount) {
                      o.activation = ActivationParams::relu6();
                      return ops::conv2d(in[0], in[1], y, o);
                    }});
+  // A 1x1 convolution of f16 in bands of pixels, the last one short.
+  cases.push_back({"conv2d f16 NHWC 1x1 in bands",
+                   {R(DType::F16, {2, 40, 36, 8}), R(DType::F16, {16, 8, 1, 1}), R(DType::F32, {16})},
+                   DType::F16,
+                   {2, 40, 36, 16},
+                   [](Lab&, const std::vector<Tensor>& in, const Tensor& y) {
+                     Conv2dOptions o;
+                     o.layout = Layout::NHWC;
+                     o.bias = in[2];
+                     o.activation = ActivationParams::relu();
+                     return ops::conv2d(in[0], in[1], y, o);
+                   }});
   cases.push_back({"softmax f32 rows",
                    {R(DType::F32, {64, 300})},
                    DType::F32,

@@ -491,6 +491,45 @@ TEST(TensorIsa, ConvolutionTapStepRoundsTheProductThenAddsAtEveryLevel) {
       }
 }
 
+TEST(TensorIsa, DepthwiseRowsAddRoundedProductsInTapOrderAtEveryLevel) {
+  // out[o * ch + c] = bias[c] + in[0][o * step + c] * w[c] + ..., each
+  // product and sum rounded once, in tap order: the scalar rule's bits at
+  // every level, for channel counts that take every vector width and the
+  // scalar tail, and column counts that take every group of columns.
+  std::mt19937 rng(14);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (Isa isa : levels_here())
+    for (std::size_t ch : {1u, 3u, 4u, 8u, 13u, 16u, 29u, 48u})
+      for (std::size_t ow : {1u, 2u, 3u, 4u, 7u, 9u})
+        for (std::size_t taps : {1u, 9u})
+          for (std::size_t stride : {1u, 2u}) {
+            SCOPED_TRACE(std::string(isa_name(isa)) + " ch " + std::to_string(ch) + " ow " + std::to_string(ow) +
+                         " taps " + std::to_string(taps) + " stride " + std::to_string(stride));
+            const std::size_t step = stride * ch, len = (ow - 1) * step + ch;
+            std::vector<std::vector<float>> rows(taps, std::vector<float>(len));
+            std::vector<const float*> in;
+            for (auto& r : rows) {
+              for (auto& v : r) v = u(rng);
+              in.push_back(r.data());
+            }
+            std::vector<float> w(taps * ch), bias(ch), out(ow * ch, -1.0f), want(ow * ch);
+            for (auto& v : w) v = u(rng);
+            for (auto& v : bias) v = u(rng);
+            for (std::size_t o = 0; o < ow; ++o)
+              for (std::size_t c = 0; c < ch; ++c) {
+                float acc = bias[c];
+                for (std::size_t t = 0; t < taps; ++t) {
+                  volatile float product = in[t][o * step + c] * w[t * ch + c];  // kept from fusing with the sum
+                  acc += product;
+                }
+                want[o * ch + c] = acc;
+              }
+            simd::kernels(isa).dw_rows_f32(out.data(), in.data(), w.data(), bias.data(), taps, ow, ch, step);
+            for (std::size_t i = 0; i < out.size(); ++i)
+              ASSERT_EQ(std::memcmp(&out[i], &want[i], 4), 0) << "element " << i;
+          }
+}
+
 TEST(TensorIsa, ExpIsWithinTwoUlpAndItsActivationsMatchTheScalarRule) {
   // Every 1/64 from -110 to 95, random points in between, and the edges.
   std::vector<float> xs;
@@ -1087,7 +1126,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 35u);
+  ASSERT_EQ(simd::entry_points().size(), 36u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 #include <cstring>
+#include <unordered_map>
+#include <vector>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "dnnl_state.h"
@@ -100,6 +102,11 @@ struct FusedRequant {
   std::int32_t zero;
 };
 
+// Runs a primitive dnnl_conv made (or found), with the weights in the
+// layout the primitive takes: its runs set the operands in memory objects
+// of their own (the primitive's arguments are the calling thread's).
+using ConvRunner = std::function<void(const DnnlState::Conv&, const dnnl::memory& weights)>;
+
 // Runs a oneDNN forward convolution; weights are reordered into the layout
 // the primitive prefers. Returns false if oneDNN has no implementation (or,
 // with `requant`, only a reference one). `src_zero`, when given, is
@@ -112,10 +119,11 @@ struct FusedRequant {
 // before are taken without comparing their bytes again. `sum`: the result
 // is added to what ydata holds (oneDNN's sum post-op, after the bias: each
 // output rounded once more, as a separate addition would round it).
+// `runner`: given, it runs the primitive in place of the single run here.
 bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata, dt wtype,
                const View* bias, const View& y, dt yt, void* ydata, const std::int32_t* src_zero = nullptr,
                const FusedRequant* requant = nullptr, bool depthwise_kernel = false, bool weights_reused = false,
-               bool sum = false) {
+               bool sum = false, const ConvRunner* runner = nullptr) {
   try {
     const auto D = [](std::uint64_t v) { return static_cast<dnnl::memory::dim>(v); };
     const dnnl::memory::desc xd = act_desc(x, g.nhwc, xt);
@@ -292,6 +300,10 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
         dnnl::reorder(c.w_user, wmem).execute(stream, c.w_user, wmem);
         if (dense_w) e.dnnl().remember_weights(k, src, wbytes, wmem);
       }
+    }
+    if (runner) {
+      (*runner)(c, wmem);
+      return true;
     }
     c.args[DNNL_ARG_WEIGHTS] = wmem;
     c.primitive.execute(stream, c.args);
@@ -758,6 +770,337 @@ bool grouped_f32(TensorEngine& e, const Geometry& g, const View& x, const View& 
   return true;
 }
 
+// A depthwise convolution of f16 or bf16 in NHWC (one channel per group,
+// channels dense in x and y), on the engine's own loop, for the CPUs where
+// oneDNN has no kernel for the type. Each thread widens the input rows its
+// outputs read into a few padded rows of its own (kept while the next
+// output row reads them too) and rounds each output row once, while it is
+// in the first-level cache. Widening the whole input before oneDNN's f32
+// kernel and rounding its whole output after cost two more passes over
+// memory than the convolution itself: MobileNetV2's depthwise layers in
+// fp16 took 2 to 3 times their fp32 time.
+// Each output is its bias plus its products in (kernel row, kernel column)
+// order, taps in the padding included (w * 0, as ONNX pads), each product
+// rounded and then added (never fused) (simd::dw_rows_f32), then what y
+// held where it accumulates, then the activation: the same bits at every
+// instruction-set level and thread count.
+bool depthwise_nhwc_16(TensorEngine& e, const Geometry& g, const fw::ConvAttrs& at, const View& x, const View& w,
+                       const View& bias, const View& y) {
+  const bool f16 = x.dtype == fw::DType::kF16;
+  if (!g.nhwc || !g.depthwise() || (!f16 && x.dtype != fw::DType::kBF16) || y.dtype != x.dtype || x.strides[3] != 1 ||
+      y.strides[3] != 1 || g.oh == 0 || g.ow == 0)
+    return false;
+  const std::uint64_t ch = g.c, taps = g.kh * g.kw;
+  // Weights tap-major, [kh * kw, ch], in f32: kept while their bytes stay
+  // the same (a model's weights run after run), and the bias.
+  const auto fill = [&](float* wt) {
+    for (std::uint64_t ci = 0; ci < ch; ++ci)
+      for (std::uint64_t a = 0; a < g.kh; ++a)
+        for (std::uint64_t bb = 0; bb < g.kw; ++bb)
+          wt[(a * g.kw + bb) * ch + ci] = load_float(w.at(Geometry::wgt(w, ci, 0, a, bb)), w.dtype);
+  };
+  const float* wt = nullptr;
+  if (w.contiguous()) {
+    constexpr std::int64_t kTapMajor = 0x544D;  // "TM": what the entry is (engine.cpp's widened floats: "WD")
+    PackedCache::Key key{kTapMajor, reinterpret_cast<std::intptr_t>(w.data)};
+    for (const std::uint64_t v : {static_cast<std::uint64_t>(w.dtype), ch, g.kh, g.kw})
+      key.push_back(static_cast<std::int64_t>(v));
+    const std::size_t bytes = w.elements() * w.esize;
+    wt = e.packed_cache().find(key, w.data, bytes);
+    if (!wt)
+      if (float* into = e.packed_cache().insert(std::move(key), w.data, bytes, taps * ch)) {
+        fill(into);
+        wt = into;
+      }
+  }
+  std::vector<float> own, bv(ch, 0.0f);
+  if (!wt) {
+    own.resize(taps * ch);
+    fill(own.data());
+    wt = own.data();
+  }
+  if (bias.present())
+    for (std::uint64_t ci = 0; ci < ch; ++ci) bv[ci] = load_float(bias.at(ci * bias.strides[0]), bias.dtype);
+  const auto widen = f16 ? simd::widen_f16 : simd::widen_bf16;
+  const auto narrow = f16 ? simd::narrow_f16 : simd::narrow_bf16;
+  const auto act = static_cast<fw::Activation>(at.activation);
+  const bool accumulate = at.accumulate != 0;
+  // A padded row: pl zero columns, the input's w, zeros to the last tap's
+  // reach. An output row reads kh input rows within a span of `span`
+  // rows, distinct modulo span: row ih is kept in slot ih % span.
+  const std::uint64_t cols = std::max(g.pl + g.w + g.pr, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1);
+  const std::uint64_t row_len = cols * ch, span = (g.kh - 1) * g.dh + 1;
+  const auto* xbase = reinterpret_cast<const std::uint16_t*>(x.data);
+  auto* ybase = reinterpret_cast<std::uint16_t*>(y.data);
+  e.pool().parallel_for(
+      g.n * g.oh,
+      [&](std::uint64_t begin, std::uint64_t end) {
+        // Each thread's rows stay from op to op (fresh ones of this size
+        // were fresh pages, faulted in at every call), each on a cache line
+        // of its own: rows, the padding's row, the output row and y's.
+        thread_local std::vector<float> mem;
+        const std::uint64_t row_stride = (row_len + 15) / 16 * 16, out_len = (g.ow * ch + 15) / 16 * 16;
+        mem.resize(std::max<std::size_t>(mem.size(), (span + 1) * row_stride + 2 * out_len + 16));
+        float* const rows =
+            reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(mem.data()) + 63) & ~std::uintptr_t{63});
+        float* const zero = rows + span * row_stride;
+        float* const out = zero + row_stride;
+        float* const held = out + out_len;
+        std::fill(zero, zero + row_len, 0.0f);
+        for (std::uint64_t slot = 0; slot < span; ++slot) {  // the padding columns of each kept row
+          float* row = rows + slot * row_stride;
+          std::fill(row, row + g.pl * ch, 0.0f);
+          std::fill(row + (g.pl + g.w) * ch, row + row_len, 0.0f);
+        }
+        std::vector<std::int64_t> tag(span, -1);  // the input row (n * h + ih) each slot holds
+        std::vector<const float*> in(taps);
+        for (std::uint64_t nr = begin; nr < end; ++nr) {
+          const std::uint64_t ni = nr / g.oh, r = nr % g.oh;
+          for (std::uint64_t a = 0; a < g.kh; ++a) {
+            const std::int64_t ih = g.in_row(r, a);
+            const float* row = zero;
+            if (ih >= 0 && ih < static_cast<std::int64_t>(g.h)) {
+              const std::uint64_t slot = static_cast<std::uint64_t>(ih) % span;
+              float* into = rows + slot * row_stride;
+              const auto key = static_cast<std::int64_t>(ni * g.h) + ih;
+              if (tag[slot] != key) {
+                const std::uint16_t* src = xbase + ni * x.strides[0] + static_cast<std::uint64_t>(ih) * x.strides[1];
+                if (x.strides[2] == ch)
+                  widen(src, into + g.pl * ch, g.w * ch);
+                else
+                  for (std::uint64_t col = 0; col < g.w; ++col)
+                    widen(src + col * x.strides[2], into + (g.pl + col) * ch, ch);
+                tag[slot] = key;
+              }
+              row = into;
+            }
+            for (std::uint64_t bb = 0; bb < g.kw; ++bb) in[a * g.kw + bb] = row + bb * g.dw * ch;
+          }
+          simd::dw_rows_f32(out, in.data(), wt, bv.data(), taps, g.ow, ch, g.sw * ch);
+          std::uint16_t* dst = ybase + ni * y.strides[0] + r * y.strides[1];
+          const bool dense_y = y.strides[2] == ch;
+          if (accumulate) {
+            if (dense_y)
+              widen(dst, held, g.ow * ch);
+            else
+              for (std::uint64_t col = 0; col < g.ow; ++col) widen(dst + col * y.strides[2], held + col * ch, ch);
+            for (std::uint64_t i = 0; i < g.ow * ch; ++i) out[i] += held[i];
+          }
+          activate_span(act, at.act_alpha, at.act_beta, out, g.ow * ch);
+          if (dense_y)
+            narrow(out, dst, g.ow * ch);
+          else
+            for (std::uint64_t col = 0; col < g.ow; ++col) narrow(out + col * ch, dst + col * y.strides[2], ch);
+        }
+      },
+      std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, g.ow * ch * taps)));
+  return true;
+}
+
+// The element step between the pixels of an NHWC view whose pixels lie
+// at one step from each other, channels dense (a channel slice of a wider
+// tensor included); 0 where they do not.
+std::uint64_t pixel_step(const View& v) {
+  if (v.strides[3] != 1 && v.shape[3] > 1) return 0;
+  std::uint64_t step = 0, pixels = 1;
+  for (int d = 2; d >= 0 && step == 0; --d) {
+    if (v.shape[d] > 1) step = v.strides[d];
+    pixels *= v.shape[d];
+  }
+  if (step == 0) return std::max<std::uint64_t>(v.shape[3], 1);  // one pixel
+  pixels = 1;
+  for (int d = 2; d >= 0; --d) {
+    if (v.shape[d] > 1 && v.strides[d] != step * pixels) return 0;
+    pixels *= v.shape[d];
+  }
+  return step;
+}
+
+// Where a band of a convolution in NHWC reads and writes: ranges of x's
+// and y's pixels (in N, H, W order), and the geometry of the convolution
+// of that band alone (Bands::geometries).
+struct BandSpan {
+  std::uint64_t x0, xn, y0, yn;
+  std::size_t geometry;
+};
+
+// A convolution in NHWC cut into bands that each hold at most `budget`
+// floats of input and output together (at least one output row): bands
+// of pixels where outputs read their own pixel alone (1x1, stride 1, no
+// padding), else bands of output rows of one image, each reading its
+// input rows with the padding it meets. The bands depend on the geometry
+// alone, never on the threads.
+struct Bands {
+  std::vector<Geometry> geometries;
+  std::vector<BandSpan> spans;
+
+  Bands(const Geometry& g, std::uint64_t budget) {
+    if (g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && (g.pt | g.pl | g.pb | g.pr) == 0) {
+      const std::uint64_t pixels = g.n * g.h * g.w;
+      const std::uint64_t band = even(pixels, std::max<std::uint64_t>(16, budget / (g.c + g.o) / 16 * 16), 16);
+      for (std::uint64_t p0 = 0; p0 < pixels; p0 += band) {
+        Geometry gb = g;
+        gb.n = gb.h = gb.oh = 1;
+        gb.w = gb.ow = std::min(band, pixels - p0);
+        spans.push_back({p0, gb.w, p0, gb.w, add(gb)});
+      }
+      return;
+    }
+    // Each output row reads sh more input rows; the first reads `reach`.
+    const std::uint64_t reach = (g.kh - 1) * g.dh + 1, row = g.ow * g.o + g.sh * g.w * g.c;
+    const std::uint64_t first = reach > g.sh ? (reach - g.sh) * g.w * g.c : 0;
+    const std::uint64_t rows = even(g.oh, std::max<std::uint64_t>(1, budget > first ? (budget - first) / row : 1), 1);
+    for (std::uint64_t ni = 0; ni < g.n; ++ni)
+      for (std::uint64_t r0 = 0; r0 < g.oh; r0 += rows) {
+        const std::uint64_t r1 = std::min(g.oh, r0 + rows);
+        const auto i0 = static_cast<std::int64_t>(r0 * g.sh) - static_cast<std::int64_t>(g.pt);
+        const std::int64_t i1 = i0 + static_cast<std::int64_t>((r1 - 1 - r0) * g.sh + reach);
+        const auto top = static_cast<std::uint64_t>(std::max<std::int64_t>(i0, 0));
+        const auto end = static_cast<std::uint64_t>(std::min<std::int64_t>(i1, static_cast<std::int64_t>(g.h)));
+        Geometry gb = g;
+        gb.n = 1;
+        gb.h = end > top ? end - top : 0;
+        gb.pt = static_cast<std::uint64_t>(std::max<std::int64_t>(-i0, 0));
+        gb.pb = static_cast<std::uint64_t>(std::max<std::int64_t>(i1 - static_cast<std::int64_t>(g.h), 0));
+        gb.oh = r1 - r0;
+        spans.push_back({(ni * g.h + top) * g.w, gb.h * g.w, (ni * g.oh + r0) * g.ow, gb.oh * g.ow, add(gb)});
+      }
+  }
+
+ private:
+  // n cut into parts of at most `most` (a multiple of `unit` where it can
+  // be), as even as that allows, and an even number of them where there
+  // is more than one (two threads, the usual team, take equal shares): the
+  // length of the parts but the last.
+  static std::uint64_t even(std::uint64_t n, std::uint64_t most, std::uint64_t unit) {
+    std::uint64_t parts = (n + most - 1) / std::max<std::uint64_t>(most, 1);
+    if (parts > 1 && parts % 2 && n >= (parts + 1) * unit) ++parts;
+    return std::min(n, ((n + parts - 1) / std::max<std::uint64_t>(parts, 1) + unit - 1) / unit * unit);
+  }
+  std::size_t add(const Geometry& gb) {
+    for (std::size_t i = 0; i < geometries.size(); ++i) {
+      const Geometry& o = geometries[i];
+      if (o.n == gb.n && o.h == gb.h && o.w == gb.w && o.oh == gb.oh && o.ow == gb.ow && o.pt == gb.pt && o.pb == gb.pb)
+        return i;
+    }
+    geometries.push_back(gb);
+    return geometries.size() - 1;
+  }
+};
+
+// A convolution of f16 or bf16 in NHWC but a depthwise one, on CPUs where
+// oneDNN has no kernel for the type: oneDNN's f32 kernel over bands
+// (Bands), each thread taking bands of its own (oneDNN runs on the calling
+// thread alone inside the engine's parallel region): a band's input is
+// widened into the thread's memory, convolved into more of it, and the
+// result finished (what y held where it accumulates, the activation) and
+// rounded into y while it is in cache. Widening the whole input first and
+// rounding the whole output after took two passes over memory more than
+// the convolution's own (MobileNetV2's 1x1 layers in fp16: 1.1 to 2.5
+// times their fp32 time). Each output is what oneDNN's kernel gives for
+// its window; the bands are the same whatever the threads.
+bool banded_nhwc_16(TensorEngine& e, const Geometry& g, const fw::ConvAttrs& at, const View& x0, const View& w0,
+                    const View& bias, const View& y) {
+  const bool f16 = x0.dtype == fw::DType::kF16;
+  if (!g.nhwc || (!f16 && x0.dtype != fw::DType::kBF16) || y.dtype != x0.dtype || g.c == 0 || g.o == 0 || g.oh == 0 ||
+      g.ow == 0 || g.h == 0 || g.w == 0)
+    return false;
+  const std::uint64_t xstep = pixel_step(x0), ystep = pixel_step(y);
+  if (xstep == 0 || ystep == 0) return false;
+  const Bands bands(g, 65536);
+  std::uint64_t xmost = 0, ymost = 0;
+  for (const BandSpan& s : bands.spans) {
+    if (s.xn == 0) return false;  // a band all in the padding
+    xmost = std::max(xmost, s.xn);
+    ymost = std::max(ymost, s.yn);
+  }
+  bool reused = false;
+  const View w = widened_weights(e, w0, Staged::kW, &reused);
+  View b = bias;
+  if (bias.present() && bias.dtype != fw::DType::kF32) b = widened(e, bias, Staged::kBias);
+  // A primitive per band geometry, made (and its weights reordered) on this
+  // thread before any band runs, so that y is written whole or not at all;
+  // the handles keep it while the bands run.
+  struct Made {
+    dnnl::convolution_forward primitive;
+    dnnl::memory::desc src, dst, bias, scratchpad;
+    dnnl::memory weights;
+  };
+  std::vector<Made> made(bands.geometries.size());
+  for (std::size_t i = 0; i < made.size(); ++i) {
+    const Geometry& gb = bands.geometries[i];
+    View xb, yb;
+    for (View* v : {&xb, &yb}) {
+      const bool in = v == &xb;
+      const std::uint64_t shape[4] = {gb.n, in ? gb.h : gb.oh, in ? gb.w : gb.ow, in ? gb.c : gb.o};
+      v->dtype = fw::DType::kF32;
+      v->esize = 4;
+      v->rank = 4;
+      std::copy(shape, shape + 4, v->shape);
+      v->strides[3] = 1;
+      for (int d = 2; d >= 0; --d) v->strides[d] = v->strides[d + 1] * shape[d + 1];
+    }
+    const ConvRunner keep = [&](const DnnlState::Conv& c, const dnnl::memory& weights) {
+      made[i] = {c.primitive, c.pd.src_desc(), c.pd.dst_desc(), c.pd.bias_desc(), c.pd.scratchpad_desc(), weights};
+    };
+    if (!dnnl_conv(e, gb, xb, dt::f32, w, w.data, dt::f32, b.present() ? &b : nullptr, yb, dt::f32, yb.data, nullptr,
+                   nullptr, false, reused, false, &keep))
+      return false;
+  }
+  const auto widen = f16 ? simd::widen_f16 : simd::widen_bf16;
+  const auto narrow = f16 ? simd::narrow_f16 : simd::narrow_bf16;
+  const auto act = static_cast<fw::Activation>(at.activation);
+  const bool accumulate = at.accumulate != 0;
+  const auto* xbase = reinterpret_cast<const std::uint16_t*>(x0.data);
+  auto* ybase = reinterpret_cast<std::uint16_t*>(y.data);
+  auto& eng = e.dnnl().engine;
+  std::size_t scratch = 0;
+  for (const Made& m : made) scratch = std::max(scratch, m.scratchpad.get_size());
+  e.pool().parallel_for(bands.spans.size(), [&](std::uint64_t u0, std::uint64_t u1) {
+    // The thread's own stream, memory objects and memory.
+    dnnl::stream stream(eng);
+    thread_local std::vector<float> mem;
+    const std::uint64_t xlen = (xmost * g.c + 15) / 16 * 16, ylen = (ymost * g.o + 15) / 16 * 16;
+    mem.resize(std::max<std::size_t>(mem.size(), xlen + 2 * ylen + (scratch + 63) / 4 + 16));
+    float* const xf =
+        reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(mem.data()) + 63) & ~std::uintptr_t{63});
+    float* const yf = xf + xlen;
+    float* const held = yf + ylen;
+    std::vector<std::unordered_map<int, dnnl::memory>> args(made.size());  // per geometry, made when first run
+    for (std::uint64_t u = u0; u < u1; ++u) {
+      const BandSpan& s = bands.spans[u];
+      const Made& m = made[s.geometry];
+      auto& a = args[s.geometry];
+      if (a.empty()) {
+        a = {{DNNL_ARG_SRC, dnnl::memory(m.src, eng, xf)},
+             {DNNL_ARG_WEIGHTS, m.weights},
+             {DNNL_ARG_DST, dnnl::memory(m.dst, eng, yf)},
+             {DNNL_ARG_SCRATCHPAD, dnnl::memory(m.scratchpad, eng, held + ylen)}};
+        if (b.present()) a.emplace(DNNL_ARG_BIAS, dnnl::memory(m.bias, eng, b.data));
+      }
+      if (xstep == g.c)
+        widen(xbase + s.x0 * xstep, xf, s.xn * g.c);
+      else
+        for (std::uint64_t i = 0; i < s.xn; ++i) widen(xbase + (s.x0 + i) * xstep, xf + i * g.c, g.c);
+      m.primitive.execute(stream, a);
+      stream.wait();
+      const auto finish = [&](float* v, std::uint64_t n, std::uint16_t* dst) {
+        if (accumulate) {
+          widen(dst, held, n);
+          for (std::uint64_t i = 0; i < n; ++i) v[i] += held[i];
+        }
+        activate_span(act, at.act_alpha, at.act_beta, v, n);
+        narrow(v, dst, n);
+      };
+      if (ystep == g.o)
+        finish(yf, s.yn * g.o, ybase + s.y0 * ystep);
+      else
+        for (std::uint64_t i = 0; i < s.yn; ++i) finish(yf + i * g.o, g.o, ybase + (s.y0 + i) * ystep);
+    }
+  });
+  return true;
+}
+
 }  // namespace
 
 fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
@@ -768,6 +1111,7 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
   // Floats oneDNN has no kernel for here are widened to f32 (exact): f16
   // always, bf16 on CPUs without AVX-512.
   const bool f16 = x0.dtype == fw::DType::kF16 || (x0.dtype == fw::DType::kBF16 && !onednn_has_bf16());
+  if (f16 && (depthwise_nhwc_16(e, g, at, x0, w0, bias, y) || banded_nhwc_16(e, g, at, x0, w0, bias, y))) return {};
   const View x = f16 ? widened(e, x0, Staged::kX) : x0;
   bool reused = false;
   const View w = f16 ? widened_weights(e, w0, Staged::kW, &reused) : w0;

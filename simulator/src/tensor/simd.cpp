@@ -175,6 +175,10 @@ void add_blocks_f32(float* out, const float* in, std::size_t n, std::size_t bloc
 void madd_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride, float w) {
   active().madd_strided_f32(out, in, n, stride, w);
 }
+void dw_rows_f32(float* out, const float* const* in, const float* w, const float* bias, std::size_t taps,
+                 std::size_t ow, std::size_t ch, std::size_t step) {
+  active().dw_rows_f32(out, in, w, bias, taps, ow, ch, step);
+}
 void sigmoid_f32(float* p, std::size_t n) { active().sigmoid_f32(p, n); }
 void silu_f32(float* p, std::size_t n) { active().silu_f32(p, n); }
 void relu_f32(float* p, std::size_t n) { active().relu_f32(p, n); }

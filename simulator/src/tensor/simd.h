@@ -127,6 +127,15 @@ void add_rows_bf16(float* acc, const std::uint16_t* x, std::size_t n, std::size_
 // every level gives the same bits.
 void madd_strided_f32(float* out, const float* in, std::size_t n, std::size_t stride, float w);
 
+// A depthwise convolution's row of outputs, channels innermost (NHWC):
+// for each output column o < ow and channel c < ch,
+//   out[o * ch + c] = bias[c] + in[0][o * step + c] * w[c] + ...
+//                       + in[taps - 1][o * step + c] * w[(taps - 1) * ch + c]
+// each product rounded to f32, then added (never fused), in tap order, so
+// that every level gives the same bits. in[t] is tap t's input row.
+void dw_rows_f32(float* out, const float* const* in, const float* w, const float* bias, std::size_t taps,
+                 std::size_t ow, std::size_t ch, std::size_t step);
+
 // e^x in f32 from IEEE additions and multiplications only (Cody-Waite
 // reduction by ln 2, a degree-5 polynomial, two exact scalings), so every
 // level and host gives the same bits: within 2 ulp of e^x for normal
@@ -185,6 +194,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(add_rows_f16)                   \
   X(add_rows_bf16)                  \
   X(madd_strided_f32)               \
+  X(dw_rows_f32)                    \
   X(sigmoid_f32)                    \
   X(silu_f32)                       \
   X(relu_f32)                       \
