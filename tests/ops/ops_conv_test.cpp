@@ -103,11 +103,11 @@ TEST_P(Ops, Conv2dInBandsAndRowsMatchesTheReference) {
   uneven.dilations = {2, 1};
   uneven.pads = {1, 0, 3, 1};
   const std::vector<Case> cases{
-      {"1x1 in bands", {2, 40, 36, 8}, {16, 8, 1, 1}, pointwise, true},
+      {"1x1 in bands", {2, 40, 37, 8}, {16, 8, 1, 1}, pointwise, true},  // 1488 pixels, then 1472
       {"depthwise 3x3 dilated 2", {2, 23, 19, 24}, {24, 1, 3, 3}, dilated, true},
       {"depthwise 5x5 strided 2", {1, 17, 22, 20}, {20, 1, 5, 5}, strided, true},
-      // Three bands of 10 output rows each: the first in the top padding,
-      // the last in the bottom's.
+      // Four bands of output rows (8, 8, 8, 6): the first in the top
+      // padding, the last in the bottom's.
       {"3x3 in row bands", {1, 30, 64, 64}, {2, 64, 3, 3}, padded, false},
       // Strided and dilated rows, padding uneven, a shorter last band.
       {"3x3 strided 2 dilated 2 in row bands", {1, 50, 60, 48}, {2, 48, 3, 3}, uneven, false},
@@ -166,6 +166,23 @@ TEST_P(Ops, Conv2dInBandsAndRowsMatchesTheReference) {
           gap_host.v = gaps;
           expect_exact(what + ": the channels beside y's", gap_host, gaps_before);
         }
+  // x a broadcast view (one pixel's channels at stride 0 over N, H and W):
+  // read as it says, never as dense pixels.
+  for (const bool pointwise_kernel : {true, false}) {
+    ConvGeom g;
+    g.layout = Layout::NHWC;
+    if (!pointwise_kernel) g.pads = {1, 1, 1, 1};
+    const Host one = rand(DType::F16, {1, 1, 1, 8}),
+               w = rand(DType::F16, {4, 8, pointwise_kernel ? 1 : 3, pointwise_kernel ? 1 : 3});
+    Host x(DType::F16, {2, 6, 5, 8});
+    for (std::size_t i = 0; i < x.v.size(); ++i) x.v[i] = one.v[i % 8];
+    const Tensor xt(lab().upload(one).buffer(), DType::F16, {2, 6, 5, 8}, {0, 0, 0, 1}, 0);
+    const Shape ys = conv_out_shape(x, w.shape, g);
+    const Tensor y = lab().output(DType::F16, ys);
+    expect(std::string("conv2d f16 of a broadcast x ") + (pointwise_kernel ? "1x1" : "3x3"),
+           lab().run(ops::conv2d(xt, lab().upload(w), y, g.options()), y),
+           ref_conv(x, w, std::nullopt, g, ActivationParams{}, DType::F16, ys));
+  }
 }
 
 // Conv2dOptions::accumulate: y = act(conv + bias + y as it was), in every

@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <functional>
+#include <new>
 #include <string>
 #include <string_view>
 #include <cstring>
@@ -899,16 +900,18 @@ bool depthwise_nhwc_16(TensorEngine& e, const Geometry& g, const fw::ConvAttrs& 
 
 // The element step between the pixels of an NHWC view whose pixels lie
 // at one step from each other, channels dense (a channel slice of a wider
-// tensor included); 0 where they do not.
+// tensor included); 0 where they do not (a broadcast view among them: a
+// dimension of stride 0).
 std::uint64_t pixel_step(const View& v) {
   if (v.strides[3] != 1 && v.shape[3] > 1) return 0;
-  std::uint64_t step = 0, pixels = 1;
-  for (int d = 2; d >= 0 && step == 0; --d) {
-    if (v.shape[d] > 1) step = v.strides[d];
-    pixels *= v.shape[d];
-  }
+  std::uint64_t step = 0;
+  for (int d = 2; d >= 0; --d)
+    if (v.shape[d] > 1) {
+      if (v.strides[d] == 0) return 0;
+      if (step == 0) step = v.strides[d];
+    }
   if (step == 0) return std::max<std::uint64_t>(v.shape[3], 1);  // one pixel
-  pixels = 1;
+  std::uint64_t pixels = 1;
   for (int d = 2; d >= 0; --d) {
     if (v.shape[d] > 1 && v.strides[d] != step * pixels) return 0;
     pixels *= v.shape[d];
@@ -956,7 +959,7 @@ struct Bands {
         const auto i0 = static_cast<std::int64_t>(r0 * g.sh) - static_cast<std::int64_t>(g.pt);
         const std::int64_t i1 = i0 + static_cast<std::int64_t>((r1 - 1 - r0) * g.sh + reach);
         const auto top = static_cast<std::uint64_t>(std::max<std::int64_t>(i0, 0));
-        const auto end = static_cast<std::uint64_t>(std::min<std::int64_t>(i1, static_cast<std::int64_t>(g.h)));
+        const auto end = static_cast<std::uint64_t>(std::clamp<std::int64_t>(i1, 0, static_cast<std::int64_t>(g.h)));
         Geometry gb = g;
         gb.n = 1;
         gb.h = end > top ? end - top : 0;
@@ -1056,48 +1059,55 @@ bool banded_nhwc_16(TensorEngine& e, const Geometry& g, const fw::ConvAttrs& at,
   auto& eng = e.dnnl().engine;
   std::size_t scratch = 0;
   for (const Made& m : made) scratch = std::max(scratch, m.scratchpad.get_size());
-  e.pool().parallel_for(bands.spans.size(), [&](std::uint64_t u0, std::uint64_t u1) {
-    // The thread's own stream, memory objects and memory.
-    dnnl::stream stream(eng);
-    thread_local std::vector<float> mem;
-    const std::uint64_t xlen = (xmost * g.c + 15) / 16 * 16, ylen = (ymost * g.o + 15) / 16 * 16;
-    mem.resize(std::max<std::size_t>(mem.size(), xlen + 2 * ylen + (scratch + 63) / 4 + 16));
-    float* const xf =
-        reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(mem.data()) + 63) & ~std::uintptr_t{63});
-    float* const yf = xf + xlen;
-    float* const held = yf + ylen;
-    std::vector<std::unordered_map<int, dnnl::memory>> args(made.size());  // per geometry, made when first run
-    for (std::uint64_t u = u0; u < u1; ++u) {
-      const BandSpan& s = bands.spans[u];
-      const Made& m = made[s.geometry];
-      auto& a = args[s.geometry];
-      if (a.empty()) {
-        a = {{DNNL_ARG_SRC, dnnl::memory(m.src, eng, xf)},
-             {DNNL_ARG_WEIGHTS, m.weights},
-             {DNNL_ARG_DST, dnnl::memory(m.dst, eng, yf)},
-             {DNNL_ARG_SCRATCHPAD, dnnl::memory(m.scratchpad, eng, held + ylen)}};
-        if (b.present()) a.emplace(DNNL_ARG_BIAS, dnnl::memory(m.bias, eng, b.data));
-      }
-      if (xstep == g.c)
-        widen(xbase + s.x0 * xstep, xf, s.xn * g.c);
-      else
-        for (std::uint64_t i = 0; i < s.xn; ++i) widen(xbase + (s.x0 + i) * xstep, xf + i * g.c, g.c);
-      m.primitive.execute(stream, a);
-      stream.wait();
-      const auto finish = [&](float* v, std::uint64_t n, std::uint16_t* dst) {
-        if (accumulate) {
-          widen(dst, held, n);
-          for (std::uint64_t i = 0; i < n; ++i) v[i] += held[i];
+  // oneDNN fails a primitive it has made only for want of memory (for a
+  // stream or a memory object): the command then fails as out of memory,
+  // as others do (y partly written), rather than end the process.
+  try {
+    e.pool().parallel_for(bands.spans.size(), [&](std::uint64_t u0, std::uint64_t u1) {
+      // The thread's own stream, memory objects and memory.
+      dnnl::stream stream(eng);
+      thread_local std::vector<float> mem;
+      const std::uint64_t xlen = (xmost * g.c + 15) / 16 * 16, ylen = (ymost * g.o + 15) / 16 * 16;
+      mem.resize(std::max<std::size_t>(mem.size(), xlen + 2 * ylen + (scratch + 63) / 4 + 16));
+      float* const xf =
+          reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(mem.data()) + 63) & ~std::uintptr_t{63});
+      float* const yf = xf + xlen;
+      float* const held = yf + ylen;
+      std::vector<std::unordered_map<int, dnnl::memory>> args(made.size());  // per geometry, made when first run
+      for (std::uint64_t u = u0; u < u1; ++u) {
+        const BandSpan& s = bands.spans[u];
+        const Made& m = made[s.geometry];
+        auto& a = args[s.geometry];
+        if (a.empty()) {
+          a = {{DNNL_ARG_SRC, dnnl::memory(m.src, eng, xf)},
+               {DNNL_ARG_WEIGHTS, m.weights},
+               {DNNL_ARG_DST, dnnl::memory(m.dst, eng, yf)},
+               {DNNL_ARG_SCRATCHPAD, dnnl::memory(m.scratchpad, eng, held + ylen)}};
+          if (b.present()) a.emplace(DNNL_ARG_BIAS, dnnl::memory(m.bias, eng, b.data));
         }
-        activate_span(act, at.act_alpha, at.act_beta, v, n);
-        narrow(v, dst, n);
-      };
-      if (ystep == g.o)
-        finish(yf, s.yn * g.o, ybase + s.y0 * ystep);
-      else
-        for (std::uint64_t i = 0; i < s.yn; ++i) finish(yf + i * g.o, g.o, ybase + (s.y0 + i) * ystep);
-    }
-  });
+        if (xstep == g.c)
+          widen(xbase + s.x0 * xstep, xf, s.xn * g.c);
+        else
+          for (std::uint64_t i = 0; i < s.xn; ++i) widen(xbase + (s.x0 + i) * xstep, xf + i * g.c, g.c);
+        m.primitive.execute(stream, a);
+        stream.wait();
+        const auto finish = [&](float* v, std::uint64_t n, std::uint16_t* dst) {
+          if (accumulate) {
+            widen(dst, held, n);
+            for (std::uint64_t i = 0; i < n; ++i) v[i] += held[i];
+          }
+          activate_span(act, at.act_alpha, at.act_beta, v, n);
+          narrow(v, dst, n);
+        };
+        if (ystep == g.o)
+          finish(yf, s.yn * g.o, ybase + s.y0 * ystep);
+        else
+          for (std::uint64_t i = 0; i < s.yn; ++i) finish(yf + i * g.o, g.o, ybase + (s.y0 + i) * ystep);
+      }
+    });
+  } catch (const dnnl::error&) {
+    throw std::bad_alloc();
+  }
   return true;
 }
 
