@@ -434,6 +434,75 @@ TEST_P(Ops, QLinearConvWithS8WeightsNoWeightZeroPointAndNoBiasRoundsTheSame) {
       }
 }
 
+TEST_P(Ops, IntegerConvolutionsOfAFewPositionsAreExact) {
+  // 1x1 convolutions over at most 8 positions (a Linear layer, a
+  // squeeze-and-excitation block's on a 1x1 image) run as dot products
+  // (conv.cpp, few_positions); 9 go the other way. Both integer ops, s8
+  // weights at their extremes (sums past 2^24, where oneDNN would take the
+  // input's nibbles), zero points at both ends, per-channel weight zero
+  // points, both layouts, a strided kernel over a 3x3 image, and a bias
+  // that wraps the sum.
+  struct Case {
+    Layout layout;
+    std::int64_t n, c, o, h;
+    std::uint32_t stride;
+  };
+  const Case cases[] = {{Layout::NHWC, 1, 1280, 37, 1, 1}, {Layout::NHWC, 8, 48, 19, 1, 1},
+                        {Layout::NHWC, 9, 48, 19, 1, 1},   {Layout::NCHW, 3, 1280, 21, 1, 1},
+                        {Layout::NHWC, 2, 64, 18, 3, 2},   {Layout::NCHW, 1, 7, 5, 3, 2}};
+  for (const Case& k : cases)
+    for (DType xt : {DType::U8, DType::I8})
+      for (int variant = 0; variant < 3; ++variant) {
+        // 0 extremes, no weight zero points; 1 random, per-channel weight
+        // zero points; 2 extremes with the input's zero point at the far end.
+        ConvGeom g;
+        g.layout = k.layout;
+        g.strides = {k.stride, k.stride};
+        Host x = variant == 1 ? rand_int(rng_, xt, img_shape(g.layout, k.n, k.c, k.h, k.h))
+                              : rand_host(rng_, xt, img_shape(g.layout, k.n, k.c, k.h, k.h),
+                                          static_cast<double>(hi_of(xt) - 2), static_cast<double>(hi_of(xt)));
+        const Host w = variant == 1 ? rand_int(rng_, DType::I8, {k.o, k.c, 1, 1})
+                                    : rand_host(rng_, DType::I8, {k.o, k.c, 1, 1}, 120, 127);
+        Host xz(xt, {});
+        xz.v = {variant == 2 ? static_cast<double>(lo_of(xt))
+                             : static_cast<double>(rng_.integer(lo_of(xt), hi_of(xt)))};
+        Host wz(DType::I8, {k.o});  // zeros
+        if (variant == 1) wz = rand_int(rng_, DType::I8, {k.o});
+        std::vector<std::int64_t> wzv;
+        for (double v : wz.v) wzv.push_back(static_cast<std::int64_t>(v));
+        const Shape ys = conv_out_shape(x, w.shape, g);
+        const auto acc = ref_conv_int(x, w, g, static_cast<std::int64_t>(xz.v[0]), wzv, ys);
+        const std::string what = std::string(to_string(xt)) + " x " + dims(x.shape) + " s8 w " + dims(w.shape) + " " +
+                                 g.text() + " variant " + std::to_string(variant);
+        const Tensor yi = lab().output(DType::I32, ys);
+        expect_exact("conv_integer " + what,
+                     lab().run(ops::conv_integer(lab().upload(x), lab().upload(w), yi, lab().upload(xz),
+                                                 lab().upload(wz), g.options()),
+                               yi),
+                     as_doubles(acc));
+        Host bias = rand_host(rng_, DType::I32, {k.o}, -5000, 5000);
+        bias.v[0] = 2147483647;  // wraps
+        const Host xs = rand(DType::F32, {}, 1e-3, 0.05), ws = rand(DType::F32, {k.o}, 1e-4, 1e-3);
+        const Host ysc = rand(DType::F32, {}, 0.05, 1), yz = rand_int(rng_, DType::U8, {});
+        std::vector<double> want(acc.size());
+        for_each_output(ys, g.layout, [&](std::int64_t, std::int64_t oc, std::int64_t, std::int64_t, std::int64_t lin) {
+          const auto ol = static_cast<std::size_t>(oc);
+          want[static_cast<std::size_t>(lin)] =
+              requantize(wrap32(acc[static_cast<std::size_t>(lin)] + static_cast<std::int64_t>(bias.v[ol])), xs.v[0],
+                         ws.v[ol], ysc.v[0], static_cast<std::int64_t>(yz.v[0]), DType::U8);
+        });
+        Conv2dOptions opt = g.options();
+        opt.bias = lab().upload(bias);
+        const Tensor y = lab().output(DType::U8, ys);
+        expect_exact("qlinear_conv " + what,
+                     lab().run(ops::qlinear_conv(lab().upload(x), lab().upload(xs), lab().upload(xz), lab().upload(w),
+                                                 lab().upload(ws), lab().upload(wz), lab().upload(ysc),
+                                                 lab().upload(yz), y, opt),
+                               y),
+                     want);
+      }
+}
+
 TEST_P(Ops, QLinearConvShapedLikeAnInt8ResNetLayerIsExact) {
   // What the compiler's int8 layers hand the engine (runtime/src/onnx/
   // int8.cpp): u8 NHWC activations, s8 per-channel weights with zero

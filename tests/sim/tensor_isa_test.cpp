@@ -852,6 +852,41 @@ TEST(TensorIsa, IntegerLoopsAndRequantisationMatchTheScalarRulesAtEveryLevel) {
   }
 }
 
+// An integer convolution's dot products of one position with rows of s8
+// weights: the exact sums, wrapped to int32, at every level, for lengths
+// that leave every vector tail, rows that are not a multiple of any
+// block, and the extremes (an input less its zero point is within
+// [-255, 255]; the loop takes any int16).
+TEST(TensorIsa, IntegerDotRowsGiveTheExactSumsWrappedToInt32AtEveryLevel) {
+  std::mt19937 rng(23);
+  for (const std::size_t n :
+       {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{33}, std::size_t{1280}, std::size_t{70001}})
+    for (const int fill : {0, 1, 2}) {  // random; every product -32768 * -128 (wraps past 2^31); 255 * 127
+      const std::size_t rows = 7, stride = n + 3;
+      std::vector<std::int16_t> x(n);
+      std::vector<std::int8_t> w(rows * stride);
+      for (auto& v : x)
+        v = fill == 1   ? std::int16_t{-32768}
+            : fill == 2 ? std::int16_t{255}
+                        : static_cast<std::int16_t>(static_cast<int>(rng() % 511) - 255);
+      for (auto& v : w)
+        v = fill == 1 ? std::int8_t{-128} : fill == 2 ? std::int8_t{127} : static_cast<std::int8_t>(rng());
+      std::vector<std::int32_t> want(rows);
+      for (std::size_t r = 0; r < rows; ++r) {
+        std::int64_t s = 0;
+        for (std::size_t i = 0; i < n; ++i) s += std::int64_t{x[i]} * w[r * stride + i];
+        want[r] = static_cast<std::int32_t>(static_cast<std::uint32_t>(static_cast<std::uint64_t>(s)));
+      }
+      for (Isa isa : levels_here()) {
+        SCOPED_TRACE(std::string(isa_name(isa)) + ", " + std::to_string(n) + " long, fill " + std::to_string(fill));
+        std::vector<std::int32_t> got(rows + 1, 12345);  // one past the rows stays as it was
+        simd::kernels(isa).dot_rows_i8(got.data(), x.data(), w.data(), stride, n, rows);
+        EXPECT_EQ(std::vector<std::int32_t>(got.begin(), got.begin() + rows), want);
+        EXPECT_EQ(got[rows], 12345);
+      }
+    }
+}
+
 // Quantize and dequantize with one scale: the scalar rules of the ops
 // (numerics.h's round_saturate, ties to even, NaN as 0) for values around
 // every tie, past the byte's range and past 2^22, infinities and NaN, at
@@ -1126,7 +1161,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 36u);
+  ASSERT_EQ(simd::entry_points().size(), 37u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

@@ -110,6 +110,10 @@ void add_i32(std::int32_t* out, const std::int32_t* add, std::size_t n) { active
 void add_abs_i8(std::uint32_t* sums, const std::int8_t* row, std::size_t n) { active().add_abs_i8(sums, row, n); }
 std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n) { return active().sum_abs_i8(v, n); }
 std::int64_t sum_i8(const std::int8_t* v, std::size_t n) { return active().sum_i8(v, n); }
+void dot_rows_i8(std::int32_t* out, const std::int16_t* x, const std::int8_t* w, std::size_t stride, std::size_t n,
+                 std::size_t rows) {
+  active().dot_rows_i8(out, x, w, stride, n, rows);
+}
 void lookup_u8(const std::uint8_t* table, const std::uint8_t* in, std::uint8_t* out, std::size_t n) {
   active().lookup_u8(table, in, out, n);
 }

@@ -26,6 +26,13 @@ void add_abs_i8(std::uint32_t* sums, const std::int8_t* row, std::size_t n);
 std::uint64_t sum_abs_i8(const std::int8_t* v, std::size_t n);
 // sum of v[i] (v s8).
 std::int64_t sum_i8(const std::int8_t* v, std::size_t n);
+// out[r] = x[0] * w[r * stride] + ... + x[n - 1] * w[r * stride + n - 1]
+// for each r < rows: an integer convolution's dot products of one input
+// position with `rows` output channels' weights (s8), each product and
+// sum in 32 bits, wrapping as the int32 accumulators do. Exact integer
+// arithmetic, so every level gives the same result.
+void dot_rows_i8(std::int32_t* out, const std::int16_t* x, const std::int8_t* w, std::size_t stride, std::size_t n,
+                 std::size_t rows);
 
 // out[i] = table[in[i]]: a lookup in a table of 256 bytes (an int8
 // model's activation as a table; AVX-512 with VBMI looks 64 up at once).
@@ -174,6 +181,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(add_abs_i8)                     \
   X(sum_abs_i8)                     \
   X(sum_i8)                         \
+  X(dot_rows_i8)                    \
   X(lookup_u8)                      \
   X(interleave_8)                   \
   X(split_nibbles)                  \
