@@ -1296,15 +1296,20 @@ void weight_sums(const Geometry& g, const View& w, std::vector<std::int64_t>& wt
 // layer a kernel call for a row or two, and where its sums could pass 2^24
 // (the classifier's) two, one per nibble of the input, with the weights'
 // sums for the input's zero point made again each run: EfficientNet-B0's
-// classifier took 240 us a run, and takes 50 this way. A batch of 8 runs
-// this way too: each block of weights stays in cache across the positions.
-constexpr std::uint64_t kFewPositions = 8;
+// classifier took 240 us a run, and takes 50 this way. One position (a
+// batch of one) always runs this way: a squeeze-and-excitation block's two
+// layers on oneDNN cost its parallel region more than their arithmetic.
+// Up to 8 (a batch of 8) run this way where oneDNN cannot take whole bytes
+// (sums past 2^24, or no VNNI); where it can, its kernels were as fast or
+// faster for 2 to 8 positions.
+constexpr std::uint64_t kFewPositions = 8, kDotFirst = 1;
 
 bool few_positions(const Geometry& g, const View& w) {
   return g.groups == 1 && g.kh == 1 && g.kw == 1 && g.pt + g.pl + g.pb + g.pr == 0 &&
          g.n * g.oh * g.ow <= kFewPositions && (g.nhwc || g.oh * g.ow == 1) && w.dtype == fw::DType::kI8 &&
          w.strides[1] == 1;
 }
+bool dot_first(const Geometry& g, const View& w) { return few_positions(g, w) && g.n * g.oh * g.ow <= kDotFirst; }
 
 void few_positions_integer(TensorEngine& e, const Geometry& g, const View& x, const View& w, std::int64_t x_zero,
                            const View* wz, std::int32_t* acc) {
@@ -1378,7 +1383,8 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
   if (g.n * g.o * g.oh * g.ow == 0) return;
   std::int64_t x_zero = xz ? load_int(xz->data, xz->dtype) : 0;
-  if (few_positions(g, w)) return few_positions_integer(e, g, x, w, x_zero, wz, acc);
+  const bool few = few_positions(g, w);
+  if (dot_first(g, w)) return few_positions_integer(e, g, x, w, x_zero, wz, acc);
   auto w_zero = [&](std::uint64_t oi) -> std::int64_t {
     return wz ? load_int(wz->at(oi * wz->strides[0]), wz->dtype) : 0;
   };
@@ -1391,7 +1397,8 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   // input's whole bytes in its depthwise kernels (an s8 one goes as u8).
   const bool whole_bytes = onednn_int8_exact(e.isa());
   const bool depthwise = depthwise_whole_bytes(e.isa(), g, fw::DType::kU8);
-  if (!whole_bytes && !depthwise && !onednn_int8_exact_on_nibbles(e.isa())) return own_kernels();
+  if (!whole_bytes && !depthwise && !onednn_int8_exact_on_nibbles(e.isa()))
+    return few ? few_positions_integer(e, g, x, w, x_zero, wz, acc) : own_kernels();
   auto dense = [&](std::uint64_t ni, std::uint64_t oi, std::uint64_t r, std::uint64_t col) {
     return nhwc ? ((ni * g.oh + r) * g.ow + col) * g.o + oi : ((ni * g.o + oi) * g.oh + r) * g.ow + col;
   };
@@ -1426,6 +1433,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   // 14x14 and 7x7 took 300 ms each.)
   const std::uint64_t wsum = weight_abs_sum_max(e, g, ws, wdata, wdata == w.data);
   const bool within = sums_within_2_24(wsum, 255), direct = whole_bytes && within;
+  if (few && !direct) return few_positions_integer(e, g, x, w, x_zero, wz, acc);
   const bool nibbles = !direct && onednn_int8_exact_on_nibbles(e.isa()) && sums_within_2_24(wsum, 15);
   if (!direct && !(depthwise && within) && !nibbles) return own_kernels();
   // Whether oneDNN takes input `in` on whole bytes (depthwise: on its
@@ -1587,7 +1595,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
 bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const View& w, const View* xz,
                         const View* wz, const View& y, const std::vector<float>& multipliers, std::int32_t y_zero) {
   const Geometry g(at, x, w, y);
-  if (few_positions(g, w)) return false;  // conv_integer's dot products are the faster
+  if (dot_first(g, w)) return false;  // conv_integer's dot products are the faster
   // Its int8 kernels are exact with VNNI, and without it only its
   // depthwise ones, on u8 inputs.
   const bool depthwise_kernel = depthwise_whole_bytes(e.isa(), g, x.dtype);
