@@ -373,6 +373,22 @@ TEST_P(Ops, ConvolutionsWithZeroInputChannels) {
                   yi),
         std::vector<double>(static_cast<std::size_t>(numel(ys)), 0.0));
   }
+  // A 1x1 integer convolution of one position (the engine's dot products),
+  // with the input's zero point and a weight zero point per channel.
+  for (Layout layout : {Layout::NCHW, Layout::NHWC}) {
+    ConvGeom g;
+    g.layout = layout;
+    const Host xi = rand_int(rng_, DType::U8, img_shape(layout, 1, 0, 1, 1)),
+               wi = rand_int(rng_, DType::I8, {3, 0, 1, 1});
+    const Host xz = rand_int(rng_, DType::U8, {}), wz = rand_int(rng_, DType::I8, {3});
+    const Shape ys = conv_out_shape(xi, wi.shape, g);
+    const Tensor yi = lab().output(DType::I32, ys);
+    expect_exact(std::string("1x1 conv_integer of one position with no input channels ") + g.text(),
+                 lab().run(ops::conv_integer(lab().upload(xi), lab().upload(wi), yi, lab().upload(xz), lab().upload(wz),
+                                             g.options()),
+                           yi),
+                 std::vector<double>(static_cast<std::size_t>(numel(ys)), 0.0));
+  }
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
-""
-    "scripts/model-bench, the speed table of docs/benchmarks.md: every precision
-    of a zoo model timed by the CLI,
-    and the Q / DQ export it times(zoo.qat_export).Figures are not checked(benchmarks report them); that each cell is measured
+"""scripts/model-bench, the speed table of docs/benchmarks.md: every precision
+of a zoo model timed by the CLI, and the Q/DQ export it times (zoo.qat_export).
+Figures are not checked (benchmarks report them); that each cell is measured
 or says why it is not, is."""
 import json
 import os
@@ -24,10 +23,10 @@ CLI = os.path.join(os.environ.get("TPUHAL_BIN_DIR", os.path.join(ROOT, "build", 
 
 
 def bench(*argv):
-#The script runs PyTorch and the CLI, not this package : without the
-#sanitizer runtime this interpreter preloads(a sanitized build's
-#tests), PyTorch's export takes a third less time. The CLI carries
-#its own.
+    # The script runs PyTorch and the CLI, not this package: without the
+    # sanitizer runtime this interpreter preloads (a sanitized build's
+    # tests), PyTorch's export takes a third less time. The CLI carries
+    # its own.
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     return subprocess.run([sys.executable, SCRIPT, "--tpuhal", CLI, "--threads", "2", "--size", "32",
                            "--iterations", "2", "--calibration", "2", *argv], capture_output=True, text=True, env=env)
@@ -42,8 +41,7 @@ def test_every_precision_of_a_model_is_timed_at_every_batch(tmp_path):
     assert figures["isa"] in done.stdout.splitlines()[0]
     assert [(r["model"], r["batch"]) for r in figures["rows"]] == [("squeezenet1_1", 1), ("squeezenet1_1", 2)]
     for row in figures["rows"]:
-        assert row["failed"] == {
-}
+        assert row["failed"] == {}
         assert sorted(row["ms"]) == ["bf16", "fp16", "fp32", "int8", "qdq"]
         assert all(ms > 0 for ms in row["ms"].values())
         fp32 = row["ms"]["fp32"]
@@ -52,7 +50,7 @@ def test_every_precision_of_a_model_is_timed_at_every_batch(tmp_path):
 
 
 def test_a_cell_that_cannot_be_measured_says_why_and_the_rest_are_measured(tmp_path):
-#FX cannot trace ShuffleNet's channel shuffle, so it has no Q/DQ export.
+    # FX cannot trace ShuffleNet's channel shuffle, so it has no Q/DQ export.
     out = tmp_path / "figures.json"
     done = bench("--models", "shufflenet_v2_x0_5", "--batches", "1", "--precisions", "fp32,qdq", "--json", str(out))
     assert done.returncode == 1
@@ -73,9 +71,9 @@ def test_rounds_time_each_cell_again_in_turn_and_give_the_median(tmp_path):
     assert figures["rounds"] == 3
     row = figures["rows"][0]
     assert sorted(row["rounds"]) == ["fp32", "int8"]
-    for column, figures in row["rounds"].items():
-        assert len(figures) == 3 and all(ms > 0 for ms in figures)
-        assert row["ms"][column] == sorted(figures)[1]
+    for column, times in row["rounds"].items():
+        assert len(times) == 3 and all(ms > 0 for ms in times)
+        assert row["ms"][column] == sorted(times)[1]
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -91,8 +89,9 @@ def test_bad_arguments_are_refused_before_any_work(argv, says):
     assert says in done.stderr
     assert "| model |" not in done.stdout
 
-#zoo.qat_export of MobileNetV3 - Small at 32x32 into argv[1], its output on
-#the input into argv[2](argv[3] : the zoo's folder).
+
+# zoo.qat_export of MobileNetV3-Small at 32x32 into argv[1], its output on
+# the input into argv[2] (argv[3]: the zoo's folder).
 QAT_EXPORT = """
 import sys
 import numpy as np
@@ -109,7 +108,7 @@ np.save(sys.argv[2], want)
 
 
 def test_the_qat_export_is_int8_from_its_own_pairs_with_scalar_per_tensor_scales(tmp_path):
-#MobileNetV3's Hardsigmoid takes fixed scales; its per-tensor scales must be scalars for ONNX Runtime.
+    # MobileNetV3's Hardsigmoid takes fixed scales; its per-tensor scales must be scalars for ONNX Runtime.
     path, out = str(tmp_path / "qdq.onnx"), str(tmp_path / "want.npy")
     run_plain(QAT_EXPORT, path, out, os.path.join(ROOT, "examples", "model_zoo"))
     want = np.load(out)

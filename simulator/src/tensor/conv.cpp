@@ -1331,7 +1331,7 @@ void few_positions_integer(TensorEngine& e, const Geometry& g, const View& x, co
   // while every position reads them.
   constexpr std::uint64_t kRows = 16;
   const std::uint64_t blocks = (g.o + kRows - 1) / kRows;
-  const std::uint64_t grain = std::max<std::uint64_t>(1, 65536 / (kRows * g.c * positions));
+  const std::uint64_t grain = std::max<std::uint64_t>(1, 65536 / std::max<std::uint64_t>(1, kRows * g.c * positions));
   const auto* wb = reinterpret_cast<const std::int8_t*>(w.data);
   const auto stride = static_cast<std::size_t>(w.strides[0]);
   e.pool().parallel_for(
@@ -1382,6 +1382,10 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   const Geometry g(at, x, w, y);
   const std::uint64_t og = g.o / g.groups, cg = g.c / g.groups;
   if (g.n * g.o * g.oh * g.ow == 0) return;
+  if (g.c == 0) {  // sums over no input channels: 0, whatever the zero points (none is read)
+    std::fill(acc, acc + g.n * g.o * g.oh * g.ow, 0);
+    return;
+  }
   std::int64_t x_zero = xz ? load_int(xz->data, xz->dtype) : 0;
   const bool few = few_positions(g, w);
   if (dot_first(g, w)) return few_positions_integer(e, g, x, w, x_zero, wz, acc);

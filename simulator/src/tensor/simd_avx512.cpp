@@ -53,7 +53,12 @@ void dot_rows_madd(std::int32_t* out, const std::int16_t* x, const std::int8_t* 
       const __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + i)));
       s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_loadu_si512(x + i), wv));
     }
-    auto t = static_cast<std::uint32_t>(_mm512_reduce_add_epi32(s));
+    // Lanes added as the vector adds do, wrapping (GCC's _mm512_reduce_add_epi32
+    // adds in signed int, which may not overflow).
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+    const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    const __m128i d = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
+    auto t = static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm_add_epi32(d, _mm_shuffle_epi32(d, 0xB1))));
     for (; i < n; ++i) t += static_cast<std::uint32_t>(static_cast<std::int32_t>(x[i]) * wr[i]);
     out[r] = static_cast<std::int32_t>(t);
   }
