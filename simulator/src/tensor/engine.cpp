@@ -483,6 +483,13 @@ fw::Problem run_qlinear_conv(TensorEngine& e, const fw::ConvAttrs& a, const View
   const bool nhwc = a.layout == static_cast<std::uint32_t>(fw::Layout::kNHWC);
   const std::uint64_t c = nhwc ? y.shape[3] : y.shape[1];
   const std::uint64_t hw = nhwc ? 1 : y.shape[2] * y.shape[3];
+  // The scales and zero points are views broadcast over the tensor each
+  // belongs to (x's, w's or y's shape). With no input channels, x's and
+  // w's are empty: there is no scale to read, and the op is refused,
+  // naming x's channels.
+  for (const int i : {1, 2, 4, 5})
+    if (v[i].data == nullptr)
+      return {fw::CmdStatus::kBadArgument, fw::tensor_field(0, fw::TensorAspect::kShape, nhwc ? 3 : 1), 0, 1};
   const float xs = load_float(v[1].data, fw::DType::kF32), ys = load_float(v[6].data, fw::DType::kF32);
   std::vector<float> mult(c);
   for (std::uint64_t o = 0; o < c; ++o) mult[o] = xs * load_float(v[4].at(o * v[4].strides[0]), fw::DType::kF32) / ys;
