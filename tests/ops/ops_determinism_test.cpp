@@ -312,6 +312,45 @@ TEST(OpsIsa, IntegerOpsAreBitIdenticalAtEveryInstructionSetLevel) {
          o.bias = in[8];
          return ops::qlinear_conv(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y, o);
        }});
+  // Layers of at most 256 taps an output that expand (a first layer, a
+  // 1x1), which levels without VNNI run as oneDNN's f32 convolution of the
+  // same integers: the largest sums 256 taps reach, and per-channel weight
+  // zero points.
+  Host x255(DType::U8, {1, 6, 6, 256}), w255(DType::U8, {258, 256, 1, 1}), wz255(DType::U8, {258});
+  std::fill(x255.v.begin(), x255.v.end(), 255.0);
+  for (std::size_t i = 0; i < w255.v.size(); ++i) w255.v[i] = (i / 256) % 2 ? 0.0 : 255.0;
+  for (std::size_t i = 0; i < wz255.v.size(); ++i) wz255.v[i] = i % 2 ? 255.0 : 0.0;
+  cases.push_back({"qlinear_conv u8 x u8 NHWC 1x1, 256 taps of 255 * 255",
+                   {x255, scalar(DType::F32, 0.02), scalar(DType::U8, 0), w255, scalar(DType::F32, 1e-5), wz255, qsy,
+                    scalar(DType::U8, 120), I(DType::I32, {258})},
+                   DType::U8,
+                   {1, 6, 6, 258},
+                   [](const std::vector<Tensor>& in, const Tensor& y) {
+                     Conv2dOptions o;
+                     o.layout = Layout::NHWC;
+                     o.bias = in[8];
+                     return ops::qlinear_conv(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y, o);
+                   }});
+  cases.push_back({"qlinear_conv i8 x i8 NHWC first layer, per-channel zero points",
+                   {I(DType::I8, {2, 19, 19, 3}), scalar(DType::F32, 0.02), scalar(DType::I8, -7),
+                    I(DType::I8, {32, 3, 3, 3}), ws, I(DType::I8, {32}), qsy, scalar(DType::I8, 3)},
+                   DType::I8,
+                   {2, 10, 10, 32},
+                   [](const std::vector<Tensor>& in, const Tensor& y) {
+                     Conv2dOptions o;
+                     o.layout = Layout::NHWC;
+                     o.strides = {2, 2};
+                     o.pads = {1, 1, 1, 1};
+                     return ops::qlinear_conv(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], y, o);
+                   }});
+  cases.push_back(
+      {"conv_integer u8 x i8 NCHW 1x1 expanding",
+       {I(DType::U8, {2, 24, 9, 9}), I(DType::I8, {144, 24, 1, 1}), scalar(DType::U8, 128), I(DType::I8, {144})},
+       DType::I32,
+       {2, 144, 9, 9},
+       [](const std::vector<Tensor>& in, const Tensor& y) {
+         return ops::conv_integer(in[0], in[1], y, in[2], in[3], Conv2dOptions{});
+       }});
   cases.push_back({"qlinear_conv u8 x i8 NCHW depthwise",
                    {I(DType::U8, {1, 32, 17, 17}), scalar(DType::F32, 0.02), scalar(DType::U8, 7),
                     I(DType::I8, {32, 1, 3, 3}), ws, scalar(DType::I8, 0), qsy, scalar(DType::U8, 120)},

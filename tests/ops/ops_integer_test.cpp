@@ -503,6 +503,103 @@ TEST_P(Ops, IntegerConvolutionsOfAFewPositionsAreExact) {
       }
 }
 
+TEST_P(Ops, IntegerConvolutionsOfAFewTapsAreExactAtTheirLargestSums) {
+  // Without VNNI, an integer convolution of at most 256 taps an output with
+  // as many output channels as input channels or more (a network's first
+  // layer, an expanding 1x1) runs as oneDNN's f32 convolution of the same
+  // integers (conv.cpp, integer_sums_as_f32), exact while each sum stays
+  // below 2^24: here 256 taps of 255 * 255 in every output come within
+  // 131,000 of it, and 257 take the other route. Both integer ops; u8 and i8
+  // inputs and weights with per-channel weight zero points; both layouts;
+  // a first layer of 3 channels; a grouped expansion; a depthwise layer of
+  // an i8 input; an input read as a slice of a wider tensor; a bias that
+  // wraps. (This CPU's own level takes its route; CI runs these at every
+  // level below it.)
+  struct Case {
+    Layout layout;
+    std::int64_t n, c, o, h, k;
+    std::uint32_t stride, groups;
+  };
+  const Case cases[] = {{Layout::NHWC, 1, 256, 260, 3, 1, 1, 1}, {Layout::NHWC, 2, 257, 258, 2, 1, 1, 1},
+                        {Layout::NHWC, 1, 3, 32, 9, 3, 2, 1},    {Layout::NCHW, 2, 16, 96, 5, 1, 1, 1},
+                        {Layout::NCHW, 1, 8, 16, 6, 3, 1, 2},    {Layout::NHWC, 1, 24, 24, 7, 3, 1, 24}};
+  for (const Case& k : cases)
+    for (DType xt : {DType::U8, DType::I8})
+      for (int variant = 0; variant < 2; ++variant) {
+        // 0 the largest sums: x at one end of its range, its zero point at
+        // the other, w less its zero point -255 or 255 (the signs mixed by
+        // channel); 1 random values with per-channel weight zero points.
+        const DType wt = xt == DType::U8 ? DType::I8 : DType::U8;
+        ConvGeom g;
+        g.layout = k.layout;
+        g.strides = {k.stride, k.stride};
+        g.groups = k.groups;
+        g.pads = {k.k / 2 > 0 ? 1u : 0u, k.k / 2 > 0 ? 1u : 0u, 0, 0};
+        const Shape xs_shape = img_shape(g.layout, k.n, k.c, k.h, k.h), ws_shape{k.o, k.c / k.groups, k.k, k.k};
+        Host x = variant == 0
+                     ? rand_host(rng_, xt, xs_shape, static_cast<double>(hi_of(xt)), static_cast<double>(hi_of(xt)))
+                     : rand_int(rng_, xt, xs_shape);
+        Host w = rand_int(rng_, wt, ws_shape);
+        Host wz(wt, {k.o});
+        if (variant == 0) {
+          const std::int64_t per_o = static_cast<std::int64_t>(w.size()) / k.o;
+          for (std::int64_t oi = 0; oi < k.o; ++oi) {
+            const bool up = oi % 2 == 0;  // w - wz = 255 or -255
+            wz.v[static_cast<std::size_t>(oi)] = static_cast<double>(up ? lo_of(wt) : hi_of(wt));
+            for (std::int64_t i = 0; i < per_o; ++i)
+              w.v[static_cast<std::size_t>(oi * per_o + i)] = static_cast<double>(up ? hi_of(wt) : lo_of(wt));
+          }
+        } else {
+          wz = rand_int(rng_, wt, {k.o});
+        }
+        Host xz(xt, {});
+        xz.v = {variant == 0 ? static_cast<double>(lo_of(xt))
+                             : static_cast<double>(rng_.integer(lo_of(xt), hi_of(xt)))};
+        std::vector<std::int64_t> wzv;
+        for (double v : wz.v) wzv.push_back(static_cast<std::int64_t>(v));
+        const Shape ys = conv_out_shape(x, w.shape, g);
+        ASSERT_FALSE(ys.empty()) << dims(xs_shape) << " " << g.text();
+        const auto acc = ref_conv_int(x, w, g, static_cast<std::int64_t>(xz.v[0]), wzv, ys);
+        const std::string what = std::string(to_string(xt)) + " x " + dims(x.shape) + " " + to_string(wt) + " w " +
+                                 dims(w.shape) + " " + g.text() + " variant " + std::to_string(variant);
+        // Variant 1 reads x as a slice: its last dimension 3 elements apart
+        // more than its length.
+        const auto input = [&] {
+          if (variant == 0) return lab().upload(x);
+          const Shape& d = x.shape;
+          return lab().upload_view(x, {d[1] * d[2] * (d[3] + 3), d[2] * (d[3] + 3), d[3] + 3, 1}, 1);
+        };
+        const Tensor yi = lab().output(DType::I32, ys);
+        expect_exact(
+            "conv_integer " + what,
+            lab().run(ops::conv_integer(input(), lab().upload(w), yi, lab().upload(xz), lab().upload(wz), g.options()),
+                      yi),
+            as_doubles(acc));
+        Host bias = rand_host(rng_, DType::I32, {k.o}, -50000, 50000);
+        bias.v[0] = 2147483647.0;   // wraps with channel 0's largest sums
+        bias.v[1] = -2147483648.0;  // and with channel 1's
+        const DType yt = variant == 0 ? DType::U8 : DType::I8;
+        const Host xs = rand(DType::F32, {}, 1e-3, 0.05), ws = rand(DType::F32, {k.o}, 1e-4, 1e-3);
+        const Host ysc = rand(DType::F32, {}, 0.05, 1), yz = rand_int(rng_, yt, {});
+        std::vector<double> want(acc.size());
+        for_each_output(ys, g.layout, [&](std::int64_t, std::int64_t oc, std::int64_t, std::int64_t, std::int64_t lin) {
+          const auto ol = static_cast<std::size_t>(oc);
+          want[static_cast<std::size_t>(lin)] =
+              requantize(wrap32(acc[static_cast<std::size_t>(lin)] + static_cast<std::int64_t>(bias.v[ol])), xs.v[0],
+                         ws.v[ol], ysc.v[0], static_cast<std::int64_t>(yz.v[0]), yt);
+        });
+        Conv2dOptions opt = g.options();
+        opt.bias = lab().upload(bias);
+        const Tensor y = lab().output(yt, ys);
+        expect_exact(
+            "qlinear_conv " + what + " -> " + to_string(yt),
+            lab().run(ops::qlinear_conv(input(), lab().upload(xs), lab().upload(xz), lab().upload(w), lab().upload(ws),
+                                        lab().upload(wz), lab().upload(ysc), lab().upload(yz), y, opt),
+                      y),
+            want);
+      }
+}
+
 TEST_P(Ops, QLinearConvShapedLikeAnInt8ResNetLayerIsExact) {
   // What the compiler's int8 layers hand the engine (runtime/src/onnx/
   // int8.cpp): u8 NHWC activations, s8 per-channel weights with zero

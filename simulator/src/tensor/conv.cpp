@@ -381,6 +381,130 @@ bool dnnl_conv_s32(TensorEngine& e, const Geometry& g, const View& x, dt xt, con
   return dnnl_conv(e, g, x, xt, wt, wdata, dt::s8, nullptr, y, dt::s32, acc, src_zero, nullptr, depthwise_kernel);
 }
 
+// The most taps an output of integer_sums_as_f32 sums: each product is at
+// most 255 * 255 in magnitude, so every partial sum of as many stays below
+// 2^24, where f32 holds every integer.
+constexpr std::uint64_t kAsF32MaxTaps = 256;
+static_assert(kAsF32MaxTaps * 255 * 255 < (std::uint64_t{1} << 24));
+
+// An integer convolution as oneDNN's f32 convolution of the same integers,
+// its sums into `ys` (dense, in y's layout): x less its zero point and w
+// less theirs, each at most 255 in magnitude, widened to f32 (exactly) and
+// convolved by oneDNN's direct f32 kernel. With at most kAsF32MaxTaps taps
+// an output, every partial sum is an integer f32 holds exactly, whatever
+// the order of the additions and with or without FMA: each result is the
+// exact sum, the same at every level and thread count. The weights as
+// floats are kept while their bytes stay the same (a model's weights, run
+// after run), and so oneDNN's reordered copy of them. False (nothing
+// written) past kAsF32MaxTaps taps or where oneDNN refuses the
+// convolution.
+bool integer_sums_as_f32(TensorEngine& e, const Geometry& g, const View& x, const View& w, std::int64_t x_zero,
+                         const View* wz, float* ys) {
+  const std::uint64_t cg = g.c / g.groups, per_o = cg * g.kh * g.kw;
+  if (per_o > kAsF32MaxTaps) return false;
+  const auto fill = [&](float* out) {
+    for (std::uint64_t oi = 0; oi < g.o; ++oi) {
+      const std::int64_t zero = wz ? load_int(wz->at(oi * wz->strides[0]), wz->dtype) : 0;
+      for (std::uint64_t ci = 0; ci < cg; ++ci)
+        for (std::uint64_t a = 0; a < g.kh; ++a)
+          for (std::uint64_t b = 0; b < g.kw; ++b)
+            out[oi * per_o + (ci * g.kh + a) * g.kw + b] =
+                static_cast<float>(load_int(w.at(Geometry::wgt(w, oi, ci, a, b)), w.dtype) - zero);
+    }
+  };
+  constexpr std::int64_t kIntegerFloats = 0x4946;  // "IF"
+  PackedCache::Key key{kIntegerFloats, reinterpret_cast<std::intptr_t>(w.data)};
+  for (const std::uint64_t v : {static_cast<std::uint64_t>(w.dtype), g.o, cg, g.kh, g.kw, w.strides[0], w.strides[1],
+                                w.strides[2], w.strides[3]})
+    key.push_back(static_cast<std::int64_t>(v));
+  for (std::uint64_t oi = 0; wz && oi < g.o; ++oi) key.push_back(load_int(wz->at(oi * wz->strides[0]), wz->dtype));
+  std::uint64_t span = 1;
+  for (std::uint32_t d = 0; d < w.rank; ++d) span += (w.shape[d] - 1) * w.strides[d];
+  const float* wf = e.packed_cache().find(key, w.data, span * w.esize);
+  const bool reused = wf != nullptr;  // oneDNN's reordered copy of them may be kept too
+  if (!wf) {
+    float* into = e.packed_cache().insert(std::move(key), w.data, span * w.esize, g.o * per_o);
+    if (!into) into = e.staged(Staged::kW, g.o * per_o);
+    fill(into);
+    wf = into;
+  }
+  const auto dense = [](View& v, fw::DType t, const std::uint64_t(&shape)[4]) {
+    v.dtype = t;
+    v.esize = 4;
+    v.rank = 4;
+    std::uint64_t step = 1;
+    for (int d = 3; d >= 0; --d) {
+      v.shape[d] = shape[d];
+      v.strides[d] = step;
+      step *= shape[d];
+    }
+  };
+  // x less its zero point, dense in x's layout.
+  View xf;
+  dense(xf, fw::DType::kF32, {x.shape[0], x.shape[1], x.shape[2], x.shape[3]});
+  const std::uint64_t xn = xf.elements();
+  float* xs = e.staged(Staged::kX, xn);
+  xf.data = reinterpret_cast<std::byte*>(xs);
+  const bool is_signed = x.dtype == fw::DType::kI8;
+  const auto zero = static_cast<std::int32_t>(x_zero);
+  if (x.contiguous()) {
+    const auto* src = reinterpret_cast<const std::uint8_t*>(x.data);
+    e.pool().parallel_for(
+        xn,
+        [&](std::uint64_t begin, std::uint64_t end) {
+          simd::dequantize_8(src + begin, xs + begin, end - begin, is_signed, 1.0f, zero);
+        },
+        16384);
+  } else {
+    const View* views[1] = {&x};
+    std::uint64_t i = 0;
+    for_each_index(x.shape, x.rank, views, 0, xn, [&](const std::uint64_t* off) {
+      xs[i++] = static_cast<float>(load_int(x.at(off[0]), x.dtype) - x_zero);
+    });
+  }
+  View wv;
+  dense(wv, fw::DType::kF32, {g.o, cg, g.kh, g.kw});
+  View yf;
+  dense(yf, fw::DType::kF32, {g.n, g.nhwc ? g.oh : g.o, g.nhwc ? g.ow : g.oh, g.nhwc ? g.o : g.ow});
+  yf.data = reinterpret_cast<std::byte*>(ys);
+  return dnnl_conv(e, g, xf, dt::f32, wv, wf, dt::f32, nullptr, yf, dt::f32, ys, nullptr, nullptr, false, reused);
+}
+
+// Whether an integer convolution runs as integer_sums_as_f32 on this
+// engine: on x86 CPUs without VNNI, where oneDNN's int8 kernels saturate
+// and it is exact only over the input's nibbles (two convolutions with
+// int32 outputs, a pass to split the input and one to join the sums), or,
+// below AVX2, not at all (the engine's own kernels), for layers of at most
+// kAsF32MaxTaps taps an output with at least as many output channels as
+// input channels, whose outputs the int32 passes weigh on most. Measured
+// per layer (`tpuhal profile` at TPUHAL_MAX_ISA=avx2, 2-core Zen 5):
+// MobileNetV2's expanding 1x1 layers took 0.64 to 0.83 of the nibbles'
+// time and its first convolution 0.63; ResNet-50's first 0.44; but its 3x3
+// layers (576 taps and more) 1.1 to 1.2 times, and MobileNetV2's
+// projecting 1x1 layers 0.8 to 1.3. Not a depthwise one of a u8 input:
+// oneDNN's depthwise kernels take its whole bytes.
+bool sums_as_f32(const TensorEngine& e, const Geometry& g, fw::DType xt) {
+  const Isa isa = e.isa();
+  const bool x86_without_vnni = isa == Isa::kSse2 || isa == Isa::kSse41 || isa == Isa::kAvx2 || isa == Isa::kAvx512;
+  return x86_without_vnni && !onednn_int8_exact(isa) && g.o >= g.c && g.c / g.groups * g.kh * g.kw <= kAsF32MaxTaps &&
+         !depthwise_whole_bytes(isa, g, xt);
+}
+
+// conv_integer by integer_sums_as_f32, into the dense int32 `acc`.
+bool conv_integer_as_f32(TensorEngine& e, const Geometry& g, const View& x, const View& w, std::int64_t x_zero,
+                         const View* wz, std::int32_t* acc) {
+  const std::uint64_t yn = g.n * g.o * g.oh * g.ow;
+  float* ys = e.staged(Staged::kY, yn);
+  if (!integer_sums_as_f32(e, g, x, w, x_zero, wz, ys)) return false;
+  e.pool().parallel_for(
+      yn,
+      [&](std::uint64_t begin, std::uint64_t end) {
+        for (std::uint64_t i = begin; i < end; ++i) acc[i] = static_cast<std::int32_t>(ys[i]);
+      },
+      16384);
+  return true;
+}
+
 // The same for u8 `u` where the sums pass 2^24 but those of u's nibbles do
 // not (sums_within_2_24() with 15), or without VNNI, where oneDNN is exact
 // only on nibbles (onednn_int8_exact_on_nibbles): u = 16 * hi + lo, so the sums are
@@ -1438,6 +1562,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   const std::uint64_t wsum = weight_abs_sum_max(e, g, ws, wdata, wdata == w.data);
   const bool within = sums_within_2_24(wsum, 255), direct = whole_bytes && within;
   if (few && !direct) return few_positions_integer(e, g, x, w, x_zero, wz, acc);
+  if (sums_as_f32(e, g, x.dtype) && conv_integer_as_f32(e, g, x, w, x_zero, wz, acc)) return;
   const bool nibbles = !direct && onednn_int8_exact_on_nibbles(e.isa()) && sums_within_2_24(wsum, 15);
   if (!direct && !(depthwise && within) && !nibbles) return own_kernels();
   // Whether oneDNN takes input `in` on whole bytes (depthwise: on its
@@ -1594,6 +1719,35 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
       }
     }
   });
+}
+
+bool qlinear_conv_as_f32(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const View& w, const View* xz,
+                         const View* wz, const View& y, const std::vector<float>& multipliers, const std::int32_t* bias,
+                         std::int32_t y_zero) {
+  const Geometry g(at, x, w, y);
+  if (!g.nhwc || !y.contiguous() || g.n * g.o * g.oh * g.ow == 0 || g.c == 0 || multipliers.size() != g.o ||
+      !sums_as_f32(e, g, x.dtype) || few_positions(g, w))
+    return false;
+  const std::uint64_t positions = g.n * g.oh * g.ow;
+  float* ys = e.staged(Staged::kY, positions * g.o);
+  if (!integer_sums_as_f32(e, g, x, w, xz ? load_int(xz->data, xz->dtype) : 0, wz, ys)) return false;
+  // Each position's sums to int32 (exact) and requantised while they are
+  // in the first-level cache: requantize()'s arithmetic, one pass.
+  const std::int32_t lo = int_min(y.dtype), hi = int_max(y.dtype);
+  auto* out = reinterpret_cast<std::uint8_t*>(y.data);
+  e.pool().parallel_for(
+      positions,
+      [&](std::uint64_t begin, std::uint64_t end) {
+        thread_local std::vector<std::int32_t> sums;
+        sums.resize(g.o);
+        for (std::uint64_t p = begin; p < end; ++p) {
+          const float* row = ys + p * g.o;
+          for (std::uint64_t oi = 0; oi < g.o; ++oi) sums[oi] = static_cast<std::int32_t>(row[oi]);
+          simd::requantize_u8(sums.data(), bias, multipliers.data(), out + p * g.o, g.o, y_zero, lo, hi);
+        }
+      },
+      std::max<std::uint64_t>(1, 16384 / g.o));
+  return true;
 }
 
 bool qlinear_conv_fused(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const View& w, const View* xz,

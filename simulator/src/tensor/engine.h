@@ -206,6 +206,15 @@ class TensorEngine {
 void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* az, const View* bz, std::int32_t* acc);
 void conv_integer(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz, const View* wz,
                   std::int32_t* acc);
+// QLinearConv in NHWC (y dense) on CPUs without VNNI, where
+// conv.cpp's integer_sums_as_f32 takes it: oneDNN's f32 convolution of the
+// same integers (exact: every sum within 2^24), each position's sums
+// requantised as requantize() does while in cache. `bias` is null or one
+// int32 per channel. Bit-identical to conv_integer + requantize; false
+// (nothing written) where it does not apply.
+bool qlinear_conv_as_f32(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz,
+                         const View* wz, const View& y, const std::vector<float>& multipliers, const std::int32_t* bias,
+                         std::int32_t y_zero);
 // QLinearConv with the requantisation fused into oneDNN's convolution where
 // that is bit-identical to conv_integer + requantize (s8 weights without
 // zero points, no bias, sums within 2^24, finite multipliers, one per
