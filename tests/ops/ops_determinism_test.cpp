@@ -320,9 +320,22 @@ TEST(OpsIsa, IntegerOpsAreBitIdenticalAtEveryInstructionSetLevel) {
   std::fill(x255.v.begin(), x255.v.end(), 255.0);
   for (std::size_t i = 0; i < w255.v.size(); ++i) w255.v[i] = (i / 256) % 2 ? 0.0 : 255.0;
   for (std::size_t i = 0; i < wz255.v.size(); ++i) wz255.v[i] = i % 2 ? 255.0 : 0.0;
+  Host small_bias(DType::I32, {258});
+  for (std::size_t i = 0; i < small_bias.v.size(); ++i) small_bias.v[i] = static_cast<double>(i % 7) * 1000.0 - 3000.0;
+  cases.push_back({"conv_integer u8 x u8 NHWC 1x1, 256 taps of 255 * 255",
+                   {x255, w255, scalar(DType::U8, 0), wz255},
+                   DType::I32,
+                   {1, 6, 6, 258},
+                   [](const std::vector<Tensor>& in, const Tensor& y) {
+                     Conv2dOptions o;
+                     o.layout = Layout::NHWC;
+                     return ops::conv_integer(in[0], in[1], y, in[2], in[3], o);
+                   }});
+  // Requantised to within the output's range: 256 * 255 * 255 times
+  // 0.02 * 1.5e-4 / 0.41, about 122 levels either side of 128.
   cases.push_back({"qlinear_conv u8 x u8 NHWC 1x1, 256 taps of 255 * 255",
-                   {x255, scalar(DType::F32, 0.02), scalar(DType::U8, 0), w255, scalar(DType::F32, 1e-5), wz255, qsy,
-                    scalar(DType::U8, 120), I(DType::I32, {258})},
+                   {x255, scalar(DType::F32, 0.02), scalar(DType::U8, 0), w255, scalar(DType::F32, 1.5e-4), wz255, qsy,
+                    scalar(DType::U8, 128), small_bias},
                    DType::U8,
                    {1, 6, 6, 258},
                    [](const std::vector<Tensor>& in, const Tensor& y) {

@@ -156,30 +156,38 @@ TEST_P(Ops, ConvIntegerWithInputAndPerChannelWeightZeroPoints) {
 // pass it, so the runs switch between the engine's paths (the kept channel
 // sums that choose them have a unit test of their own, tensor_isa_test.cpp).
 TEST_P(Ops, ConvIntegerTakesWeightsRewrittenInPlace) {
-  for (const bool by_host : {false, true}) {
-    ConvGeom g;
-    g.layout = Layout::NHWC;
-    g.pads = {1, 1, 1, 1};
-    const Host x = rand_host(rng_, DType::U8, img_shape(g.layout, 1, 64, 7, 9), 250, 255);
-    const Host w1 = rand_host(rng_, DType::I8, {24, 64, 3, 3}, -3, 3);
-    const Host w2 = rand_host(rng_, DType::I8, {24, 64, 3, 3}, 120, 127);
-    const Tensor xt = lab().upload(x), w = lab().upload(w1, by_host ? Memory::HostPinned : Memory::Device);
-    const Shape ys = conv_out_shape(x, w1.shape, g);
-    int run = 0;
-    for (const Host* now : {&w1, &w1, &w2, &w2, &w1}) {
-      if (by_host) {
-        auto m = w.buffer().map();
-        for (std::size_t i = 0; i < now->size(); ++i) store(DType::I8, now->v[i], m.data() + i);
-      } else {
-        lab().q.copy(lab().upload(*now).buffer(), w.buffer()).submit().wait();
+  // A 3x3 layer, and a widening 1x1 (without VNNI, oneDNN's f32
+  // convolution of the integers, its weights widened and kept).
+  struct Shape3 {
+    std::int64_t c, o, k;
+  };
+  for (const Shape3 k : {Shape3{64, 24, 3}, Shape3{24, 144, 1}})
+    for (const bool by_host : {false, true}) {
+      ConvGeom g;
+      g.layout = Layout::NHWC;
+      const auto pad = static_cast<std::uint32_t>(k.k / 2);
+      g.pads = {pad, pad, pad, pad};
+      const Host x = rand_host(rng_, DType::U8, img_shape(g.layout, 1, k.c, 7, 9), 250, 255);
+      const Host w1 = rand_host(rng_, DType::I8, {k.o, k.c, k.k, k.k}, -3, 3);
+      const Host w2 = rand_host(rng_, DType::I8, {k.o, k.c, k.k, k.k}, 120, 127);
+      const Tensor xt = lab().upload(x), w = lab().upload(w1, by_host ? Memory::HostPinned : Memory::Device);
+      const Shape ys = conv_out_shape(x, w1.shape, g);
+      int run = 0;
+      for (const Host* now : {&w1, &w1, &w2, &w2, &w1}) {
+        if (by_host) {
+          auto m = w.buffer().map();
+          for (std::size_t i = 0; i < now->size(); ++i) store(DType::I8, now->v[i], m.data() + i);
+        } else {
+          lab().q.copy(lab().upload(*now).buffer(), w.buffer()).submit().wait();
+        }
+        const Tensor y = lab().output(DType::I32, ys);
+        expect_exact(std::string("conv_integer ") + dims(w1.shape) + ", weights rewritten by " +
+                         (by_host ? "the host" : "a copy") + ", run " + std::to_string(++run) +
+                         (now == &w1 ? " with the first weights" : " with the second weights"),
+                     lab().run(ops::conv_integer(xt, w, y, std::nullopt, std::nullopt, g.options()), y),
+                     as_doubles(ref_conv_int(x, *now, g, 0, {}, ys)));
       }
-      const Tensor y = lab().output(DType::I32, ys);
-      expect_exact(std::string("conv_integer, weights rewritten by ") + (by_host ? "the host" : "a copy") + ", run " +
-                       std::to_string(++run) + (now == &w1 ? " with the first weights" : " with the second weights"),
-                   lab().run(ops::conv_integer(xt, w, y, std::nullopt, std::nullopt, g.options()), y),
-                   as_doubles(ref_conv_int(x, *now, g, 0, {}, ys)));
     }
-  }
 }
 
 TEST_P(Ops, ConvIntegerAccumulatesExactlyInInt32) {

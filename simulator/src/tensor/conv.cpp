@@ -201,6 +201,10 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       // next; oneDNN's default scratchpad lives in the creating thread's
       // storage, so this one gets its own.
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      // f32 arithmetic whatever ONEDNN_DEFAULT_FPMATH_MODE says: the float
+      // bound of docs/ops.md, and the exact integer sums of
+      // integer_sums_as_f32, rest on it.
+      attr.set_fpmath_mode(dnnl::fpmath_mode::strict);
       if (src_zero) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
       if (requant) {
         attr.set_output_scales(2, *requant->scales);
@@ -396,12 +400,13 @@ static_assert(kAsF32MaxTaps * 255 * 255 < (std::uint64_t{1} << 24));
 // exact sum, the same at every level and thread count. The weights as
 // floats are kept while their bytes stay the same (a model's weights, run
 // after run), and so oneDNN's reordered copy of them. False (nothing
-// written) past kAsF32MaxTaps taps or where oneDNN refuses the
-// convolution.
+// written) past kAsF32MaxTaps taps, for an empty image, or where oneDNN
+// refuses the convolution.
 bool integer_sums_as_f32(TensorEngine& e, const Geometry& g, const View& x, const View& w, std::int64_t x_zero,
                          const View* wz, float* ys) {
   const std::uint64_t cg = g.c / g.groups, per_o = cg * g.kh * g.kw;
-  if (per_o > kAsF32MaxTaps) return false;
+  // An empty image (its outputs all padding) is left to the other routes.
+  if (per_o > kAsF32MaxTaps || g.h == 0 || g.w == 0) return false;
   const auto fill = [&](float* out) {
     for (std::uint64_t oi = 0; oi < g.o; ++oi) {
       const std::int64_t zero = wz ? load_int(wz->at(oi * wz->strides[0]), wz->dtype) : 0;
@@ -481,13 +486,13 @@ bool integer_sums_as_f32(TensorEngine& e, const Geometry& g, const View& x, cons
 // MobileNetV2's expanding 1x1 layers took 0.64 to 0.83 of the nibbles'
 // time and its first convolution 0.63; ResNet-50's first 0.44; but its 3x3
 // layers (576 taps and more) 1.1 to 1.2 times, and MobileNetV2's
-// projecting 1x1 layers 0.8 to 1.3. Not a depthwise one of a u8 input:
-// oneDNN's depthwise kernels take its whole bytes.
-bool sums_as_f32(const TensorEngine& e, const Geometry& g, fw::DType xt) {
+// projecting 1x1 layers 0.8 to 1.3. Not a depthwise one where oneDNN's
+// depthwise kernels take whole bytes (an i8 input as u8).
+bool sums_as_f32(const TensorEngine& e, const Geometry& g) {
   const Isa isa = e.isa();
   const bool x86_without_vnni = isa == Isa::kSse2 || isa == Isa::kSse41 || isa == Isa::kAvx2 || isa == Isa::kAvx512;
-  return x86_without_vnni && !onednn_int8_exact(isa) && g.o >= g.c && g.c / g.groups * g.kh * g.kw <= kAsF32MaxTaps &&
-         !depthwise_whole_bytes(isa, g, xt);
+  return x86_without_vnni && g.o >= g.c && g.c / g.groups * g.kh * g.kw <= kAsF32MaxTaps &&
+         !depthwise_whole_bytes(isa, g, fw::DType::kU8);
 }
 
 // conv_integer by integer_sums_as_f32, into the dense int32 `acc`.
@@ -1525,6 +1530,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   // input's whole bytes in its depthwise kernels (an s8 one goes as u8).
   const bool whole_bytes = onednn_int8_exact(e.isa());
   const bool depthwise = depthwise_whole_bytes(e.isa(), g, fw::DType::kU8);
+  if (!few && sums_as_f32(e, g) && conv_integer_as_f32(e, g, x, w, x_zero, wz, acc)) return;
   if (!whole_bytes && !depthwise && !onednn_int8_exact_on_nibbles(e.isa()))
     return few ? few_positions_integer(e, g, x, w, x_zero, wz, acc) : own_kernels();
   auto dense = [&](std::uint64_t ni, std::uint64_t oi, std::uint64_t r, std::uint64_t col) {
@@ -1562,7 +1568,6 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   const std::uint64_t wsum = weight_abs_sum_max(e, g, ws, wdata, wdata == w.data);
   const bool within = sums_within_2_24(wsum, 255), direct = whole_bytes && within;
   if (few && !direct) return few_positions_integer(e, g, x, w, x_zero, wz, acc);
-  if (sums_as_f32(e, g, x.dtype) && conv_integer_as_f32(e, g, x, w, x_zero, wz, acc)) return;
   const bool nibbles = !direct && onednn_int8_exact_on_nibbles(e.isa()) && sums_within_2_24(wsum, 15);
   if (!direct && !(depthwise && within) && !nibbles) return own_kernels();
   // Whether oneDNN takes input `in` on whole bytes (depthwise: on its
@@ -1726,7 +1731,7 @@ bool qlinear_conv_as_f32(TensorEngine& e, const fw::ConvAttrs& at, const View& x
                          std::int32_t y_zero) {
   const Geometry g(at, x, w, y);
   if (!g.nhwc || !y.contiguous() || g.n * g.o * g.oh * g.ow == 0 || g.c == 0 || multipliers.size() != g.o ||
-      !sums_as_f32(e, g, x.dtype) || few_positions(g, w))
+      !sums_as_f32(e, g) || few_positions(g, w))
     return false;
   const std::uint64_t positions = g.n * g.oh * g.ow;
   float* ys = e.staged(Staged::kY, positions * g.o);

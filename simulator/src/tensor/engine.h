@@ -206,7 +206,7 @@ class TensorEngine {
 void matmul_integer(TensorEngine& e, const View& a, const View& b, const View* az, const View* bz, std::int32_t* acc);
 void conv_integer(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz, const View* wz,
                   std::int32_t* acc);
-// QLinearConv in NHWC (y dense) on CPUs without VNNI, where
+// QLinearConv in NHWC (y dense) on x86 levels without VNNI, where
 // conv.cpp's integer_sums_as_f32 takes it: oneDNN's f32 convolution of the
 // same integers (exact: every sum within 2^24), each position's sums
 // requantised as requantize() does while in cache. `bias` is null or one
