@@ -320,8 +320,9 @@ TEST(OpsIsa, IntegerOpsAreBitIdenticalAtEveryInstructionSetLevel) {
   std::fill(x255.v.begin(), x255.v.end(), 255.0);
   for (std::size_t i = 0; i < w255.v.size(); ++i) w255.v[i] = (i / 256) % 2 ? 0.0 : 255.0;
   for (std::size_t i = 0; i < wz255.v.size(); ++i) wz255.v[i] = i % 2 ? 255.0 : 0.0;
+  // A bias of up to 11 levels either way once requantised (below).
   Host small_bias(DType::I32, {258});
-  for (std::size_t i = 0; i < small_bias.v.size(); ++i) small_bias.v[i] = static_cast<double>(i % 7) * 1000.0 - 3000.0;
+  for (std::size_t i = 0; i < small_bias.v.size(); ++i) small_bias.v[i] = static_cast<double>(i % 7) * 5e5 - 1.5e6;
   cases.push_back({"conv_integer u8 x u8 NHWC 1x1, 256 taps of 255 * 255",
                    {x255, w255, scalar(DType::U8, 0), wz255},
                    DType::I32,

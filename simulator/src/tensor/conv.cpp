@@ -392,21 +392,22 @@ constexpr std::uint64_t kAsF32MaxTaps = 256;
 static_assert(kAsF32MaxTaps * 255 * 255 < (std::uint64_t{1} << 24));
 
 // An integer convolution as oneDNN's f32 convolution of the same integers,
-// its sums into `ys` (dense, in y's layout): x less its zero point and w
+// its sums dense in y's shape in the engine's staged kY floats (returned;
+// null where it does not apply): x less its zero point and w
 // less theirs, each at most 255 in magnitude, widened to f32 (exactly) and
 // convolved by oneDNN's direct f32 kernel. With at most kAsF32MaxTaps taps
 // an output, every partial sum is an integer f32 holds exactly, whatever
 // the order of the additions and with or without FMA: each result is the
 // exact sum, the same at every level and thread count. The weights as
 // floats are kept while their bytes stay the same (a model's weights, run
-// after run), and so oneDNN's reordered copy of them. False (nothing
-// written) past kAsF32MaxTaps taps, for an empty image, or where oneDNN
-// refuses the convolution.
-bool integer_sums_as_f32(TensorEngine& e, const Geometry& g, const View& x, const View& w, std::int64_t x_zero,
-                         const View* wz, float* ys) {
+// after run), and so oneDNN's reordered copy of them. Null past
+// kAsF32MaxTaps taps, for an empty image, or where oneDNN refuses the
+// convolution.
+const float* integer_sums_as_f32(TensorEngine& e, const Geometry& g, const View& x, const View& w, std::int64_t x_zero,
+                                 const View* wz, const View& y) {
   const std::uint64_t cg = g.c / g.groups, per_o = cg * g.kh * g.kw;
   // An empty image (its outputs all padding) is left to the other routes.
-  if (per_o > kAsF32MaxTaps || g.h == 0 || g.w == 0) return false;
+  if (per_o > kAsF32MaxTaps || g.h == 0 || g.w == 0) return nullptr;
   const auto fill = [&](float* out) {
     for (std::uint64_t oi = 0; oi < g.o; ++oi) {
       const std::int64_t zero = wz ? load_int(wz->at(oi * wz->strides[0]), wz->dtype) : 0;
@@ -433,23 +434,10 @@ bool integer_sums_as_f32(TensorEngine& e, const Geometry& g, const View& x, cons
     fill(into);
     wf = into;
   }
-  const auto dense = [](View& v, fw::DType t, const std::uint64_t(&shape)[4]) {
-    v.dtype = t;
-    v.esize = 4;
-    v.rank = 4;
-    std::uint64_t step = 1;
-    for (int d = 3; d >= 0; --d) {
-      v.shape[d] = shape[d];
-      v.strides[d] = step;
-      step *= shape[d];
-    }
-  };
   // x less its zero point, dense in x's layout.
-  View xf;
-  dense(xf, fw::DType::kF32, {x.shape[0], x.shape[1], x.shape[2], x.shape[3]});
+  const View xf = staged_like(e, x, Staged::kX);
   const std::uint64_t xn = xf.elements();
-  float* xs = e.staged(Staged::kX, xn);
-  xf.data = reinterpret_cast<std::byte*>(xs);
+  auto* const xs = reinterpret_cast<float*>(xf.data);
   const bool is_signed = x.dtype == fw::DType::kI8;
   const auto zero = static_cast<std::int32_t>(x_zero);
   if (x.contiguous()) {
@@ -467,12 +455,12 @@ bool integer_sums_as_f32(TensorEngine& e, const Geometry& g, const View& x, cons
       xs[i++] = static_cast<float>(load_int(x.at(off[0]), x.dtype) - x_zero);
     });
   }
-  View wv;
-  dense(wv, fw::DType::kF32, {g.o, cg, g.kh, g.kw});
-  View yf;
-  dense(yf, fw::DType::kF32, {g.n, g.nhwc ? g.oh : g.o, g.nhwc ? g.ow : g.oh, g.nhwc ? g.o : g.ow});
-  yf.data = reinterpret_cast<std::byte*>(ys);
-  return dnnl_conv(e, g, xf, dt::f32, wv, wf, dt::f32, nullptr, yf, dt::f32, ys, nullptr, nullptr, false, reused);
+  // The kept floats are only read (dense, in w's shape).
+  const View wv = staged_like(e, w, Staged::kW, const_cast<float*>(wf));
+  const View yf = staged_like(e, y, Staged::kY);
+  if (!dnnl_conv(e, g, xf, dt::f32, wv, wf, dt::f32, nullptr, yf, dt::f32, yf.data, nullptr, nullptr, false, reused))
+    return nullptr;
+  return reinterpret_cast<const float*>(yf.data);
 }
 
 // Whether an integer convolution runs as integer_sums_as_f32 on this
@@ -495,14 +483,14 @@ bool sums_as_f32(const TensorEngine& e, const Geometry& g) {
          !depthwise_whole_bytes(isa, g, fw::DType::kU8);
 }
 
-// conv_integer by integer_sums_as_f32, into the dense int32 `acc`.
+// conv_integer by integer_sums_as_f32, into the dense int32 `acc` (y's
+// shape).
 bool conv_integer_as_f32(TensorEngine& e, const Geometry& g, const View& x, const View& w, std::int64_t x_zero,
-                         const View* wz, std::int32_t* acc) {
-  const std::uint64_t yn = g.n * g.o * g.oh * g.ow;
-  float* ys = e.staged(Staged::kY, yn);
-  if (!integer_sums_as_f32(e, g, x, w, x_zero, wz, ys)) return false;
+                         const View* wz, const View& y, std::int32_t* acc) {
+  const float* ys = integer_sums_as_f32(e, g, x, w, x_zero, wz, y);
+  if (!ys) return false;
   e.pool().parallel_for(
-      yn,
+      y.elements(),
       [&](std::uint64_t begin, std::uint64_t end) {
         for (std::uint64_t i = begin; i < end; ++i) acc[i] = static_cast<std::int32_t>(ys[i]);
       },
@@ -1530,7 +1518,7 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const
   // input's whole bytes in its depthwise kernels (an s8 one goes as u8).
   const bool whole_bytes = onednn_int8_exact(e.isa());
   const bool depthwise = depthwise_whole_bytes(e.isa(), g, fw::DType::kU8);
-  if (!few && sums_as_f32(e, g) && conv_integer_as_f32(e, g, x, w, x_zero, wz, acc)) return;
+  if (!few && sums_as_f32(e, g) && conv_integer_as_f32(e, g, x, w, x_zero, wz, y, acc)) return;
   if (!whole_bytes && !depthwise && !onednn_int8_exact_on_nibbles(e.isa()))
     return few ? few_positions_integer(e, g, x, w, x_zero, wz, acc) : own_kernels();
   auto dense = [&](std::uint64_t ni, std::uint64_t oi, std::uint64_t r, std::uint64_t col) {
@@ -1734,8 +1722,8 @@ bool qlinear_conv_as_f32(TensorEngine& e, const fw::ConvAttrs& at, const View& x
       !sums_as_f32(e, g) || few_positions(g, w))
     return false;
   const std::uint64_t positions = g.n * g.oh * g.ow;
-  float* ys = e.staged(Staged::kY, positions * g.o);
-  if (!integer_sums_as_f32(e, g, x, w, xz ? load_int(xz->data, xz->dtype) : 0, wz, ys)) return false;
+  const float* ys = integer_sums_as_f32(e, g, x, w, xz ? load_int(xz->data, xz->dtype) : 0, wz, y);
+  if (!ys) return false;
   // Each position's sums to int32 (exact) and requantised while they are
   // in the first-level cache: requantize()'s arithmetic, one pass.
   const std::int32_t lo = int_min(y.dtype), hi = int_max(y.dtype);
