@@ -219,6 +219,7 @@ def check_schema():
         names = [v[1] for v in e["values"]]
         if len(set(names)) != len(names):
             problems.append(f"{e['name']}: two values share a name")
+    problems += check_builders()
     if problems:
         sys.exit("schema/ops.py: " + "; ".join(problems))
 
@@ -1209,6 +1210,350 @@ def doc_rules():
     return "\n".join(rows) + "\n"
 
 
+# ---- builders of the kinds with shape rules of their own (BUILDERS) --------
+
+
+def option_struct(name):
+    return next(st for st in ops.OPTIONS if st["name"] == name)
+
+
+def option_fields(b, order="struct"):
+    """A builder's options fields, each (name, type, default, comment,
+    extras): in the struct's order, or in its keywords' order."""
+    fields = [(*f[:4], f[4] if len(f) > 4 else {}) for f in option_struct(b["options"])["fields"]]
+    by_name = {f[0]: f for f in fields}
+    if order == "keywords":
+        return [by_name[n] for n in b["keywords"]]
+    return [f for f in fields if f[0] in b["keywords"]]
+
+
+def builder_tensors(b):
+    """(name, optional) per tensor, in order."""
+    return [(t.rstrip("?"), t.endswith("?")) for t in b["tensors"]]
+
+
+def array_of(typ):
+    """("u32", 2, False) for "u32[2]", ("f32", 2, True) for "f32[2]?", None otherwise."""
+    if "[" not in typ or typ.endswith("[]"):
+        return None
+    base, rest = typ.split("[")
+    return base, int(rest.split("]")[0]), typ.endswith("?")
+
+
+def enum_default(typ, default):
+    return f"{typ}::{enum_value(field_enum(typ), default)[0]}"
+
+
+def option_member(f):
+    """The options struct's member of field f."""
+    name, typ, default, _, _ = f
+    arr = array_of(typ)
+    if arr and arr[2]:
+        return f"std::optional<std::array<{'float' if arr[0] == 'f32' else 'std::uint32_t'}, {arr[1]}>> {name};"
+    if arr:
+        value = cpp_float(default).removesuffix(".0f") if arr[0] == "f32" else default
+        return f"std::array<{'float' if arr[0] == 'f32' else 'std::uint32_t'}, {arr[1]}> {name}" \
+               f"{{{', '.join([value] * arr[1])}}};"
+    if typ == "tensor?":
+        return f"std::optional<Tensor> {name};"
+    if typ == "activation":
+        return f"ActivationParams {name};"
+    if typ == "bool":
+        return f"bool {name} = {default};"
+    if typ == "u32":
+        return f"std::uint32_t {name} = {default};"
+    if typ == "f32":
+        return f"float {name} = {cpp_float(default)};"
+    return f"{typ} {name} = {enum_default(typ, default)};"
+
+
+def options_decl(st):
+    out = f"struct {st['name']} {{\n"
+    for f in st["fields"]:
+        f = (*f[:4], f[4] if len(f) > 4 else {})
+        member, comment = option_member(f), f[3]
+        if comment and len(member) + len(comment) + 6 > 118:
+            out += comment_block(comment, "  ") + f"  {member}\n"
+        else:
+            out += f"  {member}{'  // ' + comment if comment else ''}\n"
+    return out + "};\n"
+
+
+def options_required(st):
+    """Whether a field has no default a caller may rely on (Python's
+    `required`): then the builder takes the struct without a default."""
+    return any(len(f) > 4 and f[4].get("required") for f in st["fields"])
+
+
+def builder_signature(b):
+    tensors = [f"const {'std::optional<Tensor>' if o else 'Tensor'}& {n}" for n, o in builder_tensors(b)]
+    if "options" in b:
+        st = option_struct(b["options"])
+        return ", ".join(tensors + [f"const {st['name']}& options{'' if options_required(st) else ' = {}'}"])
+    types = {"activation": "const ActivationParams&", "u32[]": "const std::vector<std::size_t>&"}
+    return ", ".join(tensors + [f"{types[t]} {n}" for n, t, _ in b["params"]])
+
+
+def hal_builder_decls():
+    out = [BANNER, """// The builders of the kinds whose shapes a named rule of their own checks
+// (schema/ops.py: BUILDERS, OPTIONS; the rules: SHAPE_RULES), and their
+// options, included by tpuhal/ops.hpp in namespace tpuhal::ops. Their
+// checks are hand-written (hal/src/ops.cpp); each throws tpuhal::Error
+// naming the op, the operand and the value.
+"""]
+    declared = set()
+    for b in ops.BUILDERS:
+        out.append("\n")
+        if "options" in b and b["options"] not in declared:
+            declared.add(b["options"])
+            out.append(options_decl(option_struct(b["options"])))
+        out.append(comment_block(f"{b['name']}: {b['doc']}"))
+        out.append(f"TPUHAL_API Op {b['name']}({builder_signature(b)});\n")
+    return "".join(out)
+
+
+def py_keyword(f):
+    """(lambda parameter, conversion, py::arg default or None, stub type and
+    default) of an options field as Python takes it."""
+    name, typ, default, _, x = f
+    arr = array_of(typ)
+    none = "py" in x and x["py"] is None
+    if arr and arr[0] == "u32":
+        conv = f"uints<{arr[1]}>({name}, \"{name}\")"
+        if none:
+            conv = f"{name}.is_none() ? o.{x['none_is']} : {conv}"
+        pydef = None if x.get("required") else "none" if none else default
+        stub = "_Ints" + ("" if x.get("required") else " = None" if none else f" = {default}")
+        return f"const py::object& {name}", conv, pydef, ("Optional[_Ints]" + stub[5:]) if none else stub
+    if arr:  # floats
+        if arr[2]:
+            return f"std::optional<std::array<float, {arr[1]}>> {name}", name, "none", \
+                "Optional[Sequence[float]] = None"
+        values = ", ".join([default] * arr[1])
+        return f"const std::array<float, {arr[1]}>& {name}", name, f"std::array<float, {arr[1]}>{{{values}}}", \
+            f"Sequence[float] = ({values})"
+    if typ == "tensor?":
+        return f"Opt {name}", f"opt({name})", "none", "Optional[Tensor] = None"
+    if typ == "activation":
+        return f"const py::object& {name}", f"to_activation({name})", "none", "_Act = None"
+    if typ == "bool":
+        return f"bool {name}", name, default, f"bool = {default.capitalize()}"
+    if typ == "u32":
+        return f"std::uint32_t {name}", name, default, f"int = {default}"
+    if typ == "f32":
+        return f"float {name}", name, cpp_float(default), f"float = {float(default)}"
+    return f"const py::object& {name}", f"parse({name}, \"{name}\", tpuhal::k{typ}Names)", f"\"{default}\"", \
+        f"str = \"{default}\""
+
+
+PY_PARAMS = {  # a plain parameter's (lambda type, conversion, stub type)
+    "activation": ("const py::object&", "to_activation({})", "Union[Activation, str]"),
+    "u32[]": ("const std::vector<std::size_t>&", "{}", "Sequence[int]"),
+}
+
+
+def py_builders():
+    out = [BANNER, """// The Python functions (tpuhal.ops) of the builders of schema/ops.py's
+// BUILDERS, included by bindings/python/src/ops.cpp in bind_builders (T,
+// Opt, finish, opt, uints, parse and to_activation are its names): tensors
+// positional, optional tensors and options keyword-only.
+"""]
+    for b in ops.BUILDERS:
+        tensors = builder_tensors(b)
+        params = [f"{'Opt' if o else 'T'} {n}" for n, o in tensors]
+        keep = [n if o else f"&{n}" for n, o in tensors]
+        args = [f"opt({n})" if o else f"{n}.tensor" for n, o in tensors]
+        pyargs = [f"py::arg(\"{n}\")" for n, o in tensors if not o]
+        kw = [f"py::arg(\"{n}\") = py::none()" for n, o in tensors if o]
+        body = ""
+        if "options" in b:
+            for f in option_fields(b, "keywords"):
+                param, _, pydef, _ = py_keyword(f)
+                params.append(param)
+                kw.append(f"py::arg(\"{f[0]}\")" + (f" = {'py::none()' if pydef == 'none' else pydef}"
+                                                    if pydef is not None else ""))
+                if f[1] == "tensor?":
+                    keep.append(f[0])
+            body = f"      ops::{b['options']} o;\n"
+            for f in option_fields(b):
+                body += f"      o.{f[0]} = {py_keyword(f)[1]};\n"
+            args.append("o")
+        else:
+            for n, t, py in b["params"]:
+                params.append(f"{PY_PARAMS[t][0]} {py}")
+                pyargs.append(f"py::arg(\"{py}\")")
+                args.append(PY_PARAMS[t][1].format(py))
+        doc = b["doc"].replace("\\", "\\\\").replace('"', '\\"')
+        pyargs += ["py::kw_only()"] * bool(kw) + kw
+        out.append(f"ops.def(\n    \"{b['name']}\",\n    []({', '.join(params)}) {{\n{body}"
+                   f"      return finish(ops::{b['name']}({', '.join(args)}), {{{', '.join(keep)}}});\n    }},\n"
+                   f"    {', '.join(pyargs)},\n    \"{doc}\");\n")
+    return "".join(out)
+
+
+def pyi_builders():
+    out = []
+    for b in ops.BUILDERS:
+        tensors = builder_tensors(b)
+        params = [f"{n}: Tensor" for n, o in tensors if not o]
+        kw = [f"{n}: Optional[Tensor] = None" for n, o in tensors if o]
+        if "options" in b:
+            kw += [f"{f[0]}: {py_keyword(f)[3]}" for f in option_fields(b, "keywords")]
+        else:
+            params += [f"{py}: {PY_PARAMS[t][2]}" for _, t, py in b["params"]]
+        out.append(f"def {b['name']}({', '.join(params + (['*'] + kw if kw else []))}) -> Op: ...\n")
+    return "".join(out)
+
+
+def model_reader(f):
+    """How the model file's reader takes an options field."""
+    name, typ, _, _, x = f
+    arr = array_of(typ)
+    if arr:
+        read = f"r.{'u32s' if arr[0] == 'u32' else 'reals'}<{arr[1]}>(\"{name}\")"
+    else:
+        read = {"bool": f"r.flag(\"{name}\")", "u32": f"r.u32(\"{name}\")", "f32": f"r.real(\"{name}\")",
+                "activation": "r.activation()", "tensor?": f"in.opt(\"{name}\")"}.get(
+            typ, f"r.name<{typ}>(\"{name}\")")
+    if x.get("model") == "optional" or (arr and arr[2]):
+        return f"  if (r.op.attrs.contains(\"{name}\")) o.{name} = {read};\n"
+    return f"  o.{name} = {read};\n"
+
+
+def model_builder_ops():
+    out = [BANNER, """// The model file's ops of the builders of schema/ops.py's BUILDERS: operands
+// by their names, options by their fields' names (docs/model-format.md).
+// Included by runtime/src/model.cpp in build_layer.
+"""]
+    for b in ops.BUILDERS:
+        args = [f"in{'.opt' if o else ''}(\"{n}\")" for n, o in builder_tensors(b)]
+        if "options" in b:
+            body = f"  ops::{b['options']} o;\n" + "".join(model_reader(f) for f in option_fields(b))
+            args.append("o")
+        else:
+            body = ""
+            for _, t, py in b["params"]:  # the attribute is named as Python's parameter
+                args.append("r.activation()" if t == "activation" else f"r.indices(\"{py}\")")
+        out.append(f"if (k == \"{b['name']}\") {{\n{body}  return ops::{b['name']}({', '.join(args)});\n}}\n")
+    return "".join(out)
+
+
+def doc_model_builders():
+    items = []
+    for b in ops.BUILDERS:
+        attrs = [f[0] for f in option_fields(b) if f[1] != "tensor?"] if "options" in b else \
+            [py for _, _, py in b["params"]]
+        tensors = [n + "?" * o for n, o in builder_tensors(b)] + \
+            ([f[0] + "?" for f in option_fields(b) if f[1] == "tensor?"] if "options" in b else [])
+        items.append(f"`{b['name']}` ({', '.join(tensors)}{'; ' + ', '.join(attrs) if attrs else ''})")
+    optional = sorted({f[0] for st in ops.OPTIONS for f in st["fields"]
+                       if len(f) > 4 and f[4].get("model") == "optional"})
+    return (f"- The builders of the other kinds ([ops.md](ops.md#ops)): {', '.join(items)}. An option a file leaves "
+            f"out takes its default (`tpuhal/op_builders.inc`) where it is {', '.join(f'`{n}`' for n in optional)}, "
+            "`scales` or `activation` (`none`); every other is required.\n")
+
+
+TRIGONOMETRIC_MINOR = 17  # the maps docs/ops.md's table names as a family
+
+
+def doc_builders():
+    rows = ["| op | computes | dtypes |", "| --- | --- | --- |"]
+    maps_row = False
+    for b in ops.BUILDERS:
+        if b["kind"] == "Elementwise" and not maps_row:
+            maps_row = True
+            plain = [v[6] for v in enum("ElementwiseOp")["values"] if v[6] and v[5] in ("arith", "float") and
+                     v[2] != TRIGONOMETRIC_MINOR]
+            rows.append("| the elementwise maps: " + ", ".join(f"`{m}`" for m in plain) +
+                        ", the trigonometric and hyperbolic functions, the comparisons and logic | "
+                        "[below](#elementwise-maps) | |")
+        if b["row"]:
+            op, computes, dtypes = b["row"]
+            rows.append(f"| {op} | {computes} | {dtypes} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_builder_samples():
+    out = [BANNER, """// The sample op of each kind of schema/ops.py's BUILDERS (its first
+// builder's sample), cases of OpKinds::sample's switch
+// (tests/ops/op_kinds_test.cpp): inputs hold the sample's values, the output
+// 0xA5 bytes until the op writes it.
+"""]
+    for b in ops.BUILDERS:
+        if "sample" not in b:
+            continue
+        s = b["sample"]
+
+        def tensor(n):
+            dt, shape, value = s["tensors"][n]
+            return f"input(DType::{DTYPES[dt]}, {cpp_shape(shape)}, {value})"
+        args = ["y" if n == "y" else tensor(n) if n in s["tensors"] else "std::nullopt"
+                for n, _ in builder_tensors(b)]
+        setup = ""
+        if s.get("options"):
+            sets = "".join(f"  o.{n} = {{{', '.join(str(v) for v in vs)}}};\n" for n, vs in s["options"].items())
+            setup = f"  ops::{b['options']} o;\n{sets}"
+            args.append("o")
+        for n, t, _ in b.get("params", []):
+            args.append(f"ActivationParams::{s['params'][n]}()" if t == "activation" else
+                        cpp_shape(s["params"][n]))
+        dt, shape, _ = s["tensors"]["y"]
+        out.append(f"case OpKind::{b['kind']}: {{\n  Tensor y = output(DType::{DTYPES[dt]}, {cpp_shape(shape)});\n"
+                   f"{setup}  return {{ops::{b['name']}({', '.join(args)}), y}};\n}}\n")
+    return "".join(out)
+
+
+def check_builders():
+    """BUILDERS and OPTIONS against the kinds and each other."""
+    problems, names = [], [b["name"] for b in ops.BUILDERS]
+    for k in ops.KINDS:
+        if "rule" in k:
+            continue
+        own = [b["name"] for b in ops.BUILDERS if b["kind"] == k["name"]]
+        if own != [n for n in k["builders"] if n not in ops.MAP_BUILDERS]:
+            problems.append(f"{k['name']}: BUILDERS has {own}, KINDS' builders say {k['builders']}")
+        first = next((b for b in ops.BUILDERS if b["kind"] == k["name"]), {})
+        if "sample" not in first:
+            problems.append(f"{k['name']}: its first builder in BUILDERS needs a sample")
+    kinds = {k["name"] for k in ops.KINDS if "rule" not in k}
+    structs = {st["name"]: st for st in ops.OPTIONS}
+    for st in ops.OPTIONS:
+        for f in st["fields"]:
+            x = f[4] if len(f) > 4 else {}
+            typ, arr = f[1], array_of(f[1])
+            if not (typ in ("bool", "u32", "f32", "activation", "tensor?") or (arr and arr[0] in ("u32", "f32")) or
+                    (field_enum(typ) and "hal" in field_enum(typ)["layers"])):
+                problems.append(f"{st['name']}.{f[0]}: unknown type {typ}")
+            if set(x) - {"py", "none_is", "required", "model"} or x.get("model", "optional") != "optional" or \
+                    ("none_is" in x) != ("py" in x) or (x.get("none_is") and x["none_is"] not in
+                                                         [g[0] for g in st["fields"]][:st["fields"].index(f)]):
+                problems.append(f"{st['name']}.{f[0]}: extras are py with none_is (an earlier field), required, "
+                                "model: optional")
+    for b in ops.BUILDERS:
+        n = b["name"]
+        if b["kind"] not in kinds or names.count(n) != 1 or ("options" in b) == ("params" in b):
+            problems.append(f"BUILDERS: {n}: a kind without a rule, a name of its own, options or params")
+            continue
+        tensors = [t for t, _ in builder_tensors(b)]
+        if "y" not in tensors or any(not o for _, o in builder_tensors(b)[tensors.index("y") + 1:]):
+            problems.append(f"BUILDERS: {n}: tensors name the output y, and only optional ones follow it")
+        if "options" in b:
+            fields = [f[0] for f in structs.get(b["options"], {"fields": []})["fields"]]
+            if b["options"] not in structs or not set(b["keywords"]) <= set(fields) or \
+                    len(set(b["keywords"])) != len(b["keywords"]):
+                problems.append(f"BUILDERS: {n}: options is an OPTIONS struct, keywords its fields, once each")
+        elif any(t not in PY_PARAMS for _, t, _ in b["params"]):
+            problems.append(f"BUILDERS: {n}: a param's type is one of {sorted(PY_PARAMS)}")
+        s = b.get("sample")
+        if s is not None and (set(s["tensors"]) - set(tensors) or "y" not in s["tensors"] or
+                              any(t not in s["tensors"] for t, o in builder_tensors(b) if not o) or
+                              any(v[0] not in DTYPES for v in s["tensors"].values())):
+            problems.append(f"BUILDERS: {n}: the sample gives each required tensor (dtype, shape, value)")
+        if "row" not in b or (b["row"] is not None and len(b["row"]) != 3):
+            problems.append(f"BUILDERS: {n}: row is (op, computes, dtypes) or None")
+    return problems
+
+
 # ---- firmware_iface ---------------------------------------------------------
 
 
@@ -1875,6 +2220,13 @@ OUTPUTS = [
     ("runtime/src/model_map_ops.inc", model_map_ops, None),
     ("docs/model-format.md", doc_model_maps, "elementwise maps"),
     ("docs/model-format.md", doc_model_rules, "kinds with rules"),
+    ("hal/include/tpuhal/op_builders.inc", hal_builder_decls, None),
+    ("bindings/python/src/op_builders.inc", py_builders, None),
+    ("bindings/python/tpuhal/ops.pyi", pyi_builders, "builders"),
+    ("runtime/src/model_builder_ops.inc", model_builder_ops, None),
+    ("docs/model-format.md", doc_model_builders, "builders"),
+    ("docs/ops.md", doc_builders, "ops"),
+    ("tests/ops/op_builder_samples.inc", test_builder_samples, None),
 ]
 
 

@@ -698,3 +698,197 @@ KINDS = [
                      shapes={"X": [2, 2, 5, 5], "Rois": [3, 4], "BatchIndices": [3], "Y": [3, 2, 2, 2]},
                      attrs={"sampling_ratio": 2, "spatial_scale": 0.5})),
 ]
+
+# ---- builders of the kinds with shape rules of their own -------------------
+#
+# The kinds without a `rule` check their shapes by a named rule of SHAPE_RULES
+# (KINDS' shape), in a hand-written builder body per kind (hal/src/ops.cpp)
+# and decoder check (firmware_iface/src/tensor.cpp). Everything else about
+# their builders is written here once, and the generator writes from it:
+# the options structs and declarations (tpuhal/op_builders.inc), the Python
+# functions and stubs, the model file's ops, the table of docs/ops.md and
+# each kind's sample for op_kinds_test.
+#
+# OPTIONS: the builders' options structs, fields in declaration order, each
+# (name, type, default, comment) or with a fifth item, a dict:
+#   py        the Python keyword's default where it is not the field's
+#             (None: the keyword may be None, which takes `none_is`)
+#   none_is   the field whose value None takes (a pool's strides: its kernel)
+#   required  True: Python has no default (a pool's kernel)
+#   model     "optional": the model file may leave the attribute out (the
+#             default), as files from before the field may
+# Types: "bool", "u32", "f32", "u32[N]" and "f32[N]" (std::array; Python
+# takes one int for every element of a u32[N]), "f32[N]?" (an optional
+# array), "activation" (ActivationParams; Python: None, a tpuhal.Activation
+# or a name), "tensor?" (an optional tensor, an operand of the op), or the
+# name of an enumeration of ENUMS declared in the HAL (Python and the model
+# file take its value's name).
+OPTIONS = [
+    dict(name="MatMulOptions",
+         fields=[("transpose_a", "bool", "false", "use a's last two dimensions swapped"),
+                 ("transpose_b", "bool", "false", ""),
+                 ("alpha", "f32", "1", ""),
+                 ("beta", "f32", "1", "scales c"),
+                 ("c", "tensor?", None, "added: broadcast to y"),
+                 ("activation", "activation", "none", "")]),
+    dict(name="Conv2dOptions",
+         fields=[("layout", "Layout", "nchw", "of x and y; w is [Cout, Cin/groups, kh, kw]", {"model": "optional"}),
+                 ("strides", "u32[2]", "1", ""),
+                 ("dilations", "u32[2]", "1", ""),
+                 ("pads", "u32[4]", "0", "top, left, bottom, right"),
+                 ("groups", "u32", "1", ""),
+                 ("bias", "tensor?", None, "[Cout]; i32 for qlinear_conv"),
+                 ("activation", "activation", "none", "float conv only"),
+                 ("accumulate", "bool", "false", "conv2d only: y = activation(conv + bias + y as it was), each sum "
+                  "rounded once in f32 (a residual connection's add, fused; the board needs interface 1.23)",
+                  {"model": "optional"})]),
+    dict(name="Pool2dOptions",
+         fields=[("layout", "Layout", "nchw", "", {"model": "optional"}),
+                 ("kernel", "u32[2]", "1", "", {"required": True}),
+                 ("strides", "u32[2]", "1", "", {"py": None, "none_is": "kernel"}),
+                 ("dilations", "u32[2]", "1", ""),
+                 ("pads", "u32[4]", "0", "top, left, bottom, right"),
+                 ("ceil_mode", "bool", "false", ""),
+                 ("count_include_pad", "bool", "false", "average: divide by the whole window")]),
+    dict(name="ResizeOptions",
+         fields=[("mode", "ResizeMode", "nearest", ""),
+                 ("coordinate", "CoordinateMode", "half_pixel", ""),
+                 ("nearest", "NearestMode", "round_prefer_floor", ""),
+                 ("layout", "Layout", "nchw", "", {"model": "optional"}),
+                 ("scales", "f32[2]?", None, "output/input along H and W; by default y's size over x's")]),
+    dict(name="ColorConvertOptions",
+         fields=[("mean", "f32[3]", "0", "per R, G, B"),
+                 ("scale", "f32[3]", "1", "y = (rgb - mean) * scale")]),
+]
+
+# BUILDERS: the ops:: functions of the kinds without a rule, in the order
+# ops.hpp declares them. Each names its kind, its tensors in order (the
+# output, "y", among them; "name?" an optional one, keyword-only in Python),
+# then either `options` (its OPTIONS struct, the last parameter, with the
+# fields Python takes as keywords, in that order: `keywords`) or `params`
+# (plain parameters after the tensors, positional in Python: (name, type,
+# Python's name), type "activation" or "u32[]", a list of indices). `doc`
+# is its comment in ops.hpp and its Python docstring; `row` its row of the
+# table in docs/ops.md (the op as written there, in Markdown, what it
+# computes, its dtypes), or None where the row before covers it; `sample` (the first of a
+# kind's builders) a small valid op for op_kinds_test: per tensor (dtype,
+# shape, the value every element holds), and option values.
+BUILDERS = [
+    dict(name="matmul", kind="MatMul", tensors=["a", "b", "y"], options="MatMulOptions",
+         keywords=["transpose_a", "transpose_b", "alpha", "beta", "c", "activation"],
+         doc="y = activation(alpha * a @ b + beta * c). a [..., M, K], b [..., K, N], y [..., M, N]; batch "
+         "dimensions broadcast as in NumPy, c broadcasts to y. a and b f32, f16 or bf16 (the same), y the same "
+         "or f32; f16 and bf16 accumulate in f32. transpose_a / transpose_b swap the last two dimensions of a / b.",
+         row=("`matmul(a, b, y, {transpose_a, transpose_b, alpha, beta, c, activation})`",
+              "`y = act(alpha * op(a) @ op(b) + beta * c)`; a `[..., M, K]`, b `[..., K, N]`, y `[..., M, N]`; batch "
+              "dimensions broadcast (NumPy); c broadcast to y",
+              "a, b: f32, f16, bf16 (same); y: the same or f32; c: any float"),
+         sample=dict(tensors={"a": ("f32", [2, 3], 1), "b": ("f32", [3, 4], 1), "y": ("f32", [2, 4], 0)})),
+    dict(name="conv2d", kind="Conv2d", tensors=["x", "w", "y"], options="Conv2dOptions",
+         keywords=["strides", "pads", "dilations", "groups", "bias", "activation", "layout", "accumulate"],
+         doc="2-D cross-correlation. x [N, C, H, W] ('nchw') or [N, H, W, C] ('nhwc'), w [Cout, Cin/groups, kh, kw], "
+         "bias [Cout]. strides and dilations: (h, w) or one int; pads: (top, left, bottom, right) or one int. "
+         "Output size floor((in + pads - dilation*(k-1) - 1) / stride) + 1. f32, f16, bf16. accumulate: "
+         "y = activation(conv + bias + y as it was).",
+         row=("`conv2d(x, w, y, {layout, strides, dilations, pads, groups, bias, activation, accumulate})`",
+              "cross-correlation; x `[N,C,H,W]` (NCHW) or `[N,H,W,C]` (NHWC), w `[Cout, Cin/groups, kh, kw]`, pads "
+              "top, left, bottom, right; output size `floor((in + pads - dilation*(k-1) - 1) / stride) + 1`; "
+              "strides and dilations 1 to 65536, pads at most 65536 (`fw::kMaxWindowValue`, as for every window "
+              "op). With `accumulate`, `y = act(conv + bias + y as it was)`: y is read, then written; the addition "
+              "is one f32 operation, rounded once (a residual connection's add fused into the convolution; the "
+              "board needs interface 1.23; `conv_transpose2d`, `conv_integer` and `qlinear_conv` refuse it)",
+              "f32, f16, bf16"),
+         sample=dict(tensors={"x": ("f32", [1, 1, 3, 3], 1), "w": ("f32", [1, 1, 2, 2], 1),
+                              "y": ("f32", [1, 1, 2, 2], 0)})),
+    dict(name="conv_transpose2d", kind="ConvTranspose2d", tensors=["x", "w", "y"], options="Conv2dOptions",
+         keywords=["strides", "pads", "dilations", "groups", "bias", "activation", "layout"],
+         doc="Transposed convolution (ONNX ConvTranspose; conv2d's gradient by its input). x [N, Cin, H, W] "
+         "('nchw') or [N, H, W, Cin] ('nhwc'), w [Cin, Cout/groups, kh, kw], bias [Cout]. Output size "
+         "(in-1)*stride + (k-1)*dilation + 1 - pads + p with 0 <= p < max(stride, dilation) chosen by y's shape "
+         "(ONNX's output_padding); pads crop the output. f32, f16, bf16; bias and activation as conv2d's.",
+         row=("`conv_transpose2d(x, w, y, {layout, strides, dilations, pads, groups, bias, activation})`",
+              "transposed convolution (ONNX ConvTranspose): x `[N,Cin,H,W]` (or NHWC), w `[Cin, Cout/groups, kh, "
+              "kw]`; each input element scatters `x * w` to output `(ih*stride - pad_top + a*dilation, iw*stride - "
+              "pad_left + b*dilation)`; output size `(in-1)*stride + (k-1)*dilation + 1 - pads + p` with `0 <= p < "
+              "max(stride, dilation)` (ONNX's output_padding) set by y's shape; each output is `act(sum + bias)`, "
+              "the sum taken over (input channel, kernel row, kernel column) in that order, each product rounded "
+              "to f32 and added",
+              "f32, f16, bf16 (computed in f32)"),
+         sample=dict(tensors={"x": ("f32", [1, 1, 2, 2], 1), "w": ("f32", [1, 1, 2, 2], 1),
+                              "y": ("f32", [1, 1, 3, 3], 0)})),
+    dict(name="max_pool2d", kind="Pool2d", tensors=["x", "y"], options="Pool2dOptions",
+         keywords=["kernel", "strides", "pads", "dilations", "ceil_mode", "layout"],
+         doc="Window maximum over H and W (strides default to the kernel). Floats, i8, u8.",
+         row=("`max_pool2d`, `avg_pool2d` (x, y, {kernel, strides, dilations, pads, ceil_mode, count_include_pad})",
+              "window max / mean; kernel, strides and dilations 1 to 65536, each pad below the dilated window; every "
+              "window has a tap inside x; padding never enters a max; with `ceil_mode` a last window that would "
+              "start in the end padding is dropped; `count_include_pad` divides by the window clipped to the "
+              "padded input, otherwise by the valid elements",
+              "max: floats, i8, u8; average: floats"),
+         sample=dict(tensors={"x": ("f32", [1, 1, 2, 2], 1), "y": ("f32", [1, 1, 1, 1], 0)},
+                     options={"kernel": [2, 2], "strides": [2, 2]})),
+    dict(name="avg_pool2d", kind="Pool2d", tensors=["x", "y"], options="Pool2dOptions",
+         keywords=["kernel", "strides", "pads", "dilations", "ceil_mode", "count_include_pad", "layout"],
+         doc="Window mean over H and W (strides default to the kernel). Floats.", row=None),
+    dict(name="activation", kind="Elementwise", tensors=["x", "y"], params=[("act", "activation", "activation")],
+         doc="y = activation(x) elementwise (a tpuhal.Activation, or in Python a name such as 'sigmoid'). Floats.",
+         row=("`activation(x, y, act)`, `relu(x, y)`", "elementwise activation (below)", "floats"),
+         sample=dict(tensors={"x": ("f32", [4], 1), "y": ("f32", [4], 0)}, params={"act": "relu"})),
+    dict(name="relu", kind="Elementwise", tensors=["x", "y"], params=[],
+         doc="y = relu(x) elementwise: activation(x, y, relu). Floats.", row=None),
+    dict(name="cast", kind="Elementwise", tensors=["x", "y"], params=[],
+         doc="y = x converted to y's dtype (x broadcast to y's shape): floats round to nearest even, float to "
+         "integer rounds toward zero and saturates.",
+         row=("`cast(x, y)`", "conversion to y's dtype (x broadcast to y)", "any to any")),
+    dict(name="transpose", kind="Elementwise", tensors=["x", "y"], params=[("perm", "u32[]", "perm")],
+         doc="y = x with dimensions permuted: y dim i is x dim perm[i].",
+         row=("`transpose(x, y, perm)`", "y dim i is x dim perm[i]", "any")),
+    dict(name="conv_integer", kind="ConvInteger", tensors=["x", "w", "y", "x_zero_point?", "w_zero_point?"],
+         options="Conv2dOptions", keywords=["strides", "pads", "dilations", "groups", "layout"],
+         doc="y (i32) = conv2d(x - x_zero_point, w - w_zero_point); x and w i8 or u8; w's zero point a scalar or "
+         "one per output channel.",
+         row=("`conv_integer(x, w, y, x_zp, w_zp, options)`",
+              "`conv(x - x_zp, w - w_zp)` in int32; padding contributes 0; w_zp scalar or per output channel",
+              "x, w: i8, u8; y: i32"),
+         sample=dict(tensors={"x": ("u8", [1, 1, 3, 3], 2), "w": ("u8", [1, 1, 2, 2], 2),
+                              "y": ("i32", [1, 1, 2, 2], 0)})),
+    dict(name="qlinear_conv", kind="QLinearConv",
+         tensors=["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "y"],
+         options="Conv2dOptions", keywords=["strides", "pads", "dilations", "groups", "bias", "layout"],
+         doc="Requantised conv_integer plus an i32 bias (ONNX QLinearConv); w's scale and zero point a scalar or "
+         "one per output channel.",
+         row=("`qlinear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, y, options)`",
+              "requantised `conv_integer` plus int32 bias; w's scale/zp scalar or per output channel. With no input "
+              "channels it fails when it runs on a simulated board, naming x's channel dimension: its scales are "
+              "views over x and w, which then hold nothing (`conv_integer` gives 0s)",
+              "i8, u8; scales f32; bias i32"),
+         sample=dict(tensors={"x": ("u8", [1, 1, 3, 3], 2), "x_scale": ("f32", [], 1), "x_zero_point": ("u8", [], 0),
+                              "w": ("u8", [1, 1, 2, 2], 2), "w_scale": ("f32", [], 1),
+                              "w_zero_point": ("u8", [], 0), "y_scale": ("f32", [], 1),
+                              "y_zero_point": ("u8", [], 1), "y": ("u8", [1, 1, 2, 2], 0)})),
+    dict(name="resize", kind="Resize", tensors=["x", "y"], options="ResizeOptions",
+         keywords=["mode", "coordinate", "nearest", "layout", "scales"],
+         doc="Resizes H and W of a 4-D tensor as ONNX Resize does: mode 'nearest' or 'linear'; scales (h, w) default "
+         "to y's size over x's.",
+         row=("`resize(x, y, {mode, coordinate, nearest, layout, scales})`",
+              "ONNX Resize over H and W of a 4-D tensor: nearest (round_prefer_floor/ceil, floor, ceil) or bilinear "
+              "(edges replicated); coordinates half_pixel, asymmetric, align_corners, pytorch_half_pixel, "
+              "tf_half_pixel_for_nn; align_corners and pytorch_half_pixel use `in * scale` (unrounded) as the "
+              "resized length; scales default to y/x",
+              "floats, i8, u8"),
+         sample=dict(tensors={"x": ("f32", [1, 1, 2, 2], 1), "y": ("f32", [1, 1, 4, 4], 0)})),
+    dict(name="nv12_to_rgb", kind="ColorConvert", tensors=["luma", "chroma", "y"], options="ColorConvertOptions",
+         keywords=["mean", "scale"],
+         doc="NV12 (luma [H, W] u8, chroma [H/2, W/2, 2] u8) to planar RGB y [3, H, W] (f32, f16, bf16 or u8), "
+         "BT.601 limited range, then (rgb - mean) * scale per channel.",
+         row=("`nv12_to_rgb`, `i420_to_rgb` (planes, y, {mean, scale})",
+              "BT.601 limited range: `R = 1.164(Y-16) + 1.596(V-128)`, `G = 1.164(Y-16) - 0.813(V-128) - "
+              "0.391(U-128)`, `B = 1.164(Y-16) + 2.018(U-128)`, clamped to [0, 255], then `(v - mean[c]) * "
+              "scale[c]`; chroma per 2x2 block",
+              "planes u8; y `[3, H, W]` floats or u8"),
+         sample=dict(tensors={"luma": ("u8", [2, 2], 100), "chroma": ("u8", [1, 1, 2], 128),
+                              "y": ("f32", [3, 2, 2], 0)})),
+    dict(name="i420_to_rgb", kind="ColorConvert", tensors=["luma", "u", "v", "y"], options="ColorConvertOptions",
+         keywords=["mean", "scale"],
+         doc="I420 (luma [H, W], u and v [H/2, W/2], u8) to planar RGB y [3, H, W], as nv12_to_rgb.", row=None),
+]

@@ -9,7 +9,6 @@
 #include <sstream>
 
 #include "model_internal.hpp"
-#include "resize_names.hpp"
 #include "tpuhal/error.hpp"
 
 namespace tpuhal::rt {
@@ -131,6 +130,29 @@ struct OpReader {
     for (std::size_t i = 0; i < N; ++i) out[i] = u32(v[i], key);
     return out;
   }
+  template <std::size_t N>
+  std::array<float, N> reals(const char* key) const {
+    const json& v = get(key);
+    if (!v.is_array() || v.size() != N)
+      fail(std::string("attribute '") + key + "' is not " + std::to_string(N) + " numbers");
+    std::array<float, N> out{};
+    for (std::size_t i = 0; i < N; ++i) {
+      if (!v[i].is_number()) fail(std::string("attribute '") + key + "' is not " + std::to_string(N) + " numbers");
+      const double d = v[i].get<double>();
+      if (std::isfinite(d) && std::abs(d) > std::numeric_limits<float>::max())
+        fail(std::string("attribute '") + key + "' holds a value beyond the range of a float");
+      out[i] = static_cast<float>(d);
+    }
+    return out;
+  }
+  // A list of at most kMaxRank indices (a permutation).
+  std::vector<std::size_t> indices(const char* key) const {
+    const json& v = get(key);
+    if (!v.is_array() || v.size() > kMaxRank) fail(std::string("attribute '") + key + "' is malformed");
+    std::vector<std::size_t> out;
+    for (const auto& e : v) out.push_back(u32(e, key));
+    return out;
+  }
   ActivationParams activation() const {
     auto it = op.attrs.find("activation");
     if (it == op.attrs.end()) return {};
@@ -146,57 +168,6 @@ struct OpReader {
     return p;
   }
 };
-
-Layout layout(const OpReader& r) {
-  auto it = r.op.attrs.find("layout");
-  if (it == r.op.attrs.end()) return Layout::NCHW;
-  if (*it == "nchw") return Layout::NCHW;
-  if (*it == "nhwc") return Layout::NHWC;
-  r.fail("attribute 'layout' is neither \"nchw\" nor \"nhwc\"");
-}
-
-ops::Conv2dOptions conv_opts(const OpReader& r) {
-  ops::Conv2dOptions o;
-  o.layout = layout(r);
-  o.strides = r.u32s<2>("strides");
-  o.dilations = r.u32s<2>("dilations");
-  o.pads = r.u32s<4>("pads");
-  o.groups = r.u32("groups");
-  if (r.op.attrs.contains("accumulate")) o.accumulate = r.flag("accumulate");
-  return o;
-}
-
-ops::Pool2dOptions pool_opts(const OpReader& r) {
-  ops::Pool2dOptions o;
-  o.layout = layout(r);
-  o.kernel = r.u32s<2>("kernel");
-  o.strides = r.u32s<2>("strides");
-  o.dilations = r.u32s<2>("dilations");
-  o.pads = r.u32s<4>("pads");
-  o.ceil_mode = r.flag("ceil_mode");
-  o.count_include_pad = r.flag("count_include_pad");
-  return o;
-}
-
-ops::ResizeOptions resize_opts(const OpReader& r) {
-  static const std::map<std::string, ResizeMode> modes = {{"nearest", ResizeMode::Nearest},
-                                                          {"linear", ResizeMode::Linear}};
-  auto pick = [&](const auto& table, const char* key) {
-    const json& v = r.get(key);
-    if (!v.is_string() || !table.count(v.template get<std::string>()))
-      r.fail(std::string("attribute '") + key + "' is not one of its names");
-    return table.at(v.template get<std::string>());
-  };
-  ops::ResizeOptions o;
-  o.mode = pick(modes, "mode");
-  o.coordinate = pick(coordinate_modes(), "coordinate");
-  o.nearest = pick(nearest_modes(), "nearest");
-  const json& s = r.get("scales");
-  if (!s.is_array() || s.size() != 2 || !s[0].is_number() || !s[1].is_number())
-    r.fail("attribute 'scales' is not 2 numbers");
-  o.scales = std::array<float, 2>{s[0].get<float>(), s[1].get<float>()};
-  return o;
-}
 
 // An op's operands by role.
 struct Operands {
@@ -215,35 +186,10 @@ struct Operands {
   }
 };
 
-// The ops with options of their own (convolutions, matmul, pools) and the
-// kinds with rules; nullopt for the others.
+// The builders of BUILDERS and the kinds with rules; nullopt for the others.
 std::optional<Op> build_layer(const std::string& k, const OpReader& r, const Operands& in) {
-  if (k == "conv2d" || k == "conv_transpose2d") {
-    ops::Conv2dOptions o = conv_opts(r);
-    o.bias = in.opt("bias");
-    o.activation = r.activation();
-    return k == "conv2d" ? ops::conv2d(in("x"), in("w"), in("y"), o)
-                         : ops::conv_transpose2d(in("x"), in("w"), in("y"), o);
-  }
-  if (k == "qlinear_conv") {
-    ops::Conv2dOptions o = conv_opts(r);
-    o.bias = in.opt("bias");
-    return ops::qlinear_conv(in("x"), in("x_scale"), in("x_zero_point"), in("w"), in("w_scale"), in("w_zero_point"),
-                             in("y_scale"), in("y_zero_point"), in("y"), o);
-  }
-  if (k == "matmul") {
-    ops::MatMulOptions o;
-    o.transpose_a = r.flag("transpose_a");
-    o.transpose_b = r.flag("transpose_b");
-    o.alpha = r.real("alpha");
-    o.beta = r.real("beta");
-    o.c = in.opt("c");
-    o.activation = r.activation();
-    return ops::matmul(in("a"), in("b"), in("y"), o);
-  }
-#include "model_rule_ops.inc"  // cumsum, ...: the kinds with rules
-  if (k == "max_pool2d") return ops::max_pool2d(in("x"), in("y"), pool_opts(r));
-  if (k == "avg_pool2d") return ops::avg_pool2d(in("x"), in("y"), pool_opts(r));
+#include "model_builder_ops.inc"  // matmul, conv2d, ...: the kinds with shape rules of their own
+#include "model_rule_ops.inc"     // cumsum, ...: the kinds with rules
   return std::nullopt;
 }
 
@@ -269,16 +215,6 @@ Op build_op(const DOp& op, const std::vector<Tensor>& t, const std::string& wher
 #undef TPUHAL_MODEL_BINARY
   };
   if (auto it = unary.find(k); it != unary.end()) return it->second(in("x"), in("y"));
-  if (k == "resize") return ops::resize(in("x"), in("y"), resize_opts(r));
-  if (k == "activation") return ops::activation(in("x"), in("y"), r.activation());
-  if (k == "cast") return ops::cast(in("x"), in("y"));
-  if (k == "transpose") {
-    const json& p = r.get("perm");
-    if (!p.is_array() || p.size() > kMaxRank) r.fail("attribute 'perm' is malformed");
-    std::vector<std::size_t> perm;
-    for (const auto& v : p) perm.push_back(r.u32(v, "perm"));
-    return ops::transpose(in("x"), in("y"), perm);
-  }
   // A newer tpuhal may have written an op this runtime does not know.
   r.fail("unknown op '" + k + "' (this runtime is tpuhal " + std::string(tpuhal::version()) +
          "; a model compiled by a newer tpuhal needs that version's runtime)");

@@ -72,53 +72,10 @@ class OpKinds : public ::testing::TestWithParam<OpKind> {
 
   // One small valid op of kind `k`, and its output.
   std::pair<Op, Tensor> sample(OpKind k) {
-    const DType f = DType::F32, u8 = DType::U8;
-    auto one = [&](DType t, double v) { return input(t, {}, v); };
     switch (k) {
-      case OpKind::MatMul: {
-        Tensor y = output(f, {2, 4});
-        return {ops::matmul(input(f, {2, 3}, 1), input(f, {3, 4}, 1), y), y};
-      }
-      case OpKind::Conv2d: {
-        Tensor y = output(f, {1, 1, 2, 2});
-        return {ops::conv2d(input(f, {1, 1, 3, 3}, 1), input(f, {1, 1, 2, 2}, 1), y), y};
-      }
-      case OpKind::Pool2d: {
-        Tensor y = output(f, {1, 1, 1, 1});
-        ops::Pool2dOptions o;
-        o.kernel = {2, 2};
-        o.strides = {2, 2};
-        return {ops::max_pool2d(input(f, {1, 1, 2, 2}, 1), y, o), y};
-      }
-      case OpKind::Elementwise: {
-        Tensor y = output(f, {4});
-        return {ops::add(input(f, {4}, 1), input(f, {4}, 1), y), y};
-      }
-      case OpKind::ConvInteger: {
-        Tensor y = output(DType::I32, {1, 1, 2, 2});
-        return {
-            ops::conv_integer(input(u8, {1, 1, 3, 3}, 2), input(u8, {1, 1, 2, 2}, 2), y, std::nullopt, std::nullopt),
-            y};
-      }
-      case OpKind::QLinearConv: {
-        Tensor y = output(u8, {1, 1, 2, 2});
-        return {ops::qlinear_conv(input(u8, {1, 1, 3, 3}, 2), one(f, 1), one(u8, 0), input(u8, {1, 1, 2, 2}, 2),
-                                  one(f, 1), one(u8, 0), one(f, 1), one(u8, 1), y),
-                y};
-      }
-      case OpKind::Resize: {
-        Tensor y = output(f, {1, 1, 4, 4});
-        return {ops::resize(input(f, {1, 1, 2, 2}, 1), y), y};
-      }
-      case OpKind::ColorConvert: {
-        Tensor y = output(f, {3, 2, 2});
-        return {ops::nv12_to_rgb(input(u8, {2, 2}, 100), input(u8, {1, 1, 2}, 128), y), y};
-      }
-      case OpKind::ConvTranspose2d: {
-        Tensor y = output(f, {1, 1, 3, 3});
-        return {ops::conv_transpose2d(input(f, {1, 1, 2, 2}, 1), input(f, {1, 1, 2, 2}, 1), y), y};
-      }
-      // The kinds with rules: their samples come from the schema.
+      // The kinds with shape rules of their own, and the kinds with rules:
+      // their samples come from the schema.
+#include "op_builder_samples.inc"
 #include "op_kind_samples.inc"
     }
     ADD_FAILURE() << "no sample op of kind " << static_cast<int>(k);

@@ -557,11 +557,24 @@ TEST(Runtime, GivenADamagedGraphSectionWhenLoadedThenInvalidArgumentNamesWhat) {
       << unknown;
   EXPECT_NE(unknown.find("a model compiled by a newer tpuhal needs that version's runtime"), std::string::npos)
       << unknown;
+  // Every builder the schema gives the model file is read, the ones the
+  // compiler does not write too: the convolution's operands do not fit them,
+  // and their own checks say so.
+  for (const char* op : {"relu", "activation", "cast", "conv_integer", "conv_transpose2d", "nv12_to_rgb", "i420_to_rgb",
+                         "max_pool2d", "resize", "matmul", "transpose", "qlinear_conv"}) {
+    const std::string e = edited([&](auto& j) { j["ops"][conv]["op"] = op; });
+    EXPECT_NE(e.find(at + op + ", node 'branch_b'): "), std::string::npos) << e;
+    EXPECT_EQ(e.find("unknown op"), std::string::npos) << e;
+  }
   EXPECT_NE(edited([&](auto& j) {
               j["ops"][conv]["operands"]["x"] = 9999;
             }).find("op " + std::to_string(conv) + " operand x names no tensor"),
             std::string::npos);
   EXPECT_NE(edited([&](auto& j) { j["ops"][conv]["attrs"].erase("pads"); }).find("attribute 'pads' is missing"),
+            std::string::npos);
+  EXPECT_NE(edited([&](auto& j) {
+              j["ops"][conv]["attrs"]["layout"] = "nwhc";
+            }).find("attribute 'layout' has an unknown value 'nwhc'"),
             std::string::npos);
   EXPECT_NE(edited([&](auto& j) {
               j["ops"][conv]["global"] = 1;

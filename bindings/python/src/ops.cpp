@@ -63,8 +63,6 @@ E parse(const py::handle& h, const char* what, const std::array<std::pair<const 
   fail(Status::InvalidArgument, "unknown " + std::string(what) + " '" + given + "' (one of: " + known + ")");
 }
 
-tpuhal::Layout to_layout(const py::handle& h) { return parse(h, "layout", tpuhal::kLayoutNames); }
-
 // None, an Activation, or a name with its default parameters ('relu6' too).
 ActivationParams to_activation(const py::handle& h) {
   if (h.is_none()) return {};
@@ -143,41 +141,6 @@ std::array<std::uint32_t, N> uints(const py::handle& h, const char* what) {
   return out;
 }
 
-ops::Conv2dOptions conv_options(const py::handle& layout, const py::handle& strides, const py::handle& dilations,
-                                const py::handle& pads, std::uint32_t groups, const PyTensor* bias,
-                                const py::handle& activation) {
-  ops::Conv2dOptions o;
-  o.layout = to_layout(layout);
-  o.strides = uints<2>(strides, "strides");
-  o.dilations = uints<2>(dilations, "dilations");
-  o.pads = uints<4>(pads, "pads");
-  o.groups = groups;
-  o.bias = opt(bias);
-  o.activation = to_activation(activation);
-  return o;
-}
-
-ops::Pool2dOptions pool_options(const py::handle& kernel, const py::handle& strides, const py::handle& dilations,
-                                const py::handle& pads, bool ceil_mode, bool count_include_pad,
-                                const py::handle& layout) {
-  ops::Pool2dOptions o;
-  o.layout = to_layout(layout);
-  o.kernel = uints<2>(kernel, "kernel");
-  o.strides = strides.is_none() ? o.kernel : uints<2>(strides, "strides");
-  o.dilations = uints<2>(dilations, "dilations");
-  o.pads = uints<4>(pads, "pads");
-  o.ceil_mode = ceil_mode;
-  o.count_include_pad = count_include_pad;
-  return o;
-}
-
-ops::ColorConvertOptions color_options(const std::array<float, 3>& mean, const std::array<float, 3>& scale) {
-  ops::ColorConvertOptions o;
-  o.mean = mean;
-  o.scale = scale;
-  return o;
-}
-
 constexpr auto chain = py::return_value_policy::reference;  // the same Batch object, for chaining
 
 // A timing model's answer as a dict (None without a model).
@@ -207,79 +170,10 @@ PyBatch& run_program(PyBatch& b, const PyProgram& p) {
 void bind_builders(py::module_& ops) {
   using T = const PyTensor&;
   using Opt = const PyTensor*;
-  const auto none = py::none();
 
-  ops.def(
-      "matmul",
-      [](T a, T b, T y, bool transpose_a, bool transpose_b, float alpha, float beta, Opt c,
-         const py::object& activation) {
-        ops::MatMulOptions o;
-        o.transpose_a = transpose_a;
-        o.transpose_b = transpose_b;
-        o.alpha = alpha;
-        o.beta = beta;
-        o.c = opt(c);
-        o.activation = to_activation(activation);
-        return finish(ops::matmul(a.tensor, b.tensor, y.tensor, o), {&a, &b, &y, c});
-      },
-      py::arg("a"), py::arg("b"), py::arg("y"), py::kw_only(), py::arg("transpose_a") = false,
-      py::arg("transpose_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 1.0f, py::arg("c") = none,
-      py::arg("activation") = none,
-      "y = activation(alpha * a @ b + beta * c). a [..., M, K], b [..., K, N], y [..., M, N]; batch "
-      "dimensions broadcast as in NumPy, c broadcasts to y. a and b f32, f16 or bf16 (the same), y the same "
-      "or f32. transpose_a / transpose_b swap the last two dimensions of a / b.");
-  ops.def(
-      "conv2d",
-      [](T x, T w, T y, const py::object& strides, const py::object& pads, const py::object& dilations,
-         std::uint32_t groups, Opt bias, const py::object& activation, const py::object& layout, bool accumulate) {
-        ops::Conv2dOptions o = conv_options(layout, strides, dilations, pads, groups, bias, activation);
-        o.accumulate = accumulate;
-        return finish(ops::conv2d(x.tensor, w.tensor, y.tensor, o), {&x, &w, &y, bias});
-      },
-      py::arg("x"), py::arg("w"), py::arg("y"), py::kw_only(), py::arg("strides") = 1, py::arg("pads") = 0,
-      py::arg("dilations") = 1, py::arg("groups") = 1, py::arg("bias") = none, py::arg("activation") = none,
-      py::arg("layout") = "nchw", py::arg("accumulate") = false,
-      "2-D cross-correlation. x [N, C, H, W] ('nchw') or [N, H, W, C] ('nhwc'), w [Cout, Cin/groups, kh, kw], "
-      "bias [Cout]. strides and dilations: (h, w) or one int; pads: (top, left, bottom, right) or one int. "
-      "Output size floor((in + pads - dilation*(k-1) - 1) / stride) + 1. f32, f16, bf16. accumulate: "
-      "y = activation(conv + bias + y as it was).");
-  ops.def(
-      "conv_transpose2d",
-      [](T x, T w, T y, const py::object& strides, const py::object& pads, const py::object& dilations,
-         std::uint32_t groups, Opt bias, const py::object& activation, const py::object& layout) {
-        return finish(ops::conv_transpose2d(x.tensor, w.tensor, y.tensor,
-                                            conv_options(layout, strides, dilations, pads, groups, bias, activation)),
-                      {&x, &w, &y, bias});
-      },
-      py::arg("x"), py::arg("w"), py::arg("y"), py::kw_only(), py::arg("strides") = 1, py::arg("pads") = 0,
-      py::arg("dilations") = 1, py::arg("groups") = 1, py::arg("bias") = none, py::arg("activation") = none,
-      py::arg("layout") = "nchw",
-      "Transposed convolution (ONNX ConvTranspose). x [N, Cin, H, W] ('nchw') or [N, H, W, Cin] ('nhwc'), "
-      "w [Cin, Cout/groups, kh, kw], bias [Cout]. Output size (in-1)*stride + (k-1)*dilation + 1 - pads + p "
-      "with 0 <= p < max(stride, dilation) chosen by y's shape (ONNX's output_padding). f32, f16, bf16.");
-  ops.def(
-      "max_pool2d",
-      [](T x, T y, const py::object& kernel, const py::object& strides, const py::object& pads,
-         const py::object& dilations, bool ceil_mode, const py::object& layout) {
-        return finish(ops::max_pool2d(x.tensor, y.tensor,
-                                      pool_options(kernel, strides, dilations, pads, ceil_mode, false, layout)),
-                      {&x, &y});
-      },
-      py::arg("x"), py::arg("y"), py::kw_only(), py::arg("kernel"), py::arg("strides") = none, py::arg("pads") = 0,
-      py::arg("dilations") = 1, py::arg("ceil_mode") = false, py::arg("layout") = "nchw",
-      "Window maximum over H and W (strides default to the kernel). Floats, i8, u8.");
-  ops.def(
-      "avg_pool2d",
-      [](T x, T y, const py::object& kernel, const py::object& strides, const py::object& pads,
-         const py::object& dilations, bool ceil_mode, bool count_include_pad, const py::object& layout) {
-        return finish(
-            ops::avg_pool2d(x.tensor, y.tensor,
-                            pool_options(kernel, strides, dilations, pads, ceil_mode, count_include_pad, layout)),
-            {&x, &y});
-      },
-      py::arg("x"), py::arg("y"), py::kw_only(), py::arg("kernel"), py::arg("strides") = none, py::arg("pads") = 0,
-      py::arg("dilations") = 1, py::arg("ceil_mode") = false, py::arg("count_include_pad") = false,
-      py::arg("layout") = "nchw", "Window mean over H and W (strides default to the kernel). Floats.");
+  // The builders of the kinds with shape rules of their own (op_builders.inc,
+  // generated): matmul, conv2d, ...
+#include "op_builders.inc"
 
   // The schema's elementwise maps (op_maps.inc, generated): add, sub, ...
   const auto binary = [&](const char* name, Op (*f)(const Tensor&, const Tensor&, const Tensor&), const char* doc) {
@@ -307,90 +201,6 @@ void bind_builders(py::module_& ops) {
 #undef TPUHAL_PY_MAP
   // The kinds with rules (op_kinds.inc, generated): cumsum, ...
 #include "op_kinds.inc"
-  unary("relu", &ops::relu, "y = relu(x) elementwise: activation(x, y, 'relu'). Floats.");
-  ops.def(
-      "activation",
-      [](T x, T y, const py::object& act) {
-        return finish(ops::activation(x.tensor, y.tensor, to_activation(act)), {&x, &y});
-      },
-      py::arg("x"), py::arg("y"), py::arg("activation"),
-      "y = activation(x) elementwise (a tpuhal.Activation or a name such as 'sigmoid'). Floats.");
-  ops.def(
-      "cast",
-      [](T x, T y) {
-        return finish(ops::cast(x.tensor, y.tensor), {&x, &y});
-      },
-      py::arg("x"), py::arg("y"),
-      "y = x converted to y's dtype (x broadcast to y): floats round to nearest even, float to integer "
-      "rounds toward zero and saturates.");
-  ops.def(
-      "transpose",
-      [](T x, T y, const std::vector<std::size_t>& perm) {
-        return finish(ops::transpose(x.tensor, y.tensor, perm), {&x, &y});
-      },
-      py::arg("x"), py::arg("y"), py::arg("perm"), "y = x with dimensions permuted: y dim i is x dim perm[i].");
-  ops.def(
-      "conv_integer",
-      [](T x, T w, T y, Opt x_zero_point, Opt w_zero_point, const py::object& strides, const py::object& pads,
-         const py::object& dilations, std::uint32_t groups, const py::object& layout) {
-        return finish(ops::conv_integer(x.tensor, w.tensor, y.tensor, opt(x_zero_point), opt(w_zero_point),
-                                        conv_options(layout, strides, dilations, pads, groups, nullptr, py::none())),
-                      {&x, &w, &y, x_zero_point, w_zero_point});
-      },
-      py::arg("x"), py::arg("w"), py::arg("y"), py::kw_only(), py::arg("x_zero_point") = none,
-      py::arg("w_zero_point") = none, py::arg("strides") = 1, py::arg("pads") = 0, py::arg("dilations") = 1,
-      py::arg("groups") = 1, py::arg("layout") = "nchw",
-      "y (i32) = conv2d(x - x_zero_point, w - w_zero_point); x, w i8 or u8.");
-  ops.def(
-      "qlinear_conv",
-      [](T x, T x_scale, T x_zero_point, T w, T w_scale, T w_zero_point, T y_scale, T y_zero_point, T y,
-         const py::object& strides, const py::object& pads, const py::object& dilations, std::uint32_t groups, Opt bias,
-         const py::object& layout) {
-        return finish(ops::qlinear_conv(x.tensor, x_scale.tensor, x_zero_point.tensor, w.tensor, w_scale.tensor,
-                                        w_zero_point.tensor, y_scale.tensor, y_zero_point.tensor, y.tensor,
-                                        conv_options(layout, strides, dilations, pads, groups, bias, py::none())),
-                      {&x, &x_scale, &x_zero_point, &w, &w_scale, &w_zero_point, &y_scale, &y_zero_point, &y, bias});
-      },
-      py::arg("x"), py::arg("x_scale"), py::arg("x_zero_point"), py::arg("w"), py::arg("w_scale"),
-      py::arg("w_zero_point"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("y"), py::kw_only(),
-      py::arg("strides") = 1, py::arg("pads") = 0, py::arg("dilations") = 1, py::arg("groups") = 1,
-      py::arg("bias") = none, py::arg("layout") = "nchw",
-      "Requantised conv_integer plus an i32 bias (ONNX QLinearConv).");
-  ops.def(
-      "resize",
-      [](T x, T y, const py::object& mode, const py::object& coordinate, const py::object& nearest,
-         const py::object& layout, std::optional<std::array<float, 2>> scales) {
-        ops::ResizeOptions o;
-        o.mode = parse(mode, "mode", kResizeModeNames);
-        o.coordinate = parse(coordinate, "coordinate", kCoordinateModeNames);
-        o.nearest = parse(nearest, "nearest", kNearestModeNames);
-        o.layout = to_layout(layout);
-        o.scales = scales;
-        return finish(ops::resize(x.tensor, y.tensor, o), {&x, &y});
-      },
-      py::arg("x"), py::arg("y"), py::kw_only(), py::arg("mode") = "nearest", py::arg("coordinate") = "half_pixel",
-      py::arg("nearest") = "round_prefer_floor", py::arg("layout") = "nchw", py::arg("scales") = none,
-      "Resizes H and W of a 4-D tensor as ONNX Resize does: mode 'nearest' or 'linear'; scales (h, w) default "
-      "to y's size over x's.");
-  ops.def(
-      "nv12_to_rgb",
-      [](T luma, T chroma, T y, const std::array<float, 3>& mean, const std::array<float, 3>& scale) {
-        return finish(ops::nv12_to_rgb(luma.tensor, chroma.tensor, y.tensor, color_options(mean, scale)),
-                      {&luma, &chroma, &y});
-      },
-      py::arg("luma"), py::arg("chroma"), py::arg("y"), py::kw_only(), py::arg("mean") = std::array<float, 3>{0, 0, 0},
-      py::arg("scale") = std::array<float, 3>{1, 1, 1},
-      "NV12 (luma [H, W] u8, chroma [H/2, W/2, 2] u8) to planar RGB y [3, H, W], BT.601 limited range, then "
-      "(rgb - mean) * scale per channel.");
-  ops.def(
-      "i420_to_rgb",
-      [](T luma, T u, T v, T y, const std::array<float, 3>& mean, const std::array<float, 3>& scale) {
-        return finish(ops::i420_to_rgb(luma.tensor, u.tensor, v.tensor, y.tensor, color_options(mean, scale)),
-                      {&luma, &u, &v, &y});
-      },
-      py::arg("luma"), py::arg("u"), py::arg("v"), py::arg("y"), py::kw_only(),
-      py::arg("mean") = std::array<float, 3>{0, 0, 0}, py::arg("scale") = std::array<float, 3>{1, 1, 1},
-      "I420 (luma [H, W], u and v [H/2, W/2], u8) to planar RGB y [3, H, W], as nv12_to_rgb.");
   ops.def("same_pads", &ops::same_pads, py::arg("input"), py::arg("kernel"), py::arg("stride"), py::arg("dilation") = 1,
           py::arg("lower") = false,
           "The (before, after) pads along one dimension that give an output of ceil(input / stride) "

@@ -508,6 +508,49 @@ def test_every_op_has_its_stub():
     assert stubbed - public == set(), "stubs in ops.pyi of no tpuhal.ops function"
 
 
+def _signature_params(doc):
+    """(name, keyword-only, has a default) per parameter of a pybind11
+    signature line: "f(x: T, *, k: int = 1) -> Op"."""
+    text = doc.split("\n")[0]
+    body = text[text.index("(") + 1:text.rindex(") -> ")]
+    parts, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(body):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(body[start:i].strip())
+            start = i + 1
+    parts.append(body[start:].strip())
+    out, kw = [], False
+    for p in parts:
+        if p == "*":
+            kw = True
+            continue
+        out.append((p.split(":")[0].strip(), kw, " = " in p))
+    return out
+
+
+def test_every_stub_takes_what_its_function_takes():
+    import ast
+    import pathlib
+
+    stubs = ast.parse((pathlib.Path(tpuhal.__file__).parent / "ops.pyi").read_text())
+    checked = 0
+    for f in (n for n in stubs.body if isinstance(n, ast.FunctionDef)):
+        a = f.args
+        positional = [(x.arg, False, i >= len(a.args) - len(a.defaults)) for i, x in enumerate(a.args)]
+        keywords = [(x.arg, True, d is not None) for x, d in zip(a.kwonlyargs, a.kw_defaults)]
+        assert positional + keywords == _signature_params(getattr(ops, f.name).__doc__), f.name
+        checked += 1
+    assert checked >= 60
+
+
 def test_conv_transpose2d_doubles_the_size(dev, queue):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 2, 3, 3)).astype(np.float32)

@@ -160,57 +160,16 @@ class TPUHAL_API Op {
 
 namespace ops {
 
-struct MatMulOptions {
-  bool transpose_a = false;  // use a's last two dimensions swapped
-  bool transpose_b = false;
-  float alpha = 1.0f;
-  float beta = 1.0f;        // scales c
-  std::optional<Tensor> c;  // added: broadcast to y
-  ActivationParams activation;
-};
-// y = activation(alpha * a @ b + beta * c). a [..., M, K], b [..., K, N],
-// y [..., M, N]; batch dimensions broadcast. f32, f16, bf16 in (same for a and
-// b), the same or f32 out; f16/bf16 accumulate in f32.
-TPUHAL_API Op matmul(const Tensor& a, const Tensor& b, const Tensor& y, const MatMulOptions& options = {});
-
-struct Conv2dOptions {
-  Layout layout = Layout::NCHW;  // of x and y; w is [Cout, Cin/groups, kh, kw]
-  std::array<std::uint32_t, 2> strides{1, 1};
-  std::array<std::uint32_t, 2> dilations{1, 1};
-  std::array<std::uint32_t, 4> pads{0, 0, 0, 0};  // top, left, bottom, right
-  std::uint32_t groups = 1;
-  std::optional<Tensor> bias;   // [Cout]; i32 for qlinear_conv
-  ActivationParams activation;  // float conv only
-  // conv2d only: y = activation(conv + bias + y as it was), each sum
-  // rounded once in f32 (a residual connection's add, fused; the board
-  // needs interface 1.23).
-  bool accumulate = false;
-};
 // Pads that give an output of ceil(input / stride) ("SAME_UPPER"; lower: the
 // extra pad goes first) for a kernel of `kernel` with `dilation`.
 TPUHAL_API std::array<std::uint32_t, 2> same_pads(std::uint32_t input, std::uint32_t kernel, std::uint32_t stride,
                                                   std::uint32_t dilation, bool lower = false);
-TPUHAL_API Op conv2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& options = {});
 
-// Transposed convolution (ONNX ConvTranspose; conv2d's gradient by its
-// input): x [N, Cin, H, W] (or NHWC), w [Cin, Cout/groups, kh, kw], y
-// [N, Cout, OH, OW] with OH = (H-1)*stride + (kh-1)*dilation + 1 - pad_top -
-// pad_bottom + p, where 0 <= p < max(stride, dilation) is ONNX's
-// output_padding, chosen by y's shape (likewise OW). Pads crop the output.
-// f32, f16, bf16; bias and activation as conv2d's.
-TPUHAL_API Op conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dOptions& options = {});
-
-struct Pool2dOptions {
-  Layout layout = Layout::NCHW;
-  std::array<std::uint32_t, 2> kernel{1, 1};
-  std::array<std::uint32_t, 2> strides{1, 1};
-  std::array<std::uint32_t, 2> dilations{1, 1};
-  std::array<std::uint32_t, 4> pads{0, 0, 0, 0};
-  bool ceil_mode = false;
-  bool count_include_pad = false;  // average: divide by the whole window
-};
-TPUHAL_API Op max_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& options);
-TPUHAL_API Op avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& options);
+// The builders of the kinds whose shapes a rule of their own checks: matmul,
+// the convolutions and pools, activation, cast, transpose, resize and the
+// colour conversions, with their options (generated from the op schema,
+// schema/ops.py: BUILDERS).
+#include "tpuhal/op_builders.inc"
 
 // The elementwise maps with a builder of their own: add, sub, mul, div, max,
 // min, abs, neg, exp, log, sqrt, erf, ceil, floor, round, the comparisons and
@@ -219,46 +178,6 @@ TPUHAL_API Op avg_pool2d(const Tensor& x, const Tensor& y, const Pool2dOptions& 
 
 // The kinds whose rules the schema gives (generated): cumsum, ...
 #include "tpuhal/op_kind_builders.inc"
-
-// y = activation(x) elementwise; floats. relu is activation with Relu.
-TPUHAL_API Op activation(const Tensor& x, const Tensor& y, const ActivationParams& act);
-TPUHAL_API Op relu(const Tensor& x, const Tensor& y);
-// y = x converted to y's dtype (x broadcast to y's shape): floats round to
-// nearest even, float to integer rounds toward zero and saturates.
-TPUHAL_API Op cast(const Tensor& x, const Tensor& y);
-// y = x with dimensions permuted: y dim i is x dim perm[i].
-TPUHAL_API Op transpose(const Tensor& x, const Tensor& y, const std::vector<std::size_t>& perm);
-
-// y (i32) = conv(x - x_zero_point, w - w_zero_point); w's zero point a
-// scalar or one per output channel.
-TPUHAL_API Op conv_integer(const Tensor& x, const Tensor& w, const Tensor& y, const std::optional<Tensor>& x_zero_point,
-                           const std::optional<Tensor>& w_zero_point, const Conv2dOptions& options = {});
-TPUHAL_API Op qlinear_conv(const Tensor& x, const Tensor& x_scale, const Tensor& x_zero_point, const Tensor& w,
-                           const Tensor& w_scale, const Tensor& w_zero_point, const Tensor& y_scale,
-                           const Tensor& y_zero_point, const Tensor& y, const Conv2dOptions& options = {});
-
-struct ResizeOptions {
-  ResizeMode mode = ResizeMode::Nearest;
-  CoordinateMode coordinate = CoordinateMode::HalfPixel;
-  NearestMode nearest = NearestMode::RoundPreferFloor;
-  Layout layout = Layout::NCHW;
-  // Output/input along H and W; by default y's size over x's.
-  std::optional<std::array<float, 2>> scales;
-};
-// Resizes H and W of a 4-D tensor, as ONNX Resize does.
-TPUHAL_API Op resize(const Tensor& x, const Tensor& y, const ResizeOptions& options = {});
-
-struct ColorConvertOptions {
-  std::array<float, 3> mean{0, 0, 0};   // per R, G, B
-  std::array<float, 3> scale{1, 1, 1};  // y = (rgb - mean) * scale
-};
-// NV12 (luma [H, W] u8, chroma [H/2, W/2, 2] u8) to planar RGB y [3, H, W]
-// (f32, f16, bf16 or u8), BT.601 limited range.
-TPUHAL_API Op nv12_to_rgb(const Tensor& luma, const Tensor& chroma, const Tensor& y,
-                          const ColorConvertOptions& options = {});
-// I420: chroma planes u and v [H/2, W/2] u8.
-TPUHAL_API Op i420_to_rgb(const Tensor& luma, const Tensor& u, const Tensor& v, const Tensor& y,
-                          const ColorConvertOptions& options = {});
 
 }  // namespace ops
 }  // namespace tpuhal
