@@ -347,6 +347,35 @@ TEST_P(Ops, Conv2dTakesWeightsRewrittenInPlace) {
   }
 }
 
+// The same weights in two geometries whose kernels want them in different
+// layouts (NCHW and NHWC activations), rewritten in place between rounds:
+// each geometry takes the weights as they now are. The floats f16 weights
+// widen to may land at the address the last ones had, so what the engine
+// keeps of them (oneDNN's reordered copy per layout) is named by the
+// floats' serial, not their address.
+TEST_P(Ops, Conv2dTakesWeightsRewrittenInPlaceInEveryGeometryItRuns) {
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    const Host w1 = rand(dt, {64, 32, 3, 3}), w2 = rand(dt, {64, 32, 3, 3});
+    const Tensor w = lab().upload(w1);
+    int run = 0;
+    for (const Host* now : {&w1, &w1, &w2, &w2, &w1}) {
+      lab().q.copy(lab().upload(*now).buffer(), w.buffer()).submit().wait();
+      for (Layout layout : {Layout::NCHW, Layout::NHWC}) {
+        ConvGeom g;
+        g.layout = layout;
+        g.pads = {1, 1, 1, 1};
+        const Host x = rand(dt, img_shape(layout, 1, 32, 7, 7));
+        const Shape ys = conv_out_shape(x, w1.shape, g);
+        const Tensor y = lab().output(dt, ys);
+        expect("conv2d " + std::string(to_string(dt)) + " " + g.text() + ", round " + std::to_string(++run) +
+                   (now == &w1 ? " with the first weights" : " with the second weights"),
+               lab().run(ops::conv2d(lab().upload(x), w, y, g.options()), y),
+               ref_conv(x, *now, std::nullopt, g, ActivationParams{}, dt, ys));
+      }
+    }
+  }
+}
+
 TEST_P(Ops, ConvolutionsWithZeroInputChannels) {
   // Sums over no input channels: conv2d gives bias (then the activation),
   // conv_integer 0.

@@ -115,15 +115,17 @@ using ConvRunner = std::function<void(const DnnlState::Conv&, const dnnl::memory
 // contributes 0, as ONNX defines). `depthwise_kernel`: only one of
 // oneDNN's depthwise kernels (jit, weights blocked by group alone), which
 // widen int8 to 32 bits before multiplying (onednn_int8_depthwise_exact).
-// `weights_reused`: wdata holds the floats it held when last given here
-// (widened_weights' `reused`), so that weights oneDNN reordered from them
-// before are taken without comparing their bytes again. `sum`: the result
-// is added to what ydata holds (oneDNN's sum post-op, after the bias: each
-// output rounded once more, as a separate addition would round it).
+// `weights_serial`: nonzero, wdata holds the floats of the packed cache's
+// entry of that serial (widened_weights' `serial`), so that weights oneDNN
+// reordered from them before are found by it and taken without comparing
+// their bytes again; floats packed anew have another serial, whatever their
+// address. `sum`: the result is added to what ydata holds (oneDNN's sum
+// post-op, after the bias: each output rounded once more, as a separate
+// addition would round it).
 // `runner`: given, it runs the primitive in place of the single run here.
 bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata, dt wtype,
                const View* bias, const View& y, dt yt, void* ydata, const std::int32_t* src_zero = nullptr,
-               const FusedRequant* requant = nullptr, bool depthwise_kernel = false, bool weights_reused = false,
+               const FusedRequant* requant = nullptr, bool depthwise_kernel = false, std::uint64_t weights_serial = 0,
                bool sum = false, const ConvRunner* runner = nullptr) {
   try {
     const auto D = [](std::uint64_t v) { return static_cast<dnnl::memory::dim>(v); };
@@ -287,17 +289,17 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       // Reordering weights costs tens of microseconds; a network runs the
       // same weights again and again, so keep them reordered while their
       // bytes stay the same. Weights with gaps (strided) are not cached.
-      // The key: where they are, their dimensions and type, and the layout
-      // the primitive wants (8 bytes each).
+      // The key: where they are, their dimensions and type, the layout the
+      // primitive wants and the floats' serial, if any (8 bytes each).
       const std::size_t wbytes = wd_user.get_size();
       const bool dense_w = wbytes == g.o * (g.c / g.groups) * g.kh * g.kw * dnnl::memory::data_type_size(wtype);
       std::string k;
-      for (const auto v :
-           {static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(wdata)), g.o, g.c, g.kh, g.kw,
-            static_cast<std::uint64_t>(wtype), g.groups, static_cast<std::uint64_t>(cached->second.weights_layout)})
+      for (const auto v : {static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(wdata)), g.o, g.c, g.kh, g.kw,
+                           static_cast<std::uint64_t>(wtype), g.groups,
+                           static_cast<std::uint64_t>(cached->second.weights_layout), weights_serial})
         k.append(reinterpret_cast<const char*>(&v), sizeof v);
       const auto* src = static_cast<const std::byte*>(wdata);
-      const dnnl::memory* hit = dense_w ? e.dnnl().cached_weights(k, src, wbytes, weights_reused) : nullptr;
+      const dnnl::memory* hit = dense_w ? e.dnnl().cached_weights(k, src, wbytes, weights_serial != 0) : nullptr;
       if (hit) {
         wmem = *hit;
       } else {
@@ -426,10 +428,10 @@ const float* integer_sums_as_f32(TensorEngine& e, const Geometry& g, const View&
   for (std::uint64_t oi = 0; wz && oi < g.o; ++oi) key.push_back(load_int(wz->at(oi * wz->strides[0]), wz->dtype));
   std::uint64_t span = 1;
   for (std::uint32_t d = 0; d < w.rank; ++d) span += (w.shape[d] - 1) * w.strides[d];
-  const float* wf = e.packed_cache().find(key, w.data, span * w.esize);
-  const bool reused = wf != nullptr;  // oneDNN's reordered copy of them may be kept too
+  std::uint64_t serial = 0;  // oneDNN's reordered copy of them is kept by it
+  const float* wf = e.packed_cache().find(key, w.data, span * w.esize, &serial);
   if (!wf) {
-    float* into = e.packed_cache().insert(std::move(key), w.data, span * w.esize, g.o * per_o);
+    float* into = e.packed_cache().insert(std::move(key), w.data, span * w.esize, g.o * per_o, &serial);
     if (!into) into = e.staged(Staged::kW, g.o * per_o);
     fill(into);
     wf = into;
@@ -458,7 +460,7 @@ const float* integer_sums_as_f32(TensorEngine& e, const Geometry& g, const View&
   // The kept floats are only read (dense, in w's shape).
   const View wv = staged_like(e, w, Staged::kW, const_cast<float*>(wf));
   const View yf = staged_like(e, y, Staged::kY);
-  if (!dnnl_conv(e, g, xf, dt::f32, wv, wf, dt::f32, nullptr, yf, dt::f32, yf.data, nullptr, nullptr, false, reused))
+  if (!dnnl_conv(e, g, xf, dt::f32, wv, wf, dt::f32, nullptr, yf, dt::f32, yf.data, nullptr, nullptr, false, serial))
     return nullptr;
   return reinterpret_cast<const float*>(yf.data);
 }
@@ -1134,8 +1136,8 @@ bool banded_nhwc_16(TensorEngine& e, const Geometry& g, const fw::ConvAttrs& at,
     xmost = std::max(xmost, s.xn);
     ymost = std::max(ymost, s.yn);
   }
-  bool reused = false;
-  const View w = widened_weights(e, w0, Staged::kW, &reused);
+  std::uint64_t serial = 0;
+  const View w = widened_weights(e, w0, Staged::kW, &serial);
   View b = bias;
   if (bias.present() && bias.dtype != fw::DType::kF32) b = widened(e, bias, Staged::kBias);
   // A primitive per band geometry, made (and its weights reordered) on this
@@ -1164,7 +1166,7 @@ bool banded_nhwc_16(TensorEngine& e, const Geometry& g, const fw::ConvAttrs& at,
       made[i] = {c.primitive, c.pd.src_desc(), c.pd.dst_desc(), c.pd.bias_desc(), c.pd.scratchpad_desc(), weights};
     };
     if (!dnnl_conv(e, gb, xb, dt::f32, w, w.data, dt::f32, b.present() ? &b : nullptr, yb, dt::f32, yb.data, nullptr,
-                   nullptr, false, reused, false, &keep))
+                   nullptr, false, serial, false, &keep))
       return false;
   }
   const auto widen = f16 ? simd::widen_f16 : simd::widen_bf16;
@@ -1240,8 +1242,8 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
   const bool f16 = x0.dtype == fw::DType::kF16 || (x0.dtype == fw::DType::kBF16 && !onednn_has_bf16());
   if (f16 && (depthwise_nhwc_16(e, g, at, x0, w0, bias, y) || banded_nhwc_16(e, g, at, x0, w0, bias, y))) return {};
   const View x = f16 ? widened(e, x0, Staged::kX) : x0;
-  bool reused = false;
-  const View w = f16 ? widened_weights(e, w0, Staged::kW, &reused) : w0;
+  std::uint64_t serial = 0;
+  const View w = f16 ? widened_weights(e, w0, Staged::kW, &serial) : w0;
   View b = bias;
   if (bias.present() && (bias.dtype == fw::DType::kF16 || (bias.dtype != x.dtype && bias.dtype != fw::DType::kF32)))
     b = widened(e, bias, Staged::kBias);
@@ -1272,7 +1274,7 @@ fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) 
   // y, else when the scratch is finished below.
   bool done = grouped_f32(e, g, x, w, b.present() ? &b : nullptr, y, out, accumulate) ||
               dnnl_conv(e, g, x, xt, w, w.data, xt, b.present() ? &b : nullptr, y, yt, out, nullptr, nullptr, false,
-                        reused, accumulate && out == y.data);
+                        serial, accumulate && out == y.data);
   if (!done) {
     // Reference: direct loops, f32 accumulation in (c, kh, kw) order.
     if (direct) {

@@ -534,8 +534,8 @@ View widened(TensorEngine& e, const View& v, Staged slot, float* into) {
   return staged_like(e, v, slot, store);
 }
 
-View widened_weights(TensorEngine& e, const View& v, Staged slot, bool* reused) {
-  if (reused) *reused = false;
+View widened_weights(TensorEngine& e, const View& v, Staged slot, std::uint64_t* serial) {
+  if (serial) *serial = 0;
   if (!v.contiguous()) return widened(e, v, slot);
   const std::uint64_t n = v.elements();
   const std::size_t bytes = n * v.esize;
@@ -543,11 +543,9 @@ View widened_weights(TensorEngine& e, const View& v, Staged slot, bool* reused) 
   constexpr std::int64_t kWidenedFloats = 0x5744;  // "WD"
   PackedCache::Key key{kWidenedFloats, static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(v.data)),
                        static_cast<std::int64_t>(n), static_cast<std::int64_t>(v.dtype)};
-  if (const float* hit = e.packed_cache().find(key, v.data, bytes)) {
-    if (reused) *reused = true;
+  if (const float* hit = e.packed_cache().find(key, v.data, bytes, serial))
     return staged_like(e, v, slot, const_cast<float*>(hit));
-  }
-  if (float* kept = e.packed_cache().insert(std::move(key), v.data, bytes, n)) return widened(e, v, slot, kept);
+  if (float* kept = e.packed_cache().insert(std::move(key), v.data, bytes, n, serial)) return widened(e, v, slot, kept);
   return widened(e, v, slot);
 }
 

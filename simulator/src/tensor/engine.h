@@ -261,9 +261,9 @@ View widened(TensorEngine& e, const View& v, Staged slot, float* into = nullptr)
 // bytes, so that they are widened once per model rather than once per run,
 // and stay at one address (oneDNN's reordered weights are kept by address).
 // Falls back to widened() into `slot` where v has gaps or the cache is full.
-// `reused`, if given, is set when the floats are the ones this address held
-// when last returned (the cache's entry served again, not written now).
-View widened_weights(TensorEngine& e, const View& v, Staged slot, bool* reused = nullptr);
+// `serial`, if given, is set to the cache entry's serial (PackedCache::find),
+// or 0 where the floats are not kept: the same serial, the same floats.
+View widened_weights(TensorEngine& e, const View& v, Staged slot, std::uint64_t* serial = nullptr);
 // A dense f32 view of v's shape over `data`, or over staging memory `slot`.
 View staged_like(TensorEngine& e, const View& v, Staged slot, float* data = nullptr);
 // Dense f32 `from` (to's shape) into float view `to`, each value rounded once.

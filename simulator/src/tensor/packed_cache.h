@@ -14,6 +14,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -35,10 +36,18 @@ class PackedCache {
   using Key = std::vector<std::int64_t>;
 
   // The floats packed for `key` from the `bytes` bytes now at `src`, or
-  // null where there are none or the bytes differ.
-  const float* find(const Key& key, const std::byte* src, std::size_t bytes) {
+  // null where there are none or the bytes differ. `serial`, if given, is
+  // set to the entry's serial: a number no other entry of any cache has had
+  // or will have, so that what is kept of the floats elsewhere (oneDNN's
+  // reordered copy of them) can be named by it rather than by their
+  // address, which a later entry may reuse.
+  const float* find(const Key& key, const std::byte* src, std::size_t bytes, std::uint64_t* serial = nullptr) {
     for (const auto& e : entries_)
-      if (e->key == key) return e->kept.holds(writes_, src, bytes) ? e->packed.data() : nullptr;
+      if (e->key == key) {
+        if (!e->kept.holds(writes_, src, bytes)) return nullptr;
+        if (serial) *serial = e->serial;
+        return e->packed.data();
+      }
     return nullptr;
   }
 
@@ -47,7 +56,8 @@ class PackedCache {
   // entry for the same key is replaced. Null where the cache would pass
   // kMaxBytes: entries stay until the engine goes, and the first ones kept
   // are the ones a model runs first.
-  float* insert(Key key, const std::byte* src, std::size_t bytes, std::size_t floats) {
+  // `serial`, if given, is set to the new entry's (find()'s).
+  float* insert(Key key, const std::byte* src, std::size_t bytes, std::size_t floats, std::uint64_t* serial = nullptr) {
     for (auto it = entries_.begin(); it != entries_.end(); ++it)
       if ((*it)->key == key) {
         bytes_ -= (*it)->kept.source.size() + (*it)->packed.size() * sizeof(float);
@@ -60,6 +70,8 @@ class PackedCache {
     e->key = std::move(key);
     e->kept.keep(writes_, src, bytes);
     e->packed.resize(floats);
+    e->serial = next_serial_.fetch_add(1, std::memory_order_relaxed);
+    if (serial) *serial = e->serial;
     bytes_ += cost;
     entries_.push_back(std::move(e));
     return entries_.back()->packed.data();
@@ -75,7 +87,9 @@ class PackedCache {
     Key key;
     KeptSource kept;
     std::vector<float> packed;
+    std::uint64_t serial = 0;
   };
+  inline static std::atomic<std::uint64_t> next_serial_{1};  // 0: none
   const DramWrites* writes_;
   std::vector<std::unique_ptr<Entry>> entries_;
   std::size_t bytes_ = 0;
