@@ -1219,12 +1219,13 @@ def option_struct(name):
 
 def option_fields(b, order="struct"):
     """A builder's options fields, each (name, type, default, comment,
-    extras): in the struct's order, or in its keywords' order."""
+    extras): its keywords in the struct's order or in their own order, or
+    ("all") every field of the struct."""
     fields = [(*f[:4], f[4] if len(f) > 4 else {}) for f in option_struct(b["options"])["fields"]]
     by_name = {f[0]: f for f in fields}
     if order == "keywords":
         return [by_name[n] for n in b["keywords"]]
-    return [f for f in fields if f[0] in b["keywords"]]
+    return fields if order == "all" else [f for f in fields if f[0] in b["keywords"]]
 
 
 def builder_tensors(b):
@@ -1360,10 +1361,18 @@ def py_builders():
 """]
     for b in ops.BUILDERS:
         tensors = builder_tensors(b)
-        params = [f"{'Opt' if o else 'T'} {n}" for n, o in tensors]
+        # The lambda's parameters in the order of its py::args (pybind11
+        # names them by position): required tensors and plain parameters,
+        # then the keyword-only optional tensors and options.
+        params = [f"T {n}" for n, o in tensors if not o]
+        pyargs = [f"py::arg(\"{n}\")" for n, o in tensors if not o]
         keep = [n if o else f"&{n}" for n, o in tensors]
         args = [f"opt({n})" if o else f"{n}.tensor" for n, o in tensors]
-        pyargs = [f"py::arg(\"{n}\")" for n, o in tensors if not o]
+        for _, t, py in b.get("params", []):
+            params.append(f"{PY_PARAMS[t][0]} {py}")
+            pyargs.append(f"py::arg(\"{py}\")")
+            args.append(PY_PARAMS[t][1].format(py))
+        params += [f"Opt {n}" for n, o in tensors if o]
         kw = [f"py::arg(\"{n}\") = py::none()" for n, o in tensors if o]
         body = ""
         if "options" in b:
@@ -1378,11 +1387,6 @@ def py_builders():
             for f in option_fields(b):
                 body += f"      o.{f[0]} = {py_keyword(f)[1]};\n"
             args.append("o")
-        else:
-            for n, t, py in b["params"]:
-                params.append(f"{PY_PARAMS[t][0]} {py}")
-                pyargs.append(f"py::arg(\"{py}\")")
-                args.append(PY_PARAMS[t][1].format(py))
         doc = b["doc"].replace("\\", "\\\\").replace('"', '\\"')
         pyargs += ["py::kw_only()"] * bool(kw) + kw
         out.append(f"ops.def(\n    \"{b['name']}\",\n    []({', '.join(params)}) {{\n{body}"
@@ -1427,8 +1431,8 @@ def model_builder_ops():
 """]
     for b in ops.BUILDERS:
         args = [f"in{'.opt' if o else ''}(\"{n}\")" for n, o in builder_tensors(b)]
-        if "options" in b:
-            body = f"  ops::{b['options']} o;\n" + "".join(model_reader(f) for f in option_fields(b))
+        if "options" in b:  # every field, so that a builder refuses what it does not take
+            body = f"  ops::{b['options']} o;\n" + "".join(model_reader(f) for f in option_fields(b, "all"))
             args.append("o")
         else:
             body = ""
@@ -1441,16 +1445,18 @@ def model_builder_ops():
 def doc_model_builders():
     items = []
     for b in ops.BUILDERS:
-        attrs = [f[0] for f in option_fields(b) if f[1] != "tensor?"] if "options" in b else \
+        attrs = [f[0] for f in option_fields(b, "all") if f[1] != "tensor?"] if "options" in b else \
             [py for _, _, py in b["params"]]
         tensors = [n + "?" * o for n, o in builder_tensors(b)] + \
-            ([f[0] + "?" for f in option_fields(b) if f[1] == "tensor?"] if "options" in b else [])
+            ([f[0] + "?" for f in option_fields(b, "all") if f[1] == "tensor?"] if "options" in b else [])
         items.append(f"`{b['name']}` ({', '.join(tensors)}{'; ' + ', '.join(attrs) if attrs else ''})")
     optional = sorted({f[0] for st in ops.OPTIONS for f in st["fields"]
-                       if len(f) > 4 and f[4].get("model") == "optional"})
-    return (f"- The builders of the other kinds ([ops.md](ops.md#ops)): {', '.join(items)}. An option a file leaves "
-            f"out takes its default (`tpuhal/op_builders.inc`) where it is {', '.join(f'`{n}`' for n in optional)}, "
-            "`scales` or `activation` (`none`); every other is required.\n")
+                       if (len(f) > 4 and f[4].get("model") == "optional") or f[1].endswith("]?") or
+                       f[1] == "activation"})
+    return (f"- The builders of the other kinds ([ops.md](ops.md#ops)), each reading every field of its options "
+            f"struct, as the C++ builder takes them: {', '.join(items)}. An option a file leaves out takes "
+            f"its default (`tpuhal/op_builders.inc`) where it is {', '.join(f'`{n}`' for n in optional)} "
+            "(an activation's is `none`); every other is required.\n")
 
 
 TRIGONOMETRIC_MINOR = 17  # the maps docs/ops.md's table names as a family
@@ -1490,17 +1496,30 @@ def test_builder_samples():
         args = ["y" if n == "y" else tensor(n) if n in s["tensors"] else "std::nullopt"
                 for n, _ in builder_tensors(b)]
         setup = ""
-        if s.get("options"):
-            sets = "".join(f"  o.{n} = {{{', '.join(str(v) for v in vs)}}};\n" for n, vs in s["options"].items())
+        if "builder" in s:  # another builder of the kind: its tensors as the sample lists them
+            args = ["y" if n == "y" else tensor(n) for n in s["tensors"]]
+        elif s.get("options"):
+            types = {f[0]: f[1] for f in option_fields(b, "all")}
+            sets = "".join(f"  o.{n} = {sample_option(types[n], v)};\n" for n, v in s["options"].items())
             setup = f"  ops::{b['options']} o;\n{sets}"
             args.append("o")
-        for n, t, _ in b.get("params", []):
+        for n, t, _ in b.get("params", []) if "builder" not in s else []:
             args.append(f"ActivationParams::{s['params'][n]}()" if t == "activation" else
                         cpp_shape(s["params"][n]))
         dt, shape, _ = s["tensors"]["y"]
         out.append(f"case OpKind::{b['kind']}: {{\n  Tensor y = output(DType::{DTYPES[dt]}, {cpp_shape(shape)});\n"
-                   f"{setup}  return {{ops::{b['name']}({', '.join(args)}), y}};\n}}\n")
+                   f"{setup}  return {{ops::{s.get('builder', b['name'])}({', '.join(args)}), y}};\n}}\n")
     return "".join(out)
+
+
+def sample_option(typ, v):
+    """A sample's option value as C++: a list in braces, a number, or an
+    enumeration's value by its name."""
+    if isinstance(v, list):
+        return "{" + ", ".join(str(x) for x in v) + "}"
+    if field_enum(typ):
+        return enum_default(typ, v)
+    return cpp_value(v)
 
 
 def check_builders():
@@ -1520,15 +1539,25 @@ def check_builders():
     for st in ops.OPTIONS:
         for f in st["fields"]:
             x = f[4] if len(f) > 4 else {}
-            typ, arr = f[1], array_of(f[1])
+            typ = f[1]
+            try:
+                arr = array_of(typ)
+            except ValueError:
+                problems.append(f"{st['name']}.{f[0]}: malformed array type {typ}")
+                continue
             if not (typ in ("bool", "u32", "f32", "activation", "tensor?") or (arr and arr[0] in ("u32", "f32")) or
                     (field_enum(typ) and "hal" in field_enum(typ)["layers"])):
                 problems.append(f"{st['name']}.{f[0]}: unknown type {typ}")
+            u32s = bool(arr) and arr[0] == "u32" and not arr[2]
             if set(x) - {"py", "none_is", "required", "model"} or x.get("model", "optional") != "optional" or \
-                    ("none_is" in x) != ("py" in x) or (x.get("none_is") and x["none_is"] not in
-                                                         [g[0] for g in st["fields"]][:st["fields"].index(f)]):
-                problems.append(f"{st['name']}.{f[0]}: extras are py with none_is (an earlier field), required, "
-                                "model: optional")
+                    ("none_is" in x) != ("py" in x) or ("py" in x and (x["py"] is not None or not u32s)) or \
+                    (x.get("none_is") and x["none_is"] not in [g[0] for g in st["fields"]][:st["fields"].index(f)]) or \
+                    (x.get("required") and not u32s) or \
+                    ("model" in x and (typ in ("tensor?", "activation") or typ.endswith("]?"))) or \
+                    (arr and arr[2] and arr[0] != "f32"):
+                problems.append(f"{st['name']}.{f[0]}: extras are py: None with none_is (an earlier field) and "
+                                "required (u32[N] fields), model: optional (not for tensors, activations or "
+                                "optional arrays, which may always be left out); an optional array is f32[N]?")
     for b in ops.BUILDERS:
         n = b["name"]
         if b["kind"] not in kinds or names.count(n) != 1 or ("options" in b) == ("params" in b):
@@ -1542,13 +1571,27 @@ def check_builders():
             if b["options"] not in structs or not set(b["keywords"]) <= set(fields) or \
                     len(set(b["keywords"])) != len(b["keywords"]):
                 problems.append(f"BUILDERS: {n}: options is an OPTIONS struct, keywords its fields, once each")
-        elif any(t not in PY_PARAMS for _, t, _ in b["params"]):
-            problems.append(f"BUILDERS: {n}: a param's type is one of {sorted(PY_PARAMS)}")
+                continue
+            for f in option_fields(b):
+                if f[4].get("none_is") and f[4]["none_is"] not in b["keywords"]:
+                    problems.append(f"BUILDERS: {n}: {f[0]} takes {f[4]['none_is']} where None, a keyword too")
+            required = [f[0] for f in option_fields(b, "all") if f[4].get("required")]
+            if b.get("sample") and (set(b["sample"].get("options", {})) - set(fields) or
+                                    not set(required) <= set(b["sample"].get("options", {}))):
+                problems.append(f"BUILDERS: {n}: the sample's options are fields of {b['options']}, the required "
+                                "ones among them")
+        elif any(t not in PY_PARAMS or (t == "activation" and py != "activation") for _, t, py in b["params"]):
+            problems.append(f"BUILDERS: {n}: a param's type is one of {sorted(PY_PARAMS)}; an activation is "
+                            "named activation in Python and the model file (OpReader::activation)")
         s = b.get("sample")
-        if s is not None and (set(s["tensors"]) - set(tensors) or "y" not in s["tensors"] or
-                              any(t not in s["tensors"] for t, o in builder_tensors(b) if not o) or
-                              any(v[0] not in DTYPES for v in s["tensors"].values())):
+        if s is not None and "builder" not in s and (
+                set(s["tensors"]) - set(tensors) or "y" not in s["tensors"] or
+                any(t not in s["tensors"] for t, o in builder_tensors(b) if not o) or
+                any(v[0] not in DTYPES for v in s["tensors"].values())):
             problems.append(f"BUILDERS: {n}: the sample gives each required tensor (dtype, shape, value)")
+        kind = next((k for k in ops.KINDS if k["name"] == b["kind"]), {"builders": []})
+        if s is not None and "builder" in s and (s["builder"] not in kind["builders"] or "y" not in s["tensors"]):
+            problems.append(f"BUILDERS: {n}: the sample's builder is one of {b['kind']}'s, its tensors y among them")
         if "row" not in b or (b["row"] is not None and len(b["row"]) != 3):
             problems.append(f"BUILDERS: {n}: row is (op, computes, dtypes) or None")
     return problems

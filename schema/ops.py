@@ -711,12 +711,17 @@ KINDS = [
 #
 # OPTIONS: the builders' options structs, fields in declaration order, each
 # (name, type, default, comment) or with a fifth item, a dict:
-#   py        the Python keyword's default where it is not the field's
-#             (None: the keyword may be None, which takes `none_is`)
-#   none_is   the field whose value None takes (a pool's strides: its kernel)
-#   required  True: Python has no default (a pool's kernel)
+#   py        None: the Python keyword's default is None, which takes the
+#             value of the field `none_is` names (a pool's strides: its
+#             kernel); a u32[N] field only
+#   none_is   that field, an earlier one
+#   required  True: Python has no default (a pool's kernel); a u32[N] only
 #   model     "optional": the model file may leave the attribute out (the
-#             default), as files from before the field may
+#             default), as files from before the field may; tensors,
+#             activations and optional arrays may always be left out
+# The model file reads every field of a builder's struct, its keywords or
+# not, so that a builder refuses what it does not take (conv_transpose2d
+# an `accumulate`) rather than run without it.
 # Types: "bool", "u32", "f32", "u32[N]" and "f32[N]" (std::array; Python
 # takes one int for every element of a u32[N]), "f32[N]?" (an optional
 # array), "activation" (ActivationParams; Python: None, a tpuhal.Activation
@@ -770,9 +775,11 @@ OPTIONS = [
 # Python's name), type "activation" or "u32[]", a list of indices). `doc`
 # is its comment in ops.hpp and its Python docstring; `row` its row of the
 # table in docs/ops.md (the op as written there, in Markdown, what it
-# computes, its dtypes), or None where the row before covers it; `sample` (the first of a
-# kind's builders) a small valid op for op_kinds_test: per tensor (dtype,
-# shape, the value every element holds), and option values.
+# computes, its dtypes), or None where the row before covers it; `sample`
+# (the first of a kind's builders) a small valid op for op_kinds_test: per
+# tensor (dtype, shape, the value every element holds), and option values;
+# or, with `builder`, an op of another builder of the kind (a map of
+# ElementwiseOp), its tensors in order.
 BUILDERS = [
     dict(name="matmul", kind="MatMul", tensors=["a", "b", "y"], options="MatMulOptions",
          keywords=["transpose_a", "transpose_b", "alpha", "beta", "c", "activation"],
@@ -803,9 +810,10 @@ BUILDERS = [
     dict(name="conv_transpose2d", kind="ConvTranspose2d", tensors=["x", "w", "y"], options="Conv2dOptions",
          keywords=["strides", "pads", "dilations", "groups", "bias", "activation", "layout"],
          doc="Transposed convolution (ONNX ConvTranspose; conv2d's gradient by its input). x [N, Cin, H, W] "
-         "('nchw') or [N, H, W, Cin] ('nhwc'), w [Cin, Cout/groups, kh, kw], bias [Cout]. Output size "
-         "(in-1)*stride + (k-1)*dilation + 1 - pads + p with 0 <= p < max(stride, dilation) chosen by y's shape "
-         "(ONNX's output_padding); pads crop the output. f32, f16, bf16; bias and activation as conv2d's.",
+         "('nchw') or [N, H, W, Cin] ('nhwc'), w [Cin, Cout/groups, kh, kw], bias [Cout]. Output height "
+         "(H-1)*stride + (kh-1)*dilation + 1 - pad_top - pad_bottom + p with 0 <= p < max(stride, dilation) chosen "
+         "by y's shape (ONNX's output_padding), likewise the width; pads crop the output. f32, f16, bf16; bias "
+         "and activation as conv2d's.",
          row=("`conv_transpose2d(x, w, y, {layout, strides, dilations, pads, groups, bias, activation})`",
               "transposed convolution (ONNX ConvTranspose): x `[N,Cin,H,W]` (or NHWC), w `[Cin, Cout/groups, kh, "
               "kw]`; each input element scatters `x * w` to output `(ih*stride - pad_top + a*dilation, iw*stride - "
@@ -833,7 +841,7 @@ BUILDERS = [
     dict(name="activation", kind="Elementwise", tensors=["x", "y"], params=[("act", "activation", "activation")],
          doc="y = activation(x) elementwise (a tpuhal.Activation, or in Python a name such as 'sigmoid'). Floats.",
          row=("`activation(x, y, act)`, `relu(x, y)`", "elementwise activation (below)", "floats"),
-         sample=dict(tensors={"x": ("f32", [4], 1), "y": ("f32", [4], 0)}, params={"act": "relu"})),
+         sample=dict(builder="add", tensors={"a": ("f32", [4], 1), "b": ("f32", [4], 1), "y": ("f32", [4], 0)})),
     dict(name="relu", kind="Elementwise", tensors=["x", "y"], params=[],
          doc="y = relu(x) elementwise: activation(x, y, relu). Floats.", row=None),
     dict(name="cast", kind="Elementwise", tensors=["x", "y"], params=[],

@@ -561,7 +561,7 @@ TEST(Runtime, GivenADamagedGraphSectionWhenLoadedThenInvalidArgumentNamesWhat) {
   // compiler does not write too: the convolution's operands do not fit them,
   // and their own checks say so.
   for (const char* op : {"relu", "activation", "cast", "conv_integer", "conv_transpose2d", "nv12_to_rgb", "i420_to_rgb",
-                         "max_pool2d", "resize", "matmul", "transpose", "qlinear_conv"}) {
+                         "max_pool2d", "avg_pool2d", "resize", "matmul", "transpose", "qlinear_conv"}) {
     const std::string e = edited([&](auto& j) { j["ops"][conv]["op"] = op; });
     EXPECT_NE(e.find(at + op + ", node 'branch_b'): "), std::string::npos) << e;
     EXPECT_EQ(e.find("unknown op"), std::string::npos) << e;

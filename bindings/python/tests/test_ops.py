@@ -508,8 +508,25 @@ def test_every_op_has_its_stub():
     assert stubbed - public == set(), "stubs in ops.pyi of no tpuhal.ops function"
 
 
+_REQUIRED = "(no default)"
+
+
+def _default(text):
+    """A default as a value (tuples as lists, numbers as the f32 the
+    binding holds), or the text where it is not a literal."""
+    import ast
+    try:
+        v = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+    def f32(x):
+        return float(np.float32(x)) if isinstance(x, float) else x
+    return [f32(x) for x in v] if isinstance(v, (tuple, list)) else f32(v)
+
+
 def _signature_params(doc):
-    """(name, keyword-only, has a default) per parameter of a pybind11
+    """(name, keyword-only, default or _REQUIRED) per parameter of a pybind11
     signature line: "f(x: T, *, k: int = 1) -> Op"."""
     text = doc.split("\n")[0]
     body = text[text.index("(") + 1:text.rindex(") -> ")]
@@ -532,7 +549,7 @@ def _signature_params(doc):
         if p == "*":
             kw = True
             continue
-        out.append((p.split(":")[0].strip(), kw, " = " in p))
+        out.append((p.split(":")[0].strip(), kw, _default(p.split(" = ", 1)[1]) if " = " in p else _REQUIRED))
     return out
 
 
@@ -544,8 +561,11 @@ def test_every_stub_takes_what_its_function_takes():
     checked = 0
     for f in (n for n in stubs.body if isinstance(n, ast.FunctionDef)):
         a = f.args
-        positional = [(x.arg, False, i >= len(a.args) - len(a.defaults)) for i, x in enumerate(a.args)]
-        keywords = [(x.arg, True, d is not None) for x, d in zip(a.kwonlyargs, a.kw_defaults)]
+        first = len(a.args) - len(a.defaults)
+        positional = [(x.arg, False, _default(ast.unparse(a.defaults[i - first])) if i >= first else _REQUIRED)
+                      for i, x in enumerate(a.args)]
+        keywords = [(x.arg, True, _default(ast.unparse(d)) if d is not None else _REQUIRED)
+                    for x, d in zip(a.kwonlyargs, a.kw_defaults)]
         assert positional + keywords == _signature_params(getattr(ops, f.name).__doc__), f.name
         checked += 1
     assert checked >= 60
