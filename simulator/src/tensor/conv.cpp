@@ -117,11 +117,11 @@ using ConvRunner = std::function<void(const DnnlState::Conv&, const dnnl::memory
 // widen int8 to 32 bits before multiplying (onednn_int8_depthwise_exact).
 // `weights_serial`: nonzero, wdata holds the floats of the packed cache's
 // entry of that serial (widened_weights' `serial`), so that weights oneDNN
-// reordered from them before are found by it and taken without comparing
-// their bytes again; floats packed anew have another serial, whatever their
-// address. `sum`: the result is added to what ydata holds (oneDNN's sum
-// post-op, after the bias: each output rounded once more, as a separate
-// addition would round it).
+// reordered from them before are taken without comparing their bytes
+// again; floats packed anew have another serial, whatever their address,
+// and are reordered anew (DnnlState::cached_weights). `sum`: the result is
+// added to what ydata holds (oneDNN's sum post-op, after the bias: each
+// output rounded once more, as a separate addition would round it).
 // `runner`: given, it runs the primitive in place of the single run here.
 bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const View& wt, const void* wdata, dt wtype,
                const View* bias, const View& y, dt yt, void* ydata, const std::int32_t* src_zero = nullptr,
@@ -289,23 +289,23 @@ bool dnnl_conv(TensorEngine& e, const Geometry& g, const View& x, dt xt, const V
       // Reordering weights costs tens of microseconds; a network runs the
       // same weights again and again, so keep them reordered while their
       // bytes stay the same. Weights with gaps (strided) are not cached.
-      // The key: where they are, their dimensions and type, the layout the
-      // primitive wants and the floats' serial, if any (8 bytes each).
+      // The key: where they are, their dimensions and type, and the layout
+      // the primitive wants (8 bytes each).
       const std::size_t wbytes = wd_user.get_size();
       const bool dense_w = wbytes == g.o * (g.c / g.groups) * g.kh * g.kw * dnnl::memory::data_type_size(wtype);
       std::string k;
-      for (const auto v : {static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(wdata)), g.o, g.c, g.kh, g.kw,
-                           static_cast<std::uint64_t>(wtype), g.groups,
-                           static_cast<std::uint64_t>(cached->second.weights_layout), weights_serial})
+      for (const auto v :
+           {static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(wdata)), g.o, g.c, g.kh, g.kw,
+            static_cast<std::uint64_t>(wtype), g.groups, static_cast<std::uint64_t>(cached->second.weights_layout)})
         k.append(reinterpret_cast<const char*>(&v), sizeof v);
       const auto* src = static_cast<const std::byte*>(wdata);
-      const dnnl::memory* hit = dense_w ? e.dnnl().cached_weights(k, src, wbytes, weights_serial != 0) : nullptr;
+      const dnnl::memory* hit = dense_w ? e.dnnl().cached_weights(k, src, wbytes, weights_serial) : nullptr;
       if (hit) {
         wmem = *hit;
       } else {
         wmem = dnnl::memory(c.pd.weights_desc(), eng);
         dnnl::reorder(c.w_user, wmem).execute(stream, c.w_user, wmem);
-        if (dense_w) e.dnnl().remember_weights(k, src, wbytes, wmem);
+        if (dense_w) e.dnnl().remember_weights(k, src, wbytes, wmem, weights_serial);
       }
     }
     if (runner) {

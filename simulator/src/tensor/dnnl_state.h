@@ -42,18 +42,20 @@ struct DnnlState {
     dnnl::memory memory;
     std::size_t memory_bytes = 0;  // memory's size
     std::uint64_t used = 0;        // `lookups` when last served or stored
+    std::uint64_t serial = 0;      // the floats' serial it was reordered from, if any
   };
   // `key` names the weights' address and layouts; `bytes` is the weights'
   // dense span. Returns the cached memory or null.
-  // `unchanged`: the caller knows `bytes` hold what they held when last
-  // looked up under `key` (weights it keeps itself), so they are not
-  // compared again.
+  // `serial`: nonzero, the weights are floats the caller keeps, named by
+  // that serial (PackedCache::find): the entry serves if it was reordered
+  // from the floats of the same serial, without comparing bytes, and never
+  // otherwise, whatever the floats' address. Zero: their bytes are compared.
   const dnnl::memory* cached_weights(const std::string& key, const std::byte* bytes, std::size_t size,
-                                     bool unchanged = false) {
+                                     std::uint64_t serial = 0) {
     ++lookups;
     auto it = weights.find(key);
     if (it == weights.end() || it->second.kept.source.size() != size ||
-        (!unchanged && !it->second.kept.holds(dram_writes, bytes, size)))
+        (serial ? it->second.serial != serial : !it->second.kept.holds(dram_writes, bytes, size)))
       return nullptr;
     it->second.used = lookups;
     return &it->second.memory;
@@ -64,7 +66,9 @@ struct DnnlState {
   // weights freed). Otherwise the first ones a model runs stay, where
   // emptying the cache would make a model larger than it miss on every
   // layer of every run.
-  void remember_weights(const std::string& key, const std::byte* bytes, std::size_t size, dnnl::memory m) {
+  // `serial`: as cached_weights'.
+  void remember_weights(const std::string& key, const std::byte* bytes, std::size_t size, dnnl::memory m,
+                        std::uint64_t serial = 0) {
     const std::size_t reordered = m.get_desc().get_size();
     const auto fits = [&] {
       const auto it = weights.find(key);
@@ -81,8 +85,8 @@ struct DnnlState {
           ++it;
         }
       if (!fits()) {
-        // Not kept: nor may an entry kept from other bytes under this key
-        // stay, for a lookup that does not compare them (`unchanged`).
+        // Not kept: nor may an entry kept from other bytes stay under
+        // this key.
         if (const auto it = weights.find(key); it != weights.end()) {
           cached_bytes -= it->second.kept.source.size() + it->second.memory_bytes;
           weights.erase(it);
@@ -94,6 +98,7 @@ struct DnnlState {
     cached_bytes = cached_bytes - (e.kept.source.size() + e.memory_bytes) + size + reordered;
     e.memory_bytes = reordered;
     e.used = lookups;
+    e.serial = serial;
     e.kept.keep(dram_writes, bytes, size);
     e.memory = std::move(m);
   }

@@ -39,8 +39,8 @@ class PackedCache {
   // null where there are none or the bytes differ. `serial`, if given, is
   // set to the entry's serial: a number no other entry of any cache has had
   // or will have, so that what is kept of the floats elsewhere (oneDNN's
-  // reordered copy of them) can be named by it rather than by their
-  // address, which a later entry may reuse.
+  // reordered copy of them) can tell them from later floats at the same
+  // address.
   const float* find(const Key& key, const std::byte* src, std::size_t bytes, std::uint64_t* serial = nullptr) {
     for (const auto& e : entries_)
       if (e->key == key) {
