@@ -1323,20 +1323,20 @@ def py_keyword(f):
         conv = f"uints<{arr[1]}>({name}, \"{name}\")"
         if none:
             conv = f"{name}.is_none() ? o.{x['none_is']} : {conv}"
-        pydef = None if x.get("required") else "none" if none else default
+        pydef = None if x.get("required") else "py::none()" if none else default
         stub = "_Ints" + ("" if x.get("required") else " = None" if none else f" = {default}")
         return f"const py::object& {name}", conv, pydef, ("Optional[_Ints]" + stub[5:]) if none else stub
     if arr:  # floats
         if arr[2]:
-            return f"std::optional<std::array<float, {arr[1]}>> {name}", name, "none", \
+            return f"std::optional<std::array<float, {arr[1]}>> {name}", name, "py::none()", \
                 "Optional[Sequence[float]] = None"
         values = ", ".join([default] * arr[1])
         return f"const std::array<float, {arr[1]}>& {name}", name, f"std::array<float, {arr[1]}>{{{values}}}", \
             f"Sequence[float] = ({values})"
     if typ == "tensor?":
-        return f"Opt {name}", f"opt({name})", "none", "Optional[Tensor] = None"
+        return f"Opt {name}", f"opt({name})", "py::none()", "Optional[Tensor] = None"
     if typ == "activation":
-        return f"const py::object& {name}", f"to_activation({name})", "none", "_Act = None"
+        return f"const py::object& {name}", f"to_activation({name})", "py::none()", "_Act = None"
     if typ == "bool":
         return f"bool {name}", name, default, f"bool = {default.capitalize()}"
     if typ == "u32":
@@ -1379,8 +1379,7 @@ def py_builders():
             for f in option_fields(b, "keywords"):
                 param, _, pydef, _ = py_keyword(f)
                 params.append(param)
-                kw.append(f"py::arg(\"{f[0]}\")" + (f" = {'py::none()' if pydef == 'none' else pydef}"
-                                                    if pydef is not None else ""))
+                kw.append(f"py::arg(\"{f[0]}\")" + (f" = {pydef}" if pydef is not None else ""))
                 if f[1] == "tensor?":
                     keep.append(f[0])
             body = f"      ops::{b['options']} o;\n"

@@ -104,8 +104,8 @@ struct OpReader {
     if (!v.is_boolean()) fail(std::string("attribute '") + key + "' is not a boolean");
     return v.get<bool>();
   }
-  float real(const char* key) const {
-    const json& v = get(key);
+  float real(const char* key) const { return real(get(key), key); }
+  float real(const json& v, const char* key) const {
     if (!v.is_number()) fail(std::string("attribute '") + key + "' is not a number");
     const double d = v.get<double>();
     if (std::isfinite(d) && std::abs(d) > std::numeric_limits<float>::max())
@@ -136,13 +136,7 @@ struct OpReader {
     if (!v.is_array() || v.size() != N)
       fail(std::string("attribute '") + key + "' is not " + std::to_string(N) + " numbers");
     std::array<float, N> out{};
-    for (std::size_t i = 0; i < N; ++i) {
-      if (!v[i].is_number()) fail(std::string("attribute '") + key + "' is not " + std::to_string(N) + " numbers");
-      const double d = v[i].get<double>();
-      if (std::isfinite(d) && std::abs(d) > std::numeric_limits<float>::max())
-        fail(std::string("attribute '") + key + "' holds a value beyond the range of a float");
-      out[i] = static_cast<float>(d);
-    }
+    for (std::size_t i = 0; i < N; ++i) out[i] = real(v[i], key);
     return out;
   }
   // A list of at most kMaxRank indices (a permutation).
