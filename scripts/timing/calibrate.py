@@ -7,7 +7,9 @@
 
 Exports ResNet-50 and YOLOv5s (scripts/timing/models.py) at batch 1 and 4,
 compiles each precision the references name with the build's `tpuhal
-compile` (int8 calibrated on 2 fixed random images), and asks `tpuhal
+compile` (int8 calibrated on 2 fixed random images; where SOPHGO's own
+script keeps layers of its int8 model in fp16, FP_FORWARD, the same layers
+with --keep-fp16), and asks `tpuhal
 profile --modelled --json` for the timing model's time of one run: nothing
 runs, so this takes seconds a model once compiled. Prints each reference
 beside the modelled time per image and the error; --check exits 1 when one
@@ -68,6 +70,16 @@ HELD_OUT = [
     ("yolo11s", "int8", 1, 3.39),
     ("yolo11s", "int8", 4, 3.07),
 ]
+# SOPHGO's int8 YOLOX-s runs its stem, dark2 and head in fp16
+# (sample/YOLOX/scripts/gen_int8bmodel_mlir.sh: fp_forward.py with
+# --fpfwd_inputs dark2.1/conv3 and --fpfwd_outputs the three head stems,
+# which puts in float each named layer, every layer before the first and
+# every layer after the others, in F16 on a BM1684X), so its reference is
+# compiled the same way here: (layers and everything before them, layers
+# and everything after them), by ONNX node name in models.py's export.
+FP_FORWARD = {
+    "yoloxs": (["/d2/d2.1/cv3/conv/Conv"], ["/stems.0/conv/Conv", "/stems.1/conv/Conv", "/stems.2/conv/Conv"]),
+}
 HELD_OUT_TOLERANCE = 0.25
 SIZES = {"resnet50": 224, "yolov5s": 640, "yolov8s": 640, "yoloxs": 640, "yolo11s": 640}
 TOLERANCE = 0.20
@@ -78,6 +90,37 @@ def run(cmd, env=None):
     if r.returncode != 0:
         sys.exit(f"calibrate.py: {' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
     return r.stdout
+
+
+def fp_forward(onnx_path, inputs, outputs):
+    """The convolutions fp_forward.py would put in float: each of `inputs`
+    and every node it depends on, each of `outputs` and every node that
+    depends on it."""
+    import onnx
+
+    nodes = onnx.load(onnx_path, load_external_data=False).graph.node
+    producer = {o: n for n in nodes for o in n.output}
+    consumers = {}
+    for n in nodes:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    by_name = {n.name: n for n in nodes}
+    missing = [name for name in inputs + outputs if name not in by_name]
+    if missing:
+        sys.exit(f"calibrate.py: {onnx_path} has no node {', '.join(missing)}")
+    marked = set()
+
+    def walk(start, step):
+        todo = [by_name[name] for name in start]
+        while todo:
+            n = todo.pop()
+            if n.name not in marked:
+                marked.add(n.name)
+                todo.extend(step(n))
+
+    walk(inputs, lambda n: [producer[i] for i in n.input if i in producer])
+    walk(outputs, lambda n: [c for o in n.output for c in consumers.get(o, [])])
+    return [n.name for n in nodes if n.op_type == "Conv" and n.name in marked]
 
 
 def compiled(tpuhal, work, model, precision, batch):
@@ -97,6 +140,9 @@ def compiled(tpuhal, work, model, precision, batch):
         rng = np.random.default_rng(0)
         np.save(npy, rng.random((2 * batch, 3, size, size), dtype=np.float32))
         cmd += ["--calibration", npy]
+        if model in FP_FORWARD:
+            for name in fp_forward(onnx, *FP_FORWARD[model]):
+                cmd += ["--keep-fp16", name]
     run(cmd)
     return tpm
 
