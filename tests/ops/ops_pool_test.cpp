@@ -16,25 +16,46 @@ TEST_P(Ops, MaxPoolIsExactForEveryDtype) {
     }
 }
 
-// NHWC byte pooling steps over all the channels of a pixel at once (int8
-// models' max pools): channel counts past a vector's width, padding on
-// both sides, windows that overlap.
+// NHWC byte pooling (int8 models' max pools) reduces a window's input rows
+// to one, over whole rows of pixels, then steps each tap over all the
+// channels of a pixel at once: channel counts below and past a vector's
+// width, padding on either side, windows that overlap, strides and
+// dilations that make a tap skip the first or last rows and columns,
+// ceil_mode's extra window, windows of one row.
 TEST_P(Ops, MaxPoolOfBytesNhwcIsExactAcrossManyChannels) {
+  struct Geometry {
+    std::array<std::uint32_t, 2> kernel, strides, dilations;
+    std::array<std::uint32_t, 4> pads;
+    bool ceil = false;
+  };
+  const Geometry geometries[] = {
+      {{3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}},  // ResNet's and ShuffleNet's stem pool
+      {{3, 2}, {2, 1}, {1, 1}, {1, 0, 1, 1}},
+      {{3, 3}, {1, 3}, {2, 2}, {2, 2, 0, 1}},        // dilated: taps skip rows and columns at both ends
+      {{2, 3}, {3, 2}, {1, 1}, {0, 1, 1, 2}, true},  // ceil_mode
+      {{1, 3}, {1, 1}, {1, 1}, {0, 1, 0, 1}},        // one row a window
+      {{5, 5}, {1, 1}, {1, 1}, {2, 2, 2, 2}},
+  };
   for (DType dt : {DType::U8, DType::I8})
-    for (const std::int64_t ch : {std::int64_t{67}, std::int64_t{256}}) {
-      PoolCase c;
-      c.o.layout = Layout::NHWC;
-      c.o.kernel = {3, 3};
-      c.o.strides = {2, 2};
-      c.o.pads = {1, 1, 1, 1};
-      c.xs = {2, 9, 8, ch};
-      c.ys = {2, window_out(9, 3, 2, 1, 1, 1, false), window_out(8, 3, 2, 1, 1, 1, false), ch};
-      const Host x = rand_int(rng_, dt, c.xs);
-      const Tensor y = lab().output(dt, c.ys);
-      const Host got = lab().run(ops::max_pool2d(lab().upload(x), y, c.o), y);
-      expect_exact("max_pool2d " + std::string(to_string(dt)) + " x " + dims(c.xs) + " " + pool_text(c.o), got,
-                   ref_pool(x, c.o, true, c.ys).v);
-    }
+    for (const Geometry& gm : geometries)
+      for (const std::int64_t ch : {std::int64_t{24}, std::int64_t{67}, std::int64_t{256}}) {
+        PoolCase c;
+        c.o.layout = Layout::NHWC;
+        c.o.kernel = gm.kernel;
+        c.o.strides = gm.strides;
+        c.o.dilations = gm.dilations;
+        c.o.pads = gm.pads;
+        c.o.ceil_mode = gm.ceil;
+        const std::int64_t h = 9, w = 8;
+        c.xs = {2, h, w, ch};
+        c.ys = {2, window_out(h, gm.kernel[0], gm.strides[0], gm.dilations[0], gm.pads[0], gm.pads[2], gm.ceil),
+                window_out(w, gm.kernel[1], gm.strides[1], gm.dilations[1], gm.pads[1], gm.pads[3], gm.ceil), ch};
+        const Host x = rand_int(rng_, dt, c.xs);
+        const Tensor y = lab().output(dt, c.ys);
+        const Host got = lab().run(ops::max_pool2d(lab().upload(x), y, c.o), y);
+        expect_exact("max_pool2d " + std::string(to_string(dt)) + " x " + dims(c.xs) + " " + pool_text(c.o), got,
+                     ref_pool(x, c.o, true, c.ys).v);
+      }
 }
 
 TEST_P(Ops, AvgPoolDividesAsDocumented) {
