@@ -108,27 +108,30 @@ def fp_forward(onnx_path, inputs, outputs):
     missing = [name for name in inputs + outputs if name not in by_name]
     if missing:
         sys.exit(f"calibrate.py: {onnx_path} has no node {', '.join(missing)}")
-    marked = set()
-
     def walk(start, step):
-        todo = [by_name[name] for name in start]
+        seen, todo = set(), [by_name[name] for name in start]
         while todo:
             n = todo.pop()
-            if n.name not in marked:
-                marked.add(n.name)
+            if n.name not in seen:
+                seen.add(n.name)
                 todo.extend(step(n))
+        return seen
 
-    walk(inputs, lambda n: [producer[i] for i in n.input if i in producer])
-    walk(outputs, lambda n: [c for o in n.output for c in consumers.get(o, [])])
+    marked = walk(inputs, lambda n: [producer[i] for i in n.input if i in producer]) | walk(
+        outputs, lambda n: [c for o in n.output for c in consumers.get(o, [])])
     return [n.name for n in nodes if n.op_type == "Conv" and n.name in marked]
 
 
 def compiled(tpuhal, work, model, precision, batch):
-    """The .tpm for (model, precision, batch), compiling it if needed."""
+    """The .tpm for (model, precision, batch), compiling it if needed: an
+    export older than models.py, or a program older than its export, is
+    made again."""
     onnx = os.path.join(work, f"{model}_b{batch}.onnx")
-    if not os.path.exists(onnx):
-        run([sys.executable, os.path.join(HERE, "models.py"), work, "--models", model, "--batch", str(batch)])
-    tpm = os.path.join(work, f"{model}_b{batch}_{precision}.tpm")
+    script = os.path.join(HERE, "models.py")
+    if not os.path.exists(onnx) or os.path.getmtime(onnx) < os.path.getmtime(script):
+        run([sys.executable, script, work, "--models", model, "--batch", str(batch)])
+    mixed = precision == "int8" and model in FP_FORWARD
+    tpm = os.path.join(work, f"{model}_b{batch}_{precision}{'_fp_forward' if mixed else ''}.tpm")
     if os.path.exists(tpm) and os.path.getmtime(tpm) > os.path.getmtime(onnx):
         return tpm
     cmd = [tpuhal, "compile", onnx, "-o", tpm, "--precision", precision, "--device", "sim:bm1684x"]
@@ -140,7 +143,7 @@ def compiled(tpuhal, work, model, precision, batch):
         rng = np.random.default_rng(0)
         np.save(npy, rng.random((2 * batch, 3, size, size), dtype=np.float32))
         cmd += ["--calibration", npy]
-        if model in FP_FORWARD:
+        if mixed:
             for name in fp_forward(onnx, *FP_FORWARD[model]):
                 cmd += ["--keep-fp16", name]
     run(cmd)

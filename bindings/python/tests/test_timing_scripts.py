@@ -84,6 +84,8 @@ def test_fp_forward_takes_each_named_layer_with_all_before_or_all_after_it(tmp_p
     assert calibrate.fp_forward(path, [], ["/E"]) == ["/E", "/F"]
     assert calibrate.fp_forward(path, [], ["/B"]) == ["/B", "/C", "/D", "/E", "/F"]
     assert calibrate.fp_forward(path, ["/A"], ["/D"]) == ["/A", "/D"]
+    # The two walks are apart: what one took does not stop the other.
+    assert calibrate.fp_forward(path, ["/C"], ["/A"]) == ["/A", "/B", "/C", "/D", "/E", "/F"]
 
 
 def test_fp_forward_refuses_a_layer_the_graph_lacks(tmp_path):

@@ -110,7 +110,7 @@ fw::Problem run_pool2d(TensorEngine& e, const fw::PoolAttrs& at, const View* v) 
           return xp + (ni * static_cast<std::uint64_t>(h) + static_cast<std::uint64_t>(h0 + a * dh)) * row_bytes;
         };
         const std::uint8_t* in = input_row(a0);
-        if (a1 - a0 > 1) {
+        if (a1 - a0 > 1 && row_bytes > 0) {  // (no channels: nothing to reduce, nor any buffer)
           std::memcpy(rows_max.data(), in, row_bytes);
           for (std::int64_t a = a0 + 1; a < a1; ++a)
             simd::max_8(rows_max.data(), input_row(a), row_bytes, 1, 0, is_signed);
