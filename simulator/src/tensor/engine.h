@@ -259,7 +259,8 @@ View widened(TensorEngine& e, const View& v, Staged slot, float* into = nullptr)
 // widened() for an operand a model runs with again and again (weights): the
 // floats are kept in the engine's packed cache while v holds the same
 // bytes, so that they are widened once per model rather than once per run,
-// and stay at one address (oneDNN's reordered weights are kept by address).
+// and stay at one address (oneDNN's reordered weights are kept under their
+// address and told from later floats there by the entry's serial).
 // Falls back to widened() into `slot` where v has gaps or the cache is full.
 // `serial`, if given, is set to the cache entry's serial (PackedCache::find),
 // or 0 where the floats are not kept: the same serial, the same floats.
