@@ -1,5 +1,7 @@
 // The elementwise ops: binary and unary maps, activations, casts between
 // every pair of dtypes, transposes.
+#include <array>
+
 #include "ops_reference.hpp"
 
 namespace tpuhal::ops_test {
@@ -310,6 +312,29 @@ TEST_P(Ops, CastOfATransposedViewBetweenF32AndHalfFloats) {
       std::vector<double> want;
       for (double v : permuted(x, perm).v) want.push_back(cast_ref(v, from, to));
       expect_exact(std::string("cast of a transposed view ") + to_string(from) + " -> " + to_string(to), got, want);
+    }
+}
+
+// A copy into a part of each row (a Concat's input into its channels of
+// the output): rows of 1 to 65 elements of 1, 2 and 4 bytes, those of up
+// to 256 bytes in whole-vector moves; what else each row held stays.
+TEST_P(Ops, CopyIntoAPartOfEachRowIsExactAndLeavesTheRestOfTheRow) {
+  const std::int64_t rows = 37;
+  for (DType dt : {DType::U8, DType::F16, DType::F32})
+    for (std::int64_t c : {1, 2, 3, 5, 7, 8, 12, 15, 16, 17, 24, 31, 33, 48, 64, 65}) {
+      const std::int64_t width = 2 * c + 3, at = c + 1;  // a row: c + 1 others, the part, 2 others
+      const Host x = is_float(dt) ? rand(dt, {rows, c}, -100, 100) : rand_int(rng_, dt, {rows, c});
+      const Tensor whole = lab().output(dt, {rows, width});
+      const Tensor part(whole.buffer(), dt, {rows, c}, {width, 1}, static_cast<std::uint64_t>(at) * size_of(dt));
+      const Host got = lab().run(ops::cast(lab().upload(x), part), whole);
+      const std::array<std::uint8_t, 4> fill{0xA5, 0xA5, 0xA5, 0xA5};  // what output() fills with
+      const double held = load(dt, reinterpret_cast<const std::byte*>(fill.data()));
+      std::vector<double> want(static_cast<std::size_t>(rows * width), held);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t i = 0; i < c; ++i)
+          want[static_cast<std::size_t>(r * width + at + i)] = x.v[static_cast<std::size_t>(r * c + i)];
+      expect_exact("copy of [37, " + std::to_string(c) + "] " + std::string(to_string(dt)) + " into a part of each row",
+                   got, want);
     }
 }
 

@@ -740,8 +740,9 @@ TEST(TensorIsa, ATableLookupGivesEachBytesEntryAtEveryLevelAndEveryLength) {
 // channel shuffle's groups into each pixel's channels):
 // out[p * out_step + i * lines + j] = in[p * in_step + i + j * stride] at
 // every level, for 2, 3 and 4 lines (the shuffles) and 5 (the plain loop),
-// one plane or several, lengths that leave every vector tail, and nothing
-// written between the planes or past the last.
+// one plane or several, lengths that leave every vector tail, planes apart
+// in out or each right after the last, and nothing written between the
+// planes or past the last.
 TEST(TensorIsa, ByteInterleavingGivesEachPlanesBytesInPixelOrderAtEveryLevel) {
   std::mt19937 rng(31);
   for (Isa isa : levels_here()) {
@@ -750,18 +751,21 @@ TEST(TensorIsa, ByteInterleavingGivesEachPlanesBytesInPixelOrderAtEveryLevel) {
     for (const std::size_t lines : {std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{5}})
       for (const std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{24}, std::size_t{31},
                                   std::size_t{64}, std::size_t{100}, std::size_t{341}})
-        for (const std::size_t planes : {std::size_t{1}, std::size_t{5}}) {
-          const std::size_t stride = n + 9, in_step = lines * stride + 3, out_step = lines * n + 2;
-          std::vector<std::uint8_t> in(planes * in_step), out(planes * out_step + 7, 0xa5);
-          for (auto& b : in) b = static_cast<std::uint8_t>(rng());
-          k.interleave_8(out.data(), in.data(), stride, n, lines, planes, out_step, in_step);
-          std::vector<std::uint8_t> want(out.size(), 0xa5);
-          for (std::size_t p = 0; p < planes; ++p)
-            for (std::size_t i = 0; i < n; ++i)
-              for (std::size_t j = 0; j < lines; ++j)
-                want[p * out_step + i * lines + j] = in[p * in_step + i + j * stride];
-          ASSERT_EQ(out, want) << lines << " lines of " << n << ", " << planes << " planes";
-        }
+        for (const std::size_t planes : {std::size_t{1}, std::size_t{5}, std::size_t{6}})
+          for (const std::size_t gap : {std::size_t{0}, std::size_t{2}}) {
+            const std::size_t stride = n + 9, in_step = lines * stride + 3, out_step = lines * n + gap;
+            // in ends at the view's last byte: a read past it is one past the vector.
+            std::vector<std::uint8_t> in((planes - 1) * in_step + (lines - 1) * stride + n);
+            std::vector<std::uint8_t> out(planes * out_step + 7, 0xa5);
+            for (auto& b : in) b = static_cast<std::uint8_t>(rng());
+            k.interleave_8(out.data(), in.data(), stride, n, lines, planes, out_step, in_step);
+            std::vector<std::uint8_t> want(out.size(), 0xa5);
+            for (std::size_t p = 0; p < planes; ++p)
+              for (std::size_t i = 0; i < n; ++i)
+                for (std::size_t j = 0; j < lines; ++j)
+                  want[p * out_step + i * lines + j] = in[p * in_step + i + j * stride];
+            ASSERT_EQ(out, want) << lines << " lines of " << n << ", " << planes << " planes " << gap << " apart";
+          }
   }
 }
 

@@ -397,6 +397,40 @@ void transpose_tiles(std::byte* y, std::uint64_t syr, const std::byte* a, std::u
         strided_copy(y + (p * py + i * syr) * es, 1, a + (p * pa + i) * es, sa, nj, es);
 }
 
+// Rows up to this many bytes are copied by copy_short.
+constexpr std::uint64_t kShortRow = 256;
+
+// n bytes (at most kShortRow) from s to d, which do not overlap, in
+// 16-byte moves, the last one ending at n (it may write again what the
+// one before it wrote); under 16 bytes, in 8-, 4- and 1-byte moves alike.
+inline void copy_short(std::byte* d, const std::byte* s, std::uint64_t n) {
+  if (n >= 16) {
+    for (std::uint64_t i = 0; i + 16 < n; i += 16) std::memcpy(d + i, s + i, 16);
+    std::memcpy(d + n - 16, s + n - 16, 16);
+  } else if (n >= 8) {
+    std::memcpy(d, s, 8);
+    std::memcpy(d + n - 8, s + n - 8, 8);
+  } else if (n >= 4) {
+    std::memcpy(d, s, 4);
+    std::memcpy(d + n - 4, s + n - 4, 4);
+  } else {
+    for (std::uint64_t i = 0; i < n; ++i) d[i] = s[i];
+  }
+}
+
+// Whether the bytes two views span (first element to last) are disjoint.
+bool apart(const View& y, const View& a) {
+  if (y.elements() == 0 || a.elements() == 0) return true;
+  auto span = [](const View& v) {
+    std::uint64_t last = 0;
+    for (std::uint32_t d = 0; d < v.rank; ++d) last += (v.shape[d] - 1) * v.strides[d];
+    return std::pair{v.data, v.data + (last + 1) * v.esize};
+  };
+  const auto [y0, y1] = span(y);
+  const auto [a0, a1] = span(a);
+  return y1 <= a0 || a1 <= y0;
+}
+
 // A copy between views of one dtype (a strided copy such as a Concat's
 // slice, or a transpose): rows of the merged dims, each a memcpy where both
 // are dense along it, else element by element; a transpose of the last two
@@ -435,6 +469,18 @@ void same_type_copy(TensorEngine& e, const View& a, const View& y) {
           }
         },
         std::max<std::uint64_t>(1, kGrain / (std::min(inner, tile_i) * std::max<std::uint64_t>(1, len))));
+    return;
+  }
+  if (r.rank == 2 && sy == 1 && sa == 1 && len * es <= kShortRow && apart(y, a)) {
+    // Short rows evenly apart (a Concat's part of a few dozen channels a
+    // pixel): each in a few whole-vector moves, not a call.
+    const std::uint64_t py = r.strides[0][0] * es, pa = r.strides[1][0] * es, bytes = len * es;
+    e.pool().parallel_for(
+        rows,
+        [&](std::uint64_t begin, std::uint64_t end) {
+          for (std::uint64_t k = begin; k < end; ++k) copy_short(y.data + k * py, a.data + k * pa, bytes);
+        },
+        std::max<std::uint64_t>(1, kGrain / std::max<std::uint64_t>(1, len)));
     return;
   }
   e.pool().parallel_for(

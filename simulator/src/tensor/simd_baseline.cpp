@@ -3,6 +3,10 @@
 // `generic` (on arm64 the baseline includes Advanced SIMD, which the
 // compiler uses, so `neon` runs these too). The code is written once, in
 // simd_kernels.inc. Also the scalar exp_f32.
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <cstring>
 
 #include "simd.h"

@@ -1,5 +1,9 @@
 // The tensor engine's innermost loops (simd.h) for SSE4.1: the code is
 // written once, in simd_kernels.inc.
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <cstring>
 
 #include "simd.h"
