@@ -211,8 +211,10 @@ TEST(TensorIsa, FloatProductsAreOneMultiplyAddChainPerElementAtEveryLevel) {
   TensorEngine e(3, isa_detected());
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-  const std::uint64_t shapes[][3] = {{1, 1000, 600}, {2, 257, 300}, {4, 130, 77}, {1, 5, 1},
-                                     {5, 130, 513},  {40, 70, 300}, {130, 33, 40}};
+  // {1, 5003, 20} and {2, 1500, 33}: a thread's columns past what one pass
+  // over B's rows in order takes, and not whole vectors.
+  const std::uint64_t shapes[][3] = {{1, 1000, 600}, {2, 257, 300}, {4, 130, 77},  {1, 5, 1},    {5, 130, 513},
+                                     {40, 70, 300},  {130, 33, 40}, {1, 5003, 20}, {2, 1500, 33}};
   for (Isa isa : levels_here()) {
     const fgemm::Kernels& k = fgemm::kernels(isa);
     for (const auto& sh : shapes)
