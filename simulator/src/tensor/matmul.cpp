@@ -207,17 +207,21 @@ fw::Problem run_matmul(TensorEngine& e, const fw::MatMulAttrs& at, const View* v
   const auto act = static_cast<fw::Activation>(at.activation);
   const View* views[2] = {&y, &c};
   const View* y_only[1] = {&y};
+  // alpha * product + beta * C in acc, the activation over the span (the
+  // same bits as activate() element by element, in whole vectors), then y.
   e.pool().parallel_for(y.elements(), [&](std::uint64_t begin, std::uint64_t end) {
     std::uint64_t i = begin;
-    auto finish = [&](std::uint64_t yoff, float cval) {
-      float vv = at.alpha * acc[i++] + at.beta * cval;
-      store_float(y.at(yoff), y.dtype, activate(act, at.act_alpha, at.act_beta, vv));
-    };
     if (c.present())
-      for_each_index(y.shape, y.rank, views, begin, end,
-                     [&](const std::uint64_t* off) { finish(off[0], load_float(c.at(off[1]), c.dtype)); });
+      for_each_index(y.shape, y.rank, views, begin, end, [&](const std::uint64_t* off) {
+        acc[i] = at.alpha * acc[i] + at.beta * load_float(c.at(off[1]), c.dtype);
+        ++i;
+      });
     else
-      for_each_index(y.shape, y.rank, y_only, begin, end, [&](const std::uint64_t* off) { finish(off[0], 0.0f); });
+      for (; i < end; ++i) acc[i] = at.alpha * acc[i] + at.beta * 0.0f;
+    activate_span(act, at.act_alpha, at.act_beta, acc.data() + begin, end - begin);
+    i = begin;
+    for_each_index(y.shape, y.rank, y_only, begin, end,
+                   [&](const std::uint64_t* off) { store_float(y.at(off[0]), y.dtype, acc[i++]); });
   });
   return {};
 }
