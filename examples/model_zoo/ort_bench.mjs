@@ -18,8 +18,8 @@
 // profile (a Chrome trace) of the IEEE session and names it in the JSON.
 
 import { createRequire } from "node:module";
-import { readFileSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { basename, dirname, join, resolve } from "node:path";
 import { performance } from "node:perf_hooks";
 
 function parse(argv) {
@@ -80,7 +80,26 @@ async function timed(ort, args, flush, profile) {
   let file = null;
   if (profile) file = session.endProfiling();
   await session.release();
+  // onnxruntime-node's endProfiling() returns nothing (1.31): the file is
+  // the newest PREFIX_<date>.json beside the prefix.
+  if (profile && typeof file !== "string") file = newestProfile(profile);
   return { rate: (runs * args.shape[0] * 1000) / elapsed, file };
+}
+
+function newestProfile(prefix) {
+  const dir = dirname(resolve(prefix));
+  const start = `${basename(prefix)}_`;
+  let best = null;
+  let bestTime = -1;
+  for (const name of readdirSync(dir)) {
+    if (!name.startsWith(start) || !name.endsWith(".json")) continue;
+    const time = statSync(join(dir, name)).mtimeMs;
+    if (time > bestTime) {
+      best = join(dir, name);
+      bestTime = time;
+    }
+  }
+  return best;
 }
 
 // One line on stderr for any failure (a model ONNX Runtime refuses, a bad
