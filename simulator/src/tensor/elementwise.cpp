@@ -473,7 +473,9 @@ void same_type_copy(TensorEngine& e, const View& a, const View& y) {
   }
   if (r.rank == 2 && sy == 1 && sa == 1 && len * es <= kShortRow && apart(y, a)) {
     // Short rows evenly apart (a Concat's part of a few dozen channels a
-    // pixel): each in a few whole-vector moves, not a call.
+    // pixel): each in a few whole-vector moves, not a call, found by a
+    // multiplication rather than row_offsets' division (as a case of the
+    // loop below, ShuffleNet's int8 copies took 25 % longer).
     const std::uint64_t py = r.strides[0][0] * es, pa = r.strides[1][0] * es, bytes = len * es;
     e.pool().parallel_for(
         rows,
