@@ -582,6 +582,20 @@ TEST(TensorIsa, ExpIsWithinTwoUlpAndItsActivationsMatchTheScalarRule) {
       ASSERT_EQ(std::memcmp(&sig[i], &want_sig, 4), 0) << "sigmoid(" << xs[i] << ")";
       ASSERT_EQ(std::memcmp(&silu[i], &want_silu, 4), 0) << "silu(" << xs[i] << ")";
     }
+    // Every length to 131, past two steps of four AVX-512 vectors (the
+    // loops run several vectors a step, then the rest), from an odd start;
+    // nothing past the span is written.
+    for (std::size_t n = 0; n <= 131; ++n) {
+      std::vector<float> s2(xs.begin() + 1, xs.begin() + 1 + n + 1), l2(s2);
+      simd::kernels(isa).sigmoid_f32(s2.data(), n);
+      simd::kernels(isa).silu_f32(l2.data(), n);
+      for (std::size_t i = 0; i <= n; ++i) {
+        const float x = xs[1 + i], e = simd::exp_f32(-x);
+        const float want_sig = i < n ? 1.0f / (1.0f + e) : x, want_silu = i < n ? x / (1.0f + e) : x;
+        ASSERT_EQ(std::memcmp(&s2[i], &want_sig, 4), 0) << "sigmoid, length " << n << ", element " << i;
+        ASSERT_EQ(std::memcmp(&l2[i], &want_silu, 4), 0) << "silu, length " << n << ", element " << i;
+      }
+    }
   }
 }
 

@@ -32,6 +32,7 @@ void dot_rows_madd(std::int32_t* out, const std::int16_t* x, const std::int8_t* 
   }
 }
 #define TPUHAL_SIMD_DOT_ROWS_I8 dot_rows_madd
+#define TPUHAL_SIMD_EXP_CHAINS 2
 
 #include "simd_kernels.inc"
 
