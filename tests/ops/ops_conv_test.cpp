@@ -306,17 +306,10 @@ TEST_P(Ops, Conv2dAccumulatesIntoWhatYHolds) {
 // not compared again; weights the host can write by itself (host-visible
 // device memory, pinned host memory) are compared on every run.
 TEST_P(Ops, Conv2dTakesWeightsRewrittenInPlace) {
-  enum class Rewrite { kCopy, kOp, kHostVisible, kHostPinned };
-  const auto& caps = dev().properties().caps;
-  for (Rewrite how : {Rewrite::kCopy, Rewrite::kOp, Rewrite::kHostVisible, Rewrite::kHostPinned}) {
-    if (how == Rewrite::kHostVisible && !caps.host_visible_device_memory) continue;
-    const Memory memory = how == Rewrite::kHostVisible  ? Memory::DeviceHostVisible
-                          : how == Rewrite::kHostPinned ? Memory::HostPinned
-                                                        : Memory::Device;
-    const char* by = how == Rewrite::kCopy          ? "a copy"
-                     : how == Rewrite::kOp          ? "an op"
-                     : how == Rewrite::kHostVisible ? "the host, in host-visible device memory"
-                                                    : "the host, in pinned host memory";
+  for (Lab::Rewrite how : Lab::kRewrites) {
+    const std::optional<Memory> memory = lab().rewrite_memory(how);
+    if (!memory) continue;
+    const char* by = Lab::rewritten_by(how);
     for (Layout layout : {Layout::NCHW, Layout::NHWC})
       for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
         ConvGeom g;
@@ -324,19 +317,11 @@ TEST_P(Ops, Conv2dTakesWeightsRewrittenInPlace) {
         g.pads = {1, 1, 1, 1};
         const Host x = rand(dt, img_shape(layout, 1, 8, 6, 6));
         const Host w1 = rand(dt, {16, 8, 3, 3}), w2 = rand(dt, {16, 8, 3, 3});
-        const Tensor xt = lab().upload(x), w = lab().upload(w1, memory);
+        const Tensor xt = lab().upload(x), w = lab().upload(w1, *memory);
         const Shape ys = conv_out_shape(x, w1.shape, g);
         int run = 0;
         for (const Host* now : {&w1, &w1, &w2, &w2, &w1}) {
-          if (how == Rewrite::kHostVisible || how == Rewrite::kHostPinned) {
-            auto m = w.buffer().map();
-            for (std::size_t i = 0; i < now->size(); ++i) store(dt, now->v[i], m.data() + i * size_of(dt));
-          } else if (how == Rewrite::kCopy) {
-            lab().q.copy(lab().upload(*now).buffer(), w.buffer()).submit().wait();
-          } else {
-            const Tensor fresh = lab().upload(*now);
-            lab().run(ops::max(fresh, fresh, w));
-          }
+          lab().rewrite(how, w, *now);
           const Tensor y = lab().output(dt, ys);
           expect("conv2d " + std::string(to_string(dt)) + " " + g.text() + ", weights rewritten by " + by + ", run " +
                      std::to_string(++run) + (now == &w1 ? " with the first weights" : " with the second weights"),

@@ -437,6 +437,38 @@ struct Lab {
     run(op);
     return download(y);
   }
+
+  // Weights rewritten in place between runs: by the board (a copy, an op:
+  // its DRAM write log sees them) or by the host where it can map them
+  // (host-visible device memory, pinned host memory), which the board
+  // cannot see.
+  enum class Rewrite { kCopy, kOp, kHostVisible, kHostPinned };
+  static constexpr std::array<Rewrite, 4> kRewrites{Rewrite::kCopy, Rewrite::kOp, Rewrite::kHostVisible,
+                                                    Rewrite::kHostPinned};
+  // Where weights rewritten `how` live; nullopt where this board has no such memory.
+  std::optional<Memory> rewrite_memory(Rewrite how) const {
+    if (how == Rewrite::kHostVisible)
+      return dev.properties().caps.host_visible_device_memory ? std::optional(Memory::DeviceHostVisible) : std::nullopt;
+    return how == Rewrite::kHostPinned ? Memory::HostPinned : Memory::Device;
+  }
+  static const char* rewritten_by(Rewrite how) {
+    return how == Rewrite::kCopy          ? "a copy"
+           : how == Rewrite::kOp          ? "an op"
+           : how == Rewrite::kHostVisible ? "the host, in host-visible device memory"
+                                          : "the host, in pinned host memory";
+  }
+  // w's elements (dense from its buffer's start) become `now`'s, `how`.
+  void rewrite(Rewrite how, const Tensor& w, const Host& now) {
+    if (how == Rewrite::kHostVisible || how == Rewrite::kHostPinned) {
+      auto m = w.buffer().map();
+      for (std::size_t i = 0; i < now.size(); ++i) store(now.dtype, now.v[i], m.data() + i * size_of(now.dtype));
+    } else if (how == Rewrite::kCopy) {
+      q.copy(upload(now).buffer(), 0, w.buffer(), 0, bytes_for(now.dtype, now.shape)).submit().wait();
+    } else {
+      const Tensor fresh = upload(now);
+      run(ops::max(fresh, fresh, w));
+    }
+  }
 };
 
 // ---- Comparing -------------------------------------------------------------------------

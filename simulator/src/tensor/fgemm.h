@@ -40,6 +40,7 @@ struct Matrix {
 struct Kernels {
   Isa isa;
   unsigned mr, nr;
+  unsigned row_cols;  // the columns `row` sums in registers at a time
   bool fma;
   // A rows [m0, m0 + mc), columns [k0, k0 + kc) (kc <= kMaxKc).
   void (*pack_a)(const Matrix& a, std::uint64_t m0, std::uint64_t mc, std::uint64_t k0, std::uint64_t kc, float* out);
