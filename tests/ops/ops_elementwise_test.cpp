@@ -363,17 +363,19 @@ TEST_P(Ops, TransposeBetweenNchwAndNhwcAcrossTilesIsExact) {
   // in square tiles: sizes past one tile and not a multiple of it, each
   // element type size, a batch of more than one. Lines of 2 to 4 elements
   // (an image's channels, a channel shuffle's groups: [P, G, C/G] to
-  // [P, C/G, G]) go in longer tiles, and many small planes in one call.
+  // [P, C/G, G]) go in longer tiles (8192 lines of up to 4 elements), and
+  // many small planes in one call.
   struct Case {
     Shape s;
     std::vector<std::size_t> perm;
   };
-  const Case cases[] = {
-      {{2, 67, 9, 35}, {0, 2, 3, 1}}, {{2, 9, 35, 67}, {0, 3, 1, 2}}, {{1, 33, 1, 1}, {0, 2, 3, 1}},
-      {{1, 256, 7, 7}, {0, 2, 3, 1}}, {{1, 7, 7, 256}, {0, 3, 1, 2}}, {{3, 40, 65}, {0, 2, 1}},
-      {{2, 3, 50, 37}, {0, 2, 3, 1}},  // an image's three channels
-      {{37, 2, 24}, {0, 2, 1}},       {{37, 3, 24}, {0, 2, 1}},       {{19, 4, 7}, {0, 2, 1}},
-      {{11, 5, 9}, {0, 2, 1}},        {{3, 2, 700}, {0, 2, 1}},       {{2, 4, 3, 1100}, {0, 1, 3, 2}}};
+  const Case cases[] = {{{2, 67, 9, 35}, {0, 2, 3, 1}}, {{2, 9, 35, 67}, {0, 3, 1, 2}}, {{1, 33, 1, 1}, {0, 2, 3, 1}},
+                        {{1, 256, 7, 7}, {0, 2, 3, 1}}, {{1, 7, 7, 256}, {0, 3, 1, 2}}, {{3, 40, 65}, {0, 2, 1}},
+                        {{2, 3, 50, 37}, {0, 2, 3, 1}},  // an image's three channels
+                        {{37, 2, 24}, {0, 2, 1}},       {{37, 3, 24}, {0, 2, 1}},       {{19, 4, 7}, {0, 2, 1}},
+                        {{11, 5, 9}, {0, 2, 1}},        {{3, 2, 700}, {0, 2, 1}},       {{2, 4, 3, 1100}, {0, 1, 3, 2}},
+                        {{2, 3, 97, 91}, {0, 2, 3, 1}},  // past a tile of 8192 pixels, with a part of one
+                        {{1, 4, 91, 97}, {0, 2, 3, 1}}};
   for (const Case& c : cases)
     for (DType dt : {DType::F32, DType::F16, DType::U8}) {
       const Host x = is_float(dt) ? rand(dt, c.s, -100, 100) : rand_int(rng_, dt, c.s);

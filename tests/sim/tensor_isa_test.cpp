@@ -759,29 +759,39 @@ TEST(TensorIsa, ATableLookupGivesEachBytesEntryAtEveryLevelAndEveryLength) {
 // one plane or several, lengths that leave every vector tail, planes apart
 // in out or each right after the last, and nothing written between the
 // planes or past the last.
-TEST(TensorIsa, ByteInterleavingGivesEachPlanesBytesInPixelOrderAtEveryLevel) {
+// Lines of T (bytes: interleave_8, 4-byte elements: interleave_32)
+// interleaved at every level: 2 to 5 lines, one plane and several, planes
+// written right after each other and apart; nothing else of out changes.
+template <class T, class Interleave>
+void check_interleaving(Interleave interleave, std::mt19937& rng) {
+  for (const std::size_t lines : {std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{5}})
+    for (const std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{24}, std::size_t{31},
+                                std::size_t{64}, std::size_t{100}, std::size_t{341}})
+      for (const std::size_t planes : {std::size_t{1}, std::size_t{5}, std::size_t{6}})
+        for (const std::size_t gap : {std::size_t{0}, std::size_t{2}}) {
+          const std::size_t stride = n + 9, in_step = lines * stride + 3, out_step = lines * n + gap;
+          // in ends at the view's last element: a read past it is one past the vector.
+          std::vector<T> in((planes - 1) * in_step + (lines - 1) * stride + n);
+          std::vector<T> out(planes * out_step + 7, static_cast<T>(0xa5a5a5a5u));
+          for (auto& b : in) b = static_cast<T>(rng());
+          interleave(out.data(), in.data(), stride, n, lines, planes, out_step, in_step);
+          std::vector<T> want(out.size(), static_cast<T>(0xa5a5a5a5u));
+          for (std::size_t p = 0; p < planes; ++p)
+            for (std::size_t i = 0; i < n; ++i)
+              for (std::size_t j = 0; j < lines; ++j)
+                want[p * out_step + i * lines + j] = in[p * in_step + i + j * stride];
+          ASSERT_EQ(out, want) << sizeof(T) << "-byte elements, " << lines << " lines of " << n << ", " << planes
+                               << " planes " << gap << " apart";
+        }
+}
+
+TEST(TensorIsa, InterleavingGivesEachPlanesLinesInPixelOrderAtEveryLevel) {
   std::mt19937 rng(31);
   for (Isa isa : levels_here()) {
     SCOPED_TRACE(std::string(isa_name(isa)));
     const simd::Kernels& k = simd::kernels(isa);
-    for (const std::size_t lines : {std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{5}})
-      for (const std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{24}, std::size_t{31},
-                                  std::size_t{64}, std::size_t{100}, std::size_t{341}})
-        for (const std::size_t planes : {std::size_t{1}, std::size_t{5}, std::size_t{6}})
-          for (const std::size_t gap : {std::size_t{0}, std::size_t{2}}) {
-            const std::size_t stride = n + 9, in_step = lines * stride + 3, out_step = lines * n + gap;
-            // in ends at the view's last byte: a read past it is one past the vector.
-            std::vector<std::uint8_t> in((planes - 1) * in_step + (lines - 1) * stride + n);
-            std::vector<std::uint8_t> out(planes * out_step + 7, 0xa5);
-            for (auto& b : in) b = static_cast<std::uint8_t>(rng());
-            k.interleave_8(out.data(), in.data(), stride, n, lines, planes, out_step, in_step);
-            std::vector<std::uint8_t> want(out.size(), 0xa5);
-            for (std::size_t p = 0; p < planes; ++p)
-              for (std::size_t i = 0; i < n; ++i)
-                for (std::size_t j = 0; j < lines; ++j)
-                  want[p * out_step + i * lines + j] = in[p * in_step + i + j * stride];
-            ASSERT_EQ(out, want) << lines << " lines of " << n << ", " << planes << " planes " << gap << " apart";
-          }
+    check_interleaving<std::uint8_t>(k.interleave_8, rng);
+    check_interleaving<std::uint32_t>(k.interleave_32, rng);
   }
 }
 
@@ -1181,7 +1191,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 37u);
+  ASSERT_EQ(simd::entry_points().size(), 38u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

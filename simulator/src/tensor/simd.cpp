@@ -121,6 +121,10 @@ void interleave_8(std::uint8_t* out, const std::uint8_t* in, std::size_t stride,
                   std::size_t planes, std::size_t out_step, std::size_t in_step) {
   active().interleave_8(out, in, stride, n, lines, planes, out_step, in_step);
 }
+void interleave_32(std::uint32_t* out, const std::uint32_t* in, std::size_t stride, std::size_t n, std::size_t lines,
+                   std::size_t planes, std::size_t out_step, std::size_t in_step) {
+  active().interleave_32(out, in, stride, n, lines, planes, out_step, in_step);
+}
 void split_nibbles(const std::uint8_t* v, std::uint8_t* hi, std::uint8_t* lo, std::size_t n) {
   active().split_nibbles(v, hi, lo, n);
 }

@@ -46,6 +46,10 @@ void lookup_u8(const std::uint8_t* table, const std::uint8_t* in, std::uint8_t* 
 // bytes, a call each took longer than the bytes).
 void interleave_8(std::uint8_t* out, const std::uint8_t* in, std::size_t stride, std::size_t n, std::size_t lines,
                   std::size_t planes, std::size_t out_step, std::size_t in_step);
+// interleave_8 for 4-byte elements (f32, i32): an fp32 image's planes into
+// pixels, a channel shuffle's groups (2 to 4 lines the level's shuffles).
+void interleave_32(std::uint32_t* out, const std::uint32_t* in, std::size_t stride, std::size_t n, std::size_t lines,
+                   std::size_t planes, std::size_t out_step, std::size_t in_step);
 
 // hi[i] = v[i] >> 4 and lo[i] = v[i] & 15 (u8): an input's nibbles.
 void split_nibbles(const std::uint8_t* v, std::uint8_t* hi, std::uint8_t* lo, std::size_t n);
@@ -184,6 +188,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(dot_rows_i8)                    \
   X(lookup_u8)                      \
   X(interleave_8)                   \
+  X(interleave_32)                  \
   X(split_nibbles)                  \
   X(join_nibble_sums)               \
   X(max_8)                          \
