@@ -1370,6 +1370,46 @@ TEST(TensorEngine, TheWeightCacheKeepsTheFirstWeightsWhenFullAndMakesRoomFromIdl
 // Kept weights and the board's DRAM write log (dram_writes.h): bytes past
 // the aperture that no write touched since they were last compared are
 // taken without reading them; anything else is compared byte for byte.
+// A float product's B of 256 KiB or more past the aperture is copied into
+// the layout the product reads on the second call that finds it unchanged
+// (the first only notes it), read from the copy after, and never copied
+// where the host can write it (the aperture); each result is the same.
+TEST(TensorEngine, AProductKeepsItsWeightsOnlyOnceSeenUnchangedPastTheAperture) {
+  constexpr std::size_t kDram = 4 << 20, kAperture = 1 << 20, k = 512, n = 300;
+  std::vector<std::byte> dram(kDram);
+  DramWrites log(dram.data(), kDram, kAperture);
+  for (const std::size_t m : {std::size_t{1}, std::size_t{8}})  // panels of columns; pack_b's panels
+    for (const bool past : {true, false}) {
+      SCOPED_TRACE(std::to_string(m) + (past ? " rows, B past the aperture" : " rows, B in the aperture"));
+      TensorEngine e(2, isa_detected(), &log);
+      auto* const bw = reinterpret_cast<float*>(dram.data() + (past ? 2 << 20 : 0));
+      std::mt19937 rng(5);
+      std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+      for (std::size_t i = 0; i < k * n; ++i) bw[i] = dist(rng);
+      std::vector<float> av(m * k);
+      for (auto& v : av) v = dist(rng);
+      const fgemm::Matrix a{reinterpret_cast<const std::byte*>(av.data()), k, 1, fgemm::Type::kF32};
+      const fgemm::Matrix b{reinterpret_cast<const std::byte*>(bw), n, 1, fgemm::Type::kF32};
+      const fgemm::Kernels& kern = fgemm::kernels(e.isa());
+      std::vector<float> first(m * n), y(m * n);
+      fgemm::gemm(e, kern, m, n, k, a, b, first.data(), n);
+      EXPECT_EQ(e.packed_cache().bytes(), 0u) << "copied on the first sighting";
+      for (int call = 2; call <= 3; ++call) {
+        fgemm::gemm(e, kern, m, n, k, a, b, y.data(), n);
+        EXPECT_EQ(std::memcmp(y.data(), first.data(), y.size() * 4), 0) << "call " << call;
+        if (past)
+          EXPECT_GE(e.packed_cache().bytes(), 2 * k * n * 4) << "call " << call << ": B and its copy kept";
+        else
+          EXPECT_EQ(e.packed_cache().bytes(), 0u) << "call " << call << ": kept where the host can write";
+      }
+      // The board rewrites B: the copy is not used, the product is B's now.
+      for (std::size_t i = 0; i < k * n; ++i) bw[i] = -bw[i];
+      log.wrote(static_cast<std::uint64_t>(reinterpret_cast<std::byte*>(bw) - dram.data()), k * n * 4);
+      fgemm::gemm(e, kern, m, n, k, a, b, y.data(), n);
+      for (std::size_t i = 0; i < m * n; ++i) ASSERT_EQ(y[i], -first[i]) << "at " << i << " after B was rewritten";
+    }
+}
+
 TEST(TensorEngine, KeptWeightsAreComparedOnlyWhereTheBoardWroteThemOrTheHostCanWrite) {
   constexpr std::size_t kDram = 1 << 20, kAperture = 128 << 10, kChunk = DramWrites::kChunk;
   std::vector<std::byte> dram(kDram, std::byte{1});
