@@ -60,16 +60,22 @@ class WorkerPool {
   // meeting it at the barrier costs a few microseconds on a virtual
   // machine: a 576-byte table lookup took 0.6 us on one thread and 4.8 us
   // on two. A 301,056-element multiplication alone took 26 us on one and
-  // 18 us on two, but whole networks on a 2-core VM (docs/simulator.md)
-  // ran fastest at 100 us: MobileNetV3-Small int8 1.5 times as fast as at
-  // 0, ResNet-50 no slower.
-  static constexpr std::uint64_t kSerialBelowNs = 100'000;
+  // 18 us on two. Whole networks on a 2-core VM (docs/simulator.md) ran
+  // faster at 100 us than at 0, 10 or 30 (MobileNetV3-Small int8 1.5
+  // times as fast as at 0, ResNet-50 no slower), and faster still at 50
+  // us: the estimates run about twice the kernels' real time (a depthwise
+  // convolution of 7x7x576 with 5x5 taps, 20 us on one thread, was
+  // estimated at 53 us). Against 100 us, EfficientNet-B0 int8 at batch 1
+  // took 3.9 against 4.8 ms a run,
+  // MobileNetV3-Small fp32 1.25 against 1.46 ms and ShuffleNetV2 fp32 1.04
+  // against 1.09 ms.
+  static constexpr std::uint64_t kSerialBelowNs = 50'000;
   // `streaming`: the op is one of an int8 network's streaming loops
   // (quantisation, table lookups, the quantized adds, multiplications and
   // global pools, byte copies and transposes), which split into even runs
   // that a spinning thread takes at once. While the pool's threads still
   // spin from its last region (kSpinMs), the bound for those is
-  // kSerialBelowNs / kStreamingShare (5 us); asleep, a thread costs tens of microseconds to wake and then
+  // kSerialBelowNs / kStreamingShare (2.5 us); asleep, a thread costs tens of microseconds to wake and then
   // holds a core spinning, and the whole bound holds. So at batch 8, where
   // the integer convolutions keep the team awake, an int8 network runs its
   // gates, adds and pools on the team; at batch 1 they stay on one
