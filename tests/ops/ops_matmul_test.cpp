@@ -260,6 +260,33 @@ TEST_P(Ops, MatMulScalesAndAddsABroadcastC) {
     }
 }
 
+// y = alpha * A @ B + beta * C with C a view whose rows step by more
+// than one element is read where it lies; C in y's own memory is refused,
+// naming both.
+TEST_P(Ops, MatMulAddsAStridedCAndRefusesCInY) {
+  const std::int64_t m = 5, n = 33, k = 17;
+  MatMulSpec s;
+  s.alpha = 0.5f;
+  s.beta = -1.25f;
+  s.act = ActivationParams::relu();
+  const Host a = rand(DType::F32, {m, k}), b = rand(DType::F32, {k, n}), c = rand(DType::F32, {m, n}, -3, 3);
+  s.c = c;
+  Shape ys;
+  const Ref want = ref_matmul(a, b, s, ys);
+  MatMulOptions o;
+  o.alpha = s.alpha;
+  o.beta = s.beta;
+  o.activation = s.act;
+  o.c = lab().upload_view(c, {2 * n, 2}, 3);  // every element two apart, rows 2n apart
+  const Tensor y = lab().output(DType::F32, ys);
+  expect("matmul with a strided c", lab().run(ops::matmul(lab().upload(a), lab().upload(b), y, o), y), want);
+  const Tensor held = lab().upload(c);
+  o.c = held;
+  const Error e = error_of([&] { ops::matmul(lab().upload(a), lab().upload(b), held, o); });
+  EXPECT_EQ(e.status(), Status::InvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("y overlaps input c"));
+}
+
 TEST_P(Ops, MatMulFusesEveryActivation) {
   for (DType dt : {DType::F32, DType::F16, DType::BF16})
     for (const ActivationParams& act : all_activations(rng_)) {

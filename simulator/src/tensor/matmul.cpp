@@ -192,6 +192,32 @@ void float_product(TensorEngine& e, const View& a, const View& b, bool ta, bool 
   }
 }
 
+// Whether C is f32 whose last dimension steps by one element or none (a
+// bias broadcast over the rows, or a whole matrix): then each row of y
+// reads one run of C.
+// y = C + A @ B in place (C in y's memory) is left to the loop that
+// computes the product apart first.
+bool rows_of_floats(const View& c, const View& y) {
+  if (c.dtype != fw::DType::kF32 || c.rank == 0 || c.strides[c.rank - 1] > 1) return false;
+  std::uint64_t last = 0;
+  for (std::uint32_t d = 0; d < c.rank; ++d) last += (c.shape[d] ? c.shape[d] - 1 : 0) * c.strides[d];
+  const std::byte *c0 = c.data, *c1 = c.data + (last + 1) * c.esize;
+  const std::byte *y0 = y.data, *y1 = y.data + y.elements() * y.esize;
+  return c1 <= y0 || y1 <= c0;
+}
+
+// The element offset in C (broadcast to y's shape) of y's row `row`, the
+// rows counted over all of y's dimensions but the last.
+std::uint64_t row_offset(const View& c, const View& y, std::uint64_t row) {
+  std::uint64_t off = 0;
+  for (std::uint32_t d = y.rank - 1; d-- > 0;) {
+    const std::uint64_t i = row % y.shape[d];
+    row /= y.shape[d];
+    if (d + c.rank >= y.rank) off += i * c.strides[d + c.rank - y.rank];
+  }
+  return off;
+}
+
 }  // namespace
 
 fw::Problem run_matmul(TensorEngine& e, const fw::MatMulAttrs& at, const View* v) {
@@ -202,9 +228,33 @@ fw::Problem run_matmul(TensorEngine& e, const fw::MatMulAttrs& at, const View* v
     float_product(e, a, b, at.trans_a, at.trans_b, y, reinterpret_cast<float*>(y.data));
     return {};
   }
+  const auto act = static_cast<fw::Activation>(at.activation);
+  if (y.dtype == fw::DType::kF32 && y.contiguous() && (!c.present() || rows_of_floats(c, y))) {
+    // Straight into y, then each row finished in place: the same
+    // operations per element as the loop below, a row at a time.
+    auto* out = reinterpret_cast<float*>(y.data);
+    float_product(e, a, b, at.trans_a, at.trans_b, y, out);
+    const std::uint64_t n = y.rank ? y.shape[y.rank - 1] : 1, rows = n ? y.elements() / n : 0;
+    const std::uint64_t c_step = c.present() && c.rank ? c.strides[c.rank - 1] : 0;
+    e.pool().parallel_for(
+        rows,
+        [&](std::uint64_t begin, std::uint64_t end) {
+          for (std::uint64_t row = begin; row < end; ++row) {
+            float* yr = out + row * n;
+            if (c.present()) {
+              const float* cr = reinterpret_cast<const float*>(c.at(row_offset(c, y, row)));
+              for (std::uint64_t j = 0; j < n; ++j) yr[j] = at.alpha * yr[j] + at.beta * cr[j * c_step];
+            } else {
+              for (std::uint64_t j = 0; j < n; ++j) yr[j] = at.alpha * yr[j] + at.beta * 0.0f;
+            }
+            activate_span(act, at.act_alpha, at.act_beta, yr, n);
+          }
+        },
+        std::max<std::uint64_t>(1, 4096 / std::max<std::uint64_t>(n, 1)));
+    return {};
+  }
   std::vector<float> acc(y.elements());
   float_product(e, a, b, at.trans_a, at.trans_b, y, acc.data());
-  const auto act = static_cast<fw::Activation>(at.activation);
   const View* views[2] = {&y, &c};
   const View* y_only[1] = {&y};
   // alpha * product + beta * C in acc, the activation over the span (the
