@@ -316,7 +316,10 @@ namespace {
 // A rough estimate of an op's time on one host thread, in ns: its tensors'
 // bytes (a broadcast dimension once) at 32 GB/s (in cache; the kernels
 // stream at least that), plus its multiply-adds (convolutions and
-// products; a pool's taps likewise) at 16 per ns in float and 64 in int8
+// products; a pool's taps likewise) at 16 per ns in float and 64 in int8,
+// but at 16 for a depthwise convolution's (one input channel per output:
+// no dot products over channels; MobileNetV3-Small's int8 depthwise
+// layers of 14x14x240 with 5x5 taps ran 43 us on one thread, 27 per ns)
 // (counted by its bytes alone, ShuffleNet's int8 stem max pool at batch 8,
 // 3 MB, came to 94 us, and it ran on one thread for 1.3 ms). Small ops are
 // most of a small network's: MobileNetV3-Small's SE blocks and gates run
@@ -333,16 +336,19 @@ std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
   const View& y = v[op.num_tensors - 1];
   std::uint64_t macs = 0;
   const fw::DType in = v[0].dtype;
+  bool one_channel = false;  // a kernel of one input channel per output: no dot products
   switch (op.kind) {
     case fw::OpKind::kConv2d:
     case fw::OpKind::kConvInteger:
       if (v[1].shape[0]) macs = y.elements() * (v[1].elements() / v[1].shape[0]);
+      one_channel = v[1].shape[1] == 1;
       break;
     case fw::OpKind::kConvTranspose2d:  // W [Cin, Cout / groups, kh, kw]: its taps per input element
       if (v[1].shape[0]) macs = v[0].elements() * (v[1].elements() / v[1].shape[0]);
       break;
     case fw::OpKind::kQLinearConv:
       if (v[3].shape[0]) macs = y.elements() * (v[3].elements() / v[3].shape[0]);
+      one_channel = v[3].shape[1] == 1;
       break;
     case fw::OpKind::kMatMul:
     case fw::OpKind::kMatMulInteger:
@@ -356,7 +362,7 @@ std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
     }
     default: break;
   }
-  const bool int8 = in == fw::DType::kU8 || in == fw::DType::kI8;
+  const bool int8 = (in == fw::DType::kU8 || in == fw::DType::kI8) && !one_channel;
   return bytes / 32 + macs / (int8 ? 64 : 16);
 }
 
