@@ -1370,7 +1370,7 @@ TEST(TensorEngine, TheWeightCacheKeepsTheFirstWeightsWhenFullAndMakesRoomFromIdl
 // Kept weights and the board's DRAM write log (dram_writes.h): bytes past
 // the aperture that no write touched since they were last compared are
 // taken without reading them; anything else is compared byte for byte.
-// A float product's B of 256 KiB or more past the aperture is copied into
+// A float product's B of 64 KiB or more past the aperture is copied into
 // the layout the product reads on the second call that finds it unchanged
 // (the first only notes it), read from the copy after, and never copied
 // where the host can write it (the aperture); each result is the same.
@@ -1408,6 +1408,46 @@ TEST(TensorEngine, AProductKeepsItsWeightsOnlyOnceSeenUnchangedPastTheAperture) 
       fgemm::gemm(e, kern, m, n, k, a, b, y.data(), n);
       for (std::size_t i = 0; i < m * n; ++i) ASSERT_EQ(y[i], -first[i]) << "at " << i << " after B was rewritten";
     }
+}
+
+// The copy is made for a B of 64 KiB or more (a squeeze-and-excitation
+// layer's in bf16 among them), never for a smaller one, whose packing costs
+// less than keeping it; each result is the same.
+TEST(TensorEngine, AProductKeepsBOf64KiBOrMoreOnly) {
+  constexpr std::size_t kDram = 4 << 20, kAperture = 1 << 20, kMin = 64 << 10;
+  std::vector<std::byte> dram(kDram);
+  DramWrites log(dram.data(), kDram, kAperture);
+  struct Case {
+    std::size_t k, n;
+    fgemm::Type type;
+  };
+  for (const Case& c : {Case{64, 256, fgemm::Type::kF32}, Case{63, 256, fgemm::Type::kF32},
+                        Case{144, 576, fgemm::Type::kBF16}, Case{127, 256, fgemm::Type::kBF16}}) {
+    const std::size_t es = c.type == fgemm::Type::kF32 ? 4 : 2, bytes = c.k * c.n * es;
+    SCOPED_TRACE(std::to_string(c.k) + " x " + std::to_string(c.n) + ", " + std::to_string(bytes) + " bytes");
+    TensorEngine e(2, isa_detected(), &log);
+    std::byte* const bw = dram.data() + (2 << 20);
+    std::mt19937 rng(9);
+    std::uniform_int_distribution<int> bits(0, 0x7F);
+    for (std::size_t i = 0; i < bytes; ++i)  // f32 and bf16 values of modest size, either sign
+      bw[i] = static_cast<std::byte>(i % es == es - 1 ? 0x3E | (bits(rng) & 0x80) : bits(rng));
+    std::vector<float> af(c.k, 0.5f);
+    std::vector<std::uint16_t> ah(c.k, 0x3F00);  // 0.5 in bf16
+    const fgemm::Matrix a{c.type == fgemm::Type::kF32 ? reinterpret_cast<const std::byte*>(af.data())
+                                                      : reinterpret_cast<const std::byte*>(ah.data()),
+                          static_cast<std::int64_t>(c.k), 1, c.type};
+    const fgemm::Matrix b{bw, static_cast<std::int64_t>(c.n), 1, c.type};
+    const fgemm::Kernels& kern = fgemm::kernels(e.isa());
+    std::vector<float> first(c.n), y(c.n);
+    for (int call = 1; call <= 3; ++call) {
+      fgemm::gemm(e, kern, 1, c.n, c.k, a, b, call == 1 ? first.data() : y.data(), c.n);
+      if (call > 1) EXPECT_EQ(std::memcmp(y.data(), first.data(), y.size() * 4), 0) << "call " << call;
+    }
+    if (bytes >= kMin)
+      EXPECT_GT(e.packed_cache().bytes(), bytes) << "B and its copy kept";
+    else
+      EXPECT_EQ(e.packed_cache().bytes(), 0u) << "nothing kept under 64 KiB";
+  }
 }
 
 TEST(TensorEngine, KeptWeightsAreComparedOnlyWhereTheBoardWroteThemOrTheHostCanWrite) {
