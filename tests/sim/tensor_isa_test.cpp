@@ -1417,12 +1417,12 @@ TEST(TensorEngine, AProductKeepsBOf64KiBOrMoreOnly) {
   constexpr std::size_t kDram = 4 << 20, kAperture = 1 << 20, kMin = 64 << 10;
   std::vector<std::byte> dram(kDram);
   DramWrites log(dram.data(), kDram, kAperture);
-  struct Case {
+  struct Operand {
     std::size_t k, n;
     fgemm::Type type;
   };
-  for (const Case& c : {Case{64, 256, fgemm::Type::kF32}, Case{63, 256, fgemm::Type::kF32},
-                        Case{144, 576, fgemm::Type::kBF16}, Case{127, 256, fgemm::Type::kBF16}}) {
+  for (const Operand& c : {Operand{64, 256, fgemm::Type::kF32}, Operand{63, 256, fgemm::Type::kF32},
+                           Operand{144, 576, fgemm::Type::kBF16}, Operand{127, 256, fgemm::Type::kBF16}}) {
     const std::size_t es = c.type == fgemm::Type::kF32 ? 4 : 2, bytes = c.k * c.n * es;
     SCOPED_TRACE(std::to_string(c.k) + " x " + std::to_string(c.n) + ", " + std::to_string(bytes) + " bytes");
     TensorEngine e(2, isa_detected(), &log);
@@ -1441,12 +1441,15 @@ TEST(TensorEngine, AProductKeepsBOf64KiBOrMoreOnly) {
     std::vector<float> first(c.n), y(c.n);
     for (int call = 1; call <= 3; ++call) {
       fgemm::gemm(e, kern, 1, c.n, c.k, a, b, call == 1 ? first.data() : y.data(), c.n);
-      if (call > 1) EXPECT_EQ(std::memcmp(y.data(), first.data(), y.size() * 4), 0) << "call " << call;
+      if (call > 1) {
+        EXPECT_EQ(std::memcmp(y.data(), first.data(), y.size() * 4), 0) << "call " << call;
+      }
     }
-    if (bytes >= kMin)
+    if (bytes >= kMin) {
       EXPECT_GT(e.packed_cache().bytes(), bytes) << "B and its copy kept";
-    else
+    } else {
       EXPECT_EQ(e.packed_cache().bytes(), 0u) << "nothing kept under 64 KiB";
+    }
   }
 }
 
