@@ -192,13 +192,14 @@ void float_product(TensorEngine& e, const View& a, const View& b, bool ta, bool 
   }
 }
 
-// Whether C is f32 whose last dimension steps by one element or none (a
-// bias broadcast over the rows, or a whole matrix): then each row of y
-// reads one run of C.
-// y = C + A @ B in place (C in y's memory) is left to the loop that
-// computes the product apart first.
+// Whether C is a float type (f32, f16, bf16) whose last dimension steps
+// by one element or none (a bias broadcast over the rows, or a whole
+// matrix): then each row of y reads one run of C. y = C + A @ B in place
+// (C in y's memory) is left to the loop that computes the product apart
+// first.
 bool rows_of_floats(const View& c, const View& y) {
-  if (c.dtype != fw::DType::kF32 || c.rank == 0 || c.strides[c.rank - 1] > 1) return false;
+  const bool float_c = c.dtype == fw::DType::kF32 || c.dtype == fw::DType::kF16 || c.dtype == fw::DType::kBF16;
+  if (!float_c || c.rank == 0 || c.strides[c.rank - 1] > 1) return false;
   std::uint64_t last = 0;
   for (std::uint32_t d = 0; d < c.rank; ++d) last += (c.shape[d] ? c.shape[d] - 1 : 0) * c.strides[d];
   const std::byte *c0 = c.data, *c1 = c.data + (last + 1) * c.esize;
@@ -218,6 +219,17 @@ std::uint64_t row_offset(const View& c, const View& y, std::uint64_t row) {
   return off;
 }
 
+// C's run for y's row `row` as f32: in place where C is f32, else widened
+// (exactly) into `into` (n floats; one where C is broadcast along the row).
+const float* c_row(const View& c, const View& y, std::uint64_t row, std::uint64_t n, float* into) {
+  const std::byte* p = c.at(row_offset(c, y, row));
+  if (c.dtype == fw::DType::kF32) return reinterpret_cast<const float*>(p);
+  const std::uint64_t len = c.strides[c.rank - 1] ? n : 1;
+  (c.dtype == fw::DType::kF16 ? simd::widen_f16 : simd::widen_bf16)(reinterpret_cast<const std::uint16_t*>(p), into,
+                                                                    len);
+  return into;
+}
+
 }  // namespace
 
 fw::Problem run_matmul(TensorEngine& e, const fw::MatMulAttrs& at, const View* v) {
@@ -229,25 +241,32 @@ fw::Problem run_matmul(TensorEngine& e, const fw::MatMulAttrs& at, const View* v
     return {};
   }
   const auto act = static_cast<fw::Activation>(at.activation);
-  if (y.dtype == fw::DType::kF32 && y.contiguous() && (!c.present() || rows_of_floats(c, y))) {
-    // Straight into y, then each row finished in place: the same
-    // operations per element as the loop below, a row at a time.
-    auto* out = reinterpret_cast<float*>(y.data);
+  const bool half_y = y.dtype == fw::DType::kF16 || y.dtype == fw::DType::kBF16;
+  if ((y.dtype == fw::DType::kF32 || half_y) && y.contiguous() && (!c.present() || rows_of_floats(c, y))) {
+    // Straight into y (f32) or f32 rows of its own, then each row finished
+    // there and rounded once into y: the same operations per element as
+    // the loop below (the vector conversions give store_float's bits), a
+    // row at a time.
+    std::vector<float> sums(half_y ? y.elements() : 0);
+    float* out = half_y ? sums.data() : reinterpret_cast<float*>(y.data);
     float_product(e, a, b, at.trans_a, at.trans_b, y, out);
     const std::uint64_t n = y.rank ? y.shape[y.rank - 1] : 1, rows = n ? y.elements() / n : 0;
     const std::uint64_t c_step = c.present() && c.rank ? c.strides[c.rank - 1] : 0;
+    const auto narrow = y.dtype == fw::DType::kF16 ? simd::narrow_f16 : simd::narrow_bf16;
     e.pool().parallel_for(
         rows,
         [&](std::uint64_t begin, std::uint64_t end) {
+          std::vector<float> widened_c(c.present() && c.dtype != fw::DType::kF32 ? n : 0);
           for (std::uint64_t row = begin; row < end; ++row) {
             float* yr = out + row * n;
             if (c.present()) {
-              const float* cr = reinterpret_cast<const float*>(c.at(row_offset(c, y, row)));
+              const float* cr = c_row(c, y, row, n, widened_c.data());
               for (std::uint64_t j = 0; j < n; ++j) yr[j] = at.alpha * yr[j] + at.beta * cr[j * c_step];
             } else {
               for (std::uint64_t j = 0; j < n; ++j) yr[j] = at.alpha * yr[j] + at.beta * 0.0f;
             }
             activate_span(act, at.act_alpha, at.act_beta, yr, n);
+            if (half_y) narrow(yr, reinterpret_cast<std::uint16_t*>(y.data) + row * n, n);
           }
         },
         std::max<std::uint64_t>(1, 4096 / std::max<std::uint64_t>(n, 1)));
