@@ -752,16 +752,13 @@ TEST(TensorIsa, ATableLookupGivesEachBytesEntryAtEveryLevelAndEveryLength) {
   }
 }
 
-// interleave_8 (a byte transpose's tiles: NCHW planes into NHWC pixels, a
-// channel shuffle's groups into each pixel's channels):
-// out[p * out_step + i * lines + j] = in[p * in_step + i + j * stride] at
-// every level, for 2, 3 and 4 lines (the shuffles) and 5 (the plain loop),
-// one plane or several, lengths that leave every vector tail, planes apart
-// in out or each right after the last, and nothing written between the
-// planes or past the last.
-// Lines of T (bytes: interleave_8, 4-byte elements: interleave_32)
-// interleaved at every level: 2 to 5 lines, one plane and several, planes
-// written right after each other and apart; nothing else of out changes.
+// interleave_8 and interleave_32 (a transpose's tiles: NCHW planes into
+// NHWC pixels, a channel shuffle's groups into each pixel's channels):
+// out[p * out_step + i * lines + j] = in[p * in_step + i + j * stride] for
+// 2, 3 and 4 lines (the shuffles) and 5 (the plain loop), one plane or
+// several, lengths that leave every vector tail, planes apart in out or
+// each right after the last, and nothing written between the planes or
+// past the last.
 template <class T, class Interleave>
 void check_interleaving(Interleave interleave, std::mt19937& rng) {
   for (const std::size_t lines : {std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{5}})

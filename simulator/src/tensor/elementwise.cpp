@@ -428,19 +428,6 @@ inline void copy_short(std::byte* d, const std::byte* s, std::uint64_t n) {
   }
 }
 
-// Whether the bytes two views span (first element to last) are disjoint.
-bool apart(const View& y, const View& a) {
-  if (y.elements() == 0 || a.elements() == 0) return true;
-  auto span = [](const View& v) {
-    std::uint64_t last = 0;
-    for (std::uint32_t d = 0; d < v.rank; ++d) last += (v.shape[d] - 1) * v.strides[d];
-    return std::pair{v.data, v.data + (last + 1) * v.esize};
-  };
-  const auto [y0, y1] = span(y);
-  const auto [a0, a1] = span(a);
-  return y1 <= a0 || a1 <= y0;
-}
-
 // A copy between views of one dtype (a strided copy such as a Concat's
 // slice, or a transpose): rows of the merged dims, each a memcpy where both
 // are dense along it, else element by element; a transpose of the last two

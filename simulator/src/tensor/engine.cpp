@@ -316,14 +316,14 @@ namespace {
 // A rough estimate of an op's time on one host thread, in ns: its tensors'
 // bytes (a broadcast dimension once) at 32 GB/s (in cache; the kernels
 // stream at least that), plus its multiply-adds (convolutions and
-// products; a pool's taps likewise) at 16 per ns in float and 64 in int8,
-// but at 16 for a depthwise convolution's (one input channel per output:
-// no dot products over channels; MobileNetV3-Small's int8 depthwise
-// layers of 14x14x240 with 5x5 taps ran 43 us on one thread, 27 per ns)
-// (counted by its bytes alone, ShuffleNet's int8 stem max pool at batch 8,
-// 3 MB, came to 94 us, and it ran on one thread for 1.3 ms). Small ops are
-// most of a small network's: MobileNetV3-Small's SE blocks and gates run
-// on a few hundred bytes each.
+// products; a pool's taps likewise: counted by its bytes alone,
+// ShuffleNet's int8 stem max pool at batch 8, 3 MB, came to 94 us, and it
+// ran on one thread for 1.3 ms) at 16 per ns in float and 64 in int8, but
+// at 16 for a depthwise convolution's (one input channel per output: no
+// dot products over channels; MobileNetV3-Small's int8 depthwise layers of
+// 14x14x240 with 5x5 taps ran 43 us on one thread, 27 per ns). Small ops
+// are most of a small network's: MobileNetV3-Small's SE blocks and gates
+// run on a few hundred bytes each.
 std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
   std::uint64_t bytes = 0;
   for (std::uint32_t i = 0; i < op.num_tensors; ++i) {
@@ -553,6 +553,18 @@ View widened_weights(TensorEngine& e, const View& v, Staged slot, std::uint64_t*
     return staged_like(e, v, slot, const_cast<float*>(hit));
   if (float* kept = e.packed_cache().insert(std::move(key), v.data, bytes, n, serial)) return widened(e, v, slot, kept);
   return widened(e, v, slot);
+}
+
+bool apart(const View& y, const View& a) {
+  if (y.elements() == 0 || a.elements() == 0) return true;
+  auto span = [](const View& v) {
+    std::uint64_t last = 0;
+    for (std::uint32_t d = 0; d < v.rank; ++d) last += (v.shape[d] - 1) * v.strides[d];
+    return std::pair{v.data, v.data + (last + 1) * v.esize};
+  };
+  const auto [y0, y1] = span(y);
+  const auto [a0, a1] = span(a);
+  return y1 <= a0 || a1 <= y0;
 }
 
 View staged_like(TensorEngine& e, const View& v, Staged slot, float* data) {

@@ -66,9 +66,8 @@ class WorkerPool {
   // us: the estimates run about twice the kernels' real time (a depthwise
   // convolution of 7x7x576 with 5x5 taps, 20 us on one thread, was
   // estimated at 53 us). Against 100 us, EfficientNet-B0 int8 at batch 1
-  // took 3.9 against 4.8 ms a run,
-  // MobileNetV3-Small fp32 1.25 against 1.46 ms and ShuffleNetV2 fp32 1.04
-  // against 1.09 ms.
+  // took 3.9 against 4.8 ms a run, MobileNetV3-Small fp32 1.25 against
+  // 1.46 ms and ShuffleNetV2 fp32 1.04 against 1.09 ms.
   static constexpr std::uint64_t kSerialBelowNs = 50'000;
   // `streaming`: the op is one of an int8 network's streaming loops
   // (quantisation, table lookups, the quantized adds, multiplications and
@@ -271,6 +270,8 @@ View widened(TensorEngine& e, const View& v, Staged slot, float* into = nullptr)
 // `serial`, if given, is set to the cache entry's serial (PackedCache::find),
 // or 0 where the floats are not kept: the same serial, the same floats.
 View widened_weights(TensorEngine& e, const View& v, Staged slot, std::uint64_t* serial = nullptr);
+// Whether the bytes two views span (first element to last) are disjoint.
+bool apart(const View& y, const View& a);
 // A dense f32 view of v's shape over `data`, or over staging memory `slot`.
 View staged_like(TensorEngine& e, const View& v, Staged slot, float* data = nullptr);
 // Dense f32 `from` (to's shape) into float view `to`, each value rounded once.

@@ -199,12 +199,7 @@ void float_product(TensorEngine& e, const View& a, const View& b, bool ta, bool 
 // first.
 bool rows_of_floats(const View& c, const View& y) {
   const bool float_c = c.dtype == fw::DType::kF32 || c.dtype == fw::DType::kF16 || c.dtype == fw::DType::kBF16;
-  if (!float_c || c.rank == 0 || c.strides[c.rank - 1] > 1) return false;
-  std::uint64_t last = 0;
-  for (std::uint32_t d = 0; d < c.rank; ++d) last += (c.shape[d] ? c.shape[d] - 1 : 0) * c.strides[d];
-  const std::byte *c0 = c.data, *c1 = c.data + (last + 1) * c.esize;
-  const std::byte *y0 = y.data, *y1 = y.data + y.elements() * y.esize;
-  return c1 <= y0 || y1 <= c0;
+  return float_c && c.rank > 0 && c.strides[c.rank - 1] <= 1 && apart(y, c);
 }
 
 // The element offset in C (broadcast to y's shape) of y's row `row`, the

@@ -47,7 +47,8 @@ void lookup_u8(const std::uint8_t* table, const std::uint8_t* in, std::uint8_t* 
 void interleave_8(std::uint8_t* out, const std::uint8_t* in, std::size_t stride, std::size_t n, std::size_t lines,
                   std::size_t planes, std::size_t out_step, std::size_t in_step);
 // interleave_8 for 4-byte elements (f32, i32): an fp32 image's planes into
-// pixels, a channel shuffle's groups (2 to 4 lines the level's shuffles).
+// pixels (the transpose sends it lines of 3 and 4; 2 to 4 lines go by the
+// level's shuffles, more one element at a time).
 void interleave_32(std::uint32_t* out, const std::uint32_t* in, std::size_t stride, std::size_t n, std::size_t lines,
                    std::size_t planes, std::size_t out_step, std::size_t in_step);
 
