@@ -1304,6 +1304,51 @@ TEST(TensorEngine, AStreamingOpTakesTheTeamEarlierWhileItsThreadsSpin) {
   ::unsetenv("TPUHAL_SIM_FIXED_THREADS");
 }
 
+// The serial estimate (what begin_op weighs against its bound): an
+// elementwise op's f16 and bf16 tensors at f32's bytes where it computes
+// (widened, mapped in f32, rounded), so that an SE block's gate over
+// 8x14x14x240 in f16 is estimated as in f32 and takes the team too; at
+// their own bytes where it only moves them (a transpose); a broadcast
+// operand once.
+TEST(TensorEngine, AHalfFloatMapIsEstimatedAtF32sBytesAndItsCopiesAtTheirOwn) {
+  const auto view = [](fw::DType t, std::uint32_t esize, std::vector<std::uint64_t> shape, bool broadcast) {
+    View v;
+    v.dtype = t;
+    v.esize = esize;
+    v.rank = static_cast<std::uint32_t>(shape.size());
+    std::uint64_t step = 1;
+    for (std::uint32_t d = v.rank; d-- > 0;) {
+      v.shape[d] = shape[d];
+      v.strides[d] = broadcast && d > 0 && d < 3 ? 0 : step;  // [n, h, w, c]: h and w broadcast
+      step *= broadcast && d > 0 && d < 3 ? 1 : shape[d];
+    }
+    return v;
+  };
+  const auto estimate = [&](fw::DType t, std::uint32_t esize, fw::ElementwiseOp op) {
+    fw::OpBlock block;
+    block.kind = fw::OpKind::kElementwise;
+    block.num_tensors = 3;
+    fw::ElementwiseAttrs at{};
+    at.op = static_cast<std::uint32_t>(op);
+    block.attrs = at;
+    const bool binary = op != fw::ElementwiseOp::kIdentity;
+    const View v[3] = {view(t, esize, {8, 14, 14, 240}, false),
+                       binary ? view(t, esize, {8, 14, 14, 240}, true) : View{},
+                       view(t, esize, {8, 14, 14, 240}, false)};
+    return serial_estimate_ns(block, v);
+  };
+  constexpr std::uint64_t kPixels = 8 * 14 * 14 * 240, kGate = 8 * 240;
+  const std::uint64_t f32_mul = estimate(fw::DType::kF32, 4, fw::ElementwiseOp::kMul);
+  EXPECT_EQ(f32_mul, (2 * kPixels + kGate) * 4 / 32);
+  EXPECT_EQ(estimate(fw::DType::kF16, 2, fw::ElementwiseOp::kMul), f32_mul);
+  EXPECT_EQ(estimate(fw::DType::kBF16, 2, fw::ElementwiseOp::kMul), f32_mul);
+  EXPECT_GE(f32_mul, WorkerPool::kSerialBelowNs) << "the gate takes the team in every float type";
+  const std::uint64_t f32_copy = estimate(fw::DType::kF32, 4, fw::ElementwiseOp::kIdentity);
+  EXPECT_EQ(f32_copy, 2 * kPixels * 4 / 32);
+  EXPECT_EQ(estimate(fw::DType::kF16, 2, fw::ElementwiseOp::kIdentity), f32_copy / 2);
+  EXPECT_EQ(estimate(fw::DType::kU8, 1, fw::ElementwiseOp::kIdentity), f32_copy / 4);
+}
+
 // A kernel's part that throws (memory for its working set, say) on one of
 // the engine's threads: the exception reaches the caller, which the board
 // turns into its out-of-memory status, once every part has ended; thrown

@@ -311,8 +311,6 @@ void store_acc(const Accumulators& acc, const View& y) {
 
 }  // namespace
 
-namespace {
-
 // A rough estimate of an op's time on one host thread, in ns: its tensors'
 // bytes (a broadcast dimension once) at 32 GB/s (in cache; the kernels
 // stream at least that), plus its multiply-adds (convolutions and
@@ -323,12 +321,23 @@ namespace {
 // dot products over channels; MobileNetV3-Small's int8 depthwise layers of
 // 14x14x240 with 5x5 taps ran 43 us on one thread, 27 per ns). Small ops
 // are most of a small network's: MobileNetV3-Small's SE blocks and gates
-// run on a few hundred bytes each.
+// run on a few hundred bytes each. An elementwise op's f16 and bf16
+// tensors count as f32's bytes unless it is the identity (a copy, a
+// transpose, a cast): its arithmetic runs in f32, each element widened as it is read
+// and rounded as it is written, which on one thread took as long per
+// element as f32 (an SE block's gate over 8x14x14x240, a Mul by one row
+// of 240 channels per image: 49 us in f32 and 66 in f16 on one thread).
+// Counted at their own bytes, 1.5 MB, it stayed on one thread, 77 us
+// beside f32's 28 on two.
 std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
+  const auto* map = std::get_if<fw::ElementwiseAttrs>(&op.attrs);
+  const bool f32_math =
+      op.kind == fw::OpKind::kElementwise && map && map->op != static_cast<std::uint32_t>(fw::ElementwiseOp::kIdentity);
   std::uint64_t bytes = 0;
   for (std::uint32_t i = 0; i < op.num_tensors; ++i) {
     if (!v[i].present()) continue;
-    std::uint64_t stored = v[i].esize;  // a broadcast dimension (stride 0) is read once
+    const bool half = v[i].dtype == fw::DType::kF16 || v[i].dtype == fw::DType::kBF16;
+    std::uint64_t stored = f32_math && half ? 4 : v[i].esize;  // a broadcast dimension (stride 0) is read once
     for (std::uint32_t d = 0; d < v[i].rank; ++d)
       if (v[i].strides[d] != 0) stored *= v[i].shape[d];
     bytes += stored;
@@ -365,6 +374,8 @@ std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
   const bool int8 = (in == fw::DType::kU8 || in == fw::DType::kI8) && !one_channel;
   return bytes / 32 + macs / (int8 ? 64 : 16);
 }
+
+namespace {
 
 // Whether the op is one of an int8 network's streaming loops
 // (WorkerPool::begin_op): a float network's maps are not.

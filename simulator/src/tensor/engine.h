@@ -196,6 +196,10 @@ class TensorEngine {
   DerivedValues derived_values_;
 };
 
+// A rough estimate of `op`'s time on one host thread, in ns, over its
+// tensors `v`: what WorkerPool::begin_op weighs against its bound.
+std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v);
+
 // Kernels (one file per family); all take the engine for its pool and
 // oneDNN. Each op kind's kernel is its entry point, run_<id>(e, attrs,
 // views), defined in its family's file and called by TensorEngine::run
