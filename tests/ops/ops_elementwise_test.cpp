@@ -291,28 +291,37 @@ TEST_P(Ops, CastBroadcastsItsInput) {
 }
 
 // A cast between f32 and f16 or bf16 of a strided view: an fp16 model's
-// f32 input read in NHWC's order, its NHWC output read back in NCHW's.
+// f32 input read in NHWC's order, its NHWC output read back in NCHW's. An
+// image's 3 channels over 91x91 pixels (lines of 3 a pixel, in tiles of
+// 8192 pixels and 89), 12 channels (tiles of 85 pixels and 80) and 37
+// (tiles of 32 channels and 5).
 TEST_P(Ops, CastOfATransposedViewBetweenF32AndHalfFloats) {
-  const std::int64_t n = 2, c = 37, h = 5, w = 33;
-  for (DType half : {DType::F16, DType::BF16})
-    for (bool to_half : {true, false}) {
-      const DType from = to_half ? DType::F32 : half, to = to_half ? half : DType::F32;
-      // x held NCHW read as NHWC, or held NHWC read as NCHW.
-      const Shape held = to_half ? Shape{n, c, h, w} : Shape{n, h, w, c};
-      const Shape read = to_half ? Shape{n, h, w, c} : Shape{n, c, h, w};
-      const Shape strides = to_half ? Shape{c * h * w, w, 1, h * w} : Shape{h * w * c, 1, w * c, c};
-      const std::vector<std::size_t> perm =
-          to_half ? std::vector<std::size_t>{0, 2, 3, 1} : std::vector<std::size_t>{0, 3, 1, 2};
-      Host x = rand(from, held, -300, 300);
-      x.v[3] = std::ldexp(1.0, -20);  // below f16's normal range
-      const Tensor held_t = lab().upload(x);
-      const Tensor view(held_t.buffer(), from, read, strides, 0);
-      const Tensor y = lab().output(to, read);
-      const Host got = lab().run(ops::cast(view, y), y);
-      std::vector<double> want;
-      for (double v : permuted(x, perm).v) want.push_back(cast_ref(v, from, to));
-      expect_exact(std::string("cast of a transposed view ") + to_string(from) + " -> " + to_string(to), got, want);
-    }
+  struct Case {
+    std::int64_t c, h, w;
+  };
+  const std::int64_t n = 2;
+  for (const auto& [c, h, w] : {Case{3, 91, 91}, Case{12, 5, 33}, Case{37, 5, 33}})
+    for (DType half : {DType::F16, DType::BF16})
+      for (bool to_half : {true, false}) {
+        const DType from = to_half ? DType::F32 : half, to = to_half ? half : DType::F32;
+        // x held NCHW read as NHWC, or held NHWC read as NCHW.
+        const Shape held = to_half ? Shape{n, c, h, w} : Shape{n, h, w, c};
+        const Shape read = to_half ? Shape{n, h, w, c} : Shape{n, c, h, w};
+        const Shape strides = to_half ? Shape{c * h * w, w, 1, h * w} : Shape{h * w * c, 1, w * c, c};
+        const std::vector<std::size_t> perm =
+            to_half ? std::vector<std::size_t>{0, 2, 3, 1} : std::vector<std::size_t>{0, 3, 1, 2};
+        Host x = rand(from, held, -300, 300);
+        x.v[3] = std::ldexp(1.0, -20);  // below f16's normal range
+        const Tensor held_t = lab().upload(x);
+        const Tensor view(held_t.buffer(), from, read, strides, 0);
+        const Tensor y = lab().output(to, read);
+        const Host got = lab().run(ops::cast(view, y), y);
+        std::vector<double> want;
+        for (double v : permuted(x, perm).v) want.push_back(cast_ref(v, from, to));
+        expect_exact(std::string("cast of a transposed view ") + to_string(from) + " -> " + to_string(to) + ", " +
+                         std::to_string(c) + " channels",
+                     got, want);
+      }
 }
 
 // A copy into a part of each row (a Concat's input into its channels of
