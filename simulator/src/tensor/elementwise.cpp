@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -429,12 +430,56 @@ inline void copy_short(std::byte* d, const std::byte* s, std::uint64_t n) {
   }
 }
 
+// A transpose of the last two merged dims of y and a (y dense along the
+// last, a along the one before: NCHW <-> NHWC), walked in tiles of 32
+// lines of 32 elements (lines of a few elements, longer), so that both
+// sides are read and written a cache line at a time. `planes` runs of
+// `inner` lines of `len` elements; a line i of y is `syr` apart, an
+// element j of a `sa` apart.
+struct TransposeTiles {
+  static constexpr std::uint64_t kTile = 32;
+  std::uint64_t len, inner, syr, sa, tile_i, row_tiles, planes;
+
+  // The tiles of r's transpose; nullopt where r is not one.
+  static std::optional<TransposeTiles> of(const Rows& r) {
+    const std::uint64_t len = r.shape[r.rank - 1];
+    const std::uint64_t sy = r.strides[0][r.rank - 1], sa = r.strides[1][r.rank - 1];
+    if (r.rank < 2 || sy != 1 || sa == 1 || r.strides[1][r.rank - 2] != 1) return std::nullopt;
+    const std::uint64_t inner = r.shape[r.rank - 2];
+    const std::uint64_t tile_i = len >= kTile ? kTile : len <= 4 ? 8192 : std::max(kTile, kTile * kTile / len);
+    std::uint64_t rows = 1;
+    for (std::uint32_t d = 0; d + 1 < r.rank; ++d) rows *= r.shape[d];
+    const std::uint64_t syr = r.strides[0][r.rank - 2], row_tiles = (inner + tile_i - 1) / tile_i;
+    return TransposeTiles{len, inner, syr, sa, tile_i, row_tiles, rows / inner};
+  }
+  // Tiles a thread takes at a time.
+  std::uint64_t grain() const {
+    return std::max<std::uint64_t>(1, kGrain / (std::min(inner, tile_i) * std::max<std::uint64_t>(1, len)));
+  }
+  // tile(y0, a0, ni, nj) for every tile, on the engine's threads: the
+  // offsets (in elements) of its first element in y and in a, and its
+  // ni lines of nj elements.
+  template <class Tile>
+  void each(TensorEngine& e, const Rows& r, Tile&& tile) const {
+    e.pool().parallel_for(
+        planes * row_tiles,
+        [&](std::uint64_t begin, std::uint64_t end) {
+          for (std::uint64_t t = begin; t < end; ++t) {
+            std::uint64_t off[3];
+            row_offsets(r, t / row_tiles * inner, off);  // the plane's first row
+            const std::uint64_t i0 = t % row_tiles * tile_i, ni = std::min(inner, i0 + tile_i) - i0;
+            for (std::uint64_t j0 = 0; j0 < len; j0 += kTile)
+              tile(off[0] + i0 * syr + j0, off[1] + i0 + j0 * sa, ni, std::min(len, j0 + kTile) - j0);
+          }
+        },
+        grain());
+  }
+};
+
 // A copy between views of one dtype (a strided copy such as a Concat's
 // slice, or a transpose): rows of the merged dims, each a memcpy where both
-// are dense along it, else element by element; a transpose of the last two
-// merged dims (y dense along the last, a along the one before: NCHW <->
-// NHWC) in square tiles, so that both sides are read and written a cache
-// line at a time.
+// are dense along it, else element by element; a transpose in
+// TransposeTiles' tiles.
 void same_type_copy(TensorEngine& e, const View& a, const View& y) {
   const View* views[2] = {&y, &a};
   const Rows r = merged(views, 2);
@@ -442,31 +487,21 @@ void same_type_copy(TensorEngine& e, const View& a, const View& y) {
   const std::uint64_t sy = r.strides[0][r.rank - 1], sa = r.strides[1][r.rank - 1];
   std::uint64_t rows = 1;
   for (std::uint32_t d = 0; d + 1 < r.rank; ++d) rows *= r.shape[d];
-  if (r.rank >= 2 && sy == 1 && sa != 1 && r.strides[1][r.rank - 2] == 1) {
-    // Tiles of 32 lines of 32 elements; lines of a few elements, longer.
-    constexpr std::uint64_t kTile = 32;
-    const std::uint64_t inner = r.shape[r.rank - 2], syr = r.strides[0][r.rank - 2];
-    const std::uint64_t tile_i = len >= kTile ? kTile : len <= 4 ? 8192 : std::max(kTile, kTile * kTile / len);
-    const std::uint64_t row_tiles = (inner + tile_i - 1) / tile_i, planes = rows / inner;
-    e.pool().parallel_for(
-        planes * row_tiles,
-        [&](std::uint64_t begin, std::uint64_t end) {
-          if (r.rank == 3 && row_tiles == 1 && len < kTile) {  // planes of one tile, evenly apart
-            const std::uint64_t py = r.strides[0][0], pa = r.strides[1][0];
-            transpose_tiles(y.data + begin * py * es, syr, a.data + begin * pa * es, sa, inner, len, es, end - begin,
-                            py, pa);
-            return;
-          }
-          for (std::uint64_t t = begin; t < end; ++t) {
-            std::uint64_t off[3];
-            row_offsets(r, t / row_tiles * inner, off);  // the plane's first row
-            const std::uint64_t i0 = t % row_tiles * tile_i, i1 = std::min(inner, i0 + tile_i);
-            for (std::uint64_t j0 = 0; j0 < len; j0 += kTile)
-              transpose_tiles(y.data + (off[0] + i0 * syr + j0) * es, syr, a.data + (off[1] + i0 + j0 * sa) * es, sa,
-                              i1 - i0, std::min(len, j0 + kTile) - j0, es);
-          }
-        },
-        std::max<std::uint64_t>(1, kGrain / (std::min(inner, tile_i) * std::max<std::uint64_t>(1, len))));
+  if (const auto g = TransposeTiles::of(r)) {
+    if (r.rank == 3 && g->row_tiles == 1 && len < TransposeTiles::kTile) {  // planes of one tile, evenly apart
+      const std::uint64_t py = r.strides[0][0], pa = r.strides[1][0];
+      e.pool().parallel_for(
+          g->planes,
+          [&](std::uint64_t begin, std::uint64_t end) {
+            transpose_tiles(y.data + begin * py * es, g->syr, a.data + begin * pa * es, sa, g->inner, len, es,
+                            end - begin, py, pa);
+          },
+          g->grain());
+      return;
+    }
+    g->each(e, r, [&](std::uint64_t y0, std::uint64_t a0, std::uint64_t ni, std::uint64_t nj) {
+      transpose_tiles(y.data + y0 * es, g->syr, a.data + a0 * es, sa, ni, nj, es);
+    });
     return;
   }
   if (r.rank == 2 && sy == 1 && sa == 1 && len * es <= kShortRow && apart(y, a)) {
@@ -503,7 +538,7 @@ void same_type_copy(TensorEngine& e, const View& a, const View& y) {
 
 // An f32 view cast into a dense f16 or bf16 y where that is a transpose of
 // the last two merged dimensions (an fp16 model's f32 input, NCHW read in
-// NHWC's order): same_type_copy's tiles, each transposed into the
+// NHWC's order): TransposeTiles' tiles, each transposed into the
 // thread's own floats and rounded into y while they are in cache. A
 // transposed f32 copy of the whole input first, then a pass to round it,
 // took MobileNetV3-Small fp16's input at batch 8 about 290 us against
@@ -512,40 +547,22 @@ void same_type_copy(TensorEngine& e, const View& a, const View& y) {
 bool transposed_narrow(TensorEngine& e, const View& a, const View& y) {
   const View* views[2] = {&y, &a};
   const Rows r = merged(views, 2);
-  const std::uint64_t len = r.shape[r.rank - 1];
-  const std::uint64_t sy = r.strides[0][r.rank - 1], sa = r.strides[1][r.rank - 1];
-  if (a.dtype != fw::DType::kF32 || r.rank < 2 || sy != 1 || sa == 1 || r.strides[1][r.rank - 2] != 1) return false;
-  constexpr std::uint64_t kTile = 32;  // as same_type_copy's
-  const std::uint64_t inner = r.shape[r.rank - 2], syr = r.strides[0][r.rank - 2];
-  const std::uint64_t tile_i = len >= kTile ? kTile : len <= 4 ? 8192 : std::max(kTile, kTile * kTile / len);
-  std::uint64_t rows = 1;
-  for (std::uint32_t d = 0; d + 1 < r.rank; ++d) rows *= r.shape[d];
-  const std::uint64_t row_tiles = (inner + tile_i - 1) / tile_i, planes = rows / inner;
+  const auto g = TransposeTiles::of(r);
+  if (a.dtype != fw::DType::kF32 || !g) return false;
   const auto narrow = y.dtype == fw::DType::kF16 ? simd::narrow_f16 : simd::narrow_bf16;
   auto* const yh = reinterpret_cast<std::uint16_t*>(y.data);
-  e.pool().parallel_for(
-      planes * row_tiles,
-      [&](std::uint64_t begin, std::uint64_t end) {
-        thread_local std::vector<float> tile;  // kept from call to call: fresh pages at every call cost faults
-        tile.resize(std::max<std::size_t>(tile.size(), tile_i * std::min(len, kTile)));
-        for (std::uint64_t t = begin; t < end; ++t) {
-          std::uint64_t off[3];
-          row_offsets(r, t / row_tiles * inner, off);  // the plane's first row
-          const std::uint64_t i0 = t % row_tiles * tile_i, ni = std::min(inner, i0 + tile_i) - i0;
-          for (std::uint64_t j0 = 0; j0 < len; j0 += kTile) {
-            const std::uint64_t nj = std::min(len, j0 + kTile) - j0;
-            transpose_tiles(reinterpret_cast<std::byte*>(tile.data()), nj,
-                            a.data + (off[1] + i0 + j0 * sa) * sizeof(float), sa, ni, nj, sizeof(float));
-            std::uint16_t* const out = yh + off[0] + i0 * syr + j0;
-            if (nj == syr) {
-              narrow(tile.data(), out, ni * nj);  // the tile's lines lie together in y
-              continue;
-            }
-            for (std::uint64_t i = 0; i < ni; ++i) narrow(tile.data() + i * nj, out + i * syr, nj);
-          }
-        }
-      },
-      std::max<std::uint64_t>(1, kGrain / (std::min(inner, tile_i) * std::max<std::uint64_t>(1, len))));
+  const auto* const af = reinterpret_cast<const float*>(a.data);
+  g->each(e, r, [&](std::uint64_t y0, std::uint64_t a0, std::uint64_t ni, std::uint64_t nj) {
+    thread_local std::vector<float> tile;  // kept from call to call: fresh pages at every call cost faults
+    tile.resize(std::max<std::size_t>(tile.size(), g->tile_i * std::min(g->len, TransposeTiles::kTile)));
+    transpose_tiles(reinterpret_cast<std::byte*>(tile.data()), nj, reinterpret_cast<const std::byte*>(af + a0), g->sa,
+                    ni, nj, sizeof(float));
+    if (nj == g->syr) {
+      narrow(tile.data(), yh + y0, ni * nj);  // the tile's lines lie together in y
+      return;
+    }
+    for (std::uint64_t i = 0; i < ni; ++i) narrow(tile.data() + i * nj, yh + y0 + i * g->syr, nj);
+  });
   return true;
 }
 
