@@ -29,8 +29,18 @@ while (($#)); do
   esac
   shift
 done
-took() { echo "tpuhal package: $1 took $((SECONDS - step)) s" >&2; step=$SECONDS; }
+source "$root/scripts/lib/cpu.bash"
+took() {
+  # shellcheck disable=SC2086 # step_cpu: two numbers
+  cpu_since $step_cpu
+  echo "tpuhal package: $1 took $((SECONDS - step)) s (CPU: $REPLY)" >&2
+  step=$SECONDS
+  cpu_ticks
+  step_cpu=$REPLY
+}
 step=$SECONDS
+cpu_ticks
+step_cpu=$REPLY
 "$root/scripts/setup.sh" --build
 "$root/scripts/setup.sh" --package
 if ((!no_build)); then

@@ -5,9 +5,22 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build/sanitize"
-# How long each step took, for the CI log (CI's whole run must stay under 40 minutes).
-took() { echo "tpuhal test: $1 took $((SECONDS - step)) s" >&2; step=$SECONDS; }
+# How long each step took, and the CPU time it took (scripts/lib/cpu.bash),
+# for the CI log (CI's whole run must stay under 40 minutes): the time of
+# the processes that ended in it, so the sanitizer build's includes the
+# install of the tests' packages beside it, which says its own.
+source "$root/scripts/lib/cpu.bash"
+took() {
+  # shellcheck disable=SC2086 # step_cpu: two numbers
+  cpu_since $step_cpu
+  echo "tpuhal test: $1 took $((SECONDS - step)) s (CPU: $REPLY)" >&2
+  step=$SECONDS
+  cpu_ticks
+  step_cpu=$REPLY
+}
 step=$SECONDS
+cpu_ticks
+step_cpu=$REPLY
 arm64() { [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; }
 # What the build needs, first; what only the tests need (the model zoo's
 # PyTorch, QEMU, podman, Prometheus, GStreamer's plugins, and for the arm64
@@ -29,7 +42,8 @@ rm -f "$installing_status"
   s=$SECONDS
   "$root/scripts/setup.sh" --test
   if (($# == 0)) && arm64; then "$root/scripts/arm64.sh" --install-only; fi
-  echo "tpuhal test: installing what the tests need took $((SECONDS - s)) s, beside the build"
+  cpu_since 0 0
+  echo "tpuhal test: installing what the tests need took $((SECONDS - s)) s (CPU: $REPLY), beside the build"
 ) >"$installing_log" 2>&1 &
 installing=$!
 # A failed configure or build leaves the install to finish, not to be cut
@@ -135,7 +149,16 @@ isa_levels() {
   done
 }
 # Each step says how long it took, in the alongside log and on stderr.
-timed() { local s=$SECONDS; "$@"; echo "tpuhal test: $* took $((SECONDS - s)) s" >&2; }
+# The command runs in a subshell, whose children are its own: a background
+# job that the calling shell reaps meanwhile (the packages' step, beside
+# the others) does not count in it. Its variables stay in the subshell.
+timed() {
+  (
+    s=$SECONDS
+    trap 'cpu_since 0 0; echo "tpuhal test: $* took $((SECONDS - s)) s (CPU: $REPLY)" >&2' EXIT
+    "$@"
+  )
+}
 fuzz_tree() { if [[ $fuzz_here == ON ]]; then echo "$build"; else echo "$root/build/fuzz"; fi; }
 # The Debian packages (docs/packages.md): built, checked by lintian, then
 # installed, used and removed in a fresh Debian root, which needs root.
@@ -195,7 +218,7 @@ alongside_steps() {
     return 1
   fi
 }
-export -f arm64 timed alongside_steps isa_levels fuzz_tree packages debian_base_start job_status
+export -f arm64 timed alongside_steps isa_levels fuzz_tree packages debian_base_start job_status cpu_ticks cpu_since
 export build root fuzz_here isa_independent
 done_alongside=0
 # OpenMP's worker threads (the tensor engine's and oneDNN's in LLVM's
@@ -248,3 +271,5 @@ if (($# == 0)) && ((!done_alongside)); then
   (cd "$root"; alongside_steps)
   took "ThreadSanitizer, fuzzing and arm64"
 fi
+cpu_since 0 0
+echo "tpuhal test: the whole run took $SECONDS s (CPU: $REPLY)" >&2

@@ -1,0 +1,24 @@
+# Sourced by scripts/test.sh and scripts/package.sh: the CPU time their
+# steps take, beside the wall-clock time they print. On CI's two cores the
+# steps run side by side, so a step's seconds say little about what it
+# costs; its CPU seconds do.
+#
+#   cpu_ticks         REPLY: "U S", the user and system CPU time, in clock
+#                     ticks, of the children of this shell (or subshell)
+#                     that have ended and been waited for (/proc's cutime
+#                     and cstime)
+#   cpu_since U S     REPLY: "N s user, M s system" since cpu_ticks gave U S
+# cpu_ticks does not fork: a subshell would read its own children's time.
+cpu_ticks() {
+  local stat f
+  read -r stat </proc/"$BASHPID"/stat
+  read -ra f <<<"${stat##*) }"  # the fields after the command's name (which may hold spaces), from the 3rd
+  REPLY="${f[13]} ${f[14]}"
+}
+cpu_since() {
+  local u s tick
+  cpu_ticks
+  read -r u s <<<"$REPLY"
+  tick=$(getconf CLK_TCK)
+  REPLY="$(((u - $1) / tick)) s user, $(((s - $2) / tick)) s system"
+}
