@@ -30,17 +30,7 @@ while (($#)); do
   shift
 done
 source "$root/scripts/lib/cpu.bash"
-took() {
-  # shellcheck disable=SC2086 # step_cpu: two numbers
-  cpu_since $step_cpu
-  echo "tpuhal package: $1 took $((SECONDS - step)) s (CPU: $REPLY)" >&2
-  step=$SECONDS
-  cpu_ticks
-  step_cpu=$REPLY
-}
-step=$SECONDS
-cpu_ticks
-step_cpu=$REPLY
+step_start
 "$root/scripts/setup.sh" --build
 "$root/scripts/setup.sh" --package
 if ((!no_build)); then
@@ -51,17 +41,17 @@ if ((!no_build)); then
   configure_with clang clang++ "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON \
     -DTPUHAL_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_SKIP_INSTALL_RPATH=ON
   cmake --build "$build"
-  took "the build"
+  took "tpuhal package" "the build"
 fi
 # One date for every file of the packages and the wheel: the last commit's.
 SOURCE_DATE_EPOCH=$(git -C "$root" log -1 --format=%ct 2>/dev/null || date +%s)
 export SOURCE_DATE_EPOCH
 /usr/bin/python3 "$root/packaging/debs.py" --build "$build" --out "$out"
 /usr/bin/python3 "$root/packaging/wheel.py" --build "$build" --out "$out"
-took "making the packages and the wheel"
+took "tpuhal package" "making the packages and the wheel"
 # An error or a warning fails the run.
 lintian --fail-on error,warning "$out"/*.deb
-took "lintian"
+took "tpuhal package" "lintian"
 if ((test)); then
   # One fresh Debian root for the run, copied for each use (the packages'
   # test and the image), made by debootstrap once (or given: scripts/test.sh
@@ -70,21 +60,22 @@ if ((test)); then
     TPUHAL_DEBIAN_BASE=$(mktemp -d /tmp/tpuhal-debian-base-XXXXXX)
     trap 'rm -rf --one-file-system "$TPUHAL_DEBIAN_BASE"' EXIT
     source "$root/scripts/lib/debian-root.bash"
+    # shellcheck disable=SC2097,SC2098 # the new root's path, made without a base to copy
     TPUHAL_DEBIAN_BASE='' debian_root "$TPUHAL_DEBIAN_BASE"
-    took "a fresh Debian root (debootstrap)"
+    took "tpuhal package" "a fresh Debian root (debootstrap)"
   fi
   export TPUHAL_DEBIAN_BASE
   "$root/tests/packages/install_test.sh" "$out"
-  took "the packages' test in a fresh Debian root"
+  took "tpuhal package" "the packages' test in a fresh Debian root"
   "$root/tests/packages/wheel_test.sh" "$out"/tpuhal-*.whl
-  took "the wheel's test in a fresh venv"
+  took "tpuhal package" "the wheel's test in a fresh venv"
   image=localhost/tpuhal-simd-test:$$
   "$root/scripts/image.sh" --packages "$out" --tag "$image"
   "$root/scripts/image.sh" --packages "$out" --tag "$image-video" --video
-  took "the simulator service images, without and with video"
+  took "tpuhal package" "the simulator service images, without and with video"
   status=0
   "$root/tests/packages/image_test.sh" "$image" "$image-video" || status=$?
   podman rmi -f "$image" "$image-video" >/dev/null 2>&1 || true
   ((status == 0)) || exit "$status"
-  took "the images' test in containers"
+  took "tpuhal package" "the images' test in containers"
 fi

@@ -10,17 +10,7 @@ build="$root/build/sanitize"
 # the processes that ended in it, so the sanitizer build's includes the
 # install of the tests' packages beside it, which says its own.
 source "$root/scripts/lib/cpu.bash"
-took() {
-  # shellcheck disable=SC2086 # step_cpu: two numbers
-  cpu_since $step_cpu
-  echo "tpuhal test: $1 took $((SECONDS - step)) s (CPU: $REPLY)" >&2
-  step=$SECONDS
-  cpu_ticks
-  step_cpu=$REPLY
-}
-step=$SECONDS
-cpu_ticks
-step_cpu=$REPLY
+step_start
 arm64() { [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; }
 # What the build needs, first; what only the tests need (the model zoo's
 # PyTorch, QEMU, podman, Prometheus, GStreamer's plugins, and for the arm64
@@ -28,7 +18,7 @@ arm64() { [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; }
 # a fresh machine that is minutes of downloading the build no longer waits
 # for. The tests wait for it.
 "$root/scripts/setup.sh" --build
-took "installing what the build needs"
+took "tpuhal test" "installing what the build needs"
 mkdir -p "$root/build"
 installing_log="$root/build/setup-tests.log"
 # The background jobs' statuses go to files, written as they exit:
@@ -95,7 +85,7 @@ configure_with "${TPUHAL_SANITIZE_CC:-clang}" "$san_cxx" "$build" "${san_flags[@
   -DCMAKE_UNITY_BUILD=ON -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON -DTPUHAL_FUZZ=$fuzz_here \
   -DTPUHAL_BUILD_TESTS=ON -DCMAKE_DISABLE_FIND_PACKAGE_ONNX=OFF
 cmake --build "$build"
-took "the sanitizer build"
+took "tpuhal test" "the sanitizer build"
 # The trees built after this one (ThreadSanitizer's, the packages') take its
 # CUDA kernels rather than run nvcc again (configure_with passes it on).
 if [[ -f $build/drivers/cuda_kernels.fatbin ]]; then export TPUHAL_CUDA_FATBIN=$build/drivers/cuda_kernels.fatbin; fi
@@ -236,7 +226,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 if (($# > 0)) || [[ -n ${TPUHAL_SKIP_LOAD:-} ]]; then
   # A filter (or TPUHAL_SKIP_LOAD=1): the tests it selects, on a quiet machine.
   (cd "$build" && ctest --output-on-failure -j "$(nproc)" "$@")
-  took "ctest"
+  took "tpuhal test" "ctest"
 else
   # Every test once, on a busy machine, as shared CI runners are
   # (scripts/load-test.sh): the steps above building and running (then a
@@ -247,12 +237,12 @@ else
   # model zoo's numerics, the integer kernels at every level and the QEMU
   # guests, which do not depend on timing and would only be slow there.
   (cd "$build" && ctest --output-on-failure -j "$(nproc)" -R "$("$root/scripts/load-test.sh" --build "$build" --skipped)")
-  took "the quiet tests"
+  took "tpuhal test" "the quiet tests"
   (cd "$root" && scripts/load-test.sh --build "$build" --repeat 1 --alongside "set -euo pipefail; alongside_steps" \
     --then "set -euo pipefail; timed isa_levels")
   done_alongside=1
   grep '^tpuhal test: ' "$build/load-test/alongside.log" >&2 || true
-  took "every other test under load, then at every instruction-set level, with ThreadSanitizer, fuzzing and arm64 alongside"
+  took "tpuhal test" "every other test under load, then at every instruction-set level, with ThreadSanitizer, fuzzing and arm64 alongside"
 fi
 
 # ThreadSanitizer over the tests where threads meet (scripts/tsan.sh,
@@ -267,9 +257,9 @@ fi
 # stays quick.
 if (($# == 0)) && ((!done_alongside)); then
   timed isa_levels
-  took "the tensor tests at every instruction-set level"
+  took "tpuhal test" "the tensor tests at every instruction-set level"
   (cd "$root"; alongside_steps)
-  took "ThreadSanitizer, fuzzing and arm64"
+  took "tpuhal test" "ThreadSanitizer, fuzzing and arm64"
 fi
 cpu_since 0 0
 echo "tpuhal test: the whole run took $SECONDS s (CPU: $REPLY)" >&2

@@ -8,6 +8,10 @@
 #                     that have ended and been waited for (/proc's cutime
 #                     and cstime)
 #   cpu_since U S     REPLY: "N s user, M s system" since cpu_ticks gave U S
+#   step_start        starts a step: its seconds and CPU time count from here
+#   took PREFIX WHAT  prints "PREFIX: WHAT took N s (CPU: ...)" on stderr for
+#                     the step since step_start (or the last took), and
+#                     starts the next
 # cpu_ticks does not fork: a subshell would read its own children's time.
 cpu_ticks() {
   local stat f
@@ -21,4 +25,15 @@ cpu_since() {
   read -r u s <<<"$REPLY"
   tick=$(getconf CLK_TCK)
   REPLY="$(((u - $1) / tick)) s user, $(((s - $2) / tick)) s system"
+}
+step_start() {
+  step=$SECONDS
+  cpu_ticks
+  step_cpu=$REPLY
+}
+took() {
+  # shellcheck disable=SC2086 # step_cpu: two numbers
+  cpu_since $step_cpu
+  echo "$1: $2 took $((SECONDS - step)) s (CPU: $REPLY)" >&2
+  step_start
 }
