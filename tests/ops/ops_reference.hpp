@@ -299,7 +299,11 @@ inline Host permuted(const Host& h, const std::vector<std::size_t>& perm) {
 class Rng {
  public:
   void seed(std::uint64_t s) { g_.seed(s); }
-  double uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(g_); }
+  // The top 53 bits of one draw, as std::generate_canonical takes them from
+  // a 64-bit engine, without the long double logarithms libstdc++ computes
+  // on every call (a tenth of the op suite's time; on arm64 they are
+  // software quad floats).
+  double uniform(double lo, double hi) { return lo + (hi - lo) * (static_cast<double>(g_() >> 11) * 0x1.0p-53); }
   std::int64_t integer(std::int64_t lo, std::int64_t hi) {
     return std::uniform_int_distribution<std::int64_t>(lo, hi)(g_);
   }
