@@ -688,10 +688,11 @@ std::uint64_t Board::dram_resident_bytes() const noexcept {
 std::uint64_t Board::prefault_limit() noexcept {
   static const std::uint64_t limit = [] {
     const char* env = std::getenv("TPUHAL_SIM_PREFAULT_MAX");
-    if (!env || !*env) return std::uint64_t{1} << 30;
+    constexpr std::uint64_t kDefault = std::uint64_t{256} << 20;
+    if (!env || !*env) return kDefault;
     char* end = nullptr;
     const unsigned long long v = std::strtoull(env, &end, 10);
-    return end && *end == '\0' ? static_cast<std::uint64_t>(v) : std::uint64_t{1} << 30;
+    return end && *end == '\0' ? static_cast<std::uint64_t>(v) : kDefault;
   }();
   return limit;
 }
