@@ -86,7 +86,8 @@ SSDLITE = """
 import sys, numpy as np, torch
 from torchvision.models import detection
 torch.manual_seed(0)
-net = detection.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None).eval()
+net = detection.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=11,
+                                              score_thresh=0.1).eval()
 for m in net.modules():
     if isinstance(m, torch.nn.Conv2d):
         torch.nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
@@ -103,16 +104,19 @@ torch.onnx.export(net, ([image],), sys.argv[1] + "/ssdlite.onnx", opset_version=
 
 def test_torchvisions_whole_ssdlite_compiles_and_gives_pytorchs_detections(dev, tmp_path):
     """SSDlite320 (MobileNetV3-Large), exported whole by torchvision: backbone and head on the device, its
-    post-processing (per class: scores above 0.01, the best 300, then batched NMS and the best 300 of all)
-    in the host stage. Random weights, Kaiming-initialised convolutions so that the scores differ from box
-    to box (torchvision's own initialisation leaves most equal, and equal scores may go in either order)."""
+    post-processing (per class: scores above the threshold, the best 300, then batched NMS and the best 300
+    of all) in the host stage. Random weights, Kaiming-initialised convolutions so that the scores differ
+    from box to box (torchvision's own initialisation leaves most equal, and equal scores may go in either
+    order). Ten classes rather than COCO's 90 (the export unrolls the loop over them: 90 took 28 s), at a
+    threshold of 0.1 that about a sixth of the scores pass, between 346 and 908 boxes per class: each step
+    still drops some."""
     pytest.importorskip("torch")
     pytest.importorskip("torchvision.models.detection", reason="python3-torchvision is not installed")
     run_plain(SSDLITE, tmp_path)
     want = np.load(tmp_path / "want.npz")
     cm = tpuhal.compile(str(tmp_path / "ssdlite.onnx"))
     model = dev.load_model(cm)
-    assert model.host_stage["ops"]["NonZero"] == 180 and model.host_stage["ops"]["If"] == 1
+    assert model.host_stage["ops"]["NonZero"] == 20 and model.host_stage["ops"]["If"] == 1
     boxes, scores, labels = model.instance().run(want["image"])
     wb, ws, wl = want["boxes"], want["scores"], want["labels"]
     assert boxes.shape == wb.shape and scores.shape == ws.shape and labels.shape == wl.shape
