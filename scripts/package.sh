@@ -30,6 +30,7 @@ while (($#)); do
   shift
 done
 source "$root/scripts/lib/cpu.bash"
+step_prefix="tpuhal package"
 step_start
 "$root/scripts/setup.sh" --build
 "$root/scripts/setup.sh" --package
@@ -41,17 +42,17 @@ if ((!no_build)); then
   configure_with clang clang++ "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON \
     -DTPUHAL_BUILD_TESTS=OFF -DCMAKE_INSTALL_PREFIX=/usr -DCMAKE_SKIP_INSTALL_RPATH=ON
   cmake --build "$build"
-  took "tpuhal package" "the build"
+  took "the build"
 fi
 # One date for every file of the packages and the wheel: the last commit's.
 SOURCE_DATE_EPOCH=$(git -C "$root" log -1 --format=%ct 2>/dev/null || date +%s)
 export SOURCE_DATE_EPOCH
 /usr/bin/python3 "$root/packaging/debs.py" --build "$build" --out "$out"
 /usr/bin/python3 "$root/packaging/wheel.py" --build "$build" --out "$out"
-took "tpuhal package" "making the packages and the wheel"
+took "making the packages and the wheel"
 # An error or a warning fails the run.
 lintian --fail-on error,warning "$out"/*.deb
-took "tpuhal package" "lintian"
+took "lintian"
 if ((test)); then
   # One fresh Debian root for the run, copied for each use (the packages'
   # test and the image), made by debootstrap once (or given: scripts/test.sh
@@ -62,20 +63,20 @@ if ((test)); then
     source "$root/scripts/lib/debian-root.bash"
     # shellcheck disable=SC2097,SC2098 # the new root's path, made without a base to copy
     TPUHAL_DEBIAN_BASE='' debian_root "$TPUHAL_DEBIAN_BASE"
-    took "tpuhal package" "a fresh Debian root (debootstrap)"
+    took "a fresh Debian root (debootstrap)"
   fi
   export TPUHAL_DEBIAN_BASE
   "$root/tests/packages/install_test.sh" "$out"
-  took "tpuhal package" "the packages' test in a fresh Debian root"
+  took "the packages' test in a fresh Debian root"
   "$root/tests/packages/wheel_test.sh" "$out"/tpuhal-*.whl
-  took "tpuhal package" "the wheel's test in a fresh venv"
+  took "the wheel's test in a fresh venv"
   image=localhost/tpuhal-simd-test:$$
   "$root/scripts/image.sh" --packages "$out" --tag "$image"
   "$root/scripts/image.sh" --packages "$out" --tag "$image-video" --video
-  took "tpuhal package" "the simulator service images, without and with video"
+  took "the simulator service images, without and with video"
   status=0
   "$root/tests/packages/image_test.sh" "$image" "$image-video" || status=$?
   podman rmi -f "$image" "$image-video" >/dev/null 2>&1 || true
   ((status == 0)) || exit "$status"
-  took "tpuhal package" "the images' test in containers"
+  took "the images' test in containers"
 fi

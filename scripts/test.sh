@@ -10,6 +10,7 @@ build="$root/build/sanitize"
 # the processes that ended in it, so the sanitizer build's includes the
 # install of the tests' packages beside it, which says its own.
 source "$root/scripts/lib/cpu.bash"
+step_prefix="tpuhal test"
 step_start
 arm64() { [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; }
 # What the build needs, first; what only the tests need (the model zoo's
@@ -18,7 +19,7 @@ arm64() { [[ -z ${TPUHAL_SKIP_ARM64:-} && $(uname -m) == x86_64 ]]; }
 # a fresh machine that is minutes of downloading the build no longer waits
 # for. The tests wait for it.
 "$root/scripts/setup.sh" --build
-took "tpuhal test" "installing what the build needs"
+took "installing what the build needs"
 mkdir -p "$root/build"
 installing_log="$root/build/setup-tests.log"
 # The background jobs' statuses go to files, written as they exit:
@@ -85,7 +86,7 @@ configure_with "${TPUHAL_SANITIZE_CC:-clang}" "$san_cxx" "$build" "${san_flags[@
   -DCMAKE_UNITY_BUILD=ON -DTPUHAL_SANITIZE=address,undefined -DTPUHAL_WERROR=ON -DTPUHAL_FUZZ=$fuzz_here \
   -DTPUHAL_BUILD_TESTS=ON -DCMAKE_DISABLE_FIND_PACKAGE_ONNX=OFF
 cmake --build "$build"
-took "tpuhal test" "the sanitizer build"
+took "the sanitizer build"
 # The trees built after this one (ThreadSanitizer's, the packages') take its
 # CUDA kernels rather than run nvcc again (configure_with passes it on).
 if [[ -f $build/drivers/cuda_kernels.fatbin ]]; then export TPUHAL_CUDA_FATBIN=$build/drivers/cuda_kernels.fatbin; fi
@@ -145,7 +146,7 @@ isa_levels() {
 timed() {
   (
     s=$SECONDS
-    trap 'cpu_since 0 0; echo "tpuhal test: $* took $((SECONDS - s)) s (CPU: $REPLY)" >&2' EXIT
+    trap 'step_report "$*" "$s" 0 0' EXIT
     "$@"
   )
 }
@@ -208,8 +209,9 @@ alongside_steps() {
     return 1
   fi
 }
-export -f arm64 timed alongside_steps isa_levels fuzz_tree packages debian_base_start job_status cpu_ticks cpu_since
-export build root fuzz_here isa_independent
+export -f arm64 timed alongside_steps isa_levels fuzz_tree packages debian_base_start job_status cpu_ticks cpu_since \
+  step_report
+export build root fuzz_here isa_independent step_prefix
 done_alongside=0
 # OpenMP's worker threads (the tensor engine's and oneDNN's in LLVM's
 # libomp, PyTorch's in GNU libgomp) spin after each parallel region before
@@ -226,7 +228,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 if (($# > 0)) || [[ -n ${TPUHAL_SKIP_LOAD:-} ]]; then
   # A filter (or TPUHAL_SKIP_LOAD=1): the tests it selects, on a quiet machine.
   (cd "$build" && ctest --output-on-failure -j "$(nproc)" "$@")
-  took "tpuhal test" "ctest"
+  took "ctest"
 else
   # Every test once, on a busy machine, as shared CI runners are
   # (scripts/load-test.sh): the steps above building and running (then a
@@ -237,12 +239,12 @@ else
   # model zoo's numerics, the integer kernels at every level and the QEMU
   # guests, which do not depend on timing and would only be slow there.
   (cd "$build" && ctest --output-on-failure -j "$(nproc)" -R "$("$root/scripts/load-test.sh" --build "$build" --skipped)")
-  took "tpuhal test" "the quiet tests"
+  took "the quiet tests"
   (cd "$root" && scripts/load-test.sh --build "$build" --repeat 1 --alongside "set -euo pipefail; alongside_steps" \
     --then "set -euo pipefail; timed isa_levels")
   done_alongside=1
   grep '^tpuhal test: ' "$build/load-test/alongside.log" >&2 || true
-  took "tpuhal test" "every other test under load, then at every instruction-set level, with ThreadSanitizer, fuzzing and arm64 alongside"
+  took "every other test under load, then at every instruction-set level, with ThreadSanitizer, fuzzing and arm64 alongside"
 fi
 
 # ThreadSanitizer over the tests where threads meet (scripts/tsan.sh,
@@ -257,9 +259,8 @@ fi
 # stays quick.
 if (($# == 0)) && ((!done_alongside)); then
   timed isa_levels
-  took "tpuhal test" "the tensor tests at every instruction-set level"
+  took "the tensor tests at every instruction-set level"
   (cd "$root"; alongside_steps)
-  took "tpuhal test" "ThreadSanitizer, fuzzing and arm64"
+  took "ThreadSanitizer, fuzzing and arm64"
 fi
-cpu_since 0 0
-echo "tpuhal test: the whole run took $SECONDS s (CPU: $REPLY)" >&2
+step_report "the whole run" 0 0 0

@@ -8,10 +8,14 @@
 #                     that have ended and been waited for (/proc's cutime
 #                     and cstime)
 #   cpu_since U S     REPLY: "N s user, M s system" since cpu_ticks gave U S
+#   step_report WHAT T U S
+#                     prints "$step_prefix: WHAT took N s (CPU: ...)" on
+#                     stderr, N and the CPU time since SECONDS was T and
+#                     cpu_ticks gave U S
 #   step_start        starts a step: its seconds and CPU time count from here
-#   took PREFIX WHAT  prints "PREFIX: WHAT took N s (CPU: ...)" on stderr for
-#                     the step since step_start (or the last took), and
-#                     starts the next
+#   took WHAT         reports the step since step_start (or the last took),
+#                     and starts the next
+# The caller sets step_prefix ("tpuhal test").
 # cpu_ticks does not fork: a subshell would read its own children's time.
 cpu_ticks() {
   local stat f
@@ -31,9 +35,12 @@ step_start() {
   cpu_ticks
   step_cpu=$REPLY
 }
+step_report() {
+  cpu_since "$3" "$4"
+  echo "${step_prefix:?}: $1 took $((SECONDS - $2)) s (CPU: $REPLY)" >&2
+}
 took() {
   # shellcheck disable=SC2086 # step_cpu: two numbers
-  cpu_since $step_cpu
-  echo "$1: $2 took $((SECONDS - step)) s (CPU: $REPLY)" >&2
+  step_report "$1" "$step" $step_cpu
   step_start
 }
