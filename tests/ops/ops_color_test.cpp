@@ -62,5 +62,38 @@ TEST_P(Ops, Nv12AndI420ToRgbBt601LimitedRange) {
       }
 }
 
+// Planes read through strides (a transposed luma, NV12's chroma stored as
+// two planes or column-major, I420's U transposed) and y written
+// column-major give the bits the dense planes give.
+TEST_P(Ops, ColourConversionReadsStridedPlanesAndWritesAStridedY) {
+  const std::int64_t h = 6, w = 10, ch = h / 2, cw = w / 2;
+  const Host luma = rand_int(rng_, DType::U8, {h, w});
+  const Host u = rand_int(rng_, DType::U8, {ch, cw}), v = rand_int(rng_, DType::U8, {ch, cw});
+  Host uv(DType::U8, {ch, cw, 2});
+  for (std::size_t i = 0; i < u.size(); ++i) {
+    uv.v[2 * i] = u.v[i];
+    uv.v[2 * i + 1] = v.v[i];
+  }
+  ColorConvertOptions o;
+  o.mean = {123.675f, 116.28f, 103.53f};
+  o.scale = {1 / 58.395f, 1 / 57.12f, 1 / 57.375f};
+  const Tensor luma_t = lab().upload_view(luma, {1, h + 1}, 3);
+  for (DType yt : {DType::F32, DType::F16, DType::U8}) {
+    if (yt == DType::U8) o.scale = {0.5f, 0.25f, 2.0f};
+    const Tensor dense = lab().output(yt, {3, h, w});
+    Buffer yb = dev().allocate(static_cast<std::uint64_t>(3 * h * w) * size_of(yt));
+    const Tensor y(yb, yt, {3, h, w}, {h * w, 1, h}, 0);
+    const Host want =
+        lab().run(ops::i420_to_rgb(lab().upload(luma), lab().upload(u), lab().upload(v), dense, o), dense);
+    const auto same = [&](const std::string& what, const Op& op) {
+      expect_exact(what + " " + to_string(yt), lab().run(op, y), want.v);
+    };
+    same("i420, u transposed", ops::i420_to_rgb(luma_t, lab().upload_view(u, {1, ch + 2}, 1), lab().upload(v), y, o));
+    same("nv12 dense", ops::nv12_to_rgb(lab().upload(luma), lab().upload(uv), y, o));
+    same("nv12 as two planes", ops::nv12_to_rgb(luma_t, lab().upload_view(uv, {cw, 1, ch * cw}, 0), y, o));
+    same("nv12 column-major", ops::nv12_to_rgb(luma_t, lab().upload_view(uv, {1, ch, ch * cw}, 2), y, o));
+  }
+}
+
 }  // namespace
 }  // namespace tpuhal::ops_test

@@ -671,6 +671,44 @@ TEST(TensorIsa, ActivationLoopsMatchTheScalarRulesAtEveryLevel) {
   }
 }
 
+// simd.h's yuv_row_f32 as written there, each product rounded on its own.
+float yuv_channel(std::size_t k, std::uint8_t luma, std::uint8_t u8, std::uint8_t v8, float mean, float scale) {
+  const float u = static_cast<float>(u8) - 128.0f, v = static_cast<float>(v8) - 128.0f;
+  volatile float y = 1.164f * (static_cast<float>(luma) - 16.0f);
+  volatile float rv = 1.596f * v, gv = 0.813f * v, gu = 0.391f * u, bu = 2.018f * u;
+  volatile float g = y - gv;
+  const float c = k == 0 ? y + rv : k == 1 ? g - gu : y + bu;
+  volatile float shifted = std::min(std::max(c, 0.0f), 255.0f) - mean;
+  return shifted * scale;
+}
+
+TEST(TensorIsa, ColourRowsGiveTheScalarBitsForEveryStepWidthAndLevel) {
+  std::mt19937 rng(11);
+  const float mean[3] = {123.675f, 116.28f, 103.53f}, scale[3] = {1 / 58.395f, 1 / 57.12f, 1 / 57.375f};
+  for (std::size_t step : {0, 1, 2, 3}) {
+    for (std::size_t n : {1, 2, 31, 64, 257, 1920}) {
+      std::vector<std::uint8_t> luma(n), u(((n + 1) / 2) * std::max<std::size_t>(step, 1) + 1), v(u.size());
+      for (auto& b : luma) b = static_cast<std::uint8_t>(rng());
+      for (std::size_t i = 0; i < u.size(); ++i) {
+        u[i] = static_cast<std::uint8_t>(rng());
+        v[i] = static_cast<std::uint8_t>(rng());
+      }
+      if (n == 1920)  // every luma value, with several chroma samples each
+        for (std::size_t i = 0; i < n; ++i) luma[i] = static_cast<std::uint8_t>(i);
+      std::vector<float> want(3 * n);
+      for (std::size_t k = 0; k < 3; ++k)
+        for (std::size_t i = 0; i < n; ++i)
+          want[k * n + i] = yuv_channel(k, luma[i], u[i / 2 * step], v[i / 2 * step], mean[k], scale[k]);
+      for (Isa isa : levels_here()) {
+        SCOPED_TRACE(std::string(isa_name(isa)) + " step " + std::to_string(step) + " n " + std::to_string(n));
+        std::vector<float> got(3 * n, -1.0f);
+        simd::kernels(isa).yuv_row_f32(luma.data(), u.data(), v.data(), step, n, mean, scale, got.data());
+        expect_same_bits(got, want, "yuv row");
+      }
+    }
+  }
+}
+
 TEST(TensorIsa, ArithmeticRowsGiveTheScalarBitsApartInPlaceAndOverlapping) {
   // + - * / over dense rows and single values, with NaN, infinities, zeros
   // of both signs and subnormals among the values; y apart from a and b, y
@@ -1188,7 +1226,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 38u);
+  ASSERT_EQ(simd::entry_points().size(), 39u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

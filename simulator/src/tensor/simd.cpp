@@ -200,6 +200,10 @@ void widen_f16(const std::uint16_t* in, float* out, std::size_t n) { active().wi
 void widen_bf16(const std::uint16_t* in, float* out, std::size_t n) { active().widen_bf16(in, out, n); }
 void narrow_f16(const float* in, std::uint16_t* out, std::size_t n) { active().narrow_f16(in, out, n); }
 void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n) { active().narrow_bf16(in, out, n); }
+void yuv_row_f32(const std::uint8_t* luma, const std::uint8_t* u, const std::uint8_t* v, std::size_t step,
+                 std::size_t n, const float* mean, const float* scale, float* rgb) {
+  active().yuv_row_f32(luma, u, v, step, n, mean, scale, rgb);
+}
 
 }  // namespace simd
 }  // namespace tpuhal::sim::tensor

@@ -179,6 +179,15 @@ void widen_bf16(const std::uint16_t* in, float* out, std::size_t n);
 void narrow_f16(const float* in, std::uint16_t* out, std::size_t n);
 void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
 
+// One image row of BT.601 limited-range YUV as normalised planar RGB:
+// pixel i has Y = luma[i], U = u[i / 2 * step], V = v[i / 2 * step], and
+//   y = 1.164 (Y - 16), R = y + 1.596 (V - 128),
+//   G = y - 0.813 (V - 128) - 0.391 (U - 128), B = y + 2.018 (U - 128)
+// in f32 as written (each product and sum rounded, never fused); then
+// rgb[k * n + i] = (min(max(C_k, 0), 255) - mean[k]) * scale[k].
+void yuv_row_f32(const std::uint8_t* luma, const std::uint8_t* u, const std::uint8_t* v, std::size_t step,
+                 std::size_t n, const float* mean, const float* scale, float* rgb);
+
 // The vector entry points above (all but the scalar exp_f32), in one list:
 // each level's table, the dispatch and its checks are expanded from it.
 #define TPUHAL_SIMD_ENTRY_POINTS(X) \
@@ -219,7 +228,8 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
   X(widen_f16)                      \
   X(widen_bf16)                     \
   X(narrow_f16)                     \
-  X(narrow_bf16)
+  X(narrow_bf16)                    \
+  X(yuv_row_f32)
 
 // One level's versions of the entry points.
 struct Kernels {

@@ -576,32 +576,68 @@ fw::Problem run_resize(TensorEngine& e, const fw::ResizeAttrs& at, const View* v
 //   G = 1.164 (Y - 16) - 0.813 (V - 128) - 0.391 (U - 128)
 //   B = 1.164 (Y - 16) + 2.018 (U - 128)
 // clamped to [0, 255], then (value - mean) * scale per channel.
+namespace {
+
+// A plane's row of bytes: in place where its elements are adjacent, else
+// gathered into `tmp`.
+const std::uint8_t* byte_row(const std::byte* p, std::uint64_t stride, std::uint64_t n, std::uint8_t* tmp) {
+  const auto* b = reinterpret_cast<const std::uint8_t*>(p);
+  if (stride == 1) return b;
+  for (std::uint64_t i = 0; i < n; ++i) tmp[i] = b[i * stride];
+  return tmp;
+}
+
+// Image row r in f32 planar RGB (planes w apart in `rgb`), from the chroma
+// row of r / 2: in place where the chroma of a row is every byte (I420) or
+// every other byte (NV12's pairs), gathered otherwise.
+void color_row(const fw::ColorConvertAttrs& at, const View* v, bool nv12, std::uint64_t r, std::uint8_t* tmp,
+               float* rgb) {
+  const View &luma = v[0], &c1 = v[1], &c2 = v[2];
+  const std::uint64_t w = luma.shape[1], cw = (w + 1) / 2;
+  const std::uint8_t* lp = byte_row(luma.at(r * luma.strides[0]), luma.strides[1], w, tmp);
+  const auto* up = reinterpret_cast<const std::uint8_t*>(c1.at(r / 2 * c1.strides[0]));
+  const auto* vp = nv12 ? up + c1.strides[2] : reinterpret_cast<const std::uint8_t*>(c2.at(r / 2 * c2.strides[0]));
+  const std::uint64_t us = c1.strides[1], vs = nv12 ? c1.strides[1] : c2.strides[1];
+  if (us != vs || us > 2) {  // one step for both, each plane gathered
+    up = byte_row(reinterpret_cast<const std::byte*>(up), us, cw, tmp + w);
+    vp = byte_row(reinterpret_cast<const std::byte*>(vp), vs, cw, tmp + w + cw);
+  }
+  simd::yuv_row_f32(lp, up, vp, us != vs || us > 2 ? 1 : us, w, at.mean, at.scale, rgb);
+}
+
+// n f32 values into y's row at `out`, its elements y.strides[2] apart, as
+// store_float would store each: whole rows through the vector conversions
+// where the row is dense.
+void store_row(const float* in, std::byte* out, std::uint64_t n, const View& y) {
+  const fw::DType t = y.dtype;
+  const std::uint64_t stride = y.strides[2];
+  const bool dense = stride == 1;
+  if (dense && t == fw::DType::kF32) {
+    std::memcpy(out, in, n * 4);
+  } else if (dense && t == fw::DType::kF16) {
+    simd::narrow_f16(in, reinterpret_cast<std::uint16_t*>(out), n);
+  } else if (dense && t == fw::DType::kBF16) {
+    simd::narrow_bf16(in, reinterpret_cast<std::uint16_t*>(out), n);
+  } else if (dense && (t == fw::DType::kU8 || t == fw::DType::kI8)) {
+    simd::quantize_f32(in, reinterpret_cast<std::uint8_t*>(out), n, 1.0f, 0, int_min(t), int_max(t));
+  } else {
+    for (std::uint64_t i = 0; i < n; ++i) store_float(out + i * stride * y.esize, t, in[i]);
+  }
+}
+
+}  // namespace
+
 fw::Problem run_color_convert(TensorEngine& e, const fw::ColorConvertAttrs& at, const View* v) {
-  const View &luma = v[0], &c1 = v[1], &c2 = v[2], &y = v[3];
+  const View &luma = v[0], &y = v[3];
   const bool nv12 = at.format == static_cast<std::uint32_t>(fw::ColorFormat::kNV12);
   const std::uint64_t h = luma.shape[0], w = luma.shape[1];
   e.pool().parallel_for(h, [&](std::uint64_t begin, std::uint64_t end) {
+    std::vector<float> rgb(3 * w);
+    std::vector<std::uint8_t> tmp(2 * w + 2);
     for (std::uint64_t r = begin; r < end; ++r) {
-      for (std::uint64_t col = 0; col < w; ++col) {
-        const float Y =
-            static_cast<float>(static_cast<std::uint8_t>(*luma.at(r * luma.strides[0] + col * luma.strides[1])));
-        float U, V;
-        const std::uint64_t cr = r / 2, cc = col / 2;
-        if (nv12) {
-          U = static_cast<float>(static_cast<std::uint8_t>(*c1.at(cr * c1.strides[0] + cc * c1.strides[1])));
-          V = static_cast<float>(
-              static_cast<std::uint8_t>(*c1.at(cr * c1.strides[0] + cc * c1.strides[1] + c1.strides[2])));
-        } else {
-          U = static_cast<float>(static_cast<std::uint8_t>(*c1.at(cr * c1.strides[0] + cc * c1.strides[1])));
-          V = static_cast<float>(static_cast<std::uint8_t>(*c2.at(cr * c2.strides[0] + cc * c2.strides[1])));
-        }
-        const float yy = 1.164f * (Y - 16.0f), u = U - 128.0f, vv = V - 128.0f;
-        const float rgb[3] = {yy + 1.596f * vv, yy - 0.813f * vv - 0.391f * u, yy + 2.018f * u};
-        for (std::uint64_t k = 0; k < 3; ++k) {
-          const float val = (std::clamp(rgb[k], 0.0f, 255.0f) - at.mean[k]) * at.scale[k];
-          store_float(y.at(k * y.strides[0] + r * y.strides[1] + col * y.strides[2]), y.dtype, val);
-        }
-      }
+      color_row(at, v, nv12, r, tmp.data(), rgb.data());
+      for (std::uint64_t k = 0; k < 3; ++k)
+        store_row(rgb.data() + k * w, y.at(k * y.strides[0] + r * y.strides[1]), w, y);
     }
   });
   return {};
