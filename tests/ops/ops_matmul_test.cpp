@@ -69,6 +69,56 @@ TEST_P(Ops, MatMulOfFewBf16RowsIsOneMultiplyAddChainPerElement) {
   }
 }
 
+// Batches that share B (its batch dimensions broadcast) and lie one after
+// another in A are one product of all their rows (a transformer's
+// [sequence, 1, d] x [d, 3d]): every element still the chain of its own
+// row, bit for bit, with the batch dimensions dense, one of them 1, or A a
+// view whose batches are not one after another.
+TEST_P(Ops, MatMulOfBatchesSharingBIsOneMultiplyAddChainPerElement) {
+  const std::string isa = lab().dev.properties().tensor_isa;
+  if (isa.empty()) GTEST_SKIP() << GetParam() << " does not name its tensor engine's instruction set";
+  const bool fma = isa != "sse2" && isa != "sse41";
+  const std::int64_t k = 70, n = 50;
+  const Host b = rand(DType::F32, {k, n}, -2, 2);
+  const Tensor tb = lab().upload(b);
+  for (const Shape& batch : {Shape{40}, Shape{2, 5}, Shape{4, 1, 3}}) {
+    for (const std::int64_t m : {std::int64_t{1}, std::int64_t{3}}) {
+      for (const bool gapped : {false, true}) {
+        Shape as = batch;
+        as.insert(as.end(), {m, k});
+        const Host a = rand(DType::F32, as, -2, 2);
+        std::int64_t count = 1;
+        for (std::int64_t d : batch) count *= d;
+        // Gapped: each batch's rows dense, the batches k + 3 elements further apart.
+        Shape strides(as.size());
+        strides[as.size() - 1] = 1;
+        strides[as.size() - 2] = k;
+        std::int64_t step = m * k + (gapped ? k + 3 : 0);
+        for (std::size_t d = batch.size(); d-- > 0;) {
+          strides[d] = step;
+          step *= batch[d];
+        }
+        const Tensor ta = lab().upload_view(a, strides, 0);
+        Shape ys = batch;
+        ys.insert(ys.end(), {m, n});
+        const Tensor y = lab().output(DType::F32, ys);
+        const Host got = lab().run(ops::matmul(ta, tb, y), y);
+        for (std::int64_t bi = 0; bi < count; ++bi) {
+          Host rows(DType::F32, {m, k});
+          std::copy_n(a.v.begin() + bi * m * k, m * k, rows.v.begin());
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              const float want = product_chain(rows, b, i, j, fma);
+              const auto have = static_cast<float>(got.v[static_cast<std::size_t>((bi * m + i) * n + j)]);
+              ASSERT_EQ(std::memcmp(&have, &want, 4), 0) << dims(as) << (gapped ? " gapped" : "") << " at " << isa
+                                                         << ", batch " << bi << " [" << i << ", " << j << "]";
+            }
+        }
+      }
+    }
+  }
+}
+
 // A Linear layer's weights, past the second-level cache, are kept by the
 // engine in the layout its product reads once it has seen them unchanged
 // (docs/ops.md, Determinism): weights rewritten in place between runs are

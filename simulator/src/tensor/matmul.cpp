@@ -166,6 +166,27 @@ bool native_bf16_product(TensorEngine& e, const View& a, const View& b, bool ta,
   return !failed.load();
 }
 
+// Where B is the same matrix for every batch (its batch strides 0) and A
+// (not transposed) steps from the last row of one batch to the first of
+// the next by its row stride, the batches are one matrix of batches x M
+// rows (a transformer's [sequence, 1, d] x [d, 3d], as a model exported
+// with its batch dimension after the sequence has it): that many rows, else
+// M. Each element is the same chain of multiply-adds either way (fgemm.h);
+// one product reads B once, where a product per batch read it per row.
+std::uint64_t merged_rows(const View& a, bool ta, const View& b, const View& y) {
+  const std::uint32_t r = y.rank;
+  const std::uint64_t m = y.shape[r - 2];
+  if (r < 3 || ta || a.rank != r || b.rank != r) return m;
+  std::uint64_t rows = m, step = m * a.strides[r - 2];
+  for (std::uint32_t d = r - 2; d-- > 0;) {
+    if (y.shape[d] == 1) continue;
+    if (b.strides[d] != 0 || a.shape[d] != y.shape[d] || a.strides[d] != step) return m;
+    rows *= y.shape[d];
+    step *= y.shape[d];
+  }
+  return rows;
+}
+
 // out (f32, [batch, M, N] with row stride n, batch stride m * n) = op(A) @
 // op(B) on the engine's own kernels (fgemm.h): each element one chain of
 // multiply-adds in k order, whatever the threads; bf16 on oneDNN where the
@@ -178,11 +199,19 @@ void float_product(TensorEngine& e, const View& a, const View& b, bool ta, bool 
   if (k != 0 && m != 0 && n != 0 && onednn_has_native_bf16() && native_bf16_product(e, a, b, ta, tb, y, out)) return;
   const fgemm::Kernels& kern = fgemm::kernels(e.isa());
   const Indexer ia{a, ta}, ib{b, tb};
+  const std::uint64_t rows = merged_rows(a, ta, b, y);
   const auto S = [](std::uint64_t v) { return static_cast<std::int64_t>(v); };
   // An empty operand (K = 0) may have no memory at all: no offset from null.
   const auto base = [&](const View& v, const Indexer& ix, std::uint64_t bi) {
     return v.data ? v.at(ix.batch_offset(bi, y)) : nullptr;
   };
+  if (rows > m) {  // one product of rows x K by B
+    const fgemm::Matrix ma{base(a, ia, 0), S(a.strides[r - 2]), S(a.strides[r - 1]), float_type(a.dtype)};
+    const fgemm::Matrix mb{base(b, ib, 0), S(tb ? b.strides[r - 1] : b.strides[r - 2]),
+                           S(tb ? b.strides[r - 2] : b.strides[r - 1]), float_type(b.dtype)};
+    fgemm::gemm(e, kern, rows, n, k, ma, mb, out, n);
+    return;
+  }
   for (std::uint64_t bi = 0; bi < nb; ++bi) {
     const fgemm::Matrix ma{base(a, ia, bi), S(ta ? a.strides[r - 1] : a.strides[r - 2]),
                            S(ta ? a.strides[r - 2] : a.strides[r - 1]), float_type(a.dtype)};
