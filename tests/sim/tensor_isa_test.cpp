@@ -582,10 +582,32 @@ TEST(TensorIsa, ExpIsWithinTwoUlpAndItsActivationsMatchTheScalarRule) {
       ASSERT_EQ(std::memcmp(&sig[i], &want_sig, 4), 0) << "sigmoid(" << xs[i] << ")";
       ASSERT_EQ(std::memcmp(&silu[i], &want_silu, 4), 0) << "silu(" << xs[i] << ")";
     }
+    // Softmax's exponentials: the difference from the shift rounded first,
+    // then the scalar exp's bits (a NaN shift or input gives NaN).
+    for (const float shift : {0.0f, 3.5f, -20.25f, 88.0f}) {
+      std::vector<float> ex(xs.size());
+      simd::kernels(isa).exp_shifted_f32(xs.data(), ex.data(), xs.size(), shift);
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const float want = simd::exp_f32(xs[i] - shift);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(ex[i])) << "exp(" << xs[i] << " - " << shift << ")";
+          continue;
+        }
+        ASSERT_EQ(std::memcmp(&ex[i], &want, 4), 0) << "exp(" << xs[i] << " - " << shift << ")";
+      }
+    }
     // Every length to 131, past two steps of four AVX-512 vectors (the
     // loops run several vectors a step, then the rest), from an odd start;
     // nothing past the span is written.
     for (std::size_t n = 0; n <= 131; ++n) {
+      std::vector<float> ex(n + 1, -7.0f);
+      simd::kernels(isa).exp_shifted_f32(xs.data() + 1, ex.data(), n, 1.5f);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float want = simd::exp_f32(xs[1 + i] - 1.5f);
+        ASSERT_TRUE(std::isnan(want) ? std::isnan(ex[i]) : std::memcmp(&ex[i], &want, 4) == 0)
+            << "exp_shifted, length " << n << ", element " << i;
+      }
+      ASSERT_EQ(ex[n], -7.0f) << "exp_shifted wrote past length " << n;
       std::vector<float> s2(xs.begin() + 1, xs.begin() + 1 + n + 1), l2(s2);
       simd::kernels(isa).sigmoid_f32(s2.data(), n);
       simd::kernels(isa).silu_f32(l2.data(), n);
@@ -1226,7 +1248,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 39u);
+  ASSERT_EQ(simd::entry_points().size(), 40u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;
@@ -1348,27 +1370,37 @@ TEST(TensorEngine, AStreamingOpTakesTheTeamEarlierWhileItsThreadsSpin) {
 // 8x14x14x240 in f16 is estimated as in f32 and takes the team too; at
 // their own bytes where it only moves them (a transpose); a broadcast
 // operand once.
+// A dense view of `shape` (no data), or with `broadcast` one of an [n, h,
+// w, c] shape broadcast along h and w: an op's tensors for its estimate.
+View shaped_view(fw::DType t, std::uint32_t esize, const std::vector<std::uint64_t>& shape, bool broadcast = false) {
+  View v;
+  v.dtype = t;
+  v.esize = esize;
+  v.rank = static_cast<std::uint32_t>(shape.size());
+  std::uint64_t step = 1;
+  for (std::uint32_t d = v.rank; d-- > 0;) {
+    v.shape[d] = shape[d];
+    v.strides[d] = broadcast && d > 0 && d < 3 ? 0 : step;
+    step *= broadcast && d > 0 && d < 3 ? 1 : shape[d];
+  }
+  return v;
+}
+
+// An elementwise op's block (three tensors), for its estimate.
+fw::OpBlock map_block(fw::ElementwiseOp op) {
+  fw::OpBlock block;
+  block.kind = fw::OpKind::kElementwise;
+  block.num_tensors = 3;
+  fw::ElementwiseAttrs at{};
+  at.op = static_cast<std::uint32_t>(op);
+  block.attrs = at;
+  return block;
+}
+
 TEST(TensorEngine, AHalfFloatMapIsEstimatedAtF32sBytesAndItsCopiesAtTheirOwn) {
-  const auto view = [](fw::DType t, std::uint32_t esize, std::vector<std::uint64_t> shape, bool broadcast) {
-    View v;
-    v.dtype = t;
-    v.esize = esize;
-    v.rank = static_cast<std::uint32_t>(shape.size());
-    std::uint64_t step = 1;
-    for (std::uint32_t d = v.rank; d-- > 0;) {
-      v.shape[d] = shape[d];
-      v.strides[d] = broadcast && d > 0 && d < 3 ? 0 : step;  // [n, h, w, c]: h and w broadcast
-      step *= broadcast && d > 0 && d < 3 ? 1 : shape[d];
-    }
-    return v;
-  };
+  const auto view = shaped_view;
   const auto estimate = [&](fw::DType t, std::uint32_t esize, fw::ElementwiseOp op) {
-    fw::OpBlock block;
-    block.kind = fw::OpKind::kElementwise;
-    block.num_tensors = 3;
-    fw::ElementwiseAttrs at{};
-    at.op = static_cast<std::uint32_t>(op);
-    block.attrs = at;
+    const fw::OpBlock block = map_block(op);
     const bool binary = op != fw::ElementwiseOp::kIdentity;
     const View v[3] = {view(t, esize, {8, 14, 14, 240}, false),
                        binary ? view(t, esize, {8, 14, 14, 240}, true) : View{},
@@ -1385,6 +1417,34 @@ TEST(TensorEngine, AHalfFloatMapIsEstimatedAtF32sBytesAndItsCopiesAtTheirOwn) {
   EXPECT_EQ(f32_copy, 2 * kPixels * 4 / 32);
   EXPECT_EQ(estimate(fw::DType::kF16, 2, fw::ElementwiseOp::kIdentity), f32_copy / 2);
   EXPECT_EQ(estimate(fw::DType::kU8, 1, fw::ElementwiseOp::kIdentity), f32_copy / 4);
+}
+
+// Ops whose elements cost more than their bytes: a map that calls the C
+// library (erf, exp, ...) at 4 ns an element and softmax at 2, on top of
+// their bytes, so that a transformer's GELU and attention take the team;
+// a plain map of the same tensors stays at its bytes.
+TEST(TensorEngine, ALibraryMapAndASoftmaxAreEstimatedByTheirElements) {
+  const auto dense = [](const std::vector<std::uint64_t>& shape) { return shaped_view(fw::DType::kF32, 4, shape); };
+  constexpr std::uint64_t kElements = 128 * 1024, kBytes = 2 * kElements * 4 / 32;
+  const View x = dense({1, 128, 1024});
+  const auto map = [&](fw::ElementwiseOp op) {
+    const View v[3] = {x, View{}, x};
+    return serial_estimate_ns(map_block(op), v);
+  };
+  EXPECT_EQ(map(fw::ElementwiseOp::kNeg), kBytes);
+  EXPECT_LT(map(fw::ElementwiseOp::kNeg), WorkerPool::kSerialBelowNs);
+  for (fw::ElementwiseOp op : {fw::ElementwiseOp::kErf, fw::ElementwiseOp::kExp, fw::ElementwiseOp::kLog,
+                               fw::ElementwiseOp::kSin, fw::ElementwiseOp::kAtanh}) {
+    EXPECT_EQ(map(op), kBytes + 4 * kElements) << static_cast<int>(op);
+    EXPECT_GE(map(op), WorkerPool::kSerialBelowNs) << static_cast<int>(op);
+  }
+  fw::OpBlock softmax;
+  softmax.kind = fw::OpKind::kSoftmax;
+  softmax.num_tensors = 2;
+  softmax.attrs = fw::SoftmaxAttrs{};
+  const View s[2] = {dense({4, 128, 128}), dense({4, 128, 128})};
+  EXPECT_EQ(serial_estimate_ns(softmax, s), 2 * 65536 * 4 / 32 + 2 * 65536);
+  EXPECT_GE(serial_estimate_ns(softmax, s), WorkerPool::kSerialBelowNs);
 }
 
 // A kernel's part that throws (memory for its working set, say) on one of

@@ -309,6 +309,36 @@ void store_acc(const Accumulators& acc, const View& y) {
                  [&](const std::uint64_t* off) { store_int_wrap(y.at(off[0]), y.dtype, acc.data[i++]); });
 }
 
+// The ns per element, on one thread, of the ops whose elements cost more
+// than their bytes: 4 for the maps that are a call into the C library
+// (exp, log, erf and the trigonometric and hyperbolic functions; a
+// transformer's GELU, erf over 128x1024, took 535 us), 2 for softmax (a
+// maximum and a sum in order, an exp and a division per element: over
+// 4x128x128, 150 us), 0 for the rest. By their bytes alone those two came
+// to 33 and 16 us, and so ran on one thread.
+std::uint64_t per_element_ns(const fw::OpBlock& op, const View& y) {
+  if (op.kind == fw::OpKind::kSoftmax) return 2 * y.elements();
+  const auto* map = std::get_if<fw::ElementwiseAttrs>(&op.attrs);
+  if (op.kind != fw::OpKind::kElementwise || !map) return 0;
+  switch (static_cast<fw::ElementwiseOp>(map->op)) {
+    case fw::ElementwiseOp::kExp:
+    case fw::ElementwiseOp::kLog:
+    case fw::ElementwiseOp::kErf:
+    case fw::ElementwiseOp::kSin:
+    case fw::ElementwiseOp::kCos:
+    case fw::ElementwiseOp::kTan:
+    case fw::ElementwiseOp::kAsin:
+    case fw::ElementwiseOp::kAcos:
+    case fw::ElementwiseOp::kAtan:
+    case fw::ElementwiseOp::kSinh:
+    case fw::ElementwiseOp::kCosh:
+    case fw::ElementwiseOp::kAsinh:
+    case fw::ElementwiseOp::kAcosh:
+    case fw::ElementwiseOp::kAtanh: return 4 * y.elements();
+    default: return 0;
+  }
+}
+
 }  // namespace
 
 // A rough estimate of an op's time on one host thread, in ns: its tensors'
@@ -316,7 +346,8 @@ void store_acc(const Accumulators& acc, const View& y) {
 // stream at least that), plus its multiply-adds (convolutions and
 // products; a pool's taps likewise: counted by its bytes alone,
 // ShuffleNet's int8 stem max pool at batch 8, 3 MB, came to 94 us, and it
-// ran on one thread for 1.3 ms) at 16 per ns in float and 64 in int8, but
+// ran on one thread for 1.3 ms) at 16 per ns in float and 64 in int8
+// (plus per_element_ns for ops whose elements cost more), but
 // at 16 for a depthwise convolution's (one input channel per output: no
 // dot products over channels; MobileNetV3-Small's int8 depthwise layers of
 // 14x14x240 with 5x5 taps ran 43 us on one thread, 27 per ns). Small ops
@@ -372,7 +403,7 @@ std::uint64_t serial_estimate_ns(const fw::OpBlock& op, const View* v) {
     default: break;
   }
   const bool int8 = (in == fw::DType::kU8 || in == fw::DType::kI8) && !one_channel;
-  return bytes / 32 + macs / (int8 ? 64 : 16);
+  return bytes / 32 + macs / (int8 ? 64 : 16) + per_element_ns(op, y);
 }
 
 namespace {

@@ -160,6 +160,9 @@ float exp_f32(float x);
 // scalar exp_f32.
 void sigmoid_f32(float* p, std::size_t n);
 void silu_f32(float* p, std::size_t n);
+// out[i] = exp_f32(in[i] - shift), the difference rounded to f32 first:
+// softmax's exponentials, each exactly as written with the scalar exp_f32.
+void exp_shifted_f32(const float* in, float* out, std::size_t n, float shift);
 
 // The other activations, in place, each element exactly as written:
 // relu p > 0 ? p : 0; clip min(max(p, lo), hi); leaky p < 0 ? alpha * p : p;
@@ -220,6 +223,7 @@ void yuv_row_f32(const std::uint8_t* luma, const std::uint8_t* u, const std::uin
   X(dw_rows_f32)                    \
   X(sigmoid_f32)                    \
   X(silu_f32)                       \
+  X(exp_shifted_f32)                \
   X(relu_f32)                       \
   X(clip_f32)                       \
   X(leaky_relu_f32)                 \
