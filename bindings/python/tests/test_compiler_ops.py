@@ -823,6 +823,51 @@ def test_a_residual_in_the_models_input_bytes_is_copied_not_overwritten(dev):
     assert int.from_bytes(staged.to_bytes()[8:12], "little") == 4
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16", "int8"])
+def test_a_linear_layers_bias_add_fuses_into_its_matmul(dev, precision):
+    # A transformer's Linear layers as PyTorch exports them: MatMul of a
+    # [batch, tokens, d] value by a constant, then Add of the bias ([n], or
+    # [1, 1, n]), then an activation, which fuses too. Not fused: an Add of
+    # a value, a bias along the rows ([tokens, 1]), and an Add whose
+    # product another node also reads. int8 keeps its own layers.
+    rng = np.random.default_rng(11)  # its own: the module's RNG feeds later tests' data
+    f32 = np.float32
+    w1, b1 = rng.standard_normal((8, 6)).astype(f32), rng.standard_normal(6).astype(f32)
+    w2, b2 = rng.standard_normal((6, 4)).astype(f32), rng.standard_normal((1, 1, 4)).astype(f32)
+    rows = rng.standard_normal((5, 1)).astype(f32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]),
+             helper.make_node("Add", ["m1", "b1"], ["a1"]),
+             helper.make_node("Relu", ["a1"], ["r1"]),
+             helper.make_node("MatMul", ["r1", "w2"], ["m2"]),
+             helper.make_node("Add", ["b2", "m2"], ["a2"]),  # the bias on the left
+             helper.make_node("MatMul", ["a2", "w3"], ["m3"]),
+             helper.make_node("Add", ["m3", "rows"], ["a3"]),  # along the rows: stays
+             helper.make_node("MatMul", ["a3", "w3"], ["m4"]),
+             helper.make_node("Add", ["m4", "b3"], ["a4"]),
+             helper.make_node("Mul", ["a4", "m4"], ["y"])]  # m4 read twice: the Add stays
+    w3, b3 = rng.standard_normal((4, 4)).astype(f32), rng.standard_normal(4).astype(f32)
+    x = rng.standard_normal((2, 5, 8)).astype(f32)
+
+    def reference(x):
+        x = x.astype(np.float64)
+        a2 = np.maximum(x @ w1 + b1, 0) @ w2 + b2
+        m4 = (a2 @ w3 + rows) @ w3
+        return (m4 + b3) * m4
+
+    onnx_bytes = model(nodes, {"x": x.shape}, "y", initializers=[
+        ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2), ("w3", w3), ("rows", rows), ("b3", b3)])
+    if precision == "int8":
+        compiled = tpuhal.compile(onnx_bytes, "int8", calibration=x[None], device=dev.uri)
+        assert not [n for n in compiled.notes if "into MatMul" in n and n.startswith("fused Add")], compiled.notes
+        return
+    compiled = tpuhal.compile(onnx_bytes, precision, device=dev.uri)
+    fused = [n for n in compiled.notes if n.startswith("fused")]
+    assert fused == ["fused Add 'Add #1' into MatMul 'MatMul #0' (its bias b1)",
+                     "fused Add 'Add #4' into MatMul 'MatMul #3' (its bias b2)",
+                     "fused Relu 'Relu #2' into MatMul 'MatMul #0'"], fused
+    check(dev, onnx_bytes, {"x": x}, reference, precisions=(precision,))
+
+
 def conv3x3(x, w):
     n, _, h, wd = x.shape
     pad = np.pad(x, [(0, 0), (0, 0), (1, 1), (1, 1)])

@@ -430,6 +430,7 @@ Graph import_onnx(std::span<const std::byte> bytes, const CompileOptions& option
   fold_scales(im);
   fold_batch_norm(im);
   fuse_residual_adds(im);
+  fuse_matmul_bias(im);
   fuse_activations(im);
   fuse_gated(im);
   add_detect(im);

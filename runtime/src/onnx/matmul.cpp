@@ -108,7 +108,7 @@ bool gemm_int8(Lowerer& l, const Node& n) {
   const bool tb = a.trans_b;
   const std::int64_t m = x.shape[0], k = x.shape[1], nn = tb ? b.shape[0] : b.shape[1];
   std::vector<float> bias;
-  if (a.gemm && n.inputs.size() > 2 && !n.inputs[2].empty()) {
+  if (n.inputs.size() > 2 && !n.inputs[2].empty()) {
     const Value& c = l.g.value(n.inputs[2]);
     const bool per_out = c.elements() == 1 || (c.elements() == static_cast<std::uint64_t>(nn) && c.shape.back() == nn);
     if (!per_out) return false;
@@ -167,7 +167,8 @@ void lower_matmul(Lowerer& l, const Node& n) {
                              {"alpha", a.alpha},
                              {"beta", a.beta},
                              {"activation", act_json(n.act)}};
-  if (a.gemm && n.inputs.size() > 2 && !n.inputs[2].empty()) operands["c"] = l.get(n.inputs[2], DType::F32);
+  // Gemm's C, or a MatMul's bias (fuse_matmul_bias).
+  if (n.inputs.size() > 2 && !n.inputs[2].empty()) operands["c"] = l.get(n.inputs[2], DType::F32);
   operands["y"] = l.produce(n.output, t, l.shape_of(n.output));
   l.op("matmul", n.name, operands, at);
 }

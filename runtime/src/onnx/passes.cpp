@@ -199,16 +199,41 @@ const std::string* residual_of(const Node& n) {
   return n.op == "Conv" && n.inputs.size() > 3 && !n.inputs[3].empty() ? &n.inputs[3] : nullptr;
 }
 
-void fuse_residual_adds(Importer& im) {
+namespace {
+
+// Calls fuse(g, i) on each Add of two different values in a float model
+// (an int8 model keeps its qlinear_add); fuse returns whether it replaced
+// the Add with one node less before it, and the loop then looks at index i
+// again.
+template <class Fuse>
+void fuse_adds(Importer& im, Fuse fuse) {
   if (im.options.precision == Precision::Int8) return;
   Graph& g = im.g;
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& add = g.nodes[i];
     if (add.op != "Add" || add.inputs.size() != 2 || add.inputs[0] == add.inputs[1]) continue;
+    if (fuse(g, i)) --i;
+  }
+}
+
+// Whether constant `c` adds one value per column of a [..., N] product
+// (shape [N], [1, ..., N] or one value): a Linear layer's bias.
+bool column_bias(const Value& c, std::int64_t n) {
+  if (!c.data || c.int8_type != 0 || c.quantized ||
+      (c.elements() != 1 && c.elements() != static_cast<std::uint64_t>(n)))
+    return false;
+  return c.shape.empty() || c.shape.back() == n || c.elements() == 1;
+}
+
+}  // namespace
+
+void fuse_residual_adds(Importer& im) {
+  fuse_adds(im, [](Graph& g, std::size_t i) {
+    const Node& add = g.nodes[i];
     // Of a 1x1 image a convolution is a matrix product (lower_as_matmul),
     // which does not accumulate: a squeeze-and-excitation block's stays.
     const auto& shape = g.value(add.output).shape;
-    if (shape.size() != 4 || (shape[2] == 1 && shape[3] == 1)) continue;
+    if (shape.size() != 4 || (shape[2] == 1 && shape[3] == 1)) return false;
     for (int side = 0; side < 2; ++side) {
       const std::string &x = add.inputs[side], &r = add.inputs[1 - side];
       const Value& rv = g.value(r);
@@ -227,10 +252,33 @@ void fuse_residual_adds(Importer& im) {
                         ")");
       g.nodes[i] = std::move(fused);  // the Add's place: every input is made by then
       g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(*c));
-      --i;
-      break;
+      return true;
     }
-  }
+    return false;
+  });
+}
+
+void fuse_matmul_bias(Importer& im) {
+  fuse_adds(im, [](Graph& g, std::size_t i) {
+    const Node& add = g.nodes[i];
+    const auto& shape = g.value(add.output).shape;
+    for (int side = 0; side < 2; ++side) {
+      const std::string &x = add.inputs[side], &c = add.inputs[1 - side];
+      const auto p = producer(g, x);
+      if (!p || *p > i || shape.empty() || g.value(x).shape != shape || consumers(g, x) != 1 ||
+          !column_bias(g.value(c), shape.back()))
+        continue;
+      Node& mm = g.nodes[*p];
+      if (mm.op != "MatMul" || !takes_activation(mm) || mm.inputs.size() != 2) continue;
+      mm.inputs.push_back(c);
+      mm.output = add.output;
+      mm.fused += (mm.fused.empty() ? "" : ", ") + std::string("Add '") + add.name + "'";
+      g.notes.push_back("fused Add '" + add.name + "' into MatMul '" + mm.name + "' (its bias " + c + ")");
+      g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+      return true;
+    }
+    return false;
+  });
 }
 
 void fuse_activations(Importer& im) {

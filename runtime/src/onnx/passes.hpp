@@ -52,6 +52,13 @@ void fold_batch_norm(Importer& im);
 // in the graph: the Relu after it then fuses as its activation. Float
 // models only (int8 has qlinear_add).
 void fuse_residual_adds(Importer& im);
+// An Add of a MatMul's output and a constant of one value per column (a
+// Linear layer's bias, [N] against [..., N]), where the Add alone reads the
+// MatMul's output, becomes the MatMul's C (y = A @ B + C, each element the
+// product rounded to f32, then C added and rounded: an f32 model's bits
+// unchanged; an fp16 or bf16 one rounds once where it rounded twice), so
+// that an activation after the Add fuses too. Float models only.
+void fuse_matmul_bias(Importer& im);
 // A Conv's residual (the value a fused Add added to it), or null.
 const std::string* residual_of(const Node& n);
 
