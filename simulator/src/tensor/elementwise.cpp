@@ -61,7 +61,7 @@ float float_unary(const fw::ElementwiseAttrs& at, float x) {
     case fw::ElementwiseOp::kExp: return std::exp(x);
     case fw::ElementwiseOp::kLog: return std::log(x);
     case fw::ElementwiseOp::kSqrt: return std::sqrt(x);
-    case fw::ElementwiseOp::kErf: return std::erf(x);
+    case fw::ElementwiseOp::kErf: return simd::erf_f32(x);
     case fw::ElementwiseOp::kCeil: return std::ceil(x);
     case fw::ElementwiseOp::kFloor: return std::floor(x);
     case fw::ElementwiseOp::kRound: return std::nearbyint(x);  // the default mode: ties to even
@@ -187,6 +187,9 @@ void map_row(const fw::ElementwiseAttrs& at, float* yr, const float* ar, std::ui
   } else if (op == fw::ElementwiseOp::kActivation && sa == 1) {
     if (yr != ar) std::memmove(yr, ar, n * sizeof(float));
     activate_span(static_cast<fw::Activation>(at.activation), at.alpha, at.beta, yr, n);
+  } else if (op == fw::ElementwiseOp::kErf && sa == 1) {
+    if (yr != ar) std::memmove(yr, ar, n * sizeof(float));
+    simd::erf_f32s(yr, n);
   } else {
     for (std::uint64_t i = 0; i < n; ++i) yr[i] = float_unary(at, ar[i * sa]);
   }

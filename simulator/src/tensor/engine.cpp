@@ -311,19 +311,20 @@ void store_acc(const Accumulators& acc, const View& y) {
 
 // The ns per element, on one thread, of the ops whose elements cost more
 // than their bytes: 4 for the maps that are a call into the C library
-// (exp, log, erf and the trigonometric and hyperbolic functions; a
-// transformer's GELU, erf over 128x1024, took 535 us), 2 for softmax (a
-// maximum and a sum in order, an exp and a division per element: over
-// 4x128x128, 150 us), 0 for the rest. By their bytes alone those two came
-// to 33 and 16 us, and so ran on one thread.
+// (exp, log and the trigonometric and hyperbolic functions; a
+// transformer's GELU, erf over 128x1024, took 535 us that way), 2 for
+// softmax (a maximum and a sum in order, an exp and a division per
+// element: over 4x128x128, 150 us), 1 for the board's own erf (the GELU's
+// now, 130 us), 0 for the rest. By their bytes alone they came to 16 to
+// 33 us, and so ran on one thread.
 std::uint64_t per_element_ns(const fw::OpBlock& op, const View& y) {
   if (op.kind == fw::OpKind::kSoftmax) return 2 * y.elements();
   const auto* map = std::get_if<fw::ElementwiseAttrs>(&op.attrs);
   if (op.kind != fw::OpKind::kElementwise || !map) return 0;
   switch (static_cast<fw::ElementwiseOp>(map->op)) {
+    case fw::ElementwiseOp::kErf: return y.elements();
     case fw::ElementwiseOp::kExp:
     case fw::ElementwiseOp::kLog:
-    case fw::ElementwiseOp::kErf:
     case fw::ElementwiseOp::kSin:
     case fw::ElementwiseOp::kCos:
     case fw::ElementwiseOp::kTan:

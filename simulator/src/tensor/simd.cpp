@@ -188,6 +188,7 @@ void dw_rows_f32(float* out, const float* const* in, const float* w, const float
   active().dw_rows_f32(out, in, w, bias, taps, ow, ch, step);
 }
 void sigmoid_f32(float* p, std::size_t n) { active().sigmoid_f32(p, n); }
+void erf_f32s(float* p, std::size_t n) { active().erf_f32s(p, n); }
 void exp_shifted_f32(const float* in, float* out, std::size_t n, float shift) {
   active().exp_shifted_f32(in, out, n, shift);
 }

@@ -160,6 +160,11 @@ float exp_f32(float x);
 // scalar exp_f32.
 void sigmoid_f32(float* p, std::size_t n);
 void silu_f32(float* p, std::size_t n);
+// erf in f32 from IEEE operations and exp_f32 only, so every level and host
+// gives the same bits: within 2 ulp of erf; NaN for NaN. erf_f32s: in
+// place over a span, each element exactly as the scalar erf_f32 gives it.
+float erf_f32(float x);
+void erf_f32s(float* p, std::size_t n);
 // out[i] = exp_f32(in[i] - shift), the difference rounded to f32 first:
 // softmax's exponentials, each exactly as written with the scalar exp_f32.
 void exp_shifted_f32(const float* in, float* out, std::size_t n, float shift);
@@ -191,7 +196,7 @@ void narrow_bf16(const float* in, std::uint16_t* out, std::size_t n);
 void yuv_row_f32(const std::uint8_t* luma, const std::uint8_t* u, const std::uint8_t* v, std::size_t step,
                  std::size_t n, const float* mean, const float* scale, float* rgb);
 
-// The vector entry points above (all but the scalar exp_f32), in one list:
+// The vector entry points above (all but the scalar exp_f32 and erf_f32), in one list:
 // each level's table, the dispatch and its checks are expanded from it.
 #define TPUHAL_SIMD_ENTRY_POINTS(X) \
   X(add_i32)                        \
@@ -224,6 +229,7 @@ void yuv_row_f32(const std::uint8_t* luma, const std::uint8_t* u, const std::uin
   X(sigmoid_f32)                    \
   X(silu_f32)                       \
   X(exp_shifted_f32)                \
+  X(erf_f32s)                       \
   X(relu_f32)                       \
   X(clip_f32)                       \
   X(leaky_relu_f32)                 \

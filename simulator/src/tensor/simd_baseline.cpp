@@ -2,7 +2,7 @@
 // baseline: SSE2 on x86-64; elsewhere the one portable build, the level
 // `generic` (on arm64 the baseline includes Advanced SIMD, which the
 // compiler uses, so `neon` runs these too). The code is written once, in
-// simd_kernels.inc. Also the scalar exp_f32.
+// simd_kernels.inc. Also the scalar exp_f32 and erf_f32.
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -28,5 +28,6 @@ extern const simd::Kernels kKernels = make_kernels(Isa::kGeneric);
 }  // namespace simd_baseline
 
 float simd::exp_f32(float x) { return simd_baseline::exp_core(x); }
+float simd::erf_f32(float x) { return simd_baseline::erf_core(x); }
 
 }  // namespace tpuhal::sim::tensor
