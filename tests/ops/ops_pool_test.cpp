@@ -213,29 +213,30 @@ TEST_P(Ops, FloatGlobalPoolNhwcGivesTheBitsOfNchw) {
 }
 
 // A window of one row across the width (ReduceMean over the last axis, as
-// LayerNorm exports it) sums each row in column order from 0, in f32, then
-// divides: rows of several lengths, with padding at both ends counted or
-// not.
+// LayerNorm exports it; with one row, a 1-D network's global pool) sums
+// each row in column order from 0, in f32, then divides: rows of several
+// lengths, with padding at both ends counted or not.
 TEST_P(Ops, AvgPoolOverWholeRowsSumsEachRowInOrder) {
   for (const std::int64_t w : {std::int64_t{5}, std::int64_t{96}, std::int64_t{1000}})
     for (const std::int64_t pad : {std::int64_t{0}, std::int64_t{1}})
-      for (bool include : {false, true}) {
-        Pool2dOptions o;
-        o.kernel = {1, static_cast<std::uint32_t>(w + 2 * pad)};
-        o.pads = {0, static_cast<std::uint32_t>(pad), 0, static_cast<std::uint32_t>(pad)};
-        o.count_include_pad = include;
-        const std::int64_t rows = 37;
-        const Host x = rand(DType::F32, {2, 3, rows, w}, -4, 4);
-        const Tensor y = lab().output(DType::F32, {2, 3, rows, 1});
-        const Host got = lab().run(ops::avg_pool2d(lab().upload(x), y, o), y);
-        std::vector<double> want(got.size());
-        for (std::int64_t i = 0; i < 2 * 3 * rows; ++i) {
-          float sum = 0.0f;
-          for (std::int64_t b = 0; b < w; ++b) sum += static_cast<float>(x.v[static_cast<std::size_t>(i * w + b)]);
-          want[static_cast<std::size_t>(i)] = sum / static_cast<float>(include ? w + 2 * pad : w);
+      for (bool include : {false, true})
+        for (const std::int64_t rows : {std::int64_t{37}, std::int64_t{1}}) {
+          Pool2dOptions o;
+          o.kernel = {1, static_cast<std::uint32_t>(w + 2 * pad)};
+          o.pads = {0, static_cast<std::uint32_t>(pad), 0, static_cast<std::uint32_t>(pad)};
+          o.count_include_pad = include;
+          const Host x = rand(DType::F32, {2, 3, rows, w}, -4, 4);
+          const Tensor y = lab().output(DType::F32, {2, 3, rows, 1});
+          const Host got = lab().run(ops::avg_pool2d(lab().upload(x), y, o), y);
+          std::vector<double> want(got.size());
+          for (std::int64_t i = 0; i < 2 * 3 * rows; ++i) {
+            float sum = 0.0f;
+            for (std::int64_t b = 0; b < w; ++b) sum += static_cast<float>(x.v[static_cast<std::size_t>(i * w + b)]);
+            want[static_cast<std::size_t>(i)] = sum / static_cast<float>(include ? w + 2 * pad : w);
+          }
+          expect_exact("avg_pool2d x [2, 3, " + std::to_string(rows) + ", " + std::to_string(w) + "] " + pool_text(o),
+                       got, want);
         }
-        expect_exact("avg_pool2d x [2, 3, 37, " + std::to_string(w) + "] " + pool_text(o), got, want);
-      }
 }
 
 TEST_P(Ops, PoolRefusesWindowsMadeOnlyOfPadding) {
