@@ -696,8 +696,9 @@ fw::Problem run_softmax(TensorEngine& e, const fw::SoftmaxAttrs& at, const View*
   // f32 lines with adjacent elements are read and written where they are.
   const bool x_dense = x.dtype == fw::DType::kF32 && x.strides[axis] == 1;
   const bool y_dense = y.dtype == fw::DType::kF32 && y.strides[axis] == 1;
+  const bool into_y = y_dense && !at.log;  // the exponentials, then the results, in y's line
   e.pool().parallel_for(rows, [&](std::uint64_t begin, std::uint64_t end) {
-    std::vector<float> buf(x_dense ? 0 : len), ex(y_dense && !at.log ? 0 : len);
+    std::vector<float> buf(x_dense ? 0 : len), ex(into_y ? 0 : len);
     for_each_index(xs.shape, xs.rank, views, begin, end, [&](const std::uint64_t* off) {
       const float* in = x_dense ? reinterpret_cast<const float*>(x.at(off[0])) : buf.data();
       for (std::uint64_t i = 0; !x_dense && i < len; ++i)
@@ -706,7 +707,7 @@ fw::Problem run_softmax(TensorEngine& e, const fw::SoftmaxAttrs& at, const View*
       for (std::uint64_t i = 0; i < len; ++i) mx = std::max(mx, in[i]);
       // The board's exp (simd.h's exp_f32, in vectors), each once; summed in
       // order on this thread. Softmax's go straight into a dense y.
-      float* out = y_dense && !at.log ? reinterpret_cast<float*>(y.at(off[1])) : ex.data();
+      float* out = into_y ? reinterpret_cast<float*>(y.at(off[1])) : ex.data();
       simd::exp_shifted_f32(in, out, len, mx);
       float sum = 0;
       for (std::uint64_t i = 0; i < len; ++i) sum += out[i];
@@ -716,7 +717,7 @@ fw::Problem run_softmax(TensorEngine& e, const fw::SoftmaxAttrs& at, const View*
       } else {
         for (std::uint64_t i = 0; i < len; ++i) out[i] = out[i] / sum;
       }
-      if (out == ex.data())
+      if (!into_y)
         for (std::uint64_t i = 0; i < len; ++i) store_float(y.at(off[1] + i * y.strides[axis]), y.dtype, out[i]);
     });
   });

@@ -598,11 +598,12 @@ void color_row(const fw::ColorConvertAttrs& at, const View* v, bool nv12, std::u
   const auto* up = reinterpret_cast<const std::uint8_t*>(c1.at(r / 2 * c1.strides[0]));
   const auto* vp = nv12 ? up + c1.strides[2] : reinterpret_cast<const std::uint8_t*>(c2.at(r / 2 * c2.strides[0]));
   const std::uint64_t us = c1.strides[1], vs = nv12 ? c1.strides[1] : c2.strides[1];
-  if (us != vs || us > 2) {  // one step for both, each plane gathered
+  const bool gathered = us != vs || us > 2;  // then each plane into tmp, at step 1
+  if (gathered) {
     up = byte_row(reinterpret_cast<const std::byte*>(up), us, cw, tmp + w);
     vp = byte_row(reinterpret_cast<const std::byte*>(vp), vs, cw, tmp + w + cw);
   }
-  simd::yuv_row_f32(lp, up, vp, us != vs || us > 2 ? 1 : us, w, at.mean, at.scale, rgb);
+  simd::yuv_row_f32(lp, up, vp, gathered ? 1 : us, w, at.mean, at.scale, rgb);
 }
 
 // n f32 values into y's row at `out`, its elements y.strides[2] apart, as
