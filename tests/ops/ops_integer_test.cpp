@@ -608,6 +608,73 @@ TEST_P(Ops, IntegerConvolutionsOfAFewTapsAreExactAtTheirLargestSums) {
       }
 }
 
+TEST_P(Ops, QLinearConvDepthwiseInNhwcIsExactForEveryKernelStrideAndEdge) {
+  // Depthwise layers as an int8 MobileNet's or EfficientNet's reach the
+  // engine (NHWC, s8 weights without zero points, per-channel scales, a
+  // bias), which on AVX-512 VNNI run four taps at a time on the engine's
+  // own loop: kernels of 5x5 and wider (3x3 for comparison), strides of 1,
+  // 2 and 3 (every second pixel's taps laid out, or all), dilation 2,
+  // uneven padding, channel counts off the vector width, u8 and i8 in
+  // and out with zero points at both ends, inputs and weights at the
+  // extremes in part of the image, a bias that wraps the int32 sum; each
+  // byte as requantize() gives it, twice (weights kept from run to run).
+  struct Case {
+    std::int64_t c, h, w, kh, kw;
+    std::uint32_t sh, sw, dil;
+    std::array<std::uint32_t, 4> pads;
+  };
+  const Case cases[] = {{40, 14, 13, 5, 5, 1, 1, 1, {2, 2, 2, 2}}, {24, 15, 16, 5, 5, 2, 2, 1, {1, 2, 2, 1}},
+                        {7, 9, 11, 3, 7, 1, 3, 1, {0, 3, 1, 0}},   {64, 11, 12, 5, 4, 2, 2, 2, {4, 3, 2, 1}},
+                        {17, 8, 9, 3, 3, 1, 1, 1, {1, 1, 1, 1}},   {33, 6, 20, 1, 9, 1, 2, 1, {0, 4, 0, 4}}};
+  for (const Case& k : cases)
+    for (DType xt : {DType::U8, DType::I8})
+      for (DType yt : {DType::U8, DType::I8})
+        for (const bool with_bias : {false, true}) {
+          ConvGeom g;
+          g.layout = Layout::NHWC;
+          g.groups = static_cast<std::uint32_t>(k.c);
+          g.strides = {k.sh, k.sw};
+          g.dilations = {k.dil, k.dil};
+          g.pads = k.pads;
+          Host x = rand_int(rng_, xt, img_shape(g.layout, 2, k.c, k.h, k.w));
+          Host w = rand_host(rng_, DType::I8, {k.c, 1, k.kh, k.kw}, -128, 127);
+          const double top = xt == DType::U8 ? 255 : 127;
+          for (std::size_t i = 0; i < x.v.size() / 4; ++i) x.v[i] = top;  // the first rows at the extreme
+          for (std::int64_t t = 0; t < k.kh * k.kw; ++t) w.v[static_cast<std::size_t>(t)] = -128;  // channel 0's taps
+          Host xz(xt, {}), wz(DType::I8, {k.c});  // weight zero points 0
+          xz.v = {rng_.coin() ? (xt == DType::U8 ? 0.0 : -128.0) : (xt == DType::U8 ? 255.0 : 127.0)};
+          const Host xs = rand(DType::F32, {}, 1e-3, 0.05), ws = rand(DType::F32, {k.c}, 1e-4, 0.01);
+          const Host ysc = rand(DType::F32, {}, 0.01, 0.5), yz = rand_int(rng_, yt, {});
+          Host bias = rand_host(rng_, DType::I32, {k.c}, -100000, 100000);
+          bias.v[0] = 2147483000;  // wraps channel 0's sums
+          const Shape ys = conv_out_shape(x, w.shape, g);
+          ASSERT_FALSE(ys.empty()) << g.text();
+          const auto acc = ref_conv_int(x, w, g, static_cast<std::int64_t>(xz.v[0]), {}, ys);
+          std::vector<double> want(acc.size());
+          for_each_output(ys, g.layout,
+                          [&](std::int64_t, std::int64_t oc, std::int64_t, std::int64_t, std::int64_t lin) {
+                            const auto ol = static_cast<std::size_t>(oc);
+                            const std::int64_t sum = wrap32(acc[static_cast<std::size_t>(lin)] +
+                                                            (with_bias ? static_cast<std::int64_t>(bias.v[ol]) : 0));
+                            want[static_cast<std::size_t>(lin)] =
+                                requantize(sum, xs.v[0], ws.v[ol], ysc.v[0], static_cast<std::int64_t>(yz.v[0]), yt);
+                          });
+          Conv2dOptions opt = g.options();
+          if (with_bias) opt.bias = lab().upload(bias);
+          const Tensor y = lab().output(yt, ys);
+          const std::string what = "qlinear_conv " + std::string(to_string(xt)) + " x " + dims(x.shape) + " s8 w " +
+                                   dims(w.shape) + " -> " + to_string(yt) + " " + g.text() + " x zero point " +
+                                   num(xz.v[0]) + (with_bias ? " with a bias" : "");
+          for (int run = 0; run < 2; ++run)
+            expect_exact(what + " run " + std::to_string(run),
+                         lab().run(ops::qlinear_conv(lab().upload(x), lab().upload(xs), lab().upload(xz),
+                                                     lab().upload(w), lab().upload(ws), lab().upload(wz),
+                                                     lab().upload(ysc), lab().upload(yz), y, opt),
+                                   y),
+                         want);
+        }
+}
+
 TEST_P(Ops, QLinearConvShapedLikeAnInt8ResNetLayerIsExact) {
   // What the compiler's int8 layers hand the engine (runtime/src/onnx/
   // int8.cpp): u8 NHWC activations, s8 per-channel weights with zero

@@ -532,6 +532,78 @@ TEST(TensorIsa, DepthwiseRowsAddRoundedProductsInTapOrderAtEveryLevel) {
           }
 }
 
+TEST(TensorIsa, QuadRowsOfADepthwiseIntegerConvolutionRequantiseAtEveryLevel) {
+  // quad_bytes_u8 lays a row of bytes out as quads of taps; dw_rows_q8
+  // sums u8 x s8 over them and requantises: the exact sums (wrapping
+  // through a bias near 2^31), requantize_u8's rounding (ties, saturation,
+  // a product past f32's range), at every level (AVX-512 with VNNI
+  // where the CPU has it), for channel counts that leave every masked tail
+  // and column counts that take every group of columns.
+  std::mt19937 rng(21);
+  const auto byte = [&] { return static_cast<std::uint8_t>(rng() % 256); };
+  for (Isa isa : levels_here())
+    for (std::size_t ch : {1u, 7u, 16u, 40u, 64u})
+      for (std::size_t ow : {1u, 2u, 3u, 4u, 5u, 9u})
+        for (std::size_t quads : {1u, 4u}) {
+          SCOPED_TRACE(std::string(isa_name(isa)) + " ch " + std::to_string(ch) + " ow " + std::to_string(ow) +
+                       " quads " + std::to_string(quads));
+          const simd::Kernels& k = simd::kernels(isa);
+          // Rows of quads from plain rows: a partner 2 pixels on, every
+          // second pixel's quad, then flipped (an i8 row read as u8).
+          const std::size_t step = 2, cols = ow * step + 1, partner = 2 * ch;
+          std::vector<std::vector<std::uint8_t>> plain(quads), rows(quads);
+          std::vector<const std::uint8_t*> in;
+          for (std::size_t q = 0; q < quads; ++q) {
+            plain[q].resize((cols + 3 * 2) * ch);
+            for (auto& v : plain[q]) v = q == 0 ? static_cast<std::uint8_t>(255) : byte();  // row 0 at the extreme
+            rows[q].assign(4 * ow * ch + 64, 0xEE);
+            k.quad_bytes_u8(rows[q].data(), plain[q].data(), ch, ow, step * ch, partner, 0x80);
+            for (std::size_t o = 0; o < ow; ++o)
+              for (std::size_t c = 0; c < ch; ++c)
+                for (std::size_t e = 0; e < 4; ++e)
+                  ASSERT_EQ(rows[q][4 * (o * ch + c) + e], plain[q][o * step * ch + c + e * partner] ^ 0x80)
+                      << "quad " << q << " column " << o << " channel " << c << " tap " << e;
+            ASSERT_EQ(rows[q][4 * ow * ch], 0xEE) << "past the last quad";
+            in.push_back(rows[q].data());
+          }
+          std::vector<std::int8_t> w(4 * quads * ch);
+          for (auto& v : w) v = static_cast<std::int8_t>(byte());
+          for (std::size_t i = 0; i < std::min<std::size_t>(w.size(), 8); ++i) w[i] = -128;  // the largest sums
+          std::vector<std::int32_t> bias(ch);
+          std::vector<float> mul(ch);
+          for (std::size_t c = 0; c < ch; ++c) {
+            bias[c] = c % 5 == 1 ? INT32_MAX - 100 : static_cast<std::int32_t>(rng() % 200001) - 100000;
+            mul[c] = c % 3 == 0 ? std::ldexp(1.0f, -static_cast<int>(rng() % 12))  // ties
+                                : std::ldexp(static_cast<float>(rng() % 1000 + 1), -16);
+          }
+          if (ch > 2) {
+            mul[1] = 3e38f;  // a product of infinity, saturated
+            mul[2] = -3e38f;
+          }
+          for (const bool is_signed : {false, true}) {
+            const simd::DwRequant rq{bias.data(), mul.data(), is_signed ? -3 : 128, is_signed ? -128 : 0,
+                                     is_signed ? 127 : 255};
+            const std::size_t out_step = ch + 5;  // a channel slice of a wider y
+            std::vector<std::uint8_t> got(ow * out_step, 0xAB), want(got);
+            for (std::size_t o = 0; o < ow; ++o)
+              for (std::size_t c = 0; c < ch; ++c) {
+                auto a = static_cast<std::uint32_t>(bias[c]);
+                for (std::size_t q = 0; q < quads; ++q)
+                  for (std::size_t e = 0; e < 4; ++e)
+                    a += static_cast<std::uint32_t>(in[q][4 * (o * ch + c) + e] * w[4 * (q * ch + c) + e]);
+                volatile float product = static_cast<float>(static_cast<std::int32_t>(a)) * mul[c];
+                const float v = std::min(std::max(static_cast<float>(product), -4194304.0f), 4194304.0f);
+                const auto rounded = static_cast<std::int32_t>(std::nearbyint(v));  // half to even
+                want[o * out_step + c] = static_cast<std::uint8_t>(std::min(std::max(rounded + rq.zero, rq.lo), rq.hi));
+              }
+            k.dw_rows_q8(got.data(), out_step, in.data(), w.data(), quads, ow, ch, ch, rq);
+            for (std::size_t i = 0; i < got.size(); ++i)
+              ASSERT_EQ(got[i], want[i]) << (is_signed ? "i8" : "u8") << " column " << i / out_step << " channel "
+                                         << i % out_step;
+          }
+        }
+}
+
 TEST(TensorIsa, ExpIsWithinTwoUlpAndItsActivationsMatchTheScalarRule) {
   // Every 1/64 from -110 to 95, random points in between, and the edges.
   std::vector<float> xs;
@@ -1301,7 +1373,7 @@ TEST_F(SimdLevel, CappedAtTheLowestLevelEveryVectorEntryPointRunsItsBaselineVers
   ASSERT_EQ(lowest, Isa::kSse2);
 #endif
   simd::use_level(lowest);
-  ASSERT_EQ(simd::entry_points().size(), 41u);
+  ASSERT_EQ(simd::entry_points().size(), 43u);
   for (std::string_view e : simd::entry_points()) {
     EXPECT_EQ(version_name(simd::version(e)), isa_name(lowest)) << e;
     EXPECT_EQ(version_name(simd::version(e, lowest)), isa_name(lowest)) << e;

@@ -1230,7 +1230,152 @@ bool banded_nhwc_16(TensorEngine& e, const Geometry& g, const fw::ConvAttrs& at,
   return true;
 }
 
+// A depthwise integer convolution in NHWC of bytes (one channel per
+// group, channels dense in x and y; s8 weights without zero points) on
+// the engine's own loop, for CPUs with AVX-512 VNNI: each output is the
+// sum of x' * w over its taps, x' = x as u8 (an i8 x plus 128: `flip`)
+// and the padding's taps x' = `pad` (x_zero so read), requantised with
+// `rq` (simd::dw_rows_q8). oneDNN's int8
+// depthwise kernels widen each byte to 32 bits and ran no faster than its
+// f32 ones; here vpdpbusd takes four taps of a kernel row at once. Each
+// thread keeps the input rows its outputs read (as depthwise_nhwc_16
+// does), each byte beside the next three taps' (dilation dw apart).
+void depthwise_quads_nhwc(TensorEngine& e, const Geometry& g, const View& x, std::uint8_t flip, std::uint8_t pad,
+                          const std::int8_t* wq, const simd::DwRequant& rq, const View& y) {
+  const std::uint64_t ch = g.c, per_row = (g.kw + 3) / 4, quads = g.kh * per_row;
+  // A padded row of bytes: pl columns of `pad`, the input's w, `pad` to
+  // the last tap's reach and 3 dw columns further; as quads over `cols`
+  // columns. Where every tap's first column is a multiple of the stride
+  // (4 dw is), only those columns' quads are made: half of them at stride 2.
+  const std::uint64_t cols = std::max(g.pl + g.w + g.pr, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1);
+  const std::uint64_t every = 4 * g.dw % g.sw == 0 ? g.sw : 1, quad_cols = (cols + every - 1) / every;
+  const std::uint64_t bytes_len = (quad_cols * every + 3 * g.dw) * ch, row_len = 4 * quad_cols * ch;
+  const std::uint64_t span = (g.kh - 1) * g.dh + 1;
+  const auto* xbase = reinterpret_cast<const std::uint8_t*>(x.data);
+  const auto pad_x = static_cast<std::uint8_t>(pad ^ flip);  // as x holds it
+  auto* ybase = reinterpret_cast<std::uint8_t*>(y.data);
+  e.pool().parallel_for(
+      g.n * g.oh,
+      [&](std::uint64_t begin, std::uint64_t end) {
+        // Each thread's rows stay from op to op, each on cache lines of its
+        // own: the kept rows, the padding's row, the bytes.
+        thread_local std::vector<std::uint8_t> mem;
+        const auto line = [](std::uint64_t n) { return (n + 63) / 64 * 64; };
+        const std::uint64_t row_stride = line(row_len), bytes_stride = line(bytes_len);
+        mem.resize(std::max<std::size_t>(mem.size(), (span + 1) * row_stride + bytes_stride + 64));
+        std::uint8_t* const rows =
+            reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(mem.data()) + 63) & ~std::uintptr_t{63});
+        std::uint8_t* const padding = rows + span * row_stride;
+        std::uint8_t* const padded = padding + row_stride;
+        std::fill(padding, padding + row_len, pad);
+        std::fill(padded, padded + bytes_len, pad_x);
+        std::vector<std::int64_t> tag(span, -1);  // the input row (n * h + ih) each slot holds
+        std::vector<const std::uint8_t*> in(quads);
+        for (std::uint64_t nr = begin; nr < end; ++nr) {
+          const std::uint64_t ni = nr / g.oh, r = nr % g.oh;
+          for (std::uint64_t a = 0; a < g.kh; ++a) {
+            const std::int64_t ih = g.in_row(r, a);
+            const std::uint8_t* row = padding;
+            if (ih >= 0 && ih < static_cast<std::int64_t>(g.h)) {
+              const std::uint64_t slot = static_cast<std::uint64_t>(ih) % span;
+              std::uint8_t* into = rows + slot * row_stride;
+              const auto key = static_cast<std::int64_t>(ni * g.h) + ih;
+              if (tag[slot] != key) {
+                const std::uint8_t* src = xbase + ni * x.strides[0] + static_cast<std::uint64_t>(ih) * x.strides[1];
+                if (x.strides[2] == ch)
+                  std::memcpy(padded + g.pl * ch, src, g.w * ch);
+                else
+                  for (std::uint64_t col = 0; col < g.w; ++col)
+                    std::memcpy(padded + (g.pl + col) * ch, src + col * x.strides[2], ch);
+                if (every == 1)
+                  simd::quad_bytes_u8(into, padded, cols * ch, 1, 0, g.dw * ch, flip);
+                else
+                  simd::quad_bytes_u8(into, padded, ch, quad_cols, every * ch, g.dw * ch, flip);
+                tag[slot] = key;
+              }
+              row = into;
+            }
+            for (std::uint64_t j = 0; j < per_row; ++j) in[a * per_row + j] = row + 4 * (4 * j * g.dw / every * ch);
+          }
+          simd::dw_rows_q8(ybase + ni * y.strides[0] + r * y.strides[1], y.strides[2], in.data(), wq, quads, g.ow, ch,
+                           g.sw / every * ch, rq);
+        }
+      },
+      std::max<std::uint64_t>(1, 16384 / std::max<std::uint64_t>(1, g.ow * ch * g.kh * g.kw)));
+}
+
 }  // namespace
+
+bool qlinear_conv_depthwise(TensorEngine& e, const fw::ConvAttrs& at, const View& x, const View& w, const View* xz,
+                            const View* wz, const View& y, const std::vector<float>& multipliers,
+                            const std::int32_t* bias, std::int32_t y_zero) {
+  const Geometry g(at, x, w, y);
+  const auto byte = [](fw::DType t) { return t == fw::DType::kU8 || t == fw::DType::kI8; };
+  if (e.isa() < Isa::kAvx512Vnni || !g.nhwc || !g.depthwise() || g.kw < 4 || !byte(x.dtype) ||
+      w.dtype != fw::DType::kI8 || !byte(y.dtype) || x.strides[3] != 1 || y.strides[3] != 1 ||
+      multipliers.size() != g.c || g.n * g.oh * g.ow == 0)
+    return false;
+  for (std::uint64_t ci = 0; wz && ci < g.c; ++ci)
+    if (load_int(wz->at(ci * wz->strides[0]), wz->dtype) != 0) return false;
+  for (float m : multipliers)  // requantize()'s result for a NaN product is the C++ cast's, not the vector's
+    if (!std::isfinite(m)) return false;
+  // An i8 x reads as u8 plus 128 (x'); its zero point likewise.
+  const std::uint8_t flip = x.dtype == fw::DType::kI8 ? 0x80 : 0;
+  const auto x_zero = static_cast<std::int32_t>(xz ? load_int(xz->data, xz->dtype) : 0);
+  const std::int32_t zero_read = x_zero + (flip ? 128 : 0);
+  if (zero_read < 0 || zero_read > 255) return false;  // not a zero point of x's type
+  const std::uint64_t ch = g.c, per_row = (g.kw + 3) / 4, quads = g.kh * per_row;
+  // The weights as quads, [kh][per_row][ch][4], the slots past a kernel
+  // row's end 0; then each channel's weight sum, as int32s. Kept while
+  // their bytes stay the same (a model's weights run after run).
+  const std::uint64_t wlen = quads * ch * 4;
+  const auto fill = [&](std::int8_t* wq) {
+    auto* wsum = reinterpret_cast<std::int32_t*>(wq + wlen);
+    std::fill(wsum, wsum + ch, 0);
+    for (std::uint64_t a = 0; a < g.kh; ++a)
+      for (std::uint64_t j = 0; j < per_row; ++j)
+        for (std::uint64_t ci = 0; ci < ch; ++ci)
+          for (std::uint64_t t = 0; t < 4; ++t) {
+            const std::uint64_t b = 4 * j + t;
+            const auto v = b < g.kw ? static_cast<std::int8_t>(load_int(w.at(Geometry::wgt(w, ci, 0, a, b)), w.dtype))
+                                    : std::int8_t{0};
+            wq[((a * per_row + j) * ch + ci) * 4 + t] = v;
+            wsum[ci] += v;
+          }
+  };
+  const std::size_t floats = (wlen + 4 * ch + 3) / 4;
+  const std::int8_t* wq = nullptr;
+  if (w.contiguous()) {
+    constexpr std::int64_t kQuadTaps = 0x5154;  // "QT"
+    PackedCache::Key key{kQuadTaps, reinterpret_cast<std::intptr_t>(w.data)};
+    for (const std::uint64_t v : {ch, g.kh, g.kw}) key.push_back(static_cast<std::int64_t>(v));
+    const std::size_t bytes = w.elements() * w.esize;
+    wq = reinterpret_cast<const std::int8_t*>(e.packed_cache().find(key, w.data, bytes));
+    if (!wq)
+      if (float* into = e.packed_cache().insert(std::move(key), w.data, bytes, floats)) {
+        fill(reinterpret_cast<std::int8_t*>(into));
+        wq = reinterpret_cast<const std::int8_t*>(into);
+      }
+  }
+  std::vector<float> own;
+  if (!wq) {
+    own.resize(floats);
+    fill(reinterpret_cast<std::int8_t*>(own.data()));
+    wq = reinterpret_cast<const std::int8_t*>(own.data());
+  }
+  const auto* wsum = reinterpret_cast<const std::int32_t*>(wq + wlen);
+  // The sums of x' * w exceed the reference's sums of (x - x_zero) * w by
+  // zero_read times the weights' sum, taken off through the bias (in
+  // int32, wrapping, as requantize() adds it).
+  std::vector<std::int32_t> bias_read(ch);
+  for (std::uint64_t ci = 0; ci < ch; ++ci)
+    bias_read[ci] =
+        static_cast<std::int32_t>((bias ? static_cast<std::uint32_t>(bias[ci]) : 0u) -
+                                  static_cast<std::uint32_t>(zero_read) * static_cast<std::uint32_t>(wsum[ci]));
+  const simd::DwRequant rq{bias_read.data(), multipliers.data(), y_zero, int_min(y.dtype), int_max(y.dtype)};
+  depthwise_quads_nhwc(e, g, x, flip, static_cast<std::uint8_t>(zero_read), wq, rq, y);
+  return true;
+}
 
 fw::Problem run_conv2d(TensorEngine& e, const fw::ConvAttrs& at, const View* v) {
   const View &x0 = v[0], &w0 = v[1], &bias = v[2], &y = v[3];

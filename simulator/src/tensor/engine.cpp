@@ -543,21 +543,22 @@ fw::Problem run_qlinear_conv(TensorEngine& e, const fw::ConvAttrs& a, const View
   std::vector<float> mult(c);
   for (std::uint64_t o = 0; o < c; ++o) mult[o] = xs * load_float(v[4].at(o * v[4].strides[0]), fw::DType::kF32) / ys;
   const auto y_zero = static_cast<std::int32_t>(load_int(v[7].data, v[7].dtype));
-  // One pass where oneDNN's fused requantisation gives the same bytes.
-  if (!v[8].present() && qlinear_conv_fused(e, a, v[0], v[3], &v[2], &v[5], y, mult, y_zero)) return {};
   std::vector<std::int32_t> bias;
   if (v[8].present()) {
     bias.resize(c);
     for (std::uint64_t o = 0; o < c; ++o)
       bias[o] = static_cast<std::int32_t>(load_int(v[8].at(o * v[8].strides[0]), fw::DType::kI32));
   }
+  const std::int32_t* b = bias.empty() ? nullptr : bias.data();
+  if (qlinear_conv_depthwise(e, a, v[0], v[3], &v[2], &v[5], y, mult, b, y_zero)) return {};
+  // One pass where oneDNN's fused requantisation gives the same bytes.
+  if (!b && qlinear_conv_fused(e, a, v[0], v[3], &v[2], &v[5], y, mult, y_zero)) return {};
   // Without VNNI, the layers oneDNN's f32 convolution takes exactly,
   // requantised in the same pass over its sums.
-  if (qlinear_conv_as_f32(e, a, v[0], v[3], &v[2], &v[5], y, mult, bias.empty() ? nullptr : bias.data(), y_zero))
-    return {};
+  if (qlinear_conv_as_f32(e, a, v[0], v[3], &v[2], &v[5], y, mult, b, y_zero)) return {};
   Accumulators acc(e, v[9], false);
   conv_integer(e, a, v[0], v[3], &v[2], &v[5], acc.data);
-  requantize(e, acc.span(), y, mult, hw, y_zero, bias.empty() ? nullptr : bias.data());
+  requantize(e, acc.span(), y, mult, hw, y_zero, b);
   return {};
 }
 

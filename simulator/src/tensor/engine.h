@@ -224,6 +224,14 @@ void conv_integer(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const 
 bool qlinear_conv_as_f32(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz,
                          const View* wz, const View& y, const std::vector<float>& multipliers, const std::int32_t* bias,
                          std::int32_t y_zero);
+// QLinearConv of a depthwise convolution in NHWC (x's and y's channels
+// dense; bytes in and out) on the engine's own loop, each output row's
+// sums requantised as requantize() does while in cache. `bias` is null or
+// one int32 per channel. Bit-identical to conv_integer + requantize on
+// every level; false (nothing written) where it does not apply.
+bool qlinear_conv_depthwise(TensorEngine& e, const fw::ConvAttrs& a, const View& x, const View& w, const View* xz,
+                            const View* wz, const View& y, const std::vector<float>& multipliers,
+                            const std::int32_t* bias, std::int32_t y_zero);
 // QLinearConv with the requantisation fused into oneDNN's convolution where
 // that is bit-identical to conv_integer + requantize (s8 weights without
 // zero points, no bias, sums within 2^24, finite multipliers, one per

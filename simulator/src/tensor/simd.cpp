@@ -187,6 +187,15 @@ void dw_rows_f32(float* out, const float* const* in, const float* w, const float
                  std::size_t ow, std::size_t ch, std::size_t step) {
   active().dw_rows_f32(out, in, w, bias, taps, ow, ch, step);
 }
+
+void dw_rows_q8(std::uint8_t* out, std::size_t out_step, const std::uint8_t* const* in, const std::int8_t* w,
+                std::size_t quads, std::size_t ow, std::size_t ch, std::size_t step, const DwRequant& rq) {
+  active().dw_rows_q8(out, out_step, in, w, quads, ow, ch, step, rq);
+}
+void quad_bytes_u8(std::uint8_t* out, const std::uint8_t* in, std::size_t n, std::size_t cols, std::size_t in_step,
+                   std::size_t partner, std::uint8_t flip) {
+  active().quad_bytes_u8(out, in, n, cols, in_step, partner, flip);
+}
 void sigmoid_f32(float* p, std::size_t n) { active().sigmoid_f32(p, n); }
 void erf_f32s(float* p, std::size_t n) { active().erf_f32s(p, n); }
 void exp_shifted_f32(const float* in, float* out, std::size_t n, float shift) {

@@ -148,6 +148,33 @@ void madd_strided_f32(float* out, const float* in, std::size_t n, std::size_t st
 void dw_rows_f32(float* out, const float* const* in, const float* w, const float* bias, std::size_t taps,
                  std::size_t ow, std::size_t ch, std::size_t step);
 
+// How dw_rows_q8 requantises each channel's sum, as requantize_u8 does:
+// bias and mul one per channel.
+struct DwRequant {
+  const std::int32_t* bias;
+  const float* mul;
+  std::int32_t zero, lo, hi;
+};
+// A depthwise integer convolution's row of outputs from rows of quads,
+// requantised: for each output column o < ow and channel c < ch, with
+// i = 4 * (o * step + c),
+//   a = sum over q < quads and e < 4 of in[q][i + e] * w[4 * (q * ch + c) + e]
+// (in u8, w s8), in 32 bits, wrapping, and out[o * out_step + c] is a
+// requantised as requantize_u8 does with rq.bias[c] and rq.mul[c] (finite
+// multipliers: for a NaN product requantize_u8 gives its cast's value). in[q]
+// holds a row's pixels, channels innermost, each value beside the next
+// three taps' of its kernel row (quad_bytes_u8): AVX-512 VNNI's vpdpbusd
+// multiplies and adds four taps in one step. Exact integer sums and the
+// same requantisation, so every level gives the same bytes.
+void dw_rows_q8(std::uint8_t* out, std::size_t out_step, const std::uint8_t* const* in, const std::int8_t* w,
+                std::size_t quads, std::size_t ow, std::size_t ch, std::size_t step, const DwRequant& rq);
+// out[4 * (k * n + i) + e] = in[k * in_step + i + e * partner] ^ flip for
+// k < cols, i < n and e < 4: `cols` runs of n bytes (a pixel's channels)
+// as dw_rows_q8's input, each byte beside the next three taps' (flip 0x80
+// reads i8 as u8, plus 128).
+void quad_bytes_u8(std::uint8_t* out, const std::uint8_t* in, std::size_t n, std::size_t cols, std::size_t in_step,
+                   std::size_t partner, std::uint8_t flip);
+
 // e^x in f32 from IEEE additions and multiplications only (Cody-Waite
 // reduction by ln 2, a degree-5 polynomial, two exact scalings), so every
 // level and host gives the same bits: within 2 ulp of e^x for normal
@@ -226,6 +253,8 @@ void yuv_row_f32(const std::uint8_t* luma, const std::uint8_t* u, const std::uin
   X(add_rows_bf16)                  \
   X(madd_strided_f32)               \
   X(dw_rows_f32)                    \
+  X(dw_rows_q8)                     \
+  X(quad_bytes_u8)                  \
   X(sigmoid_f32)                    \
   X(silu_f32)                       \
   X(exp_shifted_f32)                \
