@@ -613,9 +613,10 @@ TEST_P(Ops, QLinearConvDepthwiseInNhwcIsExactForEveryKernelStrideAndEdge) {
   // engine (NHWC, s8 weights without zero points, per-channel scales, a
   // bias), which on AVX-512 VNNI run four taps at a time on the engine's
   // own loop: kernels of 5x5 and wider (3x3 for comparison), strides of 1,
-  // 2 and 3 (every second pixel's taps laid out, or all), dilation 2,
+  // 2 and 3 (only the taps' columns laid out where 4 dilations are a
+  // multiple of the stride: at 2, and at 3 with dilation 3), dilation 2,
   // uneven padding, channel counts off the vector width, u8 and i8 in
-  // and out with zero points at both ends, inputs and weights at the
+  // and out with zero points at both ends and between, inputs and weights at the
   // extremes in part of the image, a bias that wraps the int32 sum; each
   // byte as requantize() gives it, twice (weights kept from run to run).
   struct Case {
@@ -625,7 +626,8 @@ TEST_P(Ops, QLinearConvDepthwiseInNhwcIsExactForEveryKernelStrideAndEdge) {
   };
   const Case cases[] = {{40, 14, 13, 5, 5, 1, 1, 1, {2, 2, 2, 2}}, {24, 15, 16, 5, 5, 2, 2, 1, {1, 2, 2, 1}},
                         {7, 9, 11, 3, 7, 1, 3, 1, {0, 3, 1, 0}},   {64, 11, 12, 5, 4, 2, 2, 2, {4, 3, 2, 1}},
-                        {17, 8, 9, 3, 3, 1, 1, 1, {1, 1, 1, 1}},   {33, 6, 20, 1, 9, 1, 2, 1, {0, 4, 0, 4}}};
+                        {17, 8, 9, 3, 3, 1, 1, 1, {1, 1, 1, 1}},   {33, 6, 20, 1, 9, 1, 2, 1, {0, 4, 0, 4}},
+                        {20, 10, 25, 3, 5, 2, 3, 3, {3, 6, 0, 5}}};
   for (const Case& k : cases)
     for (DType xt : {DType::U8, DType::I8})
       for (DType yt : {DType::U8, DType::I8})
@@ -642,7 +644,9 @@ TEST_P(Ops, QLinearConvDepthwiseInNhwcIsExactForEveryKernelStrideAndEdge) {
           for (std::size_t i = 0; i < x.v.size() / 4; ++i) x.v[i] = top;  // the first rows at the extreme
           for (std::int64_t t = 0; t < k.kh * k.kw; ++t) w.v[static_cast<std::size_t>(t)] = -128;  // channel 0's taps
           Host xz(xt, {}), wz(DType::I8, {k.c});  // weight zero points 0
-          xz.v = {rng_.coin() ? (xt == DType::U8 ? 0.0 : -128.0) : (xt == DType::U8 ? 255.0 : 127.0)};
+          const double zero_points[] = {xt == DType::U8 ? 0.0 : -128.0, xt == DType::U8 ? 255.0 : 127.0,
+                                        xt == DType::U8 ? 131.0 : 3.0};
+          xz.v = {zero_points[static_cast<std::size_t>(rng_.integer(0, 2))]};
           const Host xs = rand(DType::F32, {}, 1e-3, 0.05), ws = rand(DType::F32, {k.c}, 1e-4, 0.01);
           const Host ysc = rand(DType::F32, {}, 0.01, 0.5), yz = rand_int(rng_, yt, {});
           Host bias = rand_host(rng_, DType::I32, {k.c}, -100000, 100000);

@@ -1311,7 +1311,7 @@ bool qlinear_conv_depthwise(TensorEngine& e, const fw::ConvAttrs& at, const View
                             const std::int32_t* bias, std::int32_t y_zero) {
   const Geometry g(at, x, w, y);
   const auto byte = [](fw::DType t) { return t == fw::DType::kU8 || t == fw::DType::kI8; };
-  if (e.isa() < Isa::kAvx512Vnni || !g.nhwc || !g.depthwise() || g.kw < 4 || !byte(x.dtype) ||
+  if (e.isa() != Isa::kAvx512Vnni || !g.nhwc || !g.depthwise() || g.kw < 4 || !byte(x.dtype) ||
       w.dtype != fw::DType::kI8 || !byte(y.dtype) || x.strides[3] != 1 || y.strides[3] != 1 ||
       multipliers.size() != g.c || g.n * g.oh * g.ow == 0)
     return false;
