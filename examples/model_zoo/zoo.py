@@ -127,6 +127,55 @@ def zoo():
     return models
 
 
+def held_out():
+    """{name: (builder, the input's shape after the batch)}: networks of the
+    kinds teams deploy beside torchvision's, for timing (random weights;
+    build them with build_held_out): a BERT-style encoder (4 layers, d 256,
+    4 heads, feed-forward 1024, GELU, 128 tokens), a GPT-2-style decoder
+    (the same with pre-norm, a causal mask and a 1000-way head) and a 1-D
+    audio network (7 Conv1d + BatchNorm + ReLU over 16,000 samples, a
+    35-way head)."""
+    import torch
+
+    d, tokens = 256, 128
+
+    def gelu(x):  # a function of its own: PyTorch's fused encoder kernel, which has no ONNX export, takes F.gelu
+        return torch.nn.functional.gelu(x)
+
+    def layers(norm_first):
+        layer = torch.nn.TransformerEncoderLayer(d_model=d, nhead=4, dim_feedforward=1024, dropout=0.0,
+                                                 activation=gelu, batch_first=True, norm_first=norm_first)
+        return torch.nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = layers(True)
+            self.head = torch.nn.Linear(d, 1000)
+            self.register_buffer("mask", torch.triu(torch.full((tokens, tokens), float("-inf")), 1))
+
+        def forward(self, x):
+            return self.head(self.body(x, mask=self.mask))
+
+    def audio():
+        stack, c = [], 1
+        for co, k, stride in ((32, 80, 4), (32, 3, 1), (64, 3, 2), (64, 3, 1), (128, 3, 2), (128, 3, 1), (256, 3, 2)):
+            stack += [torch.nn.Conv1d(c, co, k, stride, padding=k // 2), torch.nn.BatchNorm1d(co), torch.nn.ReLU()]
+            c = co
+        return torch.nn.Sequential(*stack, torch.nn.AdaptiveAvgPool1d(1), torch.nn.Flatten(), torch.nn.Linear(c, 35))
+
+    return {"bert_encoder": (lambda: layers(False), (tokens, d)), "gpt_decoder": (Decoder, (tokens, d)),
+            "audio_1d": (audio, (1, 16000))}
+
+
+def build_held_out(builder):
+    """A held_out() network in eval mode, built from seed 0."""
+    import torch
+
+    torch.manual_seed(0)
+    return builder().eval()
+
+
 def first_line(error, limit=None):
     text = str(error).strip().splitlines()
     text = text[0] if text else type(error).__name__

@@ -76,9 +76,22 @@ def test_rounds_time_each_cell_again_in_turn_and_give_the_median(tmp_path):
         assert row["ms"][column] == sorted(times)[1]
 
 
+def test_a_held_out_network_is_timed_on_an_input_of_its_own_shape(tmp_path):
+    # The 1-D audio network takes [batch, 1, 16000], not an image: its ONNX
+    # input says so, and each precision asked for is measured.
+    out = tmp_path / "figures.json"
+    done = bench("--models", "audio_1d", "--batches", "2", "--precisions", "fp32,int8", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    row = json.loads(out.read_text())["rows"][0]
+    assert (row["model"], row["batch"], row["failed"]) == ("audio_1d", 2, {})
+    assert sorted(row["ms"]) == ["fp32", "int8"] and all(ms > 0 for ms in row["ms"].values())
+    assert "| audio_1d | 2 |" in done.stdout
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--precisions", "fp32,fp8"], "--precisions: unknown fp8"),
     (["--models", "resnet18,nosuchnet"], "--models: unknown nosuchnet"),
+    (["--models", "bert"], "held out: bert_encoder,gpt_decoder,audio_1d"),
     (["--batches", "1,x"], "--batches"),
     (["--rounds", "0"], "--rounds must be positive"),
     (["--ort", "/nonexistent"], "has no node_modules/onnxruntime-node"),
