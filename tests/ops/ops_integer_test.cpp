@@ -618,7 +618,8 @@ TEST_P(Ops, QLinearConvDepthwiseInNhwcIsExactForEveryKernelStrideAndEdge) {
   // uneven padding, channel counts off the vector width, u8 and i8 in
   // and out with zero points at both ends and between, inputs and weights at the
   // extremes in part of the image, a bias that wraps the int32 sum; each
-  // byte as requantize() gives it, twice (weights kept from run to run).
+  // byte as requantize() gives it, twice (weights kept from run to run),
+  // then with x, w and y as views.
   struct Case {
     std::int64_t c, h, w, kh, kw;
     std::uint32_t sh, sw, dil;
@@ -665,17 +666,28 @@ TEST_P(Ops, QLinearConvDepthwiseInNhwcIsExactForEveryKernelStrideAndEdge) {
                           });
           Conv2dOptions opt = g.options();
           if (with_bias) opt.bias = lab().upload(bias);
-          const Tensor y = lab().output(yt, ys);
           const std::string what = "qlinear_conv " + std::string(to_string(xt)) + " x " + dims(x.shape) + " s8 w " +
                                    dims(w.shape) + " -> " + to_string(yt) + " " + g.text() + " x zero point " +
                                    num(xz.v[0]) + (with_bias ? " with a bias" : "");
-          for (int run = 0; run < 2; ++run)
-            expect_exact(what + " run " + std::to_string(run),
-                         lab().run(ops::qlinear_conv(lab().upload(x), lab().upload(xs), lab().upload(xz),
-                                                     lab().upload(w), lab().upload(ws), lab().upload(wz),
-                                                     lab().upload(ysc), lab().upload(yz), y, opt),
+          // Dense twice, then views: x's pixels 3 bytes apart more than its
+          // channels, w every second byte (not contiguous: not kept), y a
+          // channel slice of a wider tensor.
+          const std::int64_t xc = k.c + 3, yc = k.c + 2, taps = k.kh * k.kw;
+          const Shape x_strides{x.shape[1] * x.shape[2] * xc, x.shape[2] * xc, xc, 1};
+          const Shape w_strides{2 * taps, 2 * taps, 2 * k.kw, 2};
+          const Tensor wide_y = lab().output(yt, {ys[0], ys[1], ys[2], yc});
+          const Tensor y_slice(wide_y.buffer(), yt, ys, {ys[1] * ys[2] * yc, ys[2] * yc, yc, 1}, 1);
+          for (int run = 0; run < 3; ++run) {
+            const bool views = run == 2;
+            const Tensor y = views ? y_slice : lab().output(yt, ys);
+            expect_exact(what + (views ? " through views" : " run " + std::to_string(run)),
+                         lab().run(ops::qlinear_conv(
+                                       views ? lab().upload_view(x, x_strides, 5) : lab().upload(x), lab().upload(xs),
+                                       lab().upload(xz), views ? lab().upload_view(w, w_strides, 1) : lab().upload(w),
+                                       lab().upload(ws), lab().upload(wz), lab().upload(ysc), lab().upload(yz), y, opt),
                                    y),
                          want);
+          }
         }
 }
 
